@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from ppdiag.cli import main
+
+main()

@@ -1,0 +1,105 @@
+"""The result of an analysis: what every report and the gate read.
+
+``Diagnosis.report`` is the JSON contract of DESIGN.md §7 (a plain dict, see ``docs/json.md``);
+the other fields keep the columnar timelines and gap tables that the HTML timeline and the
+Perfetto overlay draw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.model import Run
+
+SCHEMA_VERSION = 1
+
+
+class Cause(IntEnum):
+    """Primary cause of a piece of lost time (DESIGN.md §5). Order = report order."""
+
+    BUBBLE = 0
+    IMBALANCE = 1
+    COMM_WAIT = 2
+    EXPOSED_COMM = 3
+    HOST = 4
+    UNEXPLAINED = 5
+
+
+CAUSE_KEYS: tuple[str, ...] = ("bubble", "imbalance", "comm_wait", "exposed_comm", "host", "unexplained")
+
+
+def zero_causes() -> dict[str, float]:
+    return {k: 0.0 for k in CAUSE_KEYS}
+
+
+@dataclass
+class GapTable:
+    """Lost-time pieces of one rank on the aligned clock, each with one primary cause.
+
+    ``blame`` is the rank whose root cause it is (-1 when none), ``step`` the analyzed step index.
+    """
+
+    start: npt.NDArray[np.int64]
+    end: npt.NDArray[np.int64]
+    cause: npt.NDArray[np.int8]
+    blame: npt.NDArray[np.int32]
+    step: npt.NDArray[np.int32]
+
+    @classmethod
+    def empty(cls) -> GapTable:
+        z = np.zeros(0, dtype=np.int64)
+        return cls(z, z.copy(), np.zeros(0, np.int8), np.zeros(0, np.int32), np.zeros(0, np.int32))
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+
+@dataclass
+class Finding:
+    """One diagnosed problem with its evidence, estimated gain and fixes (DESIGN.md §6)."""
+
+    code: str
+    cause: str | None
+    title: str
+    severity: str  # "high" | "medium" | "low" | "info"
+    stages: list[int] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    gain_ms: float = 0.0
+    gain_pct: float = 0.0
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fixes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.code, "cause": self.cause, "title": self.title, "severity": self.severity,
+            "stages": self.stages, "ranks": self.ranks, "gain_ms": round(self.gain_ms, 3),
+            "gain_pct": round(self.gain_pct, 2), "evidence": self.evidence, "fixes": self.fixes,
+        }
+
+
+@dataclass
+class StepWindow:
+    """One analyzed step of one rank on the aligned clock."""
+
+    rank: int
+    index: int  # position among the analyzed steps (0..)
+    number: int  # ProfilerStep number, or -1
+    start: int
+    end: int
+
+
+@dataclass
+class Diagnosis:
+    """Everything an analysis produced."""
+
+    run: Run
+    report: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)
+    steps: list[StepWindow] = field(default_factory=list)
+    gaps: dict[int, GapTable] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)  # layer results for reports (topology, sim)

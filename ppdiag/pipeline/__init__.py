@@ -1,0 +1,1 @@
+"""ppdiag pipeline layer."""

@@ -1,0 +1,1 @@
+"""ppdiag reports layer."""
