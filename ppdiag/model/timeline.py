@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -99,12 +99,12 @@ class Intervals:
         "start", "end", "stream", "kind", "name", "phase", "mb", "chunk",
         "peer", "direction", "bytes", "launch", "seq", "group",
     )
-    DTYPES: Any = {
+    DTYPES: ClassVar[Any] = {
         "start": np.int64, "end": np.int64, "stream": np.int64, "kind": np.int8, "name": np.int32,
         "phase": np.int8, "mb": np.int32, "chunk": np.int16, "peer": np.int32, "direction": np.int8,
         "bytes": np.int64, "launch": np.int64, "seq": np.int64, "group": np.int32,
     }
-    DEFAULTS: Any = {
+    DEFAULTS: ClassVar[Any] = {
         "stream": 0, "kind": 0, "name": 0, "phase": 0, "mb": -1, "chunk": -1, "peer": -1,
         "direction": 0, "bytes": -1, "launch": -1, "seq": -1, "group": -1,
     }
@@ -114,7 +114,7 @@ class Intervals:
 
     @classmethod
     def empty(cls) -> Intervals:
-        return cls.from_columns(0, {})
+        return cls.from_columns(0, {"start": [], "end": []})
 
     @classmethod
     def from_columns(cls, n: int, cols: dict[str, Any]) -> Intervals:
@@ -177,12 +177,12 @@ class Ranges:
         "start", "end", "kind", "name", "tid", "num", "stage", "mb", "phase",
         "peer", "direction", "bytes", "seq", "group",
     )
-    DTYPES: Any = {
+    DTYPES: ClassVar[Any] = {
         "start": np.int64, "end": np.int64, "kind": np.int8, "name": np.int32, "tid": np.int64,
         "num": np.int64, "stage": np.int32, "mb": np.int32, "phase": np.int8, "peer": np.int32,
         "direction": np.int8, "bytes": np.int64, "seq": np.int64, "group": np.int32,
     }
-    DEFAULTS: Any = {
+    DEFAULTS: ClassVar[Any] = {
         "kind": 3, "name": 0, "tid": 0, "num": -1, "stage": -1, "mb": -1, "phase": 0, "peer": -1,
         "direction": 0, "bytes": -1, "seq": -1, "group": -1,
     }
@@ -192,7 +192,7 @@ class Ranges:
 
     @classmethod
     def empty(cls) -> Ranges:
-        return cls.from_columns(0, {})
+        return cls.from_columns(0, {"start": [], "end": []})
 
     @classmethod
     def from_columns(cls, n: int, cols: dict[str, Any]) -> Ranges:

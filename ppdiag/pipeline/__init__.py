@@ -1,1 +1,78 @@
-"""ppdiag pipeline layer."""
+"""Rebuild the pipeline from the parsed ranks: stages, clocks, steps, blocks, schedule (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ppdiag.model import Run
+from ppdiag.pipeline.blocks import Blocks, build_blocks
+from ppdiag.pipeline.clocks import ClockFit, Pairs, align_clocks, match_pairs, p2p_ops
+from ppdiag.pipeline.schedule import SCHEDULES, detect_schedule, microbatch_count
+from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
+from ppdiag.pipeline.topology import Topology, infer_topology
+
+
+@dataclass
+class PipelineOptions:
+    """User overrides for facts the traces may lack."""
+
+    pp: int | None = None
+    stage_map: str | None = None
+    microbatches: int | None = None
+    schedule: str | None = None
+    steps: str | None = None
+
+
+@dataclass
+class Pipeline:
+    """The rebuilt pipeline. Windows and blocks are on the aligned clock."""
+
+    topology: Topology
+    clocks: ClockFit
+    pairs: Pairs
+    windows: dict[int, list[LocalStep]]
+    blocks: dict[int, Blocks]  # all analyzed steps of a rank; ``Blocks.step`` indexes ``windows``
+    schedule: str
+    microbatches: int | None
+    warnings: list[str] = field(default_factory=list)
+
+
+def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
+    """Topology, clock offsets (applied to the ranks), step windows, labelled blocks and schedule."""
+    opts = opts or PipelineOptions()
+    warnings: list[str] = []
+    topo = infer_topology(run, opts.stage_map, opts.pp)
+    warnings.extend(topo.warnings)
+    ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
+    pairs = match_pairs(run, ops)
+    fit = align_clocks(run, pairs)
+    for tl in run.ranks:
+        tl.clock_offset_ns = fit.offsets.get(tl.rank, 0)
+    windows: dict[int, list[LocalStep]] = {}
+    blocks: dict[int, Blocks] = {}
+    for tl in run.ranks:
+        local, w = step_windows(tl)
+        for msg in w:
+            warnings.append(f"rank {tl.rank}: {msg}")
+        local = select_steps(local, opts.steps)
+        if not local:
+            warnings.append(f"rank {tl.rank}: no step selected")
+        prev, nxt = topo.neighbours(tl.rank)
+        b = (build_blocks(tl, local, topo.stage_of.get(tl.rank, 0), prev, nxt, topo.pp)
+             if topo.pp > 1 else Blocks.empty())
+        off = tl.clock_offset_ns
+        windows[tl.rank] = [LocalStep(s.number, s.start + off, s.end + off) for s in local]
+        if len(b):
+            b.start = b.start + off
+            b.end = b.end + off
+            b.launch = np.where(b.launch >= 0, b.launch + off, -1)
+        blocks[tl.rank] = b
+    schedule = opts.schedule or detect_schedule(topo, blocks, run.by_rank())
+    if opts.schedule and opts.schedule not in SCHEDULES:
+        warnings.append(f"--schedule {opts.schedule} is not one of {', '.join(SCHEDULES)}")
+    m = opts.microbatches or (microbatch_count(blocks, topo.virtual) if topo.pp > 1 else None)
+    if topo.pp > 1 and not any(len(b) for b in blocks.values()):
+        warnings.append("pipeline stages found but no compute blocks could be delimited")
+    return Pipeline(topo, fit, pairs, windows, blocks, schedule, m, warnings)

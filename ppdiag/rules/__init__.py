@@ -1,1 +1,78 @@
-"""ppdiag rules layer."""
+"""Diagnosis rules (PP001...), registered by code. A new rule is one module that calls :func:`register`.
+
+Each rule carries linter-like metadata: ``code``, ``name``, ``cause``, ``summary`` and a docstring
+with the sections *What it detects*, *Why it matters*, *How to fix*, *Example* (``ppdiag rules CODE``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ppdiag.attribution.causes import Attribution, RankStep
+    from ppdiag.diagnosis import Finding
+    from ppdiag.model import Run
+    from ppdiag.pipeline import Pipeline
+
+
+@dataclass
+class RuleContext:
+    """What a rule may look at: the report dict so far and the layers below it."""
+
+    report: dict[str, Any]
+    run: Run
+    pipeline: Pipeline
+    steps: list[RankStep]
+    attribution: Attribution
+    options: dict[str, Any] = field(default_factory=dict)  # global_batch, micro_batch, tp, dp ...
+
+    @property
+    def step_ms(self) -> float:
+        v = self.report["summary"].get("step_ms")
+        return float(v) if v else 0.0
+
+
+class Rule(Protocol):
+    """A registered rule."""
+
+    code: str
+    name: str
+    cause: str | None
+    summary: str
+
+    def check(self, ctx: RuleContext) -> list[Finding]:
+        """Findings of this rule for the run (empty when it does not apply)."""
+        ...
+
+
+RULES: dict[str, Rule] = {}
+
+
+def register(rule: Rule) -> Rule:
+    if rule.code in RULES:
+        raise ValueError(f"rule code {rule.code} registered twice")
+    RULES[rule.code] = rule
+    return rule
+
+
+def load_builtin() -> None:
+    """Import every ``ppdiag.rules.pp*`` module so it registers itself."""
+    import ppdiag.rules as pkg
+
+    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
+        if mod.startswith("pp"):
+            importlib.import_module(f"ppdiag.rules.{mod}")
+
+
+def run_rules(ctx: RuleContext) -> list[Finding]:
+    """All findings, sorted by estimated gain (largest first)."""
+    load_builtin()
+    found: list[Finding] = []
+    for code in sorted(RULES):
+        found.extend(RULES[code].check(ctx))
+    sev = {"high": 0, "medium": 1, "low": 2, "info": 3}
+    found.sort(key=lambda f: (-f.gain_ms, sev.get(f.severity, 4), f.code))
+    return found

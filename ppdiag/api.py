@@ -1,0 +1,81 @@
+"""The one public entry point: ``diagnose(paths, options) -> Diagnosis``. The CLI and tests call it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ppdiag.attribution.causes import RankStep, attribute, rank_step
+from ppdiag.diagnosis import Diagnosis, StepWindow
+from ppdiag.model import Run
+from ppdiag.parsers import ParseOptions
+from ppdiag.pipeline import PipelineOptions, rebuild
+from ppdiag.pipeline.blocks import Blocks
+from ppdiag.rules import RuleContext, run_rules
+from ppdiag.summary import build_report
+
+
+@dataclass
+class Options:
+    """Analysis options; every field is optional (inferred from the traces when absent)."""
+
+    pp: int | None = None
+    stage_map: str | None = None
+    microbatches: int | None = None
+    schedule: str | None = None
+    steps: str | None = None
+    global_batch: int | None = None
+    micro_batch: int | None = None
+    tp: int | None = None
+    jobs: int | None = None
+    progress: bool = False
+    nsys_cache_dir: str | None = None
+
+
+def load(paths: Sequence[str | Path], options: Options | None = None) -> Run:
+    """Parse the trace files (or directories) of one run."""
+    from ppdiag.parsers.loader import load_run
+
+    opts = options or Options()
+    return load_run(list(paths), ParseOptions(nsys_cache_dir=opts.nsys_cache_dir), jobs=opts.jobs,
+                    progress=opts.progress)
+
+
+def diagnose(paths: Sequence[str | Path], options: Options | None = None,
+             on_stage: Callable[[str], None] | None = None) -> Diagnosis:
+    """Parse, rebuild the pipeline, attribute lost time and run the rules."""
+    opts = options or Options()
+    if on_stage:
+        on_stage("parsing")
+    run = load(paths, opts)
+    return analyze_run(run, opts, on_stage)
+
+
+def analyze_run(run: Run, options: Options | None = None,
+                on_stage: Callable[[str], None] | None = None) -> Diagnosis:
+    """Everything after parsing, on an already loaded run."""
+    opts = options or Options()
+    if on_stage:
+        on_stage("rebuilding the pipeline")
+    pipe = rebuild(run, PipelineOptions(opts.pp, opts.stage_map, opts.microbatches, opts.schedule, opts.steps))
+    timelines = run.by_rank()
+    steps: list[RankStep] = []
+    windows: list[StepWindow] = []
+    for tl in run.ranks:
+        b = pipe.blocks.get(tl.rank)
+        for i, w in enumerate(pipe.windows.get(tl.rank, [])):
+            sb = b.take(b.step == i) if b is not None and len(b) else None
+            steps.append(rank_step(tl, i, w.number, w.start, w.end, sb if sb is not None else Blocks.empty()))
+            windows.append(StepWindow(tl.rank, i, w.number, w.start, w.end))
+    if on_stage:
+        on_stage("attributing lost time")
+    last_stage = pipe.topology.pp * pipe.topology.virtual - 1
+    attr = attribute(steps, timelines, pipe.topology.stage_of, last_stage, pipe.topology.pp > 1)
+    report = build_report(run, pipe, steps, attr)
+    ctx = RuleContext(report, run, pipe, steps, attr, {k: v for k, v in asdict(opts).items() if v is not None})
+    findings = run_rules(ctx)
+    report["findings"] = [f.to_json() for f in findings]
+    return Diagnosis(run=run, report=report, findings=findings, steps=windows, gaps=attr.gaps,
+                     context={"stage_of_rank": dict(pipe.topology.stage_of), "pipeline": pipe,
+                              "attribution": attr, "rank_steps": steps})

@@ -1,0 +1,438 @@
+"""Split every rank's lost time into causes (DESIGN.md §5).
+
+The measured run is rebuilt as a *replay*: each rank executes its blocks in the observed order,
+and a block starts at ``max(previous end + local delay before the wait, release by the peer) +
+local delay after the wait``. The release is the end of the producer block the rank waited for
+(the last block the peer finished before the wait ended) plus the observed transfer latency; pipeline
+data dependencies from the block labels are added with the normal latency. With every quantity as
+measured, the replay reproduces the measured block starts exactly.
+
+Causes come from removing one kind of delay at a time, in this precedence, and taking the change
+of each rank's idle time (all delays only ever push work later, so each change is >= 0):
+
+1. ``host``: local idle where the next work was launched after the gap began (GPU), or any
+   event-less stretch between ops (CPU-only runs), including inside blocks.
+2. ``comm_wait``: transfer latency above the run's normal latency (10th percentile of all waits).
+3. ``exposed_comm``: the remaining transfer latency on the critical path plus exposed collectives.
+4. ``unexplained``: local idle with work already queued and no transfer to explain it, plus any
+   disagreement between the replay and the measurement.
+5. ``imbalance`` and ``bubble``: what is left is the schedule with the measured per-stage costs.
+   Its idle on a rank in the same replay with every stage at the mean cost is the bubble (capped by
+   the idle), the remainder is stage imbalance.
+
+A delay on one rank that makes its neighbours wait is removed everywhere at once, so the
+neighbours' waiting is charged to the root cause (a host stall on rank 1 shows as ``host`` on
+ranks 0, 2 and 3), as DESIGN.md requires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.attribution import intervals as ivs
+from ppdiag.attribution.accounting import Account, WindowSets, account, window_sets
+from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
+from ppdiag.model import Kind, Phase, RankTimeline
+from ppdiag.pipeline.blocks import Blocks
+
+NEG_INF = -(2**62)
+
+
+@dataclass
+class RankStep:
+    """Inputs of one rank in one step on the aligned clock."""
+
+    rank: int
+    step: int  # index among the rank's analyzed steps
+    number: int
+    w0: int
+    w1: int
+    sets: WindowSets
+    acct: Account
+    blocks: Blocks  # this step's blocks, aligned, time order
+    host_set: ivs.ISet  # lost time with host evidence
+    wait_set: ivs.ISet  # exposed p2p time (waiting for a peer or transferring)
+
+
+@dataclass
+class _Node:
+    """One block in the replay."""
+
+    rank: int
+    step: int
+    idx: int
+    span: int  # measured end - start
+    busy: int
+    in_host: int  # host-evidence lost inside the block span
+    in_ux: int  # other lost inside the block span
+    phase: int
+    stage: int
+    pre: int
+    post: int
+    pre_host: int
+    pre_coll: int
+    pre_ux: int
+    edges: list[tuple[int, int, bool]] = field(default_factory=list)  # (producer node, tau, observed)
+
+
+@dataclass
+class Attribution:
+    """Cause totals per (rank, step) in ns, the gap tables, and replay facts for findings."""
+
+    causes: dict[tuple[int, int], dict[str, int]]
+    gaps: dict[int, GapTable]
+    normal_latency_ns: int
+    step_replay_ns: dict[str, float]  # mean step time of each replay variant (for gains)
+    notes: list[str] = field(default_factory=list)
+    edges: list[tuple[int, int, int]] = field(default_factory=list)  # observed waits: producer, consumer, tau
+
+
+def _host_evidence(tl: RankTimeline, offset: int, gaps: ivs.ISet) -> ivs.ISet:
+    """The part of each gap before the next compute was even launched (or all of it on CPU runs)."""
+    gs, ge = gaps
+    if gs.size == 0:
+        return ivs.empty()
+    if tl.cpu_only:
+        return gs.copy(), ge.copy()
+    iv = tl.intervals
+    busy = np.isin(iv.kind, (int(Kind.COMPUTE), int(Kind.MEMCPY), int(Kind.MEMSET))) & (iv.launch >= 0)
+    if not busy.any():
+        return ivs.empty()
+    st = iv.start[busy] + offset
+    la = iv.launch[busy] + offset
+    order = np.argsort(st, kind="stable")
+    st, la = st[order], la[order]
+    nxt = np.searchsorted(st, ge, side="left")
+    ok = nxt < st.size
+    launch_next = np.where(ok, la[np.minimum(nxt, st.size - 1)], gs)
+    he = np.minimum(np.maximum(launch_next, gs), ge)
+    return ivs.union(gs, he)
+
+
+def rank_step(tl: RankTimeline, step: int, number: int, w0: int, w1: int, blocks: Blocks) -> RankStep:
+    """Gather one rank's step on the aligned clock."""
+    off = tl.clock_offset_ns
+    sets = window_sets(tl.intervals, off, w0, w1)
+    acct = account(sets, w0, w1)
+    comm = ivs.union(np.r_[sets.p2p[0], sets.collective[0]], np.r_[sets.p2p[1], sets.collective[1]])
+    idle = ivs.subtract(sets.gaps, comm)
+    host = _host_evidence(tl, off, idle)
+    return RankStep(tl.rank, step, number, w0, w1, sets, acct, blocks, host, sets.p2p)
+
+
+def _m(iset: ivs.ISet, lo: int, hi: int) -> int:
+    return ivs.measure(ivs.clip(iset, lo, hi)) if hi > lo else 0
+
+
+def _last_peer(tl: RankTimeline, off: int, lo: int, hi: int) -> int:
+    """Peer of the p2p interval that ends last inside ``[lo, hi]``."""
+    iv = tl.intervals
+    m = (iv.kind == int(Kind.P2P)) & (iv.end + off > lo) & (iv.start + off < hi)
+    if not m.any():
+        return -1
+    i = np.flatnonzero(m)[int(np.argmax(np.minimum(iv.end[m] + off, hi)))]
+    return int(iv.peer[i])
+
+
+class Replay:
+    """The block graph of the analyzed steps and its evaluation under counterfactual changes."""
+
+    def mean_costs(self) -> dict[int, float]:
+        """Per phase, the mean block cost over stages (each stage's mean first: stages count equally)."""
+        out: dict[int, float] = {}
+        for ph in (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)):
+            per_stage: dict[int, list[int]] = {}
+            for nd in self.nodes:
+                if nd.phase == ph:
+                    per_stage.setdefault(nd.stage, []).append(nd.busy)
+            if per_stage:
+                out[ph] = float(np.mean([np.mean(v) for v in per_stage.values()]))
+        return out
+
+    def edge_stats(self) -> list[tuple[int, int, int]]:
+        """Observed waits as (producer rank, consumer rank, transfer latency ns)."""
+        return [(self.nodes[p].rank, nd.rank, tau) for nd in self.nodes for p, tau, obs in nd.edges if obs]
+
+    def __init__(self, steps: list[RankStep], timelines: dict[int, RankTimeline],
+                 stage_of: dict[int, int], last_stage: int) -> None:
+        self.steps = steps
+        self.nodes: list[_Node] = []
+        self.first: dict[tuple[int, int], int] = {}
+        self.count: dict[tuple[int, int], int] = {}
+        self.tail: dict[tuple[int, int], tuple[int, int, int, int]] = {}  # busy, coll, host, other
+        self.order: list[int] = []
+        self.meas_start: list[int] = []
+        taus: list[int] = []
+        by_key: dict[tuple[int, int, int, int], int] = {}
+        ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], list[int]]] = {}
+        pending: list[tuple[int, int, int]] = []  # (node, peer, release)
+        for rs in steps:
+            tl = timelines[rs.rank]
+            off = tl.clock_offset_ns
+            b = rs.blocks
+            self.first[(rs.rank, rs.step)] = len(self.nodes)
+            self.count[(rs.rank, rs.step)] = len(b)
+            prev_end = rs.w0
+            for i in range(len(b)):
+                s, e = int(b.start[i]), int(b.end[i])
+                lo = min(prev_end, s)
+                w_s, w_e = ivs.clip(rs.wait_set, lo, s)
+                if w_s.size:
+                    wait_start, rel = int(w_s[0]), int(w_e[-1])
+                else:
+                    wait_start = rel = s
+                pre = wait_start - lo
+                post = s - rel
+                # local pieces outside the wait span
+                host = _m(rs.host_set, lo, wait_start) + _m(rs.host_set, rel, s)
+                coll = _m(rs.sets.collective, lo, wait_start) + _m(rs.sets.collective, rel, s)
+                lost = _m(rs.sets.gaps, lo, wait_start) + _m(rs.sets.gaps, rel, s)
+                ux = max(lost - host - coll - _m(rs.sets.p2p, lo, wait_start) - _m(rs.sets.p2p, rel, s), 0)
+                in_lost = _m(rs.sets.gaps, s, e)
+                in_host = min(_m(rs.host_set, s, e), in_lost)
+                node = _Node(rs.rank, rs.step, i, e - s, int(b.busy[i]), in_host, in_lost - in_host,
+                             int(b.phase[i]), int(b.stage[i]), pre, post, host, coll, ux)
+                nid = len(self.nodes)
+                self.nodes.append(node)
+                self.meas_start.append(s)
+                if w_s.size:
+                    pending.append((nid, _last_peer(tl, off, wait_start, rel), rel))
+                if int(b.mb[i]) >= 0:
+                    by_key[(rs.number if rs.number >= 0 else rs.step, int(b.stage[i]), int(b.phase[i]),
+                            int(b.mb[i]))] = nid
+                prev_end = max(prev_end, e)
+            t_lo, t_hi = prev_end, rs.w1
+            busy_t = _m(rs.sets.compute, t_lo, t_hi)
+            coll_t = _m(rs.sets.collective, t_lo, t_hi)
+            host_t = _m(rs.host_set, t_lo, t_hi)
+            other_t = max(t_hi - t_lo - busy_t - coll_t - host_t, 0)
+            self.tail[(rs.rank, rs.step)] = (busy_t, coll_t, host_t, other_t)
+        # per-rank block ends for "which block did the peer finish last"
+        for r in {rs.rank for rs in steps}:
+            ids = [i for i, n in enumerate(self.nodes) if n.rank == r]
+            ends = np.array([self.meas_start[i] + self.nodes[i].span for i in ids], dtype=np.int64)
+            o = np.argsort(ends, kind="stable")
+            ends_by_rank[r] = (ends[o], [ids[j] for j in o])
+        for nid, peer, rel in pending:
+            if peer not in ends_by_rank:
+                continue
+            ends, ids = ends_by_rank[peer]
+            j = int(np.searchsorted(ends, rel, side="right")) - 1
+            if j < 0:
+                continue
+            tau = rel - int(ends[j])
+            self.nodes[nid].edges.append((ids[j], tau, True))
+            taus.append(tau)
+        self.normal_latency = int(np.percentile(taus, 10)) if taus else 0
+        # pipeline data dependencies from labels, with the normal latency (capped so the measured
+        # timeline stays reproduced exactly)
+        for key, nid in by_key.items():
+            stepn, stage, phase, mb = key
+            if phase == int(Phase.FWD):
+                prod = by_key.get((stepn, stage - 1, int(Phase.FWD), mb))
+            elif phase == int(Phase.BWD):
+                prod = (by_key.get((stepn, stage, int(Phase.FWD), mb)) if stage == last_stage
+                        else by_key.get((stepn, stage + 1, int(Phase.BWD), mb)))
+            elif phase == int(Phase.WGRAD):
+                prod = by_key.get((stepn, stage, int(Phase.BWD), mb))
+            else:
+                prod = None
+            if prod is None or prod == nid:
+                continue
+            node = self.nodes[nid]
+            p_end = self.meas_start[prod] + self.nodes[prod].span
+            slack = self.meas_start[nid] - node.post - p_end
+            tau = max(0, min(self.normal_latency, slack))
+            node.edges.append((prod, tau, False))
+        self.order = sorted(range(len(self.nodes)), key=lambda i: self.meas_start[i])
+        self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
+
+    def run(self, *, host: bool = True, comm_excess: bool = True, comm: bool = True, ux: bool = True,
+            balanced: dict[int, float] | None = None) -> dict[tuple[int, int], tuple[int, int]]:
+        """``(window, idle)`` of every (rank, step) under a variant; ``False`` removes that delay."""
+        n = len(self.nodes)
+        start = [0] * n
+        end = [0] * n
+        done = [False] * n
+        lat = self.normal_latency
+        for i in self.order:
+            nd = self.nodes[i]
+            rs_first = self.first[(nd.rank, nd.step)]
+            prev_end = end[i - 1] if i > rs_first else self.w0[(nd.rank, nd.step)]
+            local = nd.pre + nd.post
+            keep = local
+            if not host:
+                keep -= nd.pre_host
+            if not comm:
+                keep -= nd.pre_coll
+            if not ux:
+                keep -= nd.pre_ux
+            scale = keep / local if local > 0 else 0.0
+            pre = nd.pre * scale
+            post = nd.post * scale
+            rel = NEG_INF
+            for p, tau, _obs in nd.edges:
+                t = tau
+                if not comm_excess:
+                    t = min(t, lat)
+                if not comm:
+                    t = 0
+                p_end = end[p] if done[p] else self.meas_start[p] + self.nodes[p].span
+                rel = max(rel, p_end + t)
+            s = max(prev_end + pre, rel) + post
+            dur = balanced.get(nd.phase, nd.busy) + nd.in_host + nd.in_ux if balanced is not None else nd.span
+            if not host:
+                dur -= nd.in_host
+            if not ux:
+                dur -= nd.in_ux
+            start[i] = int(s)
+            end[i] = int(s + dur)
+            done[i] = True
+        idle: dict[tuple[int, int], tuple[int, int]] = {}
+        for rs in self.steps:
+            key = (rs.rank, rs.step)
+            f, c = self.first[key], self.count[key]
+            busy_t, coll_t, host_t, other_t = self.tail[key]
+            tail = busy_t + other_t + (coll_t if comm else 0) + (host_t if host else 0)
+            last = end[f + c - 1] if c else rs.w0
+            w_end = last + tail
+            busy = rs.acct.compute
+            if balanced is not None and c:
+                busy = busy - sum(self.nodes[j].busy for j in range(f, f + c)) + sum(
+                    end[j] - start[j] for j in range(f, f + c))
+            idle[key] = (int(w_end - rs.w0), int(w_end - rs.w0 - busy))
+        return idle
+
+
+def attribute(steps: list[RankStep], timelines: dict[int, RankTimeline], stage_of: dict[int, int],
+              last_stage: int, pipelined: bool) -> Attribution:
+    """Cause totals for every (rank, step) and the per-gap cause tables."""
+    causes: dict[tuple[int, int], dict[str, int]] = {}
+    notes: list[str] = []
+    replay_steps: dict[str, float] = {}
+    edges: list[tuple[int, int, int]] = []
+    lat = 0
+    if pipelined and any(len(rs.blocks) for rs in steps):
+        rp = Replay(steps, timelines, stage_of, last_stage)
+        lat = rp.normal_latency
+        full = {
+            "measured": rp.run(),
+            "no_host": rp.run(host=False),
+            "no_comm_wait": rp.run(host=False, comm_excess=False),
+            "no_comm": rp.run(host=False, comm_excess=False, comm=False),
+            "schedule_only": rp.run(host=False, comm_excess=False, comm=False, ux=False),
+        }
+        mean_cost = rp.mean_costs()
+        full["balanced"] = rp.run(host=False, comm_excess=False, comm=False, ux=False, balanced=mean_cost)
+        # single-cause counterfactuals for the findings' gains: only that delay removed
+        full["gain_host"] = rp.run(host=False)
+        full["gain_comm_wait"] = rp.run(comm_excess=False)
+        full["gain_comm"] = rp.run(comm_excess=False, comm=False)
+        full["gain_balanced"] = rp.run(balanced=mean_cost)
+        v = {name: {k: x[1] for k, x in var.items()} for name, var in full.items()}
+        for rs in steps:
+            k = (rs.rank, rs.step)
+            lost = rs.acct.lost
+            host = v["measured"][k] - v["no_host"][k]
+            cw = v["no_host"][k] - v["no_comm_wait"][k]
+            ex = v["no_comm_wait"][k] - v["no_comm"][k]
+            sched = v["schedule_only"][k]
+            bubble = max(min(v["balanced"][k], sched), 0)
+            imb = max(sched - bubble, 0)
+            c = {"bubble": bubble, "imbalance": imb, "comm_wait": max(cw, 0), "exposed_comm": max(ex, 0),
+                 "host": max(host, 0), "unexplained": 0}
+            causes[k] = _close(c, lost)
+        for name, var in full.items():
+            replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
+        edges = rp.edge_stats()
+        mism = [abs(v["measured"][(rs.rank, rs.step)] - rs.acct.lost) for rs in steps]
+        if mism and max(mism) > 0.02 * max(rs.acct.window for rs in steps):
+            notes.append("the replay of the measured timeline differs from the measurement by up to "
+                         f"{max(mism) / 1e6:.2f} ms; the difference is reported as unexplained")
+    else:
+        for rs in steps:
+            host = ivs.measure(ivs.subtract(rs.host_set, rs.sets.p2p))
+            c = {"bubble": 0, "imbalance": 0, "comm_wait": 0,
+                 "exposed_comm": rs.acct.exposed_p2p + rs.acct.exposed_collective, "host": host,
+                 "unexplained": 0}
+            causes[(rs.rank, rs.step)] = _close(c, rs.acct.lost)
+    gaps = _paint(steps, causes)
+    return Attribution(causes, gaps, lat, replay_steps, notes, edges)
+
+
+def _close(c: dict[str, int], lost: int) -> dict[str, int]:
+    """Make the causes add up to the lost time exactly: a shortfall is unexplained, an excess is
+    taken back from the causes in reverse precedence (the replay overestimated them)."""
+    total = sum(c.values())
+    if total <= lost:
+        c["unexplained"] += lost - total
+        return c
+    excess = total - lost
+    for k in ("bubble", "imbalance", "unexplained", "exposed_comm", "comm_wait", "host"):
+        take = min(excess, c[k])
+        c[k] -= take
+        excess -= take
+        if excess == 0:
+            break
+    return c
+
+
+# Where each cause is drawn first: pools are 0 host evidence, 1 waits, 2 exposed collectives,
+# 3 other idle. Bubble prefers waits at the edges of the step (warm-up and cool-down).
+_POOLS = {
+    "host": (0, 1, 3), "comm_wait": (1,), "exposed_comm": (2, 1), "unexplained": (3,),
+    "bubble": (1, 3), "imbalance": (1, 3),
+}
+_ORDER = ("host", "exposed_comm", "comm_wait", "unexplained", "bubble", "imbalance")
+
+
+def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]]) -> dict[int, GapTable]:
+    """Give every lost-time segment one cause so that the totals per (rank, step) are exact."""
+    out: dict[int, list[tuple[int, int, int, int]]] = {}
+    for rs in steps:
+        c = dict(causes[(rs.rank, rs.step)])
+        lost = ivs.union(np.r_[rs.sets.gaps[0]], np.r_[rs.sets.gaps[1]])
+        host = ivs.intersect(lost, rs.host_set)
+        wait = ivs.subtract(ivs.intersect(lost, rs.wait_set), host)
+        coll = ivs.subtract(ivs.subtract(ivs.intersect(lost, rs.sets.collective), host), wait)
+        other = ivs.subtract(ivs.subtract(ivs.subtract(lost, host), wait), coll)
+        pools: list[list[list[int]]] = [
+            [[int(a), int(b)] for a, b in zip(*p)] for p in (host, wait, coll, other)
+        ]
+        # bubble first takes edge waits: order the wait pool so warm-up/cool-down come first
+        segs: list[tuple[int, int, int, int]] = []
+        for key in _ORDER:
+            need = c.get(key, 0)
+            prefs = list(_POOLS[key]) + [p for p in (1, 3, 0, 2) if p not in _POOLS[key]]
+            for p in prefs:
+                if need <= 0:
+                    break
+                pool = pools[p]
+                if key == "bubble" and p == 1:
+                    pool.sort(key=lambda sg: min(sg[0] - rs.w0, rs.w1 - sg[1]))
+                while pool and need > 0:
+                    a, b = pool[0]
+                    take = min(b - a, need)
+                    segs.append((a, a + take, int(Cause[key.upper()]), rs.step))
+                    need -= take
+                    if a + take >= b:
+                        pool.pop(0)
+                    else:
+                        pool[0][0] = a + take
+        out.setdefault(rs.rank, []).extend(segs)
+    tables: dict[int, GapTable] = {}
+    for r, segs in out.items():
+        segs.sort()
+        if not segs:
+            tables[r] = GapTable.empty()
+            continue
+        arr = np.array(segs, dtype=np.int64)
+        tables[r] = GapTable(arr[:, 0], arr[:, 1], arr[:, 2].astype(np.int8),
+                             np.full(len(segs), -1, np.int32), arr[:, 3].astype(np.int32))
+    return tables
+
+
+__all__ = ["CAUSE_KEYS", "Attribution", "RankStep", "Replay", "attribute", "rank_step"]

@@ -1,0 +1,139 @@
+"""Fault injection inside a rank process: a slow link and a host stall.
+
+(The third fault, a slow stage, is built into the model's costs: see :mod:`ppdiag.demo.model`.)
+
+Slow link
+    Every send of the delayed rank is handed to one background thread that posts it to gloo
+    ``delay`` later, so the data reaches the peer late while the rank's own compute goes on. The
+    work object the schedule gets back waits for the deferred post, then for the transfer. One FIFO
+    thread keeps sends to a peer in issue order, which gloo needs to match them with receives.
+    The profiler records the deferred ``c10d::send`` on that thread (``profile_all_threads``), not
+    on the main thread.
+Host stall
+    Before each micro-batch forward the stalled rank sleeps ``stall`` with no operator running,
+    like a slow data loader or a host synchronisation would.
+
+This module imports torch; only rank processes import it.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from ppdiag.demo.config import DemoConfig
+
+
+class DeferredSend:
+    """A send posted later by :class:`DelayedSender`; ``wait()`` waits for the post, then the transfer."""
+
+    __slots__ = ("_error", "_event", "due_ns", "op", "posted_ns", "work")
+
+    def __init__(self, op: Any, due_ns: int) -> None:
+        self.op = op
+        self.due_ns = due_ns
+        self.work: Any = None
+        self.posted_ns = -1
+        self._error: BaseException | None = None
+        self._event = threading.Event()
+
+    def wait(self, timeout: Any = None) -> bool:
+        # The sender thread posts after a bounded delay; a missing post means it died.
+        if not self._event.wait(timeout=600.0):
+            raise RuntimeError("delayed send was never posted (sender thread stopped)")
+        if self._error is not None:
+            raise RuntimeError(f"delayed send failed: {self._error}") from self._error
+        return bool(self.work.wait())
+
+    def is_completed(self) -> bool:
+        return self._event.is_set() and self.work is not None and bool(self.work.is_completed())
+
+
+class DelayedSender:
+    """Posts sends ``delay_ns`` after they were issued, in issue order, from one background thread."""
+
+    def __init__(self, delay_ns: int, post: Callable[[Any], Any]) -> None:
+        self.delay_ns = delay_ns
+        self._post = post
+        self._queue: collections.deque[DeferredSend] = collections.deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="ppdiag-delayed-send", daemon=True)
+        self._thread.start()
+
+    def submit(self, op: Any) -> DeferredSend:
+        d = DeferredSend(op, time.monotonic_ns() + self.delay_ns)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("delayed sender is closed")
+            self._queue.append(d)
+            self._cv.notify()
+        return d
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                head = self._queue[0]
+            # All sends carry the same delay, so the queue is ordered by due time.
+            left = head.due_ns - time.monotonic_ns()
+            if left > 0:
+                time.sleep(left / 1e9)
+                continue
+            with self._cv:
+                self._queue.popleft()
+            try:
+                head.work = self._post(head.op)
+                head.posted_ns = time.time_ns()
+            except BaseException as exc:  # handed to the waiting main thread
+                head._error = exc
+            finally:
+                head._event.set()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Post what is queued, then stop the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+
+def post_send(op: Any) -> Any:
+    """Post one ``P2POp`` send to gloo, as the pipelining library would."""
+    return dist.isend(op.tensor, group=op.group, tag=op.tag, group_dst=op.group_peer)
+
+
+class RankFaults:
+    """The faults that act on one rank, switched on per step by the rank loop."""
+
+    def __init__(self, cfg: DemoConfig, rank: int) -> None:
+        self.active = False
+        self.stall_s = cfg.host_stall_ms / 1e3 if cfg.host_stall_rank == rank else 0.0
+        delay_ns = int(cfg.comm_delay_ms * 1e6) if cfg.comm_delay_rank == rank else 0
+        self.sender = DelayedSender(delay_ns, post_send) if delay_ns > 0 else None
+
+    @property
+    def delays_sends(self) -> bool:
+        return self.active and self.sender is not None
+
+    def host_stall(self) -> tuple[int, int] | None:
+        """Stall the host when this rank is the stalled one; returns the stall's (start, end) ns."""
+        if not (self.active and self.stall_s > 0):
+            return None
+        t0 = time.time_ns()
+        deadline = time.perf_counter() + self.stall_s
+        while (left := deadline - time.perf_counter()) > 0:
+            time.sleep(left)
+        return t0, time.time_ns()
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()

@@ -1,0 +1,166 @@
+"""The demo model: a stack of identical blocks split contiguously into pipeline stages.
+
+Two compute modes:
+
+``sleep``
+    Each block is ``hold(x) * hold(w)`` built from one custom operator, ``ppdiag_demo::hold``, whose
+    forward holds the host for a fixed time and whose backward (``ppdiag_demo::hold_backward``)
+    holds for the backward time. Holding is a sleep, so four ranks on two cores keep exact costs
+    while the real pipelining library, gloo and autograd run around them. The backward is split
+    across two autograd paths on purpose: the input path (``hold(x)``) carries the input-gradient
+    cost and the weight path (``hold(w)``) the weight-gradient cost. Zero-bubble schedules compute
+    input gradients (I) and weight gradients (W) as separate autograd passes, so I and W blocks get
+    exactly their share; other schedules pay both in one backward.
+``real``
+    Each block is ``LayerNorm(GELU(Linear(x)))``; a slow stage repeats the Linear+GELU ``factor``
+    times per block.
+
+This module imports torch; only rank processes import it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from ppdiag.demo.config import DemoConfig
+
+_HELD_NS = [0]  # total host time held by the hold ops in this process (probes read differences)
+
+
+def held_ns() -> int:
+    """Nanoseconds spent inside hold ops in this process so far."""
+    return _HELD_NS[0]
+
+
+def _hold_for(ms: float) -> None:
+    if ms <= 0:
+        return
+    t0 = time.perf_counter_ns()
+    deadline = t0 + int(ms * 1e6)
+    # Sleep, not spin: the ranks share few cores and a spinning rank would slow the others.
+    while True:
+        left = deadline - time.perf_counter_ns()
+        if left <= 0:
+            break
+        time.sleep(left / 1e9)
+    _HELD_NS[0] += time.perf_counter_ns() - t0
+
+
+@torch.library.custom_op("ppdiag_demo::hold_backward", mutates_args=())
+def hold_backward(grad: torch.Tensor, ms: float) -> torch.Tensor:
+    """Backward of :func:`hold`: holds ``ms`` and passes the gradient through."""
+    _hold_for(ms)
+    return grad.clone()
+
+
+@hold_backward.register_fake
+def _(grad: torch.Tensor, ms: float) -> torch.Tensor:
+    return torch.empty_like(grad)
+
+
+@torch.library.custom_op("ppdiag_demo::hold", mutates_args=())
+def hold(x: torch.Tensor, fwd_ms: float, bwd_ms: float) -> torch.Tensor:
+    """Identity that holds ``fwd_ms`` in forward and ``bwd_ms`` in backward."""
+    _hold_for(fwd_ms)
+    return x.clone()
+
+
+@hold.register_fake
+def _(x: torch.Tensor, fwd_ms: float, bwd_ms: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _hold_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    ctx.bwd_ms = inputs[2]
+
+
+def _hold_bwd(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    return hold_backward(grad, ctx.bwd_ms), None, None
+
+
+hold.register_autograd(_hold_bwd, setup_context=_hold_setup)
+
+
+class HoldBlock(nn.Module):
+    """Sleep-mode block: ``hold(x) * hold(w)`` with fixed forward, input-grad and weight-grad costs."""
+
+    def __init__(self, hidden: int, fwd_ms: float, bwd_input_ms: float, wgrad_ms: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.fwd_ms = fwd_ms
+        self.bwd_input_ms = bwd_input_ms
+        self.wgrad_ms = wgrad_ms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return hold(x, self.fwd_ms, self.bwd_input_ms) * hold(self.weight, 0.0, self.wgrad_ms)
+
+
+class RealBlock(nn.Module):
+    """Real-compute block: ``LayerNorm(GELU(Linear(x)))``, the matmul repeated ``repeats`` times."""
+
+    def __init__(self, hidden: int, repeats: int = 1) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.repeats = repeats
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.repeats):
+            x = functional.gelu(self.linear(x))
+        return self.norm(x)
+
+
+class InputBias(nn.Module):
+    """Adds a learned bias to the model input.
+
+    In sleep mode it makes the first block's input require grad, so stage 0 pays the same
+    input-gradient cost as every other stage (a balanced config stays balanced).
+    """
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.bias
+
+
+def build_stage_module(cfg: DemoConfig, stage: int) -> nn.Sequential:
+    """The blocks of one pipeline stage, initialised as if cut from one seeded full model."""
+    layers = cfg.layers()
+    first_block = sum(layers[:stage])
+    mods: list[nn.Module] = []
+    if cfg.compute == "sleep":
+        if stage == 0:
+            mods.append(InputBias(cfg.hidden))
+        factor = cfg.stage_factor(stage)
+        per_fwd = cfg.fwd_ms / cfg.layers_per_stage * factor
+        per_bwd = cfg.bwd_ms / cfg.layers_per_stage * factor
+        for _ in range(layers[stage]):
+            mods.append(HoldBlock(cfg.hidden, per_fwd, per_bwd * (1.0 - cfg.wgrad_fraction),
+                                  per_bwd * cfg.wgrad_fraction))
+    else:
+        reps = cfg.real_repeats(stage)
+        for i in range(layers[stage]):
+            # Seed per block so a block's weights do not depend on how the model is split.
+            torch.manual_seed(cfg.seed * 100_003 + first_block + i)
+            mods.append(RealBlock(cfg.hidden, reps))
+    return nn.Sequential(*mods)
+
+
+def make_batch(cfg: DemoConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (input, target) batch every step trains on."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    x = torch.randn(cfg.rows, cfg.hidden, generator=g)
+    y = torch.randn(cfg.rows, cfg.hidden, generator=g)
+    return x, y
+
+
+def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean squared error, the last stage's loss."""
+    return functional.mse_loss(output, target)

@@ -1,0 +1,1518 @@
+"""PyTorch Profiler (Kineto) Chrome-trace JSON parser.
+
+Reads one ``.json`` / ``.json.gz`` trace per rank and returns one :class:`RankTimeline`.
+
+Decoding is typed and field-selective (msgspec Structs that name only the keys ppdiag reads), then
+the per-event Structs are turned into numpy columns and dropped: nothing per event survives
+:meth:`KinetoParser.parse`. Two modes:
+
+* **GPU mode** (the trace has kernel / memcpy / memset events): one interval per GPU op. NCCL-style
+  kernels are classified point-to-point or collective by what launched them (their own comm args,
+  the ``record_param_comms`` op with the same External id, else the innermost comm host op that
+  encloses the launching runtime call), never by the kernel name alone.
+* **CPU mode** (no GPU events, e.g. gloo runs): the main thread is the device timeline; its
+  outermost CPU ops are the work and the tails of ``gloo:*`` spans are the blocked communication.
+
+Format facts (timestamp generations, arg keys, pid/tid meaning) follow ``formats/KINETO.md`` and
+``formats/CPU_PIPELINE.md`` of the project material.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.errors import InputError
+from ppdiag.model import (
+    Direction,
+    Intervals,
+    Kind,
+    NameTable,
+    Phase,
+    ProcessGroup,
+    RangeKind,
+    Ranges,
+    RankTimeline,
+)
+from ppdiag.parsers import ParseOptions, register
+
+I64A = npt.NDArray[np.int64]
+F64A = npt.NDArray[np.float64]
+
+# ----------------------------------------------------------------------------------------------
+# Typed, field-selective decoding
+# ----------------------------------------------------------------------------------------------
+
+# (attribute, JSON key, strict type, default). Only these keys are materialised; msgspec skips
+# every other key (call stacks, shapes of ops we never look at) without building objects for it.
+_ARG_FIELDS: tuple[tuple[str, str, Any, Any], ...] = (
+    ("ext", "External id", int, -1),
+    ("ext_lc", "external id", int, -1),  # 2021 traces
+    ("correlation", "correlation", int, -1),
+    ("stream", "stream", int, -1),
+    ("device", "device", int, -1),
+    ("nbytes", "bytes", int | str, -1),  # ROCm runtime calls write a string
+    ("coll", "Collective name", str, ""),
+    ("pg_name", "Process Group Name", int | str, ""),
+    ("pg_id", "Process Group ID", int | str, ""),  # early 2024 traces
+    ("pg_desc", "Process Group Description", str, ""),
+    ("pg_ranks", "Process Group Ranks", str | list[int], ""),
+    ("rank_start", "Global rank start", int, -1),
+    ("rank_stride", "Global rank stride", int, -1),
+    ("group_size", "Group size", int, -1),
+    ("src", "Src Rank", int, -1),
+    ("dst", "Dst Rank", int, -1),
+    ("peer_rank", "Rank", int, -1),
+    ("seq", "Seq", int, -1),
+    ("nelems", "In msg nelems", int, -1),
+    ("dtype", "dtype", str, ""),
+    ("concrete", "Concrete Inputs", msgspec.Raw, msgspec.Raw()),
+    ("dims", "Input Dims", msgspec.Raw, msgspec.Raw()),
+    ("types", "Input type", msgspec.Raw, msgspec.Raw()),
+)
+
+
+@dataclass(frozen=True)
+class TraceTypes:
+    """The msgspec types used to decode one trace (strict or lenient variant)."""
+
+    args: Any
+    event: Any
+    trace: Any
+    decoder: msgspec.json.Decoder[Any]
+    event_decoder: msgspec.json.Decoder[Any]
+
+
+def _make_types(lenient: bool) -> TraceTypes:
+    """Build the Struct types. The lenient variant accepts any JSON type for every field and is
+    only used when a trace breaks the usual typing (it is slower: coercion happens later)."""
+    arg_fields = [(a, Any if lenient else t, d) for a, _, t, d in _ARG_FIELDS]
+    args_t = msgspec.defstruct(
+        "KinetoArgs", arg_fields, rename={a: k for a, k, _, _ in _ARG_FIELDS}, gc=False,
+    )
+    ev_fields: list[tuple[str, Any, Any]] = [
+        ("ph", Any if lenient else str, ""),
+        ("cat", Any if lenient else str, ""),
+        ("name", Any if lenient else str, ""),
+        ("pid", Any if lenient else int | str, -1),
+        ("tid", Any if lenient else int | str, -1),
+        ("ts", Any if lenient else float, 0.0),
+        ("dur", Any if lenient else float, 0.0),
+        ("args", args_t | None, None),
+    ]
+    event_t = msgspec.defstruct("KinetoEvent", ev_fields, gc=False)
+    trace_t = msgspec.defstruct(
+        "KinetoTrace",
+        [
+            ("traceEvents", list[event_t] | None, None),  # type: ignore[valid-type]
+            ("distributedInfo", Any, None),
+            ("deviceProperties", Any, None),
+            ("baseTimeNanoseconds", Any, None),
+        ],
+    )
+    # A bare event with a mandatory "ph": used to validate a candidate cut point of a damaged file.
+    check_t = msgspec.defstruct("KinetoEventCheck", [("ph", Any)])
+    return TraceTypes(
+        args=args_t, event=event_t, trace=trace_t,
+        decoder=msgspec.json.Decoder(trace_t), event_decoder=msgspec.json.Decoder(check_t),
+    )
+
+
+_STRICT = _make_types(lenient=False)
+_LENIENT = _make_types(lenient=True)
+
+
+def trace_decoder() -> msgspec.json.Decoder[Any]:
+    """The typed decoder ppdiag uses (the floor the parse benchmark compares against)."""
+    return _STRICT.decoder
+
+
+# ----------------------------------------------------------------------------------------------
+# Bytes: gzip, empty files, sniffing
+# ----------------------------------------------------------------------------------------------
+
+GZIP_MAGIC = b"\x1f\x8b"
+_BLANK = re.compile(rb"[\s\x00]*\Z")  # stops at the first other byte: no copy of big files
+
+
+def read_bytes(path: Path) -> tuple[bytes, list[str]]:
+    """The file's JSON bytes (gunzipped when gzip), plus warnings (a cut gzip stream).
+
+    A gzip stream cut short keeps everything that decompressed; corrupt gzip data is an error.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
+    if _BLANK.match(raw):
+        raise InputError(str(path), "empty file")
+    warnings: list[str] = []
+    if raw[:2] == GZIP_MAGIC:
+        raw, cut = gunzip(raw, str(path))
+        if cut:
+            warnings.append("gzip stream is cut short (file truncated); kept what decompressed")
+        if _BLANK.match(raw):
+            raise InputError(str(path), "empty file (after gunzip)")
+    return raw, warnings
+
+
+def gunzip(raw: bytes, path: str) -> tuple[bytes, bool]:
+    """Decompress all gzip members; returns (data, cut) where cut means the stream ended early."""
+    parts: list[bytes] = []
+    data = raw
+    while data:
+        d = zlib.decompressobj(wbits=31)
+        try:
+            parts.append(d.decompress(data))
+            parts.append(d.flush())
+        except zlib.error as exc:
+            raise InputError(path, f"corrupt gzip data ({exc})") from None
+        if not d.eof:
+            return b"".join(parts), True
+        data = d.unused_data
+        # trailing zero padding after the last member is harmless
+        if data and data[:2] != GZIP_MAGIC:
+            break
+    return b"".join(parts), False
+
+
+def read_head(path: Path, size: int = 1 << 16) -> bytes:
+    """First ``size`` bytes of a file, gunzipped when gzip (cut or corrupt streams give what they can)."""
+    with open(path, "rb") as fh:
+        head = fh.read(size)
+    if head[:2] != GZIP_MAGIC:
+        return head
+    d = zlib.decompressobj(wbits=31)
+    out = b""
+    try:
+        with open(path, "rb") as fh:
+            while len(out) < size:
+                chunk = fh.read(1 << 16)
+                if not chunk:
+                    break
+                out += d.decompress(chunk, size - len(out))
+                while d.unconsumed_tail and len(out) < size:
+                    out += d.decompress(d.unconsumed_tail, size - len(out))
+                if d.eof:
+                    break
+    except zlib.error:
+        pass
+    return out
+
+
+_SNIFF_KEYS = (b'"traceEvents"', b'"schemaVersion"')
+
+
+def looks_like_kineto(head: bytes, name: str = "") -> bool:
+    """True when ``head`` starts a JSON object that carries Kineto's top-level keys."""
+    h = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not h.startswith(b"{"):
+        return False
+    if any(k in h for k in _SNIFF_KEYS):
+        return True
+    # Very long metadata (many devices / process groups) can push the keys past the head.
+    return name.endswith((".pt.trace.json", ".pt.trace.json.gz"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Damaged JSON: keep every complete event before the damage
+# ----------------------------------------------------------------------------------------------
+
+_ERR_BYTE = re.compile(r"\(byte (\d+)\)")
+_CLOSE_CANDIDATE = re.compile(rb"\}(?=\s*(?:,|$))")
+_NEXT_ELEMENT = re.compile(rb"\}\s*,\s*(\{)")
+_MAX_ATTEMPTS = 24
+_MAX_REPAIRS = 16
+
+
+@dataclass
+class _Recovered:
+    trace: Any
+    kept_events: int
+    lost_events: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def _error_pos(exc: msgspec.DecodeError, size: int) -> tuple[int, bool]:
+    """(byte position, truncated) of a decode error."""
+    msg = str(exc)
+    if "truncated" in msg:
+        return size, True
+    m = _ERR_BYTE.search(msg)
+    return (int(m.group(1)) if m else size), False
+
+
+def _events_start(data: bytes) -> int:
+    """Offset just after the ``[`` that opens traceEvents, or -1."""
+    key = data.find(b'"traceEvents"')
+    if key < 0:
+        return -1
+    m = re.compile(rb'"traceEvents"\s*:\s*\[').match(data, key)
+    return m.end() if m else -1
+
+
+def _last_complete_element(data: bytes, start: int, pos: int, types: TraceTypes) -> int:
+    """Offset of the ``}`` that closes the last complete traceEvents element before ``pos``, or -1.
+
+    Candidates are ``}`` followed only by whitespace and a comma (or the damage); each one is checked
+    by decoding the element that ends there as a bare event, so only a handful of full decodes run.
+    """
+    lo = max(start, pos - (1 << 20))
+    window = data[lo:pos]
+    cands = [lo + m.start() for m in _CLOSE_CANDIDATE.finditer(window)]
+    if lo > start and not cands:  # a giant damaged element: widen the search once
+        window = data[start:pos]
+        cands = [start + m.start() for m in _CLOSE_CANDIDATE.finditer(window)]
+    tried = 0
+    for p in reversed(cands):
+        # The element's opening brace: the previous element boundary, else the array start.
+        prev = data.rfind(b"}", start, p)
+        open_at = start
+        while prev >= start:
+            m = re.compile(rb"\}\s*,\s*\{").match(data, prev)
+            if m:
+                open_at = m.end() - 1
+                break
+            prev = data.rfind(b"}", start, prev)
+        try:
+            types.event_decoder.decode(data[open_at:p + 1])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        tried += 1
+        if tried > _MAX_ATTEMPTS:
+            break
+        return p
+    return -1
+
+
+def _decode_damaged(
+    data: bytes, path: str, types: TraceTypes, first_error: msgspec.DecodeError
+) -> _Recovered:
+    """Decode a trace whose JSON is damaged: a cut (crashed writer) or a malformed element.
+
+    A cut keeps every complete event before it. A malformed element (e.g. an unescaped quote in a
+    name from old writers) is dropped and decoding continues after it; after a few such repairs
+    the rest is dropped like a cut.
+    """
+    start = _events_start(data)
+    if start < 0 or not data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
+        raise InputError(path, f"not a PyTorch Profiler trace (invalid JSON: {first_error})")
+    warnings: list[str] = []
+    lost_bytes = 0
+    lost_events = 0
+    repairs = 0
+    doc = data
+    err: msgspec.DecodeError = first_error
+    while True:
+        pos, truncated = _error_pos(err, len(doc))
+        if pos < start:
+            raise InputError(path, f"not a PyTorch Profiler trace (invalid JSON: {err})")
+        p = _last_complete_element(doc, start, pos, types)
+        if p < 0:
+            # Nothing complete before the damage: maybe the event array itself had closed and the
+            # damage is in trailing metadata.
+            raise InputError(path, f"no complete trace event before the damage at byte {pos} ({err})")
+        if not truncated and repairs < _MAX_REPAIRS:
+            m = _NEXT_ELEMENT.search(doc, pos)
+            if m is not None:
+                nxt = m.start(1)
+                skipped = doc[p + 1:nxt]
+                lost_bytes += len(skipped)
+                lost_events += max(1, skipped.count(b'"ph"'))
+                doc = doc[:p + 1] + b",\n" + doc[nxt:]
+                repairs += 1
+                try:
+                    trace = types.decoder.decode(doc)
+                except msgspec.DecodeError as exc:
+                    err = exc
+                    continue
+                warnings.append(
+                    f"malformed JSON: dropped {lost_events} damaged event(s) ({lost_bytes} bytes)"
+                )
+                return _Recovered(trace, len(trace.traceEvents or []), lost_events, warnings)
+        # Cut here: close the event array and the top-level object.
+        tail = doc[p + 1:]
+        try:
+            trace = types.decoder.decode(doc[:p + 1] + b"]}")
+        except msgspec.DecodeError as exc:
+            npos, _ = _error_pos(exc, p + 3)
+            if npos <= p:  # damage further up: repeat from there
+                err = exc
+                doc = doc[:p + 1]
+                continue
+            raise InputError(path, f"cannot recover the damaged trace ({exc})") from None
+        kept = len(trace.traceEvents or [])
+        dropped = len(tail.strip(b" \t\r\n,"))
+        avg = max(1.0, (p + 1 - start) / max(1, kept))
+        lost_here = math.ceil(dropped / avg) if dropped else 0
+        lost_events += lost_here
+        lost_bytes += dropped
+        what = "truncated" if truncated else f"malformed at byte {pos}"
+        warnings.append(
+            f"{what}: kept {kept} complete events; dropped {dropped} bytes after the last complete "
+            f"event (≈{lost_here} event(s)); anything after the cut is missing"
+        )
+        return _Recovered(trace, kept, lost_events, warnings)
+
+
+def decode_trace(data: bytes, path: str) -> _Recovered:
+    """Decode the whole trace, falling back to lenient types and damage recovery when needed."""
+    types = _STRICT
+    for attempt in range(2):
+        try:
+            trace = types.decoder.decode(data)
+            return _Recovered(trace, len(trace.traceEvents or []), 0)
+        except msgspec.ValidationError as exc:
+            if attempt == 0:
+                types = _LENIENT
+                continue
+            raise InputError(path, f"not a PyTorch Profiler trace ({exc})") from None
+        except msgspec.DecodeError as exc:
+            try:
+                return _decode_damaged(data, path, types, exc)
+            except msgspec.ValidationError as vexc:
+                if attempt == 0:
+                    types = _LENIENT
+                    continue
+                raise InputError(path, f"not a PyTorch Profiler trace ({vexc})") from None
+    raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------------------------------
+# Names: what a host range or a kernel name means
+# ----------------------------------------------------------------------------------------------
+
+# host-name classes
+N_NONE, N_STEP, N_LABEL, N_PP_COMM, N_PP_OTHER, N_COMM, N_OPTIM, N_DATA, N_BWD_OP, N_MODULE = range(10)
+# comm classes (host ops and kernels)
+C_NONE, C_P2P, C_COLL, C_COALESCED = range(4)
+
+_RE_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_RE_PP_ACT = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
+_RE_PP_COMM = re.compile(r"^PP:(\d+)(RECV|SEND)_([FBIW])(\d+)$")
+_RE_PP_OVERLAP = re.compile(r"^PP:\((\d+)([FBIW])(\d+)[;,]")
+_RE_FWDBWD = re.compile(
+    r"^(forward|fwd|backward|bwd|wgrad|weight[ _-]?grad)[\s_\-#:.=]*"
+    r"(?:mb|micro[ _-]?batch|microbatch|mbatch)?[\s_\-#:.=]*(\d+)$",
+    re.IGNORECASE,
+)
+_RE_BACKEND_TITLE = re.compile(r"^(nccl|gloo|mpi|ucc|xccl|hccl|rccl):")
+_RE_TITLE_P2P = re.compile(r"^[a-z]+:(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
+_RE_COMM_KERNEL = re.compile(r"nccl|rccl|hccl|msccl", re.IGNORECASE)
+_RE_KERNEL_COLL = re.compile(
+    r"all_?reduce|all_?gather|reduce_?scatter|broadcast|reduce|all_?to_?all", re.IGNORECASE
+)
+_RE_KERNEL_SENDRECV = re.compile(r"sendrecv|_send|_recv", re.IGNORECASE)
+_RE_ALLTOALL = re.compile(r"all_?to_?all", re.IGNORECASE)
+
+_ACTION_PHASE = {"F": Phase.FWD, "B": Phase.BWD, "I": Phase.BWD, "W": Phase.WGRAD}
+_WORD_PHASE = {"forward": Phase.FWD, "fwd": Phase.FWD, "backward": Phase.BWD, "bwd": Phase.BWD}
+
+
+def _label_phase(word: str) -> Phase:
+    w = word.lower()
+    if w in _WORD_PHASE:
+        return _WORD_PHASE[w]
+    return Phase.WGRAD
+
+
+@dataclass(frozen=True)
+class NameInfo:
+    """What a host range name means; computed once per distinct name."""
+
+    cls: int
+    range_kind: int = -1  # RangeKind or -1 when not kept as a range
+    num: int = -1
+    stage: int = -1
+    mb: int = -1
+    phase: int = int(Phase.UNKNOWN)
+    direction: int = int(Direction.NONE)
+    comm: int = C_NONE
+    alltoall: bool = False
+    peer_grp: int = -1  # peer's rank in the op's process group (nccl:send a->b)
+    my_grp: int = -1  # this rank's rank in that group
+
+
+def classify_name(name: str) -> NameInfo:
+    """Classify a host (CPU op / annotation) name. Pure function of the name."""
+    if not name:
+        return NameInfo(N_NONE)
+    c0 = name[0]
+    if c0 == "P":
+        m = _RE_STEP.match(name)
+        if m:
+            return NameInfo(N_STEP, int(RangeKind.STEP), num=int(m.group(1)))
+        if name.startswith("PP:"):
+            m = _RE_PP_ACT.match(name)
+            if m:
+                return NameInfo(N_LABEL, int(RangeKind.LABEL), stage=int(m.group(1)),
+                                mb=int(m.group(3)), phase=int(_ACTION_PHASE[m.group(2)]))
+            m = _RE_PP_COMM.match(name)
+            if m:
+                d = Direction.RECV if m.group(2) == "RECV" else Direction.SEND
+                return NameInfo(N_PP_COMM, int(RangeKind.COMM_OP), stage=int(m.group(1)),
+                                mb=int(m.group(4)), phase=int(_ACTION_PHASE[m.group(3)]),
+                                direction=int(d), comm=C_P2P)
+            m = _RE_PP_OVERLAP.match(name)
+            if m:
+                return NameInfo(N_PP_OTHER, int(RangeKind.OTHER), stage=int(m.group(1)),
+                                mb=int(m.group(3)), phase=int(_ACTION_PHASE[m.group(2)]))
+            tail = re.match(r"^PP:(\d+)", name)
+            return NameInfo(N_PP_OTHER, int(RangeKind.OTHER),
+                            stage=int(tail.group(1)) if tail else -1)
+    if name.startswith("c10d::"):
+        op = name[6:]
+        if op == "send" or op.startswith("send"):
+            return NameInfo(N_COMM, int(RangeKind.COMM_OP), direction=int(Direction.SEND), comm=C_P2P)
+        if op.startswith("recv"):
+            return NameInfo(N_COMM, int(RangeKind.COMM_OP), direction=int(Direction.RECV), comm=C_P2P)
+        if op.startswith(("wait", "monitored_barrier", "_coalesc")):
+            return NameInfo(N_COMM, int(RangeKind.COMM_OP))
+        return NameInfo(N_COMM, int(RangeKind.COMM_OP), comm=C_COLL,
+                        alltoall=bool(_RE_ALLTOALL.search(op)))
+    if name == "record_param_comms":
+        # what it is depends on its args (Collective name)
+        return NameInfo(N_COMM, int(RangeKind.COMM_OP))
+    m = _RE_BACKEND_TITLE.match(name)
+    if m:
+        rest = name[m.end():]
+        mp = _RE_TITLE_P2P.match(name)
+        if mp:
+            d = Direction.SEND if mp.group(1) == "send" else Direction.RECV
+            return NameInfo(N_COMM, int(RangeKind.COMM_OP), direction=int(d), comm=C_P2P,
+                            my_grp=int(mp.group(2)), peer_grp=int(mp.group(4)))
+        if rest.startswith("send"):
+            return NameInfo(N_COMM, int(RangeKind.COMM_OP), direction=int(Direction.SEND), comm=C_P2P)
+        if rest.startswith("recv"):
+            return NameInfo(N_COMM, int(RangeKind.COMM_OP), direction=int(Direction.RECV), comm=C_P2P)
+        if rest.startswith("coalesced"):
+            return NameInfo(N_COMM, int(RangeKind.COMM_OP), comm=C_COALESCED)
+        return NameInfo(N_COMM, int(RangeKind.COMM_OP), comm=C_COLL,
+                        alltoall=bool(_RE_ALLTOALL.search(rest)))
+    if name.startswith("Optimizer."):
+        return NameInfo(N_OPTIM, int(RangeKind.OTHER), phase=int(Phase.OPTIM))
+    if name.startswith("enumerate(DataLoader)"):
+        return NameInfo(N_DATA, int(RangeKind.OTHER), phase=int(Phase.OTHER))
+    if name.startswith("autograd::engine::evaluate_function:"):
+        return NameInfo(N_BWD_OP)
+    if name.startswith("nn.Module: "):
+        return NameInfo(N_MODULE, int(RangeKind.MODULE))
+    if c0 in "FfBbWw":
+        m = _RE_FWDBWD.match(name)
+        if m:
+            return NameInfo(N_LABEL, int(RangeKind.LABEL), mb=int(m.group(2)),
+                            phase=int(_label_phase(m.group(1))))
+    return NameInfo(N_NONE)
+
+
+class _NameMemo(dict[Any, NameInfo]):
+    """name -> NameInfo, computed on first sight (names repeat a lot in traces)."""
+
+    def __missing__(self, key: Any) -> NameInfo:
+        v = classify_name(key if isinstance(key, str) else str(key))
+        self[key] = v
+        return v
+
+
+# ----------------------------------------------------------------------------------------------
+# Small helpers
+# ----------------------------------------------------------------------------------------------
+
+_DTYPE_SIZE = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+    "byte": 1, "uint8": 1, "unsigned char": 1, "char": 1, "int8": 1, "signed char": 1,
+    "short": 2, "int16": 2, "int": 4, "int32": 4, "long": 8, "int64": 8, "long int": 8,
+    "long long": 8, "bool": 1, "complexfloat": 8, "complexdouble": 16, "complexhalf": 4,
+    "uint16": 2, "uint32": 4, "uint64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+}
+
+
+def dtype_size(dtype: Any) -> int:
+    """Bytes per element of a PyTorch dtype string ("Float", "c10::BFloat16", "float"), or -1."""
+    if not isinstance(dtype, str) or not dtype:
+        return -1
+    d = dtype.lower()
+    if d.startswith("c10::"):
+        d = d[5:]
+    if d.startswith("torch."):
+        d = d[6:]
+    return _DTYPE_SIZE.get(d, -1)
+
+
+def _as_int(v: Any, default: int = -1) -> int:
+    if v is None or isinstance(v, bool):
+        return default
+    if isinstance(v, int):
+        return v
+    try:
+        return int(float(v)) if isinstance(v, float | str) else default
+    except (TypeError, ValueError):
+        return default
+
+
+def _i64(values: list[Any], default: int = -1) -> I64A:
+    """int64 array from a list that is normally all ints (lenient traces may hold anything)."""
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.asarray([_as_int(v, default) for v in values], dtype=np.int64)
+
+
+def _f64(values: list[Any]) -> F64A:
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        out = []
+        for v in values:
+            try:
+                out.append(float(v))
+            except (TypeError, ValueError):
+                out.append(0.0)
+        return np.asarray(out, dtype=np.float64)
+
+
+def us_to_ns(us: F64A, base_ns: int) -> I64A:
+    """µs floats to int64 ns: integer and fraction parts separately so that absolute-epoch µs
+    (1.7e15) do not lose the precision ``round(ts*1000)`` would lose in float64."""
+    whole = np.floor(us)
+    ns = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
+    return ns + np.int64(base_ns) if base_ns else ns
+
+
+def _tid_int(tid: Any) -> int:
+    if isinstance(tid, int):
+        return tid
+    if isinstance(tid, str):
+        m = re.search(r"-?\d+", tid)
+        if m:
+            return int(m.group(0))
+    return -1
+
+
+def _tids(values: list[Any]) -> I64A:
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.asarray([_tid_int(v) for v in values], dtype=np.int64)
+
+
+def _raw_json(raw: Any) -> Any:
+    """Decode a msgspec.Raw arg value (None when absent or not JSON)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, msgspec.Raw):
+        return raw
+    if not len(raw):
+        return None
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+def parse_rank_list(v: Any) -> list[int] | None:
+    """Ranks given as a JSON list or as a string "[0, 1, 2]"; None when truncated ("..."), absent."""
+    if isinstance(v, list):
+        try:
+            return [int(x) for x in v]
+        except (TypeError, ValueError):
+            return None
+    if isinstance(v, str):
+        if "..." in v:
+            return None
+        nums = re.findall(r"-?\d+", v)
+        return [int(x) for x in nums] if nums or v.strip() == "[]" else None
+    return None
+
+
+_RE_FILE_RANK = re.compile(r"(?:^|[^a-z0-9])(rank|worker)[-_ ]?(\d+)(?![0-9])", re.IGNORECASE)
+
+
+def rank_from_filename(path: Path) -> int | None:
+    """Rank from names like ``rank3``, ``rank-3``, ``rank_3``, ``worker3``, ``worker-3`` (file name
+    first, then its directory). ``rank`` wins over ``worker``."""
+    for part in (path.name, path.parent.name):
+        found = {m.group(1).lower(): int(m.group(2)) for m in reversed(list(_RE_FILE_RANK.finditer(part)))}
+        if "rank" in found:
+            return found["rank"]
+        if "worker" in found:
+            return found["worker"]
+    return None
+
+
+def _ranks_from_arith(start: int, stride: int, size: int) -> list[int] | None:
+    if start >= 0 and stride > 0 and size > 0:
+        return [start + stride * i for i in range(size)]
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-rank context: process groups and rank mapping
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Ctx:
+    path: str
+    rank: int
+    groups: list[ProcessGroup]
+    warnings: list[str] = field(default_factory=list)
+
+    def group_index(self, name: str, desc: str, ranks: list[int] | None) -> int:
+        """Index of a process group, adding it when the comm metadata names one not in pg_config."""
+        if not name and ranks is None:
+            return -1
+        for i, g in enumerate(self.groups):
+            if name and g.name == name:
+                if not g.ranks and ranks:
+                    g.ranks = ranks
+                if not g.desc and desc:
+                    g.desc = desc
+                return i
+        if not name:
+            for i, g in enumerate(self.groups):
+                if ranks and g.ranks == ranks:
+                    return i
+            name = f"?{len(self.groups)}"
+        self.groups.append(ProcessGroup(name=name, desc=desc, ranks=list(ranks or [])))
+        return len(self.groups) - 1
+
+    def to_global(self, grp_rank: int, group: int = -1, my_grp: int = -1) -> int:
+        """Global rank of ``grp_rank`` in ``group`` (or in the only plausible group when unknown)."""
+        if grp_rank < 0:
+            return -1
+        if 0 <= group < len(self.groups):
+            r = self.groups[group].ranks
+            return r[grp_rank] if grp_rank < len(r) else -1
+        if not self.groups:
+            return grp_rank  # no group information: the default group, where group rank == global rank
+        cands: set[int] = set()
+        for g in self.groups:
+            if not g.ranks or grp_rank >= len(g.ranks) or (self.rank >= 0 and self.rank not in g.ranks):
+                continue
+            if my_grp >= 0 and (my_grp >= len(g.ranks) or g.ranks[my_grp] != self.rank):
+                continue
+            cands.add(g.ranks[grp_rank])
+        return cands.pop() if len(cands) == 1 else -1
+
+
+@dataclass
+class _CommInfo:
+    """Communication facts of one host op or kernel (all -1 / NONE when unknown)."""
+
+    comm: int = C_NONE
+    direction: int = int(Direction.NONE)
+    peer: int = -1
+    peer_grp: int = -1
+    my_grp: int = -1
+    nbytes: int = -1
+    seq: int = -1
+    group: int = -1
+    alltoall: bool = False
+
+
+def _coll_class(coll: str) -> tuple[int, int, bool]:
+    """(comm class, direction, alltoall) from a ``Collective name`` value."""
+    c = coll.lower()
+    if c in ("send", "isend"):
+        return C_P2P, int(Direction.SEND), False
+    if c in ("recv", "irecv", "recv_any_source"):
+        return C_P2P, int(Direction.RECV), False
+    if c in ("wait", "init", "", "barrier_wait", "unknown"):
+        return C_NONE, int(Direction.NONE), False
+    if "coalesced" in c and not any(k in c for k in ("gather", "reduce", "scatter")):
+        return C_COALESCED, int(Direction.NONE), False
+    return C_COLL, int(Direction.NONE), bool(_RE_ALLTOALL.search(c))
+
+
+def _args_comm(a: Any, ctx: _Ctx) -> _CommInfo:
+    """Comm facts carried by an event's args (record_param_comms or an NCCL kernel)."""
+    info = _CommInfo()
+    if a is None:
+        return info
+    coll = a.coll if isinstance(a.coll, str) else ""
+    if coll:
+        info.comm, info.direction, info.alltoall = _coll_class(coll)
+    name = a.pg_name if a.pg_name not in (None, "") else a.pg_id
+    name = "" if name in (None, "", -1) else str(name)
+    ranks = parse_rank_list(a.pg_ranks)
+    if ranks is None or (not ranks and _as_int(a.group_size) > 1):
+        ranks = _ranks_from_arith(_as_int(a.rank_start), _as_int(a.rank_stride), _as_int(a.group_size))
+    if ranks is not None and not ranks:
+        ranks = None
+    desc = a.pg_desc if isinstance(a.pg_desc, str) else ""
+    if name or ranks:
+        info.group = ctx.group_index(name, desc, ranks)
+    if info.direction == Direction.SEND:
+        info.peer = _as_int(a.dst)
+    elif info.direction == Direction.RECV:
+        info.peer = _as_int(a.src)
+    if info.peer < 0 and info.comm == C_P2P:
+        info.peer_grp = _as_int(a.peer_rank)  # for send/recv "Rank" is the peer's group rank
+        if info.peer_grp >= 0 and info.group >= 0:
+            info.peer = ctx.to_global(info.peer_grp, info.group)
+    size = dtype_size(a.dtype)
+    nel = _as_int(a.nelems)
+    if size > 0 and nel >= 0:
+        info.nbytes = nel * size
+    info.seq = _as_int(a.seq)
+    return info
+
+
+def _shape_bytes(dims: Any, types: Any) -> int:
+    """Payload bytes of an op's first tensor argument from ``Input Dims`` / ``Input type``."""
+    if not isinstance(dims, list) or not dims:
+        return -1
+    first = dims[0]
+    tname = types[0] if isinstance(types, list) and types else ""
+    size = dtype_size(tname)
+    if size < 0 or not isinstance(first, list):
+        return -1
+    if first and isinstance(first[0], list):  # a TensorList
+        total = 0
+        for t in first:
+            if isinstance(t, list):
+                total += int(np.prod(t, dtype=np.int64)) if t else 1
+        return total * size
+    return (int(np.prod(first, dtype=np.int64)) if first else 1) * size
+
+
+def _host_comm(info: NameInfo, a: Any, ctx: _Ctx) -> _CommInfo:
+    """Comm facts of one host comm op from its name and args."""
+    out = _CommInfo(comm=info.comm, direction=info.direction, peer_grp=info.peer_grp,
+                    my_grp=info.my_grp, alltoall=info.alltoall)
+    if a is None:
+        return out
+    if info.cls == N_COMM:
+        meta = _args_comm(a, ctx)
+        if meta.comm != C_NONE or out.comm == C_NONE:
+            if meta.comm != C_NONE:
+                out.comm, out.alltoall = meta.comm, meta.alltoall
+            if meta.direction:
+                out.direction = meta.direction
+        out.peer = meta.peer
+        if meta.peer_grp >= 0 and out.peer_grp < 0:
+            out.peer_grp = meta.peer_grp
+        out.nbytes, out.seq, out.group = meta.nbytes, meta.seq, meta.group
+        if out.comm == C_P2P and out.peer < 0 and out.peer_grp < 0:
+            conc = _raw_json(a.concrete)
+            # c10d::send / recv_ with record_shapes: [tensors, group, "peer group rank", "tag"]
+            if isinstance(conc, list) and len(conc) >= 3:
+                out.peer_grp = _as_int(conc[2])
+        if out.nbytes < 0:
+            out.nbytes = _shape_bytes(_raw_json(a.dims), _raw_json(a.types))
+    if out.peer < 0 and out.peer_grp >= 0:
+        out.peer = ctx.to_global(out.peer_grp, out.group, out.my_grp)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Category codes
+# ----------------------------------------------------------------------------------------------
+
+K_OTHER, K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_RUNTIME, K_CPUOP, K_ANNOT, K_PYFUNC = range(9)
+_CAT = {
+    "kernel": K_KERNEL, "Kernel": K_KERNEL,
+    "gpu_memcpy": K_MEMCPY, "Memcpy": K_MEMCPY,
+    "gpu_memset": K_MEMSET, "Memset": K_MEMSET,
+    "cuda_sync": K_SYNC,
+    "cuda_runtime": K_RUNTIME, "cuda_driver": K_RUNTIME, "Runtime": K_RUNTIME, "Driver": K_RUNTIME,
+    "xpu_runtime": K_RUNTIME, "xpu_driver": K_RUNTIME,
+    "privateuse1_runtime": K_RUNTIME, "privateuse1_driver": K_RUNTIME, "mtia_runtime": K_RUNTIME,
+    "cpu_op": K_CPUOP, "Operator": K_CPUOP,
+    "user_annotation": K_ANNOT, "User Annotation": K_ANNOT,
+    "python_function": K_PYFUNC,
+}
+_GPU_KIND = {K_KERNEL: Kind.COMPUTE, K_MEMCPY: Kind.MEMCPY, K_MEMSET: Kind.MEMSET, K_SYNC: Kind.SYNC}
+
+
+@dataclass
+class _Host:
+    """Kept host ranges (steps, labels, comm ops, other annotations) as parallel lists."""
+
+    start: list[int] = field(default_factory=list)
+    end: list[int] = field(default_factory=list)
+    tid: list[int] = field(default_factory=list)
+    info: list[NameInfo] = field(default_factory=list)
+    name: list[str] = field(default_factory=list)
+    comm: list[_CommInfo] = field(default_factory=list)
+    is_cpu_op: list[bool] = field(default_factory=list)
+    ext: list[int] = field(default_factory=list)  # External id of comm ops, -1 otherwise
+
+
+# ----------------------------------------------------------------------------------------------
+# The parser
+# ----------------------------------------------------------------------------------------------
+
+
+class KinetoParser:
+    """PyTorch Profiler / Kineto Chrome-trace JSON (``.json``, ``.json.gz``)."""
+
+    name = "kineto"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        """True when ``head`` (gunzipped) starts a JSON object with Kineto's top-level keys."""
+        return looks_like_kineto(head, path.name)
+
+    def parse(self, path: Path, options: ParseOptions) -> list[RankTimeline]:
+        """Parse one Kineto trace file into one rank."""
+        path = Path(path)
+        data, warnings = read_bytes(path)
+        try:
+            return [_parse_bytes(data, path, warnings)]
+        except InputError:
+            raise
+        except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as exc:
+            if os.environ.get("PPDIAG_DEBUG"):
+                raise
+            raise InputError(str(path), f"unsupported trace content ({type(exc).__name__}: {exc})") from None
+
+
+def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
+    spath = str(path)
+    head = data[:4096].lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not head.startswith(b"{"):
+        raise InputError(spath, "not a PyTorch Profiler trace (not a JSON object)")
+    rec = decode_trace(data, spath)
+    del data
+    warnings = warnings + rec.warnings
+    trace = rec.trace
+    evs = trace.traceEvents
+    if evs is None:
+        raise InputError(spath, "not a PyTorch Profiler trace (no traceEvents)")
+    if not evs:
+        raise InputError(spath, "empty trace (traceEvents is empty)")
+
+    dist = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
+    rank = _as_int(dist.get("rank"), -1)
+    rank_source = "distributedInfo"
+    if rank < 0:
+        fr = rank_from_filename(path)
+        rank, rank_source = (fr, "file name") if fr is not None else (-1, "none")
+    world = _as_int(dist.get("world_size"), -1)
+    backend = dist.get("backend") if isinstance(dist.get("backend"), str) else None
+    groups = _process_groups(dist)
+    ctx = _Ctx(spath, rank, groups)
+    base = _as_int(trace.baseTimeNanoseconds, 0) if trace.baseTimeNanoseconds is not None else 0
+    devprops = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
+
+    n_total = len(evs)
+    codes = np.fromiter(
+        (_CAT.get(e.cat, K_OTHER) if e.ph == "X" else K_OTHER for e in evs), dtype=np.int8, count=n_total
+    )
+    gpu_idx = np.flatnonzero((codes >= K_KERNEL) & (codes <= K_SYNC))
+    host_idx = np.flatnonzero((codes == K_CPUOP) | (codes == K_ANNOT) | (codes == K_PYFUNC))
+
+    names = NameTable()
+    memo = _NameMemo()
+    host = _collect_host(evs, host_idx, codes, memo, base, ctx)
+
+    meta: dict[str, Any] = {
+        "time_base_ns": base,
+        "ts_format": "relative+baseTimeNanoseconds" if base else "absolute µs",
+    }
+    if len(gpu_idx):
+        intervals, device, extra = _gpu_mode(evs, gpu_idx, codes, host, memo, base, ctx, names, devprops)
+        meta.update(extra)
+        cpu_only = False
+    else:
+        if devprops or (backend or "").lower() == "nccl":
+            why = "the trace lists CUDA devices" if devprops else "the backend is nccl"
+            raise InputError(
+                spath,
+                f"no GPU events ({why}, but no kernel/memcpy/memset was recorded: profile with "
+                "ProfilerActivity.CUDA)",
+            )
+        cpu_idx = np.flatnonzero(codes == K_CPUOP)
+        if not len(cpu_idx):
+            raise InputError(spath, "no GPU events and no CPU ops: nothing to analyze")
+        intervals, extra = _cpu_mode(evs, cpu_idx, host, memo, base, ctx, names)
+        meta.update(extra)
+        device = "cpu"
+        cpu_only = True
+    del evs, trace
+    ranges = _build_ranges(host, names)
+    warnings = warnings + ctx.warnings
+    return RankTimeline(
+        rank=rank, source=spath, format="kineto", names=names.names, intervals=intervals.sorted(),
+        ranges=ranges, world_size=world if world > 0 else None, backend=backend, device=device,
+        cpu_only=cpu_only, process_groups=ctx.groups, rank_source=rank_source,
+        events_total=rec.kept_events, events_lost=rec.lost_events, warnings=warnings, meta=meta,
+    )
+
+
+def _process_groups(dist: dict[str, Any]) -> list[ProcessGroup]:
+    out: list[ProcessGroup] = []
+    cfg = dist.get("pg_config")
+    if not isinstance(cfg, list):
+        return out
+    for g in cfg:
+        if not isinstance(g, dict):
+            continue
+        name = g.get("pg_name", g.get("uid", ""))
+        desc = g.get("pg_desc", "")
+        ranks = parse_rank_list(g.get("ranks"))
+        out.append(ProcessGroup(
+            name="" if name is None else str(name), desc=desc if isinstance(desc, str) else str(desc),
+            ranks=ranks or [], backend=str(g.get("backend_config", "") or ""),
+        ))
+    return out
+
+
+def _collect_host(
+    evs: list[Any], host_idx: npt.NDArray[np.intp], codes: npt.NDArray[np.int8], memo: _NameMemo,
+    base: int, ctx: _Ctx,
+) -> _Host:
+    """Keep the host ranges later layers need (and comm ops for kernel classification)."""
+    host = _Host()
+    if not len(host_idx):
+        return host
+    idx_list = host_idx.tolist()
+    sub = [evs[i] for i in idx_list]
+    infos = [memo[e.name] for e in sub]
+    sub_codes = codes[host_idx]
+    keep_cls = np.fromiter((i.range_kind >= 0 for i in infos), dtype=bool, count=len(infos))
+    # every user annotation is kept (they are few and name user phases); CPU ops and Python
+    # functions only when their name means something to ppdiag
+    keep = keep_cls | (sub_codes == K_ANNOT)
+    keep &= ~((sub_codes == K_PYFUNC) & ~np.fromiter((i.cls == N_MODULE for i in infos), bool, len(infos)))
+    kept = np.flatnonzero(keep).tolist()
+    if not kept:
+        return host
+    ks = [sub[i] for i in kept]
+    ts = us_to_ns(_f64([e.ts for e in ks]), base)
+    dur = np.maximum(us_to_ns(_f64([e.dur for e in ks]), 0), 0)
+    host.start = ts.tolist()
+    host.end = (ts + dur).tolist()
+    host.tid = _tids([e.tid for e in ks]).tolist()
+    for j, e in zip(kept, ks, strict=True):
+        info = infos[j]
+        if info.range_kind < 0:
+            info = NameInfo(info.cls, int(RangeKind.OTHER), phase=info.phase)
+        host.info.append(info)
+        host.name.append(e.name if isinstance(e.name, str) else str(e.name))
+        host.is_cpu_op.append(bool(sub_codes[j] == K_CPUOP))
+        if info.cls in (N_COMM, N_PP_COMM):
+            host.comm.append(_host_comm(info, e.args, ctx))
+            a = e.args
+            x = -1 if a is None else _as_int(a.ext)
+            host.ext.append(x if x >= 0 or a is None else _as_int(a.ext_lc))
+        else:
+            host.comm.append(_CommInfo())
+            host.ext.append(-1)
+    return host
+
+
+def _build_ranges(host: _Host, names: NameTable) -> Ranges:
+    n = len(host.start)
+    if not n:
+        return Ranges.empty()
+    cols: dict[str, Any] = {
+        "start": host.start, "end": host.end, "tid": host.tid,
+        "kind": [i.range_kind for i in host.info],
+        "name": [names.id(s) for s in host.name],
+        "num": [i.num for i in host.info], "stage": [i.stage for i in host.info],
+        "mb": [i.mb for i in host.info], "phase": [i.phase for i in host.info],
+        "peer": [c.peer for c in host.comm],
+        "direction": [c.direction or i.direction for c, i in zip(host.comm, host.info, strict=True)],
+        "bytes": [c.nbytes for c in host.comm], "seq": [c.seq for c in host.comm],
+        "group": [c.group for c in host.comm],
+    }
+    r = Ranges.from_columns(n, cols)
+    return r.take(np.lexsort((r.end, r.start)))
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU mode
+# ----------------------------------------------------------------------------------------------
+
+
+def _gpu_mode(
+    evs: list[Any], gpu_idx: npt.NDArray[np.intp], codes: npt.NDArray[np.int8], host: _Host,
+    memo: _NameMemo, base: int, ctx: _Ctx, names: NameTable, devprops: list[Any],
+) -> tuple[Intervals, str | None, dict[str, Any]]:
+    g = [evs[i] for i in gpu_idx.tolist()]
+    n = len(g)
+    gcodes = codes[gpu_idx]
+    start = us_to_ns(_f64([e.ts for e in g]), base)
+    dur = np.maximum(us_to_ns(_f64([e.dur for e in g]), 0), 0)
+    empty_args = _STRICT.args()
+    gargs = [e.args if e.args is not None else empty_args for e in g]
+    stream = _i64([a.stream for a in gargs])
+    tid = _tids([e.tid for e in g])
+    stream = np.where(stream >= 0, stream, tid)
+    dev = _tids([e.pid for e in g])
+    adev = _i64([a.device for a in gargs])
+    dev = np.where(dev >= 0, dev, adev)
+    corr = _i64([a.correlation for a in gargs])
+    gname = [e.name if isinstance(e.name, str) else str(e.name) for e in g]
+    name_id = np.fromiter((names.id(s) for s in gname), dtype=np.int32, count=n)
+    nbytes = _i64([a.nbytes for a in gargs])
+
+    devices = np.unique(dev[dev >= 0])
+    if len(devices) > 1:
+        # one process drove several GPUs: keep streams of different devices apart
+        stream = dev * (1 << 32) + stream
+        ctx.warnings.append(f"GPU events on {len(devices)} devices {devices.tolist()}; "
+                            "streams are keyed by (device, stream)")
+    main_dev = int(np.bincount(dev[dev >= 0]).argmax()) if (dev >= 0).any() else -1
+    device_name = None
+    for p in devprops:
+        if isinstance(p, dict) and _as_int(p.get("id")) == main_dev and p.get("name"):
+            device_name = str(p["name"])
+    if device_name is None and devprops and isinstance(devprops[0], dict) and devprops[0].get("name"):
+        device_name = str(devprops[0]["name"])
+
+    lut = np.zeros(K_SYNC + 1, dtype=np.int8)
+    for code, k in _GPU_KIND.items():
+        lut[code] = k
+    kind = lut[gcodes]
+
+    # launch: the runtime call with the same correlation id (vectorized join)
+    rt_idx = np.flatnonzero(codes == K_RUNTIME)
+    launch = np.full(n, -1, dtype=np.int64)
+    launch_tid = np.full(n, -1, dtype=np.int64)
+    if len(rt_idx):
+        rt = [evs[i] for i in rt_idx.tolist()]
+        rt_corr = _i64([(e.args.correlation if e.args is not None else -1) for e in rt])
+        rt_ts = us_to_ns(_f64([e.ts for e in rt]), base)
+        rt_tid = _tids([e.tid for e in rt])
+        del rt
+        order = np.argsort(rt_corr, kind="stable")
+        sc = rt_corr[order]
+        pos = np.minimum(np.searchsorted(sc, corr), len(sc) - 1)
+        ok = (corr >= 0) & (sc[pos] == corr)
+        launch[ok] = rt_ts[order[pos[ok]]]
+        launch_tid[ok] = rt_tid[order[pos[ok]]]
+    matched = int((launch >= 0).sum())
+
+    cols: dict[str, Any] = {
+        "start": start, "end": start + dur, "stream": stream, "kind": kind, "name": name_id,
+        "bytes": nbytes, "launch": launch,
+    }
+    peer = np.full(n, -1, dtype=np.int32)
+    direction = np.zeros(n, dtype=np.int8)
+    seq = np.full(n, -1, dtype=np.int64)
+    group = np.full(n, -1, dtype=np.int32)
+
+    # comm kernels name themselves in the first characters (``ncclDevKernel_*``, ``void
+    # ncclKernel_*``); searching only there keeps long templated kernel names cheap
+    is_kernel = (gcodes == K_KERNEL).tolist()
+    is_comm = np.fromiter(
+        (k and _RE_COMM_KERNEL.search(s, 0, 48) is not None for k, s in zip(is_kernel, gname, strict=True)),
+        dtype=bool, count=n,
+    )
+    comm_idx = np.flatnonzero(is_comm)
+    unclassified = 0
+    if len(comm_idx):
+        infos, unclassified = _classify_comm_kernels(
+            comm_idx, gargs, gname, launch, launch_tid, host, ctx
+        )
+        for j, info in zip(comm_idx.tolist(), infos, strict=True):
+            kind[j] = Kind.P2P if info.comm == C_P2P else Kind.COLLECTIVE
+            peer[j] = info.peer
+            direction[j] = info.direction
+            seq[j] = info.seq
+            group[j] = info.group
+            if info.nbytes >= 0:
+                nbytes[j] = info.nbytes
+    if unclassified:
+        ctx.warnings.append(
+            f"{unclassified} communication kernel(s) had no launcher evidence (no comm args, no "
+            "record_param_comms, no enclosing comm op): classified from the kernel name and the "
+            "rank's other comm ops"
+        )
+    cols.update(peer=peer, direction=direction, seq=seq, group=group)
+    cols["phase"] = _optim_phase(launch, launch_tid, host)
+    del g, gargs
+    extra = {
+        "gpu_devices": devices.tolist(), "gpu_events": n, "kernels": int((gcodes == K_KERNEL).sum()),
+        "launch_matched": matched, "comm_kernels": len(comm_idx),
+        "comm_unclassified": unclassified,
+    }
+    return Intervals.from_columns(n, cols), device_name, extra
+
+
+def _optim_phase(launch: I64A, launch_tid: I64A, host: _Host) -> npt.NDArray[np.int8]:
+    """Phase.OPTIM for GPU work launched inside an ``Optimizer.*`` range of the same thread."""
+    phase = np.zeros(len(launch), dtype=np.int8)
+    opt = [i for i, inf in enumerate(host.info) if inf.cls == N_OPTIM]
+    if not opt:
+        return phase
+    o_start = np.array([host.start[i] for i in opt], dtype=np.int64)
+    o_end = np.array([host.end[i] for i in opt], dtype=np.int64)
+    o_tid = np.array([host.tid[i] for i in opt], dtype=np.int64)
+    for t in np.unique(o_tid):
+        m = o_tid == t
+        s, e = o_start[m], o_end[m]
+        order = np.argsort(s)
+        s, e = s[order], np.maximum.accumulate(e[order])
+        q = (launch_tid == t) & (launch >= 0)
+        qi = np.flatnonzero(q)
+        k = np.searchsorted(s, launch[qi], side="right") - 1
+        inside = (k >= 0) & (e[np.maximum(k, 0)] >= launch[qi])
+        phase[qi[inside]] = Phase.OPTIM
+    return phase
+
+
+def _parents(starts: I64A, ends: I64A) -> npt.NDArray[np.int64]:
+    """Parent index of each range (sorted by start, longer first) in its nesting, -1 for roots."""
+    parent = np.full(len(starts), -1, dtype=np.int64)
+    stack: list[int] = []
+    s_list, e_list = starts.tolist(), ends.tolist()
+    for i in range(len(s_list)):
+        while stack and e_list[stack[-1]] < s_list[i]:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    return parent
+
+
+def _classify_comm_kernels(
+    comm_idx: npt.NDArray[np.intp], gargs: list[Any], gname: list[str], launch: I64A,
+    launch_tid: I64A, host: _Host, ctx: _Ctx,
+) -> tuple[list[_CommInfo], int]:
+    """Classify NCCL-style kernels P2P / collective by what launched them."""
+    rank_has_a2a = any(c.alltoall for c in host.comm)
+    # record_param_comms ops that carry comm metadata, by External id
+    rpc_ext = {
+        x: c for nm, c, x in zip(host.name, host.comm, host.ext, strict=True)
+        if nm == "record_param_comms" and c.comm != C_NONE and x >= 0
+    }
+
+    infos: list[_CommInfo] = []
+    pending: list[int] = []  # positions in comm_idx still unresolved
+    for pos_, j in enumerate(comm_idx.tolist()):
+        a = gargs[j]
+        info = _args_comm(a, ctx) if (isinstance(a.coll, str) and a.coll) else _CommInfo()
+        if info.comm == C_NONE:
+            ext = _as_int(a.ext)
+            if ext < 0:
+                ext = _as_int(a.ext_lc)
+            other = rpc_ext.get(ext) if ext >= 0 else None
+            if other is not None and other.comm != C_NONE:
+                info = _CommInfo(**other.__dict__)
+        if info.comm == C_NONE or info.comm == C_COALESCED:
+            pending.append(pos_)
+        infos.append(info)
+
+    if pending:
+        _enclosing_comm(comm_idx, pending, infos, launch, launch_tid, host, ctx)
+
+    # coalesced groups: the point-to-point ops issued since the previous comm launch on that thread
+    for pos_, info in enumerate(infos):
+        if info.comm == C_COALESCED:
+            j = int(comm_idx[pos_])
+            _resolve_coalesced(info, j, comm_idx, launch, launch_tid, host)
+
+    # no evidence at all: the kernel name and the rank's other comm ops decide
+    unclassified = 0
+    by_name: dict[str, list[int]] = {}
+    for pos_, info in enumerate(infos):
+        if info.comm not in (C_NONE, C_COALESCED):
+            base_name = gname[int(comm_idx[pos_])].split("(")[0]
+            by_name.setdefault(base_name, []).append(info.comm)
+    for pos_, info in enumerate(infos):
+        if info.comm not in (C_NONE, C_COALESCED):
+            if info.peer < 0 and info.peer_grp >= 0:
+                info.peer = ctx.to_global(info.peer_grp, info.group, info.my_grp)
+            continue
+        unclassified += 1
+        nm = gname[int(comm_idx[pos_])]
+        base_name = nm.split("(")[0]
+        if _RE_KERNEL_SENDRECV.search(base_name):
+            info.comm = C_COLL if rank_has_a2a else C_P2P
+        elif _RE_KERNEL_COLL.search(base_name):
+            info.comm = C_COLL
+        else:
+            seen = by_name.get(base_name, [])
+            info.comm = C_P2P if seen and seen.count(C_P2P) > len(seen) / 2 else C_COLL
+    return infos, unclassified
+
+
+def _enclosing_comm(
+    comm_idx: npt.NDArray[np.intp], pending: list[int], infos: list[_CommInfo], launch: I64A,
+    launch_tid: I64A, host: _Host, ctx: _Ctx,
+) -> None:
+    """Fill ``infos[pending]`` from the innermost comm host ops enclosing each kernel's launch.
+
+    Containment is vectorized per host thread: ops sorted by start with parent pointers; each
+    launch finds the last op starting before it and climbs to the first ancestor that contains it,
+    then facts are merged innermost-first along the ancestor chain.
+    """
+    ops = [i for i, inf in enumerate(host.info) if inf.cls in (N_COMM, N_PP_COMM)]
+    if not ops:
+        return
+    o_start = np.array([host.start[i] for i in ops], dtype=np.int64)
+    o_end = np.array([host.end[i] for i in ops], dtype=np.int64)
+    o_tid = np.array([host.tid[i] for i in ops], dtype=np.int64)
+    pend = np.array(pending, dtype=np.int64)
+    k_launch = launch[comm_idx[pend]]
+    k_tid = launch_tid[comm_idx[pend]]
+    for t in np.unique(k_tid[k_launch >= 0]):
+        sel_ops = np.flatnonzero(o_tid == t)
+        if not len(sel_ops):
+            continue
+        order = sel_ops[np.lexsort((-o_end[sel_ops], o_start[sel_ops]))]
+        s, e = o_start[order], o_end[order]
+        parent = _parents(s, e)
+        kq = np.flatnonzero((k_tid == t) & (k_launch >= 0))
+        q = k_launch[kq]
+        cur = np.searchsorted(s, q, side="right") - 1
+        for _ in range(256):
+            bad = (cur >= 0) & (e[np.maximum(cur, 0)] < q)
+            if not bad.any():
+                break
+            cur[bad] = parent[cur[bad]]
+        # merge facts innermost-first along the chain (chains are short: a few nested comm ops)
+        for qi, c0 in zip(kq.tolist(), cur.tolist(), strict=True):
+            info = infos[int(pend[qi])]
+            c = c0
+            depth = 0
+            while c >= 0 and depth < 64:
+                _merge(info, host.comm[ops[int(order[c])]])
+                c = int(parent[c])
+                depth += 1
+
+
+def _merge(info: _CommInfo, other: _CommInfo) -> None:
+    """Fill unknown fields of ``info`` from an enclosing op's facts."""
+    if info.comm in (C_NONE, C_COALESCED) and other.comm != C_NONE:
+        if not (info.comm == C_COALESCED and other.comm == C_COLL):
+            info.comm = other.comm
+        info.alltoall = info.alltoall or other.alltoall
+    if not info.direction and other.direction:
+        info.direction = other.direction
+    if info.peer < 0 and other.peer >= 0:
+        info.peer = other.peer
+    if info.peer_grp < 0 and other.peer_grp >= 0:
+        info.peer_grp = other.peer_grp
+        info.my_grp = other.my_grp
+    if info.nbytes < 0 and other.nbytes >= 0:
+        info.nbytes = other.nbytes
+    if info.seq < 0 and other.seq >= 0:
+        info.seq = other.seq
+    if info.group < 0 and other.group >= 0:
+        info.group = other.group
+
+
+def _resolve_coalesced(
+    info: _CommInfo, j: int, comm_idx: npt.NDArray[np.intp], launch: I64A, launch_tid: I64A,
+    host: _Host,
+) -> None:
+    """A coalesced launch carries the p2p ops issued since the previous comm launch on its thread."""
+    t, q = int(launch_tid[j]), int(launch[j])
+    if q < 0:
+        info.comm = C_NONE
+        return
+    same = launch_tid[comm_idx] == t
+    prev_l = launch[comm_idx][same]
+    prev_l = prev_l[prev_l < q]
+    lo = int(prev_l.max()) if len(prev_l) else -(1 << 62)
+    dirs: set[int] = set()
+    peers: set[int] = set()
+    for i, inf in enumerate(host.info):
+        c = host.comm[i]
+        if c.comm == C_P2P and inf.cls == N_COMM and host.tid[i] == t and lo < host.start[i] <= q:
+            dirs.add(c.direction)
+            peers.add(c.peer)
+    if not dirs:
+        info.comm = C_COLL
+        return
+    info.comm = C_P2P
+    dirs.discard(int(Direction.NONE))
+    info.direction = (int(Direction.BOTH) if len(dirs) > 1 else (dirs.pop() if dirs else 0))
+    info.peer = peers.pop() if len(peers) == 1 else -1
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU mode
+# ----------------------------------------------------------------------------------------------
+
+
+def _cpu_mode(
+    evs: list[Any], cpu_idx: npt.NDArray[np.intp], host: _Host, memo: _NameMemo, base: int,
+    ctx: _Ctx, names: NameTable,
+) -> tuple[Intervals, dict[str, Any]]:
+    ops = [evs[i] for i in cpu_idx.tolist()]
+    o_tid = _tids([e.tid for e in ops])
+    o_start = us_to_ns(_f64([e.ts for e in ops]), base)
+    o_end = o_start + np.maximum(us_to_ns(_f64([e.dur for e in ops]), 0), 0)
+
+    # main thread: the one with ProfilerStep# ranges, else the most CPU-op time
+    step_tids = [host.tid[i] for i, inf in enumerate(host.info) if inf.cls == N_STEP]
+    if step_tids:
+        vals, cnt = np.unique(np.array(step_tids, dtype=np.int64), return_counts=True)
+        main = int(vals[cnt.argmax()])
+    else:
+        vals, inv = np.unique(o_tid, return_inverse=True)
+        main = int(vals[np.bincount(inv, weights=(o_end - o_start).astype(np.float64)).argmax()])
+
+    on_main = np.flatnonzero(o_tid == main)
+    m_ops = [ops[i] for i in on_main.tolist()]
+    del ops
+    infos = [memo[e.name] for e in m_ops]
+    # Annotations recorded as CPU ops by old profilers are not work: they are not parents either.
+    is_annot = np.fromiter(
+        (i.cls in (N_STEP, N_LABEL, N_PP_COMM, N_PP_OTHER, N_OPTIM, N_DATA, N_MODULE) for i in infos),
+        dtype=bool, count=len(infos),
+    )
+    sel = np.flatnonzero(~is_annot)
+    s, e = o_start[on_main][sel], o_end[on_main][sel]
+    order = np.lexsort((-e, s))
+    sel, s, e = sel[order], s[order], e[order]
+    prev_max = np.concatenate(([np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1])) if len(e) else e
+    top = s >= prev_max
+    t_sel, t_s, t_e = sel[top], s[top], e[top]
+    t_ops = [m_ops[i] for i in t_sel.tolist()]
+    t_info = [infos[i] for i in t_sel.tolist()]
+    n_top = len(t_ops)
+
+    kind = np.zeros(n_top, dtype=np.int8)
+    phase = np.zeros(n_top, dtype=np.int8)
+    peer = np.full(n_top, -1, dtype=np.int32)
+    direction = np.zeros(n_top, dtype=np.int8)
+    nbytes = np.full(n_top, -1, dtype=np.int64)
+    name_id = np.fromiter(
+        (names.id(o.name if isinstance(o.name, str) else str(o.name)) for o in t_ops),
+        dtype=np.int32, count=n_top,
+    )
+    comm_pos: list[int] = []
+    comm_info: list[_CommInfo] = []
+    for k, (o, inf) in enumerate(zip(t_ops, t_info, strict=True)):
+        if inf.cls == N_BWD_OP:
+            phase[k] = Phase.BWD
+        elif inf.cls == N_COMM:
+            # the issuing op of a c10d call is communication, not compute
+            c = _host_comm(inf, o.args, ctx)
+            kind[k] = Kind.P2P if c.comm == C_P2P else Kind.COLLECTIVE
+            peer[k], direction[k], nbytes[k] = c.peer, c.direction, c.nbytes
+            comm_pos.append(k)
+            comm_info.append(c)
+    # optimizer: ops starting inside an Optimizer.* range on the main thread
+    opt = [(host.start[i], host.end[i]) for i, inf in enumerate(host.info)
+           if inf.cls == N_OPTIM and host.tid[i] == main]
+    if opt:
+        os_ = np.array(sorted(opt), dtype=np.int64)
+        oe = np.maximum.accumulate(os_[:, 1])
+        ki = np.searchsorted(os_[:, 0], t_s, side="right") - 1
+        inside = (ki >= 0) & (oe[np.maximum(ki, 0)] >= t_s)
+        phase[inside & (kind == Kind.COMPUTE)] = Phase.OPTIM
+    del m_ops, t_ops
+
+    cols: dict[str, Any] = {
+        "start": t_s, "end": t_e, "stream": np.full(n_top, main, dtype=np.int64), "kind": kind,
+        "name": name_id, "phase": phase, "peer": peer, "direction": direction, "bytes": nbytes,
+        "launch": t_s,
+    }
+    parts = [Intervals.from_columns(n_top, cols)]
+    blocked = _gloo_tails(t_s, t_e, host, main, ctx, names, comm_pos, comm_info, t_s)
+    if blocked is not None:
+        parts.append(blocked)
+    extra = {"main_tid": main, "cpu_ops": len(cpu_idx), "top_level_ops": n_top,
+             "blocked_pieces": len(blocked) if blocked is not None else 0}
+    return Intervals.concat(parts), extra
+
+
+def _gloo_tails(
+    t_s: I64A, t_e: I64A, host: _Host, main: int, ctx: _Ctx, names: NameTable,
+    comm_pos: list[int], comm_info: list[_CommInfo], op_starts: I64A,
+) -> Intervals | None:
+    """Blocked communication on the main thread: the tail of each ``gloo:*`` span after the last
+    top-level op that started before the span's end; overlapping tails are split so that each
+    piece belongs to the covering span that ends first (the work being waited on)."""
+    spans = [i for i, inf in enumerate(host.info)
+             if inf.cls == N_COMM and host.tid[i] == main and host.name[i].startswith("gloo:")]
+    if not spans:
+        return None
+    sp_s = np.array([host.start[i] for i in spans], dtype=np.int64)
+    sp_e = np.array([host.end[i] for i in spans], dtype=np.int64)
+    cummax = np.maximum.accumulate(t_e) if len(t_e) else t_e
+    k = np.searchsorted(t_s, sp_e, side="left") - 1
+    last_end = np.where(k >= 0, cummax[np.maximum(k, 0)] if len(cummax) else 0, np.iinfo(np.int64).min)
+    tail_s = np.maximum(last_end, sp_s)
+    has = tail_s < sp_e
+    if not has.any():
+        return None
+    idx = np.flatnonzero(has)
+    ts_, te_ = tail_s[idx], sp_e[idx]
+    # elementary segments; paint them in order of span end, first painter wins
+    bounds = np.unique(np.concatenate((ts_, te_)))
+    owner = np.full(max(len(bounds) - 1, 0), -1, dtype=np.int64)
+    a = np.searchsorted(bounds, ts_)
+    b = np.searchsorted(bounds, te_)
+    for j in np.argsort(te_, kind="stable").tolist():
+        seg = owner[a[j]:b[j]]
+        seg[seg < 0] = j
+    seg_idx = np.flatnonzero(owner >= 0)
+    if not len(seg_idx):
+        return None
+    own = owner[seg_idx]
+    # merge adjacent segments of the same owner into one piece
+    brk = np.flatnonzero((np.diff(seg_idx) != 1) | (np.diff(own) != 0)) + 1
+    first = np.concatenate(([0], brk))
+    last = np.concatenate((brk - 1, [len(seg_idx) - 1]))
+    p_start = bounds[seg_idx[first]]
+    p_end = bounds[seg_idx[last] + 1]
+    p_span = idx[own[first]]  # index into `spans`
+    n = len(p_start)
+
+    # the issuing c10d op: the top-level comm op containing the span start
+    c_s = op_starts[comm_pos] if comm_pos else np.zeros(0, dtype=np.int64)
+    c_e = t_e[comm_pos] if comm_pos else np.zeros(0, dtype=np.int64)
+    kind = np.zeros(n, dtype=np.int8)
+    peer = np.full(n, -1, dtype=np.int32)
+    direction = np.zeros(n, dtype=np.int8)
+    nbytes = np.full(n, -1, dtype=np.int64)
+    name_id = np.zeros(n, dtype=np.int32)
+    for r in range(n):
+        hi = spans[int(p_span[r])]
+        inf, hc = host.info[hi], host.comm[hi]
+        kind[r] = Kind.P2P if hc.comm == C_P2P else Kind.COLLECTIVE
+        name_id[r] = names.id(host.name[hi])
+        direction[r] = hc.direction
+        nbytes[r] = hc.nbytes
+        pr = hc.peer
+        if len(c_s):
+            ci = int(np.searchsorted(c_s, host.start[hi], side="right")) - 1
+            if ci >= 0 and c_e[ci] >= host.start[hi]:
+                issuer = comm_info[ci]
+                if pr < 0:
+                    pr = issuer.peer
+                if not direction[r]:
+                    direction[r] = issuer.direction
+                if nbytes[r] < 0:
+                    nbytes[r] = issuer.nbytes
+        peer[r] = pr
+        del inf
+    cols: dict[str, Any] = {
+        "start": p_start, "end": p_end, "stream": np.full(n, main, dtype=np.int64), "kind": kind,
+        "name": name_id, "peer": peer, "direction": direction, "bytes": nbytes,
+    }
+    return Intervals.from_columns(n, cols)
+
+
+def parse_file(path: str | Path, options: ParseOptions | None = None) -> RankTimeline:
+    """Convenience: parse one Kineto file into its rank."""
+    return PARSER.parse(Path(path), options or ParseOptions())[0]
+
+
+PARSER = KinetoParser()
+register(PARSER)
+
+__all__ = [
+    "PARSER", "KinetoParser", "classify_name", "decode_trace", "dtype_size", "gunzip",
+    "looks_like_kineto", "parse_file", "parse_rank_list", "rank_from_filename",
+    "read_bytes", "read_head", "trace_decoder", "us_to_ns",
+]

@@ -1,0 +1,180 @@
+"""Communication semantics of GPU kernels from the NCCL API calls that launched them.
+
+A NCCL kernel belongs to the NCCL API range that contains its launch call on the same thread
+(what NVIDIA's ``nvtx_gpu_proj_trace`` does). Grouped calls (``ncclGroupStart``; ``ncclSend``,
+``ncclRecv``…; ``ncclGroupEnd``) launch one fused kernel inside the outermost ``ncclGroupEnd``, so
+that kernel carries every operation of the group: p2p with direction ``BOTH`` when it both sends
+and receives, collective when the group holds a collective or talks to more than two peers (an
+all-to-all built from send/recv).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.model.timeline import Direction, Kind
+from ppdiag.parsers.nsys_nvtx import (
+    API_COLL,
+    API_GROUP_END,
+    API_GROUP_START,
+    API_P2P,
+    NcclCalls,
+    Spans,
+)
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass
+class Projection:
+    """Per comm kernel: what its launching NCCL call(s) say; ``matched`` False where none did."""
+
+    matched: npt.NDArray[np.bool_]
+    kind: npt.NDArray[np.int8]
+    direction: npt.NDArray[np.int8]
+    peer_local: I64  # communicator-local peer rank, -1 unknown or several peers
+    bytes: I64
+    comm: I64  # communicator hash (as int64), 0 unknown or several
+
+
+def project_nccl(calls: NcclCalls, sel: npt.NDArray[np.bool_], launch: I64, ltid: I64) -> Projection:
+    """Match kernels (their launch time and thread) to the NCCL calls ``calls[sel]`` of one process."""
+    n = len(launch)
+    out = Projection(
+        matched=np.zeros(n, dtype=bool), kind=np.full(n, Kind.P2P, np.int8),
+        direction=np.full(n, Direction.NONE, np.int8), peer_local=np.full(n, -1, np.int64),
+        bytes=np.full(n, -1, np.int64), comm=np.zeros(n, np.int64),
+    )
+    idx = np.flatnonzero(sel)
+    if not len(idx) or not n:
+        return out
+    tids = calls.tid[idx]
+    for t in np.unique(tids).tolist():
+        k_sel = np.flatnonzero((ltid == t) & (launch >= 0))
+        if not len(k_sel):
+            continue
+        c = idx[tids == t]
+        c = c[np.argsort(calls.start[c], kind="stable")]
+        _project_thread(calls, c, launch, k_sel, out)
+    return out
+
+
+def _project_thread(calls: NcclCalls, c: I64, launch: I64, k_sel: I64, out: Projection) -> None:
+    api = calls.api[c]
+    is_gs = api == API_GROUP_START
+    is_ge = api == API_GROUP_END
+    delta = is_gs.astype(np.int64) - is_ge.astype(np.int64)
+    depth_after = np.cumsum(delta)
+    if (depth_after < 0).any():
+        # The capture began inside a group: replay with the depth floored at zero.
+        d = 0
+        depth_after = np.empty(len(c), dtype=np.int64)
+        for i, x in enumerate(delta.tolist()):
+            d = max(d + x, 0)
+            depth_after[i] = d
+    depth_before = depth_after - delta
+    outer_start = is_gs & (depth_before == 0)
+    gid = np.cumsum(outer_start)
+    is_op = (api == API_P2P) | (api == API_COLL)
+    in_group = is_op & (depth_before > 0)
+    outer_end = is_ge & (depth_after == 0)
+
+    # Aggregation key per op: its group, or itself when called outside a group.
+    key = np.where(in_group, gid, -(np.arange(len(c)) + 1))
+    ops = np.flatnonzero(is_op)
+    if not len(ops):
+        return
+    ukeys, kinv = np.unique(key[ops], return_inverse=True)
+    m = len(ukeys)
+    oc = c[ops]
+    d = calls.direction[oc]
+    n_send = np.bincount(kinv, weights=(d == Direction.SEND), minlength=m)
+    n_recv = np.bincount(kinv, weights=(d == Direction.RECV), minlength=m)
+    n_coll = np.bincount(kinv, weights=(calls.api[oc] == API_COLL), minlength=m)
+    b = calls.bytes[oc]
+    bsum = np.bincount(kinv, weights=np.where(b >= 0, b, 0).astype(np.float64), minlength=m)
+    bknown = np.bincount(kinv, weights=(b >= 0), minlength=m)
+    peer = calls.peer_local[oc]
+    p_known = peer >= 0
+    pairs = np.unique(np.stack([kinv[p_known], peer[p_known]]), axis=1) if p_known.any() \
+        else np.empty((2, 0), dtype=np.int64)
+    n_peers = np.bincount(pairs[0], minlength=m) if pairs.shape[1] else np.zeros(m, dtype=np.int64)
+    p_unknown = np.bincount(kinv, weights=~p_known, minlength=m)
+    peer_one = np.full(m, -1, dtype=np.int64)
+    if pairs.shape[1]:
+        single = (n_peers == 1) & (p_unknown == 0)
+        first = np.full(m, -1, dtype=np.int64)
+        first[pairs[0][::-1]] = pairs[1][::-1]
+        peer_one = np.where(single, first, -1)
+    comm = calls.comm[oc]
+    cmin = np.full(m, np.iinfo(np.int64).max, dtype=np.int64)
+    cmax = np.full(m, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(cmin, kinv, comm)
+    np.maximum.at(cmax, kinv, comm)
+
+    g_kind = np.where((n_coll > 0) | (n_peers > 2), Kind.COLLECTIVE, Kind.P2P).astype(np.int8)
+    g_dir = np.select([(n_send > 0) & (n_recv > 0), n_send > 0, n_recv > 0],
+                      [Direction.BOTH, Direction.SEND, Direction.RECV], Direction.NONE).astype(np.int8)
+    g_dir[g_kind == Kind.COLLECTIVE] = Direction.NONE
+    g_bytes = np.where(bknown > 0, bsum, -1).astype(np.int64)
+    g_comm = np.where(cmin == cmax, cmin, 0)
+
+    # Containers: ops outside groups (the launch happens inside the op's own range) and outermost
+    # group ends (the fused launch happens there).
+    cont = np.flatnonzero((is_op & ~in_group) | outer_end)
+    if not len(cont):
+        return
+    cont_key = np.where(outer_end[cont], gid[cont], key[cont])
+    pos = np.searchsorted(ukeys, cont_key)
+    pos_ok = (pos < m) & (ukeys[np.minimum(pos, m - 1)] == cont_key)
+    cstart = calls.start[c[cont]]
+    cend = calls.end[c[cont]]
+    x = launch[k_sel]
+    j = np.searchsorted(cstart, x, side="right") - 1
+    hit = j >= 0
+    jj = np.where(hit, j, 0)
+    hit &= cend[jj] >= x
+    hit &= pos_ok[jj]
+    rows = k_sel[hit]
+    g = pos[jj[hit]]
+    out.matched[rows] = True
+    out.kind[rows] = g_kind[g]
+    out.direction[rows] = g_dir[g]
+    out.peer_local[rows] = np.where(g_kind[g] == Kind.P2P, peer_one[g], -1)
+    out.bytes[rows] = g_bytes[g]
+    out.comm[rows] = g_comm[g]
+
+
+def inside_spans(spans: Spans, pid: int, launch: I64, ltid: I64) -> npt.NDArray[np.bool_]:
+    """Whether each launch lies inside one of ``spans`` of process ``pid`` on the same thread."""
+    out = np.zeros(len(launch), dtype=bool)
+    sel = spans.pid == pid
+    if not sel.any() or not len(launch):
+        return out
+    for t in np.unique(spans.tid[sel]).tolist():
+        s = sel & (spans.tid == t)
+        st, en = _merge(spans.start[s], spans.end[s])
+        k = np.flatnonzero((ltid == t) & (launch >= 0))
+        if not len(k):
+            continue
+        j = np.searchsorted(st, launch[k], side="right") - 1
+        ok = j >= 0
+        ok &= en[np.maximum(j, 0)] >= launch[k]
+        out[k[ok]] = True
+    return out
+
+
+def _merge(start: I64, end: I64) -> tuple[I64, I64]:
+    """Union of intervals as sorted, disjoint (start, end) arrays."""
+    o = np.argsort(start, kind="stable")
+    s, e = start[o], end[o]
+    run_end = np.maximum.accumulate(e)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > run_end[:-1]
+    grp = np.cumsum(new) - 1
+    ends = np.full(int(grp[-1]) + 1 if len(grp) else 0, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(ends, grp, e)
+    return s[new], ends

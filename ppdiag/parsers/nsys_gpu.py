@@ -1,0 +1,240 @@
+"""GPU activity of an nsys export: kernels, memcpy, memset and synchronization rows with the host
+call that enqueued each one, for all processes of the file at once.
+
+The launching call is joined in SQL on (process, correlationId) (correlation ids are unique per
+process only) and restricted to CUDA runtime/driver rows (``eventClass`` 0/1), which drops the
+duplicate rows CUDA backtrace capture adds (class 67). Device, process and stream are packed into
+one integer column and the launching thread into the name column, so each row crosses the
+SQLite → Python boundary as five integers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.model.timeline import Direction, Kind
+from ppdiag.parsers.nsys_db import NsysDb
+from ppdiag.parsers.nsys_names import classify_kernel, memcpy_name, memset_name
+
+I64 = npt.NDArray[np.int64]
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+
+NO_STREAM = 0xFFFFFFFF  # CUPTI "invalid stream" (device-wide synchronization)
+
+_ROW = np.dtype([("start", np.int64), ("end", np.int64), ("packed", np.int64), ("nametid", np.int64),
+                 ("launch", np.int64)])
+_ROW_EXTRA = np.dtype([("start", np.int64), ("end", np.int64), ("packed", np.int64), ("nametid", np.int64),
+                       ("launch", np.int64), ("x1", np.int64), ("x2", np.int64)])
+
+
+@dataclass
+class GpuOps:
+    """Every GPU row of the file; ``name`` indexes ``names`` (file-level)."""
+
+    start: I64
+    end: I64
+    pid: I64
+    device: I64
+    stream: I64
+    kind: npt.NDArray[np.int8]
+    direction: npt.NDArray[np.int8]
+    sendrecv: npt.NDArray[np.bool_]  # SendRecv kernels (p2p unless the launch says all-to-all)
+    name: npt.NDArray[np.int32]
+    bytes: I64
+    launch: I64  # start of the enqueuing runtime/driver call, -1 when unknown
+    ltid: I64  # thread of that call (TID bits), 0 when unknown
+    names: list[str]
+    duplicate_launch_rows: int = 0
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+
+def _launch_join(db: NsysDb, alias: str) -> tuple[str, str, str]:
+    """(launch start expr, launch tid expr, JOIN clause) for GPU table ``alias``; no-op without RUNTIME."""
+    rcols = db.columns(RUNTIME)
+    if not {"start", "correlationId", "globalTid"} <= set(rcols):
+        return "-1", "0", ""
+    cls = "AND r.eventClass IN (0, 1)" if "eventClass" in rcols else ""
+    join = (f"LEFT JOIN {RUNTIME} AS r ON r.correlationId = {alias}.correlationId "
+            f"AND (r.globalTid >> 24) = ({alias}.globalPid >> 24) {cls}")
+    return "coalesce(r.start, -1)", "coalesce(r.globalTid & 16777215, 0)", join
+
+
+def _packed(db: NsysDb, table: str, alias: str) -> str:
+    dev = db.col(table, "deviceId", "0", alias)
+    stream = db.col(table, "streamId", "0", alias)
+    gpid = db.col(table, "globalPid", "0", alias)
+    return (f"((coalesce({dev}, 0) & 255) << 56) | (((coalesce({gpid}, 0) >> 24) & 16777215) << 32)"
+            f" | (coalesce({stream}, 0) & 4294967295)")
+
+
+def _fetch(db: NsysDb, table: str, name_expr: str, extra: list[str]) -> np.ndarray:
+    """Rows of one GPU table with the launch join; ``extra`` adds up to two integer columns."""
+    if not {"start", "end"} <= set(db.columns(table)):
+        return np.empty(0, dtype=_ROW_EXTRA if extra else _ROW)
+    cols = set(db.columns(table))
+    if {"correlationId", "globalPid"} <= cols:
+        lstart, ltid, join = _launch_join(db, "g")
+    else:
+        lstart, ltid, join = "-1", "0", ""
+    extras = [*extra, "0", "0"][:2] if extra else []
+    select = [
+        "g.start", "g.\"end\"", _packed(db, table, "g"),
+        f"({ltid} << 32) | ({name_expr} & 4294967295)", lstart, *extras,
+    ]
+    sql = f"SELECT {', '.join(select)} FROM {table} AS g {join}"
+    rows = db.fetch(sql, _ROW_EXTRA if extra else _ROW)
+    if join and len(rows) > (n := db.count(table)):
+        rows = _dedupe(rows, n)
+    return rows
+
+
+def _dedupe(rows: np.ndarray, expected: int) -> np.ndarray:
+    """Several launch rows matched one GPU row (runtime and driver call sharing a correlation id):
+    the join emits the GPU row once per match, consecutively; keep the earliest call."""
+    same = np.ones(len(rows), dtype=bool)
+    for c in ("start", "end", "packed"):
+        same[1:] &= rows[c][1:] == rows[c][:-1]
+    same[0] = False
+    first = np.flatnonzero(~same)
+    grp = np.cumsum(~same) - 1
+    launch = rows["launch"].copy()
+    launch[launch < 0] = np.iinfo(np.int64).max
+    best = np.full(len(first), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(best, grp, launch)
+    out = rows[first].copy()
+    best[best == np.iinfo(np.int64).max] = -1
+    out["launch"] = best
+    return out
+
+
+def read_gpu_ops(db: NsysDb) -> GpuOps:
+    """All kernels, copies, memsets and sync rows of the export."""
+    names: list[str] = [""]
+    parts: list[dict[str, np.ndarray]] = []
+
+    # Kernels: the demangled name is what Kineto shows; shortName when the column is missing.
+    kcols = db.columns(KERNEL)
+    name_col = "demangledName" if "demangledName" in kcols else "shortName" if "shortName" in kcols else None
+    if name_col is not None:
+        rows = _fetch(db, KERNEL, f"coalesce(g.{name_col}, -1)", [])
+        if len(rows):
+            sid = rows["nametid"] & 0xFFFFFFFF
+            uniq, inv = np.unique(sid, return_inverse=True)
+            strings = db.strings(uniq.tolist())
+            base = len(names)
+            uniq_names = [strings.get(int(u), f"kernel#{int(u)}") for u in uniq]
+            names.extend(uniq_names)
+            cls = [classify_kernel(s) for s in uniq_names]
+            kind = np.array([c.kind for c in cls], dtype=np.int8)[inv]
+            direction = np.array([c.direction for c in cls], dtype=np.int8)[inv]
+            sendrecv = np.array([c.sendrecv for c in cls], dtype=bool)[inv]
+            parts.append(_part(rows, (inv + base).astype(np.int32), kind, direction, sendrecv,
+                               np.full(len(rows), -1, dtype=np.int64)))
+
+    if {"start", "end"} <= set(db.columns(MEMCPY)):
+        code = (f"((coalesce({db.col(MEMCPY, 'copyKind', '0', 'g')}, 0) & 255) << 16)"
+                f" | ((coalesce({db.col(MEMCPY, 'srcKind', '255', 'g')}, 255) & 255) << 8)"
+                f" | (coalesce({db.col(MEMCPY, 'dstKind', '255', 'g')}, 255) & 255)")
+        rows = _fetch(db, MEMCPY, "0", [code, f"coalesce({db.col(MEMCPY, 'bytes', '-1', 'g')}, -1)"])
+        if len(rows):
+            uniq, inv = np.unique(rows["x1"], return_inverse=True)
+            base = len(names)
+            for u in uniq.tolist():
+                ck, sk, dk = (u >> 16) & 255, (u >> 8) & 255, u & 255
+                names.append(memcpy_name(ck, -1 if sk == 255 else sk, -1 if dk == 255 else dk))
+            parts.append(_part(rows, (inv + base).astype(np.int32), np.full(len(rows), Kind.MEMCPY, np.int8),
+                               None, None, rows["x2"].copy()))
+
+    if {"start", "end"} <= set(db.columns(MEMSET)):
+        rows = _fetch(db, MEMSET, "0", [f"coalesce({db.col(MEMSET, 'memKind', '-1', 'g')}, -1)",
+                                        f"coalesce({db.col(MEMSET, 'bytes', '-1', 'g')}, -1)"])
+        if len(rows):
+            uniq, inv = np.unique(rows["x1"], return_inverse=True)
+            base = len(names)
+            names.extend(memset_name(int(u)) for u in uniq)
+            parts.append(_part(rows, (inv + base).astype(np.int32), np.full(len(rows), Kind.MEMSET, np.int8),
+                               None, None, rows["x2"].copy()))
+
+    if {"start", "end"} <= set(db.columns(SYNC)):
+        parts.extend(_sync_part(db, names))
+
+    if not parts:
+        return _empty(names)
+    cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    packed = cat["packed"]
+    return GpuOps(
+        start=cat["start"], end=cat["end"],
+        pid=(packed >> 32) & 0xFFFFFF, device=(packed >> 56) & 0xFF, stream=packed & 0xFFFFFFFF,
+        kind=cat["kind"], direction=cat["direction"], sendrecv=cat["sendrecv"], name=cat["name"],
+        bytes=cat["bytes"], launch=cat["launch"], ltid=(cat["nametid"] >> 32) & 0xFFFFFF, names=names,
+    )
+
+
+def _sync_part(db: NsysDb, names: list[str]) -> list[dict[str, np.ndarray]]:
+    """Synchronization rows, named after the API that waited (the ``syncType`` of real exports
+    contradicts the enum, NSYS.md §3.1)."""
+    rcols = set(db.columns(RUNTIME))
+    api = "coalesce(r.nameId, -1)" if "nameId" in rcols else "-1"
+    lstart, _, join = _launch_join(db, "g") if {"correlationId", "globalPid"} <= set(db.columns(SYNC)) else \
+        ("-1", "0", "")
+    if not join:
+        api = "-1"
+    ltid = "coalesce(r.globalTid & 16777215, 0)" if join else "0"
+    sql = (f"SELECT g.start, g.\"end\", {_packed(db, SYNC, 'g')}, ({ltid} << 32) | ({api} & 4294967295), "
+           f"{lstart} FROM {SYNC} AS g {join}")
+    rows = db.fetch(sql, _ROW)
+    if join and len(rows) > (n := db.count(SYNC)):
+        rows = _dedupe(rows, n)
+    if not len(rows):
+        return []
+    sid = rows["nametid"] & 0xFFFFFFFF
+    uniq, inv = np.unique(sid, return_inverse=True)
+    strings = db.strings([u for u in uniq.tolist() if u != 0xFFFFFFFF])
+    base = len(names)
+    names.extend(_sync_label(strings.get(int(u), "")) for u in uniq)
+    return [_part(rows, (inv + base).astype(np.int32), np.full(len(rows), Kind.SYNC, np.int8), None, None,
+                  np.full(len(rows), -1, dtype=np.int64))]
+
+
+def _sync_label(api: str) -> str:
+    a = api.split("_v", 1)[0] if "_v" in api else api
+    low = a.lower()
+    if "devicesynchronize" in low or "ctxsynchronize" in low:
+        return "Context Sync"
+    if "streamwaitevent" in low:
+        return "Stream Wait Event"
+    if "eventsynchronize" in low:
+        return "Event Sync"
+    if "streamsynchronize" in low:
+        return "Stream Sync"
+    return f"Sync ({a})" if a else "Sync"
+
+
+def _part(rows: np.ndarray, name: npt.NDArray[np.int32], kind: npt.NDArray[np.int8],
+          direction: npt.NDArray[np.int8] | None, sendrecv: npt.NDArray[np.bool_] | None,
+          nbytes: I64) -> dict[str, np.ndarray]:
+    n = len(rows)
+    return {
+        "start": rows["start"], "end": rows["end"], "packed": rows["packed"], "nametid": rows["nametid"],
+        "launch": rows["launch"], "kind": kind, "name": name,
+        "direction": direction if direction is not None else np.full(n, Direction.NONE, np.int8),
+        "sendrecv": sendrecv if sendrecv is not None else np.zeros(n, dtype=bool),
+        "bytes": nbytes if len(nbytes) == n else np.full(n, -1, dtype=np.int64),
+    }
+
+
+def _empty(names: list[str]) -> GpuOps:
+    z = np.empty(0, dtype=np.int64)
+    return GpuOps(start=z, end=z, pid=z, device=z, stream=z, kind=np.empty(0, np.int8),
+                  direction=np.empty(0, np.int8), sendrecv=np.empty(0, bool), name=np.empty(0, np.int32),
+                  bytes=z, launch=z, ltid=z, names=names)

@@ -1,0 +1,185 @@
+"""Name rules of the nsys reader: comm kernels, NCCL API ranges, steps and pipeline labels.
+
+All rules run once per *distinct* name; callers broadcast the answers to events through the
+name codes, so the cost does not grow with the number of events.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ppdiag.model.timeline import Direction, Kind, Phase, RangeKind
+
+# --- GPU kernels -------------------------------------------------------------------------------
+
+_COMM_KERNEL = re.compile(r"(^|[^a-z])(nccl|rccl|hccl)", re.IGNORECASE)
+_P2P_KERNEL = re.compile(r"sendrecv|(^|_)send(_|\(|$)|(^|_)recv(_|\(|$)", re.IGNORECASE)
+_SEND_ONLY = re.compile(r"(^|_)send(_|\(|$)", re.IGNORECASE)
+_RECV_ONLY = re.compile(r"(^|_)recv(_|\(|$)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class KernelClass:
+    """What a kernel name alone says."""
+
+    kind: Kind
+    direction: Direction = Direction.NONE
+    sendrecv: bool = False  # a SendRecv kernel: P2P unless the launch says otherwise
+
+
+def classify_kernel(name: str) -> KernelClass:
+    """Compute vs NCCL/RCCL comm kernel, from the (short or demangled) name.
+
+    NCCL names (KINETO.md §7.3): ``ncclKernel_<Coll>_...`` (<= 2.18), ``ncclDevKernel_<Coll>...``;
+    ``SendRecv`` carries p2p but also all-to-all, so it is only a default.
+    """
+    base = name.split("(", 1)[0]
+    if base.startswith("void "):
+        base = base[5:]
+    if not _COMM_KERNEL.search(base):
+        return KernelClass(Kind.COMPUTE)
+    if "sendrecv" in base.lower():
+        return KernelClass(Kind.P2P, Direction.NONE, sendrecv=True)
+    if _P2P_KERNEL.search(base):
+        if _SEND_ONLY.search(base) and not _RECV_ONLY.search(base):
+            return KernelClass(Kind.P2P, Direction.SEND)
+        if _RECV_ONLY.search(base) and not _SEND_ONLY.search(base):
+            return KernelClass(Kind.P2P, Direction.RECV)
+        return KernelClass(Kind.P2P, Direction.NONE)
+    return KernelClass(Kind.COLLECTIVE)
+
+
+# --- NCCL API ranges (NVTX domain "NCCL") -------------------------------------------------------
+
+NCCL_P2P_APIS = {"ncclsend": Direction.SEND, "ncclrecv": Direction.RECV}
+NCCL_COLLECTIVE_APIS = {
+    "ncclallreduce", "ncclallgather", "ncclreducescatter", "ncclbroadcast", "ncclbcast", "ncclreduce",
+    "ncclalltoall", "ncclalltoallv", "ncclallgatherv", "ncclgather", "ncclscatter",
+}
+NCCL_GROUP_START = "ncclgroupstart"
+NCCL_GROUP_END = "ncclgroupend"
+NCCL_INIT_APIS = {"ncclcomminitrank", "ncclcomminitrankconfig", "ncclcomminitrankscalable",
+                  "ncclcomminitall", "ncclcommsplit", "ncclcommshrink"}
+
+
+def nccl_api(name: str) -> str:
+    """Normalised NCCL API name (``ncclSend`` → ``ncclsend``); newer nsys drops the prefix."""
+    n = name.strip().lower()
+    if not n.startswith("nccl"):
+        n = "nccl" + n
+    return n
+
+
+# --- host ranges -------------------------------------------------------------------------------
+
+# torch.autograd.profiler.emit_nvtx op ranges ("aten::mm, seq = 12, op_id = 3, sizes = ...").
+_EMIT_NVTX_OP = re.compile(r", (seq|op_id) = \d+")
+
+_STEP = re.compile(
+    r"(?:ProfilerStep#(?P<n1>\d+))"
+    r"|(?:(?:train(?:ing)?[ _-]?|global[ _-]?)?(?:step|iteration|iter)(?:[\s_#:=-]*(?P<n2>\d+))?)",
+    re.IGNORECASE,
+)
+
+_PP_LABEL = re.compile(r"PP:(?P<stage>\d+)(?P<ph>[FBW])(?P<mb>\d+)", re.IGNORECASE)
+_PHASE_LABEL = re.compile(
+    r"(?:(?:megatron|schedule|pipeline|pp)[\s:._/-]+)?"
+    r"(?P<ph>forward|backward|fwd|bwd|wgrad|weight[ _-]?grad(?:ient)?s?|optimi[sz]er|optim)"
+    r"(?:[ _-]?(?:step|pass|compute|func))?"
+    r"(?:[\s_:,(=-]*(?:stage|pp)[\s_#:=-]*(?P<stage>\d+))?"
+    r"(?:[\s_:,(=-]*(?:chunk|vp|model[ _]chunk)[\s_#:=-]*(?P<chunk>\d+))?"
+    r"(?:[\s_:,(#=-]*(?:mb|microbatch|micro[ _-]?batch)?[\s_#:=-]*(?P<mb>\d+)\)?)?",
+    re.IGNORECASE,
+)
+_PHASE_WORDS = {
+    "f": Phase.FWD, "forward": Phase.FWD, "fwd": Phase.FWD,
+    "b": Phase.BWD, "backward": Phase.BWD, "bwd": Phase.BWD,
+    "w": Phase.WGRAD, "wgrad": Phase.WGRAD,
+    "optimizer": Phase.OPTIM, "optimiser": Phase.OPTIM, "optim": Phase.OPTIM,
+}
+
+_MPI_DIRECTION = {"mpi_send": Direction.SEND, "mpi_isend": Direction.SEND, "mpi_ssend": Direction.SEND,
+                  "mpi_bsend": Direction.SEND, "mpi_rsend": Direction.SEND,
+                  "mpi_recv": Direction.RECV, "mpi_irecv": Direction.RECV,
+                  "mpi_sendrecv": Direction.BOTH}
+_TORCH_P2P = re.compile(r"nccl:(send|recv) (\d+)(->|<-)(\d+)")
+_ALL_TO_ALL = re.compile(r"all[_ ]?to[_ ]?all|alltoall", re.IGNORECASE)
+
+
+def _phase_of(word: str) -> Phase:
+    w = word.lower().replace(" ", "").replace("_", "").replace("-", "")
+    if w.startswith("weightgrad"):
+        return Phase.WGRAD
+    return _PHASE_WORDS.get(w, Phase.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class RangeClass:
+    """What a host range name says (one per distinct name)."""
+
+    keep: bool
+    kind: RangeKind = RangeKind.OTHER
+    num: int = -1
+    stage: int = -1
+    mb: int = -1
+    phase: Phase = Phase.UNKNOWN
+    direction: Direction = Direction.NONE
+    numbered: bool = True  # STEP only: False when the name carries no step number
+    all_to_all: bool = False  # evidence that SendRecv kernels launched inside are all-to-all
+
+
+def classify_range(name: str, domain: str) -> RangeClass:
+    """Steps, pipeline labels, comm ops, other user ranges; emit_nvtx op ranges are dropped."""
+    a2a = bool(_ALL_TO_ALL.search(name))
+    if _EMIT_NVTX_OP.search(name):
+        return RangeClass(keep=False, all_to_all=a2a)
+    text = name.strip()
+    m = _STEP.fullmatch(text)
+    if m:
+        n = m.group("n1") or m.group("n2")
+        return RangeClass(keep=True, kind=RangeKind.STEP, num=int(n) if n else -1, numbered=n is not None)
+    m = _PP_LABEL.fullmatch(text)
+    if m:
+        return RangeClass(keep=True, kind=RangeKind.LABEL, stage=int(m.group("stage")), mb=int(m.group("mb")),
+                          phase=_phase_of(m.group("ph")))
+    m = _PHASE_LABEL.fullmatch(text)
+    if m:
+        return RangeClass(
+            keep=True, kind=RangeKind.LABEL, phase=_phase_of(m.group("ph")),
+            stage=int(m.group("stage")) if m.group("stage") else -1,
+            mb=int(m.group("mb")) if m.group("mb") else -1,
+        )
+    if domain.upper() == "MPI":
+        d = _MPI_DIRECTION.get(text.lower())
+        if d is not None:
+            return RangeClass(keep=True, kind=RangeKind.COMM_OP, direction=d)
+    m = _TORCH_P2P.fullmatch(text)
+    if m:
+        d = Direction.SEND if m.group(1) == "send" else Direction.RECV
+        return RangeClass(keep=True, kind=RangeKind.COMM_OP, direction=d)
+    return RangeClass(keep=True, kind=RangeKind.OTHER, all_to_all=a2a)
+
+
+# --- memcpy / memset names (the Kineto spelling, so both formats name copies alike) -------------
+
+COPY_KINDS = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
+              8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "HtoD", 12: "DtoH", 13: "DtoD"}
+MEM_KINDS = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static",
+             6: "Managed Static", 7: "Unknown"}
+SYNC_TYPES = {0: "Unknown", 1: "Event Sync", 2: "Stream Wait Event", 3: "Stream Sync", 4: "Context Sync"}
+
+
+def memcpy_name(copy_kind: int, src_kind: int, dst_kind: int) -> str:
+    ck = COPY_KINDS.get(copy_kind, "Unknown")
+    if src_kind < 0 or dst_kind < 0:
+        return f"Memcpy {ck}"
+    return f"Memcpy {ck} ({MEM_KINDS.get(src_kind, 'Unknown')} -> {MEM_KINDS.get(dst_kind, 'Unknown')})"
+
+
+def memset_name(mem_kind: int) -> str:
+    return f"Memset ({MEM_KINDS.get(mem_kind, 'Unknown')})" if mem_kind >= 0 else "Memset"
+
+
+def sync_name(sync_type: int) -> str:
+    return f"cuda_sync {SYNC_TYPES.get(sync_type, 'Unknown')}"

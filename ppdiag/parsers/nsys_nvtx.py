@@ -1,0 +1,443 @@
+"""NVTX ranges of an nsys export: user annotations (steps, pipeline labels) and the NCCL domain's
+API ranges with their extended payloads (communicator, bytes, peer).
+
+NCCL (>= 2.19) annotates each API call as a push/pop range in the NVTX domain ``"NCCL"`` with a
+typed payload whose layout is described by ``NVTX_PAYLOAD_SCHEMA_ENTRIES`` (entry names such as
+``"Peer rank"``, ``"Message size [bytes]"``, ``"NCCL communicator ID"``); the bytes of each
+payload are in ``NVTX_EVENTS.binaryData`` when the export was made with ``--include-blobs``.
+Payloads are decoded column-wise: blobs of one length are stacked into a byte matrix and every
+field is read as a numpy view at its offset.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from ppdiag.model.timeline import Direction
+from ppdiag.parsers.nsys_db import NsysDb
+from ppdiag.parsers.nsys_names import (
+    NCCL_COLLECTIVE_APIS,
+    NCCL_GROUP_END,
+    NCCL_GROUP_START,
+    NCCL_INIT_APIS,
+    NCCL_P2P_APIS,
+    classify_range,
+    nccl_api,
+)
+
+I64 = npt.NDArray[np.int64]
+NVTX = "NVTX_EVENTS"
+RANGE_TYPES = (59, 60, 70, 71)  # push/pop, start/end, and their NVTXT variants (NSYS.md §4)
+DOMAIN_CREATE = 75
+THREAD_NAME = 39
+
+# NCCL API range categories
+API_OTHER, API_P2P, API_COLL, API_GROUP_START, API_GROUP_END, API_INIT = 0, 1, 2, 3, 4, 5
+
+# NVTX payload entry types → numpy dtype (nvToolsExtPayload.h; LP64 for long / size_t).
+_PAYLOAD_TYPES: dict[int, str] = {
+    1: "i1", 2: "u1", 3: "<i2", 4: "<u2", 5: "<i4", 6: "<u4", 7: "<i8", 8: "<u8", 9: "<i8", 10: "<u8",
+    11: "i1", 12: "u1", 13: "<i2", 14: "<u2", 15: "<i4", 16: "<u4", 17: "<i8", 18: "<u8",
+    22: "<u8", 23: "<u8",
+}
+PAYLOAD_HEADER = 32  # nsys blob header: domain, schema id, payload size, total size (4 × u64)
+
+F_COMM = "NCCL communicator ID"
+F_BYTES = "Message size [bytes]"
+F_PEER = "Peer rank"
+F_NRANKS = "No. of ranks"
+F_RANK = "Rank"
+F_DEVICE = "CUDA device"
+PAYLOAD_FIELDS = (F_COMM, F_BYTES, F_PEER, F_NRANKS, F_RANK, F_DEVICE)
+# JSON spellings accepted besides the schema entry names (``--include-json`` style payloads).
+_JSON_ALIASES = {
+    F_COMM: ("NCCL communicator ID", "comm", "commHash", "CommHash", "communicator"),
+    F_BYTES: ("Message size [bytes]", "bytes", "Bytes", "size", "msg_size"),
+    F_PEER: ("Peer rank", "peer", "Peer"),
+    F_NRANKS: ("No. of ranks", "nranks", "nRanks"),
+    F_RANK: ("Rank", "rank", "myrank"),
+    F_DEVICE: ("CUDA device", "cudaDev", "device"),
+}
+
+
+@dataclass
+class HostRanges:
+    """Kept NVTX ranges of all processes (file-level name table ``names``)."""
+
+    start: I64
+    end: I64
+    pid: I64
+    tid: I64
+    name: npt.NDArray[np.int32]
+    kind: npt.NDArray[np.int8]
+    num: I64
+    numbered: npt.NDArray[np.bool_]
+    stage: npt.NDArray[np.int32]
+    mb: npt.NDArray[np.int32]
+    phase: npt.NDArray[np.int8]
+    direction: npt.NDArray[np.int8]
+    names: list[str]
+
+
+@dataclass
+class NcclCalls:
+    """NCCL API ranges of all processes with their decoded payloads (-1 / 0 when absent)."""
+
+    start: I64
+    end: I64
+    pid: I64
+    tid: I64
+    api: npt.NDArray[np.int8]
+    name: list[str]
+    direction: npt.NDArray[np.int8]
+    peer_local: I64
+    bytes: I64
+    comm: I64  # communicator hash reinterpreted as int64; 0 when unknown
+    nranks: I64
+    rank: I64
+    has_payload: npt.NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+
+@dataclass
+class Spans:
+    """Plain (pid, tid, start, end) spans, e.g. ranges that prove all-to-all."""
+
+    start: I64
+    end: I64
+    pid: I64
+    tid: I64
+
+
+@dataclass
+class NvtxData:
+    ranges: HostRanges
+    nccl: NcclCalls
+    all_to_all: Spans
+    thread_ranks: dict[int, int] = field(default_factory=dict)  # pid → rank from "MPI Rank N"
+    skipped_op_ranges: int = 0
+    has_nvtx_table: bool = False
+    nccl_domain: bool = False
+
+
+def _empty_i64() -> I64:
+    return np.empty(0, dtype=np.int64)
+
+
+def read_nvtx(db: NsysDb) -> NvtxData:
+    """NVTX ranges of the export, split into user ranges and NCCL API calls."""
+    if not db.has(NVTX) or not {"start", "eventType"} <= set(db.columns(NVTX)):
+        return NvtxData(_empty_ranges(), _empty_nccl(), _empty_spans())
+    domains = _domains(db)
+    nccl_keys = [(pid, dom) for (pid, dom), name in domains.items() if name.upper() == "NCCL"]
+    ranges, a2a, skipped = _user_ranges(db, domains, nccl_keys)
+    nccl = _nccl_calls(db, nccl_keys) if nccl_keys else _empty_nccl()
+    return NvtxData(ranges=ranges, nccl=nccl, all_to_all=a2a, thread_ranks=_thread_ranks(db),
+                    skipped_op_ranges=skipped, has_nvtx_table=True, nccl_domain=bool(nccl_keys))
+
+
+def _text_expr(db: NsysDb) -> tuple[str, str]:
+    text = db.col(NVTX, "text", "NULL")
+    text_id = f"coalesce({db.col(NVTX, 'textId', 'NULL')}, -1)"
+    return text_id, text
+
+
+def _domains(db: NsysDb) -> dict[tuple[int, int], str]:
+    """(pid, domainId) → domain name, from the NvtxDomainCreate rows of each process."""
+    if "domainId" not in db.columns(NVTX):
+        return {}
+    text_id, text = _text_expr(db)
+    rows = db.execute(
+        f"SELECT DISTINCT (coalesce(globalTid, 0) >> 24) & 16777215, domainId, {text_id}, {text} "
+        f"FROM {NVTX} WHERE eventType = {DOMAIN_CREATE}"
+    ).fetchall()
+    strings = db.strings(r[2] for r in rows)
+    out: dict[tuple[int, int], str] = {}
+    for pid, dom, tid_, txt in rows:
+        out[(int(pid), int(dom or 0))] = strings.get(int(tid_), "") if tid_ is not None and tid_ >= 0 \
+            else str(txt or "")
+    return out
+
+
+def _thread_ranks(db: NsysDb) -> dict[int, int]:
+    """Thread-naming marks such as ``"MPI Rank 3"`` (MPI tracing): pid → rank."""
+    text_id, text = _text_expr(db)
+    rows = db.execute(
+        f"SELECT (coalesce(globalTid, 0) >> 24) & 16777215, {text_id}, {text} FROM {NVTX} "
+        f"WHERE eventType = {THREAD_NAME}"
+    ).fetchall()
+    strings = db.strings(r[1] for r in rows)
+    out: dict[int, int] = {}
+    pat = re.compile(r"(?:MPI\s+)?Rank\s+(\d+)", re.IGNORECASE)
+    for pid, tid_, txt in rows:
+        s = strings.get(int(tid_), "") if tid_ is not None and tid_ >= 0 else str(txt or "")
+        m = pat.fullmatch(s.strip())
+        if m:
+            out.setdefault(int(pid), int(m.group(1)))
+    return out
+
+
+def _exclude_clause(keys: list[tuple[int, int]]) -> tuple[str, list[int]]:
+    if not keys:
+        return "", []
+    vals = ", ".join("(?, ?)" for _ in keys)
+    params = [v for k in keys for v in k]
+    return (f" AND NOT (((coalesce(globalTid, 0) >> 24) & 16777215, coalesce(domainId, 0)) "
+            f"IN (VALUES {vals}))"), params
+
+
+def _user_ranges(db: NsysDb, domains: dict[tuple[int, int], str],
+                 nccl_keys: list[tuple[int, int]]) -> tuple[HostRanges, Spans, int]:
+    text_id, text = _text_expr(db)
+    dom = db.col(NVTX, "domainId", "0")
+    excl, params = _exclude_clause(nccl_keys)
+    types = ", ".join(str(t) for t in RANGE_TYPES)
+    sql = (f"SELECT start, \"end\", coalesce(globalTid, 0), {text_id}, coalesce({dom}, 0), "
+           f"CASE WHEN {text_id} < 0 THEN {text} END FROM {NVTX} "
+           f"WHERE eventType IN ({types}) AND \"end\" IS NOT NULL{excl}")
+    dt = np.dtype([("start", np.int64), ("end", np.int64), ("gtid", np.int64), ("tid_", np.int64),
+                   ("dom", np.int64), ("text", object)])
+    rows = db.fetch(sql, dt, params)
+    if not len(rows):
+        return _empty_ranges(), _empty_spans(), 0
+    pid = (rows["gtid"] >> 24) & 0xFFFFFF
+    tid = rows["gtid"] & 0xFFFFFF
+    # One code per distinct (registered id | plain text); classification runs per distinct name.
+    reg = rows["tid_"] >= 0
+    codes = np.empty(len(rows), dtype=np.int64)
+    names: list[str] = []
+    if reg.any():
+        uniq, inv = np.unique(rows["tid_"][reg], return_inverse=True)
+        strings = db.strings(uniq.tolist())
+        codes[reg] = inv
+        names.extend(strings.get(int(u), "") for u in uniq)
+    if (~reg).any():
+        txt = rows["text"][~reg]
+        txt[pd.isna(txt)] = ""
+        pcodes, puniq = pd.factorize(txt)
+        codes[~reg] = pcodes + len(names)
+        names.extend(str(s) for s in puniq)
+    # Domain names matter for MPI ranges only: classify those rows with the MPI rules.
+    is_mpi = np.zeros(len(rows), dtype=bool)
+    mpi_keys = [k for k, v in domains.items() if v.upper() == "MPI"]
+    for p, d in mpi_keys:
+        is_mpi |= (pid == p) & (rows["dom"] == d)
+    cls_plain = [classify_range(s, "") for s in names]
+    cls_mpi = [classify_range(s, "MPI") for s in names] if is_mpi.any() else cls_plain
+
+    def col(attr: str, dtype: Any) -> np.ndarray:
+        a = np.array([getattr(c, attr) for c in cls_plain], dtype=dtype)[codes]
+        if is_mpi.any():
+            b = np.array([getattr(c, attr) for c in cls_mpi], dtype=dtype)[codes]
+            a = np.where(is_mpi, b, a)
+        return a
+
+    keep = col("keep", bool)
+    a2a = col("all_to_all", bool)
+    spans = Spans(rows["start"][a2a], rows["end"][a2a], pid[a2a], tid[a2a])
+    k = keep
+    # Re-index names to the kept rows only (dropped op ranges may hold most distinct names).
+    used, new_codes = np.unique(codes[k], return_inverse=True)
+    out = HostRanges(
+        start=rows["start"][k], end=rows["end"][k], pid=pid[k], tid=tid[k],
+        name=new_codes.astype(np.int32), kind=col("kind", np.int8)[k], num=col("num", np.int64)[k],
+        numbered=col("numbered", bool)[k], stage=col("stage", np.int32)[k], mb=col("mb", np.int32)[k],
+        phase=col("phase", np.int8)[k], direction=col("direction", np.int8)[k],
+        names=[names[i] for i in used.tolist()],
+    )
+    return out, spans, int((~keep).sum())
+
+
+def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
+    text_id, text = _text_expr(db)
+    vals = ", ".join("(?, ?)" for _ in keys)
+    params = [v for k in keys for v in k]
+    blob = db.col(NVTX, "binaryData", "NULL")
+    jtext = db.col(NVTX, "jsonText", "NULL")
+    jtid = f"coalesce({db.col(NVTX, 'jsonTextId', 'NULL')}, -1)"
+    types = ", ".join(str(t) for t in RANGE_TYPES)
+    sql = (f"SELECT start, \"end\", coalesce(globalTid, 0), {text_id}, {text}, {blob}, {jtext}, {jtid} "
+           f"FROM {NVTX} WHERE eventType IN ({types}) AND \"end\" IS NOT NULL "
+           f"AND ((coalesce(globalTid, 0) >> 24) & 16777215, coalesce(domainId, 0)) IN (VALUES {vals})")
+    dt = np.dtype([("start", np.int64), ("end", np.int64), ("gtid", np.int64), ("tid_", np.int64),
+                   ("text", object), ("blob", object), ("json", object), ("jtid", np.int64)])
+    rows = db.fetch(sql, dt, params)
+    n = len(rows)
+    if not n:
+        return _empty_nccl()
+    strings = db.strings(np.unique(np.concatenate([rows["tid_"], rows["jtid"]])).tolist())
+    names = [strings.get(int(i), "") if i >= 0 else str(t or "") for i, t in zip(rows["tid_"], rows["text"],
+                                                                                  strict=True)]
+    apis = [nccl_api(s) for s in names]
+    api = np.array([_api_code(a) for a in apis], dtype=np.int8)
+    direction = np.array([NCCL_P2P_APIS.get(a, Direction.NONE) for a in apis], dtype=np.int8)
+    fields = decode_payloads(db, rows["blob"], apis)
+    has_json = np.array([j is not None or i >= 0 for j, i in zip(rows["json"], rows["jtid"], strict=True)])
+    if has_json.any():
+        _merge_json(fields, rows["json"], rows["jtid"], strings, has_json)
+    return NcclCalls(
+        start=rows["start"], end=rows["end"], pid=(rows["gtid"] >> 24) & 0xFFFFFF, tid=rows["gtid"] & 0xFFFFFF,
+        api=api, name=names, direction=direction, peer_local=fields[F_PEER], bytes=fields[F_BYTES],
+        comm=fields[F_COMM], nranks=fields[F_NRANKS], rank=fields[F_RANK], has_payload=fields["_has"].astype(bool),
+    )
+
+
+def _api_code(api: str) -> int:
+    if api in NCCL_P2P_APIS:
+        return API_P2P
+    if api in NCCL_COLLECTIVE_APIS:
+        return API_COLL
+    if api == NCCL_GROUP_START:
+        return API_GROUP_START
+    if api == NCCL_GROUP_END:
+        return API_GROUP_END
+    if api in NCCL_INIT_APIS:
+        return API_INIT
+    return API_OTHER
+
+
+@dataclass
+class _Schema:
+    payload_size: int
+    fields: dict[str, tuple[str, int]]  # entry name → (numpy dtype, offset)
+
+
+def _schemas(db: NsysDb) -> dict[int, _Schema]:
+    """Payload schemas keyed by schema id (NCCL's static ids are unique across domains)."""
+    table = "NVTX_PAYLOAD_SCHEMA_ENTRIES"
+    cols = set(db.columns(table))
+    if not {"schemaId", "idx", "type", "name"} <= cols:
+        return {}
+    off = '"offset"' if "offset" in cols else "NULL"
+    rows = db.execute(f'SELECT DISTINCT schemaId, idx, "type", name, {off} FROM {table} '
+                      "ORDER BY schemaId, idx").fetchall()
+    sizes: dict[int, int] = {}
+    if {"schemaId", "payloadSize"} <= set(db.columns("NVTX_PAYLOAD_SCHEMAS")):
+        for sid, size in db.execute("SELECT DISTINCT schemaId, payloadSize FROM NVTX_PAYLOAD_SCHEMAS"):
+            if sid is not None and size is not None:
+                sizes[int(sid)] = int(size)
+    out: dict[int, _Schema] = {}
+    cursor: dict[int, int] = {}
+    for sid, _idx, typ, name, offset in rows:
+        sid = int(sid)
+        sch = out.setdefault(sid, _Schema(sizes.get(sid, 0), {}))
+        dt = _PAYLOAD_TYPES.get(int(typ) if typ is not None else -1)
+        width = np.dtype(dt).itemsize if dt else 8
+        # The first entry's offset is stored as NULL (= 0); missing offsets follow natural alignment.
+        if offset is None:
+            pos = cursor.get(sid, 0)
+            offset = (pos + width - 1) // width * width
+        cursor[sid] = int(offset) + width
+        if dt is not None and name:
+            sch.fields[str(name)] = (dt, int(offset))
+    for sid, sch in out.items():
+        if sch.payload_size <= 0:
+            sch.payload_size = cursor.get(sid, 0)
+    return out
+
+
+def decode_payloads(db: NsysDb, blobs: np.ndarray, apis: list[str]) -> dict[str, I64]:
+    """Decode the NCCL payload fields of each row; -1 (0 for the communicator) when absent."""
+    n = len(blobs)
+    out: dict[str, I64] = {f: np.full(n, -1, dtype=np.int64) for f in PAYLOAD_FIELDS}
+    out[F_COMM] = np.zeros(n, dtype=np.int64)
+    out["_has"] = np.zeros(n, dtype=np.int64)
+    present = np.array([isinstance(b, (bytes, bytearray, memoryview)) and len(b) > 0 for b in blobs], dtype=bool)
+    if not present.any():
+        return out
+    schemas = _schemas(db)
+    if not schemas:
+        return out
+    idx_all = np.flatnonzero(present)
+    lengths = np.array([len(blobs[i]) for i in idx_all])
+    for length in np.unique(lengths).tolist():
+        idx = idx_all[lengths == length]
+        mat = np.frombuffer(b"".join(bytes(blobs[i]) for i in idx), dtype=np.uint8).reshape(len(idx), length)
+        schema_ids, body = _schema_of(mat, schemas, [apis[i] for i in idx])
+        for sid in np.unique(schema_ids).tolist():
+            sch = schemas.get(int(sid))
+            if sch is None:
+                continue
+            sel = schema_ids == sid
+            rows_sel = idx[sel]
+            sub = mat[sel]
+            for fname, (dt, offset) in sch.fields.items():
+                if fname not in out:
+                    continue
+                w = np.dtype(dt).itemsize
+                lo = body + offset
+                if lo + w > length:
+                    continue
+                vals = np.ascontiguousarray(sub[:, lo:lo + w]).view(dt).reshape(-1)
+                out[fname][rows_sel] = vals.astype(np.uint64).view(np.int64) if dt.endswith("u8") \
+                    else vals.astype(np.int64)
+            out["_has"][rows_sel] = 1
+    return out
+
+
+def _schema_of(mat: npt.NDArray[np.uint8], schemas: dict[int, _Schema],
+               apis: list[str]) -> tuple[I64, int]:
+    """Schema id per row and where the payload body starts in the blob."""
+    length = mat.shape[1]
+    if length >= PAYLOAD_HEADER:
+        sid = np.ascontiguousarray(mat[:, 8:16]).view("<u8").reshape(-1).astype(np.int64)
+        if np.isin(sid, list(schemas)).any():
+            return sid, PAYLOAD_HEADER
+    # Bare payload: pick the schema by size and by what the API carries.
+    want = {a: (F_PEER if a in NCCL_P2P_APIS else F_NRANKS if a in NCCL_INIT_APIS else F_BYTES) for a in set(apis)}
+    out = np.full(len(apis), -1, dtype=np.int64)
+    for a, fname in want.items():
+        cands = [s for s, sch in schemas.items() if sch.payload_size == length and fname in sch.fields]
+        if cands:
+            out[np.array([x == a for x in apis])] = cands[0]
+    return out, 0
+
+
+def _merge_json(fields: dict[str, I64], texts: np.ndarray, text_ids: I64, strings: dict[int, str],
+                mask: npt.NDArray[np.bool_]) -> None:
+    """JSON payload text (per NCCL call; these are few next to kernels)."""
+    for i in np.flatnonzero(mask).tolist():
+        raw = texts[i] if texts[i] is not None else strings.get(int(text_ids[i]))
+        try:
+            obj = json.loads(raw) if raw else None
+        except (TypeError, ValueError):
+            obj = None
+        if not isinstance(obj, dict):
+            continue
+        for fname, aliases in _JSON_ALIASES.items():
+            for a in aliases:
+                v = obj.get(a)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    iv = int(v)
+                    fields[fname][i] = iv - (1 << 64) if iv >= (1 << 63) else iv
+                    break
+        fields["_has"][i] = 1
+
+
+def _empty_ranges() -> HostRanges:
+    z = _empty_i64()
+    return HostRanges(start=z, end=z, pid=z, tid=z, name=np.empty(0, np.int32), kind=np.empty(0, np.int8),
+                      num=z, numbered=np.empty(0, bool), stage=np.empty(0, np.int32), mb=np.empty(0, np.int32),
+                      phase=np.empty(0, np.int8), direction=np.empty(0, np.int8), names=[])
+
+
+def _empty_nccl() -> NcclCalls:
+    z = _empty_i64()
+    return NcclCalls(start=z, end=z, pid=z, tid=z, api=np.empty(0, np.int8), name=[],
+                     direction=np.empty(0, np.int8), peer_local=z, bytes=z, comm=z, nranks=z, rank=z,
+                     has_payload=np.empty(0, bool))
+
+
+def _empty_spans() -> Spans:
+    z = _empty_i64()
+    return Spans(z, z, z, z)
+

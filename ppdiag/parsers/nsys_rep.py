@@ -1,0 +1,105 @@
+"""``.nsys-rep`` reports: exported to SQLite with the ``nsys`` CLI and cached.
+
+The report format is proprietary with no public reader, so ppdiag asks ``nsys export`` for the
+SQLite form. The export is cached (``ParseOptions.nsys_cache_dir``, else next to the report when
+that directory is writable, else the user cache directory) and reused while it is newer than the
+report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from ppdiag.errors import InputError
+from ppdiag.parsers.nsys_db import SQLITE_MAGIC
+
+REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+EXPORT_TIMEOUT_S = 3600
+
+
+def is_report(path: Path) -> bool:
+    return path.name.lower().endswith(REPORT_SUFFIXES)
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for s in REPORT_SUFFIXES:
+        if name.lower().endswith(s):
+            return name[: -len(s)]
+    return path.stem
+
+
+def export_command(report: Path, output: Path) -> str:
+    """The command a user runs by hand (shell-quoted)."""
+    return f"nsys export --type sqlite --output {shlex.quote(str(output))} {shlex.quote(str(report))}"
+
+
+def user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ppdiag" / "nsys"
+
+
+def cache_path(report: Path, cache_dir: str | None) -> Path:
+    """Where the SQLite export of ``report`` lives."""
+    stem = _stem(report)
+    if cache_dir:
+        return Path(cache_dir) / f"{stem}-{_digest(report)}.sqlite"
+    parent = report.resolve().parent
+    if os.access(parent, os.W_OK):
+        return parent / f"{stem}.sqlite"
+    return user_cache_dir() / f"{stem}-{_digest(report)}.sqlite"
+
+
+def _digest(report: Path) -> str:
+    # Two reports with one name in different directories must not share a cache entry.
+    return hashlib.sha1(str(report.resolve()).encode()).hexdigest()[:10]
+
+
+def _fresh(export: Path, report: Path) -> bool:
+    try:
+        if export.stat().st_mtime < report.stat().st_mtime or export.stat().st_size == 0:
+            return False
+        with export.open("rb") as fh:
+            return fh.read(16) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def ensure_sqlite(report: Path, cache_dir: str | None) -> Path:
+    """Path of an up-to-date SQLite export of ``report``, running ``nsys export`` when needed."""
+    if not report.is_file():
+        raise InputError(str(report), "no such file")
+    target = cache_path(report, cache_dir)
+    if _fresh(target, report):
+        return target
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        suggested = report.with_name(f"{_stem(report)}.sqlite")
+        raise InputError(str(report), "cannot read .nsys-rep without nsys; run: "
+                                      f"{export_command(report, suggested)}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(str(report), f"cannot create the export cache directory {target.parent}: "
+                                      f"{exc.strerror or exc}") from None
+    # Export to a private name and rename, so a killed export never looks like a valid cache entry.
+    tmp = target.with_name(f".{target.stem}.{os.getpid()}.tmp.sqlite")
+    cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(tmp), str(report)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        tmp.unlink(missing_ok=True)
+        raise InputError(str(report), f"nsys export failed ({exc}); run by hand: "
+                                      f"{export_command(report, target)}") from None
+    if proc.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        lines = [ln for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()]
+        why = lines[-1].strip() if lines else f"exit status {proc.returncode}"
+        raise InputError(str(report), f"nsys export failed: {why}")
+    os.replace(tmp, target)
+    return target

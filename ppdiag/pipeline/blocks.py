@@ -1,0 +1,233 @@
+"""Micro-batch compute blocks of every rank (DESIGN.md §4.5).
+
+A block is the compute one rank does for one (phase, micro-batch, virtual stage): a forward, a
+backward (input gradient), or a weight-gradient block. Blocks come from pipeline labels when the
+trace has them (``PP:<s>F<mb>``, ``Forward <mb>``, NVTX ranges), otherwise from the runs of compute
+between point-to-point operations: the k-th block of a phase in a step is micro-batch k. Phases
+without labels come from the ops themselves (autograd backward ops) or from the direction of the
+transfers around the block (a forward receives from the previous stage and sends to the next).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.attribution.intervals import union
+from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline
+from ppdiag.pipeline.steps import LocalStep
+
+PIPE_PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
+
+
+@dataclass
+class Blocks:
+    """Column table of one rank's blocks on the rank's own clock, in time order."""
+
+    step: npt.NDArray[np.int32]  # index into the rank's analyzed steps
+    start: npt.NDArray[np.int64]
+    end: npt.NDArray[np.int64]
+    busy: npt.NDArray[np.int64]  # compute union inside the block
+    launch: npt.NDArray[np.int64]  # host launch of the block's first interval, -1 unknown
+    phase: npt.NDArray[np.int8]
+    mb: npt.NDArray[np.int32]
+    stage: npt.NDArray[np.int32]  # virtual stage, -1 unknown
+    labelled: bool = False
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+    @classmethod
+    def empty(cls) -> Blocks:
+        z = np.zeros(0, dtype=np.int64)
+        return cls(np.zeros(0, np.int32), z, z.copy(), z.copy(), z.copy(), np.zeros(0, np.int8),
+                   np.zeros(0, np.int32), np.zeros(0, np.int32))
+
+    def take(self, idx: npt.ArrayLike) -> Blocks:
+        return Blocks(self.step[idx], self.start[idx], self.end[idx], self.busy[idx], self.launch[idx],
+                      self.phase[idx], self.mb[idx], self.stage[idx], self.labelled)
+
+
+def _assign_steps(t: npt.NDArray[np.int64], steps: list[LocalStep]) -> npt.NDArray[np.int32]:
+    if not steps:
+        return np.full(t.shape, -1, dtype=np.int32)
+    ss = np.array([s.start for s in steps], dtype=np.int64)
+    se = np.array([s.end for s in steps], dtype=np.int64)
+    k = np.searchsorted(ss, t, side="right") - 1
+    ok = (k >= 0) & (t < se[np.clip(k, 0, None)])
+    return np.where(ok, k, -1).astype(np.int32)
+
+
+def build_blocks(tl: RankTimeline, steps: list[LocalStep], stage: int, prev_rank: int | None,
+                 next_rank: int | None, pp: int) -> Blocks:
+    """Find the rank's blocks and write their phase / micro-batch / stage back into its intervals."""
+    iv = tl.intervals
+    comp = np.flatnonzero(iv.kind == int(Kind.COMPUTE))
+    if comp.size == 0 or not steps:
+        return Blocks.empty()
+    comp = comp[np.argsort(iv.start[comp], kind="stable")]
+    key = np.where(iv.launch[comp] >= 0, iv.launch[comp], iv.start[comp]) if not tl.cpu_only else iv.start[comp]
+    step_of = _assign_steps(iv.start[comp], steps)
+    labels = tl.ranges.take(
+        (tl.ranges.kind == int(RangeKind.LABEL)) & np.isin(tl.ranges.phase, PIPE_PHASES)
+    )
+    labelled = len(labels) > 0
+    if labelled:
+        order = np.argsort(labels.start, kind="stable")
+        labels = labels.take(order)
+        li = np.searchsorted(labels.start, key, side="right") - 1
+        inside = (li >= 0) & (key < labels.end[np.clip(li, 0, None)])
+        group = np.where(inside & (step_of >= 0), li, -1)
+        g_phase = labels.phase
+        g_mb = labels.mb
+        g_stage = labels.stage
+    else:
+        group, g_phase, g_mb, g_stage = _cut_groups(tl, comp, step_of, prev_rank, next_rank)
+    # Optimizer and other non-pipeline ops never belong to a block.
+    group = np.where(np.isin(iv.phase[comp], (int(Phase.OPTIM), int(Phase.OTHER))), -1, group)
+    valid = group >= 0
+    if not valid.any():
+        return Blocks.empty()
+    gidx = comp[valid]
+    gid = group[valid]
+    gstep = step_of[valid]
+    order = np.lexsort((iv.start[gidx], gid))
+    gidx, gid, gstep = gidx[order], gid[order], gstep[order]
+    bounds = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
+    ends_b = np.r_[bounds[1:], gid.size]
+    n = bounds.size
+    b_start = np.minimum.reduceat(iv.start[gidx], bounds)
+    b_end = np.maximum.reduceat(iv.end[gidx], bounds)
+    b_launch_src = np.where(iv.launch[gidx] >= 0, iv.launch[gidx], np.iinfo(np.int64).max)
+    b_launch = np.minimum.reduceat(b_launch_src, bounds)
+    b_launch = np.where(b_launch == np.iinfo(np.int64).max, -1, b_launch)
+    b_busy = np.empty(n, dtype=np.int64)
+    for j in range(n):  # one iteration per block (micro-batch phase), not per event
+        sl = gidx[bounds[j]:ends_b[j]]
+        us, ue = union(iv.start[sl], iv.end[sl])
+        b_busy[j] = int((ue - us).sum())
+    first_gid = gid[bounds]
+    b_step = gstep[bounds].astype(np.int32)
+    b_phase = np.asarray(g_phase)[first_gid].astype(np.int8)
+    b_mb = np.asarray(g_mb)[first_gid].astype(np.int32)
+    b_stage = np.asarray(g_stage)[first_gid].astype(np.int32)
+    blocks = Blocks(b_step, b_start, b_end, b_busy, b_launch, b_phase, b_mb, b_stage, labelled)
+    blocks = blocks.take(np.argsort(blocks.start, kind="stable"))
+    if not labelled:
+        blocks = _drop_small(blocks)
+    blocks.stage = np.where(blocks.stage < 0, stage, blocks.stage).astype(np.int32)
+    if (blocks.mb < 0).any():
+        _number_microbatches(blocks)
+    _write_back(tl, gidx, gid, first_gid, blocks)
+    return blocks
+
+
+def _cut_groups(tl: RankTimeline, comp: npt.NDArray[np.int64], step_of: npt.NDArray[np.int32],
+                prev_rank: int | None, next_rank: int | None
+                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int8], npt.NDArray[np.int32],
+                           npt.NDArray[np.int32]]:
+    """Groups of compute between point-to-point operations, with their phase."""
+    iv = tl.intervals
+    p2p = iv.kind == int(Kind.P2P)
+    cut_t = [iv.start[p2p]]
+    rg = tl.ranges
+    comm_ops = (rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)
+    cut_t.append(rg.start[comm_ops])
+    cuts = np.unique(np.concatenate(cut_t)) if cut_t else np.zeros(0, np.int64)
+    seg = np.searchsorted(cuts, iv.start[comp], side="right").astype(np.int64)
+    # A new group at every cut and at every step boundary.
+    key = seg * 100000 + np.maximum(step_of, 0)
+    change = np.r_[True, key[1:] != key[:-1]]
+    group = np.cumsum(change) - 1
+    group = np.where(step_of >= 0, group, -1)
+    ng = int(group.max()) + 1 if group.size else 0
+    dur = (iv.end[comp] - iv.start[comp]).astype(np.float64)
+    ph = iv.phase[comp]
+    valid = group >= 0
+    bwd_t = np.bincount(group[valid], weights=np.where(ph[valid] == int(Phase.BWD), dur[valid], 0.0),
+                        minlength=ng)
+    wg_t = np.bincount(group[valid], weights=np.where(ph[valid] == int(Phase.WGRAD), dur[valid], 0.0),
+                       minlength=ng)
+    all_t = np.bincount(group[valid], weights=dur[valid], minlength=ng)
+    phase = np.full(ng, int(Phase.FWD), dtype=np.int8)
+    phase[bwd_t > 0.5 * all_t] = int(Phase.BWD)
+    phase[wg_t > 0.5 * all_t] = int(Phase.WGRAD)
+    if not (bwd_t > 0).any() and ng:
+        phase = _phase_from_transfers(tl, comp, group, ng, prev_rank, next_rank)
+    return group, phase, np.full(ng, -1, np.int32), np.full(ng, -1, np.int32)
+
+
+def _phase_from_transfers(tl: RankTimeline, comp: npt.NDArray[np.int64], group: npt.NDArray[np.int64],
+                          ng: int, prev_rank: int | None, next_rank: int | None) -> npt.NDArray[np.int8]:
+    """Forward blocks receive from the previous stage and send to the next; backward the reverse."""
+    iv = tl.intervals
+    valid = group >= 0
+    g_start = np.full(ng, np.iinfo(np.int64).max, np.int64)
+    g_end = np.full(ng, -1, np.int64)
+    np.minimum.at(g_start, group[valid], iv.start[comp][valid])
+    np.maximum.at(g_end, group[valid], iv.end[comp][valid])
+    m = (iv.kind == int(Kind.P2P)) & (iv.peer >= 0)
+    t, peer, d = iv.start[m], iv.peer[m], iv.direction[m]
+    order = np.argsort(t)
+    t, peer, d = t[order], peer[order], d[order]
+    vote = np.zeros(ng, dtype=np.int64)
+    sends = (d == int(Direction.SEND)) | (d == int(Direction.BOTH))
+    recvs = (d == int(Direction.RECV)) | (d == int(Direction.BOTH))
+    # transfer right after the block: a send to next => forward, to prev => backward
+    i_after = np.searchsorted(t, g_end, side="left")
+    # transfer right before the block: a recv from prev => forward, from next => backward
+    i_before = np.searchsorted(t, g_start, side="left") - 1
+    for g in range(ng):  # one iteration per block
+        ia, ib = int(i_after[g]), int(i_before[g])
+        if ia < t.size and sends[ia]:
+            vote[g] += 1 if peer[ia] == next_rank else (-1 if peer[ia] == prev_rank else 0)
+        if ib >= 0 and recvs[ib]:
+            vote[g] += 1 if peer[ib] == prev_rank else (-1 if peer[ib] == next_rank else 0)
+    out = np.full(ng, int(Phase.FWD), dtype=np.int8)
+    out[vote < 0] = int(Phase.BWD)
+    return out
+
+
+def _drop_small(blocks: Blocks) -> Blocks:
+    """Runs of a few tiny ops between transfers (splits, casts, loss seeding) are not blocks."""
+    if len(blocks) == 0:
+        return blocks
+    keep = np.ones(len(blocks), dtype=bool)
+    for ph in PIPE_PHASES:
+        m = blocks.phase == ph
+        if m.sum() >= 2:
+            med = float(np.median(blocks.busy[m]))
+            keep &= ~(m & (blocks.busy < 0.2 * med))
+    return blocks.take(keep)
+
+
+def _number_microbatches(blocks: Blocks) -> None:
+    """The k-th block of a phase (and stage) within a step is micro-batch k."""
+    key = np.stack([blocks.step.astype(np.int64), blocks.phase.astype(np.int64), blocks.stage.astype(np.int64)])
+    order = np.lexsort((blocks.start, key[2], key[1], key[0]))
+    k = key[:, order]
+    newgrp = np.r_[True, (k[:, 1:] != k[:, :-1]).any(axis=0)]
+    pos = np.arange(order.size) - np.maximum.accumulate(np.where(newgrp, np.arange(order.size), 0))
+    mb = blocks.mb.copy()
+    unknown = mb[order] < 0
+    mb[order[unknown]] = pos[unknown]
+    blocks.mb = mb.astype(np.int32)
+
+
+def _write_back(tl: RankTimeline, gidx: npt.NDArray[np.int64], gid: npt.NDArray[np.int64],
+                first_gid: npt.NDArray[np.int64], blocks: Blocks) -> None:
+    """Label each compute interval with its block's phase / micro-batch / chunk (for reports)."""
+    iv = tl.intervals
+    if len(blocks) == 0:
+        return
+    # map a group id to the block that survived (by start time lookup)
+    bstart = blocks.start
+    pos = np.searchsorted(bstart, iv.start[gidx], side="right") - 1
+    ok = (pos >= 0) & (iv.start[gidx] < blocks.end[np.clip(pos, 0, None)] + 1)
+    sel = gidx[ok]
+    p = pos[ok]
+    iv.phase[sel] = blocks.phase[p]
+    iv.mb[sel] = blocks.mb[p]
+    iv.chunk[sel] = blocks.stage[p].astype(np.int16)

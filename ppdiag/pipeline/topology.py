@@ -1,0 +1,261 @@
+"""Which pipeline stage each rank runs (DESIGN.md §4.2).
+
+Evidence, in order: ``--stage-map``; the pipeline process group (``pg_desc`` naming it, e.g.
+Megatron's ``PIPELINE_MODEL_PARALLEL_GROUP``); pipeline labels that name stages (``PP:<stage>F<mb>``);
+the chain of point-to-point partners (a path, or a ring for interleaved placements, whose first
+stage is the rank that sends first); ``--pp`` with Megatron's default rank order. A run with none
+of these has no pipeline parallelism (``pp`` 1).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ppdiag.model import Direction, Kind, RangeKind, RankTimeline, Run
+
+_PP_GROUP = re.compile(r"pipe|(^|[^a-z])pp([^a-z]|$)", re.IGNORECASE)
+
+
+@dataclass
+class Topology:
+    """Stage placement of the run's ranks.
+
+    ``stage_of`` maps each rank to its first (physical) stage 0..pp-1; ``chunks_of`` lists the
+    virtual stages each rank holds (``[s]`` without interleaving); ``pipelines`` lists the ranks of
+    each pipeline in stage order (several with data parallelism).
+    """
+
+    pp: int
+    stage_of: dict[int, int]
+    chunks_of: dict[int, list[int]]
+    pipelines: list[list[int]]
+    virtual: int = 1
+    placement: str = "loop"  # "loop" (stage s on rank s % P) or "v" (r and 2P-1-r)
+    source: str = "none"
+    warnings: list[str] = field(default_factory=list)
+
+    def stage_map(self) -> dict[str, int]:
+        """``{stage: rank}`` of the first pipeline (JSON form)."""
+        if not self.pipelines:
+            return {}
+        return {str(s): r for s, r in enumerate(self.pipelines[0])}
+
+    def neighbours(self, rank: int) -> tuple[int | None, int | None]:
+        """Previous and next rank in the rank's pipeline (physical stage order)."""
+        for line in self.pipelines:
+            if rank in line:
+                i = line.index(rank)
+                return (line[i - 1] if i > 0 else None, line[i + 1] if i + 1 < len(line) else None)
+        return None, None
+
+
+def no_pp(run: Run, source: str = "none") -> Topology:
+    ranks = [r.rank for r in run.ranks]
+    return Topology(1, {r: 0 for r in ranks}, {r: [0] for r in ranks}, [[r] for r in ranks], source=source)
+
+
+def _from_lines(lines: list[list[int]], source: str, run: Run) -> Topology:
+    stage_of: dict[int, int] = {}
+    for line in lines:
+        for s, r in enumerate(line):
+            stage_of[r] = s
+    pp = max(len(line) for line in lines)
+    topo = Topology(pp, stage_of, {r: [s] for r, s in stage_of.items()}, lines, source=source)
+    _virtual_from_labels(topo, run)
+    return topo
+
+
+def _label_stages(tl: RankTimeline) -> list[int]:
+    r = tl.ranges
+    m = (r.kind == int(RangeKind.LABEL)) & (r.stage >= 0)
+    return sorted({int(x) for x in np.unique(r.stage[m])}) if m.any() else []
+
+
+def _virtual_from_labels(topo: Topology, run: Run) -> None:
+    """Interleaved / V placements show as several stage numbers in one rank's labels."""
+    per_rank = {tl.rank: _label_stages(tl) for tl in run.ranks}
+    counts = {len(v) for v in per_rank.values() if v}
+    if not counts or max(counts) <= 1:
+        return
+    v = max(counts)
+    topo.virtual = v
+    for r, st in per_rank.items():
+        if st:
+            topo.chunks_of[r] = st
+    p = topo.pp
+    v_shape = all(
+        len(st) == 2 and st[0] + st[1] == 2 * p - 1 for st in per_rank.values() if st
+    )
+    topo.placement = "v" if v_shape else "loop"
+
+
+def _p2p_edges(run: Run) -> tuple[dict[tuple[int, int], int], dict[int, list[tuple[int, int, int]]]]:
+    """Directed p2p edge counts (src -> dst) and, per rank, its p2p events (time, direction, peer)."""
+    edges: dict[tuple[int, int], int] = defaultdict(int)
+    events: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    ranks = {tl.rank for tl in run.ranks}
+    for tl in run.ranks:
+        iv = tl.intervals
+        m = (iv.kind == int(Kind.P2P)) & (iv.peer >= 0)
+        src = [(iv.start[m], iv.direction[m], iv.peer[m])]
+        rg = tl.ranges
+        mr = (rg.kind == int(RangeKind.COMM_OP)) & (rg.peer >= 0) & (rg.direction > 0)
+        src.append((rg.start[mr], rg.direction[mr], rg.peer[mr]))
+        for t, d, p in src:
+            if p.size == 0:
+                continue
+            pairs = np.unique(np.stack([p.astype(np.int64), d.astype(np.int64)]), axis=1)
+            for peer_v, dir_v in pairs.T:
+                peer, dirn = int(peer_v), int(dir_v)
+                if peer == tl.rank or peer not in ranks:
+                    continue
+                if dirn in (int(Direction.SEND), int(Direction.BOTH)):
+                    edges[(tl.rank, peer)] += 1
+                if dirn in (int(Direction.RECV), int(Direction.BOTH)):
+                    edges[(peer, tl.rank)] += 1
+            if t.size:
+                order = np.argsort(t, kind="stable")[:64]
+                events[tl.rank].extend((int(t[i]), int(d[i]), int(p[i])) for i in order)
+    return dict(edges), events
+
+
+def _chain(run: Run) -> Topology | None:
+    edges, events = _p2p_edges(run)
+    if not edges:
+        return None
+    # Pipeline training sends activations one way and gradients back: both directions per link.
+    adj: dict[int, set[int]] = defaultdict(set)
+    for a, b in edges:
+        if (b, a) in edges:
+            adj[a].add(b)
+            adj[b].add(a)
+    if not adj:
+        return None
+    seen: set[int] = set()
+    lines: list[list[int]] = []
+    warnings: list[str] = []
+    for start in sorted(adj):
+        if start in seen:
+            continue
+        comp: list[int] = []
+        stack = [start]
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            comp.append(x)
+            stack.extend(adj[x] - seen)
+        degs = {x: len(adj[x]) for x in comp}
+        if max(degs.values()) > 2:
+            warnings.append(f"p2p partners of ranks {sorted(comp)} do not form a chain")
+            return None
+        ends = [x for x in comp if degs[x] == 1]
+        if len(comp) == 1:
+            continue
+        if len(ends) == 2:
+            first = _first_stage(ends, edges, events)
+        else:  # ring: interleaved placements send from the last stage back to the first
+            first = _first_stage(sorted(comp), edges, events)
+        line = [first]
+        prev = None
+        cur = first
+        while True:
+            nxt = sorted(adj[cur] - ({prev} if prev is not None else set()) - set(line))
+            if not nxt:
+                break
+            if len(nxt) > 1:  # ring: follow the direction forward activations flow
+                fwd = [n for n in nxt if edges.get((cur, n), 0) >= edges.get((n, cur), 0)]
+                nxt = fwd or nxt
+            prev, cur = cur, nxt[0]
+            line.append(cur)
+        lines.append(line)
+    if not lines:
+        return None
+    sizes = {len(x) for x in lines}
+    if len(sizes) > 1:
+        warnings.append(f"pipelines of different lengths: {sorted(sizes)}")
+    topo = _from_lines(lines, "p2p chain", run)
+    topo.warnings.extend(warnings)
+    return topo
+
+
+def _first_stage(cands: list[int], edges: dict[tuple[int, int], int],
+                 events: dict[int, list[tuple[int, int, int]]]) -> int:
+    """The candidate whose first p2p operation is a send (it produces the first activations)."""
+    scored = []
+    for c in cands:
+        ev = sorted(events.get(c, []))
+        first_dir = ev[0][1] if ev else 0
+        scored.append((0 if first_dir == int(Direction.SEND) else 1, c))
+    scored.sort()
+    return scored[0][1]
+
+
+def _pp_group(run: Run) -> Topology | None:
+    lines: dict[tuple[int, ...], list[int]] = {}
+    for tl in run.ranks:
+        for g in tl.process_groups:
+            if _PP_GROUP.search(g.desc or "") and tl.rank in g.ranks and len(g.ranks) > 1:
+                lines[tuple(g.ranks)] = list(g.ranks)
+    if not lines:
+        return None
+    return _from_lines(sorted(lines.values()), "pipeline process group", run)
+
+
+def _labels(run: Run) -> Topology | None:
+    per_rank = {tl.rank: _label_stages(tl) for tl in run.ranks}
+    if sum(1 for v in per_rank.values() if v) < 2:
+        return None
+    firsts = {r: st[0] for r, st in per_rank.items() if st}
+    order = sorted(firsts, key=lambda r: firsts[r])
+    if len(set(firsts.values())) != len(firsts):
+        return None
+    return _from_lines([order], "pipeline labels", run)
+
+
+def parse_stage_map(spec: str) -> list[list[int]]:
+    """``--stage-map 0,1,2,3`` (rank per stage); ``;`` separates pipelines of a data-parallel run."""
+    lines = []
+    for part in spec.split(";"):
+        part = part.strip()
+        if part:
+            lines.append([int(x) for x in part.split(",") if x.strip()])
+    if not lines:
+        raise ValueError("empty stage map")
+    return lines
+
+
+def infer_topology(run: Run, stage_map: str | None = None, pp: int | None = None) -> Topology:
+    """Decide the stage placement of the run (see the module docstring for the order of evidence)."""
+    ranks = sorted(tl.rank for tl in run.ranks)
+    if stage_map:
+        lines = parse_stage_map(stage_map)
+        topo = _from_lines(lines, "--stage-map", run)
+        missing = sorted(set(ranks) - set(topo.stage_of))
+        if missing:
+            topo.warnings.append(f"ranks {missing} are not in --stage-map; treated as stage 0")
+            for r in missing:
+                topo.stage_of[r] = 0
+                topo.chunks_of[r] = [0]
+        return topo
+    for finder in (_pp_group, _labels, _chain):
+        topo = finder(run)
+        if topo is not None and topo.pp > 1:
+            if pp and topo.pp != pp:
+                topo.warnings.append(f"--pp {pp} disagrees with the trace ({topo.source}: {topo.pp} stages)")
+            return topo
+    if pp and pp > 1:
+        world = max(run.world_size, len(ranks))
+        per = max(world // pp, 1)
+        # Megatron's default order: tensor- and data-parallel ranks vary fastest, the stage slowest.
+        lines_d: dict[int, list[int]] = defaultdict(list)
+        for r in ranks:
+            lines_d[r % per].append(r)
+        lines = [sorted(v, key=lambda x: x // per) for v in lines_d.values()]
+        return _from_lines(lines, "--pp", run)
+    return no_pp(run)

@@ -1,0 +1,127 @@
+"""One palette and one vocabulary for every report (HTML, Markdown, Perfetto, terminal).
+
+A cause has the same colour, label and marker wherever it is shown, so a reader who learned
+"orange = stage imbalance" in the HTML timeline recognises it in the CI summary and in Perfetto.
+"""
+
+from __future__ import annotations
+
+from ppdiag.diagnosis import CAUSE_KEYS
+
+#: Fill colour of each lost-time cause (colour-blind-aware: Tableau 10 hues, bubble kept neutral
+#: because it is the part of the idle time the schedule itself predicts).
+CAUSE_COLORS: dict[str, str] = {
+    "bubble": "#B8BEC8",
+    "imbalance": "#F28E2B",
+    "comm_wait": "#E15759",
+    "exposed_comm": "#B07AA1",
+    "host": "#EDC948",
+    "unexplained": "#9C755F",
+}
+
+#: Human label of each cause, as DESIGN.md §5 names them.
+CAUSE_LABELS: dict[str, str] = {
+    "bubble": "pipeline bubble",
+    "imbalance": "stage imbalance",
+    "comm_wait": "recv / NCCL wait",
+    "exposed_comm": "missing overlap",
+    "host": "host / launch bound",
+    "unexplained": "unexplained",
+}
+
+#: Markdown has no colour: a coloured square close to each cause colour keeps the association.
+CAUSE_MARKS: dict[str, str] = {
+    "bubble": "⬜",
+    "imbalance": "🟧",
+    "comm_wait": "🟥",
+    "exposed_comm": "🟪",
+    "host": "🟨",
+    "unexplained": "🟫",
+}
+
+#: Chrome trace viewer reserved colour names nearest to the cause colours (Perfetto UI colours by
+#: slice name instead; both keep one colour per cause).
+CAUSE_CNAMES: dict[str, str] = {
+    "bubble": "grey",
+    "imbalance": "thread_state_iowait",
+    "comm_wait": "terrible",
+    "exposed_comm": "thread_state_uninterruptible",
+    "host": "yellow",
+    "unexplained": "olive",
+}
+
+#: Colours of the work drawn on the timeline, by category.
+WORK_COLORS: dict[str, str] = {
+    "fwd": "#4E79A7",
+    "bwd": "#59A14F",
+    "wgrad": "#76B7B2",
+    "optim": "#5F6B7A",
+    "other": "#A0AEC0",
+    "p2p": "#2F3E56",
+    "collective": "#7A4E8C",
+    "copy": "#8D99AE",
+}
+
+WORK_LABELS: dict[str, str] = {
+    "fwd": "forward",
+    "bwd": "backward",
+    "wgrad": "weight grad (W)",
+    "optim": "optimizer",
+    "other": "other compute",
+    "p2p": "p2p send/recv",
+    "collective": "collective",
+    "copy": "memcpy / memset",
+}
+
+#: Short letter used in block labels (``F3``, ``B3``, ``W3``).
+PHASE_LETTERS: dict[str, str] = {"fwd": "F", "bwd": "B", "wgrad": "W", "optim": "O", "other": ""}
+
+SEVERITY_ORDER: dict[str, int] = {"high": 0, "medium": 1, "low": 2, "info": 3}
+SEVERITY_COLORS: dict[str, str] = {
+    "high": "#C0392B",
+    "medium": "#D68910",
+    "low": "#2874A6",
+    "info": "#7F8C8D",
+}
+
+assert set(CAUSE_COLORS) == set(CAUSE_KEYS), "every cause needs a colour"
+
+
+def cause_label(key: str | None) -> str:
+    """Label of a cause key; unknown keys (a newer report) are shown as they are."""
+    if key is None:
+        return "—"
+    return CAUSE_LABELS.get(key, key)
+
+
+def cause_color(key: str | None) -> str:
+    """Colour of a cause key; grey for ``None`` or an unknown key."""
+    if key is None:
+        return "#7F8C8D"
+    return CAUSE_COLORS.get(key, "#7F8C8D")
+
+
+def fmt_ms(v: float | None, digits: int = 3) -> str:
+    """Milliseconds with about ``digits`` significant digits (``12.3 ms``, ``0.0415 ms``)."""
+    if v is None:
+        return "—"
+    a = abs(float(v))
+    if a >= 1000:
+        return f"{v:,.0f} ms"
+    if a == 0:
+        return "0 ms"
+    dec = max(0, digits - 1 - int(_floor_log10(a)))
+    return f"{v:.{min(dec, 4)}f} ms"
+
+
+def fmt_pct(ratio: float | None, digits: int = 1) -> str:
+    """A ratio shown as a percentage (``0.253`` → ``25.3 %``)."""
+    if ratio is None:
+        return "—"
+    return f"{100.0 * float(ratio):.{digits}f} %"
+
+
+def _floor_log10(a: float) -> float:
+    import math
+
+    return math.floor(math.log10(a))

@@ -1,0 +1,86 @@
+"""PP001: the pipeline bubble is large because M is small for P."""
+
+from __future__ import annotations
+
+from ppdiag.diagnosis import Finding
+from ppdiag.rules import RuleContext, register
+from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3
+from ppdiag.summary import closed_form_bubble
+
+# Schedules whose bubble shrinks with more micro-batches in the (P-1)/(M+P-1) way.
+_SCALES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble", "zbv", "dualpipev")
+
+
+def doubling_gain_ms(ctx: RuleContext) -> float:
+    """Per-step time saved by doubling M at the same global batch (micro-batches half as large).
+
+    With the same work split into 2M micro-batches the compute stays the same and the warm-up /
+    cool-down shrinks in proportion: ``step * (b(M) - b(2M))`` with b the schedule's bubble ratio.
+    """
+    pipe = ctx.pipeline
+    m = pipe.microbatches
+    p = pipe.topology.pp
+    if not m or p <= 1 or pipe.schedule not in _SCALES:
+        return 0.0
+    b1 = closed_form_bubble(pipe.schedule, p, m, pipe.topology.virtual)
+    b2 = closed_form_bubble(pipe.schedule, p, 2 * m, pipe.topology.virtual)
+    if b1 is None or b2 is None:
+        return 0.0
+    return max(ctx.step_ms * (b1 - b2), 0.0)
+
+
+class BubbleRule:
+    """What it detects:
+    The warm-up and cool-down of the pipeline (the bubble) take a large share of the step because
+    the number of micro-batches M is small for the number of stages P: with P stages, every stage
+    idles for about (P-1) micro-batch slots per step, so the bubble ratio is (P-1)/(M+P-1) for
+    GPipe and 1F1B.
+
+    Why it matters:
+    Bubble time is paid on every rank and every step. It is the one loss that more micro-batches
+    shrink without any code change.
+
+    How to fix:
+    Raise M (more gradient-accumulation micro-batches with a smaller micro-batch size, same global
+    batch); with fast stage-to-stage links use an interleaved schedule (v virtual stages per rank
+    divide the bubble by v); zero-bubble schedules (ZB-H1, ZBV) fill the bubble with weight-gradient
+    work.
+
+    Example:
+    P=8, M=8 with 1F1B: bubble 7/15 = 47% of the step. M=32 gives 7/39 = 18%.
+    """
+
+    code = "PP001"
+    name = "bubble-m-too-small"
+    cause = "bubble"
+    summary = "Pipeline bubble is large: too few micro-batches for the number of stages."
+
+    def check(self, ctx: RuleContext) -> list[Finding]:
+        pipe = ctx.pipeline
+        if pipe.topology.pp <= 1 or not ctx.step_ms:
+            return []
+        bubble_ms = mean_cause_ms(ctx, "bubble")
+        gain = doubling_gain_ms(ctx)
+        share = 100 * bubble_ms / ctx.step_ms
+        if share < 5.0 or 100 * gain / ctx.step_ms < MIN_PCT:
+            return []
+        m, p = pipe.microbatches, pipe.topology.pp
+        theo = ctx.report["bubble"].get("theoretical_ratio")
+        fixes = [f"raise the micro-batches per step from M={m} to M={2 * (m or 1)} or more "
+                 "(smaller micro-batches, same global batch)"]
+        if pipe.schedule in ("gpipe", "1f1b"):
+            fixes.append("use an interleaved schedule (ScheduleInterleaved1F1B / Megatron "
+                         "virtual-pipeline) with v=2 if stage-to-stage links are fast")
+            fixes.append("use a zero-bubble schedule (ScheduleInterleavedZeroBubble, ZBV) that fills "
+                         "the bubble with weight-gradient work")
+        return [finding(
+            ctx, self.code, self.cause,
+            f"pipeline bubble takes {share:.0f}% of the step (P={p}, M={m})", gain,
+            {"bubble_ms": r3(bubble_ms), "bubble_share_pct": r3(share), "pp": p, "microbatches": m,
+             "schedule": pipe.schedule, "theoretical_ratio": theo,
+             "measured_ratio": ctx.report["bubble"].get("measured_ratio")},
+            fixes, stages=list(range(p)),
+        )]
+
+
+register(BubbleRule())

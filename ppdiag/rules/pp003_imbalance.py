@@ -1,0 +1,87 @@
+"""PP003: one stage is slower than the others and sets the pipeline's clock."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ppdiag.diagnosis import Finding
+from ppdiag.rules import RuleContext, register
+from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3, replay_gain_ms
+
+RATIO_MIN = 1.08  # slowest / mean stage compute from which a stage counts as slow
+
+
+def stage_block_ms(ctx: RuleContext) -> dict[int, float]:
+    """Per stage: mean per-step compute in its micro-batch blocks (ms)."""
+    topo = ctx.pipeline.topology
+    out: dict[int, list[float]] = {}
+    for r, b in ctx.pipeline.blocks.items():
+        if not len(b):
+            continue
+        st = topo.stage_of.get(r, 0)
+        for s in np.unique(b.step):
+            out.setdefault(st, []).append(float(b.busy[b.step == s].sum()) / 1e6)
+    return {s: float(np.mean(v)) for s, v in sorted(out.items())}
+
+
+class ImbalanceRule:
+    """What it detects:
+    The compute of one stage per step (its forward and backward blocks) is well above the mean over
+    stages. In a pipeline the slowest stage sets the pace: every other stage waits for it once per
+    micro-batch, and that waiting shows as idle time on the other ranks.
+
+    Why it matters:
+    The loss grows with M: each micro-batch adds the slow stage's excess to every other stage's
+    idle time. Balanced stages are the cheapest large win after the bubble.
+
+    How to fix:
+    Move layers off the slowest stage (split by measured cost per block, not by layer count: the
+    first stage carries the embedding, the last the output layer and the loss); use uneven layer
+    splits (Megatron `--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`,
+    torch.distributed.pipelining split points); recompute activations only on stages with slack.
+
+    Example:
+    4 stages at 10, 10, 15, 10 ms per micro-batch: stage 2 is 1.36x the mean; ranks 0, 1, 3 idle
+    5 ms per micro-batch waiting for it.
+    """
+
+    code = "PP003"
+    name = "stage-imbalance"
+    cause = "imbalance"
+    summary = "Slowest stage well above the mean stage cost: the other stages wait for it."
+
+    def check(self, ctx: RuleContext) -> list[Finding]:
+        topo = ctx.pipeline.topology
+        if topo.pp <= 1 or not ctx.step_ms:
+            return []
+        per_stage = stage_block_ms(ctx)
+        if len(per_stage) < 2:
+            return []
+        vals = np.array(list(per_stage.values()))
+        mean = float(vals.mean())
+        slow = max(per_stage, key=lambda s: per_stage[s])
+        ratio = per_stage[slow] / mean if mean > 0 else 1.0
+        imb = mean_cause_ms(ctx, "imbalance")
+        gain = replay_gain_ms(ctx, "gain_balanced") or imb
+        if ratio < RATIO_MIN or 100 * gain / ctx.step_ms < MIN_PCT:
+            return []
+        excess = (per_stage[slow] - mean) / per_stage[slow]
+        ranks = sorted(r for r, s in topo.stage_of.items() if s == slow)
+        prev_s, next_s = slow - 1, slow + 1
+        where = " and ".join(f"stage {x}" for x in (prev_s, next_s) if 0 <= x < topo.pp) or "other stages"
+        return [finding(
+            ctx, self.code, self.cause,
+            f"stage {slow} is {ratio:.2f}x the mean stage compute; the other stages wait for it", gain,
+            {"slowest_stage": slow, "slowest_ms": r3(per_stage[slow]), "mean_ms": r3(mean),
+             "ratio": r3(ratio), "stage_compute_ms": {str(k): r3(v) for k, v in per_stage.items()},
+             "imbalance_ms": r3(imb)},
+            [f"move about {excess * 100:.0f}% of stage {slow}'s compute to {where} "
+             "(split layers by measured cost, not by count)",
+             "check for extra work on that stage: embedding/output layer, loss, activation "
+             "recomputation, uneven sequence lengths",
+             "ppdiag whatif RUN_DIR --rebalance proposes a split from per-block costs"],
+            stages=[slow], ranks=ranks,
+        )]
+
+
+register(ImbalanceRule())

@@ -1,0 +1,73 @@
+"""PP005: communication with no compute beside it although overlap was possible."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ppdiag.diagnosis import Finding
+from ppdiag.rules import RuleContext, register
+from ppdiag.rules.base import finding, mean_cause_ms, r3, replay_gain_ms
+
+MIN_SHARE_PCT = 3.0
+
+
+class ExposedCommRule:
+    """What it detects:
+    Communication transfer time that ran with no compute beside it: p2p transfers on the critical
+    path (blocking sends before the next micro-batch, p2p on the compute stream) and collectives
+    such as the data-parallel gradient all-reduce or the optimizer's collectives left exposed at
+    the end of the step.
+
+    Why it matters:
+    Transfers can run on their own stream while the next micro-batch computes; when they do not,
+    every byte moved is paid in step time.
+
+    How to fix:
+    Issue p2p asynchronously on a separate stream (batch_isend_irecv, Megatron's overlap of p2p
+    communication), overlap the gradient reduce with the backward (DDP buckets,
+    `--overlap-grad-reduce`, FSDP prefetch), batch small transfers.
+
+    Example:
+    A 6 ms gradient all-reduce after the last backward on every rank: 6 ms per step that an
+    overlapped reduce hides almost completely.
+    """
+
+    code = "PP005"
+    name = "exposed-comm"
+    cause = "exposed_comm"
+    summary = "Communication with no compute beside it although overlap was possible."
+
+    def check(self, ctx: RuleContext) -> list[Finding]:
+        if not ctx.step_ms:
+            return []
+        ex = mean_cause_ms(ctx, "exposed_comm")
+        if ctx.pipeline.topology.pp > 1:
+            gain = max(replay_gain_ms(ctx, "gain_comm") - replay_gain_ms(ctx, "gain_comm_wait"), 0.0) or ex
+        else:
+            gain = ex
+        share = 100 * ex / ctx.step_ms
+        if share < MIN_SHARE_PCT:
+            return []
+        rows = ctx.report["ranks"]
+        p2p = float(np.mean([r["exposed_p2p_ms"] for r in rows])) if rows else 0.0
+        coll = float(np.mean([r["exposed_collective_ms"] for r in rows])) if rows else 0.0
+        worst = sorted(rows, key=lambda r: -r["lost_ms"]["exposed_comm"])[:4]
+        kind = "collectives" if coll >= p2p else "p2p transfers"
+        fixes = (["overlap the data-parallel gradient reduce with the backward (DDP bucketing, "
+                  "Megatron --overlap-grad-reduce, FSDP backward prefetch)",
+                  "move optimizer-step collectives off the critical path or fuse them"]
+                 if coll >= p2p else
+                 ["issue pipeline p2p asynchronously on its own stream (batch_isend_irecv; Megatron "
+                  "--overlap-p2p-communication) so the next micro-batch computes during the transfer",
+                  "do not wait for a send to finish before starting the next micro-batch"])
+        fixes.append("batch small transfers (fewer, larger messages)")
+        return [finding(
+            ctx, self.code, self.cause,
+            f"{share:.0f}% of the step is exposed communication, mostly {kind}", gain,
+            {"exposed_comm_ms": r3(ex), "exposed_p2p_ms": r3(p2p), "exposed_collective_ms": r3(coll),
+             "worst_ranks": {str(r["rank"]): r3(r["lost_ms"]["exposed_comm"]) for r in worst}},
+            fixes, ranks=[r["rank"] for r in worst],
+        )]
+
+
+register(ExposedCommRule())

@@ -1,0 +1,68 @@
+"""PP006: the device starved: work was launched after the gap began."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ppdiag.attribution import intervals as ivs
+from ppdiag.diagnosis import Finding
+from ppdiag.rules import RuleContext, register
+from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3, replay_gain_ms
+
+
+class HostRule:
+    """What it detects:
+    Idle device time during which the next kernel had not even been launched: the host (Python,
+    the data loader, a synchronization, a checkpoint) was late. In a pipeline the other stages then
+    wait for the starved one, so their waiting is charged to the same root cause, and the finding
+    names the ranks where the starvation starts.
+
+    Why it matters:
+    A host stall on one stage stalls the whole pipeline once per micro-batch.
+
+    How to fix:
+    Remove host synchronizations from the step (`.item()`, `.cpu()`, `torch.cuda.synchronize`,
+    printing tensors), give the data loader workers and pinned memory, capture the step with CUDA
+    graphs, reduce per-micro-batch Python work, check CPU affinity and oversubscription.
+
+    Example:
+    Rank 1 spends 5 ms in Python before each micro-batch; ranks 0, 2, 3 wait for it: 5 ms x M per
+    step charged to host, with rank 1 named.
+    """
+
+    code = "PP006"
+    name = "host-bound"
+    cause = "host"
+    summary = "Device starved: work launched after the gap began (CPU, Python, data loading, syncs)."
+
+    def check(self, ctx: RuleContext) -> list[Finding]:
+        if not ctx.step_ms:
+            return []
+        host = mean_cause_ms(ctx, "host")
+        gain = replay_gain_ms(ctx, "gain_host") if ctx.pipeline.topology.pp > 1 else host
+        gain = gain or host
+        if 100 * max(host, gain) / ctx.step_ms < MIN_PCT:
+            return []
+        direct: dict[int, list[int]] = defaultdict(list)
+        for rs in ctx.steps:
+            direct[rs.rank].append(ivs.measure(rs.host_set))
+        per_rank = {r: sum(v) / len(v) / 1e6 for r, v in direct.items() if v}
+        top = max(per_rank.values(), default=0.0)
+        roots = sorted(r for r, v in per_rank.items() if top > 0 and v >= 0.5 * top)
+        cpu = ctx.report["run"].get("cpu_only")
+        return [finding(
+            ctx, self.code, self.cause,
+            f"host-bound: the work of rank(s) {', '.join(map(str, roots))} is launched late "
+            f"({top:.1f} ms per step with nothing queued)", gain,
+            {"host_ms": r3(host), "direct_host_ms_per_rank": {str(r): r3(v) for r, v in sorted(per_rank.items())},
+             "root_ranks": roots, "cpu_only_run": bool(cpu)},
+            ["remove host synchronizations from the step (.item(), .cpu(), torch.cuda.synchronize, "
+             "printing tensors)",
+             "give the data loader workers and pinned memory; prefetch the next batch",
+             "capture the step with CUDA graphs / reduce per-micro-batch Python work",
+             "check CPU affinity and oversubscription of the host cores"],
+            ranks=roots,
+        )]
+
+
+register(HostRule())

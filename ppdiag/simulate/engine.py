@@ -1,0 +1,393 @@
+"""Discrete-event execution of a pipeline schedule from per-stage costs.
+
+One step of one pipeline is simulated block by block. A block (F, B, I or W of one micro-batch on
+one virtual stage) starts when
+
+* its rank's GPU is free (blocks of a rank run in the schedule's order, one at a time),
+* its input has arrived: F of stage ``s`` needs F of ``s-1``; B/I of ``s`` needs the backward of
+  ``s+1`` (the last stage's backward needs its own F); W needs its own I. When the producer is on
+  another rank the data arrives ``p2p`` after the later of the producer's end and the moment the
+  receiver posted its receive (NCCL transfers need both sides),
+* its host has issued it (``launch_latency_ns`` after the host reached the block).
+
+The host of every rank is modelled too, because launch-bound ranks and late receives are real
+causes of lost time: the host issues block ``i`` at
+``max(host(i-1) + host_issue, start(i - lookahead), end(i-1) + host_stall)`` — it needs time to
+issue, may run at most ``lookahead`` blocks ahead of the GPU, and a stalled host (a sync plus slow
+Python) only resumes ``host_stall`` after the GPU went idle.
+
+After the last block the step ends with the optional tail every training step has: an exposed
+collective per rank (``tail_comm_ns``, e.g. a data-parallel all-reduce left un-overlapped), a
+synchronising collective across the pipeline (``sync_ns``: every rank waits for the slowest, then
+the transfer), the optimizer (``optim_ns``, launched by the host once the sync result is back),
+and the host noticing the end (``end_latency_ns``). All parameters default to 0, which gives the
+pure schedule model the bubble formulas talk about.
+
+Costs are in ns (floats are accepted; integers keep every result exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.model.timeline import Phase
+from ppdiag.simulate.schedules import (
+    B,
+    F,
+    I,
+    W,
+    canonical_schedule,
+    default_virtual,
+    rank_orders,
+    splits_backward,
+    stage_to_rank,
+)
+
+F64 = npt.NDArray[np.float64]
+Num = float | int
+PerX = Sequence[float] | Sequence[int] | float | int
+
+_OP_PHASE = {F: int(Phase.FWD), B: int(Phase.BWD), I: int(Phase.BWD), W: int(Phase.WGRAD)}
+
+
+@dataclass
+class SimConfig:
+    """What to simulate: a schedule, its shape, per-stage costs and the non-compute delays.
+
+    Per-stage values (``fwd_ns``, ``bwd_ns``, ``wgrad_ns``) take one number or one per virtual
+    stage (``pp * virtual`` values, stage order). ``bwd_ns`` is the input-gradient backward;
+    ``wgrad_ns`` the weight-gradient part: zero-bubble schedules run it as separate W blocks,
+    the others inside B (B costs ``bwd + wgrad``). ``p2p_ns`` is the transfer time of one
+    activation/gradient across a stage boundary: one number or one per boundary
+    (``pp * virtual - 1`` values; boundary ``s`` sits between stages ``s`` and ``s+1``).
+    Per-rank values (``link_delay_ns``, ``host_*``, ``start_delay_ns``, ``comm_on_compute``,
+    ``tail_comm_ns``, ``optim_ns``) take one value or one per pipeline rank.
+
+    ``link_delay_ns``: extra time for every transfer *sent* by that rank (slow link).
+    ``comm_on_compute``: that rank runs its p2p on the compute stream: a send keeps the GPU busy
+    for the transfer after the producing block (treated as buffered: the sender does not wait for
+    the receiver), and a receive cannot be posted before the GPU is free.
+    ``sync_ns``: None for no step-end synchronisation, else the transfer time of a collective
+    all pipeline ranks join after their last block (and tail collective).
+    """
+
+    schedule: str
+    pp: int
+    microbatches: int
+    virtual: int = 1
+    fwd_ns: PerX = 1.0
+    bwd_ns: PerX = 2.0
+    wgrad_ns: PerX = 0.0
+    p2p_ns: PerX = 0.0
+    link_delay_ns: PerX = 0.0
+    launch_latency_ns: float = 0.0
+    host_issue_ns: PerX = 0.0
+    host_lookahead: int | None = None
+    host_stall_ns: PerX = 0.0
+    start_delay_ns: PerX = 0.0
+    comm_on_compute: Sequence[bool] | bool = False
+    tail_comm_ns: PerX = 0.0
+    sync_ns: float | None = None
+    optim_ns: PerX = 0.0
+    end_latency_ns: float = 0.0
+
+    def replace(self, **changes: Any) -> SimConfig:
+        """A copy with some fields changed."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d.update(changes)
+        return SimConfig(**d)
+
+
+@dataclass
+class SimResult:
+    """A simulated step: one row per block (columnar, grouped by rank in execution order).
+
+    ``phase`` is :class:`ppdiag.model.Phase` (FWD, BWD, WGRAD); ``full`` marks a backward that
+    includes the weight gradient; ``chunk`` the rank-local chunk index of the stage;
+    ``issue_ns`` when the host issued the block, ``post_ns`` when its receive was posted
+    (-1: none), ``ready_ns`` when its input was available (-1: no input), ``src_rank`` the rank
+    that produced the input (-1: none or the same rank), ``xfer_ns`` the transfer time of that
+    input. Per-rank step tail: ``last_end_ns`` (end of the last block), ``tail_end_ns`` (after the
+    exposed collective), ``sync_end_ns``, ``optim_start_ns``/``optim_end_ns``. ``step_ns`` is the
+    step time (all ranks share the step window ``[0, step_ns)``), ``per_rank_busy_ns`` the compute
+    per rank (blocks + optimizer), ``per_rank_idle_ns`` the rest of the step, ``bubble_ratio``
+    mean idle / step over ranks.
+    """
+
+    config: SimConfig
+    schedule: str
+    virtual: int
+    stage_to_rank: list[int]
+    rank: npt.NDArray[np.int32]
+    stage: npt.NDArray[np.int32]
+    chunk: npt.NDArray[np.int32]
+    mb: npt.NDArray[np.int32]
+    phase: npt.NDArray[np.int8]
+    full: npt.NDArray[np.bool_]
+    start_ns: F64
+    end_ns: F64
+    issue_ns: F64
+    post_ns: F64
+    ready_ns: F64
+    src_rank: npt.NDArray[np.int32]
+    xfer_ns: F64
+    last_end_ns: F64
+    tail_end_ns: F64
+    sync_end_ns: F64
+    optim_start_ns: F64
+    optim_end_ns: F64
+    step_ns: float
+    per_rank_busy_ns: F64
+    per_rank_idle_ns: F64
+    bubble_ratio: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.rank.shape[0])
+
+    def rank_rows(self, r: int) -> npt.NDArray[np.intp]:
+        """Row indices of rank ``r``'s blocks in execution order."""
+        return np.flatnonzero(self.rank == r)
+
+    @property
+    def total_idle_ns(self) -> float:
+        return float(self.per_rank_idle_ns.sum())
+
+
+def _per(val: Any, n: int, what: str, kind: type = float) -> list[Any]:
+    if isinstance(val, (int, float, bool, np.integer, np.floating, np.bool_)):
+        return [kind(val)] * n
+    out = [kind(x) for x in val]
+    if len(out) != n:
+        raise ValueError(f"{what}: expected 1 or {n} values, got {len(out)}")
+    return out
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    """Run one step of ``cfg`` and return every block's times plus the per-rank accounting."""
+    sched = canonical_schedule(cfg.schedule)
+    p, m = int(cfg.pp), int(cfg.microbatches)
+    v = default_virtual(sched, int(cfg.virtual))
+    n_st = p * v
+    s2r = stage_to_rank(sched, p, v)
+    orders = rank_orders(sched, p, m, v)
+
+    fwd = _per(cfg.fwd_ns, n_st, "fwd_ns")
+    bwd = _per(cfg.bwd_ns, n_st, "bwd_ns")
+    wgr = _per(cfg.wgrad_ns, n_st, "wgrad_ns")
+    p2p = _per(cfg.p2p_ns, max(n_st - 1, 1), "p2p_ns") if n_st > 1 else [0.0]
+    link = _per(cfg.link_delay_ns, p, "link_delay_ns")
+    issue = _per(cfg.host_issue_ns, p, "host_issue_ns")
+    stall = _per(cfg.host_stall_ns, p, "host_stall_ns")
+    sdelay = _per(cfg.start_delay_ns, p, "start_delay_ns")
+    on_comp = _per(cfg.comm_on_compute, p, "comm_on_compute", bool)
+    tail = _per(cfg.tail_comm_ns, p, "tail_comm_ns")
+    optim = _per(cfg.optim_ns, p, "optim_ns")
+    lat = float(cfg.launch_latency_ns)
+    look = cfg.host_lookahead
+    split = splits_backward(sched)
+
+    def cost(stage: int, op: int) -> float:
+        if op == F:
+            return fwd[stage]
+        if op == B:
+            return bwd[stage] + wgr[stage]
+        if op == I:
+            return bwd[stage] if split else bwd[stage] + wgr[stage]
+        return wgr[stage]
+
+    # key of a block's "done" slot: backward of a stage is one slot whether it ran as B or I
+    def key(stage: int, op: int, mb: int) -> int:
+        slot = 0 if op == F else (2 if op == W else 1)
+        return (stage * 3 + slot) * m + mb
+
+    end_of = np.full(n_st * 3 * m, np.nan)
+    local_chunk = [[s for s in range(n_st) if s2r[s] == r] for r in range(p)]
+    chunk_of = [local_chunk[s2r[s]].index(s) for s in range(n_st)]
+
+    n_rows = sum(len(o) for o in orders)
+    out_start = np.zeros(n_rows)
+    out_end = np.zeros(n_rows)
+    out_issue = np.zeros(n_rows)
+    out_post = np.full(n_rows, -1.0)
+    out_ready = np.full(n_rows, -1.0)
+    out_src = np.full(n_rows, -1, dtype=np.int32)
+    out_xfer = np.zeros(n_rows)
+    base = np.cumsum([0] + [len(o) for o in orders])
+
+    ptr = [0] * p
+    free = [0.0] * p  # GPU (compute stream) free time
+    host = [0.0] * p  # host time when it may issue the next block
+    waiters: dict[int, list[int]] = {}
+    stack = list(range(p - 1, -1, -1))
+    # a block's send on the compute stream keeps its rank busy: remember the transfer per block
+    send_busy = [[0.0] * len(orders[r]) for r in range(p)]
+
+    def dep_of(a_stage: int, op: int, mb: int) -> tuple[int, int] | None:
+        """(producer stage, producer op) of a block's input, None when it needs none."""
+        if op == F:
+            return (a_stage - 1, F) if a_stage > 0 else None
+        if op == W:
+            return (a_stage, I)
+        if a_stage == n_st - 1:
+            return (a_stage, F)
+        return (a_stage + 1, I)
+
+    while stack:
+        r = stack.pop()
+        order = orders[r]
+        while ptr[r] < len(order):
+            i = ptr[r]
+            st, op, mb = order[i]
+            dep = dep_of(st, op, mb)
+            dep_end = 0.0
+            remote = False
+            edge = 0.0
+            if dep is not None:
+                dk = key(dep[0], dep[1], mb)
+                if np.isnan(end_of[dk]):
+                    waiters.setdefault(dk, []).append(r)
+                    break
+                dep_end = float(end_of[dk])
+                src = s2r[dep[0]]
+                remote = src != r
+                if remote:
+                    bnd = min(st, dep[0])
+                    edge = p2p[bnd] + link[src]
+            row = base[r] + i
+            # host issue time of this block
+            h = host[r] if i > 0 else sdelay[r]
+            if i > 0:
+                h = max(h, out_issue[row - 1] + issue[r])
+            if look is not None and i >= look:
+                h = max(h, out_start[row - look])
+            if stall[r] > 0:
+                h = max(h, (free[r] if i > 0 else sdelay[r]) + stall[r])
+            gpu_free = free[r]
+            start = max(gpu_free, h + lat)
+            if dep is not None:
+                if remote:
+                    post = h + lat
+                    if on_comp[r]:
+                        post = max(post, gpu_free)
+                    ready = max(dep_end, post) + edge
+                    out_post[row] = post
+                    out_src[row] = src
+                    out_xfer[row] = edge
+                else:
+                    ready = dep_end
+                out_ready[row] = ready
+                start = max(start, ready)
+            dur = cost(st, op)
+            end = start + dur
+            out_start[row] = start
+            out_end[row] = end
+            out_issue[row] = h
+            host[r] = h
+            # the send of this block's output on the compute stream (one consumer at most)
+            sb = 0.0
+            if on_comp[r]:
+                cons = _consumer(st, op, n_st)
+                if cons is not None and s2r[cons] != r:
+                    sb = p2p[min(st, cons)] + link[r]
+            send_busy[r][i] = sb
+            free[r] = end + sb
+            k = key(st, op, mb)
+            end_of[k] = end
+            ptr[r] += 1
+            for wr in waiters.pop(k, []):
+                stack.append(wr)
+    if any(ptr[r] < len(orders[r]) for r in range(p)):
+        stuck = [r for r in range(p) if ptr[r] < len(orders[r])]
+        raise ValueError(f"schedule {sched} deadlocks on ranks {stuck} (inconsistent orders)")
+
+    last_end = np.array([free[r] if orders[r] else 0.0 for r in range(p)])
+    tail_end = last_end + np.array(tail)
+    if cfg.sync_ns is not None:
+        sync_end = np.full(p, float(tail_end.max()) + float(cfg.sync_ns))
+        optim_start = sync_end + lat
+    else:
+        sync_end = tail_end.copy()
+        optim_start = tail_end.copy()
+    optim_end = optim_start + np.array(optim)
+    step = float(optim_end.max()) + float(cfg.end_latency_ns)
+
+    ranks = np.concatenate([np.full(len(orders[r]), r, dtype=np.int32) for r in range(p)])
+    acts = [a for o in orders for a in o]
+    stage_arr = np.array([a.stage for a in acts], dtype=np.int32)
+    op_arr = [a.op for a in acts]
+    durs = out_end - out_start
+    busy = np.bincount(ranks, weights=durs, minlength=p) + np.array(optim)
+    idle = step - busy
+    return SimResult(
+        config=cfg,
+        schedule=sched,
+        virtual=v,
+        stage_to_rank=s2r,
+        rank=ranks,
+        stage=stage_arr,
+        chunk=np.array([chunk_of[s] for s in stage_arr], dtype=np.int32),
+        mb=np.array([a.mb for a in acts], dtype=np.int32),
+        phase=np.array([_OP_PHASE[o] for o in op_arr], dtype=np.int8),
+        full=np.array([o == B or (o == I and not split) for o in op_arr], dtype=np.bool_),
+        start_ns=out_start,
+        end_ns=out_end,
+        issue_ns=out_issue,
+        post_ns=out_post,
+        ready_ns=out_ready,
+        src_rank=out_src,
+        xfer_ns=out_xfer,
+        last_end_ns=last_end,
+        tail_end_ns=tail_end,
+        sync_end_ns=sync_end,
+        optim_start_ns=optim_start,
+        optim_end_ns=optim_end,
+        step_ns=step,
+        per_rank_busy_ns=busy,
+        per_rank_idle_ns=idle,
+        bubble_ratio=float(idle.mean() / step) if step > 0 else 0.0,
+        extra={"send_busy_ns": np.concatenate([np.array(s, dtype=float) for s in send_busy])},
+    )
+
+
+def _consumer(stage: int, op: int, n_st: int) -> int | None:
+    """The stage that consumes a block's output across a boundary (None: none)."""
+    if op == F:
+        return stage + 1 if stage < n_st - 1 else None
+    if op in (B, I):
+        return stage - 1 if stage > 0 else None
+    return None
+
+
+def closed_form_bubble(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> float:
+    """The textbook bubble ratio (idle / step) with equal stage costs and free communication.
+
+    * GPipe, 1F1B: ``(P-1)/(M+P-1)``.
+    * interleaved 1F1B: ``(P-1)/(v*M+P-1)`` (exact when ``M`` is a multiple of ``P``).
+    * zero bubble (ZB-H1): with ``T_F = T_B = T_W`` (input-grad and weight-grad halves of the
+      backward equal to the forward) the paper's bubble ``(P-1)(T_F+T_B-T_W)`` becomes
+      ``(P-1) T`` against ``M*3T`` of work per rank: ``(P-1)/(3M+P-1)`` — a third of 1F1B's.
+      For ``v > 1`` (interleaved zero bubble) the same reasoning with chunk costs gives
+      ``(P-1)/(3vM+P-1)``.
+    * ZBV, DualPipeV (two chunks per rank in a V): with ``T_F = T_B = T_W`` per chunk every rank
+      idles ``(P-1) T`` — the start-up ramp of the later ranks, mirrored as the W-filled drain of
+      the earlier ones — against ``3*v*M*T`` of work, so ``(P-1)/(3vM+P-1)`` with ``v = 2``: about half
+      of ZB-H1's for the same model split in twice as many chunks. DualPipeV's ``F&B`` pairs are
+      counted as run back to back (see :mod:`ppdiag.simulate.schedules`); the simulator reproduces
+      all of these exactly for equal costs (tests).
+    """
+    sched = canonical_schedule(schedule)
+    p, m = pp, microbatches
+    v = default_virtual(sched, virtual)
+    if p <= 1:
+        return 0.0
+    if sched in ("gpipe", "1f1b"):
+        return (p - 1) / (m + p - 1)
+    if sched == "interleaved_1f1b":
+        return (p - 1) / (v * m + p - 1)
+    return (p - 1) / (3 * v * m + p - 1)

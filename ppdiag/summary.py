@@ -1,0 +1,162 @@
+"""Aggregate per-(rank, step) results into the JSON contract of DESIGN.md §7 (``docs/json.md``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ppdiag import __version__
+from ppdiag.attribution.causes import Attribution, RankStep
+from ppdiag.diagnosis import CAUSE_KEYS, SCHEMA_VERSION
+from ppdiag.model import Phase, Run
+from ppdiag.pipeline import Pipeline
+
+NS_PER_MS = 1e6
+
+
+def _ms(v: float) -> float:
+    return round(float(v) / NS_PER_MS, 4)
+
+
+def _dist(vals_ns: list[int]) -> dict[str, float] | None:
+    if not vals_ns:
+        return None
+    a = np.asarray(vals_ns, dtype=np.float64) / NS_PER_MS
+    return {"mean": round(float(a.mean()), 4), "p50": round(float(np.percentile(a, 50)), 4),
+            "p95": round(float(np.percentile(a, 95)), 4), "n": int(a.size)}
+
+
+def closed_form_bubble(schedule: str, pp: int, m: int | None, virtual: int) -> float | None:
+    """Theoretical bubble ratio of the schedule (the simulator's closed forms when available)."""
+    if pp <= 1 or not m:
+        return None
+    try:
+        from ppdiag.simulate import closed_form_bubble as cf
+
+        return float(cf(schedule, pp, m, virtual))
+    except (ImportError, ValueError, KeyError, NotImplementedError):
+        pass
+    if schedule in ("gpipe", "1f1b"):
+        return (pp - 1) / (m + pp - 1)
+    if schedule in ("interleaved_1f1b", "looped_bfs"):
+        return (pp - 1) / (virtual * m + pp - 1)
+    return None
+
+
+def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribution) -> dict[str, Any]:
+    """The report dict (findings are added by the rules layer)."""
+    topo = pipe.topology
+    ranks_out: list[dict[str, Any]] = []
+    per_rank: dict[int, list[RankStep]] = {}
+    for rs in steps:
+        per_rank.setdefault(rs.rank, []).append(rs)
+    lost_ratio_vals: list[float] = []
+    pipe_wait_ratio: list[float] = []
+    for r in sorted(per_rank):
+        rss = per_rank[r]
+        n = len(rss)
+        causes = {k: sum(attr.causes[(x.rank, x.step)][k] for x in rss) / n for k in CAUSE_KEYS}
+        win = sum(x.acct.window for x in rss) / n
+        ranks_out.append({
+            "rank": r,
+            "stage": topo.stage_of.get(r, 0) if topo.pp > 1 else None,
+            "steps": n,
+            "step_ms": _ms(win),
+            "compute_ms": _ms(sum(x.acct.compute for x in rss) / n),
+            "exposed_p2p_ms": _ms(sum(x.acct.exposed_p2p for x in rss) / n),
+            "exposed_collective_ms": _ms(sum(x.acct.exposed_collective for x in rss) / n),
+            "idle_ms": _ms(sum(x.acct.idle for x in rss) / n),
+            "lost_ms": {k: _ms(v) for k, v in causes.items()},
+        })
+        for x in rss:
+            lost_ratio_vals.append(x.acct.lost / x.acct.window if x.acct.window else 0.0)
+            c = attr.causes[(x.rank, x.step)]
+            pipe_wait_ratio.append((c["bubble"] + c["imbalance"]) / x.acct.window if x.acct.window else 0.0)
+    # step time per analyzed step: the mean window over ranks for that step position
+    by_pos: dict[int, list[int]] = {}
+    for rs in steps:
+        by_pos.setdefault(rs.number if rs.number >= 0 else rs.step, []).append(rs.acct.window)
+    step_vals = [float(np.mean(v)) for _, v in sorted(by_pos.items())]
+    lost_mean = {k: float(np.mean([x["lost_ms"][k] for x in ranks_out])) if ranks_out else 0.0
+                 for k in CAUSE_KEYS}
+    summary = {
+        "step_ms": _ms(np.median(step_vals)) if step_vals else None,
+        "step_p95_ms": _ms(np.percentile(step_vals, 95)) if step_vals else None,
+        "compute_ms": round(float(np.mean([x["compute_ms"] for x in ranks_out])), 4) if ranks_out else None,
+        "lost_ratio": round(float(np.mean(lost_ratio_vals)), 4) if lost_ratio_vals else None,
+        "lost_ms": {k: round(v, 4) for k, v in lost_mean.items()},
+        "steps_ms": [_ms(v) for v in step_vals],
+    }
+    theo = closed_form_bubble(pipe.schedule, topo.pp, pipe.microbatches, topo.virtual)
+    bubble = {
+        "measured_ratio": round(float(np.mean(pipe_wait_ratio)), 4) if topo.pp > 1 and pipe_wait_ratio else None,
+        "theoretical_ratio": round(theo, 4) if theo is not None else None,
+    }
+    stages_out = _stages(pipe, ranks_out) if topo.pp > 1 else []
+    warnings = list(run.warnings) + list(pipe.warnings) + list(attr.notes)
+    run_out = {
+        "world_size": run.world_size,
+        "ranks": [tl.rank for tl in run.ranks],
+        "pp": topo.pp,
+        "stage_map": topo.stage_map() if topo.pp > 1 else {},
+        "stage_source": topo.source,
+        "virtual_stages": topo.virtual,
+        "schedule": pipe.schedule,
+        "microbatches": pipe.microbatches,
+        "steps": sorted({rs.number for rs in steps}),
+        "clock_residual_us": round(pipe.clocks.residual_us, 3) if pipe.clocks.residual_us is not None else None,
+        "clock_method": pipe.clocks.method,
+        "clock_offsets_us": {str(tl.rank): round(tl.clock_offset_ns / 1000, 3) for tl in run.ranks},
+        "format": run.format,
+        "cpu_only": all(tl.cpu_only for tl in run.ranks),
+        "sources": {str(tl.rank): tl.source for tl in run.ranks},
+        "rank_sources": {str(tl.rank): tl.rank_source for tl in run.ranks},
+        "warnings": warnings,
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "ppdiag", "version": __version__},
+        "run": run_out,
+        "summary": summary,
+        "bubble": bubble,
+        "stages": stages_out,
+        "ranks": ranks_out,
+        "findings": [],
+        "whatif": [],
+    }
+
+
+def _stages(pipe: Pipeline, ranks_out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    topo = pipe.topology
+    out: list[dict[str, Any]] = []
+    for s in range(topo.pp):
+        ranks = sorted(r for r, st in topo.stage_of.items() if st == s)
+        vals: dict[int, list[int]] = {int(Phase.FWD): [], int(Phase.BWD): [], int(Phase.WGRAD): []}
+        samples: dict[int, dict[int, list[int]]] = {int(Phase.FWD): {}, int(Phase.BWD): {}, int(Phase.WGRAD): {}}
+        for r in ranks:
+            b = pipe.blocks.get(r)
+            if b is None or not len(b):
+                continue
+            for ph in vals:
+                m = b.phase == ph
+                vals[ph].extend(int(x) for x in b.busy[m])
+                for mb, busy in zip(b.mb[m], b.busy[m]):
+                    samples[ph].setdefault(int(mb), []).append(int(busy))
+        rank_rows = [x for x in ranks_out if x["rank"] in ranks]
+        lost = {k: round(float(np.mean([x["lost_ms"][k] for x in rank_rows])), 4) if rank_rows else 0.0
+                for k in CAUSE_KEYS}
+        out.append({
+            "stage": s,
+            "ranks": ranks,
+            "chunks": sorted({c for r in ranks for c in topo.chunks_of.get(r, [s])}),
+            "fwd_ms": _dist(vals[int(Phase.FWD)]),
+            "bwd_ms": _dist(vals[int(Phase.BWD)]),
+            "wgrad_ms": _dist(vals[int(Phase.WGRAD)]),
+            "compute_ms": round(float(np.mean([x["compute_ms"] for x in rank_rows])), 4) if rank_rows else None,
+            "lost_ms": lost,
+            "fwd_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.FWD)].items())],
+            "bwd_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.BWD)].items())],
+            "wgrad_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.WGRAD)].items())],
+        })
+    return out
