@@ -96,7 +96,7 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Diagnosis, Truth
     sp = spec or Spec()
     p, m = sp.pp, sp.microbatches
     fwd = [int(x) * US for x in sp.fwd_us[:p]]
-    bwd = [int(round(x * sp.bwd_ratio)) for x in fwd]
+    bwd = [round(x * sp.bwd_ratio) for x in fwd]
     lat = sp.p2p_us * US
     slowest = int(np.argmax(np.array(fwd) + np.array(bwd))) if len(set(fwd)) > 1 else -1
     truth = Truth(slowest_stage=slowest)
@@ -104,15 +104,29 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Diagnosis, Truth
 
     nt = [NameTable() for _ in range(p)]
     cols: list[dict[str, list[int]]] = [
-        {c: [] for c in ("start", "end", "stream", "kind", "name", "phase", "mb", "peer", "direction", "bytes")}
+        {
+            c: []
+            for c in ("start", "end", "stream", "kind", "name", "phase", "mb", "peer", "direction", "bytes")
+        }
         for _ in range(p)
     ]
     gaps: list[list[tuple[int, int, int, int, int]]] = [[] for _ in range(p)]
     ranges: list[list[tuple[int, int, int, int]]] = [[] for _ in range(p)]
     windows: list[StepWindow] = []
 
-    def emit(r: int, a: int, b: int, stream: int, kind: Kind, name: str, phase: Phase, mb: int,
-             peer: int = -1, direction: Direction = Direction.NONE, nbytes: int = -1) -> None:
+    def emit(
+        r: int,
+        a: int,
+        b: int,
+        stream: int,
+        kind: Kind,
+        name: str,
+        phase: Phase,
+        mb: int,
+        peer: int = -1,
+        direction: Direction = Direction.NONE,
+        nbytes: int = -1,
+    ) -> None:
         c = cols[r]
         c["start"].append(a)
         c["end"].append(b)
@@ -159,15 +173,42 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Diagnosis, Truth
                     ready = free[s]
                     if dep_end is not None:
                         extra = 0
-                        if (sp.slow_link and ph == "F" and sp.slow_link[0] == src and sp.slow_link[1] == k
-                                and sp.slow_link[2] == mb):
+                        if (
+                            sp.slow_link
+                            and ph == "F"
+                            and sp.slow_link[0] == src
+                            and sp.slow_link[1] == k
+                            and sp.slow_link[2] == mb
+                        ):
                             extra = sp.slow_link[3] * US
                         arrive = dep_end + lat + extra
                         # the producer's send kernel and this rank's recv kernel (spins while waiting)
-                        emit(src, dep_end, dep_end + lat + extra, COMM_STREAM, Kind.P2P, SEND_KERNEL,
-                             Phase.FWD if ph == "F" else Phase.BWD, mb, s, Direction.SEND, 1 << 22)
-                        emit(s, min(free[s], dep_end), arrive, COMM_STREAM, Kind.P2P, SEND_KERNEL,
-                             Phase.FWD if ph == "F" else Phase.BWD, mb, src, Direction.RECV, 1 << 22)
+                        emit(
+                            src,
+                            dep_end,
+                            dep_end + lat + extra,
+                            COMM_STREAM,
+                            Kind.P2P,
+                            SEND_KERNEL,
+                            Phase.FWD if ph == "F" else Phase.BWD,
+                            mb,
+                            s,
+                            Direction.SEND,
+                            1 << 22,
+                        )
+                        emit(
+                            s,
+                            min(free[s], dep_end),
+                            arrive,
+                            COMM_STREAM,
+                            Kind.P2P,
+                            SEND_KERNEL,
+                            Phase.FWD if ph == "F" else Phase.BWD,
+                            mb,
+                            src,
+                            Direction.RECV,
+                            1 << 22,
+                        )
                         if arrive > free[s]:
                             a, b = free[s], arrive
                             if extra:
@@ -206,8 +247,16 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Diagnosis, Truth
                         nm = names[i]
                         if sp.evil_name and s == 1 and ph == "F" and i == 1:
                             nm = EVIL
-                        emit(s, cut, nxt, COMPUTE_STREAM, Kind.COMPUTE, nm,
-                             Phase.FWD if ph == "F" else Phase.BWD, mb)
+                        emit(
+                            s,
+                            cut,
+                            nxt,
+                            COMPUTE_STREAM,
+                            Kind.COMPUTE,
+                            nm,
+                            Phase.FWD if ph == "F" else Phase.BWD,
+                            mb,
+                        )
                         cut = nxt
                     truth.blocks.append((s, k, ph, mb, start, end))
                     (fend if ph == "F" else bend)[s][mb] = end
@@ -223,8 +272,19 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Diagnosis, Truth
         for s in range(p):
             gap(s, free[s], last, Cause.BUBBLE, -1, k)  # cool-down
             gap(s, last, last + sp.allreduce_us * US, Cause.EXPOSED_COMM, -1, k)
-            emit(s, free[s], last + sp.allreduce_us * US, COMM_STREAM, Kind.COLLECTIVE, ALLREDUCE_KERNEL,
-                 Phase.OPTIM, -1, -1, Direction.NONE, 1 << 24)
+            emit(
+                s,
+                free[s],
+                last + sp.allreduce_us * US,
+                COMM_STREAM,
+                Kind.COLLECTIVE,
+                ALLREDUCE_KERNEL,
+                Phase.OPTIM,
+                -1,
+                -1,
+                Direction.NONE,
+                1 << 24,
+            )
             a = last + sp.allreduce_us * US
             emit(s, a, a + sp.optim_us * US, COMPUTE_STREAM, Kind.COMPUTE, OPTIM_KERNEL, Phase.OPTIM, -1)
         t_end = last + (sp.allreduce_us + sp.optim_us) * US
@@ -245,122 +305,235 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Diagnosis, Truth
         raw["end"] = raw["end"] - offsets[r]
         iv = Intervals.from_columns(n, raw).sorted()
         rg = ranges[r]
-        rtab = Ranges.from_columns(len(rg), {
-            "start": [x[0] - offsets[r] for x in rg], "end": [x[1] - offsets[r] for x in rg],
-            "kind": [int(RangeKind.STEP)] * len(rg), "name": [x[2] for x in rg], "num": [x[3] for x in rg],
-        })
-        ranks.append(RankTimeline(
-            rank=r, source=f"rank{r}.pt.trace.json.gz", format="kineto", names=nt[r].names, intervals=iv,
-            ranges=rtab, world_size=p, backend="nccl", device=f"cuda:{r}", clock_offset_ns=offsets[r],
-            events_total=n,
-        ))
+        rtab = Ranges.from_columns(
+            len(rg),
+            {
+                "start": [x[0] - offsets[r] for x in rg],
+                "end": [x[1] - offsets[r] for x in rg],
+                "kind": [int(RangeKind.STEP)] * len(rg),
+                "name": [x[2] for x in rg],
+                "num": [x[3] for x in rg],
+            },
+        )
+        ranks.append(
+            RankTimeline(
+                rank=r,
+                source=f"rank{r}.pt.trace.json.gz",
+                format="kineto",
+                names=nt[r].names,
+                intervals=iv,
+                ranges=rtab,
+                world_size=p,
+                backend="nccl",
+                device=f"cuda:{r}",
+                clock_offset_ns=offsets[r],
+                events_total=n,
+            )
+        )
         g = sorted(gaps[r])
         gap_tables[r] = GapTable(
-            start=np.array([x[0] for x in g], np.int64), end=np.array([x[1] for x in g], np.int64),
-            cause=np.array([x[2] for x in g], np.int8), blame=np.array([x[3] for x in g], np.int32),
+            start=np.array([x[0] for x in g], np.int64),
+            end=np.array([x[1] for x in g], np.int64),
+            cause=np.array([x[2] for x in g], np.int8),
+            blame=np.array([x[3] for x in g], np.int32),
             step=np.array([x[4] for x in g], np.int32),
         )
         truth.kernels_total += n
     run = Run(ranks=ranks, format="kineto", warnings=["rank 3: trace truncated, 12 events lost <b>bold</b>"])
     report = _pipeline_report(sp, truth, gap_tables, ranks, windows)
     findings = [_finding(f) for f in report["findings"]]
-    diag = Diagnosis(run=run, report=report, findings=findings, steps=windows, gaps=gap_tables,
-                     context={"stage_of_rank": {r: r for r in range(p)}})
+    diag = Diagnosis(
+        run=run,
+        report=report,
+        findings=findings,
+        steps=windows,
+        gaps=gap_tables,
+        context={"stage_of_rank": {r: r for r in range(p)}},
+    )
     return diag, truth
 
 
 def _finding(d: dict[str, Any]) -> Finding:
-    return Finding(code=d["code"], cause=d["cause"], title=d["title"], severity=d["severity"],
-                   stages=d["stages"], ranks=d["ranks"], gain_ms=d["gain_ms"], gain_pct=d["gain_pct"],
-                   evidence=d["evidence"], fixes=d["fixes"])
+    return Finding(
+        code=d["code"],
+        cause=d["cause"],
+        title=d["title"],
+        severity=d["severity"],
+        stages=d["stages"],
+        ranks=d["ranks"],
+        gain_ms=d["gain_ms"],
+        gain_pct=d["gain_pct"],
+        evidence=d["evidence"],
+        fixes=d["fixes"],
+    )
 
 
 def _stats(x: list[float]) -> dict[str, float]:
     a = np.asarray(x, dtype=float)
-    return {"mean": round(float(a.mean()), 4), "p50": round(float(np.percentile(a, 50)), 4),
-            "p95": round(float(np.percentile(a, 95)), 4)}
+    return {
+        "mean": round(float(a.mean()), 4),
+        "p50": round(float(np.percentile(a, 50)), 4),
+        "p95": round(float(np.percentile(a, 95)), 4),
+    }
 
 
-def _pipeline_report(sp: Spec, truth: Truth, gaps: dict[int, GapTable], ranks: list[RankTimeline],
-                     windows: list[StepWindow]) -> dict[str, Any]:
+def _pipeline_report(
+    sp: Spec, truth: Truth, gaps: dict[int, GapTable], ranks: list[RankTimeline], windows: list[StepWindow]
+) -> dict[str, Any]:
     p, m, nsteps = sp.pp, sp.microbatches, sp.steps
     durs = np.array([(b - a) / 1e6 for a, b in truth.step_windows])
     step_mean = float(durs.mean())
     rank_rows = []
     for r in range(p):
         g = gaps[r]
-        lost = {c: float(((g.end - g.start)[g.cause == i]).sum()) / 1e6 / nsteps for i, c in enumerate(CAUSE_KEYS)}
+        lost = {
+            c: float(((g.end - g.start)[g.cause == i]).sum()) / 1e6 / nsteps for i, c in enumerate(CAUSE_KEYS)
+        }
         comp = sum(e - s for (rr, _k, _ph, _mb, s, e) in truth.blocks if rr == r) / 1e6 / nsteps
         comp += sp.optim_us / 1000
-        rank_rows.append({
-            "rank": r, "stage": r, "step_ms": round(step_mean, 4), "compute_ms": round(comp, 4),
-            "exposed_p2p_ms": round(lost["comm_wait"], 4),
-            "exposed_collective_ms": round(lost["exposed_comm"], 4),
-            "idle_ms": round(step_mean - comp - lost["comm_wait"] - lost["exposed_comm"], 4),
-            "lost_ms": {c: round(v, 4) for c, v in lost.items()},
-        })
+        rank_rows.append(
+            {
+                "rank": r,
+                "stage": r,
+                "step_ms": round(step_mean, 4),
+                "compute_ms": round(comp, 4),
+                "exposed_p2p_ms": round(lost["comm_wait"], 4),
+                "exposed_collective_ms": round(lost["exposed_comm"], 4),
+                "idle_ms": round(step_mean - comp - lost["comm_wait"] - lost["exposed_comm"], 4),
+                "lost_ms": {c: round(v, 4) for c, v in lost.items()},
+            }
+        )
     stages = []
     for s in range(p):
         f = [(e - a) / 1e6 for (rr, _k, ph, _mb, a, e) in truth.blocks if rr == s and ph == "F"]
         b = [(e - a) / 1e6 for (rr, _k, ph, _mb, a, e) in truth.blocks if rr == s and ph == "B"]
-        stages.append({
-            "stage": s, "ranks": [s], "fwd_ms": _stats(f), "bwd_ms": _stats(b), "wgrad_ms": None,
-            "compute_ms": rank_rows[s]["compute_ms"], "lost_ms": dict(rank_rows[s]["lost_ms"]),
-            "fwd_samples_ms": [round(x, 4) for x in f], "bwd_samples_ms": [round(x, 4) for x in b],
-        })
+        stages.append(
+            {
+                "stage": s,
+                "ranks": [s],
+                "fwd_ms": _stats(f),
+                "bwd_ms": _stats(b),
+                "wgrad_ms": None,
+                "compute_ms": rank_rows[s]["compute_ms"],
+                "lost_ms": dict(rank_rows[s]["lost_ms"]),
+                "fwd_samples_ms": [round(x, 4) for x in f],
+                "bwd_samples_ms": [round(x, 4) for x in b],
+            }
+        )
     lost_ms = {c: round(float(np.mean([rr["lost_ms"][c] for rr in rank_rows])), 4) for c in CAUSE_KEYS}
     compute = float(np.mean([rr["compute_ms"] for rr in rank_rows]))
     findings: list[dict[str, Any]] = []
     if truth.slowest_stage >= 0:
         s = truth.slowest_stage
         mean_c = float(np.mean([st["compute_ms"] for st in stages]))
-        findings.append({
-            "code": "PP003", "cause": "imbalance", "title": f"Stage {s} is the slowest stage",
-            "severity": "high", "stages": [s], "ranks": [s], "gain_ms": round(lost_ms["imbalance"], 3),
-            "gain_pct": round(100 * lost_ms["imbalance"] / step_mean, 2),
-            "evidence": {"stage_compute_ms": round(stages[s]["compute_ms"], 3), "mean_stage_compute_ms":
-                         round(mean_c, 3), "top_kernel": EVIL if sp.evil_name else FWD_KERNELS[0]},
-            "fixes": [f"Move about {max(1, round(100 * (stages[s]['compute_ms'] / mean_c - 1)))}% of stage {s}'s "
-                      "layers to its neighbours", "Use per-block costs to choose the split, not layer counts"],
-        })
+        findings.append(
+            {
+                "code": "PP003",
+                "cause": "imbalance",
+                "title": f"Stage {s} is the slowest stage",
+                "severity": "high",
+                "stages": [s],
+                "ranks": [s],
+                "gain_ms": round(lost_ms["imbalance"], 3),
+                "gain_pct": round(100 * lost_ms["imbalance"] / step_mean, 2),
+                "evidence": {
+                    "stage_compute_ms": round(stages[s]["compute_ms"], 3),
+                    "mean_stage_compute_ms": round(mean_c, 3),
+                    "top_kernel": EVIL if sp.evil_name else FWD_KERNELS[0],
+                },
+                "fixes": [
+                    f"Move about {max(1, round(100 * (stages[s]['compute_ms'] / mean_c - 1)))}% "
+                    f"of stage {s}'s "
+                    "layers to its neighbours",
+                    "Use per-block costs to choose the split, not layer counts",
+                ],
+            }
+        )
     theo = (p - 1) / (m + p - 1)
-    findings.append({
-        "code": "PP001", "cause": "bubble", "title": f"Pipeline bubble with M={m} for P={p}",
-        "severity": "medium", "stages": list(range(p)), "ranks": list(range(p)),
-        "gain_ms": round(lost_ms["bubble"] * 0.5, 3), "gain_pct": round(50 * lost_ms["bubble"] / step_mean, 2),
-        "evidence": {"bubble_ratio": round(lost_ms["bubble"] / step_mean, 4), "theoretical": round(theo, 4)},
-        "fixes": [f"Raise the micro-batch count to {2 * m} (gradient accumulation)",
-                  "Try the interleaved 1F1B schedule on fast links"],
-    })
+    findings.append(
+        {
+            "code": "PP001",
+            "cause": "bubble",
+            "title": f"Pipeline bubble with M={m} for P={p}",
+            "severity": "medium",
+            "stages": list(range(p)),
+            "ranks": list(range(p)),
+            "gain_ms": round(lost_ms["bubble"] * 0.5, 3),
+            "gain_pct": round(50 * lost_ms["bubble"] / step_mean, 2),
+            "evidence": {
+                "bubble_ratio": round(lost_ms["bubble"] / step_mean, 4),
+                "theoretical": round(theo, 4),
+            },
+            "fixes": [
+                f"Raise the micro-batch count to {2 * m} (gradient accumulation)",
+                "Try the interleaved 1F1B schedule on fast links",
+            ],
+        }
+    )
     if sp.host_stall:
-        findings.append({
-            "code": "PP006", "cause": "host", "title": f"Rank {sp.host_stall[0]} starved its GPU",
-            "severity": "low", "stages": [sp.host_stall[0]], "ranks": [sp.host_stall[0]],
-            "gain_ms": round(lost_ms["host"], 3), "gain_pct": round(100 * lost_ms["host"] / step_mean, 2),
-            "evidence": {"stall_ms": sp.host_stall[2] / 1000, "step": 5 + sp.host_stall[1]},
-            "fixes": ["Capture the step with CUDA graphs", "Remove host synchronisations (.item(), print)"],
-        })
+        findings.append(
+            {
+                "code": "PP006",
+                "cause": "host",
+                "title": f"Rank {sp.host_stall[0]} starved its GPU",
+                "severity": "low",
+                "stages": [sp.host_stall[0]],
+                "ranks": [sp.host_stall[0]],
+                "gain_ms": round(lost_ms["host"], 3),
+                "gain_pct": round(100 * lost_ms["host"] / step_mean, 2),
+                "evidence": {"stall_ms": sp.host_stall[2] / 1000, "step": 5 + sp.host_stall[1]},
+                "fixes": [
+                    "Capture the step with CUDA graphs",
+                    "Remove host synchronisations (.item(), print)",
+                ],
+            }
+        )
     findings.sort(key=lambda d: -d["gain_ms"])
     return {
         "schema_version": 1,
         "tool": {"name": "ppdiag", "version": "0.1.0"},
-        "run": {"world_size": p, "ranks": list(range(p)), "pp": p, "stage_map": {str(s): s for s in range(p)},
-                "virtual_stages": 1, "schedule": sp.schedule, "microbatches": m,
-                "steps": [5 + k for k in range(nsteps)], "clock_residual_us": 3.2, "format": "kineto",
-                "warnings": ["rank 3: trace truncated, 12 events lost <b>bold</b>"]},
-        "summary": {"step_ms": round(float(np.median(durs)), 4),
-                    "step_p95_ms": round(float(np.percentile(durs, 95)), 4),
-                    "compute_ms": round(compute, 4),
-                    "lost_ratio": round(sum(lost_ms.values()) / step_mean, 4), "lost_ms": lost_ms},
-        "bubble": {"measured_ratio": round(lost_ms["bubble"] / step_mean, 4), "theoretical_ratio": round(theo, 4)},
+        "run": {
+            "world_size": p,
+            "ranks": list(range(p)),
+            "pp": p,
+            "stage_map": {str(s): s for s in range(p)},
+            "virtual_stages": 1,
+            "schedule": sp.schedule,
+            "microbatches": m,
+            "steps": [5 + k for k in range(nsteps)],
+            "clock_residual_us": 3.2,
+            "format": "kineto",
+            "warnings": ["rank 3: trace truncated, 12 events lost <b>bold</b>"],
+        },
+        "summary": {
+            "step_ms": round(float(np.median(durs)), 4),
+            "step_p95_ms": round(float(np.percentile(durs, 95)), 4),
+            "compute_ms": round(compute, 4),
+            "lost_ratio": round(sum(lost_ms.values()) / step_mean, 4),
+            "lost_ms": lost_ms,
+        },
+        "bubble": {
+            "measured_ratio": round(lost_ms["bubble"] / step_mean, 4),
+            "theoretical_ratio": round(theo, 4),
+        },
         "stages": stages,
         "ranks": rank_rows,
         "findings": findings,
         "whatif": [
-            {"scenario": f"M={2 * m}", "step_ms": round(step_mean * 0.85, 2), "bubble_ratio":
-             round((p - 1) / (2 * m + p - 1), 4), "speedup": round(1 / 0.85, 3), "note": "same schedule"},
-            {"scenario": "rebalance stages", "step_ms": round(step_mean * 0.9, 2), "bubble_ratio": None,
-             "speedup": round(1 / 0.9, 3), "note": "even per-stage cost"},
+            {
+                "scenario": f"M={2 * m}",
+                "step_ms": round(step_mean * 0.85, 2),
+                "bubble_ratio": round((p - 1) / (2 * m + p - 1), 4),
+                "speedup": round(1 / 0.85, 3),
+                "note": "same schedule",
+            },
+            {
+                "scenario": "rebalance stages",
+                "step_ms": round(step_mean * 0.9, 2),
+                "bubble_ratio": None,
+                "speedup": round(1 / 0.9, 3),
+                "note": "even per-stage cost",
+            },
         ],
     }
 
@@ -402,39 +575,93 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Diagnosis:
             t = t0 + 30_000 * US
         n = len(c["start"])
         iv = Intervals.from_columns(n, {kk: np.asarray(v) for kk, v in c.items()})
-        per_rank.append(RankTimeline(rank=r, source=f"rank{r}.json", format="kineto", names=nt.names,
-                                     intervals=iv, ranges=Ranges.empty(), world_size=n_ranks))
+        per_rank.append(
+            RankTimeline(
+                rank=r,
+                source=f"rank{r}.json",
+                format="kineto",
+                names=nt.names,
+                intervals=iv,
+                ranges=Ranges.empty(),
+                world_size=n_ranks,
+            )
+        )
         gap_tables[r] = GapTable(
-            start=np.array([x[0] for x in g], np.int64), end=np.array([x[1] for x in g], np.int64),
-            cause=np.array([x[2] for x in g], np.int8), blame=np.array([x[3] for x in g], np.int32),
-            step=np.array([x[4] for x in g], np.int32))
+            start=np.array([x[0] for x in g], np.int64),
+            end=np.array([x[1] for x in g], np.int64),
+            cause=np.array([x[2] for x in g], np.int8),
+            blame=np.array([x[3] for x in g], np.int32),
+            step=np.array([x[4] for x in g], np.int32),
+        )
         host = sum(x[1] - x[0] for x in g if x[2] == int(Cause.HOST)) / 1e6 / steps
         lost = {kk: 0.0 for kk in CAUSE_KEYS}
         lost["host"] = round(host, 4)
         lost["exposed_comm"] = 2.0
         step_ms = 24.0 + 2.0 + host
-        rows.append({"rank": r, "stage": None, "step_ms": round(step_ms, 4), "compute_ms": 24.0,
-                     "exposed_p2p_ms": 0.0, "exposed_collective_ms": 2.0, "idle_ms": round(host, 4),
-                     "lost_ms": lost})
+        rows.append(
+            {
+                "rank": r,
+                "stage": None,
+                "step_ms": round(step_ms, 4),
+                "compute_ms": 24.0,
+                "exposed_p2p_ms": 0.0,
+                "exposed_collective_ms": 2.0,
+                "idle_ms": round(host, 4),
+                "lost_ms": lost,
+            }
+        )
     lost_ms = {kk: round(float(np.mean([rr["lost_ms"][kk] for rr in rows])), 4) for kk in CAUSE_KEYS}
     step_ms = float(np.mean([rr["step_ms"] for rr in rows]))
     report = {
-        "schema_version": 1, "tool": {"name": "ppdiag", "version": "0.1.0"},
-        "run": {"world_size": n_ranks, "ranks": list(range(n_ranks)), "pp": 1, "stage_map": {},
-                "virtual_stages": 1, "schedule": "none", "microbatches": None, "steps": list(range(steps)),
-                "clock_residual_us": None, "format": "kineto", "warnings": []},
-        "summary": {"step_ms": round(step_ms, 4), "step_p95_ms": round(step_ms * 1.05, 4), "compute_ms": 24.0,
-                    "lost_ratio": round(sum(lost_ms.values()) / step_ms, 4), "lost_ms": lost_ms},
+        "schema_version": 1,
+        "tool": {"name": "ppdiag", "version": "0.1.0"},
+        "run": {
+            "world_size": n_ranks,
+            "ranks": list(range(n_ranks)),
+            "pp": 1,
+            "stage_map": {},
+            "virtual_stages": 1,
+            "schedule": "none",
+            "microbatches": None,
+            "steps": list(range(steps)),
+            "clock_residual_us": None,
+            "format": "kineto",
+            "warnings": [],
+        },
+        "summary": {
+            "step_ms": round(step_ms, 4),
+            "step_p95_ms": round(step_ms * 1.05, 4),
+            "compute_ms": 24.0,
+            "lost_ratio": round(sum(lost_ms.values()) / step_ms, 4),
+            "lost_ms": lost_ms,
+        },
         "bubble": {"measured_ratio": None, "theoretical_ratio": None},
-        "stages": [], "ranks": rows,
-        "findings": [{"code": "PP006", "cause": "host", "title": "Data loading stalls the GPU", "severity": "medium",
-                      "stages": [], "ranks": [1], "gain_ms": 1.0, "gain_pct": 3.5, "evidence": {},
-                      "fixes": ["More data loader workers"]}],
+        "stages": [],
+        "ranks": rows,
+        "findings": [
+            {
+                "code": "PP006",
+                "cause": "host",
+                "title": "Data loading stalls the GPU",
+                "severity": "medium",
+                "stages": [],
+                "ranks": [1],
+                "gain_ms": 1.0,
+                "gain_pct": 3.5,
+                "evidence": {},
+                "fixes": ["More data loader workers"],
+            }
+        ],
         "whatif": [],
     }
     run = Run(ranks=per_rank, format="kineto")
-    return Diagnosis(run=run, report=report, findings=[_finding(f) for f in report["findings"]],
-                     steps=windows, gaps=gap_tables)
+    return Diagnosis(
+        run=run,
+        report=report,
+        findings=[_finding(f) for f in report["findings"]],
+        steps=windows,
+        gaps=gap_tables,
+    )
 
 
 def base_report(**over: Any) -> dict[str, Any]:
@@ -444,36 +671,97 @@ def base_report(**over: Any) -> dict[str, Any]:
     comm_wait averages 2 ms (2, 4, 1, 1 over the ranks); bubble measured 0.30 vs theoretical 3/11.
     ``over`` replaces top-level sections (deep-copied).
     """
-    lost = {"bubble": 20.0, "imbalance": 6.0, "comm_wait": 2.0, "exposed_comm": 1.0, "host": 1.0,
-            "unexplained": 0.0}
+    lost = {
+        "bubble": 20.0,
+        "imbalance": 6.0,
+        "comm_wait": 2.0,
+        "exposed_comm": 1.0,
+        "host": 1.0,
+        "unexplained": 0.0,
+    }
     cw = [2.0, 4.0, 1.0, 1.0]
     comp = [30.0, 30.0, 40.0, 30.0]
     ranks = []
     for r in range(4):
         lr = dict(lost)
         lr["comm_wait"] = cw[r]
-        ranks.append({"rank": r, "stage": r, "step_ms": 100.0, "compute_ms": comp[r], "exposed_p2p_ms": cw[r],
-                      "exposed_collective_ms": 1.0, "idle_ms": 27.0, "lost_ms": lr})
-    stages = [{"stage": s, "ranks": [s], "fwd_ms": {"mean": comp[s] / 24, "p50": comp[s] / 24, "p95": comp[s] / 24},
-               "bwd_ms": {"mean": comp[s] / 12, "p50": comp[s] / 12, "p95": comp[s] / 12}, "wgrad_ms": None,
-               "compute_ms": comp[s], "lost_ms": dict(ranks[s]["lost_ms"]),
-               "fwd_samples_ms": [comp[s] / 24] * 8, "bwd_samples_ms": [comp[s] / 12] * 8} for s in range(4)]
+        ranks.append(
+            {
+                "rank": r,
+                "stage": r,
+                "step_ms": 100.0,
+                "compute_ms": comp[r],
+                "exposed_p2p_ms": cw[r],
+                "exposed_collective_ms": 1.0,
+                "idle_ms": 27.0,
+                "lost_ms": lr,
+            }
+        )
+    stages = [
+        {
+            "stage": s,
+            "ranks": [s],
+            "fwd_ms": {"mean": comp[s] / 24, "p50": comp[s] / 24, "p95": comp[s] / 24},
+            "bwd_ms": {"mean": comp[s] / 12, "p50": comp[s] / 12, "p95": comp[s] / 12},
+            "wgrad_ms": None,
+            "compute_ms": comp[s],
+            "lost_ms": dict(ranks[s]["lost_ms"]),
+            "fwd_samples_ms": [comp[s] / 24] * 8,
+            "bwd_samples_ms": [comp[s] / 12] * 8,
+        }
+        for s in range(4)
+    ]
     rep: dict[str, Any] = {
-        "schema_version": 1, "tool": {"name": "ppdiag", "version": "0.1.0"},
-        "run": {"world_size": 4, "ranks": [0, 1, 2, 3], "pp": 4, "stage_map": {"0": 0, "1": 1, "2": 2, "3": 3},
-                "virtual_stages": 1, "schedule": "1f1b", "microbatches": 8, "steps": [2, 3, 4],
-                "clock_residual_us": 1.0, "format": "kineto", "warnings": []},
-        "summary": {"step_ms": 100.0, "step_p95_ms": 110.0, "compute_ms": 70.0, "lost_ratio": 0.30,
-                    "lost_ms": lost},
+        "schema_version": 1,
+        "tool": {"name": "ppdiag", "version": "0.1.0"},
+        "run": {
+            "world_size": 4,
+            "ranks": [0, 1, 2, 3],
+            "pp": 4,
+            "stage_map": {"0": 0, "1": 1, "2": 2, "3": 3},
+            "virtual_stages": 1,
+            "schedule": "1f1b",
+            "microbatches": 8,
+            "steps": [2, 3, 4],
+            "clock_residual_us": 1.0,
+            "format": "kineto",
+            "warnings": [],
+        },
+        "summary": {
+            "step_ms": 100.0,
+            "step_p95_ms": 110.0,
+            "compute_ms": 70.0,
+            "lost_ratio": 0.30,
+            "lost_ms": lost,
+        },
         "bubble": {"measured_ratio": 0.30, "theoretical_ratio": 3 / 11},
-        "stages": stages, "ranks": ranks,
+        "stages": stages,
+        "ranks": ranks,
         "findings": [
-            {"code": "PP003", "cause": "imbalance", "title": "Stage 2 is the slowest stage", "severity": "high",
-             "stages": [2], "ranks": [2], "gain_ms": 6.0, "gain_pct": 6.0, "evidence": {"ratio": 1.23},
-             "fixes": ["Move layers off stage 2"]},
-            {"code": "PP001", "cause": "bubble", "title": "Bubble with M=8 for P=4", "severity": "medium",
-             "stages": [0, 1, 2, 3], "ranks": [0, 1, 2, 3], "gain_ms": 5.0, "gain_pct": 5.0, "evidence": {},
-             "fixes": ["Raise M to 16"]},
+            {
+                "code": "PP003",
+                "cause": "imbalance",
+                "title": "Stage 2 is the slowest stage",
+                "severity": "high",
+                "stages": [2],
+                "ranks": [2],
+                "gain_ms": 6.0,
+                "gain_pct": 6.0,
+                "evidence": {"ratio": 1.23},
+                "fixes": ["Move layers off stage 2"],
+            },
+            {
+                "code": "PP001",
+                "cause": "bubble",
+                "title": "Bubble with M=8 for P=4",
+                "severity": "medium",
+                "stages": [0, 1, 2, 3],
+                "ranks": [0, 1, 2, 3],
+                "gain_ms": 5.0,
+                "gain_pct": 5.0,
+                "evidence": {},
+                "fixes": ["Raise M to 16"],
+            },
         ],
         "whatif": [],
     }

@@ -12,7 +12,7 @@ of each rank's idle time (all delays only ever push work later, so each change i
 
 1. ``host``: local idle where the next work was launched after the gap began (GPU), or any
    event-less stretch between ops (CPU-only runs), including inside blocks.
-2. ``comm_wait``: transfer latency above the run's normal latency (10th percentile of all waits).
+2. ``comm_wait``: transfer latency above the run's normal latency (the median over all waits).
 3. ``exposed_comm``: the remaining transfer latency on the critical path plus exposed collectives.
 4. ``unexplained``: local idle with work already queued and no transfer to explain it, plus any
    disagreement between the replay and the measurement.
@@ -36,6 +36,7 @@ from ppdiag.attribution import intervals as ivs
 from ppdiag.attribution.accounting import Account, WindowSets, account, window_sets
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
 from ppdiag.model import Kind, Phase, RankTimeline
+from ppdiag.pipeline.clocks import p2p_ops
 from ppdiag.pipeline.blocks import Blocks
 
 NEG_INF = -(2**62)
@@ -75,7 +76,7 @@ class _Node:
     pre_host: int
     pre_coll: int
     pre_ux: int
-    edges: list[tuple[int, int, bool]] = field(default_factory=list)  # (producer node, tau, observed)
+    edges: list[tuple[int, int, int, bool]] = field(default_factory=list)  # (producer, issue, transfer, observed)
 
 
 @dataclass
@@ -87,7 +88,7 @@ class Attribution:
     normal_latency_ns: int
     step_replay_ns: dict[str, float]  # mean step time of each replay variant (for gains)
     notes: list[str] = field(default_factory=list)
-    edges: list[tuple[int, int, int]] = field(default_factory=list)  # observed waits: producer, consumer, tau
+    edges: list[tuple[int, int, int, int]] = field(default_factory=list)  # producer, consumer, transfer, waited
 
 
 def _host_evidence(tl: RankTimeline, offset: int, gaps: ivs.ISet) -> ivs.ISet:
@@ -127,13 +128,18 @@ def _m(iset: ivs.ISet, lo: int, hi: int) -> int:
     return ivs.measure(ivs.clip(iset, lo, hi)) if hi > lo else 0
 
 
-def _last_peer(tl: RankTimeline, off: int, lo: int, hi: int) -> int:
-    """Peer of the p2p interval that ends last inside ``[lo, hi]``."""
+def _blocking_peer(tl: RankTimeline, off: int, lo: int, hi: int) -> int:
+    """Peer of the p2p interval that covers most of the wait ``[lo, hi]``.
+
+    A wait can end on a transfer that was complete long before (a receive is only waited for
+    after an earlier send returned), so the longest piece names the peer that held the rank.
+    """
     iv = tl.intervals
     m = (iv.kind == int(Kind.P2P)) & (iv.end + off > lo) & (iv.start + off < hi)
     if not m.any():
         return -1
-    i = np.flatnonzero(m)[int(np.argmax(np.minimum(iv.end[m] + off, hi)))]
+    cover = np.minimum(iv.end[m] + off, hi) - np.maximum(iv.start[m] + off, lo)
+    i = np.flatnonzero(m)[int(np.argmax(cover))]
     return int(iv.peer[i])
 
 
@@ -152,9 +158,9 @@ class Replay:
                 out[ph] = float(np.mean([np.mean(v) for v in per_stage.values()]))
         return out
 
-    def edge_stats(self) -> list[tuple[int, int, int]]:
-        """Observed waits as (producer rank, consumer rank, transfer latency ns)."""
-        return [(self.nodes[p].rank, nd.rank, tau) for nd in self.nodes for p, tau, obs in nd.edges if obs]
+    def edge_stats(self) -> list[tuple[int, int, int, int]]:
+        """Observed waits as (producer rank, consumer rank, transfer latency ns, time waited ns)."""
+        return list(self.waits)
 
     def __init__(self, steps: list[RankStep], timelines: dict[int, RankTimeline],
                  stage_of: dict[int, int], last_stage: int) -> None:
@@ -166,9 +172,11 @@ class Replay:
         self.order: list[int] = []
         self.meas_start: list[int] = []
         taus: list[int] = []
+        self.dropped_edges = 0
+        self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
         by_key: dict[tuple[int, int, int, int], int] = {}
         ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], list[int]]] = {}
-        pending: list[tuple[int, int, int]] = []  # (node, peer, release)
+        pending: list[tuple[int, int, int, int]] = []  # (node, peer, release, waited)
         for rs in steps:
             tl = timelines[rs.rank]
             off = tl.clock_offset_ns
@@ -199,7 +207,7 @@ class Replay:
                 self.nodes.append(node)
                 self.meas_start.append(s)
                 if w_s.size:
-                    pending.append((nid, _last_peer(tl, off, wait_start, rel), rel))
+                    pending.append((nid, _blocking_peer(tl, off, wait_start, rel), rel, rel - wait_start))
                 if int(b.mb[i]) >= 0:
                     by_key[(rs.number if rs.number >= 0 else rs.step, int(b.stage[i]), int(b.phase[i]),
                             int(b.mb[i]))] = nid
@@ -216,17 +224,31 @@ class Replay:
             ends = np.array([self.meas_start[i] + self.nodes[i].span for i in ids], dtype=np.int64)
             o = np.argsort(ends, kind="stable")
             ends_by_rank[r] = (ends[o], [ids[j] for j in o])
-        for nid, peer, rel in pending:
+        ops = {r: p2p_ops(tl) for r, tl in timelines.items()}
+        for nid, peer, rel, waited in pending:
             if peer not in ends_by_rank:
                 continue
             ends, ids = ends_by_rank[peer]
             j = int(np.searchsorted(ends, rel, side="right")) - 1
             if j < 0:
                 continue
-            tau = rel - int(ends[j])
-            self.nodes[nid].edges.append((ids[j], tau, True))
-            taus.append(tau)
-        self.normal_latency = int(np.percentile(taus, 10)) if taus else 0
+            p_end = int(ends[j])
+            # The peer's last transfer operation towards this rank before the release: time between
+            # the producer's block end and that issue is the producer's host delay, the rest is
+            # the transfer itself.
+            issue = p_end
+            po = ops.get(peer)
+            me = self.nodes[nid].rank
+            if po is not None and len(po.start):
+                off = timelines[peer].clock_offset_ns
+                st = po.start + off
+                cand = np.flatnonzero((po.peer == me) & (st <= rel))
+                if cand.size:
+                    issue = max(p_end, int(st[cand].max()))
+            self.nodes[nid].edges.append((ids[j], issue - p_end, rel - issue, True))
+            self.waits.append((peer, me, rel - issue, waited))
+            taus.append(rel - issue)
+        self.normal_latency = int(np.median(taus)) if taus else 0
         # pipeline data dependencies from labels, with the normal latency (capped so the measured
         # timeline stays reproduced exactly)
         for key, nid in by_key.items():
@@ -245,8 +267,10 @@ class Replay:
             node = self.nodes[nid]
             p_end = self.meas_start[prod] + self.nodes[prod].span
             slack = self.meas_start[nid] - node.post - p_end
-            tau = max(0, min(self.normal_latency, slack))
-            node.edges.append((prod, tau, False))
+            if slack < 0:  # the measurement contradicts this dependency: labels do not match up
+                self.dropped_edges += 1
+                continue
+            node.edges.append((prod, 0, min(self.normal_latency, slack), False))
         self.order = sorted(range(len(self.nodes)), key=lambda i: self.meas_start[i])
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
 
@@ -274,14 +298,14 @@ class Replay:
             pre = nd.pre * scale
             post = nd.post * scale
             rel = NEG_INF
-            for p, tau, _obs in nd.edges:
+            for p, issue, tau, _obs in nd.edges:
                 t = tau
                 if not comm_excess:
                     t = min(t, lat)
                 if not comm:
                     t = 0
                 p_end = end[p] if done[p] else self.meas_start[p] + self.nodes[p].span
-                rel = max(rel, p_end + t)
+                rel = max(rel, p_end + t + (issue if host else 0))
             s = max(prev_end + pre, rel) + post
             dur = balanced.get(nd.phase, nd.busy) + nd.in_host + nd.in_ux if balanced is not None else nd.span
             if not host:
@@ -313,7 +337,7 @@ def attribute(steps: list[RankStep], timelines: dict[int, RankTimeline], stage_o
     causes: dict[tuple[int, int], dict[str, int]] = {}
     notes: list[str] = []
     replay_steps: dict[str, float] = {}
-    edges: list[tuple[int, int, int]] = []
+    edges: list[tuple[int, int, int, int]] = []
     lat = 0
     if pipelined and any(len(rs.blocks) for rs in steps):
         rp = Replay(steps, timelines, stage_of, last_stage)

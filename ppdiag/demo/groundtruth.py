@@ -93,6 +93,10 @@ STR_COLUMNS = ("kind", "direction", "payload")
 COLUMNS = ("kind", "step", "stage", "mb", "start_ns", "end_ns", "peer", "direction", "payload", "held_ns")
 
 
+#: One kind or several.
+Kinds = str | tuple[str, ...] | list[str]
+
+
 def trace_name(rank: int) -> str:
     """File name of one rank's trace in a demo run directory."""
     return f"rank{rank}.pt.trace.json.gz"
@@ -141,7 +145,7 @@ class RankTruth:
     def __len__(self) -> int:
         return int(self.cols["start_ns"].shape[0])
 
-    def mask(self, kinds: str | tuple[str, ...] | list[str], step: int | None = None) -> npt.NDArray[np.bool_]:
+    def mask(self, kinds: Kinds, step: int | None = None) -> npt.NDArray[np.bool_]:
         """Rows of the given kind(s), optionally of one step."""
         ks = (kinds,) if isinstance(kinds, str) else tuple(kinds)
         m = np.isin(self.cols["kind"], np.asarray(ks, dtype=object))
@@ -149,11 +153,11 @@ class RankTruth:
             m &= self.cols["step"] == step
         return m
 
-    def durations(self, kinds: str | tuple[str, ...] | list[str], step: int | None = None) -> npt.NDArray[np.int64]:
+    def durations(self, kinds: Kinds, step: int | None = None) -> npt.NDArray[np.int64]:
         m = self.mask(kinds, step)
         return np.asarray(self.cols["end_ns"][m] - self.cols["start_ns"][m], dtype=np.int64)
 
-    def total_ns(self, kinds: str | tuple[str, ...] | list[str], step: int | None = None) -> int:
+    def total_ns(self, kinds: Kinds, step: int | None = None) -> int:
         """Summed duration of the given kind(s)."""
         return int(self.durations(kinds, step).sum())
 
@@ -225,7 +229,8 @@ def _rank_from_json(path: Path, d: dict[str, Any]) -> RankTruth:
             cols=cols,
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(str(path), f"ground truth rank entry is malformed ({type(exc).__name__}: {exc})") from None
+        raise InputError(str(path),
+                         f"ground truth rank entry is malformed ({type(exc).__name__}: {exc})") from None
 
 
 def load(path: str | Path) -> GroundTruth:
@@ -242,8 +247,8 @@ def load(path: str | Path) -> GroundTruth:
     if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
         raise InputError(str(p), f"not a ppdiag demo ground-truth file (schema is not {SCHEMA!r})")
     if raw.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(str(p), f"ground-truth schema_version {raw.get('schema_version')!r} is not supported "
-                                 f"(expected {SCHEMA_VERSION})")
+        raise InputError(str(p), f"ground-truth schema_version {raw.get('schema_version')!r} is not "
+                                 f"supported (expected {SCHEMA_VERSION})")
     for key in ("schedule", "pp", "microbatches", "stage_to_rank", "steps", "ranks"):
         if key not in raw:
             raise InputError(str(p), f"ground truth lacks {key!r}")

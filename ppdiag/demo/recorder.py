@@ -9,9 +9,11 @@ intervals into ``groundtruth.json``. The recorder itself never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -31,6 +33,8 @@ from ppdiag.errors import InputError, PpdiagError
 Progress = Callable[[str, float], None]
 
 TORCH_MISSING = "ppdiag demo needs torch: pip install 'ppdiag[demo]'"
+FAILURE_LOG = "demo-failure.log"
+_RANK_TRACE = re.compile(r"rank\d+\.pt\.trace\.json\.gz")
 
 
 class DemoError(PpdiagError):
@@ -79,14 +83,10 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             proc.kill()
     else:
         # The launcher is gone; ranks it forked may still be in its group.
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 class _Monitor:
@@ -122,7 +122,7 @@ class _Monitor:
             self.steps_done[rank] = int(msg.get("step", 0)) + 1
             units = sum(self.steps_done)
             low = min(self.steps_done)
-            self._report(f"step {low}/{self.cfg.total_iterations} on all {self.cfg.pp} ranks",
+            self._report(f"{low}/{self.cfg.total_iterations} steps done on all {self.cfg.pp} ranks",
                          0.05 + 0.9 * units / self.total_units)
         elif ev == "done":
             self.done.add(rank)
@@ -150,7 +150,7 @@ class _Monitor:
     def first_failure(self) -> DemoError | None:
         if self.errors:
             # The earliest error is the root cause; later ones are peers losing their connection.
-            t, rank, message = min(self.errors)
+            _, rank, message = min(self.errors)
             who = f"rank {rank}" if rank >= 0 else "demo launcher"
             return DemoError(f"demo run failed on {who}: {message}", rank if rank >= 0 else None)
         if self.exits:
@@ -176,9 +176,11 @@ def record(config: DemoConfig, out_dir: Path, progress: Progress | None = None) 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(str(out), f"cannot create the output directory ({exc.strerror})") from None
-    for r in range(cfg.pp):  # never mix a new run with an old one's traces
-        (out / groundtruth.trace_name(r)).unlink(missing_ok=True)
-    (out / groundtruth.FILENAME).unlink(missing_ok=True)
+    # Never mix a new run with an old one's traces (of any size).
+    stale = [p for p in out.glob("rank*.pt.trace.json.gz") if _RANK_TRACE.fullmatch(p.name)]
+    for old in [*stale, out / groundtruth.FILENAME, out / FAILURE_LOG]:
+        if old.is_file():
+            old.unlink(missing_ok=True)
 
     work = Path(tempfile.mkdtemp(prefix="ppdiag-demo-"))
     log_path = work / "ranks.log"
@@ -226,6 +228,7 @@ def record(config: DemoConfig, out_dir: Path, progress: Progress | None = None) 
             raise monitor.first_failure() or DemoError(
                 f"demo run failed: launcher exited with code {code}; ranks {missing} did not finish "
                 f"({_log_tail(log_path)})")
+        proc = None  # finished cleanly: every rank reported done and the launcher reaped them
         monitor._report("writing ground truth", 0.97)
         _merge_truth(cfg, work, out, monitor.torch_version)
         monitor._report(f"recorded {cfg.pp} ranks in {time.monotonic() - t_start:.1f} s", 1.0)
@@ -266,7 +269,7 @@ def _keep_log(log_path: Path, out: Path) -> None:
     """Keep the ranks' stdout/stderr next to the traces when a run fails, for a closer look."""
     try:
         if log_path.exists():
-            shutil.copyfile(log_path, out / "demo-failure.log")
+            shutil.copyfile(log_path, out / FAILURE_LOG)
     except OSError:
         pass
 

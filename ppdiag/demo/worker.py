@@ -12,6 +12,7 @@ it pays that once instead of once per rank. The launcher and the ranks die with 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -44,10 +45,9 @@ class Channel:
         if len(data) > 4000:  # keep each message one atomic pipe write
             msg["message"] = str(msg.get("message", ""))[:2000] + "…"
             data = (json.dumps(msg, default=str)[:3990] + "\n").encode()
-        try:
+        # OSError: the recorder is gone, and the death signal ends this process.
+        with contextlib.suppress(OSError):
             os.write(self.fd, data)
-        except OSError:
-            pass  # the recorder is gone; the death signal ends this process
 
     def error(self, rank: int, exc: BaseException) -> None:
         self.send(event="error", rank=rank, message=_one_line(exc))
@@ -174,17 +174,16 @@ def run_rank(cfg: DemoConfig, rank: int, out_dir: Path, workdir: Path, chan: Cha
                       "end_ns": [r[2] for r in step_rows]},
             "intervals": log.to_json(),
         }
-        (workdir / f"rank{rank}.gt.json").write_text(json.dumps(part, separators=(",", ":")), encoding="utf-8")
+        part_path = workdir / f"rank{rank}.gt.json"
+        part_path.write_text(json.dumps(part, separators=(",", ":")), encoding="utf-8")
         # Leave together: a rank that exits early closes its gloo pairs under the others.
         dist.barrier()
     except BaseException as exc:
         # Report before any cleanup: tearing down gloo makes the peers fail too, and the
         # recorder blames whichever rank reported first.
         chan.error(rank, exc)
-        try:
+        with contextlib.suppress(AttributeError):
             setattr(exc, REPORTED, True)
-        except AttributeError:
-            pass
         raise
     finally:
         faults.close()
@@ -198,10 +197,10 @@ def _launch(workdir: Path, chan: Channel) -> int:
     try:
         # Import here, once, before forking: every rank inherits the loaded modules.
         import torch
-        import torch.distributed.pipelining  # noqa: F401
-        import torch.profiler  # noqa: F401
+        import torch.distributed.pipelining
+        import torch.profiler
 
-        import ppdiag.demo.model  # noqa: F401  (registers the hold ops)
+        import ppdiag.demo.model  # registers the hold ops
         import ppdiag.demo.probe  # noqa: F401
     except ImportError as exc:
         chan.send(event="error", rank=-1, message=f"cannot import torch: {exc}")
@@ -243,10 +242,8 @@ def _launch(workdir: Path, chan: Channel) -> int:
                 failed = True
                 # The others would only hang on the missing peer until the gloo timeout.
                 for other in children:
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.kill(other, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
     return 1 if failed else 0
 
 

@@ -185,30 +185,6 @@ def gunzip(raw: bytes, path: str) -> tuple[bytes, bool]:
     return b"".join(parts), False
 
 
-def read_head(path: Path, size: int = 1 << 16) -> bytes:
-    """First ``size`` bytes of a file, gunzipped when gzip (cut or corrupt streams give what they can)."""
-    with open(path, "rb") as fh:
-        head = fh.read(size)
-    if head[:2] != GZIP_MAGIC:
-        return head
-    d = zlib.decompressobj(wbits=31)
-    out = b""
-    try:
-        with open(path, "rb") as fh:
-            while len(out) < size:
-                chunk = fh.read(1 << 16)
-                if not chunk:
-                    break
-                out += d.decompress(chunk, size - len(out))
-                while d.unconsumed_tail and len(out) < size:
-                    out += d.decompress(d.unconsumed_tail, size - len(out))
-                if d.eof:
-                    break
-    except zlib.error:
-        pass
-    return out
-
-
 _SNIFF_KEYS = (b'"traceEvents"', b'"schemaVersion"')
 
 
@@ -294,6 +270,21 @@ def _last_complete_element(data: bytes, start: int, pos: int, types: TraceTypes)
     return -1
 
 
+_ARRAY_CLOSED = re.compile(rb"\}\s*\](?=\s*,\s*\"|\s*$)")
+
+
+def _close_after_events(data: bytes, start: int, pos: int, types: TraceTypes) -> Any:
+    """When the cut fell after traceEvents had closed (in trailing keys such as an on-demand
+    ``distributedInfo``), the trace with every event, else None."""
+    lo = max(start, pos - (1 << 16))
+    for m in list(_ARRAY_CLOSED.finditer(data, lo, pos))[::-1][:3]:
+        try:
+            return types.decoder.decode(data[:m.end()] + b"}")
+        except msgspec.DecodeError:
+            continue
+    return None
+
+
 def _decode_damaged(
     data: bytes, path: str, types: TraceTypes, first_error: msgspec.DecodeError
 ) -> _Recovered:
@@ -316,6 +307,12 @@ def _decode_damaged(
         pos, truncated = _error_pos(err, len(doc))
         if pos < start:
             raise InputError(path, f"not a PyTorch Profiler trace (invalid JSON: {err})")
+        if truncated:
+            closed = _close_after_events(doc, start, pos, types)
+            if closed is not None:
+                warnings.append("truncated after the event list: all events kept, some trailing "
+                                "metadata lost")
+                return _Recovered(closed, len(closed.traceEvents or []), lost_events, warnings)
         p = _last_complete_element(doc, start, pos, types)
         if p < 0:
             # Nothing complete before the damage: maybe the event array itself had closed and the
@@ -1010,7 +1007,45 @@ def _collect_host(
         else:
             host.comm.append(_CommInfo())
             host.ext.append(-1)
+    _inherit_from_issuer(host)
     return host
+
+
+def _inherit_from_issuer(host: _Host) -> None:
+    """Backend spans (``gloo:send``) carry no peer: take it from the ``c10d::`` op that issued them
+    (the latest-starting one on the same thread that contains the span's start)."""
+    iss = [i for i, nm in enumerate(host.name) if nm.startswith("c10d::") and host.comm[i].comm == C_P2P]
+    want = [i for i, nm in enumerate(host.name)
+            if host.comm[i].comm == C_P2P and host.info[i].cls == N_COMM and not nm.startswith("c10d::")
+            and (host.comm[i].peer < 0 or not host.comm[i].direction)]
+    if not iss or not want:
+        return
+    i_tid = np.array([host.tid[i] for i in iss], dtype=np.int64)
+    i_s = np.array([host.start[i] for i in iss], dtype=np.int64)
+    i_e = np.array([host.end[i] for i in iss], dtype=np.int64)
+    order = np.lexsort((i_s, i_tid))
+    i_tid, i_s, i_e = i_tid[order], i_s[order], i_e[order]
+    iss_sorted = [iss[int(k)] for k in order]
+    w_tid = np.array([host.tid[i] for i in want], dtype=np.int64)
+    w_s = np.array([host.start[i] for i in want], dtype=np.int64)
+    # search on (tid, start) pairs: the last issuer of that thread starting at or before the span
+    key_i = np.stack((i_tid, i_s), axis=1)
+    pos = np.searchsorted(i_tid, w_tid, side="left")
+    end = np.searchsorted(i_tid, w_tid, side="right")
+    for k, i in enumerate(want):
+        lo, hi = int(pos[k]), int(end[k])
+        if lo >= hi:
+            continue
+        j = lo + int(np.searchsorted(key_i[lo:hi, 1], w_s[k], side="right")) - 1
+        if j < lo or i_e[j] < w_s[k]:
+            continue
+        c, src = host.comm[i], host.comm[iss_sorted[j]]
+        if c.peer < 0:
+            c.peer = src.peer
+        if not c.direction:
+            c.direction = src.direction
+        if c.nbytes < 0:
+            c.nbytes = src.nbytes
 
 
 def _build_ranges(host: _Host, names: NameTable) -> Ranges:
@@ -1514,5 +1549,5 @@ register(PARSER)
 __all__ = [
     "PARSER", "KinetoParser", "classify_name", "decode_trace", "dtype_size", "gunzip",
     "looks_like_kineto", "parse_file", "parse_rank_list", "rank_from_filename",
-    "read_bytes", "read_head", "trace_decoder", "us_to_ns",
+    "read_bytes", "trace_decoder", "us_to_ns",
 ]

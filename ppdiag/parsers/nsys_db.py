@@ -138,7 +138,14 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
     ``immutable=1`` also skips locking, which read-only directories and network file systems need.
     """
     uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
-    return sqlite3.connect(uri, uri=True, check_same_thread=False)
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    # Real exports hold strings that are not valid UTF-8 (binary names from odd processes).
+    conn.text_factory = _decode_text
+    return conn
+
+
+def _decode_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
 def open_export(path: Path) -> NsysDb:

@@ -73,8 +73,14 @@ def nccl_api(name: str) -> str:
 
 # --- host ranges -------------------------------------------------------------------------------
 
-# torch.autograd.profiler.emit_nvtx op ranges ("aten::mm, seq = 12, op_id = 3, sizes = ...").
-_EMIT_NVTX_OP = re.compile(r", (seq|op_id) = \d+")
+# torch.autograd.profiler.emit_nvtx names every range "<name>, seq = N, op_id = M, sizes = ..."
+# (the SQL strips that tail); operator ranges (aten::mm, autograd nodes) are not annotations.
+_TORCH_OP = re.compile(
+    r"(aten|prim|quantized|cudnn|mkldnn|torch|autograd|profiler|_c10d_functional|c10d|fbgemm|torchvision|"
+    r"cuda|xformers|flash_attn|triton|inductor)::|\w+Backward\d*$|^autograd::engine::"
+)
+OP_NAMESPACES_SQL = ("aten::*", "prim::*", "autograd::*", "torch::*", "profiler::*", "quantized::*",
+                     "cudnn::*", "mkldnn::*")
 
 _STEP = re.compile(
     r"(?:ProfilerStep#(?P<n1>\d+))"
@@ -82,7 +88,11 @@ _STEP = re.compile(
     re.IGNORECASE,
 )
 
-_PP_LABEL = re.compile(r"PP:(?P<stage>\d+)(?P<ph>[FBW])(?P<mb>\d+)", re.IGNORECASE)
+# PiPPy / torch.distributed.pipelining action labels (the same spellings the Kineto reader knows).
+_PP_LABEL = re.compile(r"PP:(?P<stage>\d+)(?P<ph>[FBIW])(?P<mb>\d+)")
+_PP_COMM = re.compile(r"PP:(?P<stage>\d+)(?P<dir>RECV|SEND)_(?P<ph>[FBIW])(?P<mb>\d+)")
+_PP_OVERLAP = re.compile(r"PP:\((?P<stage>\d+)(?P<ph>[FBIW])(?P<mb>\d+)[;,]")
+_PP_ANY = re.compile(r"PP:(?P<stage>\d+)")
 _PHASE_LABEL = re.compile(
     r"(?:(?:megatron|schedule|pipeline|pp)[\s:._/-]+)?"
     r"(?P<ph>forward|backward|fwd|bwd|wgrad|weight[ _-]?grad(?:ient)?s?|optimi[sz]er|optim)"
@@ -94,7 +104,7 @@ _PHASE_LABEL = re.compile(
 )
 _PHASE_WORDS = {
     "f": Phase.FWD, "forward": Phase.FWD, "fwd": Phase.FWD,
-    "b": Phase.BWD, "backward": Phase.BWD, "bwd": Phase.BWD,
+    "b": Phase.BWD, "backward": Phase.BWD, "bwd": Phase.BWD, "i": Phase.BWD,
     "w": Phase.WGRAD, "wgrad": Phase.WGRAD,
     "optimizer": Phase.OPTIM, "optimiser": Phase.OPTIM, "optim": Phase.OPTIM,
 }
@@ -105,6 +115,14 @@ _MPI_DIRECTION = {"mpi_send": Direction.SEND, "mpi_isend": Direction.SEND, "mpi_
                   "mpi_sendrecv": Direction.BOTH}
 _TORCH_P2P = re.compile(r"nccl:(send|recv) (\d+)(->|<-)(\d+)")
 _ALL_TO_ALL = re.compile(r"all[_ ]?to[_ ]?all|alltoall", re.IGNORECASE)
+
+
+_OP_TAIL = re.compile(r", (?:seq|op_id) = \d+.*$", re.DOTALL)
+
+
+def strip_op_tail(name: str) -> str:
+    """``"ProfilerStep#3, op_id = 17"`` → ``"ProfilerStep#3"`` (emit_nvtx naming)."""
+    return _OP_TAIL.sub("", name)
 
 
 def _phase_of(word: str) -> Phase:
@@ -132,17 +150,35 @@ class RangeClass:
 def classify_range(name: str, domain: str) -> RangeClass:
     """Steps, pipeline labels, comm ops, other user ranges; emit_nvtx op ranges are dropped."""
     a2a = bool(_ALL_TO_ALL.search(name))
-    if _EMIT_NVTX_OP.search(name):
+    if _TORCH_OP.match(name):
         return RangeClass(keep=False, all_to_all=a2a)
     text = name.strip()
     m = _STEP.fullmatch(text)
     if m:
         n = m.group("n1") or m.group("n2")
         return RangeClass(keep=True, kind=RangeKind.STEP, num=int(n) if n else -1, numbered=n is not None)
-    m = _PP_LABEL.fullmatch(text)
-    if m:
-        return RangeClass(keep=True, kind=RangeKind.LABEL, stage=int(m.group("stage")), mb=int(m.group("mb")),
-                          phase=_phase_of(m.group("ph")))
+    if text.startswith("PP:"):
+        m = _PP_LABEL.fullmatch(text)
+        if m:
+            return RangeClass(keep=True, kind=RangeKind.LABEL, stage=int(m.group("stage")), mb=int(m.group("mb")),
+                              phase=_phase_of(m.group("ph")))
+        m = _PP_COMM.fullmatch(text)
+        if m:
+            d = Direction.RECV if m.group("dir") == "RECV" else Direction.SEND
+            return RangeClass(keep=True, kind=RangeKind.COMM_OP, stage=int(m.group("stage")),
+                              mb=int(m.group("mb")), phase=_phase_of(m.group("ph")), direction=d)
+        m = _PP_OVERLAP.match(text)
+        if m:
+            return RangeClass(keep=True, kind=RangeKind.OTHER, stage=int(m.group("stage")),
+                              mb=int(m.group("mb")), phase=_phase_of(m.group("ph")))
+        m = _PP_ANY.match(text)
+        return RangeClass(keep=True, kind=RangeKind.OTHER, stage=int(m.group("stage")) if m else -1)
+    if text.startswith("Optimizer."):
+        return RangeClass(keep=True, kind=RangeKind.OTHER, phase=Phase.OPTIM)
+    if text.startswith("enumerate(DataLoader)"):
+        return RangeClass(keep=True, kind=RangeKind.OTHER, phase=Phase.OTHER)
+    if text.startswith("nn.Module: "):
+        return RangeClass(keep=True, kind=RangeKind.MODULE)
     m = _PHASE_LABEL.fullmatch(text)
     if m:
         return RangeClass(

@@ -24,12 +24,14 @@ from ppdiag.model.timeline import Direction
 from ppdiag.parsers.nsys_db import NsysDb
 from ppdiag.parsers.nsys_names import (
     NCCL_COLLECTIVE_APIS,
+    OP_NAMESPACES_SQL,
     NCCL_GROUP_END,
     NCCL_GROUP_START,
     NCCL_INIT_APIS,
     NCCL_P2P_APIS,
     classify_range,
     nccl_api,
+    strip_op_tail,
 )
 
 I64 = npt.NDArray[np.int64]
@@ -201,9 +203,16 @@ def _user_ranges(db: NsysDb, domains: dict[tuple[int, int], str],
     dom = db.col(NVTX, "domainId", "0")
     excl, params = _exclude_clause(nccl_keys)
     types = ", ".join(str(t) for t in RANGE_TYPES)
+    # emit_nvtx tails (", seq = N, op_id = M, sizes = ...") are cut in SQL so that names repeat, and
+    # plain operator ranges (aten::, prim::...) never leave SQLite: they can outnumber kernels.
+    t = text
+    base = (f"CASE WHEN instr({t}, ', seq = ') > 0 THEN substr({t}, 1, instr({t}, ', seq = ') - 1) "
+            f"WHEN instr({t}, ', op_id = ') > 0 THEN substr({t}, 1, instr({t}, ', op_id = ') - 1) ELSE {t} END")
+    ops = " OR ".join(f"{t} GLOB '{g}'" for g in OP_NAMESPACES_SQL)
+    not_op = f" AND NOT coalesce({ops}, 0)" if t != "NULL" else ""
     sql = (f"SELECT start, \"end\", coalesce(globalTid, 0), {text_id}, coalesce({dom}, 0), "
-           f"CASE WHEN {text_id} < 0 THEN {text} END FROM {NVTX} "
-           f"WHERE eventType IN ({types}) AND \"end\" IS NOT NULL{excl}")
+           f"CASE WHEN {text_id} < 0 THEN {base} END FROM {NVTX} "
+           f"WHERE eventType IN ({types}) AND \"end\" IS NOT NULL{excl}{not_op}")
     dt = np.dtype([("start", np.int64), ("end", np.int64), ("gtid", np.int64), ("tid_", np.int64),
                    ("dom", np.int64), ("text", object)])
     rows = db.fetch(sql, dt, params)
@@ -219,7 +228,7 @@ def _user_ranges(db: NsysDb, domains: dict[tuple[int, int], str],
         uniq, inv = np.unique(rows["tid_"][reg], return_inverse=True)
         strings = db.strings(uniq.tolist())
         codes[reg] = inv
-        names.extend(strings.get(int(u), "") for u in uniq)
+        names.extend(strip_op_tail(strings.get(int(u), "")) for u in uniq)
     if (~reg).any():
         txt = rows["text"][~reg]
         txt[pd.isna(txt)] = ""

@@ -135,7 +135,7 @@ def decide_ranks(db: NsysDb, pids: list[int], devices: dict[int, list[int]],
         label = f"{proc_names.get(p, 'process')} pid {p}"
         out[p] = RankDecision(
             r, f"{how} in one report{base_note}",
-            warning=(f"{src.name}: {len(pids)} GPU processes in one report; {label} taken as rank {r} by "
+            warning=(f"{len(pids)} GPU processes in one report; {label} taken as rank {r} by "
                      f"{how}{base_note} (no rank field exists for this case; pass --stage-map if wrong)"),
         )
     return out
@@ -154,13 +154,13 @@ def _single(cap: CaptureEnv, pid: int, thread_ranks: dict[int, int], src: Path) 
     from_name = rank_from_filename(src)
     if from_name is not None:
         return RankDecision(from_name, "file name", ws,
-                            warning=f"{src.name}: rank {from_name} taken from the file name (no RANK in the "
+                            warning=f"rank {from_name} taken from the file name (no RANK in the "
                                     "capture environment)")
     local = _int_var(env, LOCAL_RANK_VARS)
     if local:
         return RankDecision(local[1], f"env {local[0]} (local rank only)", ws,
-                            warning=f"{src.name}: only {local[0]}={local[1]} found; it is the rank on its node, "
+                            warning=f"only {local[0]}={local[1]} found; it is the rank on its node, "
                                     "not the global rank")
-    return RankDecision(0, "none found (assumed 0)", ws,
-                        warning=f"{src.name}: no rank in the capture environment, thread names or file name; "
-                                "assumed rank 0")
+    # -1 lets the run loader decide: rank 0 for a single file, an error for a multi-file run.
+    return RankDecision(-1, "none found", ws,
+                        warning="no rank in the capture environment, MPI thread names or file name")

@@ -137,9 +137,13 @@ def _cut_groups(tl: RankTimeline, comp: npt.NDArray[np.int64], step_of: npt.NDAr
     cut_t.append(rg.start[comm_ops])
     cuts = np.unique(np.concatenate(cut_t)) if cut_t else np.zeros(0, np.int64)
     seg = np.searchsorted(cuts, iv.start[comp], side="right").astype(np.int64)
-    # A new group at every cut and at every step boundary.
+    # A new group at every cut, at every step boundary, and where the ops' own phase turns from
+    # forward to backward or weight-gradient (the last stage runs F and B back to back).
     key = seg * 100000 + np.maximum(step_of, 0)
-    change = np.r_[True, key[1:] != key[:-1]]
+    ph_ops = iv.phase[comp].astype(np.int64)
+    pipe_ph = np.where(np.isin(ph_ops, (int(Phase.BWD), int(Phase.WGRAD))), ph_ops, int(Phase.FWD))
+    # carry the last pipeline phase over optimizer/other ops so they do not split a block
+    change = np.r_[True, (key[1:] != key[:-1]) | (pipe_ph[1:] != pipe_ph[:-1])]
     group = np.cumsum(change) - 1
     group = np.where(step_of >= 0, group, -1)
     ng = int(group.max()) + 1 if group.size else 0
@@ -198,8 +202,9 @@ def _drop_small(blocks: Blocks) -> Blocks:
     for ph in PIPE_PHASES:
         m = blocks.phase == ph
         if m.sum() >= 2:
-            med = float(np.median(blocks.busy[m]))
-            keep &= ~(m & (blocks.busy < 0.2 * med))
+            # tiny runs can outnumber real blocks, so compare with the upper part of the distribution
+            ref = float(np.percentile(blocks.busy[m], 90))
+            keep &= ~(m & (blocks.busy < 0.15 * ref))
     return blocks.take(keep)
 
 

@@ -88,8 +88,15 @@ class Check:
         return "inconclusive" if self.kind == "regression" else "skip"
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "measured": _r(self.measured), "limit": _r(self.limit),
-                "state": self.state, "text": self.text, "note": self.note}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "measured": _r(self.measured),
+            "limit": _r(self.limit),
+            "state": self.state,
+            "text": self.text,
+            "note": self.note,
+        }
 
 
 @dataclass
@@ -112,9 +119,14 @@ class GateResult:
         return [c for c in self.checks if c.passed is False]
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "exit_code": self.exit_code, "reasons": self.reasons,
-                "budget": self.budget_source, "baseline": self.baseline_source,
-                "checks": [c.to_json() for c in self.checks]}
+        return {
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "reasons": self.reasons,
+            "budget": self.budget_source,
+            "baseline": self.baseline_source,
+            "checks": [c.to_json() for c in self.checks],
+        }
 
 
 def _r(v: float | None) -> float | None:
@@ -157,10 +169,15 @@ def _number(path: str, where: str, key: str, value: Any) -> float:
     if v < 0:
         raise InputError(path, f"{where}.{key} must not be negative, got {value!r}")
     if key in _RATIO_KEYS and v > 1:
-        raise InputError(path, f"{where}.{key} is a ratio of step time between 0 and 1, got {value!r}"
-                               f" (for {value!r} % write {v / 100:g})")
+        raise InputError(
+            path,
+            f"{where}.{key} is a ratio of step time between 0 and 1, got {value!r}"
+            f" (for {value!r} % write {v / 100:g})",
+        )
     if key in _AT_LEAST_ONE and v < 1:
-        raise InputError(path, f"{where}.{key} must be >= 1 (the measured ratio is never below 1), got {value!r}")
+        raise InputError(
+            path, f"{where}.{key} must be >= 1 (the measured ratio is never below 1), got {value!r}"
+        )
     return v
 
 
@@ -171,7 +188,9 @@ def _table(path: str, where: str, value: Any) -> dict[str, Any]:
 
 
 def _unknown(path: str, where: str, keys: list[str], known: list[str]) -> InputError:
-    return InputError(path, f"unknown key(s) in [{where}]: {', '.join(sorted(keys))} (known: {', '.join(known)})")
+    return InputError(
+        path, f"unknown key(s) in [{where}]: {', '.join(sorted(keys))} (known: {', '.join(known)})"
+    )
 
 
 def budget_from_dict(data: dict[str, Any], path: str, prefix: str = "") -> Budget:
@@ -183,8 +202,11 @@ def budget_from_dict(data: dict[str, Any], path: str, prefix: str = "") -> Budge
     extra = [k for k in data if k not in known_tables]
     if extra:
         where = prefix.rstrip(".") or "top level"
-        raise InputError(path, f"unknown key(s) in [{where}]: {', '.join(sorted(extra))} "
-                               f"(known: {', '.join(f'[{prefix}{t}]' for t in known_tables)})")
+        raise InputError(
+            path,
+            f"unknown key(s) in [{where}]: {', '.join(sorted(extra))} "
+            f"(known: {', '.join(f'[{prefix}{t}]' for t in known_tables)})",
+        )
     b = Budget(source=path)
     for tname, keys in (("budget", BUDGET_KEYS), ("regression", REGRESSION_KEYS)):
         if tname not in data:
@@ -231,13 +253,16 @@ def load_report(path: str | Path, what: str = "report") -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(str(p), f"not valid JSON ({exc}); expected a report written by 'ppdiag analyze --json'")\
-            from None
+        raise InputError(
+            str(p), f"not valid JSON ({exc}); expected a report written by 'ppdiag analyze --json'"
+        ) from None
     if not isinstance(data, dict) or "schema_version" not in data:
         raise InputError(str(p), "not a ppdiag JSON report (no schema_version)")
     ver = data["schema_version"]
     if ver != SCHEMA_VERSION:
-        raise InputError(str(p), f"report schema_version {ver!r} is not supported (this ppdiag reads {SCHEMA_VERSION})")
+        raise InputError(
+            str(p), f"report schema_version {ver!r} is not supported (this ppdiag reads {SCHEMA_VERSION})"
+        )
     if not isinstance(data.get("summary"), dict) or not isinstance(data.get("run"), dict):
         raise InputError(str(p), "ppdiag JSON report without 'run' and 'summary' sections")
     return data
@@ -302,10 +327,16 @@ def comparable(report: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
     """Why ``baseline`` cannot be compared with ``report`` (empty when it can)."""
     why = []
     if baseline.get("schema_version") != report.get("schema_version"):
-        why.append(f"baseline schema_version {baseline.get('schema_version')!r}, "
-                   f"this run {report.get('schema_version')!r}")
-    for key, label in (("pp", "pp"), ("schedule", "schedule"), ("microbatches", "micro-batches (M)"),
-                       ("virtual_stages", "virtual stages")):
+        why.append(
+            f"baseline schema_version {baseline.get('schema_version')!r}, "
+            f"this run {report.get('schema_version')!r}"
+        )
+    for key, label in (
+        ("pp", "pp"),
+        ("schedule", "schedule"),
+        ("microbatches", "micro-batches (M)"),
+        ("virtual_stages", "virtual stages"),
+    ):
         a, b = _get(baseline, "run", key), _get(report, "run", key)
         if key == "virtual_stages":
             a, b = a or 1, b or 1  # absent and 1 mean the same
@@ -318,8 +349,15 @@ def comparable(report: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
 # checking
 
 
-def _limit_check(name: str, label: str, measured: float | None, limit: float, note: str,
-                 unit: str = "", kind: str = "budget") -> Check:
+def _limit_check(
+    name: str,
+    label: str,
+    measured: float | None,
+    limit: float,
+    note: str,
+    unit: str = "",
+    kind: str = "budget",
+) -> Check:
     if measured is None:
         return Check(name, kind, None, limit, None, f"{label}: not checked ({note})", note, unit)
     ok = measured <= limit + 1e-12
@@ -335,8 +373,12 @@ def _limit_check(name: str, label: str, measured: float | None, limit: float, no
     return Check(name, kind, measured, limit, ok, text, note, unit)
 
 
-def run_gate(report: dict[str, Any], budget: Budget, baseline: dict[str, Any] | None = None,
-             baseline_source: str | None = None) -> GateResult:
+def run_gate(
+    report: dict[str, Any],
+    budget: Budget,
+    baseline: dict[str, Any] | None = None,
+    baseline_source: str | None = None,
+) -> GateResult:
     """Run every check ``budget`` configures on ``report`` (and against ``baseline`` when given).
 
     Status: ``fail`` when any check failed; otherwise ``inconclusive`` when the baseline is not
@@ -348,30 +390,58 @@ def run_gate(report: dict[str, Any], budget: Budget, baseline: dict[str, Any] | 
     summ = report.get("summary") or {}
 
     if budget.max_lost_ratio is not None:
-        res.checks.append(_limit_check("lost_ratio", "lost time / step", _num(summ.get("lost_ratio")),
-                                       budget.max_lost_ratio, "" if _num(summ.get("lost_ratio")) is not None
-                                       else "no lost_ratio in the report"))
+        res.checks.append(
+            _limit_check(
+                "lost_ratio",
+                "lost time / step",
+                _num(summ.get("lost_ratio")),
+                budget.max_lost_ratio,
+                "" if _num(summ.get("lost_ratio")) is not None else "no lost_ratio in the report",
+            )
+        )
     if budget.max_bubble_excess is not None:
-        meas, theo = _num(_get(report, "bubble", "measured_ratio")), _num(_get(report, "bubble", "theoretical_ratio"))
+        meas, theo = (
+            _num(_get(report, "bubble", "measured_ratio")),
+            _num(_get(report, "bubble", "theoretical_ratio")),
+        )
         if meas is None or theo is None:
             missing = "measured" if meas is None else "theoretical"
-            res.checks.append(_limit_check("bubble_excess", "bubble excess", None, budget.max_bubble_excess,
-                                           f"no {missing} bubble ratio: no pipeline schedule identified"))
+            res.checks.append(
+                _limit_check(
+                    "bubble_excess",
+                    "bubble excess",
+                    None,
+                    budget.max_bubble_excess,
+                    f"no {missing} bubble ratio: no pipeline schedule identified",
+                )
+            )
         else:
-            res.checks.append(_limit_check("bubble_excess", "bubble excess", meas - theo, budget.max_bubble_excess,
-                                           f"measured {meas:.3f} - theoretical {theo:.3f}"))
+            res.checks.append(
+                _limit_check(
+                    "bubble_excess",
+                    "bubble excess",
+                    meas - theo,
+                    budget.max_bubble_excess,
+                    f"measured {meas:.3f} - theoretical {theo:.3f}",
+                )
+            )
     if budget.max_stage_ratio is not None:
         v, note = stage_ratio(report)
-        res.checks.append(_limit_check("stage_ratio", "slowest / mean stage", v, budget.max_stage_ratio, note))
+        res.checks.append(
+            _limit_check("stage_ratio", "slowest / mean stage", v, budget.max_stage_ratio, note)
+        )
     if budget.max_comm_wait_ratio is not None:
         v, note = comm_wait_ratio(report)
-        res.checks.append(_limit_check("comm_wait_ratio", "recv/NCCL wait / step", v, budget.max_comm_wait_ratio,
-                                       note))
+        res.checks.append(
+            _limit_check("comm_wait_ratio", "recv/NCCL wait / step", v, budget.max_comm_wait_ratio, note)
+        )
     if budget.max_step_p95_ratio is not None:
         p95, med = _num(summ.get("step_p95_ms")), _num(summ.get("step_ms"))
         v = p95 / med if (p95 is not None and med) else None
         note = f"p95 {p95:.2f} ms vs median {med:.2f} ms" if v is not None else "no step p95 / median"
-        res.checks.append(_limit_check("step_p95_ratio", "step p95 / median", v, budget.max_step_p95_ratio, note))
+        res.checks.append(
+            _limit_check("step_p95_ratio", "step p95 / median", v, budget.max_step_p95_ratio, note)
+        )
 
     incomparable: list[str] = []
     if baseline is not None:
@@ -380,29 +450,76 @@ def run_gate(report: dict[str, Any], budget: Budget, baseline: dict[str, Any] | 
         if incomparable:
             res.reasons += incomparable
             why = "; ".join(incomparable)
-            res.checks.append(Check("regression.step", "regression", None, step_limit, None,
-                                    f"step time vs baseline: inconclusive ({why})", why, "%"))
+            res.checks.append(
+                Check(
+                    "regression.step",
+                    "regression",
+                    None,
+                    step_limit,
+                    None,
+                    f"step time vs baseline: inconclusive ({why})",
+                    why,
+                    "%",
+                )
+            )
             if budget.lost_pct is not None:
-                res.checks.append(Check("regression.lost", "regression", None, budget.lost_pct, None,
-                                        f"lost time by cause vs baseline: inconclusive ({why})", why, "pts"))
+                res.checks.append(
+                    Check(
+                        "regression.lost",
+                        "regression",
+                        None,
+                        budget.lost_pct,
+                        None,
+                        f"lost time by cause vs baseline: inconclusive ({why})",
+                        why,
+                        "pts",
+                    )
+                )
         else:
             new, old = _num(summ.get("step_ms")), _num(_get(baseline, "summary", "step_ms"))
             if new is None or not old:
-                res.checks.append(Check("regression.step", "regression", None, step_limit, None,
-                                        "step time vs baseline: inconclusive (no step time)", "no step time", "%"))
+                res.checks.append(
+                    Check(
+                        "regression.step",
+                        "regression",
+                        None,
+                        step_limit,
+                        None,
+                        "step time vs baseline: inconclusive (no step time)",
+                        "no step time",
+                        "%",
+                    )
+                )
             else:
                 growth = (new - old) / old * 100.0
-                res.checks.append(_limit_check("regression.step", "step time vs baseline", growth, step_limit,
-                                               f"{old:.2f} -> {new:.2f} ms", unit="%", kind="regression"))
+                res.checks.append(
+                    _limit_check(
+                        "regression.step",
+                        "step time vs baseline",
+                        growth,
+                        step_limit,
+                        f"{old:.2f} → {new:.2f} ms",
+                        unit="%",
+                        kind="regression",
+                    )
+                )
             if budget.lost_pct is not None:
                 for c in CAUSE_KEYS:
                     a, b = _cause_share(baseline, c), _cause_share(report, c)
                     if a is None or b is None:
                         continue
                     pts = (b - a) * 100.0
-                    res.checks.append(_limit_check(
-                        f"regression.{c}", f"{cause_label(c)} vs baseline", pts, budget.lost_pct,
-                        f"{100 * a:.1f} % -> {100 * b:.1f} % of step", unit="pts", kind="regression"))
+                    res.checks.append(
+                        _limit_check(
+                            f"regression.{c}",
+                            f"{cause_label(c)} vs baseline",
+                            pts,
+                            budget.lost_pct,
+                            f"{100 * a:.1f} % → {100 * b:.1f} % of step",
+                            unit="pts",
+                            kind="regression",
+                        )
+                    )
 
     if any(c.passed is False for c in res.checks):
         res.status = "fail"
@@ -423,9 +540,11 @@ def format_gate(result: GateResult) -> list[str]:
     """The lines ``ppdiag check`` prints: a verdict, then one line per check."""
     n_fail = len(result.failed)
     n = len(result.checks)
-    head = {"pass": f"PASS: all {sum(c.passed is True for c in result.checks)} checks within budget",
-            "fail": f"FAIL: {n_fail} of {n} checks over the limit",
-            "inconclusive": "INCONCLUSIVE: nothing comparable"}[result.status]
+    head = {
+        "pass": f"PASS: all {sum(c.passed is True for c in result.checks)} checks within budget",
+        "fail": f"FAIL: {n_fail} of {n} checks over the limit",
+        "inconclusive": "INCONCLUSIVE: nothing comparable",
+    }[result.status]
     if result.status == "inconclusive" and result.reasons:
         head = f"INCONCLUSIVE: {'; '.join(result.reasons)}"
     lines = [f"ppdiag check {head}"]

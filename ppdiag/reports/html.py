@@ -52,7 +52,12 @@ MAX_ROWS = 64  # timeline rows (ranks)
 MAX_STEPS = 12  # steps drawn for the step buttons
 TEXT_LIMIT = 4_000  # above this many blocks, labels only in the hover
 
-_PHASE_CAT = {int(Phase.FWD): "fwd", int(Phase.BWD): "bwd", int(Phase.WGRAD): "wgrad", int(Phase.OPTIM): "optim"}
+_PHASE_CAT = {
+    int(Phase.FWD): "fwd",
+    int(Phase.BWD): "bwd",
+    int(Phase.WGRAD): "wgrad",
+    int(Phase.OPTIM): "optim",
+}
 _CAT_ORDER = ("fwd", "bwd", "wgrad", "optim", "other", "p2p", "collective", "copy")
 _COMPUTE_CATS = ("fwd", "bwd", "wgrad", "optim", "other")
 
@@ -63,8 +68,10 @@ _COMM_Y, _COMM_H = 0.33, 0.16
 
 _COMPUTE_COLOR = "#3A4A5C"
 
-CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-       "img-src data: blob:; font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'")
+CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src data: blob:; font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'"
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,8 +234,10 @@ def _pick_rows(diag: Diagnosis, max_rows: int, notes: list[str]) -> list[Row]:
         for _s, rs in sorted(by_stage.items()):
             chosen += sorted(rs, key=lambda r: -lost.get(r, 0.0))[:per]
         chosen = chosen[:max_rows]
-        notes.append(f"{len(have)} ranks: the timeline shows {len(chosen)} of them, the ranks with the most "
-                     f"lost time in each stage; every rank is in the tables and the Perfetto overlay.")
+        notes.append(
+            f"{len(have)} ranks: the timeline shows {len(chosen)} of them, the ranks with the most "
+            f"lost time in each stage; every rank is in the tables and the Perfetto overlay."
+        )
 
     def order(r: int) -> tuple[int, int, int]:
         s = stages.get(r)
@@ -284,8 +293,7 @@ def _whole_span(diag: Diagnosis, ranks: list[int]) -> StepSpan | None:
     return StepSpan(index=0, number=-1, start=lo, end=hi, median=True)
 
 
-def _merge(start: I64, end: I64, key: I64, tol: int, extra: dict[str, I64], name: I64
-           ) -> dict[str, I64]:
+def _merge(start: I64, end: I64, key: I64, tol: int, extra: dict[str, I64], name: I64) -> dict[str, I64]:
     """Merge items of equal ``key`` whose gap is at most ``tol`` (vectorized).
 
     Returns per merged block: start, end, count, key, the min/max of ``extra['mb']``, the other
@@ -340,8 +348,9 @@ class _Level:
     tol: int
 
 
-def _rank_step_blocks(rt: RankTimeline | None, gaps: Any, span: StepSpan, lv: _Level
-                      ) -> dict[str, dict[str, I64]]:
+def _rank_step_blocks(
+    rt: RankTimeline | None, gaps: Any, span: StepSpan, lv: _Level
+) -> dict[str, dict[str, I64]]:
     """Merged blocks of one rank in one step, by category (work kinds and cause keys)."""
     out: dict[str, dict[str, I64]] = {}
     a, b = span.start, span.end
@@ -370,7 +379,7 @@ def _rank_step_blocks(rt: RankTimeline | None, gaps: Any, span: StepSpan, lv: _L
                     if c == "other":
                         m = comp & ~np.isin(phase, list(_PHASE_CAT))
                     else:
-                        ph = [p for p, cc in _PHASE_CAT.items() if cc == c][0]
+                        ph = next(p for p, cc in _PHASE_CAT.items() if cc == c)
                         m = comp & (phase == ph)
                 elif c == "p2p":
                     m = kind == int(Kind.P2P)
@@ -385,11 +394,21 @@ def _rank_step_blocks(rt: RankTimeline | None, gaps: Any, span: StepSpan, lv: _L
                 if not m.any():
                     continue
                 if c in _COMPUTE_CATS:
-                    key = (mb[m] + 1) * 65536 + (chunk[m] + 1) if lv.level == 0 else np.zeros(int(m.sum()), np.int64)
+                    key = (
+                        (mb[m] + 1) * 65536 + (chunk[m] + 1)
+                        if lv.level == 0
+                        else np.zeros(int(m.sum()), np.int64)
+                    )
                 else:
                     key = ((peer[m] + 1) * 8 + dirn[m]) if lv.level == 0 else np.zeros(int(m.sum()), np.int64)
-                out[c] = _merge(s[m], e[m], key, lv.tol, {"mb": mb[m], "chunk": chunk[m], "peer": peer[m],
-                                                          "direction": dirn[m]}, name[m])
+                out[c] = _merge(
+                    s[m],
+                    e[m],
+                    key,
+                    lv.tol,
+                    {"mb": mb[m], "chunk": chunk[m], "peer": peer[m], "direction": dirn[m]},
+                    name[m],
+                )
     if gaps is not None and len(gaps):
         sel = (gaps.end > a) & (gaps.start < b) & (gaps.end > gaps.start)
         if sel.any():
@@ -403,8 +422,14 @@ def _rank_step_blocks(rt: RankTimeline | None, gaps: Any, span: StepSpan, lv: _L
                     continue
                 key = blame[m] + 1 if lv.level == 0 else np.zeros(int(m.sum()), np.int64)
                 neg = np.full(int(m.sum()), -1, np.int64)
-                out["cause:" + c] = _merge(s[m], e[m], key, lv.tol, {"mb": neg, "chunk": neg, "peer": blame[m],
-                                                                     "direction": neg}, neg)
+                out["cause:" + c] = _merge(
+                    s[m],
+                    e[m],
+                    key,
+                    lv.tol,
+                    {"mb": neg, "chunk": neg, "peer": blame[m], "direction": neg},
+                    neg,
+                )
     return out
 
 
@@ -412,8 +437,9 @@ def _count(blocks: dict[int, dict[str, dict[str, I64]]]) -> int:
     return sum(int(v["start"].shape[0]) for per in blocks.values() for v in per.values())
 
 
-def build_timeline(diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int = MAX_ROWS,
-                   max_steps: int = MAX_STEPS) -> TimelineData:
+def build_timeline(
+    diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int = MAX_ROWS, max_steps: int = MAX_STEPS
+) -> TimelineData:
     """Turn the diagnosis' columnar timelines and gap tables into drawable merged blocks.
 
     The median step is always drawn; other steps are added, nearest first, while the total stays
@@ -429,8 +455,10 @@ def build_timeline(diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int 
         if whole:
             notes.append("No step markers were found: the whole captured window is drawn.")
     by = diag.run.by_rank()
-    virtual = any(len(r.stages) > 1 for r in rows) or int(((diag.report or {}).get("run") or {})
-                                                           .get("virtual_stages") or 1) > 1
+    virtual = (
+        any(len(r.stages) > 1 for r in rows)
+        or int(((diag.report or {}).get("run") or {}).get("virtual_stages") or 1) > 1
+    )
     if not spans or not rows:
         return TimelineData(rows=rows, spans=spans, t0=0, sets={}, notes=notes, shown=None, virtual=virtual)
 
@@ -451,8 +479,10 @@ def build_timeline(diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int 
             lv = _Level(1, lv.tol * 4)
             cur = blocks_of(med, lv)
         n_merged = _count(cur)
-        msg = (f"Simplified for size: the step has {raw:,} blocks; adjacent blocks of the same kind closer than "
-               f"{lv.tol / 1e6:.3g} ms were merged into {n_merged:,}")
+        msg = (
+            f"Simplified for size: the step has {raw:,} blocks; adjacent blocks of the same kind closer than "
+            f"{lv.tol / 1e6:.3g} ms were merged into {n_merged:,}"
+        )
         if n_merged > max_blocks:
             cur = _keep_longest(cur, max_blocks)
             msg += f", and only the {max_blocks:,} longest were kept"
@@ -478,8 +508,10 @@ def build_timeline(diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int 
         raw += n
     if skipped:
         nums = sorted(s.number if s.number >= 0 else s.index for s in skipped)
-        notes.append(f"{len(skipped)} of {len(spans)} steps are not drawn to keep the page responsive "
-                     f"(steps {_ranges_text(nums)}); their numbers are in the tables.")
+        notes.append(
+            f"{len(skipped)} of {len(spans)} steps are not drawn to keep the page responsive "
+            f"(steps {_ranges_text(nums)}); their numbers are in the tables."
+        )
 
     sets: dict[str, BlockSet] = {}
     for _sp, per_rank in drawn:
@@ -504,11 +536,22 @@ def build_timeline(diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int 
                 bs.name.append(v["name"])
     t0 = min(sp.start for sp, _ in drawn)
     names = {r.rank: by[r.rank].names for r in rows if r.rank in by}
-    return TimelineData(rows=rows, spans=spans, t0=t0, sets=sets, notes=notes, shown=med, virtual=virtual,
-                        raw_blocks=raw, names=names)
+    return TimelineData(
+        rows=rows,
+        spans=spans,
+        t0=t0,
+        sets=sets,
+        notes=notes,
+        shown=med,
+        virtual=virtual,
+        raw_blocks=raw,
+        names=names,
+    )
 
 
-def _keep_longest(blocks: dict[int, dict[str, dict[str, I64]]], budget: int) -> dict[int, dict[str, dict[str, I64]]]:
+def _keep_longest(
+    blocks: dict[int, dict[str, dict[str, I64]]], budget: int
+) -> dict[int, dict[str, dict[str, I64]]]:
     durs = np.concatenate([v["end"] - v["start"] for per in blocks.values() for v in per.values()])
     if durs.shape[0] <= budget:
         return blocks
@@ -550,7 +593,7 @@ def _block_texts(td: TimelineData, bs: BlockSet, label_ok: bool) -> tuple[list[s
     ys = bs.cat("row")
     st, en = bs.cat("start"), bs.cat("end")
     cnt, lo, hi = bs.cat("count"), bs.cat("mb_lo"), bs.cat("mb_hi")
-    chunk, peer, dirn, name, rank = bs.cat("chunk"), bs.cat("peer"), bs.cat("direction"), bs.cat("name"), bs.cat("rank")
+    chunk, peer, dirn, name = bs.cat("chunk"), bs.cat("peer"), bs.cat("direction"), bs.cat("name")
     texts: list[str] = []
     hovers: list[str] = []
     letter = PHASE_LETTERS.get(bs.category, "")
@@ -567,8 +610,10 @@ def _block_texts(td: TimelineData, bs: BlockSet, label_ok: bool) -> tuple[list[s
             elif blame >= 0:
                 root = "<br>root cause on this rank"
             texts.append("")
-            hovers.append(f"<b>{esc(cause_label(bs.category))}</b> · {dur:.3f} ms<br>{where} · at {at:.3f} ms"
-                          f"{root}" + (f"<br>{int(cnt[i])} gaps merged" if cnt[i] > 1 else ""))
+            hovers.append(
+                f"<b>{esc(cause_label(bs.category))}</b> · {dur:.3f} ms<br>{where} · at {at:.3f} ms"
+                f"{root}" + (f"<br>{int(cnt[i])} gaps merged" if cnt[i] > 1 else "")
+            )
             continue
         names = td.names.get(row.rank, [])
         nid = int(name[i])
@@ -589,8 +634,11 @@ def _block_texts(td: TimelineData, bs: BlockSet, label_ok: bool) -> tuple[list[s
             d = int(dirn[i])
             pr = int(peer[i])
             if bs.category == "p2p" and pr >= 0:
-                verb = {int(Direction.SEND): "send to", int(Direction.RECV): "recv from",
-                        int(Direction.BOTH): "send/recv with"}.get(d, "p2p with")
+                verb = {
+                    int(Direction.SEND): "send to",
+                    int(Direction.RECV): "recv from",
+                    int(Direction.BOTH): "send/recv with",
+                }.get(d, "p2p with")
                 head = f"<b>{verb} rank {pr}</b>"
             else:
                 head = f"<b>{esc(WORK_LABELS[bs.category])}</b>"
@@ -606,7 +654,9 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
 
     fig = go.Figure()
     label_ok = td.n_blocks <= TEXT_LIMIT
-    order = [c for c in _CAT_ORDER if c in td.sets] + [f"cause:{c}" for c in CAUSE_KEYS if f"cause:{c}" in td.sets]
+    order = [c for c in _CAT_ORDER if c in td.sets] + [
+        f"cause:{c}" for c in CAUSE_KEYS if f"cause:{c}" in td.sets
+    ]
     for key in order:
         bs = td.sets[key]
         if len(bs) == 0:
@@ -616,43 +666,69 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
         comm = bs.category in ("p2p", "collective", "copy") and not bs.is_cause
         color = CAUSE_COLORS.get(bs.category, "#999") if bs.is_cause else WORK_COLORS[bs.category]
         name = CAUSE_LABELS.get(bs.category, bs.category) if bs.is_cause else WORK_LABELS[bs.category]
-        fig.add_trace(go.Bar(
-            orientation="h",
-            y=ys.astype(np.float64) + (_COMM_Y if comm else _MAIN_Y),
-            x=(en - st) / 1e6,
-            base=(st - td.t0) / 1e6,
-            width=_COMM_H if comm else _MAIN_H,
-            marker={"color": color, "line": {"width": 0}},
-            name=name,
-            legendgroup="lost" if bs.is_cause else "work",
-            legendgrouptitle={"text": "lost time, by cause" if bs.is_cause else "work"},
-            text=texts if any(texts) else None,
-            textposition="inside",
-            insidetextanchor="middle",
-            textangle=0,
-            textfont={"color": "#ffffff", "size": 11},
-            hovertext=hovers,
-            hovertemplate="%{hovertext}<extra></extra>",
-            cliponaxis=True,
-        ))
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                y=ys.astype(np.float64) + (_COMM_Y if comm else _MAIN_Y),
+                x=(en - st) / 1e6,
+                base=(st - td.t0) / 1e6,
+                width=_COMM_H if comm else _MAIN_H,
+                marker={"color": color, "line": {"width": 0}},
+                name=name,
+                legendgroup="lost" if bs.is_cause else "work",
+                legendgrouptitle={"text": "lost time, by cause" if bs.is_cause else "work"},
+                text=texts if any(texts) else None,
+                textposition="inside",
+                insidetextanchor="middle",
+                textangle=0,
+                textfont={"color": "#ffffff", "size": 11},
+                hovertext=hovers,
+                hovertemplate="%{hovertext}<extra></extra>",
+                cliponaxis=True,
+            )
+        )
     n = len(td.rows)
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
     drawn = [s for s in td.spans if s.drawn]
     for sp in drawn:
         for x in (sp.start, sp.end):
-            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": (x - td.t0) / 1e6,
-                           "x1": (x - td.t0) / 1e6, "y0": 0, "y1": 1,
-                           "line": {"color": "#555", "width": 1, "dash": "dot"}})
-        annotations.append({"xref": "x", "yref": "paper", "x": (sp.start - td.t0) / 1e6, "y": 1.0,
-                            "xanchor": "left", "yanchor": "bottom", "showarrow": False,
-                            "text": esc(sp.label), "font": {"size": 11, "color": "#444"}})
+            shapes.append(
+                {
+                    "type": "line",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": (x - td.t0) / 1e6,
+                    "x1": (x - td.t0) / 1e6,
+                    "y0": 0,
+                    "y1": 1,
+                    "line": {"color": "#555", "width": 1, "dash": "dot"},
+                }
+            )
+        annotations.append(
+            {
+                "xref": "x",
+                "yref": "paper",
+                "x": (sp.start - td.t0) / 1e6,
+                "y": 1.0,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "text": esc(sp.label),
+                "font": {"size": 11, "color": "#444"},
+            }
+        )
     buttons = []
     for sp in sorted(drawn, key=lambda s: s.index):
         a, b = (sp.start - td.t0) / 1e6, (sp.end - td.t0) / 1e6
         pad = 0.01 * (b - a)
-        buttons.append({"label": esc(sp.label + (" (median)" if sp.median else "")), "method": "relayout",
-                        "args": [{"xaxis.range": [a - pad, b + pad]}]})
+        buttons.append(
+            {
+                "label": esc(sp.label + (" (median)" if sp.median else "")),
+                "method": "relayout",
+                "args": [{"xaxis.range": [a - pad, b + pad]}],
+            }
+        )
     if len(drawn) > 1:
         a = (min(s.start for s in drawn) - td.t0) / 1e6
         b = (max(s.end for s in drawn) - td.t0) / 1e6
@@ -670,12 +746,30 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
         "height": max(300, 190 + 58 * n),
         "margin": {"l": 150, "r": 20, "t": 40, "b": 120},
         "uniformtext": {"minsize": 9, "mode": "hide"},
-        "xaxis": {"title": {"text": "time (ms) on the aligned clock"}, "range": xr, "zeroline": False,
-                  "showgrid": True, "gridcolor": "#eee"},
-        "yaxis": {"tickvals": [r.y for r in td.rows], "ticktext": [esc(r.label) for r in td.rows],
-                  "range": [n - 0.5, -0.5], "showgrid": False, "zeroline": False, "fixedrange": n <= 16},
-        "legend": {"orientation": "h", "x": 0, "y": 0, "yref": "container", "yanchor": "bottom",
-                   "groupclick": "toggleitem", "font": {"size": 12}},
+        "xaxis": {
+            "title": {"text": "time (ms) on the aligned clock"},
+            "range": xr,
+            "zeroline": False,
+            "showgrid": True,
+            "gridcolor": "#eee",
+        },
+        "yaxis": {
+            "tickvals": [r.y for r in td.rows],
+            "ticktext": [esc(r.label) for r in td.rows],
+            "range": [n - 0.5, -0.5],
+            "showgrid": False,
+            "zeroline": False,
+            "fixedrange": n <= 16,
+        },
+        "legend": {
+            "orientation": "h",
+            "x": 0,
+            "y": 0,
+            "yref": "container",
+            "yanchor": "bottom",
+            "groupclick": "toggleitem",
+            "font": {"size": 12},
+        },
         "hovermode": "closest",
         "hoverlabel": {"namelength": -1, "font": {"size": 12}},
         "shapes": shapes,
@@ -684,9 +778,22 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
         "font": {"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"},
     }
     if len(buttons) > 1:
-        layout["updatemenus"] = [{"type": "buttons", "direction": "right", "x": 0, "y": 1.0, "xanchor": "left",
-                                  "yanchor": "bottom", "pad": {"b": 22}, "buttons": buttons, "showactive": True,
-                                  "font": {"size": 11}, "bgcolor": "#f4f6f8", "bordercolor": "#c8ced6"}]
+        layout["updatemenus"] = [
+            {
+                "type": "buttons",
+                "direction": "right",
+                "x": 0,
+                "y": 1.0,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "pad": {"b": 22},
+                "buttons": buttons,
+                "showactive": True,
+                "font": {"size": 11},
+                "bgcolor": "#f4f6f8",
+                "bordercolor": "#c8ced6",
+            }
+        ]
         layout["margin"]["t"] = 80
     fig.update_layout(**layout)
     return _fig_dict(fig)
@@ -701,8 +808,11 @@ def _slowest_stage(stages: list[dict[str, Any]]) -> int | None:
     for i, s in enumerate(stages):
         v = _num(s.get("compute_ms"))
         if v is None:
-            v = sum(_num((s.get(k) or {}).get("mean")) or 0.0 for k in ("fwd_ms", "bwd_ms", "wgrad_ms")
-                    if isinstance(s.get(k), dict))
+            v = sum(
+                _num((s.get(k) or {}).get("mean")) or 0.0
+                for k in ("fwd_ms", "bwd_ms", "wgrad_ms")
+                if isinstance(s.get(k), dict)
+            )
         if best is None or v > best:
             best, idx = v, i
     if len(stages) < 2:
@@ -718,8 +828,11 @@ def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
     stages = _stage_rows(rep)
     if not stages:
         return None
-    series = (("fwd", "fwd_samples_ms", "fwd_ms"), ("bwd", "bwd_samples_ms", "bwd_ms"),
-              ("wgrad", "wgrad_samples_ms", "wgrad_ms"))
+    series = (
+        ("fwd", "fwd_samples_ms", "fwd_ms"),
+        ("bwd", "bwd_samples_ms", "bwd_ms"),
+        ("wgrad", "wgrad_samples_ms", "wgrad_ms"),
+    )
     have_samples = any(isinstance(s.get(k), list) and s.get(k) for s in stages for _, k, _ in series)
     slow = _slowest_stage(stages)
     if not have_samples:
@@ -727,17 +840,34 @@ def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
         fig = go.Figure()
         xs = [f"stage {s.get('stage')}" for s in stages]
         for cat, _k, statk in series:
-            ys = [_num((s.get(statk) or {}).get("mean")) if isinstance(s.get(statk), dict) else None for s in stages]
+            ys = [
+                _num((s.get(statk) or {}).get("mean")) if isinstance(s.get(statk), dict) else None
+                for s in stages
+            ]
             if all(v is None for v in ys):
                 continue
-            p95 = [_num((s.get(statk) or {}).get("p95")) if isinstance(s.get(statk), dict) else None for s in stages]
+            p95 = [
+                _num((s.get(statk) or {}).get("p95")) if isinstance(s.get(statk), dict) else None
+                for s in stages
+            ]
             err = [(p - m) if (p is not None and m is not None) else 0 for p, m in zip(p95, ys, strict=True)]
-            fig.add_trace(go.Bar(x=xs, y=ys, name=WORK_LABELS[cat], marker_color=WORK_COLORS[cat],
-                                 error_y={"type": "data", "array": err, "symmetric": False, "arrayminus": [0] * len(err)},
-                                 hovertemplate="%{x}: %{y:.3f} ms (mean)<extra>" + WORK_LABELS[cat] + "</extra>"))
-        fig.update_layout(template="plotly_white", barmode="group", height=360,
-                          yaxis_title="ms per micro-batch (mean, whisker = p95)",
-                          margin={"l": 60, "r": 20, "t": 30, "b": 40})
+            fig.add_trace(
+                go.Bar(
+                    x=xs,
+                    y=ys,
+                    name=WORK_LABELS[cat],
+                    marker_color=WORK_COLORS[cat],
+                    error_y={"type": "data", "array": err, "symmetric": False, "arrayminus": [0] * len(err)},
+                    hovertemplate="%{x}: %{y:.3f} ms (mean)<extra>" + WORK_LABELS[cat] + "</extra>",
+                )
+            )
+        fig.update_layout(
+            template="plotly_white",
+            barmode="group",
+            height=360,
+            yaxis_title="ms per micro-batch (mean, whisker = p95)",
+            margin={"l": 60, "r": 20, "t": 30, "b": 40},
+        )
         return _fig_dict(fig)
     n = len(stages)
     cols = min(4, n)
@@ -749,32 +879,62 @@ def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
         if i == slow:
             t = f"<b>{esc(t)} · slowest</b>"
         titles.append(esc(t) if i != slow else t)
-    fig = make_subplots(rows=nrows, cols=cols, subplot_titles=titles, shared_xaxes="all",
-                        horizontal_spacing=0.04, vertical_spacing=0.14 if nrows > 1 else 0.1)
+    fig = make_subplots(
+        rows=nrows,
+        cols=cols,
+        subplot_titles=titles,
+        shared_xaxes="all",
+        horizontal_spacing=0.04,
+        vertical_spacing=0.14 if nrows > 1 else 0.1,
+    )
     for i, s in enumerate(stages):
         r, c = i // cols + 1, i % cols + 1
         for cat, key, _ in series:
             vals = [v for v in (s.get(key) or []) if _num(v) is not None]
             if not vals:
                 continue
-            fig.add_trace(go.Histogram(
-                x=vals, name=WORK_LABELS[cat], legendgroup=cat, showlegend=(i == 0 or cat == "wgrad"),
-                marker={"color": WORK_COLORS[cat], "line": {"width": 0.5, "color": "#fff"}}, opacity=0.8,
-                nbinsx=30, hovertemplate="%{x} ms: %{y} micro-batches<extra>" + esc(f"stage {s.get('stage')} ")
-                + WORK_LABELS[cat] + "</extra>",
-            ), row=r, col=c)
-    fig.update_layout(template="plotly_white", barmode="overlay", height=max(300, 230 * nrows + 60),
-                      margin={"l": 50, "r": 130, "t": 40, "b": 50},
-                      legend={"orientation": "v", "x": 1.01, "y": 1, "yanchor": "top"},
-                      font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"})
+            fig.add_trace(
+                go.Histogram(
+                    x=vals,
+                    name=WORK_LABELS[cat],
+                    legendgroup=cat,
+                    showlegend=(i == 0 or cat == "wgrad"),
+                    marker={"color": WORK_COLORS[cat], "line": {"width": 0.5, "color": "#fff"}},
+                    opacity=0.8,
+                    nbinsx=30,
+                    hovertemplate="%{x} ms: %{y} micro-batches<extra>"
+                    + esc(f"stage {s.get('stage')} ")
+                    + WORK_LABELS[cat]
+                    + "</extra>",
+                ),
+                row=r,
+                col=c,
+            )
+    fig.update_layout(
+        template="plotly_white",
+        barmode="overlay",
+        height=max(300, 230 * nrows + 60),
+        margin={"l": 50, "r": 130, "t": 40, "b": 50},
+        legend={"orientation": "v", "x": 1.01, "y": 1, "yanchor": "top"},
+        font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"},
+    )
     fig.update_xaxes(title_text="ms per micro-batch", row=nrows)
     fig.update_yaxes(title_text="micro-batches", col=1)
     if slow is not None:
         idx = slow + 1
         ax = "" if idx == 1 else str(idx)
-        fig.add_shape(type="rect", xref=f"x{ax} domain", yref=f"y{ax} domain", x0=-0.02, x1=1.02, y0=-0.04, y1=1.04,
-                      line={"color": CAUSE_COLORS["imbalance"], "width": 3}, fillcolor="rgba(242,142,43,0.06)",
-                      layer="below")
+        fig.add_shape(
+            type="rect",
+            xref=f"x{ax} domain",
+            yref=f"y{ax} domain",
+            x0=-0.02,
+            x1=1.02,
+            y0=-0.04,
+            y1=1.04,
+            line={"color": CAUSE_COLORS["imbalance"], "width": 3},
+            fillcolor="rgba(242,142,43,0.06)",
+            layer="below",
+        )
         for ann in fig.layout.annotations:
             if "slowest" in str(ann.text):
                 ann.font = {"color": "#B35900", "size": 13}
@@ -787,7 +947,9 @@ def _group_rows(rep: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]], s
         return [f"stage {s.get('stage')}" for s in stages], stages, "stage"
     ranks = [r for r in rep.get("ranks") or [] if isinstance(r, dict)]
     if len(ranks) > 64:
-        ranks = sorted(ranks, key=lambda r: -sum(_num(v) or 0 for v in (r.get("lost_ms") or {}).values()))[:64]
+        ranks = sorted(ranks, key=lambda r: -sum(_num(v) or 0 for v in (r.get("lost_ms") or {}).values()))[
+            :64
+        ]
         ranks.sort(key=lambda r: r.get("rank", 0))
     return [f"rank {r.get('rank')}" for r in ranks], ranks, "rank"
 
@@ -804,12 +966,24 @@ def lost_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
         ys = [_num((r.get("lost_ms") or {}).get(c)) or 0.0 for r in rows]
         if not any(ys):
             continue
-        fig.add_trace(go.Bar(x=labels, y=ys, name=CAUSE_LABELS[c], marker_color=CAUSE_COLORS[c],
-                             hovertemplate="%{x}: %{y:.3f} ms<extra>" + CAUSE_LABELS[c] + "</extra>"))
-    fig.update_layout(template="plotly_white", barmode="stack", height=380, yaxis_title="ms per step",
-                      margin={"l": 60, "r": 20, "t": 20, "b": 40},
-                      legend={"orientation": "h", "y": -0.15, "x": 0, "traceorder": "normal"},
-                      font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"})
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=ys,
+                name=CAUSE_LABELS[c],
+                marker_color=CAUSE_COLORS[c],
+                hovertemplate="%{x}: %{y:.3f} ms<extra>" + CAUSE_LABELS[c] + "</extra>",
+            )
+        )
+    fig.update_layout(
+        template="plotly_white",
+        barmode="stack",
+        height=380,
+        yaxis_title="ms per step",
+        margin={"l": 60, "r": 20, "t": 20, "b": 40},
+        legend={"orientation": "h", "y": -0.15, "x": 0, "traceorder": "normal"},
+        font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"},
+    )
     return _fig_dict(fig)
 
 
@@ -829,13 +1003,27 @@ def bubble_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
     if meas is not None:
         names.append("measured")
         vals.append(100 * meas)
-        colors.append(CAUSE_COLORS["bubble"] if theo is None or meas <= theo * 1.1 else CAUSE_COLORS["imbalance"])
-    fig = go.Figure(go.Bar(y=names, x=vals, orientation="h", marker_color=colors,
-                           text=[f"{v:.1f} %" for v in vals], textposition="outside",
-                           hovertemplate="%{y}: %{x:.2f} % of step<extra></extra>"))
-    fig.update_layout(template="plotly_white", height=180, margin={"l": 90, "r": 40, "t": 10, "b": 40},
-                      xaxis={"title": {"text": "bubble, % of step time"}, "range": [0, max(vals) * 1.25 + 1]},
-                      font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"})
+        colors.append(
+            CAUSE_COLORS["bubble"] if theo is None or meas <= theo * 1.1 else CAUSE_COLORS["imbalance"]
+        )
+    fig = go.Figure(
+        go.Bar(
+            y=names,
+            x=vals,
+            orientation="h",
+            marker_color=colors,
+            text=[f"{v:.1f} %" for v in vals],
+            textposition="outside",
+            hovertemplate="%{y}: %{x:.2f} % of step<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        template="plotly_white",
+        height=180,
+        margin={"l": 90, "r": 40, "t": 10, "b": 40},
+        xaxis={"title": {"text": "bubble, % of step time"}, "range": [0, max(vals) * 1.25 + 1]},
+        font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"},
+    )
     return _fig_dict(fig)
 
 
@@ -862,7 +1050,8 @@ def _fig_json(figs: dict[str, dict[str, Any]]) -> str:
 _CSS = """
 :root{--fg:#1d232b;--muted:#5b6672;--line:#e3e7ec;--bg:#f6f8fa;--card:#fff}
 *{box-sizing:border-box}
-body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:var(--fg);
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;
+color:var(--fg);
 background:var(--bg)}
 main{max-width:1360px;margin:0 auto;padding:18px 22px 40px}
 h1{font-size:22px;margin:4px 0 2px}h2{font-size:17px;margin:0 0 10px}h3{font-size:15px;margin:0}
@@ -880,7 +1069,8 @@ table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{padding:5px 8px;border-bottom:1px solid var(--line);text-align:right;vertical-align:top}
 th{background:#fafbfc;font-weight:600}
 td.l,th.l{text-align:left}
-.finding{border:1px solid var(--line);border-left:6px solid #999;border-radius:6px;padding:10px 14px;margin:10px 0}
+.finding{border:1px solid var(--line);border-left:6px solid #999;border-radius:6px;padding:10px 14px;
+margin:10px 0}
 .finding .head{display:flex;gap:10px;align-items:baseline;flex-wrap:wrap}
 .badge{font-size:11px;font-weight:700;color:#fff;border-radius:3px;padding:1px 6px;text-transform:uppercase}
 .code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-weight:700}
@@ -889,7 +1079,8 @@ td.l,th.l{text-align:left}
 .evidence{width:auto;min-width:40%;margin:4px 0 6px}.evidence td{text-align:left}
 .evidence td:first-child{color:var(--muted);white-space:nowrap}
 ol.fixes{margin:4px 0 0 18px;padding:0}
-.note{background:#fff8e1;border:1px solid #f3e3a1;border-radius:6px;padding:7px 10px;margin:8px 0;font-size:13px}
+.note{background:#fff8e1;border:1px solid #f3e3a1;border-radius:6px;padding:7px 10px;margin:8px 0;
+font-size:13px}
 .warn li{margin:2px 0}
 .grid2{display:grid;grid-template-columns:minmax(0,3fr) minmax(0,2fr);gap:14px}
 @media (max-width:900px){.grid2{grid-template-columns:1fr}}
@@ -911,8 +1102,11 @@ _ERROR_HOOK = """
 
 
 def _tile(k: str, v: str, sub: str = "") -> str:
-    return (f'<div class="tile"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div>'
-            + (f'<div class="sub">{esc(sub)}</div>' if sub else "") + "</div>")
+    return (
+        f'<div class="tile"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div>'
+        + (f'<div class="sub">{esc(sub)}</div>' if sub else "")
+        + "</div>"
+    )
 
 
 def _headline(rep: dict[str, Any]) -> str:
@@ -935,10 +1129,16 @@ def _headline(rep: dict[str, Any]) -> str:
     meas, theo = _num(b.get("measured_ratio")), _num(b.get("theoretical_ratio"))
     if meas is not None or theo is not None:
         tiles.append(_tile("bubble", fmt_pct(meas), f"theoretical {fmt_pct(theo)}"))
-    pipe = "no pipeline parallelism" if (pp in (None, 1) or sched == "none") else \
-        f"{sched}, P={pp}" + (f", M={m}" if m else "") + (f", v={run.get('virtual_stages')}"
-                                                         if (run.get("virtual_stages") or 1) > 1 else "")
-    tiles.append(_tile("pipeline", pipe, f"{run.get('world_size', '?')} ranks, {len(run.get('steps') or [])} steps"))
+    pipe = (
+        "no pipeline parallelism"
+        if (pp in (None, 1) or sched == "none")
+        else f"{sched}, P={pp}"
+        + (f", M={m}" if m else "")
+        + (f", v={run.get('virtual_stages')}" if (run.get("virtual_stages") or 1) > 1 else "")
+    )
+    tiles.append(
+        _tile("pipeline", pipe, f"{run.get('world_size', '?')} ranks, {len(run.get('steps') or [])} steps")
+    )
     out = ['<div class="tiles">' + "".join(tiles) + "</div>"]
     # where the step goes: compute + each cause, as one bar
     if step:
@@ -946,16 +1146,25 @@ def _headline(rep: dict[str, Any]) -> str:
         leg = []
         base = max(step, (comp or 0) + total_lost)
         if comp:
-            parts.append(f'<span style="width:{100 * comp / base:.3f}%;background:{_COMPUTE_COLOR}" '
-                         f'title="compute {esc(fmt_ms(comp))}"></span>')
-            leg.append(f'<span><i class="sw" style="background:{_COMPUTE_COLOR}"></i>compute {esc(fmt_ms(comp))}</span>')
+            parts.append(
+                f'<span style="width:{100 * comp / base:.3f}%;background:{_COMPUTE_COLOR}" '
+                f'title="compute {esc(fmt_ms(comp))}"></span>'
+            )
+            leg.append(
+                f'<span><i class="sw" style="background:{_COMPUTE_COLOR}"></i>'
+                f"compute {esc(fmt_ms(comp))}</span>"
+            )
         for c in sorted(CAUSE_KEYS, key=lambda c: -lost[c]):
             if lost[c] <= 0:
                 continue
-            parts.append(f'<span style="width:{100 * lost[c] / base:.3f}%;background:{CAUSE_COLORS[c]}" '
-                         f'title="{esc(cause_label(c))} {esc(fmt_ms(lost[c]))}"></span>')
-            leg.append(f'<span><i class="sw" style="background:{CAUSE_COLORS[c]}"></i>{esc(cause_label(c))} '
-                       f'{esc(fmt_ms(lost[c]))} ({100 * lost[c] / step:.1f} %)</span>')
+            parts.append(
+                f'<span style="width:{100 * lost[c] / base:.3f}%;background:{CAUSE_COLORS[c]}" '
+                f'title="{esc(cause_label(c))} {esc(fmt_ms(lost[c]))}"></span>'
+            )
+            leg.append(
+                f'<span><i class="sw" style="background:{CAUSE_COLORS[c]}"></i>{esc(cause_label(c))} '
+                f"{esc(fmt_ms(lost[c]))} ({100 * lost[c] / step:.1f} %)</span>"
+            )
         out.append('<div class="bar" role="img" aria-label="step time by cause">' + "".join(parts) + "</div>")
         out.append('<div class="legend">' + "".join(leg) + "</div>")
     # the top causes, each with the finding that would win most of it back
@@ -964,15 +1173,21 @@ def _headline(rep: dict[str, Any]) -> str:
     if top:
         items = []
         for c in top:
-            fs = sorted((f for f in finds if f.get("cause") == c), key=lambda f: -(_num(f.get("gain_ms")) or 0))
+            fs = sorted(
+                (f for f in finds if f.get("cause") == c), key=lambda f: -(_num(f.get("gain_ms")) or 0)
+            )
             share = f" ({100 * lost[c] / step:.1f} % of step)" if step else ""
             fix = ""
             if fs:
                 f = fs[0]
-                fix = (f' — <span class="code">{esc(f.get("code"))}</span> {esc(f.get("title"))}: '
-                       f'could win back <b>{esc(fmt_ms(_num(f.get("gain_ms"))))}</b>')
-            items.append(f'<li><i class="sw" style="background:{cause_color(c)}"></i><b>{esc(cause_label(c))}</b> '
-                         f'{esc(fmt_ms(lost[c]))}{esc(share)}{fix}</li>')
+                fix = (
+                    f' — <span class="code">{esc(f.get("code"))}</span> {esc(f.get("title"))}: '
+                    f"could win back <b>{esc(fmt_ms(_num(f.get('gain_ms'))))}</b>"
+                )
+            items.append(
+                f'<li><i class="sw" style="background:{cause_color(c)}"></i><b>{esc(cause_label(c))}</b> '
+                f"{esc(fmt_ms(lost[c]))}{esc(share)}{fix}</li>"
+            )
         out.append('<h3 style="margin-top:12px">Top causes</h3><ul>' + "".join(items) + "</ul>")
     return "".join(out)
 
@@ -988,18 +1203,25 @@ def _gate_html(gate: Any) -> str:
     for c in data.get("checks") or []:
         state = str(c.get("state", ""))
         cls = {"pass": "pass", "fail": "fail"}.get(state, "inconclusive")
-        rows.append(f'<tr><td class="l {cls}">{esc(state.upper())}</td><td class="l">{esc(c.get("text"))}</td></tr>')
+        rows.append(
+            f'<tr><td class="l {cls}">{esc(state.upper())}</td><td class="l">{esc(c.get("text"))}</td></tr>'
+        )
     reasons = "".join(f"<li>{esc(r)}</li>" for r in data.get("reasons") or [])
-    return (f'<section id="gate"><h2>CI gate: <span class="{esc(st)}">{esc(st.upper())}</span> '
-            f'<span class="sub">(exit {esc(data.get("exit_code"))})</span></h2>'
-            + (f"<ul>{reasons}</ul>" if reasons else "")
-            + f'<table><tbody>{"".join(rows)}</tbody></table></section>')
+    return (
+        f'<section id="gate"><h2>CI gate: <span class="{esc(st)}">{esc(st.upper())}</span> '
+        f'<span class="sub">(exit {esc(data.get("exit_code"))})</span></h2>'
+        + (f"<ul>{reasons}</ul>" if reasons else "")
+        + f"<table><tbody>{''.join(rows)}</tbody></table></section>"
+    )
 
 
 def _findings_html(rep: dict[str, Any]) -> str:
     finds = [f for f in rep.get("findings") or [] if isinstance(f, dict)]
     if not finds:
-        return '<section id="findings"><h2>Findings</h2><p class="sub">No finding: nothing worth fixing was detected.</p></section>'
+        return (
+            '<section id="findings"><h2>Findings</h2>'
+            '<p class="sub">No finding: nothing worth fixing was detected.</p></section>'
+        )
     step = _num((rep.get("summary") or {}).get("step_ms"))
     cards = []
     for f in finds:
@@ -1014,13 +1236,20 @@ def _findings_html(rep: dict[str, Any]) -> str:
             where.append("stages " + ", ".join(esc(x) for x in f["stages"][:32]))
         if f.get("ranks"):
             rk = f["ranks"]
-            where.append("ranks " + ", ".join(esc(x) for x in rk[:32]) + (f" … ({len(rk)})" if len(rk) > 32 else ""))
+            where.append(
+                "ranks " + ", ".join(esc(x) for x in rk[:32]) + (f" … ({len(rk)})" if len(rk) > 32 else "")
+            )
         ev = f.get("evidence") or {}
         ev_rows = ""
         if isinstance(ev, dict) and ev:
-            ev_rows = '<table class="evidence"><tbody>' + "".join(
-                f'<tr><td>{esc(k)}</td><td class="mono">{esc(_fmt_val(v))}</td></tr>' for k, v in ev.items()
-            ) + "</tbody></table>"
+            ev_rows = (
+                '<table class="evidence"><tbody>'
+                + "".join(
+                    f'<tr><td>{esc(k)}</td><td class="mono">{esc(_fmt_val(v))}</td></tr>'
+                    for k, v in ev.items()
+                )
+                + "</tbody></table>"
+            )
         fixes = "".join(f"<li>{esc(x)}</li>" for x in (f.get("fixes") or []))
         gain_txt = ""
         if gain is not None:
@@ -1030,9 +1259,14 @@ def _findings_html(rep: dict[str, Any]) -> str:
             f'<div class="head"><span class="badge" style="background:{SEVERITY_COLORS.get(sev, "#7F8C8D")}">'
             f'{esc(sev)}</span><span class="code">{esc(f.get("code"))}</span><h3>{esc(f.get("title"))}</h3>'
             f'<span class="gain">{esc(gain_txt)}</span></div>'
-            f'<div class="meta"><i class="sw" style="background:{color}"></i>{esc(cause_label(cause) if cause else "general")}'
-            + (" · " + " · ".join(where) if where else "") + "</div>"
-            + ev_rows + (f'<b>How to fix</b><ol class="fixes">{fixes}</ol>' if fixes else "") + "</div>")
+            f'<div class="meta"><i class="sw" style="background:{color}"></i>'
+            f"{esc(cause_label(cause) if cause else 'general')}"
+            + (" · " + " · ".join(where) if where else "")
+            + "</div>"
+            + ev_rows
+            + (f'<b>How to fix</b><ol class="fixes">{fixes}</ol>' if fixes else "")
+            + "</div>"
+        )
     return '<section id="findings"><h2>Findings, by estimated gain</h2>' + "".join(cards) + "</section>"
 
 
@@ -1044,13 +1278,20 @@ def _whatif_html(rep: dict[str, Any]) -> str:
     body = []
     for w in rows:
         sp = _num(w.get("speedup"))
-        body.append(f'<tr><td class="l">{esc(w.get("scenario"))}</td><td>{esc(fmt_ms(_num(w.get("step_ms"))))}</td>'
-                    f'<td>{esc(f"{sp:.2f}×" if sp is not None else "—")}</td>'
-                    f'<td>{esc(fmt_pct(_num(w.get("bubble_ratio"))))}</td><td class="l">{esc(w.get("note") or "")}</td></tr>')
-    return ('<section id="whatif"><h2>What if</h2><p class="sub">Simulated with the measured per-stage costs'
-            + (f"; today's step is {esc(fmt_ms(step))}" if step else "") + '.</p><table><thead><tr><th class="l">scenario'
-            '</th><th>step</th><th>speed-up</th><th>bubble</th><th class="l">note</th></tr></thead><tbody>'
-            + "".join(body) + "</tbody></table></section>")
+        body.append(
+            f'<tr><td class="l">{esc(w.get("scenario"))}</td><td>{esc(fmt_ms(_num(w.get("step_ms"))))}</td>'
+            f"<td>{esc(f'{sp:.2f}×' if sp is not None else '—')}</td>"
+            f"<td>{esc(fmt_pct(_num(w.get('bubble_ratio'))))}</td>"
+            f'<td class="l">{esc(w.get("note") or "")}</td></tr>'
+        )
+    return (
+        '<section id="whatif"><h2>What if</h2><p class="sub">Simulated with the measured per-stage costs'
+        + (f"; today's step is {esc(fmt_ms(step))}" if step else "")
+        + '.</p><table><thead><tr><th class="l">scenario'
+        '</th><th>step</th><th>speed-up</th><th>bubble</th><th class="l">note</th></tr></thead><tbody>'
+        + "".join(body)
+        + "</tbody></table></section>"
+    )
 
 
 def _stats_cell(d: Any) -> str:
@@ -1067,21 +1308,31 @@ def _stage_table(rep: dict[str, Any], slow: int | None) -> str:
     if not stages:
         return ""
     has_w = any(isinstance(s.get("wgrad_ms"), dict) for s in stages)
-    head = ('<tr><th class="l">stage</th><th class="l">ranks</th><th>F ms mean / p95</th><th>B ms mean / p95</th>'
-            + ("<th>W ms mean / p95</th>" if has_w else "") + "<th>compute ms</th>"
-            + "".join(f'<th><i class="sw" style="background:{CAUSE_COLORS[c]}"></i>{esc(CAUSE_LABELS[c])}</th>'
-                      for c in CAUSE_KEYS) + "</tr>")
+    head = (
+        '<tr><th class="l">stage</th><th class="l">ranks</th><th>F ms mean / p95</th><th>B ms mean / p95</th>'
+        + ("<th>W ms mean / p95</th>" if has_w else "")
+        + "<th>compute ms</th>"
+        + "".join(
+            f'<th><i class="sw" style="background:{CAUSE_COLORS[c]}"></i>{esc(CAUSE_LABELS[c])}</th>'
+            for c in CAUSE_KEYS
+        )
+        + "</tr>"
+    )
     body = []
     for i, s in enumerate(stages):
         lost = s.get("lost_ms") or {}
         ranks = s.get("ranks") or []
         rk = ", ".join(esc(r) for r in ranks[:8]) + (f" … ({len(ranks)})" if len(ranks) > 8 else "")
         style = ' style="background:#fff4e5"' if i == slow else ""
-        body.append(f'<tr{style}><td class="l">{esc(s.get("stage"))}{" (slowest)" if i == slow else ""}</td>'
-                    f'<td class="l">{rk}</td><td>{_stats_cell(s.get("fwd_ms"))}</td><td>{_stats_cell(s.get("bwd_ms"))}</td>'
-                    + (f'<td>{_stats_cell(s.get("wgrad_ms"))}</td>' if has_w else "")
-                    + f'<td>{esc(_f3(s.get("compute_ms")))}</td>'
-                    + "".join(f"<td>{esc(_f3(lost.get(c)))}</td>" for c in CAUSE_KEYS) + "</tr>")
+        body.append(
+            f'<tr{style}><td class="l">{esc(s.get("stage"))}{" (slowest)" if i == slow else ""}</td>'
+            f'<td class="l">{rk}</td><td>{_stats_cell(s.get("fwd_ms"))}</td>'
+            f"<td>{_stats_cell(s.get('bwd_ms'))}</td>"
+            + (f"<td>{_stats_cell(s.get('wgrad_ms'))}</td>" if has_w else "")
+            + f"<td>{esc(_f3(s.get('compute_ms')))}</td>"
+            + "".join(f"<td>{esc(_f3(lost.get(c)))}</td>" for c in CAUSE_KEYS)
+            + "</tr>"
+        )
     return f"<table><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>"
 
 
@@ -1094,18 +1345,33 @@ def _rank_table(rep: dict[str, Any], limit: int = 512) -> str:
     ranks = [r for r in rep.get("ranks") or [] if isinstance(r, dict)]
     if not ranks:
         return ""
-    head = ('<tr><th class="l">rank</th><th class="l">stage</th><th>step ms</th><th>compute ms</th>'
-            '<th>exposed p2p ms</th><th>exposed collective ms</th><th>idle ms</th>'
-            + "".join(f'<th><i class="sw" style="background:{CAUSE_COLORS[c]}"></i>{esc(CAUSE_LABELS[c])}</th>'
-                      for c in CAUSE_KEYS) + "</tr>")
+    head = (
+        '<tr><th class="l">rank</th><th class="l">stage</th><th>step ms</th><th>compute ms</th>'
+        "<th>exposed p2p ms</th><th>exposed collective ms</th><th>idle ms</th>"
+        + "".join(
+            f'<th><i class="sw" style="background:{CAUSE_COLORS[c]}"></i>{esc(CAUSE_LABELS[c])}</th>'
+            for c in CAUSE_KEYS
+        )
+        + "</tr>"
+    )
     body = []
     for r in ranks[:limit]:
         lost = r.get("lost_ms") or {}
-        body.append(f'<tr><td class="l">{esc(r.get("rank"))}</td><td class="l">{esc(r.get("stage") if r.get("stage") is not None else "—")}</td>'
-                    + "".join(f"<td>{esc(_f3(r.get(k)))}</td>" for k in ("step_ms", "compute_ms", "exposed_p2p_ms",
-                                                                        "exposed_collective_ms", "idle_ms"))
-                    + "".join(f"<td>{esc(_f3(lost.get(c)))}</td>" for c in CAUSE_KEYS) + "</tr>")
-    more = f'<p class="sub">{len(ranks) - limit} more ranks are in the JSON report.</p>' if len(ranks) > limit else ""
+        body.append(
+            f'<tr><td class="l">{esc(r.get("rank"))}</td>'
+            f'<td class="l">{esc(r.get("stage") if r.get("stage") is not None else "—")}</td>'
+            + "".join(
+                f"<td>{esc(_f3(r.get(k)))}</td>"
+                for k in ("step_ms", "compute_ms", "exposed_p2p_ms", "exposed_collective_ms", "idle_ms")
+            )
+            + "".join(f"<td>{esc(_f3(lost.get(c)))}</td>" for c in CAUSE_KEYS)
+            + "</tr>"
+        )
+    more = (
+        f'<p class="sub">{len(ranks) - limit} more ranks are in the JSON report.</p>'
+        if len(ranks) > limit
+        else ""
+    )
     table = f"<table><thead>{head}</thead><tbody>{''.join(body)}</tbody></table>{more}"
     if len(ranks) > 16:
         return f"<details><summary>per-rank breakdown ({len(ranks)} ranks)</summary>{table}</details>"
@@ -1141,36 +1407,53 @@ def _top_kernels(diag: Diagnosis, td: TimelineData, k: int = 6) -> str:
             if tot[i] <= 0:
                 continue
             nm = rt.name_of(int(i))
-            lines.append(f'<tr><td class="l mono">{esc(_short(nm, 200))}</td><td>{tot[i] / 1e6 / len(spans):.3f}</td>'
-                         f'<td>{100 * tot[i] / all_t:.1f} %</td><td>{cnt[i] / len(spans):.0f}</td></tr>')
-        blocks.append(f'<h3 style="margin:10px 0 4px">{esc(row.label)}</h3><table><thead><tr><th class="l">kernel / op'
-                      '</th><th>ms per step</th><th>share of compute</th><th>calls per step</th></tr></thead><tbody>'
-                      + "".join(lines) + "</tbody></table>")
+            lines.append(
+                f'<tr><td class="l mono">{esc(_short(nm, 200))}</td><td>{tot[i] / 1e6 / len(spans):.3f}</td>'
+                f"<td>{100 * tot[i] / all_t:.1f} %</td><td>{cnt[i] / len(spans):.0f}</td></tr>"
+            )
+        blocks.append(
+            f'<h3 style="margin:10px 0 4px">{esc(row.label)}</h3><table><thead><tr><th class="l">kernel / op'
+            "</th><th>ms per step</th><th>share of compute</th><th>calls per step</th></tr></thead><tbody>"
+            + "".join(lines)
+            + "</tbody></table>"
+        )
     if not blocks:
         return ""
-    return ("<details><summary>Top compute kernels per rank (where a slow stage spends its time)</summary>"
-            + "".join(blocks) + "</details>")
+    return (
+        "<details><summary>Top compute kernels per rank (where a slow stage spends its time)</summary>"
+        + "".join(blocks)
+        + "</details>"
+    )
 
 
 def _facts(diag: Diagnosis, rep: dict[str, Any]) -> str:
     run = rep.get("run") or {}
     tool = rep.get("tool") or {}
     items = [
-        ("format", run.get("format")), ("world size", run.get("world_size")),
+        ("format", run.get("format")),
+        ("world size", run.get("world_size")),
         ("ranks analyzed", _ranges_text(sorted(x for x in run.get("ranks") or [] if isinstance(x, int)))),
-        ("pipeline stages (pp)", run.get("pp")), ("virtual stages", run.get("virtual_stages")),
-        ("schedule", run.get("schedule")), ("micro-batches (M)", run.get("microbatches")),
+        ("pipeline stages (pp)", run.get("pp")),
+        ("virtual stages", run.get("virtual_stages")),
+        ("schedule", run.get("schedule")),
+        ("micro-batches (M)", run.get("microbatches")),
         ("analyzed steps", _ranges_text(sorted(x for x in run.get("steps") or [] if isinstance(x, int)))),
-        ("clock alignment residual", f"{_num(run.get('clock_residual_us')):.1f} µs"
-         if _num(run.get("clock_residual_us")) is not None else None),
+        (
+            "clock alignment residual",
+            f"{_num(run.get('clock_residual_us')):.1f} µs"
+            if _num(run.get("clock_residual_us")) is not None
+            else None,
+        ),
         ("ppdiag", f"{tool.get('version', '?')} (report schema {rep.get('schema_version')})"),
     ]
     smap = run.get("stage_map")
     if isinstance(smap, dict) and smap:
         txt = ", ".join(f"{s}→{r}" for s, r in list(smap.items())[:64]) + (" …" if len(smap) > 64 else "")
         items.insert(5, ("stage → rank", txt))
-    rows = "".join(f'<tr><td class="l">{esc(k)}</td><td class="l">{esc(v if v is not None else "—")}</td></tr>'
-                   for k, v in items)
+    rows = "".join(
+        f'<tr><td class="l">{esc(k)}</td><td class="l">{esc(v if v is not None else "—")}</td></tr>'
+        for k, v in items
+    )
     warns = list(run.get("warnings") or [])
     for w in diag.run.warnings:
         if w not in warns:
@@ -1178,12 +1461,25 @@ def _facts(diag: Diagnosis, rep: dict[str, Any]) -> str:
     wl = ""
     if warns:
         shown = warns[:200]
-        wl = ('<h3 style="margin-top:12px">Warnings</h3><ul class="warn">' + "".join(f"<li>{esc(w)}</li>" for w in shown)
-              + "</ul>" + (f'<p class="sub">{len(warns) - 200} more warnings in the JSON report.</p>' if len(warns) > 200 else ""))
-    return f'<section id="facts"><h2>The run</h2><table style="width:auto"><tbody>{rows}</tbody></table>{wl}</section>'
+        wl = (
+            '<h3 style="margin-top:12px">Warnings</h3><ul class="warn">'
+            + "".join(f"<li>{esc(w)}</li>" for w in shown)
+            + "</ul>"
+            + (
+                f'<p class="sub">{len(warns) - 200} more warnings in the JSON report.</p>'
+                if len(warns) > 200
+                else ""
+            )
+        )
+    return (
+        f'<section id="facts"><h2>The run</h2><table style="width:auto"><tbody>{rows}</tbody></table>'
+        f"{wl}</section>"
+    )
 
 
-def render_html(diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int = MAX_ROWS, gate: Any = None) -> str:
+def render_html(
+    diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int = MAX_ROWS, gate: Any = None
+) -> str:
     """The whole report as one self-contained HTML string."""
     from plotly.offline import get_plotlyjs
 
@@ -1210,11 +1506,15 @@ def render_html(diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int = M
     title = "ppdiag report"
     sched = run.get("schedule")
     if run.get("pp") and run.get("pp") != 1:
-        title += f" — {sched}, P={run.get('pp')}" + (f", M={run.get('microbatches')}" if run.get("microbatches") else "")
+        title += f" — {sched}, P={run.get('pp')}" + (
+            f", M={run.get('microbatches')}" if run.get("microbatches") else ""
+        )
     parts: list[str] = []
-    parts.append(f"<header><h1>{esc(title)}</h1><div class=\"sub\">step {esc(fmt_ms(_num(s.get('step_ms'))))} "
-                 f"(median), {esc(fmt_pct(_num(s.get('lost_ratio'))))} of it lost; "
-                 f"{esc(run.get('world_size', '?'))} ranks, {esc(run.get('format', '?'))} traces</div></header>")
+    parts.append(
+        f'<header><h1>{esc(title)}</h1><div class="sub">step {esc(fmt_ms(_num(s.get("step_ms"))))} '
+        f"(median), {esc(fmt_pct(_num(s.get('lost_ratio'))))} of it lost; "
+        f"{esc(run.get('world_size', '?'))} ranks, {esc(run.get('format', '?'))} traces</div></header>"
+    )
     parts.append('<div id="ppdiag-errors" hidden><b>Part of this report failed to render:</b><ul></ul></div>')
     parts.append(_gate_html(gate))
     parts.append(f'<section id="headline"><h2>Where the step time goes</h2>{_headline(rep)}</section>')
@@ -1222,11 +1522,13 @@ def render_html(diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int = M
     tl = ['<section id="timeline"><h2>Pipeline timeline</h2>']
     if td.sets and td.shown is not None:
         nst = len(td.spans)
-        tl.append(f'<p class="sub">Measured, on the aligned clock. One row per rank; compute blocks carry their '
-                  f'micro-batch (F = forward, B = backward, W = weight grad), the thin strip under each row is '
-                  f'communication, every gap is coloured by its cause. Showing {esc(td.shown.label)}'
-                  + (f", the median of {nst} analyzed steps; the buttons show the others" if nst > 1 else "")
-                  + ". Drag to zoom, double-click to reset, hover for details.</p>")
+        tl.append(
+            f'<p class="sub">Measured, on the aligned clock. One row per rank; compute blocks carry their '
+            f"micro-batch (F = forward, B = backward, W = weight grad), the thin strip under each row is "
+            f"communication, every gap is coloured by its cause. Showing {esc(td.shown.label)}"
+            + (f", the median of {nst} analyzed steps; the buttons show the others" if nst > 1 else "")
+            + ". Drag to zoom, double-click to reset, hover for details.</p>"
+        )
         for n in td.notes:
             tl.append(f'<div class="note">{esc(n)}</div>')
         tl.append('<div id="fig-timeline" class="plot"></div>')
@@ -1245,29 +1547,42 @@ def render_html(diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int = M
             vals = [c for c in comp if c is not None]
             if vals and _num(st.get("compute_ms")) is not None:
                 mean = sum(vals) / len(vals)
-                slow_txt = (f" Stage {esc(st.get('stage'))} is the slowest: {esc(fmt_ms(_num(st.get('compute_ms'))))} "
-                            f"of compute per step, {100 * (float(st['compute_ms']) / mean - 1):+.0f} % vs the mean stage.")
-        parts.append('<section id="histogram"><h2>Compute per micro-batch, by stage</h2><p class="sub">'
-                     "Forward and backward time of each micro-batch; a stage whose histogram sits to the right sets "
-                     f"the pace of the whole pipeline.{slow_txt}</p>"
-                     '<div id="fig-histogram" class="plot"></div>' + _stage_table(rep, slow) + "</section>")
+                slow_txt = (
+                    f" Stage {esc(st.get('stage'))} is the slowest: "
+                    f"{esc(fmt_ms(_num(st.get('compute_ms'))))} of compute per step, "
+                    f"{100 * (float(st['compute_ms']) / mean - 1):+.0f} % vs the mean stage."
+                )
+        parts.append(
+            '<section id="histogram"><h2>Compute per micro-batch, by stage</h2><p class="sub">'
+            "Forward and backward time of each micro-batch; a stage whose histogram sits to the right sets "
+            f"the pace of the whole pipeline.{slow_txt}</p>"
+            '<div id="fig-histogram" class="plot"></div>' + _stage_table(rep, slow) + "</section>"
+        )
     elif not stages:
-        parts.append('<section id="histogram"><h2>Compute per micro-batch, by stage</h2><p class="sub">No pipeline '
-                     "stages were found (pp 1): there is no stage balance to compare. The per-rank breakdown is "
-                     "below.</p></section>")
+        parts.append(
+            '<section id="histogram"><h2>Compute per micro-batch, by stage</h2><p class="sub">No pipeline '
+            "stages were found (pp 1): there is no stage balance to compare. The per-rank breakdown is "
+            "below.</p></section>"
+        )
     # lost time + bubble
     what = "stage" if stages else "rank"
     lost_sec = [f'<section id="lost"><div class="grid2"><div><h2>Lost time per {what}, by cause</h2>']
-    lost_sec.append('<div id="fig-lost" class="plot"></div>' if lost else '<p class="sub">No per-stage or per-rank figures.</p>')
-    lost_sec.append('</div><div><h2>Bubble: measured vs theoretical</h2>')
+    lost_sec.append(
+        '<div id="fig-lost" class="plot"></div>'
+        if lost
+        else '<p class="sub">No per-stage or per-rank figures.</p>'
+    )
+    lost_sec.append("</div><div><h2>Bubble: measured vs theoretical</h2>")
     if bub:
         b = rep.get("bubble") or {}
         meas, theo = _num(b.get("measured_ratio")), _num(b.get("theoretical_ratio"))
         expl = ""
         if meas is not None and theo is not None:
             d = meas - theo
-            expl = (f"The schedule alone predicts {fmt_pct(theo)} idle; the measured bubble is {fmt_pct(meas)} "
-                    f"({'+' if d >= 0 else ''}{100 * d:.1f} points). ")
+            expl = (
+                f"The schedule alone predicts {fmt_pct(theo)} idle; the measured bubble is {fmt_pct(meas)} "
+                f"({'+' if d >= 0 else ''}{100 * d:.1f} points). "
+            )
         pm = run.get("pp"), run.get("microbatches")
         if pm[0] and pm[1] and sched in ("gpipe", "1f1b"):
             expl += f"For {sched}: (P−1)/(M+P−1) with P={pm[0]}, M={pm[1]}."
@@ -1282,27 +1597,40 @@ def render_html(diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int = M
     parts.append(_findings_html(rep))
     parts.append(_whatif_html(rep))
     if stages:
-        parts.append(f'<section id="ranks"><h2>Per rank</h2>{_rank_table(rep)}{_top_kernels(diag, td)}</section>')
+        parts.append(
+            f'<section id="ranks"><h2>Per rank</h2>{_rank_table(rep)}{_top_kernels(diag, td)}</section>'
+        )
     else:
         tk = _top_kernels(diag, td)
         if tk:
             parts.append(f'<section id="ranks"><h2>Per rank</h2>{tk}</section>')
     parts.append(_facts(diag, rep))
 
-    config = {"displaylogo": False, "responsive": True, "showLink": False, "showSendToCloud": False,
-              "typesetMath": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"],
-              "toImageButtonOptions": {"format": "png", "scale": 2}}
-    script = ("(function(){var F=" + _fig_json(figs) + ";var C=" + json.dumps(config) + ";"
-              "for(var id in F){var el=document.getElementById(id);if(!el)continue;"
-              "try{Plotly.newPlot(el,F[id].data,F[id].layout,C);}catch(e){"
-              "var d=document.getElementById('ppdiag-errors');if(d){d.hidden=false;var li=document.createElement('li');"
-              "li.textContent=id+': '+e;d.querySelector('ul').appendChild(li);}}}})();")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
-            f"<script>{_ERROR_HOOK}</script><main>" + "".join(parts) + "</main>"
-            f"<script>{get_plotlyjs()}</script><script>{script}</script></body></html>\n")
+    config = {
+        "displaylogo": False,
+        "responsive": True,
+        "showLink": False,
+        "showSendToCloud": False,
+        "typesetMath": False,
+        "modeBarButtonsToRemove": ["select2d", "lasso2d"],
+        "toImageButtonOptions": {"format": "png", "scale": 2},
+    }
+    script = (
+        "(function(){var F=" + _fig_json(figs) + ";var C=" + json.dumps(config) + ";"
+        "for(var id in F){var el=document.getElementById(id);if(!el)continue;"
+        "try{Plotly.newPlot(el,F[id].data,F[id].layout,C);}catch(e){"
+        "var d=document.getElementById('ppdiag-errors');"
+        "if(d){d.hidden=false;var li=document.createElement('li');"
+        "li.textContent=id+': '+e;d.querySelector('ul').appendChild(li);}}}})();"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
+        f"<script>{_ERROR_HOOK}</script><main>" + "".join(parts) + "</main>"
+        f"<script>{get_plotlyjs()}</script><script>{script}</script></body></html>\n"
+    )
 
 
 def write_html(diag: Diagnosis, path: str | Path, **kw: Any) -> Path:

@@ -45,19 +45,31 @@ class CommWaitRule:
         if 100 * max(cw, gain) / ctx.step_ms < MIN_PCT:
             return []
         normal = ctx.attribution.normal_latency_ns
-        links: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for prod, cons, tau in ctx.attribution.edges:
-            links[(prod, cons)].append(tau)
-        excess = {k: float(np.median(v)) - normal for k, v in links.items()}
-        slow = {k: v for k, v in excess.items() if v > max(0.5 * max(excess.values(), default=0), 1e5)}
-        senders = sorted({k[0] for k in slow})
-        link_ev = {f"{a}->{b}": r3(np.median(links[(a, b)]) / 1e6) for a, b in sorted(slow)}
+        # per link: how long consumers waited on transfers that took longer than normal
+        waited: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for prod, cons, tau, wait in ctx.attribution.edges:
+            waited[(prod, cons)].append(min(max(tau - normal, 0), wait))
+        per_link = {k: float(np.sum(v)) / max(len(ctx.steps) / max(len(ctx.report["ranks"]), 1), 1)
+                    for k, v in waited.items()}
+        top = max(per_link.values(), default=0.0)
+        slow = {k: v for k, v in per_link.items() if top > 0 and v >= 0.5 * top}
+        # A slow rank makes every link it touches slow, in both directions; its neighbours share
+        # only one of those links each. The producer side of a link weighs a little more, so a
+        # slow first or last stage is still told apart from its neighbour.
+        score: dict[int, float] = defaultdict(float)
+        for (a, b), v in per_link.items():
+            score[a] += 1.25 * v
+            score[b] += v
+        best = max(score.values(), default=0.0)
+        senders = sorted(r for r, v in score.items() if best > 0 and v >= 0.8 * best)
+        link_ev = {f"{a}->{b}": r3(v / 1e6) for (a, b), v in sorted(slow.items())}
         return [finding(
             ctx, self.code, self.cause,
-            "transfers from rank(s) " + ", ".join(map(str, senders)) + " arrive late "
-            f"({max(slow.values(), default=0) / 1e6:.2f} ms above the normal latency)"
+            "transfers of rank(s) " + ", ".join(map(str, senders)) + " arrive late "
+            f"({top / 1e6:.1f} ms per step of waiting on the slowest link)"
             if senders else "stage-to-stage transfers arrive late", gain,
-            {"comm_wait_ms": r3(cw), "normal_latency_ms": r3(normal / 1e6), "slow_links_ms": link_ev},
+            {"comm_wait_ms": r3(cw), "normal_latency_ms": r3(normal / 1e6),
+             "late_wait_ms_per_step_by_link": link_ev},
             ["check the NCCL transport of these links: NCCL_DEBUG=INFO (NET/Socket means TCP fallback; "
              "expect NET/IB or P2P/NVLink), NIC and GPU affinity",
              "keep pipeline stages within a node (NVLink) and put data parallelism across nodes",

@@ -1,0 +1,480 @@
+"""Nsight Systems input: SQLite exports (``nsys export --type sqlite``) and ``.nsys-rep`` reports.
+
+One export becomes one :class:`RankTimeline` per process with GPU activity (one report per rank, or
+one report holding every process of a torchrun job). Kernels, copies, memsets and sync rows become
+device intervals with the host call that enqueued them (``launch``); NVTX ranges become host ranges
+(steps, pipeline labels, NCCL API calls); NCCL kernels get p2p/collective semantics, direction,
+bytes and peer from the NCCL API calls that launched them (NSYS.md §6), else from their names.
+
+Timestamps: exports made with ``--ts-normalize`` are already on the UTC epoch clock; others are
+shifted by the capture's session start time (``TARGET_INFO_SESSION_START_TIME.utcEpochNs``) so that
+the files of different ranks share one clock, to the precision of the hosts' clocks.
+
+Communicator-local NCCL peers are mapped to global ranks inside one export (from the
+``ncclCommInitRank`` payloads of its processes) and, across one-file-per-rank runs, by
+:func:`resolve_nccl_peers`, which the loader calls once all files of a run are parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.errors import InputError
+from ppdiag.model.timeline import (
+    Direction,
+    Intervals,
+    Kind,
+    NameTable,
+    Phase,
+    ProcessGroup,
+    RangeKind,
+    Ranges,
+    RankTimeline,
+)
+from ppdiag.parsers import ParseOptions, register
+from ppdiag.parsers.nsys_comm import inside_spans, project_nccl
+from ppdiag.parsers.nsys_db import NsysDb, open_export, sniff_sqlite
+from ppdiag.parsers.nsys_gpu import GpuOps, read_gpu_ops
+from ppdiag.parsers.nsys_nvtx import API_COLL, API_INIT, API_P2P, NvtxData, Spans, read_nvtx
+from ppdiag.parsers.nsys_ranks import RankDecision, decide_ranks
+from ppdiag.parsers.nsys_rep import ensure_sqlite, is_report
+
+I64 = npt.NDArray[np.int64]
+
+SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+# A timestamp above this is already on the epoch clock (2001-09-09); relative ones are far below.
+_EPOCH_FLOOR = 10**18
+
+
+class NsysParser:
+    """Nsight Systems SQLite exports and ``.nsys-rep`` reports."""
+
+    name = "nsys"
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        """``.nsys-rep``/``.qdrep`` by suffix; SQLite files by magic plus nsys tables."""
+        if is_report(path):
+            return True
+        return sniff_sqlite(path, head)
+
+    def parse(self, path: Path, options: ParseOptions) -> list[RankTimeline]:
+        """One timeline per rank found in the file; :class:`InputError` on unusable input."""
+        path = Path(path)
+        source = str(path)
+        sqlite_path = ensure_sqlite(path, options.nsys_cache_dir) if is_report(path) else path
+        db = open_export(sqlite_path)
+        try:
+            return parse_export(db, source)
+        except sqlite3.Error as exc:
+            raise InputError(source, f"corrupt or truncated SQLite export ({exc})") from None
+        except MemoryError:
+            raise InputError(source, "export too large for the available memory") from None
+        finally:
+            db.close()
+
+
+PARSER = register(NsysParser())
+
+
+@dataclass
+class _Clock:
+    offset: int
+    how: str
+    warning: str | None
+
+
+@dataclass
+class _Ctx:
+    db: NsysDb
+    source: str
+    gpu: GpuOps
+    nvtx: NvtxData
+    clock: _Clock
+    decisions: dict[int, RankDecision]
+    autograd: dict[int, set[int]]  # pid → tids of PyTorch autograd threads
+    comm_members: dict[int, dict[int, int]]  # communicator → {local rank: global rank}
+    comm_info: dict[int, dict[int, tuple[int, int]]]  # pid → communicator → (local rank, nranks)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
+    """All ranks of one open export."""
+    gpu = read_gpu_ops(db)
+    active = gpu.kind != Kind.SYNC
+    if not active.any():
+        raise InputError(source, "no GPU activity in this export (no kernel, memcpy or memset rows); "
+                                 "profile with CUDA tracing on (nsys profile -t cuda,nvtx)")
+    pids = sorted(np.unique(gpu.pid[active]).tolist())
+    nvtx = read_nvtx(db)
+    proc_names = _process_names(db)
+    devices = {p: sorted(np.unique(gpu.device[active & (gpu.pid == p)]).tolist()) for p in pids}
+    decisions = decide_ranks(db, pids, devices, nvtx.thread_ranks, proc_names)
+    clock = _clock(db, int(gpu.start.min()))
+    file_warnings: list[str] = []
+    idle = sorted(_cuda_processes(db) - set(pids))
+    if idle:
+        shown = ", ".join(f"{proc_names.get(p, 'process')} pid {p}" for p in idle[:8])
+        more = f" and {len(idle) - 8} more" if len(idle) > 8 else ""
+        file_warnings.append(f"{len(idle)} CUDA process(es) without GPU activity "
+                             f"skipped: {shown}{more}")
+    comm_members, comm_info = _communicators(nvtx, decisions)
+    ctx = _Ctx(db=db, source=source, gpu=gpu, nvtx=nvtx, clock=clock, decisions=decisions,
+               autograd=_autograd_threads(db), comm_members=comm_members, comm_info=comm_info,
+               meta=_export_meta(db))
+    out = []
+    for p in pids:
+        tl = _build_rank(ctx, p, proc_names.get(p, ""))
+        tl.warnings[:0] = file_warnings
+        out.append(tl)
+    out.sort(key=lambda t: t.rank)
+    return out
+
+
+# --- file-level facts --------------------------------------------------------------------------
+
+
+def _export_meta(db: NsysDb) -> dict[str, Any]:
+    kv = dict(db.name_values("META_DATA_EXPORT") or db.name_values("EXPORT_META_DATA"))
+    meta: dict[str, Any] = {}
+    if "EXPORT_PRODUCT_VERSION" in kv:
+        meta["nsys_version"] = kv["EXPORT_PRODUCT_VERSION"]
+    if "EXPORT_SCHEMA_VERSION" in kv:
+        meta["nsys_schema"] = kv["EXPORT_SCHEMA_VERSION"]
+    host = dict(db.name_values("TARGET_INFO_SYSTEM_ENV")).get("Hostname")
+    if host:
+        # Only "same node or not" matters to the diagnosis; the host name itself stays private.
+        meta["node"] = hashlib.sha1(host.encode()).hexdigest()[:12]
+    return meta
+
+
+def _clock(db: NsysDb, first: int) -> _Clock:
+    kv = dict(db.name_values("META_DATA_EXPORT") or db.name_values("EXPORT_META_DATA"))
+    normalized = kv.get("EXPORT_PARAM_TIME_NORMALIZE", "").strip().lower() == "true"
+    if normalized or first >= _EPOCH_FLOOR:
+        return _Clock(0, "ts-normalize (UTC epoch)", None)
+    start = None
+    if "utcEpochNs" in db.columns("TARGET_INFO_SESSION_START_TIME"):
+        row = db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME "
+                         "WHERE utcEpochNs IS NOT NULL LIMIT 1").fetchone()
+        start = int(row[0]) if row else None
+    if start:
+        return _Clock(start, "session start time", (
+            "exported without --ts-normalize; timestamps put on the epoch clock with the capture's "
+            "session start time, so aligning ranks of different files relies on session start times "
+            "(host clocks)"))
+    return _Clock(0, "relative", (
+        "no session start time and no --ts-normalize; timestamps are relative to this capture "
+        "and cannot be aligned with other files"))
+
+
+def _process_names(db: NsysDb) -> dict[int, str]:
+    if not {"pid", "name"} <= set(db.columns("PROCESSES")):
+        return {}
+    return {int(p): str(n or "") for p, n in db.execute("SELECT pid, name FROM PROCESSES WHERE pid IS NOT NULL")}
+
+
+def _cuda_processes(db: NsysDb) -> set[int]:
+    """Processes that created CUDA streams or contexts (cheap tables, unlike RUNTIME)."""
+    out: set[int] = set()
+    for table in ("TARGET_INFO_CUDA_STREAM", "TARGET_INFO_CUDA_CONTEXT_INFO"):
+        if "processId" in db.columns(table):
+            out |= {int(r[0]) for r in db.execute(f"SELECT DISTINCT processId FROM {table}") if r[0] is not None}
+    return out
+
+
+def _autograd_threads(db: NsysDb) -> dict[int, set[int]]:
+    """Threads named ``pt_autograd_N``: PyTorch's device threads that run the backward pass."""
+    if not {"nameId", "globalTid"} <= set(db.columns("ThreadNames")):
+        return {}
+    rows = db.execute("SELECT globalTid, nameId FROM ThreadNames WHERE globalTid IS NOT NULL").fetchall()
+    names = db.strings(r[1] for r in rows if r[1] is not None)
+    out: dict[int, set[int]] = {}
+    for gtid, nid in rows:
+        if names.get(int(nid or -1), "").startswith("pt_autograd"):
+            out.setdefault((int(gtid) >> 24) & 0xFFFFFF, set()).add(int(gtid) & 0xFFFFFF)
+    return out
+
+
+def _communicators(nvtx: NvtxData, decisions: dict[int, RankDecision]) -> tuple[
+        dict[int, dict[int, int]], dict[int, dict[int, tuple[int, int]]]]:
+    """Communicator membership from the ``ncclCommInitRank``-style payloads of this export."""
+    calls = nvtx.nccl
+    members: dict[int, dict[int, int]] = {}
+    info: dict[int, dict[int, tuple[int, int]]] = {}
+    sel = np.flatnonzero((calls.api == API_INIT) & (calls.comm != 0) & (calls.rank >= 0)) if len(calls) else []
+    for i in np.asarray(sel).tolist():
+        pid, comm = int(calls.pid[i]), int(calls.comm[i])
+        local, nranks = int(calls.rank[i]), int(calls.nranks[i])
+        info.setdefault(pid, {})[comm] = (local, nranks)
+        if pid in decisions:
+            members.setdefault(comm, {})[local] = decisions[pid].rank
+    return members, info
+
+
+# --- one rank ----------------------------------------------------------------------------------
+
+
+def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
+    gpu, nvtx, dec = ctx.gpu, ctx.nvtx, ctx.decisions[pid]
+    warnings: list[str] = []
+    if dec.warning:
+        warnings.append(dec.warning)
+    if ctx.clock.warning:
+        warnings.append(ctx.clock.warning)
+    off = ctx.clock.offset
+    sel = np.flatnonzero(gpu.pid == pid)
+    n = len(sel)
+    kind = gpu.kind[sel].copy()
+    direction = gpu.direction[sel].copy()
+    nbytes = gpu.bytes[sel].copy()
+    launch_raw = gpu.launch[sel]
+    ltid = gpu.ltid[sel]
+    peer = np.full(n, -1, dtype=np.int32)
+    group = np.full(n, -1, dtype=np.int32)
+    comm_col = np.zeros(n, dtype=np.int64)
+    local_peer = np.full(n, -1, dtype=np.int64)
+
+    comm_idx = np.flatnonzero((kind == Kind.P2P) | (kind == Kind.COLLECTIVE))
+    backend = "nccl" if len(comm_idx) else None
+    if len(comm_idx):
+        proj = project_nccl(nvtx.nccl, nvtx.nccl.pid == pid, launch_raw[comm_idx], ltid[comm_idx])
+        hit = comm_idx[proj.matched]
+        kind[hit] = proj.kind[proj.matched]
+        direction[hit] = proj.direction[proj.matched]
+        nbytes[hit] = proj.bytes[proj.matched]
+        comm_col[hit] = proj.comm[proj.matched]
+        local_peer[hit] = proj.peer_local[proj.matched]
+        miss = comm_idx[~proj.matched]
+        if len(miss):
+            sr = gpu.sendrecv[sel][miss]
+            a2a = inside_spans(nvtx.all_to_all, pid, launch_raw[miss], ltid[miss]) & sr
+            kind[miss[a2a]] = Kind.COLLECTIVE
+            direction[miss[a2a]] = Direction.NONE
+            warnings.append(_unmatched_warning(ctx, len(miss), int(sr.sum()), int(a2a.sum())))
+        elif not (proj.peer_local[proj.matched] >= 0).any() and (kind[hit] == Kind.P2P).any():
+            warnings.append("NCCL NVTX payloads (peer, bytes) are not in this export; "
+                            "p2p peers unknown (export with 'nsys export --include-blobs=true')")
+
+    names = NameTable()
+    uniq, inv = np.unique(gpu.name[sel], return_inverse=True)
+    name_ids = np.array([names.id(gpu.names[int(u)]) for u in uniq], dtype=np.int32)[inv] if n else \
+        np.empty(0, np.int32)
+
+    groups: list[ProcessGroup] = []
+    comm_index: dict[int, int] = {}
+    pending: dict[str, list[Any]] = {"interval": [], "range": []}
+
+    def group_of(comm: int) -> int:
+        if comm not in comm_index:
+            local, nranks = ctx.comm_info.get(pid, {}).get(comm, (-1, -1))
+            members = ctx.comm_members.get(comm, {})
+            ranks = [members[i] for i in range(nranks)] if nranks > 0 and all(i in members for i in range(nranks)) \
+                else []
+            comm_index[comm] = len(groups)
+            groups.append(ProcessGroup(name=f"nccl:{comm & 0xFFFFFFFFFFFFFFFF:016x}", desc="NCCL communicator",
+                                       ranks=ranks, backend="nccl"))
+        return comm_index[comm]
+
+    _resolve_peers(ctx, pid, dec, comm_col, local_peer, peer, group, group_of, pending["interval"], warnings)
+
+    phase = np.full(n, Phase.UNKNOWN, dtype=np.int8)
+    bwd_tids = ctx.autograd.get(pid)
+    if bwd_tids:
+        phase[np.isin(ltid, list(bwd_tids))] = Phase.BWD
+    # Work launched inside an optimizer range of the same thread is the optimizer step.
+    hr = nvtx.ranges
+    opt = (hr.pid == pid) & (hr.phase == Phase.OPTIM)
+    if opt.any():
+        spans = Spans(hr.start[opt], hr.end[opt], hr.pid[opt], hr.tid[opt])
+        phase[inside_spans(spans, pid, launch_raw, ltid)] = Phase.OPTIM
+
+    devs = gpu.device[sel]
+    stream = gpu.stream[sel].copy()
+    # Sync rows carry no meaningful device (device-wide waits report device 0).
+    udev, dev_counts = np.unique(devs[kind != Kind.SYNC], return_counts=True)
+    if len(udev) > 1:
+        # Stream ids are per device context: keep streams of different GPUs apart.
+        stream = (devs << 32) | stream
+        warnings.append(f"process {pid} used {len(udev)} GPUs "
+                        f"({', '.join(str(d) for d in udev.tolist())}); their streams are kept apart as "
+                        "device<<32|stream")
+    stream[stream == 0xFFFFFFFF] = -1
+
+    launch = np.where(launch_raw >= 0, launch_raw + off, -1)
+    iv = Intervals.from_columns(n, {
+        "start": gpu.start[sel] + off, "end": gpu.end[sel] + off, "stream": stream, "kind": kind,
+        "name": name_ids, "phase": phase, "peer": peer, "direction": direction, "bytes": nbytes,
+        "launch": launch, "group": group,
+    })
+    order = np.lexsort((iv.end, iv.start))
+    iv = iv.take(order)
+    if pending["interval"]:
+        inv_order = np.empty(n, dtype=np.int64)
+        inv_order[order] = np.arange(n)
+        pending["interval"] = [(int(inv_order[i]), c, lp) for i, c, lp in pending["interval"]]
+
+    rg = _ranges(ctx, pid, dec, names, group_of, pending["range"], warnings)
+
+    meta = dict(ctx.meta)
+    meta.update({"pid": pid, "process": proc_name, "devices": udev.tolist(), "clock": ctx.clock.how})
+    if ctx.comm_info.get(pid):
+        meta["nccl_comms"] = {f"{c & 0xFFFFFFFFFFFFFFFF:016x}": {"rank": r, "nranks": nr}
+                              for c, (r, nr) in ctx.comm_info[pid].items()}
+    if pending["interval"] or pending["range"]:
+        meta["nccl_pending"] = pending
+    overhead = _profiler_overhead(ctx.db, pid, off)
+    if len(overhead):
+        meta["profiler_overhead_ns"] = overhead
+    main_dev = int(udev[np.argmax(dev_counts)]) if len(udev) else 0
+    return RankTimeline(
+        rank=dec.rank, source=ctx.source, format="nsys", names=names.names, intervals=iv, ranges=rg,
+        world_size=dec.world_size, backend=backend, device=f"cuda:{main_dev}", cpu_only=False,
+        process_groups=groups, rank_source=dec.source, events_total=n + len(rg), events_lost=0,
+        warnings=warnings, meta=meta,
+    )
+
+
+def _unmatched_warning(ctx: _Ctx, n_miss: int, n_sendrecv: int, n_a2a: int) -> str:
+    why = ("no NCCL NVTX ranges in this export (trace with 'nsys profile -t cuda,nvtx' and keep "
+           "NCCL_NVTX_DISABLE unset)" if not ctx.nvtx.nccl_domain
+           else "their launch lies in no NCCL API range")
+    tail = f"; {n_sendrecv} SendRecv kernel(s) taken as p2p with unknown peer" if n_sendrecv - n_a2a else ""
+    a2a = f"; {n_a2a} SendRecv kernel(s) inside all-to-all ranges taken as collective" if n_a2a else ""
+    return f"{n_miss} NCCL kernel(s) classified by name only: {why}{tail}{a2a}"
+
+
+def _resolve_peers(ctx: _Ctx, pid: int, dec: RankDecision, comm: I64, local_peer: I64,
+                   peer: npt.NDArray[np.int32], group: npt.NDArray[np.int32], group_of: Any,
+                   pending: list[Any], warnings: list[str]) -> int:
+    """Global peer ranks from communicator-local ones; what this file cannot map is left pending."""
+    has_comm = comm != 0
+    for c in np.unique(comm[has_comm]).tolist():
+        rows = np.flatnonzero(comm == c)
+        group[rows] = group_of(c)
+        members = ctx.comm_members.get(c, {})
+        local, nranks = ctx.comm_info.get(pid, {}).get(c, (-1, -1))
+        # A communicator as large as the world in which this process has its own global rank is
+        # the world communicator: local ranks are global ranks.
+        identity = nranks > 0 and dec.world_size == nranks and local == dec.rank
+        lp = local_peer[rows]
+        known = lp >= 0
+        mapped = np.array([members.get(int(x), -1) for x in lp.tolist()], dtype=np.int64) if members \
+            else np.full(len(rows), -1, dtype=np.int64)
+        if identity:
+            mapped = np.where(mapped >= 0, mapped, lp)
+        peer[rows] = np.where(known, mapped, -1).astype(np.int32)
+        for i in rows[known & (mapped < 0)].tolist():
+            pending.append((i, int(c), int(local_peer[i])))
+    # Payloads without a communicator (JSON style): assume world ranks.
+    no_comm = ~has_comm & (local_peer >= 0)
+    if no_comm.any():
+        peer[no_comm] = local_peer[no_comm].astype(np.int32)
+        warnings.append(f"{int(no_comm.sum())} NCCL p2p payload(s) without a "
+                        "communicator id; their peer ranks are taken as global ranks")
+    unresolvable = [c for _, c, _ in pending if c not in ctx.comm_info.get(pid, {})]
+    if unresolvable:
+        warnings.append(f"peers of {len(unresolvable)} NCCL p2p kernel(s) are "
+                        "communicator-local and the communicator's creation was not captured; "
+                        "their global peer ranks are unknown")
+    return len(pending)
+
+
+def _ranges(ctx: _Ctx, pid: int, dec: RankDecision, names: NameTable, group_of: Any,
+            pending: list[Any], warnings: list[str]) -> Ranges:
+    off = ctx.clock.offset
+    hr = ctx.nvtx.ranges
+    sel = np.flatnonzero(hr.pid == pid)
+    cols: dict[str, Any] = {}
+    if len(sel):
+        uniq, inv = np.unique(hr.name[sel], return_inverse=True)
+        nid = np.array([names.id(hr.names[int(u)]) for u in uniq], dtype=np.int32)[inv]
+        kind = hr.kind[sel]
+        num = hr.num[sel].copy()
+        unnumbered = (kind == RangeKind.STEP) & ~hr.numbered[sel]
+        if unnumbered.any():
+            # Step ranges without a number ("train_step"): number them in time order.
+            u = np.flatnonzero(unnumbered)
+            num[u[np.argsort(hr.start[sel][u], kind="stable")]] = np.arange(len(u))
+        cols = {"start": hr.start[sel] + off, "end": hr.end[sel] + off, "kind": kind, "name": nid,
+                "tid": hr.tid[sel], "num": num, "stage": hr.stage[sel], "mb": hr.mb[sel],
+                "phase": hr.phase[sel], "direction": hr.direction[sel]}
+    parts = [Ranges.from_columns(len(sel), cols)] if len(sel) else []
+
+    calls = ctx.nvtx.nccl
+    csel = np.flatnonzero((calls.pid == pid) & ((calls.api == API_P2P) | (calls.api == API_COLL))) \
+        if len(calls) else np.empty(0, np.int64)
+    if len(csel):
+        m = len(csel)
+        peer = np.full(m, -1, dtype=np.int32)
+        group = np.full(m, -1, dtype=np.int32)
+        sub_pending: list[Any] = []
+        _resolve_peers(ctx, pid, dec, calls.comm[csel].copy(), np.where(calls.api[csel] == API_P2P,
+                       calls.peer_local[csel], -1), peer, group, group_of, sub_pending, [])
+        base = len(sel)
+        pending.extend((base + i, c, lp) for i, c, lp in sub_pending)
+        parts.append(Ranges.from_columns(m, {
+            "start": calls.start[csel] + off, "end": calls.end[csel] + off,
+            "kind": np.full(m, RangeKind.COMM_OP, np.int8),
+            "name": np.array([names.id(calls.name[i]) for i in csel.tolist()], dtype=np.int32),
+            "tid": calls.tid[csel], "direction": calls.direction[csel], "peer": peer,
+            "bytes": calls.bytes[csel], "group": group,
+        }))
+    if not parts:
+        return Ranges.empty()
+    return Ranges(**{c: np.concatenate([getattr(p, c) for p in parts]) for c in Ranges.COLUMNS})
+
+
+def _profiler_overhead(db: NsysDb, pid: int, off: int) -> I64:
+    """nsys/CUPTI buffer-flush spans of this process as an (n, 2) array (gaps there are the profiler's)."""
+    if not {"start", "end", "globalTid"} <= set(db.columns("PROFILER_OVERHEAD")):
+        return np.empty((0, 2), dtype=np.int64)
+    rows = db.fetch('SELECT start, "end" FROM PROFILER_OVERHEAD WHERE "end" IS NOT NULL AND '
+                    "((globalTid >> 24) & 16777215) = ?",
+                    np.dtype([("s", np.int64), ("e", np.int64)]), (pid,))
+    return np.stack([rows["s"] + off, rows["e"] + off], axis=1) if len(rows) else np.empty((0, 2), np.int64)
+
+
+# --- run level ---------------------------------------------------------------------------------
+
+
+def resolve_nccl_peers(ranks: list[RankTimeline]) -> list[str]:
+    """Map communicator-local NCCL peers to global ranks across the files of one run.
+
+    Each nsys rank records which communicators it belongs to and its local rank there
+    (``meta["nccl_comms"]``); intervals and ranges whose peer could not be mapped from their own file
+    are listed in ``meta["nccl_pending"]``. Call once, right after parsing, before anything reorders
+    the tables. Returns run-level warnings.
+    """
+    members: dict[str, dict[int, int]] = {}
+    for tl in ranks:
+        for comm, info in (tl.meta.get("nccl_comms") or {}).items():
+            members.setdefault(comm, {})[int(info["rank"])] = tl.rank
+    unresolved = 0
+    for tl in ranks:
+        pend = tl.meta.pop("nccl_pending", None)
+        if not pend:
+            continue
+        for table, rows in (("interval", tl.intervals), ("range", tl.ranges)):
+            for i, comm, local in pend.get(table, []):
+                key = f"{comm & 0xFFFFFFFFFFFFFFFF:016x}"
+                g = members.get(key, {}).get(int(local))
+                if g is None or i >= len(rows):
+                    unresolved += 1
+                    continue
+                rows.peer[i] = g
+        for pg in tl.process_groups:
+            key = pg.name.removeprefix("nccl:")
+            mem = members.get(key)
+            if pg.backend == "nccl" and mem and not pg.ranks and sorted(mem) == list(range(len(mem))):
+                pg.ranks = [mem[i] for i in range(len(mem))]
+    if unresolved:
+        return [f"{unresolved} NCCL p2p operation(s) keep an unknown peer: their communicator's other "
+                "members are not among the parsed files"]
+    return []

@@ -1,0 +1,365 @@
+"""``ppdiag diff``: what changed between two JSON reports, per stage and cause.
+
+``diff_reports(before, after)`` compares the run-level figures, then each stage (each rank for runs
+without pipeline stages): compute and every cause's lost time, before vs after, with the change in
+ms and %; plus the findings that appeared, disappeared or changed gain. ``diff_table`` renders it
+with rich, ``diff_lines`` as plain text, ``diff_markdown`` for a PR comment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.reports.gate import comparable
+from ppdiag.reports.md import md_escape
+from ppdiag.reports.style import CAUSE_COLORS, CAUSE_MARKS, cause_label
+
+# Below this change a row is "unchanged" for sorting and colouring (timer noise).
+NOISE_MS = 0.005
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x)
+
+
+@dataclass
+class DiffRow:
+    """One compared figure.
+
+    ``metric`` is ``step_ms``, ``step_p95_ms``, ``compute_ms``, ``lost_ms`` or a cause key.
+    """
+
+    scope: str  # "run", "stage 2", "rank 5"
+    metric: str
+    before: float | None
+    after: float | None
+
+    @property
+    def delta_ms(self) -> float | None:
+        if self.before is None or self.after is None:
+            return None
+        return self.after - self.before
+
+    @property
+    def delta_pct(self) -> float | None:
+        d = self.delta_ms
+        if d is None or not self.before:
+            return None
+        return 100.0 * d / self.before
+
+    @property
+    def label(self) -> str:
+        return {
+            "step_ms": "step time",
+            "step_p95_ms": "step p95",
+            "compute_ms": "compute",
+            "lost_ms": "lost (all causes)",
+        }.get(self.metric, cause_label(self.metric))
+
+    def to_json(self) -> dict[str, Any]:
+        r = lambda v: None if v is None else round(v, 4)  # noqa: E731
+        return {
+            "scope": self.scope,
+            "metric": self.metric,
+            "before": r(self.before),
+            "after": r(self.after),
+            "delta_ms": r(self.delta_ms),
+            "delta_pct": r(self.delta_pct),
+        }
+
+
+@dataclass
+class FindingChange:
+    """A finding present on one side or both (``before``/``after`` are gains in ms, None = absent)."""
+
+    code: str
+    title: str
+    cause: str | None
+    where: str
+    before: float | None
+    after: float | None
+
+    @property
+    def status(self) -> str:
+        if self.before is None:
+            return "appeared"
+        if self.after is None:
+            return "disappeared"
+        return "changed" if abs(self.after - self.before) > NOISE_MS else "unchanged"
+
+
+@dataclass
+class DiffResult:
+    """Everything ``ppdiag diff`` shows."""
+
+    run: list[DiffRow] = field(default_factory=list)
+    groups: list[DiffRow] = field(default_factory=list)
+    by: str = "stage"  # "stage" or "rank"
+    findings: list[FindingChange] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    before_label: str = "before"
+    after_label: str = "after"
+
+    @property
+    def appeared(self) -> list[FindingChange]:
+        return [f for f in self.findings if f.status == "appeared"]
+
+    @property
+    def disappeared(self) -> list[FindingChange]:
+        return [f for f in self.findings if f.status == "disappeared"]
+
+    def row(self, scope: str, metric: str) -> DiffRow | None:
+        """The row for ``scope`` / ``metric`` (``"run"``, ``"stage 2"``, ``"rank 1"``)."""
+        for r in self.run + self.groups:
+            if r.scope == scope and r.metric == metric:
+                return r
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "by": self.by,
+            "notes": self.notes,
+            "run": [r.to_json() for r in self.run],
+            "groups": [r.to_json() for r in self.groups],
+            "findings": [
+                {
+                    "code": f.code,
+                    "title": f.title,
+                    "cause": f.cause,
+                    "where": f.where,
+                    "status": f.status,
+                    "gain_before_ms": f.before,
+                    "gain_after_ms": f.after,
+                }
+                for f in self.findings
+            ],
+        }
+
+
+def _group_map(rep: dict[str, Any], by: str) -> dict[int, dict[str, Any]]:
+    key = "stage" if by == "stage" else "rank"
+    out: dict[int, dict[str, Any]] = {}
+    for row in rep.get("stages" if by == "stage" else "ranks") or []:
+        if isinstance(row, dict) and isinstance(row.get(key), int):
+            out[row[key]] = row
+    return out
+
+
+def _finding_key(f: dict[str, Any]) -> tuple[str, str]:
+    st = f.get("stages") or []
+    if st:
+        return str(f.get("code")), "stages " + ",".join(map(str, st))
+    rk = f.get("ranks") or []
+    return str(f.get("code")), (
+        "ranks " + ",".join(map(str, rk[:16])) + ("…" if len(rk) > 16 else "")
+    ) if rk else ""
+
+
+def diff_reports(
+    a: dict[str, Any], b: dict[str, Any], before_label: str = "before", after_label: str = "after"
+) -> DiffResult:
+    """Compare report ``a`` (before) with ``b`` (after)."""
+    res = DiffResult(before_label=before_label, after_label=after_label)
+    res.notes += comparable(b, a)
+    sa, sb = a.get("summary") or {}, b.get("summary") or {}
+    for m in ("step_ms", "step_p95_ms", "compute_ms"):
+        res.run.append(DiffRow("run", m, _num(sa.get(m)), _num(sb.get(m))))
+    la, lb = sa.get("lost_ms") or {}, sb.get("lost_ms") or {}
+    tot_a = sum(_num(v) or 0.0 for v in la.values()) if la else None
+    tot_b = sum(_num(v) or 0.0 for v in lb.values()) if lb else None
+    res.run.append(DiffRow("run", "lost_ms", tot_a, tot_b))
+    for c in CAUSE_KEYS:
+        res.run.append(DiffRow("run", c, _num(la.get(c)), _num(lb.get(c))))
+
+    have_stages = bool(_group_map(a, "stage")) and bool(_group_map(b, "stage"))
+    res.by = "stage" if have_stages else "rank"
+    ga, gb = _group_map(a, res.by), _group_map(b, res.by)
+    only_a, only_b = sorted(set(ga) - set(gb)), sorted(set(gb) - set(ga))
+    if only_a:
+        res.notes.append(f"{res.by}s only in {before_label}: {', '.join(map(str, only_a[:32]))}")
+    if only_b:
+        res.notes.append(f"{res.by}s only in {after_label}: {', '.join(map(str, only_b[:32]))}")
+    for k in sorted(set(ga) | set(gb)):
+        ra, rb = ga.get(k) or {}, gb.get(k) or {}
+        scope = f"{res.by} {k}"
+        if res.by == "rank":
+            res.groups.append(DiffRow(scope, "step_ms", _num(ra.get("step_ms")), _num(rb.get("step_ms"))))
+        res.groups.append(
+            DiffRow(scope, "compute_ms", _num(ra.get("compute_ms")), _num(rb.get("compute_ms")))
+        )
+        a_l, b_l = ra.get("lost_ms") or {}, rb.get("lost_ms") or {}
+        for c in CAUSE_KEYS:
+            va, vb = _num(a_l.get(c)), _num(b_l.get(c))
+            if (va or 0.0) == 0.0 and (vb or 0.0) == 0.0:
+                continue  # nothing on either side: keep the table short
+            res.groups.append(DiffRow(scope, c, va, vb))
+
+    fa = {_finding_key(f): f for f in a.get("findings") or [] if isinstance(f, dict)}
+    fb = {_finding_key(f): f for f in b.get("findings") or [] if isinstance(f, dict)}
+    for key in list(fb) + [k for k in fa if k not in fb]:
+        f = fb.get(key) or fa[key]
+        res.findings.append(
+            FindingChange(
+                code=key[0],
+                title=str(f.get("title") or ""),
+                cause=f.get("cause") if isinstance(f.get("cause"), str) else None,
+                where=key[1],
+                before=_num(fa[key].get("gain_ms")) if key in fa else None,
+                after=_num(fb[key].get("gain_ms")) if key in fb else None,
+            )
+        )
+        # a finding present on one side only still needs a number to sort by
+        if key in fa and res.findings[-1].before is None:
+            res.findings[-1].before = 0.0
+        if key in fb and res.findings[-1].after is None:
+            res.findings[-1].after = 0.0
+    order = {"appeared": 0, "disappeared": 1, "changed": 2, "unchanged": 3}
+    res.findings.sort(key=lambda f: (order[f.status], -(f.after or f.before or 0.0)))
+    return res
+
+
+def _fmt(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def _fmt_delta(r: DiffRow) -> tuple[str, str]:
+    d, p = r.delta_ms, r.delta_pct
+    return ("—" if d is None else f"{d:+.3f}", "—" if p is None else f"{p:+.1f} %")
+
+
+def _interesting(rows: list[DiffRow], limit: int) -> list[DiffRow]:
+    """The rows to show: all when few, else the largest changes (kept in their original order)."""
+    if len(rows) <= limit:
+        return rows
+    ranked = sorted(range(len(rows)), key=lambda i: -abs(rows[i].delta_ms or 0.0))[:limit]
+    return [rows[i] for i in sorted(ranked)]
+
+
+def diff_lines(res: DiffResult, limit: int = 60) -> list[str]:
+    """Plain-text tables (for logs and tests)."""
+    lines = [f"ppdiag diff: {res.before_label} -> {res.after_label}"]
+    lines += [f"  note: {n}" for n in res.notes]
+    w = max([len(r.label) for r in res.run + res.groups] + [10])
+    hdr = f"  {'scope':<10} {'figure':<{w}} {'before':>10} {'after':>10} {'Δ ms':>10} {'Δ %':>9}"
+    lines.append(hdr)
+    for r in res.run + _interesting(res.groups, limit):
+        dm, dp = _fmt_delta(r)
+        lines.append(
+            f"  {r.scope:<10} {r.label:<{w}} {_fmt(r.before):>10} {_fmt(r.after):>10} {dm:>10} {dp:>9}"
+        )
+    if len(res.groups) > limit:
+        lines.append(f"  ({len(res.groups) - limit} smaller per-{res.by} changes not shown)")
+    for f in res.findings:
+        if f.status == "unchanged":
+            continue
+        if f.status == "appeared":
+            lines.append(f"  + {f.code} {f.title} ({f.where}) gain {_fmt(f.after)} ms")
+        elif f.status == "disappeared":
+            lines.append(f"  - {f.code} {f.title} ({f.where}) was {_fmt(f.before)} ms")
+        else:
+            lines.append(f"  ~ {f.code} {f.title} ({f.where}) gain {_fmt(f.before)} -> {_fmt(f.after)} ms")
+    return lines
+
+
+def diff_table(res: DiffResult, limit: int = 60) -> Any:
+    """A rich renderable: run table, per-stage/rank table, findings that changed."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    def colour_delta(r: DiffRow) -> Text:
+        dm, dp = _fmt_delta(r)
+        d = r.delta_ms
+        # more time is worse for every compared figure
+        style = "" if d is None or abs(d) <= NOISE_MS else ("red" if d > 0 else "green")
+        return Text(f"{dm}  ({dp})", style=style)
+
+    def label(r: DiffRow) -> Text:
+        if r.metric in CAUSE_COLORS:
+            return Text.assemble(("■ ", CAUSE_COLORS[r.metric]), r.label)
+        return Text(r.label, style="bold" if r.metric == "step_ms" else "")
+
+    parts: list[Any] = []
+    if res.notes:
+        parts.append(Text("\n".join(f"note: {n}" for n in res.notes), style="yellow"))
+    t = Table(title=f"{res.before_label} → {res.after_label}", title_justify="left")
+    for col, just in (
+        ("figure", "left"),
+        (res.before_label, "right"),
+        (res.after_label, "right"),
+        ("change", "right"),
+    ):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in res.run:
+        if r.before is None and r.after is None:
+            continue
+        t.add_row(label(r), _fmt(r.before), _fmt(r.after), colour_delta(r))
+    parts.append(t)
+    if res.groups:
+        g = Table(title=f"per {res.by} (ms per step)", title_justify="left")
+        for col, just in (
+            (res.by, "left"),
+            ("figure", "left"),
+            (res.before_label, "right"),
+            (res.after_label, "right"),
+            ("change", "right"),
+        ):
+            g.add_column(col, justify=just)  # type: ignore[arg-type]
+        prev = None
+        for r in _interesting(res.groups, limit):
+            g.add_row(
+                r.scope if r.scope != prev else "", label(r), _fmt(r.before), _fmt(r.after), colour_delta(r)
+            )
+            prev = r.scope
+        parts.append(g)
+    ch = [f for f in res.findings if f.status != "unchanged"]
+    if ch:
+        f_t = Table(title="findings", title_justify="left")
+        for col in ("", "code", "finding", "where", "gain before", "gain after"):
+            f_t.add_column(col)
+        for f in ch:
+            sym, style = {"appeared": ("+", "red"), "disappeared": ("−", "green"), "changed": ("~", "")}[
+                f.status
+            ]
+            f_t.add_row(Text(sym, style=style), f.code, f.title, f.where, _fmt(f.before), _fmt(f.after))
+        parts.append(f_t)
+    return Group(*parts)
+
+
+def diff_markdown(res: DiffResult, limit: int = 40) -> str:
+    """The diff as Markdown (PR comment)."""
+    out = [f"## ppdiag diff: {md_escape(res.before_label)} → {md_escape(res.after_label)}", ""]
+    out += [f"> {md_escape(n)}" for n in res.notes]
+    if res.notes:
+        out.append("")
+    out += ["| figure | before | after | change |", "|---|---:|---:|---:|"]
+    for r in res.run:
+        if r.before is None and r.after is None:
+            continue
+        dm, dp = _fmt_delta(r)
+        mark = CAUSE_MARKS.get(r.metric, "")
+        out.append(f"| {mark} {r.label} | {_fmt(r.before)} | {_fmt(r.after)} | {dm} ms ({dp}) |")
+    if res.groups:
+        out += ["", f"| {res.by} | figure | before | after | change |", "|---|---|---:|---:|---:|"]
+        for r in _interesting(res.groups, limit):
+            dm, dp = _fmt_delta(r)
+            out.append(
+                f"| {r.scope} | {CAUSE_MARKS.get(r.metric, '')} {r.label} | {_fmt(r.before)} "
+                f"| {_fmt(r.after)} "
+                f"| {dm} ms ({dp}) |"
+            )
+    ch = [f for f in res.findings if f.status != "unchanged"]
+    if ch:
+        out += ["", "**Findings**", ""]
+        for f in ch:
+            sym = {"appeared": "🆕", "disappeared": "✅", "changed": "〰️"}[f.status]
+            out.append(
+                f"- {sym} **{md_escape(f.code)}** {md_escape(f.title)} ({md_escape(f.where)}): {f.status}, "
+                f"gain {_fmt(f.before)} → {_fmt(f.after)} ms"
+            )
+    out.append("")
+    return "\n".join(out)

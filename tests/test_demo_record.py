@@ -1,0 +1,449 @@
+"""Real multi-process pipeline runs recorded by ``ppdiag.demo.record``, checked against what was injected.
+
+Every recording starts 4 (or 2) processes with torch.distributed.pipelining over gloo; each is shared
+by the tests of one configuration (module-scoped cache). The truths used here are the configuration
+itself (costs, faults, stage placement) and causality, never numbers taken from the code's output.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ppdiag.demo import DemoConfig, DemoError, GroundTruth, load_groundtruth, record
+
+if importlib.util.find_spec("torch") is None:
+    pytest.skip("the demo recorder needs torch", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+
+MS = 1_000_000
+HOLD_OPS = ("ppdiag_demo::hold", "ppdiag_demo::hold_backward")
+RECORD_SECONDS: dict[str, float] = {}
+
+
+# ---- recordings ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., GroundTruth]]:
+    """``recorded(name, **config)``: record once per name, then reuse."""
+    cache: dict[str, GroundTruth] = {}
+
+    def get(name: str, **kwargs: Any) -> GroundTruth:
+        if name not in cache:
+            out = tmp_path_factory.mktemp(name)
+            t0 = time.monotonic()
+            record(DemoConfig(**kwargs), out)
+            RECORD_SECONDS[name] = time.monotonic() - t0
+            cache[name] = load_groundtruth(out)
+        return cache[name]
+
+    yield get
+    if RECORD_SECONDS:
+        print("\nrecording wall time: " + ", ".join(f"{k} {v:.1f}s" for k, v in RECORD_SECONDS.items()))
+
+
+SCHEDULE_RUNS: dict[str, dict[str, Any]] = {
+    "gpipe": {"schedule": "gpipe", "microbatches": 4},
+    "1f1b": {"schedule": "1f1b", "microbatches": 8},
+    "interleaved_1f1b": {"schedule": "interleaved_1f1b", "microbatches": 8},
+    "looped_bfs": {"schedule": "looped_bfs", "microbatches": 4},
+    "zero_bubble": {"schedule": "zero_bubble", "microbatches": 8},
+    "zbv": {"schedule": "zbv", "microbatches": 8},
+    "dualpipev": {"schedule": "dualpipev", "microbatches": 8},
+}
+COMMON: dict[str, Any] = {"pp": 4, "steps": 2, "fwd_ms": 4.0, "bwd_ms": 8.0, "timeout_s": 120.0}
+
+
+def schedule_run(recorded: Callable[..., GroundTruth], name: str) -> GroundTruth:
+    return recorded(name, **COMMON, **SCHEDULE_RUNS[name])
+
+
+def baseline(recorded: Callable[..., GroundTruth]) -> GroundTruth:
+    return schedule_run(recorded, "1f1b")
+
+
+# ---- raw trace helpers (independent of every ppdiag parser) ---------------------------------
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        doc: dict[str, Any] = json.load(f)
+    return doc
+
+
+def ops(doc: dict[str, Any], *, main_only: bool = True, names: tuple[str, ...] | None = None,
+        cat: str = "cpu_op") -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """(start_ns, end_ns, events) of complete events of one category on the trace clock."""
+    base = int(doc["baseTimeNanoseconds"])
+    evs = [e for e in doc["traceEvents"]
+           if e.get("ph") == "X" and e.get("cat") == cat
+           and (not main_only or e.get("tid") == e.get("pid"))
+           and (names is None or e.get("name") in names)]
+    start = np.array([base + round(float(e["ts"]) * 1000) for e in evs], dtype=np.int64)
+    end = start + np.array([round(float(e["dur"]) * 1000) for e in evs], dtype=np.int64)
+    return start, end, evs
+
+
+def top_level(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Outermost intervals (those not nested in an earlier one) of one thread."""
+    order = np.lexsort((-end, start))
+    s, e = start[order], end[order]
+    prev_max = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1]])
+    keep = s >= prev_max
+    return s[keep], e[keep]
+
+
+def union_within(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> int:
+    """Length of the union of intervals clipped to [lo, hi]."""
+    s, e = np.clip(start, lo, hi), np.clip(end, lo, hi)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    prev = np.concatenate([[lo], reach[:-1]])
+    return int(np.clip(e - np.maximum(s, prev), 0, None).sum())
+
+
+def in_windows(start: np.ndarray, end: np.ndarray, truth: GroundTruth, rank: int) -> np.ndarray:
+    rt = truth.rank(rank)
+    m = np.zeros(start.shape, dtype=bool)
+    for lo, hi in zip(rt.step_start, rt.step_end, strict=True):
+        m |= (start >= lo) & (end <= hi)
+    return m
+
+
+def expected_stages(schedule: str, pp: int, rank: int) -> list[int]:
+    if schedule in ("gpipe", "1f1b"):
+        return [rank]
+    if schedule in ("zbv", "dualpipev"):
+        return [rank, 2 * pp - 1 - rank]
+    return [rank, rank + pp]
+
+
+def held(truth: GroundTruth, rank: int, kinds: tuple[str, ...], stage: int | None = None) -> int:
+    rt = truth.rank(rank)
+    m = rt.mask(kinds)
+    if stage is not None:
+        m &= rt.cols["stage"] == stage
+    return int(rt.cols["held_ns"][m].sum())
+
+
+# ---- every schedule -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(SCHEDULE_RUNS))
+def test_schedule_run_is_a_real_profiled_pipeline(recorded: Callable[..., GroundTruth], name: str) -> None:
+    truth = schedule_run(recorded, name)
+    cfg = {**COMMON, **SCHEDULE_RUNS[name]}
+    pp, m, steps = cfg["pp"], cfg["microbatches"], cfg["steps"]
+    assert truth.schedule == name and truth.pp == pp and truth.microbatches == m
+    assert truth.steps == [2, 3]  # after the profiler's wait and warmup steps
+    split_bwd = name in ("zero_bubble", "zbv", "dualpipev")
+    for r in range(pp):
+        rt = truth.rank(r)
+        assert rt.stages == expected_stages(name, pp, r)
+        doc = load_trace(truth.trace_path(r))
+        info = doc["distributedInfo"]
+        assert (info["rank"], info["world_size"], info["backend"]) == (r, pp, "gloo")
+        ustart, uend, uevs = ops(doc, cat="user_annotation")
+        step_evs = sorted(e["name"] for e in uevs if e["name"].startswith("ProfilerStep#"))
+        assert step_evs == [f"ProfilerStep#{s}" for s in truth.steps]
+        # ground truth and trace share one clock: each ProfilerStep starts where the truth's step does
+        for s, lo in zip(rt.step, rt.step_start, strict=True):
+            i = next(i for i, e in enumerate(uevs) if e["name"] == f"ProfilerStep#{s}")
+            assert abs(int(ustart[i]) - int(lo)) < 2 * MS
+        # every micro-batch of every stage ran once forward and once backward (or as I + W) per step
+        for step in truth.steps:
+            for stage in rt.stages:
+                for mb in range(m):
+                    sel = (rt.cols["step"] == step) & (rt.cols["stage"] == stage) & (rt.cols["mb"] == mb)
+                    kinds = sorted(rt.cols["kind"][sel & rt.mask(("fwd", "bwd", "bwd_input", "wgrad"))])
+                    assert kinds in (["bwd", "fwd"], ["bwd_input", "fwd", "wgrad"]), (step, stage, mb, kinds)
+                    if not split_bwd:
+                        assert kinds == ["bwd", "fwd"]
+        # runtime schedules label their actions PP:<stage><action><mb>: the stages match the truth
+        labels = {e["name"] for e in uevs if e["name"].startswith("PP:")}
+        if name not in ("gpipe", "1f1b"):
+            label_stages = {int(lb[3:].split("F")[0]) for lb in labels
+                            if lb[3:].split("F")[0].isdigit() and lb[3:].split("F")[1].isdigit()}
+            assert label_stages == set(rt.stages)
+        # the sleep op held what the config asked: steps x M x (F + B) per stage, within 5%
+        nominal = steps * m * sum(cfg["fwd_ms"] + cfg["bwd_ms"] for _ in rt.stages) * MS
+        got = held(truth, r, ("fwd", "bwd", "bwd_input", "wgrad"))
+        assert got == pytest.approx(nominal, rel=0.05)
+        # raw trace: the custom ops' durations in the profiled steps add up to what the truth held
+        hs, he, _ = ops(doc, names=HOLD_OPS)
+        inside = in_windows(hs, he, truth, r)
+        assert int((he - hs)[inside].sum()) == pytest.approx(got, rel=0.05)
+        # and the ops run inside the truth's compute blocks, not elsewhere
+        assert int(inside.sum()) == steps * m * len(rt.stages) * 2 * 2 * cfg.get("layers_per_stage", 2)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"])
+def test_parsed_compute_matches_ground_truth(recorded: Callable[..., GroundTruth], name: str) -> None:
+    parsers = pytest.importorskip("ppdiag.parsers")
+    timeline = pytest.importorskip("ppdiag.model.timeline")
+    parsers.load_builtin()
+    if "kineto" not in parsers.PARSERS:
+        pytest.skip("the Kineto parser is not available yet")
+    truth = schedule_run(recorded, name)
+    for r in range(truth.pp):
+        rt = truth.rank(r)
+        (tl,) = parsers.PARSERS["kineto"].parse(truth.trace_path(r), parsers.ParseOptions())
+        assert tl.rank == r
+        iv = tl.intervals
+        comp = iv.kind == int(timeline.Kind.COMPUTE)
+        s = iv.start[comp] + tl.clock_offset_ns
+        e = iv.end[comp] + tl.clock_offset_ns
+        parsed = sum(union_within(s, e, int(lo), int(hi)) for lo, hi in zip(rt.step_start, rt.step_end,
+                                                                             strict=True))
+        assert parsed == pytest.approx(rt.compute_ns(), rel=0.05), r
+
+
+def test_raw_trace_compute_matches_ground_truth(recorded: Callable[..., GroundTruth]) -> None:
+    # The same check without any ppdiag parser: outermost main-thread ops vs the truth's blocks.
+    for name in ("1f1b", "zero_bubble"):
+        truth = schedule_run(recorded, name)
+        for r in range(truth.pp):
+            rt = truth.rank(r)
+            s, e = top_level(*ops(load_trace(truth.trace_path(r)))[:2])
+            covered = 0
+            for kind in ("fwd", "bwd", "bwd_input", "wgrad"):
+                m = rt.mask(kind)
+                for lo, hi in zip(rt.cols["start_ns"][m], rt.cols["end_ns"][m], strict=True):
+                    covered += union_within(s, e, int(lo), int(hi))
+            assert covered == pytest.approx(rt.compute_ns(), rel=0.07)
+
+
+def test_zero_bubble_splits_backward_into_input_and_weight_blocks(
+        recorded: Callable[..., GroundTruth]) -> None:
+    truth = schedule_run(recorded, "zero_bubble")
+    steps, m = len(truth.steps), truth.microbatches
+    bwd = COMMON["bwd_ms"] * MS * steps * m
+    for r in range(truth.pp):
+        for stage in truth.rank(r).stages:
+            i_ns = held(truth, r, ("bwd_input",), stage)
+            w_ns = held(truth, r, ("wgrad",), stage)
+            if stage == 0:
+                # the first stage has no input gradient to send: torch runs its backward in W
+                assert i_ns < 0.05 * bwd
+                assert w_ns == pytest.approx(bwd, rel=0.05)
+            else:
+                assert i_ns == pytest.approx(0.5 * bwd, rel=0.05)
+                assert w_ns == pytest.approx(0.5 * bwd, rel=0.05)
+    # W blocks of a micro-batch always follow its I block
+    rt = truth.rank(1)
+    for step in truth.steps:
+        for mb in range(m):
+            sel = (rt.cols["step"] == step) & (rt.cols["stage"] == 1) & (rt.cols["mb"] == mb)
+            i_end = rt.cols["end_ns"][sel & rt.mask("bwd_input")][0]
+            w_start = rt.cols["start_ns"][sel & rt.mask("wgrad")][0]
+            assert w_start >= i_end
+
+
+# ---- faults -------------------------------------------------------------------------------
+
+
+def test_slow_stage_computes_factor_times_longer(recorded: Callable[..., GroundTruth]) -> None:
+    factor, slow = 2.0, 2
+    truth = recorded("slow_stage", **COMMON, schedule="1f1b", microbatches=8, slow_stage=slow,
+                     slow_factor=factor)
+    assert truth.faults == [{"kind": "slow_stage", "stage": slow, "rank": slow, "factor": factor}]
+    per_rank_held = {r: held(truth, r, ("fwd", "bwd")) for r in range(truth.pp)}
+    per_rank_blocks = {r: truth.rank(r).compute_ns() for r in range(truth.pp)}
+    per_rank_trace = {}
+    for r in range(truth.pp):
+        hs, he, _ = ops(load_trace(truth.trace_path(r)), names=HOLD_OPS)
+        per_rank_trace[r] = int((he - hs)[in_windows(hs, he, truth, r)].sum())
+    for measure in (per_rank_held, per_rank_blocks, per_rank_trace):
+        others = np.mean([v for r, v in measure.items() if r != slow])
+        assert measure[slow] / others == pytest.approx(factor, rel=0.15)
+    # the slow stage sets the pace: the step is longer than the fault-free run's
+    base = baseline(recorded)
+    slow_step = np.mean(truth.rank(0).step_end - truth.rank(0).step_start)
+    base_step = np.mean(base.rank(0).step_end - base.rank(0).step_start)
+    assert slow_step > 1.3 * base_step
+
+
+def _sends_and_recv_waits(truth: GroundTruth, src: int, dst: int) -> tuple[np.ndarray, ...]:
+    """Sends src→dst (request, post) and dst's waits on recvs from src, matched in order."""
+    s, d = truth.rank(src), truth.rank(dst)
+    ms = s.mask("send") & (s.cols["peer"] == dst)
+    md = d.mask("wait") & (d.cols["peer"] == src) & (d.cols["direction"] == "recv")
+    req, post = s.cols["start_ns"][ms], s.cols["end_ns"][ms]
+    wstart, wend = d.cols["start_ns"][md], d.cols["end_ns"][md]
+    assert len(req) == len(wend) > 0
+    return req, post, wstart, wend
+
+
+def test_slow_link_delays_the_ranks_sends_by_the_injected_time(recorded: Callable[..., GroundTruth]) -> None:
+    delay, slow = 10.0, 1
+    truth = recorded("comm_delay", **COMMON, schedule="1f1b", microbatches=8, comm_delay_ms=delay,
+                     comm_delay_rank=slow)
+    base = baseline(recorded)
+    d_ns = delay * MS
+    assert truth.faults[0]["peers"] == [0, 2]
+    for peer in (0, 2):
+        req, post, wstart, wend = _sends_and_recv_waits(truth, slow, peer)
+        # each send left the slow rank D after the schedule issued it ...
+        assert np.all(post - req >= 0.98 * d_ns)
+        assert np.median(post - req) == pytest.approx(d_ns, abs=1.5 * MS)
+        # ... and no data arrived before it left
+        assert np.all(wend >= post - 0.1 * MS)
+        waiting = wstart <= req  # the receiver was already waiting when the send was issued
+        assert waiting.any()
+        assert np.median((wend - req)[waiting]) == pytest.approx(d_ns, rel=0.25)
+        # the receivers wait about D longer per message than in the fault-free run
+        b_req, _, b_wstart, b_wend = _sends_and_recv_waits(base, slow, peer)
+        assert np.median(wend - wstart) - np.median(b_wend - b_wstart) == pytest.approx(d_ns, rel=0.3)
+        assert np.median((b_wend - b_req)[b_wstart <= b_req]) < 0.2 * d_ns
+    # links not touching the slow rank keep their speed
+    req, post, wstart, wend = _sends_and_recv_waits(truth, 3, 2)
+    assert np.all(post - req < 1 * MS)
+    # the slow rank's trace still shows every send it made, with its peer
+    doc = load_trace(truth.trace_path(slow))
+    cs, ce, cevs = ops(doc, main_only=False, names=("c10d::send",))
+    rt = truth.rank(slow)
+    sends = rt.mask("send")
+    inside = in_windows(cs, ce, truth, slow)
+    assert int(inside.sum()) == int(sends.sum())
+    peers = sorted(int(e["args"]["Concrete Inputs"][2]) for e, ok in zip(cevs, inside, strict=True) if ok)
+    assert peers == sorted(int(p) for p in rt.cols["peer"][sends])
+
+
+def test_host_stall_leaves_op_free_gaps_before_each_forward(recorded: Callable[..., GroundTruth]) -> None:
+    stall_ms, who = 6.0, 2
+    truth = recorded("host_stall", **COMMON, schedule="1f1b", microbatches=8, host_stall_ms=stall_ms,
+                     host_stall_rank=who)
+    rt = truth.rank(who)
+    stalls = rt.mask("stall")
+    assert int(stalls.sum()) == len(truth.steps) * truth.microbatches * len(rt.stages)
+    for r in range(truth.pp):
+        if r != who:
+            assert not truth.rank(r).mask("stall").any()
+    st, en = rt.cols["start_ns"][stalls], rt.cols["end_ns"][stalls]
+    assert np.all(en - st >= stall_ms * MS)
+    assert np.all(en - st < stall_ms * MS + 1.5 * MS)
+    # each stall sits right before its micro-batch's forward
+    fwd = rt.mask("fwd")
+    for s_, e_, step, mb in zip(st, en, rt.cols["step"][stalls], rt.cols["mb"][stalls], strict=True):
+        sel = fwd & (rt.cols["step"] == step) & (rt.cols["mb"] == mb)
+        f_start = int(rt.cols["start_ns"][sel][0])
+        assert 0 <= f_start - e_ < 0.5 * MS
+    # raw trace: no operator runs on the stalled rank's main thread during a stall ...
+    os_, oe, _ = ops(load_trace(truth.trace_path(who)))
+    margin = 100_000
+    for s_, e_ in zip(st, en, strict=True):
+        assert not np.any((os_ < e_ - margin) & (oe > s_ + margin))
+    # ... so the op-free gap before each forward's first op is at least the stall
+    ts, te = top_level(os_, oe)
+    for s_, e_ in zip(st, en, strict=True):
+        before = te[te <= s_ + margin]
+        after = ts[ts >= e_ - margin]
+        assert after.min() - before.max() >= stall_ms * MS * 0.98
+
+
+# ---- real compute, progress, failures -------------------------------------------------------
+
+
+def test_real_compute_run_has_the_pipeline_structure(recorded: Callable[..., GroundTruth]) -> None:
+    truth = recorded("real", pp=2, schedule="1f1b", microbatches=4, steps=2, compute="real", hidden=128)
+    assert truth.header["compute"] == "real" and truth.header["stage_costs_ms"] is None
+    for r in range(2):
+        rt = truth.rank(r)
+        doc = load_trace(truth.trace_path(r))
+        assert doc["distributedInfo"]["rank"] == r
+        names = {e["name"] for e in ops(doc)[2]}
+        assert {"aten::addmm", "aten::gelu", "aten::layer_norm"} <= names
+        assert not names & set(HOLD_OPS)
+        assert int(rt.cols["held_ns"].sum()) == 0
+        for kind in ("fwd", "bwd"):
+            assert int(rt.mask(kind).sum()) == 2 * 4
+        steps = [e["name"] for e in ops(doc, cat="user_annotation")[2] if e["name"].startswith("ProfilerStep#")]
+        assert len(steps) == 2
+
+
+def test_progress_is_reported_until_done(tmp_path: Path) -> None:
+    seen: list[tuple[str, float]] = []
+    record(DemoConfig(pp=2, schedule="gpipe", microbatches=2, steps=1, fwd_ms=1, bwd_ms=2), tmp_path,
+           progress=lambda msg, frac: seen.append((msg, frac)))
+    fracs = [f for _, f in seen]
+    assert fracs == sorted(fracs) and fracs[0] == 0.0 and fracs[-1] == 1.0
+    assert sum("steps done" in msg for msg, _ in seen) == 2 * 3  # every rank, every iteration
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "groundtruth.json", "rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+
+
+def _processes_with(token: str) -> list[int]:
+    """Live processes (zombies have no environment) whose environment carries ``token``."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{d}/environ").read_bytes()
+        except OSError:
+            continue
+        if token.encode() in env:
+            found.append(int(d))
+    return found
+
+
+def _assert_no_process_left(token: str) -> None:
+    deadline = time.monotonic() + 5
+    while (left := _processes_with(token)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == []
+
+
+@pytest.fixture
+def token(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A marker in the environment of every process a test's recording starts."""
+    if not Path("/proc/self/environ").exists():
+        pytest.skip("needs /proc to look for leftover processes")
+    tok = f"ppdiag-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv("PPDIAG_DEMO_TEST_TOKEN", tok)
+    return tok
+
+
+def test_a_failing_rank_ends_the_run_with_one_line_naming_it(
+        tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PPDIAG_DEMO_FAIL", "2:1")
+    t0 = time.monotonic()
+    with pytest.raises(DemoError) as ei:
+        record(DemoConfig(pp=4, microbatches=4, steps=1, timeout_s=60), tmp_path)
+    msg = str(ei.value)
+    assert msg == "demo run failed on rank 2: RuntimeError: injected failure at step 1 (PPDIAG_DEMO_FAIL)"
+    assert ei.value.rank == 2
+    assert time.monotonic() - t0 < 30  # not the gloo or run timeout
+    _assert_no_process_left(token)
+    assert (tmp_path / "demo-failure.log").exists()
+    assert not (tmp_path / "groundtruth.json").exists()
+
+
+def test_a_hung_rank_is_stopped_by_the_timeout(tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PPDIAG_DEMO_HANG", "1:2")
+    t0 = time.monotonic()
+    with pytest.raises(DemoError) as ei:
+        record(DemoConfig(pp=4, microbatches=4, steps=1, timeout_s=8), tmp_path)
+    assert time.monotonic() - t0 < 8 + 5
+    assert str(ei.value).startswith("demo run timed out after 8 s")
+    assert "\n" not in str(ei.value)
+    _assert_no_process_left(token)
+
+
+def test_a_tiny_timeout_stops_the_run_during_start_up(tmp_path: Path, token: str) -> None:
+    with pytest.raises(DemoError, match=r"timed out after 0.2 s"):
+        record(DemoConfig(timeout_s=0.2), tmp_path)
+    _assert_no_process_left(token)
