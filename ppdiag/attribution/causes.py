@@ -76,7 +76,9 @@ class _Node:
     pre_host: int
     pre_coll: int
     pre_ux: int
-    edges: list[tuple[int, int, int, bool]] = field(default_factory=list)  # (producer, issue, transfer, observed)
+    # the observed wait: (producer node, producer's issue delay, transfer after both sides were ready)
+    obs: tuple[int, int, int] | None = None
+    edges: list[tuple[int, int]] = field(default_factory=list)  # label dependencies: (producer, latency)
 
 
 @dataclass
@@ -159,7 +161,7 @@ class Replay:
         return out
 
     def edge_stats(self) -> list[tuple[int, int, int, int]]:
-        """Observed waits as (producer rank, consumer rank, transfer latency ns, time waited ns)."""
+        """Observed waits as (producer rank, consumer rank, transfer ns, time waited ns)."""
         return list(self.waits)
 
     def __init__(self, steps: list[RankStep], timelines: dict[int, RankTimeline],
@@ -176,7 +178,7 @@ class Replay:
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
         by_key: dict[tuple[int, int, int, int], int] = {}
         ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], list[int]]] = {}
-        pending: list[tuple[int, int, int, int]] = []  # (node, peer, release, waited)
+        pending: list[tuple[int, int, int, int]] = []  # (node, peer, release, wait start)
         for rs in steps:
             tl = timelines[rs.rank]
             off = tl.clock_offset_ns
@@ -207,7 +209,7 @@ class Replay:
                 self.nodes.append(node)
                 self.meas_start.append(s)
                 if w_s.size:
-                    pending.append((nid, _blocking_peer(tl, off, wait_start, rel), rel, rel - wait_start))
+                    pending.append((nid, _blocking_peer(tl, off, wait_start, rel), rel, wait_start))
                 if int(b.mb[i]) >= 0:
                     by_key[(rs.number if rs.number >= 0 else rs.step, int(b.stage[i]), int(b.phase[i]),
                             int(b.mb[i]))] = nid
@@ -225,7 +227,7 @@ class Replay:
             o = np.argsort(ends, kind="stable")
             ends_by_rank[r] = (ends[o], [ids[j] for j in o])
         ops = {r: p2p_ops(tl) for r, tl in timelines.items()}
-        for nid, peer, rel, waited in pending:
+        for nid, peer, rel, wait_start in pending:
             if peer not in ends_by_rank:
                 continue
             ends, ids = ends_by_rank[peer]
@@ -233,9 +235,10 @@ class Replay:
             if j < 0:
                 continue
             p_end = int(ends[j])
-            # The peer's last transfer operation towards this rank before the release: time between
-            # the producer's block end and that issue is the producer's host delay, the rest is
-            # the transfer itself.
+            # The peer's last transfer operation towards this rank before the release: the time from
+            # the producer's block end to that issue is the producer's host delay. The transfer is
+            # what remains after both sides were ready: the producer had issued and this rank was
+            # waiting (a gloo or NCCL transfer cannot complete before the receive is posted).
             issue = p_end
             po = ops.get(peer)
             me = self.nodes[nid].rank
@@ -245,9 +248,10 @@ class Replay:
                 cand = np.flatnonzero((po.peer == me) & (st <= rel))
                 if cand.size:
                     issue = max(p_end, int(st[cand].max()))
-            self.nodes[nid].edges.append((ids[j], issue - p_end, rel - issue, True))
-            self.waits.append((peer, me, rel - issue, waited))
-            taus.append(rel - issue)
+            xfer = rel - max(issue, wait_start)
+            self.nodes[nid].obs = (ids[j], issue - p_end, xfer)
+            self.waits.append((peer, me, xfer, rel - wait_start))
+            taus.append(xfer)
         self.normal_latency = int(np.median(taus)) if taus else 0
         # pipeline data dependencies from labels, with the normal latency (capped so the measured
         # timeline stays reproduced exactly)
@@ -270,7 +274,7 @@ class Replay:
             if slack < 0:  # the measurement contradicts this dependency: labels do not match up
                 self.dropped_edges += 1
                 continue
-            node.edges.append((prod, 0, min(self.normal_latency, slack), False))
+            node.edges.append((prod, min(self.normal_latency, slack)))
         self.order = sorted(range(len(self.nodes)), key=lambda i: self.meas_start[i])
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
 
@@ -297,16 +301,19 @@ class Replay:
             scale = keep / local if local > 0 else 0.0
             pre = nd.pre * scale
             post = nd.post * scale
-            rel = NEG_INF
-            for p, issue, tau, _obs in nd.edges:
-                t = tau
+            base = prev_end + pre
+            if nd.obs is not None:
+                p, issue, xfer = nd.obs
                 if not comm_excess:
-                    t = min(t, lat)
+                    xfer = min(xfer, lat)
                 if not comm:
-                    t = 0
+                    xfer = 0
                 p_end = end[p] if done[p] else self.meas_start[p] + self.nodes[p].span
-                rel = max(rel, p_end + t + (issue if host else 0))
-            s = max(prev_end + pre, rel) + post
+                base = max(base, p_end + (issue if host else 0)) + xfer
+            for p, tau in nd.edges:
+                p_end = end[p] if done[p] else self.meas_start[p] + self.nodes[p].span
+                base = max(base, p_end + (tau if comm else 0))
+            s = base + post
             dur = balanced.get(nd.phase, nd.busy) + nd.in_host + nd.in_ux if balanced is not None else nd.span
             if not host:
                 dur -= nd.in_host

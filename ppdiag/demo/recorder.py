@@ -17,7 +17,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,19 +50,11 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _child_env(port: int) -> dict[str, str]:
+def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
     env.update({
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
         # One compute thread per rank: ranks share the cores, oversubscription only adds noise.
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
@@ -171,6 +162,8 @@ def record(config: DemoConfig, out_dir: Path, progress: Progress | None = None) 
     cfg = config.validated()
     if not torch_available():
         raise InputError(None, TORCH_MISSING)
+    if not hasattr(os, "fork"):
+        raise InputError(None, "ppdiag demo needs a POSIX system (Linux or macOS) to start its ranks")
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +189,7 @@ def record(config: DemoConfig, out_dir: Path, progress: Progress | None = None) 
             proc = subprocess.Popen(
                 [sys.executable, "-m", "ppdiag.demo.worker", str(work), str(wfd)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=_child_env(_free_port()), pass_fds=(wfd,), start_new_session=True,
+                env=_child_env(), pass_fds=(wfd,), start_new_session=True,
             )
         os.close(wfd)
         wfd = -1

@@ -104,7 +104,11 @@ def run_rank(cfg: DemoConfig, rank: int, out_dir: Path, workdir: Path, chan: Cha
 
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed)
-    dist.init_process_group("gloo", rank=rank, world_size=cfg.pp, timeout=timedelta(seconds=cfg.timeout_s))
+    # Rendezvous through a file in the run's private directory: unlike a TCP port picked in advance,
+    # it cannot collide with another run starting at the same time. Gloo's own connections use
+    # ports the kernel assigns.
+    dist.init_process_group("gloo", init_method=f"file://{workdir / 'rendezvous'}", rank=rank,
+                            world_size=cfg.pp, timeout=timedelta(seconds=cfg.timeout_s))
     faults = RankFaults(cfg, rank)
     try:
         chan.send(event="ready", rank=rank)

@@ -393,17 +393,17 @@ N_NONE, N_STEP, N_LABEL, N_PP_COMM, N_PP_OTHER, N_COMM, N_OPTIM, N_DATA, N_BWD_O
 # comm classes (host ops and kernels)
 C_NONE, C_P2P, C_COLL, C_COALESCED = range(4)
 
-_RE_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_RE_PP_ACT = re.compile(r"^PP:(\d+)([FBIW])(\d+)$")
-_RE_PP_COMM = re.compile(r"^PP:(\d+)(RECV|SEND)_([FBIW])(\d+)$")
-_RE_PP_OVERLAP = re.compile(r"^PP:\((\d+)([FBIW])(\d+)[;,]")
+_RE_STEP = re.compile(r"^ProfilerStep#(\d{1,9})$")
+_RE_PP_ACT = re.compile(r"^PP:(\d{1,9})([FBIW])(\d{1,9})$")
+_RE_PP_COMM = re.compile(r"^PP:(\d{1,9})(RECV|SEND)_([FBIW])(\d{1,9})$")
+_RE_PP_OVERLAP = re.compile(r"^PP:\((\d{1,9})([FBIW])(\d{1,9})[;,]")
 _RE_FWDBWD = re.compile(
     r"^(forward|fwd|backward|bwd|wgrad|weight[ _-]?grad)[\s_\-#:.=]*"
-    r"(?:mb|micro[ _-]?batch|microbatch|mbatch)?[\s_\-#:.=]*(\d+)$",
+    r"(?:mb|micro[ _-]?batch|microbatch|mbatch)?[\s_\-#:.=]*(\d{1,9})$",
     re.IGNORECASE,
 )
 _RE_BACKEND_TITLE = re.compile(r"^(nccl|gloo|mpi|ucc|xccl|hccl|rccl):")
-_RE_TITLE_P2P = re.compile(r"^[a-z]+:(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
+_RE_TITLE_P2P = re.compile(r"^[a-z]+:(send|recv)\s+(\d{1,9})\s*(->|<-)\s*(\d{1,9})")
 _RE_COMM_KERNEL = re.compile(r"nccl|rccl|hccl|msccl", re.IGNORECASE)
 _RE_KERNEL_COLL = re.compile(
     r"all_?reduce|all_?gather|reduce_?scatter|broadcast|reduce|all_?to_?all", re.IGNORECASE
@@ -463,7 +463,7 @@ def classify_name(name: str) -> NameInfo:
             if m:
                 return NameInfo(N_PP_OTHER, int(RangeKind.OTHER), stage=int(m.group(1)),
                                 mb=int(m.group(3)), phase=int(_ACTION_PHASE[m.group(2)]))
-            tail = re.match(r"^PP:(\d+)", name)
+            tail = re.match(r"^PP:(\d{1,9})", name)
             return NameInfo(N_PP_OTHER, int(RangeKind.OTHER),
                             stage=int(tail.group(1)) if tail else -1)
     if name.startswith("c10d::"):
@@ -590,7 +590,7 @@ def _tid_int(tid: Any) -> int:
     if isinstance(tid, int):
         return tid
     if isinstance(tid, str):
-        m = re.search(r"-?\d+", tid)
+        m = re.search(r"-?\d{1,18}", tid)
         if m:
             return int(m.group(0))
     return -1
@@ -627,12 +627,12 @@ def parse_rank_list(v: Any) -> list[int] | None:
     if isinstance(v, str):
         if "..." in v:
             return None
-        nums = re.findall(r"-?\d+", v)
+        nums = re.findall(r"-?\d{1,12}", v)
         return [int(x) for x in nums] if nums or v.strip() == "[]" else None
     return None
 
 
-_RE_FILE_RANK = re.compile(r"(?:^|[^a-z0-9])(rank|worker)[-_ ]?(\d+)(?![0-9])", re.IGNORECASE)
+_RE_FILE_RANK = re.compile(r"(?:^|[^a-z0-9])(rank|worker)[-_ ]?(\d{1,9})(?![0-9])", re.IGNORECASE)
 
 
 def rank_from_filename(path: Path) -> int | None:
@@ -925,6 +925,13 @@ def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
     else:
         if devprops or (backend or "").lower() == "nccl":
             why = "the trace lists CUDA devices" if devprops else "the backend is nccl"
+            if rec.lost_events or rec.warnings:
+                # Kineto writes GPU events after the CPU events: a cut can take all of them
+                raise InputError(
+                    spath,
+                    f"no GPU events in the {rec.kept_events} events before the file was cut ({why}); "
+                    "the trace is truncated",
+                )
             raise InputError(
                 spath,
                 f"no GPU events ({why}, but no kernel/memcpy/memset was recorded: profile with "

@@ -109,8 +109,11 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
     gpu = read_gpu_ops(db)
     active = gpu.kind != Kind.SYNC
     if not active.any():
-        raise InputError(source, "no GPU activity in this export (no kernel, memcpy or memset rows); "
-                                 "profile with CUDA tracing on (nsys profile -t cuda,nvtx)")
+        raise InputError(
+            source,
+            "no GPU activity in this export (no kernel, memcpy or memset rows); "
+            "profile with CUDA tracing on (nsys profile -t cuda,nvtx)",
+        )
     pids = sorted(np.unique(gpu.pid[active]).tolist())
     nvtx = read_nvtx(db)
     proc_names = _process_names(db)
@@ -122,12 +125,20 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
     if idle:
         shown = ", ".join(f"{proc_names.get(p, 'process')} pid {p}" for p in idle[:8])
         more = f" and {len(idle) - 8} more" if len(idle) > 8 else ""
-        file_warnings.append(f"{len(idle)} CUDA process(es) without GPU activity "
-                             f"skipped: {shown}{more}")
+        file_warnings.append(f"{len(idle)} CUDA process(es) without GPU activity skipped: {shown}{more}")
     comm_members, comm_info = _communicators(nvtx, decisions)
-    ctx = _Ctx(db=db, source=source, gpu=gpu, nvtx=nvtx, clock=clock, decisions=decisions,
-               autograd=_autograd_threads(db), comm_members=comm_members, comm_info=comm_info,
-               meta=_export_meta(db))
+    ctx = _Ctx(
+        db=db,
+        source=source,
+        gpu=gpu,
+        nvtx=nvtx,
+        clock=clock,
+        decisions=decisions,
+        autograd=_autograd_threads(db),
+        comm_members=comm_members,
+        comm_info=comm_info,
+        meta=_export_meta(db),
+    )
     out = []
     for p in pids:
         tl = _build_rank(ctx, p, proc_names.get(p, ""))
@@ -161,23 +172,36 @@ def _clock(db: NsysDb, first: int) -> _Clock:
         return _Clock(0, "ts-normalize (UTC epoch)", None)
     start = None
     if "utcEpochNs" in db.columns("TARGET_INFO_SESSION_START_TIME"):
-        row = db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME "
-                         "WHERE utcEpochNs IS NOT NULL LIMIT 1").fetchone()
+        row = db.execute(
+            "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME WHERE utcEpochNs IS NOT NULL LIMIT 1"
+        ).fetchone()
         start = int(row[0]) if row else None
     if start:
-        return _Clock(start, "session start time", (
-            "exported without --ts-normalize; timestamps put on the epoch clock with the capture's "
-            "session start time, so aligning ranks of different files relies on session start times "
-            "(host clocks)"))
-    return _Clock(0, "relative", (
-        "no session start time and no --ts-normalize; timestamps are relative to this capture "
-        "and cannot be aligned with other files"))
+        return _Clock(
+            start,
+            "session start time",
+            (
+                "exported without --ts-normalize; timestamps put on the epoch clock with the capture's "
+                "session start time, so aligning ranks of different files relies on session start times "
+                "(host clocks)"
+            ),
+        )
+    return _Clock(
+        0,
+        "relative",
+        (
+            "no session start time and no --ts-normalize; timestamps are relative to this capture "
+            "and cannot be aligned with other files"
+        ),
+    )
 
 
 def _process_names(db: NsysDb) -> dict[int, str]:
     if not {"pid", "name"} <= set(db.columns("PROCESSES")):
         return {}
-    return {int(p): str(n or "") for p, n in db.execute("SELECT pid, name FROM PROCESSES WHERE pid IS NOT NULL")}
+    return {
+        int(p): str(n or "") for p, n in db.execute("SELECT pid, name FROM PROCESSES WHERE pid IS NOT NULL")
+    }
 
 
 def _cuda_processes(db: NsysDb) -> set[int]:
@@ -185,7 +209,9 @@ def _cuda_processes(db: NsysDb) -> set[int]:
     out: set[int] = set()
     for table in ("TARGET_INFO_CUDA_STREAM", "TARGET_INFO_CUDA_CONTEXT_INFO"):
         if "processId" in db.columns(table):
-            out |= {int(r[0]) for r in db.execute(f"SELECT DISTINCT processId FROM {table}") if r[0] is not None}
+            out |= {
+                int(r[0]) for r in db.execute(f"SELECT DISTINCT processId FROM {table}") if r[0] is not None
+            }
     return out
 
 
@@ -202,14 +228,15 @@ def _autograd_threads(db: NsysDb) -> dict[int, set[int]]:
     return out
 
 
-def _communicators(nvtx: NvtxData, decisions: dict[int, RankDecision]) -> tuple[
-        dict[int, dict[int, int]], dict[int, dict[int, tuple[int, int]]]]:
+def _communicators(
+    nvtx: NvtxData, decisions: dict[int, RankDecision]
+) -> tuple[dict[int, dict[int, int]], dict[int, dict[int, tuple[int, int]]]]:
     """Communicator membership from the ``ncclCommInitRank``-style payloads of this export."""
     calls = nvtx.nccl
     members: dict[int, dict[int, int]] = {}
     info: dict[int, dict[int, tuple[int, int]]] = {}
-    sel = np.flatnonzero((calls.api == API_INIT) & (calls.comm != 0) & (calls.rank >= 0)) if len(calls) else []
-    for i in np.asarray(sel).tolist():
+    sel = np.flatnonzero((calls.api == API_INIT) & (calls.comm != 0) & (calls.rank >= 0))
+    for i in sel.tolist():
         pid, comm = int(calls.pid[i]), int(calls.comm[i])
         local, nranks = int(calls.rank[i]), int(calls.nranks[i])
         info.setdefault(pid, {})[comm] = (local, nranks)
@@ -259,13 +286,18 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
             direction[miss[a2a]] = Direction.NONE
             warnings.append(_unmatched_warning(ctx, len(miss), int(sr.sum()), int(a2a.sum())))
         elif not (proj.peer_local[proj.matched] >= 0).any() and (kind[hit] == Kind.P2P).any():
-            warnings.append("NCCL NVTX payloads (peer, bytes) are not in this export; "
-                            "p2p peers unknown (export with 'nsys export --include-blobs=true')")
+            warnings.append(
+                "NCCL NVTX payloads (peer, bytes) are not in this export; "
+                "p2p peers unknown (export with 'nsys export --include-blobs=true')"
+            )
 
     names = NameTable()
     uniq, inv = np.unique(gpu.name[sel], return_inverse=True)
-    name_ids = np.array([names.id(gpu.names[int(u)]) for u in uniq], dtype=np.int32)[inv] if n else \
-        np.empty(0, np.int32)
+    name_ids = (
+        np.array([names.id(gpu.names[int(u)]) for u in uniq], dtype=np.int32)[inv]
+        if n
+        else np.empty(0, np.int32)
+    )
 
     groups: list[ProcessGroup] = []
     comm_index: dict[int, int] = {}
@@ -273,13 +305,22 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
 
     def group_of(comm: int) -> int:
         if comm not in comm_index:
-            local, nranks = ctx.comm_info.get(pid, {}).get(comm, (-1, -1))
+            _, nranks = ctx.comm_info.get(pid, {}).get(comm, (-1, -1))
             members = ctx.comm_members.get(comm, {})
-            ranks = [members[i] for i in range(nranks)] if nranks > 0 and all(i in members for i in range(nranks)) \
+            ranks = (
+                [members[i] for i in range(nranks)]
+                if nranks > 0 and all(i in members for i in range(nranks))
                 else []
+            )
             comm_index[comm] = len(groups)
-            groups.append(ProcessGroup(name=f"nccl:{comm & 0xFFFFFFFFFFFFFFFF:016x}", desc="NCCL communicator",
-                                       ranks=ranks, backend="nccl"))
+            groups.append(
+                ProcessGroup(
+                    name=f"nccl:{comm & 0xFFFFFFFFFFFFFFFF:016x}",
+                    desc="NCCL communicator",
+                    ranks=ranks,
+                    backend="nccl",
+                )
+            )
         return comm_index[comm]
 
     _resolve_peers(ctx, pid, dec, comm_col, local_peer, peer, group, group_of, pending["interval"], warnings)
@@ -302,17 +343,30 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     if len(udev) > 1:
         # Stream ids are per device context: keep streams of different GPUs apart.
         stream = (devs << 32) | stream
-        warnings.append(f"process {pid} used {len(udev)} GPUs "
-                        f"({', '.join(str(d) for d in udev.tolist())}); their streams are kept apart as "
-                        "device<<32|stream")
+        warnings.append(
+            f"process {pid} used {len(udev)} GPUs "
+            f"({', '.join(str(d) for d in udev.tolist())}); their streams are kept apart as "
+            "device<<32|stream"
+        )
     stream[stream == 0xFFFFFFFF] = -1
 
     launch = np.where(launch_raw >= 0, launch_raw + off, -1)
-    iv = Intervals.from_columns(n, {
-        "start": gpu.start[sel] + off, "end": gpu.end[sel] + off, "stream": stream, "kind": kind,
-        "name": name_ids, "phase": phase, "peer": peer, "direction": direction, "bytes": nbytes,
-        "launch": launch, "group": group,
-    })
+    iv = Intervals.from_columns(
+        n,
+        {
+            "start": gpu.start[sel] + off,
+            "end": gpu.end[sel] + off,
+            "stream": stream,
+            "kind": kind,
+            "name": name_ids,
+            "phase": phase,
+            "peer": peer,
+            "direction": direction,
+            "bytes": nbytes,
+            "launch": launch,
+            "group": group,
+        },
+    )
     order = np.lexsort((iv.end, iv.start))
     iv = iv.take(order)
     if pending["interval"]:
@@ -325,8 +379,10 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     meta = dict(ctx.meta)
     meta.update({"pid": pid, "process": proc_name, "devices": udev.tolist(), "clock": ctx.clock.how})
     if ctx.comm_info.get(pid):
-        meta["nccl_comms"] = {f"{c & 0xFFFFFFFFFFFFFFFF:016x}": {"rank": r, "nranks": nr}
-                              for c, (r, nr) in ctx.comm_info[pid].items()}
+        meta["nccl_comms"] = {
+            f"{c & 0xFFFFFFFFFFFFFFFF:016x}": {"rank": r, "nranks": nr}
+            for c, (r, nr) in ctx.comm_info[pid].items()
+        }
     if pending["interval"] or pending["range"]:
         meta["nccl_pending"] = pending
     overhead = _profiler_overhead(ctx.db, pid, off)
@@ -334,25 +390,49 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
         meta["profiler_overhead_ns"] = overhead
     main_dev = int(udev[np.argmax(dev_counts)]) if len(udev) else 0
     return RankTimeline(
-        rank=dec.rank, source=ctx.source, format="nsys", names=names.names, intervals=iv, ranges=rg,
-        world_size=dec.world_size, backend=backend, device=f"cuda:{main_dev}", cpu_only=False,
-        process_groups=groups, rank_source=dec.source, events_total=n + len(rg), events_lost=0,
-        warnings=warnings, meta=meta,
+        rank=dec.rank,
+        source=ctx.source,
+        format="nsys",
+        names=names.names,
+        intervals=iv,
+        ranges=rg,
+        world_size=dec.world_size,
+        backend=backend,
+        device=f"cuda:{main_dev}",
+        cpu_only=False,
+        process_groups=groups,
+        rank_source=dec.source,
+        events_total=n + len(rg),
+        events_lost=0,
+        warnings=warnings,
+        meta=meta,
     )
 
 
 def _unmatched_warning(ctx: _Ctx, n_miss: int, n_sendrecv: int, n_a2a: int) -> str:
-    why = ("no NCCL NVTX ranges in this export (trace with 'nsys profile -t cuda,nvtx' and keep "
-           "NCCL_NVTX_DISABLE unset)" if not ctx.nvtx.nccl_domain
-           else "their launch lies in no NCCL API range")
+    why = (
+        "no NCCL NVTX ranges in this export (trace with 'nsys profile -t cuda,nvtx' and keep "
+        "NCCL_NVTX_DISABLE unset)"
+        if not ctx.nvtx.nccl_domain
+        else "their launch lies in no NCCL API range"
+    )
     tail = f"; {n_sendrecv} SendRecv kernel(s) taken as p2p with unknown peer" if n_sendrecv - n_a2a else ""
     a2a = f"; {n_a2a} SendRecv kernel(s) inside all-to-all ranges taken as collective" if n_a2a else ""
     return f"{n_miss} NCCL kernel(s) classified by name only: {why}{tail}{a2a}"
 
 
-def _resolve_peers(ctx: _Ctx, pid: int, dec: RankDecision, comm: I64, local_peer: I64,
-                   peer: npt.NDArray[np.int32], group: npt.NDArray[np.int32], group_of: Any,
-                   pending: list[Any], warnings: list[str]) -> int:
+def _resolve_peers(
+    ctx: _Ctx,
+    pid: int,
+    dec: RankDecision,
+    comm: I64,
+    local_peer: I64,
+    peer: npt.NDArray[np.int32],
+    group: npt.NDArray[np.int32],
+    group_of: Any,
+    pending: list[Any],
+    warnings: list[str],
+) -> int:
     """Global peer ranks from communicator-local ones; what this file cannot map is left pending."""
     has_comm = comm != 0
     for c in np.unique(comm[has_comm]).tolist():
@@ -365,8 +445,11 @@ def _resolve_peers(ctx: _Ctx, pid: int, dec: RankDecision, comm: I64, local_peer
         identity = nranks > 0 and dec.world_size == nranks and local == dec.rank
         lp = local_peer[rows]
         known = lp >= 0
-        mapped = np.array([members.get(int(x), -1) for x in lp.tolist()], dtype=np.int64) if members \
+        mapped = (
+            np.array([members.get(int(x), -1) for x in lp.tolist()], dtype=np.int64)
+            if members
             else np.full(len(rows), -1, dtype=np.int64)
+        )
         if identity:
             mapped = np.where(mapped >= 0, mapped, lp)
         peer[rows] = np.where(known, mapped, -1).astype(np.int32)
@@ -376,18 +459,29 @@ def _resolve_peers(ctx: _Ctx, pid: int, dec: RankDecision, comm: I64, local_peer
     no_comm = ~has_comm & (local_peer >= 0)
     if no_comm.any():
         peer[no_comm] = local_peer[no_comm].astype(np.int32)
-        warnings.append(f"{int(no_comm.sum())} NCCL p2p payload(s) without a "
-                        "communicator id; their peer ranks are taken as global ranks")
+        warnings.append(
+            f"{int(no_comm.sum())} NCCL p2p payload(s) without a "
+            "communicator id; their peer ranks are taken as global ranks"
+        )
     unresolvable = [c for _, c, _ in pending if c not in ctx.comm_info.get(pid, {})]
     if unresolvable:
-        warnings.append(f"peers of {len(unresolvable)} NCCL p2p kernel(s) are "
-                        "communicator-local and the communicator's creation was not captured; "
-                        "their global peer ranks are unknown")
+        warnings.append(
+            f"peers of {len(unresolvable)} NCCL p2p kernel(s) are "
+            "communicator-local and the communicator's creation was not captured; "
+            "their global peer ranks are unknown"
+        )
     return len(pending)
 
 
-def _ranges(ctx: _Ctx, pid: int, dec: RankDecision, names: NameTable, group_of: Any,
-            pending: list[Any], warnings: list[str]) -> Ranges:
+def _ranges(
+    ctx: _Ctx,
+    pid: int,
+    dec: RankDecision,
+    names: NameTable,
+    group_of: Any,
+    pending: list[Any],
+    warnings: list[str],
+) -> Ranges:
     off = ctx.clock.offset
     hr = ctx.nvtx.ranges
     sel = np.flatnonzero(hr.pid == pid)
@@ -402,30 +496,61 @@ def _ranges(ctx: _Ctx, pid: int, dec: RankDecision, names: NameTable, group_of: 
             # Step ranges without a number ("train_step"): number them in time order.
             u = np.flatnonzero(unnumbered)
             num[u[np.argsort(hr.start[sel][u], kind="stable")]] = np.arange(len(u))
-        cols = {"start": hr.start[sel] + off, "end": hr.end[sel] + off, "kind": kind, "name": nid,
-                "tid": hr.tid[sel], "num": num, "stage": hr.stage[sel], "mb": hr.mb[sel],
-                "phase": hr.phase[sel], "direction": hr.direction[sel]}
+        cols = {
+            "start": hr.start[sel] + off,
+            "end": hr.end[sel] + off,
+            "kind": kind,
+            "name": nid,
+            "tid": hr.tid[sel],
+            "num": num,
+            "stage": hr.stage[sel],
+            "mb": hr.mb[sel],
+            "phase": hr.phase[sel],
+            "direction": hr.direction[sel],
+        }
     parts = [Ranges.from_columns(len(sel), cols)] if len(sel) else []
 
     calls = ctx.nvtx.nccl
-    csel = np.flatnonzero((calls.pid == pid) & ((calls.api == API_P2P) | (calls.api == API_COLL))) \
-        if len(calls) else np.empty(0, np.int64)
+    csel = (
+        np.flatnonzero((calls.pid == pid) & ((calls.api == API_P2P) | (calls.api == API_COLL)))
+        if len(calls)
+        else np.empty(0, np.int64)
+    )
     if len(csel):
         m = len(csel)
         peer = np.full(m, -1, dtype=np.int32)
         group = np.full(m, -1, dtype=np.int32)
         sub_pending: list[Any] = []
-        _resolve_peers(ctx, pid, dec, calls.comm[csel].copy(), np.where(calls.api[csel] == API_P2P,
-                       calls.peer_local[csel], -1), peer, group, group_of, sub_pending, [])
+        _resolve_peers(
+            ctx,
+            pid,
+            dec,
+            calls.comm[csel].copy(),
+            np.where(calls.api[csel] == API_P2P, calls.peer_local[csel], -1),
+            peer,
+            group,
+            group_of,
+            sub_pending,
+            [],
+        )
         base = len(sel)
         pending.extend((base + i, c, lp) for i, c, lp in sub_pending)
-        parts.append(Ranges.from_columns(m, {
-            "start": calls.start[csel] + off, "end": calls.end[csel] + off,
-            "kind": np.full(m, RangeKind.COMM_OP, np.int8),
-            "name": np.array([names.id(calls.name[i]) for i in csel.tolist()], dtype=np.int32),
-            "tid": calls.tid[csel], "direction": calls.direction[csel], "peer": peer,
-            "bytes": calls.bytes[csel], "group": group,
-        }))
+        parts.append(
+            Ranges.from_columns(
+                m,
+                {
+                    "start": calls.start[csel] + off,
+                    "end": calls.end[csel] + off,
+                    "kind": np.full(m, RangeKind.COMM_OP, np.int8),
+                    "name": np.array([names.id(calls.name[i]) for i in csel.tolist()], dtype=np.int32),
+                    "tid": calls.tid[csel],
+                    "direction": calls.direction[csel],
+                    "peer": peer,
+                    "bytes": calls.bytes[csel],
+                    "group": group,
+                },
+            )
+        )
     if not parts:
         return Ranges.empty()
     return Ranges(**{c: np.concatenate([getattr(p, c) for p in parts]) for c in Ranges.COLUMNS})
@@ -435,9 +560,12 @@ def _profiler_overhead(db: NsysDb, pid: int, off: int) -> I64:
     """nsys/CUPTI buffer-flush spans of this process as an (n, 2) array (gaps there are the profiler's)."""
     if not {"start", "end", "globalTid"} <= set(db.columns("PROFILER_OVERHEAD")):
         return np.empty((0, 2), dtype=np.int64)
-    rows = db.fetch('SELECT start, "end" FROM PROFILER_OVERHEAD WHERE "end" IS NOT NULL AND '
-                    "((globalTid >> 24) & 16777215) = ?",
-                    np.dtype([("s", np.int64), ("e", np.int64)]), (pid,))
+    rows = db.fetch(
+        'SELECT start, "end" FROM PROFILER_OVERHEAD WHERE "end" IS NOT NULL AND '
+        "((globalTid >> 24) & 16777215) = ?",
+        np.dtype([("s", np.int64), ("e", np.int64)]),
+        (pid,),
+    )
     return np.stack([rows["s"] + off, rows["e"] + off], axis=1) if len(rows) else np.empty((0, 2), np.int64)
 
 
@@ -475,6 +603,8 @@ def resolve_nccl_peers(ranks: list[RankTimeline]) -> list[str]:
             if pg.backend == "nccl" and mem and not pg.ranks and sorted(mem) == list(range(len(mem))):
                 pg.ranks = [mem[i] for i in range(len(mem))]
     if unresolved:
-        return [f"{unresolved} NCCL p2p operation(s) keep an unknown peer: their communicator's other "
-                "members are not among the parsed files"]
+        return [
+            f"{unresolved} NCCL p2p operation(s) keep an unknown peer: their communicator's other "
+            "members are not among the parsed files"
+        ]
     return []

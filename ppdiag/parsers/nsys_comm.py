@@ -44,9 +44,12 @@ def project_nccl(calls: NcclCalls, sel: npt.NDArray[np.bool_], launch: I64, ltid
     """Match kernels (their launch time and thread) to the NCCL calls ``calls[sel]`` of one process."""
     n = len(launch)
     out = Projection(
-        matched=np.zeros(n, dtype=bool), kind=np.full(n, Kind.P2P, np.int8),
-        direction=np.full(n, Direction.NONE, np.int8), peer_local=np.full(n, -1, np.int64),
-        bytes=np.full(n, -1, np.int64), comm=np.zeros(n, np.int64),
+        matched=np.zeros(n, dtype=bool),
+        kind=np.full(n, Kind.P2P, np.int8),
+        direction=np.full(n, Direction.NONE, np.int8),
+        peer_local=np.full(n, -1, np.int64),
+        bytes=np.full(n, -1, np.int64),
+        comm=np.zeros(n, np.int64),
     )
     idx = np.flatnonzero(sel)
     if not len(idx) or not n:
@@ -90,17 +93,20 @@ def _project_thread(calls: NcclCalls, c: I64, launch: I64, k_sel: I64, out: Proj
     ukeys, kinv = np.unique(key[ops], return_inverse=True)
     m = len(ukeys)
     oc = c[ops]
-    d = calls.direction[oc]
-    n_send = np.bincount(kinv, weights=(d == Direction.SEND), minlength=m)
-    n_recv = np.bincount(kinv, weights=(d == Direction.RECV), minlength=m)
+    op_dir = calls.direction[oc]
+    n_send = np.bincount(kinv, weights=(op_dir == Direction.SEND), minlength=m)
+    n_recv = np.bincount(kinv, weights=(op_dir == Direction.RECV), minlength=m)
     n_coll = np.bincount(kinv, weights=(calls.api[oc] == API_COLL), minlength=m)
     b = calls.bytes[oc]
     bsum = np.bincount(kinv, weights=np.where(b >= 0, b, 0).astype(np.float64), minlength=m)
     bknown = np.bincount(kinv, weights=(b >= 0), minlength=m)
     peer = calls.peer_local[oc]
     p_known = peer >= 0
-    pairs = np.unique(np.stack([kinv[p_known], peer[p_known]]), axis=1) if p_known.any() \
+    pairs = (
+        np.unique(np.stack([kinv[p_known], peer[p_known]]), axis=1)
+        if p_known.any()
         else np.empty((2, 0), dtype=np.int64)
+    )
     n_peers = np.bincount(pairs[0], minlength=m) if pairs.shape[1] else np.zeros(m, dtype=np.int64)
     p_unknown = np.bincount(kinv, weights=~p_known, minlength=m)
     peer_one = np.full(m, -1, dtype=np.int64)
@@ -116,8 +122,11 @@ def _project_thread(calls: NcclCalls, c: I64, launch: I64, k_sel: I64, out: Proj
     np.maximum.at(cmax, kinv, comm)
 
     g_kind = np.where((n_coll > 0) | (n_peers > 2), Kind.COLLECTIVE, Kind.P2P).astype(np.int8)
-    g_dir = np.select([(n_send > 0) & (n_recv > 0), n_send > 0, n_recv > 0],
-                      [Direction.BOTH, Direction.SEND, Direction.RECV], Direction.NONE).astype(np.int8)
+    g_dir = np.select(
+        [(n_send > 0) & (n_recv > 0), n_send > 0, n_recv > 0],
+        [Direction.BOTH, Direction.SEND, Direction.RECV],
+        Direction.NONE,
+    ).astype(np.int8)
     g_dir[g_kind == Kind.COLLECTIVE] = Direction.NONE
     g_bytes = np.where(bknown > 0, bsum, -1).astype(np.int64)
     g_comm = np.where(cmin == cmax, cmin, 0)

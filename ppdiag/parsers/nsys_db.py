@@ -104,7 +104,7 @@ class NsysDb:
         # One JSON array parameter instead of thousands of bound variables.
         step = 200_000
         for lo in range(0, len(wanted), step):
-            chunk = json.dumps(wanted[lo:lo + step])
+            chunk = json.dumps(wanted[lo : lo + step])
             for i, v in self.conn.execute(
                 "SELECT id, value FROM StringIds WHERE id IN (SELECT value FROM json_each(?))", (chunk,)
             ):
@@ -154,8 +154,11 @@ def open_export(path: Path) -> NsysDb:
     if not head:
         raise InputError(str(path), "empty file, not an Nsight Systems SQLite export")
     if not head.startswith(SQLITE_MAGIC):
-        raise InputError(str(path), "not an SQLite database (bad header); expected an Nsight Systems "
-                                    "export made with 'nsys export --type sqlite'")
+        raise InputError(
+            str(path),
+            "not an SQLite database (bad header); expected an Nsight Systems "
+            "export made with 'nsys export --type sqlite'",
+        )
     try:
         conn = connect_readonly(path)
         tables = list_tables(conn)
@@ -163,8 +166,9 @@ def open_export(path: Path) -> NsysDb:
         raise InputError(str(path), f"unreadable SQLite database ({exc})") from None
     if not is_nsys_schema(tables):
         conn.close()
-        raise InputError(str(path), "SQLite database but not an Nsight Systems export "
-                                    "(no StringIds / CUPTI / NVTX tables)")
+        raise InputError(
+            str(path), "SQLite database but not an Nsight Systems export (no StringIds / CUPTI / NVTX tables)"
+        )
     return NsysDb(path=path, conn=conn, tables=tables)
 
 

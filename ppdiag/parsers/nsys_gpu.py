@@ -29,10 +29,26 @@ RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 
 NO_STREAM = 0xFFFFFFFF  # CUPTI "invalid stream" (device-wide synchronization)
 
-_ROW = np.dtype([("start", np.int64), ("end", np.int64), ("packed", np.int64), ("nametid", np.int64),
-                 ("launch", np.int64)])
-_ROW_EXTRA = np.dtype([("start", np.int64), ("end", np.int64), ("packed", np.int64), ("nametid", np.int64),
-                       ("launch", np.int64), ("x1", np.int64), ("x2", np.int64)])
+_ROW = np.dtype(
+    [
+        ("start", np.int64),
+        ("end", np.int64),
+        ("packed", np.int64),
+        ("nametid", np.int64),
+        ("launch", np.int64),
+    ]
+)
+_ROW_EXTRA = np.dtype(
+    [
+        ("start", np.int64),
+        ("end", np.int64),
+        ("packed", np.int64),
+        ("nametid", np.int64),
+        ("launch", np.int64),
+        ("x1", np.int64),
+        ("x2", np.int64),
+    ]
+)
 
 
 @dataclass
@@ -64,8 +80,10 @@ def _launch_join(db: NsysDb, alias: str) -> tuple[str, str, str]:
     if not {"start", "correlationId", "globalTid"} <= set(rcols):
         return "-1", "0", ""
     cls = "AND r.eventClass IN (0, 1)" if "eventClass" in rcols else ""
-    join = (f"LEFT JOIN {RUNTIME} AS r ON r.correlationId = {alias}.correlationId "
-            f"AND (r.globalTid >> 24) = ({alias}.globalPid >> 24) {cls}")
+    join = (
+        f"LEFT JOIN {RUNTIME} AS r ON r.correlationId = {alias}.correlationId "
+        f"AND (r.globalTid >> 24) = ({alias}.globalPid >> 24) {cls}"
+    )
     return "coalesce(r.start, -1)", "coalesce(r.globalTid & 16777215, 0)", join
 
 
@@ -73,8 +91,10 @@ def _packed(db: NsysDb, table: str, alias: str) -> str:
     dev = db.col(table, "deviceId", "0", alias)
     stream = db.col(table, "streamId", "0", alias)
     gpid = db.col(table, "globalPid", "0", alias)
-    return (f"((coalesce({dev}, 0) & 255) << 56) | (((coalesce({gpid}, 0) >> 24) & 16777215) << 32)"
-            f" | (coalesce({stream}, 0) & 4294967295)")
+    return (
+        f"((coalesce({dev}, 0) & 255) << 56) | (((coalesce({gpid}, 0) >> 24) & 16777215) << 32)"
+        f" | (coalesce({stream}, 0) & 4294967295)"
+    )
 
 
 def _fetch(db: NsysDb, table: str, name_expr: str, extra: list[str]) -> np.ndarray:
@@ -88,8 +108,12 @@ def _fetch(db: NsysDb, table: str, name_expr: str, extra: list[str]) -> np.ndarr
         lstart, ltid, join = "-1", "0", ""
     extras = [*extra, "0", "0"][:2] if extra else []
     select = [
-        "g.start", "g.\"end\"", _packed(db, table, "g"),
-        f"({ltid} << 32) | ({name_expr} & 4294967295)", lstart, *extras,
+        "g.start",
+        'g."end"',
+        _packed(db, table, "g"),
+        f"({ltid} << 32) | ({name_expr} & 4294967295)",
+        lstart,
+        *extras,
     ]
     sql = f"SELECT {', '.join(select)} FROM {table} AS g {join}"
     rows = db.fetch(sql, _ROW_EXTRA if extra else _ROW)
@@ -138,13 +162,23 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
             kind = np.array([c.kind for c in cls], dtype=np.int8)[inv]
             direction = np.array([c.direction for c in cls], dtype=np.int8)[inv]
             sendrecv = np.array([c.sendrecv for c in cls], dtype=bool)[inv]
-            parts.append(_part(rows, (inv + base).astype(np.int32), kind, direction, sendrecv,
-                               np.full(len(rows), -1, dtype=np.int64)))
+            parts.append(
+                _part(
+                    rows,
+                    (inv + base).astype(np.int32),
+                    kind,
+                    direction,
+                    sendrecv,
+                    np.full(len(rows), -1, dtype=np.int64),
+                )
+            )
 
     if {"start", "end"} <= set(db.columns(MEMCPY)):
-        code = (f"((coalesce({db.col(MEMCPY, 'copyKind', '0', 'g')}, 0) & 255) << 16)"
-                f" | ((coalesce({db.col(MEMCPY, 'srcKind', '255', 'g')}, 255) & 255) << 8)"
-                f" | (coalesce({db.col(MEMCPY, 'dstKind', '255', 'g')}, 255) & 255)")
+        code = (
+            f"((coalesce({db.col(MEMCPY, 'copyKind', '0', 'g')}, 0) & 255) << 16)"
+            f" | ((coalesce({db.col(MEMCPY, 'srcKind', '255', 'g')}, 255) & 255) << 8)"
+            f" | (coalesce({db.col(MEMCPY, 'dstKind', '255', 'g')}, 255) & 255)"
+        )
         rows = _fetch(db, MEMCPY, "0", [code, f"coalesce({db.col(MEMCPY, 'bytes', '-1', 'g')}, -1)"])
         if len(rows):
             uniq, inv = np.unique(rows["x1"], return_inverse=True)
@@ -152,18 +186,41 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
             for u in uniq.tolist():
                 ck, sk, dk = (u >> 16) & 255, (u >> 8) & 255, u & 255
                 names.append(memcpy_name(ck, -1 if sk == 255 else sk, -1 if dk == 255 else dk))
-            parts.append(_part(rows, (inv + base).astype(np.int32), np.full(len(rows), Kind.MEMCPY, np.int8),
-                               None, None, rows["x2"].copy()))
+            parts.append(
+                _part(
+                    rows,
+                    (inv + base).astype(np.int32),
+                    np.full(len(rows), Kind.MEMCPY, np.int8),
+                    None,
+                    None,
+                    rows["x2"].copy(),
+                )
+            )
 
     if {"start", "end"} <= set(db.columns(MEMSET)):
-        rows = _fetch(db, MEMSET, "0", [f"coalesce({db.col(MEMSET, 'memKind', '-1', 'g')}, -1)",
-                                        f"coalesce({db.col(MEMSET, 'bytes', '-1', 'g')}, -1)"])
+        rows = _fetch(
+            db,
+            MEMSET,
+            "0",
+            [
+                f"coalesce({db.col(MEMSET, 'memKind', '-1', 'g')}, -1)",
+                f"coalesce({db.col(MEMSET, 'bytes', '-1', 'g')}, -1)",
+            ],
+        )
         if len(rows):
             uniq, inv = np.unique(rows["x1"], return_inverse=True)
             base = len(names)
             names.extend(memset_name(int(u)) for u in uniq)
-            parts.append(_part(rows, (inv + base).astype(np.int32), np.full(len(rows), Kind.MEMSET, np.int8),
-                               None, None, rows["x2"].copy()))
+            parts.append(
+                _part(
+                    rows,
+                    (inv + base).astype(np.int32),
+                    np.full(len(rows), Kind.MEMSET, np.int8),
+                    None,
+                    None,
+                    rows["x2"].copy(),
+                )
+            )
 
     if {"start", "end"} <= set(db.columns(SYNC)):
         parts.extend(_sync_part(db, names))
@@ -173,10 +230,19 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
     cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     packed = cat["packed"]
     return GpuOps(
-        start=cat["start"], end=cat["end"],
-        pid=(packed >> 32) & 0xFFFFFF, device=(packed >> 56) & 0xFF, stream=packed & 0xFFFFFFFF,
-        kind=cat["kind"], direction=cat["direction"], sendrecv=cat["sendrecv"], name=cat["name"],
-        bytes=cat["bytes"], launch=cat["launch"], ltid=(cat["nametid"] >> 32) & 0xFFFFFF, names=names,
+        start=cat["start"],
+        end=cat["end"],
+        pid=(packed >> 32) & 0xFFFFFF,
+        device=(packed >> 56) & 0xFF,
+        stream=packed & 0xFFFFFFFF,
+        kind=cat["kind"],
+        direction=cat["direction"],
+        sendrecv=cat["sendrecv"],
+        name=cat["name"],
+        bytes=cat["bytes"],
+        launch=cat["launch"],
+        ltid=(cat["nametid"] >> 32) & 0xFFFFFF,
+        names=names,
     )
 
 
@@ -185,13 +251,16 @@ def _sync_part(db: NsysDb, names: list[str]) -> list[dict[str, np.ndarray]]:
     contradicts the enum, NSYS.md §3.1)."""
     rcols = set(db.columns(RUNTIME))
     api = "coalesce(r.nameId, -1)" if "nameId" in rcols else "-1"
-    lstart, _, join = _launch_join(db, "g") if {"correlationId", "globalPid"} <= set(db.columns(SYNC)) else \
-        ("-1", "0", "")
+    lstart, _, join = (
+        _launch_join(db, "g") if {"correlationId", "globalPid"} <= set(db.columns(SYNC)) else ("-1", "0", "")
+    )
     if not join:
         api = "-1"
     ltid = "coalesce(r.globalTid & 16777215, 0)" if join else "0"
-    sql = (f"SELECT g.start, g.\"end\", {_packed(db, SYNC, 'g')}, ({ltid} << 32) | ({api} & 4294967295), "
-           f"{lstart} FROM {SYNC} AS g {join}")
+    sql = (
+        f'SELECT g.start, g."end", {_packed(db, SYNC, "g")}, ({ltid} << 32) | ({api} & 4294967295), '
+        f"{lstart} FROM {SYNC} AS g {join}"
+    )
     rows = db.fetch(sql, _ROW)
     if join and len(rows) > (n := db.count(SYNC)):
         rows = _dedupe(rows, n)
@@ -202,8 +271,16 @@ def _sync_part(db: NsysDb, names: list[str]) -> list[dict[str, np.ndarray]]:
     strings = db.strings([u for u in uniq.tolist() if u != 0xFFFFFFFF])
     base = len(names)
     names.extend(_sync_label(strings.get(int(u), "")) for u in uniq)
-    return [_part(rows, (inv + base).astype(np.int32), np.full(len(rows), Kind.SYNC, np.int8), None, None,
-                  np.full(len(rows), -1, dtype=np.int64))]
+    return [
+        _part(
+            rows,
+            (inv + base).astype(np.int32),
+            np.full(len(rows), Kind.SYNC, np.int8),
+            None,
+            None,
+            np.full(len(rows), -1, dtype=np.int64),
+        )
+    ]
 
 
 def _sync_label(api: str) -> str:
@@ -220,13 +297,23 @@ def _sync_label(api: str) -> str:
     return f"Sync ({a})" if a else "Sync"
 
 
-def _part(rows: np.ndarray, name: npt.NDArray[np.int32], kind: npt.NDArray[np.int8],
-          direction: npt.NDArray[np.int8] | None, sendrecv: npt.NDArray[np.bool_] | None,
-          nbytes: I64) -> dict[str, np.ndarray]:
+def _part(
+    rows: np.ndarray,
+    name: npt.NDArray[np.int32],
+    kind: npt.NDArray[np.int8],
+    direction: npt.NDArray[np.int8] | None,
+    sendrecv: npt.NDArray[np.bool_] | None,
+    nbytes: I64,
+) -> dict[str, np.ndarray]:
     n = len(rows)
     return {
-        "start": rows["start"], "end": rows["end"], "packed": rows["packed"], "nametid": rows["nametid"],
-        "launch": rows["launch"], "kind": kind, "name": name,
+        "start": rows["start"],
+        "end": rows["end"],
+        "packed": rows["packed"],
+        "nametid": rows["nametid"],
+        "launch": rows["launch"],
+        "kind": kind,
+        "name": name,
         "direction": direction if direction is not None else np.full(n, Direction.NONE, np.int8),
         "sendrecv": sendrecv if sendrecv is not None else np.zeros(n, dtype=bool),
         "bytes": nbytes if len(nbytes) == n else np.full(n, -1, dtype=np.int64),
@@ -235,6 +322,18 @@ def _part(rows: np.ndarray, name: npt.NDArray[np.int32], kind: npt.NDArray[np.in
 
 def _empty(names: list[str]) -> GpuOps:
     z = np.empty(0, dtype=np.int64)
-    return GpuOps(start=z, end=z, pid=z, device=z, stream=z, kind=np.empty(0, np.int8),
-                  direction=np.empty(0, np.int8), sendrecv=np.empty(0, bool), name=np.empty(0, np.int32),
-                  bytes=z, launch=z, ltid=z, names=names)
+    return GpuOps(
+        start=z,
+        end=z,
+        pid=z,
+        device=z,
+        stream=z,
+        kind=np.empty(0, np.int8),
+        direction=np.empty(0, np.int8),
+        sendrecv=np.empty(0, bool),
+        name=np.empty(0, np.int32),
+        bytes=z,
+        launch=z,
+        ltid=z,
+        names=names,
+    )

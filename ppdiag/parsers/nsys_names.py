@@ -54,13 +54,28 @@ def classify_kernel(name: str) -> KernelClass:
 
 NCCL_P2P_APIS = {"ncclsend": Direction.SEND, "ncclrecv": Direction.RECV}
 NCCL_COLLECTIVE_APIS = {
-    "ncclallreduce", "ncclallgather", "ncclreducescatter", "ncclbroadcast", "ncclbcast", "ncclreduce",
-    "ncclalltoall", "ncclalltoallv", "ncclallgatherv", "ncclgather", "ncclscatter",
+    "ncclallreduce",
+    "ncclallgather",
+    "ncclreducescatter",
+    "ncclbroadcast",
+    "ncclbcast",
+    "ncclreduce",
+    "ncclalltoall",
+    "ncclalltoallv",
+    "ncclallgatherv",
+    "ncclgather",
+    "ncclscatter",
 }
 NCCL_GROUP_START = "ncclgroupstart"
 NCCL_GROUP_END = "ncclgroupend"
-NCCL_INIT_APIS = {"ncclcomminitrank", "ncclcomminitrankconfig", "ncclcomminitrankscalable",
-                  "ncclcomminitall", "ncclcommsplit", "ncclcommshrink"}
+NCCL_INIT_APIS = {
+    "ncclcomminitrank",
+    "ncclcomminitrankconfig",
+    "ncclcomminitrankscalable",
+    "ncclcomminitall",
+    "ncclcommsplit",
+    "ncclcommshrink",
+}
 
 
 def nccl_api(name: str) -> str:
@@ -79,8 +94,16 @@ _TORCH_OP = re.compile(
     r"(aten|prim|quantized|cudnn|mkldnn|torch|autograd|profiler|_c10d_functional|c10d|fbgemm|torchvision|"
     r"cuda|xformers|flash_attn|triton|inductor)::|\w+Backward\d*$|^autograd::engine::"
 )
-OP_NAMESPACES_SQL = ("aten::*", "prim::*", "autograd::*", "torch::*", "profiler::*", "quantized::*",
-                     "cudnn::*", "mkldnn::*")
+OP_NAMESPACES_SQL = (
+    "aten::*",
+    "prim::*",
+    "autograd::*",
+    "torch::*",
+    "profiler::*",
+    "quantized::*",
+    "cudnn::*",
+    "mkldnn::*",
+)
 
 _STEP = re.compile(
     r"(?:ProfilerStep#(?P<n1>\d+))"
@@ -103,16 +126,30 @@ _PHASE_LABEL = re.compile(
     re.IGNORECASE,
 )
 _PHASE_WORDS = {
-    "f": Phase.FWD, "forward": Phase.FWD, "fwd": Phase.FWD,
-    "b": Phase.BWD, "backward": Phase.BWD, "bwd": Phase.BWD, "i": Phase.BWD,
-    "w": Phase.WGRAD, "wgrad": Phase.WGRAD,
-    "optimizer": Phase.OPTIM, "optimiser": Phase.OPTIM, "optim": Phase.OPTIM,
+    "f": Phase.FWD,
+    "forward": Phase.FWD,
+    "fwd": Phase.FWD,
+    "b": Phase.BWD,
+    "backward": Phase.BWD,
+    "bwd": Phase.BWD,
+    "i": Phase.BWD,
+    "w": Phase.WGRAD,
+    "wgrad": Phase.WGRAD,
+    "optimizer": Phase.OPTIM,
+    "optimiser": Phase.OPTIM,
+    "optim": Phase.OPTIM,
 }
 
-_MPI_DIRECTION = {"mpi_send": Direction.SEND, "mpi_isend": Direction.SEND, "mpi_ssend": Direction.SEND,
-                  "mpi_bsend": Direction.SEND, "mpi_rsend": Direction.SEND,
-                  "mpi_recv": Direction.RECV, "mpi_irecv": Direction.RECV,
-                  "mpi_sendrecv": Direction.BOTH}
+_MPI_DIRECTION = {
+    "mpi_send": Direction.SEND,
+    "mpi_isend": Direction.SEND,
+    "mpi_ssend": Direction.SEND,
+    "mpi_bsend": Direction.SEND,
+    "mpi_rsend": Direction.SEND,
+    "mpi_recv": Direction.RECV,
+    "mpi_irecv": Direction.RECV,
+    "mpi_sendrecv": Direction.BOTH,
+}
 _TORCH_P2P = re.compile(r"nccl:(send|recv) (\d+)(->|<-)(\d+)")
 _ALL_TO_ALL = re.compile(r"all[_ ]?to[_ ]?all|alltoall", re.IGNORECASE)
 
@@ -160,17 +197,33 @@ def classify_range(name: str, domain: str) -> RangeClass:
     if text.startswith("PP:"):
         m = _PP_LABEL.fullmatch(text)
         if m:
-            return RangeClass(keep=True, kind=RangeKind.LABEL, stage=int(m.group("stage")), mb=int(m.group("mb")),
-                              phase=_phase_of(m.group("ph")))
+            return RangeClass(
+                keep=True,
+                kind=RangeKind.LABEL,
+                stage=int(m.group("stage")),
+                mb=int(m.group("mb")),
+                phase=_phase_of(m.group("ph")),
+            )
         m = _PP_COMM.fullmatch(text)
         if m:
             d = Direction.RECV if m.group("dir") == "RECV" else Direction.SEND
-            return RangeClass(keep=True, kind=RangeKind.COMM_OP, stage=int(m.group("stage")),
-                              mb=int(m.group("mb")), phase=_phase_of(m.group("ph")), direction=d)
+            return RangeClass(
+                keep=True,
+                kind=RangeKind.COMM_OP,
+                stage=int(m.group("stage")),
+                mb=int(m.group("mb")),
+                phase=_phase_of(m.group("ph")),
+                direction=d,
+            )
         m = _PP_OVERLAP.match(text)
         if m:
-            return RangeClass(keep=True, kind=RangeKind.OTHER, stage=int(m.group("stage")),
-                              mb=int(m.group("mb")), phase=_phase_of(m.group("ph")))
+            return RangeClass(
+                keep=True,
+                kind=RangeKind.OTHER,
+                stage=int(m.group("stage")),
+                mb=int(m.group("mb")),
+                phase=_phase_of(m.group("ph")),
+            )
         m = _PP_ANY.match(text)
         return RangeClass(keep=True, kind=RangeKind.OTHER, stage=int(m.group("stage")) if m else -1)
     if text.startswith("Optimizer."):
@@ -182,14 +235,16 @@ def classify_range(name: str, domain: str) -> RangeClass:
     m = _PHASE_LABEL.fullmatch(text)
     if m:
         return RangeClass(
-            keep=True, kind=RangeKind.LABEL, phase=_phase_of(m.group("ph")),
+            keep=True,
+            kind=RangeKind.LABEL,
+            phase=_phase_of(m.group("ph")),
             stage=int(m.group("stage")) if m.group("stage") else -1,
             mb=int(m.group("mb")) if m.group("mb") else -1,
         )
     if domain.upper() == "MPI":
-        d = _MPI_DIRECTION.get(text.lower())
-        if d is not None:
-            return RangeClass(keep=True, kind=RangeKind.COMM_OP, direction=d)
+        mpi_dir = _MPI_DIRECTION.get(text.lower())
+        if mpi_dir is not None:
+            return RangeClass(keep=True, kind=RangeKind.COMM_OP, direction=mpi_dir)
     m = _TORCH_P2P.fullmatch(text)
     if m:
         d = Direction.SEND if m.group(1) == "send" else Direction.RECV
@@ -199,10 +254,32 @@ def classify_range(name: str, domain: str) -> RangeClass:
 
 # --- memcpy / memset names (the Kineto spelling, so both formats name copies alike) -------------
 
-COPY_KINDS = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
-              8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "HtoD", 12: "DtoH", 13: "DtoD"}
-MEM_KINDS = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static",
-             6: "Managed Static", 7: "Unknown"}
+COPY_KINDS = {
+    0: "Unknown",
+    1: "HtoD",
+    2: "DtoH",
+    3: "HtoA",
+    4: "AtoH",
+    5: "AtoA",
+    6: "AtoD",
+    7: "DtoA",
+    8: "DtoD",
+    9: "HtoH",
+    10: "PtoP",
+    11: "HtoD",
+    12: "DtoH",
+    13: "DtoD",
+}
+MEM_KINDS = {
+    0: "Pageable",
+    1: "Pinned",
+    2: "Device",
+    3: "Array",
+    4: "Managed",
+    5: "Device Static",
+    6: "Managed Static",
+    7: "Unknown",
+}
 SYNC_TYPES = {0: "Unknown", 1: "Event Sync", 2: "Stream Wait Event", 3: "Stream Sync", 4: "Context Sync"}
 
 

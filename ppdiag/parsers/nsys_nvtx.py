@@ -24,11 +24,11 @@ from ppdiag.model.timeline import Direction
 from ppdiag.parsers.nsys_db import NsysDb
 from ppdiag.parsers.nsys_names import (
     NCCL_COLLECTIVE_APIS,
-    OP_NAMESPACES_SQL,
     NCCL_GROUP_END,
     NCCL_GROUP_START,
     NCCL_INIT_APIS,
     NCCL_P2P_APIS,
+    OP_NAMESPACES_SQL,
     classify_range,
     nccl_api,
     strip_op_tail,
@@ -45,9 +45,26 @@ API_OTHER, API_P2P, API_COLL, API_GROUP_START, API_GROUP_END, API_INIT = 0, 1, 2
 
 # NVTX payload entry types → numpy dtype (nvToolsExtPayload.h; LP64 for long / size_t).
 _PAYLOAD_TYPES: dict[int, str] = {
-    1: "i1", 2: "u1", 3: "<i2", 4: "<u2", 5: "<i4", 6: "<u4", 7: "<i8", 8: "<u8", 9: "<i8", 10: "<u8",
-    11: "i1", 12: "u1", 13: "<i2", 14: "<u2", 15: "<i4", 16: "<u4", 17: "<i8", 18: "<u8",
-    22: "<u8", 23: "<u8",
+    1: "i1",
+    2: "u1",
+    3: "<i2",
+    4: "<u2",
+    5: "<i4",
+    6: "<u4",
+    7: "<i8",
+    8: "<u8",
+    9: "<i8",
+    10: "<u8",
+    11: "i1",
+    12: "u1",
+    13: "<i2",
+    14: "<u2",
+    15: "<i4",
+    16: "<u4",
+    17: "<i8",
+    18: "<u8",
+    22: "<u8",
+    23: "<u8",
 }
 PAYLOAD_HEADER = 32  # nsys blob header: domain, schema id, payload size, total size (4 × u64)
 
@@ -143,8 +160,15 @@ def read_nvtx(db: NsysDb) -> NvtxData:
     nccl_keys = [(pid, dom) for (pid, dom), name in domains.items() if name.upper() == "NCCL"]
     ranges, a2a, skipped = _user_ranges(db, domains, nccl_keys)
     nccl = _nccl_calls(db, nccl_keys) if nccl_keys else _empty_nccl()
-    return NvtxData(ranges=ranges, nccl=nccl, all_to_all=a2a, thread_ranks=_thread_ranks(db),
-                    skipped_op_ranges=skipped, has_nvtx_table=True, nccl_domain=bool(nccl_keys))
+    return NvtxData(
+        ranges=ranges,
+        nccl=nccl,
+        all_to_all=a2a,
+        thread_ranks=_thread_ranks(db),
+        skipped_op_ranges=skipped,
+        has_nvtx_table=True,
+        nccl_domain=bool(nccl_keys),
+    )
 
 
 def _text_expr(db: NsysDb) -> tuple[str, str]:
@@ -165,8 +189,9 @@ def _domains(db: NsysDb) -> dict[tuple[int, int], str]:
     strings = db.strings(r[2] for r in rows)
     out: dict[tuple[int, int], str] = {}
     for pid, dom, tid_, txt in rows:
-        out[(int(pid), int(dom or 0))] = strings.get(int(tid_), "") if tid_ is not None and tid_ >= 0 \
-            else str(txt or "")
+        out[(int(pid), int(dom or 0))] = (
+            strings.get(int(tid_), "") if tid_ is not None and tid_ >= 0 else str(txt or "")
+        )
     return out
 
 
@@ -193,12 +218,14 @@ def _exclude_clause(keys: list[tuple[int, int]]) -> tuple[str, list[int]]:
         return "", []
     vals = ", ".join("(?, ?)" for _ in keys)
     params = [v for k in keys for v in k]
-    return (f" AND NOT (((coalesce(globalTid, 0) >> 24) & 16777215, coalesce(domainId, 0)) "
-            f"IN (VALUES {vals}))"), params
+    return (
+        f" AND NOT (((coalesce(globalTid, 0) >> 24) & 16777215, coalesce(domainId, 0)) IN (VALUES {vals}))"
+    ), params
 
 
-def _user_ranges(db: NsysDb, domains: dict[tuple[int, int], str],
-                 nccl_keys: list[tuple[int, int]]) -> tuple[HostRanges, Spans, int]:
+def _user_ranges(
+    db: NsysDb, domains: dict[tuple[int, int], str], nccl_keys: list[tuple[int, int]]
+) -> tuple[HostRanges, Spans, int]:
     text_id, text = _text_expr(db)
     dom = db.col(NVTX, "domainId", "0")
     excl, params = _exclude_clause(nccl_keys)
@@ -206,15 +233,27 @@ def _user_ranges(db: NsysDb, domains: dict[tuple[int, int], str],
     # emit_nvtx tails (", seq = N, op_id = M, sizes = ...") are cut in SQL so that names repeat, and
     # plain operator ranges (aten::, prim::...) never leave SQLite: they can outnumber kernels.
     t = text
-    base = (f"CASE WHEN instr({t}, ', seq = ') > 0 THEN substr({t}, 1, instr({t}, ', seq = ') - 1) "
-            f"WHEN instr({t}, ', op_id = ') > 0 THEN substr({t}, 1, instr({t}, ', op_id = ') - 1) ELSE {t} END")
+    base = (
+        f"CASE WHEN instr({t}, ', seq = ') > 0 THEN substr({t}, 1, instr({t}, ', seq = ') - 1) "
+        f"WHEN instr({t}, ', op_id = ') > 0 THEN substr({t}, 1, instr({t}, ', op_id = ') - 1) ELSE {t} END"
+    )
     ops = " OR ".join(f"{t} GLOB '{g}'" for g in OP_NAMESPACES_SQL)
     not_op = f" AND NOT coalesce({ops}, 0)" if t != "NULL" else ""
-    sql = (f"SELECT start, \"end\", coalesce(globalTid, 0), {text_id}, coalesce({dom}, 0), "
-           f"CASE WHEN {text_id} < 0 THEN {base} END FROM {NVTX} "
-           f"WHERE eventType IN ({types}) AND \"end\" IS NOT NULL{excl}{not_op}")
-    dt = np.dtype([("start", np.int64), ("end", np.int64), ("gtid", np.int64), ("tid_", np.int64),
-                   ("dom", np.int64), ("text", object)])
+    sql = (
+        f'SELECT start, "end", coalesce(globalTid, 0), {text_id}, coalesce({dom}, 0), '
+        f"CASE WHEN {text_id} < 0 THEN {base} END FROM {NVTX} "
+        f'WHERE eventType IN ({types}) AND "end" IS NOT NULL{excl}{not_op}'
+    )
+    dt = np.dtype(
+        [
+            ("start", np.int64),
+            ("end", np.int64),
+            ("gtid", np.int64),
+            ("tid_", np.int64),
+            ("dom", np.int64),
+            ("text", object),
+        ]
+    )
     rows = db.fetch(sql, dt, params)
     if not len(rows):
         return _empty_ranges(), _empty_spans(), 0
@@ -257,10 +296,18 @@ def _user_ranges(db: NsysDb, domains: dict[tuple[int, int], str],
     # Re-index names to the kept rows only (dropped op ranges may hold most distinct names).
     used, new_codes = np.unique(codes[k], return_inverse=True)
     out = HostRanges(
-        start=rows["start"][k], end=rows["end"][k], pid=pid[k], tid=tid[k],
-        name=new_codes.astype(np.int32), kind=col("kind", np.int8)[k], num=col("num", np.int64)[k],
-        numbered=col("numbered", bool)[k], stage=col("stage", np.int32)[k], mb=col("mb", np.int32)[k],
-        phase=col("phase", np.int8)[k], direction=col("direction", np.int8)[k],
+        start=rows["start"][k],
+        end=rows["end"][k],
+        pid=pid[k],
+        tid=tid[k],
+        name=new_codes.astype(np.int32),
+        kind=col("kind", np.int8)[k],
+        num=col("num", np.int64)[k],
+        numbered=col("numbered", bool)[k],
+        stage=col("stage", np.int32)[k],
+        mb=col("mb", np.int32)[k],
+        phase=col("phase", np.int8)[k],
+        direction=col("direction", np.int8)[k],
         names=[names[i] for i in used.tolist()],
     )
     return out, spans, int((~keep).sum())
@@ -274,18 +321,32 @@ def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
     jtext = db.col(NVTX, "jsonText", "NULL")
     jtid = f"coalesce({db.col(NVTX, 'jsonTextId', 'NULL')}, -1)"
     types = ", ".join(str(t) for t in RANGE_TYPES)
-    sql = (f"SELECT start, \"end\", coalesce(globalTid, 0), {text_id}, {text}, {blob}, {jtext}, {jtid} "
-           f"FROM {NVTX} WHERE eventType IN ({types}) AND \"end\" IS NOT NULL "
-           f"AND ((coalesce(globalTid, 0) >> 24) & 16777215, coalesce(domainId, 0)) IN (VALUES {vals})")
-    dt = np.dtype([("start", np.int64), ("end", np.int64), ("gtid", np.int64), ("tid_", np.int64),
-                   ("text", object), ("blob", object), ("json", object), ("jtid", np.int64)])
+    sql = (
+        f'SELECT start, "end", coalesce(globalTid, 0), {text_id}, {text}, {blob}, {jtext}, {jtid} '
+        f'FROM {NVTX} WHERE eventType IN ({types}) AND "end" IS NOT NULL '
+        f"AND ((coalesce(globalTid, 0) >> 24) & 16777215, coalesce(domainId, 0)) IN (VALUES {vals})"
+    )
+    dt = np.dtype(
+        [
+            ("start", np.int64),
+            ("end", np.int64),
+            ("gtid", np.int64),
+            ("tid_", np.int64),
+            ("text", object),
+            ("blob", object),
+            ("json", object),
+            ("jtid", np.int64),
+        ]
+    )
     rows = db.fetch(sql, dt, params)
     n = len(rows)
     if not n:
         return _empty_nccl()
     strings = db.strings(np.unique(np.concatenate([rows["tid_"], rows["jtid"]])).tolist())
-    names = [strings.get(int(i), "") if i >= 0 else str(t or "") for i, t in zip(rows["tid_"], rows["text"],
-                                                                                  strict=True)]
+    names = [
+        strings.get(int(i), "") if i >= 0 else str(t or "")
+        for i, t in zip(rows["tid_"], rows["text"], strict=True)
+    ]
     apis = [nccl_api(s) for s in names]
     api = np.array([_api_code(a) for a in apis], dtype=np.int8)
     direction = np.array([NCCL_P2P_APIS.get(a, Direction.NONE) for a in apis], dtype=np.int8)
@@ -294,9 +355,19 @@ def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
     if has_json.any():
         _merge_json(fields, rows["json"], rows["jtid"], strings, has_json)
     return NcclCalls(
-        start=rows["start"], end=rows["end"], pid=(rows["gtid"] >> 24) & 0xFFFFFF, tid=rows["gtid"] & 0xFFFFFF,
-        api=api, name=names, direction=direction, peer_local=fields[F_PEER], bytes=fields[F_BYTES],
-        comm=fields[F_COMM], nranks=fields[F_NRANKS], rank=fields[F_RANK], has_payload=fields["_has"].astype(bool),
+        start=rows["start"],
+        end=rows["end"],
+        pid=(rows["gtid"] >> 24) & 0xFFFFFF,
+        tid=rows["gtid"] & 0xFFFFFF,
+        api=api,
+        name=names,
+        direction=direction,
+        peer_local=fields[F_PEER],
+        bytes=fields[F_BYTES],
+        comm=fields[F_COMM],
+        nranks=fields[F_NRANKS],
+        rank=fields[F_RANK],
+        has_payload=fields["_has"].astype(bool),
     )
 
 
@@ -327,8 +398,9 @@ def _schemas(db: NsysDb) -> dict[int, _Schema]:
     if not {"schemaId", "idx", "type", "name"} <= cols:
         return {}
     off = '"offset"' if "offset" in cols else "NULL"
-    rows = db.execute(f'SELECT DISTINCT schemaId, idx, "type", name, {off} FROM {table} '
-                      "ORDER BY schemaId, idx").fetchall()
+    rows = db.execute(
+        f'SELECT DISTINCT schemaId, idx, "type", name, {off} FROM {table} ORDER BY schemaId, idx'
+    ).fetchall()
     sizes: dict[int, int] = {}
     if {"schemaId", "payloadSize"} <= set(db.columns("NVTX_PAYLOAD_SCHEMAS")):
         for sid, size in db.execute("SELECT DISTINCT schemaId, payloadSize FROM NVTX_PAYLOAD_SCHEMAS"):
@@ -360,7 +432,9 @@ def decode_payloads(db: NsysDb, blobs: np.ndarray, apis: list[str]) -> dict[str,
     out: dict[str, I64] = {f: np.full(n, -1, dtype=np.int64) for f in PAYLOAD_FIELDS}
     out[F_COMM] = np.zeros(n, dtype=np.int64)
     out["_has"] = np.zeros(n, dtype=np.int64)
-    present = np.array([isinstance(b, (bytes, bytearray, memoryview)) and len(b) > 0 for b in blobs], dtype=bool)
+    present = np.array(
+        [isinstance(b, (bytes, bytearray, memoryview)) and len(b) > 0 for b in blobs], dtype=bool
+    )
     if not present.any():
         return out
     schemas = _schemas(db)
@@ -386,15 +460,15 @@ def decode_payloads(db: NsysDb, blobs: np.ndarray, apis: list[str]) -> dict[str,
                 lo = body + offset
                 if lo + w > length:
                     continue
-                vals = np.ascontiguousarray(sub[:, lo:lo + w]).view(dt).reshape(-1)
-                out[fname][rows_sel] = vals.astype(np.uint64).view(np.int64) if dt.endswith("u8") \
-                    else vals.astype(np.int64)
+                vals = np.ascontiguousarray(sub[:, lo : lo + w]).view(dt).reshape(-1)
+                out[fname][rows_sel] = (
+                    vals.astype(np.uint64).view(np.int64) if dt.endswith("u8") else vals.astype(np.int64)
+                )
             out["_has"][rows_sel] = 1
     return out
 
 
-def _schema_of(mat: npt.NDArray[np.uint8], schemas: dict[int, _Schema],
-               apis: list[str]) -> tuple[I64, int]:
+def _schema_of(mat: npt.NDArray[np.uint8], schemas: dict[int, _Schema], apis: list[str]) -> tuple[I64, int]:
     """Schema id per row and where the payload body starts in the blob."""
     length = mat.shape[1]
     if length >= PAYLOAD_HEADER:
@@ -402,7 +476,9 @@ def _schema_of(mat: npt.NDArray[np.uint8], schemas: dict[int, _Schema],
         if np.isin(sid, list(schemas)).any():
             return sid, PAYLOAD_HEADER
     # Bare payload: pick the schema by size and by what the API carries.
-    want = {a: (F_PEER if a in NCCL_P2P_APIS else F_NRANKS if a in NCCL_INIT_APIS else F_BYTES) for a in set(apis)}
+    want = {
+        a: (F_PEER if a in NCCL_P2P_APIS else F_NRANKS if a in NCCL_INIT_APIS else F_BYTES) for a in set(apis)
+    }
     out = np.full(len(apis), -1, dtype=np.int64)
     for a, fname in want.items():
         cands = [s for s, sch in schemas.items() if sch.payload_size == length and fname in sch.fields]
@@ -411,8 +487,13 @@ def _schema_of(mat: npt.NDArray[np.uint8], schemas: dict[int, _Schema],
     return out, 0
 
 
-def _merge_json(fields: dict[str, I64], texts: np.ndarray, text_ids: I64, strings: dict[int, str],
-                mask: npt.NDArray[np.bool_]) -> None:
+def _merge_json(
+    fields: dict[str, I64],
+    texts: np.ndarray,
+    text_ids: I64,
+    strings: dict[int, str],
+    mask: npt.NDArray[np.bool_],
+) -> None:
     """JSON payload text (per NCCL call; these are few next to kernels)."""
     for i in np.flatnonzero(mask).tolist():
         raw = texts[i] if texts[i] is not None else strings.get(int(text_ids[i]))
@@ -434,19 +515,42 @@ def _merge_json(fields: dict[str, I64], texts: np.ndarray, text_ids: I64, string
 
 def _empty_ranges() -> HostRanges:
     z = _empty_i64()
-    return HostRanges(start=z, end=z, pid=z, tid=z, name=np.empty(0, np.int32), kind=np.empty(0, np.int8),
-                      num=z, numbered=np.empty(0, bool), stage=np.empty(0, np.int32), mb=np.empty(0, np.int32),
-                      phase=np.empty(0, np.int8), direction=np.empty(0, np.int8), names=[])
+    return HostRanges(
+        start=z,
+        end=z,
+        pid=z,
+        tid=z,
+        name=np.empty(0, np.int32),
+        kind=np.empty(0, np.int8),
+        num=z,
+        numbered=np.empty(0, bool),
+        stage=np.empty(0, np.int32),
+        mb=np.empty(0, np.int32),
+        phase=np.empty(0, np.int8),
+        direction=np.empty(0, np.int8),
+        names=[],
+    )
 
 
 def _empty_nccl() -> NcclCalls:
     z = _empty_i64()
-    return NcclCalls(start=z, end=z, pid=z, tid=z, api=np.empty(0, np.int8), name=[],
-                     direction=np.empty(0, np.int8), peer_local=z, bytes=z, comm=z, nranks=z, rank=z,
-                     has_payload=np.empty(0, bool))
+    return NcclCalls(
+        start=z,
+        end=z,
+        pid=z,
+        tid=z,
+        api=np.empty(0, np.int8),
+        name=[],
+        direction=np.empty(0, np.int8),
+        peer_local=z,
+        bytes=z,
+        comm=z,
+        nranks=z,
+        rank=z,
+        has_payload=np.empty(0, bool),
+    )
 
 
 def _empty_spans() -> Spans:
     z = _empty_i64()
     return Spans(z, z, z, z)
-

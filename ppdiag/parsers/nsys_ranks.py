@@ -10,6 +10,7 @@ exists in that case, so each decision is stated as a warning.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +18,13 @@ from pathlib import Path
 from ppdiag.parsers.nsys_db import NsysDb
 
 RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "PALS_RANKID", "MV2_COMM_WORLD_RANK")
-LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "PMI_LOCAL_RANK",
-                   "PALS_LOCAL_RANKID")
+LOCAL_RANK_VARS = (
+    "LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_LOCALID",
+    "PMI_LOCAL_RANK",
+    "PALS_LOCAL_RANKID",
+)
 WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "SLURM_NPROCS")
 NODE_VARS = ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID")
 
@@ -50,10 +56,8 @@ def read_capture_env(db: NsysDb) -> CaptureEnv:
             continue
         m = _PID_ROW.fullmatch(name)
         if m:
-            try:
+            with contextlib.suppress(ValueError):
                 out.pid[int(m.group(1))] = int(value)
-            except ValueError:
-                pass
     return out
 
 
@@ -93,8 +97,13 @@ class RankDecision:
     warning: str | None = None
 
 
-def decide_ranks(db: NsysDb, pids: list[int], devices: dict[int, list[int]],
-                 thread_ranks: dict[int, int], proc_names: dict[int, str]) -> dict[int, RankDecision]:
+def decide_ranks(
+    db: NsysDb,
+    pids: list[int],
+    devices: dict[int, list[int]],
+    thread_ranks: dict[int, int],
+    proc_names: dict[int, str],
+) -> dict[int, RankDecision]:
     """Rank of every GPU process ``pids`` (sorted) of one export."""
     cap = read_capture_env(db)
     src = db.path
@@ -116,7 +125,9 @@ def decide_ranks(db: NsysDb, pids: list[int], devices: dict[int, list[int]],
             out[p] = RankDecision(r, f"env {var} of process {p}", ws[1] if ws else None)
         return out
     if all(p in thread_ranks for p in pids) and len({thread_ranks[p] for p in pids}) == len(pids):
-        return {p: RankDecision(thread_ranks[p], f"NVTX thread name 'MPI Rank {thread_ranks[p]}'") for p in pids}
+        return {
+            p: RankDecision(thread_ranks[p], f"NVTX thread name 'MPI Rank {thread_ranks[p]}'") for p in pids
+        }
 
     # The launcher's environment says which node this report is, not which rank each process is.
     launcher = cap.env.get(0, {})
@@ -134,9 +145,12 @@ def decide_ranks(db: NsysDb, pids: list[int], devices: dict[int, list[int]],
         r = base + i
         label = f"{proc_names.get(p, 'process')} pid {p}"
         out[p] = RankDecision(
-            r, f"{how} in one report{base_note}",
-            warning=(f"{len(pids)} GPU processes in one report; {label} taken as rank {r} by "
-                     f"{how}{base_note} (no rank field exists for this case; pass --stage-map if wrong)"),
+            r,
+            f"{how} in one report{base_note}",
+            warning=(
+                f"{len(pids)} GPU processes in one report; {label} taken as rank {r} by "
+                f"{how}{base_note} (no rank field exists for this case; pass --stage-map if wrong)"
+            ),
         )
     return out
 
@@ -153,14 +167,21 @@ def _single(cap: CaptureEnv, pid: int, thread_ranks: dict[int, int], src: Path) 
         return RankDecision(thread_ranks[pid], f"NVTX thread name 'MPI Rank {thread_ranks[pid]}'", ws)
     from_name = rank_from_filename(src)
     if from_name is not None:
-        return RankDecision(from_name, "file name", ws,
-                            warning=f"rank {from_name} taken from the file name (no RANK in the "
-                                    "capture environment)")
+        return RankDecision(
+            from_name,
+            "file name",
+            ws,
+            warning=f"rank {from_name} taken from the file name (no RANK in the capture environment)",
+        )
     local = _int_var(env, LOCAL_RANK_VARS)
     if local:
-        return RankDecision(local[1], f"env {local[0]} (local rank only)", ws,
-                            warning=f"only {local[0]}={local[1]} found; it is the rank on its node, "
-                                    "not the global rank")
+        return RankDecision(
+            local[1],
+            f"env {local[0]} (local rank only)",
+            ws,
+            warning=f"only {local[0]}={local[1]} found; it is the rank on its node, not the global rank",
+        )
     # -1 lets the run loader decide: rank 0 for a single file, an error for a multi-file run.
-    return RankDecision(-1, "none found", ws,
-                        warning="no rank in the capture environment, MPI thread names or file name")
+    return RankDecision(
+        -1, "none found", ws, warning="no rank in the capture environment, MPI thread names or file name"
+    )

@@ -80,13 +80,15 @@ def ensure_sqlite(report: Path, cache_dir: str | None) -> Path:
     nsys = shutil.which("nsys")
     if nsys is None:
         suggested = report.with_name(f"{_stem(report)}.sqlite")
-        raise InputError(str(report), "cannot read .nsys-rep without nsys; run: "
-                                      f"{export_command(report, suggested)}")
+        raise InputError(
+            str(report), f"cannot read .nsys-rep without nsys; run: {export_command(report, suggested)}"
+        )
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(str(report), f"cannot create the export cache directory {target.parent}: "
-                                      f"{exc.strerror or exc}") from None
+        raise InputError(
+            str(report), f"cannot create the export cache directory {target.parent}: {exc.strerror or exc}"
+        ) from None
     # Export to a private name and rename, so a killed export never looks like a valid cache entry.
     tmp = target.with_name(f".{target.stem}.{os.getpid()}.tmp.sqlite")
     cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(tmp), str(report)]
@@ -94,8 +96,9 @@ def ensure_sqlite(report: Path, cache_dir: str | None) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         tmp.unlink(missing_ok=True)
-        raise InputError(str(report), f"nsys export failed ({exc}); run by hand: "
-                                      f"{export_command(report, target)}") from None
+        raise InputError(
+            str(report), f"nsys export failed ({exc}); run by hand: {export_command(report, target)}"
+        ) from None
     if proc.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
         lines = [ln for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()]

@@ -164,7 +164,7 @@ def diff_reports(
 ) -> DiffResult:
     """Compare report ``a`` (before) with ``b`` (after)."""
     res = DiffResult(before_label=before_label, after_label=after_label)
-    res.notes += comparable(b, a)
+    res.notes += comparable(b, a, base_name=before_label, new_name=after_label)
     sa, sb = a.get("summary") or {}, b.get("summary") or {}
     for m in ("step_ms", "step_p95_ms", "compute_ms"):
         res.run.append(DiffRow("run", m, _num(sa.get(m)), _num(sb.get(m))))
@@ -331,27 +331,31 @@ def diff_table(res: DiffResult, limit: int = 60) -> Any:
 
 
 def diff_markdown(res: DiffResult, limit: int = 40) -> str:
-    """The diff as Markdown (PR comment)."""
-    out = [f"## ppdiag diff: {md_escape(res.before_label)} → {md_escape(res.after_label)}", ""]
+    """The diff as Markdown (PR comment): run figures, then only the per-stage/rank rows that changed."""
+
+    def lab(r: DiffRow) -> str:
+        return f"{CAUSE_MARKS.get(r.metric, '')} {r.label}".strip()
+
+    bl, al = md_escape(res.before_label), md_escape(res.after_label)
+    out = [f"## ppdiag diff: {bl} → {al}", ""]
     out += [f"> {md_escape(n)}" for n in res.notes]
     if res.notes:
         out.append("")
-    out += ["| figure | before | after | change |", "|---|---:|---:|---:|"]
+    out += [f"| figure | {bl} | {al} | change |", "|---|---:|---:|---:|"]
     for r in res.run:
         if r.before is None and r.after is None:
             continue
         dm, dp = _fmt_delta(r)
-        mark = CAUSE_MARKS.get(r.metric, "")
-        out.append(f"| {mark} {r.label} | {_fmt(r.before)} | {_fmt(r.after)} | {dm} ms ({dp}) |")
-    if res.groups:
-        out += ["", f"| {res.by} | figure | before | after | change |", "|---|---|---:|---:|---:|"]
-        for r in _interesting(res.groups, limit):
+        out.append(f"| {lab(r)} | {_fmt(r.before)} | {_fmt(r.after)} | {dm} ms ({dp}) |")
+    moved = [r for r in res.groups if r.delta_ms is None or abs(r.delta_ms) > NOISE_MS]
+    if moved:
+        out += ["", f"| {res.by} | figure | {bl} | {al} | change |", "|---|---|---:|---:|---:|"]
+        for r in _interesting(moved, limit):
             dm, dp = _fmt_delta(r)
-            out.append(
-                f"| {r.scope} | {CAUSE_MARKS.get(r.metric, '')} {r.label} | {_fmt(r.before)} "
-                f"| {_fmt(r.after)} "
-                f"| {dm} ms ({dp}) |"
-            )
+            out.append(f"| {r.scope} | {lab(r)} | {_fmt(r.before)} | {_fmt(r.after)} | {dm} ms ({dp}) |")
+        rest = len(res.groups) - min(len(moved), limit)
+        if rest:
+            out.append(f"\n{rest} other per-{res.by} figures unchanged or smaller changes.")
     ch = [f for f in res.findings if f.status != "unchanged"]
     if ch:
         out += ["", "**Findings**", ""]

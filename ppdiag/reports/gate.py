@@ -323,13 +323,15 @@ def _cause_share(report: dict[str, Any], cause: str) -> float | None:
     return v / st
 
 
-def comparable(report: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+def comparable(
+    report: dict[str, Any], baseline: dict[str, Any], base_name: str = "baseline", new_name: str = "this run"
+) -> list[str]:
     """Why ``baseline`` cannot be compared with ``report`` (empty when it can)."""
     why = []
     if baseline.get("schema_version") != report.get("schema_version"):
         why.append(
-            f"baseline schema_version {baseline.get('schema_version')!r}, "
-            f"this run {report.get('schema_version')!r}"
+            f"{base_name} schema_version {baseline.get('schema_version')!r}, "
+            f"{new_name} {report.get('schema_version')!r}"
         )
     for key, label in (
         ("pp", "pp"),
@@ -341,7 +343,7 @@ def comparable(report: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
         if key == "virtual_stages":
             a, b = a or 1, b or 1  # absent and 1 mean the same
         if a != b:
-            why.append(f"baseline has {label} {a}, this run {b}")
+            why.append(f"{base_name} has {label} {a}, {new_name} {b}")
     return why
 
 

@@ -104,8 +104,13 @@ def stage_to_rank(schedule: str, pp: int, virtual: int) -> list[int]:
 
 
 def default_virtual(schedule: str, virtual: int) -> int:
-    """Chunks per rank a schedule needs: V schedules always 2, others what was asked."""
-    return 2 if uses_v_placement(schedule) else virtual
+    """Chunks per rank a schedule runs: V schedules always 2 (``virtual`` 1 means "default"),
+    others what was asked. ValueError for a V schedule asked for another count."""
+    if uses_v_placement(schedule):
+        if virtual not in (1, 2):
+            raise ValueError(f"{canonical_schedule(schedule)} runs exactly 2 chunks per rank (virtual=2)")
+        return 2
+    return virtual
 
 
 def rank_orders(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> list[list[Action]]:

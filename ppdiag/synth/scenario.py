@@ -657,7 +657,7 @@ def _emit_step(
             b.kernel(k_start, ready, stream, Kind.P2P, _SENDRECV, corr, launch, e2, step=k, stage=st, mb=mb,
                      phase=ph, **comm)
             del e1
-            b.api(t + 14 * US, t + 15 * US, "cudaStreamWaitEvent", main, -1)
+            b.api(t + 13 * US + 200, t + 13 * US + 800, "cudaStreamWaitEvent", main, -1)
             t += 16 * US
         else:
             t += 2 * US

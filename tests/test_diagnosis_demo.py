@@ -1,0 +1,156 @@
+"""The diagnosis engine on real recorded CPU pipeline runs (torch.distributed.pipelining over gloo).
+
+Each run is recorded once per module by the demo recorder in sleep mode (exact compute times) with
+one injected fault whose ground truth is known; the assertions are the diagnosis a user must get.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from ppdiag.api import Options, diagnose  # noqa: E402
+from ppdiag.demo.config import DemoConfig  # noqa: E402
+from ppdiag.demo.recorder import record  # noqa: E402
+from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis  # noqa: E402
+from ppdiag.model import Phase  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CONFIGS: dict[str, DemoConfig] = {
+    "1f1b": DemoConfig(schedule="1f1b", microbatches=8, steps=3),
+    "gpipe": DemoConfig(schedule="gpipe", microbatches=4, steps=3),
+    "slow": DemoConfig(schedule="1f1b", microbatches=8, steps=3, slow_stage=2, slow_factor=2.0),
+    "delay": DemoConfig(schedule="1f1b", microbatches=8, steps=3, comm_delay_ms=10.0, comm_delay_rank=1),
+    "stall": DemoConfig(schedule="1f1b", microbatches=8, steps=3, host_stall_ms=5.0, host_stall_rank=1),
+    "interleaved": DemoConfig(schedule="interleaved_1f1b", microbatches=8, steps=2),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Diagnosis, dict[str, Any]]]:
+    out: dict[str, tuple[Diagnosis, dict[str, Any]]] = {}
+    for name, cfg in CONFIGS.items():
+        d = tmp_path_factory.mktemp(f"demo_{name}")
+        record(cfg, d)
+        truth = json.loads((d / "groundtruth.json").read_text())
+        out[name] = (diagnose([d], Options()), truth)
+    return out
+
+
+def _finding(diag: Diagnosis, code: str) -> dict[str, Any] | None:
+    return next((f for f in diag.report["findings"] if f["code"] == code), None)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_accounting_and_causes_add_up(runs: dict[str, Any], name: str) -> None:
+    diag, _ = runs[name]
+    attr = diag.context["attribution"]
+    for rs in diag.context["rank_steps"]:
+        a = rs.acct
+        assert a.compute + a.exposed_p2p + a.exposed_collective + a.idle == a.window
+        causes = attr.causes[(rs.rank, rs.step)]
+        assert sum(causes.values()) == a.lost, (rs.rank, rs.step, causes, a.lost)
+        assert all(v >= 0 for v in causes.values())
+    # the per-gap cause table paints exactly the lost time
+    for rank, gaps in diag.gaps.items():
+        lost = sum(rs.acct.lost for rs in diag.context["rank_steps"] if rs.rank == rank)
+        assert int((gaps.end - gaps.start).sum()) == lost
+    for r in diag.report["ranks"]:
+        total = r["compute_ms"] + sum(r["lost_ms"][k] for k in CAUSE_KEYS)
+        assert total == pytest.approx(r["step_ms"], abs=0.01)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_stage_map_and_microbatches(runs: dict[str, Any], name: str) -> None:
+    diag, truth = runs[name]
+    run = diag.report["run"]
+    assert run["pp"] == truth["pp"]
+    assert run["stage_map"] == {str(s): r for s, r in enumerate(truth["stage_to_rank"][: truth["pp"]])}
+    assert run["microbatches"] == truth["microbatches"]
+    assert run["schedule"] == truth["schedule"]
+    assert run["steps"] == truth["steps"]
+
+
+def test_microbatch_blocks_match_ground_truth(runs: dict[str, Any]) -> None:
+    """Every forward / backward block the engine labels lies within 2 ms of the measured one."""
+    diag, truth = runs["1f1b"]
+    pipe = diag.context["pipeline"]
+    kinds = {"fwd": int(Phase.FWD), "bwd": int(Phase.BWD)}
+    checked = 0
+    for rt in truth["ranks"]:
+        r = rt["rank"]
+        b = pipe.blocks[r]
+        numbers = [w.number for w in pipe.windows[r]]
+        iv = rt["intervals"]
+        for kind, step, mb, s, e in zip(iv["kind"], iv["step"], iv["mb"], iv["start_ns"], iv["end_ns"]):
+            if kind not in kinds:
+                continue
+            m = (b.phase == kinds[kind]) & (b.mb == mb) & (b.step == numbers.index(step))
+            assert m.sum() == 1, (r, kind, step, mb)
+            i = int(np.flatnonzero(m)[0])
+            assert abs(int(b.start[i]) - s) < 2_000_000, (r, kind, step, mb)
+            assert abs(int(b.end[i]) - e) < 2_000_000, (r, kind, step, mb)
+            checked += 1
+    assert checked == truth["pp"] * truth["microbatches"] * 2 * len(truth["steps"])
+
+
+def test_fault_free_1f1b_has_no_severe_fault_findings(runs: dict[str, Any]) -> None:
+    diag, _ = runs["1f1b"]
+    for f in diag.report["findings"]:
+        if f["code"] in ("PP003", "PP004", "PP006"):
+            assert f["severity"] != "high", f
+
+
+def test_gpipe_bubble(runs: dict[str, Any]) -> None:
+    diag, _ = runs["gpipe"]
+    b = diag.report["bubble"]
+    assert diag.report["run"]["schedule"] == "gpipe"
+    assert b["theoretical_ratio"] == pytest.approx(3 / 7, abs=1e-3)
+    assert abs(b["measured_ratio"] - 3 / 7) < 0.08
+    assert _finding(diag, "PP002") is not None
+
+
+def test_slow_stage_is_the_top_finding(runs: dict[str, Any]) -> None:
+    diag, truth = runs["slow"]
+    top = diag.report["findings"][0]
+    assert top["code"] == "PP003"
+    assert top["stages"] == [2]
+    slow_rank = truth["stage_to_rank"][2]
+    for r in diag.report["ranks"]:
+        if r["rank"] == slow_rank:
+            continue
+        lost = r["lost_ms"]
+        assert lost["imbalance"] == max(lost.values()), r
+        assert lost["imbalance"] > 0.4 * sum(lost.values())
+
+
+def test_slow_link_blames_the_delayed_rank(runs: dict[str, Any]) -> None:
+    diag, _ = runs["delay"]
+    top = diag.report["findings"][0]
+    assert top["code"] == "PP004"
+    assert top["ranks"] == [1]
+
+
+def test_host_stall_blames_the_stalled_rank(runs: dict[str, Any]) -> None:
+    diag, _ = runs["stall"]
+    f = _finding(diag, "PP006")
+    assert f is not None and f["ranks"] == [1]
+    assert f["severity"] in ("high", "medium")
+    # the stalled rank's own lost time is mostly host
+    r1 = next(r for r in diag.report["ranks"] if r["rank"] == 1)
+    assert r1["lost_ms"]["host"] == max(r1["lost_ms"].values())
+
+
+def test_interleaved_is_recognised(runs: dict[str, Any]) -> None:
+    diag, truth = runs["interleaved"]
+    run = diag.report["run"]
+    assert run["virtual_stages"] == 2
+    p, m = truth["pp"], truth["microbatches"]
+    assert diag.report["bubble"]["theoretical_ratio"] == pytest.approx((p - 1) / (2 * m + p - 1), abs=1e-3)

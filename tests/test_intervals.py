@@ -1,0 +1,52 @@
+"""Interval algebra against a brute-force reference on random sets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ppdiag.attribution import intervals as ivs
+
+
+def _mask(starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
+    m = np.zeros(n, dtype=bool)
+    for s, e in zip(starts, ends):
+        m[max(s, 0):max(min(e, n), 0)] = True
+    return m
+
+
+def _random(rng: np.random.Generator, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    s = rng.integers(0, n, size=k)
+    e = s + rng.integers(0, n // 5 + 1, size=k)
+    return s.astype(np.int64), e.astype(np.int64)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_set_operations_match_brute_force(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = 400  # room for intervals that start near 300 and run up to 60 further
+    a = ivs.union(*_random(rng, 12, 300))
+    b = ivs.union(*_random(rng, 9, 300))
+    ma, mb = _mask(*a, n), _mask(*b, n)
+    # union is disjoint, sorted, and non-touching
+    assert np.all(a[1] > a[0]) and np.all(a[0][1:] > a[1][:-1])
+    assert ivs.measure(a) == ma.sum()
+    assert np.array_equal(_mask(*ivs.subtract(a, b), n), ma & ~mb)
+    assert np.array_equal(_mask(*ivs.intersect(a, b), n), ma & mb)
+    lo, hi = 40, 250
+    window = np.zeros(n, dtype=bool)
+    window[lo:hi] = True
+    assert np.array_equal(_mask(*ivs.clip(a, lo, hi), n), ma & window)
+    assert np.array_equal(_mask(*ivs.complement(a, lo, hi), n), window & ~ma)
+    q_lo = rng.integers(0, n, size=15)
+    q_hi = q_lo + rng.integers(0, 80, size=15)
+    got = ivs.overlap_with(a, q_lo, q_hi)
+    want = [ma[x:min(y, n)].sum() for x, y in zip(q_lo, q_hi)]
+    assert list(got) == want
+
+
+def test_empty_inputs() -> None:
+    e = ivs.empty()
+    assert ivs.measure(ivs.union(np.array([5]), np.array([5]))) == 0
+    assert ivs.measure(ivs.subtract(e, e)) == 0
+    assert ivs.measure(ivs.complement(e, 0, 10)) == 10
