@@ -143,9 +143,11 @@ def test_host_stall_blames_the_stalled_rank(runs: dict[str, Any]) -> None:
     f = _finding(diag, "PP006")
     assert f is not None and f["ranks"] == [1]
     assert f["severity"] in ("high", "medium")
-    # the stalled rank's own lost time is mostly host
-    r1 = next(r for r in diag.report["ranks"] if r["rank"] == 1)
-    assert r1["lost_ms"]["host"] == max(r1["lost_ms"].values())
+    # most of the injected stall (5 ms before each of the 8 forwards) is charged to host on rank 1,
+    # more than any cause other than the schedule's own bubble
+    r1 = next(r for r in diag.report["ranks"] if r["rank"] == 1)["lost_ms"]
+    assert r1["host"] >= 0.5 * 5.0 * 8
+    assert r1["host"] == max(v for k, v in r1.items() if k != "bubble")
 
 
 def test_interleaved_is_recognised(runs: dict[str, Any]) -> None:

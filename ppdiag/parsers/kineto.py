@@ -159,7 +159,7 @@ def read_bytes(path: Path) -> tuple[bytes, list[str]]:
     if raw[:2] == GZIP_MAGIC:
         raw, cut = gunzip(raw, str(path))
         if cut:
-            warnings.append("gzip stream is cut short (file truncated); kept what decompressed")
+            warnings.append("gzip stream ends early (file cut short or damaged); kept what decompressed")
         if _BLANK.match(raw):
             raise InputError(str(path), "empty file (after gunzip)")
     return raw, warnings

@@ -122,6 +122,7 @@ def find_traces(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str]
             for f in cands:
                 key = f.resolve()
                 if key in seen:
+                    n_before -= 1  # already named: the directory did hold a trace
                     continue
                 fmt, why = detect_format(f)
                 if fmt is None:

@@ -163,7 +163,7 @@ def open_export(path: Path) -> NsysDb:
         conn = connect_readonly(path)
         tables = list_tables(conn)
     except sqlite3.Error as exc:
-        raise InputError(str(path), f"unreadable SQLite database ({exc})") from None
+        raise InputError(str(path), f"corrupt or truncated SQLite database ({exc})") from None
     if not is_nsys_schema(tables):
         conn.close()
         raise InputError(

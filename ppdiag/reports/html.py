@@ -510,7 +510,8 @@ def build_timeline(
         nums = sorted(s.number if s.number >= 0 else s.index for s in skipped)
         notes.append(
             f"{len(skipped)} of {len(spans)} steps are not drawn to keep the page responsive "
-            f"(steps {_ranges_text(nums)}); their numbers are in the tables."
+            f"(steps {_ranges_text(nums)}); the tables cover every step and the Perfetto overlay "
+            "(--perfetto) has every event."
         )
 
     sets: dict[str, BlockSet] = {}
@@ -552,20 +553,21 @@ def build_timeline(
 def _keep_longest(
     blocks: dict[int, dict[str, dict[str, I64]]], budget: int
 ) -> dict[int, dict[str, dict[str, I64]]]:
+    """Keep the ``budget`` longest blocks over all rows and categories (ties: earliest rows first)."""
     durs = np.concatenate([v["end"] - v["start"] for per in blocks.values() for v in per.values()])
     if durs.shape[0] <= budget:
         return blocks
     cut = np.partition(durs, durs.shape[0] - budget)[durs.shape[0] - budget]
+    ties_left = budget - int((durs > cut).sum())
     out: dict[int, dict[str, dict[str, I64]]] = {}
-    left = budget
     for r, per in blocks.items():
         out[r] = {}
         for c, v in per.items():
-            m = (v["end"] - v["start"]) > cut
-            # ties at the cut: fill what budget is left, in time order
-            tie = np.flatnonzero((v["end"] - v["start"]) == cut)
-            m[tie[: max(0, left - int(m.sum()))]] = True
-            left -= int(m.sum())
+            d = v["end"] - v["start"]
+            m = d > cut
+            tie = np.flatnonzero(d == cut)[: max(0, ties_left)]
+            m[tie] = True
+            ties_left -= int(tie.shape[0])
             out[r][c] = {k: a[m] for k, a in v.items()}
     return out
 

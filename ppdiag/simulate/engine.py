@@ -6,8 +6,9 @@ one virtual stage) starts when
 * its rank's GPU is free (blocks of a rank run in the schedule's order, one at a time),
 * its input has arrived: F of stage ``s`` needs F of ``s-1``; B/I of ``s`` needs the backward of
   ``s+1`` (the last stage's backward needs its own F); W needs its own I. When the producer is on
-  another rank the data arrives ``p2p`` after the later of the producer's end and the moment the
-  receiver posted its receive (NCCL transfers need both sides),
+  another rank the data arrives ``p2p`` after the later of the producer's end, the moment the
+  receiver posted its receive (NCCL transfers need both sides) and the end of the previous
+  transfer over the same stage boundary in the same direction (a link carries one at a time),
 * its host has issued it (``launch_latency_ns`` after the host reached the block).
 
 The host of every rank is modelled too, because launch-bound ranks and late receives are real
@@ -220,6 +221,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     out_xfer = np.zeros(n_rows)
     base = np.cumsum([0] + [len(o) for o in orders])
 
+    link_free: dict[tuple[int, int], float] = {}  # (boundary, 0 fwd / 1 bwd) -> end of last transfer
     ptr = [0] * p
     free = [0.0] * p  # GPU (compute stream) free time
     host = [0.0] * p  # host time when it may issue the next block
@@ -275,7 +277,9 @@ def simulate(cfg: SimConfig) -> SimResult:
                     post = h + lat
                     if on_comp[r]:
                         post = max(post, gpu_free)
-                    ready = max(dep_end, post) + edge
+                    lk = (min(st, dep[0]), 0 if op == F else 1)
+                    ready = max(dep_end, post, link_free.get(lk, 0.0)) + edge
+                    link_free[lk] = ready
                     out_post[row] = post
                     out_src[row] = src
                     out_xfer[row] = edge

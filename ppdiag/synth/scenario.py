@@ -510,22 +510,24 @@ def build(prm: ScenarioParams) -> SynthRun:
     names = NameTable()
     ranks: list[SynthRank] = []
     for p in range(prm.pp):
-        peers = sorted({s2r[s + d] for s in range(len(s2r)) if s2r[s] == p for d in (-1, 1)
-                        if 0 <= s + d < len(s2r) and s2r[s + d] != p})
+        # one NCCL stream per remote stage boundary and direction, so that a transfer never queues
+        # behind another boundary's (the simulator serialises transfers per boundary and direction)
+        bnds = [(bd, s2r[bd + 1] if s2r[bd] == p else s2r[bd]) for bd in range(len(s2r) - 1)
+                if p in (s2r[bd], s2r[bd + 1]) and s2r[bd] != s2r[bd + 1]]
         for d in range(prm.dp):
             g = topo.glob(p, d)
             pid = 3000 + 131 * g
             b = _RankBuilder(names, pid)
-            recv_stream = {q: _STREAM_P2P0 + 4 * i for i, q in enumerate(peers)}
-            send_stream = {q: _STREAM_P2P0 + 2 + 4 * i for i, q in enumerate(peers)}
+            recv_stream = {bd: _STREAM_P2P0 + 4 * i for i, (bd, _) in enumerate(bnds)}
+            send_stream = {bd: _STREAM_P2P0 + 2 + 4 * i for i, (bd, _) in enumerate(bnds)}
             state = _SeqState()
             for k, lad in enumerate(ladders):
                 _emit_step(b, prm, topo, lad.full, p, d, k, starts[k], starts[k + 1], recv_stream,
                            send_stream, state, rng)
             gpu, rt, host = b.tables()
             streams = [StreamInfo(_STREAM_COMPUTE, StreamRole.COMPUTE)]
-            for q in peers:
-                for sid in (recv_stream[q], send_stream[q]):
+            for bd, q in bnds:
+                for sid in (recv_stream[bd], send_stream[bd]):
                     streams.append(
                         StreamInfo(sid, StreamRole.P2P, peer=topo.glob(q, d), group=topo.pp_group_of[g])
                     )
@@ -639,7 +641,8 @@ def _emit_step(
             post = t_start + round(res.post_ns[i])
             ready = t_start + round(res.ready_ns[i])
             xfer = round(res.xfer_ns[i])
-            stream = _STREAM_COMPUTE if on_comp[p] else recv_stream[src]
+            bnd = st - 1 if ph == Phase.FWD else st  # boundary the input crosses
+            stream = _STREAM_COMPUTE if on_comp[p] else recv_stream[bnd]
             comm = _comm_kw(b, "recv", peer_g, Direction.RECV, act_bytes, elem, "BFloat16", seqs.p2p_seq,
                             pp_gi)
             seqs.p2p_seq += 1
@@ -711,7 +714,7 @@ def _emit_step(
                 b.kernel(be, be + sb, _STREAM_COMPUTE, Kind.P2P, _SENDRECV, corr, launch, e2, step=k,
                          stage=st, mb=mb, phase=ph, **comm)
             else:
-                stream = send_stream[dst]
+                stream = send_stream[min(st, cons)]
                 k_start = max(be, launch + US, b.stream_end.get(stream, 0))
                 xfer = round(res.xfer_ns[ck])
                 if k_start > recv_ready - xfer:
