@@ -88,7 +88,8 @@ def test_no_gpu_events_with_devices_or_nccl(tmp_path: Path) -> None:
 def test_no_gpu_events_and_no_cpu_ops(tmp_path: Path) -> None:
     p = tmp_path / "rank0.json"
     p.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [], "traceEvents": [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 5},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0,
+         "dur": 5},
         {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}}]}))
     named(load_error([p], "no GPU events and no CPU ops"), p)
 

@@ -6,7 +6,7 @@ import gzip
 import json
 import re
 from collections import defaultdict
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +48,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def scenario(name: str) -> SynthRun:
     return make_scenario(**SCENARIOS[name])
 
 
-@lru_cache(maxsize=None)
+@cache
 def written(name: str, root: str) -> list[Path]:
     return write_kineto(scenario(name), Path(root) / name)
 
@@ -118,7 +118,8 @@ def test_bubble_truth_is_the_textbook_bubble() -> None:
         assert rk["causes_ms"]["comm_wait"] == pytest.approx(0.0)
         assert rk["causes_ms"]["exposed_comm"] > 0  # p2p latency and the step-end all-reduce
     assert t["bubble"]["theoretical_ratio"] == pytest.approx(3 / 11)
-    assert t["bubble"]["balanced_sim_ratio"] == pytest.approx(3 / 11)
+    # the simulated step also holds the 1 ms optimizer: 9 ms idle in 8*3 + 9 + 1 ms
+    assert t["bubble"]["balanced_sim_ratio"] == pytest.approx(9 / 34)
 
 
 def test_slow_stage_truth() -> None:
@@ -259,7 +260,8 @@ def test_kineto_structure(name: str, outdir: str) -> None:
             if kern["name"].startswith("ncclDevKernel"):
                 a = kern["args"]
                 assert a["Collective name"] in ("send", "recv", "allreduce")
-                assert a["Process Group Description"] in ("PIPELINE_MODEL_PARALLEL_GROUP", "DATA_PARALLEL_GROUP")
+                pg_desc = a["Process Group Description"]
+                assert pg_desc in ("PIPELINE_MODEL_PARALLEL_GROUP", "DATA_PARALLEL_GROUP")
                 assert "Process Group Ranks" in a and "Process Group Name" in a
                 if a["Collective name"] == "send":
                     assert a["Dst Rank"] in pp_group and a["Dst Rank"] != rank
@@ -372,9 +374,12 @@ def test_deterministic(tmp_path: Path) -> None:
     a = write_kineto(make_scenario(seed=7, steps=1), tmp_path / "a")
     b = write_kineto(make_scenario(seed=7, steps=1), tmp_path / "b")
     assert [p.name for p in a] == [p.name for p in b]
-    assert all(x.read_bytes() == y.read_bytes() for x, y in zip(a, b, strict=True))
-    c = make_scenario(seed=8, steps=1)
-    assert [r.clock_skew_ns for r in c.ranks] != [r.clock_skew_ns for r in make_scenario(seed=7, steps=1).ranks]
+    for x, y in zip(a, b, strict=True):
+        dx, dy = _load(x), _load(y)
+        assert dx.pop("traceName") != dy.pop("traceName")  # the output path
+        assert dx == dy
+    c, d = make_scenario(seed=8, steps=1), make_scenario(seed=7, steps=1)
+    assert [r.clock_skew_ns for r in c.ranks] != [r.clock_skew_ns for r in d.ranks]
 
 
 def test_bad_scenarios() -> None:
@@ -400,7 +405,8 @@ def test_kineto_parser_reads_synthetic_traces(outdir: str) -> None:
     parser = kin.KinetoParser()
     run = scenario("interleaved")
     for path in written("interleaved", outdir):
-        assert parser.sniff(path, gzip.open(path).read(4096))
+        with gzip.open(path) as fh:
+            assert parser.sniff(path, fh.read(4096))
         (tl,) = parser.parse(path, ParseOptions())
         rk = run.ranks[tl.rank]
         assert tl.world_size == run.world_size

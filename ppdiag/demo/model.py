@@ -30,6 +30,7 @@ from torch.nn import functional
 from ppdiag.demo.config import DemoConfig
 
 _HELD_NS = [0]  # total host time held by the hold ops in this process (probes read differences)
+_OVERRUN_NS = [0]  # held beyond what was asked and not yet given back
 
 
 def held_ns() -> int:
@@ -43,15 +44,22 @@ _SPIN_NS = 200_000  # finish the last 0.2 ms spinning: sleep wake-ups overshoot 
 def _hold_for(ms: float) -> None:
     if ms <= 0:
         return
+    want = int(ms * 1e6)
+    # On a busy machine a hold ends late when the process gets the CPU back late. The next holds
+    # give that overrun back (up to half of each), so a rank's total hold time stays what the
+    # config asks, and no block shrinks below half its cost.
+    give_back = min(_OVERRUN_NS[0], want // 2)
     t0 = time.perf_counter_ns()
-    deadline = t0 + int(ms * 1e6)
+    deadline = t0 + want - give_back
     # Sleep most of the time, not spin: the ranks share few cores and a spinning rank would slow
-    # the others. Only the tail spins, which makes the hold exact to a few µs.
+    # the others. Only the tail spins, which makes the hold exact to a few µs on an idle machine.
     while (left := deadline - time.perf_counter_ns()) > _SPIN_NS:
         time.sleep((left - _SPIN_NS) / 1e9)
     while time.perf_counter_ns() < deadline:
         pass
-    _HELD_NS[0] += time.perf_counter_ns() - t0
+    got = time.perf_counter_ns() - t0
+    _HELD_NS[0] += got
+    _OVERRUN_NS[0] += got - want
 
 
 @torch.library.custom_op("ppdiag_demo::hold_backward", mutates_args=())

@@ -367,3 +367,7 @@ def diff_markdown(res: DiffResult, limit: int = 40) -> str:
             )
     out.append("")
     return "\n".join(out)
+
+
+#: The name the CLI uses for the rich rendering.
+render_diff = diff_table

@@ -268,6 +268,11 @@ def load_report(path: str | Path, what: str = "report") -> dict[str, Any]:
     return data
 
 
+def load_baseline(path: str | Path) -> dict[str, Any]:
+    """Read the baseline JSON report of ``ppdiag check --baseline`` (see :func:`load_report`)."""
+    return load_report(path, what="baseline")
+
+
 # ----------------------------------------------------------------------------------------------
 # measuring
 

@@ -186,9 +186,16 @@ class TimelineData:
         return sum(len(s) for s in self.sets.values())
 
 
-def _stage_of_rank(diag: Diagnosis) -> dict[int, list[int]]:
+def stages_by_rank(diag: Diagnosis) -> dict[int, list[int]]:
+    """Pipeline stage(s) of each rank (several with virtual stages); empty for a run without PP.
+
+    Merges ``run.stage_map``, ``context['stage_of_rank']`` and ``ranks[].stage``; a report that
+    says ``pp`` 1 has no stages, whatever a topology default put in the context.
+    """
     out: dict[int, list[int]] = {}
     rep = diag.report or {}
+    if (rep.get("run") or {}).get("pp") == 1:
+        return out
     smap = (rep.get("run") or {}).get("stage_map") or {}
     if isinstance(smap, dict):
         for s, r in smap.items():
@@ -218,7 +225,7 @@ def _stage_of_rank(diag: Diagnosis) -> dict[int, list[int]]:
 
 
 def _pick_rows(diag: Diagnosis, max_rows: int, notes: list[str]) -> list[Row]:
-    stages = _stage_of_rank(diag)
+    stages = stages_by_rank(diag)
     have = [rt.rank for rt in diag.run.ranks]
     lost: dict[int, float] = {}
     for row in (diag.report or {}).get("ranks") or []:

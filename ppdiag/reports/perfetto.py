@@ -53,24 +53,9 @@ class PerfettoStats:
 
 
 def _stage_label(diag: Diagnosis) -> dict[int, str]:
-    out: dict[int, list[int]] = {}
-    for row in (diag.report or {}).get("ranks") or []:
-        if isinstance(row.get("rank"), int) and isinstance(row.get("stage"), int):
-            out.setdefault(row["rank"], []).append(row["stage"])
-    for r, s in ((diag.context or {}).get("stage_of_rank") or {}).items():
-        vals = s if isinstance(s, (list, tuple)) else [s]
-        for v in vals:
-            if isinstance(v, int) and v not in out.setdefault(int(r), []):
-                out[int(r)].append(v)
-    smap = ((diag.report or {}).get("run") or {}).get("stage_map") or {}
-    if isinstance(smap, dict):
-        for s, r in smap.items():
-            try:
-                if int(s) not in out.setdefault(int(r), []):
-                    out[int(r)].append(int(s))
-            except (TypeError, ValueError):
-                continue
-    return {r: ("stage " + ",".join(map(str, sorted(v)))) for r, v in out.items() if v}
+    from ppdiag.reports.html import stages_by_rank
+
+    return {r: "stage " + ",".join(map(str, v)) for r, v in stages_by_rank(diag).items() if v}
 
 
 def _t0(diag: Diagnosis) -> int:

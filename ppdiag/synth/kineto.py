@@ -255,7 +255,10 @@ def write_kineto(
         path = out / fname
         text = _dump(rank_trace(run, rk), str(path.with_suffix("") if gzip else path))
         if gzip:
-            with _gzip.GzipFile(path, "wb", compresslevel=6, mtime=0) as fh:
+            # no name and no time in the gzip header: the same run gives the same bytes
+            with open(path, "wb") as raw, _gzip.GzipFile(
+                filename="", mode="wb", compresslevel=6, fileobj=raw, mtime=0
+            ) as fh:
                 fh.write(text.encode())
         else:
             path.write_text(text)
