@@ -32,10 +32,10 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 Paths = Annotated[list[Path], typer.Argument(help="Run directory (one trace per rank) or trace files.")]
-PP = Annotated[int | None, typer.Option("--pp", help="Pipeline stages, when the traces do not show them.")]
+PP = Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline stages, when the traces do not show them.")]
 StageMap = Annotated[str | None, typer.Option(
     "--stage-map", help="Rank of each stage, e.g. 0,1,2,3 (';' between pipelines of a data-parallel run).")]
-Micro = Annotated[int | None, typer.Option("--microbatches", "-m", help="Micro-batches per step (M).")]
+Micro = Annotated[int | None, typer.Option("--microbatches", "-m", min=1, help="Micro-batches per step (M).")]
 Sched = Annotated[str | None, typer.Option(
     "--schedule", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs, zero_bubble, zbv, dualpipev.")]
 Steps = Annotated[str | None, typer.Option(
@@ -267,5 +267,5 @@ def main() -> None:
         if os.environ.get("PPDIAG_DEBUG"):
             raise
         err.print(f"ppdiag: internal error: {type(exc).__name__}: {exc} (set PPDIAG_DEBUG=1 for details)",
-                  markup=False, highlight=False)
+                  markup=False, highlight=False, soft_wrap=True)
         sys.exit(70)

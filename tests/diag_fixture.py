@@ -383,7 +383,7 @@ def _pipeline_report(
     p, m, nsteps = sp.pp, sp.microbatches, sp.steps
     durs = np.array([(b - a) / 1e6 for a, b in truth.step_windows])
     step_mean = float(durs.mean())
-    rank_rows = []
+    rank_rows: list[dict[str, Any]] = []
     for r in range(p):
         g = gaps[r]
         lost = {
@@ -403,7 +403,7 @@ def _pipeline_report(
                 "lost_ms": {c: round(v, 4) for c, v in lost.items()},
             }
         )
-    stages = []
+    stages: list[dict[str, Any]] = []
     for s in range(p):
         f = [(e - a) / 1e6 for (rr, _k, ph, _mb, a, e) in truth.blocks if rr == s and ph == "F"]
         b = [(e - a) / 1e6 for (rr, _k, ph, _mb, a, e) in truth.blocks if rr == s and ph == "B"]
@@ -543,7 +543,7 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Diagnosis:
     per_rank: list[RankTimeline] = []
     gap_tables: dict[int, GapTable] = {}
     windows: list[StepWindow] = []
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in range(n_ranks):
         nt = NameTable()
         c: dict[str, list[int]] = {k: [] for k in ("start", "end", "stream", "kind", "name", "phase")}
@@ -612,7 +612,7 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Diagnosis:
         )
     lost_ms = {kk: round(float(np.mean([rr["lost_ms"][kk] for rr in rows])), 4) for kk in CAUSE_KEYS}
     step_ms = float(np.mean([rr["step_ms"] for rr in rows]))
-    report = {
+    report: dict[str, Any] = {
         "schema_version": 1,
         "tool": {"name": "ppdiag", "version": "0.1.0"},
         "run": {
@@ -681,7 +681,7 @@ def base_report(**over: Any) -> dict[str, Any]:
     }
     cw = [2.0, 4.0, 1.0, 1.0]
     comp = [30.0, 30.0, 40.0, 30.0]
-    ranks = []
+    ranks: list[dict[str, Any]] = []
     for r in range(4):
         lr = dict(lost)
         lr["comm_wait"] = cw[r]

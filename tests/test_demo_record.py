@@ -63,7 +63,10 @@ SCHEDULE_RUNS: dict[str, dict[str, Any]] = {
     "zbv": {"schedule": "zbv", "microbatches": 8},
     "dualpipev": {"schedule": "dualpipev", "microbatches": 8},
 }
-COMMON: dict[str, Any] = {"pp": 4, "steps": 2, "fwd_ms": 4.0, "bwd_ms": 8.0, "timeout_s": 120.0}
+# Blocks of several ms keep Python's per-block overhead small next to them, also on a busy machine.
+COMMON: dict[str, Any] = {"pp": 4, "steps": 2, "fwd_ms": 8.0, "bwd_ms": 16.0, "timeout_s": 120.0}
+#: Upper bound of what one sleep-op call adds around its timed hold (dispatch, clone, profiler).
+OP_OVERHEAD_NS = 150_000
 
 
 def schedule_run(recorded: Callable[..., GroundTruth], name: str) -> GroundTruth:
@@ -182,12 +185,22 @@ def test_schedule_run_is_a_real_profiled_pipeline(recorded: Callable[..., Ground
         nominal = steps * m * sum(cfg["fwd_ms"] + cfg["bwd_ms"] for _ in rt.stages) * MS
         got = held(truth, r, ("fwd", "bwd", "bwd_input", "wgrad"))
         assert got == pytest.approx(nominal, rel=0.05)
-        # raw trace: the custom ops' durations in the profiled steps add up to what the truth held
+        # raw trace: one sleep op per block and pass (forward x and w paths, their two backwards) ...
         hs, he, _ = ops(doc, names=HOLD_OPS)
         inside = in_windows(hs, he, truth, r)
-        assert int((he - hs)[inside].sum()) == pytest.approx(got, rel=0.05)
-        # and the ops run inside the truth's compute blocks, not elsewhere
-        assert int(inside.sum()) == steps * m * len(rt.stages) * 2 * 2 * cfg.get("layers_per_stage", 2)
+        n_ops = int(inside.sum())
+        assert n_ops == steps * m * len(rt.stages) * 2 * 2 * cfg.get("layers_per_stage", 2)
+        # ... whose durations add up to what the truth held, plus a bounded call overhead
+        op_sum = int((he - hs)[inside].sum())
+        assert got - n_ops * 2_000 <= op_sum <= got + n_ops * OP_OVERHEAD_NS
+        # ... each running inside one of the truth's compute blocks
+        blocks = rt.mask(("fwd", "bwd", "bwd_input", "wgrad"))
+        b_start, b_end = rt.cols["start_ns"][blocks], rt.cols["end_ns"][blocks]
+        order = np.argsort(b_start)
+        b_start, b_end = b_start[order], b_end[order]
+        k = np.searchsorted(b_start, hs[inside] + 100_000, side="right") - 1
+        assert np.all(k >= 0)
+        assert np.all(he[inside] <= b_end[k] + 100_000)
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"])

@@ -21,8 +21,20 @@ def _after() -> dict:
     b["stages"][1]["lost_ms"]["comm_wait"] = 6.0  # a new wait elsewhere
     b["findings"] = [f for f in b["findings"] if f["code"] != "PP003"]
     b["findings"][0]["gain_ms"] = 4.0
-    b["findings"].append({"code": "PP004", "cause": "comm_wait", "title": "Slow p2p into stage 1", "severity": "medium",
-                          "stages": [1], "ranks": [1], "gain_ms": 2.0, "gain_pct": 2.1, "evidence": {}, "fixes": []})
+    b["findings"].append(
+        {
+            "code": "PP004",
+            "cause": "comm_wait",
+            "title": "Slow p2p into stage 1",
+            "severity": "medium",
+            "stages": [1],
+            "ranks": [1],
+            "gain_ms": 2.0,
+            "gain_pct": 2.1,
+            "evidence": {},
+            "fixes": [],
+        }
+    )
     return b
 
 
@@ -34,7 +46,11 @@ def test_diff_run_and_stage_rows() -> None:
     imb = res.row("run", "imbalance")
     assert imb is not None and (imb.before, imb.after, imb.delta_pct) == (6.0, 3.0, pytest.approx(-50.0))
     comp2 = res.row("stage 2", "compute_ms")
-    assert comp2 is not None and comp2.delta_ms == pytest.approx(-5.0) and comp2.delta_pct == pytest.approx(-12.5)
+    assert (
+        comp2 is not None
+        and comp2.delta_ms == pytest.approx(-5.0)
+        and comp2.delta_pct == pytest.approx(-12.5)
+    )
     cw1 = res.row("stage 1", "comm_wait")
     assert cw1 is not None and (cw1.before, cw1.after, cw1.delta_ms) == (4.0, 6.0, pytest.approx(2.0))
     # causes that are zero on both sides are left out

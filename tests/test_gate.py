@@ -30,7 +30,9 @@ def _write(tmp_path: Path, text: str, name: str = "ppdiag.toml") -> Path:
 
 
 def test_load_budget_file_reads_every_key(tmp_path: Path) -> None:
-    p = _write(tmp_path, """
+    p = _write(
+        tmp_path,
+        """
 [budget]
 max_lost_ratio = 0.25
 max_bubble_excess = 0.05
@@ -40,7 +42,8 @@ max_step_p95_ratio = 1.2
 [regression]
 step_pct = 5
 lost_pct = 3
-""")
+""",
+    )
     b = load_budget(p)
     assert (b.max_lost_ratio, b.max_bubble_excess, b.max_stage_ratio) == (0.25, 0.05, 1.15)
     assert (b.max_comm_wait_ratio, b.max_step_p95_ratio, b.step_pct, b.lost_pct) == (0.05, 1.2, 5.0, 3.0)
@@ -48,7 +51,9 @@ lost_pct = 3
 
 
 def test_load_budget_from_pyproject_ignores_other_tools(tmp_path: Path) -> None:
-    p = _write(tmp_path, """
+    p = _write(
+        tmp_path,
+        """
 [project]
 name = "trainer"
 [tool.ruff]
@@ -57,7 +62,9 @@ line-length = 100
 max_stage_ratio = 1.1
 [tool.ppdiag.regression]
 lost_pct = 2.5
-""", name="pyproject.toml")
+""",
+        name="pyproject.toml",
+    )
     b = load_budget(p)
     assert b.max_stage_ratio == 1.1 and b.lost_pct == 2.5
     assert b.max_lost_ratio is None and b.step_pct is None
@@ -74,7 +81,10 @@ def test_pyproject_without_ppdiag_table(tmp_path: Path) -> None:
     [
         ("[budget]\nmax_lost = 0.2\n", r"unknown key\(s\) in \[budget\]: max_lost \(known: max_lost_ratio, "),
         ("[budget]\nmax_lost_ratio = 0.2\n[limits]\nx = 1\n", r"unknown key\(s\) in \[top level\]: limits"),
-        ("[regression]\nstep = 5\n", r"unknown key\(s\) in \[regression\]: step \(known: step_pct, lost_pct\)"),
+        (
+            "[regression]\nstep = 5\n",
+            r"unknown key\(s\) in \[regression\]: step \(known: step_pct, lost_pct\)",
+        ),
         ('[budget]\nmax_lost_ratio = "0.2"\n', r"budget\.max_lost_ratio must be a number, got str"),
         ("[budget]\nmax_stage_ratio = true\n", r"budget\.max_stage_ratio must be a number, got bool"),
         ("[budget]\nmax_comm_wait_ratio = -0.1\n", r"must not be negative"),
@@ -121,8 +131,13 @@ def test_load_report_checks_json_and_schema(tmp_path: Path) -> None:
 
 
 def _all_limits(**over: float) -> Budget:
-    b = Budget(max_lost_ratio=0.35, max_bubble_excess=0.05, max_stage_ratio=1.25, max_comm_wait_ratio=0.03,
-               max_step_p95_ratio=1.2)
+    b = Budget(
+        max_lost_ratio=0.35,
+        max_bubble_excess=0.05,
+        max_stage_ratio=1.25,
+        max_comm_wait_ratio=0.03,
+        max_step_p95_ratio=1.2,
+    )
     for k, v in over.items():
         setattr(b, k, v)
     return b
@@ -140,8 +155,11 @@ def test_gate_passes_and_reports_measured_values() -> None:
     assert all(c.passed for c in res.checks)
     lines = format_gate(res)
     assert lines[0].startswith("ppdiag check PASS")
-    assert any(line.strip() == f"PASS  slowest / mean stage {STAGE_RATIO:.3f} <= 1.250  (slowest stage 2: "
-               "40.00 ms vs mean 32.50 ms)" for line in lines)
+    assert any(
+        line.strip() == f"PASS  slowest / mean stage {STAGE_RATIO:.3f} <= 1.250  (slowest stage 2: "
+        "40.00 ms vs mean 32.50 ms)"
+        for line in lines
+    )
 
 
 @pytest.mark.parametrize(
@@ -220,7 +238,10 @@ def test_cause_regression_in_points_of_step_time() -> None:
     res = run_gate(new, Budget(lost_pct=3.0), baseline=base)
     assert res.status == "fail"
     by = {c.name: c for c in res.checks}
-    assert by["regression.imbalance"].measured == pytest.approx(4.0) and by["regression.imbalance"].passed is False
+    assert (
+        by["regression.imbalance"].measured == pytest.approx(4.0)
+        and by["regression.imbalance"].passed is False
+    )
     assert by["regression.host"].measured == pytest.approx(1.0) and by["regression.host"].passed is True
     assert by["regression.step"].passed is True
     assert [c.name for c in res.failed] == ["regression.imbalance"]

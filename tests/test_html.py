@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from plotly.offline import get_plotlyjs
 from diag_fixture import EVIL, Spec, build_nopp_diagnosis, build_pipeline_diagnosis
+from plotly.offline import get_plotlyjs
 
 from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis
 from ppdiag.model import Run
@@ -38,8 +38,15 @@ def test_timeline_blocks_are_the_simulated_blocks() -> None:
     row_rank = {r.y: r.rank for r in td.rows}
     for cat, ph in (("fwd", "F"), ("bwd", "B")):
         bs = td.sets[cat]
-        got = sorted(zip((row_rank[int(y)] for y in bs.cat("row")), bs.cat("mb_lo").tolist(),
-                         bs.cat("start").tolist(), bs.cat("end").tolist(), strict=True))
+        got = sorted(
+            zip(
+                (row_rank[int(y)] for y in bs.cat("row")),
+                bs.cat("mb_lo").tolist(),
+                bs.cat("start").tolist(),
+                bs.cat("end").tolist(),
+                strict=True,
+            )
+        )
         # four kernels per block, on clocks offset per rank: merged back into exactly the simulated blocks
         want = sorted((r, mb, a, b) for (r, k, p, mb, a, b) in truth.blocks if p == ph and k in steps)
         assert got == want
@@ -70,13 +77,15 @@ def test_median_step_is_shown_by_default() -> None:
     assert lo < (a - td.t0) / 1e6 < (b - td.t0) / 1e6 < hi
     assert hi - lo < 1.05 * (b - a) / 1e6  # one step, not the whole window
     labels = [btn["label"] for btn in fig["layout"]["updatemenus"][0]["buttons"]]
-    assert labels == [f"step {5 + i}" + (" (median)" if i == med else "") for i in range(5)] + ["all drawn steps"]
+    assert labels == [f"step {5 + i}" + (" (median)" if i == med else "") for i in range(5)] + [
+        "all drawn steps"
+    ]
     # the timeline is a handful of traces, not one per block
     assert len(fig["data"]) <= 14
 
 
 def test_size_limit_merges_drops_steps_and_says_so() -> None:
-    diag, truth = build_pipeline_diagnosis()
+    diag, _ = build_pipeline_diagnosis()
     full = build_timeline(diag)
     per_step = full.n_blocks // 3
     td = build_timeline(diag, max_blocks=per_step - 10)
@@ -93,8 +102,14 @@ def test_size_limit_merges_drops_steps_and_says_so() -> None:
     in_step = (f_full.cat("start") >= step.start) & (f_full.cat("end") <= step.end)
     drawn = int((f_small.cat("end") - f_small.cat("start")).sum())
     assert drawn >= int((f_full.cat("end") - f_full.cat("start"))[in_step].sum())
-    runs = list(zip(f_small.cat("rank").tolist(), f_small.cat("mb_lo").tolist(), f_small.cat("mb_hi").tolist(),
-                    strict=True))
+    runs = list(
+        zip(
+            f_small.cat("rank").tolist(),
+            f_small.cat("mb_lo").tolist(),
+            f_small.cat("mb_hi").tolist(),
+            strict=True,
+        )
+    )
     assert (0, 0, 3) in runs
     html = render_html(diag, max_blocks=per_step - 10)
     assert "Simplified for size" in html
@@ -169,7 +184,9 @@ def test_html_without_pipeline(tmp_path: Path) -> None:
 
 
 def test_html_of_an_empty_diagnosis() -> None:
-    diag = Diagnosis(run=Run(ranks=[], format="kineto"), report={"schema_version": 1, "run": {}, "summary": {}})
+    diag = Diagnosis(
+        run=Run(ranks=[], format="kineto"), report={"schema_version": 1, "run": {}, "summary": {}}
+    )
     html = render_html(diag)
     assert "No device intervals or gaps to draw." in html
 
@@ -197,12 +214,27 @@ window.addEventListener('load',function(){setTimeout(function(){
 def _chromium(tmp: Path, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     assert CHROMIUM
     cmd = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-default-apps", "--disable-extensions", "--hide-scrollbars", "--mute-audio",
-        f"--user-data-dir={tmp / 'profile'}", "--host-resolver-rules=MAP * ~NOTFOUND",
-        "--enable-logging=stderr", "--v=0", "--window-size=1400,2400", "--virtual-time-budget=10000",
-        *extra, url,
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-default-apps",
+        "--disable-extensions",
+        "--hide-scrollbars",
+        "--mute-audio",
+        f"--user-data-dir={tmp / 'profile'}",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--window-size=1400,2400",
+        "--virtual-time-budget=10000",
+        *extra,
+        url,
     ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
 
@@ -210,7 +242,9 @@ def _chromium(tmp: Path, url: str, *extra: str) -> subprocess.CompletedProcess[s
 def _bad_log_lines(logs: str) -> list[str]:
     """Console errors, blocked requests and network failures in Chromium's log."""
     keys = ("Uncaught", "Refused to", "net::ERR", "Content Security Policy")
-    return [ln for ln in logs.splitlines() if any(k in ln for k in keys) or (":CONSOLE" in ln and "rror" in ln)]
+    return [
+        ln for ln in logs.splitlines() if any(k in ln for k in keys) or (":CONSOLE" in ln and "rror" in ln)
+    ]
 
 
 def decode_png(data: bytes) -> np.ndarray:
@@ -275,8 +309,15 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     m = re.search(r'<pre id="probe-result">(.*?)</pre>', dom.stdout, re.S)
     assert m, "the page did not finish loading"
     probe = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
-    return {"dom": dom.stdout, "logs": dom.stderr + scr.stderr, "probe": probe,
-            "img": decode_png(shot.read_bytes()), "shot": shot, "diag": diag, "truth": truth}
+    return {
+        "dom": dom.stdout,
+        "logs": dom.stderr + scr.stderr,
+        "probe": probe,
+        "img": decode_png(shot.read_bytes()),
+        "shot": shot,
+        "diag": diag,
+        "truth": truth,
+    }
 
 
 @pytest.mark.slow
@@ -285,14 +326,18 @@ def test_browser_renders_the_timeline_and_histogram(rendered: dict[str, Any]) ->
     assert img.shape[:2] == (2400, 1400)
 
     def region(id_: str) -> np.ndarray:
-        x, y, w, h = (int(round(v)) for v in probe["rects"][id_])
+        x, y, w, h = (round(v) for v in probe["rects"][id_])
         assert w > 300 and h > 150 and y + h <= img.shape[0], (id_, probe["rects"][id_])
         return img[y : y + h, x : x + w]
 
     tl = region("fig-timeline")
     # forward, backward and the causes present in the shown step are painted in their colours
-    for color, min_px in ((WORK_COLORS["fwd"], 2000), (WORK_COLORS["bwd"], 2000),
-                          (CAUSE_COLORS["imbalance"], 1000), (CAUSE_COLORS["bubble"], 1000)):
+    for color, min_px in (
+        (WORK_COLORS["fwd"], 2000),
+        (WORK_COLORS["bwd"], 2000),
+        (CAUSE_COLORS["imbalance"], 1000),
+        (CAUSE_COLORS["bubble"], 1000),
+    ):
         assert _count_color(tl, color) >= min_px, color
     hist = region("fig-histogram")
     flat = hist.reshape(-1, 3)
@@ -307,8 +352,17 @@ def test_browser_renders_the_timeline_and_histogram(rendered: dict[str, Any]) ->
 def test_browser_dom_has_the_traces_and_labels(rendered: dict[str, Any]) -> None:
     dom = rendered["dom"]
     legend = set(re.findall(r'class="legendtext"[^>]*>([^<]*)<', dom))
-    assert {"forward", "backward", "p2p send/recv", "collective", "pipeline bubble", "stage imbalance",
-            "recv / NCCL wait", "missing overlap", "host / launch bound"} <= legend
+    assert {
+        "forward",
+        "backward",
+        "p2p send/recv",
+        "collective",
+        "pipeline bubble",
+        "stage imbalance",
+        "recv / NCCL wait",
+        "missing overlap",
+        "host / launch bound",
+    } <= legend
     tl = dom[dom.index('id="fig-timeline"') : dom.index('<section id="histogram"')]
     td = build_timeline(rendered["diag"])
     assert tl.count('class="point"') >= td.n_blocks
@@ -325,7 +379,7 @@ def test_browser_no_errors_no_requests_no_injection(rendered: dict[str, Any]) ->
     dom, logs, probe = rendered["dom"], rendered["logs"], rendered["probe"]
     assert probe["errors"] == [] and probe["csp"] == []
     assert _bad_log_lines(logs) == []
-    assert 'data-alerted' not in dom[: dom.index("<head")]
+    assert "data-alerted" not in dom[: dom.index("<head")]
     assert 'id="ppdiag-errors" hidden' in dom
     # the hostile kernel name is in the page as text, not as an element
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
@@ -341,7 +395,8 @@ def test_browser_harness_sees_requests_injection_and_errors(tmp_path: Path) -> N
 
     page = tmp_path / "bad.html"
     page.write_text(
-        f'<!DOCTYPE html><html><head><meta http-equiv="Content-Security-Policy" content="{CSP}">{PROBE}</head>'
+        "<!DOCTYPE html><html><head>"
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">{PROBE}</head>'
         '<body><img src="http://example.invalid/x.png"><script>alert(1)</script>'
         "<script>undefinedFunction();</script></body></html>",
         encoding="utf-8",

@@ -100,5 +100,7 @@ def test_overlay_of_a_run_without_pipeline(tmp_path: Path) -> None:
     doc = _load(tmp_path / "o.json")
     pnames = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
     assert pnames == {0: "rank 0", 1: "rank 1"}
-    causes = Counter(e["args"]["cause"] for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == TID_LOST)
+    causes = Counter(
+        e["args"]["cause"] for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == TID_LOST
+    )
     assert causes == {"host": 6, "exposed_comm": 6}

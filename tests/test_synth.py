@@ -18,6 +18,7 @@ from ppdiag.synth import SynthRun
 from ppdiag.synth.faults import (
     CommOnCompute,
     ExposedAllReduce,
+    Fault,
     HostStall,
     SlowLink,
     SlowStage,
@@ -106,6 +107,11 @@ def test_truth_adds_up_and_matches_the_trace(name: str) -> None:
             union_ms = _union(rk.gpu.start[sel], rk.gpu.end[sel]) / 1e6
             assert union_ms == pytest.approx(st["compute_ms"] - st["kernel_gaps_ms"], abs=1e-6)
             assert 0 <= st["kernel_gaps_ms"] < 0.02 * st["window_ms"]
+        # a stream runs one kernel at a time
+        for sid in np.unique(rk.gpu.stream):
+            sel = np.flatnonzero(rk.gpu.stream == sid)
+            o = sel[np.argsort(rk.gpu.start[sel], kind="stable")]
+            assert np.all(rk.gpu.start[o[1:]] >= rk.gpu.end[o[:-1]]), (rk.rank, int(sid))
 
 
 def test_bubble_truth_is_the_textbook_bubble() -> None:
@@ -169,13 +175,22 @@ def test_slow_link_truth() -> None:
         for c in ("bubble", "imbalance"):
             assert run[r]["causes_ms"][c] == pytest.approx(base[r]["causes_ms"][c])
         assert run[r]["causes_ms"]["comm_wait"] > 0.4
-    # rank 1's transfers take 0.4 ms longer: the recv kernels fed by rank 1 end later
-    rk = scenario("slow_link").ranks[2]
-    g = rk.gpu
-    from_1 = (g.kind == int(Kind.P2P)) & (g.peer == 1) & (g.direction == int(Direction.RECV))
-    rb = scenario("base").ranks[2].gpu
-    from_1b = (rb.kind == int(Kind.P2P)) & (rb.peer == 1) & (rb.direction == int(Direction.RECV))
-    assert from_1.sum() == from_1b.sum() > 0
+    # rank 1's transfers take 0.05 + 0.4 ms: from the start of rank 1's send kernel to the end of
+    # rank 2's matching receive there is at least that, while other links keep 0.05 ms
+    def min_transfer(name: str, src: int, dst: int) -> float:
+        run = scenario(name)
+        gs, gr = run.ranks[src].gpu, run.ranks[dst].gpu
+        snd = (gs.kind == int(Kind.P2P)) & (gs.peer == dst) & (gs.direction == int(Direction.SEND))
+        rcv = (gr.kind == int(Kind.P2P)) & (gr.peer == src) & (gr.direction == int(Direction.RECV))
+        s0 = np.sort(gs.start[snd])
+        r1 = np.sort(gr.end[rcv])
+        assert len(s0) == len(r1) > 0
+        return float((r1 - s0).min()) / 1e6
+
+    assert min_transfer("slow_link", 1, 2) == pytest.approx(0.45, abs=1e-6)
+    assert min_transfer("slow_link", 1, 0) == pytest.approx(0.45, abs=1e-6)
+    assert min_transfer("slow_link", 2, 1) == pytest.approx(0.05, abs=1e-6)
+    assert min_transfer("base", 1, 2) == pytest.approx(0.05, abs=1e-6)
 
 
 def test_exposed_allreduce_truth() -> None:
@@ -423,3 +438,27 @@ def test_kineto_parser_reads_synthetic_traces(outdir: str) -> None:
         assert int((iv.kind == int(Kind.COLLECTIVE)).sum()) == run.steps
         assert int((iv.kind == int(Kind.COMPUTE)).sum()) == int((rk.gpu.kind == int(Kind.COMPUTE)).sum())
         assert any(pg.desc == "PIPELINE_MODEL_PARALLEL_GROUP" for pg in tl.process_groups)
+
+
+def test_random_scenarios_stay_consistent() -> None:
+    """Every schedule with random faults builds (the generator checks launch <= start and that each
+    transfer fits between its send and receive) and its truth adds up."""
+    import random
+
+    rnd = random.Random(5)
+    for sched, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1), ("zbv", 2),
+                     ("dualpipev", 2)):
+        for p in (2, 3):
+            m = 2 * p
+            n_st = p * v
+            faults: list[Fault] = [SlowStage(rnd.randrange(n_st), rnd.uniform(1.1, 2.0)),
+                      SlowLink(rnd.randrange(p), delay_ms=rnd.uniform(0.05, 0.8), factor=rnd.uniform(1, 3)),
+                      HostStall(rnd.randrange(p), rnd.uniform(0.05, 0.6)),
+                      CommOnCompute((rnd.randrange(p),)), SlowStep(rnd.randrange(2), 1.0, None)]
+            run = make_scenario(schedule=sched, pp=p, microbatches=m, virtual=v, fwd_ms=0.4, bwd_ms=0.8,
+                                wgrad_ms=0.3, faults=rnd.sample(faults, 3), steps=2, p2p_ms=0.1,
+                                seed=rnd.randrange(100))
+            for t in run.truth["ranks"].values():
+                for st in t["steps"]:
+                    assert sum(st["causes_ms"].values()) == pytest.approx(st["lost_ms"], abs=1e-6)
+                    assert min(st["causes_ms"].values()) >= -1e-9

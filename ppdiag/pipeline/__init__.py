@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ppdiag.errors import InputError
 from ppdiag.model import Run
 from ppdiag.pipeline.blocks import Blocks, build_blocks
 from ppdiag.pipeline.clocks import ClockFit, Pairs, align_clocks, match_pairs, p2p_ops
@@ -42,6 +43,8 @@ class Pipeline:
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     """Topology, clock offsets (applied to the ranks), step windows, labelled blocks and schedule."""
     opts = opts or PipelineOptions()
+    if opts.schedule and opts.schedule not in SCHEDULES:
+        raise InputError(None, f"--schedule {opts.schedule!r}: expected one of {', '.join(SCHEDULES[:-2])}")
     warnings: list[str] = []
     topo = infer_topology(run, opts.stage_map, opts.pp)
     warnings.extend(topo.warnings)
@@ -70,8 +73,6 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
             b.launch = np.where(b.launch >= 0, b.launch + off, -1)
         blocks[tl.rank] = b
     schedule = opts.schedule or detect_schedule(topo, blocks, run.by_rank())
-    if opts.schedule and opts.schedule not in SCHEDULES:
-        warnings.append(f"--schedule {opts.schedule} is not one of {', '.join(SCHEDULES)}")
     m = opts.microbatches or (microbatch_count(blocks, topo.virtual) if topo.pp > 1 else None)
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")

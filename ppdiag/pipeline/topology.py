@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ppdiag.errors import InputError
 from ppdiag.model import Direction, Kind, RangeKind, RankTimeline, Run
 
 _PP_GROUP = re.compile(r"pipe|(^|[^a-z])pp([^a-z]|$)", re.IGNORECASE)
@@ -221,12 +222,18 @@ def _labels(run: Run) -> Topology | None:
 def parse_stage_map(spec: str) -> list[list[int]]:
     """``--stage-map 0,1,2,3`` (rank per stage); ``;`` separates pipelines of a data-parallel run."""
     lines = []
-    for part in spec.split(";"):
-        part = part.strip()
-        if part:
-            lines.append([int(x) for x in part.split(",") if x.strip()])
-    if not lines:
-        raise ValueError("empty stage map")
+    try:
+        for part in spec.split(";"):
+            part = part.strip()
+            if part:
+                lines.append([int(x) for x in part.split(",") if x.strip()])
+    except ValueError:
+        raise InputError(None, f"--stage-map {spec!r}: expected ranks like 0,1,2,3 (';' between pipelines)") from None
+    flat = [r for line in lines for r in line]
+    if not lines or not flat:
+        raise InputError(None, "--stage-map is empty")
+    if len(set(flat)) != len(flat):
+        raise InputError(None, f"--stage-map {spec!r}: a rank appears twice")
     return lines
 
 
