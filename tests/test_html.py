@@ -18,7 +18,7 @@ from diag_fixture import EVIL, Spec, build_nopp_diagnosis, build_pipeline_diagno
 from plotly.offline import get_plotlyjs
 
 from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis
-from ppdiag.model import Run
+from ppdiag.model import Phase, Run
 from ppdiag.reports import write_report
 from ppdiag.reports.html import build_timeline, render_html, timeline_figure
 from ppdiag.reports.style import CAUSE_COLORS, WORK_COLORS
@@ -411,3 +411,25 @@ def test_browser_harness_sees_requests_injection_and_errors(tmp_path: Path) -> N
     bad = _bad_log_lines(res.stderr)
     assert any("Uncaught ReferenceError" in ln for ln in bad)
     assert any("example.invalid" in ln for ln in bad)
+
+
+def test_weight_grad_blocks_and_virtual_stages() -> None:
+    diag, truth = build_pipeline_diagnosis()
+    # zero-bubble style: the last kernel of every backward block is its weight-gradient (W) part,
+    # and the run is interleaved with two virtual stages per rank (chunk 1 = stage r + 4)
+    for rt in diag.run.ranks:
+        iv = rt.intervals
+        ln = rt.names.index("layer_norm_grad_kernel")
+        iv.phase[iv.name == ln] = int(Phase.WGRAD)
+        iv.chunk[:] = np.where(iv.mb % 2 == 1, 1, 0)
+    diag.report["run"]["virtual_stages"] = 2
+    diag.context["stage_of_rank"] = {r: [r, r + 4] for r in range(4)}
+    td = build_timeline(diag)
+    assert [r.label for r in td.rows] == [f"stages {r},{r + 4} · rank {r}" for r in range(4)]
+    n_b = sum(1 for b in truth.blocks if b[2] == "B")
+    assert len(td.sets["wgrad"]) == n_b and len(td.sets["bwd"]) == n_b
+    fig = timeline_figure(td)
+    w = next(t for t in fig["data"] if t["name"] == "weight grad (W)")
+    assert "W3·v1" in w["text"] and "W2·v0" in w["text"]
+    b = next(t for t in fig["data"] if t["name"] == "backward")
+    assert "B3·v1" in b["text"]

@@ -206,7 +206,8 @@ def looks_like_kineto(head: bytes, name: str = "") -> bool:
 _ERR_BYTE = re.compile(r"\(byte (\d+)\)")
 _CLOSE_CANDIDATE = re.compile(rb"\}(?=\s*(?:,|$))")
 _NEXT_ELEMENT = re.compile(rb"\}\s*,\s*(\{)")
-_MAX_ATTEMPTS = 24
+_MAX_CANDIDATES = 10_000  # `}` inside the damaged element are rejected cheaply, one by one
+_LEADING_OBJECT = re.compile(rb"[\xef\xbb\xbf \t\r\n]*\{")
 _MAX_REPAIRS = 16
 
 
@@ -248,8 +249,9 @@ def _last_complete_element(data: bytes, start: int, pos: int, types: TraceTypes)
     if lo > start and not cands:  # a giant damaged element: widen the search once
         window = data[start:pos]
         cands = [start + m.start() for m in _CLOSE_CANDIDATE.finditer(window)]
-    tried = 0
-    for p in reversed(cands):
+    for tried, p in enumerate(reversed(cands)):
+        if tried >= _MAX_CANDIDATES:
+            break
         # The element's opening brace: the previous element boundary, else the array start.
         prev = data.rfind(b"}", start, p)
         open_at = start
@@ -263,9 +265,6 @@ def _last_complete_element(data: bytes, start: int, pos: int, types: TraceTypes)
             types.event_decoder.decode(data[open_at:p + 1])
         except (msgspec.DecodeError, msgspec.ValidationError):
             continue
-        tried += 1
-        if tried > _MAX_ATTEMPTS:
-            break
         return p
     return -1
 
@@ -295,7 +294,7 @@ def _decode_damaged(
     the rest is dropped like a cut.
     """
     start = _events_start(data)
-    if start < 0 or not data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
+    if start < 0 or not _LEADING_OBJECT.match(data):
         raise InputError(path, f"not a PyTorch Profiler trace (invalid JSON: {first_error})")
     warnings: list[str] = []
     lost_bytes = 0
@@ -877,8 +876,7 @@ class KinetoParser:
 
 def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
     spath = str(path)
-    head = data[:4096].lstrip(b"\xef\xbb\xbf \t\r\n")
-    if not head.startswith(b"{"):
+    if not _LEADING_OBJECT.match(data, 0, 4096):
         raise InputError(spath, "not a PyTorch Profiler trace (not a JSON object)")
     rec = decode_trace(data, spath)
     del data
@@ -925,7 +923,7 @@ def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
     else:
         if devprops or (backend or "").lower() == "nccl":
             why = "the trace lists CUDA devices" if devprops else "the backend is nccl"
-            if rec.lost_events or rec.warnings:
+            if rec.lost_events or rec.warnings or warnings:
                 # Kineto writes GPU events after the CPU events: a cut can take all of them
                 raise InputError(
                     spath,
