@@ -245,7 +245,7 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Diagnosis, Truth
                     for i, w in enumerate(KERNEL_WEIGHTS):
                         nxt = end if i == len(KERNEL_WEIGHTS) - 1 else cut + int(dur * w)
                         nm = names[i]
-                        if sp.evil_name and s == 1 and ph == "F" and i == 1:
+                        if sp.evil_name and s == 1 and ph == "F" and i == 0:
                             nm = EVIL
                         emit(
                             s,

@@ -65,6 +65,8 @@ SCHEDULE_RUNS: dict[str, dict[str, Any]] = {
 }
 # Blocks of several ms keep Python's per-block overhead small next to them, also on a busy machine.
 COMMON: dict[str, Any] = {"pp": 4, "steps": 2, "fwd_ms": 8.0, "bwd_ms": 16.0, "timeout_s": 120.0}
+#: How far the trace clock (Kineto) and time.time_ns() may disagree on one host.
+CLOCK_SLACK_NS = 100_000
 #: Upper bound of what one sleep-op call adds around its timed hold (dispatch, clone, profiler).
 OP_OVERHEAD_NS = 150_000
 
@@ -159,13 +161,15 @@ def test_schedule_run_is_a_real_profiled_pipeline(recorded: Callable[..., Ground
         doc = load_trace(truth.trace_path(r))
         info = doc["distributedInfo"]
         assert (info["rank"], info["world_size"], info["backend"]) == (r, pp, "gloo")
-        ustart, _, uevs = ops(doc, cat="user_annotation")
+        ustart, uend, uevs = ops(doc, cat="user_annotation")
         step_evs = sorted(e["name"] for e in uevs if e["name"].startswith("ProfilerStep#"))
         assert step_evs == [f"ProfilerStep#{s}" for s in truth.steps]
-        # ground truth and trace share one clock: each ProfilerStep starts where the truth's step does
-        for s, lo in zip(rt.step, rt.step_start, strict=True):
+        # ground truth and trace share one clock: each ProfilerStep encloses the truth's step (it opens
+        # in the profiler's step call just before), up to the ~25 µs the two clocks may differ
+        for s, lo, hi in zip(rt.step, rt.step_start, rt.step_end, strict=True):
             i = next(i for i, e in enumerate(uevs) if e["name"] == f"ProfilerStep#{s}")
-            assert abs(int(ustart[i]) - int(lo)) < 2 * MS
+            assert -CLOCK_SLACK_NS <= int(lo) - int(ustart[i]) < 20 * MS
+            assert int(uend[i]) >= int(hi) - CLOCK_SLACK_NS
         # every micro-batch of every stage ran once forward and once backward (or as I + W) per step
         for step in truth.steps:
             for stage in rt.stages:
@@ -198,9 +202,9 @@ def test_schedule_run_is_a_real_profiled_pipeline(recorded: Callable[..., Ground
         b_start, b_end = rt.cols["start_ns"][blocks], rt.cols["end_ns"][blocks]
         order = np.argsort(b_start)
         b_start, b_end = b_start[order], b_end[order]
-        k = np.searchsorted(b_start, hs[inside] + 100_000, side="right") - 1
+        k = np.searchsorted(b_start, hs[inside] + CLOCK_SLACK_NS, side="right") - 1
         assert np.all(k >= 0)
-        assert np.all(he[inside] <= b_end[k] + 100_000)
+        assert np.all(he[inside] <= b_end[k] + CLOCK_SLACK_NS)
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"])
@@ -248,13 +252,14 @@ def test_zero_bubble_splits_backward_into_input_and_weight_blocks(
         for stage in truth.rank(r).stages:
             i_ns = held(truth, r, ("bwd_input",), stage)
             w_ns = held(truth, r, ("wgrad",), stage)
+            # (10%: a late wake-up in one block is given back in the next, maybe of the other kind)
             if stage == 0:
                 # the first stage has no input gradient to send: torch runs its backward in W
-                assert i_ns < 0.05 * bwd
-                assert w_ns == pytest.approx(bwd, rel=0.05)
+                assert i_ns < 0.1 * bwd
+                assert w_ns == pytest.approx(bwd, rel=0.1)
             else:
-                assert i_ns == pytest.approx(0.5 * bwd, rel=0.05)
-                assert w_ns == pytest.approx(0.5 * bwd, rel=0.05)
+                assert i_ns == pytest.approx(0.5 * bwd, rel=0.1)
+                assert w_ns == pytest.approx(0.5 * bwd, rel=0.1)
     # W blocks of a micro-batch always follow its I block
     rt = truth.rank(1)
     for step in truth.steps:
@@ -290,14 +295,26 @@ def test_slow_stage_computes_factor_times_longer(recorded: Callable[..., GroundT
 
 
 def _sends_and_recv_waits(truth: GroundTruth, src: int, dst: int) -> tuple[np.ndarray, ...]:
-    """Sends src→dst (request, post) and dst's waits on recvs from src, matched in order."""
+    """Sends src→dst (request, post) and dst's waits on the matching recvs from src.
+
+    A transfer is identified by (step, payload, micro-batch): one stage per rank sends one
+    activation and one gradient per micro-batch.
+    """
     s, d = truth.rank(src), truth.rank(dst)
     ms = s.mask("send") & (s.cols["peer"] == dst)
     md = d.mask("wait") & (d.cols["peer"] == src) & (d.cols["direction"] == "recv")
-    req, post = s.cols["start_ns"][ms], s.cols["end_ns"][ms]
-    wstart, wend = d.cols["start_ns"][md], d.cols["end_ns"][md]
-    assert len(req) == len(wend) > 0
-    return req, post, wstart, wend
+
+    def keyed(rt: Any, m: np.ndarray) -> dict[tuple[int, str, int], int]:
+        rows = np.flatnonzero(m)
+        c = rt.cols
+        return {(int(c["step"][i]), str(c["payload"][i]), int(c["mb"][i])): int(i) for i in rows}
+
+    sk, dk = keyed(s, ms), keyed(d, md)
+    assert len(sk) == int(ms.sum()) and len(dk) == int(md.sum())  # keys are unique
+    assert sk.keys() == dk.keys() and sk
+    si = np.array([sk[k] for k in sorted(sk)])
+    di = np.array([dk[k] for k in sorted(sk)])
+    return (s.cols["start_ns"][si], s.cols["end_ns"][si], d.cols["start_ns"][di], d.cols["end_ns"][di])
 
 
 def test_slow_link_delays_the_ranks_sends_by_the_injected_time(recorded: Callable[..., GroundTruth]) -> None:

@@ -3,6 +3,7 @@ and (slow) a real headless-Chromium render: screenshot pixels, DOM, console, net
 
 from __future__ import annotations
 
+import html as html_lib
 import json
 import re
 import shutil
@@ -201,13 +202,24 @@ window.alert=window.confirm=window.prompt=function(){document.documentElement.se
 window.addEventListener('error',function(e){window.__probe.errors.push(String(e.message));});
 document.addEventListener('securitypolicyviolation',function(e){
   window.__probe.csp.push(e.violatedDirective+' '+e.blockedURI);});
+function __report(out){var pre=document.createElement('pre');pre.id='probe-result';
+  pre.textContent=JSON.stringify(out);document.body.appendChild(pre);}
 window.addEventListener('load',function(){setTimeout(function(){
-  var out={errors:window.__probe.errors,csp:window.__probe.csp,rects:{}};
+  var out={errors:window.__probe.errors,csp:window.__probe.csp,rects:{},hover:null};
   ['fig-timeline','fig-histogram','fig-lost','fig-bubble'].forEach(function(id){
     var el=document.getElementById(id);
     if(el){var r=el.getBoundingClientRect();out.rects[id]=[r.left,r.top+window.scrollY,r.width,r.height];}});
-  var pre=document.createElement('pre');pre.id='probe-result';pre.textContent=JSON.stringify(out);
-  document.body.appendChild(pre);},800);});
+  // hover the first forward block whose longest kernel has a hostile name, then read the tooltip
+  var gd=document.getElementById('fig-timeline');
+  if(!gd||!gd.data||!window.Plotly){__report(out);return;}
+  var ci=-1,pi=-1;
+  gd.data.forEach(function(t,i){if(t.name==='forward'){(t.hovertext||[]).forEach(function(h,j){
+    if(pi<0&&h.indexOf('script')>=0){ci=i;pi=j;}});}});
+  if(ci>=0){try{Plotly.Fx.hover(gd,[{curveNumber:ci,pointNumber:pi}]);}catch(e){out.errors.push(String(e));}}
+  setTimeout(function(){var hl=gd.querySelector('.hoverlayer');out.hover=hl?hl.textContent:null;
+    out.hoverScripts=hl?hl.querySelectorAll('script').length:-1;out.errors=window.__probe.errors;
+    out.csp=window.__probe.csp;__report(out);},500);
+  },800);});
 </script>"""
 
 
@@ -308,7 +320,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert scr.returncode == 0 and shot.exists(), scr.stderr[-2000:]
     m = re.search(r'<pre id="probe-result">(.*?)</pre>', dom.stdout, re.S)
     assert m, "the page did not finish loading"
-    probe = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    probe = json.loads(html_lib.unescape(m.group(1)))
     return {
         "dom": dom.stdout,
         "logs": dom.stderr + scr.stderr,
@@ -381,6 +393,10 @@ def test_browser_no_errors_no_requests_no_injection(rendered: dict[str, Any]) ->
     assert _bad_log_lines(logs) == []
     assert "data-alerted" not in dom[: dom.index("<head")]
     assert 'id="ppdiag-errors" hidden' in dom
+    # the hostile kernel name is shown as text in the hover label (plotly decodes the entities we wrote,
+    # draws SVG text, and no element is created) and in the findings' evidence
+    assert probe["hover"] is not None and f"longest: {EVIL}" in probe["hover"]
+    assert probe["hoverScripts"] == 0
     # the hostile kernel name is in the page as text, not as an element
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
     assert EVIL not in dom
@@ -404,7 +420,7 @@ def test_browser_harness_sees_requests_injection_and_errors(tmp_path: Path) -> N
     res = _chromium(tmp_path, page.as_uri(), "--dump-dom")
     m = re.search(r'<pre id="probe-result">(.*?)</pre>', res.stdout, re.S)
     assert m
-    probe = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    probe = json.loads(html_lib.unescape(m.group(1)))
     assert any("img-src" in v and "example.invalid" in v for v in probe["csp"])
     assert any("undefinedFunction" in e for e in probe["errors"])
     assert 'data-alerted="1"' in res.stdout[: res.stdout.index("<head")]

@@ -618,3 +618,19 @@ def test_real_gloo_blocked_time_is_span_tails() -> None:
 def test_parse_options_ignored_by_kineto() -> None:
     r = PARSER.parse(TEST_DATA / "cpu_gloo_rank0.json", ParseOptions(nsys_cache_dir="/nonexistent"))
     assert len(r) == 1
+
+
+def test_trailing_junk_and_non_json_numbers(tmp_path: Path) -> None:
+    data, ends = _lined_trace(20)
+    p = tmp_path / "rank0.json"
+    p.write_bytes(data + b"\x00\x00 garbage")
+    r = parse_file(p)
+    assert r.events_total == 20 and any("after the end" in w for w in r.warnings)
+    # NaN / Infinity (written by some tools) are not JSON; the events carrying them are kept
+    nan = data.replace(b'"dur": 5.0', b'"dur": NaN', 3).replace(b'"ts": 50.0', b'"ts": 50.0, "x": -Infinity')
+    p.write_bytes(nan)
+    r = parse_file(p)
+    assert r.events_total == 20 and r.events_lost == 0
+    assert any("NaN" in w for w in r.warnings)
+    assert int((r.intervals.end == r.intervals.start).sum()) == 3  # unknown durations read as 0
+    assert len(ends) == 20

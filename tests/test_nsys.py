@@ -25,9 +25,9 @@ from ppdiag.parsers.nsys import NsysParser, resolve_nccl_peers
 from ppdiag.parsers.nsys_names import classify_kernel
 from ppdiag.parsers.nsys_ranks import rank_from_filename
 from ppdiag.synth.nsys import (
+    _SCHEMAS,
     SCHEMA_COMM_INIT,
     SCHEMA_SENDRECV,
-    _SCHEMAS,
     create_tables,
     insert,
     payload_blob,
@@ -92,8 +92,12 @@ def test_fsdp_report_splits_into_two_ranks() -> None:
     p = shared_trace(FSDP)
     tls = parse(p)
     assert [t.rank for t in tls] == [0, 1]
-    per_pid = dict(sql(p, "SELECT (globalPid >> 24) & 16777215, COUNT(*) FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY 1"))
-    dev_of = dict(sql(p, "SELECT DISTINCT (globalPid >> 24) & 16777215, deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL"))
+    per_pid = dict(
+        sql(p, "SELECT (globalPid >> 24) & 16777215, COUNT(*) FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY 1")
+    )
+    dev_of = dict(
+        sql(p, "SELECT DISTINCT (globalPid >> 24) & 16777215, deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL")
+    )
     # ranks follow the GPU order; each has only its own process's kernels
     by_dev = sorted(per_pid, key=lambda pid: dev_of[pid])
     for tl, pid in zip(tls, by_dev, strict=True):
@@ -113,10 +117,13 @@ def test_launch_join(rel: str) -> None:
     """Kernels get their launching call (same process, runtime/driver class only): exactly the
     kernels SQL can join, and every launch precedes its kernel."""
     p = shared_trace(rel)
-    joinable = sql(p, """
+    joinable = sql(
+        p,
+        """
         SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k WHERE EXISTS (
           SELECT 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.correlationId = k.correlationId
-          AND (r.globalTid >> 24) = (k.globalPid >> 24) AND r.eventClass IN (0, 1))""")[0][0]
+          AND (r.globalTid >> 24) = (k.globalPid >> 24) AND r.eventClass IN (0, 1))""",
+    )[0][0]
     tls = parse(p)
     launch_known = 0
     ok = 0
@@ -137,8 +144,11 @@ def test_backtrace_duplicates_do_not_duplicate_kernels() -> None:
     dup = sql(p, "SELECT COUNT(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE eventClass = 67")[0][0]
     assert dup > 0  # the file has them
     tl = parse(p)[0]
-    launch = sql(p, """SELECT k.start, r.start FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
-                       ON r.correlationId = k.correlationId AND r.eventClass = 0 ORDER BY k.start""")
+    launch = sql(
+        p,
+        """SELECT k.start, r.start FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+                       ON r.correlationId = k.correlationId AND r.eventClass = 0 ORDER BY k.start""",
+    )
     off = sql(p, "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")[0][0]
     k = tl.intervals.kind == Kind.COMPUTE
     assert tl.intervals.start[k].tolist() == [s + off for s, _ in launch]
@@ -148,13 +158,22 @@ def test_backtrace_duplicates_do_not_duplicate_kernels() -> None:
 def test_session_start_clock_and_names() -> None:
     p = shared_trace(Y2024)
     tl = parse(p)[0]
-    off, first = sql(p, "SELECT (SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME), "
-                        "(SELECT MIN(start) FROM CUPTI_ACTIVITY_KIND_KERNEL)")[0]
+    off, first = sql(
+        p,
+        "SELECT (SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME), "
+        "(SELECT MIN(start) FROM CUPTI_ACTIVITY_KIND_KERNEL)",
+    )[0]
     k = tl.intervals.kind == Kind.COMPUTE
     assert int(tl.intervals.start[k].min()) == off + first
     assert any("session start" in w for w in tl.warnings)
-    names = {r[0] for r in sql(p, "SELECT DISTINCT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
-                                  "JOIN StringIds s ON s.id = k.demangledName")}
+    names = {
+        r[0]
+        for r in sql(
+            p,
+            "SELECT DISTINCT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+            "JOIN StringIds s ON s.id = k.demangledName",
+        )
+    }
     assert {tl.names[i] for i in np.unique(tl.intervals.name[k])} == names
     # rank from the capture environment (PMI_RANK / SLURM_PROCID = 0)
     assert tl.rank == 0 and tl.rank_source.startswith("env ")
@@ -169,8 +188,11 @@ def test_mpi_export_rank_and_ranges() -> None:
     tl = parse(p)[0]
     assert tl.rank == 0 and "MPI Rank" in tl.rank_source
     rg = tl.ranges
-    n_send = sql(p, "SELECT COUNT(*) FROM NVTX_EVENTS ne LEFT JOIN StringIds s ON s.id = ne.textId "
-                    "WHERE coalesce(s.value, ne.text) = 'MPI_Send' AND eventType = 59")[0][0]
+    n_send = sql(
+        p,
+        "SELECT COUNT(*) FROM NVTX_EVENTS ne LEFT JOIN StringIds s ON s.id = ne.textId "
+        "WHERE coalesce(s.value, ne.text) = 'MPI_Send' AND eventType = 59",
+    )[0][0]
     sends = (rg.kind == RangeKind.COMM_OP) & (rg.direction == Direction.SEND)
     assert int(sends.sum()) == n_send > 0
     user = [tl.names[i] for i in rg.name[rg.kind == RangeKind.OTHER]]
@@ -203,50 +225,161 @@ class Export:
     def sid(self, s: str) -> int:
         return self.strings.setdefault(s, len(self.strings) + 1)
 
-    def kernel(self, start: int, end: int, name: str, *, stream: int = 7, pid: int = PID, tid: int | None = None,
-               launch: int | None = None, device: int = 0) -> None:
+    def kernel(
+        self,
+        start: int,
+        end: int,
+        name: str,
+        *,
+        stream: int = 7,
+        pid: int = PID,
+        tid: int | None = None,
+        launch: int | None = None,
+        device: int = 0,
+    ) -> None:
         self.corr += 1
         gpid = (1 << 48) | (pid << 24)
-        self.kernels.append((start, end, device, 1, None, stream, self.corr, gpid, self.sid(name),
-                             self.sid(name.split("(")[0]), None, 1, 0, 32, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0,
-                             self.corr, 0, None, None))
+        self.kernels.append(
+            (
+                start,
+                end,
+                device,
+                1,
+                None,
+                stream,
+                self.corr,
+                gpid,
+                self.sid(name),
+                self.sid(name.split("(")[0]),
+                None,
+                1,
+                0,
+                32,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                0,
+                0,
+                0,
+                self.corr,
+                0,
+                None,
+                None,
+            )
+        )
         if launch is not None:
-            self.runtime.append((launch, launch + 500, 0, gpid | (tid if tid is not None else pid), self.corr,
-                                 self.sid("cuLaunchKernelEx"), 0, None))
+            self.runtime.append(
+                (
+                    launch,
+                    launch + 500,
+                    0,
+                    gpid | (tid if tid is not None else pid),
+                    self.corr,
+                    self.sid("cuLaunchKernelEx"),
+                    0,
+                    None,
+                )
+            )
 
-    def range(self, start: int, end: int, name: str, *, tid: int = PID, domain: int = 0, registered: bool = False,
-              blob: bytes | None = None, pid: int = PID, event_type: int = 59) -> None:
+    def range(
+        self,
+        start: int,
+        end: int,
+        name: str,
+        *,
+        tid: int = PID,
+        domain: int = 0,
+        registered: bool = False,
+        blob: bytes | None = None,
+        pid: int = PID,
+        event_type: int = 59,
+    ) -> None:
         gtid = (1 << 48) | (pid << 24) | tid
         text, text_id = (None, self.sid(name)) if registered else (name, None)
-        self.nvtx.append((start, end, event_type, None, None, None, text, gtid, None, text_id, domain,
-                          None, None, None, None, None, None, None, None, blob))
+        self.nvtx.append(
+            (
+                start,
+                end,
+                event_type,
+                None,
+                None,
+                None,
+                text,
+                gtid,
+                None,
+                text_id,
+                domain,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                blob,
+            )
+        )
 
     def nccl_domain(self, pid: int = PID) -> None:
         self.range(0, None, "NCCL", domain=1, event_type=75, pid=pid, tid=pid)  # type: ignore[arg-type]
 
-    def nccl(self, start: int, end: int, api: str, *, tid: int = PID, pid: int = PID,
-             payload: tuple[int, dict[str, int]] | None = None) -> None:
+    def nccl(
+        self,
+        start: int,
+        end: int,
+        api: str,
+        *,
+        tid: int = PID,
+        pid: int = PID,
+        payload: tuple[int, dict[str, int]] | None = None,
+    ) -> None:
         blob = payload_blob(payload[0], payload[1]) if payload else None
         self.range(start, end, api, tid=tid, domain=1, registered=True, blob=blob, pid=pid)
 
     def write(self, path: Path) -> Path:
         conn = sqlite3.connect(path)
-        create_tables(conn, ["StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
-                             "META_DATA_EXPORT", "META_DATA_CAPTURE", "TARGET_INFO_CUDA_STREAM"])
+        create_tables(
+            conn,
+            [
+                "StringIds",
+                "CUPTI_ACTIVITY_KIND_KERNEL",
+                "CUPTI_ACTIVITY_KIND_RUNTIME",
+                "META_DATA_EXPORT",
+                "META_DATA_CAPTURE",
+                "TARGET_INFO_CUDA_STREAM",
+            ],
+        )
         insert(conn, "CUPTI_ACTIVITY_KIND_KERNEL", _cols("CUPTI_ACTIVITY_KIND_KERNEL"), self.kernels)
         insert(conn, "CUPTI_ACTIVITY_KIND_RUNTIME", _cols("CUPTI_ACTIVITY_KIND_RUNTIME"), self.runtime)
         if self.nvtx:
             create_tables(conn, ["NVTX_EVENTS", "NVTX_PAYLOAD_SCHEMAS", "NVTX_PAYLOAD_SCHEMA_ENTRIES"])
             insert(conn, "NVTX_EVENTS", _cols("NVTX_EVENTS"), self.nvtx)
             for sid_, (size, entries) in _SCHEMAS.items():
-                insert(conn, "NVTX_PAYLOAD_SCHEMAS", _cols("NVTX_PAYLOAD_SCHEMAS"),
-                       [(1, sid_, None, 1, None, len(entries), size, None)])
-                insert(conn, "NVTX_PAYLOAD_SCHEMA_ENTRIES", _cols("NVTX_PAYLOAD_SCHEMA_ENTRIES"),
-                       [(1, sid_, i, None, t, n, None, None, o or None) for i, (n, t, o) in enumerate(entries)])
+                insert(
+                    conn,
+                    "NVTX_PAYLOAD_SCHEMAS",
+                    _cols("NVTX_PAYLOAD_SCHEMAS"),
+                    [(1, sid_, None, 1, None, len(entries), size, None)],
+                )
+                insert(
+                    conn,
+                    "NVTX_PAYLOAD_SCHEMA_ENTRIES",
+                    _cols("NVTX_PAYLOAD_SCHEMA_ENTRIES"),
+                    [(1, sid_, i, None, t, n, None, None, o or None) for i, (n, t, o) in enumerate(entries)],
+                )
         if self.session is not None:
             create_tables(conn, ["TARGET_INFO_SESSION_START_TIME"])
-            insert(conn, "TARGET_INFO_SESSION_START_TIME", ("utcEpochNs", "utcTime", "localTime"),
-                   [(self.session, "", "")])
+            insert(
+                conn,
+                "TARGET_INFO_SESSION_START_TIME",
+                ("utcEpochNs", "utcTime", "localTime"),
+                [(self.session, "", "")],
+            )
         insert(conn, "StringIds", ("id", "value"), [(i, s) for s, i in self.strings.items()])
         insert(conn, "META_DATA_EXPORT", ("name", "value"), self.meta_export)
         insert(conn, "META_DATA_CAPTURE", ("name", "value"), self.capture)
@@ -276,19 +409,45 @@ def test_nccl_ranges_give_p2p_peer_direction_bytes(tmp_path: Path) -> None:
     e.nccl_domain()
     world, pair = 0xAAAA, 0xBBBB
     # the world communicator (local == global) and a 2-rank pair communicator (1,2): rank 1 is its rank 0
-    e.nccl(10, 20, "ncclCommInitRank", payload=(SCHEMA_COMM_INIT, {"NCCL communicator ID": world,
-                                                                  "No. of ranks": 4, "Rank": 1}))
-    e.nccl(30, 40, "ncclCommInitRank", payload=(SCHEMA_COMM_INIT, {"NCCL communicator ID": pair,
-                                                                  "No. of ranks": 2, "Rank": 0}))
-    e.nccl(1000, 2000, "ncclSend", payload=(SCHEMA_SENDRECV, {"NCCL communicator ID": world,
-                                                            "Message size [bytes]": 4096, "Peer rank": 2}))
+    e.nccl(
+        10,
+        20,
+        "ncclCommInitRank",
+        payload=(SCHEMA_COMM_INIT, {"NCCL communicator ID": world, "No. of ranks": 4, "Rank": 1}),
+    )
+    e.nccl(
+        30,
+        40,
+        "ncclCommInitRank",
+        payload=(SCHEMA_COMM_INIT, {"NCCL communicator ID": pair, "No. of ranks": 2, "Rank": 0}),
+    )
+    e.nccl(
+        1000,
+        2000,
+        "ncclSend",
+        payload=(
+            SCHEMA_SENDRECV,
+            {"NCCL communicator ID": world, "Message size [bytes]": 4096, "Peer rank": 2},
+        ),
+    )
     e.kernel(5000, 9000, SR, stream=20, launch=1500)
-    e.nccl(3000, 4000, "ncclRecv", payload=(SCHEMA_SENDRECV, {"NCCL communicator ID": world,
-                                                            "Message size [bytes]": 8192, "Peer rank": 0}))
+    e.nccl(
+        3000,
+        4000,
+        "ncclRecv",
+        payload=(
+            SCHEMA_SENDRECV,
+            {"NCCL communicator ID": world, "Message size [bytes]": 8192, "Peer rank": 0},
+        ),
+    )
     e.kernel(9500, 12000, SR, stream=24, launch=3500)
     # on the pair communicator the peer is local rank 1: global 2 is only known from the other file
-    e.nccl(13000, 14000, "ncclSend", payload=(SCHEMA_SENDRECV, {"NCCL communicator ID": pair,
-                                                              "Message size [bytes]": 16, "Peer rank": 1}))
+    e.nccl(
+        13000,
+        14000,
+        "ncclSend",
+        payload=(SCHEMA_SENDRECV, {"NCCL communicator ID": pair, "Message size [bytes]": 16, "Peer rank": 1}),
+    )
     e.kernel(15000, 16000, SR, stream=28, launch=13500)
     e.kernel(20000, 30000, "gemm_kernel(float*)", launch=19000)
     tl = parse(e.write(tmp_path / "a.sqlite"))[0]
@@ -306,10 +465,18 @@ def test_nccl_ranges_give_p2p_peer_direction_bytes(tmp_path: Path) -> None:
     other = Export()
     _env(other, RANK="2", WORLD_SIZE="4")
     other.nccl_domain()
-    other.nccl(30, 40, "ncclCommInitRank", payload=(SCHEMA_COMM_INIT, {"NCCL communicator ID": pair,
-                                                                      "No. of ranks": 2, "Rank": 1}))
-    other.nccl(13000, 14000, "ncclRecv", payload=(SCHEMA_SENDRECV, {"NCCL communicator ID": pair,
-                                                                  "Message size [bytes]": 16, "Peer rank": 0}))
+    other.nccl(
+        30,
+        40,
+        "ncclCommInitRank",
+        payload=(SCHEMA_COMM_INIT, {"NCCL communicator ID": pair, "No. of ranks": 2, "Rank": 1}),
+    )
+    other.nccl(
+        13000,
+        14000,
+        "ncclRecv",
+        payload=(SCHEMA_SENDRECV, {"NCCL communicator ID": pair, "Message size [bytes]": 16, "Peer rank": 0}),
+    )
     other.kernel(15000, 16000, SR, stream=28, launch=13500)
     tl2 = parse(other.write(tmp_path / "b.sqlite"))[0]
     assert tl2.intervals.peer[tl2.intervals.kind == Kind.P2P].tolist() == [-1]
@@ -327,8 +494,12 @@ def test_grouped_calls_and_all_to_all(tmp_path: Path) -> None:
     e.nccl_domain()
     comm = 0x1234
     pl = {"NCCL communicator ID": comm, "Message size [bytes]": 100}
-    e.nccl(10, 20, "ncclCommInitRank", payload=(SCHEMA_COMM_INIT, {"NCCL communicator ID": comm,
-                                                                  "No. of ranks": 8, "Rank": 0}))
+    e.nccl(
+        10,
+        20,
+        "ncclCommInitRank",
+        payload=(SCHEMA_COMM_INIT, {"NCCL communicator ID": comm, "No. of ranks": 8, "Rank": 0}),
+    )
     # group 1: send to 1 + recv from 1 → one fused p2p kernel, both directions, peer 1
     e.nccl(100, 110, "ncclGroupStart")
     e.nccl(120, 130, "ncclSend", payload=(SCHEMA_SENDRECV, {**pl, "Peer rank": 1}))
@@ -358,8 +529,13 @@ def test_grouped_calls_and_all_to_all(tmp_path: Path) -> None:
     iv = tl.intervals
     comm_rows = np.flatnonzero(np.isin(iv.kind, (Kind.P2P, Kind.COLLECTIVE)))
     assert iv.kind[comm_rows].tolist() == [Kind.P2P, Kind.COLLECTIVE, Kind.P2P, Kind.COLLECTIVE, Kind.P2P]
-    assert iv.direction[comm_rows].tolist() == [Direction.BOTH, Direction.NONE, Direction.SEND, Direction.NONE,
-                                                Direction.NONE]
+    assert iv.direction[comm_rows].tolist() == [
+        Direction.BOTH,
+        Direction.NONE,
+        Direction.SEND,
+        Direction.NONE,
+        Direction.NONE,
+    ]
     assert iv.peer[comm_rows].tolist() == [1, -1, 2, -1, -1]
     assert iv.bytes[comm_rows].tolist()[:3] == [200, 600, 100]
     assert any("1 NCCL kernel(s) classified by name only" in w for w in tl.warnings)
@@ -418,8 +594,14 @@ def test_user_ranges_steps_labels_and_phases(tmp_path: Path) -> None:
     assert rg.num[steps].tolist() == [7, 8, 0, 1]
     assert "aten::mm" not in " ".join(names)
     assert names[:1] == ["ProfilerStep#7"]
-    lab = {names[i]: (int(rg.stage[i]), int(rg.mb[i]), int(rg.phase[i])) for i in np.flatnonzero(rg.kind == 1)}
-    assert lab == {"PP:2F5": (2, 5, Phase.FWD), "Backward 4": (-1, 4, Phase.BWD), "forward": (-1, -1, Phase.FWD)}
+    lab = {
+        names[i]: (int(rg.stage[i]), int(rg.mb[i]), int(rg.phase[i])) for i in np.flatnonzero(rg.kind == 1)
+    }
+    assert lab == {
+        "PP:2F5": (2, 5, Phase.FWD),
+        "Backward 4": (-1, 4, Phase.BWD),
+        "forward": (-1, -1, Phase.FWD),
+    }
     assert "my region" in names
     assert tl.intervals.phase.tolist() == [Phase.OPTIM, Phase.UNKNOWN]
 
@@ -491,8 +673,10 @@ def test_payload_without_header_is_decoded(tmp_path: Path) -> None:
 
 
 def test_kernel_name_rules() -> None:
-    assert classify_kernel("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)").kind \
+    assert (
+        classify_kernel("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)").kind
         == Kind.COLLECTIVE
+    )
     assert classify_kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)").sendrecv
     assert classify_kernel("ncclDevKernel_Generic(x)").kind == Kind.COLLECTIVE
     assert classify_kernel("void at::native::vectorized_elementwise_kernel<4>(int)").kind == Kind.COMPUTE
@@ -550,8 +734,9 @@ def test_nsys_rep_without_nsys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert PARSER.sniff(rep, head(rep))
     msg = _one_line_error(rep)
     out = rep.with_name("report_1.sqlite")
-    assert msg.endswith(f"cannot read .nsys-rep without nsys; run: nsys export --type sqlite --output "
-                        f"'{out}' '{rep}'")
+    assert msg.endswith(
+        f"cannot read .nsys-rep without nsys; run: nsys export --type sqlite --output '{out}' '{rep}'"
+    )
 
 
 def test_nsys_rep_export_and_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -130,6 +130,15 @@ def _m(iset: ivs.ISet, lo: int, hi: int) -> int:
     return ivs.measure(ivs.clip(iset, lo, hi)) if hi > lo else 0
 
 
+def _split_local(rs: RankStep, lo: int, hi: int) -> tuple[int, int, int]:
+    """``[lo, hi)`` of a rank as (compute, host-evidence idle, other) ns."""
+    if hi <= lo:
+        return (0, 0, 0)
+    busy = _m(rs.sets.compute, lo, hi)
+    host = _m(rs.host_set, lo, hi)
+    return (busy, host, max(hi - lo - busy - host, 0))
+
+
 def _blocking_peer(tl: RankTimeline, off: int, lo: int, hi: int) -> int:
     """Peer of the p2p interval that covers most of the wait ``[lo, hi]``.
 
@@ -160,6 +169,29 @@ class Replay:
                 out[ph] = float(np.mean([np.mean(v) for v in per_stage.values()]))
         return out
 
+    def _find_step_syncs(self) -> None:
+        """Step-end collectives that every rank joins and that end together form one sync point:
+        early ranks wait in them for the last one, which only pays the transfer."""
+        self.sync_of: dict[tuple[int, int], int] = {}
+        by_step: dict[int, list[tuple[int, int]]] = {}
+        for rs in self.steps:
+            key = (rs.rank, rs.step)
+            if key in self.tail_coll:
+                by_step.setdefault(rs.number if rs.number >= 0 else rs.step, []).append(key)
+        n_ranks = len({rs.rank for rs in self.steps})
+        for sk, members in by_step.items():
+            if len(members) < 2 or len(members) < n_ranks:
+                continue
+            ends = np.array([self.tail_coll[k][1] for k in members], dtype=np.int64)
+            durs = np.array([self.tail_coll[k][1] - self.tail_coll[k][0] for k in members], dtype=np.int64)
+            xfer = int(durs.min())
+            # a real sync: the collectives end within a fraction of the shortest one (plus 50 µs)
+            if int(ends.max() - ends.min()) > max(xfer // 2, 50_000):
+                continue
+            self.syncs[sk] = (members, xfer)
+            for k in members:
+                self.sync_of[k] = sk
+
     def edge_stats(self) -> list[tuple[int, int, int, int]]:
         """Observed waits as (producer rank, consumer rank, transfer ns, time waited ns)."""
         return list(self.waits)
@@ -171,6 +203,9 @@ class Replay:
         self.first: dict[tuple[int, int], int] = {}
         self.count: dict[tuple[int, int], int] = {}
         self.tail: dict[tuple[int, int], tuple[int, int, int, int]] = {}  # busy, coll, host, other
+        # step-end collective of a (rank, step): start, end, (busy, host, other) before and after it
+        self.tail_coll: dict[tuple[int, int], tuple[int, int, tuple[int, int, int], tuple[int, int, int]]] = {}
+        self.syncs: dict[int, tuple[list[tuple[int, int]], int]] = {}  # step key -> members, transfer
         self.order: list[int] = []
         self.meas_start: list[int] = []
         taus: list[int] = []
@@ -220,6 +255,12 @@ class Replay:
             host_t = _m(rs.host_set, t_lo, t_hi)
             other_t = max(t_hi - t_lo - busy_t - coll_t - host_t, 0)
             self.tail[(rs.rank, rs.step)] = (busy_t, coll_t, host_t, other_t)
+            cs, ce = ivs.clip(rs.sets.collective, t_lo, t_hi)
+            if cs.size:
+                c0, c1 = int(cs[0]), int(ce[-1])
+                self.tail_coll[(rs.rank, rs.step)] = (
+                    c0, c1, _split_local(rs, t_lo, c0), _split_local(rs, c1, t_hi))
+        self._find_step_syncs()
         # per-rank block ends for "which block did the peer finish last"
         for r in {rs.rank for rs in steps}:
             ids = [i for i, n in enumerate(self.nodes) if n.rank == r]
@@ -323,13 +364,26 @@ class Replay:
             end[i] = int(s + dur)
             done[i] = True
         idle: dict[tuple[int, int], tuple[int, int]] = {}
+        sync_end: dict[int, int] = {}
+        for sk, (members, xfer) in self.syncs.items():
+            arrive = NEG_INF
+            for key in members:
+                f, c = self.first[key], self.count[key]
+                last = end[f + c - 1] if c else self.w0[key]
+                pre = self.tail_coll[key][2]
+                arrive = max(arrive, last + pre[0] + pre[2] + (pre[1] if host else 0))
+            sync_end[sk] = arrive + (xfer if comm else 0)
         for rs in self.steps:
             key = (rs.rank, rs.step)
             f, c = self.first[key], self.count[key]
-            busy_t, coll_t, host_t, other_t = self.tail[key]
-            tail = busy_t + other_t + (coll_t if comm else 0) + (host_t if host else 0)
             last = end[f + c - 1] if c else rs.w0
-            w_end = last + tail
+            sk = self.sync_of.get(key)
+            if sk is not None:
+                post = self.tail_coll[key][3]
+                w_end = sync_end[sk] + post[0] + post[2] + (post[1] if host else 0)
+            else:
+                busy_t, coll_t, host_t, other_t = self.tail[key]
+                w_end = last + busy_t + other_t + (coll_t if comm else 0) + (host_t if host else 0)
             busy = rs.acct.compute
             if balanced is not None and c:
                 busy = busy - sum(self.nodes[j].busy for j in range(f, f + c)) + sum(

@@ -29,7 +29,7 @@ Schema (``schema_version`` 1)::
         {
           "rank": 0, "stages": [0], "pid": 1234, "trace": "rank0.pt.trace.json.gz",
           "steps": {"step": [2, 3, 4], "start_ns": [...], "end_ns": [...]},
-          "intervals": {                  # one column per key, all the same length
+          "intervals": {                  # one column per key, all the same length, rows by start
             "kind":      ["fwd", "wait", ...],
             "step":      [2, 2, ...],     # iteration the interval belongs to
             "stage":     [0, 0, ...],     # global stage index, -1 when none
@@ -126,7 +126,9 @@ class IntervalLog:
         return len(self.cols["kind"])
 
     def to_json(self) -> dict[str, list[Any]]:
-        return {k: list(v) for k, v in self.cols.items()}
+        """Columns with rows in time order (they are logged when known, e.g. a send when waited)."""
+        order = sorted(range(len(self)), key=lambda i: (self.cols["start_ns"][i], self.cols["end_ns"][i]))
+        return {k: [v[i] for i in order] for k, v in self.cols.items()}
 
 
 @dataclass

@@ -5,8 +5,10 @@ Two compute modes:
 ``sleep``
     Each block is ``hold(x) * hold(w)`` built from one custom operator, ``ppdiag_demo::hold``, whose
     forward holds the host for a fixed time and whose backward (``ppdiag_demo::hold_backward``)
-    holds for the backward time. Holding is a sleep, so four ranks on two cores keep exact costs
-    while the real pipelining library, gloo and autograd run around them. The backward is split
+    holds for the backward time. Holding is a sleep, so four ranks on two cores keep their costs
+    while the real pipelining library, gloo and autograd run around them: a rank's total hold time
+    is what the config asks (late wake-ups are given back by the next holds), single holds are off
+    by the host's wake-up latency (~0.1 ms idle, more on a busy machine). The backward is split
     across two autograd paths on purpose: the input path (``hold(x)``) carries the input-gradient
     cost and the weight path (``hold(w)``) the weight-gradient cost. Zero-bubble schedules compute
     input gradients (I) and weight gradients (W) as separate autograd passes, so I and W blocks get
@@ -38,25 +40,25 @@ def held_ns() -> int:
     return _HELD_NS[0]
 
 
-_SPIN_NS = 200_000  # finish the last 0.2 ms spinning: sleep wake-ups overshoot by ~50-100 µs
+def start_step() -> None:
+    """Forget overruns of earlier steps: a step's holds give back only that step's late wake-ups."""
+    _OVERRUN_NS[0] = 0
 
 
 def _hold_for(ms: float) -> None:
     if ms <= 0:
         return
     want = int(ms * 1e6)
-    # On a busy machine a hold ends late when the process gets the CPU back late. The next holds
-    # give that overrun back (up to half of each), so a rank's total hold time stays what the
-    # config asks, and no block shrinks below half its cost.
+    # A sleep ends late: by ~50-100 µs of timer slack on an idle host, by whole scheduler slices on
+    # a busy one. The next holds give that overrun back (up to half of each), so a rank's total hold
+    # time stays what the config asks and no block shrinks below half its cost. Spinning instead
+    # would be worse: the ranks share few cores, and a spinning process loses the quick wake-up
+    # the scheduler grants to sleepers.
     give_back = min(_OVERRUN_NS[0], want // 2)
     t0 = time.perf_counter_ns()
     deadline = t0 + want - give_back
-    # Sleep most of the time, not spin: the ranks share few cores and a spinning rank would slow
-    # the others. Only the tail spins, which makes the hold exact to a few µs on an idle machine.
-    while (left := deadline - time.perf_counter_ns()) > _SPIN_NS:
-        time.sleep((left - _SPIN_NS) / 1e9)
-    while time.perf_counter_ns() < deadline:
-        pass
+    while (left := deadline - time.perf_counter_ns()) > 0:
+        time.sleep(left / 1e9)
     got = time.perf_counter_ns() - t0
     _HELD_NS[0] += got
     _OVERRUN_NS[0] += got - want

@@ -99,7 +99,7 @@ def run_rank(cfg: DemoConfig, rank: int, out_dir: Path, workdir: Path, chan: Cha
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from ppdiag.demo.faults import RankFaults
-    from ppdiag.demo.model import build_stage_module, held_ns, loss_fn, make_batch
+    from ppdiag.demo.model import build_stage_module, held_ns, loss_fn, make_batch, start_step
     from ppdiag.demo.probe import Probe
 
     torch.set_num_threads(1)
@@ -155,6 +155,7 @@ def run_rank(cfg: DemoConfig, rank: int, out_dir: Path, workdir: Path, chan: Cha
                     time.sleep(3600)
                 recording = it >= first_recorded
                 probe.begin_step(it, recording)
+                start_step()
                 # The first iteration initialises the pipeline (shape exchange); faults start after it.
                 faults.active = it >= 1
                 t0 = time.time_ns()

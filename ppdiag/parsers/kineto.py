@@ -269,6 +269,8 @@ def _last_complete_element(data: bytes, start: int, pos: int, types: TraceTypes)
     return -1
 
 
+_NON_JSON_NUMBER = re.compile(rb"-?(?:NaN|nan|Infinity|inf|Inf)\b")
+_NON_JSON_NUMBER_ANY = re.compile(rb"(?<=[:\[,])(\s*)-?(?:NaN|nan|Infinity|inf|Inf)(?=\s*[,\]}])")
 _ARRAY_CLOSED = re.compile(rb"\}\s*\](?=\s*,\s*\"|\s*$)")
 
 
@@ -302,8 +304,31 @@ def _decode_damaged(
     repairs = 0
     doc = data
     err: msgspec.DecodeError = first_error
+    fixed_numbers = False
     while True:
         pos, truncated = _error_pos(err, len(doc))
+        if "trailing characters" in str(err):
+            # junk after the top-level object (a second write, NUL padding): ignore it
+            try:
+                trace = types.decoder.decode(doc[:pos])
+            except msgspec.DecodeError as exc:
+                err = exc
+                doc = doc[:pos]
+                continue
+            warnings.append(f"ignored {len(doc) - pos} bytes after the end of the JSON document")
+            return _Recovered(trace, len(trace.traceEvents or []), lost_events, warnings)
+        if not fixed_numbers and _NON_JSON_NUMBER.match(doc, pos):
+            # NaN / Infinity written by some writers are not JSON: read them as null
+            fixed_numbers = True
+            doc = _NON_JSON_NUMBER_ANY.sub(b"null", doc)
+            try:
+                trace = _LENIENT.decoder.decode(doc)
+            except msgspec.DecodeError as exc:
+                err = exc
+                types = _LENIENT
+                continue
+            warnings.append("non-JSON numbers (NaN / Infinity) read as unknown values")
+            return _Recovered(trace, len(trace.traceEvents or []), lost_events, warnings)
         if pos < start:
             raise InputError(path, f"not a PyTorch Profiler trace (invalid JSON: {err})")
         if truncated:
@@ -1149,7 +1174,8 @@ def _gpu_mode(
     # ncclKernel_*``); searching only there keeps long templated kernel names cheap
     is_kernel = (gcodes == K_KERNEL).tolist()
     is_comm = np.fromiter(
-        (k and _RE_COMM_KERNEL.search(s, 0, 48) is not None for k, s in zip(is_kernel, gname, strict=True)),
+        (k and ("ccl" in s[:48] or "CCL" in s[:48]) and _RE_COMM_KERNEL.search(s, 0, 48) is not None
+         for k, s in zip(is_kernel, gname, strict=True)),
         dtype=bool, count=n,
     )
     comm_idx = np.flatnonzero(is_comm)
@@ -1251,10 +1277,10 @@ def _classify_comm_kernels(
         _enclosing_comm(comm_idx, pending, infos, launch, launch_tid, host, ctx)
 
     # coalesced groups: the point-to-point ops issued since the previous comm launch on that thread
-    for pos_, info in enumerate(infos):
-        if info.comm == C_COALESCED:
-            j = int(comm_idx[pos_])
-            _resolve_coalesced(info, j, comm_idx, launch, launch_tid, host)
+    coalesced = [pos_ for pos_, info in enumerate(infos) if info.comm == C_COALESCED]
+    if coalesced:
+        _resolve_coalesced([infos[k] for k in coalesced], comm_idx[coalesced], comm_idx, launch,
+                           launch_tid, host)
 
     # no evidence at all: the kernel name and the rank's other comm ops decide
     unclassified = 0
@@ -1348,32 +1374,42 @@ def _merge(info: _CommInfo, other: _CommInfo) -> None:
 
 
 def _resolve_coalesced(
-    info: _CommInfo, j: int, comm_idx: npt.NDArray[np.intp], launch: I64A, launch_tid: I64A,
-    host: _Host,
+    infos: list[_CommInfo], rows: npt.NDArray[np.intp], comm_idx: npt.NDArray[np.intp], launch: I64A,
+    launch_tid: I64A, host: _Host,
 ) -> None:
-    """A coalesced launch carries the p2p ops issued since the previous comm launch on its thread."""
-    t, q = int(launch_tid[j]), int(launch[j])
-    if q < 0:
-        info.comm = C_NONE
-        return
-    same = launch_tid[comm_idx] == t
-    prev_l = launch[comm_idx][same]
-    prev_l = prev_l[prev_l < q]
-    lo = int(prev_l.max()) if len(prev_l) else -(1 << 62)
-    dirs: set[int] = set()
-    peers: set[int] = set()
-    for i, inf in enumerate(host.info):
-        c = host.comm[i]
-        if c.comm == C_P2P and inf.cls == N_COMM and host.tid[i] == t and lo < host.start[i] <= q:
-            dirs.add(c.direction)
-            peers.add(c.peer)
-    if not dirs:
-        info.comm = C_COLL
-        return
-    info.comm = C_P2P
-    dirs.discard(int(Direction.NONE))
-    info.direction = (int(Direction.BOTH) if len(dirs) > 1 else (dirs.pop() if dirs else 0))
-    info.peer = peers.pop() if len(peers) == 1 else -1
+    """A coalesced launch carries the p2p ops its thread issued since its previous comm launch:
+    P2P with their direction (BOTH when sends and receives) and peer (when they agree), else a
+    collective. Windows are found with searchsorted on per-thread sorted arrays."""
+    p2p = [i for i, inf in enumerate(host.info) if inf.cls == N_COMM and host.comm[i].comm == C_P2P]
+    p_tid = np.array([host.tid[i] for i in p2p], dtype=np.int64)
+    p_start = np.array([host.start[i] for i in p2p], dtype=np.int64)
+    p_dir = np.array([host.comm[i].direction for i in p2p], dtype=np.int64)
+    p_peer = np.array([host.comm[i].peer for i in p2p], dtype=np.int64)
+    order = np.lexsort((p_start, p_tid))
+    p_tid, p_start, p_dir, p_peer = p_tid[order], p_start[order], p_dir[order], p_peer[order]
+    c_l, c_t = launch[comm_idx], launch_tid[comm_idx]
+    c_order = np.lexsort((c_l, c_t))
+    c_l, c_t = c_l[c_order], c_t[c_order]
+    for info, j in zip(infos, rows.tolist(), strict=True):
+        t, q = int(launch_tid[j]), int(launch[j])
+        if q < 0:
+            info.comm = C_NONE
+            continue
+        # previous comm launch on this thread
+        lo_t, hi_t = np.searchsorted(c_t, t, "left"), np.searchsorted(c_t, t, "right")
+        k = int(np.searchsorted(c_l[lo_t:hi_t], q, "left"))
+        lo = int(c_l[lo_t + k - 1]) if k > 0 else -(1 << 62)
+        a_t, b_t = np.searchsorted(p_tid, t, "left"), np.searchsorted(p_tid, t, "right")
+        seg = slice(int(a_t + np.searchsorted(p_start[a_t:b_t], lo, "right")),
+                    int(a_t + np.searchsorted(p_start[a_t:b_t], q, "right")))
+        dirs = set(p_dir[seg].tolist()) - {int(Direction.NONE)}
+        peers = set(p_peer[seg].tolist())
+        if seg.stop <= seg.start:
+            info.comm = C_COLL
+            continue
+        info.comm = C_P2P
+        info.direction = int(Direction.BOTH) if len(dirs) > 1 else (dirs.pop() if dirs else 0)
+        info.peer = peers.pop() if len(peers) == 1 else -1
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from ppdiag.model.timeline import (
 )
 from ppdiag.parsers import ParseOptions, register
 from ppdiag.parsers.nsys_comm import inside_spans, project_nccl
-from ppdiag.parsers.nsys_db import NsysDb, open_export, sniff_sqlite
+from ppdiag.parsers.nsys_db import NsysDb, factorize, open_export, sniff_sqlite
 from ppdiag.parsers.nsys_gpu import GpuOps, read_gpu_ops
 from ppdiag.parsers.nsys_nvtx import API_COLL, API_INIT, API_P2P, NvtxData, Spans, read_nvtx
 from ppdiag.parsers.nsys_ranks import RankDecision, decide_ranks
@@ -98,7 +98,6 @@ class _Ctx:
     nvtx: NvtxData
     clock: _Clock
     decisions: dict[int, RankDecision]
-    autograd: dict[int, set[int]]  # pid → tids of PyTorch autograd threads
     comm_members: dict[int, dict[int, int]]  # communicator → {local rank: global rank}
     comm_info: dict[int, dict[int, tuple[int, int]]]  # pid → communicator → (local rank, nranks)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -134,7 +133,6 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
         nvtx=nvtx,
         clock=clock,
         decisions=decisions,
-        autograd=_autograd_threads(db),
         comm_members=comm_members,
         comm_info=comm_info,
         meta=_export_meta(db),
@@ -215,19 +213,6 @@ def _cuda_processes(db: NsysDb) -> set[int]:
     return out
 
 
-def _autograd_threads(db: NsysDb) -> dict[int, set[int]]:
-    """Threads named ``pt_autograd_N``: PyTorch's device threads that run the backward pass."""
-    if not {"nameId", "globalTid"} <= set(db.columns("ThreadNames")):
-        return {}
-    rows = db.execute("SELECT globalTid, nameId FROM ThreadNames WHERE globalTid IS NOT NULL").fetchall()
-    names = db.strings(r[1] for r in rows if r[1] is not None)
-    out: dict[int, set[int]] = {}
-    for gtid, nid in rows:
-        if names.get(int(nid or -1), "").startswith("pt_autograd"):
-            out.setdefault((int(gtid) >> 24) & 0xFFFFFF, set()).add(int(gtid) & 0xFFFFFF)
-    return out
-
-
 def _communicators(
     nvtx: NvtxData, decisions: dict[int, RankDecision]
 ) -> tuple[dict[int, dict[int, int]], dict[int, dict[int, tuple[int, int]]]]:
@@ -256,11 +241,13 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     if ctx.clock.warning:
         warnings.append(ctx.clock.warning)
     off = ctx.clock.offset
-    sel = np.flatnonzero(gpu.pid == pid)
-    n = len(sel)
-    kind = gpu.kind[sel].copy()
-    direction = gpu.direction[sel].copy()
-    nbytes = gpu.bytes[sel].copy()
+    # GPU rows are ordered by (process, start): this process is one slice, already in time order.
+    lo, hi = np.searchsorted(gpu.pid, [pid, pid + 1])
+    sel = slice(int(lo), int(hi))
+    n = int(hi - lo)
+    kind = gpu.kind[sel]  # views: every process owns its slice, edited in place
+    direction = gpu.direction[sel]
+    nbytes = gpu.bytes[sel]
     launch_raw = gpu.launch[sel]
     ltid = gpu.ltid[sel]
     peer = np.full(n, -1, dtype=np.int32)
@@ -292,12 +279,8 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
             )
 
     names = NameTable()
-    uniq, inv = np.unique(gpu.name[sel], return_inverse=True)
-    name_ids = (
-        np.array([names.id(gpu.names[int(u)]) for u in uniq], dtype=np.int32)[inv]
-        if n
-        else np.empty(0, np.int32)
-    )
+    inv, uniq = factorize(gpu.name[sel])
+    name_ids = np.array([names.id(gpu.names[int(u)]) for u in uniq], dtype=np.int32)[inv]
 
     groups: list[ProcessGroup] = []
     comm_index: dict[int, int] = {}
@@ -326,9 +309,6 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     _resolve_peers(ctx, pid, dec, comm_col, local_peer, peer, group, group_of, pending["interval"], warnings)
 
     phase = np.full(n, Phase.UNKNOWN, dtype=np.int8)
-    bwd_tids = ctx.autograd.get(pid)
-    if bwd_tids:
-        phase[np.isin(ltid, list(bwd_tids))] = Phase.BWD
     # Work launched inside an optimizer range of the same thread is the optimizer step.
     hr = nvtx.ranges
     opt = (hr.pid == pid) & (hr.phase == Phase.OPTIM)
@@ -337,9 +317,11 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
         phase[inside_spans(spans, pid, launch_raw, ltid)] = Phase.OPTIM
 
     devs = gpu.device[sel]
-    stream = gpu.stream[sel].copy()
+    stream = gpu.stream[sel]
     # Sync rows carry no meaningful device (device-wide waits report device 0).
-    udev, dev_counts = np.unique(devs[kind != Kind.SYNC], return_counts=True)
+    dev_counts = np.bincount(devs[kind != Kind.SYNC], minlength=1)
+    udev = np.flatnonzero(dev_counts)
+    dev_counts = dev_counts[udev]
     if len(udev) > 1:
         # Stream ids are per device context: keep streams of different GPUs apart.
         stream = (devs << 32) | stream
@@ -367,12 +349,6 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
             "group": group,
         },
     )
-    order = np.lexsort((iv.end, iv.start))
-    iv = iv.take(order)
-    if pending["interval"]:
-        inv_order = np.empty(n, dtype=np.int64)
-        inv_order[order] = np.arange(n)
-        pending["interval"] = [(int(inv_order[i]), c, lp) for i, c, lp in pending["interval"]]
 
     rg = _ranges(ctx, pid, dec, names, group_of, pending["range"], warnings)
 
@@ -542,7 +518,9 @@ def _ranges(
                     "start": calls.start[csel] + off,
                     "end": calls.end[csel] + off,
                     "kind": np.full(m, RangeKind.COMM_OP, np.int8),
-                    "name": np.array([names.id(calls.name[i]) for i in csel.tolist()], dtype=np.int32),
+                    "name": np.array([names.id(x) for x in calls.names], dtype=np.int32)[calls.name[csel]]
+                    if calls.names
+                    else np.zeros(m, np.int32),
                     "tid": calls.tid[csel],
                     "direction": calls.direction[csel],
                     "peer": peer,

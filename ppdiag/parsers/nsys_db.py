@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pandas as pd
 
 from ppdiag.errors import InputError
 
@@ -41,6 +42,12 @@ ID_MASK = 0xFFFFFF
 def pid_of(global_id: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """PID field of serialized GlobalIds (globalPid or globalTid)."""
     return (global_id >> PID_SHIFT) & ID_MASK
+
+
+def factorize(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
+    """(codes, distinct values) in first-seen order: a hash pass, no sort of the rows."""
+    codes, uniq = pd.factorize(values)
+    return codes.astype(np.int64, copy=False), np.asarray(uniq)
 
 
 def quote_ident(name: str) -> str:
@@ -101,14 +108,22 @@ class NsysDb:
         out: dict[int, str] = {}
         if not wanted or not self.has("StringIds"):
             return out
-        # One JSON array parameter instead of thousands of bound variables.
+        # One JSON array parameter instead of thousands of bound variables; plain IN lists where
+        # the SQLite library lacks JSON support.
         step = 200_000
-        for lo in range(0, len(wanted), step):
-            chunk = json.dumps(wanted[lo : lo + step])
-            for i, v in self.conn.execute(
-                "SELECT id, value FROM StringIds WHERE id IN (SELECT value FROM json_each(?))", (chunk,)
-            ):
-                out[int(i)] = "" if v is None else str(v)
+        try:
+            for lo in range(0, len(wanted), step):
+                chunk = json.dumps(wanted[lo : lo + step])
+                for i, v in self.conn.execute(
+                    "SELECT id, value FROM StringIds WHERE id IN (SELECT value FROM json_each(?))", (chunk,)
+                ):
+                    out[int(i)] = "" if v is None else str(v)
+        except sqlite3.OperationalError:
+            for lo in range(0, len(wanted), 900):
+                part = wanted[lo : lo + 900]
+                marks = ", ".join("?" for _ in part)
+                for i, v in self.conn.execute(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", part):
+                    out[int(i)] = "" if v is None else str(v)
         return out
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model.timeline import Direction, Kind
-from ppdiag.parsers.nsys_db import NsysDb
+from ppdiag.parsers.nsys_db import NsysDb, factorize
 from ppdiag.parsers.nsys_names import classify_kernel, memcpy_name, memset_name
 
 I64 = npt.NDArray[np.int64]
@@ -53,7 +53,7 @@ _ROW_EXTRA = np.dtype(
 
 @dataclass
 class GpuOps:
-    """Every GPU row of the file; ``name`` indexes ``names`` (file-level)."""
+    """Every GPU row of the file, ordered by (process, start); ``name`` indexes ``names``."""
 
     start: I64
     end: I64
@@ -153,7 +153,7 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
         rows = _fetch(db, KERNEL, f"coalesce(g.{name_col}, -1)", [])
         if len(rows):
             sid = rows["nametid"] & 0xFFFFFFFF
-            uniq, inv = np.unique(sid, return_inverse=True)
+            inv, uniq = factorize(sid)
             strings = db.strings(uniq.tolist())
             base = len(names)
             uniq_names = [strings.get(int(u), f"kernel#{int(u)}") for u in uniq]
@@ -181,7 +181,7 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
         )
         rows = _fetch(db, MEMCPY, "0", [code, f"coalesce({db.col(MEMCPY, 'bytes', '-1', 'g')}, -1)"])
         if len(rows):
-            uniq, inv = np.unique(rows["x1"], return_inverse=True)
+            inv, uniq = factorize(rows["x1"])
             base = len(names)
             for u in uniq.tolist():
                 ck, sk, dk = (u >> 16) & 255, (u >> 8) & 255, u & 255
@@ -208,7 +208,7 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
             ],
         )
         if len(rows):
-            uniq, inv = np.unique(rows["x1"], return_inverse=True)
+            inv, uniq = factorize(rows["x1"])
             base = len(names)
             names.extend(memset_name(int(u)) for u in uniq)
             parts.append(
@@ -227,12 +227,29 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
 
     if not parts:
         return _empty(names)
-    cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    cat = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    del parts
     packed = cat["packed"]
+    pid = (packed >> 32) & 0xFFFFFF
+    # Rows ordered by (process, start): each process is then one contiguous slice, already in time
+    # order. Exports are nearly sorted (one time-ordered run per table), which stable sorting
+    # merges in linear time; nsys >= 2025.6 no longer promises any order.
+    start = cat["start"]
+    order: npt.NDArray[np.intp] | None = None
+    if len(start) > 1 and not (start[1:] >= start[:-1]).all():
+        order = np.argsort(start, kind="stable")
+    p_sorted = pid if order is None else pid[order]
+    if len(p_sorted) > 1 and not (p_sorted[1:] >= p_sorted[:-1]).all():
+        by_pid = np.argsort(p_sorted, kind="stable")
+        order = by_pid if order is None else order[by_pid]
+    if order is not None:
+        cat = {k: v[order] for k, v in cat.items()}
+        packed = cat["packed"]
+        pid = (packed >> 32) & 0xFFFFFF
     return GpuOps(
         start=cat["start"],
         end=cat["end"],
-        pid=(packed >> 32) & 0xFFFFFF,
+        pid=pid,
         device=(packed >> 56) & 0xFF,
         stream=packed & 0xFFFFFFFF,
         kind=cat["kind"],
@@ -267,7 +284,7 @@ def _sync_part(db: NsysDb, names: list[str]) -> list[dict[str, np.ndarray]]:
     if not len(rows):
         return []
     sid = rows["nametid"] & 0xFFFFFFFF
-    uniq, inv = np.unique(sid, return_inverse=True)
+    inv, uniq = factorize(sid)
     strings = db.strings([u for u in uniq.tolist() if u != 0xFFFFFFFF])
     base = len(names)
     names.extend(_sync_label(strings.get(int(u), "")) for u in uniq)

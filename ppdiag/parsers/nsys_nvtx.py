@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,7 +115,8 @@ class NcclCalls:
     pid: I64
     tid: I64
     api: npt.NDArray[np.int8]
-    name: list[str]
+    name: npt.NDArray[np.int32]  # index into ``names``
+    names: list[str]
     direction: npt.NDArray[np.int8]
     peer_local: I64
     bytes: I64
@@ -260,20 +262,7 @@ def _user_ranges(
     pid = (rows["gtid"] >> 24) & 0xFFFFFF
     tid = rows["gtid"] & 0xFFFFFF
     # One code per distinct (registered id | plain text); classification runs per distinct name.
-    reg = rows["tid_"] >= 0
-    codes = np.empty(len(rows), dtype=np.int64)
-    names: list[str] = []
-    if reg.any():
-        uniq, inv = np.unique(rows["tid_"][reg], return_inverse=True)
-        strings = db.strings(uniq.tolist())
-        codes[reg] = inv
-        names.extend(strip_op_tail(strings.get(int(u), "")) for u in uniq)
-    if (~reg).any():
-        txt = rows["text"][~reg]
-        txt[pd.isna(txt)] = ""
-        pcodes, puniq = pd.factorize(txt)
-        codes[~reg] = pcodes + len(names)
-        names.extend(str(s) for s in puniq)
+    codes, names = name_codes(db, rows["tid_"], rows["text"], strip_op_tail)
     # Domain names matter for MPI ranges only: classify those rows with the MPI rules.
     is_mpi = np.zeros(len(rows), dtype=bool)
     mpi_keys = [k for k, v in domains.items() if v.upper() == "MPI"]
@@ -313,6 +302,30 @@ def _user_ranges(
     return out, spans, int((~keep).sum())
 
 
+def name_codes(
+    db: NsysDb, text_ids: I64, texts: np.ndarray, clean: Callable[[str], str] | None = None
+) -> tuple[I64, list[str]]:
+    """Per-row code into a list of distinct names, for rows named by a registered string id
+    (``textId`` ≥ 0) or by plain text; hash-based, so the cost is one pass over the rows."""
+    reg = text_ids >= 0
+    codes = np.empty(len(text_ids), dtype=np.int64)
+    names: list[str] = []
+    if reg.any():
+        rcodes, ruq = pd.factorize(text_ids[reg])
+        strings = db.strings(ruq.tolist())
+        codes[reg] = rcodes
+        names.extend(strings.get(int(u), "") for u in ruq)
+    if (~reg).any():
+        txt = texts[~reg]
+        txt[pd.isna(txt)] = ""
+        pcodes, puniq = pd.factorize(txt)
+        codes[~reg] = pcodes + len(names)
+        names.extend(str(x) for x in puniq)
+    if clean is not None:
+        names = [clean(x) for x in names]
+    return codes, names
+
+
 def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
     text_id, text = _text_expr(db)
     vals = ", ".join("(?, ?)" for _ in keys)
@@ -342,17 +355,14 @@ def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
     n = len(rows)
     if not n:
         return _empty_nccl()
-    strings = db.strings(np.unique(np.concatenate([rows["tid_"], rows["jtid"]])).tolist())
-    names = [
-        strings.get(int(i), "") if i >= 0 else str(t or "")
-        for i, t in zip(rows["tid_"], rows["text"], strict=True)
-    ]
-    apis = [nccl_api(s) for s in names]
-    api = np.array([_api_code(a) for a in apis], dtype=np.int8)
-    direction = np.array([NCCL_P2P_APIS.get(a, Direction.NONE) for a in apis], dtype=np.int8)
-    fields = decode_payloads(db, rows["blob"], apis)
-    has_json = np.array([j is not None or i >= 0 for j, i in zip(rows["json"], rows["jtid"], strict=True)])
+    codes, names = name_codes(db, rows["tid_"], rows["text"])
+    apis = [nccl_api(x) for x in names]
+    api = np.array([_api_code(a) for a in apis], dtype=np.int8)[codes]
+    direction = np.array([NCCL_P2P_APIS.get(a, Direction.NONE) for a in apis], dtype=np.int8)[codes]
+    fields = decode_payloads(db, rows["blob"], codes, apis)
+    has_json = np.array([j is not None for j in rows["json"]], dtype=bool) | (rows["jtid"] >= 0)
     if has_json.any():
+        strings = db.strings(np.unique(rows["jtid"][rows["jtid"] >= 0]).tolist())
         _merge_json(fields, rows["json"], rows["jtid"], strings, has_json)
     return NcclCalls(
         start=rows["start"],
@@ -360,7 +370,8 @@ def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
         pid=(rows["gtid"] >> 24) & 0xFFFFFF,
         tid=rows["gtid"] & 0xFFFFFF,
         api=api,
-        name=names,
+        name=codes.astype(np.int32),
+        names=names,
         direction=direction,
         peer_local=fields[F_PEER],
         bytes=fields[F_BYTES],
@@ -426,8 +437,10 @@ def _schemas(db: NsysDb) -> dict[int, _Schema]:
     return out
 
 
-def decode_payloads(db: NsysDb, blobs: np.ndarray, apis: list[str]) -> dict[str, I64]:
-    """Decode the NCCL payload fields of each row; -1 (0 for the communicator) when absent."""
+def decode_payloads(db: NsysDb, blobs: np.ndarray, api_code: I64, apis: list[str]) -> dict[str, I64]:
+    """Decode the NCCL payload fields of each row; -1 (0 for the communicator) when absent.
+
+    ``apis[api_code[i]]`` is row ``i``'s NCCL API name (it picks the schema of bare payloads)."""
     n = len(blobs)
     out: dict[str, I64] = {f: np.full(n, -1, dtype=np.int64) for f in PAYLOAD_FIELDS}
     out[F_COMM] = np.zeros(n, dtype=np.int64)
@@ -445,7 +458,7 @@ def decode_payloads(db: NsysDb, blobs: np.ndarray, apis: list[str]) -> dict[str,
     for length in np.unique(lengths).tolist():
         idx = idx_all[lengths == length]
         mat = np.frombuffer(b"".join(bytes(blobs[i]) for i in idx), dtype=np.uint8).reshape(len(idx), length)
-        schema_ids, body = _schema_of(mat, schemas, [apis[i] for i in idx])
+        schema_ids, body = _schema_of(mat, schemas, api_code[idx], apis)
         for sid in np.unique(schema_ids).tolist():
             sch = schemas.get(int(sid))
             if sch is None:
@@ -468,7 +481,9 @@ def decode_payloads(db: NsysDb, blobs: np.ndarray, apis: list[str]) -> dict[str,
     return out
 
 
-def _schema_of(mat: npt.NDArray[np.uint8], schemas: dict[int, _Schema], apis: list[str]) -> tuple[I64, int]:
+def _schema_of(
+    mat: npt.NDArray[np.uint8], schemas: dict[int, _Schema], api_code: I64, apis: list[str]
+) -> tuple[I64, int]:
     """Schema id per row and where the payload body starts in the blob."""
     length = mat.shape[1]
     if length >= PAYLOAD_HEADER:
@@ -476,14 +491,13 @@ def _schema_of(mat: npt.NDArray[np.uint8], schemas: dict[int, _Schema], apis: li
         if np.isin(sid, list(schemas)).any():
             return sid, PAYLOAD_HEADER
     # Bare payload: pick the schema by size and by what the API carries.
-    want = {
-        a: (F_PEER if a in NCCL_P2P_APIS else F_NRANKS if a in NCCL_INIT_APIS else F_BYTES) for a in set(apis)
-    }
-    out = np.full(len(apis), -1, dtype=np.int64)
-    for a, fname in want.items():
+    out = np.full(len(api_code), -1, dtype=np.int64)
+    for k in np.unique(api_code).tolist():
+        a = apis[k]
+        fname = F_PEER if a in NCCL_P2P_APIS else F_NRANKS if a in NCCL_INIT_APIS else F_BYTES
         cands = [s for s, sch in schemas.items() if sch.payload_size == length and fname in sch.fields]
         if cands:
-            out[np.array([x == a for x in apis])] = cands[0]
+            out[api_code == k] = cands[0]
     return out, 0
 
 
@@ -540,7 +554,8 @@ def _empty_nccl() -> NcclCalls:
         pid=z,
         tid=z,
         api=np.empty(0, np.int8),
-        name=[],
+        name=np.empty(0, np.int32),
+        names=[],
         direction=np.empty(0, np.int8),
         peer_local=z,
         bytes=z,

@@ -131,11 +131,20 @@ def _cut_groups(tl: RankTimeline, comp: npt.NDArray[np.int64], step_of: npt.NDAr
     """Groups of compute between point-to-point operations, with their phase."""
     iv = tl.intervals
     p2p = iv.kind == int(Kind.P2P)
-    cut_t = [iv.start[p2p]]
-    rg = tl.ranges
-    comm_ops = (rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)
-    cut_t.append(rg.start[comm_ops])
-    cuts = np.unique(np.concatenate(cut_t)) if cut_t else np.zeros(0, np.int64)
+    if tl.cpu_only:
+        # host ops: a transfer is issued between two blocks
+        rg = tl.ranges
+        comm_ops = (rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)
+        cut_t = [iv.start[p2p], rg.start[comm_ops]]
+    else:
+        # device kernels: receives are posted early and spin beside the compute, so only the moment
+        # data arrives (a receive's end) and the moment a block's output leaves (a send's start)
+        # separate two blocks
+        d = iv.direction
+        sends = p2p & ((d == int(Direction.SEND)) | (d == int(Direction.BOTH)) | (d == int(Direction.NONE)))
+        recvs = p2p & ((d == int(Direction.RECV)) | (d == int(Direction.BOTH)))
+        cut_t = [iv.start[sends], iv.end[recvs]]
+    cuts = np.unique(np.concatenate(cut_t))
     seg = np.searchsorted(cuts, iv.start[comp], side="right").astype(np.int64)
     # A new group at every cut, at every step boundary, and where the ops' own phase turns from
     # forward to backward or weight-gradient (the last stage runs F and B back to back).
@@ -158,14 +167,18 @@ def _cut_groups(tl: RankTimeline, comp: npt.NDArray[np.int64], step_of: npt.NDAr
     phase = np.full(ng, int(Phase.FWD), dtype=np.int8)
     phase[bwd_t > 0.5 * all_t] = int(Phase.BWD)
     phase[wg_t > 0.5 * all_t] = int(Phase.WGRAD)
-    if not (bwd_t > 0).any() and ng:
-        phase = _phase_from_transfers(tl, comp, group, ng, prev_rank, next_rank)
+    if not tl.cpu_only and ng:
+        # On a GPU the direction of the transfers around a block is the surest sign of its phase
+        # (kernels carry a phase only when the launching op said so); ops decide where it is silent.
+        vote = _transfer_vote(tl, comp, group, ng, prev_rank, next_rank)
+        phase = np.where(vote > 0, int(Phase.FWD), np.where(vote < 0, int(Phase.BWD), phase)).astype(np.int8)
     return group, phase, np.full(ng, -1, np.int32), np.full(ng, -1, np.int32)
 
 
-def _phase_from_transfers(tl: RankTimeline, comp: npt.NDArray[np.int64], group: npt.NDArray[np.int64],
-                          ng: int, prev_rank: int | None, next_rank: int | None) -> npt.NDArray[np.int8]:
-    """Forward blocks receive from the previous stage and send to the next; backward the reverse."""
+def _transfer_vote(tl: RankTimeline, comp: npt.NDArray[np.int64], group: npt.NDArray[np.int64],
+                   ng: int, prev_rank: int | None, next_rank: int | None) -> npt.NDArray[np.int64]:
+    """Per group: > 0 looks like a forward (receives from the previous stage, sends to the next),
+    < 0 like a backward (the reverse), 0 when the transfers around it say nothing."""
     iv = tl.intervals
     valid = group >= 0
     g_start = np.full(ng, np.iinfo(np.int64).max, np.int64)
@@ -173,25 +186,25 @@ def _phase_from_transfers(tl: RankTimeline, comp: npt.NDArray[np.int64], group: 
     np.minimum.at(g_start, group[valid], iv.start[comp][valid])
     np.maximum.at(g_end, group[valid], iv.end[comp][valid])
     m = (iv.kind == int(Kind.P2P)) & (iv.peer >= 0)
-    t, peer, d = iv.start[m], iv.peer[m], iv.direction[m]
-    order = np.argsort(t)
-    t, peer, d = t[order], peer[order], d[order]
-    vote = np.zeros(ng, dtype=np.int64)
+    d = iv.direction[m]
+    peer = iv.peer[m]
     sends = (d == int(Direction.SEND)) | (d == int(Direction.BOTH))
     recvs = (d == int(Direction.RECV)) | (d == int(Direction.BOTH))
-    # transfer right after the block: a send to next => forward, to prev => backward
-    i_after = np.searchsorted(t, g_end, side="left")
-    # transfer right before the block: a recv from prev => forward, from next => backward
-    i_before = np.searchsorted(t, g_start, side="left") - 1
+    s_t, s_peer = iv.start[m][sends], peer[sends]
+    r_t, r_peer = iv.end[m][recvs], peer[recvs]
+    so, ro = np.argsort(s_t), np.argsort(r_t)
+    s_t, s_peer, r_t, r_peer = s_t[so], s_peer[so], r_t[ro], r_peer[ro]
+    vote = np.zeros(ng, dtype=np.int64)
+    # the send that leaves when the block ends, the receive whose data arrived last before it began
+    i_after = np.searchsorted(s_t, g_end, side="left")
+    i_before = np.searchsorted(r_t, g_start, side="right") - 1
     for g in range(ng):  # one iteration per block
         ia, ib = int(i_after[g]), int(i_before[g])
-        if ia < t.size and sends[ia]:
-            vote[g] += 1 if peer[ia] == next_rank else (-1 if peer[ia] == prev_rank else 0)
-        if ib >= 0 and recvs[ib]:
-            vote[g] += 1 if peer[ib] == prev_rank else (-1 if peer[ib] == next_rank else 0)
-    out = np.full(ng, int(Phase.FWD), dtype=np.int8)
-    out[vote < 0] = int(Phase.BWD)
-    return out
+        if ia < s_t.size and s_t[ia] - g_end[g] < max(g_end[g] - g_start[g], 1):
+            vote[g] += 1 if s_peer[ia] == next_rank else (-1 if s_peer[ia] == prev_rank else 0)
+        if ib >= 0:
+            vote[g] += 1 if r_peer[ib] == prev_rank else (-1 if r_peer[ib] == next_rank else 0)
+    return vote
 
 
 def _drop_small(blocks: Blocks) -> Blocks:

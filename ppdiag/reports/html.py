@@ -697,6 +697,9 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
             )
         )
     n = len(td.rows)
+    # the legend sits under the axis, one column per group: room for the longer group
+    n_work = sum(1 for k in order if not k.startswith("cause:"))
+    legend_h = 75 + 19 * max(n_work, len(order) - n_work, 1)
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
     drawn = [s for s in td.spans if s.drawn]
@@ -752,8 +755,9 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
         "template": "plotly_white",
         "barmode": "overlay",
         "bargap": 0,
-        "height": max(300, 190 + 58 * n),
-        "margin": {"l": 150, "r": 20, "t": 40, "b": 120},
+        # rows stay tall enough for block labels while few, and the figure stays on screen when many
+        "height": max(300, 70 + legend_h + n * max(18, min(58, 1400 // max(1, n)))),
+        "margin": {"l": 150, "r": 20, "t": 40, "b": legend_h},
         "uniformtext": {"minsize": 9, "mode": "hide"},
         "xaxis": {
             "title": {"text": "time (ms) on the aligned clock"},
@@ -896,6 +900,11 @@ def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
         horizontal_spacing=0.04,
         vertical_spacing=0.14 if nrows > 1 else 0.1,
     )
+    # one bin width for every stage, so the histograms compare like with like
+    allv = [float(v) for s in stages for _, k, _ in series for v in (s.get(k) or []) if _num(v) is not None]
+    lo, hi = (min(allv), max(allv)) if allv else (0.0, 1.0)
+    width = (hi - lo) / 40 if hi > lo else max(abs(hi), 1e-3) / 20
+    xbins = {"start": lo - width / 2, "end": hi + width, "size": width}
     for i, s in enumerate(stages):
         r, c = i // cols + 1, i % cols + 1
         for cat, key, _ in series:
@@ -910,7 +919,7 @@ def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
                     showlegend=(i == 0 or cat == "wgrad"),
                     marker={"color": WORK_COLORS[cat], "line": {"width": 0.5, "color": "#fff"}},
                     opacity=0.8,
-                    nbinsx=30,
+                    xbins=xbins,
                     hovertemplate="%{x} ms: %{y} micro-batches<extra>"
                     + esc(f"stage {s.get('stage')} ")
                     + WORK_LABELS[cat]
@@ -938,8 +947,8 @@ def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
             yref=f"y{ax} domain",
             x0=-0.02,
             x1=1.02,
-            y0=-0.04,
-            y1=1.04,
+            y0=-0.03,
+            y1=1.0,
             line={"color": CAUSE_COLORS["imbalance"], "width": 3},
             fillcolor="rgba(242,142,43,0.06)",
             layer="below",

@@ -8,6 +8,15 @@ JSON, one file per rank.
 
 from __future__ import annotations
 
+from ppdiag.synth.faults import (
+    CommOnCompute,
+    ExposedAllReduce,
+    HostStall,
+    SlowLink,
+    SlowStage,
+    SlowStep,
+)
+from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.run import (
     ApiKind,
     GpuOps,
@@ -19,15 +28,26 @@ from ppdiag.synth.run import (
     SynthRank,
     SynthRun,
 )
+from ppdiag.synth.scenario import ScenarioParams, make_scenario, write_groundtruth
 
 __all__ = [
     "ApiKind",
+    "CommOnCompute",
+    "ExposedAllReduce",
     "GpuOps",
     "HostCat",
     "HostRanges",
+    "HostStall",
     "RuntimeCalls",
+    "ScenarioParams",
+    "SlowLink",
+    "SlowStage",
+    "SlowStep",
     "StreamInfo",
     "StreamRole",
     "SynthRank",
     "SynthRun",
+    "make_scenario",
+    "write_groundtruth",
+    "write_kineto",
 ]

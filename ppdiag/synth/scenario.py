@@ -38,11 +38,13 @@ Model details a reader of the traces may want:
   ``launch_latency_us`` before the GPU can start it; it runs at most ``host_lookahead`` blocks
   ahead of the GPU.
 * a receive is a ``c10d::recv_`` → ``record_param_comms`` → ``nccl:recv a<-b`` → ``cuLaunchKernelEx``
-  chain; its ``ncclDevKernel_SendRecv`` kernel runs on the NCCL stream of that peer pair (PyTorch
-  keeps one communicator per pair), spins until the peer's data arrives and ends when the transfer
-  ends; the compute stream waits for it (``cudaStreamWaitEvent``).
-* a send starts on the pair's stream when its block ends and ends when the receiver has the data
-  (NCCL send and receive finish together).
+  chain; its ``ncclDevKernel_SendRecv`` kernel runs on an NCCL stream of that peer, starts when the
+  host posted it, spins until the peer's data arrives and ends when the transfer ends; the compute
+  stream waits for it (``cudaStreamWaitEvent``).
+* a send starts when its block ends and ends when the receiver has the data (NCCL send and receive
+  finish together). Each remote stage boundary has its own NCCL stream per direction (PyTorch keeps
+  one per peer pair; separating the directions keeps a send from queueing in front of the next
+  receive, which real jobs avoid by batching the two into one grouped call).
 * backward kernels are launched from the autograd thread (``tid = pid + 2``), everything else from
   the main thread (``tid = pid``).
 * with ``dp > 1`` the global rank of pipeline rank ``p`` in replica ``d`` is ``p * dp + d``
