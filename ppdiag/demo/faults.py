@@ -91,8 +91,10 @@ class DelayedSender:
             with self._cv:
                 self._queue.popleft()
             try:
-                head.work = self._post(head.op)
+                # Stamp before the call: the data cannot leave earlier, and a thread switch after
+                # the call returns must not count as delay.
                 head.posted_ns = time.time_ns()
+                head.work = self._post(head.op)
             except BaseException as exc:  # handed to the waiting main thread
                 head._error = exc
             finally:

@@ -32,7 +32,10 @@ from torch.nn import functional
 from ppdiag.demo.config import DemoConfig
 
 _HELD_NS = [0]  # total host time held by the hold ops in this process (probes read differences)
-_OVERRUN_NS = [0]  # held beyond what was asked and not yet given back
+#: Per kind of hold (lane, ms): held beyond what was asked and not yet given back.
+_OVERRUN_NS: dict[tuple[int, float], int] = {}
+#: Lanes: which cost a hold stands for, so late wake-ups are given back within the same cost.
+LANE_FWD, LANE_INPUT_GRAD, LANE_WEIGHT_GRAD = 0, 1, 2
 
 
 def held_ns() -> int:
@@ -42,58 +45,63 @@ def held_ns() -> int:
 
 def start_step() -> None:
     """Forget overruns of earlier steps: a step's holds give back only that step's late wake-ups."""
-    _OVERRUN_NS[0] = 0
+    _OVERRUN_NS.clear()
 
 
-def _hold_for(ms: float) -> None:
+def _hold_for(ms: float, lane: int) -> None:
     if ms <= 0:
         return
     want = int(ms * 1e6)
     # A sleep ends late: by ~50-100 µs of timer slack on an idle host, by whole scheduler slices on
-    # a busy one. The next holds give that overrun back (up to half of each), so a rank's total hold
-    # time stays what the config asks and no block shrinks below half its cost. Spinning instead
-    # would be worse: the ranks share few cores, and a spinning process loses the quick wake-up
-    # the scheduler grants to sleepers.
-    give_back = min(_OVERRUN_NS[0], want // 2)
+    # a busy one. The next holds of the same lane and cost give that overrun back (up to half of
+    # each), so per step each cost (a stage's F, I or W) adds up to what the config asks and no
+    # block shrinks below half its cost. Spinning instead would be worse: the ranks share few
+    # cores, and a spinning process loses the quick wake-up the scheduler grants to sleepers.
+    key = (lane, ms)
+    give_back = min(_OVERRUN_NS.get(key, 0), want // 2)
     t0 = time.perf_counter_ns()
     deadline = t0 + want - give_back
     while (left := deadline - time.perf_counter_ns()) > 0:
         time.sleep(left / 1e9)
     got = time.perf_counter_ns() - t0
     _HELD_NS[0] += got
-    _OVERRUN_NS[0] += got - want
+    _OVERRUN_NS[key] = _OVERRUN_NS.get(key, 0) - give_back + (got - (want - give_back))
 
 
 @torch.library.custom_op("ppdiag_demo::hold_backward", mutates_args=())
-def hold_backward(grad: torch.Tensor, ms: float) -> torch.Tensor:
+def hold_backward(grad: torch.Tensor, ms: float, lane: int) -> torch.Tensor:
     """Backward of :func:`hold`: holds ``ms`` and passes the gradient through."""
-    _hold_for(ms)
+    _hold_for(ms, lane)
     return grad.clone()
 
 
 @hold_backward.register_fake
-def _(grad: torch.Tensor, ms: float) -> torch.Tensor:
+def _(grad: torch.Tensor, ms: float, lane: int) -> torch.Tensor:
     return torch.empty_like(grad)
 
 
 @torch.library.custom_op("ppdiag_demo::hold", mutates_args=())
-def hold(x: torch.Tensor, fwd_ms: float, bwd_ms: float) -> torch.Tensor:
-    """Identity that holds ``fwd_ms`` in forward and ``bwd_ms`` in backward."""
-    _hold_for(fwd_ms)
+def hold(x: torch.Tensor, fwd_ms: float, bwd_ms: float, bwd_lane: int) -> torch.Tensor:
+    """Identity that holds ``fwd_ms`` in forward and ``bwd_ms`` in backward.
+
+    ``bwd_lane`` says which backward cost the backward hold stands for (input or weight gradient).
+    """
+    _hold_for(fwd_ms, LANE_FWD)
     return x.clone()
 
 
 @hold.register_fake
-def _(x: torch.Tensor, fwd_ms: float, bwd_ms: float) -> torch.Tensor:
+def _(x: torch.Tensor, fwd_ms: float, bwd_ms: float, bwd_lane: int) -> torch.Tensor:
     return torch.empty_like(x)
 
 
 def _hold_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     ctx.bwd_ms = inputs[2]
+    ctx.bwd_lane = inputs[3]
 
 
-def _hold_bwd(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-    return hold_backward(grad, ctx.bwd_ms), None, None
+def _hold_bwd(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    return hold_backward(grad, ctx.bwd_ms, ctx.bwd_lane), None, None, None
 
 
 hold.register_autograd(_hold_bwd, setup_context=_hold_setup)
@@ -110,7 +118,8 @@ class HoldBlock(nn.Module):
         self.wgrad_ms = wgrad_ms
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return hold(x, self.fwd_ms, self.bwd_input_ms) * hold(self.weight, 0.0, self.wgrad_ms)
+        return (hold(x, self.fwd_ms, self.bwd_input_ms, LANE_INPUT_GRAD)
+                * hold(self.weight, 0.0, self.wgrad_ms, LANE_WEIGHT_GRAD))
 
 
 class RealBlock(nn.Module):

@@ -113,10 +113,13 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
             "no GPU activity in this export (no kernel, memcpy or memset rows); "
             "profile with CUDA tracing on (nsys profile -t cuda,nvtx)",
         )
-    pids = sorted(np.unique(gpu.pid[active]).tolist())
+    pids = sorted(factorize(gpu.pid[active])[1].tolist())
     nvtx = read_nvtx(db)
     proc_names = _process_names(db)
-    devices = {p: sorted(np.unique(gpu.device[active & (gpu.pid == p)]).tolist()) for p in pids}
+    devices: dict[int, list[int]] = {}
+    for p in pids:
+        lo, hi = np.searchsorted(gpu.pid, [p, p + 1])
+        devices[p] = np.flatnonzero(np.bincount(gpu.device[lo:hi][active[lo:hi]])).tolist()
     decisions = decide_ranks(db, pids, devices, nvtx.thread_ranks, proc_names)
     clock = _clock(db, int(gpu.start.min()))
     file_warnings: list[str] = []
@@ -360,7 +363,8 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
             for c, (r, nr) in ctx.comm_info[pid].items()
         }
     if pending["interval"] or pending["range"]:
-        meta["nccl_pending"] = pending
+        # row indices into the (final) interval and range tables, for resolve_nccl_peers
+        meta["nccl_pending"] = {t: _pack_pending(v) for t, v in pending.items() if v}
     overhead = _profiler_overhead(ctx.db, pid, off)
     if len(overhead):
         meta["profiler_overhead_ns"] = overhead
@@ -409,28 +413,24 @@ def _resolve_peers(
     pending: list[Any],
     warnings: list[str],
 ) -> int:
-    """Global peer ranks from communicator-local ones; what this file cannot map is left pending."""
+    """Global peer ranks from communicator-local ones; what this file cannot map is left pending
+    (``pending`` gets (row indices, communicators, local peers) arrays)."""
     has_comm = comm != 0
     for c in np.unique(comm[has_comm]).tolist():
         rows = np.flatnonzero(comm == c)
         group[rows] = group_of(c)
-        members = ctx.comm_members.get(c, {})
         local, nranks = ctx.comm_info.get(pid, {}).get(c, (-1, -1))
+        lp = local_peer[rows]
+        mapped = _lookup(ctx.comm_members.get(c, {}), lp)
         # A communicator as large as the world in which this process has its own global rank is
         # the world communicator: local ranks are global ranks.
-        identity = nranks > 0 and dec.world_size == nranks and local == dec.rank
-        lp = local_peer[rows]
-        known = lp >= 0
-        mapped = (
-            np.array([members.get(int(x), -1) for x in lp.tolist()], dtype=np.int64)
-            if members
-            else np.full(len(rows), -1, dtype=np.int64)
-        )
-        if identity:
+        if nranks > 0 and dec.world_size == nranks and local == dec.rank:
             mapped = np.where(mapped >= 0, mapped, lp)
+        known = lp >= 0
         peer[rows] = np.where(known, mapped, -1).astype(np.int32)
-        for i in rows[known & (mapped < 0)].tolist():
-            pending.append((i, int(c), int(local_peer[i])))
+        left = rows[known & (mapped < 0)]
+        if len(left):
+            pending.append((left, np.full(len(left), c, dtype=np.int64), local_peer[left]))
     # Payloads without a communicator (JSON style): assume world ranks.
     no_comm = ~has_comm & (local_peer >= 0)
     if no_comm.any():
@@ -439,14 +439,35 @@ def _resolve_peers(
             f"{int(no_comm.sum())} NCCL p2p payload(s) without a "
             "communicator id; their peer ranks are taken as global ranks"
         )
-    unresolvable = [c for _, c, _ in pending if c not in ctx.comm_info.get(pid, {})]
+    mine = list(ctx.comm_info.get(pid, {}))
+    unresolvable = sum(int((~np.isin(c, mine)).sum()) for _, c, _ in pending)
     if unresolvable:
         warnings.append(
-            f"peers of {len(unresolvable)} NCCL p2p kernel(s) are "
+            f"peers of {unresolvable} NCCL p2p kernel(s) are "
             "communicator-local and the communicator's creation was not captured; "
             "their global peer ranks are unknown"
         )
     return len(pending)
+
+
+def _lookup(members: dict[int, int], local: I64) -> I64:
+    """Global rank of each communicator-local rank in ``local`` (-1 when not a known member)."""
+    if not members:
+        return np.full(len(local), -1, dtype=np.int64)
+    keys = np.array(sorted(members), dtype=np.int64)
+    vals = np.array([members[k] for k in keys.tolist()], dtype=np.int64)
+    pos = np.minimum(np.searchsorted(keys, local), len(keys) - 1)
+    return np.where(keys[pos] == local, vals[pos], -1)
+
+
+def _pack_pending(parts: list[tuple[I64, I64, I64]], base: int = 0) -> dict[str, I64]:
+    if not parts:
+        return {}
+    return {
+        "index": np.concatenate([p[0] for p in parts]) + base,
+        "comm": np.concatenate([p[1] for p in parts]),
+        "local": np.concatenate([p[2] for p in parts]),
+    }
 
 
 def _ranges(
@@ -510,7 +531,7 @@ def _ranges(
             [],
         )
         base = len(sel)
-        pending.extend((base + i, c, lp) for i, c, lp in sub_pending)
+        pending.extend((i + base, c, lp) for i, c, lp in sub_pending)
         parts.append(
             Ranges.from_columns(
                 m,
@@ -568,13 +589,16 @@ def resolve_nccl_peers(ranks: list[RankTimeline]) -> list[str]:
         if not pend:
             continue
         for table, rows in (("interval", tl.intervals), ("range", tl.ranges)):
-            for i, comm, local in pend.get(table, []):
-                key = f"{comm & 0xFFFFFFFFFFFFFFFF:016x}"
-                g = members.get(key, {}).get(int(local))
-                if g is None or i >= len(rows):
-                    unresolved += 1
-                    continue
-                rows.peer[i] = g
+            p = pend.get(table)
+            if not p:
+                continue
+            idx, comm, local = p["index"], p["comm"], p["local"]
+            for c in np.unique(comm).tolist():
+                m = comm == c
+                g = _lookup(members.get(f"{c & 0xFFFFFFFFFFFFFFFF:016x}", {}), local[m])
+                ok = (g >= 0) & (idx[m] < len(rows))
+                rows.peer[idx[m][ok]] = g[ok]
+                unresolved += int((~ok).sum())
         for pg in tl.process_groups:
             key = pg.name.removeprefix("nccl:")
             mem = members.get(key)

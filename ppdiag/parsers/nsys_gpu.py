@@ -323,12 +323,13 @@ def _part(
     nbytes: I64,
 ) -> dict[str, np.ndarray]:
     n = len(rows)
+    # Contiguous columns: strided views of the fetched records would slow every later pass.
     return {
-        "start": rows["start"],
-        "end": rows["end"],
-        "packed": rows["packed"],
-        "nametid": rows["nametid"],
-        "launch": rows["launch"],
+        "start": np.ascontiguousarray(rows["start"]),
+        "end": np.ascontiguousarray(rows["end"]),
+        "packed": np.ascontiguousarray(rows["packed"]),
+        "nametid": np.ascontiguousarray(rows["nametid"]),
+        "launch": np.ascontiguousarray(rows["launch"]),
         "kind": kind,
         "name": name,
         "direction": direction if direction is not None else np.full(n, Direction.NONE, np.int8),

@@ -1,0 +1,547 @@
+"""Measured costs the what-if predictions start from.
+
+* :class:`MeasuredRun` — what one step of the analyzed run is made of: the mean forward, backward and
+  weight-gradient cost of one micro-batch on every (virtual) stage, the normal p2p latency, what
+  each pipeline rank does before its first block and after its last one, and the measured step
+  time with the lost time that single-cause removals would win back.
+* :class:`LayerProfile` — the model as a sequence of blocks (layers) with a cost each, so stages
+  can be re-cut: from module ranges in the trace (``nn.Module: …`` events, NVTX ranges per layer),
+  from a ``--layer-costs`` file measured elsewhere, or estimated from the stage totals
+  (``--layers-per-stage``: each stage's layers assumed equal), or — without any of these — the
+  stage totals spread evenly over each stage (a continuous model that only supports ideal splits).
+
+Costs are ns per micro-batch at the measured micro-batch size.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.attribution import intervals as ivs
+from ppdiag.errors import InputError
+from ppdiag.model import Kind, Phase, RangeKind, RankTimeline
+from ppdiag.pipeline.blocks import Blocks
+
+F64 = npt.NDArray[np.float64]
+MS = 1e6
+
+_SIM_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")
+
+
+@dataclass
+class MeasuredRun:
+    """The analyzed run, reduced to what the schedule simulator needs (times in ns).
+
+    ``fwd_ns`` / ``bwd_ns`` / ``wgrad_ns`` hold one value per virtual stage in model order; with
+    ``split_backward`` the backward was measured as separate input-gradient (``bwd_ns``) and
+    weight-gradient (``wgrad_ns``) blocks, else ``bwd_ns`` is the whole backward and ``wgrad_ns``
+    is zero. ``head_ns`` is the time from the step start to the first block on the first stage;
+    ``tail_idle_ns`` / ``tail_busy_ns`` (one per pipeline rank) the idle and compute time after each
+    rank's last block (optimizer, step-end collectives). ``removable_ns`` is the step time that
+    removing one cause alone would win back (``comm_wait``, ``host``), from the replay.
+    """
+
+    schedule: str
+    detected_schedule: str
+    pp: int
+    virtual: int
+    microbatches: int
+    fwd_ns: F64
+    bwd_ns: F64
+    wgrad_ns: F64
+    split_backward: bool
+    p2p_ns: float
+    head_ns: float
+    tail_idle_ns: F64
+    tail_busy_ns: F64
+    step_ns: float
+    lost_ms: dict[str, float] = field(default_factory=dict)
+    removable_ns: dict[str, float] = field(default_factory=dict)
+    bubble_ratio: float | None = None
+    from_trace: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def stages(self) -> int:
+        return self.pp * self.virtual
+
+    def stage_total_ns(self) -> F64:
+        """Compute of one micro-batch on every virtual stage (forward + whole backward)."""
+        return self.fwd_ns + self.bwd_ns + self.wgrad_ns
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schedule": self.schedule,
+            "detected_schedule": self.detected_schedule,
+            "pp": self.pp,
+            "virtual": self.virtual,
+            "microbatches": self.microbatches,
+            "step_ms": round(self.step_ns / MS, 4),
+            "fwd_ms": [round(float(x) / MS, 4) for x in self.fwd_ns],
+            "bwd_ms": [round(float(x) / MS, 4) for x in self.bwd_ns],
+            "wgrad_ms": [round(float(x) / MS, 4) for x in self.wgrad_ns] if self.split_backward else None,
+            "p2p_ms": round(self.p2p_ns / MS, 4),
+            "head_ms": round(self.head_ns / MS, 4),
+            "tail_ms": [round(float(a + b) / MS, 4) for a, b in zip(self.tail_idle_ns, self.tail_busy_ns,
+                                                                   strict=True)],
+            "from_trace": self.from_trace,
+        }
+
+
+def sim_schedule(name: str | None, virtual: int) -> tuple[str, str | None]:
+    """The simulator schedule for a detected schedule name, and a note when it is a stand-in."""
+    n = (name or "unknown").lower()
+    if n in _SIM_SCHEDULES:
+        return n, None
+    if n == "looped_bfs":
+        return "interleaved_1f1b", "looped BFS is simulated as interleaved 1F1B (same chunks, other order)"
+    fallback = "interleaved_1f1b" if virtual > 1 else "1f1b"
+    return fallback, f"schedule {n!r} could not be identified; simulated as {fallback}"
+
+
+def _per_stage_mean(b_all: list[Blocks], phase: int, n_st: int) -> tuple[F64, npt.NDArray[np.int64]]:
+    tot = np.zeros(n_st)
+    cnt = np.zeros(n_st, dtype=np.int64)
+    for b in b_all:
+        m = (b.phase == phase) & (b.stage >= 0) & (b.stage < n_st)
+        if m.any():
+            np.add.at(tot, b.stage[m], b.busy[m].astype(np.float64))
+            np.add.at(cnt, b.stage[m], 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
+    return mean, cnt
+
+
+def _fill(vals: F64, what: str, notes: list[str]) -> F64:
+    missing = ~np.isfinite(vals)
+    if missing.all():
+        return np.zeros_like(vals)
+    if missing.any():
+        notes.append(f"no {what} blocks seen on stage(s) {', '.join(map(str, np.flatnonzero(missing)))}; "
+                     "the mean of the other stages is used")
+        vals = np.where(missing, float(np.nanmean(vals)), vals)
+    return vals
+
+
+def measure(report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> MeasuredRun:
+    """Reduce an analyzed run to a :class:`MeasuredRun`; InputError when it has no usable pipeline."""
+    topo = pipe.topology
+    if topo.pp <= 1:
+        raise InputError(None, "the run has no pipeline parallelism (pp = 1): nothing to predict; "
+                         "pass --stage-map or --run-pp if the traces do not show the stages")
+    n_st = topo.pp * topo.virtual
+    blocks = [b for b in pipe.blocks.values() if b is not None and len(b)]
+    if not blocks:
+        raise InputError(None, "no micro-batch compute blocks were found in the traces; the per-stage "
+                         "costs the predictions need are unknown")
+    notes: list[str] = []
+    m = pipe.microbatches
+    if not m:
+        raise InputError(None, "the number of micro-batches per step is unknown; pass --run-microbatches")
+    sched, note = sim_schedule(pipe.schedule, topo.virtual)
+    if note:
+        notes.append(note)
+    fwd, _ = _per_stage_mean(blocks, int(Phase.FWD), n_st)
+    bwd, _ = _per_stage_mean(blocks, int(Phase.BWD), n_st)
+    wgr, wcnt = _per_stage_mean(blocks, int(Phase.WGRAD), n_st)
+    split = bool(wcnt.sum() > 0)
+    fwd = _fill(fwd, "forward", notes)
+    bwd = _fill(bwd, "backward", notes)
+    wgr = _fill(wgr, "weight-gradient", notes) if split else np.zeros(n_st)
+    if split and sched not in ("zero_bubble", "zbv", "dualpipev"):
+        # W blocks seen but the schedule runs B: fold them into the backward
+        bwd, wgr, split = bwd + wgr, np.zeros(n_st), False
+    if not split and sched in ("zero_bubble", "zbv", "dualpipev"):
+        notes.append("no separate weight-gradient blocks seen; half of each backward is taken as W")
+        wgr = bwd * 0.5
+        bwd = bwd - wgr
+        split = True
+
+    pos_of = {r: i for line in topo.pipelines for i, r in enumerate(line)}
+    head: list[float] = []
+    tail_idle: list[list[float]] = [[] for _ in range(topo.pp)]
+    tail_busy: list[list[float]] = [[] for _ in range(topo.pp)]
+    for rs in rank_steps:
+        b = rs.blocks
+        pos = pos_of.get(rs.rank)
+        if pos is None or pos >= topo.pp or b is None or not len(b):
+            continue
+        first, last = int(b.start.min()), int(b.end.max())
+        if pos == 0:
+            head.append(float(max(first - rs.w0, 0)))
+        busy = ivs.measure(ivs.clip(rs.sets.compute, last, rs.w1)) if rs.w1 > last else 0
+        tail_busy[pos].append(float(busy))
+        tail_idle[pos].append(float(max(rs.w1 - last - busy, 0)))
+    ti = np.array([float(np.mean(x)) if x else 0.0 for x in tail_idle])
+    tb = np.array([float(np.mean(x)) if x else 0.0 for x in tail_busy])
+    step_ms = (report.get("summary") or {}).get("step_ms")
+    if not step_ms:
+        raise InputError(None, "the run has no complete step: the step time the predictions are "
+                         "calibrated against is unknown")
+    rp = getattr(attr, "step_replay_ns", {}) or {}
+    removable: dict[str, float] = {}
+    if "measured" in rp:
+        for cause, var in (("comm_wait", "gain_comm_wait"), ("host", "gain_host")):
+            if var in rp:
+                removable[cause] = max(float(rp["measured"] - rp[var]), 0.0)
+    lost = dict((report.get("summary") or {}).get("lost_ms") or {})
+    return MeasuredRun(
+        schedule=sched, detected_schedule=str(pipe.schedule), pp=topo.pp, virtual=topo.virtual,
+        microbatches=int(m), fwd_ns=fwd, bwd_ns=bwd, wgrad_ns=wgr, split_backward=split,
+        p2p_ns=float(getattr(attr, "normal_latency_ns", 0) or 0), head_ns=float(np.mean(head)) if head else 0.0,
+        tail_idle_ns=ti, tail_busy_ns=tb, step_ns=float(step_ms) * MS, lost_ms=lost,
+        removable_ns=removable, bubble_ratio=(report.get("bubble") or {}).get("measured_ratio"), notes=notes,
+    )
+
+
+def measure_diagnosis(diag: Any) -> MeasuredRun:
+    """:func:`measure` on a :class:`ppdiag.diagnosis.Diagnosis`."""
+    ctx = diag.context
+    if "pipeline" not in ctx:
+        raise InputError(None, "the analysis kept no pipeline model")
+    return measure(diag.report, ctx["pipeline"], ctx.get("attribution"), ctx.get("rank_steps") or [])
+
+
+# ---- per-block (layer) costs ---------------------------------------------------------------
+
+
+@dataclass
+class LayerProfile:
+    """The model as blocks in order, each with its cost per micro-batch (ns).
+
+    ``bwd_ns`` is the whole backward of a block (weight gradient included), ``wgrad_ns`` the part of
+    it that is the weight gradient when known (NaN otherwise). ``act_mb`` is the activation memory one
+    micro-batch leaves on the block until its backward (NaN when unknown). ``bounds`` is the current
+    split into virtual stages when known. ``discrete``: blocks are real layers and splits must fall
+    between them; otherwise the units are whole stages whose cost is taken as spread evenly, and a
+    split may cut anywhere (an ideal that a real layer split only approaches).
+    """
+
+    names: list[str]
+    fwd_ns: F64
+    bwd_ns: F64
+    wgrad_ns: F64
+    act_mb: F64
+    bounds: list[int] | None
+    source: str  # "trace" | "file" | "layers-per-stage" | "stages"
+    discrete: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    @property
+    def total_ns(self) -> F64:
+        return self.fwd_ns + self.bwd_ns
+
+    @property
+    def has_activations(self) -> bool:
+        return bool(np.isfinite(self.act_mb).all()) and self.n > 0
+
+    def chunk_sums(self, bounds: Sequence[float]) -> dict[str, F64]:
+        """Per chunk between consecutive (possibly fractional) bounds: fwd, bwd, wgrad, act, layers."""
+        x = np.asarray(bounds, dtype=np.float64)
+        grid = np.arange(self.n + 1, dtype=np.float64)
+        out: dict[str, F64] = {}
+        for key, arr in (("fwd", self.fwd_ns), ("bwd", self.bwd_ns), ("wgrad", np.nan_to_num(self.wgrad_ns)),
+                         ("act", np.nan_to_num(self.act_mb))):
+            pre = np.concatenate(([0.0], np.cumsum(arr)))
+            c = np.interp(x, grid, pre)
+            out[key] = np.diff(c)
+        out["layers"] = np.diff(x)
+        return out
+
+
+def profile_from_stages(meas: MeasuredRun, layers_per_stage: Sequence[int] | None = None) -> LayerProfile:
+    """Per-block costs estimated from the stage totals.
+
+    With ``layers_per_stage`` (one count, or one per virtual stage) every stage's layers are taken
+    as equally expensive; without it each stage is one unit that a split may cut anywhere.
+    """
+    n_st = meas.stages
+    bwd_full = meas.bwd_ns + meas.wgrad_ns
+    wg = meas.wgrad_ns if meas.split_backward else np.full(n_st, np.nan)
+    if layers_per_stage is None:
+        return LayerProfile([f"stage {s}" for s in range(n_st)], meas.fwd_ns.copy(), bwd_full.copy(), wg.copy(),
+                            np.full(n_st, np.nan), list(range(n_st + 1)), "stages", discrete=False)
+    counts = list(layers_per_stage)
+    if len(counts) == 1:
+        counts = counts * n_st
+    if len(counts) != n_st:
+        raise InputError(None, f"--layers-per-stage has {len(counts)} values but the run has {n_st} "
+                         "(virtual) stages")
+    if any(c < 1 for c in counts):
+        raise InputError(None, "--layers-per-stage values must be >= 1")
+    rep = np.repeat(np.arange(n_st), counts)
+    cnt = np.asarray(counts, dtype=np.float64)
+    names = [f"layer {i}" for i in range(int(sum(counts)))]
+    bounds = [0, *np.cumsum(counts).tolist()]
+    return LayerProfile(names, (meas.fwd_ns / cnt)[rep], (bwd_full / cnt)[rep], (wg / cnt)[rep],
+                        np.full(rep.size, np.nan), bounds, "layers-per-stage", discrete=True,
+                        notes=["per-layer costs estimated from the stage totals (layers of a stage "
+                               "assumed equally expensive)"])
+
+
+_FILE_COLS = ("fwd_ms", "bwd_ms")
+_OPT_COLS = ("activation_mb", "wgrad_ms", "stage")
+_NAME_COLS = ("block", "name", "layer")
+
+
+def _num(path: str, where: str, key: str, raw: Any, optional: bool) -> float:
+    if raw is None or (isinstance(raw, str) and raw.strip() == ""):
+        if optional:
+            return math.nan
+        raise InputError(path, f"{where}: {key} is missing")
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        raise InputError(path, f"{where}: {key} is not a number: {str(raw)[:40]!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise InputError(path, f"{where}: {key} must be a finite number >= 0, got {str(raw)[:40]}")
+    return v
+
+
+def read_layer_costs(path: str | Path) -> LayerProfile:
+    """Read a per-block cost file: CSV with a header row, or JSON (a list of objects, or
+    ``{"blocks": [...]}``). Columns: ``block`` (name), ``fwd_ms``, ``bwd_ms`` (whole backward), and
+    optionally ``activation_mb``, ``wgrad_ms`` (weight-gradient part of ``bwd_ms``) and ``stage``
+    (the current stage of the block). Blocks are in model order. Any problem: InputError."""
+    p = Path(path)
+    sp = str(p)
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise InputError(sp, "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(sp, f"cannot read the layer-cost file: {exc}") from None
+    rows: list[dict[str, Any]]
+    stripped = text.lstrip()
+    if not stripped:
+        raise InputError(sp, "the layer-cost file is empty")
+    if p.suffix.lower() == ".json" or stripped[:1] in "[{":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(sp, f"not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        if isinstance(data, dict):
+            data = data.get("blocks", data.get("layers"))
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise InputError(sp, 'expected a list of objects (or {"blocks": [...]}) with fwd_ms and bwd_ms')
+        rows = data
+        where = "block {i}"
+    else:
+        reader = csv.DictReader(text.splitlines())
+        if not reader.fieldnames:
+            raise InputError(sp, "the CSV file has no header row")
+        reader.fieldnames = [f.strip().lower() for f in reader.fieldnames]
+        missing = [c for c in _FILE_COLS if c not in reader.fieldnames]
+        if missing:
+            raise InputError(sp, f"the CSV header lacks {', '.join(missing)} (need block, fwd_ms, bwd_ms; "
+                             "optional activation_mb, wgrad_ms, stage)")
+        rows = list(reader)
+        where = "line {line}"
+    if not rows:
+        raise InputError(sp, "the layer-cost file lists no blocks")
+    names: list[str] = []
+    cols: dict[str, list[float]] = {k: [] for k in (*_FILE_COLS, *_OPT_COLS)}
+    for i, row in enumerate(rows):
+        w = where.format(i=i, line=i + 2)
+        low = {str(k).strip().lower(): v for k, v in row.items() if k is not None}
+        name = next((str(low[c]) for c in _NAME_COLS if low.get(c) not in (None, "")), f"block {i}")
+        names.append(name[:200])
+        for key in _FILE_COLS:
+            cols[key].append(_num(sp, w, key, low.get(key), optional=False))
+        for key in _OPT_COLS:
+            cols[key].append(_num(sp, w, key, low.get(key), optional=True))
+    fwd = np.asarray(cols["fwd_ms"]) * MS
+    bwd = np.asarray(cols["bwd_ms"]) * MS
+    wg = np.asarray(cols["wgrad_ms"]) * MS
+    if np.isfinite(wg).any() and (wg[np.isfinite(wg)] > bwd[np.isfinite(wg)] + 1e-9).any():
+        raise InputError(sp, "wgrad_ms is the weight-gradient part of bwd_ms and cannot exceed it")
+    act = np.asarray(cols["activation_mb"])
+    if np.isfinite(act).any() and not np.isfinite(act).all():
+        raise InputError(sp, "activation_mb is given for some blocks but not for all")
+    st = np.asarray(cols["stage"])
+    bounds: list[int] | None = None
+    if np.isfinite(st).any():
+        if not np.isfinite(st).all() or (st != np.round(st)).any():
+            raise InputError(sp, "stage must be an integer on every block when it is given")
+        s = st.astype(np.int64)
+        if s[0] != 0 or (np.diff(s) < 0).any() or (np.diff(s) > 1).any():
+            raise InputError(sp, "stage must start at 0 and grow by at most 1 from block to block "
+                             "(stages hold contiguous blocks)")
+        bounds = [0, *(np.flatnonzero(np.diff(s)) + 1).tolist(), int(s.size)]
+    if float((fwd + bwd).sum()) <= 0:
+        raise InputError(sp, "every block costs 0 ms")
+    return LayerProfile(names, fwd, bwd, wg, act, bounds, "file", discrete=True)
+
+
+def scale_profile_to(profile: LayerProfile, meas: MeasuredRun) -> LayerProfile:
+    """Scale a profile measured elsewhere so its totals match the trace (forward and backward apart)."""
+    f_meas = float(meas.fwd_ns.sum())
+    b_meas = float((meas.bwd_ns + meas.wgrad_ns).sum())
+    f_file = float(profile.fwd_ns.sum())
+    b_file = float(profile.bwd_ns.sum())
+    kf = f_meas / f_file if f_file > 0 else 1.0
+    kb = b_meas / b_file if b_file > 0 else 1.0
+    out = LayerProfile(list(profile.names), profile.fwd_ns * kf, profile.bwd_ns * kb, profile.wgrad_ns * kb,
+                       profile.act_mb.copy(), profile.bounds, profile.source, profile.discrete,
+                       list(profile.notes))
+    if abs(kf - 1) > 0.02 or abs(kb - 1) > 0.02:
+        out.notes.append(f"block costs scaled to the trace's totals (forward x{kf:.3g}, backward x{kb:.3g})")
+    return out
+
+
+# ---- per-block costs from module ranges in the trace ---------------------------------------
+
+
+def _depths(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Nesting depth of every range (0: inside no other range), ranges sorted by (start, -end)."""
+    depth = np.zeros(start.size, dtype=np.int64)
+    stack: list[int] = []  # ends of the open ranges
+    for i in range(start.size):  # one iteration per module range (a few per layer and micro-batch)
+        s, e = int(start[i]), int(end[i])
+        while stack and stack[-1] <= s:
+            stack.pop()
+        depth[i] = len(stack)
+        stack.append(e)
+    return depth
+
+
+def module_layers(tl: RankTimeline, blocks: Blocks) -> dict[int, tuple[list[str], F64]]:
+    """Per virtual stage of this rank: the names and the mean forward compute (ns) of its layers.
+
+    A layer is a module range (``RangeKind.MODULE``) at the shallowest nesting level that has at least
+    two ranges inside one forward block (the level below the stage's own wrapper module). Its compute
+    is the device time of the work it launched (GPU) or ran (CPU-only). Only blocks whose layer count
+    is the stage's most common one are used.
+    """
+    rg = tl.ranges
+    mm = rg.kind == int(RangeKind.MODULE)
+    if not mm.any() or not len(blocks):
+        return {}
+    off = tl.clock_offset_ns
+    ms = rg.start[mm] + off
+    me = rg.end[mm] + off
+    mname = rg.name[mm]
+    order = np.lexsort((-me, ms))
+    ms, me, mname = ms[order], me[order], mname[order]
+    depth = _depths(ms, me)
+    iv = tl.intervals
+    comp = iv.kind == int(Kind.COMPUTE)
+    if not comp.any():
+        return {}
+    use_launch = (not tl.cpu_only) and bool((iv.launch[comp] >= 0).any())
+    key = (np.where(iv.launch[comp] >= 0, iv.launch[comp], iv.start[comp]) if use_launch
+           else iv.start[comp]) + off
+    dstart = iv.start[comp] + off
+    dur = (iv.end[comp] - iv.start[comp]).astype(np.float64)
+    o = np.argsort(key, kind="stable")
+    key, dstart, dur = key[o], dstart[o], dur[o]
+    cum = np.concatenate(([0.0], np.cumsum(dur)))
+    lo = np.searchsorted(key, ms, side="left")
+    hi = np.searchsorted(key, me, side="left")
+    busy = cum[hi] - cum[lo]
+    has = hi > lo
+    first_dev = np.where(has, dstart[np.minimum(lo, key.size - 1)], -1)
+    # the forward block each module range's work ran in
+    fwd = np.flatnonzero(blocks.phase == int(Phase.FWD))
+    if fwd.size == 0:
+        return {}
+    bs, be = blocks.start[fwd], blocks.end[fwd]
+    ob = np.argsort(bs, kind="stable")
+    fwd, bs, be = fwd[ob], bs[ob], be[ob]
+    bi = np.searchsorted(bs, first_dev, side="right") - 1
+    inside = has & (bi >= 0) & (first_dev < be[np.clip(bi, 0, None)])
+    blk = np.where(inside, fwd[np.clip(bi, 0, None)], -1)
+    per_stage: dict[int, list[tuple[list[int], F64]]] = {}
+    for b in np.unique(blk[blk >= 0]):
+        sel = np.flatnonzero(blk == b)
+        d = depth[sel]
+        level = None
+        for lv in np.unique(d):
+            if int((d == lv).sum()) >= 2:
+                level = lv
+                break
+        if level is None:
+            continue
+        rows = sel[d == level]
+        per_stage.setdefault(int(blocks.stage[b]), []).append((mname[rows].tolist(), busy[rows]))
+    out: dict[int, tuple[list[str], F64]] = {}
+    for st, items in per_stage.items():
+        n = Counter(len(x[0]) for x in items).most_common(1)[0][0]
+        keep = [x for x in items if len(x[0]) == n]
+        mean = np.mean(np.stack([x[1] for x in keep]), axis=0)
+        names = [tl.name_of(i).removeprefix("nn.Module: ") for i in keep[0][0]]
+        out[st] = (names, mean)
+    return out
+
+
+def profile_from_trace(timelines: dict[int, RankTimeline], blocks: dict[int, Blocks],
+                       meas: MeasuredRun) -> LayerProfile | None:
+    """Per-layer costs from module ranges, when every virtual stage shows its layers; else None.
+
+    Forward costs come from the ranges; the stage's measured forward is spread over its layers in
+    proportion (work between the layer ranges, e.g. the loss, goes with them), and the backward in
+    the same proportion as the forward (layer ranges mark forward calls only).
+    """
+    found: dict[int, tuple[list[str], F64]] = {}
+    for r, tl in timelines.items():
+        b = blocks.get(r)
+        if b is None or not len(b):
+            continue
+        for st, val in module_layers(tl, b).items():
+            found.setdefault(st, val)
+    n_st = meas.stages
+    if any(s not in found for s in range(n_st)):
+        return None
+    names: list[str] = []
+    fwd: list[F64] = []
+    bwd: list[F64] = []
+    wg: list[F64] = []
+    counts: list[int] = []
+    coverage: list[float] = []
+    for s in range(n_st):
+        nm, f = found[s]
+        tot = float(f.sum())
+        share = f / tot if tot > 0 else np.full(f.size, 1.0 / f.size)
+        coverage.append(tot / float(meas.fwd_ns[s]) if meas.fwd_ns[s] > 0 else 1.0)
+        names.extend(nm)
+        fwd.append(share * meas.fwd_ns[s])
+        bwd.append(share * (meas.bwd_ns[s] + meas.wgrad_ns[s]))
+        wg.append(share * meas.wgrad_ns[s] if meas.split_backward else np.full(f.size, np.nan))
+        counts.append(f.size)
+    prof = LayerProfile(names, np.concatenate(fwd), np.concatenate(bwd), np.concatenate(wg),
+                        np.full(sum(counts), np.nan), [0, *np.cumsum(counts).tolist()], "trace", True,
+                        ["per-layer forward costs from the module ranges in the trace; backward split in "
+                         "the same proportions"])
+    low = min(coverage)
+    if low < 0.8:
+        prof.notes.append(f"the layer ranges cover only {low:.0%} of a stage's forward compute; the rest "
+                          "is spread over its layers")
+    return prof
+
+
+__all__ = [
+    "LayerProfile",
+    "MeasuredRun",
+    "measure",
+    "measure_diagnosis",
+    "module_layers",
+    "profile_from_stages",
+    "profile_from_trace",
+    "read_layer_costs",
+    "scale_profile_to",
+    "sim_schedule",
+]
