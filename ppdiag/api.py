@@ -14,6 +14,7 @@ from ppdiag.pipeline import PipelineOptions, rebuild
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.rules import RuleContext, run_rules
 from ppdiag.summary import build_report
+from ppdiag.whatif.scenarios import report_rows as whatif_rows
 
 
 @dataclass
@@ -76,6 +77,7 @@ def analyze_run(run: Run, options: Options | None = None,
     ctx = RuleContext(report, run, pipe, steps, attr, {k: v for k, v in asdict(opts).items() if v is not None})
     findings = run_rules(ctx)
     report["findings"] = [f.to_json() for f in findings]
+    report["whatif"] = whatif_rows(run, report, pipe, attr, steps)
     return Diagnosis(run=run, report=report, findings=findings, steps=windows, gaps=attr.gaps,
                      context={"stage_of_rank": dict(pipe.topology.stage_of), "pipeline": pipe,
                               "attribution": attr, "rank_steps": steps})

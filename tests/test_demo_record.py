@@ -194,17 +194,23 @@ def test_schedule_run_is_a_real_profiled_pipeline(recorded: Callable[..., Ground
         inside = in_windows(hs, he, truth, r)
         n_ops = int(inside.sum())
         assert n_ops == steps * m * len(rt.stages) * 2 * 2 * cfg.get("layers_per_stage", 2)
-        # ... whose durations add up to what the truth held, plus a bounded call overhead
-        op_sum = int((he - hs)[inside].sum())
-        assert got - n_ops * 2_000 <= op_sum <= got + n_ops * OP_OVERHEAD_NS
         # ... each running inside one of the truth's compute blocks
         blocks = rt.mask(("fwd", "bwd", "bwd_input", "wgrad"))
         b_start, b_end = rt.cols["start_ns"][blocks], rt.cols["end_ns"][blocks]
         order = np.argsort(b_start)
         b_start, b_end = b_start[order], b_end[order]
+        b_held = rt.cols["held_ns"][blocks][order]
         k = np.searchsorted(b_start, hs[inside] + CLOCK_SLACK_NS, side="right") - 1
         assert np.all(k >= 0)
         assert np.all(he[inside] <= b_end[k] + CLOCK_SLACK_NS)
+        # ... whose durations add up to what the truth held: never less, and per block no more than
+        # a small call overhead per op (a median: a busy host may preempt any single call)
+        dur = (he - hs)[inside]
+        assert int(dur.sum()) >= got - n_ops * 2_000
+        op_sum_per_block = np.bincount(k, weights=dur, minlength=len(b_start))
+        ops_per_block = np.bincount(k, minlength=len(b_start))
+        overhead = (op_sum_per_block - b_held) / np.maximum(ops_per_block, 1)
+        assert np.median(overhead) < OP_OVERHEAD_NS
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"])
@@ -340,7 +346,8 @@ def test_slow_link_delays_the_ranks_sends_by_the_injected_time(recorded: Callabl
         assert np.median((b_wend - b_req)[b_wstart <= b_req]) < 0.2 * d_ns
     # links not touching the slow rank keep their speed
     req, post, wstart, wend = _sends_and_recv_waits(truth, 3, 2)
-    assert np.all(post - req < 1 * MS)
+    assert np.median(post - req) < 0.5 * MS
+    assert np.all(post - req < 0.5 * d_ns)
     # the slow rank's trace still shows every send it made, with its peer
     doc = load_trace(truth.trace_path(slow))
     cs, ce, cevs = ops(doc, main_only=False, names=("c10d::send",))
@@ -364,7 +371,7 @@ def test_host_stall_leaves_op_free_gaps_before_each_forward(recorded: Callable[.
             assert not truth.rank(r).mask("stall").any()
     st, en = rt.cols["start_ns"][stalls], rt.cols["end_ns"][stalls]
     assert np.all(en - st >= stall_ms * MS)
-    assert np.all(en - st < stall_ms * MS + 1.5 * MS)
+    assert np.median(en - st) < stall_ms * MS + 0.5 * MS  # single ones may wake up late on a busy host
     # each stall sits right before its micro-batch's forward
     fwd = rt.mask("fwd")
     for e_, step, mb in zip(en, rt.cols["step"][stalls], rt.cols["mb"][stalls], strict=True):

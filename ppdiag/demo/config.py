@@ -69,6 +69,10 @@ class DemoConfig:
     blocks through ``stage_layers`` costs proportionally more. ``wgrad_fraction`` of the backward is
     weight-gradient work, which zero-bubble schedules run as separate W blocks.
 
+    ``layer_factors`` (optional, one value per layer of the whole model in model order, i.e.
+    ``sum(layers())`` values) multiplies each layer's work: a model whose layers differ in cost, so a
+    split by measured cost can be recorded and compared with a split by layer count.
+
     Faults: ``slow_stage`` runs ``slow_factor``× the work of the others; ``comm_delay_rank``'s sends
     reach their peers ``comm_delay_ms`` late (its own compute is not blocked); ``host_stall_rank``
     stalls the host for ``host_stall_ms`` with no work before each micro-batch forward. Faults act on
@@ -85,6 +89,7 @@ class DemoConfig:
     wgrad_fraction: float = 0.5
     layers_per_stage: int = 2
     stage_layers: list[int] | None = None
+    layer_factors: list[float] | None = None
     hidden: int = 64
     batch: int | None = None  # global batch rows; None = 8 rows per micro-batch
     slow_stage: int | None = None
@@ -137,6 +142,12 @@ class DemoConfig:
         """Work multiplier of a stage (the slow-stage fault)."""
         return self.slow_factor if self.slow_stage is not None and stage == self.slow_stage else 1.0
 
+    def layer_factor(self, stage: int, index: int) -> float:
+        """Work multiplier of the ``index``-th layer of ``stage`` from ``layer_factors`` (1 without)."""
+        if self.layer_factors is None:
+            return 1.0
+        return float(self.layer_factors[sum(self.layers()[:stage]) + index])
+
     def real_repeats(self, stage: int) -> int:
         """In ``real`` mode a slow stage repeats each block's matmul this many times."""
         return max(1, round(self.stage_factor(stage)))
@@ -145,7 +156,8 @@ class DemoConfig:
         """Per stage, the nominal sleep-mode cost of one micro-batch: fwd, bwd (= bwd_input + wgrad)."""
         out = []
         for s, n in enumerate(self.layers()):
-            scale = n / self.layers_per_stage * self.stage_factor(s)
+            work = sum(self.layer_factor(s, i) for i in range(n))
+            scale = work / self.layers_per_stage * self.stage_factor(s)
             bwd = self.bwd_ms * scale
             out.append({
                 "fwd": self.fwd_ms * scale,
@@ -188,6 +200,7 @@ class DemoConfig:
         """A copy with a canonical schedule name; raises :class:`InputError` naming the bad setting."""
         cfg = dataclasses.replace(self, schedule=canonical_schedule(self.schedule))
         cfg.stage_layers = list(self.stage_layers) if self.stage_layers is not None else None
+        cfg.layer_factors = list(self.layer_factors) if self.layer_factors is not None else None
 
         def bad(msg: str) -> InputError:
             return InputError(None, f"demo: {msg}")
@@ -214,6 +227,13 @@ class DemoConfig:
                           f"schedule on {cfg.pp} ranks has {cfg.num_stages} stages")
             if any(n < 1 for n in cfg.stage_layers):
                 raise bad(f"every stage needs at least one layer, got stage_layers={cfg.stage_layers}")
+        if cfg.layer_factors is not None:
+            n_layers = sum(cfg.layers())
+            if len(cfg.layer_factors) != n_layers:
+                raise bad(f"layer_factors has {len(cfg.layer_factors)} entries but the model has "
+                          f"{n_layers} layers")
+            if not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in cfg.layer_factors):
+                raise bad(f"layer_factors must be finite numbers > 0, got {cfg.layer_factors}")
         if cfg.hidden < 1:
             raise bad(f"hidden must be >= 1, got {cfg.hidden}")
         if cfg.rows < cfg.microbatches or cfg.rows % cfg.microbatches:

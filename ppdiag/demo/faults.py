@@ -19,6 +19,7 @@ This module imports torch; only rank processes import it.
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -120,7 +121,12 @@ class RankFaults:
         self.active = False
         self.stall_s = cfg.host_stall_ms / 1e3 if cfg.host_stall_rank == rank else 0.0
         delay_ns = int(cfg.comm_delay_ms * 1e6) if cfg.comm_delay_rank == rank else 0
-        self.sender = DelayedSender(delay_ns, post_send) if delay_ns > 0 else None
+        self.sender: DelayedSender | None = None
+        if delay_ns > 0:
+            # The sender thread needs the GIL to post; the default 5 ms switch interval would let
+            # the main thread's Python work add up to 5 ms to each injected delay.
+            sys.setswitchinterval(0.0005)
+            self.sender = DelayedSender(delay_ns, post_send)
 
     @property
     def delays_sends(self) -> bool:

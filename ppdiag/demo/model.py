@@ -65,7 +65,7 @@ def _hold_for(ms: float, lane: int) -> None:
         time.sleep(left / 1e9)
     got = time.perf_counter_ns() - t0
     _HELD_NS[0] += got
-    _OVERRUN_NS[key] = _OVERRUN_NS.get(key, 0) - give_back + (got - (want - give_back))
+    _OVERRUN_NS[key] = _OVERRUN_NS.get(key, 0) + got - want
 
 
 @torch.library.custom_op("ppdiag_demo::hold_backward", mutates_args=())
@@ -163,15 +163,16 @@ def build_stage_module(cfg: DemoConfig, stage: int) -> nn.Sequential:
         factor = cfg.stage_factor(stage)
         per_fwd = cfg.fwd_ms / cfg.layers_per_stage * factor
         per_bwd = cfg.bwd_ms / cfg.layers_per_stage * factor
-        for _ in range(layers[stage]):
-            mods.append(HoldBlock(cfg.hidden, per_fwd, per_bwd * (1.0 - cfg.wgrad_fraction),
-                                  per_bwd * cfg.wgrad_fraction))
+        for i in range(layers[stage]):
+            k = cfg.layer_factor(stage, i)
+            mods.append(HoldBlock(cfg.hidden, per_fwd * k, per_bwd * k * (1.0 - cfg.wgrad_fraction),
+                                  per_bwd * k * cfg.wgrad_fraction))
     else:
         reps = cfg.real_repeats(stage)
         for i in range(layers[stage]):
             # Seed per block so a block's weights do not depend on how the model is split.
             torch.manual_seed(cfg.seed * 100_003 + first_block + i)
-            mods.append(RealBlock(cfg.hidden, reps))
+            mods.append(RealBlock(cfg.hidden, max(1, round(reps * cfg.layer_factor(stage, i)))))
     return nn.Sequential(*mods)
 
 

@@ -66,16 +66,15 @@ def _child_env() -> dict[str, str]:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """End the launcher and every rank (they share the launcher's process group), then reap it."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+    """End the launcher and every rank (they share the launcher's process group), then reap it.
+
+    The group outlives a launcher that already exited while any rank it forked is alive.
+    """
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        if proc.poll() is None:
             proc.kill()
-    else:
-        # The launcher is gone; ranks it forked may still be in its group.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
 

@@ -12,7 +12,7 @@ the files of different ranks share one clock, to the precision of the hosts' clo
 
 Communicator-local NCCL peers are mapped to global ranks inside one export (from the
 ``ncclCommInitRank`` payloads of its processes) and, across one-file-per-rank runs, by
-:func:`resolve_nccl_peers`, which the loader calls once all files of a run are parsed.
+:func:`resolve_nccl_peers`, which the run loader calls once every file is parsed and ranked.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
         devices[p] = np.flatnonzero(np.bincount(gpu.device[lo:hi][active[lo:hi]])).tolist()
     decisions = decide_ranks(db, pids, devices, nvtx.thread_ranks, proc_names)
     clock = _clock(db, int(gpu.start.min()))
-    file_warnings: list[str] = []
+    file_warnings: list[str] = [clock.warning] if clock.warning else []
     idle = sorted(_cuda_processes(db) - set(pids))
     if idle:
         shown = ", ".join(f"{proc_names.get(p, 'process')} pid {p}" for p in idle[:8])
@@ -140,12 +140,10 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
         comm_info=comm_info,
         meta=_export_meta(db),
     )
-    out = []
-    for p in pids:
-        tl = _build_rank(ctx, p, proc_names.get(p, ""))
-        tl.warnings[:0] = file_warnings
-        out.append(tl)
+    out = [_build_rank(ctx, p, proc_names.get(p, "")) for p in pids]
     out.sort(key=lambda t: t.rank)
+    # Facts about the file are said once, on its first rank.
+    out[0].warnings[:0] = file_warnings
     return out
 
 
@@ -241,8 +239,6 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     warnings: list[str] = []
     if dec.warning:
         warnings.append(dec.warning)
-    if ctx.clock.warning:
-        warnings.append(ctx.clock.warning)
     off = ctx.clock.offset
     # GPU rows are ordered by (process, start): this process is one slice, already in time order.
     lo, hi = np.searchsorted(gpu.pid, [pid, pid + 1])
@@ -576,8 +572,8 @@ def resolve_nccl_peers(ranks: list[RankTimeline]) -> list[str]:
 
     Each nsys rank records which communicators it belongs to and its local rank there
     (``meta["nccl_comms"]``); intervals and ranges whose peer could not be mapped from their own file
-    are listed in ``meta["nccl_pending"]``. Call once, right after parsing, before anything reorders
-    the tables. Returns run-level warnings.
+    are listed in ``meta["nccl_pending"]``. Call once after parsing and rank resolution, before
+    anything reorders the tables; calling it again is harmless. Returns run-level warnings.
     """
     members: dict[str, dict[int, int]] = {}
     for tl in ranks:

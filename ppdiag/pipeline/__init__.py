@@ -10,7 +10,7 @@ from ppdiag.errors import InputError
 from ppdiag.model import Run
 from ppdiag.pipeline.blocks import Blocks, build_blocks
 from ppdiag.pipeline.clocks import ClockFit, Pairs, align_clocks, match_pairs, p2p_ops
-from ppdiag.pipeline.schedule import SCHEDULES, detect_schedule, microbatch_count
+from ppdiag.pipeline.schedule import SCHEDULES, detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
 from ppdiag.pipeline.topology import Topology, infer_topology
 
@@ -74,6 +74,11 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
         blocks[tl.rank] = b
     schedule = opts.schedule or detect_schedule(topo, blocks, run.by_rank())
     m = opts.microbatches or (microbatch_count(blocks, topo.virtual) if topo.pp > 1 else None)
+    if topo.virtual > 1 and any(len(b) and not b.labelled for b in blocks.values()):
+        bad = label_from_order(blocks, topo, schedule, m)
+        if bad:
+            warnings.append(f"{bad} rank-steps do not follow the {schedule} order: their blocks keep "
+                            "counted micro-batch numbers")
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")
     return Pipeline(topo, fit, pairs, windows, blocks, schedule, m, warnings)

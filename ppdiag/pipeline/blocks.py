@@ -20,6 +20,8 @@ from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline
 from ppdiag.pipeline.steps import LocalStep
 
 PIPE_PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
+# shortest compute-stream gap that a receive completing in it can mark as a block boundary
+MIN_CUT_GAP_NS = 5_000
 
 
 @dataclass
@@ -143,7 +145,15 @@ def _cut_groups(tl: RankTimeline, comp: npt.NDArray[np.int64], step_of: npt.NDAr
         d = iv.direction
         sends = p2p & ((d == int(Direction.SEND)) | (d == int(Direction.BOTH)) | (d == int(Direction.NONE)))
         recvs = p2p & ((d == int(Direction.RECV)) | (d == int(Direction.BOTH)))
-        cut_t = [iv.start[sends], iv.end[recvs]]
+        # a receive that completes while a block computes (posted ahead) delimits nothing: only
+        # one the compute stream was idle for does
+        r_end = iv.end[recvs]
+        cs, ce = union(iv.start[comp], iv.end[comp])
+        k = np.searchsorted(cs, r_end, side="right") - 1
+        prev_end = np.where(k >= 0, ce[np.clip(k, 0, None)], np.iinfo(np.int64).min)
+        next_start = np.where(k + 1 < cs.size, cs[np.clip(k + 1, 0, cs.size - 1)], np.iinfo(np.int64).max)
+        idle_gap = (r_end >= prev_end) & (next_start - np.maximum(prev_end, 0) >= MIN_CUT_GAP_NS)
+        cut_t = [iv.start[sends], r_end[idle_gap]]
     cuts = np.unique(np.concatenate(cut_t))
     seg = np.searchsorted(cuts, iv.start[comp], side="right").astype(np.int64)
     # A new group at every cut, at every step boundary, and where the ops' own phase turns from

@@ -69,3 +69,38 @@ def microbatch_count(blocks: dict[int, Blocks], virtual: int) -> int | None:
     if not counts:
         return None
     return int(np.median(counts))
+
+
+def label_from_order(blocks: dict[int, Blocks], topo: Topology, schedule: str, m: int | None) -> int:
+    """Give unlabelled blocks their virtual stage and micro-batch from the schedule's known order.
+
+    Used where counting cannot tell chunks apart (interleaved runs without labels): a step whose
+    sequence of phases is exactly the schedule's gets the schedule's (stage, micro-batch) per block.
+    Returns the number of steps that did not match.
+    """
+    if not m or topo.pp <= 1 or schedule in ("none", "unknown"):
+        return 0
+    try:
+        from ppdiag.simulate.schedules import B, F, I, W, rank_orders
+
+        orders = rank_orders(schedule, topo.pp, m, topo.virtual)
+    except (ImportError, ValueError):
+        return 0
+    op_phase = {F: int(Phase.FWD), B: int(Phase.BWD), I: int(Phase.BWD), W: int(Phase.WGRAD)}
+    mismatched = 0
+    for r, b in blocks.items():
+        if not len(b) or b.labelled:
+            continue
+        pos = topo.stage_of.get(r)
+        if pos is None or pos >= len(orders):
+            continue
+        want = orders[pos]
+        want_ph = np.array([op_phase[a.op] for a in want], dtype=np.int8)
+        for s in np.unique(b.step):
+            idx = np.flatnonzero(b.step == s)
+            if idx.size != want_ph.size or not np.array_equal(b.phase[idx], want_ph):
+                mismatched += 1
+                continue
+            b.stage[idx] = [a.stage for a in want]
+            b.mb[idx] = [a.mb for a in want]
+    return mismatched

@@ -37,6 +37,7 @@ class Topology:
     virtual: int = 1
     placement: str = "loop"  # "loop" (stage s on rank s % P) or "v" (r and 2P-1-r)
     source: str = "none"
+    ring: bool = False  # the last rank sends back to the first (interleaved placement)
     warnings: list[str] = field(default_factory=list)
 
     def stage_map(self) -> dict[str, int]:
@@ -46,11 +47,15 @@ class Topology:
         return {str(s): r for s, r in enumerate(self.pipelines[0])}
 
     def neighbours(self, rank: int) -> tuple[int | None, int | None]:
-        """Previous and next rank in the rank's pipeline (physical stage order)."""
+        """Previous and next rank in the rank's pipeline (physical stage order; wraps on a ring)."""
         for line in self.pipelines:
             if rank in line:
                 i = line.index(rank)
-                return (line[i - 1] if i > 0 else None, line[i + 1] if i + 1 < len(line) else None)
+                n = len(line)
+                wrap = self.ring or (self.virtual > 1 and self.placement == "loop")
+                prev = line[i - 1] if i > 0 else (line[-1] if wrap and n > 1 else None)
+                nxt = line[i + 1] if i + 1 < n else (line[0] if wrap and n > 1 else None)
+                return prev, nxt
         return None, None
 
 
@@ -95,32 +100,41 @@ def _virtual_from_labels(topo: Topology, run: Run) -> None:
 
 
 def _p2p_edges(run: Run) -> tuple[dict[tuple[int, int], int], dict[int, list[tuple[int, int, int]]]]:
-    """Directed p2p edge counts (src -> dst) and, per rank, its p2p events (time, direction, peer)."""
+    """Directed p2p transfer counts (src -> dst) and, per rank, its first p2p events (time, dir, peer).
+
+    Device kernels are counted when a rank has them, else host issue ops (one source per rank,
+    so nothing is counted twice).
+    """
     edges: dict[tuple[int, int], int] = defaultdict(int)
     events: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     ranks = {tl.rank for tl in run.ranks}
     for tl in run.ranks:
         iv = tl.intervals
-        m = (iv.kind == int(Kind.P2P)) & (iv.peer >= 0)
-        src = [(iv.start[m], iv.direction[m], iv.peer[m])]
-        rg = tl.ranges
-        mr = (rg.kind == int(RangeKind.COMM_OP)) & (rg.peer >= 0) & (rg.direction > 0)
-        src.append((rg.start[mr], rg.direction[mr], rg.peer[mr]))
-        for t, d, p in src:
-            if p.size == 0:
+        m = (iv.kind == int(Kind.P2P)) & (iv.peer >= 0) & (iv.direction > 0)
+        if m.any() and not tl.cpu_only:
+            t, d, p = iv.start[m], iv.direction[m], iv.peer[m]
+        else:
+            rg = tl.ranges
+            mr = (rg.kind == int(RangeKind.COMM_OP)) & (rg.peer >= 0) & (rg.direction > 0)
+            names = rg.name[mr]
+            # one host op per transfer: the c10d op when present, else whatever issued it
+            c10d = np.array([tl.names[i].startswith("c10d::") for i in names], dtype=bool)
+            sel = np.flatnonzero(mr)[c10d] if c10d.any() else np.flatnonzero(mr)
+            t, d, p = rg.start[sel], rg.direction[sel], rg.peer[sel]
+        if p.size == 0:
+            continue
+        pairs, counts = np.unique(np.stack([p.astype(np.int64), d.astype(np.int64)]), axis=1,
+                                  return_counts=True)
+        for (peer_v, dir_v), cnt in zip(pairs.T, counts):
+            peer, dirn = int(peer_v), int(dir_v)
+            if peer == tl.rank or peer not in ranks:
                 continue
-            pairs = np.unique(np.stack([p.astype(np.int64), d.astype(np.int64)]), axis=1)
-            for peer_v, dir_v in pairs.T:
-                peer, dirn = int(peer_v), int(dir_v)
-                if peer == tl.rank or peer not in ranks:
-                    continue
-                if dirn in (int(Direction.SEND), int(Direction.BOTH)):
-                    edges[(tl.rank, peer)] += 1
-                if dirn in (int(Direction.RECV), int(Direction.BOTH)):
-                    edges[(peer, tl.rank)] += 1
-            if t.size:
-                order = np.argsort(t, kind="stable")[:64]
-                events[tl.rank].extend((int(t[i]), int(d[i]), int(p[i])) for i in order)
+            if dirn in (int(Direction.SEND), int(Direction.BOTH)):
+                edges[(tl.rank, peer)] += int(cnt)
+            if dirn in (int(Direction.RECV), int(Direction.BOTH)):
+                edges[(peer, tl.rank)] += int(cnt)
+        order = np.argsort(t, kind="stable")[:64]
+        events[tl.rank].extend((int(t[i]), int(d[i]), int(p[i])) for i in order)
     return dict(edges), events
 
 
@@ -177,12 +191,42 @@ def _chain(run: Run) -> Topology | None:
         lines.append(line)
     if not lines:
         return None
+    ring_v = _ring_virtual(lines, edges)
     sizes = {len(x) for x in lines}
     if len(sizes) > 1:
         warnings.append(f"pipelines of different lengths: {sorted(sizes)}")
     topo = _from_lines(lines, "p2p chain", run)
+    _apply_ring(topo, ring_v)
     topo.warnings.extend(warnings)
     return topo
+
+
+def _apply_ring(topo: Topology, ring_v: int) -> None:
+    """Interleaved placement without labels: stage s + k*P on rank s, chunks found by counting."""
+    if ring_v <= 1 or topo.virtual != 1:
+        return
+    topo.virtual = ring_v
+    topo.placement = "loop"
+    topo.ring = True
+    p = topo.pp
+    for line in topo.pipelines:
+        for i, r in enumerate(line):
+            topo.chunks_of[r] = [i + k * p for k in range(ring_v)]
+
+
+def _ring_virtual(lines: list[list[int]], edges: dict[tuple[int, int], int]) -> int:
+    """Chunks per rank of a ring: the last rank sends to the first (v-1) times per v times the
+    first sends to the second, so v = n(0->1) / (n(0->1) - n(last->0))."""
+    vs: list[int] = []
+    for line in lines:
+        if len(line) < 2:
+            continue
+        fwd = edges.get((line[0], line[1]), 0)
+        back = edges.get((line[-1], line[0]), 0)
+        if back == 0 or fwd <= back:
+            return 1
+        vs.append(round(fwd / (fwd - back)))
+    return max(vs) if vs and min(vs) == max(vs) else 1
 
 
 def _first_stage(cands: list[int], edges: dict[tuple[int, int], int],
@@ -253,6 +297,8 @@ def infer_topology(run: Run, stage_map: str | None = None, pp: int | None = None
     for finder in (_pp_group, _labels, _chain):
         topo = finder(run)
         if topo is not None and topo.pp > 1:
+            if topo.virtual == 1 and finder is not _chain:
+                _apply_ring(topo, _ring_virtual(topo.pipelines, _p2p_edges(run)[0]))
             if pp and topo.pp != pp:
                 topo.warnings.append(f"--pp {pp} disagrees with the trace ({topo.source}: {topo.pp} stages)")
             return topo

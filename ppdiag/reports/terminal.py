@@ -133,6 +133,11 @@ def render(report: dict[str, Any], console: Console | None = None, ranks: bool =
     if ranks:
         con.print(rank_table(report))
     con.print(findings_panel(report))
+    if report.get("whatif"):
+        from ppdiag.whatif.render import whatif_table
+
+        con.print(whatif_table(report["whatif"], "What if (simulated from the measured stage costs)",
+                               lost=False, notes=True))
     warns = report["run"].get("warnings") or []
     if warns:
         con.print(Text(f"warnings ({len(warns)}):", style="yellow"))

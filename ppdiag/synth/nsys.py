@@ -24,6 +24,7 @@ What nsys would see of a PyTorch job, and so what is written:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import sqlite3
 import struct
@@ -411,116 +412,60 @@ def _add_rank(
     corr = g.correlation
     name_ids = {int(i): s.id(names[int(i)] if 0 <= int(i) < len(names) else "") for i in np.unique(g.name)}
 
+    # Rows in the column order of the DDL; constants stand for what nsys records but ppdiag ignores
+    # (launch geometry, registers, memory kinds).
+    # fmt: off
     kern = np.flatnonzero(np.isin(g.kind, (Kind.COMPUTE, Kind.P2P, Kind.COLLECTIVE)))
-    for i in kern.tolist():
-        full = names[int(g.name[i])]
-        short = full.split("(", 1)[0].removeprefix("void ").split("<", 1)[0].strip() or full
-        f.grid_id += 1
-        f.kernels.append(
-            (
-                int(start[i]),
-                int(end[i]),
-                dev,
-                1,
-                None,
-                int(g.stream[i]),
-                _opt(corr[i]),
-                gpid,
-                name_ids[int(g.name[i])],
-                s.id(short),
-                None,
-                1,
-                0,
-                32,
-                1,
-                1,
-                1,
-                128,
-                1,
-                1,
-                0,
-                0,
-                0,
-                0,
-                f.grid_id,
-                0,
-                None,
-                None,
-            )
-        )
-    for i in np.flatnonzero(g.kind == Kind.MEMCPY).tolist():
-        ck, sk, dk = _copy_kinds(names[int(g.name[i])])
-        f.memcpy.append(
-            (
-                int(start[i]),
-                int(end[i]),
-                dev,
-                1,
-                None,
-                int(g.stream[i]),
-                _opt(corr[i]),
-                gpid,
-                max(int(g.bytes[i]), 0),
-                ck,
-                None,
-                sk,
-                dk,
-                dev,
-                1,
-                dev,
-                1,
-                None,
-                None,
-                None,
-            )
-        )
-    for i in np.flatnonzero(g.kind == Kind.MEMSET).tolist():
-        f.memset.append(
-            (
-                int(start[i]),
-                int(end[i]),
-                dev,
-                1,
-                None,
-                int(g.stream[i]),
-                _opt(corr[i]),
-                gpid,
-                0,
-                max(int(g.bytes[i]), 0),
-                None,
-                2,
-            )
-        )
-    for i in np.flatnonzero(g.kind == Kind.SYNC).tolist():
-        f.sync.append(
-            (
-                int(start[i]),
-                int(end[i]),
-                dev,
-                1,
-                None,
-                int(g.stream[i]) if g.stream[i] >= 0 else 0xFFFFFFFF,
-                _opt(corr[i]),
-                gpid,
-                3,
-                0xFFFFFFFF,
-            )
-        )
+    if len(kern):
+        short = {i: s.id(_short_name(names[i])) for i in name_ids}
+        kn = g.name[kern].tolist()
+        grid = list(range(f.grid_id + 1, f.grid_id + 1 + len(kern)))
+        f.grid_id += len(kern)
+        f.kernels.extend(_zip_rows(
+            len(kern), start[kern].tolist(), end[kern].tolist(), dev, 1, None, g.stream[kern].tolist(),
+            _opt_list(corr[kern]), gpid, [name_ids[i] for i in kn], [short[i] for i in kn], None, 1, 0, 32,
+            1, 1, 1, 128, 1, 1, 0, 0, 0, 0, grid, 0, None, None,
+        ))
+    mc = np.flatnonzero(g.kind == Kind.MEMCPY)
+    if len(mc):
+        kinds = [_copy_kinds(names[i]) for i in g.name[mc].tolist()]
+        f.memcpy.extend(_zip_rows(
+            len(mc), start[mc].tolist(), end[mc].tolist(), dev, 1, None, g.stream[mc].tolist(),
+            _opt_list(corr[mc]), gpid, np.maximum(g.bytes[mc], 0).tolist(), [k[0] for k in kinds], None,
+            [k[1] for k in kinds], [k[2] for k in kinds], dev, 1, dev, 1, None, None, None,
+        ))
+    ms = np.flatnonzero(g.kind == Kind.MEMSET)
+    if len(ms):
+        f.memset.extend(_zip_rows(
+            len(ms), start[ms].tolist(), end[ms].tolist(), dev, 1, None, g.stream[ms].tolist(),
+            _opt_list(corr[ms]), gpid, 0, np.maximum(g.bytes[ms], 0).tolist(), None, 2,
+        ))
+    sy = np.flatnonzero(g.kind == Kind.SYNC)
+    if len(sy):
+        f.sync.extend(_zip_rows(
+            len(sy), start[sy].tolist(), end[sy].tolist(), dev, 1, None,
+            np.where(g.stream[sy] >= 0, g.stream[sy], 0xFFFFFFFF).tolist(), _opt_list(corr[sy]), gpid, 3,
+            0xFFFFFFFF,
+        ))
+    # fmt: on
 
     rt = r.runtime
-    rstart, rend = clock(rt.start), clock(rt.end)
-    for i in range(len(rt)):
-        api = names[int(rt.name[i])]
-        driver = int(rt.api[i]) == ApiKind.DRIVER
-        label = api if driver else api + _RUNTIME_SUFFIX.get(api, "_v3020")
-        f.runtime.append(
-            (
-                int(rstart[i]),
-                int(rend[i]),
-                1 if driver else 0,
-                global_tid(r.pid, int(rt.tid[i])),
-                _opt(rt.correlation[i]),
-                s.id(label),
+    if len(rt):
+        rstart, rend = clock(rt.start), clock(rt.end)
+        driver = rt.api == ApiKind.DRIVER
+        label_ids = {}
+        for i, d in set(zip(rt.name.tolist(), driver.tolist(), strict=True)):
+            api = names[i]
+            label_ids[(i, d)] = s.id(api if d else api + _RUNTIME_SUFFIX.get(api, "_v3020"))
+        f.runtime.extend(
+            _zip_rows(
+                len(rt),
+                rstart.tolist(),
+                rend.tolist(),
+                driver.astype(np.int64).tolist(),
+                [global_tid(r.pid, t) for t in rt.tid.tolist()],
+                _opt_list(rt.correlation),
+                [label_ids[k] for k in zip(rt.name.tolist(), driver.tolist(), strict=True)],
                 0,
                 None,
             )
@@ -565,9 +510,19 @@ def _runs_backward(r: SynthRank, tid: int) -> bool:
     return bool(sel.any() and np.isin(r.host.phase[sel], (Phase.BWD, Phase.WGRAD)).any())
 
 
-def _opt(v: Any) -> int | None:
-    v = int(v)
-    return v if v >= 0 else None
+def _short_name(full: str) -> str:
+    """``void ns::kern<T>(args)`` → ``kern`` (nsys ``shortName``)."""
+    base = full.split("(", 1)[0].removeprefix("void ").split("<", 1)[0].strip()
+    return base.rsplit("::", 1)[-1] or full
+
+
+def _opt_list(a: npt.NDArray[np.int64]) -> list[int | None]:
+    return [v if v >= 0 else None for v in a.tolist()]
+
+
+def _zip_rows(n: int, *cols: Any) -> list[tuple[Any, ...]]:
+    """Rows from columns given as lists or as one value for every row."""
+    return list(zip(*(c if isinstance(c, list) else itertools.repeat(c, n) for c in cols), strict=True))
 
 
 def _nvtx_row(

@@ -29,14 +29,21 @@ class BatchCheck:
 
 
 def check_batch(world: int | None, pp: int, tp: int = 1, micro_batch: int | None = None,
-                global_batch: int | None = None, microbatches: int | None = None, cp: int = 1) -> BatchCheck:
-    """Derive dp and M from the sizes and list every inconsistency."""
+                global_batch: int | None = None, microbatches: int | None = None, cp: int = 1,
+                schedule: str | None = None, virtual: int = 1) -> BatchCheck:
+    """Derive dp and M from the sizes and list every inconsistency.
+
+    ``schedule`` / ``virtual`` (optional) add the schedule's own constraints: interleaved 1F1B with
+    ``v > 1`` chunks needs M to be a multiple of pp (Megatron), or at least of its number of
+    rounds ``max(1, M // pp)`` (``torch.distributed.pipelining``).
+    """
     probs: list[tuple[str, str]] = []
     dp: int | None = None
     if world:
         denom = tp * pp * cp
         if world % denom:
-            probs.append(("high", f"world size {world} is not divisible by tp x pp{' x cp' if cp > 1 else ''} = {denom}"))
+            probs.append(("high", f"world size {world} is not divisible by tp x pp"
+                          f"{' x cp' if cp > 1 else ''} = {denom}"))
         else:
             dp = world // denom
     acc: int | None = None
@@ -58,4 +65,11 @@ def check_batch(world: int | None, pp: int, tp: int = 1, micro_batch: int | None
         elif m < 2 * pp:
             probs.append(("medium", f"M={m} < 2 x pp={2 * pp}: the bubble is {(pp - 1) / (m + pp - 1):.0%} "
                           "of the step; aim for M >= 4 x pp"))
+    if schedule in ("interleaved_1f1b", "interleaved") and virtual > 1 and pp > 1 and m:
+        if m % max(1, m // pp):
+            probs.append(("high", f"interleaved 1F1B cannot run M={m}: it must be a multiple of its "
+                          f"number of rounds max(1, M // pp) = {max(1, m // pp)}"))
+        elif m % pp:
+            probs.append(("medium", f"interleaved 1F1B with M={m}, not a multiple of pp={pp}: Megatron "
+                          "rejects it"))
     return BatchCheck(world, tp, pp, dp, micro_batch, global_batch, acc, microbatches, probs)

@@ -92,8 +92,9 @@ class MeasuredRun:
             "wgrad_ms": [round(float(x) / MS, 4) for x in self.wgrad_ns] if self.split_backward else None,
             "p2p_ms": round(self.p2p_ns / MS, 4),
             "head_ms": round(self.head_ns / MS, 4),
-            "tail_ms": [round(float(a + b) / MS, 4) for a, b in zip(self.tail_idle_ns, self.tail_busy_ns,
-                                                                   strict=True)],
+            "tail_ms": [
+                round(float(a + b) / MS, 4) for a, b in zip(self.tail_idle_ns, self.tail_busy_ns, strict=True)
+            ],
             "from_trace": self.from_trace,
         }
 
@@ -127,8 +128,10 @@ def _fill(vals: F64, what: str, notes: list[str]) -> F64:
     if missing.all():
         return np.zeros_like(vals)
     if missing.any():
-        notes.append(f"no {what} blocks seen on stage(s) {', '.join(map(str, np.flatnonzero(missing)))}; "
-                     "the mean of the other stages is used")
+        notes.append(
+            f"no {what} blocks seen on stage(s) {', '.join(map(str, np.flatnonzero(missing)))}; "
+            "the mean of the other stages is used"
+        )
         vals = np.where(missing, float(np.nanmean(vals)), vals)
     return vals
 
@@ -137,13 +140,19 @@ def measure(report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[A
     """Reduce an analyzed run to a :class:`MeasuredRun`; InputError when it has no usable pipeline."""
     topo = pipe.topology
     if topo.pp <= 1:
-        raise InputError(None, "the run has no pipeline parallelism (pp = 1): nothing to predict; "
-                         "pass --stage-map or --run-pp if the traces do not show the stages")
+        raise InputError(
+            None,
+            "the run has no pipeline parallelism (pp = 1): nothing to predict; "
+            "pass --stage-map or --run-pp if the traces do not show the stages",
+        )
     n_st = topo.pp * topo.virtual
     blocks = [b for b in pipe.blocks.values() if b is not None and len(b)]
     if not blocks:
-        raise InputError(None, "no micro-batch compute blocks were found in the traces; the per-stage "
-                         "costs the predictions need are unknown")
+        raise InputError(
+            None,
+            "no micro-batch compute blocks were found in the traces; the per-stage "
+            "costs the predictions need are unknown",
+        )
     notes: list[str] = []
     m = pipe.microbatches
     if not m:
@@ -186,8 +195,10 @@ def measure(report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[A
     tb = np.array([float(np.mean(x)) if x else 0.0 for x in tail_busy])
     step_ms = (report.get("summary") or {}).get("step_ms")
     if not step_ms:
-        raise InputError(None, "the run has no complete step: the step time the predictions are "
-                         "calibrated against is unknown")
+        raise InputError(
+            None,
+            "the run has no complete step: the step time the predictions are calibrated against is unknown",
+        )
     rp = getattr(attr, "step_replay_ns", {}) or {}
     removable: dict[str, float] = {}
     if "measured" in rp:
@@ -196,11 +207,24 @@ def measure(report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[A
                 removable[cause] = max(float(rp["measured"] - rp[var]), 0.0)
     lost = dict((report.get("summary") or {}).get("lost_ms") or {})
     return MeasuredRun(
-        schedule=sched, detected_schedule=str(pipe.schedule), pp=topo.pp, virtual=topo.virtual,
-        microbatches=int(m), fwd_ns=fwd, bwd_ns=bwd, wgrad_ns=wgr, split_backward=split,
-        p2p_ns=float(getattr(attr, "normal_latency_ns", 0) or 0), head_ns=float(np.mean(head)) if head else 0.0,
-        tail_idle_ns=ti, tail_busy_ns=tb, step_ns=float(step_ms) * MS, lost_ms=lost,
-        removable_ns=removable, bubble_ratio=(report.get("bubble") or {}).get("measured_ratio"), notes=notes,
+        schedule=sched,
+        detected_schedule=str(pipe.schedule),
+        pp=topo.pp,
+        virtual=topo.virtual,
+        microbatches=int(m),
+        fwd_ns=fwd,
+        bwd_ns=bwd,
+        wgrad_ns=wgr,
+        split_backward=split,
+        p2p_ns=float(getattr(attr, "normal_latency_ns", 0) or 0),
+        head_ns=float(np.mean(head)) if head else 0.0,
+        tail_idle_ns=ti,
+        tail_busy_ns=tb,
+        step_ns=float(step_ms) * MS,
+        lost_ms=lost,
+        removable_ns=removable,
+        bubble_ratio=(report.get("bubble") or {}).get("measured_ratio"),
+        notes=notes,
     )
 
 
@@ -254,8 +278,12 @@ class LayerProfile:
         x = np.asarray(bounds, dtype=np.float64)
         grid = np.arange(self.n + 1, dtype=np.float64)
         out: dict[str, F64] = {}
-        for key, arr in (("fwd", self.fwd_ns), ("bwd", self.bwd_ns), ("wgrad", np.nan_to_num(self.wgrad_ns)),
-                         ("act", np.nan_to_num(self.act_mb))):
+        for key, arr in (
+            ("fwd", self.fwd_ns),
+            ("bwd", self.bwd_ns),
+            ("wgrad", np.nan_to_num(self.wgrad_ns)),
+            ("act", np.nan_to_num(self.act_mb)),
+        ):
             pre = np.concatenate(([0.0], np.cumsum(arr)))
             c = np.interp(x, grid, pre)
             out[key] = np.diff(c)
@@ -273,24 +301,42 @@ def profile_from_stages(meas: MeasuredRun, layers_per_stage: Sequence[int] | Non
     bwd_full = meas.bwd_ns + meas.wgrad_ns
     wg = meas.wgrad_ns if meas.split_backward else np.full(n_st, np.nan)
     if layers_per_stage is None:
-        return LayerProfile([f"stage {s}" for s in range(n_st)], meas.fwd_ns.copy(), bwd_full.copy(), wg.copy(),
-                            np.full(n_st, np.nan), list(range(n_st + 1)), "stages", discrete=False)
+        return LayerProfile(
+            [f"stage {s}" for s in range(n_st)],
+            meas.fwd_ns.copy(),
+            bwd_full.copy(),
+            wg.copy(),
+            np.full(n_st, np.nan),
+            list(range(n_st + 1)),
+            "stages",
+            discrete=False,
+        )
     counts = list(layers_per_stage)
     if len(counts) == 1:
         counts = counts * n_st
     if len(counts) != n_st:
-        raise InputError(None, f"--layers-per-stage has {len(counts)} values but the run has {n_st} "
-                         "(virtual) stages")
+        raise InputError(
+            None, f"--layers-per-stage has {len(counts)} values but the run has {n_st} (virtual) stages"
+        )
     if any(c < 1 for c in counts):
         raise InputError(None, "--layers-per-stage values must be >= 1")
     rep = np.repeat(np.arange(n_st), counts)
     cnt = np.asarray(counts, dtype=np.float64)
     names = [f"layer {i}" for i in range(int(sum(counts)))]
     bounds = [0, *np.cumsum(counts).tolist()]
-    return LayerProfile(names, (meas.fwd_ns / cnt)[rep], (bwd_full / cnt)[rep], (wg / cnt)[rep],
-                        np.full(rep.size, np.nan), bounds, "layers-per-stage", discrete=True,
-                        notes=["per-layer costs estimated from the stage totals (layers of a stage "
-                               "assumed equally expensive)"])
+    return LayerProfile(
+        names,
+        (meas.fwd_ns / cnt)[rep],
+        (bwd_full / cnt)[rep],
+        (wg / cnt)[rep],
+        np.full(rep.size, np.nan),
+        bounds,
+        "layers-per-stage",
+        discrete=True,
+        notes=[
+            "per-layer costs estimated from the stage totals (layers of a stage assumed equally expensive)"
+        ],
+    )
 
 
 _FILE_COLS = ("fwd_ms", "bwd_ms")
@@ -347,8 +393,11 @@ def read_layer_costs(path: str | Path) -> LayerProfile:
         reader.fieldnames = [f.strip().lower() for f in reader.fieldnames]
         missing = [c for c in _FILE_COLS if c not in reader.fieldnames]
         if missing:
-            raise InputError(sp, f"the CSV header lacks {', '.join(missing)} (need block, fwd_ms, bwd_ms; "
-                             "optional activation_mb, wgrad_ms, stage)")
+            raise InputError(
+                sp,
+                f"the CSV header lacks {', '.join(missing)} (need block, fwd_ms, bwd_ms; "
+                "optional activation_mb, wgrad_ms, stage)",
+            )
         rows = list(reader)
         where = "line {line}"
     if not rows:
@@ -379,8 +428,11 @@ def read_layer_costs(path: str | Path) -> LayerProfile:
             raise InputError(sp, "stage must be an integer on every block when it is given")
         s = st.astype(np.int64)
         if s[0] != 0 or (np.diff(s) < 0).any() or (np.diff(s) > 1).any():
-            raise InputError(sp, "stage must start at 0 and grow by at most 1 from block to block "
-                             "(stages hold contiguous blocks)")
+            raise InputError(
+                sp,
+                "stage must start at 0 and grow by at most 1 from block to block "
+                "(stages hold contiguous blocks)",
+            )
         bounds = [0, *(np.flatnonzero(np.diff(s)) + 1).tolist(), int(s.size)]
     if float((fwd + bwd).sum()) <= 0:
         raise InputError(sp, "every block costs 0 ms")
@@ -395,9 +447,17 @@ def scale_profile_to(profile: LayerProfile, meas: MeasuredRun) -> LayerProfile:
     b_file = float(profile.bwd_ns.sum())
     kf = f_meas / f_file if f_file > 0 else 1.0
     kb = b_meas / b_file if b_file > 0 else 1.0
-    out = LayerProfile(list(profile.names), profile.fwd_ns * kf, profile.bwd_ns * kb, profile.wgrad_ns * kb,
-                       profile.act_mb.copy(), profile.bounds, profile.source, profile.discrete,
-                       list(profile.notes))
+    out = LayerProfile(
+        list(profile.names),
+        profile.fwd_ns * kf,
+        profile.bwd_ns * kb,
+        profile.wgrad_ns * kb,
+        profile.act_mb.copy(),
+        profile.bounds,
+        profile.source,
+        profile.discrete,
+        list(profile.notes),
+    )
     if abs(kf - 1) > 0.02 or abs(kb - 1) > 0.02:
         out.notes.append(f"block costs scaled to the trace's totals (forward x{kf:.3g}, backward x{kb:.3g})")
     return out
@@ -443,8 +503,9 @@ def module_layers(tl: RankTimeline, blocks: Blocks) -> dict[int, tuple[list[str]
     if not comp.any():
         return {}
     use_launch = (not tl.cpu_only) and bool((iv.launch[comp] >= 0).any())
-    key = (np.where(iv.launch[comp] >= 0, iv.launch[comp], iv.start[comp]) if use_launch
-           else iv.start[comp]) + off
+    key = (
+        np.where(iv.launch[comp] >= 0, iv.launch[comp], iv.start[comp]) if use_launch else iv.start[comp]
+    ) + off
     dstart = iv.start[comp] + off
     dur = (iv.end[comp] - iv.start[comp]).astype(np.float64)
     o = np.argsort(key, kind="stable")
@@ -488,8 +549,9 @@ def module_layers(tl: RankTimeline, blocks: Blocks) -> dict[int, tuple[list[str]
     return out
 
 
-def profile_from_trace(timelines: dict[int, RankTimeline], blocks: dict[int, Blocks],
-                       meas: MeasuredRun) -> LayerProfile | None:
+def profile_from_trace(
+    timelines: dict[int, RankTimeline], blocks: dict[int, Blocks], meas: MeasuredRun
+) -> LayerProfile | None:
     """Per-layer costs from module ranges, when every virtual stage shows its layers; else None.
 
     Forward costs come from the ranges; the stage's measured forward is spread over its layers in
@@ -522,14 +584,26 @@ def profile_from_trace(timelines: dict[int, RankTimeline], blocks: dict[int, Blo
         bwd.append(share * (meas.bwd_ns[s] + meas.wgrad_ns[s]))
         wg.append(share * meas.wgrad_ns[s] if meas.split_backward else np.full(f.size, np.nan))
         counts.append(f.size)
-    prof = LayerProfile(names, np.concatenate(fwd), np.concatenate(bwd), np.concatenate(wg),
-                        np.full(sum(counts), np.nan), [0, *np.cumsum(counts).tolist()], "trace", True,
-                        ["per-layer forward costs from the module ranges in the trace; backward split in "
-                         "the same proportions"])
+    prof = LayerProfile(
+        names,
+        np.concatenate(fwd),
+        np.concatenate(bwd),
+        np.concatenate(wg),
+        np.full(sum(counts), np.nan),
+        [0, *np.cumsum(counts).tolist()],
+        "trace",
+        True,
+        [
+            "per-layer forward costs from the module ranges in the trace; backward split in "
+            "the same proportions"
+        ],
+    )
     low = min(coverage)
     if low < 0.8:
-        prof.notes.append(f"the layer ranges cover only {low:.0%} of a stage's forward compute; the rest "
-                          "is spread over its layers")
+        prof.notes.append(
+            f"the layer ranges cover only {low:.0%} of a stage's forward compute; the rest "
+            "is spread over its layers"
+        )
     return prof
 
 
@@ -538,6 +612,7 @@ __all__ = [
     "MeasuredRun",
     "measure",
     "measure_diagnosis",
+    "measured_from_profile",
     "module_layers",
     "profile_from_stages",
     "profile_from_trace",
@@ -545,3 +620,85 @@ __all__ = [
     "scale_profile_to",
     "sim_schedule",
 ]
+
+
+def measured_from_profile(
+    profile: LayerProfile, pp: int, microbatches: int, schedule: str, virtual: int = 1, p2p_ns: float = 0.0
+) -> MeasuredRun:
+    """A stand-in for a measured run when there is no trace: the block costs split into stages (the
+    file's ``stage`` column, else equal block counts), nothing lost beyond the schedule. Its step
+    time is the simulator's."""
+    from ppdiag.simulate import SimConfig, simulate, splits_backward
+    from ppdiag.simulate.schedules import canonical_schedule, default_virtual
+    from ppdiag.whatif.rebalance import even_split
+
+    try:
+        sched = canonical_schedule(schedule)
+        v = default_virtual(sched, virtual)
+    except ValueError as exc:
+        raise InputError(None, str(exc)) from None
+    n_st = pp * v
+    if profile.bounds is not None and len(profile.bounds) == n_st + 1:
+        bounds: list[int] = list(profile.bounds)
+    else:
+        if profile.n < n_st:
+            raise InputError(None, f"{profile.n} blocks cannot fill {n_st} stages")
+        bounds = even_split(profile.n, n_st)
+        if profile.bounds is not None:
+            profile.notes.append(
+                f"the file's stage column has {len(profile.bounds) - 1} stages, not {n_st}; "
+                "blocks split evenly instead"
+            )
+    prof = LayerProfile(
+        profile.names,
+        profile.fwd_ns,
+        profile.bwd_ns,
+        profile.wgrad_ns,
+        profile.act_mb,
+        bounds,
+        profile.source,
+        profile.discrete,
+        profile.notes,
+    )
+    sums = prof.chunk_sums([float(b) for b in bounds])
+    split = splits_backward(sched)
+    wg = (
+        sums["wgrad"]
+        if split and np.isfinite(profile.wgrad_ns).all()
+        else (sums["bwd"] * 0.5 if split else np.zeros(n_st))
+    )
+    bwd = sums["bwd"] - wg
+    try:
+        res = simulate(
+            SimConfig(
+                sched,
+                pp,
+                microbatches,
+                v,
+                fwd_ns=sums["fwd"].tolist(),
+                bwd_ns=bwd.tolist(),
+                wgrad_ns=wg.tolist(),
+                p2p_ns=p2p_ns,
+            )
+        )
+    except ValueError as exc:
+        raise InputError(None, str(exc)) from None
+    profile.bounds = bounds
+    return MeasuredRun(
+        schedule=sched,
+        detected_schedule=sched,
+        pp=pp,
+        virtual=v,
+        microbatches=microbatches,
+        fwd_ns=sums["fwd"],
+        bwd_ns=bwd,
+        wgrad_ns=wg,
+        split_backward=split,
+        p2p_ns=p2p_ns,
+        head_ns=0.0,
+        tail_idle_ns=np.zeros(pp),
+        tail_busy_ns=np.zeros(pp),
+        step_ns=float(res.step_ns),
+        bubble_ratio=float(res.bubble_ratio),
+        from_trace=False,
+    )

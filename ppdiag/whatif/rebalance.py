@@ -73,8 +73,9 @@ def _check(costs: F64, k: int) -> None:
         raise ValueError("block costs must be finite and >= 0")
 
 
-def _j_range(pre: F64, wpre: F64 | None, limit: float | None, bound: float | None, t: int,
-             rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def _j_range(
+    pre: F64, wpre: F64 | None, limit: float | None, bound: float | None, t: int, rows: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
     """Smallest start j of stage t ending at each i in ``rows``: every earlier stage needs a block,
     and the stage may not exceed ``bound`` in cost nor ``limit`` in weight (both monotone in j)."""
     lo = np.full(rows.size, t, dtype=np.int64)
@@ -116,8 +117,9 @@ def _minmax_layer(prev: F64, pre: F64, t: int, k: int, n: int) -> tuple[F64, npt
     return cur, arg
 
 
-def _table_layer(prev: F64, pre: F64, t: int, k: int, n: int, wpre: F64 | None, limit: float | None,
-                 bound: float | None) -> tuple[F64, npt.NDArray[np.int64]]:
+def _table_layer(
+    prev: F64, pre: F64, t: int, k: int, n: int, wpre: F64 | None, limit: float | None, bound: float | None
+) -> tuple[F64, npt.NDArray[np.int64]]:
     """One stage more by scanning every admissible start j.
 
     With ``bound`` the objective is the least sum of squares among stages no more expensive than
@@ -129,7 +131,7 @@ def _table_layer(prev: F64, pre: F64, t: int, k: int, n: int, wpre: F64 | None, 
     arg = np.full(n + 1, -1, dtype=np.int64)
     rows_all = np.arange(t + 1, n - (k - 1 - t) + 1, dtype=np.int64)
     for r0 in range(0, rows_all.size, _ROWS):
-        rows = rows_all[r0:r0 + _ROWS]
+        rows = rows_all[r0 : r0 + _ROWS]
         lo = _j_range(pre, wpre, limit, bound, t, rows)
         width = int(np.max(rows - lo)) if rows.size else 0
         if width <= 0:
@@ -169,8 +171,12 @@ def _solve(costs: F64, k: int, wpre: F64 | None, limits: F64 | None, bound: floa
     return bounds[::-1]
 
 
-def min_max_split(costs: Sequence[float] | F64, k: int, weights: Sequence[float] | F64 | None = None,
-                  limits: Sequence[float] | F64 | None = None) -> Split:
+def min_max_split(
+    costs: Sequence[float] | F64,
+    k: int,
+    weights: Sequence[float] | F64 | None = None,
+    limits: Sequence[float] | F64 | None = None,
+) -> Split:
     """The contiguous split of ``costs`` into ``k`` non-empty stages with the cheapest slowest stage.
 
     ``weights`` / ``limits`` (optional, together): stage ``s`` may only hold blocks whose weights
