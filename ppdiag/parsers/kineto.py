@@ -869,6 +869,8 @@ class _Host:
     comm: list[_CommInfo] = field(default_factory=list)
     is_cpu_op: list[bool] = field(default_factory=list)
     ext: list[int] = field(default_factory=list)  # External id of comm ops, -1 otherwise
+    # autograd backward ops (not kept as ranges: only to mark the GPU work they launch)
+    bwd: tuple[I64A, I64A, I64A] | None = None  # start, end, tid
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1008,6 +1010,12 @@ def _collect_host(
     sub = [evs[i] for i in idx_list]
     infos = [memo[e.name] for e in sub]
     sub_codes = codes[host_idx]
+    is_bwd = np.fromiter((i.cls == N_BWD_OP for i in infos), dtype=bool, count=len(infos))
+    if is_bwd.any():
+        bsel = np.flatnonzero(is_bwd).tolist()
+        b_ev = [sub[i] for i in bsel]
+        b_s = us_to_ns(_f64([e.ts for e in b_ev]), base)
+        host.bwd = (b_s, b_s + np.maximum(us_to_ns(_f64([e.dur for e in b_ev]), 0), 0), _tids([e.tid for e in b_ev]))
     keep_cls = np.fromiter((i.range_kind >= 0 for i in infos), dtype=bool, count=len(infos))
     # every user annotation is kept (they are few and name user phases); CPU ops and Python
     # functions only when their name means something to ppdiag
@@ -1199,7 +1207,7 @@ def _gpu_mode(
             "rank's other comm ops"
         )
     cols.update(peer=peer, direction=direction, seq=seq, group=group)
-    cols["phase"] = _optim_phase(launch, launch_tid, host)
+    cols["phase"] = _launch_phases(launch, launch_tid, host)
     del g, gargs
     extra = {
         "gpu_devices": devices.tolist(), "gpu_events": n, "kernels": int((gcodes == K_KERNEL).sum()),
@@ -1209,15 +1217,25 @@ def _gpu_mode(
     return Intervals.from_columns(n, cols), device_name, extra
 
 
-def _optim_phase(launch: I64A, launch_tid: I64A, host: _Host) -> npt.NDArray[np.int8]:
-    """Phase.OPTIM for GPU work launched inside an ``Optimizer.*`` range of the same thread."""
+def _launch_phases(launch: I64A, launch_tid: I64A, host: _Host) -> npt.NDArray[np.int8]:
+    """Phase of GPU work from what launched it: BWD inside an autograd backward op, OPTIM inside an
+    ``Optimizer.*`` range of the same thread (the optimizer wins: it can run autograd ops too)."""
     phase = np.zeros(len(launch), dtype=np.int8)
+    if host.bwd is not None:
+        _mark_inside(phase, launch, launch_tid, *host.bwd, Phase.BWD)
     opt = [i for i, inf in enumerate(host.info) if inf.cls == N_OPTIM]
     if not opt:
         return phase
     o_start = np.array([host.start[i] for i in opt], dtype=np.int64)
     o_end = np.array([host.end[i] for i in opt], dtype=np.int64)
     o_tid = np.array([host.tid[i] for i in opt], dtype=np.int64)
+    _mark_inside(phase, launch, launch_tid, o_start, o_end, o_tid, Phase.OPTIM)
+    return phase
+
+
+def _mark_inside(phase: npt.NDArray[np.int8], launch: I64A, launch_tid: I64A, o_start: I64A,
+                 o_end: I64A, o_tid: I64A, value: int) -> None:
+    """Set ``phase`` to ``value`` for launches inside one of the ranges on the same thread."""
     for t in np.unique(o_tid):
         m = o_tid == t
         s, e = o_start[m], o_end[m]
@@ -1227,8 +1245,7 @@ def _optim_phase(launch: I64A, launch_tid: I64A, host: _Host) -> npt.NDArray[np.
         qi = np.flatnonzero(q)
         k = np.searchsorted(s, launch[qi], side="right") - 1
         inside = (k >= 0) & (e[np.maximum(k, 0)] >= launch[qi])
-        phase[qi[inside]] = Phase.OPTIM
-    return phase
+        phase[qi[inside]] = value
 
 
 def _parents(starts: I64A, ends: I64A) -> npt.NDArray[np.int64]:

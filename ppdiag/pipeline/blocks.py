@@ -156,6 +156,15 @@ def _cut_groups(tl: RankTimeline, comp: npt.NDArray[np.int64], step_of: npt.NDAr
         cut_t = [iv.start[sends], r_end[idle_gap]]
     cuts = np.unique(np.concatenate(cut_t))
     seg = np.searchsorted(cuts, iv.start[comp], side="right").astype(np.int64)
+    if not tl.cpu_only:
+        # The host issues each transfer between launching two blocks, so in launch time the
+        # issue ops separate blocks the device runs back to back with nothing in between
+        # (the first stage's backward blocks when the gradients arrived early).
+        rg = tl.ranges
+        ops = (rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)
+        h_cuts = np.unique(rg.start[ops])
+        t = np.where(iv.launch[comp] >= 0, iv.launch[comp], iv.start[comp])
+        seg = seg * (h_cuts.size + 1) + np.searchsorted(h_cuts, t, side="right")
     # A new group at every cut, at every step boundary, and where the ops' own phase turns from
     # forward to backward or weight-gradient (the last stage runs F and B back to back).
     key = seg * 100000 + np.maximum(step_of, 0)

@@ -64,7 +64,7 @@ def microbatch_count(blocks: dict[int, Blocks], virtual: int) -> int | None:
             m = f & (b.step == s)
             counts.append(int(m.sum()) // max(virtual, 1) if virtual > 1 else int(m.sum()))
             mbs = b.mb[m]
-            if (mbs >= 0).any():
+            if b.labelled and (mbs >= 0).any():  # counted numbers run over all chunks: not these
                 counts[-1] = max(counts[-1], int(mbs.max()) + 1)
     if not counts:
         return None

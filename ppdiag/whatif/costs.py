@@ -47,7 +47,9 @@ class MeasuredRun:
     weight-gradient (``wgrad_ns``) blocks, else ``bwd_ns`` is the whole backward and ``wgrad_ns``
     is zero. ``head_ns`` is the time from the step start to the first block on the first stage;
     ``tail_idle_ns`` / ``tail_busy_ns`` (one per pipeline rank) the idle and compute time after each
-    rank's last block (optimizer, step-end collectives). ``removable_ns`` is the step time that
+    rank's last block (optimizer, step-end collectives). Only the idle all ranks share
+    (:attr:`end_ns`) is a cost of its own: the rest is waiting for slower ranks, which the simulator
+    produces by itself for every schedule. ``removable_ns`` is the step time that
     removing one cause alone would win back (``comm_wait``, ``host``), from the replay.
     """
 
@@ -74,6 +76,12 @@ class MeasuredRun:
     @property
     def stages(self) -> int:
         return self.pp * self.virtual
+
+    @property
+    def end_ns(self) -> float:
+        """Step-end time every rank spends idle after its last block and optimizer (a final
+        collective's transfer, the host noticing the end)."""
+        return float(self.tail_idle_ns.min()) if self.tail_idle_ns.size else 0.0
 
     def stage_total_ns(self) -> F64:
         """Compute of one micro-batch on every virtual stage (forward + whole backward)."""

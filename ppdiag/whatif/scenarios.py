@@ -243,9 +243,11 @@ def _sim_cfg(
     delta: float,
     p2p: float = 0.0,
     head: float = 0.0,
-    tail_idle: F64 | float = 0.0,
+    end: float = 0.0,
     tail_busy: F64 | float = 0.0,
 ) -> SimConfig:
+    """The simulator config of one shape: ``delta`` added to every block; after its last block every
+    rank computes ``tail_busy`` (optimizer) and the step ends ``end`` after the last rank is done."""
     split = splits_backward(sched)
     f = np.maximum(fwd + delta, 0.0)
     if split:
@@ -264,8 +266,8 @@ def _sim_cfg(
         wgrad_ns=w.tolist(),
         p2p_ns=p2p,
         start_delay_ns=head,
-        tail_comm_ns=tail_idle.tolist() if isinstance(tail_idle, np.ndarray) else tail_idle,
         optim_ns=tail_busy.tolist() if isinstance(tail_busy, np.ndarray) else tail_busy,
+        end_latency_ns=end,
     )
 
 
@@ -350,11 +352,12 @@ class WhatifModel:
                 b = even_split(prof.n, n_st)
                 bounds_f = [float(x) for x in b]
                 split_info = self._split_json(b)
-                notes.append(f"layers split evenly over {n_st} stages")
+                notes.append(f"layers split evenly over {n_st} {'chunks' if v > 1 else 'stages'}")
             else:
                 bounds_f = [float(x) for x in np.linspace(0.0, prof.n, n_st + 1)]
                 notes.append(
-                    "the model re-cut into equal parts, current stages taken to hold equal layer counts"
+                    f"the model re-cut into {n_st} equal parts (the measured stages taken to hold equal "
+                    "layer counts)"
                 )
             sums = prof.chunk_sums(bounds_f)
             fwd, bwd_full = sums["fwd"], sums["bwd"]
@@ -411,8 +414,8 @@ class WhatifModel:
         total = prof.total_ns
         if not prof.discrete:
             notes.append(
-                "ideal balance (no per-block costs: pass --layers-per-stage or --layer-costs for a "
-                "concrete split); an upper bound of the gain"
+                "ideal balance, every stage at the mean cost (no per-block costs: pass "
+                "--layers-per-stage or --layer-costs for a concrete layer split)"
             )
             return continuous_balance(total, n_st), None
         weights = limits = None
@@ -455,7 +458,7 @@ class WhatifModel:
                 delta,
                 m.p2p_ns,
                 m.head_ns,
-                m.tail_idle_ns,
+                m.end_ns,
                 m.tail_busy_ns,
             )
             return simulate(cfg).step_ns
@@ -549,7 +552,6 @@ class WhatifModel:
         elif mm != m.microbatches:
             notes.append(f"same micro-batch size: {mm / m.microbatches:.3g}x the samples per step")
         fwd, bwd, wg = lay.fwd * scale, lay.bwd * scale, lay.wgrad * scale
-        tail_i = _resample(m.tail_idle_ns, pp)
         tail_b = _resample(m.tail_busy_ns, pp)
         n_st = pp * v
 
@@ -558,14 +560,18 @@ class WhatifModel:
 
         s_bal = simulate(_sim_cfg(sched, pp, mm, v, mean_costs(fwd), mean_costs(bwd), mean_costs(wg), 0.0))
         s_cost = simulate(_sim_cfg(sched, pp, mm, v, fwd, bwd, wg, 0.0))
-        s_comm = simulate(_sim_cfg(sched, pp, mm, v, fwd, bwd, wg, 0.0, m.p2p_ns, m.head_ns, tail_i, tail_b))
+        s_comm = simulate(
+            _sim_cfg(sched, pp, mm, v, fwd, bwd, wg, 0.0, m.p2p_ns, m.head_ns, m.end_ns, tail_b)
+        )
         busy = s_comm.per_rank_busy_ns  # blocks + tail compute: the overhead is not compute
         floor = float(busy.max())
 
         def step_with(c: Calibration) -> float:
             if c.mode == "per-block":
                 st = simulate(
-                    _sim_cfg(sched, pp, mm, v, fwd, bwd, wg, c.delta_ns, m.p2p_ns, m.head_ns, tail_i, tail_b)
+                    _sim_cfg(
+                        sched, pp, mm, v, fwd, bwd, wg, c.delta_ns, m.p2p_ns, m.head_ns, m.end_ns, tail_b
+                    )
                 ).step_ns
             elif c.mode == "per-step":
                 st = s_comm.step_ns + c.offset_ns
@@ -734,7 +740,8 @@ def describe(scn: Scenario, m: MeasuredRun) -> str:
     if scn.microbatches and scn.microbatches != m.microbatches:
         parts.append(f"M={scn.microbatches}")
     if scn.schedule and canonical_schedule(scn.schedule) != m.schedule:
-        parts.append(canonical_schedule(scn.schedule))
+        name = canonical_schedule(scn.schedule)
+        parts.append("interleaved" if name == "interleaved_1f1b" else name)
     if scn.virtual and scn.virtual != m.virtual:
         parts.append(f"v={scn.virtual}")
     if scn.pp and scn.pp != m.pp:
