@@ -35,11 +35,13 @@ import numpy.typing as npt
 from ppdiag.attribution import intervals as ivs
 from ppdiag.attribution.accounting import Account, WindowSets, account, window_sets
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
-from ppdiag.model import Kind, Phase, RankTimeline
+from ppdiag.model import Direction, Kind, Phase, RankTimeline
 from ppdiag.pipeline.clocks import p2p_ops
 from ppdiag.pipeline.blocks import Blocks
 
 NEG_INF = -(2**62)
+# transfer pieces closer than this form one wait (the host issuing the next operation in between)
+WAIT_JOIN_NS = 50_000
 
 
 @dataclass
@@ -139,7 +141,7 @@ def _split_local(rs: RankStep, lo: int, hi: int) -> tuple[int, int, int]:
     return (busy, host, max(hi - lo - busy - host, 0))
 
 
-def _blocking_peer(tl: RankTimeline, off: int, lo: int, hi: int) -> int:
+def _blocking_peer(tl: RankTimeline, off: int, lo: int, hi: int) -> tuple[int, int]:
     """Peer of the p2p interval that covers most of the wait ``[lo, hi]``.
 
     A wait can end on a transfer that was complete long before (a receive is only waited for
@@ -148,10 +150,10 @@ def _blocking_peer(tl: RankTimeline, off: int, lo: int, hi: int) -> int:
     iv = tl.intervals
     m = (iv.kind == int(Kind.P2P)) & (iv.end + off > lo) & (iv.start + off < hi)
     if not m.any():
-        return -1
+        return -1, 0
     cover = np.minimum(iv.end[m] + off, hi) - np.maximum(iv.start[m] + off, lo)
     i = np.flatnonzero(m)[int(np.argmax(cover))]
-    return int(iv.peer[i])
+    return int(iv.peer[i]), int(iv.direction[i])
 
 
 class Replay:
@@ -213,7 +215,7 @@ class Replay:
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
         by_key: dict[tuple[int, int, int, int], int] = {}
         ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], list[int]]] = {}
-        pending: list[tuple[int, int, int, int]] = []  # (node, peer, release, wait start)
+        pending: list[tuple[int, tuple[int, int], int, int]] = []  # (node, (peer, dir), release, wait start)
         for rs in steps:
             tl = timelines[rs.rank]
             off = tl.clock_offset_ns
@@ -226,16 +228,22 @@ class Replay:
                 lo = min(prev_end, s)
                 w_s, w_e = ivs.clip(rs.wait_set, lo, s)
                 if w_s.size:
-                    wait_start, rel = int(w_s[0]), int(w_e[-1])
+                    # the wait that released the block is the last run of transfer time before it
+                    # (pieces a few µs apart are one wait); earlier transfers were exposed comm
+                    k = w_s.size - 1
+                    while k > 0 and w_s[k] - w_e[k - 1] <= WAIT_JOIN_NS:
+                        k -= 1
+                    wait_start, rel = int(w_s[k]), int(w_e[-1])
                 else:
                     wait_start = rel = s
                 pre = wait_start - lo
                 post = s - rel
                 # local pieces outside the wait span
                 host = _m(rs.host_set, lo, wait_start) + _m(rs.host_set, rel, s)
-                coll = _m(rs.sets.collective, lo, wait_start) + _m(rs.sets.collective, rel, s)
+                coll = (_m(rs.sets.collective, lo, wait_start) + _m(rs.sets.collective, rel, s)
+                        + _m(rs.sets.p2p, lo, wait_start) + _m(rs.sets.p2p, rel, s))
                 lost = _m(rs.sets.gaps, lo, wait_start) + _m(rs.sets.gaps, rel, s)
-                ux = max(lost - host - coll - _m(rs.sets.p2p, lo, wait_start) - _m(rs.sets.p2p, rel, s), 0)
+                ux = max(lost - host - coll, 0)
                 in_lost = _m(rs.sets.gaps, s, e)
                 in_host = min(_m(rs.host_set, s, e), in_lost)
                 node = _Node(rs.rank, rs.step, i, e - s, int(b.busy[i]), in_host, in_lost - in_host,
@@ -268,7 +276,7 @@ class Replay:
             o = np.argsort(ends, kind="stable")
             ends_by_rank[r] = (ends[o], [ids[j] for j in o])
         ops = {r: p2p_ops(tl) for r, tl in timelines.items()}
-        for nid, peer, rel, wait_start in pending:
+        for nid, (peer, wdir), rel, wait_start in pending:
             if peer not in ends_by_rank:
                 continue
             ends, ids = ends_by_rank[peer]
@@ -286,7 +294,14 @@ class Replay:
             if po is not None and len(po.start):
                 off = timelines[peer].clock_offset_ns
                 st = po.start + off
-                cand = np.flatnonzero((po.peer == me) & (st <= rel))
+                # what can release a receive is the peer's send, and a blocked send the peer's receive
+                if wdir == int(Direction.RECV):
+                    ok_dir = (po.direction == int(Direction.SEND)) | (po.direction == int(Direction.BOTH))
+                elif wdir == int(Direction.SEND):
+                    ok_dir = (po.direction == int(Direction.RECV)) | (po.direction == int(Direction.BOTH))
+                else:
+                    ok_dir = np.ones(po.direction.shape, dtype=bool)
+                cand = np.flatnonzero((po.peer == me) & (st <= rel) & ok_dir)
                 if cand.size:
                     issue = max(p_end, int(st[cand].max()))
             xfer = rel - max(issue, wait_start)

@@ -102,41 +102,130 @@ class ClockFit:
     method: str
 
 
+def collective_rows(run: Run) -> list[tuple[int, int, float, int]]:
+    """Equations ``o_b - o_a = end_a - end_b`` from collectives: the k-th device collective of one
+    process group ends at the same moment on all its members."""
+    per_group: dict[tuple[str, tuple[int, ...]], dict[int, npt.NDArray[np.int64]]] = {}
+    for tl in run.ranks:
+        if tl.cpu_only:
+            continue
+        iv = tl.intervals
+        m = (iv.kind == int(Kind.COLLECTIVE)) & (iv.group >= 0)
+        if not m.any():
+            continue
+        for gi in np.unique(iv.group[m]):
+            gi = int(gi)
+            if gi >= len(tl.process_groups):
+                continue
+            g = tl.process_groups[gi]
+            if len(g.ranks) < 2:
+                continue
+            sel = m & (iv.group == gi)
+            ends = iv.end[sel][np.argsort(iv.start[sel], kind="stable")]
+            per_group.setdefault((g.name or g.desc, tuple(g.ranks)), {})[tl.rank] = ends
+    rows: list[tuple[int, int, float, int]] = []
+    for members in per_group.values():
+        rs = sorted(members)
+        for a, b in zip(rs, rs[1:]):
+            ea, eb = members[a], members[b]
+            n = min(ea.size, eb.size)
+            if n == 0 or ea.size != eb.size:  # a rank missed some: the order cannot be trusted
+                continue
+            rows.append((a, b, float(np.median(ea[:n] - eb[:n])), n))
+    return rows
+
+
 def align_clocks(run: Run, pairs: Pairs) -> ClockFit:
-    """Offsets that make matched device transfers end together (least squares, lowest rank at 0)."""
+    """Offsets that make matched device transfers and collectives end together.
+
+    Least squares over every linked rank pair; the lowest rank of each connected set of ranks keeps
+    its clock. Ranks linked by nothing keep theirs too (a warning says so upstream).
+    """
     ranks = sorted(tl.rank for tl in run.ranks)
     zero = {r: 0 for r in ranks}
-    if len(ranks) < 2 or len(pairs) == 0 or not pairs.device:
+    coll = collective_rows(run)
+    rows = _p2p_rows(pairs, None) + coll
+    p2p_rows = len(rows) - len(coll)
+    if len(ranks) >= 2 and p2p_rows:
+        # A send and its receive end together only when the receive was waiting for it (posted
+        # before the send began); a buffered send or a late receive breaks that. Solve once with
+        # every pair, then again with the pairs that the first answer shows were waiting.
+        first = _solve(ranks, rows)
+        refined = _p2p_rows(pairs, first)
+        if refined:
+            rows = refined + coll
+            p2p_rows = len(refined)
+    if len(ranks) < 2 or not rows:
         hosts = {str(tl.meta.get("host_name", "")) for tl in run.ranks}
         method = "same host clock" if len(hosts) == 1 and "" not in hosts else "none (no matched device transfers)"
         return ClockFit(zero, None, method)
-    idx = {r: i for i, r in enumerate(ranks)}
-    # One equation per directed rank pair: o_dst - o_src = median(send_end - recv_end).
+    offsets, n_comps = _solve(ranks, rows)
+    if len(pairs) and pairs.device:
+        o_src = np.array([offsets[int(r)] for r in pairs.src], dtype=np.int64)
+        o_dst = np.array([offsets[int(r)] for r in pairs.dst], dtype=np.int64)
+        waited = (pairs.recv_start + o_dst) <= (pairs.send_start + o_src)
+        resid = np.abs((pairs.send_end + o_src) - (pairs.recv_end + o_dst))
+        resid = resid[waited] if waited.any() else resid
+    else:
+        resid = np.array([abs(d - (offsets[b] - offsets[a])) for a, b, d, _ in rows], dtype=np.float64)
+    method = "matched p2p transfers" if p2p_rows else "matched collectives"
+    if p2p_rows and len(rows) > p2p_rows:
+        method += " and collectives"
+    if n_comps > 1:
+        method += f" ({n_comps} unlinked groups of ranks, each on its own clock)"
+    return ClockFit(offsets, float(np.median(resid)) / 1000.0, method)
+
+
+def _p2p_rows(pairs: Pairs, prior: tuple[dict[int, int], int] | None) -> list[tuple[int, int, float, int]]:
+    """One equation per directed rank pair, ``o_dst - o_src = median(send_end - recv_end)``, over
+    all pairs or, given a first solution, over the pairs whose receive was posted first."""
+    rows: list[tuple[int, int, float, int]] = []
+    if not (pairs.device and len(pairs)):
+        return rows
+    keep = np.ones(len(pairs), dtype=bool)
+    if prior is not None:
+        off = prior[0]
+        o_src = np.array([off[int(r)] for r in pairs.src], dtype=np.int64)
+        o_dst = np.array([off[int(r)] for r in pairs.dst], dtype=np.int64)
+        keep = (pairs.recv_start + o_dst) < (pairs.send_start + o_src)
     diffs = pairs.send_end - pairs.recv_end
     key = pairs.src.astype(np.int64) * 1_000_003 + pairs.dst
-    rows: list[tuple[int, int, float, int]] = []
     for k in np.unique(key):
-        m = key == k
-        a = int(pairs.src[m][0])
-        b = int(pairs.dst[m][0])
-        rows.append((idx[a], idx[b], float(np.median(diffs[m])), int(m.sum())))
+        m = (key == k) & keep
+        if m.any():
+            rows.append((int(pairs.src[m][0]), int(pairs.dst[m][0]), float(np.median(diffs[m])), int(m.sum())))
+    return rows
+
+
+def _solve(ranks: list[int], rows: list[tuple[int, int, float, int]]) -> tuple[dict[int, int], int]:
+    """Least-squares offsets for ``rows`` (``o_b - o_a = d``); one anchor per connected component."""
+    idx = {r: i for i, r in enumerate(ranks)}
+    rows = [r for r in rows if r[0] in idx and r[1] in idx]
+    # connected components: each gets its own anchor
+    parent = list(range(len(ranks)))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b, _, _ in rows:
+        parent[find(idx[a])] = find(idx[b])
+    comps: dict[int, list[int]] = {}
+    for r in ranks:
+        comps.setdefault(find(idx[r]), []).append(idx[r])
     n = len(ranks)
-    a_mat = np.zeros((len(rows) + 1, n))
-    rhs = np.zeros(len(rows) + 1)
-    w = np.ones(len(rows) + 1)
-    for i, (ia, ib, d, cnt) in enumerate(rows):
-        a_mat[i, ib] = 1.0
-        a_mat[i, ia] = -1.0
+    a_mat = np.zeros((len(rows) + len(comps), n))
+    rhs = np.zeros(len(rows) + len(comps))
+    w = np.ones(len(rows) + len(comps))
+    for i, (a, b, d, cnt) in enumerate(rows):
+        a_mat[i, idx[b]] = 1.0
+        a_mat[i, idx[a]] = -1.0
         rhs[i] = d
         w[i] = np.sqrt(cnt)
-    a_mat[-1, 0] = 1.0  # anchor: the lowest rank keeps its clock
-    w[-1] = 1e3
+    for j, members in enumerate(comps.values()):
+        a_mat[len(rows) + j, min(members)] = 1.0  # anchor: the lowest rank keeps its clock
+        w[len(rows) + j] = 1e3
     sol, *_ = np.linalg.lstsq(a_mat * w[:, None], rhs * w, rcond=None)
-    connected = set()
-    for ia, ib, _, _ in rows:
-        connected.update((ia, ib))
-    offsets = {r: (int(round(sol[idx[r]])) if idx[r] in connected or idx[r] == 0 else 0) for r in ranks}
-    o_src = np.array([offsets[int(r)] for r in pairs.src], dtype=np.int64)
-    o_dst = np.array([offsets[int(r)] for r in pairs.dst], dtype=np.int64)
-    resid = (pairs.send_end + o_src) - (pairs.recv_end + o_dst)
-    return ClockFit(offsets, float(np.median(np.abs(resid))) / 1000.0, "matched p2p transfers")
+    return {r: int(round(sol[idx[r]])) for r in ranks}, len(comps)

@@ -8,7 +8,7 @@ from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import finding, mean_cause_ms, r3, replay_gain_ms
 
-MIN_SHARE_PCT = 3.0
+MIN_SHARE_PCT = 2.0
 
 
 class ExposedCommRule:

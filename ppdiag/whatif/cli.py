@@ -19,8 +19,9 @@ from ppdiag.whatif.render import fmt_pct, whatif_table
 MultiStr = list[str] | None
 
 
-def _ints(values: MultiStr, flag: str, lo: int = 1) -> list[int]:
-    """Values of a repeatable flag that also takes comma lists: ``-m 16 -m 32`` or ``-m 16,32``."""
+def _ints(values: MultiStr, flag: str, lo: int = 1, unique: bool = True) -> list[int]:
+    """Values of a repeatable flag that also takes comma lists: ``-m 16 -m 32`` or ``-m 16,32``
+    (repeated values dropped when ``unique``)."""
     out: list[int] = []
     for v in values or []:
         for part in str(v).split(","):
@@ -34,7 +35,7 @@ def _ints(values: MultiStr, flag: str, lo: int = 1) -> list[int]:
             if n < lo:
                 raise InputError(None, f"{flag}: {n} must be >= {lo}")
             out.append(n)
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(out)) if unique else out
 
 
 def _schedules(values: MultiStr) -> list[str]:
@@ -353,7 +354,7 @@ def _whatif(
     scheds = _schedules(schedule)
     vs = _ints(virtual, "--virtual")
     pps = _ints(pp, "--pp")
-    lps = _ints([layers_per_stage], "--layers-per-stage") if layers_per_stage else None
+    lps = _ints([layers_per_stage], "--layers-per-stage", unique=False) if layers_per_stage else None
     opts = WhatifOptions(
         calibration=calibration,
         wgrad_fraction=wgrad_fraction,

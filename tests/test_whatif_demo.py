@@ -1,0 +1,107 @@
+"""What-if predictions checked against real recorded pipeline runs (torch.distributed.pipelining over
+gloo, sleep mode).
+
+Three recordings: a 1F1B run with M=4 whose stage 2 is twice as slow (its two layers cost double),
+the same run with M=8, and a run of the same model whose layers are split the way ``whatif
+--rebalance`` proposes from the first run.
+
+Micro-batch size: the demo's sleep mode fixes the cost of one micro-batch on a stage through
+``fwd_ms`` / ``bwd_ms`` whatever M is (each micro-batch holds 8 rows, so the global batch grows with
+M). Going from M=4 to M=8 in the demo therefore keeps the micro-batch size, and the prediction uses
+``fixed_microbatch_size`` (``--fixed-microbatch-size``).
+
+The slow stage's extra cost sits in its layers (``slow_factor`` multiplies each of its layers), so a
+split that moves layers between stages is expressible with ``stage_layers`` plus ``layer_factors``
+(the same per-layer cost, wherever the layer lands).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from ppdiag.api import Options, diagnose  # noqa: E402
+from ppdiag.cli import app  # noqa: E402
+from ppdiag.demo.config import DemoConfig  # noqa: E402
+from ppdiag.demo.recorder import record  # noqa: E402
+from ppdiag.diagnosis import Diagnosis  # noqa: E402
+from ppdiag.whatif.scenarios import Scenario, WhatifOptions, build_model  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# costs large enough that scheduling noise on a shared machine (~1 ms) stays a small fraction
+BASE: dict[str, Any] = {"schedule": "1f1b", "pp": 4, "steps": 3, "fwd_ms": 6.0, "bwd_ms": 12.0,
+                        "layers_per_stage": 2}
+SLOW_STAGE, SLOW_FACTOR = 2, 2.0
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Diagnosis]]:
+    out: dict[str, tuple[Path, Diagnosis]] = {}
+    for name, m in (("m4", 4), ("m8", 8)):
+        d = tmp_path_factory.mktemp(f"whatif_{name}")
+        record(DemoConfig(microbatches=m, slow_stage=SLOW_STAGE, slow_factor=SLOW_FACTOR, **BASE), d)
+        out[name] = (d, diagnose([d], Options()))
+    return out
+
+
+def test_more_microbatches_predicted_within_10_percent(runs: dict[str, tuple[Path, Diagnosis]]) -> None:
+    _, m4 = runs["m4"]
+    _, m8 = runs["m8"]
+    assert m4.report["run"]["microbatches"] == 4 and m8.report["run"]["microbatches"] == 8
+    pred = build_model(m4).predict(Scenario(microbatches=8, fixed_microbatch_size=True))
+    assert pred.error is None and pred.step_ns is not None
+    measured = m8.report["summary"]["step_ms"]
+    got = pred.step_ns / 1e6
+    assert abs(got - measured) <= 0.10 * measured, (got, measured)
+    assert pred.samples_vs_measured == 2.0
+
+
+def test_rebalanced_split_predicted_within_15_percent(runs: dict[str, tuple[Path, Diagnosis]],
+                                                      tmp_path: Path) -> None:
+    _, m4 = runs["m4"]
+    model = build_model(m4, WhatifOptions(), layers_per_stage=[BASE["layers_per_stage"]])
+    pred = model.predict(Scenario(rebalance=True))
+    assert pred.error is None and pred.step_ns is not None and pred.split is not None
+    assert pred.split["slowest_stage_before"] == SLOW_STAGE
+    layers = pred.split["layers_per_stage"]
+    assert sum(layers) == 8 and layers != [2, 2, 2, 2]
+    # record the proposed split: the slow stage's two layers keep their double cost
+    factors = [SLOW_FACTOR if SLOW_STAGE * 2 <= i < SLOW_STAGE * 2 + 2 else 1.0 for i in range(8)]
+    cfg = DemoConfig(microbatches=4, stage_layers=layers, layer_factors=factors, **BASE)
+    record(cfg, tmp_path)
+    balanced = diagnose([tmp_path], Options())
+    measured = balanced.report["summary"]["step_ms"]
+    got = pred.step_ns / 1e6
+    assert abs(got - measured) <= 0.15 * measured, (layers, got, measured)
+    # the split does what it promised: the recorded slowest stage is the predicted one, and faster
+    # than the slow stage was
+    rec_stage = [s["fwd_ms"]["mean"] + s["bwd_ms"]["mean"] for s in balanced.report["stages"]]
+    want_stage = [x / 1e6 for x in pred.stage_ns]
+    assert max(rec_stage) == pytest.approx(max(want_stage), rel=0.15)
+    assert max(rec_stage) < pred.split["slowest_before_ms"]
+    assert measured < m4.report["summary"]["step_ms"]
+
+
+def test_whatif_command_json(runs: dict[str, tuple[Path, Diagnosis]]) -> None:
+    d, m4 = runs["m4"]
+    res = CliRunner().invoke(app, ["whatif", str(d), "-m", "8", "--fixed-microbatch-size", "--rebalance",
+                                   "--layers-per-stage", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["measured"]["pp"] == 4 and out["measured"]["microbatches"] == 4
+    assert out["per_block_costs"] == "layers-per-stage"
+    names = [s["scenario"] for s in out["scenarios"]]
+    assert names == ["measured", "M=8, rebalanced, same micro-batch size", "rebalanced"]
+    assert out["scenarios"][0]["step_ms"] == pytest.approx(m4.report["summary"]["step_ms"])
+    api = build_model(m4, layers_per_stage=[2]).predict(Scenario(microbatches=8, fixed_microbatch_size=True,
+                                                                 rebalance=True))
+    assert out["scenarios"][1]["step_ms"] == pytest.approx(api.step_ns / 1e6, rel=1e-6)
+    assert out["scenarios"][2]["split"]["slowest_stage_before"] == SLOW_STAGE
+    assert "calibration" in out["calibration"]["text"]
