@@ -634,3 +634,24 @@ def test_trailing_junk_and_non_json_numbers(tmp_path: Path) -> None:
     assert any("NaN" in w for w in r.warnings)
     assert int((r.intervals.end == r.intervals.start).sum()) == 3  # unknown durations read as 0
     assert len(ends) == 20
+
+
+def test_gpu_phase_from_launching_op(tmp_path: Path) -> None:
+    ev = [
+        x("autograd::engine::evaluate_function: MmBackward0", 100, 50, tid=5),
+        x("cudaLaunchKernel", 110, 2, cat="cuda_runtime", tid=5, correlation=11),
+        x("bwd_gemm", 130, 10, cat="kernel", pid=0, tid=7, correlation=11, stream=7),
+        x("cudaLaunchKernel", 160, 2, cat="cuda_runtime", tid=5, correlation=12),  # outside
+        x("fwd_gemm", 170, 10, cat="kernel", pid=0, tid=7, correlation=12, stream=7),
+        x("Optimizer.step#AdamW.step", 200, 50, cat="user_annotation", tid=5),
+        x("autograd::engine::evaluate_function: X", 205, 20, tid=5),
+        x("cudaLaunchKernel", 210, 2, cat="cuda_runtime", tid=5, correlation=13),
+        x("adam_kernel", 230, 10, cat="kernel", pid=0, tid=7, correlation=13, stream=7),
+        # same times, other thread: not inside that thread's backward op
+        x("cudaLaunchKernel", 111, 2, cat="cuda_runtime", tid=6, correlation=14),
+        x("other_thread_kernel", 300, 10, cat="kernel", pid=0, tid=8, correlation=14, stream=8),
+    ]
+    r = parse_file(write(tmp_path / "t.json", trace(ev)))
+    phase = dict(zip(names_of(r, r.intervals.name), r.intervals.phase.tolist(), strict=True))
+    assert phase == {"bwd_gemm": Phase.BWD, "fwd_gemm": Phase.UNKNOWN, "adam_kernel": Phase.OPTIM,
+                     "other_thread_kernel": Phase.UNKNOWN}

@@ -154,6 +154,7 @@ def test_removing_a_cause_lowers_the_target_and_zeroes_it() -> None:
     both = wm.predict(Scenario(no_comm_wait=True, no_host=True))
     assert both.step_ns == pytest.approx(35 * MS, abs=2000)
     for p in (same, no_cw, both):
+        assert p.step_ns is not None
         # the causes add up to the lost time: step minus compute (24 ms of blocks per rank)
         assert sum(p.lost_ns[k] for k in CAUSE_KEYS) == pytest.approx(p.step_ns - 24 * MS, rel=1e-9)
 
@@ -194,7 +195,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.mark.parametrize(("base", "scn", "truth"), [
-    ({"microbatches": 4, "faults": (SlowStage(2, 2.0),)}, Scenario(microbatches=8, fixed_microbatch_size=True),
+    ({"microbatches": 4, "faults": (SlowStage(2, 2.0),)},
+     Scenario(microbatches=8, fixed_microbatch_size=True),
      {"microbatches": 8, "faults": (SlowStage(2, 2.0),)}),
     ({"microbatches": 8}, Scenario(schedule="interleaved", virtual=2),
      {"microbatches": 8, "schedule": "interleaved_1f1b", "virtual": 2, "fwd_ms": 0.5, "bwd_ms": 1.0}),
@@ -337,11 +339,13 @@ def test_batch_command() -> None:
 
 
 def test_check_batch_interleaved_constraint() -> None:
-    assert check_batch(None, 4, microbatches=6, schedule="interleaved_1f1b", virtual=2).problems[-1][1].startswith(
-        "interleaved 1F1B with M=6")
-    assert any("cannot run M=9" in t for _, t in check_batch(None, 4, microbatches=9, schedule="interleaved_1f1b",
-                                                            virtual=2).problems)
-    assert check_batch(None, 4, microbatches=16, schedule="interleaved_1f1b", virtual=2).problems == []
+    def problems(m: int) -> list[str]:
+        return [t for _, t in check_batch(None, 4, microbatches=m, schedule="interleaved_1f1b",
+                                          virtual=2).problems]
+
+    assert problems(6)[-1].startswith("interleaved 1F1B with M=6")  # Megatron wants a multiple of pp
+    assert any("cannot run M=9" in t for t in problems(9))  # 2 rounds do not divide 9
+    assert problems(16) == []
 
 
 def test_whatif_command_on_a_simulated_run(root: str) -> None:
@@ -381,3 +385,23 @@ def test_whatif_command_bad_input(test_data: Path, root: str) -> None:
         res = runner.invoke(app, ["whatif", str(Path(root) / "cli"), *args, "--rebalance"])
         assert res.exit_code == 2, (args, res.output)
         assert msg in res.output and "Traceback" not in res.output
+
+
+# ---- the demo option the recorded rebalancing check relies on --------------------------------
+
+
+def test_demo_layer_factors_set_per_layer_costs() -> None:
+    from ppdiag.demo.config import DemoConfig
+    from ppdiag.errors import InputError
+
+    cfg = DemoConfig(pp=4, fwd_ms=4.0, bwd_ms=8.0, layers_per_stage=2, stage_layers=[3, 2, 1, 2],
+                     layer_factors=[1, 1, 1, 1, 2, 2, 1, 1]).validated()
+    # layer costs 2 ms forward each, doubled for layers 4 and 5: stages hold 3, 1+2, 2 and 1+1 units
+    assert [c["fwd"] for c in cfg.stage_costs_ms()] == [6.0, 6.0, 4.0, 4.0]
+    assert [c["bwd"] for c in cfg.stage_costs_ms()] == [12.0, 12.0, 8.0, 8.0]
+    assert cfg.layer_factor(1, 1) == 2.0 and cfg.layer_factor(0, 2) == 1.0
+    assert DemoConfig().layer_factor(0, 0) == 1.0
+    with pytest.raises(InputError, match="layer_factors has 3 entries but the model has 8 layers"):
+        DemoConfig(layer_factors=[1, 1, 1]).validated()
+    with pytest.raises(InputError, match="finite numbers > 0"):
+        DemoConfig(layer_factors=[1, 1, 1, 1, 0, 1, 1, 1]).validated()

@@ -26,12 +26,12 @@ from typer.testing import CliRunner
 
 pytest.importorskip("torch")
 
-from ppdiag.api import Options, diagnose  # noqa: E402
-from ppdiag.cli import app  # noqa: E402
-from ppdiag.demo.config import DemoConfig  # noqa: E402
-from ppdiag.demo.recorder import record  # noqa: E402
-from ppdiag.diagnosis import Diagnosis  # noqa: E402
-from ppdiag.whatif.scenarios import Scenario, WhatifOptions, build_model  # noqa: E402
+from ppdiag.api import Options, diagnose
+from ppdiag.cli import app
+from ppdiag.demo.config import DemoConfig
+from ppdiag.demo.recorder import record
+from ppdiag.diagnosis import Diagnosis
+from ppdiag.whatif.scenarios import Scenario, WhatifOptions, build_model
 
 pytestmark = pytest.mark.slow
 
@@ -102,6 +102,7 @@ def test_whatif_command_json(runs: dict[str, tuple[Path, Diagnosis]]) -> None:
     assert out["scenarios"][0]["step_ms"] == pytest.approx(m4.report["summary"]["step_ms"])
     api = build_model(m4, layers_per_stage=[2]).predict(Scenario(microbatches=8, fixed_microbatch_size=True,
                                                                  rebalance=True))
+    assert api.step_ns is not None
     assert out["scenarios"][1]["step_ms"] == pytest.approx(api.step_ns / 1e6, rel=1e-6)
     assert out["scenarios"][2]["split"]["slowest_stage_before"] == SLOW_STAGE
     assert "calibration" in out["calibration"]["text"]

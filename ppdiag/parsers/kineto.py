@@ -309,13 +309,12 @@ def _decode_damaged(
         pos, truncated = _error_pos(err, len(doc))
         if "trailing characters" in str(err):
             # junk after the top-level object (a second write, NUL padding): ignore it
+            end = doc.rfind(b"}", 0, pos) + 1
             try:
-                trace = types.decoder.decode(doc[:pos])
-            except msgspec.DecodeError as exc:
-                err = exc
-                doc = doc[:pos]
-                continue
-            warnings.append(f"ignored {len(doc) - pos} bytes after the end of the JSON document")
+                trace = types.decoder.decode(doc[:end])
+            except msgspec.DecodeError:
+                raise InputError(path, f"not a PyTorch Profiler trace (invalid JSON: {err})") from None
+            warnings.append(f"ignored {len(doc) - end} bytes after the end of the JSON document")
             return _Recovered(trace, len(trace.traceEvents or []), lost_events, warnings)
         if not fixed_numbers and _NON_JSON_NUMBER.match(doc, pos):
             # NaN / Infinity written by some writers are not JSON: read them as null
@@ -590,8 +589,9 @@ def _i64(values: list[Any], default: int = -1) -> I64A:
 
 
 def _f64(values: list[Any]) -> F64A:
+    """float64 array; values that are not finite numbers (null, NaN, text) become 0."""
     try:
-        return np.asarray(values, dtype=np.float64)
+        arr = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
         out = []
         for v in values:
@@ -599,7 +599,10 @@ def _f64(values: list[Any]) -> F64A:
                 out.append(float(v))
             except (TypeError, ValueError):
                 out.append(0.0)
-        return np.asarray(out, dtype=np.float64)
+        arr = np.asarray(out, dtype=np.float64)
+    if not np.isfinite(arr).all():
+        arr = np.where(np.isfinite(arr), arr, 0.0)
+    return arr
 
 
 def us_to_ns(us: F64A, base_ns: int) -> I64A:
@@ -944,7 +947,7 @@ def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
         "ts_format": "relative+baseTimeNanoseconds" if base else "absolute µs",
     }
     if len(gpu_idx):
-        intervals, device, extra = _gpu_mode(evs, gpu_idx, codes, host, memo, base, ctx, names, devprops)
+        intervals, device, extra = _gpu_mode(evs, gpu_idx, codes, host, base, ctx, names, devprops)
         meta.update(extra)
         cpu_only = False
     else:
@@ -1015,7 +1018,8 @@ def _collect_host(
         bsel = np.flatnonzero(is_bwd).tolist()
         b_ev = [sub[i] for i in bsel]
         b_s = us_to_ns(_f64([e.ts for e in b_ev]), base)
-        host.bwd = (b_s, b_s + np.maximum(us_to_ns(_f64([e.dur for e in b_ev]), 0), 0), _tids([e.tid for e in b_ev]))
+        b_e = b_s + np.maximum(us_to_ns(_f64([e.dur for e in b_ev]), 0), 0)
+        host.bwd = (b_s, b_e, _tids([e.tid for e in b_ev]))
     keep_cls = np.fromiter((i.range_kind >= 0 for i in infos), dtype=bool, count=len(infos))
     # every user annotation is kept (they are few and name user phases); CPU ops and Python
     # functions only when their name means something to ppdiag
@@ -1112,7 +1116,7 @@ def _build_ranges(host: _Host, names: NameTable) -> Ranges:
 
 def _gpu_mode(
     evs: list[Any], gpu_idx: npt.NDArray[np.intp], codes: npt.NDArray[np.int8], host: _Host,
-    memo: _NameMemo, base: int, ctx: _Ctx, names: NameTable, devprops: list[Any],
+    base: int, ctx: _Ctx, names: NameTable, devprops: list[Any],
 ) -> tuple[Intervals, str | None, dict[str, Any]]:
     g = [evs[i] for i in gpu_idx.tolist()]
     n = len(g)
@@ -1510,7 +1514,7 @@ def _cpu_mode(
         "launch": t_s,
     }
     parts = [Intervals.from_columns(n_top, cols)]
-    blocked = _gloo_tails(t_s, t_e, host, main, ctx, names, comm_pos, comm_info, t_s)
+    blocked = _gloo_tails(t_s, t_e, host, main, names, comm_pos, comm_info)
     if blocked is not None:
         parts.append(blocked)
     extra = {"main_tid": main, "cpu_ops": len(cpu_idx), "top_level_ops": n_top,
@@ -1519,8 +1523,8 @@ def _cpu_mode(
 
 
 def _gloo_tails(
-    t_s: I64A, t_e: I64A, host: _Host, main: int, ctx: _Ctx, names: NameTable,
-    comm_pos: list[int], comm_info: list[_CommInfo], op_starts: I64A,
+    t_s: I64A, t_e: I64A, host: _Host, main: int, names: NameTable,
+    comm_pos: list[int], comm_info: list[_CommInfo],
 ) -> Intervals | None:
     """Blocked communication on the main thread: the tail of each ``gloo:*`` span after the last
     top-level op that started before the span's end; overlapping tails are split so that each
@@ -1562,7 +1566,7 @@ def _gloo_tails(
     n = len(p_start)
 
     # the issuing c10d op: the top-level comm op containing the span start
-    c_s = op_starts[comm_pos] if comm_pos else np.zeros(0, dtype=np.int64)
+    c_s = t_s[comm_pos] if comm_pos else np.zeros(0, dtype=np.int64)
     c_e = t_e[comm_pos] if comm_pos else np.zeros(0, dtype=np.int64)
     kind = np.zeros(n, dtype=np.int8)
     peer = np.full(n, -1, dtype=np.int32)
@@ -1571,7 +1575,7 @@ def _gloo_tails(
     name_id = np.zeros(n, dtype=np.int32)
     for r in range(n):
         hi = spans[int(p_span[r])]
-        inf, hc = host.info[hi], host.comm[hi]
+        hc = host.comm[hi]
         kind[r] = Kind.P2P if hc.comm == C_P2P else Kind.COLLECTIVE
         name_id[r] = names.id(host.name[hi])
         direction[r] = hc.direction
@@ -1588,7 +1592,6 @@ def _gloo_tails(
                 if nbytes[r] < 0:
                     nbytes[r] = issuer.nbytes
         peer[r] = pr
-        del inf
     cols: dict[str, Any] = {
         "start": p_start, "end": p_end, "stream": np.full(n, main, dtype=np.int64), "kind": kind,
         "name": name_id, "peer": peer, "direction": direction, "bytes": nbytes,

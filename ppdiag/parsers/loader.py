@@ -89,15 +89,23 @@ def detect_format(path: Path) -> tuple[str | None, str]:
     return None, "not a recognised trace format"
 
 
+# ppdiag's own outputs that a run directory may hold next to the traces (demo runs, CI jobs)
+OWN_OUTPUTS = ("groundtruth.json", "report.json", "summary.md", "report.html")
+
+
 def _scan_dir(d: Path) -> list[Path]:
-    files = sorted(p for p in d.iterdir() if p.is_file() and is_trace_name(p))
+    files = _candidates(d)
     if files:
         return files
     # one level down (e.g. RUN/rank0/trace.json, or a tensorboard log dir)
-    return sorted(
-        p for sub in sorted(d.iterdir()) if sub.is_dir() for p in sub.iterdir()
-        if p.is_file() and is_trace_name(p)
-    )
+    return [p for sub in sorted(d.iterdir()) if sub.is_dir() for p in _candidates(sub)]
+
+
+def _candidates(d: Path) -> list[Path]:
+    files = sorted(p for p in d.iterdir() if p.is_file() and is_trace_name(p) and p.name not in OWN_OUTPUTS)
+    # an .nsys-rep next to its own SQLite export is the same rank twice
+    names = {p.name for p in files}
+    return [p for p in files if not (p.suffix == ".nsys-rep" and p.with_suffix(".sqlite").name in names)]
 
 
 def find_traces(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str]]:
@@ -305,11 +313,22 @@ def load_run(
     files, warnings = find_traces(paths)
     parsed = parse_files(files, opts, jobs=jobs, progress=progress)
     ranks, rank_warnings = resolve_ranks(parsed)
+    fmt = files[0].format
+    if fmt == "nsys":
+        # NCCL p2p communicators name peers by their own ranks: global ranks are known only once
+        # every rank's file has been read
+        from ppdiag.parsers.nsys import resolve_nccl_peers
+
+        rank_warnings.extend(resolve_nccl_peers(ranks))
+    # the same warning from many files is said once, with the number of files
+    counts: dict[str, list[str]] = {}
     for r in ranks:
-        name = Path(r.source).name
-        warnings.extend(f"{name}: {w}" for w in r.warnings)
+        for w in r.warnings:
+            counts.setdefault(w, []).append(Path(r.source).name)
+    for w, names in counts.items():
+        warnings.append(f"{names[0]}: {w}" if len(names) == 1 else f"{len(names)} files: {w}")
     warnings.extend(rank_warnings)
-    return Run(ranks=ranks, format=files[0].format, warnings=warnings)
+    return Run(ranks=ranks, format=fmt, warnings=warnings)
 
 
 __all__ = ["TraceFile", "detect_format", "find_traces", "is_trace_name", "load_run", "parse_files",

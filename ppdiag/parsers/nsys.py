@@ -101,6 +101,7 @@ class _Ctx:
     comm_members: dict[int, dict[int, int]]  # communicator → {local rank: global rank}
     comm_info: dict[int, dict[int, tuple[int, int]]]  # pid → communicator → (local rank, nranks)
     meta: dict[str, Any] = field(default_factory=dict)
+    autograd_tids: dict[int, set[int]] = field(default_factory=dict)  # pid → autograd engine threads
 
 
 def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
@@ -139,6 +140,7 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
         comm_members=comm_members,
         comm_info=comm_info,
         meta=_export_meta(db),
+        autograd_tids=_autograd_threads(db),
     )
     out = [_build_rank(ctx, p, proc_names.get(p, "")) for p in pids]
     out.sort(key=lambda t: t.rank)
@@ -148,6 +150,23 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
 
 
 # --- file-level facts --------------------------------------------------------------------------
+
+
+def _autograd_threads(db: NsysDb) -> dict[int, set[int]]:
+    """Per process, the threads PyTorch's autograd engine runs the backward on (``pt_autograd_N``)."""
+    if not (db.has("ThreadNames") and db.has("StringIds")):
+        return {}
+    if not {"nameId", "globalTid"} <= set(db.columns("ThreadNames")):
+        return {}
+    rows = db.execute(
+        "SELECT t.globalTid FROM ThreadNames t JOIN StringIds s ON s.id = t.nameId "
+        "WHERE s.value LIKE 'pt_autograd%'"
+    ).fetchall()
+    out: dict[int, set[int]] = {}
+    for (gtid,) in rows:
+        g = int(gtid)
+        out.setdefault((g >> 24) & 0xFFFFFF, set()).add(g & 0xFFFFFF)
+    return out
 
 
 def _export_meta(db: NsysDb) -> dict[str, Any]:
@@ -308,6 +327,11 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     _resolve_peers(ctx, pid, dec, comm_col, local_peer, peer, group, group_of, pending["interval"], warnings)
 
     phase = np.full(n, Phase.UNKNOWN, dtype=np.int8)
+    # PyTorch's autograd engine launches the backward from its own device threads (pt_autograd_N),
+    # as the Kineto trace shows it inside autograd::engine ops.
+    bwd_tids = ctx.autograd_tids.get(pid)
+    if bwd_tids:
+        phase[np.isin(ltid, np.fromiter(bwd_tids, dtype=np.int64)) & (launch_raw >= 0)] = Phase.BWD
     # Work launched inside an optimizer range of the same thread is the optimizer step.
     hr = nvtx.ranges
     opt = (hr.pid == pid) & (hr.phase == Phase.OPTIM)

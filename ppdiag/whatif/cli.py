@@ -78,7 +78,8 @@ def _split_lines(pred: dict[str, Any]) -> list[str]:
                 f"current layers per stage: {'/'.join(map(str, cur))}  ->  proposed: "
                 f"{'/'.join(map(str, sp['layers_per_stage']))}"
             )
-        stage_ms = pred.get("stage_ms") or []
+        # at the measured micro-batch size, like the "before" figures
+        stage_ms = sp.get("stage_ms_after") or pred.get("stage_ms") or []
         for s, ((a, b), (na, nb)) in enumerate(zip(sp["ranges"], sp["names"], strict=True)):
             names = f" ({na} .. {nb})" if na != f"layer {a}" else ""
             cost = f", {stage_ms[s]:.2f} ms per micro-batch" if s < len(stage_ms) else ""

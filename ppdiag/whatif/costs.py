@@ -615,27 +615,12 @@ def profile_from_trace(
     return prof
 
 
-__all__ = [
-    "LayerProfile",
-    "MeasuredRun",
-    "measure",
-    "measure_diagnosis",
-    "measured_from_profile",
-    "module_layers",
-    "profile_from_stages",
-    "profile_from_trace",
-    "read_layer_costs",
-    "scale_profile_to",
-    "sim_schedule",
-]
-
-
 def measured_from_profile(
     profile: LayerProfile, pp: int, microbatches: int, schedule: str, virtual: int = 1, p2p_ns: float = 0.0
 ) -> MeasuredRun:
     """A stand-in for a measured run when there is no trace: the block costs split into stages (the
     file's ``stage`` column, else equal block counts), nothing lost beyond the schedule. Its step
-    time is the simulator's."""
+    time is the simulator's. ``profile.bounds`` is set to the split used."""
     from ppdiag.simulate import SimConfig, simulate, splits_backward
     from ppdiag.simulate.schedules import canonical_schedule, default_virtual
     from ppdiag.whatif.rebalance import even_split
@@ -710,3 +695,18 @@ def measured_from_profile(
         bubble_ratio=float(res.bubble_ratio),
         from_trace=False,
     )
+
+
+__all__ = [
+    "LayerProfile",
+    "MeasuredRun",
+    "measure",
+    "measure_diagnosis",
+    "measured_from_profile",
+    "module_layers",
+    "profile_from_stages",
+    "profile_from_trace",
+    "read_layer_costs",
+    "scale_profile_to",
+    "sim_schedule",
+]

@@ -57,6 +57,11 @@ from ppdiag.whatif.rebalance import continuous_balance, even_split, min_max_spli
 F64 = npt.NDArray[np.float64]
 
 CALIBRATIONS = ("per-block", "per-step", "ratio", "none")
+_SOURCES = {
+    "trace": "the per-layer costs of the trace's module ranges",
+    "file": "the --layer-costs file",
+    "layers-per-stage": "per-layer costs estimated from the stage totals",
+}
 _INTERLEAVED = ("interleaved_1f1b",)
 _SINGLE = ("gpipe", "1f1b")
 
@@ -102,10 +107,11 @@ class Calibration:
 
     def describe(self) -> str:
         gap = self.target_ns - self.sim_ns
-        base = (
-            f"simulator alone {self.sim_ns / MS:.2f} ms vs {self.target_ns / MS:.2f} ms "
-            f"{'to match' if not self.removed_ns else 'target'}"
-        )
+        base = f"simulator alone {self.sim_ns / MS:.2f} ms vs {self.target_ns / MS:.2f} ms measured"
+        if self.removed_ns:
+            base += " minus " + ", ".join(
+                f"{k.replace('_', ' ')} {v / MS:.2f} ms" for k, v in sorted(self.removed_ns.items())
+            )
         if self.mode == "per-block":
             how = f"calibration: per-block overhead {self.delta_ns / MS:+.3f} ms on every F/B/W block"
         elif self.mode == "per-step":
@@ -428,10 +434,8 @@ class WhatifModel:
             weights = prof.act_mb
         sp = min_max_split(total, n_st, weights, limits)
         info = self._split_json(sp.bounds)
-        notes.append(
-            f"rebalanced split from {prof.source.replace('-', ' ')} costs: layers "
-            f"{'/'.join(map(str, sp.layers_per_stage))}"
-        )
+        source = _SOURCES.get(prof.source, prof.source)
+        notes.append(f"layers {'/'.join(map(str, sp.layers_per_stage))} per stage, split by {source}")
         return [float(x) for x in sp.bounds], info
 
     # ---- calibration -----------------------------------------------------------------------
@@ -616,6 +620,14 @@ class WhatifModel:
         pred.activation_vs_measured = peaks[1] / base_w if base_w > 0 else None
         if lay.act_in_mb:
             pred.peak_activation_mb = peaks[1]
+        ratio = pred.activation_vs_measured
+        if ratio is not None and abs(ratio - 1.0) > 0.05:
+            unit = "micro-batch chunks" if v > 1 or m.virtual > 1 else "micro-batches"
+            mb = f", {peaks[1]:.0f} MB" if lay.act_in_mb else ""
+            notes.append(
+                f"peak activations {ratio:.2f}x the measured ({peaks[0]} {unit} in flight on the busiest "
+                f"rank vs {self._base_peaks[0]}{mb})"
+            )
         pred.stage_ns = [float(x) for x in fwd + bwd + wg]
         pred.split = lay.split
         if scn.rebalance:
@@ -629,6 +641,7 @@ class WhatifModel:
                     "mean_before_ms": round(float(before.mean()) / MS, 4),
                     "stage_ms_before": [round(float(x) / MS, 4) for x in before],
                     "slowest_after_ms": round(float((lay.fwd + lay.bwd + lay.wgrad).max()) / MS, 4),
+                    "stage_ms_after": [round(float(x) / MS, 4) for x in lay.fwd + lay.bwd + lay.wgrad],
                 }
             )
             pred.split = info
