@@ -72,7 +72,7 @@ def build_run(src: Path, out: Path, ranks: int, mb: float, use_gzip: bool) -> tu
         # split around the event array so each copy is encoded once and streamed out
         prefix = enc.encode(top)[:-1] + (b',"traceEvents":[' if top else b'{"traceEvents":[')
         name = out / f"rank{r}.json{'.gz' if use_gzip else ''}"
-        with (gzip.open(name, "wb", compresslevel=1) if use_gzip else open(name, "wb")) as fh:
+        with gzip.open(name, "wb", compresslevel=1) if use_gzip else open(name, "wb") as fh:
             fh.write(prefix)
             raw = len(prefix)
             for c in range(copies):
@@ -178,8 +178,9 @@ def measure(kind: str, folder: Path, jobs: int) -> dict[str, Any]:
 def _run_child(args: list[str]) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, env=env, check=False
+    )
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -220,20 +221,31 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         # built in a child process: the replicated events must not inflate the peak memory that
         # the measured children inherit from this process
-        built = _run_child(["--build", str(args.source), str(folder), str(args.ranks), str(args.mb),
-                            "0" if args.no_gzip else "1"])
+        built = _run_child(
+            [
+                "--build",
+                str(args.source),
+                str(folder),
+                str(args.ranks),
+                str(args.mb),
+                "0" if args.no_gzip else "1",
+            ]
+        )
         if "error" in built:
             print(f"could not build the input: {built['error']}", file=sys.stderr)
             return 2
         raw, on_disk = built["raw"], built["on_disk"]
-        print(f"input: {args.ranks} ranks x {raw / args.ranks / 1e6:.0f} MB raw JSON "
-              f"({raw / 1e6:.0f} MB raw, {on_disk / 1e6:.0f} MB on disk, "
-              f"{'gzip' if not args.no_gzip else 'plain'}), built in {time.perf_counter() - t:.1f} s; "
-              f"{jobs} process(es), {os.cpu_count()} CPU(s)")
+        print(
+            f"input: {args.ranks} ranks x {raw / args.ranks / 1e6:.0f} MB raw JSON "
+            f"({raw / 1e6:.0f} MB raw, {on_disk / 1e6:.0f} MB on disk, "
+            f"{'gzip' if not args.no_gzip else 'plain'}), built in {time.perf_counter() - t:.1f} s; "
+            f"{jobs} process(es), {os.cpu_count()} CPU(s)"
+        )
         results: dict[str, dict[str, Any]] = {}
         kinds = ["floor", "ppdiag"]
         try:
             import hta  # noqa: F401
+
             kinds.append("hta")
         except ImportError:
             pass
@@ -263,8 +275,10 @@ def report(results: dict[str, dict[str, Any]]) -> None:
     fs = floor["wall_s"]
 
     def line(label: str, secs: float, r: dict[str, Any]) -> None:
-        print(f"{label:<28} {secs:8.2f} s   {secs / fs:5.2f}x floor   peak RSS main "
-              f"{r['rss_main_mb']:7.0f} MB, largest worker {r['rss_worker_mb']:7.0f} MB")
+        print(
+            f"{label:<28} {secs:8.2f} s   {secs / fs:5.2f}x floor   peak RSS main "
+            f"{r['rss_main_mb']:7.0f} MB, largest worker {r['rss_worker_mb']:7.0f} MB"
+        )
 
     print(f"events: {floor['events']:,} ({pp['events']:,} parsed by ppdiag, {pp['intervals']:,} intervals)")
     line("floor (gunzip + decode)", fs, floor)

@@ -39,12 +39,14 @@ def load(paths: Sequence[str | Path], options: Options | None = None) -> Run:
     from ppdiag.parsers.loader import load_run
 
     opts = options or Options()
-    return load_run(list(paths), ParseOptions(nsys_cache_dir=opts.nsys_cache_dir), jobs=opts.jobs,
-                    progress=opts.progress)
+    return load_run(
+        list(paths), ParseOptions(nsys_cache_dir=opts.nsys_cache_dir), jobs=opts.jobs, progress=opts.progress
+    )
 
 
-def diagnose(paths: Sequence[str | Path], options: Options | None = None,
-             on_stage: Callable[[str], None] | None = None) -> Diagnosis:
+def diagnose(
+    paths: Sequence[str | Path], options: Options | None = None, on_stage: Callable[[str], None] | None = None
+) -> Diagnosis:
     """Parse, rebuild the pipeline, attribute lost time and run the rules."""
     opts = options or Options()
     if on_stage:
@@ -53,13 +55,16 @@ def diagnose(paths: Sequence[str | Path], options: Options | None = None,
     return analyze_run(run, opts, on_stage)
 
 
-def analyze_run(run: Run, options: Options | None = None,
-                on_stage: Callable[[str], None] | None = None) -> Diagnosis:
+def analyze_run(
+    run: Run, options: Options | None = None, on_stage: Callable[[str], None] | None = None
+) -> Diagnosis:
     """Everything after parsing, on an already loaded run."""
     opts = options or Options()
     if on_stage:
         on_stage("rebuilding the pipeline")
-    pipe = rebuild(run, PipelineOptions(opts.pp, opts.stage_map, opts.microbatches, opts.schedule, opts.steps))
+    pipe = rebuild(
+        run, PipelineOptions(opts.pp, opts.stage_map, opts.microbatches, opts.schedule, opts.steps)
+    )
     timelines = run.by_rank()
     steps: list[RankStep] = []
     windows: list[StepWindow] = []
@@ -74,10 +79,22 @@ def analyze_run(run: Run, options: Options | None = None,
     last_stage = pipe.topology.pp * pipe.topology.virtual - 1
     attr = attribute(steps, timelines, pipe.topology.stage_of, last_stage, pipe.topology.pp > 1)
     report = build_report(run, pipe, steps, attr)
-    ctx = RuleContext(report, run, pipe, steps, attr, {k: v for k, v in asdict(opts).items() if v is not None})
+    ctx = RuleContext(
+        report, run, pipe, steps, attr, {k: v for k, v in asdict(opts).items() if v is not None}
+    )
     findings = run_rules(ctx)
     report["findings"] = [f.to_json() for f in findings]
     report["whatif"] = whatif_rows(run, report, pipe, attr, steps)
-    return Diagnosis(run=run, report=report, findings=findings, steps=windows, gaps=attr.gaps,
-                     context={"stage_of_rank": dict(pipe.topology.stage_of), "pipeline": pipe,
-                              "attribution": attr, "rank_steps": steps})
+    return Diagnosis(
+        run=run,
+        report=report,
+        findings=findings,
+        steps=windows,
+        gaps=attr.gaps,
+        context={
+            "stage_of_rank": dict(pipe.topology.stage_of),
+            "pipeline": pipe,
+            "attribution": attr,
+            "rank_steps": steps,
+        },
+    )

@@ -32,14 +32,26 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 Paths = Annotated[list[Path], typer.Argument(help="Run directory (one trace per rank) or trace files.")]
-PP = Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline stages, when the traces do not show them.")]
-StageMap = Annotated[str | None, typer.Option(
-    "--stage-map", help="Rank of each stage, e.g. 0,1,2,3 (';' between pipelines of a data-parallel run).")]
+PP = Annotated[
+    int | None, typer.Option("--pp", min=1, help="Pipeline stages, when the traces do not show them.")
+]
+StageMap = Annotated[
+    str | None,
+    typer.Option(
+        "--stage-map", help="Rank of each stage, e.g. 0,1,2,3 (';' between pipelines of a data-parallel run)."
+    ),
+]
 Micro = Annotated[int | None, typer.Option("--microbatches", "-m", min=1, help="Micro-batches per step (M).")]
-Sched = Annotated[str | None, typer.Option(
-    "--schedule", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs, zero_bubble, zbv, dualpipev.")]
-Steps = Annotated[str | None, typer.Option(
-    "--steps", help="Steps to analyze: 'a:b' (ProfilerStep numbers a..b, inclusive) or '5,6'.")]
+Sched = Annotated[
+    str | None,
+    typer.Option(
+        "--schedule", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs, zero_bubble, zbv, dualpipev."
+    ),
+]
+Steps = Annotated[
+    str | None,
+    typer.Option("--steps", help="Steps to analyze: 'a:b' (ProfilerStep numbers a..b, inclusive) or '5,6'."),
+]
 Jobs = Annotated[int | None, typer.Option("--jobs", "-j", help="Parallel parse processes (default: cores).")]
 GlobalBatch = Annotated[int | None, typer.Option("--global-batch", help="Global batch size (samples).")]
 MicroBatch = Annotated[int | None, typer.Option("--micro-batch", help="Micro-batch size (samples).")]
@@ -47,8 +59,10 @@ TP = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel size.")]
 JsonOut = Annotated[Path | None, typer.Option("--json", help="Write the JSON report here.")]
 HtmlOut = Annotated[Path | None, typer.Option("--html", help="Write the self-contained HTML report here.")]
 MdOut = Annotated[Path | None, typer.Option("--md", help="Write a Markdown summary here.")]
-PerfettoOut = Annotated[Path | None, typer.Option(
-    "--perfetto", help="Write a Perfetto/chrome://tracing trace with cause tracks here.")]
+PerfettoOut = Annotated[
+    Path | None,
+    typer.Option("--perfetto", help="Write a Perfetto/chrome://tracing trace with cause tracks here."),
+]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
 
 
@@ -75,8 +89,15 @@ def _analyze(paths: list[Path], opts: Any, quiet: bool) -> Any:
     return diagnose(paths, opts)
 
 
-def _write_reports(diag: Any, json_out: Path | None, html: Path | None, md: Path | None,
-                   perfetto: Path | None, quiet: bool, extra: dict[str, Any] | None = None) -> None:
+def _write_reports(
+    diag: Any,
+    json_out: Path | None,
+    html: Path | None,
+    md: Path | None,
+    perfetto: Path | None,
+    quiet: bool,
+    extra: dict[str, Any] | None = None,
+) -> None:
     from ppdiag.reports import REPORTERS, load_builtin, write_report
 
     load_builtin()
@@ -113,23 +134,34 @@ def analyze(
 ) -> None:
     """Analyze a run: time accounting per rank, lost time by cause, findings with fixes."""
     try:
-        opts = _options(pp=pp, stage_map=stage_map, microbatches=microbatches, schedule=schedule, steps=steps,
-                        global_batch=global_batch, micro_batch=micro_batch, tp=tp, jobs=jobs,
-                        progress=_progress_enabled(quiet))
+        opts = _options(
+            pp=pp,
+            stage_map=stage_map,
+            microbatches=microbatches,
+            schedule=schedule,
+            steps=steps,
+            global_batch=global_batch,
+            micro_batch=micro_batch,
+            tp=tp,
+            jobs=jobs,
+            progress=_progress_enabled(quiet),
+        )
         diag = _analyze(paths, opts, quiet)
         if not quiet:
             from ppdiag.reports.terminal import render
 
             render(diag.report, Console(), ranks=ranks)
         _write_reports(diag, json_out, html, md, perfetto, quiet)
-    except Exception as exc:  # noqa: BLE001 - mapped to one line + exit code
+    except Exception as exc:
         _fail(exc)
 
 
 @app.command()
 def check(
     paths: Paths,
-    budget: Annotated[Path, typer.Option("--budget", help="Budget TOML (or pyproject.toml with [tool.ppdiag]).")],
+    budget: Annotated[
+        Path, typer.Option("--budget", help="Budget TOML (or pyproject.toml with [tool.ppdiag]).")
+    ],
     baseline: Annotated[Path | None, typer.Option("--baseline", help="Baseline JSON report.")] = None,
     json_out: JsonOut = None,
     html: HtmlOut = None,
@@ -148,15 +180,22 @@ def check(
 
         bud = gate.load_budget(budget)
         base = gate.load_baseline(baseline) if baseline else None
-        opts = _options(pp=pp, stage_map=stage_map, microbatches=microbatches, schedule=schedule, steps=steps,
-                        jobs=jobs, progress=_progress_enabled(quiet))
+        opts = _options(
+            pp=pp,
+            stage_map=stage_map,
+            microbatches=microbatches,
+            schedule=schedule,
+            steps=steps,
+            jobs=jobs,
+            progress=_progress_enabled(quiet),
+        )
         diag = _analyze(paths, opts, quiet)
         result = gate.run_gate(diag.report, bud, base)
         diag.report["gate"] = result.to_json()
         for line in gate.format_gate(result):
             typer.echo(line)
         _write_reports(diag, json_out, html, md, None, quiet, {"gate": result})
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         _fail(exc)
     raise typer.Exit(result.exit_code)
 
@@ -179,7 +218,7 @@ def diff(
             import json
 
             json_out.write_text(json.dumps(result.to_json(), indent=2))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         _fail(exc)
 
 
@@ -213,15 +252,17 @@ def rules(code: Annotated[str | None, typer.Argument(help="A rule code, e.g. PP0
                 t.add_row(r.code, r.cause or "-", r.name, r.summary)
             con.print(t)
             return
-        r = RULES.get(code.upper())
-        if r is None:
+        rule = RULES.get(code.upper())
+        if rule is None:
             raise PpdiagError(f"unknown rule {code!r}; known: {', '.join(sorted(RULES))}")
+        r = rule
         import inspect
 
-        con.print(f"[bold]{r.code}[/bold] {r.name} ({r.cause or 'configuration'})\n{r.summary}\n",
-                  highlight=False)
+        con.print(
+            f"[bold]{r.code}[/bold] {r.name} ({r.cause or 'configuration'})\n{r.summary}\n", highlight=False
+        )
         con.print(inspect.cleandoc(type(r).__doc__ or ""), markup=False, highlight=False)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         _fail(exc)
 
 
@@ -233,8 +274,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Show the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
 ) -> None:
     """ppdiag: why do the GPUs of a pipeline-parallel run wait, and what to fix first."""
 
@@ -263,9 +305,13 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("ppdiag: interrupted")
         sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - last resort: one line, no traceback unless asked
+    except Exception as exc:
         if os.environ.get("PPDIAG_DEBUG"):
             raise
-        err.print(f"ppdiag: internal error: {type(exc).__name__}: {exc} (set PPDIAG_DEBUG=1 for details)",
-                  markup=False, highlight=False, soft_wrap=True)
+        err.print(
+            f"ppdiag: internal error: {type(exc).__name__}: {exc} (set PPDIAG_DEBUG=1 for details)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         sys.exit(70)

@@ -76,9 +76,16 @@ class Finding:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "code": self.code, "cause": self.cause, "title": self.title, "severity": self.severity,
-            "stages": self.stages, "ranks": self.ranks, "gain_ms": round(self.gain_ms, 3),
-            "gain_pct": round(self.gain_pct, 2), "evidence": self.evidence, "fixes": self.fixes,
+            "code": self.code,
+            "cause": self.cause,
+            "title": self.title,
+            "severity": self.severity,
+            "stages": self.stages,
+            "ranks": self.ranks,
+            "gain_ms": round(self.gain_ms, 3),
+            "gain_pct": round(self.gain_pct, 2),
+            "evidence": self.evidence,
+            "fixes": self.fixes,
         }
 
 

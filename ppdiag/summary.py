@@ -15,7 +15,7 @@ from ppdiag.pipeline import Pipeline
 NS_PER_MS = 1e6
 
 
-def _ms(v: float) -> float:
+def _ms(v: Any) -> float:
     return round(float(v) / NS_PER_MS, 4)
 
 
@@ -23,8 +23,12 @@ def _dist(vals_ns: list[int]) -> dict[str, float] | None:
     if not vals_ns:
         return None
     a = np.asarray(vals_ns, dtype=np.float64) / NS_PER_MS
-    return {"mean": round(float(a.mean()), 4), "p50": round(float(np.percentile(a, 50)), 4),
-            "p95": round(float(np.percentile(a, 95)), 4), "n": int(a.size)}
+    return {
+        "mean": round(float(a.mean()), 4),
+        "p50": round(float(np.percentile(a, 50)), 4),
+        "p95": round(float(np.percentile(a, 95)), 4),
+        "n": int(a.size),
+    }
 
 
 def closed_form_bubble(schedule: str, pp: int, m: int | None, virtual: int) -> float | None:
@@ -58,17 +62,19 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
         n = len(rss)
         causes = {k: sum(attr.causes[(x.rank, x.step)][k] for x in rss) / n for k in CAUSE_KEYS}
         win = sum(x.acct.window for x in rss) / n
-        ranks_out.append({
-            "rank": r,
-            "stage": topo.stage_of.get(r, 0) if topo.pp > 1 else None,
-            "steps": n,
-            "step_ms": _ms(win),
-            "compute_ms": _ms(sum(x.acct.compute for x in rss) / n),
-            "exposed_p2p_ms": _ms(sum(x.acct.exposed_p2p for x in rss) / n),
-            "exposed_collective_ms": _ms(sum(x.acct.exposed_collective for x in rss) / n),
-            "idle_ms": _ms(sum(x.acct.idle for x in rss) / n),
-            "lost_ms": {k: _ms(v) for k, v in causes.items()},
-        })
+        ranks_out.append(
+            {
+                "rank": r,
+                "stage": topo.stage_of.get(r, 0) if topo.pp > 1 else None,
+                "steps": n,
+                "step_ms": _ms(win),
+                "compute_ms": _ms(sum(x.acct.compute for x in rss) / n),
+                "exposed_p2p_ms": _ms(sum(x.acct.exposed_p2p for x in rss) / n),
+                "exposed_collective_ms": _ms(sum(x.acct.exposed_collective for x in rss) / n),
+                "idle_ms": _ms(sum(x.acct.idle for x in rss) / n),
+                "lost_ms": {k: _ms(v) for k, v in causes.items()},
+            }
+        )
         for x in rss:
             lost_ratio_vals.append(x.acct.lost / x.acct.window if x.acct.window else 0.0)
             c = attr.causes[(x.rank, x.step)]
@@ -78,8 +84,9 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
     for rs in steps:
         by_pos.setdefault(rs.number if rs.number >= 0 else rs.step, []).append(rs.acct.window)
     step_vals = [float(np.mean(v)) for _, v in sorted(by_pos.items())]
-    lost_mean = {k: float(np.mean([x["lost_ms"][k] for x in ranks_out])) if ranks_out else 0.0
-                 for k in CAUSE_KEYS}
+    lost_mean = {
+        k: float(np.mean([x["lost_ms"][k] for x in ranks_out])) if ranks_out else 0.0 for k in CAUSE_KEYS
+    }
     summary = {
         "step_ms": _ms(np.median(step_vals)) if step_vals else None,
         "step_p95_ms": _ms(np.percentile(step_vals, 95)) if step_vals else None,
@@ -90,7 +97,9 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
     }
     theo = closed_form_bubble(pipe.schedule, topo.pp, pipe.microbatches, topo.virtual)
     bubble = {
-        "measured_ratio": round(float(np.mean(pipe_wait_ratio)), 4) if topo.pp > 1 and pipe_wait_ratio else None,
+        "measured_ratio": round(float(np.mean(pipe_wait_ratio)), 4)
+        if topo.pp > 1 and pipe_wait_ratio
+        else None,
         "theoretical_ratio": round(theo, 4) if theo is not None else None,
     }
     stages_out = _stages(pipe, ranks_out) if topo.pp > 1 else []
@@ -105,7 +114,9 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
         "schedule": pipe.schedule,
         "microbatches": pipe.microbatches,
         "steps": sorted({rs.number for rs in steps}),
-        "clock_residual_us": round(pipe.clocks.residual_us, 3) if pipe.clocks.residual_us is not None else None,
+        "clock_residual_us": round(pipe.clocks.residual_us, 3)
+        if pipe.clocks.residual_us is not None
+        else None,
         "clock_method": pipe.clocks.method,
         "clock_offsets_us": {str(tl.rank): round(tl.clock_offset_ns / 1000, 3) for tl in run.ranks},
         "format": run.format,
@@ -133,7 +144,11 @@ def _stages(pipe: Pipeline, ranks_out: list[dict[str, Any]]) -> list[dict[str, A
     for s in range(topo.pp):
         ranks = sorted(r for r, st in topo.stage_of.items() if st == s)
         vals: dict[int, list[int]] = {int(Phase.FWD): [], int(Phase.BWD): [], int(Phase.WGRAD): []}
-        samples: dict[int, dict[int, list[int]]] = {int(Phase.FWD): {}, int(Phase.BWD): {}, int(Phase.WGRAD): {}}
+        samples: dict[int, dict[int, list[int]]] = {
+            int(Phase.FWD): {},
+            int(Phase.BWD): {},
+            int(Phase.WGRAD): {},
+        }
         for r in ranks:
             b = pipe.blocks.get(r)
             if b is None or not len(b):
@@ -141,22 +156,28 @@ def _stages(pipe: Pipeline, ranks_out: list[dict[str, Any]]) -> list[dict[str, A
             for ph in vals:
                 m = b.phase == ph
                 vals[ph].extend(int(x) for x in b.busy[m])
-                for mb, busy in zip(b.mb[m], b.busy[m]):
+                for mb, busy in zip(b.mb[m], b.busy[m], strict=False):
                     samples[ph].setdefault(int(mb), []).append(int(busy))
         rank_rows = [x for x in ranks_out if x["rank"] in ranks]
-        lost = {k: round(float(np.mean([x["lost_ms"][k] for x in rank_rows])), 4) if rank_rows else 0.0
-                for k in CAUSE_KEYS}
-        out.append({
-            "stage": s,
-            "ranks": ranks,
-            "chunks": sorted({c for r in ranks for c in topo.chunks_of.get(r, [s])}),
-            "fwd_ms": _dist(vals[int(Phase.FWD)]),
-            "bwd_ms": _dist(vals[int(Phase.BWD)]),
-            "wgrad_ms": _dist(vals[int(Phase.WGRAD)]),
-            "compute_ms": round(float(np.mean([x["compute_ms"] for x in rank_rows])), 4) if rank_rows else None,
-            "lost_ms": lost,
-            "fwd_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.FWD)].items())],
-            "bwd_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.BWD)].items())],
-            "wgrad_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.WGRAD)].items())],
-        })
+        lost = {
+            k: round(float(np.mean([x["lost_ms"][k] for x in rank_rows])), 4) if rank_rows else 0.0
+            for k in CAUSE_KEYS
+        }
+        out.append(
+            {
+                "stage": s,
+                "ranks": ranks,
+                "chunks": sorted({c for r in ranks for c in topo.chunks_of.get(r, [s])}),
+                "fwd_ms": _dist(vals[int(Phase.FWD)]),
+                "bwd_ms": _dist(vals[int(Phase.BWD)]),
+                "wgrad_ms": _dist(vals[int(Phase.WGRAD)]),
+                "compute_ms": round(float(np.mean([x["compute_ms"] for x in rank_rows])), 4)
+                if rank_rows
+                else None,
+                "lost_ms": lost,
+                "fwd_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.FWD)].items())],
+                "bwd_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.BWD)].items())],
+                "wgrad_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.WGRAD)].items())],
+            }
+        )
     return out

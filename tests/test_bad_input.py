@@ -75,22 +75,53 @@ def test_kineto_shaped_but_unusable(tmp_path: Path, doc: str, match: str) -> Non
 
 def test_no_gpu_events_with_devices_or_nccl(tmp_path: Path) -> None:
     p = tmp_path / "rank0.json"
-    p.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA A100"}],
-                             "traceEvents": cpu_events()}))
+    p.write_text(
+        json.dumps(
+            {
+                "schemaVersion": 1,
+                "deviceProperties": [{"id": 0, "name": "NVIDIA A100"}],
+                "traceEvents": cpu_events(),
+            }
+        )
+    )
     err = load_error([p], "no GPU events")
     assert "CUDA devices" in str(err)
     q = tmp_path / "rank1.json"
-    q.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [],
-                             "distributedInfo": {"backend": "nccl", "rank": 1}, "traceEvents": cpu_events()}))
+    q.write_text(
+        json.dumps(
+            {
+                "schemaVersion": 1,
+                "deviceProperties": [],
+                "distributedInfo": {"backend": "nccl", "rank": 1},
+                "traceEvents": cpu_events(),
+            }
+        )
+    )
     assert "backend is nccl" in str(load_error([q], "no GPU events"))
 
 
 def test_no_gpu_events_and_no_cpu_ops(tmp_path: Path) -> None:
     p = tmp_path / "rank0.json"
-    p.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": [], "traceEvents": [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0,
-         "dur": 5},
-        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}}]}))
+    p.write_text(
+        json.dumps(
+            {
+                "schemaVersion": 1,
+                "deviceProperties": [],
+                "traceEvents": [
+                    {
+                        "ph": "X",
+                        "cat": "user_annotation",
+                        "name": "ProfilerStep#1",
+                        "pid": 1,
+                        "tid": 1,
+                        "ts": 0,
+                        "dur": 5,
+                    },
+                    {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
+                ],
+            }
+        )
+    )
     named(load_error([p], "no GPU events and no CPU ops"), p)
 
 

@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import SHARED_TRACES
 
 
 def ppdiag(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ppdiag", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ppdiag", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _one_error_line(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -29,13 +29,36 @@ def _one_error_line(proc: subprocess.CompletedProcess[str], *needles: str) -> No
 
 
 def _trace(rank: int, gpu: bool = True) -> dict:
-    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 10, "tid": 10,
-           "ts": 1000.0, "dur": 500.0}]
+    ev = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#1",
+            "pid": 10,
+            "tid": 10,
+            "ts": 1000.0,
+            "dur": 500.0,
+        }
+    ]
     if gpu:
-        ev.append({"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 1100.0,
-                   "dur": 100.0, "args": {"stream": 7, "device": 0, "correlation": 1}})
-    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "GPU"}],
-            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2}, "traceEvents": ev}
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "gemm",
+                "pid": 0,
+                "tid": 7,
+                "ts": 1100.0,
+                "dur": 100.0,
+                "args": {"stream": 7, "device": 0, "correlation": 1},
+            }
+        )
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0, "name": "GPU"}],
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2},
+        "traceEvents": ev,
+    }
 
 
 def test_not_a_trace(tmp_path: Path) -> None:

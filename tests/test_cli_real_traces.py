@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_TRACES
 
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import CAUSE_KEYS
-from conftest import SHARED_TRACES
 
 KINETO = SHARED_TRACES / "kineto"
 # (path relative to kineto/, expected ranks): ranks come from distributedInfo, or the single file.
@@ -59,14 +59,20 @@ def test_every_real_trace_analyzes(rel: str, ranks: list[int]) -> None:
     for r in rep["ranks"]:
         parts = r["compute_ms"] + r["exposed_p2p_ms"] + r["exposed_collective_ms"] + r["idle_ms"]
         assert parts == pytest.approx(r["step_ms"], abs=0.01)
-        assert sum(r["lost_ms"][k] for k in CAUSE_KEYS) == pytest.approx(r["step_ms"] - r["compute_ms"], abs=0.01)
+        assert sum(r["lost_ms"][k] for k in CAUSE_KEYS) == pytest.approx(
+            r["step_ms"] - r["compute_ms"], abs=0.01
+        )
 
 
 def test_cli_writes_json_and_exits_zero(tmp_path: Path) -> None:
     src = _path("gloo_cpu_2rank")
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "ppdiag", "analyze", str(src), "--json", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppdiag", "analyze", str(src), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(out.read_text())
     assert rep["schema_version"] == 1

@@ -88,14 +88,19 @@ def load_trace(path: Path) -> dict[str, Any]:
     return doc
 
 
-def ops(doc: dict[str, Any], *, main_only: bool = True, names: tuple[str, ...] | None = None,
-        cat: str = "cpu_op") -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+def ops(
+    doc: dict[str, Any], *, main_only: bool = True, names: tuple[str, ...] | None = None, cat: str = "cpu_op"
+) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
     """(start_ns, end_ns, events) of complete events of one category on the trace clock."""
     base = int(doc["baseTimeNanoseconds"])
-    evs = [e for e in doc["traceEvents"]
-           if e.get("ph") == "X" and e.get("cat") == cat
-           and (not main_only or e.get("tid") == e.get("pid"))
-           and (names is None or e.get("name") in names)]
+    evs = [
+        e
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X"
+        and e.get("cat") == cat
+        and (not main_only or e.get("tid") == e.get("pid"))
+        and (names is None or e.get("name") in names)
+    ]
     start = np.array([base + round(float(e["ts"]) * 1000) for e in evs], dtype=np.int64)
     end = start + np.array([round(float(e["dur"]) * 1000) for e in evs], dtype=np.int64)
     return start, end, evs
@@ -182,8 +187,11 @@ def test_schedule_run_is_a_real_profiled_pipeline(recorded: Callable[..., Ground
         # runtime schedules label their actions PP:<stage><action><mb>: the stages match the truth
         labels = {e["name"] for e in uevs if e["name"].startswith("PP:")}
         if name not in ("gpipe", "1f1b"):
-            label_stages = {int(lb[3:].split("F")[0]) for lb in labels
-                            if lb[3:].split("F")[0].isdigit() and lb[3:].split("F")[1].isdigit()}
+            label_stages = {
+                int(lb[3:].split("F")[0])
+                for lb in labels
+                if lb[3:].split("F")[0].isdigit() and lb[3:].split("F")[1].isdigit()
+            }
             assert label_stages == set(rt.stages)
         # the sleep op held what the config asked: steps x M x (F + B) per stage, within 5%
         nominal = steps * m * sum(cfg["fwd_ms"] + cfg["bwd_ms"] for _ in rt.stages) * MS
@@ -229,8 +237,9 @@ def test_parsed_compute_matches_ground_truth(recorded: Callable[..., GroundTruth
         comp = iv.kind == int(timeline.Kind.COMPUTE)
         s = iv.start[comp] + tl.clock_offset_ns
         e = iv.end[comp] + tl.clock_offset_ns
-        parsed = sum(union_within(s, e, int(lo), int(hi)) for lo, hi in zip(rt.step_start, rt.step_end,
-                                                                             strict=True))
+        parsed = sum(
+            union_within(s, e, int(lo), int(hi)) for lo, hi in zip(rt.step_start, rt.step_end, strict=True)
+        )
         assert parsed == pytest.approx(rt.compute_ns(), rel=0.05), r
 
 
@@ -250,7 +259,8 @@ def test_raw_trace_compute_matches_ground_truth(recorded: Callable[..., GroundTr
 
 
 def test_zero_bubble_splits_backward_into_input_and_weight_blocks(
-        recorded: Callable[..., GroundTruth]) -> None:
+    recorded: Callable[..., GroundTruth],
+) -> None:
     truth = schedule_run(recorded, "zero_bubble")
     steps, m = len(truth.steps), truth.microbatches
     bwd = COMMON["bwd_ms"] * MS * steps * m
@@ -281,8 +291,9 @@ def test_zero_bubble_splits_backward_into_input_and_weight_blocks(
 
 def test_slow_stage_computes_factor_times_longer(recorded: Callable[..., GroundTruth]) -> None:
     factor, slow = 2.0, 2
-    truth = recorded("slow_stage", **COMMON, schedule="1f1b", microbatches=8, slow_stage=slow,
-                     slow_factor=factor)
+    truth = recorded(
+        "slow_stage", **COMMON, schedule="1f1b", microbatches=8, slow_stage=slow, slow_factor=factor
+    )
     assert truth.faults == [{"kind": "slow_stage", "stage": slow, "rank": slow, "factor": factor}]
     per_rank_held = {r: held(truth, r, ("fwd", "bwd")) for r in range(truth.pp)}
     per_rank_blocks = {r: truth.rank(r).compute_ns() for r in range(truth.pp)}
@@ -325,8 +336,9 @@ def _sends_and_recv_waits(truth: GroundTruth, src: int, dst: int) -> tuple[np.nd
 
 def test_slow_link_delays_the_ranks_sends_by_the_injected_time(recorded: Callable[..., GroundTruth]) -> None:
     delay, slow = 10.0, 1
-    truth = recorded("comm_delay", **COMMON, schedule="1f1b", microbatches=8, comm_delay_ms=delay,
-                     comm_delay_rank=slow)
+    truth = recorded(
+        "comm_delay", **COMMON, schedule="1f1b", microbatches=8, comm_delay_ms=delay, comm_delay_rank=slow
+    )
     base = baseline(recorded)
     d_ns = delay * MS
     assert truth.faults[0]["peers"] == [0, 2]
@@ -361,8 +373,9 @@ def test_slow_link_delays_the_ranks_sends_by_the_injected_time(recorded: Callabl
 
 def test_host_stall_leaves_op_free_gaps_before_each_forward(recorded: Callable[..., GroundTruth]) -> None:
     stall_ms, who = 6.0, 2
-    truth = recorded("host_stall", **COMMON, schedule="1f1b", microbatches=8, host_stall_ms=stall_ms,
-                     host_stall_rank=who)
+    truth = recorded(
+        "host_stall", **COMMON, schedule="1f1b", microbatches=8, host_stall_ms=stall_ms, host_stall_rank=who
+    )
     rt = truth.rank(who)
     stalls = rt.mask("stall")
     assert int(stalls.sum()) == len(truth.steps) * truth.microbatches * len(rt.stages)
@@ -413,13 +426,19 @@ def test_real_compute_run_has_the_pipeline_structure(recorded: Callable[..., Gro
 
 def test_progress_is_reported_until_done(tmp_path: Path) -> None:
     seen: list[tuple[str, float]] = []
-    record(DemoConfig(pp=2, schedule="gpipe", microbatches=2, steps=1, fwd_ms=1, bwd_ms=2), tmp_path,
-           progress=lambda msg, frac: seen.append((msg, frac)))
+    record(
+        DemoConfig(pp=2, schedule="gpipe", microbatches=2, steps=1, fwd_ms=1, bwd_ms=2),
+        tmp_path,
+        progress=lambda msg, frac: seen.append((msg, frac)),
+    )
     fracs = [f for _, f in seen]
     assert fracs == sorted(fracs) and fracs[0] == 0.0 and fracs[-1] == 1.0
     assert sum("steps done" in msg for msg, _ in seen) == 2 * 3  # every rank, every iteration
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "groundtruth.json", "rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+        "groundtruth.json",
+        "rank0.pt.trace.json.gz",
+        "rank1.pt.trace.json.gz",
+    ]
 
 
 def _processes_with(token: str) -> list[int]:
@@ -455,7 +474,8 @@ def token(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_a_failing_rank_ends_the_run_with_one_line_naming_it(
-        tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PPDIAG_DEMO_FAIL", "2:1")
     t0 = time.monotonic()
     with pytest.raises(DemoError) as ei:
@@ -470,7 +490,8 @@ def test_a_failing_rank_ends_the_run_with_one_line_naming_it(
 
 
 def test_a_hung_rank_is_stopped_by_the_timeout(
-        tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PPDIAG_DEMO_HANG", "1:2")
     t0 = time.monotonic()
     with pytest.raises(DemoError) as ei:

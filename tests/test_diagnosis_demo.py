@@ -7,7 +7,6 @@ one injected fault whose ground truth is known; the assertions are the diagnosis
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,11 +14,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ppdiag.api import Options, diagnose  # noqa: E402
-from ppdiag.demo.config import DemoConfig  # noqa: E402
-from ppdiag.demo.recorder import record  # noqa: E402
-from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis  # noqa: E402
-from ppdiag.model import Phase  # noqa: E402
+from ppdiag.api import Options, diagnose
+from ppdiag.demo.config import DemoConfig
+from ppdiag.demo.recorder import record
+from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis
+from ppdiag.model import Phase
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +88,9 @@ def test_microbatch_blocks_match_ground_truth(runs: dict[str, Any]) -> None:
         b = pipe.blocks[r]
         numbers = [w.number for w in pipe.windows[r]]
         iv = rt["intervals"]
-        for kind, step, mb, s, e in zip(iv["kind"], iv["step"], iv["mb"], iv["start_ns"], iv["end_ns"]):
+        for kind, step, mb, s, e in zip(
+            iv["kind"], iv["step"], iv["mb"], iv["start_ns"], iv["end_ns"], strict=False
+        ):
             if kind not in kinds:
                 continue
             m = (b.phase == kinds[kind]) & (b.mb == mb) & (b.step == numbers.index(step))

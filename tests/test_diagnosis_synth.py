@@ -59,8 +59,14 @@ def _check_structure(rep: dict[str, Any], truth: dict[str, Any]) -> None:
 
 
 SHAPES = [
-    ("1f1b", 4, 4), ("1f1b", 4, 8), ("1f1b", 4, 16), ("gpipe", 4, 4), ("gpipe", 4, 8),
-    ("1f1b", 8, 8), ("1f1b", 8, 16), ("gpipe", 8, 16),
+    ("1f1b", 4, 4),
+    ("1f1b", 4, 8),
+    ("1f1b", 4, 16),
+    ("gpipe", 4, 4),
+    ("gpipe", 4, 8),
+    ("1f1b", 8, 8),
+    ("1f1b", 8, 16),
+    ("gpipe", 8, 16),
 ]
 
 

@@ -39,7 +39,7 @@ def _same(a: dict, b: dict) -> None:
         assert a["run"][key] == b["run"][key], key
     step = a["summary"]["step_ms"]
     assert b["summary"]["step_ms"] == pytest.approx(step, abs=0.01 * step)
-    for ra, rb in zip(a["ranks"], b["ranks"]):
+    for ra, rb in zip(a["ranks"], b["ranks"], strict=False):
         for k in CAUSE_KEYS:
             assert abs(ra["lost_ms"][k] - rb["lost_ms"][k]) <= 0.01 * step, (ra["rank"], k)
     fa, fb = a["findings"][0], b["findings"][0]

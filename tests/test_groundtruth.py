@@ -50,8 +50,17 @@ def test_neighbours_are_the_ranks_that_exchange_tensors() -> None:
 
 
 def test_costs_scale_with_layers_and_slow_factor() -> None:
-    cfg = DemoConfig(schedule="1f1b", pp=4, fwd_ms=4, bwd_ms=8, layers_per_stage=2,
-                     stage_layers=[1, 2, 3, 2], slow_stage=3, slow_factor=3.0, wgrad_fraction=0.25)
+    cfg = DemoConfig(
+        schedule="1f1b",
+        pp=4,
+        fwd_ms=4,
+        bwd_ms=8,
+        layers_per_stage=2,
+        stage_layers=[1, 2, 3, 2],
+        slow_stage=3,
+        slow_factor=3.0,
+        wgrad_fraction=0.25,
+    )
     costs = cfg.validated().stage_costs_ms()
     assert [c["fwd"] for c in costs] == [2.0, 4.0, 6.0, 12.0]
     assert [c["bwd"] for c in costs] == [4.0, 8.0, 12.0, 24.0]
@@ -61,8 +70,17 @@ def test_costs_scale_with_layers_and_slow_factor() -> None:
 
 
 def test_faults_are_listed_with_their_ranks() -> None:
-    cfg = DemoConfig(schedule="zbv", pp=4, microbatches=8, slow_stage=6, slow_factor=2.0,
-                     comm_delay_ms=5, comm_delay_rank=1, host_stall_ms=3, host_stall_rank=2).validated()
+    cfg = DemoConfig(
+        schedule="zbv",
+        pp=4,
+        microbatches=8,
+        slow_stage=6,
+        slow_factor=2.0,
+        comm_delay_ms=5,
+        comm_delay_rank=1,
+        host_stall_ms=3,
+        host_stall_rank=2,
+    ).validated()
     kinds = {f["kind"]: f for f in cfg.faults()}
     assert kinds["slow_stage"] == {"kind": "slow_stage", "stage": 6, "rank": 1, "factor": 2.0}
     assert kinds["comm_delay"]["peers"] == [0, 2]
@@ -86,26 +104,29 @@ def test_schedule_aliases() -> None:
 # ---- validation ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"schedule": "pipedream"}, "unknown schedule"),
-    ({"pp": 1}, "pp must be"),
-    ({"schedule": "1f1b", "pp": 4, "microbatches": 3}, "microbatches >= pp"),
-    ({"schedule": "interleaved_1f1b", "pp": 4, "microbatches": 9}, "multiple of the number of rounds"),
-    ({"schedule": "dualpipev", "pp": 4, "microbatches": 6}, "dualpipev needs microbatches"),
-    ({"stage_layers": [2, 2, 2]}, "stage_layers has 3 entries"),
-    ({"stage_layers": [2, 0, 2, 2]}, "at least one layer"),
-    ({"slow_stage": 4}, "slow_stage 4 is not a stage"),
-    ({"slow_factor": 0.0, "slow_stage": 1}, "slow_factor"),
-    ({"comm_delay_rank": 7, "comm_delay_ms": 1}, "comm_delay_rank 7 is not a rank"),
-    ({"host_stall_rank": -1, "host_stall_ms": 1}, "host_stall_rank -1"),
-    ({"fwd_ms": -1.0}, "fwd_ms"),
-    ({"bwd_ms": float("nan")}, "bwd_ms"),
-    ({"compute": "gpu"}, "compute must be"),
-    ({"batch": 30, "microbatches": 8}, "multiple of microbatches"),
-    ({"wgrad_fraction": 1.5}, "wgrad_fraction"),
-    ({"timeout_s": 0}, "timeout_s"),
-    ({"steps": 0}, "steps must be"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"schedule": "pipedream"}, "unknown schedule"),
+        ({"pp": 1}, "pp must be"),
+        ({"schedule": "1f1b", "pp": 4, "microbatches": 3}, "microbatches >= pp"),
+        ({"schedule": "interleaved_1f1b", "pp": 4, "microbatches": 9}, "multiple of the number of rounds"),
+        ({"schedule": "dualpipev", "pp": 4, "microbatches": 6}, "dualpipev needs microbatches"),
+        ({"stage_layers": [2, 2, 2]}, "stage_layers has 3 entries"),
+        ({"stage_layers": [2, 0, 2, 2]}, "at least one layer"),
+        ({"slow_stage": 4}, "slow_stage 4 is not a stage"),
+        ({"slow_factor": 0.0, "slow_stage": 1}, "slow_factor"),
+        ({"comm_delay_rank": 7, "comm_delay_ms": 1}, "comm_delay_rank 7 is not a rank"),
+        ({"host_stall_rank": -1, "host_stall_ms": 1}, "host_stall_rank -1"),
+        ({"fwd_ms": -1.0}, "fwd_ms"),
+        ({"bwd_ms": float("nan")}, "bwd_ms"),
+        ({"compute": "gpu"}, "compute must be"),
+        ({"batch": 30, "microbatches": 8}, "multiple of microbatches"),
+        ({"wgrad_fraction": 1.5}, "wgrad_fraction"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"steps": 0}, "steps must be"),
+    ],
+)
 def test_bad_config_is_one_clear_input_error(kwargs: dict[str, object], needle: str) -> None:
     with pytest.raises(InputError) as ei:
         DemoConfig(**kwargs).validated()  # type: ignore[arg-type]
@@ -131,12 +152,20 @@ def test_record_without_torch_says_how_to_install_it(tmp_path: Path, monkeypatch
 
 def test_importing_the_demo_package_does_not_import_torch() -> None:
     # torch is made unimportable: any import of it inside ppdiag.demo would fail loudly.
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import ppdiag.demo, ppdiag.demo.recorder, ppdiag.demo.groundtruth, ppdiag.demo.config\n"
-            "cfg = ppdiag.demo.DemoConfig(schedule='zbv').validated()\n"
-            "print(cfg.stage_to_rank())")
-    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import ppdiag.demo, ppdiag.demo.recorder, ppdiag.demo.groundtruth, ppdiag.demo.config\n"
+        "cfg = ppdiag.demo.DemoConfig(schedule='zbv').validated()\n"
+        "print(cfg.stage_to_rank())"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[0, 1, 2, 3, 3, 2, 1, 0]"
 
@@ -209,18 +238,41 @@ def _part(rank: int, stages: list[int]) -> dict[str, object]:
     # two steps; per step one forward (3 ms), one backward (6 ms), one 2 ms wait on rank-1's data
     for step, base in ((2, 1_000_000_000), (3, 2_000_000_000)):
         log.add("fwd", step, stages[0], 0, base, base + 3_000_000, held_ns=2_900_000)
-        log.add("wait", step, stages[0], 0, base + 3_000_000, base + 5_000_000, peer=rank - 1,
-                direction="recv", payload="grad")
+        log.add(
+            "wait",
+            step,
+            stages[0],
+            0,
+            base + 3_000_000,
+            base + 5_000_000,
+            peer=rank - 1,
+            direction="recv",
+            payload="grad",
+        )
         log.add("bwd", step, stages[0], 0, base + 5_000_000, base + 11_000_000, held_ns=5_900_000)
-    return {"rank": rank, "stages": stages, "pid": 100 + rank, "trace": gt.trace_name(rank),
-            "steps": {"step": [2, 3], "start_ns": [1_000_000_000, 2_000_000_000],
-                      "end_ns": [1_020_000_000, 2_020_000_000]},
-            "intervals": log.to_json()}
+    return {
+        "rank": rank,
+        "stages": stages,
+        "pid": 100 + rank,
+        "trace": gt.trace_name(rank),
+        "steps": {
+            "step": [2, 3],
+            "start_ns": [1_000_000_000, 2_000_000_000],
+            "end_ns": [1_020_000_000, 2_020_000_000],
+        },
+        "intervals": log.to_json(),
+    }
 
 
 def _header() -> dict[str, object]:
-    return {"schedule": "1f1b", "pp": 2, "microbatches": 1, "stage_to_rank": [0, 1], "steps": [2, 3],
-            "faults": [{"kind": "host_stall", "rank": 1, "stall_ms": 3.0}]}
+    return {
+        "schedule": "1f1b",
+        "pp": 2,
+        "microbatches": 1,
+        "stage_to_rank": [0, 1],
+        "steps": [2, 3],
+        "faults": [{"kind": "host_stall", "rank": 1, "stall_ms": 3.0}],
+    }
 
 
 def test_ground_truth_round_trip(tmp_path: Path) -> None:
@@ -244,13 +296,16 @@ def test_ground_truth_round_trip(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["schema_version"] == gt.SCHEMA_VERSION
 
 
-@pytest.mark.parametrize(("content", "needle"), [
-    (None, "no such ground-truth file"),
-    ("{not json", "not a readable ground-truth JSON file"),
-    ('{"schema": "other"}', "not a ppdiag demo ground-truth file"),
-    ('{"schema": "ppdiag.demo.groundtruth", "schema_version": 99}', "schema_version 99"),
-    ('{"schema": "ppdiag.demo.groundtruth", "schema_version": 1, "schedule": "1f1b"}', "lacks 'pp'"),
-])
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "no such ground-truth file"),
+        ("{not json", "not a readable ground-truth JSON file"),
+        ('{"schema": "other"}', "not a ppdiag demo ground-truth file"),
+        ('{"schema": "ppdiag.demo.groundtruth", "schema_version": 99}', "schema_version 99"),
+        ('{"schema": "ppdiag.demo.groundtruth", "schema_version": 1, "schedule": "1f1b"}', "lacks 'pp'"),
+    ],
+)
 def test_unusable_ground_truth_is_one_input_error(tmp_path: Path, content: str | None, needle: str) -> None:
     p = tmp_path / gt.FILENAME
     if content is not None:

@@ -10,8 +10,8 @@ from ppdiag.attribution import intervals as ivs
 
 def _mask(starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
     m = np.zeros(n, dtype=bool)
-    for s, e in zip(starts, ends):
-        m[max(s, 0):max(min(e, n), 0)] = True
+    for s, e in zip(starts, ends, strict=False):
+        m[max(s, 0) : max(min(e, n), 0)] = True
     return m
 
 
@@ -41,7 +41,7 @@ def test_set_operations_match_brute_force(seed: int) -> None:
     q_lo = rng.integers(0, n, size=15)
     q_hi = q_lo + rng.integers(0, 80, size=15)
     got = ivs.overlap_with(a, q_lo, q_hi)
-    want = [ma[x:min(y, n)].sum() for x, y in zip(q_lo, q_hi)]
+    want = [ma[x : min(y, n)].sum() for x, y in zip(q_lo, q_hi, strict=False)]
     assert list(got) == want
 
 

@@ -30,8 +30,9 @@ def names_of(r: RankTimeline, ids: Any) -> list[str]:
     return [r.names[int(i)] for i in ids]
 
 
-def x(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 100, pid: int = 100,
-      **args: Any) -> dict[str, Any]:
+def x(
+    name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 100, pid: int = 100, **args: Any
+) -> dict[str, Any]:
     return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
 
 
@@ -140,15 +141,21 @@ def test_gpu_trace_ranges() -> None:
     assert (rg.kind[step], rg.num[step]) == (RangeKind.STEP, 3)
     assert (rg.start[step], rg.end[step]) == (us(100), us(1000))
     expect_labels = {  # name: (stage, mb, phase)
-        "PP:0F1": (0, 1, Phase.FWD), "Forward 2": (-1, 2, Phase.FWD),
-        "backward_mb3": (-1, 3, Phase.BWD), "PP:0W4": (0, 4, Phase.WGRAD),
+        "PP:0F1": (0, 1, Phase.FWD),
+        "Forward 2": (-1, 2, Phase.FWD),
+        "backward_mb3": (-1, 3, Phase.BWD),
+        "PP:0W4": (0, 4, Phase.WGRAD),
     }
     for n, (stage, mb, phase) in expect_labels.items():
         (i,) = by_name[n]
         assert (rg.kind[i], rg.stage[i], rg.mb[i], rg.phase[i]) == (RangeKind.LABEL, stage, mb, phase), n
     (recv,) = by_name["PP:0RECV_B1"]
     assert (rg.kind[recv], rg.stage[recv], rg.mb[recv], rg.direction[recv]) == (
-        RangeKind.COMM_OP, 0, 1, Direction.RECV)
+        RangeKind.COMM_OP,
+        0,
+        1,
+        Direction.RECV,
+    )
     (ov,) = by_name["PP:(0F6;1B2)OVERLAP_F_B"]
     assert (rg.kind[ov], rg.stage[ov], rg.mb[ov]) == (RangeKind.OTHER, 0, 6)
     (un,) = by_name["PP:0UNSHARD"]
@@ -173,10 +180,19 @@ def test_cpu_mode_timeline() -> None:
     assert r.cpu_only and r.device == "cpu" and r.backend == "gloo"
     iv = r.intervals
     got = [
-        ((int(s) - BASE) // 1000, (int(e) - BASE) // 1000, Kind(k).name, int(p), int(ph), int(pe), int(d),
-         int(b))
-        for s, e, k, p, ph, pe, d, b in zip(iv.start, iv.end, iv.kind, iv.stream, iv.phase, iv.peer,
-                                            iv.direction, iv.bytes, strict=True)
+        (
+            (int(s) - BASE) // 1000,
+            (int(e) - BASE) // 1000,
+            Kind(k).name,
+            int(p),
+            int(ph),
+            int(pe),
+            int(d),
+            int(b),
+        )
+        for s, e, k, p, ph, pe, d, b in zip(
+            iv.start, iv.end, iv.kind, iv.stream, iv.phase, iv.peer, iv.direction, iv.bytes, strict=True
+        )
     ]
     S, R, N = int(Direction.SEND), int(Direction.RECV), int(Direction.NONE)
     assert got == [
@@ -226,16 +242,27 @@ def _ts_trace(ts_text: str, dur_text: str, base: int | None) -> bytes:
         # 2024-03 → 05: float µs since the epoch (3 decimals)
         ("1712195495406752.000", "12.000", None, 1_712_195_495_406_752_000, 1_712_195_495_406_764_000),
         # ≥ 2024-05: µs relative to baseTimeNanoseconds
-        ("230849406752.000", "12.000", 1_711_964_646_000_000_000,
-         1_712_195_495_406_752_000, 1_712_195_495_406_764_000),
+        (
+            "230849406752.000",
+            "12.000",
+            1_711_964_646_000_000_000,
+            1_712_195_495_406_752_000,
+            1_712_195_495_406_764_000,
+        ),
         # sub-µs: relative timestamps keep the ns; absolute floats keep what float64 holds (.5)
-        ("230849406752.123", "12.345", 1_711_964_646_000_000_000,
-         1_712_195_495_406_752_123, 1_712_195_495_406_764_468),
+        (
+            "230849406752.123",
+            "12.345",
+            1_711_964_646_000_000_000,
+            1_712_195_495_406_752_123,
+            1_712_195_495_406_764_468,
+        ),
         ("1712195495406752.500", "0.250", None, 1_712_195_495_406_752_500, 1_712_195_495_406_752_750),
     ],
 )
-def test_timestamp_generations(tmp_path: Path, ts_text: str, dur_text: str, base: int | None,
-                               start: int, end: int) -> None:
+def test_timestamp_generations(
+    tmp_path: Path, ts_text: str, dur_text: str, base: int | None, start: int, end: int
+) -> None:
     p = tmp_path / "t.json"
     p.write_bytes(_ts_trace(ts_text, dur_text, base))
     iv = parse_file(p).intervals
@@ -250,16 +277,25 @@ def test_negative_duration_is_clamped(tmp_path: Path) -> None:
 
 
 def test_rank_compact_json_and_after_events(tmp_path: Path) -> None:
-    dist = {"backend": "gloo", "rank": 1, "world_size": 4,
-            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": "[0, 1, 2, 3]"}]}
+    dist = {
+        "backend": "gloo",
+        "rank": 1,
+        "world_size": 4,
+        "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": "[0, 1, 2, 3]"}],
+    }
     obj = trace([x("aten::mm", 0, 1)], distributedInfo=dist)
     r = parse_file(write(tmp_path / "rank7.json", obj, compact=True))
     assert b'"rank":1' in (tmp_path / "rank7.json").read_bytes()
     assert (r.rank, r.rank_source, r.world_size) == (1, "distributedInfo", 4)
     assert r.process_groups[0].ranks == [0, 1, 2, 3]
     # on-demand traces append distributedInfo after traceEvents
-    after = {"schemaVersion": 1, "deviceProperties": [], "traceEvents": [x("aten::mm", 0, 1)],
-             "distributedInfo": dist, "traceName": "t"}
+    after = {
+        "schemaVersion": 1,
+        "deviceProperties": [],
+        "traceEvents": [x("aten::mm", 0, 1)],
+        "distributedInfo": dist,
+        "traceName": "t",
+    }
     r2 = parse_file(write(tmp_path / "b.json", after))
     text = (tmp_path / "b.json").read_text()
     assert text.index('"distributedInfo"') > text.index('"traceEvents"')
@@ -268,9 +304,19 @@ def test_rank_compact_json_and_after_events(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("name", "rank"),
-    [("rank3.json", 3), ("rank-3.json", 3), ("rank_3.pt.trace.json", 3), ("worker3.json", 3),
-     ("worker-3.json.gz", 3), ("host_worker12.1700000000.pt.trace.json", 12), ("RANK5.json", 5),
-     ("sampled_rank-1.json.gz", 1), ("trace.json", None), ("frank3.json", None), ("ranks.json", None)],
+    [
+        ("rank3.json", 3),
+        ("rank-3.json", 3),
+        ("rank_3.pt.trace.json", 3),
+        ("worker3.json", 3),
+        ("worker-3.json.gz", 3),
+        ("host_worker12.1700000000.pt.trace.json", 12),
+        ("RANK5.json", 5),
+        ("sampled_rank-1.json.gz", 1),
+        ("trace.json", None),
+        ("frank3.json", None),
+        ("ranks.json", None),
+    ],
 )
 def test_rank_from_file_name(tmp_path: Path, name: str, rank: int | None) -> None:
     assert rank_from_filename(Path(name)) == rank
@@ -299,15 +345,29 @@ def test_rank_from_directory_name_and_distributed_info_wins(tmp_path: Path) -> N
 def test_p2p_peer_through_a_subgroup(tmp_path: Path) -> None:
     # rank 2; its pipeline group is [2, 3] (ranks as a string, as on-demand traces write them):
     # "nccl:recv 0<-1" names group ranks, so the peer is global rank 3
-    dist = {"backend": "nccl", "rank": 2, "world_size": 4,
-            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
-                          {"pg_name": "5", "pg_desc": "PIPELINE_MODEL_PARALLEL_GROUP", "ranks": "[2, 3]"}]}
+    dist = {
+        "backend": "nccl",
+        "rank": 2,
+        "world_size": 4,
+        "pg_config": [
+            {"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
+            {"pg_name": "5", "pg_desc": "PIPELINE_MODEL_PARALLEL_GROUP", "ranks": "[2, 3]"},
+        ],
+    }
     ev = gpu_events(
         x("c10d::recv_", 100, 30),
         x("nccl:recv 0<-1", 105, 20, cat="user_annotation"),
         x("cudaLaunchKernel", 110, 2, cat="cuda_runtime", correlation=9),
-        x("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 120, 40, cat="kernel", pid=0,
-          tid=20, correlation=9, stream=20),
+        x(
+            "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+            120,
+            40,
+            cat="kernel",
+            pid=0,
+            tid=20,
+            correlation=9,
+            stream=20,
+        ),
     )
     r = parse_file(write(tmp_path / "t.json", trace(ev, distributedInfo=dist)))
     iv = r.intervals
@@ -319,8 +379,16 @@ def test_p2p_peer_through_a_subgroup(tmp_path: Path) -> None:
 def test_sendrecv_without_evidence(tmp_path: Path, with_alltoall: bool) -> None:
     extra = [x("nccl:all_to_all", 300, 10, cat="user_annotation")] if with_alltoall else []
     ev = gpu_events(
-        x("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", 120, 40,
-          cat="kernel", pid=0, tid=20, correlation=77, stream=20),
+        x(
+            "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+            120,
+            40,
+            cat="kernel",
+            pid=0,
+            tid=20,
+            correlation=77,
+            stream=20,
+        ),
         *extra,
     )
     r = parse_file(write(tmp_path / "t.json", trace(ev, distributedInfo={"backend": "nccl", "rank": 0})))
@@ -334,15 +402,27 @@ def test_sendrecv_without_evidence(tmp_path: Path, with_alltoall: bool) -> None:
 
 def test_coalesced_p2p(tmp_path: Path) -> None:
     concrete: dict[str, Any] = {"Concrete Inputs": ["", "", "1", "0"]}  # peer group rank 1
-    dist = {"backend": "nccl", "rank": 0, "world_size": 2,
-            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}]}
+    dist = {
+        "backend": "nccl",
+        "rank": 0,
+        "world_size": 2,
+        "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}],
+    }
     ev = gpu_events(
         x("c10d::send", 100, 5, **concrete),
         x("c10d::recv_", 110, 5, **concrete),
         x("nccl:coalesced", 120, 10, cat="user_annotation"),
         x("cudaLaunchKernel", 122, 2, cat="cuda_runtime", correlation=9),
-        x("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 130, 40, cat="kernel", pid=0,
-          tid=20, correlation=9, stream=20),
+        x(
+            "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+            130,
+            40,
+            cat="kernel",
+            pid=0,
+            tid=20,
+            correlation=9,
+            stream=20,
+        ),
     )
     r = parse_file(write(tmp_path / "t.json", trace(ev, distributedInfo=dist)))
     iv = r.intervals
@@ -351,8 +431,10 @@ def test_coalesced_p2p(tmp_path: Path) -> None:
 
 
 def test_multiple_devices_keep_streams_apart(tmp_path: Path) -> None:
-    ev = [x("k", 0, 1, cat="kernel", pid=0, tid=7, stream=7),
-          x("k", 2, 1, cat="kernel", pid=1, tid=7, stream=7)]
+    ev = [
+        x("k", 0, 1, cat="kernel", pid=0, tid=7, stream=7),
+        x("k", 2, 1, cat="kernel", pid=1, tid=7, stream=7),
+    ]
     r = parse_file(write(tmp_path / "t.json", trace(ev)))
     assert len(set(r.intervals.stream.tolist())) == 2
     assert any("2 devices" in w for w in r.warnings)
@@ -370,8 +452,10 @@ def test_lenient_types(tmp_path: Path) -> None:
 
 def test_huge_names(tmp_path: Path) -> None:
     big = "k" * 1_000_000
-    ev = [x(big, 0, 5, cat="kernel", pid=0, tid=7, stream=7),
-          x("Forward " + "9" * 5000, 0, 1, cat="user_annotation")]
+    ev = [
+        x(big, 0, 5, cat="kernel", pid=0, tid=7, stream=7),
+        x("Forward " + "9" * 5000, 0, 1, cat="user_annotation"),
+    ]
     r = parse_file(write(tmp_path / "t.json", trace(ev)))
     assert r.names[int(r.intervals.name[0])] == big
 
@@ -383,14 +467,23 @@ def test_huge_names(tmp_path: Path) -> None:
 
 def _lined_trace(n: int) -> tuple[bytes, list[int]]:
     """A trace with one event per line and the byte offset just past each event's closing brace."""
-    head = (b'{"schemaVersion": 1, "deviceProperties": [], "baseTimeNanoseconds": 1000000000,\n'
-            b'"traceEvents": [\n')
+    head = (
+        b'{"schemaVersion": 1, "deviceProperties": [], "baseTimeNanoseconds": 1000000000,\n"traceEvents": [\n'
+    )
     parts = [head]
     ends = []
     pos = len(head)
     for i in range(n):
-        ev = {"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 10.0 * i,
-              "dur": 5.0, "args": {"External id": i, "Input Dims": [[i, 2], []], "nested": {"a": {"b": i}}}}
+        ev = {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": f"aten::op{i}",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10.0 * i,
+            "dur": 5.0,
+            "args": {"External id": i, "Input Dims": [[i, 2], []], "nested": {"a": {"b": i}}},
+        }
         s = json.dumps(ev).encode()
         ends.append(pos + len(s))
         s += b",\n" if i < n - 1 else b"\n"
@@ -524,8 +617,11 @@ def test_real_trace(rel: str) -> None:
     gpu = [e for e in evs if e.get("ph") == "X" and e.get("cat") in _GPU_CATS]
     assert len(iv) == len(gpu) > 0
     kernels = [e for e in gpu if e["cat"] in ("kernel", "Kernel")]
-    assert int(((iv.kind == Kind.COMPUTE) | (iv.kind == Kind.P2P) | (iv.kind == Kind.COLLECTIVE)).sum()) \
-        == len(kernels) > 0
+    assert (
+        int(((iv.kind == Kind.COMPUTE) | (iv.kind == Kind.P2P) | (iv.kind == Kind.COLLECTIVE)).sum())
+        == len(kernels)
+        > 0
+    )
     comm = [e for e in kernels if _COMM_RE.search(e["name"][:48])]
     assert int(((iv.kind == Kind.P2P) | (iv.kind == Kind.COLLECTIVE)).sum()) == len(comm)
     # times: the earliest GPU op on the absolute clock, computed exactly with Decimal
@@ -553,8 +649,11 @@ def test_real_launch_join_matches_known_counts() -> None:
 
 
 def test_real_alltoall_sendrecv_kernels_are_collective() -> None:
-    for rel in ("kineto/hta_alltoall_rank0.json.gz", "kineto/hta_2022_format_rank3.json.gz",
-                "kineto/hta_sampled_2rank/sampled_rank-0.json.gz"):
+    for rel in (
+        "kineto/hta_alltoall_rank0.json.gz",
+        "kineto/hta_2022_format_rank3.json.gz",
+        "kineto/hta_sampled_2rank/sampled_rank-0.json.gz",
+    ):
         r = parse_file(shared_trace(rel))
         iv = r.intervals
         sendrecv = np.array(["SendRecv" in r.names[int(i)] for i in iv.name])
@@ -569,16 +668,20 @@ def test_real_ddp_collective_metadata() -> None:
     doc = _load_json(p)
     want = sorted(
         (base_ns := int(doc["baseTimeNanoseconds"])) + int((Decimal(e["ts"]) * 1000).to_integral_value())
-        for e in doc["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"]
+        for e in doc["traceEvents"]
+        if e.get("cat") == "kernel" and "nccl" in e["name"]
     )
     del base_ns
     iv = r.intervals
     comm = np.flatnonzero(iv.kind == Kind.COLLECTIVE)
     assert sorted(iv.start[comm].tolist()) == want
     nelems = {
-        int((Decimal(e["ts"]) * 1000).to_integral_value()) + int(doc["baseTimeNanoseconds"]):
-            e["args"]["In msg nelems"] * {"Float": 4, "Long": 8}[e["args"]["dtype"]]
-        for e in doc["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"]
+        int((Decimal(e["ts"]) * 1000).to_integral_value()) + int(doc["baseTimeNanoseconds"]): e["args"][
+            "In msg nelems"
+        ]
+        * {"Float": 4, "Long": 8}[e["args"]["dtype"]]
+        for e in doc["traceEvents"]
+        if e.get("cat") == "kernel" and "nccl" in e["name"]
     }
     assert {int(iv.start[i]): int(iv.bytes[i]) for i in comm} == nelems
     assert np.all(iv.group[comm] == 0)
@@ -596,8 +699,11 @@ def test_real_gloo_blocked_time_is_span_tails() -> None:
 
     main = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("tid") == 10014]
     spans = [e for e in main if e["name"].startswith("gloo:")]
-    ops = sorted((ns(e["ts"]), ns(e["ts"]) + int((Decimal(e["dur"]) * 1000).to_integral_value()))
-                 for e in main if e["cat"] == "cpu_op")
+    ops = sorted(
+        (ns(e["ts"]), ns(e["ts"]) + int((Decimal(e["dur"]) * 1000).to_integral_value()))
+        for e in main
+        if e["cat"] == "cpu_op"
+    )
     # the last op that starts before each span's end; its end (or the span start) opens the tail
     tails = []
     for s in spans:
@@ -608,8 +714,11 @@ def test_real_gloo_blocked_time_is_span_tails() -> None:
         if t0 < s1:
             tails.append((t0, s1))
     iv = r.intervals
-    blocked = [(int(a), int(b)) for a, b, n in zip(iv.start, iv.end, iv.name, strict=True)
-               if r.names[int(n)].startswith("gloo:")]
+    blocked = [
+        (int(a), int(b))
+        for a, b, n in zip(iv.start, iv.end, iv.name, strict=True)
+        if r.names[int(n)].startswith("gloo:")
+    ]
     assert sorted(blocked) == sorted(tails)
     assert np.all(iv.peer[iv.kind == Kind.P2P] == 0)
     assert np.all(iv.direction[iv.kind == Kind.P2P] == Direction.RECV)
@@ -653,5 +762,9 @@ def test_gpu_phase_from_launching_op(tmp_path: Path) -> None:
     ]
     r = parse_file(write(tmp_path / "t.json", trace(ev)))
     phase = dict(zip(names_of(r, r.intervals.name), r.intervals.phase.tolist(), strict=True))
-    assert phase == {"bwd_gemm": Phase.BWD, "fwd_gemm": Phase.UNKNOWN, "adam_kernel": Phase.OPTIM,
-                     "other_thread_kernel": Phase.UNKNOWN}
+    assert phase == {
+        "bwd_gemm": Phase.BWD,
+        "fwd_gemm": Phase.UNKNOWN,
+        "adam_kernel": Phase.OPTIM,
+        "other_thread_kernel": Phase.UNKNOWN,
+    }

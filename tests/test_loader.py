@@ -23,8 +23,19 @@ def cpu_trace(rank: int | None, world: int | None = None, n_ops: int = 3) -> dic
         dist["rank"] = rank
     if world is not None:
         dist["world_size"] = world
-    ev = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1, "ts": 10.0 * i,
-           "dur": 5.0, "args": {}} for i in range(n_ops)]
+    ev = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": f"aten::op{i}",
+            "pid": 1,
+            "tid": 1,
+            "ts": 10.0 * i,
+            "dur": 5.0,
+            "args": {},
+        }
+        for i in range(n_ops)
+    ]
     return {"schemaVersion": 1, "deviceProperties": [], "distributedInfo": dist, "traceEvents": ev}
 
 

@@ -19,15 +19,18 @@ from ppdiag.whatif.rebalance import continuous_balance, even_split, min_max_spli
 from ppdiag.whatif.scenarios import Scenario, WhatifModel, WhatifOptions
 
 
-def brute_force(costs: list[float], k: int, weights: list[float] | None = None,
-                limits: list[float] | None = None) -> tuple[float, float] | None:
+def brute_force(
+    costs: list[float], k: int, weights: list[float] | None = None, limits: list[float] | None = None
+) -> tuple[float, float] | None:
     """(slowest stage, sum of squares) of the best split over every way to cut, or None."""
     n = len(costs)
     best: tuple[float, float] | None = None
     for cuts in itertools.combinations(range(1, n), k - 1):
         b = [0, *cuts, n]
-        if weights is not None and limits is not None and any(
-            w > lim for w, lim in zip(split_costs(weights, b), limits, strict=True)
+        if (
+            weights is not None
+            and limits is not None
+            and any(w > lim for w, lim in zip(split_costs(weights, b), limits, strict=True))
         ):
             continue
         sc = split_costs(costs, b)
@@ -173,25 +176,36 @@ def test_reads_csv_and_json(tmp_path: Path) -> None:
     assert p.bounds == [0, 2, 4]
     assert not p.has_activations
     js = tmp_path / "c.json"
-    js.write_text(json.dumps({"blocks": [{"block": "a", "fwd_ms": 1, "bwd_ms": 2, "activation_mb": 5},
-                                         {"name": "b", "fwd_ms": 1.5, "bwd_ms": 3, "activation_mb": 6}]}))
+    js.write_text(
+        json.dumps(
+            {
+                "blocks": [
+                    {"block": "a", "fwd_ms": 1, "bwd_ms": 2, "activation_mb": 5},
+                    {"name": "b", "fwd_ms": 1.5, "bwd_ms": 3, "activation_mb": 6},
+                ]
+            }
+        )
+    )
     q = read_layer_costs(js)
     assert q.names == ["a", "b"] and q.act_mb.tolist() == [5, 6] and q.bounds is None
 
 
-@pytest.mark.parametrize(("name", "text", "msg"), [
-    ("missing.csv", None, "no such file"),
-    ("empty.csv", "", "empty"),
-    ("nohead.csv", "block,fwd_ms\nx,1\n", "lacks bwd_ms"),
-    ("nan.csv", "block,fwd_ms,bwd_ms\nx,1,abc\n", "line 2: bwd_ms is not a number"),
-    ("neg.csv", "block,fwd_ms,bwd_ms\nx,1,2\ny,-1,2\n", "line 3: fwd_ms must be a finite number >= 0"),
-    ("noblocks.csv", "block,fwd_ms,bwd_ms\n", "lists no blocks"),
-    ("bad.json", "[{\"fwd_ms\": 1,", "not valid JSON"),
-    ("shape.json", "{\"a\": 1}", "expected a list of objects"),
-    ("stage.csv", "block,fwd_ms,bwd_ms,stage\na,1,1,0\nb,1,1,2\n", "contiguous"),
-    ("partial.csv", "block,fwd_ms,bwd_ms,activation_mb\na,1,1,3\nb,1,1,\n", "not for all"),
-    ("wgrad.csv", "block,fwd_ms,bwd_ms,wgrad_ms\na,1,1,2\n", "cannot exceed"),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "msg"),
+    [
+        ("missing.csv", None, "no such file"),
+        ("empty.csv", "", "empty"),
+        ("nohead.csv", "block,fwd_ms\nx,1\n", "lacks bwd_ms"),
+        ("nan.csv", "block,fwd_ms,bwd_ms\nx,1,abc\n", "line 2: bwd_ms is not a number"),
+        ("neg.csv", "block,fwd_ms,bwd_ms\nx,1,2\ny,-1,2\n", "line 3: fwd_ms must be a finite number >= 0"),
+        ("noblocks.csv", "block,fwd_ms,bwd_ms\n", "lists no blocks"),
+        ("bad.json", '[{"fwd_ms": 1,', "not valid JSON"),
+        ("shape.json", '{"a": 1}', "expected a list of objects"),
+        ("stage.csv", "block,fwd_ms,bwd_ms,stage\na,1,1,0\nb,1,1,2\n", "contiguous"),
+        ("partial.csv", "block,fwd_ms,bwd_ms,activation_mb\na,1,1,3\nb,1,1,\n", "not for all"),
+        ("wgrad.csv", "block,fwd_ms,bwd_ms,wgrad_ms\na,1,1,2\n", "cannot exceed"),
+    ],
+)
 def test_bad_files_are_one_clear_input_error(tmp_path: Path, name: str, text: str | None, msg: str) -> None:
     path = tmp_path / name
     if text is not None:
@@ -205,8 +219,9 @@ def test_bad_files_are_one_clear_input_error(tmp_path: Path, name: str, text: st
 def test_cli_bad_layer_cost_file_exits_2(tmp_path: Path) -> None:
     path = tmp_path / "x.csv"
     path.write_text("block,fwd_ms\na,1\n")
-    res = CliRunner().invoke(app, ["whatif", "--layer-costs", str(path), "--run-pp", "2",
-                                   "--run-microbatches", "4", "--rebalance"])
+    res = CliRunner().invoke(
+        app, ["whatif", "--layer-costs", str(path), "--run-pp", "2", "--run-microbatches", "4", "--rebalance"]
+    )
     assert res.exit_code == 2
     assert "x.csv" in res.output and "lacks bwd_ms" in res.output
     assert "Traceback" not in res.output
@@ -218,8 +233,20 @@ def test_cli_rebalance_from_a_file_without_trace(tmp_path: Path) -> None:
     costs = [1, 1, 1, 1, 2, 2, 1, 1]
     rows += [f"layer{i},{c},{2 * c},10,{i // 2}" for i, c in enumerate(costs)]
     path.write_text("\n".join(rows) + "\n")
-    res = CliRunner().invoke(app, ["whatif", "--layer-costs", str(path), "--run-pp", "4",
-                                   "--run-microbatches", "8", "--rebalance", "--json"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "whatif",
+            "--layer-costs",
+            str(path),
+            "--run-pp",
+            "4",
+            "--run-microbatches",
+            "8",
+            "--rebalance",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     reb = out["scenarios"][-1]
@@ -239,8 +266,17 @@ def test_cli_memory_limit_steers_the_split(tmp_path: Path) -> None:
     costs = [1, 1, 1, 1, 2, 2, 1, 1]
     rows += [f"layer{i},{c},{2 * c},10" for i, c in enumerate(costs)]
     path.write_text("\n".join(rows) + "\n")
-    args = ["whatif", "--layer-costs", str(path), "--run-pp", "4", "--run-microbatches", "8", "--rebalance",
-            "--json"]
+    args = [
+        "whatif",
+        "--layer-costs",
+        str(path),
+        "--run-pp",
+        "4",
+        "--run-microbatches",
+        "8",
+        "--rebalance",
+        "--json",
+    ]
     res = CliRunner().invoke(app, [*args, "--max-activation-mb", "80"])
     assert res.exit_code == 0, res.output
     reb = json.loads(res.output)["scenarios"][-1]

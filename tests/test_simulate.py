@@ -126,17 +126,32 @@ def _producer_rows(res) -> list[tuple[int, int, bool]]:  # type: ignore[no-untyp
 
 @pytest.mark.parametrize(
     ("schedule", "p", "m", "v"),
-    [("gpipe", 4, 6, 1), ("1f1b", 5, 9, 1), ("interleaved_1f1b", 4, 8, 2), ("zero_bubble", 4, 8, 1),
-     ("zbv", 3, 7, 2), ("dualpipev", 3, 8, 2), ("zero_bubble", 2, 8, 2)],
+    [
+        ("gpipe", 4, 6, 1),
+        ("1f1b", 5, 9, 1),
+        ("interleaved_1f1b", 4, 8, 2),
+        ("zero_bubble", 4, 8, 1),
+        ("zbv", 3, 7, 2),
+        ("dualpipev", 3, 8, 2),
+        ("zero_bubble", 2, 8, 2),
+    ],
 )
 def test_dependencies_and_rank_exclusivity(schedule: str, p: int, m: int, v: int) -> None:
     rng = np.random.default_rng(3)
     n_st = p * v
     p2p = 0.37
-    res = simulate(SimConfig(
-        schedule, p, m, virtual=v, fwd_ns=list(rng.uniform(0.5, 2.0, n_st)),
-        bwd_ns=list(rng.uniform(0.5, 3.0, n_st)), wgrad_ns=list(rng.uniform(0.2, 1.0, n_st)), p2p_ns=p2p,
-    ))
+    res = simulate(
+        SimConfig(
+            schedule,
+            p,
+            m,
+            virtual=v,
+            fwd_ns=list(rng.uniform(0.5, 2.0, n_st)),
+            bwd_ns=list(rng.uniform(0.5, 3.0, n_st)),
+            wgrad_ns=list(rng.uniform(0.2, 1.0, n_st)),
+            p2p_ns=p2p,
+        )
+    )
     deps = _producer_rows(res)
     assert len(deps) > 0
     for i, j, remote in deps:
@@ -169,8 +184,20 @@ def test_p2p_latency_and_host_delays_only_add_time() -> None:
 
 
 def test_step_tail_sync_and_optimizer() -> None:
-    res = simulate(SimConfig("1f1b", 4, 4, fwd_ns=10, bwd_ns=20, tail_comm_ns=7, sync_ns=3, optim_ns=5,
-                             launch_latency_ns=2, end_latency_ns=1))
+    res = simulate(
+        SimConfig(
+            "1f1b",
+            4,
+            4,
+            fwd_ns=10,
+            bwd_ns=20,
+            tail_comm_ns=7,
+            sync_ns=3,
+            optim_ns=5,
+            launch_latency_ns=2,
+            end_latency_ns=1,
+        )
+    )
     last = res.last_end_ns
     assert np.allclose(res.tail_end_ns, last + 7)
     assert np.allclose(res.sync_end_ns, res.tail_end_ns.max() + 3)
@@ -248,10 +275,16 @@ def test_orders_match_torch_pipeline_order() -> None:
             for v in (1, 2, 3):
                 if m % rounds:
                     continue
-                for cls, name in ((ts.ScheduleInterleaved1F1B, "interleaved_1f1b"),
-                                  (ts.ScheduleInterleavedZeroBubble, "zero_bubble")):
-                    fake = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
-                                           microbatches_per_round=m // rounds)
+                for cls, name in (
+                    (ts.ScheduleInterleaved1F1B, "interleaved_1f1b"),
+                    (ts.ScheduleInterleavedZeroBubble, "zero_bubble"),
+                ):
+                    fake = SimpleNamespace(
+                        n_local_stages=v,
+                        pp_group_size=p,
+                        _n_microbatches=m,
+                        microbatches_per_round=m // rounds,
+                    )
                     ours = rank_orders(name, p, m, v)
                     for r in range(p):
                         try:

@@ -36,15 +36,35 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "dp2": {"dp": 2},
     "exposed_ar": {"dp": 2, "faults": [ExposedAllReduce(2.0)]},
     "slow_step": {"faults": [SlowStep(1, 3.0)]},
-    "combo": {"faults": [SlowStage(1, 1.3), HostStall(2, 0.3), SlowLink(0, delay_ms=0.2)], "pp": 5,
-              "microbatches": 10},
-    "interleaved": {"schedule": "interleaved_1f1b", "virtual": 2, "fwd_ms": 0.5, "bwd_ms": 1.0,
-                    "faults": [HostStall(3, 0.2)]},
+    "combo": {
+        "faults": [SlowStage(1, 1.3), HostStall(2, 0.3), SlowLink(0, delay_ms=0.2)],
+        "pp": 5,
+        "microbatches": 10,
+    },
+    "interleaved": {
+        "schedule": "interleaved_1f1b",
+        "virtual": 2,
+        "fwd_ms": 0.5,
+        "bwd_ms": 1.0,
+        "faults": [HostStall(3, 0.2)],
+    },
     "zero_bubble": {"schedule": "zero_bubble", "bwd_ms": 1.0, "wgrad_ms": 1.0, "faults": [SlowStage(3, 1.4)]},
-    "zbv": {"schedule": "zbv", "virtual": 2, "fwd_ms": 0.5, "bwd_ms": 0.5, "wgrad_ms": 0.5,
-            "faults": [SlowLink(2, delay_ms=0.3)]},
-    "dualpipev": {"schedule": "dualpipev", "virtual": 2, "fwd_ms": 0.5, "bwd_ms": 0.5, "wgrad_ms": 0.5,
-                  "faults": [CommOnCompute((1,))]},
+    "zbv": {
+        "schedule": "zbv",
+        "virtual": 2,
+        "fwd_ms": 0.5,
+        "bwd_ms": 0.5,
+        "wgrad_ms": 0.5,
+        "faults": [SlowLink(2, delay_ms=0.3)],
+    },
+    "dualpipev": {
+        "schedule": "dualpipev",
+        "virtual": 2,
+        "fwd_ms": 0.5,
+        "bwd_ms": 0.5,
+        "wgrad_ms": 0.5,
+        "faults": [CommOnCompute((1,))],
+    },
     "gpipe_labels": {"schedule": "gpipe", "annotations": "pp", "faults": [HostStall(0, 0.3)]},
 }
 
@@ -175,6 +195,7 @@ def test_slow_link_truth() -> None:
         for c in ("bubble", "imbalance"):
             assert run[r]["causes_ms"][c] == pytest.approx(base[r]["causes_ms"][c])
         assert run[r]["causes_ms"]["comm_wait"] > 0.4
+
     # rank 1's transfers take 0.05 + 0.4 ms: from the start of rank 1's send kernel to the end of
     # rank 2's matching receive there is at least that, while other links keep 0.05 ms
     def min_transfer(name: str, src: int, dst: int) -> float:
@@ -262,8 +283,11 @@ def test_kineto_structure(name: str, outdir: str) -> None:
         assert pgs["PIPELINE_MODEL_PARALLEL_GROUP"]["ranks"] == pp_group
         assert di["pg_count"] == len(di["pg_config"])
         ev = doc["traceEvents"]
-        runtime = {e["args"]["correlation"]: e for e in ev
-                   if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X"}
+        runtime = {
+            e["args"]["correlation"]: e
+            for e in ev
+            if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("ph") == "X"
+        }
         kernels = [e for e in ev if e.get("cat") == "kernel"]
         assert kernels
         cpu_pid = next(e["pid"] for e in ev if e.get("name") == "ProfilerStep#5")
@@ -363,8 +387,18 @@ def test_annotations_off_by_default_and_labels_when_asked(outdir: str) -> None:
 def test_groundtruth_json(outdir: str) -> None:
     written("combo", outdir)
     gt = json.loads((Path(outdir) / "combo" / "groundtruth.json").read_text())
-    for key in ("schedule", "pp", "microbatches", "stage_map", "faults", "clock_skew_ns", "step_ms", "ranks",
-                "config", "blame"):
+    for key in (
+        "schedule",
+        "pp",
+        "microbatches",
+        "stage_map",
+        "faults",
+        "clock_skew_ns",
+        "step_ms",
+        "ranks",
+        "config",
+        "blame",
+    ):
         assert key in gt
     assert gt["schedule"] == "1f1b" and gt["pp"] == 5 and gt["microbatches"] == 10
     assert gt["stage_map"] == {str(s): [s] for s in range(5)}
@@ -430,8 +464,12 @@ def test_kineto_parser_reads_synthetic_traces(outdir: str) -> None:
         assert len(iv) == n_kern == len(rk.gpu)
         p2p = iv.kind == int(Kind.P2P)
         assert int(p2p.sum()) == int((rk.gpu.kind == int(Kind.P2P)).sum())
-        neighbours = {run.stage_to_rank[s + d] for s in rk.stages for d in (-1, 1)
-                      if 0 <= s + d < len(run.stage_to_rank)} - {rk.rank}
+        neighbours = {
+            run.stage_to_rank[s + d]
+            for s in rk.stages
+            for d in (-1, 1)
+            if 0 <= s + d < len(run.stage_to_rank)
+        } - {rk.rank}
         assert set(iv.peer[p2p].tolist()) == neighbours
         for d in (int(Direction.SEND), int(Direction.RECV)):
             assert set(iv.peer[p2p & (iv.direction == d)].tolist()) == neighbours
@@ -446,18 +484,37 @@ def test_random_scenarios_stay_consistent() -> None:
     import random
 
     rnd = random.Random(5)
-    for sched, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zero_bubble", 1), ("zbv", 2),
-                     ("dualpipev", 2)):
+    for sched, v in (
+        ("gpipe", 1),
+        ("1f1b", 1),
+        ("interleaved_1f1b", 2),
+        ("zero_bubble", 1),
+        ("zbv", 2),
+        ("dualpipev", 2),
+    ):
         for p in (2, 3):
             m = 2 * p
             n_st = p * v
-            faults: list[Fault] = [SlowStage(rnd.randrange(n_st), rnd.uniform(1.1, 2.0)),
-                      SlowLink(rnd.randrange(p), delay_ms=rnd.uniform(0.05, 0.8), factor=rnd.uniform(1, 3)),
-                      HostStall(rnd.randrange(p), rnd.uniform(0.05, 0.6)),
-                      CommOnCompute((rnd.randrange(p),)), SlowStep(rnd.randrange(2), 1.0, None)]
-            run = make_scenario(schedule=sched, pp=p, microbatches=m, virtual=v, fwd_ms=0.4, bwd_ms=0.8,
-                                wgrad_ms=0.3, faults=rnd.sample(faults, 3), steps=2, p2p_ms=0.1,
-                                seed=rnd.randrange(100))
+            faults: list[Fault] = [
+                SlowStage(rnd.randrange(n_st), rnd.uniform(1.1, 2.0)),
+                SlowLink(rnd.randrange(p), delay_ms=rnd.uniform(0.05, 0.8), factor=rnd.uniform(1, 3)),
+                HostStall(rnd.randrange(p), rnd.uniform(0.05, 0.6)),
+                CommOnCompute((rnd.randrange(p),)),
+                SlowStep(rnd.randrange(2), 1.0, None),
+            ]
+            run = make_scenario(
+                schedule=sched,
+                pp=p,
+                microbatches=m,
+                virtual=v,
+                fwd_ms=0.4,
+                bwd_ms=0.8,
+                wgrad_ms=0.3,
+                faults=rnd.sample(faults, 3),
+                steps=2,
+                p2p_ms=0.1,
+                seed=rnd.randrange(100),
+            )
             for t in run.truth["ranks"].values():
                 for st in t["steps"]:
                     assert sum(st["causes_ms"].values()) == pytest.approx(st["lost_ms"], abs=1e-6)

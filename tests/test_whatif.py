@@ -32,17 +32,35 @@ from ppdiag.whatif.scenarios import Scenario, WhatifModel, WhatifOptions, build_
 MS = 1_000_000
 
 
-def equal_run(schedule: str = "1f1b", pp: int = 4, m: int = 4, fwd_ms: float = 1.0, bwd_ms: float = 2.0,
-              step_ms: float | None = None, removable_ms: dict[str, float] | None = None,
-              lost_ms: dict[str, float] | None = None) -> MeasuredRun:
+def equal_run(
+    schedule: str = "1f1b",
+    pp: int = 4,
+    m: int = 4,
+    fwd_ms: float = 1.0,
+    bwd_ms: float = 2.0,
+    step_ms: float | None = None,
+    removable_ms: dict[str, float] | None = None,
+    lost_ms: dict[str, float] | None = None,
+) -> MeasuredRun:
     """A measured run with equal stages, free communication and nothing else (unless asked)."""
     n = pp
     return MeasuredRun(
-        schedule=schedule, detected_schedule=schedule, pp=pp, virtual=1, microbatches=m,
-        fwd_ns=np.full(n, fwd_ms * MS), bwd_ns=np.full(n, bwd_ms * MS), wgrad_ns=np.zeros(n),
-        split_backward=False, p2p_ns=0.0, head_ns=0.0, tail_idle_ns=np.zeros(pp), tail_busy_ns=np.zeros(pp),
+        schedule=schedule,
+        detected_schedule=schedule,
+        pp=pp,
+        virtual=1,
+        microbatches=m,
+        fwd_ns=np.full(n, fwd_ms * MS),
+        bwd_ns=np.full(n, bwd_ms * MS),
+        wgrad_ns=np.zeros(n),
+        split_backward=False,
+        p2p_ns=0.0,
+        head_ns=0.0,
+        tail_idle_ns=np.zeros(pp),
+        tail_busy_ns=np.zeros(pp),
         step_ns=(step_ms if step_ms is not None else (m + pp - 1) * (fwd_ms + bwd_ms)) * MS,
-        lost_ms=lost_ms or {}, removable_ns={k: v * MS for k, v in (removable_ms or {}).items()},
+        lost_ms=lost_ms or {},
+        removable_ns={k: v * MS for k, v in (removable_ms or {}).items()},
         from_trace=step_ms is not None,
     )
 
@@ -140,8 +158,14 @@ def test_calibration_reproduces_the_measured_step(mode: str) -> None:
 
 
 def test_removing_a_cause_lowers_the_target_and_zeroes_it() -> None:
-    meas = equal_run("1f1b", 4, m=8, step_ms=40.0, removable_ms={"comm_wait": 4.0, "host": 1.0},
-                     lost_ms={"comm_wait": 5.0, "host": 1.0})
+    meas = equal_run(
+        "1f1b",
+        4,
+        m=8,
+        step_ms=40.0,
+        removable_ms={"comm_wait": 4.0, "host": 1.0},
+        lost_ms={"comm_wait": 5.0, "host": 1.0},
+    )
     wm = model(meas)
     same = wm.predict(Scenario())
     assert same.lost_ns["comm_wait"] == pytest.approx(4 * MS, rel=1e-3)
@@ -194,19 +218,31 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("whatif_synth"))
 
 
-@pytest.mark.parametrize(("base", "scn", "truth"), [
-    ({"microbatches": 4, "faults": (SlowStage(2, 2.0),)},
-     Scenario(microbatches=8, fixed_microbatch_size=True),
-     {"microbatches": 8, "faults": (SlowStage(2, 2.0),)}),
-    ({"microbatches": 8}, Scenario(schedule="interleaved", virtual=2),
-     {"microbatches": 8, "schedule": "interleaved_1f1b", "virtual": 2, "fwd_ms": 0.5, "bwd_ms": 1.0}),
-    ({"microbatches": 8}, Scenario(schedule="zero_bubble"),
-     {"microbatches": 8, "schedule": "zero_bubble", "bwd_ms": 1.0, "wgrad_ms": 1.0}),
-    ({"microbatches": 8}, Scenario(schedule="gpipe"), {"microbatches": 8, "schedule": "gpipe"}),
-    ({"faults": (SlowLink(1, delay_ms=0.4),)}, Scenario(no_comm_wait=True), {}),
-])
-def test_predictions_match_simulated_runs(root: str, base: dict[str, Any], scn: Scenario,
-                                          truth: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("base", "scn", "truth"),
+    [
+        (
+            {"microbatches": 4, "faults": (SlowStage(2, 2.0),)},
+            Scenario(microbatches=8, fixed_microbatch_size=True),
+            {"microbatches": 8, "faults": (SlowStage(2, 2.0),)},
+        ),
+        (
+            {"microbatches": 8},
+            Scenario(schedule="interleaved", virtual=2),
+            {"microbatches": 8, "schedule": "interleaved_1f1b", "virtual": 2, "fwd_ms": 0.5, "bwd_ms": 1.0},
+        ),
+        (
+            {"microbatches": 8},
+            Scenario(schedule="zero_bubble"),
+            {"microbatches": 8, "schedule": "zero_bubble", "bwd_ms": 1.0, "wgrad_ms": 1.0},
+        ),
+        ({"microbatches": 8}, Scenario(schedule="gpipe"), {"microbatches": 8, "schedule": "gpipe"}),
+        ({"faults": (SlowLink(1, delay_ms=0.4),)}, Scenario(no_comm_wait=True), {}),
+    ],
+)
+def test_predictions_match_simulated_runs(
+    root: str, base: dict[str, Any], scn: Scenario, truth: dict[str, Any]
+) -> None:
     diag, _ = synth_run(root, "base" + str(abs(hash(repr(base)))), **base)
     _, want = synth_run(root, "truth" + str(abs(hash(repr(truth)))), **truth)
     p = build_model(diag).predict(scn)
@@ -270,18 +306,36 @@ def _module_rank(cpu: bool) -> tuple[RankTimeline, Blocks]:
         iv_rows.append((b0, b0 + 5 * ms, b0 - 1000))
         blocks.append((b0, b0 + 5 * ms, int(Phase.BWD), mb))
         t = b0 + 6 * ms
-    iv = Intervals.from_columns(len(iv_rows), {
-        "start": [r[0] for r in iv_rows], "end": [r[1] for r in iv_rows],
-        "launch": [-1 if cpu else r[2] for r in iv_rows], "kind": [int(Kind.COMPUTE)] * len(iv_rows)})
-    rg = Ranges.from_columns(len(rg_rows), {
-        "start": [r[0] for r in rg_rows], "end": [r[1] for r in rg_rows], "name": [r[2] for r in rg_rows],
-        "kind": [int(RangeKind.MODULE)] * len(rg_rows)})
+    iv = Intervals.from_columns(
+        len(iv_rows),
+        {
+            "start": [r[0] for r in iv_rows],
+            "end": [r[1] for r in iv_rows],
+            "launch": [-1 if cpu else r[2] for r in iv_rows],
+            "kind": [int(Kind.COMPUTE)] * len(iv_rows),
+        },
+    )
+    rg = Ranges.from_columns(
+        len(rg_rows),
+        {
+            "start": [r[0] for r in rg_rows],
+            "end": [r[1] for r in rg_rows],
+            "name": [r[2] for r in rg_rows],
+            "kind": [int(RangeKind.MODULE)] * len(rg_rows),
+        },
+    )
     tl = RankTimeline(0, "x", "kineto", names.names, iv, rg, cpu_only=cpu)
     n = len(blocks)
-    b = Blocks(np.zeros(n, np.int32), np.array([x[0] for x in blocks], np.int64),
-               np.array([x[1] for x in blocks], np.int64), np.array([x[1] - x[0] for x in blocks], np.int64),
-               np.full(n, -1, np.int64), np.array([x[2] for x in blocks], np.int8),
-               np.array([x[3] for x in blocks], np.int32), np.zeros(n, np.int32))
+    b = Blocks(
+        np.zeros(n, np.int32),
+        np.array([x[0] for x in blocks], np.int64),
+        np.array([x[1] for x in blocks], np.int64),
+        np.array([x[1] - x[0] for x in blocks], np.int64),
+        np.full(n, -1, np.int64),
+        np.array([x[2] for x in blocks], np.int8),
+        np.array([x[3] for x in blocks], np.int32),
+        np.zeros(n, np.int32),
+    )
     return tl, b
 
 
@@ -310,8 +364,9 @@ def test_bubble_command() -> None:
     for r in out["table"]:
         assert r["simulated"] == pytest.approx((8 - 1) / (r["microbatches"] + 8 - 1), abs=1e-6)
         assert r["peak_inflight"] == 8
-    res = runner.invoke(app, ["bubble", "--pp", "4", "-m", "8", "--schedule", "interleaved", "--virtual", "2",
-                              "--json"])
+    res = runner.invoke(
+        app, ["bubble", "--pp", "4", "-m", "8", "--schedule", "interleaved", "--virtual", "2", "--json"]
+    )
     assert json.loads(res.output)["bubble_ratio"] == pytest.approx(3 / 19, abs=1e-6)
     res = runner.invoke(app, ["bubble", "--pp", "4", "-m", "6", "--schedule", "gpipe"])
     assert res.exit_code == 0 and "33.3%" in res.output  # 3 / 9
@@ -322,15 +377,32 @@ def test_bubble_command() -> None:
 
 
 def test_batch_command() -> None:
-    res = runner.invoke(app, ["batch", "--world", "64", "--tp", "2", "--pp", "4", "--micro-batch", "2",
-                              "--global-batch", "512", "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "batch",
+            "--world",
+            "64",
+            "--tp",
+            "2",
+            "--pp",
+            "4",
+            "--micro-batch",
+            "2",
+            "--global-batch",
+            "512",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["dp"] == 8 and out["accumulation"] == 32 and out["microbatches_per_stage"] == 32
     assert out["bubble_ratio"] == pytest.approx(3 / 35, abs=1e-6)
     assert out["problems"] == []
-    res = runner.invoke(app, ["batch", "--world", "64", "--tp", "2", "--pp", "4", "--micro-batch", "2",
-                              "--global-batch", "80"])
+    res = runner.invoke(
+        app,
+        ["batch", "--world", "64", "--tp", "2", "--pp", "4", "--micro-batch", "2", "--global-batch", "80"],
+    )
     assert res.exit_code == 0 and "M=5 < 2 x pp=8" in res.output
     res = runner.invoke(app, ["batch", "--world", "60", "--tp", "2", "--pp", "4", "--strict"])
     assert res.exit_code == 1 and "not divisible" in res.output
@@ -340,8 +412,10 @@ def test_batch_command() -> None:
 
 def test_check_batch_interleaved_constraint() -> None:
     def problems(m: int) -> list[str]:
-        return [t for _, t in check_batch(None, 4, microbatches=m, schedule="interleaved_1f1b",
-                                          virtual=2).problems]
+        return [
+            t
+            for _, t in check_batch(None, 4, microbatches=m, schedule="interleaved_1f1b", virtual=2).problems
+        ]
 
     assert problems(6)[-1].startswith("interleaved 1F1B with M=6")  # Megatron wants a multiple of pp
     assert any("cannot run M=9" in t for t in problems(9))  # 2 rounds do not divide 9
@@ -355,7 +429,10 @@ def test_whatif_command_on_a_simulated_run(root: str) -> None:
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert [s["scenario"] for s in out["scenarios"]] == [
-        "measured", "M=8, same micro-batch size", "M=16, same micro-batch size"]
+        "measured",
+        "M=8, same micro-batch size",
+        "M=16, same micro-batch size",
+    ]
     assert out["calibration"]["mode"] == "per-block"
     assert out["scenarios"][0]["step_ms"] == pytest.approx(out["measured"]["step_ms"])
     steps = [s["step_ms"] for s in out["scenarios"]]
@@ -379,9 +456,12 @@ def test_whatif_command_bad_input(test_data: Path, root: str) -> None:
     res = runner.invoke(app, ["whatif"])
     assert res.exit_code == 2 and "give a run directory" in res.output
     synth_run(root, "cli", microbatches=4, faults=(SlowStage(2, 2.0),))
-    for args, msg in ((["-m", "x"], "not a whole number"), (["--schedule", "1f2b"], "unknown schedule"),
-                      (["--calibration", "magic"], "--calibration must be one of"),
-                      (["--layers-per-stage", "2,2"], "--layers-per-stage has 2 values")):
+    for args, msg in (
+        (["-m", "x"], "not a whole number"),
+        (["--schedule", "1f2b"], "unknown schedule"),
+        (["--calibration", "magic"], "--calibration must be one of"),
+        (["--layers-per-stage", "2,2"], "--layers-per-stage has 2 values"),
+    ):
         res = runner.invoke(app, ["whatif", str(Path(root) / "cli"), *args, "--rebalance"])
         assert res.exit_code == 2, (args, res.output)
         assert msg in res.output and "Traceback" not in res.output
@@ -394,8 +474,14 @@ def test_demo_layer_factors_set_per_layer_costs() -> None:
     from ppdiag.demo.config import DemoConfig
     from ppdiag.errors import InputError
 
-    cfg = DemoConfig(pp=4, fwd_ms=4.0, bwd_ms=8.0, layers_per_stage=2, stage_layers=[3, 2, 1, 2],
-                     layer_factors=[1, 1, 1, 1, 2, 2, 1, 1]).validated()
+    cfg = DemoConfig(
+        pp=4,
+        fwd_ms=4.0,
+        bwd_ms=8.0,
+        layers_per_stage=2,
+        stage_layers=[3, 2, 1, 2],
+        layer_factors=[1, 1, 1, 1, 2, 2, 1, 1],
+    ).validated()
     # layer costs 2 ms forward each, doubled for layers 4 and 5: stages hold 3, 1+2, 2 and 1+1 units
     assert [c["fwd"] for c in cfg.stage_costs_ms()] == [6.0, 6.0, 4.0, 4.0]
     assert [c["bwd"] for c in cfg.stage_costs_ms()] == [12.0, 12.0, 8.0, 8.0]

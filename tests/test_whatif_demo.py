@@ -36,8 +36,14 @@ from ppdiag.whatif.scenarios import Scenario, WhatifOptions, build_model
 pytestmark = pytest.mark.slow
 
 # costs large enough that scheduling noise on a shared machine (~1 ms) stays a small fraction
-BASE: dict[str, Any] = {"schedule": "1f1b", "pp": 4, "steps": 3, "fwd_ms": 6.0, "bwd_ms": 12.0,
-                        "layers_per_stage": 2}
+BASE: dict[str, Any] = {
+    "schedule": "1f1b",
+    "pp": 4,
+    "steps": 3,
+    "fwd_ms": 6.0,
+    "bwd_ms": 12.0,
+    "layers_per_stage": 2,
+}
 SLOW_STAGE, SLOW_FACTOR = 2, 2.0
 
 
@@ -63,8 +69,9 @@ def test_more_microbatches_predicted_within_10_percent(runs: dict[str, tuple[Pat
     assert pred.samples_vs_measured == 2.0
 
 
-def test_rebalanced_split_predicted_within_15_percent(runs: dict[str, tuple[Path, Diagnosis]],
-                                                      tmp_path: Path) -> None:
+def test_rebalanced_split_predicted_within_15_percent(
+    runs: dict[str, tuple[Path, Diagnosis]], tmp_path: Path
+) -> None:
     _, m4 = runs["m4"]
     model = build_model(m4, WhatifOptions(), layers_per_stage=[BASE["layers_per_stage"]])
     pred = model.predict(Scenario(rebalance=True))
@@ -91,8 +98,20 @@ def test_rebalanced_split_predicted_within_15_percent(runs: dict[str, tuple[Path
 
 def test_whatif_command_json(runs: dict[str, tuple[Path, Diagnosis]]) -> None:
     d, m4 = runs["m4"]
-    res = CliRunner().invoke(app, ["whatif", str(d), "-m", "8", "--fixed-microbatch-size", "--rebalance",
-                                   "--layers-per-stage", "2", "--json"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "whatif",
+            str(d),
+            "-m",
+            "8",
+            "--fixed-microbatch-size",
+            "--rebalance",
+            "--layers-per-stage",
+            "2",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["measured"]["pp"] == 4 and out["measured"]["microbatches"] == 4
@@ -100,8 +119,9 @@ def test_whatif_command_json(runs: dict[str, tuple[Path, Diagnosis]]) -> None:
     names = [s["scenario"] for s in out["scenarios"]]
     assert names == ["measured", "M=8, rebalanced, same micro-batch size", "rebalanced"]
     assert out["scenarios"][0]["step_ms"] == pytest.approx(m4.report["summary"]["step_ms"])
-    api = build_model(m4, layers_per_stage=[2]).predict(Scenario(microbatches=8, fixed_microbatch_size=True,
-                                                                 rebalance=True))
+    api = build_model(m4, layers_per_stage=[2]).predict(
+        Scenario(microbatches=8, fixed_microbatch_size=True, rebalance=True)
+    )
     assert api.step_ns is not None
     assert out["scenarios"][1]["step_ms"] == pytest.approx(api.step_ns / 1e6, rel=1e-6)
     assert out["scenarios"][2]["split"]["slowest_stage_before"] == SLOW_STAGE

@@ -36,8 +36,8 @@ from ppdiag.attribution import intervals as ivs
 from ppdiag.attribution.accounting import Account, WindowSets, account, window_sets
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
 from ppdiag.model import Direction, Kind, Phase, RankTimeline
-from ppdiag.pipeline.clocks import p2p_ops
 from ppdiag.pipeline.blocks import Blocks
+from ppdiag.pipeline.clocks import p2p_ops
 
 NEG_INF = -(2**62)
 # transfer pieces closer than this form one wait (the host issuing the next operation in between)
@@ -92,7 +92,9 @@ class Attribution:
     normal_latency_ns: int
     step_replay_ns: dict[str, float]  # mean step time of each replay variant (for gains)
     notes: list[str] = field(default_factory=list)
-    edges: list[tuple[int, int, int, int]] = field(default_factory=list)  # producer, consumer, transfer, waited
+    edges: list[tuple[int, int, int, int]] = field(
+        default_factory=list
+    )  # producer, consumer, transfer, waited
 
 
 def _host_evidence(tl: RankTimeline, offset: int, gaps: ivs.ISet) -> ivs.ISet:
@@ -198,15 +200,22 @@ class Replay:
         """Observed waits as (producer rank, consumer rank, transfer ns, time waited ns)."""
         return list(self.waits)
 
-    def __init__(self, steps: list[RankStep], timelines: dict[int, RankTimeline],
-                 stage_of: dict[int, int], last_stage: int) -> None:
+    def __init__(
+        self,
+        steps: list[RankStep],
+        timelines: dict[int, RankTimeline],
+        stage_of: dict[int, int],
+        last_stage: int,
+    ) -> None:
         self.steps = steps
         self.nodes: list[_Node] = []
         self.first: dict[tuple[int, int], int] = {}
         self.count: dict[tuple[int, int], int] = {}
         self.tail: dict[tuple[int, int], tuple[int, int, int, int]] = {}  # busy, coll, host, other
         # step-end collective of a (rank, step): start, end, (busy, host, other) before and after it
-        self.tail_coll: dict[tuple[int, int], tuple[int, int, tuple[int, int, int], tuple[int, int, int]]] = {}
+        self.tail_coll: dict[
+            tuple[int, int], tuple[int, int, tuple[int, int, int], tuple[int, int, int]]
+        ] = {}
         self.syncs: dict[int, tuple[list[tuple[int, int]], int]] = {}  # step key -> members, transfer
         self.order: list[int] = []
         self.meas_start: list[int] = []
@@ -240,22 +249,46 @@ class Replay:
                 post = s - rel
                 # local pieces outside the wait span
                 host = _m(rs.host_set, lo, wait_start) + _m(rs.host_set, rel, s)
-                coll = (_m(rs.sets.collective, lo, wait_start) + _m(rs.sets.collective, rel, s)
-                        + _m(rs.sets.p2p, lo, wait_start) + _m(rs.sets.p2p, rel, s))
+                coll = (
+                    _m(rs.sets.collective, lo, wait_start)
+                    + _m(rs.sets.collective, rel, s)
+                    + _m(rs.sets.p2p, lo, wait_start)
+                    + _m(rs.sets.p2p, rel, s)
+                )
                 lost = _m(rs.sets.gaps, lo, wait_start) + _m(rs.sets.gaps, rel, s)
                 ux = max(lost - host - coll, 0)
                 in_lost = _m(rs.sets.gaps, s, e)
                 in_host = min(_m(rs.host_set, s, e), in_lost)
-                node = _Node(rs.rank, rs.step, i, e - s, int(b.busy[i]), in_host, in_lost - in_host,
-                             int(b.phase[i]), int(b.stage[i]), pre, post, host, coll, ux)
+                node = _Node(
+                    rs.rank,
+                    rs.step,
+                    i,
+                    e - s,
+                    int(b.busy[i]),
+                    in_host,
+                    in_lost - in_host,
+                    int(b.phase[i]),
+                    int(b.stage[i]),
+                    pre,
+                    post,
+                    host,
+                    coll,
+                    ux,
+                )
                 nid = len(self.nodes)
                 self.nodes.append(node)
                 self.meas_start.append(s)
                 if w_s.size:
                     pending.append((nid, _blocking_peer(tl, off, wait_start, rel), rel, wait_start))
                 if int(b.mb[i]) >= 0:
-                    by_key[(rs.number if rs.number >= 0 else rs.step, int(b.stage[i]), int(b.phase[i]),
-                            int(b.mb[i]))] = nid
+                    by_key[
+                        (
+                            rs.number if rs.number >= 0 else rs.step,
+                            int(b.stage[i]),
+                            int(b.phase[i]),
+                            int(b.mb[i]),
+                        )
+                    ] = nid
                 prev_end = max(prev_end, e)
             t_lo, t_hi = prev_end, rs.w1
             busy_t = _m(rs.sets.compute, t_lo, t_hi)
@@ -267,7 +300,11 @@ class Replay:
             if cs.size:
                 c0, c1 = int(cs[0]), int(ce[-1])
                 self.tail_coll[(rs.rank, rs.step)] = (
-                    c0, c1, _split_local(rs, t_lo, c0), _split_local(rs, c1, t_hi))
+                    c0,
+                    c1,
+                    _split_local(rs, t_lo, c0),
+                    _split_local(rs, c1, t_hi),
+                )
         self._find_step_syncs()
         # per-rank block ends for "which block did the peer finish last"
         for r in {rs.rank for rs in steps}:
@@ -316,8 +353,11 @@ class Replay:
             if phase == int(Phase.FWD):
                 prod = by_key.get((stepn, stage - 1, int(Phase.FWD), mb))
             elif phase == int(Phase.BWD):
-                prod = (by_key.get((stepn, stage, int(Phase.FWD), mb)) if stage == last_stage
-                        else by_key.get((stepn, stage + 1, int(Phase.BWD), mb)))
+                prod = (
+                    by_key.get((stepn, stage, int(Phase.FWD), mb))
+                    if stage == last_stage
+                    else by_key.get((stepn, stage + 1, int(Phase.BWD), mb))
+                )
             elif phase == int(Phase.WGRAD):
                 prod = by_key.get((stepn, stage, int(Phase.BWD), mb))
             else:
@@ -334,8 +374,15 @@ class Replay:
         self.order = sorted(range(len(self.nodes)), key=lambda i: self.meas_start[i])
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
 
-    def run(self, *, host: bool = True, comm_excess: bool = True, comm: bool = True, ux: bool = True,
-            balanced: dict[int, float] | None = None) -> dict[tuple[int, int], tuple[int, int]]:
+    def run(
+        self,
+        *,
+        host: bool = True,
+        comm_excess: bool = True,
+        comm: bool = True,
+        ux: bool = True,
+        balanced: dict[int, float] | None = None,
+    ) -> dict[tuple[int, int], tuple[int, int]]:
         """``(window, idle)`` of every (rank, step) under a variant; ``False`` removes that delay."""
         n = len(self.nodes)
         start = [0] * n
@@ -385,30 +432,38 @@ class Replay:
             for key in members:
                 f, c = self.first[key], self.count[key]
                 last = end[f + c - 1] if c else self.w0[key]
-                pre = self.tail_coll[key][2]
-                arrive = max(arrive, last + pre[0] + pre[2] + (pre[1] if host else 0))
+                before = self.tail_coll[key][2]
+                arrive = max(arrive, last + before[0] + before[2] + (before[1] if host else 0))
             sync_end[sk] = arrive + (xfer if comm else 0)
         for rs in self.steps:
             key = (rs.rank, rs.step)
             f, c = self.first[key], self.count[key]
             last = end[f + c - 1] if c else rs.w0
-            sk = self.sync_of.get(key)
-            if sk is not None:
-                post = self.tail_coll[key][3]
-                w_end = sync_end[sk] + post[0] + post[2] + (post[1] if host else 0)
+            sync = self.sync_of.get(key)
+            if sync is not None:
+                after = self.tail_coll[key][3]
+                w_end = sync_end[sync] + after[0] + after[2] + (after[1] if host else 0)
             else:
                 busy_t, coll_t, host_t, other_t = self.tail[key]
                 w_end = last + busy_t + other_t + (coll_t if comm else 0) + (host_t if host else 0)
             busy = rs.acct.compute
             if balanced is not None and c:
-                busy = busy - sum(self.nodes[j].busy for j in range(f, f + c)) + sum(
-                    end[j] - start[j] for j in range(f, f + c))
+                busy = (
+                    busy
+                    - sum(self.nodes[j].busy for j in range(f, f + c))
+                    + sum(end[j] - start[j] for j in range(f, f + c))
+                )
             idle[key] = (int(w_end - rs.w0), int(w_end - rs.w0 - busy))
         return idle
 
 
-def attribute(steps: list[RankStep], timelines: dict[int, RankTimeline], stage_of: dict[int, int],
-              last_stage: int, pipelined: bool) -> Attribution:
+def attribute(
+    steps: list[RankStep],
+    timelines: dict[int, RankTimeline],
+    stage_of: dict[int, int],
+    last_stage: int,
+    pipelined: bool,
+) -> Attribution:
     """Cause totals for every (rank, step) and the per-gap cause tables."""
     causes: dict[tuple[int, int], dict[str, int]] = {}
     notes: list[str] = []
@@ -442,22 +497,35 @@ def attribute(steps: list[RankStep], timelines: dict[int, RankTimeline], stage_o
             sched = v["schedule_only"][k]
             bubble = max(min(v["balanced"][k], sched), 0)
             imb = max(sched - bubble, 0)
-            c = {"bubble": bubble, "imbalance": imb, "comm_wait": max(cw, 0), "exposed_comm": max(ex, 0),
-                 "host": max(host, 0), "unexplained": 0}
+            c = {
+                "bubble": bubble,
+                "imbalance": imb,
+                "comm_wait": max(cw, 0),
+                "exposed_comm": max(ex, 0),
+                "host": max(host, 0),
+                "unexplained": 0,
+            }
             causes[k] = _close(c, lost)
         for name, var in full.items():
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
         edges = rp.edge_stats()
         mism = [abs(v["measured"][(rs.rank, rs.step)] - rs.acct.lost) for rs in steps]
         if mism and max(mism) > 0.02 * max(rs.acct.window for rs in steps):
-            notes.append("the replay of the measured timeline differs from the measurement by up to "
-                         f"{max(mism) / 1e6:.2f} ms; the difference is reported as unexplained")
+            notes.append(
+                "the replay of the measured timeline differs from the measurement by up to "
+                f"{max(mism) / 1e6:.2f} ms; the difference is reported as unexplained"
+            )
     else:
         for rs in steps:
             host = ivs.measure(ivs.subtract(rs.host_set, rs.sets.p2p))
-            c = {"bubble": 0, "imbalance": 0, "comm_wait": 0,
-                 "exposed_comm": rs.acct.exposed_p2p + rs.acct.exposed_collective, "host": host,
-                 "unexplained": 0}
+            c = {
+                "bubble": 0,
+                "imbalance": 0,
+                "comm_wait": 0,
+                "exposed_comm": rs.acct.exposed_p2p + rs.acct.exposed_collective,
+                "host": host,
+                "unexplained": 0,
+            }
             causes[(rs.rank, rs.step)] = _close(c, rs.acct.lost)
     gaps = _paint(steps, causes)
     return Attribution(causes, gaps, lat, replay_steps, notes, edges)
@@ -483,8 +551,12 @@ def _close(c: dict[str, int], lost: int) -> dict[str, int]:
 # Where each cause is drawn first: pools are 0 host evidence, 1 waits, 2 exposed collectives,
 # 3 other idle. Bubble prefers waits at the edges of the step (warm-up and cool-down).
 _POOLS = {
-    "host": (0, 1, 3), "comm_wait": (1,), "exposed_comm": (2, 1), "unexplained": (3,),
-    "bubble": (1, 3), "imbalance": (1, 3),
+    "host": (0, 1, 3),
+    "comm_wait": (1,),
+    "exposed_comm": (2, 1),
+    "unexplained": (3,),
+    "bubble": (1, 3),
+    "imbalance": (1, 3),
 }
 _ORDER = ("host", "exposed_comm", "comm_wait", "unexplained", "bubble", "imbalance")
 
@@ -500,7 +572,7 @@ def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]])
         coll = ivs.subtract(ivs.subtract(ivs.intersect(lost, rs.sets.collective), host), wait)
         other = ivs.subtract(ivs.subtract(ivs.subtract(lost, host), wait), coll)
         pools: list[list[list[int]]] = [
-            [[int(a), int(b)] for a, b in zip(*p)] for p in (host, wait, coll, other)
+            [[int(a), int(b)] for a, b in zip(*p, strict=False)] for p in (host, wait, coll, other)
         ]
         # bubble first takes edge waits: order the wait pool so warm-up/cool-down come first
         segs: list[tuple[int, int, int, int]] = []
@@ -530,8 +602,13 @@ def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]])
             tables[r] = GapTable.empty()
             continue
         arr = np.array(segs, dtype=np.int64)
-        tables[r] = GapTable(arr[:, 0], arr[:, 1], arr[:, 2].astype(np.int8),
-                             np.full(len(segs), -1, np.int32), arr[:, 3].astype(np.int32))
+        tables[r] = GapTable(
+            arr[:, 0],
+            arr[:, 1],
+            arr[:, 2].astype(np.int8),
+            np.full(len(segs), -1, np.int32),
+            arr[:, 3].astype(np.int32),
+        )
     return tables
 
 

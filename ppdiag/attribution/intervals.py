@@ -100,7 +100,9 @@ def overlap_with(iset: ISet, lo: npt.ArrayLike, hi: npt.ArrayLike) -> Arr:
         # total measure of the set below time t
         i = np.searchsorted(e, t, side="right")  # intervals fully ended by t
         part = np.where(i < s.size, np.clip(t - s[np.minimum(i, s.size - 1)], 0, None), 0)
-        part = np.where(i < s.size, np.minimum(part, e[np.minimum(i, s.size - 1)] - s[np.minimum(i, s.size - 1)]), 0)
+        part = np.where(
+            i < s.size, np.minimum(part, e[np.minimum(i, s.size - 1)] - s[np.minimum(i, s.size - 1)]), 0
+        )
         return cum[i] + part
 
     return np.maximum(covered_before(hi_a) - covered_before(lo_a), 0)

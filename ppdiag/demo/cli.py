@@ -15,26 +15,53 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def demo(
-        schedule: Annotated[str, typer.Option(
-            "--schedule", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs, zero_bubble, zbv, dualpipev.")] = "1f1b",
-        microbatches: Annotated[int, typer.Option("--microbatches", "-m", help="Micro-batches per step.")] = 8,
+        schedule: Annotated[
+            str,
+            typer.Option(
+                "--schedule", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs, zero_bubble, zbv, dualpipev."
+            ),
+        ] = "1f1b",
+        microbatches: Annotated[
+            int, typer.Option("--microbatches", "-m", help="Micro-batches per step.")
+        ] = 8,
         pp: Annotated[int, typer.Option("--pp", help="Processes (pipeline ranks).")] = 4,
         steps: Annotated[int, typer.Option("--steps", help="Profiled training steps.")] = 3,
-        compute: Annotated[str, typer.Option(
-            "--compute", help="sleep (exact timings: a custom op holds for fixed times) or real (matmuls).")] = "sleep",
-        fwd_ms: Annotated[float, typer.Option("--fwd-ms", help="Forward cost per micro-batch and stage (sleep).")] = 4.0,
-        bwd_ms: Annotated[float, typer.Option("--bwd-ms", help="Backward cost per micro-batch and stage (sleep).")] = 8.0,
-        slow_stage: Annotated[int | None, typer.Option("--slow-stage", help="Stage whose compute is slowed.")] = None,
-        slow_factor: Annotated[float, typer.Option("--slow-factor", help="Compute factor of the slow stage.")] = 2.0,
-        comm_delay_ms: Annotated[float, typer.Option(
-            "--comm-delay-ms", help="Delay of the sends of --comm-delay-rank (slow link).")] = 0.0,
+        compute: Annotated[
+            str,
+            typer.Option(
+                "--compute",
+                help="sleep (exact timings: a custom op holds for fixed times) or real (matmuls).",
+            ),
+        ] = "sleep",
+        fwd_ms: Annotated[
+            float, typer.Option("--fwd-ms", help="Forward cost per micro-batch and stage (sleep).")
+        ] = 4.0,
+        bwd_ms: Annotated[
+            float, typer.Option("--bwd-ms", help="Backward cost per micro-batch and stage (sleep).")
+        ] = 8.0,
+        slow_stage: Annotated[
+            int | None, typer.Option("--slow-stage", help="Stage whose compute is slowed.")
+        ] = None,
+        slow_factor: Annotated[
+            float, typer.Option("--slow-factor", help="Compute factor of the slow stage.")
+        ] = 2.0,
+        comm_delay_ms: Annotated[
+            float,
+            typer.Option("--comm-delay-ms", help="Delay of the sends of --comm-delay-rank (slow link)."),
+        ] = 0.0,
         comm_delay_rank: Annotated[int | None, typer.Option("--comm-delay-rank")] = None,
-        host_stall_ms: Annotated[float, typer.Option(
-            "--host-stall-ms", help="Host work before each micro-batch on --host-stall-rank.")] = 0.0,
+        host_stall_ms: Annotated[
+            float,
+            typer.Option("--host-stall-ms", help="Host work before each micro-batch on --host-stall-rank."),
+        ] = 0.0,
         host_stall_rank: Annotated[int | None, typer.Option("--host-stall-rank")] = None,
         out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("ppdiag-demo"),
-        record_only: Annotated[bool, typer.Option("--record-only", help="Record the traces, do not analyze.")] = False,
-        timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the run is stopped.")] = 120.0,
+        record_only: Annotated[
+            bool, typer.Option("--record-only", help="Record the traces, do not analyze.")
+        ] = False,
+        timeout: Annotated[
+            float, typer.Option("--timeout", help="Seconds before the run is stopped.")
+        ] = 120.0,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")] = False,
     ) -> None:
         """Record a real multi-process pipeline-parallel training run on CPU (torch, gloo) and analyze it.
@@ -49,15 +76,30 @@ def register(app: typer.Typer) -> None:
             from ppdiag.demo.recorder import record
 
             cfg = DemoConfig(
-                schedule=schedule, pp=pp, microbatches=microbatches, steps=steps, compute=compute,
-                fwd_ms=fwd_ms, bwd_ms=bwd_ms,
-                slow_stage=slow_stage, slow_factor=slow_factor if slow_stage is not None else 1.0,
-                comm_delay_ms=comm_delay_ms, comm_delay_rank=comm_delay_rank,
-                host_stall_ms=host_stall_ms, host_stall_rank=host_stall_rank, timeout_s=timeout,
+                schedule=schedule,
+                pp=pp,
+                microbatches=microbatches,
+                steps=steps,
+                compute=compute,
+                fwd_ms=fwd_ms,
+                bwd_ms=bwd_ms,
+                slow_stage=slow_stage,
+                slow_factor=slow_factor if slow_stage is not None else 1.0,
+                comm_delay_ms=comm_delay_ms,
+                comm_delay_rank=comm_delay_rank,
+                host_stall_ms=host_stall_ms,
+                host_stall_rank=host_stall_rank,
+                timeout_s=timeout,
             )
             err = Console(stderr=True)
-            with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                          console=err, transient=True, disable=quiet) as bar:
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TimeElapsedColumn(),
+                console=err,
+                transient=True,
+                disable=quiet,
+            ) as bar:
                 task = bar.add_task("starting ranks", total=1.0)
 
                 def progress(msg: str, frac: float) -> None:
@@ -82,5 +124,5 @@ def register(app: typer.Typer) -> None:
                     write_report(name, diag, out / fname)
                     if not quiet:
                         err.print(f"wrote {out / fname}", highlight=False)
-        except Exception as exc:  # noqa: BLE001 - one line + exit code
+        except Exception as exc:
             _fail(exc)

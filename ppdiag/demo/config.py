@@ -159,12 +159,14 @@ class DemoConfig:
             work = sum(self.layer_factor(s, i) for i in range(n))
             scale = work / self.layers_per_stage * self.stage_factor(s)
             bwd = self.bwd_ms * scale
-            out.append({
-                "fwd": self.fwd_ms * scale,
-                "bwd": bwd,
-                "bwd_input": bwd * (1.0 - self.wgrad_fraction),
-                "wgrad": bwd * self.wgrad_fraction,
-            })
+            out.append(
+                {
+                    "fwd": self.fwd_ms * scale,
+                    "bwd": bwd,
+                    "bwd_input": bwd * (1.0 - self.wgrad_fraction),
+                    "wgrad": bwd * self.wgrad_fraction,
+                }
+            )
         return out
 
     def faults(self) -> list[dict[str, Any]]:
@@ -173,11 +175,18 @@ class DemoConfig:
         s2r = self.stage_to_rank()
         if self.slow_stage is not None and self.slow_factor != 1.0:
             eff = self.slow_factor if self.compute == "sleep" else float(self.real_repeats(self.slow_stage))
-            out.append({"kind": "slow_stage", "stage": self.slow_stage, "rank": s2r[self.slow_stage],
-                        "factor": eff})
+            out.append(
+                {"kind": "slow_stage", "stage": self.slow_stage, "rank": s2r[self.slow_stage], "factor": eff}
+            )
         if self.comm_delay_rank is not None and self.comm_delay_ms > 0:
-            out.append({"kind": "comm_delay", "rank": self.comm_delay_rank, "delay_ms": self.comm_delay_ms,
-                        "peers": self.neighbours(self.comm_delay_rank)})
+            out.append(
+                {
+                    "kind": "comm_delay",
+                    "rank": self.comm_delay_rank,
+                    "delay_ms": self.comm_delay_ms,
+                    "peers": self.neighbours(self.comm_delay_rank),
+                }
+            )
         if self.host_stall_rank is not None and self.host_stall_ms > 0:
             out.append({"kind": "host_stall", "rank": self.host_stall_rank, "stall_ms": self.host_stall_ms})
         return out
@@ -223,15 +232,18 @@ class DemoConfig:
             raise bad(f"layers_per_stage must be >= 1, got {cfg.layers_per_stage}")
         if cfg.stage_layers is not None:
             if len(cfg.stage_layers) != cfg.num_stages:
-                raise bad(f"stage_layers has {len(cfg.stage_layers)} entries but the {cfg.schedule} "
-                          f"schedule on {cfg.pp} ranks has {cfg.num_stages} stages")
+                raise bad(
+                    f"stage_layers has {len(cfg.stage_layers)} entries but the {cfg.schedule} "
+                    f"schedule on {cfg.pp} ranks has {cfg.num_stages} stages"
+                )
             if any(n < 1 for n in cfg.stage_layers):
                 raise bad(f"every stage needs at least one layer, got stage_layers={cfg.stage_layers}")
         if cfg.layer_factors is not None:
             n_layers = sum(cfg.layers())
             if len(cfg.layer_factors) != n_layers:
-                raise bad(f"layer_factors has {len(cfg.layer_factors)} entries but the model has "
-                          f"{n_layers} layers")
+                raise bad(
+                    f"layer_factors has {len(cfg.layer_factors)} entries but the model has {n_layers} layers"
+                )
             if not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in cfg.layer_factors):
                 raise bad(f"layer_factors must be finite numbers > 0, got {cfg.layer_factors}")
         if cfg.hidden < 1:
@@ -261,8 +273,10 @@ class DemoConfig:
         if cfg.schedule in ("interleaved_1f1b", "zero_bubble"):
             rounds = max(1, m // p)
             if m % rounds:
-                raise bad(f"{cfg.schedule} needs microbatches to be a multiple of the number of rounds "
-                          f"max(1, M // pp) = {rounds}, got {m}")
+                raise bad(
+                    f"{cfg.schedule} needs microbatches to be a multiple of the number of rounds "
+                    f"max(1, M // pp) = {rounds}, got {m}"
+                )
         if cfg.schedule == "dualpipev" and m < n:
             raise bad(f"dualpipev needs microbatches >= the number of stages ({n}), got {m}")
 

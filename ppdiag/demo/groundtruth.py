@@ -108,8 +108,20 @@ class IntervalLog:
     def __init__(self) -> None:
         self.cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
 
-    def add(self, kind: str, step: int, stage: int, mb: int, start_ns: int, end_ns: int, *,
-            peer: int = -1, direction: str = "", payload: str = "", held_ns: int = 0) -> None:
+    def add(
+        self,
+        kind: str,
+        step: int,
+        stage: int,
+        mb: int,
+        start_ns: int,
+        end_ns: int,
+        *,
+        peer: int = -1,
+        direction: str = "",
+        payload: str = "",
+        held_ns: int = 0,
+    ) -> None:
         c = self.cols
         c["kind"].append(kind)
         c["step"].append(step)
@@ -218,12 +230,16 @@ def _rank_from_json(path: Path, d: dict[str, Any]) -> RankTruth:
         for c in COLUMNS:
             vals = iv[c]
             if len(vals) != n:
-                raise InputError(str(path), f"ground truth rank {d.get('rank')}: column {c} has "
-                                            f"{len(vals)} rows, expected {n}")
+                raise InputError(
+                    str(path),
+                    f"ground truth rank {d.get('rank')}: column {c} has {len(vals)} rows, expected {n}",
+                )
             cols[c] = np.asarray(vals, dtype=np.int64) if c in INT_COLUMNS else np.asarray(vals, dtype=object)
         st = d["steps"]
         return RankTruth(
-            rank=int(d["rank"]), stages=[int(s) for s in d["stages"]], trace=str(d["trace"]),
+            rank=int(d["rank"]),
+            stages=[int(s) for s in d["stages"]],
+            trace=str(d["trace"]),
             pid=int(d.get("pid", -1)),
             step=np.asarray(st["step"], dtype=np.int64),
             step_start=np.asarray(st["start_ns"], dtype=np.int64),
@@ -231,8 +247,9 @@ def _rank_from_json(path: Path, d: dict[str, Any]) -> RankTruth:
             cols=cols,
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(str(path),
-                         f"ground truth rank entry is malformed ({type(exc).__name__}: {exc})") from None
+        raise InputError(
+            str(path), f"ground truth rank entry is malformed ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def load(path: str | Path) -> GroundTruth:
@@ -249,23 +266,32 @@ def load(path: str | Path) -> GroundTruth:
     if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
         raise InputError(str(p), f"not a ppdiag demo ground-truth file (schema is not {SCHEMA!r})")
     if raw.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(str(p), f"ground-truth schema_version {raw.get('schema_version')!r} is not "
-                                 f"supported (expected {SCHEMA_VERSION})")
+        raise InputError(
+            str(p),
+            f"ground-truth schema_version {raw.get('schema_version')!r} is not "
+            f"supported (expected {SCHEMA_VERSION})",
+        )
     for key in ("schedule", "pp", "microbatches", "stage_to_rank", "steps", "ranks"):
         if key not in raw:
             raise InputError(str(p), f"ground truth lacks {key!r}")
     ranks = raw.pop("ranks")
     if not isinstance(ranks, list):
         raise InputError(str(p), "ground truth 'ranks' is not a list")
-    return GroundTruth(path=p, header=raw, ranks=sorted((_rank_from_json(p, d) for d in ranks),
-                                                        key=lambda r: r.rank))
+    return GroundTruth(
+        path=p, header=raw, ranks=sorted((_rank_from_json(p, d) for d in ranks), key=lambda r: r.rank)
+    )
 
 
 def write(path: str | Path, header: dict[str, Any], ranks: list[dict[str, Any]]) -> Path:
     """Write a ground-truth file from a header and per-rank JSON parts (as the ranks produce them)."""
     p = Path(path)
-    doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "clock": "unix_ns", **header,
-           "ranks": sorted(ranks, key=lambda d: int(d["rank"]))}
+    doc = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "clock": "unix_ns",
+        **header,
+        "ranks": sorted(ranks, key=lambda d: int(d["rank"])),
+    }
     tmp = p.with_name(p.name + ".tmp")
     # Write then rename, so a reader never sees half a file.
     tmp.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")

@@ -118,8 +118,9 @@ class HoldBlock(nn.Module):
         self.wgrad_ms = wgrad_ms
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (hold(x, self.fwd_ms, self.bwd_input_ms, LANE_INPUT_GRAD)
-                * hold(self.weight, 0.0, self.wgrad_ms, LANE_WEIGHT_GRAD))
+        return hold(x, self.fwd_ms, self.bwd_input_ms, LANE_INPUT_GRAD) * hold(
+            self.weight, 0.0, self.wgrad_ms, LANE_WEIGHT_GRAD
+        )
 
 
 class RealBlock(nn.Module):
@@ -165,8 +166,14 @@ def build_stage_module(cfg: DemoConfig, stage: int) -> nn.Sequential:
         per_bwd = cfg.bwd_ms / cfg.layers_per_stage * factor
         for i in range(layers[stage]):
             k = cfg.layer_factor(stage, i)
-            mods.append(HoldBlock(cfg.hidden, per_fwd * k, per_bwd * k * (1.0 - cfg.wgrad_fraction),
-                                  per_bwd * k * cfg.wgrad_fraction))
+            mods.append(
+                HoldBlock(
+                    cfg.hidden,
+                    per_fwd * k,
+                    per_bwd * k * (1.0 - cfg.wgrad_fraction),
+                    per_bwd * k * cfg.wgrad_fraction,
+                )
+            )
     else:
         reps = cfg.real_repeats(stage)
         for i in range(layers[stage]):

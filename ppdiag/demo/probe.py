@@ -32,8 +32,20 @@ _TAG = "_ppdiag_tag"
 class TaggedWork:
     """A p2p ``Work`` that knows its transfer and records its wait in the ground truth."""
 
-    __slots__ = ("direction", "mb", "payload", "peer", "posted_ns", "probe", "recorded", "recording",
-                 "request_ns", "stage", "step", "work")
+    __slots__ = (
+        "direction",
+        "mb",
+        "payload",
+        "peer",
+        "posted_ns",
+        "probe",
+        "recorded",
+        "recording",
+        "request_ns",
+        "stage",
+        "step",
+        "work",
+    )
 
     def __init__(self, probe: Probe, work: Any, op: Any, request_ns: int, posted_ns: int) -> None:
         payload, stage, mb = getattr(op, _TAG, ("", -1, -1))
@@ -60,10 +72,28 @@ class TaggedWork:
             if isinstance(self.work, DeferredSend):
                 posted = self.work.posted_ns
             log = self.probe.log
-            log.add(self.direction, self.step, self.stage, self.mb, self.request_ns, posted,
-                    peer=self.peer, direction=self.direction, payload=self.payload)
-            log.add("wait", self.step, self.stage, self.mb, t0, t1,
-                    peer=self.peer, direction=self.direction, payload=self.payload)
+            log.add(
+                self.direction,
+                self.step,
+                self.stage,
+                self.mb,
+                self.request_ns,
+                posted,
+                peer=self.peer,
+                direction=self.direction,
+                payload=self.payload,
+            )
+            log.add(
+                "wait",
+                self.step,
+                self.stage,
+                self.mb,
+                t0,
+                t1,
+                peer=self.peer,
+                direction=self.direction,
+                payload=self.payload,
+            )
         return bool(ok)
 
     def is_completed(self) -> bool:
@@ -115,12 +145,23 @@ class Probe:
         stage.forward_one_chunk = forward_one_chunk
         stage.backward_one_chunk = backward_one_chunk
         stage.backward_weight_one_chunk = backward_weight_one_chunk
-        for name, payload in (("get_fwd_recv_ops", "act"), ("get_fwd_send_ops", "act"),
-                              ("get_bwd_recv_ops", "grad"), ("get_bwd_send_ops", "grad")):
+        for name, payload in (
+            ("get_fwd_recv_ops", "act"),
+            ("get_fwd_send_ops", "act"),
+            ("get_bwd_recv_ops", "grad"),
+            ("get_bwd_send_ops", "grad"),
+        ):
             setattr(stage, name, self._tagger(getattr(stage, name), payload, s))
 
-    def _timed(self, kind: str, stage: int, mb: int, fn: Callable[..., Any], args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> Any:
+    def _timed(
+        self,
+        kind: str,
+        stage: int,
+        mb: int,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         h0 = self.held_ns()
         t0 = time.time_ns()
         out = fn(*args, **kwargs)

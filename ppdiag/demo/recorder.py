@@ -54,12 +54,14 @@ def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
-    env.update({
-        # One compute thread per rank: ranks share the cores, oversubscription only adds noise.
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            # One compute thread per rank: ranks share the cores, oversubscription only adds noise.
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     if Path("/sys/class/net/lo").exists():
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # all ranks are on this host
     return env
@@ -112,8 +114,10 @@ class _Monitor:
             self.steps_done[rank] = int(msg.get("step", 0)) + 1
             units = sum(self.steps_done)
             low = min(self.steps_done)
-            self._report(f"{low}/{self.cfg.total_iterations} steps done on all {self.cfg.pp} ranks",
-                         0.05 + 0.9 * units / self.total_units)
+            self._report(
+                f"{low}/{self.cfg.total_iterations} steps done on all {self.cfg.pp} ranks",
+                0.05 + 0.9 * units / self.total_units,
+            )
         elif ev == "done":
             self.done.add(rank)
         elif ev == "error":
@@ -133,8 +137,10 @@ class _Monitor:
             where = f"all ranks had finished {done[0]}/{self.cfg.total_iterations} steps"
         else:
             lag = min(range(self.cfg.pp), key=lambda r: done[r])
-            where = (f"rank {lag} had finished {done[lag]}/{self.cfg.total_iterations} steps, "
-                     f"the others up to {max(done)}")
+            where = (
+                f"rank {lag} had finished {done[lag]}/{self.cfg.total_iterations} steps, "
+                f"the others up to {max(done)}"
+            )
         return DemoError(f"demo run timed out after {self.cfg.timeout_s:g} s ({where})")
 
     def first_failure(self) -> DemoError | None:
@@ -180,15 +186,20 @@ def record(config: DemoConfig, out_dir: Path, progress: Progress | None = None) 
     proc: subprocess.Popen[bytes] | None = None
     rfd, wfd = os.pipe()
     try:
-        (work / "run.json").write_text(json.dumps({"config": cfg.to_dict(), "out_dir": str(out.resolve())}),
-                                       encoding="utf-8")
+        (work / "run.json").write_text(
+            json.dumps({"config": cfg.to_dict(), "out_dir": str(out.resolve())}), encoding="utf-8"
+        )
         monitor = _Monitor(cfg, progress)
         monitor._report(f"starting {cfg.pp} ranks ({cfg.schedule}, {cfg.microbatches} micro-batches)", 0.0)
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "ppdiag.demo.worker", str(work), str(wfd)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=_child_env(), pass_fds=(wfd,), start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_child_env(),
+                pass_fds=(wfd,),
+                start_new_session=True,
             )
         os.close(wfd)
         wfd = -1
@@ -219,7 +230,8 @@ def record(config: DemoConfig, out_dir: Path, progress: Progress | None = None) 
             missing = sorted(set(range(cfg.pp)) - monitor.done)
             raise monitor.first_failure() or DemoError(
                 f"demo run failed: launcher exited with code {code}; ranks {missing} did not finish "
-                f"({_log_tail(log_path)})")
+                f"({_log_tail(log_path)})"
+            )
         proc = None  # finished cleanly: every rank reported done and the launcher reaped them
         monitor._report("writing ground truth", 0.97)
         _merge_truth(cfg, work, out, monitor.torch_version)

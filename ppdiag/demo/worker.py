@@ -107,16 +107,23 @@ def run_rank(cfg: DemoConfig, rank: int, out_dir: Path, workdir: Path, chan: Cha
     # Rendezvous through a file in the run's private directory: unlike a TCP port picked in advance,
     # it cannot collide with another run starting at the same time. Gloo's own connections use
     # ports the kernel assigns.
-    dist.init_process_group("gloo", init_method=f"file://{workdir / 'rendezvous'}", rank=rank,
-                            world_size=cfg.pp, timeout=timedelta(seconds=cfg.timeout_s))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{workdir / 'rendezvous'}",
+        rank=rank,
+        world_size=cfg.pp,
+        timeout=timedelta(seconds=cfg.timeout_s),
+    )
     faults = RankFaults(cfg, rank)
     try:
         chan.send(event="ready", rank=rank)
         stage_ids = cfg.stages_of_rank(rank)
         device = torch.device("cpu")
         modules = [build_stage_module(cfg, s) for s in stage_ids]
-        stages = [pipelining.PipelineStage(m, s, cfg.num_stages, device) for m, s in zip(modules, stage_ids,
-                                                                                          strict=True)]
+        stages = [
+            pipelining.PipelineStage(m, s, cfg.num_stages, device)
+            for m, s in zip(modules, stage_ids, strict=True)
+        ]
         log = IntervalLog()
         probe = Probe(log, faults, held_ns)
         for st in stages:
@@ -174,9 +181,15 @@ def run_rank(cfg: DemoConfig, rank: int, out_dir: Path, workdir: Path, chan: Cha
         if not trace_path.exists():
             raise RuntimeError(f"the profiler wrote no trace to {trace_path}")
         part = {
-            "rank": rank, "stages": stage_ids, "pid": os.getpid(), "trace": trace_name(rank),
-            "steps": {"step": [r[0] for r in step_rows], "start_ns": [r[1] for r in step_rows],
-                      "end_ns": [r[2] for r in step_rows]},
+            "rank": rank,
+            "stages": stage_ids,
+            "pid": os.getpid(),
+            "trace": trace_name(rank),
+            "steps": {
+                "step": [r[0] for r in step_rows],
+                "start_ns": [r[1] for r in step_rows],
+                "end_ns": [r[2] for r in step_rows],
+            },
             "intervals": log.to_json(),
         }
         part_path = workdir / f"rank{rank}.gt.json"

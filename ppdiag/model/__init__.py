@@ -19,6 +19,17 @@ from ppdiag.model.timeline import (
 )
 
 __all__ = [
-    "COMM_KINDS", "KIND_NAMES", "PHASE_NAMES", "Direction", "Intervals", "Kind", "NameTable", "Phase",
-    "ProcessGroup", "RangeKind", "Ranges", "RankTimeline", "Run",
+    "COMM_KINDS",
+    "KIND_NAMES",
+    "PHASE_NAMES",
+    "Direction",
+    "Intervals",
+    "Kind",
+    "NameTable",
+    "Phase",
+    "ProcessGroup",
+    "RangeKind",
+    "Ranges",
+    "RankTimeline",
+    "Run",
 ]

@@ -97,7 +97,10 @@ def _make_types(lenient: bool) -> TraceTypes:
     only used when a trace breaks the usual typing (it is slower: coercion happens later)."""
     arg_fields = [(a, Any if lenient else t, d) for a, _, t, d in _ARG_FIELDS]
     args_t = msgspec.defstruct(
-        "KinetoArgs", arg_fields, rename={a: k for a, k, _, _ in _ARG_FIELDS}, gc=False,
+        "KinetoArgs",
+        arg_fields,
+        rename={a: k for a, k, _, _ in _ARG_FIELDS},
+        gc=False,
     )
     ev_fields: list[tuple[str, Any, Any]] = [
         ("ph", Any if lenient else str, ""),
@@ -122,8 +125,11 @@ def _make_types(lenient: bool) -> TraceTypes:
     # A bare event with a mandatory "ph": used to validate a candidate cut point of a damaged file.
     check_t = msgspec.defstruct("KinetoEventCheck", [("ph", Any)])
     return TraceTypes(
-        args=args_t, event=event_t, trace=trace_t,
-        decoder=msgspec.json.Decoder(trace_t), event_decoder=msgspec.json.Decoder(check_t),
+        args=args_t,
+        event=event_t,
+        trace=trace_t,
+        decoder=msgspec.json.Decoder(trace_t),
+        event_decoder=msgspec.json.Decoder(check_t),
     )
 
 
@@ -262,7 +268,7 @@ def _last_complete_element(data: bytes, start: int, pos: int, types: TraceTypes)
                 break
             prev = data.rfind(b"}", start, prev)
         try:
-            types.event_decoder.decode(data[open_at:p + 1])
+            types.event_decoder.decode(data[open_at : p + 1])
         except (msgspec.DecodeError, msgspec.ValidationError):
             continue
         return p
@@ -280,7 +286,7 @@ def _close_after_events(data: bytes, start: int, pos: int, types: TraceTypes) ->
     lo = max(start, pos - (1 << 16))
     for m in list(_ARRAY_CLOSED.finditer(data, lo, pos))[::-1][:3]:
         try:
-            return types.decoder.decode(data[:m.end()] + b"}")
+            return types.decoder.decode(data[: m.end()] + b"}")
         except msgspec.DecodeError:
             continue
     return None
@@ -333,8 +339,9 @@ def _decode_damaged(
         if truncated:
             closed = _close_after_events(doc, start, pos, types)
             if closed is not None:
-                warnings.append("truncated after the event list: all events kept, some trailing "
-                                "metadata lost")
+                warnings.append(
+                    "truncated after the event list: all events kept, some trailing metadata lost"
+                )
                 return _Recovered(closed, len(closed.traceEvents or []), lost_events, warnings)
         p = _last_complete_element(doc, start, pos, types)
         if p < 0:
@@ -345,10 +352,10 @@ def _decode_damaged(
             m = _NEXT_ELEMENT.search(doc, pos)
             if m is not None:
                 nxt = m.start(1)
-                skipped = doc[p + 1:nxt]
+                skipped = doc[p + 1 : nxt]
                 lost_bytes += len(skipped)
                 lost_events += max(1, skipped.count(b'"ph"'))
-                doc = doc[:p + 1] + b",\n" + doc[nxt:]
+                doc = doc[: p + 1] + b",\n" + doc[nxt:]
                 repairs += 1
                 try:
                     trace = types.decoder.decode(doc)
@@ -360,14 +367,14 @@ def _decode_damaged(
                 )
                 return _Recovered(trace, len(trace.traceEvents or []), lost_events, warnings)
         # Cut here: close the event array and the top-level object.
-        tail = doc[p + 1:]
+        tail = doc[p + 1 :]
         try:
-            trace = types.decoder.decode(doc[:p + 1] + b"]}")
+            trace = types.decoder.decode(doc[: p + 1] + b"]}")
         except msgspec.DecodeError as exc:
             npos, _ = _error_pos(exc, p + 3)
             if npos <= p:  # damage further up: repeat from there
                 err = exc
-                doc = doc[:p + 1]
+                doc = doc[: p + 1]
                 continue
             raise InputError(path, f"cannot recover the damaged trace ({exc})") from None
         kept = len(trace.traceEvents or [])
@@ -474,21 +481,36 @@ def classify_name(name: str) -> NameInfo:
         if name.startswith("PP:"):
             m = _RE_PP_ACT.match(name)
             if m:
-                return NameInfo(N_LABEL, int(RangeKind.LABEL), stage=int(m.group(1)),
-                                mb=int(m.group(3)), phase=int(_ACTION_PHASE[m.group(2)]))
+                return NameInfo(
+                    N_LABEL,
+                    int(RangeKind.LABEL),
+                    stage=int(m.group(1)),
+                    mb=int(m.group(3)),
+                    phase=int(_ACTION_PHASE[m.group(2)]),
+                )
             m = _RE_PP_COMM.match(name)
             if m:
                 d = Direction.RECV if m.group(2) == "RECV" else Direction.SEND
-                return NameInfo(N_PP_COMM, int(RangeKind.COMM_OP), stage=int(m.group(1)),
-                                mb=int(m.group(4)), phase=int(_ACTION_PHASE[m.group(3)]),
-                                direction=int(d), comm=C_P2P)
+                return NameInfo(
+                    N_PP_COMM,
+                    int(RangeKind.COMM_OP),
+                    stage=int(m.group(1)),
+                    mb=int(m.group(4)),
+                    phase=int(_ACTION_PHASE[m.group(3)]),
+                    direction=int(d),
+                    comm=C_P2P,
+                )
             m = _RE_PP_OVERLAP.match(name)
             if m:
-                return NameInfo(N_PP_OTHER, int(RangeKind.OTHER), stage=int(m.group(1)),
-                                mb=int(m.group(3)), phase=int(_ACTION_PHASE[m.group(2)]))
+                return NameInfo(
+                    N_PP_OTHER,
+                    int(RangeKind.OTHER),
+                    stage=int(m.group(1)),
+                    mb=int(m.group(3)),
+                    phase=int(_ACTION_PHASE[m.group(2)]),
+                )
             tail = re.match(r"^PP:(\d{1,9})", name)
-            return NameInfo(N_PP_OTHER, int(RangeKind.OTHER),
-                            stage=int(tail.group(1)) if tail else -1)
+            return NameInfo(N_PP_OTHER, int(RangeKind.OTHER), stage=int(tail.group(1)) if tail else -1)
     if name.startswith("c10d::"):
         op = name[6:]
         if op == "send" or op.startswith("send"):
@@ -497,27 +519,31 @@ def classify_name(name: str) -> NameInfo:
             return NameInfo(N_COMM, int(RangeKind.COMM_OP), direction=int(Direction.RECV), comm=C_P2P)
         if op.startswith(("wait", "monitored_barrier", "_coalesc")):
             return NameInfo(N_COMM, int(RangeKind.COMM_OP))
-        return NameInfo(N_COMM, int(RangeKind.COMM_OP), comm=C_COLL,
-                        alltoall=bool(_RE_ALLTOALL.search(op)))
+        return NameInfo(N_COMM, int(RangeKind.COMM_OP), comm=C_COLL, alltoall=bool(_RE_ALLTOALL.search(op)))
     if name == "record_param_comms":
         # what it is depends on its args (Collective name)
         return NameInfo(N_COMM, int(RangeKind.COMM_OP))
     m = _RE_BACKEND_TITLE.match(name)
     if m:
-        rest = name[m.end():]
+        rest = name[m.end() :]
         mp = _RE_TITLE_P2P.match(name)
         if mp:
             d = Direction.SEND if mp.group(1) == "send" else Direction.RECV
-            return NameInfo(N_COMM, int(RangeKind.COMM_OP), direction=int(d), comm=C_P2P,
-                            my_grp=int(mp.group(2)), peer_grp=int(mp.group(4)))
+            return NameInfo(
+                N_COMM,
+                int(RangeKind.COMM_OP),
+                direction=int(d),
+                comm=C_P2P,
+                my_grp=int(mp.group(2)),
+                peer_grp=int(mp.group(4)),
+            )
         if rest.startswith("send"):
             return NameInfo(N_COMM, int(RangeKind.COMM_OP), direction=int(Direction.SEND), comm=C_P2P)
         if rest.startswith("recv"):
             return NameInfo(N_COMM, int(RangeKind.COMM_OP), direction=int(Direction.RECV), comm=C_P2P)
         if rest.startswith("coalesced"):
             return NameInfo(N_COMM, int(RangeKind.COMM_OP), comm=C_COALESCED)
-        return NameInfo(N_COMM, int(RangeKind.COMM_OP), comm=C_COLL,
-                        alltoall=bool(_RE_ALLTOALL.search(rest)))
+        return NameInfo(N_COMM, int(RangeKind.COMM_OP), comm=C_COLL, alltoall=bool(_RE_ALLTOALL.search(rest)))
     if name.startswith("Optimizer."):
         return NameInfo(N_OPTIM, int(RangeKind.OTHER), phase=int(Phase.OPTIM))
     if name.startswith("enumerate(DataLoader)"):
@@ -529,8 +555,9 @@ def classify_name(name: str) -> NameInfo:
     if c0 in "FfBbWw":
         m = _RE_FWDBWD.match(name)
         if m:
-            return NameInfo(N_LABEL, int(RangeKind.LABEL), mb=int(m.group(2)),
-                            phase=int(_label_phase(m.group(1))))
+            return NameInfo(
+                N_LABEL, int(RangeKind.LABEL), mb=int(m.group(2)), phase=int(_label_phase(m.group(1)))
+            )
     return NameInfo(N_NONE)
 
 
@@ -548,12 +575,39 @@ class _NameMemo(dict[Any, NameInfo]):
 # ----------------------------------------------------------------------------------------------
 
 _DTYPE_SIZE = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
-    "byte": 1, "uint8": 1, "unsigned char": 1, "char": 1, "int8": 1, "signed char": 1,
-    "short": 2, "int16": 2, "int": 4, "int32": 4, "long": 8, "int64": 8, "long int": 8,
-    "long long": 8, "bool": 1, "complexfloat": 8, "complexdouble": 16, "complexhalf": 4,
-    "uint16": 2, "uint32": 4, "uint64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "float": 4,
+    "float32": 4,
+    "double": 8,
+    "float64": 8,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "byte": 1,
+    "uint8": 1,
+    "unsigned char": 1,
+    "char": 1,
+    "int8": 1,
+    "signed char": 1,
+    "short": 2,
+    "int16": 2,
+    "int": 4,
+    "int32": 4,
+    "long": 8,
+    "int64": 8,
+    "long int": 8,
+    "long long": 8,
+    "bool": 1,
+    "complexfloat": 8,
+    "complexdouble": 16,
+    "complexhalf": 4,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
 }
 
 
@@ -813,8 +867,13 @@ def _shape_bytes(dims: Any, types: Any) -> int:
 
 def _host_comm(info: NameInfo, a: Any, ctx: _Ctx) -> _CommInfo:
     """Comm facts of one host comm op from its name and args."""
-    out = _CommInfo(comm=info.comm, direction=info.direction, peer_grp=info.peer_grp,
-                    my_grp=info.my_grp, alltoall=info.alltoall)
+    out = _CommInfo(
+        comm=info.comm,
+        direction=info.direction,
+        peer_grp=info.peer_grp,
+        my_grp=info.my_grp,
+        alltoall=info.alltoall,
+    )
     if a is None:
         return out
     if info.cls == N_COMM:
@@ -846,15 +905,26 @@ def _host_comm(info: NameInfo, a: Any, ctx: _Ctx) -> _CommInfo:
 
 K_OTHER, K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_RUNTIME, K_CPUOP, K_ANNOT, K_PYFUNC = range(9)
 _CAT = {
-    "kernel": K_KERNEL, "Kernel": K_KERNEL,
-    "gpu_memcpy": K_MEMCPY, "Memcpy": K_MEMCPY,
-    "gpu_memset": K_MEMSET, "Memset": K_MEMSET,
+    "kernel": K_KERNEL,
+    "Kernel": K_KERNEL,
+    "gpu_memcpy": K_MEMCPY,
+    "Memcpy": K_MEMCPY,
+    "gpu_memset": K_MEMSET,
+    "Memset": K_MEMSET,
     "cuda_sync": K_SYNC,
-    "cuda_runtime": K_RUNTIME, "cuda_driver": K_RUNTIME, "Runtime": K_RUNTIME, "Driver": K_RUNTIME,
-    "xpu_runtime": K_RUNTIME, "xpu_driver": K_RUNTIME,
-    "privateuse1_runtime": K_RUNTIME, "privateuse1_driver": K_RUNTIME, "mtia_runtime": K_RUNTIME,
-    "cpu_op": K_CPUOP, "Operator": K_CPUOP,
-    "user_annotation": K_ANNOT, "User Annotation": K_ANNOT,
+    "cuda_runtime": K_RUNTIME,
+    "cuda_driver": K_RUNTIME,
+    "Runtime": K_RUNTIME,
+    "Driver": K_RUNTIME,
+    "xpu_runtime": K_RUNTIME,
+    "xpu_driver": K_RUNTIME,
+    "privateuse1_runtime": K_RUNTIME,
+    "privateuse1_driver": K_RUNTIME,
+    "mtia_runtime": K_RUNTIME,
+    "cpu_op": K_CPUOP,
+    "Operator": K_CPUOP,
+    "user_annotation": K_ANNOT,
+    "User Annotation": K_ANNOT,
     "python_function": K_PYFUNC,
 }
 _GPU_KIND = {K_KERNEL: Kind.COMPUTE, K_MEMCPY: Kind.MEMCPY, K_MEMSET: Kind.MEMSET, K_SYNC: Kind.SYNC}
@@ -976,10 +1046,22 @@ def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
     ranges = _build_ranges(host, names)
     warnings = warnings + ctx.warnings
     return RankTimeline(
-        rank=rank, source=spath, format="kineto", names=names.names, intervals=intervals.sorted(),
-        ranges=ranges, world_size=world if world > 0 else None, backend=backend, device=device,
-        cpu_only=cpu_only, process_groups=ctx.groups, rank_source=rank_source,
-        events_total=rec.kept_events, events_lost=rec.lost_events, warnings=warnings, meta=meta,
+        rank=rank,
+        source=spath,
+        format="kineto",
+        names=names.names,
+        intervals=intervals.sorted(),
+        ranges=ranges,
+        world_size=world if world > 0 else None,
+        backend=backend,
+        device=device,
+        cpu_only=cpu_only,
+        process_groups=ctx.groups,
+        rank_source=rank_source,
+        events_total=rec.kept_events,
+        events_lost=rec.lost_events,
+        warnings=warnings,
+        meta=meta,
     )
 
 
@@ -994,16 +1076,24 @@ def _process_groups(dist: dict[str, Any]) -> list[ProcessGroup]:
         name = g.get("pg_name", g.get("uid", ""))
         desc = g.get("pg_desc", "")
         ranks = parse_rank_list(g.get("ranks"))
-        out.append(ProcessGroup(
-            name="" if name is None else str(name), desc=desc if isinstance(desc, str) else str(desc),
-            ranks=ranks or [], backend=str(g.get("backend_config", "") or ""),
-        ))
+        out.append(
+            ProcessGroup(
+                name="" if name is None else str(name),
+                desc=desc if isinstance(desc, str) else str(desc),
+                ranks=ranks or [],
+                backend=str(g.get("backend_config", "") or ""),
+            )
+        )
     return out
 
 
 def _collect_host(
-    evs: list[Any], host_idx: npt.NDArray[np.intp], codes: npt.NDArray[np.int8], memo: _NameMemo,
-    base: int, ctx: _Ctx,
+    evs: list[Any],
+    host_idx: npt.NDArray[np.intp],
+    codes: npt.NDArray[np.int8],
+    memo: _NameMemo,
+    base: int,
+    ctx: _Ctx,
 ) -> _Host:
     """Keep the host ranges later layers need (and comm ops for kernel classification)."""
     host = _Host()
@@ -1057,9 +1147,14 @@ def _inherit_from_issuer(host: _Host) -> None:
     """Backend spans (``gloo:send``) carry no peer: take it from the ``c10d::`` op that issued them
     (the latest-starting one on the same thread that contains the span's start)."""
     iss = [i for i, nm in enumerate(host.name) if nm.startswith("c10d::") and host.comm[i].comm == C_P2P]
-    want = [i for i, nm in enumerate(host.name)
-            if host.comm[i].comm == C_P2P and host.info[i].cls == N_COMM and not nm.startswith("c10d::")
-            and (host.comm[i].peer < 0 or not host.comm[i].direction)]
+    want = [
+        i
+        for i, nm in enumerate(host.name)
+        if host.comm[i].comm == C_P2P
+        and host.info[i].cls == N_COMM
+        and not nm.startswith("c10d::")
+        and (host.comm[i].peer < 0 or not host.comm[i].direction)
+    ]
     if not iss or not want:
         return
     i_tid = np.array([host.tid[i] for i in iss], dtype=np.int64)
@@ -1095,14 +1190,19 @@ def _build_ranges(host: _Host, names: NameTable) -> Ranges:
     if not n:
         return Ranges.empty()
     cols: dict[str, Any] = {
-        "start": host.start, "end": host.end, "tid": host.tid,
+        "start": host.start,
+        "end": host.end,
+        "tid": host.tid,
         "kind": [i.range_kind for i in host.info],
         "name": [names.id(s) for s in host.name],
-        "num": [i.num for i in host.info], "stage": [i.stage for i in host.info],
-        "mb": [i.mb for i in host.info], "phase": [i.phase for i in host.info],
+        "num": [i.num for i in host.info],
+        "stage": [i.stage for i in host.info],
+        "mb": [i.mb for i in host.info],
+        "phase": [i.phase for i in host.info],
         "peer": [c.peer for c in host.comm],
         "direction": [c.direction or i.direction for c, i in zip(host.comm, host.info, strict=True)],
-        "bytes": [c.nbytes for c in host.comm], "seq": [c.seq for c in host.comm],
+        "bytes": [c.nbytes for c in host.comm],
+        "seq": [c.seq for c in host.comm],
         "group": [c.group for c in host.comm],
     }
     r = Ranges.from_columns(n, cols)
@@ -1115,8 +1215,14 @@ def _build_ranges(host: _Host, names: NameTable) -> Ranges:
 
 
 def _gpu_mode(
-    evs: list[Any], gpu_idx: npt.NDArray[np.intp], codes: npt.NDArray[np.int8], host: _Host,
-    base: int, ctx: _Ctx, names: NameTable, devprops: list[Any],
+    evs: list[Any],
+    gpu_idx: npt.NDArray[np.intp],
+    codes: npt.NDArray[np.int8],
+    host: _Host,
+    base: int,
+    ctx: _Ctx,
+    names: NameTable,
+    devprops: list[Any],
 ) -> tuple[Intervals, str | None, dict[str, Any]]:
     g = [evs[i] for i in gpu_idx.tolist()]
     n = len(g)
@@ -1140,8 +1246,9 @@ def _gpu_mode(
     if len(devices) > 1:
         # one process drove several GPUs: keep streams of different devices apart
         stream = dev * (1 << 32) + stream
-        ctx.warnings.append(f"GPU events on {len(devices)} devices {devices.tolist()}; "
-                            "streams are keyed by (device, stream)")
+        ctx.warnings.append(
+            f"GPU events on {len(devices)} devices {devices.tolist()}; streams are keyed by (device, stream)"
+        )
     main_dev = int(np.bincount(dev[dev >= 0]).argmax()) if (dev >= 0).any() else -1
     device_name = None
     for p in devprops:
@@ -1174,8 +1281,13 @@ def _gpu_mode(
     matched = int((launch >= 0).sum())
 
     cols: dict[str, Any] = {
-        "start": start, "end": start + dur, "stream": stream, "kind": kind, "name": name_id,
-        "bytes": nbytes, "launch": launch,
+        "start": start,
+        "end": start + dur,
+        "stream": stream,
+        "kind": kind,
+        "name": name_id,
+        "bytes": nbytes,
+        "launch": launch,
     }
     peer = np.full(n, -1, dtype=np.int32)
     direction = np.zeros(n, dtype=np.int8)
@@ -1186,16 +1298,17 @@ def _gpu_mode(
     # ncclKernel_*``); searching only there keeps long templated kernel names cheap
     is_kernel = (gcodes == K_KERNEL).tolist()
     is_comm = np.fromiter(
-        (k and ("ccl" in s[:48] or "CCL" in s[:48]) and _RE_COMM_KERNEL.search(s, 0, 48) is not None
-         for k, s in zip(is_kernel, gname, strict=True)),
-        dtype=bool, count=n,
+        (
+            k and ("ccl" in s[:48] or "CCL" in s[:48]) and _RE_COMM_KERNEL.search(s, 0, 48) is not None
+            for k, s in zip(is_kernel, gname, strict=True)
+        ),
+        dtype=bool,
+        count=n,
     )
     comm_idx = np.flatnonzero(is_comm)
     unclassified = 0
     if len(comm_idx):
-        infos, unclassified = _classify_comm_kernels(
-            comm_idx, gargs, gname, launch, launch_tid, host, ctx
-        )
+        infos, unclassified = _classify_comm_kernels(comm_idx, gargs, gname, launch, launch_tid, host, ctx)
         for j, info in zip(comm_idx.tolist(), infos, strict=True):
             kind[j] = Kind.P2P if info.comm == C_P2P else Kind.COLLECTIVE
             peer[j] = info.peer
@@ -1214,8 +1327,11 @@ def _gpu_mode(
     cols["phase"] = _launch_phases(launch, launch_tid, host)
     del g, gargs
     extra = {
-        "gpu_devices": devices.tolist(), "gpu_events": n, "kernels": int((gcodes == K_KERNEL).sum()),
-        "launch_matched": matched, "comm_kernels": len(comm_idx),
+        "gpu_devices": devices.tolist(),
+        "gpu_events": n,
+        "kernels": int((gcodes == K_KERNEL).sum()),
+        "launch_matched": matched,
+        "comm_kernels": len(comm_idx),
         "comm_unclassified": unclassified,
     }
     return Intervals.from_columns(n, cols), device_name, extra
@@ -1237,8 +1353,15 @@ def _launch_phases(launch: I64A, launch_tid: I64A, host: _Host) -> npt.NDArray[n
     return phase
 
 
-def _mark_inside(phase: npt.NDArray[np.int8], launch: I64A, launch_tid: I64A, o_start: I64A,
-                 o_end: I64A, o_tid: I64A, value: int) -> None:
+def _mark_inside(
+    phase: npt.NDArray[np.int8],
+    launch: I64A,
+    launch_tid: I64A,
+    o_start: I64A,
+    o_end: I64A,
+    o_tid: I64A,
+    value: int,
+) -> None:
     """Set ``phase`` to ``value`` for launches inside one of the ranges on the same thread."""
     for t in np.unique(o_tid):
         m = o_tid == t
@@ -1267,14 +1390,20 @@ def _parents(starts: I64A, ends: I64A) -> npt.NDArray[np.int64]:
 
 
 def _classify_comm_kernels(
-    comm_idx: npt.NDArray[np.intp], gargs: list[Any], gname: list[str], launch: I64A,
-    launch_tid: I64A, host: _Host, ctx: _Ctx,
+    comm_idx: npt.NDArray[np.intp],
+    gargs: list[Any],
+    gname: list[str],
+    launch: I64A,
+    launch_tid: I64A,
+    host: _Host,
+    ctx: _Ctx,
 ) -> tuple[list[_CommInfo], int]:
     """Classify NCCL-style kernels P2P / collective by what launched them."""
     rank_has_a2a = any(c.alltoall for c in host.comm)
     # record_param_comms ops that carry comm metadata, by External id
     rpc_ext = {
-        x: c for nm, c, x in zip(host.name, host.comm, host.ext, strict=True)
+        x: c
+        for nm, c, x in zip(host.name, host.comm, host.ext, strict=True)
         if nm == "record_param_comms" and c.comm != C_NONE and x >= 0
     }
 
@@ -1300,8 +1429,9 @@ def _classify_comm_kernels(
     # coalesced groups: the point-to-point ops issued since the previous comm launch on that thread
     coalesced = [pos_ for pos_, info in enumerate(infos) if info.comm == C_COALESCED]
     if coalesced:
-        _resolve_coalesced([infos[k] for k in coalesced], comm_idx[coalesced], comm_idx, launch,
-                           launch_tid, host)
+        _resolve_coalesced(
+            [infos[k] for k in coalesced], comm_idx[coalesced], comm_idx, launch, launch_tid, host
+        )
 
     # no evidence at all: the kernel name and the rank's other comm ops decide
     unclassified = 0
@@ -1329,8 +1459,13 @@ def _classify_comm_kernels(
 
 
 def _enclosing_comm(
-    comm_idx: npt.NDArray[np.intp], pending: list[int], infos: list[_CommInfo], launch: I64A,
-    launch_tid: I64A, host: _Host, ctx: _Ctx,
+    comm_idx: npt.NDArray[np.intp],
+    pending: list[int],
+    infos: list[_CommInfo],
+    launch: I64A,
+    launch_tid: I64A,
+    host: _Host,
+    ctx: _Ctx,
 ) -> None:
     """Fill ``infos[pending]`` from the innermost comm host ops enclosing each kernel's launch.
 
@@ -1395,8 +1530,12 @@ def _merge(info: _CommInfo, other: _CommInfo) -> None:
 
 
 def _resolve_coalesced(
-    infos: list[_CommInfo], rows: npt.NDArray[np.intp], comm_idx: npt.NDArray[np.intp], launch: I64A,
-    launch_tid: I64A, host: _Host,
+    infos: list[_CommInfo],
+    rows: npt.NDArray[np.intp],
+    comm_idx: npt.NDArray[np.intp],
+    launch: I64A,
+    launch_tid: I64A,
+    host: _Host,
 ) -> None:
     """A coalesced launch carries the p2p ops its thread issued since its previous comm launch:
     P2P with their direction (BOTH when sends and receives) and peer (when they agree), else a
@@ -1421,8 +1560,10 @@ def _resolve_coalesced(
         k = int(np.searchsorted(c_l[lo_t:hi_t], q, "left"))
         lo = int(c_l[lo_t + k - 1]) if k > 0 else -(1 << 62)
         a_t, b_t = np.searchsorted(p_tid, t, "left"), np.searchsorted(p_tid, t, "right")
-        seg = slice(int(a_t + np.searchsorted(p_start[a_t:b_t], lo, "right")),
-                    int(a_t + np.searchsorted(p_start[a_t:b_t], q, "right")))
+        seg = slice(
+            int(a_t + np.searchsorted(p_start[a_t:b_t], lo, "right")),
+            int(a_t + np.searchsorted(p_start[a_t:b_t], q, "right")),
+        )
         dirs = set(p_dir[seg].tolist()) - {int(Direction.NONE)}
         peers = set(p_peer[seg].tolist())
         if seg.stop <= seg.start:
@@ -1439,8 +1580,13 @@ def _resolve_coalesced(
 
 
 def _cpu_mode(
-    evs: list[Any], cpu_idx: npt.NDArray[np.intp], host: _Host, memo: _NameMemo, base: int,
-    ctx: _Ctx, names: NameTable,
+    evs: list[Any],
+    cpu_idx: npt.NDArray[np.intp],
+    host: _Host,
+    memo: _NameMemo,
+    base: int,
+    ctx: _Ctx,
+    names: NameTable,
 ) -> tuple[Intervals, dict[str, Any]]:
     ops = [evs[i] for i in cpu_idx.tolist()]
     o_tid = _tids([e.tid for e in ops])
@@ -1463,7 +1609,8 @@ def _cpu_mode(
     # Annotations recorded as CPU ops by old profilers are not work: they are not parents either.
     is_annot = np.fromiter(
         (i.cls in (N_STEP, N_LABEL, N_PP_COMM, N_PP_OTHER, N_OPTIM, N_DATA, N_MODULE) for i in infos),
-        dtype=bool, count=len(infos),
+        dtype=bool,
+        count=len(infos),
     )
     sel = np.flatnonzero(~is_annot)
     s, e = o_start[on_main][sel], o_end[on_main][sel]
@@ -1483,7 +1630,8 @@ def _cpu_mode(
     nbytes = np.full(n_top, -1, dtype=np.int64)
     name_id = np.fromiter(
         (names.id(o.name if isinstance(o.name, str) else str(o.name)) for o in t_ops),
-        dtype=np.int32, count=n_top,
+        dtype=np.int32,
+        count=n_top,
     )
     comm_pos: list[int] = []
     comm_info: list[_CommInfo] = []
@@ -1498,8 +1646,11 @@ def _cpu_mode(
             comm_pos.append(k)
             comm_info.append(c)
     # optimizer: ops starting inside an Optimizer.* range on the main thread
-    opt = [(host.start[i], host.end[i]) for i, inf in enumerate(host.info)
-           if inf.cls == N_OPTIM and host.tid[i] == main]
+    opt = [
+        (host.start[i], host.end[i])
+        for i, inf in enumerate(host.info)
+        if inf.cls == N_OPTIM and host.tid[i] == main
+    ]
     if opt:
         os_ = np.array(sorted(opt), dtype=np.int64)
         oe = np.maximum.accumulate(os_[:, 1])
@@ -1509,28 +1660,47 @@ def _cpu_mode(
     del m_ops, t_ops
 
     cols: dict[str, Any] = {
-        "start": t_s, "end": t_e, "stream": np.full(n_top, main, dtype=np.int64), "kind": kind,
-        "name": name_id, "phase": phase, "peer": peer, "direction": direction, "bytes": nbytes,
+        "start": t_s,
+        "end": t_e,
+        "stream": np.full(n_top, main, dtype=np.int64),
+        "kind": kind,
+        "name": name_id,
+        "phase": phase,
+        "peer": peer,
+        "direction": direction,
+        "bytes": nbytes,
         "launch": t_s,
     }
     parts = [Intervals.from_columns(n_top, cols)]
     blocked = _gloo_tails(t_s, t_e, host, main, names, comm_pos, comm_info)
     if blocked is not None:
         parts.append(blocked)
-    extra = {"main_tid": main, "cpu_ops": len(cpu_idx), "top_level_ops": n_top,
-             "blocked_pieces": len(blocked) if blocked is not None else 0}
+    extra = {
+        "main_tid": main,
+        "cpu_ops": len(cpu_idx),
+        "top_level_ops": n_top,
+        "blocked_pieces": len(blocked) if blocked is not None else 0,
+    }
     return Intervals.concat(parts), extra
 
 
 def _gloo_tails(
-    t_s: I64A, t_e: I64A, host: _Host, main: int, names: NameTable,
-    comm_pos: list[int], comm_info: list[_CommInfo],
+    t_s: I64A,
+    t_e: I64A,
+    host: _Host,
+    main: int,
+    names: NameTable,
+    comm_pos: list[int],
+    comm_info: list[_CommInfo],
 ) -> Intervals | None:
     """Blocked communication on the main thread: the tail of each ``gloo:*`` span after the last
     top-level op that started before the span's end; overlapping tails are split so that each
     piece belongs to the covering span that ends first (the work being waited on)."""
-    spans = [i for i, inf in enumerate(host.info)
-             if inf.cls == N_COMM and host.tid[i] == main and host.name[i].startswith("gloo:")]
+    spans = [
+        i
+        for i, inf in enumerate(host.info)
+        if inf.cls == N_COMM and host.tid[i] == main and host.name[i].startswith("gloo:")
+    ]
     if not spans:
         return None
     sp_s = np.array([host.start[i] for i in spans], dtype=np.int64)
@@ -1550,7 +1720,7 @@ def _gloo_tails(
     a = np.searchsorted(bounds, ts_)
     b = np.searchsorted(bounds, te_)
     for j in np.argsort(te_, kind="stable").tolist():
-        seg = owner[a[j]:b[j]]
+        seg = owner[a[j] : b[j]]
         seg[seg < 0] = j
     seg_idx = np.flatnonzero(owner >= 0)
     if not len(seg_idx):
@@ -1593,8 +1763,14 @@ def _gloo_tails(
                     nbytes[r] = issuer.nbytes
         peer[r] = pr
     cols: dict[str, Any] = {
-        "start": p_start, "end": p_end, "stream": np.full(n, main, dtype=np.int64), "kind": kind,
-        "name": name_id, "peer": peer, "direction": direction, "bytes": nbytes,
+        "start": p_start,
+        "end": p_end,
+        "stream": np.full(n, main, dtype=np.int64),
+        "kind": kind,
+        "name": name_id,
+        "peer": peer,
+        "direction": direction,
+        "bytes": nbytes,
     }
     return Intervals.from_columns(n, cols)
 
@@ -1608,7 +1784,17 @@ PARSER = KinetoParser()
 register(PARSER)
 
 __all__ = [
-    "PARSER", "KinetoParser", "classify_name", "decode_trace", "dtype_size", "gunzip",
-    "looks_like_kineto", "parse_file", "parse_rank_list", "rank_from_filename",
-    "read_bytes", "trace_decoder", "us_to_ns",
+    "PARSER",
+    "KinetoParser",
+    "classify_name",
+    "decode_trace",
+    "dtype_size",
+    "gunzip",
+    "looks_like_kineto",
+    "parse_file",
+    "parse_rank_list",
+    "rank_from_filename",
+    "read_bytes",
+    "trace_decoder",
+    "us_to_ns",
 ]

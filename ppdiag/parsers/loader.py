@@ -140,8 +140,11 @@ def find_traces(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str]
                 seen.add(key)
                 found.append(TraceFile(f, fmt))
             if len(found) == n_before:
-                detail = f" (skipped: {', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})" \
-                    if skipped else ""
+                detail = (
+                    f" (skipped: {', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})"
+                    if skipped
+                    else ""
+                )
                 raise InputError(
                     str(p),
                     "no trace files found (expected *.json, *.json.gz, *.pt.trace.json, *.sqlite, "
@@ -210,8 +213,12 @@ def _progress(total: int, enabled: bool) -> Iterator[_Bar]:
         yield _Bar()
         return
     with Progress(
-        TextColumn("parsing traces"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True,
+        TextColumn("parsing traces"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
     ) as prog:
         yield _Bar(prog, prog.add_task("parse", total=total))
 
@@ -224,7 +231,10 @@ def _mp_context() -> multiprocessing.context.BaseContext:
 
 
 def parse_files(
-    files: Sequence[TraceFile], options: ParseOptions, jobs: int | None = None, progress: bool = True,
+    files: Sequence[TraceFile],
+    options: ParseOptions,
+    jobs: int | None = None,
+    progress: bool = True,
 ) -> list[tuple[TraceFile, list[RankTimeline]]]:
     """Parse every file (parallel processes when more than one) in input order."""
     results: list[list[RankTimeline] | None] = [None] * len(files)
@@ -331,5 +341,13 @@ def load_run(
     return Run(ranks=ranks, format=fmt, warnings=warnings)
 
 
-__all__ = ["TraceFile", "detect_format", "find_traces", "is_trace_name", "load_run", "parse_files",
-           "read_head", "resolve_ranks"]
+__all__ = [
+    "TraceFile",
+    "detect_format",
+    "find_traces",
+    "is_trace_name",
+    "load_run",
+    "parse_files",
+    "read_head",
+    "resolve_ranks",
+]

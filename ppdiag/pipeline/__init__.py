@@ -63,8 +63,11 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
         if not local:
             warnings.append(f"rank {tl.rank}: no step selected")
         prev, nxt = topo.neighbours(tl.rank)
-        b = (build_blocks(tl, local, topo.stage_of.get(tl.rank, 0), prev, nxt, topo.pp)
-             if topo.pp > 1 else Blocks.empty())
+        b = (
+            build_blocks(tl, local, topo.stage_of.get(tl.rank, 0), prev, nxt, topo.pp)
+            if topo.pp > 1
+            else Blocks.empty()
+        )
         off = tl.clock_offset_ns
         windows[tl.rank] = [LocalStep(s.number, s.start + off, s.end + off) for s in local]
         if len(b):
@@ -77,8 +80,10 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     if topo.virtual > 1 and any(len(b) and not b.labelled for b in blocks.values()):
         bad = label_from_order(blocks, topo, schedule, m)
         if bad:
-            warnings.append(f"{bad} rank-steps do not follow the {schedule} order: their blocks keep "
-                            "counted micro-batch numbers")
+            warnings.append(
+                f"{bad} rank-steps do not follow the {schedule} order: their blocks keep "
+                "counted micro-batch numbers"
+            )
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")
     return Pipeline(topo, fit, pairs, windows, blocks, schedule, m, warnings)

@@ -11,6 +11,7 @@ transfers around the block (a forward receives from the previous stage and sends
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,12 +45,29 @@ class Blocks:
     @classmethod
     def empty(cls) -> Blocks:
         z = np.zeros(0, dtype=np.int64)
-        return cls(np.zeros(0, np.int32), z, z.copy(), z.copy(), z.copy(), np.zeros(0, np.int8),
-                   np.zeros(0, np.int32), np.zeros(0, np.int32))
+        return cls(
+            np.zeros(0, np.int32),
+            z,
+            z.copy(),
+            z.copy(),
+            z.copy(),
+            np.zeros(0, np.int8),
+            np.zeros(0, np.int32),
+            np.zeros(0, np.int32),
+        )
 
-    def take(self, idx: npt.ArrayLike) -> Blocks:
-        return Blocks(self.step[idx], self.start[idx], self.end[idx], self.busy[idx], self.launch[idx],
-                      self.phase[idx], self.mb[idx], self.stage[idx], self.labelled)
+    def take(self, idx: Any) -> Blocks:
+        return Blocks(
+            self.step[idx],
+            self.start[idx],
+            self.end[idx],
+            self.busy[idx],
+            self.launch[idx],
+            self.phase[idx],
+            self.mb[idx],
+            self.stage[idx],
+            self.labelled,
+        )
 
 
 def _assign_steps(t: npt.NDArray[np.int64], steps: list[LocalStep]) -> npt.NDArray[np.int32]:
@@ -62,19 +80,25 @@ def _assign_steps(t: npt.NDArray[np.int64], steps: list[LocalStep]) -> npt.NDArr
     return np.where(ok, k, -1).astype(np.int32)
 
 
-def build_blocks(tl: RankTimeline, steps: list[LocalStep], stage: int, prev_rank: int | None,
-                 next_rank: int | None, pp: int) -> Blocks:
+def build_blocks(
+    tl: RankTimeline,
+    steps: list[LocalStep],
+    stage: int,
+    prev_rank: int | None,
+    next_rank: int | None,
+    pp: int,
+) -> Blocks:
     """Find the rank's blocks and write their phase / micro-batch / stage back into its intervals."""
     iv = tl.intervals
     comp = np.flatnonzero(iv.kind == int(Kind.COMPUTE))
     if comp.size == 0 or not steps:
         return Blocks.empty()
     comp = comp[np.argsort(iv.start[comp], kind="stable")]
-    key = np.where(iv.launch[comp] >= 0, iv.launch[comp], iv.start[comp]) if not tl.cpu_only else iv.start[comp]
-    step_of = _assign_steps(iv.start[comp], steps)
-    labels = tl.ranges.take(
-        (tl.ranges.kind == int(RangeKind.LABEL)) & np.isin(tl.ranges.phase, PIPE_PHASES)
+    key = (
+        np.where(iv.launch[comp] >= 0, iv.launch[comp], iv.start[comp]) if not tl.cpu_only else iv.start[comp]
     )
+    step_of = _assign_steps(iv.start[comp], steps)
+    labels = tl.ranges.take((tl.ranges.kind == int(RangeKind.LABEL)) & np.isin(tl.ranges.phase, PIPE_PHASES))
     labelled = len(labels) > 0
     if labelled:
         order = np.argsort(labels.start, kind="stable")
@@ -107,7 +131,7 @@ def build_blocks(tl: RankTimeline, steps: list[LocalStep], stage: int, prev_rank
     b_launch = np.where(b_launch == np.iinfo(np.int64).max, -1, b_launch)
     b_busy = np.empty(n, dtype=np.int64)
     for j in range(n):  # one iteration per block (micro-batch phase), not per event
-        sl = gidx[bounds[j]:ends_b[j]]
+        sl = gidx[bounds[j] : ends_b[j]]
         us, ue = union(iv.start[sl], iv.end[sl])
         b_busy[j] = int((ue - us).sum())
     first_gid = gid[bounds]
@@ -126,10 +150,13 @@ def build_blocks(tl: RankTimeline, steps: list[LocalStep], stage: int, prev_rank
     return blocks
 
 
-def _cut_groups(tl: RankTimeline, comp: npt.NDArray[np.int64], step_of: npt.NDArray[np.int32],
-                prev_rank: int | None, next_rank: int | None
-                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int8], npt.NDArray[np.int32],
-                           npt.NDArray[np.int32]]:
+def _cut_groups(
+    tl: RankTimeline,
+    comp: npt.NDArray[np.int64],
+    step_of: npt.NDArray[np.int32],
+    prev_rank: int | None,
+    next_rank: int | None,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int8], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """Groups of compute between point-to-point operations, with their phase."""
     iv = tl.intervals
     p2p = iv.kind == int(Kind.P2P)
@@ -178,10 +205,12 @@ def _cut_groups(tl: RankTimeline, comp: npt.NDArray[np.int64], step_of: npt.NDAr
     dur = (iv.end[comp] - iv.start[comp]).astype(np.float64)
     ph = iv.phase[comp]
     valid = group >= 0
-    bwd_t = np.bincount(group[valid], weights=np.where(ph[valid] == int(Phase.BWD), dur[valid], 0.0),
-                        minlength=ng)
-    wg_t = np.bincount(group[valid], weights=np.where(ph[valid] == int(Phase.WGRAD), dur[valid], 0.0),
-                       minlength=ng)
+    bwd_t = np.bincount(
+        group[valid], weights=np.where(ph[valid] == int(Phase.BWD), dur[valid], 0.0), minlength=ng
+    )
+    wg_t = np.bincount(
+        group[valid], weights=np.where(ph[valid] == int(Phase.WGRAD), dur[valid], 0.0), minlength=ng
+    )
     all_t = np.bincount(group[valid], weights=dur[valid], minlength=ng)
     phase = np.full(ng, int(Phase.FWD), dtype=np.int8)
     phase[bwd_t > 0.5 * all_t] = int(Phase.BWD)
@@ -194,8 +223,14 @@ def _cut_groups(tl: RankTimeline, comp: npt.NDArray[np.int64], step_of: npt.NDAr
     return group, phase, np.full(ng, -1, np.int32), np.full(ng, -1, np.int32)
 
 
-def _transfer_vote(tl: RankTimeline, comp: npt.NDArray[np.int64], group: npt.NDArray[np.int64],
-                   ng: int, prev_rank: int | None, next_rank: int | None) -> npt.NDArray[np.int64]:
+def _transfer_vote(
+    tl: RankTimeline,
+    comp: npt.NDArray[np.int64],
+    group: npt.NDArray[np.int64],
+    ng: int,
+    prev_rank: int | None,
+    next_rank: int | None,
+) -> npt.NDArray[np.int64]:
     """Per group: > 0 looks like a forward (receives from the previous stage, sends to the next),
     < 0 like a backward (the reverse), 0 when the transfers around it say nothing."""
     iv = tl.intervals
@@ -242,7 +277,9 @@ def _drop_small(blocks: Blocks) -> Blocks:
 
 def _number_microbatches(blocks: Blocks) -> None:
     """The k-th block of a phase (and stage) within a step is micro-batch k."""
-    key = np.stack([blocks.step.astype(np.int64), blocks.phase.astype(np.int64), blocks.stage.astype(np.int64)])
+    key = np.stack(
+        [blocks.step.astype(np.int64), blocks.phase.astype(np.int64), blocks.stage.astype(np.int64)]
+    )
     order = np.lexsort((blocks.start, key[2], key[1], key[0]))
     k = key[:, order]
     newgrp = np.r_[True, (k[:, 1:] != k[:, :-1]).any(axis=0)]
@@ -253,8 +290,13 @@ def _number_microbatches(blocks: Blocks) -> None:
     blocks.mb = mb.astype(np.int32)
 
 
-def _write_back(tl: RankTimeline, gidx: npt.NDArray[np.int64], gid: npt.NDArray[np.int64],
-                first_gid: npt.NDArray[np.int64], blocks: Blocks) -> None:
+def _write_back(
+    tl: RankTimeline,
+    gidx: npt.NDArray[np.int64],
+    gid: npt.NDArray[np.int64],
+    first_gid: npt.NDArray[np.int64],
+    blocks: Blocks,
+) -> None:
     """Label each compute interval with its block's phase / micro-batch / chunk (for reports)."""
     iv = tl.intervals
     if len(blocks) == 0:

@@ -8,6 +8,7 @@ the lowest rank fixed at 0; the residual is the median disagreement left after a
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,13 +85,23 @@ def match_pairs(run: Run, ops: dict[int, P2POps]) -> Pairs:
             if n == 0:
                 continue
             sa, rb = sa[:n], rb[:n]
-            parts.append((np.full(n, a, np.int64), np.full(n, b, np.int64), oa.start[sa], oa.end[sa],
-                          ob.start[rb], ob.end[rb]))
+            parts.append(
+                (
+                    np.full(n, a, np.int64),
+                    np.full(n, b, np.int64),
+                    oa.start[sa],
+                    oa.end[sa],
+                    ob.start[rb],
+                    ob.end[rb],
+                )
+            )
     if not parts:
         z = np.zeros(0, np.int64)
         return Pairs(z.astype(np.int32), z.astype(np.int32), z, z, z, z, device)
     cols = [np.concatenate([p[i] for p in parts]) for i in range(6)]
-    return Pairs(cols[0].astype(np.int32), cols[1].astype(np.int32), cols[2], cols[3], cols[4], cols[5], device)
+    return Pairs(
+        cols[0].astype(np.int32), cols[1].astype(np.int32), cols[2], cols[3], cols[4], cols[5], device
+    )
 
 
 @dataclass
@@ -126,7 +137,7 @@ def collective_rows(run: Run) -> list[tuple[int, int, float, int]]:
     rows: list[tuple[int, int, float, int]] = []
     for members in per_group.values():
         rs = sorted(members)
-        for a, b in zip(rs, rs[1:]):
+        for a, b in itertools.pairwise(rs):
             ea, eb = members[a], members[b]
             n = min(ea.size, eb.size)
             if n == 0 or ea.size != eb.size:  # a rank missed some: the order cannot be trusted
@@ -157,7 +168,9 @@ def align_clocks(run: Run, pairs: Pairs) -> ClockFit:
             p2p_rows = len(refined)
     if len(ranks) < 2 or not rows:
         hosts = {str(tl.meta.get("host_name", "")) for tl in run.ranks}
-        method = "same host clock" if len(hosts) == 1 and "" not in hosts else "none (no matched device transfers)"
+        method = (
+            "same host clock" if len(hosts) == 1 and "" not in hosts else "none (no matched device transfers)"
+        )
         return ClockFit(zero, None, method)
     offsets, n_comps = _solve(ranks, rows)
     if len(pairs) and pairs.device:
@@ -193,7 +206,9 @@ def _p2p_rows(pairs: Pairs, prior: tuple[dict[int, int], int] | None) -> list[tu
     for k in np.unique(key):
         m = (key == k) & keep
         if m.any():
-            rows.append((int(pairs.src[m][0]), int(pairs.dst[m][0]), float(np.median(diffs[m])), int(m.sum())))
+            rows.append(
+                (int(pairs.src[m][0]), int(pairs.dst[m][0]), float(np.median(diffs[m])), int(m.sum()))
+            )
     return rows
 
 
@@ -228,4 +243,4 @@ def _solve(ranks: list[int], rows: list[tuple[int, int, float, int]]) -> tuple[d
         a_mat[len(rows) + j, min(members)] = 1.0  # anchor: the lowest rank keeps its clock
         w[len(rows) + j] = 1e3
     sol, *_ = np.linalg.lstsq(a_mat * w[:, None], rhs * w, rcond=None)
-    return {r: int(round(sol[idx[r]])) for r in ranks}, len(comps)
+    return {r: round(sol[idx[r]]) for r in ranks}, len(comps)

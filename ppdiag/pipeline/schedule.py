@@ -8,8 +8,17 @@ from ppdiag.model import Phase, RangeKind, RankTimeline
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.topology import Topology
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble", "zbv", "dualpipev",
-             "unknown", "none")
+SCHEDULES = (
+    "gpipe",
+    "1f1b",
+    "interleaved_1f1b",
+    "looped_bfs",
+    "zero_bubble",
+    "zbv",
+    "dualpipev",
+    "unknown",
+    "none",
+)
 
 
 def detect_schedule(topo: Topology, blocks: dict[int, Blocks], timelines: dict[int, RankTimeline]) -> str:
@@ -24,7 +33,9 @@ def detect_schedule(topo: Topology, blocks: dict[int, Blocks], timelines: dict[i
     if topo.virtual > 1:
         if topo.placement == "v":
             return "zbv"
-        return "looped_bfs" if all(_all_fwd_first(b) for b in blocks.values() if len(b)) else "interleaved_1f1b"
+        return (
+            "looped_bfs" if all(_all_fwd_first(b) for b in blocks.values() if len(b)) else "interleaved_1f1b"
+        )
     usable = [b for b in blocks.values() if len(b)]
     if not usable:
         return "unknown"

@@ -102,6 +102,6 @@ def select_steps(steps: list[LocalStep], spec: str | None) -> list[LocalStep]:
         a, _, b = spec.partition(":")
         lo = int(a) if a.strip() else -(2**62)
         hi = int(b) if b.strip() else 2**62
-        return [s for s, k in zip(steps, keys) if lo <= k <= hi]
+        return [s for s, k in zip(steps, keys, strict=False) if lo <= k <= hi]
     wanted = {int(x) for x in spec.split(",") if x.strip()}
-    return [s for s, k in zip(steps, keys) if k in wanted]
+    return [s for s, k in zip(steps, keys, strict=False) if k in wanted]

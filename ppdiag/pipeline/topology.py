@@ -93,9 +93,7 @@ def _virtual_from_labels(topo: Topology, run: Run) -> None:
         if st:
             topo.chunks_of[r] = st
     p = topo.pp
-    v_shape = all(
-        len(st) == 2 and st[0] + st[1] == 2 * p - 1 for st in per_rank.values() if st
-    )
+    v_shape = all(len(st) == 2 and st[0] + st[1] == 2 * p - 1 for st in per_rank.values() if st)
     topo.placement = "v" if v_shape else "loop"
 
 
@@ -123,9 +121,10 @@ def _p2p_edges(run: Run) -> tuple[dict[tuple[int, int], int], dict[int, list[tup
             t, d, p = rg.start[sel], rg.direction[sel], rg.peer[sel]
         if p.size == 0:
             continue
-        pairs, counts = np.unique(np.stack([p.astype(np.int64), d.astype(np.int64)]), axis=1,
-                                  return_counts=True)
-        for (peer_v, dir_v), cnt in zip(pairs.T, counts):
+        pairs, counts = np.unique(
+            np.stack([p.astype(np.int64), d.astype(np.int64)]), axis=1, return_counts=True
+        )
+        for (peer_v, dir_v), cnt in zip(pairs.T, counts, strict=False):
             peer, dirn = int(peer_v), int(dir_v)
             if peer == tl.rank or peer not in ranks:
                 continue
@@ -229,8 +228,9 @@ def _ring_virtual(lines: list[list[int]], edges: dict[tuple[int, int], int]) -> 
     return max(vs) if vs and min(vs) == max(vs) else 1
 
 
-def _first_stage(cands: list[int], edges: dict[tuple[int, int], int],
-                 events: dict[int, list[tuple[int, int, int]]]) -> int:
+def _first_stage(
+    cands: list[int], edges: dict[tuple[int, int], int], events: dict[int, list[tuple[int, int, int]]]
+) -> int:
     """The candidate whose first p2p operation is a send (it produces the first activations)."""
     scored = []
     for c in cands:
@@ -272,7 +272,9 @@ def parse_stage_map(spec: str) -> list[list[int]]:
             if part:
                 lines.append([int(x) for x in part.split(",") if x.strip()])
     except ValueError:
-        raise InputError(None, f"--stage-map {spec!r}: expected ranks like 0,1,2,3 (';' between pipelines)") from None
+        raise InputError(
+            None, f"--stage-map {spec!r}: expected ranks like 0,1,2,3 (';' between pipelines)"
+        ) from None
     flat = [r for line in lines for r in line]
     if not lines or not flat:
         raise InputError(None, "--stage-map is empty")
@@ -295,8 +297,9 @@ def infer_topology(run: Run, stage_map: str | None = None, pp: int | None = None
                 topo.chunks_of[r] = [0]
         return topo
     for finder in (_pp_group, _labels, _chain):
-        topo = finder(run)
-        if topo is not None and topo.pp > 1:
+        found = finder(run)
+        if found is not None and found.pp > 1:
+            topo = found
             if topo.virtual == 1 and finder is not _chain:
                 _apply_ring(topo, _ring_virtual(topo.pipelines, _p2p_edges(run)[0]))
             if pp and topo.pp != pp:

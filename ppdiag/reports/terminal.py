@@ -13,8 +13,12 @@ from rich.text import Text
 from ppdiag.diagnosis import CAUSE_KEYS
 
 CAUSE_LABEL = {
-    "bubble": "bubble", "imbalance": "imbalance", "comm_wait": "comm wait",
-    "exposed_comm": "exposed comm", "host": "host", "unexplained": "unexplained",
+    "bubble": "bubble",
+    "imbalance": "imbalance",
+    "comm_wait": "comm wait",
+    "exposed_comm": "exposed comm",
+    "host": "host",
+    "unexplained": "unexplained",
 }
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
@@ -39,7 +43,9 @@ def headline(report: dict[str, Any]) -> Text:
     t.append("\n")
     pp = run.get("pp", 1)
     if pp and pp > 1:
-        t.append(f"pipeline: {pp} stages, schedule {run['schedule']}, M={run.get('microbatches')}", style="cyan")
+        t.append(
+            f"pipeline: {pp} stages, schedule {run['schedule']}, M={run.get('microbatches')}", style="cyan"
+        )
         if run.get("virtual_stages", 1) > 1:
             t.append(f", v={run['virtual_stages']}", style="cyan")
         b = report.get("bubble") or {}
@@ -49,8 +55,10 @@ def headline(report: dict[str, Any]) -> Text:
                 t.append(f" vs schedule {b['theoretical_ratio'] * 100:.1f}%")
     else:
         t.append("no pipeline parallelism found", style="cyan")
-    t.append(f"\n{run['world_size']} ranks in the run, {len(run['ranks'])} traced ({run['format']}"
-             f"{', CPU-only' if run.get('cpu_only') else ''}), steps {run['steps']}")
+    t.append(
+        f"\n{run['world_size']} ranks in the run, {len(run['ranks'])} traced ({run['format']}"
+        f"{', CPU-only' if run.get('cpu_only') else ''}), steps {run['steps']}"
+    )
     if run.get("clock_residual_us") is not None:
         t.append(f", clock residual {run['clock_residual_us']:.1f} µs")
     return t
@@ -73,8 +81,12 @@ def stage_table(report: dict[str, Any]) -> Table | None:
         t.add_column(CAUSE_LABEL[k], justify="right")
     slow = max(stages, key=lambda s: s.get("compute_ms") or 0)["stage"]
     for s in stages:
-        row = [str(s["stage"]), ",".join(map(str, s["ranks"])),
-               _f((s.get("fwd_ms") or {}).get("mean")), _f((s.get("bwd_ms") or {}).get("mean"))]
+        row = [
+            str(s["stage"]),
+            ",".join(map(str, s["ranks"])),
+            _f((s.get("fwd_ms") or {}).get("mean")),
+            _f((s.get("bwd_ms") or {}).get("mean")),
+        ]
         if has_w:
             row.append(_f((s.get("wgrad_ms") or {}).get("mean")))
         row.append(_f(s.get("compute_ms")))
@@ -91,9 +103,16 @@ def rank_table(report: dict[str, Any], limit: int = 64) -> Table:
         t.add_column(CAUSE_LABEL[k], justify="right")
     rows = report["ranks"]
     for r in rows[:limit]:
-        t.add_row(str(r["rank"]), "-" if r.get("stage") is None else str(r["stage"]), _f(r["step_ms"]),
-                  _f(r["compute_ms"]), _f(r["exposed_p2p_ms"]), _f(r["exposed_collective_ms"]),
-                  _f(r["idle_ms"]), *[_f(r["lost_ms"][k]) for k in CAUSE_KEYS])
+        t.add_row(
+            str(r["rank"]),
+            "-" if r.get("stage") is None else str(r["stage"]),
+            _f(r["step_ms"]),
+            _f(r["compute_ms"]),
+            _f(r["exposed_p2p_ms"]),
+            _f(r["exposed_collective_ms"]),
+            _f(r["idle_ms"]),
+            *[_f(r["lost_ms"][k]) for k in CAUSE_KEYS],
+        )
     if len(rows) > limit:
         t.caption = f"{len(rows) - limit} more ranks in the JSON report"
     return t
@@ -114,7 +133,9 @@ def findings_panel(report: dict[str, Any], limit: int = 10) -> Group | Text:
         body = Text()
         ev = f.get("evidence") or {}
         if ev:
-            body.append("evidence: " + ", ".join(f"{k}={v}" for k, v in list(ev.items())[:8]) + "\n", style="dim")
+            body.append(
+                "evidence: " + ", ".join(f"{k}={v}" for k, v in list(ev.items())[:8]) + "\n", style="dim"
+            )
         for fix in f.get("fixes", [])[:4]:
             body.append(f"  → {fix}\n")
         parts.append(Panel(Group(head, body), expand=True, border_style=SEV_STYLE.get(f["severity"], "")))
@@ -136,8 +157,11 @@ def render(report: dict[str, Any], console: Console | None = None, ranks: bool =
     if report.get("whatif"):
         from ppdiag.whatif.render import whatif_table
 
-        con.print(whatif_table(report["whatif"], "What if (simulated from the measured stage costs)",
-                               lost=False, notes=True))
+        con.print(
+            whatif_table(
+                report["whatif"], "What if (simulated from the measured stage costs)", lost=False, notes=True
+            )
+        )
     warns = report["run"].get("warnings") or []
     if warns:
         con.print(Text(f"warnings ({len(warns)}):", style="yellow"))

@@ -36,12 +36,16 @@ class RuleContext:
 
 
 class Rule(Protocol):
-    """A registered rule."""
+    """A registered rule (metadata are read-only attributes of the rule object)."""
 
-    code: str
-    name: str
-    cause: str | None
-    summary: str
+    @property
+    def code(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def cause(self) -> str | None: ...
+    @property
+    def summary(self) -> str: ...
 
     def check(self, ctx: RuleContext) -> list[Finding]:
         """Findings of this rule for the run (empty when it does not apply)."""

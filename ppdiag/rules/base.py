@@ -33,14 +33,32 @@ def mean_cause_ms(ctx: RuleContext, cause: str) -> float:
     return float(ctx.report["summary"]["lost_ms"].get(cause) or 0.0)
 
 
-def finding(ctx: RuleContext, code: str, cause: str | None, title: str, gain_ms: float,
-            evidence: dict[str, Any], fixes: list[str], stages: list[int] | None = None,
-            ranks: list[int] | None = None, sev: str | None = None) -> Finding:
+def finding(
+    ctx: RuleContext,
+    code: str,
+    cause: str | None,
+    title: str,
+    gain_ms: float,
+    evidence: dict[str, Any],
+    fixes: list[str],
+    stages: list[int] | None = None,
+    ranks: list[int] | None = None,
+    sev: str | None = None,
+) -> Finding:
     step = ctx.step_ms
     pct = 100.0 * gain_ms / step if step else 0.0
-    return Finding(code=code, cause=cause, title=title, severity=sev or severity(pct),
-                   stages=stages or [], ranks=ranks or [], gain_ms=gain_ms, gain_pct=pct,
-                   evidence=evidence, fixes=fixes)
+    return Finding(
+        code=code,
+        cause=cause,
+        title=title,
+        severity=sev or severity(pct),
+        stages=stages or [],
+        ranks=ranks or [],
+        gain_ms=gain_ms,
+        gain_pct=pct,
+        evidence=evidence,
+        fixes=fixes,
+    )
 
 
 def r3(v: float) -> float:

@@ -66,21 +66,39 @@ class BubbleRule:
             return []
         m, p = pipe.microbatches, pipe.topology.pp
         theo = ctx.report["bubble"].get("theoretical_ratio")
-        fixes = [f"raise the micro-batches per step from M={m} to M={2 * (m or 1)} or more "
-                 "(smaller micro-batches, same global batch)"]
+        fixes = [
+            f"raise the micro-batches per step from M={m} to M={2 * (m or 1)} or more "
+            "(smaller micro-batches, same global batch)"
+        ]
         if pipe.schedule in ("gpipe", "1f1b"):
-            fixes.append("use an interleaved schedule (ScheduleInterleaved1F1B / Megatron "
-                         "virtual-pipeline) with v=2 if stage-to-stage links are fast")
-            fixes.append("use a zero-bubble schedule (ScheduleInterleavedZeroBubble, ZBV) that fills "
-                         "the bubble with weight-gradient work")
-        return [finding(
-            ctx, self.code, self.cause,
-            f"pipeline bubble takes {share:.0f}% of the step (P={p}, M={m})", gain,
-            {"bubble_ms": r3(bubble_ms), "bubble_share_pct": r3(share), "pp": p, "microbatches": m,
-             "schedule": pipe.schedule, "theoretical_ratio": theo,
-             "measured_ratio": ctx.report["bubble"].get("measured_ratio")},
-            fixes, stages=list(range(p)),
-        )]
+            fixes.append(
+                "use an interleaved schedule (ScheduleInterleaved1F1B / Megatron "
+                "virtual-pipeline) with v=2 if stage-to-stage links are fast"
+            )
+            fixes.append(
+                "use a zero-bubble schedule (ScheduleInterleavedZeroBubble, ZBV) that fills "
+                "the bubble with weight-gradient work"
+            )
+        return [
+            finding(
+                ctx,
+                self.code,
+                self.cause,
+                f"pipeline bubble takes {share:.0f}% of the step (P={p}, M={m})",
+                gain,
+                {
+                    "bubble_ms": r3(bubble_ms),
+                    "bubble_share_pct": r3(share),
+                    "pp": p,
+                    "microbatches": m,
+                    "schedule": pipe.schedule,
+                    "theoretical_ratio": theo,
+                    "measured_ratio": ctx.report["bubble"].get("measured_ratio"),
+                },
+                fixes,
+                stages=list(range(p)),
+            )
+        ]
 
 
 register(BubbleRule())

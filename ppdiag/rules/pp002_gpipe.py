@@ -36,16 +36,29 @@ class GpipeRule:
             return []
         m, p = pipe.microbatches or 0, pipe.topology.pp
         gain = doubling_gain_ms(ctx)
-        return [finding(
-            ctx, self.code, self.cause,
-            f"GPipe schedule: every stage holds the activations of all {m} micro-batches", gain,
-            {"schedule": "gpipe", "microbatches": m, "pp": p,
-             "activations_in_flight_gpipe": m, "activations_in_flight_1f1b": min(m, p)},
-            ["switch to 1F1B (torch.distributed.pipelining.Schedule1F1B): same bubble, at most "
-             f"{min(m, p)} micro-batches in flight per stage instead of {m}",
-             "spend the freed activation memory on more micro-batches (M) to shrink the bubble"],
-            stages=list(range(p)), sev="medium" if 100 * gain / max(ctx.step_ms, 1e-9) < 10 else "high",
-        )]
+        return [
+            finding(
+                ctx,
+                self.code,
+                self.cause,
+                f"GPipe schedule: every stage holds the activations of all {m} micro-batches",
+                gain,
+                {
+                    "schedule": "gpipe",
+                    "microbatches": m,
+                    "pp": p,
+                    "activations_in_flight_gpipe": m,
+                    "activations_in_flight_1f1b": min(m, p),
+                },
+                [
+                    "switch to 1F1B (torch.distributed.pipelining.Schedule1F1B): same bubble, at most "
+                    f"{min(m, p)} micro-batches in flight per stage instead of {m}",
+                    "spend the freed activation memory on more micro-batches (M) to shrink the bubble",
+                ],
+                stages=list(range(p)),
+                sev="medium" if 100 * gain / max(ctx.step_ms, 1e-9) < 10 else "high",
+            )
+        ]
 
 
 register(GpipeRule())

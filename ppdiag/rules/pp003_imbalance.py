@@ -69,19 +69,32 @@ class ImbalanceRule:
         ranks = sorted(r for r, s in topo.stage_of.items() if s == slow)
         prev_s, next_s = slow - 1, slow + 1
         where = " and ".join(f"stage {x}" for x in (prev_s, next_s) if 0 <= x < topo.pp) or "other stages"
-        return [finding(
-            ctx, self.code, self.cause,
-            f"stage {slow} is {ratio:.2f}x the mean stage compute; the other stages wait for it", gain,
-            {"slowest_stage": slow, "slowest_ms": r3(per_stage[slow]), "mean_ms": r3(mean),
-             "ratio": r3(ratio), "stage_compute_ms": {str(k): r3(v) for k, v in per_stage.items()},
-             "imbalance_ms": r3(imb)},
-            [f"move about {excess * 100:.0f}% of stage {slow}'s compute to {where} "
-             "(split layers by measured cost, not by count)",
-             "check for extra work on that stage: embedding/output layer, loss, activation "
-             "recomputation, uneven sequence lengths",
-             "ppdiag whatif RUN_DIR --rebalance proposes a split from per-block costs"],
-            stages=[slow], ranks=ranks,
-        )]
+        return [
+            finding(
+                ctx,
+                self.code,
+                self.cause,
+                f"stage {slow} is {ratio:.2f}x the mean stage compute; the other stages wait for it",
+                gain,
+                {
+                    "slowest_stage": slow,
+                    "slowest_ms": r3(per_stage[slow]),
+                    "mean_ms": r3(mean),
+                    "ratio": r3(ratio),
+                    "stage_compute_ms": {str(k): r3(v) for k, v in per_stage.items()},
+                    "imbalance_ms": r3(imb),
+                },
+                [
+                    f"move about {excess * 100:.0f}% of stage {slow}'s compute to {where} "
+                    "(split layers by measured cost, not by count)",
+                    "check for extra work on that stage: embedding/output layer, loss, activation "
+                    "recomputation, uneven sequence lengths",
+                    "ppdiag whatif RUN_DIR --rebalance proposes a split from per-block costs",
+                ],
+                stages=[slow],
+                ranks=ranks,
+            )
+        ]
 
 
 register(ImbalanceRule())

@@ -49,8 +49,10 @@ class CommWaitRule:
         waited: dict[tuple[int, int], list[int]] = defaultdict(list)
         for prod, cons, tau, wait in ctx.attribution.edges:
             waited[(prod, cons)].append(min(max(tau - normal, 0), wait))
-        per_link = {k: float(np.sum(v)) / max(len(ctx.steps) / max(len(ctx.report["ranks"]), 1), 1)
-                    for k, v in waited.items()}
+        per_link = {
+            k: float(np.sum(v)) / max(len(ctx.steps) / max(len(ctx.report["ranks"]), 1), 1)
+            for k, v in waited.items()
+        }
         top = max(per_link.values(), default=0.0)
         slow = {k: v for k, v in per_link.items() if top > 0 and v >= 0.5 * top}
         # A slow rank makes every link it touches slow, in both directions; its neighbours share
@@ -63,19 +65,30 @@ class CommWaitRule:
         best = max(score.values(), default=0.0)
         senders = sorted(r for r, v in score.items() if best > 0 and v >= 0.8 * best)
         link_ev = {f"{a}->{b}": r3(v / 1e6) for (a, b), v in sorted(slow.items())}
-        return [finding(
-            ctx, self.code, self.cause,
-            "transfers of rank(s) " + ", ".join(map(str, senders)) + " arrive late "
-            f"({top / 1e6:.1f} ms per step of waiting on the slowest link)"
-            if senders else "stage-to-stage transfers arrive late", gain,
-            {"comm_wait_ms": r3(cw), "normal_latency_ms": r3(normal / 1e6),
-             "late_wait_ms_per_step_by_link": link_ev},
-            ["check the NCCL transport of these links: NCCL_DEBUG=INFO (NET/Socket means TCP fallback; "
-             "expect NET/IB or P2P/NVLink), NIC and GPU affinity",
-             "keep pipeline stages within a node (NVLink) and put data parallelism across nodes",
-             "avoid interleaved schedules on slow links: they send v times more activations"],
-            ranks=senders,
-        )]
+        return [
+            finding(
+                ctx,
+                self.code,
+                self.cause,
+                "transfers of rank(s) " + ", ".join(map(str, senders)) + " arrive late "
+                f"({top / 1e6:.1f} ms per step of waiting on the slowest link)"
+                if senders
+                else "stage-to-stage transfers arrive late",
+                gain,
+                {
+                    "comm_wait_ms": r3(cw),
+                    "normal_latency_ms": r3(normal / 1e6),
+                    "late_wait_ms_per_step_by_link": link_ev,
+                },
+                [
+                    "check the NCCL transport of these links: NCCL_DEBUG=INFO (NET/Socket means TCP "
+                    "fallback; expect NET/IB or P2P/NVLink), NIC and GPU affinity",
+                    "keep pipeline stages within a node (NVLink) and put data parallelism across nodes",
+                    "avoid interleaved schedules on slow links: they send v times more activations",
+                ],
+                ranks=senders,
+            )
+        ]
 
 
 register(CommWaitRule())

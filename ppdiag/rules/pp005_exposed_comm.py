@@ -53,21 +53,37 @@ class ExposedCommRule:
         coll = float(np.mean([r["exposed_collective_ms"] for r in rows])) if rows else 0.0
         worst = sorted(rows, key=lambda r: -r["lost_ms"]["exposed_comm"])[:4]
         kind = "collectives" if coll >= p2p else "p2p transfers"
-        fixes = (["overlap the data-parallel gradient reduce with the backward (DDP bucketing, "
-                  "Megatron --overlap-grad-reduce, FSDP backward prefetch)",
-                  "move optimizer-step collectives off the critical path or fuse them"]
-                 if coll >= p2p else
-                 ["issue pipeline p2p asynchronously on its own stream (batch_isend_irecv; Megatron "
-                  "--overlap-p2p-communication) so the next micro-batch computes during the transfer",
-                  "do not wait for a send to finish before starting the next micro-batch"])
+        fixes = (
+            [
+                "overlap the data-parallel gradient reduce with the backward (DDP bucketing, "
+                "Megatron --overlap-grad-reduce, FSDP backward prefetch)",
+                "move optimizer-step collectives off the critical path or fuse them",
+            ]
+            if coll >= p2p
+            else [
+                "issue pipeline p2p asynchronously on its own stream (batch_isend_irecv; Megatron "
+                "--overlap-p2p-communication) so the next micro-batch computes during the transfer",
+                "do not wait for a send to finish before starting the next micro-batch",
+            ]
+        )
         fixes.append("batch small transfers (fewer, larger messages)")
-        return [finding(
-            ctx, self.code, self.cause,
-            f"{share:.0f}% of the step is exposed communication, mostly {kind}", gain,
-            {"exposed_comm_ms": r3(ex), "exposed_p2p_ms": r3(p2p), "exposed_collective_ms": r3(coll),
-             "worst_ranks": {str(r["rank"]): r3(r["lost_ms"]["exposed_comm"]) for r in worst}},
-            fixes, ranks=[r["rank"] for r in worst],
-        )]
+        return [
+            finding(
+                ctx,
+                self.code,
+                self.cause,
+                f"{share:.0f}% of the step is exposed communication, mostly {kind}",
+                gain,
+                {
+                    "exposed_comm_ms": r3(ex),
+                    "exposed_p2p_ms": r3(p2p),
+                    "exposed_collective_ms": r3(coll),
+                    "worst_ranks": {str(r["rank"]): r3(r["lost_ms"]["exposed_comm"]) for r in worst},
+                },
+                fixes,
+                ranks=[r["rank"] for r in worst],
+            )
+        ]
 
 
 register(ExposedCommRule())

@@ -50,19 +50,30 @@ class HostRule:
         top = max(per_rank.values(), default=0.0)
         roots = sorted(r for r, v in per_rank.items() if top > 0 and v >= 0.5 * top)
         cpu = ctx.report["run"].get("cpu_only")
-        return [finding(
-            ctx, self.code, self.cause,
-            f"host-bound: the work of rank(s) {', '.join(map(str, roots))} is launched late "
-            f"({top:.1f} ms per step with nothing queued)", gain,
-            {"host_ms": r3(host), "direct_host_ms_per_rank": {str(r): r3(v) for r, v in sorted(per_rank.items())},
-             "root_ranks": roots, "cpu_only_run": bool(cpu)},
-            ["remove host synchronizations from the step (.item(), .cpu(), torch.cuda.synchronize, "
-             "printing tensors)",
-             "give the data loader workers and pinned memory; prefetch the next batch",
-             "capture the step with CUDA graphs / reduce per-micro-batch Python work",
-             "check CPU affinity and oversubscription of the host cores"],
-            ranks=roots,
-        )]
+        return [
+            finding(
+                ctx,
+                self.code,
+                self.cause,
+                f"host-bound: the work of rank(s) {', '.join(map(str, roots))} is launched late "
+                f"({top:.1f} ms per step with nothing queued)",
+                gain,
+                {
+                    "host_ms": r3(host),
+                    "direct_host_ms_per_rank": {str(r): r3(v) for r, v in sorted(per_rank.items())},
+                    "root_ranks": roots,
+                    "cpu_only_run": bool(cpu),
+                },
+                [
+                    "remove host synchronizations from the step (.item(), .cpu(), torch.cuda.synchronize, "
+                    "printing tensors)",
+                    "give the data loader workers and pinned memory; prefetch the next batch",
+                    "capture the step with CUDA graphs / reduce per-micro-batch Python work",
+                    "check CPU affinity and oversubscription of the host cores",
+                ],
+                ranks=roots,
+            )
+        ]
 
 
 register(HostRule())

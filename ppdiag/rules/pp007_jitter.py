@@ -42,16 +42,23 @@ class JitterRule:
         if med <= 0 or p95 / med < P95_RATIO:
             return []
         nums = ctx.report["run"]["steps"]
-        slow = [int(n) for n, v in zip(nums, steps) if v > P95_RATIO * med]
+        slow = [int(n) for n, v in zip(nums, steps, strict=False) if v > P95_RATIO * med]
         gain = float(np.mean([max(v - med, 0.0) for v in steps]))
-        return [finding(
-            ctx, self.code, self.cause,
-            f"step time jitters: p95 {p95:.1f} ms vs median {med:.1f} ms", gain,
-            {"median_ms": r3(med), "p95_ms": r3(p95), "ratio": r3(p95 / med), "slow_steps": slow},
-            ["look at what runs in the slow steps: checkpoints, evaluation, logging, GC, data refills",
-             "make periodic work asynchronous or move it out of the training step",
-             "compare the slow steps across ranks to find a straggler"],
-        )]
+        return [
+            finding(
+                ctx,
+                self.code,
+                self.cause,
+                f"step time jitters: p95 {p95:.1f} ms vs median {med:.1f} ms",
+                gain,
+                {"median_ms": r3(med), "p95_ms": r3(p95), "ratio": r3(p95 / med), "slow_steps": slow},
+                [
+                    "look at what runs in the slow steps: checkpoints, evaluation, logging, GC, data refills",
+                    "make periodic work asynchronous or move it out of the training step",
+                    "compare the slow steps across ranks to find a straggler",
+                ],
+            )
+        ]
 
 
 register(JitterRule())

@@ -39,22 +39,40 @@ class BatchRule:
         pp = pipe.topology.pp
         if pp <= 1 and not opts.get("global_batch"):
             return []
-        bc = check_batch(ctx.run.world_size, pp, int(opts.get("tp") or 1), opts.get("micro_batch"),
-                         opts.get("global_batch"), pipe.microbatches)
+        bc = check_batch(
+            ctx.run.world_size,
+            pp,
+            int(opts.get("tp") or 1),
+            opts.get("micro_batch"),
+            opts.get("global_batch"),
+            pipe.microbatches,
+        )
         if not bc.problems:
             return []
         sev_rank = {"high": 0, "medium": 1, "low": 2}
         sev = min((s for s, _ in bc.problems), key=lambda s: sev_rank[s])
         gain = doubling_gain_ms(ctx) if any("M=" in t for _, t in bc.problems) else 0.0
-        return [finding(
-            ctx, self.code, self.cause, bc.problems[0][1] if len(bc.problems) == 1
-            else f"{len(bc.problems)} batch-size problems: " + "; ".join(t for _, t in bc.problems[:2]),
-            gain, {"problems": [t for _, t in bc.problems], **{k: v for k, v in bc.to_json().items()
-                                                               if k != "problems"}},
-            ["derive the gradient-accumulation steps as global / (micro x dp) and make every size divide",
-             f"keep M >= {4 * pp} (4 x pp) micro-batches per step where memory allows"],
-            sev=sev,
-        )]
+        return [
+            finding(
+                ctx,
+                self.code,
+                self.cause,
+                bc.problems[0][1]
+                if len(bc.problems) == 1
+                else f"{len(bc.problems)} batch-size problems: " + "; ".join(t for _, t in bc.problems[:2]),
+                gain,
+                {
+                    "problems": [t for _, t in bc.problems],
+                    **{k: v for k, v in bc.to_json().items() if k != "problems"},
+                },
+                [
+                    "derive the gradient-accumulation steps as global / (micro x dp) and make every "
+                    "size divide",
+                    f"keep M >= {4 * pp} (4 x pp) micro-batches per step where memory allows",
+                ],
+                sev=sev,
+            )
+        ]
 
 
 register(BatchRule())

@@ -155,10 +155,19 @@ class SimResult:
     def blocks(self) -> dict[str, npt.NDArray[Any]]:
         """The per-block columns as one dict (rank, stage, chunk, mb, phase, start_ns, end_ns, ...)."""
         return {
-            "rank": self.rank, "stage": self.stage, "chunk": self.chunk, "mb": self.mb,
-            "phase": self.phase, "full": self.full, "start_ns": self.start_ns, "end_ns": self.end_ns,
-            "issue_ns": self.issue_ns, "post_ns": self.post_ns, "ready_ns": self.ready_ns,
-            "src_rank": self.src_rank, "xfer_ns": self.xfer_ns,
+            "rank": self.rank,
+            "stage": self.stage,
+            "chunk": self.chunk,
+            "mb": self.mb,
+            "phase": self.phase,
+            "full": self.full,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "issue_ns": self.issue_ns,
+            "post_ns": self.post_ns,
+            "ready_ns": self.ready_ns,
+            "src_rank": self.src_rank,
+            "xfer_ns": self.xfer_ns,
         }
 
     def rank_rows(self, r: int) -> npt.NDArray[np.intp]:

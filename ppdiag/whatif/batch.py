@@ -21,16 +21,29 @@ class BatchCheck:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "world": self.world, "tp": self.tp, "pp": self.pp, "dp": self.dp,
-            "micro_batch": self.micro_batch, "global_batch": self.global_batch,
-            "accumulation": self.accumulation, "microbatches_seen": self.microbatches_seen,
+            "world": self.world,
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "micro_batch": self.micro_batch,
+            "global_batch": self.global_batch,
+            "accumulation": self.accumulation,
+            "microbatches_seen": self.microbatches_seen,
             "problems": [{"severity": s, "text": t} for s, t in self.problems],
         }
 
 
-def check_batch(world: int | None, pp: int, tp: int = 1, micro_batch: int | None = None,
-                global_batch: int | None = None, microbatches: int | None = None, cp: int = 1,
-                schedule: str | None = None, virtual: int = 1) -> BatchCheck:
+def check_batch(
+    world: int | None,
+    pp: int,
+    tp: int = 1,
+    micro_batch: int | None = None,
+    global_batch: int | None = None,
+    microbatches: int | None = None,
+    cp: int = 1,
+    schedule: str | None = None,
+    virtual: int = 1,
+) -> BatchCheck:
     """Derive dp and M from the sizes and list every inconsistency.
 
     ``schedule`` / ``virtual`` (optional) add the schedule's own constraints: interleaved 1F1B with
@@ -42,34 +55,64 @@ def check_batch(world: int | None, pp: int, tp: int = 1, micro_batch: int | None
     if world:
         denom = tp * pp * cp
         if world % denom:
-            probs.append(("high", f"world size {world} is not divisible by tp x pp"
-                          f"{' x cp' if cp > 1 else ''} = {denom}"))
+            probs.append(
+                (
+                    "high",
+                    f"world size {world} is not divisible by tp x pp{' x cp' if cp > 1 else ''} = {denom}",
+                )
+            )
         else:
             dp = world // denom
     acc: int | None = None
     if global_batch and micro_batch and dp:
         per = micro_batch * dp
         if global_batch % per:
-            probs.append(("high", f"global batch {global_batch} is not divisible by micro-batch x dp = "
-                          f"{micro_batch} x {dp} = {per}"))
+            probs.append(
+                (
+                    "high",
+                    f"global batch {global_batch} is not divisible by micro-batch x dp = "
+                    f"{micro_batch} x {dp} = {per}",
+                )
+            )
         else:
             acc = global_batch // per
     m = acc if acc is not None else microbatches
     if acc is not None and microbatches and acc != microbatches:
-        probs.append(("medium", f"the trace shows M={microbatches} micro-batches per step but "
-                      f"global / (micro x dp) gives {acc}"))
+        probs.append(
+            (
+                "medium",
+                f"the trace shows M={microbatches} micro-batches per step but "
+                f"global / (micro x dp) gives {acc}",
+            )
+        )
     if pp > 1 and m:
         if m < pp:
-            probs.append(("high", f"M={m} is smaller than pp={pp}: 1F1B cannot fill the pipeline and "
-                          f"the bubble is at least {(pp - 1) / (m + pp - 1):.0%}"))
+            probs.append(
+                (
+                    "high",
+                    f"M={m} is smaller than pp={pp}: 1F1B cannot fill the pipeline and "
+                    f"the bubble is at least {(pp - 1) / (m + pp - 1):.0%}",
+                )
+            )
         elif m < 2 * pp:
-            probs.append(("medium", f"M={m} < 2 x pp={2 * pp}: the bubble is {(pp - 1) / (m + pp - 1):.0%} "
-                          "of the step; aim for M >= 4 x pp"))
+            probs.append(
+                (
+                    "medium",
+                    f"M={m} < 2 x pp={2 * pp}: the bubble is {(pp - 1) / (m + pp - 1):.0%} "
+                    "of the step; aim for M >= 4 x pp",
+                )
+            )
     if schedule in ("interleaved_1f1b", "interleaved") and virtual > 1 and pp > 1 and m:
         if m % max(1, m // pp):
-            probs.append(("high", f"interleaved 1F1B cannot run M={m}: it must be a multiple of its "
-                          f"number of rounds max(1, M // pp) = {max(1, m // pp)}"))
+            probs.append(
+                (
+                    "high",
+                    f"interleaved 1F1B cannot run M={m}: it must be a multiple of its "
+                    f"number of rounds max(1, M // pp) = {max(1, m // pp)}",
+                )
+            )
         elif m % pp:
-            probs.append(("medium", f"interleaved 1F1B with M={m}, not a multiple of pp={pp}: Megatron "
-                          "rejects it"))
+            probs.append(
+                ("medium", f"interleaved 1F1B with M={m}, not a multiple of pp={pp}: Megatron rejects it")
+            )
     return BatchCheck(world, tp, pp, dp, micro_batch, global_batch, acc, microbatches, probs)
