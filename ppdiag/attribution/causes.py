@@ -200,13 +200,7 @@ class Replay:
         """Observed waits as (producer rank, consumer rank, transfer ns, time waited ns)."""
         return list(self.waits)
 
-    def __init__(
-        self,
-        steps: list[RankStep],
-        timelines: dict[int, RankTimeline],
-        stage_of: dict[int, int],
-        last_stage: int,
-    ) -> None:
+    def __init__(self, steps: list[RankStep], timelines: dict[int, RankTimeline], last_stage: int) -> None:
         self.steps = steps
         self.nodes: list[_Node] = []
         self.first: dict[tuple[int, int], int] = {}
@@ -458,11 +452,7 @@ class Replay:
 
 
 def attribute(
-    steps: list[RankStep],
-    timelines: dict[int, RankTimeline],
-    stage_of: dict[int, int],
-    last_stage: int,
-    pipelined: bool,
+    steps: list[RankStep], timelines: dict[int, RankTimeline], last_stage: int, pipelined: bool
 ) -> Attribution:
     """Cause totals for every (rank, step) and the per-gap cause tables."""
     causes: dict[tuple[int, int], dict[str, int]] = {}
@@ -471,7 +461,7 @@ def attribute(
     edges: list[tuple[int, int, int, int]] = []
     lat = 0
     if pipelined and any(len(rs.blocks) for rs in steps):
-        rp = Replay(steps, timelines, stage_of, last_stage)
+        rp = Replay(steps, timelines, last_stage)
         lat = rp.normal_latency
         full = {
             "measured": rp.run(),

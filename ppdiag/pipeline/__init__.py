@@ -8,7 +8,7 @@ import numpy as np
 
 from ppdiag.errors import InputError
 from ppdiag.model import Run
-from ppdiag.pipeline.blocks import Blocks, build_blocks
+from ppdiag.pipeline.blocks import Blocks, build_blocks, write_back
 from ppdiag.pipeline.clocks import ClockFit, Pairs, align_clocks, match_pairs, p2p_ops
 from ppdiag.pipeline.schedule import SCHEDULES, detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
@@ -49,7 +49,7 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     topo = infer_topology(run, opts.stage_map, opts.pp)
     warnings.extend(topo.warnings)
     ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
-    pairs = match_pairs(run, ops)
+    pairs = match_pairs(ops)
     fit = align_clocks(run, pairs)
     for tl in run.ranks:
         tl.clock_offset_ns = fit.offsets.get(tl.rank, 0)
@@ -84,6 +84,8 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
                 f"{bad} rank-steps do not follow the {schedule} order: their blocks keep "
                 "counted micro-batch numbers"
             )
+    for tl in run.ranks:  # after every label is known
+        write_back(tl, blocks[tl.rank], tl.clock_offset_ns)
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")
     return Pipeline(topo, fit, pairs, windows, blocks, schedule, m, warnings)

@@ -146,7 +146,6 @@ def build_blocks(
     blocks.stage = np.where(blocks.stage < 0, stage, blocks.stage).astype(np.int32)
     if (blocks.mb < 0).any():
         _number_microbatches(blocks)
-    _write_back(tl, gidx, gid, first_gid, blocks)
     return blocks
 
 
@@ -290,22 +289,17 @@ def _number_microbatches(blocks: Blocks) -> None:
     blocks.mb = mb.astype(np.int32)
 
 
-def _write_back(
-    tl: RankTimeline,
-    gidx: npt.NDArray[np.int64],
-    gid: npt.NDArray[np.int64],
-    first_gid: npt.NDArray[np.int64],
-    blocks: Blocks,
-) -> None:
-    """Label each compute interval with its block's phase / micro-batch / chunk (for reports)."""
+def write_back(tl: RankTimeline, blocks: Blocks, offset: int = 0) -> None:
+    """Label each compute interval with its block's phase / micro-batch / virtual stage (the reports
+    draw them). ``offset`` maps the rank's clock to the blocks' clock."""
     iv = tl.intervals
     if len(blocks) == 0:
         return
-    # map a group id to the block that survived (by start time lookup)
-    bstart = blocks.start
-    pos = np.searchsorted(bstart, iv.start[gidx], side="right") - 1
-    ok = (pos >= 0) & (iv.start[gidx] < blocks.end[np.clip(pos, 0, None)] + 1)
-    sel = gidx[ok]
+    comp = np.flatnonzero(iv.kind == int(Kind.COMPUTE))
+    t = iv.start[comp] + offset
+    pos = np.searchsorted(blocks.start, t, side="right") - 1
+    ok = (pos >= 0) & (t < blocks.end[np.clip(pos, 0, None)] + 1)
+    sel = comp[ok]
     p = pos[ok]
     iv.phase[sel] = blocks.phase[p]
     iv.mb[sel] = blocks.mb[p]

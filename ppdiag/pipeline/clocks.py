@@ -67,7 +67,7 @@ def p2p_ops(tl: RankTimeline) -> P2POps:
     return P2POps(z, z.copy(), np.zeros(0, np.int32), np.zeros(0, np.int8), False)
 
 
-def match_pairs(run: Run, ops: dict[int, P2POps]) -> Pairs:
+def match_pairs(ops: dict[int, P2POps]) -> Pairs:
     """Pair the k-th send a->b with the k-th recv on b from a."""
     parts: list[tuple[npt.NDArray[np.int64], ...]] = []
     device = all(o.device for o in ops.values() if len(o.start))
