@@ -66,6 +66,11 @@ PerfettoOut = Annotated[
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
 
 
+def report_console() -> Console:
+    """Where the terminal report goes: the terminal's width, or 140 columns in logs (CI)."""
+    return Console() if sys.stdout.isatty() else Console(width=140)
+
+
 def _fail(exc: BaseException) -> None:
     if isinstance(exc, PpdiagError):
         err.print(f"ppdiag: error: {exc}", markup=False, highlight=False, soft_wrap=True)
@@ -150,7 +155,7 @@ def analyze(
         if not quiet:
             from ppdiag.reports.terminal import render
 
-            render(diag.report, Console(), ranks=ranks)
+            render(diag.report, report_console(), ranks=ranks)
         _write_reports(diag, json_out, html, md, perfetto, quiet)
     except Exception as exc:
         _fail(exc)

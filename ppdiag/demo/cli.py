@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
         Writes one trace per rank and groundtruth.json into --out, then report.html, report.json
         and summary.md next to them.
         """
-        from ppdiag.cli import _fail
+        from ppdiag.cli import _fail, report_console
 
         try:
             from ppdiag.demo.config import DemoConfig
@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
             if not quiet:
                 from ppdiag.reports.terminal import render
 
-                render(diag.report, Console())
+                render(diag.report, report_console())
             load_builtin()
             for name, fname in (("json", "report.json"), ("html", "report.html"), ("md", "summary.md")):
                 if name in REPORTERS:
