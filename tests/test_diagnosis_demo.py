@@ -29,6 +29,9 @@ CONFIGS: dict[str, DemoConfig] = {
     "delay": DemoConfig(schedule="1f1b", microbatches=8, steps=3, comm_delay_ms=10.0, comm_delay_rank=1),
     "stall": DemoConfig(schedule="1f1b", microbatches=8, steps=3, host_stall_ms=10.0, host_stall_rank=1),
     "interleaved": DemoConfig(schedule="interleaved_1f1b", microbatches=8, steps=2),
+    "zero_bubble": DemoConfig(schedule="zero_bubble", microbatches=8, steps=2),
+    "zbv": DemoConfig(schedule="zbv", microbatches=8, steps=2),
+    "dualpipev": DemoConfig(schedule="dualpipev", microbatches=8, steps=2),
 }
 
 
@@ -149,6 +152,17 @@ def test_host_stall_blames_the_stalled_rank(runs: dict[str, Any]) -> None:
     r1 = next(r for r in diag.report["ranks"] if r["rank"] == 1)["lost_ms"]
     assert r1["host"] >= 0.5 * 10.0 * 8
     assert r1["host"] == max(v for k, v in r1.items() if k != "bubble")
+
+
+@pytest.mark.parametrize("name", ["zero_bubble", "zbv", "dualpipev"])
+def test_split_backward_schedules(runs: dict[str, Any], name: str) -> None:
+    """Weight-gradient blocks are found and the measured bubble stays near the schedule's."""
+    diag, truth = runs[name]
+    assert diag.report["run"]["virtual_stages"] == 2
+    stages = diag.report["stages"]
+    assert all(st["wgrad_ms"] is not None for st in stages)
+    b = diag.report["bubble"]
+    assert abs(b["measured_ratio"] - b["theoretical_ratio"]) < 0.1
 
 
 def test_interleaved_is_recognised(runs: dict[str, Any]) -> None:

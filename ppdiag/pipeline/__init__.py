@@ -76,7 +76,7 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
             b.launch = np.where(b.launch >= 0, b.launch + off, -1)
         blocks[tl.rank] = b
     schedule = opts.schedule or detect_schedule(topo, blocks, run.by_rank())
-    m = opts.microbatches or (microbatch_count(blocks, topo.virtual) if topo.pp > 1 else None)
+    m = opts.microbatches or (microbatch_count(blocks, topo.virtual, run.by_rank()) if topo.pp > 1 else None)
     if topo.virtual > 1 and any(len(b) and not b.labelled for b in blocks.values()):
         bad = label_from_order(blocks, topo, schedule, m)
         if bad:

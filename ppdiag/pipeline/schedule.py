@@ -66,17 +66,30 @@ def _has_overlap_labels(tl: RankTimeline) -> bool:
     return any("OVERLAP_F_B" in tl.names[i] for i in np.unique(r.name[m]))
 
 
-def microbatch_count(blocks: dict[int, Blocks], virtual: int) -> int | None:
-    """Micro-batches per step: the forward blocks of one virtual stage in one step (median)."""
+def microbatch_count(
+    blocks: dict[int, Blocks], virtual: int, timelines: dict[int, RankTimeline] | None = None
+) -> int | None:
+    """Micro-batches per step: the highest labelled micro-batch + 1 when labels number them (some
+    blocks, e.g. DualPipeV's overlapped F&B pairs, carry no F label of their own), else the forward
+    blocks of one virtual stage in one step (median over ranks and steps)."""
+    labelled = [
+        int(b.mb[b.phase == int(Phase.FWD)].max()) + 1
+        for b in blocks.values()
+        if len(b) and b.labelled and (b.phase == int(Phase.FWD)).any()
+    ]
+    for tl in (timelines or {}).values():
+        r = tl.ranges
+        m = (r.kind == int(RangeKind.OTHER)) & (r.mb >= 0)
+        if m.any() and labelled:
+            labelled.append(int(r.mb[m].max()) + 1)
+    if labelled:
+        return max(labelled)
     counts: list[int] = []
     for b in blocks.values():
         f = b.phase == int(Phase.FWD)
         for s in np.unique(b.step[f]):
-            m = f & (b.step == s)
-            counts.append(int(m.sum()) // max(virtual, 1) if virtual > 1 else int(m.sum()))
-            mbs = b.mb[m]
-            if b.labelled and (mbs >= 0).any():  # counted numbers run over all chunks: not these
-                counts[-1] = max(counts[-1], int(mbs.max()) + 1)
+            n = int((f & (b.step == s)).sum())
+            counts.append(n // virtual if virtual > 1 else n)
     if not counts:
         return None
     return int(np.median(counts))
