@@ -157,7 +157,7 @@ def test_host_stall_blames_the_stalled_rank(runs: dict[str, Any]) -> None:
 @pytest.mark.parametrize("name", ["zero_bubble", "zbv", "dualpipev"])
 def test_split_backward_schedules(runs: dict[str, Any], name: str) -> None:
     """Weight-gradient blocks are found and the measured bubble stays near the schedule's."""
-    diag, truth = runs[name]
+    diag, _ = runs[name]
     assert diag.report["run"]["virtual_stages"] == 2
     stages = diag.report["stages"]
     assert all(st["wgrad_ms"] is not None for st in stages)

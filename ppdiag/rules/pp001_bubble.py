@@ -62,10 +62,13 @@ class BubbleRule:
         bubble_ms = mean_cause_ms(ctx, "bubble")
         gain = doubling_gain_ms(ctx)
         share = 100 * bubble_ms / ctx.step_ms
-        if share < 5.0 or 100 * gain / ctx.step_ms < MIN_PCT:
+        theo = ctx.report["bubble"].get("theoretical_ratio")
+        # M is "too small" while the schedule itself leaves 10% or more idle (M < ~9(P-1) for 1F1B),
+        # or while the measured bubble is that large anyway
+        too_small = (theo is not None and theo >= 0.10) or share >= 10.0
+        if share < 5.0 or not too_small or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
         m, p = pipe.microbatches, pipe.topology.pp
-        theo = ctx.report["bubble"].get("theoretical_ratio")
         fixes = [
             f"raise the micro-batches per step from M={m} to M={2 * (m or 1)} or more "
             "(smaller micro-batches, same global batch)"
