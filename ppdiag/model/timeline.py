@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -70,8 +70,56 @@ class RangeKind(IntEnum):
     MODULE = 4  # a model block / layer range (for per-block costs)
 
 
+T = TypeVar("T", bound="ColumnTable")
+
+
+class ColumnTable:
+    """Behaviour shared by the column tables: every column a numpy array of the same length,
+    named in ``COLUMNS`` with its dtype in ``DTYPES`` and its fill value in ``DEFAULTS``."""
+
+    COLUMNS: ClassVar[tuple[str, ...]]
+    DTYPES: ClassVar[Any]
+    DEFAULTS: ClassVar[Any]
+    REQUIRED: ClassVar[tuple[str, ...]] = ("start", "end")
+
+    def __len__(self) -> int:
+        return int(getattr(self, self.COLUMNS[0]).shape[0])
+
+    @classmethod
+    def empty(cls: type[T]) -> T:
+        return cls.from_columns(0, {c: [] for c in cls.REQUIRED})
+
+    @classmethod
+    def from_columns(cls: type[T], n: int, cols: dict[str, Any]) -> T:
+        """Build from a dict of array-likes; missing columns get their default value."""
+        out: dict[str, Any] = {}
+        for c in cls.COLUMNS:
+            dt = cls.DTYPES[c]
+            if c in cols and cols[c] is not None:
+                arr = np.asarray(cols[c], dtype=dt)
+                if arr.shape != (n,):
+                    raise ValueError(f"column {c} has shape {arr.shape}, expected ({n},)")
+            elif c in cls.REQUIRED:
+                raise ValueError(f"column {c} is required")
+            else:
+                arr = np.full(n, cls.DEFAULTS[c], dtype=dt)
+            out[c] = arr
+        return cls(**out)
+
+    def take(self: T, idx: Any) -> T:
+        """Rows selected by an index array or boolean mask, as a new table."""
+        return type(self)(**{c: getattr(self, c)[idx] for c in self.COLUMNS})
+
+    @classmethod
+    def concat(cls: type[T], parts: list[T]) -> T:
+        """The rows of all ``parts`` in order."""
+        if not parts:
+            return cls.empty()
+        return cls(**{c: np.concatenate([getattr(p, c) for p in parts]) for c in cls.COLUMNS})
+
+
 @dataclass
-class Intervals:
+class Intervals(ColumnTable):
     """Column table of device intervals; all arrays have the same length.
 
     ``stream`` is the GPU stream (CPU thread id for CPU-only runs); ``name`` indexes
@@ -142,48 +190,14 @@ class Intervals:
         "group": -1,
     }
 
-    def __len__(self) -> int:
-        return int(self.start.shape[0])
-
-    @classmethod
-    def empty(cls) -> Intervals:
-        return cls.from_columns(0, {"start": [], "end": []})
-
-    @classmethod
-    def from_columns(cls, n: int, cols: dict[str, Any]) -> Intervals:
-        """Build from a dict of array-likes; missing columns get their default value."""
-        out: dict[str, Any] = {}
-        for c in cls.COLUMNS:
-            dt = cls.DTYPES[c]
-            if c in cols and cols[c] is not None:
-                arr = np.asarray(cols[c], dtype=dt)
-                if arr.shape != (n,):
-                    raise ValueError(f"column {c} has shape {arr.shape}, expected ({n},)")
-            elif c in ("start", "end"):
-                raise ValueError(f"column {c} is required")
-            else:
-                arr = np.full(n, cls.DEFAULTS[c], dtype=dt)
-            out[c] = arr
-        return cls(**out)
-
-    def take(self, idx: Any) -> Intervals:
-        """Rows selected by an index array or boolean mask, as a new table."""
-        return Intervals(**{c: getattr(self, c)[idx] for c in self.COLUMNS})
-
     def sorted(self) -> Intervals:
         """Rows ordered by (start, end)."""
         order = np.lexsort((self.end, self.start))
         return self.take(order)
 
-    @staticmethod
-    def concat(parts: list[Intervals]) -> Intervals:
-        if not parts:
-            return Intervals.empty()
-        return Intervals(**{c: np.concatenate([getattr(p, c) for p in parts]) for c in Intervals.COLUMNS})
-
 
 @dataclass
-class Ranges:
+class Ranges(ColumnTable):
     """Column table of host ranges (annotations and comm-issue ops) kept for later layers.
 
     ``num`` is the step number for STEP ranges, ``mb`` / ``stage`` / ``phase`` describe a pipeline
@@ -252,34 +266,6 @@ class Ranges:
         "seq": -1,
         "group": -1,
     }
-
-    def __len__(self) -> int:
-        return int(self.start.shape[0])
-
-    @classmethod
-    def empty(cls) -> Ranges:
-        return cls.from_columns(0, {"start": [], "end": []})
-
-    @classmethod
-    def from_columns(cls, n: int, cols: dict[str, Any]) -> Ranges:
-        """Build from a dict of array-likes; missing columns get their default value."""
-        out: dict[str, Any] = {}
-        for c in cls.COLUMNS:
-            dt = cls.DTYPES[c]
-            if c in cols and cols[c] is not None:
-                arr = np.asarray(cols[c], dtype=dt)
-                if arr.shape != (n,):
-                    raise ValueError(f"column {c} has shape {arr.shape}, expected ({n},)")
-            elif c in ("start", "end"):
-                raise ValueError(f"column {c} is required")
-            else:
-                arr = np.full(n, cls.DEFAULTS[c], dtype=dt)
-            out[c] = arr
-        return cls(**out)
-
-    def take(self, idx: Any) -> Ranges:
-        """Rows selected by an index array or boolean mask, as a new table."""
-        return Ranges(**{c: getattr(self, c)[idx] for c in self.COLUMNS})
 
     def of_kind(self, kind: RangeKind) -> Ranges:
         return self.take(self.kind == int(kind))
