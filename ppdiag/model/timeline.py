@@ -98,11 +98,11 @@ class ColumnTable:
             if c in cols and cols[c] is not None:
                 arr = np.asarray(cols[c], dtype=dt)
                 if arr.shape != (n,):
-                    raise ValueError(f"column {c} has shape {arr.shape}, expected ({n},)")
-            elif c in cls.REQUIRED:
-                raise ValueError(f"column {c} is required")
-            else:
+                    raise ValueError(f"{cls.__name__}.{c} has shape {arr.shape}, expected ({n},)")
+            elif c in cls.DEFAULTS:
                 arr = np.full(n, cls.DEFAULTS[c], dtype=dt)
+            else:
+                raise ValueError(f"{cls.__name__}.{c} is required")
             out[c] = arr
         return cls(**out)
 

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.model.timeline import ProcessGroup
+from ppdiag.model.timeline import ColumnTable, ProcessGroup
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -66,7 +66,7 @@ class StreamRole(IntEnum):
     COLLECTIVE = 2  # NCCL stream of a process group's collectives
 
 
-class _Table:
+class _Table(ColumnTable):
     """Column table base: numpy arrays of one length, declared in ``COLUMNS`` / ``DTYPES``."""
 
     COLUMNS: ClassVar[tuple[str, ...]] = ()
@@ -77,33 +77,9 @@ class _Table:
     start: I64
     end: I64
 
-    def __len__(self) -> int:
-        return int(self.start.shape[0])
-
-    @classmethod
-    def from_columns(cls: type[T], n: int, cols: dict[str, Any]) -> T:
-        """Build from array-likes; missing columns take their default (required ones raise)."""
-        out: dict[str, Any] = {}
-        for c in cls.COLUMNS:
-            dt = cls.DTYPES[c]
-            if c in cols and cols[c] is not None:
-                arr = np.asarray(cols[c], dtype=dt)
-                if arr.shape != (n,):
-                    raise ValueError(f"{cls.__name__}.{c} has shape {arr.shape}, expected ({n},)")
-            elif c in cls.DEFAULTS:
-                arr = np.full(n, cls.DEFAULTS[c], dtype=dt)
-            else:
-                raise ValueError(f"{cls.__name__}.{c} is required")
-            out[c] = arr
-        return cls(**out)
-
     @classmethod
     def empty(cls: type[T]) -> T:
         return cls.from_columns(0, {c: np.zeros(0) for c in cls.COLUMNS})
-
-    def take(self: T, idx: Any) -> T:
-        """Rows selected by an index array or mask."""
-        return type(self)(**{c: getattr(self, c)[idx] for c in self.COLUMNS})
 
     def sorted(self: T) -> T:
         """Rows ordered by start time (stable)."""
