@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ppdiag.attribution.causes import RankStep, attribute, rank_step
-from ppdiag.diagnosis import Diagnosis, StepWindow
+from ppdiag.diagnosis import Cause, Diagnosis, Finding, GapTable, StepWindow
 from ppdiag.model import Run
 from ppdiag.parsers import ParseOptions
 from ppdiag.pipeline import PipelineOptions, rebuild
@@ -85,6 +85,7 @@ def analyze_run(
     findings = run_rules(ctx)
     report["findings"] = [f.to_json() for f in findings]
     report["whatif"] = whatif_rows(run, report, pipe, attr, steps)
+    _blame_gaps(attr.gaps, findings)
     return Diagnosis(
         run=run,
         report=report,
@@ -98,3 +99,14 @@ def analyze_run(
             "rank_steps": steps,
         },
     )
+
+
+def _blame_gaps(gaps: dict[int, GapTable], findings: list[Finding]) -> None:
+    """Name the root rank of each gap whose cause a finding traced to one rank (host stalls, slow
+    links, a slow stage), so the timeline and the Perfetto overlay can show who to look at."""
+    for f in findings:
+        if f.cause is None or len(f.ranks) != 1:
+            continue
+        cause = int(Cause[f.cause.upper()])
+        for g in gaps.values():
+            g.blame[g.cause == cause] = f.ranks[0]
