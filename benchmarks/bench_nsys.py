@@ -39,6 +39,7 @@ from ppdiag.synth.nsys import (  # noqa: E402
     SCHEMA_SENDRECV,
     create_tables,
     insert,
+    nvtx_row,
     payload_blob,
 )
 
@@ -241,28 +242,7 @@ def _nvtx(
     domain: int,
     blob: bytes | None,
 ) -> tuple[object, ...]:
-    return (
-        start,
-        end,
-        etype,
-        None,
-        None,
-        None,
-        text,
-        GTID,
-        None,
-        text_id,
-        domain,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        blob,
-    )
+    return nvtx_row(start, end, GTID, text=text, text_id=text_id, event_type=etype, domain=domain, blob=blob)
 
 
 _CHILD = r"""

@@ -30,6 +30,7 @@ from ppdiag.synth.nsys import (
     SCHEMA_SENDRECV,
     create_tables,
     insert,
+    nvtx_row,
     payload_blob,
 )
 
@@ -301,27 +302,8 @@ class Export:
         gtid = (1 << 48) | (pid << 24) | tid
         text, text_id = (None, self.sid(name)) if registered else (name, None)
         self.nvtx.append(
-            (
-                start,
-                end,
-                event_type,
-                None,
-                None,
-                None,
-                text,
-                gtid,
-                None,
-                text_id,
-                domain,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                blob,
+            nvtx_row(
+                start, end, gtid, text=text, text_id=text_id, event_type=event_type, domain=domain, blob=blob
             )
         )
 

@@ -477,7 +477,7 @@ def _add_rank(
         text = names[int(h.name[i])]
         if _TORCH_COMM_TITLE.match(text):
             continue  # PyTorch's collective titles exist only in its own profiler
-        f.nvtx.append(_nvtx_row(int(hstart[i]), int(hend[i]), global_tid(r.pid, int(h.tid[i])), text=text))
+        f.nvtx.append(nvtx_row(int(hstart[i]), int(hend[i]), global_tid(r.pid, int(h.tid[i])), text=text))
 
     _add_nccl(f, run, r, clock, comms, payloads, comm_init)
 
@@ -525,7 +525,7 @@ def _zip_rows(n: int, *cols: Any) -> list[tuple[Any, ...]]:
     return list(zip(*(c if isinstance(c, list) else itertools.repeat(c, n) for c in cols), strict=True))
 
 
-def _nvtx_row(
+def nvtx_row(
     start: int,
     end: int | None,
     gtid: int,
@@ -536,6 +536,7 @@ def _nvtx_row(
     domain: int = 0,
     blob: bytes | None = None,
 ) -> tuple[Any, ...]:
+    """One ``NVTX_EVENTS`` row in the column order of the writer's DDL."""
     return (
         start,
         end,
@@ -578,7 +579,7 @@ def _add_nccl(
     gpid_main = global_tid(r.pid, r.tid)
     first = clock.one(_first_time(r))
     f.nvtx.append(
-        _nvtx_row(
+        nvtx_row(
             first - 2_000_000,
             None,
             gpid_main,
@@ -604,7 +605,7 @@ def _add_nccl(
                 else None
             )
             f.nvtx.append(
-                _nvtx_row(
+                nvtx_row(
                     t,
                     t + 150_000,
                     gpid_main,
@@ -636,7 +637,7 @@ def _add_nccl(
         for text, t0, t1, schema, vals in _api_ranges(run, r, i, comm, lo, hi, nbytes):
             blob = payload_blob(schema, vals) if payloads and schema else None
             f.nvtx.append(
-                _nvtx_row(
+                nvtx_row(
                     clock.one(t0), clock.one(t1), gtid, text_id=s.id(text), domain=NCCL_DOMAIN_ID, blob=blob
                 )
             )
