@@ -66,7 +66,10 @@ SHAPES = [
     ("gpipe", 4, 8),
     ("1f1b", 8, 8),
     ("1f1b", 8, 16),
+    ("1f1b", 8, 32),
+    ("gpipe", 8, 8),
     ("gpipe", 8, 16),
+    ("gpipe", 4, 16),
 ]
 
 
@@ -122,4 +125,38 @@ def test_large_clock_offsets_are_removed(tmp_path: Path) -> None:
     true = {int(r): v for r, v in truth["clock_offset_ns"].items()}
     for r in got:
         assert abs((got[r] - got[0]) - (true[r] - true[0])) < 50_000, (r, got, true)
+    _check_causes(rep, truth)
+
+
+MIXED = {
+    "p8_slow_stage": dict(schedule="1f1b", pp=8, microbatches=16, faults=[F.SlowStage(5, 1.4)]),
+    "p8_slow_link": dict(schedule="1f1b", pp=8, microbatches=16, faults=[F.SlowLink(3, delay_ms=0.4)]),
+    "p8_host_stall": dict(schedule="1f1b", pp=8, microbatches=16, faults=[F.HostStall(6, 0.4)]),
+    "interleaved_slow_stage": dict(
+        schedule="interleaved_1f1b", virtual=2, pp=4, microbatches=8, faults=[F.SlowStage(2, 1.5)]
+    ),
+    "interleaved_host_stall": dict(
+        schedule="interleaved_1f1b", virtual=2, pp=4, microbatches=8, faults=[F.HostStall(1, 0.3)]
+    ),
+    "gpipe_slow_link": dict(schedule="gpipe", pp=4, microbatches=8, faults=[F.SlowLink(0, delay_ms=0.5)]),
+    "dp2_slow_stage_allreduce": dict(
+        schedule="1f1b", pp=4, microbatches=8, dp=2, faults=[F.SlowStage(1, 1.5), F.ExposedAllReduce(2.0)]
+    ),
+    "three_faults": dict(
+        schedule="1f1b",
+        pp=4,
+        microbatches=12,
+        faults=[F.SlowStage(3, 1.3), F.HostStall(1, 0.3), F.SlowLink(2, delay_ms=0.3)],
+    ),
+    "uneven_stages": dict(
+        schedule="1f1b", pp=4, microbatches=8, fwd_ms=[1.0, 1.2, 0.8, 1.5], bwd_ms=[2.0, 2.4, 1.6, 3.0]
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MIXED))
+def test_other_sizes_schedules_and_fault_mixes(tmp_path: Path, name: str) -> None:
+    rep, truth = _diagnose(tmp_path, **dict(MIXED[name]))
+    _check_structure(rep, truth)
     _check_causes(rep, truth)

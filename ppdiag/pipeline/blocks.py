@@ -179,7 +179,18 @@ def _cut_groups(
         prev_end = np.where(k >= 0, ce[np.clip(k, 0, None)], np.iinfo(np.int64).min)
         next_start = np.where(k + 1 < cs.size, cs[np.clip(k + 1, 0, cs.size - 1)], np.iinfo(np.int64).max)
         idle_gap = (r_end >= prev_end) & (next_start - np.maximum(prev_end, 0) >= MIN_CUT_GAP_NS)
-        cut_t = [iv.start[sends], r_end[idle_gap]]
+        # a send that starts while a kernel runs was queued behind earlier sends: it does not mark
+        # the end of the block that produced it
+        s_start = iv.start[sends]
+        k_start = iv.start[comp]
+        k_end_max = np.maximum.accumulate(iv.end[comp]) if comp.size else iv.end[comp]
+        j = np.searchsorted(k_start, s_start, side="left") - 1
+        inside = (
+            (j >= 0) & (k_end_max[np.clip(j, 0, None)] > s_start)
+            if comp.size
+            else np.zeros(s_start.size, bool)
+        )
+        cut_t = [s_start[~inside], r_end[idle_gap]]
     cuts = np.unique(np.concatenate(cut_t))
     seg = np.searchsorted(cuts, iv.start[comp], side="right").astype(np.int64)
     if not tl.cpu_only:
