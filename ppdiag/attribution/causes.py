@@ -27,6 +27,7 @@ ranks 0, 2 and 3), as DESIGN.md requires.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +43,8 @@ from ppdiag.pipeline.clocks import p2p_ops
 NEG_INF = -(2**62)
 # transfer pieces closer than this form one wait (the host issuing the next operation in between)
 WAIT_JOIN_NS = 50_000
+# windows closer than this are consecutive steps of one rank
+STEP_JOIN_NS = 1_000_000
 
 
 @dataclass
@@ -367,6 +370,16 @@ class Replay:
             node.edges.append((prod, min(self.normal_latency, slack)))
         self.order = sorted(range(len(self.nodes)), key=lambda i: self.meas_start[i])
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
+        # a step that begins where the rank's previous analyzed step ended is chained to it
+        self.prev_step: dict[tuple[int, int], tuple[int, int]] = {}
+        by_rank: dict[int, list[RankStep]] = {}
+        for rs in steps:
+            by_rank.setdefault(rs.rank, []).append(rs)
+        for lst in by_rank.values():
+            lst.sort(key=lambda x: x.w0)
+            for a_rs, b_rs in itertools.pairwise(lst):
+                if abs(b_rs.w0 - a_rs.w1) <= STEP_JOIN_NS:
+                    self.prev_step[(b_rs.rank, b_rs.step)] = (a_rs.rank, a_rs.step)
 
     def run(
         self,
@@ -377,16 +390,58 @@ class Replay:
         ux: bool = True,
         balanced: dict[int, float] | None = None,
     ) -> dict[tuple[int, int], tuple[int, int]]:
-        """``(window, idle)`` of every (rank, step) under a variant; ``False`` removes that delay."""
+        """``(window, idle)`` of every (rank, step) under a variant; ``False`` removes that delay.
+
+        Consecutive steps of a rank are chained: a step starts where the rank's previous step ends
+        in the same variant (a faster previous step lets the next one begin earlier); the first
+        analyzed step keeps its measured start.
+        """
         n = len(self.nodes)
         start = [0] * n
         end = [0] * n
         done = [False] * n
         lat = self.normal_latency
+        w_start: dict[tuple[int, int], int] = {}
+        w_end: dict[tuple[int, int], int] = {}
+        sync_end: dict[int, int] = {}
+
+        def node_end(j: int) -> int:
+            return end[j] if done[j] else self.meas_start[j] + self.nodes[j].span
+
+        def last_end(key: tuple[int, int]) -> int:
+            f, c = self.first[key], self.count[key]
+            return node_end(f + c - 1) if c else window_start(key)
+
+        def window_start(key: tuple[int, int]) -> int:
+            if key not in w_start:
+                prev = self.prev_step.get(key)
+                w_start[key] = window_end(prev) if prev is not None else self.w0[key]
+            return w_start[key]
+
+        def window_end(key: tuple[int, int]) -> int:
+            if key in w_end:
+                return w_end[key]
+            sync = self.sync_of.get(key)
+            if sync is not None:
+                if sync not in sync_end:
+                    members, xfer = self.syncs[sync]
+                    arrive = NEG_INF
+                    for m in members:
+                        before = self.tail_coll[m][2]
+                        arrive = max(arrive, last_end(m) + before[0] + before[2] + (before[1] if host else 0))
+                    sync_end[sync] = arrive + (xfer if comm else 0)
+                after = self.tail_coll[key][3]
+                val = sync_end[sync] + after[0] + after[2] + (after[1] if host else 0)
+            else:
+                busy_t, coll_t, host_t, other_t = self.tail[key]
+                val = last_end(key) + busy_t + other_t + (coll_t if comm else 0) + (host_t if host else 0)
+            w_end[key] = int(val)
+            return w_end[key]
+
         for i in self.order:
             nd = self.nodes[i]
-            rs_first = self.first[(nd.rank, nd.step)]
-            prev_end = end[i - 1] if i > rs_first else self.w0[(nd.rank, nd.step)]
+            key = (nd.rank, nd.step)
+            prev_end = end[i - 1] if i > self.first[key] else window_start(key)
             local = nd.pre + nd.post
             keep = local
             if not host:
@@ -405,11 +460,9 @@ class Replay:
                     xfer = min(xfer, lat)
                 if not comm:
                     xfer = 0
-                p_end = end[p] if done[p] else self.meas_start[p] + self.nodes[p].span
-                base = max(base, p_end + (issue if host else 0)) + xfer
+                base = max(base, node_end(p) + (issue if host else 0)) + xfer
             for p, tau in nd.edges:
-                p_end = end[p] if done[p] else self.meas_start[p] + self.nodes[p].span
-                base = max(base, p_end + (tau if comm else 0))
+                base = max(base, node_end(p) + (tau if comm else 0))
             s = base + post
             dur = balanced.get(nd.phase, nd.busy) + nd.in_host + nd.in_ux if balanced is not None else nd.span
             if not host:
@@ -420,26 +473,11 @@ class Replay:
             end[i] = int(s + dur)
             done[i] = True
         idle: dict[tuple[int, int], tuple[int, int]] = {}
-        sync_end: dict[int, int] = {}
-        for sk, (members, xfer) in self.syncs.items():
-            arrive = NEG_INF
-            for key in members:
-                f, c = self.first[key], self.count[key]
-                last = end[f + c - 1] if c else self.w0[key]
-                before = self.tail_coll[key][2]
-                arrive = max(arrive, last + before[0] + before[2] + (before[1] if host else 0))
-            sync_end[sk] = arrive + (xfer if comm else 0)
         for rs in self.steps:
             key = (rs.rank, rs.step)
             f, c = self.first[key], self.count[key]
-            last = end[f + c - 1] if c else rs.w0
-            sync = self.sync_of.get(key)
-            if sync is not None:
-                after = self.tail_coll[key][3]
-                w_end = sync_end[sync] + after[0] + after[2] + (after[1] if host else 0)
-            else:
-                busy_t, coll_t, host_t, other_t = self.tail[key]
-                w_end = last + busy_t + other_t + (coll_t if comm else 0) + (host_t if host else 0)
+            w0 = window_start(key)
+            w1 = window_end(key)
             busy = rs.acct.compute
             if balanced is not None and c:
                 busy = (
@@ -447,7 +485,7 @@ class Replay:
                     - sum(self.nodes[j].busy for j in range(f, f + c))
                     + sum(end[j] - start[j] for j in range(f, f + c))
                 )
-            idle[key] = (int(w_end - rs.w0), int(w_end - rs.w0 - busy))
+            idle[key] = (int(w1 - w0), int(w1 - w0 - busy))
         return idle
 
 
