@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ppdiag.errors import InputError
-from ppdiag.model import Run
+from ppdiag.model import Direction, Run
 from ppdiag.pipeline.blocks import Blocks, build_blocks, write_back
-from ppdiag.pipeline.clocks import ClockFit, Pairs, align_clocks, match_pairs, p2p_ops
+from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
 from ppdiag.pipeline.schedule import SCHEDULES, detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
 from ppdiag.pipeline.topology import Topology, infer_topology
@@ -76,7 +76,14 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
             b.launch = np.where(b.launch >= 0, b.launch + off, -1)
         blocks[tl.rank] = b
     schedule = opts.schedule or detect_schedule(topo, blocks, run.by_rank())
-    m = opts.microbatches or (microbatch_count(blocks, topo.virtual, run.by_rank()) if topo.pp > 1 else None)
+    m = opts.microbatches
+    if m is None and topo.pp > 1:
+        m = microbatch_count(blocks, topo.virtual, run.by_rank())
+        sent = _microbatches_from_sends(run, topo, windows, ops)
+        if sent and not any(b.labelled for b in blocks.values()) and sent != m:
+            # the first stage sends one activation per forward: a count that small helper ops
+            # around the blocks cannot inflate
+            m = sent
     if topo.virtual > 1 and any(len(b) and not b.labelled for b in blocks.values()):
         bad = label_from_order(blocks, topo, schedule, m)
         if bad:
@@ -89,3 +96,24 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")
     return Pipeline(topo, fit, pairs, windows, blocks, schedule, m, warnings)
+
+
+def _microbatches_from_sends(
+    run: Run, topo: Topology, windows: dict[int, list[LocalStep]], ops: dict[int, P2POps]
+) -> int | None:
+    """Forward activations the first stage sends to the second per step, over its chunks."""
+    if not topo.pipelines or len(topo.pipelines[0]) < 2:
+        return None
+    first, second = topo.pipelines[0][0], topo.pipelines[0][1]
+    o = ops.get(first)
+    wins = windows.get(first, [])
+    if o is None or not len(o.start) or not wins:
+        return None
+    off = run.by_rank()[first].clock_offset_ns
+    sends = (o.peer == second) & ((o.direction == int(Direction.SEND)) | (o.direction == int(Direction.BOTH)))
+    t = o.start[sends] + off
+    counts = [int(((t >= w.start) & (t < w.end)).sum()) for w in wins]
+    counts = [c for c in counts if c > 0]
+    if not counts:
+        return None
+    return round(float(np.median(counts)) / max(topo.virtual, 1))
