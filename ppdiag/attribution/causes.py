@@ -2,18 +2,23 @@
 
 The measured run is rebuilt as a *replay*: each rank executes its blocks in the observed order,
 and a block starts at ``max(previous end + local delay before the wait, release by the peer) +
-local delay after the wait``. The release is the end of the producer block the rank waited for
-(the last block the peer finished before the wait ended) plus the observed transfer latency; pipeline
-data dependencies from the block labels are added with the normal latency. With every quantity as
-measured, the replay reproduces the measured block starts exactly.
+transfer + local delay after the wait``. The release is the end of the producer block the rank
+waited for (the last block the peer finished before the wait ended) plus the producer's delay in
+issuing the transfer; the transfer is what remains of the wait once both sides were ready.
+Pipeline data dependencies from the block labels are added with the normal latency. A step-end
+collective that every rank joins is one sync point (early ranks wait in it, the last one pays only
+the transfer), and a rank's consecutive steps are chained. With every quantity as measured, the
+replay reproduces the measured timeline exactly (checked; a difference is reported).
 
 Causes come from removing one kind of delay at a time, in this precedence, and taking the change
 of each rank's idle time (all delays only ever push work later, so each change is >= 0):
 
 1. ``host``: local idle where the next work was launched after the gap began (GPU), or any
-   event-less stretch between ops (CPU-only runs), including inside blocks.
-2. ``comm_wait``: transfer latency above the run's normal latency (the median over all waits).
-3. ``exposed_comm``: the remaining transfer latency on the critical path plus exposed collectives.
+   event-less stretch between ops (CPU-only runs), inside blocks too, and a producer's delay in
+   issuing a transfer after its block ended.
+2. ``comm_wait``: transfer time above the run's normal transfer time (the median over all waits).
+3. ``exposed_comm``: the remaining transfer time on the critical path, exposed transfers between
+   blocks and exposed collectives.
 4. ``unexplained``: local idle with work already queued and no transfer to explain it, plus any
    disagreement between the replay and the measurement.
 5. ``imbalance`` and ``bubble``: what is left is the schedule with the measured per-stage costs.
@@ -22,7 +27,8 @@ of each rank's idle time (all delays only ever push work later, so each change i
 
 A delay on one rank that makes its neighbours wait is removed everywhere at once, so the
 neighbours' waiting is charged to the root cause (a host stall on rank 1 shows as ``host`` on
-ranks 0, 2 and 3), as DESIGN.md requires.
+ranks 0, 2 and 3), as DESIGN.md requires. The same replay with one delay removed gives each
+finding's gain.
 """
 
 from __future__ import annotations
