@@ -39,6 +39,8 @@ from ppdiag.reports.style import (
     cause_label,
     fmt_ms,
     fmt_pct,
+    num,
+    slowest_stage,
 )
 
 if TYPE_CHECKING:
@@ -81,13 +83,6 @@ CSP = (
 def esc(x: Any) -> str:
     """HTML-escape any value (quotes included)."""
     return html.escape("" if x is None else str(x), quote=True)
-
-
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    v = float(x)
-    return None if math.isnan(v) else v
 
 
 def _short(name: str, n: int = 140) -> str:
@@ -230,7 +225,7 @@ def _pick_rows(diag: Diagnosis, max_rows: int, notes: list[str]) -> list[Row]:
     lost: dict[int, float] = {}
     for row in (diag.report or {}).get("ranks") or []:
         if isinstance(row.get("rank"), int):
-            lost[row["rank"]] = sum(_num(v) or 0.0 for v in (row.get("lost_ms") or {}).values())
+            lost[row["rank"]] = sum(num(v) or 0.0 for v in (row.get("lost_ms") or {}).values())
     chosen = list(have)
     if len(have) > max_rows:
         by_stage: dict[int, list[int]] = {}
@@ -816,23 +811,6 @@ def _stage_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in rep.get("stages") or [] if isinstance(s, dict)]
 
 
-def _slowest_stage(stages: list[dict[str, Any]]) -> int | None:
-    best, idx = None, None
-    for i, s in enumerate(stages):
-        v = _num(s.get("compute_ms"))
-        if v is None:
-            v = sum(
-                _num((s.get(k) or {}).get("mean")) or 0.0
-                for k in ("fwd_ms", "bwd_ms", "wgrad_ms")
-                if isinstance(s.get(k), dict)
-            )
-        if best is None or v > best:
-            best, idx = v, i
-    if len(stages) < 2:
-        return None
-    return idx
-
-
 def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
     """Per-stage histograms of forward/backward (and W) time per micro-batch; the slowest stage framed."""
     import plotly.graph_objects as go
@@ -847,20 +825,20 @@ def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
         ("wgrad", "wgrad_samples_ms", "wgrad_ms"),
     )
     have_samples = any(isinstance(s.get(k), list) and s.get(k) for s in stages for _, k, _ in series)
-    slow = _slowest_stage(stages)
+    slow = slowest_stage(stages)
     if not have_samples:
         # no per-micro-batch samples: mean with p95 whiskers per stage
         fig = go.Figure()
         xs = [f"stage {s.get('stage')}" for s in stages]
         for cat, _k, statk in series:
             ys = [
-                _num((s.get(statk) or {}).get("mean")) if isinstance(s.get(statk), dict) else None
+                num((s.get(statk) or {}).get("mean")) if isinstance(s.get(statk), dict) else None
                 for s in stages
             ]
             if all(v is None for v in ys):
                 continue
             p95 = [
-                _num((s.get(statk) or {}).get("p95")) if isinstance(s.get(statk), dict) else None
+                num((s.get(statk) or {}).get("p95")) if isinstance(s.get(statk), dict) else None
                 for s in stages
             ]
             err = [(p - m) if (p is not None and m is not None) else 0 for p, m in zip(p95, ys, strict=True)]
@@ -901,14 +879,14 @@ def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
         vertical_spacing=0.14 if nrows > 1 else 0.1,
     )
     # one bin width for every stage, so the histograms compare like with like
-    allv = [float(v) for s in stages for _, k, _ in series for v in (s.get(k) or []) if _num(v) is not None]
+    allv = [float(v) for s in stages for _, k, _ in series for v in (s.get(k) or []) if num(v) is not None]
     lo, hi = (min(allv), max(allv)) if allv else (0.0, 1.0)
     width = (hi - lo) / 40 if hi > lo else max(abs(hi), 1e-3) / 20
     xbins = {"start": lo - width / 2, "end": hi + width, "size": width}
     for i, s in enumerate(stages):
         r, c = i // cols + 1, i % cols + 1
         for cat, key, _ in series:
-            vals = [v for v in (s.get(key) or []) if _num(v) is not None]
+            vals = [v for v in (s.get(key) or []) if num(v) is not None]
             if not vals:
                 continue
             fig.add_trace(
@@ -965,7 +943,7 @@ def _group_rows(rep: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]], s
         return [f"stage {s.get('stage')}" for s in stages], stages, "stage"
     ranks = [r for r in rep.get("ranks") or [] if isinstance(r, dict)]
     if len(ranks) > 64:
-        ranks = sorted(ranks, key=lambda r: -sum(_num(v) or 0 for v in (r.get("lost_ms") or {}).values()))[
+        ranks = sorted(ranks, key=lambda r: -sum(num(v) or 0 for v in (r.get("lost_ms") or {}).values()))[
             :64
         ]
         ranks.sort(key=lambda r: r.get("rank", 0))
@@ -981,7 +959,7 @@ def lost_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
         return None
     fig = go.Figure()
     for c in CAUSE_KEYS:
-        ys = [_num((r.get("lost_ms") or {}).get(c)) or 0.0 for r in rows]
+        ys = [num((r.get("lost_ms") or {}).get(c)) or 0.0 for r in rows]
         if not any(ys):
             continue
         fig.add_trace(
@@ -1010,7 +988,7 @@ def bubble_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
     import plotly.graph_objects as go
 
     b = rep.get("bubble") or {}
-    meas, theo = _num(b.get("measured_ratio")), _num(b.get("theoretical_ratio"))
+    meas, theo = num(b.get("measured_ratio")), num(b.get("theoretical_ratio"))
     if meas is None and theo is None:
         return None
     names, vals, colors = [], [], []
@@ -1131,11 +1109,11 @@ def _headline(rep: dict[str, Any]) -> str:
     run = rep.get("run") or {}
     s = rep.get("summary") or {}
     b = rep.get("bubble") or {}
-    step, p95 = _num(s.get("step_ms")), _num(s.get("step_p95_ms"))
-    lost = {c: _num((s.get("lost_ms") or {}).get(c)) or 0.0 for c in CAUSE_KEYS}
+    step, p95 = num(s.get("step_ms")), num(s.get("step_p95_ms"))
+    lost = {c: num((s.get("lost_ms") or {}).get(c)) or 0.0 for c in CAUSE_KEYS}
     total_lost = sum(lost.values())
-    ratio = _num(s.get("lost_ratio"))
-    comp = _num(s.get("compute_ms"))
+    ratio = num(s.get("lost_ratio"))
+    comp = num(s.get("compute_ms"))
     pp = run.get("pp")
     sched = run.get("schedule") or "unknown"
     m = run.get("microbatches")
@@ -1144,7 +1122,7 @@ def _headline(rep: dict[str, Any]) -> str:
         _tile("lost time", fmt_pct(ratio), f"{fmt_ms(total_lost)} per step, mean over ranks"),
         _tile("compute", fmt_ms(comp), "union of compute per rank"),
     ]
-    meas, theo = _num(b.get("measured_ratio")), _num(b.get("theoretical_ratio"))
+    meas, theo = num(b.get("measured_ratio")), num(b.get("theoretical_ratio"))
     if meas is not None or theo is not None:
         tiles.append(_tile("bubble", fmt_pct(meas), f"theoretical {fmt_pct(theo)}"))
     pipe = (
@@ -1192,7 +1170,7 @@ def _headline(rep: dict[str, Any]) -> str:
         items = []
         for c in top:
             fs = sorted(
-                (f for f in finds if f.get("cause") == c), key=lambda f: -(_num(f.get("gain_ms")) or 0)
+                (f for f in finds if f.get("cause") == c), key=lambda f: -(num(f.get("gain_ms")) or 0)
             )
             share = f" ({100 * lost[c] / step:.1f} % of step)" if step else ""
             fix = ""
@@ -1200,7 +1178,7 @@ def _headline(rep: dict[str, Any]) -> str:
                 f = fs[0]
                 fix = (
                     f' — <span class="code">{esc(f.get("code"))}</span> {esc(f.get("title"))}: '
-                    f"could win back <b>{esc(fmt_ms(_num(f.get('gain_ms'))))}</b>"
+                    f"could win back <b>{esc(fmt_ms(num(f.get('gain_ms'))))}</b>"
                 )
             items.append(
                 f'<li><i class="sw" style="background:{cause_color(c)}"></i><b>{esc(cause_label(c))}</b> '
@@ -1240,13 +1218,13 @@ def _findings_html(rep: dict[str, Any]) -> str:
             '<section id="findings"><h2>Findings</h2>'
             '<p class="sub">No finding: nothing worth fixing was detected.</p></section>'
         )
-    step = _num((rep.get("summary") or {}).get("step_ms"))
+    step = num((rep.get("summary") or {}).get("step_ms"))
     cards = []
     for f in finds:
         sev = str(f.get("severity") or "info")
         cause = f.get("cause")
         color = cause_color(cause if isinstance(cause, str) else None)
-        gain, gpct = _num(f.get("gain_ms")), _num(f.get("gain_pct"))
+        gain, gpct = num(f.get("gain_ms")), num(f.get("gain_pct"))
         if gpct is None and gain is not None and step:
             gpct = 100 * gain / step
         where = []
@@ -1292,14 +1270,14 @@ def _whatif_html(rep: dict[str, Any]) -> str:
     rows = [w for w in rep.get("whatif") or [] if isinstance(w, dict)]
     if not rows:
         return ""
-    step = _num((rep.get("summary") or {}).get("step_ms"))
+    step = num((rep.get("summary") or {}).get("step_ms"))
     body = []
     for w in rows:
-        sp = _num(w.get("speedup"))
+        sp = num(w.get("speedup"))
         body.append(
-            f'<tr><td class="l">{esc(w.get("scenario"))}</td><td>{esc(fmt_ms(_num(w.get("step_ms"))))}</td>'
+            f'<tr><td class="l">{esc(w.get("scenario"))}</td><td>{esc(fmt_ms(num(w.get("step_ms"))))}</td>'
             f"<td>{esc(f'{sp:.2f}×' if sp is not None else '—')}</td>"
-            f"<td>{esc(fmt_pct(_num(w.get('bubble_ratio'))))}</td>"
+            f"<td>{esc(fmt_pct(num(w.get('bubble_ratio'))))}</td>"
             f'<td class="l">{esc(w.get("note") or "")}</td></tr>'
         )
     return (
@@ -1315,7 +1293,7 @@ def _whatif_html(rep: dict[str, Any]) -> str:
 def _stats_cell(d: Any) -> str:
     if not isinstance(d, dict):
         return "—"
-    m, p95 = _num(d.get("mean")), _num(d.get("p95"))
+    m, p95 = num(d.get("mean")), num(d.get("p95"))
     if m is None:
         return "—"
     return f"{m:.3f}" + (f" / {p95:.3f}" if p95 is not None else "")
@@ -1355,7 +1333,7 @@ def _stage_table(rep: dict[str, Any], slow: int | None) -> str:
 
 
 def _f3(v: Any) -> str:
-    x = _num(v)
+    x = num(v)
     return "—" if x is None else f"{x:.3f}"
 
 
@@ -1458,8 +1436,8 @@ def _facts(diag: Diagnosis, rep: dict[str, Any]) -> str:
         ("analyzed steps", _ranges_text(sorted(x for x in run.get("steps") or [] if isinstance(x, int)))),
         (
             "clock alignment residual",
-            f"{_num(run.get('clock_residual_us')):.1f} µs"
-            if _num(run.get("clock_residual_us")) is not None
+            f"{num(run.get('clock_residual_us')):.1f} µs"
+            if num(run.get("clock_residual_us")) is not None
             else None,
         ),
         ("ppdiag", f"{tool.get('version', '?')} (report schema {rep.get('schema_version')})"),
@@ -1517,7 +1495,7 @@ def render_html(
     if bub:
         figs["fig-bubble"] = bub
     stages = _stage_rows(rep)
-    slow = _slowest_stage(stages)
+    slow = slowest_stage(stages)
     run = rep.get("run") or {}
     s = rep.get("summary") or {}
 
@@ -1529,8 +1507,8 @@ def render_html(
         )
     parts: list[str] = []
     parts.append(
-        f'<header><h1>{esc(title)}</h1><div class="sub">step {esc(fmt_ms(_num(s.get("step_ms"))))} '
-        f"(median), {esc(fmt_pct(_num(s.get('lost_ratio'))))} of it lost; "
+        f'<header><h1>{esc(title)}</h1><div class="sub">step {esc(fmt_ms(num(s.get("step_ms"))))} '
+        f"(median), {esc(fmt_pct(num(s.get('lost_ratio'))))} of it lost; "
         f"{esc(run.get('world_size', '?'))} ranks, {esc(run.get('format', '?'))} traces</div></header>"
     )
     parts.append('<div id="ppdiag-errors" hidden><b>Part of this report failed to render:</b><ul></ul></div>')
@@ -1561,13 +1539,13 @@ def render_html(
         slow_txt = ""
         if slow is not None:
             st = stages[slow]
-            comp = [_num(x.get("compute_ms")) for x in stages]
+            comp = [num(x.get("compute_ms")) for x in stages]
             vals = [c for c in comp if c is not None]
-            if vals and _num(st.get("compute_ms")) is not None:
+            if vals and num(st.get("compute_ms")) is not None:
                 mean = sum(vals) / len(vals)
                 slow_txt = (
                     f" Stage {esc(st.get('stage'))} is the slowest: "
-                    f"{esc(fmt_ms(_num(st.get('compute_ms'))))} of compute per step, "
+                    f"{esc(fmt_ms(num(st.get('compute_ms'))))} of compute per step, "
                     f"{100 * (float(st['compute_ms']) / mean - 1):+.0f} % vs the mean stage."
                 )
         parts.append(
@@ -1593,7 +1571,7 @@ def render_html(
     lost_sec.append("</div><div><h2>Bubble: measured vs theoretical</h2>")
     if bub:
         b = rep.get("bubble") or {}
-        meas, theo = _num(b.get("measured_ratio")), _num(b.get("theoretical_ratio"))
+        meas, theo = num(b.get("measured_ratio")), num(b.get("theoretical_ratio"))
         expl = ""
         if meas is not None and theo is not None:
             d = meas - theo

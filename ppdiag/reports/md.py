@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.reports import register
-from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct
+from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num, slowest_stage
 
 if TYPE_CHECKING:
     from ppdiag.diagnosis import Diagnosis
@@ -28,14 +28,8 @@ def md_escape(s: Any) -> str:
     return " ".join(t.split())
 
 
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x)
-
-
 def _f(x: Any, nd: int = 2) -> str:
-    v = _num(x)
+    v = num(x)
     return "—" if v is None else f"{v:.{nd}f}"
 
 
@@ -83,10 +77,10 @@ def render_markdown(
     """The Markdown summary of one JSON report (plus a gate result when given)."""
     run = report.get("run") or {}
     s = report.get("summary") or {}
-    step = _num(s.get("step_ms"))
-    lost = {c: _num((s.get("lost_ms") or {}).get(c)) or 0.0 for c in CAUSE_KEYS}
+    step = num(s.get("step_ms"))
+    lost = {c: num((s.get("lost_ms") or {}).get(c)) or 0.0 for c in CAUSE_KEYS}
     out: list[str] = []
-    out.append(f"## ppdiag: {fmt_ms(step)} per step, {fmt_pct(_num(s.get('lost_ratio')))} lost")
+    out.append(f"## ppdiag: {fmt_ms(step)} per step, {fmt_pct(num(s.get('lost_ratio')))} lost")
     out.append("")
     steps = [x for x in run.get("steps") or [] if isinstance(x, int)]
     facts = [f"**{_pipeline_text(run)}**", f"{md_escape(run.get('world_size', '?'))} ranks"]
@@ -94,15 +88,15 @@ def render_markdown(
         facts.append(f"steps {min(steps)}–{max(steps)}" if len(steps) > 1 else f"step {steps[0]}")
     if run.get("format"):
         facts.append(md_escape(run.get("format")))
-    if _num(s.get("step_p95_ms")) is not None:
-        facts.append(f"step p95 {fmt_ms(_num(s.get('step_p95_ms')))}")
+    if num(s.get("step_p95_ms")) is not None:
+        facts.append(f"step p95 {fmt_ms(num(s.get('step_p95_ms')))}")
     out.append(" · ".join(facts))
     out.append("")
     if gate is not None:
         out += _gate_md(gate)
     # where the step goes
     out += ["| where the step goes | ms / step | % of step |", "|---|---:|---:|"]
-    comp = _num(s.get("compute_ms"))
+    comp = num(s.get("compute_ms"))
     if comp is not None:
         out.append(
             f"| compute | {comp:.2f} | {100 * comp / step:.1f} % |"
@@ -115,16 +109,14 @@ def render_markdown(
         pct = f"{100 * lost[c] / step:.1f} %" if step else "—"
         out.append(f"| {_mark(c)} {cause_label(c)} | {lost[c]:.2f} | {pct} |")
     b = report.get("bubble") or {}
-    meas, theo = _num(b.get("measured_ratio")), _num(b.get("theoretical_ratio"))
+    meas, theo = num(b.get("measured_ratio")), num(b.get("theoretical_ratio"))
     if meas is not None or theo is not None:
         out += ["", f"Bubble: measured {fmt_pct(meas)} vs theoretical {fmt_pct(theo)}."]
     out.append("")
     # per stage (or per rank)
     stages = [x for x in report.get("stages") or [] if isinstance(x, dict)]
     if stages:
-        comps = [_num(x.get("compute_ms")) for x in stages]
-        known = [c for c in comps if c is not None]
-        slow = max(range(len(stages)), key=lambda i: comps[i] or 0.0) if len(known) >= 2 else None
+        slow = slowest_stage(stages)
         out += [
             "### Stages",
             "",
@@ -133,9 +125,9 @@ def render_markdown(
         ]
         for i, st in enumerate(stages):
             sl = st.get("lost_ms") or {}
-            tot = sum(_num(v) or 0.0 for v in sl.values())
-            top = max(CAUSE_KEYS, key=lambda c: _num(sl.get(c)) or 0.0)
-            top_txt = f"{_mark(top)} {cause_label(top)}" if (_num(sl.get(top)) or 0) > 0 else "—"
+            tot = sum(num(v) or 0.0 for v in sl.values())
+            top = max(CAUSE_KEYS, key=lambda c: num(sl.get(c)) or 0.0)
+            top_txt = f"{_mark(top)} {cause_label(top)}" if (num(sl.get(top)) or 0) > 0 else "—"
             ranks = st.get("ranks") or []
             rk = ", ".join(md_escape(r) for r in ranks[:6]) + (" …" if len(ranks) > 6 else "")
             name = f"{md_escape(st.get('stage'))}" + (" **slowest**" if i == slow else "")
@@ -150,7 +142,7 @@ def render_markdown(
         ranks = [r for r in report.get("ranks") or [] if isinstance(r, dict)]
         if ranks:
             shown = sorted(
-                ranks, key=lambda r: -sum(_num(v) or 0.0 for v in (r.get("lost_ms") or {}).values())
+                ranks, key=lambda r: -sum(num(v) or 0.0 for v in (r.get("lost_ms") or {}).values())
             )[:16]
             title = (
                 "### Ranks"
@@ -165,9 +157,9 @@ def render_markdown(
             ]
             for r in sorted(shown, key=lambda r: r.get("rank", 0)):
                 rl = r.get("lost_ms") or {}
-                tot = sum(_num(v) or 0.0 for v in rl.values())
-                top = max(CAUSE_KEYS, key=lambda c: _num(rl.get(c)) or 0.0)
-                top_txt = f"{_mark(top)} {cause_label(top)}" if (_num(rl.get(top)) or 0) > 0 else "—"
+                tot = sum(num(v) or 0.0 for v in rl.values())
+                top = max(CAUSE_KEYS, key=lambda c: num(rl.get(c)) or 0.0)
+                top_txt = f"{_mark(top)} {cause_label(top)}" if (num(rl.get(top)) or 0) > 0 else "—"
                 out.append(
                     f"| {md_escape(r.get('rank'))} | {_f(r.get('step_ms'))} | {_f(r.get('compute_ms'))} | "
                     f"{tot:.2f} | {top_txt} |"
@@ -178,7 +170,7 @@ def render_markdown(
     if finds:
         out += ["### Top findings", ""]
         for i, f in enumerate(finds[:max_findings], 1):
-            gain, gp = _num(f.get("gain_ms")), _num(f.get("gain_pct"))
+            gain, gp = num(f.get("gain_ms")), num(f.get("gain_pct"))
             g = (
                 f", gain ≈ {fmt_ms(gain)}/step" + (f" ({gp:.1f} %)" if gp is not None else "")
                 if gain is not None

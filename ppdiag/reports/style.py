@@ -6,6 +6,9 @@ A cause has the same colour, label and marker wherever it is shown, so a reader 
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from ppdiag.diagnosis import CAUSE_KEYS
 
 #: Fill colour of each lost-time cause (colour-blind-aware: Tableau 10 hues, bubble kept neutral
@@ -125,3 +128,38 @@ def _floor_log10(a: float) -> float:
     import math
 
     return math.floor(math.log10(a))
+
+
+def num(x: Any) -> float | None:
+    """A finite JSON number as float, else None (bools and NaN are not numbers here)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    v = float(x)
+    return None if math.isnan(v) else v
+
+
+SLOWEST_MIN_RATIO = 1.05
+
+
+def slowest_stage(stages: list[dict[str, Any]]) -> int | None:
+    """Index of the stage that sets the pace, or None when no stage stands out."""
+    best, idx = None, None
+    vals: list[float] = []
+    for i, s in enumerate(stages):
+        v = num(s.get("compute_ms"))
+        if v is None:
+            v = sum(
+                num((s.get(k) or {}).get("mean")) or 0.0
+                for k in ("fwd_ms", "bwd_ms", "wgrad_ms")
+                if isinstance(s.get(k), dict)
+            )
+        if best is None or v > best:
+            best, idx = v, i
+        vals.append(v)
+    if len(stages) < 2 or best is None:
+        return None
+    mean = sum(vals) / len(vals)
+    # within a few percent of the mean no stage sets the pace: name none
+    if mean <= 0 or best < SLOWEST_MIN_RATIO * mean:
+        return None
+    return idx
