@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.reports.style import slowest_stage
 
 CAUSE_LABEL = {
     "bubble": "bubble",
@@ -79,7 +80,8 @@ def stage_table(report: dict[str, Any]) -> Table | None:
     t.add_column("compute", justify="right")
     for k in CAUSE_KEYS:
         t.add_column(CAUSE_LABEL[k], justify="right")
-    slow = max(stages, key=lambda s: s.get("compute_ms") or 0)["stage"]
+    idx = slowest_stage(stages)
+    slow = stages[idx]["stage"] if idx is not None else None
     for s in stages:
         row = [
             str(s["stage"]),
@@ -91,7 +93,7 @@ def stage_table(report: dict[str, Any]) -> Table | None:
             row.append(_f((s.get("wgrad_ms") or {}).get("mean")))
         row.append(_f(s.get("compute_ms")))
         row += [_f(s["lost_ms"].get(k)) for k in CAUSE_KEYS]
-        t.add_row(*row, style="bold" if s["stage"] == slow and len(stages) > 1 else None)
+        t.add_row(*row, style="bold" if s["stage"] == slow else None)
     return t
 
 
