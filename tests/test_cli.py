@@ -159,3 +159,14 @@ def test_bad_flag_value(tmp_path: Path) -> None:
     d = tmp_path / "run"
     shutil.copytree(src, d)
     _one_error_line(ppdiag("analyze", str(d), "--stage-map", "0,x"), "stage-map")
+
+
+def test_steps_selection(tmp_path: Path) -> None:
+    src = SHARED_TRACES / "kineto" / "gloo_cpu_2rank"
+    if not src.exists():
+        pytest.skip("shared traces absent")
+    out = tmp_path / "r.json"
+    proc = ppdiag("analyze", str(src), "--steps", "2:2", "--json", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["run"]["steps"] == [2]
+    _one_error_line(ppdiag("analyze", str(src), "--steps", "9"), "--steps 9", "[1, 2]")

@@ -55,8 +55,12 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
         tl.clock_offset_ns = fit.offsets.get(tl.rank, 0)
     windows: dict[int, list[LocalStep]] = {}
     blocks: dict[int, Blocks] = {}
+    found = {tl.rank: step_windows(tl) for tl in run.ranks}
+    if opts.steps and not any(select_steps(loc, opts.steps) for loc, _ in found.values()):
+        nums = sorted({s.number for loc, _ in found.values() for s in loc})
+        raise InputError(None, f"--steps {opts.steps}: no such step in the traces (recorded steps: {nums})")
     for tl in run.ranks:
-        local, w = step_windows(tl)
+        local, w = found[tl.rank]
         for msg in w:
             warnings.append(f"rank {tl.rank}: {msg}")
         local = select_steps(local, opts.steps)
