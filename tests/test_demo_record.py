@@ -173,7 +173,7 @@ def test_schedule_run_is_a_real_profiled_pipeline(recorded: Callable[..., Ground
         # in the profiler's step call just before), up to the ~25 µs the two clocks may differ
         for s, lo, hi in zip(rt.step, rt.step_start, rt.step_end, strict=True):
             i = next(i for i, e in enumerate(uevs) if e["name"] == f"ProfilerStep#{s}")
-            assert -CLOCK_SLACK_NS <= int(lo) - int(ustart[i]) < 20 * MS
+            assert -CLOCK_SLACK_NS <= int(lo) - int(ustart[i]) < 100 * MS
             assert int(uend[i]) >= int(hi) - CLOCK_SLACK_NS
         # every micro-batch of every stage ran once forward and once backward (or as I + W) per step
         for step in truth.steps:

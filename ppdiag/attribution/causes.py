@@ -89,6 +89,8 @@ class _Node:
     pre_ux: int
     # the observed wait: (producer node, producer's issue delay, transfer after both sides were ready)
     obs: tuple[int, int, int] | None = None
+    # a wait on a rank that is not traced: its release stays where it was measured
+    release: int | None = None
     edges: list[tuple[int, int]] = field(default_factory=list)  # label dependencies: (producer, latency)
 
 
@@ -224,6 +226,7 @@ class Replay:
         self.meas_start: list[int] = []
         taus: list[int] = []
         self.dropped_edges = 0
+        self.untraced_waits = 0
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
         by_key: dict[tuple[int, int, int, int], int] = {}
         ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], list[int]]] = {}
@@ -317,11 +320,12 @@ class Replay:
             ends_by_rank[r] = (ends[o], [ids[j] for j in o])
         ops = {r: p2p_ops(tl) for r, tl in timelines.items()}
         for nid, (peer, wdir), rel, wait_start in pending:
-            if peer not in ends_by_rank:
-                continue
-            ends, ids = ends_by_rank[peer]
+            ends, ids = ends_by_rank.get(peer, (np.zeros(0, np.int64), []))
             j = int(np.searchsorted(ends, rel, side="right")) - 1
             if j < 0:
+                # the peer is not traced, or its block lies before the analyzed steps
+                self.nodes[nid].release = rel
+                self.untraced_waits += int(peer not in ends_by_rank)
                 continue
             p_end = int(ends[j])
             # The peer's last transfer operation towards this rank before the release: the time from
@@ -467,6 +471,8 @@ class Replay:
                 if not comm:
                     xfer = 0
                 base = max(base, node_end(p) + (issue if host else 0)) + xfer
+            if nd.release is not None:
+                base = max(base, nd.release)
             for p, tau in nd.edges:
                 base = max(base, node_end(p) + (tau if comm else 0))
             s = base + post
@@ -543,6 +549,11 @@ def attribute(
         for name, var in full.items():
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
         edges = rp.edge_stats()
+        if rp.untraced_waits:
+            notes.append(
+                f"{rp.untraced_waits} waits are on ranks that are not in the traces: "
+                "they are counted as pipeline waits; analyze every rank of the pipeline to trace them"
+            )
         mism = [abs(v["measured"][(rs.rank, rs.step)] - rs.acct.lost) for rs in steps]
         if mism and max(mism) > 0.02 * max(rs.acct.window for rs in steps):
             notes.append(
