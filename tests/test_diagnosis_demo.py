@@ -61,10 +61,13 @@ def test_accounting_and_causes_add_up(runs: dict[str, Any], name: str) -> None:
         causes = attr.causes[(rs.rank, rs.step)]
         assert sum(causes.values()) == a.lost, (rs.rank, rs.step, causes, a.lost)
         assert all(v >= 0 for v in causes.values())
-    # the per-gap cause table paints exactly the lost time
+    # the per-gap cause table paints exactly the lost time, cause by cause
     for rank, gaps in diag.gaps.items():
-        lost = sum(rs.acct.lost for rs in diag.context["rank_steps"] if rs.rank == rank)
-        assert int((gaps.end - gaps.start).sum()) == lost
+        rss = [rs for rs in diag.context["rank_steps"] if rs.rank == rank]
+        assert int((gaps.end - gaps.start).sum()) == sum(rs.acct.lost for rs in rss)
+        for ci, key in enumerate(CAUSE_KEYS):
+            painted = int((gaps.end - gaps.start)[gaps.cause == ci].sum())
+            assert painted == sum(attr.causes[(rs.rank, rs.step)][key] for rs in rss), (rank, key)
     for r in diag.report["ranks"]:
         total = r["compute_ms"] + sum(r["lost_ms"][k] for k in CAUSE_KEYS)
         assert total == pytest.approx(r["step_ms"], abs=0.01)

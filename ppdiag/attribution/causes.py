@@ -607,54 +607,79 @@ _ORDER = ("host", "exposed_comm", "comm_wait", "unexplained", "bubble", "imbalan
 
 
 def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]]) -> dict[int, GapTable]:
-    """Give every lost-time segment one cause so that the totals per (rank, step) are exact."""
-    out: dict[int, list[tuple[int, int, int, int]]] = {}
+    """Give every lost-time segment one cause so that the totals per (rank, step) are exact.
+
+    First the amount each cause takes from each pool of segments (by the precedence of _ORDER and
+    the pools each cause prefers), then each pool is cut at those amounts in one vectorized pass.
+    """
+    out: dict[int, list[npt.NDArray[np.int64]]] = {}
     for rs in steps:
-        c = dict(causes[(rs.rank, rs.step)])
-        lost = ivs.union(np.r_[rs.sets.gaps[0]], np.r_[rs.sets.gaps[1]])
+        lost = rs.sets.gaps
         host = ivs.intersect(lost, rs.host_set)
         wait = ivs.subtract(ivs.intersect(lost, rs.wait_set), host)
         coll = ivs.subtract(ivs.subtract(ivs.intersect(lost, rs.sets.collective), host), wait)
         other = ivs.subtract(ivs.subtract(ivs.subtract(lost, host), wait), coll)
-        pools: list[list[list[int]]] = [
-            [[int(a), int(b)] for a, b in zip(*p, strict=False)] for p in (host, wait, coll, other)
-        ]
-        # bubble first takes edge waits: order the wait pool so warm-up/cool-down come first
-        segs: list[tuple[int, int, int, int]] = []
+        pools = [host, wait, coll, other]
+        left = [ivs.measure(p) for p in pools]
+        takes: list[list[tuple[int, int]]] = [[] for _ in pools]  # per pool: (cause, ns)
+        c = causes[(rs.rank, rs.step)]
         for key in _ORDER:
             need = c.get(key, 0)
-            prefs = list(_POOLS[key]) + [p for p in (1, 3, 0, 2) if p not in _POOLS[key]]
-            for p in prefs:
+            for p in list(_POOLS[key]) + [q for q in (1, 3, 0, 2) if q not in _POOLS[key]]:
                 if need <= 0:
                     break
-                pool = pools[p]
-                if key == "bubble" and p == 1:
-                    pool.sort(key=lambda sg: min(sg[0] - rs.w0, rs.w1 - sg[1]))
-                while pool and need > 0:
-                    a, b = pool[0]
-                    take = min(b - a, need)
-                    segs.append((a, a + take, int(Cause[key.upper()]), rs.step))
+                take = min(need, left[p])
+                if take > 0:
+                    takes[p].append((int(Cause[key.upper()]), take))
+                    left[p] -= take
                     need -= take
-                    if a + take >= b:
-                        pool.pop(0)
-                    else:
-                        pool[0][0] = a + take
-        out.setdefault(rs.rank, []).extend(segs)
+        for p, (ps, pe) in enumerate(pools):
+            if not takes[p] or ps.size == 0:
+                continue
+            if p == 1:
+                # the schedule's own waits sit at the edges of the step (warm-up, cool-down): bubble
+                # takes the waits nearest the edges first, imbalance the steady-state ones
+                order = np.argsort(np.minimum(ps - rs.w0, rs.w1 - pe), kind="stable")
+                ps, pe = ps[order], pe[order]
+                rank_of = {int(Cause.BUBBLE): 0, int(Cause.IMBALANCE): 1}
+                takes[p].sort(key=lambda t: rank_of.get(t[0], 2))
+            out.setdefault(rs.rank, []).append(_cut(ps, pe, takes[p], rs.step))
     tables: dict[int, GapTable] = {}
-    for r, segs in out.items():
-        segs.sort()
-        if not segs:
-            tables[r] = GapTable.empty()
-            continue
-        arr = np.array(segs, dtype=np.int64)
+    for r, parts in out.items():
+        arr = np.concatenate(parts) if parts else np.zeros((0, 4), np.int64)
+        arr = arr[np.argsort(arr[:, 0], kind="stable")]
         tables[r] = GapTable(
-            arr[:, 0],
-            arr[:, 1],
+            arr[:, 0].copy(),
+            arr[:, 1].copy(),
             arr[:, 2].astype(np.int8),
-            np.full(len(segs), -1, np.int32),
+            np.full(arr.shape[0], -1, np.int32),
             arr[:, 3].astype(np.int32),
         )
+    for rs in steps:
+        tables.setdefault(rs.rank, GapTable.empty())
     return tables
+
+
+def _cut(
+    starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], takes: list[tuple[int, int]], step: int
+) -> npt.NDArray[np.int64]:
+    """Rows (start, end, cause, step): the segments, in their order, handed out to the causes in
+    ``takes`` (cause, ns) one after the other."""
+    lengths = ends - starts
+    cum = np.cumsum(lengths)
+    total = int(cum[-1])
+    bounds = np.cumsum([t for _, t in takes])
+    pos = np.unique(np.concatenate([[0], cum, np.minimum(bounds, total)]))
+    pos = pos[pos <= total]
+    lo, hi = pos[:-1], pos[1:]
+    k = np.searchsorted(cum, lo, side="right")
+    before = np.concatenate([[0], cum[:-1]])
+    t0 = starts[k] + (lo - before[k])
+    cause = np.array([c for c, _ in takes], dtype=np.int64)[
+        np.minimum(np.searchsorted(bounds, lo, side="right"), len(takes) - 1)
+    ]
+    keep = (hi > lo) & (lo < bounds[-1])
+    return np.stack([t0, t0 + (hi - lo), cause, np.full(lo.size, step, np.int64)], axis=1)[keep]
 
 
 __all__ = ["CAUSE_KEYS", "Attribution", "RankStep", "Replay", "attribute", "rank_step"]
