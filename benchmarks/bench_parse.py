@@ -9,8 +9,9 @@ memory is that work's own), it measures:
 * ``floor``: read + gunzip + ``msgspec`` typed decode of the same fields ppdiag decodes, same files,
   same number of processes; nothing else;
 * ``ppdiag load``: :func:`ppdiag.parsers.loader.load_run` (parse to the columnar model);
-* ``ppdiag analysis``: the lead's analysis on the loaded run, when ``ppdiag.api`` is importable;
-* ``HTA``: Holistic Trace Analysis ``TraceAnalysis(trace_dir=...)``, when ``hta`` is importable.
+* ``ppdiag analysis``: the full analysis (``ppdiag.api.analyze_run``) on the loaded run;
+* ``HTA``: Holistic Trace Analysis ``TraceAnalysis(trace_dir=...)`` plus its temporal and idle
+  breakdowns, when ``hta`` is importable.
 
 Run ``python benchmarks/bench_parse.py --help``; a quick run: ``--ranks 2 --mb 20``.
 """
