@@ -40,6 +40,7 @@ from ppdiag.reports.style import (
     fmt_ms,
     fmt_pct,
     num,
+    ranks_text,
     slowest_stage,
 )
 
@@ -1133,7 +1134,7 @@ def _headline(rep: dict[str, Any]) -> str:
         + (f", v={run.get('virtual_stages')}" if (run.get("virtual_stages") or 1) > 1 else "")
     )
     tiles.append(
-        _tile("pipeline", pipe, f"{run.get('world_size', '?')} ranks, {len(run.get('steps') or [])} steps")
+        _tile("pipeline", pipe, f"{ranks_text(run)}, {len(run.get('steps') or [])} steps")
     )
     out = ['<div class="tiles">' + "".join(tiles) + "</div>"]
     # where the step goes: compute + each cause, as one bar
@@ -1509,7 +1510,7 @@ def render_html(
     parts.append(
         f'<header><h1>{esc(title)}</h1><div class="sub">step {esc(fmt_ms(num(s.get("step_ms"))))} '
         f"(median), {esc(fmt_pct(num(s.get('lost_ratio'))))} of it lost; "
-        f"{esc(run.get('world_size', '?'))} ranks, {esc(run.get('format', '?'))} traces</div></header>"
+        f"{esc(ranks_text(run))}, {esc(run.get('format', '?'))} traces</div></header>"
     )
     parts.append('<div id="ppdiag-errors" hidden><b>Part of this report failed to render:</b><ul></ul></div>')
     parts.append(_gate_html(gate))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.reports import register
-from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num, slowest_stage
+from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num, ranks_text, slowest_stage
 
 if TYPE_CHECKING:
     from ppdiag.diagnosis import Diagnosis
@@ -83,7 +83,7 @@ def render_markdown(
     out.append(f"## ppdiag: {fmt_ms(step)} per step, {fmt_pct(num(s.get('lost_ratio')))} lost")
     out.append("")
     steps = [x for x in run.get("steps") or [] if isinstance(x, int)]
-    facts = [f"**{_pipeline_text(run)}**", f"{md_escape(run.get('world_size', '?'))} ranks"]
+    facts = [f"**{_pipeline_text(run)}**", md_escape(ranks_text(run))]
     if steps:
         facts.append(f"steps {min(steps)}–{max(steps)}" if len(steps) > 1 else f"step {steps[0]}")
     if run.get("format"):

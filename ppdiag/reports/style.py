@@ -163,3 +163,12 @@ def slowest_stage(stages: list[dict[str, Any]]) -> int | None:
     if mean <= 0 or best < SLOWEST_MIN_RATIO * mean:
         return None
     return idx
+
+
+def ranks_text(run: dict[str, Any]) -> str:
+    """``"4 ranks"``, or ``"1 of 8 ranks traced"`` when the traces hold only part of the job."""
+    traced = len(run.get("ranks") or [])
+    world = run.get("world_size")
+    if isinstance(world, int) and world > traced:
+        return f"{traced} of {world} ranks traced"
+    return f"{traced} rank{'s' if traced != 1 else ''}"
