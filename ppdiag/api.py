@@ -77,7 +77,7 @@ def analyze_run(
     if on_stage:
         on_stage("attributing lost time")
     last_stage = pipe.topology.pp * pipe.topology.virtual - 1
-    attr = attribute(steps, timelines, last_stage, pipe.topology.pp > 1)
+    attr = attribute(steps, timelines, pipe.ops, last_stage, pipe.topology.pp > 1)
     report = build_report(run, pipe, steps, attr)
     ctx = RuleContext(
         report, run, pipe, steps, attr, {k: v for k, v in asdict(opts).items() if v is not None}

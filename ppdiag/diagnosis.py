@@ -33,10 +33,6 @@ class Cause(IntEnum):
 CAUSE_KEYS: tuple[str, ...] = ("bubble", "imbalance", "comm_wait", "exposed_comm", "host", "unexplained")
 
 
-def zero_causes() -> dict[str, float]:
-    return {k: 0.0 for k in CAUSE_KEYS}
-
-
 @dataclass
 class GapTable:
     """Lost-time pieces of one rank on the aligned clock, each with one primary cause.

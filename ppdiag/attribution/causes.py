@@ -44,7 +44,7 @@ from ppdiag.attribution.accounting import Account, WindowSets, account, window_s
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
 from ppdiag.model import Direction, Kind, Phase, RankTimeline
 from ppdiag.pipeline.blocks import Blocks
-from ppdiag.pipeline.clocks import p2p_ops
+from ppdiag.pipeline.clocks import P2POps
 
 NEG_INF = -(2**62)
 # transfer pieces closer than this form one wait (the host issuing the next operation in between)
@@ -211,7 +211,13 @@ class Replay:
         """Observed waits as (producer rank, consumer rank, transfer ns, time waited ns)."""
         return list(self.waits)
 
-    def __init__(self, steps: list[RankStep], timelines: dict[int, RankTimeline], last_stage: int) -> None:
+    def __init__(
+        self,
+        steps: list[RankStep],
+        timelines: dict[int, RankTimeline],
+        ops: dict[int, P2POps],
+        last_stage: int,
+    ) -> None:
         self.steps = steps
         self.nodes: list[_Node] = []
         self.first: dict[tuple[int, int], int] = {}
@@ -318,7 +324,6 @@ class Replay:
             ends = np.array([self.meas_start[i] + self.nodes[i].span for i in ids], dtype=np.int64)
             o = np.argsort(ends, kind="stable")
             ends_by_rank[r] = (ends[o], [ids[j] for j in o])
-        ops = {r: p2p_ops(tl) for r, tl in timelines.items()}
         for nid, (peer, wdir), rel, wait_start in pending:
             ends, ids = ends_by_rank.get(peer, (np.zeros(0, np.int64), []))
             j = int(np.searchsorted(ends, rel, side="right")) - 1
@@ -502,7 +507,11 @@ class Replay:
 
 
 def attribute(
-    steps: list[RankStep], timelines: dict[int, RankTimeline], last_stage: int, pipelined: bool
+    steps: list[RankStep],
+    timelines: dict[int, RankTimeline],
+    ops: dict[int, P2POps],
+    last_stage: int,
+    pipelined: bool,
 ) -> Attribution:
     """Cause totals for every (rank, step) and the per-gap cause tables."""
     causes: dict[tuple[int, int], dict[str, int]] = {}
@@ -511,7 +520,7 @@ def attribute(
     edges: list[tuple[int, int, int, int]] = []
     lat = 0
     if pipelined and any(len(rs.blocks) for rs in steps):
-        rp = Replay(steps, timelines, last_stage)
+        rp = Replay(steps, timelines, ops, last_stage)
         lat = rp.normal_latency
         full = {
             "measured": rp.run(),
@@ -549,6 +558,11 @@ def attribute(
         for name, var in full.items():
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
         edges = rp.edge_stats()
+        if rp.dropped_edges:
+            notes.append(
+                f"{rp.dropped_edges} micro-batch dependencies from the block labels contradict the "
+                "measured order and were left out of the replay (labels may be mis-numbered)"
+            )
         if rp.untraced_waits:
             notes.append(
                 f"{rp.untraced_waits} waits are on ranks that are not in the traces: "

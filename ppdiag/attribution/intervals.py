@@ -85,24 +85,3 @@ def complement(iset: ISet, lo: int, hi: int) -> ISet:
     """The gaps of a disjoint set inside ``[lo, hi)``."""
     full = (np.array([lo], dtype=np.int64), np.array([hi], dtype=np.int64))
     return subtract(full, clip(iset, lo, hi))
-
-
-def overlap_with(iset: ISet, lo: npt.ArrayLike, hi: npt.ArrayLike) -> Arr:
-    """For each query interval ``[lo[i], hi[i])``, the length of its overlap with the set."""
-    s, e = iset
-    lo_a = np.asarray(lo, dtype=np.int64)
-    hi_a = np.asarray(hi, dtype=np.int64)
-    if s.size == 0 or lo_a.size == 0:
-        return np.zeros(lo_a.size, dtype=np.int64)
-    cum = np.concatenate([[0], np.cumsum(e - s)])
-
-    def covered_before(t: Arr) -> Arr:
-        # total measure of the set below time t
-        i = np.searchsorted(e, t, side="right")  # intervals fully ended by t
-        part = np.where(i < s.size, np.clip(t - s[np.minimum(i, s.size - 1)], 0, None), 0)
-        part = np.where(
-            i < s.size, np.minimum(part, e[np.minimum(i, s.size - 1)] - s[np.minimum(i, s.size - 1)]), 0
-        )
-        return cum[i] + part
-
-    return np.maximum(covered_before(hi_a) - covered_before(lo_a), 0)

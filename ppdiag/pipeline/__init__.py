@@ -33,6 +33,7 @@ class Pipeline:
     topology: Topology
     clocks: ClockFit
     pairs: Pairs
+    ops: dict[int, P2POps]  # each rank's p2p operations (own clock), for the attribution
     windows: dict[int, list[LocalStep]]
     blocks: dict[int, Blocks]  # all analyzed steps of a rank; ``Blocks.step`` indexes ``windows``
     schedule: str
@@ -68,7 +69,7 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
             warnings.append(f"rank {tl.rank}: no step selected")
         prev, nxt = topo.neighbours(tl.rank)
         b = (
-            build_blocks(tl, local, topo.stage_of.get(tl.rank, 0), prev, nxt, topo.pp)
+            build_blocks(tl, local, topo.stage_of.get(tl.rank, 0), prev, nxt)
             if topo.pp > 1
             else Blocks.empty()
         )
@@ -99,7 +100,7 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
         write_back(tl, blocks[tl.rank], tl.clock_offset_ns)
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")
-    return Pipeline(topo, fit, pairs, windows, blocks, schedule, m, warnings)
+    return Pipeline(topo, fit, pairs, ops, windows, blocks, schedule, m, warnings)
 
 
 def _microbatches_from_sends(

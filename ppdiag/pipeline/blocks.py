@@ -86,9 +86,8 @@ def build_blocks(
     stage: int,
     prev_rank: int | None,
     next_rank: int | None,
-    pp: int,
 ) -> Blocks:
-    """Find the rank's blocks and write their phase / micro-batch / stage back into its intervals."""
+    """Find the rank's blocks (on its own clock); :func:`write_back` labels its intervals later."""
     iv = tl.intervals
     comp = np.flatnonzero(iv.kind == int(Kind.COMPUTE))
     if comp.size == 0 or not steps:
