@@ -35,10 +35,8 @@ import numpy.typing as npt
 from ppdiag.attribution import intervals as ivs
 from ppdiag.attribution.accounting import WindowSets
 from ppdiag.model import RankTimeline
-from ppdiag.pipeline.collectives import CollectiveMatch, match_collectives
+from ppdiag.pipeline.collectives import SYNC_TOL_NS, CollectiveMatch, match_collectives
 
-# collectives whose member ends spread more than this (or half the transfer) are not sync points
-SYNC_TOL_NS = 50_000
 # a member whose arrival is later than the median member's by less than this is on time
 LATE_TOL_NS = 20_000
 # component order of the late rank's reasons, and the cause each is charged to
@@ -73,7 +71,7 @@ class LateRank:
     rank: int
     instances: int = 0  # instances in which it arrived late
     lateness_ns: int = 0  # its arrival after the median member's, summed
-    made_wait_ns: int = 0  # exposed waiting of the other members it was last for
+    made_wait_ns: int = 0  # the others' waiting for it: each earlier member's wait beyond its own
     reasons_ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
     groups: set[int] = field(default_factory=set)
 
@@ -145,8 +143,9 @@ def collective_waits(
     # transfer = the shortest member's duration; the sync test: members end together
     safe_first = np.minimum(first, max(len(dur) - 1, 0))
     xfer = np.where(ok, np.minimum.reduceat(dur, safe_first), 0) if len(dur) else np.zeros(0, np.int64)
-    e_hi = np.maximum.reduceat(match.end, safe_first)
-    e_lo = np.minimum.reduceat(match.end, safe_first)
+    shift = match.shift if match.shift is not None else np.zeros(len(inst), np.int64)
+    e_hi = np.maximum.reduceat(match.end + shift, safe_first)
+    e_lo = np.minimum.reduceat(match.end + shift, safe_first)
     sync = ok & (e_hi - e_lo <= np.maximum(xfer // 2, SYNC_TOL_NS))
     wait = np.where(sync[inst], dur - xfer[inst], 0).astype(np.int64)
 
@@ -199,7 +198,8 @@ def collective_waits(
         wexp[rows] = wx
     idle = np.maximum((np.maximum(arrive, seg0) - seg0) - comp - host - comm, 0)
     # REASONS order; the start is relative (absolute ns would lose precision as floats)
-    comps = np.stack([seg0 - int(match.start.min()), host, comp, idle, comm], axis=1)
+    # (on the group's common clock: a member's shift corrects what the clock alignment left)
+    comps = np.stack([seg0 + shift - int(match.start.min()), host, comp, idle, comm], axis=1)
 
     # the last arriver of each instance (shortest duration) and the median member (median wait)
     o = np.lexsort((dur, inst))
@@ -234,15 +234,18 @@ def collective_waits(
     # 2) the late members: arrival after the median member, and its reasons
     lateness = np.where(valid & sync[inst], wait[med_row[inst]] - wait, 0).astype(np.int64)
     is_late = lateness > LATE_TOL_NS
-    # the others' waiting of an instance is blamed on its latest members (within 5 % of the latest)
-    max_late = np.maximum.reduceat(np.where(is_late, lateness, 0), safe_first)
-    top = is_late & (lateness >= max_late[inst] - np.maximum(max_late[inst] // 20, LATE_TOL_NS))
-    n_top = np.add.reduceat(top.astype(np.int64), safe_first)
-    wsum = np.add.reduceat(np.where(valid, wexp, 0), safe_first)
+    # how long it made the others wait: the members that arrived before it wait for it at least
+    # (their wait - its own wait); a sum of suffixes of the waits sorted within each instance
+    ws = wait[o_w]
+    cum = np.cumsum(ws)
+    pos = np.empty(len(inst), np.int64)
+    pos[o_w] = np.arange(len(inst))
+    last_pos = (first + count - 1)[inst]
+    made_all = (cum[last_pos] - cum[pos]) - (last_pos - pos) * wait
     rows = np.flatnonzero(is_late)
     reasons = _alloc(lateness[rows], (comps[rows] - comps[med_row[inst[rows]]]).astype(np.float64))
     reasons[:, REASONS.index("idle")] += lateness[rows] - reasons.sum(axis=1)
-    made = np.where(top[rows], wsum[inst[rows]] // np.maximum(n_top[inst[rows]], 1), 0)
+    made = made_all[rows]
     late: dict[int, LateRank] = {}
     ranks_late = match.rank[rows]
     for r in np.unique(ranks_late):

@@ -80,8 +80,8 @@ class StragglerRule:
         worst = per_rank[ranks[0]][0]
         title = (
             f"straggler: rank(s) {', '.join(map(str, ranks))} arrive late at collectives "
-            f"({worst:.1f} ms per step; the others wait "
-            f"{sum(v[1] for v in per_rank.values()):.1f} ms per step for them): {_REASON_TEXT[main]}"
+            f"({worst:.1f} ms per step; the others wait {cw.total_waited_ns / steps / 1e6:.1f} ms per step "
+            f"in all): {_REASON_TEXT[main]}"
         )
         evidence = {
             "late_ranks": {
