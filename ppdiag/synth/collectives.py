@@ -22,7 +22,9 @@ analyzer), per rank and step, on the rank's ``ProfilerStep`` window:
   excess over the waiting rank since the previous collective (or the step start): a later start
   of the stretch or a longer host idle → ``host``, a longer compute → ``imbalance``; split in
   proportion when both apply (DESIGN.md §5, the late rank's root cause);
-* ``stragglers``: per late rank, its arrival after the median member's per step (``late_ms``).
+* ``stragglers``: per late rank, its arrival after the median member's per step (``late_ms``);
+* ``gain_ms_per_step``: the step time saved with every rank on time (a re-simulation without
+  ``late_ms`` and ``slow``).
 """
 
 from __future__ import annotations
@@ -311,6 +313,14 @@ def make_collective_run(**kwargs: Any) -> SynthRun:
         config=prm.to_json(),
     )
     run.truth = _truth(prm, truth_steps, stragglers, skews)
+    # the step time the run would save with every rank on time: a re-simulation without them
+    if prm.late_ms or prm.slow:
+        on_time = make_collective_run(**{**asdict(prm), "late_ms": {}, "slow": {}})
+        step = float(np.mean([r["step_ms"] for r in run.truth["ranks"].values()]))
+        base = float(np.mean([r["step_ms"] for r in on_time.truth["ranks"].values()]))
+        run.truth["gain_ms_per_step"] = step - base
+    else:
+        run.truth["gain_ms_per_step"] = 0.0
     return run
 
 
