@@ -35,6 +35,7 @@ import numpy.typing as npt
 from ppdiag.attribution import intervals as ivs
 from ppdiag.attribution.accounting import WindowSets
 from ppdiag.model import RankTimeline
+from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.collectives import SYNC_TOL_NS, CollectiveMatch, match_collectives
 
 # a member whose arrival is later than the median member's by less than this is on time
@@ -81,7 +82,7 @@ class CollectiveWaits:
     """Collective waits of a run: the ns to move per (rank, step) and the late ranks."""
 
     moves: dict[tuple[int, int], dict[str, int]]  # cause -> ns moved out of exposed_comm
-    waited: dict[tuple[int, int], int]  # exposed ns spent waiting for a later member
+    waited: dict[tuple[int, int], int]  # exposed ns spent waiting for a later member (all of it)
     late: dict[int, LateRank]
     gain_ns: dict[int, int]  # per step index: time the step would save with every member on time
     n_steps: int
@@ -182,6 +183,7 @@ def collective_waits(
     host = np.zeros(len(inst), np.int64)
     comm = np.zeros(len(inst), np.int64)
     wexp = np.zeros(len(inst), np.int64)
+    wall = np.zeros(len(inst), np.int64)  # the same without the exclusion (for lateness and gain)
     for i, rs in enumerate(sets):
         rows = np.flatnonzero(row_key == i)
         if rows.size == 0:
@@ -192,9 +194,12 @@ def collective_waits(
         comm[rows] = _cum(rs.comm, b) - _cum(rs.comm, a)
         ws, we = arrive[rows], arrive[rows] + wait[rows]
         wx = _cum(rs.collective, we) - _cum(rs.collective, ws)
+        wall[rows] = wx
         if exclude and (rs.rank, rs.step) in exclude:
+            # the part of the wait inside the span is the other model's
             x0, x1 = exclude[(rs.rank, rs.step)]
-            wx = np.where((ws >= x0) & (ws < x1), 0, wx)
+            inside = _cum(rs.collective, np.clip(we, x0, x1)) - _cum(rs.collective, np.clip(ws, x0, x1))
+            wx = wx - inside
         wexp[rows] = wx
     idle = np.maximum((np.maximum(arrive, seg0) - seg0) - comp - host - comm, 0)
     # REASONS order; the start is relative (absolute ns would lose precision as floats)
@@ -219,8 +224,10 @@ def collective_waits(
     shares[:, REASONS.index("comm")] += np.where(valid[lrow], 0, rest)
     per_set = np.zeros((n_sets, n_r), np.int64)
     np.add.at(per_set, row_key[waiting], shares)
+    # the waiting itself, also where another model (the replay's sync) charges it
+    all_waiting = np.flatnonzero(valid & (wall > 0) & (match.rank != match.rank[last_row[inst]]))
     waited_set = np.zeros(n_sets, np.int64)
-    np.add.at(waited_set, row_key[waiting], wexp[waiting])
+    np.add.at(waited_set, row_key[all_waiting], wall[all_waiting])
     moves: dict[tuple[int, int], dict[str, int]] = {}
     waited: dict[tuple[int, int], int] = {}
     for si in np.flatnonzero(waited_set > 0).tolist():
@@ -255,12 +262,15 @@ def collective_waits(
         lr.reasons_ns = {name: int(tot[j]) for j, name in enumerate(REASONS)}
         lr.groups = {int(g) for g in np.unique(match.group[inst[rows][m]])}
         late[int(r)] = lr
-    # 3) step time saved with every member on time: the median member's exposed wait per instance
-    med_wexp = np.where(valid[med_row] & sync, wexp[med_row], 0)
+    # 3) step time saved with every member on time: each instance ends when its median member
+    # arrives, saving that member's exposed wait; a rank saves the sum over its instances, and the
+    # step what its most delayed rank saves (groups that run side by side do not add up)
+    med_wall = np.where(valid[med_row] & sync, wall[med_row], 0)
+    per_set_gain = np.zeros(n_sets, np.int64)
+    np.add.at(per_set_gain, row_key[valid], med_wall[inst[valid]])
     step_of_set = np.array([rs.step for rs in sets], np.int64)
-    g_steps = step_of_set[np.maximum(row_key[med_row], 0)]
     g = np.zeros(int(step_of_set.max()) + 1, np.int64)
-    np.add.at(g, g_steps, med_wexp)
+    np.maximum.at(g, step_of_set, per_set_gain)
     gain = {int(k): int(g[k]) for k in np.flatnonzero(g > 0)}
     notes: list[str] = []
     n_async = int((ok & ~sync).sum())
@@ -306,6 +316,7 @@ class StepLike(Protocol):
     w1: int
     sets: WindowSets
     host_set: ivs.ISet
+    blocks: Blocks
 
 
 def run_waits(
@@ -313,7 +324,12 @@ def run_waits(
     timelines: Mapping[int, RankTimeline],
     exclude: dict[tuple[int, int], tuple[int, int]] | None = None,
 ) -> CollectiveWaits:
-    """Match the run's collectives (timelines already on the aligned clock) and split their waits."""
+    """Match the run's collectives (timelines already on the aligned clock) and split their waits.
+
+    In a pipeline run only groups whose members run the same stages (data-, tensor-, expert-
+    parallel groups) are split here: members of different stages reach a collective at different
+    times because of the schedule itself (the bubble), which the replay accounts for.
+    """
     sets = [
         RankSets(
             rs.rank,
@@ -330,6 +346,15 @@ def run_waits(
         for rs in steps
     ]
     match = match_collectives(dict(timelines))
+    stages: dict[int, set[int]] = defaultdict(set)
+    for rs in steps:
+        stages[rs.rank].update(int(x) for x in np.unique(rs.blocks.stage))
+    if any(stages.values()) and len(match):
+        same = np.array(
+            [len({frozenset(stages.get(r, set())) for r in members}) == 1 for members in match.groups],
+            dtype=bool,
+        )
+        match = match.only_groups(same)
     cw = collective_waits(sets, match, exclude)
     cw.notes[:0] = match.warnings
     return cw

@@ -64,6 +64,33 @@ class CollectiveMatch:
     def __len__(self) -> int:
         return int(self.group.shape[0])
 
+    def only_groups(self, keep: npt.NDArray[np.bool_]) -> CollectiveMatch:
+        """The instances of the groups with ``keep[group]`` true (instances renumbered)."""
+        ki = keep[self.group]
+        if ki.all():
+            return self
+        new_id = np.cumsum(ki) - 1
+        rows = ki[self.inst]
+        count = self.count[ki]
+        first = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+        shift = self.shift[rows] if self.shift is not None else None
+        return CollectiveMatch(
+            new_id[self.inst[rows]].astype(np.int64),
+            self.rank[rows],
+            self.start[rows],
+            self.end[rows],
+            self.group[ki],
+            self.method[ki],
+            first,
+            count,
+            self.expected[ki],
+            shift,
+            self.groups,
+            self.missing,
+            self.dropped,
+            self.warnings,
+        )
+
     @classmethod
     def empty(cls) -> CollectiveMatch:
         z64 = np.zeros(0, np.int64)

@@ -316,9 +316,9 @@ def make_collective_run(**kwargs: Any) -> SynthRun:
     # the step time the run would save with every rank on time: a re-simulation without them
     if prm.late_ms or prm.slow:
         on_time = make_collective_run(**{**asdict(prm), "late_ms": {}, "slow": {}})
-        step = float(np.mean([r["step_ms"] for r in run.truth["ranks"].values()]))
-        base = float(np.mean([r["step_ms"] for r in on_time.truth["ranks"].values()]))
-        run.truth["gain_ms_per_step"] = step - base
+        late_step = float(np.mean([r["step_ms"] for r in run.truth["ranks"].values()]))
+        on_time_step = float(np.mean([r["step_ms"] for r in on_time.truth["ranks"].values()]))
+        run.truth["gain_ms_per_step"] = late_step - on_time_step
     else:
         run.truth["gain_ms_per_step"] = 0.0
     return run

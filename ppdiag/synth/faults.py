@@ -2,7 +2,9 @@
 
 Ranks in faults are **pipeline ranks** (the position in the pipeline group, 0 = first stage's
 rank). With data parallelism (``dp > 1``) every replica carries the same faults, so the
-replicas stay in lock-step and the data-parallel collectives never add waits of their own.
+replicas stay in lock-step and the data-parallel collectives never add waits of their own; the
+exception is :class:`LateReplica`, which makes one replica late so that the others wait for it in
+the data-parallel all-reduce.
 """
 
 from __future__ import annotations
@@ -71,7 +73,19 @@ class SlowStep:
     cause = "host"
 
 
-Fault = SlowStage | SlowLink | HostStall | ExposedAllReduce | CommOnCompute | SlowStep
+@dataclass(frozen=True)
+class LateReplica:
+    """Every rank of data-parallel replica ``dp_rank`` starts each step ``delay_ms`` late (its data
+    loader), so the other replicas wait that long in the data-parallel gradient all-reduce at the
+    step's end (needs ``dp >= 2`` and an :class:`ExposedAllReduce`: a blocking all-reduce after the
+    last backward). Root cause: the late replica's host."""
+
+    dp_rank: int
+    delay_ms: float
+    cause = "host"
+
+
+Fault = SlowStage | SlowLink | HostStall | ExposedAllReduce | CommOnCompute | SlowStep | LateReplica
 
 # the order faults are added in when the truth is computed by differences of simulations
 FAULT_ORDER: tuple[type, ...] = (SlowLink, CommOnCompute, ExposedAllReduce, HostStall, SlowStep)

@@ -70,6 +70,7 @@ from ppdiag.synth.faults import (
     ExposedAllReduce,
     Fault,
     HostStall,
+    LateReplica,
     SlowLink,
     SlowStage,
     SlowStep,
@@ -272,6 +273,13 @@ def _validate(prm: ScenarioParams) -> None:
             raise ValueError(f"SlowStep: step {f.step} outside 0..{prm.steps - 1}")
         if isinstance(f, SlowStep) and f.rank is not None and not 0 <= f.rank < prm.pp:
             raise ValueError(f"SlowStep: pipeline rank {f.rank} outside 0..{prm.pp - 1}")
+        if isinstance(f, LateReplica) and (
+            prm.dp < 2
+            or not 0 <= f.dp_rank < prm.dp
+            or f.delay_ms < 0
+            or not any(isinstance(x, ExposedAllReduce) for x in prm.faults)
+        ):
+            raise ValueError("LateReplica needs dp >= 2, a replica in 0..dp-1, delay >= 0, ExposedAllReduce")
         if isinstance(f, CommOnCompute) and f.ranks is not None and any(
             not 0 <= r < prm.pp for r in f.ranks
         ):
@@ -505,9 +513,12 @@ def build(prm: ScenarioParams) -> SynthRun:
 
     ladders = [_ladder(prm, k) for k in range(prm.steps)]
     t0 = 2 * MS
+    # a late replica delays every step of the whole job by its lateness (the others wait for it)
+    late_ns = sum(_ns(f.delay_ms) for f in prm.faults if isinstance(f, LateReplica))
+    late_rep = next((f.dp_rank for f in prm.faults if isinstance(f, LateReplica)), -1)
     starts = [t0]
     for lad in ladders:
-        starts.append(starts[-1] + round(lad.full.step_ns))
+        starts.append(starts[-1] + round(lad.full.step_ns) + late_ns)
 
     names = NameTable()
     ranks: list[SynthRank] = []
@@ -525,7 +536,8 @@ def build(prm: ScenarioParams) -> SynthRun:
             state = _SeqState()
             for k, lad in enumerate(ladders):
                 _emit_step(b, prm, topo, lad.full, p, d, k, starts[k], starts[k + 1], recv_stream,
-                           send_stream, state, rng)
+                           send_stream, state, rng, late_ns=late_ns if d == late_rep else 0,
+                           push_ns=late_ns if d != late_rep else 0)
             gpu, rt, host = b.tables()
             streams = [StreamInfo(_STREAM_COMPUTE, StreamRole.COMPUTE)]
             for bd, q in bnds:
@@ -595,8 +607,15 @@ def _emit_step(
     send_stream: dict[int, int],
     seqs: _SeqState,
     rng: np.random.Generator,
+    late_ns: int = 0,
+    push_ns: int = 0,
 ) -> None:
-    """Append one step of pipeline rank ``p`` in replica ``d`` to ``b`` (true clock)."""
+    """Append one step of pipeline rank ``p`` in replica ``d`` to ``b`` (true clock).
+
+    ``late_ns``: the replica starts its work that late (its data loader); ``push_ns``: the step's
+    data-parallel all-reduce ends that much later than the simulation says (it waits for a late
+    replica), and everything after it moves with it.
+    """
     g = topo.glob(p, d)
     main, bwd_tid = b.pid, b.pid + 2
     pp_gi = topo.pp_group_of[g]
@@ -611,6 +630,11 @@ def _emit_step(
         b.host(t_start + US, t_start + round(sdelay) - US,
                "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", HostCat.ANNOTATION, main,
                step=k)
+    if late_ns > 2 * US:
+        b.host(t_start + US, t_start + late_ns - US,
+               "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", HostCat.ANNOTATION, main,
+               step=k)
+    t_start += late_ns
     rows = res.rank_rows(p)
     # the consumer row of every block that sends across ranks, for the send's end time
     key_row = {(int(res.stage[i]), int(res.phase[i]), int(res.mb[i])): i for i in range(len(res))}
@@ -729,10 +753,10 @@ def _emit_step(
         host_free = t
     # ---- step tail: data-parallel gradient all-reduce, gradient-norm sync, optimizer
     last_end = t_start + round(res.last_end_ns[p])
-    tail_end = t_start + round(res.tail_end_ns[p])
-    sync_end = t_start + round(res.sync_end_ns[p])
-    opt_start = t_start + round(res.optim_start_ns[p])
-    opt_end = t_start + round(res.optim_end_ns[p])
+    tail_end = t_start + round(res.tail_end_ns[p]) + push_ns
+    sync_end = t_start + round(res.sync_end_ns[p]) + push_ns
+    opt_start = t_start + round(res.optim_start_ns[p]) + push_ns
+    opt_end = t_start + round(res.optim_end_ns[p]) + push_ns
     t = host_free + US
     if prm.dp > 1:
         dp_gi = topo.dp_group_of[g]
@@ -843,6 +867,7 @@ def _groundtruth(
     per_step = [_truth_of(lad) for lad in ladders]
     gap_ns = _kernel_gaps(run)
     ranks_out: dict[str, Any] = {}
+    late_ns = sum(_ns(f.delay_ms) for f in prm.faults if isinstance(f, LateReplica))
     for rk in run.ranks:
         p = rk.pp_rank
         steps_out: list[dict[str, Any]] = []
@@ -851,6 +876,9 @@ def _groundtruth(
             window = starts[k + 1] - starts[k]
             compute = float(res.per_rank_busy_ns[p])
             causes = {c: float(per_step[k][c][p]) / MS for c in TRUTH_CAUSES}
+            # a late replica: its ranks idle at the step start, the others wait for it in the
+            # data-parallel all-reduce; both are the late replica's host (its data loader)
+            causes["host"] += late_ns / MS
             steps_out.append({
                 "step": prm.first_step + k,
                 "window_ms": window / MS,
@@ -888,6 +916,8 @@ def _groundtruth(
         else:
             pr = list(range(prm.pp))
         fj["ranks"] = sorted(topo.glob(q, d) for q in pr for d in range(prm.dp))
+        if isinstance(f, LateReplica):  # the late replica's ranks only: the others wait for them
+            fj["ranks"] = sorted(topo.glob(q, f.dp_rank) for q in range(prm.pp))
         blame.setdefault(f.cause, [])
         blame[f.cause] = sorted(set(blame[f.cause]) | set(fj["ranks"]))
         faults_out.append(fj)
