@@ -53,7 +53,8 @@ class StragglerRule:
 
     code = "PP009"
     name = "straggler"
-    cause = None  # the late ranks' own root cause, decided per run
+    # shown by `ppdiag rules`; each finding carries the late ranks' own root cause (host, imbalance ...)
+    cause = "late rank's cause"
     summary = "Straggler: ranks the others wait for in collectives (late step, host stall, slow compute)."
 
     def check(self, ctx: RuleContext) -> list[Finding]:
