@@ -20,10 +20,12 @@ def _rank(
     seq: list[int] | None = None,
     offset_ns: int = 0,
 ) -> RankTimeline:
-    """A GPU rank: ``rows`` are (start ms, end ms, launch ms, "c" compute | "a" all-reduce)."""
+    """A GPU rank: ``rows`` are (start ms, end ms, launch ms, "c" compute | "a" all-reduce | "p" a
+    SendRecv kernel whose peer the trace does not name)."""
     names = NameTable()
     comp, coll = names.id("gemm_kernel"), names.id("ncclDevKernel_AllReduce_Sum_bf16_RING_LL")
-    kinds = [int(Kind.COLLECTIVE) if k == "a" else int(Kind.COMPUTE) for *_, k in rows]
+    code = {"a": int(Kind.COLLECTIVE), "p": int(Kind.P2P), "c": int(Kind.COMPUTE)}
+    kinds = [code[k] for *_, k in rows]
     n = len(rows)
     seqs = np.full(n, -1, np.int64)
     if seq is not None:
@@ -35,8 +37,8 @@ def _rank(
             "end": [BASE + round(b * MS) - offset_ns for _, b, *_ in rows],
             "launch": [BASE + round(c * MS) - offset_ns for *_, c, _ in rows],
             "kind": kinds,
-            "name": [coll if k == int(Kind.COLLECTIVE) else comp for k in kinds],
-            "stream": [20 if k == int(Kind.COLLECTIVE) else 7 for k in kinds],
+            "name": [comp if k == int(Kind.COMPUTE) else coll for k in kinds],
+            "stream": [7 if k == int(Kind.COMPUTE) else 20 for k in kinds],
             "group": [0 if k == int(Kind.COLLECTIVE) else -1 for k in kinds],
             "seq": seqs,
         },
@@ -154,3 +156,23 @@ def test_missing_instance_does_not_shift_the_blame() -> None:
     assert list(cw.late) == [2]
     assert cw.late[2].instances == 3 and cw.late[2].lateness_ns == 9 * MS
     assert any("were not in its trace" in w for w in diag.report["run"]["warnings"])
+
+
+def test_p2p_without_peers_waits_for_the_slower_gpu() -> None:
+    # Two GPUs exchange data with one SendRecv kernel each, peers unknown (no comm args).
+    # Rank 0: compute [1, 5] ms, SendRecv [5, 9.5], compute [9.5, 12].
+    # Rank 1: compute [1, 9] (4 ms longer: a slow GPU), SendRecv [9, 9.5] (the 0.5 ms transfer),
+    # compute [9.5, 12]. Rank 0 waits 4.5 - 0.5 = 4 ms for rank 1's longer compute: imbalance.
+    # Windows [1, 12]: rank 0 lost = 11 - 6.5 = 4.5 = 4 imbalance + 0.5 exposed_comm; rank 1 lost
+    # = 11 - 10.5 = 0.5 exposed_comm.
+    r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 9.5, 4.95, "p"), (9.5, 12, 5.0, "c")])
+    r1 = _rank(1, 2, [(1, 9, 0.9, "c"), (9, 9.5, 4.95, "p"), (9.5, 12, 5.0, "c")])
+    diag = analyze_run(Run([r0, r1], "kineto"), Options())
+    assert diag.report["run"]["pp"] == 1
+    attr = diag.context["attribution"]
+    c0, c1 = _ms(attr.causes[(0, 0)]), _ms(attr.causes[(1, 0)])
+    assert c0["imbalance"] == 4.0 and c0["exposed_comm"] == 0.5 and sum(c0.values()) == 4.5
+    assert c1["exposed_comm"] == 0.5 and sum(c1.values()) == 0.5
+    (f,) = [f for f in diag.findings if f.code == "PP009"]
+    assert f.ranks == [1] and f.cause == "imbalance"
+    assert f.evidence["late_ranks"]["1"]["reasons_ms_per_step"]["compute"] == 4.0

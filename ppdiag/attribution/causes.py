@@ -581,7 +581,7 @@ def attribute(
                 f"{max(mism) / 1e6:.2f} ms; the difference is reported as unexplained"
             )
     else:
-        waits = run_waits(steps, timelines)
+        waits = run_waits(steps, timelines, p2p=True)
         for rs in steps:
             host = ivs.measure(ivs.subtract(rs.host_set, rs.sets.p2p))
             c = {

@@ -6,8 +6,8 @@ The transfer of an instance is the shortest member's duration (the last arriver'
 an instance whose members do not end together (an asynchronous op, clocks that could not be
 aligned) is not a sync point and keeps its time as communication.
 
-The wait of a member is exposed lost time only where the collective ran with nothing else beside
-it (the window's exposed-collective set). That part is moved out of ``exposed_comm`` to the reason
+The wait of a member is exposed lost time only where the collective ran with no compute beside
+it (the window's exposed communication). That part is moved out of ``exposed_comm`` to the reason
 the last arriver was late, found by comparing it with the waiting member over the stretch since
 their previous instance of the group (or since their step start):
 
@@ -17,9 +17,11 @@ their previous instance of the group (or since their step start):
 * it had more other idle (work queued, no evidence) → ``unexplained``;
 * it spent more time in other communication → stays ``exposed_comm``.
 
-The wait is split over the positive differences in proportion, so the causes still add up to the
-lost time exactly. The same comparison against the member with the median arrival gives each late
-rank's lateness and its reasons for the straggler finding (PP009).
+Without a pipeline, point-to-point ops are matched the same way, each rank pair as a group of two
+(a send and its receive end together). The wait is split over the positive differences in
+proportion, so the causes still add up to the lost time exactly. The same comparison against the
+member with the median arrival gives each late rank's lateness and its reasons for the straggler
+finding (PP009).
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ class RankSets:
     compute: ivs.ISet
     host: ivs.ISet  # lost time with host evidence
     comm: ivs.ISet  # exposed p2p and collectives
-    collective: ivs.ISet  # exposed collectives
 
 
 @dataclass
@@ -193,13 +194,13 @@ def collective_waits(
         host[rows] = _cum(rs.host, b) - _cum(rs.host, a)
         comm[rows] = _cum(rs.comm, b) - _cum(rs.comm, a)
         ws, we = arrive[rows], arrive[rows] + wait[rows]
-        wx = _cum(rs.collective, we) - _cum(rs.collective, ws)
+        wx = _cum(rs.comm, we) - _cum(rs.comm, ws)
         wall[rows] = wx
         if exclude and (rs.rank, rs.step) in exclude:
             # the part of the wait inside the span is the other model's
             x0, x1 = exclude[(rs.rank, rs.step)]
-            inside = _cum(rs.collective, np.clip(we, x0, x1)) - _cum(rs.collective, np.clip(ws, x0, x1))
-            wx = wx - inside
+            in_span = _cum(rs.comm, np.clip(we, x0, x1)) - _cum(rs.comm, np.clip(ws, x0, x1))
+            wx = wx - in_span
         wexp[rows] = wx
     idle = np.maximum((np.maximum(arrive, seg0) - seg0) - comp - host - comm, 0)
     # REASONS order; the start is relative (absolute ns would lose precision as floats)
@@ -323,9 +324,11 @@ def run_waits(
     steps: Sequence[StepLike],
     timelines: Mapping[int, RankTimeline],
     exclude: dict[tuple[int, int], tuple[int, int]] | None = None,
+    p2p: bool = False,
 ) -> CollectiveWaits:
     """Match the run's collectives (timelines already on the aligned clock) and split their waits.
 
+    ``p2p``: also split point-to-point ops, per rank pair (for runs without a pipeline).
     In a pipeline run only groups whose members run the same stages (data-, tensor-, expert-
     parallel groups) are split here: members of different stages reach a collective at different
     times because of the schedule itself (the bubble), which the replay accounts for.
@@ -341,11 +344,10 @@ def run_waits(
             ivs.union(
                 np.r_[rs.sets.p2p[0], rs.sets.collective[0]], np.r_[rs.sets.p2p[1], rs.sets.collective[1]]
             ),
-            rs.sets.collective,
         )
         for rs in steps
     ]
-    match = match_collectives(dict(timelines))
+    match = match_collectives(dict(timelines), p2p=p2p)
     stages: dict[int, set[int]] = defaultdict(set)
     for rs in steps:
         stages[rs.rank].update(int(x) for x in np.unique(rs.blocks.stage))

@@ -187,38 +187,55 @@ def _end_offsets(rank: I32, start: I64, end: I64, inst: I64, n_inst: int, member
     return zero
 
 
-def match_collectives(timelines: dict[int, RankTimeline]) -> CollectiveMatch:
-    """Match the device collectives (or host collectives of CPU-only runs) of every group."""
+def match_collectives(timelines: dict[int, RankTimeline], p2p: bool = False) -> CollectiveMatch:
+    """Match the device collectives (or host collectives of CPU-only runs) of every group.
+
+    ``p2p``: also match point-to-point ops, each rank pair as a group of two (a send and its
+    receive end together like a collective); ops without a known peer only when exactly two ranks
+    have them. Meant for runs without a pipeline: in a pipeline the replay models the transfers.
+    """
     traced = set(timelines)
     # gather every rank's collectives under their group key (vectorized per rank and group)
     parts: dict[tuple[str, tuple[int, ...]], list[tuple[I32, I64, I64, I64]]] = {}
+
+    def add(key: tuple[str, tuple[int, ...]], r: int, seq: I64, start: I64, end: I64) -> None:
+        parts.setdefault(key, []).append((np.full(seq.size, r, np.int32), seq, start, end))
+
     for r, tl in sorted(timelines.items()):
         iv = tl.intervals
-        m = iv.kind == int(Kind.COLLECTIVE)
-        if not m.any():
-            continue
         off = tl.clock_offset_ns
+        m = iv.kind == int(Kind.COLLECTIVE)
         grp = iv.group[m]
         for gi in np.unique(grp):
             sel = grp == gi
             key = _group_key(tl, int(gi), traced)
             if key is None:
                 continue  # a group with one traced member: nothing to match
-            n = int(sel.sum())
-            parts.setdefault(key, []).append(
-                (
-                    np.full(n, r, np.int32),
-                    iv.seq[m][sel].astype(np.int64),
-                    iv.start[m][sel] + off,
-                    iv.end[m][sel] + off,
-                )
-            )
+            add(key, r, iv.seq[m][sel].astype(np.int64), iv.start[m][sel] + off, iv.end[m][sel] + off)
+        if not p2p:
+            continue
+        pm = iv.kind == int(Kind.P2P)
+        peer = iv.peer[pm]
+        for q in np.unique(peer):
+            q = int(q)
+            if q >= 0 and (q not in traced or q == r):
+                continue
+            sel = peer == q
+            # p2p sequence numbers are not kept in step on the two sides: match by order
+            key = ("pair", (min(r, q), max(r, q))) if q >= 0 else ("p2p", ())
+            add(key, r, np.full(int(sel.sum()), -1, np.int64), iv.start[pm][sel] + off, iv.end[pm][sel] + off)
     # ops without a group are matched among all ranks that have such ops
     if ("", ()) in parts:
         unknown = tuple(sorted({int(p[0][0]) for p in parts[("", ())]}))
         lost = parts.pop(("", ()))
         if len(unknown) >= 2:
             parts[("ranks", unknown)] = lost + parts.get(("ranks", unknown), [])
+    # p2p ops without a peer: a pair only when two ranks have them
+    if ("p2p", ()) in parts:
+        two = tuple(sorted({int(p[0][0]) for p in parts[("p2p", ())]}))
+        lost = parts.pop(("p2p", ()))
+        if len(two) == 2:
+            parts[("pair", two)] = lost + parts.get(("pair", two), [])
     out_rank: list[I32] = []
     out_start: list[I64] = []
     out_end: list[I64] = []
