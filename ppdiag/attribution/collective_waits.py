@@ -157,11 +157,14 @@ def collective_waits(
         by_rank[rs.rank].append(rs)
     row_key = np.full(len(inst), -1, np.int64)  # index into `sets`
     index = {id(rs): i for i, rs in enumerate(sets)}
+    # rows grouped by rank (and below by rank-step) with one sort, so each group is a slice
+    by_r = np.argsort(match.rank, kind="stable")
+    r_sorted = match.rank[by_r]
     for r, lst in by_rank.items():
         lst.sort(key=lambda x: x.w0)
         w0 = np.array([x.w0 for x in lst], np.int64)
         w1 = np.array([x.w1 for x in lst], np.int64)
-        rows = np.flatnonzero(match.rank == r)
+        rows = by_r[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")]
         if rows.size == 0:
             continue
         k = np.searchsorted(w0, match.start[rows], side="right") - 1
@@ -185,8 +188,11 @@ def collective_waits(
     comm = np.zeros(len(inst), np.int64)
     wexp = np.zeros(len(inst), np.int64)
     wall = np.zeros(len(inst), np.int64)  # the same without the exclusion (for lateness and gain)
+    by_k = np.argsort(row_key, kind="stable")
+    k_sorted = row_key[by_k]
+    bounds = np.searchsorted(k_sorted, np.arange(len(sets) + 1), "left")
     for i, rs in enumerate(sets):
-        rows = np.flatnonzero(row_key == i)
+        rows = by_k[bounds[i] : bounds[i + 1]]
         if rows.size == 0:
             continue
         a, b = seg0[rows], np.maximum(arrive[rows], seg0[rows])
