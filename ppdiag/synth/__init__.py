@@ -3,11 +3,14 @@
 :mod:`ppdiag.synth.run` is the format-neutral description (:class:`SynthRun`);
 :mod:`ppdiag.synth.scenario` builds one from the schedule simulator plus injected faults and
 computes the true lost time per cause; :mod:`ppdiag.synth.kineto` writes it as PyTorch Profiler
-JSON, one file per rank.
+JSON, one file per rank (:mod:`ppdiag.synth.nsys` as Nsight Systems SQLite).
+:mod:`ppdiag.synth.collectives` builds runs without a pipeline (data / expert parallel, all-to-all
+and all-reduce) whose collectives wait for late or slow ranks, with the same kind of truth.
 """
 
 from __future__ import annotations
 
+from ppdiag.synth.collectives import CollectiveParams, make_collective_run
 from ppdiag.synth.faults import (
     CommOnCompute,
     ExposedAllReduce,
@@ -33,6 +36,7 @@ from ppdiag.synth.scenario import ScenarioParams, make_scenario, write_groundtru
 
 __all__ = [
     "ApiKind",
+    "CollectiveParams",
     "CommOnCompute",
     "ExposedAllReduce",
     "GpuOps",
@@ -49,6 +53,7 @@ __all__ = [
     "StreamRole",
     "SynthRank",
     "SynthRun",
+    "make_collective_run",
     "make_scenario",
     "write_groundtruth",
     "write_kineto",
