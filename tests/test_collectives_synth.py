@@ -102,3 +102,18 @@ def test_pipeline_dp_allreduce_waits_for_a_late_replica(tmp_path: Path, fmt: str
     gain = float(np.mean(run.truth["step_ms"])) - float(np.mean(on_time.truth["step_ms"]))
     assert abs(gain - delay) < 1e-6
     assert abs(f.gain_ms - gain) <= 0.05 * gain
+
+
+def test_generator_truth_adds_up_and_rejects_bad_setups() -> None:
+    run = make_collective_run(world=3, late_ms={0: 1.0}, slow={2: 1.2}, steps=2)
+    for r in run.truth["ranks"].values():
+        for st in r["steps"]:
+            assert abs(sum(st["causes_ms"].values()) - st["lost_ms"]) < 1e-9
+            assert abs(st["window_ms"] - st["compute_ms"] - st["lost_ms"]) < 1e-9
+    # the waiting ranks' host includes rank 0's data loader; rank 2's slow compute is imbalance
+    assert run.truth["ranks"]["1"]["causes_ms"]["imbalance"] > 0
+    assert set(run.truth["stragglers"]) == {"0", "2"}
+    with pytest.raises(ValueError, match="late_ms"):
+        make_collective_run(world=2, late_ms={5: 1.0})
+    with pytest.raises(ValueError, match="LateReplica"):
+        make_scenario("1f1b", pp=2, microbatches=4, dp=2, faults=[LateReplica(0, 1.0)])
