@@ -176,3 +176,44 @@ def test_p2p_without_peers_waits_for_the_slower_gpu() -> None:
     (f,) = [f for f in diag.findings if f.code == "PP009"]
     assert f.ranks == [1] and f.cause == "imbalance"
     assert f.evidence["late_ranks"]["1"]["reasons_ms_per_step"]["compute"] == 4.0
+
+
+def _tp_dp_rank(r: int, rows: list[tuple[float, float, str]]) -> RankTimeline:
+    """Rank ``r`` of 4 with a tensor-parallel group {0,1}/{2,3} (group 0) and a data-parallel
+    group {0,2}/{1,3} (group 1); ``rows``: (start ms, end ms, "c" | "tp" | "dp")."""
+    tl = _rank(r, 4, [(a, b, a - 0.05, "c" if k == "c" else "a") for a, b, k in rows])
+    order = np.argsort([a for a, _, _ in rows], kind="stable")
+    kinds = [rows[i][2] for i in order]
+    tl.intervals.group[:] = [{"c": -1, "tp": 0, "dp": 1}[k] for k in kinds]
+    tl.process_groups = [
+        ProcessGroup("1", "TENSOR_MODEL_PARALLEL_GROUP", [0, 1] if r < 2 else [2, 3], "nccl"),
+        ProcessGroup("2", "DATA_PARALLEL_GROUP", [0, 2] if r % 2 == 0 else [1, 3], "nccl"),
+    ]
+    return tl
+
+
+def test_waits_propagate_from_tensor_to_data_parallel_groups() -> None:
+    # Rank 3's GPU is slow: its first compute takes 6 ms instead of 4.
+    # TP all-reduce {2,3}: rank 2 arrives at 5, rank 3 at 7, both leave at 8: rank 2 waits 2 ms
+    # (imbalance, rank 3's compute). TP {0,1}: both at 5, leave at 6 (1 ms transfer).
+    # Compute B: ranks 0, 1 [6, 8]; ranks 2, 3 [8, 10]. DP all-reduce {0,2} and {1,3}: ranks 0, 1
+    # arrive at 8, ranks 2, 3 at 10, all leave at 11: ranks 0 and 1 wait 2 ms. Rank 1 waits for
+    # rank 3's longer compute (imbalance); rank 0 waits for rank 2, which was late only because it
+    # waited for rank 3 in the TP all-reduce: inherited, imbalance too. Compute C [11, 12].
+    # Windows [1, 12]. Lost: ranks 0, 1, 2: 11 - 7 = 4 = 2 imbalance + 2 transfer; rank 3: 11 - 9
+    # = 2 transfer. With rank 3 on time every rank would leave the DP all-reduce at 9: 2 ms saved.
+    fast = [(1, 5, "c"), (5, 6, "tp"), (6, 8, "c"), (8, 11, "dp"), (11, 12, "c")]
+    r2 = [(1, 5, "c"), (5, 8, "tp"), (8, 10, "c"), (10, 11, "dp"), (11, 12, "c")]
+    r3 = [(1, 7, "c"), (7, 8, "tp"), (8, 10, "c"), (10, 11, "dp"), (11, 12, "c")]
+    run = Run([_tp_dp_rank(0, fast), _tp_dp_rank(1, fast), _tp_dp_rank(2, r2), _tp_dp_rank(3, r3)], "kineto")
+    diag = analyze_run(run, Options())
+    attr = diag.context["attribution"]
+    for r in (0, 1, 2):
+        c = _ms(attr.causes[(r, 0)])
+        assert c["imbalance"] == 2.0 and c["exposed_comm"] == 2.0 and sum(c.values()) == 4.0, (r, c)
+    assert _ms(attr.causes[(3, 0)])["exposed_comm"] == 2.0
+    (f,) = [f for f in diag.findings if f.code == "PP009"]
+    assert f.ranks == [3] and f.cause == "imbalance"
+    assert f.evidence["followers"] == {"2": 2.0}
+    assert f.evidence["late_ranks"]["3"]["late_ms_per_step"] == 4.0  # 2 ms in TP, 2 ms in DP
+    assert abs(f.gain_ms - 2.0) < 1e-6

@@ -15,7 +15,9 @@ their previous instance of the group (or since their step start):
 * it had more idle time with host evidence (a host stall, an event-less stretch on CPU runs) → ``host``;
 * it computed longer → ``imbalance``;
 * it had more other idle (work queued, no evidence) → ``unexplained``;
-* it spent more time in other communication → stays ``exposed_comm``.
+* it spent more time in other communication → what its own waits there were charged to (waits
+  propagate: a rank late to a data-parallel all-reduce because it waited for its tensor-parallel
+  peer's slow GPU passes on ``imbalance``), else it stays ``exposed_comm``.
 
 Without a pipeline, point-to-point ops are matched the same way, each rank pair as a group of two
 (a send and its receive end together). The wait is split over the positive differences in
@@ -125,6 +127,53 @@ def _alloc(total: npt.NDArray[np.int64], weights: npt.NDArray[np.float64]) -> np
     return out
 
 
+def _inherit(
+    match: CollectiveMatch,
+    seg0: npt.NDArray[np.int64],
+    waiting: npt.NDArray[np.int64],
+    lrow: npt.NDArray[np.int64],
+    shares: npt.NDArray[np.int64],
+    rounds: int = 3,
+) -> npt.NDArray[np.int64]:
+    """Waits propagate: a last arriver that was late because it waited in another collective
+    first (its ``comm`` excess) passes on the causes that wait was charged to.
+
+    For each waiting row, the ``comm`` share moves to the non-comm causes of the last arriver's
+    own waits since its stretch began (as far as they go), in proportion; a few rounds follow
+    chains (a TP peer's slow GPU delays a DP all-reduce).
+    """
+    comm = REASONS.index("comm")
+    n_rows = len(match.inst)
+    if waiting.size == 0:
+        return shares
+    # per rank: its waiting rows in time order and the running sums of their shares
+    full = np.zeros((n_rows, len(REASONS)), np.int64)
+    by_rs = np.lexsort((match.start, match.rank))
+    r_sorted = match.rank[by_rs]
+    for _ in range(rounds):
+        full[:] = 0
+        full[waiting] = shares
+        seg_tot = np.zeros((waiting.size, len(REASONS)), np.int64)
+        lr_rank = match.rank[lrow]
+        for r in np.unique(lr_rank).tolist():  # one pass per rank, not per event
+            mine = by_rs[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")]
+            cum = np.vstack([np.zeros((1, len(REASONS)), np.int64), np.cumsum(full[mine], axis=0)])
+            q = np.flatnonzero(lr_rank == r)
+            lo = np.searchsorted(match.start[mine], seg0[lrow[q]], side="left")
+            hi = np.searchsorted(match.start[mine], match.start[lrow[q]], side="left")
+            seg_tot[q] = cum[hi] - cum[lo]
+        seg_tot[:, comm] = 0
+        avail = seg_tot.sum(axis=1)
+        take = np.minimum(shares[:, comm], avail)
+        if not take.any():
+            break
+        moved = _alloc(take, seg_tot.astype(np.float64))
+        shares = shares.copy()
+        shares[:, comm] -= moved.sum(axis=1)
+        shares += moved
+    return shares
+
+
 def collective_waits(
     sets: list[RankSets],
     match: CollectiveMatch,
@@ -229,6 +278,7 @@ def collective_waits(
     rest = wexp[waiting] - shares.sum(axis=1)
     shares[:, REASONS.index("idle")] += np.where(valid[lrow], rest, 0)
     shares[:, REASONS.index("comm")] += np.where(valid[lrow], 0, rest)
+    shares = _inherit(match, seg0, waiting, lrow, shares)
     per_set = np.zeros((n_sets, n_r), np.int64)
     np.add.at(per_set, row_key[waiting], shares)
     # the waiting itself, also where another model (the replay's sync) charges it
@@ -269,12 +319,15 @@ def collective_waits(
         lr.reasons_ns = {name: int(tot[j]) for j, name in enumerate(REASONS)}
         lr.groups = {int(g) for g in np.unique(match.group[inst[rows][m]])}
         late[int(r)] = lr
-    # 3) step time saved with every member on time: each instance ends when its median member
-    # arrives, saving that member's exposed wait; a rank saves the sum over its instances, and the
-    # step what its most delayed rank saves (groups that run side by side do not add up)
+    # 3) step time saved with every member on time: an instance would end when its median member
+    # arrives, so each rank saves its own exposed wait up to the median member's; a rank saves
+    # the sum over its instances (a wait inherited from an earlier instance is not counted twice:
+    # the late rank itself did not wait in the later one), and the step what its most delayed
+    # rank saves (groups that run side by side do not add up)
     med_wall = np.where(valid[med_row] & sync, wall[med_row], 0)
+    saved = np.minimum(wall, med_wall[inst])
     per_set_gain = np.zeros(n_sets, np.int64)
-    np.add.at(per_set_gain, row_key[valid], med_wall[inst[valid]])
+    np.add.at(per_set_gain, row_key[valid], saved[valid])
     step_of_set = np.array([rs.step for rs in sets], np.int64)
     g = np.zeros(int(step_of_set.max()) + 1, np.int64)
     np.maximum.at(g, step_of_set, per_set_gain)

@@ -72,6 +72,14 @@ class StragglerRule:
         gain = sum(cw.gain_ns.values()) / steps / 1e6
         if not per_rank or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
+        # a rank late only because it waited for a late rank in another collective first follows
+        # that rank: name the roots (their own reasons: late start, host, compute, idle)
+        own = {
+            r: 1.0 - v[2].reasons_ns.get("comm", 0) / max(v[2].lateness_ns, 1) for r, v in per_rank.items()
+        }
+        roots = {r: v for r, v in per_rank.items() if own[r] >= 0.5}
+        followers = {r: v[0] for r, v in per_rank.items() if r not in roots} if roots else {}
+        per_rank = roots or per_rank
         reasons: dict[str, float] = dict.fromkeys(_REASON_TEXT, 0.0)
         for _, _, lr in per_rank.values():
             for k, v in lr.reasons_ns.items():
@@ -95,6 +103,7 @@ class StragglerRule:
                 }
                 for r, (late, made, lr) in sorted(per_rank.items())
             },
+            "followers": {str(r): r3(v) for r, v in sorted(followers.items())},
             "main_reason": main,
             "waited_ms_per_step": r3(cw.total_waited_ns / steps / 1e6),
             "collective_instances": cw.instances,
