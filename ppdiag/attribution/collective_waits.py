@@ -177,12 +177,12 @@ def _inherit(
 def collective_waits(
     sets: list[RankSets],
     match: CollectiveMatch,
-    exclude: dict[tuple[int, int], tuple[int, int]] | None = None,
+    exclude: dict[tuple[int, int], ivs.ISet] | None = None,
 ) -> CollectiveWaits:
     """Split every matched collective into waiting and transfer and charge the waiting.
 
-    ``exclude`` maps (rank, step) to a span whose collectives another model already treats as a
-    sync point (the replay's step-end sync): waits inside it are left alone.
+    ``exclude`` maps (rank, step) to spans whose time another model already charges (the replay's
+    step-end sync, its blocks): the waits inside them are measured but not moved.
     """
     n_steps = len({s.step for s in sets})
     if len(match) == 0 or not sets:
@@ -252,10 +252,9 @@ def collective_waits(
         wx = _cum(rs.comm, we) - _cum(rs.comm, ws)
         wall[rows] = wx
         if exclude and (rs.rank, rs.step) in exclude:
-            # the part of the wait inside the span is the other model's
-            x0, x1 = exclude[(rs.rank, rs.step)]
-            in_span = _cum(rs.comm, np.clip(we, x0, x1)) - _cum(rs.comm, np.clip(ws, x0, x1))
-            wx = wx - in_span
+            # the part of the wait inside the excluded spans is the other model's
+            other = ivs.intersect(rs.comm, exclude[(rs.rank, rs.step)])
+            wx = wx - (_cum(other, we) - _cum(other, ws))
         wexp[rows] = wx
     idle = np.maximum((np.maximum(arrive, seg0) - seg0) - comp - host - comm, 0)
     # REASONS order; the start is relative (absolute ns would lose precision as floats)
@@ -390,7 +389,9 @@ def run_waits(
     ``p2p``: also split point-to-point ops, per rank pair (for runs without a pipeline).
     In a pipeline run only groups whose members run the same stages (data-, tensor-, expert-
     parallel groups) are split here: members of different stages reach a collective at different
-    times because of the schedule itself (the bubble), which the replay accounts for.
+    times because of the schedule itself (the bubble), which the replay accounts for. Waits inside
+    a pipeline block are the replay's too (it books the block's lost time itself), and so is the
+    ``exclude`` span of each (rank, step): the replay's step-end sync.
     """
     sets = [
         RankSets(
@@ -416,7 +417,15 @@ def run_waits(
             dtype=bool,
         )
         match = match.only_groups(same)
-    cw = collective_waits(sets, match, exclude)
+    spans: dict[tuple[int, int], ivs.ISet] = {}
+    for rs in steps:
+        key = (rs.rank, rs.step)
+        x = exclude.get(key) if exclude else None
+        s0 = np.r_[rs.blocks.start, [x[0]] if x else []].astype(np.int64)
+        s1 = np.r_[rs.blocks.end, [x[1]] if x else []].astype(np.int64)
+        if s0.size:
+            spans[key] = ivs.union(s0, s1)
+    cw = collective_waits(sets, match, spans)
     cw.notes[:0] = match.warnings
     return cw
 
