@@ -217,3 +217,17 @@ def test_waits_propagate_from_tensor_to_data_parallel_groups() -> None:
     assert f.evidence["followers"] == {"2": 2.0}
     assert f.evidence["late_ranks"]["3"]["late_ms_per_step"] == 4.0  # 2 ms in TP, 2 ms in DP
     assert abs(f.gain_ms - 2.0) < 1e-6
+
+
+def test_a_wait_hidden_under_compute_names_nobody() -> None:
+    # Rank 0 waits 6 ms in the all-reduce [5, 12] but computes beside it the whole time (an
+    # overlapped gradient reduce): nothing is lost on rank 0, so rank 1 (compute [1, 11], its
+    # all-reduce [11, 12]: the 1 ms transfer) made nobody lose time.
+    r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 12, 4.95, "a"), (5, 12, 4.96, "c")])
+    r1 = _rank(1, 2, [(1, 11, 0.9, "c"), (11, 12, 10.9, "a")])
+    diag = analyze_run(Run([r0, r1], "kineto"), Options())
+    attr = diag.context["attribution"]
+    assert sum(attr.causes[(0, 0)].values()) == 0
+    assert _ms(attr.causes[(1, 0)])["exposed_comm"] == 1.0
+    assert not attr.collective_waits.late
+    assert not [f for f in diag.findings if f.code == "PP009"]

@@ -296,7 +296,9 @@ def collective_waits(
         moves[key] = dict(mv)
     # 2) the late members: arrival after the median member, and its reasons
     lateness = np.where(valid & sync[inst], wait[med_row[inst]] - wait, 0).astype(np.int64)
-    is_late = lateness > LATE_TOL_NS
+    # only where the others' waiting was lost time: a wait hidden under compute costs nothing
+    exposed_inst = np.maximum.reduceat(np.where(valid, wall, 0), safe_first) > 0
+    is_late = (lateness > LATE_TOL_NS) & exposed_inst[inst]
     # how long it made the others wait: the members that arrived before it wait for it at least
     # (their wait - its own wait); a sum of suffixes of the waits sorted within each instance
     ws = wait[o_w]
