@@ -10,7 +10,7 @@ import pytest
 
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import Diagnosis, Finding
-from ppdiag.synth import ExposedAllReduce, LateReplica, make_scenario, write_kineto
+from ppdiag.synth import ExposedAllReduce, LateReplica, SlowWorker, make_scenario, write_kineto
 from ppdiag.synth.collectives import make_collective_run
 from ppdiag.synth.nsys import write_nsys
 from ppdiag.synth.run import SynthRun
@@ -117,3 +117,35 @@ def test_generator_truth_adds_up_and_rejects_bad_setups() -> None:
         make_collective_run(world=2, late_ms={5: 1.0})
     with pytest.raises(ValueError, match="LateReplica"):
         make_scenario("1f1b", pp=2, microbatches=4, dp=2, faults=[LateReplica(0, 1.0)])
+    with pytest.raises(ValueError, match="SlowWorker"):
+        make_scenario("1f1b", pp=2, microbatches=4, dp=2, faults=[SlowWorker(0, 0, 2.0)])  # no exposed AR
+    # coupled replicas: every rank's truth still adds up to its lost time
+    sw = make_scenario(
+        "1f1b", pp=2, microbatches=4, dp=2, faults=[ExposedAllReduce(1.0), SlowWorker(1, 1, 1.5)]
+    )
+    for r in sw.truth["ranks"].values():
+        for st in r["steps"]:
+            assert abs(sum(st["causes_ms"].values()) - st["lost_ms"]) < 1e-6
+
+
+@pytest.mark.parametrize("fmt", ["kineto", "nsys"])
+def test_pipeline_slow_worker_is_named_not_its_replica(tmp_path: Path, fmt: str) -> None:
+    # pipeline rank 1 of replica 0 (global rank 1 * 2 + 0 = 2) computes 1.4x slower than stage 1 of
+    # replica 1: its pipeline waits for it, and replica 1 waits for that pipeline in the DP all-reduce
+    faults = [ExposedAllReduce(0.8), SlowWorker(1, 0, 1.4)]
+    run = make_scenario("1f1b", pp=3, microbatches=6, dp=2, faults=faults, steps=3, seed=7)
+    on_time = make_scenario("1f1b", pp=3, microbatches=6, dp=2, faults=faults[:1], steps=3, seed=7)
+    paths = write_kineto(run, tmp_path) if fmt == "kineto" else write_nsys(run, tmp_path)
+    diag = diagnose(paths, Options())
+    step = diag.report["summary"]["step_ms"]
+    attr = diag.context["attribution"]
+    for r, tr in run.truth["ranks"].items():
+        for k, ts in enumerate(tr["steps"]):
+            got = {c: v / 1e6 for c, v in attr.causes[(int(r), k)].items()}
+            for c in ("bubble", "imbalance", "exposed_comm", "host"):
+                assert abs(got[c] - ts["causes_ms"][c]) < 0.02 * step, (r, k, c, got[c], ts["causes_ms"][c])
+    (f,) = _pp009(diag)
+    assert f.ranks == [2] and f.cause == "imbalance"
+    assert set(f.evidence["followers"]) == {"0", "4"}  # its own pipeline, late because it waited for it
+    gain = float(np.mean(run.truth["step_ms"])) - float(np.mean(on_time.truth["step_ms"]))
+    assert abs(f.gain_ms - gain) <= 0.05 * gain

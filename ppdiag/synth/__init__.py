@@ -19,6 +19,7 @@ from ppdiag.synth.faults import (
     SlowLink,
     SlowStage,
     SlowStep,
+    SlowWorker,
 )
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.run import (
@@ -49,6 +50,7 @@ __all__ = [
     "SlowLink",
     "SlowStage",
     "SlowStep",
+    "SlowWorker",
     "StreamInfo",
     "StreamRole",
     "SynthRank",

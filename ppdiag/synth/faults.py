@@ -85,7 +85,23 @@ class LateReplica:
     cause = "host"
 
 
-Fault = SlowStage | SlowLink | HostStall | ExposedAllReduce | CommOnCompute | SlowStep | LateReplica
+@dataclass(frozen=True)
+class SlowWorker:
+    """One worker is slower than the same stage in the other replicas: the ranks of pipeline rank
+    ``pp_rank`` in replica ``dp_rank`` compute ``factor`` times slower (a throttled GPU). Its own
+    pipeline waits for it (imbalance inside the replica) and the other replicas wait for that
+    pipeline in the data-parallel all-reduce (needs ``dp >= 2`` and an :class:`ExposedAllReduce`).
+    Root cause: the slow worker's compute (imbalance); the finding is PP009, not PP003."""
+
+    pp_rank: int
+    dp_rank: int
+    factor: float
+    cause = "imbalance"
+
+
+Fault = (
+    SlowStage | SlowLink | HostStall | ExposedAllReduce | CommOnCompute | SlowStep | LateReplica | SlowWorker
+)
 
 # the order faults are added in when the truth is computed by differences of simulations
 FAULT_ORDER: tuple[type, ...] = (SlowLink, CommOnCompute, ExposedAllReduce, HostStall, SlowStep)
