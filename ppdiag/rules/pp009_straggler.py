@@ -1,7 +1,8 @@
-"""PP009: a straggler: the ranks the others wait for in collectives."""
+"""PP009: a straggler: the ranks the others wait for in collectives (and p2p without a pipeline)."""
 
 from __future__ import annotations
 
+from ppdiag.attribution.collective_waits import REASON_CAUSE
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
@@ -16,13 +17,6 @@ _REASON_TEXT = {
     "idle": "idles with work queued (no evidence of why)",
     "comm": "spends longer in other communication first",
 }
-_REASON_CAUSE = {
-    "late_start": "host",
-    "host_stall": "host",
-    "compute": "imbalance",
-    "idle": "unexplained",
-    "comm": "exposed_comm",
-}
 
 
 class StragglerRule:
@@ -32,7 +26,10 @@ class StragglerRule:
     all members, so every member that arrived earlier spins until the last one comes. The finding
     names the late ranks (never the waiting ones), how late each was per step, how long it made
     the others wait, and why it was late: a late start of its step (CPU, data loading, the previous
-    step), a host stall before the collective, or a longer compute.
+    step), a host stall before the collective, or a longer compute. Without a pipeline, send/recv
+    pairs count the same way (a receive spinning for a late sender). A rank that was late only
+    because it waited for a named rank elsewhere first (its pipeline, its tensor-parallel peer) is
+    listed as a follower, not named.
 
     Why it matters:
     One slow worker sets the pace of the whole group: the others' waiting looks like exposed
@@ -121,7 +118,7 @@ class StragglerRule:
             finding(
                 ctx,
                 self.code,
-                _REASON_CAUSE[main],
+                REASON_CAUSE[main],
                 title,
                 gain,
                 evidence,
