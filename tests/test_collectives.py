@@ -231,3 +231,19 @@ def test_a_wait_hidden_under_compute_names_nobody() -> None:
     assert _ms(attr.causes[(1, 0)])["exposed_comm"] == 1.0
     assert not attr.collective_waits.late
     assert not [f for f in diag.findings if f.code == "PP009"]
+
+
+def test_ranks_taking_turns_are_not_stragglers() -> None:
+    # Rank 1 computes 3 ms longer before the first all-reduce, rank 0 3 ms longer before the
+    # second: each waits 3 ms for the other once (imbalance both times) and neither is a straggler.
+    # Rank 0: compute [1, 5], all-reduce [5, 9], compute [9, 13], all-reduce [13, 14].
+    # Rank 1: compute [1, 8], all-reduce [8, 9], compute [9, 10], all-reduce [10, 14].
+    r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 9, 4.95, "a"), (9, 13, 5.0, "c"), (13, 14, 5.1, "a")])
+    r1 = _rank(1, 2, [(1, 8, 0.9, "c"), (8, 9, 7.95, "a"), (9, 10, 8.0, "c"), (10, 14, 8.1, "a")])
+    diag = analyze_run(Run([r0, r1], "kineto"), Options())
+    attr = diag.context["attribution"]
+    for k in ((0, 0), (1, 0)):
+        c = _ms(attr.causes[k])
+        assert c["imbalance"] == 3.0 and c["exposed_comm"] == 2.0, c
+    assert set(attr.collective_waits.late) == {0, 1}
+    assert not [f for f in diag.findings if f.code == "PP009"]

@@ -9,6 +9,8 @@ from ppdiag.rules.base import MIN_PCT, finding, r3
 
 # a rank is named when it arrives this late per step (ms), at least
 MIN_LATE_MS = 0.05
+# ... and waits itself for others no more than this share of its own lateness
+MAX_OWN_WAIT = 0.5
 # what the user can do about each reason the late rank gives
 _REASON_TEXT = {
     "late_start": "starts its step late (CPU, data loading, the previous step)",
@@ -60,23 +62,33 @@ class StragglerRule:
             return []
         steps = max(cw.n_steps, 1)
         per_rank = {}
+        waited: dict[int, int] = {}
+        for (r, _), ns in cw.waited.items():
+            waited[r] = waited.get(r, 0) + ns
         for r, lr in sorted(cw.late.items()):
             late_ms = lr.lateness_ns / steps / 1e6
             made_ms = lr.made_wait_ns / steps / 1e6
-            if late_ms < MIN_LATE_MS or made_ms <= 0:
-                continue
-            per_rank[r] = (late_ms, made_ms, lr)
+            if late_ms >= MIN_LATE_MS and made_ms > 0:
+                per_rank[r] = (late_ms, made_ms, lr)
         gain = sum(cw.gain_ns.values()) / steps / 1e6
         if not per_rank or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
         # a rank late only because it waited for a late rank in another collective first follows
-        # that rank: name the roots (their own reasons: late start, host, compute, idle)
-        own = {
-            r: 1.0 - v[2].reasons_ns.get("comm", 0) / max(v[2].lateness_ns, 1) for r, v in per_rank.items()
+        # that rank; the roots are late for their own reasons (late start, host, compute, idle) and
+        # wait little themselves: ranks that take turns waiting for each other (a ping-pong
+        # exchange) are the exchange's dependencies, not stragglers
+        inherited = {
+            r for r, v in per_rank.items() if v[2].reasons_ns.get("comm", 0) > 0.5 * v[2].lateness_ns
         }
-        roots = {r: v for r, v in per_rank.items() if own[r] >= 0.5}
-        followers = {r: v[0] for r, v in per_rank.items() if r not in roots} if roots else {}
-        per_rank = roots or per_rank
+        roots = {
+            r: v
+            for r, v in per_rank.items()
+            if r not in inherited and waited.get(r, 0) <= MAX_OWN_WAIT * v[2].lateness_ns
+        }
+        if not roots:
+            return []
+        followers = {r: per_rank[r][0] for r in sorted(inherited)}
+        per_rank = roots
         reasons: dict[str, float] = dict.fromkeys(_REASON_TEXT, 0.0)
         for _, _, lr in per_rank.values():
             for k, v in lr.reasons_ns.items():
@@ -85,7 +97,7 @@ class StragglerRule:
         ranks = sorted(per_rank, key=lambda r: (-per_rank[r][0], r))
         worst = per_rank[ranks[0]][0]
         title = (
-            f"straggler: rank(s) {', '.join(map(str, ranks))} arrive late at collectives "
+            f"straggler: rank(s) {', '.join(map(str, ranks))} arrive late at collectives / transfers "
             f"({worst:.1f} ms per step; the others wait {cw.total_waited_ns / steps / 1e6:.1f} ms per step "
             f"in all): {_REASON_TEXT[main]}"
         )
