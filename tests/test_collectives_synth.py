@@ -149,3 +149,15 @@ def test_pipeline_slow_worker_is_named_not_its_replica(tmp_path: Path, fmt: str)
     assert set(f.evidence["followers"]) == {"0", "4"}  # its own pipeline, late because it waited for it
     gain = float(np.mean(run.truth["step_ms"])) - float(np.mean(on_time.truth["step_ms"]))
     assert abs(f.gain_ms - gain) <= 0.05 * gain
+
+
+def test_several_late_ranks_of_different_lateness_are_all_named(tmp_path: Path) -> None:
+    # rank 3 waits for rank 6 (later still) in the first all-to-all: it is a straggler all the same
+    run, diag = _diagnose(tmp_path, "kineto", world=10, late_ms={3: 2.0, 6: 5.0}, slow={8: 1.3}, seed=9)
+    (f,) = _pp009(diag)
+    truth = run.truth["stragglers"]
+    assert sorted(f.ranks) == [3, 6, 8] and f.ranks[0] == 6
+    for r in f.ranks:
+        got = f.evidence["late_ranks"][str(r)]["late_ms_per_step"]
+        assert abs(got - truth[str(r)]) <= 0.05 * truth[str(r)]
+    assert f.evidence["late_ranks"]["8"]["reasons_ms_per_step"]["compute"] > 0.9 * truth["8"]

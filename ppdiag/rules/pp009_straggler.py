@@ -9,7 +9,7 @@ from ppdiag.rules.base import MIN_PCT, finding, r3
 
 # a rank is named when it arrives this late per step (ms), at least
 MIN_LATE_MS = 0.05
-# ... and waits itself for others no more than this share of its own lateness
+# ... and waits itself for others no more than this share of the others' waiting for it
 MAX_OWN_WAIT = 0.5
 # what the user can do about each reason the late rank gives
 _REASON_TEXT = {
@@ -75,15 +75,15 @@ class StragglerRule:
             return []
         # a rank late only because it waited for a late rank in another collective first follows
         # that rank; the roots are late for their own reasons (late start, host, compute, idle) and
-        # wait little themselves: ranks that take turns waiting for each other (a ping-pong
-        # exchange) are the exchange's dependencies, not stragglers
+        # make the others wait far longer than they wait for them: ranks that take turns waiting
+        # for each other (a ping-pong exchange) are the exchange's dependencies, not stragglers
         inherited = {
             r for r, v in per_rank.items() if v[2].reasons_ns.get("comm", 0) > 0.5 * v[2].lateness_ns
         }
         roots = {
             r: v
             for r, v in per_rank.items()
-            if r not in inherited and waited.get(r, 0) <= MAX_OWN_WAIT * v[2].lateness_ns
+            if r not in inherited and waited.get(r, 0) <= MAX_OWN_WAIT * v[2].made_wait_ns
         }
         if not roots:
             return []
