@@ -41,6 +41,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution import intervals as ivs
 from ppdiag.attribution.accounting import Account, WindowSets, account, window_sets
+from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves, run_waits
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
 from ppdiag.model import Direction, Kind, Phase, RankTimeline
 from ppdiag.pipeline.blocks import Blocks
@@ -106,6 +107,7 @@ class Attribution:
     edges: list[tuple[int, int, int, int]] = field(
         default_factory=list
     )  # producer, consumer, transfer, waited
+    collective_waits: CollectiveWaits | None = None  # waits in collectives for a late member
 
 
 def _host_evidence(tl: RankTimeline, offset: int, gaps: ivs.ISet) -> ivs.ISet:
@@ -555,6 +557,10 @@ def attribute(
                 "unexplained": 0,
             }
             causes[k] = _close(c, lost)
+        # collectives the replay does not model as its step-end sync: waits for a late member
+        waits = run_waits(steps, timelines, {k: rp.tail_coll[k][:2] for k in rp.sync_of})
+        for k, mv in waits.moves.items():
+            causes[k] = apply_moves(causes[k], mv)
         for name, var in full.items():
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
         edges = rp.edge_stats()
@@ -575,6 +581,7 @@ def attribute(
                 f"{max(mism) / 1e6:.2f} ms; the difference is reported as unexplained"
             )
     else:
+        waits = run_waits(steps, timelines, p2p=True)
         for rs in steps:
             host = ivs.measure(ivs.subtract(rs.host_set, rs.sets.p2p))
             c = {
@@ -585,9 +592,11 @@ def attribute(
                 "host": host,
                 "unexplained": 0,
             }
-            causes[(rs.rank, rs.step)] = _close(c, rs.acct.lost)
+            k = (rs.rank, rs.step)
+            causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
+    notes.extend(waits.notes)
     gaps = _paint(steps, causes)
-    return Attribution(causes, gaps, lat, replay_steps, notes, edges)
+    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits)
 
 
 def _close(c: dict[str, int], lost: int) -> dict[str, int]:

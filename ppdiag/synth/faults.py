@@ -2,7 +2,9 @@
 
 Ranks in faults are **pipeline ranks** (the position in the pipeline group, 0 = first stage's
 rank). With data parallelism (``dp > 1``) every replica carries the same faults, so the
-replicas stay in lock-step and the data-parallel collectives never add waits of their own.
+replicas stay in lock-step and the data-parallel collectives never add waits of their own; the
+exception is :class:`LateReplica`, which makes one replica late so that the others wait for it in
+the data-parallel all-reduce.
 """
 
 from __future__ import annotations
@@ -71,7 +73,35 @@ class SlowStep:
     cause = "host"
 
 
-Fault = SlowStage | SlowLink | HostStall | ExposedAllReduce | CommOnCompute | SlowStep
+@dataclass(frozen=True)
+class LateReplica:
+    """Every rank of data-parallel replica ``dp_rank`` starts each step ``delay_ms`` late (its data
+    loader), so the other replicas wait that long in the data-parallel gradient all-reduce at the
+    step's end (needs ``dp >= 2`` and an :class:`ExposedAllReduce`: a blocking all-reduce after the
+    last backward). Root cause: the late replica's host."""
+
+    dp_rank: int
+    delay_ms: float
+    cause = "host"
+
+
+@dataclass(frozen=True)
+class SlowWorker:
+    """One worker is slower than the same stage in the other replicas: the ranks of pipeline rank
+    ``pp_rank`` in replica ``dp_rank`` compute ``factor`` times slower (a throttled GPU). Its own
+    pipeline waits for it (imbalance inside the replica) and the other replicas wait for that
+    pipeline in the data-parallel all-reduce (needs ``dp >= 2`` and an :class:`ExposedAllReduce`).
+    Root cause: the slow worker's compute (imbalance); the finding is PP009, not PP003."""
+
+    pp_rank: int
+    dp_rank: int
+    factor: float
+    cause = "imbalance"
+
+
+Fault = (
+    SlowStage | SlowLink | HostStall | ExposedAllReduce | CommOnCompute | SlowStep | LateReplica | SlowWorker
+)
 
 # the order faults are added in when the truth is computed by differences of simulations
 FAULT_ORDER: tuple[type, ...] = (SlowLink, CommOnCompute, ExposedAllReduce, HostStall, SlowStep)

@@ -47,6 +47,11 @@ Model details a reader of the traces may want:
   receive, which real jobs avoid by batching the two into one grouped call).
 * backward kernels are launched from the autograd thread (``tid = pid + 2``), everything else from
   the main thread (``tid = pid``).
+* replicas carry the same faults except :class:`~ppdiag.synth.faults.LateReplica` (one replica
+  starts every step late; the others wait for it in the data-parallel all-reduce: ``host``) and
+  :class:`~ppdiag.synth.faults.SlowWorker` (one rank computes slower than its stage in the other
+  replicas: its replica is simulated on its own, the replicas meet in the data-parallel
+  all-reduce, and the truth is taken on the coupled idles: see :func:`_coupled_truth`);
 * with ``dp > 1`` the global rank of pipeline rank ``p`` in replica ``d`` is ``p * dp + d``
   (Megatron's default order, tp = 1); the gradient all-reduce of each replica group runs under the
   last backward block (overlapped) unless :class:`~ppdiag.synth.faults.ExposedAllReduce` is set.
@@ -56,7 +61,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +75,11 @@ from ppdiag.synth.faults import (
     ExposedAllReduce,
     Fault,
     HostStall,
+    LateReplica,
     SlowLink,
     SlowStage,
     SlowStep,
+    SlowWorker,
     fault_json,
 )
 from ppdiag.synth.run import (
@@ -272,6 +279,22 @@ def _validate(prm: ScenarioParams) -> None:
             raise ValueError(f"SlowStep: step {f.step} outside 0..{prm.steps - 1}")
         if isinstance(f, SlowStep) and f.rank is not None and not 0 <= f.rank < prm.pp:
             raise ValueError(f"SlowStep: pipeline rank {f.rank} outside 0..{prm.pp - 1}")
+        if isinstance(f, LateReplica) and (
+            prm.dp < 2
+            or not 0 <= f.dp_rank < prm.dp
+            or f.delay_ms < 0
+            or not any(isinstance(x, ExposedAllReduce) for x in prm.faults)
+        ):
+            raise ValueError("LateReplica needs dp >= 2, a replica in 0..dp-1, delay >= 0, ExposedAllReduce")
+        if isinstance(f, SlowWorker) and (
+            prm.dp < 2
+            or not 0 <= f.dp_rank < prm.dp
+            or not 0 <= f.pp_rank < prm.pp
+            or f.factor <= 0
+            or not any(isinstance(x, ExposedAllReduce) for x in prm.faults)
+            or any(isinstance(x, LateReplica) for x in prm.faults)
+        ):
+            raise ValueError("SlowWorker needs dp >= 2, factor > 0, ExposedAllReduce (no LateReplica)")
         if isinstance(f, CommOnCompute) and f.ranks is not None and any(
             not 0 <= r < prm.pp for r in f.ranks
         ):
@@ -349,6 +372,71 @@ def _ladder(prm: ScenarioParams, step: int) -> _Ladder:
         cfg = cfg.replace(start_delay_ns=list(sdelay))
         lad.steps.append(("host", simulate(cfg)))
     return lad
+
+
+def _coupled_tails(
+    prm: ScenarioParams, by_rep: dict[int, list[_Ladder]]
+) -> list[tuple[list[int], int, int, list[int], int]]:
+    """Per step, the tail of replicas that meet in the data-parallel all-reduce of each pipeline
+    rank: (all-reduce end per pipeline rank, sync end, optimizer start, optimizer end per pipeline
+    rank, step time), in ns from the step start. The all-reduce of pipeline rank ``p`` ends when
+    its last replica arrives plus the transfer; the gradient-norm sync, the optimizer and the step
+    end follow as in the simulator (:func:`ppdiag.simulate.simulate`)."""
+    out = []
+    for k in range(prm.steps):
+        res = [by_rep[d][k].full for d in range(prm.dp)]
+        r0 = res[0]
+        xfer = r0.tail_end_ns - r0.last_end_ns
+        ar_end = np.max([r.last_end_ns for r in res], axis=0) + xfer
+        sync_end = float(ar_end.max()) + float(r0.sync_end_ns[0] - r0.tail_end_ns.max())
+        opt_start = sync_end + float(r0.optim_start_ns[0] - r0.sync_end_ns[0])
+        opt_end = opt_start + np.max([r.optim_end_ns - r.optim_start_ns for r in res], axis=0)
+        step = float(opt_end.max()) + float(r0.step_ns - r0.optim_end_ns.max())
+        ends = [round(x) for x in ar_end]
+        out.append((ends, round(sync_end), round(opt_start), [round(x) for x in opt_end], round(step)))
+    return out
+
+
+def _coupled_truth(
+    by_rep: dict[int, list[_Ladder]], steps: int
+) -> dict[int, list[dict[str, np.ndarray]]]:
+    """Truth per replica and step when replicas differ (a slow worker) and meet in the
+    data-parallel all-reduce: every replica's step lasts as long as the slowest replica's, so a
+    rank's idle in each simulation of the ladder is its own idle plus the time its replica waits
+    for the slowest one. The differences are taken on these coupled idles, as in :func:`_truth_of`;
+    the balanced simulation spreads the work of every replica evenly (one mean over all of them).
+    """
+    reps = sorted(by_rep)
+    out: dict[int, list[dict[str, np.ndarray]]] = {d: [] for d in reps}
+    for k in range(steps):
+        lads = {d: by_rep[d][k] for d in reps}
+
+        def coupled(res: dict[int, SimResult]) -> dict[int, np.ndarray]:
+            top = max(r.step_ns for r in res.values())
+            return {d: r.per_rank_idle_ns + (top - r.step_ns) for d, r in res.items()}
+
+        cfgs = [lads[d].s1.config for d in reps]
+        mean = {
+            name: [round(float(v.mean()))] * v.shape[1]
+            for name in ("fwd_ns", "bwd_ns", "wgrad_ns")
+            for v in [np.array([getattr(c, name) for c in cfgs], dtype=np.float64)]
+        }
+        s0 = simulate(cfgs[0].replace(**mean))
+        i0 = {d: s0.per_rank_idle_ns for d in reps}  # the same balanced pipeline everywhere
+        i1 = coupled({d: lads[d].s1 for d in reps})
+        causes = {d: {c: np.zeros_like(i1[d]) for c in TRUTH_CAUSES} for d in reps}
+        prev = i1
+        for d in reps:
+            causes[d]["bubble"] = np.minimum(i0[d], i1[d])
+            causes[d]["imbalance"] = i1[d] - causes[d]["bubble"]
+        for j, (cause, _) in enumerate(lads[reps[0]].steps):
+            cur = coupled({d: lads[d].steps[j][1] for d in reps})
+            for d in reps:
+                causes[d][cause] = causes[d][cause] + (cur[d] - prev[d])
+            prev = cur
+        for d in reps:
+            out[d].append(causes[d])
+    return out
 
 
 def _truth_of(lad: _Ladder) -> dict[str, np.ndarray]:
@@ -504,10 +592,23 @@ def build(prm: ScenarioParams) -> SynthRun:
     skews = [int(rng.integers(-skew_max, skew_max + 1)) if skew_max > 0 else 0 for _ in range(world)]
 
     ladders = [_ladder(prm, k) for k in range(prm.steps)]
+    # a slow worker: its replica is simulated with its stages slower; the replicas then meet in the
+    # data-parallel all-reduce of every pipeline rank (see _coupled_tails)
+    by_rep = {d: ladders for d in range(prm.dp)}
+    for f in prm.faults:
+        if isinstance(f, SlowWorker):
+            slow = [SlowStage(st, f.factor) for st in range(len(s2r)) if s2r[st] == f.pp_rank]
+            prm_d = replace(prm, faults=tuple(prm.faults) + tuple(slow))
+            by_rep[f.dp_rank] = [_ladder(prm_d, k) for k in range(prm.steps)]
+    tails = _coupled_tails(prm, by_rep) if any(by_rep[d] is not ladders for d in by_rep) else None
     t0 = 2 * MS
+    # a late replica delays every step of the whole job by its lateness (the others wait for it)
+    late_ns = sum(_ns(f.delay_ms) for f in prm.faults if isinstance(f, LateReplica))
+    late_rep = next((f.dp_rank for f in prm.faults if isinstance(f, LateReplica)), -1)
     starts = [t0]
-    for lad in ladders:
-        starts.append(starts[-1] + round(lad.full.step_ns))
+    for k, lad in enumerate(ladders):
+        step_ns = round(lad.full.step_ns) if tails is None else tails[k][4]
+        starts.append(starts[-1] + step_ns + late_ns)
 
     names = NameTable()
     ranks: list[SynthRank] = []
@@ -523,9 +624,11 @@ def build(prm: ScenarioParams) -> SynthRun:
             recv_stream = {bd: _STREAM_P2P0 + 4 * i for i, (bd, _) in enumerate(bnds)}
             send_stream = {bd: _STREAM_P2P0 + 2 + 4 * i for i, (bd, _) in enumerate(bnds)}
             state = _SeqState()
-            for k, lad in enumerate(ladders):
+            for k, lad in enumerate(by_rep[d]):
                 _emit_step(b, prm, topo, lad.full, p, d, k, starts[k], starts[k + 1], recv_stream,
-                           send_stream, state, rng)
+                           send_stream, state, rng, late_ns=late_ns if d == late_rep else 0,
+                           push_ns=late_ns if d != late_rep else 0,
+                           tail=None if tails is None else (tails[k][0][p], *tails[k][1:3], tails[k][3][p]))
             gpu, rt, host = b.tables()
             streams = [StreamInfo(_STREAM_COMPUTE, StreamRole.COMPUTE)]
             for bd, q in bnds:
@@ -564,7 +667,7 @@ def build(prm: ScenarioParams) -> SynthRun:
         schedule=sched, pp=prm.pp, dp=prm.dp, virtual=v, microbatches=prm.microbatches,
         stage_to_rank=s2r, steps=prm.steps, config=prm.to_json(),
     )
-    run.truth = _groundtruth(prm, run, ladders, starts, topo)
+    run.truth = _groundtruth(prm, run, ladders, starts, topo, by_rep)
     return run
 
 
@@ -595,8 +698,17 @@ def _emit_step(
     send_stream: dict[int, int],
     seqs: _SeqState,
     rng: np.random.Generator,
+    late_ns: int = 0,
+    push_ns: int = 0,
+    tail: tuple[int, int, int, int] | None = None,
 ) -> None:
-    """Append one step of pipeline rank ``p`` in replica ``d`` to ``b`` (true clock)."""
+    """Append one step of pipeline rank ``p`` in replica ``d`` to ``b`` (true clock).
+
+    ``late_ns``: the replica starts its work that late (its data loader); ``push_ns``: the step's
+    data-parallel all-reduce ends that much later than the simulation says (it waits for a late
+    replica), and everything after it moves with it. ``tail``: the step tail coupled across
+    replicas, (all-reduce end, sync end, optimizer start, optimizer end) relative to the step start.
+    """
     g = topo.glob(p, d)
     main, bwd_tid = b.pid, b.pid + 2
     pp_gi = topo.pp_group_of[g]
@@ -611,6 +723,11 @@ def _emit_step(
         b.host(t_start + US, t_start + round(sdelay) - US,
                "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", HostCat.ANNOTATION, main,
                step=k)
+    if late_ns > 2 * US:
+        b.host(t_start + US, t_start + late_ns - US,
+               "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", HostCat.ANNOTATION, main,
+               step=k)
+    t_start += late_ns
     rows = res.rank_rows(p)
     # the consumer row of every block that sends across ranks, for the send's end time
     key_row = {(int(res.stage[i]), int(res.phase[i]), int(res.mb[i])): i for i in range(len(res))}
@@ -729,10 +846,12 @@ def _emit_step(
         host_free = t
     # ---- step tail: data-parallel gradient all-reduce, gradient-norm sync, optimizer
     last_end = t_start + round(res.last_end_ns[p])
-    tail_end = t_start + round(res.tail_end_ns[p])
-    sync_end = t_start + round(res.sync_end_ns[p])
-    opt_start = t_start + round(res.optim_start_ns[p])
-    opt_end = t_start + round(res.optim_end_ns[p])
+    tail_end = t_start + round(res.tail_end_ns[p]) + push_ns
+    sync_end = t_start + round(res.sync_end_ns[p]) + push_ns
+    opt_start = t_start + round(res.optim_start_ns[p]) + push_ns
+    opt_end = t_start + round(res.optim_end_ns[p]) + push_ns
+    if tail is not None:
+        tail_end, sync_end, opt_start, opt_end = (t_start + x for x in tail)
     t = host_free + US
     if prm.dp > 1:
         dp_gi = topo.dp_group_of[g]
@@ -837,20 +956,29 @@ def _per_rank_bool(val: Any, n: int) -> list[bool]:
 
 
 def _groundtruth(
-    prm: ScenarioParams, run: SynthRun, ladders: list[_Ladder], starts: list[int], topo: _Topo
+    prm: ScenarioParams, run: SynthRun, ladders: list[_Ladder], starts: list[int], topo: _Topo,
+    by_rep: dict[int, list[_Ladder]] | None = None,
 ) -> dict[str, Any]:
     """The ground-truth JSON object (see the module docstring for the definitions)."""
-    per_step = [_truth_of(lad) for lad in ladders]
+    by_rep = by_rep or {d: ladders for d in range(prm.dp)}
+    if all(lads is ladders for lads in by_rep.values()):
+        truth_of = {d: [_truth_of(lad) for lad in ladders] for d in by_rep}
+    else:
+        truth_of = _coupled_truth(by_rep, prm.steps)
     gap_ns = _kernel_gaps(run)
     ranks_out: dict[str, Any] = {}
+    late_ns = sum(_ns(f.delay_ms) for f in prm.faults if isinstance(f, LateReplica))
     for rk in run.ranks:
         p = rk.pp_rank
         steps_out: list[dict[str, Any]] = []
-        for k, lad in enumerate(ladders):
+        for k, lad in enumerate(by_rep[rk.dp_rank]):
             res = lad.full
             window = starts[k + 1] - starts[k]
             compute = float(res.per_rank_busy_ns[p])
-            causes = {c: float(per_step[k][c][p]) / MS for c in TRUTH_CAUSES}
+            causes = {c: float(truth_of[rk.dp_rank][k][c][p]) / MS for c in TRUTH_CAUSES}
+            # a late replica: its ranks idle at the step start, the others wait for it in the
+            # data-parallel all-reduce; both are the late replica's host (its data loader)
+            causes["host"] += late_ns / MS
             steps_out.append({
                 "step": prm.first_step + k,
                 "window_ms": window / MS,
@@ -885,9 +1013,15 @@ def _groundtruth(
             pr = list(range(prm.pp)) if f.rank is None else [f.rank]
         elif isinstance(f, CommOnCompute):
             pr = list(f.ranks) if f.ranks is not None else list(range(prm.pp))
+        elif isinstance(f, SlowWorker):
+            pr = [f.pp_rank]
         else:
             pr = list(range(prm.pp))
         fj["ranks"] = sorted(topo.glob(q, d) for q in pr for d in range(prm.dp))
+        if isinstance(f, LateReplica):  # the late replica's ranks only: the others wait for them
+            fj["ranks"] = sorted(topo.glob(q, f.dp_rank) for q in range(prm.pp))
+        if isinstance(f, SlowWorker):  # one worker, not its stage in every replica
+            fj["ranks"] = [topo.glob(f.pp_rank, f.dp_rank)]
         blame.setdefault(f.cause, [])
         blame[f.cause] = sorted(set(blame[f.cause]) | set(fj["ranks"]))
         faults_out.append(fj)

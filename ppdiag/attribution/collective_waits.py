@@ -1,0 +1,443 @@
+"""Waits in collectives for the last arriver, charged to the late rank's root cause (DESIGN.md §5).
+
+A blocking collective ends together on all members of its group, so the member that arrived last
+spends only the transfer in it and every earlier member spends ``its duration - transfer`` waiting.
+The transfer of an instance is the shortest member's duration (the last arriver's, clock-free);
+an instance whose members do not end together (an asynchronous op, clocks that could not be
+aligned) is not a sync point and keeps its time as communication.
+
+The wait of a member is exposed lost time only where the collective ran with no compute beside
+it (the window's exposed communication). That part is moved out of ``exposed_comm`` to the reason
+the last arriver was late, found by comparing it with the waiting member over the stretch since
+their previous instance of the group (or since their step start):
+
+* it began that stretch later (a late step start: CPU, data loading, the previous step) → ``host``;
+* it had more idle time with host evidence (a host stall, an event-less stretch on CPU runs) → ``host``;
+* it computed longer → ``imbalance``;
+* it had more other idle (work queued, no evidence) → ``unexplained``;
+* it spent more time in other communication → what its own waits there were charged to (waits
+  propagate: a rank late to a data-parallel all-reduce because it waited for its tensor-parallel
+  peer's slow GPU passes on ``imbalance``), else it stays ``exposed_comm``.
+
+Without a pipeline, point-to-point ops are matched the same way, each rank pair as a group of two
+(a send and its receive end together). The wait is split over the positive differences in
+proportion, so the causes still add up to the lost time exactly. The same comparison against the
+member with the median arrival gives each late rank's lateness and its reasons for the straggler
+finding (PP009).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.attribution import intervals as ivs
+from ppdiag.attribution.accounting import WindowSets
+from ppdiag.model import RankTimeline
+from ppdiag.pipeline.blocks import Blocks
+from ppdiag.pipeline.collectives import SYNC_TOL_NS, CollectiveMatch, match_collectives
+
+# a member whose arrival is later than the median member's by less than this is on time
+LATE_TOL_NS = 20_000
+# component order of the late rank's reasons, and the cause each is charged to
+REASONS = ("late_start", "host_stall", "compute", "idle", "comm")
+REASON_CAUSE = {
+    "late_start": "host",
+    "host_stall": "host",
+    "compute": "imbalance",
+    "idle": "unexplained",
+    "comm": "exposed_comm",
+}
+
+
+@dataclass
+class RankSets:
+    """What the waits need of one rank in one step: window and interval sets on the aligned clock."""
+
+    rank: int
+    step: int
+    w0: int
+    w1: int
+    compute: ivs.ISet
+    host: ivs.ISet  # lost time with host evidence
+    comm: ivs.ISet  # exposed p2p and collectives
+
+
+@dataclass
+class LateRank:
+    """One rank that others waited for in collectives, totals over the analyzed steps (ns)."""
+
+    rank: int
+    instances: int = 0  # instances in which it arrived late
+    lateness_ns: int = 0  # its arrival after the median member's, summed
+    made_wait_ns: int = 0  # the others' waiting for it: each earlier member's wait beyond its own
+    reasons_ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    groups: set[int] = field(default_factory=set)
+
+
+@dataclass
+class CollectiveWaits:
+    """Collective waits of a run: the ns to move per (rank, step) and the late ranks."""
+
+    moves: dict[tuple[int, int], dict[str, int]]  # cause -> ns moved out of exposed_comm
+    waited: dict[tuple[int, int], int]  # exposed ns spent waiting for a later member (all of it)
+    late: dict[int, LateRank]
+    gain_ns: dict[int, int]  # per step index: time the step would save with every member on time
+    n_steps: int
+    instances: int
+    syncs: int
+    groups: list[tuple[int, ...]]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_waited_ns(self) -> int:
+        return sum(self.waited.values())
+
+
+def _cum(iset: ivs.ISet, t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Measure of ``iset`` before each time in ``t`` (vectorized prefix measure)."""
+    s, e = iset
+    if s.size == 0:
+        return np.zeros(t.shape, np.int64)
+    lens = e - s
+    before = np.concatenate([[0], np.cumsum(lens)])
+    k = np.searchsorted(s, t, side="right") - 1
+    kc = np.maximum(k, 0)
+    inside = np.clip(t - s[kc], 0, lens[kc])
+    return np.where(k >= 0, before[kc] + inside, 0).astype(np.int64)
+
+
+def _alloc(total: npt.NDArray[np.int64], weights: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """Split each row's ``total`` ns over its row of ``weights`` (negatives count as 0) in integers
+    that add up exactly; a row without positive weight gets nothing."""
+    w = np.maximum(weights, 0.0)
+    ws = w.sum(axis=1)
+    live = (ws > 0) & (total > 0)
+    raw = np.where(live[:, None], total[:, None] * w / np.where(ws > 0, ws, 1.0)[:, None], 0.0)
+    out = np.floor(raw).astype(np.int64)
+    rest = np.where(live, total - out.sum(axis=1), 0)
+    # the remainder (< number of columns) goes to the largest fractional parts
+    rank_of = np.argsort(np.argsort(-(raw - out), axis=1, kind="stable"), axis=1, kind="stable")
+    out += (rank_of < rest[:, None]).astype(np.int64)
+    return out
+
+
+def _inherit(
+    match: CollectiveMatch,
+    seg0: npt.NDArray[np.int64],
+    waiting: npt.NDArray[np.int64],
+    lrow: npt.NDArray[np.int64],
+    shares: npt.NDArray[np.int64],
+    rounds: int = 3,
+) -> npt.NDArray[np.int64]:
+    """Waits propagate: a last arriver that was late because it waited in another collective
+    first (its ``comm`` excess) passes on the causes that wait was charged to.
+
+    For each waiting row, the ``comm`` share moves to the non-comm causes of the last arriver's
+    own waits since its stretch began (as far as they go), in proportion; a few rounds follow
+    chains (a TP peer's slow GPU delays a DP all-reduce).
+    """
+    comm = REASONS.index("comm")
+    n_rows = len(match.inst)
+    if waiting.size == 0:
+        return shares
+    # per rank: its waiting rows in time order and the running sums of their shares
+    full = np.zeros((n_rows, len(REASONS)), np.int64)
+    by_rs = np.lexsort((match.start, match.rank))
+    r_sorted = match.rank[by_rs]
+    for _ in range(rounds):
+        full[:] = 0
+        full[waiting] = shares
+        seg_tot = np.zeros((waiting.size, len(REASONS)), np.int64)
+        lr_rank = match.rank[lrow]
+        for r in np.unique(lr_rank).tolist():  # one pass per rank, not per event
+            mine = by_rs[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")]
+            cum = np.vstack([np.zeros((1, len(REASONS)), np.int64), np.cumsum(full[mine], axis=0)])
+            q = np.flatnonzero(lr_rank == r)
+            lo = np.searchsorted(match.start[mine], seg0[lrow[q]], side="left")
+            hi = np.searchsorted(match.start[mine], match.start[lrow[q]], side="left")
+            seg_tot[q] = cum[hi] - cum[lo]
+        seg_tot[:, comm] = 0
+        avail = seg_tot.sum(axis=1)
+        take = np.minimum(shares[:, comm], avail)
+        if not take.any():
+            break
+        moved = _alloc(take, seg_tot.astype(np.float64))
+        shares = shares.copy()
+        shares[:, comm] -= moved.sum(axis=1)
+        shares += moved
+    return shares
+
+
+def collective_waits(
+    sets: list[RankSets],
+    match: CollectiveMatch,
+    exclude: dict[tuple[int, int], ivs.ISet] | None = None,
+) -> CollectiveWaits:
+    """Split every matched collective into waiting and transfer and charge the waiting.
+
+    ``exclude`` maps (rank, step) to spans whose time another model already charges (the replay's
+    step-end sync, its blocks): the waits inside them are measured but not moved.
+    """
+    n_steps = len({s.step for s in sets})
+    if len(match) == 0 or not sets:
+        return CollectiveWaits({}, {}, {}, {}, n_steps, len(match), 0, list(match.groups))
+    first, count = match.first, match.count
+    ok = count >= 2
+    dur = match.end - match.start
+    inst = match.inst
+    # transfer = the shortest member's duration; the sync test: members end together
+    safe_first = np.minimum(first, max(len(dur) - 1, 0))
+    xfer = np.where(ok, np.minimum.reduceat(dur, safe_first), 0) if len(dur) else np.zeros(0, np.int64)
+    shift = match.shift if match.shift is not None else np.zeros(len(inst), np.int64)
+    e_hi = np.maximum.reduceat(match.end + shift, safe_first)
+    e_lo = np.minimum.reduceat(match.end + shift, safe_first)
+    sync = ok & (e_hi - e_lo <= np.maximum(xfer // 2, SYNC_TOL_NS))
+    wait = np.where(sync[inst], dur - xfer[inst], 0).astype(np.int64)
+
+    # each member row's (rank, step) from the rank's windows
+    by_rank: dict[int, list[RankSets]] = defaultdict(list)
+    for rs in sets:
+        by_rank[rs.rank].append(rs)
+    row_key = np.full(len(inst), -1, np.int64)  # index into `sets`
+    index = {id(rs): i for i, rs in enumerate(sets)}
+    # rows grouped by rank (and below by rank-step) with one sort, so each group is a slice
+    by_r = np.argsort(match.rank, kind="stable")
+    r_sorted = match.rank[by_r]
+    for r, lst in by_rank.items():
+        lst.sort(key=lambda x: x.w0)
+        w0 = np.array([x.w0 for x in lst], np.int64)
+        w1 = np.array([x.w1 for x in lst], np.int64)
+        rows = by_r[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")]
+        if rows.size == 0:
+            continue
+        k = np.searchsorted(w0, match.start[rows], side="right") - 1
+        kc = np.maximum(k, 0)
+        inside = (k >= 0) & (match.start[rows] < w1[kc])
+        ids = np.array([index[id(x)] for x in lst], np.int64)
+        row_key[rows[inside]] = ids[kc[inside]]
+    # the stretch before each arrival: since the rank's previous instance of the group in the step
+    grp = match.group[inst]
+    order = np.lexsort((match.start, grp, match.rank))
+    prev_end = np.full(len(inst), np.iinfo(np.int64).min, np.int64)
+    same = (match.rank[order][1:] == match.rank[order][:-1]) & (grp[order][1:] == grp[order][:-1])
+    prev_end[order[1:][same]] = match.end[order][:-1][same]
+    w0_sets = np.array([rs.w0 for rs in sets], np.int64)
+    w0_row = np.where(row_key >= 0, w0_sets[np.maximum(row_key, 0)], 0)
+    seg0 = np.maximum(prev_end, w0_row)
+    arrive = match.start
+    # per row: compute, host, comm in [seg0, arrive] and the exposed part of its wait
+    comp = np.zeros(len(inst), np.int64)
+    host = np.zeros(len(inst), np.int64)
+    comm = np.zeros(len(inst), np.int64)
+    wexp = np.zeros(len(inst), np.int64)
+    wall = np.zeros(len(inst), np.int64)  # the same without the exclusion (for lateness and gain)
+    by_k = np.argsort(row_key, kind="stable")
+    k_sorted = row_key[by_k]
+    bounds = np.searchsorted(k_sorted, np.arange(len(sets) + 1), "left")
+    for i, rs in enumerate(sets):
+        rows = by_k[bounds[i] : bounds[i + 1]]
+        if rows.size == 0:
+            continue
+        a, b = seg0[rows], np.maximum(arrive[rows], seg0[rows])
+        comp[rows] = _cum(rs.compute, b) - _cum(rs.compute, a)
+        host[rows] = _cum(rs.host, b) - _cum(rs.host, a)
+        comm[rows] = _cum(rs.comm, b) - _cum(rs.comm, a)
+        ws, we = arrive[rows], arrive[rows] + wait[rows]
+        wx = _cum(rs.comm, we) - _cum(rs.comm, ws)
+        wall[rows] = wx
+        if exclude and (rs.rank, rs.step) in exclude:
+            # the part of the wait inside the excluded spans is the other model's
+            other = ivs.intersect(rs.comm, exclude[(rs.rank, rs.step)])
+            wx = wx - (_cum(other, we) - _cum(other, ws))
+        wexp[rows] = wx
+    idle = np.maximum((np.maximum(arrive, seg0) - seg0) - comp - host - comm, 0)
+    # REASONS order; the start is relative (absolute ns would lose precision as floats)
+    # (on the group's common clock: a member's shift corrects what the clock alignment left)
+    comps = np.stack([seg0 + shift - int(match.start.min()), host, comp, idle, comm], axis=1)
+
+    # the last arriver of each instance (shortest duration) and the median member (median wait)
+    o = np.lexsort((dur, inst))
+    last_row = o[first]
+    o_w = np.lexsort((wait, inst))
+    med_row = o_w[first + count // 2]
+    valid = row_key >= 0
+    n_sets, n_r = len(sets), len(REASONS)
+    # 1) the waiting members: charge to the last arriver's excess over them
+    waiting = np.flatnonzero(valid & (wexp > 0) & (match.rank != match.rank[last_row[inst]]))
+    lrow = last_row[inst[waiting]]
+    shares = _alloc(wexp[waiting], (comps[lrow] - comps[waiting]).astype(np.float64))
+    # no visible reason: the wait stays unexplained; a last arriver outside the analyzed steps
+    # cannot be compared: its members' waits stay communication
+    rest = wexp[waiting] - shares.sum(axis=1)
+    shares[:, REASONS.index("idle")] += np.where(valid[lrow], rest, 0)
+    shares[:, REASONS.index("comm")] += np.where(valid[lrow], 0, rest)
+    shares = _inherit(match, seg0, waiting, lrow, shares)
+    per_set = np.zeros((n_sets, n_r), np.int64)
+    np.add.at(per_set, row_key[waiting], shares)
+    # the waiting itself, also where another model (the replay's sync) charges it
+    all_waiting = np.flatnonzero(valid & (wall > 0) & (match.rank != match.rank[last_row[inst]]))
+    waited_set = np.zeros(n_sets, np.int64)
+    np.add.at(waited_set, row_key[all_waiting], wall[all_waiting])
+    moves: dict[tuple[int, int], dict[str, int]] = {}
+    waited: dict[tuple[int, int], int] = {}
+    for si in np.flatnonzero(waited_set > 0).tolist():
+        key = (sets[si].rank, sets[si].step)
+        waited[key] = int(waited_set[si])
+        mv: dict[str, int] = defaultdict(int)
+        for j, name in enumerate(REASONS):
+            if per_set[si, j] and REASON_CAUSE[name] != "exposed_comm":
+                mv[REASON_CAUSE[name]] += int(per_set[si, j])
+        moves[key] = dict(mv)
+    # 2) the late members: arrival after the median member, and its reasons
+    lateness = np.where(valid & sync[inst], wait[med_row[inst]] - wait, 0).astype(np.int64)
+    # only where the others' waiting was lost time: a wait hidden under compute costs nothing
+    exposed_inst = np.maximum.reduceat(np.where(valid, wall, 0), safe_first) > 0
+    is_late = (lateness > LATE_TOL_NS) & exposed_inst[inst]
+    # how long it made the others wait: the members that arrived before it wait for it at least
+    # (their wait - its own wait); a sum of suffixes of the waits sorted within each instance
+    ws = wait[o_w]
+    cum = np.cumsum(ws)
+    pos = np.empty(len(inst), np.int64)
+    pos[o_w] = np.arange(len(inst))
+    last_pos = (first + count - 1)[inst]
+    made_all = (cum[last_pos] - cum[pos]) - (last_pos - pos) * wait
+    rows = np.flatnonzero(is_late)
+    reasons = _alloc(lateness[rows], (comps[rows] - comps[med_row[inst[rows]]]).astype(np.float64))
+    reasons[:, REASONS.index("idle")] += lateness[rows] - reasons.sum(axis=1)
+    made = made_all[rows]
+    late: dict[int, LateRank] = {}
+    ranks_late = match.rank[rows]
+    for r in np.unique(ranks_late):
+        m = ranks_late == r
+        lr = LateRank(int(r), int(m.sum()), int(lateness[rows][m].sum()), int(made[m].sum()))
+        tot = reasons[m].sum(axis=0)
+        lr.reasons_ns = {name: int(tot[j]) for j, name in enumerate(REASONS)}
+        lr.groups = {int(g) for g in np.unique(match.group[inst[rows][m]])}
+        late[int(r)] = lr
+    # 3) step time saved with every member on time: an instance would end when its median member
+    # arrives, so each rank saves its own exposed wait up to the median member's; a rank saves
+    # the sum over its instances (a wait inherited from an earlier instance is not counted twice:
+    # the late rank itself did not wait in the later one), and the step what its most delayed
+    # rank saves (groups that run side by side do not add up)
+    med_wall = np.where(valid[med_row] & sync, wall[med_row], 0)
+    saved = np.minimum(wall, med_wall[inst])
+    per_set_gain = np.zeros(n_sets, np.int64)
+    np.add.at(per_set_gain, row_key[valid], saved[valid])
+    step_of_set = np.array([rs.step for rs in sets], np.int64)
+    g = np.zeros(int(step_of_set.max()) + 1, np.int64)
+    np.maximum.at(g, step_of_set, per_set_gain)
+    gain = {int(k): int(g[k]) for k in np.flatnonzero(g > 0)}
+    notes: list[str] = []
+    n_async = int((ok & ~sync).sum())
+    if n_async:
+        notes.append(
+            f"{n_async} of {int(ok.sum())} matched collective instances do not end together on their "
+            "members (asynchronous, or clocks not aligned): their time is not split into waiting and transfer"
+        )
+    return CollectiveWaits(
+        moves,
+        waited,
+        late,
+        dict(gain),
+        n_steps,
+        len(match),
+        int(sync.sum()),
+        list(match.groups),
+        notes,
+    )
+
+
+def apply_moves(causes: dict[str, int], moves: dict[str, int]) -> dict[str, int]:
+    """``causes`` with the waits moved out of ``exposed_comm`` (never more than it holds), so the
+    total is unchanged."""
+    total = sum(moves.values())
+    have = causes.get("exposed_comm", 0)
+    if total <= 0 or have <= 0:
+        return causes
+    take = _alloc(np.array([min(total, have)], np.int64), np.array([[float(v) for v in moves.values()]]))[0]
+    out = dict(causes)
+    out["exposed_comm"] = have - int(take.sum())
+    for k, ns in zip(moves, take, strict=True):
+        out[k] = out.get(k, 0) + int(ns)
+    return out
+
+
+class StepLike(Protocol):
+    """What :func:`run_waits` reads of a rank's step (``causes.RankStep``)."""
+
+    rank: int
+    step: int
+    w0: int
+    w1: int
+    sets: WindowSets
+    host_set: ivs.ISet
+    blocks: Blocks
+
+
+def run_waits(
+    steps: Sequence[StepLike],
+    timelines: Mapping[int, RankTimeline],
+    exclude: dict[tuple[int, int], tuple[int, int]] | None = None,
+    p2p: bool = False,
+) -> CollectiveWaits:
+    """Match the run's collectives (timelines already on the aligned clock) and split their waits.
+
+    ``p2p``: also split point-to-point ops, per rank pair (for runs without a pipeline).
+    In a pipeline run only groups whose members run the same stages (data-, tensor-, expert-
+    parallel groups) are split here: members of different stages reach a collective at different
+    times because of the schedule itself (the bubble), which the replay accounts for. Waits inside
+    a pipeline block are the replay's too (it books the block's lost time itself), and so is the
+    ``exclude`` span of each (rank, step): the replay's step-end sync.
+    """
+    sets = [
+        RankSets(
+            rs.rank,
+            rs.step,
+            rs.w0,
+            rs.w1,
+            rs.sets.compute,
+            rs.host_set,
+            ivs.union(
+                np.r_[rs.sets.p2p[0], rs.sets.collective[0]], np.r_[rs.sets.p2p[1], rs.sets.collective[1]]
+            ),
+        )
+        for rs in steps
+    ]
+    match = match_collectives(dict(timelines), p2p=p2p)
+    stages: dict[int, set[int]] = defaultdict(set)
+    for rs in steps:
+        stages[rs.rank].update(int(x) for x in np.unique(rs.blocks.stage))
+    if any(stages.values()) and len(match):
+        same = np.array(
+            [len({frozenset(stages.get(r, set())) for r in members}) == 1 for members in match.groups],
+            dtype=bool,
+        )
+        match = match.only_groups(same)
+    spans: dict[tuple[int, int], ivs.ISet] = {}
+    for rs in steps:
+        key = (rs.rank, rs.step)
+        x = exclude.get(key) if exclude else None
+        s0 = np.r_[rs.blocks.start, [x[0]] if x else []].astype(np.int64)
+        s1 = np.r_[rs.blocks.end, [x[1]] if x else []].astype(np.int64)
+        if s0.size:
+            spans[key] = ivs.union(s0, s1)
+    cw = collective_waits(sets, match, spans)
+    cw.notes[:0] = match.warnings
+    return cw
+
+
+__all__ = [
+    "REASONS",
+    "CollectiveWaits",
+    "LateRank",
+    "RankSets",
+    "apply_moves",
+    "collective_waits",
+    "run_waits",
+]

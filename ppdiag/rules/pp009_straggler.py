@@ -1,0 +1,143 @@
+"""PP009: a straggler: the ranks the others wait for in collectives (and p2p without a pipeline)."""
+
+from __future__ import annotations
+
+from ppdiag.attribution.collective_waits import REASON_CAUSE
+from ppdiag.diagnosis import Finding
+from ppdiag.rules import RuleContext, register
+from ppdiag.rules.base import MIN_PCT, finding, r3
+
+# a rank is named when it arrives this late per step (ms), at least
+MIN_LATE_MS = 0.05
+# ... and waits itself for others no more than this share of the others' waiting for it
+MAX_OWN_WAIT = 0.5
+# what the user can do about each reason the late rank gives
+_REASON_TEXT = {
+    "late_start": "starts its step late (CPU, data loading, the previous step)",
+    "host_stall": "its host stalls before the collective (nothing queued on the device)",
+    "compute": "computes longer than the others (a slow GPU, thermals, clocks)",
+    "idle": "idles with work queued (no evidence of why)",
+    "comm": "spends longer in other communication first",
+}
+
+
+class StragglerRule:
+    """What it detects:
+    Ranks that the other members of a collective (data-parallel all-reduce, tensor- or
+    expert-parallel all-to-all, any process group) wait for: a blocking collective ends together on
+    all members, so every member that arrived earlier spins until the last one comes. The finding
+    names the late ranks (never the waiting ones), how late each was per step, how long it made
+    the others wait, and why it was late: a late start of its step (CPU, data loading, the previous
+    step), a host stall before the collective, or a longer compute. Without a pipeline, send/recv
+    pairs count the same way (a receive spinning for a late sender). A rank that was late only
+    because it waited for a named rank elsewhere first (its pipeline, its tensor-parallel peer) is
+    listed as a follower, not named.
+
+    Why it matters:
+    One slow worker sets the pace of the whole group: the others' waiting looks like exposed
+    communication, and overlap fixes will not win it back. In a pipeline, a data-parallel
+    all-reduce that waits for one replica slows every replica.
+
+    How to fix:
+    Look at the named node, not at the model split: check its GPU (clocks, thermals, ECC errors,
+    `nvidia-smi -q`), its host (CPU affinity, other processes, NUMA), its data loading (workers,
+    storage, preprocessing on that rank), and replace the node if it stays slow. A rebalance of
+    layers does not help a rank that is slower than its peers for the same work.
+
+    Example:
+    8-rank recommendation model: ranks 2, 6 and 7 start each step 7 ms after the others (their
+    data loader is late). Every other rank waits 7 ms in the first all-to-all; PP009 names ranks
+    2, 6, 7 with 7 ms lateness per step, reason "late step start", gain 7 ms per step.
+    """
+
+    code = "PP009"
+    name = "straggler"
+    # shown by `ppdiag rules`; each finding carries the late ranks' own root cause (host, imbalance ...)
+    cause = "late rank's cause"
+    summary = "Straggler: ranks the others wait for in collectives (late step, host stall, slow compute)."
+
+    def check(self, ctx: RuleContext) -> list[Finding]:
+        cw = ctx.attribution.collective_waits
+        if cw is None or not cw.late or not ctx.step_ms:
+            return []
+        steps = max(cw.n_steps, 1)
+        per_rank = {}
+        waited: dict[int, int] = {}
+        for (r, _), ns in cw.waited.items():
+            waited[r] = waited.get(r, 0) + ns
+        for r, lr in sorted(cw.late.items()):
+            late_ms = lr.lateness_ns / steps / 1e6
+            made_ms = lr.made_wait_ns / steps / 1e6
+            if late_ms >= MIN_LATE_MS and made_ms > 0:
+                per_rank[r] = (late_ms, made_ms, lr)
+        gain = sum(cw.gain_ns.values()) / steps / 1e6
+        if not per_rank or 100 * gain / ctx.step_ms < MIN_PCT:
+            return []
+        # a rank late only because it waited for a late rank in another collective first follows
+        # that rank; the roots are late for their own reasons (late start, host, compute, idle) and
+        # make the others wait far longer than they wait for them: ranks that take turns waiting
+        # for each other (a ping-pong exchange) are the exchange's dependencies, not stragglers
+        inherited = {
+            r for r, v in per_rank.items() if v[2].reasons_ns.get("comm", 0) > 0.5 * v[2].lateness_ns
+        }
+        roots = {
+            r: v
+            for r, v in per_rank.items()
+            if r not in inherited and waited.get(r, 0) <= MAX_OWN_WAIT * v[2].made_wait_ns
+        }
+        if not roots:
+            return []
+        followers = {r: per_rank[r][0] for r in sorted(inherited)}
+        per_rank = roots
+        reasons: dict[str, float] = dict.fromkeys(_REASON_TEXT, 0.0)
+        for _, _, lr in per_rank.values():
+            for k, v in lr.reasons_ns.items():
+                reasons[k] += v
+        main = max(reasons, key=lambda k: reasons[k])
+        ranks = sorted(per_rank, key=lambda r: (-per_rank[r][0], r))
+        worst = per_rank[ranks[0]][0]
+        title = (
+            f"straggler: rank(s) {', '.join(map(str, ranks))} arrive late at collectives / transfers "
+            f"({worst:.1f} ms per step; the others wait {cw.total_waited_ns / steps / 1e6:.1f} ms per step "
+            f"in all): {_REASON_TEXT[main]}"
+        )
+        evidence = {
+            "late_ranks": {
+                str(r): {
+                    "late_ms_per_step": r3(late),
+                    "made_others_wait_ms_per_step": r3(made),
+                    "late_instances_per_step": r3(lr.instances / steps),
+                    "reasons_ms_per_step": {k: r3(v / steps / 1e6) for k, v in lr.reasons_ns.items()},
+                    "groups": [list(cw.groups[g]) for g in sorted(lr.groups)],
+                }
+                for r, (late, made, lr) in sorted(per_rank.items())
+            },
+            "followers": {str(r): r3(v) for r, v in sorted(followers.items())},
+            "main_reason": main,
+            "waited_ms_per_step": r3(cw.total_waited_ns / steps / 1e6),
+            "collective_instances": cw.instances,
+            "sync_instances": cw.syncs,
+        }
+        fixes = [
+            "inspect the named node(s): GPU clocks and thermals, ECC errors (nvidia-smi -q), other processes "
+            "on the host, CPU affinity / NUMA",
+            "check the data loading of the named rank(s): loader workers, storage, per-rank preprocessing",
+            "replace the node if it stays slower than its peers for the same work (not a layer rebalance)",
+        ]
+        if main == "compute":
+            fixes.insert(0, "compare the named rank's kernel times with its peers': a slow or throttled GPU")
+        return [
+            finding(
+                ctx,
+                self.code,
+                REASON_CAUSE[main],
+                title,
+                gain,
+                evidence,
+                fixes,
+                ranks=ranks,
+            )
+        ]
+
+
+register(StragglerRule())
