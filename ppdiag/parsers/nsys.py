@@ -315,6 +315,7 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     comm_idx = np.flatnonzero((kind == Kind.P2P) | (kind == Kind.COLLECTIVE))
     backend = "nccl" if len(comm_idx) else None
     no_payloads = False
+    unmatched: tuple[I64, int, int] | None = None
     if len(comm_idx):
         proj = project_nccl(nvtx.nccl, nvtx.nccl.pid == pid, launch_raw[comm_idx], ltid[comm_idx])
         hit = comm_idx[proj.matched]
@@ -329,7 +330,7 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
             a2a = inside_spans(nvtx.all_to_all, pid, launch_raw[miss], ltid[miss]) & sr
             kind[miss[a2a]] = Kind.COLLECTIVE
             direction[miss[a2a]] = Direction.NONE
-            warnings.append(_unmatched_warning(ctx, len(miss), int(sr.sum()), int(a2a.sum())))
+            unmatched = (miss, int(sr.sum()), int(a2a.sum()))
         elif not (proj.peer_local[proj.matched] >= 0).any() and (kind[hit] == Kind.P2P).any():
             no_payloads = True
 
@@ -392,6 +393,10 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
             "peer": named.group_peer[by_name],
         }
     p2p_all = kind == Kind.P2P
+    if unmatched is not None:
+        miss, n_sr, n_a2a = unmatched
+        n_named = int((named.direction[miss] != Direction.NONE).sum())
+        warnings.append(_unmatched_warning(ctx, len(miss), n_sr, n_a2a, n_named))
     if no_payloads:
         if len(by_name) and (how[p2p_all] > 0).all():
             warnings.append(
@@ -505,14 +510,21 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     )
 
 
-def _unmatched_warning(ctx: _Ctx, n_miss: int, n_sendrecv: int, n_a2a: int) -> str:
+def _unmatched_warning(ctx: _Ctx, n_miss: int, n_sendrecv: int, n_a2a: int, n_named: int) -> str:
     why = (
         "no NCCL NVTX ranges in this export (trace with 'nsys profile -t cuda,nvtx' and keep "
         "NCCL_NVTX_DISABLE unset)"
         if not ctx.nvtx.nccl_domain
         else "their launch lies in no NCCL API range"
     )
-    tail = f"; {n_sendrecv} SendRecv kernel(s) taken as p2p with unknown peer" if n_sendrecv - n_a2a else ""
+    n_p2p = n_sendrecv - n_a2a
+    named = (
+        f" ({n_named} of them with direction, and peer where named, from PyTorch "
+        "'nccl:send a->b' / 'nccl:recv a<-b' ranges)"
+        if n_named
+        else " with unknown peer"
+    )
+    tail = f"; {n_p2p} SendRecv kernel(s) taken as p2p{named}" if n_p2p else ""
     a2a = f"; {n_a2a} SendRecv kernel(s) inside all-to-all ranges taken as collective" if n_a2a else ""
     return f"{n_miss} NCCL kernel(s) classified by name only: {why}{tail}{a2a}"
 
