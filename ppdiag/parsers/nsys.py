@@ -266,9 +266,8 @@ def _cuda_processes(db: NsysDb) -> set[int]:
     out: set[int] = set()
     for table in ("TARGET_INFO_CUDA_STREAM", "TARGET_INFO_CUDA_CONTEXT_INFO"):
         if "processId" in db.columns(table):
-            out |= {
-                int(r[0]) for r in db.execute(f"SELECT DISTINCT processId FROM {table}") if r[0] is not None
-            }
+            rows = db.execute(f"SELECT DISTINCT processId FROM {table} WHERE typeof(processId) = 'integer'")
+            out |= {int(r[0]) for r in rows}
     return out
 
 

@@ -463,29 +463,36 @@ def _schemas(db: NsysDb) -> dict[int, _Schema]:
     cols = set(db.columns(table))
     if not {"schemaId", "idx", "type", "name"} <= cols:
         return {}
-    off = '"offset"' if "offset" in cols else "NULL"
+    # Integers only (a damaged schema row is skipped, not a crash); a NULL offset stays NULL.
+    off = 'CASE WHEN typeof("offset") = \'integer\' THEN "offset" END' if "offset" in cols else "NULL"
+    typ = int_expr('"type"')
     rows = db.execute(
-        f'SELECT DISTINCT schemaId, idx, "type", name, {off} FROM {table} ORDER BY schemaId, idx'
+        f"SELECT DISTINCT {int_expr('schemaId')}, {int_expr('idx')}, {typ}, name, {off} "
+        f"FROM {table} WHERE typeof(schemaId) = 'integer' ORDER BY 1, 2"
     ).fetchall()
     sizes: dict[int, int] = {}
     if {"schemaId", "payloadSize"} <= set(db.columns("NVTX_PAYLOAD_SCHEMAS")):
-        for sid, size in db.execute("SELECT DISTINCT schemaId, payloadSize FROM NVTX_PAYLOAD_SCHEMAS"):
-            if sid is not None and size is not None:
-                sizes[int(sid)] = int(size)
+        for sid, size in db.execute(
+            "SELECT DISTINCT schemaId, payloadSize FROM NVTX_PAYLOAD_SCHEMAS "
+            "WHERE typeof(schemaId) = 'integer' AND typeof(payloadSize) = 'integer'"
+        ):
+            sizes[int(sid)] = int(size)
     out: dict[int, _Schema] = {}
     cursor: dict[int, int] = {}
     for sid, _idx, typ, name, offset in rows:
         sid = int(sid)
+        if offset is not None and not 0 <= int(offset) < 1 << 20:
+            continue
         sch = out.setdefault(sid, _Schema(sizes.get(sid, 0), {}))
-        dt = _PAYLOAD_TYPES.get(int(typ) if typ is not None else -1)
+        dt = _PAYLOAD_TYPES.get(int(typ))
         width = np.dtype(dt).itemsize if dt else 8
         # The first entry's offset is stored as NULL (= 0); missing offsets follow natural alignment.
         if offset is None:
             pos = cursor.get(sid, 0)
             offset = (pos + width - 1) // width * width
         cursor[sid] = int(offset) + width
-        if dt is not None and name:
-            sch.fields[str(name)] = (dt, int(offset))
+        if dt is not None and isinstance(name, str) and name:
+            sch.fields[name] = (dt, int(offset))
     for sid, sch in out.items():
         if sch.payload_size <= 0:
             sch.payload_size = cursor.get(sid, 0)
