@@ -146,6 +146,34 @@ def test_hot_journal_is_rolled_back_on_a_private_copy(export: Path, tmp_path: Pa
     assert not list(tmp_path.glob("ppdiag-nsys-*"))
 
 
+def test_writer_holding_its_lock_mid_write(export: Path, tmp_path: Path) -> None:
+    # the writer has spilled uncommitted pages into the file and holds the exclusive lock
+    total = _count(export, KERNEL)
+    p = _copy(export, tmp_path / "w")
+    writer = sqlite3.connect(p, isolation_level=None)
+    try:
+        writer.execute("PRAGMA cache_size=1")
+        writer.execute("BEGIN")
+        writer.execute(f"DELETE FROM {KERNEL} WHERE rowid % 2 = 0")
+        tl = _parse(p)[0]
+        assert _n_kernels(tl) == total
+        assert any("could not be locked" in w and "rolled back" in w for w in tl.warnings)
+        assert any("another process is writing" in w for w in tl.warnings)
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+
+def test_clean_wal_mode_export_is_read_without_side_files(export: Path, tmp_path: Path) -> None:
+    p = _copy(export, tmp_path)
+    conn = sqlite3.connect(p)
+    assert conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+    conn.close()  # the last connection checkpoints and removes the -wal
+    assert sorted(x.name for x in tmp_path.iterdir()) == [p.name]
+    assert _n_kernels(_parse(p)[0]) == _count(export, KERNEL)
+    assert sorted(x.name for x in tmp_path.iterdir()) == [p.name]
+
+
 def test_finished_export_adds_no_side_files(export: Path, tmp_path: Path) -> None:
     p = _copy(export, tmp_path)
     tl = _parse(p)[0]

@@ -8,6 +8,7 @@ table reads as empty. Rows are fetched straight into numpy structured arrays wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sqlite3
@@ -223,6 +224,7 @@ def connect_readonly(path: Path, *, immutable: bool = False) -> sqlite3.Connecti
     ``-wal`` or ``-journal`` file exists (a finished export on read-only or lock-less storage).
     """
     uri = path.resolve().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
+    # (sniff and open choose immutable only when no -wal or live -journal exists: _side_file)
     conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
     # Real exports hold strings that are not valid UTF-8 (binary names from odd processes).
     conn.text_factory = _decode_text
@@ -233,11 +235,23 @@ def _decode_text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
+JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")  # a rollback journal with content (pager.c aJournalMagic)
+
+
 def _side_file(path: Path, suffix: str) -> Path | None:
-    """``path-wal`` / ``path-journal`` when it exists and holds data."""
+    """``path-wal`` with data, or ``path-journal`` holding a journal header; else None.
+
+    An empty ``-wal`` holds no commits, and a journal whose header is zeroed (``PERSIST`` mode)
+    or that is empty (``TRUNCATE``) is finished: neither can hold rows the main file lacks.
+    """
     side = path.with_name(path.name + suffix)
     try:
-        return side if side.stat().st_size > 0 else None
+        if side.stat().st_size <= 0:
+            return None
+        if suffix == "-journal":
+            with side.open("rb") as fh:
+                return side if fh.read(8) == JOURNAL_MAGIC else None
+        return side
     except OSError:
         return None
 
@@ -299,15 +313,30 @@ def _open_checked(path: Path, head: bytes) -> tuple[sqlite3.Connection, set[str]
     journal = _side_file(path, "-journal")
     warnings: list[str] = []
     conn: sqlite3.Connection | None = None
+    side = path.with_name(name + "-journal")
+    with contextlib.suppress(OSError):
+        if side.stat().st_size > 0:
+            # A journal means an open write transaction (or one that stopped): say so. Until its
+            # header is written the writer has not touched the database file, so the file holds
+            # the committed rows; with a header SQLite itself decides (below).
+            warnings.append(
+                f"'{side.name}' exists: another process is writing to this export (or stopped while "
+                "writing); only its committed rows are read"
+            )
+    if wal is None and journal is None:
+        # Nothing can be mid-write or uncommitted without a -wal or a live journal, so the file is
+        # read as immutable: no locks (read-only and lock-less storage) and no -shm/-wal left next
+        # to a WAL-mode export.
+        try:
+            conn = connect_readonly(path, immutable=True)
+            return conn, list_tables(conn), None, warnings
+        except sqlite3.Error as exc:
+            if conn is not None:
+                conn.close()
+            raise InputError(str(path), _corrupt_message(path, head, exc)) from None
     try:
         conn = connect_readonly(path)
         tables = list_tables(conn)
-        if journal is not None:
-            # A journal SQLite did not call hot is owned by a live writer: it is still writing.
-            warnings.append(
-                f"'{journal.name}' exists: another process is writing to this export; only its "
-                "committed rows are read"
-            )
         return conn, tables, None, warnings
     except sqlite3.Error as exc:
         if conn is not None:
@@ -317,6 +346,7 @@ def _open_checked(path: Path, head: bytes) -> tuple[sqlite3.Connection, set[str]
             # A hot journal: a writer stopped mid-transaction. SQLite rolls it back on open, which
             # a read-only connection may not do, so it is done on a private copy.
             copy = _private_copy(path, journal)
+            warnings[:] = [w for w in warnings if journal.name not in w]
             warnings.append(
                 f"hot journal '{journal.name}' (a write to this export was interrupted): its "
                 "uncommitted changes were rolled back on a private copy; the file itself is unchanged"
@@ -330,17 +360,15 @@ def _open_checked(path: Path, head: bytes) -> tuple[sqlite3.Connection, set[str]
                 "read from a private copy of the export and its -wal"
             )
             return _open_copy(path, copy, warnings)
-        lock_codes = (SQLITE_BUSY, SQLITE_CANTOPEN, SQLITE_IOERR, SQLITE_NOLCK)
-        if code in lock_codes and wal is None and journal is None:
-            # No -wal and no -journal: nobody can be mid-write, so locks are merely unavailable
-            # (lock-less network storage, or a WAL export on read-only storage).
-            try:
-                conn = connect_readonly(path, immutable=True)
-                tables = list_tables(conn)
-            except sqlite3.Error as exc2:
-                raise InputError(str(path), _corrupt_message(path, head, exc2)) from None
-            warnings.append(f"'{name}' could not be locked ({exc}); read as a finished, unchanging file")
-            return conn, tables, None, warnings
+        if code in (SQLITE_BUSY, SQLITE_NOLCK, SQLITE_IOERR) and journal is not None and wal is None:
+            # Locks unavailable (lock-less storage) or held by a writer: its journal's rows are
+            # the committed ones, so a private copy rolled back is what a reader would see.
+            copy = _private_copy(path, journal)
+            warnings.append(
+                f"'{name}' could not be locked ({exc}) while '{journal.name}' exists: read from a "
+                "private copy with the journal's uncommitted changes rolled back"
+            )
+            return _open_copy(path, copy, warnings)
         if code == SQLITE_BUSY:
             raise InputError(
                 str(path), "the export is locked by a process writing to it; retry when it has finished"
@@ -406,8 +434,9 @@ def sniff_sqlite(path: Path, head: bytes) -> bool:
         return path.name.lower().endswith(SQLITE_NAME_SUFFIXES)
     if truncation(path, head):
         return True
+    quiet = _side_file(path, "-wal") is None and _side_file(path, "-journal") is None
     try:
-        conn = connect_readonly(path)
+        conn = connect_readonly(path, immutable=quiet)
         try:
             return is_nsys_schema(list_tables(conn))
         finally:
