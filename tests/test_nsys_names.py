@@ -52,12 +52,15 @@ def _pp_group_ranks(run: SynthRun) -> GroupRanks:
     return f
 
 
-def emit_nvtx(path: Path, rank: int, world: int, group_ranks: GroupRanks, *, replace: bool) -> int:
+def emit_nvtx(
+    path: Path, rank: int | dict[int, int], world: int, group_ranks: GroupRanks, *, replace: bool
+) -> int:
     """Rewrite one export as if recorded under ``torch.autograd.profiler.emit_nvtx`` without blobs.
 
     Each NCCL ``ncclSend``/``ncclRecv`` of a 2-rank p2p communicator gets a PyTorch range
     ``nccl:send a->b, seq = N, op_id = M`` (default domain, same thread, a little wider), or is
-    renamed into one (``replace``); then every payload blob is deleted. Returns ranges written.
+    renamed into one (``replace``); then every payload blob is deleted. ``rank``: the file's rank,
+    or {pid: rank} for a report holding several processes. Returns ranges written.
     """
     pairs = {comm_hash("p2p", lo, hi): (lo, hi) for lo, hi in itertools.combinations(range(world), 2)}
     conn = sqlite3.connect(path)
@@ -76,7 +79,8 @@ def emit_nvtx(path: Path, rank: int, world: int, group_ranks: GroupRanks, *, rep
             if comm not in pairs:
                 continue  # an all-to-all member: PyTorch names those ranges differently
             lo, hi = pairs[comm]
-            me, peer = group_ranks(rank, hi if rank == lo else lo)
+            mine = rank if isinstance(rank, int) else rank[(gtid >> 24) & 0xFFFFFF]
+            me, peer = group_ranks(mine, hi if mine == lo else lo)
             send = text_id == ids.get("ncclSend")
             name = (f"nccl:send {me}->{peer}" if send else f"nccl:recv {me}<-{peer}") + (
                 f", seq = {k}, op_id = {1000 + k}"
@@ -153,6 +157,18 @@ def test_emit_nvtx_names_give_the_peers(run_1f1b: SynthRun, tmp_path: Path, repl
         named = np.array(["nccl:" in tl.names[i] for i in rg.name], dtype=bool)
         assert named.any() and (rg.peer[named] >= 0).all()
         assert set(rg.peer[named].tolist()) == set(want_peer.tolist())
+
+
+def test_one_report_holding_every_process(run_1f1b: SynthRun, tmp_path: Path) -> None:
+    (path,) = write_nsys(run_1f1b, tmp_path, per_rank_files=False)
+    emit_nvtx(path, {r.pid: r.rank for r in run_1f1b.ranks}, run_1f1b.world_size, _world, replace=True)
+    tls, run_warn = _parse([path])
+    assert run_warn == [] and [t.rank for t in tls] == [r.rank for r in run_1f1b.ranks]
+    for tl in tls:
+        want_peer, want_dir = _truth_p2p(run_1f1b, tl.rank)
+        got_peer, got_dir = _parsed_p2p(tl)
+        np.testing.assert_array_equal(got_peer, want_peer, err_msg=f"rank {tl.rank}")
+        np.testing.assert_array_equal(got_dir, want_dir, err_msg=f"rank {tl.rank}")
 
 
 def test_payload_peers_say_metadata(run_1f1b: SynthRun, tmp_path: Path) -> None:
