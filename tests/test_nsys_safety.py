@@ -406,3 +406,19 @@ def test_any_cell_of_any_value_type_gives_a_timeline_or_a_clear_error(export: Pa
 @pytest.mark.slow
 def test_every_value_type_in_every_column(export: Path, tmp_path: Path) -> None:
     _fuzz_columns(export, tmp_path, lambda i: list(VALUES))
+
+
+def test_invalid_utf8_names_are_replaced_and_counted(export: Path, tmp_path: Path) -> None:
+    p = _copy(export, tmp_path)
+    conn = sqlite3.connect(p)
+    sid = conn.execute(f"SELECT demangledName FROM {KERNEL} LIMIT 1").fetchone()[0]
+    name = conn.execute("SELECT value FROM StringIds WHERE id = ?", (sid,)).fetchone()[0]
+    conn.execute(
+        "UPDATE StringIds SET value = CAST(? AS TEXT) WHERE id = ?", (name.encode() + b"\xff\xfe", sid)
+    )
+    conn.commit()
+    conn.close()
+    tl = _parse(p)[0]
+    assert _n_kernels(tl) == _count(export, KERNEL)
+    assert any(n.endswith("\ufffd\ufffd") and n.startswith(name) for n in tl.names)
+    assert any("invalid UTF-8" in w for w in tl.warnings)

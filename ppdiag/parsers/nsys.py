@@ -160,6 +160,8 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
         autograd_tids=_autograd_threads(db),
     )
     out = [_build_rank(ctx, p, proc_names.get(p, "")) for p in pids]
+    if db.bad_utf8:
+        file_warnings.append(f"{db.bad_utf8} text value(s) with invalid UTF-8 read with U+FFFD replacements")
     out.sort(key=lambda t: t.rank)
     lost_rows = sum(b.total for b in gpu.bad_times.values()) + nvtx.bad_times.total
     out[0].events_lost += lost_rows

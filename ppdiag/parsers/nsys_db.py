@@ -71,7 +71,20 @@ class NsysDb:
     tables: set[str]
     warnings: list[str] = field(default_factory=list)  # file-level facts about how it was opened
     tmpdir: Path | None = None  # private copy read instead of the file (hot journal, -wal), removed on close
+    bad_utf8: int = 0  # text values read with invalid UTF-8 replaced (U+FFFD)
     _columns: dict[str, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.conn.text_factory = self._decode
+
+    def _decode(self, raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            # Real exports hold strings that are not valid UTF-8 (binary names from odd processes):
+            # replaced and counted, never a reason to reject the file.
+            self.bad_utf8 += 1
+            return raw.decode("utf-8", "replace")
 
     def has(self, table: str) -> bool:
         return table in self.tables
