@@ -199,6 +199,34 @@ def test_wal_export_in_a_read_only_directory(export: Path, tmp_path: Path) -> No
         os.chmod(tmp_path / "ro2", 0o755)
 
 
+def test_wal_export_where_its_index_cannot_be_created(
+    export: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What SQLite answers for a WAL export with rows in its -wal on read-only storage (no -shm can
+    # be made): SQLITE_CANTOPEN. Root ignores permissions, so the answer is played here.
+    from ppdiag.parsers import nsys_db
+
+    total = _count(export, KERNEL)
+    p = _copy(export, tmp_path / "live")
+    writer = _move_kernels_to_wal(p, total // 2)
+    real = nsys_db.connect_readonly
+
+    def no_shm(path: Path, *, immutable: bool = False) -> sqlite3.Connection:
+        if not immutable and path == p:
+            err = sqlite3.OperationalError("unable to open database file")
+            err.sqlite_errorcode = 14  # type: ignore[attr-defined]
+            raise err
+        return real(path, immutable=immutable)
+
+    monkeypatch.setattr(nsys_db, "connect_readonly", no_shm)
+    try:
+        tl = _parse(p)[0]
+        assert _n_kernels(tl) == total
+        assert any("private copy of the export and its -wal" in w for w in tl.warnings)
+    finally:
+        writer.close()
+
+
 # --- truncated and garbage files ---------------------------------------------------------------
 
 

@@ -13,6 +13,16 @@ the files of different ranks share one clock, to the precision of the hosts' clo
 Communicator-local NCCL peers are mapped to global ranks inside one export (from the
 ``ncclCommInitRank`` payloads of its processes) and, across one-file-per-rank runs, by
 :func:`resolve_nccl_peers`, which the run loader calls once every file is parsed and ranked.
+Without payloads, peers come from PyTorch's ``nccl:send a->b`` / ``nccl:recv a<-b`` ranges
+(``emit_nvtx``), whose process-group ranks :func:`resolve_nccl_peers` maps to global ranks; where
+nothing names a peer it stays -1 (the pipeline layer may infer it from timing) and the direction is
+kept. How each p2p kernel's peer was decided is in ``meta["p2p_peer_source"]`` (counts of
+``metadata`` / ``nvtx name`` / ``none``) and per interval, in parse order, in
+``meta["p2p_peer_how"]`` (0 none, 1 metadata, 2 nvtx name).
+
+Rows with unusable ``start``/``end`` (NULL, TEXT, REAL, BLOB, or ``end < start``) are dropped in
+SQL and counted per file in one warning (and in ``events_lost``); how the file is opened so that
+only committed rows are read is :func:`ppdiag.parsers.nsys_db.open_export`'s business.
 """
 
 from __future__ import annotations

@@ -411,7 +411,15 @@ def _corrupt_message(path: Path, head: bytes, exc: sqlite3.Error) -> str:
 
 
 def open_export(path: Path) -> NsysDb:
-    """Open ``path`` as an nsys export or raise :class:`InputError` saying why it is not one."""
+    """Open ``path`` as an nsys export or raise :class:`InputError` saying why it is not one.
+
+    Only committed rows are read, and the user's files are never written: without a ``-wal`` or a
+    live ``-journal`` the file is opened immutable; otherwise with SQLite's locks (committed rows
+    in the ``-wal`` are read, a live writer's uncommitted ones are not), and where that cannot work
+    (hot journal, read-only directory for the WAL index, locks held or unavailable while a journal
+    exists) from a private copy that SQLite brings to its committed state. What happened is in
+    ``NsysDb.warnings``. Truncated and garbage files get an error naming the fault.
+    """
     head = read_head(path, 100)
     if not head:
         raise InputError(str(path), "empty file, not an Nsight Systems SQLite export")
