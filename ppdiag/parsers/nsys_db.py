@@ -167,6 +167,16 @@ def valid_times(alias: str = "") -> str:
     return f"typeof({a}start) = 'integer' AND typeof({a}\"end\") = 'integer' AND {a}\"end\" >= {a}start"
 
 
+def bad_time_code(alias: str = "") -> str:
+    """SQL: 0 for rows :func:`valid_times` keeps, else why not (1 NULL, 2 not an integer, 3 end <
+    start), so that one scan both fetches the rows and counts the dropped ones."""
+    a = f"{alias}." if alias else ""
+    return (
+        f'(CASE WHEN {valid_times(alias)} THEN 0 WHEN {a}start IS NULL OR {a}"end" IS NULL THEN 1 '
+        f"WHEN typeof({a}start) != 'integer' OR typeof({a}\"end\") != 'integer' THEN 2 ELSE 3 END)"
+    )
+
+
 @dataclass
 class BadTimes:
     """Rows dropped for unusable ``start``/``end`` values, by reason."""
@@ -174,6 +184,12 @@ class BadTimes:
     null: int = 0
     non_integer: int = 0  # TEXT, REAL or BLOB
     reversed: int = 0  # end < start
+
+    @classmethod
+    def from_codes(cls, codes: npt.NDArray[np.int64]) -> BadTimes:
+        """Counts of the :func:`bad_time_code` values 1, 2, 3."""
+        c = np.bincount(codes, minlength=4) if len(codes) else np.zeros(4, dtype=np.int64)
+        return cls(int(c[1]), int(c[2]), int(c[3]))
 
     @property
     def total(self) -> int:
@@ -195,21 +211,6 @@ class BadTimes:
             if n
         ]
         return ", ".join(parts)
-
-
-def count_bad_times(db: NsysDb, table: str, where: str = "") -> BadTimes:
-    """One scan counting the rows of ``table`` (matching ``where``) that :func:`valid_times` drops."""
-    if not {"start", "end"} <= set(db.columns(table)):
-        return BadTimes()
-    cond = f" WHERE {where}" if where else ""
-    row = db.execute(
-        'SELECT coalesce(sum(start IS NULL OR "end" IS NULL), 0), '
-        'coalesce(sum(start IS NOT NULL AND "end" IS NOT NULL AND '
-        "(typeof(start) != 'integer' OR typeof(\"end\") != 'integer')), 0), "
-        "coalesce(sum(typeof(start) = 'integer' AND typeof(\"end\") = 'integer' AND \"end\" < start), 0) "
-        f"FROM {quote_ident(table)}{cond}"
-    ).fetchone()
-    return BadTimes(int(row[0]), int(row[1]), int(row[2]))
 
 
 def read_head(path: Path, n: int = 16) -> bytes:

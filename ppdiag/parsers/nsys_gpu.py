@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model.timeline import Direction, Kind
-from ppdiag.parsers.nsys_db import BadTimes, NsysDb, count_bad_times, factorize, int_expr, valid_times
+from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, factorize, int_expr, valid_times
 from ppdiag.parsers.nsys_names import classify_kernel, memcpy_name, memset_name
 
 I64 = npt.NDArray[np.int64]
@@ -36,6 +36,7 @@ _ROW = np.dtype(
         ("packed", np.int64),
         ("nametid", np.int64),
         ("launch", np.int64),
+        ("bad", np.int64),
     ]
 )
 _ROW_EXTRA = np.dtype(
@@ -47,6 +48,7 @@ _ROW_EXTRA = np.dtype(
         ("launch", np.int64),
         ("x1", np.int64),
         ("x2", np.int64),
+        ("bad", np.int64),
     ]
 )
 
@@ -76,14 +78,17 @@ class GpuOps:
 
 
 def _launch_join(db: NsysDb, alias: str) -> tuple[str, str, str]:
-    """(launch start expr, launch tid expr, JOIN clause) for GPU table ``alias``; no-op without RUNTIME."""
+    """(launch start expr, launch tid expr, JOIN clause) for GPU table ``alias``; no-op without RUNTIME.
+
+    Only rows with usable times join (the others are dropped, and must come out once each to be
+    counted once)."""
     rcols = db.columns(RUNTIME)
     if not {"start", "correlationId", "globalTid"} <= set(rcols):
         return "-1", "0", ""
     cls = "AND r.eventClass IN (0, 1)" if "eventClass" in rcols else ""
     join = (
         f"LEFT JOIN {RUNTIME} AS r ON r.correlationId = {alias}.correlationId "
-        f"AND (r.globalTid >> 24) = ({alias}.globalPid >> 24) {cls}"
+        f"AND (r.globalTid >> 24) = ({alias}.globalPid >> 24) {cls} AND {valid_times(alias)}"
     )
     return int_expr("r.start"), "coalesce(r.globalTid & 16777215, 0)", join
 
@@ -114,21 +119,29 @@ def _fetch(
         lstart, ltid, join = "-1", "0", ""
     extras = [*extra, "0", "0"][:2] if extra else []
     select = [
-        "g.start",
-        'g."end"',
+        int_expr("g.start", "0"),
+        int_expr('g."end"', "0"),
         _packed(db, table, "g"),
         f"({ltid} << 32) | ({name_expr} & 4294967295)",
         lstart,
         *extras,
+        bad_time_code("g"),
     ]
-    sql = f"SELECT {', '.join(select)} FROM {table} AS g {join} WHERE {valid_times('g')}"
-    rows = db.fetch(sql, _ROW_EXTRA if extra else _ROW)
-    b = count_bad_times(db, table)
-    if b.total and bad is not None:
-        bad[table] = b
-    if join and len(rows) > (n := db.count(table) - b.total):
+    sql = f"SELECT {', '.join(select)} FROM {table} AS g {join}"
+    rows = _keep_valid(db.fetch(sql, _ROW_EXTRA if extra else _ROW), table, bad)
+    if join and len(rows) > (n := db.count(table) - (bad[table].total if bad and table in bad else 0)):
         rows = _dedupe(rows, n)
     return rows
+
+
+def _keep_valid(rows: np.ndarray, table: str, bad: dict[str, BadTimes] | None) -> np.ndarray:
+    """Rows with usable times; the others counted in ``bad[table]``."""
+    codes = rows["bad"]
+    if not len(codes) or not codes.any():
+        return rows
+    if bad is not None:
+        bad[table] = BadTimes.from_codes(codes)
+    return rows[codes == 0]
 
 
 def _dedupe(rows: np.ndarray, expected: int) -> np.ndarray:
@@ -285,15 +298,13 @@ def _sync_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> list[d
     if not join:
         api = "-1"
     ltid = "coalesce(r.globalTid & 16777215, 0)" if join else "0"
+    g_end = int_expr('g."end"', "0")
     sql = (
-        f'SELECT g.start, g."end", {_packed(db, SYNC, "g")}, ({ltid} << 32) | ({api} & 4294967295), '
-        f"{lstart} FROM {SYNC} AS g {join} WHERE {valid_times('g')}"
+        f"SELECT {int_expr('g.start', '0')}, {g_end}, {_packed(db, SYNC, 'g')}, "
+        f"({ltid} << 32) | ({api} & 4294967295), {lstart}, {bad_time_code('g')} FROM {SYNC} AS g {join}"
     )
-    rows = db.fetch(sql, _ROW)
-    b = count_bad_times(db, SYNC)
-    if b.total:
-        bad[SYNC] = b
-    if join and len(rows) > (n := db.count(SYNC) - b.total):
+    rows = _keep_valid(db.fetch(sql, _ROW), SYNC, bad)
+    if join and len(rows) > (n := db.count(SYNC) - (bad[SYNC].total if SYNC in bad else 0)):
         rows = _dedupe(rows, n)
     if not len(rows):
         return []

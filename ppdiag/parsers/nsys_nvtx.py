@@ -22,7 +22,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from ppdiag.model.timeline import Direction
-from ppdiag.parsers.nsys_db import BadTimes, NsysDb, count_bad_times, int_expr, valid_times
+from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, int_expr, valid_times
 from ppdiag.parsers.nsys_names import (
     NCCL_API_NAMES,
     NCCL_COLLECTIVE_APIS,
@@ -168,7 +168,7 @@ def read_nvtx(db: NsysDb) -> NvtxData:
     nccl_keys = [(pid, dom) for (pid, dom), name in domains.items() if name.upper() == "NCCL"]
     unnamed = [k for k in _nccl_like_domains(db) if k not in domains]
     nccl_keys += unnamed
-    ranges, a2a, skipped = _user_ranges(db, domains, nccl_keys)
+    ranges, a2a, skipped, bad = _user_ranges(db, domains, nccl_keys)
     nccl = _nccl_calls(db, nccl_keys) if nccl_keys else _empty_nccl()
     return NvtxData(
         ranges=ranges,
@@ -179,7 +179,7 @@ def read_nvtx(db: NsysDb) -> NvtxData:
         has_nvtx_table=True,
         nccl_domain=bool(nccl_keys),
         nccl_domain_unnamed=len(unnamed),
-        bad_times=count_bad_times(db, NVTX, f"eventType IN ({', '.join(str(t) for t in RANGE_TYPES)})"),
+        bad_times=bad,
     )
 
 
@@ -278,7 +278,9 @@ def _exclude_clause(keys: list[tuple[int, int]]) -> tuple[str, list[int]]:
 
 def _user_ranges(
     db: NsysDb, domains: dict[tuple[int, int], str], nccl_keys: list[tuple[int, int]]
-) -> tuple[HostRanges, Spans, int]:
+) -> tuple[HostRanges, Spans, int, BadTimes]:
+    """User ranges, all-to-all evidence spans, how many op ranges were left out, and the range
+    rows of any domain dropped for their start/end."""
     text_id, text = _text_expr(db)
     dom = int_expr(db.col(NVTX, "domainId", "0"), "0")
     excl, params = _exclude_clause(nccl_keys)
@@ -293,10 +295,14 @@ def _user_ranges(
     )
     ops = " OR ".join(f"{t} GLOB '{g}'" for g in OP_NAMESPACES_SQL)
     not_op = f" AND NOT coalesce({ops}, 0)" if t != "NULL" else ""
+    # Ranges with unusable times come out too (whatever their domain), only to be counted.
+    valid = valid_times()
+    end = int_expr('"end"', "0")
     sql = (
-        f'SELECT start, "end", {int_expr("globalTid", "0")}, {text_id}, {dom}, '
-        f"CASE WHEN {text_id} < 0 THEN {base} END FROM {NVTX} "
-        f"WHERE eventType IN ({types}) AND {valid_times()}{excl}{not_op}"
+        f"SELECT {int_expr('start', '0')}, {end}, "
+        f"{int_expr('globalTid', '0')}, {text_id}, {dom}, "
+        f"CASE WHEN {text_id} < 0 THEN {base} END, {bad_time_code()} FROM {NVTX} "
+        f"WHERE eventType IN ({types}) AND (({valid}{excl}{not_op}) OR NOT ({valid}))"
     )
     dt = np.dtype(
         [
@@ -306,11 +312,15 @@ def _user_ranges(
             ("tid_", np.int64),
             ("dom", np.int64),
             ("text", object),
+            ("bad", np.int64),
         ]
     )
     rows = db.fetch(sql, dt, params)
+    bad = BadTimes.from_codes(rows["bad"])
+    if bad.total:
+        rows = rows[rows["bad"] == 0]
     if not len(rows):
-        return _empty_ranges(), _empty_spans(), 0
+        return _empty_ranges(), _empty_spans(), 0, bad
     pid = (rows["gtid"] >> 24) & 0xFFFFFF
     tid = rows["gtid"] & 0xFFFFFF
     # One code per distinct (registered id | plain text); classification runs per distinct name.
@@ -354,7 +364,7 @@ def _user_ranges(
         group_rank=col("group_rank", np.int64)[k],
         group_peer=col("group_peer", np.int64)[k],
     )
-    return out, spans, int((~keep).sum())
+    return out, spans, int((~keep).sum()), bad
 
 
 def name_codes(
