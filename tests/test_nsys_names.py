@@ -53,13 +53,20 @@ def _pp_group_ranks(run: SynthRun) -> GroupRanks:
 
 
 def emit_nvtx(
-    path: Path, rank: int | dict[int, int], world: int, group_ranks: GroupRanks, *, replace: bool
+    path: Path,
+    rank: int | dict[int, int],
+    world: int,
+    group_ranks: GroupRanks,
+    *,
+    replace: bool,
+    p2p_blobs_only: bool = False,
 ) -> int:
     """Rewrite one export as if recorded under ``torch.autograd.profiler.emit_nvtx`` without blobs.
 
     Each NCCL ``ncclSend``/``ncclRecv`` of a 2-rank p2p communicator gets a PyTorch range
     ``nccl:send a->b, seq = N, op_id = M`` (default domain, same thread, a little wider), or is
-    renamed into one (``replace``); then every payload blob is deleted. ``rank``: the file's rank,
+    renamed into one (``replace``); then every payload blob is deleted (only those of the p2p
+    calls with ``p2p_blobs_only``: collectives keep their communicators). ``rank``: the file's rank,
     or {pid: rank} for a report holding several processes. Returns ranges written.
     """
     pairs = {comm_hash("p2p", lo, hi): (lo, hi) for lo, hi in itertools.combinations(range(world), 2)}
@@ -100,7 +107,12 @@ def emit_nvtx(
                     (start - 300, end + 300, gtid, names[name]),
                 )
             written += 1
-        conn.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+        if p2p_blobs_only:
+            conn.executemany(
+                "UPDATE NVTX_EVENTS SET binaryData = NULL WHERE rowid = ?", [(r[0],) for r in rows]
+            )
+        else:
+            conn.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
         conn.commit()
     finally:
         conn.close()
@@ -301,5 +313,29 @@ def test_diagnosis_with_emit_nvtx_names_equals_the_one_with_payloads(tmp_path: P
         assert got["run"][key] == ref["run"][key], key
     step = ref["summary"]["step_ms"]
     assert abs(got["summary"]["step_ms"] - step) <= 0.01 * step
+    for cause, ms in ref["summary"]["lost_ms"].items():
+        assert abs(got["summary"]["lost_ms"][cause] - ms) <= 0.01 * step, cause
+
+
+def test_p2p_by_names_with_collective_payloads_kept(tmp_path: Path) -> None:
+    # two pipeline replicas: only the p2p calls lost their payloads (renamed to emit_nvtx names);
+    # the data-parallel all-reduce keeps its communicator, whose members come from other files
+    run = make_scenario("1f1b", pp=4, microbatches=8, steps=3, dp=2, clock_skew_ms=3.0, seed=9)
+    ref = _report(write_nsys(run, tmp_path / "payloads"))
+    paths = write_nsys(run, tmp_path / "names")
+    pg = _pp_group_ranks(run)
+    for i, p in enumerate(paths):
+        emit_nvtx(p, i, run.world_size, pg, replace=True, p2p_blobs_only=True)
+    tls, run_warn = _parse(paths)
+    assert run_warn == []
+    for tl in tls:
+        coll = tl.intervals.kind == Kind.COLLECTIVE
+        groups = {int(g) for g in tl.intervals.group[coll]}
+        assert groups and all(len(tl.process_groups[g].ranks) > 1 for g in groups), tl.rank
+        assert (tl.intervals.peer[tl.intervals.kind == Kind.P2P] >= 0).all()
+    got = _report(paths)
+    for key in ("pp", "stage_map", "schedule", "microbatches"):
+        assert got["run"][key] == ref["run"][key], key
+    step = ref["summary"]["step_ms"]
     for cause, ms in ref["summary"]["lost_ms"].items():
         assert abs(got["summary"]["lost_ms"][cause] - ms) <= 0.01 * step, cause

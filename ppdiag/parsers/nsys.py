@@ -817,6 +817,13 @@ def resolve_nccl_peers(ranks: list[RankTimeline]) -> list[str]:
             members.setdefault(comm, {})[int(info["rank"])] = tl.rank
     unresolved = 0
     for tl in ranks:
+        # Communicators' members, for every rank: one whose p2p peers needed no mapping (or whose
+        # p2p payloads are missing) still holds collectives on communicators made in other files.
+        for pg in tl.process_groups:
+            key = pg.name.removeprefix("nccl:")
+            mem = members.get(key)
+            if pg.backend == "nccl" and mem and not pg.ranks and sorted(mem) == list(range(len(mem))):
+                pg.ranks = [mem[i] for i in range(len(mem))]
         pend = tl.meta.pop("nccl_pending", None)
         if not pend:
             continue
@@ -831,11 +838,6 @@ def resolve_nccl_peers(ranks: list[RankTimeline]) -> list[str]:
                 ok = (g >= 0) & (idx[m] < len(rows))
                 rows.peer[idx[m][ok]] = g[ok]
                 unresolved += int((~ok).sum())
-        for pg in tl.process_groups:
-            key = pg.name.removeprefix("nccl:")
-            mem = members.get(key)
-            if pg.backend == "nccl" and mem and not pg.ranks and sorted(mem) == list(range(len(mem))):
-                pg.ranks = [mem[i] for i in range(len(mem))]
     out = _resolve_named_peers(ranks)
     for tl in ranks:
         how_arr = tl.meta.get("p2p_peer_how")
