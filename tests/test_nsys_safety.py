@@ -130,6 +130,7 @@ def test_hot_journal_is_rolled_back_on_a_private_copy(export: Path, tmp_path: Pa
     total = _count(export, KERNEL)
     p = _copy(export, tmp_path / "w")
     writer = sqlite3.connect(p, isolation_level=None)
+    writer.execute("PRAGMA synchronous=OFF")
     writer.execute("PRAGMA cache_size=1")  # the delete spills into the database file itself
     writer.execute("BEGIN")
     writer.execute(f"DELETE FROM {KERNEL} WHERE rowid % 2 = 0")
@@ -139,6 +140,7 @@ def test_hot_journal_is_rolled_back_on_a_private_copy(export: Path, tmp_path: Pa
     writer.execute("ROLLBACK")
     writer.close()
     assert _count(crashed, KERNEL) < total  # what an immutable open would read
+    assert NsysParser().sniff(crashed, crashed.read_bytes()[:4096])
     before = _digest(crashed)
     tl = _parse(crashed)[0]
     assert _n_kernels(tl) == total
@@ -147,12 +149,32 @@ def test_hot_journal_is_rolled_back_on_a_private_copy(export: Path, tmp_path: Pa
     assert not list(tmp_path.glob("ppdiag-nsys-*"))
 
 
+def test_other_programs_database_with_a_hot_journal_is_not_taken(tmp_path: Path) -> None:
+    p = tmp_path / "w" / "app.sqlite"
+    p.parent.mkdir()
+    conn = sqlite3.connect(p, isolation_level=None)
+    conn.execute("PRAGMA synchronous=OFF")  # no fsync per statement and per spill below
+    conn.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+    conn.execute("BEGIN")
+    conn.executemany("INSERT INTO users VALUES (?, ?)", [(i, "x" * 200) for i in range(400)])
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA cache_size=1")
+    conn.execute("BEGIN")
+    conn.execute("DELETE FROM users WHERE id % 2 = 0")
+    crashed = _copy(p, tmp_path / "crash")
+    _copy(p.with_name(p.name + "-journal"), tmp_path / "crash")
+    conn.execute("ROLLBACK")
+    conn.close()
+    assert not NsysParser().sniff(crashed, crashed.read_bytes()[:4096])
+
+
 def test_writer_holding_its_lock_mid_write(export: Path, tmp_path: Path) -> None:
     # the writer has spilled uncommitted pages into the file and holds the exclusive lock
     total = _count(export, KERNEL)
     p = _copy(export, tmp_path / "w")
     writer = sqlite3.connect(p, isolation_level=None)
     try:
+        writer.execute("PRAGMA synchronous=OFF")
         writer.execute("PRAGMA cache_size=1")
         writer.execute("BEGIN")
         writer.execute(f"DELETE FROM {KERNEL} WHERE rowid % 2 = 0")

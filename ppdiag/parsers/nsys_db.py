@@ -457,11 +457,14 @@ def sniff_sqlite(path: Path, head: bytes) -> bool:
     if truncation(path, head):
         return True
     quiet = _side_file(path, "-wal") is None and _side_file(path, "-journal") is None
-    try:
-        conn = connect_readonly(path, immutable=quiet)
+    for immutable in dict.fromkeys((quiet, True)):
+        # A locked or hot-journal database is peeked at immutable: only its table names matter here.
         try:
-            return is_nsys_schema(list_tables(conn))
-        finally:
-            conn.close()
-    except (sqlite3.Error, OSError, ValueError):
-        return True
+            conn = connect_readonly(path, immutable=immutable)
+            try:
+                return is_nsys_schema(list_tables(conn))
+            finally:
+                conn.close()
+        except (sqlite3.Error, OSError, ValueError):
+            continue
+    return True
