@@ -339,3 +339,26 @@ def test_p2p_by_names_with_collective_payloads_kept(tmp_path: Path) -> None:
     step = ref["summary"]["step_ms"]
     for cause, ms in ref["summary"]["lost_ms"].items():
         assert abs(got["summary"]["lost_ms"][cause] - ms) <= 0.01 * step, cause
+
+
+def test_unclosed_pytorch_ranges_still_give_the_peers(run_1f1b: SynthRun, tmp_path: Path) -> None:
+    # PyTorch's p2p titles are async record functions: their NVTX range may never be popped on
+    # the thread that pushed it, so the export holds no end for them
+    paths = write_nsys(run_1f1b, tmp_path)
+    for i, p in enumerate(paths):
+        emit_nvtx(p, i, run_1f1b.world_size, _world, replace=False)
+    _sql_all(
+        paths,
+        'UPDATE NVTX_EVENTS SET "end" = NULL '
+        "WHERE textId IN (SELECT id FROM StringIds WHERE value LIKE 'nccl:%')",
+    )
+    tls, run_warn = _parse(paths)
+    assert run_warn == []
+    for tl in tls:
+        want_peer, want_dir = _truth_p2p(run_1f1b, tl.rank)
+        got_peer, got_dir = _parsed_p2p(tl)
+        np.testing.assert_array_equal(got_peer, want_peer, err_msg=f"rank {tl.rank}")
+        np.testing.assert_array_equal(got_dir, want_dir, err_msg=f"rank {tl.rank}")
+        assert tl.events_lost == 0
+        assert any("never closed" in w for w in tl.warnings)
+        assert not any("NVTX range(s) dropped" in w for w in tl.warnings)

@@ -146,6 +146,11 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
         file_warnings.append(dropped)
     if nvtx.bad_times.total:
         file_warnings.append(f"{nvtx.bad_times.total} NVTX range(s) dropped: {nvtx.bad_times.describe()}")
+    if nvtx.open_torch_p2p:
+        file_warnings.append(
+            f"{nvtx.open_torch_p2p} PyTorch 'nccl:send'/'nccl:recv' range(s) never closed; kept with "
+            "zero length at their start (which is all the peer projection uses)"
+        )
     if nvtx.nccl_domain_unnamed:
         file_warnings.append(
             "the NCCL NVTX domain has no domain-create row in this export; recognised by its range "

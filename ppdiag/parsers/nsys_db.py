@@ -169,10 +169,13 @@ def valid_times(alias: str = "") -> str:
 
 def bad_time_code(alias: str = "") -> str:
     """SQL: 0 for rows :func:`valid_times` keeps, else why not (1 NULL, 2 not an integer, 3 end <
-    start), so that one scan both fetches the rows and counts the dropped ones."""
+    start, 4 an integer start without an end), so that one scan both fetches the rows and counts
+    the dropped ones."""
     a = f"{alias}." if alias else ""
     return (
-        f'(CASE WHEN {valid_times(alias)} THEN 0 WHEN {a}start IS NULL OR {a}"end" IS NULL THEN 1 '
+        f"(CASE WHEN {valid_times(alias)} THEN 0 "
+        f"WHEN typeof({a}start) = 'integer' AND {a}\"end\" IS NULL THEN 4 "
+        f'WHEN {a}start IS NULL OR {a}"end" IS NULL THEN 1 '
         f"WHEN typeof({a}start) != 'integer' OR typeof({a}\"end\") != 'integer' THEN 2 ELSE 3 END)"
     )
 
@@ -187,9 +190,9 @@ class BadTimes:
 
     @classmethod
     def from_codes(cls, codes: npt.NDArray[np.int64]) -> BadTimes:
-        """Counts of the :func:`bad_time_code` values 1, 2, 3."""
-        c = np.bincount(codes, minlength=4) if len(codes) else np.zeros(4, dtype=np.int64)
-        return cls(int(c[1]), int(c[2]), int(c[3]))
+        """Counts of the :func:`bad_time_code` values (4 counts as NULL)."""
+        c = np.bincount(codes, minlength=5) if len(codes) else np.zeros(5, dtype=np.int64)
+        return cls(int(c[1] + c[4]), int(c[2]), int(c[3]))
 
     @property
     def total(self) -> int:

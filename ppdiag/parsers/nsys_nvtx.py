@@ -154,6 +154,7 @@ class NvtxData:
     nccl_domain: bool = False
     nccl_domain_unnamed: int = 0  # (process, domain) pairs taken as NCCL's without a domain-create row
     bad_times: BadTimes = field(default_factory=BadTimes)  # ranges dropped for their start/end
+    open_torch_p2p: int = 0  # PyTorch p2p ranges without an end, kept at their start
 
 
 def _empty_i64() -> I64:
@@ -168,7 +169,7 @@ def read_nvtx(db: NsysDb) -> NvtxData:
     nccl_keys = [(pid, dom) for (pid, dom), name in domains.items() if name.upper() == "NCCL"]
     unnamed = [k for k in _nccl_like_domains(db) if k not in domains]
     nccl_keys += unnamed
-    ranges, a2a, skipped, bad = _user_ranges(db, domains, nccl_keys)
+    ranges, a2a, skipped, bad, open_p2p = _user_ranges(db, domains, nccl_keys)
     nccl = _nccl_calls(db, nccl_keys) if nccl_keys else _empty_nccl()
     return NvtxData(
         ranges=ranges,
@@ -180,6 +181,7 @@ def read_nvtx(db: NsysDb) -> NvtxData:
         nccl_domain=bool(nccl_keys),
         nccl_domain_unnamed=len(unnamed),
         bad_times=bad,
+        open_torch_p2p=open_p2p,
     )
 
 
@@ -278,9 +280,9 @@ def _exclude_clause(keys: list[tuple[int, int]]) -> tuple[str, list[int]]:
 
 def _user_ranges(
     db: NsysDb, domains: dict[tuple[int, int], str], nccl_keys: list[tuple[int, int]]
-) -> tuple[HostRanges, Spans, int, BadTimes]:
-    """User ranges, all-to-all evidence spans, how many op ranges were left out, and the range
-    rows of any domain dropped for their start/end."""
+) -> tuple[HostRanges, Spans, int, BadTimes, int]:
+    """User ranges, all-to-all evidence spans, how many op ranges were left out, the range rows of
+    any domain dropped for their start/end, and how many unclosed PyTorch p2p ranges were kept."""
     text_id, text = _text_expr(db)
     dom = int_expr(db.col(NVTX, "domainId", "0"), "0")
     excl, params = _exclude_clause(nccl_keys)
@@ -316,11 +318,8 @@ def _user_ranges(
         ]
     )
     rows = db.fetch(sql, dt, params)
-    bad = BadTimes.from_codes(rows["bad"])
-    if bad.total:
-        rows = rows[rows["bad"] == 0]
     if not len(rows):
-        return _empty_ranges(), _empty_spans(), 0, bad
+        return _empty_ranges(), _empty_spans(), 0, BadTimes(), 0
     pid = (rows["gtid"] >> 24) & 0xFFFFFF
     tid = rows["gtid"] & 0xFFFFFF
     # One code per distinct (registered id | plain text); classification runs per distinct name.
@@ -340,8 +339,15 @@ def _user_ranges(
             a = np.where(is_mpi, b, a)
         return a
 
-    keep = col("keep", bool)
-    a2a = col("all_to_all", bool)
+    # PyTorch's p2p titles are asynchronous record functions: one whose range was never closed on
+    # its thread still says, by its start, which NCCL kernel it issued. Kept with zero length.
+    bad_code = rows["bad"]
+    rescued = (bad_code == 4) & col("torch_p2p", bool)
+    rows["end"][rescued] = rows["start"][rescued]
+    good = (bad_code == 0) | rescued
+    bad = BadTimes.from_codes(bad_code[~good])
+    keep = col("keep", bool) & good
+    a2a = col("all_to_all", bool) & good
     spans = Spans(rows["start"][a2a], rows["end"][a2a], pid[a2a], tid[a2a])
     k = keep
     # Re-index names to the kept rows only (dropped op ranges may hold most distinct names).
@@ -364,7 +370,7 @@ def _user_ranges(
         group_rank=col("group_rank", np.int64)[k],
         group_peer=col("group_peer", np.int64)[k],
     )
-    return out, spans, int((~keep).sum()), bad
+    return out, spans, int((~keep & good).sum()), bad, int(rescued.sum())
 
 
 def name_codes(
