@@ -723,9 +723,10 @@ def peer_source_counts(iv: Intervals, how: npt.NDArray[np.int8]) -> dict[str, in
         return {}
     known = p2p & (iv.peer >= 0)
     return {
-        "metadata": int((known & (how == PEER_METADATA)).sum()),
-        "nvtx name": int((known & (how == PEER_NVTX_NAME)).sum()),
-        "none": int((p2p & ~known).sum()),
+        PEER_HOW_NAMES[PEER_METADATA]: int((known & (how == PEER_METADATA)).sum()),
+        PEER_HOW_NAMES[PEER_NVTX_NAME]: int((known & (how == PEER_NVTX_NAME)).sum()),
+        # a peer decided by nothing, or named but never mapped to a global rank
+        PEER_HOW_NAMES[PEER_NONE]: int((p2p & ~known).sum()),
     }
 
 
