@@ -683,8 +683,12 @@ def _one_line_error(path: Path, **opts: Any) -> str:
 def test_bad_inputs(tmp_path: Path) -> None:
     p = tmp_path / "fake.sqlite"
     p.write_text('{"traceEvents": []}')
-    assert "not an SQLite database" in _one_line_error(p)
-    assert not PARSER.sniff(p, head(p))
+    assert "not a valid SQLite database" in _one_line_error(p)
+    # named like an export: the nsys reader takes it and says what is wrong with it
+    assert PARSER.sniff(p, head(p))
+    q = tmp_path / "fake.json"
+    q.write_text('{"traceEvents": []}')
+    assert not PARSER.sniff(q, head(q))
     p = tmp_path / "empty.sqlite"
     p.write_bytes(b"")
     assert "empty file" in _one_line_error(p)

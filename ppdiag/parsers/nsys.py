@@ -13,6 +13,16 @@ the files of different ranks share one clock, to the precision of the hosts' clo
 Communicator-local NCCL peers are mapped to global ranks inside one export (from the
 ``ncclCommInitRank`` payloads of its processes) and, across one-file-per-rank runs, by
 :func:`resolve_nccl_peers`, which the run loader calls once every file is parsed and ranked.
+Without payloads, peers come from PyTorch's ``nccl:send a->b`` / ``nccl:recv a<-b`` ranges
+(``emit_nvtx``), whose process-group ranks :func:`resolve_nccl_peers` maps to global ranks; where
+nothing names a peer it stays -1 (the pipeline layer may infer it from timing) and the direction is
+kept. How each p2p kernel's peer was decided is in ``meta["p2p_peer_source"]`` (counts of
+``metadata`` / ``nvtx name`` / ``none``) and per interval, in parse order, in
+``meta["p2p_peer_how"]`` (0 none, 1 metadata, 2 nvtx name).
+
+Rows with unusable ``start``/``end`` (NULL, TEXT, REAL, BLOB, or ``end < start``) are dropped in
+SQL and counted per file in one warning (and in ``events_lost``); how the file is opened so that
+only committed rows are read is :func:`ppdiag.parsers.nsys_db.open_export`'s business.
 """
 
 from __future__ import annotations
@@ -39,8 +49,8 @@ from ppdiag.model.timeline import (
     RankTimeline,
 )
 from ppdiag.parsers import ParseOptions, register
-from ppdiag.parsers.nsys_comm import inside_spans, project_nccl
-from ppdiag.parsers.nsys_db import NsysDb, factorize, open_export, sniff_sqlite
+from ppdiag.parsers.nsys_comm import inside_spans, project_nccl, project_torch_p2p
+from ppdiag.parsers.nsys_db import BadTimes, NsysDb, factorize, open_export, sniff_sqlite
 from ppdiag.parsers.nsys_gpu import GpuOps, read_gpu_ops
 from ppdiag.parsers.nsys_nvtx import API_COLL, API_INIT, API_P2P, NvtxData, Spans, read_nvtx
 from ppdiag.parsers.nsys_ranks import RankDecision, decide_ranks
@@ -49,6 +59,9 @@ from ppdiag.parsers.nsys_rep import ensure_sqlite, is_report
 I64 = npt.NDArray[np.int64]
 
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+# How a p2p kernel's peer was decided (``meta["p2p_peer_how"]``, one code per interval).
+PEER_NONE, PEER_METADATA, PEER_NVTX_NAME = 0, 1, 2
+PEER_HOW_NAMES = {PEER_NONE: "none", PEER_METADATA: "metadata", PEER_NVTX_NAME: "nvtx name"}
 # A timestamp above this is already on the epoch clock (2001-09-09); relative ones are far below.
 _EPOCH_FLOOR = 10**18
 
@@ -108,7 +121,10 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
     """All ranks of one open export."""
     gpu = read_gpu_ops(db)
     active = gpu.kind != Kind.SYNC
+    dropped = _dropped_gpu_rows(gpu.bad_times)
     if not active.any():
+        if dropped:
+            raise InputError(source, f"no usable GPU activity in this export: {dropped}")
         raise InputError(
             source,
             "no GPU activity in this export (no kernel, memcpy or memset rows); "
@@ -123,7 +139,23 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
         devices[p] = np.flatnonzero(np.bincount(gpu.device[lo:hi][active[lo:hi]])).tolist()
     decisions = decide_ranks(db, pids, devices, nvtx.thread_ranks, proc_names)
     clock = _clock(db, int(gpu.start.min()))
-    file_warnings: list[str] = [clock.warning] if clock.warning else []
+    file_warnings: list[str] = list(db.warnings)
+    if clock.warning:
+        file_warnings.append(clock.warning)
+    if dropped:
+        file_warnings.append(dropped)
+    if nvtx.bad_times.total:
+        file_warnings.append(f"{nvtx.bad_times.total} NVTX range(s) dropped: {nvtx.bad_times.describe()}")
+    if nvtx.open_torch_p2p:
+        file_warnings.append(
+            f"{nvtx.open_torch_p2p} PyTorch 'nccl:send'/'nccl:recv' range(s) never closed; kept with "
+            "zero length at their start (which is all the peer projection uses)"
+        )
+    if nvtx.nccl_domain_unnamed:
+        file_warnings.append(
+            "the NCCL NVTX domain has no domain-create row in this export; recognised by its range "
+            "names or payload schemas"
+        )
     idle = sorted(_cuda_processes(db) - set(pids))
     if idle:
         shown = ", ".join(f"{proc_names.get(p, 'process')} pid {p}" for p in idle[:8])
@@ -143,13 +175,37 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
         autograd_tids=_autograd_threads(db),
     )
     out = [_build_rank(ctx, p, proc_names.get(p, "")) for p in pids]
+    if db.bad_utf8:
+        file_warnings.append(f"{db.bad_utf8} text value(s) with invalid UTF-8 read with U+FFFD replacements")
     out.sort(key=lambda t: t.rank)
+    lost_rows = sum(b.total for b in gpu.bad_times.values()) + nvtx.bad_times.total
+    out[0].events_lost += lost_rows
+    out[0].events_total += lost_rows
     # Facts about the file are said once, on its first rank.
     out[0].warnings[:0] = file_warnings
     return out
 
 
 # --- file-level facts --------------------------------------------------------------------------
+
+
+_TABLE_WORDS = {
+    "CUPTI_ACTIVITY_KIND_KERNEL": "kernel",
+    "CUPTI_ACTIVITY_KIND_MEMCPY": "memcpy",
+    "CUPTI_ACTIVITY_KIND_MEMSET": "memset",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": "sync",
+}
+
+
+def _dropped_gpu_rows(bad: dict[str, BadTimes]) -> str:
+    """One line for every GPU row dropped for its times, by table and reason ('' when none)."""
+    if not bad:
+        return ""
+    total = BadTimes()
+    for b in bad.values():
+        total.add(b)
+    per_table = ", ".join(f"{b.total} {_TABLE_WORDS.get(t, t)}" for t, b in bad.items())
+    return f"{total.total} GPU row(s) dropped ({per_table}): {total.describe()}"
 
 
 def _autograd_threads(db: NsysDb) -> dict[int, set[int]]:
@@ -227,9 +283,8 @@ def _cuda_processes(db: NsysDb) -> set[int]:
     out: set[int] = set()
     for table in ("TARGET_INFO_CUDA_STREAM", "TARGET_INFO_CUDA_CONTEXT_INFO"):
         if "processId" in db.columns(table):
-            out |= {
-                int(r[0]) for r in db.execute(f"SELECT DISTINCT processId FROM {table}") if r[0] is not None
-            }
+            rows = db.execute(f"SELECT DISTINCT processId FROM {table} WHERE typeof(processId) = 'integer'")
+            out |= {int(r[0]) for r in rows}
     return out
 
 
@@ -275,6 +330,8 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
 
     comm_idx = np.flatnonzero((kind == Kind.P2P) | (kind == Kind.COLLECTIVE))
     backend = "nccl" if len(comm_idx) else None
+    no_payloads = False
+    unmatched: tuple[I64, int, int] | None = None
     if len(comm_idx):
         proj = project_nccl(nvtx.nccl, nvtx.nccl.pid == pid, launch_raw[comm_idx], ltid[comm_idx])
         hit = comm_idx[proj.matched]
@@ -289,12 +346,9 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
             a2a = inside_spans(nvtx.all_to_all, pid, launch_raw[miss], ltid[miss]) & sr
             kind[miss[a2a]] = Kind.COLLECTIVE
             direction[miss[a2a]] = Direction.NONE
-            warnings.append(_unmatched_warning(ctx, len(miss), int(sr.sum()), int(a2a.sum())))
+            unmatched = (miss, int(sr.sum()), int(a2a.sum()))
         elif not (proj.peer_local[proj.matched] >= 0).any() and (kind[hit] == Kind.P2P).any():
-            warnings.append(
-                "NCCL NVTX payloads (peer, bytes) are not in this export; "
-                "p2p peers unknown (export with 'nsys export --include-blobs=true')"
-            )
+            no_payloads = True
 
     names = NameTable()
     inv, uniq = factorize(gpu.name[sel])
@@ -326,6 +380,57 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
 
     _resolve_peers(ctx, pid, dec, comm_col, local_peer, peer, group, group_of, pending["interval"], warnings)
 
+    # Peers the NCCL payloads did not give, from PyTorch's "nccl:send a->b" ranges (group ranks,
+    # mapped to global ranks by resolve_nccl_peers once every rank is known); their direction is
+    # kept wherever NCCL's own ranges left it unknown.
+    how = np.zeros(n, dtype=np.int8)
+    how[(kind == Kind.P2P) & (local_peer >= 0)] = PEER_METADATA
+    hr = nvtx.ranges
+    tp = np.flatnonzero((hr.pid == pid) & hr.torch_p2p)
+    named = project_torch_p2p(
+        hr.start[tp],
+        hr.tid[tp],
+        hr.direction[tp],
+        hr.group_rank[tp],
+        hr.group_peer[tp],
+        kind,
+        launch_raw,
+        ltid,
+    )
+    fill_dir = (kind == Kind.P2P) & (direction == Direction.NONE) & (named.direction != Direction.NONE)
+    direction[fill_dir] = named.direction[fill_dir]
+    by_name = np.flatnonzero((kind == Kind.P2P) & (local_peer < 0) & (named.group_peer >= 0))
+    how[by_name] = PEER_NVTX_NAME
+    name_pending: dict[str, dict[str, I64]] = {}
+    if len(by_name):
+        name_pending["interval"] = {
+            "index": by_name,
+            "me": named.group_rank[by_name],
+            "peer": named.group_peer[by_name],
+        }
+    p2p_all = kind == Kind.P2P
+    if unmatched is not None:
+        miss, n_sr, n_a2a = unmatched
+        n_named = int((named.direction[miss] != Direction.NONE).sum())
+        warnings.append(_unmatched_warning(ctx, len(miss), n_sr, n_a2a, n_named))
+    if no_payloads:
+        if len(by_name) and (how[p2p_all] > 0).all():
+            warnings.append(
+                "NCCL NVTX payloads (peer, bytes) are not in this export; p2p peers taken from "
+                "PyTorch's 'nccl:send a->b' / 'nccl:recv a<-b' ranges, bytes unknown"
+            )
+        else:
+            warnings.append(
+                "NCCL NVTX payloads (peer, bytes) are not in this export; "
+                f"p2p peers unknown for {int((how[p2p_all] == 0).sum())} of {int(p2p_all.sum())} p2p "
+                "kernel(s) (export with 'nsys export --include-blobs=true')"
+            )
+    if int(fill_dir.sum()):
+        warnings.append(
+            f"direction of {int(fill_dir.sum())} p2p kernel(s) taken from PyTorch 'nccl:send' / "
+            "'nccl:recv' ranges"
+        )
+
     phase = np.full(n, Phase.UNKNOWN, dtype=np.int8)
     # PyTorch's autograd engine launches the backward from its own device threads (pt_autograd_N),
     # as the Kineto trace shows it inside autograd::engine ops.
@@ -333,7 +438,6 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     if bwd_tids:
         phase[np.isin(ltid, np.fromiter(bwd_tids, dtype=np.int64)) & (launch_raw >= 0)] = Phase.BWD
     # Work launched inside an optimizer range of the same thread is the optimizer step.
-    hr = nvtx.ranges
     opt = (hr.pid == pid) & (hr.phase == Phase.OPTIM)
     if opt.any():
         spans = Spans(hr.start[opt], hr.end[opt], hr.pid[opt], hr.tid[opt])
@@ -374,6 +478,15 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     )
 
     rg = _ranges(ctx, pid, dec, names, group_of, pending["range"], warnings)
+    # PyTorch p2p ranges of this process sit first in the range table, in the order of ``hr``.
+    rsel = np.flatnonzero(hr.pid == pid)
+    rnamed = np.flatnonzero(hr.torch_p2p[rsel] & (hr.group_peer[rsel] >= 0))
+    if len(rnamed):
+        name_pending["range"] = {
+            "index": rnamed,
+            "me": hr.group_rank[rsel][rnamed],
+            "peer": hr.group_peer[rsel][rnamed],
+        }
 
     meta = dict(ctx.meta)
     meta.update({"pid": pid, "process": proc_name, "devices": udev.tolist(), "clock": ctx.clock.how})
@@ -385,6 +498,10 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     if pending["interval"] or pending["range"]:
         # row indices into the (final) interval and range tables, for resolve_nccl_peers
         meta["nccl_pending"] = {t: _pack_pending(v) for t, v in pending.items() if v}
+    if name_pending:
+        meta["nvtx_p2p_pending"] = name_pending
+    meta["p2p_peer_how"] = how
+    meta["p2p_peer_source"] = peer_source_counts(iv, how)
     overhead = _profiler_overhead(ctx.db, pid, off)
     if len(overhead):
         meta["profiler_overhead_ns"] = overhead
@@ -409,14 +526,21 @@ def _build_rank(ctx: _Ctx, pid: int, proc_name: str) -> RankTimeline:
     )
 
 
-def _unmatched_warning(ctx: _Ctx, n_miss: int, n_sendrecv: int, n_a2a: int) -> str:
+def _unmatched_warning(ctx: _Ctx, n_miss: int, n_sendrecv: int, n_a2a: int, n_named: int) -> str:
     why = (
         "no NCCL NVTX ranges in this export (trace with 'nsys profile -t cuda,nvtx' and keep "
         "NCCL_NVTX_DISABLE unset)"
         if not ctx.nvtx.nccl_domain
         else "their launch lies in no NCCL API range"
     )
-    tail = f"; {n_sendrecv} SendRecv kernel(s) taken as p2p with unknown peer" if n_sendrecv - n_a2a else ""
+    n_p2p = n_sendrecv - n_a2a
+    named = (
+        f" ({n_named} of them with direction, and peer where named, from PyTorch "
+        "'nccl:send a->b' / 'nccl:recv a<-b' ranges)"
+        if n_named
+        else " with unknown peer"
+    )
+    tail = f"; {n_p2p} SendRecv kernel(s) taken as p2p{named}" if n_p2p else ""
     a2a = f"; {n_a2a} SendRecv kernel(s) inside all-to-all ranges taken as collective" if n_a2a else ""
     return f"{n_miss} NCCL kernel(s) classified by name only: {why}{tail}{a2a}"
 
@@ -591,13 +715,107 @@ def _profiler_overhead(db: NsysDb, pid: int, off: int) -> I64:
 # --- run level ---------------------------------------------------------------------------------
 
 
+def peer_source_counts(iv: Intervals, how: npt.NDArray[np.int8]) -> dict[str, int]:
+    """``meta["p2p_peer_source"]``: how many p2p kernels got their peer from each source
+    (``metadata``: NCCL payloads; ``nvtx name``: PyTorch ``nccl:send a->b`` ranges; ``none``)."""
+    p2p = iv.kind == Kind.P2P
+    if len(how) != len(iv):
+        return {}
+    known = p2p & (iv.peer >= 0)
+    return {
+        PEER_HOW_NAMES[PEER_METADATA]: int((known & (how == PEER_METADATA)).sum()),
+        PEER_HOW_NAMES[PEER_NVTX_NAME]: int((known & (how == PEER_NVTX_NAME)).sum()),
+        # a peer decided by nothing, or named but never mapped to a global rank
+        PEER_HOW_NAMES[PEER_NONE]: int((p2p & ~known).sum()),
+    }
+
+
+def _group_stride(triples: I64, ranks: set[int]) -> tuple[int | None, str]:
+    """Map PyTorch's process-group ranks to global ranks: (stride, how) or (None, why not).
+
+    ``triples`` holds distinct (global rank, own group rank, peer group rank) columns. Groups of
+    a regular layout hold ranks ``base + i * stride`` (stride 1: consecutive ranks, as a world or
+    node-local group; larger: Megatron-style pipeline groups), so the peer's global rank is
+    ``rank + (peer - own) * stride``. A stride is accepted when every op's peer is then a traced
+    rank that names this rank back (its own group rank and peer swapped); when every process's
+    group rank equals its global rank the group is the world (stride 1) even without that check.
+    """
+    r, g, h = triples
+    if (r == g).all():
+        return 1, "group ranks equal global ranks"
+    moving = h != g
+    if not moving.any():
+        return None, "every op names its own rank as the peer"
+    # Keys of (rank, own, peer) for membership tests; the mirror of (r, g, h) is (t, h, g).
+    span = int(max(int(triples.max()), max(ranks, default=0))) + 1
+    known = np.unique((r * span + g) * span + h)
+    rank_arr = np.array(sorted(ranks), dtype=np.int64)
+    # Candidate strides come from the first moving op: the ranks that name it back.
+    i0 = int(np.flatnonzero(moving)[0])
+    back = r[(g == h[i0]) & (h == g[i0])]
+    step = int(h[i0] - g[i0])
+    cands = sorted({int(d) // step for d in (back - r[i0]).tolist() if d and d % step == 0 and d // step > 0})
+    fits: list[int] = []
+    for stride in cands:
+        tgt = r + (h - g) * stride
+        in_run = np.isin(tgt, rank_arr)
+        mirrored = np.isin((tgt * span + h) * span + g, known)
+        if (in_run & mirrored).all():
+            fits.append(stride)
+    if len(fits) == 1:
+        return fits[0], f"group ranks map to global ranks with stride {fits[0]}"
+    if not fits:
+        return None, "no regular group layout fits every send and its matching receive"
+    return None, f"several group layouts fit (strides {fits})"
+
+
+def _resolve_named_peers(ranks: list[RankTimeline]) -> list[str]:
+    """Global peers for the PyTorch-named p2p ops (``meta["nvtx_p2p_pending"]``)."""
+    pend = [(tl, tl.meta.pop("nvtx_p2p_pending", None)) for tl in ranks]
+    pend = [(tl, p) for tl, p in pend if p]
+    if not pend:
+        return []
+    cols = [
+        np.stack([np.full(len(v["me"]), tl.rank, dtype=np.int64), v["me"], v["peer"]])
+        for tl, p in pend
+        for v in p.values()
+        if len(v["me"])
+    ]
+    triples = np.unique(np.concatenate(cols, axis=1), axis=1)
+    stride, how = _group_stride(triples, {tl.rank for tl in ranks})
+    if stride is None:
+        n = sum(len(p.get("interval", {}).get("index", ())) for _, p in pend)
+        for tl, p in pend:
+            tl.meta["nvtx_p2p_pending"] = p  # kept: a later call with more ranks may map them
+        return [
+            f"{n} p2p kernel(s) name their peers by process-group rank (PyTorch 'nccl:send a->b') "
+            f"and the group's global ranks are unknown ({how}); their peers stay unknown"
+        ]
+    for tl, p in pend:
+        for table, rows in (("interval", tl.intervals), ("range", tl.ranges)):
+            v = p.get(table)
+            if not v:
+                continue
+            idx = v["index"]
+            ok = idx < len(rows)
+            glob = tl.rank + (v["peer"] - v["me"]) * stride
+            rows.peer[idx[ok]] = glob[ok].astype(rows.peer.dtype)
+        how_arr = tl.meta.get("p2p_peer_how")
+        if how_arr is not None:
+            tl.meta["p2p_peer_source"] = peer_source_counts(tl.intervals, how_arr)
+    return []
+
+
 def resolve_nccl_peers(ranks: list[RankTimeline]) -> list[str]:
     """Map communicator-local NCCL peers to global ranks across the files of one run.
 
     Each nsys rank records which communicators it belongs to and its local rank there
     (``meta["nccl_comms"]``); intervals and ranges whose peer could not be mapped from their own file
-    are listed in ``meta["nccl_pending"]``. Call once after parsing and rank resolution, before
-    anything reorders the tables; calling it again is harmless. Returns run-level warnings.
+    are listed in ``meta["nccl_pending"]``. Peers named only by PyTorch's ``nccl:send a->b`` ranges
+    (process-group ranks, ``meta["nvtx_p2p_pending"]``) are mapped to global ranks here too
+    (:func:`_group_stride`), and ``meta["p2p_peer_source"]`` is brought up to date. Call once after
+    parsing and rank resolution, before anything reorders the tables; calling it again is
+    harmless. Returns run-level warnings.
     """
     members: dict[str, dict[int, int]] = {}
     for tl in ranks:
@@ -605,6 +823,13 @@ def resolve_nccl_peers(ranks: list[RankTimeline]) -> list[str]:
             members.setdefault(comm, {})[int(info["rank"])] = tl.rank
     unresolved = 0
     for tl in ranks:
+        # Communicators' members, for every rank: one whose p2p peers needed no mapping (or whose
+        # p2p payloads are missing) still holds collectives on communicators made in other files.
+        for pg in tl.process_groups:
+            key = pg.name.removeprefix("nccl:")
+            mem = members.get(key)
+            if pg.backend == "nccl" and mem and not pg.ranks and sorted(mem) == list(range(len(mem))):
+                pg.ranks = [mem[i] for i in range(len(mem))]
         pend = tl.meta.pop("nccl_pending", None)
         if not pend:
             continue
@@ -619,14 +844,15 @@ def resolve_nccl_peers(ranks: list[RankTimeline]) -> list[str]:
                 ok = (g >= 0) & (idx[m] < len(rows))
                 rows.peer[idx[m][ok]] = g[ok]
                 unresolved += int((~ok).sum())
-        for pg in tl.process_groups:
-            key = pg.name.removeprefix("nccl:")
-            mem = members.get(key)
-            if pg.backend == "nccl" and mem and not pg.ranks and sorted(mem) == list(range(len(mem))):
-                pg.ranks = [mem[i] for i in range(len(mem))]
+    out = _resolve_named_peers(ranks)
+    for tl in ranks:
+        how_arr = tl.meta.get("p2p_peer_how")
+        if how_arr is not None:
+            tl.meta["p2p_peer_source"] = peer_source_counts(tl.intervals, how_arr)
     if unresolved:
-        return [
+        out.insert(
+            0,
             f"{unresolved} NCCL p2p operation(s) keep an unknown peer: their communicator's other "
-            "members are not among the parsed files"
-        ]
-    return []
+            "members are not among the parsed files",
+        )
+    return out

@@ -187,3 +187,75 @@ def _merge(start: I64, end: I64) -> tuple[I64, I64]:
     ends = np.full(int(grp[-1]) + 1 if len(grp) else 0, np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(ends, grp, e)
     return s[new], ends
+
+
+@dataclass
+class NamedP2P:
+    """Per GPU row: what PyTorch's ``nccl:send a->b`` / ``nccl:recv a<-b`` ranges say of it."""
+
+    direction: npt.NDArray[np.int8]  # NONE where no such range belongs to the kernel
+    group_rank: I64  # this process's rank in the op's group (-1 unknown or ambiguous)
+    group_peer: I64  # the peer's rank in that group (-1 unknown, or several peers)
+
+
+def project_torch_p2p(
+    start: I64,
+    tid: I64,
+    direction: npt.NDArray[np.int8],
+    group_rank: I64,
+    group_peer: I64,
+    kind: npt.NDArray[np.int8],
+    launch: I64,
+    ltid: I64,
+) -> NamedP2P:
+    """Attach PyTorch p2p ranges (``start``/``tid``/... of one process) to the NCCL kernels they issued.
+
+    ProcessGroupNCCL opens the range before it calls NCCL on the same thread, so a range belongs to
+    the first NCCL kernel that thread launches at or after the range's start: the kernel launched
+    inside it, or, for coalesced sends and receives (``batch_isend_irecv``), the one fused kernel
+    launched when the group closes after all of them. A range whose first following NCCL launch
+    is a collective is ignored. Several ranges on one p2p kernel give ``BOTH`` when they send and
+    receive, and a peer only when they all name the same one.
+    """
+    n = len(kind)
+    out = NamedP2P(np.full(n, Direction.NONE, np.int8), np.full(n, -1, np.int64), np.full(n, -1, np.int64))
+    if not len(start) or not n:
+        return out
+    comm = np.flatnonzero(((kind == Kind.P2P) | (kind == Kind.COLLECTIVE)) & (launch >= 0))
+    owner_rows: list[I64] = []
+    owner_kern: list[I64] = []
+    for t in np.unique(tid).tolist():
+        r = np.flatnonzero(tid == t)
+        k = comm[ltid[comm] == t]
+        if not len(k):
+            continue
+        k = k[np.argsort(launch[k], kind="stable")]
+        j = np.searchsorted(launch[k], start[r], side="left")
+        ok = j < len(k)
+        owner_rows.append(r[ok])
+        owner_kern.append(k[j[ok]])
+    if not owner_rows:
+        return out
+    rows = np.concatenate(owner_rows)
+    kern = np.concatenate(owner_kern)
+    p2p = kind[kern] == Kind.P2P
+    rows, kern = rows[p2p], kern[p2p]
+    if not len(rows):
+        return out
+    d = direction[rows]
+    sends = np.zeros(n, dtype=bool)
+    recvs = np.zeros(n, dtype=bool)
+    sends[kern[d == Direction.SEND]] = True
+    recvs[kern[d == Direction.RECV]] = True
+    out.direction[:] = np.select(
+        [sends & recvs, sends, recvs], [Direction.BOTH, Direction.SEND, Direction.RECV], Direction.NONE
+    ).astype(np.int8)
+    # One (own rank, peer) pair per kernel, else unknown: several peers on one fused kernel are not
+    # a single p2p transfer.
+    pairs = np.unique(np.stack([kern, group_rank[rows], group_peer[rows]]), axis=1)
+    per_kernel = np.bincount(pairs[0], minlength=n)
+    single = pairs[:, per_kernel[pairs[0]] == 1]
+    good = (single[1] >= 0) & (single[2] >= 0)
+    out.group_rank[single[0][good]] = single[1][good]
+    out.group_peer[single[0][good]] = single[2][good]
+    return out

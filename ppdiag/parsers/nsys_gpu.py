@@ -10,13 +10,13 @@ SQLite → Python boundary as five integers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model.timeline import Direction, Kind
-from ppdiag.parsers.nsys_db import NsysDb, factorize
+from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, factorize, int_expr, valid_times
 from ppdiag.parsers.nsys_names import classify_kernel, memcpy_name, memset_name
 
 I64 = npt.NDArray[np.int64]
@@ -36,6 +36,7 @@ _ROW = np.dtype(
         ("packed", np.int64),
         ("nametid", np.int64),
         ("launch", np.int64),
+        ("bad", np.int64),
     ]
 )
 _ROW_EXTRA = np.dtype(
@@ -47,6 +48,7 @@ _ROW_EXTRA = np.dtype(
         ("launch", np.int64),
         ("x1", np.int64),
         ("x2", np.int64),
+        ("bad", np.int64),
     ]
 )
 
@@ -69,22 +71,26 @@ class GpuOps:
     ltid: I64  # thread of that call (TID bits), 0 when unknown
     names: list[str]
     duplicate_launch_rows: int = 0
+    bad_times: dict[str, BadTimes] = field(default_factory=dict)  # table → rows dropped for their times
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
 
 
 def _launch_join(db: NsysDb, alias: str) -> tuple[str, str, str]:
-    """(launch start expr, launch tid expr, JOIN clause) for GPU table ``alias``; no-op without RUNTIME."""
+    """(launch start expr, launch tid expr, JOIN clause) for GPU table ``alias``; no-op without RUNTIME.
+
+    Only rows with usable times join (the others are dropped, and must come out once each to be
+    counted once)."""
     rcols = db.columns(RUNTIME)
     if not {"start", "correlationId", "globalTid"} <= set(rcols):
         return "-1", "0", ""
     cls = "AND r.eventClass IN (0, 1)" if "eventClass" in rcols else ""
     join = (
         f"LEFT JOIN {RUNTIME} AS r ON r.correlationId = {alias}.correlationId "
-        f"AND (r.globalTid >> 24) = ({alias}.globalPid >> 24) {cls}"
+        f"AND (r.globalTid >> 24) = ({alias}.globalPid >> 24) {cls} AND {valid_times(alias)}"
     )
-    return "coalesce(r.start, -1)", "coalesce(r.globalTid & 16777215, 0)", join
+    return int_expr("r.start"), "coalesce(r.globalTid & 16777215, 0)", join
 
 
 def _packed(db: NsysDb, table: str, alias: str) -> str:
@@ -97,8 +103,13 @@ def _packed(db: NsysDb, table: str, alias: str) -> str:
     )
 
 
-def _fetch(db: NsysDb, table: str, name_expr: str, extra: list[str]) -> np.ndarray:
-    """Rows of one GPU table with the launch join; ``extra`` adds up to two integer columns."""
+def _fetch(
+    db: NsysDb, table: str, name_expr: str, extra: list[str], bad: dict[str, BadTimes] | None = None
+) -> np.ndarray:
+    """Rows of one GPU table with the launch join; ``extra`` adds up to two integer columns.
+
+    Rows whose start/end are not integers or run backwards are left in SQLite and counted in
+    ``bad`` (per table)."""
     if not {"start", "end"} <= set(db.columns(table)):
         return np.empty(0, dtype=_ROW_EXTRA if extra else _ROW)
     cols = set(db.columns(table))
@@ -108,18 +119,29 @@ def _fetch(db: NsysDb, table: str, name_expr: str, extra: list[str]) -> np.ndarr
         lstart, ltid, join = "-1", "0", ""
     extras = [*extra, "0", "0"][:2] if extra else []
     select = [
-        "g.start",
-        'g."end"',
+        int_expr("g.start", "0"),
+        int_expr('g."end"', "0"),
         _packed(db, table, "g"),
         f"({ltid} << 32) | ({name_expr} & 4294967295)",
         lstart,
         *extras,
+        bad_time_code("g"),
     ]
     sql = f"SELECT {', '.join(select)} FROM {table} AS g {join}"
-    rows = db.fetch(sql, _ROW_EXTRA if extra else _ROW)
-    if join and len(rows) > (n := db.count(table)):
+    rows = _keep_valid(db.fetch(sql, _ROW_EXTRA if extra else _ROW), table, bad)
+    if join and len(rows) > (n := db.count(table) - (bad[table].total if bad and table in bad else 0)):
         rows = _dedupe(rows, n)
     return rows
+
+
+def _keep_valid(rows: np.ndarray, table: str, bad: dict[str, BadTimes] | None) -> np.ndarray:
+    """Rows with usable times; the others counted in ``bad[table]``."""
+    codes = rows["bad"]
+    if not len(codes) or not codes.any():
+        return rows
+    if bad is not None:
+        bad[table] = BadTimes.from_codes(codes)
+    return rows[codes == 0]
 
 
 def _dedupe(rows: np.ndarray, expected: int) -> np.ndarray:
@@ -145,12 +167,13 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
     """All kernels, copies, memsets and sync rows of the export."""
     names: list[str] = [""]
     parts: list[dict[str, np.ndarray]] = []
+    bad: dict[str, BadTimes] = {}
 
     # Kernels: the demangled name is what Kineto shows; shortName when the column is missing.
     kcols = db.columns(KERNEL)
     name_col = "demangledName" if "demangledName" in kcols else "shortName" if "shortName" in kcols else None
     if name_col is not None:
-        rows = _fetch(db, KERNEL, f"coalesce(g.{name_col}, -1)", [])
+        rows = _fetch(db, KERNEL, int_expr(f"g.{name_col}"), [], bad)
         if len(rows):
             sid = rows["nametid"] & 0xFFFFFFFF
             inv, uniq = factorize(sid)
@@ -179,7 +202,7 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
             f" | ((coalesce({db.col(MEMCPY, 'srcKind', '255', 'g')}, 255) & 255) << 8)"
             f" | (coalesce({db.col(MEMCPY, 'dstKind', '255', 'g')}, 255) & 255)"
         )
-        rows = _fetch(db, MEMCPY, "0", [code, f"coalesce({db.col(MEMCPY, 'bytes', '-1', 'g')}, -1)"])
+        rows = _fetch(db, MEMCPY, "0", [code, int_expr(db.col(MEMCPY, "bytes", "-1", "g"))], bad)
         if len(rows):
             inv, uniq = factorize(rows["x1"])
             base = len(names)
@@ -202,10 +225,8 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
             db,
             MEMSET,
             "0",
-            [
-                f"coalesce({db.col(MEMSET, 'memKind', '-1', 'g')}, -1)",
-                f"coalesce({db.col(MEMSET, 'bytes', '-1', 'g')}, -1)",
-            ],
+            [int_expr(db.col(MEMSET, "memKind", "-1", "g")), int_expr(db.col(MEMSET, "bytes", "-1", "g"))],
+            bad,
         )
         if len(rows):
             inv, uniq = factorize(rows["x1"])
@@ -223,10 +244,12 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
             )
 
     if {"start", "end"} <= set(db.columns(SYNC)):
-        parts.extend(_sync_part(db, names))
+        parts.extend(_sync_part(db, names, bad))
 
     if not parts:
-        return _empty(names)
+        out = _empty(names)
+        out.bad_times = bad
+        return out
     cat = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     del parts
     packed = cat["packed"]
@@ -260,26 +283,28 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
         launch=cat["launch"],
         ltid=(cat["nametid"] >> 32) & 0xFFFFFF,
         names=names,
+        bad_times=bad,
     )
 
 
-def _sync_part(db: NsysDb, names: list[str]) -> list[dict[str, np.ndarray]]:
+def _sync_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> list[dict[str, np.ndarray]]:
     """Synchronization rows, named after the API that waited (the ``syncType`` of real exports
     contradicts the enum, NSYS.md §3.1)."""
     rcols = set(db.columns(RUNTIME))
-    api = "coalesce(r.nameId, -1)" if "nameId" in rcols else "-1"
+    api = int_expr("r.nameId") if "nameId" in rcols else "-1"
     lstart, _, join = (
         _launch_join(db, "g") if {"correlationId", "globalPid"} <= set(db.columns(SYNC)) else ("-1", "0", "")
     )
     if not join:
         api = "-1"
     ltid = "coalesce(r.globalTid & 16777215, 0)" if join else "0"
+    g_end = int_expr('g."end"', "0")
     sql = (
-        f'SELECT g.start, g."end", {_packed(db, SYNC, "g")}, ({ltid} << 32) | ({api} & 4294967295), '
-        f"{lstart} FROM {SYNC} AS g {join}"
+        f"SELECT {int_expr('g.start', '0')}, {g_end}, {_packed(db, SYNC, 'g')}, "
+        f"({ltid} << 32) | ({api} & 4294967295), {lstart}, {bad_time_code('g')} FROM {SYNC} AS g {join}"
     )
-    rows = db.fetch(sql, _ROW)
-    if join and len(rows) > (n := db.count(SYNC)):
+    rows = _keep_valid(db.fetch(sql, _ROW), SYNC, bad)
+    if join and len(rows) > (n := db.count(SYNC) - (bad[SYNC].total if SYNC in bad else 0)):
         rows = _dedupe(rows, n)
     if not len(rows):
         return []

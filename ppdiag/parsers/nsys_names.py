@@ -78,6 +78,12 @@ NCCL_INIT_APIS = {
 }
 
 
+NCCL_API_NAMES = frozenset(
+    {*NCCL_P2P_APIS, *NCCL_COLLECTIVE_APIS, NCCL_GROUP_START, NCCL_GROUP_END, *NCCL_INIT_APIS}
+    | {"ncclcommdestroy", "ncclcommabort", "ncclcommfinalize", "ncclmemalloc", "ncclmemfree"}
+)
+
+
 def nccl_api(name: str) -> str:
     """Normalised NCCL API name (``ncclSend`` → ``ncclsend``); newer nsys drops the prefix."""
     n = name.strip().lower()
@@ -150,11 +156,19 @@ _MPI_DIRECTION = {
     "mpi_irecv": Direction.RECV,
     "mpi_sendrecv": Direction.BOTH,
 }
-_TORCH_P2P = re.compile(r"nccl:(send|recv) (\d+)(->|<-)(\d+)")
+# ProcessGroupNCCL's profiling titles, which emit_nvtx turns into NVTX ranges on the calling thread:
+# "nccl:send <group rank>-><group dst>", "nccl:recv <group rank><-<group src>" (the same shape for
+# the xccl/ucc/gloo backends; older releases and gloo write "gloo:send" without ranks). Both numbers
+# are ranks in the op's process group; an emit_nvtx tail (", seq = ..., sizes = ...") may follow.
+_TORCH_P2P = re.compile(
+    r"(?:nccl|xccl|ucc|gloo|mpi|hccl|rccl):(?P<op>send|recv|recvanysource|recv_anysource)"
+    r"(?:\s+(?P<me>\d+)\s*(?:->|<-)\s*(?P<peer>\d+))?(?:\s*,.*)?",
+    re.IGNORECASE | re.DOTALL,
+)
 _ALL_TO_ALL = re.compile(r"all[_ ]?to[_ ]?all|alltoall", re.IGNORECASE)
 
 
-_OP_TAIL = re.compile(r", (?:seq|op_id) = \d+.*$", re.DOTALL)
+_OP_TAIL = re.compile(r", (?:seq = \d+|op_id = \d+|sizes = \[|input_op_ids = \[).*$", re.DOTALL)
 
 
 def strip_op_tail(name: str) -> str:
@@ -182,6 +196,9 @@ class RangeClass:
     direction: Direction = Direction.NONE
     numbered: bool = True  # STEP only: False when the name carries no step number
     all_to_all: bool = False  # evidence that SendRecv kernels launched inside are all-to-all
+    torch_p2p: bool = False  # a PyTorch "nccl:send a->b" / "nccl:recv a<-b" range
+    group_rank: int = -1  # torch_p2p: this process's rank in the op's process group (-1 unknown)
+    group_peer: int = -1  # torch_p2p: the peer's rank in that group (-1 unknown)
 
 
 def classify_range(name: str, domain: str) -> RangeClass:
@@ -247,8 +264,15 @@ def classify_range(name: str, domain: str) -> RangeClass:
             return RangeClass(keep=True, kind=RangeKind.COMM_OP, direction=mpi_dir)
     m = _TORCH_P2P.fullmatch(text)
     if m:
-        d = Direction.SEND if m.group(1) == "send" else Direction.RECV
-        return RangeClass(keep=True, kind=RangeKind.COMM_OP, direction=d)
+        d = Direction.SEND if m.group("op").lower() == "send" else Direction.RECV
+        return RangeClass(
+            keep=True,
+            kind=RangeKind.COMM_OP,
+            direction=d,
+            torch_p2p=True,
+            group_rank=int(m.group("me")) if m.group("me") else -1,
+            group_peer=int(m.group("peer")) if m.group("peer") else -1,
+        )
     return RangeClass(keep=True, kind=RangeKind.OTHER, all_to_all=a2a)
 
 

@@ -22,8 +22,9 @@ import numpy.typing as npt
 import pandas as pd
 
 from ppdiag.model.timeline import Direction
-from ppdiag.parsers.nsys_db import NsysDb
+from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, int_expr, valid_times
 from ppdiag.parsers.nsys_names import (
+    NCCL_API_NAMES,
     NCCL_COLLECTIVE_APIS,
     NCCL_GROUP_END,
     NCCL_GROUP_START,
@@ -104,6 +105,9 @@ class HostRanges:
     phase: npt.NDArray[np.int8]
     direction: npt.NDArray[np.int8]
     names: list[str]
+    torch_p2p: npt.NDArray[np.bool_]  # PyTorch "nccl:send a->b" / "nccl:recv a<-b" ranges
+    group_rank: I64  # their own process-group rank (-1 unknown or not torch_p2p)
+    group_peer: I64  # their peer's process-group rank (-1 unknown or not torch_p2p)
 
 
 @dataclass
@@ -148,6 +152,9 @@ class NvtxData:
     skipped_op_ranges: int = 0
     has_nvtx_table: bool = False
     nccl_domain: bool = False
+    nccl_domain_unnamed: int = 0  # (process, domain) pairs taken as NCCL's without a domain-create row
+    bad_times: BadTimes = field(default_factory=BadTimes)  # ranges dropped for their start/end
+    open_torch_p2p: int = 0  # PyTorch p2p ranges without an end, kept at their start
 
 
 def _empty_i64() -> I64:
@@ -160,7 +167,9 @@ def read_nvtx(db: NsysDb) -> NvtxData:
         return NvtxData(_empty_ranges(), _empty_nccl(), _empty_spans())
     domains = _domains(db)
     nccl_keys = [(pid, dom) for (pid, dom), name in domains.items() if name.upper() == "NCCL"]
-    ranges, a2a, skipped = _user_ranges(db, domains, nccl_keys)
+    unnamed = [k for k in _nccl_like_domains(db) if k not in domains]
+    nccl_keys += unnamed
+    ranges, a2a, skipped, bad, open_p2p = _user_ranges(db, domains, nccl_keys)
     nccl = _nccl_calls(db, nccl_keys) if nccl_keys else _empty_nccl()
     return NvtxData(
         ranges=ranges,
@@ -170,12 +179,54 @@ def read_nvtx(db: NsysDb) -> NvtxData:
         skipped_op_ranges=skipped,
         has_nvtx_table=True,
         nccl_domain=bool(nccl_keys),
+        nccl_domain_unnamed=len(unnamed),
+        bad_times=bad,
+        open_torch_p2p=open_p2p,
     )
+
+
+def _nccl_like_domains(db: NsysDb) -> list[tuple[int, int]]:
+    """(pid, domainId) of non-default NVTX domains that are NCCL's although no domain-create row
+    names them (the capture began after NCCL registered its domain, or the row was lost): their
+    ranges carry NCCL API names (``ncclSend``, ``ncclAllReduce``...), or their payload schemas
+    have NCCL's fields."""
+    if "domainId" not in db.columns(NVTX):
+        return []
+    types = ", ".join(str(t) for t in RANGE_TYPES)
+    api = ", ".join(f"'{a}'" for a in sorted(NCCL_API_NAMES))
+    dom = int_expr("domainId", "0")
+    tests = []
+    if "text" in db.columns(NVTX):
+        tests.append(f"lower(text) IN ({api})")
+    if "textId" in db.columns(NVTX) and db.has("StringIds"):
+        tests.append(f"textId IN (SELECT id FROM StringIds WHERE lower(value) IN ({api}))")
+    schema_doms = _nccl_schema_domains(db)
+    if schema_doms:
+        tests.append(f"{dom} IN ({', '.join(str(d) for d in schema_doms)})")
+    if not tests:
+        return []
+    rows = db.execute(
+        f"SELECT DISTINCT (coalesce(globalTid, 0) >> 24) & 16777215, {dom} FROM {NVTX} "
+        f"WHERE eventType IN ({types}) AND {dom} != 0 AND ({' OR '.join(tests)})"
+    ).fetchall()
+    return sorted((int(p), int(d)) for p, d in rows)
+
+
+def _nccl_schema_domains(db: NsysDb) -> list[int]:
+    """NVTX domains whose payload schemas carry NCCL's entries (``NCCL communicator ID``...)."""
+    table = "NVTX_PAYLOAD_SCHEMA_ENTRIES"
+    if not {"domainId", "name"} <= set(db.columns(table)):
+        return []
+    marks = ", ".join("?" for _ in (F_COMM, F_PEER))
+    rows = db.execute(
+        f"SELECT DISTINCT {int_expr('domainId', '0')} FROM {table} WHERE name IN ({marks})", (F_COMM, F_PEER)
+    ).fetchall()
+    return sorted({int(r[0]) for r in rows} - {0})
 
 
 def _text_expr(db: NsysDb) -> tuple[str, str]:
     text = db.col(NVTX, "text", "NULL")
-    text_id = f"coalesce({db.col(NVTX, 'textId', 'NULL')}, -1)"
+    text_id = int_expr(db.col(NVTX, "textId", "NULL"))
     return text_id, text
 
 
@@ -185,7 +236,8 @@ def _domains(db: NsysDb) -> dict[tuple[int, int], str]:
         return {}
     text_id, text = _text_expr(db)
     rows = db.execute(
-        f"SELECT DISTINCT (coalesce(globalTid, 0) >> 24) & 16777215, domainId, {text_id}, {text} "
+        "SELECT DISTINCT (coalesce(globalTid, 0) >> 24) & 16777215, "
+        f"{int_expr('domainId', '0')}, {text_id}, {text} "
         f"FROM {NVTX} WHERE eventType = {DOMAIN_CREATE}"
     ).fetchall()
     strings = db.strings(r[2] for r in rows)
@@ -221,15 +273,18 @@ def _exclude_clause(keys: list[tuple[int, int]]) -> tuple[str, list[int]]:
     vals = ", ".join("(?, ?)" for _ in keys)
     params = [v for k in keys for v in k]
     return (
-        f" AND NOT (((coalesce(globalTid, 0) >> 24) & 16777215, coalesce(domainId, 0)) IN (VALUES {vals}))"
+        " AND NOT (((coalesce(globalTid, 0) >> 24) & 16777215, "
+        f"{int_expr('domainId', '0')}) IN (VALUES {vals}))"
     ), params
 
 
 def _user_ranges(
     db: NsysDb, domains: dict[tuple[int, int], str], nccl_keys: list[tuple[int, int]]
-) -> tuple[HostRanges, Spans, int]:
+) -> tuple[HostRanges, Spans, int, BadTimes, int]:
+    """User ranges, all-to-all evidence spans, how many op ranges were left out, the range rows of
+    any domain dropped for their start/end, and how many unclosed PyTorch p2p ranges were kept."""
     text_id, text = _text_expr(db)
-    dom = db.col(NVTX, "domainId", "0")
+    dom = int_expr(db.col(NVTX, "domainId", "0"), "0")
     excl, params = _exclude_clause(nccl_keys)
     types = ", ".join(str(t) for t in RANGE_TYPES)
     # emit_nvtx tails (", seq = N, op_id = M, sizes = ...") are cut in SQL so that names repeat, and
@@ -237,14 +292,19 @@ def _user_ranges(
     t = text
     base = (
         f"CASE WHEN instr({t}, ', seq = ') > 0 THEN substr({t}, 1, instr({t}, ', seq = ') - 1) "
-        f"WHEN instr({t}, ', op_id = ') > 0 THEN substr({t}, 1, instr({t}, ', op_id = ') - 1) ELSE {t} END"
+        f"WHEN instr({t}, ', op_id = ') > 0 THEN substr({t}, 1, instr({t}, ', op_id = ') - 1) "
+        f"WHEN instr({t}, ', sizes = [') > 0 THEN substr({t}, 1, instr({t}, ', sizes = [') - 1) ELSE {t} END"
     )
     ops = " OR ".join(f"{t} GLOB '{g}'" for g in OP_NAMESPACES_SQL)
     not_op = f" AND NOT coalesce({ops}, 0)" if t != "NULL" else ""
+    # Ranges with unusable times come out too (whatever their domain), only to be counted.
+    valid = valid_times()
+    end = int_expr('"end"', "0")
     sql = (
-        f'SELECT start, "end", coalesce(globalTid, 0), {text_id}, coalesce({dom}, 0), '
-        f"CASE WHEN {text_id} < 0 THEN {base} END FROM {NVTX} "
-        f'WHERE eventType IN ({types}) AND "end" IS NOT NULL{excl}{not_op}'
+        f"SELECT {int_expr('start', '0')}, {end}, "
+        f"{int_expr('globalTid', '0')}, {text_id}, {dom}, "
+        f"CASE WHEN {text_id} < 0 THEN {base} END, {bad_time_code()} FROM {NVTX} "
+        f"WHERE eventType IN ({types}) AND (({valid}{excl}{not_op}) OR NOT ({valid}))"
     )
     dt = np.dtype(
         [
@@ -254,11 +314,12 @@ def _user_ranges(
             ("tid_", np.int64),
             ("dom", np.int64),
             ("text", object),
+            ("bad", np.int64),
         ]
     )
     rows = db.fetch(sql, dt, params)
     if not len(rows):
-        return _empty_ranges(), _empty_spans(), 0
+        return _empty_ranges(), _empty_spans(), 0, BadTimes(), 0
     pid = (rows["gtid"] >> 24) & 0xFFFFFF
     tid = rows["gtid"] & 0xFFFFFF
     # One code per distinct (registered id | plain text); classification runs per distinct name.
@@ -278,8 +339,15 @@ def _user_ranges(
             a = np.where(is_mpi, b, a)
         return a
 
-    keep = col("keep", bool)
-    a2a = col("all_to_all", bool)
+    # PyTorch's p2p titles are asynchronous record functions: one whose range was never closed on
+    # its thread still says, by its start, which NCCL kernel it issued. Kept with zero length.
+    bad_code = rows["bad"]
+    rescued = (bad_code == 4) & col("torch_p2p", bool)
+    rows["end"][rescued] = rows["start"][rescued]
+    good = (bad_code == 0) | rescued
+    bad = BadTimes.from_codes(bad_code[~good])
+    keep = col("keep", bool) & good
+    a2a = col("all_to_all", bool) & good
     spans = Spans(rows["start"][a2a], rows["end"][a2a], pid[a2a], tid[a2a])
     k = keep
     # Re-index names to the kept rows only (dropped op ranges may hold most distinct names).
@@ -298,8 +366,11 @@ def _user_ranges(
         phase=col("phase", np.int8)[k],
         direction=col("direction", np.int8)[k],
         names=[names[i] for i in used.tolist()],
+        torch_p2p=col("torch_p2p", bool)[k],
+        group_rank=col("group_rank", np.int64)[k],
+        group_peer=col("group_peer", np.int64)[k],
     )
-    return out, spans, int((~keep).sum())
+    return out, spans, int((~keep & good).sum()), bad, int(rescued.sum())
 
 
 def name_codes(
@@ -332,12 +403,12 @@ def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
     params = [v for k in keys for v in k]
     blob = db.col(NVTX, "binaryData", "NULL")
     jtext = db.col(NVTX, "jsonText", "NULL")
-    jtid = f"coalesce({db.col(NVTX, 'jsonTextId', 'NULL')}, -1)"
+    jtid = int_expr(db.col(NVTX, "jsonTextId", "NULL"))
     types = ", ".join(str(t) for t in RANGE_TYPES)
     sql = (
-        f'SELECT start, "end", coalesce(globalTid, 0), {text_id}, {text}, {blob}, {jtext}, {jtid} '
-        f'FROM {NVTX} WHERE eventType IN ({types}) AND "end" IS NOT NULL '
-        f"AND ((coalesce(globalTid, 0) >> 24) & 16777215, coalesce(domainId, 0)) IN (VALUES {vals})"
+        f'SELECT start, "end", {int_expr("globalTid", "0")}, {text_id}, {text}, {blob}, {jtext}, {jtid} '
+        f"FROM {NVTX} WHERE eventType IN ({types}) AND {valid_times()} "
+        f"AND ((coalesce(globalTid, 0) >> 24) & 16777215, {int_expr('domainId', '0')}) IN (VALUES {vals})"
     )
     dt = np.dtype(
         [
@@ -408,29 +479,36 @@ def _schemas(db: NsysDb) -> dict[int, _Schema]:
     cols = set(db.columns(table))
     if not {"schemaId", "idx", "type", "name"} <= cols:
         return {}
-    off = '"offset"' if "offset" in cols else "NULL"
+    # Integers only (a damaged schema row is skipped, not a crash); a NULL offset stays NULL.
+    off = 'CASE WHEN typeof("offset") = \'integer\' THEN "offset" END' if "offset" in cols else "NULL"
+    typ = int_expr('"type"')
     rows = db.execute(
-        f'SELECT DISTINCT schemaId, idx, "type", name, {off} FROM {table} ORDER BY schemaId, idx'
+        f"SELECT DISTINCT {int_expr('schemaId')}, {int_expr('idx')}, {typ}, name, {off} "
+        f"FROM {table} WHERE typeof(schemaId) = 'integer' ORDER BY 1, 2"
     ).fetchall()
     sizes: dict[int, int] = {}
     if {"schemaId", "payloadSize"} <= set(db.columns("NVTX_PAYLOAD_SCHEMAS")):
-        for sid, size in db.execute("SELECT DISTINCT schemaId, payloadSize FROM NVTX_PAYLOAD_SCHEMAS"):
-            if sid is not None and size is not None:
-                sizes[int(sid)] = int(size)
+        for sid, size in db.execute(
+            "SELECT DISTINCT schemaId, payloadSize FROM NVTX_PAYLOAD_SCHEMAS "
+            "WHERE typeof(schemaId) = 'integer' AND typeof(payloadSize) = 'integer'"
+        ):
+            sizes[int(sid)] = int(size)
     out: dict[int, _Schema] = {}
     cursor: dict[int, int] = {}
     for sid, _idx, typ, name, offset in rows:
         sid = int(sid)
+        if offset is not None and not 0 <= int(offset) < 1 << 20:
+            continue
         sch = out.setdefault(sid, _Schema(sizes.get(sid, 0), {}))
-        dt = _PAYLOAD_TYPES.get(int(typ) if typ is not None else -1)
+        dt = _PAYLOAD_TYPES.get(int(typ))
         width = np.dtype(dt).itemsize if dt else 8
         # The first entry's offset is stored as NULL (= 0); missing offsets follow natural alignment.
         if offset is None:
             pos = cursor.get(sid, 0)
             offset = (pos + width - 1) // width * width
         cursor[sid] = int(offset) + width
-        if dt is not None and name:
-            sch.fields[str(name)] = (dt, int(offset))
+        if dt is not None and isinstance(name, str) and name:
+            sch.fields[name] = (dt, int(offset))
     for sid, sch in out.items():
         if sch.payload_size <= 0:
             sch.payload_size = cursor.get(sid, 0)
@@ -543,6 +621,9 @@ def _empty_ranges() -> HostRanges:
         phase=np.empty(0, np.int8),
         direction=np.empty(0, np.int8),
         names=[],
+        torch_p2p=np.empty(0, bool),
+        group_rank=z,
+        group_peer=z,
     )
 
 
