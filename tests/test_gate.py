@@ -194,7 +194,13 @@ def test_bubble_excess_skipped_without_theoretical_bubble() -> None:
     res = run_gate(rep, Budget(max_bubble_excess=0.01, max_lost_ratio=0.5))
     c = next(c for c in res.checks if c.name == "bubble_excess")
     assert c.state == "skip" and "no theoretical bubble ratio" in c.text
-    assert res.status == "pass"  # a skipped check neither fails nor blocks
+    # a configured check that could not be computed makes the gate inconclusive, unless the
+    # user accepts partial data
+    assert res.status == "inconclusive" and res.exit_code == 3
+    assert any("bubble_excess could not be computed" in p for p in res.partial)
+    assert any(line.startswith("  MISSING  check bubble_excess") for line in format_gate(res))
+    res = run_gate(rep, Budget(max_bubble_excess=0.01, max_lost_ratio=0.5), allow_partial=True)
+    assert res.status == "pass"
 
 
 def test_stage_ratio_skipped_without_stages() -> None:

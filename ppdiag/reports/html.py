@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.io import html_marker
 from ppdiag.model.timeline import Direction, Kind, Phase
 from ppdiag.reports import register
 from ppdiag.reports.style import (
@@ -1622,6 +1623,7 @@ def render_html(
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"{html_marker()}"
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
@@ -1633,7 +1635,7 @@ def render_html(
 def write_html(diag: Diagnosis, path: str | Path, **kw: Any) -> Path:
     """Write the HTML report to ``path``."""
     p = Path(path)
-    p.write_text(render_html(diag, **kw), encoding="utf-8")
+    p.write_text(render_html(diag, **kw), encoding="utf-8", errors="backslashreplace")
     return p
 
 
