@@ -878,7 +878,8 @@ def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
         subplot_titles=titles,
         shared_xaxes="all",
         horizontal_spacing=0.04,
-        vertical_spacing=0.14 if nrows > 1 else 0.1,
+        # plotly refuses a spacing above 1 / (rows - 1): many stages (pp >= 33) need less
+        vertical_spacing=min(0.14, 0.5 / (nrows - 1)) if nrows > 1 else 0.1,
     )
     # one bin width for every stage, so the histograms compare like with like
     allv = [float(v) for s in stages for _, k, _ in series for v in (s.get(k) or []) if num(v) is not None]
