@@ -32,7 +32,7 @@ _SNIFF_BYTES = 1 << 14
 _JSON_MARK = re.compile(rb'^\s*\{\s*"ppdiag"\s*:\s*\{\s*"kind"\s*:\s*"([A-Za-z0-9_.-]+)"')
 _HTML_MARK = re.compile(rb'<meta\s+name="generator"\s+content="ppdiag[ "]')
 _MD_MARK = re.compile(rb"(?:^|\n)<!-- ppdiag:([A-Za-z0-9_.-]+) -->\s*\Z")
-_CTRL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CTRL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def json_marker(kind: str) -> dict[str, Any]:

@@ -1,0 +1,177 @@
+"""The CLI in hostile environments: closed pipes and streams, ASCII locales, bad flags, signals.
+
+No exit 70 and no traceback anywhere; exit codes keep their meaning (0 ok, 1 gate failed, 2 bad
+input, 3 inconclusive); an interrupt leaves no parse worker behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ppdiag.synth.kineto import write_kineto
+from ppdiag.synth.scenario import make_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def ppdiag(*args: str, timeout: int = 120, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ppdiag", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=kw.pop("env", ENV),  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("run")
+    write_kineto(make_scenario(pp=2, microbatches=4, steps=2), d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def budget(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("budget") / "budget.toml"
+    p.write_text("[budget]\nmax_lost_ratio = 0.95\n")
+    return p
+
+
+def _closed_pipe_run(*args: str) -> int:
+    """Exit code of ``ppdiag ARGS`` whose stdout is a pipe nobody reads (closed at once)."""
+    r, w = os.pipe()
+    os.close(r)  # every write gets EPIPE, as with `| head -1` after its line
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ppdiag", *args], stdout=w, stderr=subprocess.PIPE, env=ENV, timeout=120
+        )
+    finally:
+        os.close(w)
+    assert b"Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode
+
+
+def test_epipe_keeps_the_exit_code(run_dir: Path, budget: Path) -> None:
+    assert _closed_pipe_run("check", str(run_dir), "--budget", str(budget)) == 0
+    assert _closed_pipe_run("analyze", str(run_dir)) == 0
+    assert _closed_pipe_run("rules") == 0
+    assert _closed_pipe_run("bubble", "--pp", "4", "-m", "8") == 0
+
+
+def test_head_one_on_a_passing_gate(run_dir: Path, budget: Path) -> None:
+    cmd = f"{sys.executable} -m ppdiag check {run_dir} --budget {budget} | head -1; exit ${{PIPESTATUS[0]}}"
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ppdiag check PASS")
+
+
+def test_closed_stdout_and_ascii_stdout(run_dir: Path) -> None:
+    proc = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -m ppdiag analyze {run_dir} >&-"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    env = {**ENV, "PYTHONIOENCODING": "ascii", "LC_ALL": "C", "LANG": "C"}
+    proc = ppdiag("analyze", str(run_dir), env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--steps", "abc"], "--steps 'abc': expected 'a:b'"),
+        (["--steps", "5-7"], "for a range write 5:7"),
+        (["--steps", "a:b"], "--steps 'a:b'"),
+        (["--steps", "7:5"], "the range is empty"),
+        (["-m", "1000000000"], "--microbatches"),
+        (["-m", "1e9"], "--microbatches"),
+        (["--pp", "100000"], "--pp"),
+        (["--jobs", "0"], "--jobs"),
+        (["--jobs", "-5"], "--jobs"),
+        (["--global-batch", "0"], "--global-batch"),
+    ],
+)
+def test_bad_flags_are_exit_2(run_dir: Path, args: list[str], needle: str) -> None:
+    proc = ppdiag("analyze", "-q", str(run_dir), *args)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_demo_fault_flags_need_their_target(tmp_path: Path) -> None:
+    for args, needle in (
+        (["--comm-delay-ms", "5"], "needs --comm-delay-rank"),
+        (["--slow-factor", "0"], "needs --slow-stage"),
+        (["--slow-stage", "9"], "stages 0..3"),
+    ):
+        proc = ppdiag("demo", "-q", "--out", str(tmp_path / "d"), *args)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+        assert not (tmp_path / "d").exists()  # refused before --out is touched
+
+
+def test_demo_refuses_a_foreign_directory(tmp_path: Path) -> None:
+    (tmp_path / "rank0.pt.trace.json.gz").write_bytes(b"precious")
+    proc = ppdiag("demo", "-q", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "was not made by ppdiag demo" in proc.stderr
+    assert (tmp_path / "rank0.pt.trace.json.gz").read_bytes() == b"precious"
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_leaves_no_worker(tmp_path: Path, sig: signal.Signals) -> None:
+    # 6 ranks of ~10 MB: a multi-worker parse that lasts a few seconds on a shared machine
+    write_kineto(make_scenario(pp=6, microbatches=16, steps=24), tmp_path, gzip=False)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ppdiag", "analyze", "-q", str(tmp_path), "--jobs", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+    )
+    workers: list[int] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        workers = _children(proc.pid)
+        if len(workers) >= 2:
+            break
+        time.sleep(0.01)
+    if len(workers) < 2:
+        proc.kill()
+        pytest.skip("the parse ended before two workers were seen")
+    time.sleep(0.2)  # the workers are parsing now
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    took = time.monotonic() - t0
+    assert proc.returncode == 128 + int(sig), err
+    assert b"interrupted" in err and b"Traceback" not in err, err
+    assert took < 1.5, took  # said within a second (plus scheduling slack on a shared machine)
+    time.sleep(0.2)
+    alive = [w for w in workers if Path(f"/proc/{w}").exists() and "Z" not in _state(w)]
+    assert alive == [], alive
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return "Z"
