@@ -215,7 +215,7 @@ def coverage_of(
     analyzed = [
         int(r["rank"])
         for r in report.get("ranks") or []
-        if isinstance(r, dict) and isinstance(r.get("rank"), int) and (r.get("steps") or 0) > 0
+        if isinstance(r, dict) and isinstance(r.get("rank"), int) and (r.get("steps", 1) or 0) > 0
     ]
     world = run.get("world_size")
     world = int(world) if isinstance(world, int) and not isinstance(world, bool) and world > 0 else 0
