@@ -192,7 +192,7 @@ def find_traces(
             raise InputError(qpath(p), "no such file or directory")
         if p.is_dir():
             cands = _scan_dir(p, warnings)
-            skipped: list[str] = []
+            not_read: list[str] = []
             n_before = len(found)
             for f in cands:
                 key = f.resolve()
@@ -201,7 +201,7 @@ def find_traces(
                     continue
                 fmt, why = detect_format(f)
                 if fmt is None:
-                    skipped.append(f"{qpath(f.name)} ({why})")
+                    not_read.append(f"{qpath(f.name)} ({why})")
                     warnings.append(f"{qpath(f)}: skipped: {why}")
                     if not why.startswith(("JSON object without", "a JSON array")):
                         # meant to be a trace (compressed otherwise, cut, unreadable): the run
@@ -212,8 +212,8 @@ def find_traces(
                 found.append(TraceFile(f, fmt))
             if len(found) == n_before:
                 detail = (
-                    f" (skipped: {', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})"
-                    if skipped
+                    f" (skipped: {', '.join(not_read[:5])}{', ...' if len(not_read) > 5 else ''})"
+                    if not_read
                     else ""
                 )
                 raise InputError(
