@@ -18,6 +18,7 @@ from rich.console import Console
 
 from ppdiag import __version__
 from ppdiag.errors import InputError, PpdiagError
+from ppdiag.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_PP, MAX_SAMPLES
 
 app = typer.Typer(
     name="ppdiag",
@@ -35,12 +36,6 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 Paths = Annotated[list[Path], typer.Argument(help="Run directory (one trace per rank) or trace files.")]
-# Upper bounds of the size flags: far above any real pipeline, low enough that a typo cannot
-# ask for gigabytes (the analysis allocates per stage and per micro-batch).
-MAX_PP = 4096
-MAX_MICROBATCHES = 65536
-MAX_JOBS = 1024
-MAX_SAMPLES = 2**40
 
 PP = Annotated[
     int | None,
@@ -162,9 +157,31 @@ def _progress_enabled(quiet: bool) -> bool:
 
 
 def _analyze(paths: list[Path], opts: Any, quiet: bool) -> Any:
-    from ppdiag.api import diagnose
+    from ppdiag.api import analyze_run, load
 
-    return diagnose(paths, opts)
+    run = load(paths, opts)
+    check_sizes(run, opts)
+    return analyze_run(run, opts)
+
+
+def check_sizes(run: Any, opts: Any) -> None:
+    """Refuse -m / --pp values the traces cannot hold: every micro-batch of a step runs at least
+    one device interval on each rank, and every stage needs a rank of the job."""
+    ranks = list(getattr(run, "ranks", []) or [])
+    if not ranks:
+        return
+    if opts.microbatches is not None:
+        most = max(len(tl.intervals) for tl in ranks)
+        if opts.microbatches > max(most, 1):
+            raise InputError(
+                None,
+                f"--microbatches {opts.microbatches}: the traces hold at most {most} device intervals "
+                "per rank, fewer than one per micro-batch",
+            )
+    if opts.pp is not None:
+        world = max(run.world_size, len(ranks))
+        if opts.pp > world:
+            raise InputError(None, f"--pp {opts.pp} is more than the job's {world} ranks")
 
 
 def _write_reports(

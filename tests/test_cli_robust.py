@@ -175,3 +175,35 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
     except OSError:
         return "Z"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["analyze", "-q", "{run}", "-m", "4000"], "fewer than one per micro-batch"),
+        (["analyze", "-q", "{run}", "--pp", "64"], "more than the job's 2 ranks"),
+        (["whatif", "{run}", "--pp", "100000"], "above the supported maximum"),
+        (["whatif", "{run}", "-m", "100000000"], "above the supported maximum"),
+        (["whatif", "{run}", "-m", "1e8"], "not a whole number"),
+        (["bubble", "--pp", "100000", "-m", "8"], "--pp"),
+        (["bubble", "--pp", "4", "-m", "100000000"], "--microbatches"),
+    ],
+)
+def test_sizes_are_bounded(run_dir: Path, args: list[str], needle: str) -> None:
+    t0 = time.monotonic()
+    proc = ppdiag(*(a.format(run=run_dir) for a in args), timeout=60)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr)
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert time.monotonic() - t0 < 30
+
+
+def test_bubble_of_a_wide_pipeline_is_quick() -> None:
+    t0 = time.monotonic()
+    proc = ppdiag("bubble", "--pp", "1000", "-m", "8", "--json", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - t0 < 30
+    import json
+
+    res = json.loads(proc.stdout)
+    assert res["bubble_ratio"] is not None
+    assert any("above the simulated maximum" in (r["error"] or "") for r in res["table"])
