@@ -172,3 +172,13 @@ def test_traces_in_subdirectories_are_said(tmp_path: Path) -> None:
     _write(tmp_path / "old", _trace(), "rank0.json")
     run = load_run([tmp_path], progress=False)
     assert any("trace files in subdirectories not read (old/)" in w for w in run.warnings), run.warnings
+
+
+def test_gzip_bomb_is_refused_within_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 64 MiB of blanks inside an unterminated array: ~64 KB compressed, a 1000x ratio
+    body = b'{"traceEvents": [' + b" " * (64 << 20)
+    p = _write(tmp_path, gzip.compress(body, compresslevel=6), "rank0.json.gz")
+    monkeypatch.setenv("PPDIAG_MAX_TRACE_GB", str(16 / 1024))  # a 16 MiB cap
+    with pytest.raises(InputError, match="refused as a likely gzip bomb") as ei:
+        load_run([p], progress=False, jobs=1)
+    assert str(ei.value).startswith(f"{p}: gzip data expands past 16.0 MiB")

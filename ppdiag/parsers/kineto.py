@@ -172,15 +172,52 @@ def read_bytes(path: Path) -> tuple[bytes, list[str]]:
     return raw, warnings
 
 
-def gunzip(raw: bytes, path: str) -> tuple[bytes, bool]:
-    """Decompress all gzip members; returns (data, cut) where cut means the stream ended early."""
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def max_trace_bytes(compressed: int) -> int:
+    """The decompressed size a trace may reach: ``PPDIAG_MAX_TRACE_GB`` (default 32 GiB), and
+    at most 200x its compressed size (JSON traces compress 5-50x; far more is a gzip bomb),
+    never below 256 MiB."""
+    try:
+        gb = float(os.environ.get("PPDIAG_MAX_TRACE_GB", "32"))
+    except ValueError:
+        gb = 32.0
+    cap = int(max(gb, 0.0) * (1 << 30))
+    return min(cap, max(1 << 28, 200 * compressed)) if compressed else cap
+
+
+def gunzip(raw: bytes, path: str, limit: int | None = None) -> tuple[bytes, bool]:
+    """Decompress all gzip members; returns (data, cut) where cut means the stream ended early.
+
+    Decompression stops at ``limit`` bytes (default :func:`max_trace_bytes`) with an InputError:
+    memory stays bounded by the cap, whatever the stream claims."""
+    cap = max_trace_bytes(len(raw)) if limit is None else limit
     parts: list[bytes] = []
+    total = 0
     data = raw
+    chunk = 1 << 24
     while data:
         d = zlib.decompressobj(wbits=31)
         try:
-            parts.append(d.decompress(data))
-            parts.append(d.flush())
+            buf = data
+            while True:
+                out = d.decompress(buf, chunk)
+                total += len(out)
+                if total > cap:
+                    raise InputError(
+                        path,
+                        f"gzip data expands past {_size(cap)} ({_size(len(raw))} compressed): "
+                        "refused as a likely gzip bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+                    )
+                parts.append(out)
+                buf = d.unconsumed_tail
+                if not buf:
+                    break
+            tail = d.flush()
+            total += len(tail)
+            parts.append(tail)
         except zlib.error as exc:
             raise InputError(path, f"corrupt gzip data ({exc})") from None
         if not d.eof:
