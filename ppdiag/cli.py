@@ -161,7 +161,30 @@ def _analyze(paths: list[Path], opts: Any, quiet: bool) -> Any:
 
     run = load(paths, opts)
     check_sizes(run, opts)
+    overlap = step_overlap_warnings(run)
+    run.warnings.extend(overlap)
+    run.doubts.extend(overlap)
     return analyze_run(run, opts)
+
+
+def step_overlap_warnings(run: Any) -> list[str]:
+    """A rank whose ProfilerStep numbers share none with the other ranks' (steps 100-102 against
+    5-7) holds another run's trace, or another part of the run: merging them by position is wrong."""
+    from ppdiag.pipeline.steps import host_steps
+
+    nums = {tl.rank: {n for n, _, _ in host_steps(tl) if n >= 0} for tl in run.ranks}
+    nums = {r: v for r, v in nums.items() if v}
+    if len(nums) < 2:
+        return []
+    out = []
+    for r, mine in nums.items():
+        others = set().union(*(v for q, v in nums.items() if q != r))
+        if others and not (mine & others):
+            out.append(
+                f"rank {r}: its steps {min(mine)}-{max(mine)} share none with the other ranks' "
+                f"({min(others)}-{max(others)}): a trace from another run?"
+            )
+    return out
 
 
 def check_sizes(run: Any, opts: Any) -> None:
@@ -306,6 +329,7 @@ def check(
         )
         diag = _analyze(paths, opts, quiet)
         cov = gate.coverage_of(diag.report, skipped_traces(diag), steps)
+        cov.doubts = list(getattr(diag.run, "doubts", None) or [])
         result = gate.run_gate(
             diag.report,
             bud,

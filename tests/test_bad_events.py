@@ -182,3 +182,44 @@ def test_gzip_bomb_is_refused_within_the_cap(tmp_path: Path, monkeypatch: pytest
     with pytest.raises(InputError, match="refused as a likely gzip bomb") as ei:
         load_run([p], progress=False, jobs=1)
     assert str(ei.value).startswith(f"{p}: gzip data expands past 16.0 MiB")
+
+
+# ------------------------------------------------------------------ ranks against each other
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    from ppdiag.synth.kineto import write_kineto
+    from ppdiag.synth.scenario import make_scenario
+
+    d = tmp_path_factory.mktemp("two")
+    paths = write_kineto(make_scenario(pp=2, microbatches=4, steps=2), d, gzip=False, groundtruth=False)
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def _run_of(tmp_path: Path, traces: list[dict[str, Any]]) -> Any:
+    for i, t in enumerate(traces):
+        _write(tmp_path, t, f"rank{i}.json")
+    return load_run([tmp_path], progress=False, jobs=1)
+
+
+def test_rank_from_another_day_is_named(tmp_path: Path, two_ranks: list[dict[str, Any]]) -> None:
+    a, b = copy.deepcopy(two_ranks)
+    b["baseTimeNanoseconds"] = int(b.get("baseTimeNanoseconds") or 0) + 86400 * 10**9
+    if not two_ranks[1].get("baseTimeNanoseconds"):
+        for e in b["traceEvents"]:
+            if isinstance(e.get("ts"), (int, float)):
+                e["ts"] += 86400e6
+    run = _run_of(tmp_path, [a, b])
+    assert any("trace starts" in w and "another run" in w for w in run.doubts), run.warnings
+    assert run.doubts[0].startswith(("rank 0:", "rank 1:"))
+    ok = _run_of(tmp_path / "ok", copy.deepcopy(two_ranks)) if (tmp_path / "ok").mkdir() is None else None
+    assert ok is not None and ok.doubts == []
+
+
+def test_world_sizes_that_disagree_are_named(tmp_path: Path, two_ranks: list[dict[str, Any]]) -> None:
+    a, b = copy.deepcopy(two_ranks)
+    b["distributedInfo"]["world_size"] = 8
+    run = _run_of(tmp_path, [a, b])
+    (w,) = [w for w in run.doubts if "world_size differs" in w]
+    assert "2 on rank(s) 0" in w and "8 on rank(s) 1" in w

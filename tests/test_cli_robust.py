@@ -207,3 +207,21 @@ def test_bubble_of_a_wide_pipeline_is_quick() -> None:
     res = json.loads(proc.stdout)
     assert res["bubble_ratio"] is not None
     assert any("above the simulated maximum" in (r["error"] or "") for r in res["table"])
+
+
+def test_gate_is_inconclusive_on_a_rank_from_another_run(tmp_path: Path, budget: Path) -> None:
+    """Rank 1's steps are 105-106, rank 0's 5-6: merged by position they would pass; the gate
+    names the rank instead."""
+    import json
+    import re
+
+    paths = write_kineto(make_scenario(pp=2, microbatches=4, steps=2), tmp_path, gzip=False)
+    p1 = next(p for p in paths if p.name.startswith("rank1"))
+    text = re.sub(r"ProfilerStep#(\d+)", lambda m: f"ProfilerStep#{int(m.group(1)) + 100}", p1.read_text())
+    p1.write_text(text)
+    assert json.loads(text)
+    proc = ppdiag("check", str(tmp_path), "--budget", str(budget))
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "rank 1: its steps 105-106 share none with the other ranks' (5-6)" in proc.stdout
+    proc = ppdiag("check", str(tmp_path), "--budget", str(budget), "--allow-partial")
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)

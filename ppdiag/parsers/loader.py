@@ -450,11 +450,61 @@ def load_run(
     for w, names in counts.items():
         warnings.append(f"{names[0]}: {w}" if len(names) == 1 else f"{len(names)} files: {w}")
     warnings.extend(rank_warnings)
-    return Run(ranks=ranks, format=fmt, warnings=warnings, skipped=skipped)
+    doubts = cross_rank_warnings(ranks, fmt)
+    warnings.extend(doubts)
+    return Run(ranks=ranks, format=fmt, warnings=warnings, skipped=skipped, doubts=doubts)
+
+
+# ranks of one run start their traces within minutes of each other: more is another run's trace
+_FAR_NS = 3600 * 10**9
+
+
+def _span(ns: int) -> str:
+    s = abs(ns) / 1e9
+    if s >= 86400:
+        return f"{s / 86400:.1f} days"
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    return f"{s:.0f} s"
+
+
+def cross_rank_warnings(ranks: Sequence[RankTimeline], fmt: str) -> list[str]:
+    """Ranks checked against each other: ``world_size`` values that disagree, and (Kineto, whose
+    clocks are absolute) a rank whose trace lies hours away from the others' (another run)."""
+    out: list[str] = []
+    sizes: dict[int, list[int]] = {}
+    for r in ranks:
+        if r.world_size:
+            sizes.setdefault(int(r.world_size), []).append(r.rank)
+    if len(sizes) > 1:
+        shown = "; ".join(
+            f"{w} on rank(s) {', '.join(map(str, rs[:8]))}{', ...' if len(rs) > 8 else ''}"
+            for w, rs in sorted(sizes.items())
+        )
+        out.append(
+            f"world_size differs between ranks ({shown}): traces from different jobs? the largest is used"
+        )
+    if fmt != "kineto" or len(ranks) < 2:
+        return out
+    starts = {r.rank: int(r.intervals.start.min()) for r in ranks if len(r.intervals)}
+    if len(starts) < 2:
+        return out
+    import numpy as np
+
+    med = int(np.median(list(starts.values())))
+    for rank, t in starts.items():
+        if abs(t - med) > _FAR_NS:
+            side = "after" if t > med else "before"
+            out.append(
+                f"rank {rank}: its trace starts {_span(t - med)} {side} the other ranks' "
+                "(a trace from another run?)"
+            )
+    return out
 
 
 __all__ = [
     "TraceFile",
+    "cross_rank_warnings",
     "detect_format",
     "find_traces",
     "is_trace_name",

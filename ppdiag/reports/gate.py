@@ -147,6 +147,7 @@ class Coverage:
     steps: list[int] = field(default_factory=list)  # step numbers analysed
     skipped_files: list[str] = field(default_factory=list)  # trace-like files that could not be read
     step_filter: str | None = None
+    doubts: list[str] = field(default_factory=list)  # ranks that disagree with the others
 
     @property
     def missing(self) -> list[int]:
@@ -170,6 +171,7 @@ class Coverage:
             out.append(f"rank(s) {_ranges(self.no_steps)} have no analysed step{why}")
         for f in self.skipped_files:
             out.append(f"unreadable trace file {f}")
+        out += self.doubts
         return out
 
     def line(self) -> str:
@@ -187,6 +189,7 @@ class Coverage:
             "missing": self.missing,
             "no_steps": self.no_steps,
             "skipped_files": self.skipped_files,
+            "doubts": self.doubts,
         }
 
 
