@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ppdiag.errors import InputError
+from ppdiag.errors import InputError, quote_path
 
 MARKER_KEY = "ppdiag"
 HTML_GENERATOR = "ppdiag"
@@ -32,7 +32,6 @@ _SNIFF_BYTES = 1 << 14
 _JSON_MARK = re.compile(rb'^\s*\{\s*"ppdiag"\s*:\s*\{\s*"kind"\s*:\s*"([A-Za-z0-9_.-]+)"')
 _HTML_MARK = re.compile(rb'<meta\s+name="generator"\s+content="ppdiag[ "]')
 _MD_MARK = re.compile(rb"(?:^|\n)<!-- ppdiag:([A-Za-z0-9_.-]+) -->\s*\Z")
-_CTRL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def json_marker(kind: str) -> dict[str, Any]:
@@ -54,13 +53,12 @@ def html_marker() -> str:
 
 def qpath(path: str | os.PathLike[str] | None) -> str:
     """A path as it appears in a one-line message: ``repr``-quoted when it holds anything a terminal
-    would act on (newlines, escapes, undecodable bytes), else as is."""
+    would act on (newlines, escapes, undecodable bytes), else as is (see
+    :func:`ppdiag.errors.quote_path`)."""
     s = os.fspath(path) if path is not None else ""
     if isinstance(s, bytes):  # pragma: no cover - ppdiag passes str paths only
         s = os.fsdecode(s)
-    if s == "" or _CTRL.search(s) or any(0xDC80 <= ord(c) <= 0xDCFF for c in s) or s != s.strip():
-        return repr(s)
-    return s
+    return quote_path(s)
 
 
 def _tail(path: Path, size: int = 256) -> bytes:
