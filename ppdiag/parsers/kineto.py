@@ -163,6 +163,13 @@ def read_bytes(path: Path) -> tuple[bytes, list[str]]:
     if _BLANK.match(raw):
         raise InputError(str(path), "empty file")
     warnings: list[str] = []
+    if raw[:3] == b"BZh" or raw[:6] == b"\xfd7zXZ\x00":
+        # bzip2 / xz under a trace name (the standard library reads both): read it, and say so
+        raw, what = unpack_other(raw, str(path))
+        warnings.append(f"{what}-compressed data under a {path.suffix or 'plain'} name: read as {what}")
+        if _BLANK.match(raw):
+            raise InputError(str(path), f"empty file (after {what} decompression)")
+        return raw, warnings
     if raw[:2] == GZIP_MAGIC:
         raw, cut = gunzip(raw, str(path))
         if cut:
@@ -170,6 +177,38 @@ def read_bytes(path: Path) -> tuple[bytes, list[str]]:
         if _BLANK.match(raw):
             raise InputError(str(path), "empty file (after gunzip)")
     return raw, warnings
+
+
+def unpack_other(raw: bytes, path: str, limit: int | None = None) -> tuple[bytes, str]:
+    """Decompress bzip2 or xz data in chunks up to the cap of :func:`max_trace_bytes`; returns the
+    data and the compressor's name. A cut or corrupt stream is an InputError naming the file."""
+    import bz2
+    import lzma
+
+    what = "bzip2" if raw[:3] == b"BZh" else "xz"
+    cap = max_trace_bytes(len(raw)) if limit is None else limit
+    d: Any = bz2.BZ2Decompressor() if what == "bzip2" else lzma.LZMADecompressor()
+    parts: list[bytes] = []
+    total = 0
+    try:
+        out = d.decompress(raw, 1 << 24)
+        while True:
+            total += len(out)
+            if total > cap:
+                raise InputError(
+                    path,
+                    f"{what} data expands past {_size(cap)} ({_size(len(raw))} compressed): refused as "
+                    "a likely decompression bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+                )
+            parts.append(out)
+            if d.eof or d.needs_input:
+                break
+            out = d.decompress(b"", 1 << 24)
+    except (OSError, EOFError, lzma.LZMAError) as exc:
+        raise InputError(path, f"corrupt {what} data ({exc})") from None
+    if not d.eof:
+        raise InputError(path, f"{what} stream ends early (file cut short or damaged)")
+    return b"".join(parts), what
 
 
 def _size(n: int) -> str:

@@ -69,6 +69,12 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
     try:
         with open(path, "rb") as fh:
             head = fh.read(size)
+            if head[:3] == b"BZh" or head[:6] == b"\xfd7zXZ\x00":
+                out = _unpack_head(head, fh, size)
+                if not out.strip():
+                    what = "bzip2" if head[:3] == b"BZh" else "xz"
+                    raise InputError(str(path), f"{what} data cut short or damaged (nothing decompressed)")
+                return out
             if head[:2] != GZIP_MAGIC:
                 return head
             d = zlib.decompressobj(wbits=31)
@@ -86,6 +92,24 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
         raise InputError(str(path), f"corrupt gzip data ({exc})") from None
     except OSError as exc:
         raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
+
+
+def _unpack_head(head: bytes, fh: Any, size: int) -> bytes:
+    """First ``size`` decompressed bytes of bzip2 / xz data (the standard library reads both)."""
+    import bz2
+    import lzma
+
+    d: Any = bz2.BZ2Decompressor() if head[:3] == b"BZh" else lzma.LZMADecompressor()
+    try:
+        out = d.decompress(head, size)
+        while len(out) < size and not d.eof:
+            data = fh.read(1 << 16) if d.needs_input else b""
+            if d.needs_input and not data:
+                break
+            out += d.decompress(data, size - len(out))
+    except (OSError, EOFError, lzma.LZMAError):
+        return head  # not really that format: let the sniffers say what it is
+    return out
 
 
 def detect_format(path: Path) -> tuple[str | None, str]:
@@ -115,7 +139,7 @@ def detect_format(path: Path) -> tuple[str | None, str]:
         except Exception:  # a sniffer must never break the detection of other formats
             continue
     comp = compression_of(head)
-    if comp is not None:
+    if comp in ("zstd", "lz4"):
         return None, f"{comp}-compressed data, not gzip or JSON; decompress it first ({_UNPACK[comp]})"
     h = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if h.startswith(b"{"):
