@@ -225,3 +225,65 @@ def test_gate_is_inconclusive_on_a_rank_from_another_run(tmp_path: Path, budget:
     assert "rank 1: its steps 105-106 share none with the other ranks' (5-6)" in proc.stdout
     proc = ppdiag("check", str(tmp_path), "--budget", str(budget), "--allow-partial")
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
+
+
+def test_wide_process_group_is_linear(tmp_path: Path) -> None:
+    """A pipeline group listing 16384 ranks (one traced): was 40 s of per-stage scans."""
+    import json
+
+    from conftest import TEST_DATA
+
+    d = json.loads((TEST_DATA / "gpu_pp_rank0.json").read_text())
+    n = 16384
+    d["distributedInfo"]["pg_config"].append(
+        {"pg_name": "1", "pg_desc": "pp", "pg_size": n, "ranks": list(range(n))}
+    )
+    d["distributedInfo"]["world_size"] = n
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(d))
+    t0 = time.monotonic()
+    proc = ppdiag("analyze", "-q", str(p), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - t0 < 25
+
+
+def _procs_with(text: str) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if text in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_interrupted_demo_leaves_nothing_behind(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import tempfile
+
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob("ppdiag-demo-*"))
+    out = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ppdiag", "demo", "-q", "--out", str(out), "--steps", "40", "-m", "4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+    )
+    work: set[Path] = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None and not work:
+        work = set(tmp.glob("ppdiag-demo-*")) - before
+        time.sleep(0.05)
+    time.sleep(2.0)  # the ranks are running (and writing) now
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert b"interrupted" in err and b"Traceback" not in err
+    assert work and not any(w.exists() for w in work)  # the temp dir is gone
+    assert sorted(p.name for p in out.iterdir()) == [".ppdiag-demo"]  # no partial trace
+    time.sleep(0.5)
+    assert [p for w in work for p in _procs_with(w.name)] == []  # no rank left running
