@@ -153,3 +153,21 @@ def test_non_utf8_file_name(run_dir: Path, tmp_path: Path) -> None:
     proc = ppdiag("analyze", "-q", str(run_dir), "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert output_kind(out) == "report"
+
+
+def test_diff_json_and_check_outputs_go_through_the_writer(run_dir: Path, tmp_path: Path) -> None:
+    rep = tmp_path / "a.json"
+    assert ppdiag("analyze", "-q", str(run_dir), "--json", str(rep)).returncode == 0
+    out = tmp_path / "d.json"
+    proc = ppdiag("diff", str(rep), str(rep), "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert output_kind(out) == "diff"
+    proc = ppdiag("diff", str(rep), str(rep), "--json", str(rep))
+    assert proc.returncode == 2 and "is an input of this run" in proc.stderr
+    budget = tmp_path / "b.toml"
+    budget.write_text("[budget]\nmax_lost_ratio = 0.99\n")
+    proc = ppdiag("check", str(run_dir), "--budget", str(budget), "--md", str(budget))
+    assert proc.returncode == 2 and "is an input of this run" in proc.stderr
+    assert budget.read_text().startswith("[budget]")
+    proc = ppdiag("check", str(run_dir), "--budget", str(budget), "--json", str(out), "--md", str(out))
+    assert proc.returncode == 2 and "named for two reports" in proc.stderr
