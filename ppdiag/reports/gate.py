@@ -704,6 +704,8 @@ def format_gate(result: GateResult) -> list[str]:
     }[result.status]
     if result.status == "inconclusive" and result.reasons:
         head = f"INCONCLUSIVE: {'; '.join(result.reasons)}"
+    elif result.status == "pass" and result.partial:
+        head += f" (partial data accepted by --allow-partial: {len(result.partial)} gap(s) below)"
     lines = [f"ppdiag check {head}"]
     if result.coverage is not None:
         lines.append(f"  took part: {result.coverage.line()}")

@@ -59,6 +59,10 @@ def _gate_md(gate: Any) -> list[str]:
     out = [f"### Gate: {icon} {st.upper()} (exit {md_escape(data.get('exit_code'))})", ""]
     for r in data.get("reasons") or []:
         out.append(f"- {md_escape(r)}")
+    if data.get("allow_partial"):
+        # what did not take part, said even when --allow-partial let the gate pass
+        for r in data.get("partial") or []:
+            out.append(f"- not part of the gate: {md_escape(r)}")
     checks = data.get("checks") or []
     if checks:
         if data.get("reasons"):
