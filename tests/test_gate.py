@@ -315,10 +315,10 @@ def test_missing_rank_is_inconclusive_unless_allowed() -> None:
     bud = Budget(max_stage_ratio=1.1)
     res = run_gate(rep, bud, coverage=coverage_of(rep))
     assert res.status == "inconclusive" and res.exit_code == 3
-    assert "rank(s) 2 of world size 4 have no trace" in format_gate(res)[0]
-    assert "  MISSING  rank(s) 2 of world size 4 have no trace" in format_gate(res)
+    assert "1 rank(s) 2 of world size 4 have no trace" in format_gate(res)[0]
+    assert "  MISSING  1 rank(s) 2 of world size 4 have no trace" in format_gate(res)
     ok = run_gate(rep, bud, coverage=coverage_of(rep), allow_partial=True)
-    assert ok.status == "pass" and "  NOTE  rank(s) 2 of world size 4 have no trace" in format_gate(ok)
+    assert ok.status == "pass" and "  NOTE  1 rank(s) 2 of world size 4 have no trace" in format_gate(ok)
 
 
 def test_rank_without_steps_and_unreadable_file_are_partial() -> None:
@@ -384,3 +384,11 @@ def test_stage_ratio_at_1_prints_enough_digits() -> None:
     assert c.passed is False
     left, right = c.text.split(" > ")[0].split()[-1], c.text.split(" > ")[1].split()[0]
     assert left != right and float(left) > float(right)  # never "1.000 > 1.000"
+
+
+def test_missing_rank_without_world_size() -> None:
+    """No trace says the world size: ranks are numbered from 0, so 0, 1, 3 lack rank 2."""
+    rep = _covered(base_report(), ranks=[0, 1, 3], world_size=None)
+    res = run_gate(rep, Budget(max_lost_ratio=0.5), coverage=coverage_of(rep))
+    assert res.status == "inconclusive"
+    assert "1 rank(s) 2 of ranks 0-3 have no trace" in res.partial

@@ -150,10 +150,22 @@ class Coverage:
     doubts: list[str] = field(default_factory=list)  # ranks that disagree with the others
 
     @property
+    def expected(self) -> int:
+        """Ranks the job has: ``world_size``, or (when no trace says it) up to the highest rank
+        traced, since ranks are numbered from 0."""
+        return self.world_size or (max(self.traced) + 1 if self.traced else 0)
+
+    @property
     def missing(self) -> list[int]:
-        """Ranks of ``0..world_size-1`` without a trace."""
+        """Ranks of ``0..expected-1`` without a trace (the first 1000 of a huge job)."""
         have = set(self.traced)
-        return [r for r in range(self.world_size) if r not in have]
+        out: list[int] = []
+        for r in range(self.expected):
+            if r not in have:
+                out.append(r)
+                if len(out) >= 1000:
+                    break
+        return out
 
     @property
     def no_steps(self) -> list[int]:
@@ -164,8 +176,11 @@ class Coverage:
     def gaps(self) -> list[str]:
         """Why the run is only partly covered (empty when every rank took part)."""
         out = []
-        if self.missing:
-            out.append(f"rank(s) {_ranges(self.missing)} of world size {self.world_size} have no trace")
+        missing = self.missing
+        if missing:
+            of = f"world size {self.world_size}" if self.world_size else f"ranks 0-{self.expected - 1}"
+            n = self.expected - len(set(self.traced) & set(range(self.expected)))
+            out.append(f"{n} rank(s) {_ranges(missing)} of {of} have no trace")
         if self.no_steps:
             why = f" (excluded by --steps {self.step_filter})" if self.step_filter else ""
             out.append(f"rank(s) {_ranges(self.no_steps)} have no analysed step{why}")
