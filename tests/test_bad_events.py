@@ -235,3 +235,16 @@ def test_world_sizes_that_disagree_are_named(tmp_path: Path, two_ranks: list[dic
     run = _run_of(tmp_path, [a, b])
     (w,) = [w for w in run.doubts if "world_size differs" in w]
     assert "2 on rank(s) 0" in w and "8 on rank(s) 1" in w
+
+
+def test_every_change_of_a_file_is_one_warning(tmp_path: Path) -> None:
+    def mutate(d: dict[str, Any]) -> None:
+        k = _kernels(d)
+        k[0]["ts"] = None  # dropped
+        k[1]["dur"] = -3.0  # zero-length
+        k[2]["ph"] = "i"  # not a complete event
+
+    tl = parse_file(_write(tmp_path, _trace(mutate)))
+    (w,) = [w for w in tl.warnings if "dropped" in w or "zero-length" in w]
+    assert "dropped 1 GPU events that are not complete" in w
+    assert "dropped 1 of " in w and "events read as zero-length (1 with a negative dur)" in w

@@ -1122,7 +1122,10 @@ def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
     codes = np.fromiter(
         (_CAT.get(e.cat, K_OTHER) if e.ph == "X" else K_OTHER for e in evs), dtype=np.int8, count=n_total
     )
-    warnings = warnings + _read_begin_end(evs, codes) + _drop_bad_times(evs, codes, base)
+    # every dropped or altered event of this file in one warning (the loader names the file)
+    changed = _read_begin_end(evs, codes) + _drop_bad_times(evs, codes, base)
+    if changed:
+        warnings = [*warnings, "; ".join(changed)]
     gpu_idx = np.flatnonzero((codes >= K_KERNEL) & (codes <= K_SYNC))
     host_idx = np.flatnonzero((codes == K_CPUOP) | (codes == K_ANNOT) | (codes == K_PYFUNC))
 
