@@ -395,11 +395,25 @@ def skipped_traces(diag: Any) -> list[str]:
 
 
 def override_warnings(diag: Any, opts: Any) -> list[str]:
-    """Warn when -m / --schedule override what the traces show: the theoretical bubble (and the
-    gate's bubble_excess) then follow the flag, not the run."""
+    """Warn when --pp / -m / --schedule override what the traces show: the theoretical bubble (and
+    the gate's bubble_excess) then follow the flag, not the run."""
     out: list[str] = []
     pipe = (diag.context or {}).get("pipeline")
-    if pipe is None or pipe.topology.pp <= 1:
+    if pipe is None:
+        return out
+    if opts.pp is not None and not opts.stage_map:
+        from ppdiag.pipeline.topology import infer_topology
+
+        try:
+            seen_pp = infer_topology(diag.run, None, None).pp
+        except Exception:  # detection is best effort here: the override stands either way
+            seen_pp = 0
+        if seen_pp > 1 and seen_pp != opts.pp:
+            out.append(
+                f"--pp {opts.pp} overrides the {seen_pp} pipeline stages the traces show; "
+                "the theoretical bubble and the stage checks use the flag"
+            )
+    if pipe.topology.pp <= 1:
         return out
     from ppdiag.pipeline.schedule import detect_schedule, microbatch_count
 

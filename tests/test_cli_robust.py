@@ -287,3 +287,11 @@ def test_interrupted_demo_leaves_nothing_behind(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == [".ppdiag-demo"]  # no partial trace
     time.sleep(0.5)
     assert [p for w in work for p in _procs_with(w.name)] == []  # no rank left running
+
+
+def test_overrides_that_change_the_bubble_warn(run_dir: Path, budget: Path) -> None:
+    proc = ppdiag("check", str(run_dir), "--budget", str(budget), "-m", "2", "--schedule", "gpipe")
+    assert "WARN  -m 2 overrides the 4 micro-batches per step the traces show" in proc.stdout, proc.stdout
+    assert "WARN  --schedule gpipe overrides the 1f1b schedule" in proc.stdout
+    proc = ppdiag("analyze", "-q", str(run_dir), "-m", "2")
+    assert proc.returncode == 0 and "warning: -m 2 overrides the 4 micro-batches" in proc.stderr
