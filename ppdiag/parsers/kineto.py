@@ -1072,8 +1072,11 @@ class KinetoParser:
         """Parse one Kineto trace file into one rank."""
         path = Path(path)
         data, warnings = read_bytes(path)
+        # hand the bytes over: once decoded they are freed, not held by this frame all along
+        held = [data]
+        del data
         try:
-            return [_parse_bytes(data, path, warnings)]
+            return [_parse_bytes(held, path, warnings)]
         except InputError:
             raise
         except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as exc:
@@ -1082,7 +1085,8 @@ class KinetoParser:
             raise InputError(str(path), f"unsupported trace content ({type(exc).__name__}: {exc})") from None
 
 
-def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
+def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTimeline:
+    data = held.pop()  # the only reference from here on: ``del data`` below frees the bytes
     spath = str(path)
     if not _LEADING_OBJECT.match(data, 0, 4096):
         raise InputError(spath, "not a PyTorch Profiler trace (not a JSON object)")
