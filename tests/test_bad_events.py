@@ -248,3 +248,17 @@ def test_every_change_of_a_file_is_one_warning(tmp_path: Path) -> None:
     (w,) = [w for w in tl.warnings if "dropped" in w or "zero-length" in w]
     assert "dropped 1 GPU events that are not complete" in w
     assert "dropped 1 of " in w and "events read as zero-length (1 with a negative dur)" in w
+
+
+def test_only_unusable_gpu_events_are_not_called_missing_cuda(tmp_path: Path) -> None:
+    def mutate(d: dict[str, Any]) -> None:
+        for e in d["traceEvents"]:
+            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "gpu_user_annotation"):
+                e["ph"] = "i"
+
+    p = _write(tmp_path, _trace(mutate))
+    with pytest.raises(InputError) as ei:
+        load_run([p], progress=False)
+    text = str(ei.value)
+    assert "no usable GPU events (dropped" in text and "not complete (ph X)" in text
+    assert "ProfilerActivity.CUDA" not in text

@@ -1148,6 +1148,9 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
     else:
         if devprops or (backend or "").lower() == "nccl":
             why = "the trace lists CUDA devices" if devprops else "the backend is nccl"
+            if changed:
+                # GPU events are there, in a form ppdiag cannot place: say that, not "enable CUDA"
+                raise InputError(spath, f"no usable GPU events ({'; '.join(changed)})")
             if rec.lost_events or rec.warnings or warnings:
                 # Kineto writes GPU events after the CPU events: a cut can take all of them
                 raise InputError(
