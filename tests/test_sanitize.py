@@ -63,7 +63,7 @@ def test_errors_quote_file_names(tmp_path: Path) -> None:
     assert text.startswith(repr(str(p)))
 
 
-@pytest.mark.parametrize("pp", [33, 64])
+@pytest.mark.parametrize("pp", [33])  # the first width plotly refused
 def test_html_for_many_stages(tmp_path: Path, pp: int) -> None:
     from ppdiag.api import analyze_run, load
     from ppdiag.reports import write_report
