@@ -295,3 +295,16 @@ def test_overrides_that_change_the_bubble_warn(run_dir: Path, budget: Path) -> N
     assert "WARN  --schedule gpipe overrides the 1f1b schedule" in proc.stdout
     proc = ppdiag("analyze", "-q", str(run_dir), "-m", "2")
     assert proc.returncode == 0 and "warning: -m 2 overrides the 4 micro-batches" in proc.stderr
+
+
+def test_gate_with_an_unreadable_rank_file_is_inconclusive(
+    run_dir: Path, budget: Path, tmp_path: Path
+) -> None:
+    for p in run_dir.iterdir():
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    victim = next(p for p in sorted(tmp_path.glob("rank1*")))
+    victim.write_bytes(b"\x28\xb5\x2f\xfd" + b"\x00" * 64)  # zstd data under the .json.gz name
+    proc = ppdiag("check", str(tmp_path), "--budget", str(budget))
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    assert "MISSING  1 rank(s) 1 of world size 2 have no trace" in proc.stdout
+    assert "MISSING  unreadable trace file" in proc.stdout and "zstd-compressed data" in proc.stdout
