@@ -185,6 +185,7 @@ def _state(pid: int) -> str:
         (["whatif", "{run}", "--pp", "100000"], "above the supported maximum"),
         (["whatif", "{run}", "-m", "100000000"], "above the supported maximum"),
         (["whatif", "{run}", "-m", "1e8"], "not a whole number"),
+        (["whatif", "{run}", "--pp", "4096", "-m", "16"], "above the simulated maximum"),
         (["bubble", "--pp", "100000", "-m", "8"], "--pp"),
         (["bubble", "--pp", "4", "-m", "100000000"], "--microbatches"),
     ],

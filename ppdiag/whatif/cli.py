@@ -407,6 +407,15 @@ def _whatif(
     dim_v: list[int | None] = list(vs) or [None]
     dim_p: list[int | None] = list(pps) or [None]
     combos = list(itertools.product(dim_m, dim_s, dim_v, dim_p))
+    for m_, _, v_, p_ in combos:
+        # the simulator's time grows with P x M x v: refuse what would run for minutes
+        cells = (p_ or meas.pp or 1) * (m_ or meas.microbatches or 1) * (v_ or meas.virtual or 1)
+        if cells > MAX_SIM_CELLS:
+            raise InputError(
+                None,
+                f"P x M x v = {cells} is above the simulated maximum {MAX_SIM_CELLS}; "
+                "predict fewer stages, micro-batches or chunks",
+            )
     scenarios: list[Scenario] = []
 
     def scn(
