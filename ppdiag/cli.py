@@ -5,7 +5,10 @@ Exit codes: 0 ok, 1 gate failed / regression, 2 bad input or usage, 3 inconclusi
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,7 +17,8 @@ import typer
 from rich.console import Console
 
 from ppdiag import __version__
-from ppdiag.errors import PpdiagError
+from ppdiag.errors import InputError, PpdiagError
+from ppdiag.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_PP, MAX_SAMPLES
 
 app = typer.Typer(
     name="ppdiag",
@@ -32,8 +36,10 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 Paths = Annotated[list[Path], typer.Argument(help="Run directory (one trace per rank) or trace files.")]
+
 PP = Annotated[
-    int | None, typer.Option("--pp", min=1, help="Pipeline stages, when the traces do not show them.")
+    int | None,
+    typer.Option("--pp", min=1, max=MAX_PP, help="Pipeline stages, when the traces do not show them."),
 ]
 StageMap = Annotated[
     str | None,
@@ -41,7 +47,10 @@ StageMap = Annotated[
         "--stage-map", help="Rank of each stage, e.g. 0,1,2,3 (';' between pipelines of a data-parallel run)."
     ),
 ]
-Micro = Annotated[int | None, typer.Option("--microbatches", "-m", min=1, help="Micro-batches per step (M).")]
+Micro = Annotated[
+    int | None,
+    typer.Option("--microbatches", "-m", min=1, max=MAX_MICROBATCHES, help="Micro-batches per step (M)."),
+]
 Sched = Annotated[
     str | None,
     typer.Option(
@@ -52,10 +61,17 @@ Steps = Annotated[
     str | None,
     typer.Option("--steps", help="Steps to analyze: 'a:b' (ProfilerStep numbers a..b, inclusive) or '5,6'."),
 ]
-Jobs = Annotated[int | None, typer.Option("--jobs", "-j", help="Parallel parse processes (default: cores).")]
-GlobalBatch = Annotated[int | None, typer.Option("--global-batch", help="Global batch size (samples).")]
-MicroBatch = Annotated[int | None, typer.Option("--micro-batch", help="Micro-batch size (samples).")]
-TP = Annotated[int | None, typer.Option("--tp", help="Tensor-parallel size.")]
+Jobs = Annotated[
+    int | None,
+    typer.Option("--jobs", "-j", min=1, max=MAX_JOBS, help="Parallel parse processes (default: cores)."),
+]
+GlobalBatch = Annotated[
+    int | None, typer.Option("--global-batch", min=1, max=MAX_SAMPLES, help="Global batch size (samples).")
+]
+MicroBatch = Annotated[
+    int | None, typer.Option("--micro-batch", min=1, max=MAX_SAMPLES, help="Micro-batch size (samples).")
+]
+TP = Annotated[int | None, typer.Option("--tp", min=1, max=MAX_PP, help="Tensor-parallel size.")]
 JsonOut = Annotated[Path | None, typer.Option("--json", help="Write the JSON report here.")]
 HtmlOut = Annotated[Path | None, typer.Option("--html", help="Write the self-contained HTML report here.")]
 MdOut = Annotated[Path | None, typer.Option("--md", help="Write a Markdown summary here.")]
@@ -68,20 +84,72 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report."
 
 def report_console() -> Console:
     """Where the terminal report goes: the terminal's width, or 140 columns in logs (CI)."""
-    return Console() if sys.stdout.isatty() else Console(width=140)
+    tty = bool(getattr(sys.stdout, "isatty", None)) and sys.stdout.isatty()
+    return Console() if tty else Console(width=140)
 
 
 def _fail(exc: BaseException) -> None:
     if isinstance(exc, PpdiagError):
-        err.print(f"ppdiag: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        from ppdiag.reports.sanitize import clean
+
+        err.print(f"ppdiag: error: {clean(str(exc))}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code)
     raise exc
+
+
+def echo(line: str) -> None:
+    """One line on stdout (a closed pipe is handled by the stream guard of :func:`main`)."""
+    from ppdiag.reports.sanitize import clean
+
+    sys.stdout.write(clean(line) + "\n")
+    sys.stdout.flush()
+
+
+_STEPS_RANGE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$")
+_STEPS_LIST = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*,?\s*$")
+
+
+def check_steps(spec: str | None) -> None:
+    """Refuse a ``--steps`` value that is neither ``a:b`` nor ``5,6`` before any work is done."""
+    if spec is None:
+        return
+    m = _STEPS_RANGE.match(spec)
+    if m:
+        a, b = m.group(1), m.group(2)
+        if a is not None and b is not None and int(a) > int(b):
+            raise InputError(None, f"--steps {spec!r}: the range is empty ({a} > {b})")
+        return
+    if _STEPS_LIST.match(spec):
+        return
+    hint = ""
+    if re.fullmatch(r"\s*\d+\s*-\s*\d+\s*", spec):
+        hint = f" (for a range write {spec.replace('-', ':').replace(' ', '')})"
+    raise InputError(
+        None, f"--steps {spec!r}: expected 'a:b' (step numbers a..b, either may be empty) or '5,6'{hint}"
+    )
 
 
 def _options(**kw: Any) -> Any:
     from ppdiag.api import Options
 
+    check_steps(kw.get("steps"))
     return Options(**{k: v for k, v in kw.items() if v is not None})
+
+
+def _targets(outputs: list[Path | None], inputs: list[Path | None]) -> None:
+    """Check every output path before the analysis starts (no work lost on a refused path)."""
+    from ppdiag.io import check_target, qpath
+
+    ins = [p for p in inputs if p is not None]
+    seen: set[str] = set()
+    for o in outputs:
+        if o is None:
+            continue
+        key = os.path.realpath(o) if str(o) else ""
+        if key and key in seen:
+            raise InputError(qpath(o), "named for two reports; give each report its own path")
+        seen.add(key)
+        check_target(o, ins)
 
 
 def _progress_enabled(quiet: bool) -> bool:
@@ -89,9 +157,54 @@ def _progress_enabled(quiet: bool) -> bool:
 
 
 def _analyze(paths: list[Path], opts: Any, quiet: bool) -> Any:
-    from ppdiag.api import diagnose
+    from ppdiag.api import analyze_run, load
 
-    return diagnose(paths, opts)
+    run = load(paths, opts)
+    check_sizes(run, opts)
+    overlap = step_overlap_warnings(run)
+    run.warnings.extend(overlap)
+    run.doubts.extend(overlap)
+    return analyze_run(run, opts)
+
+
+def step_overlap_warnings(run: Any) -> list[str]:
+    """A rank whose ProfilerStep numbers share none with the other ranks' (steps 100-102 against
+    5-7) holds another run's trace, or another part of the run: merging them by position is wrong."""
+    from ppdiag.pipeline.steps import host_steps
+
+    nums = {tl.rank: {n for n, _, _ in host_steps(tl) if n >= 0} for tl in run.ranks}
+    nums = {r: v for r, v in nums.items() if v}
+    if len(nums) < 2:
+        return []
+    out = []
+    for r, mine in nums.items():
+        others = set().union(*(v for q, v in nums.items() if q != r))
+        if others and not (mine & others):
+            out.append(
+                f"rank {r}: its steps {min(mine)}-{max(mine)} share none with the other ranks' "
+                f"({min(others)}-{max(others)}): a trace from another run?"
+            )
+    return out
+
+
+def check_sizes(run: Any, opts: Any) -> None:
+    """Refuse -m / --pp values the traces cannot hold: every micro-batch of a step runs at least
+    one device interval on each rank, and every stage needs a rank of the job."""
+    ranks = list(getattr(run, "ranks", []) or [])
+    if not ranks:
+        return
+    if opts.microbatches is not None:
+        most = max(len(tl.intervals) for tl in ranks)
+        if opts.microbatches > max(most, 1):
+            raise InputError(
+                None,
+                f"--microbatches {opts.microbatches}: the traces hold at most {most} device intervals "
+                "per rank, fewer than one per micro-batch",
+            )
+    if opts.pp is not None:
+        world = max(run.world_size, len(ranks))
+        if opts.pp > world:
+            raise InputError(None, f"--pp {opts.pp} is more than the job's {world} ranks")
 
 
 def _write_reports(
@@ -102,20 +215,23 @@ def _write_reports(
     perfetto: Path | None,
     quiet: bool,
     extra: dict[str, Any] | None = None,
+    inputs: list[Path | None] | None = None,
 ) -> None:
+    from ppdiag.io import qpath
     from ppdiag.reports import REPORTERS, load_builtin, write_report
 
     load_builtin()
     if extra:
         diag.context.update(extra)
+    ins = [p for p in inputs or [] if p is not None]
     for name, path in (("json", json_out), ("html", html), ("md", md), ("perfetto", perfetto)):
         if path is None:
             continue
         if name not in REPORTERS:
             raise PpdiagError(f"the {name} report is not available in this version")
-        write_report(name, diag, path)
+        write_report(name, diag, path, ins)
         if not quiet:
-            err.print(f"wrote {path}", highlight=False)
+            err.print(f"wrote {qpath(path)}", markup=False, highlight=False)
 
 
 @app.command()
@@ -139,6 +255,7 @@ def analyze(
 ) -> None:
     """Analyze a run: time accounting per rank, lost time by cause, findings with fixes."""
     try:
+        _targets([json_out, html, md, perfetto], list(paths))
         opts = _options(
             pp=pp,
             stage_map=stage_map,
@@ -152,11 +269,13 @@ def analyze(
             progress=_progress_enabled(quiet),
         )
         diag = _analyze(paths, opts, quiet)
+        for w in override_warnings(diag, opts):
+            err.print(f"ppdiag: warning: {w}", markup=False, highlight=False, soft_wrap=True)
         if not quiet:
             from ppdiag.reports.terminal import render
 
             render(diag.report, report_console(), ranks=ranks)
-        _write_reports(diag, json_out, html, md, perfetto, quiet)
+        _write_reports(diag, json_out, html, md, perfetto, quiet, inputs=list(paths))
     except Exception as exc:
         _fail(exc)
 
@@ -177,12 +296,26 @@ def check(
     schedule: Sched = None,
     steps: Steps = None,
     jobs: Jobs = None,
+    allow_partial: Annotated[
+        bool,
+        typer.Option(
+            "--allow-partial",
+            help="Pass on partial data: missing ranks, steps or checks are noted instead of making "
+            "the gate inconclusive.",
+        ),
+    ] = False,
     quiet: Quiet = False,
 ) -> None:
-    """CI gate: check a run against a bubble budget and a baseline. Exit 0 pass, 1 fail, 3 inconclusive."""
+    """CI gate: check a run against a bubble budget and a baseline. Exit 0 pass, 1 fail, 3 inconclusive.
+
+    Exit 0 only when every rank of the run (0..world_size-1) was traced and analysed and every
+    configured check could be computed; otherwise the gate is inconclusive and says what is
+    missing, unless --allow-partial.
+    """
     try:
         from ppdiag.reports import gate
 
+        _targets([json_out, html, md], [*paths, budget, baseline])
         bud = gate.load_budget(budget)
         base = gate.load_baseline(baseline) if baseline else None
         opts = _options(
@@ -195,11 +328,23 @@ def check(
             progress=_progress_enabled(quiet),
         )
         diag = _analyze(paths, opts, quiet)
-        result = gate.run_gate(diag.report, bud, base)
+        cov = gate.coverage_of(diag.report, skipped_traces(diag), steps)
+        cov.doubts = list(getattr(diag.run, "doubts", None) or [])
+        result = gate.run_gate(
+            diag.report,
+            bud,
+            base,
+            str(baseline) if baseline else None,
+            coverage=cov,
+            allow_partial=allow_partial,
+        )
+        result.warnings += override_warnings(diag, opts)
         diag.report["gate"] = result.to_json()
         for line in gate.format_gate(result):
-            typer.echo(line)
-        _write_reports(diag, json_out, html, md, None, quiet, {"gate": result})
+            echo(line)
+        _write_reports(
+            diag, json_out, html, md, None, quiet, {"gate": result}, inputs=[*paths, budget, baseline]
+        )
     except Exception as exc:
         _fail(exc)
     raise typer.Exit(result.exit_code)
@@ -215,14 +360,19 @@ def diff(
     try:
         from ppdiag.reports import diff as diffmod
 
+        if json_out is not None:
+            _targets([json_out], [base, new])
         a = _report_of(base)
         b = _report_of(new)
         result = diffmod.diff_reports(a, b)
         Console().print(diffmod.render_diff(result))
-        if json_out:
+        if json_out is not None:
             import json
 
-            json_out.write_text(json.dumps(result.to_json(), indent=2))
+            from ppdiag.io import MARKER_KEY, json_marker, write_text
+
+            doc = {MARKER_KEY: json_marker("diff"), **result.to_json()}
+            write_text(json_out, json.dumps(doc, indent=2, ensure_ascii=False) + "\n", [base, new])
     except Exception as exc:
         _fail(exc)
 
@@ -236,6 +386,59 @@ def _report_of(path: Path) -> dict[str, Any]:
     from ppdiag.api import Options, diagnose
 
     return diagnose([path], Options()).report
+
+
+def skipped_traces(diag: Any) -> list[str]:
+    """Trace files of the run that could not be read (the loader skipped them with a warning)."""
+    run = getattr(diag, "run", None)
+    return list(getattr(run, "skipped", None) or [])
+
+
+def override_warnings(diag: Any, opts: Any) -> list[str]:
+    """Warn when --pp / -m / --schedule override what the traces show: the theoretical bubble (and
+    the gate's bubble_excess) then follow the flag, not the run."""
+    out: list[str] = []
+    pipe = (diag.context or {}).get("pipeline")
+    if pipe is None:
+        return out
+    if opts.pp is not None and not opts.stage_map:
+        from ppdiag.pipeline.topology import infer_topology
+
+        try:
+            seen_pp = infer_topology(diag.run, None, None).pp
+        except Exception:  # detection is best effort here: the override stands either way
+            seen_pp = 0
+        if seen_pp > 1 and seen_pp != opts.pp:
+            out.append(
+                f"--pp {opts.pp} overrides the {seen_pp} pipeline stages the traces show; "
+                "the theoretical bubble and the stage checks use the flag"
+            )
+    if pipe.topology.pp <= 1:
+        return out
+    from ppdiag.pipeline.schedule import detect_schedule, microbatch_count
+
+    ranks = diag.run.by_rank()
+    if opts.microbatches is not None:
+        try:
+            seen = microbatch_count(pipe.blocks, pipe.topology.virtual, ranks)
+        except Exception:  # detection is best effort here: the override stands either way
+            seen = None
+        if seen and seen != opts.microbatches:
+            out.append(
+                f"-m {opts.microbatches} overrides the {seen} micro-batches per step the traces show; "
+                "the theoretical bubble and the bubble_excess check use the flag"
+            )
+    if opts.schedule is not None:
+        try:
+            sched = detect_schedule(pipe.topology, pipe.blocks, ranks)
+        except Exception:
+            sched = None
+        if sched and sched != opts.schedule:
+            out.append(
+                f"--schedule {opts.schedule} overrides the {sched} schedule the traces show; "
+                "the theoretical bubble uses the flag"
+            )
+    return out
 
 
 @app.command()
@@ -303,13 +506,93 @@ def _register_optional() -> None:
 _register_optional()
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived. Not a KeyboardInterrupt: click would turn that into "Aborted!"
+    and exit 1, the gate-failed code."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    # ignore repeats while the cleanup (terminating parse workers) runs
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+class _SafeStream:
+    """stdout/stderr that survive a closed pipe (``ppdiag check ... | head -1``): the first EPIPE
+    points the descriptor at /dev/null and later writes are dropped, so the command still ends with
+    its own exit code (click would exit 1, the gate-failed code). Text the stream's encoding cannot
+    hold (an ASCII-only locale) is replaced, not raised."""
+
+    def __init__(self, stream: Any) -> None:
+        self._s = stream
+        self._broken = False
+
+    def _drop(self) -> None:
+        self._broken = True
+        try:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, self._s.fileno())
+            os.close(fd)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def write(self, text: str) -> int:
+        if self._broken:
+            return len(text)
+        try:
+            return int(self._s.write(text))
+        except UnicodeEncodeError:
+            enc = getattr(self._s, "encoding", None) or "ascii"
+            try:
+                return int(self._s.write(text.encode(enc, "replace").decode(enc, "replace")))
+            except BrokenPipeError:
+                self._drop()
+                return len(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        if self._broken:
+            return
+        try:
+            self._s.flush()
+        except BrokenPipeError:
+            self._drop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._s, name)
+
+
+def _guard_streams() -> None:
+    """A closed stdout/stderr (``>&-``) becomes /dev/null; open ones get :class:`_SafeStream`."""
+    for name in ("stdout", "stderr"):
+        s = getattr(sys, name)
+        if s is None or getattr(s, "closed", False):
+            s = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+        if not isinstance(s, _SafeStream):
+            setattr(sys, name, _SafeStream(s))
+
+
 def main() -> None:
     """Console-script entry point."""
+    _guard_streams()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # not the main thread (embedded use): keep the defaults
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, _on_signal)
     try:
         app(prog_name="ppdiag")
-    except KeyboardInterrupt:
-        err.print("ppdiag: interrupted")
-        sys.exit(130)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        with contextlib.suppress(Exception):
+            err.print("ppdiag: interrupted", highlight=False)
+        sys.exit(128 + int(signum))
     except Exception as exc:
         if os.environ.get("PPDIAG_DEBUG"):
             raise

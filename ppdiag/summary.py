@@ -141,8 +141,13 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
 def _stages(pipe: Pipeline, ranks_out: list[dict[str, Any]]) -> list[dict[str, Any]]:
     topo = pipe.topology
     out: list[dict[str, Any]] = []
+    # ranks of each stage in one pass: a scan per stage is quadratic on very wide jobs
+    of_stage: dict[int, list[int]] = {}
+    for r, st in topo.stage_of.items():
+        of_stage.setdefault(st, []).append(r)
+    row_of = {x["rank"]: x for x in ranks_out}
     for s in range(topo.pp):
-        ranks = sorted(r for r, st in topo.stage_of.items() if st == s)
+        ranks = sorted(of_stage.get(s, []))
         vals: dict[int, list[int]] = {int(Phase.FWD): [], int(Phase.BWD): [], int(Phase.WGRAD): []}
         samples: dict[int, dict[int, list[int]]] = {
             int(Phase.FWD): {},
@@ -158,7 +163,7 @@ def _stages(pipe: Pipeline, ranks_out: list[dict[str, Any]]) -> list[dict[str, A
                 vals[ph].extend(int(x) for x in b.busy[m])
                 for mb, busy in zip(b.mb[m], b.busy[m], strict=False):
                     samples[ph].setdefault(int(mb), []).append(int(busy))
-        rank_rows = [x for x in ranks_out if x["rank"] in ranks]
+        rank_rows = [row_of[r] for r in ranks if r in row_of]
         lost = {
             k: round(float(np.mean([x["lost_ms"][k] for x in rank_rows])), 4) if rank_rows else 0.0
             for k in CAUSE_KEYS

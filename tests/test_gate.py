@@ -9,7 +9,7 @@ import pytest
 from diag_fixture import base_report
 
 from ppdiag.errors import InputError
-from ppdiag.reports.gate import Budget, format_gate, load_budget, load_report, run_gate
+from ppdiag.reports.gate import Budget, coverage_of, format_gate, load_budget, load_report, run_gate
 
 # The hand-made report: stage compute 30/30/40/30 ms, step 100 ms (p95 110), lost ratio 0.30,
 # comm_wait 2/4/1/1 ms over 100 ms steps, bubble 0.30 measured vs 3/11 theoretical.
@@ -194,7 +194,13 @@ def test_bubble_excess_skipped_without_theoretical_bubble() -> None:
     res = run_gate(rep, Budget(max_bubble_excess=0.01, max_lost_ratio=0.5))
     c = next(c for c in res.checks if c.name == "bubble_excess")
     assert c.state == "skip" and "no theoretical bubble ratio" in c.text
-    assert res.status == "pass"  # a skipped check neither fails nor blocks
+    # a configured check that could not be computed makes the gate inconclusive, unless the
+    # user accepts partial data
+    assert res.status == "inconclusive" and res.exit_code == 3
+    assert any("bubble_excess could not be computed" in p for p in res.partial)
+    assert any(line.startswith("  MISSING  check bubble_excess") for line in format_gate(res))
+    res = run_gate(rep, Budget(max_bubble_excess=0.01, max_lost_ratio=0.5), allow_partial=True)
+    assert res.status == "pass"
 
 
 def test_stage_ratio_skipped_without_stages() -> None:
@@ -278,3 +284,111 @@ def test_gate_result_json_round_trips() -> None:
     data = json.loads(json.dumps(res.to_json()))
     assert data["status"] == "fail" and data["exit_code"] == 1
     assert [c["state"] for c in data["checks"]].count("fail") == 1
+
+
+# ------------------------------------------------------------------ partial data
+
+
+def _covered(report: dict, **over: object) -> dict:
+    rep = json.loads(json.dumps(report))
+    rep["run"].update({"world_size": 4, "ranks": [0, 1, 2, 3], "steps": [5, 6, 7]})
+    for r in rep["ranks"]:
+        r["steps"] = 3
+    rep["run"].update(over)
+    return rep
+
+
+def test_every_rank_took_part_passes_and_says_so() -> None:
+    rep = _covered(base_report())
+    res = run_gate(rep, Budget(max_lost_ratio=0.5), coverage=coverage_of(rep))
+    assert res.status == "pass" and res.partial == []
+    lines = format_gate(res)
+    assert "  took part: ranks 0-3 (world size 4); steps 5-7" in lines
+    assert "  checks computed: lost_ratio" in lines
+
+
+def test_missing_rank_is_inconclusive_unless_allowed() -> None:
+    # the slow stage's rank is gone: what is left passes max_stage_ratio, the run would not
+    rep = _covered(base_report(), ranks=[0, 1, 3])
+    rep["ranks"] = [r for r in rep["ranks"] if r["rank"] != 2]
+    rep["stages"] = [s for s in rep["stages"] if s["stage"] != 2]
+    bud = Budget(max_stage_ratio=1.1)
+    res = run_gate(rep, bud, coverage=coverage_of(rep))
+    assert res.status == "inconclusive" and res.exit_code == 3
+    assert "1 rank(s) 2 of world size 4 have no trace" in format_gate(res)[0]
+    assert "  MISSING  1 rank(s) 2 of world size 4 have no trace" in format_gate(res)
+    ok = run_gate(rep, bud, coverage=coverage_of(rep), allow_partial=True)
+    assert ok.status == "pass" and "  NOTE  1 rank(s) 2 of world size 4 have no trace" in format_gate(ok)
+
+
+def test_rank_without_steps_and_unreadable_file_are_partial() -> None:
+    rep = _covered(base_report())
+    rep["ranks"][1]["steps"] = 0  # every step of rank 1 excluded by --steps
+    cov = coverage_of(rep, ["RUN/rank3.json.gz (zstd-compressed data)"], step_filter="9:9")
+    res = run_gate(rep, Budget(max_lost_ratio=0.5), coverage=cov)
+    assert res.status == "inconclusive"
+    text = "\n".join(format_gate(res))
+    assert "rank(s) 1 have no analysed step (excluded by --steps 9:9)" in text
+    assert "unreadable trace file RUN/rank3.json.gz (zstd-compressed data)" in text
+
+
+def test_a_failing_check_on_partial_data_still_fails() -> None:
+    rep = _covered(base_report(), ranks=[0, 1, 2])
+    res = run_gate(rep, Budget(max_lost_ratio=0.1), coverage=coverage_of(rep))
+    assert res.status == "fail" and res.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("step_ms", "why"),
+    [
+        (None, "baseline has no summary.step_ms"),
+        ("100", "baseline summary.step_ms is '100', not a positive number"),
+        (0, "baseline summary.step_ms is 0, not a positive number"),
+        (float("nan"), "baseline summary.step_ms is nan, not a positive number"),
+    ],
+)
+def test_invalid_baseline_step_is_inconclusive(step_ms: object, why: str) -> None:
+    base = base_report()
+    if step_ms is None:
+        del base["summary"]["step_ms"]
+    else:
+        base["summary"]["step_ms"] = step_ms
+    res = run_gate(base_report(), Budget(max_lost_ratio=0.5), baseline=base)
+    assert res.status == "inconclusive" and res.exit_code == 3
+    step = next(c for c in res.checks if c.name == "regression.step")
+    assert step.state == "inconclusive" and why in step.text
+
+
+def test_baseline_without_lost_ms_is_said() -> None:
+    base = base_report()
+    del base["summary"]["lost_ms"]
+    res = run_gate(base_report(), Budget(lost_pct=1.0), baseline=base)
+    lost = next(c for c in res.checks if c.name == "regression.lost")
+    assert lost.state == "inconclusive" and "baseline has no valid summary.lost_ms" in lost.text
+    assert res.status == "inconclusive"
+
+
+@pytest.mark.parametrize("ver", ["true", "1.0", '"1"'])
+def test_schema_version_must_be_the_integer_1(tmp_path: Path, ver: str) -> None:
+    text = json.dumps(base_report()).replace('"schema_version": 1', f'"schema_version": {ver}')
+    with pytest.raises(InputError, match=r"schema_version .* is not supported"):
+        load_report(_write(tmp_path, text, "b.json"))
+
+
+def test_stage_ratio_at_1_prints_enough_digits() -> None:
+    rep = base_report()
+    for s, c in zip(rep["stages"], [30.0, 30.0, 30.01, 30.0], strict=True):
+        s["compute_ms"] = c
+    res = run_gate(rep, Budget(max_stage_ratio=1.0))
+    c = res.checks[0]
+    assert c.passed is False
+    left, right = c.text.split(" > ")[0].split()[-1], c.text.split(" > ")[1].split()[0]
+    assert left != right and float(left) > float(right)  # never "1.000 > 1.000"
+
+
+def test_missing_rank_without_world_size() -> None:
+    """No trace says the world size: ranks are numbered from 0, so 0, 1, 3 lack rank 2."""
+    rep = _covered(base_report(), ranks=[0, 1, 3], world_size=None)
+    res = run_gate(rep, Budget(max_lost_ratio=0.5), coverage=coverage_of(rep))
+    assert res.status == "inconclusive"
+    assert "1 rank(s) 2 of ranks 0-3 have no trace" in res.partial

@@ -2,12 +2,94 @@
 
 from __future__ import annotations
 
+import re
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+DEMO_MARKER = ".ppdiag-demo"
+
+
+def prepare_out(out: Path) -> None:
+    """Make ``out`` a directory ppdiag demo may write into, or refuse it.
+
+    A new or empty directory is marked with :data:`DEMO_MARKER`; a directory that holds that marker
+    was made by an earlier demo and may be refreshed. Any other non-empty directory is refused:
+    the demo replaces rank traces and reports, and they must never be a user's files.
+    """
+    import json
+
+    from ppdiag.errors import InputError
+    from ppdiag.io import MARKER_KEY, json_marker, qpath, write_text
+
+    if str(out) == "":
+        raise InputError(qpath(str(out)), "empty --out path")
+    try:
+        if out.exists() and not out.is_dir():
+            raise InputError(qpath(out), "--out exists and is not a directory")
+        if out.is_dir() and not (out / DEMO_MARKER).is_file():
+            entries = [e.name for e in out.iterdir()]
+            if entries:
+                shown = ", ".join(qpath(e) for e in sorted(entries)[:3]) + (
+                    ", ..." if len(entries) > 3 else ""
+                )
+                raise InputError(
+                    qpath(out),
+                    f"--out is not empty ({shown}) and was not made by ppdiag demo; the demo replaces "
+                    "traces and reports there, so give a new or empty directory",
+                )
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(qpath(out), f"cannot use the output directory ({exc.strerror or exc})") from None
+    if not (out / DEMO_MARKER).is_file():
+        doc = {MARKER_KEY: json_marker("demo-dir")}
+        write_text(out / DEMO_MARKER, json.dumps(doc) + "\n")
+
+
+_TRACE_NAME = re.compile(r"rank\d+\.pt\.trace\.json\.gz")
+
+
+def _drop_partial_traces(out: Path, since: float) -> None:
+    """Remove the rank traces this run started writing into ``out`` (modified after ``since``)."""
+    for p in out.glob("rank*.pt.trace.json.gz"):
+        try:
+            if _TRACE_NAME.fullmatch(p.name) and p.stat().st_mtime >= since - 1.0:
+                p.unlink()
+        except OSError:
+            continue
+
+
+def check_flags(
+    slow_stage: int | None,
+    slow_factor: float,
+    comm_delay_ms: float,
+    comm_delay_rank: int | None,
+    host_stall_ms: float,
+    host_stall_rank: int | None,
+    pp: int,
+) -> None:
+    """Refuse fault flags that would be silently ignored (a delay without its rank, a factor
+    without its stage) or name a rank or stage the run does not have."""
+    from ppdiag.errors import InputError
+
+    if slow_stage is None and slow_factor != 2.0:
+        raise InputError(None, f"--slow-factor {slow_factor:g} needs --slow-stage (which stage to slow)")
+    if slow_stage is not None and not 0 <= slow_stage < pp:
+        raise InputError(None, f"--slow-stage {slow_stage}: the run has stages 0..{pp - 1}")
+    if slow_stage is not None and not (slow_factor > 0 and slow_factor < 1e6):
+        raise InputError(None, f"--slow-factor must be a compute factor > 0 (and < 1e6), got {slow_factor:g}")
+    for flag, ms, rank_flag, rank in (
+        ("--comm-delay-ms", comm_delay_ms, "--comm-delay-rank", comm_delay_rank),
+        ("--host-stall-ms", host_stall_ms, "--host-stall-rank", host_stall_rank),
+    ):
+        if ms and rank is None:
+            raise InputError(None, f"{flag} {ms:g} needs {rank_flag} (which rank to delay)")
+        if rank is not None and not 0 <= rank < pp:
+            raise InputError(None, f"{rank_flag} {rank}: the run has ranks 0..{pp - 1}")
 
 
 def register(app: typer.Typer) -> None:
@@ -67,13 +149,18 @@ def register(app: typer.Typer) -> None:
         """Record a real multi-process pipeline-parallel training run on CPU (torch, gloo) and analyze it.
 
         Writes one trace per rank and groundtruth.json into --out, then report.html, report.json
-        and summary.md next to them.
+        and summary.md next to them. --out must be new, empty, or a directory an earlier demo made
+        (it holds a .ppdiag-demo marker): the demo never replaces files it did not write.
         """
         from ppdiag.cli import _fail, report_console
 
         try:
             from ppdiag.demo.config import DemoConfig
             from ppdiag.demo.recorder import record
+
+            check_flags(
+                slow_stage, slow_factor, comm_delay_ms, comm_delay_rank, host_stall_ms, host_stall_rank, pp
+            )
 
             cfg = DemoConfig(
                 schedule=schedule,
@@ -105,7 +192,16 @@ def register(app: typer.Typer) -> None:
                 def progress(msg: str, frac: float) -> None:
                     bar.update(task, description=msg, completed=max(0.0, min(frac, 1.0)))
 
-                record(cfg, out, progress)
+                cfg.validated()  # a bad setting is refused before --out is touched
+                prepare_out(out)
+                t0 = time.time()
+                try:
+                    record(cfg, out, progress)
+                except BaseException:
+                    # an interrupted or failed run leaves no half-written trace behind (the
+                    # directory is the demo's own: prepare_out checked its marker)
+                    _drop_partial_traces(out, t0)
+                    raise
             if not quiet:
                 err.print(f"recorded {pp} ranks into {out}", highlight=False)
             if record_only:

@@ -14,6 +14,10 @@ class Run:
     ranks: list[RankTimeline]
     format: str
     warnings: list[str] = field(default_factory=list)
+    # trace-like files of the run that could not be read (skipped with a warning)
+    skipped: list[str] = field(default_factory=list)
+    # ranks that disagree with the others (world size, clock, step numbers): maybe another run
+    doubts: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:

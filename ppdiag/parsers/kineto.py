@@ -108,7 +108,8 @@ def _make_types(lenient: bool) -> TraceTypes:
         ("name", Any if lenient else str, ""),
         ("pid", Any if lenient else int | str, -1),
         ("tid", Any if lenient else int | str, -1),
-        ("ts", Any if lenient else float, 0.0),
+        # NaN, not 0: a missing ts must be told apart from a real one (it is counted and dropped)
+        ("ts", Any if lenient else float, float("nan")),
         ("dur", Any if lenient else float, 0.0),
         ("args", args_t | None, None),
     ]
@@ -162,6 +163,13 @@ def read_bytes(path: Path) -> tuple[bytes, list[str]]:
     if _BLANK.match(raw):
         raise InputError(str(path), "empty file")
     warnings: list[str] = []
+    if raw[:3] == b"BZh" or raw[:6] == b"\xfd7zXZ\x00":
+        # bzip2 / xz under a trace name (the standard library reads both): read it, and say so
+        raw, what = unpack_other(raw, str(path))
+        warnings.append(f"{what}-compressed data under a {path.suffix or 'plain'} name: read as {what}")
+        if _BLANK.match(raw):
+            raise InputError(str(path), f"empty file (after {what} decompression)")
+        return raw, warnings
     if raw[:2] == GZIP_MAGIC:
         raw, cut = gunzip(raw, str(path))
         if cut:
@@ -171,15 +179,84 @@ def read_bytes(path: Path) -> tuple[bytes, list[str]]:
     return raw, warnings
 
 
-def gunzip(raw: bytes, path: str) -> tuple[bytes, bool]:
-    """Decompress all gzip members; returns (data, cut) where cut means the stream ended early."""
+def unpack_other(raw: bytes, path: str, limit: int | None = None) -> tuple[bytes, str]:
+    """Decompress bzip2 or xz data in chunks up to the cap of :func:`max_trace_bytes`; returns the
+    data and the compressor's name. A cut or corrupt stream is an InputError naming the file."""
+    import bz2
+    import lzma
+
+    what = "bzip2" if raw[:3] == b"BZh" else "xz"
+    cap = max_trace_bytes(len(raw)) if limit is None else limit
+    d: Any = bz2.BZ2Decompressor() if what == "bzip2" else lzma.LZMADecompressor()
     parts: list[bytes] = []
+    total = 0
+    try:
+        out = d.decompress(raw, 1 << 24)
+        while True:
+            total += len(out)
+            if total > cap:
+                raise InputError(
+                    path,
+                    f"{what} data expands past {_size(cap)} ({_size(len(raw))} compressed): refused as "
+                    "a likely decompression bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+                )
+            parts.append(out)
+            if d.eof or d.needs_input:
+                break
+            out = d.decompress(b"", 1 << 24)
+    except (OSError, EOFError, lzma.LZMAError) as exc:
+        raise InputError(path, f"corrupt {what} data ({exc})") from None
+    if not d.eof:
+        raise InputError(path, f"{what} stream ends early (file cut short or damaged)")
+    return b"".join(parts), what
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def max_trace_bytes(compressed: int) -> int:
+    """The decompressed size a trace may reach: ``PPDIAG_MAX_TRACE_GB`` (default 32 GiB), and
+    at most 200x its compressed size (JSON traces compress 5-50x; far more is a gzip bomb),
+    never below 256 MiB."""
+    try:
+        gb = float(os.environ.get("PPDIAG_MAX_TRACE_GB", "32"))
+    except ValueError:
+        gb = 32.0
+    cap = int(max(gb, 0.0) * (1 << 30))
+    return min(cap, max(1 << 28, 200 * compressed)) if compressed else cap
+
+
+def gunzip(raw: bytes, path: str, limit: int | None = None) -> tuple[bytes, bool]:
+    """Decompress all gzip members; returns (data, cut) where cut means the stream ended early.
+
+    Decompression stops at ``limit`` bytes (default :func:`max_trace_bytes`) with an InputError:
+    memory stays bounded by the cap, whatever the stream claims."""
+    cap = max_trace_bytes(len(raw)) if limit is None else limit
+    parts: list[bytes] = []
+    total = 0
     data = raw
+    chunk = 1 << 24
     while data:
         d = zlib.decompressobj(wbits=31)
         try:
-            parts.append(d.decompress(data))
-            parts.append(d.flush())
+            buf = data
+            while True:
+                out = d.decompress(buf, chunk)
+                total += len(out)
+                if total > cap:
+                    raise InputError(
+                        path,
+                        f"gzip data expands past {_size(cap)} ({_size(len(raw))} compressed): "
+                        "refused as a likely gzip bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+                    )
+                parts.append(out)
+                buf = d.unconsumed_tail
+                if not buf:
+                    break
+            tail = d.flush()
+            total += len(tail)
+            parts.append(tail)
         except zlib.error as exc:
             raise InputError(path, f"corrupt gzip data ({exc})") from None
         if not d.eof:
@@ -393,6 +470,30 @@ def _decode_damaged(
 
 def decode_trace(data: bytes, path: str) -> _Recovered:
     """Decode the whole trace, falling back to lenient types and damage recovery when needed."""
+    try:
+        trace = _STRICT.decoder.decode(data)
+        return _Recovered(trace, len(trace.traceEvents or []), 0)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        bad_utf8 = _invalid_utf8(data) if "UTF-8" in str(exc) else 0
+    if not bad_utf8:
+        return _decode_typed(data, path)
+    # a few undecodable bytes in a name must not cost the rank: replace them and say so
+    fixed = data.decode("utf-8", errors="replace").encode("utf-8")
+    rec = _decode_typed(fixed, path)
+    rec.warnings.append(f"{bad_utf8} invalid UTF-8 byte sequence(s) in names replaced by U+FFFD")
+    return rec
+
+
+def _invalid_utf8(data: bytes) -> int:
+    """Number of invalid UTF-8 sequences in ``data`` (0 when it is valid UTF-8)."""
+    try:
+        data.decode("utf-8")
+        return 0
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace").count("\ufffd") - data.count("\ufffd".encode())
+
+
+def _decode_typed(data: bytes, path: str) -> _Recovered:
     types = _STRICT
     for attempt in range(2):
         try:
@@ -634,12 +735,19 @@ def _as_int(v: Any, default: int = -1) -> int:
         return default
 
 
-def _i64(values: list[Any], default: int = -1) -> I64A:
-    """int64 array from a list that is normally all ints (lenient traces may hold anything)."""
+def _i64(values: list[Any], default: int = -1, name: str = "", path: str = "") -> I64A:
+    """int64 array from a list that is normally all ints (lenient traces may hold anything).
+
+    A value beyond int64 is no id a profiler writes: with ``name`` it is an InputError naming
+    the field, otherwise it reads as ``default``."""
     try:
         return np.asarray(values, dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
-        return np.asarray([_as_int(v, default) for v in values], dtype=np.int64)
+        out = [_as_int(v, default) for v in values]
+        big = [v for v in out if not -(2**63) <= v < 2**63]
+        if big and name:
+            raise InputError(path, f"args.{name} = {big[0]} is out of range (more than 64 bits)") from None
+        return np.asarray([v if -(2**63) <= v < 2**63 else default for v in out], dtype=np.int64)
 
 
 def _f64(values: list[Any]) -> F64A:
@@ -964,8 +1072,11 @@ class KinetoParser:
         """Parse one Kineto trace file into one rank."""
         path = Path(path)
         data, warnings = read_bytes(path)
+        # hand the bytes over: once decoded they are freed, not held by this frame all along
+        held = [data]
+        del data
         try:
-            return [_parse_bytes(data, path, warnings)]
+            return [_parse_bytes(held, path, warnings)]
         except InputError:
             raise
         except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as exc:
@@ -974,7 +1085,8 @@ class KinetoParser:
             raise InputError(str(path), f"unsupported trace content ({type(exc).__name__}: {exc})") from None
 
 
-def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
+def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTimeline:
+    data = held.pop()  # the only reference from here on: ``del data`` below frees the bytes
     spath = str(path)
     if not _LEADING_OBJECT.match(data, 0, 4096):
         raise InputError(spath, "not a PyTorch Profiler trace (not a JSON object)")
@@ -989,6 +1101,7 @@ def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
         raise InputError(spath, "empty trace (traceEvents is empty)")
 
     dist = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
+    _check_fields(dist, trace.baseTimeNanoseconds, spath)
     rank = _as_int(dist.get("rank"), -1)
     rank_source = "distributedInfo"
     if rank < 0:
@@ -999,12 +1112,24 @@ def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
     groups = _process_groups(dist)
     ctx = _Ctx(spath, rank, groups)
     base = _as_int(trace.baseTimeNanoseconds, 0) if trace.baseTimeNanoseconds is not None else 0
+    if trace.baseTimeNanoseconds is not None and (
+        isinstance(trace.baseTimeNanoseconds, bool) or _as_int(trace.baseTimeNanoseconds, -1) < 0
+    ):
+        warnings = [
+            *warnings,
+            f"baseTimeNanoseconds {trace.baseTimeNanoseconds!r} is not a number of ns: "
+            "timestamps read as absolute µs",
+        ]
     devprops = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
 
     n_total = len(evs)
     codes = np.fromiter(
         (_CAT.get(e.cat, K_OTHER) if e.ph == "X" else K_OTHER for e in evs), dtype=np.int8, count=n_total
     )
+    # every dropped or altered event of this file in one warning (the loader names the file)
+    changed = _read_begin_end(evs, codes) + _drop_bad_times(evs, codes, base)
+    if changed:
+        warnings = [*warnings, "; ".join(changed)]
     gpu_idx = np.flatnonzero((codes >= K_KERNEL) & (codes <= K_SYNC))
     host_idx = np.flatnonzero((codes == K_CPUOP) | (codes == K_ANNOT) | (codes == K_PYFUNC))
 
@@ -1023,6 +1148,9 @@ def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
     else:
         if devprops or (backend or "").lower() == "nccl":
             why = "the trace lists CUDA devices" if devprops else "the backend is nccl"
+            if changed:
+                # GPU events are there, in a form ppdiag cannot place: say that, not "enable CUDA"
+                raise InputError(spath, f"no usable GPU events ({'; '.join(changed)})")
             if rec.lost_events or rec.warnings or warnings:
                 # Kineto writes GPU events after the CPU events: a cut can take all of them
                 raise InputError(
@@ -1063,6 +1191,128 @@ def _parse_bytes(data: bytes, path: Path, warnings: list[str]) -> RankTimeline:
         warnings=warnings,
         meta=meta,
     )
+
+
+# Largest |value| a field may take: ranks and sizes beyond any real job; times that still fit
+# int64 nanoseconds once the base is added.
+_MAX_RANK = 1 << 24
+_MAX_NS = 1 << 62
+_MAX_US = float(_MAX_NS // 1000)
+_MAX_DUR_US = 7 * 86400 * 1e6  # a week: no kernel or op lasts longer
+
+
+def _check_fields(dist: dict[str, Any], base: Any, path: str) -> None:
+    """Refuse top-level numbers no profiler writes, naming the field (not a crash later)."""
+    for key in ("rank", "world_size"):
+        v = dist.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not (-1 <= v < _MAX_RANK):
+            raise InputError(path, f"distributedInfo.{key} = {v!r} is out of range (0..{_MAX_RANK - 1})")
+    b = base
+    if isinstance(b, str):
+        try:
+            b = float(b)
+        except ValueError:
+            return  # not a number at all: warned about, and the timestamps read as absolute
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and not (abs(b) < _MAX_NS):
+        raise InputError(path, f"baseTimeNanoseconds = {base!r} is out of range (more than 2^62 ns)")
+
+
+def _read_begin_end(evs: list[Any], codes: npt.NDArray[np.int8]) -> list[str]:
+    """GPU events written as ``B``/``E`` pairs instead of complete ``X`` events: pair them per
+    (pid, tid) in time order and read each pair as one complete event; count what is left.
+
+    Only GPU categories are looked at (host B/E events are not used by the analysis)."""
+    gpu_cats = {c for c, k in _CAT.items() if K_KERNEL <= k <= K_SYNC}
+    idx = [i for i, e in enumerate(evs) if e.ph != "X" and e.cat in gpu_cats]
+    if not idx:
+        return []
+    begin: dict[tuple[Any, Any], list[int]] = {}
+    paired = unmatched = other = 0
+    order = sorted(idx, key=lambda i: (_num_or_nan(evs[i].ts), 0 if evs[i].ph == "E" else 1))
+    for i in order:
+        e = evs[i]
+        key = (e.pid, e.tid)
+        if e.ph == "B":
+            begin.setdefault(key, []).append(i)
+        elif e.ph == "E":
+            stack = begin.get(key)
+            if not stack:
+                unmatched += 1
+                continue
+            bi = stack.pop()
+            b = evs[bi]
+            t0, t1 = _num_or_nan(b.ts), _num_or_nan(e.ts)
+            if not (math.isfinite(t0) and math.isfinite(t1)) or t1 < t0:
+                unmatched += 1
+                continue
+            b.ph, b.dur = "X", t1 - t0
+            codes[bi] = _CAT[b.cat]
+            paired += 1
+        else:
+            other += 1
+    unmatched += sum(len(v) for v in begin.values())
+    out = []
+    if paired:
+        out.append(f"{paired} GPU events written as B/E pairs read as complete events")
+    if unmatched or other:
+        out.append(
+            f"dropped {unmatched + other} GPU events that are not complete (ph X) events "
+            f"({unmatched} unpaired B/E, {other} with another ph)"
+        )
+    return out
+
+
+def _num_array(vals: list[Any]) -> tuple[F64A, npt.NDArray[np.bool_]]:
+    """float64 values and a mask of the entries that are real numbers (not null, text or bool)."""
+    ok = np.fromiter((type(v) is float or type(v) is int for v in vals), dtype=bool, count=len(vals))
+    if ok.all():
+        return np.asarray(vals, dtype=np.float64), ok
+    return np.asarray([v if k else 0.0 for v, k in zip(vals, ok, strict=True)], dtype=np.float64), ok
+
+
+def _num_or_nan(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return math.nan
+    return float(v)
+
+
+def _drop_bad_times(evs: list[Any], codes: npt.NDArray[np.int8], base: int) -> list[str]:
+    """Drop (code ``K_OTHER``) the used events whose ``ts``/``dur`` are unusable and count them:
+    ts missing / null / text / bool / not finite, ts beyond int64 ns, dur over a week. Negative
+    or non-numeric durations are kept as zero-length events, and counted too."""
+    used = np.flatnonzero(codes != K_OTHER)
+    if not len(used):
+        return []
+    ts, ts_ok = _num_array([evs[i].ts for i in used])
+    dur, dur_ok = _num_array([evs[i].dur for i in used])
+    no_ts = ~ts_ok | ~np.isfinite(ts)
+    lim = _MAX_US - abs(base) / 1000.0
+    far = ~no_ts & (np.abs(ts) >= lim)
+    bad_dur = ~dur_ok | ~np.isfinite(dur)
+    neg = ~bad_dur & (dur < 0)
+    huge = ~bad_dur & (dur > _MAX_DUR_US)
+    drop = no_ts | far | huge
+    n = int(drop.sum())
+    zero = (neg | bad_dur) & ~drop
+    out = []
+    if n:
+        codes[used[drop]] = K_OTHER
+        parts = [
+            (int(no_ts.sum()), "ts missing, null, text or not finite"),
+            (int(far.sum()), "ts out of range"),
+            (int(huge.sum()), "dur over a week"),
+        ]
+        why = ", ".join(f"{k} {w}" for k, w in parts if k)
+        out.append(f"dropped {n} of {len(used)} events with unusable times ({why})")
+    if zero.any():
+        # kept at their start with zero length (what the parse does with them), but said
+        parts = [
+            (int((neg & ~drop).sum()), "a negative dur"),
+            (int((bad_dur & ~drop).sum()), "no numeric dur"),
+        ]
+        why = ", ".join(f"{k} with {w}" for k, w in parts if k)
+        out.append(f"{int(zero.sum())} of {len(used)} events read as zero-length ({why})")
+    return out
 
 
 def _process_groups(dist: dict[str, Any]) -> list[ProcessGroup]:
@@ -1237,7 +1487,7 @@ def _gpu_mode(
     dev = _tids([e.pid for e in g])
     adev = _i64([a.device for a in gargs])
     dev = np.where(dev >= 0, dev, adev)
-    corr = _i64([a.correlation for a in gargs])
+    corr = _i64([a.correlation for a in gargs], name="correlation", path=ctx.path)
     gname = [e.name if isinstance(e.name, str) else str(e.name) for e in g]
     name_id = np.fromiter((names.id(s) for s in gname), dtype=np.int32, count=n)
     nbytes = _i64([a.nbytes for a in gargs])
@@ -1268,7 +1518,8 @@ def _gpu_mode(
     launch_tid = np.full(n, -1, dtype=np.int64)
     if len(rt_idx):
         rt = [evs[i] for i in rt_idx.tolist()]
-        rt_corr = _i64([(e.args.correlation if e.args is not None else -1) for e in rt])
+        rt_args = [(e.args.correlation if e.args is not None else -1) for e in rt]
+        rt_corr = _i64(rt_args, name="correlation", path=ctx.path)
         rt_ts = us_to_ns(_f64([e.ts for e in rt]), base)
         rt_tid = _tids([e.tid for e in rt])
         del rt

@@ -7,8 +7,11 @@ across files: duplicates and files without a rank in a multi-file run are input 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
+import stat
 import sys
 import zlib
 from collections.abc import Iterator, Sequence
@@ -19,12 +22,33 @@ from pathlib import Path
 from typing import Any
 
 from ppdiag.errors import InputError
+from ppdiag.io import is_own_output, qpath
 from ppdiag.model import RankTimeline, Run
 from ppdiag.parsers import PARSERS, ParseOptions, Parser, load_builtin
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
 HEAD_BYTES = 1 << 16
 GZIP_MAGIC = b"\x1f\x8b"
+# other compressors' magic bytes: data a user renamed (or a tool wrote) under a trace name
+OTHER_COMPRESSION = {
+    b"BZh": "bzip2",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x04\x22\x4d\x18": "lz4",
+}
+
+
+_UNPACK = {"bzip2": "bunzip2", "zstd": "zstd -d", "xz": "unxz", "lz4": "lz4 -d"}
+
+
+def compression_of(head: bytes) -> str | None:
+    """``"bzip2"``, ``"zstd"``, ``"xz"`` or ``"lz4"`` when ``head`` starts such a stream."""
+    for magic, name in OTHER_COMPRESSION.items():
+        if head.startswith(magic):
+            if name == "bzip2" and not (len(head) > 3 and head[3:4].isdigit()):
+                continue
+            return name
+    return None
 
 
 @dataclass(frozen=True)
@@ -45,6 +69,12 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
     try:
         with open(path, "rb") as fh:
             head = fh.read(size)
+            if head[:3] == b"BZh" or head[:6] == b"\xfd7zXZ\x00":
+                out = _unpack_head(head, fh, size)
+                if not out.strip():
+                    what = "bzip2" if head[:3] == b"BZh" else "xz"
+                    raise InputError(str(path), f"{what} data cut short or damaged (nothing decompressed)")
+                return out
             if head[:2] != GZIP_MAGIC:
                 return head
             d = zlib.decompressobj(wbits=31)
@@ -64,14 +94,41 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
         raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
 
 
+def _unpack_head(head: bytes, fh: Any, size: int) -> bytes:
+    """First ``size`` decompressed bytes of bzip2 / xz data (the standard library reads both)."""
+    import bz2
+    import lzma
+
+    d: Any = bz2.BZ2Decompressor() if head[:3] == b"BZh" else lzma.LZMADecompressor()
+    try:
+        out = d.decompress(head, size)
+        while len(out) < size and not d.eof:
+            data = fh.read(1 << 16) if d.needs_input else b""
+            if d.needs_input and not data:
+                break
+            out += d.decompress(data, size - len(out))
+    except (OSError, EOFError, lzma.LZMAError):
+        return head  # not really that format: let the sniffers say what it is
+    return out
+
+
 def detect_format(path: Path) -> tuple[str | None, str]:
     """(parser name or None, reason when None) for one file, by content."""
     load_builtin()
     try:
-        if path.stat().st_size == 0:
-            return None, "empty file"
+        st = path.stat()
     except OSError as exc:
         return None, f"cannot read file ({exc.strerror or exc})"
+    if stat.S_ISDIR(st.st_mode):
+        return None, "is a directory"
+    if not stat.S_ISREG(st.st_mode):
+        # a pipe (/dev/stdin, <(...)) can be read once only, and the format is sniffed first
+        return (
+            None,
+            "not a regular file (a pipe or device such as /dev/stdin); save the trace to a file first",
+        )
+    if st.st_size == 0:
+        return None, "empty file"
     head = read_head(path)
     if not head.strip():
         return None, "empty file"
@@ -81,6 +138,9 @@ def detect_format(path: Path) -> tuple[str | None, str]:
                 return name, ""
         except Exception:  # a sniffer must never break the detection of other formats
             continue
+    comp = compression_of(head)
+    if comp in ("zstd", "lz4"):
+        return None, f"{comp}-compressed data, not gzip or JSON; decompress it first ({_UNPACK[comp]})"
     h = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if h.startswith(b"{"):
         return None, "JSON object without traceEvents: not a PyTorch Profiler trace"
@@ -93,23 +153,53 @@ def detect_format(path: Path) -> tuple[str | None, str]:
 OWN_OUTPUTS = ("groundtruth.json", "report.json", "summary.md", "report.html")
 
 
-def _scan_dir(d: Path) -> list[Path]:
-    files = _candidates(d)
+def _scan_dir(d: Path, notes: list[str]) -> list[Path]:
+    files = _candidates(d, notes)
+    subs = [sub for sub in sorted(d.iterdir()) if sub.is_dir() and not sub.name.startswith(".")]
     if files:
+        # traces one level down are another run, or the same run split: never drop them unsaid
+        below = [sub.name for sub in subs if _candidates(sub, [])]
+        if below:
+            shown = ", ".join(qpath(b) + "/" for b in below[:5]) + (", ..." if len(below) > 5 else "")
+            notes.append(
+                f"{qpath(d)}: trace files in subdirectories not read ({shown}); name them to include them"
+            )
         return files
     # one level down (e.g. RUN/rank0/trace.json, or a tensorboard log dir)
-    return [p for sub in sorted(d.iterdir()) if sub.is_dir() for p in _candidates(sub)]
+    return [p for sub in subs for p in _candidates(sub, notes)]
 
 
-def _candidates(d: Path) -> list[Path]:
-    files = sorted(p for p in d.iterdir() if p.is_file() and is_trace_name(p) and p.name not in OWN_OUTPUTS)
+def _candidates(d: Path, notes: list[str]) -> list[Path]:
+    try:
+        entries = sorted(d.iterdir())
+    except OSError as exc:
+        raise InputError(qpath(d), f"cannot list the directory ({exc.strerror or exc})") from None
+    files = []
+    own = []
+    for p in entries:
+        if not (p.is_file() and is_trace_name(p)) or p.name in OWN_OUTPUTS:
+            continue
+        if p.name.lower().endswith((".json", ".json.gz")) and is_own_output(p):
+            own.append(p.name)  # a report or Perfetto overlay ppdiag wrote, not a trace
+            continue
+        files.append(p)
+    if own:
+        notes.append(
+            f"{qpath(d)}: skipped {len(own)} file(s) ppdiag wrote ({', '.join(map(qpath, own[:5]))}"
+            f"{', ...' if len(own) > 5 else ''})"
+        )
     # an .nsys-rep next to its own SQLite export is the same rank twice
     names = {p.name for p in files}
     return [p for p in files if not (p.suffix == ".nsys-rep" and p.with_suffix(".sqlite").name in names)]
 
 
-def find_traces(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str]]:
+def find_traces(
+    paths: Sequence[str | Path], skipped: list[str] | None = None
+) -> tuple[list[TraceFile], list[str]]:
     """Trace files among ``paths`` (files or run directories) with their formats, plus warnings.
+
+    ``skipped`` receives the trace-like files of a directory that could not be read (another
+    compression, cut gzip, unreadable): the run lacks their ranks.
 
     In a directory, files no parser recognises are skipped with a warning; a file named explicitly
     must be a trace. Corrupt gzip is an error either way: the file was meant to be a trace.
@@ -119,13 +209,14 @@ def find_traces(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str]
     found: list[TraceFile] = []
     warnings: list[str] = []
     seen: set[Path] = set()
+    skipped_traces: list[str] = []
     for raw in paths:
         p = Path(raw)
         if not p.exists():
-            raise InputError(str(p), "no such file or directory")
+            raise InputError(qpath(p), "no such file or directory")
         if p.is_dir():
-            cands = _scan_dir(p)
-            skipped: list[str] = []
+            cands = _scan_dir(p, warnings)
+            not_read: list[str] = []
             n_before = len(found)
             for f in cands:
                 key = f.resolve()
@@ -134,19 +225,23 @@ def find_traces(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str]
                     continue
                 fmt, why = detect_format(f)
                 if fmt is None:
-                    skipped.append(f"{f.name} ({why})")
-                    warnings.append(f"{f}: skipped: {why}")
+                    not_read.append(f"{qpath(f.name)} ({why})")
+                    warnings.append(f"{qpath(f)}: skipped: {why}")
+                    if not why.startswith(("JSON object without", "a JSON array")):
+                        # meant to be a trace (compressed otherwise, cut, unreadable): the run
+                        # lacks a rank, which the gate must know
+                        skipped_traces.append(f"{qpath(f)} ({why})")
                     continue
                 seen.add(key)
                 found.append(TraceFile(f, fmt))
             if len(found) == n_before:
                 detail = (
-                    f" (skipped: {', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})"
-                    if skipped
+                    f" (skipped: {', '.join(not_read[:5])}{', ...' if len(not_read) > 5 else ''})"
+                    if not_read
                     else ""
                 )
                 raise InputError(
-                    str(p),
+                    qpath(p),
                     "no trace files found (expected *.json, *.json.gz, *.pt.trace.json, *.sqlite, "
                     f"*.nsys-rep){detail}",
                 )
@@ -156,7 +251,9 @@ def find_traces(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str]
                 continue
             fmt, why = detect_format(p)
             if fmt is None:
-                raise InputError(str(p), f"{why} (expected a PyTorch Profiler JSON or Nsight Systems trace)")
+                raise InputError(
+                    qpath(p), f"{why} (expected a PyTorch Profiler JSON or Nsight Systems trace)"
+                )
             seen.add(key)
             found.append(TraceFile(p, fmt))
     formats = {t.format for t in found}
@@ -166,6 +263,8 @@ def find_traces(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str]
             by_fmt.setdefault(t.format, t.path)
         shown = ", ".join(f"{fmt}: {path}" for fmt, path in sorted(by_fmt.items()))
         raise InputError(None, f"mixed trace formats in one run ({shown}); analyze one format at a time")
+    if skipped is not None:
+        skipped.extend(skipped_traces)
     return found, warnings
 
 
@@ -230,6 +329,40 @@ def _mp_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context()
 
 
+def _worker_init() -> None:
+    """Parse worker setup: Ctrl-C is the parent's to handle (it terminates the pool and says
+    "interrupted"); SIGTERM kills; and on Linux the worker dies with its parent even when the
+    parent is killed outright (no orphan holding gigabytes)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+            if os.getppid() == 1:  # the parent died before the call took effect
+                os._exit(1)
+        except (OSError, AttributeError):
+            pass
+
+
+def _kill_pool(pool: ProcessPoolExecutor) -> None:
+    """Terminate every worker of ``pool`` at once and drop the queued work."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for pr in procs:
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            pr.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for pr in procs:
+        try:
+            pr.join(timeout=1.0)
+            if pr.is_alive():
+                pr.kill()
+        except (OSError, AttributeError, ValueError, AssertionError):
+            pass
+
+
 def parse_files(
     files: Sequence[TraceFile],
     options: ParseOptions,
@@ -253,20 +386,22 @@ def parse_files(
                 take(i, _parse_one(str(f.path), f.format, options))
                 bar.advance()
     else:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=_mp_context()) as pool:
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=_mp_context(), initializer=_worker_init)
+        try:
             futs: dict[Future[_Outcome], int] = {
                 pool.submit(_parse_one, str(f.path), f.format, options): i for i, f in enumerate(files)
             }
             # the bar starts after the workers exist: no display thread is running at fork time
             with _progress(len(files), progress) as bar:
-                try:
-                    for fut in as_completed(futs):
-                        take(futs[fut], fut.result())
-                        bar.advance()
-                except BaseException:
-                    for f2 in futs:
-                        f2.cancel()
-                    raise
+                for fut in as_completed(futs):
+                    take(futs[fut], fut.result())
+                    bar.advance()
+        except BaseException:
+            # an error, Ctrl-C or SIGTERM: stop the other parses now instead of waiting for them
+            # (a worker can hold a multi-GB trace for minutes)
+            _kill_pool(pool)
+            raise
+        pool.shutdown(wait=True)
     return [(f, r or []) for f, r in zip(files, results, strict=True)]
 
 
@@ -320,7 +455,8 @@ def load_run(
     Raises :class:`InputError` (one line, naming the file) for anything unusable.
     """
     opts = options or ParseOptions()
-    files, warnings = find_traces(paths)
+    skipped: list[str] = []
+    files, warnings = find_traces(paths, skipped)
     parsed = parse_files(files, opts, jobs=jobs, progress=progress)
     ranks, rank_warnings = resolve_ranks(parsed)
     fmt = files[0].format
@@ -338,11 +474,61 @@ def load_run(
     for w, names in counts.items():
         warnings.append(f"{names[0]}: {w}" if len(names) == 1 else f"{len(names)} files: {w}")
     warnings.extend(rank_warnings)
-    return Run(ranks=ranks, format=fmt, warnings=warnings)
+    doubts = cross_rank_warnings(ranks, fmt)
+    warnings.extend(doubts)
+    return Run(ranks=ranks, format=fmt, warnings=warnings, skipped=skipped, doubts=doubts)
+
+
+# ranks of one run start their traces within minutes of each other: more is another run's trace
+_FAR_NS = 3600 * 10**9
+
+
+def _span(ns: int) -> str:
+    s = abs(ns) / 1e9
+    if s >= 86400:
+        return f"{s / 86400:.1f} days"
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    return f"{s:.0f} s"
+
+
+def cross_rank_warnings(ranks: Sequence[RankTimeline], fmt: str) -> list[str]:
+    """Ranks checked against each other: ``world_size`` values that disagree, and (Kineto, whose
+    clocks are absolute) a rank whose trace lies hours away from the others' (another run)."""
+    out: list[str] = []
+    sizes: dict[int, list[int]] = {}
+    for r in ranks:
+        if r.world_size:
+            sizes.setdefault(int(r.world_size), []).append(r.rank)
+    if len(sizes) > 1:
+        shown = "; ".join(
+            f"{w} on rank(s) {', '.join(map(str, rs[:8]))}{', ...' if len(rs) > 8 else ''}"
+            for w, rs in sorted(sizes.items())
+        )
+        out.append(
+            f"world_size differs between ranks ({shown}): traces from different jobs? the largest is used"
+        )
+    if fmt != "kineto" or len(ranks) < 2:
+        return out
+    starts = {r.rank: int(r.intervals.start.min()) for r in ranks if len(r.intervals)}
+    if len(starts) < 2:
+        return out
+    import numpy as np
+
+    med = int(np.median(list(starts.values())))
+    for rank, t in starts.items():
+        if abs(t - med) > _FAR_NS:
+            side = "after" if t > med else "before"
+            out.append(
+                f"rank {rank}: its trace starts {_span(t - med)} {side} the other ranks' "
+                "(a trace from another run?)"
+            )
+    return out
 
 
 __all__ = [
     "TraceFile",
+    "cross_rank_warnings",
     "detect_format",
     "find_traces",
     "is_trace_name",

@@ -6,6 +6,7 @@ A new output is one module that defines a :class:`Reporter` and calls :func:`reg
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -44,10 +45,23 @@ def load_builtin() -> None:
                 raise
 
 
-def write_report(name: str, diagnosis: Diagnosis, path: str | Path) -> Path:
-    """Write report ``name`` to ``path``; returns the path."""
+def run_inputs(diagnosis: Diagnosis) -> list[str]:
+    """The trace files a diagnosis was read from (a report must never overwrite one)."""
+    run = getattr(diagnosis, "run", None)
+    srcs = [r.source for r in getattr(run, "ranks", None) or [] if getattr(r, "source", None)]
+    return [*srcs, *((getattr(diagnosis, "context", None) or {}).get("inputs") or [])]
+
+
+def write_report(
+    name: str, diagnosis: Diagnosis, path: str | Path, inputs: Iterable[str | Path] = ()
+) -> Path:
+    """Write report ``name`` to ``path`` atomically through :func:`ppdiag.io.write_output`.
+
+    Refuses the run's trace files, ``inputs`` and any existing file ppdiag did not write; an
+    ``OSError`` becomes an :class:`~ppdiag.errors.InputError` naming the path. Returns the path.
+    """
+    from ppdiag.io import write_output
+
     load_builtin()
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    REPORTERS[name].write(diagnosis, p)
-    return p
+    reporter = REPORTERS[name]
+    return write_output(path, lambda tmp: reporter.write(diagnosis, tmp), [*run_inputs(diagnosis), *inputs])

@@ -108,6 +108,10 @@ class GateResult:
     reasons: list[str] = field(default_factory=list)  # why inconclusive / notes on the comparison
     budget_source: str | None = None
     baseline_source: str | None = None
+    coverage: Coverage | None = None
+    partial: list[str] = field(default_factory=list)  # ranks / checks that did not take part
+    allow_partial: bool = False
+    warnings: list[str] = field(default_factory=list)  # e.g. overrides that change the bubble
 
     @property
     def exit_code(self) -> int:
@@ -126,7 +130,115 @@ class GateResult:
             "budget": self.budget_source,
             "baseline": self.baseline_source,
             "checks": [c.to_json() for c in self.checks],
+            "coverage": self.coverage.to_json() if self.coverage else None,
+            "partial": self.partial,
+            "allow_partial": self.allow_partial,
+            "warnings": self.warnings,
         }
+
+
+@dataclass
+class Coverage:
+    """Which ranks and steps of the run the gate's figures come from."""
+
+    world_size: int = 0
+    traced: list[int] = field(default_factory=list)  # ranks whose trace was read
+    analyzed: list[int] = field(default_factory=list)  # ranks with at least one analysed step
+    steps: list[int] = field(default_factory=list)  # step numbers analysed
+    skipped_files: list[str] = field(default_factory=list)  # trace-like files that could not be read
+    step_filter: str | None = None
+    doubts: list[str] = field(default_factory=list)  # ranks that disagree with the others
+
+    @property
+    def expected(self) -> int:
+        """Ranks the job has: ``world_size``, or (when no trace says it) up to the highest rank
+        traced, since ranks are numbered from 0."""
+        return self.world_size or (max(self.traced) + 1 if self.traced else 0)
+
+    @property
+    def missing(self) -> list[int]:
+        """Ranks of ``0..expected-1`` without a trace (the first 1000 of a huge job)."""
+        have = set(self.traced)
+        out: list[int] = []
+        for r in range(self.expected):
+            if r not in have:
+                out.append(r)
+                if len(out) >= 1000:
+                    break
+        return out
+
+    @property
+    def no_steps(self) -> list[int]:
+        """Traced ranks that contributed no step (all excluded by ``--steps``, or none found)."""
+        got = set(self.analyzed)
+        return [r for r in self.traced if r not in got]
+
+    def gaps(self) -> list[str]:
+        """Why the run is only partly covered (empty when every rank took part)."""
+        out = []
+        missing = self.missing
+        if missing:
+            of = f"world size {self.world_size}" if self.world_size else f"ranks 0-{self.expected - 1}"
+            n = self.expected - len(set(self.traced) & set(range(self.expected)))
+            out.append(f"{n} rank(s) {_ranges(missing)} of {of} have no trace")
+        if self.no_steps:
+            why = f" (excluded by --steps {self.step_filter})" if self.step_filter else ""
+            out.append(f"rank(s) {_ranges(self.no_steps)} have no analysed step{why}")
+        for f in self.skipped_files:
+            out.append(f"unreadable trace file {f}")
+        out += self.doubts
+        return out
+
+    def line(self) -> str:
+        """One line: which ranks and steps took part."""
+        world = f"world size {self.world_size}" if self.world_size else "world size unknown"
+        steps = f"steps {_ranges(self.steps)}" if self.steps else "no step"
+        return f"ranks {_ranges(self.analyzed) or 'none'} ({world}); {steps}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "traced": self.traced,
+            "analyzed": self.analyzed,
+            "steps": self.steps,
+            "missing": self.missing,
+            "no_steps": self.no_steps,
+            "skipped_files": self.skipped_files,
+            "doubts": self.doubts,
+        }
+
+
+def _ranges(xs: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    xs = sorted(set(xs))
+    out: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    if len(out) > 12:
+        out = [*out[:12], f"... ({len(xs)} in all)"]
+    return ", ".join(out)
+
+
+def coverage_of(
+    report: dict[str, Any], skipped_files: list[str] | None = None, step_filter: str | None = None
+) -> Coverage:
+    """The :class:`Coverage` a JSON report describes (``run.world_size``, ``run.ranks``, ``ranks``)."""
+    run = report.get("run") or {}
+    traced = [int(r) for r in run.get("ranks") or [] if isinstance(r, int) and not isinstance(r, bool)]
+    analyzed = [
+        int(r["rank"])
+        for r in report.get("ranks") or []
+        if isinstance(r, dict) and isinstance(r.get("rank"), int) and (r.get("steps", 1) or 0) > 0
+    ]
+    world = run.get("world_size")
+    world = int(world) if isinstance(world, int) and not isinstance(world, bool) and world > 0 else 0
+    steps = [int(s) for s in run.get("steps") or [] if isinstance(s, int) and s >= 0]
+    return Coverage(world, traced, analyzed, steps, list(skipped_files or []), step_filter)
 
 
 def _r(v: float | None) -> float | None:
@@ -259,7 +371,8 @@ def load_report(path: str | Path, what: str = "report") -> dict[str, Any]:
     if not isinstance(data, dict) or "schema_version" not in data:
         raise InputError(str(p), "not a ppdiag JSON report (no schema_version)")
     ver = data["schema_version"]
-    if ver != SCHEMA_VERSION:
+    # true == 1 and 1.0 == 1 in Python: the version is the JSON integer 1, nothing else
+    if type(ver) is not int or ver != SCHEMA_VERSION:
         raise InputError(
             str(p), f"report schema_version {ver!r} is not supported (this ppdiag reads {SCHEMA_VERSION})"
         )
@@ -374,7 +487,11 @@ def _limit_check(
     elif unit == "pts":
         text = f"{label} {measured:+.2f} pts {op} +{limit:.2f} pts"
     else:
-        text = f"{label} {measured:.3f} {op} {limit:.3f}"
+        # enough digits that a failing value never prints equal to its limit (1.0004 > 1.000)
+        d = 3
+        while d < 9 and f"{measured:.{d}f}" == f"{limit:.{d}f}" and measured != limit:
+            d += 1
+        text = f"{label} {measured:.{d}f} {op} {limit:.{d}f}"
     if note:
         text += f"  ({note})"
     return Check(name, kind, measured, limit, ok, text, note, unit)
@@ -385,13 +502,16 @@ def run_gate(
     budget: Budget,
     baseline: dict[str, Any] | None = None,
     baseline_source: str | None = None,
+    coverage: Coverage | None = None,
+    allow_partial: bool = False,
 ) -> GateResult:
     """Run every check ``budget`` configures on ``report`` (and against ``baseline`` when given).
 
     Status: ``fail`` when any check failed; otherwise ``inconclusive`` when the baseline is not
     comparable (another pp, schedule, M or virtual stages) or when nothing could be checked;
     otherwise ``pass``. Budget checks whose input is absent (no pipeline, one stage) are skipped
-    with a note and do not fail the gate.
+    with a note; like a rank without a trace or steps (``coverage``), they make a gate that
+    would pass ``inconclusive`` unless ``allow_partial``.
     """
     res = GateResult(budget_source=budget.source, baseline_source=baseline_source)
     summ = report.get("summary") or {}
@@ -484,7 +604,7 @@ def run_gate(
                 )
         else:
             new, old = _num(summ.get("step_ms")), _num(_get(baseline, "summary", "step_ms"))
-            if new is None or not old:
+            if new is None or not old or old < 0 or not math.isfinite(old):
                 res.checks.append(
                     Check(
                         "regression.step",
@@ -492,8 +612,8 @@ def run_gate(
                         None,
                         step_limit,
                         None,
-                        "step time vs baseline: inconclusive (no step time)",
-                        "no step time",
+                        f"step time vs baseline: inconclusive ({_step_why(new, baseline)})",
+                        _step_why(new, baseline),
                         "%",
                     )
                 )
@@ -511,6 +631,30 @@ def run_gate(
                     )
                 )
             if budget.lost_pct is not None:
+                absent = [
+                    c
+                    for c in CAUSE_KEYS
+                    if _cause_share(baseline, c) is None or _cause_share(report, c) is None
+                ]
+                if absent:
+                    # a cause the baseline (or this run) lacks cannot be compared: say so, never
+                    # drop the check silently
+                    side = (
+                        "baseline" if any(_cause_share(baseline, c) is None for c in absent) else "this run"
+                    )
+                    why = f"{side} has no valid summary.lost_ms / step_ms for {', '.join(absent)}"
+                    res.checks.append(
+                        Check(
+                            "regression.lost",
+                            "regression",
+                            None,
+                            budget.lost_pct,
+                            None,
+                            f"lost time by cause vs baseline: inconclusive ({why})",
+                            why,
+                            "pts",
+                        )
+                    )
                 for c in CAUSE_KEYS:
                     a, b = _cause_share(baseline, c), _cause_share(report, c)
                     if a is None or b is None:
@@ -528,8 +672,17 @@ def run_gate(
                         )
                     )
 
+    res.allow_partial = allow_partial
+    res.coverage = coverage
+    if coverage is not None:
+        res.partial += coverage.gaps()
+    res.partial += [
+        f"check {c.name} could not be computed ({c.note or c.text})"
+        for c in res.checks
+        if c.passed is None and not incomparable
+    ]
     if any(c.passed is False for c in res.checks):
-        res.status = "fail"
+        res.status = "fail"  # a limit exceeded on part of the run is exceeded on the run
     elif incomparable:
         res.status = "inconclusive"
     elif not any(c.passed is True for c in res.checks):
@@ -538,9 +691,21 @@ def run_gate(
             res.reasons.append("the budget sets no limit and no baseline was given: nothing to check")
         else:
             res.reasons.append("no configured check could be evaluated on this run")
+    elif res.partial and not allow_partial:
+        res.status = "inconclusive"
+        res.reasons.append("partial data: " + "; ".join(res.partial) + " (pass --allow-partial to accept)")
     else:
         res.status = "pass"
     return res
+
+
+def _step_why(new: float | None, baseline: dict[str, Any]) -> str:
+    if new is None:
+        return "this run has no step time"
+    raw = _get(baseline, "summary", "step_ms")
+    if raw is None:
+        return "baseline has no summary.step_ms"
+    return f"baseline summary.step_ms is {raw!r}, not a positive number"
 
 
 def format_gate(result: GateResult) -> list[str]:
@@ -554,7 +719,17 @@ def format_gate(result: GateResult) -> list[str]:
     }[result.status]
     if result.status == "inconclusive" and result.reasons:
         head = f"INCONCLUSIVE: {'; '.join(result.reasons)}"
+    elif result.status == "pass" and result.partial:
+        head += f" (partial data accepted by --allow-partial: {len(result.partial)} gap(s) below)"
     lines = [f"ppdiag check {head}"]
+    if result.coverage is not None:
+        lines.append(f"  took part: {result.coverage.line()}")
+    ran = [c.name for c in result.checks if c.passed is not None]
+    lines.append(f"  checks computed: {', '.join(ran) or 'none'}")
+    for p in result.partial:
+        lines.append(f"  {'NOTE' if result.allow_partial else 'MISSING'}  {p}")
+    for w in result.warnings:
+        lines.append(f"  WARN  {w}")
     tag = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP", "inconclusive": "N/A "}
     for c in result.checks:
         lines.append(f"  {tag[c.state]}  {c.text}")

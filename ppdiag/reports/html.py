@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.io import html_marker
 from ppdiag.model.timeline import Direction, Kind, Phase
 from ppdiag.reports import register
 from ppdiag.reports.style import (
@@ -877,7 +878,8 @@ def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
         subplot_titles=titles,
         shared_xaxes="all",
         horizontal_spacing=0.04,
-        vertical_spacing=0.14 if nrows > 1 else 0.1,
+        # plotly refuses a spacing above 1 / (rows - 1): many stages (pp >= 33) need less
+        vertical_spacing=min(0.14, 0.5 / (nrows - 1)) if nrows > 1 else 0.1,
     )
     # one bin width for every stage, so the histograms compare like with like
     allv = [float(v) for s in stages for _, k, _ in series for v in (s.get(k) or []) if num(v) is not None]
@@ -1622,6 +1624,7 @@ def render_html(
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"{html_marker()}"
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
@@ -1633,7 +1636,7 @@ def render_html(
 def write_html(diag: Diagnosis, path: str | Path, **kw: Any) -> Path:
     """Write the HTML report to ``path``."""
     p = Path(path)
-    p.write_text(render_html(diag, **kw), encoding="utf-8")
+    p.write_text(render_html(diag, **kw), encoding="utf-8", errors="backslashreplace")
     return p
 
 

@@ -37,7 +37,12 @@ class JsonReporter:
     suffix = ".json"
 
     def write(self, diagnosis: Diagnosis, path: Path) -> None:
-        path.write_text(dumps(diagnosis.report) + "\n", encoding="utf-8")
+        from ppdiag.io import MARKER_KEY, json_marker
+
+        # the marker goes first: later runs recognise the file as ppdiag's from its first bytes
+        doc = {MARKER_KEY: json_marker("report"), **diagnosis.report}
+        # undecodable file-name bytes (legal on Linux) become \\udcXX escapes, not a crash
+        path.write_text(dumps(doc) + "\n", encoding="utf-8", errors="backslashreplace")
 
 
 register(JsonReporter())

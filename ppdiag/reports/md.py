@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.reports import register
+from ppdiag.reports.sanitize import clean, clean_tree, md_neutral
 from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num, ranks_text, slowest_stage
 
 if TYPE_CHECKING:
@@ -23,9 +24,9 @@ _MD_SPECIAL = "\\`*_[]|~#"
 
 def md_escape(s: Any) -> str:
     """Escape text for Markdown (and the HTML GitHub renders inside it); one line."""
-    t = html.escape("" if s is None else str(s), quote=False)
+    t = html.escape(clean("" if s is None else str(s)), quote=False)
     t = "".join("\\" + ch if ch in _MD_SPECIAL else ch for ch in t)
-    return " ".join(t.split())
+    return md_neutral(" ".join(t.split()))
 
 
 def _f(x: Any, nd: int = 2) -> str:
@@ -58,6 +59,10 @@ def _gate_md(gate: Any) -> list[str]:
     out = [f"### Gate: {icon} {st.upper()} (exit {md_escape(data.get('exit_code'))})", ""]
     for r in data.get("reasons") or []:
         out.append(f"- {md_escape(r)}")
+    if data.get("allow_partial"):
+        # what did not take part, said even when --allow-partial let the gate pass
+        for r in data.get("partial") or []:
+            out.append(f"- not part of the gate: {md_escape(r)}")
     checks = data.get("checks") or []
     if checks:
         if data.get("reasons"):
@@ -75,6 +80,7 @@ def render_markdown(
     report: dict[str, Any], gate: Any = None, max_findings: int = 5, html_name: str | None = None
 ) -> str:
     """The Markdown summary of one JSON report (plus a gate result when given)."""
+    report = clean_tree(report)  # trace strings: no terminal escapes or control characters
     run = report.get("run") or {}
     s = report.get("summary") or {}
     step = num(s.get("step_ms"))
@@ -206,7 +212,11 @@ def write_markdown(diag: Diagnosis, path: str | Path, gate: Any = None) -> Path:
     """Write the Markdown summary of ``diag`` (the gate from ``gate`` or ``diag.context['gate']``)."""
     p = Path(path)
     g = gate if gate is not None else (diag.context or {}).get("gate")
-    p.write_text(render_markdown(diag.report or {}, gate=g), encoding="utf-8")
+    from ppdiag.io import md_marker
+
+    # the marker is the last line: the headline stays first for PR comments and CI summaries
+    text = render_markdown(diag.report or {}, gate=g).rstrip("\n") + "\n\n" + md_marker() + "\n"
+    p.write_text(text, encoding="utf-8", errors="backslashreplace")
     return p
 
 

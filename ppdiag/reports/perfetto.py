@@ -120,7 +120,8 @@ def write_trace(diag: Diagnosis, out: IO[str]) -> PerfettoStats:
         key=lambda r: (0, int(stages[r].split()[1].split(",")[0]), r) if r in stages else (1, 0, r),
     )
     sort_index = {r: i for i, r in enumerate(order)}
-    out.write('{"displayTimeUnit":"ns","otherData":')
+    # ppdiag's marker first: a later run recognises the overlay as an output, not a trace
+    out.write('{"ppdiag":{"kind":"perfetto"},"displayTimeUnit":"ns","otherData":')
     summ = (diag.report or {}).get("summary") or {}
     out.write(
         json.dumps(
@@ -298,9 +299,9 @@ def write_perfetto(diag: Diagnosis, path: str | Path) -> PerfettoStats:
     """Write the overlay to ``path`` (gzip when it ends in ``.gz``)."""
     p = Path(path)
     if p.suffix == ".gz":
-        with gzip.open(p, "wt", encoding="utf-8", compresslevel=6) as fh:
+        with gzip.open(p, "wt", encoding="utf-8", errors="backslashreplace", compresslevel=6) as fh:
             return write_trace(diag, fh)
-    with p.open("w", encoding="utf-8") as fh:
+    with p.open("w", encoding="utf-8", errors="backslashreplace") as fh:
         return write_trace(diag, fh)
 
 

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.reports.sanitize import clean_tree
 from ppdiag.reports.style import slowest_stage
 
 CAUSE_LABEL = {
@@ -147,7 +148,8 @@ def findings_panel(report: dict[str, Any], limit: int = 10) -> Group | Text:
 
 
 def render(report: dict[str, Any], console: Console | None = None, ranks: bool = True) -> None:
-    """Print the whole terminal report."""
+    """Print the whole terminal report (trace strings without escape sequences or controls)."""
+    report = clean_tree(report)
     con = console or Console()
     con.print(Panel(headline(report), title="ppdiag", border_style="blue"))
     st = stage_table(report)

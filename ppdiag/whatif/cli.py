@@ -14,12 +14,13 @@ from rich.table import Table
 from rich.text import Text
 
 from ppdiag.errors import InputError
+from ppdiag.limits import MAX_MICROBATCHES, MAX_PP, MAX_SIM_CELLS
 from ppdiag.whatif.render import fmt_pct, whatif_table
 
 MultiStr = list[str] | None
 
 
-def _ints(values: MultiStr, flag: str, lo: int = 1, unique: bool = True) -> list[int]:
+def _ints(values: MultiStr, flag: str, lo: int = 1, unique: bool = True, hi: int | None = None) -> list[int]:
     """Values of a repeatable flag that also takes comma lists: ``-m 16 -m 32`` or ``-m 16,32``
     (repeated values dropped when ``unique``)."""
     out: list[int] = []
@@ -34,6 +35,8 @@ def _ints(values: MultiStr, flag: str, lo: int = 1, unique: bool = True) -> list
                 raise InputError(None, f"{flag}: {part!r} is not a whole number") from None
             if n < lo:
                 raise InputError(None, f"{flag}: {n} must be >= {lo}")
+            if hi is not None and n > hi:
+                raise InputError(None, f"{flag}: {n} is above the supported maximum {hi}")
             out.append(n)
     return list(dict.fromkeys(out)) if unique else out
 
@@ -248,9 +251,12 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def bubble(
-        pp: Annotated[int, typer.Option("--pp", help="Pipeline stages (P).")],
+        pp: Annotated[int, typer.Option("--pp", min=1, max=MAX_PP, help="Pipeline stages (P).")],
         microbatches: Annotated[
-            int, typer.Option("--microbatches", "-m", help="Micro-batches per step (M).")
+            int,
+            typer.Option(
+                "--microbatches", "-m", min=1, max=MAX_MICROBATCHES, help="Micro-batches per step (M)."
+            ),
         ],
         schedule: Annotated[str, typer.Option("--schedule", help="Schedule.")] = "1f1b",
         virtual: Annotated[
@@ -351,10 +357,10 @@ def _whatif(
         raise InputError(None, "--max-activation-mb must be > 0")
     if micro_batch is not None and micro_batch < 1:
         raise InputError(None, "--micro-batch must be >= 1")
-    ms = _ints(microbatches, "--microbatches")
+    ms = _ints(microbatches, "--microbatches", hi=MAX_MICROBATCHES)
     scheds = _schedules(schedule)
     vs = _ints(virtual, "--virtual")
-    pps = _ints(pp, "--pp")
+    pps = _ints(pp, "--pp", hi=MAX_PP)
     lps = _ints([layers_per_stage], "--layers-per-stage", unique=False) if layers_per_stage else None
     opts = WhatifOptions(
         calibration=calibration,
@@ -401,6 +407,15 @@ def _whatif(
     dim_v: list[int | None] = list(vs) or [None]
     dim_p: list[int | None] = list(pps) or [None]
     combos = list(itertools.product(dim_m, dim_s, dim_v, dim_p))
+    for m_, _, v_, p_ in combos:
+        # the simulator's time grows with P x M x v: refuse what would run for minutes
+        cells = (p_ or meas.pp or 1) * (m_ or meas.microbatches or 1) * (v_ or meas.virtual or 1)
+        if cells > MAX_SIM_CELLS:
+            raise InputError(
+                None,
+                f"P x M x v = {cells} is above the simulated maximum {MAX_SIM_CELLS}; "
+                "predict fewer stages, micro-batches or chunks",
+            )
     scenarios: list[Scenario] = []
 
     def scn(
@@ -526,6 +541,18 @@ def bubble_table(
     rows = []
     for m in sorted({pp, 2 * pp, 4 * pp, 8 * pp, microbatches}):
         row: dict[str, Any] = {"microbatches": m, "given": m == microbatches}
+        if pp * m * v > MAX_SIM_CELLS:
+            # the simulator's time grows with P x M x v: past the bound only the formula is cheap
+            row.update(
+                {
+                    "simulated": None,
+                    "closed_form": None,
+                    "peak_inflight": None,
+                    "error": f"P x M x v = {pp * m * v} is above the simulated maximum {MAX_SIM_CELLS}",
+                }
+            )
+            rows.append(row)
+            continue
         try:
             res = simulate(SimConfig(sched, pp, m, v, fwd_ns=fwd, bwd_ns=bwd, wgrad_ns=wg))
             row["simulated"] = round(float(res.bubble_ratio), 6)
