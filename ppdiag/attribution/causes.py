@@ -154,19 +154,29 @@ def _split_local(rs: RankStep, lo: int, hi: int) -> tuple[int, int, int]:
     return (busy, host, max(hi - lo - busy - host, 0))
 
 
-def _blocking_peer(tl: RankTimeline, off: int, lo: int, hi: int) -> tuple[int, int]:
+def _blocking_peer(
+    tl: RankTimeline, off: int, lo: int, hi: int, po: P2POps | None = None
+) -> tuple[int, int]:
     """Peer of the p2p interval that covers most of the wait ``[lo, hi]``.
 
     A wait can end on a transfer that was complete long before (a receive is only waited for
     after an earlier send returned), so the longest piece names the peer that held the rank.
+    Where the trace names no peer, the pipeline's p2p ops ``po`` (peers decided by timing) do.
     """
     iv = tl.intervals
     m = (iv.kind == int(Kind.P2P)) & (iv.end + off > lo) & (iv.start + off < hi)
-    if not m.any():
-        return -1, 0
-    cover = np.minimum(iv.end[m] + off, hi) - np.maximum(iv.start[m] + off, lo)
-    i = np.flatnonzero(m)[int(np.argmax(cover))]
-    return int(iv.peer[i]), int(iv.direction[i])
+    peer, dirn = -1, 0
+    if m.any():
+        cover = np.minimum(iv.end[m] + off, hi) - np.maximum(iv.start[m] + off, lo)
+        i = np.flatnonzero(m)[int(np.argmax(cover))]
+        peer, dirn = int(iv.peer[i]), int(iv.direction[i])
+    if peer < 0 and po is not None and len(po.start):
+        mo = (po.peer >= 0) & (po.end + off > lo) & (po.start + off < hi)
+        if mo.any():
+            cover = np.minimum(po.end[mo] + off, hi) - np.maximum(po.start[mo] + off, lo)
+            i = np.flatnonzero(mo)[int(np.argmax(cover))]
+            peer, dirn = int(po.peer[i]), int(po.direction[i])
+    return peer, dirn
 
 
 class Replay:
@@ -291,7 +301,7 @@ class Replay:
                 self.nodes.append(node)
                 self.meas_start.append(s)
                 if w_s.size:
-                    pending.append((nid, _blocking_peer(tl, off, wait_start, rel), rel, wait_start))
+                    pending.append((nid, _blocking_peer(tl, off, wait_start, rel, ops.get(tl.rank)), rel, wait_start))
                 if int(b.mb[i]) >= 0:
                     by_key[
                         (

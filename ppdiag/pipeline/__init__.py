@@ -10,6 +10,7 @@ from ppdiag.errors import InputError
 from ppdiag.model import Direction, Run
 from ppdiag.pipeline.blocks import Blocks, build_blocks, write_back
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
+from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
 from ppdiag.pipeline.schedule import SCHEDULES, detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
 from ppdiag.pipeline.topology import Topology, infer_topology
@@ -39,6 +40,7 @@ class Pipeline:
     schedule: str
     microbatches: int | None
     warnings: list[str] = field(default_factory=list)
+    peers: PeerDecision | None = None  # how the p2p partners were decided
 
 
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
@@ -47,10 +49,20 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     if opts.schedule and opts.schedule not in SCHEDULES:
         raise InputError(None, f"--schedule {opts.schedule!r}: expected one of {', '.join(SCHEDULES[:-2])}")
     warnings: list[str] = []
-    topo = infer_topology(run, opts.stage_map, opts.pp)
-    warnings.extend(topo.warnings)
     ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
+    peers = decide_peers(run, ops)
+    topo = infer_topology(run, opts.stage_map, opts.pp, ops)
+    if peers.decided and topo.source == "p2p chain":
+        topo.source = f"p2p chain (peers from {peers.source})"
+    elif peers.decided and topo.pp == 1:
+        peers.warnings.append(
+            f"p2p partners decided by timing for {peers.decided} ops form no pipeline chain; "
+            "treated as no pipeline"
+        )
+    warnings.extend(peers.warnings)
+    warnings.extend(topo.warnings)
     pairs = match_pairs(ops)
+    warnings.extend(pairs.warnings)
     fit = align_clocks(run, pairs)
     for tl in run.ranks:
         tl.clock_offset_ns = fit.offsets.get(tl.rank, 0)
@@ -69,7 +81,9 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
             warnings.append(f"rank {tl.rank}: no step selected")
         prev, nxt = topo.neighbours(tl.rank)
         b = (
-            build_blocks(tl, local, topo.stage_of.get(tl.rank, 0), prev, nxt)
+            build_blocks(
+                tl, local, topo.stage_of.get(tl.rank, 0), prev, nxt, interval_overlay(tl, ops[tl.rank])
+            )
             if topo.pp > 1
             else Blocks.empty()
         )
@@ -100,7 +114,7 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
         write_back(tl, blocks[tl.rank], tl.clock_offset_ns)
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")
-    return Pipeline(topo, fit, pairs, ops, windows, blocks, schedule, m, warnings)
+    return Pipeline(topo, fit, pairs, ops, windows, blocks, schedule, m, warnings, peers)
 
 
 def _microbatches_from_sends(
