@@ -161,22 +161,17 @@ def _blocking_peer(
 
     A wait can end on a transfer that was complete long before (a receive is only waited for
     after an earlier send returned), so the longest piece names the peer that held the rank.
-    Where the trace names no peer, the pipeline's p2p ops ``po`` (peers decided by timing) do.
+    Where the trace names no peer, the pipeline's overlay in ``po`` (peers decided by timing) does.
     """
     iv = tl.intervals
     m = (iv.kind == int(Kind.P2P)) & (iv.end + off > lo) & (iv.start + off < hi)
-    peer, dirn = -1, 0
-    if m.any():
-        cover = np.minimum(iv.end[m] + off, hi) - np.maximum(iv.start[m] + off, lo)
-        i = np.flatnonzero(m)[int(np.argmax(cover))]
-        peer, dirn = int(iv.peer[i]), int(iv.direction[i])
-    if peer < 0 and po is not None and len(po.start):
-        mo = (po.peer >= 0) & (po.end + off > lo) & (po.start + off < hi)
-        if mo.any():
-            cover = np.minimum(po.end[mo] + off, hi) - np.maximum(po.start[mo] + off, lo)
-            i = np.flatnonzero(mo)[int(np.argmax(cover))]
-            peer, dirn = int(po.peer[i]), int(po.direction[i])
-    return peer, dirn
+    if not m.any():
+        return -1, 0
+    cover = np.minimum(iv.end[m] + off, hi) - np.maximum(iv.start[m] + off, lo)
+    i = np.flatnonzero(m)[int(np.argmax(cover))]
+    if po is not None and po.iv_peer.shape[0] == len(iv):
+        return int(po.iv_peer[i]), int(po.iv_dir[i])
+    return int(iv.peer[i]), int(iv.direction[i])
 
 
 class Replay:

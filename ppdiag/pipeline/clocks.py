@@ -40,6 +40,10 @@ class P2POps:
     index: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     table: str = "intervals"
     ends_meet: bool | None = None
+    # the rank's ``intervals.peer`` / ``.direction`` with the decided peers laid over (copies; empty
+    # until :func:`ppdiag.pipeline.peers.decide_peers` ran and decided some by timing)
+    iv_peer: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    iv_dir: npt.NDArray[np.int8] = field(default_factory=lambda: np.zeros(0, np.int8))
 
     def __post_init__(self) -> None:
         n = self.start.shape[0]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.model import Direction, Kind, RangeKind, Run
+from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline, Run
 from ppdiag.pipeline.clocks import P2POps
 
 # how a peer was decided (``P2POps.how``)
@@ -40,7 +40,8 @@ HOW_NAMES = {HOW_UNKNOWN: "unknown", HOW_METADATA: "metadata", HOW_TIMING: "timi
 _BIN_NS = 10_000  # histogram bin of the key-time differences
 _PEAK_BINS = 5  # a link's peak is searched as the densest run of this many bins
 _MIN_LINK_OPS = 2
-_MAX_DIFFS_PER_OP = 64  # bounds the work per op when ops are dense inside the search window
+_MAX_DIFFS_PER_OP = 64
+_SAME_OP_NS = 50_000  # host ops of one transfer in the intervals and the ranges start this close  # bounds the work per op when ops are dense inside the search window
 
 
 @dataclass
@@ -223,6 +224,16 @@ def _earliest_after(keys: npt.NDArray[np.int64], t: npt.NDArray[np.int64], tol: 
 
 def decide_peers(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
     """Fill the unknown peers of ``ops`` (``{rank: P2POps}``, modified in place) from timing."""
+    dec = _decide(run, ops)
+    if dec.decided:
+        tls = run.by_rank()
+        for r, v in ops.items():
+            if r in tls and (v.how == HOW_TIMING).any():
+                _lay_over(tls[r], v)
+    return dec
+
+
+def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
     o = ops
     unknown = {r: v.peer < 0 for r, v in o.items()}
     n_unknown = sum(int(u.sum()) for u in unknown.values())
@@ -231,6 +242,20 @@ def decide_peers(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
     dec = PeerDecision("metadata" if n_known else "none", off, method)
     if n_unknown == 0:
         return dec
+    if all(not v.ends_meet for v in o.values() if len(v.start)):
+        flow = _decide_by_flow(run, o, off, unknown)
+        if flow is not None:
+            dec.links, dec.decided, conf, warns = flow
+            dec.warnings.extend(warns)
+            dec.undecided = sum(int((v.peer < 0).sum()) for v in o.values())
+            dec.confidence = conf
+            dec.source = "metadata and timing" if n_known else "timing"
+            if dec.undecided:
+                dec.warnings.append(
+                    f"p2p peers: {dec.undecided} of {n_unknown} ops without a peer could not be "
+                    "placed by the data flow and stay unmatched"
+                )
+            return dec
     ranks = sorted(r for r in o if unknown[r].any())
     # per rank: sorted keys of its unknown send-capable / receive-capable ops on the coarse clock
     send_idx: dict[int, npt.NDArray[np.int64]] = {}
@@ -390,17 +415,215 @@ def _directions(o: dict[int, P2POps], links: dict[tuple[int, int], LinkFit], off
 
 
 def interval_overlay(
-    tl: object, ops: P2POps
+    tl: RankTimeline, ops: P2POps
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int8]] | None:
-    """Copies of ``tl.intervals.peer`` / ``.direction`` with the decided peers of the rank's device
-    ops laid over (None when the ops are host ranges or nothing was decided by timing)."""
-    from ppdiag.model import RankTimeline
-
-    if not isinstance(tl, RankTimeline) or ops.table != "intervals" or not (ops.how == HOW_TIMING).any():
+    """Copies of ``tl.intervals.peer`` / ``.direction`` with the decided peers laid over (None when
+    nothing was decided by timing)."""
+    if ops.iv_peer.shape[0] != len(tl.intervals):
         return None
-    peer = tl.intervals.peer.copy()
-    direction = tl.intervals.direction.copy()
-    ok = ops.index >= 0
-    peer[ops.index[ok]] = ops.peer[ok]
-    direction[ops.index[ok]] = ops.direction[ok]
-    return peer, direction
+    return ops.iv_peer, ops.iv_dir
+
+
+def _lay_over(tl: RankTimeline, v: P2POps) -> None:
+    """Fill ``v.iv_peer`` / ``v.iv_dir``: the rank's p2p intervals with the decided peers.
+
+    Device ops are rows of the intervals. Host ops (CPU runs) are ranges; the p2p intervals of a
+    CPU run are the same host ops (the c10d op and the backend span it issued): each takes the
+    peer of the chosen op of its direction that starts with it or first after it began.
+    """
+    iv = tl.intervals
+    peer = iv.peer.copy()
+    direction = iv.direction.copy()
+    dec = v.how == HOW_TIMING
+    if v.table == "intervals":
+        ok = dec & (v.index >= 0)
+        peer[v.index[ok]] = v.peer[ok]
+        direction[v.index[ok]] = v.direction[ok]
+    else:
+        m = np.flatnonzero((iv.kind == int(Kind.P2P)) & (peer < 0))
+        for d in (int(Direction.SEND), int(Direction.RECV)):
+            src = np.flatnonzero(dec & (v.direction == d))
+            if src.size == 0:
+                continue
+            src = src[np.argsort(v.start[src], kind="stable")]
+            st = v.start[src]
+            tgt = m[iv.direction[m] == d]
+            # the backend span itself (the CPU intervals may clip its start): the same end
+            eo = np.argsort(v.end[src], kind="stable")
+            en = v.end[src][eo]
+            k = np.clip(np.searchsorted(en, iv.end[tgt]), 0, en.size - 1)
+            kl = np.clip(k - 1, 0, en.size - 1)
+            k = np.where(np.abs(en[kl] - iv.end[tgt]) < np.abs(en[k] - iv.end[tgt]), kl, k)
+            same = np.abs(en[k] - iv.end[tgt]) <= _SAME_OP_NS
+            peer[tgt[same]] = v.peer[src[eo[k[same]]]]
+            # else the op that issued it: the backend span starts inside the issuing op; the two
+            # tables may round the same event's times differently by some µs
+            rest = tgt[~same]
+            j = np.searchsorted(st, iv.start[rest] - _SAME_OP_NS, side="left")
+            ok = j < st.size
+            j = np.clip(j, 0, max(st.size - 1, 0))
+            ok &= st[j] <= np.maximum(iv.end[rest], iv.start[rest]) + _SAME_OP_NS
+            peer[rest[ok]] = v.peer[src[j[ok]]]
+    v.iv_peer, v.iv_dir = peer.astype(np.int32), direction.astype(np.int8)
+
+
+_FWD, _BWD = 1, 2
+_VOTE_OPS = 3  # compute ops around a transfer that vote on its flow
+
+
+def _flow_class(tl: RankTimeline, v: P2POps, idx: npt.NDArray[np.int64], send: bool) -> npt.NDArray[np.int8]:
+    """Per op: forward flow (activations) or backward flow (gradients), 0 when unknown.
+
+    A received tensor is consumed by the compute that follows it, a sent one produced by the
+    compute before it: backward (autograd) ops there mean a gradient, other ops an activation.
+    Needs phases on the compute (CPU ops carry them; bare kernels may not).
+    """
+    iv = tl.intervals
+    cm = np.flatnonzero((iv.kind == int(Kind.COMPUTE)) & (iv.phase != int(Phase.OPTIM)))
+    out = np.zeros(idx.size, np.int8)
+    if cm.size == 0 or idx.size == 0:
+        return out
+    bw_all = np.isin(iv.phase[cm], (int(Phase.BWD), int(Phase.WGRAD)))
+    if not bw_all.any():
+        return out
+    if send:
+        order = np.argsort(iv.end[cm], kind="stable")
+        t = iv.end[cm][order]
+        bw = bw_all[order].astype(np.int64)
+        j = np.searchsorted(t, v.start[idx], side="right")  # ops [j-K, j) ended before the send
+        lo, hi = np.maximum(j - _VOTE_OPS, 0), j
+    else:
+        order = np.argsort(iv.start[cm], kind="stable")
+        t = iv.start[cm][order]
+        bw = bw_all[order].astype(np.int64)
+        j = np.searchsorted(t, v.end[idx], side="left")  # ops [j, j+K) started after the receive
+        lo, hi = j, np.minimum(j + _VOTE_OPS, t.size)
+    cum = np.r_[0, np.cumsum(bw)]
+    n = hi - lo
+    nb = cum[hi] - cum[lo]
+    out[(n > 0) & (2 * nb > n)] = _BWD
+    out[(n > 0) & (2 * nb < n)] = _FWD
+    out[(n > 0) & (2 * nb == n)] = _BWD if not send else _FWD
+    return out
+
+
+def _step_of(tl: RankTimeline, t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Step number of each time (-1 outside every step)."""
+    rg = tl.ranges
+    m = rg.kind == int(RangeKind.STEP)
+    if not m.any():
+        return np.zeros(t.shape, np.int64)
+    o = np.argsort(rg.start[m], kind="stable")
+    st, en, num = rg.start[m][o], rg.end[m][o], rg.num[m][o]
+    j = np.searchsorted(st, t, side="right") - 1
+    ok = (j >= 0) & (t < en[np.clip(j, 0, None)])
+    return np.where(ok, num[np.clip(j, 0, None)], -1).astype(np.int64)
+
+
+def _flow_score(
+    s_key: npt.NDArray[np.int64],
+    s_step: npt.NDArray[np.int64],
+    r_key: npt.NDArray[np.int64],
+    r_step: npt.NDArray[np.int64],
+    tol: int,
+) -> tuple[float, float, int]:
+    """The k-th send of each step against the k-th receive of the same step: the share that is
+    causal (the receive ends after the send began), the median gap, and the pairs compared."""
+    gaps: list[npt.NDArray[np.int64]] = []
+    for st in np.intersect1d(np.unique(s_step[s_step >= 0]), np.unique(r_step[r_step >= 0])):
+        a = s_key[s_step == st]
+        b = r_key[r_step == st]
+        if a.size != b.size:  # a lost or duplicated event: this step cannot be compared by order
+            continue
+        gaps.append(b - a)
+    if not gaps:
+        return 0.0, float("inf"), 0
+    g = np.concatenate(gaps)
+    return float(np.mean(g >= -tol)), float(np.median(g)), int(g.size)
+
+
+def _decide_by_flow(
+    run: Run, o: dict[int, P2POps], off: dict[int, int], unknown: dict[int, npt.NDArray[np.bool_]]
+) -> tuple[dict[tuple[int, int], LinkFit], int, float | None, list[str]] | None:
+    """Host ops: split each rank's transfers into forward (activations) and backward (gradient)
+    flows, then give each rank the partner whose receives of that flow follow its sends in the
+    same order per step, causally and soonest. Each rank has one partner per flow and direction
+    in a chain or ring; the forward and backward answers must agree."""
+    tls = run.by_rank()
+    streams: dict[tuple[int, int, bool], tuple[npt.NDArray[np.int64], ...]] = {}
+    for r, v in o.items():
+        if r not in tls or not unknown[r].any():
+            continue
+        for send in (True, False):
+            dmask = (v.direction == int(Direction.SEND)) if send else (v.direction == int(Direction.RECV))
+            idx = np.flatnonzero(unknown[r] & dmask)
+            if idx.size == 0:
+                continue
+            cls = _flow_class(tls[r], v, idx, send)
+            key = (v.start[idx] if send else v.end[idx]).astype(np.int64)
+            for c in (_FWD, _BWD):
+                sel = idx[cls == c]
+                k = key[cls == c]
+                order = np.argsort(k, kind="stable")
+                sel, k = sel[order], k[order]
+                streams[(r, c, send)] = (sel, k + off.get(r, 0), _step_of(tls[r], k))
+    if not streams:
+        return None
+    tol = 2_000_000 // 2  # the gloo spans' own jitter on a loaded host: 1 ms
+    partner: dict[tuple[int, int], int] = {}  # (sender, flow) -> receiver
+    scores: dict[tuple[int, int], float] = {}
+    for (a, c, send), (_, s_key, s_step) in streams.items():
+        if not send or s_key.size == 0:
+            continue
+        best: tuple[float, int, float] | None = None
+        for (b, c2, send2), (_, r_key, r_step) in streams.items():
+            if send2 or c2 != c or b == a or r_key.size == 0:
+                continue
+            causal, med, n = _flow_score(s_key, s_step, r_key, r_step, tol)
+            if n == 0 or causal < 0.75:
+                continue
+            if best is None or med < best[0]:
+                best = (med, b, causal)
+        if best is not None:
+            partner[(a, c)] = best[1]
+            scores[(a, c)] = best[2]
+    if not partner:
+        return None
+    warnings: list[str] = []
+    # forward a -> b must come back as backward b -> a
+    for (a, c), b in list(partner.items()):
+        if c == _FWD and partner.get((b, _BWD), a) != a:
+            warnings.append(
+                f"p2p peers by timing: rank {a} sends activations to {b}, but {b} sends gradients "
+                f"to {partner[(b, _BWD)]}; these peers are ambiguous"
+            )
+    receivers: dict[tuple[int, int], list[int]] = {}
+    for (a, c), b in partner.items():
+        receivers.setdefault((b, c), []).append(a)
+    for (b, c), senders in receivers.items():
+        if len(senders) > 1:
+            warnings.append(
+                f"p2p peers by timing: ranks {sorted(senders)} all look like the "
+                f"{'forward' if c == _FWD else 'backward'} source of rank {b}; ambiguous"
+            )
+    if warnings:
+        warnings.append("p2p peers left undecided (no pipeline built from timing)")
+        return {}, 0, None, warnings
+    links: dict[tuple[int, int], LinkFit] = {}
+    decided = 0
+    confs: list[float] = []
+    for (a, c), b in partner.items():
+        s_sel = streams[(a, c, True)][0]
+        r_sel = streams.get((b, c, False), (np.zeros(0, np.int64),))[0]
+        o[a].peer[s_sel] = b
+        o[a].how[s_sel] = HOW_TIMING
+        o[a].conf[s_sel] = scores[(a, c)]
+        o[b].peer[r_sel] = a
+        o[b].how[r_sel] = HOW_TIMING
+        o[b].conf[r_sel] = scores[(a, c)]
+        decided += int(s_sel.size + r_sel.size)
+        confs.append(scores[(a, c)])
+        f = links.get((a, b))
+        n = int(s_sel.size) + (f.support if f else 0)
+        links[(a, b)] = LinkFit(a, b, 0, tol, n, 0.0)
+    return links, decided, float(np.median(confs)) if confs else None, warnings
