@@ -354,28 +354,48 @@ def _accept(
     send_key: dict[int, npt.NDArray[np.int64]],
     recv_key: dict[int, npt.NDArray[np.int64]],
 ) -> dict[tuple[int, int], LinkFit]:
-    """Links whose peak stands clear of the floor and carries a real share of the rank's ops.
+    """Links whose peaks stand clear of the floor and agree on one clock per rank.
 
-    A rank sends to at most two partners in a pipeline (the next stage's activations, the previous
-    stage's gradients), so each sender keeps its strongest peaks; a peak below a third of the
-    sender's best is a periodic echo of the schedule, not a partner.
+    A real link's peak is the two ranks' residual clock offset, so the peaks of real links add up
+    around any cycle; a schedule's periodic echo (one rank's send ending as a rank two stages away
+    receives) sits at an offset of its own. Links are taken strongest first (most supporting ops,
+    then the smallest shift: the coarse clock is roughly right); a link joining two ranks already
+    linked is kept only when its shift agrees with the offsets the stronger links set. A pipeline
+    rank sends to at most two partners and receives from at most two.
     """
-    good = {k: f for k, f in fits.items() if f.support >= _MIN_LINK_OPS and f.support >= 5 * f.floor + 1}
+    cand = [f for f in fits.values() if f.support >= _MIN_LINK_OPS and f.support >= 5 * f.floor + 1]
+    cand.sort(key=lambda f: (-f.support, abs(f.shift_ns)))
+    parent: dict[int, int] = {}
+    pot: dict[int, int] = {}  # offset of a rank relative to its component's root
+
+    def find(x: int) -> tuple[int, int]:
+        if parent.setdefault(x, x) == x:
+            pot.setdefault(x, 0)
+            return x, 0
+        root, p_off = find(parent[x])
+        pot[x] = pot[x] + p_off if parent[x] != root else pot[x]
+        parent[x] = root
+        return root, pot[x]
+
     out: dict[tuple[int, int], LinkFit] = {}
-    for side in (0, 1):
-        by: dict[int, list[LinkFit]] = {}
-        for k, f in good.items():
-            by.setdefault(k[side], []).append(f)
-        keep: set[tuple[int, int]] = set()
-        for lst in by.values():
-            lst.sort(key=lambda f: -f.support)
-            best = lst[0].support
-            keep.update((f.src, f.dst) for f in lst if f.support >= best / 3)
-        if side == 0:
-            out = {k: good[k] for k in keep}
-        else:
-            out = {k: f for k, f in out.items() if k in keep}
-    return out
+    n_out: dict[int, int] = {}
+    n_in: dict[int, int] = {}
+    for f in cand:
+        if n_out.get(f.src, 0) >= 2 or n_in.get(f.dst, 0) >= 2:
+            continue
+        ra, ea = find(f.src)
+        rb, eb = find(f.dst)
+        if ra != rb:
+            # e_dst - e_src = shift
+            parent[rb] = ra
+            pot[rb] = ea + f.shift_ns - eb
+        elif abs((eb - ea) - f.shift_ns) > max(f.tol_ns, 2 * _BIN_NS):
+            continue
+        out[(f.src, f.dst)] = f
+        n_out[f.src] = n_out.get(f.src, 0) + 1
+        n_in[f.dst] = n_in.get(f.dst, 0) + 1
+    # pipelines send both ways on every link (activations one way, gradients back)
+    return {k: f for k, f in out.items() if (k[1], k[0]) in out}
 
 
 def _directions(o: dict[int, P2POps], links: dict[tuple[int, int], LinkFit], off: dict[int, int]) -> None:
