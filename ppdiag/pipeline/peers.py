@@ -336,7 +336,7 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
             v.conf[idx[ok]] = conf[ok].astype(np.float32)
             margins.append(conf[ok])
             decided += int(ok.sum())
-    _directions(o, links, off)
+    _directions(run, o, links, off)
     dec.decided = decided
     dec.undecided = sum(int((v.peer < 0).sum()) for v in o.values())
     dec.confidence = float(np.median(np.concatenate(margins))) if margins and decided else None
@@ -398,10 +398,18 @@ def _accept(
     return {k: f for k, f in out.items() if (k[1], k[0]) in out}
 
 
-def _directions(o: dict[int, P2POps], links: dict[tuple[int, int], LinkFit], off: dict[int, int]) -> None:
-    """Direction-unknown ops with a decided peer: a send when only ``me -> peer`` is a link, a
-    receive when only ``peer -> me`` is; where both are links, the op that started first waited
-    for the other side's data (a receive posted early)."""
+def _directions(
+    run: Run, o: dict[int, P2POps], links: dict[tuple[int, int], LinkFit], off: dict[int, int]
+) -> None:
+    """Directions of the direction-unknown ops with a decided peer.
+
+    Only ``me -> peer`` a link: a send; only ``peer -> me``: a receive. Where both are links, each
+    op pairs with its counterpart on the peer (ends meet) and the side whose op started first is
+    taken as the receive (posted early, it waited for the data). Every activation sent across a
+    link comes back as one gradient, so per link and step both directions must count the same:
+    where they do not, the pairs whose starts were closest (the weakest evidence) are flipped.
+    """
+    tls = run.by_rank()
     for r, v in o.items():
         m = (v.direction == 0) & (v.peer >= 0)
         if not m.any():
@@ -411,27 +419,47 @@ def _directions(o: dict[int, P2POps], links: dict[tuple[int, int], LinkFit], off
         out_l = np.array([(r, int(p)) in links for p in peers], dtype=bool)
         in_l = np.array([(int(p), r) in links for p in peers], dtype=bool)
         d = np.where(out_l & ~in_l, int(Direction.SEND), np.where(in_l & ~out_l, int(Direction.RECV), 0))
-        both = out_l & in_l
-        if both.any():
-            # compare with the counterpart on the peer: nearest op by end time
-            for p in np.unique(peers[both]):
-                sel = idx[both & (peers == p)]
-                po = o.get(int(p))
-                if po is None or not len(po.end):
-                    continue
-                shift = off.get(int(p), 0) - off.get(r, 0)  # peer clock -> this rank's clock
-                order = np.argsort(po.end, kind="stable")
-                pe, ps = po.end[order] + shift, po.start[order] + shift
-                j = np.searchsorted(pe, v.end[sel])
-                j = np.where(
-                    (j > 0) & ((j >= pe.size) | (np.abs(pe[np.clip(j - 1, 0, None)] - v.end[sel]) < np.abs(pe[np.clip(j, 0, pe.size - 1)] - v.end[sel]))),
-                    j - 1,
-                    j,
-                )
-                j = np.clip(j, 0, pe.size - 1)
-                d_sel = np.where(v.start[sel] <= ps[j], int(Direction.RECV), int(Direction.SEND))
-                d[np.searchsorted(idx, sel)] = d_sel
         v.direction[idx] = d.astype(np.int8)
+    done: set[tuple[int, int]] = set()
+    for a, b in links:
+        if (b, a) not in links or (min(a, b), max(a, b)) in done:
+            continue
+        a, b = min(a, b), max(a, b)
+        done.add((a, b))
+        va, vb = o[a], o[b]
+        xa = np.flatnonzero((va.direction == 0) & (va.peer == b))
+        yb = np.flatnonzero((vb.direction == 0) & (vb.peer == a))
+        if xa.size == 0 or yb.size == 0:
+            continue
+        # counterpart on b of each of a's ops: nearest end on the coarse common clock
+        eb = vb.end[yb] + off.get(b, 0)
+        ob = np.argsort(eb, kind="stable")
+        eb_s = eb[ob]
+        ea = va.end[xa] + off.get(a, 0)
+        j = np.clip(np.searchsorted(eb_s, ea), 0, eb_s.size - 1)
+        jl = np.clip(j - 1, 0, eb_s.size - 1)
+        j = np.where(np.abs(eb_s[jl] - ea) < np.abs(eb_s[j] - ea), jl, j)
+        yj = yb[ob[j]]
+        gap = (vb.start[yj] + off.get(b, 0)) - (va.start[xa] + off.get(a, 0))  # > 0: a started first
+        a_recv = gap > 0
+        step = _step_of(tls[a], va.start[xa]) if a in tls else np.zeros(xa.size, np.int64)
+        for st in np.unique(step):
+            sm = np.flatnonzero(step == st)
+            n_recv = int(a_recv[sm].sum())
+            n_send = sm.size - n_recv
+            k = abs(n_send - n_recv) // 2
+            if k == 0:
+                continue
+            major = sm[a_recv[sm]] if n_recv > n_send else sm[~a_recv[sm]]
+            flip = major[np.argsort(np.abs(gap[major]), kind="stable")[:k]]
+            a_recv[flip] = ~a_recv[flip]
+        va.direction[xa] = np.where(a_recv, int(Direction.RECV), int(Direction.SEND)).astype(np.int8)
+        # b's side: the opposite of its counterpart's (ops no counterpart chose keep unknown)
+        vb.direction[yj] = np.where(a_recv, int(Direction.SEND), int(Direction.RECV)).astype(np.int8)
+    for v in o.values():
+        left = (v.direction == 0) & (v.peer >= 0) & (v.how == HOW_TIMING)
+        v.peer[left] = -1  # a peer without a direction cannot be paired: undecided, counted
+        v.how[left] = HOW_UNKNOWN
 
 
 def interval_overlay(
