@@ -52,7 +52,7 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
     peers = decide_peers(run, ops)
     topo = infer_topology(run, opts.stage_map, opts.pp, ops)
-    if peers.decided and topo.source == "p2p chain":
+    if (peers.decided or peers.by_labels) and topo.source == "p2p chain":
         topo.source = f"p2p chain (peers from {peers.source})"
     elif peers.decided and topo.pp == 1:
         peers.warnings.append(

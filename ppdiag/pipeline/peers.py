@@ -35,7 +35,13 @@ from ppdiag.pipeline.clocks import P2POps
 HOW_UNKNOWN = 0
 HOW_METADATA = 1
 HOW_TIMING = 2
-HOW_NAMES = {HOW_UNKNOWN: "unknown", HOW_METADATA: "metadata", HOW_TIMING: "timing"}
+HOW_LABELS = 3
+HOW_NAMES = {
+    HOW_UNKNOWN: "unknown",
+    HOW_METADATA: "metadata",
+    HOW_TIMING: "timing",
+    HOW_LABELS: "pipeline labels",
+}
 
 _BIN_NS = 10_000  # histogram bin of the key-time differences
 _PEAK_BINS = 5  # a link's peak is searched as the densest run of this many bins
@@ -69,6 +75,7 @@ class PeerDecision:
     coarse_method: str
     links: dict[tuple[int, int], LinkFit] = field(default_factory=dict)
     decided: int = 0  # ops whose peer came from timing
+    by_labels: int = 0  # ops whose peer came from the stage the pipeline labels put them in
     undecided: int = 0  # ops no link explained
     confidence: float | None = None  # median margin of the timing decisions (0..1)
     warnings: list[str] = field(default_factory=list)
@@ -78,6 +85,7 @@ class PeerDecision:
         return {
             "source": self.source,
             "decided_by_timing": self.decided,
+            "decided_by_labels": self.by_labels,
             "undecided": self.undecided,
             "confidence": None if self.confidence is None else round(self.confidence, 3),
             "coarse_clock": self.coarse_method,
@@ -223,14 +231,102 @@ def _earliest_after(keys: npt.NDArray[np.int64], t: npt.NDArray[np.int64], tol: 
 
 
 def decide_peers(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
-    """Fill the unknown peers of ``ops`` (``{rank: P2POps}``, modified in place) from timing."""
+    """Fill the unknown peers of ``ops`` (``{rank: P2POps}``, modified in place): from the
+    pipeline labels that name a transfer's stage (``PP:<s>SEND_F<mb>``) where the trace has them,
+    else from timing."""
+    n_lab = _from_labels(run, ops)
     dec = _decide(run, ops)
-    if dec.decided:
+    dec.by_labels = n_lab
+    hows = set()
+    for v in ops.values():
+        hows.update(int(h) for h in np.unique(v.how[v.peer >= 0]))
+    names = [HOW_NAMES[h] for h in (HOW_METADATA, HOW_LABELS, HOW_TIMING) if h in hows]
+    dec.source = " and ".join(names) if names else "none"
+    if dec.decided or n_lab:
         tls = run.by_rank()
         for r, v in ops.items():
-            if r in tls and (v.how == HOW_TIMING).any():
+            if r in tls and (v.how >= HOW_TIMING).any():
                 _lay_over(tls[r], v)
     return dec
+
+
+_RECV_SLACK_NS = 1_000_000  # a receive is posted this close before the block that consumes it
+
+
+def _from_labels(run: Run, ops: dict[int, P2POps]) -> int:
+    """Peers of unknown ops from the pipeline stage the trace's labels put them in.
+
+    A transfer inside a labelled comm range (torch.distributed.pipelining's ``PP:<s>SEND_F<mb>``,
+    ``PP:<s>RECV_B<mb>``) or, failing that, next to a labelled compute block (a send after the
+    block that produced it, a receive before the block that consumes it) belongs to stage ``s``
+    and phase F or B: a forward send goes to the rank holding ``s + 1``, a forward receive comes
+    from ``s - 1``, and the reverse for the backward. Stages held by no or by several ranks decide
+    nothing. Returns the ops decided.
+    """
+    owner: dict[int, set[int]] = {}
+    for tl in run.ranks:
+        rg = tl.ranges
+        m = (rg.stage >= 0) & np.isin(rg.kind, (int(RangeKind.LABEL), int(RangeKind.COMM_OP)))
+        for st in np.unique(rg.stage[m]):
+            owner.setdefault(int(st), set()).add(tl.rank)
+    if len(owner) < 2:
+        return 0
+    n_st = max(owner) + 1
+    rank_of = np.full(n_st + 2, -1, np.int64)  # index stage + 1 (stage -1 and n_st map to -1)
+    for st, rs in owner.items():
+        if len(rs) == 1:
+            rank_of[st + 1] = next(iter(rs))
+    decided = 0
+    tls = run.by_rank()
+    for r, v in ops.items():
+        tl = tls.get(r)
+        unk = np.flatnonzero((v.peer < 0) & (v.direction > 0))
+        if tl is None or unk.size == 0:
+            continue
+        rg = tl.ranges
+        stage = np.full(unk.size, -1, np.int64)
+        phase = np.zeros(unk.size, np.int64)
+        send = (v.direction[unk] == int(Direction.SEND)) | (v.direction[unk] == int(Direction.BOTH))
+        # 1. labelled comm ranges around the op, of the same direction
+        cm = np.flatnonzero((rg.kind == int(RangeKind.COMM_OP)) & (rg.stage >= 0) & (rg.direction > 0))
+        if cm.size:
+            cm = cm[np.argsort(rg.start[cm], kind="stable")]
+            j = np.searchsorted(rg.start[cm], v.start[unk], side="right") - 1
+            jc = np.clip(j, 0, None)
+            ok = (j >= 0) & (v.start[unk] <= rg.end[cm][jc]) & (rg.direction[cm][jc] == v.direction[unk])
+            stage[ok] = rg.stage[cm][jc[ok]]
+            phase[ok] = rg.phase[cm][jc[ok]]
+        # 2. labelled compute blocks: the producer of a send, the consumer of a receive
+        lm = np.flatnonzero(
+            (rg.kind == int(RangeKind.LABEL))
+            & (rg.stage >= 0)
+            & np.isin(rg.phase, (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)))
+        )
+        rest = stage < 0
+        if lm.size and rest.any():
+            by_end = lm[np.argsort(rg.end[lm], kind="stable")]
+            by_start = lm[np.argsort(rg.start[lm], kind="stable")]
+            js = np.searchsorted(rg.end[by_end], v.start[unk], side="right") - 1
+            jr = np.searchsorted(rg.start[by_start], v.end[unk] - _RECV_SLACK_NS, side="left")
+            ok_s = rest & send & (js >= 0)
+            ok_r = rest & ~send & (jr < by_start.size)
+            stage[ok_s] = rg.stage[by_end[js[ok_s]]]
+            phase[ok_s] = rg.phase[by_end[js[ok_s]]]
+            jr_c = np.clip(jr, 0, max(by_start.size - 1, 0))
+            stage[ok_r] = rg.stage[by_start[jr_c[ok_r]]]
+            phase[ok_r] = rg.phase[by_start[jr_c[ok_r]]]
+        fwd = phase == int(Phase.FWD)
+        # forward: send downstream, receive from upstream; backward the reverse
+        step = np.where(fwd == send, 1, -1)
+        known = (stage >= 0) & (phase > 0)
+        tgt = np.where(known, np.clip(stage + step, -1, n_st), -1)
+        peer = rank_of[tgt + 1]
+        ok = known & (peer >= 0) & (peer != r)
+        v.peer[unk[ok]] = peer[ok].astype(np.int32)
+        v.how[unk[ok]] = HOW_LABELS
+        v.conf[unk[ok]] = 1.0
+        decided += int(ok.sum())
+    return decided
 
 
 def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
@@ -482,7 +578,7 @@ def _lay_over(tl: RankTimeline, v: P2POps) -> None:
     iv = tl.intervals
     peer = iv.peer.copy()
     direction = iv.direction.copy()
-    dec = v.how == HOW_TIMING
+    dec = v.how >= HOW_TIMING
     if v.table == "intervals":
         ok = dec & (v.index >= 0)
         peer[v.index[ok]] = v.peer[ok]
