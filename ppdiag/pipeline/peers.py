@@ -427,11 +427,20 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
             peers = np.array([p for p, _ in cands], dtype=np.int32)
             v.peer[idx[ok]] = peers[best[ok]]
             v.how[idx[ok]] = HOW_TIMING
-            m = np.where(np.isinf(second), 1.0, 1.0 - b_res / np.maximum(second, 1e-9))
-            conf = np.clip(np.where(b_res <= 1.0, m, 0.5 * m), 0.0, 1.0)
+            # confidence: how much farther (in link tolerances) the second candidate lies
+            conf = np.clip((second - b_res) / 2.0, 0.0, 1.0)
+            conf = np.where(b_res <= 1.0, conf, 0.5 * conf)
             v.conf[idx[ok]] = conf[ok].astype(np.float32)
-            margins.append(conf[ok])
             decided += int(ok.sum())
+        _stream_vote(run, r, v)
+        sel = v.how == HOW_TIMING
+        margins.append(v.conf[sel].astype(np.float64))
+    low = sum(int(((v.how == HOW_TIMING) & (v.conf < 0.5)).sum()) for v in o.values())
+    if low:
+        dec.warnings.append(
+            f"p2p peers by timing: {low} ops fit two partners about equally well and were given the "
+            "nearer one (low confidence)"
+        )
     _directions(run, o, links, off)
     dec.decided = decided
     dec.undecided = sum(int((v.peer < 0).sum()) for v in o.values())
@@ -443,6 +452,31 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
             "and stay unmatched"
         )
     return dec
+
+
+def _stream_vote(run: Run, rank: int, v: P2POps) -> None:
+    """Device ops on one stream talk to one peer (PyTorch keeps a NCCL communicator and stream per
+    peer pair): where a stream's confidently placed ops agree (4 of 5 at least), its ambiguous ops
+    take that peer. Streams that mix peers (one grouped communicator) change nothing."""
+    tl = run.by_rank().get(rank)
+    if tl is None or v.table != "intervals" or not v.index.size or (v.index < 0).any():
+        return
+    stream = tl.intervals.stream[v.index]
+    timed = v.how == HOW_TIMING
+    sure = timed & (v.conf >= 0.5)
+    weak = timed & (v.conf < 0.5)
+    if not weak.any():
+        return
+    for st in np.unique(stream[weak]):
+        on = stream == st
+        peers, counts = np.unique(v.peer[on & sure], return_counts=True)
+        if counts.size == 0 or counts.sum() < 3:
+            continue
+        k = int(np.argmax(counts))
+        if counts[k] >= 0.8 * counts.sum():
+            fix = on & weak
+            v.peer[fix] = peers[k]
+            v.conf[fix] = 0.5
 
 
 def _accept(
