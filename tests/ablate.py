@@ -52,7 +52,11 @@ _NVTX_P2P = re.compile(r"^nccl:(send|recv)\s+\d+\s*(->|<-)\s*\d+")
 
 
 def _load(path: Path) -> dict[str, Any]:
-    raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
+    if path.suffix == ".gz":
+        with gzip.open(path, "rb") as f:
+            raw = f.read()
+    else:
+        raw = path.read_bytes()
     obj: dict[str, Any] = json.loads(raw)
     return obj
 
@@ -164,9 +168,13 @@ def strip_nsys_db(path: Path, what: Iterable[str] = ALL_NSYS) -> dict[str, int]:
                 if r[0]
             }
             for d in doms:
-                counts[NCCL_RANGES] += conn.execute("DELETE FROM NVTX_EVENTS WHERE domainId = ?", (d,)).rowcount
+                counts[NCCL_RANGES] += conn.execute(
+                    "DELETE FROM NVTX_EVENTS WHERE domainId = ?", (d,)
+                ).rowcount
         if PAYLOADS in what:
-            pcols = [c for c in ("binaryData", "jsonText", "jsonTextId", "uint64Value", "int64Value") if c in cols]
+            pcols = [
+                c for c in ("binaryData", "jsonText", "jsonTextId", "uint64Value", "int64Value") if c in cols
+            ]
             if "binaryData" in cols:
                 counts[PAYLOADS] += conn.execute(
                     "UPDATE NVTX_EVENTS SET binaryData = NULL WHERE binaryData IS NOT NULL"

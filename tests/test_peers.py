@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from ppdiag.api import Options, diagnose
 from ppdiag.model import Direction
@@ -26,7 +25,7 @@ from ppdiag.synth.nsys import write_nsys
 from ppdiag.synth.scenario import make_scenario, write_groundtruth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ablate import (  # noqa: E402
+from ablate import (
     ALL_KINETO,
     EMIT_NVTX,
     PAYLOADS,
@@ -120,7 +119,7 @@ def test_fit_link_finds_the_offset_above_a_flat_floor() -> None:
     r = np.sort(np.concatenate([r_true, r_noise]))
     f = fit_link(s, r, 2 * MS, -2 * MS)
     assert f is not None
-    shift, tol, support, floor = f
+    shift, _, support, floor = f
     assert abs(shift - 120 * US) <= 5 * US
     # a non-partner would put ~6 differences into the same 40 µs (600 differences over 4 ms)
     assert support >= 40 and support > 5 * floor
@@ -139,7 +138,12 @@ def _compare(rep: dict[str, Any], stripped: dict[str, Any], tol_pct: float = 1.0
         assert stripped["run"][k] == rep["run"][k], k
     for a, b in zip(rep["ranks"], stripped["ranks"], strict=True):
         for k, v in a["lost_ms"].items():
-            assert abs(b["lost_ms"][k] - v) <= tol_pct / 100 * a["step_ms"], (a["rank"], k, v, b["lost_ms"][k])
+            assert abs(b["lost_ms"][k] - v) <= tol_pct / 100 * a["step_ms"], (
+                a["rank"],
+                k,
+                v,
+                b["lost_ms"][k],
+            )
 
 
 def _kineto_pair(tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
@@ -171,7 +175,9 @@ def test_kineto_interleaved_ring_without_peers(tmp_path: Path) -> None:
 
 
 def test_nsys_without_payloads_or_emit_nvtx_names(tmp_path: Path) -> None:
-    run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=6, faults=[F.SlowStage(2, 2.0)])
+    run = make_scenario(
+        steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=6, faults=[F.SlowStage(2, 2.0)]
+    )
     base, bare = tmp_path / "meta", tmp_path / "bare"
     write_nsys(run, base)
     counts = strip_nsys_dir(base, bare, (PAYLOADS, EMIT_NVTX))
@@ -183,7 +189,8 @@ def test_nsys_without_payloads_or_emit_nvtx_names(tmp_path: Path) -> None:
 
 def _drop_sendrecv_kernel(path: Path, nth: int) -> None:
     """Delete the ``nth`` SendRecv kernel of a Kineto trace (a lost event)."""
-    obj = json.loads(gzip.open(path).read())
+    with gzip.open(path) as f:
+        obj = json.loads(f.read())
     ev = obj["traceEvents"]
     idx = [i for i, e in enumerate(ev) if e.get("cat") == "kernel" and "SendRecv" in str(e.get("name"))]
     del ev[idx[nth]]
@@ -217,7 +224,8 @@ def test_timing_without_a_pattern_falls_back_with_a_warning(tmp_path: Path) -> N
     strip_kineto_dir(base, bare, ALL_KINETO)
     rng = np.random.default_rng(0)
     for p in sorted(bare.glob("rank*.json.gz")):
-        obj = json.loads(gzip.open(p).read())
+        with gzip.open(p) as f:
+            obj = json.loads(f.read())
         for e in obj["traceEvents"]:
             if e.get("cat") == "kernel" and "SendRecv" in str(e.get("name")):
                 e["ts"] = float(e["ts"]) + float(rng.uniform(-40_000, 40_000))

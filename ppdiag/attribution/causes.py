@@ -154,9 +154,7 @@ def _split_local(rs: RankStep, lo: int, hi: int) -> tuple[int, int, int]:
     return (busy, host, max(hi - lo - busy - host, 0))
 
 
-def _blocking_peer(
-    tl: RankTimeline, off: int, lo: int, hi: int, po: P2POps | None = None
-) -> tuple[int, int]:
+def _blocking_peer(tl: RankTimeline, off: int, lo: int, hi: int, po: P2POps | None = None) -> tuple[int, int]:
     """Peer of the p2p interval that covers most of the wait ``[lo, hi]``.
 
     A wait can end on a transfer that was complete long before (a receive is only waited for
@@ -296,7 +294,8 @@ class Replay:
                 self.nodes.append(node)
                 self.meas_start.append(s)
                 if w_s.size:
-                    pending.append((nid, _blocking_peer(tl, off, wait_start, rel, ops.get(tl.rank)), rel, wait_start))
+                    blocker = _blocking_peer(tl, off, wait_start, rel, ops.get(tl.rank))
+                    pending.append((nid, blocker, rel, wait_start))
                 if int(b.mb[i]) >= 0:
                     by_key[
                         (

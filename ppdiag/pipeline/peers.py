@@ -46,8 +46,8 @@ HOW_NAMES = {
 _BIN_NS = 10_000  # histogram bin of the key-time differences
 _PEAK_BINS = 5  # a link's peak is searched as the densest run of this many bins
 _MIN_LINK_OPS = 2
-_MAX_DIFFS_PER_OP = 64
-_SAME_OP_NS = 50_000  # host ops of one transfer in the intervals and the ranges start this close  # bounds the work per op when ops are dense inside the search window
+_MAX_DIFFS_PER_OP = 64  # bounds the work per op when ops are dense in the search window
+_SAME_OP_NS = 50_000  # host ops of one transfer in the intervals and the ranges start this close
 
 
 @dataclass
@@ -152,7 +152,9 @@ def coarse_offsets(run: Run) -> tuple[dict[int, int], int, str]:
     return zero, 20_000_000, "none"
 
 
-def _keys(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], ends_meet: bool, send: bool) -> npt.NDArray[np.int64]:
+def _keys(
+    start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], ends_meet: bool, send: bool
+) -> npt.NDArray[np.int64]:
     return end if (ends_meet or not send) else start
 
 
@@ -237,7 +239,7 @@ def decide_peers(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
     n_lab = _from_labels(run, ops)
     dec = _decide(run, ops)
     dec.by_labels = n_lab
-    hows = set()
+    hows: set[int] = set()
     for v in ops.values():
         hows.update(int(h) for h in np.unique(v.how[v.peer >= 0]))
     names = [HOW_NAMES[h] for h in (HOW_METADATA, HOW_LABELS, HOW_TIMING) if h in hows]
@@ -279,11 +281,11 @@ def _from_labels(run: Run, ops: dict[int, P2POps]) -> int:
     decided = 0
     tls = run.by_rank()
     for r, v in ops.items():
-        tl = tls.get(r)
+        t_r = tls.get(r)
         unk = np.flatnonzero((v.peer < 0) & (v.direction > 0))
-        if tl is None or unk.size == 0:
+        if t_r is None or unk.size == 0:
             continue
-        rg = tl.ranges
+        rg = t_r.ranges
         stage = np.full(unk.size, -1, np.int64)
         phase = np.zeros(unk.size, np.int64)
         send = (v.direction[unk] == int(Direction.SEND)) | (v.direction[unk] == int(Direction.BOTH))
@@ -362,8 +364,8 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
         v = o[r]
         si = np.flatnonzero(unknown[r] & can_send(v.direction))
         ri = np.flatnonzero(unknown[r] & can_recv(v.direction))
-        sk = _keys(v.start, v.end, v.ends_meet, True)[si] + off.get(r, 0)
-        rk = _keys(v.start, v.end, v.ends_meet, False)[ri] + off.get(r, 0)
+        sk = _keys(v.start, v.end, bool(v.ends_meet), True)[si] + off.get(r, 0)
+        rk = _keys(v.start, v.end, bool(v.ends_meet), False)[ri] + off.get(r, 0)
         so, ro = np.argsort(sk, kind="stable"), np.argsort(rk, kind="stable")
         send_idx[r], send_key[r] = si[so], sk[so]
         recv_idx[r], recv_key[r] = ri[ro], rk[ro]
@@ -399,29 +401,32 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
         for side in ("send", "recv"):
             idx = send_idx[r] if side == "send" else recv_idx[r]
             keys = send_key[r] if side == "send" else recv_key[r]
-            cands = [
-                (b, f) for (a, b), f in links.items() if a == r
-            ] if side == "send" else [(a, f) for (a, b), f in links.items() if b == r]
+            cands = (
+                [(b, f) for (a, b), f in links.items() if a == r]
+                if side == "send"
+                else [(a, f) for (a, b), f in links.items() if b == r]
+            )
             if idx.size == 0 or not cands:
                 continue
             resid = np.empty((len(cands), idx.size), np.float64)
-            for c, (p, f) in enumerate(cands):
+            for c, (p, lf) in enumerate(cands):
                 if v.ends_meet:
                     other = recv_key[p] if side == "send" else send_key[p]
-                    t = keys + f.shift_ns if side == "send" else keys - f.shift_ns
+                    t = keys + lf.shift_ns if side == "send" else keys - lf.shift_ns
                     dist = _nearest(other, t).astype(np.float64)
                 elif side == "recv":
                     # the latest send of the candidate before this receive ended
-                    dist = np.abs(_latest_before(send_key[p], keys, f.tol_ns).astype(np.float64) - f.shift_ns)
+                    dist = np.abs(
+                        _latest_before(send_key[p], keys, lf.tol_ns).astype(np.float64) - lf.shift_ns
+                    )
                 else:
-                    dist = np.abs(_earliest_after(recv_key[p], keys, f.tol_ns).astype(np.float64) - f.shift_ns)
-                resid[c] = dist / max(f.tol_ns, 1)
+                    dist = np.abs(
+                        _earliest_after(recv_key[p], keys, lf.tol_ns).astype(np.float64) - lf.shift_ns
+                    )
+                resid[c] = dist / max(lf.tol_ns, 1)
             best = np.argmin(resid, axis=0)
             b_res = resid[best, np.arange(idx.size)]
-            if len(cands) > 1:
-                second = np.partition(resid, 1, axis=0)[1]
-            else:
-                second = np.full(idx.size, np.inf)
+            second = np.partition(resid, 1, axis=0)[1] if len(cands) > 1 else np.full(idx.size, np.inf)
             # within the link's tolerance, or the only partner this rank has on that side
             ok = (b_res <= 1.0) | ((len(cands) == 1) & np.isfinite(b_res))
             peers = np.array([p for p, _ in cands], dtype=np.int32)
