@@ -261,6 +261,9 @@ class ClockFit:
     offsets: dict[int, int]
     residual_us: float | None
     method: str
+    # per rank: the median disagreement of its matched device transfers after alignment (µs)
+    residual_by_rank_us: dict[int, float] = field(default_factory=dict)
+    latency_us: float | None = None  # the normal device p2p transfer time (median of waited pairs)
 
 
 def collective_rows(run: Run) -> list[tuple[int, int, float, int]]:
@@ -323,12 +326,21 @@ def align_clocks(run: Run, pairs: Pairs) -> ClockFit:
         )
         return ClockFit(zero, None, method)
     offsets, n_comps = _solve(ranks, rows)
+    by_rank: dict[int, float] = {}
+    latency: float | None = None
     if len(pairs) and pairs.device:
         o_src = np.array([offsets[int(r)] for r in pairs.src], dtype=np.int64)
         o_dst = np.array([offsets[int(r)] for r in pairs.dst], dtype=np.int64)
         waited = (pairs.recv_start + o_dst) <= (pairs.send_start + o_src)
-        resid = np.abs((pairs.send_end + o_src) - (pairs.recv_end + o_dst))
-        resid = resid[waited] if waited.any() else resid
+        resid_all = np.abs((pairs.send_end + o_src) - (pairs.recv_end + o_dst))
+        sel = waited if waited.any() else np.ones(len(pairs), dtype=bool)
+        resid = resid_all[sel]
+        # the transfer once both sides were there: the send's own duration on waited pairs
+        latency = float(np.median((pairs.send_end - pairs.send_start)[sel])) / 1000.0
+        for r in ranks:
+            mine = sel & ((pairs.src == r) | (pairs.dst == r))
+            if mine.any():
+                by_rank[r] = float(np.median(resid_all[mine])) / 1000.0
     else:
         resid = np.array([abs(d - (offsets[b] - offsets[a])) for a, b, d, _ in rows], dtype=np.float64)
     method = "matched p2p transfers" if p2p_rows else "matched collectives"
@@ -336,7 +348,7 @@ def align_clocks(run: Run, pairs: Pairs) -> ClockFit:
         method += " and collectives"
     if n_comps > 1:
         method += f" ({n_comps} unlinked groups of ranks, each on its own clock)"
-    return ClockFit(offsets, float(np.median(resid)) / 1000.0, method)
+    return ClockFit(offsets, float(np.median(resid)) / 1000.0, method, by_rank, latency)
 
 
 def _p2p_rows(pairs: Pairs, prior: tuple[dict[int, int], int] | None) -> list[tuple[int, int, float, int]]:
