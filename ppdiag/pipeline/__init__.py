@@ -66,12 +66,12 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     fit = align_clocks(run, pairs)
     if fit.latency_us is not None:
         # waits shorter than the clock residual cannot be told apart from it
-        bad = {r: v for r, v in fit.residual_by_rank_us.items() if v > max(fit.latency_us, 50.0)}
-        if bad:
-            worst = max(bad, key=lambda r: bad[r])
+        high = {r: v for r, v in fit.residual_by_rank_us.items() if v > max(fit.latency_us, 50.0)}
+        if high:
+            worst = max(high, key=lambda r: high[r])
             warnings.append(
                 f"clock residual above the normal p2p latency ({fit.latency_us:.0f} µs) on ranks "
-                f"{sorted(bad)} (rank {worst}: {bad[worst]:.0f} µs): waits shorter than that are "
+                f"{sorted(high)} (rank {worst}: {high[worst]:.0f} µs): waits shorter than that are "
                 "not told apart from clock error"
             )
     for tl in run.ranks:
