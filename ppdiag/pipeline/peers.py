@@ -112,14 +112,30 @@ def can_recv(direction: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
     return (direction == int(Direction.RECV)) | (direction == int(Direction.BOTH)) | (direction == 0)
 
 
+@dataclass
+class Coarse:
+    """Coarse clock offsets (ns to add to each rank's clock) and how far to trust them."""
+
+    offsets: dict[int, int]
+    window_ns: int  # the search window for the link fits
+    method: str
+    uncertainty_ns: int  # the error these offsets may still carry
+
+
 def coarse_offsets(run: Run) -> tuple[dict[int, int], int, str]:
-    """Offsets (ns to add to each rank's clock), the uncertainty they leave, and how they were found."""
+    """Offsets (ns to add to each rank's clock), the search window they leave, and their method."""
+    c = coarse_clock(run)
+    return c.offsets, c.window_ns, c.method
+
+
+def coarse_clock(run: Run) -> Coarse:
+    """The coarse offsets: one clock per host, else the collectives, else the step starts."""
     ranks = sorted(tl.rank for tl in run.ranks)
     zero = {r: 0 for r in ranks}
     hosts = {str(tl.meta.get("host_name") or "") for tl in run.ranks}
     if all(tl.cpu_only for tl in run.ranks) and len(hosts) == 1:
         # one host (or no host named: the CPU runs ppdiag sees are single-node): one clock
-        return zero, 2_000_000, "one host clock"
+        return Coarse(zero, 2_000_000, "one host clock", 50_000)
     ends: dict[int, npt.NDArray[np.int64]] = {}
     for tl in run.ranks:
         iv = tl.intervals
@@ -132,7 +148,8 @@ def coarse_offsets(run: Run) -> tuple[dict[int, int], int, str]:
         ref = ends[ranks[0]]
         off = {r: int(np.median(ref - ends[r])) for r in ranks}
         spread = max(float(np.max(np.abs((ref - ends[r]) - off[r]))) for r in ranks)
-        return off, int(min(max(4 * spread, 500_000), 5_000_000)), "collectives"
+        window = int(min(max(4 * spread, 500_000), 5_000_000))
+        return Coarse(off, window, "collectives", int(max(4 * spread, 2 * _BIN_NS)))
     starts: dict[int, dict[int, int]] = {}
     for tl in run.ranks:
         rg = tl.ranges
@@ -148,8 +165,9 @@ def coarse_offsets(run: Run) -> tuple[dict[int, int], int, str]:
             d = ref_s - np.array([starts[r][n] for n in nums], dtype=np.int64)
             off[r] = int(np.median(d))
             spread = max(spread, float(np.max(np.abs(d - off[r]))))
-        return off, int(min(max(4 * spread, 2_000_000), 20_000_000)), "step starts"
-    return zero, 20_000_000, "none"
+        window = int(min(max(4 * spread, 2_000_000), 20_000_000))
+        return Coarse(off, window, "step starts", window)
+    return Coarse(zero, 20_000_000, "none", 20_000_000)
 
 
 def _keys(
@@ -336,7 +354,8 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
     unknown = {r: v.peer < 0 for r, v in o.items()}
     n_unknown = sum(int(u.sum()) for u in unknown.values())
     n_known = sum(int((~u).sum()) for u in unknown.values())
-    off, window, method = coarse_offsets(run)
+    coarse = coarse_clock(run)
+    off, window, method = coarse.offsets, coarse.window_ns, coarse.method
     dec = PeerDecision("metadata" if n_known else "none", off, method)
     if n_unknown == 0:
         return dec
@@ -385,7 +404,7 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
                 continue
             shift, tol, support, floor = f
             fits[(a, b)] = LinkFit(a, b, shift, tol, support, floor)
-    links = _accept(fits, send_key, recv_key)
+    links = _accept(fits, coarse.uncertainty_ns)
     dec.links = links
     if not links:
         dec.warnings.append(
@@ -484,22 +503,19 @@ def _stream_vote(run: Run, rank: int, v: P2POps) -> None:
             v.conf[fix] = 0.5
 
 
-def _accept(
-    fits: dict[tuple[int, int], LinkFit],
-    send_key: dict[int, npt.NDArray[np.int64]],
-    recv_key: dict[int, npt.NDArray[np.int64]],
-) -> dict[tuple[int, int], LinkFit]:
+def _accept(fits: dict[tuple[int, int], LinkFit], unc: int) -> dict[tuple[int, int], LinkFit]:
     """Links whose peaks stand clear of the floor and agree on one clock per rank.
 
     A real link's peak is the two ranks' residual clock offset, so the peaks of real links add up
     around any cycle; a schedule's periodic echo (one rank's send ending as a rank two stages away
-    receives) sits at an offset of its own. Links are taken strongest first (most supporting ops,
-    then the smallest shift: the coarse clock is roughly right); a link joining two ranks already
+    receives) sits at an offset of its own, a hop's latency away. Links are taken strongest first:
+    those whose shift the coarse clock's own uncertainty ``unc`` explains before any other, then by
+    supporting ops, then by the smallest shift; a link joining two ranks already
     linked is kept only when its shift agrees with the offsets the stronger links set. A pipeline
     rank sends to at most two partners and receives from at most two.
     """
     cand = [f for f in fits.values() if f.support >= _MIN_LINK_OPS and f.support >= 5 * f.floor + 1]
-    cand.sort(key=lambda f: (-f.support, abs(f.shift_ns)))
+    cand.sort(key=lambda f: (abs(f.shift_ns) > unc, -f.support, abs(f.shift_ns)))
     parent: dict[int, int] = {}
     pot: dict[int, int] = {}  # offset of a rank relative to its component's root
 
