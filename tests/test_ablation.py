@@ -140,3 +140,20 @@ def test_demo_recording_without_shapes(tmp_path: Path, name: str) -> None:
     # nothing left but names and timing: no shapes, labels or process groups
     A.strip_kineto_dir(rec, tmp_path / "none", [A.SHAPES, A.LABELS, A.PG])
     _same(rep, _report(tmp_path / "none"), 2.0)
+
+
+def test_demo_records_with_the_profilers_defaults_unless_asked() -> None:
+    import subprocess
+
+    from ppdiag.demo.config import DemoConfig
+
+    assert DemoConfig().record_shapes is False
+    assert DemoConfig.from_dict({"record_shapes": True}).record_shapes is True
+    out = subprocess.run(
+        [sys.executable, "-m", "ppdiag", "demo", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "COLUMNS": "200", "PATH": ""},
+    ).stdout
+    assert "--record-shapes" in out
