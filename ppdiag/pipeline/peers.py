@@ -198,28 +198,51 @@ def fit_link(
 ) -> tuple[int, int, int, float] | None:
     """Peak of ``r_key - s_key`` in ``[min_shift_ns, window_ns]`` (keys on the coarse common clock,
     ``r_key`` sorted): (shift, tolerance, support, floor), or None when there is no peak."""
+    peaks = fit_peaks(s_key, r_key, window_ns, min_shift_ns, 1)
+    return peaks[0] if peaks else None
+
+
+def fit_peaks(
+    s_key: npt.NDArray[np.int64],
+    r_key: npt.NDArray[np.int64],
+    window_ns: int,
+    min_shift_ns: int,
+    n_peaks: int = 3,
+) -> list[tuple[int, int, int, float]]:
+    """The ``n_peaks`` strongest separate peaks of ``r_key - s_key`` (see :func:`fit_link`).
+
+    A schedule's echo can out-vote the real link inside one pair's window (a synthetic run's
+    costs repeat exactly), so the runners-up are kept for the cross-pair checks to choose from.
+    """
     if s_key.size == 0 or r_key.size == 0:
-        return None
+        return []
     d, i, _ = _window_diffs(s_key, r_key, min_shift_ns, window_ns)
     if d.size < _MIN_LINK_OPS:
-        return None
+        return []
     nb = max(int((window_ns - min_shift_ns) // _BIN_NS) + 1, 1)
     h = np.bincount(((d - min_shift_ns) // _BIN_NS).astype(np.int64), minlength=nb)[:nb]
     run_sum = np.convolve(h, np.ones(_PEAK_BINS, dtype=np.int64), mode="valid") if nb >= _PEAK_BINS else h
-    k = int(np.argmax(run_sum))
-    lo = min_shift_ns + k * _BIN_NS
-    hi = lo + _PEAK_BINS * _BIN_NS
-    inside = (d >= lo) & (d < hi)
-    if int(inside.sum()) < _MIN_LINK_OPS:
-        return None
-    center = int(np.median(d[inside]))
-    dev = np.abs(d[inside] - center)
-    tol = int(max(4 * float(np.median(dev)), 2 * _BIN_NS))
-    near = np.abs(d - center) <= tol
-    support = int(np.unique(i[near]).size)
-    # what a flat floor of differences would put into a window of the same width
-    floor = d.size * (2 * tol + 1) / max(window_ns - min_shift_ns, 1)
-    return center, tol, support, float(floor)
+    run_sum = run_sum.astype(np.int64)
+    out: list[tuple[int, int, int, float]] = []
+    for _ in range(n_peaks):
+        k = int(np.argmax(run_sum))
+        if run_sum[k] < _MIN_LINK_OPS:
+            break
+        run_sum[max(k - _PEAK_BINS, 0) : k + _PEAK_BINS + 1] = 0  # the next peak lies apart
+        lo = min_shift_ns + k * _BIN_NS
+        hi = lo + _PEAK_BINS * _BIN_NS
+        inside = (d >= lo) & (d < hi)
+        if int(inside.sum()) < _MIN_LINK_OPS:
+            continue
+        center = int(np.median(d[inside]))
+        dev = np.abs(d[inside] - center)
+        tol = int(max(4 * float(np.median(dev)), 2 * _BIN_NS))
+        near = np.abs(d - center) <= tol
+        support = int(np.unique(i[near]).size)
+        # what a flat floor of differences would put into a window of the same width
+        floor = d.size * (2 * tol + 1) / max(window_ns - min_shift_ns, 1)
+        out.append((center, tol, support, float(floor)))
+    return out
 
 
 def _nearest(keys: npt.NDArray[np.int64], t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -389,7 +412,7 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
         send_idx[r], send_key[r] = si[so], sk[so]
         recv_idx[r], recv_key[r] = ri[ro], rk[ro]
     # 2. link fits per ordered pair
-    fits: dict[tuple[int, int], LinkFit] = {}
+    fits: dict[tuple[int, int], list[LinkFit]] = {}
     for a in ranks:
         if send_key[a].size == 0:
             continue
@@ -399,12 +422,10 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
                 continue
             # ends meet: the offset is unknown by +-window; else a receive ends after its send began
             lo = -window if ends_meet else -window // 4
-            f = fit_link(send_key[a], recv_key[b], window, lo)
-            if f is None:
-                continue
-            shift, tol, support, floor = f
-            fits[(a, b)] = LinkFit(a, b, shift, tol, support, floor)
-    links = _accept(fits, coarse.uncertainty_ns)
+            peaks = fit_peaks(send_key[a], recv_key[b], window, lo)
+            if peaks:
+                fits[(a, b)] = [LinkFit(a, b, *pk) for pk in peaks]
+    links = _accept(fits, coarse.uncertainty_ns, all(bool(v.ends_meet) for v in o.values() if len(v.start)))
     dec.links = links
     if not links:
         dec.warnings.append(
@@ -503,19 +524,36 @@ def _stream_vote(run: Run, rank: int, v: P2POps) -> None:
             v.conf[fix] = 0.5
 
 
-def _accept(fits: dict[tuple[int, int], LinkFit], unc: int) -> dict[tuple[int, int], LinkFit]:
+def _accept(
+    fits: dict[tuple[int, int], list[LinkFit]], unc: int, ends_meet: bool = True
+) -> dict[tuple[int, int], LinkFit]:
     """Links whose peaks stand clear of the floor and agree on one clock per rank.
 
-    A real link's peak is the two ranks' residual clock offset, so the peaks of real links add up
-    around any cycle; a schedule's periodic echo (one rank's send ending as a rank two stages away
-    receives) sits at an offset of its own, a hop's latency away. Links are taken strongest first:
-    those whose shift the coarse clock's own uncertainty ``unc`` explains before any other, then by
-    supporting ops, then by the smallest shift; a link joining two ranks already
-    linked is kept only when its shift agrees with the offsets the stronger links set. A pipeline
-    rank sends to at most two partners and receives from at most two.
+    A pipeline sends both ways on every link (activations one way, gradients back). Where a send
+    and its receive end together, the two directions of a real link peak at opposite shifts (the
+    same clock offset seen from either side), while a schedule's periodic echo (a rank's send
+    ending as a rank two stages away receives) has a forward and a backward delay of its own: only
+    reciprocal pairs of peaks are candidates. The peaks of real links also add up around any
+    cycle. Candidates are taken strongest first: those whose shift the coarse clock's own
+    uncertainty ``unc`` explains before any other, then by supporting ops, then by the smallest
+    shift; a pair joining two ranks already linked is kept only when its shift agrees with the
+    offsets the stronger pairs set. A pipeline rank has at most two partners.
     """
-    cand = [f for f in fits.values() if f.support >= _MIN_LINK_OPS and f.support >= 5 * f.floor + 1]
-    cand.sort(key=lambda f: (abs(f.shift_ns) > unc, -f.support, abs(f.shift_ns)))
+    good = {
+        k: [f for f in fs if f.support >= _MIN_LINK_OPS and f.support >= 5 * f.floor + 1]
+        for k, fs in fits.items()
+    }
+    pairs: list[tuple[LinkFit, LinkFit]] = []
+    for (x, y), fs in good.items():
+        gs = good.get((y, x), [])
+        if x >= y:
+            continue
+        for f in fs:
+            for g in gs:
+                if ends_meet and abs(f.shift_ns + g.shift_ns) > max(f.tol_ns, g.tol_ns, 2 * _BIN_NS):
+                    continue
+                pairs.append((f, g))
+    pairs.sort(key=lambda p: (abs(p[0].shift_ns) > unc, -(p[0].support + p[1].support), abs(p[0].shift_ns)))
     parent: dict[int, int] = {}
     pot: dict[int, int] = {}  # offset of a rank relative to its component's root
 
@@ -529,24 +567,24 @@ def _accept(fits: dict[tuple[int, int], LinkFit], unc: int) -> dict[tuple[int, i
         return root, pot[x]
 
     out: dict[tuple[int, int], LinkFit] = {}
-    n_out: dict[int, int] = {}
-    n_in: dict[int, int] = {}
-    for f in cand:
-        if n_out.get(f.src, 0) >= 2 or n_in.get(f.dst, 0) >= 2:
+    degree: dict[int, int] = {}
+    for f, g in pairs:
+        if (f.src, f.dst) in out or degree.get(f.src, 0) >= 2 or degree.get(f.dst, 0) >= 2:
             continue
+        shift = (f.shift_ns - g.shift_ns) // 2 if ends_meet else f.shift_ns
         ra, ea = find(f.src)
         rb, eb = find(f.dst)
         if ra != rb:
             # e_dst - e_src = shift
             parent[rb] = ra
-            pot[rb] = ea + f.shift_ns - eb
-        elif abs((eb - ea) - f.shift_ns) > max(f.tol_ns, 2 * _BIN_NS):
+            pot[rb] = ea + shift - eb
+        elif ends_meet and abs((eb - ea) - shift) > max(f.tol_ns, 2 * _BIN_NS):
             continue
         out[(f.src, f.dst)] = f
-        n_out[f.src] = n_out.get(f.src, 0) + 1
-        n_in[f.dst] = n_in.get(f.dst, 0) + 1
-    # pipelines send both ways on every link (activations one way, gradients back)
-    return {k: f for k, f in out.items() if (k[1], k[0]) in out}
+        out[(g.src, g.dst)] = g
+        degree[f.src] = degree.get(f.src, 0) + 1
+        degree[f.dst] = degree.get(f.dst, 0) + 1
+    return out
 
 
 def _directions(
