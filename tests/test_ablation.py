@@ -115,9 +115,10 @@ def test_nsys_without_nccl_ranges_keeps_the_pipeline(nsys_run: Path, tmp_path: P
 
 DEMOS: dict[str, dict[str, Any]] = {
     "1f1b": {"schedule": "1f1b", "microbatches": 8},
-    "gpipe": {"schedule": "gpipe", "microbatches": 4},
+    # M = 8 > P: GPipe's order (all forwards, then all backwards) differs from 1F1B's on every stage
+    "gpipe": {"schedule": "gpipe", "microbatches": 8},
     "1f1b_slow": {"schedule": "1f1b", "microbatches": 8, "slow_stage": 2, "slow_factor": 2.0},
-    "gpipe_slow": {"schedule": "gpipe", "microbatches": 4, "slow_stage": 1, "slow_factor": 2.0},
+    "gpipe_slow": {"schedule": "gpipe", "microbatches": 8, "slow_stage": 1, "slow_factor": 2.0},
 }
 
 
