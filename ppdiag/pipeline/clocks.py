@@ -128,15 +128,16 @@ def _pair_link(
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Indices ``(i, j)`` pairing sends ``i`` with receives ``j`` of one link, in order.
 
-    Where a send and its receive end together (device kernels) each send takes the receive whose
-    end is nearest its own once the link's constant shift (clock offset) is removed, within half
-    the usual spacing of the receives. Host ops with the same counts pair k-th with k-th (issue
-    order is the same on both sides); with different counts (a lost or duplicated event) each send
-    takes the first receive that ends after it started. Pairs that would share or cross an op are
+    The same counts pair k-th with k-th (issue order is the same on both sides; a send and its
+    receive need not end together, e.g. p2p on the compute stream). Different counts mean a lost
+    or duplicated event: where a send and its receive end together (device kernels) each send then
+    takes the receive whose end is nearest its own once the link's constant shift (clock offset) is
+    removed, within half the usual spacing of the receives; host ops take the first receive that
+    ends after the send started. Pairs that would share or cross an op are
     dropped, so one missing event costs one pair, not every later one.
     """
     ns, nr = s_key.size, r_key.size
-    if ns == nr and not ends_meet:
+    if ns == nr:
         k = np.arange(ns, dtype=np.int64)
         return k, k
     if ns == 0 or nr == 0:
