@@ -158,3 +158,16 @@ def test_demo_records_with_the_profilers_defaults_unless_asked() -> None:
         env={"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "COLUMNS": "200", "PATH": ""},
     ).stdout
     assert "--record-shapes" in out
+
+
+def test_kineto_p2p_on_the_compute_stream_without_peers(tmp_path: Path) -> None:
+    # sends are eager and receives cannot be posted ahead: a send and its receive rarely end
+    # together, so the partners come from the data flow (forward/backward order per step)
+    run = make_scenario(
+        steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=6, faults=[F.CommOnCompute()]
+    )
+    write_kineto(run, tmp_path / "meta")
+    A.strip_kineto_dir(tmp_path / "meta", tmp_path / "bare", A.ALL_KINETO)
+    bare = _report(tmp_path / "bare")
+    assert bare["run"]["peers"]["undecided"] == 0
+    _same(_report(tmp_path / "meta"), bare, 1.0)

@@ -426,6 +426,23 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
             if peaks:
                 fits[(a, b)] = [LinkFit(a, b, *pk) for pk in peaks]
     links = _accept(fits, coarse.uncertainty_ns, all(bool(v.ends_meet) for v in o.values() if len(v.start)))
+    linked = {x for k in links for x in k}
+    if set(ranks) - linked:
+        # Some ranks' transfers never end together with a partner's (eager sends, receives that
+        # cannot be posted ahead): the data flow may still place them all.
+        trial = {r: _copy_ops(v) for r, v in o.items()}
+        flow = _decide_by_flow(run, trial, off, unknown)
+        if flow is not None and flow[0] and not flow[3] and {x for k in flow[0] for x in k} >= set(ranks):
+            for r, v in trial.items():
+                o[r].peer[:], o[r].how[:], o[r].conf[:] = v.peer, v.how, v.conf
+            dec.links, dec.decided, dec.confidence = flow[0], flow[1], flow[2]
+            dec.undecided = sum(int((v.peer < 0).sum()) for v in o.values())
+            if dec.undecided:
+                dec.warnings.append(
+                    f"p2p peers: {dec.undecided} of {n_unknown} ops without a peer could not be "
+                    "placed by the data flow and stay unmatched"
+                )
+            return dec
     dec.links = links
     if not links:
         dec.warnings.append(
@@ -497,6 +514,22 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
             "and stay unmatched"
         )
     return dec
+
+
+def _copy_ops(v: P2POps) -> P2POps:
+    """``v`` with its own peer / how / conf arrays (the rest shared, read only)."""
+    return P2POps(
+        v.start,
+        v.end,
+        v.peer.copy(),
+        v.direction,
+        v.device,
+        v.how.copy(),
+        v.conf.copy(),
+        v.index,
+        v.table,
+        v.ends_meet,
+    )
 
 
 def _stream_vote(run: Run, rank: int, v: P2POps) -> None:
