@@ -1,24 +1,32 @@
-"""Point-to-point partners decided from cross-rank timing when the trace names no peer.
+"""Point-to-point partners decided from pipeline labels and cross-rank timing when the trace
+names no peer.
 
 gloo runs recorded with ``torch.profiler`` defaults (no ``record_shapes``), NCCL kernels without
 comm args and nsys kernels without NVTX payloads carry a transfer's direction at best, never its
-peer. The partner is then found from timing (DESIGN.md §4.3):
+peer. In order (DESIGN.md §4.3):
 
+0. Pipeline labels: a transfer inside torch.distributed.pipelining's ``PP:<s>SEND_F<mb>`` range
+   (or next to a labelled block) belongs to stage ``s``; its peer is the rank holding ``s +- 1``.
 1. Coarse clock offsets: ranks of one host share a clock (CPU/gloo runs); else the device
    collectives, which end together on every member; else the step starts.
-2. Per ordered rank pair ``a -> b`` the differences between the *key times* of ``a``'s
-   send-capable ops and ``b``'s receive-capable ops (an ops' key is its end where a matched send and
-   receive end together: device kernels; else a send's start and a receive's end: a blocking
-   receive ends when the data arrived) are histogrammed around the coarse offset. A real link shows
-   a sharp peak (the link latency plus the residual clock offset) that stands far above the flat
-   floor a non-partner gives; that peak is the link's fit.
-3. Each op goes to the linked partner whose nearest counterpart is closest to that link's peak;
-   the margin to the second candidate is its confidence. Ops no link explains stay unknown and
-   are counted in a warning.
+2. Host ops (gloo): each transfer is an activation or a gradient by the compute beside it
+   (autograd ops consume / produce gradients); per flow and step the k-th send pairs with the
+   k-th receive of the same flow, and each rank's partner is the one whose receives follow its
+   sends causally and soonest. Forward and backward answers must agree.
+3. Device kernels: per ordered rank pair the differences between ``a``'s send ends and ``b``'s
+   receive ends (a matched send and receive end together) are histogrammed around the coarse
+   offset; a real link shows sharp peaks far above the flat floor a non-partner gives. Links need
+   reciprocal peaks (the same offset seen from both sides) that agree on one clock per rank
+   around every cycle, which drops the schedule's periodic echoes. Each op goes to the linked
+   partner whose nearest counterpart is closest; the margin to the second is its confidence, and
+   a stream that talks to one peer settles its ties. Ranks whose transfers rarely end together
+   (eager sends) are placed by the data flow of step 2 instead. Direction-unknown kernels take
+   the direction the timing and the per-link balance of activations and gradients give.
 
-Everything is sorting, ``searchsorted`` and histograms per rank pair: linear in the ops of a pair.
-The result is an overlay on :class:`~ppdiag.pipeline.clocks.P2POps` (copies owned by the
-pipeline layer): the parser's arrays are never written.
+Ops nothing places stay unknown and are counted in a warning; ambiguous answers warn and fall
+back, never guess silently. Everything is sorting, ``searchsorted`` and histograms per rank pair:
+linear in the ops of a pair. The result is an overlay on :class:`~ppdiag.pipeline.clocks.P2POps`
+(copies owned by the pipeline layer): the parser's arrays are never written.
 """
 
 from __future__ import annotations
