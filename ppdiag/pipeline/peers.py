@@ -55,6 +55,7 @@ _BIN_NS = 10_000  # histogram bin of the key-time differences
 _PEAK_BINS = 5  # a link's peak is searched as the densest run of this many bins
 _MIN_LINK_OPS = 2
 _MAX_DIFFS_PER_OP = 64  # bounds the work per op when ops are dense in the search window
+_COLL_SPREAD_NS = 500_000  # k-th collectives that end further apart are not one collective
 _SAME_OP_NS = 50_000  # host ops of one transfer in the intervals and the ranges start this close
 
 
@@ -156,8 +157,11 @@ def coarse_clock(run: Run) -> Coarse:
         ref = ends[ranks[0]]
         off = {r: int(np.median(ref - ends[r])) for r in ranks}
         spread = max(float(np.max(np.abs((ref - ends[r]) - off[r]))) for r in ranks)
-        window = int(min(max(4 * spread, 500_000), 5_000_000))
-        return Coarse(off, window, "collectives", int(max(4 * spread, 2 * _BIN_NS)))
+        if spread <= _COLL_SPREAD_NS:
+            window = int(min(max(4 * spread, 500_000), 5_000_000))
+            return Coarse(off, window, "collectives", int(max(4 * spread, 2 * _BIN_NS)))
+        # the k-th collectives do not end together: different groups (data-parallel replicas
+        # reduce apart from the pipeline's own all-reduce), which only their group could sort out
     starts: dict[int, dict[int, int]] = {}
     for tl in run.ranks:
         rg = tl.ranges
@@ -421,19 +425,30 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
         recv_idx[r], recv_key[r] = ri[ro], rk[ro]
     # 2. link fits per ordered pair
     fits: dict[tuple[int, int], list[LinkFit]] = {}
+    allowed = _pipeline_neighbours(run)
     for a in ranks:
         if send_key[a].size == 0:
             continue
         ends_meet = o[a].ends_meet
         for b in ranks:
-            if b == a or recv_key[b].size == 0:
+            if b == a or recv_key[b].size == 0 or (allowed is not None and (a, b) not in allowed):
                 continue
             # ends meet: the offset is unknown by +-window; else a receive ends after its send began
             lo = -window if ends_meet else -window // 4
             peaks = fit_peaks(send_key[a], recv_key[b], window, lo)
             if peaks:
                 fits[(a, b)] = [LinkFit(a, b, *pk) for pk in peaks]
-    links = _accept(fits, coarse.uncertainty_ns, all(bool(v.ends_meet) for v in o.values() if len(v.start)))
+    try:
+        links = _accept(
+            fits, coarse.uncertainty_ns, all(bool(v.ends_meet) for v in o.values() if len(v.start))
+        )
+    except _Ambiguous as amb:
+        dec.warnings.append(
+            f"p2p peers unknown for {n_unknown} ops and ambiguous by timing ({amb}); not guessed: "
+            "give --stage-map, or record the peers (record_shapes=True, NCCL comm args, nsys "
+            "--include-blobs)"
+        )
+        return dec
     linked = {x for k in links for x in k}
     if set(ranks) - linked:
         # Some ranks' transfers never end together with a partner's (eager sends, receives that
@@ -524,6 +539,29 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
     return dec
 
 
+def _pipeline_neighbours(run: Run) -> set[tuple[int, int]] | None:
+    """Rank pairs next to each other in a pipeline process group the trace describes (``pg_desc``
+    naming it, e.g. Megatron's PIPELINE_MODEL_PARALLEL_GROUP; the ring's wrap included), or None.
+
+    With data parallelism every replica runs the same schedule, so timing alone may not tell a
+    rank's partner from the same stage of another replica; the group does.
+    """
+    from ppdiag.pipeline.topology import _PP_GROUP
+
+    lines: set[tuple[int, ...]] = set()
+    for tl in run.ranks:
+        for g in tl.process_groups:
+            if _PP_GROUP.search(g.desc or "") and len(g.ranks) > 1:
+                lines.add(tuple(g.ranks))
+    if not lines:
+        return None
+    out: set[tuple[int, int]] = set()
+    for line in lines:
+        for x, y in zip(line, line[1:] + line[:1], strict=True):
+            out.update(((x, y), (y, x)))
+    return out
+
+
 def _copy_ops(v: P2POps) -> P2POps:
     """``v`` with its own peer / how / conf arrays (the rest shared, read only)."""
     return P2POps(
@@ -609,12 +647,24 @@ def _accept(
 
     out: dict[tuple[int, int], LinkFit] = {}
     degree: dict[int, int] = {}
+    weakest: dict[int, tuple[bool, int]] = {}  # per rank: (explained by the coarse clock, support)
     for f, g in pairs:
-        if (f.src, f.dst) in out or degree.get(f.src, 0) >= 2 or degree.get(f.dst, 0) >= 2:
+        if (f.src, f.dst) in out:
             continue
         shift = (f.shift_ns - g.shift_ns) // 2 if ends_meet else f.shift_ns
         ra, ea = find(f.src)
         rb, eb = find(f.dst)
+        strength = (abs(f.shift_ns) <= unc, f.support + g.support)
+        if degree.get(f.src, 0) >= 2 or degree.get(f.dst, 0) >= 2:
+            consistent = ra != rb or abs((eb - ea) - shift) <= max(f.tol_ns, 2 * _BIN_NS)
+            full = [x for x in (f.src, f.dst) if degree.get(x, 0) >= 2]
+            if consistent and all(
+                weakest[x][0] == strength[0] and strength[1] >= 0.9 * weakest[x][1] for x in full
+            ):
+                # as strong as a partner already taken: the timing cannot tell them apart (e.g.
+                # data-parallel replicas that run in lockstep)
+                raise _Ambiguous(f"ranks {f.src} and {f.dst} fit a link as well as {sorted(full)}'s partners")
+            continue
         if ra != rb:
             # e_dst - e_src = shift
             parent[rb] = ra
@@ -625,7 +675,14 @@ def _accept(
         out[(g.src, g.dst)] = g
         degree[f.src] = degree.get(f.src, 0) + 1
         degree[f.dst] = degree.get(f.dst, 0) + 1
+        for x in (f.src, f.dst):
+            if x not in weakest or strength < weakest[x]:
+                weakest[x] = strength
     return out
+
+
+class _Ambiguous(Exception):
+    """The timing fits more partners than a pipeline rank can have, equally well."""
 
 
 def _directions(
