@@ -255,3 +255,32 @@ def test_decided_ops_are_marked_as_timing(tmp_path: Path) -> None:
     # the parser's columns stay as parsed (no peer)
     for tl in timed_run.ranks:
         assert np.all(tl.intervals.peer == -1)
+
+
+def test_lockstep_replicas_are_ambiguous_without_a_group(tmp_path: Path) -> None:
+    # dp = 2: both replicas run the same schedule to the ns, so rank 0's sends end together with
+    # the receives of both stage-1 ranks; without a process group nothing can tell the replicas
+    # apart, and the run must say so instead of building a wrong chain
+    run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=4, dp=2)
+    base, bare = tmp_path / "meta", tmp_path / "bare"
+    write_kineto(run, base)
+    strip_kineto_dir(base, bare, ALL_KINETO)
+    rep = _diag(bare)
+    assert rep["run"]["pp"] == 1
+    assert any("ambiguous by timing" in w for w in rep["run"]["warnings"])
+
+
+def test_pipeline_group_separates_lockstep_replicas(tmp_path: Path) -> None:
+    from ppdiag.parsers.loader import load_run
+    from ppdiag.pipeline import rebuild
+
+    run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=4, dp=2)
+    base, bare = tmp_path / "meta", tmp_path / "bare"
+    write_kineto(run, base)
+    # peers gone, the process groups (pg_config naming the pipeline group) kept
+    strip_kineto_dir(base, bare, ("comm_args", "param_comms", "nvtx_names"))
+    meta = rebuild(load_run([base]))
+    timed = rebuild(load_run([bare]))
+    assert timed.topology.stage_map() == meta.topology.stage_map()
+    for r, o in timed.ops.items():
+        np.testing.assert_array_equal(o.peer, meta.ops[r].peer)
