@@ -284,3 +284,17 @@ def test_pipeline_group_separates_lockstep_replicas(tmp_path: Path) -> None:
     assert timed.topology.stage_map() == meta.topology.stage_map()
     for r, o in timed.ops.items():
         np.testing.assert_array_equal(o.peer, meta.ops[r].peer)
+
+
+def test_stage_map_separates_lockstep_replicas(tmp_path: Path) -> None:
+    # the same ambiguous run as above, with the user's --stage-map: the partners follow from it
+    run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=4, dp=2)
+    base, bare = tmp_path / "meta", tmp_path / "bare"
+    write_kineto(run, base)
+    strip_kineto_dir(base, bare, ALL_KINETO)
+    rep = _diag(base)
+    lines = ";".join(",".join(str(r) for r in line) for line in [[0, 2, 4, 6], [1, 3, 5, 7]])
+    got = diagnose([bare], Options(stage_map=lines)).report
+    assert got["run"]["stage_map"] == rep["run"]["stage_map"]
+    assert got["run"]["peers"]["undecided"] == 0
+    assert not any("ambiguous" in w for w in got["run"]["warnings"])

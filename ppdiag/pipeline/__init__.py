@@ -13,7 +13,7 @@ from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
 from ppdiag.pipeline.schedule import SCHEDULES, detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
-from ppdiag.pipeline.topology import Topology, infer_topology
+from ppdiag.pipeline.topology import Topology, infer_topology, parse_stage_map
 
 
 @dataclass
@@ -50,7 +50,7 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
         raise InputError(None, f"--schedule {opts.schedule!r}: expected one of {', '.join(SCHEDULES[:-2])}")
     warnings: list[str] = []
     ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
-    peers = decide_peers(run, ops)
+    peers = decide_peers(run, ops, parse_stage_map(opts.stage_map) if opts.stage_map else None)
     topo = infer_topology(run, opts.stage_map, opts.pp, ops)
     if (peers.decided or peers.by_labels) and topo.source == "p2p chain":
         topo.source = f"p2p chain (peers from {peers.source})"

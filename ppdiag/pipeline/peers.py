@@ -285,12 +285,13 @@ def _earliest_after(keys: npt.NDArray[np.int64], t: npt.NDArray[np.int64], tol: 
     return np.where(j < keys.size, out, np.iinfo(np.int64).max)
 
 
-def decide_peers(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
+def decide_peers(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None = None) -> PeerDecision:
     """Fill the unknown peers of ``ops`` (``{rank: P2POps}``, modified in place): from the
     pipeline labels that name a transfer's stage (``PP:<s>SEND_F<mb>``) where the trace has them,
-    else from timing."""
+    else from timing. ``lines``: the pipelines' ranks in stage order when the user gave them
+    (``--stage-map``): only neighbours there are candidates."""
     n_lab = _from_labels(run, ops)
-    dec = _decide(run, ops)
+    dec = _decide(run, ops, lines)
     dec.by_labels = n_lab
     hows: set[int] = set()
     for v in ops.values():
@@ -384,7 +385,7 @@ def _from_labels(run: Run, ops: dict[int, P2POps]) -> int:
     return decided
 
 
-def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
+def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> PeerDecision:
     o = ops
     unknown = {r: v.peer < 0 for r, v in o.items()}
     n_unknown = sum(int(u.sum()) for u in unknown.values())
@@ -425,7 +426,7 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
         recv_idx[r], recv_key[r] = ri[ro], rk[ro]
     # 2. link fits per ordered pair
     fits: dict[tuple[int, int], list[LinkFit]] = {}
-    allowed = _pipeline_neighbours(run)
+    allowed = _pipeline_neighbours(run, lines)
     for a in ranks:
         if send_key[a].size == 0:
             continue
@@ -539,19 +540,20 @@ def _decide(run: Run, ops: dict[int, P2POps]) -> PeerDecision:
     return dec
 
 
-def _pipeline_neighbours(run: Run) -> set[tuple[int, int]] | None:
+def _pipeline_neighbours(run: Run, given: list[list[int]] | None = None) -> set[tuple[int, int]] | None:
     """Rank pairs next to each other in a pipeline process group the trace describes (``pg_desc``
-    naming it, e.g. Megatron's PIPELINE_MODEL_PARALLEL_GROUP; the ring's wrap included), or None.
+    naming it, e.g. Megatron's PIPELINE_MODEL_PARALLEL_GROUP) or ``given`` (``--stage-map``), the
+    ring's wrap included; None when neither exists.
 
     With data parallelism every replica runs the same schedule, so timing alone may not tell a
     rank's partner from the same stage of another replica; the group does.
     """
     from ppdiag.pipeline.topology import _PP_GROUP
 
-    lines: set[tuple[int, ...]] = set()
+    lines: set[tuple[int, ...]] = {tuple(x) for x in given or [] if len(x) > 1}
     for tl in run.ranks:
         for g in tl.process_groups:
-            if _PP_GROUP.search(g.desc or "") and len(g.ranks) > 1:
+            if not given and _PP_GROUP.search(g.desc or "") and len(g.ranks) > 1:
                 lines.add(tuple(g.ranks))
     if not lines:
         return None
