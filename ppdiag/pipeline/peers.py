@@ -55,6 +55,9 @@ _BIN_NS = 10_000  # histogram bin of the key-time differences
 _PEAK_BINS = 5  # a link's peak is searched as the densest run of this many bins
 _MIN_LINK_OPS = 2
 _MAX_DIFFS_PER_OP = 64  # bounds the work per op when ops are dense in the search window
+# a pair this close to a rank's weakest accepted partner in support is a tie that timing cannot
+# break (replicas in lockstep); a schedule's echo through several stages stays a few % weaker
+_TIE = 0.98
 _COLL_SPREAD_NS = 500_000  # k-th collectives that end further apart are not one collective
 _SAME_OP_NS = 50_000  # host ops of one transfer in the intervals and the ranges start this close
 
@@ -661,7 +664,7 @@ def _accept(
             consistent = ra != rb or abs((eb - ea) - shift) <= max(f.tol_ns, 2 * _BIN_NS)
             full = [x for x in (f.src, f.dst) if degree.get(x, 0) >= 2]
             if consistent and all(
-                weakest[x][0] == strength[0] and strength[1] >= 0.9 * weakest[x][1] for x in full
+                weakest[x][0] == strength[0] and strength[1] >= _TIE * weakest[x][1] for x in full
             ):
                 # as strong as a partner already taken: the timing cannot tell them apart (e.g.
                 # data-parallel replicas that run in lockstep)
