@@ -268,6 +268,7 @@ def test_lockstep_replicas_are_ambiguous_without_a_group(tmp_path: Path) -> None
     rep = _diag(bare)
     assert rep["run"]["pp"] == 1
     assert any("ambiguous by timing" in w for w in rep["run"]["warnings"])
+    assert rep["run"]["peers"]["undecided"] > 0 and rep["run"]["peers"]["decided_by_timing"] == 0
 
 
 def test_pipeline_group_separates_lockstep_replicas(tmp_path: Path) -> None:

@@ -447,6 +447,7 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
             fits, coarse.uncertainty_ns, all(bool(v.ends_meet) for v in o.values() if len(v.start))
         )
     except _Ambiguous as amb:
+        dec.undecided = n_unknown
         dec.warnings.append(
             f"p2p peers unknown for {n_unknown} ops and ambiguous by timing ({amb}); not guessed: "
             "give --stage-map, or record the peers (record_shapes=True, NCCL comm args, nsys "
@@ -472,6 +473,7 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
             return dec
     dec.links = links
     if not links:
+        dec.undecided = n_unknown
         dec.warnings.append(
             f"p2p peers unknown for {n_unknown} ops and no cross-rank timing pattern names them "
             f"(coarse clock: {method}); the pipeline cannot be rebuilt from timing"
