@@ -58,7 +58,9 @@ _MAX_DIFFS_PER_OP = 64  # bounds the work per op when ops are dense in the searc
 # a pair this close to a rank's weakest accepted partner in support is a tie that timing cannot
 # break (replicas in lockstep); a schedule's echo through several stages stays a few % weaker
 _TIE = 0.98
-_COLL_SPREAD_NS = 500_000  # k-th collectives that end further apart are not one collective
+_COLL_SPREAD_NS = 500_000
+_REFINED_WINDOW_NS = 500_000  # the second fit's window, on clocks the first fit's links set
+_REFINED_UNC_NS = 50_000  # k-th collectives that end further apart are not one collective
 _SAME_OP_NS = 50_000  # host ops of one transfer in the intervals and the ranges start this close
 
 
@@ -413,39 +415,23 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
                 )
             return dec
     ranks = sorted(r for r in o if unknown[r].any())
-    # per rank: sorted keys of its unknown send-capable / receive-capable ops on the coarse clock
-    send_idx: dict[int, npt.NDArray[np.int64]] = {}
-    recv_idx: dict[int, npt.NDArray[np.int64]] = {}
-    send_key: dict[int, npt.NDArray[np.int64]] = {}
-    recv_key: dict[int, npt.NDArray[np.int64]] = {}
-    for r in ranks:
-        v = o[r]
-        si = np.flatnonzero(unknown[r] & can_send(v.direction))
-        ri = np.flatnonzero(unknown[r] & can_recv(v.direction))
-        sk = _keys(v.start, v.end, bool(v.ends_meet), True)[si] + off.get(r, 0)
-        rk = _keys(v.start, v.end, bool(v.ends_meet), False)[ri] + off.get(r, 0)
-        so, ro = np.argsort(sk, kind="stable"), np.argsort(rk, kind="stable")
-        send_idx[r], send_key[r] = si[so], sk[so]
-        recv_idx[r], recv_key[r] = ri[ro], rk[ro]
-    # 2. link fits per ordered pair
-    fits: dict[tuple[int, int], list[LinkFit]] = {}
     allowed = _pipeline_neighbours(run, lines)
-    for a in ranks:
-        if send_key[a].size == 0:
-            continue
-        ends_meet = o[a].ends_meet
-        for b in ranks:
-            if b == a or recv_key[b].size == 0 or (allowed is not None and (a, b) not in allowed):
-                continue
-            # ends meet: the offset is unknown by +-window; else a receive ends after its send began
-            lo = -window if ends_meet else -window // 4
-            peaks = fit_peaks(send_key[a], recv_key[b], window, lo)
-            if peaks:
-                fits[(a, b)] = [LinkFit(a, b, *pk) for pk in peaks]
+    all_meet = all(bool(v.ends_meet) for v in o.values() if len(v.start))
     try:
-        links = _accept(
-            fits, coarse.uncertainty_ns, all(bool(v.ends_meet) for v in o.values() if len(v.start))
-        )
+        links, key_sets = _fit_pass(o, unknown, ranks, off, window, coarse.uncertainty_ns, allowed, all_meet)
+        if links and all_meet and coarse.uncertainty_ns > _REFINED_UNC_NS:
+            # refine: the accepted links set the clocks to a few µs; fit again on those clocks
+            # with a narrow window, where a real link stands at zero shift and an echo does not
+            off2 = {r: off.get(r, 0) + e for r, e in _link_offsets(links, ranks).items()}
+            try:
+                links2, key_sets2 = _fit_pass(
+                    o, unknown, ranks, off2, _REFINED_WINDOW_NS, _REFINED_UNC_NS, allowed, all_meet
+                )
+            except _Ambiguous:
+                links2, key_sets2 = {}, key_sets
+            if {x for k in links2 for x in k} >= {x for k in links for x in k}:
+                links, key_sets, off = links2, key_sets2, off2
+                dec.coarse_method = f"{method}, refined on the matched transfers"
     except _Ambiguous as amb:
         dec.undecided = n_unknown
         dec.warnings.append(
@@ -454,6 +440,7 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
             "--include-blobs)"
         )
         return dec
+    send_idx, recv_idx, send_key, recv_key = key_sets
     linked = {x for k in links for x in k}
     if set(ranks) - linked:
         # Some ranks' transfers never end together with a partner's (eager sends, receives that
@@ -543,6 +530,74 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
             "and stay unmatched"
         )
     return dec
+
+
+def _fit_pass(
+    o: dict[int, P2POps],
+    unknown: dict[int, npt.NDArray[np.bool_]],
+    ranks: list[int],
+    off: dict[int, int],
+    window: int,
+    unc: int,
+    allowed: set[tuple[int, int]] | None,
+    all_meet: bool,
+) -> tuple[dict[tuple[int, int], LinkFit], tuple[dict[int, npt.NDArray[np.int64]], ...]]:
+    """One fit of the links on the clock ``off``: the accepted links and, per rank, the sorted
+    indices and keys of its unknown send- and receive-capable ops (raises :class:`_Ambiguous`)."""
+    # per rank: sorted keys of its unknown send-capable / receive-capable ops on the coarse clock
+    send_idx: dict[int, npt.NDArray[np.int64]] = {}
+    recv_idx: dict[int, npt.NDArray[np.int64]] = {}
+    send_key: dict[int, npt.NDArray[np.int64]] = {}
+    recv_key: dict[int, npt.NDArray[np.int64]] = {}
+    for r in ranks:
+        v = o[r]
+        si = np.flatnonzero(unknown[r] & can_send(v.direction))
+        ri = np.flatnonzero(unknown[r] & can_recv(v.direction))
+        sk = _keys(v.start, v.end, bool(v.ends_meet), True)[si] + off.get(r, 0)
+        rk = _keys(v.start, v.end, bool(v.ends_meet), False)[ri] + off.get(r, 0)
+        so, ro = np.argsort(sk, kind="stable"), np.argsort(rk, kind="stable")
+        send_idx[r], send_key[r] = si[so], sk[so]
+        recv_idx[r], recv_key[r] = ri[ro], rk[ro]
+    # link fits per ordered pair
+    fits: dict[tuple[int, int], list[LinkFit]] = {}
+    for a in ranks:
+        if send_key[a].size == 0:
+            continue
+        ends_meet = o[a].ends_meet
+        for b in ranks:
+            if b == a or recv_key[b].size == 0 or (allowed is not None and (a, b) not in allowed):
+                continue
+            # ends meet: the offset is unknown by +-window; else a receive ends after its send began
+            lo = -window if ends_meet else -window // 4
+            peaks = fit_peaks(send_key[a], recv_key[b], window, lo)
+            if peaks:
+                fits[(a, b)] = [LinkFit(a, b, *pk) for pk in peaks]
+    links = _accept(fits, unc, all_meet)
+    return links, (send_idx, recv_idx, send_key, recv_key)
+
+
+def _link_offsets(links: dict[tuple[int, int], LinkFit], ranks: list[int]) -> dict[int, int]:
+    """Clock corrections the accepted links imply (``e_dst - e_src = shift``; the two directions
+    of a link averaged), by a walk from the lowest rank of each linked set (0 for unlinked ranks)."""
+    adj: dict[int, list[tuple[int, int]]] = {}
+    for (a, b), f in links.items():
+        g = links.get((b, a))
+        shift = (f.shift_ns - g.shift_ns) // 2 if g is not None else f.shift_ns
+        adj.setdefault(a, []).append((b, shift))
+        adj.setdefault(b, []).append((a, -shift))
+    e: dict[int, int] = {}
+    for root in ranks:
+        if root in e:
+            continue
+        e[root] = 0
+        stack = [root]
+        while stack:
+            x = stack.pop()
+            for y, sh in adj.get(x, []):
+                if y not in e:
+                    e[y] = e[x] + sh
+                    stack.append(y)
+    return e
 
 
 def _pipeline_neighbours(run: Run, given: list[list[int]] | None = None) -> set[tuple[int, int]] | None:
