@@ -118,6 +118,11 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
         if pipe.clocks.residual_us is not None
         else None,
         "clock_method": pipe.clocks.method,
+        "clock_residual_by_rank_us": {
+            str(r): round(v, 3) for r, v in pipe.clocks.residual_by_rank_us.items()
+        },
+        "peer_source": pipe.peers.source if pipe.peers is not None else "none",
+        "peers": pipe.peers.to_json() if pipe.peers is not None else None,
         "clock_offsets_us": {str(tl.rank): round(tl.clock_offset_ns / 1000, 3) for tl in run.ranks},
         "format": run.format,
         "cpu_only": all(tl.cpu_only for tl in run.ranks),

@@ -337,7 +337,13 @@ def _sends_and_recv_waits(truth: GroundTruth, src: int, dst: int) -> tuple[np.nd
 def test_slow_link_delays_the_ranks_sends_by_the_injected_time(recorded: Callable[..., GroundTruth]) -> None:
     delay, slow = 10.0, 1
     truth = recorded(
-        "comm_delay", **COMMON, schedule="1f1b", microbatches=8, comm_delay_ms=delay, comm_delay_rank=slow
+        "comm_delay",
+        **COMMON,
+        schedule="1f1b",
+        microbatches=8,
+        comm_delay_ms=delay,
+        comm_delay_rank=slow,
+        record_shapes=True,  # the peers below are read from the ops' Concrete Inputs
     )
     base = baseline(recorded)
     d_ns = delay * MS

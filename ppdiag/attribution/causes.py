@@ -156,11 +156,12 @@ def _split_local(rs: RankStep, lo: int, hi: int) -> tuple[int, int, int]:
     return (busy, host, max(hi - lo - busy - host, 0))
 
 
-def _blocking_peer(tl: RankTimeline, off: int, lo: int, hi: int) -> tuple[int, int]:
+def _blocking_peer(tl: RankTimeline, off: int, lo: int, hi: int, po: P2POps | None = None) -> tuple[int, int]:
     """Peer of the p2p interval that covers most of the wait ``[lo, hi]``.
 
     A wait can end on a transfer that was complete long before (a receive is only waited for
     after an earlier send returned), so the longest piece names the peer that held the rank.
+    Where the trace names no peer, the pipeline's overlay in ``po`` (peers decided by timing) does.
     """
     iv = tl.intervals
     m = (iv.kind == int(Kind.P2P)) & (iv.end + off > lo) & (iv.start + off < hi)
@@ -168,6 +169,8 @@ def _blocking_peer(tl: RankTimeline, off: int, lo: int, hi: int) -> tuple[int, i
         return -1, 0
     cover = np.minimum(iv.end[m] + off, hi) - np.maximum(iv.start[m] + off, lo)
     i = np.flatnonzero(m)[int(np.argmax(cover))]
+    if po is not None and po.iv_peer.shape[0] == len(iv):
+        return int(po.iv_peer[i]), int(po.iv_dir[i])
     return int(iv.peer[i]), int(iv.direction[i])
 
 
@@ -293,7 +296,8 @@ class Replay:
                 self.nodes.append(node)
                 self.meas_start.append(s)
                 if w_s.size:
-                    pending.append((nid, _blocking_peer(tl, off, wait_start, rel), rel, wait_start))
+                    blocker = _blocking_peer(tl, off, wait_start, rel, ops.get(tl.rank))
+                    pending.append((nid, blocker, rel, wait_start))
                 if int(b.mb[i]) >= 0:
                     by_key[
                         (

@@ -145,6 +145,14 @@ def register(app: typer.Typer) -> None:
             float, typer.Option("--timeout", help="Seconds before the run is stopped.")
         ] = 120.0,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")] = False,
+        record_shapes: Annotated[
+            bool,
+            typer.Option(
+                "--record-shapes",
+                help="Record op inputs (torch.profiler record_shapes=True; gives the p2p peers). "
+                "Default: the profiler's defaults, as most users record.",
+            ),
+        ] = False,
     ) -> None:
         """Record a real multi-process pipeline-parallel training run on CPU (torch, gloo) and analyze it.
 
@@ -177,6 +185,7 @@ def register(app: typer.Typer) -> None:
                 host_stall_ms=host_stall_ms,
                 host_stall_rank=host_stall_rank,
                 timeout_s=timeout,
+                record_shapes=record_shapes,
             )
             err = Console(stderr=True)
             with Progress(

@@ -100,6 +100,7 @@ class DemoConfig:
     host_stall_rank: int | None = None
     timeout_s: float = 120.0
     seed: int = 0
+    record_shapes: bool = False  # torch.profiler's default: no Concrete Inputs (no p2p peers on host ops)
 
     # ---- derived layout -------------------------------------------------------------------
 

@@ -150,7 +150,7 @@ def run_rank(cfg: DemoConfig, rank: int, out_dir: Path, workdir: Path, chan: Cha
         prof = profile(
             activities=[ProfilerActivity.CPU],
             schedule=schedule(wait=PROFILER_WAIT, warmup=PROFILER_WARMUP, active=cfg.steps, repeat=1),
-            record_shapes=True,
+            record_shapes=cfg.record_shapes,
             on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
             experimental_config=torch._C._profiler._ExperimentalConfig(profile_all_threads=True),
         )

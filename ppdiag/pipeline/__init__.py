@@ -10,9 +10,10 @@ from ppdiag.errors import InputError
 from ppdiag.model import Direction, Run
 from ppdiag.pipeline.blocks import Blocks, build_blocks, write_back
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
+from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
 from ppdiag.pipeline.schedule import SCHEDULES, detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
-from ppdiag.pipeline.topology import Topology, infer_topology
+from ppdiag.pipeline.topology import Topology, infer_topology, parse_stage_map
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Pipeline:
     schedule: str
     microbatches: int | None
     warnings: list[str] = field(default_factory=list)
+    peers: PeerDecision | None = None  # how the p2p partners were decided
 
 
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
@@ -47,11 +49,31 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     if opts.schedule and opts.schedule not in SCHEDULES:
         raise InputError(None, f"--schedule {opts.schedule!r}: expected one of {', '.join(SCHEDULES[:-2])}")
     warnings: list[str] = []
-    topo = infer_topology(run, opts.stage_map, opts.pp)
-    warnings.extend(topo.warnings)
     ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
+    peers = decide_peers(run, ops, parse_stage_map(opts.stage_map) if opts.stage_map else None)
+    topo = infer_topology(run, opts.stage_map, opts.pp, ops)
+    if (peers.decided or peers.by_labels) and topo.source == "p2p chain":
+        topo.source = f"p2p chain (peers from {peers.source})"
+    elif peers.decided and topo.pp == 1:
+        peers.warnings.append(
+            f"p2p partners decided by timing for {peers.decided} ops form no pipeline chain; "
+            "treated as no pipeline"
+        )
+    warnings.extend(peers.warnings)
+    warnings.extend(topo.warnings)
     pairs = match_pairs(ops)
+    warnings.extend(pairs.warnings)
     fit = align_clocks(run, pairs)
+    if fit.latency_us is not None:
+        # waits shorter than the clock residual cannot be told apart from it
+        high = {r: v for r, v in fit.residual_by_rank_us.items() if v > max(fit.latency_us, 50.0)}
+        if high:
+            worst = max(high, key=lambda r: high[r])
+            warnings.append(
+                f"clock residual above the normal p2p latency ({fit.latency_us:.0f} µs) on ranks "
+                f"{sorted(high)} (rank {worst}: {high[worst]:.0f} µs): waits shorter than that are "
+                "not told apart from clock error"
+            )
     for tl in run.ranks:
         tl.clock_offset_ns = fit.offsets.get(tl.rank, 0)
     windows: dict[int, list[LocalStep]] = {}
@@ -69,7 +91,9 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
             warnings.append(f"rank {tl.rank}: no step selected")
         prev, nxt = topo.neighbours(tl.rank)
         b = (
-            build_blocks(tl, local, topo.stage_of.get(tl.rank, 0), prev, nxt)
+            build_blocks(
+                tl, local, topo.stage_of.get(tl.rank, 0), prev, nxt, interval_overlay(tl, ops[tl.rank])
+            )
             if topo.pp > 1
             else Blocks.empty()
         )
@@ -100,7 +124,7 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
         write_back(tl, blocks[tl.rank], tl.clock_offset_ns)
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")
-    return Pipeline(topo, fit, pairs, ops, windows, blocks, schedule, m, warnings)
+    return Pipeline(topo, fit, pairs, ops, windows, blocks, schedule, m, warnings, peers)
 
 
 def _microbatches_from_sends(

@@ -86,8 +86,13 @@ def build_blocks(
     stage: int,
     prev_rank: int | None,
     next_rank: int | None,
+    p2p: tuple[npt.NDArray[np.int32], npt.NDArray[np.int8]] | None = None,
 ) -> Blocks:
-    """Find the rank's blocks (on its own clock); :func:`write_back` labels its intervals later."""
+    """Find the rank's blocks (on its own clock); :func:`write_back` labels its intervals later.
+
+    ``p2p``: the intervals' peer and direction columns with the pipeline's decided peers laid over
+    (:func:`ppdiag.pipeline.peers.interval_overlay`); the parser's columns when None.
+    """
     iv = tl.intervals
     comp = np.flatnonzero(iv.kind == int(Kind.COMPUTE))
     if comp.size == 0 or not steps:
@@ -109,7 +114,7 @@ def build_blocks(
         g_mb = labels.mb
         g_stage = labels.stage
     else:
-        group, g_phase, g_mb, g_stage = _cut_groups(tl, comp, step_of, prev_rank, next_rank)
+        group, g_phase, g_mb, g_stage = _cut_groups(tl, comp, step_of, prev_rank, next_rank, overlay=p2p)
     # Optimizer and other non-pipeline ops never belong to a block.
     group = np.where(np.isin(iv.phase[comp], (int(Phase.OPTIM), int(Phase.OTHER))), -1, group)
     valid = group >= 0
@@ -154,9 +159,11 @@ def _cut_groups(
     step_of: npt.NDArray[np.int32],
     prev_rank: int | None,
     next_rank: int | None,
+    overlay: tuple[npt.NDArray[np.int32], npt.NDArray[np.int8]] | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int8], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """Groups of compute between point-to-point operations, with their phase."""
     iv = tl.intervals
+    iv_peer, iv_dir = overlay if overlay is not None else (iv.peer, iv.direction)
     p2p = iv.kind == int(Kind.P2P)
     if tl.cpu_only:
         # host ops: a transfer is issued between two blocks
@@ -167,7 +174,7 @@ def _cut_groups(
         # device kernels: receives are posted early and spin beside the compute, so only the moment
         # data arrives (a receive's end) and the moment a block's output leaves (a send's start)
         # separate two blocks
-        d = iv.direction
+        d = iv_dir
         sends = p2p & ((d == int(Direction.SEND)) | (d == int(Direction.BOTH)) | (d == int(Direction.NONE)))
         recvs = p2p & ((d == int(Direction.RECV)) | (d == int(Direction.BOTH)))
         # a receive that completes while a block computes (posted ahead) delimits nothing: only
@@ -227,7 +234,7 @@ def _cut_groups(
     if not tl.cpu_only and ng:
         # On a GPU the direction of the transfers around a block is the surest sign of its phase
         # (kernels carry a phase only when the launching op said so); ops decide where it is silent.
-        vote = _transfer_vote(tl, comp, group, ng, prev_rank, next_rank)
+        vote = _transfer_vote(tl, comp, group, ng, prev_rank, next_rank, iv_peer, iv_dir)
         phase = np.where(vote > 0, int(Phase.FWD), np.where(vote < 0, int(Phase.BWD), phase)).astype(np.int8)
     return group, phase, np.full(ng, -1, np.int32), np.full(ng, -1, np.int32)
 
@@ -239,6 +246,8 @@ def _transfer_vote(
     ng: int,
     prev_rank: int | None,
     next_rank: int | None,
+    iv_peer: npt.NDArray[np.int32],
+    iv_dir: npt.NDArray[np.int8],
 ) -> npt.NDArray[np.int64]:
     """Per group: > 0 looks like a forward (receives from the previous stage, sends to the next),
     < 0 like a backward (the reverse), 0 when the transfers around it say nothing."""
@@ -248,9 +257,9 @@ def _transfer_vote(
     g_end = np.full(ng, -1, np.int64)
     np.minimum.at(g_start, group[valid], iv.start[comp][valid])
     np.maximum.at(g_end, group[valid], iv.end[comp][valid])
-    m = (iv.kind == int(Kind.P2P)) & (iv.peer >= 0)
-    d = iv.direction[m]
-    peer = iv.peer[m]
+    m = (iv.kind == int(Kind.P2P)) & (iv_peer >= 0)
+    d = iv_dir[m]
+    peer = iv_peer[m]
     sends = (d == int(Direction.SEND)) | (d == int(Direction.BOTH))
     recvs = (d == int(Direction.RECV)) | (d == int(Direction.BOTH))
     s_t, s_peer = iv.start[m][sends], peer[sends]

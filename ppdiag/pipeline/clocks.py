@@ -1,6 +1,7 @@
 """Send/recv matching across ranks and clock alignment (DESIGN.md §4.3).
 
-The k-th send from rank a to rank b pairs with the k-th receive on b from a. A NCCL send and its
+Within each link a->b the sends pair with b's receives from a in issue order, by time where
+the counts disagree (a lost or duplicated event). A NCCL send and its
 receive finish together (the transfer completes on both sides), so each matched pair measures the
 clock offset between the two hosts. Offsets are solved by least squares over all rank pairs with
 the lowest rank fixed at 0; the residual is the median disagreement left after alignment.
@@ -9,7 +10,7 @@ the lowest rank fixed at 0; the residual is the median disagreement left after a
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -19,13 +20,41 @@ from ppdiag.model import Direction, Kind, RangeKind, RankTimeline, Run
 
 @dataclass
 class P2POps:
-    """One rank's point-to-point operations in issue order (own clock)."""
+    """One rank's point-to-point operations in issue order (own clock).
+
+    ``peer`` / ``direction`` start as the parser gave them (-1 / 0 when unknown) and are copies:
+    :func:`ppdiag.pipeline.peers.decide_peers` fills the unknown ones from timing, ``how`` says how
+    each was decided (``peers.HOW_*``) and ``conf`` with what confidence (1 for metadata).
+    ``index`` is the op's row in ``tl.intervals`` (``table == "intervals"``) or ``tl.ranges``.
+    ``ends_meet``: a matched send and receive end together (device kernels), rather than a
+    receive ending when the data arrived after the send started (host ops).
+    """
 
     start: npt.NDArray[np.int64]
     end: npt.NDArray[np.int64]
     peer: npt.NDArray[np.int32]
     direction: npt.NDArray[np.int8]
     device: bool  # device kernels (ends are simultaneous) or host ops
+    how: npt.NDArray[np.int8] = field(default_factory=lambda: np.zeros(0, np.int8))
+    conf: npt.NDArray[np.float32] = field(default_factory=lambda: np.zeros(0, np.float32))
+    index: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    table: str = "intervals"
+    ends_meet: bool | None = None
+    # the rank's ``intervals.peer`` / ``.direction`` with the decided peers laid over (copies; empty
+    # until :func:`ppdiag.pipeline.peers.decide_peers` ran and decided some by timing)
+    iv_peer: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    iv_dir: npt.NDArray[np.int8] = field(default_factory=lambda: np.zeros(0, np.int8))
+
+    def __post_init__(self) -> None:
+        n = self.start.shape[0]
+        if self.how.shape[0] != n:
+            self.how = np.where(self.peer >= 0, 1, 0).astype(np.int8)
+        if self.conf.shape[0] != n:
+            self.conf = np.where(self.peer >= 0, 1.0, 0.0).astype(np.float32)
+        if self.index.shape[0] != n:
+            self.index = np.full(n, -1, np.int64)
+        if self.ends_meet is None:
+            self.ends_meet = self.device
 
 
 @dataclass
@@ -39,20 +68,31 @@ class Pairs:
     recv_start: npt.NDArray[np.int64]
     recv_end: npt.NDArray[np.int64]
     device: bool
+    unmatched: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # link: (sends, recvs)
+    warnings: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.src.shape[0])
 
 
 def p2p_ops(tl: RankTimeline) -> P2POps:
-    """Device p2p kernels with known peers, else host p2p ops (gloo spans, c10d ops)."""
+    """Device p2p kernels, else host p2p ops (gloo spans, c10d ops), peers known or not."""
     iv = tl.intervals
-    m = (iv.kind == int(Kind.P2P)) & (iv.peer >= 0) & (iv.direction > 0)
+    m = iv.kind == int(Kind.P2P)
     if m.any() and not tl.cpu_only:
-        o = np.argsort(iv.start[m], kind="stable")
-        return P2POps(iv.start[m][o], iv.end[m][o], iv.peer[m][o], iv.direction[m][o], True)
+        sel = np.flatnonzero(m)
+        sel = sel[np.argsort(iv.start[sel], kind="stable")]
+        return P2POps(
+            iv.start[sel],
+            iv.end[sel],
+            iv.peer[sel].copy(),
+            iv.direction[sel].copy(),
+            True,
+            index=sel.astype(np.int64),
+            table="intervals",
+        )
     rg = tl.ranges
-    cm = (rg.kind == int(RangeKind.COMM_OP)) & (rg.peer >= 0) & (rg.direction > 0)
+    cm = (rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)
     if cm.any():
         names = np.array([tl.names[i] for i in rg.name[cm]], dtype=object)
         # One op per transfer: prefer the backend span (issue -> completion), then the c10d op.
@@ -62,29 +102,132 @@ def p2p_ops(tl: RankTimeline) -> P2POps:
                 sel = np.flatnonzero(cm)[pm]
                 o = np.argsort(rg.start[sel], kind="stable")
                 sel = sel[o]
-                return P2POps(rg.start[sel], rg.end[sel], rg.peer[sel], rg.direction[sel], False)
+                return P2POps(
+                    rg.start[sel],
+                    rg.end[sel],
+                    rg.peer[sel].copy(),
+                    rg.direction[sel].copy(),
+                    False,
+                    index=sel.astype(np.int64),
+                    table="ranges",
+                )
     z = np.zeros(0, np.int64)
     return P2POps(z, z.copy(), np.zeros(0, np.int32), np.zeros(0, np.int8), False)
 
 
+def _is_send(d: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
+    return (d == int(Direction.SEND)) | (d == int(Direction.BOTH))
+
+
+def _is_recv(d: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
+    return (d == int(Direction.RECV)) | (d == int(Direction.BOTH))
+
+
+def _pair_link(
+    s_key: npt.NDArray[np.int64], r_key: npt.NDArray[np.int64], ends_meet: bool
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Indices ``(i, j)`` pairing sends ``i`` with receives ``j`` of one link, in order.
+
+    The same counts pair k-th with k-th (issue order is the same on both sides; a send and its
+    receive need not end together, e.g. p2p on the compute stream). Different counts mean a lost
+    or duplicated event: where a send and its receive end together (device kernels) each send then
+    takes the receive whose end is nearest its own once the link's constant shift (clock offset) is
+    removed, within half the usual spacing of the receives; host ops take the first receive that
+    ends after the send started. Pairs that would share or cross an op are
+    dropped, so one missing event costs one pair, not every later one.
+    """
+    ns, nr = s_key.size, r_key.size
+    if ns == nr:
+        k = np.arange(ns, dtype=np.int64)
+        return k, k
+    if ns == 0 or nr == 0:
+        z = np.zeros(0, np.int64)
+        return z, z
+    t = s_key + (_dense_shift(s_key, r_key) if ends_meet else 0)
+    if ends_meet:
+        j = np.searchsorted(r_key, t)
+        jl = np.clip(j - 1, 0, nr - 1)
+        jr = np.clip(j, 0, nr - 1)
+        j = np.where(np.abs(r_key[jl] - t) <= np.abs(r_key[jr] - t), jl, jr)
+        dist = np.abs(r_key[j] - t)
+        gaps = np.diff(r_key)
+        tol = max(int(np.median(gaps)) // 2, 1) if gaps.size else np.iinfo(np.int64).max
+        keep = dist <= tol
+    else:
+        j = np.searchsorted(r_key, t, side="left")
+        keep = j < nr
+        j = np.clip(j, 0, nr - 1)
+        dist = r_key[j] - t
+    i = np.flatnonzero(keep)
+    j = j[keep]
+    dist = dist[keep]
+    # one receive per send: the closest claim wins
+    order = np.lexsort((dist, j))
+    first = np.r_[True, j[order][1:] != j[order][:-1]]
+    i, j = i[order][first], j[order][first]
+    o = np.argsort(i, kind="stable")
+    i, j = i[o], j[o]
+    # keep the order: drop pairs whose receive index goes backwards
+    mono = j == np.maximum.accumulate(j)
+    return i[mono].astype(np.int64), j[mono].astype(np.int64)
+
+
+def _dense_shift(s_key: npt.NDArray[np.int64], r_key: npt.NDArray[np.int64], slip: int = 4) -> int:
+    """The clock shift ``r - s`` most pairs agree on when the k-th send may pair with a receive up
+    to ``slip`` places away (events lost or duplicated): the densest 50 µs of those differences."""
+    n = min(s_key.size, r_key.size)
+    ks = np.arange(s_key.size)
+    parts = []
+    for t in range(-slip, slip + 1):  # a fixed handful of diagonals, each vectorized
+        k = ks[(ks + t >= 0) & (ks + t < r_key.size)]
+        parts.append(r_key[k + t] - s_key[k])
+    d = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    if d.size == 0 or n == 0:
+        return 0
+    cnt = np.searchsorted(d, d + 50_000, side="right") - np.arange(d.size)
+    i = int(np.argmax(cnt))
+    return int(np.median(d[i : i + int(cnt[i])]))
+
+
 def match_pairs(ops: dict[int, P2POps]) -> Pairs:
-    """Pair the k-th send a->b with the k-th recv on b from a."""
+    """Pair the sends a->b with the receives on b from a, by order and time within each link.
+
+    A lost or duplicated event leaves its op unmatched (counted per link in ``unmatched`` and a
+    warning); it never shifts the later pairs.
+    """
     parts: list[tuple[npt.NDArray[np.int64], ...]] = []
     device = all(o.device for o in ops.values() if len(o.start))
+    unmatched: dict[tuple[int, int], tuple[int, int]] = {}
+    warnings: list[str] = []
     for a, oa in ops.items():
-        sends = (oa.direction == int(Direction.SEND)) | (oa.direction == int(Direction.BOTH))
+        sends = _is_send(oa.direction) & (oa.peer >= 0)
         for b in np.unique(oa.peer[sends]):
             b = int(b)
             ob = ops.get(b)
             if ob is None:
                 continue
             sa = np.flatnonzero(sends & (oa.peer == b))
-            recvs = (ob.direction == int(Direction.RECV)) | (ob.direction == int(Direction.BOTH))
-            rb = np.flatnonzero(recvs & (ob.peer == a))
-            n = min(sa.size, rb.size)
+            rb = np.flatnonzero(_is_recv(ob.direction) & (ob.peer == a))
+            if sa.size == 0 or rb.size == 0:
+                continue
+            ends_meet = bool(oa.ends_meet and ob.ends_meet)
+            s_key = oa.end[sa] if ends_meet else oa.start[sa]
+            # issue order on each side; keys sorted for the time search
+            so = np.argsort(s_key, kind="stable")
+            ro = np.argsort(ob.end[rb], kind="stable")
+            sa, rb = sa[so], rb[ro]
+            i, j = _pair_link(s_key[so], ob.end[rb], ends_meet)
+            lost = (sa.size - i.size, rb.size - j.size)
+            if lost != (0, 0):
+                unmatched[(a, b)] = lost
+                warnings.append(
+                    f"p2p link {a}->{b}: {sa.size} sends vs {rb.size} receives; "
+                    f"{lost[0]} sends and {lost[1]} receives left unmatched (lost or duplicated events)"
+                )
+            n = i.size
             if n == 0:
                 continue
-            sa, rb = sa[:n], rb[:n]
+            sa, rb = sa[i], rb[j]
             parts.append(
                 (
                     np.full(n, a, np.int64),
@@ -97,10 +240,18 @@ def match_pairs(ops: dict[int, P2POps]) -> Pairs:
             )
     if not parts:
         z = np.zeros(0, np.int64)
-        return Pairs(z.astype(np.int32), z.astype(np.int32), z, z, z, z, device)
+        return Pairs(z.astype(np.int32), z.astype(np.int32), z, z, z, z, device, unmatched, warnings)
     cols = [np.concatenate([p[i] for p in parts]) for i in range(6)]
     return Pairs(
-        cols[0].astype(np.int32), cols[1].astype(np.int32), cols[2], cols[3], cols[4], cols[5], device
+        cols[0].astype(np.int32),
+        cols[1].astype(np.int32),
+        cols[2],
+        cols[3],
+        cols[4],
+        cols[5],
+        device,
+        unmatched,
+        warnings,
     )
 
 
@@ -111,6 +262,9 @@ class ClockFit:
     offsets: dict[int, int]
     residual_us: float | None
     method: str
+    # per rank: the median disagreement of its matched device transfers after alignment (µs)
+    residual_by_rank_us: dict[int, float] = field(default_factory=dict)
+    latency_us: float | None = None  # the normal device p2p transfer time (median of waited pairs)
 
 
 def collective_rows(run: Run) -> list[tuple[int, int, float, int]]:
@@ -173,12 +327,21 @@ def align_clocks(run: Run, pairs: Pairs) -> ClockFit:
         )
         return ClockFit(zero, None, method)
     offsets, n_comps = _solve(ranks, rows)
+    by_rank: dict[int, float] = {}
+    latency: float | None = None
     if len(pairs) and pairs.device:
         o_src = np.array([offsets[int(r)] for r in pairs.src], dtype=np.int64)
         o_dst = np.array([offsets[int(r)] for r in pairs.dst], dtype=np.int64)
         waited = (pairs.recv_start + o_dst) <= (pairs.send_start + o_src)
-        resid = np.abs((pairs.send_end + o_src) - (pairs.recv_end + o_dst))
-        resid = resid[waited] if waited.any() else resid
+        resid_all = np.abs((pairs.send_end + o_src) - (pairs.recv_end + o_dst))
+        sel = waited if waited.any() else np.ones(len(pairs), dtype=bool)
+        resid = resid_all[sel]
+        # the transfer once both sides were there: the send's own duration on waited pairs
+        latency = float(np.median((pairs.send_end - pairs.send_start)[sel])) / 1000.0
+        for r in ranks:
+            mine = sel & ((pairs.src == r) | (pairs.dst == r))
+            if mine.any():
+                by_rank[r] = float(np.median(resid_all[mine])) / 1000.0
     else:
         resid = np.array([abs(d - (offsets[b] - offsets[a])) for a, b, d, _ in rows], dtype=np.float64)
     method = "matched p2p transfers" if p2p_rows else "matched collectives"
@@ -186,7 +349,7 @@ def align_clocks(run: Run, pairs: Pairs) -> ClockFit:
         method += " and collectives"
     if n_comps > 1:
         method += f" ({n_comps} unlinked groups of ranks, each on its own clock)"
-    return ClockFit(offsets, float(np.median(resid)) / 1000.0, method)
+    return ClockFit(offsets, float(np.median(resid)) / 1000.0, method, by_rank, latency)
 
 
 def _p2p_rows(pairs: Pairs, prior: tuple[dict[int, int], int] | None) -> list[tuple[int, int, float, int]]:

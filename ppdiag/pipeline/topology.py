@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ppdiag.errors import InputError
-from ppdiag.model import Direction, Kind, RangeKind, RankTimeline, Run
+from ppdiag.model import Direction, RangeKind, RankTimeline, Run
+from ppdiag.pipeline.clocks import P2POps, p2p_ops
 
 _PP_GROUP = re.compile(r"pipe|(^|[^a-z])pp([^a-z]|$)", re.IGNORECASE)
 
@@ -97,28 +98,23 @@ def _virtual_from_labels(topo: Topology, run: Run) -> None:
     topo.placement = "v" if v_shape else "loop"
 
 
-def _p2p_edges(run: Run) -> tuple[dict[tuple[int, int], int], dict[int, list[tuple[int, int, int]]]]:
+def _p2p_edges(
+    run: Run, ops: dict[int, P2POps] | None = None
+) -> tuple[dict[tuple[int, int], int], dict[int, list[tuple[int, int, int]]]]:
     """Directed p2p transfer counts (src -> dst) and, per rank, its first p2p events (time, dir, peer).
 
-    Device kernels are counted when a rank has them, else host issue ops (one source per rank,
-    so nothing is counted twice).
+    One op source per rank (device kernels when it has them, else host issue ops, see
+    :func:`~ppdiag.pipeline.clocks.p2p_ops`), so nothing is counted twice; the peers are the
+    overlay's (metadata, else timing).
     """
     edges: dict[tuple[int, int], int] = defaultdict(int)
     events: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     ranks = {tl.rank for tl in run.ranks}
-    for tl in run.ranks:
-        iv = tl.intervals
-        m = (iv.kind == int(Kind.P2P)) & (iv.peer >= 0) & (iv.direction > 0)
-        if m.any() and not tl.cpu_only:
-            t, d, p = iv.start[m], iv.direction[m], iv.peer[m]
-        else:
-            rg = tl.ranges
-            mr = (rg.kind == int(RangeKind.COMM_OP)) & (rg.peer >= 0) & (rg.direction > 0)
-            names = rg.name[mr]
-            # one host op per transfer: the c10d op when present, else whatever issued it
-            c10d = np.array([tl.names[i].startswith("c10d::") for i in names], dtype=bool)
-            sel = np.flatnonzero(mr)[c10d] if c10d.any() else np.flatnonzero(mr)
-            t, d, p = rg.start[sel], rg.direction[sel], rg.peer[sel]
+    if ops is None:
+        ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
+    for r, o in ops.items():
+        m = (o.peer >= 0) & (o.direction > 0)
+        t, d, p = o.start[m], o.direction[m], o.peer[m]
         if p.size == 0:
             continue
         pairs, counts = np.unique(
@@ -126,19 +122,19 @@ def _p2p_edges(run: Run) -> tuple[dict[tuple[int, int], int], dict[int, list[tup
         )
         for (peer_v, dir_v), cnt in zip(pairs.T, counts, strict=False):
             peer, dirn = int(peer_v), int(dir_v)
-            if peer == tl.rank or peer not in ranks:
+            if peer == r or peer not in ranks:
                 continue
             if dirn in (int(Direction.SEND), int(Direction.BOTH)):
-                edges[(tl.rank, peer)] += int(cnt)
+                edges[(r, peer)] += int(cnt)
             if dirn in (int(Direction.RECV), int(Direction.BOTH)):
-                edges[(peer, tl.rank)] += int(cnt)
+                edges[(peer, r)] += int(cnt)
         order = np.argsort(t, kind="stable")[:64]
-        events[tl.rank].extend((int(t[i]), int(d[i]), int(p[i])) for i in order)
+        events[r].extend((int(t[i]), int(d[i]), int(p[i])) for i in order)
     return dict(edges), events
 
 
-def _chain(run: Run) -> Topology | None:
-    edges, events = _p2p_edges(run)
+def _chain(run: Run, ops: dict[int, P2POps] | None = None) -> Topology | None:
+    edges, events = _p2p_edges(run, ops)
     if not edges:
         return None
     # Pipeline training sends activations one way and gradients back: both directions per link.
@@ -283,7 +279,9 @@ def parse_stage_map(spec: str) -> list[list[int]]:
     return lines
 
 
-def infer_topology(run: Run, stage_map: str | None = None, pp: int | None = None) -> Topology:
+def infer_topology(
+    run: Run, stage_map: str | None = None, pp: int | None = None, ops: dict[int, P2POps] | None = None
+) -> Topology:
     """Decide the stage placement of the run (see the module docstring for the order of evidence)."""
     ranks = sorted(tl.rank for tl in run.ranks)
     if stage_map:
@@ -296,12 +294,12 @@ def infer_topology(run: Run, stage_map: str | None = None, pp: int | None = None
                 topo.stage_of[r] = 0
                 topo.chunks_of[r] = [0]
         return topo
-    for finder in (_pp_group, _labels, _chain):
+    for finder in (_pp_group, _labels, lambda r: _chain(r, ops)):
         found = finder(run)
         if found is not None and found.pp > 1:
             topo = found
-            if topo.virtual == 1 and finder is not _chain:
-                _apply_ring(topo, _ring_virtual(topo.pipelines, _p2p_edges(run)[0]))
+            if topo.virtual == 1 and topo.source != "p2p chain":
+                _apply_ring(topo, _ring_virtual(topo.pipelines, _p2p_edges(run, ops)[0]))
             if pp and topo.pp != pp:
                 topo.warnings.append(f"--pp {pp} disagrees with the trace ({topo.source}: {topo.pp} stages)")
             return topo

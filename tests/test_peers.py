@@ -1,0 +1,301 @@
+"""p2p partners from timing (``ppdiag.pipeline.peers``) and pairing that survives lost events.
+
+The hand-built timelines below are a few transfers each, with their times written out; the
+synthetic runs are diagnosed twice, with their peer metadata and with it stripped
+(``tests/ablate.py``), and must come out the same.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ppdiag.api import Options, diagnose
+from ppdiag.model import Direction
+from ppdiag.pipeline.clocks import P2POps, match_pairs
+from ppdiag.pipeline.peers import HOW_TIMING, fit_link
+from ppdiag.synth import faults as F
+from ppdiag.synth.kineto import write_kineto
+from ppdiag.synth.nsys import write_nsys
+from ppdiag.synth.scenario import make_scenario, write_groundtruth
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ablate import (
+    ALL_KINETO,
+    EMIT_NVTX,
+    PAYLOADS,
+    strip_kineto_dir,
+    strip_nsys_dir,
+)
+
+MS = 1_000_000
+US = 1_000
+S, R = int(Direction.SEND), int(Direction.RECV)
+
+
+def _ops(start: list[int], end: list[int], peer: list[int], dirn: list[int], device: bool = True) -> P2POps:
+    return P2POps(
+        np.array(start, np.int64),
+        np.array(end, np.int64),
+        np.array(peer, np.int32),
+        np.array(dirn, np.int8),
+        device,
+    )
+
+
+# ---- pairing by time and order ---------------------------------------------------------------
+
+
+def _link(n: int, lost: int | None = None, dup: int | None = None) -> dict[int, P2POps]:
+    """Rank 0 sends n activations to rank 1, every 10 ms, each kernel 1 ms; rank 1's clock is
+    3 ms behind (its receive of send k ends at 10k + 1 - 3 ms on its own clock)."""
+    s_start = [10 * MS * k for k in range(n)]
+    s_end = [t + MS for t in s_start]
+    r_end = [t + MS - 3 * MS for t in s_start]
+    r_start = [t - 2 * MS for t in r_end]  # posted 2 ms early
+    if lost is not None:
+        del r_start[lost], r_end[lost]
+    if dup is not None:
+        r_start.insert(dup, r_start[dup])
+        r_end.insert(dup, r_end[dup])
+    a = _ops(s_start, s_end, [1] * n, [S] * n)
+    b = _ops(r_start, r_end, [0] * len(r_end), [R] * len(r_end))
+    return {0: a, 1: b}
+
+
+def test_pairs_in_order_when_nothing_is_lost() -> None:
+    p = match_pairs(_link(6))
+    assert len(p) == 6
+    # every pair ends together once rank 1's 3 ms are added
+    assert np.all(p.send_end - p.recv_end == 3 * MS)
+    assert not p.unmatched and not p.warnings
+
+
+def test_a_lost_receive_costs_one_pair_and_shifts_none() -> None:
+    # the receive of send 2 is lost: 5 pairs, each still 3 ms apart (index pairing would pair
+    # send 2 with receive 3 and every later one 10 ms off)
+    p = match_pairs(_link(6, lost=2))
+    assert len(p) == 5
+    assert np.all(p.send_end - p.recv_end == 3 * MS)
+    assert p.unmatched == {(0, 1): (1, 0)}
+    assert len(p.warnings) == 1 and "0->1" in p.warnings[0] and "1 sends" in p.warnings[0]
+
+
+def test_a_duplicated_receive_is_skipped() -> None:
+    p = match_pairs(_link(6, dup=4))
+    assert len(p) == 6
+    assert np.all(p.send_end - p.recv_end == 3 * MS)
+    assert p.unmatched == {(0, 1): (0, 1)}
+
+
+def test_host_ops_lost_send_pairs_each_receive_after_its_send() -> None:
+    # host ops (gloo): sends at 0, 10, 20, 30 ms; the receive of each ends 0.2 ms after it began;
+    # the send at 10 ms is lost from the trace: the receive ending at 10.2 ms has no partner and
+    # each other receive keeps its own send
+    a = _ops([0, 20 * MS, 30 * MS], [US, 20 * MS + US, 30 * MS + US], [1] * 3, [S] * 3, device=False)
+    r_end = [200 * US, 10 * MS + 200 * US, 20 * MS + 200 * US, 30 * MS + 200 * US]
+    b = _ops([t - MS for t in r_end], r_end, [0] * 4, [R] * 4, device=False)
+    p = match_pairs({0: a, 1: b})
+    assert len(p) == 3
+    assert np.all(p.recv_end - p.send_start == 200 * US)
+    assert p.unmatched == {(0, 1): (0, 1)}
+
+
+# ---- the link fit ---------------------------------------------------------------------------
+
+
+def test_fit_link_finds_the_offset_above_a_flat_floor() -> None:
+    # 40 sends every 1.7 ms; their receives end 120 µs later (+-3 µs); 200 unrelated receive
+    # ends spread over the same time: the peak is at 120 µs and holds all 40 sends
+    rng = np.random.default_rng(1)
+    s = np.arange(40, dtype=np.int64) * 1_700 * US
+    r_true = s + 120 * US + rng.integers(-3 * US, 3 * US, s.size)
+    r_noise = rng.integers(0, int(s[-1]), 200)
+    r = np.sort(np.concatenate([r_true, r_noise]))
+    f = fit_link(s, r, 2 * MS, -2 * MS)
+    assert f is not None
+    shift, _, support, floor = f
+    assert abs(shift - 120 * US) <= 5 * US
+    # a non-partner would put ~6 differences into the same 40 µs (600 differences over 4 ms)
+    assert support >= 40 and support > 5 * floor
+
+
+# ---- synthetic GPU runs, peers stripped --------------------------------------------------------
+
+
+def _diag(path: Path) -> dict[str, Any]:
+    return diagnose([path], Options()).report
+
+
+def _compare(rep: dict[str, Any], stripped: dict[str, Any], tol_pct: float = 1.0) -> None:
+    """Same structure; every cause of every rank within ``tol_pct`` % of the step."""
+    for k in ("pp", "schedule", "microbatches", "virtual_stages", "stage_map"):
+        assert stripped["run"][k] == rep["run"][k], k
+    for a, b in zip(rep["ranks"], stripped["ranks"], strict=True):
+        for k, v in a["lost_ms"].items():
+            assert abs(b["lost_ms"][k] - v) <= tol_pct / 100 * a["step_ms"], (
+                a["rank"],
+                k,
+                v,
+                b["lost_ms"][k],
+            )
+
+
+def _kineto_pair(tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
+    run = make_scenario(steps=2, clock_skew_ms=5.0, **kw)
+    base, bare = tmp_path / "meta", tmp_path / "bare"
+    write_kineto(run, base)
+    write_groundtruth(run, base)
+    counts = strip_kineto_dir(base, bare, ALL_KINETO)
+    return _diag(base), _diag(bare), counts
+
+
+def test_kineto_without_any_peer_source_rebuilds_the_same_pipeline(tmp_path: Path) -> None:
+    rep, bare, counts = _kineto_pair(tmp_path, schedule="1f1b", pp=4, microbatches=6)
+    # the strip really removed every source of structure
+    assert counts["comm_args"] > 0 and counts["param_comms"] > 0 and counts["nvtx_names"] > 0
+    assert counts["pg"] > 0
+    assert rep["run"]["peer_source"] == "metadata"
+    assert bare["run"]["peer_source"] == "timing"
+    assert bare["run"]["stage_source"].startswith("p2p chain")
+    assert bare["run"]["peers"]["decided_by_timing"] > 0 and bare["run"]["peers"]["undecided"] == 0
+    assert bare["run"]["clock_residual_us"] is not None and bare["run"]["clock_residual_us"] < 50
+    _compare(rep, bare)
+
+
+def test_kineto_interleaved_ring_without_peers(tmp_path: Path) -> None:
+    rep, bare, _ = _kineto_pair(tmp_path, schedule="interleaved_1f1b", pp=4, microbatches=4, virtual=2)
+    assert bare["run"]["virtual_stages"] == 2
+    _compare(rep, bare)
+
+
+def test_nsys_without_payloads_or_emit_nvtx_names(tmp_path: Path) -> None:
+    run = make_scenario(
+        steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=6, faults=[F.SlowStage(2, 2.0)]
+    )
+    base, bare = tmp_path / "meta", tmp_path / "bare"
+    write_nsys(run, base)
+    counts = strip_nsys_dir(base, bare, (PAYLOADS, EMIT_NVTX))
+    assert counts[PAYLOADS] > 0
+    rep, stripped = _diag(base), _diag(bare)
+    assert stripped["run"]["peer_source"] in ("timing", "metadata and timing")
+    _compare(rep, stripped)
+
+
+def _drop_sendrecv_kernel(path: Path, nth: int) -> None:
+    """Delete the ``nth`` SendRecv kernel of a Kineto trace (a lost event)."""
+    with gzip.open(path) as f:
+        obj = json.loads(f.read())
+    ev = obj["traceEvents"]
+    idx = [i for i, e in enumerate(ev) if e.get("cat") == "kernel" and "SendRecv" in str(e.get("name"))]
+    del ev[idx[nth]]
+    with gzip.open(path, "wb") as f:
+        f.write(json.dumps(obj).encode())
+
+
+def test_a_lost_kernel_without_peers_moves_no_clock(tmp_path: Path) -> None:
+    run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=6)
+    base, bare = tmp_path / "meta", tmp_path / "bare"
+    write_kineto(run, base)
+    strip_kineto_dir(base, bare, ALL_KINETO)
+    rank1 = next(p for p in sorted(bare.glob("rank1.*.json.gz")))
+    _drop_sendrecv_kernel(rank1, 5)
+    rep, lost = _diag(base), _diag(bare)
+    assert lost["run"]["pp"] == 4 and lost["run"]["stage_map"] == rep["run"]["stage_map"]
+    # the offsets stay where they were (index pairing moved them by a block's length)
+    for r, v in rep["run"]["clock_offsets_us"].items():
+        assert abs(lost["run"]["clock_offsets_us"][r] - v) < 5.0
+    assert lost["run"]["clock_residual_us"] < 50
+    # the orphaned send is counted, not paired with a later receive
+    assert any("unmatched" in w for w in lost["run"]["warnings"])
+
+
+def test_timing_without_a_pattern_falls_back_with_a_warning(tmp_path: Path) -> None:
+    # the same run with every rank's p2p kernels shuffled in time: nothing lines up across
+    # ranks, so no partner is guessed and the run says so
+    run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=6)
+    base, bare = tmp_path / "meta", tmp_path / "bare"
+    write_kineto(run, base)
+    strip_kineto_dir(base, bare, ALL_KINETO)
+    rng = np.random.default_rng(0)
+    for p in sorted(bare.glob("rank*.json.gz")):
+        with gzip.open(p) as f:
+            obj = json.loads(f.read())
+        for e in obj["traceEvents"]:
+            if e.get("cat") == "kernel" and "SendRecv" in str(e.get("name")):
+                e["ts"] = float(e["ts"]) + float(rng.uniform(-40_000, 40_000))
+        with gzip.open(p, "wb") as f:
+            f.write(json.dumps(obj).encode())
+    rep = _diag(bare)
+    assert rep["run"]["pp"] == 1
+    assert any("p2p peers" in w or "p2p partners" in w for w in rep["run"]["warnings"])
+    assert rep["run"]["peer_source"] in ("none", "timing")
+
+
+def test_decided_ops_are_marked_as_timing(tmp_path: Path) -> None:
+    from ppdiag.parsers.loader import load_run
+    from ppdiag.pipeline import rebuild
+
+    run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="gpipe", pp=4, microbatches=4)
+    base, bare = tmp_path / "meta", tmp_path / "bare"
+    write_kineto(run, base)
+    strip_kineto_dir(base, bare, ALL_KINETO)
+    meta = rebuild(load_run([base]))
+    timed_run = load_run([bare])
+    timed = rebuild(timed_run)
+    for r, o in timed.ops.items():
+        assert np.all(o.how == HOW_TIMING)
+        np.testing.assert_array_equal(o.peer, meta.ops[r].peer)
+        np.testing.assert_array_equal(o.direction, meta.ops[r].direction)
+    # the parser's columns stay as parsed (no peer)
+    for tl in timed_run.ranks:
+        assert np.all(tl.intervals.peer == -1)
+
+
+def test_lockstep_replicas_are_ambiguous_without_a_group(tmp_path: Path) -> None:
+    # dp = 2: both replicas run the same schedule to the ns, so rank 0's sends end together with
+    # the receives of both stage-1 ranks; without a process group nothing can tell the replicas
+    # apart, and the run must say so instead of building a wrong chain
+    run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=4, dp=2)
+    base, bare = tmp_path / "meta", tmp_path / "bare"
+    write_kineto(run, base)
+    strip_kineto_dir(base, bare, ALL_KINETO)
+    rep = _diag(bare)
+    assert rep["run"]["pp"] == 1
+    assert any("ambiguous by timing" in w for w in rep["run"]["warnings"])
+    assert rep["run"]["peers"]["undecided"] > 0 and rep["run"]["peers"]["decided_by_timing"] == 0
+
+
+def test_pipeline_group_separates_lockstep_replicas(tmp_path: Path) -> None:
+    from ppdiag.parsers.loader import load_run
+    from ppdiag.pipeline import rebuild
+
+    run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=4, dp=2)
+    base, bare = tmp_path / "meta", tmp_path / "bare"
+    write_kineto(run, base)
+    # peers gone, the process groups (pg_config naming the pipeline group) kept
+    strip_kineto_dir(base, bare, ("comm_args", "param_comms", "nvtx_names"))
+    meta = rebuild(load_run([base]))
+    timed = rebuild(load_run([bare]))
+    assert timed.topology.stage_map() == meta.topology.stage_map()
+    for r, o in timed.ops.items():
+        np.testing.assert_array_equal(o.peer, meta.ops[r].peer)
+
+
+def test_stage_map_separates_lockstep_replicas(tmp_path: Path) -> None:
+    # the same ambiguous run as above, with the user's --stage-map: the partners follow from it
+    run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=4, dp=2)
+    base, bare = tmp_path / "meta", tmp_path / "bare"
+    write_kineto(run, base)
+    strip_kineto_dir(base, bare, ALL_KINETO)
+    rep = _diag(base)
+    lines = ";".join(",".join(str(r) for r in line) for line in [[0, 2, 4, 6], [1, 3, 5, 7]])
+    got = diagnose([bare], Options(stage_map=lines)).report
+    assert got["run"]["stage_map"] == rep["run"]["stage_map"]
+    assert got["run"]["peers"]["undecided"] == 0
+    assert not any("ambiguous" in w for w in got["run"]["warnings"])
