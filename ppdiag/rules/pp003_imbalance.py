@@ -6,7 +6,7 @@ import numpy as np
 
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
-from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3, replay_gain_ms
+from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, r3
 
 RATIO_MIN = 1.08  # slowest / mean stage compute from which a stage counts as slow
 
@@ -62,8 +62,9 @@ class ImbalanceRule:
         slow = max(per_stage, key=lambda s: per_stage[s])
         ratio = per_stage[slow] / mean if mean > 0 else 1.0
         imb = mean_cause_ms(ctx, "imbalance")
-        gain = replay_gain_ms(ctx, "gain_balanced") or imb
-        if ratio < RATIO_MIN or 100 * gain / ctx.step_ms < MIN_PCT:
+        # the fix is a rebalanced split: its gain is what-if's "rebalanced stages" row
+        gain = fix_gain_ms(ctx, "rebalanced")
+        if ratio < RATIO_MIN or not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
         excess = (per_stage[slow] - mean) / per_stage[slow]
         ranks = sorted(r for r, s in topo.stage_of.items() if s == slow)
@@ -93,6 +94,7 @@ class ImbalanceRule:
                 ],
                 stages=[slow],
                 ranks=ranks,
+                fix="rebalanced",
             )
         ]
 

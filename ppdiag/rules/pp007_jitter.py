@@ -7,6 +7,7 @@ import numpy as np
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import finding, r3
+from ppdiag.rules.noise import Z
 
 P95_RATIO = 1.2
 
@@ -44,6 +45,10 @@ class JitterRule:
         nums = ctx.report["run"]["steps"]
         slow = [int(n) for n, v in zip(nums, steps, strict=False) if v > P95_RATIO * med]
         gain = float(np.mean([max(v - med, 0.0) for v in steps]))
+        # Slow steps are judged against the spread of the typical ones (robust: the outliers this
+        # rule looks for must not widen their own yardstick).
+        arr = np.asarray(steps, dtype=np.float64)
+        noise = Z * 1.4826 * float(np.median(np.abs(arr - med)))
         return [
             finding(
                 ctx,
@@ -57,6 +62,7 @@ class JitterRule:
                     "make periodic work asynchronous or move it out of the training step",
                     "compare the slow steps across ranks to find a straggler",
                 ],
+                noise_ms=noise,
             )
         ]
 
