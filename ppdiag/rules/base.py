@@ -16,13 +16,15 @@ MIN_PCT = 1.0
 
 
 def severity(gain_pct: float | None, noise_pct: float = 0.0) -> str:
-    """``high`` / ``medium`` by the share of the step the gain wins back; ``low`` when the gain is
-    unknown, small, or within the noise."""
+    """``high`` / ``medium`` by the share of the step the gain wins back beyond the noise (what
+    stands out of what the run varies by anyway); ``low`` when the gain is unknown, small, or within
+    the noise."""
     if gain_pct is None or gain_pct <= noise_pct:
         return "low"
-    if gain_pct >= HIGH_PCT:
+    beyond = gain_pct - noise_pct
+    if beyond >= HIGH_PCT:
         return "high"
-    if gain_pct >= MEDIUM_PCT:
+    if beyond >= MEDIUM_PCT:
         return "medium"
     return "low"
 
