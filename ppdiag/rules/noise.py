@@ -128,13 +128,14 @@ def direct_host_ms(steps: Sequence[RankStep]) -> dict[int, float]:
 
 
 def shared_share(values: Sequence[float]) -> float:
-    """The share of the largest value that the typical one (the median) reaches: near 1 when every
-    rank or link shows the same loss, small when one stands out."""
+    """The share of the largest value that every one reaches (smallest / largest): near 1 when
+    every rank or link shows the same loss, small when some stand out. The smallest, not the
+    median: a slow rank makes every link it touches late (4 of the 6 links of a 4-stage pipe)."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.size == 0:
         return 0.0
     top = float(arr.max())
-    return float(np.median(arr)) / top if top > 0 else 0.0
+    return max(float(arr.min()), 0.0) / top if top > 0 else 0.0
 
 
 def latency_jitter_ns(attr: Attribution) -> float:
