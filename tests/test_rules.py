@@ -173,11 +173,16 @@ def test_warmup_outlier() -> None:
     from ppdiag.rules.noise import warmup_outlier
 
     assert warmup_outlier([300.0, 100.0, 101.0, 99.0])
-    assert not warmup_outlier([105.0, 100.0, 101.0, 99.0])  # within 10 %
+    assert not warmup_outlier([115.0, 100.0, 101.0, 99.0])  # within 20 %
+    assert not warmup_outlier([60.0, 100.0, 101.0, 99.0])  # faster: not a warm-up
     assert warmup_outlier([130.0, 100.0])  # one other step: the relative test alone
     assert not warmup_outlier([100.0])
-    # others that spread widely: 130 is within 3.5 robust sd of them
-    assert not warmup_outlier([130.0, 80.0, 120.0, 100.0, 90.0, 110.0])
+    # two others 100 and 110: median 105, sd 7.07; relative 20 % = 21, 3.5 sd = 24.75 -> the first
+    # must exceed 129.75: 135 is a warm-up, 129 is not
+    assert warmup_outlier([135.0, 100.0, 110.0])
+    assert not warmup_outlier([129.0, 100.0, 110.0])
+    # others that spread widely: 140 is within 3.5 robust sd of them (median 100, MAD 10 -> 14.8)
+    assert not warmup_outlier([140.0, 80.0, 120.0, 100.0, 90.0, 110.0])
 
 
 def test_latency_jitter_ignores_slow_links() -> None:
