@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 CONFIGS: dict[str, DemoConfig] = {
     "1f1b": DemoConfig(schedule="1f1b", microbatches=8, steps=3),
     "gpipe": DemoConfig(schedule="gpipe", microbatches=4, steps=3),
+    "gpipe8": DemoConfig(schedule="gpipe", microbatches=8, steps=3),  # ppdiag demo --schedule gpipe
     "slow": DemoConfig(schedule="1f1b", microbatches=8, steps=3, slow_stage=2, slow_factor=2.0),
     "delay": DemoConfig(schedule="1f1b", microbatches=8, steps=3, comm_delay_ms=10.0, comm_delay_rank=1),
     "stall": DemoConfig(schedule="1f1b", microbatches=8, steps=3, host_stall_ms=10.0, host_stall_rank=1),
@@ -182,10 +183,10 @@ def test_interleaved_is_recognised(runs: dict[str, Any]) -> None:
 # ---- findings agree with the what-if table; the injected fault stands out of the noise ------------
 
 # The fault of each recording and the finding that must come first.
-FAULT_FINDING = {"slow": "PP003", "delay": "PP004", "stall": "PP006", "gpipe": "PP002"}
+FAULT_FINDING = {"slow": "PP003", "delay": "PP004", "stall": "PP006", "gpipe8": "PP002"}
 
 
-@pytest.mark.parametrize("name", ["1f1b", "gpipe", "slow", "delay", "stall"])
+@pytest.mark.parametrize("name", ["1f1b", "gpipe", "gpipe8", "slow", "delay", "stall"])
 def test_finding_gains_are_their_whatif_rows(runs: dict[str, Any], name: str) -> None:
     diag, _ = runs[name]
     rep = diag.report

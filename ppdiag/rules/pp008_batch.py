@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
-from ppdiag.rules.base import faster, finding, fix_gain_ms
+from ppdiag.rules.base import faster, finding, fix_gain_ms, noise_of
 
 
 def _small_m(text: str) -> bool:
@@ -57,6 +57,9 @@ class BatchRule:
             return []
         sev_rank = {"high": 0, "medium": 1, "low": 2}
         sev = min((s for s, _ in problems), key=lambda s: sev_rank[s])
+        noise = noise_of(ctx).base_ms()
+        if all(_small_m(t) for _, t in problems) and gain is not None and gain <= noise:
+            sev = "low"  # only "M is small" left, and what more micro-batches win is within the noise
         return [
             finding(
                 ctx,
@@ -72,6 +75,7 @@ class BatchRule:
                 },
                 fixes,
                 sev=sev,
+                noise_ms=noise,
                 fix="microbatches_x2" if gain is not None else None,
             )
         ]
