@@ -84,11 +84,24 @@ def load_builtin() -> None:
 
 def run_rules(ctx: RuleContext) -> list[Finding]:
     """All findings, most severe first, then by estimated gain (largest first). Severity comes
-    first because a gain within the run's noise (``low``) does not rank against one outside it."""
+    first because a gain within the run's noise (``low``) does not rank against one outside it;
+    among ``low`` findings the one closest to standing out (gain / noise) comes first."""
     load_builtin()
     found: list[Finding] = []
     for code in sorted(RULES):
         found.extend(RULES[code].check(ctx))
-    sev = {"high": 0, "medium": 1, "low": 2, "info": 3}
-    found.sort(key=lambda f: (sev.get(f.severity, 4), -(f.gain_ms or 0.0), f.code))
+    found.sort(key=_order)
     return found
+
+
+_SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
+
+
+def _order(f: Finding) -> tuple[int, float, str]:
+    gain = f.gain_ms or 0.0
+    noise = f.evidence.get("noise_ms")
+    if f.severity == "low" and isinstance(noise, int | float) and noise > 0:
+        score = gain / float(noise)
+    else:
+        score = gain
+    return (_SEVERITY_ORDER.get(f.severity, 4), -score, f.code)
