@@ -241,22 +241,41 @@ def _rules_with(diag: Any, **changes: Any) -> list[dict[str, Any]]:
 
 
 def test_finding_within_noise_is_low(tmp_path: Path) -> None:
-    """The same slow stage: high against the simulated run's small noise, low when the steps
+    """The same host stall: high against the simulated run's small noise, low when the steps
     spread more than its gain; the evidence carries the noise and the steps used."""
     import dataclasses
 
-    run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=2, faults=[F.SlowStage(1, 1.5)])
+    run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=2, faults=[F.HostStall(2, 0.5)])
     write_kineto(run, tmp_path)
     diag = diagnose([tmp_path], Options())
-    f = next(x for x in diag.report["findings"] if x["code"] == "PP003")
+    f = next(x for x in diag.report["findings"] if x["code"] == "PP006")
     nm = diag.context["noise"]
     assert f["severity"] == "high"
     assert f["evidence"]["noise_ms"] == pytest.approx(nm.base_ms(), abs=1e-3)
     assert f["evidence"]["steps_used"] == 2
     noisy = dataclasses.replace(nm, step_error_ms=f["gain_ms"])  # 2 errors > the gain
-    g = next(x for x in _rules_with(diag, noise=noisy) if x["code"] == "PP003")
+    g = next(x for x in _rules_with(diag, noise=noisy) if x["code"] == "PP006")
     assert g["severity"] == "low"
     assert g["evidence"]["noise_ms"] == pytest.approx(2 * f["gain_ms"], rel=0.01)
+
+
+def test_imbalance_is_judged_by_its_own_spread(tmp_path: Path) -> None:
+    """A slow stage measured on every micro-batch: a step total that spreads (contention, jitter)
+    does not make it less certain; its noise is the imbalance's own step-to-step error."""
+    import dataclasses
+
+    from ppdiag.rules.noise import Z, cause_error_ms
+
+    run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=3, faults=[F.SlowStage(1, 1.5)])
+    write_kineto(run, tmp_path)
+    diag = diagnose([tmp_path], Options())
+    c = diag.context
+    err = cause_error_ms(c["rank_steps"], c["attribution"], "imbalance")
+    assert err is not None
+    noisy = dataclasses.replace(c["noise"], step_error_ms=100.0)
+    f = next(x for x in _rules_with(diag, noise=noisy) if x["code"] == "PP003")
+    assert f["severity"] == "high"
+    assert f["evidence"]["noise_ms"] == pytest.approx(Z * err, abs=1e-3)  # no latency jitter here
 
 
 def test_oversubscribed_host_shared_stalls_are_low(tmp_path: Path) -> None:

@@ -190,6 +190,20 @@ def build_noise(
     )
 
 
+def cause_error_ms(steps: Sequence[RankStep], attr: Attribution, cause: str) -> float | None:
+    """Standard error of the mean per-step loss to ``cause`` (mean over ranks of each step, ms);
+    None with fewer than two steps."""
+    per: dict[int, list[int]] = {}
+    for rs in steps:
+        c = attr.causes.get((rs.rank, rs.step))
+        if c is not None:
+            per.setdefault(rs.step, []).append(int(c.get(cause, 0)))
+    vals = np.array([np.mean(v) for v in per.values()], dtype=np.float64) / 1e6
+    if vals.size < 2:
+        return None
+    return float(np.std(vals, ddof=1)) / math.sqrt(vals.size)
+
+
 def oversubscription_warning(noise: NoiseModel, n_ranks: int) -> str | None:
     """The report line that says a CPU run oversubscribed its host, or None."""
     if not noise.oversubscribed:
