@@ -58,13 +58,13 @@ def faster(gain: float | None) -> TypeGuard[float]:
     return gain is not None and gain > 0.0
 
 
-def replay_gain_ms(ctx: RuleContext, variant: str) -> float | None:
-    """Step time saved by a replay variant of the attribution (ms per step), None when the replay
-    did not run. For rules whose fix has no what-if scenario; a fix with one takes
-    :func:`fix_gain_ms` (the number the what-if table shows)."""
+def replay_gain_ms(ctx: RuleContext, variant: str) -> float:
+    """Step time saved by a replay variant of the attribution (ms per step), 0 when the replay did
+    not run (check ``ctx.attribution.step_replay_ns`` to tell the two apart). For rules whose fix
+    has no what-if scenario; a fix with one takes :func:`fix_gain_ms` (the what-if table's number)."""
     rs = ctx.attribution.step_replay_ns
     if "measured" not in rs or variant not in rs:
-        return None
+        return 0.0
     return max(rs["measured"] - rs[variant], 0.0) / 1e6
 
 
