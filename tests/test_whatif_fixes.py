@@ -132,3 +132,24 @@ def test_overlapped_comm_scenario(tmp_path: Path) -> None:
     assert pred.gain_ms("no_exposed_comm") == pytest.approx(want, abs=0.01 * step)
     f = next(x for x in diag.report["findings"] if x["code"] == "PP005")
     assert f["gain_ms"] == pytest.approx(pred.gain_ms("no_exposed_comm"), abs=2e-3)
+
+
+def test_fix_predictions_by_hand() -> None:
+    """Gains are the measured step minus the row's step; the table adds the rows the findings used."""
+    fp = FixPredictions(
+        100.0,
+        rows={
+            "microbatches_x2": {"fix": "microbatches_x2", "step_ms": 90.0},
+            "rebalanced": {"fix": "rebalanced", "step_ms": 104.5},
+            "zero_bubble": {"fix": "zero_bubble", "step_ms": 80.25},
+            "no_host": {"fix": "no_host", "step_ms": None},
+        },
+        table=["microbatches_x2", "rebalanced"],
+    )
+    assert fp.gain_ms("microbatches_x2") == 10.0  # 100 - 90
+    assert fp.gain_ms("rebalanced") == -4.5  # slower: 100 - 104.5
+    assert fp.gain_ms("no_host") is None  # not predicted
+    assert fp.gain_ms("interleaved_v2") is None  # not a scenario of this run
+    assert [r["fix"] for r in fp.report_rows()] == ["microbatches_x2", "rebalanced"]
+    used = fp.report_rows(["zero_bubble", "rebalanced"])
+    assert [r["fix"] for r in used] == ["microbatches_x2", "rebalanced", "zero_bubble"]
