@@ -210,7 +210,8 @@ def oversubscription_warning(noise: NoiseModel, n_ranks: int) -> str | None:
         return None
     return (
         f"the {n_ranks} CPU ranks share one host and every rank waits at least "
-        f"{noise.contention_ms:.1f} ms per step with nothing launched: the host's cores are "
-        "oversubscribed; late launches and late transfers that all ranks share are treated as "
-        "contention (their findings stay low)"
+        f"{noise.contention_ms:.1f} ms per step with nothing launched: the host's cores are likely "
+        "oversubscribed (more busy processes than cores; the trace does not record the core count); "
+        "late launches and late transfers that all ranks share are treated as contention (their "
+        "findings stay low)"
     )
