@@ -85,7 +85,8 @@ def load_builtin() -> None:
 def run_rules(ctx: RuleContext) -> list[Finding]:
     """All findings, most severe first, then by estimated gain (largest first). Severity comes
     first because a gain within the run's noise (``low``) does not rank against one outside it;
-    among ``low`` findings the one closest to standing out (gain / noise) comes first."""
+    among ``low`` findings those with a cause come first, the one closest to standing out
+    (gain / noise) first."""
     load_builtin()
     found: list[Finding] = []
     for code in sorted(RULES):
@@ -97,11 +98,13 @@ def run_rules(ctx: RuleContext) -> list[Finding]:
 _SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 
-def _order(f: Finding) -> tuple[int, float, str]:
+def _order(f: Finding) -> tuple[int, int, float, str]:
     gain = f.gain_ms or 0.0
     noise = f.evidence.get("noise_ms")
-    if f.severity == "low" and isinstance(noise, int | float) and noise > 0:
-        score = gain / float(noise)
-    else:
-        score = gain
-    return (_SEVERITY_ORDER.get(f.severity, 4), -score, f.code)
+    general = 0
+    if f.severity == "low":
+        # within the noise: a cause to look at comes before a general remark (jitter, sizes)
+        general = 0 if f.cause else 1
+        if isinstance(noise, int | float) and noise > 0:
+            gain = gain / float(noise)
+    return (_SEVERITY_ORDER.get(f.severity, 4), general, -gain, f.code)

@@ -67,8 +67,13 @@ class CommWaitRule:
         best = max(score.values(), default=0.0)
         senders = sorted(r for r, v in score.items() if best > 0 and v >= 0.8 * best)
         link_ev = {f"{a}->{b}": r3(v / 1e6) for (a, b), v in sorted(slow.items())}
-        # On an oversubscribed host every link is late alike; only a link that stands out is a fault.
-        noise = noise_of(ctx).noise_ms(gain, shared_share(list(per_link.values())))
+        # On an oversubscribed host every link is late alike, and a link is late by up to what a
+        # descheduled process costs (the late-launch time every rank shows per step); only a link
+        # that stands out of both is a fault.
+        nm = noise_of(ctx)
+        top_ms = top / 1e6
+        descheduled = min(nm.contention_ms / top_ms, 1.0) if top_ms > 0 else 0.0
+        noise = nm.noise_ms(gain, max(shared_share(list(per_link.values())), descheduled))
         return [
             finding(
                 ctx,
