@@ -340,3 +340,24 @@ def test_overrides_that_disagree_warn(tmp_path: Path) -> None:
     assert "--stage-map 3,2,1,0" in sm and "0,1,2,3" in sm
     (p,) = warned(pp=2)
     assert "--pp 2" in p
+
+
+def test_oversubscribed_host_late_links(tmp_path: Path) -> None:
+    """A slow link stays a fault on an oversubscribed host unless every rank's late-launch time
+    (what a descheduled process costs) covers its late waits."""
+    import dataclasses
+
+    run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=2, faults=[F.SlowLink(1, delay_ms=0.4)])
+    write_kineto(run, tmp_path)
+    diag = diagnose([tmp_path], Options())
+    f = next(x for x in diag.report["findings"] if x["code"] == "PP004")
+    assert f["severity"] in ("high", "medium")
+    top = max(f["evidence"]["late_wait_ms_per_step_by_link"].values())
+    nm = diag.context["noise"]
+    small = dataclasses.replace(nm, oversubscribed=True, shared_host=True, contention_ms=0.0)
+    g = next(x for x in _rules_with(diag, noise=small) if x["code"] == "PP004")
+    assert g["severity"] == f["severity"]  # the far links are on time: it stands out
+    large = dataclasses.replace(nm, oversubscribed=True, shared_host=True, contention_ms=2 * top)
+    g = next(x for x in _rules_with(diag, noise=large) if x["code"] == "PP004")
+    assert g["severity"] == "low"
+    assert g["evidence"]["noise_ms"] == pytest.approx(nm.base_ms() + f["gain_ms"], abs=2e-3)
