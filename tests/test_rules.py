@@ -85,6 +85,9 @@ def test_pp007_jitter(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", steps=5, faults=[F.SlowStep(2, 40.0)]), "PP007")
     assert len(f["evidence"]["slow_steps"]) == 1
     assert _find(_report(tmp_path / "b", steps=5), "PP007") is None
+    # four steps: the p95 is the slowest step, one slow step is not told from a one-off -> low
+    f = _find(_report(tmp_path / "c", steps=4, faults=[F.SlowStep(2, 40.0)]), "PP007")
+    assert f is not None and f["severity"] == "low"
 
 
 def test_pp008_batch_arithmetic(tmp_path: Path) -> None:

@@ -10,6 +10,9 @@ from ppdiag.rules.base import finding, r3
 from ppdiag.rules.noise import Z
 
 P95_RATIO = 1.2
+# Below this many steps the p95 is the slowest step and the typical steps' spread is a guess: one
+# slow step cannot be told from a one-off, so the finding stays low.
+SEVERE_MIN_STEPS = 5
 
 
 class JitterRule:
@@ -63,6 +66,7 @@ class JitterRule:
                     "compare the slow steps across ranks to find a straggler",
                 ],
                 noise_ms=noise,
+                sev="low" if len(steps) < SEVERE_MIN_STEPS else None,
             )
         ]
 
