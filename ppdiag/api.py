@@ -6,15 +6,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ppdiag.attribution.causes import RankStep, attribute, rank_step
 from ppdiag.diagnosis import Cause, Diagnosis, Finding, GapTable, StepWindow
 from ppdiag.model import Run
 from ppdiag.parsers import ParseOptions
-from ppdiag.pipeline import PipelineOptions, rebuild
+from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.rules import RuleContext, run_rules
+from ppdiag.rules.noise import build_noise, oversubscription_warning, warmup_outlier
 from ppdiag.summary import build_report
-from ppdiag.whatif.scenarios import report_rows as whatif_rows
+from ppdiag.whatif.batch import check_batch
+from ppdiag.whatif.scenarios import predict_fixes
 
 
 @dataclass
@@ -66,11 +70,14 @@ def analyze_run(
         run, PipelineOptions(opts.pp, opts.stage_map, opts.microbatches, opts.schedule, opts.steps)
     )
     timelines = run.by_rank()
+    skip = _warmup_step(pipe) if not opts.steps else None
     steps: list[RankStep] = []
     windows: list[StepWindow] = []
     for tl in run.ranks:
         b = pipe.blocks.get(tl.rank)
         for i, w in enumerate(pipe.windows.get(tl.rank, [])):
+            if i == skip:
+                continue
             sb = b.take(b.step == i) if b is not None and len(b) else None
             steps.append(rank_step(tl, i, w.number, w.start, w.end, sb if sb is not None else Blocks.empty()))
             windows.append(StepWindow(tl.rank, i, w.number, w.start, w.end))
@@ -79,12 +86,45 @@ def analyze_run(
     last_stage = pipe.topology.pp * pipe.topology.virtual - 1
     attr = attribute(steps, timelines, pipe.ops, last_stage, pipe.topology.pp > 1)
     report = build_report(run, pipe, steps, attr)
+    warnings: list[str] = report["run"]["warnings"]
+    if skip is not None:
+        first = next((w.number for ws in pipe.windows.values() for w in ws[:1]), -1)
+        warnings.append(
+            f"the first profiled step ({first}) is an outlier (warm-up) and was left out; "
+            "pass --steps to analyze it"
+        )
+    noise = build_noise(
+        run, pipe, steps, attr, report["summary"].get("steps_ms") or [], first_step_excluded=skip is not None
+    )
+    over = oversubscription_warning(noise, len(run.ranks))
+    if over:
+        warnings.append(over)
+    report["noise"] = noise.to_json()
+    # what-if predictions of every fix, before the rules: a finding's gain is its fix's prediction
+    predictions = predict_fixes(run, report, pipe, attr, steps)
+    batch = check_batch(
+        run.world_size,
+        pipe.topology.pp,
+        int(opts.tp or 1),
+        opts.micro_batch,
+        opts.global_batch,
+        pipe.microbatches,
+    )
     ctx = RuleContext(
-        report, run, pipe, steps, attr, {k: v for k, v in asdict(opts).items() if v is not None}
+        report,
+        run,
+        pipe,
+        steps,
+        attr,
+        {k: v for k, v in asdict(opts).items() if v is not None},
+        predictions=predictions,
+        noise=noise,
+        batch=batch,
     )
     findings = run_rules(ctx)
     report["findings"] = [f.to_json() for f in findings]
-    report["whatif"] = whatif_rows(run, report, pipe, attr, steps)
+    used = [str(f.evidence["whatif_fix"]) for f in findings if f.evidence.get("whatif_fix")]
+    report["whatif"] = predictions.report_rows(used) if predictions is not None else []
     _blame_gaps(attr.gaps, findings)
     return Diagnosis(
         run=run,
@@ -97,8 +137,22 @@ def analyze_run(
             "pipeline": pipe,
             "attribution": attr,
             "rank_steps": steps,
+            "noise": noise,
+            "predictions": predictions,
         },
     )
+
+
+def _warmup_step(pipe: Pipeline) -> int | None:
+    """0 when the first analyzed step is a warm-up outlier (mean window over the ranks far from the
+    other steps') and the run has more steps, else None."""
+    n = min((len(ws) for ws in pipe.windows.values() if ws), default=0)
+    if n < 2:
+        return None
+    dur = np.array(
+        [[ws[i].end - ws[i].start for i in range(n)] for ws in pipe.windows.values() if ws], dtype=np.float64
+    ).mean(axis=0)
+    return 0 if warmup_outlier(dur.tolist()) else None
 
 
 def _blame_gaps(gaps: dict[int, GapTable], findings: list[Finding]) -> None:

@@ -65,8 +65,8 @@ class Finding:
     severity: str  # "high" | "medium" | "low" | "info"
     stages: list[int] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
-    gain_ms: float = 0.0
-    gain_pct: float = 0.0
+    gain_ms: float | None = None  # None: not computed (no prediction of the fix)
+    gain_pct: float | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     fixes: list[str] = field(default_factory=list)
 
@@ -78,8 +78,8 @@ class Finding:
             "severity": self.severity,
             "stages": self.stages,
             "ranks": self.ranks,
-            "gain_ms": round(self.gain_ms, 3),
-            "gain_pct": round(self.gain_pct, 2),
+            "gain_ms": None if self.gain_ms is None else round(self.gain_ms, 3),
+            "gain_pct": None if self.gain_pct is None else round(self.gain_pct, 2),
             "evidence": self.evidence,
             "fixes": self.fixes,
         }

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 CONFIGS: dict[str, DemoConfig] = {
     "1f1b": DemoConfig(schedule="1f1b", microbatches=8, steps=3),
     "gpipe": DemoConfig(schedule="gpipe", microbatches=4, steps=3),
+    "gpipe8": DemoConfig(schedule="gpipe", microbatches=8, steps=3),  # ppdiag demo --schedule gpipe
     "slow": DemoConfig(schedule="1f1b", microbatches=8, steps=3, slow_stage=2, slow_factor=2.0),
     "delay": DemoConfig(schedule="1f1b", microbatches=8, steps=3, comm_delay_ms=10.0, comm_delay_rank=1),
     "stall": DemoConfig(schedule="1f1b", microbatches=8, steps=3, host_stall_ms=10.0, host_stall_rank=1),
@@ -81,7 +82,9 @@ def test_stage_map_and_microbatches(runs: dict[str, Any], name: str) -> None:
     assert run["stage_map"] == {str(s): r for s, r in enumerate(truth["stage_to_rank"][: truth["pp"]])}
     assert run["microbatches"] == truth["microbatches"]
     assert run["schedule"] == truth["schedule"]
-    assert run["steps"] == truth["steps"]
+    # a warm-up first step that is an outlier is left out (with a warning), the others are analyzed
+    skipped = diag.report["noise"]["first_step_excluded"]
+    assert run["steps"] == (truth["steps"][1:] if skipped else truth["steps"])
 
 
 def test_microbatch_blocks_match_ground_truth(runs: dict[str, Any]) -> None:
@@ -175,3 +178,52 @@ def test_interleaved_is_recognised(runs: dict[str, Any]) -> None:
     assert run["virtual_stages"] == 2
     p, m = truth["pp"], truth["microbatches"]
     assert diag.report["bubble"]["theoretical_ratio"] == pytest.approx((p - 1) / (2 * m + p - 1), abs=1e-3)
+
+
+# ---- findings agree with the what-if table; the injected fault stands out of the noise ------------
+
+# The fault of each recording and the finding that must come first.
+FAULT_FINDING = {"slow": "PP003", "delay": "PP004", "stall": "PP006", "gpipe8": "PP002"}
+
+
+@pytest.mark.parametrize("name", ["1f1b", "gpipe", "gpipe8", "slow", "delay", "stall"])
+def test_finding_gains_are_their_whatif_rows(runs: dict[str, Any], name: str) -> None:
+    diag, _ = runs[name]
+    rep = diag.report
+    rows = {r["fix"]: r for r in rep["whatif"]}
+    step = rep["summary"]["step_ms"]
+    for f in rep["findings"]:
+        fix = f["evidence"].get("whatif_fix")
+        if fix is None:
+            continue
+        row = rows[fix]
+        if f["code"] == "PP002":  # memory fix: offered while not slower beyond the noise, gain >= 0
+            assert row["step_ms"] <= step + f["evidence"]["noise_ms"]
+            assert f["gain_ms"] == pytest.approx(max(step - row["step_ms"], 0.0), abs=2e-3)
+            continue
+        assert row["step_ms"] < step, f  # never a fix the table predicts slower
+        assert f["gain_ms"] == pytest.approx(step - row["step_ms"], abs=2e-3), f
+
+
+def test_fault_free_demo_has_no_finding_above_low(runs: dict[str, Any]) -> None:
+    diag, _ = runs["1f1b"]
+    assert [f for f in diag.report["findings"] if f["severity"] not in ("low", "info")] == []
+    # 4 ranks on one host (the demo), all launching late: the report says the host is oversubscribed
+    assert diag.report["noise"]["shared_host"] and diag.report["noise"]["oversubscribed"]
+    assert any("oversubscribed" in w for w in diag.report["run"]["warnings"])
+
+
+@pytest.mark.parametrize("name", list(FAULT_FINDING))
+def test_injected_fault_is_the_top_finding(runs: dict[str, Any], name: str) -> None:
+    diag, truth = runs[name]
+    findings = diag.report["findings"]
+    assert findings and findings[0]["code"] == FAULT_FINDING[name], [
+        (f["code"], f["severity"]) for f in findings
+    ]
+    for f in findings[1:]:
+        if f["cause"] is None or f["severity"] in ("low", "info"):
+            continue
+        # The demo delays a rank's sends from a helper thread while its main thread waits for them
+        # in Python: the CPU trace shows that wait as the delayed rank's own late launches.
+        delayed = [x["rank"] for x in truth["faults"] if x["kind"] == "comm_delay"]
+        assert f["code"] == "PP006" and f["ranks"] == delayed, f

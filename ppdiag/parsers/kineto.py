@@ -121,6 +121,7 @@ def _make_types(lenient: bool) -> TraceTypes:
             ("distributedInfo", Any, None),
             ("deviceProperties", Any, None),
             ("baseTimeNanoseconds", Any, None),
+            ("host_name", Any, None),
         ],
     )
     # A bare event with a mandatory "ph": used to validate a candidate cut point of a damaged file.
@@ -1141,6 +1142,8 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
         "time_base_ns": base,
         "ts_format": "relative+baseTimeNanoseconds" if base else "absolute µs",
     }
+    if isinstance(trace.host_name, str) and trace.host_name:
+        meta["host_name"] = trace.host_name  # ranks on one host share its cores (contention)
     if len(gpu_idx):
         intervals, device, extra = _gpu_mode(evs, gpu_idx, codes, host, base, ctx, names, devprops)
         meta.update(extra)

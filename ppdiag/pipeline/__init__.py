@@ -10,6 +10,7 @@ from ppdiag.errors import InputError
 from ppdiag.model import Direction, Run
 from ppdiag.pipeline.blocks import Blocks, build_blocks, write_back
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
+from ppdiag.pipeline.overrides import override_warnings
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
 from ppdiag.pipeline.schedule import SCHEDULES, detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
@@ -105,6 +106,7 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
             b.launch = np.where(b.launch >= 0, b.launch + off, -1)
         blocks[tl.rank] = b
     schedule = opts.schedule or detect_schedule(topo, blocks, run.by_rank())
+    warnings.extend(override_warnings(run, opts, topo, blocks))  # overrides that contradict the trace
     m = opts.microbatches
     if m is None and topo.pp > 1:
         m = microbatch_count(blocks, topo.virtual, run.by_rank())

@@ -16,11 +16,19 @@ if TYPE_CHECKING:
     from ppdiag.diagnosis import Finding
     from ppdiag.model import Run
     from ppdiag.pipeline import Pipeline
+    from ppdiag.rules.noise import NoiseModel
+    from ppdiag.whatif.batch import BatchCheck
+    from ppdiag.whatif.scenarios import FixPredictions
 
 
 @dataclass
 class RuleContext:
-    """What a rule may look at: the report dict so far and the layers below it."""
+    """What a rule may look at: the report dict so far and the layers below it.
+
+    ``predictions`` are the what-if answers for every fix (computed before the rules run, by the
+    same model as the report's what-if table): a finding's gain is the prediction of its own fix.
+    ``noise`` is the run's noise model (severity), ``batch`` the batch-size arithmetic.
+    """
 
     report: dict[str, Any]
     run: Run
@@ -28,6 +36,9 @@ class RuleContext:
     steps: list[RankStep]
     attribution: Attribution
     options: dict[str, Any] = field(default_factory=dict)  # global_batch, micro_batch, tp, dp ...
+    predictions: FixPredictions | None = None
+    noise: NoiseModel | None = None
+    batch: BatchCheck | None = None
 
     @property
     def step_ms(self) -> float:
@@ -72,11 +83,28 @@ def load_builtin() -> None:
 
 
 def run_rules(ctx: RuleContext) -> list[Finding]:
-    """All findings, sorted by estimated gain (largest first)."""
+    """All findings, most severe first, then by estimated gain (largest first). Severity comes
+    first because a gain within the run's noise (``low``) does not rank against one outside it;
+    among ``low`` findings those with a cause come first, the one closest to standing out
+    (gain / noise) first."""
     load_builtin()
     found: list[Finding] = []
     for code in sorted(RULES):
         found.extend(RULES[code].check(ctx))
-    sev = {"high": 0, "medium": 1, "low": 2, "info": 3}
-    found.sort(key=lambda f: (-f.gain_ms, sev.get(f.severity, 4), f.code))
+    found.sort(key=_order)
     return found
+
+
+_SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
+
+
+def _order(f: Finding) -> tuple[int, int, float, str]:
+    gain = f.gain_ms or 0.0
+    noise = f.evidence.get("noise_ms")
+    general = 0
+    if f.severity == "low":
+        # within the noise: a cause to look at comes before a general remark (jitter, sizes)
+        general = 0 if f.cause else 1
+        if isinstance(noise, int | float) and noise > 0:
+            gain = gain / float(noise)
+    return (_SEVERITY_ORDER.get(f.severity, 4), general, -gain, f.code)

@@ -1,11 +1,13 @@
-"""Shared pieces of the rules: severity from gain, gains from the replay, the Finding builder."""
+"""Shared pieces of the rules: gains from the what-if predictions, severity against the noise
+model, and the Finding builder."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext
+from ppdiag.rules.noise import NoiseModel, build_noise
 
 # A finding is worth a user's attention from these shares of the step time on.
 HIGH_PCT = 10.0
@@ -13,16 +15,53 @@ MEDIUM_PCT = 3.0
 MIN_PCT = 1.0
 
 
-def severity(gain_pct: float) -> str:
-    if gain_pct >= HIGH_PCT:
+def severity(gain_pct: float | None, noise_pct: float = 0.0) -> str:
+    """``high`` / ``medium`` by the share of the step the gain wins back beyond the noise (what
+    stands out of what the run varies by anyway); ``low`` when the gain is unknown, small, or within
+    the noise."""
+    if gain_pct is None or gain_pct <= noise_pct:
+        return "low"
+    beyond = gain_pct - noise_pct
+    if beyond >= HIGH_PCT:
         return "high"
-    if gain_pct >= MEDIUM_PCT:
+    if beyond >= MEDIUM_PCT:
         return "medium"
     return "low"
 
 
+def noise_of(ctx: RuleContext) -> NoiseModel:
+    """The run's noise model (built from the context when the caller did not pass one)."""
+    if ctx.noise is None:
+        steps = ctx.report["summary"].get("steps_ms") or []
+        ctx.noise = build_noise(ctx.run, ctx.pipeline, ctx.steps, ctx.attribution, steps)
+    return ctx.noise
+
+
+def fix_gain_ms(ctx: RuleContext, key: str) -> float | None:
+    """Step time (ms) the what-if predicts the fix ``key`` saves (negative: slower); None when no
+    prediction was made (no pipeline, or the model cannot describe the run)."""
+    if ctx.predictions is None:
+        return None
+    return ctx.predictions.gain_ms(key)
+
+
+def fix_step_ms(ctx: RuleContext, key: str) -> float | None:
+    """The what-if row's predicted step (ms) of a fix, for the evidence."""
+    if ctx.predictions is None:
+        return None
+    row = ctx.predictions.rows.get(key)
+    return None if row is None or row.get("step_ms") is None else float(row["step_ms"])
+
+
+def faster(gain: float | None) -> TypeGuard[float]:
+    """Whether a fix is offered: the what-if predicts it saves time."""
+    return gain is not None and gain > 0.0
+
+
 def replay_gain_ms(ctx: RuleContext, variant: str) -> float:
-    """Step time saved by a replay variant (ms per step), 0 when the replay did not run."""
+    """Step time saved by a replay variant of the attribution (ms per step), 0 when the replay did
+    not run (check ``ctx.attribution.step_replay_ns`` to tell the two apart). For rules whose fix
+    has no what-if scenario; a fix with one takes :func:`fix_gain_ms` (the what-if table's number)."""
     rs = ctx.attribution.step_replay_ns
     if "measured" not in rs or variant not in rs:
         return 0.0
@@ -38,25 +77,41 @@ def finding(
     code: str,
     cause: str | None,
     title: str,
-    gain_ms: float,
+    gain_ms: float | None,
     evidence: dict[str, Any],
     fixes: list[str],
     stages: list[int] | None = None,
     ranks: list[int] | None = None,
     sev: str | None = None,
+    noise_ms: float | None = None,
+    fix: str | None = None,
 ) -> Finding:
+    """A finding with its gain (ms per step, None when not computed), the noise it is judged
+    against (``noise_ms``, default: the run's base noise) and the what-if fix its gain comes from.
+    The evidence gets ``noise_ms``, ``steps_used`` and, with a fix, ``whatif_fix`` and
+    ``whatif_step_ms`` (the same numbers as the report's what-if row)."""
     step = ctx.step_ms
-    pct = 100.0 * gain_ms / step if step else 0.0
+    nm = noise_of(ctx)
+    noise = nm.base_ms() if noise_ms is None else noise_ms
+    pct = 100.0 * gain_ms / step if step and gain_ms is not None else None
+    ev = dict(evidence)
+    ev["noise_ms"] = r3(noise)
+    ev["steps_used"] = nm.steps_used
+    if nm.oversubscribed:
+        ev["oversubscribed_host"] = True
+    if fix is not None:
+        ev["whatif_fix"] = fix
+        ev["whatif_step_ms"] = fix_step_ms(ctx, fix)
     return Finding(
         code=code,
         cause=cause,
         title=title,
-        severity=sev or severity(pct),
+        severity=sev or severity(pct, 100.0 * noise / step if step else 0.0),
         stages=stages or [],
         ranks=ranks or [],
         gain_ms=gain_ms,
         gain_pct=pct,
-        evidence=evidence,
+        evidence=ev,
         fixes=fixes,
     )
 

@@ -4,29 +4,25 @@ from __future__ import annotations
 
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
-from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3
-from ppdiag.summary import closed_form_bubble
+from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, r3
 
-# Schedules whose bubble shrinks with more micro-batches in the (P-1)/(M+P-1) way.
-_SCALES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble", "zbv", "dualpipev")
+# The alternatives PP001 offers beside more micro-batches, each with its what-if fix key.
+_ALTERNATIVES = (
+    (
+        "interleaved_v2",
+        "use an interleaved schedule (ScheduleInterleaved1F1B / Megatron virtual-pipeline) with v=2 "
+        "if stage-to-stage links are fast",
+    ),
+    (
+        "zero_bubble",
+        "use a zero-bubble schedule (ScheduleInterleavedZeroBubble, ZBV) that fills the bubble with "
+        "weight-gradient work",
+    ),
+)
 
 
-def doubling_gain_ms(ctx: RuleContext) -> float:
-    """Per-step time saved by doubling M at the same global batch (micro-batches half as large).
-
-    With the same work split into 2M micro-batches the compute stays the same and the warm-up /
-    cool-down shrinks in proportion: ``step * (b(M) - b(2M))`` with b the schedule's bubble ratio.
-    """
-    pipe = ctx.pipeline
-    m = pipe.microbatches
-    p = pipe.topology.pp
-    if not m or p <= 1 or pipe.schedule not in _SCALES:
-        return 0.0
-    b1 = closed_form_bubble(pipe.schedule, p, m, pipe.topology.virtual)
-    b2 = closed_form_bubble(pipe.schedule, p, 2 * m, pipe.topology.virtual)
-    if b1 is None or b2 is None:
-        return 0.0
-    return max(ctx.step_ms * (b1 - b2), 0.0)
+def _predicted(gain: float) -> str:
+    return f" (what-if: {gain:.1f} ms per step faster)"
 
 
 class BubbleRule:
@@ -60,28 +56,29 @@ class BubbleRule:
         if pipe.topology.pp <= 1 or not ctx.step_ms:
             return []
         bubble_ms = mean_cause_ms(ctx, "bubble")
-        gain = doubling_gain_ms(ctx)
         share = 100 * bubble_ms / ctx.step_ms
         theo = ctx.report["bubble"].get("theoretical_ratio")
         # M is "too small" while the schedule itself leaves 10% or more idle (M < ~9(P-1) for 1F1B),
         # or while the measured bubble is that large anyway
         too_small = (theo is not None and theo >= 0.10) or share >= 10.0
-        if share < 5.0 or not too_small or 100 * gain / ctx.step_ms < MIN_PCT:
+        # the finding's fix is more micro-batches: its gain is what-if's M x 2 row; a larger M that
+        # what-if predicts to be slower (per-micro-batch overheads) is not offered
+        gain = fix_gain_ms(ctx, "microbatches_x2")
+        if share < 5.0 or not too_small or not faster(gain):
+            return []
+        if 100 * gain / ctx.step_ms < MIN_PCT:
             return []
         m, p = pipe.microbatches, pipe.topology.pp
         fixes = [
             f"raise the micro-batches per step from M={m} to M={2 * (m or 1)} or more "
-            "(smaller micro-batches, same global batch)"
+            "(smaller micro-batches, same global batch)" + _predicted(gain)
         ]
-        if pipe.schedule in ("gpipe", "1f1b"):
-            fixes.append(
-                "use an interleaved schedule (ScheduleInterleaved1F1B / Megatron "
-                "virtual-pipeline) with v=2 if stage-to-stage links are fast"
-            )
-            fixes.append(
-                "use a zero-bubble schedule (ScheduleInterleavedZeroBubble, ZBV) that fills "
-                "the bubble with weight-gradient work"
-            )
+        alt: dict[str, float] = {}
+        for key, text in _ALTERNATIVES:
+            g = fix_gain_ms(ctx, key)
+            if faster(g):
+                alt[key] = r3(g)
+                fixes.append(text + _predicted(g))
         return [
             finding(
                 ctx,
@@ -97,9 +94,11 @@ class BubbleRule:
                     "schedule": pipe.schedule,
                     "theoretical_ratio": theo,
                     "measured_ratio": ctx.report["bubble"].get("measured_ratio"),
+                    "alternative_gains_ms": alt,
                 },
                 fixes,
                 stages=list(range(p)),
+                fix="microbatches_x2",
             )
         ]
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
-from ppdiag.rules.base import finding
-from ppdiag.rules.pp001_bubble import doubling_gain_ms
+from ppdiag.rules.base import faster, finding, fix_gain_ms, noise_of, r3, severity
 
 
 class GpipeRule:
@@ -35,28 +34,56 @@ class GpipeRule:
         if pipe.schedule != "gpipe" or pipe.topology.pp <= 1:
             return []
         m, p = pipe.microbatches or 0, pipe.topology.pp
-        gain = doubling_gain_ms(ctx)
+        # The fix is 1F1B, and with the activation memory it frees, more micro-batches: its gain is
+        # what-if's "1F1B, M x 2" row. Memory is the point of the switch (1F1B alone has the same
+        # bubble), so it is offered unless what-if predicts it slower beyond the noise; a prediction
+        # within the noise gains nothing.
+        noise = noise_of(ctx).base_ms()
+        g_x2 = fix_gain_ms(ctx, "1f1b_microbatches_x2")
+        g_1 = fix_gain_ms(ctx, "1f1b")
+        if g_1 is not None and g_1 < -noise and (g_x2 is None or g_x2 < -noise):
+            return []
+        fix = "1f1b_microbatches_x2" if faster(g_x2) else "1f1b"
+        gain = fix_gain_ms(ctx, fix)
+        row = ctx.predictions.rows.get("1f1b") if ctx.predictions is not None else None
+        act = row.get("activation_vs_measured") if row else None
+        if act is None:
+            act = min(m, p) / m if m else None  # 1F1B holds at most P micro-batches, GPipe all M
+        gain_out = None if gain is None else max(gain, 0.0)
+        pct = 100 * gain_out / ctx.step_ms if gain_out is not None and ctx.step_ms else None
+        sev = severity(pct, 100 * noise / ctx.step_ms if ctx.step_ms else 0.0)
+        if sev == "low" and act is not None and act <= 0.75:
+            sev = "medium"  # the memory it frees is worth it on its own
+        fixes = [
+            "switch to 1F1B (torch.distributed.pipelining.Schedule1F1B): same bubble, at most "
+            f"{min(m, p)} micro-batches in flight per stage instead of {m}"
+        ]
+        if faster(g_x2):
+            fixes.append(
+                f"spend the freed activation memory on more micro-batches (M={2 * m}) to shrink the "
+                f"bubble (what-if: {g_x2:.1f} ms per step faster)"
+            )
         return [
             finding(
                 ctx,
                 self.code,
                 self.cause,
                 f"GPipe schedule: every stage holds the activations of all {m} micro-batches",
-                gain,
+                gain_out,
                 {
                     "schedule": "gpipe",
                     "microbatches": m,
                     "pp": p,
                     "activations_in_flight_gpipe": m,
                     "activations_in_flight_1f1b": min(m, p),
+                    "activation_vs_gpipe_1f1b": None if act is None else r3(act),
+                    "predicted_gain_ms": None if gain is None else r3(gain),
                 },
-                [
-                    "switch to 1F1B (torch.distributed.pipelining.Schedule1F1B): same bubble, at most "
-                    f"{min(m, p)} micro-batches in flight per stage instead of {m}",
-                    "spend the freed activation memory on more micro-batches (M) to shrink the bubble",
-                ],
+                fixes,
                 stages=list(range(p)),
-                sev="medium" if 100 * gain / max(ctx.step_ms, 1e-9) < 10 else "high",
+                sev=sev,
+                noise_ms=noise,
+                fix=fix,
             )
         ]
 

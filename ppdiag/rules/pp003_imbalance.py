@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
-from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3, replay_gain_ms
+from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
+from ppdiag.rules.noise import Z, cause_error_ms
 
 RATIO_MIN = 1.08  # slowest / mean stage compute from which a stage counts as slow
 
@@ -62,10 +65,17 @@ class ImbalanceRule:
         slow = max(per_stage, key=lambda s: per_stage[s])
         ratio = per_stage[slow] / mean if mean > 0 else 1.0
         imb = mean_cause_ms(ctx, "imbalance")
-        gain = replay_gain_ms(ctx, "gain_balanced") or imb
-        if ratio < RATIO_MIN or 100 * gain / ctx.step_ms < MIN_PCT:
+        # the fix is a rebalanced split: its gain is what-if's "rebalanced stages" row
+        gain = fix_gain_ms(ctx, "rebalanced")
+        if ratio < RATIO_MIN or not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
         excess = (per_stage[slow] - mean) / per_stage[slow]
+        # The imbalance is measured on every micro-batch of every step: its own step-to-step spread
+        # says how sure it is. The step total's spread (host contention, late transfers) does not
+        # make a slower stage's compute less certain.
+        nm = noise_of(ctx)
+        err = cause_error_ms(ctx.steps, ctx.attribution, "imbalance")
+        noise = Z * math.hypot(err, nm.comm_jitter_ms) if err is not None else nm.base_ms()
         ranks = sorted(r for r, s in topo.stage_of.items() if s == slow)
         prev_s, next_s = slow - 1, slow + 1
         where = " and ".join(f"stage {x}" for x in (prev_s, next_s) if 0 <= x < topo.pp) or "other stages"
@@ -93,6 +103,8 @@ class ImbalanceRule:
                 ],
                 stages=[slow],
                 ranks=ranks,
+                noise_ms=noise,
+                fix="rebalanced",
             )
         ]
 

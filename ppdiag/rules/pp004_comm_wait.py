@@ -8,7 +8,8 @@ import numpy as np
 
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
-from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3, replay_gain_ms
+from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
+from ppdiag.rules.noise import shared_share
 
 
 class CommWaitRule:
@@ -41,8 +42,9 @@ class CommWaitRule:
         if ctx.pipeline.topology.pp <= 1 or not ctx.step_ms:
             return []
         cw = mean_cause_ms(ctx, "comm_wait")
-        gain = replay_gain_ms(ctx, "gain_comm_wait") or cw
-        if 100 * max(cw, gain) / ctx.step_ms < MIN_PCT:
+        # the fix removes the late transfers: its gain is what-if's "no comm wait" row
+        gain = fix_gain_ms(ctx, "no_comm_wait")
+        if not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
         normal = ctx.attribution.normal_latency_ns
         # per link: how long consumers waited on transfers that took longer than normal
@@ -65,6 +67,13 @@ class CommWaitRule:
         best = max(score.values(), default=0.0)
         senders = sorted(r for r, v in score.items() if best > 0 and v >= 0.8 * best)
         link_ev = {f"{a}->{b}": r3(v / 1e6) for (a, b), v in sorted(slow.items())}
+        # On an oversubscribed host every link is late alike, and a link is late by up to what a
+        # descheduled process costs (the late-launch time every rank shows per step); only a link
+        # that stands out of both is a fault.
+        nm = noise_of(ctx)
+        top_ms = top / 1e6
+        descheduled = min(nm.contention_ms / top_ms, 1.0) if top_ms > 0 else 0.0
+        noise = nm.noise_ms(gain, max(shared_share(list(per_link.values())), descheduled))
         return [
             finding(
                 ctx,
@@ -87,6 +96,8 @@ class CommWaitRule:
                     "avoid interleaved schedules on slow links: they send v times more activations",
                 ],
                 ranks=senders,
+                noise_ms=noise,
+                fix="no_comm_wait",
             )
         ]
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
-from ppdiag.rules.base import finding, mean_cause_ms, r3, replay_gain_ms
+from ppdiag.rules.base import faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 
 MIN_SHARE_PCT = 2.0
 
@@ -41,16 +41,23 @@ class ExposedCommRule:
         if not ctx.step_ms:
             return []
         ex = mean_cause_ms(ctx, "exposed_comm")
+        fix: str | None = None
+        gain: float | None
         if ctx.pipeline.topology.pp > 1:
-            gain = max(replay_gain_ms(ctx, "gain_comm") - replay_gain_ms(ctx, "gain_comm_wait"), 0.0) or ex
+            # the fix overlaps the transfers: its gain is what-if's "overlapped comm" row
+            fix = "no_exposed_comm"
+            gain = fix_gain_ms(ctx, fix)
         else:
-            gain = ex
+            gain = ex  # one stage: nothing waits for this rank through a schedule, the time is the gain
         share = 100 * ex / ctx.step_ms
-        if share < MIN_SHARE_PCT:
+        if share < MIN_SHARE_PCT or not faster(gain):
             return []
         rows = ctx.report["ranks"]
         p2p = float(np.mean([r["exposed_p2p_ms"] for r in rows])) if rows else 0.0
         coll = float(np.mean([r["exposed_collective_ms"] for r in rows])) if rows else 0.0
+        # CPU ranks sharing a host move p2p data with the same cores that compute: that exposure is
+        # contention, not a missed overlap
+        noise = noise_of(ctx).noise_ms(gain, p2p / (p2p + coll) if p2p + coll > 0 else 0.0)
         worst = sorted(rows, key=lambda r: -r["lost_ms"]["exposed_comm"])[:4]
         kind = "collectives" if coll >= p2p else "p2p transfers"
         fixes = (
@@ -82,6 +89,8 @@ class ExposedCommRule:
                 },
                 fixes,
                 ranks=[r["rank"] for r in worst],
+                noise_ms=noise,
+                fix=fix,
             )
         ]
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from ppdiag.attribution import intervals as ivs
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
-from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3, replay_gain_ms
+from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
+from ppdiag.rules.noise import direct_host_ms, shared_share
 
 
 class HostRule:
@@ -39,15 +37,21 @@ class HostRule:
         if not ctx.step_ms:
             return []
         host = mean_cause_ms(ctx, "host")
-        gain = replay_gain_ms(ctx, "gain_host") if ctx.pipeline.topology.pp > 1 else host
-        gain = gain or host
-        if 100 * max(host, gain) / ctx.step_ms < MIN_PCT:
+        fix: str | None = None
+        gain: float | None
+        if ctx.pipeline.topology.pp > 1:
+            # the fix removes the stalls: its gain is what-if's "no host stalls" row
+            fix = "no_host"
+            gain = fix_gain_ms(ctx, fix)
+        else:
+            gain = host  # one stage: nothing waits for this rank through a schedule
+        if not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
-        direct: dict[int, list[int]] = defaultdict(list)
-        for rs in ctx.steps:
-            direct[rs.rank].append(ivs.measure(rs.host_set))
-        per_rank = {r: sum(v) / len(v) / 1e6 for r, v in direct.items() if v}
+        per_rank = direct_host_ms(ctx.steps)
         top = max(per_rank.values(), default=0.0)
+        # On an oversubscribed host every rank launches late alike; only a rank that stands out is
+        # a fault.
+        noise = noise_of(ctx).noise_ms(gain, shared_share(list(per_rank.values())))
         roots = sorted(r for r, v in per_rank.items() if top > 0 and v >= 0.5 * top)
         cpu = ctx.report["run"].get("cpu_only")
         return [
@@ -72,6 +76,8 @@ class HostRule:
                     "check CPU affinity and oversubscription of the host cores",
                 ],
                 ranks=roots,
+                noise_ms=noise,
+                fix=fix,
             )
         ]
 

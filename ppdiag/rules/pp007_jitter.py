@@ -7,8 +7,12 @@ import numpy as np
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import finding, r3
+from ppdiag.rules.noise import Z
 
 P95_RATIO = 1.2
+# Below this many steps the p95 is the slowest step and the typical steps' spread is a guess: one
+# slow step cannot be told from a one-off, so the finding stays low.
+SEVERE_MIN_STEPS = 5
 
 
 class JitterRule:
@@ -44,6 +48,10 @@ class JitterRule:
         nums = ctx.report["run"]["steps"]
         slow = [int(n) for n, v in zip(nums, steps, strict=False) if v > P95_RATIO * med]
         gain = float(np.mean([max(v - med, 0.0) for v in steps]))
+        # Slow steps are judged against the spread of the typical ones (robust: the outliers this
+        # rule looks for must not widen their own yardstick).
+        arr = np.asarray(steps, dtype=np.float64)
+        noise = Z * 1.4826 * float(np.median(np.abs(arr - med)))
         return [
             finding(
                 ctx,
@@ -57,6 +65,8 @@ class JitterRule:
                     "make periodic work asynchronous or move it out of the training step",
                     "compare the slow steps across ranks to find a straggler",
                 ],
+                noise_ms=noise,
+                sev="low" if len(steps) < SEVERE_MIN_STEPS else None,
             )
         ]
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
-from ppdiag.rules.base import finding
-from ppdiag.rules.pp001_bubble import doubling_gain_ms
-from ppdiag.whatif.batch import check_batch
+from ppdiag.rules.base import faster, finding, fix_gain_ms, noise_of
+
+
+def _small_m(text: str) -> bool:
+    """Whether a batch problem is "M too small for P" (whose fix is more micro-batches)."""
+    return "< 2 x pp" in text or "is smaller than pp" in text
 
 
 class BatchRule:
@@ -34,43 +37,46 @@ class BatchRule:
     summary = "Batch arithmetic: global = micro x accumulation x dp, dp = world/(tp x pp), M >= 2P."
 
     def check(self, ctx: RuleContext) -> list[Finding]:
-        pipe = ctx.pipeline
-        opts = ctx.options
-        pp = pipe.topology.pp
-        if pp <= 1 and not opts.get("global_batch"):
+        pp = ctx.pipeline.topology.pp
+        bc = ctx.batch  # computed below the rules (ppdiag.api) from the trace and the flags
+        if bc is None or (pp <= 1 and not ctx.options.get("global_batch")):
             return []
-        bc = check_batch(
-            ctx.run.world_size,
-            pp,
-            int(opts.get("tp") or 1),
-            opts.get("micro_batch"),
-            opts.get("global_batch"),
-            pipe.microbatches,
-        )
-        if not bc.problems:
+        problems = list(bc.problems)
+        gain: float | None = None
+        fixes = ["derive the gradient-accumulation steps as global / (micro x dp) and make every size divide"]
+        if any(_small_m(t) for _, t in problems):
+            # "M is small for P": its fix is more micro-batches, offered only when what-if predicts
+            # M x 2 to be faster (per-micro-batch overheads can make it slower)
+            g = fix_gain_ms(ctx, "microbatches_x2")
+            if faster(g):
+                gain = g
+                fixes.append(f"keep M >= {4 * pp} (4 x pp) micro-batches per step where memory allows")
+            else:
+                problems = [(s, t) for s, t in problems if not _small_m(t)]
+        if not problems:
             return []
         sev_rank = {"high": 0, "medium": 1, "low": 2}
-        sev = min((s for s, _ in bc.problems), key=lambda s: sev_rank[s])
-        gain = doubling_gain_ms(ctx) if any("M=" in t for _, t in bc.problems) else 0.0
+        sev = min((s for s, _ in problems), key=lambda s: sev_rank[s])
+        noise = noise_of(ctx).base_ms()
+        if all(_small_m(t) for _, t in problems) and gain is not None and gain <= noise:
+            sev = "low"  # only "M is small" left, and what more micro-batches win is within the noise
         return [
             finding(
                 ctx,
                 self.code,
                 self.cause,
-                bc.problems[0][1]
-                if len(bc.problems) == 1
-                else f"{len(bc.problems)} batch-size problems: " + "; ".join(t for _, t in bc.problems[:2]),
+                problems[0][1]
+                if len(problems) == 1
+                else f"{len(problems)} batch-size problems: " + "; ".join(t for _, t in problems[:2]),
                 gain,
                 {
-                    "problems": [t for _, t in bc.problems],
+                    "problems": [t for _, t in problems],
                     **{k: v for k, v in bc.to_json().items() if k != "problems"},
                 },
-                [
-                    "derive the gradient-accumulation steps as global / (micro x dp) and make every "
-                    "size divide",
-                    f"keep M >= {4 * pp} (4 x pp) micro-batches per step where memory allows",
-                ],
+                fixes,
                 sev=sev,
+                noise_ms=noise,
+                fix="microbatches_x2" if gain is not None else None,
             )
         ]
 

@@ -50,7 +50,8 @@ class MeasuredRun:
     rank's last block (optimizer, step-end collectives). Only the idle all ranks share
     (:attr:`end_ns`) is a cost of its own: the rest is waiting for slower ranks, which the simulator
     produces by itself for every schedule. ``removable_ns`` is the step time that
-    removing one cause alone would win back (``comm_wait``, ``host``), from the replay.
+    removing one cause alone would win back (``comm_wait``, ``host``; ``exposed_comm``: overlapping
+    the transfers on top of removing the late ones), from the replay.
     """
 
     schedule: str
@@ -213,6 +214,9 @@ def measure(report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[A
         for cause, var in (("comm_wait", "gain_comm_wait"), ("host", "gain_host")):
             if var in rp:
                 removable[cause] = max(float(rp["measured"] - rp[var]), 0.0)
+        if "gain_comm" in rp and "gain_comm_wait" in rp:
+            # overlapping the transfers as well as removing the late ones, minus the late ones alone
+            removable["exposed_comm"] = max(float(rp["gain_comm_wait"] - rp["gain_comm"]), 0.0)
     lost = dict((report.get("summary") or {}).get("lost_ms") or {})
     return MeasuredRun(
         schedule=sched,

@@ -78,6 +78,7 @@ class Scenario:
     fixed_microbatch_size: bool = False
     no_comm_wait: bool = False
     no_host: bool = False
+    no_exposed_comm: bool = False  # communication overlapped with compute (asynchronous p2p, reduce)
     label: str | None = None
 
 
@@ -540,10 +541,19 @@ class WhatifModel:
             pred.error = str(exc)
             pred.notes = notes
             return pred
-        removed = {c for c, on in (("comm_wait", scn.no_comm_wait), ("host", scn.no_host)) if on}
+        removed = {
+            c
+            for c, on in (
+                ("comm_wait", scn.no_comm_wait),
+                ("host", scn.no_host),
+                ("exposed_comm", scn.no_exposed_comm),
+            )
+            if on
+        }
         # Calibrations with fewer and fewer causes removed: the first leaves only what no cause
         # explains, each next one adds one cause back; the step growth at each level is that cause.
-        gone = {"comm_wait", "host"}
+        # Overlapped communication only lowers the target (its exposure is modelled by the links).
+        gone = {"comm_wait", "host"} | (removed & {"exposed_comm"})
         chain = [("unexplained", self.calibration(tuple(gone)))]
         for c in ("comm_wait", "host"):
             if c not in removed:
@@ -765,6 +775,8 @@ def describe(scn: Scenario, m: MeasuredRun) -> str:
         parts.append("no comm wait")
     if scn.no_host:
         parts.append("no host stalls")
+    if scn.no_exposed_comm:
+        parts.append("overlapped comm")
     if scn.fixed_microbatch_size and scn.microbatches and scn.microbatches != m.microbatches:
         parts.append("same micro-batch size")
     return ", ".join(parts) or "as measured (model)"
@@ -824,47 +836,140 @@ def model_of(
     return WhatifModel(meas, prof, options)
 
 
+# Keys of the fixes the findings offer, each one what-if scenario (see :func:`fix_scenarios`).
+FIX_LABELS = {
+    "microbatches_x2": "M x 2",
+    "1f1b": "1F1B",
+    "1f1b_microbatches_x2": "1F1B, M x 2",
+    "interleaved_v2": "interleaved, v=2",
+    "zero_bubble": "zero bubble (ZB-H1)",
+    "rebalanced": "rebalanced stages",
+    "no_comm_wait": "no comm wait",
+    "no_host": "no host stalls",
+    "no_exposed_comm": "overlapped comm",
+}
+# The causes whose removal is a scenario, with the fix key that removes each.
+_REMOVALS = (("comm_wait", "no_comm_wait"), ("host", "no_host"), ("exposed_comm", "no_exposed_comm"))
+
+
+def fix_scenarios(meas: MeasuredRun) -> dict[str, Scenario]:
+    """Every fix a finding may offer, keyed as in :data:`FIX_LABELS`, for the measured run: more
+    micro-batches at the same global batch, 1F1B for GPipe runs, interleaving (v = 2) and a
+    zero-bubble schedule for GPipe/1F1B runs, rebalanced stages, and each measured delay removed."""
+    m2 = 2 * meas.microbatches
+    out: dict[str, Scenario] = {"microbatches_x2": Scenario(microbatches=m2, label=f"M={m2} (M x 2)")}
+    if meas.schedule == "gpipe":
+        out["1f1b"] = Scenario(schedule="1f1b", label=FIX_LABELS["1f1b"])
+        # 1F1B's freed activation memory spent on more micro-batches
+        out["1f1b_microbatches_x2"] = Scenario(
+            schedule="1f1b", microbatches=m2, label=f"1F1B, M={m2} (M x 2)"
+        )
+    if meas.schedule in _SINGLE and meas.virtual == 1:
+        out["interleaved_v2"] = Scenario(
+            schedule="interleaved_1f1b", virtual=2, label=FIX_LABELS["interleaved_v2"]
+        )
+        out["zero_bubble"] = Scenario(schedule="zero_bubble", label=FIX_LABELS["zero_bubble"])
+    out["rebalanced"] = Scenario(rebalance=True, label=FIX_LABELS["rebalanced"])
+    for _, key in _REMOVALS:
+        out[key] = Scenario(
+            no_comm_wait=key == "no_comm_wait",
+            no_host=key == "no_host",
+            no_exposed_comm=key == "no_exposed_comm",
+            label=FIX_LABELS[key],
+        )
+    return out
+
+
 def default_scenarios(meas: MeasuredRun, min_gain: float = 0.03) -> list[Scenario]:
     """The table every report shows: M x 2, interleaving (v = 2) or 1F1B for GPipe runs, rebalanced
     stages, and each removable delay worth at least ``min_gain`` of the step."""
-    out = [Scenario(microbatches=2 * meas.microbatches, label=f"M={2 * meas.microbatches} (M x 2)")]
+    return [fix_scenarios(meas)[k] for k in default_keys(meas, min_gain)]
+
+
+def default_keys(meas: MeasuredRun, min_gain: float = 0.03) -> list[str]:
+    """The fix keys of :func:`default_scenarios`, in table order."""
+    keys = ["microbatches_x2"]
     if meas.schedule == "gpipe":
-        out.append(Scenario(schedule="1f1b", label="1F1B"))
-    if meas.schedule in ("1f1b", "gpipe") and meas.virtual == 1:
-        out.append(Scenario(schedule="interleaved_1f1b", virtual=2, label="interleaved, v=2"))
-    out.append(Scenario(rebalance=True, label="rebalanced stages"))
-    for cause, label in (("comm_wait", "no comm wait"), ("host", "no host stalls")):
+        keys.append("1f1b")
+    if meas.schedule in _SINGLE and meas.virtual == 1:
+        keys.append("interleaved_v2")
+    keys.append("rebalanced")
+    for cause, key in _REMOVALS:
         if meas.removable_ns.get(cause, 0.0) >= min_gain * meas.step_ns:
-            out.append(Scenario(no_comm_wait=cause == "comm_wait", no_host=cause == "host", label=label))
+            keys.append(key)
+    return keys
+
+
+@dataclass
+class FixPredictions:
+    """The what-if answer for every fix of an analyzed run, computed once (one code path for the
+    what-if table and the findings' gains). ``rows`` maps a fix key to its prediction's JSON row
+    (with ``fix`` set to the key); ``table`` lists the keys the report's table shows by default."""
+
+    measured_step_ms: float
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    table: list[str] = field(default_factory=list)
+    calibration: str = ""
+
+    def gain_ms(self, key: str) -> float | None:
+        """Step time the fix saves per step (ms; negative: the fix is slower), None when the
+        what-if could not predict it."""
+        row = self.rows.get(key)
+        if row is None or row.get("step_ms") is None:
+            return None
+        return self.measured_step_ms - float(row["step_ms"])
+
+    def report_rows(self, used: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """The report's ``whatif`` list: the default table plus the fixes the findings used."""
+        keys = list(self.table) + [k for k in used if k not in self.table]
+        return [self.rows[k] for k in keys if k in self.rows]
+
+
+def predict_fixes(
+    run: Any, report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[Any]
+) -> FixPredictions | None:
+    """Predict every fix of :func:`fix_scenarios` for an analyzed run; None without a usable
+    pipeline. Never raises: a run the model cannot describe just gets no predictions."""
+    if pipe is None or pipe.topology.pp <= 1:
+        return None
+    try:
+        model = model_of(run, report, pipe, attr, rank_steps)
+        preds = {k: model.predict(scn) for k, scn in fix_scenarios(model.meas).items()}
+        keys = default_keys(model.meas)
+    except Exception:
+        return None
+    out = FixPredictions(model.meas.step_ns / MS, calibration=model.calibration().describe())
+    for k, p in preds.items():
+        if p.error is None and p.step_ns is not None:
+            out.rows[k] = {**p.to_json(), "fix": k}
+    out.table = [k for k in keys if k in out.rows]
     return out
 
 
 def report_rows(
     run: Any, report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[Any]
 ) -> list[dict[str, Any]]:
-    """The report's ``whatif`` list for an analyzed run (empty without a usable pipeline). Never
-    raises: a run the model cannot describe just gets no table."""
-    if pipe is None or pipe.topology.pp <= 1:
-        return []
-    try:
-        model = model_of(run, report, pipe, attr, rank_steps)
-        rows = [model.predict(s) for s in default_scenarios(model.meas)]
-    except Exception:
-        return []
-    return [r.to_json() for r in rows if r.error is None and r.step_ns is not None]
+    """The report's default ``whatif`` list for an analyzed run (empty without a usable pipeline)."""
+    fp = predict_fixes(run, report, pipe, attr, rank_steps)
+    return fp.report_rows() if fp is not None else []
 
 
 __all__ = [
     "CALIBRATIONS",
+    "FIX_LABELS",
     "Calibration",
+    "FixPredictions",
     "Prediction",
     "Scenario",
     "WhatifModel",
     "WhatifOptions",
     "build_model",
+    "default_keys",
     "default_scenarios",
     "describe",
+    "fix_scenarios",
     "model_of",
+    "predict_fixes",
     "rank_peaks",
     "report_rows",
 ]
