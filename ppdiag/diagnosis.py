@@ -27,10 +27,20 @@ class Cause(IntEnum):
     COMM_WAIT = 2
     EXPOSED_COMM = 3
     HOST = 4
-    UNEXPLAINED = 5
+    EXPOSED_COPY = 5
+    UNEXPLAINED = 6
 
 
-CAUSE_KEYS: tuple[str, ...] = ("bubble", "imbalance", "comm_wait", "exposed_comm", "host", "unexplained")
+CAUSE_KEYS: tuple[str, ...] = (
+    "bubble",
+    "imbalance",
+    "comm_wait",
+    "exposed_comm",
+    "host",
+    "exposed_copy",
+    "unexplained",
+)
+assert tuple(c.name.lower() for c in Cause) == CAUSE_KEYS, "CAUSE_KEYS[i] is the key of Cause(i)"
 
 
 @dataclass
