@@ -98,6 +98,8 @@ class _Node:
     obs: tuple[int, int, int] | None = None
     # how long before the wait began this rank had posted the operation it waits in (under compute)
     lead: int = 0
+    # the rank waits for its own send to complete: no data dependency, overlappable (exposed comm)
+    send_wait: bool = False
     # a wait on a rank that is not traced: its release stays where it was measured
     release: int | None = None
     edges: list[tuple[int, int]] = field(default_factory=list)  # label dependencies: (producer, latency)
@@ -460,6 +462,7 @@ class Replay:
                 self.nodes[nid].release = rel
                 self.untraced_waits += int(peer not in ends_by_rank)
                 continue
+            self.nodes[nid].send_wait = wdir == int(Direction.SEND)
             p_end = int(ends[j])
             # The peer's last transfer operation towards this rank before the release: the time from
             # the producer's block end to that issue is the producer's host delay. The transfer is
@@ -606,7 +609,7 @@ class Replay:
             pre = nd.pre * scale
             post = nd.post * scale
             base = prev_end + pre
-            if nd.obs is not None:
+            if nd.obs is not None and not (nd.send_wait and not comm):
                 p, issue, xfer = nd.obs
                 if not comm_excess:
                     xfer = min(xfer, lat)
