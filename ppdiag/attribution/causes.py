@@ -272,16 +272,39 @@ class _IssueIndex:
 class Replay:
     """The block graph of the analyzed steps and its evaluation under counterfactual changes."""
 
-    def mean_costs(self) -> dict[int, float]:
-        """Per phase, the mean block cost over stages (each stage's mean first: stages count equally)."""
-        out: dict[int, float] = {}
-        for ph in (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)):
-            per_stage: dict[int, list[int]] = {}
-            for nd in self.nodes:
-                if nd.phase == ph:
-                    per_stage.setdefault(nd.stage, []).append(nd.busy)
-            if per_stage:
-                out[ph] = float(np.mean([np.mean(v) for v in per_stage.values()]))
+    def mean_costs(self) -> dict[tuple[int, int, int], float]:
+        """The same total work spread evenly over the stages: per (rank, stage, phase), the factor
+        that brings that stage's forward (backward, W) work on the rank to the mean.
+
+        When every (rank, stage) holds the same number of blocks of a phase, each stage (an
+        interleaved chunk too) is brought to the mean stage work. When the labels do not add up
+        (a block cut in two, chunks of one rank labelled alike) each rank's blocks are scaled to
+        the mean work per rank instead, which keeps the total work whatever the labels say.
+        """
+        phases = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
+        tot: dict[tuple[int, int, int], int] = {}
+        cnt: dict[tuple[int, int, int], int] = {}
+        for nd in self.nodes:
+            if nd.phase in phases:
+                k = (nd.rank, nd.stage, nd.phase)
+                tot[k] = tot.get(k, 0) + nd.busy
+                cnt[k] = cnt.get(k, 0) + 1
+        out: dict[tuple[int, int, int], float] = {}
+        for ph in phases:
+            keys = [k for k in tot if k[2] == ph]
+            if not keys:
+                continue
+            if len({cnt[k] for k in keys}) == 1:
+                vals = {k: tot[k] for k in keys if tot[k] > 0}
+                mean = float(np.mean(list(vals.values()))) if vals else 0.0
+                out.update({k: mean / v for k, v in vals.items()})
+                continue
+            per_rank: dict[int, int] = {}
+            for k in keys:
+                per_rank[k[0]] = per_rank.get(k[0], 0) + tot[k]
+            pos = {r: v for r, v in per_rank.items() if v > 0}
+            mean = float(np.mean(list(pos.values()))) if pos else 0.0
+            out.update({k: mean / pos[k[0]] for k in keys if k[0] in pos})
         return out
 
     def _find_step_syncs(self) -> None:
@@ -523,7 +546,7 @@ class Replay:
         comm: bool = True,
         copy: bool = True,
         ux: bool = True,
-        balanced: dict[int, float] | None = None,
+        balanced: dict[tuple[int, int, int], float] | None = None,
     ) -> dict[tuple[int, int], tuple[int, int]]:
         """``(window, idle)`` of every (rank, step) under a variant; ``False`` removes that delay.
 
@@ -531,8 +554,9 @@ class Replay:
         ``comm_excess``: transfer time above the normal latency on the waits (slow links);
         ``comm``: exposed communication that is not a pipeline transfer (p2p and collectives between
         blocks, the step-end sync's transfer); ``copy``: exposed copies; ``ux``: local idle with no
-        evidence; ``balanced``: every block at its phase's mean cost. The pipeline transfers keep
-        at least the normal latency in every variant: that latency is part of the schedule.
+        evidence; ``balanced``: each rank's blocks scaled to the mean work per rank
+        (``mean_costs``). The pipeline transfers keep at least the normal latency in every
+        variant: that latency is part of the schedule.
 
         Consecutive steps of a rank are chained: a step starts where the rank's previous step ends
         in the same variant (a faster previous step lets the next one begin earlier); the first
@@ -623,7 +647,12 @@ class Replay:
                 base = max(base, node_end(p) + tau)
             s = base + post
             if balanced is not None:
-                dur = balanced.get(nd.phase, nd.busy) + nd.in_host + nd.in_ux + nd.in_copy
+                dur = (
+                    nd.busy * balanced.get((nd.rank, nd.stage, nd.phase), 1.0)
+                    + nd.in_host
+                    + nd.in_ux
+                    + nd.in_copy
+                )
             else:
                 dur = nd.span
             if not host:
@@ -648,7 +677,15 @@ class Replay:
                 busy = (
                     busy
                     - sum(self.nodes[j].busy for j in range(f, f + c))
-                    + sum(int(balanced.get(self.nodes[j].phase, self.nodes[j].busy)) for j in range(f, f + c))
+                    + sum(
+                        int(
+                            self.nodes[j].busy
+                            * balanced.get(
+                                (self.nodes[j].rank, self.nodes[j].stage, self.nodes[j].phase), 1.0
+                            )
+                        )
+                        for j in range(f, f + c)
+                    )
                 )
             idle[key] = (int(w1 - w0), int(w1 - w0 - busy))
         return idle
@@ -667,7 +704,7 @@ CHAIN: tuple[tuple[str, frozenset[str]], ...] = (
 
 
 def _variant(
-    rp: Replay, removed: frozenset[str], balanced: dict[int, float] | None = None
+    rp: Replay, removed: frozenset[str], balanced: dict[tuple[int, int, int], float] | None = None
 ) -> dict[tuple[int, int], tuple[int, int]]:
     """One replay variant with the named kinds of delay removed."""
     return rp.run(
