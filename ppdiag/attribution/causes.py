@@ -100,6 +100,8 @@ class _Node:
     lead: int = 0
     # the rank waits for its own send to complete: no data dependency, overlappable (exposed comm)
     send_wait: bool = False
+    # exposed copies on the producer between its block's end and the send's issue
+    issue_copy: int = 0
     # a wait on a rank that is not traced: its release stays where it was measured
     release: int | None = None
     edges: list[tuple[int, int]] = field(default_factory=list)  # label dependencies: (producer, latency)
@@ -468,6 +470,7 @@ class Replay:
             o = np.argsort(ends, kind="stable")
             ends_by_rank[r] = (ends[o], [ids[j] for j in o])
         issues = _IssueIndex(ops, timelines)
+        by_rank_step = {(rs.rank, rs.step): rs for rs in steps}
         for nid, (peer, wdir, posted, op_end), rel, wait_start in pending:
             ends, ids = ends_by_rank.get(peer, (np.zeros(0, np.int64), []))
             me = self.nodes[nid].rank
@@ -495,7 +498,11 @@ class Replay:
             issue = max(p_end, last) if last is not None else p_end
             posted = min(posted, wait_start)
             xfer = rel - max(issue, posted)
-            self.nodes[nid].obs = (ids[j], issue - p_end, xfer)
+            # copies the producer ran between its block and the send delay the send as copies
+            prs = by_rank_step.get((self.nodes[ids[j]].rank, self.nodes[ids[j]].step))
+            issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if prs is not None else 0
+            self.nodes[nid].obs = (ids[j], issue - p_end - issue_copy, xfer)
+            self.nodes[nid].issue_copy = issue_copy
             self.nodes[nid].lead = wait_start - posted
             self.waits.append((peer, me, xfer, rel - wait_start))
             taus.append(xfer)
@@ -639,7 +646,9 @@ class Replay:
                     xfer = min(xfer, lat)
                 # the transfer starts once the producer issued it and this rank had posted its
                 # side (``lead`` before it began to wait); the block waits for its arrival
-                ready = max(base - nd.lead, node_end(p) + (issue if host else 0))
+                ready = max(
+                    base - nd.lead, node_end(p) + (issue if host else 0) + (nd.issue_copy if copy else 0)
+                )
                 base = max(base, ready + xfer)
             if nd.release is not None:
                 base = max(base, nd.release)
