@@ -102,6 +102,11 @@ class _Node:
     send_wait: bool = False
     # exposed copies on the producer between its block's end and the send's issue
     issue_copy: int = 0
+    # the operation it waits in was queued on the compute stream (could not be posted early)
+    on_compute: bool = False
+    # a wait on an operation the peer issued at a fixed time (before any analyzed block of its
+    # own): (issue time, transfer after both sides were ready)
+    obs_abs: tuple[int, int] | None = None
     # a wait on a rank that is not traced: its release stays where it was measured
     release: int | None = None
     edges: list[tuple[int, int]] = field(default_factory=list)  # label dependencies: (producer, latency)
@@ -189,9 +194,21 @@ class _P2PIndex:
         self.end = iv.end[idx] + off
         self.peer = iv.peer[idx]
         self.direction = iv.direction[idx]
+        # p2p kernels queued on a stream that runs compute (p2p on the compute stream)
+        comp_streams = np.unique(iv.stream[iv.kind == int(Kind.COMPUTE)])
+        self.on_compute = np.isin(iv.stream[idx], comp_streams)
         # running max of the ends: the intervals that can still reach ``lo`` begin at the first
         # position whose running max passes it
         self.reach = np.maximum.accumulate(self.end) if self.end.size else self.end
+
+    def on_compute_at(self, lo: int, hi: int) -> bool:
+        """Whether the operation that held the rank in ``[lo, hi]`` ran on a compute stream."""
+        j0 = int(np.searchsorted(self.reach, lo, side="right"))
+        j1 = int(np.searchsorted(self.start, hi, side="left"))
+        if j1 <= j0:
+            return False
+        cover = np.minimum(self.end[j0:j1], hi) - np.maximum(self.start[j0:j1], lo)
+        return bool(self.on_compute[j0 + int(np.argmax(cover))])
 
     def blocking(self, lo: int, hi: int) -> tuple[int, int, int, int]:
         """(peer, direction, start, end) of the p2p interval that covers most of the wait ``[lo, hi]``.
@@ -358,7 +375,7 @@ class Replay:
         self.syncs: dict[int, tuple[list[tuple[int, int]], int]] = {}  # step key -> members, transfer
         self.order: list[int] = []
         self.meas_start: list[int] = []
-        taus: list[int] = []
+        taus: dict[tuple[int, int], list[int]] = {}  # per link (producer, consumer)
         self.dropped_edges = 0
         self.untraced_waits = 0
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
@@ -435,6 +452,7 @@ class Replay:
                 self.meas_start.append(s)
                 if w_s.size:
                     pending.append((nid, held, rel, wait_start))
+                    node.on_compute = p2p_index[rs.rank].on_compute_at(wait_start, rel)
                 if int(b.mb[i]) >= 0:
                     by_key[
                         (
@@ -483,12 +501,22 @@ class Replay:
             if last is None:
                 last = issues.last_before(peer, me, wdir, rel)
             j = int(np.searchsorted(ends, last if last is not None else rel, side="right")) - 1
+            self.nodes[nid].send_wait = wdir == int(Direction.SEND)
+            if j < 0 and last is not None and peer in ends_by_rank:
+                # the peer issued it before finishing any analyzed block (a receive posted at the
+                # start of the step): the transfer starts at that fixed issue time
+                posted = min(posted, wait_start)
+                xfer = rel - max(last, posted)
+                self.nodes[nid].obs_abs = (last, xfer)
+                self.nodes[nid].lead = wait_start - posted
+                self.waits.append((peer, me, xfer, rel - wait_start))
+                taus.setdefault((peer, me), []).append(xfer)
+                continue
             if j < 0:
                 # the peer is not traced, or its block lies before the analyzed steps
                 self.nodes[nid].release = rel
                 self.untraced_waits += int(peer not in ends_by_rank)
                 continue
-            self.nodes[nid].send_wait = wdir == int(Direction.SEND)
             p_end = int(ends[j])
             # The peer's last transfer operation towards this rank before the release: the time from
             # the producer's block end to that issue is the producer's host delay. The transfer is
@@ -505,8 +533,11 @@ class Replay:
             self.nodes[nid].issue_copy = issue_copy
             self.nodes[nid].lead = wait_start - posted
             self.waits.append((peer, me, xfer, rel - wait_start))
-            taus.append(xfer)
-        self.normal_latency = int(np.median(taus)) if taus else 0
+            taus.setdefault((peer, me), []).append(xfer)
+        # The normal latency: the lower median over the links of each link's median transfer,
+        # so that slow links (even half of them, as with P=2) do not set what "normal" is.
+        per_link = [float(np.median(v)) for v in taus.values()]
+        self.normal_latency = int(np.percentile(per_link, 50, method="lower")) if per_link else 0
         # pipeline data dependencies from labels, with the normal latency (capped so the measured
         # timeline stays reproduced exactly)
         for key, nid in by_key.items():
@@ -578,6 +609,11 @@ class Replay:
         w_end: dict[tuple[int, int], int] = {}
         sync_end: dict[int, int] = {}
 
+        def lead_of(nd: _Node) -> int:
+            # with exposed comm removed a receive queued on the compute stream is posted early (on
+            # its own stream): the transfer may run under the rank's previous work
+            return nd.lead if (comm or not nd.on_compute) else -NEG_INF
+
         def node_end(j: int) -> int:
             return end[j] if done[j] else self.meas_start[j] + self.nodes[j].span
 
@@ -647,9 +683,14 @@ class Replay:
                 # the transfer starts once the producer issued it and this rank had posted its
                 # side (``lead`` before it began to wait); the block waits for its arrival
                 ready = max(
-                    base - nd.lead, node_end(p) + (issue if host else 0) + (nd.issue_copy if copy else 0)
+                    base - lead_of(nd), node_end(p) + (issue if host else 0) + (nd.issue_copy if copy else 0)
                 )
                 base = max(base, ready + xfer)
+            if nd.obs_abs is not None and not (nd.send_wait and not comm):
+                t_issue, xfer = nd.obs_abs
+                if not comm_excess:
+                    xfer = min(xfer, lat)
+                base = max(base, max(base - lead_of(nd), t_issue) + xfer)
             if nd.release is not None:
                 base = max(base, nd.release)
             for p, tau in nd.edges:
