@@ -161,7 +161,12 @@ def rank_step(tl: RankTimeline, step: int, number: int, w0: int, w1: int, blocks
     idle = ivs.subtract(sets.gaps, comm)
     host = _host_evidence(tl, off, idle)
     with_p2p = ivs.union(np.r_[idle[0], sets.p2p[0]], np.r_[idle[1], sets.p2p[1]])
-    p2p_host = ivs.intersect(_host_evidence(tl, off, with_p2p), sets.p2p) if sets.p2p[0].size else ivs.empty()
+    # (device runs only: on CPU runs every event-less stretch is host, and a p2p op is an event)
+    p2p_host = (
+        ivs.intersect(_host_evidence(tl, off, with_p2p), sets.p2p)
+        if sets.p2p[0].size and not tl.cpu_only
+        else ivs.empty()
+    )
     return RankStep(tl.rank, step, number, w0, w1, sets, acct, blocks, host, sets.p2p, p2p_host)
 
 
@@ -194,9 +199,10 @@ class _P2PIndex:
         self.end = iv.end[idx] + off
         self.peer = iv.peer[idx]
         self.direction = iv.direction[idx]
-        # p2p kernels queued on a stream that runs compute (p2p on the compute stream)
+        # p2p kernels queued on a stream that runs compute (p2p on the compute stream); on CPU
+        # runs every op is on the main thread, which says nothing about the device streams
         comp_streams = np.unique(iv.stream[iv.kind == int(Kind.COMPUTE)])
-        self.on_compute = np.isin(iv.stream[idx], comp_streams)
+        self.on_compute = np.isin(iv.stream[idx], comp_streams) & (not tl.cpu_only)
         # running max of the ends: the intervals that can still reach ``lo`` begin at the first
         # position whose running max passes it
         self.reach = np.maximum.accumulate(self.end) if self.end.size else self.end
@@ -676,7 +682,13 @@ class Replay:
             pre = nd.pre * scale
             post = nd.post * scale
             base = prev_end + pre
-            if nd.obs is not None and not (nd.send_wait and not comm):
+            if nd.send_wait and not comm:
+                # waiting for its own send: no data dependency, the wait overlaps once comm does;
+                # only a slow link's excess over the normal transfer stays (blocking sends)
+                xfer = nd.obs[2] if nd.obs is not None else nd.obs_abs[1] if nd.obs_abs is not None else 0
+                if comm_excess:
+                    base += max(xfer - lat, 0)
+            elif nd.obs is not None:
                 p, issue, xfer = nd.obs
                 if not comm_excess:
                     xfer = min(xfer, lat)
@@ -686,7 +698,7 @@ class Replay:
                     base - lead_of(nd), node_end(p) + (issue if host else 0) + (nd.issue_copy if copy else 0)
                 )
                 base = max(base, ready + xfer)
-            if nd.obs_abs is not None and not (nd.send_wait and not comm):
+            elif nd.obs_abs is not None:
                 t_issue, xfer = nd.obs_abs
                 if not comm_excess:
                     xfer = min(xfer, lat)
