@@ -409,7 +409,7 @@ class Replay:
                     held = p2p_index[rs.rank].blocking(wait_start, rel)
                     # transfers of other operations before the one that held the rank (a send on
                     # the compute stream before the receive) are exposed comm, not the wait
-                    if held[0] >= 0:
+                    if held[0] >= 0 and not timelines[rs.rank].cpu_only:
                         # the wait is the exposed span of that operation; other transfers before or
                         # after it (a send on the compute stream, a receive whose data was there)
                         # are exposed comm around the wait
@@ -506,7 +506,10 @@ class Replay:
             last = issues.matched(peer, me, wdir, op_end, MATCH_END_NS)
             if last is None:
                 last = issues.last_before(peer, me, wdir, rel)
-            j = int(np.searchsorted(ends, last if last is not None else rel, side="right")) - 1
+            # (CPU runs: host calls, whose start says little about when the data left; there the
+            # producer is the peer's last block before the release)
+            device = not timelines[me].cpu_only
+            j = int(np.searchsorted(ends, last if (last is not None and device) else rel, side="right")) - 1
             self.nodes[nid].send_wait = wdir == int(Direction.SEND)
             if j < 0 and last is not None and peer in ends_by_rank:
                 # the peer issued it before finishing any analyzed block (a receive posted at the
@@ -530,7 +533,7 @@ class Replay:
             # posted its operation (a gloo or NCCL transfer cannot complete before the receive is
             # posted; a receive posted under compute lets the transfer run before the wait begins).
             issue = max(p_end, last) if last is not None else p_end
-            posted = min(posted, wait_start)
+            posted = min(posted, wait_start) if device else wait_start
             xfer = rel - max(issue, posted)
             # copies the producer ran between its block and the send delay the send as copies
             prs = by_rank_step.get((self.nodes[ids[j]].rank, self.nodes[ids[j]].step))
