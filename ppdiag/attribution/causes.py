@@ -126,6 +126,28 @@ class Attribution:
     )  # producer, consumer, transfer, waited
 
 
+# per timeline: its launched kernels sorted by start (own clock), built once instead of per step;
+# the entry keeps the intervals object it was built from, so a reused id() never matches
+_LAUNCHED: dict[int, tuple[object, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+_LAUNCHED_MAX = 256
+
+
+def _launched(tl: RankTimeline) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Start and launch time of the rank's launched kernels and copies, sorted by start."""
+    iv = tl.intervals
+    hit = _LAUNCHED.get(id(iv))
+    if hit is not None and hit[0] is iv:
+        return hit[1], hit[2]
+    busy = np.isin(iv.kind, (int(Kind.COMPUTE), int(Kind.MEMCPY), int(Kind.MEMSET))) & (iv.launch >= 0)
+    st = iv.start[busy]
+    la = iv.launch[busy]
+    order = np.argsort(st, kind="stable")
+    if len(_LAUNCHED) >= _LAUNCHED_MAX:
+        _LAUNCHED.clear()
+    _LAUNCHED[id(iv)] = (iv, st[order], la[order])
+    return st[order], la[order]
+
+
 def _host_evidence(tl: RankTimeline, offset: int, gaps: ivs.ISet) -> ivs.ISet:
     """The part of each gap before the next compute was even launched (or all of it on CPU runs)."""
     gs, ge = gaps
@@ -133,17 +155,13 @@ def _host_evidence(tl: RankTimeline, offset: int, gaps: ivs.ISet) -> ivs.ISet:
         return ivs.empty()
     if tl.cpu_only:
         return gs.copy(), ge.copy()
-    iv = tl.intervals
-    busy = np.isin(iv.kind, (int(Kind.COMPUTE), int(Kind.MEMCPY), int(Kind.MEMSET))) & (iv.launch >= 0)
-    if not busy.any():
+    st0, la0 = _launched(tl)
+    if not st0.size:
         return ivs.empty()
-    st = iv.start[busy] + offset
-    la = iv.launch[busy] + offset
-    order = np.argsort(st, kind="stable")
-    st, la = st[order], la[order]
-    nxt = np.searchsorted(st, ge, side="left")
-    ok = nxt < st.size
-    launch_next = np.where(ok, la[np.minimum(nxt, st.size - 1)], gs)
+    # search on the rank's own clock: no per-step copy of the whole rank
+    nxt = np.searchsorted(st0, ge - offset, side="left")
+    ok = nxt < st0.size
+    launch_next = np.where(ok, la0[np.minimum(nxt, st0.size - 1)] + offset, gs)
     he = np.minimum(np.maximum(launch_next, gs), ge)
     return ivs.union(gs, he)
 
@@ -171,7 +189,8 @@ def rank_step(tl: RankTimeline, step: int, number: int, w0: int, w1: int, blocks
 
 
 def _m(iset: ivs.ISet, lo: int, hi: int) -> int:
-    return ivs.measure(ivs.clip(iset, lo, hi)) if hi > lo else 0
+    """Measure of a sorted disjoint set inside ``[lo, hi)`` (binary search, no scan)."""
+    return ivs.measure_in(iset, lo, hi)
 
 
 def _split_local(rs: RankStep, lo: int, hi: int) -> tuple[int, int, int, int, int]:
@@ -398,7 +417,7 @@ class Replay:
             for i in range(len(b)):
                 s, e = int(b.start[i]), int(b.end[i])
                 lo = min(prev_end, s)
-                w_s, w_e = ivs.clip(rs.wait_set, lo, s)
+                w_s, w_e = ivs.window(rs.wait_set, lo, s)
                 if w_s.size:
                     # the wait that released the block is the last run of transfer time before it
                     # (pieces a few µs apart are one wait); earlier transfers were exposed comm
@@ -477,7 +496,7 @@ class Replay:
             copy_t = _m(rs.sets.copy, t_lo, t_hi)
             other_t = max(t_hi - t_lo - busy_t - coll_t - host_t - copy_t, 0)
             self.tail[(rs.rank, rs.step)] = (busy_t, coll_t, host_t, other_t, copy_t)
-            cs, ce = ivs.clip(rs.sets.collective, t_lo, t_hi)
+            cs, ce = ivs.window(rs.sets.collective, t_lo, t_hi)
             if cs.size:
                 c0, c1 = int(cs[0]), int(ce[-1])
                 self.tail_coll[(rs.rank, rs.step)] = (
