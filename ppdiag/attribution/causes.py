@@ -10,20 +10,29 @@ collective that every rank joins is one sync point (early ranks wait in it, the 
 the transfer), and a rank's consecutive steps are chained. With every quantity as measured, the
 replay reproduces the measured timeline exactly (checked; a difference is reported).
 
-Causes come from removing one kind of delay at a time, in this precedence, and taking the change
-of each rank's idle time (all delays only ever push work later, so each change is >= 0):
+Causes are counterfactuals (DESIGN.md §5), built up from the ideal run one kind of delay at a
+time; each cause is the growth of the rank's idle time when its kind is added, so they telescope
+to the measured lost time (``CHAIN``, :func:`replay_causes`):
 
-1. ``host``: local idle where the next work was launched after the gap began (GPU), or any
-   event-less stretch between ops (CPU-only runs), inside blocks too, and a producer's delay in
+1. ``bubble``: the idle of the schedule with every stage's work brought to the mean stage work,
+   pipeline transfers at the run's normal latency (the lower median of the links' median transfer
+   times) and nothing else, capped by the idle with the actual costs.
+2. ``imbalance``: what the actual stage costs add.
+3. ``comm_wait``: what the actual transfer times add (slow links, late transfers).
+4. ``host``: what host delays add: local idle where the next work was launched after the gap
+   began (GPU), or any event-less stretch between ops (CPU-only runs), a producer's delay in
    issuing a transfer after its block ended.
-2. ``comm_wait``: transfer time above the run's normal transfer time (the median over all waits).
-3. ``exposed_comm``: the remaining transfer time on the critical path, exposed transfers between
-   blocks and exposed collectives.
-4. ``unexplained``: local idle with work already queued and no transfer to explain it, plus any
-   disagreement between the replay and the measurement.
-5. ``imbalance`` and ``bubble``: what is left is the schedule with the measured per-stage costs.
-   Its idle on a rank in the same replay with every stage at the mean cost is the bubble (capped by
-   the idle), the remainder is stage imbalance.
+5. ``exposed_comm``: what communication that could have overlapped adds: exposed collectives and
+   transfers between blocks, the step-end sync's transfer, a rank waiting for its own send, a
+   receive queued behind compute on the compute stream.
+6. ``exposed_copy``: what exposed copies add (between and inside blocks, and before a send).
+7. ``unexplained``: the rest (idle with work queued and no evidence, and any disagreement between
+   the replay and the measurement).
+
+A wait's transfer starts once the producer issued it and the waiting rank had posted its side (a
+receive posted under compute lets the transfer run before the wait begins); on GPU runs the
+producer's operation is the one that ended with the waiter's (NCCL send and receive end
+together), and its producer block the last one it finished before issuing it.
 
 A delay on one rank that makes its neighbours wait is removed everywhere at once, so the
 neighbours' waiting is charged to the root cause (a host stall on rank 1 shows as ``host`` on
