@@ -459,6 +459,14 @@ def rules(code: Annotated[str | None, typer.Argument(help="A rule code, e.g. PP0
                 r = RULES[c]
                 t.add_row(r.code, r.cause or "-", r.name, r.summary)
             con.print(t)
+            from ppdiag.diagnosis import CAUSE_CHAIN, CAUSE_DEFINITIONS
+
+            ct = Table(title="causes: the idle each kind of delay adds, in this order (they add up)")
+            for c in ("cause", "definition"):
+                ct.add_column(c)
+            for k in CAUSE_CHAIN:
+                ct.add_row(k, CAUSE_DEFINITIONS[k])
+            con.print(ct)
             return
         rule = RULES.get(code.upper())
         if rule is None:

@@ -27,10 +27,47 @@ class Cause(IntEnum):
     COMM_WAIT = 2
     EXPOSED_COMM = 3
     HOST = 4
-    UNEXPLAINED = 5
+    EXPOSED_COPY = 5
+    UNEXPLAINED = 6
 
 
-CAUSE_KEYS: tuple[str, ...] = ("bubble", "imbalance", "comm_wait", "exposed_comm", "host", "unexplained")
+CAUSE_KEYS: tuple[str, ...] = (
+    "bubble",
+    "imbalance",
+    "comm_wait",
+    "exposed_comm",
+    "host",
+    "exposed_copy",
+    "unexplained",
+)
+assert tuple(c.name.lower() for c in Cause) == CAUSE_KEYS, "CAUSE_KEYS[i] is the key of Cause(i)"
+
+#: Each cause as a counterfactual (DESIGN.md §5): the idle it adds to a replay of the run, taken in
+#: this order, so the causes telescope and add up to the lost time (``ppdiag rules``, docs/json.md).
+CAUSE_DEFINITIONS: dict[str, str] = {
+    "bubble": "idle the same total work still has spread evenly over the stages (every stage at the "
+    "mean cost), with normal links and no host stalls: warm-up, cool-down and the normal latency "
+    "of the transfers that fill and drain the pipe",
+    "imbalance": "what the actual stage costs add on top of the bubble",
+    "comm_wait": "what the actual transfer times add: slow links, transfers above the normal "
+    "latency, late transfers",
+    "exposed_comm": "what communication that could have overlapped adds: collectives and transfers "
+    "with no compute beside them, waiting for one's own send",
+    "host": "what host delays add: work launched after the gap began, sends issued late, and the "
+    "waits this causes on other ranks",
+    "exposed_copy": "what memcpy/memset time with no compute beside it adds",
+    "unexplained": "the rest of the lost time (idle with work queued and no evidence)",
+}
+#: The order in which the counterfactual chain adds each kind of delay.
+CAUSE_CHAIN: tuple[str, ...] = (
+    "bubble",
+    "imbalance",
+    "comm_wait",
+    "host",
+    "exposed_comm",
+    "exposed_copy",
+    "unexplained",
+)
 
 
 @dataclass

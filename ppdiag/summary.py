@@ -31,6 +31,15 @@ def _dist(vals_ns: list[int]) -> dict[str, float] | None:
     }
 
 
+def _shares(compute_ns: float, causes_ns: dict[str, float], step_ns: float) -> dict[str, float]:
+    """Compute and each cause as a fraction of the mean step (they add up to 1)."""
+    if step_ns <= 0:
+        return {k: 0.0 for k in ("compute", *CAUSE_KEYS)}
+    out = {"compute": round(compute_ns / step_ns, 5)}
+    out.update({k: round(v / step_ns, 5) for k, v in causes_ns.items()})
+    return out
+
+
 def closed_form_bubble(schedule: str, pp: int, m: int | None, virtual: int) -> float | None:
     """Theoretical bubble ratio of the schedule (the simulator's closed forms when available)."""
     if pp <= 1 or not m:
@@ -55,7 +64,9 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
     per_rank: dict[int, list[RankStep]] = {}
     for rs in steps:
         per_rank.setdefault(rs.rank, []).append(rs)
-    lost_ratio_vals: list[float] = []
+    win_ns: list[float] = []
+    compute_ns: list[float] = []
+    causes_ns: dict[str, list[float]] = {k: [] for k in CAUSE_KEYS}
     pipe_wait_ratio: list[float] = []
     for r in sorted(per_rank):
         rss = per_rank[r]
@@ -71,12 +82,17 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
                 "compute_ms": _ms(sum(x.acct.compute for x in rss) / n),
                 "exposed_p2p_ms": _ms(sum(x.acct.exposed_p2p for x in rss) / n),
                 "exposed_collective_ms": _ms(sum(x.acct.exposed_collective for x in rss) / n),
+                "exposed_copy_ms": _ms(sum(x.acct.exposed_copy for x in rss) / n),
                 "idle_ms": _ms(sum(x.acct.idle for x in rss) / n),
                 "lost_ms": {k: _ms(v) for k, v in causes.items()},
+                "shares": _shares(sum(x.acct.compute for x in rss) / n, causes, win),
             }
         )
+        win_ns.append(win)
+        compute_ns.append(sum(x.acct.compute for x in rss) / n)
+        for k in CAUSE_KEYS:
+            causes_ns[k].append(causes[k])
         for x in rss:
-            lost_ratio_vals.append(x.acct.lost / x.acct.window if x.acct.window else 0.0)
             c = attr.causes[(x.rank, x.step)]
             pipe_wait_ratio.append((c["bubble"] + c["imbalance"]) / x.acct.window if x.acct.window else 0.0)
     # step time per analyzed step: the mean window over ranks for that step position
@@ -84,15 +100,19 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
     for rs in steps:
         by_pos.setdefault(rs.number if rs.number >= 0 else rs.step, []).append(rs.acct.window)
     step_vals = [float(np.mean(v)) for _, v in sorted(by_pos.items())]
-    lost_mean = {
-        k: float(np.mean([x["lost_ms"][k] for x in ranks_out])) if ranks_out else 0.0 for k in CAUSE_KEYS
-    }
+    # One denominator for every share (DESIGN.md §7): per-step means over the same (rank, step)
+    # windows as the cause means, so compute + causes = the mean step exactly.
+    step_mean = float(np.mean(win_ns)) if win_ns else 0.0
+    comp_mean = float(np.mean(compute_ns)) if compute_ns else 0.0
+    lost_mean_ns = {k: float(np.mean(v)) if v else 0.0 for k, v in causes_ns.items()}
     summary = {
         "step_ms": _ms(np.median(step_vals)) if step_vals else None,
         "step_p95_ms": _ms(np.percentile(step_vals, 95)) if step_vals else None,
-        "compute_ms": round(float(np.mean([x["compute_ms"] for x in ranks_out])), 4) if ranks_out else None,
-        "lost_ratio": round(float(np.mean(lost_ratio_vals)), 4) if lost_ratio_vals else None,
-        "lost_ms": {k: round(v, 4) for k, v in lost_mean.items()},
+        "step_mean_ms": _ms(step_mean) if win_ns else None,
+        "compute_ms": _ms(comp_mean) if ranks_out else None,
+        "lost_ratio": round(sum(lost_mean_ns.values()) / step_mean, 4) if step_mean > 0 else None,
+        "lost_ms": {k: _ms(v) for k, v in lost_mean_ns.items()},
+        "shares": _shares(comp_mean, lost_mean_ns, step_mean) if win_ns else None,
         "steps_ms": [_ms(v) for v in step_vals],
     }
     theo = closed_form_bubble(pipe.schedule, topo.pp, pipe.microbatches, topo.virtual)

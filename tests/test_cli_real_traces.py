@@ -53,11 +53,17 @@ def test_every_real_trace_analyzes(rel: str, ranks: list[int]) -> None:
     for rs in diag.context["rank_steps"]:
         a = rs.acct
         assert a.window > 0
-        assert min(a.compute, a.exposed_p2p, a.exposed_collective, a.idle) >= 0
-        assert a.compute + a.exposed_p2p + a.exposed_collective + a.idle == a.window
+        assert min(a.compute, a.exposed_p2p, a.exposed_collective, a.exposed_copy, a.idle) >= 0
+        assert a.compute + a.exposed_p2p + a.exposed_collective + a.exposed_copy + a.idle == a.window
         assert sum(attr.causes[(rs.rank, rs.step)].values()) == a.lost
     for r in rep["ranks"]:
-        parts = r["compute_ms"] + r["exposed_p2p_ms"] + r["exposed_collective_ms"] + r["idle_ms"]
+        parts = (
+            r["compute_ms"]
+            + r["exposed_p2p_ms"]
+            + r["exposed_collective_ms"]
+            + r["exposed_copy_ms"]
+            + r["idle_ms"]
+        )
         assert parts == pytest.approx(r["step_ms"], abs=0.01)
         assert sum(r["lost_ms"][k] for k in CAUSE_KEYS) == pytest.approx(
             r["step_ms"] - r["compute_ms"], abs=0.01

@@ -58,7 +58,7 @@ def test_accounting_and_causes_add_up(runs: dict[str, Any], name: str) -> None:
     assert not [w for w in diag.report["run"]["warnings"] if "differs from the measurement" in w]
     for rs in diag.context["rank_steps"]:
         a = rs.acct
-        assert a.compute + a.exposed_p2p + a.exposed_collective + a.idle == a.window
+        assert a.compute + a.exposed_p2p + a.exposed_collective + a.exposed_copy + a.idle == a.window
         causes = attr.causes[(rs.rank, rs.step)]
         assert sum(causes.values()) == a.lost, (rs.rank, rs.step, causes, a.lost)
         assert all(v >= 0 for v in causes.values())

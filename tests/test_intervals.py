@@ -45,3 +45,17 @@ def test_empty_inputs() -> None:
     assert ivs.measure(ivs.union(np.array([5]), np.array([5]))) == 0
     assert ivs.measure(ivs.subtract(e, e)) == 0
     assert ivs.measure(ivs.complement(e, 0, 10)) == 10
+
+
+def test_window_and_measure_in_agree_with_clip() -> None:
+    import numpy as np
+
+    from ppdiag.attribution import intervals as ivs_
+
+    rng = np.random.default_rng(3)
+    s = np.sort(rng.integers(0, 10_000, 200))
+    iset = ivs_.union(s, s + rng.integers(1, 80, 200))
+    for lo, hi in [(-5, 20_000), (0, 0), (500, 501), (1234, 5678), (9_990, 12_000), (30, 10)]:
+        a, b = ivs_.window(iset, lo, hi), ivs_.clip(iset, lo, hi)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+        assert ivs_.measure_in(iset, lo, hi) == ivs_.measure(b)

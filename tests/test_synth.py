@@ -137,15 +137,18 @@ def test_truth_adds_up_and_matches_the_trace(name: str) -> None:
 def test_bubble_truth_is_the_textbook_bubble() -> None:
     run = scenario("base")
     t = run.truth
-    # P=4, M=8, F=1, B=2 ms: every rank's schedule wait is (P-1)(F+B) = 9 ms
+    # P=4, M=8, F=1, B=2 ms: every rank's schedule wait is (P-1)(F+B) = 9 ms with free links;
+    # the bubble also holds the normal p2p latency (0.05 ms) of the transfers that fill and drain
+    # the pipe (DESIGN.md §5): at most one latency per forward and backward of each micro-batch
     for rk in t["ranks"].values():
-        assert rk["causes_ms"]["bubble"] == pytest.approx(9.0)
+        assert 9.0 < rk["causes_ms"]["bubble"] <= 9.0 + 2 * 8 * 0.05 + 1e-9
         assert rk["causes_ms"]["imbalance"] == pytest.approx(0.0)
         assert rk["causes_ms"]["comm_wait"] == pytest.approx(0.0)
-        assert rk["causes_ms"]["exposed_comm"] > 0  # p2p latency and the step-end all-reduce
+        assert rk["causes_ms"]["exposed_comm"] > 0  # the step-end all-reduce
     assert t["bubble"]["theoretical_ratio"] == pytest.approx(3 / 11)
-    # the simulated step also holds the 1 ms optimizer: 9 ms idle in 8*3 + 9 + 1 ms
-    assert t["bubble"]["balanced_sim_ratio"] == pytest.approx(9 / 34)
+    # the simulated step also holds the 1 ms optimizer: 9 ms idle in 8*3 + 9 + 1 ms with free
+    # links, up to 0.8 ms more of normal latency in both
+    assert 9 / 34 < t["bubble"]["balanced_sim_ratio"] <= 9.8 / 34.8 + 1e-9
 
 
 def test_slow_stage_truth() -> None:

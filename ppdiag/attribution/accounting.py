@@ -1,9 +1,11 @@
 """Per-rank time accounting of one step window (DESIGN.md §5, first equation).
 
-``window = compute + exposed_p2p + exposed_collective + idle``, where compute is the union of
-compute, copy and memset intervals, exposed p2p the p2p time not under compute, exposed collective
-the collective time under neither, and idle the rest. A NCCL kernel spinning for its peer is not
-compute: its time is exposed communication, and therefore lost.
+``window = compute + exposed_p2p + exposed_collective + exposed_copy + idle``, where compute is the
+union of compute kernels, exposed p2p the p2p time not under compute, exposed collective the
+collective time under neither, exposed copy the memcpy/memset time under none of them, and idle the
+rest. A NCCL kernel spinning for its peer is not compute: its time is exposed communication, and
+therefore lost; a copy with nothing computing beside it (a pageable host-to-device load) is lost
+too. The lost time is everything not under compute.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ import numpy as np
 from ppdiag.attribution import intervals as ivs
 from ppdiag.model import Intervals, Kind
 
-BUSY_KINDS = (int(Kind.COMPUTE), int(Kind.MEMCPY), int(Kind.MEMSET))
+COMPUTE_KINDS = (int(Kind.COMPUTE),)
+COPY_KINDS = (int(Kind.MEMCPY), int(Kind.MEMSET))
+# kernels the host launches onto the GPU queue (a gap before one of them is host-bound when it
+# was launched after the gap began)
+BUSY_KINDS = COMPUTE_KINDS + COPY_KINDS
 
 
 @dataclass
@@ -27,10 +33,12 @@ class Account:
     exposed_p2p: int
     exposed_collective: int
     idle: int
+    exposed_copy: int = 0
 
     @property
     def lost(self) -> int:
-        return self.exposed_p2p + self.exposed_collective + self.idle
+        """Everything in the window that is not compute."""
+        return self.exposed_p2p + self.exposed_collective + self.exposed_copy + self.idle
 
 
 @dataclass
@@ -41,6 +49,7 @@ class WindowSets:
     p2p: ivs.ISet  # exposed p2p (not under compute)
     collective: ivs.ISet  # exposed collectives (under neither compute nor p2p)
     gaps: ivs.ISet  # everything not under compute: the lost time
+    copy: ivs.ISet  # copies (memcpy/memset) under none of the above
 
 
 def window_sets(iv: Intervals, offset: int, lo: int, hi: int) -> WindowSets:
@@ -49,20 +58,25 @@ def window_sets(iv: Intervals, offset: int, lo: int, hi: int) -> WindowSets:
     e = iv.end + offset
     near = (e > lo) & (s < hi)
     s, e, k = s[near], e[near], iv.kind[near]
-    busy = np.isin(k, BUSY_KINDS)
+    busy = np.isin(k, COMPUTE_KINDS)
     comp = ivs.clip(ivs.union(s[busy], e[busy]), lo, hi)
     pm = k == int(Kind.P2P)
     cm = k == int(Kind.COLLECTIVE)
     p2p = ivs.subtract(ivs.clip(ivs.union(s[pm], e[pm]), lo, hi), comp)
     coll = ivs.subtract(ivs.subtract(ivs.clip(ivs.union(s[cm], e[cm]), lo, hi), comp), p2p)
+    cp = np.isin(k, COPY_KINDS)
+    copy = ivs.clip(ivs.union(s[cp], e[cp]), lo, hi)
+    if copy[0].size:
+        copy = ivs.subtract(ivs.subtract(ivs.subtract(copy, comp), p2p), coll)
     gaps = ivs.complement(comp, lo, hi)
-    return WindowSets(comp, p2p, coll, gaps)
+    return WindowSets(comp, p2p, coll, gaps, copy)
 
 
 def account(sets: WindowSets, lo: int, hi: int) -> Account:
-    """The four-way split of one window."""
+    """The five-way split of one window."""
     window = hi - lo
     compute = ivs.measure(sets.compute)
     p2p = ivs.measure(sets.p2p)
     coll = ivs.measure(sets.collective)
-    return Account(window, compute, p2p, coll, window - compute - p2p - coll)
+    copy = ivs.measure(sets.copy)
+    return Account(window, compute, p2p, coll, window - compute - p2p - coll - copy, copy)

@@ -10,20 +10,29 @@ collective that every rank joins is one sync point (early ranks wait in it, the 
 the transfer), and a rank's consecutive steps are chained. With every quantity as measured, the
 replay reproduces the measured timeline exactly (checked; a difference is reported).
 
-Causes come from removing one kind of delay at a time, in this precedence, and taking the change
-of each rank's idle time (all delays only ever push work later, so each change is >= 0):
+Causes are counterfactuals (DESIGN.md §5), built up from the ideal run one kind of delay at a
+time; each cause is the growth of the rank's idle time when its kind is added, so they telescope
+to the measured lost time (``CHAIN``, :func:`replay_causes`):
 
-1. ``host``: local idle where the next work was launched after the gap began (GPU), or any
-   event-less stretch between ops (CPU-only runs), inside blocks too, and a producer's delay in
+1. ``bubble``: the idle of the schedule with every stage's work brought to the mean stage work,
+   pipeline transfers at the run's normal latency (the lower median of the links' median transfer
+   times) and nothing else, capped by the idle with the actual costs.
+2. ``imbalance``: what the actual stage costs add.
+3. ``comm_wait``: what the actual transfer times add (slow links, late transfers).
+4. ``host``: what host delays add: local idle where the next work was launched after the gap
+   began (GPU), or any event-less stretch between ops (CPU-only runs), a producer's delay in
    issuing a transfer after its block ended.
-2. ``comm_wait``: transfer time above the run's normal transfer time (the median over all waits).
-3. ``exposed_comm``: the remaining transfer time on the critical path, exposed transfers between
-   blocks and exposed collectives.
-4. ``unexplained``: local idle with work already queued and no transfer to explain it, plus any
-   disagreement between the replay and the measurement.
-5. ``imbalance`` and ``bubble``: what is left is the schedule with the measured per-stage costs.
-   Its idle on a rank in the same replay with every stage at the mean cost is the bubble (capped by
-   the idle), the remainder is stage imbalance.
+5. ``exposed_comm``: what communication that could have overlapped adds: exposed collectives and
+   transfers between blocks, the step-end sync's transfer, a rank waiting for its own send, a
+   receive queued behind compute on the compute stream.
+6. ``exposed_copy``: what exposed copies add (between and inside blocks, and before a send).
+7. ``unexplained``: the rest (idle with work queued and no evidence, and any disagreement between
+   the replay and the measurement).
+
+A wait's transfer starts once the producer issued it and the waiting rank had posted its side (a
+receive posted under compute lets the transfer run before the wait begins); on GPU runs the
+producer's operation is the one that ended with the waiter's (NCCL send and receive end
+together), and its producer block the last one it finished before issuing it.
 
 A delay on one rank that makes its neighbours wait is removed everywhere at once, so the
 neighbours' waiting is charged to the root cause (a host stall on rank 1 shows as ``host`` on
@@ -50,6 +59,8 @@ from ppdiag.pipeline.clocks import P2POps
 NEG_INF = -(2**62)
 # transfer pieces closer than this form one wait (the host issuing the next operation in between)
 WAIT_JOIN_NS = 50_000
+# matched device send/recv kernels end within this of each other
+MATCH_END_NS = 20_000
 # windows closer than this are consecutive steps of one rank
 STEP_JOIN_NS = 1_000_000
 
@@ -68,6 +79,9 @@ class RankStep:
     blocks: Blocks  # this step's blocks, aligned, time order
     host_set: ivs.ISet  # lost time with host evidence
     wait_set: ivs.ISet  # exposed p2p time (waiting for a peer or transferring)
+    # exposed p2p pieces that ran while the host had not launched the next work yet: a send
+    # spinning beside a host stall delays nothing the host did not delay already
+    p2p_host: ivs.ISet = field(default_factory=ivs.empty)
 
 
 @dataclass
@@ -81,6 +95,7 @@ class _Node:
     busy: int
     in_host: int  # host-evidence lost inside the block span
     in_ux: int  # other lost inside the block span
+    in_copy: int  # exposed copies inside the block span
     phase: int
     stage: int
     pre: int
@@ -88,8 +103,20 @@ class _Node:
     pre_host: int
     pre_coll: int
     pre_ux: int
+    pre_copy: int
     # the observed wait: (producer node, producer's issue delay, transfer after both sides were ready)
     obs: tuple[int, int, int] | None = None
+    # how long before the wait began this rank had posted the operation it waits in (under compute)
+    lead: int = 0
+    # the rank waits for its own send to complete: no data dependency, overlappable (exposed comm)
+    send_wait: bool = False
+    # exposed copies on the producer between its block's end and the send's issue
+    issue_copy: int = 0
+    # the operation it waits in was queued on the compute stream (could not be posted early)
+    on_compute: bool = False
+    # a wait on an operation the peer issued at a fixed time (before any analyzed block of its
+    # own): (issue time, transfer after both sides were ready)
+    obs_abs: tuple[int, int] | None = None
     # a wait on a rank that is not traced: its release stays where it was measured
     release: int | None = None
     edges: list[tuple[int, int]] = field(default_factory=list)  # label dependencies: (producer, latency)
@@ -110,6 +137,28 @@ class Attribution:
     collective_waits: CollectiveWaits | None = None  # waits in collectives for a late member
 
 
+# per timeline: its launched kernels sorted by start (own clock), built once instead of per step;
+# the entry keeps the intervals object it was built from, so a reused id() never matches
+_LAUNCHED: dict[int, tuple[object, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+_LAUNCHED_MAX = 256
+
+
+def _launched(tl: RankTimeline) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Start and launch time of the rank's launched kernels and copies, sorted by start."""
+    iv = tl.intervals
+    hit = _LAUNCHED.get(id(iv))
+    if hit is not None and hit[0] is iv:
+        return hit[1], hit[2]
+    busy = np.isin(iv.kind, (int(Kind.COMPUTE), int(Kind.MEMCPY), int(Kind.MEMSET))) & (iv.launch >= 0)
+    st = iv.start[busy]
+    la = iv.launch[busy]
+    order = np.argsort(st, kind="stable")
+    if len(_LAUNCHED) >= _LAUNCHED_MAX:
+        _LAUNCHED.clear()
+    _LAUNCHED[id(iv)] = (iv, st[order], la[order])
+    return st[order], la[order]
+
+
 def _host_evidence(tl: RankTimeline, offset: int, gaps: ivs.ISet) -> ivs.ISet:
     """The part of each gap before the next compute was even launched (or all of it on CPU runs)."""
     gs, ge = gaps
@@ -117,17 +166,13 @@ def _host_evidence(tl: RankTimeline, offset: int, gaps: ivs.ISet) -> ivs.ISet:
         return ivs.empty()
     if tl.cpu_only:
         return gs.copy(), ge.copy()
-    iv = tl.intervals
-    busy = np.isin(iv.kind, (int(Kind.COMPUTE), int(Kind.MEMCPY), int(Kind.MEMSET))) & (iv.launch >= 0)
-    if not busy.any():
+    st0, la0 = _launched(tl)
+    if not st0.size:
         return ivs.empty()
-    st = iv.start[busy] + offset
-    la = iv.launch[busy] + offset
-    order = np.argsort(st, kind="stable")
-    st, la = st[order], la[order]
-    nxt = np.searchsorted(st, ge, side="left")
-    ok = nxt < st.size
-    launch_next = np.where(ok, la[np.minimum(nxt, st.size - 1)], gs)
+    # search on the rank's own clock: no per-step copy of the whole rank
+    nxt = np.searchsorted(st0, ge - offset, side="left")
+    ok = nxt < st0.size
+    launch_next = np.where(ok, la0[np.minimum(nxt, st0.size - 1)] + offset, gs)
     he = np.minimum(np.maximum(launch_next, gs), ge)
     return ivs.union(gs, he)
 
@@ -137,56 +182,186 @@ def rank_step(tl: RankTimeline, step: int, number: int, w0: int, w1: int, blocks
     off = tl.clock_offset_ns
     sets = window_sets(tl.intervals, off, w0, w1)
     acct = account(sets, w0, w1)
-    comm = ivs.union(np.r_[sets.p2p[0], sets.collective[0]], np.r_[sets.p2p[1], sets.collective[1]])
+    # host evidence only on idle time: comm and copies have their own causes
+    comm = ivs.union(
+        np.r_[sets.p2p[0], sets.collective[0], sets.copy[0]],
+        np.r_[sets.p2p[1], sets.collective[1], sets.copy[1]],
+    )
     idle = ivs.subtract(sets.gaps, comm)
     host = _host_evidence(tl, off, idle)
-    return RankStep(tl.rank, step, number, w0, w1, sets, acct, blocks, host, sets.p2p)
+    with_p2p = ivs.union(np.r_[idle[0], sets.p2p[0]], np.r_[idle[1], sets.p2p[1]])
+    # (device runs only: on CPU runs every event-less stretch is host, and a p2p op is an event)
+    p2p_host = (
+        ivs.intersect(_host_evidence(tl, off, with_p2p), sets.p2p)
+        if sets.p2p[0].size and not tl.cpu_only
+        else ivs.empty()
+    )
+    return RankStep(tl.rank, step, number, w0, w1, sets, acct, blocks, host, sets.p2p, p2p_host)
 
 
 def _m(iset: ivs.ISet, lo: int, hi: int) -> int:
-    return ivs.measure(ivs.clip(iset, lo, hi)) if hi > lo else 0
+    """Measure of a sorted disjoint set inside ``[lo, hi)`` (binary search, no scan)."""
+    return ivs.measure_in(iset, lo, hi)
 
 
-def _split_local(rs: RankStep, lo: int, hi: int) -> tuple[int, int, int]:
-    """``[lo, hi)`` of a rank as (compute, host-evidence idle, other) ns."""
+def _split_local(rs: RankStep, lo: int, hi: int) -> tuple[int, int, int, int, int]:
+    """``[lo, hi)`` of a rank as (compute, host-evidence idle, other, exposed copy, exposed p2p) ns."""
     if hi <= lo:
-        return (0, 0, 0)
+        return (0, 0, 0, 0, 0)
     busy = _m(rs.sets.compute, lo, hi)
     host = _m(rs.host_set, lo, hi)
-    return (busy, host, max(hi - lo - busy - host, 0))
+    copy = _m(rs.sets.copy, lo, hi)
+    p2p = _m(rs.sets.p2p, lo, hi)
+    return (busy, host, max(hi - lo - busy - host - copy - p2p, 0), copy, p2p)
 
 
-def _blocking_peer(tl: RankTimeline, off: int, lo: int, hi: int, po: P2POps | None = None) -> tuple[int, int]:
-    """Peer of the p2p interval that covers most of the wait ``[lo, hi]``.
+class _P2PIndex:
+    """One rank's p2p intervals on the aligned clock, sorted by start, for "which transfer held
+    the rank during ``[lo, hi]``" in O(log n + overlaps) per wait instead of a scan of the rank."""
 
-    A wait can end on a transfer that was complete long before (a receive is only waited for
-    after an earlier send returned), so the longest piece names the peer that held the rank.
-    Where the trace names no peer, the pipeline's overlay in ``po`` (peers decided by timing) does.
-    """
-    iv = tl.intervals
-    m = (iv.kind == int(Kind.P2P)) & (iv.end + off > lo) & (iv.start + off < hi)
-    if not m.any():
-        return -1, 0
-    cover = np.minimum(iv.end[m] + off, hi) - np.maximum(iv.start[m] + off, lo)
-    i = np.flatnonzero(m)[int(np.argmax(cover))]
-    if po is not None and po.iv_peer.shape[0] == len(iv):
-        return int(po.iv_peer[i]), int(po.iv_dir[i])
-    return int(iv.peer[i]), int(iv.direction[i])
+    def __init__(self, tl: RankTimeline, po: P2POps | None = None) -> None:
+        iv = tl.intervals
+        m = np.flatnonzero(iv.kind == int(Kind.P2P))
+        off = tl.clock_offset_ns
+        o = np.argsort(iv.start[m], kind="stable")
+        idx = m[o]
+        self.start = iv.start[idx] + off
+        self.end = iv.end[idx] + off
+        # where the trace names no peer, the pipeline's overlay (peers decided by timing) does
+        overlay = po is not None and po.iv_peer.shape[0] == len(iv)
+        self.peer = po.iv_peer[idx] if po is not None and overlay else iv.peer[idx]
+        self.direction = po.iv_dir[idx] if po is not None and overlay else iv.direction[idx]
+        # p2p kernels queued on a stream that runs compute (p2p on the compute stream); on CPU
+        # runs every op is on the main thread, which says nothing about the device streams
+        comp_streams = np.unique(iv.stream[iv.kind == int(Kind.COMPUTE)])
+        self.on_compute = np.isin(iv.stream[idx], comp_streams) & (not tl.cpu_only)
+        # running max of the ends: the intervals that can still reach ``lo`` begin at the first
+        # position whose running max passes it
+        self.reach = np.maximum.accumulate(self.end) if self.end.size else self.end
+
+    def on_compute_at(self, lo: int, hi: int) -> bool:
+        """Whether the operation that held the rank in ``[lo, hi]`` ran on a compute stream."""
+        j0 = int(np.searchsorted(self.reach, lo, side="right"))
+        j1 = int(np.searchsorted(self.start, hi, side="left"))
+        if j1 <= j0:
+            return False
+        cover = np.minimum(self.end[j0:j1], hi) - np.maximum(self.start[j0:j1], lo)
+        return bool(self.on_compute[j0 + int(np.argmax(cover))])
+
+    def blocking(self, lo: int, hi: int) -> tuple[int, int, int, int]:
+        """(peer, direction, start, end) of the p2p interval that covers most of the wait ``[lo, hi]``.
+
+        A wait can end on a transfer that was complete long before (a receive is only waited for
+        after an earlier send returned), so the longest piece names the peer that held the rank.
+        Its start is when the rank posted the operation (often under compute, before the wait).
+        """
+        j0 = int(np.searchsorted(self.reach, lo, side="right"))
+        j1 = int(np.searchsorted(self.start, hi, side="left"))
+        if j1 <= j0:
+            return -1, 0, lo, hi
+        st, en = self.start[j0:j1], self.end[j0:j1]
+        cover = np.minimum(en, hi) - np.maximum(st, lo)
+        k = int(np.argmax(cover))
+        if cover[k] <= 0:
+            return -1, 0, lo, hi
+        return int(self.peer[j0 + k]), int(self.direction[j0 + k]), int(st[k]), int(en[k])
+
+
+class _IssueIndex:
+    """The p2p operations each rank issued towards each peer, by what can release a waiter:
+    a receive is released by the peer's send, a blocked send by the peer's receive. Sorted issue
+    times on the aligned clock, so "the last one before the release" is one binary search."""
+
+    SEND, RECV, ANY = 0, 1, 2
+
+    def __init__(self, ops: dict[int, P2POps], timelines: dict[int, RankTimeline]) -> None:
+        self.by: dict[tuple[int, int, int], npt.NDArray[np.int64]] = {}
+        # device kernels of a matched send and receive end together: by end, with their starts
+        self.by_end: dict[tuple[int, int, int], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+        for r, po in ops.items():
+            if r not in timelines or not len(po.start):
+                continue
+            st = po.start + timelines[r].clock_offset_ns
+            en = po.end + timelines[r].clock_offset_ns
+            send_like = (po.direction == int(Direction.SEND)) | (po.direction == int(Direction.BOTH))
+            recv_like = (po.direction == int(Direction.RECV)) | (po.direction == int(Direction.BOTH))
+            for peer in np.unique(po.peer).tolist():
+                pm = po.peer == peer
+                for kind, sel in ((self.SEND, pm & send_like), (self.RECV, pm & recv_like), (self.ANY, pm)):
+                    if sel.any():
+                        self.by[(r, int(peer), kind)] = np.sort(st[sel])
+                        if po.device:
+                            o = np.argsort(en[sel], kind="stable")
+                            self.by_end[(r, int(peer), kind)] = (en[sel][o], st[sel][o])
+
+    def _kind(self, wait_dir: int) -> int:
+        if wait_dir == int(Direction.RECV):
+            return self.SEND
+        if wait_dir == int(Direction.SEND):
+            return self.RECV
+        return self.ANY
+
+    def matched(self, rank: int, towards: int, wait_dir: int, end: int, tol: int) -> int | None:
+        """Issue time of ``rank``'s device operation towards ``towards`` that ended with the
+        waiter's operation (within ``tol``): its matched partner (None when there is none)."""
+        got = self.by_end.get((rank, towards, self._kind(wait_dir)))
+        if got is None:
+            return None
+        ends, starts = got
+        j = int(np.searchsorted(ends, end))
+        best: int | None = None
+        for c in (j - 1, j):
+            ok = 0 <= c < ends.size and abs(int(ends[c]) - end) <= tol and int(starts[c]) <= end
+            if ok and (best is None or abs(int(ends[c]) - end) < abs(int(ends[best]) - end)):
+                best = c
+        return int(starts[best]) if best is not None else None
+
+    def last_before(self, rank: int, towards: int, wait_dir: int, t: int) -> int | None:
+        """Issue time of ``rank``'s last operation towards ``towards`` at or before ``t`` that can
+        release a wait of direction ``wait_dir`` (None when there is none)."""
+        arr = self.by.get((rank, towards, self._kind(wait_dir)))
+        if arr is None:
+            return None
+        j = int(np.searchsorted(arr, t, side="right")) - 1
+        return int(arr[j]) if j >= 0 else None
 
 
 class Replay:
     """The block graph of the analyzed steps and its evaluation under counterfactual changes."""
 
-    def mean_costs(self) -> dict[int, float]:
-        """Per phase, the mean block cost over stages (each stage's mean first: stages count equally)."""
-        out: dict[int, float] = {}
-        for ph in (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)):
-            per_stage: dict[int, list[int]] = {}
-            for nd in self.nodes:
-                if nd.phase == ph:
-                    per_stage.setdefault(nd.stage, []).append(nd.busy)
-            if per_stage:
-                out[ph] = float(np.mean([np.mean(v) for v in per_stage.values()]))
+    def mean_costs(self) -> dict[tuple[int, int, int], float]:
+        """The same total work spread evenly over the stages: per (rank, stage, phase), the factor
+        that brings that stage's forward (backward, W) work on the rank to the mean.
+
+        When every (rank, stage) holds the same number of blocks of a phase, each stage (an
+        interleaved chunk too) is brought to the mean stage work. When the labels do not add up
+        (a block cut in two, chunks of one rank labelled alike) each rank's blocks are scaled to
+        the mean work per rank instead, which keeps the total work whatever the labels say.
+        """
+        phases = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
+        tot: dict[tuple[int, int, int], int] = {}
+        cnt: dict[tuple[int, int, int], int] = {}
+        for nd in self.nodes:
+            if nd.phase in phases:
+                k = (nd.rank, nd.stage, nd.phase)
+                tot[k] = tot.get(k, 0) + nd.busy
+                cnt[k] = cnt.get(k, 0) + 1
+        out: dict[tuple[int, int, int], float] = {}
+        for ph in phases:
+            keys = [k for k in tot if k[2] == ph]
+            if not keys:
+                continue
+            if len({cnt[k] for k in keys}) == 1:
+                vals = {k: tot[k] for k in keys if tot[k] > 0}
+                mean = float(np.mean(list(vals.values()))) if vals else 0.0
+                out.update({k: mean / v for k, v in vals.items()})
+                continue
+            per_rank: dict[int, int] = {}
+            for k in keys:
+                per_rank[k[0]] = per_rank.get(k[0], 0) + tot[k]
+            pos = {r: v for r, v in per_rank.items() if v > 0}
+            mean = float(np.mean(list(pos.values()))) if pos else 0.0
+            out.update({k: mean / pos[k[0]] for k in keys if k[0] in pos})
         return out
 
     def _find_step_syncs(self) -> None:
@@ -227,24 +402,27 @@ class Replay:
         self.nodes: list[_Node] = []
         self.first: dict[tuple[int, int], int] = {}
         self.count: dict[tuple[int, int], int] = {}
-        self.tail: dict[tuple[int, int], tuple[int, int, int, int]] = {}  # busy, coll, host, other
-        # step-end collective of a (rank, step): start, end, (busy, host, other) before and after it
+        # after the last block: busy, coll, host, other, copy
+        self.tail: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
+        # step-end collective of a (rank, step): start, end, (busy, host, other, copy, p2p) before
+        # and after it
         self.tail_coll: dict[
-            tuple[int, int], tuple[int, int, tuple[int, int, int], tuple[int, int, int]]
+            tuple[int, int],
+            tuple[int, int, tuple[int, int, int, int, int], tuple[int, int, int, int, int]],
         ] = {}
         self.syncs: dict[int, tuple[list[tuple[int, int]], int]] = {}  # step key -> members, transfer
         self.order: list[int] = []
         self.meas_start: list[int] = []
-        taus: list[int] = []
+        taus: dict[tuple[int, int], list[int]] = {}  # per link (producer, consumer)
         self.dropped_edges = 0
         self.untraced_waits = 0
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
         by_key: dict[tuple[int, int, int, int], int] = {}
         ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], list[int]]] = {}
-        pending: list[tuple[int, tuple[int, int], int, int]] = []  # (node, (peer, dir), release, wait start)
+        # (node, (peer, dir, posted, op end), release, wait start)
+        pending: list[tuple[int, tuple[int, int, int, int], int, int]] = []
+        p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
         for rs in steps:
-            tl = timelines[rs.rank]
-            off = tl.clock_offset_ns
             b = rs.blocks
             self.first[(rs.rank, rs.step)] = len(self.nodes)
             self.count[(rs.rank, rs.step)] = len(b)
@@ -252,7 +430,7 @@ class Replay:
             for i in range(len(b)):
                 s, e = int(b.start[i]), int(b.end[i])
                 lo = min(prev_end, s)
-                w_s, w_e = ivs.clip(rs.wait_set, lo, s)
+                w_s, w_e = ivs.window(rs.wait_set, lo, s)
                 if w_s.size:
                     # the wait that released the block is the last run of transfer time before it
                     # (pieces a few µs apart are one wait); earlier transfers were exposed comm
@@ -260,22 +438,35 @@ class Replay:
                     while k > 0 and w_s[k] - w_e[k - 1] <= WAIT_JOIN_NS:
                         k -= 1
                     wait_start, rel = int(w_s[k]), int(w_e[-1])
+                    held = p2p_index[rs.rank].blocking(wait_start, rel)
+                    # transfers of other operations before the one that held the rank (a send on
+                    # the compute stream before the receive) are exposed comm, not the wait
+                    if held[0] >= 0 and not timelines[rs.rank].cpu_only:
+                        # the wait is the exposed span of that operation; other transfers before or
+                        # after it (a send on the compute stream, a receive whose data was there)
+                        # are exposed comm around the wait
+                        rel = max(min(rel, held[3]), wait_start)
+                        wait_start = min(max(wait_start, held[2]), rel)
                 else:
                     wait_start = rel = s
                 pre = wait_start - lo
                 post = s - rel
                 # local pieces outside the wait span
-                host = _m(rs.host_set, lo, wait_start) + _m(rs.host_set, rel, s)
+                p2p_host = _m(rs.p2p_host, lo, wait_start) + _m(rs.p2p_host, rel, s)
+                host = _m(rs.host_set, lo, wait_start) + _m(rs.host_set, rel, s) + p2p_host
                 coll = (
                     _m(rs.sets.collective, lo, wait_start)
                     + _m(rs.sets.collective, rel, s)
                     + _m(rs.sets.p2p, lo, wait_start)
                     + _m(rs.sets.p2p, rel, s)
+                    - p2p_host
                 )
+                copy = _m(rs.sets.copy, lo, wait_start) + _m(rs.sets.copy, rel, s)
                 lost = _m(rs.sets.gaps, lo, wait_start) + _m(rs.sets.gaps, rel, s)
-                ux = max(lost - host - coll, 0)
+                ux = max(lost - host - coll - copy, 0)
                 in_lost = _m(rs.sets.gaps, s, e)
-                in_host = min(_m(rs.host_set, s, e), in_lost)
+                in_copy = min(_m(rs.sets.copy, s, e), in_lost)
+                in_host = min(_m(rs.host_set, s, e), in_lost - in_copy)
                 node = _Node(
                     rs.rank,
                     rs.step,
@@ -283,7 +474,8 @@ class Replay:
                     e - s,
                     int(b.busy[i]),
                     in_host,
-                    in_lost - in_host,
+                    in_lost - in_host - in_copy,
+                    in_copy,
                     int(b.phase[i]),
                     int(b.stage[i]),
                     pre,
@@ -291,13 +483,14 @@ class Replay:
                     host,
                     coll,
                     ux,
+                    copy,
                 )
                 nid = len(self.nodes)
                 self.nodes.append(node)
                 self.meas_start.append(s)
                 if w_s.size:
-                    blocker = _blocking_peer(tl, off, wait_start, rel, ops.get(tl.rank))
-                    pending.append((nid, blocker, rel, wait_start))
+                    pending.append((nid, held, rel, wait_start))
+                    node.on_compute = p2p_index[rs.rank].on_compute_at(wait_start, rel)
                 if int(b.mb[i]) >= 0:
                     by_key[
                         (
@@ -310,11 +503,13 @@ class Replay:
                 prev_end = max(prev_end, e)
             t_lo, t_hi = prev_end, rs.w1
             busy_t = _m(rs.sets.compute, t_lo, t_hi)
-            coll_t = _m(rs.sets.collective, t_lo, t_hi)
+            # exposed p2p after the last block (a send on the compute stream) is exposed comm too
+            coll_t = _m(rs.sets.collective, t_lo, t_hi) + _m(rs.sets.p2p, t_lo, t_hi)
             host_t = _m(rs.host_set, t_lo, t_hi)
-            other_t = max(t_hi - t_lo - busy_t - coll_t - host_t, 0)
-            self.tail[(rs.rank, rs.step)] = (busy_t, coll_t, host_t, other_t)
-            cs, ce = ivs.clip(rs.sets.collective, t_lo, t_hi)
+            copy_t = _m(rs.sets.copy, t_lo, t_hi)
+            other_t = max(t_hi - t_lo - busy_t - coll_t - host_t - copy_t, 0)
+            self.tail[(rs.rank, rs.step)] = (busy_t, coll_t, host_t, other_t, copy_t)
+            cs, ce = ivs.window(rs.sets.collective, t_lo, t_hi)
             if cs.size:
                 c0, c1 = int(cs[0]), int(ce[-1])
                 self.tail_coll[(rs.rank, rs.step)] = (
@@ -330,9 +525,34 @@ class Replay:
             ends = np.array([self.meas_start[i] + self.nodes[i].span for i in ids], dtype=np.int64)
             o = np.argsort(ends, kind="stable")
             ends_by_rank[r] = (ends[o], [ids[j] for j in o])
-        for nid, (peer, wdir), rel, wait_start in pending:
+        issues = _IssueIndex(ops, timelines)
+        by_rank_step = {(rs.rank, rs.step): rs for rs in steps}
+        for nid, (peer, wdir, posted, op_end), rel, wait_start in pending:
             ends, ids = ends_by_rank.get(peer, (np.zeros(0, np.int64), []))
-            j = int(np.searchsorted(ends, rel, side="right")) - 1
+            me = self.nodes[nid].rank
+            # The operation that released the wait: on devices the peer's kernel that ended with
+            # this rank's (a matched NCCL send/recv pair ends together), else the peer's last
+            # operation towards this rank before the release. Its producer block is the last one
+            # the peer finished before issuing it (with a slow link the peer may have finished
+            # later blocks before the data arrived).
+            last = issues.matched(peer, me, wdir, op_end, MATCH_END_NS)
+            if last is None:
+                last = issues.last_before(peer, me, wdir, rel)
+            # (CPU runs: host calls, whose start says little about when the data left; there the
+            # producer is the peer's last block before the release)
+            device = not timelines[me].cpu_only
+            j = int(np.searchsorted(ends, last if (last is not None and device) else rel, side="right")) - 1
+            self.nodes[nid].send_wait = wdir == int(Direction.SEND)
+            if j < 0 and last is not None and peer in ends_by_rank:
+                # the peer issued it before finishing any analyzed block (a receive posted at the
+                # start of the step): the transfer starts at that fixed issue time
+                posted = min(posted, wait_start)
+                xfer = rel - max(last, posted)
+                self.nodes[nid].obs_abs = (last, xfer)
+                self.nodes[nid].lead = wait_start - posted
+                self.waits.append((peer, me, xfer, rel - wait_start))
+                taus.setdefault((peer, me), []).append(xfer)
+                continue
             if j < 0:
                 # the peer is not traced, or its block lies before the analyzed steps
                 self.nodes[nid].release = rel
@@ -341,29 +561,24 @@ class Replay:
             p_end = int(ends[j])
             # The peer's last transfer operation towards this rank before the release: the time from
             # the producer's block end to that issue is the producer's host delay. The transfer is
-            # what remains after both sides were ready: the producer had issued and this rank was
-            # waiting (a gloo or NCCL transfer cannot complete before the receive is posted).
-            issue = p_end
-            po = ops.get(peer)
-            me = self.nodes[nid].rank
-            if po is not None and len(po.start):
-                off = timelines[peer].clock_offset_ns
-                st = po.start + off
-                # what can release a receive is the peer's send, and a blocked send the peer's receive
-                if wdir == int(Direction.RECV):
-                    ok_dir = (po.direction == int(Direction.SEND)) | (po.direction == int(Direction.BOTH))
-                elif wdir == int(Direction.SEND):
-                    ok_dir = (po.direction == int(Direction.RECV)) | (po.direction == int(Direction.BOTH))
-                else:
-                    ok_dir = np.ones(po.direction.shape, dtype=bool)
-                cand = np.flatnonzero((po.peer == me) & (st <= rel) & ok_dir)
-                if cand.size:
-                    issue = max(p_end, int(st[cand].max()))
-            xfer = rel - max(issue, wait_start)
-            self.nodes[nid].obs = (ids[j], issue - p_end, xfer)
+            # what remains after both sides were ready: the producer had issued and this rank had
+            # posted its operation (a gloo or NCCL transfer cannot complete before the receive is
+            # posted; a receive posted under compute lets the transfer run before the wait begins).
+            issue = max(p_end, last) if last is not None else p_end
+            posted = min(posted, wait_start) if device else wait_start
+            xfer = rel - max(issue, posted)
+            # copies the producer ran between its block and the send delay the send as copies
+            prs = by_rank_step.get((self.nodes[ids[j]].rank, self.nodes[ids[j]].step))
+            issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if prs is not None else 0
+            self.nodes[nid].obs = (ids[j], issue - p_end - issue_copy, xfer)
+            self.nodes[nid].issue_copy = issue_copy
+            self.nodes[nid].lead = wait_start - posted
             self.waits.append((peer, me, xfer, rel - wait_start))
-            taus.append(xfer)
-        self.normal_latency = int(np.median(taus)) if taus else 0
+            taus.setdefault((peer, me), []).append(xfer)
+        # The normal latency: the lower median over the links of each link's median transfer,
+        # so that slow links (even half of them, as with P=2) do not set what "normal" is.
+        per_link = [float(np.median(v)) for v in taus.values()]
+        self.normal_latency = int(np.percentile(per_link, 50, method="lower")) if per_link else 0
         # pipeline data dependencies from labels, with the normal latency (capped so the measured
         # timeline stays reproduced exactly)
         for key, nid in by_key.items():
@@ -408,10 +623,19 @@ class Replay:
         host: bool = True,
         comm_excess: bool = True,
         comm: bool = True,
+        copy: bool = True,
         ux: bool = True,
-        balanced: dict[int, float] | None = None,
+        balanced: dict[tuple[int, int, int], float] | None = None,
     ) -> dict[tuple[int, int], tuple[int, int]]:
         """``(window, idle)`` of every (rank, step) under a variant; ``False`` removes that delay.
+
+        ``host``: host delays (launched after the gap began, a producer's late issue);
+        ``comm_excess``: transfer time above the normal latency on the waits (slow links);
+        ``comm``: exposed communication that is not a pipeline transfer (p2p and collectives between
+        blocks, the step-end sync's transfer); ``copy``: exposed copies; ``ux``: local idle with no
+        evidence; ``balanced``: each rank's blocks scaled to the mean work per rank
+        (``mean_costs``). The pipeline transfers keep at least the normal latency in every
+        variant: that latency is part of the schedule.
 
         Consecutive steps of a rank are chained: a step starts where the rank's previous step ends
         in the same variant (a faster previous step lets the next one begin earlier); the first
@@ -426,6 +650,11 @@ class Replay:
         w_end: dict[tuple[int, int], int] = {}
         sync_end: dict[int, int] = {}
 
+        def lead_of(nd: _Node) -> int:
+            # with exposed comm removed a receive queued on the compute stream is posted early (on
+            # its own stream): the transfer may run under the rank's previous work
+            return nd.lead if (comm or not nd.on_compute) else -NEG_INF
+
         def node_end(j: int) -> int:
             return end[j] if done[j] else self.meas_start[j] + self.nodes[j].span
 
@@ -439,6 +668,12 @@ class Replay:
                 w_start[key] = window_end(prev) if prev is not None else self.w0[key]
             return w_start[key]
 
+        def local(piece: tuple[int, int, int, int, int]) -> int:
+            busy_p, host_p, other_p, copy_p, p2p_p = piece
+            return (
+                busy_p + other_p + (host_p if host else 0) + (copy_p if copy else 0) + (p2p_p if comm else 0)
+            )
+
         def window_end(key: tuple[int, int]) -> int:
             if key in w_end:
                 return w_end[key]
@@ -448,14 +683,19 @@ class Replay:
                     members, xfer = self.syncs[sync]
                     arrive = NEG_INF
                     for m in members:
-                        before = self.tail_coll[m][2]
-                        arrive = max(arrive, last_end(m) + before[0] + before[2] + (before[1] if host else 0))
+                        arrive = max(arrive, last_end(m) + local(self.tail_coll[m][2]))
                     sync_end[sync] = arrive + (xfer if comm else 0)
-                after = self.tail_coll[key][3]
-                val = sync_end[sync] + after[0] + after[2] + (after[1] if host else 0)
+                val = sync_end[sync] + local(self.tail_coll[key][3])
             else:
-                busy_t, coll_t, host_t, other_t = self.tail[key]
-                val = last_end(key) + busy_t + other_t + (coll_t if comm else 0) + (host_t if host else 0)
+                busy_t, coll_t, host_t, other_t, copy_t = self.tail[key]
+                val = (
+                    last_end(key)
+                    + busy_t
+                    + other_t
+                    + (coll_t if comm else 0)
+                    + (host_t if host else 0)
+                    + (copy_t if copy else 0)
+                )
             w_end[key] = int(val)
             return w_end[key]
 
@@ -463,33 +703,59 @@ class Replay:
             nd = self.nodes[i]
             key = (nd.rank, nd.step)
             prev_end = end[i - 1] if i > self.first[key] else window_start(key)
-            local = nd.pre + nd.post
-            keep = local
+            loc = nd.pre + nd.post
+            keep = loc
             if not host:
                 keep -= nd.pre_host
             if not comm:
                 keep -= nd.pre_coll
+            if not copy:
+                keep -= nd.pre_copy
             if not ux:
                 keep -= nd.pre_ux
-            scale = keep / local if local > 0 else 0.0
+            scale = keep / loc if loc > 0 else 0.0
             pre = nd.pre * scale
             post = nd.post * scale
             base = prev_end + pre
-            if nd.obs is not None:
+            if nd.send_wait and not comm:
+                # waiting for its own send: no data dependency, the wait overlaps once comm does;
+                # only a slow link's excess over the normal transfer stays (blocking sends)
+                xfer = nd.obs[2] if nd.obs is not None else nd.obs_abs[1] if nd.obs_abs is not None else 0
+                if comm_excess:
+                    base += max(xfer - lat, 0)
+            elif nd.obs is not None:
                 p, issue, xfer = nd.obs
                 if not comm_excess:
                     xfer = min(xfer, lat)
-                if not comm:
-                    xfer = 0
-                base = max(base, node_end(p) + (issue if host else 0)) + xfer
+                # the transfer starts once the producer issued it and this rank had posted its
+                # side (``lead`` before it began to wait); the block waits for its arrival
+                ready = max(
+                    base - lead_of(nd), node_end(p) + (issue if host else 0) + (nd.issue_copy if copy else 0)
+                )
+                base = max(base, ready + xfer)
+            elif nd.obs_abs is not None:
+                t_issue, xfer = nd.obs_abs
+                if not comm_excess:
+                    xfer = min(xfer, lat)
+                base = max(base, max(base - lead_of(nd), t_issue) + xfer)
             if nd.release is not None:
                 base = max(base, nd.release)
             for p, tau in nd.edges:
-                base = max(base, node_end(p) + (tau if comm else 0))
+                base = max(base, node_end(p) + tau)
             s = base + post
-            dur = balanced.get(nd.phase, nd.busy) + nd.in_host + nd.in_ux if balanced is not None else nd.span
+            if balanced is not None:
+                dur = (
+                    nd.busy * balanced.get((nd.rank, nd.stage, nd.phase), 1.0)
+                    + nd.in_host
+                    + nd.in_ux
+                    + nd.in_copy
+                )
+            else:
+                dur = nd.span
             if not host:
                 dur -= nd.in_host
+            if not copy:
+                dur -= nd.in_copy
             if not ux:
                 dur -= nd.in_ux
             start[i] = int(s)
@@ -503,13 +769,80 @@ class Replay:
             w1 = window_end(key)
             busy = rs.acct.compute
             if balanced is not None and c:
+                # the blocks' compute at the mean cost (what is left of each span once its
+                # host, copy and other idle is taken out)
                 busy = (
                     busy
                     - sum(self.nodes[j].busy for j in range(f, f + c))
-                    + sum(end[j] - start[j] for j in range(f, f + c))
+                    + sum(
+                        int(
+                            self.nodes[j].busy
+                            * balanced.get(
+                                (self.nodes[j].rank, self.nodes[j].stage, self.nodes[j].phase), 1.0
+                            )
+                        )
+                        for j in range(f, f + c)
+                    )
                 )
             idle[key] = (int(w1 - w0), int(w1 - w0 - busy))
         return idle
+
+
+# Variants of the replay, each removing one more kind of delay than the next (DESIGN.md §5): the
+# causes are the differences of consecutive ones, so they telescope to the measured lost time.
+CHAIN: tuple[tuple[str, frozenset[str]], ...] = (
+    ("measured", frozenset()),
+    ("no_ux", frozenset({"ux"})),
+    ("no_copy", frozenset({"ux", "copy"})),
+    ("no_comm", frozenset({"ux", "copy", "comm"})),
+    ("no_host", frozenset({"ux", "copy", "comm", "host"})),
+    ("schedule_only", frozenset({"ux", "copy", "comm", "host", "comm_excess"})),
+)
+
+
+def _variant(
+    rp: Replay, removed: frozenset[str], balanced: dict[tuple[int, int, int], float] | None = None
+) -> dict[tuple[int, int], tuple[int, int]]:
+    """One replay variant with the named kinds of delay removed."""
+    return rp.run(
+        host="host" not in removed,
+        comm_excess="comm_excess" not in removed,
+        comm="comm" not in removed,
+        copy="copy" not in removed,
+        ux="ux" not in removed,
+        balanced=balanced,
+    )
+
+
+def replay_causes(
+    rp: Replay,
+) -> tuple[dict[tuple[int, int], dict[str, int]], dict[str, dict[tuple[int, int], tuple[int, int]]]]:
+    """The counterfactual causes of every (rank, step) from the replay, and every variant's result.
+
+    Built up from the ideal run: ``bubble`` is the idle of the schedule with every stage at the
+    mean cost, normal-latency transfers and nothing else (capped by the idle with the actual
+    costs), ``imbalance`` what the actual stage costs add, ``comm_wait`` what the actual transfer
+    times add (slow links, late transfers), ``host`` the host delays, ``exposed_comm`` the exposed
+    collectives and transfers between blocks, ``exposed_copy`` the exposed copies; the rest of
+    the measured idle is ``unexplained``.
+    """
+    full = {name: _variant(rp, removed) for name, removed in CHAIN}
+    full["balanced"] = _variant(rp, CHAIN[-1][1], rp.mean_costs())
+    v = {name: {k: x[1] for k, x in var.items()} for name, var in full.items()}
+    out: dict[tuple[int, int], dict[str, int]] = {}
+    for k in v["measured"]:
+        sched = v["schedule_only"][k]
+        bubble = max(min(v["balanced"][k], sched), 0)
+        out[k] = {
+            "bubble": bubble,
+            "imbalance": max(sched - bubble, 0),
+            "comm_wait": max(v["no_host"][k] - sched, 0),
+            "host": max(v["no_comm"][k] - v["no_host"][k], 0),
+            "exposed_comm": max(v["no_copy"][k] - v["no_comm"][k], 0),
+            "exposed_copy": max(v["no_ux"][k] - v["no_copy"][k], 0),
+            "unexplained": max(v["measured"][k] - v["no_ux"][k], 0),
+        }
+    return out, full
 
 
 def attribute(
@@ -528,39 +861,21 @@ def attribute(
     if pipelined and any(len(rs.blocks) for rs in steps):
         rp = Replay(steps, timelines, ops, last_stage)
         lat = rp.normal_latency
-        full = {
-            "measured": rp.run(),
-            "no_host": rp.run(host=False),
-            "no_comm_wait": rp.run(host=False, comm_excess=False),
-            "no_comm": rp.run(host=False, comm_excess=False, comm=False),
-            "schedule_only": rp.run(host=False, comm_excess=False, comm=False, ux=False),
-        }
+        cf, full = replay_causes(rp)
         mean_cost = rp.mean_costs()
-        full["balanced"] = rp.run(host=False, comm_excess=False, comm=False, ux=False, balanced=mean_cost)
         # single-cause counterfactuals for the findings' gains: only that delay removed
         full["gain_host"] = rp.run(host=False)
         full["gain_comm_wait"] = rp.run(comm_excess=False)
         full["gain_comm"] = rp.run(comm_excess=False, comm=False)
+        full["gain_copy"] = rp.run(copy=False)
         full["gain_balanced"] = rp.run(balanced=mean_cost)
         v = {name: {k: x[1] for k, x in var.items()} for name, var in full.items()}
         for rs in steps:
             k = (rs.rank, rs.step)
-            lost = rs.acct.lost
-            host = v["measured"][k] - v["no_host"][k]
-            cw = v["no_host"][k] - v["no_comm_wait"][k]
-            ex = v["no_comm_wait"][k] - v["no_comm"][k]
-            sched = v["schedule_only"][k]
-            bubble = max(min(v["balanced"][k], sched), 0)
-            imb = max(sched - bubble, 0)
-            c = {
-                "bubble": bubble,
-                "imbalance": imb,
-                "comm_wait": max(cw, 0),
-                "exposed_comm": max(ex, 0),
-                "host": max(host, 0),
-                "unexplained": 0,
-            }
-            causes[k] = _close(c, lost)
+            c = dict(cf[k])
+            # the replay's own disagreement with the measurement is left to _close
+            c["unexplained"] = 0
+            causes[k] = _close(c, rs.acct.lost)
         # collectives the replay does not model as its step-end sync: waits for a late member
         waits = run_waits(steps, timelines, {k: rp.tail_coll[k][:2] for k in rp.sync_of})
         for k, mv in waits.moves.items():
@@ -594,6 +909,7 @@ def attribute(
                 "comm_wait": 0,
                 "exposed_comm": rs.acct.exposed_p2p + rs.acct.exposed_collective,
                 "host": host,
+                "exposed_copy": rs.acct.exposed_copy,
                 "unexplained": 0,
             }
             k = (rs.rank, rs.step)
@@ -611,7 +927,7 @@ def _close(c: dict[str, int], lost: int) -> dict[str, int]:
         c["unexplained"] += lost - total
         return c
     excess = total - lost
-    for k in ("bubble", "imbalance", "unexplained", "exposed_comm", "comm_wait", "host"):
+    for k in ("unexplained", "exposed_copy", "exposed_comm", "host", "comm_wait", "imbalance", "bubble"):
         take = min(excess, c[k])
         c[k] -= take
         excess -= take
@@ -621,16 +937,19 @@ def _close(c: dict[str, int], lost: int) -> dict[str, int]:
 
 
 # Where each cause is drawn first: pools are 0 host evidence, 1 waits, 2 exposed collectives,
-# 3 other idle. Bubble prefers waits at the edges of the step (warm-up and cool-down).
+# 3 other idle, 4 exposed copies. Bubble prefers waits at the edges of the step (warm-up and
+# cool-down).
 _POOLS = {
     "host": (0, 1, 3),
     "comm_wait": (1,),
     "exposed_comm": (2, 1),
+    "exposed_copy": (4,),
     "unexplained": (3,),
     "bubble": (1, 3),
     "imbalance": (1, 3),
 }
-_ORDER = ("host", "exposed_comm", "comm_wait", "unexplained", "bubble", "imbalance")
+_ORDER = ("host", "exposed_copy", "exposed_comm", "comm_wait", "unexplained", "bubble", "imbalance")
+_FALLBACK = (1, 3, 0, 2, 4)
 
 
 def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]]) -> dict[int, GapTable]:
@@ -645,14 +964,15 @@ def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]])
         host = ivs.intersect(lost, rs.host_set)
         wait = ivs.subtract(ivs.intersect(lost, rs.wait_set), host)
         coll = ivs.subtract(ivs.subtract(ivs.intersect(lost, rs.sets.collective), host), wait)
-        other = ivs.subtract(ivs.subtract(ivs.subtract(lost, host), wait), coll)
-        pools = [host, wait, coll, other]
+        copy = ivs.subtract(ivs.subtract(ivs.subtract(ivs.intersect(lost, rs.sets.copy), host), wait), coll)
+        other = ivs.subtract(ivs.subtract(ivs.subtract(ivs.subtract(lost, host), wait), coll), copy)
+        pools = [host, wait, coll, other, copy]
         left = [ivs.measure(p) for p in pools]
         takes: list[list[tuple[int, int]]] = [[] for _ in pools]  # per pool: (cause, ns)
         c = causes[(rs.rank, rs.step)]
         for key in _ORDER:
             need = c.get(key, 0)
-            for p in list(_POOLS[key]) + [q for q in (1, 3, 0, 2) if q not in _POOLS[key]]:
+            for p in list(_POOLS[key]) + [q for q in _FALLBACK if q not in _POOLS[key]]:
                 if need <= 0:
                     break
                 take = min(need, left[p])

@@ -85,3 +85,31 @@ def complement(iset: ISet, lo: int, hi: int) -> ISet:
     """The gaps of a disjoint set inside ``[lo, hi)``."""
     full = (np.array([lo], dtype=np.int64), np.array([hi], dtype=np.int64))
     return subtract(full, clip(iset, lo, hi))
+
+
+def window(iset: ISet, lo: int, hi: int) -> ISet:
+    """:func:`clip` for a sorted disjoint set in O(log n + k): only the k intervals that reach into
+    ``[lo, hi)`` are touched (binary search on the ends and starts)."""
+    s, e = iset
+    if s.size == 0 or hi <= lo:
+        return empty()
+    i0 = int(np.searchsorted(e, lo, side="right"))
+    i1 = int(np.searchsorted(s, hi, side="left"))
+    if i1 <= i0:
+        return empty()
+    cs = np.maximum(s[i0:i1], lo)
+    ce = np.minimum(e[i0:i1], hi)
+    keep = ce > cs
+    return cs[keep], ce[keep]
+
+
+def measure_in(iset: ISet, lo: int, hi: int) -> int:
+    """``measure(clip(iset, lo, hi))`` for a sorted disjoint set in O(log n + k)."""
+    s, e = iset
+    if s.size == 0 or hi <= lo:
+        return 0
+    i0 = int(np.searchsorted(e, lo, side="right"))
+    i1 = int(np.searchsorted(s, hi, side="left"))
+    if i1 <= i0:
+        return 0
+    return int(np.maximum(np.minimum(e[i0:i1], hi) - np.maximum(s[i0:i1], lo), 0).sum())

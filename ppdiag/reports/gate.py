@@ -17,7 +17,7 @@ from typing import Any
 
 from ppdiag.diagnosis import CAUSE_KEYS, SCHEMA_VERSION
 from ppdiag.errors import InputError
-from ppdiag.reports.style import cause_label
+from ppdiag.reports.style import cause_label, share
 
 try:  # Python >= 3.11
     import tomllib as _toml
@@ -435,10 +435,8 @@ def comm_wait_ratio(report: dict[str, Any]) -> tuple[float | None, str]:
 
 
 def _cause_share(report: dict[str, Any], cause: str) -> float | None:
-    v, st = _num(_get(report, "summary", "lost_ms", cause)), _num(_get(report, "summary", "step_ms"))
-    if v is None or not st:
-        return None
-    return v / st
+    summ = report.get("summary")
+    return share(summ, cause) if isinstance(summ, dict) else None
 
 
 def comparable(

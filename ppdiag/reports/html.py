@@ -42,6 +42,8 @@ from ppdiag.reports.style import (
     fmt_pct,
     num,
     ranks_text,
+    share,
+    share_step_ms,
     slowest_stage,
 )
 
@@ -946,9 +948,7 @@ def _group_rows(rep: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]], s
         return [f"stage {s.get('stage')}" for s in stages], stages, "stage"
     ranks = [r for r in rep.get("ranks") or [] if isinstance(r, dict)]
     if len(ranks) > 64:
-        ranks = sorted(ranks, key=lambda r: -sum(num(v) or 0 for v in (r.get("lost_ms") or {}).values()))[
-            :64
-        ]
+        ranks = sorted(ranks, key=lambda r: -sum(num(v) or 0 for v in (r.get("lost_ms") or {}).values()))[:64]
         ranks.sort(key=lambda r: r.get("rank", 0))
     return [f"rank {r.get('rank')}" for r in ranks], ranks, "rank"
 
@@ -1121,7 +1121,12 @@ def _headline(rep: dict[str, Any]) -> str:
     sched = run.get("schedule") or "unknown"
     m = run.get("microbatches")
     tiles = [
-        _tile("step time (median)", fmt_ms(step), f"p95 {fmt_ms(p95)}" if p95 is not None else ""),
+        _tile(
+            "step time (median)",
+            fmt_ms(step),
+            (f"mean {fmt_ms(num(s.get('step_mean_ms')))}, " if num(s.get("step_mean_ms")) is not None else "")
+            + (f"p95 {fmt_ms(p95)}" if p95 is not None else ""),
+        ),
         _tile("lost time", fmt_pct(ratio), f"{fmt_ms(total_lost)} per step, mean over ranks"),
         _tile("compute", fmt_ms(comp), "union of compute per rank"),
     ]
@@ -1135,15 +1140,14 @@ def _headline(rep: dict[str, Any]) -> str:
         + (f", M={m}" if m else "")
         + (f", v={run.get('virtual_stages')}" if (run.get("virtual_stages") or 1) > 1 else "")
     )
-    tiles.append(
-        _tile("pipeline", pipe, f"{ranks_text(run)}, {len(run.get('steps') or [])} steps")
-    )
+    tiles.append(_tile("pipeline", pipe, f"{ranks_text(run)}, {len(run.get('steps') or [])} steps"))
     out = ['<div class="tiles">' + "".join(tiles) + "</div>"]
     # where the step goes: compute + each cause, as one bar
     if step:
         parts = []
         leg = []
-        base = max(step, (comp or 0) + total_lost)
+        # one denominator: the mean step the causes are averaged on (compute + causes = it)
+        base = max(share_step_ms(s) or step, (comp or 0) + total_lost)
         if comp:
             parts.append(
                 f'<span style="width:{100 * comp / base:.3f}%;background:{_COMPUTE_COLOR}" '
@@ -1162,7 +1166,7 @@ def _headline(rep: dict[str, Any]) -> str:
             )
             leg.append(
                 f'<span><i class="sw" style="background:{CAUSE_COLORS[c]}"></i>{esc(cause_label(c))} '
-                f"{esc(fmt_ms(lost[c]))} ({100 * lost[c] / step:.1f} %)</span>"
+                f"{esc(fmt_ms(lost[c]))} ({esc(fmt_pct(share(s, c)))})</span>"
             )
         out.append('<div class="bar" role="img" aria-label="step time by cause">' + "".join(parts) + "</div>")
         out.append('<div class="legend">' + "".join(leg) + "</div>")
@@ -1175,7 +1179,7 @@ def _headline(rep: dict[str, Any]) -> str:
             fs = sorted(
                 (f for f in finds if f.get("cause") == c), key=lambda f: -(num(f.get("gain_ms")) or 0)
             )
-            share = f" ({100 * lost[c] / step:.1f} % of step)" if step else ""
+            pct = f" ({fmt_pct(share(s, c))} of step)" if step else ""
             fix = ""
             if fs:
                 f = fs[0]
@@ -1185,7 +1189,7 @@ def _headline(rep: dict[str, Any]) -> str:
                 )
             items.append(
                 f'<li><i class="sw" style="background:{cause_color(c)}"></i><b>{esc(cause_label(c))}</b> '
-                f"{esc(fmt_ms(lost[c]))}{esc(share)}{fix}</li>"
+                f"{esc(fmt_ms(lost[c]))}{esc(pct)}{fix}</li>"
             )
         out.append('<h3 style="margin-top:12px">Top causes</h3><ul>' + "".join(items) + "</ul>")
     return "".join(out)
@@ -1346,7 +1350,7 @@ def _rank_table(rep: dict[str, Any], limit: int = 512) -> str:
         return ""
     head = (
         '<tr><th class="l">rank</th><th class="l">stage</th><th>step ms</th><th>compute ms</th>'
-        "<th>exposed p2p ms</th><th>exposed collective ms</th><th>idle ms</th>"
+        "<th>exposed p2p ms</th><th>exposed collective ms</th><th>exposed copy ms</th><th>idle ms</th>"
         + "".join(
             f'<th><i class="sw" style="background:{CAUSE_COLORS[c]}"></i>{esc(CAUSE_LABELS[c])}</th>'
             for c in CAUSE_KEYS
@@ -1361,7 +1365,14 @@ def _rank_table(rep: dict[str, Any], limit: int = 512) -> str:
             f'<td class="l">{esc(r.get("stage") if r.get("stage") is not None else "—")}</td>'
             + "".join(
                 f"<td>{esc(_f3(r.get(k)))}</td>"
-                for k in ("step_ms", "compute_ms", "exposed_p2p_ms", "exposed_collective_ms", "idle_ms")
+                for k in (
+                    "step_ms",
+                    "compute_ms",
+                    "exposed_p2p_ms",
+                    "exposed_collective_ms",
+                    "exposed_copy_ms",
+                    "idle_ms",
+                )
             )
             + "".join(f"<td>{esc(_f3(lost.get(c)))}</td>" for c in CAUSE_KEYS)
             + "</tr>"

@@ -14,7 +14,17 @@ from typing import TYPE_CHECKING, Any
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean, clean_tree, md_neutral
-from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num, ranks_text, slowest_stage
+from ppdiag.reports.style import (
+    CAUSE_MARKS,
+    cause_label,
+    fmt_ms,
+    fmt_pct,
+    num,
+    ranks_text,
+    share,
+    share_step_ms,
+    slowest_stage,
+)
 
 if TYPE_CHECKING:
     from ppdiag.diagnosis import Diagnosis
@@ -101,19 +111,19 @@ def render_markdown(
     if gate is not None:
         out += _gate_md(gate)
     # where the step goes
+    # every share is of the mean step over the same steps the causes are averaged on
+    mean_step = share_step_ms(s)
+    if mean_step and num(s.get("step_mean_ms")) is not None:
+        out += [f"Shares are of the mean step, {fmt_ms(mean_step)}.", ""]
     out += ["| where the step goes | ms / step | % of step |", "|---|---:|---:|"]
     comp = num(s.get("compute_ms"))
     if comp is not None:
-        out.append(
-            f"| compute | {comp:.2f} | {100 * comp / step:.1f} % |"
-            if step
-            else f"| compute | {comp:.2f} | — |"
-        )
+        sh = share(s, "compute")
+        out.append(f"| compute | {comp:.2f} | {fmt_pct(sh)} |")
     for c in sorted(CAUSE_KEYS, key=lambda c: -lost[c]):
         if lost[c] <= 0:
             continue
-        pct = f"{100 * lost[c] / step:.1f} %" if step else "—"
-        out.append(f"| {_mark(c)} {cause_label(c)} | {lost[c]:.2f} | {pct} |")
+        out.append(f"| {_mark(c)} {cause_label(c)} | {lost[c]:.2f} | {fmt_pct(share(s, c))} |")
     b = report.get("bubble") or {}
     meas, theo = num(b.get("measured_ratio")), num(b.get("theoretical_ratio"))
     if meas is not None or theo is not None:

@@ -19,6 +19,7 @@ CAUSE_COLORS: dict[str, str] = {
     "comm_wait": "#E15759",
     "exposed_comm": "#B07AA1",
     "host": "#EDC948",
+    "exposed_copy": "#FF9DA7",
     "unexplained": "#9C755F",
 }
 
@@ -29,6 +30,7 @@ CAUSE_LABELS: dict[str, str] = {
     "comm_wait": "recv / NCCL wait",
     "exposed_comm": "missing overlap",
     "host": "host / launch bound",
+    "exposed_copy": "exposed copies",
     "unexplained": "unexplained",
 }
 
@@ -39,6 +41,7 @@ CAUSE_MARKS: dict[str, str] = {
     "comm_wait": "🟥",
     "exposed_comm": "🟪",
     "host": "🟨",
+    "exposed_copy": "🟦",
     "unexplained": "🟫",
 }
 
@@ -50,6 +53,7 @@ CAUSE_CNAMES: dict[str, str] = {
     "comm_wait": "terrible",
     "exposed_comm": "thread_state_uninterruptible",
     "host": "yellow",
+    "exposed_copy": "rail_load",
     "unexplained": "olive",
 }
 
@@ -172,3 +176,20 @@ def ranks_text(run: dict[str, Any]) -> str:
     if isinstance(world, int) and world > traced:
         return f"{traced} of {world} ranks traced"
     return f"{traced} rank{'s' if traced != 1 else ''}"
+
+
+def share_step_ms(summary: dict[str, Any]) -> float | None:
+    """The denominator of every share: the mean step over the steps the causes are averaged on
+    (``step_mean_ms``; the median ``step_ms`` for reports written before it existed)."""
+    v = num(summary.get("step_mean_ms"))
+    return v if v else num(summary.get("step_ms"))
+
+
+def share(summary: dict[str, Any], key: str) -> float | None:
+    """``compute`` or a cause as a fraction of the mean step (one denominator for every report)."""
+    sh = summary.get("shares")
+    if isinstance(sh, dict) and num(sh.get(key)) is not None:
+        return num(sh.get(key))
+    v = num(summary.get("compute_ms")) if key == "compute" else num((summary.get("lost_ms") or {}).get(key))
+    st = share_step_ms(summary)
+    return v / st if (v is not None and st) else None

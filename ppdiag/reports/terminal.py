@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.reports.sanitize import clean_tree
-from ppdiag.reports.style import slowest_stage
+from ppdiag.reports.style import share, share_step_ms, slowest_stage
 
 CAUSE_LABEL = {
     "bubble": "bubble",
@@ -20,6 +20,7 @@ CAUSE_LABEL = {
     "comm_wait": "comm wait",
     "exposed_comm": "exposed comm",
     "host": "host",
+    "exposed_copy": "exposed copy",
     "unexplained": "unexplained",
 }
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
@@ -36,12 +37,16 @@ def headline(report: dict[str, Any]) -> Text:
     step = s.get("step_ms")
     lost = s.get("lost_ratio")
     t.append(f"step {_f(step)} ms", style="bold")
+    if s.get("step_mean_ms") is not None:
+        t.append(f" median, mean {_f(s.get('step_mean_ms'))}, p95 {_f(s.get('step_p95_ms'))}")
     if lost is not None:
         t.append(f"  ·  lost {lost * 100:.1f}%", style="bold red" if lost > 0.25 else "bold")
     top = sorted(((k, v) for k, v in s["lost_ms"].items() if v > 0), key=lambda kv: -kv[1])[:3]
-    if top and step:
+    if top and share_step_ms(s):
         t.append("  ·  ")
-        t.append(", ".join(f"{CAUSE_LABEL[k]} {v:.1f} ms ({v / step * 100:.0f}%)" for k, v in top))
+        t.append(
+            ", ".join(f"{CAUSE_LABEL[k]} {v:.1f} ms ({(share(s, k) or 0.0) * 100:.0f}%)" for k, v in top)
+        )
     t.append("\n")
     pp = run.get("pp", 1)
     if pp and pp > 1:
@@ -100,7 +105,7 @@ def stage_table(report: dict[str, Any]) -> Table | None:
 
 def rank_table(report: dict[str, Any], limit: int = 64) -> Table:
     t = Table(title="Per rank (ms, mean per step)", title_justify="left")
-    for c in ("rank", "stage", "step", "compute", "exp. p2p", "exp. coll", "idle"):
+    for c in ("rank", "stage", "step", "compute", "exp. p2p", "exp. coll", "exp. copy", "idle"):
         t.add_column(c, justify="right")
     for k in CAUSE_KEYS:
         t.add_column(CAUSE_LABEL[k], justify="right")
@@ -113,6 +118,7 @@ def rank_table(report: dict[str, Any], limit: int = 64) -> Table:
             _f(r["compute_ms"]),
             _f(r["exposed_p2p_ms"]),
             _f(r["exposed_collective_ms"]),
+            _f(r.get("exposed_copy_ms")),
             _f(r["idle_ms"]),
             *[_f(r["lost_ms"][k]) for k in CAUSE_KEYS],
         )

@@ -14,19 +14,19 @@ Ground truth (the product's definitions, DESIGN.md §5). For rank ``r`` and one 
   few-µs gaps between the kernels *inside* a block are reported separately as ``kernel_gaps``;
   ``lost_r`` measured on kernels alone is ``lost_r + kernel_gaps``.
 * ``bubble_r = min(idle_r(S0), idle_r(S1))`` where ``S0`` simulates every stage at the mean stage
-  costs with no faults and free communication, and ``S1`` the measured (faulted) stage costs with
-  nothing else: the schedule's warm-up / cool-down waits.
+  costs with no faults, normal p2p links (``p2p_ms``) and nothing else, and ``S1`` the measured
+  (faulted) stage costs with the same normal links: the schedule's warm-up / cool-down waits,
+  including the normal latency of the transfers that fill and drain the pipe.
 * ``imbalance_r = idle_r(S1) - bubble_r``.
-* Every further ingredient is added one at a time, and its cause gets the growth of ``lost_r``:
-  the host model (launch latency, per-block issue time, limited run-ahead, the host waiting for the
-  gradient norm before the optimizer and for the step end) → ``host``; the normal p2p transfer time
-  and the step-end all-reduce transfer → ``exposed_comm``; then the faults in the fixed order
-  slow link → ``comm_wait``, p2p on the compute stream → ``exposed_comm``, exposed data-parallel
-  all-reduce → ``exposed_comm``, host stall → ``host``, slow step → ``host``. For a single
-  non-compute fault this is exactly "lost time in the full simulation minus lost time in the
-  simulation without that fault"; with several, interactions go to the one added later.
-  Waits propagate: a neighbour that waits because rank ``R`` was late gets ``R``'s root cause,
-  because the difference is taken on every rank.
+* Every further ingredient is added one at a time, in the order of DESIGN.md §5, and its cause
+  gets the growth of ``lost_r``: slow links → ``comm_wait``; the host model (launch latency,
+  per-block issue time, limited run-ahead, the host waiting for the gradient norm before the
+  optimizer and for the step end), host stalls and slow steps → ``host``; the step-end all-reduce
+  transfer, p2p on the compute stream and an exposed data-parallel all-reduce → ``exposed_comm``.
+  For a single non-compute fault this is exactly "lost time in the full simulation minus lost
+  time in the simulation without that fault"; with several, interactions go to the one added
+  later. Waits propagate: a neighbour that waits because rank ``R`` was late gets ``R``'s root
+  cause, because the difference is taken on every rank.
 
 The five causes add up to ``lost_r`` exactly (a telescoping sum of simulations; simulated times
 are integers in ns). ``groundtruth.json`` (:func:`groundtruth_json`) records the config, stage
@@ -320,10 +320,23 @@ def _ladder(prm: ScenarioParams, step: int) -> _Ladder:
     def mean(xs: list[int]) -> list[int]:
         return [round(sum(xs) / len(xs))] * len(xs)
 
+    # the schedule with normal links: the normal p2p transfer time that fills and drains the pipe
+    # is part of the bubble (DESIGN.md §5)
+    p2p = _ns(prm.p2p_ms)
+    pure = pure.replace(p2p_ns=p2p)
     s0 = simulate(pure.replace(fwd_ns=mean(fwd), bwd_ns=mean(bwd), wgrad_ns=mean(wgr)))
     s1 = simulate(pure)
     lad = _Ladder(s0, s1)
-    cfg = pure.replace(
+    # then, in the order of DESIGN.md §5: slow links, host, exposed communication
+    link = [0] * prm.pp
+    for f in prm.faults:
+        if isinstance(f, SlowLink):
+            link[f.rank] += _ns(f.delay_ms) + round(p2p * (f.factor - 1.0))
+    cfg = pure
+    if any(link):
+        cfg = cfg.replace(link_delay_ns=list(link))
+        lad.steps.append(("comm_wait", simulate(cfg)))
+    cfg = cfg.replace(
         launch_latency_ns=round(prm.launch_latency_us * US),
         host_issue_ns=round(prm.host_issue_us * US),
         host_lookahead=prm.host_lookahead,
@@ -331,39 +344,14 @@ def _ladder(prm: ScenarioParams, step: int) -> _Ladder:
         sync_ns=0,
     )
     lad.steps.append(("host", simulate(cfg)))
-    p2p = _ns(prm.p2p_ms)
-    cfg = cfg.replace(p2p_ns=p2p, sync_ns=_ns(prm.sync_ms))
-    lad.steps.append(("exposed_comm", simulate(cfg)))
-    link = [0] * prm.pp
-    on_comp = [False] * prm.pp
-    tail = 0
     stall = [0] * prm.pp
-    sdelay = [0] * prm.pp
-    for f in prm.faults:
-        if isinstance(f, SlowLink):
-            link[f.rank] += _ns(f.delay_ms) + round(p2p * (f.factor - 1.0))
-    if any(link):
-        cfg = cfg.replace(link_delay_ns=list(link))
-        lad.steps.append(("comm_wait", simulate(cfg)))
-    for f in prm.faults:
-        if isinstance(f, CommOnCompute):
-            for r in f.ranks if f.ranks is not None else range(prm.pp):
-                on_comp[r] = True
-    if any(on_comp):
-        cfg = cfg.replace(comm_on_compute=list(on_comp))
-        lad.steps.append(("exposed_comm", simulate(cfg)))
-    for f in prm.faults:
-        if isinstance(f, ExposedAllReduce):
-            tail += _ns(f.ms)
-    if tail:
-        cfg = cfg.replace(tail_comm_ns=tail)
-        lad.steps.append(("exposed_comm", simulate(cfg)))
     for f in prm.faults:
         if isinstance(f, HostStall):
             stall[f.rank] = max(stall[f.rank], _ns(f.delay_ms))
     if any(stall):
         cfg = cfg.replace(host_stall_ns=list(stall))
         lad.steps.append(("host", simulate(cfg)))
+    sdelay = [0] * prm.pp
     for f in prm.faults:
         if isinstance(f, SlowStep) and f.step == step:
             for r in range(prm.pp) if f.rank is None else [f.rank]:
@@ -371,6 +359,23 @@ def _ladder(prm: ScenarioParams, step: int) -> _Ladder:
     if any(sdelay):
         cfg = cfg.replace(start_delay_ns=list(sdelay))
         lad.steps.append(("host", simulate(cfg)))
+    cfg = cfg.replace(sync_ns=_ns(prm.sync_ms))
+    lad.steps.append(("exposed_comm", simulate(cfg)))
+    on_comp = [False] * prm.pp
+    for f in prm.faults:
+        if isinstance(f, CommOnCompute):
+            for r in f.ranks if f.ranks is not None else range(prm.pp):
+                on_comp[r] = True
+    if any(on_comp):
+        cfg = cfg.replace(comm_on_compute=list(on_comp))
+        lad.steps.append(("exposed_comm", simulate(cfg)))
+    tail = 0
+    for f in prm.faults:
+        if isinstance(f, ExposedAllReduce):
+            tail += _ns(f.ms)
+    if tail:
+        cfg = cfg.replace(tail_comm_ns=tail)
+        lad.steps.append(("exposed_comm", simulate(cfg)))
     return lad
 
 
@@ -1055,9 +1060,9 @@ def _groundtruth(
         "definitions": {
             "lost": "step window - union of compute blocks (first to last kernel of each block)",
             "kernel_gaps": "idle gaps between kernels inside a block; lost on kernels = lost + kernel_gaps",
-            "bubble": "min(idle with mean stage costs and nothing else, "
-                      "idle with measured stage costs and nothing else)",
-            "imbalance": "idle with measured stage costs and nothing else - bubble",
+            "bubble": "min(idle with mean stage costs and normal links, "
+            "idle with measured stage costs and normal links)",
+            "imbalance": "idle with measured stage costs and normal links - bubble",
             "other causes": "growth of lost time when the ingredient is added to the simulation",
         },
         "config": run.config,
