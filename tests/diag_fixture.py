@@ -677,6 +677,7 @@ def base_report(**over: Any) -> dict[str, Any]:
         "comm_wait": 2.0,
         "exposed_comm": 1.0,
         "host": 1.0,
+        "exposed_copy": 0.0,
         "unexplained": 0.0,
     }
     cw = [2.0, 4.0, 1.0, 1.0]

@@ -97,6 +97,7 @@ def test_two_rank_wait_is_charged_to_the_late_rank() -> None:
         "comm_wait": 0.0,
         "exposed_comm": 1.0,
         "host": 4.0,
+        "exposed_copy": 0.0,
         "unexplained": 0.0,
     }
     assert c1["host"] == 4.0 and c1["exposed_comm"] == 1.0 and sum(c1.values()) == 5.0

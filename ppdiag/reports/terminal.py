@@ -120,7 +120,7 @@ def rank_table(report: dict[str, Any], limit: int = 64) -> Table:
             _f(r["exposed_collective_ms"]),
             _f(r.get("exposed_copy_ms")),
             _f(r["idle_ms"]),
-            *[_f(r["lost_ms"][k]) for k in CAUSE_KEYS],
+            *[_f(r["lost_ms"].get(k, 0.0)) for k in CAUSE_KEYS],
         )
     if len(rows) > limit:
         t.caption = f"{len(rows) - limit} more ranks in the JSON report"
