@@ -309,6 +309,9 @@ def test_diagnosis_with_emit_nvtx_names_equals_the_one_with_payloads(tmp_path: P
         emit_nvtx(p, i, run.world_size, _world, replace=False)
     got = _report(paths)
     assert ref["run"]["pp"] == 4
+    # the report says where the peers came from: payloads vs the profiler's range names
+    assert ref["run"]["peer_source"] == "metadata"
+    assert got["run"]["peer_source"] == "nvtx name"
     for key in ("pp", "stage_map", "schedule", "microbatches"):
         assert got["run"][key] == ref["run"][key], key
     step = ref["summary"]["step_ms"]

@@ -84,7 +84,7 @@ class LinkFit:
 class PeerDecision:
     """How the run's p2p partners were decided."""
 
-    source: str  # "metadata" | "timing" | "metadata and timing" | "none"
+    source: str  # "metadata" | "nvtx name" | "timing" | "<known> and timing" | "none"
     coarse_offsets: dict[int, int]
     coarse_method: str
     links: dict[tuple[int, int], LinkFit] = field(default_factory=dict)
@@ -301,7 +301,13 @@ def decide_peers(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None
     hows: set[int] = set()
     for v in ops.values():
         hows.update(int(h) for h in np.unique(v.how[v.peer >= 0]))
-    names = [HOW_NAMES[h] for h in (HOW_METADATA, HOW_LABELS, HOW_TIMING) if h in hows]
+    # peers the trace named: comm metadata, or the profiler's nccl:send a->b range names
+    known = _known_source(run)
+    names = [
+        known if h == HOW_METADATA else HOW_NAMES[h]
+        for h in (HOW_METADATA, HOW_LABELS, HOW_TIMING)
+        if h in hows
+    ]
     dec.source = " and ".join(names) if names else "none"
     if dec.decided or n_lab:
         tls = run.by_rank()
@@ -388,6 +394,17 @@ def _from_labels(run: Run, ops: dict[int, P2POps]) -> int:
         v.conf[unk[ok]] = 1.0
         decided += int(ok.sum())
     return decided
+
+
+def _known_source(run: Run) -> str:
+    """What named the peers the trace carries: comm metadata (payloads, args, op inputs), the
+    profiler's ``nccl:send a->b`` range names (nsys parser's ``meta["p2p_peer_source"]``), or both."""
+    named = sum(int(tl.meta.get("p2p_peer_source", {}).get("nvtx name", 0)) for tl in run.ranks)
+    meta = sum(int(tl.meta.get("p2p_peer_source", {}).get("metadata", 0)) for tl in run.ranks)
+    no_counts = any("p2p_peer_source" not in tl.meta for tl in run.ranks)
+    if named and (meta or no_counts):
+        return "metadata and nvtx name"
+    return "nvtx name" if named else "metadata"
 
 
 def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> PeerDecision:
