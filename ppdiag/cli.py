@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 
 from ppdiag import __version__
+from ppdiag.cli_support import err, report_console
+from ppdiag.cli_support import fail as _fail
 from ppdiag.errors import InputError, PpdiagError
 from ppdiag.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_PP, MAX_SAMPLES
 
@@ -33,7 +35,6 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-err = Console(stderr=True)
 
 Paths = Annotated[list[Path], typer.Argument(help="Run directory (one trace per rank) or trace files.")]
 
@@ -80,21 +81,6 @@ PerfettoOut = Annotated[
     typer.Option("--perfetto", help="Write a Perfetto/chrome://tracing trace with cause tracks here."),
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
-
-
-def report_console() -> Console:
-    """Where the terminal report goes: the terminal's width, or 140 columns in logs (CI)."""
-    tty = bool(getattr(sys.stdout, "isatty", None)) and sys.stdout.isatty()
-    return Console() if tty else Console(width=140)
-
-
-def _fail(exc: BaseException) -> None:
-    if isinstance(exc, PpdiagError):
-        from ppdiag.reports.sanitize import clean
-
-        err.print(f"ppdiag: error: {clean(str(exc))}", markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(exc.exit_code)
-    raise exc
 
 
 def echo(line: str) -> None:

@@ -215,7 +215,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Predict step time, bubble, lost time and activation memory for other M, schedules, v, P or a
         rebalanced layer split, from the measured per-stage costs of a run."""
-        from ppdiag.cli import _fail
+        from ppdiag.cli_support import fail as _fail
 
         try:
             _whatif(
@@ -266,7 +266,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Bubble ratio of a schedule for P stages and M micro-batches (equal stages, free communication),
         and how it falls with M."""
-        from ppdiag.cli import _fail
+        from ppdiag.cli_support import fail as _fail
 
         try:
             res = bubble_table(pp, microbatches, schedule, virtual)
@@ -300,7 +300,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Batch arithmetic: dp = world / (tp x pp x cp), accumulation steps (M) = global / (micro x dp),
         the bubble that M gives, and every inconsistency."""
-        from ppdiag.cli import _fail
+        from ppdiag.cli_support import fail as _fail
 
         code = 0
         try:

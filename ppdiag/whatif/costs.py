@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.attribution import intervals as ivs
 from ppdiag.errors import InputError
 from ppdiag.model import Kind, Phase, RangeKind, RankTimeline
+from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
 
 F64 = npt.NDArray[np.float64]
