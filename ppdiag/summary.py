@@ -9,6 +9,7 @@ import numpy as np
 from ppdiag import __version__
 from ppdiag.attribution.causes import Attribution, RankStep
 from ppdiag.diagnosis import CAUSE_KEYS, SCHEMA_VERSION
+from ppdiag.facts import StageBalance, measured_bubble, stage_balance, theoretical_bubble
 from ppdiag.model import Phase, Run
 from ppdiag.pipeline import Pipeline
 
@@ -40,25 +41,15 @@ def _shares(compute_ns: float, causes_ns: dict[str, float], step_ns: float) -> d
     return out
 
 
-def closed_form_bubble(schedule: str, pp: int, m: int | None, virtual: int) -> float | None:
-    """Theoretical bubble ratio of the schedule (the simulator's closed forms when available)."""
-    if pp <= 1 or not m:
-        return None
-    try:
-        from ppdiag.simulate import closed_form_bubble as cf
-
-        return float(cf(schedule, pp, m, virtual))
-    except (ImportError, ValueError, KeyError, NotImplementedError):
-        pass
-    if schedule in ("gpipe", "1f1b"):
-        return (pp - 1) / (m + pp - 1)
-    if schedule in ("interleaved_1f1b", "looped_bfs"):
-        return (pp - 1) / (virtual * m + pp - 1)
-    return None
-
-
-def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribution) -> dict[str, Any]:
-    """The report dict (findings are added by the rules layer)."""
+def build_report(
+    run: Run,
+    pipe: Pipeline,
+    steps: list[RankStep],
+    attr: Attribution,
+    balance: StageBalance | None = None,
+) -> dict[str, Any]:
+    """The report dict (findings are added by the rules layer). ``balance`` is the run's
+    :func:`~ppdiag.facts.stage_balance` when the caller computed it already."""
     topo = pipe.topology
     ranks_out: list[dict[str, Any]] = []
     per_rank: dict[int, list[RankStep]] = {}
@@ -67,7 +58,8 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
     win_ns: list[float] = []
     compute_ns: list[float] = []
     causes_ns: dict[str, list[float]] = {k: [] for k in CAUSE_KEYS}
-    pipe_wait_ratio: list[float] = []
+    waits_ns: list[float] = []
+    windows_ns: list[float] = []
     for r in sorted(per_rank):
         rss = per_rank[r]
         n = len(rss)
@@ -94,7 +86,8 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
             causes_ns[k].append(causes[k])
         for x in rss:
             c = attr.causes[(x.rank, x.step)]
-            pipe_wait_ratio.append((c["bubble"] + c["imbalance"]) / x.acct.window if x.acct.window else 0.0)
+            waits_ns.append(c["bubble"] + c["imbalance"])
+            windows_ns.append(x.acct.window)
     # step time per analyzed step: the mean window over ranks for that step position
     by_pos: dict[int, list[int]] = {}
     for rs in steps:
@@ -115,14 +108,16 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
         "shares": _shares(comp_mean, lost_mean_ns, step_mean) if win_ns else None,
         "steps_ms": [_ms(v) for v in step_vals],
     }
-    theo = closed_form_bubble(pipe.schedule, topo.pp, pipe.microbatches, topo.virtual)
+    theo = theoretical_bubble(pipe.schedule, topo.pp, pipe.microbatches, topo.virtual)
+    measured = measured_bubble(waits_ns, windows_ns) if topo.pp > 1 else None
+    balance = balance if balance is not None else stage_balance(pipe)
+    summary["slowest_stage"] = balance.slowest
+    summary["stage_ratio"] = round(balance.ratio, 4) if balance.ratio is not None else None
     bubble = {
-        "measured_ratio": round(float(np.mean(pipe_wait_ratio)), 4)
-        if topo.pp > 1 and pipe_wait_ratio
-        else None,
+        "measured_ratio": round(measured, 4) if measured is not None else None,
         "theoretical_ratio": round(theo, 4) if theo is not None else None,
     }
-    stages_out = _stages(pipe, ranks_out) if topo.pp > 1 else []
+    stages_out = _stages(pipe, ranks_out, balance) if topo.pp > 1 else []
     warnings = list(run.warnings) + list(pipe.warnings) + list(attr.notes)
     run_out = {
         "world_size": run.world_size,
@@ -163,7 +158,7 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
     }
 
 
-def _stages(pipe: Pipeline, ranks_out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _stages(pipe: Pipeline, ranks_out: list[dict[str, Any]], balance: StageBalance) -> list[dict[str, Any]]:
     topo = pipe.topology
     out: list[dict[str, Any]] = []
     # ranks of each stage in one pass: a scan per stage is quadratic on very wide jobs
@@ -204,6 +199,7 @@ def _stages(pipe: Pipeline, ranks_out: list[dict[str, Any]]) -> list[dict[str, A
                 "compute_ms": round(float(np.mean([x["compute_ms"] for x in rank_rows])), 4)
                 if rank_rows
                 else None,
+                "block_ms": round(balance.stage_ms[s], 4) if s in balance.stage_ms else None,
                 "lost_ms": lost,
                 "fwd_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.FWD)].items())],
                 "bwd_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.BWD)].items())],
