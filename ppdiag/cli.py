@@ -21,6 +21,7 @@ from ppdiag.cli_support import err, report_console
 from ppdiag.cli_support import fail as _fail
 from ppdiag.errors import InputError, PpdiagError
 from ppdiag.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_PP, MAX_SAMPLES
+from ppdiag.model.schedule import SCHEDULE_NAMES
 
 app = typer.Typer(
     name="ppdiag",
@@ -54,9 +55,7 @@ Micro = Annotated[
 ]
 Sched = Annotated[
     str | None,
-    typer.Option(
-        "--schedule", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs, zero_bubble, zbv, dualpipev."
-    ),
+    typer.Option("--schedule", help=f"{', '.join(SCHEDULE_NAMES)} (aliases such as 'interleaved' accepted)."),
 ]
 Steps = Annotated[
     str | None,
