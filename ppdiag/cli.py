@@ -340,16 +340,29 @@ def diff(
     base: Annotated[Path, typer.Argument(help="Baseline: run directory or JSON report.")],
     new: Annotated[Path, typer.Argument(help="New run: run directory or JSON report.")],
     json_out: JsonOut = None,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--threshold",
+            min=0.0,
+            help="Step-time growth (%) beyond which the new run is a regression: exit 1 "
+            "(default: the gate's step_pct, 5).",
+        ),
+    ] = None,
 ) -> None:
-    """What changed between two runs: step time and each cause, per stage, before vs after."""
+    """What changed between two runs: step time and each cause, per stage, before vs after.
+    Exit 1 when the step time grew beyond --threshold %, else 0."""
     try:
         from ppdiag.reports import diff as diffmod
+        from ppdiag.reports.gate import DEFAULT_STEP_PCT
 
         if json_out is not None:
             _targets([json_out], [base, new])
         a = _report_of(base)
         b = _report_of(new)
-        result = diffmod.diff_reports(a, b)
+        result = diffmod.diff_reports(
+            a, b, threshold_pct=threshold if threshold is not None else DEFAULT_STEP_PCT
+        )
         Console().print(diffmod.render_diff(result))
         if json_out is not None:
             import json
@@ -360,6 +373,9 @@ def diff(
             write_text(json_out, json.dumps(doc, indent=2, ensure_ascii=False) + "\n", [base, new])
     except Exception as exc:
         _fail(exc)
+    if result.regression is not None:
+        err.print(f"ppdiag: regression: {result.regression}", markup=False, highlight=False)
+        raise typer.Exit(1)
 
 
 def _report_of(path: Path) -> dict[str, Any]:

@@ -933,14 +933,19 @@ def predict_fixes(
     run: Any, report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[Any]
 ) -> FixPredictions | None:
     """Predict every fix of :func:`fix_scenarios` for an analyzed run; None without a usable
-    pipeline. Never raises: a run the model cannot describe just gets no predictions."""
+    pipeline. A run the model cannot describe (it raises :class:`InputError` or ValueError: M
+    unknown, no blocks, an impossible layout) gets no predictions and a warning in
+    ``report["run"]["warnings"]``; any other exception is a bug and propagates."""
     if pipe is None or pipe.topology.pp <= 1:
         return None
     try:
         model = model_of(run, report, pipe, attr, rank_steps)
         preds = {k: model.predict(scn) for k, scn in fix_scenarios(model.meas).items()}
         keys = default_keys(model.meas)
-    except Exception:
+    except (InputError, ValueError) as exc:
+        warnings = (report.get("run") or {}).get("warnings")
+        if isinstance(warnings, list):
+            warnings.append(f"what-if: no predictions for this run ({exc})")
         return None
     out = FixPredictions(model.meas.step_ns / MS, calibration=model.calibration().describe())
     for k, p in preds.items():
