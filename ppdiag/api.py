@@ -10,6 +10,7 @@ import numpy as np
 
 from ppdiag.attribution.causes import RankStep, attribute, rank_step
 from ppdiag.diagnosis import Cause, Diagnosis, Finding, GapTable, StepWindow
+from ppdiag.facts import stage_balance
 from ppdiag.model import Run
 from ppdiag.parsers import ParseOptions
 from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
@@ -85,7 +86,8 @@ def analyze_run(
         on_stage("attributing lost time")
     last_stage = pipe.topology.pp * pipe.topology.virtual - 1
     attr = attribute(steps, timelines, pipe.ops, last_stage, pipe.topology.pp > 1)
-    report = build_report(run, pipe, steps, attr)
+    balance = stage_balance(pipe)
+    report = build_report(run, pipe, steps, attr, balance)
     warnings: list[str] = report["run"]["warnings"]
     if skip is not None:
         first = next((w.number for ws in pipe.windows.values() for w in ws[:1]), -1)
@@ -120,6 +122,7 @@ def analyze_run(
         predictions=predictions,
         noise=noise,
         batch=batch,
+        balance=balance,
     )
     findings = run_rules(ctx)
     report["findings"] = [f.to_json() for f in findings]

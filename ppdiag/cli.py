@@ -17,8 +17,11 @@ import typer
 from rich.console import Console
 
 from ppdiag import __version__
+from ppdiag.cli_support import err, report_console
+from ppdiag.cli_support import fail as _fail
 from ppdiag.errors import InputError, PpdiagError
 from ppdiag.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_PP, MAX_SAMPLES
+from ppdiag.model.schedule import SCHEDULE_NAMES
 
 app = typer.Typer(
     name="ppdiag",
@@ -33,7 +36,6 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-err = Console(stderr=True)
 
 Paths = Annotated[list[Path], typer.Argument(help="Run directory (one trace per rank) or trace files.")]
 
@@ -53,9 +55,7 @@ Micro = Annotated[
 ]
 Sched = Annotated[
     str | None,
-    typer.Option(
-        "--schedule", help="gpipe, 1f1b, interleaved_1f1b, looped_bfs, zero_bubble, zbv, dualpipev."
-    ),
+    typer.Option("--schedule", help=f"{', '.join(SCHEDULE_NAMES)} (aliases such as 'interleaved' accepted)."),
 ]
 Steps = Annotated[
     str | None,
@@ -80,21 +80,6 @@ PerfettoOut = Annotated[
     typer.Option("--perfetto", help="Write a Perfetto/chrome://tracing trace with cause tracks here."),
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
-
-
-def report_console() -> Console:
-    """Where the terminal report goes: the terminal's width, or 140 columns in logs (CI)."""
-    tty = bool(getattr(sys.stdout, "isatty", None)) and sys.stdout.isatty()
-    return Console() if tty else Console(width=140)
-
-
-def _fail(exc: BaseException) -> None:
-    if isinstance(exc, PpdiagError):
-        from ppdiag.reports.sanitize import clean
-
-        err.print(f"ppdiag: error: {clean(str(exc))}", markup=False, highlight=False, soft_wrap=True)
-        raise typer.Exit(exc.exit_code)
-    raise exc
 
 
 def echo(line: str) -> None:
@@ -355,16 +340,29 @@ def diff(
     base: Annotated[Path, typer.Argument(help="Baseline: run directory or JSON report.")],
     new: Annotated[Path, typer.Argument(help="New run: run directory or JSON report.")],
     json_out: JsonOut = None,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--threshold",
+            min=0.0,
+            help="Step-time growth (%) beyond which the new run is a regression: exit 1 "
+            "(default: the gate's step_pct, 5).",
+        ),
+    ] = None,
 ) -> None:
-    """What changed between two runs: step time and each cause, per stage, before vs after."""
+    """What changed between two runs: step time and each cause, per stage, before vs after.
+    Exit 1 when the step time grew beyond --threshold %, else 0."""
     try:
         from ppdiag.reports import diff as diffmod
+        from ppdiag.reports.gate import DEFAULT_STEP_PCT
 
         if json_out is not None:
             _targets([json_out], [base, new])
         a = _report_of(base)
         b = _report_of(new)
-        result = diffmod.diff_reports(a, b)
+        result = diffmod.diff_reports(
+            a, b, threshold_pct=threshold if threshold is not None else DEFAULT_STEP_PCT
+        )
         Console().print(diffmod.render_diff(result))
         if json_out is not None:
             import json
@@ -375,6 +373,9 @@ def diff(
             write_text(json_out, json.dumps(doc, indent=2, ensure_ascii=False) + "\n", [base, new])
     except Exception as exc:
         _fail(exc)
+    if result.regression is not None:
+        err.print(f"ppdiag: regression: {result.regression}", markup=False, highlight=False)
+        raise typer.Exit(1)
 
 
 def _report_of(path: Path) -> dict[str, Any]:

@@ -9,8 +9,10 @@ import numpy as np
 from ppdiag import __version__
 from ppdiag.attribution.causes import Attribution, RankStep
 from ppdiag.diagnosis import CAUSE_KEYS, SCHEMA_VERSION
+from ppdiag.facts import StageBalance, measured_bubble, stage_balance, theoretical_bubble
 from ppdiag.model import Phase, Run
 from ppdiag.pipeline import Pipeline
+from ppdiag.report_types import Bubble, Dist, RankRow, StageRow, Summary, encode
 
 NS_PER_MS = 1e6
 
@@ -19,16 +21,16 @@ def _ms(v: Any) -> float:
     return round(float(v) / NS_PER_MS, 4)
 
 
-def _dist(vals_ns: list[int]) -> dict[str, float] | None:
+def _dist(vals_ns: list[int]) -> Dist | None:
     if not vals_ns:
         return None
     a = np.asarray(vals_ns, dtype=np.float64) / NS_PER_MS
-    return {
-        "mean": round(float(a.mean()), 4),
-        "p50": round(float(np.percentile(a, 50)), 4),
-        "p95": round(float(np.percentile(a, 95)), 4),
-        "n": int(a.size),
-    }
+    return Dist(
+        round(float(a.mean()), 4),
+        round(float(np.percentile(a, 50)), 4),
+        round(float(np.percentile(a, 95)), 4),
+        int(a.size),
+    )
 
 
 def _shares(compute_ns: float, causes_ns: dict[str, float], step_ns: float) -> dict[str, float]:
@@ -40,53 +42,44 @@ def _shares(compute_ns: float, causes_ns: dict[str, float], step_ns: float) -> d
     return out
 
 
-def closed_form_bubble(schedule: str, pp: int, m: int | None, virtual: int) -> float | None:
-    """Theoretical bubble ratio of the schedule (the simulator's closed forms when available)."""
-    if pp <= 1 or not m:
-        return None
-    try:
-        from ppdiag.simulate import closed_form_bubble as cf
-
-        return float(cf(schedule, pp, m, virtual))
-    except (ImportError, ValueError, KeyError, NotImplementedError):
-        pass
-    if schedule in ("gpipe", "1f1b"):
-        return (pp - 1) / (m + pp - 1)
-    if schedule in ("interleaved_1f1b", "looped_bfs"):
-        return (pp - 1) / (virtual * m + pp - 1)
-    return None
-
-
-def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribution) -> dict[str, Any]:
-    """The report dict (findings are added by the rules layer)."""
+def build_report(
+    run: Run,
+    pipe: Pipeline,
+    steps: list[RankStep],
+    attr: Attribution,
+    balance: StageBalance | None = None,
+) -> dict[str, Any]:
+    """The report dict (findings are added by the rules layer). ``balance`` is the run's
+    :func:`~ppdiag.facts.stage_balance` when the caller computed it already."""
     topo = pipe.topology
-    ranks_out: list[dict[str, Any]] = []
+    ranks_out: list[RankRow] = []
     per_rank: dict[int, list[RankStep]] = {}
     for rs in steps:
         per_rank.setdefault(rs.rank, []).append(rs)
     win_ns: list[float] = []
     compute_ns: list[float] = []
     causes_ns: dict[str, list[float]] = {k: [] for k in CAUSE_KEYS}
-    pipe_wait_ratio: list[float] = []
+    waits_ns: list[float] = []
+    windows_ns: list[float] = []
     for r in sorted(per_rank):
         rss = per_rank[r]
         n = len(rss)
         causes = {k: sum(attr.causes[(x.rank, x.step)][k] for x in rss) / n for k in CAUSE_KEYS}
         win = sum(x.acct.window for x in rss) / n
         ranks_out.append(
-            {
-                "rank": r,
-                "stage": topo.stage_of.get(r, 0) if topo.pp > 1 else None,
-                "steps": n,
-                "step_ms": _ms(win),
-                "compute_ms": _ms(sum(x.acct.compute for x in rss) / n),
-                "exposed_p2p_ms": _ms(sum(x.acct.exposed_p2p for x in rss) / n),
-                "exposed_collective_ms": _ms(sum(x.acct.exposed_collective for x in rss) / n),
-                "exposed_copy_ms": _ms(sum(x.acct.exposed_copy for x in rss) / n),
-                "idle_ms": _ms(sum(x.acct.idle for x in rss) / n),
-                "lost_ms": {k: _ms(v) for k, v in causes.items()},
-                "shares": _shares(sum(x.acct.compute for x in rss) / n, causes, win),
-            }
+            RankRow(
+                rank=r,
+                stage=topo.stage_of.get(r, 0) if topo.pp > 1 else None,
+                steps=n,
+                step_ms=_ms(win),
+                compute_ms=_ms(sum(x.acct.compute for x in rss) / n),
+                exposed_p2p_ms=_ms(sum(x.acct.exposed_p2p for x in rss) / n),
+                exposed_collective_ms=_ms(sum(x.acct.exposed_collective for x in rss) / n),
+                exposed_copy_ms=_ms(sum(x.acct.exposed_copy for x in rss) / n),
+                idle_ms=_ms(sum(x.acct.idle for x in rss) / n),
+                lost_ms={k: _ms(v) for k, v in causes.items()},
+                shares=_shares(sum(x.acct.compute for x in rss) / n, causes, win),
+            )
         )
         win_ns.append(win)
         compute_ns.append(sum(x.acct.compute for x in rss) / n)
@@ -94,7 +87,8 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
             causes_ns[k].append(causes[k])
         for x in rss:
             c = attr.causes[(x.rank, x.step)]
-            pipe_wait_ratio.append((c["bubble"] + c["imbalance"]) / x.acct.window if x.acct.window else 0.0)
+            waits_ns.append(c["bubble"] + c["imbalance"])
+            windows_ns.append(x.acct.window)
     # step time per analyzed step: the mean window over ranks for that step position
     by_pos: dict[int, list[int]] = {}
     for rs in steps:
@@ -105,24 +99,26 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
     step_mean = float(np.mean(win_ns)) if win_ns else 0.0
     comp_mean = float(np.mean(compute_ns)) if compute_ns else 0.0
     lost_mean_ns = {k: float(np.mean(v)) if v else 0.0 for k, v in causes_ns.items()}
-    summary = {
-        "step_ms": _ms(np.median(step_vals)) if step_vals else None,
-        "step_p95_ms": _ms(np.percentile(step_vals, 95)) if step_vals else None,
-        "step_mean_ms": _ms(step_mean) if win_ns else None,
-        "compute_ms": _ms(comp_mean) if ranks_out else None,
-        "lost_ratio": round(sum(lost_mean_ns.values()) / step_mean, 4) if step_mean > 0 else None,
-        "lost_ms": {k: _ms(v) for k, v in lost_mean_ns.items()},
-        "shares": _shares(comp_mean, lost_mean_ns, step_mean) if win_ns else None,
-        "steps_ms": [_ms(v) for v in step_vals],
-    }
-    theo = closed_form_bubble(pipe.schedule, topo.pp, pipe.microbatches, topo.virtual)
-    bubble = {
-        "measured_ratio": round(float(np.mean(pipe_wait_ratio)), 4)
-        if topo.pp > 1 and pipe_wait_ratio
-        else None,
-        "theoretical_ratio": round(theo, 4) if theo is not None else None,
-    }
-    stages_out = _stages(pipe, ranks_out) if topo.pp > 1 else []
+    theo = theoretical_bubble(pipe.schedule, topo.pp, pipe.microbatches, topo.virtual)
+    measured = measured_bubble(waits_ns, windows_ns) if topo.pp > 1 else None
+    balance = balance if balance is not None else stage_balance(pipe)
+    summary = Summary(
+        step_ms=_ms(np.median(step_vals)) if step_vals else None,
+        step_p95_ms=_ms(np.percentile(step_vals, 95)) if step_vals else None,
+        step_mean_ms=_ms(step_mean) if win_ns else None,
+        compute_ms=_ms(comp_mean) if ranks_out else None,
+        lost_ratio=round(sum(lost_mean_ns.values()) / step_mean, 4) if step_mean > 0 else None,
+        lost_ms={k: _ms(v) for k, v in lost_mean_ns.items()},
+        shares=_shares(comp_mean, lost_mean_ns, step_mean) if win_ns else None,
+        steps_ms=[_ms(v) for v in step_vals],
+        slowest_stage=balance.slowest,
+        stage_ratio=round(balance.ratio, 4) if balance.ratio is not None else None,
+    )
+    bubble = Bubble(
+        measured_ratio=round(measured, 4) if measured is not None else None,
+        theoretical_ratio=round(theo, 4) if theo is not None else None,
+    )
+    stages_out = _stages(pipe, ranks_out, balance) if topo.pp > 1 else []
     warnings = list(run.warnings) + list(pipe.warnings) + list(attr.notes)
     run_out = {
         "world_size": run.world_size,
@@ -154,23 +150,23 @@ def build_report(run: Run, pipe: Pipeline, steps: list[RankStep], attr: Attribut
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "ppdiag", "version": __version__},
         "run": run_out,
-        "summary": summary,
-        "bubble": bubble,
-        "stages": stages_out,
-        "ranks": ranks_out,
+        "summary": encode(summary),
+        "bubble": encode(bubble),
+        "stages": encode(stages_out),
+        "ranks": encode(ranks_out),
         "findings": [],
         "whatif": [],
     }
 
 
-def _stages(pipe: Pipeline, ranks_out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _stages(pipe: Pipeline, ranks_out: list[RankRow], balance: StageBalance) -> list[StageRow]:
     topo = pipe.topology
-    out: list[dict[str, Any]] = []
+    out: list[StageRow] = []
     # ranks of each stage in one pass: a scan per stage is quadratic on very wide jobs
     of_stage: dict[int, list[int]] = {}
     for r, st in topo.stage_of.items():
         of_stage.setdefault(st, []).append(r)
-    row_of = {x["rank"]: x for x in ranks_out}
+    row_of = {x.rank: x for x in ranks_out}
     for s in range(topo.pp):
         ranks = sorted(of_stage.get(s, []))
         vals: dict[int, list[int]] = {int(Phase.FWD): [], int(Phase.BWD): [], int(Phase.WGRAD): []}
@@ -190,24 +186,23 @@ def _stages(pipe: Pipeline, ranks_out: list[dict[str, Any]]) -> list[dict[str, A
                     samples[ph].setdefault(int(mb), []).append(int(busy))
         rank_rows = [row_of[r] for r in ranks if r in row_of]
         lost = {
-            k: round(float(np.mean([x["lost_ms"][k] for x in rank_rows])), 4) if rank_rows else 0.0
+            k: round(float(np.mean([x.lost_ms[k] for x in rank_rows])), 4) if rank_rows else 0.0
             for k in CAUSE_KEYS
         }
         out.append(
-            {
-                "stage": s,
-                "ranks": ranks,
-                "chunks": sorted({c for r in ranks for c in topo.chunks_of.get(r, [s])}),
-                "fwd_ms": _dist(vals[int(Phase.FWD)]),
-                "bwd_ms": _dist(vals[int(Phase.BWD)]),
-                "wgrad_ms": _dist(vals[int(Phase.WGRAD)]),
-                "compute_ms": round(float(np.mean([x["compute_ms"] for x in rank_rows])), 4)
-                if rank_rows
-                else None,
-                "lost_ms": lost,
-                "fwd_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.FWD)].items())],
-                "bwd_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.BWD)].items())],
-                "wgrad_samples_ms": [_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.WGRAD)].items())],
-            }
+            StageRow(
+                stage=s,
+                ranks=ranks,
+                chunks=sorted({c for r in ranks for c in topo.chunks_of.get(r, [s])}),
+                fwd_ms=_dist(vals[int(Phase.FWD)]),
+                bwd_ms=_dist(vals[int(Phase.BWD)]),
+                wgrad_ms=_dist(vals[int(Phase.WGRAD)]),
+                compute_ms=round(float(np.mean([x.compute_ms for x in rank_rows])), 4) if rank_rows else None,
+                block_ms=round(balance.stage_ms[s], 4) if s in balance.stage_ms else None,
+                lost_ms=lost,
+                fwd_samples_ms=[_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.FWD)].items())],
+                bwd_samples_ms=[_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.BWD)].items())],
+                wgrad_samples_ms=[_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.WGRAD)].items())],
+            )
         )
     return out

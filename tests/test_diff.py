@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 from diag_fixture import base_report, build_nopp_diagnosis
@@ -108,3 +109,81 @@ def test_diff_notes_incomparable_runs() -> None:
     res = diff_reports(base_report(), b)
     assert "before has pp 4, after 2" in res.notes
     assert any(n.startswith("stages only in before: 2, 3") for n in res.notes)
+
+
+def test_relative_change_needs_a_base() -> None:
+    """0.009 -> 7.03 ms printed "+75496.8 %": a base under min(0.5 ms, 1 % of the step) gets the
+    absolute change only."""
+    a, b = base_report(), base_report()  # step 100 ms: the base must be >= 0.5 ms
+    a["summary"]["lost_ms"]["host"] = 0.009
+    b["summary"]["lost_ms"]["host"] = 7.03
+    a["summary"]["lost_ms"]["unexplained"] = 0.6
+    b["summary"]["lost_ms"]["unexplained"] = 0.9
+    res = diff_reports(a, b)
+    host = res.row("run", "host")
+    assert host is not None and host.delta_ms == pytest.approx(7.021) and host.delta_pct is None
+    assert host.to_json()["delta_pct"] is None
+    une = res.row("run", "unexplained")
+    assert une is not None and une.delta_pct == pytest.approx(50.0)  # 0.6 -> 0.9 ms
+    assert not any("75" in line and "%" in line for line in diff_lines(res) if "host" in line)
+    # a 2 ms step: 1 % of it (0.02 ms) is base enough
+    a["summary"]["step_ms"] = 2.0
+    a["summary"]["lost_ms"]["host"] = 0.04
+    assert diff_reports(a, b).row("run", "host").delta_pct == pytest.approx(100 * (7.03 - 0.04) / 0.04)  # type: ignore[union-attr]
+
+
+def test_findings_matched_by_code_and_place_not_order() -> None:
+    """The same finding with its ranks listed in another order (and the findings in another
+    order) is one changed finding, not one removed and one added."""
+    a, b = base_report(), base_report()
+    f = {
+        "code": "PP009",
+        "cause": "comm_wait",
+        "title": "straggler",
+        "severity": "medium",
+        "stages": [],
+        "ranks": [3, 1],
+        "gain_ms": 2.0,
+        "evidence": {},
+        "fixes": [],
+    }
+    a["findings"] = [*a["findings"], f]
+    b["findings"] = [dict(f, ranks=[1, 3], gain_ms=3.0), *reversed(b["findings"])]
+    res = diff_reports(a, b)
+    pp009 = [x for x in res.findings if x.code == "PP009"]
+    assert [(x.status, x.where, x.before, x.after) for x in pp009] == [("changed", "ranks 1,3", 2.0, 3.0)]
+    assert res.appeared == [] and res.disappeared == []
+
+
+def test_regression_beyond_threshold() -> None:
+    a, b = base_report(), base_report()
+    b["summary"]["step_ms"] = 154.0  # +54 %
+    res = diff_reports(a, b)
+    assert res.threshold_pct == 5.0 and res.regression is not None and "+54.0 %" in res.regression
+    assert diff_reports(a, b, threshold_pct=60.0).regression is None
+    b["summary"]["step_ms"] = 105.0  # exactly the threshold: not beyond it
+    assert diff_reports(a, b).regression is None
+    b["summary"]["step_ms"] = 80.0
+    assert diff_reports(a, b).regression is None
+    assert diff_reports(a, b).to_json()["regression"] is None
+
+
+def test_diff_cli_exit_codes(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from ppdiag.cli import app
+
+    a, b = base_report(), base_report()
+    b["summary"]["step_ms"] = 154.0
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    run = CliRunner().invoke
+    res = run(app, ["diff", str(pa), str(pb)])
+    assert res.exit_code == 1, res.output
+    assert "regression: step time 100.000 -> 154.000 ms (+54.0 %)" in res.output
+    assert run(app, ["diff", str(pa), str(pb), "--threshold", "60"]).exit_code == 0
+    assert run(app, ["diff", str(pb), str(pa)]).exit_code == 0  # faster: no regression
+    assert run(app, ["diff", str(pa), str(pa)]).exit_code == 0

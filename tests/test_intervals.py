@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ppdiag.attribution import intervals as ivs
+from ppdiag.model import intervals as ivs
 
 
 def _mask(starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
@@ -50,7 +50,7 @@ def test_empty_inputs() -> None:
 def test_window_and_measure_in_agree_with_clip() -> None:
     import numpy as np
 
-    from ppdiag.attribution import intervals as ivs_
+    from ppdiag.model import intervals as ivs_
 
     rng = np.random.default_rng(3)
     s = np.sort(rng.integers(0, 10_000, 200))

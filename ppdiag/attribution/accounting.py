@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ppdiag.attribution import intervals as ivs
 from ppdiag.model import Intervals, Kind
+from ppdiag.model import intervals as ivs
 
 COMPUTE_KINDS = (int(Kind.COMPUTE),)
 COPY_KINDS = (int(Kind.MEMCPY), int(Kind.MEMSET))

@@ -48,11 +48,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.attribution import intervals as ivs
 from ppdiag.attribution.accounting import Account, WindowSets, account, window_sets
 from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves, run_waits
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
 from ppdiag.model import Direction, Kind, Phase, RankTimeline
+from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.clocks import P2POps
 

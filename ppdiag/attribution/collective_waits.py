@@ -36,9 +36,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.attribution import intervals as ivs
 from ppdiag.attribution.accounting import WindowSets
 from ppdiag.model import RankTimeline
+from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.collectives import SYNC_TOL_NS, CollectiveMatch, match_collectives
 

@@ -160,7 +160,8 @@ def register(app: typer.Typer) -> None:
         and summary.md next to them. --out must be new, empty, or a directory an earlier demo made
         (it holds a .ppdiag-demo marker): the demo never replaces files it did not write.
         """
-        from ppdiag.cli import _fail, report_console
+        from ppdiag.cli_support import fail as _fail
+        from ppdiag.cli_support import report_console
 
         try:
             from ppdiag.demo.config import DemoConfig

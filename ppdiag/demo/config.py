@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppdiag.errors import InputError
+from ppdiag.model.schedule import parse_schedule
 
 #: Schedule name → ``torch.distributed.pipelining`` class name.
 SCHEDULE_CLASSES: dict[str, str] = {
@@ -35,23 +36,13 @@ COMPUTE_MODES = ("sleep", "real")
 PROFILER_WAIT = 1
 PROFILER_WARMUP = 1
 
-_ALIASES = {
-    "interleaved": "interleaved_1f1b",
-    "interleaved1f1b": "interleaved_1f1b",
-    "zb": "zero_bubble",
-    "zerobubble": "zero_bubble",
-    "interleaved_zero_bubble": "zero_bubble",
-    "zb_v": "zbv",
-    "dualpipe_v": "dualpipev",
-    "looped": "looped_bfs",
-    "loopedbfs": "looped_bfs",
-}
-
 
 def canonical_schedule(name: str) -> str:
     """The canonical schedule name for ``name`` (case, ``-`` and a few aliases tolerated)."""
-    key = name.strip().lower().replace("-", "_")
-    key = _ALIASES.get(key, key)
+    try:
+        key = parse_schedule(name).value
+    except ValueError:
+        key = None
     if key not in SCHEDULE_CLASSES:
         raise InputError(
             None, f"demo: unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_CLASSES)}"

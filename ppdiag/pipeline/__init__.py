@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ppdiag.errors import InputError
 from ppdiag.model import Direction, Run
+from ppdiag.model.schedule import schedule_option
 from ppdiag.pipeline.blocks import Blocks, build_blocks, write_back
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
 from ppdiag.pipeline.overrides import override_warnings
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
-from ppdiag.pipeline.schedule import SCHEDULES, detect_schedule, label_from_order, microbatch_count
+from ppdiag.pipeline.schedule import detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
 from ppdiag.pipeline.topology import Topology, infer_topology, parse_stage_map
 
@@ -47,8 +49,9 @@ class Pipeline:
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     """Topology, clock offsets (applied to the ranks), step windows, labelled blocks and schedule."""
     opts = opts or PipelineOptions()
-    if opts.schedule and opts.schedule not in SCHEDULES:
-        raise InputError(None, f"--schedule {opts.schedule!r}: expected one of {', '.join(SCHEDULES[:-2])}")
+    if opts.schedule:
+        # one list of names for every command: aliases ("interleaved") resolve here
+        opts = dataclasses.replace(opts, schedule=str(schedule_option(opts.schedule)))
     warnings: list[str] = []
     ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
     peers = decide_peers(run, ops, parse_stage_map(opts.stage_map) if opts.stage_map else None)

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.attribution.intervals import union
 from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline
+from ppdiag.model.intervals import union
 from ppdiag.pipeline.steps import LocalStep
 
 PIPE_PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))

@@ -5,20 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from ppdiag.model import Phase, RangeKind, RankTimeline
+from ppdiag.model.schedule import SCHEDULE_NAMES
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.topology import Topology
 
-SCHEDULES = (
-    "gpipe",
-    "1f1b",
-    "interleaved_1f1b",
-    "looped_bfs",
-    "zero_bubble",
-    "zbv",
-    "dualpipev",
-    "unknown",
-    "none",
-)
+#: What the detector may answer: a schedule name, "unknown" (blocks that fit none) or "none" (no PP).
+SCHEDULES = (*SCHEDULE_NAMES, "unknown", "none")
 
 
 def detect_schedule(topo: Topology, blocks: dict[int, Blocks], timelines: dict[int, RankTimeline]) -> str:

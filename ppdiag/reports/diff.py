@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ppdiag.diagnosis import CAUSE_KEYS
-from ppdiag.reports.gate import comparable
+from ppdiag.reports.gate import DEFAULT_STEP_PCT, comparable
 from ppdiag.reports.md import md_escape
 from ppdiag.reports.style import CAUSE_COLORS, CAUSE_MARKS, cause_label
 
 # Below this change a row is "unchanged" for sorting and colouring (timer noise).
 NOISE_MS = 0.005
+# A relative change is shown only against a base that can carry one: at least this share of the
+# step, or at least MIN_BASE_MS (0.009 -> 7.03 ms is "+7.02 ms", not "+78000 %").
+MIN_BASE_STEP_SHARE = 0.01
+MIN_BASE_MS = 0.5
 
 
 def _num(x: Any) -> float | None:
@@ -37,6 +41,7 @@ class DiffRow:
     metric: str
     before: float | None
     after: float | None
+    min_base_ms: float = 0.0  # below this |before| the change is absolute only (delta_pct None)
 
     @property
     def delta_ms(self) -> float | None:
@@ -47,7 +52,7 @@ class DiffRow:
     @property
     def delta_pct(self) -> float | None:
         d = self.delta_ms
-        if d is None or not self.before:
+        if d is None or not self.before or abs(self.before) < self.min_base_ms:
             return None
         return 100.0 * d / self.before
 
@@ -103,6 +108,22 @@ class DiffResult:
     notes: list[str] = field(default_factory=list)
     before_label: str = "before"
     after_label: str = "after"
+    threshold_pct: float = DEFAULT_STEP_PCT
+
+    @property
+    def regression(self) -> str | None:
+        """Why the after run counts as a regression (its step time grew by more than
+        ``threshold_pct`` % of the before run's), or None."""
+        r = self.row("run", "step_ms")
+        if r is None or r.before is None or r.after is None or r.before <= 0:
+            return None
+        pct = 100.0 * (r.after - r.before) / r.before
+        if pct <= self.threshold_pct:
+            return None
+        return (
+            f"step time {r.before:.3f} -> {r.after:.3f} ms ({pct:+.1f} %), "
+            f"beyond the {self.threshold_pct:g} % threshold"
+        )
 
     @property
     def appeared(self) -> list[FindingChange]:
@@ -122,6 +143,8 @@ class DiffResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "by": self.by,
+            "threshold_pct": self.threshold_pct,
+            "regression": self.regression,
             "notes": self.notes,
             "run": [r.to_json() for r in self.run],
             "groups": [r.to_json() for r in self.groups],
@@ -149,31 +172,67 @@ def _group_map(rep: dict[str, Any], by: str) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _ids(xs: Any) -> list[int]:
+    return (
+        sorted({int(x) for x in xs if isinstance(x, int) and not isinstance(x, bool)})
+        if isinstance(xs, list)
+        else []
+    )
+
+
 def _finding_key(f: dict[str, Any]) -> tuple[str, str]:
-    st = f.get("stages") or []
+    """(code, where): a finding is the same on both sides when its code and its stages (ranks for
+    one without stages) are, in whatever order the report lists them."""
+    st = _ids(f.get("stages"))
     if st:
         return str(f.get("code")), "stages " + ",".join(map(str, st))
-    rk = f.get("ranks") or []
+    rk = _ids(f.get("ranks"))
     return str(f.get("code")), (
         "ranks " + ",".join(map(str, rk[:16])) + ("…" if len(rk) > 16 else "")
     ) if rk else ""
 
 
+def _keyed(findings: Any) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """Findings by (code, where, n): the n-th finding with that code and place (two of one key
+    on one side pair with the two on the other, not with each other)."""
+    out: dict[tuple[str, str, int], dict[str, Any]] = {}
+    seen: dict[tuple[str, str], int] = {}
+    for f in findings if isinstance(findings, list) else []:
+        if isinstance(f, dict):
+            k = _finding_key(f)
+            n = seen.get(k, 0)
+            seen[k] = n + 1
+            out[(k[0], k[1], n)] = f
+    return out
+
+
 def diff_reports(
-    a: dict[str, Any], b: dict[str, Any], before_label: str = "before", after_label: str = "after"
+    a: dict[str, Any],
+    b: dict[str, Any],
+    before_label: str = "before",
+    after_label: str = "after",
+    threshold_pct: float = DEFAULT_STEP_PCT,
 ) -> DiffResult:
-    """Compare report ``a`` (before) with ``b`` (after)."""
-    res = DiffResult(before_label=before_label, after_label=after_label)
+    """Compare report ``a`` (before) with ``b`` (after); ``threshold_pct`` is the step-time growth
+    beyond which :attr:`DiffResult.regression` is set (the gate's default ``step_pct``)."""
+    res = DiffResult(before_label=before_label, after_label=after_label, threshold_pct=threshold_pct)
     res.notes += comparable(b, a, base_name=before_label, new_name=after_label)
     sa, sb = a.get("summary") or {}, b.get("summary") or {}
+    step_a = _num(sa.get("step_ms"))
+    # |before| below this gets an absolute change only: "or" keeps 0.5 ms meaningful on long steps
+    min_base = min(MIN_BASE_MS, MIN_BASE_STEP_SHARE * step_a) if step_a and step_a > 0 else MIN_BASE_MS
+
+    def row(scope: str, metric: str, before: float | None, after: float | None) -> DiffRow:
+        return DiffRow(scope, metric, before, after, min_base)
+
     for m in ("step_ms", "step_p95_ms", "compute_ms"):
-        res.run.append(DiffRow("run", m, _num(sa.get(m)), _num(sb.get(m))))
+        res.run.append(row("run", m, _num(sa.get(m)), _num(sb.get(m))))
     la, lb = sa.get("lost_ms") or {}, sb.get("lost_ms") or {}
     tot_a = sum(_num(v) or 0.0 for v in la.values()) if la else None
     tot_b = sum(_num(v) or 0.0 for v in lb.values()) if lb else None
-    res.run.append(DiffRow("run", "lost_ms", tot_a, tot_b))
+    res.run.append(row("run", "lost_ms", tot_a, tot_b))
     for c in CAUSE_KEYS:
-        res.run.append(DiffRow("run", c, _num(la.get(c)), _num(lb.get(c))))
+        res.run.append(row("run", c, _num(la.get(c)), _num(lb.get(c))))
 
     have_stages = bool(_group_map(a, "stage")) and bool(_group_map(b, "stage"))
     res.by = "stage" if have_stages else "rank"
@@ -187,19 +246,16 @@ def diff_reports(
         ra, rb = ga.get(k) or {}, gb.get(k) or {}
         scope = f"{res.by} {k}"
         if res.by == "rank":
-            res.groups.append(DiffRow(scope, "step_ms", _num(ra.get("step_ms")), _num(rb.get("step_ms"))))
-        res.groups.append(
-            DiffRow(scope, "compute_ms", _num(ra.get("compute_ms")), _num(rb.get("compute_ms")))
-        )
+            res.groups.append(row(scope, "step_ms", _num(ra.get("step_ms")), _num(rb.get("step_ms"))))
+        res.groups.append(row(scope, "compute_ms", _num(ra.get("compute_ms")), _num(rb.get("compute_ms"))))
         a_l, b_l = ra.get("lost_ms") or {}, rb.get("lost_ms") or {}
         for c in CAUSE_KEYS:
             va, vb = _num(a_l.get(c)), _num(b_l.get(c))
             if (va or 0.0) == 0.0 and (vb or 0.0) == 0.0:
                 continue  # nothing on either side: keep the table short
-            res.groups.append(DiffRow(scope, c, va, vb))
+            res.groups.append(row(scope, c, va, vb))
 
-    fa = {_finding_key(f): f for f in a.get("findings") or [] if isinstance(f, dict)}
-    fb = {_finding_key(f): f for f in b.get("findings") or [] if isinstance(f, dict)}
+    fa, fb = _keyed(a.get("findings")), _keyed(b.get("findings"))
     for key in list(fb) + [k for k in fa if k not in fb]:
         f = fb.get(key) or fa[key]
         res.findings.append(

@@ -406,16 +406,20 @@ def _get(d: Any, *keys: str) -> Any:
 
 
 def stage_ratio(report: dict[str, Any]) -> tuple[float | None, str]:
-    """Slowest stage compute / mean stage compute, and a note naming the slowest stage."""
-    stages = [s for s in report.get("stages") or [] if _num(s.get("compute_ms")) is not None]
-    if len(stages) < 2:
+    """Slowest stage compute / mean stage compute (:class:`ppdiag.facts.StageBalance`, the measure
+    PP003 and the reports use), and a note naming the heaviest stage."""
+    from ppdiag.facts import balance_of
+    from ppdiag.reports.style import stage_values
+
+    stages = [s for s in report.get("stages") or [] if isinstance(s, dict)]
+    vals = stage_values(stages) if len(stages) >= 2 else None
+    if vals is None:
         return None, "fewer than 2 pipeline stages"
-    vals = [float(s["compute_ms"]) for s in stages]
-    mean = sum(vals) / len(vals)
-    if mean <= 0:
+    bal = balance_of(dict(enumerate(vals)))
+    if bal.ratio is None or bal.heaviest is None or bal.mean_ms is None:
         return None, "no stage compute measured"
-    i = max(range(len(vals)), key=lambda j: vals[j])
-    return vals[i] / mean, f"slowest stage {stages[i].get('stage')}: {vals[i]:.2f} ms vs mean {mean:.2f} ms"
+    i = bal.heaviest
+    return bal.ratio, f"slowest stage {stages[i].get('stage')}: {vals[i]:.2f} ms vs mean {bal.mean_ms:.2f} ms"
 
 
 def comm_wait_ratio(report: dict[str, Any]) -> tuple[float | None, str]:

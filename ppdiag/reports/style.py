@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.facts import balance_of
 
 #: Fill colour of each lost-time cause (colour-blind-aware: Tableau 10 hues, bubble kept neutral
 #: because it is the part of the idle time the schedule itself predicts).
@@ -142,31 +143,35 @@ def num(x: Any) -> float | None:
     return None if math.isnan(v) else v
 
 
-SLOWEST_MIN_RATIO = 1.05
+def stage_values(stages: list[dict[str, Any]]) -> list[float] | None:
+    """The per-stage compute that decides the slowest stage, one value per entry of ``stages``:
+    ``block_ms`` (:func:`ppdiag.facts.stage_block_ms`, the measure PP003 and the gate use); for a
+    report written before it existed, ``compute_ms`` or the sum of the F/B/W means. None when a
+    stage has none of them."""
+    key = "block_ms" if stages and all(num(s.get("block_ms")) is not None for s in stages) else None
+    vals: list[float] = []
+    for s in stages:
+        v = num(s.get(key or "compute_ms"))
+        if v is None:
+            parts = [
+                num((s.get(k) or {}).get("mean"))
+                for k in ("fwd_ms", "bwd_ms", "wgrad_ms")
+                if isinstance(s.get(k), dict)
+            ]
+            if not any(p is not None for p in parts):
+                return None
+            v = sum(p or 0.0 for p in parts)
+        vals.append(v)
+    return vals
 
 
 def slowest_stage(stages: list[dict[str, Any]]) -> int | None:
-    """Index of the stage that sets the pace, or None when no stage stands out."""
-    best, idx = None, None
-    vals: list[float] = []
-    for i, s in enumerate(stages):
-        v = num(s.get("compute_ms"))
-        if v is None:
-            v = sum(
-                num((s.get(k) or {}).get("mean")) or 0.0
-                for k in ("fwd_ms", "bwd_ms", "wgrad_ms")
-                if isinstance(s.get(k), dict)
-            )
-        if best is None or v > best:
-            best, idx = v, i
-        vals.append(v)
-    if len(stages) < 2 or best is None:
+    """Index in ``stages`` of the stage that sets the pace (:attr:`ppdiag.facts.StageBalance.slowest`,
+    one threshold for every report, the gate and PP003), or None when no stage stands out."""
+    vals = stage_values(stages)
+    if vals is None:
         return None
-    mean = sum(vals) / len(vals)
-    # within a few percent of the mean no stage sets the pace: name none
-    if mean <= 0 or best < SLOWEST_MIN_RATIO * mean:
-        return None
-    return idx
+    return balance_of(dict(enumerate(vals))).slowest
 
 
 def ranks_text(run: dict[str, Any]) -> str:

@@ -12,17 +12,8 @@ from rich.text import Text
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.reports.sanitize import clean_tree
-from ppdiag.reports.style import share, share_step_ms, slowest_stage
+from ppdiag.reports.style import CAUSE_LABELS, share, share_step_ms, slowest_stage
 
-CAUSE_LABEL = {
-    "bubble": "bubble",
-    "imbalance": "imbalance",
-    "comm_wait": "comm wait",
-    "exposed_comm": "exposed comm",
-    "host": "host",
-    "exposed_copy": "exposed copy",
-    "unexplained": "unexplained",
-}
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
 
@@ -45,7 +36,7 @@ def headline(report: dict[str, Any]) -> Text:
     if top and share_step_ms(s):
         t.append("  ·  ")
         t.append(
-            ", ".join(f"{CAUSE_LABEL[k]} {v:.1f} ms ({(share(s, k) or 0.0) * 100:.0f}%)" for k, v in top)
+            ", ".join(f"{CAUSE_LABELS[k]} {v:.1f} ms ({(share(s, k) or 0.0) * 100:.0f}%)" for k, v in top)
         )
     t.append("\n")
     pp = run.get("pp", 1)
@@ -85,7 +76,7 @@ def stage_table(report: dict[str, Any]) -> Table | None:
         t.add_column("wgrad", justify="right")
     t.add_column("compute", justify="right")
     for k in CAUSE_KEYS:
-        t.add_column(CAUSE_LABEL[k], justify="right")
+        t.add_column(CAUSE_LABELS[k], justify="right")
     idx = slowest_stage(stages)
     slow = stages[idx]["stage"] if idx is not None else None
     for s in stages:
@@ -108,7 +99,8 @@ def rank_table(report: dict[str, Any], limit: int = 64) -> Table:
     for c in ("rank", "stage", "step", "compute", "exp. p2p", "exp. coll", "exp. copy", "idle"):
         t.add_column(c, justify="right")
     for k in CAUSE_KEYS:
-        t.add_column(CAUSE_LABEL[k], justify="right")
+        # the labels of the HTML and Markdown reports; a narrow column wraps them, never cuts them
+        t.add_column(CAUSE_LABELS[k], justify="right", overflow="fold")
     rows = report["ranks"]
     for r in rows[:limit]:
         t.add_row(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ppdiag.attribution.causes import Attribution, RankStep
     from ppdiag.diagnosis import Finding
+    from ppdiag.facts import StageBalance
     from ppdiag.model import Run
     from ppdiag.pipeline import Pipeline
     from ppdiag.rules.noise import NoiseModel
@@ -39,6 +40,7 @@ class RuleContext:
     predictions: FixPredictions | None = None
     noise: NoiseModel | None = None
     batch: BatchCheck | None = None
+    balance: StageBalance | None = None  # ppdiag.facts.stage_balance of the run, computed once
 
     @property
     def step_ms(self) -> float:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ppdiag.attribution import intervals as ivs
+from ppdiag.model import intervals as ivs
 
 if TYPE_CHECKING:
     from ppdiag.attribution.causes import Attribution, RankStep

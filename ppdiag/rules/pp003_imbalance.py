@@ -4,27 +4,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ppdiag.diagnosis import Finding
+from ppdiag.facts import stage_balance
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 from ppdiag.rules.noise import Z, cause_error_ms
-
-RATIO_MIN = 1.08  # slowest / mean stage compute from which a stage counts as slow
-
-
-def stage_block_ms(ctx: RuleContext) -> dict[int, float]:
-    """Per stage: mean per-step compute in its micro-batch blocks (ms)."""
-    topo = ctx.pipeline.topology
-    out: dict[int, list[float]] = {}
-    for r, b in ctx.pipeline.blocks.items():
-        if not len(b):
-            continue
-        st = topo.stage_of.get(r, 0)
-        for s in np.unique(b.step):
-            out.setdefault(st, []).append(float(b.busy[b.step == s].sum()) / 1e6)
-    return {s: float(np.mean(v)) for s, v in sorted(out.items())}
 
 
 class ImbalanceRule:
@@ -57,17 +41,16 @@ class ImbalanceRule:
         topo = ctx.pipeline.topology
         if topo.pp <= 1 or not ctx.step_ms:
             return []
-        per_stage = stage_block_ms(ctx)
-        if len(per_stage) < 2:
+        # the one definition of the slowest stage, shared with the report and the gate
+        bal = ctx.balance if ctx.balance is not None else stage_balance(ctx.pipeline)
+        per_stage = bal.stage_ms
+        slow, mean, ratio = bal.slowest, bal.mean_ms, bal.ratio
+        if slow is None or mean is None or ratio is None:
             return []
-        vals = np.array(list(per_stage.values()))
-        mean = float(vals.mean())
-        slow = max(per_stage, key=lambda s: per_stage[s])
-        ratio = per_stage[slow] / mean if mean > 0 else 1.0
         imb = mean_cause_ms(ctx, "imbalance")
         # the fix is a rebalanced split: its gain is what-if's "rebalanced stages" row
         gain = fix_gain_ms(ctx, "rebalanced")
-        if ratio < RATIO_MIN or not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:
+        if not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
         excess = (per_stage[slow] - mean) / per_stage[slow]
         # The imbalance is measured on every micro-batch of every step: its own step-to-step spread

@@ -38,25 +38,6 @@ OP_NAMES = {F: "F", B: "B", I: "I", W: "W"}
 
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")
 
-_ALIASES = {
-    "gpipe": "gpipe",
-    "1f1b": "1f1b",
-    "interleaved": "interleaved_1f1b",
-    "interleaved1f1b": "interleaved_1f1b",
-    "interleaved_1f1b": "interleaved_1f1b",
-    "zero_bubble": "zero_bubble",
-    "zerobubble": "zero_bubble",
-    "zb": "zero_bubble",
-    "zbh1": "zero_bubble",
-    "zb_h1": "zero_bubble",
-    "interleavedzerobubble": "zero_bubble",
-    "zbv": "zbv",
-    "zbvzerobubble": "zbv",
-    "zb_v": "zbv",
-    "dualpipev": "dualpipev",
-    "dualpipe_v": "dualpipev",
-}
-
 
 class Action(NamedTuple):
     """One block of work on a rank: virtual stage, op (F/B/I/W) and micro-batch."""
@@ -67,15 +48,14 @@ class Action(NamedTuple):
 
 
 def canonical_schedule(name: str) -> str:
-    """The canonical schedule name for ``name`` (case and separators ignored); ValueError if unknown."""
-    key = name.strip().lower().replace("-", "_").replace(" ", "_")
-    if key in _ALIASES:
-        return _ALIASES[key]
-    key2 = key.replace("_", "")
-    for k, v in _ALIASES.items():
-        if k.replace("_", "") == key2:
-            return v
-    raise ValueError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
+    """The canonical name of a schedule the simulator models (aliases resolved by
+    :func:`ppdiag.model.schedule.parse_schedule`); ValueError if unknown or not simulated."""
+    from ppdiag.model.schedule import parse_schedule
+
+    sched = parse_schedule(name).value
+    if sched not in SCHEDULES:
+        raise ValueError(f"schedule {sched!r} has no simulator model; simulated: {', '.join(SCHEDULES)}")
+    return sched
 
 
 def uses_v_placement(schedule: str) -> bool:

@@ -42,18 +42,14 @@ def _ints(values: MultiStr, flag: str, lo: int = 1, unique: bool = True, hi: int
 
 
 def _schedules(values: MultiStr) -> list[str]:
-    from ppdiag.simulate import SCHEDULES, canonical_schedule
+    from ppdiag.model.schedule import schedule_option
 
     out: list[str] = []
     for v in values or []:
         for part in str(v).split(","):
-            if part.strip():
-                try:
-                    out.append(canonical_schedule(part))
-                except ValueError:
-                    raise InputError(
-                        None, f"--schedule: unknown schedule {part.strip()!r}; known: {', '.join(SCHEDULES)}"
-                    ) from None
+            s = schedule_option(part) if part.strip() else None
+            if s is not None:
+                out.append(s.value)
     return list(dict.fromkeys(out))
 
 
@@ -111,7 +107,8 @@ def register(app: typer.Typer) -> None:
             MultiStr,
             typer.Option(
                 "--schedule",
-                help="Schedule(s) to predict: gpipe, 1f1b, interleaved_1f1b, zero_bubble, zbv, dualpipev.",
+                help="Schedule(s) to predict: gpipe, 1f1b, interleaved_1f1b, looped_bfs (predicted as "
+                "interleaved 1F1B), zero_bubble, zbv, dualpipev.",
             ),
         ] = None,
         virtual: Annotated[
@@ -215,7 +212,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Predict step time, bubble, lost time and activation memory for other M, schedules, v, P or a
         rebalanced layer split, from the measured per-stage costs of a run."""
-        from ppdiag.cli import _fail
+        from ppdiag.cli_support import fail as _fail
 
         try:
             _whatif(
@@ -266,7 +263,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Bubble ratio of a schedule for P stages and M micro-batches (equal stages, free communication),
         and how it falls with M."""
-        from ppdiag.cli import _fail
+        from ppdiag.cli_support import fail as _fail
 
         try:
             res = bubble_table(pp, microbatches, schedule, virtual)
@@ -300,7 +297,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Batch arithmetic: dp = world / (tp x pp x cp), accumulation steps (M) = global / (micro x dp),
         the bubble that M gives, and every inconsistency."""
-        from ppdiag.cli import _fail
+        from ppdiag.cli_support import fail as _fail
 
         code = 0
         try:
@@ -528,13 +525,16 @@ def bubble_table(
     """Bubble ratio of ``schedule`` for ``pp`` stages and ``microbatches`` micro-batches, and for
     M = P, 2P, 4P, 8P: the closed form, the simulator with equal stage costs, and the peak number
     of micro-batches the first rank holds activations for."""
+    from ppdiag.model.schedule import SIMULATED_AS, parse_schedule
     from ppdiag.simulate import SimConfig, canonical_schedule, closed_form_bubble, simulate, splits_backward
     from ppdiag.simulate.schedules import default_virtual
     from ppdiag.whatif.scenarios import rank_peaks
 
     if pp < 1 or microbatches < 1:
         raise ValueError("--pp and --microbatches must be >= 1")
-    sched = canonical_schedule(schedule)
+    named = parse_schedule(schedule)
+    # looped BFS has no simulator model: its bubble is interleaved 1F1B's (same chunks)
+    sched = canonical_schedule(SIMULATED_AS.get(named, named))
     v = default_virtual(sched, virtual if virtual is not None else (2 if sched == "interleaved_1f1b" else 1))
     split = splits_backward(sched)
     fwd, bwd, wg = (1.0, 1.0, 1.0) if split else (1.0, 2.0, 0.0)
@@ -640,6 +640,7 @@ def batch_report(
     virtual: int,
 ) -> dict[str, Any]:
     """:func:`ppdiag.whatif.batch.check_batch` plus the bubble the resulting M gives."""
+    from ppdiag.model.schedule import SIMULATED_AS, parse_schedule
     from ppdiag.simulate import canonical_schedule, closed_form_bubble
     from ppdiag.whatif.batch import check_batch
 
@@ -654,7 +655,8 @@ def batch_report(
     for name, val in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--virtual", virtual)):
         if val < 1:
             raise ValueError(f"{name} must be >= 1, got {val}")
-    sched = canonical_schedule(schedule) if schedule else None
+    named = parse_schedule(schedule) if schedule else None
+    sched = canonical_schedule(SIMULATED_AS.get(named, named)) if named is not None else None
     chk = check_batch(
         world, pp, tp, micro_batch, global_batch, microbatches, cp, schedule=sched, virtual=virtual
     )

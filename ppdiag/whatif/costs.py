@@ -27,15 +27,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.attribution import intervals as ivs
 from ppdiag.errors import InputError
 from ppdiag.model import Kind, Phase, RangeKind, RankTimeline
+from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
 
 F64 = npt.NDArray[np.float64]
 MS = 1e6
-
-_SIM_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")
 
 
 @dataclass
@@ -110,11 +108,18 @@ class MeasuredRun:
 
 def sim_schedule(name: str | None, virtual: int) -> tuple[str, str | None]:
     """The simulator schedule for a detected schedule name, and a note when it is a stand-in."""
+    from ppdiag.model.schedule import SIMULATED_AS, SIMULATED_NOTE, parse_schedule
+    from ppdiag.simulate import SCHEDULES
+
     n = (name or "unknown").lower()
-    if n in _SIM_SCHEDULES:
-        return n, None
-    if n == "looped_bfs":
-        return "interleaved_1f1b", "looped BFS is simulated as interleaved 1F1B (same chunks, other order)"
+    try:
+        s = parse_schedule(n)
+    except ValueError:
+        s = None
+    if s is not None and s.value in SCHEDULES:
+        return s.value, None
+    if s is not None and s in SIMULATED_AS:
+        return SIMULATED_AS[s].value, SIMULATED_NOTE[s]
     fallback = "interleaved_1f1b" if virtual > 1 else "1f1b"
     return fallback, f"schedule {n!r} could not be identified; simulated as {fallback}"
 

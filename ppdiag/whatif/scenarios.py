@@ -41,6 +41,7 @@ import numpy.typing as npt
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.errors import InputError
+from ppdiag.model.schedule import SIMULATED_AS, SIMULATED_NOTE, parse_schedule
 from ppdiag.simulate import SimConfig, closed_form_bubble, rank_orders, simulate, splits_backward
 from ppdiag.simulate.schedules import B, F, I, canonical_schedule, default_virtual
 from ppdiag.whatif.costs import (
@@ -665,7 +666,10 @@ class WhatifModel:
         pp = scn.pp or m.pp
         mm = scn.microbatches or m.microbatches
         if scn.schedule:
-            sched = canonical_schedule(scn.schedule)
+            named = parse_schedule(scn.schedule)
+            if named in SIMULATED_AS:
+                notes.append(SIMULATED_NOTE[named])
+            sched = canonical_schedule(SIMULATED_AS.get(named, named))
             if scn.virtual:
                 v = scn.virtual
             elif sched in _INTERLEAVED:
@@ -762,8 +766,8 @@ def describe(scn: Scenario, m: MeasuredRun) -> str:
     parts: list[str] = []
     if scn.microbatches and scn.microbatches != m.microbatches:
         parts.append(f"M={scn.microbatches}")
-    if scn.schedule and canonical_schedule(scn.schedule) != m.schedule:
-        name = canonical_schedule(scn.schedule)
+    if scn.schedule and parse_schedule(scn.schedule).value != m.schedule:
+        name = parse_schedule(scn.schedule).value
         parts.append("interleaved" if name == "interleaved_1f1b" else name)
     if scn.virtual and scn.virtual != m.virtual:
         parts.append(f"v={scn.virtual}")
@@ -929,14 +933,19 @@ def predict_fixes(
     run: Any, report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[Any]
 ) -> FixPredictions | None:
     """Predict every fix of :func:`fix_scenarios` for an analyzed run; None without a usable
-    pipeline. Never raises: a run the model cannot describe just gets no predictions."""
+    pipeline. A run the model cannot describe (it raises :class:`InputError` or ValueError: M
+    unknown, no blocks, an impossible layout) gets no predictions and a warning in
+    ``report["run"]["warnings"]``; any other exception is a bug and propagates."""
     if pipe is None or pipe.topology.pp <= 1:
         return None
     try:
         model = model_of(run, report, pipe, attr, rank_steps)
         preds = {k: model.predict(scn) for k, scn in fix_scenarios(model.meas).items()}
         keys = default_keys(model.meas)
-    except Exception:
+    except (InputError, ValueError) as exc:
+        warnings = (report.get("run") or {}).get("warnings")
+        if isinstance(warnings, list):
+            warnings.append(f"what-if: no predictions for this run ({exc})")
         return None
     out = FixPredictions(model.meas.step_ns / MS, calibration=model.calibration().describe())
     for k, p in preds.items():

@@ -1,0 +1,151 @@
+"""The layer order of the package, and a check that no module imports from a layer above it.
+
+Run ``python -m ppdiag._layers``: it prints every offending import (``file:line``) and exits 1, or
+exits 0 when the package is clean. ``tests/test_layers.py`` runs it.
+
+Layers, lowest first. A module may import its own layer and any layer below, never one above.
+Imports are read with :mod:`ast`, so an import inside a function (a lazy import) counts as much as
+one at the top. A module belongs to the layer of the longest prefix listed for it, so
+``ppdiag.whatif.cli`` sits in ``cli`` while the rest of ``ppdiag.whatif`` sits lower.
+
+Besides the order, one import from another package of a name that starts with ``_`` is refused:
+a private helper that two packages need belongs in a shared module (e.g. :mod:`ppdiag.cli_support`).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# (layer name, module prefixes). Why each sits where it does:
+# - base: no ppdiag imports beyond each other (errors, limits, atomic file writes, the version).
+# - model: the columnar run model, its interval algebra, and the Diagnosis container every later
+#   layer fills or reads.
+# - parsers: trace formats -> model.
+# - simulate: schedule simulator and closed forms; synth (synthetic traces) and the demo recorder
+#   only need the model and the simulator, so they sit here and cannot reach the analysis.
+# - pipeline: stages, micro-batches, schedule, matched transfers, clocks (uses the simulator's
+#   schedule tables).
+# - attribution: lost time split into causes.
+# - whatif: prediction of other configurations from the measured costs (its CLI is in ``cli``).
+# - facts: facts shared by rules, gate and reports, computed once (summary, facts).
+# - rules: findings PP001...
+# - reports: terminal, JSON, Markdown, HTML, Perfetto, diff, gate.
+# - api: the analyze() orchestration (parse -> pipeline -> attribution -> rules).
+# - cli: the typer commands.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("ppdiag", "ppdiag.errors", "ppdiag.limits", "ppdiag.io", "ppdiag._layers")),
+    ("model", ("ppdiag.model", "ppdiag.diagnosis", "ppdiag.report_types")),
+    ("parsers", ("ppdiag.parsers",)),
+    ("simulate", ("ppdiag.simulate", "ppdiag.synth", "ppdiag.demo")),
+    ("pipeline", ("ppdiag.pipeline",)),
+    ("attribution", ("ppdiag.attribution",)),
+    ("whatif", ("ppdiag.whatif",)),
+    ("facts", ("ppdiag.summary", "ppdiag.facts")),
+    ("rules", ("ppdiag.rules",)),
+    ("reports", ("ppdiag.reports",)),
+    ("api", ("ppdiag.api",)),
+    (
+        "cli",
+        ("ppdiag.cli", "ppdiag.cli_support", "ppdiag.__main__", "ppdiag.whatif.cli", "ppdiag.demo.cli"),
+    ),
+)
+
+_RANK: dict[str, int] = {p: i for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes}
+
+
+def layer_of(module: str) -> int:
+    """Index in :data:`LAYERS` of ``module`` (longest listed prefix wins); ``-1`` if not ppdiag."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        rank = _RANK.get(".".join(parts[:n]))
+        if rank is not None:
+            return rank
+    return -1
+
+
+def _package(module: str) -> str:
+    """First two components: ``ppdiag.reports.md`` -> ``ppdiag.reports``."""
+    return ".".join(module.split(".")[:2])
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One import that breaks the layer order (or reaches for another package's private name)."""
+
+    path: Path
+    line: int
+    importer: str
+    imported: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.importer} imports {self.imported}: {self.why}"
+
+
+def _module_name(path: Path, root: Path) -> tuple[str, str]:
+    """(module name, package the module's relative imports resolve against)."""
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+        return ".".join(parts), ".".join(parts)
+    return ".".join(parts), ".".join(parts[:-1])
+
+
+def _imports(tree: ast.AST, package: str) -> list[tuple[int, str, list[str]]]:
+    """(line, absolute module, imported names) for every import in ``tree``, lazy ones included."""
+    out: list[tuple[int, str, list[str]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name, []) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            names = [a.name for a in node.names]
+            out.append((node.lineno, mod, names))
+    return out
+
+
+def check(root: Path | None = None) -> list[Violation]:
+    """Every layer violation under ``root`` (the ``ppdiag`` package directory by default)."""
+    root = root or Path(__file__).resolve().parent
+    found: list[Violation] = []
+    for path in sorted(root.rglob("*.py")):
+        module, package = _module_name(path, root)
+        own = layer_of(module)
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for line, imported, names in _imports(tree, package):
+            if not (imported == "ppdiag" or imported.startswith("ppdiag.")):
+                continue
+            # `from ppdiag.x import y` may name a submodule y: then it imports ppdiag.x.y
+            other = max([layer_of(imported)] + [layer_of(f"{imported}.{n}") for n in names if n != "*"])
+            if other > own:
+                why = f"layer {LAYERS[other][0]!r} is above {LAYERS[own][0]!r}"
+                found.append(Violation(path, line, module, imported, why))
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            if private and _package(imported) != _package(module):
+                why = f"private name(s) {', '.join(private)} of another package"
+                found.append(Violation(path, line, module, imported, why))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the violations, one a line; 1 if any, else 0."""
+    del argv
+    bad = check()
+    for v in bad:
+        print(v)
+    if not bad:
+        print(f"ppdiag layers ok: {' -> '.join(name for name, _ in LAYERS)}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

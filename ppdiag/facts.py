@@ -1,0 +1,112 @@
+"""Facts several consumers need, each defined and computed once.
+
+The JSON report (:mod:`ppdiag.summary`), the rules (PP003 reads :class:`StageBalance`), the gate
+and the terminal, Markdown and HTML reports all take these from here, so "the slowest stage" or "the
+theoretical bubble" mean the same thing wherever they are shown.
+
+* **Stage balance**: per stage, the mean per-step compute of its micro-batch blocks (forward,
+  backward, weight-grad: the work a pipeline stage owns, optimizer and other compute left out),
+  the slowest stage, its ratio to the mean stage, and whether that ratio makes it *the* slow stage
+  (:data:`SLOW_STAGE_RATIO`, the one threshold).
+* **Bubble**: the schedule's theoretical bubble from the simulator's closed forms, and the
+  measured pipeline waits (bubble + imbalance) per step window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ppdiag.pipeline import Pipeline
+
+#: slowest / mean stage compute from which one stage counts as setting the pipeline's pace. Below
+#: it the stages are within what step-to-step variation and uneven first/last layers give anyway.
+SLOW_STAGE_RATIO = 1.08
+
+
+@dataclass(frozen=True)
+class StageBalance:
+    """How evenly the compute is spread over the pipeline stages."""
+
+    stage_ms: Mapping[int, float]
+    """stage -> mean per-step compute in its micro-batch blocks (ms), stages with blocks only"""
+    mean_ms: float | None
+    """mean of ``stage_ms`` (None with fewer than 2 stages)"""
+    heaviest: int | None
+    """the stage with the most compute (None with fewer than 2 stages); ties: the lowest index"""
+    ratio: float | None
+    """``stage_ms[heaviest] / mean_ms`` (None with fewer than 2 stages or no compute)"""
+    spread_ms: float | None
+    """max - min of ``stage_ms``: what a perfect split would even out at most"""
+
+    @property
+    def slowest(self) -> int | None:
+        """The stage that sets the pace: ``heaviest`` when its ratio reaches
+        :data:`SLOW_STAGE_RATIO`, else None (no stage stands out)."""
+        if self.heaviest is None or self.ratio is None or self.ratio < SLOW_STAGE_RATIO:
+            return None
+        return self.heaviest
+
+
+def balance_of(stage_ms: Mapping[int, float]) -> StageBalance:
+    """The :class:`StageBalance` of per-stage compute values (any unit; ms by convention)."""
+    vals = {int(s): float(v) for s, v in stage_ms.items()}
+    if len(vals) < 2:
+        return StageBalance(vals, None, None, None, None)
+    arr = np.array(list(vals.values()), dtype=np.float64)
+    mean = float(arr.mean())
+    # max() keeps the first of equal values: the lowest stage index, as the dict is in stage order
+    heaviest = max(sorted(vals), key=lambda s: vals[s])
+    ratio = vals[heaviest] / mean if mean > 0 else None
+    return StageBalance(vals, mean, heaviest, ratio, float(arr.max() - arr.min()))
+
+
+def stage_block_ms(pipe: Pipeline) -> dict[int, float]:
+    """Per stage: the mean over its ranks and steps of one step's micro-batch block compute (ms)."""
+    stage_of = pipe.topology.stage_of
+    out: dict[int, list[float]] = {}
+    for r, b in pipe.blocks.items():
+        if not len(b):
+            continue
+        st = stage_of.get(r, 0)
+        # one sum per step: group the blocks by step with a sort, not a scan per step
+        steps, inv = np.unique(b.step, return_inverse=True)
+        sums = np.bincount(inv, weights=b.busy.astype(np.float64), minlength=steps.size)
+        out.setdefault(st, []).extend((sums / 1e6).tolist())
+    return {s: float(np.mean(v)) for s, v in sorted(out.items())}
+
+
+def stage_balance(pipe: Pipeline) -> StageBalance:
+    """The run's stage balance (empty without pipeline parallelism)."""
+    if pipe.topology.pp <= 1:
+        return balance_of({})
+    return balance_of(stage_block_ms(pipe))
+
+
+def theoretical_bubble(schedule: str, pp: int, microbatches: int | None, virtual: int) -> float | None:
+    """The schedule's bubble ratio with equal stages and free communication (the simulator's closed
+    forms), or None when there is no pipeline, M is unknown or the schedule has no closed form."""
+    if pp <= 1 or not microbatches:
+        return None
+    from ppdiag.simulate import closed_form_bubble
+    from ppdiag.simulate.schedules import canonical_schedule
+
+    # looped BFS runs each chunk's forwards for all micro-batches before its backwards: its ramp
+    # is interleaved 1F1B's, (P-1)/(vM+P-1)
+    name = "interleaved_1f1b" if schedule == "looped_bfs" else schedule
+    try:
+        return float(closed_form_bubble(canonical_schedule(name), pp, microbatches, virtual))
+    except ValueError:
+        return None  # "unknown", "none": no schedule to take a closed form of
+
+
+def measured_bubble(waits_ns: Iterable[float], windows_ns: Iterable[float]) -> float | None:
+    """Mean over (rank, step) windows of the pipeline waits (bubble + imbalance) / window."""
+    w = np.fromiter(waits_ns, dtype=np.float64)
+    d = np.fromiter(windows_ns, dtype=np.float64)
+    if w.size == 0:
+        return None
+    ratio = np.divide(w, d, out=np.zeros_like(w), where=d > 0)
+    return float(ratio.mean())

@@ -1,0 +1,115 @@
+"""Vectorized interval algebra on sorted int64 arrays (union, clip, subtract, measure).
+
+An interval set is a pair ``(starts, ends)`` of int64 arrays, sorted and non-overlapping after
+:func:`union`. Everything here is numpy; no per-interval Python loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+Arr = npt.NDArray[np.int64]
+ISet = tuple[Arr, Arr]
+
+
+def empty() -> ISet:
+    z = np.zeros(0, dtype=np.int64)
+    return z, z.copy()
+
+
+def union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> ISet:
+    """Merge possibly overlapping intervals into a sorted disjoint set (touching ones merge)."""
+    s = np.asarray(starts, dtype=np.int64)
+    e = np.asarray(ends, dtype=np.int64)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if s.size == 0:
+        return empty()
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    run_end = np.maximum.accumulate(e)
+    # A new merged interval begins where the start lies beyond every earlier end.
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_end[:-1]
+    idx = np.flatnonzero(new)
+    out_s = s[idx]
+    out_e = run_end[np.r_[idx[1:] - 1, s.size - 1]]
+    return out_s, out_e
+
+
+def measure(iset: ISet) -> int:
+    s, e = iset
+    return int((e - s).sum()) if s.size else 0
+
+
+def clip(iset: ISet, lo: int, hi: int) -> ISet:
+    """The part of a disjoint set inside ``[lo, hi)``."""
+    s, e = iset
+    if s.size == 0 or hi <= lo:
+        return empty()
+    cs = np.maximum(s, lo)
+    ce = np.minimum(e, hi)
+    keep = ce > cs
+    return cs[keep], ce[keep]
+
+
+def subtract(a: ISet, b: ISet) -> ISet:
+    """``a`` minus ``b`` for disjoint sorted sets."""
+    a_s, a_e = a
+    b_s, b_e = b
+    if a_s.size == 0 or b_s.size == 0:
+        return a_s.copy(), a_e.copy()
+    # Boundaries of b inside each a interval, via a sweep on a merged event list.
+    pts = np.concatenate([a_s, a_e, b_s, b_e])
+    delta_a = np.concatenate([np.ones(a_s.size), -np.ones(a_e.size), np.zeros(b_s.size * 2)])
+    delta_b = np.concatenate([np.zeros(a_s.size * 2), np.ones(b_s.size), -np.ones(b_e.size)])
+    order = np.argsort(pts, kind="stable")
+    pts = pts[order]
+    ca = np.cumsum(delta_a[order])
+    cb = np.cumsum(delta_b[order])
+    inside = (ca > 0) & (cb <= 0)
+    seg_s = pts[:-1][inside[:-1]]
+    seg_e = pts[1:][inside[:-1]]
+    keep = seg_e > seg_s
+    return union(seg_s[keep], seg_e[keep])
+
+
+def intersect(a: ISet, b: ISet) -> ISet:
+    """Intersection of two disjoint sorted sets."""
+    return subtract(a, subtract(a, b))
+
+
+def complement(iset: ISet, lo: int, hi: int) -> ISet:
+    """The gaps of a disjoint set inside ``[lo, hi)``."""
+    full = (np.array([lo], dtype=np.int64), np.array([hi], dtype=np.int64))
+    return subtract(full, clip(iset, lo, hi))
+
+
+def window(iset: ISet, lo: int, hi: int) -> ISet:
+    """:func:`clip` for a sorted disjoint set in O(log n + k): only the k intervals that reach into
+    ``[lo, hi)`` are touched (binary search on the ends and starts)."""
+    s, e = iset
+    if s.size == 0 or hi <= lo:
+        return empty()
+    i0 = int(np.searchsorted(e, lo, side="right"))
+    i1 = int(np.searchsorted(s, hi, side="left"))
+    if i1 <= i0:
+        return empty()
+    cs = np.maximum(s[i0:i1], lo)
+    ce = np.minimum(e[i0:i1], hi)
+    keep = ce > cs
+    return cs[keep], ce[keep]
+
+
+def measure_in(iset: ISet, lo: int, hi: int) -> int:
+    """``measure(clip(iset, lo, hi))`` for a sorted disjoint set in O(log n + k)."""
+    s, e = iset
+    if s.size == 0 or hi <= lo:
+        return 0
+    i0 = int(np.searchsorted(e, lo, side="right"))
+    i1 = int(np.searchsorted(s, hi, side="left"))
+    if i1 <= i0:
+        return 0
+    return int(np.maximum(np.minimum(e[i0:i1], hi) - np.maximum(s[i0:i1], lo), 0).sum())

@@ -1,0 +1,47 @@
+"""Typed report sections (ppdiag/report_types.py): the shipped schema is current, docs/json.md
+names every field, and a real report decodes into the types."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ppdiag.api import Options, diagnose
+from ppdiag.report_types import SCHEMA_PATH, SECTIONS, RankRow, StageRow, Summary, schema_text
+from ppdiag.synth.kineto import write_kineto
+from ppdiag.synth.scenario import make_scenario
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "json.md"
+
+
+def test_shipped_schema_is_current() -> None:
+    assert SCHEMA_PATH.read_text(encoding="utf-8") == schema_text(), "run: python -m ppdiag.report_types"
+
+
+def test_docs_name_every_field() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+    missing = [f"{name}.{f}" for name, t in SECTIONS.items() for f in t.__struct_fields__ if f not in words]
+    assert missing == []
+    # and the sections themselves are headings of docs/json.md's field list
+    for name in SECTIONS:
+        assert re.search(rf"^{name}(\[\])?\s", text, re.M), name
+
+
+def test_report_decodes_into_the_types(tmp_path: Path) -> None:
+    write_kineto(make_scenario(steps=2), tmp_path)
+    rep = diagnose([tmp_path], Options()).report
+    s = msgspec.convert(rep["summary"], Summary)
+    assert s.step_ms is not None and s.step_ms > 0
+    stages = msgspec.convert(rep["stages"], list[StageRow])
+    ranks = msgspec.convert(rep["ranks"], list[RankRow])
+    assert [x.stage for x in stages] == [0, 1, 2, 3] and len(ranks) == 4
+    # every key the report writes is a declared field, in the declared order
+    assert list(rep["summary"]) == list(Summary.__struct_fields__)
+    assert list(rep["stages"][0]) == list(StageRow.__struct_fields__)
+    assert list(rep["ranks"][0]) == list(RankRow.__struct_fields__)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({**rep["ranks"][0], "steps": "two"}, RankRow)
