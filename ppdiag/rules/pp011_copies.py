@@ -47,8 +47,10 @@ class CopiesRule:
             return []
         copy = mean_cause_ms(ctx, "exposed_copy")
         lost = sum(float(v or 0.0) for v in ctx.report["summary"]["lost_ms"].values())
-        gain = replay_gain_ms(ctx, "gain_copy") if ctx.pipeline.topology.pp > 1 else copy
-        gain = gain or copy
+        # the replay's gain when it ran (a real zero stays zero); without a replay nothing runs
+        # beside an exposed copy, so removing it shortens the step by its own time
+        replayed = {"measured", "gain_copy"} <= ctx.attribution.step_replay_ns.keys()
+        gain = replay_gain_ms(ctx, "gain_copy") if replayed else copy
         if copy <= 0 or 100 * max(copy, gain) / ctx.step_ms < MIN_PCT:
             return []
         per_rank = {
