@@ -234,6 +234,23 @@ def gunzip(raw: bytes, path: str, limit: int | None = None) -> tuple[bytes, bool
     Decompression stops at ``limit`` bytes (default :func:`max_trace_bytes`) with an InputError:
     memory stays bounded by the cap, whatever the stream claims."""
     cap = max_trace_bytes(len(raw)) if limit is None else limit
+    # The usual file is one gzip member: inflate it in one call bounded by the cap, so the output
+    # is one buffer and no b"".join copy of the whole trace is made.
+    d0 = zlib.decompressobj(wbits=31)
+    try:
+        whole = d0.decompress(raw, cap + 1)
+    except zlib.error:
+        whole = b""  # the member-by-member loop below reports it
+    else:
+        if len(whole) > cap:
+            raise InputError(
+                path,
+                f"gzip data expands past {_size(cap)} ({_size(len(raw))} compressed): "
+                "refused as a likely gzip bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+            )
+        if d0.eof and not d0.unused_data.strip(b"\x00"):
+            return whole, False
+    del whole, d0
     parts: list[bytes] = []
     total = 0
     data = raw

@@ -282,10 +282,22 @@ def _parse_one(path: str, fmt: str, options: ParseOptions) -> _Outcome:
     """Worker: parse one file."""
     load_builtin()
     parser: Parser = PARSERS[fmt]
+    from ppdiag.parsers import cache
+
+    key = cache.entry_key(Path(path), fmt) if cache.enabled() else None
+    if key is not None:
+        hit = cache.get(key)
+        if hit is not None:
+            for tl in hit:  # the entry may come from another spelling of the same file
+                tl.source = path
+            return _Outcome(ranks=hit)
     try:
-        return _Outcome(ranks=parser.parse(Path(path), options))
+        ranks = parser.parse(Path(path), options)
     except InputError as exc:
         return _Outcome(error_path=exc.path, error_message=exc.message)
+    if key is not None:
+        cache.put(key, ranks)
+    return _Outcome(ranks=ranks)
 
 
 class _Bar:
