@@ -1,6 +1,6 @@
 """The Kineto parser's output is unchanged by speed and memory work: every column of every test
 and shared trace hashes to the digest stored from the reference parser
-(``tests/data/kineto_parse_digests.json``; regenerate it only for an intended output change, and say
+(``tests/digests/kineto_parse.json``; regenerate it only for an intended output change, and say
 so in the commit)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from parse_digest import timeline_digest
 
 from ppdiag.parsers.kineto import parse_file
 
-DIGESTS = Path(__file__).resolve().parent / "data" / "kineto_parse_digests.json"
+DIGESTS = Path(__file__).resolve().parent / "digests" / "kineto_parse.json"
 EXPECTED: dict[str, dict[str, str]] = json.loads(DIGESTS.read_text())
 
 
