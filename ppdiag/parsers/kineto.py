@@ -90,6 +90,7 @@ class TraceTypes:
     trace: Any
     decoder: msgspec.json.Decoder[Any]
     event_decoder: msgspec.json.Decoder[Any]
+    args_decoder: msgspec.json.Decoder[Any]  # a JSON array of args objects (or nulls)
 
 
 def _make_types(lenient: bool) -> TraceTypes:
@@ -111,7 +112,9 @@ def _make_types(lenient: bool) -> TraceTypes:
         # NaN, not 0: a missing ts must be told apart from a real one (it is counted and dropped)
         ("ts", Any if lenient else float, float("nan")),
         ("dur", Any if lenient else float, 0.0),
-        ("args", args_t | None, None),
+        # args stay raw JSON until read: only the events that need them (GPU, runtime and comm
+        # ops, a small share of a trace) pay for decoding them, see _decode_args
+        ("args", msgspec.Raw, msgspec.Raw()),
     ]
     event_t = msgspec.defstruct("KinetoEvent", ev_fields, gc=False)
     trace_t = msgspec.defstruct(
@@ -132,11 +135,25 @@ def _make_types(lenient: bool) -> TraceTypes:
         trace=trace_t,
         decoder=msgspec.json.Decoder(trace_t),
         event_decoder=msgspec.json.Decoder(check_t),
+        args_decoder=msgspec.json.Decoder(list[args_t | None]),  # type: ignore[valid-type]
     )
 
 
 _STRICT = _make_types(lenient=False)
 _LENIENT = _make_types(lenient=True)
+
+
+def _decode_args(raws: list[msgspec.Raw]) -> list[Any]:
+    """The args Structs of some events (None where an event has no args object), decoded in one
+    call over the joined raw JSON; strictly typed, else leniently (any JSON type per field)."""
+    if not raws:
+        return []
+    blob = b"".join((b"[", b",".join([r if len(r) else b"null" for r in raws]), b"]"))
+    try:
+        out: list[Any] = _STRICT.args_decoder.decode(blob)
+    except msgspec.ValidationError:
+        out = _LENIENT.args_decoder.decode(blob)
+    return out
 
 
 def trace_decoder() -> msgspec.json.Decoder[Any]:
@@ -1394,6 +1411,9 @@ def _collect_host(
     host.start = ts.tolist()
     host.end = (ts + dur).tolist()
     host.tid = _tids([e.tid for e in ks]).tolist()
+    comm_args = iter(
+        _decode_args([e.args for j, e in zip(kept, ks, strict=True) if infos[j].cls in _COMM_CLS])
+    )
     for j, e in zip(kept, ks, strict=True):
         info = infos[j]
         if info.range_kind < 0:
@@ -1401,9 +1421,9 @@ def _collect_host(
         host.info.append(info)
         host.name.append(e.name if isinstance(e.name, str) else str(e.name))
         host.is_cpu_op.append(bool(sub_codes[j] == K_CPUOP))
-        if info.cls in (N_COMM, N_PP_COMM):
-            host.comm.append(_host_comm(info, e.args, ctx))
-            a = e.args
+        if info.cls in _COMM_CLS:
+            a = next(comm_args)
+            host.comm.append(_host_comm(info, a, ctx))
             x = -1 if a is None else _as_int(a.ext)
             host.ext.append(x if x >= 0 or a is None else _as_int(a.ext_lc))
         else:
@@ -1411,6 +1431,9 @@ def _collect_host(
             host.ext.append(-1)
     _inherit_from_issuer(host)
     return host
+
+
+_COMM_CLS = (N_COMM, N_PP_COMM)
 
 
 def _inherit_from_issuer(host: _Host) -> None:
@@ -1500,7 +1523,7 @@ def _gpu_mode(
     start = us_to_ns(_f64([e.ts for e in g]), base)
     dur = np.maximum(us_to_ns(_f64([e.dur for e in g]), 0), 0)
     empty_args = _STRICT.args()
-    gargs = [e.args if e.args is not None else empty_args for e in g]
+    gargs = [a if a is not None else empty_args for a in _decode_args([e.args for e in g])]
     stream = _i64([a.stream for a in gargs])
     tid = _tids([e.tid for e in g])
     stream = np.where(stream >= 0, stream, tid)
@@ -1538,7 +1561,7 @@ def _gpu_mode(
     launch_tid = np.full(n, -1, dtype=np.int64)
     if len(rt_idx):
         rt = [evs[i] for i in rt_idx.tolist()]
-        rt_args = [(e.args.correlation if e.args is not None else -1) for e in rt]
+        rt_args = [(a.correlation if a is not None else -1) for a in _decode_args([e.args for e in rt])]
         rt_corr = _i64(rt_args, name="correlation", path=ctx.path)
         rt_ts = us_to_ns(_f64([e.ts for e in rt]), base)
         rt_tid = _tids([e.tid for e in rt])
@@ -1906,12 +1929,13 @@ def _cpu_mode(
     )
     comm_pos: list[int] = []
     comm_info: list[_CommInfo] = []
-    for k, (o, inf) in enumerate(zip(t_ops, t_info, strict=True)):
+    op_args = iter(_decode_args([o.args for o, inf in zip(t_ops, t_info, strict=True) if inf.cls == N_COMM]))
+    for k, inf in enumerate(t_info):
         if inf.cls == N_BWD_OP:
             phase[k] = Phase.BWD
         elif inf.cls == N_COMM:
             # the issuing op of a c10d call is communication, not compute
-            c = _host_comm(inf, o.args, ctx)
+            c = _host_comm(inf, next(op_args), ctx)
             kind[k] = Kind.P2P if c.comm == C_P2P else Kind.COLLECTIVE
             peer[k], direction[k], nbytes[k] = c.peer, c.direction, c.nbytes
             comm_pos.append(k)
