@@ -186,3 +186,23 @@ def test_default_dir_without_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
         import platformdirs  # noqa: F401
     except ImportError:
         assert d == tmp_path / "xdg" / "ppdiag"
+
+
+def test_warm_rerun_starts_no_worker(tmp_path: Path, cache_on: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ppdiag.parsers import loader
+
+    src = SHARED_TRACES / "kineto" / "gloo_cpu_2rank"
+    if not src.is_dir():
+        pytest.skip("shared traces not available")
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    cold = loader.load_run([run], jobs=2, progress=False)
+    assert len(_entries(cache_on)) == 2
+
+    def no_pool(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a warm re-run must not start parse workers")
+
+    monkeypatch.setattr(loader, "ProcessPoolExecutor", no_pool)
+    warm = loader.load_run([run], jobs=2, progress=False)
+    assert [_state(t) for t in warm.ranks] == [_state(t) for t in cold.ranks]
+    assert warm.warnings == cold.warnings
