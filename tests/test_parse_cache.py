@@ -206,3 +206,24 @@ def test_warm_rerun_starts_no_worker(tmp_path: Path, cache_on: Path, monkeypatch
     warm = loader.load_run([run], jobs=2, progress=False)
     assert [_state(t) for t in warm.ranks] == [_state(t) for t in cold.ranks]
     assert warm.warnings == cold.warnings
+
+
+def test_parser_version_follows_the_parser_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import ppdiag
+
+    # a copy of the package sources with one parser line changed gets another version
+    fake = tmp_path / "ppdiag"
+    root = Path(ppdiag.__file__).resolve().parent
+    for sub in ("parsers", "model"):
+        (fake / sub).mkdir(parents=True)
+        for f in (root / sub).glob("*.py"):
+            (fake / sub / f.name).write_bytes(f.read_bytes())
+    for n in ("errors.py", "io.py", "limits.py", "__init__.py"):
+        (fake / n).write_bytes((root / n).read_bytes())
+    monkeypatch.setattr(ppdiag, "__file__", str(fake / "__init__.py"))
+    monkeypatch.setattr(cache, "_VERSION", None)
+    v1 = cache.parser_version()
+    k = fake / "parsers" / "kineto.py"
+    k.write_text(k.read_text() + "\n# changed\n")
+    monkeypatch.setattr(cache, "_VERSION", None)
+    assert cache.parser_version() != v1

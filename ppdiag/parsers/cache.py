@@ -81,7 +81,10 @@ def parser_version() -> str:
 
         root = Path(ppdiag.__file__).resolve().parent
         h = hashlib.blake2b(ppdiag.__version__.encode(), digest_size=12)
+        # every module a parser's output can depend on: the parsers, the model, and the helpers
+        # the parsers import
         srcs = sorted((root / "parsers").glob("*.py")) + sorted((root / "model").glob("*.py"))
+        srcs += [root / n for n in ("errors.py", "io.py", "limits.py")]
         for p in srcs:
             h.update(p.name.encode())
             try:
