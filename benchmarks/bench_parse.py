@@ -10,6 +10,9 @@ memory is that work's own), it measures:
   same number of processes; nothing else;
 * ``ppdiag load``: :func:`ppdiag.parsers.loader.load_run` (parse to the columnar model);
 * ``ppdiag analysis``: the full analysis (``ppdiag.api.analyze_run``) on the loaded run;
+* ``read``: reading the files' bytes (no gunzip): the least any tool can spend;
+* ``cache hit``: :func:`load_run` again with a warm parse cache (a fresh cache folder is filled
+  by one load first; the plain ``ppdiag load`` above runs with the cache off);
 * ``HTA``: Holistic Trace Analysis ``TraceAnalysis(trace_dir=...)`` plus its temporal and idle
   breakdowns, when ``hta`` is importable.
 
@@ -125,11 +128,23 @@ def _floor_one(path: str) -> int:
     return len(doc.traceEvents)
 
 
+def _read_one(path: str) -> int:
+    return len(Path(path).read_bytes())
+
+
 def _child(kind: str, folder: str, jobs: int) -> dict[str, Any]:
     files = sorted(str(p) for p in Path(folder).iterdir() if p.is_file())
     out: dict[str, Any] = {}
     t = time.perf_counter()
-    if kind == "floor":
+    if kind == "read":
+        out["bytes"] = sum(_read_one(f) for f in files)
+    elif kind in ("cache_fill", "cache_hit"):
+        from ppdiag.parsers.loader import load_run
+
+        run = load_run([folder], jobs=jobs, progress=False)
+        out["load_s"] = time.perf_counter() - t
+        out["events"] = sum(r.events_total for r in run.ranks)
+    elif kind == "floor":
         if jobs == 1:
             n = sum(_floor_one(f) for f in files)
         else:
@@ -181,12 +196,15 @@ def _child(kind: str, folder: str, jobs: int) -> dict[str, Any]:
     return out
 
 
-def measure(kind: str, folder: Path, jobs: int) -> dict[str, Any]:
-    return _run_child(["--child", kind, str(folder), str(jobs)])
+def measure(kind: str, folder: Path, jobs: int, cache_dir: Path | None = None) -> dict[str, Any]:
+    env = {"PPDIAG_CACHE_DIR": str(cache_dir)} if cache_dir else {"PPDIAG_NO_CACHE": "1"}
+    return _run_child(["--child", kind, str(folder), str(jobs)], env)
 
 
-def _run_child(args: list[str]) -> dict[str, Any]:
+def _run_child(args: list[str], extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     env = dict(os.environ)
+    env.pop("PPDIAG_NO_CACHE", None)
+    env.update(extra_env or {})
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
         [sys.executable, __file__, *args], capture_output=True, text=True, env=env, check=False
@@ -252,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{jobs} process(es), {os.cpu_count()} CPU(s)"
         )
         results: dict[str, dict[str, Any]] = {}
-        kinds = ["floor", "ppdiag"]
+        kinds = ["read", "floor", "ppdiag"]
         try:
             import hta  # noqa: F401
 
@@ -269,14 +287,27 @@ def main(argv: list[str] | None = None) -> int:
                     break
             assert best is not None
             results[kind] = best
-        report(results)
+        cache_dir = Path(tempfile.mkdtemp(prefix="ppdiag-bench-cache-"))
+        try:
+            results["cache_fill"] = measure("cache_fill", folder, jobs, cache_dir)
+            best = None
+            for _ in range(max(1, args.repeat)):
+                r = measure("cache_hit", folder, jobs, cache_dir)
+                if "error" in r or best is None or r["wall_s"] < best["wall_s"]:
+                    best = r
+            assert best is not None
+            results["cache_hit"] = best
+        finally:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+        report(results, raw / args.ranks / (1 << 20))
     finally:
         if args.keep is None:
             shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 
-def report(results: dict[str, dict[str, Any]]) -> None:
+def report(results: dict[str, dict[str, Any]], raw_mb: float | None = None) -> None:
+    """Print every measurement with its ratio to the floor, then the ratios of one run."""
     floor = results["floor"]
     pp = results["ppdiag"]
     if "error" in floor or "error" in pp:
@@ -291,8 +322,17 @@ def report(results: dict[str, dict[str, Any]]) -> None:
         )
 
     print(f"events: {floor['events']:,} ({pp['events']:,} parsed by ppdiag, {pp['intervals']:,} intervals)")
+    rd = results.get("read", {})
+    if "wall_s" in rd:
+        line("read the bytes", rd["wall_s"], rd)
     line("floor (gunzip + decode)", fs, floor)
     line("ppdiag load", pp["load_s"], pp)
+    fill, hit = results.get("cache_fill", {}), results.get("cache_hit", {})
+    if "load_s" in fill and "load_s" in hit:
+        line("ppdiag load, cache filling", fill["load_s"], fill)
+        line("ppdiag load, cache hit", hit["load_s"], hit)
+    elif fill or hit:
+        print(f"cache: not measured ({fill.get('error') or hit.get('error')})")
     if "analysis_s" in pp:
         line("ppdiag load + analysis", pp["wall_s"], pp)
         print(f"{'  of which analysis':<28} {pp['analysis_s']:8.2f} s")
@@ -308,14 +348,28 @@ def report(results: dict[str, dict[str, Any]]) -> None:
             if "breakdown_s" in h:
                 line("HTA parse + breakdowns", h["wall_s"], h)
                 if "analysis_s" in pp:
-                    print(f"HTA parse + temporal + idle breakdowns / ppdiag load + analysis: "
-                          f"{h['wall_s'] / pp['wall_s']:.1f}x")
+                    print(
+                        f"HTA parse + temporal + idle breakdowns / ppdiag load + analysis: "
+                        f"{h['wall_s'] / pp['wall_s']:.1f}x"
+                    )
             else:
                 print(f"HTA breakdowns: failed ({h.get('breakdown_error')})")
     else:
         print("HTA: not installed (pip install HolisticTraceAnalysis to compare)")
     verdict = "within" if pp["load_s"] <= 3 * fs else "ABOVE"
-    print(f"ppdiag load / floor = {pp['load_s'] / fs:.2f} ({verdict} the 3x target)")
+    print("ratios (one run):")
+    print(f"  ppdiag load / floor         = {pp['load_s'] / fs:.2f} ({verdict} the 3x target)")
+    if "wall_s" in rd and rd["wall_s"] > 0:
+        print(f"  ppdiag load / read bytes    = {pp['load_s'] / rd['wall_s']:.1f}")
+    if "load_s" in hit and hit["load_s"] > 0:
+        print(f"  ppdiag load / cache hit     = {pp['load_s'] / hit['load_s']:.1f}")
+        if "wall_s" in rd and rd["wall_s"] > 0:
+            print(f"  cache hit / read bytes      = {hit['load_s'] / rd['wall_s']:.1f}")
+    if raw_mb:
+        print(
+            f"  largest worker peak RSS / raw JSON of its rank = {pp['rss_worker_mb'] / raw_mb:.2f} "
+            f"(floor {floor['rss_worker_mb'] / raw_mb:.2f})"
+        )
 
 
 if __name__ == "__main__":

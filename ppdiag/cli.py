@@ -80,6 +80,15 @@ PerfettoOut = Annotated[
     typer.Option("--perfetto", help="Write a Perfetto/chrome://tracing trace with cause tracks here."),
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
+NoCache = Annotated[
+    bool, typer.Option("--no-cache", help="Parse every trace again; do not read or write the parse cache.")
+]
+
+
+def _no_cache(flag: bool) -> None:
+    # an environment variable, so that the parse workers (child processes) see it too
+    if flag:
+        os.environ["PPDIAG_NO_CACHE"] = "1"
 
 
 def echo(line: str) -> None:
@@ -237,9 +246,11 @@ def analyze(
     jobs: Jobs = None,
     ranks: Annotated[bool, typer.Option("--ranks/--no-ranks", help="Show the per-rank table.")] = True,
     quiet: Quiet = False,
+    no_cache: NoCache = False,
 ) -> None:
     """Analyze a run: time accounting per rank, lost time by cause, findings with fixes."""
     try:
+        _no_cache(no_cache)
         _targets([json_out, html, md, perfetto], list(paths))
         opts = _options(
             pp=pp,
@@ -290,6 +301,7 @@ def check(
         ),
     ] = False,
     quiet: Quiet = False,
+    no_cache: NoCache = False,
 ) -> None:
     """CI gate: check a run against a bubble budget and a baseline. Exit 0 pass, 1 fail, 3 inconclusive.
 
@@ -298,6 +310,7 @@ def check(
     missing, unless --allow-partial.
     """
     try:
+        _no_cache(no_cache)
         from ppdiag.reports import gate
 
         _targets([json_out, html, md], [*paths, budget, baseline])
@@ -494,15 +507,17 @@ def _main(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
     ] = False,
+    no_cache: NoCache = False,
 ) -> None:
     """ppdiag: why do the GPUs of a pipeline-parallel run wait, and what to fix first."""
+    _no_cache(no_cache)  # before any command: whatif, bubble and diff parse traces too
 
 
 def _register_optional() -> None:
     """Commands that live in their own modules (demo, what-if, calculators)."""
     import importlib
 
-    for mod in ("ppdiag.demo.cli", "ppdiag.whatif.cli"):
+    for mod in ("ppdiag.demo.cli", "ppdiag.whatif.cli", "ppdiag.cache_cli"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:

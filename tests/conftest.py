@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 TEST_DATA = Path(__file__).resolve().parent / "data"
+
+# The parse cache never touches the user's real cache dir from a test: a session folder, removed at
+# exit. It is off by default (tests that monkeypatch a parser must see that parser run); the cache
+# tests turn it on. Set here, at import, so CLI subprocesses and parse workers inherit both.
+_CACHE_DIR = tempfile.mkdtemp(prefix="ppdiag-test-cache-")
+os.environ["PPDIAG_CACHE_DIR"] = _CACHE_DIR
+os.environ["PPDIAG_NO_CACHE"] = "1"
+atexit.register(shutil.rmtree, _CACHE_DIR, True)
 
 
 def shared_trace(relpath: str) -> Path:

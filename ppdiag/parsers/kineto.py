@@ -20,10 +20,13 @@ Format facts (timestamp generations, arg keys, pid/tid meaning) follow ``formats
 from __future__ import annotations
 
 import math
+import operator
 import os
 import re
 import zlib
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +93,7 @@ class TraceTypes:
     trace: Any
     decoder: msgspec.json.Decoder[Any]
     event_decoder: msgspec.json.Decoder[Any]
+    args_decoder: msgspec.json.Decoder[Any]  # a JSON array of args objects (or nulls)
 
 
 def _make_types(lenient: bool) -> TraceTypes:
@@ -111,7 +115,9 @@ def _make_types(lenient: bool) -> TraceTypes:
         # NaN, not 0: a missing ts must be told apart from a real one (it is counted and dropped)
         ("ts", Any if lenient else float, float("nan")),
         ("dur", Any if lenient else float, 0.0),
-        ("args", args_t | None, None),
+        # args stay raw JSON until read: only the events that need them (GPU, runtime and comm
+        # ops, a small share of a trace) pay for decoding them, see _decode_args
+        ("args", msgspec.Raw, msgspec.Raw()),
     ]
     event_t = msgspec.defstruct("KinetoEvent", ev_fields, gc=False)
     trace_t = msgspec.defstruct(
@@ -132,11 +138,25 @@ def _make_types(lenient: bool) -> TraceTypes:
         trace=trace_t,
         decoder=msgspec.json.Decoder(trace_t),
         event_decoder=msgspec.json.Decoder(check_t),
+        args_decoder=msgspec.json.Decoder(list[args_t | None]),  # type: ignore[valid-type]
     )
 
 
 _STRICT = _make_types(lenient=False)
 _LENIENT = _make_types(lenient=True)
+
+
+def _decode_args(raws: list[msgspec.Raw]) -> list[Any]:
+    """The args Structs of some events (None where an event has no args object), decoded in one
+    call over the joined raw JSON; strictly typed, else leniently (any JSON type per field)."""
+    if not raws:
+        return []
+    blob = b"".join((b"[", b",".join([r if len(r) else b"null" for r in raws]), b"]"))
+    try:
+        out: list[Any] = _STRICT.args_decoder.decode(blob)
+    except msgspec.ValidationError:
+        out = _LENIENT.args_decoder.decode(blob)
+    return out
 
 
 def trace_decoder() -> msgspec.json.Decoder[Any]:
@@ -234,6 +254,23 @@ def gunzip(raw: bytes, path: str, limit: int | None = None) -> tuple[bytes, bool
     Decompression stops at ``limit`` bytes (default :func:`max_trace_bytes`) with an InputError:
     memory stays bounded by the cap, whatever the stream claims."""
     cap = max_trace_bytes(len(raw)) if limit is None else limit
+    # The usual file is one gzip member: inflate it in one call bounded by the cap, so the output
+    # is one buffer and no b"".join copy of the whole trace is made.
+    d0 = zlib.decompressobj(wbits=31)
+    try:
+        whole = d0.decompress(raw, cap + 1)
+    except zlib.error:
+        whole = b""  # the member-by-member loop below reports it
+    else:
+        if len(whole) > cap:
+            raise InputError(
+                path,
+                f"gzip data expands past {_size(cap)} ({_size(len(raw))} compressed): "
+                "refused as a likely gzip bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+            )
+        if d0.eof and not d0.unused_data.strip(b"\x00"):
+            return whole, False
+    del whole, d0
     parts: list[bytes] = []
     total = 0
     data = raw
@@ -1123,10 +1160,7 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
         ]
     devprops = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
 
-    n_total = len(evs)
-    codes = np.fromiter(
-        (_CAT.get(e.cat, K_OTHER) if e.ph == "X" else K_OTHER for e in evs), dtype=np.int8, count=n_total
-    )
+    codes = _event_codes(evs)
     # every dropped or altered event of this file in one warning (the loader names the file)
     changed = _read_begin_end(evs, codes) + _drop_bad_times(evs, codes, base)
     if changed:
@@ -1220,13 +1254,37 @@ def _check_fields(dist: dict[str, Any], base: Any, path: str) -> None:
         raise InputError(path, f"baseTimeNanoseconds = {base!r} is out of range (more than 2^62 ns)")
 
 
+def _col(objs: list[Any], attr: str) -> list[Any]:
+    """One attribute of every object, gathered by C-level iteration (no Python bytecode per
+    event): the first step of every per-kind column build."""
+    return list(map(attrgetter(attr), objs))
+
+
+def _event_codes(evs: list[Any]) -> npt.NDArray[np.int8]:
+    """The kind code of every event: its category's code for complete (``X``) events, else
+    K_OTHER. Vectorised over the event list; a category that is not a string (lenient traces)
+    takes the per-event path, where such an event is of no known kind."""
+    n = len(evs)
+    try:
+        codes = np.fromiter(map(_CAT.get, _col(evs, "cat"), repeat(K_OTHER)), dtype=np.int8, count=n)
+    except TypeError:
+        return np.fromiter(
+            (_CAT.get(e.cat, K_OTHER) if e.ph == "X" and isinstance(e.cat, str) else K_OTHER for e in evs),
+            dtype=np.int8,
+            count=n,
+        )
+    is_x = np.fromiter(map(operator.eq, _col(evs, "ph"), repeat("X")), dtype=bool, count=n)
+    codes[~is_x] = K_OTHER
+    return codes
+
+
 def _read_begin_end(evs: list[Any], codes: npt.NDArray[np.int8]) -> list[str]:
     """GPU events written as ``B``/``E`` pairs instead of complete ``X`` events: pair them per
     (pid, tid) in time order and read each pair as one complete event; count what is left.
 
     Only GPU categories are looked at (host B/E events are not used by the analysis)."""
     gpu_cats = {c for c, k in _CAT.items() if K_KERNEL <= k <= K_SYNC}
-    idx = [i for i, e in enumerate(evs) if e.ph != "X" and e.cat in gpu_cats]
+    idx = [i for i, e in enumerate(evs) if e.ph != "X" and isinstance(e.cat, str) and e.cat in gpu_cats]
     if not idx:
         return []
     begin: dict[tuple[Any, Any], list[int]] = {}
@@ -1360,9 +1418,9 @@ def _collect_host(
     if is_bwd.any():
         bsel = np.flatnonzero(is_bwd).tolist()
         b_ev = [sub[i] for i in bsel]
-        b_s = us_to_ns(_f64([e.ts for e in b_ev]), base)
-        b_e = b_s + np.maximum(us_to_ns(_f64([e.dur for e in b_ev]), 0), 0)
-        host.bwd = (b_s, b_e, _tids([e.tid for e in b_ev]))
+        b_s = us_to_ns(_f64(_col(b_ev, "ts")), base)
+        b_e = b_s + np.maximum(us_to_ns(_f64(_col(b_ev, "dur")), 0), 0)
+        host.bwd = (b_s, b_e, _tids(_col(b_ev, "tid")))
     keep_cls = np.fromiter((i.range_kind >= 0 for i in infos), dtype=bool, count=len(infos))
     # every user annotation is kept (they are few and name user phases); CPU ops and Python
     # functions only when their name means something to ppdiag
@@ -1372,11 +1430,14 @@ def _collect_host(
     if not kept:
         return host
     ks = [sub[i] for i in kept]
-    ts = us_to_ns(_f64([e.ts for e in ks]), base)
-    dur = np.maximum(us_to_ns(_f64([e.dur for e in ks]), 0), 0)
+    ts = us_to_ns(_f64(_col(ks, "ts")), base)
+    dur = np.maximum(us_to_ns(_f64(_col(ks, "dur")), 0), 0)
     host.start = ts.tolist()
     host.end = (ts + dur).tolist()
-    host.tid = _tids([e.tid for e in ks]).tolist()
+    host.tid = _tids(_col(ks, "tid")).tolist()
+    comm_args = iter(
+        _decode_args([e.args for j, e in zip(kept, ks, strict=True) if infos[j].cls in _COMM_CLS])
+    )
     for j, e in zip(kept, ks, strict=True):
         info = infos[j]
         if info.range_kind < 0:
@@ -1384,9 +1445,9 @@ def _collect_host(
         host.info.append(info)
         host.name.append(e.name if isinstance(e.name, str) else str(e.name))
         host.is_cpu_op.append(bool(sub_codes[j] == K_CPUOP))
-        if info.cls in (N_COMM, N_PP_COMM):
-            host.comm.append(_host_comm(info, e.args, ctx))
-            a = e.args
+        if info.cls in _COMM_CLS:
+            a = next(comm_args)
+            host.comm.append(_host_comm(info, a, ctx))
             x = -1 if a is None else _as_int(a.ext)
             host.ext.append(x if x >= 0 or a is None else _as_int(a.ext_lc))
         else:
@@ -1394,6 +1455,9 @@ def _collect_host(
             host.ext.append(-1)
     _inherit_from_issuer(host)
     return host
+
+
+_COMM_CLS = (N_COMM, N_PP_COMM)
 
 
 def _inherit_from_issuer(host: _Host) -> None:
@@ -1480,20 +1544,20 @@ def _gpu_mode(
     g = [evs[i] for i in gpu_idx.tolist()]
     n = len(g)
     gcodes = codes[gpu_idx]
-    start = us_to_ns(_f64([e.ts for e in g]), base)
-    dur = np.maximum(us_to_ns(_f64([e.dur for e in g]), 0), 0)
+    start = us_to_ns(_f64(_col(g, "ts")), base)
+    dur = np.maximum(us_to_ns(_f64(_col(g, "dur")), 0), 0)
     empty_args = _STRICT.args()
-    gargs = [e.args if e.args is not None else empty_args for e in g]
-    stream = _i64([a.stream for a in gargs])
-    tid = _tids([e.tid for e in g])
+    gargs = [a if a is not None else empty_args for a in _decode_args(_col(g, "args"))]
+    stream = _i64(_col(gargs, "stream"))
+    tid = _tids(_col(g, "tid"))
     stream = np.where(stream >= 0, stream, tid)
-    dev = _tids([e.pid for e in g])
-    adev = _i64([a.device for a in gargs])
+    dev = _tids(_col(g, "pid"))
+    adev = _i64(_col(gargs, "device"))
     dev = np.where(dev >= 0, dev, adev)
-    corr = _i64([a.correlation for a in gargs], name="correlation", path=ctx.path)
+    corr = _i64(_col(gargs, "correlation"), name="correlation", path=ctx.path)
     gname = [e.name if isinstance(e.name, str) else str(e.name) for e in g]
     name_id = np.fromiter((names.id(s) for s in gname), dtype=np.int32, count=n)
-    nbytes = _i64([a.nbytes for a in gargs])
+    nbytes = _i64(_col(gargs, "nbytes"))
 
     devices = np.unique(dev[dev >= 0])
     if len(devices) > 1:
@@ -1521,10 +1585,10 @@ def _gpu_mode(
     launch_tid = np.full(n, -1, dtype=np.int64)
     if len(rt_idx):
         rt = [evs[i] for i in rt_idx.tolist()]
-        rt_args = [(e.args.correlation if e.args is not None else -1) for e in rt]
+        rt_args = [(a.correlation if a is not None else -1) for a in _decode_args(_col(rt, "args"))]
         rt_corr = _i64(rt_args, name="correlation", path=ctx.path)
-        rt_ts = us_to_ns(_f64([e.ts for e in rt]), base)
-        rt_tid = _tids([e.tid for e in rt])
+        rt_ts = us_to_ns(_f64(_col(rt, "ts")), base)
+        rt_tid = _tids(_col(rt, "tid"))
         del rt
         order = np.argsort(rt_corr, kind="stable")
         sc = rt_corr[order]
@@ -1843,9 +1907,9 @@ def _cpu_mode(
     names: NameTable,
 ) -> tuple[Intervals, dict[str, Any]]:
     ops = [evs[i] for i in cpu_idx.tolist()]
-    o_tid = _tids([e.tid for e in ops])
-    o_start = us_to_ns(_f64([e.ts for e in ops]), base)
-    o_end = o_start + np.maximum(us_to_ns(_f64([e.dur for e in ops]), 0), 0)
+    o_tid = _tids(_col(ops, "tid"))
+    o_start = us_to_ns(_f64(_col(ops, "ts")), base)
+    o_end = o_start + np.maximum(us_to_ns(_f64(_col(ops, "dur")), 0), 0)
 
     # main thread: the one with ProfilerStep# ranges, else the most CPU-op time
     step_tids = [host.tid[i] for i, inf in enumerate(host.info) if inf.cls == N_STEP]
@@ -1889,12 +1953,13 @@ def _cpu_mode(
     )
     comm_pos: list[int] = []
     comm_info: list[_CommInfo] = []
-    for k, (o, inf) in enumerate(zip(t_ops, t_info, strict=True)):
+    op_args = iter(_decode_args([o.args for o, inf in zip(t_ops, t_info, strict=True) if inf.cls == N_COMM]))
+    for k, inf in enumerate(t_info):
         if inf.cls == N_BWD_OP:
             phase[k] = Phase.BWD
         elif inf.cls == N_COMM:
             # the issuing op of a c10d call is communication, not compute
-            c = _host_comm(inf, o.args, ctx)
+            c = _host_comm(inf, next(op_args), ctx)
             kind[k] = Kind.P2P if c.comm == C_P2P else Kind.COLLECTIVE
             peer[k], direction[k], nbytes[k] = c.peer, c.direction, c.nbytes
             comm_pos.append(k)

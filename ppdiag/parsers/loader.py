@@ -278,14 +278,37 @@ class _Outcome:
     error_message: str = ""
 
 
-def _parse_one(path: str, fmt: str, options: ParseOptions) -> _Outcome:
-    """Worker: parse one file."""
+def _cached(path: str, fmt: str) -> tuple[str | None, list[RankTimeline] | None]:
+    """(cache key, the cached ranks or None); the key is None when the cache is off."""
+    from ppdiag.parsers import cache
+
+    key = cache.entry_key(Path(path), fmt) if cache.enabled() else None
+    hit = cache.get(key) if key is not None else None
+    for tl in hit or []:  # the entry may come from another spelling of the same file
+        tl.source = path
+    return key, hit
+
+
+def _parse_one(
+    path: str, fmt: str, options: ParseOptions, looked_up: bool = False, key: str | None = None
+) -> _Outcome:
+    """Worker: parse one file through the parse cache. ``looked_up``: the caller already found no
+    entry under ``key`` (None: the cache is off), so the file is not hashed again."""
     load_builtin()
     parser: Parser = PARSERS[fmt]
+    from ppdiag.parsers import cache
+
+    if not looked_up:
+        key, hit = _cached(path, fmt)
+        if hit is not None:
+            return _Outcome(ranks=hit)
     try:
-        return _Outcome(ranks=parser.parse(Path(path), options))
+        ranks = parser.parse(Path(path), options)
     except InputError as exc:
         return _Outcome(error_path=exc.path, error_message=exc.message)
+    if key is not None:
+        cache.put(key, ranks)
+    return _Outcome(ranks=ranks)
 
 
 class _Bar:
@@ -371,9 +394,17 @@ def parse_files(
 ) -> list[tuple[TraceFile, list[RankTimeline]]]:
     """Parse every file (parallel processes when more than one) in input order."""
     results: list[list[RankTimeline] | None] = [None] * len(files)
+    # cache hits are read here: a re-run of cached traces starts no worker process at all
+    todo: list[int] = []
+    keys: list[str | None] = []
+    for i, f in enumerate(files):
+        key, results[i] = _cached(str(f.path), f.format)
+        keys.append(key)
+        if results[i] is None:
+            todo.append(i)
     if jobs is None:
-        jobs = min(len(files), os.cpu_count() or 1)
-    jobs = max(1, min(jobs, len(files)))
+        jobs = min(len(todo), os.cpu_count() or 1)
+    jobs = max(1, min(jobs, len(todo)))
 
     def take(i: int, out: _Outcome) -> None:
         if out.ranks is None:
@@ -381,18 +412,19 @@ def parse_files(
         results[i] = out.ranks
 
     if jobs == 1:
-        with _progress(len(files), progress and len(files) > 1) as bar:
-            for i, f in enumerate(files):
-                take(i, _parse_one(str(f.path), f.format, options))
+        with _progress(len(todo), progress and len(todo) > 1) as bar:
+            for i in todo:
+                take(i, _parse_one(str(files[i].path), files[i].format, options, True, keys[i]))
                 bar.advance()
     else:
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=_mp_context(), initializer=_worker_init)
         try:
             futs: dict[Future[_Outcome], int] = {
-                pool.submit(_parse_one, str(f.path), f.format, options): i for i, f in enumerate(files)
+                pool.submit(_parse_one, str(files[i].path), files[i].format, options, True, keys[i]): i
+                for i in todo
             }
             # the bar starts after the workers exist: no display thread is running at fork time
-            with _progress(len(files), progress) as bar:
+            with _progress(len(todo), progress) as bar:
                 for fut in as_completed(futs):
                     take(futs[fut], fut.result())
                     bar.advance()

@@ -375,12 +375,23 @@ def _p2p_rows(pairs: Pairs, prior: tuple[dict[int, int], int] | None) -> list[tu
     return rows
 
 
+_DENSE_MAX = 256  # components up to this size are solved directly (n^2 floats: 512 KiB)
+
+
 def _solve(ranks: list[int], rows: list[tuple[int, int, float, int]]) -> tuple[dict[int, int], int]:
-    """Least-squares offsets for ``rows`` (``o_b - o_a = d``); one anchor per connected component."""
+    """Weighted least-squares offsets for ``rows`` (``o_b - o_a = d``, weight = pair count); one
+    anchor per connected component (its lowest rank keeps its clock).
+
+    The normal equations of this problem are the graph Laplacian of the rank graph, so memory stays
+    O(ranks + pairs): small components are solved directly on their grounded Laplacian, large ones
+    by conjugate gradients applied edge-wise (``np.bincount``), started from offsets propagated
+    along a spanning tree so that only the noise-level correction is iterated.
+    """
     idx = {r: i for i, r in enumerate(ranks)}
     rows = [r for r in rows if r[0] in idx and r[1] in idx]
+    n = len(ranks)
     # connected components: each gets its own anchor
-    parent = list(range(len(ranks)))
+    parent = list(range(n))
 
     def find(x: int) -> int:
         while parent[x] != x:
@@ -393,17 +404,123 @@ def _solve(ranks: list[int], rows: list[tuple[int, int, float, int]]) -> tuple[d
     comps: dict[int, list[int]] = {}
     for r in ranks:
         comps.setdefault(find(idx[r]), []).append(idx[r])
-    n = len(ranks)
-    a_mat = np.zeros((len(rows) + len(comps), n))
-    rhs = np.zeros(len(rows) + len(comps))
-    w = np.ones(len(rows) + len(comps))
-    for i, (a, b, d, cnt) in enumerate(rows):
-        a_mat[i, idx[b]] = 1.0
-        a_mat[i, idx[a]] = -1.0
-        rhs[i] = d
-        w[i] = np.sqrt(cnt)
-    for j, members in enumerate(comps.values()):
-        a_mat[len(rows) + j, min(members)] = 1.0  # anchor: the lowest rank keeps its clock
-        w[len(rows) + j] = 1e3
-    sol, *_ = np.linalg.lstsq(a_mat * w[:, None], rhs * w, rcond=None)
+    sol = np.zeros(n, dtype=np.float64)
+    if rows:
+        ea = np.array([idx[a] for a, _, _, _ in rows], dtype=np.int64)
+        eb = np.array([idx[b] for _, b, _, _ in rows], dtype=np.int64)
+        d = np.array([r[2] for r in rows], dtype=np.float64)
+        w = np.array([r[3] for r in rows], dtype=np.float64)  # squared row weight: the pair count
+        comp_of = np.array([find(i) for i in range(n)], dtype=np.int64)
+        e_comp = comp_of[ea]
+        e_order = np.argsort(e_comp, kind="stable")
+        bounds = np.searchsorted(e_comp[e_order], np.array(sorted(comps), dtype=np.int64))
+        starts = dict(zip(sorted(comps), bounds.tolist(), strict=True))
+        ends = dict(zip(sorted(comps), [*bounds[1:].tolist(), len(rows)], strict=True))
+        for root, members in comps.items():
+            if len(members) < 2:
+                continue
+            sel = e_order[starts[root] : ends[root]]
+            sol[members] = _solve_component(
+                np.array(members, dtype=np.int64), ea[sel], eb[sel], d[sel], w[sel]
+            )
     return {r: round(sol[idx[r]]) for r in ranks}, len(comps)
+
+
+def _solve_component(
+    members: npt.NDArray[np.int64],
+    ea: npt.NDArray[np.int64],
+    eb: npt.NDArray[np.int64],
+    d: npt.NDArray[np.float64],
+    w: npt.NDArray[np.float64],
+) -> npt.NDArray[np.float64]:
+    """Offsets of one connected component (``members`` sorted, the first is the anchor at 0).
+
+    Minimises ``sum w (x_b - x_a - d)^2``: ``L x = B^T W d`` with ``L`` the weighted Laplacian,
+    grounded at the anchor."""
+    m = len(members)
+    ia, ib = np.searchsorted(members, ea), np.searchsorted(members, eb)
+    # Parallel equations of one rank pair (both directions, p2p and collectives) merge into one
+    # of summed weight and weighted-mean difference: the same minimiser, and a pipeline's rank
+    # graph becomes a tree or close to one, which the spanning-tree start solves outright.
+    flip = ia > ib
+    lo, hi = np.where(flip, ib, ia), np.where(flip, ia, ib)
+    key, inv = np.unique(lo * m + hi, return_inverse=True)
+    wd = np.bincount(inv, w * np.where(flip, -d, d), len(key))
+    w = np.bincount(inv, w, len(key)).astype(np.float64)
+    d = wd / w
+    ia, ib = key // m, key % m
+    rhs = np.bincount(ib, wd, m) - np.bincount(ia, wd, m)
+    if m <= _DENSE_MAX:
+        lap = np.zeros((m, m), dtype=np.float64)
+        np.add.at(lap, (ia, ib), -w)
+        np.add.at(lap, (ib, ia), -w)
+        deg = np.bincount(ia, w, m) + np.bincount(ib, w, m)
+        lap[np.arange(m), np.arange(m)] += deg
+        x = np.zeros(m, dtype=np.float64)
+        x[1:] = np.linalg.solve(lap[1:, 1:], rhs[1:])
+        return x
+    x = _tree_offsets(m, ia, ib, d)
+    free = np.ones(m, dtype=bool)
+    free[0] = False  # the anchor is grounded: its row and column drop out
+
+    def lap_mul(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        t = w * (v[ib] - v[ia])
+        return np.where(free, np.bincount(ib, t, m) - np.bincount(ia, t, m), 0.0)
+
+    deg = np.bincount(ia, w, m) + np.bincount(ib, w, m)
+    inv_deg = np.where(free, 1.0 / np.maximum(deg, 1e-300), 0.0)  # Jacobi preconditioner
+    r = np.where(free, rhs, 0.0) - lap_mul(x)
+    z = inv_deg * r
+    p = z.copy()
+    rz = float(r @ z)
+    # Offsets are rounded to whole ns: stop once three steps in a row move no offset by 1e-4 ns
+    # (or the residual vanishes); the iteration count is bounded by the exact-arithmetic limit.
+    calm = 0
+    for _ in range(2 * m):
+        if calm >= 3 or not rz:
+            break
+        q = lap_mul(p)
+        pq = float(p @ q)
+        if pq <= 0.0:
+            break
+        alpha = rz / pq
+        x += alpha * p
+        calm = calm + 1 if abs(alpha) * float(np.abs(p).max()) < 1e-4 else 0
+        r -= alpha * q
+        z = inv_deg * r
+        rz_new = float(r @ z)
+        p = z + (rz_new / rz) * p
+        rz = rz_new
+    return x
+
+
+def _tree_offsets(
+    m: int, ia: npt.NDArray[np.int64], ib: npt.NDArray[np.int64], d: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Offsets propagated from node 0 along a breadth-first spanning tree (exact on a tree): the
+    starting point of the iterative solve, so only the cycle disagreements remain to be iterated."""
+    # adjacency in CSR form, both directions: going a->b adds d, b->a subtracts it
+    src = np.concatenate((ia, ib))
+    dst = np.concatenate((ib, ia))
+    val = np.concatenate((d, -d))
+    order = np.argsort(src, kind="stable")
+    src, dst, val = src[order], dst[order], val[order]
+    ptr = np.searchsorted(src, np.arange(m + 1))
+    x = np.zeros(m, dtype=np.float64)
+    seen = np.zeros(m, dtype=bool)
+    seen[0] = True
+    frontier = np.array([0], dtype=np.int64)
+    while len(frontier):
+        # all edges out of the frontier, vectorised per BFS level
+        cnt = ptr[frontier + 1] - ptr[frontier]
+        if not cnt.sum():
+            break
+        e = np.repeat(ptr[frontier] - np.cumsum(np.concatenate(([0], cnt[:-1]))), cnt) + np.arange(cnt.sum())
+        nb = dst[e]
+        new = ~seen[nb]
+        nb, e = nb[new], e[new]
+        nb, first = np.unique(nb, return_index=True)
+        x[nb] = x[src[e[first]]] + val[e[first]]
+        seen[nb] = True
+        frontier = nb
+    return x

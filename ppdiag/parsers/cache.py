@@ -1,0 +1,272 @@
+"""Parse cache: the columnar timelines of one trace file, stored once, read back on a re-run.
+
+One entry per trace file, keyed by the file's resolved path, size, ``mtime_ns``, a BLAKE2b hash of
+all its on-disk bytes (so a file rewritten in place with the same size and mtime still misses), the
+format name and the parser version (ppdiag's version plus a hash of the parser and model sources:
+any code change invalidates every entry). An entry is one ``.npz`` (``allow_pickle=False``): every
+column array of every rank, the interned names as one UTF-8 blob with offsets, and the rest of each
+:class:`RankTimeline` as JSON. Nothing is pickled, nothing is executed when an entry is read.
+
+Where: ``$PPDIAG_CACHE_DIR``, else the user cache dir (``platformdirs``, else
+``$XDG_CACHE_HOME/ppdiag`` or ``~/.cache/ppdiag``). ``PPDIAG_NO_CACHE=1`` (the CLI's ``--no-cache``)
+turns it off. A damaged or unreadable entry is a miss and is removed; a cache that cannot be
+written (read-only disk, full disk) is skipped without a word: it is never needed for a result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ppdiag.model import Intervals, ProcessGroup, Ranges, RankTimeline
+
+_ENTRY_SUFFIX = ".npz"
+_HASH_CHUNK = 1 << 22
+# RankTimeline fields stored as JSON (the rest are the column tables and the names)
+_META_FIELDS = (
+    "rank",
+    "source",
+    "format",
+    "world_size",
+    "backend",
+    "device",
+    "cpu_only",
+    "clock_offset_ns",
+    "rank_source",
+    "events_total",
+    "events_lost",
+    "warnings",
+    "meta",
+)
+
+
+def cache_dir() -> Path:
+    """The folder entries live in (not created here)."""
+    env = os.environ.get("PPDIAG_CACHE_DIR")
+    if env:
+        return Path(env)
+    try:
+        import platformdirs
+    except ImportError:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+        return base / "ppdiag"
+    return Path(platformdirs.user_cache_dir("ppdiag", appauthor=False))
+
+
+def enabled() -> bool:
+    """False when ``PPDIAG_NO_CACHE`` is set to anything but empty or ``0``."""
+    return os.environ.get("PPDIAG_NO_CACHE", "") in ("", "0")
+
+
+_VERSION: str | None = None
+
+
+def parser_version() -> str:
+    """ppdiag's version plus a hash of the sources that decide a parse's output."""
+    global _VERSION
+    if _VERSION is None:
+        import ppdiag
+
+        root = Path(ppdiag.__file__).resolve().parent
+        h = hashlib.blake2b(ppdiag.__version__.encode(), digest_size=12)
+        # every module a parser's output can depend on: the parsers, the model, and the helpers
+        # the parsers import
+        srcs = sorted((root / "parsers").glob("*.py")) + sorted((root / "model").glob("*.py"))
+        srcs += [root / n for n in ("errors.py", "io.py", "limits.py")]
+        for p in srcs:
+            h.update(p.name.encode())
+            try:
+                h.update(p.read_bytes())
+            except OSError:
+                h.update(b"?")
+        _VERSION = h.hexdigest()
+    return _VERSION
+
+
+def entry_key(path: Path, fmt: str) -> str | None:
+    """The cache key of ``path`` as it is now, or None when the file cannot be read."""
+    try:
+        real = path.resolve()
+        st = real.stat()
+        h = hashlib.blake2b(digest_size=20)
+        with open(real, "rb") as fh:
+            while chunk := fh.read(_HASH_CHUNK):
+                h.update(chunk)
+        st2 = real.stat()
+    except OSError:
+        return None
+    if (st2.st_size, st2.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+        return None  # written to while hashed: do not key it at all
+    k = hashlib.blake2b(digest_size=20)
+    for part in (os.fsencode(str(real)), str(st.st_size), str(st.st_mtime_ns), h.hexdigest(), fmt):
+        k.update(part if isinstance(part, bytes) else part.encode())
+        k.update(b"\0")
+    k.update(parser_version().encode())
+    return k.hexdigest()
+
+
+def _entry_path(key: str) -> Path:
+    return cache_dir() / f"{key}{_ENTRY_SUFFIX}"
+
+
+# ----------------------------------------------------------------------------------------------
+# encoding
+# ----------------------------------------------------------------------------------------------
+
+
+def _pack_names(names: list[str]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    # surrogatepass: a name is stored exactly as the parser produced it, whatever it holds
+    enc = [s.encode("utf-8", "surrogatepass") for s in names]
+    ends = np.cumsum(np.fromiter((len(b) for b in enc), dtype=np.int64, count=len(enc)))
+    return np.frombuffer(b"".join(enc), dtype=np.uint8), ends
+
+
+def _unpack_names(blob: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]) -> list[str]:
+    raw = blob.tobytes()
+    starts = np.concatenate(([0], ends[:-1])).tolist()
+    return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in zip(starts, ends.tolist(), strict=True)]
+
+
+def _encode(ranks: list[RankTimeline]) -> dict[str, np.ndarray[Any, Any]] | None:
+    """The arrays of one entry, or None when a timeline holds something JSON cannot carry
+    exactly (then it is not cached: a lossy entry would be a wrong answer later)."""
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    metas: list[dict[str, Any]] = []
+    for k, tl in enumerate(ranks):
+        m = {f: getattr(tl, f) for f in _META_FIELDS}
+        m["process_groups"] = [[g.name, g.desc, list(g.ranks), g.backend] for g in tl.process_groups]
+        metas.append(m)
+        for c in Intervals.COLUMNS:
+            arrays[f"r{k}.iv.{c}"] = getattr(tl.intervals, c)
+        for c in Ranges.COLUMNS:
+            arrays[f"r{k}.rg.{c}"] = getattr(tl.ranges, c)
+        arrays[f"r{k}.names"], arrays[f"r{k}.name_ends"] = _pack_names(tl.names)
+    try:
+        text = json.dumps(metas, allow_nan=True)
+        if json.loads(text) != metas:
+            return None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    arrays["meta"] = np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    return arrays
+
+
+def _decode(z: Any) -> list[RankTimeline]:
+    metas = json.loads(z["meta"].tobytes().decode("utf-8", "surrogatepass"))
+    out: list[RankTimeline] = []
+    for k, m in enumerate(metas):
+        iv = Intervals(**{c: z[f"r{k}.iv.{c}"] for c in Intervals.COLUMNS})
+        rg = Ranges(**{c: z[f"r{k}.rg.{c}"] for c in Ranges.COLUMNS})
+        groups = [ProcessGroup(n, d, list(r), b) for n, d, r, b in m.pop("process_groups")]
+        names = _unpack_names(z[f"r{k}.names"], z[f"r{k}.name_ends"])
+        out.append(RankTimeline(names=names, intervals=iv, ranges=rg, process_groups=groups, **m))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# get / put
+# ----------------------------------------------------------------------------------------------
+
+
+def get(key: str) -> list[RankTimeline] | None:
+    """The ranks stored under ``key``, or None (a damaged entry is removed)."""
+    p = _entry_path(key)
+    if not p.is_file():
+        return None
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            return _decode(z)
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, UnicodeDecodeError, EOFError):
+        with contextlib.suppress(OSError):
+            p.unlink()
+        return None
+
+
+def put(key: str, ranks: list[RankTimeline]) -> bool:
+    """Store ``ranks`` under ``key`` (atomically: temp file + rename). False when not stored."""
+    arrays = _encode(ranks)
+    if arrays is None:
+        return False
+    d = cache_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        np.savez(buf, allow_pickle=False, **arrays)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=_ENTRY_SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(buf.getbuffer())
+            os.replace(tmp, _entry_path(key))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What ``ppdiag cache info`` prints."""
+
+    path: Path
+    entries: int
+    bytes: int
+
+
+def _is_entry(name: str) -> bool:
+    stem = name[: -len(_ENTRY_SUFFIX)]
+    return name.endswith(_ENTRY_SUFFIX) and len(stem) == 40 and all(c in "0123456789abcdef" for c in stem)
+
+
+def _entries() -> Iterator[Path]:
+    d = cache_dir()
+    if not d.is_dir():
+        return iter(())
+    return (p for p in d.iterdir() if _is_entry(p.name) and p.is_file())
+
+
+def info() -> CacheInfo:
+    """Where the cache is, how many entries, how many bytes."""
+    sizes = []
+    for p in _entries():
+        try:
+            sizes.append(p.stat().st_size)
+        except OSError:
+            continue
+    return CacheInfo(cache_dir(), len(sizes), sum(sizes))
+
+
+def clear() -> int:
+    """Remove every entry (and stray temp files); returns the number of entries removed. Only
+    files this module names are touched: a cache dir pointed at a folder of other files keeps them."""
+    n = 0
+    d = cache_dir()
+    if not d.is_dir():
+        return 0
+    for p in d.iterdir():
+        is_entry = _is_entry(p.name)
+        if not (is_entry or (p.name.startswith(".tmp-") and p.name.endswith(_ENTRY_SUFFIX))):
+            continue
+        try:
+            p.unlink()
+        except OSError:
+            continue
+        n += is_entry
+    return n
+
+
+__all__ = ["CacheInfo", "cache_dir", "clear", "enabled", "entry_key", "get", "info", "parser_version", "put"]
