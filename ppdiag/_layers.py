@@ -49,7 +49,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api", ("ppdiag.api",)),
     (
         "cli",
-        ("ppdiag.cli", "ppdiag.cli_support", "ppdiag.__main__", "ppdiag.whatif.cli", "ppdiag.demo.cli"),
+        (
+            "ppdiag.cli",
+            "ppdiag.cli_support",
+            "ppdiag.cache_cli",
+            "ppdiag.__main__",
+            "ppdiag.whatif.cli",
+            "ppdiag.demo.cli",
+        ),
     ),
 )
 
