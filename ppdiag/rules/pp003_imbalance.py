@@ -14,23 +14,40 @@ from ppdiag.rules.noise import Z, cause_error_ms
 RATIO_MIN = 1.08  # slowest / mean stage compute from which a stage counts as slow
 
 
-def stage_block_ms(ctx: RuleContext) -> dict[int, float]:
-    """Per stage: mean per-step compute in its micro-batch blocks (ms)."""
+def rank_block_ms(ctx: RuleContext) -> dict[int, dict[int, float]]:
+    """Per stage, per rank of it (one per DP replica): mean per-step compute in its blocks (ms)."""
     topo = ctx.pipeline.topology
-    out: dict[int, list[float]] = {}
+    out: dict[int, dict[int, float]] = {}
     for r, b in ctx.pipeline.blocks.items():
         if not len(b):
             continue
         st = topo.stage_of.get(r, 0)
-        for s in np.unique(b.step):
-            out.setdefault(st, []).append(float(b.busy[b.step == s].sum()) / 1e6)
-    return {s: float(np.mean(v)) for s, v in sorted(out.items())}
+        steps, inv = np.unique(b.step, return_inverse=True)
+        per_step = np.bincount(inv, weights=b.busy.astype(np.float64), minlength=steps.size)
+        out.setdefault(st, {})[r] = float(per_step.mean()) / 1e6
+    return dict(sorted(out.items()))
+
+
+def stage_block_ms(ctx: RuleContext) -> dict[int, float]:
+    """Per stage: mean per-step compute in its micro-batch blocks (ms), over the stage's ranks."""
+    return {s: float(np.mean(list(v.values()))) for s, v in rank_block_ms(ctx).items()}
+
+
+def stage_floor_ms(per_rank: dict[int, dict[int, float]]) -> dict[int, float]:
+    """Per stage: the compute every replica of it has (the fastest rank of the stage, ms).
+
+    A stage slow in every replica keeps its excess here; one slow worker among fast stage peers
+    does not (that is PP009's, a node to inspect, not a split to rebalance).
+    """
+    return {s: float(min(v.values())) for s, v in per_rank.items()}
 
 
 class ImbalanceRule:
     """What it detects:
     The compute of one stage per step (its forward and backward blocks) is well above the mean over
-    stages. In a pipeline the slowest stage sets the pace: every other stage waits for it once per
+    stages. With data-parallel replicas, a stage counts as slow only when it is slow in every
+    replica (its fastest rank is judged): one rank above its stage peers is a slow worker (PP009).
+    In a pipeline the slowest stage sets the pace: every other stage waits for it once per
     micro-batch, and that waiting shows as idle time on the other ranks.
 
     Why it matters:
@@ -57,19 +74,24 @@ class ImbalanceRule:
         topo = ctx.pipeline.topology
         if topo.pp <= 1 or not ctx.step_ms:
             return []
-        per_stage = stage_block_ms(ctx)
+        per_rank = rank_block_ms(ctx)
+        per_stage = {s: float(np.mean(list(v.values()))) for s, v in per_rank.items()}
         if len(per_stage) < 2:
             return []
-        vals = np.array(list(per_stage.values()))
+        replicated = min(len(v) for v in per_rank.values()) > 1
+        # with DP replicas the stage's cost is what all of its replicas pay: a stage slow in one
+        # replica only is a slow worker there (PP009), not a bad split
+        judged = stage_floor_ms(per_rank) if replicated else per_stage
+        vals = np.array(list(judged.values()))
         mean = float(vals.mean())
-        slow = max(per_stage, key=lambda s: per_stage[s])
-        ratio = per_stage[slow] / mean if mean > 0 else 1.0
+        slow = max(judged, key=lambda s: judged[s])
+        ratio = judged[slow] / mean if mean > 0 else 1.0
         imb = mean_cause_ms(ctx, "imbalance")
         # the fix is a rebalanced split: its gain is what-if's "rebalanced stages" row
         gain = fix_gain_ms(ctx, "rebalanced")
         if ratio < RATIO_MIN or not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
-        excess = (per_stage[slow] - mean) / per_stage[slow]
+        excess = (judged[slow] - mean) / judged[slow]
         # The imbalance is measured on every micro-batch of every step: its own step-to-step spread
         # says how sure it is. The step total's spread (host contention, late transfers) does not
         # make a slower stage's compute less certain.
@@ -88,10 +110,14 @@ class ImbalanceRule:
                 gain,
                 {
                     "slowest_stage": slow,
-                    "slowest_ms": r3(per_stage[slow]),
+                    "slowest_ms": r3(judged[slow]),
                     "mean_ms": r3(mean),
                     "ratio": r3(ratio),
                     "stage_compute_ms": {str(k): r3(v) for k, v in per_stage.items()},
+                    # the spread across replicas: a stage is judged by its fastest replica
+                    "stage_replica_ms": {
+                        str(k): {str(r): r3(x) for r, x in v.items()} for k, v in per_rank.items()
+                    },
                     "imbalance_ms": r3(imb),
                 },
                 [

@@ -1,0 +1,136 @@
+"""Op tables of production jobs (CSV / JSON Lines / Parquet / Chrome timeline) and the findings that
+tell a slow worker, a heavy stage and micro-batch cost variance apart (truth by re-simulation)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ppdiag.api import Options, diagnose
+from ppdiag.errors import InputError
+from ppdiag.model import Direction, Kind, RangeKind
+from ppdiag.parsers.loader import detect_format, load_run
+from ppdiag.synth.optable import OpTableParams, simulate_optable, write_chrome, write_table
+
+HAVE_PYARROW = importlib.util.find_spec("pyarrow") is not None
+
+
+def _diag(path: Path) -> dict[str, tuple[float | None, list[int]]]:
+    d = diagnose([path], Options(progress=False, jobs=1))
+    return {f.code: (f.gain_ms, f.ranks) for f in d.findings}
+
+
+def _write(tmp_path: Path, p: OpTableParams, suffix: str) -> tuple[Path, object]:
+    df, truth = simulate_optable(p)
+    path = tmp_path / f"ops{suffix}"
+    if suffix == ".chrome.json":
+        write_chrome(df, path)
+    else:
+        write_table(df, path)
+    return path, truth
+
+
+def test_tiny_table_maps_ops(tmp_path: Path) -> None:
+    # 2 replicas x 2 stages, M=2, one step: rank = stage * dp + dp_rank
+    path, _ = _write(tmp_path, OpTableParams(pp=2, dp=2, microbatches=2, steps=(7,)), ".csv")
+    assert detect_format(path)[0] == "optable"
+    run = load_run([path], jobs=1, progress=False)
+    assert [r.rank for r in run.ranks] == [0, 1, 2, 3]
+    by = run.by_rank()
+    assert by[3].meta["pipeline"] == 1 and by[3].meta["pp_rank"] == 1
+    iv = by[2].intervals  # stage 1 of replica 0
+    comp = iv.kind == int(Kind.COMPUTE)
+    # 2 forward + 2 backward blocks + the optimizer
+    assert int(comp.sum()) == 5
+    p2p = iv.kind == int(Kind.P2P)
+    # its peer is stage 0 of the same replica: rank 0
+    assert set(iv.peer[p2p].tolist()) == {0}
+    assert set(iv.direction[p2p].tolist()) == {int(Direction.SEND), int(Direction.RECV)}
+    labels = by[2].ranges.take(by[2].ranges.kind == int(RangeKind.LABEL))
+    assert sorted(labels.mb.tolist()) == [0, 0, 1, 1] and set(labels.stage.tolist()) == {1}
+    steps = by[2].ranges.take(by[2].ranges.kind == int(RangeKind.STEP))
+    assert steps.num.tolist() == [7]
+    coll = iv.kind == int(Kind.COLLECTIVE)
+    assert by[2].process_groups[int(iv.group[coll][0])].ranks == [2, 3]
+
+
+def test_missing_columns_named(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"dp_rank": [0], "stage": [0], "optype": ["gc"], "step": [1]}).to_csv(path, index=False)
+    with pytest.raises(InputError) as e:
+        load_run([path], jobs=1, progress=False)
+    assert "rank, start_ts, duration" in str(e.value.message)
+
+
+def test_unknown_optypes_counted(tmp_path: Path) -> None:
+    df, _ = simulate_optable(OpTableParams(pp=2, dp=1, microbatches=2, steps=(1,)))
+    extra = df.iloc[:3].copy()
+    extra["optype"] = ["weird-op", "weird-op", "other-thing"]
+    path = tmp_path / "t.jsonl"
+    write_table(pd.concat([df, extra], ignore_index=True), path)
+    run = load_run([path], jobs=1, progress=False)
+    w = " ".join(run.warnings)
+    assert "3 ops of unknown optype kept as 'other'" in w and "weird-op (2)" in w
+    kept = sum(int((tl.ranges.kind == int(RangeKind.OTHER)).sum()) for tl in run.ranks)
+    assert kept == 3
+
+
+def test_parquet_needs_extra(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    path.write_bytes(b"PAR1" + b"\0" * 64)
+    if HAVE_PYARROW:
+        pytest.skip("pyarrow installed")
+    with pytest.raises(InputError) as e:
+        load_run([path], jobs=1, progress=False)
+    assert "ppdiag[parquet]" in e.value.message
+
+
+SLOW = OpTableParams(slow_worker=(1, 2, 1.3))
+HEAVY = OpTableParams(heavy_stage=(3, 1.4))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".chrome.json"])
+def test_slow_worker_is_pp009_not_pp003(tmp_path: Path, suffix: str) -> None:
+    path, truth = _write(tmp_path, SLOW, suffix)
+    f = _diag(path)
+    assert "PP009" in f and "PP003" not in f
+    gain, ranks = f["PP009"]
+    assert ranks == [SLOW.rank_of(1, 2)]
+    want = truth.step_ms - truth.no_slow_worker_ms  # type: ignore[attr-defined]
+    assert gain is not None and abs(gain - want) <= 0.1 * want
+
+
+def test_heavy_stage_is_pp003(tmp_path: Path) -> None:
+    path, truth = _write(tmp_path, HEAVY, ".csv")
+    f = _diag(path)
+    assert "PP003" in f and "PP009" not in f
+    gain, ranks = f["PP003"]
+    assert sorted(ranks) == [HEAVY.rank_of(0, 3), HEAVY.rank_of(1, 3)]
+    want = truth.step_ms - truth.rebalanced_ms  # type: ignore[attr-defined]
+    assert gain is not None and abs(gain - want) <= 0.1 * want
+
+
+def test_forms_agree(tmp_path: Path) -> None:
+    forms = [".csv", ".jsonl", ".chrome.json"] + ([".parquet"] if HAVE_PYARROW else [])
+    got = []
+    for sfx in forms:
+        path, _ = _write(tmp_path, SLOW, sfx)
+        f = _diag(path)
+        got.append({k: v[1] for k, v in f.items() if k in ("PP003", "PP009", "PP010", "PP001")})
+        gains = {k: v[0] for k, v in f.items()}
+        got[-1]["gain009"] = [round(float(gains["PP009"] or 0), 0)]
+    assert all(g == got[0] for g in got)
+
+
+def test_float32_seconds(tmp_path: Path) -> None:
+    df, _ = simulate_optable(OpTableParams(pp=2, dp=2, microbatches=4, steps=(1, 2)))
+    df["start_ts"] = df["start_ts"].astype(np.float32)
+    df["duration"] = df["duration"].astype(np.float32)
+    path = tmp_path / "f32.csv"
+    df.to_csv(path, index=False)
+    run = load_run([path], jobs=1, progress=False)
+    assert len(run.ranks) == 4
