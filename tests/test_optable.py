@@ -134,3 +134,33 @@ def test_float32_seconds(tmp_path: Path) -> None:
     df.to_csv(path, index=False)
     run = load_run([path], jobs=1, progress=False)
     assert len(run.ranks) == 4
+
+
+VAR = OpTableParams(mb_cv=0.3)
+
+
+def test_variance_is_pp010_not_pp009(tmp_path: Path) -> None:
+    path, truth = _write(tmp_path, VAR, ".csv")
+    d = diagnose([path], Options(progress=False, jobs=1))
+    f = {x.code: x for x in d.findings}
+    assert "PP010" in f and "PP009" not in f and "PP003" not in f
+    want = truth.step_ms - truth.no_variance_ms  # type: ignore[attr-defined]
+    gain = f["PP010"].gain_ms
+    assert gain is not None and abs(gain - want) <= 0.1 * want
+    # the generator scales every stage of a micro-batch together: the variation follows the data
+    assert f["PP010"].evidence["follows"] == "micro-batch (data)"
+
+
+@pytest.mark.parametrize("params", [SLOW, HEAVY, OpTableParams()])
+def test_no_pp010_without_variance(tmp_path: Path, params: OpTableParams) -> None:
+    path, _ = _write(tmp_path, params, ".csv")
+    assert "PP010" not in _diag(path)
+
+
+def test_slow_worker_with_variance(tmp_path: Path) -> None:
+    # both faults at once: each finding names its own
+    p = OpTableParams(slow_worker=(0, 1, 1.4), mb_cv=0.25, seed=3)
+    path, _ = _write(tmp_path, p, ".csv")
+    f = _diag(path)
+    assert "PP010" in f and "PP009" in f and "PP003" not in f
+    assert f["PP009"][1] == [p.rank_of(0, 1)]

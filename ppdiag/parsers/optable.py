@@ -288,7 +288,7 @@ def _lay_steps(
 def _to_ranks(df: pd.DataFrame, src: str, laid: bool, warnings: list[str]) -> list[RankTimeline]:
     if not len(df):
         raise InputError(src, "op table has no rows")
-    codes = pd.Index(OPTYPES).get_indexer(df["optype"].to_numpy()).astype(np.int64)
+    codes = pd.Index(OPTYPES).get_indexer(pd.Index(df["optype"].astype(str))).astype(np.int64)
     unknown = codes < 0
     if unknown.any():
         unk, counts = np.unique(df["optype"].to_numpy()[unknown], return_counts=True)
