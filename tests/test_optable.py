@@ -164,3 +164,10 @@ def test_slow_worker_with_variance(tmp_path: Path) -> None:
     f = _diag(path)
     assert "PP010" in f and "PP009" in f and "PP003" not in f
     assert f["PP009"][1] == [p.rank_of(0, 1)]
+
+
+def test_json_ranks_carry_pipeline(tmp_path: Path) -> None:
+    path, _ = _write(tmp_path, OpTableParams(pp=2, dp=3, microbatches=4, steps=(1, 2, 3)), ".csv")
+    d = diagnose([path], Options(progress=False, jobs=1))
+    # rank = stage * dp + replica: the replica index is rank % 3
+    assert [(x["rank"], x["pipeline"]) for x in d.report["ranks"]] == [(r, r % 3) for r in range(6)]
