@@ -164,16 +164,25 @@ class MicrobatchVarianceRule:
             worst_cv = max(worst_cv, cv_w)
         if worst_cv < CV_MIN:
             return []
-        # the replay: measured costs vs every block at its rank's mean for its phase (what is left
-        # is the micro-batch variance alone; the rank-level excess is PP003's / PP009's)
+        # the replay: measured costs vs every block at its stage's mean for its phase; the part a
+        # slow worker explains (PP009's gain, replayed the same way) is not counted twice
         measured = {r: b.busy.astype(np.float64) for r, b in blocks.items()}
+        sums: dict[tuple[int, int], list[float]] = {}
+        for b in blocks.values():
+            for ph in _PHASES:
+                m = b.phase == ph
+                for st in np.unique(b.stage[m]):
+                    c = b.busy[m & (b.stage == st)]
+                    acc = sums.setdefault((int(st), ph), [0.0, 0.0])
+                    acc[0] += float(c.sum())
+                    acc[1] += float(c.size)
         flat = {}
         for r, b in blocks.items():
             v = measured[r].copy()
-            for ph in _PHASES:
-                m = b.phase == ph
+            for (st, ph), (tot, n) in sums.items():
+                m = (b.phase == ph) & (b.stage == st)
                 if m.any():
-                    v[m] = v[m].mean()
+                    v[m] = tot / n
             flat[r] = v
         steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
         lines = [line for line in topo.pipelines if any(r in blocks for r in line)]
@@ -185,7 +194,9 @@ class MicrobatchVarianceRule:
                 gains.append(a - f)
         if not gains:
             return []
-        gain = max(float(np.mean(gains)) / 1e6, 0.0)
+        slow = slow_workers(ctx)
+        explained = (slow_worker_gain_ms(ctx, sorted(slow)) or 0.0) if slow else 0.0
+        gain = max(float(np.mean(gains)) / 1e6 - explained, 0.0)
         if 100 * gain / ctx.step_ms < MIN_PCT:
             return []
         follows, share, worst_mb = _follows(blocks, lines)
@@ -205,7 +216,8 @@ class MicrobatchVarianceRule:
             "microbatch_share": r3(share),
             "worst_microbatches": worst_mb,
             "cv_threshold": CV_MIN,
-            "replay_gain_ms": r3(gain),
+            "replay_gain_ms": r3(gain + explained),
+            "explained_by_slow_workers_ms": r3(explained),
         }
         fixes = [
             "pack sequences (samples concatenated up to the context length): the same tokens per micro-batch",
@@ -258,6 +270,77 @@ def _follows(
         for i in order
     ]
     return ("micro-batch (data)" if share >= 0.5 else "rank (hardware)"), share, worst
+
+
+def rank_step_ms(blocks: dict[int, Blocks]) -> dict[int, F64]:
+    """Per rank: its block compute per step (ns), one value per step it has blocks in."""
+    out: dict[int, F64] = {}
+    for r, b in blocks.items():
+        if not len(b):
+            continue
+        _, inv = np.unique(b.step, return_inverse=True)
+        out[r] = np.bincount(inv.ravel(), weights=b.busy.astype(np.float64)).astype(np.float64)
+    return out
+
+
+# a rank counts as a slow worker from this excess over its stage peers, at least (and from 4
+# standard errors of the peers' spread: micro-batch variance alone moves whole replicas)
+SLOW_WORKER_MIN = 0.03
+
+
+def slow_workers(ctx: RuleContext) -> dict[int, float]:
+    """Ranks whose block compute per step is well above the same stage in the other DP replicas:
+    ``{rank: excess}`` (0.3 = 30 % above the peers' median). Empty without replicated pipelines."""
+    topo = ctx.pipeline.topology
+    if topo.pp <= 1 or len(topo.pipelines) < 2:
+        return {}
+    per = rank_step_ms({r: b for r, b in ctx.pipeline.blocks.items() if len(b)})
+    by_stage: dict[int, list[int]] = {}
+    for r in per:
+        by_stage.setdefault(topo.stage_of.get(r, 0), []).append(r)
+    out: dict[int, float] = {}
+    for ranks in by_stage.values():
+        if len(ranks) < 2:
+            continue
+        means = {r: float(per[r].mean()) for r in ranks}
+        for r in ranks:
+            others = np.array([means[x] for x in ranks if x != r])
+            ref = float(np.median(others))
+            if ref <= 0:
+                continue
+            se_r = float(per[r].std()) / max(np.sqrt(per[r].size), 1.0) / ref
+            spread = float(others.std()) / ref if others.size > 1 else se_r * np.sqrt(2.0)
+            excess = means[r] / ref - 1.0
+            if excess > max(SLOW_WORKER_MIN, 4.0 * spread, 4.0 * se_r):
+                out[r] = excess
+    return out
+
+
+def slow_worker_gain_ms(ctx: RuleContext, ranks: Sequence[int]) -> float | None:
+    """Mean step time saved when ``ranks`` run their blocks at their stage peers' cost (replay)."""
+    topo = ctx.pipeline.topology
+    blocks = {r: b for r, b in ctx.pipeline.blocks.items() if len(b)}
+    per = rank_step_ms(blocks)
+    measured = {r: b.busy.astype(np.float64) for r, b in blocks.items()}
+    fixed = dict(measured)
+    for r in ranks:
+        if r not in per:
+            continue
+        s = topo.stage_of.get(r, 0)
+        peers = [float(per[x].mean()) for x in per if x != r and topo.stage_of.get(x, 0) == s]
+        if not peers:
+            return None
+        fixed[r] = measured[r] * (float(np.median(peers)) / float(per[r].mean()))
+    lines = [line for line in topo.pipelines if any(r in blocks for r in line)]
+    last = topo.pp * topo.virtual - 1
+    steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
+    diffs = []
+    for st in steps:
+        a = replay_step_ns(lines, blocks, int(st), measured, last)
+        f = replay_step_ns(lines, blocks, int(st), fixed, last)
+        if np.isfinite(a) and np.isfinite(f):
+            diffs.append(a - f)
+    return float(np.mean(diffs)) / 1e6 if diffs else None
 
 
 register(MicrobatchVarianceRule())
