@@ -204,3 +204,16 @@ def test_json_ranks_carry_pipeline(tmp_path: Path) -> None:
     d = diagnose([path], Options(progress=False, jobs=1))
     # rank = stage * dp + replica: the replica index is rank % 3
     assert [(x["rank"], x["pipeline"]) for x in d.report["ranks"]] == [(r, r % 3) for r in range(6)]
+
+
+def test_placement_checked_against_transfers(tmp_path: Path) -> None:
+    df, _ = simulate_optable(OpTableParams(pp=4, dp=2, microbatches=4, steps=(1, 2)))
+    path = write_table(df, tmp_path / "ok.csv")
+    assert not any("placement" in w for w in load_run([path], jobs=1, progress=False).warnings)
+    # replica 0's stage column reversed: its transfers now run against the stage order
+    bad = df.copy()
+    m = bad["dp_rank"] == 0
+    bad.loc[m, "stage"] = 3 - bad.loc[m, "stage"]
+    path = write_table(bad, tmp_path / "bad.csv")
+    w = load_run([path], jobs=1, progress=False).warnings
+    assert any("placement" in x and "may not match the transfers" in x for x in w)

@@ -285,6 +285,43 @@ def _lay_steps(
     return t_abs, steps, starts + lo
 
 
+def _check_p2p_order(
+    df: pd.DataFrame,
+    codes: npt.NDArray[np.int64],
+    t_abs: npt.NDArray[np.int64],
+    n_pp: int,
+    warnings: list[str],
+) -> None:
+    """The stage placement checked against the transfers: a receive of micro-batch ``k`` ends after
+    its sender's send of ``k`` starts. Many receives that finish before their send began mean the
+    ``stage`` / ``dp_rank`` columns (or lanes) do not say where the ranks really sit."""
+    ends = t_abs + df["dur"].to_numpy()
+    dp, st, step, mb = (df[c].to_numpy() for c in ("dp_rank", "stage", "step", "mb_id"))
+    bad = total = 0
+    for send, recv, off in ((FS, FR, 1), (BS, BR, -1)):
+        sm, rm = codes == send, codes == recv
+        if not sm.any() or not rm.any():
+            continue
+        s_df = pd.DataFrame(
+            {"dp": dp[sm], "st": (st[sm] + off) % n_pp, "step": step[sm], "mb": mb[sm], "t": t_abs[sm]}
+        )
+        r_df = pd.DataFrame({"dp": dp[rm], "st": st[rm], "step": step[rm], "mb": mb[rm], "e": ends[rm]})
+        # first transfer of each micro-batch per link and step (interleaved chunks send several)
+        j = (
+            s_df.groupby(["dp", "st", "step", "mb"])
+            .t.min()
+            .to_frame()
+            .join(r_df.groupby(["dp", "st", "step", "mb"]).e.max(), how="inner")
+        )
+        total += len(j)
+        bad += int((j["e"] < j["t"] - 10_000).sum())
+    if total and bad > 0.05 * total:
+        warnings.append(
+            f"{bad} of {total} receives end before their sender's send starts: the stage / dp_rank placement "
+            "(columns or lane names) may not match the transfers"
+        )
+
+
 def _to_ranks(df: pd.DataFrame, src: str, laid: bool, warnings: list[str]) -> list[RankTimeline]:
     if not len(df):
         raise InputError(src, "op table has no rows")
@@ -340,6 +377,7 @@ def _to_ranks(df: pd.DataFrame, src: str, laid: bool, warnings: list[str]) -> li
     if is_p2p.any():
         idx = loc.index.get_indexer(pd.MultiIndex.from_arrays([dp[is_p2p], peer_stage[is_p2p]]))
         peer[is_p2p] = np.where(idx >= 0, loc.to_numpy()[np.clip(idx, 0, None)], -1)
+    _check_p2p_order(df, codes, t_abs, n_pp, warnings)
     kind = np.full(len(df), -1, dtype=np.int8)
     kind[np.isin(codes, _COMPUTE)] = int(Kind.COMPUTE)
     kind[is_p2p] = int(Kind.P2P)
