@@ -217,3 +217,37 @@ def test_placement_checked_against_transfers(tmp_path: Path) -> None:
     path = write_table(bad, tmp_path / "bad.csv")
     w = load_run([path], jobs=1, progress=False).warnings
     assert any("placement" in x and "may not match the transfers" in x for x in w)
+
+
+def test_replay_hand_built() -> None:
+    from ppdiag.pipeline.blocks import Blocks
+    from ppdiag.rules.pp010_mb_variance import replay_step_ns
+
+    ms = 1_000_000
+
+    def blk(phases: list[int], mbs: list[int], stage: int, costs: list[int]) -> Blocks:
+        n = len(phases)
+        start = np.arange(n, dtype=np.int64)  # only the order matters
+        return Blocks(
+            np.zeros(n, np.int32),
+            start,
+            start + 1,
+            np.array(costs, np.int64) * ms,
+            np.full(n, -1, np.int64),
+            np.array(phases, np.int8),
+            np.array(mbs, np.int32),
+            np.full(n, stage, np.int32),
+            True,
+        )
+
+    # 2 stages, M=2, 1F1B orders. Stage 0: F0 F1 B0 B1, stage 1: F0 B0 F1 B1; F 1 ms, B 2 ms.
+    # r0 F0 0-1, F1 1-2; r1 F0 1-2, B0 2-4, F1 4-5, B1 5-7; r0 B0 4-6, B1 7-9: step 9 ms
+    b = {
+        0: blk([1, 1, 2, 2], [0, 1, 0, 1], 0, [1, 1, 2, 2]),
+        1: blk([1, 2, 1, 2], [0, 0, 1, 1], 1, [1, 2, 1, 2]),
+    }
+    cost = {r: x.busy.astype(np.float64) for r, x in b.items()}
+    assert replay_step_ns([[0, 1]], b, 0, cost, 1) == 9 * ms
+    # micro-batch 1 twice as long on stage 1 (F 2, B 4): r1 F1 4-6, B1 6-10; r0 B1 10-12: 12 ms
+    cost[1] = np.array([1, 2, 2, 4], np.float64) * ms
+    assert replay_step_ns([[0, 1]], b, 0, cost, 1) == 12 * ms

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -36,55 +38,85 @@ def replay_step_ns(
     at the end (the DP collective): the step is the slowest replica's makespan.
     """
     worst = 0.0
+    fwd, bwd, wgrad = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
     for line in pipelines:
-        seqs: dict[int, tuple[npt.NDArray[np.int64], F64]] = {}
+        # per rank: (stage, phase, mb, cost) of its blocks of the step in measured order, as plain
+        # Python values (the replay below is sequential by nature)
+        seqs: dict[int, list[tuple[int, int, int, float]]] = {}
         for r in line:
             b = blocks.get(r)
             if b is None or not len(b):
                 continue
             sel = np.flatnonzero(b.step == step)
             sel = sel[np.argsort(b.start[sel], kind="stable")]
-            seqs[r] = (sel, cost[r][sel])
+            seqs[r] = list(
+                zip(
+                    b.stage[sel].tolist(),
+                    b.phase[sel].tolist(),
+                    b.mb[sel].tolist(),
+                    cost[r][sel].tolist(),
+                    strict=True,
+                )
+            )
         # the blocks this step has: a producer missing from the trace never blocks a consumer
-        present = {
-            (int(a), int(b_), int(c))
-            for r, (sel, _) in seqs.items()
-            for a, b_, c in zip(blocks[r].stage[sel], blocks[r].phase[sel], blocks[r].mb[sel], strict=True)
-        }
+        present = {(x[0], x[1], x[2]) for q in seqs.values() for x in q}
         end: dict[tuple[int, int, int], float] = {}
         ptr = dict.fromkeys(seqs, 0)
         free = dict.fromkeys(seqs, 0.0)
-        left = sum(s[0].size for s in seqs.values())
+        left = sum(len(q) for q in seqs.values())
         while left:  # one pass per dependency wave; each block is placed once
             moved = False
-            for r, (sel, c) in seqs.items():
-                b = blocks[r]
-                while ptr[r] < sel.size:
-                    i = sel[ptr[r]]
-                    ph, mb, st = int(b.phase[i]), int(b.mb[i]), int(b.stage[i])
-                    if ph == int(Phase.FWD):
+            for r, q in seqs.items():
+                i, t_free, n = ptr[r], free[r], len(q)
+                while i < n:
+                    st, ph, mb, c = q[i]
+                    if ph == fwd:
                         dep = (st - 1, ph, mb) if st > 0 else None
-                    elif ph == int(Phase.WGRAD):
-                        dep = (st, int(Phase.BWD), mb)
+                    elif ph == wgrad:
+                        dep = (st, bwd, mb)
                     else:
-                        dep = (st + 1, ph, mb) if st < last_stage else (st, int(Phase.FWD), mb)
-                    t = free[r]
-                    if dep is not None and dep not in present:
-                        dep = None
-                    if dep is not None and dep not in end:
-                        break
-                    if dep is not None:
-                        t = max(t, end[dep])
-                    t += float(c[ptr[r]])
-                    end[(st, ph, mb)] = t
-                    free[r] = t
-                    ptr[r] += 1
+                        dep = (st + 1, ph, mb) if st < last_stage else (st, fwd, mb)
+                    t = t_free
+                    if dep is not None and dep in present:
+                        e = end.get(dep)
+                        if e is None:
+                            break
+                        t = max(t, e)
+                    t_free = t + c
+                    end[(st, ph, mb)] = t_free
+                    i += 1
                     left -= 1
                     moved = True
+                ptr[r], free[r] = i, t_free
             if not moved:
                 return float("nan")  # an order the dependencies cannot satisfy: no replay
         worst = max(worst, max(free.values(), default=0.0))
     return worst
+
+
+# replays of the measured blocks and slow-worker gains, shared by PP009 and PP010 within one
+# analysis (keyed weakly by the pipeline: nothing outlives it)
+_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def _cached(ctx: RuleContext) -> dict[Any, Any]:
+    try:
+        return _CACHE.setdefault(ctx.pipeline, {})
+    except TypeError:  # an object without weak references: no sharing
+        return {}
+
+
+def _measured_replays(
+    ctx: RuleContext, blocks: dict[int, Blocks], lines: Sequence[Sequence[int]], last: int
+) -> dict[int, float]:
+    """Per step index: the replayed step time (ns) of the measured block costs."""
+    c = _cached(ctx)
+    if "measured" not in c:
+        measured = {r: b.busy.astype(np.float64) for r, b in blocks.items()}
+        steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
+        c["measured"] = {int(st): replay_step_ns(lines, blocks, int(st), measured, last) for st in steps}
+    out: dict[int, float] = c["measured"]
+    return out
 
 
 class MicrobatchVarianceRule:
@@ -187,8 +219,9 @@ class MicrobatchVarianceRule:
         steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
         lines = [line for line in topo.pipelines if any(r in blocks for r in line)]
         gains = []
+        base = _measured_replays(ctx, blocks, lines, last)
         for st in steps:
-            a = replay_step_ns(lines, blocks, int(st), measured, last)
+            a = base[int(st)]
             f = replay_step_ns(lines, blocks, int(st), flat, last)
             if np.isfinite(a) and np.isfinite(f):
                 gains.append(a - f)
@@ -318,6 +351,15 @@ def slow_workers(ctx: RuleContext) -> dict[int, float]:
 
 def slow_worker_gain_ms(ctx: RuleContext, ranks: Sequence[int]) -> float | None:
     """Mean step time saved when ``ranks`` run their blocks at their stage peers' cost (replay)."""
+    key = ("slow_gain", tuple(sorted(ranks)))
+    c = _cached(ctx)
+    if key not in c:
+        c[key] = _slow_worker_gain_ms(ctx, ranks)
+    out: float | None = c[key]
+    return out
+
+
+def _slow_worker_gain_ms(ctx: RuleContext, ranks: Sequence[int]) -> float | None:
     topo = ctx.pipeline.topology
     blocks = {r: b for r, b in ctx.pipeline.blocks.items() if len(b)}
     per = rank_step_ms(blocks)
@@ -335,8 +377,9 @@ def slow_worker_gain_ms(ctx: RuleContext, ranks: Sequence[int]) -> float | None:
     last = topo.pp * topo.virtual - 1
     steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
     diffs = []
+    base = _measured_replays(ctx, blocks, lines, last)
     for st in steps:
-        a = replay_step_ns(lines, blocks, int(st), measured, last)
+        a = base[int(st)]
         f = replay_step_ns(lines, blocks, int(st), fixed, last)
         if np.isfinite(a) and np.isfinite(f):
             diffs.append(a - f)
