@@ -251,3 +251,63 @@ def test_replay_hand_built() -> None:
     # micro-batch 1 twice as long on stage 1 (F 2, B 4): r1 F1 4-6, B1 6-10; r0 B1 10-12: 12 ms
     cost[1] = np.array([1, 2, 2, 4], np.float64) * ms
     assert replay_step_ns([[0, 1]], b, 0, cost, 1) == 12 * ms
+
+
+def test_bad_inputs_one_line(tmp_path: Path) -> None:
+    import json
+
+    # a timeline without the lane names the placement comes from
+    p1 = tmp_path / "t.json"
+    p1.write_text(
+        json.dumps(
+            [
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": 0,
+                    "tid": 1,
+                    "args": {"name": "PP rank 0, TP rank 0, compute"},
+                },
+                {
+                    "ph": "X",
+                    "name": "forward-compute",
+                    "pid": 0,
+                    "tid": 9,
+                    "ts": 0,
+                    "dur": 5,
+                    "args": {"step": 1},
+                },
+            ]
+        )
+    )
+    with pytest.raises(InputError) as e:
+        load_run([p1], jobs=1, progress=False)
+    assert "thread_name lanes" in e.value.message and "\n" not in e.value.message
+    # non-numeric times
+    p2 = tmp_path / "t.csv"
+    p2.write_text("dp_rank,stage,rank,step,optype,start_ts,duration\n0,0,0,1,gc,soon,1\n")
+    with pytest.raises(InputError) as e:
+        load_run([p2], jobs=1, progress=False)
+    assert "non-numeric" in e.value.message
+    # a rank placed twice
+    p3 = tmp_path / "t2.csv"
+    p3.write_text("dp_rank,stage,rank,step,optype,start_ts,duration\n0,0,0,1,gc,0,1\n0,1,0,1,gc,0,1\n")
+    with pytest.raises(InputError) as e:
+        load_run([p3], jobs=1, progress=False)
+    assert "rank 0 appears with more than one" in e.value.message
+
+
+def test_timeline_lanes_and_rank_order(tmp_path: Path) -> None:
+    df, _ = simulate_optable(OpTableParams(pp=2, dp=2, microbatches=2, steps=(4, 9)))
+    path = write_chrome(df, tmp_path / "t.json")
+    run = load_run([path], jobs=1, progress=False)
+    # Megatron order: rank = pp * dp_size + dp
+    assert {r.rank: (r.meta["pp_rank"], r.meta["pipeline"]) for r in run.ranks} == {
+        0: (0, 0),
+        1: (0, 1),
+        2: (1, 0),
+        3: (1, 1),
+    }
+    assert any("Megatron's default order" in w for w in run.warnings)
+    steps = run.ranks[0].ranges.take(run.ranks[0].ranges.kind == int(RangeKind.STEP))
+    assert steps.num.tolist() == [4, 9] and bool(steps.end[0] <= steps.start[1])
