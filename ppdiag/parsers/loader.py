@@ -26,7 +26,7 @@ from ppdiag.io import is_own_output, qpath
 from ppdiag.model import RankTimeline, Run
 from ppdiag.parsers import PARSERS, ParseOptions, Parser, load_builtin
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep", ".csv", ".jsonl", ".parquet")
+TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
 HEAD_BYTES = 1 << 16
 GZIP_MAGIC = b"\x1f\x8b"
 # other compressors' magic bytes: data a user renamed (or a tool wrote) under a trace name
