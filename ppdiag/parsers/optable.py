@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import gzip
 import itertools
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
@@ -176,31 +176,78 @@ def _read_table(path: Path, src: str, head: bytes) -> pd.DataFrame:
     return out
 
 
+class _Args(msgspec.Struct):
+    """The ``args`` fields the timeline form carries (``name`` for metadata events)."""
+
+    step: int = -1
+    model_chunk: int = -1
+    mb_id: int = -1
+    seq_id: int = -1
+    name: str = ""
+
+
+class _Event(msgspec.Struct):
+    """One Chrome trace event, only the fields read here."""
+
+    ph: str = ""
+    name: str = ""
+    pid: int = -1
+    tid: int = -1
+    ts: float = 0.0
+    dur: float = 0.0
+    args: _Args | None = None
+
+
+_NO_ARGS = _Args()
+
+
+def _decode_events(data: bytes, src: str) -> pd.DataFrame:
+    """The events as columns (typed decode: far faster than json + a frame of dicts)."""
+    try:
+        events = msgspec.json.decode(data, type=list[_Event])
+    except msgspec.ValidationError as exc:
+        raise InputError(src, f"timeline events do not have the expected fields ({str(exc)[:200]})") from None
+    except msgspec.DecodeError as exc:
+        raise InputError(src, f"cannot read the timeline JSON ({str(exc)[:200]})") from None
+    if not events:
+        raise InputError(src, "timeline JSON is not a non-empty array of events")
+    args = [e.args or _NO_ARGS for e in events]
+    return pd.DataFrame(
+        {
+            "ph": [e.ph for e in events],
+            "name": [e.name for e in events],
+            "pid": np.fromiter((e.pid for e in events), np.int64, len(events)),
+            "tid": np.fromiter((e.tid for e in events), np.int64, len(events)),
+            "ts": np.fromiter((e.ts for e in events), np.float64, len(events)),
+            "dur": np.fromiter((e.dur for e in events), np.float64, len(events)),
+            "a_step": np.fromiter((x.step for x in args), np.int64, len(events)),
+            "a_mc": np.fromiter((x.model_chunk for x in args), np.int64, len(events)),
+            "a_mb": np.fromiter((x.mb_id for x in args), np.int64, len(events)),
+            "a_seq": np.fromiter((x.seq_id for x in args), np.int64, len(events)),
+            "a_name": [x.name for x in args],
+        }
+    )
+
+
 def _read_chrome(path: Path, src: str, warnings: list[str]) -> pd.DataFrame:
     try:
         opener: Any = gzip.open if _is_gzip(path) else open
         with opener(path, "rb") as fh:
-            events = json.load(fh)
-    except (OSError, ValueError, EOFError) as exc:
+            data = fh.read()
+    except (OSError, EOFError) as exc:
         raise InputError(src, f"cannot read the timeline JSON ({str(exc)[:200]})") from None
-    if not isinstance(events, list) or not events:
-        raise InputError(src, "timeline JSON is not a non-empty array of events")
-    ev = pd.DataFrame([e for e in events if isinstance(e, dict)])
-    for c in ("ph", "name", "pid", "tid", "ts", "dur", "args"):
-        if c not in ev.columns:
-            ev[c] = None
+    ev = _decode_events(data, src)
     meta = ev[ev["ph"] == "M"]
     lanes = meta[meta["name"] == "thread_name"]
-    lane_names = [str((a or {}).get("name", "")) if isinstance(a, dict) else "" for a in lanes["args"]]
-    parsed = [_LANE.search(n) for n in lane_names]
+    parsed = [_LANE.search(n) for n in lanes["a_name"]]
     lane_pp: dict[tuple[int, int], tuple[int, int]] = {}
     for (pid, tid), m in zip(zip(lanes["pid"], lanes["tid"], strict=True), parsed, strict=True):
         if m:
             lane_pp[(int(pid), int(tid))] = (int(m.group(1)), int(m.group(2)))
     procs = meta[meta["name"] == "process_name"]
     dp_of: dict[int, int] = {}
-    for pid, a in zip(procs["pid"], procs["args"], strict=True):
-        m = _DP.search(str((a or {}).get("name", ""))) if isinstance(a, dict) else None
+    for pid, a in zip(procs["pid"], procs["a_name"], strict=True):
+        m = _DP.search(a)
         if m:
             dp_of[int(pid)] = int(m.group(1))
     x = ev[ev["ph"] == "X"]
@@ -223,11 +270,7 @@ def _read_chrome(path: Path, src: str, warnings: list[str]) -> pd.DataFrame:
     stage = lane_vals[pos, 0]
     tp = lane_vals[pos, 1]
     dp = pd.Series(pid).map(dp_of).fillna(pd.Series(pid)).to_numpy(np.int64)
-    args = pd.DataFrame([a if isinstance(a, dict) else {} for a in x["args"]])
-    for c in ("step", "model_chunk", "mb_id", "seq_id"):
-        if c not in args.columns:
-            args[c] = -1
-    if (args["step"].isna()).all() or (args["step"] == -1).all():
+    if bool((x["a_step"] < 0).all()):
         raise InputError(src, "timeline events carry no args.step")
     n_dp = int(dp.max()) + 1
     n_pp = int(stage.max()) + 1
@@ -237,7 +280,7 @@ def _read_chrome(path: Path, src: str, warnings: list[str]) -> pd.DataFrame:
         "timeline form names no global ranks: numbered in Megatron's default order "
         "rank = (pp * dp_size + dp) * tp_size + tp"
     )
-    mc = args["model_chunk"].fillna(-1).to_numpy(np.int64)
+    mc = x["a_mc"].to_numpy(np.int64)
     # virtual stage of chunk c on stage s with the interleaved placement: c * pp + s
     gmc = np.where(mc >= 0, mc * n_pp + stage, -1)
     if (mc <= 0).all():
@@ -247,14 +290,14 @@ def _read_chrome(path: Path, src: str, warnings: list[str]) -> pd.DataFrame:
             "dp_rank": dp,
             "stage": stage,
             "rank": rank,
-            "step": args["step"].fillna(-1).to_numpy(np.int64),
+            "step": x["a_step"].to_numpy(np.int64),
             "optype": x["name"].astype(str).to_numpy(),
             "t0": np.rint(x["ts"].to_numpy(np.float64) * 1e3).astype(np.int64),
             "dur": np.rint(x["dur"].to_numpy(np.float64) * 1e3).astype(np.int64),
-            "seq_id": args["seq_id"].fillna(-1).to_numpy(np.int64),
+            "seq_id": x["a_seq"].to_numpy(np.int64),
             "mc": mc,
             "gmc": gmc,
-            "mb_id": args["mb_id"].fillna(-1).to_numpy(np.int64),
+            "mb_id": x["a_mb"].to_numpy(np.int64),
         }
     )
 
