@@ -32,7 +32,11 @@ class StragglerRule:
     step), a host stall before the collective, or a longer compute. Without a pipeline, send/recv
     pairs count the same way (a receive spinning for a late sender). A rank that was late only
     because it waited for a named rank elsewhere first (its pipeline, its tensor-parallel peer) is
-    listed as a follower, not named.
+    listed as a follower, not named. With data-parallel replicas of a pipeline, a rank late because
+    it computes longer is named only when its blocks cost well more than the same stage's in the
+    other replicas (a slow worker: bad GPU, throttling, a noisy host); a replica that merely drew
+    the longer micro-batches of a step is PP010's. A slow worker's gain is the step replayed from
+    the blocks with that rank at its stage peers' cost.
 
     Why it matters:
     One slow worker sets the pace of the whole group: the others' waiting looks like exposed
