@@ -37,7 +37,13 @@ app = typer.Typer(
 )
 
 
-Paths = Annotated[list[Path], typer.Argument(help="Run directory (one trace per rank) or trace files.")]
+Paths = Annotated[
+    list[Path],
+    typer.Argument(
+        help="Run directory (one trace per rank), trace files, or one op table / op timeline "
+        "(CSV, JSONL, Parquet, Chrome JSON) holding all ranks."
+    ),
+]
 
 PP = Annotated[
     int | None,

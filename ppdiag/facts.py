@@ -5,7 +5,8 @@ and the terminal, Markdown and HTML reports all take these from here, so "the sl
 theoretical bubble" mean the same thing wherever they are shown.
 
 * **Stage balance**: per stage, the mean per-step compute of its micro-batch blocks (forward,
-  backward, weight-grad: the work a pipeline stage owns, optimizer and other compute left out),
+  backward, weight-grad: the work a pipeline stage owns, optimizer and other compute left out;
+  with DP replicas, the fastest replica's: what every replica of the stage pays),
   the slowest stage, its ratio to the mean stage, and whether that ratio makes it *the* slow stage
   (:data:`SLOW_STAGE_RATIO`, the one threshold).
 * **Bubble**: the schedule's theoretical bubble from the simulator's closed forms, and the
@@ -15,7 +16,7 @@ theoretical bubble" mean the same thing wherever they are shown.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,6 +41,8 @@ class StageBalance:
     """``stage_ms[heaviest] / mean_ms`` (None with fewer than 2 stages or no compute)"""
     spread_ms: float | None
     """max - min of ``stage_ms``: what a perfect split would even out at most"""
+    replica_ms: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
+    """stage -> {rank: its mean per-step block compute (ms)}: the spread across DP replicas"""
 
     @property
     def slowest(self) -> int | None:
@@ -78,11 +81,35 @@ def stage_block_ms(pipe: Pipeline) -> dict[int, float]:
     return {s: float(np.mean(v)) for s, v in sorted(out.items())}
 
 
+def rank_block_ms(pipe: Pipeline) -> dict[int, dict[int, float]]:
+    """Per stage, per rank of it (one per DP replica): the mean per-step compute of its blocks (ms)."""
+    stage_of = pipe.topology.stage_of
+    out: dict[int, dict[int, float]] = {}
+    for r, b in pipe.blocks.items():
+        if not len(b):
+            continue
+        steps, inv = np.unique(b.step, return_inverse=True)
+        sums = np.bincount(inv, weights=b.busy.astype(np.float64), minlength=steps.size)
+        out.setdefault(stage_of.get(r, 0), {})[r] = float(sums.mean()) / 1e6
+    return {s: dict(sorted(v.items())) for s, v in sorted(out.items())}
+
+
 def stage_balance(pipe: Pipeline) -> StageBalance:
-    """The run's stage balance (empty without pipeline parallelism)."""
+    """The run's stage balance (empty without pipeline parallelism).
+
+    With DP replicas of the pipeline a stage costs what every replica of it pays: its fastest rank.
+    One slow worker among fast stage peers is then not a bad split (that is PP009's straggler, a
+    node to inspect), while a stage slow in every replica keeps its excess.
+    """
     if pipe.topology.pp <= 1:
         return balance_of({})
-    return balance_of(stage_block_ms(pipe))
+    per_rank = rank_block_ms(pipe)
+    replicated = bool(per_rank) and min(len(v) for v in per_rank.values()) > 1
+    if not replicated:
+        bal = balance_of(stage_block_ms(pipe))
+    else:
+        bal = balance_of({s: min(v.values()) for s, v in per_rank.items()})
+    return StageBalance(bal.stage_ms, bal.mean_ms, bal.heaviest, bal.ratio, bal.spread_ms, per_rank)
 
 
 def theoretical_bubble(schedule: str, pp: int, microbatches: int | None, virtual: int) -> float | None:

@@ -56,6 +56,7 @@ class RankRow(msgspec.Struct, frozen=True):
 
     rank: int
     stage: int | None
+    pipeline: int | None  # DP replica index of the rank's pipeline (null without PP)
     steps: int
     step_ms: float
     compute_ms: float

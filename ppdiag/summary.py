@@ -61,6 +61,8 @@ def build_report(
     causes_ns: dict[str, list[float]] = {k: [] for k in CAUSE_KEYS}
     waits_ns: list[float] = []
     windows_ns: list[float] = []
+    # DP replica index of each rank's pipeline (topology order), for grouping by replica
+    replica_of = {x: i for i, line in enumerate(topo.pipelines) for x in line} if topo.pp > 1 else {}
     for r in sorted(per_rank):
         rss = per_rank[r]
         n = len(rss)
@@ -70,6 +72,7 @@ def build_report(
             RankRow(
                 rank=r,
                 stage=topo.stage_of.get(r, 0) if topo.pp > 1 else None,
+                pipeline=replica_of.get(r),
                 steps=n,
                 step_ms=_ms(win),
                 compute_ms=_ms(sum(x.acct.compute for x in rss) / n),

@@ -42,7 +42,7 @@ def load_builtin() -> None:
     """Import the built-in parser modules so they register themselves."""
     import importlib
 
-    for mod in ("kineto", "nsys"):
+    for mod in ("kineto", "nsys", "optable"):
         try:
             importlib.import_module(f"ppdiag.parsers.{mod}")
         except ModuleNotFoundError as exc:  # a format module not written yet

@@ -14,7 +14,9 @@ from ppdiag.rules.noise import Z, cause_error_ms
 class ImbalanceRule:
     """What it detects:
     The compute of one stage per step (its forward and backward blocks) is well above the mean over
-    stages. In a pipeline the slowest stage sets the pace: every other stage waits for it once per
+    stages. With data-parallel replicas, a stage counts as slow only when it is slow in every
+    replica (its fastest rank is judged): one rank above its stage peers is a slow worker (PP009).
+    In a pipeline the slowest stage sets the pace: every other stage waits for it once per
     micro-batch, and that waiting shows as idle time on the other ranks.
 
     Why it matters:
@@ -75,6 +77,10 @@ class ImbalanceRule:
                     "mean_ms": r3(mean),
                     "ratio": r3(ratio),
                     "stage_compute_ms": {str(k): r3(v) for k, v in per_stage.items()},
+                    # the spread across replicas: a stage is judged by its fastest replica
+                    "stage_replica_ms": {
+                        str(k): {str(r): r3(x) for r, x in v.items()} for k, v in bal.replica_ms.items()
+                    },
                     "imbalance_ms": r3(imb),
                 },
                 [

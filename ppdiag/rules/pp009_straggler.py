@@ -6,6 +6,7 @@ from ppdiag.attribution.collective_waits import REASON_CAUSE
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
+from ppdiag.rules.pp010_mb_variance import slow_worker_gain_ms, slow_workers
 
 # a rank is named when it arrives this late per step (ms), at least
 MIN_LATE_MS = 0.05
@@ -31,7 +32,11 @@ class StragglerRule:
     step), a host stall before the collective, or a longer compute. Without a pipeline, send/recv
     pairs count the same way (a receive spinning for a late sender). A rank that was late only
     because it waited for a named rank elsewhere first (its pipeline, its tensor-parallel peer) is
-    listed as a follower, not named.
+    listed as a follower, not named. With data-parallel replicas of a pipeline, a rank late because
+    it computes longer is named only when its blocks cost well more than the same stage's in the
+    other replicas (a slow worker: bad GPU, throttling, a noisy host); a replica that merely drew
+    the longer micro-batches of a step is PP010's. A slow worker's gain is the step replayed from
+    the blocks with that rank at its stage peers' cost.
 
     Why it matters:
     One slow worker sets the pace of the whole group: the others' waiting looks like exposed
@@ -85,8 +90,24 @@ class StragglerRule:
             for r, v in per_rank.items()
             if r not in inherited and waited.get(r, 0) <= MAX_OWN_WAIT * v[2].made_wait_ns
         }
+        # replicated pipelines: a rank late because it computes longer counts only when its blocks
+        # cost well more than the same stage's in the other replicas (a slow worker); a replica that
+        # drew the longer micro-batches of a step is late too, and that is PP010's
+        slow = slow_workers(ctx)
+        replicated = ctx.pipeline.topology.pp > 1 and len(ctx.pipeline.topology.pipelines) > 1
+        if replicated:
+            roots = {
+                r: v
+                for r, v in roots.items()
+                if r in slow or v[2].reasons_ns.get("compute", 0) < 0.5 * v[2].lateness_ns
+            }
         if not roots:
             return []
+        if replicated and all(r in slow for r in roots):
+            # the gain of the fix (that node at its peers' speed), replayed from the blocks
+            replayed = slow_worker_gain_ms(ctx, sorted(roots))
+            if replayed is not None:
+                gain = max(replayed, 0.0)
         followers = {r: per_rank[r][0] for r in sorted(inherited)}
         per_rank = roots
         reasons: dict[str, float] = dict.fromkeys(_REASON_TEXT, 0.0)
@@ -114,6 +135,7 @@ class StragglerRule:
             },
             "followers": {str(r): r3(v) for r, v in sorted(followers.items())},
             "main_reason": main,
+            "slow_workers_vs_stage_peers": {str(r): r3(x) for r, x in sorted(slow.items())},
             "waited_ms_per_step": r3(cw.total_waited_ns / steps / 1e6),
             "collective_instances": cw.instances,
             "sync_instances": cw.syncs,

@@ -1,0 +1,391 @@
+"""PP010: micro-batch cost variance: the pipeline and the DP collectives wait for the longest block."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.diagnosis import Finding
+from ppdiag.model import Phase
+from ppdiag.pipeline.blocks import Blocks
+from ppdiag.rules import RuleContext, register
+from ppdiag.rules.base import MIN_PCT, finding, r3
+
+F64 = npt.NDArray[np.float64]
+# within-rank coefficient of variation of block costs beyond which a stage's micro-batches vary
+# by more than timer noise (timers and kernels repeat to 1-2 % for the same work)
+CV_MIN = 0.05
+_PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
+
+
+def replay_step_ns(
+    pipelines: Sequence[Sequence[int]],
+    blocks: dict[int, Blocks],
+    step: int,
+    cost: dict[int, F64],
+    last_stage: int,
+) -> float:
+    """Step time (ns) of one step replayed from its block order with the given block costs.
+
+    Each rank runs its blocks of ``step`` in their measured order, as soon as the rank is free and
+    the block's input exists (forward after the previous virtual stage's forward of the
+    micro-batch, backward after the next stage's backward, or this stage's forward on the last
+    stage, weight-gradient after the input-gradient); transfers cost nothing. The replicas meet
+    at the end (the DP collective): the step is the slowest replica's makespan.
+    """
+    worst = 0.0
+    fwd, bwd, wgrad = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
+    for line in pipelines:
+        # per rank: (stage, phase, mb, cost) of its blocks of the step in measured order, as plain
+        # Python values (the replay below is sequential by nature)
+        seqs: dict[int, list[tuple[int, int, int, float]]] = {}
+        for r in line:
+            b = blocks.get(r)
+            if b is None or not len(b):
+                continue
+            sel = np.flatnonzero(b.step == step)
+            sel = sel[np.argsort(b.start[sel], kind="stable")]
+            seqs[r] = list(
+                zip(
+                    b.stage[sel].tolist(),
+                    b.phase[sel].tolist(),
+                    b.mb[sel].tolist(),
+                    cost[r][sel].tolist(),
+                    strict=True,
+                )
+            )
+        # the blocks this step has: a producer missing from the trace never blocks a consumer
+        present = {(x[0], x[1], x[2]) for q in seqs.values() for x in q}
+        end: dict[tuple[int, int, int], float] = {}
+        ptr = dict.fromkeys(seqs, 0)
+        free = dict.fromkeys(seqs, 0.0)
+        left = sum(len(q) for q in seqs.values())
+        while left:  # one pass per dependency wave; each block is placed once
+            moved = False
+            for r, q in seqs.items():
+                i, t_free, n = ptr[r], free[r], len(q)
+                while i < n:
+                    st, ph, mb, c = q[i]
+                    if ph == fwd:
+                        dep = (st - 1, ph, mb) if st > 0 else None
+                    elif ph == wgrad:
+                        dep = (st, bwd, mb)
+                    else:
+                        dep = (st + 1, ph, mb) if st < last_stage else (st, fwd, mb)
+                    t = t_free
+                    if dep is not None and dep in present:
+                        e = end.get(dep)
+                        if e is None:
+                            break
+                        t = max(t, e)
+                    t_free = t + c
+                    end[(st, ph, mb)] = t_free
+                    i += 1
+                    left -= 1
+                    moved = True
+                ptr[r], free[r] = i, t_free
+            if not moved:
+                return float("nan")  # an order the dependencies cannot satisfy: no replay
+        worst = max(worst, max(free.values(), default=0.0))
+    return worst
+
+
+# replays of the measured blocks and slow-worker gains, shared by PP009 and PP010 within one
+# analysis (keyed weakly by the pipeline: nothing outlives it)
+_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def _cached(ctx: RuleContext) -> dict[Any, Any]:
+    try:
+        return _CACHE.setdefault(ctx.pipeline, {})
+    except TypeError:  # an object without weak references: no sharing
+        return {}
+
+
+def _measured_replays(
+    ctx: RuleContext, blocks: dict[int, Blocks], lines: Sequence[Sequence[int]], last: int
+) -> dict[int, float]:
+    """Per step index: the replayed step time (ns) of the measured block costs."""
+    c = _cached(ctx)
+    if "measured" not in c:
+        measured = {r: b.busy.astype(np.float64) for r, b in blocks.items()}
+        steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
+        c["measured"] = {int(st): replay_step_ns(lines, blocks, int(st), measured, last) for st in steps}
+    out: dict[int, float] = c["measured"]
+    return out
+
+
+class MicrobatchVarianceRule:
+    """What it detects:
+    Block costs of one stage vary from micro-batch to micro-batch (and replica to replica) far
+    beyond timer noise: the same stage's forward or backward takes much longer for some
+    micro-batches than for others, typically variable sequence lengths. Every stage waits for the
+    longest micro-batch each time it is its turn, and the DP collectives wait for the replica that
+    drew the longest ones. The evidence gives the coefficient of variation (CV) per stage, split
+    into the part within each rank (follows the micro-batch: data) and the part between the ranks
+    of the stage (follows the rank: hardware, PP009's), the worst micro-batches, and whether the
+    variation follows the micro-batch (the same micro-batch slow on every stage of its pipeline).
+
+    Why it matters:
+    A pipeline is as fast as its slowest block at every hand-off: the variance turns into waiting
+    on the other stages and in the data-parallel collectives, growing with the spread, not the mean.
+
+    How to fix:
+    Sequence packing (concatenate samples up to the context length); length-grouped or
+    token-balanced micro-batches (sort or bin samples by length before forming micro-batches); a
+    fixed token budget per micro-batch instead of a fixed sample count.
+
+    Example:
+    4 stages x 2 replicas, M=8, forward 2 ms and backward 4 ms per micro-batch on average, with a
+    CV of 0.3 from micro-batch to micro-batch (the same micro-batch slow on every stage of its
+    pipeline): the step takes 88.4 ms where every block at its stage's mean cost would take 70.0 ms.
+    PP010 reports CV 0.28 within the ranks, following the micro-batch, gain 18.5 ms per step (the
+    replay with every block at its stage's mean cost, less what a slow worker (PP009) explains).
+    """
+
+    code = "PP010"
+    name = "microbatch-variance"
+    cause = "imbalance"
+    summary = "Micro-batch cost variance (e.g. sequence lengths): the pipe waits for the longest block."
+
+    def check(self, ctx: RuleContext) -> list[Finding]:
+        pipe = ctx.pipeline
+        topo = pipe.topology
+        if topo.pp <= 1 or not ctx.step_ms:
+            return []
+        blocks = {r: b for r, b in pipe.blocks.items() if len(b)}
+        if not blocks:
+            return []
+        # per block: cost normalised by its (rank, phase) mean (within-rank variation) and by its
+        # (stage, phase) mean (all variation); the rank means say how much follows the rank
+        rows = []
+        for r, b in blocks.items():
+            for ph in _PHASES:
+                m = (b.phase == ph) & (b.mb >= 0)
+                if int(m.sum()) < 2:
+                    continue
+                c = b.busy[m].astype(np.float64)
+                rows.append((r, ph, np.flatnonzero(m), c))
+        if not rows:
+            return []
+        last = topo.pp * topo.virtual - 1
+        per_stage: dict[int, dict[str, float]] = {}
+        stage_of = topo.stage_of
+        by_stage: dict[tuple[int, int], list[tuple[int, F64]]] = {}
+        for r, ph, _, c in rows:
+            by_stage.setdefault((stage_of.get(r, 0), ph), []).append((r, c))
+        worst_cv = 0.0
+        for (s, ph), parts in sorted(by_stage.items()):
+            allc = np.concatenate([c for _, c in parts])
+            mean = float(allc.mean())
+            if mean <= 0:
+                continue
+            within = np.concatenate([c / c.mean() - 1.0 for _, c in parts if c.mean() > 0])
+            rank_means = np.array([c.mean() for _, c in parts]) / mean
+            cv_w = float(within.std())
+            d = per_stage.setdefault(s, {"cv": 0.0, "cv_within_rank": 0.0, "cv_across_ranks": 0.0})
+            if cv_w >= d["cv_within_rank"]:
+                d.update(
+                    cv=float(allc.std() / mean),
+                    cv_within_rank=cv_w,
+                    cv_across_ranks=float(rank_means.std()),
+                    phase=float(ph),
+                )
+            worst_cv = max(worst_cv, cv_w)
+        if worst_cv < CV_MIN:
+            return []
+        # the replay: measured costs vs every block at its stage's mean for its phase; the part a
+        # slow worker explains (PP009's gain, replayed the same way) is not counted twice
+        measured = {r: b.busy.astype(np.float64) for r, b in blocks.items()}
+        sums: dict[tuple[int, int], list[float]] = {}
+        for b in blocks.values():
+            for ph in _PHASES:
+                m = b.phase == ph
+                for st in np.unique(b.stage[m]):
+                    c = b.busy[m & (b.stage == st)]
+                    acc = sums.setdefault((int(st), ph), [0.0, 0.0])
+                    acc[0] += float(c.sum())
+                    acc[1] += float(c.size)
+        flat = {}
+        for r, b in blocks.items():
+            v = measured[r].copy()
+            for (st, ph), (tot, n) in sums.items():
+                m = (b.phase == ph) & (b.stage == st)
+                if m.any():
+                    v[m] = tot / n
+            flat[r] = v
+        steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
+        lines = [line for line in topo.pipelines if any(r in blocks for r in line)]
+        gains = []
+        base = _measured_replays(ctx, blocks, lines, last)
+        for st in steps:
+            a = base[int(st)]
+            f = replay_step_ns(lines, blocks, int(st), flat, last)
+            if np.isfinite(a) and np.isfinite(f):
+                gains.append(a - f)
+        if not gains:
+            return []
+        slow = slow_workers(ctx)
+        explained = (slow_worker_gain_ms(ctx, sorted(slow)) or 0.0) if slow else 0.0
+        gain = max(float(np.mean(gains)) / 1e6 - explained, 0.0)
+        if 100 * gain / ctx.step_ms < MIN_PCT:
+            return []
+        follows, share, worst_mb = _follows(blocks, lines)
+        stages = sorted(s for s, d in per_stage.items() if d["cv_within_rank"] >= CV_MIN)
+        title = (
+            f"micro-batch cost variance: block costs vary by CV {worst_cv:.2f} within a rank "
+            f"(stage(s) {', '.join(map(str, stages))}), following the {follows}; the pipeline waits "
+            "for the longest micro-batches"
+        )
+        evidence = {
+            "per_stage": {
+                str(s): {k: r3(v) for k, v in d.items() if k != "phase"}
+                | {"phase": Phase(int(d["phase"])).name.lower()}
+                for s, d in sorted(per_stage.items())
+            },
+            "follows": follows,
+            "microbatch_share": r3(share),
+            "worst_microbatches": worst_mb,
+            "cv_threshold": CV_MIN,
+            "replay_gain_ms": r3(gain + explained),
+            "explained_by_slow_workers_ms": r3(explained),
+        }
+        fixes = [
+            "pack sequences (samples concatenated up to the context length): the same tokens per micro-batch",
+            "form length-grouped or token-balanced micro-batches (bin samples by length before batching)",
+            "use a fixed token budget per micro-batch instead of a fixed number of samples",
+        ]
+        if follows != "micro-batch (data)":
+            fixes.append("the variation follows the rank: compare the ranks' clocks and thermals (PP009)")
+        return [finding(ctx, self.code, self.cause, title, gain, evidence, fixes, stages=stages)]
+
+
+def _follows(
+    blocks: dict[int, Blocks], lines: Sequence[Sequence[int]]
+) -> tuple[str, float, list[dict[str, float]]]:
+    """Whether the within-rank variation follows the micro-batch: the share of it that the
+    (step, pipeline, micro-batch) means explain (the same micro-batch slow on every stage), and
+    the worst micro-batches by that mean."""
+    keys, vals = [], []
+    for pi, line in enumerate(lines):
+        for r in line:
+            b = blocks.get(r)
+            if b is None:
+                continue
+            for ph in _PHASES:
+                m = (b.phase == ph) & (b.mb >= 0)
+                if int(m.sum()) < 2:
+                    continue
+                c = b.busy[m].astype(np.float64)
+                keys.append(
+                    np.stack([b.step[m].astype(np.int64), np.full(c.size, pi), b.mb[m].astype(np.int64)], 1)
+                )
+                vals.append(c / c.mean() - 1.0)
+    if not vals:
+        return "rank (hardware)", 0.0, []
+    k = np.concatenate(keys)
+    v = np.concatenate(vals)
+    uk, inv, cnt = np.unique(k, axis=0, return_inverse=True, return_counts=True)
+    inv = inv.ravel()
+    gmean = np.bincount(inv, weights=v) / cnt
+    total = float((v**2).sum())
+    share = float((gmean[inv] ** 2).sum() / total) if total > 0 else 0.0
+    order = np.argsort(-gmean)[:5]
+    worst = [
+        {
+            "step_index": int(uk[i, 0]),
+            "pipeline": int(uk[i, 1]),
+            "mb": int(uk[i, 2]),
+            "cost_vs_mean": r3(1.0 + float(gmean[i])),
+        }
+        for i in order
+    ]
+    return ("micro-batch (data)" if share >= 0.5 else "rank (hardware)"), share, worst
+
+
+def rank_step_ms(blocks: dict[int, Blocks]) -> dict[int, F64]:
+    """Per rank: its block compute per step (ns), one value per step it has blocks in."""
+    out: dict[int, F64] = {}
+    for r, b in blocks.items():
+        if not len(b):
+            continue
+        _, inv = np.unique(b.step, return_inverse=True)
+        out[r] = np.bincount(inv.ravel(), weights=b.busy.astype(np.float64)).astype(np.float64)
+    return out
+
+
+# a rank counts as a slow worker from this excess over its stage peers, at least (and from 4
+# standard errors of the peers' spread: micro-batch variance alone moves whole replicas)
+SLOW_WORKER_MIN = 0.03
+
+
+def slow_workers(ctx: RuleContext) -> dict[int, float]:
+    """Ranks whose block compute per step is well above the same stage in the other DP replicas:
+    ``{rank: excess}`` (0.3 = 30 % above the peers' median). Empty without replicated pipelines."""
+    topo = ctx.pipeline.topology
+    if topo.pp <= 1 or len(topo.pipelines) < 2:
+        return {}
+    per = rank_step_ms({r: b for r, b in ctx.pipeline.blocks.items() if len(b)})
+    by_stage: dict[int, list[int]] = {}
+    for r in per:
+        by_stage.setdefault(topo.stage_of.get(r, 0), []).append(r)
+    out: dict[int, float] = {}
+    for ranks in by_stage.values():
+        if len(ranks) < 2:
+            continue
+        means = {r: float(per[r].mean()) for r in ranks}
+        for r in ranks:
+            others = np.array([means[x] for x in ranks if x != r])
+            ref = float(np.median(others))
+            if ref <= 0:
+                continue
+            se_r = float(per[r].std()) / max(np.sqrt(per[r].size), 1.0) / ref
+            spread = float(others.std()) / ref if others.size > 1 else se_r * np.sqrt(2.0)
+            excess = means[r] / ref - 1.0
+            if excess > max(SLOW_WORKER_MIN, 4.0 * spread, 4.0 * se_r):
+                out[r] = excess
+    return out
+
+
+def slow_worker_gain_ms(ctx: RuleContext, ranks: Sequence[int]) -> float | None:
+    """Mean step time saved when ``ranks`` run their blocks at their stage peers' cost (replay)."""
+    key = ("slow_gain", tuple(sorted(ranks)))
+    c = _cached(ctx)
+    if key not in c:
+        c[key] = _slow_worker_gain_ms(ctx, ranks)
+    out: float | None = c[key]
+    return out
+
+
+def _slow_worker_gain_ms(ctx: RuleContext, ranks: Sequence[int]) -> float | None:
+    topo = ctx.pipeline.topology
+    blocks = {r: b for r, b in ctx.pipeline.blocks.items() if len(b)}
+    per = rank_step_ms(blocks)
+    measured = {r: b.busy.astype(np.float64) for r, b in blocks.items()}
+    fixed = dict(measured)
+    for r in ranks:
+        if r not in per:
+            continue
+        s = topo.stage_of.get(r, 0)
+        peers = [float(per[x].mean()) for x in per if x != r and topo.stage_of.get(x, 0) == s]
+        if not peers:
+            return None
+        fixed[r] = measured[r] * (float(np.median(peers)) / float(per[r].mean()))
+    lines = [line for line in topo.pipelines if any(r in blocks for r in line)]
+    last = topo.pp * topo.virtual - 1
+    steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
+    diffs = []
+    base = _measured_replays(ctx, blocks, lines, last)
+    for st in steps:
+        a = base[int(st)]
+        f = replay_step_ns(lines, blocks, int(st), fixed, last)
+        if np.isfinite(a) and np.isfinite(f):
+            diffs.append(a - f)
+    return float(np.mean(diffs)) / 1e6 if diffs else None
+
+
+register(MicrobatchVarianceRule())

@@ -1,0 +1,313 @@
+"""Op tables of production jobs (CSV / JSON Lines / Parquet / Chrome timeline) and the findings that
+tell a slow worker, a heavy stage and micro-batch cost variance apart (truth by re-simulation)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ppdiag.api import Options, diagnose
+from ppdiag.errors import InputError
+from ppdiag.model import Direction, Kind, RangeKind
+from ppdiag.parsers.loader import detect_format, load_run
+from ppdiag.synth.optable import OpTableParams, OpTableTruth, simulate_optable, write_chrome, write_table
+
+HAVE_PYARROW = importlib.util.find_spec("pyarrow") is not None
+
+
+def _diag(path: Path) -> dict[str, tuple[float | None, list[int]]]:
+    d = diagnose([path], Options(progress=False, jobs=1))
+    return {f.code: (f.gain_ms, f.ranks) for f in d.findings}
+
+
+def _write(tmp_path: Path, p: OpTableParams, suffix: str) -> tuple[Path, OpTableTruth]:
+    df, truth = simulate_optable(p)
+    path = tmp_path / f"ops{suffix}"
+    if suffix == ".chrome.json":
+        write_chrome(df, path)
+    else:
+        write_table(df, path)
+    return path, truth
+
+
+def test_tiny_table_maps_ops(tmp_path: Path) -> None:
+    # 2 replicas x 2 stages, M=2, one step: rank = stage * dp + dp_rank
+    path, _ = _write(tmp_path, OpTableParams(pp=2, dp=2, microbatches=2, steps=(7,)), ".csv")
+    assert detect_format(path)[0] == "optable"
+    run = load_run([path], jobs=1, progress=False)
+    assert [r.rank for r in run.ranks] == [0, 1, 2, 3]
+    by = run.by_rank()
+    assert by[3].meta["pipeline"] == 1 and by[3].meta["pp_rank"] == 1
+    iv = by[2].intervals  # stage 1 of replica 0
+    comp = iv.kind == int(Kind.COMPUTE)
+    # 2 forward + 2 backward blocks + the optimizer
+    assert int(comp.sum()) == 5
+    p2p = iv.kind == int(Kind.P2P)
+    # its peer is stage 0 of the same replica: rank 0
+    assert set(iv.peer[p2p].tolist()) == {0}
+    assert set(iv.direction[p2p].tolist()) == {int(Direction.SEND), int(Direction.RECV)}
+    labels = by[2].ranges.take(by[2].ranges.kind == int(RangeKind.LABEL))
+    assert sorted(labels.mb.tolist()) == [0, 0, 1, 1] and set(labels.stage.tolist()) == {1}
+    steps = by[2].ranges.take(by[2].ranges.kind == int(RangeKind.STEP))
+    assert steps.num.tolist() == [7]
+    coll = iv.kind == int(Kind.COLLECTIVE)
+    assert by[2].process_groups[int(iv.group[coll][0])].ranks == [2, 3]
+
+
+def test_missing_columns_named(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    pd.DataFrame({"dp_rank": [0], "stage": [0], "optype": ["gc"], "step": [1]}).to_csv(path, index=False)
+    with pytest.raises(InputError) as e:
+        load_run([path], jobs=1, progress=False)
+    assert "rank, start_ts, duration" in str(e.value.message)
+
+
+def test_unknown_optypes_counted(tmp_path: Path) -> None:
+    df, _ = simulate_optable(OpTableParams(pp=2, dp=1, microbatches=2, steps=(1,)))
+    extra = df.iloc[:3].copy()
+    extra["optype"] = ["weird-op", "weird-op", "other-thing"]
+    path = tmp_path / "t.jsonl"
+    write_table(pd.concat([df, extra], ignore_index=True), path)
+    run = load_run([path], jobs=1, progress=False)
+    w = " ".join(run.warnings)
+    assert "3 ops of unknown optype kept as 'other'" in w and "weird-op (2)" in w
+    kept = sum(int((tl.ranges.kind == int(RangeKind.OTHER)).sum()) for tl in run.ranks)
+    assert kept == 3
+
+
+def test_parquet_needs_extra(tmp_path: Path) -> None:
+    path = tmp_path / "t.parquet"
+    path.write_bytes(b"PAR1" + b"\0" * 64)
+    if HAVE_PYARROW:
+        pytest.skip("pyarrow installed")
+    with pytest.raises(InputError) as e:
+        load_run([path], jobs=1, progress=False)
+    assert "ppdiag[parquet]" in e.value.message
+
+
+SLOW = OpTableParams(slow_worker=(1, 2, 1.3))
+HEAVY = OpTableParams(heavy_stage=(3, 1.4))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".chrome.json"])
+def test_slow_worker_is_pp009_not_pp003(tmp_path: Path, suffix: str) -> None:
+    path, truth = _write(tmp_path, SLOW, suffix)
+    f = _diag(path)
+    assert "PP009" in f and "PP003" not in f
+    gain, ranks = f["PP009"]
+    assert ranks == [SLOW.rank_of(1, 2)]
+    want = truth.step_ms - truth.no_slow_worker_ms
+    assert gain is not None and abs(gain - want) <= 0.1 * want
+
+
+def test_heavy_stage_is_pp003(tmp_path: Path) -> None:
+    path, truth = _write(tmp_path, HEAVY, ".csv")
+    f = _diag(path)
+    assert "PP003" in f and "PP009" not in f
+    gain, ranks = f["PP003"]
+    assert sorted(ranks) == [HEAVY.rank_of(0, 3), HEAVY.rank_of(1, 3)]
+    want = truth.step_ms - truth.rebalanced_ms
+    assert gain is not None and abs(gain - want) <= 0.1 * want
+
+
+def test_forms_agree(tmp_path: Path) -> None:
+    forms = [".csv", ".jsonl", ".chrome.json"] + ([".parquet"] if HAVE_PYARROW else [])
+    got: list[dict[str, object]] = []
+    for sfx in forms:
+        path, _ = _write(tmp_path, SLOW, sfx)
+        f = _diag(path)
+        # the same findings on the same ranks, and PP009's gain to 0.1 ms
+        seen: dict[str, object] = {k: v[1] for k, v in f.items() if k in ("PP003", "PP009", "PP010", "PP001")}
+        seen["gain009"] = round(float(f["PP009"][0] or 0), 1)
+        got.append(seen)
+    assert all(g == got[0] for g in got)
+
+
+def test_float32_seconds(tmp_path: Path) -> None:
+    df, _ = simulate_optable(OpTableParams(pp=2, dp=2, microbatches=4, steps=(1, 2)))
+    df["start_ts"] = df["start_ts"].astype(np.float32)
+    df["duration"] = df["duration"].astype(np.float32)
+    path = tmp_path / "f32.csv"
+    df.to_csv(path, index=False)
+    run = load_run([path], jobs=1, progress=False)
+    assert len(run.ranks) == 4
+
+
+VAR = OpTableParams(mb_cv=0.3)
+
+
+def test_variance_is_pp010_not_pp009(tmp_path: Path) -> None:
+    path, truth = _write(tmp_path, VAR, ".csv")
+    d = diagnose([path], Options(progress=False, jobs=1))
+    f = {x.code: x for x in d.findings}
+    assert "PP010" in f and "PP009" not in f and "PP003" not in f
+    want = truth.step_ms - truth.no_variance_ms
+    gain = f["PP010"].gain_ms
+    assert gain is not None and abs(gain - want) <= 0.1 * want
+    # the generator scales every stage of a micro-batch together: the variation follows the data
+    assert f["PP010"].evidence["follows"] == "micro-batch (data)"
+
+
+@pytest.mark.parametrize("params", [SLOW, HEAVY, OpTableParams()])
+def test_no_pp010_without_variance(tmp_path: Path, params: OpTableParams) -> None:
+    path, _ = _write(tmp_path, params, ".csv")
+    assert "PP010" not in _diag(path)
+
+
+def test_slow_worker_with_variance(tmp_path: Path) -> None:
+    # both faults at once, read from the gzipped timeline form: each finding names its own part.
+    # truth: PP009 = the step with that rank at its peers' cost; PP010 = the step with every block
+    # at its stage's mean cost, less the slow worker's part (simulated with the same draws)
+    p = OpTableParams(slow_worker=(0, 1, 1.4), mb_cv=0.25, seed=3)
+    df, truth = simulate_optable(p)
+    path = write_chrome(df, tmp_path / "ops.json.gz", gz=True)
+    f = _diag(path)
+    assert "PP010" in f and "PP009" in f and "PP003" not in f
+    assert f["PP009"][1] == [p.rank_of(0, 1)]
+    slow = truth.step_ms - truth.no_slow_worker_ms
+    var = truth.step_ms - truth.no_variance_ms - slow
+    g9, g10 = f["PP009"][0], f["PP010"][0]
+    assert g9 is not None and abs(g9 - slow) <= 0.1 * slow
+    assert g10 is not None and abs(g10 - var) <= 0.1 * var
+
+
+def test_variance_across_many_replicas_is_not_a_straggler(tmp_path: Path) -> None:
+    # with 8 replicas some replica draws the longest micro-batches of every step and the others
+    # wait for it in the reduce-scatter: that is variance, no rank is slower than its peers
+    p = OpTableParams(dp=8, mb_cv=0.2, seed=1)
+    path, truth = _write(tmp_path, p, ".csv")
+    f = _diag(path)
+    assert "PP010" in f and "PP009" not in f and "PP003" not in f
+    want = truth.step_ms - truth.no_variance_ms
+    gain = f["PP010"][0]
+    assert gain is not None and abs(gain - want) <= 0.1 * want
+
+
+def test_heavy_stage_and_slow_worker(tmp_path: Path) -> None:
+    p = OpTableParams(dp=4, heavy_stage=(3, 1.3), slow_worker=(2, 1, 1.3), seed=2)
+    path, truth = _write(tmp_path, p, ".csv")
+    f = _diag(path)
+    assert "PP003" in f and "PP009" in f and "PP010" not in f
+    assert sorted(f["PP003"][1]) == [p.rank_of(d, 3) for d in range(4)]
+    assert f["PP009"][1] == [p.rank_of(2, 1)]
+    slow = truth.step_ms - truth.no_slow_worker_ms
+    g9 = f["PP009"][0]
+    assert g9 is not None and abs(g9 - slow) <= 0.1 * slow
+
+
+def test_json_ranks_carry_pipeline(tmp_path: Path) -> None:
+    path, _ = _write(tmp_path, OpTableParams(pp=2, dp=3, microbatches=4, steps=(1, 2, 3)), ".csv")
+    d = diagnose([path], Options(progress=False, jobs=1))
+    # rank = stage * dp + replica: the replica index is rank % 3
+    assert [(x["rank"], x["pipeline"]) for x in d.report["ranks"]] == [(r, r % 3) for r in range(6)]
+
+
+def test_placement_checked_against_transfers(tmp_path: Path) -> None:
+    df, _ = simulate_optable(OpTableParams(pp=4, dp=2, microbatches=4, steps=(1, 2)))
+    path = write_table(df, tmp_path / "ok.csv")
+    assert not any("placement" in w for w in load_run([path], jobs=1, progress=False).warnings)
+    # replica 0's stage column reversed: its transfers now run against the stage order
+    bad = df.copy()
+    m = bad["dp_rank"] == 0
+    bad.loc[m, "stage"] = 3 - bad.loc[m, "stage"]
+    path = write_table(bad, tmp_path / "bad.csv")
+    w = load_run([path], jobs=1, progress=False).warnings
+    assert any("placement" in x and "may not match the transfers" in x for x in w)
+
+
+def test_replay_hand_built() -> None:
+    from ppdiag.pipeline.blocks import Blocks
+    from ppdiag.rules.pp010_mb_variance import replay_step_ns
+
+    ms = 1_000_000
+
+    def blk(phases: list[int], mbs: list[int], stage: int, costs: list[int]) -> Blocks:
+        n = len(phases)
+        start = np.arange(n, dtype=np.int64)  # only the order matters
+        return Blocks(
+            np.zeros(n, np.int32),
+            start,
+            start + 1,
+            np.array(costs, np.int64) * ms,
+            np.full(n, -1, np.int64),
+            np.array(phases, np.int8),
+            np.array(mbs, np.int32),
+            np.full(n, stage, np.int32),
+            True,
+        )
+
+    # 2 stages, M=2, 1F1B orders. Stage 0: F0 F1 B0 B1, stage 1: F0 B0 F1 B1; F 1 ms, B 2 ms.
+    # r0 F0 0-1, F1 1-2; r1 F0 1-2, B0 2-4, F1 4-5, B1 5-7; r0 B0 4-6, B1 7-9: step 9 ms
+    b = {
+        0: blk([1, 1, 2, 2], [0, 1, 0, 1], 0, [1, 1, 2, 2]),
+        1: blk([1, 2, 1, 2], [0, 0, 1, 1], 1, [1, 2, 1, 2]),
+    }
+    cost = {r: x.busy.astype(np.float64) for r, x in b.items()}
+    assert replay_step_ns([[0, 1]], b, 0, cost, 1) == 9 * ms
+    # micro-batch 1 twice as long on stage 1 (F 2, B 4): r1 F1 4-6, B1 6-10; r0 B1 10-12: 12 ms
+    cost[1] = np.array([1, 2, 2, 4], np.float64) * ms
+    assert replay_step_ns([[0, 1]], b, 0, cost, 1) == 12 * ms
+
+
+def test_bad_inputs_one_line(tmp_path: Path) -> None:
+    import json
+
+    # a timeline without the lane names the placement comes from
+    p1 = tmp_path / "t.json"
+    p1.write_text(
+        json.dumps(
+            [
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": 0,
+                    "tid": 1,
+                    "args": {"name": "PP rank 0, TP rank 0, compute"},
+                },
+                {
+                    "ph": "X",
+                    "name": "forward-compute",
+                    "pid": 0,
+                    "tid": 9,
+                    "ts": 0,
+                    "dur": 5,
+                    "args": {"step": 1},
+                },
+            ]
+        )
+    )
+    with pytest.raises(InputError) as e:
+        load_run([p1], jobs=1, progress=False)
+    assert "thread_name lanes" in e.value.message and "\n" not in e.value.message
+    # non-numeric times
+    p2 = tmp_path / "t.csv"
+    p2.write_text("dp_rank,stage,rank,step,optype,start_ts,duration\n0,0,0,1,gc,soon,1\n")
+    with pytest.raises(InputError) as e:
+        load_run([p2], jobs=1, progress=False)
+    assert "non-numeric" in e.value.message
+    # a rank placed twice
+    p3 = tmp_path / "t2.csv"
+    p3.write_text("dp_rank,stage,rank,step,optype,start_ts,duration\n0,0,0,1,gc,0,1\n0,1,0,1,gc,0,1\n")
+    with pytest.raises(InputError) as e:
+        load_run([p3], jobs=1, progress=False)
+    assert "rank 0 appears with more than one" in e.value.message
+
+
+def test_timeline_lanes_and_rank_order(tmp_path: Path) -> None:
+    df, _ = simulate_optable(OpTableParams(pp=2, dp=2, microbatches=2, steps=(4, 9)))
+    path = write_chrome(df, tmp_path / "t.json")
+    run = load_run([path], jobs=1, progress=False)
+    # Megatron order: rank = pp * dp_size + dp
+    assert {r.rank: (r.meta["pp_rank"], r.meta["pipeline"]) for r in run.ranks} == {
+        0: (0, 0),
+        1: (0, 1),
+        2: (1, 0),
+        3: (1, 1),
+    }
+    assert any("Megatron's default order" in w for w in run.warnings)
+    steps = run.ranks[0].ranges.take(run.ranks[0].ranges.kind == int(RangeKind.STEP))
+    assert steps.num.tolist() == [4, 9] and bool(steps.end[0] <= steps.start[1])
