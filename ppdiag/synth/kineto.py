@@ -30,8 +30,11 @@ _CBID = {
     "cudaStreamSynchronize": 131,
     "cudaEventRecord": 135,
 }
-_HOST_CAT = {int(HostCat.CPU_OP): "cpu_op", int(HostCat.ANNOTATION): "user_annotation",
-             int(HostCat.PYTHON): "python_function"}
+_HOST_CAT = {
+    int(HostCat.CPU_OP): "cpu_op",
+    int(HostCat.ANNOTATION): "user_annotation",
+    int(HostCat.PYTHON): "python_function",
+}
 
 
 def _fmt(ns: int) -> str:
@@ -42,10 +45,20 @@ def _fmt(ns: int) -> str:
 
 def _device_props(index: int, name: str) -> dict[str, Any]:
     return {
-        "id": index, "name": name, "totalGlobalMem": 85045395456, "computeMajor": 9, "computeMinor": 0,
-        "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048, "regsPerBlock": 65536,
-        "regsPerMultiprocessor": 65536, "warpSize": 32, "sharedMemPerBlock": 49152,
-        "sharedMemPerMultiprocessor": 233472, "numSms": 132, "sharedMemPerBlockOptin": 232448,
+        "id": index,
+        "name": name,
+        "totalGlobalMem": 85045395456,
+        "computeMajor": 9,
+        "computeMinor": 0,
+        "maxThreadsPerBlock": 1024,
+        "maxThreadsPerMultiprocessor": 2048,
+        "regsPerBlock": 65536,
+        "regsPerMultiprocessor": 65536,
+        "warpSize": 32,
+        "sharedMemPerBlock": 49152,
+        "sharedMemPerMultiprocessor": 233472,
+        "numSms": 132,
+        "sharedMemPerBlockOptin": 232448,
     }
 
 
@@ -64,9 +77,13 @@ def _comm_args(run: SynthRun, rk: SynthRank, cols: Any, i: int, on_kernel: bool)
     coll = run.name(int(cols.coll[i]))
     nel = int(cols.nelems[i])
     out: dict[str, Any] = {
-        "Collective name": coll, "dtype": run.name(int(cols.dtype[i])),
-        "In msg nelems": nel, "Out msg nelems": nel, "Group size": len(pg.ranks) if pg else 1,
-        "In split size": "[]", "Out split size": "[]",
+        "Collective name": coll,
+        "dtype": run.name(int(cols.dtype[i])),
+        "In msg nelems": nel,
+        "Out msg nelems": nel,
+        "Group size": len(pg.ranks) if pg else 1,
+        "In split size": "[]",
+        "Out split size": "[]",
     }
     if pg is not None:
         if not on_kernel:
@@ -142,11 +159,17 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
             args.update(_comm_args(run, rk, h, i, on_kernel=False))
         ts = int(h.start[i]) + off
         cat = _HOST_CAT.get(int(h.cat[i]), "cpu_op")
-        ev.append((ts, 0, (
-            f'{{"ph": "X", "cat": "{cat}", "name": {name(int(h.name[i]))}, "pid": {pid}, '
-            f'"tid": {int(h.tid[i])}, "ts": {_fmt(ts)}, "dur": {_fmt(int(h.end[i]) - int(h.start[i]))}, '
-            f'"args": {json.dumps(args)}}}'
-        )))
+        ev.append(
+            (
+                ts,
+                0,
+                (
+                    f'{{"ph": "X", "cat": "{cat}", "name": {name(int(h.name[i]))}, "pid": {pid}, '
+                    f'"tid": {int(h.tid[i])}, "ts": {_fmt(ts)}, "dur": {_fmt(int(h.end[i]) - int(h.start[i]))}, '
+                    f'"args": {json.dumps(args)}}}'
+                ),
+            )
+        )
 
     g = rk.gpu
     launched = {int(c) for c in g.correlation if c >= 0}
@@ -159,16 +182,28 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
         args = {"cbid": _CBID.get(nm, 0), "correlation": corr}
         if int(r.ext_id[i]) >= 0:
             args = {"External id": int(r.ext_id[i]), **args}
-        ev.append((ts, 1, (
-            f'{{"ph": "X", "cat": "{cat}", "name": {name(int(r.name[i]))}, "pid": {pid}, '
-            f'"tid": {int(r.tid[i])}, "ts": {_fmt(ts)}, "dur": {_fmt(int(r.end[i]) - int(r.start[i]))}, '
-            f'"args": {json.dumps(args)}}}'
-        )))
+        ev.append(
+            (
+                ts,
+                1,
+                (
+                    f'{{"ph": "X", "cat": "{cat}", "name": {name(int(r.name[i]))}, "pid": {pid}, '
+                    f'"tid": {int(r.tid[i])}, "ts": {_fmt(ts)}, "dur": {_fmt(int(r.end[i]) - int(r.start[i]))}, '
+                    f'"args": {json.dumps(args)}}}'
+                ),
+            )
+        )
         if corr in launched:
-            ev.append((ts, 2, (
-                f'{{"ph": "s", "id": {corr}, "pid": {pid}, "tid": {int(r.tid[i])}, "ts": {_fmt(ts)}, '
-                f'"cat": "ac2g", "name": "ac2g"}}'
-            )))
+            ev.append(
+                (
+                    ts,
+                    2,
+                    (
+                        f'{{"ph": "s", "id": {corr}, "pid": {pid}, "tid": {int(r.tid[i])}, "ts": {_fmt(ts)}, '
+                        f'"cat": "ac2g", "name": "ac2g"}}'
+                    ),
+                )
+            )
 
     for i in range(len(g)):
         ts = int(g.start[i]) + off
@@ -176,7 +211,10 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
         kind = int(g.kind[i])
         comm = kind in (Kind.P2P, Kind.COLLECTIVE)
         args = {
-            "queued": 0, "device": dev, "context": 1, "stream": stream,
+            "queued": 0,
+            "device": dev,
+            "context": 1,
+            "stream": stream,
             "correlation": int(g.correlation[i]),
             "registers per thread": 96 if comm else 168,
             "shared memory": 9280 if comm else 213504,
@@ -191,15 +229,27 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
         if comm and int(g.coll[i]) > 0:
             args.update(_comm_args(run, rk, g, i, on_kernel=True))
         cat = "gpu_memcpy" if kind == Kind.MEMCPY else ("gpu_memset" if kind == Kind.MEMSET else "kernel")
-        ev.append((ts, 3, (
-            f'{{"ph": "X", "cat": "{cat}", "name": {name(int(g.name[i]))}, "pid": {dev}, "tid": {stream}, '
-            f'"ts": {_fmt(ts)}, "dur": {_fmt(int(g.end[i]) - int(g.start[i]))}, "args": {json.dumps(args)}}}'
-        )))
+        ev.append(
+            (
+                ts,
+                3,
+                (
+                    f'{{"ph": "X", "cat": "{cat}", "name": {name(int(g.name[i]))}, "pid": {dev}, "tid": {stream}, '
+                    f'"ts": {_fmt(ts)}, "dur": {_fmt(int(g.end[i]) - int(g.start[i]))}, "args": {json.dumps(args)}}}'
+                ),
+            )
+        )
         if int(g.correlation[i]) >= 0:
-            ev.append((ts, 4, (
-                f'{{"ph": "f", "id": {int(g.correlation[i])}, "pid": {dev}, "tid": {stream}, '
-                f'"ts": {_fmt(ts)}, "cat": "ac2g", "name": "ac2g", "bp": "e"}}'
-            )))
+            ev.append(
+                (
+                    ts,
+                    4,
+                    (
+                        f'{{"ph": "f", "id": {int(g.correlation[i])}, "pid": {dev}, "tid": {stream}, '
+                        f'"ts": {_fmt(ts)}, "cat": "ac2g", "name": "ac2g", "bp": "e"}}'
+                    ),
+                )
+            )
     ev.sort(key=lambda e: (e[0], e[1]))
     tail = [
         f'{{"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", '
@@ -207,8 +257,13 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
         f'{{"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "", "ts": {_fmt(t1)}}}',
     ]
     pg_config = [
-        {"pg_name": pg.name, "pg_desc": pg.desc, "backend_config": pg.backend or "cuda:nccl",
-         "pg_size": len(pg.ranks), "ranks": list(pg.ranks)}
+        {
+            "pg_name": pg.name,
+            "pg_desc": pg.desc,
+            "backend_config": pg.backend or "cuda:nccl",
+            "pg_size": len(pg.ranks),
+            "ranks": list(pg.ranks),
+        }
         for pg in rk.process_groups
     ]
     return {
@@ -220,8 +275,12 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
         ],
         "trace_id": f"{(run.epoch_ns ^ (rk.rank * 0x9E3779B97F4A7C15)) & ((1 << 128) - 1):032X}",
         "distributedInfo": {
-            "backend": rk.backend, "rank": rk.rank, "world_size": rk.world_size,
-            "pg_count": len(pg_config), "pg_config": pg_config, "nccl_version": rk.nccl_version,
+            "backend": rk.backend,
+            "rank": rk.rank,
+            "world_size": rk.world_size,
+            "pg_count": len(pg_config),
+            "pg_config": pg_config,
+            "nccl_version": rk.nccl_version,
         },
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": base,
@@ -256,9 +315,10 @@ def write_kineto(
         text = _dump(rank_trace(run, rk), str(path.with_suffix("") if gzip else path))
         if gzip:
             # no name and no time in the gzip header: the same run gives the same bytes
-            with open(path, "wb") as raw, _gzip.GzipFile(
-                filename="", mode="wb", compresslevel=6, fileobj=raw, mtime=0
-            ) as fh:
+            with (
+                open(path, "wb") as raw,
+                _gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=raw, mtime=0) as fh,
+            ):
                 fh.write(text.encode())
         else:
             path.write_text(text)

@@ -107,74 +107,96 @@ _STREAM_PP_COLL = 15
 _STREAM_P2P0 = 17
 
 _FWD_KERNELS: tuple[tuple[str, str], ...] = (
-    ("aten::native_layer_norm",
-     "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>"
-     "(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, "
-     "c10::BFloat16*)"),
+    (
+        "aten::native_layer_norm",
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>"
+        "(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, "
+        "c10::BFloat16*)",
+    ),
     ("aten::mm", "nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NNT"),
-    ("aten::_flash_attention_forward",
-     "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
-     "cutlass::bfloat16_t, Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, true, "
-     "false, false, true, true, false, false>(pytorch_flash::Flash_fwd_params)"),
+    (
+        "aten::_flash_attention_forward",
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
+        "cutlass::bfloat16_t, Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false, true, "
+        "false, false, true, true, false, false>(pytorch_flash::Flash_fwd_params)",
+    ),
     ("aten::mm", "nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_NNT"),
-    ("aten::gelu",
-     "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl("
-     "at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#4}::"
-     "operator()() const::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int, "
-     "at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::"
-     "operator()() const::{lambda()#4}::operator()() const::{lambda(c10::BFloat16)#1}, "
-     "std::array<char*, 2ul>)"),
-    ("aten::add",
-     "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
-     "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)"),
+    (
+        "aten::gelu",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl("
+        "at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#4}::"
+        "operator()() const::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int, "
+        "at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::"
+        "operator()() const::{lambda()#4}::operator()() const::{lambda(c10::BFloat16)#1}, "
+        "std::array<char*, 2ul>)",
+    ),
+    (
+        "aten::add",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
+        "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)",
+    ),
 )
 _BWD_KERNELS: tuple[tuple[str, str], ...] = (
     ("MmBackward0", "nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTN"),
-    ("GeluBackward0",
-     "void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl("
-     "at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#4}::"
-     "operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}, std::array<char*, 3ul> >(int, "
-     "at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::"
-     "operator()() const::{lambda()#4}::operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}, "
-     "std::array<char*, 3ul>)"),
-    ("ScaledDotProductFlashAttentionBackward0",
-     "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, "
-     "8, 2, 4, 2, false, false, cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 8, "
-     "cutlass::bfloat16_t> >, false, false, false, false, false, false, false, false>("
-     "pytorch_flash::Flash_bwd_params)"),
+    (
+        "GeluBackward0",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl("
+        "at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#4}::"
+        "operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}, std::array<char*, 3ul> >(int, "
+        "at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::"
+        "operator()() const::{lambda()#4}::operator()() const::{lambda(c10::BFloat16, c10::BFloat16)#1}, "
+        "std::array<char*, 3ul>)",
+    ),
+    (
+        "ScaledDotProductFlashAttentionBackward0",
+        "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, "
+        "8, 2, 4, 2, false, false, cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 8, "
+        "cutlass::bfloat16_t> >, false, false, false, false, false, false, false, false>("
+        "pytorch_flash::Flash_bwd_params)",
+    ),
     ("MmBackward0", "nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_NTN"),
-    ("NativeLayerNormBackward0",
-     "void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<c10::BFloat16, float>"
-     "(c10::BFloat16 const*, c10::BFloat16 const*, float const*, float const*, c10::BFloat16 const*, "
-     "c10::BFloat16*, int)"),
-    ("AddBackward0",
-     "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
-     "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)"),
+    (
+        "NativeLayerNormBackward0",
+        "void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<c10::BFloat16, float>"
+        "(c10::BFloat16 const*, c10::BFloat16 const*, float const*, float const*, c10::BFloat16 const*, "
+        "c10::BFloat16*, int)",
+    ),
+    (
+        "AddBackward0",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
+        "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)",
+    ),
 )
 _WGRAD_KERNELS: tuple[tuple[str, str], ...] = (
     ("MmBackward0", "nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_TNT"),
     ("MmBackward0", "nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_TNT"),
-    ("SumBackward1",
-     "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
-     "at::native::sum_functor<c10::BFloat16, float, float>::operator()(at::TensorIterator&)::{lambda(float, "
-     "float)#1}>, unsigned int, float, 4, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
-     "at::native::sum_functor<c10::BFloat16, float, float>::operator()(at::TensorIterator&)::{lambda(float, "
-     "float)#1}>, unsigned int, float, 4, 4>)"),
+    (
+        "SumBackward1",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+        "at::native::sum_functor<c10::BFloat16, float, float>::operator()(at::TensorIterator&)::{lambda(float, "
+        "float)#1}>, unsigned int, float, 4, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, "
+        "at::native::sum_functor<c10::BFloat16, float, float>::operator()(at::TensorIterator&)::{lambda(float, "
+        "float)#1}>, unsigned int, float, 4, 4>)",
+    ),
 )
 _OPTIM_KERNELS: tuple[tuple[str, str], ...] = (
-    ("aten::_foreach_mul_",
-     "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
-     "TensorListMetadata<1>, at::native::(anonymous namespace)::BinaryOpScalarFunctor<float, 1, 1, 0>, "
-     "std::multiplies<float>, float>(at::native::(anonymous namespace)::TensorListMetadata<1>, "
-     "at::native::(anonymous namespace)::BinaryOpScalarFunctor<float, 1, 1, 0>, std::multiplies<float>, "
-     "float)"),
-    ("aten::_fused_adamw_",
-     "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
-     "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, "
-     "(at::native::ADAM_MODE)1, false>, double*, double, double, double, double, double, bool, float const*, "
-     "float const*>(at::native::(anonymous namespace)::FusedOptimizerTensorListMetadata<4>, at::native::"
-     "(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, double*, "
-     "double, double, double, double, double, bool, float const*, float const*)"),
+    (
+        "aten::_foreach_mul_",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+        "TensorListMetadata<1>, at::native::(anonymous namespace)::BinaryOpScalarFunctor<float, 1, 1, 0>, "
+        "std::multiplies<float>, float>(at::native::(anonymous namespace)::TensorListMetadata<1>, "
+        "at::native::(anonymous namespace)::BinaryOpScalarFunctor<float, 1, 1, 0>, std::multiplies<float>, "
+        "float)",
+    ),
+    (
+        "aten::_fused_adamw_",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+        "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, "
+        "(at::native::ADAM_MODE)1, false>, double*, double, double, double, double, double, bool, float const*, "
+        "float const*>(at::native::(anonymous namespace)::FusedOptimizerTensorListMetadata<4>, at::native::"
+        "(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>, double*, "
+        "double, double, double, double, double, bool, float const*, float const*)",
+    ),
 )
 _AUTOGRAD_ATEN = {
     "MmBackward0": "aten::mm",
@@ -295,9 +317,7 @@ def _validate(prm: ScenarioParams) -> None:
             or any(isinstance(x, LateReplica) for x in prm.faults)
         ):
             raise ValueError("SlowWorker needs dp >= 2, factor > 0, ExposedAllReduce (no LateReplica)")
-        if isinstance(f, CommOnCompute) and f.ranks is not None and any(
-            not 0 <= r < prm.pp for r in f.ranks
-        ):
+        if isinstance(f, CommOnCompute) and f.ranks is not None and any(not 0 <= r < prm.pp for r in f.ranks):
             raise ValueError(f"CommOnCompute: ranks must be within 0..{prm.pp - 1}")
 
 
@@ -402,9 +422,7 @@ def _coupled_tails(
     return out
 
 
-def _coupled_truth(
-    by_rep: dict[int, list[_Ladder]], steps: int
-) -> dict[int, list[dict[str, np.ndarray]]]:
+def _coupled_truth(by_rep: dict[int, list[_Ladder]], steps: int) -> dict[int, list[dict[str, np.ndarray]]]:
     """Truth per replica and step when replicas differ (a slow worker) and meet in the
     data-parallel all-reduce: every replica's step lasts as long as the slowest replica's, so a
     rank's idle in each simulation of the ladder is its own idle plus the time its replica waits
@@ -484,22 +502,45 @@ class _RankBuilder:
     def api(self, start: int, end: int, name: str, tid: int, ext: int, driver: bool = False) -> int:
         self.corr += 1
         row = {
-            "start": start, "end": end, "name": self.names.id(name), "correlation": self.corr,
-            "ext_id": ext, "tid": tid, "api": int(ApiKind.DRIVER if driver else ApiKind.RUNTIME),
+            "start": start,
+            "end": end,
+            "name": self.names.id(name),
+            "correlation": self.corr,
+            "ext_id": ext,
+            "tid": tid,
+            "api": int(ApiKind.DRIVER if driver else ApiKind.RUNTIME),
         }
         for c in RuntimeCalls.COLUMNS:
             self.rt[c].append(int(row[c]))
         return self.corr
 
-    def kernel(self, start: int, end: int, stream: int, kind: Kind, name: str, corr: int, launch: int,
-               ext: int, **kw: int) -> None:
+    def kernel(
+        self,
+        start: int,
+        end: int,
+        stream: int,
+        kind: Kind,
+        name: str,
+        corr: int,
+        launch: int,
+        ext: int,
+        **kw: int,
+    ) -> None:
         if launch > start:
             raise AssertionError(f"kernel {name[:40]} starts at {start} before its launch at {launch}")
         if end < start:
             raise AssertionError(f"kernel {name[:40]} ends before it starts ({start} > {end})")
         row = dict(GpuOps.DEFAULTS)
-        row.update(start=start, end=end, stream=stream, kind=int(kind), name=self.names.id(name),
-                   correlation=corr, launch=launch, ext_id=ext)
+        row.update(
+            start=start,
+            end=end,
+            stream=stream,
+            kind=int(kind),
+            name=self.names.id(name),
+            correlation=corr,
+            launch=launch,
+            ext_id=ext,
+        )
         row.update(kw)
         for c in GpuOps.COLUMNS:
             self.g[c].append(int(row[c]))
@@ -577,8 +618,15 @@ def make_scenario(
     ``wgrad_ms``, ``p2p_ms``, ``annotations``, ...). Raises ValueError for impossible setups.
     """
     prm = ScenarioParams(
-        schedule=canonical_schedule(schedule), pp=pp, microbatches=microbatches, fwd_ms=fwd_ms,
-        bwd_ms=bwd_ms, faults=tuple(faults), steps=steps, clock_skew_ms=clock_skew_ms, seed=seed,
+        schedule=canonical_schedule(schedule),
+        pp=pp,
+        microbatches=microbatches,
+        fwd_ms=fwd_ms,
+        bwd_ms=bwd_ms,
+        faults=tuple(faults),
+        steps=steps,
+        clock_skew_ms=clock_skew_ms,
+        seed=seed,
         **kwargs,
     )
     return build(prm)
@@ -620,8 +668,11 @@ def build(prm: ScenarioParams) -> SynthRun:
     for p in range(prm.pp):
         # one NCCL stream per remote stage boundary and direction, so that a transfer never queues
         # behind another boundary's (the simulator serialises transfers per boundary and direction)
-        bnds = [(bd, s2r[bd + 1] if s2r[bd] == p else s2r[bd]) for bd in range(len(s2r) - 1)
-                if p in (s2r[bd], s2r[bd + 1]) and s2r[bd] != s2r[bd + 1]]
+        bnds = [
+            (bd, s2r[bd + 1] if s2r[bd] == p else s2r[bd])
+            for bd in range(len(s2r) - 1)
+            if p in (s2r[bd], s2r[bd + 1]) and s2r[bd] != s2r[bd + 1]
+        ]
         for d in range(prm.dp):
             g = topo.glob(p, d)
             pid = 3000 + 131 * g
@@ -630,10 +681,24 @@ def build(prm: ScenarioParams) -> SynthRun:
             send_stream = {bd: _STREAM_P2P0 + 2 + 4 * i for i, (bd, _) in enumerate(bnds)}
             state = _SeqState()
             for k, lad in enumerate(by_rep[d]):
-                _emit_step(b, prm, topo, lad.full, p, d, k, starts[k], starts[k + 1], recv_stream,
-                           send_stream, state, rng, late_ns=late_ns if d == late_rep else 0,
-                           push_ns=late_ns if d != late_rep else 0,
-                           tail=None if tails is None else (tails[k][0][p], *tails[k][1:3], tails[k][3][p]))
+                _emit_step(
+                    b,
+                    prm,
+                    topo,
+                    lad.full,
+                    p,
+                    d,
+                    k,
+                    starts[k],
+                    starts[k + 1],
+                    recv_stream,
+                    send_stream,
+                    state,
+                    rng,
+                    late_ns=late_ns if d == late_rep else 0,
+                    push_ns=late_ns if d != late_rep else 0,
+                    tail=None if tails is None else (tails[k][0][p], *tails[k][1:3], tails[k][3][p]),
+                )
             gpu, rt, host = b.tables()
             streams = [StreamInfo(_STREAM_COMPUTE, StreamRole.COMPUTE)]
             for bd, q in bnds:
@@ -654,23 +719,45 @@ def build(prm: ScenarioParams) -> SynthRun:
             host.group = lut[host.group]
             for s in streams:
                 s.group = remap.get(s.group, -1) if s.group >= 0 else -1
-            ranks.append(SynthRank(
-                rank=g, world_size=world, pp_rank=p, dp_rank=d,
-                stages=[s for s in range(len(s2r)) if s2r[s] == p],
-                process_groups=[topo.groups[i] for i in my_groups],
-                pp_group=remap[topo.pp_group_of[g]],
-                dp_group=remap[topo.dp_group_of[g]] if prm.dp > 1 else -1,
-                device_index=g % prm.gpus_per_node, device_name=prm.device_name,
-                host_name=f"node{g // prm.gpus_per_node:02d}", pid=pid, tid=pid,
-                clock_skew_ns=skews[g], streams=streams, gpu=gpu, runtime=rt, host=host,
-                step_windows=np.array([[starts[k], starts[k + 1]] for k in range(prm.steps)], dtype=np.int64),
-                step_numbers=[prm.first_step + k for k in range(prm.steps)],
-            ))
+            ranks.append(
+                SynthRank(
+                    rank=g,
+                    world_size=world,
+                    pp_rank=p,
+                    dp_rank=d,
+                    stages=[s for s in range(len(s2r)) if s2r[s] == p],
+                    process_groups=[topo.groups[i] for i in my_groups],
+                    pp_group=remap[topo.pp_group_of[g]],
+                    dp_group=remap[topo.dp_group_of[g]] if prm.dp > 1 else -1,
+                    device_index=g % prm.gpus_per_node,
+                    device_name=prm.device_name,
+                    host_name=f"node{g // prm.gpus_per_node:02d}",
+                    pid=pid,
+                    tid=pid,
+                    clock_skew_ns=skews[g],
+                    streams=streams,
+                    gpu=gpu,
+                    runtime=rt,
+                    host=host,
+                    step_windows=np.array(
+                        [[starts[k], starts[k + 1]] for k in range(prm.steps)], dtype=np.int64
+                    ),
+                    step_numbers=[prm.first_step + k for k in range(prm.steps)],
+                )
+            )
     ranks.sort(key=lambda r: r.rank)
     run = SynthRun(
-        names=names.names, ranks=ranks, epoch_ns=_EPOCH_NS + 1_000 * (prm.seed % 1_000_000),
-        schedule=sched, pp=prm.pp, dp=prm.dp, virtual=v, microbatches=prm.microbatches,
-        stage_to_rank=s2r, steps=prm.steps, config=prm.to_json(),
+        names=names.names,
+        ranks=ranks,
+        epoch_ns=_EPOCH_NS + 1_000 * (prm.seed % 1_000_000),
+        schedule=sched,
+        pp=prm.pp,
+        dp=prm.dp,
+        virtual=v,
+        microbatches=prm.microbatches,
+        stage_to_rank=s2r,
+        steps=prm.steps,
+        config=prm.to_json(),
     )
     run.truth = _groundtruth(prm, run, ladders, starts, topo, by_rep)
     return run
@@ -725,13 +812,23 @@ def _emit_step(
     b.host(t_start, t_end, f"ProfilerStep#{step_num}", HostCat.ANNOTATION, main, num=step_num, step=k)
     sdelay = _per_rank(cfg.start_delay_ns, topo.pp)[p]
     if sdelay > 0:
-        b.host(t_start + US, t_start + round(sdelay) - US,
-               "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", HostCat.ANNOTATION, main,
-               step=k)
+        b.host(
+            t_start + US,
+            t_start + round(sdelay) - US,
+            "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
+            HostCat.ANNOTATION,
+            main,
+            step=k,
+        )
     if late_ns > 2 * US:
-        b.host(t_start + US, t_start + late_ns - US,
-               "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", HostCat.ANNOTATION, main,
-               step=k)
+        b.host(
+            t_start + US,
+            t_start + late_ns - US,
+            "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
+            HostCat.ANNOTATION,
+            main,
+            step=k,
+        )
     t_start += late_ns
     rows = res.rank_rows(p)
     # the consumer row of every block that sends across ranks, for the send's end time
@@ -767,13 +864,21 @@ def _emit_step(
             xfer = round(res.xfer_ns[i])
             bnd = st - 1 if ph == Phase.FWD else st  # boundary the input crosses
             stream = _STREAM_COMPUTE if on_comp[p] else recv_stream[bnd]
-            comm = _comm_kw(b, "recv", peer_g, Direction.RECV, act_bytes, elem, "BFloat16", seqs.p2p_seq,
-                            pp_gi)
+            comm = _comm_kw(
+                b, "recv", peer_g, Direction.RECV, act_bytes, elem, "BFloat16", seqs.p2p_seq, pp_gi
+            )
             seqs.p2p_seq += 1
             e1 = b.host(t + 1 * US, t + 13 * US, "c10d::recv_", HostCat.CPU_OP, main, step=k, **comm)
             e2 = b.host(t + 2 * US, t + 12 * US, "record_param_comms", HostCat.CPU_OP, main, step=k, **comm)
-            b.host(t + 3 * US, t + 11 * US, f"nccl:recv {p}<-{peer_local}", HostCat.ANNOTATION, main,
-                   step=k, **comm)
+            b.host(
+                t + 3 * US,
+                t + 11 * US,
+                f"nccl:recv {p}<-{peer_local}",
+                HostCat.ANNOTATION,
+                main,
+                step=k,
+                **comm,
+            )
             launch = t + 5 * US
             corr = b.api(launch, launch + 4 * US, "cuLaunchKernelEx", main, e2, driver=True)
             k_start = max(post, b.stream_end.get(stream, 0))
@@ -781,8 +886,21 @@ def _emit_step(
                 raise AssertionError(
                     f"rank {g}: receive for stage {st} mb {mb} cannot start before its data arrives"
                 )
-            b.kernel(k_start, ready, stream, Kind.P2P, _SENDRECV, corr, launch, e2, step=k, stage=st, mb=mb,
-                     phase=ph, **comm)
+            b.kernel(
+                k_start,
+                ready,
+                stream,
+                Kind.P2P,
+                _SENDRECV,
+                corr,
+                launch,
+                e2,
+                step=k,
+                stage=st,
+                mb=mb,
+                phase=ph,
+                **comm,
+            )
             del e1
             b.api(t + 13 * US + 200, t + 13 * US + 800, "cudaStreamWaitEvent", main, -1)
             t += 16 * US
@@ -797,17 +915,30 @@ def _emit_step(
             parts, gap = _split(dur, n_k, gap_ns, rng)
             if prm.annotations is not None:
                 label = _label(prm.annotations, st, ph, mb, full)
-                b.host(h, h + round(prm.host_issue_us * US) - 2 * US, label, HostCat.ANNOTATION, main,
-                       **label_kw)
+                b.host(
+                    h, h + round(prm.host_issue_us * US) - 2 * US, label, HostCat.ANNOTATION, main, **label_kw
+                )
             ks = bs
             for j, kd in enumerate(parts):
                 launch = t + j * 7 * US
                 op, kname = ops[(j + (mb % 2)) % len(ops)]
                 if tid == bwd_tid:
-                    b.host(launch - 2 * US, launch + 5 * US, f"autograd::engine::evaluate_function: {op}",
-                           HostCat.CPU_OP, tid, **label_kw)
-                    ext = b.host(launch - US, launch + 5 * US - 500, _AUTOGRAD_ATEN.get(op, "aten::mm"),
-                                 HostCat.CPU_OP, tid, **label_kw)
+                    b.host(
+                        launch - 2 * US,
+                        launch + 5 * US,
+                        f"autograd::engine::evaluate_function: {op}",
+                        HostCat.CPU_OP,
+                        tid,
+                        **label_kw,
+                    )
+                    ext = b.host(
+                        launch - US,
+                        launch + 5 * US - 500,
+                        _AUTOGRAD_ATEN.get(op, "aten::mm"),
+                        HostCat.CPU_OP,
+                        tid,
+                        **label_kw,
+                    )
                 else:
                     ext = b.host(launch - 2 * US, launch + 5 * US, op, HostCat.CPU_OP, tid, **label_kw)
                 corr = b.api(launch, launch + 4 * US, "cudaLaunchKernel", tid, ext)
@@ -823,8 +954,9 @@ def _emit_step(
             peer_g = topo.glob(dst, d)
             ck = key_row[(cons, int(Phase.FWD) if ph == Phase.FWD else int(Phase.BWD), mb)]
             recv_ready = t_start + round(res.ready_ns[ck])
-            comm = _comm_kw(b, "send", peer_g, Direction.SEND, act_bytes, elem, "BFloat16", seqs.p2p_seq,
-                            pp_gi)
+            comm = _comm_kw(
+                b, "send", peer_g, Direction.SEND, act_bytes, elem, "BFloat16", seqs.p2p_seq, pp_gi
+            )
             seqs.p2p_seq += 1
             e1 = b.host(t + 1 * US, t + 13 * US, "c10d::send", HostCat.CPU_OP, main, step=k, **comm)
             e2 = b.host(t + 2 * US, t + 12 * US, "record_param_comms", HostCat.CPU_OP, main, step=k, **comm)
@@ -835,8 +967,21 @@ def _emit_step(
             del e1
             if on_comp[p]:
                 sb = round(send_busy[i])
-                b.kernel(be, be + sb, _STREAM_COMPUTE, Kind.P2P, _SENDRECV, corr, launch, e2, step=k,
-                         stage=st, mb=mb, phase=ph, **comm)
+                b.kernel(
+                    be,
+                    be + sb,
+                    _STREAM_COMPUTE,
+                    Kind.P2P,
+                    _SENDRECV,
+                    corr,
+                    launch,
+                    e2,
+                    step=k,
+                    stage=st,
+                    mb=mb,
+                    phase=ph,
+                    **comm,
+                )
             else:
                 stream = send_stream[min(st, cons)]
                 k_start = max(be, launch + US, b.stream_end.get(stream, 0))
@@ -845,8 +990,21 @@ def _emit_step(
                     raise AssertionError(
                         f"rank {g}: send for stage {cons} mb {mb} starts after its transfer should have"
                     )
-                b.kernel(k_start, recv_ready, stream, Kind.P2P, _SENDRECV, corr, launch, e2, step=k,
-                         stage=st, mb=mb, phase=ph, **comm)
+                b.kernel(
+                    k_start,
+                    recv_ready,
+                    stream,
+                    Kind.P2P,
+                    _SENDRECV,
+                    corr,
+                    launch,
+                    e2,
+                    step=k,
+                    stage=st,
+                    mb=mb,
+                    phase=ph,
+                    **comm,
+                )
             t += 14 * US
         host_free = t
     # ---- step tail: data-parallel gradient all-reduce, gradient-norm sync, optimizer
@@ -866,8 +1024,18 @@ def _emit_step(
         launch = t + 6 * US
         corr = b.api(launch, launch + 4 * US, "cuLaunchKernelEx", main, e2, driver=True)
         if tail_end > last_end:
-            b.kernel(max(last_end, launch + US), tail_end, _STREAM_DP, Kind.COLLECTIVE, _ALLREDUCE_BF16, corr,
-                     launch, e2, step=k, **comm)
+            b.kernel(
+                max(last_end, launch + US),
+                tail_end,
+                _STREAM_DP,
+                Kind.COLLECTIVE,
+                _ALLREDUCE_BF16,
+                corr,
+                launch,
+                e2,
+                step=k,
+                **comm,
+            )
         else:
             # overlapped with the last backward (bucketed gradient reduce)
             last_rows = rows[-1] if len(rows) else -1
@@ -875,8 +1043,9 @@ def _emit_step(
             ks = max(ls, launch + US)
             if last_end - ks >= 20 * US:  # a block too short to hide it: no kernel recorded
                 ke = ks + round(0.8 * (last_end - ks))
-                b.kernel(ks, ke, _STREAM_DP, Kind.COLLECTIVE, _ALLREDUCE_BF16, corr, launch, e2, step=k,
-                         **comm)
+                b.kernel(
+                    ks, ke, _STREAM_DP, Kind.COLLECTIVE, _ALLREDUCE_BF16, corr, launch, e2, step=k, **comm
+                )
         t += 14 * US
     comm = _comm_kw(b, "allreduce", -1, Direction.NONE, 4, 1, "Float", seqs.coll(pp_gi), pp_gi)
     e2 = _coll_host(b, t, "c10d::allreduce_", "nccl:all_reduce", main, k, comm)
@@ -894,8 +1063,15 @@ def _emit_step(
     t = sync_end + 5 * US
     n_opt = 2
     parts, gap = _split(opt_end - opt_start, n_opt, gap_ns, rng)
-    opt_ext = b.host(t, t + (len(parts) * 7 + 2) * US, "Optimizer.step#AdamW.step", HostCat.ANNOTATION, main,
-                     step=k, phase=int(Phase.OPTIM))
+    opt_ext = b.host(
+        t,
+        t + (len(parts) * 7 + 2) * US,
+        "Optimizer.step#AdamW.step",
+        HostCat.ANNOTATION,
+        main,
+        step=k,
+        phase=int(Phase.OPTIM),
+    )
     del opt_ext
     ks = opt_start
     for j, kd in enumerate(parts):
@@ -903,8 +1079,18 @@ def _emit_step(
         op, kname = _OPTIM_KERNELS[j % len(_OPTIM_KERNELS)]
         ext = b.host(launch - US, launch + 5 * US, op, HostCat.CPU_OP, main, step=k, phase=int(Phase.OPTIM))
         corr = b.api(launch, launch + 4 * US, "cudaLaunchKernel", main, ext)
-        b.kernel(ks, ks + kd, _STREAM_COMPUTE, Kind.COMPUTE, kname, corr, launch, ext, step=k,
-                 phase=int(Phase.OPTIM))
+        b.kernel(
+            ks,
+            ks + kd,
+            _STREAM_COMPUTE,
+            Kind.COMPUTE,
+            kname,
+            corr,
+            launch,
+            ext,
+            step=k,
+            phase=int(Phase.OPTIM),
+        )
         ks += kd + gap
     t += (len(parts) * 7 + 3) * US
     # the training loop reads the loss: the host waits for the GPU, then calls prof.step()
@@ -922,12 +1108,25 @@ def _coll_host(b: _RankBuilder, t: int, op: str, title: str, tid: int, k: int, c
 
 
 def _comm_kw(
-    b: _RankBuilder, coll: str, peer: int, direction: Direction, nbytes: int, nelems: int, dtype: str,
-    seq: int, group: int,
+    b: _RankBuilder,
+    coll: str,
+    peer: int,
+    direction: Direction,
+    nbytes: int,
+    nelems: int,
+    dtype: str,
+    seq: int,
+    group: int,
 ) -> dict[str, int]:
     return {
-        "coll": b.names.id(coll), "peer": peer, "direction": int(direction), "bytes": nbytes,
-        "nelems": nelems, "dtype": b.names.id(dtype), "seq": seq, "group": group,
+        "coll": b.names.id(coll),
+        "peer": peer,
+        "direction": int(direction),
+        "bytes": nbytes,
+        "nelems": nelems,
+        "dtype": b.names.id(dtype),
+        "seq": seq,
+        "group": group,
     }
 
 
@@ -961,7 +1160,11 @@ def _per_rank_bool(val: Any, n: int) -> list[bool]:
 
 
 def _groundtruth(
-    prm: ScenarioParams, run: SynthRun, ladders: list[_Ladder], starts: list[int], topo: _Topo,
+    prm: ScenarioParams,
+    run: SynthRun,
+    ladders: list[_Ladder],
+    starts: list[int],
+    topo: _Topo,
     by_rep: dict[int, list[_Ladder]] | None = None,
 ) -> dict[str, Any]:
     """The ground-truth JSON object (see the module docstring for the definitions)."""
@@ -984,14 +1187,16 @@ def _groundtruth(
             # a late replica: its ranks idle at the step start, the others wait for it in the
             # data-parallel all-reduce; both are the late replica's host (its data loader)
             causes["host"] += late_ns / MS
-            steps_out.append({
-                "step": prm.first_step + k,
-                "window_ms": window / MS,
-                "compute_ms": compute / MS,
-                "lost_ms": (window - compute) / MS,
-                "kernel_gaps_ms": gap_ns[rk.rank][k] / MS,
-                "causes_ms": causes,
-            })
+            steps_out.append(
+                {
+                    "step": prm.first_step + k,
+                    "window_ms": window / MS,
+                    "compute_ms": compute / MS,
+                    "lost_ms": (window - compute) / MS,
+                    "kernel_gaps_ms": gap_ns[rk.rank][k] / MS,
+                    "causes_ms": causes,
+                }
+            )
         n = len(steps_out)
         ranks_out[str(rk.rank)] = {
             "rank": rk.rank,
