@@ -592,18 +592,7 @@ def run_gate(
                 )
             )
             if budget.lost_pct is not None:
-                res.checks.append(
-                    Check(
-                        "regression.lost",
-                        "regression",
-                        None,
-                        budget.lost_pct,
-                        None,
-                        f"lost time by cause vs baseline: inconclusive ({why})",
-                        why,
-                        "pts",
-                    )
-                )
+                res.checks.append(_lost_inconclusive(budget.lost_pct, why))
         else:
             new, old = _num(summ.get("step_ms")), _num(_get(baseline, "summary", "step_ms"))
             if new is None or not old or old < 0 or not math.isfinite(old):
@@ -645,18 +634,7 @@ def run_gate(
                         "baseline" if any(_cause_share(baseline, c) is None for c in absent) else "this run"
                     )
                     why = f"{side} has no valid summary.lost_ms / step_ms for {', '.join(absent)}"
-                    res.checks.append(
-                        Check(
-                            "regression.lost",
-                            "regression",
-                            None,
-                            budget.lost_pct,
-                            None,
-                            f"lost time by cause vs baseline: inconclusive ({why})",
-                            why,
-                            "pts",
-                        )
-                    )
+                    res.checks.append(_lost_inconclusive(budget.lost_pct, why))
                 for c in CAUSE_KEYS:
                     a, b = _cause_share(baseline, c), _cause_share(report, c)
                     if a is None or b is None:
@@ -699,6 +677,20 @@ def run_gate(
     else:
         res.status = "pass"
     return res
+
+
+def _lost_inconclusive(limit: float, why: str) -> Check:
+    """The lost-time regression check when it cannot be computed (inconclusive, with the reason)."""
+    return Check(
+        "regression.lost",
+        "regression",
+        None,
+        limit,
+        None,
+        f"lost time by cause vs baseline: inconclusive ({why})",
+        why,
+        "pts",
+    )
 
 
 def _step_why(new: float | None, baseline: dict[str, Any]) -> str:
