@@ -169,7 +169,12 @@ def test_split_backward_schedules(runs: dict[str, Any], name: str) -> None:
     stages = diag.report["stages"]
     assert all(st["wgrad_ms"] is not None for st in stages)
     b = diag.report["bubble"]
-    assert abs(b["measured_ratio"] - b["theoretical_ratio"]) < 0.1
+    # the closed form assumes free links; the measured bubble also holds the normal latency of the
+    # transfers that fill and drain the pipe (2 (P - 1) on the critical path), measured on this run
+    pp = diag.report["run"]["pp"]
+    lat_ms = diag.context["attribution"].normal_latency_ns / 1e6
+    fill_drain = 2 * (pp - 1) * lat_ms / diag.report["summary"]["step_mean_ms"]
+    assert abs(b["measured_ratio"] - b["theoretical_ratio"]) < 0.1 + fill_drain
 
 
 def test_interleaved_is_recognised(runs: dict[str, Any]) -> None:
