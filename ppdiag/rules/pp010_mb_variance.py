@@ -218,15 +218,8 @@ class MicrobatchVarianceRule:
                 if m.any():
                     v[m] = tot / n
             flat[r] = v
-        steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
         lines = [line for line in topo.pipelines if any(r in blocks for r in line)]
-        gains = []
-        base = _measured_replays(ctx, blocks, lines, last)
-        for st in steps:
-            a = base[int(st)]
-            f = replay_step_ns(lines, blocks, int(st), flat, last)
-            if np.isfinite(a) and np.isfinite(f):
-                gains.append(a - f)
+        gains = _replay_gains_ns(ctx, blocks, lines, last, flat)
         if not gains:
             return []
         slow = slow_workers(ctx)
@@ -262,6 +255,26 @@ class MicrobatchVarianceRule:
         if follows != "micro-batch (data)":
             fixes.append("the variation follows the rank: compare the ranks' clocks and thermals (PP009)")
         return [finding(ctx, self.code, self.cause, title, gain, evidence, fixes, stages=stages)]
+
+
+def _replay_gains_ns(
+    ctx: RuleContext,
+    blocks: dict[int, Blocks],
+    lines: list[list[int]],
+    last: int,
+    costs: dict[int, F64],
+) -> list[float]:
+    """Per analyzed step: the measured replay's step time minus the replay with ``costs`` (ns),
+    for the steps where both replays finished."""
+    steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
+    base = _measured_replays(ctx, blocks, lines, last)
+    out: list[float] = []
+    for st in steps:
+        a = base[int(st)]
+        f = replay_step_ns(lines, blocks, int(st), costs, last)
+        if np.isfinite(a) and np.isfinite(f):
+            out.append(float(a - f))
+    return out
 
 
 def _follows(
@@ -377,14 +390,7 @@ def _slow_worker_gain_ms(ctx: RuleContext, ranks: Sequence[int]) -> float | None
         fixed[r] = measured[r] * (float(np.median(peers)) / float(per[r].mean()))
     lines = [line for line in topo.pipelines if any(r in blocks for r in line)]
     last = topo.pp * topo.virtual - 1
-    steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
-    diffs = []
-    base = _measured_replays(ctx, blocks, lines, last)
-    for st in steps:
-        a = base[int(st)]
-        f = replay_step_ns(lines, blocks, int(st), fixed, last)
-        if np.isfinite(a) and np.isfinite(f):
-            diffs.append(a - f)
+    diffs = _replay_gains_ns(ctx, blocks, lines, last, fixed)
     return float(np.mean(diffs)) / 1e6 if diffs else None
 
 
