@@ -246,7 +246,11 @@ def test_parsed_compute_matches_ground_truth(recorded: Callable[..., GroundTruth
         parsed = sum(
             union_within(s, e, int(lo), int(hi)) for lo, hi in zip(rt.step_start, rt.step_end, strict=True)
         )
-        assert parsed == pytest.approx(rt.compute_ns(), rel=0.05), r
+        # The truth's blocks are wall time around the ops, Python's glue between them included; that
+        # glue grows with the host's load and is no op. So the parsed compute must hold at least what
+        # the sleep ops held and may exceed the blocks only by ops outside them (loss, optimizer).
+        held_ns = int(rt.cols["held_ns"][rt.mask(("fwd", "bwd", "bwd_input", "wgrad"))].sum())
+        assert held_ns * 0.999 <= parsed <= rt.compute_ns() * 1.05, r
 
 
 def test_raw_trace_compute_matches_ground_truth(recorded: Callable[..., GroundTruth]) -> None:
@@ -261,7 +265,9 @@ def test_raw_trace_compute_matches_ground_truth(recorded: Callable[..., GroundTr
                 m = rt.mask(kind)
                 for lo, hi in zip(rt.cols["start_ns"][m], rt.cols["end_ns"][m], strict=True):
                     covered += union_within(s, e, int(lo), int(hi))
-            assert covered == pytest.approx(rt.compute_ns(), rel=0.07)
+            # (never less than the sleep ops held; never more than the blocks: see above)
+            held_ns = int(rt.cols["held_ns"][rt.mask(("fwd", "bwd", "bwd_input", "wgrad"))].sum())
+            assert held_ns * 0.999 <= covered <= rt.compute_ns()
 
 
 def test_zero_bubble_splits_backward_into_input_and_weight_blocks(
