@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from ppdiag.attribution.causes import RankStep, attribute, rank_step
@@ -15,6 +16,7 @@ from ppdiag.model import Run
 from ppdiag.parsers import ParseOptions
 from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
 from ppdiag.pipeline.blocks import Blocks
+from ppdiag.report_types import NoiseInfo
 from ppdiag.rules import RuleContext, run_rules
 from ppdiag.rules.noise import build_noise, oversubscription_warning, warmup_outlier
 from ppdiag.summary import build_report
@@ -87,8 +89,8 @@ def analyze_run(
     last_stage = pipe.topology.pp * pipe.topology.virtual - 1
     attr = attribute(steps, timelines, pipe.ops, last_stage, pipe.topology.pp > 1)
     balance = stage_balance(pipe)
-    report = build_report(run, pipe, steps, attr, balance)
-    warnings: list[str] = report["run"]["warnings"]
+    sections = build_report(run, pipe, steps, attr, balance)
+    warnings = list(sections.run.warnings)
     if skip is not None:
         first = next((w.number for ws in pipe.windows.values() for w in ws[:1]), -1)
         warnings.append(
@@ -96,14 +98,15 @@ def analyze_run(
             "pass --steps to analyze it"
         )
     noise = build_noise(
-        run, pipe, steps, attr, report["summary"].get("steps_ms") or [], first_step_excluded=skip is not None
+        run, pipe, steps, attr, sections.summary.steps_ms, first_step_excluded=skip is not None
     )
     over = oversubscription_warning(noise, len(run.ranks))
     if over:
         warnings.append(over)
-    report["noise"] = noise.to_json()
+    # the report so far (no findings, no what-if rows): what the what-if and the rules read
+    report = sections.report(msgspec.convert(noise.to_json(), NoiseInfo), warnings)
     # what-if predictions of every fix, before the rules: a finding's gain is its fix's prediction
-    predictions = predict_fixes(run, report, pipe, attr, steps)
+    predictions = predict_fixes(run, report, pipe, attr, steps, warnings)
     batch = check_batch(
         run.world_size,
         pipe.topology.pp,
@@ -125,13 +128,17 @@ def analyze_run(
         balance=balance,
     )
     findings = run_rules(ctx)
-    report["findings"] = [f.to_json() for f in findings]
     used = [str(f.evidence["whatif_fix"]) for f in findings if f.evidence.get("whatif_fix")]
-    report["whatif"] = predictions.report_rows(used) if predictions is not None else []
+    result = msgspec.structs.replace(
+        report,
+        run=msgspec.structs.replace(report.run, warnings=warnings),
+        findings=[f.to_report() for f in findings],
+        whatif=predictions.report_rows(used) if predictions is not None else [],
+    )
     _blame_gaps(attr.gaps, findings)
     return Diagnosis(
         run=run,
-        report=report,
+        result=result,
         findings=findings,
         steps=windows,
         gaps=attr.gaps,

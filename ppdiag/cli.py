@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 gate failed / regression, 2 bad input or usage, 3 inconclusi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import msgspec
 import typer
 from rich.console import Console
 
@@ -22,6 +24,7 @@ from ppdiag.cli_support import fail as _fail
 from ppdiag.errors import InputError, PpdiagError
 from ppdiag.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_PP, MAX_SAMPLES
 from ppdiag.model.schedule import SCHEDULE_NAMES
+from ppdiag.report_types import Report
 
 app = typer.Typer(
     name="ppdiag",
@@ -332,10 +335,10 @@ def check(
             progress=_progress_enabled(quiet),
         )
         diag = _analyze(paths, opts, quiet)
-        cov = gate.coverage_of(diag.report, skipped_traces(diag), steps)
+        cov = gate.coverage_of(diag.result, skipped_traces(diag), steps)
         cov.doubts = list(getattr(diag.run, "doubts", None) or [])
         result = gate.run_gate(
-            diag.report,
+            diag.result,
             bud,
             base,
             str(baseline) if baseline else None,
@@ -343,7 +346,7 @@ def check(
             allow_partial=allow_partial,
         )
         result.warnings += override_warnings(diag, opts)
-        diag.report["gate"] = result.to_json()
+        diag = dataclasses.replace(diag, result=msgspec.structs.replace(diag.result, gate=result.to_report()))
         for line in gate.format_gate(result):
             echo(line)
         _write_reports(
@@ -397,15 +400,15 @@ def diff(
         raise typer.Exit(1)
 
 
-def _report_of(path: Path) -> dict[str, Any]:
-    """A JSON report as is, or a run directory analyzed now."""
+def _report_of(path: Path) -> Report:
+    """A JSON report (decoded into its types), or a run directory analyzed now."""
     if path.is_file() and path.suffix == ".json":
-        from ppdiag.reports.gate import load_baseline
+        from ppdiag.reports.gate import load_report
 
-        return load_baseline(path)
+        return load_report(path)
     from ppdiag.api import Options, diagnose
 
-    return diagnose([path], Options()).report
+    return diagnose([path], Options()).result
 
 
 def skipped_traces(diag: Any) -> list[str]:

@@ -1,20 +1,22 @@
 """The result of an analysis: what every report and the gate read.
 
-``Diagnosis.report`` is the JSON contract of DESIGN.md §7 (a plain dict, see ``docs/json.md``);
-the other fields keep the columnar timelines and gap tables that the HTML timeline and the
-Perfetto overlay draw.
+``Diagnosis.result`` is the JSON contract of DESIGN.md §7 as one typed value
+(:class:`ppdiag.report_types.Report`, see ``docs/json.md``); the other fields keep the columnar
+timelines and gap tables that the HTML timeline and the Perfetto overlay draw.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Run
+from ppdiag.report_types import CauseName, FindingRow, Report, Severity, to_builtins
 
 SCHEMA_VERSION = 1
 
@@ -107,19 +109,20 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     fixes: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "code": self.code,
-            "cause": self.cause,
-            "title": self.title,
-            "severity": self.severity,
-            "stages": self.stages,
-            "ranks": self.ranks,
-            "gain_ms": None if self.gain_ms is None else round(self.gain_ms, 3),
-            "gain_pct": None if self.gain_pct is None else round(self.gain_pct, 2),
-            "evidence": self.evidence,
-            "fixes": self.fixes,
-        }
+    def to_report(self) -> FindingRow:
+        """The report's ``findings[]`` row (gains rounded as the report shows them)."""
+        return FindingRow(
+            code=self.code,
+            cause=None if self.cause is None else CauseName(self.cause),
+            title=self.title,
+            severity=Severity(self.severity),
+            stages=list(self.stages),
+            ranks=list(self.ranks),
+            gain_ms=None if self.gain_ms is None else round(self.gain_ms, 3),
+            gain_pct=None if self.gain_pct is None else round(self.gain_pct, 2),
+            evidence=dict(self.evidence),
+            fixes=list(self.fixes),
+        )
 
 
 @dataclass
@@ -135,11 +138,17 @@ class StepWindow:
 
 @dataclass
 class Diagnosis:
-    """Everything an analysis produced."""
+    """Everything an analysis produced: ``result`` is the typed report."""
 
     run: Run
-    report: dict[str, Any]
+    result: Report
     findings: list[Finding] = field(default_factory=list)
     steps: list[StepWindow] = field(default_factory=list)
     gaps: dict[int, GapTable] = field(default_factory=dict)
     context: dict[str, Any] = field(default_factory=dict)  # layer results for reports (topology, sim)
+
+    @cached_property
+    def report(self) -> dict[str, Any]:
+        """``result`` as the JSON file holds it (plain dicts and lists), for readers of the file's
+        shape; computed once per Diagnosis (replace ``result`` with :func:`dataclasses.replace`)."""
+        return to_builtins(self.result)

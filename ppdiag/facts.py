@@ -15,12 +15,13 @@ theoretical bubble" mean the same thing wherever they are shown.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ppdiag.pipeline import Pipeline
+from ppdiag.report_types import StageRow, Summary
 
 #: slowest / mean stage compute from which one stage counts as setting the pipeline's pace. Below
 #: it the stages are within what step-to-step variation and uneven first/last layers give anyway.
@@ -137,3 +138,37 @@ def measured_bubble(waits_ns: Iterable[float], windows_ns: Iterable[float]) -> f
         return None
     ratio = np.divide(w, d, out=np.zeros_like(w), where=d > 0)
     return float(ratio.mean())
+
+
+def report_stage_values(stages: Sequence[StageRow]) -> list[float] | None:
+    """The per-stage compute that decides the slowest stage of a report, one value per row:
+    ``block_ms`` (:func:`stage_block_ms`, the measure PP003 and the gate use); for a report written
+    before it existed, ``compute_ms`` or the sum of the F/B/W means. None when a stage has none."""
+    if stages and all(s.block_ms is not None for s in stages):
+        return [float(s.block_ms or 0.0) for s in stages]
+    vals: list[float] = []
+    for s in stages:
+        v = s.compute_ms
+        if v is None:
+            parts = [d.mean for d in (s.fwd_ms, s.bwd_ms, s.wgrad_ms) if d is not None]
+            if not parts:
+                return None
+            v = sum(parts)
+        vals.append(v)
+    return vals
+
+
+def report_slowest_stage(stages: Sequence[StageRow]) -> int | None:
+    """Index in ``stages`` of the stage that sets the pace (:attr:`StageBalance.slowest`), or None."""
+    vals = report_stage_values(stages)
+    return None if vals is None else balance_of(dict(enumerate(vals))).slowest
+
+
+def share_of(summary: Summary, key: str) -> float | None:
+    """``compute`` or a cause as a fraction of the mean step (``summary.shares``, the one
+    denominator of every report); from ``lost_ms`` / ``step_mean_ms`` when the shares are absent."""
+    if summary.shares is not None and key in summary.shares:
+        return summary.shares[key]
+    v = summary.compute_ms if key == "compute" else summary.lost_ms.get(key)
+    st = summary.step_mean_ms or summary.step_ms
+    return v / st if (v is not None and st) else None

@@ -1,23 +1,155 @@
-"""Typed sections of the JSON report (``docs/json.md``): summary, bubble, stages[], ranks[].
+"""The JSON report (``docs/json.md``) as one typed value: :class:`Report` and its sections.
 
-:mod:`ppdiag.summary` builds these frozen :class:`msgspec.Struct` values and encodes them with
-:func:`encode` (field order = the JSON key order), so the sections it writes have one declared
-shape. ``report.schema.json`` next to this module is :func:`sections_schema` written out
-(``python -m ppdiag.report_types`` regenerates it; a test keeps it current and checks that
-``docs/json.md`` names every field).
+Every section is a frozen :class:`msgspec.Struct` (field order = the JSON key order); the report is
+built as a :class:`Report` by :mod:`ppdiag.api`, written by :func:`dumps` (encoded by msgspec) and
+read back by :func:`decode` (``msgspec.json.decode(..., type=Report)``), so ``check``, ``diff`` and
+the reporters take the same typed value the analysis produced. ``report.schema.json`` next to this
+module is :func:`report_schema` written out (``python -m ppdiag.report_types`` regenerates it; a
+test keeps it current and checks that ``docs/json.md`` names every field).
+
+A section added later is one more Struct and one optional :class:`Report` field defaulting to
+None: ``Report`` omits default-valued fields, so reports without it keep their bytes.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-#: The shipped schema of the typed sections.
+#: The shipped schema of the report.
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
+
+#: Free-form JSON object (a finding's evidence, a what-if split): keys documented per rule in
+#: docs/json.md, values any JSON value. ``object``, not ``Any``: readers narrow before use.
+JsonObject = dict[str, object]
+
+
+class CauseName(StrEnum):
+    """A cause key of ``lost_ms`` (the order of :data:`ppdiag.diagnosis.CAUSE_KEYS`)."""
+
+    BUBBLE = "bubble"
+    IMBALANCE = "imbalance"
+    COMM_WAIT = "comm_wait"
+    EXPOSED_COMM = "exposed_comm"
+    HOST = "host"
+    EXPOSED_COPY = "exposed_copy"
+    UNEXPLAINED = "unexplained"
+
+
+class Severity(StrEnum):
+    """How much a finding stands out of the run's noise."""
+
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+    INFO = "info"
+
+
+class TraceFormat(StrEnum):
+    """The trace format of a run (one parser registry name)."""
+
+    KINETO = "kineto"
+    NSYS = "nsys"
+    OPTABLE = "optable"
+
+
+class RunSchedule(StrEnum):
+    """``run.schedule``: a :class:`ppdiag.model.schedule.Schedule` name, ``unknown`` (blocks that fit
+    none) or ``none`` (no pipeline parallelism)."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved_1f1b"
+    LOOPED_BFS = "looped_bfs"
+    ZERO_BUBBLE = "zero_bubble"
+    ZBV = "zbv"
+    DUALPIPEV = "dualpipev"
+    UNKNOWN = "unknown"
+    NONE = "none"
+
+
+class GateStatus(StrEnum):
+    """The gate's verdict (exit 0, 1, 3)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+
+
+class CheckState(StrEnum):
+    """One gate check's outcome: ``skip`` (a budget check not computable here) or
+    ``inconclusive`` (a regression check with nothing comparable)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIP = "skip"
+    INCONCLUSIVE = "inconclusive"
+
+
+class CheckKind(StrEnum):
+    """A budget limit on the run, or a regression against the baseline."""
+
+    BUDGET = "budget"
+    REGRESSION = "regression"
+
+
+class Tool(msgspec.Struct, frozen=True):
+    """The program that wrote the report (``tool``)."""
+
+    name: str
+    version: str
+
+
+class PeerLink(msgspec.Struct, frozen=True):
+    """The timing fit of one directed p2p link (``run.peers.links[]``)."""
+
+    src: int
+    dst: int
+    ops: int
+    shift_us: float
+    tol_us: float
+
+
+class Peers(msgspec.Struct, frozen=True):
+    """How the p2p partners were decided (``run.peers``)."""
+
+    source: str
+    decided_by_timing: int
+    decided_by_labels: int
+    undecided: int
+    confidence: float | None
+    coarse_clock: str
+    links: list[PeerLink]
+
+
+class RunInfo(msgspec.Struct, frozen=True):
+    """What was analyzed and how the pipeline was rebuilt (``run``)."""
+
+    world_size: int
+    ranks: list[int]
+    pp: int
+    stage_map: dict[str, int]
+    stage_source: str
+    virtual_stages: int
+    schedule: RunSchedule
+    microbatches: int | None
+    steps: list[int]
+    clock_residual_us: float | None
+    clock_method: str
+    clock_residual_by_rank_us: dict[str, float]
+    peer_source: str
+    peers: Peers | None
+    clock_offsets_us: dict[str, float]
+    format: TraceFormat
+    cpu_only: bool
+    sources: dict[str, str]
+    rank_sources: dict[str, str]
+    warnings: list[str]
 
 
 class Dist(msgspec.Struct, frozen=True):
@@ -85,37 +217,201 @@ class StageRow(msgspec.Struct, frozen=True):
     wgrad_samples_ms: list[float]
 
 
+class NoiseInfo(msgspec.Struct, frozen=True):
+    """What the run varies by without a fault (``noise``); severity is judged against it."""
+
+    steps_used: int
+    first_step_excluded: bool
+    step_spread_ms: float | None
+    step_error_ms: float | None
+    latency_jitter_ms: float | None
+    critical_transfers: int
+    comm_jitter_ms: float | None
+    base_noise_ms: float | None
+    shared_host: bool
+    oversubscribed: bool
+    contention_ms: float | None
+
+
+class FindingRow(msgspec.Struct, frozen=True):
+    """One diagnosed problem (``findings[]``); ``gain_ms`` None: not computed."""
+
+    code: str
+    cause: CauseName | None
+    title: str
+    severity: Severity
+    stages: list[int]
+    ranks: list[int]
+    gain_ms: float | None
+    gain_pct: float | None
+    evidence: JsonObject
+    fixes: list[str]
+
+
+class WhatifRow(msgspec.Struct, frozen=True):
+    """One predicted scenario (``whatif[]``); ``fix`` is its key (what a finding's gain names)."""
+
+    scenario: str
+    measured: bool
+    schedule: str
+    pp: int
+    virtual: int
+    microbatches: int
+    step_ms: float | None
+    speedup: float | None
+    step_speedup: float | None
+    bubble_ratio: float | None
+    schedule_bubble_ratio: float | None
+    closed_form_bubble: float | None
+    lost_ms: dict[str, float]
+    samples_vs_measured: float | None
+    ms_per_sample: float | None
+    peak_inflight: int | None
+    activation_vs_measured: float | None
+    peak_activation_mb: float | None
+    stage_ms: list[float]
+    split: JsonObject | None
+    calibration: str
+    note: str
+    error: str | None
+    fix: str
+
+
+class GateCheck(msgspec.Struct, frozen=True):
+    """One check of the gate (``gate.checks[]``)."""
+
+    name: str
+    kind: CheckKind
+    measured: float | None
+    limit: float | None
+    state: CheckState
+    text: str
+    note: str
+
+
+class GateCoverage(msgspec.Struct, frozen=True):
+    """Which ranks and steps the gate's figures come from (``gate.coverage``)."""
+
+    world_size: int
+    traced: list[int]
+    analyzed: list[int]
+    steps: list[int]
+    missing: list[int]
+    no_steps: list[int]
+    skipped_files: list[str]
+    doubts: list[str]
+
+
+class Gate(msgspec.Struct, frozen=True):
+    """The verdict of ``ppdiag check`` (``gate``)."""
+
+    status: GateStatus
+    exit_code: int
+    reasons: list[str]
+    budget: str | None
+    baseline: str | None
+    checks: list[GateCheck]
+    coverage: GateCoverage | None
+    partial: list[str]
+    allow_partial: bool
+    warnings: list[str]
+
+
+class Report(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The whole JSON report. Optional sections default to None and are left out when absent
+    (``gate`` is only in reports ``ppdiag check`` writes)."""
+
+    schema_version: int
+    tool: Tool
+    run: RunInfo
+    summary: Summary
+    bubble: Bubble
+    stages: list[StageRow]
+    ranks: list[RankRow]
+    findings: list[FindingRow]
+    whatif: list[WhatifRow]
+    noise: NoiseInfo
+    gate: Gate | None = None
+
+
 #: JSON section name -> its type (a list section holds rows of that type).
 SECTIONS: dict[str, type[msgspec.Struct]] = {
+    "tool": Tool,
+    "run": RunInfo,
     "summary": Summary,
     "bubble": Bubble,
     "stages": StageRow,
     "ranks": RankRow,
+    "findings": FindingRow,
+    "whatif": WhatifRow,
+    "noise": NoiseInfo,
+    "gate": Gate,
 }
 
 
-def encode(value: msgspec.Struct | list[Any]) -> Any:
-    """The JSON builtins (dicts in field order, lists) of a section value."""
-    return msgspec.to_builtins(value)
+def _enc_hook(o: object) -> object:
+    """numpy scalars and arrays (in free-form evidence) as Python numbers and lists."""
+    item = getattr(o, "item", None)
+    if callable(item):
+        tolist = getattr(o, "tolist", None)
+        array = bool(getattr(o, "ndim", None))
+        return tolist() if callable(tolist) and array else item()
+    raise NotImplementedError(f"cannot encode {type(o).__name__}")
 
 
-def sections_schema() -> dict[str, Any]:
-    """JSON Schema of the typed sections: an object with ``summary``, ``bubble``, ``stages`` and
-    ``ranks``, each as the report writes it."""
-    types = (Summary, Bubble, list[StageRow], list[RankRow])
-    parts, defs = msgspec.json.schema_components(types, ref_template="#/$defs/{name}")
+_ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+
+def encode(value: msgspec.Struct | list[Any]) -> bytes:
+    """Compact JSON of a report or a section (NaN and infinities become null)."""
+    return _ENCODER.encode(value)
+
+
+def dumps(report: Report, marker: dict[str, object] | None = None) -> str:
+    """The report file's text: ``marker`` first (``{"ppdiag": {...}}``), then the report, indented
+    by 2 with non-ASCII kept. msgspec encodes; the standard library only lays the text out."""
+    doc = json.loads(encode(report))
+    if marker:
+        doc = {**marker, **doc}
+    return json.dumps(doc, indent=2, ensure_ascii=False)
+
+
+def to_builtins(report: Report) -> dict[str, Any]:
+    """The report as the JSON file holds it, as plain dicts and lists (for readers of the file's
+    shape; typed code reads the :class:`Report`)."""
+    doc: dict[str, Any] = msgspec.json.decode(encode(report))
+    return doc
+
+
+def decode(data: bytes | str) -> Report:
+    """A report file's bytes as a :class:`Report` (:class:`msgspec.ValidationError` or
+    :class:`msgspec.DecodeError` when it is not one; the marker and unknown keys are ignored)."""
+    return msgspec.json.decode(data, type=Report)
+
+
+def _schema_hook(t: object) -> dict[str, Any]:
+    """Any JSON value for the values of a :data:`JsonObject`."""
+    if t is object:
+        return {"description": "any JSON value"}
+    raise NotImplementedError(f"no JSON Schema for {t!r}")
+
+
+def report_schema() -> dict[str, Any]:
+    """JSON Schema of the whole report, as the report writes it."""
+    (part,), defs = msgspec.json.schema_components(
+        (Report,), schema_hook=_schema_hook, ref_template="#/$defs/{name}"
+    )
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": "ppdiag report (typed sections)",
-        "type": "object",
-        "properties": dict(zip(("summary", "bubble", "stages", "ranks"), parts, strict=True)),
+        "title": "ppdiag report",
+        **part,
         "$defs": defs,
     }
 
 
 def schema_text() -> str:
-    """:func:`sections_schema` as the shipped file holds it."""
-    return json.dumps(sections_schema(), indent=2, sort_keys=True) + "\n"
+    """:func:`report_schema` as the shipped file holds it."""
+    return json.dumps(report_schema(), indent=2, sort_keys=True) + "\n"
 
 
 if __name__ == "__main__":

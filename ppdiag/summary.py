@@ -1,9 +1,12 @@
-"""Aggregate per-(rank, step) results into the JSON contract of DESIGN.md §7 (``docs/json.md``)."""
+"""Aggregate per-(rank, step) results into the typed report sections of DESIGN.md §7
+(``docs/json.md``): run, summary, bubble, stages[] and ranks[]."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ppdiag import __version__
@@ -12,9 +15,54 @@ from ppdiag.diagnosis import CAUSE_KEYS, SCHEMA_VERSION
 from ppdiag.facts import StageBalance, measured_bubble, stage_balance, theoretical_bubble
 from ppdiag.model import Phase, Run
 from ppdiag.pipeline import Pipeline
-from ppdiag.report_types import Bubble, Dist, RankRow, StageRow, Summary, encode
+from ppdiag.report_types import (
+    Bubble,
+    Dist,
+    NoiseInfo,
+    Peers,
+    RankRow,
+    Report,
+    RunInfo,
+    RunSchedule,
+    StageRow,
+    Summary,
+    Tool,
+    TraceFormat,
+)
 
 NS_PER_MS = 1e6
+
+
+@dataclass(frozen=True)
+class Sections:
+    """The report sections measured from the run (findings, what-if and noise come later)."""
+
+    run: RunInfo
+    summary: Summary
+    bubble: Bubble
+    stages: list[StageRow]
+    ranks: list[RankRow]
+
+    def report(self, noise: NoiseInfo, warnings: list[str] | None = None) -> Report:
+        """The :class:`Report` of these sections with ``noise``, no findings and no what-if rows
+        yet; ``warnings`` replaces ``run.warnings`` when given."""
+        run = self.run if warnings is None else _replace_warnings(self.run, warnings)
+        return Report(
+            schema_version=SCHEMA_VERSION,
+            tool=Tool(name="ppdiag", version=__version__),
+            run=run,
+            summary=self.summary,
+            bubble=self.bubble,
+            stages=self.stages,
+            ranks=self.ranks,
+            findings=[],
+            whatif=[],
+            noise=noise,
+        )
+
+
+def _replace_warnings(run: RunInfo, warnings: list[str]) -> RunInfo:
+    return msgspec.structs.replace(run, warnings=list(warnings))
 
 
 def _ms(v: Any) -> float:
@@ -48,9 +96,9 @@ def build_report(
     steps: list[RankStep],
     attr: Attribution,
     balance: StageBalance | None = None,
-) -> dict[str, Any]:
-    """The report dict (findings are added by the rules layer). ``balance`` is the run's
-    :func:`~ppdiag.facts.stage_balance` when the caller computed it already."""
+) -> Sections:
+    """The measured sections of the report (findings are added by the rules layer). ``balance``
+    is the run's :func:`~ppdiag.facts.stage_balance` when the caller computed it already."""
     topo = pipe.topology
     ranks_out: list[RankRow] = []
     per_rank: dict[int, list[RankStep]] = {}
@@ -123,43 +171,45 @@ def build_report(
     )
     stages_out = _stages(pipe, ranks_out, balance) if topo.pp > 1 else []
     warnings = list(run.warnings) + list(pipe.warnings) + list(attr.notes)
-    run_out = {
-        "world_size": run.world_size,
-        "ranks": [tl.rank for tl in run.ranks],
-        "pp": topo.pp,
-        "stage_map": topo.stage_map() if topo.pp > 1 else {},
-        "stage_source": topo.source,
-        "virtual_stages": topo.virtual,
-        "schedule": pipe.schedule,
-        "microbatches": pipe.microbatches,
-        "steps": sorted({rs.number for rs in steps}),
-        "clock_residual_us": round(pipe.clocks.residual_us, 3)
-        if pipe.clocks.residual_us is not None
-        else None,
-        "clock_method": pipe.clocks.method,
-        "clock_residual_by_rank_us": {
-            str(r): round(v, 3) for r, v in pipe.clocks.residual_by_rank_us.items()
-        },
-        "peer_source": pipe.peers.source if pipe.peers is not None else "none",
-        "peers": pipe.peers.to_json() if pipe.peers is not None else None,
-        "clock_offsets_us": {str(tl.rank): round(tl.clock_offset_ns / 1000, 3) for tl in run.ranks},
-        "format": run.format,
-        "cpu_only": all(tl.cpu_only for tl in run.ranks),
-        "sources": {str(tl.rank): tl.source for tl in run.ranks},
-        "rank_sources": {str(tl.rank): tl.rank_source for tl in run.ranks},
-        "warnings": warnings,
-    }
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "tool": {"name": "ppdiag", "version": __version__},
-        "run": run_out,
-        "summary": encode(summary),
-        "bubble": encode(bubble),
-        "stages": encode(stages_out),
-        "ranks": encode(ranks_out),
-        "findings": [],
-        "whatif": [],
-    }
+    return Sections(
+        run=_run_info(run, pipe, steps, warnings),
+        summary=summary,
+        bubble=bubble,
+        stages=stages_out,
+        ranks=ranks_out,
+    )
+
+
+def _peers(pipe: Pipeline) -> Peers | None:
+    """``run.peers``: the peer decision's own JSON form (:meth:`PeerResult.to_json`), typed."""
+    return msgspec.convert(pipe.peers.to_json(), Peers) if pipe.peers is not None else None
+
+
+def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[str]) -> RunInfo:
+    topo = pipe.topology
+    residual = pipe.clocks.residual_us
+    return RunInfo(
+        world_size=run.world_size,
+        ranks=[tl.rank for tl in run.ranks],
+        pp=topo.pp,
+        stage_map=topo.stage_map() if topo.pp > 1 else {},
+        stage_source=topo.source,
+        virtual_stages=topo.virtual,
+        schedule=RunSchedule(pipe.schedule),
+        microbatches=pipe.microbatches,
+        steps=sorted({rs.number for rs in steps}),
+        clock_residual_us=round(residual, 3) if residual is not None else None,
+        clock_method=pipe.clocks.method,
+        clock_residual_by_rank_us={str(r): round(v, 3) for r, v in pipe.clocks.residual_by_rank_us.items()},
+        peer_source=pipe.peers.source if pipe.peers is not None else "none",
+        peers=_peers(pipe),
+        clock_offsets_us={str(tl.rank): round(tl.clock_offset_ns / 1000, 3) for tl in run.ranks},
+        format=TraceFormat(run.format),
+        cpu_only=all(tl.cpu_only for tl in run.ranks),
+        sources={str(tl.rank): tl.source for tl in run.ranks},
+        rank_sources={str(tl.rank): tl.rank_source for tl in run.ranks},
+        warnings=warnings,
+    )
 
 
 def _stages(pipe: Pipeline, ranks_out: list[RankRow], balance: StageBalance) -> list[StageRow]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from report_fill import complete, typed
 
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, Diagnosis, Finding, GapTable, StepWindow
 from ppdiag.model import Direction, Intervals, Kind, NameTable, Phase, RangeKind, Ranges, RankTimeline, Run
@@ -344,7 +345,7 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Diagnosis, Truth
     findings = [_finding(f) for f in report["findings"]]
     diag = Diagnosis(
         run=run,
-        report=report,
+        result=typed(report),
         findings=findings,
         steps=windows,
         gaps=gap_tables,
@@ -657,7 +658,7 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Diagnosis:
     run = Run(ranks=per_rank, format="kineto")
     return Diagnosis(
         run=run,
-        report=report,
+        result=typed(report),
         findings=[_finding(f) for f in report["findings"]],
         steps=windows,
         gaps=gap_tables,
@@ -768,4 +769,5 @@ def base_report(**over: Any) -> dict[str, Any]:
     }
     for k, v in over.items():
         rep[k] = copy.deepcopy(v)
-    return rep
+    # every field of the report's types: the file a real analysis writes has them all
+    return complete(rep)

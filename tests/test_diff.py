@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from diag_fixture import base_report, build_nopp_diagnosis
+from report_fill import typed
 from rich.console import Console
 
 from ppdiag.reports.diff import diff_lines, diff_markdown, diff_reports, diff_table
@@ -40,7 +41,7 @@ def _after() -> dict:
 
 
 def test_diff_run_and_stage_rows() -> None:
-    res = diff_reports(base_report(), _after())
+    res = diff_reports(typed(base_report()), typed(_after()))
     assert res.by == "stage" and res.notes == []
     step = res.row("run", "step_ms")
     assert step is not None and step.delta_ms == pytest.approx(-5.0) and step.delta_pct == pytest.approx(-5.0)
@@ -62,7 +63,7 @@ def test_diff_run_and_stage_rows() -> None:
 
 
 def test_diff_findings() -> None:
-    res = diff_reports(base_report(), _after())
+    res = diff_reports(typed(base_report()), typed(_after()))
     assert [(f.code, f.where) for f in res.appeared] == [("PP004", "stages 1")]
     assert [(f.code, f.where) for f in res.disappeared] == [("PP003", "stages 2")]
     changed = [f for f in res.findings if f.status == "changed"]
@@ -70,7 +71,7 @@ def test_diff_findings() -> None:
 
 
 def test_diff_renderings() -> None:
-    res = diff_reports(base_report(), _after(), before_label="main", after_label="pr")
+    res = diff_reports(typed(base_report()), typed(_after()), before_label="main", after_label="pr")
     lines = diff_lines(res)
     assert lines[0] == "ppdiag diff: main -> pr"
     step_line = next(line for line in lines if " step time " in line)
@@ -92,7 +93,7 @@ def test_diff_per_rank_without_stages() -> None:
     b = copy.deepcopy(a)
     b["ranks"][1]["lost_ms"]["host"] += 2.0
     b["ranks"][1]["step_ms"] += 2.0
-    res = diff_reports(a, b)
+    res = diff_reports(typed(a), typed(b))
     assert res.by == "rank"
     host = res.row("rank 1", "host")
     assert host is not None and host.delta_ms == pytest.approx(2.0)
@@ -106,7 +107,7 @@ def test_diff_notes_incomparable_runs() -> None:
     b = base_report()
     b["run"]["pp"] = 2
     b["stages"] = b["stages"][:2]
-    res = diff_reports(base_report(), b)
+    res = diff_reports(typed(base_report()), typed(b))
     assert "before has pp 4, after 2" in res.notes
     assert any(n.startswith("stages only in before: 2, 3") for n in res.notes)
 
@@ -119,7 +120,7 @@ def test_relative_change_needs_a_base() -> None:
     b["summary"]["lost_ms"]["host"] = 7.03
     a["summary"]["lost_ms"]["unexplained"] = 0.6
     b["summary"]["lost_ms"]["unexplained"] = 0.9
-    res = diff_reports(a, b)
+    res = diff_reports(typed(a), typed(b))
     host = res.row("run", "host")
     assert host is not None and host.delta_ms == pytest.approx(7.021) and host.delta_pct is None
     assert host.to_json()["delta_pct"] is None
@@ -129,7 +130,9 @@ def test_relative_change_needs_a_base() -> None:
     # a 2 ms step: 1 % of it (0.02 ms) is base enough
     a["summary"]["step_ms"] = 2.0
     a["summary"]["lost_ms"]["host"] = 0.04
-    assert diff_reports(a, b).row("run", "host").delta_pct == pytest.approx(100 * (7.03 - 0.04) / 0.04)  # type: ignore[union-attr]
+    assert diff_reports(typed(a), typed(b)).row("run", "host").delta_pct == pytest.approx(
+        100 * (7.03 - 0.04) / 0.04
+    )  # type: ignore[union-attr]
 
 
 def test_findings_matched_by_code_and_place_not_order() -> None:
@@ -149,7 +152,7 @@ def test_findings_matched_by_code_and_place_not_order() -> None:
     }
     a["findings"] = [*a["findings"], f]
     b["findings"] = [dict(f, ranks=[1, 3], gain_ms=3.0), *reversed(b["findings"])]
-    res = diff_reports(a, b)
+    res = diff_reports(typed(a), typed(b))
     pp009 = [x for x in res.findings if x.code == "PP009"]
     assert [(x.status, x.where, x.before, x.after) for x in pp009] == [("changed", "ranks 1,3", 2.0, 3.0)]
     assert res.appeared == [] and res.disappeared == []
@@ -158,14 +161,14 @@ def test_findings_matched_by_code_and_place_not_order() -> None:
 def test_regression_beyond_threshold() -> None:
     a, b = base_report(), base_report()
     b["summary"]["step_ms"] = 154.0  # +54 %
-    res = diff_reports(a, b)
+    res = diff_reports(typed(a), typed(b))
     assert res.threshold_pct == 5.0 and res.regression is not None and "+54.0 %" in res.regression
-    assert diff_reports(a, b, threshold_pct=60.0).regression is None
+    assert diff_reports(typed(a), typed(b), threshold_pct=60.0).regression is None
     b["summary"]["step_ms"] = 105.0  # exactly the threshold: not beyond it
-    assert diff_reports(a, b).regression is None
+    assert diff_reports(typed(a), typed(b)).regression is None
     b["summary"]["step_ms"] = 80.0
-    assert diff_reports(a, b).regression is None
-    assert diff_reports(a, b).to_json()["regression"] is None
+    assert diff_reports(typed(a), typed(b)).regression is None
+    assert diff_reports(typed(a), typed(b)).to_json()["regression"] is None
 
 
 def test_diff_cli_exit_codes(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from report_fill import typed
 
 from ppdiag.api import Options, diagnose
 from ppdiag.facts import SLOW_STAGE_RATIO, balance_of, measured_bubble, theoretical_bubble
@@ -78,14 +79,14 @@ def test_reports_and_gate_use_block_ms() -> None:
     # would say stage 0: the facts measure wins
     stages = _stages([9.0, 12.0], [20.0, 18.0])
     assert slowest_stage(stages) == 1
-    v, note = stage_ratio({"stages": stages})
+    v, note = stage_ratio(typed({"stages": stages}))
     assert v == pytest.approx(12.0 / 10.5)
     assert "slowest stage 1" in note
     # a report without block_ms (written before it existed): the rank compute, same threshold
     old = _stages(None, [20.0, 18.0])  # 20 / 19 = 1.053 < 1.08: no stage stands out
     assert slowest_stage(old) is None
-    assert stage_ratio({"stages": old})[0] == pytest.approx(20 / 19)
-    assert stage_ratio({"stages": old[:1]})[0] is None
+    assert stage_ratio(typed({"stages": old}))[0] == pytest.approx(20 / 19)
+    assert stage_ratio(typed({"stages": old[:1]}))[0] is None
 
 
 def test_one_slowest_stage_everywhere(tmp_path: Path) -> None:
@@ -100,6 +101,6 @@ def test_one_slowest_stage_everywhere(tmp_path: Path) -> None:
     assert pp003 and pp003[0]["evidence"]["slowest_stage"] == 1
     assert pp003[0]["evidence"]["ratio"] == pytest.approx(rep["summary"]["stage_ratio"], abs=1e-3)
     assert rep["stages"][slowest_stage(rep["stages"]) or 0]["stage"] == 1
-    assert stage_ratio(rep)[0] == pytest.approx(rep["summary"]["stage_ratio"], abs=1e-4)
+    assert stage_ratio(typed(rep))[0] == pytest.approx(rep["summary"]["stage_ratio"], abs=1e-4)
     blocks = [s["block_ms"] for s in rep["stages"]]
     assert blocks[1] == pytest.approx(1.3 * blocks[0], rel=0.02)

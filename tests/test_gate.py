@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from diag_fixture import base_report
+from report_fill import typed
 
 from ppdiag.errors import InputError
 from ppdiag.reports.gate import Budget, coverage_of, format_gate, load_budget, load_report, run_gate
@@ -116,7 +117,7 @@ def test_missing_budget_file(tmp_path: Path) -> None:
 
 def test_load_report_checks_json_and_schema(tmp_path: Path) -> None:
     good = _write(tmp_path, json.dumps(base_report()), "base.json")
-    assert load_report(good)["summary"]["step_ms"] == 100.0
+    assert load_report(good).summary.step_ms == 100.0
     with pytest.raises(InputError, match="not valid JSON"):
         load_report(_write(tmp_path, '{"schema_version": 1, "run": ', "trunc.json"))
     with pytest.raises(InputError, match="schema_version 2 is not supported"):
@@ -144,7 +145,7 @@ def _all_limits(**over: float) -> Budget:
 
 
 def test_gate_passes_and_reports_measured_values() -> None:
-    res = run_gate(base_report(), _all_limits())
+    res = run_gate(typed(base_report()), _all_limits())
     assert res.status == "pass" and res.exit_code == 0
     got = {c.name: c.measured for c in res.checks}
     assert got["lost_ratio"] == pytest.approx(LOST)
@@ -174,7 +175,7 @@ def test_gate_passes_and_reports_measured_values() -> None:
 )
 def test_each_budget_key_can_fail(key: str, check: str, measured: float) -> None:
     limit = max(1.0, measured - 0.01) if key in ("max_stage_ratio", "max_step_p95_ratio") else measured - 0.01
-    res = run_gate(base_report(), _all_limits(**{key: limit}))
+    res = run_gate(typed(base_report()), _all_limits(**{key: limit}))
     assert res.status == "fail" and res.exit_code == 1
     failed = [c.name for c in res.failed]
     assert failed == [check]
@@ -185,13 +186,13 @@ def test_each_budget_key_can_fail(key: str, check: str, measured: float) -> None
 
 
 def test_a_value_exactly_at_the_limit_passes() -> None:
-    res = run_gate(base_report(), Budget(max_lost_ratio=0.30))
+    res = run_gate(typed(base_report()), Budget(max_lost_ratio=0.30))
     assert res.status == "pass"
 
 
 def test_bubble_excess_skipped_without_theoretical_bubble() -> None:
     rep = base_report(bubble={"measured_ratio": 0.3, "theoretical_ratio": None})
-    res = run_gate(rep, Budget(max_bubble_excess=0.01, max_lost_ratio=0.5))
+    res = run_gate(typed(rep), Budget(max_bubble_excess=0.01, max_lost_ratio=0.5))
     c = next(c for c in res.checks if c.name == "bubble_excess")
     assert c.state == "skip" and "no theoretical bubble ratio" in c.text
     # a configured check that could not be computed makes the gate inconclusive, unless the
@@ -199,18 +200,18 @@ def test_bubble_excess_skipped_without_theoretical_bubble() -> None:
     assert res.status == "inconclusive" and res.exit_code == 3
     assert any("bubble_excess could not be computed" in p for p in res.partial)
     assert any(line.startswith("  MISSING  check bubble_excess") for line in format_gate(res))
-    res = run_gate(rep, Budget(max_bubble_excess=0.01, max_lost_ratio=0.5), allow_partial=True)
+    res = run_gate(typed(rep), Budget(max_bubble_excess=0.01, max_lost_ratio=0.5), allow_partial=True)
     assert res.status == "pass"
 
 
 def test_stage_ratio_skipped_without_stages() -> None:
-    res = run_gate(base_report(stages=[]), Budget(max_stage_ratio=1.1))
+    res = run_gate(typed(base_report(stages=[])), Budget(max_stage_ratio=1.1))
     assert res.checks[0].state == "skip" and "fewer than 2 pipeline stages" in res.checks[0].text
     assert res.status == "inconclusive" and res.exit_code == 3  # nothing could be checked
 
 
 def test_empty_budget_without_baseline_is_inconclusive() -> None:
-    res = run_gate(base_report(), Budget())
+    res = run_gate(typed(base_report()), Budget())
     assert res.status == "inconclusive" and res.exit_code == 3
     assert "nothing to check" in format_gate(res)[0]
 
@@ -227,21 +228,21 @@ def _with_summary(step: float, **lost: float) -> dict:
 
 def test_step_regression_uses_5_percent_by_default() -> None:
     base = base_report()
-    res = run_gate(_with_summary(106.0), Budget(), baseline=base)
+    res = run_gate(typed(_with_summary(106.0)), Budget(), baseline=typed(base))
     assert res.status == "fail" and res.exit_code == 1
     (c,) = res.checks
     assert c.name == "regression.step" and c.limit == 5.0 and c.measured == pytest.approx(6.0)
     assert "step time vs baseline +6.0 % > +5.0 %" in c.text
-    ok = run_gate(_with_summary(104.0), Budget(), baseline=base)
+    ok = run_gate(typed(_with_summary(104.0)), Budget(), baseline=typed(base))
     assert ok.status == "pass" and ok.checks[0].measured == pytest.approx(4.0)
-    faster = run_gate(_with_summary(90.0), Budget(step_pct=0.0), baseline=base)
+    faster = run_gate(typed(_with_summary(90.0)), Budget(step_pct=0.0), baseline=typed(base))
     assert faster.status == "pass"
 
 
 def test_cause_regression_in_points_of_step_time() -> None:
     base = base_report()  # imbalance 6 ms of 100 ms, host 1 ms
     new = _with_summary(100.0, imbalance=10.0, host=2.0)  # +4 points and +1 point
-    res = run_gate(new, Budget(lost_pct=3.0), baseline=base)
+    res = run_gate(typed(new), Budget(lost_pct=3.0), baseline=typed(base))
     assert res.status == "fail"
     by = {c.name: c for c in res.checks}
     assert (
@@ -253,7 +254,7 @@ def test_cause_regression_in_points_of_step_time() -> None:
     assert [c.name for c in res.failed] == ["regression.imbalance"]
     # shares, not ms: same ms in a longer step is fewer points
     longer = _with_summary(200.0, imbalance=12.0)
-    r2 = run_gate(longer, Budget(lost_pct=3.0, step_pct=200.0), baseline=base)
+    r2 = run_gate(typed(longer), Budget(lost_pct=3.0, step_pct=200.0), baseline=typed(base))
     assert {c.name: c.measured for c in r2.checks}["regression.imbalance"] == pytest.approx(0.0)
 
 
@@ -268,19 +269,21 @@ def test_cause_regression_in_points_of_step_time() -> None:
 def test_incomparable_baseline_is_inconclusive(section: str, key: str, value: object, why: str) -> None:
     base = base_report()
     base[section][key] = value
-    res = run_gate(_with_summary(150.0), Budget(max_lost_ratio=0.5, lost_pct=1.0), baseline=base)
+    res = run_gate(
+        typed(_with_summary(150.0)), Budget(max_lost_ratio=0.5, lost_pct=1.0), baseline=typed(base)
+    )
     assert res.status == "inconclusive" and res.exit_code == 3
     assert why in res.reasons
     reg = [c for c in res.checks if c.kind == "regression"]
     assert reg and all(c.state == "inconclusive" for c in reg)
     assert format_gate(res)[0] == f"ppdiag check INCONCLUSIVE: {why}"
     # a failing budget check still fails the gate
-    res2 = run_gate(_with_summary(150.0), Budget(max_lost_ratio=0.1), baseline=base)
+    res2 = run_gate(typed(_with_summary(150.0)), Budget(max_lost_ratio=0.1), baseline=typed(base))
     assert res2.status == "fail" and res2.exit_code == 1
 
 
 def test_gate_result_json_round_trips() -> None:
-    res = run_gate(base_report(), _all_limits(max_stage_ratio=1.1))
+    res = run_gate(typed(base_report()), _all_limits(max_stage_ratio=1.1))
     data = json.loads(json.dumps(res.to_json()))
     assert data["status"] == "fail" and data["exit_code"] == 1
     assert [c["state"] for c in data["checks"]].count("fail") == 1
@@ -300,7 +303,7 @@ def _covered(report: dict, **over: object) -> dict:
 
 def test_every_rank_took_part_passes_and_says_so() -> None:
     rep = _covered(base_report())
-    res = run_gate(rep, Budget(max_lost_ratio=0.5), coverage=coverage_of(rep))
+    res = run_gate(typed(rep), Budget(max_lost_ratio=0.5), coverage=coverage_of(typed(rep)))
     assert res.status == "pass" and res.partial == []
     lines = format_gate(res)
     assert "  took part: ranks 0-3 (world size 4); steps 5-7" in lines
@@ -313,19 +316,19 @@ def test_missing_rank_is_inconclusive_unless_allowed() -> None:
     rep["ranks"] = [r for r in rep["ranks"] if r["rank"] != 2]
     rep["stages"] = [s for s in rep["stages"] if s["stage"] != 2]
     bud = Budget(max_stage_ratio=1.1)
-    res = run_gate(rep, bud, coverage=coverage_of(rep))
+    res = run_gate(typed(rep), bud, coverage=coverage_of(typed(rep)))
     assert res.status == "inconclusive" and res.exit_code == 3
     assert "1 rank(s) 2 of world size 4 have no trace" in format_gate(res)[0]
     assert "  MISSING  1 rank(s) 2 of world size 4 have no trace" in format_gate(res)
-    ok = run_gate(rep, bud, coverage=coverage_of(rep), allow_partial=True)
+    ok = run_gate(typed(rep), bud, coverage=coverage_of(typed(rep)), allow_partial=True)
     assert ok.status == "pass" and "  NOTE  1 rank(s) 2 of world size 4 have no trace" in format_gate(ok)
 
 
 def test_rank_without_steps_and_unreadable_file_are_partial() -> None:
     rep = _covered(base_report())
     rep["ranks"][1]["steps"] = 0  # every step of rank 1 excluded by --steps
-    cov = coverage_of(rep, ["RUN/rank3.json.gz (zstd-compressed data)"], step_filter="9:9")
-    res = run_gate(rep, Budget(max_lost_ratio=0.5), coverage=cov)
+    cov = coverage_of(typed(rep), ["RUN/rank3.json.gz (zstd-compressed data)"], step_filter="9:9")
+    res = run_gate(typed(rep), Budget(max_lost_ratio=0.5), coverage=cov)
     assert res.status == "inconclusive"
     text = "\n".join(format_gate(res))
     assert "rank(s) 1 have no analysed step (excluded by --steps 9:9)" in text
@@ -334,7 +337,7 @@ def test_rank_without_steps_and_unreadable_file_are_partial() -> None:
 
 def test_a_failing_check_on_partial_data_still_fails() -> None:
     rep = _covered(base_report(), ranks=[0, 1, 2])
-    res = run_gate(rep, Budget(max_lost_ratio=0.1), coverage=coverage_of(rep))
+    res = run_gate(typed(rep), Budget(max_lost_ratio=0.1), coverage=coverage_of(typed(rep)))
     assert res.status == "fail" and res.exit_code == 1
 
 
@@ -342,8 +345,8 @@ def test_a_failing_check_on_partial_data_still_fails() -> None:
     ("step_ms", "why"),
     [
         (None, "baseline has no summary.step_ms"),
-        ("100", "baseline summary.step_ms is '100', not a positive number"),
-        (0, "baseline summary.step_ms is 0, not a positive number"),
+        (0, "baseline summary.step_ms is 0.0, not a positive number"),
+        (-5.0, "baseline summary.step_ms is -5.0, not a positive number"),
         (float("nan"), "baseline summary.step_ms is nan, not a positive number"),
     ],
 )
@@ -353,16 +356,29 @@ def test_invalid_baseline_step_is_inconclusive(step_ms: object, why: str) -> Non
         del base["summary"]["step_ms"]
     else:
         base["summary"]["step_ms"] = step_ms
-    res = run_gate(base_report(), Budget(max_lost_ratio=0.5), baseline=base)
+    res = run_gate(typed(base_report()), Budget(max_lost_ratio=0.5), baseline=typed(base))
     assert res.status == "inconclusive" and res.exit_code == 3
     step = next(c for c in res.checks if c.name == "regression.step")
     assert step.state == "inconclusive" and why in step.text
 
 
+def test_baseline_of_the_wrong_type_is_bad_input(tmp_path: Path) -> None:
+    """A field the report's types cannot hold (a string step time) is refused naming the file
+    and the field: the baseline is not a report ppdiag wrote."""
+    base = base_report()
+    base["summary"]["step_ms"] = "100"
+    path = _write(tmp_path, json.dumps(base), "b.json")
+    with pytest.raises(InputError, match=r"b\.json.*got `str` - at `\$\.summary\.step_ms`"):
+        load_report(path)
+    del base["summary"]
+    with pytest.raises(InputError, match="missing required field `summary`"):
+        load_report(_write(tmp_path, json.dumps(base), "c.json"))
+
+
 def test_baseline_without_lost_ms_is_said() -> None:
     base = base_report()
     del base["summary"]["lost_ms"]
-    res = run_gate(base_report(), Budget(lost_pct=1.0), baseline=base)
+    res = run_gate(typed(base_report()), Budget(lost_pct=1.0), baseline=typed(base))
     lost = next(c for c in res.checks if c.name == "regression.lost")
     assert lost.state == "inconclusive" and "baseline has no valid summary.lost_ms" in lost.text
     assert res.status == "inconclusive"
@@ -379,7 +395,7 @@ def test_stage_ratio_at_1_prints_enough_digits() -> None:
     rep = base_report()
     for s, c in zip(rep["stages"], [30.0, 30.0, 30.01, 30.0], strict=True):
         s["compute_ms"] = c
-    res = run_gate(rep, Budget(max_stage_ratio=1.0))
+    res = run_gate(typed(rep), Budget(max_stage_ratio=1.0))
     c = res.checks[0]
     assert c.passed is False
     left, right = c.text.split(" > ")[0].split()[-1], c.text.split(" > ")[1].split()[0]
@@ -388,7 +404,7 @@ def test_stage_ratio_at_1_prints_enough_digits() -> None:
 
 def test_missing_rank_without_world_size() -> None:
     """No trace says the world size: ranks are numbered from 0, so 0, 1, 3 lack rank 2."""
-    rep = _covered(base_report(), ranks=[0, 1, 3], world_size=None)
-    res = run_gate(rep, Budget(max_lost_ratio=0.5), coverage=coverage_of(rep))
+    rep = _covered(base_report(), ranks=[0, 1, 3], world_size=0)
+    res = run_gate(typed(rep), Budget(max_lost_ratio=0.5), coverage=coverage_of(typed(rep)))
     assert res.status == "inconclusive"
     assert "1 rank(s) 2 of ranks 0-3 have no trace" in res.partial

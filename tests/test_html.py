@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from diag_fixture import EVIL, Spec, build_nopp_diagnosis, build_pipeline_diagnosis
 from plotly.offline import get_plotlyjs
+from report_fill import typed
 
 from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis
 from ppdiag.model import Phase, Run
@@ -186,7 +187,7 @@ def test_html_without_pipeline(tmp_path: Path) -> None:
 
 def test_html_of_an_empty_diagnosis() -> None:
     diag = Diagnosis(
-        run=Run(ranks=[], format="kineto"), report={"schema_version": 1, "run": {}, "summary": {}}
+        run=Run(ranks=[], format="kineto"), result=typed({"schema_version": 1, "run": {}, "summary": {}})
     )
     html = render_html(diag)
     assert "No device intervals or gaps to draw." in html

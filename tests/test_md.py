@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 from diag_fixture import EVIL, base_report, build_nopp_diagnosis, build_pipeline_diagnosis
+from report_fill import typed
 
 from ppdiag.reports import write_report
 from ppdiag.reports.gate import Budget, run_gate
@@ -67,19 +68,19 @@ def test_markdown_of_a_pipeline_run(tmp_path: Path) -> None:
 
 def test_markdown_gate_section() -> None:
     rep = base_report()
-    gate = run_gate(rep, Budget(max_stage_ratio=1.1, max_lost_ratio=0.5))
-    md = render_markdown(rep, gate=gate)
+    gate = run_gate(typed(rep), Budget(max_stage_ratio=1.1, max_lost_ratio=0.5))
+    md = render_markdown(typed(rep), gate=gate)
     assert "### Gate: ❌ FAIL (exit 1)" in md
     t = next(t for t in _tables(md) if _cells(t[0]) == ["", "check"])
     states = [_cells(r)[0] for r in t[2:]]
     assert sorted(states) == ["✅", "❌"]
-    ok = render_markdown(rep, gate=run_gate(rep, Budget(max_lost_ratio=0.5)))
+    ok = render_markdown(typed(rep), gate=run_gate(typed(rep), Budget(max_lost_ratio=0.5)))
     assert "### Gate: ✅ PASS (exit 0)" in ok
 
 
 def test_markdown_without_pipeline() -> None:
     diag = build_nopp_diagnosis()
-    md = render_markdown(diag.report)
+    md = render_markdown(diag.result)
     assert "**no pipeline parallelism**" in md
     assert "### Stages" not in md and "### Ranks" in md
     t = next(t for t in _tables(md) if _cells(t[0])[0] == "rank")
@@ -91,7 +92,7 @@ def test_markdown_escapes_trace_strings() -> None:
     rep = base_report()
     rep["findings"][0]["title"] = f"kernel {EVIL} | a*b_c"
     rep["findings"][0]["fixes"] = ["[click](javascript:alert(1))"]
-    md = render_markdown(rep)
+    md = render_markdown(typed(rep))
     assert EVIL not in md and "&lt;script&gt;alert(1)&lt;/script&gt;" in md
     assert "\\| a\\*b\\_c" in md
     assert "\\[click\\](javascript:alert(1))" in md
@@ -99,6 +100,6 @@ def test_markdown_escapes_trace_strings() -> None:
 
 
 def test_markdown_survives_a_sparse_report() -> None:
-    md = render_markdown({"schema_version": 1, "run": {}, "summary": {}})
+    md = render_markdown(typed({"schema_version": 1, "run": {}, "summary": {}}))
     assert md.startswith("## ppdiag: — per step, — lost")
     assert "No finding" in md

@@ -10,7 +10,18 @@ import msgspec
 import pytest
 
 from ppdiag.api import Options, diagnose
-from ppdiag.report_types import SCHEMA_PATH, SECTIONS, RankRow, StageRow, Summary, schema_text
+from ppdiag.report_types import (
+    SCHEMA_PATH,
+    SECTIONS,
+    RankRow,
+    Report,
+    StageRow,
+    Summary,
+    decode,
+    dumps,
+    report_schema,
+    schema_text,
+)
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.scenario import make_scenario
 
@@ -29,6 +40,22 @@ def test_docs_name_every_field() -> None:
     # and the sections themselves are headings of docs/json.md's field list
     for name in SECTIONS:
         assert re.search(rf"^{name}(\[\])?\s", text, re.M), name
+    # nested objects too (run.peers, peers.links[], gate.checks[], gate.coverage, Dist)
+    nested = [
+        f"{name}.{f}"
+        for name, d in report_schema()["$defs"].items()
+        for f in d.get("properties", {})
+        if f not in words
+    ]
+    assert nested == []
+
+
+def test_every_report_field_is_in_the_schema() -> None:
+    """The schema is the Report's: every section a property, ``gate`` the one optional one."""
+    sch = report_schema()
+    top = sch["$defs"]["Report"]
+    assert list(top["properties"]) == list(Report.__struct_fields__)
+    assert set(top["required"]) == set(Report.__struct_fields__) - {"gate"}
 
 
 def test_report_decodes_into_the_types(tmp_path: Path) -> None:
@@ -45,3 +72,17 @@ def test_report_decodes_into_the_types(tmp_path: Path) -> None:
     assert list(rep["ranks"][0]) == list(RankRow.__struct_fields__)
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({**rep["ranks"][0], "steps": "two"}, RankRow)
+
+
+def test_report_round_trips_byte_identical(tmp_path: Path) -> None:
+    """The file is the typed report's encoding: decode and encode again, the same bytes."""
+    write_kineto(make_scenario(steps=2, dp=2), tmp_path / "run")
+    diag = diagnose([tmp_path / "run"], Options())
+    text = dumps(diag.result)
+    again = decode(text)
+    assert again == diag.result
+    assert dumps(again) == text
+    # the dict view is the file's content
+    assert diag.report == msgspec.json.decode(text)
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.summary\.step_ms"):
+        decode(text.replace('"step_ms": ', '"step_ms": "x", "_": ', 1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from ppdiag.api import Options, diagnose
@@ -227,13 +228,12 @@ def test_shared_host() -> None:
 
 
 def _rules_with(diag: Any, **changes: Any) -> list[dict[str, Any]]:
-    import copy
 
     from ppdiag.rules import RuleContext, run_rules
 
     c = diag.context
     ctx = RuleContext(
-        copy.deepcopy(diag.report),
+        diag.result,
         diag.run,
         c["pipeline"],
         c["rank_steps"],
@@ -242,7 +242,7 @@ def _rules_with(diag: Any, **changes: Any) -> list[dict[str, Any]]:
         predictions=c["predictions"],
         noise=changes.pop("noise", c["noise"]),
     )
-    return [f.to_json() for f in run_rules(ctx)]
+    return [msgspec.to_builtins(f.to_report()) for f in run_rules(ctx)]
 
 
 def test_finding_within_noise_is_low(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from diag_fixture import base_report
+from report_fill import typed
 from rich.console import Console
 
 from ppdiag.errors import InputError
@@ -43,7 +44,7 @@ def test_terminal_report_has_no_escape_sequences() -> None:
 
 
 def test_markdown_neutralises_escapes_mentions_and_links() -> None:
-    md = render_markdown(_report_with(ESC + "rank0.json"))
+    md = render_markdown(typed(_report_with(ESC + "rank0.json")))
     assert "\x1b" not in md and "\x07" not in md
     assert "@alice" not in md and "@\u200balice" in md
     assert "www.evil" not in md and "www\u200b.evil" in md

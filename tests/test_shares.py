@@ -70,7 +70,7 @@ def test_shares_add_up_in_every_report(rel: str) -> None:
     assert s["lost_ratio"] == pytest.approx(1.0 - s["shares"]["compute"], abs=1e-3)
     for r in diag.report["ranks"]:
         assert sum(r["shares"].values()) == pytest.approx(1.0, abs=0.005)
-    assert sum(_md_pcts(render_markdown(diag.report))) == pytest.approx(100.0, abs=0.5)
+    assert sum(_md_pcts(render_markdown(diag.result))) == pytest.approx(100.0, abs=0.5)
     assert sum(_html_bar(render_html(diag))) == pytest.approx(100.0, abs=0.5)
 
 

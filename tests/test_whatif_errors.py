@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from report_fill import typed
 
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import Diagnosis
@@ -22,15 +23,17 @@ def diag(tmp_path_factory: pytest.TempPathFactory) -> Diagnosis:
     return diagnose([d], Options())
 
 
-def _predict(diag: Diagnosis, report: dict[str, Any]) -> scenarios.FixPredictions | None:
+def _predict(diag: Diagnosis, warnings: list[str]) -> scenarios.FixPredictions | None:
     c = diag.context
-    return scenarios.predict_fixes(diag.run, report, c["pipeline"], c["attribution"], c["rank_steps"])
+    return scenarios.predict_fixes(
+        diag.run, diag.result, c["pipeline"], c["attribution"], c["rank_steps"], warnings
+    )
 
 
 def test_predictions_on_a_normal_run(diag: Diagnosis) -> None:
-    rep: dict[str, Any] = {**diag.report, "run": {**diag.report["run"], "warnings": []}}
-    fp = _predict(diag, rep)
-    assert fp is not None and fp.rows and rep["run"]["warnings"] == []
+    warnings: list[str] = []
+    fp = _predict(diag, warnings)
+    assert fp is not None and fp.rows and warnings == []
 
 
 @pytest.mark.parametrize("exc", [InputError(None, "M unknown"), ValueError("3 layers cannot fill 4 stages")])
@@ -39,9 +42,9 @@ def test_undescribable_run_warns(diag: Diagnosis, monkeypatch: pytest.MonkeyPatc
         raise exc
 
     monkeypatch.setattr(scenarios, "model_of", boom)
-    rep: dict[str, Any] = {**diag.report, "run": {**diag.report["run"], "warnings": []}}
-    assert _predict(diag, rep) is None
-    assert rep["run"]["warnings"] == [f"what-if: no predictions for this run ({exc})"]
+    warnings: list[str] = []
+    assert _predict(diag, warnings) is None
+    assert warnings == [f"what-if: no predictions for this run ({exc})"]
 
 
 def test_a_bug_is_not_swallowed(diag: Diagnosis, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,8 +55,8 @@ def test_a_bug_is_not_swallowed(diag: Diagnosis, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(scenarios, "model_of", bug)
     with pytest.raises(KeyError):
-        _predict(diag, dict(diag.report))
+        _predict(diag, [])
 
 
 def test_run_without_pipeline(tmp_path: Path) -> None:
-    assert scenarios.predict_fixes(None, {}, None, None, []) is None
+    assert scenarios.predict_fixes(None, typed({}), None, None, []) is None

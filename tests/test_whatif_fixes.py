@@ -7,10 +7,13 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+from report_fill import complete
 
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import Diagnosis
+from ppdiag.report_types import WhatifRow
 from ppdiag.rules import RuleContext, run_rules
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
@@ -31,7 +34,7 @@ def _rerun(diag: Diagnosis, predictions: FixPredictions) -> list[dict[str, Any]]
     """The rules again on the same analysis, with other what-if predictions."""
     c = diag.context
     ctx = RuleContext(
-        copy.deepcopy(diag.report),
+        diag.result,
         diag.run,
         c["pipeline"],
         c["rank_steps"],
@@ -40,14 +43,14 @@ def _rerun(diag: Diagnosis, predictions: FixPredictions) -> list[dict[str, Any]]
         predictions=predictions,
         noise=c["noise"],
     )
-    return [f.to_json() for f in run_rules(ctx)]
+    return [msgspec.to_builtins(f.to_report()) for f in run_rules(ctx)]
 
 
 def _slower(pred: FixPredictions, *keys: str, by_ms: float = 1.0) -> FixPredictions:
     """The same predictions with the fixes ``keys`` predicted ``by_ms`` slower than measured."""
     out = copy.deepcopy(pred)
     for k in keys:
-        out.rows[k]["step_ms"] = out.measured_step_ms + by_ms
+        out.rows[k] = msgspec.structs.replace(out.rows[k], step_ms=out.measured_step_ms + by_ms)
     return out
 
 
@@ -134,15 +137,21 @@ def test_overlapped_comm_scenario(tmp_path: Path) -> None:
     assert f["gain_ms"] == pytest.approx(pred.gain_ms("no_exposed_comm"), abs=2e-3)
 
 
+def _row(fix: str, step_ms: float | None) -> WhatifRow:
+    """A what-if row with only its key and predicted step set."""
+    d = complete({"whatif": [{"fix": fix, "step_ms": step_ms}]})["whatif"][0]
+    return msgspec.convert(d, WhatifRow)
+
+
 def test_fix_predictions_by_hand() -> None:
     """Gains are the measured step minus the row's step; the table adds the rows the findings used."""
     fp = FixPredictions(
         100.0,
         rows={
-            "microbatches_x2": {"fix": "microbatches_x2", "step_ms": 90.0},
-            "rebalanced": {"fix": "rebalanced", "step_ms": 104.5},
-            "zero_bubble": {"fix": "zero_bubble", "step_ms": 80.25},
-            "no_host": {"fix": "no_host", "step_ms": None},
+            "microbatches_x2": _row("microbatches_x2", 90.0),
+            "rebalanced": _row("rebalanced", 104.5),
+            "zero_bubble": _row("zero_bubble", 80.25),
+            "no_host": _row("no_host", None),
         },
         table=["microbatches_x2", "rebalanced"],
     )
@@ -150,6 +159,6 @@ def test_fix_predictions_by_hand() -> None:
     assert fp.gain_ms("rebalanced") == -4.5  # slower: 100 - 104.5
     assert fp.gain_ms("no_host") is None  # not predicted
     assert fp.gain_ms("interleaved_v2") is None  # not a scenario of this run
-    assert [r["fix"] for r in fp.report_rows()] == ["microbatches_x2", "rebalanced"]
+    assert [r.fix for r in fp.report_rows()] == ["microbatches_x2", "rebalanced"]
     used = fp.report_rows(["zero_bubble", "rebalanced"])
-    assert [r["fix"] for r in used] == ["microbatches_x2", "rebalanced", "zero_bubble"]
+    assert [r.fix for r in used] == ["microbatches_x2", "rebalanced", "zero_bubble"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.report_types import FindingRow, RankRow, Report, StageRow, Summary
 from ppdiag.reports.gate import DEFAULT_STEP_PCT, comparable
 from ppdiag.reports.md import md_escape
 from ppdiag.reports.style import CAUSE_COLORS, CAUSE_MARKS, cause_label
@@ -22,12 +23,6 @@ NOISE_MS = 0.005
 # step, or at least MIN_BASE_MS (0.009 -> 7.03 ms is "+7.02 ms", not "+78000 %").
 MIN_BASE_STEP_SHARE = 0.01
 MIN_BASE_MS = 0.5
-
-
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    return float(x)
 
 
 @dataclass
@@ -163,52 +158,79 @@ class DiffResult:
         }
 
 
-def _group_map(rep: dict[str, Any], by: str) -> dict[int, dict[str, Any]]:
-    key = "stage" if by == "stage" else "rank"
-    out: dict[int, dict[str, Any]] = {}
-    for row in rep.get("stages" if by == "stage" else "ranks") or []:
-        if isinstance(row, dict) and isinstance(row.get(key), int):
-            out[row[key]] = row
-    return out
+def _group_map(rep: Report, by: str) -> dict[int, StageRow | RankRow]:
+    """The report's stage rows by stage, or its rank rows by rank."""
+    if by == "stage":
+        return {row.stage: row for row in rep.stages}
+    return {row.rank: row for row in rep.ranks}
 
 
-def _ids(xs: Any) -> list[int]:
-    return (
-        sorted({int(x) for x in xs if isinstance(x, int) and not isinstance(x, bool)})
-        if isinstance(xs, list)
-        else []
-    )
-
-
-def _finding_key(f: dict[str, Any]) -> tuple[str, str]:
+def _finding_key(f: FindingRow) -> tuple[str, str]:
     """(code, where): a finding is the same on both sides when its code and its stages (ranks for
     one without stages) are, in whatever order the report lists them."""
-    st = _ids(f.get("stages"))
+    st = sorted(set(f.stages))
     if st:
-        return str(f.get("code")), "stages " + ",".join(map(str, st))
-    rk = _ids(f.get("ranks"))
-    return str(f.get("code")), (
-        "ranks " + ",".join(map(str, rk[:16])) + ("…" if len(rk) > 16 else "")
-    ) if rk else ""
+        return f.code, "stages " + ",".join(map(str, st))
+    rk = sorted(set(f.ranks))
+    return f.code, ("ranks " + ",".join(map(str, rk[:16])) + ("…" if len(rk) > 16 else "")) if rk else ""
 
 
-def _keyed(findings: Any) -> dict[tuple[str, str, int], dict[str, Any]]:
+def _keyed(findings: list[FindingRow]) -> dict[tuple[str, str, int], FindingRow]:
     """Findings by (code, where, n): the n-th finding with that code and place (two of one key
     on one side pair with the two on the other, not with each other)."""
-    out: dict[tuple[str, str, int], dict[str, Any]] = {}
+    out: dict[tuple[str, str, int], FindingRow] = {}
     seen: dict[tuple[str, str], int] = {}
-    for f in findings if isinstance(findings, list) else []:
-        if isinstance(f, dict):
-            k = _finding_key(f)
-            n = seen.get(k, 0)
-            seen[k] = n + 1
-            out[(k[0], k[1], n)] = f
+    for f in findings:
+        k = _finding_key(f)
+        n = seen.get(k, 0)
+        seen[k] = n + 1
+        out[(k[0], k[1], n)] = f
     return out
+
+
+def _run_rows(res: DiffResult, a: Summary, b: Summary, min_base: float) -> None:
+    """Run-level rows: step time, p95, compute, lost time and each cause."""
+    for m in ("step_ms", "step_p95_ms", "compute_ms"):
+        res.run.append(DiffRow("run", m, getattr(a, m), getattr(b, m), min_base))
+    tot_a = sum(a.lost_ms.values()) if a.lost_ms else None
+    tot_b = sum(b.lost_ms.values()) if b.lost_ms else None
+    res.run.append(DiffRow("run", "lost_ms", tot_a, tot_b, min_base))
+    for c in CAUSE_KEYS:
+        res.run.append(DiffRow("run", c, a.lost_ms.get(c), b.lost_ms.get(c), min_base))
+
+
+def _group_rows(res: DiffResult, a: Report, b: Report, min_base: float) -> None:
+    """Per-stage rows (per-rank for runs without stages): compute and every non-zero cause."""
+    have_stages = bool(a.stages) and bool(b.stages)
+    res.by = "stage" if have_stages else "rank"
+    ga, gb = _group_map(a, res.by), _group_map(b, res.by)
+    only_a, only_b = sorted(set(ga) - set(gb)), sorted(set(gb) - set(ga))
+    if only_a:
+        res.notes.append(f"{res.by}s only in {res.before_label}: {', '.join(map(str, only_a[:32]))}")
+    if only_b:
+        res.notes.append(f"{res.by}s only in {res.after_label}: {', '.join(map(str, only_b[:32]))}")
+    for k in sorted(set(ga) | set(gb)):
+        ra, rb = ga.get(k), gb.get(k)
+        scope = f"{res.by} {k}"
+        if res.by == "rank":
+            step_a = ra.step_ms if isinstance(ra, RankRow) else None
+            step_b = rb.step_ms if isinstance(rb, RankRow) else None
+            res.groups.append(DiffRow(scope, "step_ms", step_a, step_b, min_base))
+        comp_a = ra.compute_ms if ra is not None else None
+        comp_b = rb.compute_ms if rb is not None else None
+        res.groups.append(DiffRow(scope, "compute_ms", comp_a, comp_b, min_base))
+        a_l = ra.lost_ms if ra is not None else {}
+        b_l = rb.lost_ms if rb is not None else {}
+        for c in CAUSE_KEYS:
+            va, vb = a_l.get(c), b_l.get(c)
+            if (va or 0.0) == 0.0 and (vb or 0.0) == 0.0:
+                continue  # nothing on either side: keep the table short
+            res.groups.append(DiffRow(scope, c, va, vb, min_base))
 
 
 def diff_reports(
-    a: dict[str, Any],
-    b: dict[str, Any],
+    a: Report,
+    b: Report,
     before_label: str = "before",
     after_label: str = "after",
     threshold_pct: float = DEFAULT_STEP_PCT,
@@ -217,62 +239,26 @@ def diff_reports(
     beyond which :attr:`DiffResult.regression` is set (the gate's default ``step_pct``)."""
     res = DiffResult(before_label=before_label, after_label=after_label, threshold_pct=threshold_pct)
     res.notes += comparable(b, a, base_name=before_label, new_name=after_label)
-    sa, sb = a.get("summary") or {}, b.get("summary") or {}
-    step_a = _num(sa.get("step_ms"))
+    step_a = a.summary.step_ms
     # |before| below this gets an absolute change only: "or" keeps 0.5 ms meaningful on long steps
     min_base = min(MIN_BASE_MS, MIN_BASE_STEP_SHARE * step_a) if step_a and step_a > 0 else MIN_BASE_MS
+    _run_rows(res, a.summary, b.summary, min_base)
+    _group_rows(res, a, b, min_base)
 
-    def row(scope: str, metric: str, before: float | None, after: float | None) -> DiffRow:
-        return DiffRow(scope, metric, before, after, min_base)
-
-    for m in ("step_ms", "step_p95_ms", "compute_ms"):
-        res.run.append(row("run", m, _num(sa.get(m)), _num(sb.get(m))))
-    la, lb = sa.get("lost_ms") or {}, sb.get("lost_ms") or {}
-    tot_a = sum(_num(v) or 0.0 for v in la.values()) if la else None
-    tot_b = sum(_num(v) or 0.0 for v in lb.values()) if lb else None
-    res.run.append(row("run", "lost_ms", tot_a, tot_b))
-    for c in CAUSE_KEYS:
-        res.run.append(row("run", c, _num(la.get(c)), _num(lb.get(c))))
-
-    have_stages = bool(_group_map(a, "stage")) and bool(_group_map(b, "stage"))
-    res.by = "stage" if have_stages else "rank"
-    ga, gb = _group_map(a, res.by), _group_map(b, res.by)
-    only_a, only_b = sorted(set(ga) - set(gb)), sorted(set(gb) - set(ga))
-    if only_a:
-        res.notes.append(f"{res.by}s only in {before_label}: {', '.join(map(str, only_a[:32]))}")
-    if only_b:
-        res.notes.append(f"{res.by}s only in {after_label}: {', '.join(map(str, only_b[:32]))}")
-    for k in sorted(set(ga) | set(gb)):
-        ra, rb = ga.get(k) or {}, gb.get(k) or {}
-        scope = f"{res.by} {k}"
-        if res.by == "rank":
-            res.groups.append(row(scope, "step_ms", _num(ra.get("step_ms")), _num(rb.get("step_ms"))))
-        res.groups.append(row(scope, "compute_ms", _num(ra.get("compute_ms")), _num(rb.get("compute_ms"))))
-        a_l, b_l = ra.get("lost_ms") or {}, rb.get("lost_ms") or {}
-        for c in CAUSE_KEYS:
-            va, vb = _num(a_l.get(c)), _num(b_l.get(c))
-            if (va or 0.0) == 0.0 and (vb or 0.0) == 0.0:
-                continue  # nothing on either side: keep the table short
-            res.groups.append(row(scope, c, va, vb))
-
-    fa, fb = _keyed(a.get("findings")), _keyed(b.get("findings"))
+    fa, fb = _keyed(a.findings), _keyed(b.findings)
     for key in list(fb) + [k for k in fa if k not in fb]:
         f = fb.get(key) or fa[key]
         res.findings.append(
             FindingChange(
                 code=key[0],
-                title=str(f.get("title") or ""),
-                cause=f.get("cause") if isinstance(f.get("cause"), str) else None,
+                title=f.title,
+                cause=None if f.cause is None else str(f.cause),
                 where=key[1],
-                before=_num(fa[key].get("gain_ms")) if key in fa else None,
-                after=_num(fb[key].get("gain_ms")) if key in fb else None,
+                # a finding present on one side only still needs a number to sort by
+                before=(fa[key].gain_ms or 0.0) if key in fa else None,
+                after=(fb[key].gain_ms or 0.0) if key in fb else None,
             )
         )
-        # a finding present on one side only still needs a number to sort by
-        if key in fa and res.findings[-1].before is None:
-            res.findings[-1].before = 0.0
-        if key in fb and res.findings[-1].after is None:
-            res.findings[-1].after = 0.0
     order = {"appeared": 0, "disappeared": 1, "changed": 2, "unchanged": 3}
     res.findings.sort(key=lambda f: (order[f.status], -(f.after or f.before or 0.0)))
     return res

@@ -1,68 +1,56 @@
-"""The CI gate (DESIGN.md §8): a budget read from TOML, checked against a JSON report.
+"""The CI gate (DESIGN.md §8): a budget (:mod:`ppdiag.reports.budget`) checked against a report.
 
-``load_budget(path)`` reads ``[budget]`` / ``[regression]`` from a budget file, or
-``[tool.ppdiag.budget]`` / ``[tool.ppdiag.regression]`` from ``pyproject.toml``;
 ``run_gate(report, budget, baseline)`` runs every configured check and returns a
 :class:`GateResult` whose ``exit_code`` is 0 (pass), 1 (fail) or 3 (inconclusive);
-``format_gate(result)`` gives the lines the CLI prints.
+``format_gate(result)`` gives the lines the CLI prints; ``load_report`` reads a report file
+(a baseline) into its types.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ppdiag.diagnosis import CAUSE_KEYS, SCHEMA_VERSION
 from ppdiag.errors import InputError
-from ppdiag.reports.style import cause_label, share
+from ppdiag.facts import balance_of, report_stage_values, share_of
+from ppdiag.report_types import CheckKind, CheckState, Gate, GateCheck, GateStatus, Report, decode
+from ppdiag.reports.budget import (
+    BUDGET_KEYS,
+    DEFAULT_STEP_PCT,
+    REGRESSION_KEYS,
+    Budget,
+    budget_from_dict,
+    budget_help,
+    load_budget,
+)
+from ppdiag.reports.coverage import Coverage, coverage_of
+from ppdiag.reports.style import cause_label
 
-try:  # Python >= 3.11
-    import tomllib as _toml
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10 with the tomli backport installed
-    try:
-        import tomli as _toml  # type: ignore[no-redef]
-    except ModuleNotFoundError:
-        _toml = None  # type: ignore[assignment]
-
-
-BUDGET_KEYS: dict[str, str] = {
-    "max_lost_ratio": "lost time / step time, mean over ranks",
-    "max_bubble_excess": "measured bubble ratio minus the theoretical one",
-    "max_stage_ratio": "slowest stage compute / mean stage compute",
-    "max_comm_wait_ratio": "recv / NCCL wait time / step time, mean over ranks",
-    "max_step_p95_ratio": "step time p95 / median",
-}
-REGRESSION_KEYS: dict[str, str] = {
-    "step_pct": "allowed step-time growth vs the baseline, %",
-    "lost_pct": "allowed growth of each cause vs the baseline, points of step time",
-}
-DEFAULT_STEP_PCT = 5.0
-
-# Keys whose value is a fraction of step time: a value above 1 is almost surely a percentage.
-_RATIO_KEYS = ("max_lost_ratio", "max_bubble_excess", "max_comm_wait_ratio")
-# Keys whose measured value can never be below 1.
-_AT_LEAST_ONE = ("max_stage_ratio", "max_step_p95_ratio")
-
-
-@dataclass
-class Budget:
-    """Limits of the gate; ``None`` = not checked."""
-
-    max_lost_ratio: float | None = None
-    max_bubble_excess: float | None = None
-    max_stage_ratio: float | None = None
-    max_comm_wait_ratio: float | None = None
-    max_step_p95_ratio: float | None = None
-    step_pct: float | None = None  # None = DEFAULT_STEP_PCT when a baseline is given
-    lost_pct: float | None = None
-    source: str | None = None
-
-    def is_empty(self) -> bool:
-        """True when the budget sets no limit at all."""
-        return all(getattr(self, k) is None for k in (*BUDGET_KEYS, *REGRESSION_KEYS))
+__all__ = [
+    "BUDGET_KEYS",
+    "DEFAULT_STEP_PCT",
+    "REGRESSION_KEYS",
+    "Budget",
+    "Check",
+    "Coverage",
+    "GateResult",
+    "budget_from_dict",
+    "budget_help",
+    "comm_wait_ratio",
+    "comparable",
+    "coverage_of",
+    "format_gate",
+    "load_baseline",
+    "load_budget",
+    "load_report",
+    "run_gate",
+    "stage_ratio",
+]
 
 
 @dataclass
@@ -87,16 +75,17 @@ class Check:
             return "fail"
         return "inconclusive" if self.kind == "regression" else "skip"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "kind": self.kind,
-            "measured": _r(self.measured),
-            "limit": _r(self.limit),
-            "state": self.state,
-            "text": self.text,
-            "note": self.note,
-        }
+    def to_report(self) -> GateCheck:
+        """The report's ``gate.checks[]`` row."""
+        return GateCheck(
+            name=self.name,
+            kind=CheckKind(self.kind),
+            measured=_r(self.measured),
+            limit=_r(self.limit),
+            state=CheckState(self.state),
+            text=self.text,
+            note=self.note,
+        )
 
 
 @dataclass
@@ -122,123 +111,25 @@ class GateResult:
     def failed(self) -> list[Check]:
         return [c for c in self.checks if c.passed is False]
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "exit_code": self.exit_code,
-            "reasons": self.reasons,
-            "budget": self.budget_source,
-            "baseline": self.baseline_source,
-            "checks": [c.to_json() for c in self.checks],
-            "coverage": self.coverage.to_json() if self.coverage else None,
-            "partial": self.partial,
-            "allow_partial": self.allow_partial,
-            "warnings": self.warnings,
-        }
-
-
-@dataclass
-class Coverage:
-    """Which ranks and steps of the run the gate's figures come from."""
-
-    world_size: int = 0
-    traced: list[int] = field(default_factory=list)  # ranks whose trace was read
-    analyzed: list[int] = field(default_factory=list)  # ranks with at least one analysed step
-    steps: list[int] = field(default_factory=list)  # step numbers analysed
-    skipped_files: list[str] = field(default_factory=list)  # trace-like files that could not be read
-    step_filter: str | None = None
-    doubts: list[str] = field(default_factory=list)  # ranks that disagree with the others
-
-    @property
-    def expected(self) -> int:
-        """Ranks the job has: ``world_size``, or (when no trace says it) up to the highest rank
-        traced, since ranks are numbered from 0."""
-        return self.world_size or (max(self.traced) + 1 if self.traced else 0)
-
-    @property
-    def missing(self) -> list[int]:
-        """Ranks of ``0..expected-1`` without a trace (the first 1000 of a huge job)."""
-        have = set(self.traced)
-        out: list[int] = []
-        for r in range(self.expected):
-            if r not in have:
-                out.append(r)
-                if len(out) >= 1000:
-                    break
-        return out
-
-    @property
-    def no_steps(self) -> list[int]:
-        """Traced ranks that contributed no step (all excluded by ``--steps``, or none found)."""
-        got = set(self.analyzed)
-        return [r for r in self.traced if r not in got]
-
-    def gaps(self) -> list[str]:
-        """Why the run is only partly covered (empty when every rank took part)."""
-        out = []
-        missing = self.missing
-        if missing:
-            of = f"world size {self.world_size}" if self.world_size else f"ranks 0-{self.expected - 1}"
-            n = self.expected - len(set(self.traced) & set(range(self.expected)))
-            out.append(f"{n} rank(s) {_ranges(missing)} of {of} have no trace")
-        if self.no_steps:
-            why = f" (excluded by --steps {self.step_filter})" if self.step_filter else ""
-            out.append(f"rank(s) {_ranges(self.no_steps)} have no analysed step{why}")
-        for f in self.skipped_files:
-            out.append(f"unreadable trace file {f}")
-        out += self.doubts
-        return out
-
-    def line(self) -> str:
-        """One line: which ranks and steps took part."""
-        world = f"world size {self.world_size}" if self.world_size else "world size unknown"
-        steps = f"steps {_ranges(self.steps)}" if self.steps else "no step"
-        return f"ranks {_ranges(self.analyzed) or 'none'} ({world}); {steps}"
+    def to_report(self) -> Gate:
+        """The report's ``gate`` section."""
+        return Gate(
+            status=GateStatus(self.status),
+            exit_code=self.exit_code,
+            reasons=list(self.reasons),
+            budget=self.budget_source,
+            baseline=self.baseline_source,
+            checks=[c.to_report() for c in self.checks],
+            coverage=self.coverage.to_report() if self.coverage else None,
+            partial=list(self.partial),
+            allow_partial=self.allow_partial,
+            warnings=list(self.warnings),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "world_size": self.world_size,
-            "traced": self.traced,
-            "analyzed": self.analyzed,
-            "steps": self.steps,
-            "missing": self.missing,
-            "no_steps": self.no_steps,
-            "skipped_files": self.skipped_files,
-            "doubts": self.doubts,
-        }
-
-
-def _ranges(xs: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    xs = sorted(set(xs))
-    out: list[str] = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    if len(out) > 12:
-        out = [*out[:12], f"... ({len(xs)} in all)"]
-    return ", ".join(out)
-
-
-def coverage_of(
-    report: dict[str, Any], skipped_files: list[str] | None = None, step_filter: str | None = None
-) -> Coverage:
-    """The :class:`Coverage` a JSON report describes (``run.world_size``, ``run.ranks``, ``ranks``)."""
-    run = report.get("run") or {}
-    traced = [int(r) for r in run.get("ranks") or [] if isinstance(r, int) and not isinstance(r, bool)]
-    analyzed = [
-        int(r["rank"])
-        for r in report.get("ranks") or []
-        if isinstance(r, dict) and isinstance(r.get("rank"), int) and (r.get("steps", 1) or 0) > 0
-    ]
-    world = run.get("world_size")
-    world = int(world) if isinstance(world, int) and not isinstance(world, bool) and world > 0 else 0
-    steps = [int(s) for s in run.get("steps") or [] if isinstance(s, int) and s >= 0]
-    return Coverage(world, traced, analyzed, steps, list(skipped_files or []), step_filter)
+        """The ``gate`` section as the JSON file holds it."""
+        doc: dict[str, Any] = msgspec.to_builtins(self.to_report())
+        return doc
 
 
 def _r(v: float | None) -> float | None:
@@ -246,113 +137,13 @@ def _r(v: float | None) -> float | None:
 
 
 # ----------------------------------------------------------------------------------------------
-# loading
+# reading reports
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    if _toml is None:  # pragma: no cover - only on Python 3.10 without tomli
-        raise InputError(str(path), "reading TOML needs Python >= 3.11 or the 'tomli' package")
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(str(path), "no such budget file") from None
-    except IsADirectoryError:
-        raise InputError(str(path), "is a directory, expected a TOML budget file") from None
-    except OSError as exc:
-        raise InputError(str(path), f"cannot read: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(str(path), "not a TOML file (not UTF-8 text)") from None
-    try:
-        data: dict[str, Any] = _toml.loads(text)
-    except _toml.TOMLDecodeError as exc:
-        raise InputError(str(path), f"not valid TOML: {exc}") from None
-    return data
-
-
-def _number(path: str, where: str, key: str, value: Any) -> float:
-    # TOML booleans are Python bools, which are ints: refuse them explicitly
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(path, f"{where}.{key} must be a number, got {type(value).__name__} {value!r}")
-    v = float(value)
-    if math.isnan(v) or math.isinf(v):
-        raise InputError(path, f"{where}.{key} must be a finite number, got {value!r}")
-    if v < 0:
-        raise InputError(path, f"{where}.{key} must not be negative, got {value!r}")
-    if key in _RATIO_KEYS and v > 1:
-        raise InputError(
-            path,
-            f"{where}.{key} is a ratio of step time between 0 and 1, got {value!r}"
-            f" (for {value!r} % write {v / 100:g})",
-        )
-    if key in _AT_LEAST_ONE and v < 1:
-        raise InputError(
-            path, f"{where}.{key} must be >= 1 (the measured ratio is never below 1), got {value!r}"
-        )
-    return v
-
-
-def _table(path: str, where: str, value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InputError(path, f"[{where}] must be a table, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _unknown(path: str, where: str, keys: list[str], known: list[str]) -> InputError:
-    return InputError(
-        path, f"unknown key(s) in [{where}]: {', '.join(sorted(keys))} (known: {', '.join(known)})"
-    )
-
-
-def budget_from_dict(data: dict[str, Any], path: str, prefix: str = "") -> Budget:
-    """Validate a parsed ``{budget: {...}, regression: {...}}`` mapping into a :class:`Budget`.
-
-    ``prefix`` (``"tool.ppdiag."`` for pyproject.toml) only changes how errors name the tables.
-    """
-    known_tables = ["budget", "regression"]
-    extra = [k for k in data if k not in known_tables]
-    if extra:
-        where = prefix.rstrip(".") or "top level"
-        raise InputError(
-            path,
-            f"unknown key(s) in [{where}]: {', '.join(sorted(extra))} "
-            f"(known: {', '.join(f'[{prefix}{t}]' for t in known_tables)})",
-        )
-    b = Budget(source=path)
-    for tname, keys in (("budget", BUDGET_KEYS), ("regression", REGRESSION_KEYS)):
-        if tname not in data:
-            continue
-        where = f"{prefix}{tname}"
-        tab = _table(path, where, data[tname])
-        bad = [k for k in tab if k not in keys]
-        if bad:
-            raise _unknown(path, where, bad, list(keys))
-        for k, v in tab.items():
-            setattr(b, k, _number(path, where, k, v))
-    return b
-
-
-def load_budget(path: str | Path) -> Budget:
-    """Read a budget file (``[budget]``/``[regression]``) or a pyproject.toml (``[tool.ppdiag.*]``).
-
-    Raises :class:`InputError` naming the file for a missing file, invalid TOML, an unknown table
-    or key, a non-number, a negative value or a ratio given as a percentage.
-    """
-    p = Path(path)
-    data = _read_toml(p)
-    if p.name == "pyproject.toml" or ("tool" in data and "budget" not in data and "regression" not in data):
-        # pyproject.toml: other tools' tables and [project] are none of our business
-        tool = data.get("tool")
-        if not isinstance(tool, dict) or "ppdiag" not in tool:
-            raise InputError(str(p), "no [tool.ppdiag.budget] or [tool.ppdiag.regression] table")
-        sub = _table(str(p), "tool.ppdiag", tool["ppdiag"])
-        return budget_from_dict(sub, str(p), prefix="tool.ppdiag.")
-    return budget_from_dict(data, str(p))
-
-
-def load_report(path: str | Path, what: str = "report") -> dict[str, Any]:
-    """Read a ppdiag JSON report (a baseline, or one side of a diff) and check its schema version."""
+def load_report(path: str | Path, what: str = "report") -> Report:
+    """Read a ppdiag JSON report (a baseline, or one side of a diff) as a :class:`Report`: its
+    schema version checked, every field decoded into its type (a field missing or of the wrong
+    type is an :class:`InputError` naming the file and the field)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -363,107 +154,86 @@ def load_report(path: str | Path, what: str = "report") -> dict[str, Any]:
     except OSError as exc:
         raise InputError(str(p), f"cannot read: {exc.strerror or exc}") from None
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = msgspec.json.decode(raw, type=_Versioned)
+    except msgspec.ValidationError:  # valid JSON, not an object (a DecodeError subclass: first)
+        raise InputError(str(p), "not a ppdiag JSON report (no schema_version)") from None
+    except msgspec.DecodeError as exc:
         raise InputError(
             str(p), f"not valid JSON ({exc}); expected a report written by 'ppdiag analyze --json'"
         ) from None
-    if not isinstance(data, dict) or "schema_version" not in data:
+    ver = data.schema_version
+    if ver is msgspec.UNSET:
         raise InputError(str(p), "not a ppdiag JSON report (no schema_version)")
-    ver = data["schema_version"]
     # true == 1 and 1.0 == 1 in Python: the version is the JSON integer 1, nothing else
     if type(ver) is not int or ver != SCHEMA_VERSION:
         raise InputError(
             str(p), f"report schema_version {ver!r} is not supported (this ppdiag reads {SCHEMA_VERSION})"
         )
-    if not isinstance(data.get("summary"), dict) or not isinstance(data.get("run"), dict):
-        raise InputError(str(p), "ppdiag JSON report without 'run' and 'summary' sections")
-    return data
+    try:
+        return decode(raw)
+    except msgspec.ValidationError as exc:
+        raise InputError(
+            str(p), f"not a ppdiag JSON {what} of schema version {SCHEMA_VERSION}: {exc}"
+        ) from None
 
 
-def load_baseline(path: str | Path) -> dict[str, Any]:
+class _Versioned(msgspec.Struct):
+    """The one key read before the rest: which schema the file claims."""
+
+    schema_version: object = msgspec.UNSET
+
+
+def load_baseline(path: str | Path) -> Report:
     """Read the baseline JSON report of ``ppdiag check --baseline`` (see :func:`load_report`)."""
     return load_report(path, what="baseline")
 
 
-# ----------------------------------------------------------------------------------------------
-# measuring
-
-
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    v = float(x)
-    return None if math.isnan(v) else v
-
-
-def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
-
-
-def stage_ratio(report: dict[str, Any]) -> tuple[float | None, str]:
+def stage_ratio(report: Report) -> tuple[float | None, str]:
     """Slowest stage compute / mean stage compute (:class:`ppdiag.facts.StageBalance`, the measure
     PP003 and the reports use), and a note naming the heaviest stage."""
-    from ppdiag.facts import balance_of
-    from ppdiag.reports.style import stage_values
-
-    stages = [s for s in report.get("stages") or [] if isinstance(s, dict)]
-    vals = stage_values(stages) if len(stages) >= 2 else None
+    stages = report.stages
+    vals = report_stage_values(stages) if len(stages) >= 2 else None
     if vals is None:
         return None, "fewer than 2 pipeline stages"
     bal = balance_of(dict(enumerate(vals)))
     if bal.ratio is None or bal.heaviest is None or bal.mean_ms is None:
         return None, "no stage compute measured"
     i = bal.heaviest
-    return bal.ratio, f"slowest stage {stages[i].get('stage')}: {vals[i]:.2f} ms vs mean {bal.mean_ms:.2f} ms"
+    return bal.ratio, f"slowest stage {stages[i].stage}: {vals[i]:.2f} ms vs mean {bal.mean_ms:.2f} ms"
 
 
-def comm_wait_ratio(report: dict[str, Any]) -> tuple[float | None, str]:
+def comm_wait_ratio(report: Report) -> tuple[float | None, str]:
     """Recv / NCCL wait time over step time, mean over ranks (from the summary when no ranks)."""
-    ratios = []
-    for r in report.get("ranks") or []:
-        cw, st = _num(_get(r, "lost_ms", "comm_wait")), _num(r.get("step_ms"))
-        if cw is not None and st:
-            ratios.append(cw / st)
+    ratios = [
+        r.lost_ms["comm_wait"] / r.step_ms for r in report.ranks if "comm_wait" in r.lost_ms and r.step_ms
+    ]
     if ratios:
         worst = max(ratios)
         return sum(ratios) / len(ratios), f"worst rank {worst:.3f}"
-    cw, st = _num(_get(report, "summary", "lost_ms", "comm_wait")), _num(_get(report, "summary", "step_ms"))
+    cw, st = report.summary.lost_ms.get("comm_wait"), report.summary.step_ms
     if cw is None or not st:
         return None, "no recv / NCCL wait figures"
     return cw / st, ""
 
 
-def _cause_share(report: dict[str, Any], cause: str) -> float | None:
-    summ = report.get("summary")
-    return share(summ, cause) if isinstance(summ, dict) else None
-
-
 def comparable(
-    report: dict[str, Any], baseline: dict[str, Any], base_name: str = "baseline", new_name: str = "this run"
+    report: Report, baseline: Report, base_name: str = "baseline", new_name: str = "this run"
 ) -> list[str]:
     """Why ``baseline`` cannot be compared with ``report`` (empty when it can)."""
     why = []
-    if baseline.get("schema_version") != report.get("schema_version"):
+    if baseline.schema_version != report.schema_version:
         why.append(
-            f"{base_name} schema_version {baseline.get('schema_version')!r}, "
-            f"{new_name} {report.get('schema_version')!r}"
+            f"{base_name} schema_version {baseline.schema_version!r}, {new_name} {report.schema_version!r}"
         )
-    for key, label in (
-        ("pp", "pp"),
-        ("schedule", "schedule"),
-        ("microbatches", "micro-batches (M)"),
-        ("virtual_stages", "virtual stages"),
+    a, b = baseline.run, report.run
+    for label, va, vb in (
+        ("pp", a.pp, b.pp),
+        ("schedule", a.schedule, b.schedule),
+        ("micro-batches (M)", a.microbatches, b.microbatches),
+        ("virtual stages", a.virtual_stages or 1, b.virtual_stages or 1),
     ):
-        a, b = _get(baseline, "run", key), _get(report, "run", key)
-        if key == "virtual_stages":
-            a, b = a or 1, b or 1  # absent and 1 mean the same
-        if a != b:
-            why.append(f"{base_name} has {label} {a}, {new_name} {b}")
+        if va != vb:
+            why.append(f"{base_name} has {label} {va}, {new_name} {vb}")
     return why
 
 
@@ -500,9 +270,9 @@ def _limit_check(
 
 
 def run_gate(
-    report: dict[str, Any],
+    report: Report,
     budget: Budget,
-    baseline: dict[str, Any] | None = None,
+    baseline: Report | None = None,
     baseline_source: str | None = None,
     coverage: Coverage | None = None,
     allow_partial: bool = False,
@@ -516,142 +286,12 @@ def run_gate(
     would pass ``inconclusive`` unless ``allow_partial``.
     """
     res = GateResult(budget_source=budget.source, baseline_source=baseline_source)
-    summ = report.get("summary") or {}
-
-    if budget.max_lost_ratio is not None:
-        res.checks.append(
-            _limit_check(
-                "lost_ratio",
-                "lost time / step",
-                _num(summ.get("lost_ratio")),
-                budget.max_lost_ratio,
-                "" if _num(summ.get("lost_ratio")) is not None else "no lost_ratio in the report",
-            )
-        )
-    if budget.max_bubble_excess is not None:
-        meas, theo = (
-            _num(_get(report, "bubble", "measured_ratio")),
-            _num(_get(report, "bubble", "theoretical_ratio")),
-        )
-        if meas is None or theo is None:
-            missing = "measured" if meas is None else "theoretical"
-            res.checks.append(
-                _limit_check(
-                    "bubble_excess",
-                    "bubble excess",
-                    None,
-                    budget.max_bubble_excess,
-                    f"no {missing} bubble ratio: no pipeline schedule identified",
-                )
-            )
-        else:
-            res.checks.append(
-                _limit_check(
-                    "bubble_excess",
-                    "bubble excess",
-                    meas - theo,
-                    budget.max_bubble_excess,
-                    f"measured {meas:.3f} - theoretical {theo:.3f}",
-                )
-            )
-    if budget.max_stage_ratio is not None:
-        v, note = stage_ratio(report)
-        res.checks.append(
-            _limit_check("stage_ratio", "slowest / mean stage", v, budget.max_stage_ratio, note)
-        )
-    if budget.max_comm_wait_ratio is not None:
-        v, note = comm_wait_ratio(report)
-        res.checks.append(
-            _limit_check("comm_wait_ratio", "recv/NCCL wait / step", v, budget.max_comm_wait_ratio, note)
-        )
-    if budget.max_step_p95_ratio is not None:
-        p95, med = _num(summ.get("step_p95_ms")), _num(summ.get("step_ms"))
-        v = p95 / med if (p95 is not None and med) else None
-        note = f"p95 {p95:.2f} ms vs median {med:.2f} ms" if v is not None else "no step p95 / median"
-        res.checks.append(
-            _limit_check("step_p95_ratio", "step p95 / median", v, budget.max_step_p95_ratio, note)
-        )
-
+    res.checks += _budget_checks(report, budget)
     incomparable: list[str] = []
     if baseline is not None:
         incomparable = comparable(report, baseline)
-        step_limit = budget.step_pct if budget.step_pct is not None else DEFAULT_STEP_PCT
-        if incomparable:
-            res.reasons += incomparable
-            why = "; ".join(incomparable)
-            res.checks.append(
-                Check(
-                    "regression.step",
-                    "regression",
-                    None,
-                    step_limit,
-                    None,
-                    f"step time vs baseline: inconclusive ({why})",
-                    why,
-                    "%",
-                )
-            )
-            if budget.lost_pct is not None:
-                res.checks.append(_lost_inconclusive(budget.lost_pct, why))
-        else:
-            new, old = _num(summ.get("step_ms")), _num(_get(baseline, "summary", "step_ms"))
-            if new is None or not old or old < 0 or not math.isfinite(old):
-                res.checks.append(
-                    Check(
-                        "regression.step",
-                        "regression",
-                        None,
-                        step_limit,
-                        None,
-                        f"step time vs baseline: inconclusive ({_step_why(new, baseline)})",
-                        _step_why(new, baseline),
-                        "%",
-                    )
-                )
-            else:
-                growth = (new - old) / old * 100.0
-                res.checks.append(
-                    _limit_check(
-                        "regression.step",
-                        "step time vs baseline",
-                        growth,
-                        step_limit,
-                        f"{old:.2f} → {new:.2f} ms",
-                        unit="%",
-                        kind="regression",
-                    )
-                )
-            if budget.lost_pct is not None:
-                absent = [
-                    c
-                    for c in CAUSE_KEYS
-                    if _cause_share(baseline, c) is None or _cause_share(report, c) is None
-                ]
-                if absent:
-                    # a cause the baseline (or this run) lacks cannot be compared: say so, never
-                    # drop the check silently
-                    side = (
-                        "baseline" if any(_cause_share(baseline, c) is None for c in absent) else "this run"
-                    )
-                    why = f"{side} has no valid summary.lost_ms / step_ms for {', '.join(absent)}"
-                    res.checks.append(_lost_inconclusive(budget.lost_pct, why))
-                for c in CAUSE_KEYS:
-                    a, b = _cause_share(baseline, c), _cause_share(report, c)
-                    if a is None or b is None:
-                        continue
-                    pts = (b - a) * 100.0
-                    res.checks.append(
-                        _limit_check(
-                            f"regression.{c}",
-                            f"{cause_label(c)} vs baseline",
-                            pts,
-                            budget.lost_pct,
-                            f"{100 * a:.1f} % → {100 * b:.1f} % of step",
-                            unit="pts",
-                            kind="regression",
-                        )
-                    )
-
+        res.reasons += incomparable
+        res.checks += _regression_checks(report, baseline, budget, incomparable)
     res.allow_partial = allow_partial
     res.coverage = coverage
     if coverage is not None:
@@ -661,6 +301,12 @@ def run_gate(
         for c in res.checks
         if c.passed is None and not incomparable
     ]
+    _verdict(res, bool(incomparable), allow_partial)
+    return res
+
+
+def _verdict(res: GateResult, incomparable: bool, allow_partial: bool) -> None:
+    """Set ``res.status`` (and the reasons of an inconclusive gate) from its checks."""
     if any(c.passed is False for c in res.checks):
         res.status = "fail"  # a limit exceeded on part of the run is exceeded on the run
     elif incomparable:
@@ -676,7 +322,97 @@ def run_gate(
         res.reasons.append("partial data: " + "; ".join(res.partial) + " (pass --allow-partial to accept)")
     else:
         res.status = "pass"
-    return res
+
+
+def _budget_checks(report: Report, budget: Budget) -> list[Check]:
+    """The limits on this run alone: lost ratio, bubble excess, stage ratio, comm wait, p95."""
+    out: list[Check] = []
+    summ = report.summary
+    if budget.max_lost_ratio is not None:
+        note = "" if summ.lost_ratio is not None else "no lost_ratio in the report"
+        out.append(
+            _limit_check("lost_ratio", "lost time / step", summ.lost_ratio, budget.max_lost_ratio, note)
+        )
+    if budget.max_bubble_excess is not None:
+        meas, theo = report.bubble.measured_ratio, report.bubble.theoretical_ratio
+        if meas is None or theo is None:
+            missing = "measured" if meas is None else "theoretical"
+            why = f"no {missing} bubble ratio: no pipeline schedule identified"
+            out.append(_limit_check("bubble_excess", "bubble excess", None, budget.max_bubble_excess, why))
+        else:
+            note = f"measured {meas:.3f} - theoretical {theo:.3f}"
+            out.append(
+                _limit_check("bubble_excess", "bubble excess", meas - theo, budget.max_bubble_excess, note)
+            )
+    if budget.max_stage_ratio is not None:
+        v, note = stage_ratio(report)
+        out.append(_limit_check("stage_ratio", "slowest / mean stage", v, budget.max_stage_ratio, note))
+    if budget.max_comm_wait_ratio is not None:
+        v, note = comm_wait_ratio(report)
+        out.append(
+            _limit_check("comm_wait_ratio", "recv/NCCL wait / step", v, budget.max_comm_wait_ratio, note)
+        )
+    if budget.max_step_p95_ratio is not None:
+        p95, med = summ.step_p95_ms, summ.step_ms
+        v = p95 / med if (p95 is not None and med) else None
+        note = f"p95 {p95:.2f} ms vs median {med:.2f} ms" if v is not None else "no step p95 / median"
+        out.append(_limit_check("step_p95_ratio", "step p95 / median", v, budget.max_step_p95_ratio, note))
+    return out
+
+
+def _regression_checks(
+    report: Report, baseline: Report, budget: Budget, incomparable: list[str]
+) -> list[Check]:
+    """Step time (``step_pct`` %) and each cause (``lost_pct`` points of step) vs the baseline."""
+    step_limit = budget.step_pct if budget.step_pct is not None else DEFAULT_STEP_PCT
+    if incomparable:
+        why = "; ".join(incomparable)
+        text = f"step time vs baseline: inconclusive ({why})"
+        out = [Check("regression.step", "regression", None, step_limit, None, text, why, "%")]
+        if budget.lost_pct is not None:
+            out.append(_lost_inconclusive(budget.lost_pct, why))
+        return out
+    new, old = report.summary.step_ms, baseline.summary.step_ms
+    if new is None or not old or old < 0 or not math.isfinite(old):
+        why = _step_why(new, baseline)
+        text = f"step time vs baseline: inconclusive ({why})"
+        out = [Check("regression.step", "regression", None, step_limit, None, text, why, "%")]
+    else:
+        growth = (new - old) / old * 100.0
+        note = f"{old:.2f} → {new:.2f} ms"
+        out = [
+            _limit_check(
+                "regression.step", "step time vs baseline", growth, step_limit, note, "%", "regression"
+            )
+        ]
+    if budget.lost_pct is not None:
+        out += _cause_checks(report, baseline, budget.lost_pct)
+    return out
+
+
+def _cause_checks(report: Report, baseline: Report, limit: float) -> list[Check]:
+    """Each cause's share of the step vs the baseline's, in points."""
+    out: list[Check] = []
+    absent = [
+        c for c in CAUSE_KEYS if share_of(baseline.summary, c) is None or share_of(report.summary, c) is None
+    ]
+    if absent:
+        # a cause the baseline (or this run) lacks cannot be compared: say so, never drop the
+        # check silently
+        side = "baseline" if any(share_of(baseline.summary, c) is None for c in absent) else "this run"
+        out.append(
+            _lost_inconclusive(
+                limit, f"{side} has no valid summary.lost_ms / step_ms for {', '.join(absent)}"
+            )
+        )
+    for c in CAUSE_KEYS:
+        a, b = share_of(baseline.summary, c), share_of(report.summary, c)
+        if a is None or b is None:
+            continue
+        note = f"{100 * a:.1f} % → {100 * b:.1f} % of step"
+        label = f"{cause_label(c)} vs baseline"
+        out.append(_limit_check(f"regression.{c}", label, (b - a) * 100.0, limit, note, "pts", "regression"))
+    return out
 
 
 def _lost_inconclusive(limit: float, why: str) -> Check:
@@ -693,10 +429,10 @@ def _lost_inconclusive(limit: float, why: str) -> Check:
     )
 
 
-def _step_why(new: float | None, baseline: dict[str, Any]) -> str:
+def _step_why(new: float | None, baseline: Report) -> str:
     if new is None:
         return "this run has no step time"
-    raw = _get(baseline, "summary", "step_ms")
+    raw = baseline.summary.step_ms
     if raw is None:
         return "baseline has no summary.step_ms"
     return f"baseline summary.step_ms is {raw!r}, not a positive number"
@@ -728,10 +464,3 @@ def format_gate(result: GateResult) -> list[str]:
     for c in result.checks:
         lines.append(f"  {tag[c.state]}  {c.text}")
     return lines
-
-
-def budget_help() -> list[str]:
-    """One line per budget key with its meaning (for ``--help`` texts and docs)."""
-    out = [f"[budget] {k}: {v}" for k, v in BUDGET_KEYS.items()]
-    out += [f"[regression] {k}: {v}" for k, v in REGRESSION_KEYS.items()]
-    return out

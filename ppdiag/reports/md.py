@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.facts import report_slowest_stage, share_of
+from ppdiag.report_types import FindingRow, Gate, RankRow, Report, RunInfo, RunSchedule, StageRow
 from ppdiag.reports import register
-from ppdiag.reports.sanitize import clean, clean_tree, md_neutral
-from ppdiag.reports.style import (
-    CAUSE_MARKS,
-    cause_label,
-    fmt_ms,
-    fmt_pct,
-    num,
-    ranks_text,
-    share,
-    share_step_ms,
-    slowest_stage,
-)
+from ppdiag.reports.sanitize import clean, md_neutral
+from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num
 
 if TYPE_CHECKING:
     from ppdiag.diagnosis import Diagnosis
@@ -32,14 +24,14 @@ if TYPE_CHECKING:
 _MD_SPECIAL = "\\`*_[]|~#"
 
 
-def md_escape(s: Any) -> str:
+def md_escape(s: object) -> str:
     """Escape text for Markdown (and the HTML GitHub renders inside it); one line."""
     t = html.escape(clean("" if s is None else str(s)), quote=False)
     t = "".join("\\" + ch if ch in _MD_SPECIAL else ch for ch in t)
     return md_neutral(" ".join(t.split()))
 
 
-def _f(x: Any, nd: int = 2) -> str:
+def _f(x: float | None, nd: int = 2) -> str:
     v = num(x)
     return "—" if v is None else f"{v:.{nd}f}"
 
@@ -48,164 +40,165 @@ def _mark(c: str | None) -> str:
     return CAUSE_MARKS.get(c or "", "")
 
 
-def _pipeline_text(run: dict[str, Any]) -> str:
-    pp, sched = run.get("pp"), run.get("schedule")
-    if pp in (None, 1) or sched == "none":
+def _pipeline_text(run: RunInfo) -> str:
+    pp, sched = run.pp, run.schedule
+    if pp == 1 or sched == RunSchedule.NONE:
         return "no pipeline parallelism"
     txt = f"{md_escape(sched)}, P={md_escape(pp)}"
-    if run.get("microbatches"):
-        txt += f", M={md_escape(run.get('microbatches'))}"
-    if (run.get("virtual_stages") or 1) > 1:
-        txt += f", v={md_escape(run.get('virtual_stages'))}"
+    if run.microbatches:
+        txt += f", M={md_escape(run.microbatches)}"
+    if run.virtual_stages > 1:
+        txt += f", v={md_escape(run.virtual_stages)}"
     return txt
 
 
-def _gate_md(gate: Any) -> list[str]:
-    data = gate.to_json() if hasattr(gate, "to_json") else gate
-    if not isinstance(data, dict):
-        return []
-    st = str(data.get("status", ""))
-    icon = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}.get(st, "")
-    out = [f"### Gate: {icon} {st.upper()} (exit {md_escape(data.get('exit_code'))})", ""]
-    for r in data.get("reasons") or []:
+def _ranks_text(run: RunInfo) -> str:
+    """``"4 ranks"``, or ``"1 of 8 ranks traced"`` when the traces hold only part of the job."""
+    traced = len(run.ranks)
+    if run.world_size > traced:
+        return f"{traced} of {run.world_size} ranks traced"
+    return f"{traced} rank{'s' if traced != 1 else ''}"
+
+
+def _gate_md(gate: Gate) -> list[str]:
+    icon = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}.get(gate.status, "")
+    out = [f"### Gate: {icon} {gate.status.upper()} (exit {md_escape(gate.exit_code)})", ""]
+    for r in gate.reasons:
         out.append(f"- {md_escape(r)}")
-    if data.get("allow_partial"):
+    if gate.allow_partial:
         # what did not take part, said even when --allow-partial let the gate pass
-        for r in data.get("partial") or []:
+        for r in gate.partial:
             out.append(f"- not part of the gate: {md_escape(r)}")
-    checks = data.get("checks") or []
-    if checks:
-        if data.get("reasons"):
+    if gate.checks:
+        if gate.reasons:
             out.append("")
         out += ["| | check |", "|---|---|"]
-        for c in checks:
-            s = str(c.get("state", ""))
-            ic = {"pass": "✅", "fail": "❌", "skip": "➖", "inconclusive": "⚠️"}.get(s, "")
-            out.append(f"| {ic} | {md_escape(c.get('text'))} |")
+        for c in gate.checks:
+            ic = {"pass": "✅", "fail": "❌", "skip": "➖", "inconclusive": "⚠️"}.get(c.state, "")
+            out.append(f"| {ic} | {md_escape(c.text)} |")
+    out.append("")
+    return out
+
+
+def _top_cause(lost: dict[str, float]) -> str:
+    top = max(CAUSE_KEYS, key=lambda c: lost.get(c, 0.0))
+    return f"{_mark(top)} {cause_label(top)}" if lost.get(top, 0.0) > 0 else "—"
+
+
+def _head_md(report: Report) -> list[str]:
+    """The headline and the run's facts."""
+    run, s = report.run, report.summary
+    out = [f"## ppdiag: {fmt_ms(s.step_ms)} per step, {fmt_pct(s.lost_ratio)} lost", ""]
+    steps = run.steps
+    facts = [f"**{_pipeline_text(run)}**", md_escape(_ranks_text(run))]
+    if steps:
+        facts.append(f"steps {min(steps)}–{max(steps)}" if len(steps) > 1 else f"step {steps[0]}")
+    facts.append(md_escape(run.format))
+    if s.step_p95_ms is not None:
+        facts.append(f"step p95 {fmt_ms(s.step_p95_ms)}")
+    return [*out, " · ".join(facts), ""]
+
+
+def _where_md(report: Report) -> list[str]:
+    """Where the step goes: compute and every cause, with its share of the mean step."""
+    s = report.summary
+    lost = {c: s.lost_ms.get(c, 0.0) for c in CAUSE_KEYS}
+    out: list[str] = []
+    # every share is of the mean step over the same steps the causes are averaged on
+    mean_step = s.step_mean_ms or s.step_ms
+    if mean_step and s.step_mean_ms is not None:
+        out += [f"Shares are of the mean step, {fmt_ms(mean_step)}.", ""]
+    out += ["| where the step goes | ms / step | % of step |", "|---|---:|---:|"]
+    if s.compute_ms is not None:
+        out.append(f"| compute | {s.compute_ms:.2f} | {fmt_pct(share_of(s, 'compute'))} |")
+    for c in sorted(CAUSE_KEYS, key=lambda c: -lost[c]):
+        if lost[c] <= 0:
+            continue
+        out.append(f"| {_mark(c)} {cause_label(c)} | {lost[c]:.2f} | {fmt_pct(share_of(s, c))} |")
+    meas, theo = report.bubble.measured_ratio, report.bubble.theoretical_ratio
+    if meas is not None or theo is not None:
+        out += ["", f"Bubble: measured {fmt_pct(meas)} vs theoretical {fmt_pct(theo)}."]
+    out.append("")
+    return out
+
+
+def _stages_md(stages: list[StageRow]) -> list[str]:
+    slow = report_slowest_stage(stages)
+    out = [
+        "### Stages",
+        "",
+        "| stage | ranks | F ms | B ms | compute ms | lost ms | top cause |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for i, st in enumerate(stages):
+        tot = sum(st.lost_ms.values())
+        rk = ", ".join(md_escape(r) for r in st.ranks[:6]) + (" …" if len(st.ranks) > 6 else "")
+        name = f"{md_escape(st.stage)}" + (" **slowest**" if i == slow else "")
+        f_ms = st.fwd_ms.mean if st.fwd_ms is not None else None
+        b_ms = st.bwd_ms.mean if st.bwd_ms is not None else None
+        out.append(
+            f"| {name} | {rk} | {_f(f_ms)} | {_f(b_ms)} | {_f(st.compute_ms)} | {tot:.2f} "
+            f"| {_top_cause(st.lost_ms)} |"
+        )
+    out.append("")
+    return out
+
+
+def _ranks_md(ranks: list[RankRow]) -> list[str]:
+    if not ranks:
+        return []
+    shown = sorted(ranks, key=lambda r: -sum(r.lost_ms.values()))[:16]
+    title = (
+        "### Ranks"
+        if len(shown) == len(ranks)
+        else f"### Ranks (the {len(shown)} with most lost time of {len(ranks)})"
+    )
+    out = [title, "", "| rank | step ms | compute ms | lost ms | top cause |", "|---:|---:|---:|---:|---|"]
+    for r in sorted(shown, key=lambda r: r.rank):
+        out.append(
+            f"| {md_escape(r.rank)} | {_f(r.step_ms)} | {_f(r.compute_ms)} | "
+            f"{sum(r.lost_ms.values()):.2f} | {_top_cause(r.lost_ms)} |"
+        )
+    out.append("")
+    return out
+
+
+def _findings_md(finds: list[FindingRow], max_findings: int) -> list[str]:
+    if not finds:
+        return ["No finding: nothing worth fixing was detected.", ""]
+    out = ["### Top findings", ""]
+    for i, f in enumerate(finds[:max_findings], 1):
+        gain, gp = f.gain_ms, f.gain_pct
+        g = (
+            f", gain ≈ {fmt_ms(gain)}/step" + (f" ({gp:.1f} %)" if gp is not None else "")
+            if gain is not None
+            else ""
+        )
+        ctext = f"{_mark(f.cause)} {cause_label(f.cause)}" if f.cause else "general"
+        # two trailing spaces: a hard line break, so the fix sits on its own line in the item
+        brk = "  " if f.fixes else ""
+        out.append(f"{i}. **{md_escape(f.code)}** {md_escape(f.title)} — {ctext}{g}{brk}")
+        if f.fixes:
+            out.append(f"   Fix: {md_escape(f.fixes[0])}")
+    if len(finds) > max_findings:
+        out.append(f"\n{len(finds) - max_findings} more finding(s) in the full report.")
     out.append("")
     return out
 
 
 def render_markdown(
-    report: dict[str, Any], gate: Any = None, max_findings: int = 5, html_name: str | None = None
+    report: Report, gate: Gate | None = None, max_findings: int = 5, html_name: str | None = None
 ) -> str:
-    """The Markdown summary of one JSON report (plus a gate result when given)."""
-    report = clean_tree(report)  # trace strings: no terminal escapes or control characters
-    run = report.get("run") or {}
-    s = report.get("summary") or {}
-    step = num(s.get("step_ms"))
-    lost = {c: num((s.get("lost_ms") or {}).get(c)) or 0.0 for c in CAUSE_KEYS}
-    out: list[str] = []
-    out.append(f"## ppdiag: {fmt_ms(step)} per step, {fmt_pct(num(s.get('lost_ratio')))} lost")
-    out.append("")
-    steps = [x for x in run.get("steps") or [] if isinstance(x, int)]
-    facts = [f"**{_pipeline_text(run)}**", md_escape(ranks_text(run))]
-    if steps:
-        facts.append(f"steps {min(steps)}–{max(steps)}" if len(steps) > 1 else f"step {steps[0]}")
-    if run.get("format"):
-        facts.append(md_escape(run.get("format")))
-    if num(s.get("step_p95_ms")) is not None:
-        facts.append(f"step p95 {fmt_ms(num(s.get('step_p95_ms')))}")
-    out.append(" · ".join(facts))
-    out.append("")
+    """The Markdown summary of one report (plus a gate verdict when given; default: the report's
+    own ``gate``). Every string from the traces goes through :func:`md_escape`."""
+    gate = gate if gate is not None else report.gate
+    out = _head_md(report)
     if gate is not None:
         out += _gate_md(gate)
-    # where the step goes
-    # every share is of the mean step over the same steps the causes are averaged on
-    mean_step = share_step_ms(s)
-    if mean_step and num(s.get("step_mean_ms")) is not None:
-        out += [f"Shares are of the mean step, {fmt_ms(mean_step)}.", ""]
-    out += ["| where the step goes | ms / step | % of step |", "|---|---:|---:|"]
-    comp = num(s.get("compute_ms"))
-    if comp is not None:
-        sh = share(s, "compute")
-        out.append(f"| compute | {comp:.2f} | {fmt_pct(sh)} |")
-    for c in sorted(CAUSE_KEYS, key=lambda c: -lost[c]):
-        if lost[c] <= 0:
-            continue
-        out.append(f"| {_mark(c)} {cause_label(c)} | {lost[c]:.2f} | {fmt_pct(share(s, c))} |")
-    b = report.get("bubble") or {}
-    meas, theo = num(b.get("measured_ratio")), num(b.get("theoretical_ratio"))
-    if meas is not None or theo is not None:
-        out += ["", f"Bubble: measured {fmt_pct(meas)} vs theoretical {fmt_pct(theo)}."]
-    out.append("")
-    # per stage (or per rank)
-    stages = [x for x in report.get("stages") or [] if isinstance(x, dict)]
-    if stages:
-        slow = slowest_stage(stages)
-        out += [
-            "### Stages",
-            "",
-            "| stage | ranks | F ms | B ms | compute ms | lost ms | top cause |",
-            "|---:|---|---:|---:|---:|---:|---|",
-        ]
-        for i, st in enumerate(stages):
-            sl = st.get("lost_ms") or {}
-            tot = sum(num(v) or 0.0 for v in sl.values())
-            top = max(CAUSE_KEYS, key=lambda c: num(sl.get(c)) or 0.0)
-            top_txt = f"{_mark(top)} {cause_label(top)}" if (num(sl.get(top)) or 0) > 0 else "—"
-            ranks = st.get("ranks") or []
-            rk = ", ".join(md_escape(r) for r in ranks[:6]) + (" …" if len(ranks) > 6 else "")
-            name = f"{md_escape(st.get('stage'))}" + (" **slowest**" if i == slow else "")
-            f_ms = (st.get("fwd_ms") or {}).get("mean") if isinstance(st.get("fwd_ms"), dict) else None
-            b_ms = (st.get("bwd_ms") or {}).get("mean") if isinstance(st.get("bwd_ms"), dict) else None
-            out.append(
-                f"| {name} | {rk} | {_f(f_ms)} | {_f(b_ms)} | {_f(st.get('compute_ms'))} | {tot:.2f} "
-                f"| {top_txt} |"
-            )
-        out.append("")
-    else:
-        ranks = [r for r in report.get("ranks") or [] if isinstance(r, dict)]
-        if ranks:
-            shown = sorted(
-                ranks, key=lambda r: -sum(num(v) or 0.0 for v in (r.get("lost_ms") or {}).values())
-            )[:16]
-            title = (
-                "### Ranks"
-                if len(shown) == len(ranks)
-                else f"### Ranks (the {len(shown)} with most lost time of {len(ranks)})"
-            )
-            out += [
-                title,
-                "",
-                "| rank | step ms | compute ms | lost ms | top cause |",
-                "|---:|---:|---:|---:|---|",
-            ]
-            for r in sorted(shown, key=lambda r: r.get("rank", 0)):
-                rl = r.get("lost_ms") or {}
-                tot = sum(num(v) or 0.0 for v in rl.values())
-                top = max(CAUSE_KEYS, key=lambda c: num(rl.get(c)) or 0.0)
-                top_txt = f"{_mark(top)} {cause_label(top)}" if (num(rl.get(top)) or 0) > 0 else "—"
-                out.append(
-                    f"| {md_escape(r.get('rank'))} | {_f(r.get('step_ms'))} | {_f(r.get('compute_ms'))} | "
-                    f"{tot:.2f} | {top_txt} |"
-                )
-            out.append("")
-    # findings
-    finds = [f for f in report.get("findings") or [] if isinstance(f, dict)]
-    if finds:
-        out += ["### Top findings", ""]
-        for i, f in enumerate(finds[:max_findings], 1):
-            gain, gp = num(f.get("gain_ms")), num(f.get("gain_pct"))
-            g = (
-                f", gain ≈ {fmt_ms(gain)}/step" + (f" ({gp:.1f} %)" if gp is not None else "")
-                if gain is not None
-                else ""
-            )
-            cause = f.get("cause")
-            ctext = f"{_mark(cause)} {cause_label(cause)}" if cause else "general"
-            fixes = f.get("fixes") or []
-            # two trailing spaces: a hard line break, so the fix sits on its own line in the item
-            brk = "  " if fixes else ""
-            out.append(f"{i}. **{md_escape(f.get('code'))}** {md_escape(f.get('title'))} — {ctext}{g}{brk}")
-            if fixes:
-                out.append(f"   Fix: {md_escape(fixes[0])}")
-        if len(finds) > max_findings:
-            out.append(f"\n{len(finds) - max_findings} more finding(s) in the full report.")
-        out.append("")
-    else:
-        out += ["No finding: nothing worth fixing was detected.", ""]
-    warns = run.get("warnings") or []
+    out += _where_md(report)
+    out += _stages_md(report.stages) if report.stages else _ranks_md(report.ranks)
+    out += _findings_md(report.findings, max_findings)
+    warns = report.run.warnings
     if warns:
         out.append(f"<details><summary>{len(warns)} warning(s)</summary>\n")
         out += [f"- {md_escape(w)}" for w in warns[:50]]
@@ -218,14 +211,13 @@ def render_markdown(
     return "\n".join(out)
 
 
-def write_markdown(diag: Diagnosis, path: str | Path, gate: Any = None) -> Path:
-    """Write the Markdown summary of ``diag`` (the gate from ``gate`` or ``diag.context['gate']``)."""
+def write_markdown(diag: Diagnosis, path: str | Path, gate: Gate | None = None) -> Path:
+    """Write the Markdown summary of ``diag`` (the gate from ``gate`` or the report's own)."""
     p = Path(path)
-    g = gate if gate is not None else (diag.context or {}).get("gate")
     from ppdiag.io import md_marker
 
     # the marker is the last line: the headline stays first for PR comments and CI summaries
-    text = render_markdown(diag.report or {}, gate=g).rstrip("\n") + "\n\n" + md_marker() + "\n"
+    text = render_markdown(diag.result, gate=gate).rstrip("\n") + "\n\n" + md_marker() + "\n"
     p.write_text(text, encoding="utf-8", errors="backslashreplace")
     return p
 

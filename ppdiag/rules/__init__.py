@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ppdiag.facts import StageBalance
     from ppdiag.model import Run
     from ppdiag.pipeline import Pipeline
+    from ppdiag.report_types import Report
     from ppdiag.rules.noise import NoiseModel
     from ppdiag.whatif.batch import BatchCheck
     from ppdiag.whatif.scenarios import FixPredictions
@@ -24,14 +25,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class RuleContext:
-    """What a rule may look at: the report dict so far and the layers below it.
+    """What a rule may look at: the typed report so far (no findings or what-if rows yet) and the
+    layers below it.
 
     ``predictions`` are the what-if answers for every fix (computed before the rules run, by the
     same model as the report's what-if table): a finding's gain is the prediction of its own fix.
     ``noise`` is the run's noise model (severity), ``batch`` the batch-size arithmetic.
     """
 
-    report: dict[str, Any]
+    report: Report
     run: Run
     pipeline: Pipeline
     steps: list[RankStep]
@@ -44,8 +46,7 @@ class RuleContext:
 
     @property
     def step_ms(self) -> float:
-        v = self.report["summary"].get("step_ms")
-        return float(v) if v else 0.0
+        return self.report.summary.step_ms or 0.0
 
 
 class Rule(Protocol):

@@ -32,7 +32,7 @@ def severity(gain_pct: float | None, noise_pct: float = 0.0) -> str:
 def noise_of(ctx: RuleContext) -> NoiseModel:
     """The run's noise model (built from the context when the caller did not pass one)."""
     if ctx.noise is None:
-        steps = ctx.report["summary"].get("steps_ms") or []
+        steps = ctx.report.summary.steps_ms
         ctx.noise = build_noise(ctx.run, ctx.pipeline, ctx.steps, ctx.attribution, steps)
     return ctx.noise
 
@@ -50,7 +50,7 @@ def fix_step_ms(ctx: RuleContext, key: str) -> float | None:
     if ctx.predictions is None:
         return None
     row = ctx.predictions.rows.get(key)
-    return None if row is None or row.get("step_ms") is None else float(row["step_ms"])
+    return None if row is None else row.step_ms
 
 
 def faster(gain: float | None) -> TypeGuard[float]:
@@ -69,7 +69,8 @@ def replay_gain_ms(ctx: RuleContext, variant: str) -> float:
 
 
 def mean_cause_ms(ctx: RuleContext, cause: str) -> float:
-    return float(ctx.report["summary"]["lost_ms"].get(cause) or 0.0)
+    """The run's mean lost time of ``cause`` per step (ms, ``summary.lost_ms``)."""
+    return ctx.report.summary.lost_ms.get(cause, 0.0)
 
 
 def finding(

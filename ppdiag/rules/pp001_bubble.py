@@ -57,7 +57,7 @@ class BubbleRule:
             return []
         bubble_ms = mean_cause_ms(ctx, "bubble")
         share = 100 * bubble_ms / ctx.step_ms
-        theo = ctx.report["bubble"].get("theoretical_ratio")
+        theo = ctx.report.bubble.theoretical_ratio
         # M is "too small" while the schedule itself leaves 10% or more idle (M < ~9(P-1) for 1F1B),
         # or while the measured bubble is that large anyway
         too_small = (theo is not None and theo >= 0.10) or share >= 10.0
@@ -93,7 +93,7 @@ class BubbleRule:
                     "microbatches": m,
                     "schedule": pipe.schedule,
                     "theoretical_ratio": theo,
-                    "measured_ratio": ctx.report["bubble"].get("measured_ratio"),
+                    "measured_ratio": ctx.report.bubble.measured_ratio,
                     "alternative_gains_ms": alt,
                 },
                 fixes,

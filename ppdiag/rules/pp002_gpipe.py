@@ -46,7 +46,7 @@ class GpipeRule:
         fix = "1f1b_microbatches_x2" if faster(g_x2) else "1f1b"
         gain = fix_gain_ms(ctx, fix)
         row = ctx.predictions.rows.get("1f1b") if ctx.predictions is not None else None
-        act = row.get("activation_vs_measured") if row else None
+        act = row.activation_vs_measured if row else None
         if act is None:
             act = min(m, p) / m if m else None  # 1F1B holds at most P micro-batches, GPipe all M
         gain_out = None if gain is None else max(gain, 0.0)

@@ -52,7 +52,7 @@ class CommWaitRule:
         for prod, cons, tau, wait in ctx.attribution.edges:
             waited[(prod, cons)].append(min(max(tau - normal, 0), wait))
         per_link = {
-            k: float(np.sum(v)) / max(len(ctx.steps) / max(len(ctx.report["ranks"]), 1), 1)
+            k: float(np.sum(v)) / max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
             for k, v in waited.items()
         }
         top = max(per_link.values(), default=0.0)

@@ -52,13 +52,13 @@ class ExposedCommRule:
         share = 100 * ex / ctx.step_ms
         if share < MIN_SHARE_PCT or not faster(gain):
             return []
-        rows = ctx.report["ranks"]
-        p2p = float(np.mean([r["exposed_p2p_ms"] for r in rows])) if rows else 0.0
-        coll = float(np.mean([r["exposed_collective_ms"] for r in rows])) if rows else 0.0
+        rows = ctx.report.ranks
+        p2p = float(np.mean([r.exposed_p2p_ms for r in rows])) if rows else 0.0
+        coll = float(np.mean([r.exposed_collective_ms for r in rows])) if rows else 0.0
         # CPU ranks sharing a host move p2p data with the same cores that compute: that exposure is
         # contention, not a missed overlap
         noise = noise_of(ctx).noise_ms(gain, p2p / (p2p + coll) if p2p + coll > 0 else 0.0)
-        worst = sorted(rows, key=lambda r: -r["lost_ms"]["exposed_comm"])[:4]
+        worst = sorted(rows, key=lambda r: -r.lost_ms["exposed_comm"])[:4]
         kind = "collectives" if coll >= p2p else "p2p transfers"
         fixes = (
             [
@@ -85,10 +85,10 @@ class ExposedCommRule:
                     "exposed_comm_ms": r3(ex),
                     "exposed_p2p_ms": r3(p2p),
                     "exposed_collective_ms": r3(coll),
-                    "worst_ranks": {str(r["rank"]): r3(r["lost_ms"]["exposed_comm"]) for r in worst},
+                    "worst_ranks": {str(r.rank): r3(r.lost_ms["exposed_comm"]) for r in worst},
                 },
                 fixes,
-                ranks=[r["rank"] for r in worst],
+                ranks=[r.rank for r in worst],
                 noise_ms=noise,
                 fix=fix,
             )

@@ -53,7 +53,7 @@ class HostRule:
         # a fault.
         noise = noise_of(ctx).noise_ms(gain, shared_share(list(per_rank.values())))
         roots = sorted(r for r, v in per_rank.items() if top > 0 and v >= 0.5 * top)
-        cpu = ctx.report["run"].get("cpu_only")
+        cpu = ctx.report.run.cpu_only
         return [
             finding(
                 ctx,

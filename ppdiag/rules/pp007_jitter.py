@@ -38,14 +38,14 @@ class JitterRule:
     summary = "Step-time jitter: p95 well above the median."
 
     def check(self, ctx: RuleContext) -> list[Finding]:
-        steps = ctx.report["summary"].get("steps_ms") or []
+        steps = ctx.report.summary.steps_ms
         if len(steps) < 3:
             return []
         med = float(np.median(steps))
         p95 = float(np.percentile(steps, 95))
         if med <= 0 or p95 / med < P95_RATIO:
             return []
-        nums = ctx.report["run"]["steps"]
+        nums = ctx.report.run.steps
         slow = [int(n) for n, v in zip(nums, steps, strict=False) if v > P95_RATIO * med]
         gain = float(np.mean([max(v - med, 0.0) for v in steps]))
         # Slow steps are judged against the spread of the typical ones (robust: the outliers this

@@ -46,18 +46,14 @@ class CopiesRule:
         if not ctx.step_ms:
             return []
         copy = mean_cause_ms(ctx, "exposed_copy")
-        lost = sum(float(v or 0.0) for v in ctx.report["summary"]["lost_ms"].values())
+        lost = sum(ctx.report.summary.lost_ms.values())
         # the replay's gain when it ran (a real zero stays zero); without a replay nothing runs
         # beside an exposed copy, so removing it shortens the step by its own time
         replayed = {"measured", "gain_copy"} <= ctx.attribution.step_replay_ns.keys()
         gain = replay_gain_ms(ctx, "gain_copy") if replayed else copy
         if copy <= 0 or 100 * max(copy, gain) / ctx.step_ms < MIN_PCT:
             return []
-        per_rank = {
-            int(r["rank"]): float(r.get("exposed_copy_ms") or 0.0)
-            for r in ctx.report["ranks"]
-            if float(r.get("exposed_copy_ms") or 0.0) > 0
-        }
+        per_rank = {r.rank: r.exposed_copy_ms for r in ctx.report.ranks if r.exposed_copy_ms > 0}
         top = max(per_rank.values(), default=0.0)
         ranks = sorted(r for r, v in per_rank.items() if v >= 0.5 * top) if top > 0 else []
         kinds = _copy_kinds(ctx)

@@ -31,6 +31,7 @@ from ppdiag.errors import InputError
 from ppdiag.model import Kind, Phase, RangeKind, RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
+from ppdiag.report_types import Report
 
 F64 = npt.NDArray[np.float64]
 MS = 1e6
@@ -150,7 +151,7 @@ def _fill(vals: F64, what: str, notes: list[str]) -> F64:
     return vals
 
 
-def measure(report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> MeasuredRun:
+def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> MeasuredRun:
     """Reduce an analyzed run to a :class:`MeasuredRun`; InputError when it has no usable pipeline."""
     topo = pipe.topology
     if topo.pp <= 1:
@@ -207,7 +208,7 @@ def measure(report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[A
         tail_idle[pos].append(float(max(rs.w1 - last - busy, 0)))
     ti = np.array([float(np.mean(x)) if x else 0.0 for x in tail_idle])
     tb = np.array([float(np.mean(x)) if x else 0.0 for x in tail_busy])
-    step_ms = (report.get("summary") or {}).get("step_ms")
+    step_ms = report.summary.step_ms
     if not step_ms:
         raise InputError(
             None,
@@ -222,7 +223,7 @@ def measure(report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[A
         if "gain_comm" in rp and "gain_comm_wait" in rp:
             # overlapping the transfers as well as removing the late ones, minus the late ones alone
             removable["exposed_comm"] = max(float(rp["gain_comm_wait"] - rp["gain_comm"]), 0.0)
-    lost = dict((report.get("summary") or {}).get("lost_ms") or {})
+    lost = dict(report.summary.lost_ms)
     return MeasuredRun(
         schedule=sched,
         detected_schedule=str(pipe.schedule),
@@ -240,7 +241,7 @@ def measure(report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[A
         step_ns=float(step_ms) * MS,
         lost_ms=lost,
         removable_ns=removable,
-        bubble_ratio=(report.get("bubble") or {}).get("measured_ratio"),
+        bubble_ratio=report.bubble.measured_ratio,
         notes=notes,
     )
 
@@ -250,7 +251,7 @@ def measure_diagnosis(diag: Any) -> MeasuredRun:
     ctx = diag.context
     if "pipeline" not in ctx:
         raise InputError(None, "the analysis kept no pipeline model")
-    return measure(diag.report, ctx["pipeline"], ctx.get("attribution"), ctx.get("rank_steps") or [])
+    return measure(diag.result, ctx["pipeline"], ctx.get("attribution"), ctx.get("rank_steps") or [])
 
 
 # ---- per-block (layer) costs ---------------------------------------------------------------

@@ -36,12 +36,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.errors import InputError
 from ppdiag.model.schedule import SIMULATED_AS, SIMULATED_NOTE, parse_schedule
+from ppdiag.report_types import Report, WhatifRow
 from ppdiag.simulate import SimConfig, closed_form_bubble, rank_orders, simulate, splits_backward
 from ppdiag.simulate.schedules import B, F, I, canonical_schedule, default_virtual
 from ppdiag.whatif.costs import (
@@ -798,7 +800,7 @@ def build_model(
         raise InputError(None, "the analysis kept no pipeline model")
     return model_of(
         diag.run,
-        diag.report,
+        diag.result,
         ctx["pipeline"],
         ctx.get("attribution"),
         ctx.get("rank_steps") or [],
@@ -810,7 +812,7 @@ def build_model(
 
 def model_of(
     run: Any,
-    report: dict[str, Any],
+    report: Report,
     pipe: Any,
     attr: Any,
     rank_steps: Sequence[Any],
@@ -911,7 +913,7 @@ class FixPredictions:
     (with ``fix`` set to the key); ``table`` lists the keys the report's table shows by default."""
 
     measured_step_ms: float
-    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rows: dict[str, WhatifRow] = field(default_factory=dict)
     table: list[str] = field(default_factory=list)
     calibration: str = ""
 
@@ -919,23 +921,28 @@ class FixPredictions:
         """Step time the fix saves per step (ms; negative: the fix is slower), None when the
         what-if could not predict it."""
         row = self.rows.get(key)
-        if row is None or row.get("step_ms") is None:
+        if row is None or row.step_ms is None:
             return None
-        return self.measured_step_ms - float(row["step_ms"])
+        return self.measured_step_ms - row.step_ms
 
-    def report_rows(self, used: Sequence[str] = ()) -> list[dict[str, Any]]:
+    def report_rows(self, used: Sequence[str] = ()) -> list[WhatifRow]:
         """The report's ``whatif`` list: the default table plus the fixes the findings used."""
         keys = list(self.table) + [k for k in used if k not in self.table]
         return [self.rows[k] for k in keys if k in self.rows]
 
 
 def predict_fixes(
-    run: Any, report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[Any]
+    run: Any,
+    report: Report,
+    pipe: Any,
+    attr: Any,
+    rank_steps: Sequence[Any],
+    warnings: list[str] | None = None,
 ) -> FixPredictions | None:
     """Predict every fix of :func:`fix_scenarios` for an analyzed run; None without a usable
     pipeline. A run the model cannot describe (it raises :class:`InputError` or ValueError: M
-    unknown, no blocks, an impossible layout) gets no predictions and a warning in
-    ``report["run"]["warnings"]``; any other exception is a bug and propagates."""
+    unknown, no blocks, an impossible layout) gets no predictions and a warning appended to
+    ``warnings``; any other exception is a bug and propagates."""
     if pipe is None or pipe.topology.pp <= 1:
         return None
     try:
@@ -943,21 +950,18 @@ def predict_fixes(
         preds = {k: model.predict(scn) for k, scn in fix_scenarios(model.meas).items()}
         keys = default_keys(model.meas)
     except (InputError, ValueError) as exc:
-        warnings = (report.get("run") or {}).get("warnings")
-        if isinstance(warnings, list):
+        if warnings is not None:
             warnings.append(f"what-if: no predictions for this run ({exc})")
         return None
     out = FixPredictions(model.meas.step_ns / MS, calibration=model.calibration().describe())
     for k, p in preds.items():
         if p.error is None and p.step_ns is not None:
-            out.rows[k] = {**p.to_json(), "fix": k}
+            out.rows[k] = msgspec.convert({**p.to_json(), "fix": k}, WhatifRow)
     out.table = [k for k in keys if k in out.rows]
     return out
 
 
-def report_rows(
-    run: Any, report: dict[str, Any], pipe: Any, attr: Any, rank_steps: Sequence[Any]
-) -> list[dict[str, Any]]:
+def report_rows(run: Any, report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> list[WhatifRow]:
     """The report's default ``whatif`` list for an analyzed run (empty without a usable pipeline)."""
     fp = predict_fixes(run, report, pipe, attr, rank_steps)
     return fp.report_rows() if fp is not None else []

@@ -1,0 +1,76 @@
+"""Snapshots of the Markdown summary and the terminal report of one fixed small run.
+
+The run is the simulator's (P=4, M=4, 1F1B, stage 2 at 1.5x, a host stall on rank 1, seed 0), so
+its numbers are the same on every machine. A change to either output shows up here as a diff to
+review; when the change is meant, regenerate the files deliberately:
+
+    PPDIAG_UPDATE_SNAPSHOTS=1 python3 -m pytest tests/test_snapshots.py
+
+Paths of the temporary run directory are written as ``<RUN>``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from ppdiag.api import Options, diagnose
+from ppdiag.diagnosis import Diagnosis
+from ppdiag.reports.md import render_markdown
+from ppdiag.reports.terminal import render
+from ppdiag.synth import faults as F
+from ppdiag.synth.kineto import write_kineto
+from ppdiag.synth.scenario import make_scenario
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+UPDATE = os.environ.get("PPDIAG_UPDATE_SNAPSHOTS") == "1"
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Diagnosis, Path]:
+    d = tmp_path_factory.mktemp("snap")
+    run = make_scenario(
+        steps=2, pp=4, microbatches=4, faults=[F.SlowStage(2, 1.5), F.HostStall(1, 0.5)], seed=0
+    )
+    write_kineto(run, d)
+    return diagnose([d], Options()), d
+
+
+def _check(name: str, text: str, run_dir: Path) -> None:
+    text = text.replace(str(run_dir), "<RUN>")
+    path = SNAPSHOTS / name
+    if UPDATE or not path.exists():
+        if not UPDATE:
+            pytest.fail(f"no snapshot {path}: run with PPDIAG_UPDATE_SNAPSHOTS=1 to write it")
+        path.write_text(text, encoding="utf-8")
+        return
+    want = path.read_text(encoding="utf-8")
+    assert text == want, f"{name} changed; if meant: PPDIAG_UPDATE_SNAPSHOTS=1 pytest {__file__}"
+
+
+def test_markdown_snapshot(small: tuple[Diagnosis, Path]) -> None:
+    diag, d = small
+    _check("small_run.md", render_markdown(diag.result), d)
+
+
+def test_terminal_snapshot(small: tuple[Diagnosis, Path]) -> None:
+    diag, d = small
+    buf = io.StringIO()
+    # fixed width, no colour codes: what a 120-column log shows
+    render(diag.report, Console(file=buf, width=120, color_system=None, force_terminal=False))
+    _check("small_run.txt", buf.getvalue(), d)
+
+
+def test_snapshot_check_can_fail(small: tuple[Diagnosis, Path], tmp_path: Path) -> None:
+    """The comparison is exact: one changed figure is a failure."""
+    diag, d = small
+    md = render_markdown(diag.result)
+    if UPDATE:
+        pytest.skip("regenerating")
+    want = (SNAPSHOTS / "small_run.md").read_text(encoding="utf-8")
+    assert md.replace(str(d), "<RUN>") == want
+    assert md.replace("per step", "per stp", 1) != want
