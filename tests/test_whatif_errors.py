@@ -13,7 +13,7 @@ from ppdiag.diagnosis import Diagnosis
 from ppdiag.errors import InputError
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.scenario import make_scenario
-from ppdiag.whatif import scenarios
+from ppdiag.whatif import fixes, scenarios
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_undescribable_run_warns(diag: Diagnosis, monkeypatch: pytest.MonkeyPatc
     def boom(*a: Any, **k: Any) -> Any:
         raise exc
 
-    monkeypatch.setattr(scenarios, "model_of", boom)
+    monkeypatch.setattr(fixes, "model_of", boom)
     warnings: list[str] = []
     assert _predict(diag, warnings) is None
     assert warnings == [f"what-if: no predictions for this run ({exc})"]
@@ -53,7 +53,7 @@ def test_a_bug_is_not_swallowed(diag: Diagnosis, monkeypatch: pytest.MonkeyPatch
     def bug(*a: Any, **k: Any) -> Any:
         raise KeyError("oops")
 
-    monkeypatch.setattr(scenarios, "model_of", bug)
+    monkeypatch.setattr(fixes, "model_of", bug)
     with pytest.raises(KeyError):
         _predict(diag, [])
 
