@@ -55,6 +55,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ppdiag.cache_cli",
             "ppdiag.__main__",
             "ppdiag.whatif.cli",
+            "ppdiag.whatif.calc_cli",
             "ppdiag.demo.cli",
         ),
     ),

@@ -526,7 +526,7 @@ def _register_optional() -> None:
     """Commands that live in their own modules (demo, what-if, calculators)."""
     import importlib
 
-    for mod in ("ppdiag.demo.cli", "ppdiag.whatif.cli", "ppdiag.cache_cli"):
+    for mod in ("ppdiag.demo.cli", "ppdiag.whatif.cli", "ppdiag.whatif.calc_cli", "ppdiag.cache_cli"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:

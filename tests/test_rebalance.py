@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from ppdiag.cli import app
 from ppdiag.errors import InputError
-from ppdiag.whatif.costs import measured_from_profile, read_layer_costs
+from ppdiag.whatif.layers import measured_from_profile, read_layer_costs
 from ppdiag.whatif.rebalance import continuous_balance, even_split, min_max_split, split_costs
 from ppdiag.whatif.scenarios import Scenario, WhatifModel, WhatifOptions
 

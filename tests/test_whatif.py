@@ -26,7 +26,8 @@ from ppdiag.synth.faults import SlowLink, SlowStage
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.scenario import make_scenario
 from ppdiag.whatif.batch import check_batch
-from ppdiag.whatif.costs import MeasuredRun, module_layers, profile_from_stages
+from ppdiag.whatif.costs import MeasuredRun
+from ppdiag.whatif.layers import module_layers, profile_from_stages
 from ppdiag.whatif.scenarios import Scenario, WhatifModel, WhatifOptions, build_model
 
 MS = 1_000_000

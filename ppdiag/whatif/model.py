@@ -16,15 +16,8 @@ from ppdiag.report_types import Report
 from ppdiag.simulate import SimConfig, closed_form_bubble, rank_orders, simulate, splits_backward
 from ppdiag.simulate.schedules import canonical_schedule, default_virtual
 from ppdiag.whatif.calibration import Calibration, _solve_delta
-from ppdiag.whatif.costs import (
-    MS,
-    LayerProfile,
-    MeasuredRun,
-    measure,
-    profile_from_stages,
-    profile_from_trace,
-    scale_profile_to,
-)
+from ppdiag.whatif.costs import MS, MeasuredRun, measure
+from ppdiag.whatif.layers import LayerProfile, profile_from_stages, profile_from_trace, scale_profile_to
 from ppdiag.whatif.memory import _chunk_inflight, rank_peaks
 from ppdiag.whatif.rebalance import continuous_balance, even_split, min_max_split
 from ppdiag.whatif.types import (
