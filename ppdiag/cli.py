@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from ppdiag import __version__
-from ppdiag.cli_support import err, report_console
+from ppdiag.cli_support import Interrupted, err, guard_streams, on_signal, report_console
 from ppdiag.cli_support import fail as _fail
 from ppdiag.errors import InputError, PpdiagError
 from ppdiag.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_PP, MAX_SAMPLES
@@ -539,86 +539,13 @@ def _register_optional() -> None:
 _register_optional()
 
 
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived. Not a KeyboardInterrupt: click would turn that into "Aborted!"
-    and exit 1, the gate-failed code."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _on_signal(signum: int, _frame: Any) -> None:
-    # ignore repeats while the cleanup (terminating parse workers) runs
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Interrupted(signum)
-
-
-class _SafeStream:
-    """stdout/stderr that survive a closed pipe (``ppdiag check ... | head -1``): the first EPIPE
-    points the descriptor at /dev/null and later writes are dropped, so the command still ends with
-    its own exit code (click would exit 1, the gate-failed code). Text the stream's encoding cannot
-    hold (an ASCII-only locale) is replaced, not raised."""
-
-    def __init__(self, stream: Any) -> None:
-        self._s = stream
-        self._broken = False
-
-    def _drop(self) -> None:
-        self._broken = True
-        try:
-            fd = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(fd, self._s.fileno())
-            os.close(fd)
-        except (OSError, ValueError, AttributeError):
-            pass
-
-    def write(self, text: str) -> int:
-        if self._broken:
-            return len(text)
-        try:
-            return int(self._s.write(text))
-        except UnicodeEncodeError:
-            enc = getattr(self._s, "encoding", None) or "ascii"
-            try:
-                return int(self._s.write(text.encode(enc, "replace").decode(enc, "replace")))
-            except BrokenPipeError:
-                self._drop()
-                return len(text)
-        except BrokenPipeError:
-            self._drop()
-            return len(text)
-
-    def flush(self) -> None:
-        if self._broken:
-            return
-        try:
-            self._s.flush()
-        except BrokenPipeError:
-            self._drop()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._s, name)
-
-
-def _guard_streams() -> None:
-    """A closed stdout/stderr (``>&-``) becomes /dev/null; open ones get :class:`_SafeStream`."""
-    for name in ("stdout", "stderr"):
-        s = getattr(sys, name)
-        if s is None or getattr(s, "closed", False):
-            s = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the process
-        if not isinstance(s, _SafeStream):
-            setattr(sys, name, _SafeStream(s))
-
-
 def main() -> None:
     """Console-script entry point."""
-    _guard_streams()
+    guard_streams()
     for sig in (signal.SIGINT, signal.SIGTERM):
         # not the main thread (embedded use): keep the defaults
         with contextlib.suppress(ValueError, OSError):
-            signal.signal(sig, _on_signal)
+            signal.signal(sig, on_signal)
     try:
         app(prog_name="ppdiag")
     except (Interrupted, KeyboardInterrupt) as exc:
