@@ -61,7 +61,9 @@ class DiffRow:
         }.get(self.metric, cause_label(self.metric))
 
     def to_json(self) -> dict[str, Any]:
-        r = lambda v: None if v is None else round(v, 4)  # noqa: E731
+        def r(v: float | None) -> float | None:
+            return None if v is None else round(v, 4)
+
         return {
             "scope": self.scope,
             "metric": self.metric,

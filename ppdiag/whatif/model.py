@@ -80,7 +80,8 @@ def _resample(vals: F64, n: int) -> F64:
     if vals.size == 0:
         return np.zeros(n)
     idx = np.round(np.linspace(0, vals.size - 1, n)).astype(int) if n > 1 else np.array([0])
-    return vals[idx]
+    out: F64 = vals[idx]
+    return out
 
 
 class WhatifModel:
