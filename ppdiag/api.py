@@ -74,16 +74,7 @@ def analyze_run(
     )
     timelines = run.by_rank()
     skip = _warmup_step(pipe) if not opts.steps else None
-    steps: list[RankStep] = []
-    windows: list[StepWindow] = []
-    for tl in run.ranks:
-        b = pipe.blocks.get(tl.rank)
-        for i, w in enumerate(pipe.windows.get(tl.rank, [])):
-            if i == skip:
-                continue
-            sb = b.take(b.step == i) if b is not None and len(b) else None
-            steps.append(rank_step(tl, i, w.number, w.start, w.end, sb if sb is not None else Blocks.empty()))
-            windows.append(StepWindow(tl.rank, i, w.number, w.start, w.end))
+    steps, windows = _rank_steps(run, pipe, skip)
     if on_stage:
         on_stage("attributing lost time")
     last_stage = pipe.topology.pp * pipe.topology.virtual - 1
@@ -151,6 +142,21 @@ def analyze_run(
             "predictions": predictions,
         },
     )
+
+
+def _rank_steps(run: Run, pipe: Pipeline, skip: int | None) -> tuple[list[RankStep], list[StepWindow]]:
+    """Every analyzed (rank, step) with its blocks, and its window; step index ``skip`` left out."""
+    steps: list[RankStep] = []
+    windows: list[StepWindow] = []
+    for tl in run.ranks:
+        b = pipe.blocks.get(tl.rank)
+        for i, w in enumerate(pipe.windows.get(tl.rank, [])):
+            if i == skip:
+                continue
+            sb = b.take(b.step == i) if b is not None and len(b) else None
+            steps.append(rank_step(tl, i, w.number, w.start, w.end, sb if sb is not None else Blocks.empty()))
+            windows.append(StepWindow(tl.rank, i, w.number, w.start, w.end))
+    return steps, windows
 
 
 def _warmup_step(pipe: Pipeline) -> int | None:

@@ -116,22 +116,8 @@ def build_report(
         n = len(rss)
         causes = {k: sum(attr.causes[(x.rank, x.step)][k] for x in rss) / n for k in CAUSE_KEYS}
         win = sum(x.acct.window for x in rss) / n
-        ranks_out.append(
-            RankRow(
-                rank=r,
-                stage=topo.stage_of.get(r, 0) if topo.pp > 1 else None,
-                pipeline=replica_of.get(r),
-                steps=n,
-                step_ms=_ms(win),
-                compute_ms=_ms(sum(x.acct.compute for x in rss) / n),
-                exposed_p2p_ms=_ms(sum(x.acct.exposed_p2p for x in rss) / n),
-                exposed_collective_ms=_ms(sum(x.acct.exposed_collective for x in rss) / n),
-                exposed_copy_ms=_ms(sum(x.acct.exposed_copy for x in rss) / n),
-                idle_ms=_ms(sum(x.acct.idle for x in rss) / n),
-                lost_ms={k: _ms(v) for k, v in causes.items()},
-                shares=_shares(sum(x.acct.compute for x in rss) / n, causes, win),
-            )
-        )
+        stage = topo.stage_of.get(r, 0) if topo.pp > 1 else None
+        ranks_out.append(_rank_row(r, stage, replica_of.get(r), rss, causes, win))
         win_ns.append(win)
         compute_ns.append(sum(x.acct.compute for x in rss) / n)
         for k in CAUSE_KEYS:
@@ -177,6 +163,32 @@ def build_report(
         bubble=bubble,
         stages=stages_out,
         ranks=ranks_out,
+    )
+
+
+def _rank_row(
+    rank: int,
+    stage: int | None,
+    pipeline: int | None,
+    rss: list[RankStep],
+    causes: dict[str, float],
+    win: float,
+) -> RankRow:
+    """One rank's ``ranks[]`` row: the means over its steps ``rss`` (``causes`` and ``win`` in ns)."""
+    n = len(rss)
+    return RankRow(
+        rank=rank,
+        stage=stage,
+        pipeline=pipeline,
+        steps=n,
+        step_ms=_ms(win),
+        compute_ms=_ms(sum(x.acct.compute for x in rss) / n),
+        exposed_p2p_ms=_ms(sum(x.acct.exposed_p2p for x in rss) / n),
+        exposed_collective_ms=_ms(sum(x.acct.exposed_collective for x in rss) / n),
+        exposed_copy_ms=_ms(sum(x.acct.exposed_copy for x in rss) / n),
+        idle_ms=_ms(sum(x.acct.idle for x in rss) / n),
+        lost_ms={k: _ms(v) for k, v in causes.items()},
+        shares=_shares(sum(x.acct.compute for x in rss) / n, causes, win),
     )
 
 

@@ -183,6 +183,40 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         bwd = bwd - wgr
         split = True
 
+    head_ns, ti, tb = _edges(topo, rank_steps)
+    step_ms = report.summary.step_ms
+    if not step_ms:
+        raise InputError(
+            None,
+            "the run has no complete step: the step time the predictions are calibrated against is unknown",
+        )
+    removable = _removable(getattr(attr, "step_replay_ns", {}) or {})
+    lost = dict(report.summary.lost_ms)
+    return MeasuredRun(
+        schedule=sched,
+        detected_schedule=str(pipe.schedule),
+        pp=topo.pp,
+        virtual=topo.virtual,
+        microbatches=int(m),
+        fwd_ns=fwd,
+        bwd_ns=bwd,
+        wgrad_ns=wgr,
+        split_backward=split,
+        p2p_ns=float(getattr(attr, "normal_latency_ns", 0) or 0),
+        head_ns=head_ns,
+        tail_idle_ns=ti,
+        tail_busy_ns=tb,
+        step_ns=float(step_ms) * MS,
+        lost_ms=lost,
+        removable_ns=removable,
+        bubble_ratio=report.bubble.measured_ratio,
+        notes=notes,
+    )
+
+
+def _edges(topo: Any, rank_steps: Sequence[Any]) -> tuple[float, F64, F64]:
+    """What pipeline ranks do outside their blocks (ns, mean per step): the first rank's time
+    before its first block, and per pipeline position the idle and the busy time after its last."""
     pos_of = {r: i for line in topo.pipelines for i, r in enumerate(line)}
     head: list[float] = []
     tail_idle: list[list[float]] = [[] for _ in range(topo.pp)]
@@ -200,13 +234,12 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         tail_idle[pos].append(float(max(rs.w1 - last - busy, 0)))
     ti = np.array([float(np.mean(x)) if x else 0.0 for x in tail_idle])
     tb = np.array([float(np.mean(x)) if x else 0.0 for x in tail_busy])
-    step_ms = report.summary.step_ms
-    if not step_ms:
-        raise InputError(
-            None,
-            "the run has no complete step: the step time the predictions are calibrated against is unknown",
-        )
-    rp = getattr(attr, "step_replay_ns", {}) or {}
+    return (float(np.mean(head)) if head else 0.0), ti, tb
+
+
+def _removable(rp: dict[str, float]) -> dict[str, float]:
+    """Step time (ns) the replay says removing each cause wins back (the calibration targets of the
+    no_comm_wait, no_host and no_exposed_comm fixes); empty when the replay did not run."""
     removable: dict[str, float] = {}
     if "measured" in rp:
         for cause, var in (("comm_wait", "gain_comm_wait"), ("host", "gain_host")):
@@ -215,27 +248,7 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         if "gain_comm" in rp and "gain_comm_wait" in rp:
             # overlapping the transfers as well as removing the late ones, minus the late ones alone
             removable["exposed_comm"] = max(float(rp["gain_comm_wait"] - rp["gain_comm"]), 0.0)
-    lost = dict(report.summary.lost_ms)
-    return MeasuredRun(
-        schedule=sched,
-        detected_schedule=str(pipe.schedule),
-        pp=topo.pp,
-        virtual=topo.virtual,
-        microbatches=int(m),
-        fwd_ns=fwd,
-        bwd_ns=bwd,
-        wgrad_ns=wgr,
-        split_backward=split,
-        p2p_ns=float(getattr(attr, "normal_latency_ns", 0) or 0),
-        head_ns=float(np.mean(head)) if head else 0.0,
-        tail_idle_ns=ti,
-        tail_busy_ns=tb,
-        step_ns=float(step_ms) * MS,
-        lost_ms=lost,
-        removable_ns=removable,
-        bubble_ratio=report.bubble.measured_ratio,
-        notes=notes,
-    )
+    return removable
 
 
 def measure_diagnosis(diag: Any) -> MeasuredRun:
