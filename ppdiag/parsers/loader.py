@@ -24,6 +24,7 @@ from typing import Any
 from ppdiag.errors import InputError
 from ppdiag.io import is_own_output, qpath
 from ppdiag.model import RankTimeline, Run
+from ppdiag.model.invariants import freeze_run
 from ppdiag.parsers import PARSERS, ParseOptions, Parser, load_builtin
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
@@ -508,7 +509,8 @@ def load_run(
     warnings.extend(rank_warnings)
     doubts = cross_rank_warnings(ranks, fmt)
     warnings.extend(doubts)
-    return Run(ranks=ranks, format=fmt, warnings=warnings, skipped=skipped, doubts=doubts)
+    # parser output is read-only from here on: later layers keep their results beside it
+    return freeze_run(Run(ranks=ranks, format=fmt, warnings=warnings, skipped=skipped, doubts=doubts))
 
 
 # ranks of one run start their traces within minutes of each other: more is another run's trace

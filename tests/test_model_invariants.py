@@ -1,0 +1,79 @@
+"""The parsed run is sound (check_run) and read-only (freeze_run) for every input kind: a later
+layer that writes into the parser's arrays fails at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ppdiag.api import Options, analyze_run, load
+from ppdiag.model.invariants import LABEL_COLUMNS, check_run, freeze_run
+from ppdiag.synth import faults as F
+from ppdiag.synth.kineto import write_kineto
+from ppdiag.synth.nsys import write_nsys
+from ppdiag.synth.scenario import make_scenario
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module", params=["kineto", "nsys"])
+def run_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp(request.param)
+    run = make_scenario(steps=2, pp=4, microbatches=4, faults=[F.SlowStage(1, 1.3)])
+    (write_kineto if request.param == "kineto" else write_nsys)(run, d)
+    return d
+
+
+def test_parsed_runs_are_sound(run_dir: Path) -> None:
+    assert check_run(load([run_dir])) == []
+
+
+@pytest.mark.parametrize("name", ["gpu_pp_rank0.json", "cpu_gloo_rank0.json"])
+def test_demo_traces_are_sound(name: str) -> None:
+    assert check_run(load([DATA / name])) == []
+
+
+def test_parser_arrays_are_read_only(run_dir: Path) -> None:
+    run = load([run_dir])
+    iv, rg = run.ranks[0].intervals, run.ranks[0].ranges
+    with pytest.raises(ValueError, match="read-only"):
+        iv.start[0] = 0
+    with pytest.raises(ValueError, match="read-only"):
+        rg.end[:] = 0
+    for c in iv.COLUMNS:
+        assert getattr(iv, c).flags.writeable == (c in LABEL_COLUMNS), c
+
+
+def test_analysis_leaves_the_run_as_parsed(run_dir: Path) -> None:
+    """Analysing a parsed run twice gives the same report, and the run's times are unchanged."""
+    run = load([run_dir])
+    before = [(tl.intervals.start.copy(), tl.intervals.end.copy(), tl.clock_offset_ns) for tl in run.ranks]
+    first = analyze_run(run, Options()).result
+    again = analyze_run(run, Options()).result
+    assert first == again
+    for (s, e, _), tl in zip(before, run.ranks, strict=True):
+        assert np.array_equal(s, tl.intervals.start) and np.array_equal(e, tl.intervals.end)
+
+
+def test_check_finds_broken_runs(run_dir: Path) -> None:
+    run = load([run_dir])
+    tl = run.ranks[0]
+    n = len(tl.intervals)
+    tl.intervals.end = tl.intervals.start - 1  # every interval ends before it starts
+    tl.ranges.name = np.full(len(tl.ranges), len(tl.names) + 5, dtype=np.int32)
+    tl.intervals.mb = np.zeros(n + 1, dtype=np.int32)
+    problems = check_run(run)
+    assert any("intervals.mb has shape" in p for p in problems), problems
+    tl.intervals.mb = np.zeros(n, dtype=np.int32)
+    problems = check_run(run)
+    assert any(f"{n} row(s) end before they start" in p for p in problems), problems
+    assert any("ranges: name index outside" in p for p in problems), problems
+    run.ranks.append(run.ranks[0])
+    assert any("not unique" in p for p in check_run(run))
+
+
+def test_freeze_is_idempotent(run_dir: Path) -> None:
+    run = load([run_dir])
+    assert freeze_run(freeze_run(run)) is run
