@@ -85,6 +85,13 @@ def check_batch(
                 f"global / (micro x dp) gives {acc}",
             )
         )
+    probs += _m_problems(pp, m, schedule, virtual)
+    return BatchCheck(world, tp, pp, dp, micro_batch, global_batch, acc, microbatches, probs)
+
+
+def _m_problems(pp: int, m: int | None, schedule: str | None, virtual: int) -> list[tuple[str, str]]:
+    """(severity, text) of every way M does not suit the pipeline and its schedule."""
+    probs: list[tuple[str, str]] = []
     if pp > 1 and m:
         if m < pp:
             probs.append(
@@ -115,4 +122,4 @@ def check_batch(
             probs.append(
                 ("medium", f"interleaved 1F1B with M={m}, not a multiple of pp={pp}: Megatron rejects it")
             )
-    return BatchCheck(world, tp, pp, dp, micro_batch, global_batch, acc, microbatches, probs)
+    return probs
