@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from ppdiag.attribution.causes import RankStep, attribute, rank_step
+from ppdiag.attribution.critical_path import Transfers, critical_paths
+from ppdiag.attribution.critical_path import encode as encode_paths
 from ppdiag.diagnosis import Cause, Diagnosis, Finding, GapTable, StepWindow
 from ppdiag.facts import stage_balance
 from ppdiag.model import Run
@@ -88,6 +90,15 @@ def analyze_run(
     attr = attribute(steps, timelines, pipe.ops, last_stage, pipe.topology.pp > 1)
     balance = stage_balance(pipe)
     report = build_report(run, pipe, steps, attr, balance)
+    # the chain of blocks, transfers and gaps that sets each step's length
+    paths = critical_paths(
+        windows,
+        pipe.blocks,
+        Transfers.from_pairs(pipe.pairs, pipe.clocks.offsets),
+        attr.gaps,
+        pipe.topology.stage_of,
+    )
+    report["critical_path"] = encode_paths(paths)
     warnings: list[str] = report["run"]["warnings"]
     if skip is not None:
         first = next((w.number for ws in pipe.windows.values() for w in ws[:1]), -1)
@@ -142,6 +153,7 @@ def analyze_run(
             "rank_steps": steps,
             "noise": noise,
             "predictions": predictions,
+            "critical_path": paths,
         },
     )
 
