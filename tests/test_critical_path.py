@@ -199,11 +199,11 @@ def test_pieces_tile_the_path(p: int, m: int, cost: list[int], lat: list[int]) -
         end_all = max(end_all, t)
     wins = [StepWindow(s, 0, 0, 0, end_all * US) for s in range(p)]
     (cp,) = critical_paths(wins, blocks, Transfers.build(src, dst, ss, ss, re), {}, {s: s for s in range(p)})
-    t = 0.0
+    at = 0.0
     for piece in cp.pieces:
-        assert abs(piece.t_ms - t) < 1e-6 and piece.dur_ms > 0
-        t = piece.t_ms + piece.dur_ms
-    assert abs(t - cp.length_ms) < 1e-6
+        assert abs(piece.t_ms - at) < 1e-6 and piece.dur_ms > 0
+        at = piece.t_ms + piece.dur_ms
+    assert abs(at - cp.length_ms) < 1e-6
     tot = sum(v for r in cp.by_stage for v in r.ms.values())
     assert abs(tot - cp.length_ms) < 1e-6
     assert set(cp.by_stage[0].ms) == set(CATEGORIES)
