@@ -198,3 +198,75 @@ def share(summary: dict[str, Any], key: str) -> float | None:
     v = num(summary.get("compute_ms")) if key == "compute" else num((summary.get("lost_ms") or {}).get(key))
     st = share_step_ms(summary)
     return v / st if (v is not None and st) else None
+
+
+def evidence_items(ev: dict[str, Any], scalars_only: bool = False) -> list[tuple[str, str]]:
+    """A finding's evidence as (name, value with unit): ``bubble_ms`` → ``("bubble", "47.07 ms")``,
+    ``bubble_share_pct`` → ``("bubble share", "27.7 %")``, ``steps_used`` → ``("steps used", "3")``.
+    Nested values (per-link tables) are shown compactly, or left out with ``scalars_only``."""
+    out: list[tuple[str, str]] = []
+    for k, v in ev.items():
+        if isinstance(v, (dict, list)):
+            if scalars_only or not v:
+                continue
+            val = _nested_text(v)
+        elif isinstance(v, bool) or v is None:
+            val = "yes" if v else "no"
+        elif isinstance(v, (int, float)):
+            val = _unit_value(k, float(v))
+        else:
+            val = str(v)
+        out.append((_evidence_name(k), val))
+    return out
+
+
+_UNITS = (("_ms_per_step", "ms/step"), ("_ms", "ms"), ("_pct", "%"), ("_us", "µs"), ("_mb", "MB"))
+
+
+def _evidence_name(key: str) -> str:
+    for suffix, _ in _UNITS:
+        if key.endswith(suffix):
+            key = key[: -len(suffix)]
+            break
+    return key.replace("_", " ")
+
+
+def _unit_value(key: str, v: float) -> str:
+    for suffix, unit in _UNITS:
+        if key.endswith(suffix):
+            return f"{v:.2f} {unit}" if unit != "%" else f"{v:.1f} %"
+    if key.endswith("ratio"):
+        return fmt_pct(v)
+    return f"{v:g}" if not float(v).is_integer() else str(int(v))
+
+
+def _nested_text(v: Any) -> str:
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_nested_text(x)}" for k, x in list(v.items())[:8]) + (
+            ", …" if len(v) > 8 else ""
+        )
+    if isinstance(v, list):
+        return "[" + ", ".join(_nested_text(x) for x in v[:6]) + (", …" if len(v) > 6 else "") + "]"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+#: Columns of the critical-path table beside the causes: block compute, transfers into the stage,
+#: compute outside blocks.
+PATH_LABELS: dict[str, str] = {"compute": "compute", "transfer": "transfer in", "other": "other compute"}
+
+
+def critical_path_rows(report: dict[str, Any]) -> list[tuple[int | None, dict[str, float]]]:
+    """The report's ``critical_path[]`` as the mean ms per step on the path, per stage and
+    category (``compute``, ``transfer``, ``other`` and the causes); empty without a path."""
+    import msgspec
+
+    from ppdiag.attribution.critical_path import CriticalStep, summarize
+
+    raw = report.get("critical_path") or []
+    try:
+        paths = msgspec.convert(raw, list[CriticalStep])
+    except msgspec.ValidationError:
+        return []
+    return [(r.stage, r.ms) for r in summarize(paths)]
