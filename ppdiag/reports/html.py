@@ -1,7 +1,8 @@
 """Self-contained offline HTML report: headline, measured pipeline timeline, per-stage compute
 histograms, lost time by cause, bubble, findings, what-if, run facts (DESIGN.md §7).
 
-The file works without any network: plotly.js is inlined once, there are no fonts or images to
+The file works without any network: plotly.js (the vendored cartesian partial bundle,
+``vendor/``, 1.5 MB instead of the full 4.8 MB) is inlined once, there are no fonts or images to
 fetch, and a Content-Security-Policy forbids every request. Every string that comes from a trace
 is escaped, both in the HTML (``html.escape``) and inside plotly labels (plotly interprets a few
 tags, so names are entity-escaped there too; the figure JSON escapes ``<``, ``>`` and ``/``).
@@ -15,10 +16,12 @@ dropping the shortest ones), saying so on the page.
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,12 +35,15 @@ from ppdiag.reports import register
 from ppdiag.reports.style import (
     CAUSE_COLORS,
     CAUSE_LABELS,
+    PATH_LABELS,
     PHASE_LETTERS,
     SEVERITY_COLORS,
     WORK_COLORS,
     WORK_LABELS,
     cause_color,
     cause_label,
+    critical_path_rows,
+    evidence_items,
     fmt_ms,
     fmt_pct,
     num,
@@ -52,6 +58,10 @@ if TYPE_CHECKING:
     from ppdiag.model.timeline import RankTimeline
 
 I64 = npt.NDArray[np.int64]
+
+#: The plotly.js partial bundle inlined into the page (vendor/README.md: version, source, licence).
+PLOTLY_JS = "plotly-cartesian.min.js"
+PLOTLY_VERSION = "4.1.1"
 
 MAX_BLOCKS = 20_000  # drawn blocks (work + gaps) over all drawn steps
 MAX_ROWS = 64  # timeline rows (ranks)
@@ -82,6 +92,12 @@ CSP = (
 
 # ----------------------------------------------------------------------------------------------
 # small helpers
+
+
+@functools.cache
+def plotly_js() -> str:
+    """The vendored plotly.js bundle (cartesian trace types only: bar, scatter, histogram, heatmap)."""
+    return (files("ppdiag.reports") / "vendor" / PLOTLY_JS).read_text(encoding="utf-8")
 
 
 def esc(x: Any) -> str:
@@ -131,6 +147,7 @@ class BlockSet:
     direction: list[I64] = field(default_factory=list)
     name: list[I64] = field(default_factory=list)  # name id of the longest member, -1 for gaps
     rank: list[I64] = field(default_factory=list)
+    hidden: list[I64] = field(default_factory=list)  # short gaps inside the block, ns (not drawn)
 
     def cat(self, attr: str) -> npt.NDArray[np.int64]:
         parts = getattr(self, attr)
@@ -179,6 +196,8 @@ class TimelineData:
     virtual: bool = False
     raw_blocks: int = 0  # blocks before size reduction (all drawn steps)
     names: dict[int, list[str]] = field(default_factory=dict)
+    # critical path of the drawn steps: (row y, start ns, end ns, kind, sender row y or -1, label)
+    path: list[tuple[int, int, int, str, int, str]] = field(default_factory=list)
 
     @property
     def n_blocks(self) -> int:
@@ -231,7 +250,25 @@ def _pick_rows(diag: Diagnosis, max_rows: int, notes: list[str]) -> list[Row]:
         if isinstance(row.get("rank"), int):
             lost[row["rank"]] = sum(num(v) or 0.0 for v in (row.get("lost_ms") or {}).values())
     chosen = list(have)
-    if len(have) > max_rows:
+    pipe_of = {
+        row["rank"]: row.get("pipeline")
+        for row in (diag.report or {}).get("ranks") or []
+        if isinstance(row.get("rank"), int) and isinstance(row.get("pipeline"), int)
+    }
+    if len(have) > max_rows and len(set(pipe_of.values())) > 1:
+        # one pipeline in full (the one holding the rank with the most lost time); the replicas'
+        # stage costs are in the heat map under the timeline
+        worst = max((r for r in have if r in pipe_of), key=lambda r: (lost.get(r, 0.0), -r))
+        mine = [r for r in have if pipe_of.get(r) == pipe_of[worst]]
+        if 0 < len(mine) <= max_rows:
+            notes.append(
+                f"{len(have)} ranks in {len(set(pipe_of.values()))} pipelines: the timeline shows "
+                f"pipeline {pipe_of[worst]} in full (it holds rank {worst}, the most lost time); the heat "
+                "map below compares every replica's stages, and every rank is in the tables and the "
+                "Perfetto overlay."
+            )
+            chosen = mine
+    if len(chosen) > max_rows:
         by_stage: dict[int, list[int]] = {}
         for r in have:
             by_stage.setdefault(stages.get(r, [-1])[0] if stages.get(r) else -1, []).append(r)
@@ -400,11 +437,27 @@ def _rank_step_blocks(
                 if not m.any():
                     continue
                 if c in _COMPUTE_CATS:
-                    key = (
-                        (mb[m] + 1) * 65536 + (chunk[m] + 1)
-                        if lv.level == 0
-                        else np.zeros(int(m.sum()), np.int64)
-                    )
+                    if lv.level == 0:
+                        # one bar per micro-batch block: the parts of one (micro-batch, chunk) in a
+                        # step merge whatever lies between them (short gaps: hidden below)
+                        key = (mb[m] + 1) * 65536 + (chunk[m] + 1)
+                        lab = mb[m] >= 0
+                        extra_m = {"mb": mb[m], "chunk": chunk[m], "peer": peer[m], "direction": dirn[m]}
+                        parts = [
+                            _merge(
+                                s[m][sel],
+                                e[m][sel],
+                                key[sel],
+                                tol,
+                                {k: v[sel] for k, v in extra_m.items()},
+                                name[m][sel],
+                            )
+                            for sel, tol in ((lab, b - a), (~lab, lv.tol))
+                            if sel.any()
+                        ]
+                        out[c] = {k: np.concatenate([p_[k] for p_ in parts]) for k in parts[0]}
+                        continue
+                    key = np.zeros(int(m.sum()), np.int64)
                 else:
                     key = ((peer[m] + 1) * 8 + dirn[m]) if lv.level == 0 else np.zeros(int(m.sum()), np.int64)
                 out[c] = _merge(
@@ -422,6 +475,9 @@ def _rank_step_blocks(
             e = np.minimum(gaps.end[sel], b).astype(np.int64)
             cause = gaps.cause[sel].astype(np.int64)
             blame = gaps.blame[sel].astype(np.int64)
+            if lv.level == 0:
+                shown = _hide_short_gaps(out, s, e, max(lv.tol, (b - a) // 100))
+                s, e, cause, blame = s[shown], e[shown], cause[shown], blame[shown]
             for ci, c in enumerate(CAUSE_KEYS):
                 m = cause == ci
                 if not m.any():
@@ -437,6 +493,32 @@ def _rank_step_blocks(
                     neg,
                 )
     return out
+
+
+def _hide_short_gaps(out: dict[str, dict[str, I64]], s: I64, e: I64, limit: int) -> npt.NDArray[np.bool_]:
+    """Gaps shorter than ``limit`` that lie inside a micro-batch block are not drawn: their time
+    goes into the block's ``hidden`` (shown on hover; the accounting keeps it). The gaps to draw."""
+    cats = [c for c in _COMPUTE_CATS if c in out]
+    for c in cats:
+        out[c]["hidden"] = np.zeros(out[c]["start"].shape[0], np.int64)
+    keep = np.ones(s.shape[0], dtype=bool)
+    if not cats or s.shape[0] == 0:
+        return keep
+    bs = np.concatenate([out[c]["start"] for c in cats])
+    be = np.concatenate([out[c]["end"] for c in cats])
+    lab = np.concatenate([out[c]["mb_lo"] >= 0 for c in cats])
+    owner = np.concatenate([np.full(out[c]["start"].shape[0], i, np.int64) for i, c in enumerate(cats)])
+    local = np.concatenate([np.arange(out[c]["start"].shape[0], dtype=np.int64) for c in cats])
+    o = np.argsort(bs, kind="stable")
+    bs, be, lab, owner, local = bs[o], be[o], lab[o], owner[o], local[o]
+    j = np.searchsorted(bs, s, side="right") - 1
+    jj = np.clip(j, 0, None)
+    inside = (j >= 0) & lab[jj] & (e <= be[jj]) & ((e - s) < limit)
+    keep = ~inside
+    for i, c in enumerate(cats):
+        m = inside & (owner[jj] == i)
+        np.add.at(out[c]["hidden"], local[jj[m]], (e - s)[m])
+    return keep
 
 
 def _count(blocks: dict[int, dict[str, dict[str, I64]]]) -> int:
@@ -541,6 +623,7 @@ def build_timeline(
                 bs.peer.append(v["peer"])
                 bs.direction.append(v["direction"])
                 bs.name.append(v["name"])
+                bs.hidden.append(v.get("hidden", np.zeros(n, np.int64)))
     t0 = min(sp.start for sp, _ in drawn)
     names = {r.rank: by[r.rank].names for r in rows if r.rank in by}
     return TimelineData(
@@ -553,7 +636,46 @@ def build_timeline(
         virtual=virtual,
         raw_blocks=raw,
         names=names,
+        path=_path_pieces(diag, rows, [sp for sp, _ in drawn]),
     )
+
+
+def _path_pieces(
+    diag: Diagnosis, rows: list[Row], spans: list[StepSpan]
+) -> list[tuple[int, int, int, str, int, str]]:
+    """The critical path of the drawn steps on the drawn rows (``TimelineData.path``)."""
+    from ppdiag.attribution.critical_path import CriticalStep
+
+    paths = (diag.context or {}).get("critical_path")
+    if paths is None:
+        import msgspec
+
+        try:
+            paths = msgspec.convert((diag.report or {}).get("critical_path") or [], list[CriticalStep])
+        except msgspec.ValidationError:
+            return []
+    y = {r.rank: r.y for r in rows}
+    want = {sp.index for sp in spans}
+    out: list[tuple[int, int, int, str, int, str]] = []
+    for cs in paths:
+        if not isinstance(cs, CriticalStep) or cs.index not in want:
+            continue
+        for pc in cs.pieces:
+            if pc.rank not in y:
+                continue
+            a = cs.start_ns + round(pc.t_ms * 1e6)
+            z = a + round(pc.dur_ms * 1e6)
+            if pc.kind == "block":
+                lab = f"{pc.phase or ''}{'' if pc.mb is None else pc.mb}"
+            elif pc.kind == "gap":
+                lab = cause_label(pc.cause)
+            elif pc.kind == "transfer":
+                lab = f"transfer rank {pc.peer} → rank {pc.rank}"
+            else:
+                lab = "compute outside blocks"
+            src = y.get(pc.peer, -1) if pc.kind == "transfer" and pc.peer is not None else -1
+            out.append((y[pc.rank], a, z, pc.kind, src, lab))
+    return out
 
 
 def _keep_longest(
@@ -602,6 +724,7 @@ def _block_texts(td: TimelineData, bs: BlockSet, label_ok: bool) -> tuple[list[s
     st, en = bs.cat("start"), bs.cat("end")
     cnt, lo, hi = bs.cat("count"), bs.cat("mb_lo"), bs.cat("mb_hi")
     chunk, peer, dirn, name = bs.cat("chunk"), bs.cat("peer"), bs.cat("direction"), bs.cat("name")
+    hidden = bs.cat("hidden") if bs.hidden else np.zeros(ys.shape[0], np.int64)
     texts: list[str] = []
     hovers: list[str] = []
     letter = PHASE_LETTERS.get(bs.category, "")
@@ -638,6 +761,11 @@ def _block_texts(td: TimelineData, bs: BlockSet, label_ok: bool) -> tuple[list[s
             texts.append(lab if label_ok else "")
             head = f"<b>{esc(WORK_LABELS[bs.category])}{(' ' + lab) if lab else ''}</b>"
             what = f"{int(cnt[i])} kernels, longest: {kname}" if cnt[i] > 1 else kname
+            if hidden[i] > 0:
+                what += (
+                    f"<br>includes {hidden[i] / 1e6:.3f} ms of short gaps (lost time, counted by cause "
+                    "in the tables)"
+                )
         else:
             d = int(dirn[i])
             pr = int(peer[i])
@@ -672,14 +800,20 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
         st, en, ys = bs.cat("start"), bs.cat("end"), bs.cat("row")
         texts, hovers = _block_texts(td, bs, label_ok)
         comm = bs.category in ("p2p", "collective", "copy") and not bs.is_cause
-        color = CAUSE_COLORS.get(bs.category, "#999") if bs.is_cause else WORK_COLORS[bs.category]
+        color: str | list[str] = (
+            CAUSE_COLORS.get(bs.category, "#999") if bs.is_cause else WORK_COLORS[bs.category]
+        )
+        if td.virtual and bs.category in _COMPUTE_CATS and not bs.is_cause:
+            # one shade per virtual-stage chunk: chunk 0 full, later chunks lighter
+            color = [_shade(str(color), int(c)) for c in bs.cat("chunk").tolist()]
         name = CAUSE_LABELS.get(bs.category, bs.category) if bs.is_cause else WORK_LABELS[bs.category]
         fig.add_trace(
             go.Bar(
                 orientation="h",
                 y=ys.astype(np.float64) + (_COMM_Y if comm else _MAIN_Y),
-                x=(en - st) / 1e6,
-                base=(st - td.t0) / 1e6,
+                # ms to 0.1 µs: enough to draw, and half the page weight of full floats
+                x=np.round((en - st) / 1e6, 4),
+                base=np.round((st - td.t0) / 1e6, 4),
                 width=_COMM_H if comm else _MAIN_H,
                 marker={"color": color, "line": {"width": 0}},
                 name=name,
@@ -695,6 +829,7 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
                 cliponaxis=True,
             )
         )
+    _add_path_traces(fig, td)
     n = len(td.rows)
     # the legend sits under the axis, one column per group: room for the longer group
     n_work = sum(1 for k in order if not k.startswith("cause:"))
@@ -702,8 +837,12 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
     drawn = [s for s in td.spans if s.drawn]
+    starts = sorted(sp.start for sp in drawn)
     for sp in drawn:
-        for x in (sp.start, sp.end):
+        # one line per step boundary: a step's end is drawn only when no drawn step starts there
+        near = max(1, (sp.end - sp.start) // 100)
+        ends = [] if any(abs(x - sp.end) <= near for x in starts) else [sp.end]
+        for x in (sp.start, *ends):
             shapes.append(
                 {
                     "type": "line",
@@ -743,7 +882,10 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
     if len(drawn) > 1:
         a = (min(s.start for s in drawn) - td.t0) / 1e6
         b = (max(s.end for s in drawn) - td.t0) / 1e6
-        buttons.append({"label": "all drawn steps", "method": "relayout", "args": [{"xaxis.range": [a, b]}]})
+        pad = 0.01 * (b - a)
+        buttons.append(
+            {"label": "all drawn steps", "method": "relayout", "args": [{"xaxis.range": [a - pad, b + pad]}]}
+        )
     shown = td.shown
     xr = None
     if shown is not None:
@@ -801,6 +943,10 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
                 "pad": {"b": 22},
                 "buttons": buttons,
                 "showactive": True,
+                # the shown step's button is the active one
+                "active": next(
+                    (i for i, sp in enumerate(sorted(drawn, key=lambda x: x.index)) if sp is shown), 0
+                ),
                 "font": {"size": 11},
                 "bgcolor": "#f4f6f8",
                 "bordercolor": "#c8ced6",
@@ -808,6 +954,115 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
         ]
         layout["margin"]["t"] = 80
     fig.update_layout(**layout)
+    return _fig_dict(fig)
+
+
+def _shade(color: str, chunk: int) -> str:
+    """``color`` mixed with white for virtual-stage chunk ``chunk`` (0: unchanged)."""
+    if chunk <= 0:
+        return color
+    f = min(0.6, 0.3 * chunk)
+    rgb = [int(color[i : i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * f):02X}" for c in rgb)
+
+
+PATH_COLOR = "#111111"
+
+
+def _add_path_traces(fig: Any, td: TimelineData) -> None:
+    """The critical path over the timeline: an outline around every block and gap on it, and an
+    arrow for every transfer on it (sender row to receiver row)."""
+    import plotly.graph_objects as go
+
+    if not td.path:
+        return
+    boxes = [p for p in td.path if p[3] != "transfer"]
+    if boxes:
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                y=[p[0] + _MAIN_Y for p in boxes],
+                x=[round((p[2] - p[1]) / 1e6, 4) for p in boxes],
+                base=[round((p[1] - td.t0) / 1e6, 4) for p in boxes],
+                width=_MAIN_H + 0.1,
+                marker={"color": "rgba(0,0,0,0)", "line": {"color": PATH_COLOR, "width": 2.5}},
+                name="critical path",
+                legendgroup="path",
+                legendgrouptitle={"text": "what sets the step time"},
+                hovertext=[
+                    f"<b>on the critical path</b><br>{esc(p[5])} · {(p[2] - p[1]) / 1e6:.3f} ms"
+                    for p in boxes
+                ],
+                hovertemplate="%{hovertext}<extra></extra>",
+                cliponaxis=True,
+            )
+        )
+    arrows = [p for p in td.path if p[3] == "transfer" and p[4] >= 0]
+    if arrows:
+        xs: list[float | None] = []
+        ys: list[float | None] = []
+        hv: list[str | None] = []
+        sizes: list[int] = []
+        for y, a, z, _k, src, lab in arrows:
+            xs += [round((a - td.t0) / 1e6, 4), round((z - td.t0) / 1e6, 4), None]
+            ys += [src + _MAIN_Y, y + _MAIN_Y, None]
+            hv += [esc(lab), esc(lab), None]
+            sizes += [0, 10, 0]  # the arrowhead at the receiving end only
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines+markers",
+                line={"color": PATH_COLOR, "width": 1.5},
+                marker={"symbol": "arrow", "angleref": "previous", "size": sizes, "color": PATH_COLOR},
+                name="transfer on the critical path",
+                legendgroup="path",
+                hovertext=hv,
+                hovertemplate="%{hovertext}<extra></extra>",
+                connectgaps=False,
+            )
+        )
+
+
+def heatmap_figure(rep: dict[str, Any], max_rows: int = MAX_ROWS) -> dict[str, Any] | None:
+    """Compute per step of every rank as a stage x replica heat map, for runs whose ranks do not
+    fit the timeline (``max_rows``) and hold several pipeline replicas; None otherwise."""
+    import plotly.graph_objects as go
+
+    rows = [
+        r
+        for r in rep.get("ranks") or []
+        if isinstance(r, dict) and isinstance(r.get("stage"), int) and isinstance(r.get("pipeline"), int)
+    ]
+    if len(rep.get("ranks") or []) <= max_rows or len({r["pipeline"] for r in rows}) < 2:
+        return None
+    stages = sorted({r["stage"] for r in rows})
+    pipes = sorted({r["pipeline"] for r in rows})
+    si = {s: i for i, s in enumerate(stages)}
+    pi = {p: i for i, p in enumerate(pipes)}
+    z: list[list[float | None]] = [[None] * len(pipes) for _ in stages]
+    txt: list[list[str]] = [[""] * len(pipes) for _ in stages]
+    for r in rows:
+        v = num(r.get("compute_ms"))
+        z[si[r["stage"]]][pi[r["pipeline"]]] = v
+        txt[si[r["stage"]]][pi[r["pipeline"]]] = f"rank {r['rank']}: {v:.2f} ms" if v is not None else ""
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"pipeline {p}" for p in pipes],
+            y=[f"stage {s}" for s in stages],
+            text=txt,
+            colorscale="Cividis",
+            colorbar={"title": {"text": "compute ms / step"}},
+            hovertemplate="%{y} · %{x}<br>%{text}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        template="plotly_white",
+        height=max(260, 60 + 28 * len(stages)),
+        margin={"l": 80, "r": 20, "t": 20, "b": 60},
+        yaxis={"autorange": "reversed"},
+    )
     return _fig_dict(fig)
 
 
@@ -921,6 +1176,55 @@ def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
     )
     fig.update_xaxes(title_text="ms per micro-batch", row=nrows)
     fig.update_yaxes(title_text="micro-batches", col=1)
+    # counts are whole micro-batches: integer ticks, one y-scale for every stage (a toggle frees it)
+    edges = np.arange(xbins["start"], xbins["end"] + width, width)
+    ymax = max(
+        (
+            int(
+                np.histogram([float(v) for v in (st.get(k) or []) if num(v) is not None], bins=edges)[0].max()
+            )
+            for st in stages
+            for _, k, _ in series
+            if st.get(k)
+        ),
+        default=1,
+    )
+    top = max(1.0, ymax * 1.08)
+    fig.update_yaxes(range=[0, top], tickformat="d", rangemode="tozero", dtick=1 if ymax <= 8 else None)
+    axes = ["yaxis" + ("" if i == 0 else str(i + 1)) for i in range(nrows * cols)]
+    fig.update_layout(
+        updatemenus=[
+            {
+                "type": "buttons",
+                "direction": "right",
+                "x": 1.0,
+                "xanchor": "right",
+                "y": 1.0,
+                "yanchor": "bottom",
+                "pad": {"b": 24},
+                "showactive": True,
+                "active": 0,
+                "font": {"size": 11},
+                "bgcolor": "#f4f6f8",
+                "bordercolor": "#c8ced6",
+                "buttons": [
+                    {
+                        "label": "same y-scale for every stage",
+                        "method": "relayout",
+                        "args": [
+                            {f"{a}.range": [0, top] for a in axes} | {f"{a}.autorange": False for a in axes}
+                        ],
+                    },
+                    {
+                        "label": "own y-scale per stage",
+                        "method": "relayout",
+                        "args": [{f"{a}.autorange": True for a in axes}],
+                    },
+                ],
+            }
+        ],
+    )
+    fig.update_layout(margin={"l": 50, "r": 130, "t": 70, "b": 50})
     if slow is not None:
         idx = slow + 1
         ax = "" if idx == 1 else str(idx)
@@ -1087,6 +1391,9 @@ font-size:13px}
 .mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px;word-break:break-all}
 details>summary{cursor:pointer;color:var(--muted);margin:6px 0}
 #ppdiag-errors{background:#fdecea;border:1px solid #f5c2c0;color:#8a1c14;border-radius:6px;padding:8px 12px}
+.howto{background:#f4f7fb;border:1px solid #d6e0ec;border-radius:6px;padding:4px 12px;margin:8px 0;
+font-size:13px}.howto ul{margin:2px 0 6px 18px;padding:0}.howto summary{font-weight:600;color:var(--fg)}
+tr.slow td{font-weight:650;background:#fff6e5}
 .pass{color:#1e7d32;font-weight:700}.fail{color:#b71c1c;font-weight:700}.inconclusive{color:#8a6d00;font-weight:700}
 """
 
@@ -1098,6 +1405,65 @@ _ERROR_HOOK = """
   window.addEventListener('unhandledrejection',function(e){show(e.reason||e);});
 })();
 """
+
+
+def _how_to_read(td: TimelineData) -> str:
+    """The "how to read this" box above the timeline: what every mark means."""
+    chunk = (
+        "<li>Virtual stages: the label ends in ·v<i>k</i> (the chunk) and later chunks are drawn in a "
+        "lighter shade of the same colour.</li>"
+        if td.virtual
+        else ""
+    )
+    return (
+        '<details class="howto" open><summary>How to read this timeline</summary><ul>'
+        "<li>One row per rank, in stage order. Time runs left to right on the aligned clock; the dotted "
+        "lines are step boundaries, the buttons above switch the step.</li>"
+        "<li>Each bar is one micro-batch block: <b>F</b><i>n</i> forward, <b>B</b><i>n</i> backward "
+        "(input gradient), <b>W</b><i>n</i> weight gradient, <i>n</i> the micro-batch. Short gaps "
+        "inside a block are not drawn: the hover shows them, the tables count them by cause.</li>"
+        f"{chunk}"
+        "<li>Every other stretch of a row is lost time, coloured by its cause (legend below). The thin "
+        "strip under a row is communication (send/recv, collectives).</li>"
+        "<li>The <b>black outline</b> and arrows are the critical path: the blocks, transfers and gaps "
+        "that set the step's length. Shorten what is on it to make the step shorter; the table "
+        "<i>Critical path by stage and cause</i> below adds it up.</li>"
+        "</ul></details>"
+    )
+
+
+def _critical_path_html(rep: dict[str, Any]) -> str:
+    """The "critical path by stage and cause" table (mean ms per step)."""
+    rows = critical_path_rows(rep)
+    if not rows:
+        return ""
+    cats = [k for k in ("compute", "transfer", "other", *CAUSE_KEYS) if any(ms.get(k) for _, ms in rows)]
+    total = sum(sum(ms.values()) for _, ms in rows) or 1.0
+    head = "".join(f"<th>{esc(PATH_LABELS.get(k) or cause_label(k))}</th>" for k in cats)
+    top = max(rows, key=lambda r: r[1].get("compute", 0.0))[0]
+    body = []
+    for st, ms in rows:
+        on = sum(ms.values())
+        cls = ' class="slow"' if st == top else ""
+        cells = "".join(f'<td class="num">{ms.get(k, 0.0):.2f}</td>' for k in cats)
+        body.append(
+            f'<tr{cls}><td>{esc("-" if st is None else st)}</td><td class="num">{on:.2f}</td>'
+            f'<td class="num">{100 * on / total:.0f} %</td>{cells}</tr>'
+        )
+    lead = (
+        f"Stage {esc(top)} holds the most compute on the critical path: shortening its blocks "
+        "shortens the step; time spent elsewhere on the path (transfers, causes) points at the links "
+        "and the causes to fix."
+        if top is not None
+        else ""
+    )
+    return (
+        '<section id="critical-path"><h2>Critical path by stage and cause</h2><p class="sub">The chain '
+        "of blocks, transfers and gaps that sets each step's length (outlined in the timeline), in ms "
+        f"per step (mean over the analyzed steps), by the stage it runs on. {lead}</p>"
+        '<table class="data"><thead><tr><th>stage</th><th>on path</th><th>share</th>'
+        f"{head}</tr></thead><tbody>{''.join(body)}</tbody></table></section>"
+    )
 
 
 def _tile(k: str, v: str, sub: str = "") -> str:
@@ -1248,8 +1614,7 @@ def _findings_html(rep: dict[str, Any]) -> str:
             ev_rows = (
                 '<table class="evidence"><tbody>'
                 + "".join(
-                    f'<tr><td>{esc(k)}</td><td class="mono">{esc(_fmt_val(v))}</td></tr>'
-                    for k, v in ev.items()
+                    f'<tr><td>{esc(k)}</td><td class="mono">{esc(v)}</td></tr>' for k, v in evidence_items(ev)
                 )
                 + "</tbody></table>"
             )
@@ -1491,8 +1856,6 @@ def render_html(
     diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int = MAX_ROWS, gate: Any = None
 ) -> str:
     """The whole report as one self-contained HTML string."""
-    from plotly.offline import get_plotlyjs
-
     rep = diag.report or {}
     gate = gate if gate is not None else (diag.context or {}).get("gate")
     td = build_timeline(diag, max_blocks=max_blocks, max_rows=max_rows)
@@ -1508,6 +1871,9 @@ def render_html(
     bub = bubble_figure(rep)
     if bub:
         figs["fig-bubble"] = bub
+    heat = heatmap_figure(rep, max_rows)
+    if heat:
+        figs["fig-heatmap"] = heat
     stages = _stage_rows(rep)
     slow = slowest_stage(stages)
     run = rep.get("run") or {}
@@ -1541,13 +1907,22 @@ def render_html(
         )
         for n in td.notes:
             tl.append(f'<div class="note">{esc(n)}</div>')
+        tl.append(_how_to_read(td))
         tl.append('<div id="fig-timeline" class="plot"></div>')
+        if "fig-heatmap" in figs:
+            tl.append(
+                '<h3>Every replica: compute per step, by stage</h3><p class="sub">Mean compute per step '
+                "of each rank, by stage (rows) and pipeline replica (columns): a cell far from its row "
+                "is a slow worker (PP009), a row above the others a slow stage (PP003).</p>"
+                '<div id="fig-heatmap" class="plot"></div>'
+            )
     else:
         tl.append('<p class="sub">No device intervals or gaps to draw.</p>')
         for n in td.notes:
             tl.append(f'<div class="note">{esc(n)}</div>')
     tl.append("</section>")
     parts.append("".join(tl))
+    parts.append(_critical_path_html(rep))
     # histogram
     if hist:
         slow_txt = ""
@@ -1628,7 +2003,9 @@ def render_html(
     script = (
         "(function(){var F=" + _fig_json(figs) + ";var C=" + json.dumps(config) + ";"
         "for(var id in F){var el=document.getElementById(id);if(!el)continue;"
-        "try{Plotly.newPlot(el,F[id].data,F[id].layout,C);}catch(e){"
+        # the toolbar only where zooming helps (the timeline): elsewhere it covered the data
+        "var c=Object.assign({},C,{displayModeBar:id==='fig-timeline'?'hover':false});"
+        "try{Plotly.newPlot(el,F[id].data,F[id].layout,c);}catch(e){"
         "var d=document.getElementById('ppdiag-errors');"
         "if(d){d.hidden=false;var li=document.createElement('li');"
         "li.textContent=id+': '+e;d.querySelector('ul').appendChild(li);}}}})();"
@@ -1640,7 +2017,7 @@ def render_html(
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
         f"<script>{_ERROR_HOOK}</script><main>" + "".join(parts) + "</main>"
-        f"<script>{get_plotlyjs()}</script><script>{script}</script></body></html>\n"
+        f"<script>{plotly_js()}</script><script>{script}</script></body></html>\n"
     )
 
 

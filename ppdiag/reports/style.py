@@ -12,16 +12,18 @@ from typing import Any
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.facts import balance_of
 
-#: Fill colour of each lost-time cause (colour-blind-aware: Tableau 10 hues, bubble kept neutral
-#: because it is the part of the idle time the schedule itself predicts).
+#: Fill colour of each lost-time cause: the Okabe-Ito colour-blind-safe hues (orange, vermillion,
+#: reddish purple, yellow), wine and brown from Paul Tol's muted set; bubble a light grey, because it
+#: is the part of the idle time the schedule itself predicts. The three greys of the report (bubble,
+#: other compute, optimizer) are far apart in lightness.
 CAUSE_COLORS: dict[str, str] = {
-    "bubble": "#B8BEC8",
-    "imbalance": "#F28E2B",
-    "comm_wait": "#E15759",
-    "exposed_comm": "#B07AA1",
-    "host": "#EDC948",
-    "exposed_copy": "#FF9DA7",
-    "unexplained": "#9C755F",
+    "bubble": "#DADDE2",
+    "imbalance": "#E69F00",
+    "comm_wait": "#D55E00",
+    "exposed_comm": "#CC79A7",
+    "host": "#F0E442",
+    "exposed_copy": "#882255",
+    "unexplained": "#8C6D46",
 }
 
 #: Human label of each cause, as DESIGN.md §5 names them.
@@ -58,16 +60,17 @@ CAUSE_CNAMES: dict[str, str] = {
     "unexplained": "olive",
 }
 
-#: Colours of the work drawn on the timeline, by category.
+#: Colours of the work drawn on the timeline, by category (Okabe-Ito blue, bluish green and sky
+#: blue for F, B and W; a dark and a mid grey for optimizer and other compute).
 WORK_COLORS: dict[str, str] = {
-    "fwd": "#4E79A7",
-    "bwd": "#59A14F",
-    "wgrad": "#76B7B2",
-    "optim": "#5F6B7A",
-    "other": "#A0AEC0",
-    "p2p": "#2F3E56",
-    "collective": "#7A4E8C",
-    "copy": "#8D99AE",
+    "fwd": "#0072B2",
+    "bwd": "#009E73",
+    "wgrad": "#56B4E9",
+    "optim": "#3B4250",
+    "other": "#8E959F",
+    "p2p": "#1B2A41",
+    "collective": "#6A3D9A",
+    "copy": "#A6761D",
 }
 
 WORK_LABELS: dict[str, str] = {
