@@ -468,12 +468,12 @@ def test_browser_harness_sees_requests_injection_and_errors(tmp_path: Path) -> N
 def test_weight_grad_blocks_and_virtual_stages() -> None:
     diag, truth = build_pipeline_diagnosis()
     # zero-bubble style: the last kernel of every backward block is its weight-gradient (W) part,
-    # and the run is interleaved with two virtual stages per rank (chunk 1 = stage r + 4)
+    # and the run is interleaved with two virtual stages per rank (chunk 1 = virtual stage r + 4)
     for rt in diag.run.ranks:
         iv = rt.intervals
         ln = rt.names.index("layer_norm_grad_kernel")
         iv.phase[iv.name == ln] = int(Phase.WGRAD)
-        iv.chunk[:] = np.where(iv.mb % 2 == 1, 1, 0)
+        iv.chunk[:] = np.where(iv.mb % 2 == 1, rt.rank + 4, rt.rank)  # virtual stages r and r + P
     diag.report["run"]["virtual_stages"] = 2
     diag.context["stage_of_rank"] = {r: [r, r + 4] for r in range(4)}
     td = build_timeline(diag)

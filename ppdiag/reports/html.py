@@ -198,6 +198,11 @@ class TimelineData:
     names: dict[int, list[str]] = field(default_factory=dict)
     # critical path of the drawn steps: (row y, start ns, end ns, kind, sender row y or -1, label)
     path: list[tuple[int, int, int, str, int, str]] = field(default_factory=list)
+    pp: int = 1  # pipeline ranks: virtual stage s is chunk s // pp of its rank
+
+    def chunk_index(self, virtual_stage: int) -> int:
+        """The chunk of a virtual stage on its rank (interleaved: s // pp; V-shaped alike)."""
+        return virtual_stage // self.pp if self.pp > 1 else virtual_stage
 
     @property
     def n_blocks(self) -> int:
@@ -392,11 +397,12 @@ class _Level:
 
 
 def _rank_step_blocks(
-    rt: RankTimeline | None, gaps: Any, span: StepSpan, lv: _Level
+    rt: RankTimeline | None, gaps: Any, span: StepSpan, lv: _Level, window: tuple[int, int] | None = None
 ) -> dict[str, dict[str, I64]]:
-    """Merged blocks of one rank in one step, by category (work kinds and cause keys)."""
+    """Merged blocks of one rank in one step, by category (work kinds and cause keys), inside the
+    rank's own ``window`` of that step (the step's span over all ranks when unknown)."""
     out: dict[str, dict[str, I64]] = {}
-    a, b = span.start, span.end
+    a, b = window if window is not None else (span.start, span.end)
     if rt is not None and len(rt.intervals):
         iv = rt.intervals
         off = rt.clock_offset_ns
@@ -552,8 +558,17 @@ def build_timeline(
 
     med = next(s for s in spans if s.median)
 
+    # each rank's own step window: the union spans of consecutive steps overlap when the ranks are
+    # staggered, and a block drawn by both would show twice
+    own = {(w.rank, w.index): (int(w.start), int(w.end)) for w in diag.steps}
+
     def blocks_of(span: StepSpan, lv: _Level) -> dict[int, dict[str, dict[str, I64]]]:
-        return {r.rank: _rank_step_blocks(by.get(r.rank), diag.gaps.get(r.rank), span, lv) for r in rows}
+        return {
+            r.rank: _rank_step_blocks(
+                by.get(r.rank), diag.gaps.get(r.rank), span, lv, own.get((r.rank, span.index))
+            )
+            for r in rows
+        }
 
     tol0 = max(5_000, (med.end - med.start) // 20_000)
     drawn: list[tuple[StepSpan, dict[int, dict[str, dict[str, I64]]]]] = []
@@ -637,6 +652,7 @@ def build_timeline(
         raw_blocks=raw,
         names=names,
         path=_path_pieces(diag, rows, [sp for sp, _ in drawn]),
+        pp=max(1, int(num(((diag.report or {}).get("run") or {}).get("pp")) or 1)),
     )
 
 
@@ -757,7 +773,7 @@ def _block_texts(td: TimelineData, bs: BlockSet, label_ok: bool) -> tuple[list[s
             else:
                 lab = letter
             if td.virtual and chunk[i] >= 0 and lab:
-                lab += f"·v{int(chunk[i])}"
+                lab += f"·v{td.chunk_index(int(chunk[i]))}"
             texts.append(lab if label_ok else "")
             head = f"<b>{esc(WORK_LABELS[bs.category])}{(' ' + lab) if lab else ''}</b>"
             what = f"{int(cnt[i])} kernels, longest: {kname}" if cnt[i] > 1 else kname
@@ -805,7 +821,7 @@ def timeline_figure(td: TimelineData) -> dict[str, Any]:
         )
         if td.virtual and bs.category in _COMPUTE_CATS and not bs.is_cause:
             # one shade per virtual-stage chunk: chunk 0 full, later chunks lighter
-            color = [_shade(str(color), int(c)) for c in bs.cat("chunk").tolist()]
+            color = [_shade(str(color), td.chunk_index(int(c))) for c in bs.cat("chunk").tolist()]
         name = CAUSE_LABELS.get(bs.category, bs.category) if bs.is_cause else WORK_LABELS[bs.category]
         fig.add_trace(
             go.Bar(
