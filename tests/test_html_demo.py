@@ -37,7 +37,8 @@ window.addEventListener('load',function(){setTimeout(function(){
       if(t.name==='forward'||t.name==='backward'){for(var i=0;i<t.base.length;i++){
         out.bars.push([t.name,Math.round(t.y[i]),(t.text||[])[i]||'']);}}
       if(t.name==='critical path')out.path=t.base.length;
-      if(t.name==='transfer on the critical path')out.arrows=Array.prototype.filter.call(t.x,function(v){return v!==null&&v!==undefined&&!isNaN(v);}).length/2;});}
+      if(t.name==='transfer on the critical path')out.arrows=Array.prototype.filter.call(t.x,
+        function(v){return v!==null&&v!==undefined&&!isNaN(v);}).length/2;});}
   var pre=document.createElement('pre');pre.id='probe-result';pre.textContent=JSON.stringify(out);
   document.body.appendChild(pre);},1500);});
 </script>"""
