@@ -92,25 +92,45 @@ def page(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         "logs": dom.stderr + scr.stderr,
         "report": json.loads(js.read_text()),
         "img": decode_png(shot.read_bytes()),
+        "run": run,
     }
 
 
 def test_one_labelled_bar_per_micro_batch_block(page: dict[str, Any]) -> None:
+    """Every micro-batch block the analysis found is one labelled bar (per rank, step, phase,
+    micro-batch and chunk), and on every rank at least one step holds exactly the schedule's
+    blocks: each micro-batch once per chunk, forward and backward."""
+    from collections import Counter
+
+    from ppdiag.api import diagnose
+
     rep = page["report"]
     p, m, v = rep["run"]["pp"], rep["run"]["microbatches"], page["v"]
+    diag = diagnose([page["run"]])
+    pipe = diag.context["pipeline"]
     bars = page["probe"]["bars"]
-    n_steps = len(rep["critical_path"])  # the analyzed steps (all drawn at this size)
-    for name, letter in (("forward", "F"), ("backward", "B")):
-        for row in range(p):
-            labels = [t for n, y, t in bars if n == name and y == row]
-            # the schedule: every micro-batch once per chunk on every rank and step, each labelled
-            if v == 1:
-                want = {f"{letter}{mb}" for mb in range(m)}
-            else:
-                want = {f"{letter}{mb}·v{c}" for mb in range(m) for c in range(v)}
-            assert sorted(labels) == sorted(want) * n_steps or sorted(labels) == sorted(
-                x for x in want for _ in range(n_steps)
-            ), (name, row, sorted(labels))
+    rank_of_row = {i: r for i, r in enumerate(sorted(pipe.blocks, key=lambda r: pipe.topology.stage_of[r]))}
+    for row, rank in rank_of_row.items():
+        b = pipe.blocks[rank]
+        for name, letter, ph in (("forward", "F", 1), ("backward", "B", 2)):
+            sel = b.phase == ph
+            blocks = {
+                (int(k), int(mb), int(vs) // p)
+                for k, mb, vs in zip(b.step[sel], b.mb[sel], b.stage[sel], strict=True)
+            }
+
+            def label(mb: int, c: int, letter: str = letter) -> str:
+                return f"{letter}{mb}" if v == 1 else f"{letter}{mb}·v{c}"
+
+            want = Counter(label(mb, c) for _k, mb, c in blocks)
+            got = Counter(t for n, y, t in bars if n == name and y == row)
+            assert got == want, (name, rank, got, want)
+            schedule = {label(mb, c) for mb in range(m) for c in range(v)}
+            per_step = [
+                sorted(label(mb, c) for k2, mb, c in blocks if k2 == k)
+                for k in range(len(pipe.windows[rank]))
+            ]
+            assert sorted(schedule) in per_step, (name, rank, per_step)
 
 
 def test_critical_path_is_drawn(page: dict[str, Any]) -> None:
@@ -129,3 +149,44 @@ def test_no_error_no_request_and_light(page: dict[str, Any]) -> None:
     if page["schedule"] == "1f1b":
         assert page["size"] <= 2 * 1024 * 1024, page["size"]
     assert np.asarray(page["img"]).shape[0] > 0
+
+
+def test_own_outputs_in_the_run_dir_and_the_overlay(page: dict[str, Any], tmp_path: Path) -> None:
+    """``analyze DIR --perfetto DIR/overlay.json --html DIR/r.html`` twice gives the same result;
+    the overlay has one arrow per matched pair and no partially overlapping slices on a track."""
+    from test_perfetto import _partial_overlaps
+
+    from ppdiag.api import diagnose
+
+    run = page["run"]
+    outs = []
+    for i in range(2):
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ppdiag",
+                "analyze",
+                str(run),
+                "--perfetto",
+                str(run / "overlay.json"),
+                "--html",
+                str(run / "r.html"),
+                "--json",
+                str(tmp_path / f"{i}.json"),
+                "-q",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={"PYTHONPATH": str(ROOT), **_env()},
+        )
+        assert res.returncode == 0, res.stderr[-2000:]
+        rep = json.loads((tmp_path / f"{i}.json").read_text())
+        rep["run"]["warnings"] = [w for w in rep["run"]["warnings"] if "ppdiag wrote" not in w]
+        outs.append(rep)
+    assert outs[0] == outs[1]
+    doc = json.loads((run / "overlay.json").read_text())
+    assert _partial_overlaps(doc) == {}
+    pairs = diagnose([run]).context["pipeline"].pairs
+    assert sum(1 for e in doc["traceEvents"] if e["ph"] == "s" and e["name"] == "p2p") == len(pairs) > 0

@@ -298,10 +298,10 @@ def _walk_step(w: _Walk, members: Sequence[StepWindow]) -> CriticalStep | None:
         ss = min(int(w.tr.send_start[k]), re)
         rs = min(int(w.tr.recv_start[k]), re)
         w.local(rank, re, s)
-        if rs > ss or src not in win or ss < win[src].start:
+        if rs > ss or src not in win or not win[src].start <= ss <= win[src].end:
             # the receive was posted after the send (the data was waiting: the receiver set the
-            # pace), or the sender is not traced in this step or sent before it began: the
-            # transfer from the posting on, and the chain stays on the receiver
+            # pace), or the sender is not traced in this step or sent outside its window of it:
+            # the transfer from the posting on, and the chain stays on the receiver
             a = max(rs if rs > ss else ss, prev_end)
             w.pieces.append((a, re, {"kind": "transfer", "rank": rank, "peer": src}))
             t = a
