@@ -71,7 +71,7 @@ class PerfettoStats:
 
 
 def _stage_label(diag: Diagnosis) -> dict[int, str]:
-    from ppdiag.reports.html import stages_by_rank
+    from ppdiag.reports.html_model import stages_by_rank
 
     return {r: "stage " + ",".join(map(str, v)) for r, v in stages_by_rank(diag).items() if v}
 
