@@ -10,6 +10,7 @@ import msgspec
 import numpy as np
 
 from ppdiag.attribution.causes import RankStep, attribute, rank_step
+from ppdiag.attribution.critical_path import Transfers, critical_paths
 from ppdiag.diagnosis import Cause, Diagnosis, Finding, GapTable, StepWindow
 from ppdiag.facts import stage_balance
 from ppdiag.model import Run
@@ -82,6 +83,14 @@ def analyze_run(
     balance = stage_balance(pipe)
     sections = build_report(run, pipe, steps, attr, balance)
     warnings = list(sections.run.warnings)
+    # the chain of blocks, transfers and gaps that sets each step's length
+    paths = critical_paths(
+        windows,
+        pipe.blocks,
+        Transfers.from_pairs(pipe.pairs, pipe.clocks.offsets),
+        attr.gaps,
+        pipe.topology.stage_of,
+    )
     if skip is not None:
         first = next((w.number for ws in pipe.windows.values() for w in ws[:1]), -1)
         warnings.append(
@@ -125,6 +134,7 @@ def analyze_run(
         run=msgspec.structs.replace(report.run, warnings=warnings),
         findings=[f.to_report() for f in findings],
         whatif=predictions.report_rows(used) if predictions is not None else [],
+        critical_path=list(paths),
     )
     _blame_gaps(attr.gaps, findings)
     return Diagnosis(
@@ -140,6 +150,7 @@ def analyze_run(
             "rank_steps": steps,
             "noise": noise,
             "predictions": predictions,
+            "critical_path": paths,
         },
     )
 

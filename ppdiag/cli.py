@@ -254,6 +254,12 @@ def analyze(
     tp: TP = None,
     jobs: Jobs = None,
     ranks: Annotated[bool, typer.Option("--ranks/--no-ranks", help="Show the per-rank table.")] = True,
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide", help="Every cause column in the terminal tables (default: when the terminal is wide)."
+        ),
+    ] = False,
     quiet: Quiet = False,
     no_cache: NoCache = False,
 ) -> None:
@@ -279,7 +285,7 @@ def analyze(
         if not quiet:
             from ppdiag.reports.terminal import render
 
-            render(diag.report, report_console(), ranks=ranks)
+            render(diag.report, report_console(), ranks=ranks, wide=wide or None)
         _write_reports(diag, json_out, html, md, perfetto, quiet, inputs=list(paths))
     except Exception as exc:
         _fail(exc)

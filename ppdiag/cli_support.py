@@ -22,9 +22,13 @@ err = Console(stderr=True)
 
 
 def report_console() -> Console:
-    """Where the terminal report goes: the terminal's width, or 140 columns in logs (CI)."""
+    """Where the terminal report goes: the terminal's width, or 140 columns in logs (CI); plain
+    text (no colour, no bold) under ``NO_COLOR`` and in a pipe."""
     tty = bool(getattr(sys.stdout, "isatty", None)) and sys.stdout.isatty()
-    return Console() if tty else Console(width=140)
+    plain = bool(os.environ.get("NO_COLOR"))
+    if not tty:
+        return Console(width=140, color_system=None)
+    return Console(color_system=None) if plain else Console()
 
 
 def fail(exc: BaseException) -> NoReturn:

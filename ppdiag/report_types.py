@@ -317,6 +317,49 @@ class Gate(msgspec.Struct, frozen=True):
     warnings: list[str]
 
 
+class PathPiece(msgspec.Struct, frozen=True):
+    """One piece of a step's critical path (``critical_path[].pieces[]``).
+
+    ``kind``: ``block`` (a micro-batch block's compute), ``transfer`` (a matched p2p transfer
+    from ``peer`` to ``rank``), ``gap`` (lost time on ``rank``, with its ``cause``) or ``other``
+    (compute outside the blocks). ``t_ms`` is the piece's start after the path's start. A block
+    is one piece; the short gaps inside it stay in its ``lost_ms`` (and in ``by_stage``).
+    """
+
+    kind: str
+    rank: int
+    stage: int | None
+    t_ms: float
+    dur_ms: float
+    phase: str | None = None
+    mb: int | None = None
+    virtual_stage: int | None = None
+    peer: int | None = None
+    cause: str | None = None
+    lost_ms: dict[str, float] | None = None  # blocks: the lost time inside the block, by cause
+
+
+class StageShare(msgspec.Struct, frozen=True):
+    """Time on the path per stage (``critical_path[].by_stage[]``): the stage's block compute,
+    the transfers into it, compute outside blocks, and the lost time on its ranks by cause (ms)."""
+
+    stage: int | None
+    ms: dict[str, float]
+
+
+class CriticalStep(msgspec.Struct, frozen=True):
+    """The critical path of one step (``critical_path[]``)."""
+
+    step: int  # ProfilerStep number, or the analyzed step index when unnumbered
+    index: int  # analyzed step index
+    start_ns: int  # aligned clock
+    length_ms: float
+    end_rank: int
+    start_rank: int
+    pieces: list[PathPiece]
+    by_stage: list[StageShare]
+
+
 class Report(msgspec.Struct, frozen=True, omit_defaults=True):
     """The whole JSON report. Optional sections default to None and are left out when absent
     (``gate`` is only in reports ``ppdiag check`` writes)."""
@@ -331,6 +374,7 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True):
     findings: list[FindingRow]
     whatif: list[WhatifRow]
     noise: NoiseInfo
+    critical_path: list[CriticalStep] | None = None
     gate: Gate | None = None
 
 
@@ -345,6 +389,7 @@ SECTIONS: dict[str, type[msgspec.Struct]] = {
     "findings": FindingRow,
     "whatif": WhatifRow,
     "noise": NoiseInfo,
+    "critical_path": CriticalStep,
     "gate": Gate,
 }
 

@@ -104,3 +104,94 @@ def test_overlay_of_a_run_without_pipeline(tmp_path: Path) -> None:
         e["args"]["cause"] for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == TID_LOST
     )
     assert causes == {"host": 6, "exposed_comm": 6}
+
+
+# ------------------------------------------------------------------ arrows and tracks on analysed runs
+
+
+def _partial_overlaps(doc: dict[str, Any]) -> Counter[str]:
+    """Per track name: slices that start inside an earlier slice of the track and end after it."""
+    names = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in doc["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+    tracks: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X":
+            tracks.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    bad: Counter[str] = Counter()
+    for key, sl in tracks.items():
+        sl.sort()
+        open_ends: list[float] = []
+        for s, e in sl:
+            # (1e-6 µs: the float sum of a rounded ts and dur, not an overlap)
+            while open_ends and open_ends[-1] <= s + 1e-6:
+                open_ends.pop()
+            if open_ends and e > open_ends[-1] + 1e-6:
+                bad[names.get(key, str(key))] += 1
+            open_ends.append(e)
+    return bad
+
+
+def _analyzed(tmp_path: Path, run: Any) -> Any:
+    from ppdiag.api import diagnose
+    from ppdiag.synth.kineto import write_kineto
+
+    write_kineto(run, tmp_path / "run")
+    return diagnose([tmp_path / "run"])
+
+
+def test_flows_are_the_matched_pairs_and_tracks_never_partially_overlap(tmp_path: Path) -> None:
+    from ppdiag.synth.scenario import make_scenario
+
+    diag = _analyzed(tmp_path, make_scenario(seed=5, steps=3))
+    pairs = diag.context["pipeline"].pairs
+    assert len(pairs) > 0
+    stats = write_perfetto(diag, tmp_path / "overlay.json")
+    doc = _load(tmp_path / "overlay.json")
+    starts = [e for e in doc["traceEvents"] if e["ph"] == "s" and e["name"] == "p2p"]
+    ends = [e for e in doc["traceEvents"] if e["ph"] == "f" and e["name"] == "p2p"]
+    assert stats.flows == len(starts) == len(ends) == len(pairs)
+    # each arrow leaves a send slice of its sender and lands inside a recv slice of its receiver
+    slices: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X":
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for e in starts + ends:
+        assert any(a <= e["ts"] <= b for a, b in slices[(e["pid"], e["tid"])]), e
+    assert {e["pid"] for e in starts} == {int(x) for x in pairs.src}
+    assert _partial_overlaps(doc) == Counter()
+    tnames = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"critical path", "lost time (cause)", "p2p sends (matched)", "p2p recvs (matched)"} <= tnames
+
+
+def test_collective_arrows_go_from_the_last_arriver_to_the_waiters(tmp_path: Path) -> None:
+    from ppdiag.synth.collectives import make_collective_run
+
+    # rank 0 starts each step 1 ms late: in every collective the others wait for it
+    diag = _analyzed(tmp_path, make_collective_run(world=3, late_ms={0: 1.0}, steps=2))
+    stats = write_perfetto(diag, tmp_path / "overlay.json")
+    doc = _load(tmp_path / "overlay.json")
+    s = [e for e in doc["traceEvents"] if e["ph"] == "s" and e["name"] == "last arriver"]
+    f = {e["id"]: e for e in doc["traceEvents"] if e["ph"] == "f" and e["name"] == "last arriver"}
+    assert stats.collective_flows == len(s) > 0
+    # the instances rank 0 arrives last at: its arrows go to both other ranks
+    from_0 = [e for e in s if e["pid"] == 0]
+    assert from_0 and {f[e["id"]]["pid"] for e in from_0} == {1, 2}
+    assert _partial_overlaps(doc) == Counter()
+
+
+def test_lanes_keep_a_track_free_of_overlaps() -> None:
+    import numpy as np
+
+    from ppdiag.reports.perfetto import lanes
+
+    # [0,10) [5,15) [12,20) [14,16): [12,20) reuses lane 0 (free at 10), [14,16) overlaps both
+    # others still open: lane 2; [30,40) overlaps nothing: lane 0
+    ln = lanes(np.array([0, 5, 12, 14, 30]), np.array([10, 15, 20, 16, 40]))
+    assert ln.tolist() == [0, 1, 0, 2, 0]
+    # a chain where each slice overlaps only the next needs two lanes, whatever its length
+    n = 50
+    ln = lanes(np.arange(n) * 10, np.arange(n) * 10 + 15)
+    assert set(ln.tolist()) == {0, 1}

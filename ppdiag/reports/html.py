@@ -1,7 +1,8 @@
 """Self-contained offline HTML report: headline, measured pipeline timeline, per-stage compute
 histograms, lost time by cause, bubble, findings, what-if, run facts (DESIGN.md §7).
 
-The file works without any network: plotly.js is inlined once, there are no fonts or images to
+The file works without any network: plotly.js (the vendored cartesian partial bundle,
+``vendor/``, 1.5 MB instead of the full 4.8 MB) is inlined once, there are no fonts or images to
 fetch, and a Content-Security-Policy forbids every request. Every string that comes from a trace
 is escaped, both in the HTML (``html.escape``) and inside plotly labels (plotly interprets a few
 tags, so names are entity-escaped there too; the figure JSON escapes ``<``, ``>`` and ``/``).
@@ -15,29 +16,30 @@ dropping the shortest ones), saying so on the page.
 
 from __future__ import annotations
 
-import html
+import functools
 import json
-import math
-from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import jinja2
 import numpy as np
 import numpy.typing as npt
+from markupsafe import Markup
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.io import html_marker
-from ppdiag.model.timeline import Direction, Kind, Phase
+from ppdiag.model.timeline import Kind
 from ppdiag.reports import register
 from ppdiag.reports.style import (
     CAUSE_COLORS,
     CAUSE_LABELS,
-    PHASE_LETTERS,
+    PATH_LABELS,
     SEVERITY_COLORS,
-    WORK_COLORS,
-    WORK_LABELS,
     cause_color,
     cause_label,
+    critical_path_rows,
+    evidence_items,
     fmt_ms,
     fmt_pct,
     num,
@@ -47,32 +49,49 @@ from ppdiag.reports.style import (
     slowest_stage,
 )
 
+__all__ = [
+    "CSP",
+    "HtmlReporter",
+    "build_timeline",
+    "plotly_js",
+    "render_html",
+    "stages_by_rank",
+    "timeline_figure",
+    "write_html",
+]
+
 if TYPE_CHECKING:
     from ppdiag.diagnosis import Diagnosis
-    from ppdiag.model.timeline import RankTimeline
+
+from ppdiag.reports.html_figures import (
+    COMPUTE_COLOR,
+    bubble_figure,
+    fig_json,
+    heatmap_figure,
+    histogram_figure,
+    lost_figure,
+    stage_rows,
+    timeline_figure,
+)
+from ppdiag.reports.html_model import (
+    MAX_BLOCKS,
+    MAX_ROWS,
+    TimelineData,
+    build_timeline,
+    esc,
+    ranges_text,
+    short_name,
+    stages_by_rank,
+)
+
+if TYPE_CHECKING:
+    from ppdiag.diagnosis import Diagnosis
 
 I64 = npt.NDArray[np.int64]
 
-MAX_BLOCKS = 20_000  # drawn blocks (work + gaps) over all drawn steps
-MAX_ROWS = 64  # timeline rows (ranks)
-MAX_STEPS = 12  # steps drawn for the step buttons
-TEXT_LIMIT = 4_000  # above this many blocks, labels only in the hover
-
-_PHASE_CAT = {
-    int(Phase.FWD): "fwd",
-    int(Phase.BWD): "bwd",
-    int(Phase.WGRAD): "wgrad",
-    int(Phase.OPTIM): "optim",
-}
-_CAT_ORDER = ("fwd", "bwd", "wgrad", "optim", "other", "p2p", "collective", "copy")
-_COMPUTE_CATS = ("fwd", "bwd", "wgrad", "optim", "other")
-
-# Row geometry (y units, one row per unit): the main band holds compute and gaps, the strip under it
-# holds communication kernels, so a recv that spins during a wait stays visible next to its cause.
-_MAIN_Y, _MAIN_H = -0.07, 0.62
-_COMM_Y, _COMM_H = 0.33, 0.16
-
-_COMPUTE_COLOR = "#3A4A5C"
+#: The plotly.js partial bundle inlined into the page (vendor/README.md: version, source, licence).
+PLOTLY_JS = "plotly-cartesian.min.js"
+PLOTLY_VERSION = "4.1.1"
 
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -80,966 +99,10 @@ CSP = (
 )
 
 
-# ----------------------------------------------------------------------------------------------
-# small helpers
-
-
-def esc(x: Any) -> str:
-    """HTML-escape any value (quotes included)."""
-    return html.escape("" if x is None else str(x), quote=True)
-
-
-def _short(name: str, n: int = 140) -> str:
-    return name if len(name) <= n else name[: n - 1] + "…"
-
-
-def _fmt_val(v: Any) -> str:
-    """A compact text form of an evidence value."""
-    if isinstance(v, bool) or v is None:
-        return str(v).lower() if v is not None else "—"
-    if isinstance(v, float):
-        if v == 0 or 1e-3 <= abs(v) < 1e6:
-            return f"{v:.4g}"
-        return f"{v:.3e}"
-    if isinstance(v, (list, tuple)):
-        items = [_fmt_val(x) for x in v[:20]]
-        more = f", … ({len(v) - 20} more)" if len(v) > 20 else ""
-        return "[" + ", ".join(items) + more + "]"
-    if isinstance(v, dict):
-        return ", ".join(f"{k}: {_fmt_val(x)}" for k, x in list(v.items())[:20])
-    return str(v)
-
-
-# ----------------------------------------------------------------------------------------------
-# the timeline model: merged blocks, built with numpy
-
-
-@dataclass
-class BlockSet:
-    """Drawn blocks of one category (a work kind or a cause) over all rows and drawn steps."""
-
-    category: str
-    is_cause: bool
-    row: list[npt.NDArray[np.int64]] = field(default_factory=list)
-    start: list[I64] = field(default_factory=list)
-    end: list[I64] = field(default_factory=list)
-    count: list[I64] = field(default_factory=list)
-    mb_lo: list[I64] = field(default_factory=list)
-    mb_hi: list[I64] = field(default_factory=list)
-    chunk: list[I64] = field(default_factory=list)
-    peer: list[I64] = field(default_factory=list)  # peer rank (comm) or blamed rank (gaps)
-    direction: list[I64] = field(default_factory=list)
-    name: list[I64] = field(default_factory=list)  # name id of the longest member, -1 for gaps
-    rank: list[I64] = field(default_factory=list)
-
-    def cat(self, attr: str) -> npt.NDArray[np.int64]:
-        parts = getattr(self, attr)
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-    def __len__(self) -> int:
-        return int(sum(len(x) for x in self.start))
-
-
-@dataclass
-class StepSpan:
-    """One analyzed step on the common clock (union over ranks)."""
-
-    index: int
-    number: int
-    start: int
-    end: int
-    drawn: bool = False
-    median: bool = False
-
-    @property
-    def label(self) -> str:
-        return f"step {self.number}" if self.number >= 0 else f"step #{self.index}"
-
-
-@dataclass
-class Row:
-    """One timeline row."""
-
-    rank: int
-    stages: list[int]
-    y: int
-    label: str
-
-
-@dataclass
-class TimelineData:
-    """Everything the timeline figure draws; the blocks are on the common clock in ns."""
-
-    rows: list[Row]
-    spans: list[StepSpan]
-    t0: int
-    sets: dict[str, BlockSet]
-    notes: list[str]
-    shown: StepSpan | None
-    virtual: bool = False
-    raw_blocks: int = 0  # blocks before size reduction (all drawn steps)
-    names: dict[int, list[str]] = field(default_factory=dict)
-
-    @property
-    def n_blocks(self) -> int:
-        return sum(len(s) for s in self.sets.values())
-
-
-def stages_by_rank(diag: Diagnosis) -> dict[int, list[int]]:
-    """Pipeline stage(s) of each rank (several with virtual stages); empty for a run without PP.
-
-    Merges ``run.stage_map``, ``context['stage_of_rank']`` and ``ranks[].stage``; a report that
-    says ``pp`` 1 has no stages, whatever a topology default put in the context.
-    """
-    out: dict[int, list[int]] = {}
-    rep = diag.report or {}
-    if (rep.get("run") or {}).get("pp") == 1:
-        return out
-    smap = (rep.get("run") or {}).get("stage_map") or {}
-    if isinstance(smap, dict):
-        for s, r in smap.items():
-            try:
-                ranks = r if isinstance(r, list) else [r]
-                for rr in ranks:
-                    out.setdefault(int(rr), []).append(int(s))
-            except (TypeError, ValueError):
-                continue
-    ctx = (diag.context or {}).get("stage_of_rank") or {}
-    for r, s in ctx.items():
-        if s is None:
-            continue
-        try:
-            lst = [int(x) for x in s] if isinstance(s, (list, tuple)) else [int(s)]
-            out.setdefault(int(r), [])
-            for x in lst:
-                if x not in out[int(r)]:
-                    out[int(r)].append(x)
-        except (TypeError, ValueError):
-            continue
-    for row in rep.get("ranks") or []:
-        r, s = row.get("rank"), row.get("stage")
-        if isinstance(r, int) and isinstance(s, int) and s not in out.get(r, []):
-            out.setdefault(r, []).append(s)
-    return {r: sorted(v) for r, v in out.items()}
-
-
-def _pick_rows(diag: Diagnosis, max_rows: int, notes: list[str]) -> list[Row]:
-    stages = stages_by_rank(diag)
-    have = [rt.rank for rt in diag.run.ranks]
-    lost: dict[int, float] = {}
-    for row in (diag.report or {}).get("ranks") or []:
-        if isinstance(row.get("rank"), int):
-            lost[row["rank"]] = sum(num(v) or 0.0 for v in (row.get("lost_ms") or {}).values())
-    chosen = list(have)
-    if len(have) > max_rows:
-        by_stage: dict[int, list[int]] = {}
-        for r in have:
-            by_stage.setdefault(stages.get(r, [-1])[0] if stages.get(r) else -1, []).append(r)
-        per = max(1, max_rows // max(1, len(by_stage)))
-        chosen = []
-        for _s, rs in sorted(by_stage.items()):
-            chosen += sorted(rs, key=lambda r: -lost.get(r, 0.0))[:per]
-        chosen = chosen[:max_rows]
-        notes.append(
-            f"{len(have)} ranks: the timeline shows {len(chosen)} of them, the ranks with the most "
-            f"lost time in each stage; every rank is in the tables and the Perfetto overlay."
-        )
-
-    def order(r: int) -> tuple[int, int, int]:
-        s = stages.get(r)
-        return (0, s[0], r) if s else (1, 0, r)
-
-    rows = []
-    for y, r in enumerate(sorted(chosen, key=order)):
-        s = stages.get(r, [])
-        if not s:
-            label = f"rank {r}"
-        elif len(s) == 1:
-            label = f"stage {s[0]} · rank {r}"
-        else:
-            label = f"stages {','.join(map(str, s))} · rank {r}"
-        rows.append(Row(rank=r, stages=s, y=y, label=label))
-    return rows
-
-
-def _step_spans(diag: Diagnosis) -> list[StepSpan]:
-    by: dict[int, StepSpan] = {}
-    for w in diag.steps:
-        sp = by.get(w.index)
-        if sp is None:
-            by[w.index] = StepSpan(w.index, w.number, int(w.start), int(w.end))
-        else:
-            sp.start, sp.end = min(sp.start, int(w.start)), max(sp.end, int(w.end))
-    spans = [by[k] for k in sorted(by) if by[k].end > by[k].start]
-    if spans:
-        durs = [s.end - s.start for s in spans]
-        order = sorted(range(len(spans)), key=lambda i: (durs[i], i))
-        spans[order[(len(order) - 1) // 2]].median = True
-    return spans
-
-
-def _whole_span(diag: Diagnosis, ranks: list[int]) -> StepSpan | None:
-    lo, hi = None, None
-    by = diag.run.by_rank()
-    for r in ranks:
-        rt = by.get(r)
-        if rt is None or len(rt.intervals) == 0:
-            continue
-        a = int(rt.intervals.start.min()) + rt.clock_offset_ns
-        b = int(rt.intervals.end.max()) + rt.clock_offset_ns
-        lo = a if lo is None else min(lo, a)
-        hi = b if hi is None else max(hi, b)
-    for r in ranks:
-        g = diag.gaps.get(r)
-        if g is not None and len(g):
-            lo = int(g.start.min()) if lo is None else min(lo, int(g.start.min()))
-            hi = int(g.end.max()) if hi is None else max(hi, int(g.end.max()))
-    if lo is None or hi is None or hi <= lo:
-        return None
-    return StepSpan(index=0, number=-1, start=lo, end=hi, median=True)
-
-
-def _merge(start: I64, end: I64, key: I64, tol: int, extra: dict[str, I64], name: I64) -> dict[str, I64]:
-    """Merge items of equal ``key`` whose gap is at most ``tol`` (vectorized).
-
-    Returns per merged block: start, end, count, key, the min/max of ``extra['mb']``, the other
-    ``extra`` columns from the block's first item and the ``name`` of its longest item.
-    """
-    n = int(start.shape[0])
-    if n == 0:
-        z = np.zeros(0, np.int64)
-        out = {"start": z, "end": z, "count": z, "key": z, "name": z, "mb_lo": z, "mb_hi": z}
-        out.update({k: z for k in extra})
-        return out
-    order = np.lexsort((start, key))
-    s, e, k = start[order], end[order], key[order]
-    seg_new = np.empty(n, dtype=bool)
-    seg_new[0] = True
-    seg_new[1:] = k[1:] != k[:-1]
-    seg = np.cumsum(seg_new) - 1
-    # running max of end within each key segment: offset segments apart so the max never crosses
-    lo = int(s.min())
-    big = int(e.max()) - lo + tol + 2
-    cm = np.maximum.accumulate((e - lo) + seg * big) - seg * big + lo
-    brk = seg_new.copy()
-    brk[1:] |= s[1:] > cm[:-1] + tol
-    firsts = np.flatnonzero(brk)
-    out = {
-        "start": s[firsts],
-        "end": np.maximum.reduceat(e, firsts),
-        "count": np.diff(np.append(firsts, n)),
-        "key": k[firsts],
-    }
-    mb = extra.get("mb")
-    if mb is not None:
-        mbs = mb[order]
-        out["mb_lo"] = np.minimum.reduceat(mbs, firsts)
-        out["mb_hi"] = np.maximum.reduceat(mbs, firsts)
-    for c, arr in extra.items():
-        if c != "mb":
-            out[c] = arr[order][firsts]
-    # the longest member names the block
-    gid = np.cumsum(brk) - 1
-    o2 = np.lexsort((e - s, gid))
-    lasts = np.append(firsts[1:], n) - 1
-    out["name"] = name[order][o2[lasts]]
-    return out
-
-
-@dataclass
-class _Level:
-    """How coarse the merge is: level 0 keeps micro-batches apart, higher levels only categories."""
-
-    level: int
-    tol: int
-
-
-def _rank_step_blocks(
-    rt: RankTimeline | None, gaps: Any, span: StepSpan, lv: _Level
-) -> dict[str, dict[str, I64]]:
-    """Merged blocks of one rank in one step, by category (work kinds and cause keys)."""
-    out: dict[str, dict[str, I64]] = {}
-    a, b = span.start, span.end
-    if rt is not None and len(rt.intervals):
-        iv = rt.intervals
-        off = rt.clock_offset_ns
-        st = iv.start + off
-        en = iv.end + off
-        sel = (en > a) & (st < b) & (en > st)
-        if sel.any():
-            idx = np.flatnonzero(sel)
-            s = np.maximum(st[idx], a)
-            e = np.minimum(en[idx], b)
-            kind = iv.kind[idx].astype(np.int64)
-            phase = iv.phase[idx].astype(np.int64)
-            mb = iv.mb[idx].astype(np.int64)
-            chunk = iv.chunk[idx].astype(np.int64)
-            peer = iv.peer[idx].astype(np.int64)
-            dirn = iv.direction[idx].astype(np.int64)
-            name = iv.name[idx].astype(np.int64)
-            comp = kind == int(Kind.COMPUTE)
-            # category per item: compute by phase; comm kinds; sync kernels are not drawn
-            cat = np.full(idx.shape[0], -1, np.int64)
-            for ci, c in enumerate(_CAT_ORDER):
-                if c in _COMPUTE_CATS:
-                    if c == "other":
-                        m = comp & ~np.isin(phase, list(_PHASE_CAT))
-                    else:
-                        ph = next(p for p, cc in _PHASE_CAT.items() if cc == c)
-                        m = comp & (phase == ph)
-                elif c == "p2p":
-                    m = kind == int(Kind.P2P)
-                elif c == "collective":
-                    m = kind == int(Kind.COLLECTIVE)
-                else:
-                    m = np.isin(kind, [int(Kind.MEMCPY), int(Kind.MEMSET)])
-                cat[m] = ci
-            keep = cat >= 0
-            for ci, c in enumerate(_CAT_ORDER):
-                m = keep & (cat == ci)
-                if not m.any():
-                    continue
-                if c in _COMPUTE_CATS:
-                    key = (
-                        (mb[m] + 1) * 65536 + (chunk[m] + 1)
-                        if lv.level == 0
-                        else np.zeros(int(m.sum()), np.int64)
-                    )
-                else:
-                    key = ((peer[m] + 1) * 8 + dirn[m]) if lv.level == 0 else np.zeros(int(m.sum()), np.int64)
-                out[c] = _merge(
-                    s[m],
-                    e[m],
-                    key,
-                    lv.tol,
-                    {"mb": mb[m], "chunk": chunk[m], "peer": peer[m], "direction": dirn[m]},
-                    name[m],
-                )
-    if gaps is not None and len(gaps):
-        sel = (gaps.end > a) & (gaps.start < b) & (gaps.end > gaps.start)
-        if sel.any():
-            s = np.maximum(gaps.start[sel], a).astype(np.int64)
-            e = np.minimum(gaps.end[sel], b).astype(np.int64)
-            cause = gaps.cause[sel].astype(np.int64)
-            blame = gaps.blame[sel].astype(np.int64)
-            for ci, c in enumerate(CAUSE_KEYS):
-                m = cause == ci
-                if not m.any():
-                    continue
-                key = blame[m] + 1 if lv.level == 0 else np.zeros(int(m.sum()), np.int64)
-                neg = np.full(int(m.sum()), -1, np.int64)
-                out["cause:" + c] = _merge(
-                    s[m],
-                    e[m],
-                    key,
-                    lv.tol,
-                    {"mb": neg, "chunk": neg, "peer": blame[m], "direction": neg},
-                    neg,
-                )
-    return out
-
-
-def _count(blocks: dict[int, dict[str, dict[str, I64]]]) -> int:
-    return sum(int(v["start"].shape[0]) for per in blocks.values() for v in per.values())
-
-
-def build_timeline(
-    diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int = MAX_ROWS, max_steps: int = MAX_STEPS
-) -> TimelineData:
-    """Turn the diagnosis' columnar timelines and gap tables into drawable merged blocks.
-
-    The median step is always drawn; other steps are added, nearest first, while the total stays
-    under ``max_blocks``. When the median step alone is larger, blocks are merged ever more coarsely
-    and, at last, only the longest ``max_blocks`` are kept; ``notes`` says what was done.
-    """
-    notes: list[str] = []
-    rows = _pick_rows(diag, max_rows, notes)
-    spans = _step_spans(diag)
-    if not spans:
-        whole = _whole_span(diag, [r.rank for r in rows])
-        spans = [whole] if whole else []
-        if whole:
-            notes.append("No step markers were found: the whole captured window is drawn.")
-    by = diag.run.by_rank()
-    virtual = (
-        any(len(r.stages) > 1 for r in rows)
-        or int(((diag.report or {}).get("run") or {}).get("virtual_stages") or 1) > 1
-    )
-    if not spans or not rows:
-        return TimelineData(rows=rows, spans=spans, t0=0, sets={}, notes=notes, shown=None, virtual=virtual)
-
-    med = next(s for s in spans if s.median)
-
-    def blocks_of(span: StepSpan, lv: _Level) -> dict[int, dict[str, dict[str, I64]]]:
-        return {r.rank: _rank_step_blocks(by.get(r.rank), diag.gaps.get(r.rank), span, lv) for r in rows}
-
-    tol0 = max(5_000, (med.end - med.start) // 20_000)
-    drawn: list[tuple[StepSpan, dict[int, dict[str, dict[str, I64]]]]] = []
-    first = blocks_of(med, _Level(0, tol0))
-    raw = _count(first)
-    total = raw
-    if total > max_blocks:
-        lv = _Level(1, tol0)
-        cur = first
-        while _count(cur) > max_blocks and lv.tol < (med.end - med.start) // 200:
-            lv = _Level(1, lv.tol * 4)
-            cur = blocks_of(med, lv)
-        n_merged = _count(cur)
-        msg = (
-            f"Simplified for size: the step has {raw:,} blocks; adjacent blocks of the same kind closer than "
-            f"{lv.tol / 1e6:.3g} ms were merged into {n_merged:,}"
-        )
-        if n_merged > max_blocks:
-            cur = _keep_longest(cur, max_blocks)
-            msg += f", and only the {max_blocks:,} longest were kept"
-        notes.append(msg + ". Zoom in the Perfetto overlay for every kernel.")
-        first = cur
-        total = _count(cur)
-    drawn.append((med, first))
-    med.drawn = True
-    others = sorted((s for s in spans if s is not med), key=lambda s: (abs(s.index - med.index), s.index))
-    skipped = []
-    for sp in others:
-        if len(drawn) >= max_steps:
-            skipped.append(sp)
-            continue
-        bl = blocks_of(sp, _Level(0, tol0))
-        n = _count(bl)
-        if total + n > max_blocks:
-            skipped.append(sp)
-            continue
-        drawn.append((sp, bl))
-        sp.drawn = True
-        total += n
-        raw += n
-    if skipped:
-        nums = sorted(s.number if s.number >= 0 else s.index for s in skipped)
-        notes.append(
-            f"{len(skipped)} of {len(spans)} steps are not drawn to keep the page responsive "
-            f"(steps {_ranges_text(nums)}); the tables cover every step and the Perfetto overlay "
-            "(--perfetto) has every event."
-        )
-
-    sets: dict[str, BlockSet] = {}
-    for _sp, per_rank in drawn:
-        for row in rows:
-            for cat, v in per_rank.get(row.rank, {}).items():
-                is_cause = cat.startswith("cause:")
-                key = cat.split(":", 1)[1] if is_cause else cat
-                bs = sets.setdefault(("cause:" if is_cause else "") + key, BlockSet(key, is_cause))
-                n = int(v["start"].shape[0])
-                if n == 0:
-                    continue
-                bs.row.append(np.full(n, row.y, np.int64))
-                bs.rank.append(np.full(n, row.rank, np.int64))
-                bs.start.append(v["start"])
-                bs.end.append(v["end"])
-                bs.count.append(v["count"])
-                bs.mb_lo.append(v["mb_lo"])
-                bs.mb_hi.append(v["mb_hi"])
-                bs.chunk.append(v["chunk"])
-                bs.peer.append(v["peer"])
-                bs.direction.append(v["direction"])
-                bs.name.append(v["name"])
-    t0 = min(sp.start for sp, _ in drawn)
-    names = {r.rank: by[r.rank].names for r in rows if r.rank in by}
-    return TimelineData(
-        rows=rows,
-        spans=spans,
-        t0=t0,
-        sets=sets,
-        notes=notes,
-        shown=med,
-        virtual=virtual,
-        raw_blocks=raw,
-        names=names,
-    )
-
-
-def _keep_longest(
-    blocks: dict[int, dict[str, dict[str, I64]]], budget: int
-) -> dict[int, dict[str, dict[str, I64]]]:
-    """Keep the ``budget`` longest blocks over all rows and categories (ties: earliest rows first)."""
-    durs = np.concatenate([v["end"] - v["start"] for per in blocks.values() for v in per.values()])
-    if durs.shape[0] <= budget:
-        return blocks
-    cut = np.partition(durs, durs.shape[0] - budget)[durs.shape[0] - budget]
-    ties_left = budget - int((durs > cut).sum())
-    out: dict[int, dict[str, dict[str, I64]]] = {}
-    for r, per in blocks.items():
-        out[r] = {}
-        for c, v in per.items():
-            d = v["end"] - v["start"]
-            m = d > cut
-            tie = np.flatnonzero(d == cut)[: max(0, ties_left)]
-            m[tie] = True
-            ties_left -= int(tie.shape[0])
-            out[r][c] = {k: a[m] for k, a in v.items()}
-    return out
-
-
-def _ranges_text(nums: list[int]) -> str:
-    """``[1, 2, 3, 7]`` → ``"1–3, 7"``."""
-    out: list[str] = []
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(f"{nums[i]}" if i == j else f"{nums[i]}–{nums[j]}")
-        i = j + 1
-    return ", ".join(out)
-
-
-# ----------------------------------------------------------------------------------------------
-# figures
-
-
-def _block_texts(td: TimelineData, bs: BlockSet, label_ok: bool) -> tuple[list[str], list[str]]:
-    """Per-block label and hover text (plotly text: names entity-escaped)."""
-    rows = {r.y: r for r in td.rows}
-    ys = bs.cat("row")
-    st, en = bs.cat("start"), bs.cat("end")
-    cnt, lo, hi = bs.cat("count"), bs.cat("mb_lo"), bs.cat("mb_hi")
-    chunk, peer, dirn, name = bs.cat("chunk"), bs.cat("peer"), bs.cat("direction"), bs.cat("name")
-    texts: list[str] = []
-    hovers: list[str] = []
-    letter = PHASE_LETTERS.get(bs.category, "")
-    for i in range(ys.shape[0]):
-        row = rows[int(ys[i])]
-        dur = (int(en[i]) - int(st[i])) / 1e6
-        at = (int(st[i]) - td.t0) / 1e6
-        where = esc(row.label)
-        if bs.is_cause:
-            blame = int(peer[i])
-            root = ""
-            if blame >= 0 and blame != row.rank:
-                root = f"<br>root cause on rank {blame}"
-            elif blame >= 0:
-                root = "<br>root cause on this rank"
-            texts.append("")
-            hovers.append(
-                f"<b>{esc(cause_label(bs.category))}</b> · {dur:.3f} ms<br>{where} · at {at:.3f} ms"
-                f"{root}" + (f"<br>{int(cnt[i])} gaps merged" if cnt[i] > 1 else "")
-            )
-            continue
-        names = td.names.get(row.rank, [])
-        nid = int(name[i])
-        kname = esc(_short(names[nid])) if 0 <= nid < len(names) else ""
-        if bs.category in _COMPUTE_CATS:
-            if lo[i] >= 0 and lo[i] == hi[i]:
-                lab = f"{letter}{int(lo[i])}"
-            elif lo[i] >= 0:
-                lab = f"{letter}{int(lo[i])}–{int(hi[i])}"
-            else:
-                lab = letter
-            if td.virtual and chunk[i] >= 0 and lab:
-                lab += f"·v{int(chunk[i])}"
-            texts.append(lab if label_ok else "")
-            head = f"<b>{esc(WORK_LABELS[bs.category])}{(' ' + lab) if lab else ''}</b>"
-            what = f"{int(cnt[i])} kernels, longest: {kname}" if cnt[i] > 1 else kname
-        else:
-            d = int(dirn[i])
-            pr = int(peer[i])
-            if bs.category == "p2p" and pr >= 0:
-                verb = {
-                    int(Direction.SEND): "send to",
-                    int(Direction.RECV): "recv from",
-                    int(Direction.BOTH): "send/recv with",
-                }.get(d, "p2p with")
-                head = f"<b>{verb} rank {pr}</b>"
-            else:
-                head = f"<b>{esc(WORK_LABELS[bs.category])}</b>"
-            texts.append("")
-            what = f"{int(cnt[i])} kernels, longest: {kname}" if cnt[i] > 1 else kname
-        hovers.append(f"{head} · {dur:.3f} ms<br>{where} · at {at:.3f} ms<br>{what}")
-    return texts, hovers
-
-
-def timeline_figure(td: TimelineData) -> dict[str, Any]:
-    """The pipeline timeline as a plotly figure dict (one bar trace per category)."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    label_ok = td.n_blocks <= TEXT_LIMIT
-    order = [c for c in _CAT_ORDER if c in td.sets] + [
-        f"cause:{c}" for c in CAUSE_KEYS if f"cause:{c}" in td.sets
-    ]
-    for key in order:
-        bs = td.sets[key]
-        if len(bs) == 0:
-            continue
-        st, en, ys = bs.cat("start"), bs.cat("end"), bs.cat("row")
-        texts, hovers = _block_texts(td, bs, label_ok)
-        comm = bs.category in ("p2p", "collective", "copy") and not bs.is_cause
-        color = CAUSE_COLORS.get(bs.category, "#999") if bs.is_cause else WORK_COLORS[bs.category]
-        name = CAUSE_LABELS.get(bs.category, bs.category) if bs.is_cause else WORK_LABELS[bs.category]
-        fig.add_trace(
-            go.Bar(
-                orientation="h",
-                y=ys.astype(np.float64) + (_COMM_Y if comm else _MAIN_Y),
-                x=(en - st) / 1e6,
-                base=(st - td.t0) / 1e6,
-                width=_COMM_H if comm else _MAIN_H,
-                marker={"color": color, "line": {"width": 0}},
-                name=name,
-                legendgroup="lost" if bs.is_cause else "work",
-                legendgrouptitle={"text": "lost time, by cause" if bs.is_cause else "work"},
-                text=texts if any(texts) else None,
-                textposition="inside",
-                insidetextanchor="middle",
-                textangle=0,
-                textfont={"color": "#ffffff", "size": 11},
-                hovertext=hovers,
-                hovertemplate="%{hovertext}<extra></extra>",
-                cliponaxis=True,
-            )
-        )
-    n = len(td.rows)
-    # the legend sits under the axis, one column per group: room for the longer group
-    n_work = sum(1 for k in order if not k.startswith("cause:"))
-    legend_h = 75 + 19 * max(n_work, len(order) - n_work, 1)
-    shapes: list[dict[str, Any]] = []
-    annotations: list[dict[str, Any]] = []
-    drawn = [s for s in td.spans if s.drawn]
-    for sp in drawn:
-        for x in (sp.start, sp.end):
-            shapes.append(
-                {
-                    "type": "line",
-                    "xref": "x",
-                    "yref": "paper",
-                    "x0": (x - td.t0) / 1e6,
-                    "x1": (x - td.t0) / 1e6,
-                    "y0": 0,
-                    "y1": 1,
-                    "line": {"color": "#555", "width": 1, "dash": "dot"},
-                }
-            )
-        annotations.append(
-            {
-                "xref": "x",
-                "yref": "paper",
-                "x": (sp.start - td.t0) / 1e6,
-                "y": 1.0,
-                "xanchor": "left",
-                "yanchor": "bottom",
-                "showarrow": False,
-                "text": esc(sp.label),
-                "font": {"size": 11, "color": "#444"},
-            }
-        )
-    buttons = []
-    for sp in sorted(drawn, key=lambda s: s.index):
-        a, b = (sp.start - td.t0) / 1e6, (sp.end - td.t0) / 1e6
-        pad = 0.01 * (b - a)
-        buttons.append(
-            {
-                "label": esc(sp.label + (" (median)" if sp.median else "")),
-                "method": "relayout",
-                "args": [{"xaxis.range": [a - pad, b + pad]}],
-            }
-        )
-    if len(drawn) > 1:
-        a = (min(s.start for s in drawn) - td.t0) / 1e6
-        b = (max(s.end for s in drawn) - td.t0) / 1e6
-        buttons.append({"label": "all drawn steps", "method": "relayout", "args": [{"xaxis.range": [a, b]}]})
-    shown = td.shown
-    xr = None
-    if shown is not None:
-        a, b = (shown.start - td.t0) / 1e6, (shown.end - td.t0) / 1e6
-        pad = 0.01 * (b - a)
-        xr = [a - pad, b + pad]
-    layout: dict[str, Any] = {
-        "template": "plotly_white",
-        "barmode": "overlay",
-        "bargap": 0,
-        # rows stay tall enough for block labels while few, and the figure stays on screen when many
-        "height": max(300, 70 + legend_h + n * max(18, min(58, 1400 // max(1, n)))),
-        "margin": {"l": 150, "r": 20, "t": 40, "b": legend_h},
-        "uniformtext": {"minsize": 9, "mode": "hide"},
-        "xaxis": {
-            "title": {"text": "time (ms) on the aligned clock"},
-            "range": xr,
-            "zeroline": False,
-            "showgrid": True,
-            "gridcolor": "#eee",
-        },
-        "yaxis": {
-            "tickvals": [r.y for r in td.rows],
-            "ticktext": [esc(r.label) for r in td.rows],
-            "range": [n - 0.5, -0.5],
-            "showgrid": False,
-            "zeroline": False,
-            "fixedrange": n <= 16,
-        },
-        "legend": {
-            "orientation": "h",
-            "x": 0,
-            "y": 0,
-            "yref": "container",
-            "yanchor": "bottom",
-            "groupclick": "toggleitem",
-            "font": {"size": 12},
-        },
-        "hovermode": "closest",
-        "hoverlabel": {"namelength": -1, "font": {"size": 12}},
-        "shapes": shapes,
-        "annotations": annotations,
-        "dragmode": "zoom",
-        "font": {"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"},
-    }
-    if len(buttons) > 1:
-        layout["updatemenus"] = [
-            {
-                "type": "buttons",
-                "direction": "right",
-                "x": 0,
-                "y": 1.0,
-                "xanchor": "left",
-                "yanchor": "bottom",
-                "pad": {"b": 22},
-                "buttons": buttons,
-                "showactive": True,
-                "font": {"size": 11},
-                "bgcolor": "#f4f6f8",
-                "bordercolor": "#c8ced6",
-            }
-        ]
-        layout["margin"]["t"] = 80
-    fig.update_layout(**layout)
-    return _fig_dict(fig)
-
-
-def _stage_rows(rep: dict[str, Any]) -> list[dict[str, Any]]:
-    return [s for s in rep.get("stages") or [] if isinstance(s, dict)]
-
-
-def histogram_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
-    """Per-stage histograms of forward/backward (and W) time per micro-batch; the slowest stage framed."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    stages = _stage_rows(rep)
-    if not stages:
-        return None
-    series = (
-        ("fwd", "fwd_samples_ms", "fwd_ms"),
-        ("bwd", "bwd_samples_ms", "bwd_ms"),
-        ("wgrad", "wgrad_samples_ms", "wgrad_ms"),
-    )
-    have_samples = any(isinstance(s.get(k), list) and s.get(k) for s in stages for _, k, _ in series)
-    slow = slowest_stage(stages)
-    if not have_samples:
-        # no per-micro-batch samples: mean with p95 whiskers per stage
-        fig = go.Figure()
-        xs = [f"stage {s.get('stage')}" for s in stages]
-        for cat, _k, statk in series:
-            ys = [
-                num((s.get(statk) or {}).get("mean")) if isinstance(s.get(statk), dict) else None
-                for s in stages
-            ]
-            if all(v is None for v in ys):
-                continue
-            p95 = [
-                num((s.get(statk) or {}).get("p95")) if isinstance(s.get(statk), dict) else None
-                for s in stages
-            ]
-            err = [(p - m) if (p is not None and m is not None) else 0 for p, m in zip(p95, ys, strict=True)]
-            fig.add_trace(
-                go.Bar(
-                    x=xs,
-                    y=ys,
-                    name=WORK_LABELS[cat],
-                    marker_color=WORK_COLORS[cat],
-                    error_y={"type": "data", "array": err, "symmetric": False, "arrayminus": [0] * len(err)},
-                    hovertemplate="%{x}: %{y:.3f} ms (mean)<extra>" + WORK_LABELS[cat] + "</extra>",
-                )
-            )
-        fig.update_layout(
-            template="plotly_white",
-            barmode="group",
-            height=360,
-            yaxis_title="ms per micro-batch (mean, whisker = p95)",
-            margin={"l": 60, "r": 20, "t": 30, "b": 40},
-        )
-        return _fig_dict(fig)
-    n = len(stages)
-    cols = min(4, n)
-    nrows = math.ceil(n / cols)
-    titles = []
-    for i, s in enumerate(stages):
-        ranks = s.get("ranks") or []
-        t = f"stage {s.get('stage')}" + (f" · rank {','.join(map(str, ranks[:4]))}" if ranks else "")
-        if i == slow:
-            t = f"<b>{esc(t)} · slowest</b>"
-        titles.append(esc(t) if i != slow else t)
-    fig = make_subplots(
-        rows=nrows,
-        cols=cols,
-        subplot_titles=titles,
-        shared_xaxes="all",
-        horizontal_spacing=0.04,
-        # plotly refuses a spacing above 1 / (rows - 1): many stages (pp >= 33) need less
-        vertical_spacing=min(0.14, 0.5 / (nrows - 1)) if nrows > 1 else 0.1,
-    )
-    # one bin width for every stage, so the histograms compare like with like
-    allv = [float(v) for s in stages for _, k, _ in series for v in (s.get(k) or []) if num(v) is not None]
-    lo, hi = (min(allv), max(allv)) if allv else (0.0, 1.0)
-    width = (hi - lo) / 40 if hi > lo else max(abs(hi), 1e-3) / 20
-    xbins = {"start": lo - width / 2, "end": hi + width, "size": width}
-    for i, s in enumerate(stages):
-        r, c = i // cols + 1, i % cols + 1
-        for cat, key, _ in series:
-            vals = [v for v in (s.get(key) or []) if num(v) is not None]
-            if not vals:
-                continue
-            fig.add_trace(
-                go.Histogram(
-                    x=vals,
-                    name=WORK_LABELS[cat],
-                    legendgroup=cat,
-                    showlegend=(i == 0 or cat == "wgrad"),
-                    marker={"color": WORK_COLORS[cat], "line": {"width": 0.5, "color": "#fff"}},
-                    opacity=0.8,
-                    xbins=xbins,
-                    hovertemplate="%{x} ms: %{y} micro-batches<extra>"
-                    + esc(f"stage {s.get('stage')} ")
-                    + WORK_LABELS[cat]
-                    + "</extra>",
-                ),
-                row=r,
-                col=c,
-            )
-    fig.update_layout(
-        template="plotly_white",
-        barmode="overlay",
-        height=max(300, 230 * nrows + 60),
-        margin={"l": 50, "r": 130, "t": 40, "b": 50},
-        legend={"orientation": "v", "x": 1.01, "y": 1, "yanchor": "top"},
-        font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"},
-    )
-    fig.update_xaxes(title_text="ms per micro-batch", row=nrows)
-    fig.update_yaxes(title_text="micro-batches", col=1)
-    if slow is not None:
-        idx = slow + 1
-        ax = "" if idx == 1 else str(idx)
-        fig.add_shape(
-            type="rect",
-            xref=f"x{ax} domain",
-            yref=f"y{ax} domain",
-            x0=-0.02,
-            x1=1.02,
-            y0=-0.03,
-            y1=1.0,
-            line={"color": CAUSE_COLORS["imbalance"], "width": 3},
-            fillcolor="rgba(242,142,43,0.06)",
-            layer="below",
-        )
-        for ann in fig.layout.annotations:
-            if "slowest" in str(ann.text):
-                ann.font = {"color": "#B35900", "size": 13}
-    return _fig_dict(fig)
-
-
-def _group_rows(rep: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]], str]:
-    stages = _stage_rows(rep)
-    if stages and any(isinstance(s.get("lost_ms"), dict) for s in stages):
-        return [f"stage {s.get('stage')}" for s in stages], stages, "stage"
-    ranks = [r for r in rep.get("ranks") or [] if isinstance(r, dict)]
-    if len(ranks) > 64:
-        ranks = sorted(ranks, key=lambda r: -sum(num(v) or 0 for v in (r.get("lost_ms") or {}).values()))[:64]
-        ranks.sort(key=lambda r: r.get("rank", 0))
-    return [f"rank {r.get('rank')}" for r in ranks], ranks, "rank"
-
-
-def lost_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
-    """Lost time per step by cause, stacked, per stage (per rank for runs without stages)."""
-    import plotly.graph_objects as go
-
-    labels, rows, _what = _group_rows(rep)
-    if not rows:
-        return None
-    fig = go.Figure()
-    for c in CAUSE_KEYS:
-        ys = [num((r.get("lost_ms") or {}).get(c)) or 0.0 for r in rows]
-        if not any(ys):
-            continue
-        fig.add_trace(
-            go.Bar(
-                x=labels,
-                y=ys,
-                name=CAUSE_LABELS[c],
-                marker_color=CAUSE_COLORS[c],
-                hovertemplate="%{x}: %{y:.3f} ms<extra>" + CAUSE_LABELS[c] + "</extra>",
-            )
-        )
-    fig.update_layout(
-        template="plotly_white",
-        barmode="stack",
-        height=380,
-        yaxis_title="ms per step",
-        margin={"l": 60, "r": 20, "t": 20, "b": 40},
-        legend={"orientation": "h", "y": -0.15, "x": 0, "traceorder": "normal"},
-        font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"},
-    )
-    return _fig_dict(fig)
-
-
-def bubble_figure(rep: dict[str, Any]) -> dict[str, Any] | None:
-    """Measured vs theoretical bubble ratio (two bars)."""
-    import plotly.graph_objects as go
-
-    b = rep.get("bubble") or {}
-    meas, theo = num(b.get("measured_ratio")), num(b.get("theoretical_ratio"))
-    if meas is None and theo is None:
-        return None
-    names, vals, colors = [], [], []
-    if theo is not None:
-        names.append("theoretical")
-        vals.append(100 * theo)
-        colors.append("#D5D9E0")
-    if meas is not None:
-        names.append("measured")
-        vals.append(100 * meas)
-        colors.append(
-            CAUSE_COLORS["bubble"] if theo is None or meas <= theo * 1.1 else CAUSE_COLORS["imbalance"]
-        )
-    fig = go.Figure(
-        go.Bar(
-            y=names,
-            x=vals,
-            orientation="h",
-            marker_color=colors,
-            text=[f"{v:.1f} %" for v in vals],
-            textposition="outside",
-            hovertemplate="%{y}: %{x:.2f} % of step<extra></extra>",
-        )
-    )
-    fig.update_layout(
-        template="plotly_white",
-        height=180,
-        margin={"l": 90, "r": 40, "t": 10, "b": 40},
-        xaxis={"title": {"text": "bubble, % of step time"}, "range": [0, max(vals) * 1.25 + 1]},
-        font={"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"},
-    )
-    return _fig_dict(fig)
-
-
-def _fig_dict(fig: Any) -> dict[str, Any]:
-    return {"data": fig.to_plotly_json()["data"], "layout": fig.to_plotly_json()["layout"]}
-
-
-def _fig_json(figs: dict[str, dict[str, Any]]) -> str:
-    import plotly.io as pio
-    from plotly.utils import PlotlyJSONEncoder
-
-    try:
-        text = json.dumps(figs, cls=PlotlyJSONEncoder, separators=(",", ":"))
-    except TypeError:  # pragma: no cover - very old plotly
-        text = pio.to_json(figs)
-    # inside <script>, "</script>" or "<!--" in a string would end or confuse the element
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+@functools.cache
+def plotly_js() -> str:
+    """The vendored plotly.js bundle (cartesian trace types only: bar, scatter, histogram, heatmap)."""
+    return (files("ppdiag.reports") / "vendor" / PLOTLY_JS).read_text(encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1087,6 +150,9 @@ font-size:13px}
 .mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px;word-break:break-all}
 details>summary{cursor:pointer;color:var(--muted);margin:6px 0}
 #ppdiag-errors{background:#fdecea;border:1px solid #f5c2c0;color:#8a1c14;border-radius:6px;padding:8px 12px}
+.howto{background:#f4f7fb;border:1px solid #d6e0ec;border-radius:6px;padding:4px 12px;margin:8px 0;
+font-size:13px}.howto ul{margin:2px 0 6px 18px;padding:0}.howto summary{font-weight:600;color:var(--fg)}
+tr.slow td{font-weight:650;background:#fff6e5}
 .pass{color:#1e7d32;font-weight:700}.fail{color:#b71c1c;font-weight:700}.inconclusive{color:#8a6d00;font-weight:700}
 """
 
@@ -1098,6 +164,51 @@ _ERROR_HOOK = """
   window.addEventListener('unhandledrejection',function(e){show(e.reason||e);});
 })();
 """
+
+
+@functools.cache
+def _env() -> jinja2.Environment:
+    """The page templates (``templates/*.html.j2``), autoescaped: a trace string can only reach the
+    page as text."""
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("ppdiag.reports", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+    )
+
+
+def _how_to_read(td: TimelineData) -> str:
+    """The "how to read this" box above the timeline: what every mark means."""
+    return _env().get_template("howto.html.j2").render(virtual=td.virtual)
+
+
+def _critical_path_html(rep: dict[str, Any]) -> str:
+    """The "critical path by stage and cause" table (mean ms per step)."""
+    rows = critical_path_rows(rep)
+    if not rows:
+        return ""
+    cats = [k for k in ("compute", "transfer", "other", *CAUSE_KEYS) if any(ms.get(k) for _, ms in rows)]
+    total = sum(sum(ms.values()) for _, ms in rows) or 1.0
+    top = max(rows, key=lambda r: r[1].get("compute", 0.0))[0]
+    return (
+        _env()
+        .get_template("critical_path.html.j2")
+        .render(
+            heads=[PATH_LABELS.get(k) or cause_label(k) for k in cats],
+            top=top,
+            rows=[
+                {
+                    "stage": "-" if st is None else st,
+                    "on": sum(ms.values()),
+                    "share": 100 * sum(ms.values()) / total,
+                    "cells": [ms.get(k, 0.0) for k in cats],
+                    "top": st == top,
+                }
+                for st, ms in rows
+            ],
+        )
+    )
 
 
 def _tile(k: str, v: str, sub: str = "") -> str:
@@ -1127,7 +238,11 @@ def _headline(rep: dict[str, Any]) -> str:
             (f"mean {fmt_ms(num(s.get('step_mean_ms')))}, " if num(s.get("step_mean_ms")) is not None else "")
             + (f"p95 {fmt_ms(p95)}" if p95 is not None else ""),
         ),
-        _tile("lost time", fmt_pct(ratio), f"{fmt_ms(total_lost)} per step, mean over ranks"),
+        _tile(
+            "lost time",
+            fmt_pct(ratio),
+            f"{fmt_ms(total_lost)} per step, mean over ranks",
+        ),
         _tile("compute", fmt_ms(comp), "union of compute per rank"),
     ]
     meas, theo = num(b.get("measured_ratio")), num(b.get("theoretical_ratio"))
@@ -1150,11 +265,11 @@ def _headline(rep: dict[str, Any]) -> str:
         base = max(share_step_ms(s) or step, (comp or 0) + total_lost)
         if comp:
             parts.append(
-                f'<span style="width:{100 * comp / base:.3f}%;background:{_COMPUTE_COLOR}" '
+                f'<span style="width:{100 * comp / base:.3f}%;background:{COMPUTE_COLOR}" '
                 f'title="compute {esc(fmt_ms(comp))}"></span>'
             )
             leg.append(
-                f'<span><i class="sw" style="background:{_COMPUTE_COLOR}"></i>'
+                f'<span><i class="sw" style="background:{COMPUTE_COLOR}"></i>'
                 f"compute {esc(fmt_ms(comp))}</span>"
             )
         for c in sorted(CAUSE_KEYS, key=lambda c: -lost[c]):
@@ -1177,7 +292,8 @@ def _headline(rep: dict[str, Any]) -> str:
         items = []
         for c in top:
             fs = sorted(
-                (f for f in finds if f.get("cause") == c), key=lambda f: -(num(f.get("gain_ms")) or 0)
+                (f for f in finds if f.get("cause") == c),
+                key=lambda f: -(num(f.get("gain_ms")) or 0),
             )
             pct = f" ({fmt_pct(share(s, c))} of step)" if step else ""
             fix = ""
@@ -1248,8 +364,7 @@ def _findings_html(rep: dict[str, Any]) -> str:
             ev_rows = (
                 '<table class="evidence"><tbody>'
                 + "".join(
-                    f'<tr><td>{esc(k)}</td><td class="mono">{esc(_fmt_val(v))}</td></tr>'
-                    for k, v in ev.items()
+                    f'<tr><td>{esc(k)}</td><td class="mono">{esc(v)}</td></tr>' for k, v in evidence_items(ev)
                 )
                 + "</tbody></table>"
             )
@@ -1307,7 +422,7 @@ def _stats_cell(d: Any) -> str:
 
 
 def _stage_table(rep: dict[str, Any], slow: int | None) -> str:
-    stages = _stage_rows(rep)
+    stages = stage_rows(rep)
     if not stages:
         return ""
     has_w = any(isinstance(s.get("wgrad_ms"), dict) for s in stages)
@@ -1408,7 +523,11 @@ def _top_kernels(diag: Diagnosis, td: TimelineData, k: int = 6) -> str:
         m = comp & inside
         if not m.any():
             continue
-        tot = np.bincount(iv.name[m], weights=(en[m] - st[m]).astype(np.float64), minlength=len(rt.names))
+        tot = np.bincount(
+            iv.name[m],
+            weights=(en[m] - st[m]).astype(np.float64),
+            minlength=len(rt.names),
+        )
         cnt = np.bincount(iv.name[m], minlength=len(rt.names))
         all_t = float(tot.sum())
         top = np.argsort(-tot)[:k]
@@ -1418,7 +537,8 @@ def _top_kernels(diag: Diagnosis, td: TimelineData, k: int = 6) -> str:
                 continue
             nm = rt.name_of(int(i))
             lines.append(
-                f'<tr><td class="l mono">{esc(_short(nm, 200))}</td><td>{tot[i] / 1e6 / len(spans):.3f}</td>'
+                f'<tr><td class="l mono">{esc(short_name(nm, 200))}</td>'
+                f"<td>{tot[i] / 1e6 / len(spans):.3f}</td>"
                 f"<td>{100 * tot[i] / all_t:.1f} %</td><td>{cnt[i] / len(spans):.0f}</td></tr>"
             )
         blocks.append(
@@ -1442,19 +562,28 @@ def _facts(diag: Diagnosis, rep: dict[str, Any]) -> str:
     items = [
         ("format", run.get("format")),
         ("world size", run.get("world_size")),
-        ("ranks analyzed", _ranges_text(sorted(x for x in run.get("ranks") or [] if isinstance(x, int)))),
+        (
+            "ranks analyzed",
+            ranges_text(sorted(x for x in run.get("ranks") or [] if isinstance(x, int))),
+        ),
         ("pipeline stages (pp)", run.get("pp")),
         ("virtual stages", run.get("virtual_stages")),
         ("schedule", run.get("schedule")),
         ("micro-batches (M)", run.get("microbatches")),
-        ("analyzed steps", _ranges_text(sorted(x for x in run.get("steps") or [] if isinstance(x, int)))),
+        (
+            "analyzed steps",
+            ranges_text(sorted(x for x in run.get("steps") or [] if isinstance(x, int))),
+        ),
         (
             "clock alignment residual",
             f"{num(run.get('clock_residual_us')):.1f} µs"
             if num(run.get("clock_residual_us")) is not None
             else None,
         ),
-        ("ppdiag", f"{tool.get('version', '?')} (report schema {rep.get('schema_version')})"),
+        (
+            "ppdiag",
+            f"{tool.get('version', '?')} (report schema {rep.get('schema_version')})",
+        ),
     ]
     smap = run.get("stage_map")
     if isinstance(smap, dict) and smap:
@@ -1488,11 +617,12 @@ def _facts(diag: Diagnosis, rep: dict[str, Any]) -> str:
 
 
 def render_html(
-    diag: Diagnosis, max_blocks: int = MAX_BLOCKS, max_rows: int = MAX_ROWS, gate: Any = None
+    diag: Diagnosis,
+    max_blocks: int = MAX_BLOCKS,
+    max_rows: int = MAX_ROWS,
+    gate: Any = None,
 ) -> str:
     """The whole report as one self-contained HTML string."""
-    from plotly.offline import get_plotlyjs
-
     rep = diag.report or {}
     gate = gate if gate is not None else (diag.context or {}).get("gate")
     td = build_timeline(diag, max_blocks=max_blocks, max_rows=max_rows)
@@ -1508,7 +638,10 @@ def render_html(
     bub = bubble_figure(rep)
     if bub:
         figs["fig-bubble"] = bub
-    stages = _stage_rows(rep)
+    heat = heatmap_figure(rep, max_rows)
+    if heat:
+        figs["fig-heatmap"] = heat
+    stages = stage_rows(rep)
     slow = slowest_stage(stages)
     run = rep.get("run") or {}
     s = rep.get("summary") or {}
@@ -1541,13 +674,22 @@ def render_html(
         )
         for n in td.notes:
             tl.append(f'<div class="note">{esc(n)}</div>')
+        tl.append(_how_to_read(td))
         tl.append('<div id="fig-timeline" class="plot"></div>')
+        if "fig-heatmap" in figs:
+            tl.append(
+                '<h3>Every replica: compute per step, by stage</h3><p class="sub">Mean compute per step '
+                "of each rank, by stage (rows) and pipeline replica (columns): a cell far from its row "
+                "is a slow worker (PP009), a row above the others a slow stage (PP003).</p>"
+                '<div id="fig-heatmap" class="plot"></div>'
+            )
     else:
         tl.append('<p class="sub">No device intervals or gaps to draw.</p>')
         for n in td.notes:
             tl.append(f'<div class="note">{esc(n)}</div>')
     tl.append("</section>")
     parts.append("".join(tl))
+    parts.append(_critical_path_html(rep))
     # histogram
     if hist:
         slow_txt = ""
@@ -1626,22 +768,30 @@ def render_html(
         "toImageButtonOptions": {"format": "png", "scale": 2},
     }
     script = (
-        "(function(){var F=" + _fig_json(figs) + ";var C=" + json.dumps(config) + ";"
+        "(function(){var F=" + fig_json(figs) + ";var C=" + json.dumps(config) + ";"
         "for(var id in F){var el=document.getElementById(id);if(!el)continue;"
-        "try{Plotly.newPlot(el,F[id].data,F[id].layout,C);}catch(e){"
+        # the toolbar only where zooming helps (the timeline): elsewhere it covered the data
+        "var c=Object.assign({},C,{displayModeBar:id==='fig-timeline'?'hover':false});"
+        "try{Plotly.newPlot(el,F[id].data,F[id].layout,c);}catch(e){"
         "var d=document.getElementById('ppdiag-errors');"
         "if(d){d.hidden=false;var li=document.createElement('li');"
         "li.textContent=id+': '+e;d.querySelector('ul').appendChild(li);}}}})();"
     )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"{html_marker()}"
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
-        f"<script>{_ERROR_HOOK}</script><main>" + "".join(parts) + "</main>"
-        f"<script>{get_plotlyjs()}</script><script>{script}</script></body></html>\n"
+    page = (
+        _env()
+        .get_template("page.html.j2")
+        .render(
+            marker=Markup(html_marker()),
+            csp=Markup(CSP),
+            title=title,
+            css=Markup(_CSS),
+            error_hook=Markup(_ERROR_HOOK),
+            parts=[Markup(p) for p in parts],  # built here, every trace string escaped
+            plotly=Markup(plotly_js()),
+            script=Markup(script),
+        )
     )
+    return page + "\n"
 
 
 def write_html(diag: Diagnosis, path: str | Path, **kw: Any) -> Path:

@@ -12,16 +12,18 @@ from typing import Any
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.facts import balance_of
 
-#: Fill colour of each lost-time cause (colour-blind-aware: Tableau 10 hues, bubble kept neutral
-#: because it is the part of the idle time the schedule itself predicts).
+#: Fill colour of each lost-time cause: the Okabe-Ito colour-blind-safe hues (orange, vermillion,
+#: reddish purple, yellow), wine and brown from Paul Tol's muted set; bubble a light grey, because it
+#: is the part of the idle time the schedule itself predicts. The three greys of the report (bubble,
+#: other compute, optimizer) are far apart in lightness.
 CAUSE_COLORS: dict[str, str] = {
-    "bubble": "#B8BEC8",
-    "imbalance": "#F28E2B",
-    "comm_wait": "#E15759",
-    "exposed_comm": "#B07AA1",
-    "host": "#EDC948",
-    "exposed_copy": "#FF9DA7",
-    "unexplained": "#9C755F",
+    "bubble": "#DADDE2",
+    "imbalance": "#E69F00",
+    "comm_wait": "#D55E00",
+    "exposed_comm": "#CC79A7",
+    "host": "#F0E442",
+    "exposed_copy": "#882255",
+    "unexplained": "#8C6D46",
 }
 
 #: Human label of each cause, as DESIGN.md §5 names them.
@@ -58,16 +60,17 @@ CAUSE_CNAMES: dict[str, str] = {
     "unexplained": "olive",
 }
 
-#: Colours of the work drawn on the timeline, by category.
+#: Colours of the work drawn on the timeline, by category (Okabe-Ito blue, bluish green and sky
+#: blue for F, B and W; a dark and a mid grey for optimizer and other compute).
 WORK_COLORS: dict[str, str] = {
-    "fwd": "#4E79A7",
-    "bwd": "#59A14F",
-    "wgrad": "#76B7B2",
-    "optim": "#5F6B7A",
-    "other": "#A0AEC0",
-    "p2p": "#2F3E56",
-    "collective": "#7A4E8C",
-    "copy": "#8D99AE",
+    "fwd": "#0072B2",
+    "bwd": "#009E73",
+    "wgrad": "#56B4E9",
+    "optim": "#3B4250",
+    "other": "#8E959F",
+    "p2p": "#1B2A41",
+    "collective": "#6A3D9A",
+    "copy": "#A6761D",
 }
 
 WORK_LABELS: dict[str, str] = {
@@ -198,3 +201,75 @@ def share(summary: dict[str, Any], key: str) -> float | None:
     v = num(summary.get("compute_ms")) if key == "compute" else num((summary.get("lost_ms") or {}).get(key))
     st = share_step_ms(summary)
     return v / st if (v is not None and st) else None
+
+
+def evidence_items(ev: dict[str, Any], scalars_only: bool = False) -> list[tuple[str, str]]:
+    """A finding's evidence as (name, value with unit): ``bubble_ms`` → ``("bubble", "47.07 ms")``,
+    ``bubble_share_pct`` → ``("bubble share", "27.7 %")``, ``steps_used`` → ``("steps used", "3")``.
+    Nested values (per-link tables) are shown compactly, or left out with ``scalars_only``."""
+    out: list[tuple[str, str]] = []
+    for k, v in ev.items():
+        if isinstance(v, (dict, list)):
+            if scalars_only or not v:
+                continue
+            val = _nested_text(v)
+        elif isinstance(v, bool) or v is None:
+            val = "yes" if v else "no"
+        elif isinstance(v, (int, float)):
+            val = _unit_value(k, float(v))
+        else:
+            val = str(v)
+        out.append((_evidence_name(k), val))
+    return out
+
+
+_UNITS = (("_ms_per_step", "ms/step"), ("_ms", "ms"), ("_pct", "%"), ("_us", "µs"), ("_mb", "MB"))
+
+
+def _evidence_name(key: str) -> str:
+    for suffix, _ in _UNITS:
+        if key.endswith(suffix):
+            key = key[: -len(suffix)]
+            break
+    return key.replace("_", " ")
+
+
+def _unit_value(key: str, v: float) -> str:
+    for suffix, unit in _UNITS:
+        if key.endswith(suffix):
+            return f"{v:.2f} {unit}" if unit != "%" else f"{v:.1f} %"
+    if key.endswith("ratio"):
+        return fmt_pct(v)
+    return f"{v:g}" if not float(v).is_integer() else str(int(v))
+
+
+def _nested_text(v: Any) -> str:
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_nested_text(x)}" for k, x in list(v.items())[:8]) + (
+            ", …" if len(v) > 8 else ""
+        )
+    if isinstance(v, list):
+        return "[" + ", ".join(_nested_text(x) for x in v[:6]) + (", …" if len(v) > 6 else "") + "]"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+#: Columns of the critical-path table beside the causes: block compute, transfers into the stage,
+#: compute outside blocks.
+PATH_LABELS: dict[str, str] = {"compute": "compute", "transfer": "transfer in", "other": "other compute"}
+
+
+def critical_path_rows(report: dict[str, Any]) -> list[tuple[int | None, dict[str, float]]]:
+    """The report's ``critical_path[]`` as the mean ms per step on the path, per stage and
+    category (``compute``, ``transfer``, ``other`` and the causes); empty without a path."""
+    import msgspec
+
+    from ppdiag.attribution.critical_path import CriticalStep, summarize
+
+    raw = report.get("critical_path") or []
+    try:
+        paths = msgspec.convert(raw, list[CriticalStep])
+    except msgspec.ValidationError:
+        return []
+    return [(r.stage, r.ms) for r in summarize(paths)]

@@ -1,4 +1,10 @@
-"""Terminal report (rich): headline, per-stage and per-rank tables, findings with fixes."""
+"""Terminal report (rich): headline, per-stage and per-rank tables, critical path, findings.
+
+Fits 80 columns: the per-stage and per-rank tables are compact (rank, stage, step, compute, lost,
+top cause) unless ``wide`` is asked for or the console has room for every cause column
+(:data:`WIDE_COLUMNS`). No cell is ever cut: every column folds instead of ending in an ellipsis.
+Colour follows the console (rich turns it off for a pipe and under ``NO_COLOR``).
+"""
 
 from __future__ import annotations
 
@@ -12,9 +18,36 @@ from rich.text import Text
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.reports.sanitize import clean_tree
-from ppdiag.reports.style import CAUSE_LABELS, share, share_step_ms, slowest_stage
+from ppdiag.reports.style import (
+    CAUSE_LABELS,
+    PATH_LABELS,
+    critical_path_rows,
+    evidence_items,
+    share,
+    share_step_ms,
+    slowest_stage,
+)
 
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
+#: Console width from which the full cause tables are shown without ``--wide``.
+WIDE_COLUMNS = 150
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, title_justify="left")
+
+
+def _col(t: Table, name: str, right: bool = True) -> None:
+    # fold, never cut: a narrow terminal wraps a cell instead of ending it in "…"
+    t.add_column(name, justify="right" if right else "left", overflow="fold")
+
+
+def _top_cause(lost: dict[str, Any]) -> str:
+    vals = [(k, float(v)) for k, v in (lost or {}).items() if k in CAUSE_LABELS and v]
+    if not vals:
+        return "-"
+    k, v = max(vals, key=lambda kv: kv[1])
+    return f"{CAUSE_LABELS[k]} {v:.1f}"
 
 
 def _f(v: Any, nd: int = 2) -> str:
@@ -62,21 +95,27 @@ def headline(report: dict[str, Any]) -> Text:
     return t
 
 
-def stage_table(report: dict[str, Any]) -> Table | None:
+def stage_table(report: dict[str, Any], wide: bool = True) -> Table | None:
+    """Per stage: F/B/W per micro-batch, compute and lost time per step; every cause when ``wide``,
+    else the total lost and the top cause."""
     stages = report.get("stages") or []
     if not stages:
         return None
-    t = Table(title="Per stage (ms per step; fwd/bwd per micro-batch)", title_justify="left")
-    t.add_column("stage", justify="right")
-    t.add_column("ranks")
-    t.add_column("fwd", justify="right")
-    t.add_column("bwd", justify="right")
+    t = _table("Per stage (ms per step; fwd/bwd per micro-batch)")
+    _col(t, "stage")
+    _col(t, "ranks", right=False)
+    _col(t, "fwd")
+    _col(t, "bwd")
     has_w = any(s.get("wgrad_ms") for s in stages)
     if has_w:
-        t.add_column("wgrad", justify="right")
-    t.add_column("compute", justify="right")
-    for k in CAUSE_KEYS:
-        t.add_column(CAUSE_LABELS[k], justify="right")
+        _col(t, "wgrad")
+    _col(t, "compute")
+    if wide:
+        for k in CAUSE_KEYS:
+            _col(t, CAUSE_LABELS[k])
+    else:
+        _col(t, "lost")
+        _col(t, "top cause", right=False)
     idx = slowest_stage(stages)
     slow = stages[idx]["stage"] if idx is not None else None
     for s in stages:
@@ -89,19 +128,41 @@ def stage_table(report: dict[str, Any]) -> Table | None:
         if has_w:
             row.append(_f((s.get("wgrad_ms") or {}).get("mean")))
         row.append(_f(s.get("compute_ms")))
-        row += [_f(s["lost_ms"].get(k)) for k in CAUSE_KEYS]
+        if wide:
+            row += [_f(s["lost_ms"].get(k)) for k in CAUSE_KEYS]
+        else:
+            row += [_f(sum(float(v) for v in s["lost_ms"].values())), _top_cause(s["lost_ms"])]
         t.add_row(*row, style="bold" if s["stage"] == slow else None)
     return t
 
 
-def rank_table(report: dict[str, Any], limit: int = 64) -> Table:
-    t = Table(title="Per rank (ms, mean per step)", title_justify="left")
+def rank_table(report: dict[str, Any], limit: int = 64, wide: bool = True) -> Table:
+    """Per rank: the time accounting and every cause when ``wide``, else rank, stage, step,
+    compute, lost and the top cause."""
+    rows = report["ranks"]
+    if not wide:
+        t = _table("Per rank (ms, mean per step)")
+        for c in ("rank", "stage", "step", "compute", "lost"):
+            _col(t, c)
+        _col(t, "top cause", right=False)
+        for r in rows[:limit]:
+            t.add_row(
+                str(r["rank"]),
+                "-" if r.get("stage") is None else str(r["stage"]),
+                _f(r["step_ms"]),
+                _f(r["compute_ms"]),
+                _f(sum(float(v) for v in r["lost_ms"].values())),
+                _top_cause(r["lost_ms"]),
+            )
+        if len(rows) > limit:
+            t.caption = f"{len(rows) - limit} more ranks in the JSON report"
+        return t
+    t = _table("Per rank (ms, mean per step)")
     for c in ("rank", "stage", "step", "compute", "exp. p2p", "exp. coll", "exp. copy", "idle"):
-        t.add_column(c, justify="right")
+        _col(t, c)
     for k in CAUSE_KEYS:
         # the labels of the HTML and Markdown reports; a narrow column wraps them, never cuts them
-        t.add_column(CAUSE_LABELS[k], justify="right", overflow="fold")
-    rows = report["ranks"]
+        _col(t, CAUSE_LABELS[k])
     for r in rows[:limit]:
         t.add_row(
             str(r["rank"]),
@@ -119,6 +180,41 @@ def rank_table(report: dict[str, Any], limit: int = 64) -> Table:
     return t
 
 
+def critical_path_table(report: dict[str, Any], wide: bool = True) -> Table | None:
+    """Mean ms per step on the critical path, by stage: its compute, the transfers into it and the
+    lost time on its ranks (every cause when ``wide``, else the total and the top cause)."""
+    rows = critical_path_rows(report)
+    if not rows:
+        return None
+    total = sum(sum(ms.values()) for _, ms in rows) or 1.0
+    t = _table("Critical path by stage and cause (ms per step: which stage to shorten)")
+    _col(t, "stage")
+    _col(t, "on path")
+    _col(t, "share")
+    cats = ("compute", "transfer", "other") if wide else ("compute", "transfer")
+    for k in cats:
+        _col(t, PATH_LABELS[k])
+    if wide:
+        for k in CAUSE_KEYS:
+            _col(t, CAUSE_LABELS[k])
+    else:
+        _col(t, "lost")
+        _col(t, "top cause", right=False)
+    top = max(rows, key=lambda r: r[1].get("compute", 0.0))[0]
+    for st, ms in rows:
+        on = sum(ms.values())
+        row = ["-" if st is None else str(st), _f(on), f"{100 * on / total:.0f}%"]
+        row += [_f(ms.get(k, 0.0)) for k in cats]
+        lost = {k: ms.get(k, 0.0) for k in CAUSE_KEYS}
+        if wide:
+            row += [_f(lost[k]) for k in CAUSE_KEYS]
+        else:
+            # compute outside blocks joins the lost column here, so the row adds up to "on path"
+            row += [_f(sum(lost.values()) + ms.get("other", 0.0)), _top_cause(lost)]
+        t.add_row(*row, style="bold" if st == top else None)
+    return t
+
+
 def findings_panel(report: dict[str, Any], limit: int = 10) -> Group | Text:
     fs = report.get("findings") or []
     if not fs:
@@ -133,10 +229,9 @@ def findings_panel(report: dict[str, Any], limit: int = 10) -> Group | Text:
             head.append(f"  (gain ≈ {f['gain_ms']:.1f} ms/step, {f['gain_pct']:.0f}%)", style="green")
         body = Text()
         ev = f.get("evidence") or {}
-        if ev:
-            body.append(
-                "evidence: " + ", ".join(f"{k}={v}" for k, v in list(ev.items())[:8]) + "\n", style="dim"
-            )
+        items = evidence_items(ev, scalars_only=True)[:8]
+        if items:
+            body.append("evidence: " + ", ".join(f"{k} {v}" for k, v in items) + "\n", style="dim")
         for fix in f.get("fixes", [])[:4]:
             body.append(f"  → {fix}\n")
         parts.append(Panel(Group(head, body), expand=True, border_style=SEV_STYLE.get(f["severity"], "")))
@@ -145,25 +240,37 @@ def findings_panel(report: dict[str, Any], limit: int = 10) -> Group | Text:
     return Group(*parts)
 
 
-def render(report: dict[str, Any], console: Console | None = None, ranks: bool = True) -> None:
-    """Print the whole terminal report (trace strings without escape sequences or controls)."""
+def render(
+    report: dict[str, Any], console: Console | None = None, ranks: bool = True, wide: bool | None = None
+) -> None:
+    """Print the whole terminal report (trace strings without escape sequences or controls).
+
+    ``wide``: every cause column in the tables; None: when the console has
+    :data:`WIDE_COLUMNS` columns or more.
+    """
     report = clean_tree(report)
     con = console or Console()
+    if wide is None:
+        wide = con.width >= WIDE_COLUMNS
     con.print(Panel(headline(report), title="ppdiag", border_style="blue"))
-    st = stage_table(report)
+    st = stage_table(report, wide=wide)
     if st is not None:
         con.print(st)
+    cp = critical_path_table(report, wide=wide)
+    if cp is not None:
+        con.print(cp)
     if ranks:
-        con.print(rank_table(report))
+        con.print(rank_table(report, wide=wide))
     con.print(findings_panel(report))
     if report.get("whatif"):
         from ppdiag.whatif.render import whatif_table
 
-        con.print(
-            whatif_table(
-                report["whatif"], "What if (simulated from the measured stage costs)", lost=False, notes=True
-            )
+        wt = whatif_table(
+            report["whatif"], "What if (simulated from the measured stage costs)", lost=False, notes=True
         )
+        for c in wt.columns:  # fold long notes (a flag name) instead of cutting them
+            c.overflow = "fold"
+        con.print(wt)
     warns = report["run"].get("warnings") or []
     if warns:
         con.print(Text(f"warnings ({len(warns)}):", style="yellow"))

@@ -1,0 +1,358 @@
+"""The critical path of every step: the chain of blocks, transfers and gaps that sets its length.
+
+Walked backwards on the measured, aligned timeline from the end of the step on the rank that
+finished it last. At a block the walk asks what released it: the previous block on its rank or
+its matched incoming transfer, whichever ended last. A transfer whose receive was waiting when
+the send was issued leads to its sender at that time, and from there to the sender's last block
+before it; a receive posted after the send (the data was there) keeps the chain on the receiver.
+Everything between two links of the chain on one rank (the wait after a receive, the host's delay
+before a send, the tail of the step) is split by the gap table into causes; what is not a gap
+there is compute outside the blocks (optimizer, other kernels). The walk stops at the start of
+the step on the rank it reached.
+
+The pieces tile the path without overlap, so their durations add up to the path length.
+"Which stage do I shorten" is then read off the ``by_stage`` table: each stage's compute on the
+path, the transfers into it and the lost time on its ranks by cause.
+
+Collectives are not followed across ranks: a wait in a collective stays on the waiting rank with
+the cause the attribution gave it (a late member's root cause).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.diagnosis import CAUSE_KEYS, GapTable, StepWindow
+from ppdiag.model import Phase
+from ppdiag.pipeline.blocks import Blocks
+from ppdiag.pipeline.clocks import Pairs
+from ppdiag.report_types import CriticalStep, PathPiece, StageShare
+
+# a receive that ends this little after the block start (at most a tenth of the block) still
+# released it (the receive and the block's first kernel on two streams); clipped to the block start
+RELEASE_TOL_NS = 5_000
+
+_PHASE_LETTER = {int(Phase.FWD): "F", int(Phase.BWD): "B", int(Phase.WGRAD): "W"}
+#: Categories of the ``by_stage`` table, in column order.
+CATEGORIES: tuple[str, ...] = ("compute", "transfer", "other", *CAUSE_KEYS)
+
+
+@dataclass(frozen=True)
+class Transfers:
+    """Matched p2p transfers on the aligned clock, sorted by receiver then receive end."""
+
+    src: npt.NDArray[np.int32]
+    dst: npt.NDArray[np.int32]
+    send_start: npt.NDArray[np.int64]
+    recv_start: npt.NDArray[np.int64]
+    recv_end: npt.NDArray[np.int64]
+
+    @classmethod
+    def from_pairs(cls, pairs: Pairs, offsets: Mapping[int, int]) -> Transfers:
+        """The matched pairs of the pipeline with each side moved onto the aligned clock."""
+        src = pairs.src.astype(np.int32)
+        dst = pairs.dst.astype(np.int32)
+        off_s = np.array([offsets.get(int(r), 0) for r in src], dtype=np.int64)
+        off_d = np.array([offsets.get(int(r), 0) for r in dst], dtype=np.int64)
+        return cls.build(src, dst, pairs.send_start + off_s, pairs.recv_start + off_d, pairs.recv_end + off_d)
+
+    @classmethod
+    def build(
+        cls,
+        src: npt.ArrayLike,
+        dst: npt.ArrayLike,
+        send_start: npt.ArrayLike,
+        recv_start: npt.ArrayLike,
+        recv_end: npt.ArrayLike,
+    ) -> Transfers:
+        """From columns in any order (sorted here)."""
+        s = np.asarray(src, dtype=np.int32)
+        d = np.asarray(dst, dtype=np.int32)
+        ss = np.asarray(send_start, dtype=np.int64)
+        rs = np.asarray(recv_start, dtype=np.int64)
+        re = np.asarray(recv_end, dtype=np.int64)
+        o = np.lexsort((re, d))
+        return cls(s[o], d[o], ss[o], rs[o], re[o])
+
+
+class _Walk:
+    """Per-rank sorted blocks and gaps, and the piece list of the walk in progress."""
+
+    def __init__(
+        self,
+        blocks: Mapping[int, Blocks],
+        transfers: Transfers,
+        gaps: Mapping[int, GapTable],
+        stage_of: Mapping[int, int],
+    ) -> None:
+        self.blocks: dict[int, Blocks] = {}
+        self.bend: dict[int, npt.NDArray[np.int64]] = {}
+        for r, b in blocks.items():
+            if not len(b):
+                continue
+            o = np.argsort(b.end, kind="stable")
+            self.blocks[r] = b.take(o)
+            self.bend[r] = self.blocks[r].end
+        self.gaps: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int8]]] = {}
+        for r, g in gaps.items():
+            o = np.argsort(g.start, kind="stable")
+            self.gaps[r] = (g.start[o], g.end[o], g.cause[o])
+        self.tr = transfers
+        self.stage_of = stage_of
+        self.pieces: list[tuple[int, int, dict[str, object]]] = []  # (start, end, fields)
+
+    def local(self, rank: int, lo: int, hi: int) -> None:
+        """The stretch [lo, hi) on ``rank`` between two links of the chain: gaps by cause, the
+        rest compute outside blocks (neighbouring pieces of one kind and cause merged)."""
+        if hi <= lo:
+            return
+        s, e, c = self._gaps_in(rank, lo, hi)
+        marks: list[tuple[int, int, str | None]] = []
+        t = lo
+        for i in range(len(s)):
+            if int(s[i]) > t:
+                marks.append((t, int(s[i]), None))
+            marks.append((max(int(s[i]), t), int(e[i]), CAUSE_KEYS[int(c[i])]))
+            t = max(t, int(e[i]))
+        if t < hi:
+            marks.append((t, hi, None))
+        merged: list[tuple[int, int, str | None]] = []
+        for m in marks:
+            if merged and merged[-1][2] == m[2] and merged[-1][1] == m[0]:
+                merged[-1] = (merged[-1][0], m[1], m[2])
+            elif m[1] > m[0]:
+                merged.append(m)
+        for x, z, cause in merged:
+            f: dict[str, object] = {"kind": "gap", "cause": cause} if cause else {"kind": "other"}
+            self.pieces.append((x, z, {**f, "rank": rank}))
+
+    def _gaps_in(
+        self, rank: int, lo: int, hi: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int8]]:
+        """The rank's gap pieces clipped to [lo, hi), in time order (a rank's gaps are disjoint)."""
+        empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int8))
+        gs, ge, gc = self.gaps.get(rank, empty)
+        a = max(int(np.searchsorted(gs, lo, side="right")) - 1, 0)
+        b = int(np.searchsorted(gs, hi, side="left"))
+        s = np.clip(gs[a:b], lo, hi)
+        e = np.clip(ge[a:b], lo, hi)
+        keep = e > s
+        return s[keep], e[keep], gc[a:b][keep]
+
+    def block(self, rank: int, j: int, hi: int) -> int:
+        """Block ``j`` of ``rank`` (clipped at ``hi``) as one piece that keeps the lost time
+        inside it by cause (``lost``, ns); its start."""
+        b = self.blocks[rank]
+        s = int(b.start[j])
+        e = min(int(b.end[j]), hi)
+        if e <= s:
+            return s
+        gs, ge, gc = self._gaps_in(rank, s, e)
+        lost = np.bincount(
+            gc.astype(np.int64), weights=(ge - gs).astype(np.float64), minlength=len(CAUSE_KEYS)
+        )
+        self.pieces.append(
+            (
+                s,
+                e,
+                {
+                    "kind": "block",
+                    "rank": rank,
+                    "phase": _PHASE_LETTER.get(int(b.phase[j]), "other"),
+                    "mb": int(b.mb[j]) if int(b.mb[j]) >= 0 else None,
+                    "virtual_stage": int(b.stage[j]) if int(b.stage[j]) >= 0 else None,
+                    "lost": {CAUSE_KEYS[i]: int(v) for i, v in enumerate(lost) if v > 0},
+                },
+            )
+        )
+        return s
+
+    def last_block(self, rank: int, t: int, lo: int) -> int | None:
+        """The last block of ``rank`` that ended by ``t`` and started at or after ``lo``."""
+        ends = self.bend.get(rank)
+        if ends is None:
+            return None
+        j = int(np.searchsorted(ends, t, side="right")) - 1
+        if j < 0 or int(self.blocks[rank].start[j]) < lo:
+            return None
+        return j
+
+    def incoming(self, rank: int, after: int, by: int) -> int | None:
+        """The matched transfer into ``rank`` whose receive ended last in (after, by]."""
+        d = self.tr.dst
+        lo = int(np.searchsorted(d, rank, side="left"))
+        hi = int(np.searchsorted(d, rank, side="right"))
+        if lo == hi:
+            return None
+        re = self.tr.recv_end[lo:hi]
+        k = int(np.searchsorted(re, by, side="right")) - 1
+        if k < 0 or int(re[k]) <= after:
+            return None
+        return lo + k
+
+
+Piece = tuple[int, int, dict[str, object]]
+
+
+def _merge_blocks(pieces: list[Piece]) -> list[Piece]:
+    """Blocks of one (phase, micro-batch, virtual stage) that follow each other on one rank with
+    only local pieces between them (a block cut in per-layer parts) as one block piece: the gaps
+    between the parts go into its ``lost``, compute outside blocks into its compute."""
+
+    def key(f: dict[str, object]) -> tuple[object, ...]:
+        return (f["rank"], f.get("phase"), f.get("mb"), f.get("virtual_stage"))
+
+    out: list[Piece] = []
+    last_block: int | None = None  # index in ``out`` of the last block piece
+    for a, z, f in pieces:
+        if f["kind"] == "block" and last_block is not None and key(out[last_block][2]) == key(f):
+            pa, _, pf = out[last_block]
+            lost: dict[str, int] = dict(pf["lost"])  # type: ignore[call-overload]
+            between = [(ga, gz, str(g["cause"])) for ga, gz, g in out[last_block + 1 :] if g["kind"] == "gap"]
+            between += [(0, v, c) for c, v in f["lost"].items()]  # type: ignore[attr-defined]
+            for ga, gz, c in between:
+                lost[c] = lost.get(c, 0) + gz - ga
+            del out[last_block + 1 :]
+            out[last_block] = (pa, z, {**pf, "lost": lost})
+            continue
+        if f["kind"] == "transfer" or (last_block is not None and f["rank"] != out[last_block][2]["rank"]):
+            last_block = None
+        out.append((a, z, f))
+        if f["kind"] == "block":
+            last_block = len(out) - 1
+    return out
+
+
+def _walk_step(w: _Walk, members: Sequence[StepWindow]) -> CriticalStep | None:
+    """Walk one step back from its end on the rank that finished it last."""
+    win = {m.rank: m for m in members}
+    end_m = max(members, key=lambda m: (m.end, -m.rank))
+    rank, t = end_m.rank, end_m.end
+    w.pieces = []
+    seen: set[tuple[int, int]] = set()
+    while True:
+        w0 = win[rank].start if rank in win else t
+        j = w.last_block(rank, t, w0)
+        if j is None or (rank, j) in seen:
+            break
+        seen.add((rank, j))
+        b = w.blocks[rank]
+        w.local(rank, int(b.end[j]), t)
+        s = w.block(rank, j, t)
+        prev = w.last_block(rank, s, w0)
+        prev_end = int(b.end[prev]) if prev is not None else w0
+        tol = min(RELEASE_TOL_NS, (int(b.end[j]) - s) // 10)
+        k = w.incoming(rank, prev_end, s + tol)
+        if k is None:
+            t = s  # released by the previous block on the rank (or the step start)
+            continue
+        src = int(w.tr.src[k])
+        re = min(int(w.tr.recv_end[k]), s)
+        ss = min(int(w.tr.send_start[k]), re)
+        rs = min(int(w.tr.recv_start[k]), re)
+        w.local(rank, re, s)
+        if rs > ss or src not in win or not win[src].start <= ss <= win[src].end:
+            # the receive was posted after the send (the data was waiting: the receiver set the
+            # pace), or the sender is not traced in this step or sent outside its window of it:
+            # the transfer from the posting on, and the chain stays on the receiver
+            a = max(rs if rs > ss else ss, prev_end)
+            w.pieces.append((a, re, {"kind": "transfer", "rank": rank, "peer": src}))
+            t = a
+            continue
+        w.pieces.append((ss, re, {"kind": "transfer", "rank": rank, "peer": src}))
+        rank, t = src, ss
+    start_rank = rank
+    w0 = win[rank].start if rank in win else t
+    w.local(rank, min(w0, t), t)
+    if not w.pieces:
+        return None
+    pieces = _merge_blocks(sorted(w.pieces, key=lambda p: (p[0], p[1])))
+    p0 = pieces[0][0]
+    out: list[PathPiece] = []
+    agg: dict[int | None, dict[str, int]] = {}
+    for a, z, f in pieces:
+        r = int(f["rank"])  # type: ignore[call-overload]
+        st = w.stage_of.get(r)
+        kind = str(f["kind"])
+        lost: dict[str, int] = f.get("lost", {}) if kind == "block" else {}  # type: ignore[assignment]
+        out.append(
+            PathPiece(
+                kind=kind,
+                rank=r,
+                stage=st,
+                t_ms=round((a - p0) / 1e6, 6),
+                dur_ms=round((z - a) / 1e6, 6),
+                phase=f.get("phase"),  # type: ignore[arg-type]
+                mb=f.get("mb"),  # type: ignore[arg-type]
+                virtual_stage=f.get("virtual_stage"),  # type: ignore[arg-type]
+                peer=f.get("peer"),  # type: ignore[arg-type]
+                cause=f.get("cause"),  # type: ignore[arg-type]
+                lost_ms={c: round(x / 1e6, 6) for c, x in lost.items()} if kind == "block" else None,
+            )
+        )
+        row = agg.setdefault(st, dict.fromkeys(CATEGORIES, 0))
+        if kind == "block":
+            row["compute"] += z - a - sum(lost.values())
+            for c, x in lost.items():
+                row[c] += x
+        else:
+            row[str(f["cause"]) if kind == "gap" else kind] += z - a
+    total = pieces[-1][1] - p0
+    by_stage = [
+        StageShare(st, {k: round(v / 1e6, 6) for k, v in agg[st].items()})
+        for st in sorted(agg, key=lambda x: (x is None, x if x is not None else 0))
+    ]
+    return CriticalStep(
+        step=end_m.number if end_m.number >= 0 else end_m.index,
+        index=end_m.index,
+        start_ns=p0,
+        length_ms=round(total / 1e6, 6),
+        end_rank=end_m.rank,
+        start_rank=start_rank,
+        pieces=out,
+        by_stage=by_stage,
+    )
+
+
+def critical_paths(
+    windows: Sequence[StepWindow],
+    blocks: Mapping[int, Blocks],
+    transfers: Transfers,
+    gaps: Mapping[int, GapTable],
+    stage_of: Mapping[int, int],
+) -> list[CriticalStep]:
+    """The critical path of every analyzed step (steps in time order).
+
+    ``windows``: each rank's analyzed steps on the aligned clock; ``blocks``: each rank's blocks,
+    aligned; ``transfers``: the matched p2p pairs, aligned; ``gaps``: the cause of every piece of
+    lost time; ``stage_of``: each rank's pipeline stage.
+    """
+    w = _Walk(blocks, transfers, gaps, stage_of)
+    if not w.blocks:
+        return []
+    groups: dict[int, list[StepWindow]] = {}
+    for sw in windows:
+        groups.setdefault(sw.number if sw.number >= 0 else -1 - sw.index, []).append(sw)
+    out = [cs for g in groups.values() if (cs := _walk_step(w, g)) is not None]
+    return sorted(out, key=lambda c: c.start_ns)
+
+
+def summarize(paths: Sequence[CriticalStep]) -> list[StageShare]:
+    """Mean ms per step on the critical path, per stage and category, over the given steps."""
+    if not paths:
+        return []
+    acc: dict[int | None, dict[str, float]] = {}
+    for cs in paths:
+        for row in cs.by_stage:
+            a = acc.setdefault(row.stage, dict.fromkeys(CATEGORIES, 0.0))
+            for k, v in row.ms.items():
+                a[k] += v
+    n = len(paths)
+    return [
+        StageShare(st, {k: v / n for k, v in acc[st].items()})
+        for st in sorted(acc, key=lambda x: (x is None, x if x is not None else 0))
+    ]
