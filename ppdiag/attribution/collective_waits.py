@@ -410,7 +410,11 @@ def run_waits(
                 np.r_[rs.sets.p2p[0], rs.sets.collective[0]], np.r_[rs.sets.p2p[1], rs.sets.collective[1]]
             ),
             min(
-                [int(x[0][0]) for x in (rs.sets.compute, rs.sets.p2p, rs.sets.collective, rs.sets.copy) if x[0].size],
+                [
+                    int(x[0][0])
+                    for x in (rs.sets.compute, rs.sets.p2p, rs.sets.collective, rs.sets.copy)
+                    if x[0].size
+                ],
                 default=rs.w0,
             ),
         )
