@@ -396,14 +396,16 @@ class _Columns:
     issue_copy: npt.NDArray[np.int64]
     lead: npt.NDArray[np.int64]
     on_compute: npt.NDArray[np.bool_]
-    prod: list[int]  # the producer node of the wait (-1 without one)
-    t_issue: list[int]  # the fixed issue time of an ``obs_abs`` wait
-    release: list[int | None]
-    edges: list[list[tuple[int, int]]]
     cost_key: list[tuple[int, int, int]]  # (rank, stage, phase): the mean-cost factor's key
-    key: list[tuple[int, int]]  # (rank, step)
-    is_first: list[bool]  # the first block of its (rank, step)
     meas_end: list[int]
+    # in the replay's order (measured start): node ids, the (rank, step) of a step's first block
+    # (None for the others), producers, fixed issue times, and (release, label edges) or None
+    order: npt.NDArray[np.int64]
+    order_l: list[int]
+    first_key_o: list[tuple[int, int] | None]
+    prod_o: list[int]
+    t_issue_o: list[int]
+    deps_o: list[tuple[int | None, list[tuple[int, int]]] | None]
 
     @classmethod
     def of(cls, rp: Replay) -> _Columns:
@@ -439,14 +441,20 @@ class _Columns:
             issue_copy=col(lambda nd: nd.issue_copy),
             lead=col(lambda nd: nd.lead),
             on_compute=flag(lambda nd: nd.on_compute),
-            prod=[nd.obs[0] if nd.obs is not None else -1 for nd in nodes],
-            t_issue=[nd.obs_abs[0] if nd.obs_abs is not None else 0 for nd in nodes],
-            release=[nd.release for nd in nodes],
-            edges=[nd.edges for nd in nodes],
             cost_key=[(nd.rank, nd.stage, nd.phase) for nd in nodes],
-            key=[(nd.rank, nd.step) for nd in nodes],
-            is_first=[rp.first[(nd.rank, nd.step)] == i for i, nd in enumerate(nodes)],
             meas_end=(np.asarray(rp.meas_start, np.int64) + span).tolist() if n else [],
+            order=np.asarray(rp.order, np.int64),
+            order_l=list(rp.order),
+            first_key_o=[
+                (nodes[i].rank, nodes[i].step) if rp.first[(nodes[i].rank, nodes[i].step)] == i else None
+                for i in rp.order
+            ],
+            prod_o=[nodes[i].obs[0] if nodes[i].obs is not None else -1 for i in rp.order],
+            t_issue_o=[nodes[i].obs_abs[0] if nodes[i].obs_abs is not None else 0 for i in rp.order],
+            deps_o=[
+                (nodes[i].release, nodes[i].edges) if nodes[i].release is not None or nodes[i].edges else None
+                for i in rp.order
+            ],
         )
 
 
@@ -806,8 +814,10 @@ class Replay:
         if not ux:
             keep -= cols.pre_ux
         scale = np.where(loc > 0, keep / np.where(loc > 0, loc, 1), 0.0)
-        pre_l: list[float] = (cols.pre * scale).tolist()
-        post_l: list[float] = (cols.post * scale).tolist()
+        # everything the loop reads, in the loop's order (one zip instead of indexing per node)
+        order = cols.order
+        pre_l: list[float] = (cols.pre * scale)[order].tolist()
+        post_l: list[float] = (cols.post * scale)[order].tolist()
         dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
         if balanced is not None:
             factor = np.fromiter(
@@ -822,22 +832,35 @@ class Replay:
             dur = dur - cols.in_copy
         if not ux:
             dur = dur - cols.in_ux
-        dur_l = dur.tolist()
+        dur_l = dur[order].tolist()
         # the wait of each node: 1 its own send (comm removed), 2 a producer block, 3 a fixed issue
         code = np.where(
             cols.send_wait & (not comm), 1, np.where(cols.has_obs, 2, np.where(cols.has_abs, 3, 0))
-        ).tolist()
+        )[order].tolist()
         xfer_a = cols.xfer if comm_excess else np.minimum(cols.xfer, lat)
-        xfer_l = xfer_a.tolist()
-        excess_l = (np.maximum(cols.xfer - lat, 0) if comm_excess else np.zeros_like(cols.xfer)).tolist()
-        extra_l = ((cols.issue if host else 0) + (cols.issue_copy if copy else 0) + 0 * cols.issue).tolist()
-        lead_l = (cols.lead if comm else np.where(cols.on_compute, -NEG_INF, cols.lead)).tolist()
-        prod_l = cols.prod
-        t_issue_l = cols.t_issue
-        release_l = cols.release
-        edges_l = cols.edges
-        first_l = cols.is_first
-        key_l = cols.key
+        excess = np.maximum(cols.xfer - lat, 0) if comm_excess else np.zeros_like(cols.xfer)
+        # code 1 adds the excess, 2 and 3 wait for the transfer
+        add_l = np.where(cols.send_wait & (not comm), excess, xfer_a)[order].tolist()
+        extra_l = (cols.issue if host else 0) + (cols.issue_copy if copy else 0) + 0 * cols.issue
+        lead_a = cols.lead if comm else np.where(cols.on_compute, -NEG_INF, cols.lead)
+        # code 2 waits for its producer's end (+ issue delay), code 3 for a fixed issue time
+        lead_l = lead_a[order].tolist()
+        extra_o = extra_l[order].tolist()
+        rows = zip(
+            cols.order_l,
+            cols.first_key_o,
+            pre_l,
+            post_l,
+            dur_l,
+            code,
+            add_l,
+            lead_l,
+            cols.prod_o,
+            extra_o,
+            cols.t_issue_o,
+            cols.deps_o,
+            strict=True,
+        )
         end: list[int] = list(cols.meas_end)  # a node not replayed yet ends where it was measured
 
         def last_end(key: tuple[int, int]) -> int:
@@ -881,29 +904,26 @@ class Replay:
             w_end[key] = int(val)
             return w_end[key]
 
-        for i in self.order:
-            prev_end = window_start(key_l[i]) if first_l[i] else end[i - 1]
-            base = prev_end + pre_l[i]
-            c = code[i]
+        for i, fk, pre, post, du, c, add, lead, prod, extra, t_iss, deps in rows:
+            base = (window_start(fk) if fk is not None else end[i - 1]) + pre
             if c == 1:
                 # waiting for its own send: no data dependency, the wait overlaps once comm does;
                 # only a slow link's excess over the normal transfer stays (blocking sends)
-                base += excess_l[i]
+                base += add
             elif c == 2:
                 # the transfer starts once the producer issued it and this rank had posted its
                 # side (``lead`` before it began to wait); the block waits for its arrival
-                ready = max(base - lead_l[i], end[prod_l[i]] + extra_l[i])
-                base = max(base, ready + xfer_l[i])
+                ready = max(base - lead, end[prod] + extra)
+                base = max(base, ready + add)
             elif c == 3:
-                base = max(base, max(base - lead_l[i], t_issue_l[i]) + xfer_l[i])
-            rel = release_l[i]
-            if rel is not None:
-                base = max(base, rel)
-            eds = edges_l[i]
-            if eds:
+                base = max(base, max(base - lead, t_iss) + add)
+            if deps is not None:
+                rel, eds = deps
+                if rel is not None:
+                    base = max(base, rel)
                 for p, tau in eds:
                     base = max(base, end[p] + tau)
-            end[i] = int((base + post_l[i]) + dur_l[i])
+            end[i] = int((base + post) + du)
         # the blocks' compute at the mean cost (what is left of each span once its host, copy and
         # other idle is taken out), summed per step by prefix sums
         if balanced is not None:
