@@ -449,8 +449,8 @@ class _Columns:
                 (nodes[i].rank, nodes[i].step) if rp.first[(nodes[i].rank, nodes[i].step)] == i else None
                 for i in rp.order
             ],
-            prod_o=[nodes[i].obs[0] if nodes[i].obs is not None else -1 for i in rp.order],
-            t_issue_o=[nodes[i].obs_abs[0] if nodes[i].obs_abs is not None else 0 for i in rp.order],
+            prod_o=[ob[0] if (ob := nodes[i].obs) is not None else -1 for i in rp.order],
+            t_issue_o=[ab[0] if (ab := nodes[i].obs_abs) is not None else 0 for i in rp.order],
             deps_o=[
                 (nodes[i].release, nodes[i].edges) if nodes[i].release is not None or nodes[i].edges else None
                 for i in rp.order
