@@ -27,6 +27,7 @@ from ppdiag.attribution.causes import (
     _measure_between,
     _Node,
     _P2PIndex,
+    _pools,
 )
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import _group_union_measure
@@ -367,3 +368,18 @@ def test_group_union_measure_equals_one_union_per_group(groups: list[list[tuple[
     got = _group_union_measure(s, e, bounds, ends)
     want = [ivs.measure(ivs.union(s[a:b], e[a:b])) for a, b in zip(bounds, ends, strict=True)]
     assert got.tolist() == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(_sets, _sets, _sets, _sets, _sets)
+def test_pools_equal_the_set_algebra(
+    lost: ivs.ISet, host_set: ivs.ISet, wait_set: ivs.ISet, coll_set: ivs.ISet, copy_set: ivs.ISet
+) -> None:
+    host = ivs.intersect(lost, host_set)
+    wait = ivs.subtract(ivs.intersect(lost, wait_set), host)
+    coll = ivs.subtract(ivs.subtract(ivs.intersect(lost, coll_set), host), wait)
+    copy = ivs.subtract(ivs.subtract(ivs.subtract(ivs.intersect(lost, copy_set), host), wait), coll)
+    other = ivs.subtract(ivs.subtract(ivs.subtract(ivs.subtract(lost, host), wait), coll), copy)
+    got = _pools(lost, [host_set, wait_set, coll_set, copy_set])
+    for g, w in zip(got, [host, wait, coll, other, copy], strict=True):
+        assert g[0].tolist() == w[0].tolist() and g[1].tolist() == w[1].tolist()

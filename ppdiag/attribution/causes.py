@@ -1106,6 +1106,42 @@ _ORDER = ("host", "exposed_copy", "exposed_comm", "comm_wait", "unexplained", "b
 _FALLBACK = (1, 3, 0, 2, 4)
 
 
+def _pools(lost: ivs.ISet, by_rank: list[ivs.ISet]) -> list[ivs.ISet]:
+    """The lost time split into its pools in one sweep: host evidence, then waits, collectives and
+    copies (each taking what the earlier ones left), the rest as "other". Returned in the order
+    host, wait, collective, other, copy; each a sorted disjoint set with touching pieces merged."""
+    if lost[0].size == 0:
+        return [ivs.empty() for _ in range(5)]
+    pts = np.unique(np.concatenate([lost[0], lost[1], *[x for st in by_rank for x in st]]))
+    seg_s, seg_e = pts[:-1], pts[1:]
+
+    def covers(iset: ivs.ISet) -> npt.NDArray[np.bool_]:
+        s, e = iset
+        if s.size == 0:
+            return np.zeros(seg_s.size, np.bool_)
+        j = np.searchsorted(s, seg_s, side="right") - 1
+        return (j >= 0) & (seg_s < e[np.maximum(j, 0)])
+
+    label = np.full(seg_s.size, -1, np.int64)
+    in_lost = covers(lost)
+    label[in_lost] = 3  # other
+    # first matching pool wins: host (0), wait (1), collective (2), copy (4)
+    for pool, iset in reversed(list(zip((0, 1, 2, 4), by_rank, strict=True))):
+        label[in_lost & covers(iset)] = pool
+    out: list[ivs.ISet] = []
+    for pool in range(5):
+        k = np.flatnonzero(label == pool)
+        if k.size == 0:
+            out.append(ivs.empty())
+            continue
+        # adjacent elementary segments of one pool touch: merge them
+        new = np.r_[True, k[1:] != k[:-1] + 1]
+        first = np.flatnonzero(new)
+        last = np.r_[first[1:] - 1, k.size - 1]
+        out.append((seg_s[k[first]].astype(np.int64), seg_e[k[last]].astype(np.int64)))
+    return out
+
+
 def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]]) -> dict[int, GapTable]:
     """Give every lost-time segment one cause so that the totals per (rank, step) are exact.
 
@@ -1114,13 +1150,7 @@ def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]])
     """
     out: dict[int, list[npt.NDArray[np.int64]]] = {}
     for rs in steps:
-        lost = rs.sets.gaps
-        host = ivs.intersect(lost, rs.host_set)
-        wait = ivs.subtract(ivs.intersect(lost, rs.wait_set), host)
-        coll = ivs.subtract(ivs.subtract(ivs.intersect(lost, rs.sets.collective), host), wait)
-        copy = ivs.subtract(ivs.subtract(ivs.subtract(ivs.intersect(lost, rs.sets.copy), host), wait), coll)
-        other = ivs.subtract(ivs.subtract(ivs.subtract(ivs.subtract(lost, host), wait), coll), copy)
-        pools = [host, wait, coll, other, copy]
+        pools = _pools(rs.sets.gaps, [rs.host_set, rs.wait_set, rs.sets.collective, rs.sets.copy])
         left = [ivs.measure(p) for p in pools]
         takes: list[list[tuple[int, int]]] = [[] for _ in pools]  # per pool: (cause, ns)
         c = causes[(rs.rank, rs.step)]
