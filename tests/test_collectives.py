@@ -75,9 +75,11 @@ def _two_ranks() -> Run:
     # transfer: 1 ms), compute [12, 16].
     # Rank 0 therefore waits 7 - 1 = 6 ms for rank 1. Rank 1 arrived 6 ms late: 4 ms host stall
     # (gap [5, 9] with nothing launched) and 2 ms longer compute.
-    # Windows are [1, 16] ms (first kernel to last). Rank 0: lost = 15 - 8 = 7 ms = 1 ms transfer
-    # (exposed_comm) + 4 ms host + 2 ms imbalance (the late rank's causes). Rank 1: lost = 15 - 10
-    # = 5 ms = 4 ms host + 1 ms exposed_comm.
+    # Windows are [0, 16] ms (the host's step start to the last kernel): the first kernel is
+    # launched at 0.9, so each rank has 0.9 ms host before it and 0.1 ms launch latency
+    # (unexplained). Rank 0: lost = 16 - 8 = 8 ms = 1 ms transfer (exposed_comm) + 4 ms host +
+    # 2 ms imbalance (the late rank's causes) + 0.9 host + 0.1 unexplained. Rank 1: lost = 16 - 10
+    # = 6 ms = 4.9 ms host + 1 ms exposed_comm + 0.1 unexplained.
     r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 12, 4.95, "a"), (12, 16, 5.0, "c")])
     r1 = _rank(1, 2, [(1, 5, 0.9, "c"), (9, 11, 9.0, "c"), (11, 12, 10.9, "a"), (12, 16, 11.0, "c")])
     return Run([r0, r1], "kineto")
@@ -96,11 +98,11 @@ def test_two_rank_wait_is_charged_to_the_late_rank() -> None:
         "imbalance": 2.0,
         "comm_wait": 0.0,
         "exposed_comm": 1.0,
-        "host": 4.0,
+        "host": 4.9,
         "exposed_copy": 0.0,
-        "unexplained": 0.0,
+        "unexplained": 0.1,
     }
-    assert c1["host"] == 4.0 and c1["exposed_comm"] == 1.0 and sum(c1.values()) == 5.0
+    assert c1["host"] == 4.9 and c1["exposed_comm"] == 1.0 and sum(c1.values()) == 6.0
     cw = attr.collective_waits
     assert cw is not None and cw.syncs == 1
     assert list(cw.late) == [1]
@@ -164,16 +166,18 @@ def test_p2p_without_peers_waits_for_the_slower_gpu() -> None:
     # Rank 0: compute [1, 5] ms, SendRecv [5, 9.5], compute [9.5, 12].
     # Rank 1: compute [1, 9] (4 ms longer: a slow GPU), SendRecv [9, 9.5] (the 0.5 ms transfer),
     # compute [9.5, 12]. Rank 0 waits 4.5 - 0.5 = 4 ms for rank 1's longer compute: imbalance.
-    # Windows [1, 12]: rank 0 lost = 11 - 6.5 = 4.5 = 4 imbalance + 0.5 exposed_comm; rank 1 lost
-    # = 11 - 10.5 = 0.5 exposed_comm.
+    # Windows [0, 12] (0.9 ms host and 0.1 ms launch latency before the first kernel): rank 0
+    # lost = 12 - 6.5 = 5.5 = 4 imbalance + 0.5 exposed_comm + 1; rank 1 lost = 12 - 10.5 = 1.5 =
+    # 0.5 exposed_comm + 1.
     r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 9.5, 4.95, "p"), (9.5, 12, 5.0, "c")])
     r1 = _rank(1, 2, [(1, 9, 0.9, "c"), (9, 9.5, 4.95, "p"), (9.5, 12, 5.0, "c")])
     diag = analyze_run(Run([r0, r1], "kineto"), Options())
     assert diag.report["run"]["pp"] == 1
     attr = diag.context["attribution"]
     c0, c1 = _ms(attr.causes[(0, 0)]), _ms(attr.causes[(1, 0)])
-    assert c0["imbalance"] == 4.0 and c0["exposed_comm"] == 0.5 and sum(c0.values()) == 4.5
-    assert c1["exposed_comm"] == 0.5 and sum(c1.values()) == 0.5
+    assert c0["imbalance"] == 4.0 and c0["exposed_comm"] == 0.5 and sum(c0.values()) == 5.5
+    assert c0["host"] == 0.9 and c1["host"] == 0.9
+    assert c1["exposed_comm"] == 0.5 and sum(c1.values()) == 1.5
     (f,) = [f for f in diag.findings if f.code == "PP009"]
     assert f.ranks == [1] and f.cause == "imbalance"
     assert f.evidence["late_ranks"]["1"]["reasons_ms_per_step"]["compute"] == 4.0
@@ -201,8 +205,9 @@ def test_waits_propagate_from_tensor_to_data_parallel_groups() -> None:
     # arrive at 8, ranks 2, 3 at 10, all leave at 11: ranks 0 and 1 wait 2 ms. Rank 1 waits for
     # rank 3's longer compute (imbalance); rank 0 waits for rank 2, which was late only because it
     # waited for rank 3 in the TP all-reduce: inherited, imbalance too. Compute C [11, 12].
-    # Windows [1, 12]. Lost: ranks 0, 1, 2: 11 - 7 = 4 = 2 imbalance + 2 transfer; rank 3: 11 - 9
-    # = 2 transfer. With rank 3 on time every rank would leave the DP all-reduce at 9: 2 ms saved.
+    # Windows [0, 12], each with 0.95 ms host and 0.05 ms launch latency before its first kernel.
+    # Lost: ranks 0, 1, 2: 12 - 7 = 5 = 2 imbalance + 2 transfer + 1; rank 3: 12 - 9 = 3 = 2
+    # transfer + 1. With rank 3 on time every rank would leave the DP all-reduce at 9: 2 ms saved.
     fast = [(1, 5, "c"), (5, 6, "tp"), (6, 8, "c"), (8, 11, "dp"), (11, 12, "c")]
     r2 = [(1, 5, "c"), (5, 8, "tp"), (8, 10, "c"), (10, 11, "dp"), (11, 12, "c")]
     r3 = [(1, 7, "c"), (7, 8, "tp"), (8, 10, "c"), (10, 11, "dp"), (11, 12, "c")]
@@ -211,7 +216,7 @@ def test_waits_propagate_from_tensor_to_data_parallel_groups() -> None:
     attr = diag.context["attribution"]
     for r in (0, 1, 2):
         c = _ms(attr.causes[(r, 0)])
-        assert c["imbalance"] == 2.0 and c["exposed_comm"] == 2.0 and sum(c.values()) == 4.0, (r, c)
+        assert c["imbalance"] == 2.0 and c["exposed_comm"] == 2.0 and sum(c.values()) == 5.0, (r, c)
     assert _ms(attr.causes[(3, 0)])["exposed_comm"] == 2.0
     (f,) = [f for f in diag.findings if f.code == "PP009"]
     assert f.ranks == [3] and f.cause == "imbalance"
@@ -223,12 +228,14 @@ def test_waits_propagate_from_tensor_to_data_parallel_groups() -> None:
 def test_a_wait_hidden_under_compute_names_nobody() -> None:
     # Rank 0 waits 6 ms in the all-reduce [5, 12] but computes beside it the whole time (an
     # overlapped gradient reduce): nothing is lost on rank 0, so rank 1 (compute [1, 11], its
-    # all-reduce [11, 12]: the 1 ms transfer) made nobody lose time.
+    # all-reduce [11, 12]: the 1 ms transfer) made nobody lose time. (Each window begins at the
+    # host's step start 0: 0.9 ms host and 0.1 ms launch latency before the first kernel.)
     r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 12, 4.95, "a"), (5, 12, 4.96, "c")])
     r1 = _rank(1, 2, [(1, 11, 0.9, "c"), (11, 12, 10.9, "a")])
     diag = analyze_run(Run([r0, r1], "kineto"), Options())
     attr = diag.context["attribution"]
-    assert sum(attr.causes[(0, 0)].values()) == 0
+    c0 = _ms(attr.causes[(0, 0)])
+    assert sum(c0.values()) == 1.0 and c0["host"] == 0.9 and c0["exposed_comm"] == 0.0
     assert _ms(attr.causes[(1, 0)])["exposed_comm"] == 1.0
     assert not attr.collective_waits.late
     assert not [f for f in diag.findings if f.code == "PP009"]

@@ -173,6 +173,10 @@ HARD = {
     "p4_interleaved_stage_x2": dict(
         schedule="interleaved_1f1b", virtual=2, pp=4, microbatches=8, faults=[F.SlowStage(1, 2.0)]
     ),
+    "p4_link_x25": dict(schedule="1f1b", pp=4, microbatches=8, faults=[F.SlowLink(1, factor=25.0)]),
+    "p8_stage_x2": dict(schedule="1f1b", pp=8, microbatches=16, faults=[F.SlowStage(5, 2.0)]),
+    "p4_interleaved": dict(schedule="interleaved_1f1b", virtual=2, pp=4, microbatches=8),
+    "p8_interleaved": dict(schedule="interleaved_1f1b", virtual=2, pp=8, microbatches=16),
 }
 
 
@@ -182,6 +186,10 @@ def test_slow_link_and_slow_stage_match_the_counterfactual_truth(tmp_path: Path,
     rep, truth = _diagnose(tmp_path, fmt=fmt, **dict(HARD[name]))
     _check_structure(rep, truth)
     _check_causes(rep, truth)
+    if not any(isinstance(f, F.SlowLink) for f in HARD[name].get("faults", [])):  # type: ignore[attr-defined]
+        # fault-free links: no comm_wait invented by the clocks (under 0.5 % of the step)
+        for r in rep["ranks"]:
+            assert r["lost_ms"]["comm_wait"] < 0.005 * truth["ranks"][str(r["rank"])]["step_ms"], r
     if name == "p8_link_x25":
         # the whole pipeline runs at the slow link's pace: comm_wait is a large share of the step
         for r in rep["ranks"]:

@@ -308,8 +308,10 @@ def test_oversubscribed_host_shared_stalls_are_low(tmp_path: Path) -> None:
 
 def test_warmup_first_step_left_out(tmp_path: Path) -> None:
     """A slow first step (warm-up) is left out with a warning: no jitter finding, steps used 3."""
-    # SlowStep counts the recording's steps from 0; the first profiled step is its step 1
-    run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=4, faults=[F.SlowStep(1, 40.0)])
+    # SlowStep counts the recorded steps from 0: its step 0 is the first profiled step (the delay
+    # before the step's first kernel lies inside that step's window, which starts at the host's
+    # ProfilerStep)
+    run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=4, faults=[F.SlowStep(0, 40.0)])
     write_kineto(run, tmp_path)
     rep = diagnose([tmp_path], Options()).report
     assert rep["noise"]["first_step_excluded"] and rep["noise"]["steps_used"] == 3

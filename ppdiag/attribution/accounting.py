@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from ppdiag.model import Intervals, Kind
 from ppdiag.model import intervals as ivs
@@ -52,12 +53,40 @@ class WindowSets:
     copy: ivs.ISet  # copies (memcpy/memset) under none of the above
 
 
+# per intervals object: its order by start, the sorted starts and the running maximum of the ends
+# in that order, built once instead of per step; the entry keeps the object it was built from, so
+# a reused id() never matches
+_BY_START: dict[
+    int, tuple[Intervals, npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+] = {}
+_BY_START_MAX = 256
+
+
+def _by_start(iv: Intervals) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    hit = _BY_START.get(id(iv))
+    if hit is not None and hit[0] is iv and hit[1].size == len(iv):
+        return hit[1], hit[2], hit[3]
+    order = np.argsort(iv.start, kind="stable").astype(np.int64)
+    st = iv.start[order]
+    reach = np.maximum.accumulate(iv.end[order]) if order.size else iv.end[order]
+    if len(_BY_START) >= _BY_START_MAX:
+        _BY_START.clear()
+    _BY_START[id(iv)] = (iv, order, st, reach)
+    return order, st, reach
+
+
 def window_sets(iv: Intervals, offset: int, lo: int, hi: int) -> WindowSets:
     """Interval sets of ``iv`` (own clock; ``offset`` maps to the window's clock) inside ``[lo, hi)``."""
-    s = iv.start + offset
-    e = iv.end + offset
+    order, st, reach = _by_start(iv)
+    # the intervals that reach into the window: binary search on the sorted starts and on the
+    # running maximum of the ends (no scan of the whole rank per step)
+    j0 = int(np.searchsorted(reach, lo - offset, side="right"))
+    j1 = int(np.searchsorted(st, hi - offset, side="left"))
+    idx = order[j0:j1]
+    s = iv.start[idx] + offset
+    e = iv.end[idx] + offset
     near = (e > lo) & (s < hi)
-    s, e, k = s[near], e[near], iv.kind[near]
+    s, e, k = s[near], e[near], iv.kind[idx][near]
     busy = np.isin(k, COMPUTE_KINDS)
     comp = ivs.clip(ivs.union(s[busy], e[busy]), lo, hi)
     pm = k == int(Kind.P2P)

@@ -43,6 +43,7 @@ finding's gain.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -215,6 +216,52 @@ def _split_local(rs: RankStep, lo: int, hi: int) -> tuple[int, int, int, int, in
     return (busy, host, max(hi - lo - busy - host - copy - p2p, 0), copy, p2p)
 
 
+def _prefix_measure(iset: ivs.ISet, t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Measure of a sorted disjoint set before each time in ``t`` (binary search and prefix sums)."""
+    s, e = iset
+    if s.size == 0:
+        return np.zeros(t.shape, np.int64)
+    lens = e - s
+    before = np.concatenate([[0], np.cumsum(lens)])
+    k = np.searchsorted(s, t, side="right") - 1
+    kc = np.maximum(k, 0)
+    inside = np.clip(t - s[kc], 0, lens[kc])
+    return np.where(k >= 0, before[kc] + inside, 0).astype(np.int64)
+
+
+def _measure_between(
+    iset: ivs.ISet, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """:func:`ivs.measure_in` of a sorted disjoint set for each ``[lo[i], hi[i])`` at once."""
+    if iset[0].size == 0 or lo.size == 0:
+        return np.zeros(lo.shape, np.int64)
+    got = _prefix_measure(iset, hi) - _prefix_measure(iset, lo)
+    return np.where(hi > lo, got, 0)
+
+
+def _last_waits(
+    wait_set: ivs.ISet, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """For each span ``[lo[i], hi[i])``: whether transfer time lies in it, and the last run of it
+    (pieces at most ``WAIT_JOIN_NS`` apart are one wait) clipped to the span, as (start, end);
+    ``(hi, hi)`` where there is none."""
+    s, e = wait_set
+    n = lo.size
+    if s.size == 0 or n == 0:
+        return np.zeros(n, np.bool_), hi.copy(), hi.copy()
+    i0 = np.searchsorted(e, lo, side="right")  # first piece that reaches past lo
+    i1 = np.searchsorted(s, hi, side="left")  # pieces before this begin before hi
+    has = (i1 > i0) & (hi > lo)
+    last = np.maximum(i1 - 1, 0)
+    # the first piece of each run of pieces joined by short gaps
+    join = np.r_[False, (s[1:] - e[:-1]) <= WAIT_JOIN_NS]
+    run_first = np.maximum.accumulate(np.where(join, 0, np.arange(s.size)))
+    k = np.maximum(run_first[last], i0)
+    start = np.where(has, np.maximum(s[np.minimum(k, s.size - 1)], lo), hi)
+    end = np.where(has, np.minimum(e[last], hi), hi)
+    return has, start.astype(np.int64), end.astype(np.int64)
+
+
 class _P2PIndex:
     """One rank's p2p intervals on the aligned clock, sorted by start, for "which transfer held
     the rank during ``[lo, hi]``" in O(log n + overlaps) per wait instead of a scan of the rank."""
@@ -326,6 +373,91 @@ class _IssueIndex:
         return int(arr[j]) if j >= 0 else None
 
 
+@dataclass
+class _Columns:
+    """The replay's nodes as columns: what every variant reads, without per-node attribute access."""
+
+    pre: npt.NDArray[np.int64]
+    post: npt.NDArray[np.int64]
+    pre_host: npt.NDArray[np.int64]
+    pre_coll: npt.NDArray[np.int64]
+    pre_copy: npt.NDArray[np.int64]
+    pre_ux: npt.NDArray[np.int64]
+    span: npt.NDArray[np.int64]
+    busy: npt.NDArray[np.int64]
+    in_host: npt.NDArray[np.int64]
+    in_ux: npt.NDArray[np.int64]
+    in_copy: npt.NDArray[np.int64]
+    send_wait: npt.NDArray[np.bool_]
+    has_obs: npt.NDArray[np.bool_]
+    has_abs: npt.NDArray[np.bool_]
+    xfer: npt.NDArray[np.int64]  # the observed transfer of the wait (0 without one)
+    issue: npt.NDArray[np.int64]  # the producer's issue delay
+    issue_copy: npt.NDArray[np.int64]
+    lead: npt.NDArray[np.int64]
+    on_compute: npt.NDArray[np.bool_]
+    cost_key: list[tuple[int, int, int]]  # (rank, stage, phase): the mean-cost factor's key
+    meas_end: list[int]
+    # in the replay's order (measured start): node ids, the (rank, step) of a step's first block
+    # (None for the others), producers, fixed issue times, and (release, label edges) or None
+    order: npt.NDArray[np.int64]
+    order_l: list[int]
+    first_key_o: list[tuple[int, int] | None]
+    prod_o: list[int]
+    t_issue_o: list[int]
+    deps_o: list[tuple[int | None, list[tuple[int, int]]] | None]
+
+    @classmethod
+    def of(cls, rp: Replay) -> _Columns:
+        nodes = rp.nodes
+        n = len(nodes)
+
+        def col(get: Callable[[_Node], int]) -> npt.NDArray[np.int64]:
+            return np.fromiter((get(nd) for nd in nodes), np.int64, n)
+
+        def flag(get: Callable[[_Node], bool]) -> npt.NDArray[np.bool_]:
+            return np.fromiter((get(nd) for nd in nodes), np.bool_, n)
+
+        span = col(lambda nd: nd.span)
+        return cls(
+            pre=col(lambda nd: nd.pre),
+            post=col(lambda nd: nd.post),
+            pre_host=col(lambda nd: nd.pre_host),
+            pre_coll=col(lambda nd: nd.pre_coll),
+            pre_copy=col(lambda nd: nd.pre_copy),
+            pre_ux=col(lambda nd: nd.pre_ux),
+            span=span,
+            busy=col(lambda nd: nd.busy),
+            in_host=col(lambda nd: nd.in_host),
+            in_ux=col(lambda nd: nd.in_ux),
+            in_copy=col(lambda nd: nd.in_copy),
+            send_wait=flag(lambda nd: nd.send_wait),
+            has_obs=flag(lambda nd: nd.obs is not None),
+            has_abs=flag(lambda nd: nd.obs_abs is not None),
+            xfer=col(
+                lambda nd: nd.obs[2] if nd.obs is not None else nd.obs_abs[1] if nd.obs_abs is not None else 0
+            ),
+            issue=col(lambda nd: nd.obs[1] if nd.obs is not None else 0),
+            issue_copy=col(lambda nd: nd.issue_copy),
+            lead=col(lambda nd: nd.lead),
+            on_compute=flag(lambda nd: nd.on_compute),
+            cost_key=[(nd.rank, nd.stage, nd.phase) for nd in nodes],
+            meas_end=(np.asarray(rp.meas_start, np.int64) + span).tolist() if n else [],
+            order=np.asarray(rp.order, np.int64),
+            order_l=list(rp.order),
+            first_key_o=[
+                (nodes[i].rank, nodes[i].step) if rp.first[(nodes[i].rank, nodes[i].step)] == i else None
+                for i in rp.order
+            ],
+            prod_o=[ob[0] if (ob := nodes[i].obs) is not None else -1 for i in rp.order],
+            t_issue_o=[ab[0] if (ab := nodes[i].obs_abs) is not None else 0 for i in rp.order],
+            deps_o=[
+                (nodes[i].release, nodes[i].edges) if nodes[i].release is not None or nodes[i].edges else None
+                for i in rp.order
+            ],
+        )
+
+
 class Replay:
     """The block graph of the analyzed steps and its evaluation under counterfactual changes."""
 
@@ -399,6 +531,7 @@ class Replay:
         last_stage: int,
     ) -> None:
         self.steps = steps
+        self._cols: _Columns | None = None
         self.nodes: list[_Node] = []
         self.first: dict[tuple[int, int], int] = {}
         self.count: dict[tuple[int, int], int] = {}
@@ -426,81 +559,90 @@ class Replay:
             b = rs.blocks
             self.first[(rs.rank, rs.step)] = len(self.nodes)
             self.count[(rs.rank, rs.step)] = len(b)
-            prev_end = rs.w0
-            for i in range(len(b)):
-                s, e = int(b.start[i]), int(b.end[i])
-                lo = min(prev_end, s)
-                w_s, w_e = ivs.window(rs.wait_set, lo, s)
-                if w_s.size:
-                    # the wait that released the block is the last run of transfer time before it
-                    # (pieces a few µs apart are one wait); earlier transfers were exposed comm
-                    k = w_s.size - 1
-                    while k > 0 and w_s[k] - w_e[k - 1] <= WAIT_JOIN_NS:
-                        k -= 1
-                    wait_start, rel = int(w_s[k]), int(w_e[-1])
-                    held = p2p_index[rs.rank].blocking(wait_start, rel)
-                    # transfers of other operations before the one that held the rank (a send on
-                    # the compute stream before the receive) are exposed comm, not the wait
-                    if held[0] >= 0 and not timelines[rs.rank].cpu_only:
-                        # the wait is the exposed span of that operation; other transfers before or
-                        # after it (a send on the compute stream, a receive whose data was there)
-                        # are exposed comm around the wait
-                        rel = max(min(rel, held[3]), wait_start)
-                        wait_start = min(max(wait_start, held[2]), rel)
-                else:
-                    wait_start = rel = s
-                pre = wait_start - lo
-                post = s - rel
-                # local pieces outside the wait span
-                p2p_host = _m(rs.p2p_host, lo, wait_start) + _m(rs.p2p_host, rel, s)
-                host = _m(rs.host_set, lo, wait_start) + _m(rs.host_set, rel, s) + p2p_host
-                coll = (
-                    _m(rs.sets.collective, lo, wait_start)
-                    + _m(rs.sets.collective, rel, s)
-                    + _m(rs.sets.p2p, lo, wait_start)
-                    + _m(rs.sets.p2p, rel, s)
-                    - p2p_host
-                )
-                copy = _m(rs.sets.copy, lo, wait_start) + _m(rs.sets.copy, rel, s)
-                lost = _m(rs.sets.gaps, lo, wait_start) + _m(rs.sets.gaps, rel, s)
-                ux = max(lost - host - coll - copy, 0)
-                in_lost = _m(rs.sets.gaps, s, e)
-                in_copy = min(_m(rs.sets.copy, s, e), in_lost)
-                in_host = min(_m(rs.host_set, s, e), in_lost - in_copy)
-                node = _Node(
-                    rs.rank,
-                    rs.step,
-                    i,
-                    e - s,
-                    int(b.busy[i]),
-                    in_host,
-                    in_lost - in_host - in_copy,
-                    in_copy,
-                    int(b.phase[i]),
-                    int(b.stage[i]),
-                    pre,
-                    post,
-                    host,
-                    coll,
-                    ux,
-                    copy,
-                )
+            cpu = timelines[rs.rank].cpu_only
+            s_a = b.start.astype(np.int64)
+            e_a = b.end.astype(np.int64)
+            # the end of the rank's work before each block (the window start before the first)
+            reach = np.maximum.accumulate(np.r_[np.int64(rs.w0), e_a])
+            prev_a = reach[:-1]
+            lo_a = np.minimum(prev_a, s_a)
+            # The wait that released each block is the last run of transfer time before it (pieces
+            # a few µs apart are one wait); earlier transfers were exposed comm.
+            has_w, ws_a, rel_a = _last_waits(rs.wait_set, lo_a, s_a)
+            held_l: list[tuple[int, int, int, int]] = []
+            on_comp_l: list[bool] = []
+            idx = p2p_index[rs.rank]
+            for j in np.flatnonzero(has_w).tolist():
+                wait_start, rel = int(ws_a[j]), int(rel_a[j])
+                held = idx.blocking(wait_start, rel)
+                # transfers of other operations before the one that held the rank (a send on
+                # the compute stream before the receive) are exposed comm, not the wait
+                if held[0] >= 0 and not cpu:
+                    # the wait is the exposed span of that operation; other transfers before or
+                    # after it (a send on the compute stream, a receive whose data was there)
+                    # are exposed comm around the wait
+                    rel = max(min(rel, held[3]), wait_start)
+                    wait_start = min(max(wait_start, held[2]), rel)
+                    ws_a[j], rel_a[j] = wait_start, rel
+                held_l.append(held)
+                on_comp_l.append(idx.on_compute_at(wait_start, rel))
+            pre_a = ws_a - lo_a
+            post_a = s_a - rel_a
+            sets = rs.sets
+
+            m = _measure_between
+            # local pieces outside the wait span
+            p2p_host = m(rs.p2p_host, lo_a, ws_a) + m(rs.p2p_host, rel_a, s_a)
+            host_a = m(rs.host_set, lo_a, ws_a) + m(rs.host_set, rel_a, s_a) + p2p_host
+            coll_a = (
+                m(sets.collective, lo_a, ws_a)
+                + m(sets.collective, rel_a, s_a)
+                + m(sets.p2p, lo_a, ws_a)
+                + m(sets.p2p, rel_a, s_a)
+                - p2p_host
+            )
+            copy_a = m(sets.copy, lo_a, ws_a) + m(sets.copy, rel_a, s_a)
+            lost_a = m(sets.gaps, lo_a, ws_a) + m(sets.gaps, rel_a, s_a)
+            ux_a = np.maximum(lost_a - host_a - coll_a - copy_a, 0)
+            in_lost = m(sets.gaps, s_a, e_a)
+            in_copy = np.minimum(m(sets.copy, s_a, e_a), in_lost)
+            in_host = np.minimum(m(rs.host_set, s_a, e_a), in_lost - in_copy)
+            rows = zip(
+                s_a.tolist(),
+                e_a.tolist(),
+                b.busy.tolist(),
+                in_host.tolist(),
+                (in_lost - in_host - in_copy).tolist(),
+                in_copy.tolist(),
+                b.phase.tolist(),
+                b.stage.tolist(),
+                b.mb.tolist(),
+                pre_a.tolist(),
+                post_a.tolist(),
+                host_a.tolist(),
+                coll_a.tolist(),
+                ux_a.tolist(),
+                copy_a.tolist(),
+                has_w.tolist(),
+                rel_a.tolist(),
+                ws_a.tolist(),
+                strict=True,
+            )
+            step_key = rs.number if rs.number >= 0 else rs.step
+            k_w = 0
+            for i, row in enumerate(rows):
+                s, e, busy, ih, iu, ic, ph, st, mb, pre, post, h, co, u, cp, w, rel, wst = row
+                node = _Node(rs.rank, rs.step, i, e - s, busy, ih, iu, ic, ph, st, pre, post, h, co, u, cp)
                 nid = len(self.nodes)
                 self.nodes.append(node)
                 self.meas_start.append(s)
-                if w_s.size:
-                    pending.append((nid, held, rel, wait_start))
-                    node.on_compute = p2p_index[rs.rank].on_compute_at(wait_start, rel)
-                if int(b.mb[i]) >= 0:
-                    by_key[
-                        (
-                            rs.number if rs.number >= 0 else rs.step,
-                            int(b.stage[i]),
-                            int(b.phase[i]),
-                            int(b.mb[i]),
-                        )
-                    ] = nid
-                prev_end = max(prev_end, e)
+                if w:
+                    pending.append((nid, held_l[k_w], rel, wst))
+                    node.on_compute = on_comp_l[k_w]
+                    k_w += 1
+                if mb >= 0:
+                    by_key[(step_key, st, ph, mb)] = nid
+            prev_end = int(reach[-1])
             t_lo, t_hi = prev_end, rs.w1
             busy_t = _m(rs.sets.compute, t_lo, t_hi)
             # exposed p2p after the last block (a send on the compute stream) is exposed comm too
@@ -520,11 +662,18 @@ class Replay:
                 )
         self._find_step_syncs()
         # per-rank block ends for "which block did the peer finish last"
+        # (one sort by rank, then each rank's slice: no scan of all nodes per rank)
+        n_rank = np.fromiter((nd.rank for nd in self.nodes), np.int64, len(self.nodes))
+        n_end = np.asarray(self.meas_start, np.int64) + np.fromiter(
+            (nd.span for nd in self.nodes), np.int64, len(self.nodes)
+        )
+        by_r = np.argsort(n_rank, kind="stable")
+        r_sorted = n_rank[by_r]
         for r in {rs.rank for rs in steps}:
-            ids = [i for i, n in enumerate(self.nodes) if n.rank == r]
-            ends = np.array([self.meas_start[i] + self.nodes[i].span for i in ids], dtype=np.int64)
+            ids_a = by_r[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")]
+            ends = n_end[ids_a]
             o = np.argsort(ends, kind="stable")
-            ends_by_rank[r] = (ends[o], [ids[j] for j in o])
+            ends_by_rank[r] = (ends[o], ids_a[o].tolist())
         issues = _IssueIndex(ops, timelines)
         by_rank_step = {(rs.rank, rs.step): rs for rs in steps}
         for nid, (peer, wdir, posted, op_end), rel, wait_start in pending:
@@ -617,6 +766,12 @@ class Replay:
                 if abs(b_rs.w0 - a_rs.w1) <= STEP_JOIN_NS:
                     self.prev_step[(b_rs.rank, b_rs.step)] = (a_rs.rank, a_rs.step)
 
+    def _columns(self) -> _Columns:
+        """The nodes as columns (built once, reused by every variant)."""
+        if self._cols is None:
+            self._cols = _Columns.of(self)
+        return self._cols
+
     def run(
         self,
         *,
@@ -641,26 +796,76 @@ class Replay:
         in the same variant (a faster previous step lets the next one begin earlier); the first
         analyzed step keeps its measured start.
         """
-        n = len(self.nodes)
-        start = [0] * n
-        end = [0] * n
-        done = [False] * n
+        cols = self._columns()
         lat = self.normal_latency
         w_start: dict[tuple[int, int], int] = {}
         w_end: dict[tuple[int, int], int] = {}
         sync_end: dict[int, int] = {}
-
-        def lead_of(nd: _Node) -> int:
-            # with exposed comm removed a receive queued on the compute stream is posted early (on
-            # its own stream): the transfer may run under the rank's previous work
-            return nd.lead if (comm or not nd.on_compute) else -NEG_INF
-
-        def node_end(j: int) -> int:
-            return end[j] if done[j] else self.meas_start[j] + self.nodes[j].span
+        # Every per-node quantity that depends only on the variant, computed for all nodes at once;
+        # the loop below keeps only the dependencies (the same arithmetic as one node at a time).
+        loc = cols.pre + cols.post
+        keep = loc.copy()
+        if not host:
+            keep -= cols.pre_host
+        if not comm:
+            keep -= cols.pre_coll
+        if not copy:
+            keep -= cols.pre_copy
+        if not ux:
+            keep -= cols.pre_ux
+        scale = np.where(loc > 0, keep / np.where(loc > 0, loc, 1), 0.0)
+        # everything the loop reads, in the loop's order (one zip instead of indexing per node)
+        order = cols.order
+        pre_l: list[float] = (cols.pre * scale)[order].tolist()
+        post_l: list[float] = (cols.post * scale)[order].tolist()
+        dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
+        if balanced is not None:
+            factor = np.fromiter(
+                (balanced.get(k, 1.0) for k in cols.cost_key), np.float64, len(cols.cost_key)
+            )
+            dur = cols.busy * factor + cols.in_host + cols.in_ux + cols.in_copy
+        else:
+            dur = cols.span.copy()
+        if not host:
+            dur = dur - cols.in_host
+        if not copy:
+            dur = dur - cols.in_copy
+        if not ux:
+            dur = dur - cols.in_ux
+        dur_l = dur[order].tolist()
+        # the wait of each node: 1 its own send (comm removed), 2 a producer block, 3 a fixed issue
+        code = np.where(
+            cols.send_wait & (not comm), 1, np.where(cols.has_obs, 2, np.where(cols.has_abs, 3, 0))
+        )[order].tolist()
+        xfer_a = cols.xfer if comm_excess else np.minimum(cols.xfer, lat)
+        excess = np.maximum(cols.xfer - lat, 0) if comm_excess else np.zeros_like(cols.xfer)
+        # code 1 adds the excess, 2 and 3 wait for the transfer
+        add_l = np.where(cols.send_wait & (not comm), excess, xfer_a)[order].tolist()
+        extra_l = (cols.issue if host else 0) + (cols.issue_copy if copy else 0) + 0 * cols.issue
+        lead_a = cols.lead if comm else np.where(cols.on_compute, -NEG_INF, cols.lead)
+        # code 2 waits for its producer's end (+ issue delay), code 3 for a fixed issue time
+        lead_l = lead_a[order].tolist()
+        extra_o = extra_l[order].tolist()
+        rows = zip(
+            cols.order_l,
+            cols.first_key_o,
+            pre_l,
+            post_l,
+            dur_l,
+            code,
+            add_l,
+            lead_l,
+            cols.prod_o,
+            extra_o,
+            cols.t_issue_o,
+            cols.deps_o,
+            strict=True,
+        )
+        end: list[int] = list(cols.meas_end)  # a node not replayed yet ends where it was measured
 
         def last_end(key: tuple[int, int]) -> int:
             f, c = self.first[key], self.count[key]
-            return node_end(f + c - 1) if c else window_start(key)
+            return end[f + c - 1] if c else window_start(key)
 
         def window_start(key: tuple[int, int]) -> int:
             if key not in w_start:
@@ -699,68 +904,31 @@ class Replay:
             w_end[key] = int(val)
             return w_end[key]
 
-        for i in self.order:
-            nd = self.nodes[i]
-            key = (nd.rank, nd.step)
-            prev_end = end[i - 1] if i > self.first[key] else window_start(key)
-            loc = nd.pre + nd.post
-            keep = loc
-            if not host:
-                keep -= nd.pre_host
-            if not comm:
-                keep -= nd.pre_coll
-            if not copy:
-                keep -= nd.pre_copy
-            if not ux:
-                keep -= nd.pre_ux
-            scale = keep / loc if loc > 0 else 0.0
-            pre = nd.pre * scale
-            post = nd.post * scale
-            base = prev_end + pre
-            if nd.send_wait and not comm:
+        for i, fk, pre, post, du, c, add, lead, prod, extra, t_iss, deps in rows:
+            base = (window_start(fk) if fk is not None else end[i - 1]) + pre
+            if c == 1:
                 # waiting for its own send: no data dependency, the wait overlaps once comm does;
                 # only a slow link's excess over the normal transfer stays (blocking sends)
-                xfer = nd.obs[2] if nd.obs is not None else nd.obs_abs[1] if nd.obs_abs is not None else 0
-                if comm_excess:
-                    base += max(xfer - lat, 0)
-            elif nd.obs is not None:
-                p, issue, xfer = nd.obs
-                if not comm_excess:
-                    xfer = min(xfer, lat)
+                base += add
+            elif c == 2:
                 # the transfer starts once the producer issued it and this rank had posted its
                 # side (``lead`` before it began to wait); the block waits for its arrival
-                ready = max(
-                    base - lead_of(nd), node_end(p) + (issue if host else 0) + (nd.issue_copy if copy else 0)
-                )
-                base = max(base, ready + xfer)
-            elif nd.obs_abs is not None:
-                t_issue, xfer = nd.obs_abs
-                if not comm_excess:
-                    xfer = min(xfer, lat)
-                base = max(base, max(base - lead_of(nd), t_issue) + xfer)
-            if nd.release is not None:
-                base = max(base, nd.release)
-            for p, tau in nd.edges:
-                base = max(base, node_end(p) + tau)
-            s = base + post
-            if balanced is not None:
-                dur = (
-                    nd.busy * balanced.get((nd.rank, nd.stage, nd.phase), 1.0)
-                    + nd.in_host
-                    + nd.in_ux
-                    + nd.in_copy
-                )
-            else:
-                dur = nd.span
-            if not host:
-                dur -= nd.in_host
-            if not copy:
-                dur -= nd.in_copy
-            if not ux:
-                dur -= nd.in_ux
-            start[i] = int(s)
-            end[i] = int(s + dur)
-            done[i] = True
+                ready = max(base - lead, end[prod] + extra)
+                base = max(base, ready + add)
+            elif c == 3:
+                base = max(base, max(base - lead, t_iss) + add)
+            if deps is not None:
+                rel, eds = deps
+                if rel is not None:
+                    base = max(base, rel)
+                for p, tau in eds:
+                    base = max(base, end[p] + tau)
+            end[i] = int((base + post) + du)
+        # the blocks' compute at the mean cost (what is left of each span once its host, copy and
+        # other idle is taken out), summed per step by prefix sums
+        if balanced is not None:
+            bal = (cols.busy * factor).astype(np.int64)
+            cum_delta = np.concatenate([[0], np.cumsum(bal - cols.busy)]).tolist()
         idle: dict[tuple[int, int], tuple[int, int]] = {}
         for rs in self.steps:
             key = (rs.rank, rs.step)
@@ -769,21 +937,7 @@ class Replay:
             w1 = window_end(key)
             busy = rs.acct.compute
             if balanced is not None and c:
-                # the blocks' compute at the mean cost (what is left of each span once its
-                # host, copy and other idle is taken out)
-                busy = (
-                    busy
-                    - sum(self.nodes[j].busy for j in range(f, f + c))
-                    + sum(
-                        int(
-                            self.nodes[j].busy
-                            * balanced.get(
-                                (self.nodes[j].rank, self.nodes[j].stage, self.nodes[j].phase), 1.0
-                            )
-                        )
-                        for j in range(f, f + c)
-                    )
-                )
+                busy = busy + int(cum_delta[f + c] - cum_delta[f])
             idle[key] = (int(w1 - w0), int(w1 - w0 - busy))
         return idle
 
@@ -952,6 +1106,42 @@ _ORDER = ("host", "exposed_copy", "exposed_comm", "comm_wait", "unexplained", "b
 _FALLBACK = (1, 3, 0, 2, 4)
 
 
+def _pools(lost: ivs.ISet, by_rank: list[ivs.ISet]) -> list[ivs.ISet]:
+    """The lost time split into its pools in one sweep: host evidence, then waits, collectives and
+    copies (each taking what the earlier ones left), the rest as "other". Returned in the order
+    host, wait, collective, other, copy; each a sorted disjoint set with touching pieces merged."""
+    if lost[0].size == 0:
+        return [ivs.empty() for _ in range(5)]
+    pts = np.unique(np.concatenate([lost[0], lost[1], *[x for st in by_rank for x in st]]))
+    seg_s, seg_e = pts[:-1], pts[1:]
+
+    def covers(iset: ivs.ISet) -> npt.NDArray[np.bool_]:
+        s, e = iset
+        if s.size == 0:
+            return np.zeros(seg_s.size, np.bool_)
+        j = np.searchsorted(s, seg_s, side="right") - 1
+        return (j >= 0) & (seg_s < e[np.maximum(j, 0)])
+
+    label = np.full(seg_s.size, -1, np.int64)
+    in_lost = covers(lost)
+    label[in_lost] = 3  # other
+    # first matching pool wins: host (0), wait (1), collective (2), copy (4)
+    for pool, iset in reversed(list(zip((0, 1, 2, 4), by_rank, strict=True))):
+        label[in_lost & covers(iset)] = pool
+    out: list[ivs.ISet] = []
+    for pool in range(5):
+        k = np.flatnonzero(label == pool)
+        if k.size == 0:
+            out.append(ivs.empty())
+            continue
+        # adjacent elementary segments of one pool touch: merge them
+        new = np.r_[True, k[1:] != k[:-1] + 1]
+        first = np.flatnonzero(new)
+        last = np.r_[first[1:] - 1, k.size - 1]
+        out.append((seg_s[k[first]].astype(np.int64), seg_e[k[last]].astype(np.int64)))
+    return out
+
+
 def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]]) -> dict[int, GapTable]:
     """Give every lost-time segment one cause so that the totals per (rank, step) are exact.
 
@@ -960,13 +1150,7 @@ def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]])
     """
     out: dict[int, list[npt.NDArray[np.int64]]] = {}
     for rs in steps:
-        lost = rs.sets.gaps
-        host = ivs.intersect(lost, rs.host_set)
-        wait = ivs.subtract(ivs.intersect(lost, rs.wait_set), host)
-        coll = ivs.subtract(ivs.subtract(ivs.intersect(lost, rs.sets.collective), host), wait)
-        copy = ivs.subtract(ivs.subtract(ivs.subtract(ivs.intersect(lost, rs.sets.copy), host), wait), coll)
-        other = ivs.subtract(ivs.subtract(ivs.subtract(ivs.subtract(lost, host), wait), coll), copy)
-        pools = [host, wait, coll, other, copy]
+        pools = _pools(rs.sets.gaps, [rs.host_set, rs.wait_set, rs.sets.collective, rs.sets.copy])
         left = [ivs.measure(p) for p in pools]
         takes: list[list[tuple[int, int]]] = [[] for _ in pools]  # per pool: (cause, ns)
         c = causes[(rs.rank, rs.step)]

@@ -66,6 +66,9 @@ class RankSets:
     compute: ivs.ISet
     host: ivs.ISet  # lost time with host evidence
     comm: ivs.ISet  # exposed p2p and collectives
+    # the step's first device work (the window may begin earlier, at the host's step start): a
+    # rank whose device starts late is a late start, not a host stall inside the step
+    first_work: int = 0
 
 
 @dataclass
@@ -227,7 +230,7 @@ def collective_waits(
     prev_end = np.full(len(inst), np.iinfo(np.int64).min, np.int64)
     same = (match.rank[order][1:] == match.rank[order][:-1]) & (grp[order][1:] == grp[order][:-1])
     prev_end[order[1:][same]] = match.end[order][:-1][same]
-    w0_sets = np.array([rs.w0 for rs in sets], np.int64)
+    w0_sets = np.array([rs.first_work for rs in sets], np.int64)
     w0_row = np.where(row_key >= 0, w0_sets[np.maximum(row_key, 0)], 0)
     seg0 = np.maximum(prev_end, w0_row)
     arrive = match.start
@@ -405,6 +408,14 @@ def run_waits(
             rs.host_set,
             ivs.union(
                 np.r_[rs.sets.p2p[0], rs.sets.collective[0]], np.r_[rs.sets.p2p[1], rs.sets.collective[1]]
+            ),
+            min(
+                [
+                    int(x[0][0])
+                    for x in (rs.sets.compute, rs.sets.p2p, rs.sets.collective, rs.sets.copy)
+                    if x[0].size
+                ],
+                default=rs.w0,
             ),
         )
         for rs in steps

@@ -8,7 +8,9 @@ Slow link
     work object the schedule gets back waits for the deferred post, then for the transfer. One FIFO
     thread keeps sends to a peer in issue order, which gloo needs to match them with receives.
     The profiler records the deferred ``c10d::send`` on that thread (``profile_all_threads``), not
-    on the main thread.
+    on the main thread. The main thread's wait for its own deferred send is recorded as a
+    ``c10d::send`` operation too, so the trace shows that time as the rank's communication (the
+    slow link), not as an event-less stretch that reads as a host stall.
 Host stall
     Before each micro-batch forward the stalled rank sleeps ``stall`` with no operator running,
     like a slow data loader or a host synchronisation would.
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
+import torch.profiler
 
 from ppdiag.demo.config import DemoConfig
 
@@ -44,12 +47,15 @@ class DeferredSend:
         self._event = threading.Event()
 
     def wait(self, timeout: Any = None) -> bool:
-        # The sender thread posts after a bounded delay; a missing post means it died.
-        if not self._event.wait(timeout=600.0):
-            raise RuntimeError("delayed send was never posted (sender thread stopped)")
-        if self._error is not None:
-            raise RuntimeError(f"delayed send failed: {self._error}") from self._error
-        return bool(self.work.wait())
+        # The main thread is held by its own send here: recorded as a send operation so that the
+        # trace shows the time as communication (the slow link), not as a host stall.
+        with torch.profiler.record_function("c10d::send"):
+            # The sender thread posts after a bounded delay; a missing post means it died.
+            if not self._event.wait(timeout=600.0):
+                raise RuntimeError("delayed send was never posted (sender thread stopped)")
+            if self._error is not None:
+                raise RuntimeError(f"delayed send failed: {self._error}") from self._error
+            return bool(self.work.wait())
 
     def is_completed(self) -> bool:
         return self._event.is_set() and self.work is not None and bool(self.work.is_completed())

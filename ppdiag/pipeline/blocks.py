@@ -127,17 +127,12 @@ def build_blocks(
     gidx, gid, gstep = gidx[order], gid[order], gstep[order]
     bounds = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
     ends_b = np.r_[bounds[1:], gid.size]
-    n = bounds.size
     b_start = np.minimum.reduceat(iv.start[gidx], bounds)
     b_end = np.maximum.reduceat(iv.end[gidx], bounds)
     b_launch_src = np.where(iv.launch[gidx] >= 0, iv.launch[gidx], np.iinfo(np.int64).max)
     b_launch = np.minimum.reduceat(b_launch_src, bounds)
     b_launch = np.where(b_launch == np.iinfo(np.int64).max, -1, b_launch)
-    b_busy = np.empty(n, dtype=np.int64)
-    for j in range(n):  # one iteration per block (micro-batch phase), not per event
-        sl = gidx[bounds[j] : ends_b[j]]
-        us, ue = union(iv.start[sl], iv.end[sl])
-        b_busy[j] = int((ue - us).sum())
+    b_busy = _group_union_measure(iv.start[gidx], iv.end[gidx], bounds, ends_b)
     first_gid = gid[bounds]
     b_step = gstep[bounds].astype(np.int32)
     b_phase = np.asarray(g_phase)[first_gid].astype(np.int8)
@@ -151,6 +146,40 @@ def build_blocks(
     if (blocks.mb < 0).any():
         _number_microbatches(blocks)
     return blocks
+
+
+def _group_union_measure(
+    s: npt.NDArray[np.int64],
+    e: npt.NDArray[np.int64],
+    bounds: npt.NDArray[np.int64],
+    ends_b: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """Measure of the union of each group's intervals; the groups are the slices
+    ``[bounds[j], ends_b[j])`` of ``s``/``e``, each sorted by start.
+
+    Sorted by start, an interval adds what it reaches past the furthest end before it in its group.
+    The running maximum is taken over all groups at once: each group's ends are lifted by a
+    multiple of the run's span, so that no group's maximum reaches into the next one.
+    """
+    n = bounds.size
+    if n == 0:
+        return np.zeros(0, np.int64)
+    gi = np.repeat(np.arange(n, dtype=np.int64), ends_b - bounds)
+    base = int(s.min())
+    span = int(e.max()) - base + 1
+    if span * n >= 2**62:  # (the lift would overflow: one union per group)
+        out = np.empty(n, dtype=np.int64)
+        for j in range(n):
+            us, ue = union(s[bounds[j] : ends_b[j]], e[bounds[j] : ends_b[j]])
+            out[j] = int((ue - us).sum())
+        return out
+    lift = gi * span
+    reach = np.maximum.accumulate(e - base + lift) - lift + base
+    before = np.empty_like(reach)
+    before[1:] = reach[:-1]
+    before[bounds] = np.iinfo(np.int64).min
+    add = np.maximum(e - np.maximum(s, before), 0)
+    return np.add.reduceat(add, bounds).astype(np.int64)
 
 
 def _cut_groups(

@@ -1,8 +1,9 @@
 """Step windows per rank (DESIGN.md §4.4), on the rank's own clock.
 
 GPU work lags the host, so a device step is bounded by the work *launched* inside the host's
-``ProfilerStep#N`` range: it starts at the first device interval launched in step N and ends where
-the first device interval of step N+1 starts (the last step ends with its last interval). Runs
+``ProfilerStep#N`` range: it starts at the first device interval launched in step N, or earlier at
+the host's step start when the device was idle by then (the host time before the first kernel is
+the step's), and ends where step N+1 starts (the last step ends with its last interval). Runs
 whose intervals carry no launch times (CPU-only, or old traces) use the host ranges directly.
 """
 
@@ -75,15 +76,24 @@ def step_windows(tl: RankTimeline) -> tuple[list[LocalStep], list[str]]:
         np.maximum.at(le, kk, en)
         first_start = np.where(fs == big, -1, fs)
         last_end = le
-    for i, (num, _, _) in enumerate(hs):
-        if first_start[i] < 0:
-            continue
-        s = int(first_start[i])
-        nxt = [int(first_start[j]) for j in range(i + 1, len(hs)) if first_start[j] >= 0]
-        e = nxt[0] if nxt else int(last_end[i])
+    # A step starts at its host start when the device is idle by then: the host time before the
+    # first kernel (a data loader, a sync, Python) belongs to the step, so it is seen and charged.
+    # Device work still running from earlier steps keeps the start at that work's end, and the
+    # start never moves past the step's first kernel.
+    order = np.argsort(iv.start, kind="stable")
+    st_sorted = iv.start[order]
+    reach = np.maximum.accumulate(iv.end[order])
+    pos = np.searchsorted(st_sorted, first_start, side="left")
+    busy_until = np.where(pos > 0, reach[np.maximum(pos - 1, 0)], np.iinfo(np.int64).min)
+    start = np.minimum(first_start, np.maximum(starts, busy_until))
+    valid = np.flatnonzero(first_start >= 0)
+    for j, i in enumerate(valid.tolist()):
+        s = int(start[i])
+        # a step ends where the next step with device work starts (the last with its last work)
+        e = int(start[valid[j + 1]]) if j + 1 < valid.size else int(last_end[i])
         e = max(e, s)
         if e > s:
-            out.append(LocalStep(num, s, e))
+            out.append(LocalStep(hs[i][0], s, e))
     if not out:
         warnings.append("no device work launched inside the step annotations: using host step ranges")
         return [LocalStep(n, s, e) for n, s, e in hs if e > s], warnings

@@ -1,0 +1,91 @@
+"""Scaling benchmark: analysis time against the number of steps and of micro-batches.
+
+Synthetic pipeline runs (``ppdiag.synth``, Kineto or nsys) are written once per size, parsed,
+and then analysed (pipeline rebuild, attribution, what-if, rules) in this process. For each sweep
+the script prints the CPU seconds of the analysis per size and the exponent of a least-squares
+fit of log(time) against log(size): 1.0 is linear, and the attribution and block building must
+stay at or below 1.1 (no per-wait or per-step scan over a whole rank).
+
+    python benchmarks/bench_scaling.py                       # steps 4..32 at M=16, M 8..64 at 4 steps
+    python benchmarks/bench_scaling.py --fmt nsys --pp 8
+    python benchmarks/bench_scaling.py --steps 4 8 16 32 64 --mb 16 32 64 128
+
+CPU time (``time.process_time``) is used because wall time on a shared machine swings with load;
+each size is timed ``--repeat`` times and the fastest is kept. Exit status 1 when an exponent
+exceeds ``--max-exponent``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ppdiag.api import Options, analyze_run, load
+from ppdiag.synth.kineto import write_kineto
+from ppdiag.synth.nsys import write_nsys
+from ppdiag.synth.scenario import make_scenario
+
+
+def _time_one(fmt: str, pp: int, mb: int, steps: int, repeat: int) -> tuple[float, float]:
+    """(parse CPU s, analysis CPU s) of one synthetic run, the fastest of ``repeat``."""
+    run = make_scenario(schedule="1f1b", pp=pp, microbatches=mb, steps=steps, seed=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        (write_kineto if fmt == "kineto" else write_nsys)(run, d)
+        opts = Options(progress=False, jobs=1)
+        best_parse = best_an = float("inf")
+        for _ in range(repeat):
+            c0 = time.process_time()
+            loaded = load([d], opts)
+            c1 = time.process_time()
+            analyze_run(loaded, opts)
+            c2 = time.process_time()
+            best_parse = min(best_parse, c1 - c0)
+            best_an = min(best_an, c2 - c1)
+    return best_parse, best_an
+
+
+def _exponent(sizes: list[int], times: list[float]) -> float:
+    """Slope of log(time) against log(size)."""
+    return float(np.polyfit(np.log(sizes), np.log(times), 1)[0])
+
+
+def _sweep(label: str, sizes: list[int], timed: list[tuple[float, float]]) -> float:
+    print(f"{label:<8}{'parse CPU s':>12}{'analysis CPU s':>16}")
+    for n, (p, a) in zip(sizes, timed, strict=True):
+        print(f"{n:<8}{p:12.3f}{a:16.3f}")
+    exp_a = _exponent(sizes, [a for _, a in timed])
+    exp_p = _exponent(sizes, [p for p, _ in timed])
+    print(f"fitted exponent over {label}: analysis {exp_a:.2f}, parse {exp_p:.2f}\n")
+    return exp_a
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fmt", choices=("kineto", "nsys"), default="kineto")
+    ap.add_argument("--pp", type=int, default=4)
+    ap.add_argument("--steps", type=int, nargs="+", default=[4, 8, 16, 32], help="step counts")
+    ap.add_argument("--mb", type=int, nargs="+", default=[8, 16, 32, 64], help="micro-batch counts")
+    ap.add_argument("--fixed-mb", type=int, default=16, help="M of the steps sweep")
+    ap.add_argument("--fixed-steps", type=int, default=4, help="steps of the M sweep")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--max-exponent", type=float, default=1.1)
+    args = ap.parse_args()
+    print(f"{args.fmt}, P={args.pp}, 1F1B; CPU seconds, fastest of {args.repeat}\n")
+    steps_t = [_time_one(args.fmt, args.pp, args.fixed_mb, s, args.repeat) for s in args.steps]
+    e_steps = _sweep("steps", args.steps, steps_t)
+    mb_t = [_time_one(args.fmt, args.pp, m, args.fixed_steps, args.repeat) for m in args.mb]
+    e_mb = _sweep("M", args.mb, mb_t)
+    worst = max(e_steps, e_mb)
+    verdict = "ok" if worst <= args.max_exponent else "TOO STEEP"
+    print(f"largest analysis exponent {worst:.2f} (limit {args.max_exponent}): {verdict}")
+    sys.exit(0 if worst <= args.max_exponent else 1)
+
+
+if __name__ == "__main__":
+    main()
