@@ -269,4 +269,34 @@ def clear() -> int:
     return n
 
 
-__all__ = ["CacheInfo", "cache_dir", "clear", "enabled", "entry_key", "get", "info", "parser_version", "put"]
+def encode_ranks(ranks: list[RankTimeline]) -> bytes | None:
+    """``ranks`` as the bytes of one entry (the same ``.npz`` layout, no pickle), or None when
+    a timeline holds something the entry cannot carry exactly. For moving parsed ranks between
+    processes or machines (the scale-out's per-rank digests)."""
+    arrays = _encode(ranks)
+    if arrays is None:
+        return None
+    buf = io.BytesIO()
+    np.savez(buf, allow_pickle=False, **arrays)
+    return buf.getvalue()
+
+
+def decode_ranks(data: bytes) -> list[RankTimeline]:
+    """The ranks of :func:`encode_ranks`' bytes."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return _decode(z)
+
+
+__all__ = [
+    "CacheInfo",
+    "cache_dir",
+    "clear",
+    "decode_ranks",
+    "enabled",
+    "encode_ranks",
+    "entry_key",
+    "get",
+    "info",
+    "parser_version",
+    "put",
+]
