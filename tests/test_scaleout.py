@@ -151,3 +151,24 @@ def test_local_cluster_equals_local_run(
         with pytest.raises(InputError):
             load_run([bad], progress=False, scheduler=cluster.scheduler_address)
     assert got == want and again == want
+
+
+def test_encoded_ranks_round_trip_and_refuse_foreign_bytes(run_dir: Path) -> None:
+    from ppdiag.model import Intervals, Ranges
+
+    files, _ = find_traces([run_dir])
+    ranks = parse_one(str(files[0].path), files[0].format, ParseOptions(), True, None).ranks
+    assert ranks
+    # an empty table too (no ranges at all: zero-length columns at the end of the bytes)
+    ranks[0].ranges = Ranges.empty()
+    data = cache.encode_ranks(ranks)
+    assert data is not None
+    back = cache.decode_ranks(data)
+    for a, b in zip(back, ranks, strict=True):
+        for c in Intervals.COLUMNS:
+            x, y = getattr(a.intervals, c), getattr(b.intervals, c)
+            assert x.dtype == y.dtype and (x == y).all()
+        assert len(a.ranges) == 0 and a.names == b.names and a.process_groups == b.process_groups
+    back[0].intervals.start[0] += 1  # decoded arrays are the decoder's own, writable
+    with pytest.raises(ValueError):
+        cache.decode_ranks(b"PK\x03\x04 not ours")

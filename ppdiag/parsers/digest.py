@@ -2,8 +2,9 @@
 
 A digest is what the reduce step (matching, clocks, replay, rules: everything after parsing)
 needs of a file and nothing else: each rank's columnar timeline (device intervals, host ranges,
-interned names, metadata), never the raw events, encoded as the bytes of one parse-cache entry
-(numpy ``.npz``, no pickle, nothing executed when read). That is KBs to a few MB per rank where the
+interned names, metadata), never the raw events, encoded by :func:`ppdiag.parsers.cache.encode_ranks`
+(the parse cache's columns back to back after a JSON header: no pickle, nothing executed when
+read). That is KBs to a few MB per rank where the
 trace held tens to hundreds of MB, so thousands of digests fit in the reducer's memory.
 
 :func:`map_file` is the function the workers run: on a Dask cluster (:mod:`ppdiag.parsers.scaleout`)
@@ -65,4 +66,12 @@ def map_file(path: str, fmt: str, options: ParseOptions, use_cache: bool = True)
     return FileDigest(path, payload=data)
 
 
-__all__ = ["FileDigest", "map_file"]
+def map_files(
+    paths: list[str], fmts: list[str], options: ParseOptions, use_cache: bool = True
+) -> list[FileDigest]:
+    """:func:`map_file` over a batch of files (one task for many small files: a cluster's
+    per-task cost is then paid once per batch, not once per rank)."""
+    return [map_file(p, f, options, use_cache) for p, f in zip(paths, fmts, strict=True)]
+
+
+__all__ = ["FileDigest", "map_file", "map_files"]

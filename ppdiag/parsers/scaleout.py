@@ -45,12 +45,26 @@ def _client(address: str) -> Any:
         raise InputError(None, f"cannot reach the Dask scheduler at {address} ({msg})") from None
 
 
+def _n_workers(client: Any) -> int:
+    try:
+        return max(1, len(client.scheduler_info().get("workers", {})))
+    except (OSError, TimeoutError, AttributeError):
+        return 1
+
+
+def _batches(n: int, workers: int) -> list[tuple[int, int]]:
+    """``[a, b)`` file ranges: about 8 batches per worker (balance against per-task cost), at
+    most 64 files each (a lost worker loses little), at least one file."""
+    size = max(1, min(64, -(-n // (8 * workers))))
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
 def parse_on_dask(
     files: Sequence[TraceFile], options: ParseOptions, address: str
 ) -> list[tuple[TraceFile, list[RankTimeline]]]:
     """Map every file on the cluster at ``address``; the files' ranks in input order."""
     from ppdiag.parsers import cache
-    from ppdiag.parsers.digest import FileDigest, map_file
+    from ppdiag.parsers.digest import FileDigest, map_files
     from ppdiag.parsers.urls import url_of
 
     client = _client(address)
@@ -60,29 +74,35 @@ def parse_on_dask(
         use_cache = cache.enabled()
         # the workers read the files themselves: send names, never bytes
         names = [url_of(f.path) or str(f.path) for f in files]
-        futs = client.map(
-            map_file,
-            names,
-            [f.format for f in files],
-            options=options,
-            use_cache=use_cache,
-            pure=False,
-        )
-        index = {fut.key: i for i, fut in enumerate(futs)}
+        batches = _batches(len(files), _n_workers(client))
+        futs = [
+            client.submit(
+                map_files,
+                names[a:b],
+                [f.format for f in files[a:b]],
+                options,
+                use_cache,
+                pure=False,
+            )
+            for a, b in batches
+        ]
+        where = {fut.key: ab for fut, ab in zip(futs, batches, strict=True)}
         results: list[list[RankTimeline] | None] = [None] * len(files)
         for fut in as_completed(futs, loop=client.loop):
-            i = index[fut.key]
+            a, b = where[fut.key]
             try:
-                d: FileDigest = fut.result()
+                digests: list[FileDigest] = fut.result()
             except Exception as exc:  # a worker lost, or a failure inside the parse
                 client.cancel(futs)
                 raise InputError(
-                    names[i], f"the parse on the Dask cluster failed ({type(exc).__name__}: {str(exc)[:200]})"
+                    names[a] if b - a == 1 else f"{names[a]} (and {b - a - 1} more)",
+                    f"the parse on the Dask cluster failed ({type(exc).__name__}: {str(exc)[:200]})",
                 ) from None
-            if d.error_message:
-                client.cancel(futs)
-            results[i] = d.ranks()  # raises the file's own error, as the local parse does
-            fut.release()  # the digest is decoded: the cluster need not keep it
+            fut.release()  # the cluster need not keep what arrived here
+            for i, d in zip(range(a, b), digests, strict=True):
+                if d.error_message:
+                    client.cancel(futs)
+                results[i] = d.ranks()  # raises the file's own error, as the local parse does
     finally:
         client.close()
     return [(f, r or []) for f, r in zip(files, results, strict=True)]
