@@ -40,6 +40,7 @@ class Options:
     jobs: int | None = None
     progress: bool = False
     nsys_cache_dir: str | None = None
+    scheduler: str | None = None  # Dask scheduler address for the parse (else $PPDIAG_DASK_SCHEDULER)
 
 
 def load(paths: Sequence[str | Path], options: Options | None = None) -> Run:
@@ -48,7 +49,11 @@ def load(paths: Sequence[str | Path], options: Options | None = None) -> Run:
 
     opts = options or Options()
     return load_run(
-        list(paths), ParseOptions(nsys_cache_dir=opts.nsys_cache_dir), jobs=opts.jobs, progress=opts.progress
+        list(paths),
+        ParseOptions(nsys_cache_dir=opts.nsys_cache_dir),
+        jobs=opts.jobs,
+        progress=opts.progress,
+        scheduler=opts.scheduler,
     )
 
 

@@ -94,6 +94,23 @@ NoCache = Annotated[
 ]
 
 
+Scheduler = Annotated[
+    str | None,
+    typer.Option(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="Parse on a Dask cluster: the scheduler's address (tcp://host:8786); also "
+        "PPDIAG_DASK_SCHEDULER. Needs the dask extra: pip install 'ppdiag[dask]'.",
+    ),
+]
+
+
+def _scheduler(address: str | None) -> None:
+    # an environment variable, like --no-cache, so that every command's parse sees it
+    if address:
+        os.environ["PPDIAG_DASK_SCHEDULER"] = address
+
+
 def _no_cache(flag: bool) -> None:
     # an environment variable, so that the parse workers (child processes) see it too
     if flag:
@@ -262,10 +279,12 @@ def analyze(
     ] = False,
     quiet: Quiet = False,
     no_cache: NoCache = False,
+    scheduler: Scheduler = None,
 ) -> None:
     """Analyze a run: time accounting per rank, lost time by cause, findings with fixes."""
     try:
         _no_cache(no_cache)
+        _scheduler(scheduler)
         _targets([json_out, html, md, perfetto], list(paths))
         opts = _options(
             pp=pp,
@@ -317,6 +336,7 @@ def check(
     ] = False,
     quiet: Quiet = False,
     no_cache: NoCache = False,
+    scheduler: Scheduler = None,
 ) -> None:
     """CI gate: check a run against a bubble budget and a baseline. Exit 0 pass, 1 fail, 3 inconclusive.
 
@@ -326,6 +346,7 @@ def check(
     """
     try:
         _no_cache(no_cache)
+        _scheduler(scheduler)
         from ppdiag.reports import gate
 
         _targets([json_out, html, md], [*paths, budget, baseline])
@@ -523,9 +544,11 @@ def _main(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
     ] = False,
     no_cache: NoCache = False,
+    scheduler: Scheduler = None,
 ) -> None:
     """ppdiag: why do the GPUs of a pipeline-parallel run wait, and what to fix first."""
     _no_cache(no_cache)  # before any command: whatif, bubble and diff parse traces too
+    _scheduler(scheduler)
 
 
 def _register_optional() -> None:

@@ -19,6 +19,14 @@ their previous instance of the group (or since their step start):
   propagate: a rank late to a data-parallel all-reduce because it waited for its tensor-parallel
   peer's slow GPU passes on ``imbalance``), else it stays ``exposed_comm``.
 
+A last arriver of another pipeline replica (a data-parallel group of one stage across replicas)
+that was late because it waited for its own pipeline (its point-to-point receives, which the
+replay charges) passes on why that replica was slower than the waiting member's: the excess of
+its replica's block compute (``imbalance``: a slow worker, longer micro-batches) and host-stall
+time (``host``) over the waiting member's replica, summed over the replica's ranks up to each
+member's arrival. So a slow worker in one replica makes the other replicas' waits in
+``grads-reduce-scatter`` / ``params-all-gather`` its root cause's, not exposed communication.
+
 Without a pipeline, point-to-point ops are matched the same way, each rank pair as a group of two
 (a send and its receive end together). The wait is split over the positive differences in
 proportion, so the causes still add up to the lost time exactly. The same comparison against the
@@ -69,6 +77,10 @@ class RankSets:
     # the step's first device work (the window may begin earlier, at the host's step start): a
     # rank whose device starts late is a late start, not a host stall inside the step
     first_work: int = 0
+    # the step's pipeline blocks: their ends (sorted) and the running sum of their compute, for the
+    # replica comparison (empty without a pipeline)
+    block_end: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    block_busy_cum: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(1, np.int64))
 
 
 @dataclass
@@ -177,15 +189,80 @@ def _inherit(
     return shares
 
 
+def _replica_excess(
+    sets: list[RankSets],
+    match: CollectiveMatch,
+    row_key: npt.NDArray[np.int64],
+    waiting: npt.NDArray[np.int64],
+    lrow: npt.NDArray[np.int64],
+    shares: npt.NDArray[np.int64],
+    pipeline_of: Mapping[int, int],
+) -> npt.NDArray[np.int64]:
+    """The ``comm`` share of each wait for a last arriver of another pipeline replica, moved to
+    why that replica was slower (module docstring): its ranks' block compute finished before its
+    arrival and their host-stall time up to it, minus the same of the waiting member's replica up
+    to the waiting member's arrival. At most the positive excess moves (a replica late for a reason
+    seen in neither, a slow link, keeps the rest as communication)."""
+    comm = REASONS.index("comm")
+    if not pipeline_of or waiting.size == 0:
+        return shares
+    n_lut = max(max(pipeline_of), int(match.rank.max())) + 1
+    lut = np.full(n_lut, -1, np.int64)
+    for r, p in pipeline_of.items():  # one entry per rank
+        lut[r] = p
+    pw, pl = lut[match.rank[waiting]], lut[match.rank[lrow]]
+    todo = np.flatnonzero((shares[:, comm] > 0) & (pw >= 0) & (pl >= 0) & (pw != pl) & (row_key[lrow] >= 0))
+    if todo.size == 0:
+        return shares
+    step_of_set = np.array([rs.step for rs in sets], np.int64)
+    n_step = int(step_of_set.max()) + 1
+    # two queries per row (the late replica up to its arrival, the waiting one up to its own),
+    # grouped by (replica, step) so that each rank-step answers its batch in one vectorized pass
+    q_t = np.r_[match.start[lrow[todo]], match.start[waiting[todo]]]
+    q_key = (
+        np.r_[pl[todo], pw[todo]] * n_step
+        + np.r_[step_of_set[row_key[lrow[todo]]], step_of_set[row_key[waiting[todo]]]]
+    )
+    order = np.argsort(q_key, kind="stable")
+    k_sorted = q_key[order]
+    comp = np.zeros(q_t.size, np.int64)
+    host = np.zeros(q_t.size, np.int64)
+    for rs in sets:
+        p = int(lut[rs.rank]) if rs.rank < n_lut else -1
+        if p < 0:
+            continue
+        k = p * n_step + rs.step
+        a, b = np.searchsorted(k_sorted, k, "left"), np.searchsorted(k_sorted, k, "right")
+        if a == b:
+            continue
+        qs = order[a:b]
+        t = np.maximum(q_t[qs], rs.w0)
+        host[qs] += _cum(rs.host, t) - _cum(rs.host, np.full(t.shape, rs.w0, np.int64))
+        comp[qs] += rs.block_busy_cum[np.searchsorted(rs.block_end, t, side="right")]
+    n = todo.size
+    ex = np.zeros((n, len(REASONS)), np.float64)
+    ex[:, REASONS.index("host_stall")] = host[:n] - host[n:]
+    ex[:, REASONS.index("compute")] = comp[:n] - comp[n:]
+    avail = np.maximum(ex, 0).sum(axis=1).astype(np.int64)
+    take = np.minimum(shares[todo, comm], avail)
+    moved = _alloc(take, ex)
+    shares = shares.copy()
+    shares[todo, comm] -= moved.sum(axis=1)
+    shares[todo] += moved
+    return shares
+
+
 def collective_waits(
     sets: list[RankSets],
     match: CollectiveMatch,
     exclude: dict[tuple[int, int], ivs.ISet] | None = None,
+    pipeline_of: Mapping[int, int] | None = None,
 ) -> CollectiveWaits:
     """Split every matched collective into waiting and transfer and charge the waiting.
 
     ``exclude`` maps (rank, step) to spans whose time another model already charges (the replay's
     step-end sync, its blocks): the waits inside them are measured but not moved.
+    ``pipeline_of`` maps ranks to their pipeline replica, for waits on a late replica.
     """
     n_steps = len({s.step for s in sets})
     if len(match) == 0 or not sets:
@@ -281,6 +358,7 @@ def collective_waits(
     shares[:, REASONS.index("idle")] += np.where(valid[lrow], rest, 0)
     shares[:, REASONS.index("comm")] += np.where(valid[lrow], 0, rest)
     shares = _inherit(match, seg0, waiting, lrow, shares)
+    shares = _replica_excess(sets, match, row_key, waiting, lrow, shares, pipeline_of or {})
     per_set = np.zeros((n_sets, n_r), np.int64)
     np.add.at(per_set, row_key[waiting], shares)
     # the waiting itself, also where another model (the replay's sync) charges it
@@ -388,6 +466,7 @@ def run_waits(
     timelines: Mapping[int, RankTimeline],
     exclude: dict[tuple[int, int], tuple[int, int]] | None = None,
     p2p: bool = False,
+    pipelines: Sequence[Sequence[int]] | None = None,
 ) -> CollectiveWaits:
     """Match the run's collectives (timelines already on the aligned clock) and split their waits.
 
@@ -397,29 +476,37 @@ def run_waits(
     times because of the schedule itself (the bubble), which the replay accounts for. Waits inside
     a pipeline block are the replay's too (it books the block's lost time itself), and so is the
     ``exclude`` span of each (rank, step): the replay's step-end sync.
+    ``pipelines``: the ranks of each pipeline replica; without it, each timeline's
+    ``meta["pipeline"]`` (set by formats that name the replica) when every rank has one.
     """
-    sets = [
-        RankSets(
-            rs.rank,
-            rs.step,
-            rs.w0,
-            rs.w1,
-            rs.sets.compute,
-            rs.host_set,
-            ivs.union(
-                np.r_[rs.sets.p2p[0], rs.sets.collective[0]], np.r_[rs.sets.p2p[1], rs.sets.collective[1]]
-            ),
-            min(
-                [
-                    int(x[0][0])
-                    for x in (rs.sets.compute, rs.sets.p2p, rs.sets.collective, rs.sets.copy)
-                    if x[0].size
-                ],
-                default=rs.w0,
-            ),
+    sets = []
+    for rs in steps:
+        o = np.argsort(rs.blocks.end, kind="stable")
+        first_work = min(
+            [
+                int(x[0][0])
+                for x in (rs.sets.compute, rs.sets.p2p, rs.sets.collective, rs.sets.copy)
+                if x[0].size
+            ],
+            default=rs.w0,
         )
-        for rs in steps
-    ]
+        sets.append(
+            RankSets(
+                rs.rank,
+                rs.step,
+                rs.w0,
+                rs.w1,
+                rs.sets.compute,
+                rs.host_set,
+                ivs.union(
+                    np.r_[rs.sets.p2p[0], rs.sets.collective[0]], np.r_[rs.sets.p2p[1], rs.sets.collective[1]]
+                ),
+                first_work,
+                rs.blocks.end[o].astype(np.int64),
+                np.r_[0, np.cumsum(rs.blocks.busy[o])].astype(np.int64),
+            )
+        )
+    pipeline_of = _pipeline_of(timelines, pipelines)
     match = match_collectives(dict(timelines), p2p=p2p)
     stages: dict[int, set[int]] = defaultdict(set)
     for rs in steps:
@@ -438,9 +525,25 @@ def run_waits(
         s1 = np.r_[rs.blocks.end, [x[1]] if x else []].astype(np.int64)
         if s0.size:
             spans[key] = ivs.union(s0, s1)
-    cw = collective_waits(sets, match, spans)
+    cw = collective_waits(sets, match, spans, pipeline_of)
     cw.notes[:0] = match.warnings
     return cw
+
+
+def _pipeline_of(
+    timelines: Mapping[int, RankTimeline], pipelines: Sequence[Sequence[int]] | None
+) -> dict[int, int]:
+    """Rank -> pipeline replica index, from ``pipelines`` or the timelines' ``meta["pipeline"]``;
+    empty when the replicas are not known for every rank (no partial guess)."""
+    if pipelines:
+        return {int(r): i for i, line in enumerate(pipelines) for r in line}
+    out: dict[int, int] = {}
+    for r, tl in timelines.items():
+        p = tl.meta.get("pipeline") if isinstance(tl.meta, dict) else None
+        if not isinstance(p, int) or isinstance(p, bool):
+            return {}
+        out[int(r)] = p
+    return out
 
 
 __all__ = [

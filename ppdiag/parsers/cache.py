@@ -269,4 +269,66 @@ def clear() -> int:
     return n
 
 
-__all__ = ["CacheInfo", "cache_dir", "clear", "enabled", "entry_key", "get", "info", "parser_version", "put"]
+_PACK_MAGIC = b"PPDIAG-RANKS-1\n"
+
+
+def encode_ranks(ranks: list[RankTimeline]) -> bytes | None:
+    """``ranks`` as one flat byte string (the entry's arrays back to back, 8-byte aligned, after a
+    JSON header of their names, dtypes and shapes; no pickle, no zip), or None when a timeline
+    holds something an entry cannot carry exactly. For moving parsed ranks between processes or
+    machines (the scale-out's per-rank digests): a few hundred bytes of overhead, and decoding is
+    one copy plus a view per column."""
+    arrays = _encode(ranks)
+    if arrays is None:
+        return None
+    head: list[list[Any]] = []
+    parts: list[bytes] = []
+    off = 0
+    for name, arr in arrays.items():
+        a = np.ascontiguousarray(arr)
+        if a.dtype.hasobject:
+            return None
+        head.append([name, a.dtype.str, list(a.shape), off])
+        raw = a.tobytes()
+        pad = -len(raw) % 8
+        parts.append(raw + b"\0" * pad)
+        off += len(raw) + pad
+    h = json.dumps(head).encode()
+    h += b" " * (-(len(_PACK_MAGIC) + 8 + len(h)) % 8)
+    return b"".join([_PACK_MAGIC, len(h).to_bytes(8, "little"), h, *parts])
+
+
+def decode_ranks(data: bytes) -> list[RankTimeline]:
+    """The ranks of :func:`encode_ranks`' bytes (writable arrays over one copy of ``data``).
+    Raises ValueError for bytes it did not write."""
+    if not data.startswith(_PACK_MAGIC):
+        raise ValueError("not encoded ranks")
+    n0 = len(_PACK_MAGIC)
+    hl = int.from_bytes(data[n0 : n0 + 8], "little")
+    head = json.loads(data[n0 + 8 : n0 + 8 + hl])
+    buf = bytearray(data[n0 + 8 + hl :])
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    for name, dt, shape, off in head:
+        dtype = np.dtype(dt)
+        count = int(np.prod(shape)) if shape else 1
+        arrays[name] = (
+            np.frombuffer(buf, dtype=dtype, count=count, offset=off).reshape(shape)
+            if count
+            else np.zeros(shape, dtype)
+        )
+    return _decode(arrays)
+
+
+__all__ = [
+    "CacheInfo",
+    "cache_dir",
+    "clear",
+    "decode_ranks",
+    "enabled",
+    "encode_ranks",
+    "entry_key",
+    "get",
+    "info",
+    "parser_version",
+    "put",
+]

@@ -207,6 +207,12 @@ def find_traces(
     """
     if not paths:
         raise InputError(None, "no input paths given")
+    from ppdiag.parsers import urls
+
+    # file:// URLs are local paths; object-store URLs are listed and sniffed where they lie
+    paths = [urls.local_path(u) or p if (u := urls.url_of(p)) else p for p in paths]
+    if urls.any_url(paths):
+        return _find_remote(paths)
     found: list[TraceFile] = []
     warnings: list[str] = []
     seen: set[Path] = set()
@@ -269,6 +275,48 @@ def find_traces(
     return found, warnings
 
 
+def _find_remote(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str]]:
+    """Trace files among URLs (all of ``paths`` must be URLs: one run lies in one place), plus
+    warnings. As for local folders, a listed file no parser recognises is skipped with a warning;
+    a file named explicitly must be a trace."""
+    from ppdiag.parsers import urls
+
+    load_builtin()
+    found: list[TraceFile] = []
+    warnings: list[str] = []
+    for raw in paths:
+        u = urls.url_of(raw)
+        if u is None:
+            raise InputError(qpath(raw), "mixes local paths with URLs; name one run in one place")
+        names = urls.expand(u, is_trace_name)
+        listed = names != [u]
+        if not names:
+            raise InputError(u, "no trace files found under this URL")
+        for n in names:
+            head = urls.read_head(n, HEAD_BYTES)
+            fmt = next((name for name, ps in PARSERS.items() if _sniffs(ps, Path(n), head)), None)
+            if fmt is None:
+                if listed:
+                    warnings.append(f"{n}: skipped: not a trace ppdiag reads")
+                    continue
+                raise InputError(
+                    n, "not a trace ppdiag reads (expected a PyTorch Profiler JSON or Nsight Systems trace)"
+                )
+            found.append(TraceFile(Path(n), fmt))
+    if not found:
+        raise InputError(None, f"no trace files found under {', '.join(map(str, paths))}")
+    if len({t.format for t in found}) > 1:
+        raise InputError(None, "mixed trace formats in one run; analyze one format at a time")
+    return found, warnings
+
+
+def _sniffs(parser: Parser, path: Path, head: bytes) -> bool:
+    try:
+        return bool(parser.sniff(path, head))
+    except Exception:  # a sniffer must never break the detection of other formats
+        return False
+
+
 @dataclass(frozen=True)
 class _Outcome:
     """What a worker sends back: the ranks, or the InputError as plain data (its custom __init__
@@ -298,7 +346,19 @@ def _parse_one(
     load_builtin()
     parser: Parser = PARSERS[fmt]
     from ppdiag.parsers import cache
+    from ppdiag.parsers.urls import fetched, local_path, url_of
 
+    url = url_of(path)
+    if url is not None and local_path(url) is None:
+        # an object-store URL: streamed to this process's temp folder, parsed, not cached
+        try:
+            with fetched(url) as local:
+                ranks = parser.parse(local, options)
+        except InputError as exc:
+            return _Outcome(error_path=exc.path, error_message=exc.message)
+        for tl in ranks:
+            tl.source = url
+        return _Outcome(ranks=ranks)
     if not looked_up:
         key, hit = _cached(path, fmt)
         if hit is not None:
@@ -392,8 +452,17 @@ def parse_files(
     options: ParseOptions,
     jobs: int | None = None,
     progress: bool = True,
+    scheduler: str | None = None,
 ) -> list[tuple[TraceFile, list[RankTimeline]]]:
-    """Parse every file (parallel processes when more than one) in input order."""
+    """Parse every file (parallel processes when more than one) in input order.
+
+    ``scheduler`` (else ``$PPDIAG_DASK_SCHEDULER``): the address of a Dask scheduler whose workers
+    run the map step (:func:`ppdiag.parsers.digest.map_file`) instead of the local pool."""
+    from ppdiag.parsers.scaleout import parse_on_dask, scheduler_address
+
+    address = scheduler_address(scheduler)
+    if address:
+        return parse_on_dask(files, options, address)
     results: list[list[RankTimeline] | None] = [None] * len(files)
     # cache hits are read here: a re-run of cached traces starts no worker process at all
     todo: list[int] = []
@@ -482,15 +551,17 @@ def load_run(
     options: ParseOptions | None = None,
     jobs: int | None = None,
     progress: bool = True,
+    scheduler: str | None = None,
 ) -> Run:
     """Load every trace under ``paths`` into one :class:`Run` (ranks sorted).
 
+    ``scheduler``: a Dask scheduler address for the parse (see :func:`parse_files`).
     Raises :class:`InputError` (one line, naming the file) for anything unusable.
     """
     opts = options or ParseOptions()
     skipped: list[str] = []
     files, warnings = find_traces(paths, skipped)
-    parsed = parse_files(files, opts, jobs=jobs, progress=progress)
+    parsed = parse_files(files, opts, jobs=jobs, progress=progress, scheduler=scheduler)
     ranks, rank_warnings = resolve_ranks(parsed)
     fmt = files[0].format
     if fmt == "nsys":
@@ -560,6 +631,9 @@ def cross_rank_warnings(ranks: Sequence[RankTimeline], fmt: str) -> list[str]:
     return out
 
 
+# the map step's parse of one file (local pool and Dask workers alike)
+parse_one = _parse_one
+
 __all__ = [
     "TraceFile",
     "cross_rank_warnings",
@@ -568,6 +642,7 @@ __all__ = [
     "is_trace_name",
     "load_run",
     "parse_files",
+    "parse_one",
     "read_head",
     "resolve_ranks",
 ]

@@ -29,17 +29,19 @@ import gzip
 import itertools
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from ppdiag.errors import InputError
 from ppdiag.io import qpath
 from ppdiag.model import Direction, Intervals, Kind, Phase, ProcessGroup, RangeKind, Ranges, RankTimeline
 from ppdiag.parsers import ParseOptions, register
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration")
 OPTIONAL = ("seq_id", "mc", "gmc", "mb_id")
@@ -131,6 +133,8 @@ def _read_head(path: Path) -> bytes:
 
 
 def _read_table(path: Path, src: str, head: bytes) -> pd.DataFrame:
+    import pandas as pd  # here, not at import: detecting formats must not load pandas
+
     try:
         if head.startswith(b"PAR1"):
             try:
@@ -203,6 +207,8 @@ _NO_ARGS = _Args()
 
 def _decode_events(data: bytes, src: str) -> pd.DataFrame:
     """The events as columns (typed decode: far faster than json + a frame of dicts)."""
+    import pandas as pd  # here, not at import: detecting formats must not load pandas
+
     try:
         events = msgspec.json.decode(data, type=list[_Event])
     except msgspec.ValidationError as exc:
@@ -230,6 +236,8 @@ def _decode_events(data: bytes, src: str) -> pd.DataFrame:
 
 
 def _read_chrome(path: Path, src: str, warnings: list[str]) -> pd.DataFrame:
+    import pandas as pd  # here, not at import: detecting formats must not load pandas
+
     try:
         opener: Any = gzip.open if _is_gzip(path) else open
         with opener(path, "rb") as fh:
@@ -338,6 +346,8 @@ def _check_p2p_order(
     """The stage placement checked against the transfers: a receive of micro-batch ``k`` ends after
     its sender's send of ``k`` starts. Many receives that finish before their send began mean the
     ``stage`` / ``dp_rank`` columns (or lanes) do not say where the ranks really sit."""
+    import pandas as pd  # here, not at import: detecting formats must not load pandas
+
     ends = t_abs + df["dur"].to_numpy()
     dp, st, step, mb = (df[c].to_numpy() for c in ("dp_rank", "stage", "step", "mb_id"))
     bad = total = 0
@@ -366,6 +376,8 @@ def _check_p2p_order(
 
 
 def _to_ranks(df: pd.DataFrame, src: str, laid: bool, warnings: list[str]) -> list[RankTimeline]:
+    import pandas as pd  # here, not at import: detecting formats must not load pandas
+
     if not len(df):
         raise InputError(src, "op table has no rows")
     codes = pd.Index(OPTYPES).get_indexer(pd.Index(df["optype"].astype(str))).astype(np.int64)

@@ -153,14 +153,12 @@ def _replay(p: OpTableParams, cost: F64) -> tuple[list[dict[str, Any]], F64]:
                             _row(rows, seq, d, s, rank, step, optype, t0, dur, mb_id)  # noqa: B023 - called at once
 
                         if remote and dep is not None:
+                            # the receive ends when the data is there (at least 1 µs when it
+                            # already is), and the block computes after it
                             ready = end[dep] + p.p2p_ms
-                            row(
-                                "forward-recv" if op == 0 else "backward-recv",
-                                start,
-                                max(ready - start, 0.001),
-                                mb,
-                            )
-                            start = max(start, ready)
+                            recv = max(ready - start, 0.001)
+                            row("forward-recv" if op == 0 else "backward-recv", start, recv, mb)
+                            start += recv
                         dur = float(cost[si, d, s, op, mb])
                         row("forward-compute" if op == 0 else "backward-compute", start, dur, mb)
                         end[(s, op, mb)] = start + dur

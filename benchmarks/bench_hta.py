@@ -1,0 +1,185 @@
+"""ppdiag against Holistic Trace Analysis on the same traces, wall and CPU, and the cache re-run.
+
+Builds the multi-rank Kineto input of ``bench_parse.py`` (default 4 ranks x 62 MB raw JSON, gzip,
+replicated from a real trace; ``--dir`` reads an existing run directory instead), then measures,
+each in a fresh child process, one after the other in one run:
+
+* ``ppdiag``: ``load_run`` + ``analyze_run`` with the parse cache off;
+* ``ppdiag, cache fill`` then ``ppdiag, cache hit``: the same with a fresh cache folder, twice;
+  the hit's load (hash every file, read its entry) and its analysis are shown apart;
+* ``HTA``: ``TraceAnalysis(trace_dir=...)`` + ``get_temporal_breakdown`` + ``get_idle_time_breakdown``
+  (the per-rank time accounting, like for like), run by ``--hta-python`` (a Python that imports
+  ``hta``: HTA pins its own dependencies, so it usually lives in its own venv:
+  ``python3 -m venv /tmp/hta && /tmp/hta/bin/pip install HolisticTraceAnalysis``). Skipped when
+  no such Python is given and this one cannot import ``hta``.
+
+CPU is user + system time of the child and all its worker processes. Imports are timed apart
+(before the clock starts) for both tools. Wall times on a shared
+machine swing with load; the CPU ratios are the stable ones.
+
+    python benchmarks/bench_hta.py --hta-python /tmp/hta/bin/python
+    python benchmarks/bench_hta.py --ranks 2 --mb 20 --hta-python /tmp/hta/bin/python   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def _cpu() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _child(kind: str, folder: str, jobs: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    # imports first and timed apart: the figures below are the work on the traces
+    t_imp = time.perf_counter()
+    if kind == "hta":
+        from hta.trace_analysis import TraceAnalysis
+    else:
+        from ppdiag.api import Options, analyze_run
+        from ppdiag.parsers.loader import load_run
+    out["import_s"] = time.perf_counter() - t_imp
+    t0, c0 = time.perf_counter(), _cpu()
+    if kind == "hta":
+        analyzer = TraceAnalysis(trace_dir=folder)
+        out["parse_s"] = time.perf_counter() - t0
+        analyzer.get_temporal_breakdown(visualize=False)
+        analyzer.get_idle_time_breakdown(visualize=False)
+    else:
+        run = load_run([folder], jobs=jobs, progress=False)
+        out["load_s"] = time.perf_counter() - t0
+        out["load_cpu_s"] = _cpu() - c0
+        t1 = time.perf_counter()
+        diag = analyze_run(run, Options(jobs=jobs))
+        out["analysis_s"] = time.perf_counter() - t1
+        out["events"] = sum(r.events_total for r in run.ranks)
+        out["findings"] = [f.code for f in diag.findings]
+    out["wall_s"] = time.perf_counter() - t0
+    out["cpu_s"] = _cpu() - c0
+    out["rss_mb"] = (
+        max(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+        )
+        / 1024
+    )
+    return out
+
+
+def _run(python: str, kind: str, folder: Path, jobs: int, env_extra: dict[str, str]) -> dict[str, Any]:
+    env = dict(os.environ)
+    env.pop("PPDIAG_NO_CACHE", None)
+    env.update(env_extra)
+    if kind != "hta":
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [python, __file__, "--child", kind, str(folder), str(jobs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    res: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--mb", type=float, default=62.0, help="raw JSON MB per rank")
+    ap.add_argument("--dir", type=Path, help="an existing run directory (nothing is built)")
+    ap.add_argument("--jobs", type=int, default=None, help="ppdiag processes (default: min(ranks, CPUs))")
+    ap.add_argument("--hta-python", default=None, help="a Python that imports hta")
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        kind, folder, jobs = a.child
+        print(json.dumps(_child(kind, folder, int(jobs))))
+        return 0
+    tmp: Path | None = None
+    if a.dir is not None:
+        folder = a.dir
+        n = len([p for p in folder.iterdir() if p.is_file()])
+    else:
+        sys.path.insert(0, str(HERE))
+        from bench_parse import DEFAULT_SOURCE, build_run
+
+        tmp = folder = Path(tempfile.mkdtemp(prefix="ppdiag-bench-hta-"))
+        raw, disk = build_run(DEFAULT_SOURCE, folder, a.ranks, a.mb, True)
+        n = a.ranks
+        print(f"input: {n} ranks x {raw / n / 1e6:.0f} MB raw JSON ({disk / 1e6:.0f} MB gzip)")
+    jobs = a.jobs or min(n, os.cpu_count() or 1)
+    hta_py = a.hta_python or (sys.executable if importlib.util.find_spec("hta") else None)
+    cache_dir = Path(tempfile.mkdtemp(prefix="ppdiag-bench-hta-cache-"))
+    try:
+        res: dict[str, dict[str, Any]] = {}
+        res["ppdiag"] = _run(sys.executable, "ppdiag", folder, jobs, {"PPDIAG_NO_CACHE": "1"})
+        res["fill"] = _run(sys.executable, "ppdiag", folder, jobs, {"PPDIAG_CACHE_DIR": str(cache_dir)})
+        res["hit"] = _run(sys.executable, "ppdiag", folder, jobs, {"PPDIAG_CACHE_DIR": str(cache_dir)})
+        if hta_py:
+            res["hta"] = _run(hta_py, "hta", folder, jobs, {})
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    for name, label in (
+        ("ppdiag", "ppdiag parse + analysis"),
+        ("fill", "ppdiag, cache filling"),
+        ("hit", "ppdiag, cache hit"),
+    ):
+        r = res[name]
+        if "error" in r:
+            print(f"{label}: failed ({r['error']})")
+            continue
+        print(
+            f"{label:32s} wall {r['wall_s']:6.2f} s  CPU {r['cpu_s']:6.2f} s  "
+            f"(load {r['load_s']:.2f} s, analysis {r['analysis_s']:.2f} s; imports {r['import_s']:.2f} s "
+            f"before)  peak RSS {r['rss_mb']:.0f} MB"
+        )
+    pp, hit = res["ppdiag"], res["hit"]
+    if "error" not in hit and "error" not in pp:
+        print(
+            f"cache hit: load {hit['load_s']:.3f} s + analysis {hit['analysis_s']:.2f} s "
+            "(goal: load <= 0.3 s)"
+        )
+        print(f"findings: {', '.join(pp['findings'])} (cache hit: {', '.join(hit['findings'])})")
+    h = res.get("hta")
+    if h is None:
+        print("HTA: not measured (give --hta-python, a Python that imports hta)")
+    elif "error" in h:
+        print(f"HTA: failed ({h['error']})")
+    else:
+        print(
+            f"{'HTA parse + temporal + idle':32s} wall {h['wall_s']:6.2f} s  CPU {h['cpu_s']:6.2f} s  "
+            f"(parse {h['parse_s']:.2f} s; imports {h['import_s']:.2f} s before)  "
+            f"peak RSS {h['rss_mb']:.0f} MB"
+        )
+        if "error" not in pp:
+            print(
+                f"HTA / ppdiag: {h['wall_s'] / pp['wall_s']:.1f}x wall, {h['cpu_s'] / pp['cpu_s']:.1f}x CPU "
+                f"(cache hit: {h['wall_s'] / hit['wall_s']:.1f}x wall)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
