@@ -891,6 +891,17 @@ class _Ctx:
     rank: int
     groups: list[ProcessGroup]
     warnings: list[str] = field(default_factory=list)
+    # each group's ranks as a set, built once: a group may list 10^6 ranks and every comm op asks
+    _members: dict[int, tuple[int, frozenset[int]]] = field(default_factory=dict)
+
+    def members(self, i: int) -> frozenset[int]:
+        """The ranks of group ``i`` as a set (rebuilt when the group's rank list was filled in)."""
+        ranks = self.groups[i].ranks
+        got = self._members.get(i)
+        if got is None or got[0] != len(ranks):
+            got = (len(ranks), frozenset(ranks))
+            self._members[i] = got
+        return got[1]
 
     def group_index(self, name: str, desc: str, ranks: list[int] | None) -> int:
         """Index of a process group, adding it when the comm metadata names one not in pg_config."""
@@ -921,8 +932,8 @@ class _Ctx:
         if not self.groups:
             return grp_rank  # no group information: the default group, where group rank == global rank
         cands: set[int] = set()
-        for g in self.groups:
-            if not g.ranks or grp_rank >= len(g.ranks) or (self.rank >= 0 and self.rank not in g.ranks):
+        for i, g in enumerate(self.groups):
+            if not g.ranks or grp_rank >= len(g.ranks) or (self.rank >= 0 and self.rank not in self.members(i)):
                 continue
             if my_grp >= 0 and (my_grp >= len(g.ranks) or g.ranks[my_grp] != self.rank):
                 continue
