@@ -169,6 +169,9 @@ def trace_decoder() -> msgspec.json.Decoder[Any]:
 # ----------------------------------------------------------------------------------------------
 
 GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+LZ4_MAGIC = b"\x04\x22\x4d\x18"
 _BLANK = re.compile(rb"[\s\x00]*\Z")  # stops at the first other byte: no copy of big files
 
 
@@ -184,8 +187,10 @@ def read_bytes(path: Path) -> tuple[bytes, list[str]]:
     if _BLANK.match(raw):
         raise InputError(str(path), "empty file")
     warnings: list[str] = []
-    if raw[:3] == b"BZh" or raw[:6] == b"\xfd7zXZ\x00":
-        # bzip2 / xz under a trace name (the standard library reads both): read it, and say so
+    if raw[:4] == LZ4_MAGIC:
+        raise InputError(str(path), "lz4-compressed data, not gzip or JSON; decompress it first (lz4 -d)")
+    if raw[:3] == b"BZh" or raw[:6] == XZ_MAGIC or raw[:4] == ZSTD_MAGIC:
+        # bzip2 / xz (standard library) or zstd (optional package) under a trace name: read, say so
         raw, what = unpack_other(raw, str(path))
         warnings.append(f"{what}-compressed data under a {path.suffix or 'plain'} name: read as {what}")
         if _BLANK.match(raw):
@@ -200,14 +205,54 @@ def read_bytes(path: Path) -> tuple[bytes, list[str]]:
     return raw, warnings
 
 
+def zstd_module(path: str) -> Any:
+    """The optional ``zstandard`` package, or an InputError naming the file and the package."""
+    try:
+        import zstandard
+    except ImportError:
+        raise InputError(
+            path,
+            "zstd-compressed data: reading it needs the optional 'zstandard' package "
+            "(pip install zstandard), or decompress it first (zstd -d)",
+        ) from None
+    return zstandard
+
+
+def _unzstd(raw: bytes, path: str, cap: int) -> bytes:
+    """zstd data read 16 MiB at a time up to ``cap`` (a frame's claimed size is not trusted)."""
+    zstandard = zstd_module(path)
+    parts: list[bytes] = []
+    total = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as reader:
+            while True:
+                out = reader.read(1 << 24)
+                if not out:
+                    break
+                total += len(out)
+                if total > cap:
+                    raise InputError(
+                        path,
+                        f"zstd data expands past {_size(cap)} ({_size(len(raw))} compressed): refused "
+                        "as a likely decompression bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+                    )
+                parts.append(out)
+    except zstandard.ZstdError as exc:
+        raise InputError(path, f"corrupt zstd-compressed data ({exc})") from None
+    return b"".join(parts)
+
+
 def unpack_other(raw: bytes, path: str, limit: int | None = None) -> tuple[bytes, str]:
-    """Decompress bzip2 or xz data in chunks up to the cap of :func:`max_trace_bytes`; returns the
-    data and the compressor's name. A cut or corrupt stream is an InputError naming the file."""
+    """Decompress bzip2, xz or zstd data in chunks up to the cap of :func:`max_trace_bytes`;
+    returns the data and the compressor's name. A cut or corrupt stream is an InputError naming
+    the file."""
     import bz2
     import lzma
 
-    what = "bzip2" if raw[:3] == b"BZh" else "xz"
     cap = max_trace_bytes(len(raw)) if limit is None else limit
+    if raw[:4] == ZSTD_MAGIC:
+        return _unzstd(raw, path, cap), "zstd"
+    what = "bzip2" if raw[:3] == b"BZh" else "xz"
     d: Any = bz2.BZ2Decompressor() if what == "bzip2" else lzma.LZMADecompressor()
     parts: list[bytes] = []
     total = 0
@@ -933,7 +978,9 @@ class _Ctx:
             return grp_rank  # no group information: the default group, where group rank == global rank
         cands: set[int] = set()
         for i, g in enumerate(self.groups):
-            if not g.ranks or grp_rank >= len(g.ranks) or (self.rank >= 0 and self.rank not in self.members(i)):
+            if not g.ranks or grp_rank >= len(g.ranks):
+                continue
+            if self.rank >= 0 and self.rank not in self.members(i):
                 continue
             if my_grp >= 0 and (my_grp >= len(g.ranks) or g.ranks[my_grp] != self.rank):
                 continue
