@@ -47,6 +47,7 @@ from ppdiag.model import (
     RankTimeline,
 )
 from ppdiag.parsers import ParseOptions, register
+from ppdiag.parsers.kineto_slices import Select, decode_sliced
 
 I64A = npt.NDArray[np.int64]
 F64A = npt.NDArray[np.float64]
@@ -383,6 +384,7 @@ class _Recovered:
     kept_events: int
     lost_events: int
     warnings: list[str] = field(default_factory=list)
+    dropped_used: int = 0  # host ops dropped while decoding (sliced decoding), see kineto_slices
 
 
 def _error_pos(exc: msgspec.DecodeError, size: int) -> tuple[int, bool]:
@@ -1181,12 +1183,77 @@ class KinetoParser:
             raise InputError(str(path), f"unsupported trace content ({type(exc).__name__}: {exc})") from None
 
 
+_SLICE_DECODER = msgspec.json.Decoder(list[_STRICT.event])  # type: ignore[name-defined]
+
+
+def _decode_sliced(data: bytes, memo: _NameMemo) -> _Recovered | None:
+    """The trace decoded a slice at a time (see :mod:`ppdiag.parsers.kineto_slices`), without the
+    host ops a GPU trace's parse never reads; None when the whole document must be decoded."""
+
+    got = decode_sliced(data, _SLICE_DECODER, lambda top: _slice_select(top, memo))
+    if got is None:
+        return None
+    top = got.top
+    trace = _STRICT.trace(
+        traceEvents=got.events,
+        distributedInfo=top.distributedInfo,
+        deviceProperties=top.deviceProperties,
+        baseTimeNanoseconds=top.baseTimeNanoseconds,
+        host_name=top.host_name,
+    )
+    return _Recovered(trace, got.total, 0, dropped_used=got.dropped_used)
+
+
+def _slice_select(top: Any, memo: _NameMemo) -> Select:
+    """The per-slice filter: keep every used event except the host ops no later step reads
+    (those with usable times are dropped and counted), and count the usable GPU events."""
+    b = top.baseTimeNanoseconds
+    base = _as_int(b, 0) if b is not None else 0
+    lim = _MAX_US - abs(base) / 1000.0
+
+    def usable(sub: list[Any]) -> npt.NDArray[np.bool_]:
+        # the times _drop_bad_times would neither drop nor alter (strict decoding: floats)
+        ts = np.fromiter(_col(sub, "ts"), dtype=np.float64, count=len(sub))
+        dur = np.fromiter(_col(sub, "dur"), dtype=np.float64, count=len(sub))
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(ts) & (np.abs(ts) < lim) & np.isfinite(dur)
+            ok &= (dur >= 0) & (dur <= _MAX_DUR_US)
+        return ok
+
+    def select(evs: list[Any]) -> tuple[npt.NDArray[np.bool_], int, int]:
+        n = len(evs)
+        cat = np.fromiter(map(_CAT.get, _col(evs, "cat"), repeat(K_OTHER)), dtype=np.int8, count=n)
+        is_x = np.fromiter(map(operator.eq, _col(evs, "ph"), repeat("X")), dtype=bool, count=n)
+        gpu = (cat >= K_KERNEL) & (cat <= K_SYNC)
+        gi = np.flatnonzero(gpu & is_x).tolist()
+        n_gpu = int(usable([evs[i] for i in gi]).sum()) if gi else 0
+        keep = (is_x & (cat != K_OTHER)) | (gpu & ~is_x)
+        hi = np.flatnonzero(is_x & ((cat == K_CPUOP) | (cat == K_ANNOT) | (cat == K_PYFUNC)))
+        if not len(hi):
+            return keep, 0, n_gpu
+        infos = list(map(memo.__getitem__, _col([evs[i] for i in hi.tolist()], "name")))
+        rk = np.fromiter(map(attrgetter("range_kind"), infos), dtype=np.int64, count=len(infos))
+        cl = np.fromiter(map(attrgetter("cls"), infos), dtype=np.int64, count=len(infos))
+        hc = cat[hi]
+        # what _collect_host reads: named ranges, every annotation, module Python functions, and
+        # the autograd backward ops
+        needed = ((rk >= 0) | (hc == K_ANNOT)) & ~((hc == K_PYFUNC) & (cl != N_MODULE))
+        needed |= cl == N_BWD_OP
+        cand = hi[~needed]
+        drop = cand[usable([evs[i] for i in cand.tolist()])] if len(cand) else cand
+        keep[drop] = False
+        return keep, len(drop), n_gpu
+
+    return select
+
+
 def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTimeline:
     data = held.pop()  # the only reference from here on: ``del data`` below frees the bytes
     spath = str(path)
     if not _LEADING_OBJECT.match(data, 0, 4096):
         raise InputError(spath, "not a PyTorch Profiler trace (not a JSON object)")
-    rec = decode_trace(data, spath)
+    memo = _NameMemo()
+    rec = _decode_sliced(data, memo) or decode_trace(data, spath)
     del data
     warnings = warnings + rec.warnings
     trace = rec.trace
@@ -1220,14 +1287,13 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
 
     codes = _event_codes(evs)
     # every dropped or altered event of this file in one warning (the loader names the file)
-    changed = _read_begin_end(evs, codes) + _drop_bad_times(evs, codes, base)
+    changed = _read_begin_end(evs, codes) + _drop_bad_times(evs, codes, base, rec.dropped_used)
     if changed:
         warnings = [*warnings, "; ".join(changed)]
     gpu_idx = np.flatnonzero((codes >= K_KERNEL) & (codes <= K_SYNC))
     host_idx = np.flatnonzero((codes == K_CPUOP) | (codes == K_ANNOT) | (codes == K_PYFUNC))
 
     names = NameTable()
-    memo = _NameMemo()
     host = _collect_host(evs, host_idx, codes, memo, base, ctx)
 
     meta: dict[str, Any] = {
@@ -1395,13 +1461,15 @@ def _num_or_nan(v: Any) -> float:
     return float(v)
 
 
-def _drop_bad_times(evs: list[Any], codes: npt.NDArray[np.int8], base: int) -> list[str]:
+def _drop_bad_times(evs: list[Any], codes: npt.NDArray[np.int8], base: int, unseen: int = 0) -> list[str]:
     """Drop (code ``K_OTHER``) the used events whose ``ts``/``dur`` are unusable and count them:
     ts missing / null / text / bool / not finite, ts beyond int64 ns, dur over a week. Negative
-    or non-numeric durations are kept as zero-length events, and counted too."""
+    or non-numeric durations are kept as zero-length events, and counted too. ``unseen``: used
+    events with usable times that sliced decoding dropped before (they count in the totals)."""
     used = np.flatnonzero(codes != K_OTHER)
     if not len(used):
         return []
+    total = len(used) + unseen
     ts, ts_ok = _num_array([evs[i].ts for i in used])
     dur, dur_ok = _num_array([evs[i].dur for i in used])
     no_ts = ~ts_ok | ~np.isfinite(ts)
@@ -1422,7 +1490,7 @@ def _drop_bad_times(evs: list[Any], codes: npt.NDArray[np.int8], base: int) -> l
             (int(huge.sum()), "dur over a week"),
         ]
         why = ", ".join(f"{k} {w}" for k, w in parts if k)
-        out.append(f"dropped {n} of {len(used)} events with unusable times ({why})")
+        out.append(f"dropped {n} of {total} events with unusable times ({why})")
     if zero.any():
         # kept at their start with zero length (what the parse does with them), but said
         parts = [
@@ -1430,7 +1498,7 @@ def _drop_bad_times(evs: list[Any], codes: npt.NDArray[np.int8], base: int) -> l
             (int((bad_dur & ~drop).sum()), "no numeric dur"),
         ]
         why = ", ".join(f"{k} with {w}" for k, w in parts if k)
-        out.append(f"{int(zero.sum())} of {len(used)} events read as zero-length ({why})")
+        out.append(f"{int(zero.sum())} of {total} events read as zero-length ({why})")
     return out
 
 
