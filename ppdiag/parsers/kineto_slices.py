@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-SLICE = 1 << 15  # events per slice: ~10 MB of JSON, the extra memory one slice costs
+SLICE = 1 << 12  # events per slice: ~1-3 MB of JSON, the extra memory one slice costs
 
 # The GPU categories' spelling in the bytes (compact and spaced writers): a trace without any of
 # them is parsed in CPU mode, which reads every CPU op, so nothing is dropped there.
