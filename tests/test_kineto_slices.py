@@ -79,3 +79,32 @@ def test_real_traces_equal(rel: str, monkeypatch: pytest.MonkeyPatch) -> None:
     p = shared_trace(rel)
     sliced, whole = _both(p, monkeypatch, 4096)
     _same(sliced, whole)
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_instant_events_reach_the_hook_on_both_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole: bool
+) -> None:
+    d = copy.deepcopy(BASE)
+    d["traceEvents"] += [
+        {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "name": "[memory]",
+            "pid": 1,
+            "tid": 1,
+            "ts": 5.0 + i,
+            "s": "t",
+        }
+        for i in range(3)
+    ]
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(d))
+    seen: list[str] = []
+    monkeypatch.setattr(kineto_slices, "_INSTANT_HOOKS", [lambda evs: seen.extend(e.name for e in evs)])
+    monkeypatch.setattr(kineto_slices, "SLICE", 5)
+    if whole:
+        monkeypatch.setattr(kineto, "_decode_sliced", lambda data, memo: None)
+    kineto.parse_file(p)
+    # every instant event of the trace, in file order (the fixture's own among them)
+    assert seen == [e["name"] for e in d["traceEvents"] if e.get("ph") in ("i", "I")]

@@ -47,7 +47,7 @@ from ppdiag.model import (
     RankTimeline,
 )
 from ppdiag.parsers import ParseOptions, register
-from ppdiag.parsers.kineto_slices import Select, decode_sliced
+from ppdiag.parsers.kineto_slices import Select, decode_sliced, run_instant_hooks
 
 I64A = npt.NDArray[np.int64]
 F64A = npt.NDArray[np.float64]
@@ -385,6 +385,7 @@ class _Recovered:
     lost_events: int
     warnings: list[str] = field(default_factory=list)
     dropped_used: int = 0  # host ops dropped while decoding (sliced decoding), see kineto_slices
+    sliced: bool = False  # decoded by kineto_slices (which already ran the instant-event hooks)
 
 
 def _error_pos(exc: msgspec.DecodeError, size: int) -> tuple[int, bool]:
@@ -1201,7 +1202,7 @@ def _decode_sliced(data: bytes, memo: _NameMemo) -> _Recovered | None:
         baseTimeNanoseconds=top.baseTimeNanoseconds,
         host_name=top.host_name,
     )
-    return _Recovered(trace, got.total, 0, dropped_used=got.dropped_used)
+    return _Recovered(trace, got.total, 0, dropped_used=got.dropped_used, sliced=True)
 
 
 def _slice_select(top: Any, memo: _NameMemo) -> Select:
@@ -1262,6 +1263,8 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
         raise InputError(spath, "not a PyTorch Profiler trace (no traceEvents)")
     if not evs:
         raise InputError(spath, "empty trace (traceEvents is empty)")
+    if not rec.sliced:
+        run_instant_hooks(evs)
 
     dist = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
     _check_fields(dist, trace.baseTimeNanoseconds, spath)

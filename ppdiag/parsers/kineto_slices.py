@@ -8,7 +8,7 @@ trace's parse never reads: CPU ops and Python functions whose name means nothing
 step, label, comm or optimizer range, not an autograd backward op), with usable times. Events that
 are dropped are only counted (they take part in the counts of the time checks). Flow, metadata
 and instant events are not host ranges and are dropped too; the hook where instant events are
-classified is :func:`instant_event_hook`.
+classified is :func:`instant_event_hook` (the whole-document path calls the same hooks).
 
 Anything unusual (no GPU category in the bytes, lenient typing, damaged JSON) returns None and
 the caller decodes the whole document as before: the result is the same either way.
@@ -64,6 +64,14 @@ def instant_event_hook(hook: InstantHook) -> InstantHook:
     return hook
 
 
+def run_instant_hooks(evs: list[Any]) -> None:
+    """Hand the instant events among ``evs`` to the registered hooks (nothing when none is)."""
+    if _INSTANT_HOOKS:
+        inst = [e for e in evs if e.ph in ("i", "I")]
+        for hook in _INSTANT_HOOKS:
+            hook(inst)
+
+
 # one slice's events -> (which to keep, dropped events that count as used, usable GPU events)
 Select = Callable[[list[Any]], tuple[npt.NDArray[np.bool_], int, int]]
 
@@ -94,10 +102,7 @@ def decode_sliced(
             blob = b"".join((b"[", b",".join(raws[lo : lo + SLICE]), b"]"))
             evs: list[Any] = event_decoder.decode(blob)
             del blob
-            if _INSTANT_HOOKS:
-                inst = [e for e in evs if e.ph in ("i", "I")]
-                for hook in _INSTANT_HOOKS:
-                    hook(inst)
+            run_instant_hooks(evs)
             keep, n, g = select(evs)
             dropped_used += n
             n_gpu += g
