@@ -11,6 +11,8 @@ memory is that work's own), it measures:
 * ``ppdiag load``: :func:`ppdiag.parsers.loader.load_run` (parse to the columnar model);
 * ``ppdiag analysis``: the full analysis (``ppdiag.api.analyze_run``) on the loaded run;
 * ``read``: reading the files' bytes (no gunzip): the least any tool can spend;
+* ``json.loads``: read + gunzip + the standard library's ``json.loads`` (the memory any
+  dict-of-events reader pays);
 * ``cache hit``: :func:`load_run` again with a warm parse cache (a fresh cache folder is filled
   by one load first; the plain ``ppdiag load`` above runs with the cache off);
 * ``HTA``: Holistic Trace Analysis ``TraceAnalysis(trace_dir=...)`` plus its temporal and idle
@@ -128,6 +130,14 @@ def _floor_one(path: str) -> int:
     return len(doc.traceEvents)
 
 
+def _json_one(path: str) -> int:
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    n = len(json.loads(raw)["traceEvents"])
+    return n
+
+
 def _read_one(path: str) -> int:
     return len(Path(path).read_bytes())
 
@@ -138,6 +148,8 @@ def _child(kind: str, folder: str, jobs: int) -> dict[str, Any]:
     t = time.perf_counter()
     if kind == "read":
         out["bytes"] = sum(_read_one(f) for f in files)
+    elif kind == "json":
+        out["events"] = sum(_json_one(f) for f in files)
     elif kind in ("cache_fill", "cache_hit"):
         from ppdiag.parsers.loader import load_run
 
@@ -270,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{jobs} process(es), {os.cpu_count()} CPU(s)"
         )
         results: dict[str, dict[str, Any]] = {}
-        kinds = ["read", "floor", "ppdiag"]
+        kinds = ["read", "json", "floor", "ppdiag"]
         try:
             import hta  # noqa: F401
 
@@ -325,6 +337,9 @@ def report(results: dict[str, dict[str, Any]], raw_mb: float | None = None) -> N
     rd = results.get("read", {})
     if "wall_s" in rd:
         line("read the bytes", rd["wall_s"], rd)
+    js0 = results.get("json", {})
+    if "wall_s" in js0:
+        line("json.loads", js0["wall_s"], js0)
     line("floor (gunzip + decode)", fs, floor)
     line("ppdiag load", pp["load_s"], pp)
     fill, hit = results.get("cache_fill", {}), results.get("cache_hit", {})
@@ -365,11 +380,20 @@ def report(results: dict[str, dict[str, Any]], raw_mb: float | None = None) -> N
         print(f"  ppdiag load / cache hit     = {pp['load_s'] / hit['load_s']:.1f}")
         if "wall_s" in rd and rd["wall_s"] > 0:
             print(f"  cache hit / read bytes      = {hit['load_s'] / rd['wall_s']:.1f}")
+    js = results.get("json", {})
+    if "wall_s" in js:
+        print(f"  ppdiag load / json.loads    = {pp['load_s'] / js['wall_s']:.2f}")
     if raw_mb:
+        # one process per rank: the largest worker is the one to plan memory by (``--jobs``)
+        worker = pp["rss_worker_mb"] if pp["rss_worker_mb"] > 0 else pp["rss_main_mb"]
         print(
-            f"  largest worker peak RSS / raw JSON of its rank = {pp['rss_worker_mb'] / raw_mb:.2f} "
-            f"(floor {floor['rss_worker_mb'] / raw_mb:.2f})"
+            f"  largest worker peak RSS / raw JSON of its rank = {worker / raw_mb:.2f} "
+            f"(floor {max(floor['rss_worker_mb'], floor['rss_main_mb']) / raw_mb:.2f})"
         )
+        for label, r in (("read the bytes", rd), ("json.loads", js)):
+            if "rss_main_mb" in r:
+                other = max(r["rss_worker_mb"], r["rss_main_mb"])
+                print(f"  ppdiag worker peak RSS / {label} peak RSS = {worker / other:.2f}")
 
 
 if __name__ == "__main__":

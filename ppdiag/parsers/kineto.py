@@ -47,6 +47,7 @@ from ppdiag.model import (
     RankTimeline,
 )
 from ppdiag.parsers import ParseOptions, register
+from ppdiag.parsers.kineto_slices import Select, decode_sliced, run_instant_hooks
 
 I64A = npt.NDArray[np.int64]
 F64A = npt.NDArray[np.float64]
@@ -169,6 +170,9 @@ def trace_decoder() -> msgspec.json.Decoder[Any]:
 # ----------------------------------------------------------------------------------------------
 
 GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+LZ4_MAGIC = b"\x04\x22\x4d\x18"
 _BLANK = re.compile(rb"[\s\x00]*\Z")  # stops at the first other byte: no copy of big files
 
 
@@ -184,8 +188,10 @@ def read_bytes(path: Path) -> tuple[bytes, list[str]]:
     if _BLANK.match(raw):
         raise InputError(str(path), "empty file")
     warnings: list[str] = []
-    if raw[:3] == b"BZh" or raw[:6] == b"\xfd7zXZ\x00":
-        # bzip2 / xz under a trace name (the standard library reads both): read it, and say so
+    if raw[:4] == LZ4_MAGIC:
+        raise InputError(str(path), "lz4-compressed data, not gzip or JSON; decompress it first (lz4 -d)")
+    if raw[:3] == b"BZh" or raw[:6] == XZ_MAGIC or raw[:4] == ZSTD_MAGIC:
+        # bzip2 / xz (standard library) or zstd (optional package) under a trace name: read, say so
         raw, what = unpack_other(raw, str(path))
         warnings.append(f"{what}-compressed data under a {path.suffix or 'plain'} name: read as {what}")
         if _BLANK.match(raw):
@@ -200,14 +206,54 @@ def read_bytes(path: Path) -> tuple[bytes, list[str]]:
     return raw, warnings
 
 
+def zstd_module(path: str) -> Any:
+    """The optional ``zstandard`` package, or an InputError naming the file and the package."""
+    try:
+        import zstandard
+    except ImportError:
+        raise InputError(
+            path,
+            "zstd-compressed data: reading it needs the optional 'zstandard' package "
+            "(pip install zstandard), or decompress it first (zstd -d)",
+        ) from None
+    return zstandard
+
+
+def _unzstd(raw: bytes, path: str, cap: int) -> bytes:
+    """zstd data read 16 MiB at a time up to ``cap`` (a frame's claimed size is not trusted)."""
+    zstandard = zstd_module(path)
+    parts: list[bytes] = []
+    total = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as reader:
+            while True:
+                out = reader.read(1 << 24)
+                if not out:
+                    break
+                total += len(out)
+                if total > cap:
+                    raise InputError(
+                        path,
+                        f"zstd data expands past {_size(cap)} ({_size(len(raw))} compressed): refused "
+                        "as a likely decompression bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+                    )
+                parts.append(out)
+    except zstandard.ZstdError as exc:
+        raise InputError(path, f"corrupt zstd-compressed data ({exc})") from None
+    return b"".join(parts)
+
+
 def unpack_other(raw: bytes, path: str, limit: int | None = None) -> tuple[bytes, str]:
-    """Decompress bzip2 or xz data in chunks up to the cap of :func:`max_trace_bytes`; returns the
-    data and the compressor's name. A cut or corrupt stream is an InputError naming the file."""
+    """Decompress bzip2, xz or zstd data in chunks up to the cap of :func:`max_trace_bytes`;
+    returns the data and the compressor's name. A cut or corrupt stream is an InputError naming
+    the file."""
     import bz2
     import lzma
 
-    what = "bzip2" if raw[:3] == b"BZh" else "xz"
     cap = max_trace_bytes(len(raw)) if limit is None else limit
+    if raw[:4] == ZSTD_MAGIC:
+        return _unzstd(raw, path, cap), "zstd"
+    what = "bzip2" if raw[:3] == b"BZh" else "xz"
     d: Any = bz2.BZ2Decompressor() if what == "bzip2" else lzma.LZMADecompressor()
     parts: list[bytes] = []
     total = 0
@@ -338,6 +384,8 @@ class _Recovered:
     kept_events: int
     lost_events: int
     warnings: list[str] = field(default_factory=list)
+    dropped_used: int = 0  # host ops dropped while decoding (sliced decoding), see kineto_slices
+    sliced: bool = False  # decoded by kineto_slices (which already ran the instant-event hooks)
 
 
 def _error_pos(exc: msgspec.DecodeError, size: int) -> tuple[int, bool]:
@@ -891,6 +939,17 @@ class _Ctx:
     rank: int
     groups: list[ProcessGroup]
     warnings: list[str] = field(default_factory=list)
+    # each group's ranks as a set, built once: a group may list 10^6 ranks and every comm op asks
+    _members: dict[int, tuple[int, frozenset[int]]] = field(default_factory=dict)
+
+    def members(self, i: int) -> frozenset[int]:
+        """The ranks of group ``i`` as a set (rebuilt when the group's rank list was filled in)."""
+        ranks = self.groups[i].ranks
+        got = self._members.get(i)
+        if got is None or got[0] != len(ranks):
+            got = (len(ranks), frozenset(ranks))
+            self._members[i] = got
+        return got[1]
 
     def group_index(self, name: str, desc: str, ranks: list[int] | None) -> int:
         """Index of a process group, adding it when the comm metadata names one not in pg_config."""
@@ -921,8 +980,10 @@ class _Ctx:
         if not self.groups:
             return grp_rank  # no group information: the default group, where group rank == global rank
         cands: set[int] = set()
-        for g in self.groups:
-            if not g.ranks or grp_rank >= len(g.ranks) or (self.rank >= 0 and self.rank not in g.ranks):
+        for i, g in enumerate(self.groups):
+            if not g.ranks or grp_rank >= len(g.ranks):
+                continue
+            if self.rank >= 0 and self.rank not in self.members(i):
                 continue
             if my_grp >= 0 and (my_grp >= len(g.ranks) or g.ranks[my_grp] != self.rank):
                 continue
@@ -1123,12 +1184,77 @@ class KinetoParser:
             raise InputError(str(path), f"unsupported trace content ({type(exc).__name__}: {exc})") from None
 
 
+_SLICE_DECODER = msgspec.json.Decoder(list[_STRICT.event])  # type: ignore[name-defined]
+
+
+def _decode_sliced(data: bytes, memo: _NameMemo) -> _Recovered | None:
+    """The trace decoded a slice at a time (see :mod:`ppdiag.parsers.kineto_slices`), without the
+    host ops a GPU trace's parse never reads; None when the whole document must be decoded."""
+
+    got = decode_sliced(data, _SLICE_DECODER, lambda top: _slice_select(top, memo))
+    if got is None:
+        return None
+    top = got.top
+    trace = _STRICT.trace(
+        traceEvents=got.events,
+        distributedInfo=top.distributedInfo,
+        deviceProperties=top.deviceProperties,
+        baseTimeNanoseconds=top.baseTimeNanoseconds,
+        host_name=top.host_name,
+    )
+    return _Recovered(trace, got.total, 0, dropped_used=got.dropped_used, sliced=True)
+
+
+def _slice_select(top: Any, memo: _NameMemo) -> Select:
+    """The per-slice filter: keep every used event except the host ops no later step reads
+    (those with usable times are dropped and counted), and count the usable GPU events."""
+    b = top.baseTimeNanoseconds
+    base = _as_int(b, 0) if b is not None else 0
+    lim = _MAX_US - abs(base) / 1000.0
+
+    def usable(sub: list[Any]) -> npt.NDArray[np.bool_]:
+        # the times _drop_bad_times would neither drop nor alter (strict decoding: floats)
+        ts = np.fromiter(_col(sub, "ts"), dtype=np.float64, count=len(sub))
+        dur = np.fromiter(_col(sub, "dur"), dtype=np.float64, count=len(sub))
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(ts) & (np.abs(ts) < lim) & np.isfinite(dur)
+            ok &= (dur >= 0) & (dur <= _MAX_DUR_US)
+        return ok
+
+    def select(evs: list[Any]) -> tuple[npt.NDArray[np.bool_], int, int]:
+        n = len(evs)
+        cat = np.fromiter(map(_CAT.get, _col(evs, "cat"), repeat(K_OTHER)), dtype=np.int8, count=n)
+        is_x = np.fromiter(map(operator.eq, _col(evs, "ph"), repeat("X")), dtype=bool, count=n)
+        gpu = (cat >= K_KERNEL) & (cat <= K_SYNC)
+        gi = np.flatnonzero(gpu & is_x).tolist()
+        n_gpu = int(usable([evs[i] for i in gi]).sum()) if gi else 0
+        keep = (is_x & (cat != K_OTHER)) | (gpu & ~is_x)
+        hi = np.flatnonzero(is_x & ((cat == K_CPUOP) | (cat == K_ANNOT) | (cat == K_PYFUNC)))
+        if not len(hi):
+            return keep, 0, n_gpu
+        infos = list(map(memo.__getitem__, _col([evs[i] for i in hi.tolist()], "name")))
+        rk = np.fromiter(map(attrgetter("range_kind"), infos), dtype=np.int64, count=len(infos))
+        cl = np.fromiter(map(attrgetter("cls"), infos), dtype=np.int64, count=len(infos))
+        hc = cat[hi]
+        # what _collect_host reads: named ranges, every annotation, module Python functions, and
+        # the autograd backward ops
+        needed = ((rk >= 0) | (hc == K_ANNOT)) & ~((hc == K_PYFUNC) & (cl != N_MODULE))
+        needed |= cl == N_BWD_OP
+        cand = hi[~needed]
+        drop = cand[usable([evs[i] for i in cand.tolist()])] if len(cand) else cand
+        keep[drop] = False
+        return keep, len(drop), n_gpu
+
+    return select
+
+
 def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTimeline:
     data = held.pop()  # the only reference from here on: ``del data`` below frees the bytes
     spath = str(path)
     if not _LEADING_OBJECT.match(data, 0, 4096):
         raise InputError(spath, "not a PyTorch Profiler trace (not a JSON object)")
-    rec = decode_trace(data, spath)
+    memo = _NameMemo()
+    rec = _decode_sliced(data, memo) or decode_trace(data, spath)
     del data
     warnings = warnings + rec.warnings
     trace = rec.trace
@@ -1137,6 +1263,8 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
         raise InputError(spath, "not a PyTorch Profiler trace (no traceEvents)")
     if not evs:
         raise InputError(spath, "empty trace (traceEvents is empty)")
+    if not rec.sliced:
+        run_instant_hooks(evs)
 
     dist = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
     _check_fields(dist, trace.baseTimeNanoseconds, spath)
@@ -1162,14 +1290,13 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
 
     codes = _event_codes(evs)
     # every dropped or altered event of this file in one warning (the loader names the file)
-    changed = _read_begin_end(evs, codes) + _drop_bad_times(evs, codes, base)
+    changed = _read_begin_end(evs, codes) + _drop_bad_times(evs, codes, base, rec.dropped_used)
     if changed:
         warnings = [*warnings, "; ".join(changed)]
     gpu_idx = np.flatnonzero((codes >= K_KERNEL) & (codes <= K_SYNC))
     host_idx = np.flatnonzero((codes == K_CPUOP) | (codes == K_ANNOT) | (codes == K_PYFUNC))
 
     names = NameTable()
-    memo = _NameMemo()
     host = _collect_host(evs, host_idx, codes, memo, base, ctx)
 
     meta: dict[str, Any] = {
@@ -1337,13 +1464,15 @@ def _num_or_nan(v: Any) -> float:
     return float(v)
 
 
-def _drop_bad_times(evs: list[Any], codes: npt.NDArray[np.int8], base: int) -> list[str]:
+def _drop_bad_times(evs: list[Any], codes: npt.NDArray[np.int8], base: int, unseen: int = 0) -> list[str]:
     """Drop (code ``K_OTHER``) the used events whose ``ts``/``dur`` are unusable and count them:
     ts missing / null / text / bool / not finite, ts beyond int64 ns, dur over a week. Negative
-    or non-numeric durations are kept as zero-length events, and counted too."""
+    or non-numeric durations are kept as zero-length events, and counted too. ``unseen``: used
+    events with usable times that sliced decoding dropped before (they count in the totals)."""
     used = np.flatnonzero(codes != K_OTHER)
     if not len(used):
         return []
+    total = len(used) + unseen
     ts, ts_ok = _num_array([evs[i].ts for i in used])
     dur, dur_ok = _num_array([evs[i].dur for i in used])
     no_ts = ~ts_ok | ~np.isfinite(ts)
@@ -1364,7 +1493,7 @@ def _drop_bad_times(evs: list[Any], codes: npt.NDArray[np.int8], base: int) -> l
             (int(huge.sum()), "dur over a week"),
         ]
         why = ", ".join(f"{k} {w}" for k, w in parts if k)
-        out.append(f"dropped {n} of {len(used)} events with unusable times ({why})")
+        out.append(f"dropped {n} of {total} events with unusable times ({why})")
     if zero.any():
         # kept at their start with zero length (what the parse does with them), but said
         parts = [
@@ -1372,7 +1501,7 @@ def _drop_bad_times(evs: list[Any], codes: npt.NDArray[np.int8], base: int) -> l
             (int((bad_dur & ~drop).sum()), "no numeric dur"),
         ]
         why = ", ".join(f"{k} with {w}" for k, w in parts if k)
-        out.append(f"{int(zero.sum())} of {len(used)} events read as zero-length ({why})")
+        out.append(f"{int(zero.sum())} of {total} events read as zero-length ({why})")
     return out
 
 

@@ -70,6 +70,8 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
     try:
         with open(path, "rb") as fh:
             head = fh.read(size)
+            if head[:4] == b"\x28\xb5\x2f\xfd" and _has_zstd():
+                return _unzstd_head(head, fh, size)
             if head[:3] == b"BZh" or head[:6] == b"\xfd7zXZ\x00":
                 out = _unpack_head(head, fh, size)
                 if not out.strip():
@@ -93,6 +95,30 @@ def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:
         raise InputError(str(path), f"corrupt gzip data ({exc})") from None
     except OSError as exc:
         raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
+
+
+def _has_zstd() -> bool:
+    """True when the optional ``zstandard`` package can be imported (it reads zstd traces)."""
+    try:
+        import zstandard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _unzstd_head(head: bytes, fh: Any, size: int) -> bytes:
+    """First ``size`` decompressed bytes of zstd data; the raw head when it is not zstd after all."""
+    import io
+
+    import zstandard
+
+    src = io.BytesIO(head + fh.read(max(0, (1 << 20) - len(head))))
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True) as reader:
+            out: bytes = reader.read(size)
+    except zstandard.ZstdError:
+        return head  # corrupt: the parser names the damage
+    return out or head
 
 
 def _unpack_head(head: bytes, fh: Any, size: int) -> bytes:
@@ -140,8 +166,14 @@ def detect_format(path: Path) -> tuple[str | None, str]:
         except Exception:  # a sniffer must never break the detection of other formats
             continue
     comp = compression_of(head)
+    if comp == "zstd" and not _has_zstd():
+        return None, (
+            "zstd-compressed data: reading it needs the optional 'zstandard' package "
+            "(pip install zstandard), or decompress it first (zstd -d)"
+        )
     if comp in ("zstd", "lz4"):
-        return None, f"{comp}-compressed data, not gzip or JSON; decompress it first ({_UNPACK[comp]})"
+        what = "damaged " if comp == "zstd" else ""
+        return None, f"{what}{comp}-compressed data, not gzip or JSON; decompress it first ({_UNPACK[comp]})"
     h = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if h.startswith(b"{"):
         return None, "JSON object without traceEvents: not a PyTorch Profiler trace"

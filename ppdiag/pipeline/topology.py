@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ppdiag.errors import InputError
+from ppdiag.limits import MAX_PP
 from ppdiag.model import Direction, RangeKind, RankTimeline, Run
 from ppdiag.pipeline.clocks import P2POps, p2p_ops
 
@@ -237,12 +239,27 @@ def _first_stage(
     return scored[0][1]
 
 
-def _pp_group(run: Run) -> Topology | None:
+def _pp_group(run: Run, notes: list[str]) -> Topology | None:
+    """Stage order from a process group that names the pipeline (``pg_desc``).
+
+    A group claiming more than :data:`~ppdiag.limits.MAX_PP` ranks is no pipeline (it is refused as
+    evidence, with a note): the cost stays linear in the traced ranks, whatever the trace lists."""
     lines: dict[tuple[int, ...], list[int]] = {}
+    refused: dict[str, int] = {}
     for tl in run.ranks:
         for g in tl.process_groups:
-            if _PP_GROUP.search(g.desc or "") and tl.rank in g.ranks and len(g.ranks) > 1:
+            if not _PP_GROUP.search(g.desc or "") or len(g.ranks) <= 1:
+                continue
+            if len(g.ranks) > MAX_PP:
+                refused[g.name or g.desc] = len(g.ranks)
+                continue
+            if tl.rank in g.ranks:
                 lines[tuple(g.ranks)] = list(g.ranks)
+    for name, size in sorted(refused.items()):
+        notes.append(
+            f"process group {name!r} claims {size} pipeline ranks, more than {MAX_PP} stages: "
+            "not used as pipeline evidence"
+        )
     if not lines:
         return None
     return _from_lines(sorted(lines.values()), "pipeline process group", run)
@@ -294,10 +311,17 @@ def infer_topology(
                 topo.stage_of[r] = 0
                 topo.chunks_of[r] = [0]
         return topo
-    for finder in (_pp_group, _labels, lambda r: _chain(r, ops)):
+    notes: list[str] = []  # what a finder refused: said whichever evidence wins
+    finders: tuple[Callable[[Run], Topology | None], ...] = (
+        lambda r: _pp_group(r, notes),
+        _labels,
+        lambda r: _chain(r, ops),
+    )
+    for finder in finders:
         found = finder(run)
         if found is not None and found.pp > 1:
             topo = found
+            topo.warnings[:0] = notes
             if topo.virtual == 1 and topo.source != "p2p chain":
                 _apply_ring(topo, _ring_virtual(topo.pipelines, _p2p_edges(run, ops)[0]))
             if pp and topo.pp != pp:
@@ -311,5 +335,9 @@ def infer_topology(
         for r in ranks:
             lines_d[r % per].append(r)
         lines = [sorted(v, key=lambda x: x // per) for v in lines_d.values()]
-        return _from_lines(lines, "--pp", run)
-    return no_pp(run)
+        topo = _from_lines(lines, "--pp", run)
+        topo.warnings[:0] = notes
+        return topo
+    topo = no_pp(run)
+    topo.warnings.extend(notes)
+    return topo

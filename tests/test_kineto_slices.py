@@ -1,0 +1,110 @@
+"""Sliced decoding gives the same timeline as decoding the whole document, with less memory."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import TEST_DATA, shared_trace
+
+from ppdiag.model import RankTimeline
+from ppdiag.parsers import kineto, kineto_slices
+
+BASE: dict[str, Any] = json.loads((TEST_DATA / "gpu_pp_rank0.json").read_text())
+
+
+def _both(p: Path, monkeypatch: pytest.MonkeyPatch, slice_len: int) -> tuple[RankTimeline, RankTimeline]:
+    monkeypatch.setattr(kineto_slices, "SLICE", slice_len)
+    sliced = kineto.parse_file(p)
+    with monkeypatch.context() as m:
+        m.setattr(kineto, "_decode_sliced", lambda data, memo: None)
+        whole = kineto.parse_file(p)
+    return sliced, whole
+
+
+def _same(a: RankTimeline, b: RankTimeline) -> None:
+    assert a.names == b.names and a.warnings == b.warnings and a.events_total == b.events_total
+    for col in ("start", "end", "stream", "kind", "name", "peer", "direction", "phase", "launch"):
+        assert np.array_equal(getattr(a.intervals, col), getattr(b.intervals, col)), col
+    for col in ("start", "end", "kind", "name", "stage", "mb", "phase", "peer", "group"):
+        assert np.array_equal(getattr(a.ranges, col), getattr(b.ranges, col)), col
+    assert a.meta == b.meta
+
+
+@pytest.mark.parametrize("slice_len", [1, 7, 1 << 15])
+def test_hand_trace_equal_for_any_slice_length(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slice_len: int
+) -> None:
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(BASE))
+    calls: list[int] = []
+    real = kineto._decode_sliced
+    monkeypatch.setattr(kineto, "_decode_sliced", lambda d, m: calls.append(1) or real(d, m))
+    sliced, whole = _both(p, monkeypatch, slice_len)
+    assert calls  # the sliced path ran
+    _same(sliced, whole)
+
+
+def test_dropped_host_ops_still_count_in_the_time_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One kernel without ts, and 50 CPU ops that no later step reads: the warning counts the
+    used events of the whole trace in both paths (the 50 dropped ops among them)."""
+    d = copy.deepcopy(BASE)
+    k = next(e for e in d["traceEvents"] if e.get("cat") == "kernel")
+    del k["ts"]
+    d["traceEvents"] += [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 5.0 + i, "dur": 0.5}
+        for i in range(50)
+    ]
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(d))
+    sliced, whole = _both(p, monkeypatch, 16)
+    _same(sliced, whole)
+    assert any("dropped 1 of" in w for w in sliced.warnings)
+
+
+def test_cpu_trace_takes_the_whole_document_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU category in the bytes: CPU mode reads every CPU op, nothing may be dropped."""
+    data = (TEST_DATA / "cpu_gloo_rank0.json").read_bytes()
+    assert kineto._decode_sliced(data, kineto._NameMemo()) is None
+
+
+@pytest.mark.parametrize("rel", ["kineto/hta_2022_format_rank3.json.gz", "kineto/hta_alltoall_rank0.json.gz"])
+def test_real_traces_equal(rel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = shared_trace(rel)
+    sliced, whole = _both(p, monkeypatch, 4096)
+    _same(sliced, whole)
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_instant_events_reach_the_hook_on_both_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole: bool
+) -> None:
+    d = copy.deepcopy(BASE)
+    d["traceEvents"] += [
+        {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "name": "[memory]",
+            "pid": 1,
+            "tid": 1,
+            "ts": 5.0 + i,
+            "s": "t",
+        }
+        for i in range(3)
+    ]
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(d))
+    seen: list[str] = []
+    monkeypatch.setattr(kineto_slices, "_INSTANT_HOOKS", [lambda evs: seen.extend(e.name for e in evs)])
+    monkeypatch.setattr(kineto_slices, "SLICE", 5)
+    if whole:
+        monkeypatch.setattr(kineto, "_decode_sliced", lambda data, memo: None)
+    kineto.parse_file(p)
+    # every instant event of the trace, in file order (the fixture's own among them)
+    assert seen == [e["name"] for e in d["traceEvents"] if e.get("ph") in ("i", "I")]
