@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from ppdiag.attribution.causes import RankStep, attribute, rank_step
@@ -15,6 +16,8 @@ from ppdiag.model import Run
 from ppdiag.parsers import ParseOptions
 from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
 from ppdiag.pipeline.blocks import Blocks
+from ppdiag.pipeline.hangs import detect as detect_hang
+from ppdiag.pipeline.hangs import trim_steps
 from ppdiag.rules import RuleContext, run_rules
 from ppdiag.rules.noise import build_noise, oversubscription_warning, warmup_outlier
 from ppdiag.summary import build_report
@@ -70,6 +73,11 @@ def analyze_run(
     pipe = rebuild(
         run, PipelineOptions(opts.pp, opts.stage_map, opts.microbatches, opts.schedule, opts.steps)
     )
+    # run stopped or trace cut: keep the steps every rank completed (ppdiag/pipeline/hangs.py)
+    nb = {tl.rank: pipe.topology.neighbours(tl.rank) for tl in run.ranks}
+    hang = detect_hang(run, pipe.ops, pipe.windows, nb)
+    if hang is not None and hang.complete_steps > 0:
+        trim_steps(pipe.windows, pipe.blocks, hang)
     timelines = run.by_rank()
     skip = _warmup_step(pipe) if not opts.steps else None
     steps: list[RankStep] = []
@@ -88,6 +96,7 @@ def analyze_run(
     attr = attribute(steps, timelines, pipe.ops, last_stage, pipe.topology.pp > 1)
     balance = stage_balance(pipe)
     report = build_report(run, pipe, steps, attr, balance)
+    report["hang"] = msgspec.to_builtins(hang) if hang is not None else None
     warnings: list[str] = report["run"]["warnings"]
     if skip is not None:
         first = next((w.number for ws in pipe.windows.values() for w in ws[:1]), -1)
@@ -125,6 +134,7 @@ def analyze_run(
         balance=balance,
     )
     findings = run_rules(ctx)
+    findings.sort(key=lambda f: f.code != "PP013")  # how the run stopped comes first (stable)
     report["findings"] = [f.to_json() for f in findings]
     used = [str(f.evidence["whatif_fix"]) for f in findings if f.evidence.get("whatif_fix")]
     report["whatif"] = predictions.report_rows(used) if predictions is not None else []
