@@ -17,7 +17,8 @@ from ppdiag.parsers import ParseOptions
 from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.hangs import detect as detect_hang
-from ppdiag.pipeline.hangs import trim_steps
+from ppdiag.pipeline.hangs import run_origin, trim_steps
+from ppdiag.pipeline.memory import memory_section
 from ppdiag.rules import RuleContext, run_rules
 from ppdiag.rules.noise import build_noise, oversubscription_warning, warmup_outlier
 from ppdiag.summary import build_report
@@ -97,6 +98,7 @@ def analyze_run(
     balance = stage_balance(pipe)
     report = build_report(run, pipe, steps, attr, balance)
     report["hang"] = msgspec.to_builtins(hang) if hang is not None else None
+    report["memory"] = memory_section(run, pipe, run_origin(run))
     warnings: list[str] = report["run"]["warnings"]
     if skip is not None:
         first = next((w.number for ws in pipe.windows.values() for w in ws[:1]), -1)

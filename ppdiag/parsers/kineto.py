@@ -1124,6 +1124,8 @@ class KinetoParser:
 
 
 def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTimeline:
+    from ppdiag.parsers.kineto_memory import memory_meta  # it reads this module's time helpers
+
     data = held.pop()  # the only reference from here on: ``del data`` below frees the bytes
     spath = str(path)
     if not _LEADING_OBJECT.match(data, 0, 4096):
@@ -1178,6 +1180,7 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
     }
     if isinstance(trace.host_name, str) and trace.host_name:
         meta["host_name"] = trace.host_name  # ranks on one host share its cores (contention)
+    meta.update(memory_meta(evs, base, devprops))  # allocator events (ppdiag/parsers/kineto_memory.py)
     if len(gpu_idx):
         intervals, device, extra = _gpu_mode(evs, gpu_idx, codes, host, base, ctx, names, devprops)
         meta.update(extra)

@@ -132,6 +132,11 @@ def _step_number(windows: list[LocalStep], t: int) -> int | None:
     return None
 
 
+def run_origin(run: Run) -> int:
+    """The run's first event on the aligned clock (ns): the origin of the report's ``*_t_ms``."""
+    return min((_trace_start(tl) + tl.clock_offset_ns for tl in run.ranks), default=0)
+
+
 def detect(
     run: Run,
     ops: dict[int, P2POps],
