@@ -4,7 +4,7 @@ The events come from :mod:`ppdiag.parsers.kineto_memory` (``RankTimeline.meta["m
 the allocator's totals the level is ``Total Allocated`` after each event; without them it is the
 running sum of the signed ``Bytes``, i.e. relative to what the device held when the profiler
 started (the report says so). The peak is the highest level and its time; the micro-batches in
-flight at the peak are the forwards done whose backward has not started (from the block labels);
+flight at the peak are the forwards done whose backward has not ended (from the block labels);
 the activation memory one micro-batch holds is the median rise of the level across a forward.
 """
 
@@ -40,6 +40,9 @@ class MemoryRow(msgspec.Struct, frozen=True):
     inflight_at_peak: int | None
     inflight_microbatches: list[int]
     activation_per_mb_mb: float | None
+    # the peak with the micro-batches another schedule holds on this stage (weights and the rest
+    # of the level stay): gpipe holds M, 1f1b min(P - s, M)
+    predicted_peak_mb: dict[str, float]
     note: str
 
 
@@ -69,9 +72,13 @@ def memory_row(
         npt.NDArray[np.int32],
     ]
     | None = None,
+    stage: int | None = None,
+    pp: int = 1,
+    microbatches: int | None = None,
 ) -> MemoryRow | None:
     """The rank's memory row, or None without allocator events. ``blocks`` are its labelled blocks
-    on the aligned clock: (start, end, phase, micro-batch, stage)."""
+    on the aligned clock: (start, end, phase, micro-batch, stage); ``stage`` its pipeline stage of
+    ``pp`` and ``microbatches`` the run's M (for the other schedules' predicted peaks)."""
     mem = tl.meta.get("memory")
     if not isinstance(mem, dict) or not mem.get("events"):
         return None
@@ -97,7 +104,7 @@ def memory_row(
         first = fwd & (bs <= t_peak) & (mb == (mb[fwd].min() if fwd.any() else -1))
         since = bs >= (bs[first].max() if first.any() else np.iinfo(np.int64).min)
         f = fwd & since & (be <= t_peak)
-        b = bwd & since & (bs <= t_peak)
+        b = bwd & since & (be <= t_peak)  # a running backward still holds its activations
         done = set(zip(st[f].tolist(), mb[f].tolist(), strict=True))
         back = set(zip(st[b].tolist(), mb[b].tolist(), strict=True))
         inflight = sorted(m for _, m in done - back)
@@ -110,6 +117,13 @@ def memory_row(
             if ok.any():
                 rise = alloc[k1[ok]] - alloc[k0[ok]]
                 act = round(float(np.median(rise)) / MB, 3)
+    predicted: dict[str, float] = {}
+    if act is not None and inflight and microbatches and stage is not None and pp > 1:
+        rest = peak / MB - len(inflight) * act
+        predicted = {
+            "gpipe": round(rest + microbatches * act, 3),
+            "1f1b": round(rest + min(pp - stage, microbatches) * act, 3),
+        }
     note = (
         "peak relative to the window's start (no allocator totals: running sum of the allocations)"
         if mem.get("source") != "totals"
@@ -130,5 +144,6 @@ def memory_row(
         inflight_at_peak=len(inflight) if blocks is not None and len(blocks[0]) else None,
         inflight_microbatches=inflight,
         activation_per_mb_mb=act,
+        predicted_peak_mb=predicted,
         note=note,
     )

@@ -18,7 +18,9 @@ def memory_section(run: Run, pipe: Pipeline, origin_ns: int) -> list[dict[str, A
     for tl in sorted(run.ranks, key=lambda x: x.rank):
         b = pipe.blocks.get(tl.rank)
         cols = (b.start, b.end, b.phase, b.mb, b.stage) if b is not None and len(b) else None
-        row = memory_row(tl, origin_ns, cols)
+        topo = pipe.topology
+        stage = topo.stage_of.get(tl.rank) if topo.pp > 1 else None
+        row = memory_row(tl, origin_ns, cols, stage, topo.pp, pipe.microbatches)
         if row is not None:
             out.append(msgspec.to_builtins(row))
     return out
