@@ -148,3 +148,19 @@ def test_synthetic_bytes_only_is_relative(tmp_path: Path) -> None:
     rows = diagnose([tmp_path], Options()).report["memory"]
     assert rows and all(r["source"] == "bytes" and "relative" in r["note"] for r in rows)
     assert rows[0]["peak_allocated_mb"] == pytest.approx(1000.0 + 4 * 100.0)
+
+
+def test_pp012_fires_on_gpipe_not_on_1f1b(tmp_path: Path) -> None:
+    # GPipe P=4 M=8: stage 0 holds 8 micro-batches at its peak (1000 + 8 x 100 = 1800 MiB) where
+    # 1F1B holds 4 (1400 MiB); a 1F1B run holds what it needs and has no finding
+    found = {}
+    for sch in ("gpipe", "1f1b"):
+        d = tmp_path / sch
+        write_kineto(with_memory(make_scenario(schedule=sch, steps=2), 1000.0, 100.0), d)
+        found[sch] = [f for f in diagnose([d], Options()).report["findings"] if f["code"] == "PP012"]
+    assert not found["1f1b"]
+    (f,) = found["gpipe"]
+    assert f["evidence"]["inflight_at_peak"] == 8 and f["evidence"]["inflight_needed"] == 4
+    assert f["evidence"]["peak_allocated_mb"] == pytest.approx(1800.0)
+    assert f["evidence"]["predicted_peak_mb"]["1f1b"] == pytest.approx(1400.0, rel=0.05)
+    assert any("1F1B" in x for x in f["fixes"])
