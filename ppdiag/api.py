@@ -18,6 +18,7 @@ from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.hangs import detect as detect_hang
 from ppdiag.pipeline.hangs import run_origin, trim_steps
+from ppdiag.pipeline.links import link_rows
 from ppdiag.pipeline.memory import memory_section
 from ppdiag.rules import RuleContext, run_rules
 from ppdiag.rules.noise import build_noise, oversubscription_warning, warmup_outlier
@@ -99,6 +100,7 @@ def analyze_run(
     report = build_report(run, pipe, steps, attr, balance)
     report["hang"] = msgspec.to_builtins(hang) if hang is not None else None
     report["memory"] = memory_section(run, pipe, run_origin(run))
+    report["links"] = [msgspec.to_builtins(x) for x in link_rows(run, pipe.ops)]
     warnings: list[str] = report["run"]["warnings"]
     if skip is not None:
         first = next((w.number for ws in pipe.windows.values() for w in ws[:1]), -1)
