@@ -54,3 +54,20 @@ def test_two_hosts_classify_the_links(tmp_path: Path) -> None:
     assert cross["tcp_fallback_suspected"] and cross["likely_class"] == "tcp"
     # the other direction is fast: RDMA-class, no suspicion
     assert links[(2, 1)]["scope"] == "inter-node" and not links[(2, 1)]["tcp_fallback_suspected"]
+
+
+def test_placement_finding_pipeline_across_dp_inside(tmp_path: Path) -> None:
+    # PP=2 x DP=2, Megatron order (global rank = pp_rank * dp + dp_rank): stage 0 = ranks 0, 1 on
+    # node00, stage 1 = ranks 2, 3 on node01; stage 0 sends 50x slower (the network link)
+    run = make_scenario(pp=2, dp=2, steps=2, faults=[F.SlowLink(0, factor=50.0)])
+    paths = write_kineto(run, tmp_path)
+    _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
+    rep = diagnose([tmp_path], Options()).report
+    (f,) = [x for x in rep["findings"] if x["code"] == "PP014"]
+    assert f["gain_ms"] > 0 and f["evidence"]["whatif_fix"] == "no_comm_wait"
+    assert sorted(f["ranks"]) == [0, 1, 2, 3]
+    # ablation: the same run with every rank on one host has no placement finding
+    one = tmp_path / "one"
+    paths = write_kineto(run, one)
+    _with_hosts(paths, dict.fromkeys(range(4), "node00"))
+    assert not [x for x in diagnose([one], Options()).report["findings"] if x["code"] == "PP014"]
