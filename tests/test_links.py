@@ -71,3 +71,12 @@ def test_placement_finding_pipeline_across_dp_inside(tmp_path: Path) -> None:
     paths = write_kineto(run, one)
     _with_hosts(paths, dict.fromkeys(range(4), "node00"))
     assert not [x for x in diagnose([one], Options()).report["findings"] if x["code"] == "PP014"]
+
+
+def test_pp004_names_the_suspected_tcp_link(tmp_path: Path) -> None:
+    run = make_scenario(steps=2, faults=[F.SlowLink(1, factor=100.0)])
+    paths = write_kineto(run, tmp_path)
+    _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
+    rep = diagnose([tmp_path], Options()).report
+    (f,) = [x for x in rep["findings"] if x["code"] == "PP004"]
+    assert [s.split(":")[0] for s in f["evidence"]["tcp_fallback_suspected"]] == ["1->2"]
