@@ -17,6 +17,10 @@ from ppdiag.model import Run
 from ppdiag.parsers import ParseOptions
 from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
 from ppdiag.pipeline.blocks import Blocks
+from ppdiag.pipeline.hangs import detect as detect_hang
+from ppdiag.pipeline.hangs import run_origin, trim_steps
+from ppdiag.pipeline.links import link_rows
+from ppdiag.pipeline.memory import memory_section
 from ppdiag.report_types import NoiseInfo
 from ppdiag.rules import RuleContext, run_rules
 from ppdiag.rules.noise import build_noise, oversubscription_warning, warmup_outlier
@@ -78,6 +82,11 @@ def analyze_run(
     pipe = rebuild(
         run, PipelineOptions(opts.pp, opts.stage_map, opts.microbatches, opts.schedule, opts.steps)
     )
+    # run stopped or trace cut: keep the steps every rank completed (ppdiag/pipeline/hangs.py)
+    nb = {tl.rank: pipe.topology.neighbours(tl.rank) for tl in run.ranks}
+    hang = detect_hang(run, pipe.ops, pipe.windows, nb)
+    if hang is not None and hang.complete_steps > 0:
+        trim_steps(pipe.windows, pipe.blocks, hang)
     timelines = run.by_rank()
     skip = _warmup_step(pipe) if not opts.steps else None
     steps, windows = _rank_steps(run, pipe, skip)
@@ -110,6 +119,12 @@ def analyze_run(
         warnings.append(over)
     # the report so far (no findings, no what-if rows): what the what-if and the rules read
     report = sections.report(msgspec.convert(noise.to_json(), NoiseInfo), warnings)
+    report = msgspec.structs.replace(
+        report,
+        hang=hang,
+        memory=memory_section(run, pipe, run_origin(run)),
+        links=link_rows(run, pipe.ops),
+    )
     # what-if predictions of every fix, before the rules: a finding's gain is its fix's prediction
     predictions = predict_fixes(run, report, pipe, attr, steps, warnings)
     batch = check_batch(
@@ -133,6 +148,7 @@ def analyze_run(
         balance=balance,
     )
     findings = run_rules(ctx)
+    findings.sort(key=lambda f: f.code != "PP013")  # how the run stopped comes first (stable)
     used = [str(f.evidence["whatif_fix"]) for f in findings if f.evidence.get("whatif_fix")]
     result = msgspec.structs.replace(
         report,

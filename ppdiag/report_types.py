@@ -21,6 +21,8 @@ from typing import Any
 
 import msgspec
 
+from ppdiag.model.memory import MemoryRow
+
 #: The shipped schema of the report.
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 
@@ -360,6 +362,73 @@ class CriticalStep(msgspec.Struct, frozen=True):
     by_stage: list[StageShare]
 
 
+class Wait(msgspec.Struct, frozen=True):
+    """One rank inside an operation its partner never joined (``hang.waits[]``).
+
+    ``since_ms`` is when the operation was issued on the run's common clock, ms from the start of
+    the run (the first event of any rank); ``waited_ms`` until the rank's trace ends.
+    """
+
+    rank: int
+    op: str  # "recv" | "send" | "collective"
+    name: str  # the operation as the trace names it
+    peer: int | None  # the partner rank of a p2p op
+    group: str | None  # the process group of a collective
+    missing: list[int]  # for a collective: the members that never entered it
+    since_ms: float
+    waited_ms: float
+    open_at_end: bool  # the operation still runs when the rank's trace ends
+    step: int | None  # the ProfilerStep number the operation was issued in, when known
+    count: int  # operations of this kind on this link/group that were never matched
+
+
+class LastOp(msgspec.Struct, frozen=True):
+    """The last operation a rank's trace shows (``hang.last_ops{}``)."""
+
+    name: str
+    kind: str
+    start_ms: float
+    end_ms: float
+
+
+class Hang(msgspec.Struct, frozen=True):
+    """How the run stopped (``hang``): ``status`` is ``"hang"`` when ranks wait in operations their
+    partners never joined and their traces run on, ``"cut"`` when the traces end together in the
+    middle of a step. ``root`` is the rank the others wait for (not waiting itself), ``first`` the
+    wait on it that began first, ``complete_steps`` the steps every rank completed (the analysis
+    uses only those) and ``dropped_steps`` the step numbers left out as partial."""
+
+    status: str
+    message: str
+    root: int | None
+    first: Wait | None
+    waits: list[Wait]
+    last_ops: dict[str, LastOp]
+    trace_end_ms: dict[str, float]
+    events_lost: int
+    complete_steps: int
+    dropped_steps: list[int]
+
+
+class LinkRow(msgspec.Struct, frozen=True):
+    """One pipeline link (``links[]``): bandwidth over the matched transfers, with its spread."""
+
+    src: int
+    dst: int
+    transfers: int
+    bytes_median: float
+    gbps_median: float
+    gbps_p10: float
+    gbps_p90: float
+    transfer_ms_median: float
+    src_host: str | None
+    dst_host: str | None
+    scope: str  # "intra-node" | "inter-node" | "unknown"
+    likely_class: str  # the slowest class the measured figure fits under
+    tcp_fallback_suspected: bool
+    slow_vs_median: float | None  # the run's median link over this one (20 = 20x slower)
+
+
 class Report(msgspec.Struct, frozen=True, omit_defaults=True):
     """The whole JSON report. Optional sections default to None and are left out when absent
     (``gate`` is only in reports ``ppdiag check`` writes)."""
@@ -375,6 +444,9 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True):
     whatif: list[WhatifRow]
     noise: NoiseInfo
     critical_path: list[CriticalStep] | None = None
+    hang: Hang | None = None  # only when the run stopped or its traces were cut mid-step
+    memory: list[MemoryRow] | None = None
+    links: list[LinkRow] | None = None
     gate: Gate | None = None
 
 
@@ -390,6 +462,9 @@ SECTIONS: dict[str, type[msgspec.Struct]] = {
     "whatif": WhatifRow,
     "noise": NoiseInfo,
     "critical_path": CriticalStep,
+    "hang": Hang,
+    "memory": MemoryRow,
+    "links": LinkRow,
     "gate": Gate,
 }
 

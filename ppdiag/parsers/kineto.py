@@ -1187,6 +1187,10 @@ class KinetoParser:
 _SLICE_DECODER = msgspec.json.Decoder(list[_STRICT.event])  # type: ignore[name-defined]
 
 
+#: Name of the allocator's instant events (``profile_memory=True``), kept by the sliced decoding.
+MEMORY_EVENT = "[memory]"
+
+
 def _decode_sliced(data: bytes, memo: _NameMemo) -> _Recovered | None:
     """The trace decoded a slice at a time (see :mod:`ppdiag.parsers.kineto_slices`), without the
     host ops a GPU trace's parse never reads; None when the whole document must be decoded."""
@@ -1229,6 +1233,8 @@ def _slice_select(top: Any, memo: _NameMemo) -> Select:
         gi = np.flatnonzero(gpu & is_x).tolist()
         n_gpu = int(usable([evs[i] for i in gi]).sum()) if gi else 0
         keep = (is_x & (cat != K_OTHER)) | (gpu & ~is_x)
+        # the allocator's instant events: ppdiag/parsers/kineto_memory.py reads them
+        keep |= np.fromiter(map(operator.eq, _col(evs, "name"), repeat(MEMORY_EVENT)), dtype=bool, count=n)
         hi = np.flatnonzero(is_x & ((cat == K_CPUOP) | (cat == K_ANNOT) | (cat == K_PYFUNC)))
         if not len(hi):
             return keep, 0, n_gpu
@@ -1249,6 +1255,8 @@ def _slice_select(top: Any, memo: _NameMemo) -> Select:
 
 
 def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTimeline:
+    from ppdiag.parsers.kineto_memory import memory_meta  # it reads this module's time helpers
+
     data = held.pop()  # the only reference from here on: ``del data`` below frees the bytes
     spath = str(path)
     if not _LEADING_OBJECT.match(data, 0, 4096):
@@ -1305,6 +1313,7 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
     }
     if isinstance(trace.host_name, str) and trace.host_name:
         meta["host_name"] = trace.host_name  # ranks on one host share its cores (contention)
+    meta.update(memory_meta(evs, base, devprops))  # allocator events (ppdiag/parsers/kineto_memory.py)
     if len(gpu_idx):
         intervals, device, extra = _gpu_mode(evs, gpu_idx, codes, host, base, ctx, names, devprops)
         meta.update(extra)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import msgspec
 import numpy as np
 
 from ppdiag.diagnosis import Finding
@@ -88,6 +89,12 @@ class CommWaitRule:
                     "comm_wait_ms": r3(cw),
                     "normal_latency_ms": r3(normal / 1e6),
                     "late_wait_ms_per_step_by_link": link_ev,
+                    # achieved bandwidth of the links (ppdiag/pipeline/links.py): below any RDMA class
+                    "tcp_fallback_suspected": [
+                        f"{x['src']}->{x['dst']}: {x['gbps_median']:.2f} GB/s inter-node"
+                        for x in msgspec.to_builtins(ctx.report.links or [])
+                        if x["tcp_fallback_suspected"]
+                    ],
                 },
                 [
                     "check the NCCL transport of these links: NCCL_DEBUG=INFO (NET/Socket means TCP "

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ppdiag.model.timeline import Direction, Kind, ProcessGroup
+from ppdiag.synth.memory import memory_events
 from ppdiag.synth.run import ApiKind, HostCat, SynthRank, SynthRun
 
 _BUCKET_NS = 7_889_238 * 1_000_000_000  # libkineto floors its base time to ~3 months
@@ -250,6 +251,7 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
                     ),
                 )
             )
+    ev.extend(memory_events(run, rk, off, _fmt))  # allocator events when asked (synth/memory.py)
     ev.sort(key=lambda e: (e[0], e[1]))
     tail = [
         f'{{"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", '

@@ -1,0 +1,82 @@
+"""Per-link bandwidth, hosts and link classes (ppdiag/pipeline/links.py, report ``links[]``)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from ppdiag.api import Options, diagnose
+from ppdiag.synth import faults as F
+from ppdiag.synth.kineto import write_kineto
+from ppdiag.synth.scenario import make_scenario
+
+# the synthetic activations: 8 Mi bf16 elements = 16 MiB, moved in p2p_ms = 0.05 ms on a normal
+# link: 16777216 B / 50000 ns = 335.5 GB/s
+NORMAL_GBPS = 16777216 / 50_000
+
+
+def _with_hosts(paths: list[Path], hosts: dict[int, str]) -> None:
+    """Add Kineto's top-level ``host_name`` to each rank's trace (as newer PyTorch writes it)."""
+    for p in paths:
+        with gzip.open(p, "rt") as fh:
+            d = json.load(fh)
+        d["host_name"] = hosts[int(d["distributedInfo"]["rank"])]
+        with gzip.open(p, "wt") as fh:
+            json.dump(d, fh)
+
+
+def test_one_link_20x_slower(tmp_path: Path) -> None:
+    write_kineto(make_scenario(steps=2, faults=[F.SlowLink(1, factor=20.0)]), tmp_path)
+    links = {(x["src"], x["dst"]): x for x in diagnose([tmp_path], Options()).report["links"]}
+    assert set(links) == {(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2)}
+    for key, x in links.items():
+        truth = NORMAL_GBPS / 20.0 if key[0] == 1 else NORMAL_GBPS  # rank 1 sends slowly
+        assert x["gbps_median"] == pytest.approx(truth, rel=0.10), key
+        assert x["gbps_p10"] <= x["gbps_median"] <= x["gbps_p90"]
+        assert x["slow_vs_median"] == pytest.approx(20.0 if key[0] == 1 else 1.0, rel=0.10)
+        assert x["scope"] == "unknown"  # no host in the traces
+
+
+def test_two_hosts_classify_the_links(tmp_path: Path) -> None:
+    # ranks 0, 1 on node00 and 2, 3 on node01; the link between the nodes is 100x slower
+    # (3.4 GB/s: below any RDMA class -> TCP fallback suspected)
+    run = make_scenario(steps=2, faults=[F.SlowLink(1, factor=100.0)])
+    paths = write_kineto(run, tmp_path)
+    _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
+    links = {(x["src"], x["dst"]): x for x in diagnose([tmp_path], Options()).report["links"]}
+    assert links[(0, 1)]["scope"] == "intra-node" and links[(0, 1)]["likely_class"] == "nvlink"
+    cross = links[(1, 2)]
+    assert cross["scope"] == "inter-node" and (cross["src_host"], cross["dst_host"]) == ("node00", "node01")
+    assert cross["gbps_median"] == pytest.approx(NORMAL_GBPS / 100, rel=0.10)
+    assert cross["tcp_fallback_suspected"] and cross["likely_class"] == "tcp"
+    # the other direction is fast: RDMA-class, no suspicion
+    assert links[(2, 1)]["scope"] == "inter-node" and not links[(2, 1)]["tcp_fallback_suspected"]
+
+
+def test_placement_finding_pipeline_across_dp_inside(tmp_path: Path) -> None:
+    # PP=2 x DP=2, Megatron order (global rank = pp_rank * dp + dp_rank): stage 0 = ranks 0, 1 on
+    # node00, stage 1 = ranks 2, 3 on node01; stage 0 sends 50x slower (the network link)
+    run = make_scenario(pp=2, dp=2, steps=2, faults=[F.SlowLink(0, factor=50.0)])
+    paths = write_kineto(run, tmp_path)
+    _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
+    rep = diagnose([tmp_path], Options()).report
+    (f,) = [x for x in rep["findings"] if x["code"] == "PP014"]
+    assert f["gain_ms"] > 0 and f["evidence"]["whatif_fix"] == "no_comm_wait"
+    assert sorted(f["ranks"]) == [0, 1, 2, 3]
+    # ablation: the same run with every rank on one host has no placement finding
+    one = tmp_path / "one"
+    paths = write_kineto(run, one)
+    _with_hosts(paths, dict.fromkeys(range(4), "node00"))
+    assert not [x for x in diagnose([one], Options()).report["findings"] if x["code"] == "PP014"]
+
+
+def test_pp004_names_the_suspected_tcp_link(tmp_path: Path) -> None:
+    run = make_scenario(steps=2, faults=[F.SlowLink(1, factor=100.0)])
+    paths = write_kineto(run, tmp_path)
+    _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
+    rep = diagnose([tmp_path], Options()).report
+    (f,) = [x for x in rep["findings"] if x["code"] == "PP004"]
+    assert [s.split(":")[0] for s in f["evidence"]["tcp_fallback_suspected"]] == ["1->2"]
