@@ -51,12 +51,13 @@ def test_docs_name_every_field() -> None:
 
 
 def test_every_report_field_is_in_the_schema() -> None:
-    """The schema is the Report's: every section a property; ``critical_path`` (absent from reports
-    of earlier versions) and ``gate`` (only in ``check`` reports) the optional ones."""
+    """The schema is the Report's: every section a property; the sections later versions added
+    (absent from older reports), ``hang`` (only when the run stopped) and ``gate`` (only in ``check``
+    reports) the optional ones."""
     sch = report_schema()
     top = sch["$defs"]["Report"]
     assert list(top["properties"]) == list(Report.__struct_fields__)
-    assert set(top["required"]) == set(Report.__struct_fields__) - {"critical_path", "gate"}
+    assert set(top["required"]) == set(Report.__struct_fields__) - {"critical_path", "hang", "memory", "links", "gate"}
 
 
 def test_report_decodes_into_the_types(tmp_path: Path) -> None:
