@@ -19,7 +19,7 @@ from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.hangs import detect as detect_hang
 from ppdiag.pipeline.hangs import run_origin, trim_steps
-from ppdiag.pipeline.links import link_rows
+from ppdiag.pipeline.links import link_rows, parse_hosts
 from ppdiag.pipeline.memory import memory_section
 from ppdiag.report_types import NoiseInfo
 from ppdiag.rules import RuleContext, run_rules
@@ -44,6 +44,7 @@ class Options:
     jobs: int | None = None
     progress: bool = False
     nsys_cache_dir: str | None = None
+    hosts: str | None = None  # --hosts: ranks per node, or HOST=RANKS,... (see pipeline/links.py)
     scheduler: str | None = None  # Dask scheduler address for the parse (else $PPDIAG_DASK_SCHEDULER)
 
 
@@ -123,7 +124,7 @@ def analyze_run(
         report,
         hang=hang,
         memory=memory_section(run, pipe, run_origin(run)),
-        links=link_rows(run, pipe.ops),
+        links=link_rows(run, pipe.ops, parse_hosts(opts.hosts) if opts.hosts else None),
     )
     # what-if predictions of every fix, before the rules: a finding's gain is its fix's prediction
     predictions = predict_fixes(run, report, pipe, attr, steps, warnings)

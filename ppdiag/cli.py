@@ -58,6 +58,14 @@ StageMap = Annotated[
         "--stage-map", help="Rank of each stage, e.g. 0,1,2,3 (';' between pipelines of a data-parallel run)."
     ),
 ]
+Hosts = Annotated[
+    str | None,
+    typer.Option(
+        "--hosts",
+        help="Where the ranks run, over what the traces say: ranks per node (e.g. 8: ranks 0-7 on one "
+        "node) or HOST=RANKS,... (e.g. a=0-7,b=8-15). Links between hosts are inter-node.",
+    ),
+]
 Micro = Annotated[
     int | None,
     typer.Option("--microbatches", "-m", min=1, max=MAX_MICROBATCHES, help="Micro-batches per step (M)."),
@@ -153,6 +161,13 @@ def _options(**kw: Any) -> Any:
     from ppdiag.api import Options
 
     check_steps(kw.get("steps"))
+    if kw.get("hosts") is not None:
+        from ppdiag.pipeline.links import parse_hosts
+
+        try:
+            parse_hosts(kw["hosts"])
+        except ValueError as exc:
+            raise InputError(None, f"--hosts {kw['hosts']!r}: {exc}") from None
     return Options(**{k: v for k, v in kw.items() if v is not None})
 
 
@@ -263,6 +278,7 @@ def analyze(
     perfetto: PerfettoOut = None,
     pp: PP = None,
     stage_map: StageMap = None,
+    hosts: Hosts = None,
     microbatches: Micro = None,
     schedule: Sched = None,
     steps: Steps = None,
@@ -289,6 +305,7 @@ def analyze(
         opts = _options(
             pp=pp,
             stage_map=stage_map,
+            hosts=hosts,
             microbatches=microbatches,
             schedule=schedule,
             steps=steps,
@@ -322,6 +339,7 @@ def check(
     md: MdOut = None,
     pp: PP = None,
     stage_map: StageMap = None,
+    hosts: Hosts = None,
     microbatches: Micro = None,
     schedule: Sched = None,
     steps: Steps = None,
@@ -355,6 +373,7 @@ def check(
         opts = _options(
             pp=pp,
             stage_map=stage_map,
+            hosts=hosts,
             microbatches=microbatches,
             schedule=schedule,
             steps=steps,

@@ -80,3 +80,74 @@ def test_pp004_names_the_suspected_tcp_link(tmp_path: Path) -> None:
     rep = diagnose([tmp_path], Options()).report
     (f,) = [x for x in rep["findings"] if x["code"] == "PP004"]
     assert [s.split(":")[0] for s in f["evidence"]["tcp_fallback_suspected"]] == ["1->2"]
+
+
+def test_hosts_flag_places_ranks_the_traces_do_not(tmp_path: Path) -> None:
+    # the same run as test_two_hosts_classify_the_links, without host_name in the traces: --hosts
+    # states the placement (2 ranks per node: ranks 0, 1 on node0 and 2, 3 on node1)
+    run = make_scenario(steps=2, faults=[F.SlowLink(1, factor=100.0)])
+    write_kineto(run, tmp_path)
+    for spec in ("2", "a=0-1,b=2-3"):
+        links = {(x["src"], x["dst"]): x for x in diagnose([tmp_path], Options(hosts=spec)).report["links"]}
+        assert links[(0, 1)]["scope"] == "intra-node"
+        assert links[(1, 2)]["scope"] == "inter-node" and links[(1, 2)]["tcp_fallback_suspected"]
+    # ablation: without the flag nothing is known about the hosts
+    links = diagnose([tmp_path], Options()).report["links"]
+    assert {x["scope"] for x in links} == {"unknown"}
+
+
+def test_hosts_flag_overrides_the_trace(tmp_path: Path) -> None:
+    # the traces say two hosts; the user says one node of 4 ranks: every link is intra-node
+    run = make_scenario(steps=2)
+    paths = write_kineto(run, tmp_path)
+    _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
+    links = diagnose([tmp_path], Options(hosts="4")).report["links"]
+    assert {x["scope"] for x in links} == {"intra-node"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ("0", "ranks per node"),
+        ("a=3-1", "empty"),
+        ("a=0-1,b=1-2", "both"),
+        ("a", "HOST=RANKS"),
+        ("a=x", "rank range"),
+        (",", "no host"),
+    ],
+)
+def test_bad_hosts_spec_is_one_clear_error(spec: str, why: str) -> None:
+    from ppdiag.pipeline.links import parse_hosts
+
+    with pytest.raises(ValueError, match=why):
+        parse_hosts(spec)
+
+
+def test_bad_hosts_flag_exits_2(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    write_kineto(make_scenario(steps=1), tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "ppdiag", "analyze", str(tmp_path), "--hosts", "a=0-1,b=1-2", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 2
+    assert "--hosts" in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_nsys_node_names_the_host() -> None:
+    # Nsight Systems exports keep the node (TARGET_INFO_SYSTEM_ENV Hostname, hashed) in meta["node"]
+    from types import SimpleNamespace
+    from typing import cast
+
+    from ppdiag.model import RankTimeline
+    from ppdiag.pipeline.links import HostSpec, host_of
+
+    tl = cast(RankTimeline, SimpleNamespace(rank=3, meta={"node": "3f2a9c"}, source="r3.sqlite"))
+    assert host_of(tl) == "3f2a9c"
+    assert host_of(tl, HostSpec(per_node=2)) == "node1"  # --hosts wins
+    assert host_of(tl, HostSpec(named={0: "a"})) == "3f2a9c"  # a spec that does not place rank 3

@@ -57,7 +57,13 @@ def test_every_report_field_is_in_the_schema() -> None:
     sch = report_schema()
     top = sch["$defs"]["Report"]
     assert list(top["properties"]) == list(Report.__struct_fields__)
-    assert set(top["required"]) == set(Report.__struct_fields__) - {"critical_path", "hang", "memory", "links", "gate"}
+    assert set(top["required"]) == set(Report.__struct_fields__) - {
+        "critical_path",
+        "hang",
+        "memory",
+        "links",
+        "gate",
+    }
 
 
 def test_report_decodes_into_the_types(tmp_path: Path) -> None:

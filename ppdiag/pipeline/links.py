@@ -22,6 +22,8 @@ back to sockets (check ``NCCL_DEBUG=INFO`` for ``NET/Socket`` vs ``NET/IB``).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,17 +31,73 @@ from ppdiag.model import Direction, RankTimeline, Run
 from ppdiag.pipeline.clocks import P2POps
 from ppdiag.report_types import LinkRow
 
+#: The most ranks one node can hold in a ``--hosts`` spec (a bound on what the user may state).
+MAX_RANKS_PER_NODE = 4096
+
 LINK_CLASSES_GBPS: dict[str, float] = {"nvlink": 450.0, "pcie": 32.0, "infiniband": 50.0, "tcp": 3.0}
 #: Below this, an inter-node link is no RDMA link: TCP fallback suspected.
 TCP_SUSPECT_GBPS = 5.0
 _WORKER = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.\d+\.pt\.trace\.json")
 
 
-def host_of(tl: RankTimeline) -> str | None:
-    """The rank's host: the trace's ``host_name``, else a ``tensorboard_trace_handler`` file name."""
-    h = tl.meta.get("host_name")
-    if isinstance(h, str) and h:
-        return h
+@dataclass(frozen=True)
+class HostSpec:
+    """Where the ranks run, as the user states it (``--hosts``), over what the traces say.
+
+    ``per_node``: ranks ``0..N-1`` on node ``node0``, ``N..2N-1`` on ``node1`` and so on (the
+    launchers' default placement); ``named``: rank -> host for the ranks listed explicitly.
+    """
+
+    per_node: int | None = None
+    named: Mapping[int, str] = field(default_factory=dict)
+
+    def host(self, rank: int) -> str | None:
+        """The stated host of ``rank``, or None when the spec does not place it."""
+        if rank in self.named:
+            return self.named[rank]
+        return f"node{rank // self.per_node}" if self.per_node else None
+
+
+def parse_hosts(spec: str) -> HostSpec:
+    """``--hosts``: ``8`` (ranks per node, consecutive) or ``nodeA=0-7,nodeB=8-15`` (a host per rank
+    range, ranks given singly or as ``lo-hi``). Raises ValueError with the reason."""
+    text = spec.strip()
+    if text.isdigit():
+        n = int(text)
+        if not 1 <= n <= MAX_RANKS_PER_NODE:
+            raise ValueError(f"ranks per node must be 1..{MAX_RANKS_PER_NODE}, got {n}")
+        return HostSpec(per_node=n)
+    named: dict[int, str] = {}
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        host, sep, ranks = part.partition("=")
+        host = host.strip()
+        if not sep or not host:
+            raise ValueError(f"{part!r} is not HOST=RANKS (e.g. nodeA=0-7) or a number of ranks per node")
+        lo_s, dash, hi_s = ranks.strip().partition("-")
+        if not lo_s.isdigit() or (dash and not hi_s.isdigit()):
+            raise ValueError(f"{ranks.strip()!r} is not a rank or a rank range lo-hi")
+        lo, hi = int(lo_s), int(hi_s) if dash else int(lo_s)
+        if hi < lo or hi - lo >= MAX_RANKS_PER_NODE:
+            raise ValueError(f"rank range {lo}-{hi} is empty or longer than {MAX_RANKS_PER_NODE}")
+        for r in range(lo, hi + 1):
+            if named.setdefault(r, host) != host:
+                raise ValueError(f"rank {r} is placed on both {named[r]!r} and {host!r}")
+    if not named:
+        raise ValueError("no host given")
+    return HostSpec(named=named)
+
+
+def host_of(tl: RankTimeline, spec: HostSpec | None = None) -> str | None:
+    """The rank's host: ``--hosts`` when it places the rank, else the trace's ``host_name``
+    (Kineto), its node (Nsight Systems ``TARGET_INFO_SYSTEM_ENV`` Hostname, kept hashed), or a
+    ``tensorboard_trace_handler`` file name."""
+    stated = spec.host(tl.rank) if spec is not None else None
+    if stated is not None:
+        return stated
+    for key in ("host_name", "node"):
+        h = tl.meta.get(key)
+        if isinstance(h, str) and h:
+            return h
     m = _WORKER.match(tl.source.rsplit("/", 1)[-1])
     return m.group("host") if m else None
 
@@ -61,10 +119,11 @@ def _klass(gbps: float, inter: bool | None) -> str:
     return "unknown"
 
 
-def link_rows(run: Run, ops: dict[int, P2POps]) -> list[LinkRow]:
-    """Every link with matched transfers that carry their payload size, in (src, dst) order."""
+def link_rows(run: Run, ops: dict[int, P2POps], hosts_spec: HostSpec | None = None) -> list[LinkRow]:
+    """Every link with matched transfers that carry their payload size, in (src, dst) order;
+    ``hosts_spec`` (``--hosts``) places ranks over what the traces say."""
     tls = run.by_rank()
-    hosts = {r: host_of(tl) for r, tl in tls.items()}
+    hosts = {r: host_of(tl, hosts_spec) for r, tl in tls.items()}
     raw = []
     for src, o in sorted(ops.items()):
         if not len(o.start) or src not in tls:
