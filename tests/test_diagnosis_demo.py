@@ -173,8 +173,13 @@ def test_split_backward_schedules(runs: dict[str, Any], name: str) -> None:
     # transfers that fill and drain the pipe (2 (P - 1) on the critical path), measured on this run
     pp = diag.report["run"]["pp"]
     lat_ms = diag.context["attribution"].normal_latency_ns / 1e6
-    fill_drain = 2 * (pp - 1) * lat_ms / diag.report["summary"]["step_mean_ms"]
-    assert abs(b["measured_ratio"] - b["theoretical_ratio"]) < 0.1 + fill_drain
+    step_ms = diag.report["summary"]["step_mean_ms"]
+    fill_drain = 2 * (pp - 1) * lat_ms / step_ms
+    # 4 ranks on 2 shared cores: late wake-ups stretch blocks unevenly, and that idle lands in the
+    # bubble's replay too; the run measures that jitter (step spread, host contention) itself
+    noise = diag.report["noise"]
+    jitter = ((noise["step_spread_ms"] or 0.0) + (noise["contention_ms"] or 0.0)) / step_ms
+    assert abs(b["measured_ratio"] - b["theoretical_ratio"]) < 0.1 + fill_drain + jitter
 
 
 def test_interleaved_is_recognised(runs: dict[str, Any]) -> None:

@@ -218,7 +218,7 @@ def test_recorded_demo_cut_mid_step(tmp_path: Path) -> None:
     src = tmp_path / "run"
     record(DemoConfig(pp=4, microbatches=4, steps=3, timeout_s=120), src)
     whole = diagnose([src], Options()).report
-    assert whole["hang"] is None
+    assert whole.get("hang") is None  # absent when the run completed
     # cut in the middle of a receive of the last step that waited (over 1 ms): its sender had not
     # sent at the cut
     t1 = _load(src / "rank1.pt.trace.json.gz")["traceEvents"]
