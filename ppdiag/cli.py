@@ -600,7 +600,13 @@ def main() -> None:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         with contextlib.suppress(Exception):
             err.print("ppdiag: interrupted", highlight=False)
-        sys.exit(128 + int(signum))
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        # Leave now: the workers are gone and every partial output was removed while unwinding;
+        # the interpreter's exit handlers would join the pool's helper threads, which on a loaded
+        # host takes seconds and may report on the pipes closed under them.
+        os._exit(128 + int(signum))
     except Exception as exc:
         if os.environ.get("PPDIAG_DEBUG"):
             raise
