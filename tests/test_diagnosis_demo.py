@@ -134,12 +134,20 @@ def test_slow_stage_is_the_top_finding(runs: dict[str, Any]) -> None:
     assert top["code"] == "PP003"
     assert top["stages"] == [2]
     slow_rank = truth["stage_to_rank"][2]
-    for r in diag.report["ranks"]:
+    ranks = diag.report["ranks"]
+    # what the slow stage adds per step over the mean stage, as this run measured it (late wake-ups
+    # on a loaded host stretch every stage, so the nominal factor is not the truth): with every
+    # stage at the mean cost the step would be about that much shorter, and the other ranks idle
+    # for it. Half of it is a bound that holds on any load.
+    compute = [r["compute_ms"] for r in ranks]
+    excess = next(r["compute_ms"] for r in ranks if r["rank"] == slow_rank) - sum(compute) / len(compute)
+    assert excess > 0
+    for r in ranks:
         if r["rank"] == slow_rank:
             continue
         lost = r["lost_ms"]
         assert lost["imbalance"] == max(lost.values()), r
-        assert lost["imbalance"] > 0.4 * sum(lost.values())
+        assert lost["imbalance"] > 0.5 * excess, (r, excess)
 
 
 def test_slow_link_blames_the_delayed_rank(runs: dict[str, Any]) -> None:

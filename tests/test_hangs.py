@@ -250,5 +250,9 @@ def test_recorded_demo_cut_mid_step(tmp_path: Path) -> None:
     assert first["step"] == last
     assert first["since_ms"] <= max(h["trace_end_ms"].values())
     assert f"rank {first['rank']} waits in {first['op']}" in rep["findings"][0]["title"]
-    assert rep["run"]["steps"] == whole["run"]["steps"][:-1]
+    # the complete steps are analysed; on a loaded host the first of them may be left out as a
+    # warm-up outlier against the one remaining step, which the run then says
+    expected = whole["run"]["steps"][:-1]
+    warm = any("outlier (warm-up)" in w for w in rep["run"]["warnings"])
+    assert rep["run"]["steps"] == (expected[1:] if warm else expected)
     assert h["dropped_steps"] == [last]
