@@ -121,11 +121,13 @@ def test_parquet_bad_input(tmp_path: Path) -> None:
 @pytest.mark.skipif(not HAVE_PYARROW, reason="pyarrow not installed (pip install 'ppdiag[parquet]')")
 def test_parquet_csv_chrome_same_diagnosis(tmp_path: Path) -> None:
     # one simulated run (a slow worker and micro-batch variance) in three forms: Parquet with
-    # float32 seconds, CSV, and the gzipped Chrome timeline (Megatron's rank order, which the
-    # generator uses too). The same findings on the same ranks, and the gains of the pipeline
-    # findings within 2 % of each other. (Per-rank cause splits are not compared: the replay's
-    # block-dependency check drops a few more or fewer label edges under the float32 rounding of
-    # the Parquet times, which moves ms between bubble and host on some ranks; the findings hold.)
+    # float32 seconds (7 ns apart at 0.1 s), CSV, and the gzipped Chrome timeline (Megatron's rank
+    # order, which the generator uses too). Their times differ by a few ns; the diagnosis must not:
+    # the same findings on the same ranks with every gain within 1 %, no host stall (PP006) on a
+    # run without host delays, and the same per-rank split within 0.1 % of the step. (Bubble,
+    # imbalance and exposed communication are compared as their sum to 0.1 % and one by one to
+    # 2 %: the DP collectives' wait split among them still moves up to ~1.6 % of the step under
+    # ns jitter.)
     p = OpTableParams(slow_worker=(0, 1, 1.3), mb_cv=0.2, seed=4)
     df, _ = simulate_optable(p)
     paths = [
@@ -136,15 +138,30 @@ def test_parquet_csv_chrome_same_diagnosis(tmp_path: Path) -> None:
     reports = [diagnose([x], Options(progress=False, jobs=1)) for x in paths]
     base = reports[0]
     assert {f.code for f in base.findings} >= {"PP009", "PP010"}
+    for rep in reports:
+        assert "PP006" not in {f.code for f in rep.findings}
+
+    waits = ("bubble", "imbalance", "exposed_comm")
+
+    def split(rank: dict[str, object]) -> dict[str, float]:
+        sh: dict[str, float] = dict(rank["shares"])  # type: ignore[call-overload]
+        sh["waits"] = sum(sh[k] for k in waits)
+        return sh
+
     for other in reports[1:]:
         assert [(f.code, f.ranks) for f in other.findings] == [(f.code, f.ranks) for f in base.findings]
         for fa, fb in zip(base.findings, other.findings, strict=True):
-            if fa.code in ("PP001", "PP003", "PP009", "PP010"):
-                assert fa.gain_ms is not None and fb.gain_ms is not None
-                assert abs(fa.gain_ms - fb.gain_ms) <= 0.02 * fa.gain_ms, (fa.code, fa.gain_ms, fb.gain_ms)
+            assert (fa.gain_ms is None) == (fb.gain_ms is None), fa.code
+            if fa.gain_ms is not None and fb.gain_ms is not None:
+                assert abs(fa.gain_ms - fb.gain_ms) <= 0.01 * fa.gain_ms, (fa.code, fa.gain_ms, fb.gain_ms)
         assert [(x["rank"], x["stage"], x["pipeline"]) for x in other.report["ranks"]] == [
             (x["rank"], x["stage"], x["pipeline"]) for x in base.report["ranks"]
         ]
+        for ra, rb in zip(base.report["ranks"], other.report["ranks"], strict=True):
+            sa, sb = split(ra), split(rb)
+            assert sa.keys() == sb.keys()
+            for k in sa:
+                assert abs(sa[k] - sb[k]) <= (0.02 if k in waits else 0.001), (ra["rank"], k, sa[k], sb[k])
         assert abs(other.report["summary"]["step_ms"] - base.report["summary"]["step_ms"]) <= 0.01
 
 

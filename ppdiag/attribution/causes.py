@@ -64,6 +64,17 @@ WAIT_JOIN_NS = 50_000
 MATCH_END_NS = 20_000
 # windows closer than this are consecutive steps of one rank
 STEP_JOIN_NS = 1_000_000
+# start and duration are each rounded to the ns: a block end read back can be 1 ns off on either side
+ROUND_NS = 2
+
+
+def timing_tolerance_ns(timelines: dict[int, RankTimeline]) -> int:
+    """How far two measured times may contradict each other from rounding alone: the ns rounding
+    of start and duration, plus the input's own timer resolution (``meta["time_resolution_ns"]``,
+    e.g. float32 seconds of op tables) counted for the producer's end (start + duration) and the
+    consumer's start."""
+    res = max((float(tl.meta.get("time_resolution_ns", 0.0)) for tl in timelines.values()), default=0.0)
+    return ROUND_NS + int(np.ceil(2.0 * res))
 
 
 @dataclass
@@ -555,6 +566,7 @@ class Replay:
         # (node, (peer, dir, posted, op end), release, wait start)
         pending: list[tuple[int, tuple[int, int, int, int], int, int]] = []
         p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
+        tol = timing_tolerance_ns(timelines)
         for rs in steps:
             b = rs.blocks
             self.first[(rs.rank, rs.step)] = len(self.nodes)
@@ -690,7 +702,11 @@ class Replay:
             # (CPU runs: host calls, whose start says little about when the data left; there the
             # producer is the peer's last block before the release)
             device = not timelines[me].cpu_only
-            j = int(np.searchsorted(ends, last if (last is not None and device) else rel, side="right")) - 1
+            # a block that ends within the timing tolerance after the issue counts as finished
+            # before it (a send issued as its block ends must not flip to the block before under
+            # ns jitter, which would read that whole block as the producer's host delay)
+            at = last if (last is not None and device) else rel
+            j = int(np.searchsorted(ends, at + tol, side="right")) - 1
             self.nodes[nid].send_wait = wdir == int(Direction.SEND)
             if j < 0 and last is not None and peer in ends_by_rank:
                 # the peer issued it before finishing any analyzed block (a receive posted at the
@@ -729,7 +745,10 @@ class Replay:
         per_link = [float(np.median(v)) for v in taus.values()]
         self.normal_latency = int(np.percentile(per_link, 50, method="lower")) if per_link else 0
         # pipeline data dependencies from labels, with the normal latency (capped so the measured
-        # timeline stays reproduced exactly)
+        # timeline stays reproduced exactly). A consumer that starts a few ns before its producer
+        # ends (within the rounding and timer resolution of the input) keeps the dependency with
+        # that small negative latency: dropping it would make the split of the waits depend on
+        # sub-µs jitter (float32 seconds against float64 ones).
         for key, nid in by_key.items():
             stepn, stage, phase, mb = key
             if phase == int(Phase.FWD):
@@ -749,7 +768,7 @@ class Replay:
             node = self.nodes[nid]
             p_end = self.meas_start[prod] + self.nodes[prod].span
             slack = self.meas_start[nid] - node.post - p_end
-            if slack < 0:  # the measurement contradicts this dependency: labels do not match up
+            if slack < -tol:  # the measurement contradicts this dependency: labels do not match up
                 self.dropped_edges += 1
                 continue
             node.edges.append((prod, min(self.normal_latency, slack)))
