@@ -119,16 +119,24 @@ def test_parquet_bad_input(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not HAVE_PYARROW, reason="pyarrow not installed (pip install 'ppdiag[parquet]')")
-def test_parquet_csv_chrome_same_diagnosis(tmp_path: Path) -> None:
-    # one simulated run (a slow worker and micro-batch variance) in three forms: Parquet with
+@pytest.mark.parametrize(
+    "p",
+    [
+        OpTableParams(slow_worker=(0, 1, 1.3), mb_cv=0.2, seed=4),
+        OpTableParams(pp=3, dp=3, microbatches=6, slow_worker=(2, 0, 1.25), mb_cv=0.15, seed=11),
+        OpTableParams(pp=2, dp=4, microbatches=12, heavy_stage=(1, 1.3), mb_cv=0.25, seed=7),
+    ],
+    ids=["pp4dp2", "pp3dp3", "pp2dp4-heavy"],
+)
+def test_parquet_csv_chrome_same_diagnosis(tmp_path: Path, p: OpTableParams) -> None:
+    # a simulated run (a slow worker or a heavy stage, and micro-batch variance) in three forms: Parquet with
     # float32 seconds (7 ns apart at 0.1 s), CSV, and the gzipped Chrome timeline (Megatron's rank
     # order, which the generator uses too). Their times differ by a few ns; the diagnosis must not:
     # the same findings on the same ranks with every gain within 1 %, no host stall (PP006) on a
-    # run without host delays, and the same per-rank split within 0.1 % of the step. (Bubble,
-    # imbalance and exposed communication are compared as their sum to 0.1 % and one by one to
-    # 2 %: the DP collectives' wait split among them still moves up to ~1.6 % of the step under
-    # ns jitter.)
-    p = OpTableParams(slow_worker=(0, 1, 1.3), mb_cv=0.2, seed=4)
+    # run without host delays, and the same per-rank split, cause by cause, within 0.1 % of the
+    # step. (Decisions on ns ties, a send issued as its block ends, a replica reaching a collective
+    # as its last block ends, a send and a receive covering one wait, once moved whole blocks
+    # between bubble, imbalance, host and exposed communication and made a PP006 appear.)
     df, _ = simulate_optable(p)
     paths = [
         write_table(df, tmp_path / "ops.parquet"),
@@ -137,16 +145,9 @@ def test_parquet_csv_chrome_same_diagnosis(tmp_path: Path) -> None:
     ]
     reports = [diagnose([x], Options(progress=False, jobs=1)) for x in paths]
     base = reports[0]
-    assert {f.code for f in base.findings} >= {"PP009", "PP010"}
+    assert {f.code for f in base.findings} >= ({"PP009"} if p.slow_worker else {"PP003"})
     for rep in reports:
         assert "PP006" not in {f.code for f in rep.findings}
-
-    waits = ("bubble", "imbalance", "exposed_comm")
-
-    def split(rank: dict[str, object]) -> dict[str, float]:
-        sh: dict[str, float] = dict(rank["shares"])  # type: ignore[call-overload]
-        sh["waits"] = sum(sh[k] for k in waits)
-        return sh
 
     for other in reports[1:]:
         assert [(f.code, f.ranks) for f in other.findings] == [(f.code, f.ranks) for f in base.findings]
@@ -158,10 +159,10 @@ def test_parquet_csv_chrome_same_diagnosis(tmp_path: Path) -> None:
             (x["rank"], x["stage"], x["pipeline"]) for x in base.report["ranks"]
         ]
         for ra, rb in zip(base.report["ranks"], other.report["ranks"], strict=True):
-            sa, sb = split(ra), split(rb)
+            sa, sb = ra["shares"], rb["shares"]
             assert sa.keys() == sb.keys()
             for k in sa:
-                assert abs(sa[k] - sb[k]) <= (0.02 if k in waits else 0.001), (ra["rank"], k, sa[k], sb[k])
+                assert abs(sa[k] - sb[k]) <= 0.001, (ra["rank"], k, sa[k], sb[k])
         assert abs(other.report["summary"]["step_ms"] - base.report["summary"]["step_ms"]) <= 0.01
 
 

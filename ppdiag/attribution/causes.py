@@ -51,6 +51,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution.accounting import Account, WindowSets, account, window_sets
 from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves, run_waits
+from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
 from ppdiag.model import Direction, Kind, Phase, RankTimeline
 from ppdiag.model import intervals as ivs
@@ -64,17 +65,6 @@ WAIT_JOIN_NS = 50_000
 MATCH_END_NS = 20_000
 # windows closer than this are consecutive steps of one rank
 STEP_JOIN_NS = 1_000_000
-# start and duration are each rounded to the ns: a block end read back can be 1 ns off on either side
-ROUND_NS = 2
-
-
-def timing_tolerance_ns(timelines: dict[int, RankTimeline]) -> int:
-    """How far two measured times may contradict each other from rounding alone: the ns rounding
-    of start and duration, plus the input's own timer resolution (``meta["time_resolution_ns"]``,
-    e.g. float32 seconds of op tables) counted for the producer's end (start + duration) and the
-    consumer's start."""
-    res = max((float(tl.meta.get("time_resolution_ns", 0.0)) for tl in timelines.values()), default=0.0)
-    return ROUND_NS + int(np.ceil(2.0 * res))
 
 
 @dataclass
@@ -306,12 +296,15 @@ class _P2PIndex:
         cover = np.minimum(self.end[j0:j1], hi) - np.maximum(self.start[j0:j1], lo)
         return bool(self.on_compute[j0 + int(np.argmax(cover))])
 
-    def blocking(self, lo: int, hi: int) -> tuple[int, int, int, int]:
+    def blocking(self, lo: int, hi: int, tol: int = 0) -> tuple[int, int, int, int]:
         """(peer, direction, start, end) of the p2p interval that covers most of the wait ``[lo, hi]``.
 
         A wait can end on a transfer that was complete long before (a receive is only waited for
         after an earlier send returned), so the longest piece names the peer that held the rank.
         Its start is when the rank posted the operation (often under compute, before the wait).
+        Pieces that cover the wait alike (within ``tol``: a send and a receive posted and done
+        together) are a tie, not decided by ns jitter: a receive (the data the rank waits for)
+        wins over a send, then the lower peer.
         """
         j0 = int(np.searchsorted(self.reach, lo, side="right"))
         j1 = int(np.searchsorted(self.start, hi, side="left"))
@@ -319,9 +312,16 @@ class _P2PIndex:
             return -1, 0, lo, hi
         st, en = self.start[j0:j1], self.end[j0:j1]
         cover = np.minimum(en, hi) - np.maximum(st, lo)
-        k = int(np.argmax(cover))
-        if cover[k] <= 0:
+        top = int(cover.max())
+        if top <= 0:
             return -1, 0, lo, hi
+        near = np.flatnonzero(cover >= top - tol)
+        if near.size > 1:
+            d = self.direction[j0 + near]
+            sends = (d != int(Direction.RECV)) & (d != int(Direction.BOTH))
+            k = int(near[np.lexsort((self.peer[j0 + near], sends))[0]])
+        else:
+            k = int(near[0])
         return int(self.peer[j0 + k]), int(self.direction[j0 + k]), int(st[k]), int(en[k])
 
 
@@ -581,12 +581,18 @@ class Replay:
             # The wait that released each block is the last run of transfer time before it (pieces
             # a few µs apart are one wait); earlier transfers were exposed comm.
             has_w, ws_a, rel_a = _last_waits(rs.wait_set, lo_a, s_a)
+            # a "wait" no longer than the timing tolerance is rounding where a transfer touches
+            # the block, not a wait: it must not make the peer's block this one's producer
+            tiny = has_w & (rel_a - ws_a <= tol)
+            has_w &= ~tiny
+            ws_a[tiny] = s_a[tiny]
+            rel_a[tiny] = s_a[tiny]
             held_l: list[tuple[int, int, int, int]] = []
             on_comp_l: list[bool] = []
             idx = p2p_index[rs.rank]
             for j in np.flatnonzero(has_w).tolist():
                 wait_start, rel = int(ws_a[j]), int(rel_a[j])
-                held = idx.blocking(wait_start, rel)
+                held = idx.blocking(wait_start, rel, tol)
                 # transfers of other operations before the one that held the rank (a send on
                 # the compute stream before the receive) are exposed comm, not the wait
                 if held[0] >= 0 and not cpu:
