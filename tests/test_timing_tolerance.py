@@ -63,18 +63,18 @@ def test_parquet_float32_resolution_in_meta(tmp_path: Path) -> None:
     assert 0.5 < res_a < 10 and res_b < 1e-3
 
 
-def test_blocking_tie_prefers_receive() -> None:
-    # a wait [100, 1100) covered by a send to rank 5 and a receive from rank 3 that ran together;
-    # the send covers 1 ns more (jitter): within the tolerance it is a tie and the receive names
-    # the peer; with no tolerance the longest piece (the send) does
+def test_blocking_tie_first_posted() -> None:
+    # a wait [100, 1100) held by a receive from rank 3 posted at 100 (covers 998 ns) and a send to
+    # rank 5 posted at 101 (covers 999 ns): 1 ns apart is jitter. With no tolerance the longest
+    # piece (the send) names the peer; within the tolerance they tie and the first posted does
     iv = Intervals.from_columns(
         2,
         {
             "start": np.array([100, 101]),
-            "end": np.array([1100, 1100]),
+            "end": np.array([1098, 1100]),
             "kind": np.full(2, int(Kind.P2P)),
-            "peer": np.array([5, 3]),
-            "direction": np.array([int(Direction.SEND), int(Direction.RECV)]),
+            "peer": np.array([3, 5]),
+            "direction": np.array([int(Direction.RECV), int(Direction.SEND)]),
             "stream": np.array([1, 1]),
         },
     )

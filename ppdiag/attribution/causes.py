@@ -303,8 +303,7 @@ class _P2PIndex:
         after an earlier send returned), so the longest piece names the peer that held the rank.
         Its start is when the rank posted the operation (often under compute, before the wait).
         Pieces that cover the wait alike (within ``tol``: a send and a receive posted and done
-        together) are a tie, not decided by ns jitter: a receive (the data the rank waits for)
-        wins over a send, then the lower peer.
+        together) are a tie, not decided by ns jitter: the one posted first names the peer.
         """
         j0 = int(np.searchsorted(self.reach, lo, side="right"))
         j1 = int(np.searchsorted(self.start, hi, side="left"))
@@ -315,13 +314,8 @@ class _P2PIndex:
         top = int(cover.max())
         if top <= 0:
             return -1, 0, lo, hi
-        near = np.flatnonzero(cover >= top - tol)
-        if near.size > 1:
-            d = self.direction[j0 + near]
-            sends = (d != int(Direction.RECV)) & (d != int(Direction.BOTH))
-            k = int(near[np.lexsort((self.peer[j0 + near], sends))[0]])
-        else:
-            k = int(near[0])
+        # the first (earliest posted) of the pieces that tie, as an exact tie always was
+        k = int(np.flatnonzero(cover >= top - tol)[0])
         return int(self.peer[j0 + k]), int(self.direction[j0 + k]), int(st[k]), int(en[k])
 
 
