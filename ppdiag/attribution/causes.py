@@ -51,6 +51,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution.accounting import Account, WindowSets, account, window_sets
 from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves, run_waits
+from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
 from ppdiag.model import Direction, Kind, Phase, RankTimeline
 from ppdiag.model import intervals as ivs
@@ -295,12 +296,14 @@ class _P2PIndex:
         cover = np.minimum(self.end[j0:j1], hi) - np.maximum(self.start[j0:j1], lo)
         return bool(self.on_compute[j0 + int(np.argmax(cover))])
 
-    def blocking(self, lo: int, hi: int) -> tuple[int, int, int, int]:
+    def blocking(self, lo: int, hi: int, tol: int = 0) -> tuple[int, int, int, int]:
         """(peer, direction, start, end) of the p2p interval that covers most of the wait ``[lo, hi]``.
 
         A wait can end on a transfer that was complete long before (a receive is only waited for
         after an earlier send returned), so the longest piece names the peer that held the rank.
         Its start is when the rank posted the operation (often under compute, before the wait).
+        Pieces that cover the wait alike (within ``tol``: a send and a receive posted and done
+        together) are a tie, not decided by ns jitter: the one posted first names the peer.
         """
         j0 = int(np.searchsorted(self.reach, lo, side="right"))
         j1 = int(np.searchsorted(self.start, hi, side="left"))
@@ -308,9 +311,11 @@ class _P2PIndex:
             return -1, 0, lo, hi
         st, en = self.start[j0:j1], self.end[j0:j1]
         cover = np.minimum(en, hi) - np.maximum(st, lo)
-        k = int(np.argmax(cover))
-        if cover[k] <= 0:
+        top = int(cover.max())
+        if top <= 0:
             return -1, 0, lo, hi
+        # the first (earliest posted) of the pieces that tie, as an exact tie always was
+        k = int(np.flatnonzero(cover >= top - tol)[0])
         return int(self.peer[j0 + k]), int(self.direction[j0 + k]), int(st[k]), int(en[k])
 
 
@@ -555,6 +560,7 @@ class Replay:
         # (node, (peer, dir, posted, op end), release, wait start)
         pending: list[tuple[int, tuple[int, int, int, int], int, int]] = []
         p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
+        tol = timing_tolerance_ns(timelines)
         for rs in steps:
             b = rs.blocks
             self.first[(rs.rank, rs.step)] = len(self.nodes)
@@ -569,12 +575,18 @@ class Replay:
             # The wait that released each block is the last run of transfer time before it (pieces
             # a few µs apart are one wait); earlier transfers were exposed comm.
             has_w, ws_a, rel_a = _last_waits(rs.wait_set, lo_a, s_a)
+            # a "wait" no longer than the timing tolerance is rounding where a transfer touches
+            # the block, not a wait: it must not make the peer's block this one's producer
+            tiny = has_w & (rel_a - ws_a <= tol)
+            has_w &= ~tiny
+            ws_a[tiny] = s_a[tiny]
+            rel_a[tiny] = s_a[tiny]
             held_l: list[tuple[int, int, int, int]] = []
             on_comp_l: list[bool] = []
             idx = p2p_index[rs.rank]
             for j in np.flatnonzero(has_w).tolist():
                 wait_start, rel = int(ws_a[j]), int(rel_a[j])
-                held = idx.blocking(wait_start, rel)
+                held = idx.blocking(wait_start, rel, tol)
                 # transfers of other operations before the one that held the rank (a send on
                 # the compute stream before the receive) are exposed comm, not the wait
                 if held[0] >= 0 and not cpu:
@@ -690,7 +702,11 @@ class Replay:
             # (CPU runs: host calls, whose start says little about when the data left; there the
             # producer is the peer's last block before the release)
             device = not timelines[me].cpu_only
-            j = int(np.searchsorted(ends, last if (last is not None and device) else rel, side="right")) - 1
+            # a block that ends within the timing tolerance after the issue counts as finished
+            # before it (a send issued as its block ends must not flip to the block before under
+            # ns jitter, which would read that whole block as the producer's host delay)
+            at = last if (last is not None and device) else rel
+            j = int(np.searchsorted(ends, at + tol, side="right")) - 1
             self.nodes[nid].send_wait = wdir == int(Direction.SEND)
             if j < 0 and last is not None and peer in ends_by_rank:
                 # the peer issued it before finishing any analyzed block (a receive posted at the
@@ -729,7 +745,10 @@ class Replay:
         per_link = [float(np.median(v)) for v in taus.values()]
         self.normal_latency = int(np.percentile(per_link, 50, method="lower")) if per_link else 0
         # pipeline data dependencies from labels, with the normal latency (capped so the measured
-        # timeline stays reproduced exactly)
+        # timeline stays reproduced exactly). A consumer that starts a few ns before its producer
+        # ends (within the rounding and timer resolution of the input) keeps the dependency with
+        # that small negative latency: dropping it would make the split of the waits depend on
+        # sub-µs jitter (float32 seconds against float64 ones).
         for key, nid in by_key.items():
             stepn, stage, phase, mb = key
             if phase == int(Phase.FWD):
@@ -749,7 +768,7 @@ class Replay:
             node = self.nodes[nid]
             p_end = self.meas_start[prod] + self.nodes[prod].span
             slack = self.meas_start[nid] - node.post - p_end
-            if slack < 0:  # the measurement contradicts this dependency: labels do not match up
+            if slack < -tol:  # the measurement contradicts this dependency: labels do not match up
                 self.dropped_edges += 1
                 continue
             node.edges.append((prod, min(self.normal_latency, slack)))

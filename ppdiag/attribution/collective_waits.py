@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.accounting import WindowSets
+from ppdiag.attribution.tolerance import ROUND_NS, timing_tolerance_ns
 from ppdiag.model import RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
@@ -197,6 +198,7 @@ def _replica_excess(
     lrow: npt.NDArray[np.int64],
     shares: npt.NDArray[np.int64],
     pipeline_of: Mapping[int, int],
+    tol_ns: int = ROUND_NS,
 ) -> npt.NDArray[np.int64]:
     """The ``comm`` share of each wait for a last arriver of another pipeline replica, moved to
     why that replica was slower (module docstring): its ranks' block compute finished before its
@@ -238,7 +240,9 @@ def _replica_excess(
         qs = order[a:b]
         t = np.maximum(q_t[qs], rs.w0)
         host[qs] += _cum(rs.host, t) - _cum(rs.host, np.full(t.shape, rs.w0, np.int64))
-        comp[qs] += rs.block_busy_cum[np.searchsorted(rs.block_end, t, side="right")]
+        # a block that ends as the rank reaches the collective (within ``tol_ns``) was finished:
+        # ns jitter must not take a whole block's compute out of the comparison
+        comp[qs] += rs.block_busy_cum[np.searchsorted(rs.block_end, t + tol_ns, side="right")]
     n = todo.size
     ex = np.zeros((n, len(REASONS)), np.float64)
     ex[:, REASONS.index("host_stall")] = host[:n] - host[n:]
@@ -257,12 +261,14 @@ def collective_waits(
     match: CollectiveMatch,
     exclude: dict[tuple[int, int], ivs.ISet] | None = None,
     pipeline_of: Mapping[int, int] | None = None,
+    tol_ns: int = ROUND_NS,
 ) -> CollectiveWaits:
     """Split every matched collective into waiting and transfer and charge the waiting.
 
     ``exclude`` maps (rank, step) to spans whose time another model already charges (the replay's
     step-end sync, its blocks): the waits inside them are measured but not moved.
     ``pipeline_of`` maps ranks to their pipeline replica, for waits on a late replica.
+    ``tol_ns``: how far two times may disagree from the input's rounding (``tolerance``).
     """
     n_steps = len({s.step for s in sets})
     if len(match) == 0 or not sets:
@@ -358,7 +364,7 @@ def collective_waits(
     shares[:, REASONS.index("idle")] += np.where(valid[lrow], rest, 0)
     shares[:, REASONS.index("comm")] += np.where(valid[lrow], 0, rest)
     shares = _inherit(match, seg0, waiting, lrow, shares)
-    shares = _replica_excess(sets, match, row_key, waiting, lrow, shares, pipeline_of or {})
+    shares = _replica_excess(sets, match, row_key, waiting, lrow, shares, pipeline_of or {}, tol_ns)
     per_set = np.zeros((n_sets, n_r), np.int64)
     np.add.at(per_set, row_key[waiting], shares)
     # the waiting itself, also where another model (the replay's sync) charges it
@@ -525,7 +531,7 @@ def run_waits(
         s1 = np.r_[rs.blocks.end, [x[1]] if x else []].astype(np.int64)
         if s0.size:
             spans[key] = ivs.union(s0, s1)
-    cw = collective_waits(sets, match, spans, pipeline_of)
+    cw = collective_waits(sets, match, spans, pipeline_of, timing_tolerance_ns(timelines))
     cw.notes[:0] = match.warnings
     return cw
 

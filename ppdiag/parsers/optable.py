@@ -115,12 +115,12 @@ class OpTableParser:
         head = _read_head(path)
         warnings: list[str] = []
         if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
-            df = _read_chrome(path, src, warnings)
+            df, res = _read_chrome(path, src, warnings)
             laid = True
         else:
-            df = _read_table(path, src, head)
+            df, res = _read_table(path, src, head)
             laid = False
-        return _to_ranks(df, src, laid, warnings)
+        return _to_ranks(df, src, laid, warnings, res)
 
 
 def _read_head(path: Path) -> bytes:
@@ -132,7 +132,16 @@ def _read_head(path: Path) -> bytes:
     return head
 
 
-def _read_table(path: Path, src: str, head: bytes) -> pd.DataFrame:
+def _resolution_ns(values: npt.NDArray[Any], unit_ns: float) -> float:
+    """The timer resolution the time column carries, in ns: the spacing of its float type at its
+    largest magnitude (float32 seconds at 0.1 s are 7 ns apart, at 30 s 2 µs apart)."""
+    if not values.size or not np.issubdtype(values.dtype, np.floating):
+        return 0.0
+    top = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 0.0
+    return float(np.spacing(values.dtype.type(top))) * unit_ns
+
+
+def _read_table(path: Path, src: str, head: bytes) -> tuple[pd.DataFrame, float]:
     import pandas as pd  # here, not at import: detecting formats must not load pandas
 
     try:
@@ -166,7 +175,7 @@ def _read_table(path: Path, src: str, head: bytes) -> pd.DataFrame:
                 "rank": df["rank"].to_numpy(np.int64),
                 "step": df["step"].to_numpy(np.int64),
                 "optype": df["optype"].astype(str).to_numpy(),
-                # float32 seconds are normal: round to the µs their resolution carries
+                # float32 seconds are normal (their resolution goes to the replay's timing tolerance)
                 "t0": np.rint(df["start_ts"].to_numpy(np.float64) * 1e9).astype(np.int64),
                 "dur": np.rint(df["duration"].to_numpy(np.float64) * 1e9).astype(np.int64),
                 "seq_id": df["seq_id"].fillna(-1).to_numpy(np.int64),
@@ -177,7 +186,9 @@ def _read_table(path: Path, src: str, head: bytes) -> pd.DataFrame:
         )
     except (ValueError, TypeError) as exc:
         raise InputError(src, f"op table has non-numeric values ({str(exc).splitlines()[0][:200]})") from None
-    return out
+    # ends are start + duration: both columns' resolution
+    res = max(_resolution_ns(df["start_ts"].to_numpy(), 1e9), _resolution_ns(df["duration"].to_numpy(), 1e9))
+    return out, res
 
 
 class _Args(msgspec.Struct):
@@ -235,7 +246,7 @@ def _decode_events(data: bytes, src: str) -> pd.DataFrame:
     )
 
 
-def _read_chrome(path: Path, src: str, warnings: list[str]) -> pd.DataFrame:
+def _read_chrome(path: Path, src: str, warnings: list[str]) -> tuple[pd.DataFrame, float]:
     import pandas as pd  # here, not at import: detecting formats must not load pandas
 
     try:
@@ -293,7 +304,8 @@ def _read_chrome(path: Path, src: str, warnings: list[str]) -> pd.DataFrame:
     gmc = np.where(mc >= 0, mc * n_pp + stage, -1)
     if (mc <= 0).all():
         gmc = np.where(mc >= 0, stage, -1)
-    return pd.DataFrame(
+    res = max(_resolution_ns(x["ts"].to_numpy(), 1e3), _resolution_ns(x["dur"].to_numpy(), 1e3))
+    out = pd.DataFrame(
         {
             "dp_rank": dp,
             "stage": stage,
@@ -308,6 +320,7 @@ def _read_chrome(path: Path, src: str, warnings: list[str]) -> pd.DataFrame:
             "mb_id": x["a_mb"].to_numpy(np.int64),
         }
     )
+    return out, res
 
 
 def _is_gzip(path: Path) -> bool:
@@ -375,7 +388,9 @@ def _check_p2p_order(
         )
 
 
-def _to_ranks(df: pd.DataFrame, src: str, laid: bool, warnings: list[str]) -> list[RankTimeline]:
+def _to_ranks(
+    df: pd.DataFrame, src: str, laid: bool, warnings: list[str], resolution_ns: float
+) -> list[RankTimeline]:
     import pandas as pd  # here, not at import: detecting formats must not load pandas
 
     if not len(df):
@@ -534,7 +549,7 @@ def _to_ranks(df: pd.DataFrame, src: str, laid: bool, warnings: list[str]) -> li
                 events_total=int(sel.size),
                 # said once for the file, not once per rank
                 warnings=list(warnings) if not out else [],
-                meta={"pipeline": d, "dp_rank": d, "pp_rank": s},
+                meta={"pipeline": d, "dp_rank": d, "pp_rank": s, "time_resolution_ns": resolution_ns},
             )
         )
     return out
