@@ -59,3 +59,13 @@ def test_window_and_measure_in_agree_with_clip() -> None:
         a, b = ivs_.window(iset, lo, hi), ivs_.clip(iset, lo, hi)
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
         assert ivs_.measure_in(iset, lo, hi) == ivs_.measure(b)
+
+
+def test_prefix_measure_by_hand() -> None:
+    from ppdiag.model import intervals as mivs
+
+    # set [10, 20) and [30, 35): measure before t = 0, 15, 25, 32, 40 -> 0, 5, 10, 12, 15
+    iset = mivs.union(np.array([10, 30]), np.array([20, 35]))
+    t = np.array([0, 15, 25, 32, 40], np.int64)
+    assert mivs.prefix_measure(iset, t).tolist() == [0, 5, 10, 12, 15]
+    assert mivs.prefix_measure(mivs.empty(), t).tolist() == [0] * 5

@@ -101,3 +101,11 @@ def test_terminal_uses_the_report_cause_labels() -> None:
     rep: dict[str, Any] = {"ranks": []}
     headers = [str(c.header) for c in rank_table(rep).columns]
     assert [h for h in headers if h in CAUSE_LABELS.values()] == list(CAUSE_LABELS.values())
+
+
+def test_report_schedule_enum_holds_every_schedule() -> None:
+    # run.schedule in the typed report: every schedule name plus "unknown" and "none"
+    from ppdiag.model.schedule import Schedule
+    from ppdiag.report_types import RunSchedule
+
+    assert {s.value for s in RunSchedule} == {s.value for s in Schedule} | {"unknown", "none"}

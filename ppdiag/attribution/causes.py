@@ -217,26 +217,13 @@ def _split_local(rs: RankStep, lo: int, hi: int) -> tuple[int, int, int, int, in
     return (busy, host, max(hi - lo - busy - host - copy - p2p, 0), copy, p2p)
 
 
-def _prefix_measure(iset: ivs.ISet, t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Measure of a sorted disjoint set before each time in ``t`` (binary search and prefix sums)."""
-    s, e = iset
-    if s.size == 0:
-        return np.zeros(t.shape, np.int64)
-    lens = e - s
-    before = np.concatenate([[0], np.cumsum(lens)])
-    k = np.searchsorted(s, t, side="right") - 1
-    kc = np.maximum(k, 0)
-    inside = np.clip(t - s[kc], 0, lens[kc])
-    return np.where(k >= 0, before[kc] + inside, 0).astype(np.int64)
-
-
 def _measure_between(
     iset: ivs.ISet, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.int64]:
     """:func:`ivs.measure_in` of a sorted disjoint set for each ``[lo[i], hi[i])`` at once."""
     if iset[0].size == 0 or lo.size == 0:
         return np.zeros(lo.shape, np.int64)
-    got = _prefix_measure(iset, hi) - _prefix_measure(iset, lo)
+    got = ivs.prefix_measure(iset, hi) - ivs.prefix_measure(iset, lo)
     return np.where(hi > lo, got, 0)
 
 

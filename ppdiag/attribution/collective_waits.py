@@ -115,19 +115,6 @@ class CollectiveWaits:
         return sum(self.waited.values())
 
 
-def _cum(iset: ivs.ISet, t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Measure of ``iset`` before each time in ``t`` (vectorized prefix measure)."""
-    s, e = iset
-    if s.size == 0:
-        return np.zeros(t.shape, np.int64)
-    lens = e - s
-    before = np.concatenate([[0], np.cumsum(lens)])
-    k = np.searchsorted(s, t, side="right") - 1
-    kc = np.maximum(k, 0)
-    inside = np.clip(t - s[kc], 0, lens[kc])
-    return np.where(k >= 0, before[kc] + inside, 0).astype(np.int64)
-
-
 def _alloc(total: npt.NDArray[np.int64], weights: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     """Split each row's ``total`` ns over its row of ``weights`` (negatives count as 0) in integers
     that add up exactly; a row without positive weight gets nothing."""
@@ -239,7 +226,9 @@ def _replica_excess(
             continue
         qs = order[a:b]
         t = np.maximum(q_t[qs], rs.w0)
-        host[qs] += _cum(rs.host, t) - _cum(rs.host, np.full(t.shape, rs.w0, np.int64))
+        host[qs] += ivs.prefix_measure(rs.host, t) - ivs.prefix_measure(
+            rs.host, np.full(t.shape, rs.w0, np.int64)
+        )
         # a block that ends as the rank reaches the collective (within ``tol_ns``) was finished:
         # ns jitter must not take a whole block's compute out of the comparison
         comp[qs] += rs.block_busy_cum[np.searchsorted(rs.block_end, t + tol_ns, side="right")]
@@ -331,16 +320,16 @@ def collective_waits(
         if rows.size == 0:
             continue
         a, b = seg0[rows], np.maximum(arrive[rows], seg0[rows])
-        comp[rows] = _cum(rs.compute, b) - _cum(rs.compute, a)
-        host[rows] = _cum(rs.host, b) - _cum(rs.host, a)
-        comm[rows] = _cum(rs.comm, b) - _cum(rs.comm, a)
+        comp[rows] = ivs.prefix_measure(rs.compute, b) - ivs.prefix_measure(rs.compute, a)
+        host[rows] = ivs.prefix_measure(rs.host, b) - ivs.prefix_measure(rs.host, a)
+        comm[rows] = ivs.prefix_measure(rs.comm, b) - ivs.prefix_measure(rs.comm, a)
         ws, we = arrive[rows], arrive[rows] + wait[rows]
-        wx = _cum(rs.comm, we) - _cum(rs.comm, ws)
+        wx = ivs.prefix_measure(rs.comm, we) - ivs.prefix_measure(rs.comm, ws)
         wall[rows] = wx
         if exclude and (rs.rank, rs.step) in exclude:
             # the part of the wait inside the excluded spans is the other model's
             other = ivs.intersect(rs.comm, exclude[(rs.rank, rs.step)])
-            wx = wx - (_cum(other, we) - _cum(other, ws))
+            wx = wx - (ivs.prefix_measure(other, we) - ivs.prefix_measure(other, ws))
         wexp[rows] = wx
     idle = np.maximum((np.maximum(arrive, seg0) - seg0) - comp - host - comm, 0)
     # REASONS order; the start is relative (absolute ns would lose precision as floats)

@@ -113,3 +113,17 @@ def measure_in(iset: ISet, lo: int, hi: int) -> int:
     if i1 <= i0:
         return 0
     return int(np.maximum(np.minimum(e[i0:i1], hi) - np.maximum(s[i0:i1], lo), 0).sum())
+
+
+def prefix_measure(iset: ISet, t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Measure of a sorted disjoint set before each time in ``t`` (binary search and prefix sums:
+    one pass for any number of query times)."""
+    s, e = iset
+    if s.size == 0:
+        return np.zeros(t.shape, np.int64)
+    lens = e - s
+    before = np.concatenate([[0], np.cumsum(lens)])
+    k = np.searchsorted(s, t, side="right") - 1
+    kc = np.maximum(k, 0)
+    inside = np.clip(t - s[kc], 0, lens[kc])
+    return np.where(k >= 0, before[kc] + inside, 0).astype(np.int64)
