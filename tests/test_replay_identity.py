@@ -39,8 +39,11 @@ from ppdiag.synth.scenario import make_scenario
 
 def _reference_nodes(rp: Replay, timelines: dict[int, Any], ops: dict[int, Any]) -> list[tuple[int, ...]]:
     """Per node: (pre, post, pre_host, pre_coll, pre_ux, pre_copy, in_host, in_ux, in_copy, busy,
-    span, on_compute), measured one block at a time."""
+    span, on_compute), measured one block at a time. The gaps that the replay found were not
+    waits (the peer issued the transfer only after the block began: that decision needs the peers'
+    operations and is tested on its own) are measured as local time, like a block without a wait."""
     out: list[tuple[int, ...]] = []
+    not_waits = {i for i, nd in enumerate(rp.nodes) if nd.false_wait}
     p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in rp.steps}}
     for rs in rp.steps:
         b = rs.blocks
@@ -50,7 +53,7 @@ def _reference_nodes(rp: Replay, timelines: dict[int, Any], ops: dict[int, Any])
             lo = min(prev_end, s)
             w_s, w_e = ivs.window(rs.wait_set, lo, s)
             on_compute = False
-            if w_s.size:
+            if w_s.size and len(out) not in not_waits:
                 k = w_s.size - 1
                 while k > 0 and w_s[k] - w_e[k - 1] <= WAIT_JOIN_NS:
                     k -= 1

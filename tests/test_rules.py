@@ -221,10 +221,11 @@ def test_shared_host() -> None:
     assert not shared_host(run(False, ["vm", "vm"]))
     assert shared_host(run(True, [None, None]))  # gloo CPU ranks, no host recorded
     assert not shared_host(run(True, [None, None], backend="mpi"))
-    assert shared_share([9.0, 10.0, 10.0, 9.5]) == pytest.approx(0.9)  # smallest 9 / top 10
-    assert shared_share([9.0, 90.0, 9.0, 9.0]) == pytest.approx(0.1)
+    assert shared_share([9.0, 10.0, 10.0, 9.5]) == 1.0  # 2 x smallest 9 / top 10, capped at 1
+    assert shared_share([6.0, 9.0, 8.0, 7.0]) == 1.0  # contention spread unevenly: nobody stands out
+    assert shared_share([9.0, 90.0, 9.0, 9.0]) == pytest.approx(0.2)  # 2 x 9 / 90
     # a slow rank 1 of four makes links 0->1, 1->0, 1->2, 2->1 late; 2->3 and 3->2 are not
-    assert shared_share([50.0, 38.0, 24.0, 51.0, 0.2, 0.5]) == pytest.approx(0.2 / 51)
+    assert shared_share([50.0, 38.0, 24.0, 51.0, 0.2, 0.5]) == pytest.approx(2 * 0.2 / 51)
 
 
 def _rules_with(diag: Any, **changes: Any) -> list[dict[str, Any]]:

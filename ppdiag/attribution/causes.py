@@ -121,6 +121,8 @@ class _Node:
     obs_abs: tuple[int, int] | None = None
     # a wait on a rank that is not traced: its release stays where it was measured
     release: int | None = None
+    # a gap under a transfer that the peer issued only after this block began: local time
+    false_wait: bool = False
     edges: list[tuple[int, int]] = field(default_factory=list)  # label dependencies: (producer, latency)
 
 
@@ -538,9 +540,11 @@ class Replay:
         self.syncs: dict[int, tuple[list[tuple[int, int]], int]] = {}  # step key -> members, transfer
         self.order: list[int] = []
         self.meas_start: list[int] = []
+        self.meas_lo: list[int] = []  # the end of the rank's work before each block
         taus: dict[tuple[int, int], list[int]] = {}  # per link (producer, consumer)
         self.dropped_edges = 0
         self.untraced_waits = 0
+        self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
         by_key: dict[tuple[int, int, int, int], int] = {}
         ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], list[int]]] = {}
@@ -625,16 +629,18 @@ class Replay:
                 has_w.tolist(),
                 rel_a.tolist(),
                 ws_a.tolist(),
+                lo_a.tolist(),
                 strict=True,
             )
             step_key = rs.number if rs.number >= 0 else rs.step
             k_w = 0
             for i, row in enumerate(rows):
-                s, e, busy, ih, iu, ic, ph, st, mb, pre, post, h, co, u, cp, w, rel, wst = row
+                s, e, busy, ih, iu, ic, ph, st, mb, pre, post, h, co, u, cp, w, rel, wst, lo = row
                 node = _Node(rs.rank, rs.step, i, e - s, busy, ih, iu, ic, ph, st, pre, post, h, co, u, cp)
                 nid = len(self.nodes)
                 self.nodes.append(node)
                 self.meas_start.append(s)
+                self.meas_lo.append(lo)
                 if w:
                     pending.append((nid, held_l[k_w], rel, wst))
                     node.on_compute = on_comp_l[k_w]
@@ -700,6 +706,9 @@ class Replay:
                 # start of the step): the transfer starts at that fixed issue time
                 posted = min(posted, wait_start)
                 xfer = rel - max(last, posted)
+                if xfer < -tol:
+                    self._not_a_wait(nid, by_rank_step[(me, self.nodes[nid].step)])
+                    continue
                 self.nodes[nid].obs_abs = (last, xfer)
                 self.nodes[nid].lead = wait_start - posted
                 self.waits.append((peer, me, xfer, rel - wait_start))
@@ -719,6 +728,9 @@ class Replay:
             issue = max(p_end, last) if last is not None else p_end
             posted = min(posted, wait_start) if device else wait_start
             xfer = rel - max(issue, posted)
+            if xfer < -tol:
+                self._not_a_wait(nid, by_rank_step[(me, self.nodes[nid].step)])
+                continue
             # copies the producer ran between its block and the send delay the send as copies
             prs = by_rank_step.get((self.nodes[ids[j]].rank, self.nodes[ids[j]].step))
             issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if prs is not None else 0
@@ -771,6 +783,27 @@ class Replay:
             for a_rs, b_rs in itertools.pairwise(lst):
                 if abs(b_rs.w0 - a_rs.w1) <= STEP_JOIN_NS:
                     self.prev_step[(b_rs.rank, b_rs.step)] = (a_rs.rank, a_rs.step)
+
+    def _not_a_wait(self, nid: int, rs: RankStep) -> None:
+        """A gap that looked like a wait but that the peer cannot have released: the peer issued
+        the operation after this rank's block had begun (a transfer still in flight across the
+        gap, while the rank was held by something else: a launch gap, a late host). Read as a
+        wait, a later block of the peer would become this block's producer with a negative
+        transfer, tying the two ranks wherever that block moves in a variant. The gap is measured
+        as local time instead, exactly as for a block without a wait."""
+        node = self.nodes[nid]
+        lo, s = self.meas_lo[nid], self.meas_start[nid]
+        p2p_host = _m(rs.p2p_host, lo, s)
+        host = _m(rs.host_set, lo, s) + p2p_host
+        coll = _m(rs.sets.collective, lo, s) + _m(rs.sets.p2p, lo, s) - p2p_host
+        copy = _m(rs.sets.copy, lo, s)
+        lost = _m(rs.sets.gaps, lo, s)
+        node.pre, node.post = s - lo, 0
+        node.pre_host, node.pre_coll, node.pre_copy = host, coll, copy
+        node.pre_ux = max(lost - host - coll - copy, 0)
+        node.on_compute = False
+        node.false_wait = True
+        self.false_waits += 1
 
     def _columns(self) -> _Columns:
         """The nodes as columns (built once, reused by every variant)."""

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from ppdiag.pipeline import Pipeline
 
 Z = 2.0  # standard errors a gain must exceed (about 95 % one-sided)
+# On an oversubscribed host a rank or link stands out of the contention that all share when its
+# loss is more than this many times the least affected one's.
+STANDOUT_RATIO = 2.0
 # Late launches on every rank of at least this share of the step make a shared host oversubscribed.
 CONTENTION_MIN_PCT = 1.0
 # The first step is a warm-up outlier when it is this much slower than the others' median (relative;
@@ -135,14 +138,17 @@ def direct_host_ms(steps: Sequence[RankStep]) -> dict[int, float]:
 
 
 def shared_share(values: Sequence[float]) -> float:
-    """The share of the largest value that every one reaches (smallest / largest): near 1 when
-    every rank or link shows the same loss, small when some stand out. The smallest, not the
-    median: a slow rank makes every link it touches late (4 of the 6 links of a 4-stage pipe)."""
+    """The share of the largest value that every one shows alike: 1 when every rank or link shows
+    about the same loss, small when some stand out. Contention does not hit every rank exactly
+    alike (each schedule position hides a different part of it under its waits), so a value counts
+    as standing out only beyond :data:`STANDOUT_RATIO` times the smallest: the share is
+    ``min(1, STANDOUT_RATIO * smallest / largest)``. The smallest, not the median: a slow rank
+    makes every link it touches late (4 of the 6 links of a 4-stage pipe)."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.size == 0:
         return 0.0
     top = float(arr.max())
-    return max(float(arr.min()), 0.0) / top if top > 0 else 0.0
+    return min(STANDOUT_RATIO * max(float(arr.min()), 0.0) / top, 1.0) if top > 0 else 0.0
 
 
 def latency_jitter_ns(attr: Attribution) -> float:
