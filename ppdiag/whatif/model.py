@@ -316,10 +316,9 @@ class WhatifModel:
     def predict(self, scn: Scenario) -> Prediction:
         """Predict one scenario; a scenario that cannot run returns a Prediction with ``error``."""
         m = self.meas
-        label = scn.label or describe(scn, m)
         notes: list[str] = []
         pred = Prediction(
-            label,
+            scn.label or describe(scn, m),
             scn.schedule or m.schedule,
             scn.pp or m.pp,
             scn.virtual or m.virtual,
@@ -337,6 +336,24 @@ class WhatifModel:
             pred.error = str(exc)
             pred.notes = notes
             return pred
+        chain = self._chain(scn)
+        notes.extend(lay.notes)
+        if scale != 1.0:
+            notes.append(f"fixed global batch: micro-batch {scale:.3g}x the size, costs scaled alike")
+        elif mm != m.microbatches:
+            notes.append(f"same micro-batch size: {mm / m.microbatches:.3g}x the samples per step")
+        self._timing(pred, lay, scale, chain)
+        self._memory(pred, lay, scale, notes)
+        pred.stage_ns = [float(x) for x in lay.fwd * scale + lay.bwd * scale + lay.wgrad * scale]
+        pred.split = self._rebalance_info(lay) if scn.rebalance else lay.split
+        pred.calibration = chain[-1][1].mode
+        pred.notes = notes
+        return pred
+
+    def _chain(self, scn: Scenario) -> list[tuple[str, Calibration]]:
+        """Calibrations with fewer and fewer causes removed: the first leaves only what no cause
+        explains, each next one adds one cause back; the step growth at each level is that cause.
+        Overlapped communication only lowers the target (its exposure is modelled by the links)."""
         removed = {
             c
             for c, on in (
@@ -346,21 +363,22 @@ class WhatifModel:
             )
             if on
         }
-        # Calibrations with fewer and fewer causes removed: the first leaves only what no cause
-        # explains, each next one adds one cause back; the step growth at each level is that cause.
-        # Overlapped communication only lowers the target (its exposure is modelled by the links).
         gone = {"comm_wait", "host"} | (removed & {"exposed_comm"})
         chain = [("unexplained", self.calibration(tuple(gone)))]
         for c in ("comm_wait", "host"):
             if c not in removed:
                 gone.discard(c)
                 chain.append((c, self.calibration(tuple(gone))))
-        cal = chain[-1][1]
-        notes.extend(lay.notes)
-        if scale != 1.0:
-            notes.append(f"fixed global batch: micro-batch {scale:.3g}x the size, costs scaled alike")
-        elif mm != m.microbatches:
-            notes.append(f"same micro-batch size: {mm / m.microbatches:.3g}x the samples per step")
+        return chain
+
+    def _timing(
+        self, pred: Prediction, lay: _Layout, scale: float, chain: list[tuple[str, Calibration]]
+    ) -> None:
+        """The predicted step and its lost time per cause: the schedule's bubble and imbalance from
+        simulations with balanced and measured costs, exposed communication from the links, each
+        calibration level's growth for the causes the calibrations carry."""
+        m = self.meas
+        sched, pp, v, mm = lay.schedule, lay.pp, lay.virtual, pred.microbatches
         fwd, bwd, wg = lay.fwd * scale, lay.bwd * scale, lay.wgrad * scale
         tail_b = _resample(m.tail_busy_ns, pp)
         n_st = pp * v
@@ -378,11 +396,10 @@ class WhatifModel:
 
         def step_with(c: Calibration) -> float:
             if c.mode == "per-block":
-                st = simulate(
-                    _sim_cfg(
-                        sched, pp, mm, v, fwd, bwd, wg, c.delta_ns, m.p2p_ns, m.head_ns, m.end_ns, tail_b
-                    )
-                ).step_ns
+                cfg = _sim_cfg(
+                    sched, pp, mm, v, fwd, bwd, wg, c.delta_ns, m.p2p_ns, m.head_ns, m.end_ns, tail_b
+                )
+                st = simulate(cfg).step_ns
             elif c.mode == "per-step":
                 st = s_comm.step_ns + c.offset_ns
             elif c.mode == "ratio":
@@ -420,7 +437,12 @@ class WhatifModel:
         pred.speedup = (samples * m.step_ns / step) if step > 0 else None
         if self.opts.micro_batch:
             pred.ms_per_sample = step / MS / (mm * scale * self.opts.micro_batch)
-        peaks = rank_peaks(sched, pp, mm, v, lay.act * scale)
+
+    def _memory(self, pred: Prediction, lay: _Layout, scale: float, notes: list[str]) -> None:
+        """Peak activations of the scenario's schedule against the measured one's."""
+        m = self.meas
+        v = lay.virtual
+        peaks = rank_peaks(lay.schedule, lay.pp, pred.microbatches, v, lay.act * scale)
         pred.peak_inflight = peaks[0]
         base_w = self._base_peaks[1]
         pred.activation_vs_measured = peaks[1] / base_w if base_w > 0 else None
@@ -434,26 +456,24 @@ class WhatifModel:
                 f"peak activations {ratio:.2f}x the measured ({peaks[0]} {unit} in flight on the busiest "
                 f"rank vs {self._base_peaks[0]}{mb})"
             )
-        pred.stage_ns = [float(x) for x in fwd + bwd + wg]
-        pred.split = lay.split
-        if scn.rebalance:
-            before = m.stage_total_ns()
-            info = dict(lay.split) if lay.split else {"source": self.profile.source, "ideal": True}
-            slow = int(np.argmax(before))
-            info.update(
-                {
-                    "slowest_stage_before": slow,
-                    "slowest_before_ms": round(float(before[slow]) / MS, 4),
-                    "mean_before_ms": round(float(before.mean()) / MS, 4),
-                    "stage_ms_before": [round(float(x) / MS, 4) for x in before],
-                    "slowest_after_ms": round(float((lay.fwd + lay.bwd + lay.wgrad).max()) / MS, 4),
-                    "stage_ms_after": [round(float(x) / MS, 4) for x in lay.fwd + lay.bwd + lay.wgrad],
-                }
-            )
-            pred.split = info
-        pred.calibration = cal.mode
-        pred.notes = notes
-        return pred
+
+    def _rebalance_info(self, lay: _Layout) -> dict[str, Any]:
+        """The rebalanced split with the slowest stage before and after."""
+        before = self.meas.stage_total_ns()
+        info = dict(lay.split) if lay.split else {"source": self.profile.source, "ideal": True}
+        slow = int(np.argmax(before))
+        after = lay.fwd + lay.bwd + lay.wgrad
+        info.update(
+            {
+                "slowest_stage_before": slow,
+                "slowest_before_ms": round(float(before[slow]) / MS, 4),
+                "mean_before_ms": round(float(before.mean()) / MS, 4),
+                "stage_ms_before": [round(float(x) / MS, 4) for x in before],
+                "slowest_after_ms": round(float(after.max()) / MS, 4),
+                "stage_ms_after": [round(float(x) / MS, 4) for x in after],
+            }
+        )
+        return info
 
     def _shape(self, scn: Scenario, notes: list[str]) -> tuple[str, int, int, int]:
         """Schedule, chunks per rank, pipeline size and M of a scenario (ValueError if impossible)."""
