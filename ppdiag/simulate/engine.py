@@ -278,16 +278,20 @@ class _Run:
 
     def __init__(self, x: _Inputs) -> None:
         self.x = x
-        self.end_of = np.full(x.n_st * 3 * x.m, np.nan)
+        # Python lists, not arrays: the loop reads and writes one element at a time, and numpy
+        # scalar access costs ten times a list's (the results are the same doubles)
+        self.end_of: list[float | None] = [None] * (x.n_st * 3 * x.m)
         n_rows = sum(len(o) for o in x.orders)
-        self.start = np.zeros(n_rows)
-        self.end = np.zeros(n_rows)
-        self.issue = np.zeros(n_rows)
-        self.post = np.full(n_rows, -1.0)
-        self.ready = np.full(n_rows, -1.0)
-        self.src = np.full(n_rows, -1, dtype=np.int32)
-        self.xfer = np.zeros(n_rows)
-        self.base = np.cumsum([0] + [len(o) for o in x.orders])
+        self.start = [0.0] * n_rows
+        self.end = [0.0] * n_rows
+        self.issue = [0.0] * n_rows
+        self.post = [-1.0] * n_rows
+        self.ready = [-1.0] * n_rows
+        self.src = [-1] * n_rows
+        self.xfer = [0.0] * n_rows
+        self.base = [0] * x.p  # first row of every rank
+        for r in range(1, x.p):
+            self.base[r] = self.base[r - 1] + len(x.orders[r - 1])
         self.link_free: dict[tuple[int, int], float] = {}  # (boundary, 0 fwd / 1 bwd) -> last transfer end
         self.ptr = [0] * x.p
         self.free = [0.0] * x.p  # GPU (compute stream) free time
@@ -306,7 +310,7 @@ class _Run:
             while self.ptr[r] < len(x.orders[r]):
                 st, op, mb = x.orders[r][self.ptr[r]]
                 dep = x.dep_of(st, op)
-                if dep is not None and np.isnan(self.end_of[x.key(dep[0], dep[1], mb)]):
+                if dep is not None and self.end_of[x.key(dep[0], dep[1], mb)] is None:
                     waiters.setdefault(x.key(dep[0], dep[1], mb), []).append(r)
                     break
                 k = self._place(r, self.ptr[r], dep)
@@ -332,12 +336,13 @@ class _Run:
         """Time block ``i`` of rank ``r`` (its input is there); returns its done-slot key."""
         x = self.x
         st, op, mb = x.orders[r][i]
-        row = int(self.base[r]) + i
+        row = self.base[r] + i
         h = self._host_time(r, i, row)
         gpu_free = self.free[r]
         start = max(gpu_free, h + x.lat)
         if dep is not None:
-            dep_end = float(self.end_of[x.key(dep[0], dep[1], mb)])
+            dep_end = self.end_of[x.key(dep[0], dep[1], mb)]
+            assert dep_end is not None  # run() places a block only once its input is done
             src = x.s2r[dep[0]]
             if src != r:
                 post = h + x.lat
@@ -397,10 +402,16 @@ def _result(cfg: SimConfig, x: _Inputs, run: _Run) -> SimResult:
     acts = [a for o in orders for a in o]
     stage_arr = np.array([a.stage for a in acts], dtype=np.int32)
     op_arr = [a.op for a in acts]
-    busy = np.bincount(ranks, weights=run.end - run.start, minlength=p) + np.array(x.optim)
+    start_ns, end_ns = np.array(run.start, dtype=np.float64), np.array(run.end, dtype=np.float64)
+    busy = np.bincount(ranks, weights=end_ns - start_ns, minlength=p) + np.array(x.optim)
     idle = step - busy
-    local_chunk = [[s for s in range(x.n_st) if x.s2r[s] == r] for r in range(p)]
-    chunk_of = [local_chunk[x.s2r[s]].index(s) for s in range(x.n_st)]
+    # a stage's chunk index on its rank: how many lower stages the rank holds (one pass, not a
+    # search per stage: linear in the stages)
+    held = [0] * p
+    chunk_of = [0] * x.n_st
+    for s in range(x.n_st):
+        chunk_of[s] = held[x.s2r[s]]
+        held[x.s2r[s]] += 1
     return SimResult(
         config=cfg,
         schedule=x.sched,
@@ -408,17 +419,17 @@ def _result(cfg: SimConfig, x: _Inputs, run: _Run) -> SimResult:
         stage_to_rank=x.s2r,
         rank=ranks,
         stage=stage_arr,
-        chunk=np.array([chunk_of[s] for s in stage_arr], dtype=np.int32),
+        chunk=np.array(chunk_of, dtype=np.int32)[stage_arr],
         mb=np.array([a.mb for a in acts], dtype=np.int32),
         phase=np.array([_OP_PHASE[o] for o in op_arr], dtype=np.int8),
         full=np.array([o == B or (o == I and not x.split) for o in op_arr], dtype=np.bool_),
-        start_ns=run.start,
-        end_ns=run.end,
-        issue_ns=run.issue,
-        post_ns=run.post,
-        ready_ns=run.ready,
-        src_rank=run.src,
-        xfer_ns=run.xfer,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        issue_ns=np.array(run.issue, dtype=np.float64),
+        post_ns=np.array(run.post, dtype=np.float64),
+        ready_ns=np.array(run.ready, dtype=np.float64),
+        src_rank=np.array(run.src, dtype=np.int32),
+        xfer_ns=np.array(run.xfer, dtype=np.float64),
         last_end_ns=last_end,
         tail_end_ns=tail_end,
         sync_end_ns=sync_end,

@@ -11,6 +11,7 @@ import numpy as np
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.errors import InputError
+from ppdiag.limits import MAX_SIM_CELLS
 from ppdiag.model.schedule import SIMULATED_AS, SIMULATED_NOTE, parse_schedule
 from ppdiag.report_types import Report
 from ppdiag.simulate import SimConfig, closed_form_bubble, rank_orders, simulate, splits_backward
@@ -329,6 +330,9 @@ class WhatifModel:
             pred.schedule, pred.virtual, pred.pp, pred.microbatches = sched, v, pp, mm
             if pp < 1 or mm < 1 or v < 1:
                 raise ValueError("pp, microbatches and virtual must be >= 1")
+            if pp * mm * v > MAX_SIM_CELLS:
+                # the simulator's work grows with P x M x v: a fix of a large run may pass the bound
+                raise ValueError(f"P x M x v = {pp * mm * v} is above the simulated maximum {MAX_SIM_CELLS}")
             scale = 1.0 if scn.fixed_microbatch_size else m.microbatches / mm
             rank_orders(sched, pp, mm, v)  # raises for impossible combinations
             lay = self._layout(sched, pp, v, mm, scale, scn.rebalance)
