@@ -65,6 +65,9 @@ class MeasuredRun:
     bubble_ratio: float | None = None
     from_trace: bool = True
     notes: list[str] = field(default_factory=list)
+    # MiB of activations one micro-batch leaves on each virtual stage, from the allocator events
+    # (the report's memory[] rows); None when the trace has none
+    act_mb: F64 | None = None
 
     @property
     def stages(self) -> int:
@@ -239,7 +242,33 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         removable_ns=removable,
         bubble_ratio=report.bubble.measured_ratio,
         notes=notes,
+        act_mb=_measured_activation(report, topo, n_st, notes),
     )
+
+
+def _measured_activation(report: Report, topo: Any, n_st: int, notes: list[str]) -> F64 | None:
+    """Activation MiB per micro-batch of every virtual stage from the ranks' allocator events: the
+    median over the ranks that hold the stage (replicas); a stage without events takes the mean of
+    the others. None without any measured value."""
+    per: list[list[float]] = [[] for _ in range(n_st)]
+    for row in report.memory or []:
+        act = row.activation_per_mb_mb
+        if act is None or not act > 0:
+            continue
+        for st in topo.chunks_of.get(row.rank, []):
+            if 0 <= st < n_st:
+                per[st].append(float(act))
+    vals = np.array([float(np.median(x)) if x else np.nan for x in per])
+    if not np.isfinite(vals).any():
+        return None
+    missing = ~np.isfinite(vals)
+    if missing.any():
+        notes.append(
+            f"no allocator events on stage(s) {_stage_list(np.flatnonzero(missing))}; their activation "
+            "memory is the mean of the other stages'"
+        )
+        vals = np.where(missing, float(np.nanmean(vals)), vals)
+    return vals
 
 
 def _edges(topo: Any, rank_steps: Sequence[Any]) -> tuple[float, F64, F64]:

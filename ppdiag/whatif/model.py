@@ -110,6 +110,8 @@ class WhatifModel:
         m = self.meas
         n_st = m.stages
         act, in_mb = self._act_of_bounds(self.profile.bounds, n_st)
+        if m.act_mb is not None and len(m.act_mb) == n_st:
+            act, in_mb = m.act_mb.copy(), True  # measured per stage: nothing to re-cut
         return _Layout(
             m.schedule,
             m.pp,
@@ -124,15 +126,35 @@ class WhatifModel:
         )
 
     def _act_of_bounds(self, bounds: Sequence[float] | None, n_st: int) -> tuple[F64, bool]:
-        """Activation weight per chunk: MB when the profile knows it, else the chunk's model share
-        in units of one measured stage."""
+        """Activation weight per chunk: MB when the profile knows it or the trace measured it, else
+        the chunk's model share in units of one measured stage.
+
+        With allocator events the measured activation memory per micro-batch calibrates the
+        shares: a chunk holds its share of what the measured stages hold together (the profile's
+        activation_mb per block when it has them, else its layer count)."""
         prof = self.profile
+        measured = self.meas.act_mb
         if bounds is not None and len(bounds) == n_st + 1:
             sums = prof.chunk_sums(bounds)
             if prof.has_activations:
-                return sums["act"], True
-            return sums["layers"] / max(prof.n, 1) * self.meas.stages, False
-        return np.full(n_st, self.meas.stages / n_st), False
+                act = sums["act"]
+                total = float(np.nansum(prof.act_mb))
+                if measured is not None and total > 0:
+                    act = act * (float(measured.sum()) / total)
+                return act, True
+            units = sums["layers"] / max(prof.n, 1) * self.meas.stages
+        else:
+            units = np.full(n_st, self.meas.stages / n_st)
+        if measured is not None:
+            return units * float(measured.mean()), True
+        return units, False
+
+    def _memory_basis(self, measured_row: bool) -> str:
+        """``MemoryBasis`` of a row: allocator events make the measured row measured and the
+        predictions calibrated; without them every memory figure is predicted."""
+        if self.meas.act_mb is None:
+            return "predicted"
+        return "measured" if measured_row else "calibrated"
 
     def _layout(self, sched: str, pp: int, v: int, mm: int, scale: float, rebalance: bool) -> _Layout:
         """Per-chunk costs of a shape: the measured stages when the shape is the measured one, else the
@@ -306,6 +328,7 @@ class WhatifModel:
         p.activation_vs_measured = 1.0
         if self._base_layout.act_in_mb:
             p.peak_activation_mb = self._base_peaks[1]
+        p.memory_basis = self._memory_basis(measured_row=True)
         p.stage_ns = [float(x) for x in self.meas.stage_total_ns()]
         if self.opts.micro_batch:
             p.ms_per_sample = m.step_ns / MS / (m.microbatches * self.opts.micro_batch)
@@ -351,6 +374,7 @@ class WhatifModel:
         pred.stage_ns = [float(x) for x in lay.fwd * scale + lay.bwd * scale + lay.wgrad * scale]
         pred.split = self._rebalance_info(lay) if scn.rebalance else lay.split
         pred.calibration = chain[-1][1].mode
+        pred.memory_basis = self._memory_basis(measured_row=False)
         pred.notes = notes
         return pred
 
