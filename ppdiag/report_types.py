@@ -93,6 +93,14 @@ class CheckState(StrEnum):
     INCONCLUSIVE = "inconclusive"
 
 
+class MemoryBasis(StrEnum):
+    """What a what-if row's memory figures rest on (``whatif[].memory_basis``)."""
+
+    MEASURED = "measured"  # the measured row of a run with allocator events
+    CALIBRATED = "calibrated"  # predicted, on the activation memory per micro-batch the run measured
+    PREDICTED = "predicted"  # no allocator events: the schedule's micro-batches in flight only
+
+
 class CheckKind(StrEnum):
     """A budget limit on the run, or a regression against the baseline."""
 
@@ -277,6 +285,8 @@ class WhatifRow(msgspec.Struct, frozen=True):
     note: str
     error: str | None
     fix: str
+    # added after the first reports: older JSON has no memory_basis and decodes as predicted
+    memory_basis: MemoryBasis = MemoryBasis.PREDICTED
 
 
 class GateCheck(msgspec.Struct, frozen=True):

@@ -169,17 +169,7 @@ def record(config: DemoConfig, out_dir: Path, progress: Progress | None = None) 
         raise InputError(None, TORCH_MISSING)
     if not hasattr(os, "fork"):
         raise InputError(None, "ppdiag demo needs a POSIX system (Linux or macOS) to start its ranks")
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(str(out), f"cannot create the output directory ({exc.strerror})") from None
-    # Never mix a new run with an old one's traces (of any size).
-    stale = [p for p in out.glob("rank*.pt.trace.json.gz") if _RANK_TRACE.fullmatch(p.name)]
-    for old in [*stale, out / groundtruth.FILENAME, out / FAILURE_LOG]:
-        if old.is_file():
-            old.unlink(missing_ok=True)
-
+    out = _clean_out_dir(Path(out_dir))
     work = Path(tempfile.mkdtemp(prefix="ppdiag-demo-"))
     log_path = work / "ranks.log"
     t_start = time.monotonic()
@@ -191,40 +181,10 @@ def record(config: DemoConfig, out_dir: Path, progress: Progress | None = None) 
         )
         monitor = _Monitor(cfg, progress)
         monitor._report(f"starting {cfg.pp} ranks ({cfg.schedule}, {cfg.microbatches} micro-batches)", 0.0)
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "ppdiag.demo.worker", str(work), str(wfd)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_child_env(),
-                pass_fds=(wfd,),
-                start_new_session=True,
-            )
+        proc = _launch(work, wfd, log_path)
         os.close(wfd)
         wfd = -1
-        deadline = t_start + cfg.timeout_s
-        eof = False
-        while True:
-            failure = monitor.first_failure()
-            if failure is not None:
-                # Give the other ranks a moment to report, so the earliest error wins.
-                _drain(rfd, monitor, 0.3)
-                raise monitor.first_failure() or failure
-            if eof and proc.poll() is not None:
-                break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise monitor.timeout_error()
-            ready, _, _ = select.select([rfd], [], [], min(0.2, max(left, 0.0)))
-            if ready:
-                data = os.read(rfd, 65536)
-                if data:
-                    monitor.feed(data)
-                else:
-                    eof = True
-            elif eof:
-                time.sleep(0.05)
+        _watch(proc, rfd, monitor, t_start + cfg.timeout_s)
         code = proc.returncode
         if code != 0 or len(monitor.done) != cfg.pp:
             missing = sorted(set(range(cfg.pp)) - monitor.done)
@@ -247,6 +207,59 @@ def record(config: DemoConfig, out_dir: Path, progress: Progress | None = None) 
             os.close(wfd)
         os.close(rfd)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _clean_out_dir(out: Path) -> Path:
+    """Create ``out``; never mix a new run with an old one's traces (of any size)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(str(out), f"cannot create the output directory ({exc.strerror})") from None
+    stale = [p for p in out.glob("rank*.pt.trace.json.gz") if _RANK_TRACE.fullmatch(p.name)]
+    for old in [*stale, out / groundtruth.FILENAME, out / FAILURE_LOG]:
+        if old.is_file():
+            old.unlink(missing_ok=True)
+    return out
+
+
+def _launch(work: Path, wfd: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """Start the launcher process (its own session, so that one kill ends every rank)."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ppdiag.demo.worker", str(work), str(wfd)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_child_env(),
+            pass_fds=(wfd,),
+            start_new_session=True,
+        )
+
+
+def _watch(proc: subprocess.Popen[bytes], rfd: int, monitor: _Monitor, deadline: float) -> None:
+    """Feed the ranks' reports to ``monitor`` until the launcher is done; raises the first rank
+    failure, or a timeout past ``deadline`` (monotonic)."""
+    eof = False
+    while True:
+        failure = monitor.first_failure()
+        if failure is not None:
+            # Give the other ranks a moment to report, so the earliest error wins.
+            _drain(rfd, monitor, 0.3)
+            raise monitor.first_failure() or failure
+        if eof and proc.poll() is not None:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise monitor.timeout_error()
+        ready, _, _ = select.select([rfd], [], [], min(0.2, max(left, 0.0)))
+        if ready:
+            data = os.read(rfd, 65536)
+            if data:
+                monitor.feed(data)
+            else:
+                eof = True
+        elif eof:
+            time.sleep(0.05)
 
 
 def _drain(fd: int, monitor: _Monitor, seconds: float) -> None:

@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -90,17 +91,25 @@ def _hook(env: str, rank: int, step: int) -> bool:
     return r == rank and s == step
 
 
+@dataclass
+class _Pipeline:
+    """One rank's part of the pipeline, built: its stages, schedule, optimizer and probe."""
+
+    stage_ids: list[int]
+    sched: Any
+    opt: Any
+    probe: Any
+    log: IntervalLog
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
 def run_rank(cfg: DemoConfig, rank: int, out_dir: Path, workdir: Path, chan: Channel) -> None:
     """Train ``cfg.total_iterations`` steps as ``rank``, profile the active ones, write the truth part."""
     import torch
     import torch.distributed as dist
-    from torch.distributed import pipelining
-    from torch.distributed.pipelining import schedules
-    from torch.profiler import ProfilerActivity, profile, schedule
 
     from ppdiag.demo.faults import RankFaults
-    from ppdiag.demo.model import build_stage_module, held_ns, loss_fn, make_batch, start_step
-    from ppdiag.demo.probe import Probe
 
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed)
@@ -117,72 +126,16 @@ def run_rank(cfg: DemoConfig, rank: int, out_dir: Path, workdir: Path, chan: Cha
     faults = RankFaults(cfg, rank)
     try:
         chan.send(event="ready", rank=rank)
-        stage_ids = cfg.stages_of_rank(rank)
-        device = torch.device("cpu")
-        modules = [build_stage_module(cfg, s) for s in stage_ids]
-        stages = [
-            pipelining.PipelineStage(m, s, cfg.num_stages, device)
-            for m, s in zip(modules, stage_ids, strict=True)
-        ]
-        log = IntervalLog()
-        probe = Probe(log, faults, held_ns)
-        for st in stages:
-            probe.instrument_stage(st)
-        probe.install_p2p(schedules)
-
-        cls = getattr(pipelining, SCHEDULE_CLASSES[cfg.schedule])
-        if cfg.schedule in SINGLE_STAGE:
-            sched = cls(stages[0], n_microbatches=cfg.microbatches, loss_fn=loss_fn)
-        else:
-            sched = cls(stages, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
-        params = [p for m in modules for p in m.parameters()]
-        opt = torch.optim.SGD(params, lr=1e-3)
-
-        x, y = make_batch(cfg)
-        args: tuple[Any, ...] = (x,) if 0 in stage_ids else ()
-        kwargs: dict[str, Any] = {}
-        if cfg.num_stages - 1 in stage_ids:
-            kwargs = {"target": y, "losses": []}
-
+        pipe = _build_pipeline(cfg, rank, faults)
         trace_path = out_dir / trace_name(rank)
-        first_recorded = PROFILER_WAIT + PROFILER_WARMUP
-        step_rows: list[tuple[int, int, int]] = []
-        prof = profile(
-            activities=[ProfilerActivity.CPU],
-            schedule=schedule(wait=PROFILER_WAIT, warmup=PROFILER_WARMUP, active=cfg.steps, repeat=1),
-            record_shapes=cfg.record_shapes,
-            on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
-            experimental_config=torch._C._profiler._ExperimentalConfig(profile_all_threads=True),
-        )
-        with prof:
-            for it in range(cfg.total_iterations):
-                if _hook(FAIL_ENV, rank, it):
-                    raise RuntimeError(f"injected failure at step {it} ({FAIL_ENV})")
-                if _hook(HANG_ENV, rank, it):
-                    time.sleep(3600)
-                recording = it >= first_recorded
-                probe.begin_step(it, recording)
-                start_step()
-                # The first iteration initialises the pipeline (shape exchange); faults start after it.
-                faults.active = it >= 1
-                t0 = time.time_ns()
-                opt.zero_grad()
-                sched.step(*args, **kwargs)
-                opt.step()
-                t1 = time.time_ns()
-                if recording:
-                    step_rows.append((it, t0, t1))
-                if "losses" in kwargs:
-                    kwargs["losses"] = []
-                prof.step()
-                chan.send(event="step", rank=rank, step=it)
+        step_rows = _train(cfg, rank, pipe, faults, trace_path, chan)
         faults.close()
-        probe.uninstall()
+        pipe.probe.uninstall()
         if not trace_path.exists():
             raise RuntimeError(f"the profiler wrote no trace to {trace_path}")
         part = {
             "rank": rank,
-            "stages": stage_ids,
+            "stages": pipe.stage_ids,
             "pid": os.getpid(),
             "trace": trace_name(rank),
             "steps": {
@@ -190,7 +143,7 @@ def run_rank(cfg: DemoConfig, rank: int, out_dir: Path, workdir: Path, chan: Cha
                 "start_ns": [r[1] for r in step_rows],
                 "end_ns": [r[2] for r in step_rows],
             },
-            "intervals": log.to_json(),
+            "intervals": pipe.log.to_json(),
         }
         part_path = workdir / f"rank{rank}.gt.json"
         part_path.write_text(json.dumps(part, separators=(",", ":")), encoding="utf-8")
@@ -206,6 +159,85 @@ def run_rank(cfg: DemoConfig, rank: int, out_dir: Path, workdir: Path, chan: Cha
     finally:
         faults.close()
     dist.destroy_process_group()
+
+
+def _build_pipeline(cfg: DemoConfig, rank: int, faults: Any) -> _Pipeline:
+    """The rank's stage modules wrapped as pipelining stages, instrumented, and its schedule."""
+    import torch
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining import schedules
+
+    from ppdiag.demo.model import build_stage_module, held_ns, loss_fn, make_batch
+    from ppdiag.demo.probe import Probe
+
+    stage_ids = cfg.stages_of_rank(rank)
+    device = torch.device("cpu")
+    modules = [build_stage_module(cfg, s) for s in stage_ids]
+    stages = [
+        pipelining.PipelineStage(m, s, cfg.num_stages, device)
+        for m, s in zip(modules, stage_ids, strict=True)
+    ]
+    log = IntervalLog()
+    probe = Probe(log, faults, held_ns)
+    for st in stages:
+        probe.instrument_stage(st)
+    probe.install_p2p(schedules)
+    cls = getattr(pipelining, SCHEDULE_CLASSES[cfg.schedule])
+    if cfg.schedule in SINGLE_STAGE:
+        sched = cls(stages[0], n_microbatches=cfg.microbatches, loss_fn=loss_fn)
+    else:
+        sched = cls(stages, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
+    params = [p for m in modules for p in m.parameters()]
+    opt = torch.optim.SGD(params, lr=1e-3)
+    x, y = make_batch(cfg)
+    args: tuple[Any, ...] = (x,) if 0 in stage_ids else ()
+    kwargs: dict[str, Any] = {}
+    if cfg.num_stages - 1 in stage_ids:
+        kwargs = {"target": y, "losses": []}
+    return _Pipeline(stage_ids, sched, opt, probe, log, args, kwargs)
+
+
+def _train(
+    cfg: DemoConfig, rank: int, pipe: _Pipeline, faults: Any, trace_path: Path, chan: Channel
+) -> list[tuple[int, int, int]]:
+    """Every iteration under the profiler; returns (iteration, start ns, end ns) of the recorded ones."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from ppdiag.demo.model import start_step
+
+    first_recorded = PROFILER_WAIT + PROFILER_WARMUP
+    step_rows: list[tuple[int, int, int]] = []
+    prof = profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=PROFILER_WAIT, warmup=PROFILER_WARMUP, active=cfg.steps, repeat=1),
+        record_shapes=cfg.record_shapes,
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
+        experimental_config=torch._C._profiler._ExperimentalConfig(profile_all_threads=True),
+    )
+    with prof:
+        for it in range(cfg.total_iterations):
+            if _hook(FAIL_ENV, rank, it):
+                raise RuntimeError(f"injected failure at step {it} ({FAIL_ENV})")
+            if _hook(HANG_ENV, rank, it):
+                time.sleep(3600)
+            recording = it >= first_recorded
+            pipe.probe.begin_step(it, recording)
+            start_step()
+            # The first iteration initialises the pipeline (shape exchange); faults start after it.
+            faults.active = it >= 1
+            t0 = time.time_ns()
+            pipe.opt.zero_grad()
+            pipe.sched.step(*pipe.args, **pipe.kwargs)
+            pipe.opt.step()
+            t1 = time.time_ns()
+            if recording:
+                step_rows.append((it, t0, t1))
+            if "losses" in pipe.kwargs:
+                pipe.kwargs["losses"] = []
+            prof.step()
+            chan.send(event="step", rank=rank, step=it)
+    return step_rows
 
 
 def _launch(workdir: Path, chan: Channel) -> int:

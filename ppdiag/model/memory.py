@@ -46,6 +46,15 @@ class MemoryRow(msgspec.Struct, frozen=True):
     note: str
 
 
+_Blocks = tuple[
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int8],
+    npt.NDArray[np.int32],
+    npt.NDArray[np.int32],
+]
+
+
 def _level(
     mem: dict[str, object], device: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -64,14 +73,7 @@ def _level(
 def memory_row(
     tl: RankTimeline,
     origin_ns: int,
-    blocks: tuple[
-        npt.NDArray[np.int64],
-        npt.NDArray[np.int64],
-        npt.NDArray[np.int8],
-        npt.NDArray[np.int32],
-        npt.NDArray[np.int32],
-    ]
-    | None = None,
+    blocks: _Blocks | None = None,
     stage: int | None = None,
     pp: int = 1,
     microbatches: int | None = None,
@@ -96,27 +98,8 @@ def memory_row(
     inflight: list[int] = []
     act: float | None = None
     if blocks is not None and len(blocks[0]):
-        bs, be, ph, mb, st = blocks
-        fwd = ph == int(Phase.FWD)
-        bwd = ph == int(Phase.BWD)
-        # a step's forwards restart the micro-batch numbers: look only at the blocks since the
-        # last first-micro-batch forward that started before the peak
-        first = fwd & (bs <= t_peak) & (mb == (mb[fwd].min() if fwd.any() else -1))
-        since = bs >= (bs[first].max() if first.any() else np.iinfo(np.int64).min)
-        f = fwd & since & (be <= t_peak)
-        b = bwd & since & (be <= t_peak)  # a running backward still holds its activations
-        done = set(zip(st[f].tolist(), mb[f].tolist(), strict=True))
-        back = set(zip(st[b].tolist(), mb[b].tolist(), strict=True))
-        inflight = sorted(m for _, m in done - back)
-        # the level just before each forward starts and just after it ends (aligned clock)
-        ta = t + off
-        if fwd.any() and len(ta) > 1:
-            k0 = np.searchsorted(ta, bs[fwd], side="right") - 1
-            k1 = np.searchsorted(ta, be[fwd], side="right") - 1
-            ok = (k0 >= 0) & (k1 >= 0)
-            if ok.any():
-                rise = alloc[k1[ok]] - alloc[k0[ok]]
-                act = round(float(np.median(rise)) / MB, 3)
+        inflight = _inflight_at(blocks, t_peak)
+        act = _activation_per_mb(blocks, t + off, alloc)
     predicted: dict[str, float] = {}
     if act is not None and inflight and microbatches and stage is not None and pp > 1:
         rest = peak / MB - len(inflight) * act
@@ -147,3 +130,37 @@ def memory_row(
         predicted_peak_mb=predicted,
         note=note,
     )
+
+
+def _inflight_at(blocks: _Blocks, t_peak: int) -> list[int]:
+    """The micro-batches whose forward is done and whose backward has not ended at ``t_peak``."""
+    bs, be, ph, mb, st = blocks
+    fwd = ph == int(Phase.FWD)
+    bwd = ph == int(Phase.BWD)
+    # a step's forwards restart the micro-batch numbers: look only at the blocks since the
+    # last first-micro-batch forward that started before the peak
+    first = fwd & (bs <= t_peak) & (mb == (mb[fwd].min() if fwd.any() else -1))
+    since = bs >= (bs[first].max() if first.any() else np.iinfo(np.int64).min)
+    f = fwd & since & (be <= t_peak)
+    b = bwd & since & (be <= t_peak)  # a running backward still holds its activations
+    done = set(zip(st[f].tolist(), mb[f].tolist(), strict=True))
+    back = set(zip(st[b].tolist(), mb[b].tolist(), strict=True))
+    return sorted(m for _, m in done - back)
+
+
+def _activation_per_mb(
+    blocks: _Blocks, ta: npt.NDArray[np.int64], alloc: npt.NDArray[np.int64]
+) -> float | None:
+    """MiB one micro-batch's forward leaves allocated: the median rise of the level across a
+    forward (the level just before it starts and just after it ends; ``ta`` on the aligned clock)."""
+    bs, be, ph, _, _ = blocks
+    fwd = ph == int(Phase.FWD)
+    if not fwd.any() or len(ta) <= 1:
+        return None
+    k0 = np.searchsorted(ta, bs[fwd], side="right") - 1
+    k1 = np.searchsorted(ta, be[fwd], side="right") - 1
+    ok = (k0 >= 0) & (k1 >= 0)
+    if not ok.any():
+        return None
+    rise = alloc[k1[ok]] - alloc[k0[ok]]
+    return round(float(np.median(rise)) / MB, 3)

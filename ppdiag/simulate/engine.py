@@ -188,183 +188,248 @@ def _per(val: Any, n: int, what: str, kind: type = float) -> list[Any]:
     return out
 
 
-def simulate(cfg: SimConfig) -> SimResult:
-    """Run one step of ``cfg`` and return every block's times plus the per-rank accounting."""
-    sched = canonical_schedule(cfg.schedule)
-    p, m = int(cfg.pp), int(cfg.microbatches)
-    v = default_virtual(sched, int(cfg.virtual))
-    n_st = p * v
-    s2r = stage_to_rank(sched, p, v)
-    orders = rank_orders(sched, p, m, v)
+@dataclass(frozen=True)
+class _Inputs:
+    """A config resolved to one value per stage, boundary or rank, plus the block orders."""
 
-    fwd = _per(cfg.fwd_ns, n_st, "fwd_ns")
-    bwd = _per(cfg.bwd_ns, n_st, "bwd_ns")
-    wgr = _per(cfg.wgrad_ns, n_st, "wgrad_ns")
-    p2p = _per(cfg.p2p_ns, max(n_st - 1, 1), "p2p_ns") if n_st > 1 else [0.0]
-    link = _per(cfg.link_delay_ns, p, "link_delay_ns")
-    issue = _per(cfg.host_issue_ns, p, "host_issue_ns")
-    stall = _per(cfg.host_stall_ns, p, "host_stall_ns")
-    sdelay = _per(cfg.start_delay_ns, p, "start_delay_ns")
-    on_comp = _per(cfg.comm_on_compute, p, "comm_on_compute", bool)
-    tail = _per(cfg.tail_comm_ns, p, "tail_comm_ns")
-    optim = _per(cfg.optim_ns, p, "optim_ns")
-    lat = float(cfg.launch_latency_ns)
-    look = cfg.host_lookahead
-    split = splits_backward(sched)
+    sched: str
+    p: int
+    m: int
+    v: int
+    s2r: list[int]
+    orders: list[list[Any]]
+    fwd: list[float]
+    bwd: list[float]
+    wgr: list[float]
+    p2p: list[float]
+    link: list[float]
+    issue: list[float]
+    stall: list[float]
+    sdelay: list[float]
+    on_comp: list[bool]
+    tail: list[float]
+    optim: list[float]
+    lat: float
+    look: int | None
+    split: bool
 
-    def cost(stage: int, op: int) -> float:
+    @property
+    def n_st(self) -> int:
+        return self.p * self.v
+
+    def cost(self, stage: int, op: int) -> float:
+        """Duration of one block."""
         if op == F:
-            return fwd[stage]
+            return self.fwd[stage]
         if op == B:
-            return bwd[stage] + wgr[stage]
+            return self.bwd[stage] + self.wgr[stage]
         if op == I:
-            return bwd[stage] if split else bwd[stage] + wgr[stage]
-        return wgr[stage]
+            return self.bwd[stage] if self.split else self.bwd[stage] + self.wgr[stage]
+        return self.wgr[stage]
 
-    # key of a block's "done" slot: backward of a stage is one slot whether it ran as B or I
-    def key(stage: int, op: int, mb: int) -> int:
+    def key(self, stage: int, op: int, mb: int) -> int:
+        """Key of a block's "done" slot: backward of a stage is one slot whether it ran as B or I."""
         slot = 0 if op == F else (2 if op == W else 1)
-        return (stage * 3 + slot) * m + mb
+        return (stage * 3 + slot) * self.m + mb
 
-    end_of = np.full(n_st * 3 * m, np.nan)
-    local_chunk = [[s for s in range(n_st) if s2r[s] == r] for r in range(p)]
-    chunk_of = [local_chunk[s2r[s]].index(s) for s in range(n_st)]
-
-    n_rows = sum(len(o) for o in orders)
-    out_start = np.zeros(n_rows)
-    out_end = np.zeros(n_rows)
-    out_issue = np.zeros(n_rows)
-    out_post = np.full(n_rows, -1.0)
-    out_ready = np.full(n_rows, -1.0)
-    out_src = np.full(n_rows, -1, dtype=np.int32)
-    out_xfer = np.zeros(n_rows)
-    base = np.cumsum([0] + [len(o) for o in orders])
-
-    link_free: dict[tuple[int, int], float] = {}  # (boundary, 0 fwd / 1 bwd) -> end of last transfer
-    ptr = [0] * p
-    free = [0.0] * p  # GPU (compute stream) free time
-    host = [0.0] * p  # host time when it may issue the next block
-    waiters: dict[int, list[int]] = {}
-    stack = list(range(p - 1, -1, -1))
-    # a block's send on the compute stream keeps its rank busy: remember the transfer per block
-    send_busy = [[0.0] * len(orders[r]) for r in range(p)]
-
-    def dep_of(a_stage: int, op: int, mb: int) -> tuple[int, int] | None:
+    def dep_of(self, a_stage: int, op: int) -> tuple[int, int] | None:
         """(producer stage, producer op) of a block's input, None when it needs none."""
         if op == F:
             return (a_stage - 1, F) if a_stage > 0 else None
         if op == W:
             return (a_stage, I)
-        if a_stage == n_st - 1:
+        if a_stage == self.n_st - 1:
             return (a_stage, F)
         return (a_stage + 1, I)
 
-    while stack:
-        r = stack.pop()
-        order = orders[r]
-        while ptr[r] < len(order):
-            i = ptr[r]
-            st, op, mb = order[i]
-            dep = dep_of(st, op, mb)
-            dep_end = 0.0
-            remote = False
-            edge = 0.0
-            if dep is not None:
-                dk = key(dep[0], dep[1], mb)
-                if np.isnan(end_of[dk]):
-                    waiters.setdefault(dk, []).append(r)
-                    break
-                dep_end = float(end_of[dk])
-                src = s2r[dep[0]]
-                remote = src != r
-                if remote:
-                    bnd = min(st, dep[0])
-                    edge = p2p[bnd] + link[src]
-            row = base[r] + i
-            # host issue time of this block
-            h = host[r] if i > 0 else sdelay[r]
-            if i > 0:
-                h = max(h, out_issue[row - 1] + issue[r])
-            if look is not None and i >= look:
-                h = max(h, out_start[row - look])
-            if stall[r] > 0:
-                h = max(h, (free[r] if i > 0 else sdelay[r]) + stall[r])
-            gpu_free = free[r]
-            start = max(gpu_free, h + lat)
-            if dep is not None:
-                if remote:
-                    post = h + lat
-                    if on_comp[r]:
-                        post = max(post, gpu_free)
-                    lk = (min(st, dep[0]), 0 if op == F else 1)
-                    ready = max(dep_end, post, link_free.get(lk, 0.0)) + edge
-                    link_free[lk] = ready
-                    out_post[row] = post
-                    out_src[row] = src
-                    out_xfer[row] = edge
-                else:
-                    ready = dep_end
-                out_ready[row] = ready
-                start = max(start, ready)
-            dur = cost(st, op)
-            end = start + dur
-            out_start[row] = start
-            out_end[row] = end
-            out_issue[row] = h
-            host[r] = h
-            # the send of this block's output on the compute stream (one consumer at most)
-            sb = 0.0
-            if on_comp[r]:
-                cons = _consumer(st, op, n_st)
-                if cons is not None and s2r[cons] != r:
-                    sb = p2p[min(st, cons)] + link[r]
-            send_busy[r][i] = sb
-            free[r] = end + sb
-            k = key(st, op, mb)
-            end_of[k] = end
-            ptr[r] += 1
-            for wr in waiters.pop(k, []):
-                stack.append(wr)
-    if any(ptr[r] < len(orders[r]) for r in range(p)):
-        stuck = [r for r in range(p) if ptr[r] < len(orders[r])]
-        raise ValueError(f"schedule {sched} deadlocks on ranks {stuck} (inconsistent orders)")
 
-    last_end = np.array([free[r] if orders[r] else 0.0 for r in range(p)])
-    tail_end = last_end + np.array(tail)
+def _inputs(cfg: SimConfig) -> _Inputs:
+    """Resolve ``cfg`` (ValueError for a wrong number of values or an impossible schedule)."""
+    sched = canonical_schedule(cfg.schedule)
+    p, m = int(cfg.pp), int(cfg.microbatches)
+    v = default_virtual(sched, int(cfg.virtual))
+    n_st = p * v
+    return _Inputs(
+        sched,
+        p,
+        m,
+        v,
+        stage_to_rank(sched, p, v),
+        rank_orders(sched, p, m, v),
+        _per(cfg.fwd_ns, n_st, "fwd_ns"),
+        _per(cfg.bwd_ns, n_st, "bwd_ns"),
+        _per(cfg.wgrad_ns, n_st, "wgrad_ns"),
+        _per(cfg.p2p_ns, max(n_st - 1, 1), "p2p_ns") if n_st > 1 else [0.0],
+        _per(cfg.link_delay_ns, p, "link_delay_ns"),
+        _per(cfg.host_issue_ns, p, "host_issue_ns"),
+        _per(cfg.host_stall_ns, p, "host_stall_ns"),
+        _per(cfg.start_delay_ns, p, "start_delay_ns"),
+        _per(cfg.comm_on_compute, p, "comm_on_compute", bool),
+        _per(cfg.tail_comm_ns, p, "tail_comm_ns"),
+        _per(cfg.optim_ns, p, "optim_ns"),
+        float(cfg.launch_latency_ns),
+        cfg.host_lookahead,
+        splits_backward(sched),
+    )
+
+
+class _Run:
+    """The state of one simulated step: every block's times, filled rank by rank as inputs arrive."""
+
+    def __init__(self, x: _Inputs) -> None:
+        self.x = x
+        # Python lists, not arrays: the loop reads and writes one element at a time, and numpy
+        # scalar access costs ten times a list's (the results are the same doubles)
+        self.end_of: list[float | None] = [None] * (x.n_st * 3 * x.m)
+        n_rows = sum(len(o) for o in x.orders)
+        self.start = [0.0] * n_rows
+        self.end = [0.0] * n_rows
+        self.issue = [0.0] * n_rows
+        self.post = [-1.0] * n_rows
+        self.ready = [-1.0] * n_rows
+        self.src = [-1] * n_rows
+        self.xfer = [0.0] * n_rows
+        self.base = [0] * x.p  # first row of every rank
+        for r in range(1, x.p):
+            self.base[r] = self.base[r - 1] + len(x.orders[r - 1])
+        self.link_free: dict[tuple[int, int], float] = {}  # (boundary, 0 fwd / 1 bwd) -> last transfer end
+        self.ptr = [0] * x.p
+        self.free = [0.0] * x.p  # GPU (compute stream) free time
+        self.host = [0.0] * x.p  # host time when it may issue the next block
+        # a block's send on the compute stream keeps its rank busy: the transfer per block
+        self.send_busy = [[0.0] * len(x.orders[r]) for r in range(x.p)]
+
+    def run(self) -> None:
+        """Run every rank as far as its inputs allow; a rank that waits resumes when the block it
+        waits for is done."""
+        x = self.x
+        waiters: dict[int, list[int]] = {}
+        stack = list(range(x.p - 1, -1, -1))
+        while stack:
+            r = stack.pop()
+            while self.ptr[r] < len(x.orders[r]):
+                st, op, mb = x.orders[r][self.ptr[r]]
+                dep = x.dep_of(st, op)
+                if dep is not None and self.end_of[x.key(dep[0], dep[1], mb)] is None:
+                    waiters.setdefault(x.key(dep[0], dep[1], mb), []).append(r)
+                    break
+                k = self._place(r, self.ptr[r], dep)
+                self.ptr[r] += 1
+                stack.extend(waiters.pop(k, []))
+        if any(self.ptr[r] < len(x.orders[r]) for r in range(x.p)):
+            stuck = [r for r in range(x.p) if self.ptr[r] < len(x.orders[r])]
+            raise ValueError(f"schedule {x.sched} deadlocks on ranks {stuck} (inconsistent orders)")
+
+    def _host_time(self, r: int, i: int, row: int) -> float:
+        """When the host issues block ``i`` of rank ``r``."""
+        x = self.x
+        h = self.host[r] if i > 0 else x.sdelay[r]
+        if i > 0:
+            h = max(h, self.issue[row - 1] + x.issue[r])
+        if x.look is not None and i >= x.look:
+            h = max(h, self.start[row - x.look])
+        if x.stall[r] > 0:
+            h = max(h, (self.free[r] if i > 0 else x.sdelay[r]) + x.stall[r])
+        return float(h)
+
+    def _place(self, r: int, i: int, dep: tuple[int, int] | None) -> int:
+        """Time block ``i`` of rank ``r`` (its input is there); returns its done-slot key."""
+        x = self.x
+        st, op, mb = x.orders[r][i]
+        row = self.base[r] + i
+        h = self._host_time(r, i, row)
+        gpu_free = self.free[r]
+        start = max(gpu_free, h + x.lat)
+        if dep is not None:
+            dep_end = self.end_of[x.key(dep[0], dep[1], mb)]
+            assert dep_end is not None  # run() places a block only once its input is done
+            src = x.s2r[dep[0]]
+            if src != r:
+                post = h + x.lat
+                if x.on_comp[r]:
+                    post = max(post, gpu_free)
+                edge = x.p2p[min(st, dep[0])] + x.link[src]
+                lk = (min(st, dep[0]), 0 if op == F else 1)
+                ready = max(dep_end, post, self.link_free.get(lk, 0.0)) + edge
+                self.link_free[lk] = ready
+                self.post[row] = post
+                self.src[row] = src
+                self.xfer[row] = edge
+            else:
+                ready = dep_end
+            self.ready[row] = ready
+            start = max(start, ready)
+        end = start + x.cost(st, op)
+        self.start[row] = start
+        self.end[row] = end
+        self.issue[row] = h
+        self.host[r] = h
+        # the send of this block's output on the compute stream (one consumer at most)
+        sb = 0.0
+        if x.on_comp[r]:
+            cons = _consumer(st, op, x.n_st)
+            if cons is not None and x.s2r[cons] != r:
+                sb = x.p2p[min(st, cons)] + x.link[r]
+        self.send_busy[r][i] = sb
+        self.free[r] = end + sb
+        k = x.key(st, op, mb)
+        self.end_of[k] = end
+        return k
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    """Run one step of ``cfg`` and return every block's times plus the per-rank accounting."""
+    x = _inputs(cfg)
+    run = _Run(x)
+    run.run()
+    return _result(cfg, x, run)
+
+
+def _result(cfg: SimConfig, x: _Inputs, run: _Run) -> SimResult:
+    """The step tail (exposed collective, sync, optimizer) and the per-rank accounting."""
+    p, orders = x.p, x.orders
+    last_end = np.array([run.free[r] if orders[r] else 0.0 for r in range(p)])
+    tail_end = last_end + np.array(x.tail)
     if cfg.sync_ns is not None:
         sync_end = np.full(p, float(tail_end.max()) + float(cfg.sync_ns))
-        optim_start = sync_end + lat
+        optim_start = sync_end + x.lat
     else:
         sync_end = tail_end.copy()
         optim_start = tail_end.copy()
-    optim_end = optim_start + np.array(optim)
+    optim_end = optim_start + np.array(x.optim)
     step = float(optim_end.max()) + float(cfg.end_latency_ns)
-
     ranks = np.concatenate([np.full(len(orders[r]), r, dtype=np.int32) for r in range(p)])
     acts = [a for o in orders for a in o]
     stage_arr = np.array([a.stage for a in acts], dtype=np.int32)
     op_arr = [a.op for a in acts]
-    durs = out_end - out_start
-    busy = np.bincount(ranks, weights=durs, minlength=p) + np.array(optim)
+    start_ns, end_ns = np.array(run.start, dtype=np.float64), np.array(run.end, dtype=np.float64)
+    busy = np.bincount(ranks, weights=end_ns - start_ns, minlength=p) + np.array(x.optim)
     idle = step - busy
+    # a stage's chunk index on its rank: how many lower stages the rank holds (one pass, not a
+    # search per stage: linear in the stages)
+    held = [0] * p
+    chunk_of = [0] * x.n_st
+    for s in range(x.n_st):
+        chunk_of[s] = held[x.s2r[s]]
+        held[x.s2r[s]] += 1
     return SimResult(
         config=cfg,
-        schedule=sched,
-        virtual=v,
-        stage_to_rank=s2r,
+        schedule=x.sched,
+        virtual=x.v,
+        stage_to_rank=x.s2r,
         rank=ranks,
         stage=stage_arr,
-        chunk=np.array([chunk_of[s] for s in stage_arr], dtype=np.int32),
+        chunk=np.array(chunk_of, dtype=np.int32)[stage_arr],
         mb=np.array([a.mb for a in acts], dtype=np.int32),
         phase=np.array([_OP_PHASE[o] for o in op_arr], dtype=np.int8),
-        full=np.array([o == B or (o == I and not split) for o in op_arr], dtype=np.bool_),
-        start_ns=out_start,
-        end_ns=out_end,
-        issue_ns=out_issue,
-        post_ns=out_post,
-        ready_ns=out_ready,
-        src_rank=out_src,
-        xfer_ns=out_xfer,
+        full=np.array([o == B or (o == I and not x.split) for o in op_arr], dtype=np.bool_),
+        start_ns=start_ns,
+        end_ns=end_ns,
+        issue_ns=np.array(run.issue, dtype=np.float64),
+        post_ns=np.array(run.post, dtype=np.float64),
+        ready_ns=np.array(run.ready, dtype=np.float64),
+        src_rank=np.array(run.src, dtype=np.int32),
+        xfer_ns=np.array(run.xfer, dtype=np.float64),
         last_end_ns=last_end,
         tail_end_ns=tail_end,
         sync_end_ns=sync_end,
@@ -374,7 +439,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         per_rank_busy_ns=busy,
         per_rank_idle_ns=idle,
         bubble_ratio=float(idle.mean() / step) if step > 0 else 0.0,
-        extra={"send_busy_ns": np.concatenate([np.array(s, dtype=float) for s in send_busy])},
+        extra={"send_busy_ns": np.concatenate([np.array(s, dtype=float) for s in run.send_busy])},
     )
 
 

@@ -25,6 +25,7 @@ schedule classes, without the ``None`` timing padding that only aligns its dry-r
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable
 from typing import NamedTuple
@@ -99,7 +100,16 @@ def rank_orders(schedule: str, pp: int, microbatches: int, virtual: int = 1) -> 
     Raises ValueError for impossible combinations (e.g. ``zbv`` without 2 chunks, interleaved
     with ``M`` not a multiple of its number of rounds).
     """
-    sched = canonical_schedule(schedule)
+    # the what-if simulates the same shape many times (calibration, causes): build each once
+    return [list(o) for o in _rank_orders(canonical_schedule(schedule), pp, microbatches, virtual)]
+
+
+@functools.lru_cache(maxsize=32)
+def _rank_orders(sched: str, pp: int, microbatches: int, virtual: int) -> tuple[tuple[Action, ...], ...]:
+    return tuple(tuple(o) for o in _build_orders(sched, pp, microbatches, virtual))
+
+
+def _build_orders(sched: str, pp: int, microbatches: int, virtual: int) -> list[list[Action]]:
     if pp < 1 or microbatches < 1 or virtual < 1:
         raise ValueError("pp, microbatches and virtual must be >= 1")
     if sched == "gpipe":

@@ -33,10 +33,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ppdiag.model.timeline import Direction, Kind, NameTable, Phase, ProcessGroup
+from ppdiag.synth.builder import RankBuilder, coll_host, comm_kw
 from ppdiag.synth.run import HostCat, StreamInfo, StreamRole, SynthRank, SynthRun
-from ppdiag.synth.scenario import _EPOCH_NS, _coll_host, _comm_kw, _ns, _RankBuilder
+from ppdiag.synth.scenario_params import EPOCH_NS, ns
 
 US = 1_000
 MS = 1_000_000
@@ -105,204 +107,69 @@ def _validate(prm: CollectiveParams) -> None:
         raise ValueError("late_ms must be >= 0 and slow factors > 0")
 
 
+@dataclass
+class _Sim:
+    """The state of a collective run being simulated, one array entry per rank."""
+
+    prm: CollectiveParams
+    rng: np.random.Generator
+    builders: list[RankBuilder]
+    late: npt.NDArray[np.int64]
+    factor: npt.NDArray[np.float64]
+    seq: list[int]
+    stragglers: npt.NDArray[np.int64]
+    # per step
+    k: int = 0
+    h: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))  # host time
+    gpu_free: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    seg_start: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    seg_host: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    seg_comp: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    causes: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    compute: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def n(self) -> int:
+        return self.prm.world
+
+
 def make_collective_run(**kwargs: Any) -> SynthRun:
     """Simulate the run described by :class:`CollectiveParams` fields and return what its profiler
     would record, with ``truth`` filled. Raises ValueError for impossible setups."""
     prm = CollectiveParams(**kwargs)
     _validate(prm)
     rng = np.random.default_rng(prm.seed)
-    n, lat, issue = prm.world, round(prm.launch_latency_us * US), round(prm.issue_us * US)
-    skew = _ns(prm.clock_skew_ms)
+    n = prm.world
+    skew = ns(prm.clock_skew_ms)
     skews = [int(rng.integers(-skew, skew + 1)) if skew else 0 for _ in range(n)]
-    late = np.array([_ns(prm.late_ms.get(r, 0.0)) for r in range(n)], np.int64)
-    factor = np.array([prm.slow.get(r, 1.0) for r in range(n)])
     names = NameTable()
-    group = ProcessGroup("0", "default_pg", list(range(n)), "cuda:nccl")
-    builders = [_RankBuilder(names, 4000 + 97 * r) for r in range(n)]
-    seq = [0] * n
+    sim = _Sim(
+        prm,
+        rng,
+        [RankBuilder(names, 4000 + 97 * r) for r in range(n)],
+        np.array([ns(prm.late_ms.get(r, 0.0)) for r in range(n)], np.int64),
+        np.array([prm.slow.get(r, 1.0) for r in range(n)]),
+        [0] * n,
+        np.zeros(n, np.int64),
+    )
     t_step = np.full(n, 2 * MS, np.int64)  # each rank's ProfilerStep start (true clock)
     windows = np.zeros((n, prm.steps, 2), np.int64)
     truth_steps: list[list[dict[str, Any]]] = [[] for _ in range(n)]
-    stragglers = np.zeros(n, np.int64)
     for k in range(prm.steps):
-        num = prm.first_step + k
-        causes = np.zeros((n, len(CAUSES)), np.int64)
-        compute = np.zeros(n, np.int64)
-        # host: data loader, then every launch `issue` apart, far ahead of the GPU
-        h = t_step + late + 20 * US
-        for r in range(n):
-            if late[r] > 2 * US:
-                builders[r].host(
-                    int(t_step[r]) + US,
-                    int(t_step[r] + late[r]) - US,
-                    "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
-                    HostCat.ANNOTATION,
-                    builders[r].pid,
-                    step=k,
-                )
-        gpu_free = np.zeros(n, np.int64)  # end of the last compute-stream work
-        seg_start = t_step.copy()  # start of the stretch since the last sync point
-        seg_host = np.zeros(n, np.int64)
-        seg_comp = np.zeros(n, np.int64)
+        _start_step(sim, k, t_step)
         first = True
         for what, label, cost in _PLAN:
-            base = _ns(getattr(prm, cost))
+            base = ns(getattr(prm, cost))
             if what == "compute":
-                durs = np.round(base * factor).astype(np.int64)
-                for r in range(n):
-                    parts = _parts(int(durs[r]), prm.kernels_per_block, rng)
-                    t = int(max(gpu_free[r], h[r] + lat))
-                    if first:
-                        seg_host[r] += t - int(t_step[r])  # idle before the first kernel: host
-                    for j, d in enumerate(parts):
-                        launch = int(h[r]) + j * issue
-                        t = max(t, launch + lat)
-                        ext = builders[r].host(
-                            launch - 2 * US,
-                            launch + 5 * US,
-                            "aten::mm",
-                            HostCat.CPU_OP,
-                            builders[r].pid,
-                            step=k,
-                        )
-                        corr = builders[r].api(
-                            launch, launch + 4 * US, "cudaLaunchKernel", builders[r].pid, ext
-                        )
-                        builders[r].kernel(
-                            t,
-                            t + d,
-                            _STREAM_COMPUTE,
-                            Kind.COMPUTE,
-                            _GEMM if j % 2 == 0 else _KERNEL,
-                            corr,
-                            launch,
-                            ext,
-                            step=k,
-                            phase=int(_PHASE[label]),
-                        )
-                        t += d
-                    h[r] += len(parts) * issue
-                    gpu_free[r] = t
-                    seg_comp[r] += int(durs[r])
-                    compute[r] += int(durs[r])
+                _compute(sim, label, base, t_step if first else None)
                 first = False
-                continue
-            # a blocking collective: arrival on each rank, common end
-            xfer = base
-            arrive = np.zeros(n, np.int64)
-            launches = np.zeros(n, np.int64)
-            for r in range(n):
-                seq[r] += 1
-                launches[r] = int(h[r]) + 6 * US
-                arrive[r] = max(int(gpu_free[r]), int(launches[r]) + lat)
-            end = int(arrive.max()) + xfer
-            for r in range(n):
-                b = builders[r]
-                nel = 4_194_304 if label == "all_to_all" else 25_165_824
-                comm = _comm_kw(b, label, -1, Direction.NONE, nel * 2, nel, "BFloat16", seq[r], 0)
-                op = "c10d::alltoall_base_" if label == "all_to_all" else "c10d::allreduce_"
-                title = "nccl:all_to_all" if label == "all_to_all" else "nccl:all_reduce"
-                e2 = _coll_host(b, int(h[r]), op, title, b.pid, k, comm)
-                corr = b.api(
-                    int(launches[r]), int(launches[r]) + 4 * US, "cuLaunchKernelEx", b.pid, e2, driver=True
-                )
-                b.kernel(
-                    int(arrive[r]),
-                    end,
-                    _STREAM_COLL,
-                    Kind.COLLECTIVE,
-                    _A2A if label == "all_to_all" else _ALLREDUCE,
-                    corr,
-                    int(launches[r]),
-                    e2,
-                    step=k,
-                    **comm,
-                )
-                h[r] += 14 * US
-            # truth of this instance: transfer, own host idle, waits charged to the last arriver
-            causes[:, CAUSES.index("exposed_comm")] += xfer
-            last = int(np.argmax(arrive))
-            d_start = np.maximum(seg_start[last] - seg_start, 0)
-            d_host = np.maximum(seg_host[last] - seg_host, 0)
-            d_comp = np.maximum(seg_comp[last] - seg_comp, 0)
-            wait = end - xfer - arrive
-            tot = d_start + d_host + d_comp
-            comp_share = np.where(tot > 0, wait * d_comp // np.maximum(tot, 1), 0)
-            causes[:, CAUSES.index("imbalance")] += comp_share
-            causes[:, CAUSES.index("host")] += wait - comp_share
-            # lateness of each rank against the median member (clock-free: from the waits)
-            stragglers += np.maximum(int(np.sort(wait)[n // 2]) - wait, 0)
-            causes[:, CAUSES.index("host")] += seg_host
-            gpu_free[:] = end
-            seg_start[:] = end
-            seg_host[:] = 0
-            seg_comp[:] = 0
-        # the optimizer ends the step; the loop reaches the next step's first launch
-        opt_end = gpu_free.copy()
-        t_next = opt_end + round(prm.loop_us * US)
-        for r in range(n):
-            b = builders[r]
-            ext = b.host(int(h[r]), int(opt_end[r]) + 3 * US, "aten::item", HostCat.CPU_OP, b.pid, step=k)
-            b.api(int(h[r]) + US, int(opt_end[r]) + 2 * US, "cudaStreamSynchronize", b.pid, ext)
-            b.host(
-                int(t_step[r]),
-                int(t_next[r]),
-                f"ProfilerStep#{num}",
-                HostCat.ANNOTATION,
-                b.pid,
-                num=num,
-                step=k,
-            )
-            windows[r, k] = (t_step[r], t_next[r])
-            window = int(t_next[r] - t_step[r])
-            causes[r, CAUSES.index("host")] += int(t_next[r] - opt_end[r])
-            lost = window - int(compute[r])
-            if int(causes[r].sum()) != lost:
-                raise AssertionError(f"rank {r} step {k}: truth causes {causes[r].sum()} != lost {lost}")
-            truth_steps[r].append(
-                {
-                    "step": num,
-                    "window_ms": window / MS,
-                    "compute_ms": int(compute[r]) / MS,
-                    "lost_ms": lost / MS,
-                    "causes_ms": {c: int(causes[r, j]) / MS for j, c in enumerate(CAUSES)},
-                }
-            )
-        t_step = t_next
-    ranks: list[SynthRank] = []
-    for r in range(n):
-        gpu, rt, host = builders[r].tables()
-        ranks.append(
-            SynthRank(
-                rank=r,
-                world_size=n,
-                pp_rank=0,
-                dp_rank=r,
-                stages=[0],
-                process_groups=[group],
-                pp_group=-1,
-                dp_group=0,
-                device_index=r % prm.gpus_per_node,
-                device_name=prm.device_name,
-                host_name=f"node{r // prm.gpus_per_node:02d}",
-                pid=builders[r].pid,
-                tid=builders[r].pid,
-                clock_skew_ns=skews[r],
-                streams=[
-                    StreamInfo(_STREAM_COMPUTE, StreamRole.COMPUTE),
-                    StreamInfo(_STREAM_COLL, StreamRole.COLLECTIVE, group=0),
-                ],
-                gpu=gpu,
-                runtime=rt,
-                host=host,
-                step_windows=windows[r].copy(),
-                step_numbers=[prm.first_step + k for k in range(prm.steps)],
-            )
-        )
+            else:
+                _collective(sim, label, base)
+        t_step = _end_step(sim, t_step, windows, truth_steps)
     run = SynthRun(
         names=names.names,
-        ranks=ranks,
-        epoch_ns=_EPOCH_NS + 1_000 * (prm.seed % 1_000_000),
+        ranks=[_rank(prm, r, sim.builders[r], skews[r], windows[r]) for r in range(n)],
+        epoch_ns=EPOCH_NS + 1_000 * (prm.seed % 1_000_000),
         schedule="none",
         pp=1,
         dp=n,
@@ -312,7 +179,7 @@ def make_collective_run(**kwargs: Any) -> SynthRun:
         steps=prm.steps,
         config=prm.to_json(),
     )
-    run.truth = _truth(prm, truth_steps, stragglers, skews)
+    run.truth = _truth(prm, truth_steps, sim.stragglers, skews)
     # the step time the run would save with every rank on time: a re-simulation without them
     if prm.late_ms or prm.slow:
         on_time = make_collective_run(**{**asdict(prm), "late_ms": {}, "slow": {}})
@@ -322,6 +189,178 @@ def make_collective_run(**kwargs: Any) -> SynthRun:
     else:
         run.truth["gain_ms_per_step"] = 0.0
     return run
+
+
+def _start_step(sim: _Sim, k: int, t_step: npt.NDArray[np.int64]) -> None:
+    """Reset the per-step state; the data loader of a late rank opens its step."""
+    n = sim.n
+    sim.k = k
+    sim.causes = np.zeros((n, len(CAUSES)), np.int64)
+    sim.compute = np.zeros(n, np.int64)
+    # host: data loader, then every launch `issue` apart, far ahead of the GPU
+    sim.h = t_step + sim.late + 20 * US
+    for r in range(n):
+        if sim.late[r] > 2 * US:
+            b = sim.builders[r]
+            b.host(
+                int(t_step[r]) + US,
+                int(t_step[r] + sim.late[r]) - US,
+                "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
+                HostCat.ANNOTATION,
+                b.pid,
+                step=k,
+            )
+    sim.gpu_free = np.zeros(n, np.int64)  # end of the last compute-stream work
+    sim.seg_start = t_step.copy()  # start of the stretch since the last sync point
+    sim.seg_host = np.zeros(n, np.int64)
+    sim.seg_comp = np.zeros(n, np.int64)
+
+
+def _compute(sim: _Sim, label: str, base: int, t_step: npt.NDArray[np.int64] | None) -> None:
+    """One compute block per rank (``base`` scaled by the rank's slowness), launched kernel by
+    kernel; ``t_step`` on the step's first block: the idle before its first kernel is host time."""
+    prm, k = sim.prm, sim.k
+    lat, issue = round(prm.launch_latency_us * US), round(prm.issue_us * US)
+    durs = np.round(base * sim.factor).astype(np.int64)
+    for r in range(sim.n):
+        b = sim.builders[r]
+        parts = _parts(int(durs[r]), prm.kernels_per_block, sim.rng)
+        t = int(max(sim.gpu_free[r], sim.h[r] + lat))
+        if t_step is not None:
+            sim.seg_host[r] += t - int(t_step[r])
+        for j, d in enumerate(parts):
+            launch = int(sim.h[r]) + j * issue
+            t = max(t, launch + lat)
+            ext = b.host(launch - 2 * US, launch + 5 * US, "aten::mm", HostCat.CPU_OP, b.pid, step=k)
+            corr = b.api(launch, launch + 4 * US, "cudaLaunchKernel", b.pid, ext)
+            kname = _GEMM if j % 2 == 0 else _KERNEL
+            ph = int(_PHASE[label])
+            b.kernel(t, t + d, _STREAM_COMPUTE, Kind.COMPUTE, kname, corr, launch, ext, step=k, phase=ph)
+            t += d
+        sim.h[r] += len(parts) * issue
+        sim.gpu_free[r] = t
+        sim.seg_comp[r] += int(durs[r])
+        sim.compute[r] += int(durs[r])
+
+
+def _collective(sim: _Sim, label: str, xfer: int) -> None:
+    """A blocking collective: arrival on each rank, a common end ``xfer`` after the last arrival."""
+    n, k = sim.n, sim.k
+    lat = round(sim.prm.launch_latency_us * US)
+    arrive = np.zeros(n, np.int64)
+    launches = np.zeros(n, np.int64)
+    for r in range(n):
+        sim.seq[r] += 1
+        launches[r] = int(sim.h[r]) + 6 * US
+        arrive[r] = max(int(sim.gpu_free[r]), int(launches[r]) + lat)
+    end = int(arrive.max()) + xfer
+    a2a = label == "all_to_all"
+    for r in range(n):
+        b = sim.builders[r]
+        nel = 4_194_304 if a2a else 25_165_824
+        comm = comm_kw(b, label, -1, Direction.NONE, nel * 2, nel, "BFloat16", sim.seq[r], 0)
+        op = "c10d::alltoall_base_" if a2a else "c10d::allreduce_"
+        title = "nccl:all_to_all" if a2a else "nccl:all_reduce"
+        e2 = coll_host(b, int(sim.h[r]), op, title, b.pid, k, comm)
+        launch = int(launches[r])
+        corr = b.api(launch, launch + 4 * US, "cuLaunchKernelEx", b.pid, e2, driver=True)
+        kname = _A2A if a2a else _ALLREDUCE
+        b.kernel(int(arrive[r]), end, _STREAM_COLL, Kind.COLLECTIVE, kname, corr, launch, e2, step=k, **comm)
+        sim.h[r] += 14 * US
+    _charge_waits(sim, arrive, end, xfer)
+
+
+def _charge_waits(sim: _Sim, arrive: npt.NDArray[np.int64], end: int, xfer: int) -> None:
+    """Truth of one collective: the transfer, each rank's own host idle, and the waits charged to
+    the last arriver's reason to be late (its extra compute or host time since the last sync)."""
+    causes = sim.causes
+    causes[:, CAUSES.index("exposed_comm")] += xfer
+    last = int(np.argmax(arrive))
+    d_start = np.maximum(sim.seg_start[last] - sim.seg_start, 0)
+    d_host = np.maximum(sim.seg_host[last] - sim.seg_host, 0)
+    d_comp = np.maximum(sim.seg_comp[last] - sim.seg_comp, 0)
+    wait = end - xfer - arrive
+    tot = d_start + d_host + d_comp
+    comp_share = np.where(tot > 0, wait * d_comp // np.maximum(tot, 1), 0)
+    causes[:, CAUSES.index("imbalance")] += comp_share
+    causes[:, CAUSES.index("host")] += wait - comp_share
+    # lateness of each rank against the median member (clock-free: from the waits)
+    sim.stragglers += np.maximum(int(np.sort(wait)[sim.n // 2]) - wait, 0)
+    causes[:, CAUSES.index("host")] += sim.seg_host
+    sim.gpu_free[:] = end
+    sim.seg_start[:] = end
+    sim.seg_host[:] = 0
+    sim.seg_comp[:] = 0
+
+
+def _end_step(
+    sim: _Sim,
+    t_step: npt.NDArray[np.int64],
+    windows: npt.NDArray[np.int64],
+    truth_steps: list[list[dict[str, Any]]],
+) -> npt.NDArray[np.int64]:
+    """The optimizer ends the step and the loop reaches the next step's first launch: the step
+    annotation, the window and the truth of the step; returns the next step's starts."""
+    prm, k = sim.prm, sim.k
+    num = prm.first_step + k
+    opt_end = sim.gpu_free.copy()
+    t_next = opt_end + round(prm.loop_us * US)
+    for r in range(sim.n):
+        b = sim.builders[r]
+        h = int(sim.h[r])
+        ext = b.host(h, int(opt_end[r]) + 3 * US, "aten::item", HostCat.CPU_OP, b.pid, step=k)
+        b.api(h + US, int(opt_end[r]) + 2 * US, "cudaStreamSynchronize", b.pid, ext)
+        b.host(
+            int(t_step[r]), int(t_next[r]), f"ProfilerStep#{num}", HostCat.ANNOTATION, b.pid, num=num, step=k
+        )
+        windows[r, k] = (t_step[r], t_next[r])
+        window = int(t_next[r] - t_step[r])
+        sim.causes[r, CAUSES.index("host")] += int(t_next[r] - opt_end[r])
+        lost = window - int(sim.compute[r])
+        if int(sim.causes[r].sum()) != lost:
+            raise AssertionError(f"rank {r} step {k}: truth causes {sim.causes[r].sum()} != lost {lost}")
+        truth_steps[r].append(
+            {
+                "step": num,
+                "window_ms": window / MS,
+                "compute_ms": int(sim.compute[r]) / MS,
+                "lost_ms": lost / MS,
+                "causes_ms": {c: int(sim.causes[r, j]) / MS for j, c in enumerate(CAUSES)},
+            }
+        )
+    return t_next
+
+
+def _rank(
+    prm: CollectiveParams, r: int, b: RankBuilder, skew: int, windows: npt.NDArray[np.int64]
+) -> SynthRank:
+    """Rank ``r`` of the run, with its tables."""
+    gpu, rt, host = b.tables()
+    return SynthRank(
+        rank=r,
+        world_size=prm.world,
+        pp_rank=0,
+        dp_rank=r,
+        stages=[0],
+        process_groups=[ProcessGroup("0", "default_pg", list(range(prm.world)), "cuda:nccl")],
+        pp_group=-1,
+        dp_group=0,
+        device_index=r % prm.gpus_per_node,
+        device_name=prm.device_name,
+        host_name=f"node{r // prm.gpus_per_node:02d}",
+        pid=b.pid,
+        tid=b.pid,
+        clock_skew_ns=skew,
+        streams=[
+            StreamInfo(_STREAM_COMPUTE, StreamRole.COMPUTE),
+            StreamInfo(_STREAM_COLL, StreamRole.COLLECTIVE, group=0),
+        ],
+        gpu=gpu,
+        runtime=rt,
+        host=host,
+        step_windows=windows.copy(),
+        step_numbers=[prm.first_step + k for k in range(prm.steps)],
+    )
 
 
 def _parts(total: int, n: int, rng: np.random.Generator) -> list[int]:

@@ -111,29 +111,51 @@ def _comm_args(run: SynthRun, rk: SynthRank, cols: Any, i: int, on_kernel: bool)
     return out
 
 
+class _Names:
+    """Run name ids as JSON string literals, escaped once each."""
+
+    def __init__(self, run: SynthRun) -> None:
+        self.run = run
+        self.esc: dict[int, str] = {}
+
+    def __call__(self, idx: int) -> str:
+        s = self.esc.get(idx)
+        if s is None:
+            s = json.dumps(self.run.name(idx))
+            self.esc[idx] = s
+        return s
+
+
 def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
     """The Kineto JSON object of one rank (times on the rank's own clock)."""
     shift = run.epoch_ns + rk.clock_skew_ns
     first = (int(rk.host.start.min()) if len(rk.host) else 0) + shift
     base = (first // _BUCKET_NS) * _BUCKET_NS
     off = shift - base  # add to a true-clock time to get the relative ns written as ts
-    ev: list[tuple[int, int, str]] = []  # (ts, order, json text)
-    esc: dict[int, str] = {}
-
-    def name(idx: int) -> str:
-        s = esc.get(idx)
-        if s is None:
-            s = json.dumps(run.name(idx))
-            esc[idx] = s
-        return s
-
-    pid, dev = rk.pid, rk.device_index
+    name = _Names(run)
     t0 = int(rk.step_windows[0, 0]) + off - 1_000_000 if len(rk.step_windows) else off
     t_end_true = max(
         int(rk.host.end.max()) if len(rk.host) else 0,
         int(rk.gpu.end.max()) if len(rk.gpu) else 0,
     )
     t1 = t_end_true + off + 1_000_000
+    ev: list[tuple[int, int, str]] = []  # (ts, order, json text)
+    ev.extend(_host_events(run, rk, off, name))
+    ev.extend(_runtime_events(rk, off, name))
+    ev.extend(_gpu_events(run, rk, off, name))
+    ev.extend(memory_events(run, rk, off, _fmt))  # allocator events when asked (synth/memory.py)
+    ev.sort(key=lambda e: (e[0], e[1]))
+    tail = [
+        f'{{"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", '
+        f'"tid": "PyTorch Profiler", "ts": {_fmt(t0)}, "dur": {_fmt(t1 - t0)}, "args": {{"Op count": 0}}}}',
+        f'{{"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "", "ts": {_fmt(t1)}}}',
+    ]
+    return {**_header(run, rk, base), "_events": _meta_events(rk, t0) + [e[2] for e in ev] + tail}
+
+
+def _meta_events(rk: SynthRank, t0: int) -> list[str]:
+    """Process and thread names of the CPU and GPU rows."""
+    pid, dev = rk.pid, rk.device_index
     meta = [
         ("process_name", pid, 0, {"name": "python"}),
         ("process_labels", pid, 0, {"labels": "CPU"}),
@@ -147,11 +169,16 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
         meta.append(("thread_name", pid, tid, {"name": f"thread {tid} ({label})"}))
     for s in rk.streams:
         meta.append(("thread_name", dev, s.id, {"name": f"stream {s.id} "}))
-    meta_txt = [
+    return [
         f'{{"ph": "M", "name": "{n}", "ts": {_fmt(t0)}, "pid": {p}, "tid": {t}, "args": {json.dumps(a)}}}'
         for n, p, t, a in meta
     ]
 
+
+def _host_events(run: SynthRun, rk: SynthRank, off: int, name: _Names) -> list[tuple[int, int, str]]:
+    """CPU ops and annotations (order 0 at equal times)."""
+    pid = rk.pid
+    ev: list[tuple[int, int, str]] = []
     h = rk.host
     for i in range(len(h)):
         nm = run.name(int(h.name[i]))
@@ -172,11 +199,18 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
             )
         )
 
+    return ev
+
+
+def _runtime_events(rk: SynthRank, off: int, name: _Names) -> list[tuple[int, int, str]]:
+    """CUDA runtime and driver calls (order 1) and the flow starts of their launches (order 2)."""
+    pid = rk.pid
     g = rk.gpu
     launched = {int(c) for c in g.correlation if c >= 0}
+    ev: list[tuple[int, int, str]] = []
     r = rk.runtime
     for i in range(len(r)):
-        nm = run.name(int(r.name[i]))
+        nm = name.run.name(int(r.name[i]))
         corr = int(r.correlation[i])
         ts = int(r.start[i]) + off
         cat = "cuda_driver" if int(r.api[i]) == ApiKind.DRIVER else "cuda_runtime"
@@ -206,6 +240,14 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
                 )
             )
 
+    return ev
+
+
+def _gpu_events(run: SynthRun, rk: SynthRank, off: int, name: _Names) -> list[tuple[int, int, str]]:
+    """Kernels, copies and memsets (order 3) and the flow ends of their launches (order 4)."""
+    dev = rk.device_index
+    g = rk.gpu
+    ev: list[tuple[int, int, str]] = []
     for i in range(len(g)):
         ts = int(g.start[i]) + off
         stream = int(g.stream[i])
@@ -251,13 +293,11 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
                     ),
                 )
             )
-    ev.extend(memory_events(run, rk, off, _fmt))  # allocator events when asked (synth/memory.py)
-    ev.sort(key=lambda e: (e[0], e[1]))
-    tail = [
-        f'{{"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", '
-        f'"tid": "PyTorch Profiler", "ts": {_fmt(t0)}, "dur": {_fmt(t1 - t0)}, "args": {{"Op count": 0}}}}',
-        f'{{"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "", "ts": {_fmt(t1)}}}',
-    ]
+    return ev
+
+
+def _header(run: SynthRun, rk: SynthRank, base: int) -> dict[str, Any]:
+    """The trace's top-level keys before ``traceEvents``."""
     pg_config = [
         {
             "pg_name": pg.name,
@@ -286,7 +326,6 @@ def rank_trace(run: SynthRun, rk: SynthRank) -> dict[str, Any]:
         },
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": base,
-        "_events": meta_txt + [e[2] for e in ev] + tail,
     }
 
 

@@ -25,11 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import re
 import sqlite3
-import struct
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -37,283 +33,48 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.model.timeline import Direction, Kind, Phase
+from ppdiag.model.timeline import Kind, Phase
+from ppdiag.synth.nsys_nccl import Comm, add_nccl, communicators, first_time
+from ppdiag.synth.nsys_tables import (
+    COPY_KIND,
+    DDL,
+    MEM_KIND,
+    NCCL_DOMAIN_ID,
+    PRODUCT_VERSION,
+    RUNTIME_SUFFIX,
+    SCHEMA_COMM_INIT,
+    SCHEMA_SENDRECV,
+    SCHEMA_VERSION,
+    SCHEMAS,
+    TORCH_COMM_TITLE,
+    VM_ID,
+    Clock,
+    ExportRows,
+    columns,
+    comm_hash,
+    create_tables,
+    global_pid,
+    global_tid,
+    insert,
+    nvtx_row,
+    payload_blob,
+)
 from ppdiag.synth.run import ApiKind, HostCat, StreamRole, SynthRank, SynthRun
 
-I64 = npt.NDArray[np.int64]
-
-PRODUCT_VERSION = "2024.5.1.113"
-SCHEMA_VERSION = "3.13.2"
-VM_ID = 1  # nsys serialises GlobalIds as 0xHHVVPPPPPPTTTTTT; local captures use VM 1
-NCCL_DOMAIN_ID = 1
-
-# NVTX event types (ENUM_NSYS_EVENT_TYPE)
-NVTX_PUSHPOP = 59
-NVTX_DOMAIN_CREATE = 75
-# NVTX payload entry types (nvToolsExtPayload.h)
-T_INT, T_UINT64, T_SIZE = 5, 18, 22
-
-# NCCL payload schemas as NCCL registers them (nvtx_payload_schemas.h); ids in NCCL's static range.
-SCHEMA_COMM_INIT = 16777218
-SCHEMA_COLL = 16777220
-SCHEMA_ALLREDUCE = 16777221
-SCHEMA_SENDRECV = 16777226
-_SCHEMAS: dict[int, tuple[int, list[tuple[str, int, int]]]] = {
-    SCHEMA_COMM_INIT: (
-        24,
-        [
-            ("NCCL communicator ID", T_UINT64, 0),
-            ("No. of ranks", T_INT, 8),
-            ("Rank", T_INT, 12),
-            ("CUDA device", T_INT, 16),
-        ],
-    ),
-    SCHEMA_COLL: (16, [("NCCL communicator ID", T_UINT64, 0), ("Message size [bytes]", T_SIZE, 8)]),
-    SCHEMA_ALLREDUCE: (
-        24,
-        [
-            ("NCCL communicator ID", T_UINT64, 0),
-            ("Message size [bytes]", T_SIZE, 8),
-            ("Reduction operation", T_INT, 16),
-        ],
-    ),
-    SCHEMA_SENDRECV: (
-        24,
-        [
-            ("NCCL communicator ID", T_UINT64, 0),
-            ("Message size [bytes]", T_SIZE, 8),
-            ("Peer rank", T_INT, 16),
-        ],
-    ),
-}
-
-# PyTorch collective names → NCCL API (the NVTX range name is NCCL's C ``__func__``).
-_COLL_API = {
-    "allreduce": "ncclAllReduce",
-    "all_reduce": "ncclAllReduce",
-    "allreduce_coalesced": "ncclAllReduce",
-    "allgather": "ncclAllGather",
-    "all_gather": "ncclAllGather",
-    "_allgather_base": "ncclAllGather",
-    "allgather_into_tensor_coalesced": "ncclAllGather",
-    "reduce_scatter": "ncclReduceScatter",
-    "_reduce_scatter_base": "ncclReduceScatter",
-    "reduce_scatter_tensor_coalesced": "ncclReduceScatter",
-    "broadcast": "ncclBroadcast",
-    "reduce": "ncclReduce",
-}
-_RUNTIME_SUFFIX = {
-    "cudaLaunchKernel": "_v7000",
-    "cudaLaunchKernelExC": "_v11060",
-    "cudaMemcpyAsync": "_v3020",
-    "cudaMemsetAsync": "_v3020",
-    "cudaEventRecord": "_v3020",
-    "cudaStreamWaitEvent": "_v3020",
-    "cudaStreamSynchronize": "_v3020",
-    "cudaDeviceSynchronize": "_v3020",
-    "cudaEventSynchronize": "_v3020",
-    "cudaMemcpy": "_v3020",
-}
-_TORCH_COMM_TITLE = re.compile(r"(nccl|gloo|mpi|ucc|xccl):")
-_COPY_KIND = {
-    "HtoD": 1,
-    "DtoH": 2,
-    "HtoA": 3,
-    "AtoH": 4,
-    "AtoA": 5,
-    "AtoD": 6,
-    "DtoA": 7,
-    "DtoD": 8,
-    "HtoH": 9,
-    "PtoP": 10,
-}
-_MEM_KIND = {"pageable": 0, "pinned": 1, "device": 2, "array": 3, "managed": 4}
-
-# --- DDL (nsys 2024.5.1 export, schema 3.13.2) ---------------------------------------------------
-
-DDL: dict[str, str] = {
-    "StringIds": "id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL",
-    "CUPTI_ACTIVITY_KIND_KERNEL": (
-        "start INTEGER NOT NULL, end INTEGER NOT NULL, deviceId INTEGER NOT NULL, "
-        "contextId INTEGER NOT NULL, "
-        "greenContextId INTEGER, streamId INTEGER NOT NULL, correlationId INTEGER, globalPid INTEGER, "
-        "demangledName INTEGER NOT NULL, shortName INTEGER NOT NULL, mangledName INTEGER, "
-        "launchType INTEGER, "
-        "cacheConfig INTEGER, registersPerThread INTEGER NOT NULL, gridX INTEGER NOT NULL, "
-        "gridY INTEGER NOT NULL, gridZ INTEGER NOT NULL, blockX INTEGER NOT NULL, blockY INTEGER NOT NULL, "
-        "blockZ INTEGER NOT NULL, staticSharedMemory INTEGER NOT NULL, dynamicSharedMemory INTEGER NOT NULL, "
-        "localMemoryPerThread INTEGER NOT NULL, localMemoryTotal INTEGER NOT NULL, gridId INTEGER NOT NULL, "
-        "sharedMemoryExecuted INTEGER, graphNodeId INTEGER, sharedMemoryLimitConfig INTEGER"
-    ),
-    "CUPTI_ACTIVITY_KIND_MEMCPY": (
-        "start INTEGER NOT NULL, end INTEGER NOT NULL, deviceId INTEGER NOT NULL, "
-        "contextId INTEGER NOT NULL, "
-        "greenContextId INTEGER, streamId INTEGER NOT NULL, correlationId INTEGER, globalPid INTEGER, "
-        "bytes INTEGER NOT NULL, copyKind INTEGER NOT NULL, deprecatedSrcId INTEGER, srcKind INTEGER, "
-        "dstKind INTEGER, srcDeviceId INTEGER, srcContextId INTEGER, dstDeviceId INTEGER, "
-        "dstContextId INTEGER, migrationCause INTEGER, graphNodeId INTEGER, virtualAddress INTEGER"
-    ),
-    "CUPTI_ACTIVITY_KIND_MEMSET": (
-        "start INTEGER NOT NULL, end INTEGER NOT NULL, deviceId INTEGER NOT NULL, "
-        "contextId INTEGER NOT NULL, "
-        "greenContextId INTEGER, streamId INTEGER NOT NULL, correlationId INTEGER, globalPid INTEGER, "
-        "value INTEGER NOT NULL, bytes INTEGER NOT NULL, graphNodeId INTEGER, memKind INTEGER"
-    ),
-    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": (
-        "start INTEGER NOT NULL, end INTEGER NOT NULL, deviceId INTEGER NOT NULL, "
-        "contextId INTEGER NOT NULL, "
-        "greenContextId INTEGER, streamId INTEGER NOT NULL, correlationId INTEGER, globalPid INTEGER, "
-        "syncType INTEGER NOT NULL, eventId INTEGER NOT NULL"
-    ),
-    "CUPTI_ACTIVITY_KIND_RUNTIME": (
-        "start INTEGER NOT NULL, end INTEGER NOT NULL, eventClass INTEGER NOT NULL, globalTid INTEGER, "
-        "correlationId INTEGER, nameId INTEGER NOT NULL, returnValue INTEGER NOT NULL, callchainId INTEGER"
-    ),
-    "NVTX_EVENTS": (
-        "start INTEGER NOT NULL, end INTEGER, eventType INTEGER NOT NULL, rangeId INTEGER, category INTEGER, "
-        "color INTEGER, text TEXT, globalTid INTEGER, endGlobalTid INTEGER, textId INTEGER, "
-        "domainId INTEGER, "
-        "uint64Value INTEGER, int64Value INTEGER, doubleValue REAL, uint32Value INTEGER, int32Value INTEGER, "
-        "floatValue REAL, jsonTextId INTEGER, jsonText TEXT, binaryData TEXT"
-    ),
-    "NVTX_PAYLOAD_SCHEMAS": (
-        "domainId INTEGER, schemaId INTEGER, name TEXT, type INTEGER, flags INTEGER, numEntries INTEGER, "
-        "payloadSize INTEGER, alignTo INTEGER"
-    ),
-    "NVTX_PAYLOAD_SCHEMA_ENTRIES": (
-        "domainId INTEGER NOT NULL, schemaId INTEGER NOT NULL, idx INTEGER NOT NULL, flags INTEGER, "
-        "type INTEGER, name TEXT, description TEXT, arrayOrUnionDetail INTEGER, offset INTEGER"
-    ),
-    "ThreadNames": "nameId INTEGER NOT NULL, priority INTEGER, globalTid INTEGER",
-    "PROCESSES": "globalPid INTEGER, pid INTEGER, name TEXT",
-    "TARGET_INFO_SESSION_START_TIME": "utcEpochNs INTEGER, utcTime TEXT, localTime TEXT",
-    "TARGET_INFO_SYSTEM_ENV": (
-        "globalVid INTEGER, devStateName TEXT NOT NULL, name TEXT NOT NULL, nameEnum INTEGER NOT NULL, "
-        "value TEXT NOT NULL"
-    ),
-    "TARGET_INFO_GPU": (
-        "vmId INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT, busLocation TEXT, isDiscrete INTEGER, "
-        "l2CacheSize INTEGER, totalMemory INTEGER, memoryBandwidth INTEGER, clockRate INTEGER, "
-        "smCount INTEGER, pwGpuId INTEGER, uuid TEXT, luid INTEGER, chipName TEXT, cuDevice INTEGER, "
-        "ctxswDevPath TEXT, ctrlDevPath TEXT, revision INTEGER, nodeMask INTEGER, constantMemory INTEGER, "
-        "maxIPC INTEGER, maxRegistersPerBlock INTEGER, maxShmemPerBlock INTEGER, "
-        "maxShmemPerBlockOptin INTEGER, maxShmemPerSm INTEGER, maxRegistersPerSm INTEGER, "
-        "threadsPerWarp INTEGER, asyncEngines INTEGER, maxWarpsPerSm INTEGER, maxBlocksPerSm INTEGER, "
-        "maxThreadsPerBlock INTEGER, maxBlockDimX INTEGER, maxBlockDimY INTEGER, maxBlockDimZ INTEGER, "
-        "maxGridDimX INTEGER, maxGridDimY INTEGER, maxGridDimZ INTEGER, computeMajor INTEGER, "
-        "computeMinor INTEGER, smMajor INTEGER, smMinor INTEGER"
-    ),
-    "TARGET_INFO_CUDA_STREAM": (
-        "streamId INTEGER NOT NULL, hwId INTEGER NOT NULL, vmId INTEGER NOT NULL, "
-        "processId INTEGER NOT NULL, "
-        "contextId INTEGER NOT NULL, priority INTEGER NOT NULL, flag INTEGER NOT NULL"
-    ),
-    "TARGET_INFO_CUDA_CONTEXT_INFO": (
-        "nullStreamId INTEGER NOT NULL, hwId INTEGER NOT NULL, vmId INTEGER NOT NULL, "
-        "processId INTEGER NOT NULL, deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL, "
-        "parentContextId INTEGER, isGreenContext INTEGER"
-    ),
-    "META_DATA_EXPORT": "name TEXT NOT NULL, value TEXT",
-    "META_DATA_CAPTURE": "name TEXT NOT NULL, value TEXT",
-}
-
-
-def create_tables(conn: sqlite3.Connection, tables: Iterable[str]) -> None:
-    """Create the named tables with the real export's DDL."""
-    for t in tables:
-        conn.execute(f"CREATE TABLE {t} ({DDL[t]})")
-
-
-def insert(
-    conn: sqlite3.Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
-) -> None:
-    cols = ", ".join(f'"{c}"' for c in columns)
-    marks = ", ".join("?" for _ in columns)
-    conn.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
-
-
-def global_pid(pid: int) -> int:
-    return (VM_ID << 48) | ((pid & 0xFFFFFF) << 24)
-
-
-def global_tid(pid: int, tid: int) -> int:
-    return global_pid(pid) | (tid & 0xFFFFFF)
-
-
-def comm_hash(*key: Any) -> int:
-    """A stable 64-bit communicator id (NCCL uses a hash of the unique id)."""
-    return int.from_bytes(hashlib.sha1(repr(key).encode()).digest()[:8], "little")
-
-
-def payload_blob(schema: int, values: dict[str, int]) -> bytes:
-    """nsys ``binaryData``: 32-byte header (domain, schema, payload size, total) + the struct."""
-    size, entries = _SCHEMAS[schema]
-    body = bytearray(size)
-    for name, typ, off in entries:
-        v = int(values.get(name, 0))
-        if typ == T_INT:
-            struct.pack_into("<i", body, off, v)
-        else:
-            struct.pack_into("<Q", body, off, v & 0xFFFFFFFFFFFFFFFF)
-    return struct.pack("<QQQQ", NCCL_DOMAIN_ID, schema, size, 32 + size) + bytes(body)
-
-
-class _Strings:
-    def __init__(self) -> None:
-        self.ids: dict[str, int] = {}
-
-    def id(self, s: str) -> int:
-        i = self.ids.get(s)
-        if i is None:
-            i = len(self.ids) + 1
-            self.ids[s] = i
-        return i
-
-    def rows(self) -> list[tuple[int, str]]:
-        return [(i, s) for s, i in self.ids.items()]
-
-
-@dataclass
-class _Comm:
-    id: int
-    nranks: int
-    local: int  # this rank's rank in the communicator
-
-
-@dataclass
-class _File:
-    """Rows of one export being assembled (one or several processes)."""
-
-    strings: _Strings = field(default_factory=_Strings)
-    kernels: list[tuple[Any, ...]] = field(default_factory=list)
-    memcpy: list[tuple[Any, ...]] = field(default_factory=list)
-    memset: list[tuple[Any, ...]] = field(default_factory=list)
-    sync: list[tuple[Any, ...]] = field(default_factory=list)
-    runtime: list[tuple[Any, ...]] = field(default_factory=list)
-    nvtx: list[tuple[Any, ...]] = field(default_factory=list)
-    threads: list[tuple[Any, ...]] = field(default_factory=list)
-    processes: list[tuple[Any, ...]] = field(default_factory=list)
-    gpus: list[tuple[Any, ...]] = field(default_factory=list)
-    streams: list[tuple[Any, ...]] = field(default_factory=list)
-    contexts: list[tuple[Any, ...]] = field(default_factory=list)
-    schemas: list[tuple[Any, ...]] = field(default_factory=list)
-    schema_entries: list[tuple[Any, ...]] = field(default_factory=list)
-    grid_id: int = 0
-
-
-@dataclass
-class _Clock:
-    """Local time of a rank in the file's stored time base."""
-
-    base: int  # subtracted from epoch-based local times (the session start, or 0 when normalized)
-    epoch: int
-    skew: int
-
-    def __call__(self, t: I64) -> I64:
-        return (t + (self.epoch + self.skew - self.base)).astype(np.int64)
-
-    def one(self, t: int) -> int:
-        return int(t + self.epoch + self.skew - self.base)
+# the schema helpers are part of this module's interface (tests build exports by hand with them)
+__all__ = [
+    "DDL",
+    "SCHEMAS",
+    "SCHEMA_COMM_INIT",
+    "SCHEMA_SENDRECV",
+    "comm_hash",
+    "create_tables",
+    "insert",
+    "nvtx_row",
+    "payload_blob",
+    "write_nsys",
+]
+_SCHEMAS = SCHEMAS  # the name the hand-built exports of the tests and benchmarks import
 
 
 def write_nsys(
@@ -336,21 +97,21 @@ def write_nsys(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    comms = _communicators(run)
+    comms = communicators(run)
     groups = [[r] for r in run.ranks] if per_rank_files else [list(run.ranks)]
     paths: list[Path] = []
     for members in groups:
-        first = min(_first_time(r) + run.epoch_ns + r.clock_skew_ns for r in members)
+        first = min(first_time(r) + run.epoch_ns + r.clock_skew_ns for r in members)
         # Real sessions start a little before the first event; whole microseconds like nsys.
         session = (first - 250_000_000) // 1000 * 1000
         base = 0 if ts_normalize else session
-        f = _File()
+        f = ExportRows()
         for r in members:
             _add_rank(
                 f,
                 run,
                 r,
-                _Clock(base, run.epoch_ns, r.clock_skew_ns),
+                Clock(base, run.epoch_ns, r.clock_skew_ns),
                 comms[r.rank],
                 nccl_payloads,
                 comm_init,
@@ -364,45 +125,31 @@ def write_nsys(
     return paths
 
 
-def _first_time(r: SynthRank) -> int:
-    vals = [int(a.min()) for a in (r.gpu.start, r.runtime.start, r.host.start) if len(a)]
-    return min(vals) if vals else 0
-
-
-def _communicators(run: SynthRun) -> dict[int, dict[tuple[Any, ...], _Comm]]:
-    """Per rank: the NCCL communicators it uses, keyed like PyTorch keys them."""
-    out: dict[int, dict[tuple[Any, ...], _Comm]] = {r.rank: {} for r in run.ranks}
-    for r in run.ranks:
-        g = r.gpu
-        comm_rows = np.flatnonzero((g.kind == Kind.P2P) | (g.kind == Kind.COLLECTIVE))
-        for i in comm_rows.tolist():
-            key, comm = _comm_of(r, int(g.kind[i]), int(g.peer[i]), int(g.group[i]))
-            out[r.rank].setdefault(key, comm)
-    return out
-
-
-def _comm_of(r: SynthRank, kind: int, peer: int, group: int) -> tuple[tuple[Any, ...], _Comm]:
-    if kind == Kind.P2P and peer >= 0:
-        # ProcessGroupNCCL: one 2-rank communicator per peer pair, the lower global rank is rank 0.
-        lo, hi = min(r.rank, peer), max(r.rank, peer)
-        key: tuple[Any, ...] = ("p2p", lo, hi)
-        return key, _Comm(comm_hash(*key), 2, 0 if r.rank == lo else 1)
-    ranks = r.process_groups[group].ranks if 0 <= group < len(r.process_groups) else []
-    if not ranks or r.rank not in ranks:
-        ranks = list(range(r.world_size))
-    key = ("pg", tuple(ranks))
-    return key, _Comm(comm_hash(*key), len(ranks), ranks.index(r.rank))
-
-
 def _add_rank(
-    f: _File,
+    f: ExportRows,
     run: SynthRun,
     r: SynthRank,
-    clock: _Clock,
-    comms: dict[tuple[Any, ...], _Comm],
+    clock: Clock,
+    comms: dict[tuple[Any, ...], Comm],
     payloads: bool,
     comm_init: bool,
 ) -> None:
+    """Every row of rank ``r``: GPU activities, runtime calls, NVTX ranges, NCCL, threads, devices."""
+    _add_gpu(f, run, r, clock)
+    _add_runtime(f, run, r, clock)
+    h = r.host
+    hstart, hend = clock(h.start), clock(h.end)
+    for i in np.flatnonzero(h.cat == HostCat.ANNOTATION).tolist():
+        text = run.names[int(h.name[i])]
+        if TORCH_COMM_TITLE.match(text):
+            continue  # PyTorch's collective titles exist only in its own profiler
+        f.nvtx.append(nvtx_row(int(hstart[i]), int(hend[i]), global_tid(r.pid, int(h.tid[i])), text=text))
+    add_nccl(f, run, r, clock, comms, payloads, comm_init)
+    _add_process(f, r, payloads)
+
+
+def _add_gpu(f: ExportRows, run: SynthRun, r: SynthRank, clock: Clock) -> None:
+    """Kernels, copies, memsets and synchronisations, in the column order of the DDL."""
     s = f.strings
     gpid = global_pid(r.pid)
     names = run.names
@@ -411,9 +158,7 @@ def _add_rank(
     start, end = clock(g.start), clock(g.end)
     corr = g.correlation
     name_ids = {int(i): s.id(names[int(i)] if 0 <= int(i) < len(names) else "") for i in np.unique(g.name)}
-
-    # Rows in the column order of the DDL; constants stand for what nsys records but ppdiag ignores
-    # (launch geometry, registers, memory kinds).
+    # constants stand for what nsys records but ppdiag ignores (launch geometry, registers, memory kinds)
     # fmt: off
     kern = np.flatnonzero(np.isin(g.kind, (Kind.COMPUTE, Kind.P2P, Kind.COLLECTIVE)))
     if len(kern):
@@ -449,38 +194,39 @@ def _add_rank(
         ))
     # fmt: on
 
+
+def _add_runtime(f: ExportRows, run: SynthRun, r: SynthRank, clock: Clock) -> None:
+    """The CUDA runtime and driver calls (runtime names carry their version suffix)."""
     rt = r.runtime
-    if len(rt):
-        rstart, rend = clock(rt.start), clock(rt.end)
-        driver = rt.api == ApiKind.DRIVER
-        label_ids = {}
-        for i, d in set(zip(rt.name.tolist(), driver.tolist(), strict=True)):
-            api = names[i]
-            label_ids[(i, d)] = s.id(api if d else api + _RUNTIME_SUFFIX.get(api, "_v3020"))
-        f.runtime.extend(
-            _zip_rows(
-                len(rt),
-                rstart.tolist(),
-                rend.tolist(),
-                driver.astype(np.int64).tolist(),
-                [global_tid(r.pid, t) for t in rt.tid.tolist()],
-                _opt_list(rt.correlation),
-                [label_ids[k] for k in zip(rt.name.tolist(), driver.tolist(), strict=True)],
-                0,
-                None,
-            )
+    if not len(rt):
+        return
+    s, names = f.strings, run.names
+    rstart, rend = clock(rt.start), clock(rt.end)
+    driver = rt.api == ApiKind.DRIVER
+    label_ids = {}
+    for i, d in set(zip(rt.name.tolist(), driver.tolist(), strict=True)):
+        api = names[i]
+        label_ids[(i, d)] = s.id(api if d else api + RUNTIME_SUFFIX.get(api, "_v3020"))
+    f.runtime.extend(
+        _zip_rows(
+            len(rt),
+            rstart.tolist(),
+            rend.tolist(),
+            driver.astype(np.int64).tolist(),
+            [global_tid(r.pid, t) for t in rt.tid.tolist()],
+            _opt_list(rt.correlation),
+            [label_ids[k] for k in zip(rt.name.tolist(), driver.tolist(), strict=True)],
+            0,
+            None,
         )
+    )
 
-    h = r.host
-    hstart, hend = clock(h.start), clock(h.end)
-    for i in np.flatnonzero(h.cat == HostCat.ANNOTATION).tolist():
-        text = names[int(h.name[i])]
-        if _TORCH_COMM_TITLE.match(text):
-            continue  # PyTorch's collective titles exist only in its own profiler
-        f.nvtx.append(nvtx_row(int(hstart[i]), int(hend[i]), global_tid(r.pid, int(h.tid[i])), text=text))
 
-    _add_nccl(f, run, r, clock, comms, payloads, comm_init)
-
+def _add_process(f: ExportRows, r: SynthRank, payloads: bool) -> None:
+    """Thread names, the process, its GPU, context and streams, and the payload schemas."""
+    s, rt, h = f.strings, r.runtime, r.host
+    gpid = global_pid(r.pid)
+    dev = int(r.device_index)
     tids = sorted({int(t) for t in rt.tid.tolist()} | {int(t) for t in h.tid.tolist()} | {int(r.tid)})
     for t in tids:
         # PyTorch names its main thread and the autograd engine's device threads like this.
@@ -499,7 +245,7 @@ def _add_rank(
         nccl = st.role != StreamRole.COMPUTE
         f.streams.append((int(st.id), 0, VM_ID, r.pid, 1, -1 if nccl else 0, 2 if nccl else 1))
     if payloads:
-        for sid, (size, entries) in _SCHEMAS.items():
+        for sid, (size, entries) in SCHEMAS.items():
             f.schemas.append((NCCL_DOMAIN_ID, sid, None, 1, None, len(entries), size, None))
             for idx, (ename, typ, off) in enumerate(entries):
                 f.schema_entries.append((NCCL_DOMAIN_ID, sid, idx, None, typ, ename, None, None, off or None))
@@ -525,187 +271,11 @@ def _zip_rows(n: int, *cols: Any) -> list[tuple[Any, ...]]:
     return list(zip(*(c if isinstance(c, list) else itertools.repeat(c, n) for c in cols), strict=True))
 
 
-def nvtx_row(
-    start: int,
-    end: int | None,
-    gtid: int,
-    *,
-    text: str | None = None,
-    text_id: int | None = None,
-    event_type: int = NVTX_PUSHPOP,
-    domain: int = 0,
-    blob: bytes | None = None,
-) -> tuple[Any, ...]:
-    """One ``NVTX_EVENTS`` row in the column order of the writer's DDL."""
-    return (
-        start,
-        end,
-        event_type,
-        None,
-        None,
-        None,
-        text,
-        gtid,
-        None,
-        text_id,
-        domain,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        blob,
-    )
-
-
-def _add_nccl(
-    f: _File,
-    run: SynthRun,
-    r: SynthRank,
-    clock: _Clock,
-    comms: dict[tuple[Any, ...], _Comm],
-    payloads: bool,
-    comm_init: bool,
-) -> None:
-    """NCCL's own NVTX ranges around every NCCL kernel launch, plus communicator creation."""
-    g, rt, h = r.gpu, r.runtime, r.host
-    comm_rows = np.flatnonzero(((g.kind == Kind.P2P) | (g.kind == Kind.COLLECTIVE)) & (g.correlation >= 0))
-    if not len(comm_rows) and not comms:
-        return
-    s = f.strings
-    gpid_main = global_tid(r.pid, r.tid)
-    first = clock.one(_first_time(r))
-    f.nvtx.append(
-        nvtx_row(
-            first - 2_000_000,
-            None,
-            gpid_main,
-            text="NCCL",
-            event_type=NVTX_DOMAIN_CREATE,
-            domain=NCCL_DOMAIN_ID,
-        )
-    )
-    if comm_init:
-        t = first - 1_900_000
-        for comm in comms.values():
-            blob = (
-                payload_blob(
-                    SCHEMA_COMM_INIT,
-                    {
-                        "NCCL communicator ID": comm.id,
-                        "No. of ranks": comm.nranks,
-                        "Rank": comm.local,
-                        "CUDA device": r.device_index,
-                    },
-                )
-                if payloads
-                else None
-            )
-            f.nvtx.append(
-                nvtx_row(
-                    t,
-                    t + 150_000,
-                    gpid_main,
-                    text_id=s.id("ncclCommInitRank"),
-                    domain=NCCL_DOMAIN_ID,
-                    blob=blob,
-                )
-            )
-            t += 200_000
-    rt_order = np.argsort(rt.correlation, kind="stable")
-    rt_corr = rt.correlation[rt_order]
-    rpc = np.flatnonzero(h.name == _name_id(run, "record_param_comms"))
-    rpc_ext = h.ext_id[rpc]
-    for i in comm_rows.tolist():
-        j = int(np.searchsorted(rt_corr, g.correlation[i]))
-        if j >= len(rt_corr) or rt_corr[j] != g.correlation[i]:
-            continue
-        call = int(rt_order[j])
-        c_start, c_end, tid = int(rt.start[call]), int(rt.end[call]), int(rt.tid[call])
-        lo, hi = c_start - 1_000, c_end + 1_000
-        k = np.flatnonzero(rpc_ext == g.ext_id[i]) if g.ext_id[i] >= 0 else np.empty(0, np.int64)
-        if len(k):
-            # NCCL's API call runs inside PyTorch's record_param_comms op.
-            lo = max(lo, int(h.start[rpc[k[0]]]) + 200)
-            hi = min(hi, int(h.end[rpc[k[0]]]) - 200)
-        _, comm = _comm_of(r, int(g.kind[i]), int(g.peer[i]), int(g.group[i]))
-        gtid = global_tid(r.pid, tid)
-        nbytes = max(int(g.bytes[i]), 0)
-        for text, t0, t1, schema, vals in _api_ranges(run, r, i, comm, lo, hi, nbytes):
-            blob = payload_blob(schema, vals) if payloads and schema else None
-            f.nvtx.append(
-                nvtx_row(
-                    clock.one(t0), clock.one(t1), gtid, text_id=s.id(text), domain=NCCL_DOMAIN_ID, blob=blob
-                )
-            )
-
-
-def _api_ranges(
-    run: SynthRun, r: SynthRank, i: int, comm: _Comm, lo: int, hi: int, nbytes: int
-) -> list[tuple[str, int, int, int, dict[str, int]]]:
-    """The NCCL API ranges (name, start, end, schema, payload) of one NCCL kernel's launch."""
-    g = r.gpu
-    base = {"NCCL communicator ID": comm.id, "Message size [bytes]": nbytes}
-    if int(g.kind[i]) == Kind.P2P:
-        peer_local = 1 - comm.local if comm.nranks == 2 else -1
-        d = int(g.direction[i])
-        ops = {
-            Direction.SEND: ["ncclSend"],
-            Direction.RECV: ["ncclRecv"],
-            Direction.BOTH: ["ncclSend", "ncclRecv"],
-        }.get(Direction(d), [])
-        if len(ops) == 1:
-            return [(ops[0], lo, hi, SCHEMA_SENDRECV, {**base, "Peer rank": peer_local})]
-        # A grouped call: ops are queued, the fused kernel is launched inside ncclGroupEnd.
-        out: list[tuple[str, int, int, int, dict[str, int]]] = [
-            ("ncclGroupStart", lo - 3_000, lo - 2_500, 0, {})
-        ]
-        for n, op in enumerate(ops):
-            out.append(
-                (
-                    op,
-                    lo - 2_400 + 800 * n,
-                    lo - 1_900 + 800 * n,
-                    SCHEMA_SENDRECV,
-                    {**base, "Peer rank": peer_local},
-                )
-            )
-        out.append(("ncclGroupEnd", lo, hi, 0, {}))
-        return out
-    coll = run.name(int(g.coll[i])).lower()
-    api = _COLL_API.get(coll)
-    if api is None and "all_to_all" in coll.replace("alltoall", "all_to_all"):
-        # all-to-all is grouped send/recv with every member
-        out = [("ncclGroupStart", lo - 3_000, lo - 2_800, 0, {})]
-        t = lo - 2_700
-        for p in range(comm.nranks):
-            if p == comm.local:
-                continue
-            for op in ("ncclSend", "ncclRecv"):
-                out.append((op, t, t + 50, SCHEMA_SENDRECV, {**base, "Peer rank": p}))
-                t += 60
-        out.append(("ncclGroupEnd", lo, hi, 0, {}))
-        return out
-    api = api or "ncclAllReduce"
-    schema = SCHEMA_ALLREDUCE if api in ("ncclAllReduce", "ncclReduceScatter", "ncclReduce") else SCHEMA_COLL
-    return [(api, lo, hi, schema, {**base, "Reduction operation": 0})]
-
-
-def _name_id(run: SynthRun, name: str) -> int:
-    try:
-        return run.names.index(name)
-    except ValueError:
-        return -2
-
-
 def _copy_kinds(name: str) -> tuple[int, int, int]:
     """``Memcpy HtoD (Pageable -> Device)`` → (copyKind, srcKind, dstKind)."""
     parts = name.replace("(", " ").replace(")", " ").split()
-    ck = next((_COPY_KIND[p] for p in parts if p in _COPY_KIND), 8)
-    kinds = [_MEM_KIND[p.lower()] for p in parts if p.lower() in _MEM_KIND]
+    ck = next((COPY_KIND[p] for p in parts if p in COPY_KIND), 8)
+    kinds = [MEM_KIND[p.lower()] for p in parts if p.lower() in MEM_KIND]
     src, dst = [*kinds, 2, 2][:2]
     return ck, src, dst
 
@@ -778,13 +348,14 @@ def _torchrun_env(run: SynthRun) -> dict[str, str]:
 
 def _write_file(
     path: Path,
-    f: _File,
+    f: ExportRows,
     session: int,
     env: dict[str, str],
     ts_normalize: bool,
     payloads: bool,
     members: list[SynthRank],
 ) -> None:
+    """Write the rows of one export, then its session, system and metadata tables."""
     conn = sqlite3.connect(path)
     try:
         conn.execute("PRAGMA journal_mode=OFF")
@@ -817,56 +388,64 @@ def _write_file(
         for table, rows in present.items():
             if rows:  # --lazy: empty tables are not exported
                 create_tables(conn, [table])
-                insert(conn, table, _columns(table), rows)
+                insert(conn, table, columns(table), rows)
         insert(conn, "StringIds", ("id", "value"), f.strings.rows())
-        utc = datetime.fromtimestamp(session / 1e9, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-        insert(
-            conn,
-            "TARGET_INFO_SESSION_START_TIME",
-            ("utcEpochNs", "utcTime", "localTime"),
-            [(session, utc, utc)],
-        )
-        host = members[0].host_name
-        sysenv = [
-            ("Hostname", host),
-            ("CpuCores", "64"),
-            ("CudaDriverVersion", "12040"),
-            ("NvDriverVersion", "550.54.15"),
-            ("OsDescription", "Ubuntu 22.04.4 LTS"),
-        ]
-        insert(
-            conn,
-            "TARGET_INFO_SYSTEM_ENV",
-            ("globalVid", "devStateName", "name", "nameEnum", "value"),
-            [(VM_ID << 48, "Initial", k, i, v) for i, (k, v) in enumerate(sysenv)],
-        )
-        export = [
-            ("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"),
-            ("EXPORT_PRODUCT_VERSION", PRODUCT_VERSION),
-            ("EXPORT_SCHEMA_VERSION", SCHEMA_VERSION),
-            ("EXPORT_PARAM_EXPORT_TYPE", "SQLite"),
-            ("EXPORT_PARAM_INPUT_FILE", path.with_suffix(".nsys-rep").name),
-            ("EXPORT_PARAM_LAZY", "true"),
-            ("EXPORT_PARAM_INCLUDE_BLOBS", "true" if payloads else "false"),
-            ("EXPORT_PARAM_TIME_NORMALIZE", "true" if ts_normalize else "false"),
-            ("EXPORT_PARAM_TIME_SHIFT", "0"),
-        ]
-        insert(conn, "META_DATA_EXPORT", ("name", "value"), export)
-        capture = [
-            ("CAPTURE_EVENT_TYPE", "Cuda"),
-            ("CAPTURE_EVENT_TYPE", "NvtxEvents"),
-            ("PROCESS_0:HOW_TO_ATTACH", "LaunchAnother"),
-            ("PROCESS_0:COMMAND", "python" if len(members) == 1 else "torchrun"),
-            ("PROCESS_0:PID", "0"),
-            ("PROCESS_0:COLLECT_NVTX_TRACE", "true"),
-            ("PROCESS_0:COLLECT_CUDA_TRACE", "true"),
-        ]
-        capture += [("PROCESS_0:ENVIRONMENT_VARIABLE", f'{k}="{v}"') for k, v in env.items()]
-        insert(conn, "META_DATA_CAPTURE", ("name", "value"), capture)
+        _write_meta(conn, path, session, env, ts_normalize, payloads, members)
         conn.commit()
     finally:
         conn.close()
 
 
-def _columns(table: str) -> list[str]:
-    return [c.strip().split()[0] for c in DDL[table].split(",")]
+def _write_meta(
+    conn: sqlite3.Connection,
+    path: Path,
+    session: int,
+    env: dict[str, str],
+    ts_normalize: bool,
+    payloads: bool,
+    members: list[SynthRank],
+) -> None:
+    """Session start, the host's system environment, the export parameters and the capture."""
+    utc = datetime.fromtimestamp(session / 1e9, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    insert(
+        conn,
+        "TARGET_INFO_SESSION_START_TIME",
+        ("utcEpochNs", "utcTime", "localTime"),
+        [(session, utc, utc)],
+    )
+    sysenv = [
+        ("Hostname", members[0].host_name),
+        ("CpuCores", "64"),
+        ("CudaDriverVersion", "12040"),
+        ("NvDriverVersion", "550.54.15"),
+        ("OsDescription", "Ubuntu 22.04.4 LTS"),
+    ]
+    insert(
+        conn,
+        "TARGET_INFO_SYSTEM_ENV",
+        ("globalVid", "devStateName", "name", "nameEnum", "value"),
+        [(VM_ID << 48, "Initial", k, i, v) for i, (k, v) in enumerate(sysenv)],
+    )
+    export = [
+        ("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"),
+        ("EXPORT_PRODUCT_VERSION", PRODUCT_VERSION),
+        ("EXPORT_SCHEMA_VERSION", SCHEMA_VERSION),
+        ("EXPORT_PARAM_EXPORT_TYPE", "SQLite"),
+        ("EXPORT_PARAM_INPUT_FILE", path.with_suffix(".nsys-rep").name),
+        ("EXPORT_PARAM_LAZY", "true"),
+        ("EXPORT_PARAM_INCLUDE_BLOBS", "true" if payloads else "false"),
+        ("EXPORT_PARAM_TIME_NORMALIZE", "true" if ts_normalize else "false"),
+        ("EXPORT_PARAM_TIME_SHIFT", "0"),
+    ]
+    insert(conn, "META_DATA_EXPORT", ("name", "value"), export)
+    capture = [
+        ("CAPTURE_EVENT_TYPE", "Cuda"),
+        ("CAPTURE_EVENT_TYPE", "NvtxEvents"),
+        ("PROCESS_0:HOW_TO_ATTACH", "LaunchAnother"),
+        ("PROCESS_0:COMMAND", "python" if len(members) == 1 else "torchrun"),
+        ("PROCESS_0:PID", "0"),
+        ("PROCESS_0:COLLECT_NVTX_TRACE", "true"),
+        ("PROCESS_0:COLLECT_CUDA_TRACE", "true"),
+    ]
+    capture += [("PROCESS_0:ENVIRONMENT_VARIABLE", f'{k}="{v}"') for k, v in env.items()]
+    insert(conn, "META_DATA_CAPTURE", ("name", "value"), capture)

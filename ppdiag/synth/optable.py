@@ -127,85 +127,85 @@ def _replay(p: OpTableParams, cost: F64) -> tuple[list[dict[str, Any]], F64]:
     for si, step in enumerate(p.steps):
         last_end = np.zeros((p.dp, p.pp))
         for d in range(p.dp):
-            end: dict[tuple[int, int, int], float] = {}
-            ptr = [0] * p.pp
-            free = [0.0] * p.pp
-            seq: dict[tuple[int, str], int] = {}
-            done = 0
-            total = sum(len(o) for o in orders)
-            while done < total:  # one pass per dependency wave; every block runs exactly once
-                moved = False
-                for s in range(p.pp):
-                    while ptr[s] < len(orders[s]):
-                        a = orders[s][ptr[s]]
-                        op, mb = (0 if a.op == F else 1), a.mb
-                        if op == 0:
-                            dep = (s - 1, 0, mb) if s > 0 else None
-                        else:
-                            dep = (s + 1, 1, mb) if s < p.pp - 1 else (s, 0, mb)
-                        if dep is not None and dep not in end:
-                            break
-                        start = free[s]
-                        remote = dep is not None and dep[0] != s
-                        rank = p.rank_of(d, s)
-
-                        def row(optype: str, t0: float, dur: float, mb_id: int) -> None:
-                            _row(rows, seq, d, s, rank, step, optype, t0, dur, mb_id)  # noqa: B023 - called at once
-
-                        if remote and dep is not None:
-                            # the receive ends when the data is there (at least 1 µs when it
-                            # already is), and the block computes after it
-                            ready = end[dep] + p.p2p_ms
-                            recv = max(ready - start, 0.001)
-                            row("forward-recv" if op == 0 else "backward-recv", start, recv, mb)
-                            start += recv
-                        dur = float(cost[si, d, s, op, mb])
-                        row("forward-compute" if op == 0 else "backward-compute", start, dur, mb)
-                        end[(s, op, mb)] = start + dur
-                        free[s] = start + dur
-                        sends = (op == 0 and s < p.pp - 1) or (op == 1 and s > 0)
-                        if sends:
-                            row("forward-send" if op == 0 else "backward-send", start + dur, p.p2p_ms, mb)
-                        ptr[s] += 1
-                        done += 1
-                        moved = True
-                if not moved:
-                    raise RuntimeError("schedule deadlock")
-            last_end[d] = free
+            last_end[d] = _replay_replica(p, cost, orders, rows, si, step, d)
         # the stage's reduce-scatter ends when its slowest replica has arrived, plus the transfer
         rs_end = last_end.max(axis=0) + p.rs_ms
         for d in range(p.dp):
             for s in range(p.pp):
-                rank = p.rank_of(d, s)
                 base = {
                     "dp_rank": d,
                     "stage": s,
-                    "rank": rank,
+                    "rank": p.rank_of(d, s),
                     "step": step,
                     "mc": -1,
                     "gmc": -1,
                     "mb_id": -1,
                 }
+                rs = (rs_end[s] - last_end[d, s]) / 1e3
                 rows.append(
                     {
                         **base,
                         "optype": "grads-reduce-scatter",
                         "start_ts": last_end[d, s] / 1e3,
-                        "duration": (rs_end[s] - last_end[d, s]) / 1e3,
-                        "seq_id": 0,
+                        "duration": rs,
                     }
+                    | {"seq_id": 0}
                 )
-                rows.append(
-                    {
-                        **base,
-                        "optype": "optimizer",
-                        "start_ts": rs_end[s] / 1e3,
-                        "duration": p.optim_ms / 1e3,
-                        "seq_id": 0,
-                    }
-                )
+                t1, opt = rs_end[s] / 1e3, p.optim_ms / 1e3
+                rows.append({**base, "optype": "optimizer", "start_ts": t1, "duration": opt, "seq_id": 0})
         step_ms[si] = float(rs_end.max() + p.optim_ms)
     return rows, step_ms
+
+
+def _replay_replica(
+    p: OpTableParams,
+    cost: F64,
+    orders: list[list[Any]],
+    rows: list[dict[str, Any]],
+    si: int,
+    step: int,
+    d: int,
+) -> list[float]:
+    """One replica's blocks of one step, appended to ``rows``; returns each stage's last end."""
+    end: dict[tuple[int, int, int], float] = {}
+    ptr = [0] * p.pp
+    free = [0.0] * p.pp
+    seq: dict[tuple[int, str], int] = {}
+    done = 0
+    total = sum(len(o) for o in orders)
+    while done < total:  # one pass per dependency wave; every block runs exactly once
+        moved = False
+        for s in range(p.pp):
+            rank = p.rank_of(d, s)
+            while ptr[s] < len(orders[s]):
+                a = orders[s][ptr[s]]
+                op, mb = (0 if a.op == F else 1), a.mb
+                if op == 0:
+                    dep = (s - 1, 0, mb) if s > 0 else None
+                else:
+                    dep = (s + 1, 1, mb) if s < p.pp - 1 else (s, 0, mb)
+                if dep is not None and dep not in end:
+                    break
+                start = free[s]
+                what = "forward" if op == 0 else "backward"
+                if dep is not None and dep[0] != s:
+                    # the receive ends when the data is there (at least 1 µs when it already is),
+                    # and the block computes after it
+                    recv = max(end[dep] + p.p2p_ms - start, 0.001)
+                    _row(rows, seq, d, s, rank, step, f"{what}-recv", start, recv, mb)
+                    start += recv
+                dur = float(cost[si, d, s, op, mb])
+                _row(rows, seq, d, s, rank, step, f"{what}-compute", start, dur, mb)
+                end[(s, op, mb)] = start + dur
+                free[s] = start + dur
+                if (op == 0 and s < p.pp - 1) or (op == 1 and s > 0):
+                    _row(rows, seq, d, s, rank, step, f"{what}-send", start + dur, p.p2p_ms, mb)
+                ptr[s] += 1
+                done += 1
+                moved = True
+        if not moved:
+            raise RuntimeError("schedule deadlock")
+    return free
 
 
 def simulate_optable(p: OpTableParams) -> tuple[pd.DataFrame, OpTableTruth]:

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.errors import InputError
+from ppdiag.limits import MAX_SIM_CELLS
 from ppdiag.model import Phase
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
@@ -64,6 +65,9 @@ class MeasuredRun:
     bubble_ratio: float | None = None
     from_trace: bool = True
     notes: list[str] = field(default_factory=list)
+    # MiB of activations one micro-batch leaves on each virtual stage, from the allocator events
+    # (the report's memory[] rows); None when the trace has none
+    act_mb: F64 | None = None
 
     @property
     def stages(self) -> int:
@@ -130,13 +134,33 @@ def _per_stage_mean(b_all: list[Blocks], phase: int, n_st: int) -> tuple[F64, np
     return mean, cnt
 
 
+def _check_coverage(seen: int, n_st: int) -> None:
+    """The trace must show most of the pipeline: the costs of the stages it does not show are the
+    mean of those it does, a guess that decides the prediction once they are the majority. This
+    also bounds the work by the trace: a process group that lists thousands of ranks of which a
+    few were traced is not simulated at the listed size."""
+    if 2 * seen < n_st:
+        raise InputError(
+            None,
+            f"only {seen} of the {n_st} pipeline stages have traced blocks: the costs of the other "
+            f"{n_st - seen} are unknown; trace at least half of the stages, or give the pipeline's size "
+            "(--pp, --stage-map) when its process group lists more ranks than it has",
+        )
+
+
+def _stage_list(stages: npt.NDArray[np.intp]) -> str:
+    """Stage numbers for a note; a long list is cut (its length bounded by the note, not the run)."""
+    head = ", ".join(map(str, stages[:8].tolist()))
+    return head if len(stages) <= 8 else f"{head}, ... ({len(stages)} stages)"
+
+
 def _fill(vals: F64, what: str, notes: list[str]) -> F64:
     missing = ~np.isfinite(vals)
     if missing.all():
         return np.zeros_like(vals)
     if missing.any():
         notes.append(
-            f"no {what} blocks seen on stage(s) {', '.join(map(str, np.flatnonzero(missing)))}; "
+            f"no {what} blocks seen on stage(s) {_stage_list(np.flatnonzero(missing))}; "
             "the mean of the other stages is used"
         )
         vals = np.where(missing, float(np.nanmean(vals)), vals)
@@ -167,8 +191,15 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
     sched, note = sim_schedule(pipe.schedule, topo.virtual)
     if note:
         notes.append(note)
-    fwd, _ = _per_stage_mean(blocks, int(Phase.FWD), n_st)
-    bwd, _ = _per_stage_mean(blocks, int(Phase.BWD), n_st)
+    if n_st * int(m) > MAX_SIM_CELLS:
+        raise InputError(
+            None,
+            f"P x M x v = {n_st * int(m)} is above the simulated maximum {MAX_SIM_CELLS}; "
+            "the measured pipeline is too large to simulate",
+        )
+    fwd, fcnt = _per_stage_mean(blocks, int(Phase.FWD), n_st)
+    bwd, bcnt = _per_stage_mean(blocks, int(Phase.BWD), n_st)
+    _check_coverage(int(((fcnt > 0) | (bcnt > 0)).sum()), n_st)
     wgr, wcnt = _per_stage_mean(blocks, int(Phase.WGRAD), n_st)
     split = bool(wcnt.sum() > 0)
     fwd = _fill(fwd, "forward", notes)
@@ -211,7 +242,33 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         removable_ns=removable,
         bubble_ratio=report.bubble.measured_ratio,
         notes=notes,
+        act_mb=_measured_activation(report, topo, n_st, notes),
     )
+
+
+def _measured_activation(report: Report, topo: Any, n_st: int, notes: list[str]) -> F64 | None:
+    """Activation MiB per micro-batch of every virtual stage from the ranks' allocator events: the
+    median over the ranks that hold the stage (replicas); a stage without events takes the mean of
+    the others. None without any measured value."""
+    per: list[list[float]] = [[] for _ in range(n_st)]
+    for row in report.memory or []:
+        act = row.activation_per_mb_mb
+        if act is None or not act > 0:
+            continue
+        for st in topo.chunks_of.get(row.rank, []):
+            if 0 <= st < n_st:
+                per[st].append(float(act))
+    vals = np.array([float(np.median(x)) if x else np.nan for x in per])
+    if not np.isfinite(vals).any():
+        return None
+    missing = ~np.isfinite(vals)
+    if missing.any():
+        notes.append(
+            f"no allocator events on stage(s) {_stage_list(np.flatnonzero(missing))}; their activation "
+            "memory is the mean of the other stages'"
+        )
+        vals = np.where(missing, float(np.nanmean(vals)), vals)
+    return vals
 
 
 def _edges(topo: Any, rank_steps: Sequence[Any]) -> tuple[float, F64, F64]:

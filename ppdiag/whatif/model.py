@@ -11,6 +11,7 @@ import numpy as np
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.errors import InputError
+from ppdiag.limits import MAX_SIM_CELLS
 from ppdiag.model.schedule import SIMULATED_AS, SIMULATED_NOTE, parse_schedule
 from ppdiag.report_types import Report
 from ppdiag.simulate import SimConfig, closed_form_bubble, rank_orders, simulate, splits_backward
@@ -109,6 +110,8 @@ class WhatifModel:
         m = self.meas
         n_st = m.stages
         act, in_mb = self._act_of_bounds(self.profile.bounds, n_st)
+        if m.act_mb is not None and len(m.act_mb) == n_st:
+            act, in_mb = m.act_mb.copy(), True  # measured per stage: nothing to re-cut
         return _Layout(
             m.schedule,
             m.pp,
@@ -123,15 +126,35 @@ class WhatifModel:
         )
 
     def _act_of_bounds(self, bounds: Sequence[float] | None, n_st: int) -> tuple[F64, bool]:
-        """Activation weight per chunk: MB when the profile knows it, else the chunk's model share
-        in units of one measured stage."""
+        """Activation weight per chunk: MB when the profile knows it or the trace measured it, else
+        the chunk's model share in units of one measured stage.
+
+        With allocator events the measured activation memory per micro-batch calibrates the
+        shares: a chunk holds its share of what the measured stages hold together (the profile's
+        activation_mb per block when it has them, else its layer count)."""
         prof = self.profile
+        measured = self.meas.act_mb
         if bounds is not None and len(bounds) == n_st + 1:
             sums = prof.chunk_sums(bounds)
             if prof.has_activations:
-                return sums["act"], True
-            return sums["layers"] / max(prof.n, 1) * self.meas.stages, False
-        return np.full(n_st, self.meas.stages / n_st), False
+                act = sums["act"]
+                total = float(np.nansum(prof.act_mb))
+                if measured is not None and total > 0:
+                    act = act * (float(measured.sum()) / total)
+                return act, True
+            units = sums["layers"] / max(prof.n, 1) * self.meas.stages
+        else:
+            units = np.full(n_st, self.meas.stages / n_st)
+        if measured is not None:
+            return units * float(measured.mean()), True
+        return units, False
+
+    def _memory_basis(self, measured_row: bool) -> str:
+        """``MemoryBasis`` of a row: allocator events make the measured row measured and the
+        predictions calibrated; without them every memory figure is predicted."""
+        if self.meas.act_mb is None:
+            return "predicted"
+        return "measured" if measured_row else "calibrated"
 
     def _layout(self, sched: str, pp: int, v: int, mm: int, scale: float, rebalance: bool) -> _Layout:
         """Per-chunk costs of a shape: the measured stages when the shape is the measured one, else the
@@ -305,6 +328,7 @@ class WhatifModel:
         p.activation_vs_measured = 1.0
         if self._base_layout.act_in_mb:
             p.peak_activation_mb = self._base_peaks[1]
+        p.memory_basis = self._memory_basis(measured_row=True)
         p.stage_ns = [float(x) for x in self.meas.stage_total_ns()]
         if self.opts.micro_batch:
             p.ms_per_sample = m.step_ns / MS / (m.microbatches * self.opts.micro_batch)
@@ -316,10 +340,9 @@ class WhatifModel:
     def predict(self, scn: Scenario) -> Prediction:
         """Predict one scenario; a scenario that cannot run returns a Prediction with ``error``."""
         m = self.meas
-        label = scn.label or describe(scn, m)
         notes: list[str] = []
         pred = Prediction(
-            label,
+            scn.label or describe(scn, m),
             scn.schedule or m.schedule,
             scn.pp or m.pp,
             scn.virtual or m.virtual,
@@ -330,6 +353,9 @@ class WhatifModel:
             pred.schedule, pred.virtual, pred.pp, pred.microbatches = sched, v, pp, mm
             if pp < 1 or mm < 1 or v < 1:
                 raise ValueError("pp, microbatches and virtual must be >= 1")
+            if pp * mm * v > MAX_SIM_CELLS:
+                # the simulator's work grows with P x M x v: a fix of a large run may pass the bound
+                raise ValueError(f"P x M x v = {pp * mm * v} is above the simulated maximum {MAX_SIM_CELLS}")
             scale = 1.0 if scn.fixed_microbatch_size else m.microbatches / mm
             rank_orders(sched, pp, mm, v)  # raises for impossible combinations
             lay = self._layout(sched, pp, v, mm, scale, scn.rebalance)
@@ -337,6 +363,25 @@ class WhatifModel:
             pred.error = str(exc)
             pred.notes = notes
             return pred
+        chain = self._chain(scn)
+        notes.extend(lay.notes)
+        if scale != 1.0:
+            notes.append(f"fixed global batch: micro-batch {scale:.3g}x the size, costs scaled alike")
+        elif mm != m.microbatches:
+            notes.append(f"same micro-batch size: {mm / m.microbatches:.3g}x the samples per step")
+        self._timing(pred, lay, scale, chain)
+        self._memory(pred, lay, scale, notes)
+        pred.stage_ns = [float(x) for x in lay.fwd * scale + lay.bwd * scale + lay.wgrad * scale]
+        pred.split = self._rebalance_info(lay) if scn.rebalance else lay.split
+        pred.calibration = chain[-1][1].mode
+        pred.memory_basis = self._memory_basis(measured_row=False)
+        pred.notes = notes
+        return pred
+
+    def _chain(self, scn: Scenario) -> list[tuple[str, Calibration]]:
+        """Calibrations with fewer and fewer causes removed: the first leaves only what no cause
+        explains, each next one adds one cause back; the step growth at each level is that cause.
+        Overlapped communication only lowers the target (its exposure is modelled by the links)."""
         removed = {
             c
             for c, on in (
@@ -346,21 +391,22 @@ class WhatifModel:
             )
             if on
         }
-        # Calibrations with fewer and fewer causes removed: the first leaves only what no cause
-        # explains, each next one adds one cause back; the step growth at each level is that cause.
-        # Overlapped communication only lowers the target (its exposure is modelled by the links).
         gone = {"comm_wait", "host"} | (removed & {"exposed_comm"})
         chain = [("unexplained", self.calibration(tuple(gone)))]
         for c in ("comm_wait", "host"):
             if c not in removed:
                 gone.discard(c)
                 chain.append((c, self.calibration(tuple(gone))))
-        cal = chain[-1][1]
-        notes.extend(lay.notes)
-        if scale != 1.0:
-            notes.append(f"fixed global batch: micro-batch {scale:.3g}x the size, costs scaled alike")
-        elif mm != m.microbatches:
-            notes.append(f"same micro-batch size: {mm / m.microbatches:.3g}x the samples per step")
+        return chain
+
+    def _timing(
+        self, pred: Prediction, lay: _Layout, scale: float, chain: list[tuple[str, Calibration]]
+    ) -> None:
+        """The predicted step and its lost time per cause: the schedule's bubble and imbalance from
+        simulations with balanced and measured costs, exposed communication from the links, each
+        calibration level's growth for the causes the calibrations carry."""
+        m = self.meas
+        sched, pp, v, mm = lay.schedule, lay.pp, lay.virtual, pred.microbatches
         fwd, bwd, wg = lay.fwd * scale, lay.bwd * scale, lay.wgrad * scale
         tail_b = _resample(m.tail_busy_ns, pp)
         n_st = pp * v
@@ -378,11 +424,10 @@ class WhatifModel:
 
         def step_with(c: Calibration) -> float:
             if c.mode == "per-block":
-                st = simulate(
-                    _sim_cfg(
-                        sched, pp, mm, v, fwd, bwd, wg, c.delta_ns, m.p2p_ns, m.head_ns, m.end_ns, tail_b
-                    )
-                ).step_ns
+                cfg = _sim_cfg(
+                    sched, pp, mm, v, fwd, bwd, wg, c.delta_ns, m.p2p_ns, m.head_ns, m.end_ns, tail_b
+                )
+                st = simulate(cfg).step_ns
             elif c.mode == "per-step":
                 st = s_comm.step_ns + c.offset_ns
             elif c.mode == "ratio":
@@ -420,7 +465,12 @@ class WhatifModel:
         pred.speedup = (samples * m.step_ns / step) if step > 0 else None
         if self.opts.micro_batch:
             pred.ms_per_sample = step / MS / (mm * scale * self.opts.micro_batch)
-        peaks = rank_peaks(sched, pp, mm, v, lay.act * scale)
+
+    def _memory(self, pred: Prediction, lay: _Layout, scale: float, notes: list[str]) -> None:
+        """Peak activations of the scenario's schedule against the measured one's."""
+        m = self.meas
+        v = lay.virtual
+        peaks = rank_peaks(lay.schedule, lay.pp, pred.microbatches, v, lay.act * scale)
         pred.peak_inflight = peaks[0]
         base_w = self._base_peaks[1]
         pred.activation_vs_measured = peaks[1] / base_w if base_w > 0 else None
@@ -434,26 +484,24 @@ class WhatifModel:
                 f"peak activations {ratio:.2f}x the measured ({peaks[0]} {unit} in flight on the busiest "
                 f"rank vs {self._base_peaks[0]}{mb})"
             )
-        pred.stage_ns = [float(x) for x in fwd + bwd + wg]
-        pred.split = lay.split
-        if scn.rebalance:
-            before = m.stage_total_ns()
-            info = dict(lay.split) if lay.split else {"source": self.profile.source, "ideal": True}
-            slow = int(np.argmax(before))
-            info.update(
-                {
-                    "slowest_stage_before": slow,
-                    "slowest_before_ms": round(float(before[slow]) / MS, 4),
-                    "mean_before_ms": round(float(before.mean()) / MS, 4),
-                    "stage_ms_before": [round(float(x) / MS, 4) for x in before],
-                    "slowest_after_ms": round(float((lay.fwd + lay.bwd + lay.wgrad).max()) / MS, 4),
-                    "stage_ms_after": [round(float(x) / MS, 4) for x in lay.fwd + lay.bwd + lay.wgrad],
-                }
-            )
-            pred.split = info
-        pred.calibration = cal.mode
-        pred.notes = notes
-        return pred
+
+    def _rebalance_info(self, lay: _Layout) -> dict[str, Any]:
+        """The rebalanced split with the slowest stage before and after."""
+        before = self.meas.stage_total_ns()
+        info = dict(lay.split) if lay.split else {"source": self.profile.source, "ideal": True}
+        slow = int(np.argmax(before))
+        after = lay.fwd + lay.bwd + lay.wgrad
+        info.update(
+            {
+                "slowest_stage_before": slow,
+                "slowest_before_ms": round(float(before[slow]) / MS, 4),
+                "mean_before_ms": round(float(before.mean()) / MS, 4),
+                "stage_ms_before": [round(float(x) / MS, 4) for x in before],
+                "slowest_after_ms": round(float(after.max()) / MS, 4),
+                "stage_ms_after": [round(float(x) / MS, 4) for x in after],
+            }
+        )
+        return info
 
     def _shape(self, scn: Scenario, notes: list[str]) -> tuple[str, int, int, int]:
         """Schedule, chunks per rank, pipeline size and M of a scenario (ValueError if impossible)."""

@@ -80,6 +80,8 @@ class Prediction:
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     measured: bool = False
+    # "measured" / "calibrated" with allocator events in the trace, else "predicted" (MemoryBasis)
+    memory_basis: str = "predicted"
 
     @property
     def note(self) -> str:
@@ -113,6 +115,7 @@ class Prediction:
             "calibration": self.calibration,
             "note": self.note,
             "error": self.error,
+            "memory_basis": self.memory_basis,
         }
 
 
