@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from ppdiag.errors import InputError
 
@@ -53,6 +52,9 @@ def pid_of(global_id: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
 
 def factorize(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
     """(codes, distinct values) in first-seen order: a hash pass, no sort of the rows."""
+    # here, not at import: every ppdiag command loads the parser modules, few read nsys (~0.3 s)
+    import pandas as pd
+
     codes, uniq = pd.factorize(values)
     return codes.astype(np.int64, copy=False), np.asarray(uniq)
 

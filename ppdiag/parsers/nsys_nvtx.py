@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from ppdiag.model.timeline import Direction
 from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, int_expr, valid_times
@@ -359,6 +358,8 @@ def name_codes(
 ) -> tuple[I64, list[str]]:
     """Per-row code into a list of distinct names, for rows named by a registered string id
     (``textId`` ≥ 0) or by plain text; hash-based, so the cost is one pass over the rows."""
+    import pandas as pd  # here, not at import: detecting formats must not load pandas
+
     reg = text_ids >= 0
     codes = np.empty(len(text_ids), dtype=np.int64)
     names: list[str] = []
