@@ -39,6 +39,7 @@ from ppdiag.model.timeline import Kind, RankTimeline
 from ppdiag.parsers import ParseOptions, register
 from ppdiag.parsers.nsys_db import BadTimes, NsysDb, factorize, open_export, sniff_sqlite
 from ppdiag.parsers.nsys_gpu import read_gpu_ops
+from ppdiag.parsers.nsys_memory import memory_warning, read_memory
 from ppdiag.parsers.nsys_nvtx import API_INIT, NvtxData, read_nvtx
 from ppdiag.parsers.nsys_peers import (
     PEER_HOW_NAMES,
@@ -137,6 +138,10 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
         more = f" and {len(idle) - 8} more" if len(idle) > 8 else ""
         file_warnings.append(f"{len(idle)} CUDA process(es) without GPU activity skipped: {shown}{more}")
     comm_members, comm_info = _communicators(nvtx, decisions)
+    memory = read_memory(db)
+    mem_warning = memory_warning(memory)
+    if mem_warning:
+        file_warnings.append(mem_warning)
     ctx = ExportCtx(
         db=db,
         source=source,
@@ -148,12 +153,14 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
         comm_info=comm_info,
         meta=_export_meta(db),
         autograd_tids=_autograd_threads(db),
+        memory=memory,
     )
     out = [build_rank(ctx, p, proc_names.get(p, "")) for p in pids]
     if db.bad_utf8:
         file_warnings.append(f"{db.bad_utf8} text value(s) with invalid UTF-8 read with U+FFFD replacements")
     out.sort(key=lambda t: t.rank)
     lost_rows = sum(b.total for b in gpu.bad_times.values()) + nvtx.bad_times.total
+    lost_rows += memory.dropped if memory is not None else 0
     out[0].events_lost += lost_rows
     out[0].events_total += lost_rows
     # Facts about the file are said once, on its first rank.

@@ -31,6 +31,7 @@ from ppdiag.model.timeline import (
 from ppdiag.parsers.nsys_comm import NamedP2P, inside_spans, project_nccl, project_torch_p2p
 from ppdiag.parsers.nsys_db import NsysDb, factorize
 from ppdiag.parsers.nsys_gpu import GpuOps
+from ppdiag.parsers.nsys_memory import MemoryEvents, rank_memory
 from ppdiag.parsers.nsys_nvtx import API_COLL, API_P2P, NvtxData, Spans
 from ppdiag.parsers.nsys_peers import PEER_METADATA, PEER_NVTX_NAME, lookup, peer_source_counts
 from ppdiag.parsers.nsys_ranks import RankDecision
@@ -66,6 +67,7 @@ class ExportCtx:
     comm_info: dict[int, dict[int, tuple[int, int]]]  # pid → communicator → (local rank, nranks)
     meta: dict[str, Any] = field(default_factory=dict)
     autograd_tids: dict[int, set[int]] = field(default_factory=dict)  # pid → autograd engine threads
+    memory: MemoryEvents | None = None  # GPU memory events (--cuda-memory-usage), all processes
 
 
 @dataclass
@@ -530,6 +532,7 @@ def _meta(
     overhead = _profiler_overhead(ctx.db, pid, ctx.clock.offset)
     if len(overhead):
         meta["profiler_overhead_ns"] = overhead
+    meta.update(rank_memory(ctx.memory, pid, ctx.clock.offset))
     return meta
 
 
