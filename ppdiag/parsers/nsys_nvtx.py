@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model.timeline import Direction
-from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, int_expr, valid_times
+from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, factorize, int_expr, valid_times
 from ppdiag.parsers.nsys_names import (
     NCCL_API_NAMES,
     NCCL_COLLECTIVE_APIS,
@@ -358,20 +358,18 @@ def name_codes(
 ) -> tuple[I64, list[str]]:
     """Per-row code into a list of distinct names, for rows named by a registered string id
     (``textId`` ≥ 0) or by plain text; hash-based, so the cost is one pass over the rows."""
-    import pandas as pd  # here, not at import: detecting formats must not load pandas
-
     reg = text_ids >= 0
     codes = np.empty(len(text_ids), dtype=np.int64)
     names: list[str] = []
     if reg.any():
-        rcodes, ruq = pd.factorize(text_ids[reg])
+        rcodes, ruq = factorize(text_ids[reg])
         strings = db.strings(ruq.tolist())
         codes[reg] = rcodes
         names.extend(strings.get(int(u), "") for u in ruq)
     if (~reg).any():
         txt = texts[~reg]
-        txt[pd.isna(txt)] = ""
-        pcodes, puniq = pd.factorize(txt)
+        txt[np.equal(txt, np.array(None, dtype=object))] = ""  # SQL NULL (SQLite stores no NaN)
+        pcodes, puniq = factorize(txt)
         codes[~reg] = pcodes + len(names)
         names.extend(str(x) for x in puniq)
     if clean is not None:
