@@ -12,7 +12,7 @@ import pytest
 from conftest import TEST_DATA, shared_trace
 
 from ppdiag.errors import InputError
-from ppdiag.model import Intervals, RankTimeline
+from ppdiag.model import Intervals, Ranges, RankTimeline
 from ppdiag.parsers import PARSERS, ParseOptions
 from ppdiag.parsers.loader import find_traces, load_run
 
@@ -219,3 +219,46 @@ def test_gzip_and_plain_in_one_dir(tmp_path: Path) -> None:
     a, b = run.ranks[0].intervals, run.ranks[1].intervals
     for col in ("start", "end", "kind", "stream", "launch", "bytes"):
         assert np.array_equal(getattr(a, col), getattr(b, col)), col
+
+
+class _RunLevelParser:
+    """A format whose files need a run-level step: each file is one rank named in its text; the
+    run-level step sees every rank, sorted, before the run is frozen."""
+
+    name = "runfmt"
+
+    def __init__(self) -> None:
+        self.seen: list[list[int]] = []
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return head.startswith(b"RUNFMT")
+
+    def parse(self, path: Path, options: ParseOptions) -> list[RankTimeline]:
+        rank = int(path.read_bytes().split()[1])
+        iv = Intervals.from_columns(1, {"start": np.array([10]), "end": np.array([20])})
+        return [RankTimeline(rank, str(path), "runfmt", [""], iv, Ranges.empty(), world_size=2)]
+
+    def resolve_run(self, ranks: list[RankTimeline]) -> list[str]:
+        self.seen.append([r.rank for r in ranks])
+        ranks[0].meta["resolved"] = True
+        return [f"run-level step saw {len(ranks)} ranks"]
+
+
+def test_run_level_step_goes_through_the_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the loader knows no format by name: a registered parser with ``resolve_run`` gets the run's
+    # ranks once every file is parsed and ranked, and its warnings are the run's
+    from ppdiag.parsers import RunResolver, load_builtin
+
+    load_builtin()
+    fake = _RunLevelParser()
+    assert isinstance(fake, RunResolver)
+    assert isinstance(PARSERS["nsys"], RunResolver)  # NCCL peers across files
+    assert not isinstance(PARSERS["kineto"], RunResolver)
+    monkeypatch.setitem(PARSERS, "runfmt", fake)
+    for r in (1, 0):
+        (tmp_path / f"r{r}.json").write_bytes(b"RUNFMT %d\n" % r)
+    run = load_run([tmp_path], jobs=1, progress=False)
+    assert fake.seen == [[0, 1]]
+    assert run.format == "runfmt" and [t.rank for t in run.ranks] == [0, 1]
+    assert run.ranks[0].meta["resolved"] is True
+    assert "run-level step saw 2 ranks" in run.warnings

@@ -21,7 +21,8 @@ import pytest
 
 from ppdiag.model import Kind, RangeKind, RankTimeline
 from ppdiag.parsers import ParseOptions
-from ppdiag.parsers.nsys import NsysParser, _group_stride, resolve_nccl_peers
+from ppdiag.parsers.nsys import NsysParser, resolve_nccl_peers
+from ppdiag.parsers.nsys_peers import _group_stride
 from ppdiag.synth.nsys import comm_hash, write_nsys
 from ppdiag.synth.run import SynthRun
 from ppdiag.synth.scenario import make_scenario

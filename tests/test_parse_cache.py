@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from ppdiag.cli import app
 from ppdiag.model import Intervals, ProcessGroup, Ranges, RankTimeline
 from ppdiag.parsers import ParseOptions, cache
-from ppdiag.parsers.loader import _parse_one, detect_format
+from ppdiag.parsers.loader import detect_format, parse_one
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def _state(tl: RankTimeline) -> dict[str, Any]:
 def _parse(path: Path) -> list[RankTimeline]:
     fmt, why = detect_format(path)
     assert fmt is not None, why
-    out = _parse_one(str(path), fmt, ParseOptions())
+    out = parse_one(str(path), fmt, ParseOptions())
     assert out.ranks is not None, out.error_message
     return out.ranks
 
@@ -189,7 +189,7 @@ def test_default_dir_without_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 
 def test_warm_rerun_starts_no_worker(tmp_path: Path, cache_on: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ppdiag.parsers import loader
+    from ppdiag.parsers import loader, pool
 
     src = SHARED_TRACES / "kineto" / "gloo_cpu_2rank"
     if not src.is_dir():
@@ -202,7 +202,7 @@ def test_warm_rerun_starts_no_worker(tmp_path: Path, cache_on: Path, monkeypatch
     def no_pool(*a: Any, **k: Any) -> Any:
         raise AssertionError("a warm re-run must not start parse workers")
 
-    monkeypatch.setattr(loader, "ProcessPoolExecutor", no_pool)
+    monkeypatch.setattr(pool, "ProcessPoolExecutor", no_pool)
     warm = loader.load_run([run], jobs=2, progress=False)
     assert [_state(t) for t in warm.ranks] == [_state(t) for t in cold.ranks]
     assert warm.warnings == cold.warnings

@@ -1,11 +1,13 @@
 """Device memory over time from the allocator's events, per rank (``memory[]`` of the report).
 
-The events come from :mod:`ppdiag.parsers.kineto_memory` (``RankTimeline.meta["memory"]``): with
-the allocator's totals the level is ``Total Allocated`` after each event; without them it is the
-running sum of the signed ``Bytes``, i.e. relative to what the device held when the profiler
-started (the report says so). The peak is the highest level and its time; the micro-batches in
-flight at the peak are the forwards done whose backward has not ended (from the block labels);
-the activation memory one micro-batch holds is the median rise of the level across a forward.
+The events come from :mod:`ppdiag.parsers.kineto_memory` and :mod:`ppdiag.parsers.nsys_memory`
+(``RankTimeline.meta["memory"]``): with the allocator's totals the level is ``Total Allocated``
+after each event; without them (older Kineto traces, and nsys, whose CUDA-level allocations are
+what a caching allocator reserves) it is the running sum of the signed ``Bytes``, i.e. relative to
+what the device held when the profiler started (the report says so). The peak is the highest
+level and its time; the micro-batches in flight at the peak are the forwards done whose backward
+has not ended (from the block labels); the activation memory one micro-batch holds is the median
+rise of the level across a forward.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ class MemoryRow(msgspec.Struct, frozen=True):
 
     rank: int
     device: int
-    source: str  # "totals" (Total Allocated) | "bytes" (running sum, relative to the window)
+    # "totals" (Total Allocated) | "bytes" (running sum, relative to the window) | "cuda" (nsys
+    # CUDA-level allocations, running sum since the capture began)
+    source: str
     events: int
     peak_allocated_mb: float
     peak_reserved_mb: float | None
@@ -53,6 +57,17 @@ _Blocks = tuple[
     npt.NDArray[np.int32],
     npt.NDArray[np.int32],
 ]
+
+
+_NOTES = {
+    "totals": "measured (allocator totals)",
+    "bytes": "peak relative to the window's start (no allocator totals: running sum of the allocations)",
+    # nsys --cuda-memory-usage: cudaMalloc / cudaFree, i.e. what a caching allocator reserves
+    "cuda": (
+        "CUDA device allocations (nsys --cuda-memory-usage): what the caching allocator reserved, "
+        "relative to the capture's start"
+    ),
+}
 
 
 def _level(
@@ -107,11 +122,7 @@ def memory_row(
             "gpipe": round(rest + microbatches * act, 3),
             "1f1b": round(rest + min(pp - stage, microbatches) * act, 3),
         }
-    note = (
-        "peak relative to the window's start (no allocator totals: running sum of the allocations)"
-        if mem.get("source") != "totals"
-        else "measured (allocator totals)"
-    )
+    note = _NOTES.get(str(mem.get("source")), _NOTES["bytes"])
     return MemoryRow(
         rank=tl.rank,
         device=device,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ppdiag.model import RankTimeline
 
@@ -30,10 +30,22 @@ class Parser(Protocol):
         ...
 
 
+@runtime_checkable
+class RunResolver(Protocol):
+    """A parser whose files cannot decide everything alone: once every file of a run is parsed and
+    ranked, the loader hands it the run's ranks (nsys: NCCL peers named by communicator ranks).
+    Parsers without this method need no run-level step."""
+
+    def resolve_run(self, ranks: list[RankTimeline]) -> list[str]:
+        """Fix up ``ranks`` (sorted by rank, not yet frozen) in place; returns run-level warnings."""
+        ...
+
+
 PARSERS: dict[str, Parser] = {}
 
 
 def register(parser: Parser) -> Parser:
+    """Add ``parser`` to the registry under its name (formats are offered to sniffers in this order)."""
     PARSERS[parser.name] = parser
     return parser
 

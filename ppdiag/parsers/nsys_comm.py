@@ -65,8 +65,18 @@ def project_nccl(calls: NcclCalls, sel: npt.NDArray[np.bool_], launch: I64, ltid
     return out
 
 
-def _project_thread(calls: NcclCalls, c: I64, launch: I64, k_sel: I64, out: Projection) -> None:
-    api = calls.api[c]
+@dataclass
+class _Grouping:
+    """The ops of one thread's NCCL calls (``c``, in time order) and the group each belongs to."""
+
+    in_group: npt.NDArray[np.bool_]  # an op called between ncclGroupStart and ncclGroupEnd
+    outer_end: npt.NDArray[np.bool_]  # an outermost ncclGroupEnd (where the fused launch happens)
+    gid: I64  # outermost group number of each call
+    key: I64  # aggregation key per call: its group, or itself (negative) outside a group
+    is_op: npt.NDArray[np.bool_]
+
+
+def _grouping(api: npt.NDArray[np.int8]) -> _Grouping:
     is_gs = api == API_GROUP_START
     is_ge = api == API_GROUP_END
     delta = is_gs.astype(np.int64) - is_ge.astype(np.int64)
@@ -74,25 +84,35 @@ def _project_thread(calls: NcclCalls, c: I64, launch: I64, k_sel: I64, out: Proj
     if (depth_after < 0).any():
         # The capture began inside a group: replay with the depth floored at zero.
         d = 0
-        depth_after = np.empty(len(c), dtype=np.int64)
+        depth_after = np.empty(len(api), dtype=np.int64)
         for i, x in enumerate(delta.tolist()):
             d = max(d + x, 0)
             depth_after[i] = d
     depth_before = depth_after - delta
-    outer_start = is_gs & (depth_before == 0)
-    gid = np.cumsum(outer_start)
+    gid = np.cumsum(is_gs & (depth_before == 0))
     is_op = (api == API_P2P) | (api == API_COLL)
     in_group = is_op & (depth_before > 0)
-    outer_end = is_ge & (depth_after == 0)
+    key = np.where(in_group, gid, -(np.arange(len(api)) + 1))
+    return _Grouping(in_group, is_ge & (depth_after == 0), gid, key, is_op)
 
-    # Aggregation key per op: its group, or itself when called outside a group.
-    key = np.where(in_group, gid, -(np.arange(len(c)) + 1))
-    ops = np.flatnonzero(is_op)
-    if not len(ops):
-        return
-    ukeys, kinv = np.unique(key[ops], return_inverse=True)
+
+@dataclass
+class _Aggregate:
+    """What each group of ops (or lone op) says as one kernel, indexed like ``ukeys``."""
+
+    ukeys: I64
+    kind: npt.NDArray[np.int8]
+    direction: npt.NDArray[np.int8]
+    peer: I64  # the one local peer, -1 when several or unknown
+    bytes: I64
+    comm: I64  # the one communicator, 0 when several
+
+
+def _aggregate(calls: NcclCalls, oc: I64, keys: I64) -> _Aggregate:
+    """Per group: a collective when it holds one or talks to more than two peers, else p2p with
+    the directions of its ops; bytes summed; the peer and communicator when there is only one."""
+    ukeys, kinv = np.unique(keys, return_inverse=True)
     m = len(ukeys)
-    oc = c[ops]
     op_dir = calls.direction[oc]
     n_send = np.bincount(kinv, weights=(op_dir == Direction.SEND), minlength=m)
     n_recv = np.bincount(kinv, weights=(op_dir == Direction.RECV), minlength=m)
@@ -120,7 +140,6 @@ def _project_thread(calls: NcclCalls, c: I64, launch: I64, k_sel: I64, out: Proj
     cmax = np.full(m, np.iinfo(np.int64).min, dtype=np.int64)
     np.minimum.at(cmin, kinv, comm)
     np.maximum.at(cmax, kinv, comm)
-
     g_kind = np.where((n_coll > 0) | (n_peers > 2), Kind.COLLECTIVE, Kind.P2P).astype(np.int8)
     g_dir = np.select(
         [(n_send > 0) & (n_recv > 0), n_send > 0, n_recv > 0],
@@ -129,14 +148,22 @@ def _project_thread(calls: NcclCalls, c: I64, launch: I64, k_sel: I64, out: Proj
     ).astype(np.int8)
     g_dir[g_kind == Kind.COLLECTIVE] = Direction.NONE
     g_bytes = np.where(bknown > 0, bsum, -1).astype(np.int64)
-    g_comm = np.where(cmin == cmax, cmin, 0)
+    return _Aggregate(ukeys, g_kind, g_dir, peer_one, g_bytes, np.where(cmin == cmax, cmin, 0))
 
+
+def _project_thread(calls: NcclCalls, c: I64, launch: I64, k_sel: I64, out: Projection) -> None:
+    g = _grouping(calls.api[c])
+    ops = np.flatnonzero(g.is_op)
+    if not len(ops):
+        return
+    agg = _aggregate(calls, c[ops], g.key[ops])
+    ukeys, m = agg.ukeys, len(agg.ukeys)
     # Containers: ops outside groups (the launch happens inside the op's own range) and outermost
     # group ends (the fused launch happens there).
-    cont = np.flatnonzero((is_op & ~in_group) | outer_end)
+    cont = np.flatnonzero((g.is_op & ~g.in_group) | g.outer_end)
     if not len(cont):
         return
-    cont_key = np.where(outer_end[cont], gid[cont], key[cont])
+    cont_key = np.where(g.outer_end[cont], g.gid[cont], g.key[cont])
     pos = np.searchsorted(ukeys, cont_key)
     pos_ok = (pos < m) & (ukeys[np.minimum(pos, m - 1)] == cont_key)
     cstart = calls.start[c[cont]]
@@ -148,13 +175,13 @@ def _project_thread(calls: NcclCalls, c: I64, launch: I64, k_sel: I64, out: Proj
     hit &= cend[jj] >= x
     hit &= pos_ok[jj]
     rows = k_sel[hit]
-    g = pos[jj[hit]]
+    gi = pos[jj[hit]]
     out.matched[rows] = True
-    out.kind[rows] = g_kind[g]
-    out.direction[rows] = g_dir[g]
-    out.peer_local[rows] = np.where(g_kind[g] == Kind.P2P, peer_one[g], -1)
-    out.bytes[rows] = g_bytes[g]
-    out.comm[rows] = g_comm[g]
+    out.kind[rows] = agg.kind[gi]
+    out.direction[rows] = agg.direction[gi]
+    out.peer_local[rows] = np.where(agg.kind[gi] == Kind.P2P, agg.peer[gi], -1)
+    out.bytes[rows] = agg.bytes[gi]
+    out.comm[rows] = agg.comm[gi]
 
 
 def inside_spans(spans: Spans, pid: int, launch: I64, ltid: I64) -> npt.NDArray[np.bool_]:

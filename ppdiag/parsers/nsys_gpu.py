@@ -166,113 +166,26 @@ def _dedupe(rows: np.ndarray, expected: int) -> np.ndarray:
 def read_gpu_ops(db: NsysDb) -> GpuOps:
     """All kernels, copies, memsets and sync rows of the export."""
     names: list[str] = [""]
-    parts: list[dict[str, np.ndarray]] = []
     bad: dict[str, BadTimes] = {}
-
-    # Kernels: the demangled name is what Kineto shows; shortName when the column is missing.
-    kcols = db.columns(KERNEL)
-    name_col = "demangledName" if "demangledName" in kcols else "shortName" if "shortName" in kcols else None
-    if name_col is not None:
-        rows = _fetch(db, KERNEL, int_expr(f"g.{name_col}"), [], bad)
-        if len(rows):
-            sid = rows["nametid"] & 0xFFFFFFFF
-            inv, uniq = factorize(sid)
-            strings = db.strings(uniq.tolist())
-            base = len(names)
-            uniq_names = [strings.get(int(u), f"kernel#{int(u)}") for u in uniq]
-            names.extend(uniq_names)
-            cls = [classify_kernel(s) for s in uniq_names]
-            kind = np.array([c.kind for c in cls], dtype=np.int8)[inv]
-            direction = np.array([c.direction for c in cls], dtype=np.int8)[inv]
-            sendrecv = np.array([c.sendrecv for c in cls], dtype=bool)[inv]
-            parts.append(
-                _part(
-                    rows,
-                    (inv + base).astype(np.int32),
-                    kind,
-                    direction,
-                    sendrecv,
-                    np.full(len(rows), -1, dtype=np.int64),
-                )
-            )
-
-    if {"start", "end"} <= set(db.columns(MEMCPY)):
-        code = (
-            f"((coalesce({db.col(MEMCPY, 'copyKind', '0', 'g')}, 0) & 255) << 16)"
-            f" | ((coalesce({db.col(MEMCPY, 'srcKind', '255', 'g')}, 255) & 255) << 8)"
-            f" | (coalesce({db.col(MEMCPY, 'dstKind', '255', 'g')}, 255) & 255)"
-        )
-        rows = _fetch(db, MEMCPY, "0", [code, int_expr(db.col(MEMCPY, "bytes", "-1", "g"))], bad)
-        if len(rows):
-            inv, uniq = factorize(rows["x1"])
-            base = len(names)
-            for u in uniq.tolist():
-                ck, sk, dk = (u >> 16) & 255, (u >> 8) & 255, u & 255
-                names.append(memcpy_name(ck, -1 if sk == 255 else sk, -1 if dk == 255 else dk))
-            parts.append(
-                _part(
-                    rows,
-                    (inv + base).astype(np.int32),
-                    np.full(len(rows), Kind.MEMCPY, np.int8),
-                    None,
-                    None,
-                    rows["x2"].copy(),
-                )
-            )
-
-    if {"start", "end"} <= set(db.columns(MEMSET)):
-        rows = _fetch(
-            db,
-            MEMSET,
-            "0",
-            [int_expr(db.col(MEMSET, "memKind", "-1", "g")), int_expr(db.col(MEMSET, "bytes", "-1", "g"))],
-            bad,
-        )
-        if len(rows):
-            inv, uniq = factorize(rows["x1"])
-            base = len(names)
-            names.extend(memset_name(int(u)) for u in uniq)
-            parts.append(
-                _part(
-                    rows,
-                    (inv + base).astype(np.int32),
-                    np.full(len(rows), Kind.MEMSET, np.int8),
-                    None,
-                    None,
-                    rows["x2"].copy(),
-                )
-            )
-
+    parts = [
+        p
+        for p in (_kernel_part(db, names, bad), _memcpy_part(db, names, bad), _memset_part(db, names, bad))
+        if p is not None
+    ]
     if {"start", "end"} <= set(db.columns(SYNC)):
         parts.extend(_sync_part(db, names, bad))
-
     if not parts:
         out = _empty(names)
         out.bad_times = bad
         return out
     cat = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     del parts
+    cat = _by_process_and_start(cat)
     packed = cat["packed"]
-    pid = (packed >> 32) & 0xFFFFFF
-    # Rows ordered by (process, start): each process is then one contiguous slice, already in time
-    # order. Exports are nearly sorted (one time-ordered run per table), which stable sorting
-    # merges in linear time; nsys >= 2025.6 no longer promises any order.
-    start = cat["start"]
-    order: npt.NDArray[np.intp] | None = None
-    if len(start) > 1 and not (start[1:] >= start[:-1]).all():
-        order = np.argsort(start, kind="stable")
-    p_sorted = pid if order is None else pid[order]
-    if len(p_sorted) > 1 and not (p_sorted[1:] >= p_sorted[:-1]).all():
-        by_pid = np.argsort(p_sorted, kind="stable")
-        order = by_pid if order is None else order[by_pid]
-    if order is not None:
-        cat = {k: v[order] for k, v in cat.items()}
-        packed = cat["packed"]
-        pid = (packed >> 32) & 0xFFFFFF
     return GpuOps(
         start=cat["start"],
         end=cat["end"],
-        pid=pid,
+        pid=(packed >> 32) & 0xFFFFFF,
         device=(packed >> 56) & 0xFF,
         stream=packed & 0xFFFFFFFF,
         kind=cat["kind"],
@@ -285,6 +198,82 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
         names=names,
         bad_times=bad,
     )
+
+
+def _by_process_and_start(cat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Rows ordered by (process, start): each process is then one contiguous slice, already in time
+    order. Exports are nearly sorted (one time-ordered run per table), which stable sorting merges
+    in linear time; nsys >= 2025.6 no longer promises any order."""
+    pid = (cat["packed"] >> 32) & 0xFFFFFF
+    start = cat["start"]
+    order: npt.NDArray[np.intp] | None = None
+    if len(start) > 1 and not (start[1:] >= start[:-1]).all():
+        order = np.argsort(start, kind="stable")
+    p_sorted = pid if order is None else pid[order]
+    if len(p_sorted) > 1 and not (p_sorted[1:] >= p_sorted[:-1]).all():
+        by_pid = np.argsort(p_sorted, kind="stable")
+        order = by_pid if order is None else order[by_pid]
+    if order is None:
+        return cat
+    return {k: v[order] for k, v in cat.items()}
+
+
+def _kernel_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> dict[str, np.ndarray] | None:
+    """Kernels: the demangled name is what Kineto shows; shortName when the column is missing."""
+    kcols = db.columns(KERNEL)
+    name_col = "demangledName" if "demangledName" in kcols else "shortName" if "shortName" in kcols else None
+    if name_col is None:
+        return None
+    rows = _fetch(db, KERNEL, int_expr(f"g.{name_col}"), [], bad)
+    if not len(rows):
+        return None
+    sid = rows["nametid"] & 0xFFFFFFFF
+    inv, uniq = factorize(sid)
+    strings = db.strings(uniq.tolist())
+    base = len(names)
+    uniq_names = [strings.get(int(u), f"kernel#{int(u)}") for u in uniq]
+    names.extend(uniq_names)
+    cls = [classify_kernel(s) for s in uniq_names]
+    kind = np.array([c.kind for c in cls], dtype=np.int8)[inv]
+    direction = np.array([c.direction for c in cls], dtype=np.int8)[inv]
+    sendrecv = np.array([c.sendrecv for c in cls], dtype=bool)[inv]
+    return _part(
+        rows, (inv + base).astype(np.int32), kind, direction, sendrecv, np.full(len(rows), -1, dtype=np.int64)
+    )
+
+
+def _memcpy_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> dict[str, np.ndarray] | None:
+    if not {"start", "end"} <= set(db.columns(MEMCPY)):
+        return None
+    code = (
+        f"((coalesce({db.col(MEMCPY, 'copyKind', '0', 'g')}, 0) & 255) << 16)"
+        f" | ((coalesce({db.col(MEMCPY, 'srcKind', '255', 'g')}, 255) & 255) << 8)"
+        f" | (coalesce({db.col(MEMCPY, 'dstKind', '255', 'g')}, 255) & 255)"
+    )
+    rows = _fetch(db, MEMCPY, "0", [code, int_expr(db.col(MEMCPY, "bytes", "-1", "g"))], bad)
+    if not len(rows):
+        return None
+    inv, uniq = factorize(rows["x1"])
+    base = len(names)
+    for u in uniq.tolist():
+        ck, sk, dk = (u >> 16) & 255, (u >> 8) & 255, u & 255
+        names.append(memcpy_name(ck, -1 if sk == 255 else sk, -1 if dk == 255 else dk))
+    kind = np.full(len(rows), Kind.MEMCPY, np.int8)
+    return _part(rows, (inv + base).astype(np.int32), kind, None, None, rows["x2"].copy())
+
+
+def _memset_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> dict[str, np.ndarray] | None:
+    if not {"start", "end"} <= set(db.columns(MEMSET)):
+        return None
+    extra = [int_expr(db.col(MEMSET, "memKind", "-1", "g")), int_expr(db.col(MEMSET, "bytes", "-1", "g"))]
+    rows = _fetch(db, MEMSET, "0", extra, bad)
+    if not len(rows):
+        return None
+    inv, uniq = factorize(rows["x1"])
+    base = len(names)
+    names.extend(memset_name(int(u)) for u in uniq)
+    kind = np.full(len(rows), Kind.MEMSET, np.int8)
+    return _part(rows, (inv + base).astype(np.int32), kind, None, None, rows["x2"].copy())
 
 
 def _sync_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> list[dict[str, np.ndarray]]:

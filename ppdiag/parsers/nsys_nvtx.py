@@ -4,14 +4,12 @@ API ranges with their extended payloads (communicator, bytes, peer).
 NCCL (>= 2.19) annotates each API call as a push/pop range in the NVTX domain ``"NCCL"`` with a
 typed payload whose layout is described by ``NVTX_PAYLOAD_SCHEMA_ENTRIES`` (entry names such as
 ``"Peer rank"``, ``"Message size [bytes]"``, ``"NCCL communicator ID"``); the bytes of each
-payload are in ``NVTX_EVENTS.binaryData`` when the export was made with ``--include-blobs``.
-Payloads are decoded column-wise: blobs of one length are stacked into a byte matrix and every
-field is read as a numpy view at its offset.
+payload are in ``NVTX_EVENTS.binaryData`` when the export was made with ``--include-blobs``
+(decoded by :mod:`ppdiag.parsers.nsys_payloads`).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,10 +17,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from ppdiag.model.timeline import Direction
-from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, int_expr, valid_times
+from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, factorize, int_expr, valid_times
 from ppdiag.parsers.nsys_names import (
     NCCL_API_NAMES,
     NCCL_COLLECTIVE_APIS,
@@ -35,6 +32,15 @@ from ppdiag.parsers.nsys_names import (
     nccl_api,
     strip_op_tail,
 )
+from ppdiag.parsers.nsys_payloads import (
+    F_BYTES,
+    F_COMM,
+    F_NRANKS,
+    F_PEER,
+    F_RANK,
+    decode_payloads,
+    merge_json,
+)
 
 I64 = npt.NDArray[np.int64]
 NVTX = "NVTX_EVENTS"
@@ -44,48 +50,6 @@ THREAD_NAME = 39
 
 # NCCL API range categories
 API_OTHER, API_P2P, API_COLL, API_GROUP_START, API_GROUP_END, API_INIT = 0, 1, 2, 3, 4, 5
-
-# NVTX payload entry types → numpy dtype (nvToolsExtPayload.h; LP64 for long / size_t).
-_PAYLOAD_TYPES: dict[int, str] = {
-    1: "i1",
-    2: "u1",
-    3: "<i2",
-    4: "<u2",
-    5: "<i4",
-    6: "<u4",
-    7: "<i8",
-    8: "<u8",
-    9: "<i8",
-    10: "<u8",
-    11: "i1",
-    12: "u1",
-    13: "<i2",
-    14: "<u2",
-    15: "<i4",
-    16: "<u4",
-    17: "<i8",
-    18: "<u8",
-    22: "<u8",
-    23: "<u8",
-}
-PAYLOAD_HEADER = 32  # nsys blob header: domain, schema id, payload size, total size (4 × u64)
-
-F_COMM = "NCCL communicator ID"
-F_BYTES = "Message size [bytes]"
-F_PEER = "Peer rank"
-F_NRANKS = "No. of ranks"
-F_RANK = "Rank"
-F_DEVICE = "CUDA device"
-PAYLOAD_FIELDS = (F_COMM, F_BYTES, F_PEER, F_NRANKS, F_RANK, F_DEVICE)
-# JSON spellings accepted besides the schema entry names (``--include-json`` style payloads).
-_JSON_ALIASES = {
-    F_COMM: ("NCCL communicator ID", "comm", "commHash", "CommHash", "communicator"),
-    F_BYTES: ("Message size [bytes]", "bytes", "Bytes", "size", "msg_size"),
-    F_PEER: ("Peer rank", "peer", "Peer"),
-    F_NRANKS: ("No. of ranks", "nranks", "nRanks"),
-    F_RANK: ("Rank", "rank", "myrank"),
-    F_DEVICE: ("CUDA device", "cudaDev", "device"),
-}
 
 
 @dataclass
@@ -278,11 +242,9 @@ def _exclude_clause(keys: list[tuple[int, int]]) -> tuple[str, list[int]]:
     ), params
 
 
-def _user_ranges(
-    db: NsysDb, domains: dict[tuple[int, int], str], nccl_keys: list[tuple[int, int]]
-) -> tuple[HostRanges, Spans, int, BadTimes, int]:
-    """User ranges, all-to-all evidence spans, how many op ranges were left out, the range rows of
-    any domain dropped for their start/end, and how many unclosed PyTorch p2p ranges were kept."""
+def _user_range_sql(db: NsysDb, nccl_keys: list[tuple[int, int]]) -> tuple[str, list[int]]:
+    """The query of user ranges: every range outside the NCCL domains but plain operator ranges,
+    plus the rows of any domain with unusable times (only to be counted)."""
     text_id, text = _text_expr(db)
     dom = int_expr(db.col(NVTX, "domainId", "0"), "0")
     excl, params = _exclude_clause(nccl_keys)
@@ -297,7 +259,6 @@ def _user_ranges(
     )
     ops = " OR ".join(f"{t} GLOB '{g}'" for g in OP_NAMESPACES_SQL)
     not_op = f" AND NOT coalesce({ops}, 0)" if t != "NULL" else ""
-    # Ranges with unusable times come out too (whatever their domain), only to be counted.
     valid = valid_times()
     end = int_expr('"end"', "0")
     sql = (
@@ -306,18 +267,46 @@ def _user_ranges(
         f"CASE WHEN {text_id} < 0 THEN {base} END, {bad_time_code()} FROM {NVTX} "
         f"WHERE eventType IN ({types}) AND (({valid}{excl}{not_op}) OR NOT ({valid}))"
     )
-    dt = np.dtype(
-        [
-            ("start", np.int64),
-            ("end", np.int64),
-            ("gtid", np.int64),
-            ("tid_", np.int64),
-            ("dom", np.int64),
-            ("text", object),
-            ("bad", np.int64),
-        ]
-    )
-    rows = db.fetch(sql, dt, params)
+    return sql, params
+
+
+_USER_ROW = np.dtype(
+    [
+        ("start", np.int64),
+        ("end", np.int64),
+        ("gtid", np.int64),
+        ("tid_", np.int64),
+        ("dom", np.int64),
+        ("text", object),
+        ("bad", np.int64),
+    ]
+)
+
+
+class _Classes:
+    """Per-row columns of the range classification, run once per distinct name (MPI-domain rows
+    with the MPI rules)."""
+
+    def __init__(self, names: list[str], codes: I64, is_mpi: npt.NDArray[np.bool_]) -> None:
+        self.codes, self.is_mpi, self.any_mpi = codes, is_mpi, bool(is_mpi.any())
+        self.plain = [classify_range(s, "") for s in names]
+        self.mpi = [classify_range(s, "MPI") for s in names] if self.any_mpi else self.plain
+
+    def col(self, attr: str, dtype: Any) -> np.ndarray:
+        a = np.array([getattr(c, attr) for c in self.plain], dtype=dtype)[self.codes]
+        if self.any_mpi:
+            b = np.array([getattr(c, attr) for c in self.mpi], dtype=dtype)[self.codes]
+            a = np.where(self.is_mpi, b, a)
+        return a
+
+
+def _user_ranges(
+    db: NsysDb, domains: dict[tuple[int, int], str], nccl_keys: list[tuple[int, int]]
+) -> tuple[HostRanges, Spans, int, BadTimes, int]:
+    """User ranges, all-to-all evidence spans, how many op ranges were left out, the range rows of
+    any domain dropped for their start/end, and how many unclosed PyTorch p2p ranges were kept."""
+    sql, params = _user_range_sql(db, nccl_keys)
+    rows = db.fetch(sql, _USER_ROW, params)
     if not len(rows):
         return _empty_ranges(), _empty_spans(), 0, BadTimes(), 0
     pid = (rows["gtid"] >> 24) & 0xFFFFFF
@@ -326,19 +315,10 @@ def _user_ranges(
     codes, names = name_codes(db, rows["tid_"], rows["text"], strip_op_tail)
     # Domain names matter for MPI ranges only: classify those rows with the MPI rules.
     is_mpi = np.zeros(len(rows), dtype=bool)
-    mpi_keys = [k for k, v in domains.items() if v.upper() == "MPI"]
-    for p, d in mpi_keys:
+    for p, d in [k for k, v in domains.items() if v.upper() == "MPI"]:
         is_mpi |= (pid == p) & (rows["dom"] == d)
-    cls_plain = [classify_range(s, "") for s in names]
-    cls_mpi = [classify_range(s, "MPI") for s in names] if is_mpi.any() else cls_plain
-
-    def col(attr: str, dtype: Any) -> np.ndarray:
-        a = np.array([getattr(c, attr) for c in cls_plain], dtype=dtype)[codes]
-        if is_mpi.any():
-            b = np.array([getattr(c, attr) for c in cls_mpi], dtype=dtype)[codes]
-            a = np.where(is_mpi, b, a)
-        return a
-
+    cls = _Classes(names, codes, is_mpi)
+    col = cls.col
     # PyTorch's p2p titles are asynchronous record functions: one whose range was never closed on
     # its thread still says, by its start, which NCCL kernel it issued. Kept with zero length.
     bad_code = rows["bad"]
@@ -382,14 +362,14 @@ def name_codes(
     codes = np.empty(len(text_ids), dtype=np.int64)
     names: list[str] = []
     if reg.any():
-        rcodes, ruq = pd.factorize(text_ids[reg])
+        rcodes, ruq = factorize(text_ids[reg])
         strings = db.strings(ruq.tolist())
         codes[reg] = rcodes
         names.extend(strings.get(int(u), "") for u in ruq)
     if (~reg).any():
         txt = texts[~reg]
-        txt[pd.isna(txt)] = ""
-        pcodes, puniq = pd.factorize(txt)
+        txt[np.equal(txt, np.array(None, dtype=object))] = ""  # SQL NULL (SQLite stores no NaN)
+        pcodes, puniq = factorize(txt)
         codes[~reg] = pcodes + len(names)
         names.extend(str(x) for x in puniq)
     if clean is not None:
@@ -434,7 +414,7 @@ def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
     has_json = np.array([j is not None for j in rows["json"]], dtype=bool) | (rows["jtid"] >= 0)
     if has_json.any():
         strings = db.strings(np.unique(rows["jtid"][rows["jtid"] >= 0]).tolist())
-        _merge_json(fields, rows["json"], rows["jtid"], strings, has_json)
+        merge_json(fields, rows["json"], rows["jtid"], strings, has_json)
     return NcclCalls(
         start=rows["start"],
         end=rows["end"],
@@ -465,144 +445,6 @@ def _api_code(api: str) -> int:
     if api in NCCL_INIT_APIS:
         return API_INIT
     return API_OTHER
-
-
-@dataclass
-class _Schema:
-    payload_size: int
-    fields: dict[str, tuple[str, int]]  # entry name → (numpy dtype, offset)
-
-
-def _schemas(db: NsysDb) -> dict[int, _Schema]:
-    """Payload schemas keyed by schema id (NCCL's static ids are unique across domains)."""
-    table = "NVTX_PAYLOAD_SCHEMA_ENTRIES"
-    cols = set(db.columns(table))
-    if not {"schemaId", "idx", "type", "name"} <= cols:
-        return {}
-    # Integers only (a damaged schema row is skipped, not a crash); a NULL offset stays NULL.
-    off = 'CASE WHEN typeof("offset") = \'integer\' THEN "offset" END' if "offset" in cols else "NULL"
-    typ = int_expr('"type"')
-    rows = db.execute(
-        f"SELECT DISTINCT {int_expr('schemaId')}, {int_expr('idx')}, {typ}, name, {off} "
-        f"FROM {table} WHERE typeof(schemaId) = 'integer' ORDER BY 1, 2"
-    ).fetchall()
-    sizes: dict[int, int] = {}
-    if {"schemaId", "payloadSize"} <= set(db.columns("NVTX_PAYLOAD_SCHEMAS")):
-        for sid, size in db.execute(
-            "SELECT DISTINCT schemaId, payloadSize FROM NVTX_PAYLOAD_SCHEMAS "
-            "WHERE typeof(schemaId) = 'integer' AND typeof(payloadSize) = 'integer'"
-        ):
-            sizes[int(sid)] = int(size)
-    out: dict[int, _Schema] = {}
-    cursor: dict[int, int] = {}
-    for sid, _idx, typ, name, offset in rows:
-        sid = int(sid)
-        if offset is not None and not 0 <= int(offset) < 1 << 20:
-            continue
-        sch = out.setdefault(sid, _Schema(sizes.get(sid, 0), {}))
-        dt = _PAYLOAD_TYPES.get(int(typ))
-        width = np.dtype(dt).itemsize if dt else 8
-        # The first entry's offset is stored as NULL (= 0); missing offsets follow natural alignment.
-        if offset is None:
-            pos = cursor.get(sid, 0)
-            offset = (pos + width - 1) // width * width
-        cursor[sid] = int(offset) + width
-        if dt is not None and isinstance(name, str) and name:
-            sch.fields[name] = (dt, int(offset))
-    for sid, sch in out.items():
-        if sch.payload_size <= 0:
-            sch.payload_size = cursor.get(sid, 0)
-    return out
-
-
-def decode_payloads(db: NsysDb, blobs: np.ndarray, api_code: I64, apis: list[str]) -> dict[str, I64]:
-    """Decode the NCCL payload fields of each row; -1 (0 for the communicator) when absent.
-
-    ``apis[api_code[i]]`` is row ``i``'s NCCL API name (it picks the schema of bare payloads)."""
-    n = len(blobs)
-    out: dict[str, I64] = {f: np.full(n, -1, dtype=np.int64) for f in PAYLOAD_FIELDS}
-    out[F_COMM] = np.zeros(n, dtype=np.int64)
-    out["_has"] = np.zeros(n, dtype=np.int64)
-    present = np.array(
-        [isinstance(b, (bytes, bytearray, memoryview)) and len(b) > 0 for b in blobs], dtype=bool
-    )
-    if not present.any():
-        return out
-    schemas = _schemas(db)
-    if not schemas:
-        return out
-    idx_all = np.flatnonzero(present)
-    lengths = np.array([len(blobs[i]) for i in idx_all])
-    for length in np.unique(lengths).tolist():
-        idx = idx_all[lengths == length]
-        mat = np.frombuffer(b"".join(bytes(blobs[i]) for i in idx), dtype=np.uint8).reshape(len(idx), length)
-        schema_ids, body = _schema_of(mat, schemas, api_code[idx], apis)
-        for sid in np.unique(schema_ids).tolist():
-            sch = schemas.get(int(sid))
-            if sch is None:
-                continue
-            sel = schema_ids == sid
-            rows_sel = idx[sel]
-            sub = mat[sel]
-            for fname, (dt, offset) in sch.fields.items():
-                if fname not in out:
-                    continue
-                w = np.dtype(dt).itemsize
-                lo = body + offset
-                if lo + w > length:
-                    continue
-                vals = np.ascontiguousarray(sub[:, lo : lo + w]).view(dt).reshape(-1)
-                out[fname][rows_sel] = (
-                    vals.astype(np.uint64).view(np.int64) if dt.endswith("u8") else vals.astype(np.int64)
-                )
-            out["_has"][rows_sel] = 1
-    return out
-
-
-def _schema_of(
-    mat: npt.NDArray[np.uint8], schemas: dict[int, _Schema], api_code: I64, apis: list[str]
-) -> tuple[I64, int]:
-    """Schema id per row and where the payload body starts in the blob."""
-    length = mat.shape[1]
-    if length >= PAYLOAD_HEADER:
-        sid = np.ascontiguousarray(mat[:, 8:16]).view("<u8").reshape(-1).astype(np.int64)
-        if np.isin(sid, list(schemas)).any():
-            return sid, PAYLOAD_HEADER
-    # Bare payload: pick the schema by size and by what the API carries.
-    out = np.full(len(api_code), -1, dtype=np.int64)
-    for k in np.unique(api_code).tolist():
-        a = apis[k]
-        fname = F_PEER if a in NCCL_P2P_APIS else F_NRANKS if a in NCCL_INIT_APIS else F_BYTES
-        cands = [s for s, sch in schemas.items() if sch.payload_size == length and fname in sch.fields]
-        if cands:
-            out[api_code == k] = cands[0]
-    return out, 0
-
-
-def _merge_json(
-    fields: dict[str, I64],
-    texts: np.ndarray,
-    text_ids: I64,
-    strings: dict[int, str],
-    mask: npt.NDArray[np.bool_],
-) -> None:
-    """JSON payload text (per NCCL call; these are few next to kernels)."""
-    for i in np.flatnonzero(mask).tolist():
-        raw = texts[i] if texts[i] is not None else strings.get(int(text_ids[i]))
-        try:
-            obj = json.loads(raw) if raw else None
-        except (TypeError, ValueError):
-            obj = None
-        if not isinstance(obj, dict):
-            continue
-        for fname, aliases in _JSON_ALIASES.items():
-            for a in aliases:
-                v = obj.get(a)
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    iv = int(v)
-                    fields[fname][i] = iv - (1 << 64) if iv >= (1 << 63) else iv
-                    break
-        fields["_has"][i] = 1
 
 
 def _empty_ranges() -> HostRanges:

@@ -20,13 +20,13 @@ P2P with the neighbouring stage of the same replica as peer; the DP collectives 
 process group per stage across replicas (the embedding all-reduce in the first+last stage group);
 optimizer ops are COMPUTE with phase OPTIM; ``gc`` and unknown optypes are kept as OTHER ranges
 (unknown ones counted in a warning). Every rank gets its pipeline as a ``PIPELINE`` process group
-and ``meta["pipeline"]`` = its DP replica index. All work is vectorized (pandas / numpy).
+and ``meta["pipeline"]`` = its DP replica index. All work is vectorized (pandas / numpy); the
+mapping to ranks is :mod:`ppdiag.parsers.optable_ranks`.
 """
 
 from __future__ import annotations
 
 import gzip
-import itertools
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,53 +37,15 @@ import numpy.typing as npt
 
 from ppdiag.errors import InputError
 from ppdiag.io import qpath
-from ppdiag.model import Direction, Intervals, Kind, Phase, ProcessGroup, RangeKind, Ranges, RankTimeline
+from ppdiag.model import RankTimeline
 from ppdiag.parsers import ParseOptions, register
+from ppdiag.parsers.optable_ranks import OPTYPES, to_ranks
 
 if TYPE_CHECKING:
     import pandas as pd
 
 REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration")
 OPTIONAL = ("seq_id", "mc", "gmc", "mb_id")
-
-# optype -> code; the order is the code (and the interval name id - 1)
-OPTYPES = (
-    "forward-compute",
-    "backward-compute",
-    "forward-send",
-    "forward-recv",
-    "backward-send",
-    "backward-recv",
-    "grads-reduce-scatter",
-    "params-all-gather",
-    "embedding-grads-all-reduce",
-    "layernorm-grads-all-reduce",
-    "optimizer",
-    "optimizer-clip-main-grad",
-    "gc",
-    "other",
-)
-_CODE = {n: i for i, n in enumerate(OPTYPES)}
-FC, BC, FS, FR, BS, BR, RS, AG, EMB, LN, OPT, CLIP, GC, OTHER = range(len(OPTYPES))
-_COMPUTE = (FC, BC, OPT, CLIP)
-_P2P = (FS, FR, BS, BR)
-_COLL = (RS, AG, EMB, LN)
-# stream per op family: one compute stream, one per p2p direction, one for DP collectives
-_STREAM = np.array([7, 7, 21, 22, 23, 24, 40, 40, 41, 42, 7, 7, 0, 0], dtype=np.int64)
-_PHASE = np.array([1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 5, 5], dtype=np.int8)
-# neighbour stage offset and direction of each p2p optype
-_PEER_OFF = np.zeros(len(OPTYPES), dtype=np.int64)
-_PEER_OFF[[FS, BR]] = 1
-_PEER_OFF[[FR, BS]] = -1
-_DIR = np.zeros(len(OPTYPES), dtype=np.int8)
-_DIR[[FS, BS]] = int(Direction.SEND)
-_DIR[[FR, BR]] = int(Direction.RECV)
-# group slot in every rank's process_groups: 0 pipeline, 1 DP (stage across replicas),
-# 2 embedding (first + last stage of the pipeline), 3 the rank's TP lane peers (layernorm grads)
-_GROUP = np.full(len(OPTYPES), -1, dtype=np.int32)
-_GROUP[[RS, AG]] = 1
-_GROUP[EMB] = 2
-_GROUP[LN] = 3
 
 _LANE = re.compile(r"PP\s*rank\s*(\d+)\s*,\s*TP\s*rank\s*(\d+)\s*,\s*([\w-]+)", re.IGNORECASE)
 _DP = re.compile(r"DP\s*rank\s*\[?\s*(\d+)", re.IGNORECASE)
@@ -120,7 +82,7 @@ class OpTableParser:
         else:
             df, res = _read_table(path, src, head)
             laid = False
-        return _to_ranks(df, src, laid, warnings, res)
+        return to_ranks(df, src, laid, warnings, res)
 
 
 def _read_head(path: Path) -> bytes:
@@ -326,233 +288,6 @@ def _read_chrome(path: Path, src: str, warnings: list[str]) -> tuple[pd.DataFram
 def _is_gzip(path: Path) -> bool:
     with open(path, "rb") as fh:
         return fh.read(2) == b"\x1f\x8b"
-
-
-def _lay_steps(
-    df: pd.DataFrame,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Step-relative times onto one clock: the sampled steps side by side in step order.
-
-    Returns the absolute start per row plus the step numbers and their windows' starts / ends.
-    """
-    steps, inv = np.unique(df["step"].to_numpy(), return_inverse=True)
-    end = (df["t0"] + df["dur"]).to_numpy()
-    span = np.zeros(steps.size, dtype=np.int64)
-    np.maximum.at(span, inv, end)
-    lo = np.zeros(steps.size, dtype=np.int64)
-    np.minimum.at(lo, inv, df["t0"].to_numpy())
-    span = span - lo
-    # a gap between sampled steps keeps the windows apart on the timeline
-    gap = np.maximum(span // 20, 1_000_000)
-    starts = np.concatenate([[0], np.cumsum(span + gap)[:-1]]) - lo
-    t_abs = df["t0"].to_numpy() + starts[inv]
-    return t_abs, steps, starts + lo
-
-
-def _check_p2p_order(
-    df: pd.DataFrame,
-    codes: npt.NDArray[np.int64],
-    t_abs: npt.NDArray[np.int64],
-    n_pp: int,
-    warnings: list[str],
-) -> None:
-    """The stage placement checked against the transfers: a receive of micro-batch ``k`` ends after
-    its sender's send of ``k`` starts. Many receives that finish before their send began mean the
-    ``stage`` / ``dp_rank`` columns (or lanes) do not say where the ranks really sit."""
-    import pandas as pd  # here, not at import: detecting formats must not load pandas
-
-    ends = t_abs + df["dur"].to_numpy()
-    dp, st, step, mb = (df[c].to_numpy() for c in ("dp_rank", "stage", "step", "mb_id"))
-    bad = total = 0
-    for send, recv, off in ((FS, FR, 1), (BS, BR, -1)):
-        sm, rm = codes == send, codes == recv
-        if not sm.any() or not rm.any():
-            continue
-        s_df = pd.DataFrame(
-            {"dp": dp[sm], "st": (st[sm] + off) % n_pp, "step": step[sm], "mb": mb[sm], "t": t_abs[sm]}
-        )
-        r_df = pd.DataFrame({"dp": dp[rm], "st": st[rm], "step": step[rm], "mb": mb[rm], "e": ends[rm]})
-        # first transfer of each micro-batch per link and step (interleaved chunks send several)
-        j = (
-            s_df.groupby(["dp", "st", "step", "mb"])
-            .t.min()
-            .to_frame()
-            .join(r_df.groupby(["dp", "st", "step", "mb"]).e.max(), how="inner")
-        )
-        total += len(j)
-        bad += int((j["e"] < j["t"] - 10_000).sum())
-    if total and bad > 0.05 * total:
-        warnings.append(
-            f"{bad} of {total} receives end before their sender's send starts: the stage / dp_rank placement "
-            "(columns or lane names) may not match the transfers"
-        )
-
-
-def _to_ranks(
-    df: pd.DataFrame, src: str, laid: bool, warnings: list[str], resolution_ns: float
-) -> list[RankTimeline]:
-    import pandas as pd  # here, not at import: detecting formats must not load pandas
-
-    if not len(df):
-        raise InputError(src, "op table has no rows")
-    codes = pd.Index(OPTYPES).get_indexer(pd.Index(df["optype"].astype(str))).astype(np.int64)
-    unknown = codes < 0
-    if unknown.any():
-        unk, counts = np.unique(df["optype"].to_numpy()[unknown], return_counts=True)
-        shown = ", ".join(f"{n} ({c})" for n, c in list(zip(unk, counts, strict=True))[:8])
-        warnings.append(f"{int(unknown.sum())} ops of unknown optype kept as 'other': {shown}")
-        codes = np.where(unknown, OTHER, codes)
-    bad = (df["dur"].to_numpy() < 0) | (df["rank"].to_numpy() < 0) | (df["stage"].to_numpy() < 0)
-    if bad.any():
-        warnings.append(f"{int(bad.sum())} ops with a negative duration, rank or stage dropped")
-        df = df[~bad].reset_index(drop=True)
-        codes = codes[~bad]
-    if laid:
-        t_abs = df["t0"].to_numpy()
-        step_arr = df["step"].to_numpy()
-        steps, inv = np.unique(step_arr, return_inverse=True)
-        w_lo = np.full(steps.size, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(w_lo, inv, t_abs)
-        w_hi = np.zeros(steps.size, dtype=np.int64)
-        np.maximum.at(w_hi, inv, t_abs + df["dur"].to_numpy())
-    else:
-        t_abs, steps, w_lo = _lay_steps(df)
-        inv = np.searchsorted(steps, df["step"].to_numpy())
-        w_hi = np.zeros(steps.size, dtype=np.int64)
-        np.maximum.at(w_hi, inv, t_abs + df["dur"].to_numpy())
-        if steps.size > 1 and bool(np.any(np.diff(steps) > 1)):
-            warnings.append(
-                f"{steps.size} sampled steps ({steps[0]}..{steps[-1]}) laid side by side on one clock"
-            )
-    dur = df["dur"].to_numpy()
-    rank = df["rank"].to_numpy()
-    dp = df["dp_rank"].to_numpy()
-    stage = df["stage"].to_numpy()
-    n_pp = int(stage.max()) + 1
-    # placement from the columns; each rank has one (dp, stage)
-    place = pd.DataFrame({"rank": rank, "dp": dp, "stage": stage}).drop_duplicates()
-    if place["rank"].duplicated().any():
-        dup = place[place["rank"].duplicated(keep=False)]["rank"].iloc[0]
-        raise InputError(src, f"rank {dup} appears with more than one (dp_rank, stage)")
-    loc = pd.Series(place["rank"].to_numpy(), index=pd.MultiIndex.from_arrays([place["dp"], place["stage"]]))
-    # tp lanes: ranks sharing (dp, stage) are one stage's tensor-parallel group
-    lines: dict[int, list[int]] = {}
-    for d in sorted(place["dp"].unique()):
-        sub = place[place["dp"] == d].sort_values(["stage", "rank"])
-        lines[int(d)] = [int(r) for r in sub.drop_duplicates("stage")["rank"]]
-    # peer of a p2p op: the neighbouring stage in the same replica (wraps for interleaved chunks)
-    is_p2p = np.isin(codes, _P2P)
-    peer_stage = (stage + _PEER_OFF[codes]) % n_pp
-    peer = np.full(len(df), -1, dtype=np.int64)
-    if is_p2p.any():
-        idx = loc.index.get_indexer(pd.MultiIndex.from_arrays([dp[is_p2p], peer_stage[is_p2p]]))
-        peer[is_p2p] = np.where(idx >= 0, loc.to_numpy()[np.clip(idx, 0, None)], -1)
-    _check_p2p_order(df, codes, t_abs, n_pp, warnings)
-    kind = np.full(len(df), -1, dtype=np.int8)
-    kind[np.isin(codes, _COMPUTE)] = int(Kind.COMPUTE)
-    kind[is_p2p] = int(Kind.P2P)
-    kind[np.isin(codes, _COLL)] = int(Kind.COLLECTIVE)
-    gmc = df["gmc"].to_numpy()
-    lstage = np.where(gmc >= 0, gmc, stage)
-    mb = df["mb_id"].to_numpy()
-    mc = df["mc"].to_numpy()
-    seq = df["seq_id"].to_numpy()
-    names = ["", *OPTYPES]
-    order = np.lexsort((t_abs, rank))
-    r_sorted = rank[order]
-    cuts = np.flatnonzero(np.r_[True, r_sorted[1:] != r_sorted[:-1], True])
-    stage_ranks: dict[int, list[int]] = {}
-    for r, s in zip(place["rank"], place["stage"], strict=True):
-        stage_ranks.setdefault(int(s), []).append(int(r))
-    out: list[RankTimeline] = []
-    n_ranks = int(place["rank"].nunique())
-    for a, b in itertools.pairwise(cuts):  # one iteration per rank
-        sel = order[a:b]
-        r = int(rank[sel[0]])
-        d, s = int(dp[sel[0]]), int(stage[sel[0]])
-        c = codes[sel]
-        iv_m = kind[sel] >= 0
-        isel = sel[iv_m]
-        ic = codes[isel]
-        intervals = Intervals.from_columns(
-            isel.size,
-            {
-                "start": t_abs[isel],
-                "end": t_abs[isel] + dur[isel],
-                "stream": _STREAM[ic],
-                "kind": kind[isel],
-                "name": ic + 1,
-                "phase": _PHASE[ic],
-                "mb": np.where(np.isin(ic, (FC, BC)) | is_p2p[isel], mb[isel], -1),
-                "chunk": mc[isel],
-                "peer": peer[isel],
-                "direction": _DIR[ic],
-                "seq": np.where(kind[isel] == int(Kind.COLLECTIVE), -1, seq[isel]),
-                "group": _GROUP[ic],
-            },
-        )
-        blk = sel[(c == FC) | (c == BC)]
-        oth = sel[(c == GC) | (c == OTHER)]
-        lab = Ranges.from_columns(
-            blk.size,
-            {
-                "start": t_abs[blk],
-                "end": t_abs[blk] + dur[blk],
-                "kind": np.full(blk.size, int(RangeKind.LABEL)),
-                "name": codes[blk] + 1,
-                "stage": lstage[blk],
-                "mb": mb[blk],
-                "phase": _PHASE[codes[blk]],
-            },
-        )
-        other = Ranges.from_columns(
-            oth.size,
-            {
-                "start": t_abs[oth],
-                "end": t_abs[oth] + dur[oth],
-                "kind": np.full(oth.size, int(RangeKind.OTHER)),
-                "name": codes[oth] + 1,
-                "phase": np.full(oth.size, int(Phase.OTHER)),
-            },
-        )
-        st_rows = Ranges.from_columns(
-            steps.size,
-            {
-                "start": w_lo,
-                "end": w_hi,
-                "kind": np.full(steps.size, int(RangeKind.STEP)),
-                "name": np.zeros(steps.size),
-                "num": steps,
-            },
-        )
-        ranges = Ranges.concat([st_rows, lab, other])
-        ranges = ranges.take(np.argsort(ranges.start, kind="stable"))
-        line = lines[d]
-        tp_peers = sorted(int(x) for x in place[(place["dp"] == d) & (place["stage"] == s)]["rank"])
-        groups = [
-            ProcessGroup(f"pp_dp{d}", "PIPELINE_MODEL_PARALLEL_GROUP", line),
-            ProcessGroup(f"dp_stage{s}", "DATA_PARALLEL_GROUP", sorted(stage_ranks[s])),
-            ProcessGroup(f"emb_dp{d}", "EMBEDDING_GROUP", sorted({line[0], line[-1]})),
-            ProcessGroup(f"tp_dp{d}_s{s}", "TENSOR_MODEL_PARALLEL_GROUP", tp_peers),
-        ]
-        out.append(
-            RankTimeline(
-                rank=r,
-                source=src,
-                format="optable",
-                names=names,
-                intervals=intervals.sorted(),
-                ranges=ranges,
-                world_size=n_ranks,
-                process_groups=groups,
-                rank_source="rank column" if not laid else "Megatron order from (dp, pp, tp)",
-                events_total=int(sel.size),
-                # said once for the file, not once per rank
-                warnings=list(warnings) if not out else [],
-                meta={"pipeline": d, "dp_rank": d, "pp_rank": s, "time_resolution_ns": resolution_ns},
-            )
-        )
-    return out
 
 
 register(OpTableParser())

@@ -18,10 +18,10 @@ SPIKE_SHARE = 0.8
 
 class MemorySpikeRule:
     """What it detects:
-    A rank whose allocator peak (Kineto `profile_memory=True` `[memory]` events) is close to the
-    device's capacity or far above its steady level, at a moment when the schedule holds more
-    micro-batches in flight (forwards done whose backward has not ended) than 1F1B needs on that
-    stage (min(P - s, M)).
+    A rank whose allocator peak (Kineto `profile_memory=True` `[memory]` events, or nsys
+    `--cuda-memory-usage=true` CUDA allocations) is close to the device's capacity or far above
+    its steady level, at a moment when the schedule holds more micro-batches in flight (forwards
+    done whose backward has not ended) than 1F1B needs on that stage (min(P - s, M)).
 
     Why it matters:
     "Out of memory although memory isn't full": the activations of every micro-batch in flight

@@ -1,0 +1,338 @@
+"""Op-table rows (every rank's ops in one frame) turned into one :class:`RankTimeline` per rank.
+
+The mapping of optypes to intervals and ranges is described in :mod:`ppdiag.parsers.optable`.
+The frame has the columns ``dp_rank, stage, rank, step, optype, t0, dur, seq_id, mc, gmc,
+mb_id`` (times in ns; ``t0`` step-relative unless the rows were laid on one clock already).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.errors import InputError
+from ppdiag.model import Direction, Intervals, Kind, Phase, ProcessGroup, RangeKind, Ranges, RankTimeline
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# optype -> code; the order is the code (and the interval name id - 1)
+OPTYPES = (
+    "forward-compute",
+    "backward-compute",
+    "forward-send",
+    "forward-recv",
+    "backward-send",
+    "backward-recv",
+    "grads-reduce-scatter",
+    "params-all-gather",
+    "embedding-grads-all-reduce",
+    "layernorm-grads-all-reduce",
+    "optimizer",
+    "optimizer-clip-main-grad",
+    "gc",
+    "other",
+)
+FC, BC, FS, FR, BS, BR, RS, AG, EMB, LN, OPT, CLIP, GC, OTHER = range(len(OPTYPES))
+_COMPUTE = (FC, BC, OPT, CLIP)
+_P2P = (FS, FR, BS, BR)
+_COLL = (RS, AG, EMB, LN)
+# stream per op family: one compute stream, one per p2p direction, one for DP collectives
+_STREAM = np.array([7, 7, 21, 22, 23, 24, 40, 40, 41, 42, 7, 7, 0, 0], dtype=np.int64)
+_PHASE = np.array([1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 5, 5], dtype=np.int8)
+# neighbour stage offset and direction of each p2p optype
+_PEER_OFF = np.zeros(len(OPTYPES), dtype=np.int64)
+_PEER_OFF[[FS, BR]] = 1
+_PEER_OFF[[FR, BS]] = -1
+_DIR = np.zeros(len(OPTYPES), dtype=np.int8)
+_DIR[[FS, BS]] = int(Direction.SEND)
+_DIR[[FR, BR]] = int(Direction.RECV)
+# group slot in every rank's process_groups: 0 pipeline, 1 DP (stage across replicas),
+# 2 embedding (first + last stage of the pipeline), 3 the rank's TP lane peers (layernorm grads)
+_GROUP = np.full(len(OPTYPES), -1, dtype=np.int32)
+_GROUP[[RS, AG]] = 1
+_GROUP[EMB] = 2
+_GROUP[LN] = 3
+
+
+def _lay_steps(
+    df: pd.DataFrame,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Step-relative times onto one clock: the sampled steps side by side in step order.
+
+    Returns the absolute start per row plus the step numbers and their windows' starts / ends.
+    """
+    steps, inv = np.unique(df["step"].to_numpy(), return_inverse=True)
+    end = (df["t0"] + df["dur"]).to_numpy()
+    span = np.zeros(steps.size, dtype=np.int64)
+    np.maximum.at(span, inv, end)
+    lo = np.zeros(steps.size, dtype=np.int64)
+    np.minimum.at(lo, inv, df["t0"].to_numpy())
+    span = span - lo
+    # a gap between sampled steps keeps the windows apart on the timeline
+    gap = np.maximum(span // 20, 1_000_000)
+    starts = np.concatenate([[0], np.cumsum(span + gap)[:-1]]) - lo
+    t_abs = df["t0"].to_numpy() + starts[inv]
+    return t_abs, steps, starts + lo
+
+
+def _check_p2p_order(
+    df: pd.DataFrame,
+    codes: npt.NDArray[np.int64],
+    t_abs: npt.NDArray[np.int64],
+    n_pp: int,
+    warnings: list[str],
+) -> None:
+    """The stage placement checked against the transfers: a receive of micro-batch ``k`` ends after
+    its sender's send of ``k`` starts. Many receives that finish before their send began mean the
+    ``stage`` / ``dp_rank`` columns (or lanes) do not say where the ranks really sit."""
+    import pandas as pd  # here, not at import: detecting formats must not load pandas
+
+    ends = t_abs + df["dur"].to_numpy()
+    dp, st, step, mb = (df[c].to_numpy() for c in ("dp_rank", "stage", "step", "mb_id"))
+    bad = total = 0
+    for send, recv, off in ((FS, FR, 1), (BS, BR, -1)):
+        sm, rm = codes == send, codes == recv
+        if not sm.any() or not rm.any():
+            continue
+        s_df = pd.DataFrame(
+            {"dp": dp[sm], "st": (st[sm] + off) % n_pp, "step": step[sm], "mb": mb[sm], "t": t_abs[sm]}
+        )
+        r_df = pd.DataFrame({"dp": dp[rm], "st": st[rm], "step": step[rm], "mb": mb[rm], "e": ends[rm]})
+        # first transfer of each micro-batch per link and step (interleaved chunks send several)
+        j = (
+            s_df.groupby(["dp", "st", "step", "mb"])
+            .t.min()
+            .to_frame()
+            .join(r_df.groupby(["dp", "st", "step", "mb"]).e.max(), how="inner")
+        )
+        total += len(j)
+        bad += int((j["e"] < j["t"] - 10_000).sum())
+    if total and bad > 0.05 * total:
+        warnings.append(
+            f"{bad} of {total} receives end before their sender's send starts: the stage / dp_rank placement "
+            "(columns or lane names) may not match the transfers"
+        )
+
+
+def _codes(df: pd.DataFrame, warnings: list[str]) -> npt.NDArray[np.int64]:
+    """Optype code per row; unknown optypes become ``other`` (counted in a warning)."""
+    import pandas as pd  # here, not at import: detecting formats must not load pandas
+
+    codes = pd.Index(OPTYPES).get_indexer(pd.Index(df["optype"].astype(str))).astype(np.int64)
+    unknown = codes < 0
+    if unknown.any():
+        unk, counts = np.unique(df["optype"].to_numpy()[unknown], return_counts=True)
+        shown = ", ".join(f"{n} ({c})" for n, c in list(zip(unk, counts, strict=True))[:8])
+        warnings.append(f"{int(unknown.sum())} ops of unknown optype kept as 'other': {shown}")
+        codes = np.where(unknown, OTHER, codes)
+    return codes
+
+
+_I64 = npt.NDArray[np.int64]
+
+
+def _windows(df: pd.DataFrame, laid: bool, warnings: list[str]) -> tuple[_I64, _I64, _I64, _I64]:
+    """(absolute start per row, step numbers, step windows' starts, their ends)."""
+    if laid:
+        t_abs = df["t0"].to_numpy()
+        steps, inv = np.unique(df["step"].to_numpy(), return_inverse=True)
+        w_lo = np.full(steps.size, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(w_lo, inv, t_abs)
+    else:
+        t_abs, steps, w_lo = _lay_steps(df)
+        inv = np.searchsorted(steps, df["step"].to_numpy())
+        if steps.size > 1 and bool(np.any(np.diff(steps) > 1)):
+            warnings.append(
+                f"{steps.size} sampled steps ({steps[0]}..{steps[-1]}) laid side by side on one clock"
+            )
+    w_hi = np.zeros(steps.size, dtype=np.int64)
+    np.maximum.at(w_hi, inv, t_abs + df["dur"].to_numpy())
+    return t_abs, steps, w_lo, w_hi
+
+
+class _Placement:
+    """Where each rank sits, from the columns: one (dp, stage) per rank."""
+
+    def __init__(self, df: pd.DataFrame, src: str) -> None:
+        import pandas as pd  # here, not at import: detecting formats must not load pandas
+
+        cols = {
+            "rank": df["rank"].to_numpy(),
+            "dp": df["dp_rank"].to_numpy(),
+            "stage": df["stage"].to_numpy(),
+        }
+        place = pd.DataFrame(cols).drop_duplicates()
+        if place["rank"].duplicated().any():
+            dup = place[place["rank"].duplicated(keep=False)]["rank"].iloc[0]
+            raise InputError(src, f"rank {dup} appears with more than one (dp_rank, stage)")
+        self.n_pp = int(df["stage"].max()) + 1
+        self.n_ranks = int(place["rank"].nunique())
+        self.loc = pd.Series(
+            place["rank"].to_numpy(), index=pd.MultiIndex.from_arrays([place["dp"], place["stage"]])
+        )
+        # tp lanes: ranks sharing (dp, stage) are one stage's tensor-parallel group
+        self.lines: dict[int, list[int]] = {}
+        for d in sorted(place["dp"].unique()):
+            sub = place[place["dp"] == d].sort_values(["stage", "rank"])
+            self.lines[int(d)] = [int(r) for r in sub.drop_duplicates("stage")["rank"]]
+        self.stage_ranks: dict[int, list[int]] = {}
+        self.tp: dict[tuple[int, int], list[int]] = {}
+        for r, d, s in zip(place["rank"], place["dp"], place["stage"], strict=True):
+            self.stage_ranks.setdefault(int(s), []).append(int(r))
+            self.tp.setdefault((int(d), int(s)), []).append(int(r))
+
+    def peers(self, codes: _I64, dp: _I64, stage: _I64) -> _I64:
+        """Peer of each p2p op: the neighbouring stage in the same replica (wraps for interleaved
+        chunks); -1 elsewhere."""
+        import pandas as pd  # here, not at import: detecting formats must not load pandas
+
+        is_p2p = np.isin(codes, _P2P)
+        peer_stage = (stage + _PEER_OFF[codes]) % self.n_pp
+        peer = np.full(len(codes), -1, dtype=np.int64)
+        if is_p2p.any():
+            idx = self.loc.index.get_indexer(pd.MultiIndex.from_arrays([dp[is_p2p], peer_stage[is_p2p]]))
+            peer[is_p2p] = np.where(idx >= 0, self.loc.to_numpy()[np.clip(idx, 0, None)], -1)
+        return peer
+
+    def groups(self, d: int, s: int) -> list[ProcessGroup]:
+        line = self.lines[d]
+        return [
+            ProcessGroup(f"pp_dp{d}", "PIPELINE_MODEL_PARALLEL_GROUP", line),
+            ProcessGroup(f"dp_stage{s}", "DATA_PARALLEL_GROUP", sorted(self.stage_ranks[s])),
+            ProcessGroup(f"emb_dp{d}", "EMBEDDING_GROUP", sorted({line[0], line[-1]})),
+            ProcessGroup(f"tp_dp{d}_s{s}", "TENSOR_MODEL_PARALLEL_GROUP", sorted(self.tp[(d, s)])),
+        ]
+
+
+class _Cols:
+    """The table's columns as arrays, with what every rank's tables are cut from."""
+
+    def __init__(self, df: pd.DataFrame, codes: _I64, t_abs: _I64, peer: _I64) -> None:
+        self.codes, self.t_abs, self.peer = codes, t_abs, peer
+        self.dur = df["dur"].to_numpy()
+        self.stage = df["stage"].to_numpy()
+        self.mb = df["mb_id"].to_numpy()
+        self.mc = df["mc"].to_numpy()
+        self.seq = df["seq_id"].to_numpy()
+        gmc = df["gmc"].to_numpy()
+        self.lstage = np.where(gmc >= 0, gmc, self.stage)
+        self.is_p2p = np.isin(codes, _P2P)
+        kind = np.full(len(df), -1, dtype=np.int8)
+        kind[np.isin(codes, _COMPUTE)] = int(Kind.COMPUTE)
+        kind[self.is_p2p] = int(Kind.P2P)
+        kind[np.isin(codes, _COLL)] = int(Kind.COLLECTIVE)
+        self.kind = kind
+
+    def intervals(self, sel: _I64) -> Intervals:
+        isel = sel[self.kind[sel] >= 0]
+        ic = self.codes[isel]
+        t = self.t_abs[isel]
+        return Intervals.from_columns(
+            isel.size,
+            {
+                "start": t,
+                "end": t + self.dur[isel],
+                "stream": _STREAM[ic],
+                "kind": self.kind[isel],
+                "name": ic + 1,
+                "phase": _PHASE[ic],
+                "mb": np.where(np.isin(ic, (FC, BC)) | self.is_p2p[isel], self.mb[isel], -1),
+                "chunk": self.mc[isel],
+                "peer": self.peer[isel],
+                "direction": _DIR[ic],
+                "seq": np.where(self.kind[isel] == int(Kind.COLLECTIVE), -1, self.seq[isel]),
+                "group": _GROUP[ic],
+            },
+        )
+
+    def ranges(self, sel: _I64, steps: _I64, w_lo: _I64, w_hi: _I64) -> Ranges:
+        """Step windows, a pipeline label per compute block, and the OTHER ops, in time order."""
+        c = self.codes[sel]
+        blk = sel[(c == FC) | (c == BC)]
+        oth = sel[(c == GC) | (c == OTHER)]
+        t, dur = self.t_abs, self.dur
+        lab = Ranges.from_columns(
+            blk.size,
+            {
+                "start": t[blk],
+                "end": t[blk] + dur[blk],
+                "kind": np.full(blk.size, int(RangeKind.LABEL)),
+                "name": self.codes[blk] + 1,
+                "stage": self.lstage[blk],
+                "mb": self.mb[blk],
+                "phase": _PHASE[self.codes[blk]],
+            },
+        )
+        other = Ranges.from_columns(
+            oth.size,
+            {
+                "start": t[oth],
+                "end": t[oth] + dur[oth],
+                "kind": np.full(oth.size, int(RangeKind.OTHER)),
+                "name": self.codes[oth] + 1,
+                "phase": np.full(oth.size, int(Phase.OTHER)),
+            },
+        )
+        st_rows = Ranges.from_columns(
+            steps.size,
+            {
+                "start": w_lo,
+                "end": w_hi,
+                "kind": np.full(steps.size, int(RangeKind.STEP)),
+                "name": np.zeros(steps.size),
+                "num": steps,
+            },
+        )
+        ranges = Ranges.concat([st_rows, lab, other])
+        return ranges.take(np.argsort(ranges.start, kind="stable"))
+
+
+def to_ranks(
+    df: pd.DataFrame, src: str, laid: bool, warnings: list[str], resolution_ns: float
+) -> list[RankTimeline]:
+    """One timeline per rank of the table; warnings of the file go on the first rank."""
+    if not len(df):
+        raise InputError(src, "op table has no rows")
+    codes = _codes(df, warnings)
+    bad = (df["dur"].to_numpy() < 0) | (df["rank"].to_numpy() < 0) | (df["stage"].to_numpy() < 0)
+    if bad.any():
+        warnings.append(f"{int(bad.sum())} ops with a negative duration, rank or stage dropped")
+        df = df[~bad].reset_index(drop=True)
+        codes = codes[~bad]
+    t_abs, steps, w_lo, w_hi = _windows(df, laid, warnings)
+    rank = df["rank"].to_numpy()
+    dp = df["dp_rank"].to_numpy()
+    stage = df["stage"].to_numpy()
+    place = _Placement(df, src)
+    cols = _Cols(df, codes, t_abs, place.peers(codes, dp, stage))
+    _check_p2p_order(df, codes, t_abs, place.n_pp, warnings)
+    names = ["", *OPTYPES]
+    order = np.lexsort((t_abs, rank))
+    r_sorted = rank[order]
+    cuts = np.flatnonzero(np.r_[True, r_sorted[1:] != r_sorted[:-1], True])
+    out: list[RankTimeline] = []
+    for a, b in itertools.pairwise(cuts):  # one iteration per rank
+        sel = order[a:b]
+        d, s = int(dp[sel[0]]), int(stage[sel[0]])
+        out.append(
+            RankTimeline(
+                rank=int(rank[sel[0]]),
+                source=src,
+                format="optable",
+                names=names,
+                intervals=cols.intervals(sel).sorted(),
+                ranges=cols.ranges(sel, steps, w_lo, w_hi),
+                world_size=place.n_ranks,
+                process_groups=place.groups(d, s),
+                rank_source="rank column" if not laid else "Megatron order from (dp, pp, tp)",
+                events_total=int(sel.size),
+                # said once for the file, not once per rank
+                warnings=list(warnings) if not out else [],
+                meta={"pipeline": d, "dp_rank": d, "pp_rank": s, "time_resolution_ns": resolution_ns},
+            )
+        )
+    return out

@@ -1,0 +1,66 @@
+"""Fixed cost: modules every command loads do not import pandas (≈0.3–0.7 s with pyarrow); only
+the op-table reader, built on it, loads it when it runs (the nsys reader no longer uses it).
+Checked in a fresh interpreter, since the test session itself has pandas loaded."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, TEST_DATA
+
+from ppdiag.synth.optable import OpTableParams, simulate_optable, write_table
+
+HEAVY = ("pandas", "pyarrow", "scipy")
+
+
+def _loaded_after(code: str) -> set[str]:
+    """The heavy top-level modules loaded once ``code`` has run in a new interpreter."""
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "PPDIAG_NO_CACHE": "1"},
+        check=True,
+    )
+    return set(proc.stdout.split())
+
+
+def test_loader_and_registry_do_not_import_pandas() -> None:
+    code = "import ppdiag.parsers.loader\nfrom ppdiag.parsers import load_builtin\nload_builtin()"
+    assert _loaded_after(code) == set()
+
+
+def test_kineto_analyze_does_not_import_pandas() -> None:
+    trace = TEST_DATA / "gpu_pp_rank0.json"
+    code = (
+        "from ppdiag.parsers.loader import load_run\n"
+        "from ppdiag.api import analyze_run\n"
+        f"run = load_run([{str(trace)!r}], progress=False, jobs=1)\n"
+        "assert run.format == 'kineto'\n"
+        "analyze_run(run)"
+    )
+    assert _loaded_after(code) == set()
+
+
+def test_nsys_parse_does_not_import_pandas(tmp_path: Path) -> None:
+    code = (
+        "from ppdiag.synth.scenario import make_scenario\n"
+        "from ppdiag.synth.nsys import write_nsys\n"
+        "from ppdiag.parsers.loader import load_run\n"
+        "run = make_scenario('1f1b', pp=2, microbatches=2, steps=1)\n"
+        f"assert load_run(write_nsys(run, {str(tmp_path)!r}), progress=False, jobs=1).format == 'nsys'"
+    )
+    assert _loaded_after(code) == set()
+
+
+def test_op_table_parse_loads_it_when_used(tmp_path: Path) -> None:
+    # the probe can fail: the op-table reader is built on pandas (the table is written here, so
+    # that only the parse runs in the probe)
+    df, _ = simulate_optable(OpTableParams(pp=2, dp=1, microbatches=2, steps=(1,)))
+    table = write_table(df, tmp_path / "ops.csv")
+    code = f"from ppdiag.parsers.loader import load_run\nload_run([{str(table)!r}], progress=False)"
+    assert "pandas" in _loaded_after(code)
