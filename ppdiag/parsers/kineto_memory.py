@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ppdiag.parsers.kineto import MEMORY_EVENT, us_to_ns
+from ppdiag.parsers.kineto_schema import MEMORY_EVENT, us_to_ns
 
 CUDA = 1  # ``Device Type`` of a CUDA device (c10::DeviceType::CUDA)
 

@@ -1,0 +1,208 @@
+"""The bytes of a Kineto trace file: gzip (and bzip2 / xz / zstd under a trace name), the
+decompressed-size cap that refuses decompression bombs, and format sniffing."""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+from ppdiag.errors import InputError
+
+GZIP_MAGIC = b"\x1f\x8b"
+XZ_MAGIC = b"\xfd7zXZ\x00"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+LZ4_MAGIC = b"\x04\x22\x4d\x18"
+_BLANK = re.compile(rb"[\s\x00]*\Z")  # stops at the first other byte: no copy of big files
+
+
+def read_bytes(path: Path) -> tuple[bytes, list[str]]:
+    """The file's JSON bytes (gunzipped when gzip), plus warnings (a cut gzip stream).
+
+    A gzip stream cut short keeps everything that decompressed; corrupt gzip data is an error.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read file ({exc.strerror or exc})") from None
+    if _BLANK.match(raw):
+        raise InputError(str(path), "empty file")
+    warnings: list[str] = []
+    if raw[:4] == LZ4_MAGIC:
+        raise InputError(str(path), "lz4-compressed data, not gzip or JSON; decompress it first (lz4 -d)")
+    if raw[:3] == b"BZh" or raw[:6] == XZ_MAGIC or raw[:4] == ZSTD_MAGIC:
+        # bzip2 / xz (standard library) or zstd (optional package) under a trace name: read, say so
+        raw, what = unpack_other(raw, str(path))
+        warnings.append(f"{what}-compressed data under a {path.suffix or 'plain'} name: read as {what}")
+        if _BLANK.match(raw):
+            raise InputError(str(path), f"empty file (after {what} decompression)")
+        return raw, warnings
+    if raw[:2] == GZIP_MAGIC:
+        raw, cut = gunzip(raw, str(path))
+        if cut:
+            warnings.append("gzip stream ends early (file cut short or damaged); kept what decompressed")
+        if _BLANK.match(raw):
+            raise InputError(str(path), "empty file (after gunzip)")
+    return raw, warnings
+
+
+def zstd_module(path: str) -> Any:
+    """The optional ``zstandard`` package, or an InputError naming the file and the package."""
+    try:
+        import zstandard
+    except ImportError:
+        raise InputError(
+            path,
+            "zstd-compressed data: reading it needs the optional 'zstandard' package "
+            "(pip install zstandard), or decompress it first (zstd -d)",
+        ) from None
+    return zstandard
+
+
+def _unzstd(raw: bytes, path: str, cap: int) -> bytes:
+    """zstd data read 16 MiB at a time up to ``cap`` (a frame's claimed size is not trusted)."""
+    zstandard = zstd_module(path)
+    parts: list[bytes] = []
+    total = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True) as reader:
+            while True:
+                out = reader.read(1 << 24)
+                if not out:
+                    break
+                total += len(out)
+                if total > cap:
+                    raise InputError(
+                        path,
+                        f"zstd data expands past {_size(cap)} ({_size(len(raw))} compressed): refused "
+                        "as a likely decompression bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+                    )
+                parts.append(out)
+    except zstandard.ZstdError as exc:
+        raise InputError(path, f"corrupt zstd-compressed data ({exc})") from None
+    return b"".join(parts)
+
+
+def unpack_other(raw: bytes, path: str, limit: int | None = None) -> tuple[bytes, str]:
+    """Decompress bzip2, xz or zstd data in chunks up to the cap of :func:`max_trace_bytes`;
+    returns the data and the compressor's name. A cut or corrupt stream is an InputError naming
+    the file."""
+    import bz2
+    import lzma
+
+    cap = max_trace_bytes(len(raw)) if limit is None else limit
+    if raw[:4] == ZSTD_MAGIC:
+        return _unzstd(raw, path, cap), "zstd"
+    what = "bzip2" if raw[:3] == b"BZh" else "xz"
+    d: Any = bz2.BZ2Decompressor() if what == "bzip2" else lzma.LZMADecompressor()
+    parts: list[bytes] = []
+    total = 0
+    try:
+        out = d.decompress(raw, 1 << 24)
+        while True:
+            total += len(out)
+            if total > cap:
+                raise InputError(
+                    path,
+                    f"{what} data expands past {_size(cap)} ({_size(len(raw))} compressed): refused as "
+                    "a likely decompression bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+                )
+            parts.append(out)
+            if d.eof or d.needs_input:
+                break
+            out = d.decompress(b"", 1 << 24)
+    except (OSError, EOFError, lzma.LZMAError) as exc:
+        raise InputError(path, f"corrupt {what} data ({exc})") from None
+    if not d.eof:
+        raise InputError(path, f"{what} stream ends early (file cut short or damaged)")
+    return b"".join(parts), what
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def max_trace_bytes(compressed: int) -> int:
+    """The decompressed size a trace may reach: ``PPDIAG_MAX_TRACE_GB`` (default 32 GiB), and
+    at most 200x its compressed size (JSON traces compress 5-50x; far more is a gzip bomb),
+    never below 256 MiB."""
+    try:
+        gb = float(os.environ.get("PPDIAG_MAX_TRACE_GB", "32"))
+    except ValueError:
+        gb = 32.0
+    cap = int(max(gb, 0.0) * (1 << 30))
+    return min(cap, max(1 << 28, 200 * compressed)) if compressed else cap
+
+
+def gunzip(raw: bytes, path: str, limit: int | None = None) -> tuple[bytes, bool]:
+    """Decompress all gzip members; returns (data, cut) where cut means the stream ended early.
+
+    Decompression stops at ``limit`` bytes (default :func:`max_trace_bytes`) with an InputError:
+    memory stays bounded by the cap, whatever the stream claims."""
+    cap = max_trace_bytes(len(raw)) if limit is None else limit
+    # The usual file is one gzip member: inflate it in one call bounded by the cap, so the output
+    # is one buffer and no b"".join copy of the whole trace is made.
+    d0 = zlib.decompressobj(wbits=31)
+    try:
+        whole = d0.decompress(raw, cap + 1)
+    except zlib.error:
+        whole = b""  # the member-by-member loop below reports it
+    else:
+        if len(whole) > cap:
+            raise InputError(
+                path,
+                f"gzip data expands past {_size(cap)} ({_size(len(raw))} compressed): "
+                "refused as a likely gzip bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+            )
+        if d0.eof and not d0.unused_data.strip(b"\x00"):
+            return whole, False
+    del whole, d0
+    parts: list[bytes] = []
+    total = 0
+    data = raw
+    chunk = 1 << 24
+    while data:
+        d = zlib.decompressobj(wbits=31)
+        try:
+            buf = data
+            while True:
+                out = d.decompress(buf, chunk)
+                total += len(out)
+                if total > cap:
+                    raise InputError(
+                        path,
+                        f"gzip data expands past {_size(cap)} ({_size(len(raw))} compressed): "
+                        "refused as a likely gzip bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
+                    )
+                parts.append(out)
+                buf = d.unconsumed_tail
+                if not buf:
+                    break
+            tail = d.flush()
+            total += len(tail)
+            parts.append(tail)
+        except zlib.error as exc:
+            raise InputError(path, f"corrupt gzip data ({exc})") from None
+        if not d.eof:
+            return b"".join(parts), True
+        data = d.unused_data
+        # trailing zero padding after the last member is harmless
+        if data and data[:2] != GZIP_MAGIC:
+            break
+    return b"".join(parts), False
+
+
+_SNIFF_KEYS = (b'"traceEvents"', b'"schemaVersion"')
+
+
+def looks_like_kineto(head: bytes, name: str = "") -> bool:
+    """True when ``head`` starts a JSON object that carries Kineto's top-level keys."""
+    h = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not h.startswith(b"{"):
+        return False
+    if any(k in h for k in _SNIFF_KEYS):
+        return True
+    # Very long metadata (many devices / process groups) can push the keys past the head.
+    return name.endswith((".pt.trace.json", ".pt.trace.json.gz"))
