@@ -29,11 +29,8 @@ Format facts (timestamp generations, arg keys, pid/tid meaning) follow ``formats
 
 from __future__ import annotations
 
-import operator
 import os
 from dataclasses import dataclass
-from itertools import repeat
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +55,6 @@ from ppdiag.parsers.kineto_meta import _check_fields, _process_groups, parse_ran
 from ppdiag.parsers.kineto_names import N_BWD_OP, N_MODULE, _NameMemo, classify_name
 from ppdiag.parsers.kineto_recovery import _LEADING_OBJECT, _Recovered, decode_trace
 from ppdiag.parsers.kineto_schema import (
-    _CAT,
     _MAX_DUR_US,
     _MAX_US,
     _STRICT,
@@ -70,12 +66,12 @@ from ppdiag.parsers.kineto_schema import (
     K_SYNC,
     MEMORY_EVENT,
     _as_int,
-    _col,
     dtype_size,
     trace_decoder,
     us_to_ns,
 )
-from ppdiag.parsers.kineto_slices import Select, decode_sliced, run_instant_hooks
+from ppdiag.parsers.kineto_slices import decode_sliced, run_instant_hooks
+from ppdiag.parsers.kineto_table import PH_X, Events, EventsBuilder, Select, events_from_structs
 
 
 class KinetoParser:
@@ -107,63 +103,55 @@ class KinetoParser:
 _SLICE_DECODER = msgspec.json.Decoder(list[_STRICT.event])  # type: ignore[name-defined]
 
 
-def _decode_sliced(data: bytes, memo: _NameMemo) -> _Recovered | None:
+def _decode_sliced(data: bytes, memo: _NameMemo, path: str = "") -> _Recovered | None:
     """The trace decoded a slice at a time (see :mod:`ppdiag.parsers.kineto_slices`), without the
     host ops a GPU trace's parse never reads; None when the whole document must be decoded."""
-
-    got = decode_sliced(data, _SLICE_DECODER, lambda top: _slice_select(top, memo))
+    got = decode_sliced(data, _SLICE_DECODER, _slice_select, EventsBuilder(memo, path))
     if got is None:
         return None
     top = got.top
     trace = _STRICT.trace(
-        traceEvents=got.events,
+        traceEvents=[],
         distributedInfo=top.distributedInfo,
         deviceProperties=top.deviceProperties,
         baseTimeNanoseconds=top.baseTimeNanoseconds,
         host_name=top.host_name,
     )
-    return _Recovered(trace, got.total, 0, dropped_used=got.dropped_used, sliced=True)
+    return _Recovered(trace, got.total, 0, dropped_used=got.dropped_used, sliced=True, events=got.events)
 
 
-def _slice_select(top: Any, memo: _NameMemo) -> Select:
+def _slice_select(top: Any) -> Select:
     """The per-slice filter: keep every used event except the host ops no later step reads
     (those with usable times are dropped and counted), and count the usable GPU events."""
     b = top.baseTimeNanoseconds
     base = _as_int(b, 0) if b is not None else 0
     lim = _MAX_US - abs(base) / 1000.0
 
-    def usable(sub: list[Any]) -> npt.NDArray[np.bool_]:
-        # the times _drop_bad_times would neither drop nor alter (strict decoding: floats)
-        ts = np.fromiter(_col(sub, "ts"), dtype=np.float64, count=len(sub))
-        dur = np.fromiter(_col(sub, "dur"), dtype=np.float64, count=len(sub))
+    def select(
+        cols: dict[str, npt.NDArray[Any]], built: EventsBuilder
+    ) -> tuple[npt.NDArray[np.bool_], int, int]:
+        ph, cat, nid = cols["ph"], cols["cat"], cols["name"]
+        # the times _drop_bad_times would neither drop nor alter
         with np.errstate(invalid="ignore"):
-            ok = np.isfinite(ts) & (np.abs(ts) < lim) & np.isfinite(dur)
-            ok &= (dur >= 0) & (dur <= _MAX_DUR_US)
-        return ok
-
-    def select(evs: list[Any]) -> tuple[npt.NDArray[np.bool_], int, int]:
-        n = len(evs)
-        cat = np.fromiter(map(_CAT.get, _col(evs, "cat"), repeat(K_OTHER)), dtype=np.int8, count=n)
-        is_x = np.fromiter(map(operator.eq, _col(evs, "ph"), repeat("X")), dtype=bool, count=n)
+            usable = cols["ts_ok"] & (np.abs(cols["ts"]) < lim) & cols["dur_ok"]
+            usable &= (cols["dur"] >= 0) & (cols["dur"] <= _MAX_DUR_US)
+        is_x = ph == PH_X
         gpu = (cat >= K_KERNEL) & (cat <= K_SYNC)
-        gi = np.flatnonzero(gpu & is_x).tolist()
-        n_gpu = int(usable([evs[i] for i in gi]).sum()) if gi else 0
+        n_gpu = int((gpu & is_x & usable).sum())
         keep = (is_x & (cat != K_OTHER)) | (gpu & ~is_x)
         # the allocator's instant events: ppdiag/parsers/kineto_memory.py reads them
-        keep |= np.fromiter(map(operator.eq, _col(evs, "name"), repeat(MEMORY_EVENT)), dtype=bool, count=n)
+        if built.memory_id >= 0:
+            keep |= nid == built.memory_id
         hi = np.flatnonzero(is_x & ((cat == K_CPUOP) | (cat == K_ANNOT) | (cat == K_PYFUNC)))
         if not len(hi):
             return keep, 0, n_gpu
-        infos = list(map(memo.__getitem__, _col([evs[i] for i in hi.tolist()], "name")))
-        rk = np.fromiter(map(attrgetter("range_kind"), infos), dtype=np.int64, count=len(infos))
-        cl = np.fromiter(map(attrgetter("cls"), infos), dtype=np.int64, count=len(infos))
-        hc = cat[hi]
+        cls_of, rk_of = built.name_info()
+        rk, cl, hc = rk_of[nid[hi]], cls_of[nid[hi]], cat[hi]
         # what _collect_host reads: named ranges, every annotation, module Python functions, and
         # the autograd backward ops
         needed = ((rk >= 0) | (hc == K_ANNOT)) & ~((hc == K_PYFUNC) & (cl != N_MODULE))
         needed |= cl == N_BWD_OP
-        cand = hi[~needed]
-        drop = cand[usable([evs[i] for i in cand.tolist()])] if len(cand) else cand
+        drop = hi[~needed & usable[hi]]
         keep[drop] = False
         return keep, len(drop), n_gpu
 
@@ -227,30 +215,33 @@ def _no_gpu_error(
     )
 
 
-def _decode(held: list[bytes], spath: str) -> tuple[_Recovered, _NameMemo]:
-    """The decoded trace (sliced when it can be) and the name memo its decoding filled."""
+def _decode(held: list[bytes], spath: str) -> tuple[_Recovered, Events, _NameMemo]:
+    """The decoded trace (sliced when it can be), its events' columns, and the name memo."""
     data = held.pop()  # the only reference from here on: ``del data`` below frees the bytes
     if not _LEADING_OBJECT.match(data, 0, 4096):
         raise InputError(spath, "not a PyTorch Profiler trace (not a JSON object)")
     memo = _NameMemo()
-    rec = _decode_sliced(data, memo) or decode_trace(data, spath)
+    rec = _decode_sliced(data, memo, spath) or decode_trace(data, spath)
     del data
+    if rec.events is not None:
+        return rec, rec.events, memo
     evs = rec.trace.traceEvents
     if evs is None:
         raise InputError(spath, "not a PyTorch Profiler trace (no traceEvents)")
     if not evs:
         raise InputError(spath, "empty trace (traceEvents is empty)")
-    if not rec.sliced:
-        run_instant_hooks(evs)
-    return rec, memo
+    run_instant_hooks(evs)
+    table = events_from_structs(evs, memo, spath)
+    rec.trace.traceEvents = None  # the Structs are freed: the columns hold what is read
+    del evs
+    return rec, table, memo
 
 
 def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTimeline:
     spath = str(path)
-    rec, memo = _decode(held, spath)
+    rec, ev, memo = _decode(held, spath)
     warnings = warnings + rec.warnings
     trace = rec.trace
-    evs = trace.traceEvents
     ri = _rank_info(trace, path)
     warnings += ri.warnings
     ctx = _Ctx(
@@ -261,16 +252,16 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
     base = ri.base
     devprops = trace.deviceProperties if isinstance(trace.deviceProperties, list) else []
 
-    codes = _event_codes(evs)
+    codes = _event_codes(ev)
     # every dropped or altered event of this file in one warning (the loader names the file)
-    changed = _read_begin_end(evs, codes) + _drop_bad_times(evs, codes, base, rec.dropped_used)
+    changed = _read_begin_end(ev, codes) + _drop_bad_times(ev, codes, base, rec.dropped_used)
     if changed:
         warnings = [*warnings, "; ".join(changed)]
     gpu_idx = np.flatnonzero((codes >= K_KERNEL) & (codes <= K_SYNC))
     host_idx = np.flatnonzero((codes == K_CPUOP) | (codes == K_ANNOT) | (codes == K_PYFUNC))
 
     names = NameTable()
-    host = _collect_host(evs, host_idx, codes, memo, base, ctx)
+    host = _collect_host(ev, host_idx, codes, memo, base, ctx)
 
     meta: dict[str, Any] = {
         "time_base_ns": base,
@@ -278,9 +269,11 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
     }
     if isinstance(trace.host_name, str) and trace.host_name:
         meta["host_name"] = trace.host_name  # ranks on one host share its cores (contention)
-    meta.update(memory_meta(evs, base, devprops))  # allocator events (ppdiag/parsers/kineto_memory.py)
+    meta.update(
+        memory_meta(ev.mem_ts, ev.mem_args, base, devprops)
+    )  # allocator events (ppdiag/parsers/kineto_memory.py)
     if len(gpu_idx):
-        intervals, device, extra = _gpu_mode(evs, gpu_idx, codes, host, base, ctx, names, devprops)
+        intervals, device, extra = _gpu_mode(ev, gpu_idx, codes, host, base, ctx, names, devprops)
     else:
         err = _no_gpu_error(spath, devprops, ri.backend, changed, rec, bool(warnings))
         if err is not None:
@@ -288,10 +281,10 @@ def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTime
         cpu_idx = np.flatnonzero(codes == K_CPUOP)
         if not len(cpu_idx):
             raise InputError(spath, "no GPU events and no CPU ops: nothing to analyze")
-        intervals, extra = _cpu_mode(evs, cpu_idx, host, memo, base, ctx, names)
+        intervals, extra = _cpu_mode(ev, cpu_idx, host, memo, base, ctx, names)
         device = "cpu"
     meta.update(extra)
-    del evs, trace
+    del ev, trace
     ranges = _build_ranges(host, names)
     return RankTimeline(
         rank=ri.rank,

@@ -5,8 +5,10 @@ communication."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter, methodcaller
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -32,14 +34,15 @@ from ppdiag.parsers.kineto_names import (
     NameInfo,
     _NameMemo,
 )
-from ppdiag.parsers.kineto_schema import I64A, _col, _decode_args, _f64, _tids, us_to_ns
+from ppdiag.parsers.kineto_schema import I64A, _decode_args, us_to_ns
+from ppdiag.parsers.kineto_table import Events
 
 
-def _main_thread(host: _Host, o_tid: I64A, o_start: I64A, o_end: I64A) -> int:
+def _main_thread(host: _Host, h_cls: I64A, o_tid: I64A, o_start: I64A, o_end: I64A) -> int:
     """The main thread: the one with ProfilerStep# ranges, else the one with the most CPU-op time."""
-    step_tids = [host.tid[i] for i, inf in enumerate(host.info) if inf.cls == N_STEP]
-    if step_tids:
-        vals, cnt = np.unique(np.array(step_tids, dtype=np.int64), return_counts=True)
+    step_tids = np.asarray(host.tid, dtype=np.int64)[h_cls == N_STEP]
+    if len(step_tids):
+        vals, cnt = np.unique(step_tids, return_counts=True)
         return int(vals[cnt.argmax()])
     vals, inv = np.unique(o_tid, return_inverse=True)
     return int(vals[np.bincount(inv, weights=(o_end - o_start).astype(np.float64)).argmax()])
@@ -67,49 +70,48 @@ class _TopOps:
     comm_info: list[_CommInfo]
 
 
-def _top_ops(t_ops: list[Any], t_info: list[NameInfo], ctx: _Ctx) -> _TopOps:
-    """Kind, phase and comm columns of the top-level ops: backward ops are BWD, and the issuing op
-    of a c10d call is communication, not compute."""
-    n_top = len(t_ops)
+def _top_ops(ev: Events, rows: npt.NDArray[np.intp], infos: list[NameInfo], cls: I64A, ctx: _Ctx) -> _TopOps:
+    """Kind, phase and comm columns of the top-level ops (event ``rows``, their name ``infos`` and
+    classes): backward ops are BWD, and the issuing op of a c10d call is communication, not
+    compute."""
+    n_top = len(rows)
     out = _TopOps(
         kind=np.zeros(n_top, dtype=np.int8),
-        phase=np.zeros(n_top, dtype=np.int8),
+        phase=np.where(cls == N_BWD_OP, np.int8(Phase.BWD), np.int8(0)).astype(np.int8),
         peer=np.full(n_top, -1, dtype=np.int32),
         direction=np.zeros(n_top, dtype=np.int8),
         nbytes=np.full(n_top, -1, dtype=np.int64),
-        comm_pos=[],
+        comm_pos=np.flatnonzero(cls == N_COMM).tolist(),
         comm_info=[],
     )
-    op_args = iter(_decode_args([o.args for o, inf in zip(t_ops, t_info, strict=True) if inf.cls == N_COMM]))
-    for k, inf in enumerate(t_info):
-        if inf.cls == N_BWD_OP:
-            out.phase[k] = Phase.BWD
-        elif inf.cls == N_COMM:
-            c = _host_comm(inf, next(op_args), ctx)
-            out.kind[k] = Kind.P2P if c.comm == C_P2P else Kind.COLLECTIVE
-            out.peer[k], out.direction[k], out.nbytes[k] = c.peer, c.direction, c.nbytes
-            out.comm_pos.append(k)
-            out.comm_info.append(c)
+    empty = msgspec.Raw()
+    args = _decode_args([ev.args.get(r, empty) for r in rows[out.comm_pos].tolist()])
+    for k, a in zip(out.comm_pos, args, strict=True):
+        c = _host_comm(infos[k], a, ctx)
+        out.kind[k] = Kind.P2P if c.comm == C_P2P else Kind.COLLECTIVE
+        out.peer[k], out.direction[k], out.nbytes[k] = c.peer, c.direction, c.nbytes
+        out.comm_info.append(c)
     return out
 
 
-def _mark_optimizer(top: _TopOps, host: _Host, main: int, t_s: I64A) -> None:
+def _mark_optimizer(top: _TopOps, host: _Host, h_cls: I64A, main: int, t_s: I64A) -> None:
     """Compute ops starting inside an ``Optimizer.*`` range of the main thread are OPTIM."""
-    opt = [
-        (host.start[i], host.end[i])
-        for i, inf in enumerate(host.info)
-        if inf.cls == N_OPTIM and host.tid[i] == main
-    ]
-    if opt:
-        os_ = np.array(sorted(opt), dtype=np.int64)
-        oe = np.maximum.accumulate(os_[:, 1])
-        ki = np.searchsorted(os_[:, 0], t_s, side="right") - 1
+    sel = (h_cls == N_OPTIM) & (np.asarray(host.tid, dtype=np.int64) == main)
+    if sel.any():
+        s = np.asarray(host.start, dtype=np.int64)[sel]
+        e = np.asarray(host.end, dtype=np.int64)[sel]
+        order = np.lexsort((e, s))  # what sorting the (start, end) pairs gave
+        os_, oe = s[order], np.maximum.accumulate(e[order])
+        ki = np.searchsorted(os_, t_s, side="right") - 1
         inside = (ki >= 0) & (oe[np.maximum(ki, 0)] >= t_s)
         top.phase[inside & (top.kind == Kind.COMPUTE)] = Phase.OPTIM
 
 
+_ANNOT_CLS = (N_STEP, N_LABEL, N_PP_COMM, N_PP_OTHER, N_OPTIM, N_DATA, N_MODULE)
+
+
 def _cpu_mode(
-    evs: list[Any],
+    ev: Events,
     cpu_idx: npt.NDArray[np.intp],
     host: _Host,
     memo: _NameMemo,
@@ -119,36 +121,26 @@ def _cpu_mode(
 ) -> tuple[Intervals, dict[str, Any]]:
     """The intervals of a CPU-only trace: the main thread's top-level CPU ops, and the blocked
     tails of its ``gloo:*`` spans."""
-    ops = [evs[i] for i in cpu_idx.tolist()]
-    o_tid = _tids(_col(ops, "tid"))
-    o_start = us_to_ns(_f64(_col(ops, "ts")), base)
-    o_end = o_start + np.maximum(us_to_ns(_f64(_col(ops, "dur")), 0), 0)
-    main = _main_thread(host, o_tid, o_start, o_end)
+    o_tid = ev.tid[cpu_idx]
+    o_start = us_to_ns(ev.ts[cpu_idx], base)
+    o_end = o_start + np.maximum(us_to_ns(ev.dur[cpu_idx], 0), 0)
+    h_cls = np.fromiter(map(attrgetter("cls"), host.info), dtype=np.int64, count=len(host.info))
+    main = _main_thread(host, h_cls, o_tid, o_start, o_end)
 
+    infos = list(map(memo.__getitem__, ev.names))
+    cls_of = np.fromiter(map(attrgetter("cls"), infos), dtype=np.int64, count=len(infos))
     on_main = np.flatnonzero(o_tid == main)
-    m_ops = [ops[i] for i in on_main.tolist()]
-    del ops
-    infos = [memo[e.name] for e in m_ops]
+    m_cls = cls_of[ev.name[cpu_idx[on_main]]]
     # Annotations recorded as CPU ops by old profilers are not work: they are not parents either.
-    is_annot = np.fromiter(
-        (i.cls in (N_STEP, N_LABEL, N_PP_COMM, N_PP_OTHER, N_OPTIM, N_DATA, N_MODULE) for i in infos),
-        dtype=bool,
-        count=len(infos),
-    )
-    sel = np.flatnonzero(~is_annot)
+    sel = np.flatnonzero(~np.isin(m_cls, _ANNOT_CLS))
     pos, t_s, t_e = _top_level(o_start[on_main][sel], o_end[on_main][sel])
     t_sel = sel[pos]
-    t_ops = [m_ops[i] for i in t_sel.tolist()]
-    t_info = [infos[i] for i in t_sel.tolist()]
-    n_top = len(t_ops)
-    name_id = np.fromiter(
-        (names.id(o.name if isinstance(o.name, str) else str(o.name)) for o in t_ops),
-        dtype=np.int32,
-        count=n_top,
-    )
-    top = _top_ops(t_ops, t_info, ctx)
-    _mark_optimizer(top, host, main, t_s)
-    del m_ops, t_ops
+    rows = cpu_idx[on_main[t_sel]]
+    n_top = len(rows)
+    t_nid = ev.name[rows].tolist()
+    name_id = np.fromiter(map(names.id, map(ev.names.__getitem__, t_nid)), dtype=np.int32, count=n_top)
+    top = _top_ops(ev, rows, list(map(infos.__getitem__, t_nid)), m_cls[t_sel], ctx)
+    _mark_optimizer(top, host, h_cls, main, t_s)
 
     cols: dict[str, Any] = {
         "start": t_s,
@@ -163,7 +155,7 @@ def _cpu_mode(
         "launch": t_s,
     }
     parts = [Intervals.from_columns(n_top, cols)]
-    blocked = _gloo_tails(t_s, t_e, host, main, names, top.comm_pos, top.comm_info)
+    blocked = _gloo_tails(t_s, t_e, host, h_cls, main, names, top.comm_pos, top.comm_info)
     if blocked is not None:
         parts.append(blocked)
     extra = {
@@ -211,6 +203,7 @@ def _gloo_tails(
     t_s: I64A,
     t_e: I64A,
     host: _Host,
+    h_cls: I64A,
     main: int,
     names: NameTable,
     comm_pos: list[int],
@@ -218,15 +211,13 @@ def _gloo_tails(
 ) -> Intervals | None:
     """Blocked communication on the main thread: the tail pieces of its ``gloo:*`` spans (see
     :func:`_tail_pieces`), with the facts of the span and of the c10d op that issued it."""
-    spans = [
-        i
-        for i, inf in enumerate(host.info)
-        if inf.cls == N_COMM and host.tid[i] == main and host.name[i].startswith("gloo:")
-    ]
-    if not spans:
+    gloo = np.fromiter(map(methodcaller("startswith", "gloo:"), host.name), dtype=bool, count=len(host.name))
+    sel = (h_cls == N_COMM) & (np.asarray(host.tid, dtype=np.int64) == main) & gloo
+    if not sel.any():
         return None
-    sp_s = np.array([host.start[i] for i in spans], dtype=np.int64)
-    sp_e = np.array([host.end[i] for i in spans], dtype=np.int64)
+    spans = np.flatnonzero(sel).tolist()
+    sp_s = np.asarray(host.start, dtype=np.int64)[sel]
+    sp_e = np.asarray(host.end, dtype=np.int64)[sel]
     got = _tail_pieces(t_s, t_e, sp_s, sp_e)
     if got is None:
         return None

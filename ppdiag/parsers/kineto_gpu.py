@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -18,7 +19,6 @@ from ppdiag.model import (
 from ppdiag.parsers.kineto_comm import _args_comm, _CommInfo, _Ctx
 from ppdiag.parsers.kineto_host import _Host
 from ppdiag.parsers.kineto_names import (
-    _RE_COMM_KERNEL,
     _RE_KERNEL_COLL,
     _RE_KERNEL_SENDRECV,
     C_COALESCED,
@@ -37,13 +37,12 @@ from ppdiag.parsers.kineto_schema import (
     K_RUNTIME,
     K_SYNC,
     _as_int,
-    _col,
     _decode_args,
-    _f64,
-    _i64,
-    _tids,
     us_to_ns,
 )
+from ppdiag.parsers.kineto_table import Events, _is_comm_kernel_name
+
+_EMPTY_ARGS = _STRICT.args()  # the args of an event without any (never written)
 
 
 def _devices(dev: I64A, stream: I64A, devprops: list[Any], ctx: _Ctx) -> tuple[I64A, I64A, str | None]:
@@ -65,22 +64,17 @@ def _devices(dev: I64A, stream: I64A, devprops: list[Any], ctx: _Ctx) -> tuple[I
     return devices, stream, device_name
 
 
-def _launches(
-    evs: list[Any], codes: npt.NDArray[np.int8], corr: I64A, base: int, ctx: _Ctx
-) -> tuple[I64A, I64A]:
+def _launches(ev: Events, codes: npt.NDArray[np.int8], corr: I64A, base: int) -> tuple[I64A, I64A]:
     """(launch time, launch thread) of each GPU op: the runtime call with the same correlation id
     (a vectorized join), -1 where there is none."""
     n = len(corr)
-    rt_idx = np.flatnonzero(codes == K_RUNTIME)
+    rt = np.flatnonzero(codes == K_RUNTIME)
     launch = np.full(n, -1, dtype=np.int64)
     launch_tid = np.full(n, -1, dtype=np.int64)
-    if len(rt_idx):
-        rt = [evs[i] for i in rt_idx.tolist()]
-        rt_args = [(a.correlation if a is not None else -1) for a in _decode_args(_col(rt, "args"))]
-        rt_corr = _i64(rt_args, name="correlation", path=ctx.path)
-        rt_ts = us_to_ns(_f64(_col(rt, "ts")), base)
-        rt_tid = _tids(_col(rt, "tid"))
-        del rt
+    if len(rt):
+        rt_corr = ev.corr[rt]
+        rt_ts = us_to_ns(ev.ts[rt], base)
+        rt_tid = ev.tid[rt]
         order = np.argsort(rt_corr, kind="stable")
         sc = rt_corr[order]
         pos = np.minimum(np.searchsorted(sc, corr), len(sc) - 1)
@@ -90,25 +84,18 @@ def _launches(
     return launch, launch_tid
 
 
-def _comm_kernels(gcodes: npt.NDArray[np.int8], gname: list[str]) -> npt.NDArray[np.intp]:
-    """Positions of the communication kernels. They name themselves in the first characters
-    (``ncclDevKernel_*``, ``void ncclKernel_*``): searching only there keeps long templated
-    kernel names cheap."""
-    is_kernel = (gcodes == K_KERNEL).tolist()
-    is_comm = np.fromiter(
-        (
-            k and ("ccl" in s[:48] or "CCL" in s[:48]) and _RE_COMM_KERNEL.search(s, 0, 48) is not None
-            for k, s in zip(is_kernel, gname, strict=True)
-        ),
-        dtype=bool,
-        count=len(gname),
-    )
-    return np.flatnonzero(is_comm)
+def _comm_kernels(
+    ev: Events, gpu_idx: npt.NDArray[np.intp], gcodes: npt.NDArray[np.int8]
+) -> npt.NDArray[np.intp]:
+    """Positions (among the GPU ops) of the communication kernels, told by their names (one
+    test per distinct name, see :func:`_is_comm_kernel_name`)."""
+    ccl = np.fromiter(map(_is_comm_kernel_name, ev.names), dtype=bool, count=len(ev.names))
+    return np.flatnonzero((gcodes == K_KERNEL) & ccl[ev.name[gpu_idx]])
 
 
 def _comm_columns(
     comm_idx: npt.NDArray[np.intp],
-    gargs: list[Any],
+    cargs: list[Any],  # the args of each comm kernel, aligned with comm_idx
     gname: list[str],
     launch: I64A,
     launch_tid: I64A,
@@ -126,7 +113,7 @@ def _comm_columns(
     group = np.full(n, -1, dtype=np.int32)
     if not len(comm_idx):
         return peer, direction, seq, group
-    infos, unclassified = _classify_comm_kernels(comm_idx, gargs, gname, launch, launch_tid, host, ctx)
+    infos, unclassified = _classify_comm_kernels(comm_idx, cargs, gname, launch, launch_tid, host, ctx)
     for j, info in zip(comm_idx.tolist(), infos, strict=True):
         kind[j] = Kind.P2P if info.comm == C_P2P else Kind.COLLECTIVE
         peer[j] = info.peer
@@ -146,7 +133,7 @@ def _comm_columns(
 
 
 def _gpu_mode(
-    evs: list[Any],
+    ev: Events,
     gpu_idx: npt.NDArray[np.intp],
     codes: npt.NDArray[np.int8],
     host: _Host,
@@ -157,34 +144,34 @@ def _gpu_mode(
 ) -> tuple[Intervals, str | None, dict[str, Any]]:
     """The intervals of a trace with GPU events: one per GPU op, with its launch, phase and comm
     facts; plus the device name and the counts the metadata reports."""
-    g = [evs[i] for i in gpu_idx.tolist()]
-    n = len(g)
+    n = len(gpu_idx)
     gcodes = codes[gpu_idx]
-    start = us_to_ns(_f64(_col(g, "ts")), base)
-    dur = np.maximum(us_to_ns(_f64(_col(g, "dur")), 0), 0)
-    empty_args = _STRICT.args()
-    gargs = [a if a is not None else empty_args for a in _decode_args(_col(g, "args"))]
-    stream = _i64(_col(gargs, "stream"))
-    tid = _tids(_col(g, "tid"))
-    stream = np.where(stream >= 0, stream, tid)
-    dev = _tids(_col(g, "pid"))
-    adev = _i64(_col(gargs, "device"))
-    dev = np.where(dev >= 0, dev, adev)
-    corr = _i64(_col(gargs, "correlation"), name="correlation", path=ctx.path)
-    gname = [e.name if isinstance(e.name, str) else str(e.name) for e in g]
-    name_id = np.fromiter((names.id(s) for s in gname), dtype=np.int32, count=n)
-    nbytes = _i64(_col(gargs, "nbytes"))
+    start = us_to_ns(ev.ts[gpu_idx], base)
+    dur = np.maximum(us_to_ns(ev.dur[gpu_idx], 0), 0)
+    stream = ev.stream[gpu_idx]
+    stream = np.where(stream >= 0, stream, ev.tid[gpu_idx])
+    dev = ev.pid[gpu_idx]
+    dev = np.where(dev >= 0, dev, ev.device[gpu_idx])
+    corr = ev.corr[gpu_idx]
+    gname = list(map(ev.names.__getitem__, ev.name[gpu_idx].tolist()))
+    name_id = np.fromiter(map(names.id, gname), dtype=np.int32, count=n)
+    nbytes = ev.nbytes[gpu_idx]
     devices, stream, device_name = _devices(dev, stream, devprops, ctx)
 
     lut = np.zeros(K_SYNC + 1, dtype=np.int8)
     for code, k in _GPU_KIND.items():
         lut[code] = k
     kind = lut[gcodes]
-    launch, launch_tid = _launches(evs, codes, corr, base, ctx)
+    launch, launch_tid = _launches(ev, codes, corr, base)
 
-    comm_idx = _comm_kernels(gcodes, gname)
+    comm_idx = _comm_kernels(ev, gpu_idx, gcodes)
+    empty = msgspec.Raw()
+    cargs = [
+        a if a is not None else _EMPTY_ARGS
+        for a in _decode_args([ev.args.get(r, empty) for r in gpu_idx[comm_idx].tolist()])
+    ]
     peer, direction, seq, group = _comm_columns(
-        comm_idx, gargs, gname, launch, launch_tid, host, ctx, kind, nbytes
+        comm_idx, cargs, gname, launch, launch_tid, host, ctx, kind, nbytes
     )
     cols: dict[str, Any] = {
         "start": start,
@@ -200,7 +187,6 @@ def _gpu_mode(
         "group": group,
         "phase": _launch_phases(launch, launch_tid, host),
     }
-    del g, gargs
     extra = {
         "gpu_devices": devices.tolist(),
         "gpu_events": n,
@@ -266,7 +252,7 @@ def _parents(starts: I64A, ends: I64A) -> npt.NDArray[np.int64]:
 
 def _classify_comm_kernels(
     comm_idx: npt.NDArray[np.intp],
-    gargs: list[Any],
+    cargs: list[Any],  # the args of each comm kernel, aligned with comm_idx
     gname: list[str],
     launch: I64A,
     launch_tid: I64A,
@@ -284,8 +270,7 @@ def _classify_comm_kernels(
 
     infos: list[_CommInfo] = []
     pending: list[int] = []  # positions in comm_idx still unresolved
-    for pos_, j in enumerate(comm_idx.tolist()):
-        a = gargs[j]
+    for pos_, a in enumerate(cargs):
         info = _args_comm(a, ctx) if (isinstance(a.coll, str) and a.coll) else _CommInfo()
         if info.comm == C_NONE:
             ext = _as_int(a.ext)

@@ -4,8 +4,10 @@ facts; built once per rank and read by the GPU and CPU modes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter, methodcaller
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -22,12 +24,10 @@ from ppdiag.parsers.kineto_schema import (
     K_CPUOP,
     K_PYFUNC,
     _as_int,
-    _col,
     _decode_args,
-    _f64,
-    _tids,
     us_to_ns,
 )
+from ppdiag.parsers.kineto_table import Events
 
 
 @dataclass
@@ -46,8 +46,19 @@ class _Host:
     bwd: tuple[I64A, I64A, I64A] | None = None  # start, end, tid
 
 
+_COMM_CLS = (N_COMM, N_PP_COMM)
+_NO_COMM = _CommInfo()  # the facts of every host range that is no comm op (shared, never written)
+
+
+def _kept_infos(ev: Events, memo: _NameMemo) -> tuple[list[NameInfo], list[NameInfo]]:
+    """Per name id: its NameInfo, and the one a kept range carries (OTHER when not a range)."""
+    infos = list(map(memo.__getitem__, ev.names))
+    kept = [i if i.range_kind >= 0 else NameInfo(i.cls, int(RangeKind.OTHER), phase=i.phase) for i in infos]
+    return infos, kept
+
+
 def _collect_host(
-    evs: list[Any],
+    ev: Events,
     host_idx: npt.NDArray[np.intp],
     codes: npt.NDArray[np.int8],
     memo: _NameMemo,
@@ -58,117 +69,112 @@ def _collect_host(
     host = _Host()
     if not len(host_idx):
         return host
-    idx_list = host_idx.tolist()
-    sub = [evs[i] for i in idx_list]
-    infos = [memo[e.name] for e in sub]
+    infos, kept_info = _kept_infos(ev, memo)
+    cls_of = np.fromiter(map(attrgetter("cls"), infos), dtype=np.int64, count=len(infos))
+    rk_of = np.fromiter(map(attrgetter("range_kind"), infos), dtype=np.int64, count=len(infos))
+    nid = ev.name[host_idx]
+    cls = cls_of[nid]
     sub_codes = codes[host_idx]
-    is_bwd = np.fromiter((i.cls == N_BWD_OP for i in infos), dtype=bool, count=len(infos))
+    is_bwd = cls == N_BWD_OP
     if is_bwd.any():
-        bsel = np.flatnonzero(is_bwd).tolist()
-        b_ev = [sub[i] for i in bsel]
-        b_s = us_to_ns(_f64(_col(b_ev, "ts")), base)
-        b_e = b_s + np.maximum(us_to_ns(_f64(_col(b_ev, "dur")), 0), 0)
-        host.bwd = (b_s, b_e, _tids(_col(b_ev, "tid")))
-    keep_cls = np.fromiter((i.range_kind >= 0 for i in infos), dtype=bool, count=len(infos))
+        b = host_idx[is_bwd]
+        b_s = us_to_ns(ev.ts[b], base)
+        b_e = b_s + np.maximum(us_to_ns(ev.dur[b], 0), 0)
+        host.bwd = (b_s, b_e, ev.tid[b])
     # every user annotation is kept (they are few and name user phases); CPU ops and Python
     # functions only when their name means something to ppdiag
-    keep = keep_cls | (sub_codes == K_ANNOT)
-    keep &= ~((sub_codes == K_PYFUNC) & ~np.fromiter((i.cls == N_MODULE for i in infos), bool, len(infos)))
-    kept = np.flatnonzero(keep).tolist()
-    if not kept:
+    keep = (rk_of[nid] >= 0) | (sub_codes == K_ANNOT)
+    keep &= ~((sub_codes == K_PYFUNC) & (cls != N_MODULE))
+    kept = np.flatnonzero(keep)
+    if not len(kept):
         return host
-    ks = [sub[i] for i in kept]
-    ts = us_to_ns(_f64(_col(ks, "ts")), base)
-    dur = np.maximum(us_to_ns(_f64(_col(ks, "dur")), 0), 0)
+    rows, k_nid, k_cls = host_idx[kept], nid[kept], cls[kept]
+    ts = us_to_ns(ev.ts[rows], base)
+    dur = np.maximum(us_to_ns(ev.dur[rows], 0), 0)
     host.start = ts.tolist()
     host.end = (ts + dur).tolist()
-    host.tid = _tids(_col(ks, "tid")).tolist()
-    comm_args = iter(
-        _decode_args([e.args for j, e in zip(kept, ks, strict=True) if infos[j].cls in _COMM_CLS])
-    )
-    for j, e in zip(kept, ks, strict=True):
-        info = infos[j]
-        if info.range_kind < 0:
-            info = NameInfo(info.cls, int(RangeKind.OTHER), phase=info.phase)
-        host.info.append(info)
-        host.name.append(e.name if isinstance(e.name, str) else str(e.name))
-        host.is_cpu_op.append(bool(sub_codes[j] == K_CPUOP))
-        if info.cls in _COMM_CLS:
-            a = next(comm_args)
-            host.comm.append(_host_comm(info, a, ctx))
-            x = -1 if a is None else _as_int(a.ext)
-            host.ext.append(x if x >= 0 or a is None else _as_int(a.ext_lc))
-        else:
-            host.comm.append(_CommInfo())
-            host.ext.append(-1)
+    host.tid = ev.tid[rows].tolist()
+    host.info = list(map(kept_info.__getitem__, k_nid.tolist()))
+    host.name = list(map(ev.names.__getitem__, k_nid.tolist()))
+    host.is_cpu_op = (sub_codes[kept] == K_CPUOP).tolist()
+    host.comm = [_NO_COMM] * len(rows)
+    host.ext = [-1] * len(rows)
+    comm = np.flatnonzero((k_cls == N_COMM) | (k_cls == N_PP_COMM))
+    empty = msgspec.Raw()
+    args = _decode_args([ev.args.get(r, empty) for r in rows[comm].tolist()])
+    for j, a in zip(comm.tolist(), args, strict=True):
+        host.comm[j] = _host_comm(host.info[j], a, ctx)
+        x = -1 if a is None else _as_int(a.ext)
+        host.ext[j] = x if x >= 0 or a is None else _as_int(a.ext_lc)
     _inherit_from_issuer(host)
     return host
-
-
-_COMM_CLS = (N_COMM, N_PP_COMM)
 
 
 def _inherit_from_issuer(host: _Host) -> None:
     """Backend spans (``gloo:send``) carry no peer: take it from the ``c10d::`` op that issued them
     (the latest-starting one on the same thread that contains the span's start)."""
-    iss = [i for i, nm in enumerate(host.name) if nm.startswith("c10d::") and host.comm[i].comm == C_P2P]
-    want = [
-        i
-        for i, nm in enumerate(host.name)
-        if host.comm[i].comm == C_P2P
-        and host.info[i].cls == N_COMM
-        and not nm.startswith("c10d::")
-        and (host.comm[i].peer < 0 or not host.comm[i].direction)
-    ]
-    if not iss or not want:
+    n = len(host.name)
+    c10d = np.fromiter(map(methodcaller("startswith", "c10d::"), host.name), dtype=bool, count=n)
+    p2p = np.fromiter(map(attrgetter("comm"), host.comm), dtype=np.int64, count=n) == C_P2P
+    iss = np.flatnonzero(c10d & p2p)
+    if not len(iss):
         return
-    i_tid = np.array([host.tid[i] for i in iss], dtype=np.int64)
-    i_s = np.array([host.start[i] for i in iss], dtype=np.int64)
-    i_e = np.array([host.end[i] for i in iss], dtype=np.int64)
-    order = np.lexsort((i_s, i_tid))
-    i_tid, i_s, i_e = i_tid[order], i_s[order], i_e[order]
-    iss_sorted = [iss[int(k)] for k in order]
-    w_tid = np.array([host.tid[i] for i in want], dtype=np.int64)
-    w_s = np.array([host.start[i] for i in want], dtype=np.int64)
-    # search on (tid, start) pairs: the last issuer of that thread starting at or before the span
-    key_i = np.stack((i_tid, i_s), axis=1)
-    pos = np.searchsorted(i_tid, w_tid, side="left")
-    end = np.searchsorted(i_tid, w_tid, side="right")
-    for k, i in enumerate(want):
-        lo, hi = int(pos[k]), int(end[k])
-        if lo >= hi:
-            continue
-        j = lo + int(np.searchsorted(key_i[lo:hi, 1], w_s[k], side="right")) - 1
-        if j < lo or i_e[j] < w_s[k]:
-            continue
-        c, src = host.comm[i], host.comm[iss_sorted[j]]
+    peer = np.fromiter(map(attrgetter("peer"), host.comm), dtype=np.int64, count=n)
+    unknown = (peer < 0) | (np.fromiter(map(attrgetter("direction"), host.comm), np.int64, n) == 0)
+    span = np.fromiter(map(attrgetter("cls"), host.info), dtype=np.int64, count=n) == N_COMM
+    want = np.flatnonzero(p2p & span & ~c10d & unknown)
+    if not len(want):
+        return
+    tid = np.asarray(host.tid, dtype=np.int64)
+    start = np.asarray(host.start, dtype=np.int64)
+    end = np.asarray(host.end, dtype=np.int64)
+    # one sort of issuers and spans by (thread, start), issuers first on ties: the last issuer
+    # at or before a span in that order is the latest-starting one of its thread
+    rows = np.concatenate((iss, want))
+    is_iss = np.arange(len(rows)) < len(iss)
+    order = np.lexsort((~is_iss, start[rows], tid[rows]))
+    pos = np.where(is_iss[order], np.arange(len(rows)), -1)
+    last = np.maximum.accumulate(pos)
+    w_at = np.flatnonzero(~is_iss[order])
+    src = np.where(last[w_at] >= 0, rows[order][np.maximum(last[w_at], 0)], -1)
+    w = rows[order][w_at]
+    ok = (src >= 0) & (tid[np.maximum(src, 0)] == tid[w]) & (end[np.maximum(src, 0)] >= start[w])
+    for i, s in zip(w[ok].tolist(), src[ok].tolist(), strict=True):
+        c, fr = host.comm[i], host.comm[s]
         if c.peer < 0:
-            c.peer = src.peer
+            c.peer = fr.peer
         if not c.direction:
-            c.direction = src.direction
+            c.direction = fr.direction
         if c.nbytes < 0:
-            c.nbytes = src.nbytes
+            c.nbytes = fr.nbytes
 
 
 def _build_ranges(host: _Host, names: NameTable) -> Ranges:
+    """The kept host ranges as the timeline's range table, in (start, end) order."""
     n = len(host.start)
     if not n:
         return Ranges.empty()
+    info, comm = host.info, host.comm
+
+    def col(objs: list[Any], attr: str) -> npt.NDArray[np.int64]:
+        return np.fromiter(map(attrgetter(attr), objs), dtype=np.int64, count=n)
+
+    c_dir = col(comm, "direction")
     cols: dict[str, Any] = {
         "start": host.start,
         "end": host.end,
         "tid": host.tid,
-        "kind": [i.range_kind for i in host.info],
-        "name": [names.id(s) for s in host.name],
-        "num": [i.num for i in host.info],
-        "stage": [i.stage for i in host.info],
-        "mb": [i.mb for i in host.info],
-        "phase": [i.phase for i in host.info],
-        "peer": [c.peer for c in host.comm],
-        "direction": [c.direction or i.direction for c, i in zip(host.comm, host.info, strict=True)],
-        "bytes": [c.nbytes for c in host.comm],
-        "seq": [c.seq for c in host.comm],
-        "group": [c.group for c in host.comm],
+        "kind": col(info, "range_kind"),
+        "name": list(map(names.id, host.name)),
+        "num": col(info, "num"),
+        "stage": col(info, "stage"),
+        "mb": col(info, "mb"),
+        "phase": col(info, "phase"),
+        "peer": col(comm, "peer"),
+        "direction": np.where(c_dir != 0, c_dir, col(info, "direction")),
+        "bytes": col(comm, "nbytes"),
+        "seq": col(comm, "seq"),
+        "group": col(comm, "group"),
     }
     r = Ranges.from_columns(n, cols)
     return r.take(np.lexsort((r.end, r.start)))

@@ -12,6 +12,7 @@ import msgspec
 
 from ppdiag.errors import InputError
 from ppdiag.parsers.kineto_schema import _LENIENT, _STRICT, TraceTypes
+from ppdiag.parsers.kineto_table import Events
 
 _ERR_BYTE = re.compile(r"\(byte (\d+)\)")
 _CLOSE_CANDIDATE = re.compile(rb"\}(?=\s*(?:,|$))")
@@ -29,6 +30,7 @@ class _Recovered:
     warnings: list[str] = field(default_factory=list)
     dropped_used: int = 0  # host ops dropped while decoding (sliced decoding), see kineto_slices
     sliced: bool = False  # decoded by kineto_slices (which already ran the instant-event hooks)
+    events: Events | None = None  # the events' columns (sliced decoding builds them as it goes)
 
 
 def _error_pos(exc: msgspec.DecodeError, size: int) -> tuple[int, bool]:

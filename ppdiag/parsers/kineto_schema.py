@@ -119,12 +119,19 @@ _STRICT = _make_types(lenient=False)
 _LENIENT = _make_types(lenient=True)
 
 
+def _join_raw(raws: list[msgspec.Raw], empty: bytes) -> bytes:
+    """The raw JSON values joined by commas, ``empty`` standing for a missing one."""
+    if all(map(len, raws)):
+        return b",".join(raws)
+    return b",".join([r if len(r) else empty for r in raws])
+
+
 def _decode_args(raws: list[msgspec.Raw]) -> list[Any]:
     """The args Structs of some events (None where an event has no args object), decoded in one
     call over the joined raw JSON; strictly typed, else leniently (any JSON type per field)."""
     if not raws:
         return []
-    blob = b"".join((b"[", b",".join([r if len(r) else b"null" for r in raws]), b"]"))
+    blob = b"".join((b"[", _join_raw(raws, b"null"), b"]"))
     try:
         out: list[Any] = _STRICT.args_decoder.decode(blob)
     except msgspec.ValidationError:
@@ -248,10 +255,18 @@ def _tid_int(tid: Any) -> int:
 
 
 def _tids(values: list[Any]) -> I64A:
+    """pid / tid values as int64: ints as they are, the first number in a string ("stream 7"),
+    else -1. Strings are read once per distinct value (a trace has a few threads)."""
     try:
         return np.asarray(values, dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
+        pass
+    try:
+        keys = list(zip(map(type, values), values, strict=True))  # 1 and 1.0 are told apart
+        read = {k: _tid_int(k[1]) for k in set(keys)}
+    except TypeError:  # unhashable values (lenient traces)
         return np.asarray([_tid_int(v) for v in values], dtype=np.int64)
+    return np.fromiter(map(read.__getitem__, keys), dtype=np.int64, count=len(values))
 
 
 def _raw_json(raw: Any) -> Any:
