@@ -103,7 +103,7 @@ class KinetoParser:
 _SLICE_DECODER = msgspec.json.Decoder(list[_STRICT.event])  # type: ignore[name-defined]
 
 
-def _decode_sliced(data: bytes, memo: _NameMemo, path: str = "") -> _Recovered | None:
+def _decode_sliced(data: bytes | bytearray, memo: _NameMemo, path: str = "") -> _Recovered | None:
     """The trace decoded a slice at a time (see :mod:`ppdiag.parsers.kineto_slices`), without the
     host ops a GPU trace's parse never reads; None when the whole document must be decoded."""
     got = decode_sliced(data, _SLICE_DECODER, _slice_select, EventsBuilder(memo, path))
@@ -215,7 +215,7 @@ def _no_gpu_error(
     )
 
 
-def _decode(held: list[bytes], spath: str) -> tuple[_Recovered, Events, _NameMemo]:
+def _decode(held: list[bytes | bytearray], spath: str) -> tuple[_Recovered, Events, _NameMemo]:
     """The decoded trace (sliced when it can be), its events' columns, and the name memo."""
     data = held.pop()  # the only reference from here on: ``del data`` below frees the bytes
     if not _LEADING_OBJECT.match(data, 0, 4096):
@@ -237,7 +237,7 @@ def _decode(held: list[bytes], spath: str) -> tuple[_Recovered, Events, _NameMem
     return rec, table, memo
 
 
-def _parse_bytes(held: list[bytes], path: Path, warnings: list[str]) -> RankTimeline:
+def _parse_bytes(held: list[bytes | bytearray], path: Path, warnings: list[str]) -> RankTimeline:
     spath = str(path)
     rec, ev, memo = _decode(held, spath)
     warnings = warnings + rec.warnings

@@ -18,7 +18,7 @@ LZ4_MAGIC = b"\x04\x22\x4d\x18"
 _BLANK = re.compile(rb"[\s\x00]*\Z")  # stops at the first other byte: no copy of big files
 
 
-def read_bytes(path: Path) -> tuple[bytes, list[str]]:
+def read_bytes(path: Path) -> tuple[bytes | bytearray, list[str]]:
     """The file's JSON bytes (gunzipped when gzip), plus warnings (a cut gzip stream).
 
     A gzip stream cut short keeps everything that decompressed; corrupt gzip data is an error.
@@ -34,17 +34,19 @@ def read_bytes(path: Path) -> tuple[bytes, list[str]]:
         raise InputError(str(path), "lz4-compressed data, not gzip or JSON; decompress it first (lz4 -d)")
     if raw[:3] == b"BZh" or raw[:6] == XZ_MAGIC or raw[:4] == ZSTD_MAGIC:
         # bzip2 / xz (standard library) or zstd (optional package) under a trace name: read, say so
-        raw, what = unpack_other(raw, str(path))
+        other, what = unpack_other(raw, str(path))
         warnings.append(f"{what}-compressed data under a {path.suffix or 'plain'} name: read as {what}")
-        if _BLANK.match(raw):
+        if _BLANK.match(other):
             raise InputError(str(path), f"empty file (after {what} decompression)")
-        return raw, warnings
+        return other, warnings
     if raw[:2] == GZIP_MAGIC:
-        raw, cut = gunzip(raw, str(path))
+        data, cut = gunzip(raw, str(path))
+        del raw
         if cut:
             warnings.append("gzip stream ends early (file cut short or damaged); kept what decompressed")
-        if _BLANK.match(raw):
+        if _BLANK.match(data):
             raise InputError(str(path), "empty file (after gunzip)")
+        return data, warnings
     return raw, warnings
 
 
@@ -136,62 +138,80 @@ def max_trace_bytes(compressed: int) -> int:
     return min(cap, max(1 << 28, 200 * compressed)) if compressed else cap
 
 
-def gunzip(raw: bytes, path: str, limit: int | None = None) -> tuple[bytes, bool]:
-    """Decompress all gzip members; returns (data, cut) where cut means the stream ended early.
+_IN_PIECE = 1 << 18  # compressed bytes fed per call (keeps unconsumed tails small)
+_OUT_PIECE = 1 << 20  # decompressed bytes per call at most (zlib holds ~2x that while it runs)
 
-    Decompression stops at ``limit`` bytes (default :func:`max_trace_bytes`) with an InputError:
-    memory stays bounded by the cap, whatever the stream claims."""
-    cap = max_trace_bytes(len(raw)) if limit is None else limit
-    # The usual file is one gzip member: inflate it in one call bounded by the cap, so the output
-    # is one buffer and no b"".join copy of the whole trace is made.
-    d0 = zlib.decompressobj(wbits=31)
-    try:
-        whole = d0.decompress(raw, cap + 1)
-    except zlib.error:
-        whole = b""  # the member-by-member loop below reports it
-    else:
-        if len(whole) > cap:
+
+class _Inflated:
+    """The decompressed bytes, written into one buffer: sized from the gzip trailer's ISIZE when
+    that is plausible (no copy of the whole trace when it is right), grown when it is not; the
+    cap is checked on every write."""
+
+    def __init__(self, raw: bytes, path: str, cap: int) -> None:
+        self.path, self.cap, self.compressed = path, cap, len(raw)
+        isize = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
+        # a cut stream's trailer is random bytes: trust it only within the cap and a ratio no
+        # JSON reaches by far (the buffer is trimmed to what was written anyway)
+        self.buf = bytearray(isize if isize <= min(cap, 128 * len(raw)) else 0)
+        self.n = 0
+
+    def write(self, chunk: bytes) -> None:
+        end = self.n + len(chunk)
+        if end > self.cap:
             raise InputError(
-                path,
-                f"gzip data expands past {_size(cap)} ({_size(len(raw))} compressed): "
+                self.path,
+                f"gzip data expands past {_size(self.cap)} ({_size(self.compressed)} compressed): "
                 "refused as a likely gzip bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
             )
-        if d0.eof and not d0.unused_data.strip(b"\x00"):
-            return whole, False
-    del whole, d0
-    parts: list[bytes] = []
-    total = 0
-    data = raw
-    chunk = 1 << 24
-    while data:
-        d = zlib.decompressobj(wbits=31)
+        self.buf[self.n : end] = chunk  # grows the buffer when the end is past it
+        self.n = end
+
+    def finish(self) -> bytearray:
+        del self.buf[self.n :]
+        return self.buf
+
+
+def _inflate_member(src: memoryview, pos: int, out: _Inflated) -> tuple[int, bool]:
+    """Inflate the gzip member starting at ``src[pos]`` into ``out``; returns (offset after the
+    member, whether it ended). Input goes in 256 KiB pieces, output comes out in 1 MiB pieces."""
+    d = zlib.decompressobj(wbits=31)
+    while pos < len(src):
+        piece = src[pos : pos + _IN_PIECE]
+        buf: bytes | memoryview = piece
+        while True:
+            chunk = d.decompress(buf, _OUT_PIECE)
+            out.write(chunk)
+            buf = d.unconsumed_tail
+            if d.eof or (not buf and len(chunk) < _OUT_PIECE):
+                break
+        if d.eof:
+            return pos + len(piece) - len(d.unused_data), True
+        pos += len(piece)
+    out.write(d.flush())
+    return pos, False
+
+
+def gunzip(raw: bytes, path: str, limit: int | None = None) -> tuple[bytearray, bool]:
+    """Decompress all gzip members; returns (data, cut) where cut means the stream ended early.
+
+    The data is decompressed piece by piece into one buffer (no join of parts, no second copy
+    of the trace) and decompression stops at ``limit`` bytes (default :func:`max_trace_bytes`)
+    with an InputError: memory stays bounded by the cap, whatever the stream claims."""
+    cap = max_trace_bytes(len(raw)) if limit is None else limit
+    out = _Inflated(raw, path, cap)
+    src = memoryview(raw)
+    pos = 0
+    while pos < len(src):
         try:
-            buf = data
-            while True:
-                out = d.decompress(buf, chunk)
-                total += len(out)
-                if total > cap:
-                    raise InputError(
-                        path,
-                        f"gzip data expands past {_size(cap)} ({_size(len(raw))} compressed): "
-                        "refused as a likely gzip bomb (raise the cap with PPDIAG_MAX_TRACE_GB)",
-                    )
-                parts.append(out)
-                buf = d.unconsumed_tail
-                if not buf:
-                    break
-            tail = d.flush()
-            total += len(tail)
-            parts.append(tail)
+            pos, ended = _inflate_member(src, pos, out)
         except zlib.error as exc:
             raise InputError(path, f"corrupt gzip data ({exc})") from None
-        if not d.eof:
-            return b"".join(parts), True
-        data = d.unused_data
-        # trailing zero padding after the last member is harmless
-        if data and data[:2] != GZIP_MAGIC:
+        if not ended:
+            return out.finish(), True
+        # trailing zero padding (or other bytes) after the last member is not read
+        if bytes(src[pos : pos + 2]) != GZIP_MAGIC:
             break
-    return b"".join(parts), False
+    return out.finish(), False
 
 
 _SNIFF_KEYS = (b'"traceEvents"', b'"schemaVersion"')

@@ -14,6 +14,8 @@ from ppdiag.errors import InputError
 from ppdiag.parsers.kineto_schema import _LENIENT, _STRICT, TraceTypes
 from ppdiag.parsers.kineto_table import Events
 
+Data = bytes | bytearray  # a trace's JSON text (gunzip fills a bytearray)
+
 _ERR_BYTE = re.compile(r"\(byte (\d+)\)")
 _CLOSE_CANDIDATE = re.compile(rb"\}(?=\s*(?:,|$))")
 _NEXT_ELEMENT = re.compile(rb"\}\s*,\s*(\{)")
@@ -42,7 +44,7 @@ def _error_pos(exc: msgspec.DecodeError, size: int) -> tuple[int, bool]:
     return (int(m.group(1)) if m else size), False
 
 
-def _events_start(data: bytes) -> int:
+def _events_start(data: Data) -> int:
     """Offset just after the ``[`` that opens traceEvents, or -1."""
     key = data.find(b'"traceEvents"')
     if key < 0:
@@ -51,7 +53,7 @@ def _events_start(data: bytes) -> int:
     return m.end() if m else -1
 
 
-def _last_complete_element(data: bytes, start: int, pos: int, types: TraceTypes) -> int:
+def _last_complete_element(data: Data, start: int, pos: int, types: TraceTypes) -> int:
     """Offset of the ``}`` that closes the last complete traceEvents element before ``pos``, or -1.
 
     Candidates are ``}`` followed only by whitespace and a comma (or the damage); each one is checked
@@ -88,7 +90,7 @@ _NON_JSON_NUMBER_ANY = re.compile(rb"(?<=[:\[,])(\s*)-?(?:NaN|nan|Infinity|inf|I
 _ARRAY_CLOSED = re.compile(rb"\}\s*\](?=\s*,\s*\"|\s*$)")
 
 
-def _close_after_events(data: bytes, start: int, pos: int, types: TraceTypes) -> Any:
+def _close_after_events(data: Data, start: int, pos: int, types: TraceTypes) -> Any:
     """When the cut fell after traceEvents had closed (in trailing keys such as an on-demand
     ``distributedInfo``), the trace with every event, else None."""
     lo = max(start, pos - (1 << 16))
@@ -101,7 +103,7 @@ def _close_after_events(data: bytes, start: int, pos: int, types: TraceTypes) ->
 
 
 def _without_trailing(
-    doc: bytes, pos: int, types: TraceTypes, path: str, err: msgspec.DecodeError, rec: _Recovered
+    doc: Data, pos: int, types: TraceTypes, path: str, err: msgspec.DecodeError, rec: _Recovered
 ) -> _Recovered:
     """Junk after the top-level object (a second write, NUL padding) is ignored, and said."""
     end = doc.rfind(b"}", 0, pos) + 1
@@ -114,9 +116,7 @@ def _without_trailing(
     return rec
 
 
-def _decode_damaged(
-    data: bytes, path: str, types: TraceTypes, first_error: msgspec.DecodeError
-) -> _Recovered:
+def _decode_damaged(data: Data, path: str, types: TraceTypes, first_error: msgspec.DecodeError) -> _Recovered:
     """Decode a trace whose JSON is damaged: a cut (crashed writer) or a malformed element.
 
     A cut keeps every complete event before it. A malformed element (e.g. an unescaped quote in a
@@ -197,7 +197,7 @@ def _decode_damaged(
 
 
 def _close_at_cut(
-    doc: bytes, start: int, p: int, types: TraceTypes, path: str
+    doc: Data, start: int, p: int, types: TraceTypes, path: str
 ) -> tuple[Any, int, int, int] | msgspec.DecodeError:
     """The trace cut after the element that ends at ``p``: (trace, kept events, events lost
     (estimated from the mean event size), bytes dropped); the decode error when the damage lies
@@ -217,7 +217,7 @@ def _close_at_cut(
     return trace, kept, lost_here, dropped
 
 
-def decode_trace(data: bytes, path: str) -> _Recovered:
+def decode_trace(data: Data | bytearray, path: str) -> _Recovered:
     """Decode the whole trace, falling back to lenient types and damage recovery when needed."""
     try:
         trace = _STRICT.decoder.decode(data)
@@ -233,7 +233,7 @@ def decode_trace(data: bytes, path: str) -> _Recovered:
     return rec
 
 
-def _invalid_utf8(data: bytes) -> int:
+def _invalid_utf8(data: Data) -> int:
     """Number of invalid UTF-8 sequences in ``data`` (0 when it is valid UTF-8)."""
     try:
         data.decode("utf-8")
@@ -242,7 +242,7 @@ def _invalid_utf8(data: bytes) -> int:
         return data.decode("utf-8", errors="replace").count("\ufffd") - data.count("\ufffd".encode())
 
 
-def _decode_typed(data: bytes, path: str) -> _Recovered:
+def _decode_typed(data: Data, path: str) -> _Recovered:
     types = _STRICT
     for attempt in range(2):
         try:

@@ -74,7 +74,7 @@ def run_instant_hooks(evs: list[Any]) -> None:
 
 
 def decode_sliced(
-    data: bytes,
+    data: bytes | bytearray,
     event_decoder: msgspec.json.Decoder[Any],
     make_select: Callable[[Any], Select],
     builder: EventsBuilder,
