@@ -78,14 +78,68 @@ def test_parse_peak_is_under_1_75x_the_decompressed_trace(tmp_path: Path) -> Non
     assert held < 1.75 * raw, f"parse held {held / raw:.2f}x the decompressed trace ({raw >> 20} MiB)"
 
 
+INFLATERS = ["zlib", "isal"]
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, which: str) -> None:
+    """Make gunzip use zlib or the optional isal (skipped when isal is not installed)."""
+    from ppdiag.parsers import kineto_bytes
+
+    monkeypatch.setattr(kineto_bytes, "_INFLATER", None)
+    if which == "isal":
+        pytest.importorskip("isal")
+        monkeypatch.delenv("PPDIAG_NO_ISAL", raising=False)
+    else:
+        monkeypatch.setenv("PPDIAG_NO_ISAL", "1")
+
+
+@pytest.mark.parametrize("which", INFLATERS)
 @pytest.mark.parametrize("members", [1, 3])
-def test_gunzip_fills_one_buffer_of_the_exact_size(tmp_path: Path, members: int) -> None:
-    """The gzip trailer sizes the buffer (one member) or it grows (several): same bytes."""
+def test_gunzip_fills_one_buffer_of_the_exact_size(
+    monkeypatch: pytest.MonkeyPatch, members: int, which: str
+) -> None:
+    """The gzip trailer sizes the buffer (one member) or it grows (several): same bytes; a cut
+    stream keeps a prefix of the data. Either inflater."""
     from ppdiag.parsers.kineto_bytes import gunzip
 
+    _use(monkeypatch, which)
     parts = [bytes(range(256)) * (4096 + 17 * k) for k in range(members)]
     data = b"".join(gzip.compress(p) for p in parts)
     out, cut = gunzip(data, "x.json.gz")
     assert (bytes(out), cut) == (b"".join(parts), False)
     out, cut = gunzip(data[: len(data) // 2], "x.json.gz")
     assert cut and b"".join(parts).startswith(bytes(out))
+
+
+@pytest.mark.parametrize("which", INFLATERS)
+def test_corrupt_gzip_is_named_with_either_inflater(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    from ppdiag.errors import InputError
+    from ppdiag.parsers.kineto import parse_file
+
+    _use(monkeypatch, which)
+    data = bytearray(gzip.compress(b'{"traceEvents": []}' * 1000))
+    data[20:40] = b"\xff" * 20
+    p = tmp_path / "rank0.json.gz"
+    p.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="corrupt gzip"):
+        parse_file(p)
+
+
+def test_isal_and_zlib_give_the_same_timeline_of_a_cut_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real trace whose gzip stream is cut: both inflaters keep the same events."""
+    from ppdiag.parsers.kineto import parse_file
+
+    pytest.importorskip("isal")
+    raw = shared_trace("kineto/hta_ddp_nccl_rank0.json.gz").read_bytes()
+    p = tmp_path / "rank0.json.gz"
+    p.write_bytes(raw[: len(raw) * 2 // 3])
+    got = []
+    for which in INFLATERS:
+        _use(monkeypatch, which)
+        tl = parse_file(p)
+        got.append((tl.events_total, tl.events_lost, tl.warnings, tl.intervals.start.tolist()))
+    assert got[0] == got[1]
