@@ -4,7 +4,7 @@ Decoding yields per-event msgspec Structs; :class:`EventsBuilder` turns each sli
 columns (phase code, category code, name id, pid, tid, ts, dur) and keeps of the args only what a
 later step reads: the int fields of GPU and runtime events (stream, device, correlation, bytes),
 and the raw args of host comm ops, comm kernels and allocator events (a small share of a trace).
-The Structs of a slice are freed before the next slice is decoded, so a parse holds ~40 bytes per
+The Structs of a slice are freed before the next slice is decoded, so a parse holds ~70 bytes per
 event instead of a Struct, its strings and its args.
 
 Every conversion has the semantics the parse always had: ``ts``/``dur`` read as :func:`_f64` with
