@@ -21,7 +21,7 @@ def _both(p: Path, monkeypatch: pytest.MonkeyPatch, slice_len: int) -> tuple[Ran
     monkeypatch.setattr(kineto_slices, "SLICE", slice_len)
     sliced = kineto.parse_file(p)
     with monkeypatch.context() as m:
-        m.setattr(kineto, "_decode_sliced", lambda data, memo: None)
+        m.setattr(kineto, "_decode_sliced", lambda data, memo, path="": None)
         whole = kineto.parse_file(p)
     return sliced, whole
 
@@ -43,7 +43,7 @@ def test_hand_trace_equal_for_any_slice_length(
     p.write_text(json.dumps(BASE))
     calls: list[int] = []
     real = kineto._decode_sliced
-    monkeypatch.setattr(kineto, "_decode_sliced", lambda d, m: calls.append(1) or real(d, m))
+    monkeypatch.setattr(kineto, "_decode_sliced", lambda d, m, p="": calls.append(1) or real(d, m, p))
     sliced, whole = _both(p, monkeypatch, slice_len)
     assert calls  # the sliced path ran
     _same(sliced, whole)
@@ -104,7 +104,7 @@ def test_instant_events_reach_the_hook_on_both_paths(
     monkeypatch.setattr(kineto_slices, "_INSTANT_HOOKS", [lambda evs: seen.extend(e.name for e in evs)])
     monkeypatch.setattr(kineto_slices, "SLICE", 5)
     if whole:
-        monkeypatch.setattr(kineto, "_decode_sliced", lambda data, memo: None)
+        monkeypatch.setattr(kineto, "_decode_sliced", lambda data, memo, path="": None)
     kineto.parse_file(p)
     # every instant event of the trace, in file order (the fixture's own among them)
     assert seen == [e["name"] for e in d["traceEvents"] if e.get("ph") in ("i", "I")]

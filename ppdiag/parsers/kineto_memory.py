@@ -14,14 +14,13 @@ is ``totalGlobalMem`` of its ``deviceProperties`` entry.
 
 from __future__ import annotations
 
-import operator
-from itertools import repeat
 from typing import Any
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
-from ppdiag.parsers.kineto import MEMORY_EVENT, us_to_ns
+from ppdiag.parsers.kineto_schema import _col, _join_raw, us_to_ns
 
 CUDA = 1  # ``Device Type`` of a CUDA device (c10::DeviceType::CUDA)
 
@@ -51,43 +50,56 @@ def _int(v: Any, default: int) -> int:
     return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v) else default
 
 
-def memory_meta(evs: list[Any], base_ns: int, devprops: list[Any]) -> dict[str, Any]:
+def _ints(values: list[Any], default: int) -> list[int]:
+    """:func:`_int` of every value; a list of plain ints is returned as it is."""
+    if set(map(type, values)) <= {int}:
+        return values
+    return [_int(v, default) for v in values]
+
+
+def _floats(values: list[Any]) -> npt.NDArray[np.float64]:
+    """Numbers (bools too) as float64, anything else as NaN."""
+    if set(map(type, values)) <= {float, int}:
+        return np.asarray(values, dtype=np.float64)
+    return np.array([v if isinstance(v, int | float) else np.nan for v in values], np.float64)
+
+
+def memory_meta(
+    ts_values: list[Any], raws: list[msgspec.Raw], base_ns: int, devprops: list[Any]
+) -> dict[str, Any]:
     """``{"memory": {...}}`` with the CUDA ``[memory]`` events of a trace (time order), or ``{}``
-    when it has none. Events whose ``ts`` or args are unusable are counted in ``dropped``."""
-    n = len(evs)
-    if not n:
+    when it has none; ``ts_values``/``raws``: the ``ts`` and raw args of every ``[memory]`` event
+    (see :class:`~ppdiag.parsers.kineto_table.Events`). Events whose ``ts`` or args are unusable
+    are counted in ``dropped``."""
+    if not raws:
         return {}
-    is_mem = np.fromiter(
-        map(operator.eq, map(operator.attrgetter("name"), evs), repeat(MEMORY_EVENT)), bool, n
-    )
-    idx = np.flatnonzero(is_mem)
-    if not len(idx):
-        return {}
-    raws = [evs[i].args for i in idx]
-    blob = b"".join((b"[", b",".join([r if len(r) else b"null" for r in raws]), b"]"))
+    # an event without args reads as one with every field at its default (Device Type -1)
+    blob = b"".join((b"[", _join_raw(raws, b"{}"), b"]"))
     try:
-        args = _DECODER.decode(blob)
+        args: list[Any] = _DECODER.decode(blob)
     except msgspec.DecodeError:
-        return {"memory": {"dropped": len(idx), "events": 0}}
-    ts = np.array([evs[i].ts if isinstance(evs[i].ts, int | float) else np.nan for i in idx], np.float64)
-    dev_type = np.array([_int(a.device_type, -1) if a else -1 for a in args], np.int64)
+        return {"memory": {"dropped": len(raws), "events": 0}}
+    if None in args:  # "args": null
+        args = [x if x is not None else _MemArgs() for x in args]
+    ts = _floats(ts_values)
+    dev_type = np.asarray(_ints(_col(args, "device_type"), -1), dtype=np.int64)
     ok = np.isfinite(ts) & (dev_type == CUDA)
     dropped = int((~np.isfinite(ts)).sum())
     if not ok.any():
         return {"memory": {"dropped": dropped, "events": 0}} if dropped else {}
     sel = np.flatnonzero(ok)
-    a = [x for x in (args[i] for i in sel) if x is not None]  # Device Type CUDA: args present
     t = us_to_ns(ts[sel], base_ns)
     order = np.argsort(t, kind="stable")
-    has_totals = all(x.allocated is not None for x in a)
+    a = list(map(args.__getitem__, sel[order].tolist()))  # time order
+    has_totals = None not in _col(a, "allocated")
     col = {
         "t_ns": t[order].tolist(),
-        "device": [_int(a[i].device_id, 0) for i in order],
-        "bytes": [_int(a[i].nbytes, 0) for i in order],
+        "device": _ints(_col(a, "device_id"), 0),
+        "bytes": _ints(_col(a, "nbytes"), 0),
     }
     if has_totals:
-        col["allocated"] = [_int(a[i].allocated, 0) for i in order]
-        col["reserved"] = [_int(a[i].reserved, -1) for i in order]
+        col["allocated"] = _ints(_col(a, "allocated"), 0)
+        col["reserved"] = _ints(_col(a, "reserved"), -1)
     capacity = {
         str(_int(p.get("id"), -1)): _int(p.get("totalGlobalMem"), -1)
         for p in devprops

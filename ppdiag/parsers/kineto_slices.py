@@ -3,7 +3,8 @@ events that no later step reads are dropped before the next slice is materialise
 
 The document is first decoded with its events as :class:`msgspec.Raw` (a view of the bytes, no
 objects per field); then each slice of ``SLICE`` events is decoded into the typed event Structs of
-:mod:`ppdiag.parsers.kineto`, filtered, and its text freed. What is dropped is exactly what a GPU
+:mod:`ppdiag.parsers.kineto`, filtered, turned into columns (:mod:`ppdiag.parsers.kineto_table`)
+and freed with its text. What is dropped is exactly what a GPU
 trace's parse never reads: CPU ops and Python functions whose name means nothing to ppdiag (not a
 step, label, comm or optimizer range, not an autograd backward op), with usable times. Events that
 are dropped are only counted (they take part in the counts of the time checks). Flow, metadata
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
+
+from ppdiag.parsers.kineto_table import Events, EventsBuilder, Select
 
 SLICE = 1 << 12  # events per slice: ~1-3 MB of JSON, the extra memory one slice costs
 
@@ -45,9 +46,9 @@ _SKELETON = msgspec.json.Decoder(_Skeleton)
 
 @dataclass
 class Sliced:
-    """The kept events, the document's other fields, and what was dropped."""
+    """The kept events' columns, the document's other fields, and what was dropped."""
 
-    events: list[Any]
+    events: Events
     total: int  # events in the document
     dropped_used: int  # host X events dropped (they count as used events in the time checks)
     top: _Skeleton
@@ -72,16 +73,17 @@ def run_instant_hooks(evs: list[Any]) -> None:
             hook(inst)
 
 
-# one slice's events -> (which to keep, dropped events that count as used, usable GPU events)
-Select = Callable[[list[Any]], tuple[npt.NDArray[np.bool_], int, int]]
-
-
 def decode_sliced(
-    data: bytes, event_decoder: msgspec.json.Decoder[Any], make_select: Callable[[Any], Select]
+    data: bytes | bytearray,
+    event_decoder: msgspec.json.Decoder[Any],
+    make_select: Callable[[Any], Select],
+    builder: EventsBuilder,
 ) -> Sliced | None:
-    """Decode ``data`` slice by slice; None when the whole-document path must be taken.
+    """Decode ``data`` slice by slice into ``builder``; None when the whole-document path must be
+    taken.
 
-    ``make_select(top)`` (given the document's other fields) returns the per-slice filter. When no
+    ``make_select(top)`` (given the document's other fields) returns the per-slice filter. Each
+    slice's Structs are turned into columns and freed before the next slice is decoded. When no
     usable GPU event is met the trace is parsed in CPU mode, which reads every CPU op: None."""
     if _GPU_CAT.search(data) is None:
         return None
@@ -94,27 +96,19 @@ def decode_sliced(
         return None
     top.traceEvents = None
     select = make_select(top)
-    kept: list[Any] = []
     dropped_used = n_gpu = 0
-    empty = msgspec.Raw()
     try:
         for lo in range(0, len(raws), SLICE):
             blob = b"".join((b"[", b",".join(raws[lo : lo + SLICE]), b"]"))
             evs: list[Any] = event_decoder.decode(blob)
             del blob
             run_instant_hooks(evs)
-            keep, n, g = select(evs)
+            n, g = builder.add(evs, select)
+            del evs
             dropped_used += n
             n_gpu += g
-            sel = [evs[i] for i in np.flatnonzero(keep).tolist()]
-            del evs
-            for e in sel:
-                # a kept event's args are copied out of the slice's text, so the text is freed
-                e.args = e.args.copy() if len(e.args) else empty
-            kept.extend(sel)
-            del sel
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     if not n_gpu:
         return None
-    return Sliced(kept, len(raws), dropped_used, top)
+    return Sliced(builder.finish(), len(raws), dropped_used, top)

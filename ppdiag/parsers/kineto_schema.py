@@ -1,0 +1,328 @@
+"""The typed, field-selective schema of a Kineto trace and the column helpers every mode uses.
+
+msgspec Structs name only the keys ppdiag reads (every other key is skipped without building
+objects); the helpers turn one attribute of many events into a numpy column without Python
+bytecode per event. Category codes map ``cat`` strings to the kinds the parse tells apart.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.errors import InputError
+from ppdiag.model import (
+    Kind,
+)
+
+I64A = npt.NDArray[np.int64]
+F64A = npt.NDArray[np.float64]
+
+# ----------------------------------------------------------------------------------------------
+# Typed, field-selective decoding
+# ----------------------------------------------------------------------------------------------
+
+# (attribute, JSON key, strict type, default). Only these keys are materialised; msgspec skips
+# every other key (call stacks, shapes of ops we never look at) without building objects for it.
+_ARG_FIELDS: tuple[tuple[str, str, Any, Any], ...] = (
+    ("ext", "External id", int, -1),
+    ("ext_lc", "external id", int, -1),  # 2021 traces
+    ("correlation", "correlation", int, -1),
+    ("stream", "stream", int, -1),
+    ("device", "device", int, -1),
+    ("nbytes", "bytes", int | str, -1),  # ROCm runtime calls write a string
+    ("coll", "Collective name", str, ""),
+    ("pg_name", "Process Group Name", int | str, ""),
+    ("pg_id", "Process Group ID", int | str, ""),  # early 2024 traces
+    ("pg_desc", "Process Group Description", str, ""),
+    ("pg_ranks", "Process Group Ranks", str | list[int], ""),
+    ("rank_start", "Global rank start", int, -1),
+    ("rank_stride", "Global rank stride", int, -1),
+    ("group_size", "Group size", int, -1),
+    ("src", "Src Rank", int, -1),
+    ("dst", "Dst Rank", int, -1),
+    ("peer_rank", "Rank", int, -1),
+    ("seq", "Seq", int, -1),
+    ("nelems", "In msg nelems", int, -1),
+    ("dtype", "dtype", str, ""),
+    ("concrete", "Concrete Inputs", msgspec.Raw, msgspec.Raw()),
+    ("dims", "Input Dims", msgspec.Raw, msgspec.Raw()),
+    ("types", "Input type", msgspec.Raw, msgspec.Raw()),
+)
+
+
+@dataclass(frozen=True)
+class TraceTypes:
+    """The msgspec types used to decode one trace (strict or lenient variant)."""
+
+    args: Any
+    event: Any
+    trace: Any
+    decoder: msgspec.json.Decoder[Any]
+    event_decoder: msgspec.json.Decoder[Any]
+    args_decoder: msgspec.json.Decoder[Any]  # a JSON array of args objects (or nulls)
+
+
+def _make_types(lenient: bool) -> TraceTypes:
+    """Build the Struct types. The lenient variant accepts any JSON type for every field and is
+    only used when a trace breaks the usual typing (it is slower: coercion happens later)."""
+    arg_fields = [(a, Any if lenient else t, d) for a, _, t, d in _ARG_FIELDS]
+    args_t = msgspec.defstruct(
+        "KinetoArgs",
+        arg_fields,
+        rename={a: k for a, k, _, _ in _ARG_FIELDS},
+        gc=False,
+    )
+    ev_fields: list[tuple[str, Any, Any]] = [
+        ("ph", Any if lenient else str, ""),
+        ("cat", Any if lenient else str, ""),
+        ("name", Any if lenient else str, ""),
+        ("pid", Any if lenient else int | str, -1),
+        ("tid", Any if lenient else int | str, -1),
+        # NaN, not 0: a missing ts must be told apart from a real one (it is counted and dropped)
+        ("ts", Any if lenient else float, float("nan")),
+        ("dur", Any if lenient else float, 0.0),
+        # args stay raw JSON until read: only the events that need them (GPU, runtime and comm
+        # ops, a small share of a trace) pay for decoding them, see _decode_args
+        ("args", msgspec.Raw, msgspec.Raw()),
+    ]
+    event_t = msgspec.defstruct("KinetoEvent", ev_fields, gc=False)
+    trace_t = msgspec.defstruct(
+        "KinetoTrace",
+        [
+            ("traceEvents", list[event_t] | None, None),  # type: ignore[valid-type]
+            ("distributedInfo", Any, None),
+            ("deviceProperties", Any, None),
+            ("baseTimeNanoseconds", Any, None),
+            ("host_name", Any, None),
+        ],
+    )
+    # A bare event with a mandatory "ph": used to validate a candidate cut point of a damaged file.
+    check_t = msgspec.defstruct("KinetoEventCheck", [("ph", Any)])
+    return TraceTypes(
+        args=args_t,
+        event=event_t,
+        trace=trace_t,
+        decoder=msgspec.json.Decoder(trace_t),
+        event_decoder=msgspec.json.Decoder(check_t),
+        args_decoder=msgspec.json.Decoder(list[args_t | None]),  # type: ignore[valid-type]
+    )
+
+
+_STRICT = _make_types(lenient=False)
+_LENIENT = _make_types(lenient=True)
+
+
+def _join_raw(raws: list[msgspec.Raw], empty: bytes) -> bytes:
+    """The raw JSON values joined by commas, ``empty`` standing for a missing one."""
+    if all(map(len, raws)):
+        return b",".join(raws)
+    return b",".join([r if len(r) else empty for r in raws])
+
+
+def _decode_args(raws: list[msgspec.Raw]) -> list[Any]:
+    """The args Structs of some events (None where an event has no args object), decoded in one
+    call over the joined raw JSON; strictly typed, else leniently (any JSON type per field)."""
+    if not raws:
+        return []
+    blob = b"".join((b"[", _join_raw(raws, b"null"), b"]"))
+    try:
+        out: list[Any] = _STRICT.args_decoder.decode(blob)
+    except msgspec.ValidationError:
+        out = _LENIENT.args_decoder.decode(blob)
+    return out
+
+
+def trace_decoder() -> msgspec.json.Decoder[Any]:
+    """The typed decoder ppdiag uses (the floor the parse benchmark compares against)."""
+    return _STRICT.decoder
+
+
+_DTYPE_SIZE = {
+    "float": 4,
+    "float32": 4,
+    "double": 8,
+    "float64": 8,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "byte": 1,
+    "uint8": 1,
+    "unsigned char": 1,
+    "char": 1,
+    "int8": 1,
+    "signed char": 1,
+    "short": 2,
+    "int16": 2,
+    "int": 4,
+    "int32": 4,
+    "long": 8,
+    "int64": 8,
+    "long int": 8,
+    "long long": 8,
+    "bool": 1,
+    "complexfloat": 8,
+    "complexdouble": 16,
+    "complexhalf": 4,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+}
+
+
+def dtype_size(dtype: Any) -> int:
+    """Bytes per element of a PyTorch dtype string ("Float", "c10::BFloat16", "float"), or -1."""
+    if not isinstance(dtype, str) or not dtype:
+        return -1
+    d = dtype.lower()
+    if d.startswith("c10::"):
+        d = d[5:]
+    if d.startswith("torch."):
+        d = d[6:]
+    return _DTYPE_SIZE.get(d, -1)
+
+
+def _as_int(v: Any, default: int = -1) -> int:
+    if v is None or isinstance(v, bool):
+        return default
+    if isinstance(v, int):
+        return v
+    try:
+        return int(float(v)) if isinstance(v, float | str) else default
+    except (TypeError, ValueError):
+        return default
+
+
+def _i64(values: list[Any], default: int = -1, name: str = "", path: str = "") -> I64A:
+    """int64 array from a list that is normally all ints (lenient traces may hold anything).
+
+    A value beyond int64 is no id a profiler writes: with ``name`` it is an InputError naming
+    the field, otherwise it reads as ``default``."""
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        out = [_as_int(v, default) for v in values]
+        big = [v for v in out if not -(2**63) <= v < 2**63]
+        if big and name:
+            raise InputError(path, f"args.{name} = {big[0]} is out of range (more than 64 bits)") from None
+        return np.asarray([v if -(2**63) <= v < 2**63 else default for v in out], dtype=np.int64)
+
+
+def _f64(values: list[Any]) -> F64A:
+    """float64 array; values that are not finite numbers (null, NaN, text) become 0."""
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        out = []
+        for v in values:
+            try:
+                out.append(float(v))
+            except (TypeError, ValueError):
+                out.append(0.0)
+        arr = np.asarray(out, dtype=np.float64)
+    if not np.isfinite(arr).all():
+        arr = np.where(np.isfinite(arr), arr, 0.0)
+    return arr
+
+
+def us_to_ns(us: F64A, base_ns: int) -> I64A:
+    """µs floats to int64 ns: integer and fraction parts separately so that absolute-epoch µs
+    (1.7e15) do not lose the precision ``round(ts*1000)`` would lose in float64."""
+    whole = np.floor(us)
+    ns = whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000.0).astype(np.int64)
+    return ns + np.int64(base_ns) if base_ns else ns
+
+
+def _tid_int(tid: Any) -> int:
+    if isinstance(tid, int):
+        return tid
+    if isinstance(tid, str):
+        m = re.search(r"-?\d{1,18}", tid)
+        if m:
+            return int(m.group(0))
+    return -1
+
+
+def _tids(values: list[Any]) -> I64A:
+    """pid / tid values as int64: ints as they are, the first number in a string ("stream 7"),
+    else -1. Strings are read once per distinct value (a trace has a few threads)."""
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    try:
+        keys = list(zip(map(type, values), values, strict=True))  # 1 and 1.0 are told apart
+        read = {k: _tid_int(k[1]) for k in set(keys)}
+    except TypeError:  # unhashable values (lenient traces)
+        return np.asarray([_tid_int(v) for v in values], dtype=np.int64)
+    return np.fromiter(map(read.__getitem__, keys), dtype=np.int64, count=len(values))
+
+
+def _raw_json(raw: Any) -> Any:
+    """Decode a msgspec.Raw arg value (None when absent or not JSON)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, msgspec.Raw):
+        return raw
+    if not len(raw):
+        return None
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+K_OTHER, K_KERNEL, K_MEMCPY, K_MEMSET, K_SYNC, K_RUNTIME, K_CPUOP, K_ANNOT, K_PYFUNC = range(9)
+_CAT = {
+    "kernel": K_KERNEL,
+    "Kernel": K_KERNEL,
+    "gpu_memcpy": K_MEMCPY,
+    "Memcpy": K_MEMCPY,
+    "gpu_memset": K_MEMSET,
+    "Memset": K_MEMSET,
+    "cuda_sync": K_SYNC,
+    "cuda_runtime": K_RUNTIME,
+    "cuda_driver": K_RUNTIME,
+    "Runtime": K_RUNTIME,
+    "Driver": K_RUNTIME,
+    "xpu_runtime": K_RUNTIME,
+    "xpu_driver": K_RUNTIME,
+    "privateuse1_runtime": K_RUNTIME,
+    "privateuse1_driver": K_RUNTIME,
+    "mtia_runtime": K_RUNTIME,
+    "cpu_op": K_CPUOP,
+    "Operator": K_CPUOP,
+    "user_annotation": K_ANNOT,
+    "User Annotation": K_ANNOT,
+    "python_function": K_PYFUNC,
+}
+_GPU_KIND = {K_KERNEL: Kind.COMPUTE, K_MEMCPY: Kind.MEMCPY, K_MEMSET: Kind.MEMSET, K_SYNC: Kind.SYNC}
+
+
+# Largest |value| a field may take: ranks and sizes beyond any real job; times that still fit
+# int64 nanoseconds once the base is added.
+_MAX_RANK = 1 << 24
+_MAX_NS = 1 << 62
+_MAX_US = float(_MAX_NS // 1000)
+_MAX_DUR_US = 7 * 86400 * 1e6  # a week: no kernel or op lasts longer
+
+
+def _col(objs: list[Any], attr: str) -> list[Any]:
+    """One attribute of every object, gathered by C-level iteration (no Python bytecode per
+    event): the first step of every per-kind column build."""
+    return list(map(attrgetter(attr), objs))
+
+
+#: Name of the allocator's instant events (``profile_memory=True``), kept by the sliced decoding.
+MEMORY_EVENT = "[memory]"

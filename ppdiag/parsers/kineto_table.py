@@ -1,0 +1,283 @@
+"""The decoded events of a Kineto trace as numpy columns, built one slice of events at a time.
+
+Decoding yields per-event msgspec Structs; :class:`EventsBuilder` turns each slice of them into
+columns (phase code, category code, name id, pid, tid, ts, dur) and keeps of the args only what a
+later step reads: the int fields of GPU and runtime events (stream, device, correlation, bytes),
+and the raw args of host comm ops, comm kernels and allocator events (a small share of a trace).
+The Structs of a slice are freed before the next slice is decoded, so a parse holds ~70 bytes per
+event instead of a Struct, its strings and its args.
+
+Every conversion has the semantics the parse always had: ``ts``/``dur`` read as :func:`_f64` with
+a mask of the values that are real finite numbers (not null, text or bool), tids as
+:func:`_tids`, names as ``str``; a slice whose values are all plain floats and ints takes the
+array fast path, any other slice the per-value one (lenient traces).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.parsers.kineto_names import _RE_COMM_KERNEL, N_COMM, N_PP_COMM, _NameMemo
+from ppdiag.parsers.kineto_schema import (
+    _CAT,
+    _STRICT,
+    F64A,
+    I64A,
+    K_ANNOT,
+    K_CPUOP,
+    K_KERNEL,
+    K_OTHER,
+    K_PYFUNC,
+    K_RUNTIME,
+    K_SYNC,
+    MEMORY_EVENT,
+    _col,
+    _decode_args,
+    _f64,
+    _i64,
+    _tids,
+)
+
+# phase codes (``ph``)
+PH_X, PH_B, PH_E, PH_I, PH_OTHER = range(5)
+_PH = {"X": PH_X, "B": PH_B, "E": PH_E, "i": PH_I, "I": PH_I}
+_NUMBER_TYPES = frozenset((float, int))
+_COLUMNS = (
+    "ph",
+    "cat",
+    "name",
+    "pid",
+    "tid",
+    "ts",
+    "ts_ok",
+    "dur",
+    "dur_ok",
+    "stream",
+    "device",
+    "corr",
+    "nbytes",
+)
+
+
+@dataclass
+class Events:
+    """Columns of the decoded events (one row per event decoding kept, in file order).
+
+    ``stream``/``device``/``nbytes`` are read from the args of GPU-category events and
+    ``corr`` from those of GPU and runtime events (-1 elsewhere); ``args`` holds the raw args of
+    the rows whose args are read as a whole later (host comm ops, comm kernels)."""
+
+    ph: npt.NDArray[np.int8]
+    cat: npt.NDArray[np.int8]  # the category's code whatever ``ph`` (K_OTHER when unknown)
+    name: npt.NDArray[np.int32]  # index into ``names``
+    pid: I64A
+    tid: I64A
+    ts: F64A  # µs, as _f64 reads it
+    ts_ok: npt.NDArray[np.bool_]  # ts is a real finite number
+    dur: F64A
+    dur_ok: npt.NDArray[np.bool_]
+    stream: I64A
+    device: I64A
+    corr: I64A
+    nbytes: I64A
+    names: list[str]
+    args: dict[int, msgspec.Raw]
+    mem_ts: list[Any] = field(default_factory=list)  # allocator events: ts and raw args
+    mem_args: list[msgspec.Raw] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ph)
+
+
+def _codes(values: list[Any], table: dict[str, int], default: int) -> npt.NDArray[np.int8]:
+    """``table[v]`` for string values, ``default`` for any other value (unhashable ones too)."""
+    try:
+        return np.fromiter(map(table.get, values, repeat(default)), dtype=np.int8, count=len(values))
+    except TypeError:
+        return np.fromiter(
+            (table.get(v, default) if isinstance(v, str) else default for v in values), np.int8, len(values)
+        )
+
+
+def _times(values: list[Any]) -> tuple[F64A, npt.NDArray[np.bool_]]:
+    """(values as _f64 reads them, mask of real finite numbers)."""
+    if set(map(type, values)) <= _NUMBER_TYPES:
+        arr = np.asarray(values, dtype=np.float64)
+        ok = np.isfinite(arr)
+        return (arr if ok.all() else np.where(ok, arr, 0.0)), ok
+    is_num = np.fromiter(map(_NUMBER_TYPES.__contains__, map(type, values)), bool, len(values))
+    raw = np.asarray([v if k else 0.0 for v, k in zip(values, is_num, strict=True)], dtype=np.float64)
+    return _f64(values), is_num & np.isfinite(raw)
+
+
+def _take(evs: list[Any], idx: npt.NDArray[np.intp]) -> list[Any]:
+    """``evs[idx]`` for a list, gathered at C level."""
+    return list(map(evs.__getitem__, idx.tolist()))
+
+
+def _arg_ints(rows: list[msgspec.Raw], path: str) -> tuple[I64A, I64A, I64A, I64A]:
+    """(stream, device, correlation, bytes) of the args of some events (-1 when absent)."""
+    empty = _STRICT.args()
+    args = _decode_args(rows)
+    if None in args:  # events without args (or "args": null)
+        args = [a if a is not None else empty for a in args]
+    return (
+        _i64(_col(args, "stream")),
+        _i64(_col(args, "device")),
+        _i64(_col(args, "correlation"), name="correlation", path=path),
+        _i64(_col(args, "nbytes")),
+    )
+
+
+# a slice's columns and the builder (for its per-name facts) -> (rows to keep, dropped rows that
+# count as used events, usable GPU events)
+Select = Callable[[dict[str, npt.NDArray[Any]], "EventsBuilder"], tuple[npt.NDArray[np.bool_], int, int]]
+
+
+class EventsBuilder:
+    """Accumulates the columns of slices of decoded events; :meth:`finish` joins them."""
+
+    def __init__(self, memo: _NameMemo, path: str) -> None:
+        self._memo = memo
+        self._path = path
+        self._ids: dict[str, int] = {}
+        self._names: list[str] = []
+        self._comm_name = bytearray()  # per name id: 1 when a host op of that name is a comm op
+        self._ccl_name = bytearray()  # per name id: 1 when a kernel of that name is a comm kernel
+        self._parts: list[dict[str, npt.NDArray[Any]]] = []
+        self._args: dict[int, msgspec.Raw] = {}
+        self._mem_ts: list[Any] = []
+        self._mem_args: list[msgspec.Raw] = []
+        self._rows = 0
+        self._cls: list[int] = []
+        self._rk: list[int] = []
+        self.memory_id = -1  # name id of the allocator's events, once seen
+
+    def _name_ids(self, raw_names: list[Any]) -> npt.NDArray[np.int32]:
+        names = raw_names
+        if not set(map(type, names)) <= {str}:
+            names = [v if isinstance(v, str) else str(v) for v in names]  # lenient traces only
+        new = set(names).difference(self._ids)
+        for nm in sorted(new):
+            self._ids[nm] = len(self._names)
+            self._names.append(nm)
+            self._comm_name.append(self._memo[nm].cls in (N_COMM, N_PP_COMM))
+            self._ccl_name.append(_is_comm_kernel_name(nm))
+            info = self._memo[nm]
+            self._cls.append(info.cls)
+            self._rk.append(info.range_kind)
+            if nm == MEMORY_EVENT:
+                self.memory_id = self._ids[nm]
+        return np.fromiter(map(self._ids.__getitem__, names), dtype=np.int32, count=len(names))
+
+    def name_info(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """(class, range kind) of every name id so far (see :class:`NameInfo`)."""
+        return np.asarray(self._cls, dtype=np.int64), np.asarray(self._rk, dtype=np.int64)
+
+    def add(self, evs: list[Any], select: Select | None = None) -> tuple[int, int]:
+        """Add the columns of ``evs`` (the caller drops the Structs afterwards). ``select`` picks
+        the rows to keep from the slice's columns; returns what it counted (dropped rows that
+        count as used, usable GPU events), (0, 0) without it."""
+        n = len(evs)
+        if not n:
+            return 0, 0
+        cols: dict[str, npt.NDArray[Any]] = {
+            "ph": _codes(_col(evs, "ph"), _PH, PH_OTHER),
+            "cat": _codes(_col(evs, "cat"), _CAT, K_OTHER),
+            "name": self._name_ids(_col(evs, "name")),
+        }
+        cols["ts"], cols["ts_ok"] = _times(_col(evs, "ts"))
+        cols["dur"], cols["dur_ok"] = _times(_col(evs, "dur"))
+        counted = (0, 0)
+        if select is not None:
+            keep, dropped, n_gpu = select(cols, self)
+            counted = (dropped, n_gpu)
+            if not keep.all():
+                idx = np.flatnonzero(keep)
+                cols = {c: v[idx] for c, v in cols.items()}
+                evs = _take(evs, idx)
+                n = len(evs)
+                if not n:
+                    return counted
+        cols["pid"] = _tids(_col(evs, "pid"))
+        cols["tid"] = _tids(_col(evs, "tid"))
+        ph, cat, name = cols["ph"], cols["cat"], cols["name"]
+        for c in ("stream", "device", "corr", "nbytes"):
+            cols[c] = np.full(n, -1, dtype=np.int64)
+        gpu = (cat >= K_KERNEL) & (cat <= K_SYNC)
+        # GPU events that are (or may become, B of a B/E pair) complete: their args' int fields
+        gi = np.flatnonzero(gpu & ((ph == PH_X) | (ph == PH_B)))
+        if len(gi):
+            for key, vals in zip(
+                ("stream", "device", "corr", "nbytes"),
+                _arg_ints(_col(_take(evs, gi), "args"), self._path),
+                strict=True,
+            ):
+                cols[key][gi] = vals
+        ri = np.flatnonzero((cat == K_RUNTIME) & (ph == PH_X))
+        if len(ri):
+            cols["corr"][ri] = _arg_ints(_col(_take(evs, ri), "args"), self._path)[2]
+        self._keep_raw_args(evs, cols, gi)
+        if self.memory_id >= 0:
+            mem = _take(evs, np.flatnonzero(name == self.memory_id))
+            self._mem_ts += _col(mem, "ts")
+            self._mem_args += map(msgspec.Raw.copy, _col(mem, "args"))
+        self._parts.append(cols)
+        self._rows += n
+        return counted
+
+    def _keep_raw_args(
+        self, evs: list[Any], cols: dict[str, npt.NDArray[Any]], gi: npt.NDArray[np.intp]
+    ) -> None:
+        """Keep (copied out of the slice's text) the raw args of host comm ops and comm kernels."""
+        cat, ph, name = cols["cat"], cols["ph"], cols["name"]
+        host = (ph == PH_X) & ((cat == K_CPUOP) | (cat == K_ANNOT) | (cat == K_PYFUNC))
+        comm_name = np.frombuffer(bytes(self._comm_name), dtype=np.uint8).astype(bool)
+        ccl_name = np.frombuffer(bytes(self._ccl_name), dtype=np.uint8).astype(bool)
+        want = host & comm_name[name]
+        kern = gi[(cat[gi] == K_KERNEL) & ccl_name[name[gi]]]
+        rows = np.union1d(np.flatnonzero(want), kern)
+        raws = _col(_take(evs, rows), "args")
+        self._args.update(zip((rows + self._rows).tolist(), map(msgspec.Raw.copy, raws), strict=True))
+
+    def finish(self) -> Events:
+        """The joined columns of every slice added."""
+        parts = self._parts
+        self._parts = []
+        if parts:
+            cols = {c: np.concatenate([p[c] for p in parts]) for c in _COLUMNS}
+        else:
+            dt = {"ph": np.int8, "cat": np.int8, "name": np.int32, "ts": np.float64, "dur": np.float64}
+            cols = {
+                c: np.zeros(0, dtype=dt.get(c, bool if c.endswith("_ok") else np.int64)) for c in _COLUMNS
+            }
+        del parts
+        return Events(
+            **cols,
+            names=self._names,
+            args=self._args,
+            mem_ts=self._mem_ts,
+            mem_args=self._mem_args,
+        )
+
+
+def _is_comm_kernel_name(s: str) -> bool:
+    """Comm kernels name themselves in the first characters (``ncclDevKernel_*``, ``void
+    ncclKernel_*``): searching only there keeps long templated kernel names cheap."""
+    return ("ccl" in s[:48] or "CCL" in s[:48]) and _RE_COMM_KERNEL.search(s, 0, 48) is not None
+
+
+def events_from_structs(evs: list[Any], memo: _NameMemo, path: str, slice_len: int = 1 << 12) -> Events:
+    """The columns of a whole decoded event list (the whole-document path), built a slice at a
+    time so that the temporary per-slice lists stay small."""
+    b = EventsBuilder(memo, path)
+    for lo in range(0, len(evs), slice_len):
+        b.add(evs[lo : lo + slice_len])
+    return b.finish()
