@@ -118,9 +118,10 @@ class HoldBlock(nn.Module):
         self.wgrad_ms = wgrad_ms
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return hold(x, self.fwd_ms, self.bwd_input_ms, LANE_INPUT_GRAD) * hold(
+        out: torch.Tensor = hold(x, self.fwd_ms, self.bwd_input_ms, LANE_INPUT_GRAD) * hold(
             self.weight, 0.0, self.wgrad_ms, LANE_WEIGHT_GRAD
         )
+        return out
 
 
 class RealBlock(nn.Module):
@@ -135,7 +136,8 @@ class RealBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for _ in range(self.repeats):
             x = functional.gelu(self.linear(x))
-        return self.norm(x)
+        out: torch.Tensor = self.norm(x)
+        return out
 
 
 class InputBias(nn.Module):

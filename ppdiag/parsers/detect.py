@@ -114,7 +114,7 @@ def _unpack_head(head: bytes, fh: Any, size: int) -> bytes:
 
     d: Any = bz2.BZ2Decompressor() if head[:3] == b"BZh" else lzma.LZMADecompressor()
     try:
-        out = d.decompress(head, size)
+        out: bytes = d.decompress(head, size)
         while len(out) < size and not d.eof:
             data = fh.read(1 << 16) if d.needs_input else b""
             if d.needs_input and not data:

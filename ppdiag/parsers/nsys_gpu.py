@@ -141,7 +141,8 @@ def _keep_valid(rows: np.ndarray, table: str, bad: dict[str, BadTimes] | None) -
         return rows
     if bad is not None:
         bad[table] = BadTimes.from_codes(codes)
-    return rows[codes == 0]
+    kept: npt.NDArray[np.void] = rows[codes == 0]
+    return kept
 
 
 def _dedupe(rows: np.ndarray, expected: int) -> np.ndarray:

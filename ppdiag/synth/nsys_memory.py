@@ -19,7 +19,7 @@ import numpy as np
 
 from ppdiag.model import Kind
 from ppdiag.synth.memory import allocations
-from ppdiag.synth.nsys import global_pid
+from ppdiag.synth.nsys_tables import global_pid
 from ppdiag.synth.run import SynthRank, SynthRun
 
 TABLE = "CUDA_GPU_MEMORY_USAGE_EVENTS"
