@@ -22,6 +22,7 @@ from ppdiag.pipeline.hangs import run_origin, trim_steps
 from ppdiag.pipeline.links import link_rows, parse_hosts
 from ppdiag.pipeline.memory import memory_section
 from ppdiag.report_types import NoiseInfo
+from ppdiag.reports.context import AnalysisContext, Analyzed
 from ppdiag.rules import RuleContext, run_rules
 from ppdiag.rules.noise import build_noise, oversubscription_warning, warmup_outlier
 from ppdiag.summary import build_report
@@ -64,7 +65,7 @@ def load(paths: Sequence[str | Path], options: Options | None = None) -> Run:
 
 def diagnose(
     paths: Sequence[str | Path], options: Options | None = None, on_stage: Callable[[str], None] | None = None
-) -> Diagnosis:
+) -> Analyzed:
     """Parse, rebuild the pipeline, attribute lost time and run the rules."""
     opts = options or Options()
     if on_stage:
@@ -75,7 +76,7 @@ def diagnose(
 
 def analyze_run(
     run: Run, options: Options | None = None, on_stage: Callable[[str], None] | None = None
-) -> Diagnosis:
+) -> Analyzed:
     """Everything after parsing, on an already loaded run."""
     opts = options or Options()
     if on_stage:
@@ -165,15 +166,14 @@ def analyze_run(
         findings=findings,
         steps=windows,
         gaps=attr.gaps,
-        context={
-            "stage_of_rank": dict(pipe.topology.stage_of),
-            "pipeline": pipe,
-            "attribution": attr,
-            "rank_steps": steps,
-            "noise": noise,
-            "predictions": predictions,
-            "critical_path": paths,
-        },
+        context=AnalysisContext(
+            stage_of_rank=dict(pipe.topology.stage_of),
+            pipeline=pipe,
+            attribution=attr,
+            rank_steps=steps,
+            noise=noise,
+            predictions=predictions,
+        ),
     )
 
 

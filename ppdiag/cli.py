@@ -25,6 +25,7 @@ from ppdiag.errors import InputError, PpdiagError
 from ppdiag.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_PP, MAX_SAMPLES
 from ppdiag.model.schedule import SCHEDULE_NAMES
 from ppdiag.report_types import Report
+from ppdiag.reports.context import context_of
 
 app = typer.Typer(
     name="ppdiag",
@@ -249,15 +250,12 @@ def _write_reports(
     md: Path | None,
     perfetto: Path | None,
     quiet: bool,
-    extra: dict[str, Any] | None = None,
     inputs: list[Path | None] | None = None,
 ) -> None:
     from ppdiag.io import qpath
     from ppdiag.reports import REPORTERS, load_builtin, write_report
 
     load_builtin()
-    if extra:
-        diag.context.update(extra)
     ins = [p for p in inputs or [] if p is not None]
     for name, path in (("json", json_out), ("html", html), ("md", md), ("perfetto", perfetto)):
         if path is None:
@@ -395,9 +393,7 @@ def check(
         diag = dataclasses.replace(diag, result=msgspec.structs.replace(diag.result, gate=result.to_report()))
         for line in gate.format_gate(result):
             echo(line)
-        _write_reports(
-            diag, json_out, html, md, None, quiet, {"gate": result}, inputs=[*paths, budget, baseline]
-        )
+        _write_reports(diag, json_out, html, md, None, quiet, inputs=[*paths, budget, baseline])
     except Exception as exc:
         _fail(exc)
     raise typer.Exit(result.exit_code)
@@ -467,7 +463,7 @@ def override_warnings(diag: Any, opts: Any) -> list[str]:
     """Warn when --pp / -m / --schedule override what the traces show: the theoretical bubble (and
     the gate's bubble_excess) then follow the flag, not the run."""
     out: list[str] = []
-    pipe = (diag.context or {}).get("pipeline")
+    pipe = context_of(diag).pipeline
     if pipe is None:
         return out
     if opts.pp is not None and not opts.stage_map:

@@ -30,6 +30,7 @@ from markupsafe import Markup
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.io import html_marker
 from ppdiag.model.timeline import Kind
+from ppdiag.report_types import Gate
 from ppdiag.reports import register
 from ppdiag.reports.style import (
     CAUSE_COLORS,
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
+    from ppdiag.reports.context import Analyzed
 
 from ppdiag.reports.html_figures import (
     COMPUTE_COLOR,
@@ -83,9 +84,6 @@ from ppdiag.reports.html_model import (
     short_name,
     stages_by_rank,
 )
-
-if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
 
 I64 = npt.NDArray[np.int64]
 
@@ -311,24 +309,19 @@ def _headline(rep: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _gate_html(gate: Any) -> str:
+def _gate_html(gate: Gate | None) -> str:
     if gate is None:
         return ""
-    data = gate.to_json() if hasattr(gate, "to_json") else gate
-    if not isinstance(data, dict):
-        return ""
-    st = str(data.get("status", ""))
+    st = str(gate.status)
     rows = []
-    for c in data.get("checks") or []:
-        state = str(c.get("state", ""))
+    for c in gate.checks:
+        state = str(c.state)
         cls = {"pass": "pass", "fail": "fail"}.get(state, "inconclusive")
-        rows.append(
-            f'<tr><td class="l {cls}">{esc(state.upper())}</td><td class="l">{esc(c.get("text"))}</td></tr>'
-        )
-    reasons = "".join(f"<li>{esc(r)}</li>" for r in data.get("reasons") or [])
+        rows.append(f'<tr><td class="l {cls}">{esc(state.upper())}</td><td class="l">{esc(c.text)}</td></tr>')
+    reasons = "".join(f"<li>{esc(r)}</li>" for r in gate.reasons)
     return (
         f'<section id="gate"><h2>CI gate: <span class="{esc(st)}">{esc(st.upper())}</span> '
-        f'<span class="sub">(exit {esc(data.get("exit_code"))})</span></h2>'
+        f'<span class="sub">(exit {esc(gate.exit_code)})</span></h2>'
         + (f"<ul>{reasons}</ul>" if reasons else "")
         + f"<table><tbody>{''.join(rows)}</tbody></table></section>"
     )
@@ -503,7 +496,7 @@ def _rank_table(rep: dict[str, Any], limit: int = 512) -> str:
     return table
 
 
-def _top_kernels(diag: Diagnosis, td: TimelineData, k: int = 6) -> str:
+def _top_kernels(diag: Analyzed, td: TimelineData, k: int = 6) -> str:
     """Compute kernels with the most time per analyzed step on each drawn rank (vectorized)."""
     spans = td.spans
     if not spans:
@@ -556,7 +549,7 @@ def _top_kernels(diag: Diagnosis, td: TimelineData, k: int = 6) -> str:
     )
 
 
-def _facts(diag: Diagnosis, rep: dict[str, Any]) -> str:
+def _facts(diag: Analyzed, rep: dict[str, Any]) -> str:
     run = rep.get("run") or {}
     tool = rep.get("tool") or {}
     items = [
@@ -617,14 +610,15 @@ def _facts(diag: Diagnosis, rep: dict[str, Any]) -> str:
 
 
 def render_html(
-    diag: Diagnosis,
+    diag: Analyzed,
     max_blocks: int = MAX_BLOCKS,
     max_rows: int = MAX_ROWS,
-    gate: Any = None,
+    gate: Gate | None = None,
 ) -> str:
-    """The whole report as one self-contained HTML string."""
+    """The whole report as one self-contained HTML string (``gate``: the gate's verdict, else the
+    report's ``gate`` section)."""
     rep = diag.report or {}
-    gate = gate if gate is not None else (diag.context or {}).get("gate")
+    gate = gate if gate is not None else diag.result.gate
     td = build_timeline(diag, max_blocks=max_blocks, max_rows=max_rows)
     figs: dict[str, dict[str, Any]] = {}
     if td.sets:
@@ -794,7 +788,7 @@ def render_html(
     return page + "\n"
 
 
-def write_html(diag: Diagnosis, path: str | Path, **kw: Any) -> Path:
+def write_html(diag: Analyzed, path: str | Path, **kw: Any) -> Path:
     """Write the HTML report to ``path``."""
     p = Path(path)
     p.write_text(render_html(diag, **kw), encoding="utf-8", errors="backslashreplace")
@@ -807,7 +801,7 @@ class HtmlReporter:
     name = "html"
     suffix = ".html"
 
-    def write(self, diagnosis: Diagnosis, path: Path) -> None:
+    def write(self, diagnosis: Analyzed, path: Path) -> None:
         write_html(diagnosis, path)
 
 

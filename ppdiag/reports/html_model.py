@@ -17,18 +17,15 @@ import numpy.typing as npt
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.model.timeline import Kind, Phase
+from ppdiag.reports.context import context_of
 from ppdiag.reports.style import (
     cause_label,
     num,
 )
 
 if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
     from ppdiag.model.timeline import RankTimeline
-
-if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
-    from ppdiag.model.timeline import RankTimeline
+    from ppdiag.reports.context import Analyzed
 
 I64 = npt.NDArray[np.int64]
 
@@ -160,7 +157,7 @@ class TimelineData:
         return sum(len(s) for s in self.sets.values())
 
 
-def stages_by_rank(diag: Diagnosis) -> dict[int, list[int]]:
+def stages_by_rank(diag: Analyzed) -> dict[int, list[int]]:
     """Pipeline stage(s) of each rank (several with virtual stages); empty for a run without PP.
 
     Merges ``run.stage_map``, ``context['stage_of_rank']`` and ``ranks[].stage``; a report that
@@ -179,7 +176,7 @@ def stages_by_rank(diag: Diagnosis) -> dict[int, list[int]]:
                     out.setdefault(int(rr), []).append(int(s))
             except (TypeError, ValueError):
                 continue
-    ctx = (diag.context or {}).get("stage_of_rank") or {}
+    ctx = context_of(diag).stage_of_rank
     for r, s in ctx.items():
         if s is None:
             continue
@@ -198,7 +195,7 @@ def stages_by_rank(diag: Diagnosis) -> dict[int, list[int]]:
     return {r: sorted(v) for r, v in out.items()}
 
 
-def _pick_rows(diag: Diagnosis, max_rows: int, notes: list[str]) -> list[Row]:
+def _pick_rows(diag: Analyzed, max_rows: int, notes: list[str]) -> list[Row]:
     stages = stages_by_rank(diag)
     have = [rt.rank for rt in diag.run.ranks]
     lost: dict[int, float] = {}
@@ -255,7 +252,7 @@ def _pick_rows(diag: Diagnosis, max_rows: int, notes: list[str]) -> list[Row]:
     return rows
 
 
-def _step_spans(diag: Diagnosis) -> list[StepSpan]:
+def _step_spans(diag: Analyzed) -> list[StepSpan]:
     by: dict[int, StepSpan] = {}
     for w in diag.steps:
         sp = by.get(w.index)
@@ -271,7 +268,7 @@ def _step_spans(diag: Diagnosis) -> list[StepSpan]:
     return spans
 
 
-def _whole_span(diag: Diagnosis, ranks: list[int]) -> StepSpan | None:
+def _whole_span(diag: Analyzed, ranks: list[int]) -> StepSpan | None:
     lo, hi = None, None
     by = diag.run.by_rank()
     for r in ranks:
@@ -505,7 +502,7 @@ def _count(blocks: dict[int, dict[str, dict[str, I64]]]) -> int:
 
 
 def build_timeline(
-    diag: Diagnosis,
+    diag: Analyzed,
     max_blocks: int = MAX_BLOCKS,
     max_rows: int = MAX_ROWS,
     max_steps: int = MAX_STEPS,
@@ -648,24 +645,15 @@ def build_timeline(
 
 
 def _path_pieces(
-    diag: Diagnosis, rows: list[Row], spans: list[StepSpan]
+    diag: Analyzed, rows: list[Row], spans: list[StepSpan]
 ) -> list[tuple[int, int, int, str, int, str]]:
     """The critical path of the drawn steps on the drawn rows (``TimelineData.path``)."""
-    from ppdiag.attribution.critical_path import CriticalStep
-
-    paths = (diag.context or {}).get("critical_path")
-    if paths is None:
-        import msgspec
-
-        try:
-            paths = msgspec.convert((diag.report or {}).get("critical_path") or [], list[CriticalStep])
-        except msgspec.ValidationError:
-            return []
+    paths = diag.result.critical_path or []
     y = {r.rank: r.y for r in rows}
     want = {sp.index for sp in spans}
     out: list[tuple[int, int, int, str, int, str]] = []
     for cs in paths:
-        if not isinstance(cs, CriticalStep) or cs.index not in want:
+        if cs.index not in want:
             continue
         for pc in cs.pieces:
             if pc.rank not in y:

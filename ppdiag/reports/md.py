@@ -19,7 +19,7 @@ from ppdiag.reports.sanitize import clean, md_neutral
 from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num
 
 if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
+    from ppdiag.reports.context import Analyzed
 
 _MD_SPECIAL = "\\`*_[]|~#"
 
@@ -211,7 +211,7 @@ def render_markdown(
     return "\n".join(out)
 
 
-def write_markdown(diag: Diagnosis, path: str | Path, gate: Gate | None = None) -> Path:
+def write_markdown(diag: Analyzed, path: str | Path, gate: Gate | None = None) -> Path:
     """Write the Markdown summary of ``diag`` (the gate from ``gate`` or the report's own)."""
     p = Path(path)
     from ppdiag.io import md_marker
@@ -228,7 +228,7 @@ class MarkdownReporter:
     name = "md"
     suffix = ".md"
 
-    def write(self, diagnosis: Diagnosis, path: Path) -> None:
+    def write(self, diagnosis: Analyzed, path: Path) -> None:
         write_markdown(diagnosis, path)
 
 

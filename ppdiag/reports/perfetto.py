@@ -32,10 +32,11 @@ import numpy as np
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.model.timeline import KIND_NAMES, PHASE_NAMES, Direction, RangeKind
 from ppdiag.reports import register
+from ppdiag.reports.context import context_of
 from ppdiag.reports.style import CAUSE_CNAMES, CAUSE_LABELS
 
 if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
+    from ppdiag.reports.context import Analyzed
 
 CHUNK = 20_000
 # Synthetic thread ids for the overlay tracks: far above real stream / thread ids, below 2**31.
@@ -70,13 +71,13 @@ class PerfettoStats:
     collective_flows: int = 0  # last arriver -> waiter arrows
 
 
-def _stage_label(diag: Diagnosis) -> dict[int, str]:
+def _stage_label(diag: Analyzed) -> dict[int, str]:
     from ppdiag.reports.html_model import stages_by_rank
 
     return {r: "stage " + ",".join(map(str, v)) for r, v in stages_by_rank(diag).items() if v}
 
 
-def _t0(diag: Diagnosis) -> int:
+def _t0(diag: Analyzed) -> int:
     lo: int | None = None
     for rt in diag.run.ranks:
         if len(rt.intervals):
@@ -191,7 +192,7 @@ def _emit_slices(
     return n
 
 
-def write_trace(diag: Diagnosis, out: IO[str]) -> PerfettoStats:
+def write_trace(diag: Analyzed, out: IO[str]) -> PerfettoStats:
     """Write the overlay as Chrome trace JSON to an open text stream."""
     stats = PerfettoStats()
     t0 = _t0(diag)
@@ -335,7 +336,7 @@ def _op_kind(name: str) -> str:
 
 
 def _emit_ranges(
-    out: IO[str], first: list[bool], diag: Diagnosis, rt: Any, t0: int, names: list[str], tids: _Tids
+    out: IO[str], first: list[bool], diag: Analyzed, rt: Any, t0: int, names: list[str], tids: _Tids
 ) -> int:
     """Steps, pipeline labels and comm-issue ops the parsers kept, each kind on its own track
     (comm ops: one track per op namespace), overlapping slices on extra lanes."""
@@ -429,19 +430,10 @@ def _emit_ranges(
     return n_total
 
 
-def _emit_path(out: IO[str], first: list[bool], meta: Any, diag: Diagnosis, rank: int, t0: int) -> int:
+def _emit_path(out: IO[str], first: list[bool], meta: Any, diag: Analyzed, rank: int, t0: int) -> int:
     """The pieces of every step's critical path that ran on ``rank``, on a track of their own
     (the pieces tile the path, so they never overlap)."""
-    from ppdiag.attribution.critical_path import CriticalStep
-
-    paths = (diag.context or {}).get("critical_path")
-    if paths is None:
-        import msgspec
-
-        try:
-            paths = msgspec.convert((diag.report or {}).get("critical_path") or [], list[CriticalStep])
-        except msgspec.ValidationError:
-            return 0
+    paths = diag.result.critical_path or []
     rows = [(cs, pc) for cs in paths for pc in cs.pieces if pc.rank == rank]
     if not rows:
         return 0
@@ -483,7 +475,7 @@ def _flow_pair(
 
 
 def _emit_flows(
-    out: IO[str], first: list[bool], meta: Any, diag: Diagnosis, t0: int, tids_by_rank: dict[int, _Tids]
+    out: IO[str], first: list[bool], meta: Any, diag: Analyzed, t0: int, tids_by_rank: dict[int, _Tids]
 ) -> tuple[int, int, int]:
     """Matched p2p sends and receives and matched collective instances on their own tracks, with a
     flow arrow from every send to its receive and from each collective's last arriver to every
@@ -491,11 +483,11 @@ def _emit_flows(
     events = 0
     p2p_flows = 0
     coll_flows = 0
-    pipe: Any = (diag.context or {}).get("pipeline")
-    pairs = getattr(pipe, "pairs", None)
+    pipe = context_of(diag).pipeline
+    pairs = pipe.pairs if pipe is not None else None
     traced = {rt.rank for rt in diag.run.ranks}
     fid = 1
-    if pairs is not None and len(pairs):
+    if pipe is not None and pairs is not None and len(pairs):
         offs = pipe.clocks.offsets
         src = pairs.src.astype(np.int64)
         dst = pairs.dst.astype(np.int64)
@@ -557,7 +549,7 @@ def _collective_flows(
     out: IO[str],
     first: list[bool],
     meta: Any,
-    diag: Diagnosis,
+    diag: Analyzed,
     t0: int,
     fid: int,
     tids_by_rank: dict[int, _Tids],
@@ -622,7 +614,7 @@ def _collective_flows(
     return events + 2 * flows, flows
 
 
-def write_perfetto(diag: Diagnosis, path: str | Path) -> PerfettoStats:
+def write_perfetto(diag: Analyzed, path: str | Path) -> PerfettoStats:
     """Write the overlay to ``path`` (gzip when it ends in ``.gz``)."""
     p = Path(path)
     if p.suffix == ".gz":
@@ -638,7 +630,7 @@ class PerfettoReporter:
     name = "perfetto"
     suffix = ".json"
 
-    def write(self, diagnosis: Diagnosis, path: Path) -> None:
+    def write(self, diagnosis: Analyzed, path: Path) -> None:
         write_perfetto(diagnosis, path)
 
 
