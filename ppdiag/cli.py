@@ -319,7 +319,7 @@ def analyze(
         if not quiet:
             from ppdiag.reports.terminal import render
 
-            render(diag.report, report_console(), ranks=ranks, wide=wide or None)
+            render(diag.result, report_console(), ranks=ranks, wide=wide or None)
         _write_reports(diag, json_out, html, md, perfetto, quiet, inputs=list(paths))
     except Exception as exc:
         _fail(exc)

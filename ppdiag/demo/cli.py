@@ -223,7 +223,7 @@ def register(app: typer.Typer) -> None:
             if not quiet:
                 from ppdiag.reports.terminal import render
 
-                render(diag.report, report_console())
+                render(diag.result, report_console())
             load_builtin()
             for name, fname in (("json", "report.json"), ("html", "report.html"), ("md", "summary.md")):
                 if name in REPORTERS:

@@ -30,7 +30,7 @@ from markupsafe import Markup
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.io import html_marker
 from ppdiag.model.timeline import Kind
-from ppdiag.report_types import Gate
+from ppdiag.report_types import Gate, Report
 from ppdiag.reports import register
 from ppdiag.reports.style import (
     CAUSE_COLORS,
@@ -181,9 +181,9 @@ def _how_to_read(td: TimelineData) -> str:
     return _env().get_template("howto.html.j2").render(virtual=td.virtual)
 
 
-def _critical_path_html(rep: dict[str, Any]) -> str:
+def _critical_path_html(report: Report) -> str:
     """The "critical path by stage and cause" table (mean ms per step)."""
-    rows = critical_path_rows(rep)
+    rows = critical_path_rows(report)
     if not rows:
         return ""
     cats = [k for k in ("compute", "transfer", "other", *CAUSE_KEYS) if any(ms.get(k) for _, ms in rows)]
@@ -683,7 +683,7 @@ def render_html(
             tl.append(f'<div class="note">{esc(n)}</div>')
     tl.append("</section>")
     parts.append("".join(tl))
-    parts.append(_critical_path_html(rep))
+    parts.append(_critical_path_html(diag.result))
     # histogram
     if hist:
         slow_txt = ""

@@ -11,6 +11,7 @@ from typing import Any
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.facts import balance_of
+from ppdiag.report_types import Report
 
 #: Fill colour of each lost-time cause: the Okabe-Ito colour-blind-safe hues (orange, vermillion,
 #: reddish purple, yellow), wine and brown from Paul Tol's muted set; bubble a light grey, because it
@@ -260,16 +261,9 @@ def _nested_text(v: Any) -> str:
 PATH_LABELS: dict[str, str] = {"compute": "compute", "transfer": "transfer in", "other": "other compute"}
 
 
-def critical_path_rows(report: dict[str, Any]) -> list[tuple[int | None, dict[str, float]]]:
+def critical_path_rows(report: Report) -> list[tuple[int | None, dict[str, float]]]:
     """The report's ``critical_path[]`` as the mean ms per step on the path, per stage and
     category (``compute``, ``transfer``, ``other`` and the causes); empty without a path."""
-    import msgspec
+    from ppdiag.attribution.critical_path import summarize
 
-    from ppdiag.attribution.critical_path import CriticalStep, summarize
-
-    raw = report.get("critical_path") or []
-    try:
-        paths = msgspec.convert(raw, list[CriticalStep])
-    except msgspec.ValidationError:
-        return []
-    return [(r.stage, r.ms) for r in summarize(paths)]
+    return [(r.stage, r.ms) for r in summarize(report.critical_path or [])]
