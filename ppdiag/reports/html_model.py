@@ -8,6 +8,7 @@ resort, by dropping the shortest ones), saying so in ``notes``.
 
 from __future__ import annotations
 
+import contextlib
 import html
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -160,54 +161,34 @@ class TimelineData:
 def stages_by_rank(diag: Analyzed) -> dict[int, list[int]]:
     """Pipeline stage(s) of each rank (several with virtual stages); empty for a run without PP.
 
-    Merges ``run.stage_map``, ``context['stage_of_rank']`` and ``ranks[].stage``; a report that
-    says ``pp`` 1 has no stages, whatever a topology default put in the context.
+    Merges ``run.stage_map``, the context's ``stage_of_rank`` and ``ranks[].stage``; a report
+    that says ``pp`` 1 has no stages, whatever a topology default put in the context.
     """
     out: dict[int, list[int]] = {}
-    rep = diag.report or {}
-    if (rep.get("run") or {}).get("pp") == 1:
+    rep = diag.result
+    if rep.run.pp == 1:
         return out
-    smap = (rep.get("run") or {}).get("stage_map") or {}
-    if isinstance(smap, dict):
-        for s, r in smap.items():
-            try:
-                ranks = r if isinstance(r, list) else [r]
-                for rr in ranks:
-                    out.setdefault(int(rr), []).append(int(s))
-            except (TypeError, ValueError):
-                continue
-    ctx = context_of(diag).stage_of_rank
-    for r, s in ctx.items():
-        if s is None:
-            continue
-        try:
-            lst = [int(x) for x in s] if isinstance(s, (list, tuple)) else [int(s)]
-            out.setdefault(int(r), [])
-            for x in lst:
-                if x not in out[int(r)]:
-                    out[int(r)].append(x)
-        except (TypeError, ValueError):
-            continue
-    for row in rep.get("ranks") or []:
-        r, s = row.get("rank"), row.get("stage")
-        if isinstance(r, int) and isinstance(s, int) and s not in out.get(r, []):
-            out.setdefault(r, []).append(s)
+    for s, r in rep.run.stage_map.items():
+        with contextlib.suppress(TypeError, ValueError):
+            out.setdefault(int(r), []).append(int(s))
+    for r, st in context_of(diag).stage_of_rank.items():
+        lst = [int(x) for x in st] if isinstance(st, (list, tuple)) else [int(st)]
+        have = out.setdefault(int(r), [])
+        for x in lst:
+            if x not in have:
+                have.append(x)
+    for row in rep.ranks:
+        if row.stage is not None and row.stage not in out.get(row.rank, []):
+            out.setdefault(row.rank, []).append(row.stage)
     return {r: sorted(v) for r, v in out.items()}
 
 
 def _pick_rows(diag: Analyzed, max_rows: int, notes: list[str]) -> list[Row]:
     stages = stages_by_rank(diag)
     have = [rt.rank for rt in diag.run.ranks]
-    lost: dict[int, float] = {}
-    for row in (diag.report or {}).get("ranks") or []:
-        if isinstance(row.get("rank"), int):
-            lost[row["rank"]] = sum(num(v) or 0.0 for v in (row.get("lost_ms") or {}).values())
+    lost = {row.rank: sum(num(v) or 0.0 for v in row.lost_ms.values()) for row in diag.result.ranks}
     chosen = list(have)
-    pipe_of = {
-        row["rank"]: row.get("pipeline")
-        for row in (diag.report or {}).get("ranks") or []
-        if isinstance(row.get("rank"), int) and isinstance(row.get("pipeline"), int)
-    }
+    pipe_of = {row.rank: row.pipeline for row in diag.result.ranks if row.pipeline is not None}
     if len(have) > max_rows and len(set(pipe_of.values())) > 1:
         # one pipeline in full (the one holding the rank with the most lost time); the replicas'
         # stage costs are in the heat map under the timeline
@@ -522,10 +503,7 @@ def build_timeline(
         if whole:
             notes.append("No step markers were found: the whole captured window is drawn.")
     by = diag.run.by_rank()
-    virtual = (
-        any(len(r.stages) > 1 for r in rows)
-        or int(((diag.report or {}).get("run") or {}).get("virtual_stages") or 1) > 1
-    )
+    virtual = any(len(r.stages) > 1 for r in rows) or diag.result.run.virtual_stages > 1
     if not spans or not rows:
         return TimelineData(
             rows=rows,
@@ -640,7 +618,7 @@ def build_timeline(
         raw_blocks=raw,
         names=names,
         path=_path_pieces(diag, rows, [sp for sp, _ in drawn]),
-        pp=max(1, int(num(((diag.report or {}).get("run") or {}).get("pp")) or 1)),
+        pp=max(1, diag.result.run.pp),
     )
 
 

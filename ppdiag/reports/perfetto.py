@@ -205,15 +205,15 @@ def write_trace(diag: Analyzed, out: IO[str]) -> PerfettoStats:
     sort_index = {r: i for i, r in enumerate(order)}
     # ppdiag's marker first: a later run recognises the overlay as an output, not a trace
     out.write('{"ppdiag":{"kind":"perfetto"},"displayTimeUnit":"ns","otherData":')
-    summ = (diag.report or {}).get("summary") or {}
+    summ = diag.result.summary
     out.write(
         json.dumps(
             {
                 "producer": "ppdiag",
                 "t0_ns": t0,
                 "clock": "aligned common clock, ts = (t - t0_ns) / 1000",
-                "step_ms": summ.get("step_ms"),
-                "lost_ratio": summ.get("lost_ratio"),
+                "step_ms": summ.step_ms,
+                "lost_ratio": summ.lost_ratio,
                 "causes": {k: CAUSE_LABELS[k] for k in CAUSE_KEYS},
             }
         )
