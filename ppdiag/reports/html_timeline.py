@@ -14,10 +14,9 @@ import numpy.typing as npt
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.model.timeline import Direction
+from ppdiag.reports.html_blocks import CAT_ORDER, COMPUTE_CATS
 from ppdiag.reports.html_figures import fig_dict
 from ppdiag.reports.html_model import (
-    CAT_ORDER,
-    COMPUTE_CATS,
     TEXT_LIMIT,
     BlockSet,
     StepSpan,
