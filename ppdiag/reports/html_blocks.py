@@ -224,7 +224,7 @@ def _hide_short_gaps(out: dict[str, dict[str, I64]], s: I64, e: I64, limit: int)
     bs, be, lab, owner, local = bs[o], be[o], lab[o], owner[o], local[o]
     j = np.searchsorted(bs, s, side="right") - 1
     jj = np.clip(j, 0, None)
-    inside = (j >= 0) & lab[jj] & (e <= be[jj]) & ((e - s) < limit)
+    inside: npt.NDArray[np.bool_] = (j >= 0) & lab[jj] & (e <= be[jj]) & ((e - s) < limit)
     keep = ~inside
     for i, c in enumerate(cats):
         m = inside & (owner[jj] == i)
