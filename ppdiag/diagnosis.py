@@ -158,5 +158,6 @@ class Diagnosis(Generic[ContextT]):
     @cached_property
     def report(self) -> dict[str, Any]:
         """``result`` as the JSON file holds it (plain dicts and lists), for readers of the file's
-        shape; computed once per Diagnosis (replace ``result`` with :func:`dataclasses.replace`)."""
+        shape (tests); nothing in the package reads it, every reporter takes ``result``. Computed
+        once per Diagnosis (replace ``result`` with :func:`dataclasses.replace`)."""
         return to_builtins(self.result)

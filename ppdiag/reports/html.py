@@ -25,7 +25,13 @@ from ppdiag.facts import report_slowest_stage
 from ppdiag.model.timeline import Kind
 from ppdiag.report_types import Gate, Report
 from ppdiag.reports import register
-from ppdiag.reports.html_figures import bubble_figure, heatmap_figure, histogram_figure, lost_figure
+from ppdiag.reports.html_figures import (
+    PlotlyFigure,
+    bubble_figure,
+    heatmap_figure,
+    histogram_figure,
+    lost_figure,
+)
 from ppdiag.reports.html_model import (
     MAX_BLOCKS,
     MAX_ROWS,
@@ -227,7 +233,7 @@ def _ranks_html(diag: Analyzed, td: TimelineData) -> str:
     return f'<section id="ranks"><h2>Per rank</h2>{tk}</section>' if tk else ""
 
 
-def _figures(report: Report, td: TimelineData, max_rows: int) -> dict[str, dict[str, Any]]:
+def _figures(report: Report, td: TimelineData, max_rows: int) -> dict[str, PlotlyFigure]:
     """Every figure of the page by element id (a figure with nothing to draw is left out)."""
     figs = {
         "fig-timeline": timeline_figure(td) if td.sets else None,

@@ -20,6 +20,9 @@ from ppdiag.report_types import Dist, RankRow, Report, StageRow
 from ppdiag.reports.html_model import MAX_ROWS, esc
 from ppdiag.reports.style import CAUSE_COLORS, CAUSE_LABELS, WORK_COLORS, WORK_LABELS, num
 
+#: A figure as plotly's JSON (``data`` and ``layout`` in plotly's own schema, not ppdiag's report).
+PlotlyFigure = dict[str, Any]
+
 COMPUTE_COLOR = "#3A4A5C"
 _FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"}
 
@@ -42,7 +45,7 @@ def _dist(s: StageRow, key: str) -> Dist | None:
     return d
 
 
-def heatmap_figure(report: Report, max_rows: int = MAX_ROWS) -> dict[str, Any] | None:
+def heatmap_figure(report: Report, max_rows: int = MAX_ROWS) -> PlotlyFigure | None:
     """Compute per step of every rank as a stage x replica heat map, for runs whose ranks do not
     fit the timeline (``max_rows``) and hold several pipeline replicas; None otherwise."""
     import plotly.graph_objects as go
@@ -81,7 +84,7 @@ def heatmap_figure(report: Report, max_rows: int = MAX_ROWS) -> dict[str, Any] |
     return fig_dict(fig)
 
 
-def _mean_bars(stages: list[StageRow]) -> dict[str, Any]:
+def _mean_bars(stages: list[StageRow]) -> PlotlyFigure:
     """Without per-micro-batch samples: the mean per stage with p95 whiskers."""
     import plotly.graph_objects as go
 
@@ -202,7 +205,7 @@ def _frame_slowest(fig: Any, slow: int) -> None:
             ann.font = {"color": "#B35900", "size": 13}
 
 
-def histogram_figure(report: Report) -> dict[str, Any] | None:
+def histogram_figure(report: Report) -> PlotlyFigure | None:
     """Per-stage histograms of forward/backward (and W) time per micro-batch; the slowest stage framed."""
     from plotly.subplots import make_subplots
 
@@ -273,7 +276,7 @@ def lost_rows(report: Report) -> tuple[list[str], list[StageRow] | list[RankRow]
     return [f"rank {r.rank}" for r in ranks], ranks, "rank"
 
 
-def lost_figure(report: Report) -> dict[str, Any] | None:
+def lost_figure(report: Report) -> PlotlyFigure | None:
     """Lost time per step by cause, stacked, per stage (per rank for runs without stages)."""
     import plotly.graph_objects as go
 
@@ -306,7 +309,7 @@ def lost_figure(report: Report) -> dict[str, Any] | None:
     return fig_dict(fig)
 
 
-def bubble_figure(report: Report) -> dict[str, Any] | None:
+def bubble_figure(report: Report) -> PlotlyFigure | None:
     """Measured vs theoretical bubble ratio (two bars)."""
     import plotly.graph_objects as go
 
@@ -345,7 +348,7 @@ def bubble_figure(report: Report) -> dict[str, Any] | None:
     return fig_dict(fig)
 
 
-def fig_dict(fig: Any) -> dict[str, Any]:
+def fig_dict(fig: Any) -> PlotlyFigure:
     """A plotly figure as the page's figure dict (its data and layout)."""
     return {
         "data": fig.to_plotly_json()["data"],
@@ -353,7 +356,7 @@ def fig_dict(fig: Any) -> dict[str, Any]:
     }
 
 
-def fig_json(figs: dict[str, dict[str, Any]]) -> str:
+def fig_json(figs: dict[str, PlotlyFigure]) -> str:
     """The figures as one JSON object that is safe inside a ``<script>`` element."""
     import plotly.io as pio
     from plotly.utils import PlotlyJSONEncoder

@@ -8,13 +8,12 @@ from __future__ import annotations
 import functools
 import json
 from importlib.resources import files
-from typing import Any
 
 import jinja2
 from markupsafe import Markup
 
 from ppdiag.io import html_marker
-from ppdiag.reports.html_figures import fig_json
+from ppdiag.reports.html_figures import PlotlyFigure, fig_json
 
 #: The plotly.js partial bundle inlined into the page (vendor/README.md: version, source, licence).
 PLOTLY_JS = "plotly-cartesian.min.js"
@@ -113,7 +112,7 @@ _CONFIG = {
 }
 
 
-def page(title: str, parts: list[str], figs: dict[str, dict[str, Any]]) -> str:
+def page(title: str, parts: list[str], figs: dict[str, PlotlyFigure]) -> str:
     """The whole page: ``parts`` (HTML built with every trace string escaped) in the page template,
     and a script that draws ``figs`` (element id -> figure dict), reporting a figure that fails."""
     script = (

@@ -15,7 +15,7 @@ import numpy.typing as npt
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.model.timeline import Direction
 from ppdiag.reports.html_blocks import CAT_ORDER, COMPUTE_CATS
-from ppdiag.reports.html_figures import fig_dict
+from ppdiag.reports.html_figures import PlotlyFigure, fig_dict
 from ppdiag.reports.html_model import (
     TEXT_LIMIT,
     BlockSet,
@@ -289,7 +289,7 @@ def _timeline_layout(td: TimelineData, legend_h: int, drawn: list[StepSpan]) -> 
     return layout
 
 
-def timeline_figure(td: TimelineData) -> dict[str, Any]:
+def timeline_figure(td: TimelineData) -> PlotlyFigure:
     """The pipeline timeline as a plotly figure dict (one bar trace per category)."""
     import plotly.graph_objects as go
 
