@@ -53,17 +53,7 @@ def heatmap_figure(report: Report, max_rows: int = MAX_ROWS) -> PlotlyFigure | N
     rows = [r for r in report.ranks if r.stage is not None and r.pipeline is not None]
     if len(report.ranks) <= max_rows or len({r.pipeline for r in rows}) < 2:
         return None
-    stages = sorted({int(r.stage or 0) for r in rows})
-    pipes = sorted({int(r.pipeline or 0) for r in rows})
-    si = {s: i for i, s in enumerate(stages)}
-    pi = {p: i for i, p in enumerate(pipes)}
-    z: list[list[float | None]] = [[None] * len(pipes) for _ in stages]
-    txt: list[list[str]] = [[""] * len(pipes) for _ in stages]
-    for r in rows:
-        v = num(r.compute_ms)
-        at = si[int(r.stage or 0)], pi[int(r.pipeline or 0)]
-        z[at[0]][at[1]] = v
-        txt[at[0]][at[1]] = f"rank {r.rank}: {v:.2f} ms" if v is not None else ""
+    stages, pipes, z, txt = _stage_replica_grid(rows)
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -82,6 +72,24 @@ def heatmap_figure(report: Report, max_rows: int = MAX_ROWS) -> PlotlyFigure | N
         yaxis={"autorange": "reversed"},
     )
     return fig_dict(fig)
+
+
+def _stage_replica_grid(
+    rows: list[RankRow],
+) -> tuple[list[int], list[int], list[list[float | None]], list[list[str]]]:
+    """(stages, pipelines, compute per step, hover text): one cell per stage and replica."""
+    stages = sorted({int(r.stage or 0) for r in rows})
+    pipes = sorted({int(r.pipeline or 0) for r in rows})
+    si = {s: i for i, s in enumerate(stages)}
+    pi = {p: i for i, p in enumerate(pipes)}
+    z: list[list[float | None]] = [[None] * len(pipes) for _ in stages]
+    txt: list[list[str]] = [[""] * len(pipes) for _ in stages]
+    for r in rows:
+        v = num(r.compute_ms)
+        at = si[int(r.stage or 0)], pi[int(r.pipeline or 0)]
+        z[at[0]][at[1]] = v
+        txt[at[0]][at[1]] = f"rank {r.rank}: {v:.2f} ms" if v is not None else ""
+    return stages, pipes, z, txt
 
 
 def _mean_bars(stages: list[StageRow]) -> PlotlyFigure:

@@ -180,25 +180,33 @@ def stages_by_rank(diag: Analyzed) -> dict[int, list[int]]:
     return {r: sorted(v) for r, v in out.items()}
 
 
+def _one_replica(
+    have: list[int], pipe_of: dict[int, int], lost: dict[int, float], max_rows: int, notes: list[str]
+) -> list[int]:
+    """One pipeline in full (the one holding the rank with the most lost time) when the run has
+    several and one fits the rows; the replicas' stage costs are in the heat map under the timeline.
+    Every rank otherwise."""
+    if len(set(pipe_of.values())) <= 1:
+        return list(have)
+    worst = max((r for r in have if r in pipe_of), key=lambda r: (lost.get(r, 0.0), -r))
+    mine = [r for r in have if pipe_of.get(r) == pipe_of[worst]]
+    if not 0 < len(mine) <= max_rows:
+        return list(have)
+    notes.append(
+        f"{len(have)} ranks in {len(set(pipe_of.values()))} pipelines: the timeline shows "
+        f"pipeline {pipe_of[worst]} in full (it holds rank {worst}, the most lost time); the heat "
+        "map below compares every replica's stages, and every rank is in the tables and the "
+        "Perfetto overlay."
+    )
+    return mine
+
+
 def _pick_rows(diag: Analyzed, max_rows: int, notes: list[str]) -> list[Row]:
     stages = stages_by_rank(diag)
     have = [rt.rank for rt in diag.run.ranks]
     lost = {row.rank: sum(num(v) or 0.0 for v in row.lost_ms.values()) for row in diag.result.ranks}
-    chosen = list(have)
     pipe_of = {row.rank: row.pipeline for row in diag.result.ranks if row.pipeline is not None}
-    if len(have) > max_rows and len(set(pipe_of.values())) > 1:
-        # one pipeline in full (the one holding the rank with the most lost time); the replicas'
-        # stage costs are in the heat map under the timeline
-        worst = max((r for r in have if r in pipe_of), key=lambda r: (lost.get(r, 0.0), -r))
-        mine = [r for r in have if pipe_of.get(r) == pipe_of[worst]]
-        if 0 < len(mine) <= max_rows:
-            notes.append(
-                f"{len(have)} ranks in {len(set(pipe_of.values()))} pipelines: the timeline shows "
-                f"pipeline {pipe_of[worst]} in full (it holds rank {worst}, the most lost time); the heat "
-                "map below compares every replica's stages, and every rank is in the tables and the "
-                "Perfetto overlay."
-            )
-            chosen = mine
+    chosen = _one_replica(have, pipe_of, lost, max_rows, notes) if len(have) > max_rows else list(have)
     if len(chosen) > max_rows:
         by_stage: dict[int, list[int]] = {}
         for r in have:

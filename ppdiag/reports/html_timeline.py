@@ -82,14 +82,7 @@ def _block_texts(td: TimelineData, bs: BlockSet, label_ok: bool) -> tuple[list[s
         nid = int(name[i])
         kname = esc(short_name(names[nid])) if 0 <= nid < len(names) else ""
         if bs.category in COMPUTE_CATS:
-            if lo[i] >= 0 and lo[i] == hi[i]:
-                lab = f"{letter}{int(lo[i])}"
-            elif lo[i] >= 0:
-                lab = f"{letter}{int(lo[i])}–{int(hi[i])}"
-            else:
-                lab = letter
-            if td.virtual and chunk[i] >= 0 and lab:
-                lab += f"·v{td.chunk_index(int(chunk[i]))}"
+            lab = _block_label(td, letter, int(lo[i]), int(hi[i]), int(chunk[i]))
             texts.append(lab if label_ok else "")
             head = f"<b>{esc(WORK_LABELS[bs.category])}{(' ' + lab) if lab else ''}</b>"
             what = f"{int(cnt[i])} kernels, longest: {kname}" if cnt[i] > 1 else kname
@@ -99,21 +92,38 @@ def _block_texts(td: TimelineData, bs: BlockSet, label_ok: bool) -> tuple[list[s
                     "in the tables)"
                 )
         else:
-            d = int(dirn[i])
-            pr = int(peer[i])
-            if bs.category == "p2p" and pr >= 0:
-                verb = {
-                    int(Direction.SEND): "send to",
-                    int(Direction.RECV): "recv from",
-                    int(Direction.BOTH): "send/recv with",
-                }.get(d, "p2p with")
-                head = f"<b>{verb} rank {pr}</b>"
-            else:
-                head = f"<b>{esc(WORK_LABELS[bs.category])}</b>"
+            head = _comm_head(bs.category, int(peer[i]), int(dirn[i]))
             texts.append("")
             what = f"{int(cnt[i])} kernels, longest: {kname}" if cnt[i] > 1 else kname
         hovers.append(f"{head} · {dur:.3f} ms<br>{where} · at {at:.3f} ms<br>{what}")
     return texts, hovers
+
+
+def _block_label(td: TimelineData, letter: str, lo: int, hi: int, chunk: int) -> str:
+    """``F3``, ``B3–5`` (merged micro-batches), with ``·v1`` for a later virtual-stage chunk."""
+    if lo >= 0 and lo == hi:
+        lab = f"{letter}{lo}"
+    elif lo >= 0:
+        lab = f"{letter}{lo}–{hi}"
+    else:
+        lab = letter
+    if td.virtual and chunk >= 0 and lab:
+        lab += f"·v{td.chunk_index(chunk)}"
+    return lab
+
+
+_VERBS = {
+    int(Direction.SEND): "send to",
+    int(Direction.RECV): "recv from",
+    int(Direction.BOTH): "send/recv with",
+}
+
+
+def _comm_head(category: str, peer: int, direction: int) -> str:
+    """The hover's head of a communication block: the p2p partner, or the kind."""
+    if category == "p2p" and peer >= 0:
+        return f"<b>{_VERBS.get(direction, 'p2p with')} rank {peer}</b>"
+    return f"<b>{esc(WORK_LABELS[category])}</b>"
 
 
 def _category_trace(td: TimelineData, bs: BlockSet, label_ok: bool) -> Any:

@@ -181,11 +181,7 @@ class MicrobatchVarianceRule:
             "for the longest micro-batches"
         )
         evidence = {
-            "per_stage": {
-                str(s): {k: r3(v) for k, v in d.items() if k != "phase"}
-                | {"phase": Phase(int(d["phase"])).name.lower()}
-                for s, d in sorted(per_stage.items())
-            },
+            "per_stage": _per_stage_evidence(per_stage),
             "follows": follows,
             "microbatch_share": r3(share),
             "worst_microbatches": worst_mb,
@@ -201,6 +197,14 @@ class MicrobatchVarianceRule:
         if follows != "micro-batch (data)":
             fixes.append("the variation follows the rank: compare the ranks' clocks and thermals (PP009)")
         return [finding(ctx, self.code, self.cause, title, gain, evidence, fixes, stages=stages)]
+
+
+def _per_stage_evidence(per_stage: dict[int, dict[str, float]]) -> dict[str, object]:
+    return {
+        str(s): {k: r3(v) for k, v in d.items() if k != "phase"}
+        | {"phase": Phase(int(d["phase"])).name.lower()}
+        for s, d in sorted(per_stage.items())
+    }
 
 
 def _stage_spread(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ppdiag.diagnosis import Finding
 from ppdiag.model.memory import MemoryRow
 from ppdiag.rules import RuleContext, register
@@ -46,17 +48,7 @@ class MemorySpikeRule:
         m = ctx.pipeline.microbatches
         if topo.pp < 2 or not m:
             return []
-        hits: list[tuple[MemoryRow, int, int, int]] = []
-        for row in rows:
-            s = topo.stage_of.get(row.rank)
-            held = row.inflight_at_peak
-            if s is None or held is None:
-                continue
-            needed = min(topo.pp - s, m)
-            near = (row.peak_of_capacity or 0.0) >= NEAR_CAPACITY
-            spike = row.steady_allocated_mb < SPIKE_SHARE * row.peak_allocated_mb
-            if held > needed and (near or spike):
-                hits.append((row, s, held, needed))
+        hits = _spikes(rows, topo.stage_of, topo.pp, m)
         if not hits:
             return []
         row, s, held, needed = max(hits, key=lambda h: h[0].peak_allocated_mb)
@@ -91,6 +83,25 @@ class MemorySpikeRule:
         stages = sorted({h[1] for h in hits})
         sev = "high" if any((h[0].peak_of_capacity or 0.0) >= NEAR_CAPACITY for h in hits) else "medium"
         return [finding(ctx, self.code, None, title, None, evidence, fixes, stages, ranks, sev=sev)]
+
+
+def _spikes(
+    rows: list[MemoryRow], stage_of: Mapping[int, int], pp: int, m: int
+) -> list[tuple[MemoryRow, int, int, int]]:
+    """(row, stage, micro-batches held at the peak, what 1F1B holds) of every rank that holds more
+    than it needs at a peak near the device's capacity or far above its steady level."""
+    hits = []
+    for row in rows:
+        s = stage_of.get(row.rank)
+        held = row.inflight_at_peak
+        if s is None or held is None:
+            continue
+        needed = min(pp - s, m)
+        near = (row.peak_of_capacity or 0.0) >= NEAR_CAPACITY
+        spike = row.steady_allocated_mb < SPIKE_SHARE * row.peak_allocated_mb
+        if held > needed and (near or spike):
+            hits.append((row, s, held, needed))
+    return hits
 
 
 register(MemorySpikeRule())

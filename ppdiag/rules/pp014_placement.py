@@ -42,13 +42,7 @@ class PlacementRule:
         if not cross:
             return []
         hosts = {x.src: x.src_host for x in links} | {x.dst: x.dst_host for x in links}
-        # the replicas of each stage: the ranks at one position of every pipeline
-        dp_inside = True
-        for s in range(len(topo.pipelines[0])):
-            members = {hosts.get(line[s]) for line in topo.pipelines if s < len(line)}
-            if None in members or len(members) > 1:
-                dp_inside = False
-        if not dp_inside:
+        if not _dp_inside(topo.pipelines, hosts):
             return []
         gain = fix_gain_ms(ctx, "no_comm_wait")
         if not faster(gain):
@@ -75,6 +69,15 @@ class PlacementRule:
         return [
             finding(ctx, self.code, self.cause, title, gain, evidence, fixes, [], ranks, fix="no_comm_wait")
         ]
+
+
+def _dp_inside(pipelines: list[list[int]], hosts: dict[int, str | None]) -> bool:
+    """Whether the replicas of every stage (the ranks at one position of every pipeline) share a host."""
+    for s in range(len(pipelines[0])):
+        members = {hosts.get(line[s]) for line in pipelines if s < len(line)}
+        if None in members or len(members) > 1:
+            return False
+    return True
 
 
 register(PlacementRule())
