@@ -52,6 +52,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "ppdiag.cli",
             "ppdiag.cli_support",
+            "ppdiag.cli_inputs",
             "ppdiag.cache_cli",
             "ppdiag.__main__",
             "ppdiag.whatif.cli",

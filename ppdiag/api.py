@@ -9,10 +9,10 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from ppdiag.attribution.causes import RankStep, attribute, rank_step
+from ppdiag.attribution.causes import Attribution, RankStep, attribute, rank_step
 from ppdiag.attribution.critical_path import Transfers, critical_paths
 from ppdiag.diagnosis import Cause, Diagnosis, Finding, GapTable, StepWindow
-from ppdiag.facts import stage_balance
+from ppdiag.facts import StageBalance, stage_balance
 from ppdiag.model import Run
 from ppdiag.parsers import ParseOptions
 from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
@@ -21,9 +21,10 @@ from ppdiag.pipeline.hangs import detect as detect_hang
 from ppdiag.pipeline.hangs import run_origin, trim_steps
 from ppdiag.pipeline.links import link_rows, parse_hosts
 from ppdiag.pipeline.memory import memory_section
-from ppdiag.report_types import NoiseInfo
+from ppdiag.report_types import CriticalStep, Hang, NoiseInfo, Report
+from ppdiag.reports.context import AnalysisContext, Analyzed
 from ppdiag.rules import RuleContext, run_rules
-from ppdiag.rules.noise import build_noise, oversubscription_warning, warmup_outlier
+from ppdiag.rules.noise import NoiseModel, build_noise, oversubscription_warning, warmup_outlier
 from ppdiag.summary import build_report
 from ppdiag.whatif.batch import check_batch
 from ppdiag.whatif.scenarios import predict_fixes
@@ -64,7 +65,7 @@ def load(paths: Sequence[str | Path], options: Options | None = None) -> Run:
 
 def diagnose(
     paths: Sequence[str | Path], options: Options | None = None, on_stage: Callable[[str], None] | None = None
-) -> Diagnosis:
+) -> Analyzed:
     """Parse, rebuild the pipeline, attribute lost time and run the rules."""
     opts = options or Options()
     if on_stage:
@@ -73,28 +74,44 @@ def diagnose(
     return analyze_run(run, opts, on_stage)
 
 
-def analyze_run(
-    run: Run, options: Options | None = None, on_stage: Callable[[str], None] | None = None
-) -> Diagnosis:
-    """Everything after parsing, on an already loaded run."""
-    opts = options or Options()
-    if on_stage:
-        on_stage("rebuilding the pipeline")
+def _rebuilt(run: Run, opts: Options) -> tuple[Pipeline, Hang | None]:
+    """The pipeline of a run, and how it stopped (a run stopped or a trace cut keeps only the steps
+    every rank completed, ppdiag/pipeline/hangs.py)."""
     pipe = rebuild(
         run, PipelineOptions(opts.pp, opts.stage_map, opts.microbatches, opts.schedule, opts.steps)
     )
-    # run stopped or trace cut: keep the steps every rank completed (ppdiag/pipeline/hangs.py)
     nb = {tl.rank: pipe.topology.neighbours(tl.rank) for tl in run.ranks}
     hang = detect_hang(run, pipe.ops, pipe.windows, nb)
     if hang is not None and hang.complete_steps > 0:
         trim_steps(pipe.windows, pipe.blocks, hang)
-    timelines = run.by_rank()
+    return pipe, hang
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """The analysis before the rules: the report so far (no findings, no what-if rows) and what
+    it was built from."""
+
+    report: Report
+    pipe: Pipeline
+    steps: list[RankStep]
+    windows: list[StepWindow]
+    attr: Attribution
+    noise: NoiseModel
+    paths: list[CriticalStep]
+    warnings: list[str]
+    balance: StageBalance  # computed once, read by the report and the rules
+
+
+def _measured(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -> _Measured:
+    """Rebuild the pipeline, attribute the lost time, and build the report's measured sections."""
+    pipe, hang = _rebuilt(run, opts)
     skip = _warmup_step(pipe) if not opts.steps else None
     steps, windows = _rank_steps(run, pipe, skip)
     if on_stage:
         on_stage("attributing lost time")
     last_stage = pipe.topology.pp * pipe.topology.virtual - 1
-    attr = attribute(steps, timelines, pipe.ops, last_stage, pipe.topology.pp > 1)
+    attr = attribute(steps, run.by_rank(), pipe.ops, last_stage, pipe.topology.pp > 1)
     balance = stage_balance(pipe)
     sections = build_report(run, pipe, steps, attr, balance)
     warnings = list(sections.run.warnings)
@@ -118,16 +135,26 @@ def analyze_run(
     over = oversubscription_warning(noise, len(run.ranks))
     if over:
         warnings.append(over)
-    # the report so far (no findings, no what-if rows): what the what-if and the rules read
-    report = sections.report(msgspec.convert(noise.to_json(), NoiseInfo), warnings)
     report = msgspec.structs.replace(
-        report,
+        sections.report(msgspec.convert(noise.to_json(), NoiseInfo), warnings),
         hang=hang,
         memory=memory_section(run, pipe, run_origin(run)),
         links=link_rows(run, pipe.ops, parse_hosts(opts.hosts) if opts.hosts else None),
     )
+    return _Measured(report, pipe, steps, windows, attr, noise, paths, warnings, balance)
+
+
+def analyze_run(
+    run: Run, options: Options | None = None, on_stage: Callable[[str], None] | None = None
+) -> Analyzed:
+    """Everything after parsing, on an already loaded run."""
+    opts = options or Options()
+    if on_stage:
+        on_stage("rebuilding the pipeline")
+    m = _measured(run, opts, on_stage)
+    pipe, warnings = m.pipe, m.warnings
     # what-if predictions of every fix, before the rules: a finding's gain is its fix's prediction
-    predictions = predict_fixes(run, report, pipe, attr, steps, warnings)
+    predictions = predict_fixes(run, m.report, pipe, m.attr, m.steps, warnings)
     batch = check_batch(
         run.world_size,
         pipe.topology.pp,
@@ -137,43 +164,42 @@ def analyze_run(
         pipe.microbatches,
     )
     ctx = RuleContext(
-        report,
+        m.report,
         run,
         pipe,
-        steps,
-        attr,
+        m.steps,
+        m.attr,
         {k: v for k, v in asdict(opts).items() if v is not None},
         predictions=predictions,
-        noise=noise,
+        noise=m.noise,
         batch=batch,
-        balance=balance,
+        balance=m.balance,
     )
     findings = run_rules(ctx)
     findings.sort(key=lambda f: f.code != "PP013")  # how the run stopped comes first (stable)
     used = [str(f.evidence["whatif_fix"]) for f in findings if f.evidence.get("whatif_fix")]
     result = msgspec.structs.replace(
-        report,
-        run=msgspec.structs.replace(report.run, warnings=warnings),
+        m.report,
+        run=msgspec.structs.replace(m.report.run, warnings=warnings),
         findings=[f.to_report() for f in findings],
         whatif=predictions.report_rows(used) if predictions is not None else [],
-        critical_path=list(paths),
+        critical_path=list(m.paths),
     )
-    _blame_gaps(attr.gaps, findings)
+    _blame_gaps(m.attr.gaps, findings)
     return Diagnosis(
         run=run,
         result=result,
         findings=findings,
-        steps=windows,
-        gaps=attr.gaps,
-        context={
-            "stage_of_rank": dict(pipe.topology.stage_of),
-            "pipeline": pipe,
-            "attribution": attr,
-            "rank_steps": steps,
-            "noise": noise,
-            "predictions": predictions,
-            "critical_path": paths,
-        },
+        steps=m.windows,
+        gaps=m.attr.gaps,
+        context=AnalysisContext(
+            stage_of_rank=dict(pipe.topology.stage_of),
+            pipeline=pipe,
+            attribution=m.attr,
+            rank_steps=m.steps,
+            noise=m.noise,
+            predictions=predictions,
+        ),
     )
 
 

@@ -2,7 +2,9 @@
 
 ``Diagnosis.result`` is the JSON contract of DESIGN.md §7 as one typed value
 (:class:`ppdiag.report_types.Report`, see ``docs/json.md``); the other fields keep the columnar
-timelines and gap tables that the HTML timeline and the Perfetto overlay draw.
+timelines and gap tables that the HTML timeline and the Perfetto overlay draw, and ``context``
+the layer results behind them (:class:`ppdiag.reports.context.AnalysisContext` for an analysis;
+the model layer names no type above it, so :class:`Diagnosis` is generic over its context).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -136,19 +138,26 @@ class StepWindow:
     end: int
 
 
-@dataclass
-class Diagnosis:
-    """Everything an analysis produced: ``result`` is the typed report."""
+#: The context type of a :class:`Diagnosis` (an :class:`~ppdiag.reports.context.AnalysisContext`).
+ContextT = TypeVar("ContextT")
+
+
+@dataclass(frozen=True)
+class Diagnosis(Generic[ContextT]):
+    """Everything an analysis produced: ``result`` is the typed report, ``context`` the layer
+    results behind it (None for a diagnosis built without them). Frozen: a command that adds to
+    the report (the gate) makes a new one with :func:`dataclasses.replace`."""
 
     run: Run
     result: Report
     findings: list[Finding] = field(default_factory=list)
     steps: list[StepWindow] = field(default_factory=list)
     gaps: dict[int, GapTable] = field(default_factory=dict)
-    context: dict[str, Any] = field(default_factory=dict)  # layer results for reports (topology, sim)
+    context: ContextT | None = None
 
     @cached_property
     def report(self) -> dict[str, Any]:
         """``result`` as the JSON file holds it (plain dicts and lists), for readers of the file's
-        shape; computed once per Diagnosis (replace ``result`` with :func:`dataclasses.replace`)."""
+        shape (tests); nothing in the package reads it, every reporter takes ``result``. Computed
+        once per Diagnosis (replace ``result`` with :func:`dataclasses.replace`)."""
         return to_builtins(self.result)

@@ -22,6 +22,7 @@ from report_fill import complete, typed
 
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, Diagnosis, Finding, GapTable, StepWindow
 from ppdiag.model import Direction, Intervals, Kind, NameTable, Phase, RangeKind, Ranges, RankTimeline, Run
+from ppdiag.reports.context import AnalysisContext
 
 US = 1000
 BASE_NS = 1_700_000_000_000_000_000  # an epoch-like absolute clock, as Kineto gives
@@ -349,7 +350,7 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Diagnosis, Truth
         findings=findings,
         steps=windows,
         gaps=gap_tables,
-        context={"stage_of_rank": {r: r for r in range(p)}},
+        context=AnalysisContext(stage_of_rank={r: r for r in range(p)}),
     )
     return diag, truth
 

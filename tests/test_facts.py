@@ -10,9 +10,14 @@ import pytest
 from report_fill import typed
 
 from ppdiag.api import Options, diagnose
-from ppdiag.facts import SLOW_STAGE_RATIO, balance_of, measured_bubble, theoretical_bubble
+from ppdiag.facts import (
+    SLOW_STAGE_RATIO,
+    balance_of,
+    measured_bubble,
+    report_slowest_stage,
+    theoretical_bubble,
+)
 from ppdiag.reports.gate import stage_ratio
-from ppdiag.reports.style import slowest_stage
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.scenario import make_scenario
@@ -78,13 +83,13 @@ def test_reports_and_gate_use_block_ms() -> None:
     # block compute says stage 1 (12 vs mean 10.5 -> 1.143x); the rank compute (optimizer and all)
     # would say stage 0: the facts measure wins
     stages = _stages([9.0, 12.0], [20.0, 18.0])
-    assert slowest_stage(stages) == 1
+    assert report_slowest_stage(typed({"stages": stages}).stages) == 1
     v, note = stage_ratio(typed({"stages": stages}))
     assert v == pytest.approx(12.0 / 10.5)
     assert "slowest stage 1" in note
     # a report without block_ms (written before it existed): the rank compute, same threshold
     old = _stages(None, [20.0, 18.0])  # 20 / 19 = 1.053 < 1.08: no stage stands out
-    assert slowest_stage(old) is None
+    assert report_slowest_stage(typed({"stages": old}).stages) is None
     assert stage_ratio(typed({"stages": old}))[0] == pytest.approx(20 / 19)
     assert stage_ratio(typed({"stages": old[:1]}))[0] is None
 
@@ -100,7 +105,7 @@ def test_one_slowest_stage_everywhere(tmp_path: Path) -> None:
     pp003 = [f for f in rep["findings"] if f["code"] == "PP003"]
     assert pp003 and pp003[0]["evidence"]["slowest_stage"] == 1
     assert pp003[0]["evidence"]["ratio"] == pytest.approx(rep["summary"]["stage_ratio"], abs=1e-3)
-    assert rep["stages"][slowest_stage(rep["stages"]) or 0]["stage"] == 1
+    assert rep["stages"][report_slowest_stage(typed(rep).stages) or 0]["stage"] == 1
     assert stage_ratio(typed(rep))[0] == pytest.approx(rep["summary"]["stage_ratio"], abs=1e-4)
     blocks = [s["block_ms"] for s in rep["stages"]]
     assert blocks[1] == pytest.approx(1.3 * blocks[0], rel=0.02)

@@ -3,6 +3,7 @@ and (slow) a real headless-Chromium render: screenshot pixels, DOM, console, net
 
 from __future__ import annotations
 
+import dataclasses
 import html as html_lib
 import json
 import re
@@ -13,6 +14,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from diag_fixture import EVIL, Spec, build_nopp_diagnosis, build_pipeline_diagnosis
@@ -21,6 +23,7 @@ from report_fill import typed
 from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis
 from ppdiag.model import Phase, Run
 from ppdiag.reports import write_report
+from ppdiag.reports.context import AnalysisContext
 from ppdiag.reports.html import build_timeline, plotly_js, render_html, timeline_figure
 from ppdiag.reports.style import CAUSE_COLORS, WORK_COLORS
 
@@ -475,8 +478,13 @@ def test_weight_grad_blocks_and_virtual_stages() -> None:
         ln = rt.names.index("layer_norm_grad_kernel")
         iv.phase[iv.name == ln] = int(Phase.WGRAD)
         iv.chunk[:] = np.where(iv.mb % 2 == 1, rt.rank + 4, rt.rank)  # virtual stages r and r + P
-    diag.report["run"]["virtual_stages"] = 2
-    diag.context["stage_of_rank"] = {r: [r, r + 4] for r in range(4)}
+    diag = dataclasses.replace(
+        diag,
+        result=msgspec.structs.replace(
+            diag.result, run=msgspec.structs.replace(diag.result.run, virtual_stages=2)
+        ),
+        context=AnalysisContext(stage_of_rank={r: [r, r + 4] for r in range(4)}),
+    )
     td = build_timeline(diag)
     assert [r.label for r in td.rows] == [f"stages {r},{r + 4} · rank {r}" for r in range(4)]
     n_b = sum(1 for b in truth.blocks if b[2] == "B")

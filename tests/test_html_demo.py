@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from test_html import CHROMIUM, _bad_log_lines, _chromium, _count_color, decode_png
 
-from ppdiag.reports.html_figures import PATH_COLOR
+from ppdiag.reports.html_timeline import PATH_COLOR
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -37,7 +37,7 @@ def _report_with(name: str) -> dict:
 
 def test_terminal_report_has_no_escape_sequences() -> None:
     buf = io.StringIO()
-    render(_report_with(ESC + "rank0.json"), Console(file=buf, width=140, force_terminal=False))
+    render(typed(_report_with(ESC + "rank0.json")), Console(file=buf, width=140, force_terminal=False))
     out = buf.getvalue()
     assert "\x1b" not in out and "\x07" not in out and "\x08" not in out
     assert "redrank0.json" in out

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
+from report_fill import typed
 from typer.testing import CliRunner
 
 from ppdiag.cli import app
@@ -98,8 +98,7 @@ def test_bubble_command_takes_looped_bfs() -> None:
 
 
 def test_terminal_uses_the_report_cause_labels() -> None:
-    rep: dict[str, Any] = {"ranks": []}
-    headers = [str(c.header) for c in rank_table(rep).columns]
+    headers = [str(c.header) for c in rank_table(typed({"ranks": []})).columns]
     assert [h for h in headers if h in CAUSE_LABELS.values()] == list(CAUSE_LABELS.values())
 
 

@@ -61,7 +61,7 @@ def test_terminal_snapshot(small: tuple[Diagnosis, Path]) -> None:
     diag, d = small
     buf = io.StringIO()
     # fixed width, no colour codes: what a 120-column log shows
-    render(diag.report, Console(file=buf, width=120, color_system=None, force_terminal=False))
+    render(diag.result, Console(file=buf, width=120, color_system=None, force_terminal=False))
     _check("small_run.txt", buf.getvalue(), d)
 
 

@@ -264,7 +264,7 @@ def test_report_carries_the_whatif_table(root: str, test_data: Path) -> None:
     assert reb["split"]["slowest_stage_before"] == 2 and reb["split"]["ideal"] is True
     assert reb["speedup"] > 1.1
     out = io.StringIO()
-    render(diag.report, Console(file=out, width=160), ranks=False)
+    render(diag.result, Console(file=out, width=160), ranks=False)
     assert "What if" in out.getvalue() and "rebalanced stages" in out.getvalue()
     # no pipeline: no table
     assert diagnose([test_data / "cpu_gloo_rank0.json"], Options()).report["whatif"] == []

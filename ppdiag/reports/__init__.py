@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
+    from ppdiag.reports.context import Analyzed
 
 
 class Reporter(Protocol):
@@ -20,7 +20,7 @@ class Reporter(Protocol):
     name: str
     suffix: str
 
-    def write(self, diagnosis: Diagnosis, path: Path) -> None:
+    def write(self, diagnosis: Analyzed, path: Path) -> None:
         """Write the report to ``path`` (parent directories exist)."""
         ...
 
@@ -45,16 +45,15 @@ def load_builtin() -> None:
                 raise
 
 
-def run_inputs(diagnosis: Diagnosis) -> list[str]:
+def run_inputs(diagnosis: Analyzed) -> list[str]:
     """The trace files a diagnosis was read from (a report must never overwrite one)."""
-    run = getattr(diagnosis, "run", None)
-    srcs = [r.source for r in getattr(run, "ranks", None) or [] if getattr(r, "source", None)]
-    return [*srcs, *((getattr(diagnosis, "context", None) or {}).get("inputs") or [])]
+    from ppdiag.reports.context import context_of
+
+    srcs = [r.source for r in diagnosis.run.ranks if r.source]
+    return [*srcs, *context_of(diagnosis).inputs]
 
 
-def write_report(
-    name: str, diagnosis: Diagnosis, path: str | Path, inputs: Iterable[str | Path] = ()
-) -> Path:
+def write_report(name: str, diagnosis: Analyzed, path: str | Path, inputs: Iterable[str | Path] = ()) -> Path:
     """Write report ``name`` to ``path`` atomically through :func:`ppdiag.io.write_output`.
 
     Refuses the run's trace files, ``inputs`` and any existing file ppdiag did not write; an

@@ -8,6 +8,7 @@ resort, by dropping the shortest ones), saying so in ``notes``.
 
 from __future__ import annotations
 
+import contextlib
 import html
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,20 +16,22 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.diagnosis import CAUSE_KEYS
-from ppdiag.model.timeline import Kind, Phase
+from ppdiag.reports.context import context_of
+from ppdiag.reports.html_blocks import (
+    Blocks,
+    Level,
+    count,
+    keep_longest,
+    rank_step_blocks,
+)
 from ppdiag.reports.style import (
     cause_label,
     num,
 )
 
 if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
     from ppdiag.model.timeline import RankTimeline
-
-if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
-    from ppdiag.model.timeline import RankTimeline
+    from ppdiag.reports.context import Analyzed
 
 I64 = npt.NDArray[np.int64]
 
@@ -38,14 +41,6 @@ MAX_ROWS = 64  # timeline rows (ranks)
 MAX_STEPS = 12  # steps drawn for the step buttons
 TEXT_LIMIT = 4_000  # above this many blocks, labels only in the hover
 
-_PHASE_CAT = {
-    int(Phase.FWD): "fwd",
-    int(Phase.BWD): "bwd",
-    int(Phase.WGRAD): "wgrad",
-    int(Phase.OPTIM): "optim",
-}
-CAT_ORDER = ("fwd", "bwd", "wgrad", "optim", "other", "p2p", "collective", "copy")
-COMPUTE_CATS = ("fwd", "bwd", "wgrad", "optim", "other")
 
 # ----------------------------------------------------------------------------------------------
 # small helpers
@@ -160,70 +155,58 @@ class TimelineData:
         return sum(len(s) for s in self.sets.values())
 
 
-def stages_by_rank(diag: Diagnosis) -> dict[int, list[int]]:
+def stages_by_rank(diag: Analyzed) -> dict[int, list[int]]:
     """Pipeline stage(s) of each rank (several with virtual stages); empty for a run without PP.
 
-    Merges ``run.stage_map``, ``context['stage_of_rank']`` and ``ranks[].stage``; a report that
-    says ``pp`` 1 has no stages, whatever a topology default put in the context.
+    Merges ``run.stage_map``, the context's ``stage_of_rank`` and ``ranks[].stage``; a report
+    that says ``pp`` 1 has no stages, whatever a topology default put in the context.
     """
     out: dict[int, list[int]] = {}
-    rep = diag.report or {}
-    if (rep.get("run") or {}).get("pp") == 1:
+    rep = diag.result
+    if rep.run.pp == 1:
         return out
-    smap = (rep.get("run") or {}).get("stage_map") or {}
-    if isinstance(smap, dict):
-        for s, r in smap.items():
-            try:
-                ranks = r if isinstance(r, list) else [r]
-                for rr in ranks:
-                    out.setdefault(int(rr), []).append(int(s))
-            except (TypeError, ValueError):
-                continue
-    ctx = (diag.context or {}).get("stage_of_rank") or {}
-    for r, s in ctx.items():
-        if s is None:
-            continue
-        try:
-            lst = [int(x) for x in s] if isinstance(s, (list, tuple)) else [int(s)]
-            out.setdefault(int(r), [])
-            for x in lst:
-                if x not in out[int(r)]:
-                    out[int(r)].append(x)
-        except (TypeError, ValueError):
-            continue
-    for row in rep.get("ranks") or []:
-        r, s = row.get("rank"), row.get("stage")
-        if isinstance(r, int) and isinstance(s, int) and s not in out.get(r, []):
-            out.setdefault(r, []).append(s)
+    for s, r in rep.run.stage_map.items():
+        with contextlib.suppress(TypeError, ValueError):
+            out.setdefault(int(r), []).append(int(s))
+    for r, st in context_of(diag).stage_of_rank.items():
+        lst = [int(x) for x in st] if isinstance(st, (list, tuple)) else [int(st)]
+        have = out.setdefault(int(r), [])
+        for x in lst:
+            if x not in have:
+                have.append(x)
+    for row in rep.ranks:
+        if row.stage is not None and row.stage not in out.get(row.rank, []):
+            out.setdefault(row.rank, []).append(row.stage)
     return {r: sorted(v) for r, v in out.items()}
 
 
-def _pick_rows(diag: Diagnosis, max_rows: int, notes: list[str]) -> list[Row]:
+def _one_replica(
+    have: list[int], pipe_of: dict[int, int], lost: dict[int, float], max_rows: int, notes: list[str]
+) -> list[int]:
+    """One pipeline in full (the one holding the rank with the most lost time) when the run has
+    several and one fits the rows; the replicas' stage costs are in the heat map under the timeline.
+    Every rank otherwise."""
+    if len(set(pipe_of.values())) <= 1:
+        return list(have)
+    worst = max((r for r in have if r in pipe_of), key=lambda r: (lost.get(r, 0.0), -r))
+    mine = [r for r in have if pipe_of.get(r) == pipe_of[worst]]
+    if not 0 < len(mine) <= max_rows:
+        return list(have)
+    notes.append(
+        f"{len(have)} ranks in {len(set(pipe_of.values()))} pipelines: the timeline shows "
+        f"pipeline {pipe_of[worst]} in full (it holds rank {worst}, the most lost time); the heat "
+        "map below compares every replica's stages, and every rank is in the tables and the "
+        "Perfetto overlay."
+    )
+    return mine
+
+
+def _pick_rows(diag: Analyzed, max_rows: int, notes: list[str]) -> list[Row]:
     stages = stages_by_rank(diag)
     have = [rt.rank for rt in diag.run.ranks]
-    lost: dict[int, float] = {}
-    for row in (diag.report or {}).get("ranks") or []:
-        if isinstance(row.get("rank"), int):
-            lost[row["rank"]] = sum(num(v) or 0.0 for v in (row.get("lost_ms") or {}).values())
-    chosen = list(have)
-    pipe_of = {
-        row["rank"]: row.get("pipeline")
-        for row in (diag.report or {}).get("ranks") or []
-        if isinstance(row.get("rank"), int) and isinstance(row.get("pipeline"), int)
-    }
-    if len(have) > max_rows and len(set(pipe_of.values())) > 1:
-        # one pipeline in full (the one holding the rank with the most lost time); the replicas'
-        # stage costs are in the heat map under the timeline
-        worst = max((r for r in have if r in pipe_of), key=lambda r: (lost.get(r, 0.0), -r))
-        mine = [r for r in have if pipe_of.get(r) == pipe_of[worst]]
-        if 0 < len(mine) <= max_rows:
-            notes.append(
-                f"{len(have)} ranks in {len(set(pipe_of.values()))} pipelines: the timeline shows "
-                f"pipeline {pipe_of[worst]} in full (it holds rank {worst}, the most lost time); the heat "
-                "map below compares every replica's stages, and every rank is in the tables and the "
-                "Perfetto overlay."
-            )
-            chosen = mine
+    lost = {row.rank: sum(num(v) or 0.0 for v in row.lost_ms.values()) for row in diag.result.ranks}
+    pipe_of = {row.rank: row.pipeline for row in diag.result.ranks if row.pipeline is not None}
+    chosen = _one_replica(have, pipe_of, lost, max_rows, notes) if len(have) > max_rows else list(have)
     if len(chosen) > max_rows:
         by_stage: dict[int, list[int]] = {}
         for r in have:
@@ -255,7 +238,7 @@ def _pick_rows(diag: Diagnosis, max_rows: int, notes: list[str]) -> list[Row]:
     return rows
 
 
-def _step_spans(diag: Diagnosis) -> list[StepSpan]:
+def _step_spans(diag: Analyzed) -> list[StepSpan]:
     by: dict[int, StepSpan] = {}
     for w in diag.steps:
         sp = by.get(w.index)
@@ -271,7 +254,7 @@ def _step_spans(diag: Diagnosis) -> list[StepSpan]:
     return spans
 
 
-def _whole_span(diag: Diagnosis, ranks: list[int]) -> StepSpan | None:
+def _whole_span(diag: Analyzed, ranks: list[int]) -> StepSpan | None:
     lo, hi = None, None
     by = diag.run.by_rank()
     for r in ranks:
@@ -292,220 +275,111 @@ def _whole_span(diag: Diagnosis, ranks: list[int]) -> StepSpan | None:
     return StepSpan(index=0, number=-1, start=lo, end=hi, median=True)
 
 
-def _merge(start: I64, end: I64, key: I64, tol: int, extra: dict[str, I64], name: I64) -> dict[str, I64]:
-    """Merge items of equal ``key`` whose gap is at most ``tol`` (vectorized).
-
-    Returns per merged block: start, end, count, key, the min/max of ``extra['mb']``, the other
-    ``extra`` columns from the block's first item and the ``name`` of its longest item.
-    """
-    n = int(start.shape[0])
-    if n == 0:
-        z = np.zeros(0, np.int64)
-        out = {
-            "start": z,
-            "end": z,
-            "count": z,
-            "key": z,
-            "name": z,
-            "mb_lo": z,
-            "mb_hi": z,
-        }
-        out.update({k: z for k in extra})
-        return out
-    order = np.lexsort((start, key))
-    s, e, k = start[order], end[order], key[order]
-    seg_new = np.empty(n, dtype=bool)
-    seg_new[0] = True
-    seg_new[1:] = k[1:] != k[:-1]
-    seg = np.cumsum(seg_new) - 1
-    # running max of end within each key segment: offset segments apart so the max never crosses
-    lo = int(s.min())
-    big = int(e.max()) - lo + tol + 2
-    cm = np.maximum.accumulate((e - lo) + seg * big) - seg * big + lo
-    brk = seg_new.copy()
-    brk[1:] |= s[1:] > cm[:-1] + tol
-    firsts = np.flatnonzero(brk)
-    out = {
-        "start": s[firsts],
-        "end": np.maximum.reduceat(e, firsts),
-        "count": np.diff(np.append(firsts, n)),
-        "key": k[firsts],
-    }
-    mb = extra.get("mb")
-    if mb is not None:
-        mbs = mb[order]
-        out["mb_lo"] = np.minimum.reduceat(mbs, firsts)
-        out["mb_hi"] = np.maximum.reduceat(mbs, firsts)
-    for c, arr in extra.items():
-        if c != "mb":
-            out[c] = arr[order][firsts]
-    # the longest member names the block
-    gid = np.cumsum(brk) - 1
-    o2 = np.lexsort((e - s, gid))
-    lasts = np.append(firsts[1:], n) - 1
-    out["name"] = name[order][o2[lasts]]
-    return out
+#: (step, its blocks by rank) of every drawn step.
+Drawn = list[tuple[StepSpan, dict[int, Blocks]]]
 
 
 @dataclass
-class _Level:
-    """How coarse the merge is: level 0 keeps micro-batches apart, higher levels only categories."""
+class _Builder:
+    """What drawing one step's blocks needs: the rows, each rank's timeline, gaps and own windows."""
 
-    level: int
-    tol: int
+    diag: Analyzed
+    rows: list[Row]
+    by: dict[int, RankTimeline]
+    # each rank's own step window: the union spans of consecutive steps overlap when the ranks are
+    # staggered, and a block drawn by both would show twice
+    own: dict[tuple[int, int], tuple[int, int]]
+
+    def blocks_of(self, span: StepSpan, lv: Level) -> dict[int, Blocks]:
+        return {
+            r.rank: rank_step_blocks(
+                self.by.get(r.rank),
+                self.diag.gaps.get(r.rank),
+                self.own.get((r.rank, span.index), (span.start, span.end)),
+                lv,
+            )
+            for r in self.rows
+        }
 
 
-def _rank_step_blocks(
-    rt: RankTimeline | None,
-    gaps: Any,
-    span: StepSpan,
-    lv: _Level,
-    window: tuple[int, int] | None = None,
-) -> dict[str, dict[str, I64]]:
-    """Merged blocks of one rank in one step, by category (work kinds and cause keys), inside the
-    rank's own ``window`` of that step (the step's span over all ranks when unknown)."""
-    out: dict[str, dict[str, I64]] = {}
-    a, b = window if window is not None else (span.start, span.end)
-    if rt is not None and len(rt.intervals):
-        iv = rt.intervals
-        off = rt.clock_offset_ns
-        st = iv.start + off
-        en = iv.end + off
-        sel = (en > a) & (st < b) & (en > st)
-        if sel.any():
-            idx = np.flatnonzero(sel)
-            s = np.maximum(st[idx], a)
-            e = np.minimum(en[idx], b)
-            kind = iv.kind[idx].astype(np.int64)
-            phase = iv.phase[idx].astype(np.int64)
-            mb = iv.mb[idx].astype(np.int64)
-            chunk = iv.chunk[idx].astype(np.int64)
-            peer = iv.peer[idx].astype(np.int64)
-            dirn = iv.direction[idx].astype(np.int64)
-            name = iv.name[idx].astype(np.int64)
-            comp = kind == int(Kind.COMPUTE)
-            # category per item: compute by phase; comm kinds; sync kernels are not drawn
-            cat = np.full(idx.shape[0], -1, np.int64)
-            for ci, c in enumerate(CAT_ORDER):
-                if c in COMPUTE_CATS:
-                    if c == "other":
-                        m = comp & ~np.isin(phase, list(_PHASE_CAT))
-                    else:
-                        ph = next(p for p, cc in _PHASE_CAT.items() if cc == c)
-                        m = comp & (phase == ph)
-                elif c == "p2p":
-                    m = kind == int(Kind.P2P)
-                elif c == "collective":
-                    m = kind == int(Kind.COLLECTIVE)
-                else:
-                    m = np.isin(kind, [int(Kind.MEMCPY), int(Kind.MEMSET)])
-                cat[m] = ci
-            keep = cat >= 0
-            for ci, c in enumerate(CAT_ORDER):
-                m = keep & (cat == ci)
-                if not m.any():
+def _median_blocks(
+    bld: _Builder, med: StepSpan, tol0: int, max_blocks: int, notes: list[str]
+) -> tuple[dict[int, Blocks], int]:
+    """The median step's blocks, merged ever more coarsely (then cut to the longest) while over
+    ``max_blocks``; and its block count before any simplification."""
+    first = bld.blocks_of(med, Level(0, tol0))
+    raw = count(first)
+    if raw <= max_blocks:
+        return first, raw
+    lv = Level(1, tol0)
+    cur = first
+    while count(cur) > max_blocks and lv.tol < (med.end - med.start) // 200:
+        lv = Level(1, lv.tol * 4)
+        cur = bld.blocks_of(med, lv)
+    n_merged = count(cur)
+    msg = (
+        f"Simplified for size: the step has {raw:,} blocks; adjacent blocks of the same kind closer than "
+        f"{lv.tol / 1e6:.3g} ms were merged into {n_merged:,}"
+    )
+    if n_merged > max_blocks:
+        cur = keep_longest(cur, max_blocks)
+        msg += f", and only the {max_blocks:,} longest were kept"
+    notes.append(msg + ". Zoom in the Perfetto overlay for every kernel.")
+    return cur, raw
+
+
+def _add_steps(
+    bld: _Builder, drawn: Drawn, spans: list[StepSpan], tol0: int, limits: tuple[int, int], notes: list[str]
+) -> int:
+    """The other steps, nearest to the median first, while the blocks stay under ``limits``
+    (max blocks, max steps); returns the blocks they add."""
+    max_blocks, max_steps = limits
+    med = drawn[0][0]
+    total = count(drawn[0][1])
+    added = 0
+    skipped = []
+    for sp in sorted((s for s in spans if s is not med), key=lambda s: (abs(s.index - med.index), s.index)):
+        bl = bld.blocks_of(sp, Level(0, tol0)) if len(drawn) < max_steps else None
+        n = count(bl) if bl is not None else 0
+        if bl is None or total + n > max_blocks:
+            skipped.append(sp)
+            continue
+        drawn.append((sp, bl))
+        sp.drawn = True
+        total += n
+        added += n
+    if skipped:
+        nums = sorted(s.number if s.number >= 0 else s.index for s in skipped)
+        notes.append(
+            f"{len(skipped)} of {len(spans)} steps are not drawn to keep the page responsive "
+            f"(steps {ranges_text(nums)}); the tables cover every step and the Perfetto overlay "
+            "(--perfetto) has every event."
+        )
+    return added
+
+
+def _block_sets(drawn: Drawn, rows: list[Row]) -> dict[str, BlockSet]:
+    """The drawn blocks of every step and row gathered per category."""
+    sets: dict[str, BlockSet] = {}
+    for _sp, per_rank in drawn:
+        for row in rows:
+            for cat, v in per_rank.get(row.rank, {}).items():
+                is_cause = cat.startswith("cause:")
+                key = cat.split(":", 1)[1] if is_cause else cat
+                bs = sets.setdefault(("cause:" if is_cause else "") + key, BlockSet(key, is_cause))
+                n = int(v["start"].shape[0])
+                if n == 0:
                     continue
-                if c in COMPUTE_CATS:
-                    if lv.level == 0:
-                        # one bar per micro-batch block: the parts of one (micro-batch, chunk) in a
-                        # step merge whatever lies between them (short gaps: hidden below)
-                        key = (mb[m] + 1) * 65536 + (chunk[m] + 1)
-                        lab = mb[m] >= 0
-                        extra_m = {
-                            "mb": mb[m],
-                            "chunk": chunk[m],
-                            "peer": peer[m],
-                            "direction": dirn[m],
-                        }
-                        parts = [
-                            _merge(
-                                s[m][sel],
-                                e[m][sel],
-                                key[sel],
-                                tol,
-                                {k: v[sel] for k, v in extra_m.items()},
-                                name[m][sel],
-                            )
-                            for sel, tol in ((lab, b - a), (~lab, lv.tol))
-                            if sel.any()
-                        ]
-                        out[c] = {k: np.concatenate([p_[k] for p_ in parts]) for k in parts[0]}
-                        continue
-                    key = np.zeros(int(m.sum()), np.int64)
-                else:
-                    key = ((peer[m] + 1) * 8 + dirn[m]) if lv.level == 0 else np.zeros(int(m.sum()), np.int64)
-                out[c] = _merge(
-                    s[m],
-                    e[m],
-                    key,
-                    lv.tol,
-                    {
-                        "mb": mb[m],
-                        "chunk": chunk[m],
-                        "peer": peer[m],
-                        "direction": dirn[m],
-                    },
-                    name[m],
-                )
-    if gaps is not None and len(gaps):
-        sel = (gaps.end > a) & (gaps.start < b) & (gaps.end > gaps.start)
-        if sel.any():
-            s = np.maximum(gaps.start[sel], a).astype(np.int64)
-            e = np.minimum(gaps.end[sel], b).astype(np.int64)
-            cause = gaps.cause[sel].astype(np.int64)
-            blame = gaps.blame[sel].astype(np.int64)
-            if lv.level == 0:
-                shown = _hide_short_gaps(out, s, e, max(lv.tol, (b - a) // 100))
-                s, e, cause, blame = s[shown], e[shown], cause[shown], blame[shown]
-            for ci, c in enumerate(CAUSE_KEYS):
-                m = cause == ci
-                if not m.any():
-                    continue
-                key = blame[m] + 1 if lv.level == 0 else np.zeros(int(m.sum()), np.int64)
-                neg = np.full(int(m.sum()), -1, np.int64)
-                out["cause:" + c] = _merge(
-                    s[m],
-                    e[m],
-                    key,
-                    lv.tol,
-                    {"mb": neg, "chunk": neg, "peer": blame[m], "direction": neg},
-                    neg,
-                )
-    return out
-
-
-def _hide_short_gaps(out: dict[str, dict[str, I64]], s: I64, e: I64, limit: int) -> npt.NDArray[np.bool_]:
-    """Gaps shorter than ``limit`` that lie inside a micro-batch block are not drawn: their time
-    goes into the block's ``hidden`` (shown on hover; the accounting keeps it). The gaps to draw."""
-    cats = [c for c in COMPUTE_CATS if c in out]
-    for c in cats:
-        out[c]["hidden"] = np.zeros(out[c]["start"].shape[0], np.int64)
-    keep = np.ones(s.shape[0], dtype=bool)
-    if not cats or s.shape[0] == 0:
-        return keep
-    bs = np.concatenate([out[c]["start"] for c in cats])
-    be = np.concatenate([out[c]["end"] for c in cats])
-    lab = np.concatenate([out[c]["mb_lo"] >= 0 for c in cats])
-    owner = np.concatenate([np.full(out[c]["start"].shape[0], i, np.int64) for i, c in enumerate(cats)])
-    local = np.concatenate([np.arange(out[c]["start"].shape[0], dtype=np.int64) for c in cats])
-    o = np.argsort(bs, kind="stable")
-    bs, be, lab, owner, local = bs[o], be[o], lab[o], owner[o], local[o]
-    j = np.searchsorted(bs, s, side="right") - 1
-    jj = np.clip(j, 0, None)
-    inside = (j >= 0) & lab[jj] & (e <= be[jj]) & ((e - s) < limit)
-    keep = ~inside
-    for i, c in enumerate(cats):
-        m = inside & (owner[jj] == i)
-        np.add.at(out[c]["hidden"], local[jj[m]], (e - s)[m])
-    return keep
-
-
-def _count(blocks: dict[int, dict[str, dict[str, I64]]]) -> int:
-    return sum(int(v["start"].shape[0]) for per in blocks.values() for v in per.values())
+                bs.row.append(np.full(n, row.y, np.int64))
+                bs.rank.append(np.full(n, row.rank, np.int64))
+                for col in ("start", "end", "count", "mb_lo", "mb_hi", "chunk", "peer", "direction", "name"):
+                    getattr(bs, col).append(v[col])
+                bs.hidden.append(v.get("hidden", np.zeros(n, np.int64)))
+    return sets
 
 
 def build_timeline(
-    diag: Diagnosis,
+    diag: Analyzed,
     max_blocks: int = MAX_BLOCKS,
     max_rows: int = MAX_ROWS,
     max_steps: int = MAX_STEPS,
@@ -525,147 +399,41 @@ def build_timeline(
         if whole:
             notes.append("No step markers were found: the whole captured window is drawn.")
     by = diag.run.by_rank()
-    virtual = (
-        any(len(r.stages) > 1 for r in rows)
-        or int(((diag.report or {}).get("run") or {}).get("virtual_stages") or 1) > 1
-    )
+    virtual = any(len(r.stages) > 1 for r in rows) or diag.result.run.virtual_stages > 1
     if not spans or not rows:
-        return TimelineData(
-            rows=rows,
-            spans=spans,
-            t0=0,
-            sets={},
-            notes=notes,
-            shown=None,
-            virtual=virtual,
-        )
-
+        return TimelineData(rows=rows, spans=spans, t0=0, sets={}, notes=notes, shown=None, virtual=virtual)
     med = next(s for s in spans if s.median)
-
-    # each rank's own step window: the union spans of consecutive steps overlap when the ranks are
-    # staggered, and a block drawn by both would show twice
-    own = {(w.rank, w.index): (int(w.start), int(w.end)) for w in diag.steps}
-
-    def blocks_of(span: StepSpan, lv: _Level) -> dict[int, dict[str, dict[str, I64]]]:
-        return {
-            r.rank: _rank_step_blocks(
-                by.get(r.rank),
-                diag.gaps.get(r.rank),
-                span,
-                lv,
-                own.get((r.rank, span.index)),
-            )
-            for r in rows
-        }
-
+    bld = _Builder(diag, rows, by, {(w.rank, w.index): (int(w.start), int(w.end)) for w in diag.steps})
     tol0 = max(5_000, (med.end - med.start) // 20_000)
-    drawn: list[tuple[StepSpan, dict[int, dict[str, dict[str, I64]]]]] = []
-    first = blocks_of(med, _Level(0, tol0))
-    raw = _count(first)
-    total = raw
-    if total > max_blocks:
-        lv = _Level(1, tol0)
-        cur = first
-        while _count(cur) > max_blocks and lv.tol < (med.end - med.start) // 200:
-            lv = _Level(1, lv.tol * 4)
-            cur = blocks_of(med, lv)
-        n_merged = _count(cur)
-        msg = (
-            f"Simplified for size: the step has {raw:,} blocks; adjacent blocks of the same kind closer than "
-            f"{lv.tol / 1e6:.3g} ms were merged into {n_merged:,}"
-        )
-        if n_merged > max_blocks:
-            cur = _keep_longest(cur, max_blocks)
-            msg += f", and only the {max_blocks:,} longest were kept"
-        notes.append(msg + ". Zoom in the Perfetto overlay for every kernel.")
-        first = cur
-        total = _count(cur)
-    drawn.append((med, first))
+    first, raw = _median_blocks(bld, med, tol0, max_blocks, notes)
+    drawn: Drawn = [(med, first)]
     med.drawn = True
-    others = sorted(
-        (s for s in spans if s is not med),
-        key=lambda s: (abs(s.index - med.index), s.index),
-    )
-    skipped = []
-    for sp in others:
-        if len(drawn) >= max_steps:
-            skipped.append(sp)
-            continue
-        bl = blocks_of(sp, _Level(0, tol0))
-        n = _count(bl)
-        if total + n > max_blocks:
-            skipped.append(sp)
-            continue
-        drawn.append((sp, bl))
-        sp.drawn = True
-        total += n
-        raw += n
-    if skipped:
-        nums = sorted(s.number if s.number >= 0 else s.index for s in skipped)
-        notes.append(
-            f"{len(skipped)} of {len(spans)} steps are not drawn to keep the page responsive "
-            f"(steps {ranges_text(nums)}); the tables cover every step and the Perfetto overlay "
-            "(--perfetto) has every event."
-        )
-
-    sets: dict[str, BlockSet] = {}
-    for _sp, per_rank in drawn:
-        for row in rows:
-            for cat, v in per_rank.get(row.rank, {}).items():
-                is_cause = cat.startswith("cause:")
-                key = cat.split(":", 1)[1] if is_cause else cat
-                bs = sets.setdefault(("cause:" if is_cause else "") + key, BlockSet(key, is_cause))
-                n = int(v["start"].shape[0])
-                if n == 0:
-                    continue
-                bs.row.append(np.full(n, row.y, np.int64))
-                bs.rank.append(np.full(n, row.rank, np.int64))
-                bs.start.append(v["start"])
-                bs.end.append(v["end"])
-                bs.count.append(v["count"])
-                bs.mb_lo.append(v["mb_lo"])
-                bs.mb_hi.append(v["mb_hi"])
-                bs.chunk.append(v["chunk"])
-                bs.peer.append(v["peer"])
-                bs.direction.append(v["direction"])
-                bs.name.append(v["name"])
-                bs.hidden.append(v.get("hidden", np.zeros(n, np.int64)))
-    t0 = min(sp.start for sp, _ in drawn)
-    names = {r.rank: by[r.rank].names for r in rows if r.rank in by}
+    raw += _add_steps(bld, drawn, spans, tol0, (max_blocks, max_steps), notes)
     return TimelineData(
         rows=rows,
         spans=spans,
-        t0=t0,
-        sets=sets,
+        t0=min(sp.start for sp, _ in drawn),
+        sets=_block_sets(drawn, rows),
         notes=notes,
         shown=med,
         virtual=virtual,
         raw_blocks=raw,
-        names=names,
+        names={r.rank: by[r.rank].names for r in rows if r.rank in by},
         path=_path_pieces(diag, rows, [sp for sp, _ in drawn]),
-        pp=max(1, int(num(((diag.report or {}).get("run") or {}).get("pp")) or 1)),
+        pp=max(1, diag.result.run.pp),
     )
 
 
 def _path_pieces(
-    diag: Diagnosis, rows: list[Row], spans: list[StepSpan]
+    diag: Analyzed, rows: list[Row], spans: list[StepSpan]
 ) -> list[tuple[int, int, int, str, int, str]]:
     """The critical path of the drawn steps on the drawn rows (``TimelineData.path``)."""
-    from ppdiag.attribution.critical_path import CriticalStep
-
-    paths = (diag.context or {}).get("critical_path")
-    if paths is None:
-        import msgspec
-
-        try:
-            paths = msgspec.convert((diag.report or {}).get("critical_path") or [], list[CriticalStep])
-        except msgspec.ValidationError:
-            return []
+    paths = diag.result.critical_path or []
     y = {r.rank: r.y for r in rows}
     want = {sp.index for sp in spans}
     out: list[tuple[int, int, int, str, int, str]] = []
     for cs in paths:
-        if not isinstance(cs, CriticalStep) or cs.index not in want:
+        if cs.index not in want:
             continue
         for pc in cs.pieces:
             if pc.rank not in y:
@@ -682,28 +450,6 @@ def _path_pieces(
                 lab = "compute outside blocks"
             src = y.get(pc.peer, -1) if pc.kind == "transfer" and pc.peer is not None else -1
             out.append((y[pc.rank], a, z, pc.kind, src, lab))
-    return out
-
-
-def _keep_longest(
-    blocks: dict[int, dict[str, dict[str, I64]]], budget: int
-) -> dict[int, dict[str, dict[str, I64]]]:
-    """Keep the ``budget`` longest blocks over all rows and categories (ties: earliest rows first)."""
-    durs = np.concatenate([v["end"] - v["start"] for per in blocks.values() for v in per.values()])
-    if durs.shape[0] <= budget:
-        return blocks
-    cut = np.partition(durs, durs.shape[0] - budget)[durs.shape[0] - budget]
-    ties_left = budget - int((durs > cut).sum())
-    out: dict[int, dict[str, dict[str, I64]]] = {}
-    for r, per in blocks.items():
-        out[r] = {}
-        for c, v in per.items():
-            d = v["end"] - v["start"]
-            m = d > cut
-            tie = np.flatnonzero(d == cut)[: max(0, ties_left)]
-            m[tie] = True
-            ties_left -= int(tie.shape[0])
-            out[r][c] = {k: a[m] for k, a in v.items()}
     return out
 
 

@@ -10,7 +10,7 @@ from ppdiag.report_types import dumps as dumps_report
 from ppdiag.reports import register
 
 if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
+    from ppdiag.reports.context import Analyzed
 
 
 def dumps(report: Report) -> str:
@@ -27,7 +27,7 @@ class JsonReporter:
     name = "json"
     suffix = ".json"
 
-    def write(self, diagnosis: Diagnosis, path: Path) -> None:
+    def write(self, diagnosis: Analyzed, path: Path) -> None:
         # undecodable file-name bytes (legal on Linux) become \\udcXX escapes, not a crash
         path.write_text(dumps(diagnosis.result) + "\n", encoding="utf-8", errors="backslashreplace")
 

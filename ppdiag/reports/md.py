@@ -16,10 +16,10 @@ from ppdiag.facts import report_slowest_stage, share_of
 from ppdiag.report_types import FindingRow, Gate, RankRow, Report, RunInfo, RunSchedule, StageRow
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean, md_neutral
-from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num
+from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num, ranks_text
 
 if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
+    from ppdiag.reports.context import Analyzed
 
 _MD_SPECIAL = "\\`*_[]|~#"
 
@@ -52,14 +52,6 @@ def _pipeline_text(run: RunInfo) -> str:
     return txt
 
 
-def _ranks_text(run: RunInfo) -> str:
-    """``"4 ranks"``, or ``"1 of 8 ranks traced"`` when the traces hold only part of the job."""
-    traced = len(run.ranks)
-    if run.world_size > traced:
-        return f"{traced} of {run.world_size} ranks traced"
-    return f"{traced} rank{'s' if traced != 1 else ''}"
-
-
 def _gate_md(gate: Gate) -> list[str]:
     icon = {"pass": "✅", "fail": "❌", "inconclusive": "⚠️"}.get(gate.status, "")
     out = [f"### Gate: {icon} {gate.status.upper()} (exit {md_escape(gate.exit_code)})", ""]
@@ -90,7 +82,7 @@ def _head_md(report: Report) -> list[str]:
     run, s = report.run, report.summary
     out = [f"## ppdiag: {fmt_ms(s.step_ms)} per step, {fmt_pct(s.lost_ratio)} lost", ""]
     steps = run.steps
-    facts = [f"**{_pipeline_text(run)}**", md_escape(_ranks_text(run))]
+    facts = [f"**{_pipeline_text(run)}**", md_escape(ranks_text(run))]
     if steps:
         facts.append(f"steps {min(steps)}–{max(steps)}" if len(steps) > 1 else f"step {steps[0]}")
     facts.append(md_escape(run.format))
@@ -211,7 +203,7 @@ def render_markdown(
     return "\n".join(out)
 
 
-def write_markdown(diag: Diagnosis, path: str | Path, gate: Gate | None = None) -> Path:
+def write_markdown(diag: Analyzed, path: str | Path, gate: Gate | None = None) -> Path:
     """Write the Markdown summary of ``diag`` (the gate from ``gate`` or the report's own)."""
     p = Path(path)
     from ppdiag.io import md_marker
@@ -228,7 +220,7 @@ class MarkdownReporter:
     name = "md"
     suffix = ".md"
 
-    def write(self, diagnosis: Diagnosis, path: Path) -> None:
+    def write(self, diagnosis: Analyzed, path: Path) -> None:
         write_markdown(diagnosis, path)
 
 

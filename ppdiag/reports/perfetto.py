@@ -21,41 +21,39 @@ opens directly.
 from __future__ import annotations
 
 import gzip
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
-from ppdiag.diagnosis import CAUSE_KEYS
-from ppdiag.model.timeline import KIND_NAMES, PHASE_NAMES, Direction, RangeKind
+from ppdiag.diagnosis import CAUSE_KEYS, GapTable, StepWindow
+from ppdiag.model.timeline import Intervals, RangeKind, Ranges, RankTimeline
 from ppdiag.reports import register
+from ppdiag.reports.perfetto_events import (
+    CHUNK,
+    DIRECTIONS,
+    KINDS,
+    PHASES,
+    TID_COMM_KINDS,
+    TID_COMM_OPS,
+    TID_LABELS,
+    TID_LOST,
+    TID_PATH,
+    TID_STEPS,
+    Meta,
+    Tids,
+    emit_slices,
+    lanes,
+    meta_event,
+)
+from ppdiag.reports.perfetto_flows import emit_flows
 from ppdiag.reports.style import CAUSE_CNAMES, CAUSE_LABELS
 
 if TYPE_CHECKING:
-    from ppdiag.diagnosis import Diagnosis
-
-CHUNK = 20_000
-# Synthetic thread ids for the overlay tracks: far above real stream / thread ids, below 2**31.
-TID_LOST = 2_000_000_000
-TID_STEPS = 2_000_000_001
-TID_LABELS = 2_000_000_002
-TID_COMM_OPS = 2_000_000_003
-TID_SENDS = 2_000_000_004
-TID_RECVS = 2_000_000_005
-TID_COLL = 2_000_000_006
-TID_PATH = 2_000_000_007
-# extra lanes: of device streams (below TID_LOST, so device tracks stay below it) and of the
-# synthetic tracks
-TID_DEVICE_LANES = 1_900_000_000
-TID_COMM_KINDS = 2_000_000_100  # comm ops (host) of the second, third... op kind
-TID_TRACK_LANES = 2_000_010_000
-
-_DIR = {int(Direction.SEND): "send", int(Direction.RECV): "recv", int(Direction.BOTH): "sendrecv"}
-_KIND = {int(k): v for k, v in KIND_NAMES.items()}
-_PHASE = {int(k): v for k, v in PHASE_NAMES.items()}
+    from ppdiag.reports.context import Analyzed
 
 
 @dataclass
@@ -70,13 +68,13 @@ class PerfettoStats:
     collective_flows: int = 0  # last arriver -> waiter arrows
 
 
-def _stage_label(diag: Diagnosis) -> dict[int, str]:
+def _stage_label(diag: Analyzed) -> dict[int, str]:
     from ppdiag.reports.html_model import stages_by_rank
 
     return {r: "stage " + ",".join(map(str, v)) for r, v in stages_by_rank(diag).items() if v}
 
 
-def _t0(diag: Diagnosis) -> int:
+def _t0(diag: Analyzed) -> int:
     lo: int | None = None
     for rt in diag.run.ranks:
         if len(rt.intervals):
@@ -91,133 +89,121 @@ def _t0(diag: Diagnosis) -> int:
     return lo or 0
 
 
-def _meta(name: str, pid: int, tid: int | None, args: dict[str, Any]) -> str:
-    ev: dict[str, Any] = {"ph": "M", "name": name, "pid": pid, "args": args}
-    if tid is not None:
-        ev["tid"] = tid
-    return json.dumps(ev)
-
-
-def lanes(start: Any, end: Any) -> np.ndarray:
-    """A lane per slice such that the slices of one lane never overlap, in as few lanes as the
-    deepest overlap needs. Slices that overlap nothing (found vectorized: a new cluster begins
-    where a start is at or after every earlier end) stay in lane 0; only the few clusters of
-    overlapping slices are laid out one by one (first free lane, in start order)."""
-    import heapq
-
-    st = np.asarray(start, dtype=np.int64)
-    en = np.maximum(np.asarray(end, dtype=np.int64), st)
-    lane = np.zeros(st.shape[0], np.int64)
-    if st.shape[0] < 2:
-        return lane
-    order = np.argsort(st, kind="stable")
-    s_, e_ = st[order], en[order]
-    prev_max = np.maximum.accumulate(np.r_[np.iinfo(np.int64).min, e_[:-1]])
-    new_cluster = s_ >= prev_max
-    cid = np.cumsum(new_cluster) - 1
-    size = np.bincount(cid)
-    for c in np.flatnonzero(size > 1).tolist():
-        rows = np.flatnonzero(cid == c)
-        free: list[tuple[int, int]] = []  # (end, lane) of the lanes in use
-        spare: list[int] = []
-        n_lanes = 0
-        for i in rows.tolist():
-            while free and free[0][0] <= s_[i]:
-                heapq.heappush(spare, heapq.heappop(free)[1])
-            if spare:
-                k = heapq.heappop(spare)
-            else:
-                k, n_lanes = n_lanes, n_lanes + 1
-            lane[order[i]] = k
-            heapq.heappush(free, (int(e_[i]), k))
-    return lane
-
-
-class _Tids:
-    """Thread ids of a rank's tracks and their overlap lanes, named as they are first used."""
-
-    def __init__(self, meta: Any, pid: int) -> None:
-        self.meta = meta
-        self.pid = pid
-        self.next_device = TID_DEVICE_LANES
-        self.next_track = TID_TRACK_LANES
-        self.named: dict[tuple[int, int], int] = {}
-
-    def of(self, base: int, lane_ids: np.ndarray, name: str, sort: int, device: bool) -> list[int]:
-        """The tid of every slice: ``base`` for lane 0, an extra track per further lane."""
-        out = np.full(lane_ids.shape[0], base, np.int64)
-        for k in np.unique(lane_ids).tolist():
-            if k == 0:
-                continue
-            key = (base, k)
-            if key not in self.named:
-                if device:
-                    tid, self.next_device = self.next_device, self.next_device + 1
-                else:
-                    tid, self.next_track = self.next_track, self.next_track + 1
-                self.named[key] = tid
-                self.meta(_meta("thread_name", self.pid, tid, {"name": f"{name} · overlap {k}"}))
-                self.meta(_meta("thread_sort_index", self.pid, tid, {"sort_index": sort}))
-            out[lane_ids == k] = self.named[key]
-        return out.tolist()
-
-
-def _emit_slices(
-    out: IO[str],
-    first: list[bool],
-    pid: int,
-    tid: Any,
-    ts: Any,
-    dur: Any,
-    names: list[str],
-    name_idx: Any,
-    cat: str | list[str],
-    args: list[str],
-    cname: list[str] | None = None,
-) -> int:
-    """Write complete ('X') events from column lists; ``args`` are pre-rendered JSON objects."""
-    n = len(ts)
-    buf = io.StringIO()
-    for i in range(n):
-        c = cat if isinstance(cat, str) else cat[i]
-        t = tid if isinstance(tid, int) else tid[i]
-        cn = f',"cname":"{cname[i]}"' if cname is not None and cname[i] else ""
-        buf.write(
-            f'{"" if first[0] else ","}\n{{"ph":"X","pid":{pid},"tid":{t},"ts":{ts[i]:.3f},'
-            f'"dur":{dur[i]:.3f},"name":{names[name_idx[i]]},"cat":"{c}"{cn},"args":{args[i]}}}'
-        )
-        first[0] = False
-    out.write(buf.getvalue())
-    return n
-
-
-def write_trace(diag: Diagnosis, out: IO[str]) -> PerfettoStats:
-    """Write the overlay as Chrome trace JSON to an open text stream."""
-    stats = PerfettoStats()
-    t0 = _t0(diag)
-    stages = _stage_label(diag)
-    ranks = sorted(diag.run.ranks, key=lambda rt: rt.rank)
-    order = sorted(
-        (rt.rank for rt in ranks),
-        key=lambda r: (0, int(stages[r].split()[1].split(",")[0]), r) if r in stages else (1, 0, r),
-    )
-    sort_index = {r: i for i, r in enumerate(order)}
-    # ppdiag's marker first: a later run recognises the overlay as an output, not a trace
+def _header(diag: Analyzed, out: IO[str], t0: int) -> None:
+    """ppdiag's marker first (a later run recognises the overlay as an output, not a trace), then
+    what the overlay is and its clock."""
     out.write('{"ppdiag":{"kind":"perfetto"},"displayTimeUnit":"ns","otherData":')
-    summ = (diag.report or {}).get("summary") or {}
+    summ = diag.result.summary
     out.write(
         json.dumps(
             {
                 "producer": "ppdiag",
                 "t0_ns": t0,
                 "clock": "aligned common clock, ts = (t - t0_ns) / 1000",
-                "step_ms": summ.get("step_ms"),
-                "lost_ratio": summ.get("lost_ratio"),
+                "step_ms": summ.step_ms,
+                "lost_ratio": summ.lost_ratio,
                 "causes": {k: CAUSE_LABELS[k] for k in CAUSE_KEYS},
             }
         )
     )
     out.write(',"traceEvents":[')
+
+
+def _device_args(iv: Intervals, sl: slice) -> tuple[list[str], list[str]]:
+    """The args (pre-rendered JSON) and the category of every device interval in ``sl``."""
+    phase, mb = iv.phase[sl].tolist(), iv.mb[sl].tolist()
+    chunk, peer, dirn = iv.chunk[sl].tolist(), iv.peer[sl].tolist(), iv.direction[sl].tolist()
+    nbytes = iv.bytes[sl].tolist()
+    args = []
+    for j in range(len(phase)):
+        parts = [f'"phase":"{PHASES.get(phase[j], "unknown")}"']
+        if mb[j] >= 0:
+            parts.append(f'"mb":{mb[j]}')
+        if chunk[j] >= 0:
+            parts.append(f'"chunk":{chunk[j]}')
+        if peer[j] >= 0:
+            parts.append(f'"peer":{peer[j]}')
+        if dirn[j] in DIRECTIONS:
+            parts.append(f'"direction":"{DIRECTIONS[dirn[j]]}"')
+        if nbytes[j] >= 0:
+            parts.append(f'"bytes":{nbytes[j]}')
+        args.append("{" + ",".join(parts) + "}")
+    return args, [KINDS.get(k, "other") for k in iv.kind[sl].tolist()]
+
+
+def _device_events(
+    out: IO[str], first: list[bool], meta: Meta, rt: RankTimeline, t0: int, names: list[str], tids: Tids
+) -> int:
+    """Every device interval of the rank on its stream's track (overlaps on extra lanes)."""
+    iv = rt.intervals
+    r = rt.rank
+    streams = np.unique(iv.stream)
+    what = "CPU thread" if rt.cpu_only else "stream"
+    tid_of = np.asarray(iv.stream, dtype=np.int64).copy()
+    for i, s in enumerate(streams.tolist()):
+        meta(meta_event("thread_name", r, int(s), {"name": f"{what} {s}"}))
+        meta(meta_event("thread_sort_index", r, int(s), {"sort_index": i}))
+        m = iv.stream == s
+        tid_of[m] = tids.of(int(s), lanes(iv.start[m], iv.end[m]), f"{what} {s}", i, device=True)
+    off = rt.clock_offset_ns
+    n_total = 0
+    for a in range(0, len(iv), CHUNK):
+        sl = slice(a, a + CHUNK)
+        st = iv.start[sl]
+        ts = ((st + off - t0) / 1000.0).tolist()
+        dur = (np.maximum(iv.end[sl] - st, 0) / 1000.0).tolist()
+        args, cats = _device_args(iv, sl)
+        name_idx = np.clip(iv.name[sl], 0, len(names) - 1).tolist()
+        n_total += emit_slices(out, first, r, tid_of[sl].tolist(), ts, dur, names, name_idx, cats, args)
+    return n_total
+
+
+def _gap_events(out: IO[str], first: list[bool], g: GapTable, rank: int, t0: int, tids: Tids) -> int:
+    """The rank's lost time, one slice per gap named by its cause (blame rank and step in args)."""
+    cause_names = [json.dumps(CAUSE_LABELS[k]) for k in CAUSE_KEYS]
+    # gap pieces may overlap each other (a wait and the transfer inside it): extra lanes
+    g_tid = np.asarray(tids.of(TID_LOST, lanes(g.start, g.end), "lost time (cause)", -3, device=False))
+    n_total = 0
+    for a in range(0, len(g), CHUNK):
+        sl = slice(a, a + CHUNK)
+        ts = ((g.start[sl] - t0) / 1000.0).tolist()
+        dur = (np.maximum(g.end[sl] - g.start[sl], 0) / 1000.0).tolist()
+        cause = np.clip(g.cause[sl].astype(np.int64), 0, len(CAUSE_KEYS) - 1).tolist()
+        blame, step = g.blame[sl].tolist(), g.step[sl].tolist()
+        args = [
+            json.dumps(
+                {
+                    "cause": CAUSE_KEYS[c],
+                    "blame_rank": b if b >= 0 else None,
+                    "step": s,
+                    "ms": round(d / 1000.0, 6),
+                }
+            )
+            for c, b, s, d in zip(cause, blame, step, dur, strict=True)
+        ]
+        cn = [CAUSE_CNAMES[CAUSE_KEYS[c]] for c in cause]
+        n_total += emit_slices(
+            out, first, rank, g_tid[sl].tolist(), ts, dur, cause_names, cause, "lost", args, cn
+        )
+    return n_total
+
+
+def _process_order(diag: Analyzed, stages: dict[int, str]) -> dict[int, int]:
+    """Sort index of every rank's process: by first stage, then rank; ranks without a stage last."""
+    order = sorted(
+        (rt.rank for rt in diag.run.ranks),
+        key=lambda r: (0, int(stages[r].split()[1].split(",")[0]), r) if r in stages else (1, 0, r),
+    )
+    return {r: i for i, r in enumerate(order)}
+
+
+def write_trace(diag: Analyzed, out: IO[str]) -> PerfettoStats:
+    """Write the overlay as Chrome trace JSON to an open text stream."""
+    stats = PerfettoStats()
+    t0 = _t0(diag)
+    stages = _stage_label(diag)
+    sort_index = _process_order(diag, stages)
+    _header(diag, out, t0)
     first = [True]
 
     def meta(s: str) -> None:
@@ -225,100 +211,30 @@ def write_trace(diag: Diagnosis, out: IO[str]) -> PerfettoStats:
         first[0] = False
         stats.events += 1
 
-    cause_names = [json.dumps(CAUSE_LABELS[k]) for k in CAUSE_KEYS]
     # one allocator of overlap-lane tids per rank for every track of it (tids must not collide)
-    tids_by_rank: dict[int, _Tids] = {}
-    for rt in ranks:
+    tids_by_rank: dict[int, Tids] = {}
+    for rt in sorted(diag.run.ranks, key=lambda rt: rt.rank):
         r = rt.rank
         stats.ranks += 1
         pname = f"rank {r}" + (f" · {stages[r]}" if r in stages else "")
-        meta(_meta("process_name", r, None, {"name": pname}))
-        meta(_meta("process_sort_index", r, None, {"sort_index": sort_index.get(r, r)}))
-        meta(_meta("thread_name", r, TID_LOST, {"name": "lost time (cause)"}))
-        meta(_meta("thread_sort_index", r, TID_LOST, {"sort_index": -3}))
-        iv = rt.intervals
+        meta(meta_event("process_name", r, None, {"name": pname}))
+        meta(meta_event("process_sort_index", r, None, {"sort_index": sort_index.get(r, r)}))
+        meta(meta_event("thread_name", r, TID_LOST, {"name": "lost time (cause)"}))
+        meta(meta_event("thread_sort_index", r, TID_LOST, {"sort_index": -3}))
         names = [json.dumps(n) for n in rt.names] or ['""']
-        tids = tids_by_rank.setdefault(r, _Tids(meta, r))
-        if len(iv):
-            streams = np.unique(iv.stream)
-            what = "CPU thread" if rt.cpu_only else "stream"
-            tid_of = np.asarray(iv.stream, dtype=np.int64).copy()
-            for i, s in enumerate(streams.tolist()):
-                meta(_meta("thread_name", r, int(s), {"name": f"{what} {s}"}))
-                meta(_meta("thread_sort_index", r, int(s), {"sort_index": i}))
-                m = iv.stream == s
-                tid_of[m] = tids.of(int(s), lanes(iv.start[m], iv.end[m]), f"{what} {s}", i, device=True)
-            off = rt.clock_offset_ns
-            for a in range(0, len(iv), CHUNK):
-                sl = slice(a, a + CHUNK)
-                st = iv.start[sl]
-                ts = ((st + off - t0) / 1000.0).tolist()
-                dur = (np.maximum(iv.end[sl] - st, 0) / 1000.0).tolist()
-                kind, phase, mb = iv.kind[sl].tolist(), iv.phase[sl].tolist(), iv.mb[sl].tolist()
-                chunk, peer, dirn = iv.chunk[sl].tolist(), iv.peer[sl].tolist(), iv.direction[sl].tolist()
-                nbytes = iv.bytes[sl].tolist()
-                args = []
-                cats = []
-                for j in range(len(ts)):
-                    parts = [f'"phase":"{_PHASE.get(phase[j], "unknown")}"']
-                    if mb[j] >= 0:
-                        parts.append(f'"mb":{mb[j]}')
-                    if chunk[j] >= 0:
-                        parts.append(f'"chunk":{chunk[j]}')
-                    if peer[j] >= 0:
-                        parts.append(f'"peer":{peer[j]}')
-                    if dirn[j] in _DIR:
-                        parts.append(f'"direction":"{_DIR[dirn[j]]}"')
-                    if nbytes[j] >= 0:
-                        parts.append(f'"bytes":{nbytes[j]}')
-                    args.append("{" + ",".join(parts) + "}")
-                    cats.append(_KIND.get(kind[j], "other"))
-                n = _emit_slices(
-                    out,
-                    first,
-                    r,
-                    tid_of[sl].tolist(),
-                    ts,
-                    dur,
-                    names,
-                    np.clip(iv.name[sl], 0, len(names) - 1).tolist(),
-                    cats,
-                    args,
-                )
-                stats.events += n
-                stats.device_events += n
+        tids = tids_by_rank.setdefault(r, Tids(meta, r))
+        if len(rt.intervals):
+            n = _device_events(out, first, meta, rt, t0, names, tids)
+            stats.events += n
+            stats.device_events += n
         g = diag.gaps.get(r)
         if g is not None and len(g):
-            # gap pieces may overlap each other (a wait and the transfer inside it): extra lanes
-            g_tid = np.asarray(
-                tids.of(TID_LOST, lanes(g.start, g.end), "lost time (cause)", -3, device=False)
-            )
-            for a in range(0, len(g), CHUNK):
-                sl = slice(a, a + CHUNK)
-                ts = ((g.start[sl] - t0) / 1000.0).tolist()
-                dur = (np.maximum(g.end[sl] - g.start[sl], 0) / 1000.0).tolist()
-                cause = np.clip(g.cause[sl].astype(np.int64), 0, len(CAUSE_KEYS) - 1).tolist()
-                blame, step = g.blame[sl].tolist(), g.step[sl].tolist()
-                args = [
-                    json.dumps(
-                        {
-                            "cause": CAUSE_KEYS[c],
-                            "blame_rank": b if b >= 0 else None,
-                            "step": s,
-                            "ms": round(d / 1000.0, 6),
-                        }
-                    )
-                    for c, b, s, d in zip(cause, blame, step, dur, strict=True)
-                ]
-                cn = [CAUSE_CNAMES[CAUSE_KEYS[c]] for c in cause]
-                n = _emit_slices(
-                    out, first, r, g_tid[sl].tolist(), ts, dur, cause_names, cause, "lost", args, cn
-                )
-                stats.events += n
-                stats.gap_events += n
+            n = _gap_events(out, first, g, r, t0, tids)
+            stats.events += n
+            stats.gap_events += n
         stats.events += _emit_ranges(out, first, diag, rt, t0, names, tids)
         stats.events += _emit_path(out, first, meta, diag, r, t0)
-    flows = _emit_flows(out, first, meta, diag, t0, tids_by_rank)
+    flows = emit_flows(out, first, meta, diag, t0, tids_by_rank)
     stats.events += flows[0]
     stats.flows, stats.collective_flows = flows[1], flows[2]
     out.write("\n]}\n")
@@ -334,119 +250,117 @@ def _op_kind(name: str) -> str:
     return "other"
 
 
+def _track_meta(out: IO[str], first: list[bool], rank: int, tid: int, label: str, order: int) -> int:
+    """A track's name and sort index (two metadata events)."""
+    out.write(("" if first[0] else ",") + "\n" + meta_event("thread_name", rank, tid, {"name": label}))
+    first[0] = False
+    out.write(",\n" + meta_event("thread_sort_index", rank, tid, {"sort_index": order}))
+    return 2
+
+
+def _step_slices(out: IO[str], first: list[bool], rank: int, steps: list[StepWindow], t0: int) -> int:
+    """The analyzed step windows, as the analysis used them (aligned clock)."""
+    snames = [json.dumps(f"step {w.number}" if w.number >= 0 else f"step #{w.index}") for w in steps]
+    ts = [(w.start - t0) / 1000.0 for w in steps]
+    dur = [max(0, w.end - w.start) / 1000.0 for w in steps]
+    args = [
+        json.dumps({"index": w.index, "number": w.number, "ms": round((w.end - w.start) / 1e6, 6)})
+        for w in steps
+    ]
+    return emit_slices(out, first, rank, TID_STEPS, ts, dur, snames, list(range(len(steps))), "step", args)
+
+
+def _comm_op_tids(
+    out: IO[str], first: list[bool], rt: RankTimeline, sub: Ranges, tids: Tids
+) -> tuple[npt.NDArray[np.int64], int]:
+    """One track per op kind (c10d::send and gloo:send of one transfer overlap partially): the tid
+    of every comm op, and the metadata events written."""
+    kinds = sorted({_op_kind(n) for n in rt.names} | {"other"})
+    kind_of_name = np.array([kinds.index(_op_kind(n)) for n in rt.names] or [0], np.int64)
+    k_of = kind_of_name[np.clip(sub.name.astype(np.int64), 0, kind_of_name.shape[0] - 1)]
+    tid_of = np.full(len(sub), TID_COMM_OPS, np.int64)
+    n_meta = 0
+    for j, ki in enumerate(np.unique(k_of).tolist()):
+        ktid = TID_COMM_OPS if j == 0 else TID_COMM_KINDS + j
+        label = f"comm ops (host) · {kinds[ki]}"
+        n_meta += _track_meta(out, first, rt.rank, ktid, label, j)
+        sel = k_of == ki
+        tid_of[sel] = tids.of(ktid, lanes(sub.start[sel], sub.end[sel]), label, j, device=False)
+    return tid_of, n_meta
+
+
+def _range_slices(
+    out: IO[str],
+    first: list[bool],
+    rt: RankTimeline,
+    sub: Ranges,
+    tid_of: npt.NDArray[np.int64],
+    label: bool,
+    t0: int,
+    names: list[str],
+) -> int:
+    """Pipeline labels or comm ops of one rank, with their micro-batch and peer in args."""
+    off = rt.clock_offset_ns
+    n_total = 0
+    for a in range(0, len(sub), CHUNK):
+        sl = slice(a, a + CHUNK)
+        ts = ((sub.start[sl] + off - t0) / 1000.0).tolist()
+        dur = (np.maximum(sub.end[sl] - sub.start[sl], 0) / 1000.0).tolist()
+        mb, peer = sub.mb[sl].tolist(), sub.peer[sl].tolist()
+        args = []
+        for j in range(len(ts)):
+            parts = []
+            if mb[j] >= 0:
+                parts.append(f'"mb":{mb[j]}')
+            if peer[j] >= 0:
+                parts.append(f'"peer":{peer[j]}')
+            args.append("{" + ",".join(parts) + "}")
+        name_idx = np.clip(sub.name[sl], 0, len(names) - 1).tolist()
+        cat = "label" if label else "comm_op"
+        n_total += emit_slices(out, first, rt.rank, tid_of[sl].tolist(), ts, dur, names, name_idx, cat, args)
+    return n_total
+
+
 def _emit_ranges(
-    out: IO[str], first: list[bool], diag: Diagnosis, rt: Any, t0: int, names: list[str], tids: _Tids
+    out: IO[str], first: list[bool], diag: Analyzed, rt: RankTimeline, t0: int, names: list[str], tids: Tids
 ) -> int:
     """Steps, pipeline labels and comm-issue ops the parsers kept, each kind on its own track
     (comm ops: one track per op namespace), overlapping slices on extra lanes."""
     rg = rt.ranges
     n_total = 0
     steps = [w for w in diag.steps if w.rank == rt.rank]
-    tracks = (
-        (TID_STEPS, "steps", -2),
-        (TID_LABELS, "pipeline labels (host)", -1),
-        (TID_COMM_OPS, "comm ops (host)", 0),
-    )
-    have = {
-        TID_STEPS: bool(steps) or bool(len(rg) and (rg.kind == int(RangeKind.STEP)).any()),
-        TID_LABELS: bool(len(rg) and (rg.kind == int(RangeKind.LABEL)).any()),
-        TID_COMM_OPS: bool(len(rg) and (rg.kind == int(RangeKind.COMM_OP)).any()),
-    }
-    for tid, label, order in tracks:
-        if not have[tid] or tid == TID_COMM_OPS:
-            continue
-        out.write(("" if first[0] else ",") + "\n" + _meta("thread_name", rt.rank, tid, {"name": label}))
-        first[0] = False
-        out.write(",\n" + _meta("thread_sort_index", rt.rank, tid, {"sort_index": order}))
-        n_total += 2
+    if steps or (len(rg) and (rg.kind == int(RangeKind.STEP)).any()):
+        n_total += _track_meta(out, first, rt.rank, TID_STEPS, "steps", -2)
+    if len(rg) and (rg.kind == int(RangeKind.LABEL)).any():
+        n_total += _track_meta(out, first, rt.rank, TID_LABELS, "pipeline labels (host)", -1)
     if steps:
-        # the analyzed step windows, as the analysis used them (aligned clock)
-        snames = [json.dumps(f"step {w.number}" if w.number >= 0 else f"step #{w.index}") for w in steps]
-        ts = [(w.start - t0) / 1000.0 for w in steps]
-        dur = [max(0, w.end - w.start) / 1000.0 for w in steps]
-        args = [
-            json.dumps({"index": w.index, "number": w.number, "ms": round((w.end - w.start) / 1e6, 6)})
-            for w in steps
-        ]
-        n_total += _emit_slices(
-            out, first, rt.rank, TID_STEPS, ts, dur, snames, list(range(len(steps))), "step", args
-        )
-    if len(rg):
-        off = rt.clock_offset_ns
-        for kind, tid in ((RangeKind.LABEL, TID_LABELS), (RangeKind.COMM_OP, TID_COMM_OPS)):
-            sub = rg.of_kind(kind)
-            if not len(sub):
-                continue
-            if kind == RangeKind.COMM_OP:
-                # one track per op kind: c10d::send and gloo:send of one transfer overlap partially
-                kinds = sorted({_op_kind(n) for n in rt.names} | {"other"})
-                kind_of_name = np.array([kinds.index(_op_kind(n)) for n in rt.names] or [0], np.int64)
-                nid = np.clip(sub.name.astype(np.int64), 0, kind_of_name.shape[0] - 1)
-                k_of = kind_of_name[nid]
-                tid_of = np.full(len(sub), TID_COMM_OPS, np.int64)
-                for j, ki in enumerate(np.unique(k_of).tolist()):
-                    ktid = TID_COMM_OPS if j == 0 else TID_COMM_KINDS + j
-                    label = f"comm ops (host) · {kinds[ki]}"
-                    out.write(
-                        ("" if first[0] else ",")
-                        + "\n"
-                        + _meta("thread_name", rt.rank, ktid, {"name": label})
-                    )
-                    first[0] = False
-                    out.write(",\n" + _meta("thread_sort_index", rt.rank, ktid, {"sort_index": j}))
-                    n_total += 2
-                    sel = k_of == ki
-                    tid_of[sel] = tids.of(ktid, lanes(sub.start[sel], sub.end[sel]), label, j, device=False)
-            else:
-                tid_of = np.asarray(
-                    tids.of(tid, lanes(sub.start, sub.end), "pipeline labels (host)", -1, device=False)
-                )
-            for a in range(0, len(sub), CHUNK):
-                sl = slice(a, a + CHUNK)
-                ts = ((sub.start[sl] + off - t0) / 1000.0).tolist()
-                dur = (np.maximum(sub.end[sl] - sub.start[sl], 0) / 1000.0).tolist()
-                mb, peer = sub.mb[sl].tolist(), sub.peer[sl].tolist()
-                args = []
-                for j in range(len(ts)):
-                    parts = []
-                    if mb[j] >= 0:
-                        parts.append(f'"mb":{mb[j]}')
-                    if peer[j] >= 0:
-                        parts.append(f'"peer":{peer[j]}')
-                    args.append("{" + ",".join(parts) + "}")
-                n_total += _emit_slices(
-                    out,
-                    first,
-                    rt.rank,
-                    np.asarray(tid_of)[sl].tolist(),
-                    ts,
-                    dur,
-                    names,
-                    np.clip(sub.name[sl], 0, len(names) - 1).tolist(),
-                    "label" if kind == RangeKind.LABEL else "comm_op",
-                    args,
-                )
+        n_total += _step_slices(out, first, rt.rank, steps, t0)
+    if not len(rg):
+        return n_total
+    for kind in (RangeKind.LABEL, RangeKind.COMM_OP):
+        sub = rg.of_kind(kind)
+        if not len(sub):
+            continue
+        if kind == RangeKind.COMM_OP:
+            tid_of, n_meta = _comm_op_tids(out, first, rt, sub, tids)
+            n_total += n_meta
+        else:
+            tid_of = np.asarray(
+                tids.of(TID_LABELS, lanes(sub.start, sub.end), "pipeline labels (host)", -1, device=False)
+            )
+        n_total += _range_slices(out, first, rt, sub, tid_of, kind == RangeKind.LABEL, t0, names)
     return n_total
 
 
-def _emit_path(out: IO[str], first: list[bool], meta: Any, diag: Diagnosis, rank: int, t0: int) -> int:
+def _emit_path(out: IO[str], first: list[bool], meta: Any, diag: Analyzed, rank: int, t0: int) -> int:
     """The pieces of every step's critical path that ran on ``rank``, on a track of their own
     (the pieces tile the path, so they never overlap)."""
-    from ppdiag.attribution.critical_path import CriticalStep
-
-    paths = (diag.context or {}).get("critical_path")
-    if paths is None:
-        import msgspec
-
-        try:
-            paths = msgspec.convert((diag.report or {}).get("critical_path") or [], list[CriticalStep])
-        except msgspec.ValidationError:
-            return 0
+    paths = diag.result.critical_path or []
     rows = [(cs, pc) for cs in paths for pc in cs.pieces if pc.rank == rank]
     if not rows:
         return 0
-    meta(_meta("thread_name", rank, TID_PATH, {"name": "critical path"}))
-    meta(_meta("thread_sort_index", rank, TID_PATH, {"sort_index": -4}))
+    meta(meta_event("thread_name", rank, TID_PATH, {"name": "critical path"}))
+    meta(meta_event("thread_sort_index", rank, TID_PATH, {"sort_index": -4}))
     labels: list[str] = []
     for _cs, pc in rows:
         if pc.kind == "block":
@@ -465,164 +379,12 @@ def _emit_path(out: IO[str], first: list[bool], meta: Any, diag: Diagnosis, rank
     args = [
         json.dumps({"step": cs.step, "kind": pc.kind, "stage": pc.stage, "ms": pc.dur_ms}) for cs, pc in rows
     ]
-    return _emit_slices(
+    return emit_slices(
         out, first, rank, TID_PATH, ts, dur, [json.dumps(u) for u in uniq], idx, "critical", args
     )
 
 
-def _flow_pair(
-    out: IO[str], first: list[bool], fid: int, a: tuple[int, int, float], b: tuple[int, int, float], name: str
-) -> None:
-    """One flow arrow (``s`` at ``a``, ``f`` bound to the enclosing slice at ``b``): (pid, tid, ts µs)."""
-    out.write(
-        f'{"" if first[0] else ","}\n{{"ph":"s","id":{fid},"pid":{a[0]},"tid":{a[1]},"ts":{a[2]:.3f},'
-        f'"name":"{name}","cat":"flow"}},\n{{"ph":"f","bp":"e","id":{fid},"pid":{b[0]},"tid":{b[1]},'
-        f'"ts":{b[2]:.3f},"name":"{name}","cat":"flow"}}'
-    )
-    first[0] = False
-
-
-def _emit_flows(
-    out: IO[str], first: list[bool], meta: Any, diag: Diagnosis, t0: int, tids_by_rank: dict[int, _Tids]
-) -> tuple[int, int, int]:
-    """Matched p2p sends and receives and matched collective instances on their own tracks, with a
-    flow arrow from every send to its receive and from each collective's last arriver to every
-    member that waited for it. Returns (events, p2p flows, collective flows)."""
-    events = 0
-    p2p_flows = 0
-    coll_flows = 0
-    pipe: Any = (diag.context or {}).get("pipeline")
-    pairs = getattr(pipe, "pairs", None)
-    traced = {rt.rank for rt in diag.run.ranks}
-    fid = 1
-    if pairs is not None and len(pairs):
-        offs = pipe.clocks.offsets
-        src = pairs.src.astype(np.int64)
-        dst = pairs.dst.astype(np.int64)
-        o_s = np.array([offs.get(int(r), 0) for r in src], np.int64)
-        o_d = np.array([offs.get(int(r), 0) for r in dst], np.int64)
-        ss, se = pairs.send_start + o_s, pairs.send_end + o_s
-        rs, re = pairs.recv_start + o_d, pairs.recv_end + o_d
-        keep = np.isin(src, list(traced)) & np.isin(dst, list(traced))
-        n = int(keep.sum())
-        tid_s = np.zeros(len(pairs), np.int64)
-        tid_r = np.zeros(len(pairs), np.int64)
-        for side, ranks_, a, z, base, label, tid_arr in (
-            ("send", src, ss, se, TID_SENDS, "p2p sends (matched)", tid_s),
-            ("recv", dst, rs, re, TID_RECVS, "p2p recvs (matched)", tid_r),
-        ):
-            for r in np.unique(ranks_[keep]).tolist():
-                m = keep & (ranks_ == r)
-                tids = tids_by_rank.setdefault(r, _Tids(meta, r))
-                meta(_meta("thread_name", r, base, {"name": label}))
-                meta(_meta("thread_sort_index", r, base, {"sort_index": 1 if side == "send" else 2}))
-                tid_arr[m] = tids.of(base, lanes(a[m], z[m]), label, 1 if side == "send" else 2, device=False)
-                idx = np.flatnonzero(m)
-                ts = ((a[idx] - t0) / 1000.0).tolist()
-                dur = (np.maximum(z[idx] - a[idx], 0) / 1000.0).tolist()
-                peer = (dst if side == "send" else src)[idx].tolist()
-                args = [f'{{"peer":{p},"pair":{i}}}' for p, i in zip(peer, idx.tolist(), strict=True)]
-                events += _emit_slices(
-                    out,
-                    first,
-                    r,
-                    tid_arr[idx].tolist(),
-                    ts,
-                    dur,
-                    [f'"{side}"'],
-                    [0] * len(idx),
-                    "p2p_matched",
-                    args,
-                )
-        for i in np.flatnonzero(keep).tolist():
-            d_us = max(0.0, (re[i] - rs[i]) / 1000.0)
-            _flow_pair(
-                out,
-                first,
-                fid,
-                (int(src[i]), int(tid_s[i]), (ss[i] - t0) / 1000.0),
-                (int(dst[i]), int(tid_r[i]), (re[i] - t0) / 1000.0 - min(0.001, d_us / 2)),
-                "p2p",
-            )
-            fid += 1
-        p2p_flows = n
-        events += 2 * n
-    coll = _collective_flows(out, first, meta, diag, t0, fid, tids_by_rank)
-    events += coll[0]
-    coll_flows = coll[1]
-    return events, p2p_flows, coll_flows
-
-
-def _collective_flows(
-    out: IO[str],
-    first: list[bool],
-    meta: Any,
-    diag: Diagnosis,
-    t0: int,
-    fid: int,
-    tids_by_rank: dict[int, _Tids],
-) -> tuple[int, int]:
-    """Matched collective instances: each member's op on a ``collectives (matched)`` track and an
-    arrow from the last member to arrive to every other one (the waiters)."""
-    from ppdiag.pipeline.collectives import match_collectives
-
-    if not diag.run.ranks:
-        return 0, 0
-    try:
-        cm = match_collectives(diag.run.by_rank())
-    except (ValueError, KeyError, IndexError):  # nothing the overlay needs: no collective arrows
-        return 0, 0
-    if not len(cm) or not len(cm.rank):
-        return 0, 0
-    shift = cm.shift if cm.shift is not None else np.zeros(cm.start.shape[0], np.int64)
-    st, en = cm.start + shift, cm.end + shift
-    rank = cm.rank.astype(np.int64)
-    tid_of = np.zeros(rank.shape[0], np.int64)
-    events = 0
-    for r in np.unique(rank).tolist():
-        m = rank == r
-        tids = tids_by_rank.setdefault(r, _Tids(meta, r))
-        meta(_meta("thread_name", r, TID_COLL, {"name": "collectives (matched)"}))
-        meta(_meta("thread_sort_index", r, TID_COLL, {"sort_index": 3}))
-        tid_of[m] = tids.of(TID_COLL, lanes(st[m], en[m]), "collectives (matched)", 3, device=False)
-        idx = np.flatnonzero(m)
-        events += _emit_slices(
-            out,
-            first,
-            r,
-            tid_of[idx].tolist(),
-            ((st[idx] - t0) / 1000.0).tolist(),
-            (np.maximum(en[idx] - st[idx], 0) / 1000.0).tolist(),
-            ['"collective"'],
-            [0] * len(idx),
-            "collective_matched",
-            [f'{{"instance":{i}}}' for i in cm.inst[idx].tolist()],
-        )
-    # per instance (member rows sorted by instance): the last arriver is the latest start
-    first_row = cm.first[cm.count >= 2]
-    cnt = cm.count[cm.count >= 2]
-    flows = 0
-    for f0, c in zip(first_row.tolist(), cnt.tolist(), strict=True):
-        rows = np.arange(f0, f0 + c)
-        last = int(rows[np.argmax(st[rows])])
-        for w in rows.tolist():
-            if w == last:
-                continue
-            d_us = max(0.0, (en[w] - st[w]) / 1000.0)
-            _flow_pair(
-                out,
-                first,
-                fid,
-                (int(rank[last]), int(tid_of[last]), (st[last] - t0) / 1000.0),
-                (int(rank[w]), int(tid_of[w]), (en[w] - t0) / 1000.0 - min(0.001, d_us / 2)),
-                "last arriver",
-            )
-            fid += 1
-            flows += 1
-    return events + 2 * flows, flows
-
-
-def write_perfetto(diag: Diagnosis, path: str | Path) -> PerfettoStats:
+def write_perfetto(diag: Analyzed, path: str | Path) -> PerfettoStats:
     """Write the overlay to ``path`` (gzip when it ends in ``.gz``)."""
     p = Path(path)
     if p.suffix == ".gz":
@@ -638,7 +400,7 @@ class PerfettoReporter:
     name = "perfetto"
     suffix = ".json"
 
-    def write(self, diagnosis: Diagnosis, path: Path) -> None:
+    def write(self, diagnosis: Analyzed, path: Path) -> None:
         write_perfetto(diagnosis, path)
 
 

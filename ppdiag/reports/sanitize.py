@@ -3,14 +3,18 @@
 A trace can hold any bytes in its names. On a terminal an escape sequence in a kernel name would
 recolour, retitle or rewrite the screen; in a Markdown PR comment ``@name`` pings a person and a
 bare ``www.`` becomes a link. :func:`clean` strips control characters and escape sequences (and
-makes undecodable file-name bytes printable); :func:`clean_tree` applies it to a whole report;
-:func:`md_neutral` defuses mentions and autolinks in Markdown text.
+makes undecodable file-name bytes printable); :func:`clean_tree` applies it to a JSON value and
+:func:`clean_report` to a whole report; :func:`md_neutral` defuses mentions and autolinks in Markdown text.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+import msgspec
+
+from ppdiag.report_types import Report, to_builtins
 
 # ESC [ ... final byte (CSI), ESC ] ... BEL / ST (OSC), other two-byte ESC sequences
 _ESC_SEQ = re.compile(
@@ -47,6 +51,11 @@ def clean_tree(o: Any) -> Any:
     return o
 
 
+def clean_report(report: Report) -> Report:
+    """A copy of a report with every string (keys included) passed through :func:`clean`."""
+    return msgspec.convert(clean_tree(to_builtins(report)), Report)
+
+
 def md_neutral(s: str) -> str:
     """Markdown text in which ``@name`` mentions and ``www.`` / ``http:`` autolinks stay plain text
     (a zero-width space breaks them; the text reads the same)."""
@@ -55,4 +64,4 @@ def md_neutral(s: str) -> str:
     return _SCHEME.sub(lambda m: m.group(1) + _ZWSP + m.group(2), s)
 
 
-__all__ = ["clean", "clean_tree", "md_neutral"]
+__all__ = ["clean", "clean_report", "clean_tree", "md_neutral"]

@@ -7,10 +7,10 @@ A cause has the same colour, label and marker wherever it is shown, so a reader 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
 
 from ppdiag.diagnosis import CAUSE_KEYS
-from ppdiag.facts import balance_of
+from ppdiag.report_types import Report, RunInfo
 
 #: Fill colour of each lost-time cause: the Okabe-Ito colour-blind-safe hues (orange, vermillion,
 #: reddish purple, yellow), wine and brown from Paul Tol's muted set; bubble a light grey, because it
@@ -138,7 +138,7 @@ def _floor_log10(a: float) -> float:
     return math.floor(math.log10(a))
 
 
-def num(x: Any) -> float | None:
+def num(x: object) -> float | None:
     """A finite JSON number as float, else None (bools and NaN are not numbers here)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
@@ -146,64 +146,15 @@ def num(x: Any) -> float | None:
     return None if math.isnan(v) else v
 
 
-def stage_values(stages: list[dict[str, Any]]) -> list[float] | None:
-    """The per-stage compute that decides the slowest stage, one value per entry of ``stages``:
-    ``block_ms`` (:func:`ppdiag.facts.stage_block_ms`, the measure PP003 and the gate use); for a
-    report written before it existed, ``compute_ms`` or the sum of the F/B/W means. None when a
-    stage has none of them."""
-    key = "block_ms" if stages and all(num(s.get("block_ms")) is not None for s in stages) else None
-    vals: list[float] = []
-    for s in stages:
-        v = num(s.get(key or "compute_ms"))
-        if v is None:
-            parts = [
-                num((s.get(k) or {}).get("mean"))
-                for k in ("fwd_ms", "bwd_ms", "wgrad_ms")
-                if isinstance(s.get(k), dict)
-            ]
-            if not any(p is not None for p in parts):
-                return None
-            v = sum(p or 0.0 for p in parts)
-        vals.append(v)
-    return vals
-
-
-def slowest_stage(stages: list[dict[str, Any]]) -> int | None:
-    """Index in ``stages`` of the stage that sets the pace (:attr:`ppdiag.facts.StageBalance.slowest`,
-    one threshold for every report, the gate and PP003), or None when no stage stands out."""
-    vals = stage_values(stages)
-    if vals is None:
-        return None
-    return balance_of(dict(enumerate(vals))).slowest
-
-
-def ranks_text(run: dict[str, Any]) -> str:
+def ranks_text(run: RunInfo) -> str:
     """``"4 ranks"``, or ``"1 of 8 ranks traced"`` when the traces hold only part of the job."""
-    traced = len(run.get("ranks") or [])
-    world = run.get("world_size")
-    if isinstance(world, int) and world > traced:
-        return f"{traced} of {world} ranks traced"
+    traced = len(run.ranks)
+    if run.world_size > traced:
+        return f"{traced} of {run.world_size} ranks traced"
     return f"{traced} rank{'s' if traced != 1 else ''}"
 
 
-def share_step_ms(summary: dict[str, Any]) -> float | None:
-    """The denominator of every share: the mean step over the steps the causes are averaged on
-    (``step_mean_ms``; the median ``step_ms`` for reports written before it existed)."""
-    v = num(summary.get("step_mean_ms"))
-    return v if v else num(summary.get("step_ms"))
-
-
-def share(summary: dict[str, Any], key: str) -> float | None:
-    """``compute`` or a cause as a fraction of the mean step (one denominator for every report)."""
-    sh = summary.get("shares")
-    if isinstance(sh, dict) and num(sh.get(key)) is not None:
-        return num(sh.get(key))
-    v = num(summary.get("compute_ms")) if key == "compute" else num((summary.get("lost_ms") or {}).get(key))
-    st = share_step_ms(summary)
-    return v / st if (v is not None and st) else None
-
-
-def evidence_items(ev: dict[str, Any], scalars_only: bool = False) -> list[tuple[str, str]]:
+def evidence_items(ev: Mapping[str, object], scalars_only: bool = False) -> list[tuple[str, str]]:
     """A finding's evidence as (name, value with unit): ``bubble_ms`` → ``("bubble", "47.07 ms")``,
     ``bubble_share_pct`` → ``("bubble share", "27.7 %")``, ``steps_used`` → ``("steps used", "3")``.
     Nested values (per-link tables) are shown compactly, or left out with ``scalars_only``."""
@@ -243,7 +194,7 @@ def _unit_value(key: str, v: float) -> str:
     return f"{v:g}" if not float(v).is_integer() else str(int(v))
 
 
-def _nested_text(v: Any) -> str:
+def _nested_text(v: object) -> str:
     if isinstance(v, dict):
         return ", ".join(f"{k}: {_nested_text(x)}" for k, x in list(v.items())[:8]) + (
             ", …" if len(v) > 8 else ""
@@ -260,16 +211,9 @@ def _nested_text(v: Any) -> str:
 PATH_LABELS: dict[str, str] = {"compute": "compute", "transfer": "transfer in", "other": "other compute"}
 
 
-def critical_path_rows(report: dict[str, Any]) -> list[tuple[int | None, dict[str, float]]]:
+def critical_path_rows(report: Report) -> list[tuple[int | None, dict[str, float]]]:
     """The report's ``critical_path[]`` as the mean ms per step on the path, per stage and
     category (``compute``, ``transfer``, ``other`` and the causes); empty without a path."""
-    import msgspec
+    from ppdiag.attribution.critical_path import summarize
 
-    from ppdiag.attribution.critical_path import CriticalStep, summarize
-
-    raw = report.get("critical_path") or []
-    try:
-        paths = msgspec.convert(raw, list[CriticalStep])
-    except msgspec.ValidationError:
-        return []
-    return [(r.stage, r.ms) for r in summarize(paths)]
+    return [(r.stage, r.ms) for r in summarize(report.critical_path or [])]

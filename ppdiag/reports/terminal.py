@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.panel import Panel
@@ -17,16 +18,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ppdiag.diagnosis import CAUSE_KEYS
-from ppdiag.reports.sanitize import clean_tree
-from ppdiag.reports.style import (
-    CAUSE_LABELS,
-    PATH_LABELS,
-    critical_path_rows,
-    evidence_items,
-    share,
-    share_step_ms,
-    slowest_stage,
-)
+from ppdiag.facts import report_slowest_stage, share_of
+from ppdiag.report_types import Dist, FindingRow, Report, encode
+from ppdiag.reports.sanitize import clean_report
+from ppdiag.reports.style import CAUSE_LABELS, PATH_LABELS, critical_path_rows, evidence_items
 
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 #: Console width from which the full cause tables are shown without ``--wide``.
@@ -42,63 +37,64 @@ def _col(t: Table, name: str, right: bool = True) -> None:
     t.add_column(name, justify="right" if right else "left", overflow="fold")
 
 
-def _top_cause(lost: dict[str, Any]) -> str:
-    vals = [(k, float(v)) for k, v in (lost or {}).items() if k in CAUSE_LABELS and v]
+def _top_cause(lost: dict[str, float]) -> str:
+    vals = [(k, float(v)) for k, v in lost.items() if k in CAUSE_LABELS and v]
     if not vals:
         return "-"
     k, v = max(vals, key=lambda kv: kv[1])
     return f"{CAUSE_LABELS[k]} {v:.1f}"
 
 
-def _f(v: Any, nd: int = 2) -> str:
+def _f(v: float | None, nd: int = 2) -> str:
     return "-" if v is None else f"{float(v):.{nd}f}"
 
 
-def headline(report: dict[str, Any]) -> Text:
-    s = report["summary"]
-    run = report["run"]
+def _mean(d: Dist | None) -> float | None:
+    return None if d is None else d.mean
+
+
+def headline(report: Report) -> Text:
+    """Step time, lost time and its top causes; the pipeline, its bubble; what was traced."""
+    s = report.summary
+    run = report.run
     t = Text()
-    step = s.get("step_ms")
-    lost = s.get("lost_ratio")
-    t.append(f"step {_f(step)} ms", style="bold")
-    if s.get("step_mean_ms") is not None:
-        t.append(f" median, mean {_f(s.get('step_mean_ms'))}, p95 {_f(s.get('step_p95_ms'))}")
+    lost = s.lost_ratio
+    t.append(f"step {_f(s.step_ms)} ms", style="bold")
+    if s.step_mean_ms is not None:
+        t.append(f" median, mean {_f(s.step_mean_ms)}, p95 {_f(s.step_p95_ms)}")
     if lost is not None:
         t.append(f"  ·  lost {lost * 100:.1f}%", style="bold red" if lost > 0.25 else "bold")
-    top = sorted(((k, v) for k, v in s["lost_ms"].items() if v > 0), key=lambda kv: -kv[1])[:3]
-    if top and share_step_ms(s):
+    top = sorted(((k, v) for k, v in s.lost_ms.items() if v > 0), key=lambda kv: -kv[1])[:3]
+    if top and (s.step_mean_ms or s.step_ms):
         t.append("  ·  ")
         t.append(
-            ", ".join(f"{CAUSE_LABELS[k]} {v:.1f} ms ({(share(s, k) or 0.0) * 100:.0f}%)" for k, v in top)
+            ", ".join(f"{CAUSE_LABELS[k]} {v:.1f} ms ({(share_of(s, k) or 0.0) * 100:.0f}%)" for k, v in top)
         )
     t.append("\n")
-    pp = run.get("pp", 1)
-    if pp and pp > 1:
-        t.append(
-            f"pipeline: {pp} stages, schedule {run['schedule']}, M={run.get('microbatches')}", style="cyan"
-        )
-        if run.get("virtual_stages", 1) > 1:
-            t.append(f", v={run['virtual_stages']}", style="cyan")
-        b = report.get("bubble") or {}
-        if b.get("measured_ratio") is not None:
-            t.append(f"  ·  bubble measured {b['measured_ratio'] * 100:.1f}%")
-            if b.get("theoretical_ratio") is not None:
-                t.append(f" vs schedule {b['theoretical_ratio'] * 100:.1f}%")
+    if run.pp > 1:
+        t.append(f"pipeline: {run.pp} stages, schedule {run.schedule}, M={run.microbatches}", style="cyan")
+        if run.virtual_stages > 1:
+            t.append(f", v={run.virtual_stages}", style="cyan")
+        b = report.bubble
+        if b.measured_ratio is not None:
+            t.append(f"  ·  bubble measured {b.measured_ratio * 100:.1f}%")
+            if b.theoretical_ratio is not None:
+                t.append(f" vs schedule {b.theoretical_ratio * 100:.1f}%")
     else:
         t.append("no pipeline parallelism found", style="cyan")
     t.append(
-        f"\n{run['world_size']} ranks in the run, {len(run['ranks'])} traced ({run['format']}"
-        f"{', CPU-only' if run.get('cpu_only') else ''}), steps {run['steps']}"
+        f"\n{run.world_size} ranks in the run, {len(run.ranks)} traced ({run.format}"
+        f"{', CPU-only' if run.cpu_only else ''}), steps {run.steps}"
     )
-    if run.get("clock_residual_us") is not None:
-        t.append(f", clock residual {run['clock_residual_us']:.1f} µs")
+    if run.clock_residual_us is not None:
+        t.append(f", clock residual {run.clock_residual_us:.1f} µs")
     return t
 
 
-def stage_table(report: dict[str, Any], wide: bool = True) -> Table | None:
+def stage_table(report: Report, wide: bool = True) -> Table | None:
     """Per stage: F/B/W per micro-batch, compute and lost time per step; every cause when ``wide``,
     else the total lost and the top cause."""
-    stages = report.get("stages") or []
+    stages = report.stages
     if not stages:
         return None
     t = _table("Per stage (ms per step; fwd/bwd per micro-batch)")
@@ -106,7 +102,7 @@ def stage_table(report: dict[str, Any], wide: bool = True) -> Table | None:
     _col(t, "ranks", right=False)
     _col(t, "fwd")
     _col(t, "bwd")
-    has_w = any(s.get("wgrad_ms") for s in stages)
+    has_w = any(s.wgrad_ms is not None for s in stages)
     if has_w:
         _col(t, "wgrad")
     _col(t, "compute")
@@ -116,71 +112,63 @@ def stage_table(report: dict[str, Any], wide: bool = True) -> Table | None:
     else:
         _col(t, "lost")
         _col(t, "top cause", right=False)
-    idx = slowest_stage(stages)
-    slow = stages[idx]["stage"] if idx is not None else None
+    idx = report_slowest_stage(stages)
+    slow = stages[idx].stage if idx is not None else None
     for s in stages:
-        row = [
-            str(s["stage"]),
-            ",".join(map(str, s["ranks"])),
-            _f((s.get("fwd_ms") or {}).get("mean")),
-            _f((s.get("bwd_ms") or {}).get("mean")),
-        ]
+        row = [str(s.stage), ",".join(map(str, s.ranks)), _f(_mean(s.fwd_ms)), _f(_mean(s.bwd_ms))]
         if has_w:
-            row.append(_f((s.get("wgrad_ms") or {}).get("mean")))
-        row.append(_f(s.get("compute_ms")))
+            row.append(_f(_mean(s.wgrad_ms)))
+        row.append(_f(s.compute_ms))
         if wide:
-            row += [_f(s["lost_ms"].get(k)) for k in CAUSE_KEYS]
+            row += [_f(s.lost_ms.get(k)) for k in CAUSE_KEYS]
         else:
-            row += [_f(sum(float(v) for v in s["lost_ms"].values())), _top_cause(s["lost_ms"])]
-        t.add_row(*row, style="bold" if s["stage"] == slow else None)
+            row += [_f(sum(float(v) for v in s.lost_ms.values())), _top_cause(s.lost_ms)]
+        t.add_row(*row, style="bold" if s.stage == slow else None)
     return t
 
 
-def rank_table(report: dict[str, Any], limit: int = 64, wide: bool = True) -> Table:
+def rank_table(report: Report, limit: int = 64, wide: bool = True) -> Table:
     """Per rank: the time accounting and every cause when ``wide``, else rank, stage, step,
     compute, lost and the top cause."""
-    rows = report["ranks"]
+    rows = report.ranks
+    t = _table("Per rank (ms, mean per step)")
     if not wide:
-        t = _table("Per rank (ms, mean per step)")
         for c in ("rank", "stage", "step", "compute", "lost"):
             _col(t, c)
         _col(t, "top cause", right=False)
         for r in rows[:limit]:
             t.add_row(
-                str(r["rank"]),
-                "-" if r.get("stage") is None else str(r["stage"]),
-                _f(r["step_ms"]),
-                _f(r["compute_ms"]),
-                _f(sum(float(v) for v in r["lost_ms"].values())),
-                _top_cause(r["lost_ms"]),
+                str(r.rank),
+                "-" if r.stage is None else str(r.stage),
+                _f(r.step_ms),
+                _f(r.compute_ms),
+                _f(sum(float(v) for v in r.lost_ms.values())),
+                _top_cause(r.lost_ms),
             )
-        if len(rows) > limit:
-            t.caption = f"{len(rows) - limit} more ranks in the JSON report"
-        return t
-    t = _table("Per rank (ms, mean per step)")
-    for c in ("rank", "stage", "step", "compute", "exp. p2p", "exp. coll", "exp. copy", "idle"):
-        _col(t, c)
-    for k in CAUSE_KEYS:
-        # the labels of the HTML and Markdown reports; a narrow column wraps them, never cuts them
-        _col(t, CAUSE_LABELS[k])
-    for r in rows[:limit]:
-        t.add_row(
-            str(r["rank"]),
-            "-" if r.get("stage") is None else str(r["stage"]),
-            _f(r["step_ms"]),
-            _f(r["compute_ms"]),
-            _f(r["exposed_p2p_ms"]),
-            _f(r["exposed_collective_ms"]),
-            _f(r.get("exposed_copy_ms")),
-            _f(r["idle_ms"]),
-            *[_f(r["lost_ms"].get(k, 0.0)) for k in CAUSE_KEYS],
-        )
+    else:
+        for c in ("rank", "stage", "step", "compute", "exp. p2p", "exp. coll", "exp. copy", "idle"):
+            _col(t, c)
+        for k in CAUSE_KEYS:
+            # the labels of the HTML and Markdown reports; a narrow column wraps them, never cuts them
+            _col(t, CAUSE_LABELS[k])
+        for r in rows[:limit]:
+            t.add_row(
+                str(r.rank),
+                "-" if r.stage is None else str(r.stage),
+                _f(r.step_ms),
+                _f(r.compute_ms),
+                _f(r.exposed_p2p_ms),
+                _f(r.exposed_collective_ms),
+                _f(r.exposed_copy_ms),
+                _f(r.idle_ms),
+                *[_f(r.lost_ms.get(k, 0.0)) for k in CAUSE_KEYS],
+            )
     if len(rows) > limit:
         t.caption = f"{len(rows) - limit} more ranks in the JSON report"
     return t
 
 
-def critical_path_table(report: dict[str, Any], wide: bool = True) -> Table | None:
+def critical_path_table(report: Report, wide: bool = True) -> Table | None:
     """Mean ms per step on the critical path, by stage: its compute, the transfers into it and the
     lost time on its ranks (every cause when ``wide``, else the total and the top cause)."""
     rows = critical_path_rows(report)
@@ -215,63 +203,66 @@ def critical_path_table(report: dict[str, Any], wide: bool = True) -> Table | No
     return t
 
 
-def findings_panel(report: dict[str, Any], limit: int = 10) -> Group | Text:
-    fs = report.get("findings") or []
+def _finding_panel(f: FindingRow) -> Panel:
+    head = Text()
+    head.append(f"{f.code} ", style="bold")
+    head.append(f"[{f.severity}] ", style=SEV_STYLE.get(f.severity, ""))
+    head.append(f.title)
+    if f.gain_ms:
+        head.append(f"  (gain ≈ {f.gain_ms:.1f} ms/step, {f.gain_pct or 0.0:.0f}%)", style="green")
+    body = Text()
+    items = evidence_items(f.evidence, scalars_only=True)[:8]
+    if items:
+        body.append("evidence: " + ", ".join(f"{k} {v}" for k, v in items) + "\n", style="dim")
+    for fix in f.fixes[:4]:
+        body.append(f"  → {fix}\n")
+    return Panel(Group(head, body), expand=True, border_style=SEV_STYLE.get(f.severity, ""))
+
+
+def findings_panel(report: Report, limit: int = 10) -> Group | Text:
+    """The first ``limit`` findings, each in a panel with its evidence and fixes."""
+    fs = report.findings
     if not fs:
         return Text("No findings: nothing stands out.", style="green")
-    parts: list[Any] = []
-    for f in fs[:limit]:
-        head = Text()
-        head.append(f"{f['code']} ", style="bold")
-        head.append(f"[{f['severity']}] ", style=SEV_STYLE.get(f["severity"], ""))
-        head.append(f["title"])
-        if f.get("gain_ms"):
-            head.append(f"  (gain ≈ {f['gain_ms']:.1f} ms/step, {f['gain_pct']:.0f}%)", style="green")
-        body = Text()
-        ev = f.get("evidence") or {}
-        items = evidence_items(ev, scalars_only=True)[:8]
-        if items:
-            body.append("evidence: " + ", ".join(f"{k} {v}" for k, v in items) + "\n", style="dim")
-        for fix in f.get("fixes", [])[:4]:
-            body.append(f"  → {fix}\n")
-        parts.append(Panel(Group(head, body), expand=True, border_style=SEV_STYLE.get(f["severity"], "")))
+    parts: list[Panel | Text] = [_finding_panel(f) for f in fs[:limit]]
     if len(fs) > limit:
         parts.append(Text(f"{len(fs) - limit} more findings in the JSON report", style="dim"))
     return Group(*parts)
 
 
+def _print_whatif(con: Console, report: Report) -> None:
+    from ppdiag.whatif.render import whatif_table
+
+    # whatif_table reads the rows as the JSON file holds them
+    rows: list[dict[str, Any]] = msgspec.json.decode(encode(report.whatif))
+    wt = whatif_table(rows, "What if (simulated from the measured stage costs)", lost=False, notes=True)
+    for c in wt.columns:  # fold long notes (a flag name) instead of cutting them
+        c.overflow = "fold"
+    con.print(wt)
+
+
 def render(
-    report: dict[str, Any], console: Console | None = None, ranks: bool = True, wide: bool | None = None
+    report: Report, console: Console | None = None, ranks: bool = True, wide: bool | None = None
 ) -> None:
     """Print the whole terminal report (trace strings without escape sequences or controls).
 
     ``wide``: every cause column in the tables; None: when the console has
     :data:`WIDE_COLUMNS` columns or more.
     """
-    report = clean_tree(report)
+    report = clean_report(report)
     con = console or Console()
     if wide is None:
         wide = con.width >= WIDE_COLUMNS
     con.print(Panel(headline(report), title="ppdiag", border_style="blue"))
-    st = stage_table(report, wide=wide)
-    if st is not None:
-        con.print(st)
-    cp = critical_path_table(report, wide=wide)
-    if cp is not None:
-        con.print(cp)
+    for table in (stage_table(report, wide=wide), critical_path_table(report, wide=wide)):
+        if table is not None:
+            con.print(table)
     if ranks:
         con.print(rank_table(report, wide=wide))
     con.print(findings_panel(report))
-    if report.get("whatif"):
-        from ppdiag.whatif.render import whatif_table
-
-        wt = whatif_table(
-            report["whatif"], "What if (simulated from the measured stage costs)", lost=False, notes=True
-        )
-        for c in wt.columns:  # fold long notes (a flag name) instead of cutting them
-            c.overflow = "fold"
-        con.print(wt)
-    warns = report["run"].get("warnings") or []
+    if report.whatif:
+        _print_whatif(con, report)
+    warns = report.run.warnings
     if warns:
         con.print(Text(f"warnings ({len(warns)}):", style="yellow"))
         for w in warns[:20]:

@@ -45,15 +45,9 @@ class GpipeRule:
             return []
         fix = "1f1b_microbatches_x2" if faster(g_x2) else "1f1b"
         gain = fix_gain_ms(ctx, fix)
-        row = ctx.predictions.rows.get("1f1b") if ctx.predictions is not None else None
-        act = row.activation_vs_measured if row else None
-        if act is None:
-            act = min(m, p) / m if m else None  # 1F1B holds at most P micro-batches, GPipe all M
+        act = _activation_share(ctx, m, p)
         gain_out = None if gain is None else max(gain, 0.0)
-        pct = 100 * gain_out / ctx.step_ms if gain_out is not None and ctx.step_ms else None
-        sev = severity(pct, 100 * noise / ctx.step_ms if ctx.step_ms else 0.0)
-        if sev == "low" and act is not None and act <= 0.75:
-            sev = "medium"  # the memory it frees is worth it on its own
+        sev = _severity(ctx, gain_out, noise, act)
         fixes = [
             "switch to 1F1B (torch.distributed.pipelining.Schedule1F1B): same bubble, at most "
             f"{min(m, p)} micro-batches in flight per stage instead of {m}"
@@ -86,6 +80,26 @@ class GpipeRule:
                 fix=fix,
             )
         ]
+
+
+def _activation_share(ctx: RuleContext, m: int, p: int) -> float | None:
+    """Activations 1F1B holds against GPipe: what-if's figure, else min(M, P) / M (1F1B holds at
+    most P micro-batches, GPipe all M)."""
+    row = ctx.predictions.rows.get("1f1b") if ctx.predictions is not None else None
+    act = row.activation_vs_measured if row else None
+    if act is None and m:
+        act = min(m, p) / m
+    return act
+
+
+def _severity(ctx: RuleContext, gain: float | None, noise: float, act: float | None) -> str:
+    """By the gain beyond the noise; at least medium when 1F1B frees a quarter of the activations
+    (the memory it frees is worth it on its own)."""
+    pct = 100 * gain / ctx.step_ms if gain is not None and ctx.step_ms else None
+    sev = severity(pct, 100 * noise / ctx.step_ms if ctx.step_ms else 0.0)
+    if sev == "low" and act is not None and act <= 0.75:
+        sev = "medium"
+    return sev
 
 
 register(GpipeRule())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import msgspec
 import numpy as np
 
 from ppdiag.diagnosis import Finding
@@ -91,9 +90,9 @@ class CommWaitRule:
                     "late_wait_ms_per_step_by_link": link_ev,
                     # achieved bandwidth of the links (ppdiag/pipeline/links.py): below any RDMA class
                     "tcp_fallback_suspected": [
-                        f"{x['src']}->{x['dst']}: {x['gbps_median']:.2f} GB/s inter-node"
-                        for x in msgspec.to_builtins(ctx.report.links or [])
-                        if x["tcp_fallback_suspected"]
+                        f"{x.src}->{x.dst}: {x.gbps_median:.2f} GB/s inter-node"
+                        for x in ctx.report.links or []
+                        if x.tcp_fallback_suspected
                     ],
                 },
                 [

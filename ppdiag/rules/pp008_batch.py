@@ -55,11 +55,8 @@ class BatchRule:
                 problems = [(s, t) for s, t in problems if not _small_m(t)]
         if not problems:
             return []
-        sev_rank = {"high": 0, "medium": 1, "low": 2}
-        sev = min((s for s, _ in problems), key=lambda s: sev_rank[s])
         noise = noise_of(ctx).base_ms()
-        if all(_small_m(t) for _, t in problems) and gain is not None and gain <= noise:
-            sev = "low"  # only "M is small" left, and what more micro-batches win is within the noise
+        sev = _severity(problems, gain, noise)
         return [
             finding(
                 ctx,
@@ -79,6 +76,16 @@ class BatchRule:
                 fix="microbatches_x2" if gain is not None else None,
             )
         ]
+
+
+def _severity(problems: list[tuple[str, str]], gain: float | None, noise: float) -> str:
+    """The worst problem's; low when only "M is small" is left and what more micro-batches win
+    is within the noise."""
+    sev_rank = {"high": 0, "medium": 1, "low": 2}
+    sev = min((s for s, _ in problems), key=lambda s: sev_rank[s])
+    if all(_small_m(t) for _, t in problems) and gain is not None and gain <= noise:
+        sev = "low"
+    return sev
 
 
 register(BatchRule())

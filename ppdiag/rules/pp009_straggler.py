@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppdiag.attribution.collective_waits import REASON_CAUSE
+from ppdiag.attribution.collective_waits import REASON_CAUSE, CollectiveWaits, LateRank
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
@@ -66,41 +66,11 @@ class StragglerRule:
         if cw is None or not cw.late or not ctx.step_ms:
             return []
         steps = max(cw.n_steps, 1)
-        per_rank = {}
-        waited: dict[int, int] = {}
-        for (r, _), ns in cw.waited.items():
-            waited[r] = waited.get(r, 0) + ns
-        for r, lr in sorted(cw.late.items()):
-            late_ms = lr.lateness_ns / steps / 1e6
-            made_ms = lr.made_wait_ns / steps / 1e6
-            if late_ms >= MIN_LATE_MS and made_ms > 0:
-                per_rank[r] = (late_ms, made_ms, lr)
+        per_rank = _late_ranks(cw, steps)
         gain = sum(cw.gain_ns.values()) / steps / 1e6
         if not per_rank or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
-        # a rank late only because it waited for a late rank in another collective first follows
-        # that rank; the roots are late for their own reasons (late start, host, compute, idle) and
-        # make the others wait far longer than they wait for them: ranks that take turns waiting
-        # for each other (a ping-pong exchange) are the exchange's dependencies, not stragglers
-        inherited = {
-            r for r, v in per_rank.items() if v[2].reasons_ns.get("comm", 0) > 0.5 * v[2].lateness_ns
-        }
-        roots = {
-            r: v
-            for r, v in per_rank.items()
-            if r not in inherited and waited.get(r, 0) <= MAX_OWN_WAIT * v[2].made_wait_ns
-        }
-        # replicated pipelines: a rank late because it computes longer counts only when its blocks
-        # cost well more than the same stage's in the other replicas (a slow worker); a replica that
-        # drew the longer micro-batches of a step is late too, and that is PP010's
-        slow = slow_workers(ctx)
-        replicated = ctx.pipeline.topology.pp > 1 and len(ctx.pipeline.topology.pipelines) > 1
-        if replicated:
-            roots = {
-                r: v
-                for r, v in roots.items()
-                if r in slow or v[2].reasons_ns.get("compute", 0) < 0.5 * v[2].lateness_ns
-            }
+        roots, inherited, slow, replicated = _roots(ctx, cw, per_rank)
         if not roots:
             return []
         if replicated and all(r in slow for r in roots):
@@ -109,37 +79,19 @@ class StragglerRule:
             if replayed is not None:
                 gain = max(replayed, 0.0)
         followers = {r: per_rank[r][0] for r in sorted(inherited)}
-        per_rank = roots
         reasons: dict[str, float] = dict.fromkeys(_REASON_TEXT, 0.0)
-        for _, _, lr in per_rank.values():
+        for _, _, lr in roots.values():
             for k, v in lr.reasons_ns.items():
                 reasons[k] += v
         main = max(reasons, key=lambda k: reasons[k])
-        ranks = sorted(per_rank, key=lambda r: (-per_rank[r][0], r))
-        worst = per_rank[ranks[0]][0]
+        ranks = sorted(roots, key=lambda r: (-roots[r][0], r))
+        worst = roots[ranks[0]][0]
         title = (
             f"straggler: rank(s) {', '.join(map(str, ranks))} arrive late at collectives / transfers "
             f"({worst:.1f} ms per step; the others wait {cw.total_waited_ns / steps / 1e6:.1f} ms per step "
             f"in all): {_REASON_TEXT[main]}"
         )
-        evidence = {
-            "late_ranks": {
-                str(r): {
-                    "late_ms_per_step": r3(late),
-                    "made_others_wait_ms_per_step": r3(made),
-                    "late_instances_per_step": r3(lr.instances / steps),
-                    "reasons_ms_per_step": {k: r3(v / steps / 1e6) for k, v in lr.reasons_ns.items()},
-                    "groups": [list(cw.groups[g]) for g in sorted(lr.groups)],
-                }
-                for r, (late, made, lr) in sorted(per_rank.items())
-            },
-            "followers": {str(r): r3(v) for r, v in sorted(followers.items())},
-            "main_reason": main,
-            "slow_workers_vs_stage_peers": {str(r): r3(x) for r, x in sorted(slow.items())},
-            "waited_ms_per_step": r3(cw.total_waited_ns / steps / 1e6),
-            "collective_instances": cw.instances,
-            "sync_instances": cw.syncs,
-        }
+        evidence = _evidence(cw, steps, roots, followers, main, slow)
         fixes = [
             "inspect the named node(s): GPU clocks and thermals, ECC errors (nvidia-smi -q), other processes "
             "on the host, CPU affinity / NUMA",
@@ -148,18 +100,82 @@ class StragglerRule:
         ]
         if main == "compute":
             fixes.insert(0, "compare the named rank's kernel times with its peers': a slow or throttled GPU")
-        return [
-            finding(
-                ctx,
-                self.code,
-                REASON_CAUSE[main],
-                title,
-                gain,
-                evidence,
-                fixes,
-                ranks=ranks,
-            )
-        ]
+        return [finding(ctx, self.code, REASON_CAUSE[main], title, gain, evidence, fixes, ranks=ranks)]
+
+
+#: A late rank: (lateness ms per step, others' wait it made ms per step, its record).
+_Late = dict[int, tuple[float, float, LateRank]]
+
+
+def _late_ranks(cw: CollectiveWaits, steps: int) -> _Late:
+    """Ranks late by at least :data:`MIN_LATE_MS` per step that made someone wait."""
+    out: _Late = {}
+    for r, lr in sorted(cw.late.items()):
+        late_ms = lr.lateness_ns / steps / 1e6
+        made_ms = lr.made_wait_ns / steps / 1e6
+        if late_ms >= MIN_LATE_MS and made_ms > 0:
+            out[r] = (late_ms, made_ms, lr)
+    return out
+
+
+def _roots(
+    ctx: RuleContext, cw: CollectiveWaits, per_rank: _Late
+) -> tuple[_Late, set[int], dict[int, float], bool]:
+    """(the root late ranks, the followers, the slow workers, whether the pipeline is replicated).
+
+    A rank late only because it waited for a late rank in another collective first follows that
+    rank; the roots are late for their own reasons (late start, host, compute, idle) and make the
+    others wait far longer than they wait for them: ranks that take turns waiting for each other
+    (a ping-pong exchange) are the exchange's dependencies, not stragglers."""
+    waited: dict[int, int] = {}
+    for (r, _), ns in cw.waited.items():
+        waited[r] = waited.get(r, 0) + ns
+    inherited = {r for r, v in per_rank.items() if v[2].reasons_ns.get("comm", 0) > 0.5 * v[2].lateness_ns}
+    roots = {
+        r: v
+        for r, v in per_rank.items()
+        if r not in inherited and waited.get(r, 0) <= MAX_OWN_WAIT * v[2].made_wait_ns
+    }
+    # replicated pipelines: a rank late because it computes longer counts only when its blocks
+    # cost well more than the same stage's in the other replicas (a slow worker); a replica that
+    # drew the longer micro-batches of a step is late too, and that is PP010's
+    slow = slow_workers(ctx)
+    replicated = ctx.pipeline.topology.pp > 1 and len(ctx.pipeline.topology.pipelines) > 1
+    if replicated:
+        roots = {
+            r: v
+            for r, v in roots.items()
+            if r in slow or v[2].reasons_ns.get("compute", 0) < 0.5 * v[2].lateness_ns
+        }
+    return roots, inherited, slow, replicated
+
+
+def _evidence(
+    cw: CollectiveWaits,
+    steps: int,
+    roots: _Late,
+    followers: dict[int, float],
+    main: str,
+    slow: dict[int, float],
+) -> dict[str, object]:
+    return {
+        "late_ranks": {
+            str(r): {
+                "late_ms_per_step": r3(late),
+                "made_others_wait_ms_per_step": r3(made),
+                "late_instances_per_step": r3(lr.instances / steps),
+                "reasons_ms_per_step": {k: r3(v / steps / 1e6) for k, v in lr.reasons_ns.items()},
+                "groups": [list(cw.groups[g]) for g in sorted(lr.groups)],
+            }
+            for r, (late, made, lr) in sorted(roots.items())
+        },
+        "followers": {str(r): r3(v) for r, v in sorted(followers.items())},
+        "main_reason": main,
+        "slow_workers_vs_stage_peers": {str(r): r3(x) for r, x in sorted(slow.items())},
+        "waited_ms_per_step": r3(cw.total_waited_ns / steps / 1e6),
+        "collective_instances": cw.instances,
+        "sync_instances": cw.syncs,
+    }
 
 
 register(StragglerRule())

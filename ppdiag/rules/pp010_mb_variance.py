@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -153,73 +153,19 @@ class MicrobatchVarianceRule:
     summary = "Micro-batch cost variance (e.g. sequence lengths): the pipe waits for the longest block."
 
     def check(self, ctx: RuleContext) -> list[Finding]:
-        pipe = ctx.pipeline
-        topo = pipe.topology
+        topo = ctx.pipeline.topology
         if topo.pp <= 1 or not ctx.step_ms:
             return []
-        blocks = {r: b for r, b in pipe.blocks.items() if len(b)}
+        blocks = {r: b for r, b in ctx.pipeline.blocks.items() if len(b)}
         if not blocks:
             return []
-        # per block: cost normalised by its (rank, phase) mean (within-rank variation) and by its
-        # (stage, phase) mean (all variation); the rank means say how much follows the rank
-        rows = []
-        for r, b in blocks.items():
-            for ph in _PHASES:
-                m = (b.phase == ph) & (b.mb >= 0)
-                if int(m.sum()) < 2:
-                    continue
-                c = b.busy[m].astype(np.float64)
-                rows.append((r, ph, np.flatnonzero(m), c))
-        if not rows:
-            return []
-        last = topo.pp * topo.virtual - 1
-        per_stage: dict[int, dict[str, float]] = {}
-        stage_of = topo.stage_of
-        by_stage: dict[tuple[int, int], list[tuple[int, F64]]] = {}
-        for r, ph, _, c in rows:
-            by_stage.setdefault((stage_of.get(r, 0), ph), []).append((r, c))
-        worst_cv = 0.0
-        for (s, ph), parts in sorted(by_stage.items()):
-            allc = np.concatenate([c for _, c in parts])
-            mean = float(allc.mean())
-            if mean <= 0:
-                continue
-            within = np.concatenate([c / c.mean() - 1.0 for _, c in parts if c.mean() > 0])
-            rank_means = np.array([c.mean() for _, c in parts]) / mean
-            cv_w = float(within.std())
-            d = per_stage.setdefault(s, {"cv": 0.0, "cv_within_rank": 0.0, "cv_across_ranks": 0.0})
-            if cv_w >= d["cv_within_rank"]:
-                d.update(
-                    cv=float(allc.std() / mean),
-                    cv_within_rank=cv_w,
-                    cv_across_ranks=float(rank_means.std()),
-                    phase=float(ph),
-                )
-            worst_cv = max(worst_cv, cv_w)
-        if worst_cv < CV_MIN:
+        per_stage, worst_cv = _stage_spread(blocks, topo.stage_of)
+        if not per_stage or worst_cv < CV_MIN:
             return []
         # the replay: measured costs vs every block at its stage's mean for its phase; the part a
         # slow worker explains (PP009's gain, replayed the same way) is not counted twice
-        measured = {r: b.busy.astype(np.float64) for r, b in blocks.items()}
-        sums: dict[tuple[int, int], list[float]] = {}
-        for b in blocks.values():
-            for ph in _PHASES:
-                m = b.phase == ph
-                for st in np.unique(b.stage[m]):
-                    c = b.busy[m & (b.stage == st)]
-                    acc = sums.setdefault((int(st), ph), [0.0, 0.0])
-                    acc[0] += float(c.sum())
-                    acc[1] += float(c.size)
-        flat = {}
-        for r, b in blocks.items():
-            v = measured[r].copy()
-            for (st, ph), (tot, n) in sums.items():
-                m = (b.phase == ph) & (b.stage == st)
-                if m.any():
-                    v[m] = tot / n
-            flat[r] = v
         lines = [line for line in topo.pipelines if any(r in blocks for r in line)]
-        gains = _replay_gains_ns(ctx, blocks, lines, last, flat)
+        gains = _replay_gains_ns(ctx, blocks, lines, topo.pp * topo.virtual - 1, _stage_mean_costs(blocks))
         if not gains:
             return []
         slow = slow_workers(ctx)
@@ -235,11 +181,7 @@ class MicrobatchVarianceRule:
             "for the longest micro-batches"
         )
         evidence = {
-            "per_stage": {
-                str(s): {k: r3(v) for k, v in d.items() if k != "phase"}
-                | {"phase": Phase(int(d["phase"])).name.lower()}
-                for s, d in sorted(per_stage.items())
-            },
+            "per_stage": _per_stage_evidence(per_stage),
             "follows": follows,
             "microbatch_share": r3(share),
             "worst_microbatches": worst_mb,
@@ -255,6 +197,70 @@ class MicrobatchVarianceRule:
         if follows != "micro-batch (data)":
             fixes.append("the variation follows the rank: compare the ranks' clocks and thermals (PP009)")
         return [finding(ctx, self.code, self.cause, title, gain, evidence, fixes, stages=stages)]
+
+
+def _per_stage_evidence(per_stage: dict[int, dict[str, float]]) -> dict[str, object]:
+    return {
+        str(s): {k: r3(v) for k, v in d.items() if k != "phase"}
+        | {"phase": Phase(int(d["phase"])).name.lower()}
+        for s, d in sorted(per_stage.items())
+    }
+
+
+def _stage_spread(
+    blocks: dict[int, Blocks], stage_of: Mapping[int, int]
+) -> tuple[dict[int, dict[str, float]], float]:
+    """Per stage, the coefficient of variation of its block costs (of the phase that varies most
+    within a rank): overall, within each rank (normalised by the rank's mean for the phase) and
+    of the rank means (what follows the rank); and the worst within-rank CV of the run."""
+    by_stage: dict[tuple[int, int], list[F64]] = {}
+    for r, b in blocks.items():
+        for ph in _PHASES:
+            m = (b.phase == ph) & (b.mb >= 0)
+            if int(m.sum()) >= 2:
+                by_stage.setdefault((stage_of.get(r, 0), ph), []).append(b.busy[m].astype(np.float64))
+    per_stage: dict[int, dict[str, float]] = {}
+    worst_cv = 0.0
+    for (s, ph), parts in sorted(by_stage.items()):
+        allc = np.concatenate(parts)
+        mean = float(allc.mean())
+        if mean <= 0:
+            continue
+        within = np.concatenate([c / c.mean() - 1.0 for c in parts if c.mean() > 0])
+        rank_means = np.array([c.mean() for c in parts]) / mean
+        cv_w = float(within.std())
+        d = per_stage.setdefault(s, {"cv": 0.0, "cv_within_rank": 0.0, "cv_across_ranks": 0.0})
+        if cv_w >= d["cv_within_rank"]:
+            d.update(
+                cv=float(allc.std() / mean),
+                cv_within_rank=cv_w,
+                cv_across_ranks=float(rank_means.std()),
+                phase=float(ph),
+            )
+        worst_cv = max(worst_cv, cv_w)
+    return per_stage, worst_cv
+
+
+def _stage_mean_costs(blocks: dict[int, Blocks]) -> dict[int, F64]:
+    """Every block's cost replaced by the mean cost of its (stage, phase) over the run."""
+    sums: dict[tuple[int, int], list[float]] = {}
+    for b in blocks.values():
+        for ph in _PHASES:
+            m = b.phase == ph
+            for st in np.unique(b.stage[m]):
+                c = b.busy[m & (b.stage == st)]
+                acc = sums.setdefault((int(st), ph), [0.0, 0.0])
+                acc[0] += float(c.sum())
+                acc[1] += float(c.size)
+    flat = {}
+    for r, b in blocks.items():
+        v = b.busy.astype(np.float64)
+        for (st, ph), (tot, n) in sums.items():
+            m = (b.phase == ph) & (b.stage == st)
+            if m.any():
+                v[m] = tot / n
+        flat[r] = v
+    return flat
 
 
 def _replay_gains_ns(

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgspec
+from collections.abc import Mapping
 
 from ppdiag.diagnosis import Finding
+from ppdiag.model.memory import MemoryRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import finding, r3
 
@@ -44,44 +43,34 @@ class MemorySpikeRule:
     summary = "Activation-memory spike: the schedule holds more micro-batches in flight than needed."
 
     def check(self, ctx: RuleContext) -> list[Finding]:
-        rows: list[dict[str, Any]] = [msgspec.to_builtins(x) for x in ctx.report.memory or []]
+        rows = ctx.report.memory or []
         topo = ctx.pipeline.topology
         m = ctx.pipeline.microbatches
         if topo.pp < 2 or not m:
             return []
-        hits = []
-        for row in rows:
-            s = topo.stage_of.get(int(row["rank"]))
-            held = row.get("inflight_at_peak")
-            if s is None or held is None:
-                continue
-            needed = min(topo.pp - s, m)
-            near = (row.get("peak_of_capacity") or 0.0) >= NEAR_CAPACITY
-            spike = row["steady_allocated_mb"] < SPIKE_SHARE * row["peak_allocated_mb"]
-            if held > needed and (near or spike):
-                hits.append((row, s, held, needed))
+        hits = _spikes(rows, topo.stage_of, topo.pp, m)
         if not hits:
             return []
-        row, s, held, needed = max(hits, key=lambda h: h[0]["peak_allocated_mb"])
-        pred = row.get("predicted_peak_mb") or {}
-        saved = row["peak_allocated_mb"] - pred["1f1b"] if "1f1b" in pred else None
+        row, s, held, needed = max(hits, key=lambda h: h[0].peak_allocated_mb)
+        pred = dict(row.predicted_peak_mb)
+        saved = row.peak_allocated_mb - pred["1f1b"] if "1f1b" in pred else None
         title = (
-            f"activation spike on rank {row['rank']} (stage {s}): peak {row['peak_allocated_mb']:.0f} MiB"
-            + (f" of {row['capacity_mb']:.0f} MiB" if row.get("capacity_mb") else "")
+            f"activation spike on rank {row.rank} (stage {s}): peak {row.peak_allocated_mb:.0f} MiB"
+            + (f" of {row.capacity_mb:.0f} MiB" if row.capacity_mb else "")
             + f" with {held} micro-batches in flight where 1F1B holds {needed}"
         )
         evidence = {
-            "peak_allocated_mb": row["peak_allocated_mb"],
-            "peak_t_ms": row["peak_t_ms"],
-            "capacity_mb": row.get("capacity_mb"),
-            "steady_allocated_mb": row["steady_allocated_mb"],
+            "peak_allocated_mb": row.peak_allocated_mb,
+            "peak_t_ms": row.peak_t_ms,
+            "capacity_mb": row.capacity_mb,
+            "steady_allocated_mb": row.steady_allocated_mb,
             "inflight_at_peak": held,
             "inflight_needed": needed,
-            "activation_per_mb_mb": row.get("activation_per_mb_mb"),
+            "activation_per_mb_mb": row.activation_per_mb_mb,
             "predicted_peak_mb": pred,
             "memory_saved_mb": r3(saved) if saved is not None else None,
             "memory_source": "measured",
-            "ranks": {str(h[0]["rank"]): h[0]["peak_allocated_mb"] for h in hits},
+            "ranks": {str(h[0].rank): h[0].peak_allocated_mb for h in hits},
         }
         fixes = [
             "run 1F1B instead of GPipe (ScheduleGPipe -> Schedule1F1B): it holds min(P - s, M) "
@@ -90,12 +79,29 @@ class MemorySpikeRule:
             "a smaller micro-batch (and more of them) to shrink each one's activations",
             "activation checkpointing (torch.utils.checkpoint) on the stages with the spike",
         ]
-        ranks = sorted(int(h[0]["rank"]) for h in hits)
+        ranks = sorted(h[0].rank for h in hits)
         stages = sorted({h[1] for h in hits})
-        sev = (
-            "high" if any((h[0].get("peak_of_capacity") or 0.0) >= NEAR_CAPACITY for h in hits) else "medium"
-        )
+        sev = "high" if any((h[0].peak_of_capacity or 0.0) >= NEAR_CAPACITY for h in hits) else "medium"
         return [finding(ctx, self.code, None, title, None, evidence, fixes, stages, ranks, sev=sev)]
+
+
+def _spikes(
+    rows: list[MemoryRow], stage_of: Mapping[int, int], pp: int, m: int
+) -> list[tuple[MemoryRow, int, int, int]]:
+    """(row, stage, micro-batches held at the peak, what 1F1B holds) of every rank that holds more
+    than it needs at a peak near the device's capacity or far above its steady level."""
+    hits = []
+    for row in rows:
+        s = stage_of.get(row.rank)
+        held = row.inflight_at_peak
+        if s is None or held is None:
+            continue
+        needed = min(pp - s, m)
+        near = (row.peak_of_capacity or 0.0) >= NEAR_CAPACITY
+        spike = row.steady_allocated_mb < SPIKE_SHARE * row.peak_allocated_mb
+        if held > needed and (near or spike):
+            hits.append((row, s, held, needed))
+    return hits
 
 
 register(MemorySpikeRule())

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from ppdiag.diagnosis import Finding
@@ -43,29 +41,30 @@ class HangRule:
     summary = "The run stopped or hangs: a rank waits in an operation its partner never joined."
 
     def check(self, ctx: RuleContext) -> list[Finding]:
-        hang: dict[str, Any] | None = msgspec.to_builtins(ctx.report.hang) if ctx.report.hang else None
-        if not hang:
+        hang = ctx.report.hang
+        if hang is None:
             return []
-        first = hang.get("first")
-        waits = hang.get("waits") or []
-        root = hang.get("root")
-        ranks = sorted({int(w["rank"]) for w in waits} | ({int(root)} if root is not None else set()))
+        root = hang.root
+        ranks = sorted({w.rank for w in hang.waits} | ({root} if root is not None else set()))
         stage_of = ctx.pipeline.topology.stage_of
         stages = sorted({stage_of[r] for r in ranks if r in stage_of}) if ctx.pipeline.topology.pp > 1 else []
-        if hang["status"] == "hang":
-            title = f"the run hangs: {hang['message']}"
+        if hang.status == "hang":
+            title = f"the run hangs: {hang.message}"
         else:
-            title = f"the trace is cut: {hang['message']}"
+            title = f"the trace is cut: {hang.message}"
+        # the evidence holds the waits and the last op as the JSON report does
+        waits = [msgspec.to_builtins(w) for w in hang.waits]
+        last = hang.last_ops.get(str(root)) if root is not None else None
         evidence = {
-            "status": hang["status"],
+            "status": hang.status,
             "root": root,
-            "first": first,
+            "first": msgspec.to_builtins(hang.first) if hang.first is not None else None,
             "waits": waits[:16],
             "waits_total": len(waits),
-            "root_last_op": (hang.get("last_ops") or {}).get(str(root)) if root is not None else None,
-            "complete_steps": hang["complete_steps"],
-            "dropped_steps": hang["dropped_steps"],
-            "events_lost": hang["events_lost"],
+            "root_last_op": msgspec.to_builtins(last) if last is not None else None,
+            "complete_steps": hang.complete_steps,
+            "dropped_steps": list(hang.dropped_steps),
+            "events_lost": hang.events_lost,
         }
         fixes = [
             f"look at what rank {root} did after its last op: its log (crash, exception), a host stall "
@@ -76,7 +75,7 @@ class HangRule:
             "TORCH_NCCL_DUMP_ON_TIMEOUT=1 to get the flight recorder's last collectives",
             "NCCL_DEBUG=INFO: a link on NET/Socket instead of NET/IB crawls (TCP fallback)",
         ]
-        sev = "high" if hang["status"] == "hang" else ("medium" if waits else "info")
+        sev = "high" if hang.status == "hang" else ("medium" if waits else "info")
         return [finding(ctx, self.code, None, title, None, evidence, fixes, stages, ranks, sev=sev)]
 
 

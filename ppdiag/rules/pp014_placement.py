@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgspec
-
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, r3
@@ -38,35 +34,29 @@ class PlacementRule:
     summary = "The pipeline crosses nodes while data parallelism stays inside them."
 
     def check(self, ctx: RuleContext) -> list[Finding]:
-        links: list[dict[str, Any]] = [msgspec.to_builtins(x) for x in ctx.report.links or []]
+        links = ctx.report.links or []
         topo = ctx.pipeline.topology
         if topo.pp < 2 or len(topo.pipelines) < 2:
             return []
-        cross = [x for x in links if x["scope"] == "inter-node"]
+        cross = [x for x in links if x.scope == "inter-node"]
         if not cross:
             return []
-        hosts = {x["src"]: x["src_host"] for x in links} | {x["dst"]: x["dst_host"] for x in links}
-        # the replicas of each stage: the ranks at one position of every pipeline
-        dp_inside = True
-        for s in range(len(topo.pipelines[0])):
-            members = {hosts.get(line[s]) for line in topo.pipelines if s < len(line)}
-            if None in members or len(members) > 1:
-                dp_inside = False
-        if not dp_inside:
+        hosts = {x.src: x.src_host for x in links} | {x.dst: x.dst_host for x in links}
+        if not _dp_inside(topo.pipelines, hosts):
             return []
         gain = fix_gain_ms(ctx, "no_comm_wait")
         if not faster(gain):
             return []
-        slow = min(cross, key=lambda x: x["gbps_median"])
-        intra = [x["gbps_median"] for x in links if x["scope"] == "intra-node"]
+        slow = min(cross, key=lambda x: x.gbps_median)
+        intra = [x.gbps_median for x in links if x.scope == "intra-node"]
         title = (
-            f"the pipeline crosses nodes ({len(cross)} of {len(links)} links, slowest {slow['src']}->"
-            f"{slow['dst']} at {slow['gbps_median']:.1f} GB/s) while data parallelism stays inside them"
+            f"the pipeline crosses nodes ({len(cross)} of {len(links)} links, slowest {slow.src}->"
+            f"{slow.dst} at {slow.gbps_median:.1f} GB/s) while data parallelism stays inside them"
         )
         evidence = {
-            "inter_node_links": [[x["src"], x["dst"], x["gbps_median"]] for x in cross],
+            "inter_node_links": [[x.src, x.dst, x.gbps_median] for x in cross],
             "intra_node_gbps_median": r3(sorted(intra)[len(intra) // 2]) if intra else None,
-            "tcp_fallback_suspected": any(x["tcp_fallback_suspected"] for x in cross),
+            "tcp_fallback_suspected": any(x.tcp_fallback_suspected for x in cross),
             "hosts": {str(r): h for r, h in sorted(hosts.items())},
         }
         fixes = [
@@ -75,10 +65,19 @@ class PlacementRule:
             "if the link is meant to be RDMA: NCCL_DEBUG=INFO shows NET/Socket instead of NET/IB on "
             "a TCP fallback (check NCCL_IB_HCA, NCCL_SOCKET_IFNAME)",
         ]
-        ranks = sorted({x["src"] for x in cross} | {x["dst"] for x in cross})
+        ranks = sorted({x.src for x in cross} | {x.dst for x in cross})
         return [
             finding(ctx, self.code, self.cause, title, gain, evidence, fixes, [], ranks, fix="no_comm_wait")
         ]
+
+
+def _dp_inside(pipelines: list[list[int]], hosts: dict[int, str | None]) -> bool:
+    """Whether the replicas of every stage (the ranks at one position of every pipeline) share a host."""
+    for s in range(len(pipelines[0])):
+        members = {hosts.get(line[s]) for line in pipelines if s < len(line)}
+        if None in members or len(members) > 1:
+            return False
+    return True
 
 
 register(PlacementRule())

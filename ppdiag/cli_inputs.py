@@ -1,0 +1,253 @@
+"""The inputs of the ``ppdiag`` commands: the option types every command shares, and the checks
+that refuse a bad flag, output path or trace set before any work is done (exit 2, one line), and
+the warnings when a flag overrides what the traces show.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from ppdiag.errors import InputError
+from ppdiag.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_PP, MAX_SAMPLES
+from ppdiag.model.schedule import SCHEDULE_NAMES
+from ppdiag.reports.context import context_of
+
+if TYPE_CHECKING:
+    from ppdiag.api import Options
+    from ppdiag.model import Run
+    from ppdiag.reports.context import Analyzed
+
+Paths = Annotated[
+    list[Path],
+    typer.Argument(
+        help="Run directory (one trace per rank), trace files, or one op table / op timeline "
+        "(CSV, JSONL, Parquet, Chrome JSON) holding all ranks."
+    ),
+]
+
+PP = Annotated[
+    int | None,
+    typer.Option("--pp", min=1, max=MAX_PP, help="Pipeline stages, when the traces do not show them."),
+]
+StageMap = Annotated[
+    str | None,
+    typer.Option(
+        "--stage-map", help="Rank of each stage, e.g. 0,1,2,3 (';' between pipelines of a data-parallel run)."
+    ),
+]
+Hosts = Annotated[
+    str | None,
+    typer.Option(
+        "--hosts",
+        help="Where the ranks run, over what the traces say: ranks per node (e.g. 8: ranks 0-7 on one "
+        "node) or HOST=RANKS,... (e.g. a=0-7,b=8-15). Links between hosts are inter-node.",
+    ),
+]
+Micro = Annotated[
+    int | None,
+    typer.Option("--microbatches", "-m", min=1, max=MAX_MICROBATCHES, help="Micro-batches per step (M)."),
+]
+Sched = Annotated[
+    str | None,
+    typer.Option("--schedule", help=f"{', '.join(SCHEDULE_NAMES)} (aliases such as 'interleaved' accepted)."),
+]
+Steps = Annotated[
+    str | None,
+    typer.Option("--steps", help="Steps to analyze: 'a:b' (ProfilerStep numbers a..b, inclusive) or '5,6'."),
+]
+Jobs = Annotated[
+    int | None,
+    typer.Option("--jobs", "-j", min=1, max=MAX_JOBS, help="Parallel parse processes (default: cores)."),
+]
+GlobalBatch = Annotated[
+    int | None, typer.Option("--global-batch", min=1, max=MAX_SAMPLES, help="Global batch size (samples).")
+]
+MicroBatch = Annotated[
+    int | None, typer.Option("--micro-batch", min=1, max=MAX_SAMPLES, help="Micro-batch size (samples).")
+]
+TP = Annotated[int | None, typer.Option("--tp", min=1, max=MAX_PP, help="Tensor-parallel size.")]
+JsonOut = Annotated[Path | None, typer.Option("--json", help="Write the JSON report here.")]
+HtmlOut = Annotated[Path | None, typer.Option("--html", help="Write the self-contained HTML report here.")]
+MdOut = Annotated[Path | None, typer.Option("--md", help="Write a Markdown summary here.")]
+PerfettoOut = Annotated[
+    Path | None,
+    typer.Option("--perfetto", help="Write a Perfetto/chrome://tracing trace with cause tracks here."),
+]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
+NoCache = Annotated[
+    bool, typer.Option("--no-cache", help="Parse every trace again; do not read or write the parse cache.")
+]
+
+
+Scheduler = Annotated[
+    str | None,
+    typer.Option(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="Parse on a Dask cluster: the scheduler's address (tcp://host:8786); also "
+        "PPDIAG_DASK_SCHEDULER. Needs the dask extra: pip install 'ppdiag[dask]'.",
+    ),
+]
+
+
+def use_scheduler(address: str | None) -> None:
+    # an environment variable, like --no-cache, so that every command's parse sees it
+    if address:
+        os.environ["PPDIAG_DASK_SCHEDULER"] = address
+
+
+def use_no_cache(flag: bool) -> None:
+    # an environment variable, so that the parse workers (child processes) see it too
+    if flag:
+        os.environ["PPDIAG_NO_CACHE"] = "1"
+
+
+_STEPS_RANGE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$")
+_STEPS_LIST = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*,?\s*$")
+
+
+def check_steps(spec: str | None) -> None:
+    """Refuse a ``--steps`` value that is neither ``a:b`` nor ``5,6`` before any work is done."""
+    if spec is None:
+        return
+    m = _STEPS_RANGE.match(spec)
+    if m:
+        a, b = m.group(1), m.group(2)
+        if a is not None and b is not None and int(a) > int(b):
+            raise InputError(None, f"--steps {spec!r}: the range is empty ({a} > {b})")
+        return
+    if _STEPS_LIST.match(spec):
+        return
+    hint = ""
+    if re.fullmatch(r"\s*\d+\s*-\s*\d+\s*", spec):
+        hint = f" (for a range write {spec.replace('-', ':').replace(' ', '')})"
+    raise InputError(
+        None, f"--steps {spec!r}: expected 'a:b' (step numbers a..b, either may be empty) or '5,6'{hint}"
+    )
+
+
+def checked(opts: Options) -> Options:
+    """``opts`` once its ``--steps`` and ``--hosts`` parse (else one clear error, before any work)."""
+    check_steps(opts.steps)
+    if opts.hosts is not None:
+        from ppdiag.pipeline.links import parse_hosts
+
+        try:
+            parse_hosts(opts.hosts)
+        except ValueError as exc:
+            raise InputError(None, f"--hosts {opts.hosts!r}: {exc}") from None
+    return opts
+
+
+def check_targets(outputs: list[Path | None], inputs: list[Path | None]) -> None:
+    """Check every output path before the analysis starts (no work lost on a refused path)."""
+    from ppdiag.io import check_target, qpath
+
+    ins = [p for p in inputs if p is not None]
+    seen: set[str] = set()
+    for o in outputs:
+        if o is None:
+            continue
+        key = os.path.realpath(o) if str(o) else ""
+        if key and key in seen:
+            raise InputError(qpath(o), "named for two reports; give each report its own path")
+        seen.add(key)
+        check_target(o, ins)
+
+
+def step_overlap_warnings(run: Run) -> list[str]:
+    """A rank whose ProfilerStep numbers share none with the other ranks' (steps 100-102 against
+    5-7) holds another run's trace, or another part of the run: merging them by position is wrong."""
+    from ppdiag.pipeline.steps import host_steps
+
+    nums = {tl.rank: {n for n, _, _ in host_steps(tl) if n >= 0} for tl in run.ranks}
+    nums = {r: v for r, v in nums.items() if v}
+    if len(nums) < 2:
+        return []
+    out = []
+    for r, mine in nums.items():
+        others = set().union(*(v for q, v in nums.items() if q != r))
+        if others and not (mine & others):
+            out.append(
+                f"rank {r}: its steps {min(mine)}-{max(mine)} share none with the other ranks' "
+                f"({min(others)}-{max(others)}): a trace from another run?"
+            )
+    return out
+
+
+def check_sizes(run: Run, opts: Options) -> None:
+    """Refuse -m / --pp values the traces cannot hold: every micro-batch of a step runs at least
+    one device interval on each rank, and every stage needs a rank of the job."""
+    ranks = list(getattr(run, "ranks", []) or [])
+    if not ranks:
+        return
+    if opts.microbatches is not None:
+        most = max(len(tl.intervals) for tl in ranks)
+        if opts.microbatches > max(most, 1):
+            raise InputError(
+                None,
+                f"--microbatches {opts.microbatches}: the traces hold at most {most} device intervals "
+                "per rank, fewer than one per micro-batch",
+            )
+    if opts.pp is not None:
+        world = max(run.world_size, len(ranks))
+        if opts.pp > world:
+            raise InputError(None, f"--pp {opts.pp} is more than the job's {world} ranks")
+
+
+def skipped_traces(diag: Analyzed) -> list[str]:
+    """Trace files of the run that could not be read (the loader skipped them with a warning)."""
+    run = getattr(diag, "run", None)
+    return list(getattr(run, "skipped", None) or [])
+
+
+def override_warnings(diag: Analyzed, opts: Options) -> list[str]:
+    """Warn when --pp / -m / --schedule override what the traces show: the theoretical bubble (and
+    the gate's bubble_excess) then follow the flag, not the run."""
+    out: list[str] = []
+    pipe = context_of(diag).pipeline
+    if pipe is None:
+        return out
+    if opts.pp is not None and not opts.stage_map:
+        from ppdiag.pipeline.topology import infer_topology
+
+        try:
+            seen_pp = infer_topology(diag.run, None, None).pp
+        except Exception:  # detection is best effort here: the override stands either way
+            seen_pp = 0
+        if seen_pp > 1 and seen_pp != opts.pp:
+            out.append(
+                f"--pp {opts.pp} overrides the {seen_pp} pipeline stages the traces show; "
+                "the theoretical bubble and the stage checks use the flag"
+            )
+    if pipe.topology.pp <= 1:
+        return out
+    from ppdiag.pipeline.schedule import detect_schedule, microbatch_count
+
+    ranks = diag.run.by_rank()
+    if opts.microbatches is not None:
+        try:
+            seen = microbatch_count(pipe.blocks, pipe.topology.virtual, ranks)
+        except Exception:  # detection is best effort here: the override stands either way
+            seen = None
+        if seen and seen != opts.microbatches:
+            out.append(
+                f"-m {opts.microbatches} overrides the {seen} micro-batches per step the traces show; "
+                "the theoretical bubble and the bubble_excess check use the flag"
+            )
+    if opts.schedule is not None:
+        try:
+            sched = detect_schedule(pipe.topology, pipe.blocks, ranks)
+        except Exception:
+            sched = None
+        if sched and sched != opts.schedule:
+            out.append(
+                f"--schedule {opts.schedule} overrides the {sched} schedule the traces show; "
+                "the theoretical bubble uses the flag"
+            )
+    return out
