@@ -492,3 +492,14 @@ def test_demo_layer_factors_set_per_layer_costs() -> None:
         DemoConfig(layer_factors=[1, 1, 1]).validated()
     with pytest.raises(InputError, match="finite numbers > 0"):
         DemoConfig(layer_factors=[1, 1, 1, 1, 0, 1, 1, 1]).validated()
+
+
+def test_whatif_table_says_what_its_memory_column_rests_on() -> None:
+    from ppdiag.whatif.render import _memory_caption
+
+    pred = {"scenario": "gpipe", "activation_vs_measured": 2.0, "memory_basis": "predicted"}
+    cal = {"scenario": "gpipe", "activation_vs_measured": 2.0, "memory_basis": "calibrated"}
+    meas = {"scenario": "measured", "activation_vs_measured": 1.0, "memory_basis": "measured"}
+    assert "not measured" in _memory_caption([pred, dict(pred, scenario="M=16")])
+    assert "calibrated on the measured" in _memory_caption([meas, cal])
+    assert _memory_caption([{"scenario": "x", "error": "too big"}]) == ""  # no column values: no caption

@@ -65,14 +65,34 @@ def whatif_table(
         if notes:
             row.append(str(r.get("note") or ""))
         t.add_row(*row, style="bold" if r.get("measured") else None)
+    captions = []
     if any(
         r.get("step_speedup") is not None
         and r.get("speedup") is not None
         and abs(r["step_speedup"] - r["speedup"]) > 5e-3
         for r in rows
     ):
-        t.caption = "* per sample: the step processes a different number of samples"
+        captions.append("* per sample: the step processes a different number of samples")
+    basis = _memory_caption(rows)
+    if basis:
+        captions.append(basis)
+    if captions:
+        t.caption = "\n".join(captions)
     return t
+
+
+def _memory_caption(rows: list[dict[str, Any]]) -> str:
+    """What the 'peak act.' column rests on: measured memory, or the schedule alone."""
+    bases = {
+        r.get("memory_basis")
+        for r in rows
+        if not r.get("error") and r.get("activation_vs_measured") is not None
+    }
+    if not bases:
+        return ""
+    if bases <= {"predicted"}:
+        return "peak act.: predicted from the schedule, not measured (the traces carry no memory events)"
+    return "peak act.: calibrated on the measured activation memory (allocator events)"
 
 
 __all__ = ["fmt_ms", "fmt_pct", "whatif_table"]
