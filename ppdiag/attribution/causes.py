@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves, run_waits
+from ppdiag.attribution.collective_steps import run_waits
+from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves
 from ppdiag.attribution.rank_step import RankStep, _m, rank_step
 from ppdiag.attribution.replay_graph import STEP_JOIN_NS, _Node
 from ppdiag.attribution.replay_index import (
