@@ -10,7 +10,7 @@ import numpy as np
 from ppdiag.errors import InputError
 from ppdiag.model import Direction, Run
 from ppdiag.model.schedule import schedule_option
-from ppdiag.pipeline.blocks import Blocks, build_blocks, write_back
+from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks, show_labels
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
 from ppdiag.pipeline.overrides import override_warnings
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
@@ -44,6 +44,8 @@ class Pipeline:
     microbatches: int | None
     warnings: list[str] = field(default_factory=list)
     peers: PeerDecision | None = None  # how the p2p partners were decided
+    # per rank: the intervals' phase / micro-batch / virtual stage with the blocks laid over
+    labels: dict[int, IntervalLabels] = field(default_factory=dict)
 
 
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
@@ -89,11 +91,13 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
                 f"{bad} rank-steps do not follow the {schedule} order: their blocks keep "
                 "counted micro-batch numbers"
             )
-    for tl in run.ranks:  # after every label is known
-        write_back(tl, blocks[tl.rank], tl.clock_offset_ns)
+    # after every label is known; an overlay on the parser's columns, shown on the timelines
+    labels = {tl.rank: block_labels(tl, blocks[tl.rank], tl.clock_offset_ns) for tl in run.ranks}
+    for tl in run.ranks:
+        show_labels(tl, labels[tl.rank])
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")
-    return Pipeline(topo, fit, pairs, ops, windows, blocks, schedule, m, warnings, peers)
+    return Pipeline(topo, fit, pairs, ops, windows, blocks, schedule, m, warnings, peers, labels)
 
 
 def _residual_warning(fit: ClockFit) -> list[str]:

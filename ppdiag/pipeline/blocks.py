@@ -89,7 +89,7 @@ def build_blocks(
     next_rank: int | None,
     p2p: tuple[npt.NDArray[np.int32], npt.NDArray[np.int8]] | None = None,
 ) -> Blocks:
-    """Find the rank's blocks (on its own clock); :func:`write_back` labels its intervals later.
+    """Find the rank's blocks (on its own clock); :func:`block_labels` labels its intervals later.
 
     ``p2p``: the intervals' peer and direction columns with the pipeline's decided peers laid over
     (:func:`ppdiag.pipeline.peers.interval_overlay`); the parser's columns when None.
@@ -354,18 +354,40 @@ def _number_microbatches(blocks: Blocks) -> None:
     blocks.mb = mb.astype(np.int32)
 
 
-def write_back(tl: RankTimeline, blocks: Blocks, offset: int = 0) -> None:
-    """Label each compute interval with its block's phase / micro-batch / virtual stage (the reports
-    draw them). ``offset`` maps the rank's clock to the blocks' clock."""
+@dataclass(frozen=True)
+class IntervalLabels:
+    """The pipeline's labels of one rank's intervals, an overlay on the parser's columns: each
+    compute interval inside a block carries the block's phase, micro-batch and virtual stage, the
+    others what the parser gave. Read-only arrays, one entry per interval (the reports draw them)."""
+
+    phase: npt.NDArray[np.int8]
+    mb: npt.NDArray[np.int32]
+    chunk: npt.NDArray[np.int16]
+
+
+def block_labels(tl: RankTimeline, blocks: Blocks, offset: int = 0) -> IntervalLabels:
+    """The labels of ``tl``'s intervals with its blocks laid over (copies: the parser's columns
+    are not touched). ``offset`` maps the rank's clock to the blocks' clock."""
     iv = tl.intervals
-    if len(blocks) == 0:
-        return
-    comp = np.flatnonzero(iv.kind == int(Kind.COMPUTE))
-    t = iv.start[comp] + offset
-    pos = np.searchsorted(blocks.start, t, side="right") - 1
-    ok = (pos >= 0) & (t < blocks.end[np.clip(pos, 0, None)] + 1)
-    sel = comp[ok]
-    p = pos[ok]
-    iv.phase[sel] = blocks.phase[p]
-    iv.mb[sel] = blocks.mb[p]
-    iv.chunk[sel] = blocks.stage[p].astype(np.int16)
+    phase, mb, chunk = iv.phase.copy(), iv.mb.copy(), iv.chunk.copy()
+    if len(blocks):
+        comp = np.flatnonzero(iv.kind == int(Kind.COMPUTE))
+        t = iv.start[comp] + offset
+        pos = np.searchsorted(blocks.start, t, side="right") - 1
+        ok = (pos >= 0) & (t < blocks.end[np.clip(pos, 0, None)] + 1)
+        sel = comp[ok]
+        p = pos[ok]
+        phase[sel] = blocks.phase[p]
+        mb[sel] = blocks.mb[p]
+        chunk[sel] = blocks.stage[p].astype(np.int16)
+    for a in (phase, mb, chunk):
+        a.flags.writeable = False
+    return IntervalLabels(phase, mb, chunk)
+
+
+def show_labels(tl: RankTimeline, labels: IntervalLabels) -> None:
+    """Point the rank's label columns at (writeable copies of) the overlay, for the readers that
+    still take the labels from the timeline (the reports). The parser's arrays stay as parsed;
+    the column objects are replaced, never written into."""
+    iv = tl.intervals
+    iv.phase, iv.mb, iv.chunk = labels.phase.copy(), labels.mb.copy(), labels.chunk.copy()
