@@ -402,6 +402,31 @@ class ReplayGraph:
         """Observed waits as (producer rank, consumer rank, transfer ns, time waited ns)."""
         return list(self.waits)
 
+    def check(self) -> list[str]:
+        """Every invariant of the graph it breaks, one line each (empty: the graph is sound): each
+        (rank, step) owns one contiguous run of nodes in step order, every producer and label edge
+        names another node, and no measured piece is negative."""
+        out: list[str] = []
+        n = len(self.nodes)
+        pos = 0
+        for rs in self.steps:
+            key = (rs.rank, rs.step)
+            if self.first.get(key) != pos:
+                out.append(f"rank {rs.rank} step {rs.step}: nodes start at {self.first.get(key)}, not {pos}")
+            pos += self.count.get(key, 0)
+        if pos != n:
+            out.append(f"the steps own {pos} nodes of {n}")
+        if len(self.meas_start) != n or len(self.meas_lo) != n or sorted(self.order) != list(range(n)):
+            out.append("the measured starts, ends before and replay order do not cover the nodes")
+        for i, nd in enumerate(self.nodes):
+            prods = [nd.obs[0]] if nd.obs is not None else []
+            prods += [p for p, _ in nd.edges]
+            if any(not 0 <= p < n or p == i for p in prods):
+                out.append(f"node {i} (rank {nd.rank}): producer outside the graph or itself: {prods}")
+            if min(nd.span, nd.busy, nd.pre, nd.post) < 0:
+                out.append(f"node {i} (rank {nd.rank}): negative span, busy or local time")
+        return out
+
     def _ends_by_rank(self) -> dict[int, tuple[npt.NDArray[np.int64], list[int]]]:
         """Per rank, its block ends sorted with their node ids, for "which block did the peer
         finish last" (one sort by rank, then each rank's slice: no scan of all nodes per rank)."""
