@@ -77,3 +77,28 @@ def test_check_finds_broken_runs(run_dir: Path) -> None:
 def test_freeze_is_idempotent(run_dir: Path) -> None:
     run = load([run_dir])
     assert freeze_run(freeze_run(run)) is run
+
+
+def test_block_labels_are_an_overlay(run_dir: Path) -> None:
+    """The pipeline's block labels live on the pipeline result; the parser's label columns stay
+    as parsed and read-only, and the timelines show the overlay through copies of it."""
+    run = load([run_dir])
+    parsed = {tl.rank: (tl.intervals.phase, tl.intervals.mb, tl.intervals.chunk) for tl in run.ranks}
+    snap = {r: tuple(a.copy() for a in cols) for r, cols in parsed.items()}
+    pipe = analyze_run(run, Options()).context["pipeline"]
+    relabelled = 0
+    for tl in run.ranks:
+        lab = pipe.labels[tl.rank]
+        for arr, before, shown, over in zip(
+            parsed[tl.rank],
+            snap[tl.rank],
+            (tl.intervals.phase, tl.intervals.mb, tl.intervals.chunk),
+            (lab.phase, lab.mb, lab.chunk),
+            strict=True,
+        ):
+            assert not arr.flags.writeable and not over.flags.writeable
+            assert np.array_equal(arr, before)  # the parsed column is untouched
+            assert np.array_equal(shown, over) and shown is not arr
+            relabelled += int((over != before).sum())
+    # a pipelined run with 4 stages: the blocks relabel the compute (micro-batch numbers at least)
+    assert relabelled > 0

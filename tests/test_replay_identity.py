@@ -306,6 +306,7 @@ def test_vectorized_replay_equals_the_node_at_a_time_replay(tmp_path: Path, name
     steps, timelines, ops = ctx["rank_steps"], diag.run.by_rank(), pipe.ops
     rp = Replay(steps, timelines, ops, pipe.topology.pp * pipe.topology.virtual - 1)
     assert len(rp.nodes) > 0
+    assert rp.check() == []
     assert [_node_row(nd) for nd in rp.nodes] == _reference_nodes(rp, timelines, ops)
     for kw in VARIANTS:
         assert rp.run(**kw) == _reference_run(rp, **kw), kw
@@ -386,3 +387,19 @@ def test_pools_equal_the_set_algebra(
     got = _pools(lost, [host_set, wait_set, coll_set, copy_set])
     for g, w in zip(got, [host, wait, coll, other, copy], strict=True):
         assert g[0].tolist() == w[0].tolist() and g[1].tolist() == w[1].tolist()
+
+
+def test_replay_graph_check_finds_broken_graphs(tmp_path: Path) -> None:
+    run = make_scenario(pp=4, microbatches=4, steps=2)
+    write_kineto(run, tmp_path)
+    diag = diagnose([tmp_path], Options())
+    pipe = diag.context["pipeline"]
+    rp = Replay(diag.context["rank_steps"], diag.run.by_rank(), pipe.ops, pipe.topology.pp - 1)
+    assert rp.check() == []
+    rp.nodes[3].edges.append((3, 0))  # a block that waits for itself
+    rp.nodes[5].post = -1
+    rp.count[(0, 0)] += 1  # a step that claims one node too many
+    problems = rp.check()
+    assert any("node 3" in p and "itself" in p for p in problems), problems
+    assert any("node 5" in p and "negative" in p for p in problems), problems
+    assert any("nodes start at" in p for p in problems), problems

@@ -37,19 +37,16 @@ finding (PP009).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.attribution.accounting import WindowSets
-from ppdiag.attribution.tolerance import ROUND_NS, timing_tolerance_ns
-from ppdiag.model import RankTimeline
+from ppdiag.attribution.tolerance import ROUND_NS
 from ppdiag.model import intervals as ivs
-from ppdiag.pipeline.blocks import Blocks
-from ppdiag.pipeline.collectives import SYNC_TOL_NS, CollectiveMatch, match_collectives
+from ppdiag.pipeline.collectives import SYNC_TOL_NS, CollectiveMatch
 
 # a member whose arrival is later than the median member's by less than this is on time
 LATE_TOL_NS = 20_000
@@ -245,23 +242,35 @@ def _replica_excess(
     return shares
 
 
-def collective_waits(
-    sets: list[RankSets],
-    match: CollectiveMatch,
-    exclude: dict[tuple[int, int], ivs.ISet] | None = None,
-    pipeline_of: Mapping[int, int] | None = None,
-    tol_ns: int = ROUND_NS,
-) -> CollectiveWaits:
-    """Split every matched collective into waiting and transfer and charge the waiting.
+class _Sync(NamedTuple):
+    """Per matched instance (``xfer``, ``sync``) and member row (``dur``, ``wait``): the
+    transfer (the shortest member's duration), whether its members end together, and each
+    member's wait in it."""
 
-    ``exclude`` maps (rank, step) to spans whose time another model already charges (the replay's
-    step-end sync, its blocks): the waits inside them are measured but not moved.
-    ``pipeline_of`` maps ranks to their pipeline replica, for waits on a late replica.
-    ``tol_ns``: how far two times may disagree from the input's rounding (``tolerance``).
-    """
-    n_steps = len({s.step for s in sets})
-    if len(match) == 0 or not sets:
-        return CollectiveWaits({}, {}, {}, {}, n_steps, len(match), 0, list(match.groups))
+    ok: npt.NDArray[np.bool_]  # an instance with two members at least
+    safe_first: npt.NDArray[np.int64]  # each instance's first row (clipped for reduceat)
+    dur: npt.NDArray[np.int64]
+    xfer: npt.NDArray[np.int64]
+    shift: npt.NDArray[np.int64]  # each row's correction to the group's common clock
+    sync: npt.NDArray[np.bool_]
+    wait: npt.NDArray[np.int64]
+
+
+class _Rows(NamedTuple):
+    """Per member row: its (rank, step) in ``sets`` (-1 outside every analyzed step), the start of
+    the stretch before its arrival, that stretch's components (``REASONS`` order), and its wait's
+    exposed part (``wexp`` without, ``wall`` with the excluded spans)."""
+
+    key: npt.NDArray[np.int64]
+    seg0: npt.NDArray[np.int64]
+    comps: npt.NDArray[np.int64]
+    wexp: npt.NDArray[np.int64]
+    wall: npt.NDArray[np.int64]
+
+
+def _sync_split(match: CollectiveMatch) -> _Sync:
+    """Transfer and waits of every instance: a member waits ``its duration - transfer`` where the
+    members end together (on the group's common clock)."""
     first, count = match.first, match.count
     ok = count >= 2
     dur = match.end - match.start
@@ -274,12 +283,15 @@ def collective_waits(
     e_lo = np.minimum.reduceat(match.end + shift, safe_first)
     sync = ok & (e_hi - e_lo <= np.maximum(xfer // 2, SYNC_TOL_NS))
     wait = np.where(sync[inst], dur - xfer[inst], 0).astype(np.int64)
+    return _Sync(ok, safe_first, dur, xfer, shift, sync, wait)
 
-    # each member row's (rank, step) from the rank's windows
+
+def _row_keys(sets: list[RankSets], match: CollectiveMatch) -> npt.NDArray[np.int64]:
+    """Each member row's (rank, step) from the rank's windows: its index into ``sets`` or -1."""
     by_rank: dict[int, list[RankSets]] = defaultdict(list)
     for rs in sets:
         by_rank[rs.rank].append(rs)
-    row_key = np.full(len(inst), -1, np.int64)  # index into `sets`
+    row_key = np.full(len(match.inst), -1, np.int64)  # index into `sets`
     index = {id(rs): i for i, rs in enumerate(sets)}
     # rows grouped by rank (and below by rank-step) with one sort, so each group is a slice
     by_r = np.argsort(match.rank, kind="stable")
@@ -296,7 +308,19 @@ def collective_waits(
         inside = (k >= 0) & (match.start[rows] < w1[kc])
         ids = np.array([index[id(x)] for x in lst], np.int64)
         row_key[rows[inside]] = ids[kc[inside]]
-    # the stretch before each arrival: since the rank's previous instance of the group in the step
+    return row_key
+
+
+def _arrivals(
+    sets: list[RankSets],
+    match: CollectiveMatch,
+    sy: _Sync,
+    exclude: dict[tuple[int, int], ivs.ISet] | None,
+) -> _Rows:
+    """The stretch before each arrival (since the rank's previous instance of the group in the
+    step) split into compute, host, comm and idle, and the exposed part of each member's wait."""
+    inst = match.inst
+    row_key = _row_keys(sets, match)
     grp = match.group[inst]
     order = np.lexsort((match.start, grp, match.rank))
     prev_end = np.full(len(inst), np.iinfo(np.int64).min, np.int64)
@@ -323,7 +347,7 @@ def collective_waits(
         comp[rows] = ivs.prefix_measure(rs.compute, b) - ivs.prefix_measure(rs.compute, a)
         host[rows] = ivs.prefix_measure(rs.host, b) - ivs.prefix_measure(rs.host, a)
         comm[rows] = ivs.prefix_measure(rs.comm, b) - ivs.prefix_measure(rs.comm, a)
-        ws, we = arrive[rows], arrive[rows] + wait[rows]
+        ws, we = arrive[rows], arrive[rows] + sy.wait[rows]
         wx = ivs.prefix_measure(rs.comm, we) - ivs.prefix_measure(rs.comm, ws)
         wall[rows] = wx
         if exclude and (rs.rank, rs.step) in exclude:
@@ -334,32 +358,87 @@ def collective_waits(
     idle = np.maximum((np.maximum(arrive, seg0) - seg0) - comp - host - comm, 0)
     # REASONS order; the start is relative (absolute ns would lose precision as floats)
     # (on the group's common clock: a member's shift corrects what the clock alignment left)
-    comps = np.stack([seg0 + shift - int(match.start.min()), host, comp, idle, comm], axis=1)
+    comps = np.stack([seg0 + sy.shift - int(match.start.min()), host, comp, idle, comm], axis=1)
+    return _Rows(row_key, seg0, comps, wexp, wall)
 
+
+def collective_waits(
+    sets: list[RankSets],
+    match: CollectiveMatch,
+    exclude: dict[tuple[int, int], ivs.ISet] | None = None,
+    pipeline_of: Mapping[int, int] | None = None,
+    tol_ns: int = ROUND_NS,
+) -> CollectiveWaits:
+    """Split every matched collective into waiting and transfer and charge the waiting.
+
+    ``exclude`` maps (rank, step) to spans whose time another model already charges (the replay's
+    step-end sync, its blocks): the waits inside them are measured but not moved.
+    ``pipeline_of`` maps ranks to their pipeline replica, for waits on a late replica.
+    ``tol_ns``: how far two times may disagree from the input's rounding (``tolerance``).
+    """
+    n_steps = len({s.step for s in sets})
+    if len(match) == 0 or not sets:
+        return CollectiveWaits({}, {}, {}, {}, n_steps, len(match), 0, list(match.groups))
+    sy = _sync_split(match)
+    rw = _arrivals(sets, match, sy, exclude)
+    inst, first, count = match.inst, match.first, match.count
     # the last arriver of each instance (shortest duration) and the median member (median wait)
-    o = np.lexsort((dur, inst))
-    last_row = o[first]
-    o_w = np.lexsort((wait, inst))
+    last_row = np.lexsort((sy.dur, inst))[first]
+    o_w = np.lexsort((sy.wait, inst))
     med_row = o_w[first + count // 2]
+    moves, waited = _charge_waiting(sets, match, rw, last_row, pipeline_of or {}, tol_ns)
+    late = _late_ranks(match, sy, rw, o_w, med_row)
+    gain = _step_gain(sets, sy, rw, inst, med_row)
+    notes: list[str] = []
+    n_async = int((sy.ok & ~sy.sync).sum())
+    if n_async:
+        notes.append(
+            f"{n_async} of {int(sy.ok.sum())} matched collective instances do not end together on their "
+            "members (asynchronous, or clocks not aligned): their time is not split into waiting and transfer"
+        )
+    return CollectiveWaits(
+        moves,
+        waited,
+        late,
+        dict(gain),
+        n_steps,
+        len(match),
+        int(sy.sync.sum()),
+        list(match.groups),
+        notes,
+    )
+
+
+def _charge_waiting(
+    sets: list[RankSets],
+    match: CollectiveMatch,
+    rw: _Rows,
+    last_row: npt.NDArray[np.int64],
+    pipeline_of: Mapping[int, int],
+    tol_ns: int,
+) -> tuple[dict[tuple[int, int], dict[str, int]], dict[tuple[int, int], int]]:
+    """The waiting members: each wait charged to the last arriver's excess over the member, as
+    causes moved per (rank, step), and the time waited per (rank, step) (also where another
+    model, the replay's sync, charges it)."""
+    inst, row_key = match.inst, rw.key
     valid = row_key >= 0
-    n_sets, n_r = len(sets), len(REASONS)
-    # 1) the waiting members: charge to the last arriver's excess over them
-    waiting = np.flatnonzero(valid & (wexp > 0) & (match.rank != match.rank[last_row[inst]]))
+    n_sets = len(sets)
+    waiting = np.flatnonzero(valid & (rw.wexp > 0) & (match.rank != match.rank[last_row[inst]]))
     lrow = last_row[inst[waiting]]
-    shares = _alloc(wexp[waiting], (comps[lrow] - comps[waiting]).astype(np.float64))
+    shares = _alloc(rw.wexp[waiting], (rw.comps[lrow] - rw.comps[waiting]).astype(np.float64))
     # no visible reason: the wait stays unexplained; a last arriver outside the analyzed steps
     # cannot be compared: its members' waits stay communication
-    rest = wexp[waiting] - shares.sum(axis=1)
+    rest = rw.wexp[waiting] - shares.sum(axis=1)
     shares[:, REASONS.index("idle")] += np.where(valid[lrow], rest, 0)
     shares[:, REASONS.index("comm")] += np.where(valid[lrow], 0, rest)
-    shares = _inherit(match, seg0, waiting, lrow, shares)
-    shares = _replica_excess(sets, match, row_key, waiting, lrow, shares, pipeline_of or {}, tol_ns)
-    per_set = np.zeros((n_sets, n_r), np.int64)
+    shares = _inherit(match, rw.seg0, waiting, lrow, shares)
+    shares = _replica_excess(sets, match, row_key, waiting, lrow, shares, pipeline_of, tol_ns)
+    per_set = np.zeros((n_sets, len(REASONS)), np.int64)
     np.add.at(per_set, row_key[waiting], shares)
     # the waiting itself, also where another model (the replay's sync) charges it
-    all_waiting = np.flatnonzero(valid & (wall > 0) & (match.rank != match.rank[last_row[inst]]))
+    all_waiting = np.flatnonzero(valid & (rw.wall > 0) & (match.rank != match.rank[last_row[inst]]))
     waited_set = np.zeros(n_sets, np.int64)
-    np.add.at(waited_set, row_key[all_waiting], wall[all_waiting])
+    np.add.at(waited_set, row_key[all_waiting], rw.wall[all_waiting])
     moves: dict[tuple[int, int], dict[str, int]] = {}
     waited: dict[tuple[int, int], int] = {}
     for si in np.flatnonzero(waited_set > 0).tolist():
@@ -370,10 +449,24 @@ def collective_waits(
             if per_set[si, j] and REASON_CAUSE[name] != "exposed_comm":
                 mv[REASON_CAUSE[name]] += int(per_set[si, j])
         moves[key] = dict(mv)
-    # 2) the late members: arrival after the median member, and its reasons
-    lateness = np.where(valid & sync[inst], wait[med_row[inst]] - wait, 0).astype(np.int64)
+    return moves, waited
+
+
+def _late_ranks(
+    match: CollectiveMatch,
+    sy: _Sync,
+    rw: _Rows,
+    o_w: npt.NDArray[np.int64],
+    med_row: npt.NDArray[np.int64],
+) -> dict[int, LateRank]:
+    """The late members: arrival after the median member, its reasons, and how long it made the
+    others wait."""
+    inst, first, count = match.inst, match.first, match.count
+    valid = rw.key >= 0
+    wait = sy.wait
+    lateness = np.where(valid & sy.sync[inst], wait[med_row[inst]] - wait, 0).astype(np.int64)
     # only where the others' waiting was lost time: a wait hidden under compute costs nothing
-    exposed_inst = np.maximum.reduceat(np.where(valid, wall, 0), safe_first) > 0
+    exposed_inst = np.maximum.reduceat(np.where(valid, rw.wall, 0), sy.safe_first) > 0
     is_late = (lateness > LATE_TOL_NS) & exposed_inst[inst]
     # how long it made the others wait: the members that arrived before it wait for it at least
     # (their wait - its own wait); a sum of suffixes of the waits sorted within each instance
@@ -384,7 +477,7 @@ def collective_waits(
     last_pos = (first + count - 1)[inst]
     made_all = (cum[last_pos] - cum[pos]) - (last_pos - pos) * wait
     rows = np.flatnonzero(is_late)
-    reasons = _alloc(lateness[rows], (comps[rows] - comps[med_row[inst[rows]]]).astype(np.float64))
+    reasons = _alloc(lateness[rows], (rw.comps[rows] - rw.comps[med_row[inst[rows]]]).astype(np.float64))
     reasons[:, REASONS.index("idle")] += lateness[rows] - reasons.sum(axis=1)
     made = made_all[rows]
     late: dict[int, LateRank] = {}
@@ -396,37 +489,26 @@ def collective_waits(
         lr.reasons_ns = {name: int(tot[j]) for j, name in enumerate(REASONS)}
         lr.groups = {int(g) for g in np.unique(match.group[inst[rows][m]])}
         late[int(r)] = lr
-    # 3) step time saved with every member on time: an instance would end when its median member
-    # arrives, so each rank saves its own exposed wait up to the median member's; a rank saves
-    # the sum over its instances (a wait inherited from an earlier instance is not counted twice:
-    # the late rank itself did not wait in the later one), and the step what its most delayed
-    # rank saves (groups that run side by side do not add up)
-    med_wall = np.where(valid[med_row] & sync, wall[med_row], 0)
-    saved = np.minimum(wall, med_wall[inst])
-    per_set_gain = np.zeros(n_sets, np.int64)
-    np.add.at(per_set_gain, row_key[valid], saved[valid])
+    return late
+
+
+def _step_gain(
+    sets: list[RankSets], sy: _Sync, rw: _Rows, inst: npt.NDArray[np.int64], med_row: npt.NDArray[np.int64]
+) -> dict[int, int]:
+    """Step time saved with every member on time: an instance would end when its median member
+    arrives, so each rank saves its own exposed wait up to the median member's; a rank saves the
+    sum over its instances (a wait inherited from an earlier instance is not counted twice: the
+    late rank itself did not wait in the later one), and the step what its most delayed rank
+    saves (groups that run side by side do not add up)."""
+    valid = rw.key >= 0
+    med_wall = np.where(valid[med_row] & sy.sync, rw.wall[med_row], 0)
+    saved = np.minimum(rw.wall, med_wall[inst])
+    per_set_gain = np.zeros(len(sets), np.int64)
+    np.add.at(per_set_gain, rw.key[valid], saved[valid])
     step_of_set = np.array([rs.step for rs in sets], np.int64)
     g = np.zeros(int(step_of_set.max()) + 1, np.int64)
     np.maximum.at(g, step_of_set, per_set_gain)
-    gain = {int(k): int(g[k]) for k in np.flatnonzero(g > 0)}
-    notes: list[str] = []
-    n_async = int((ok & ~sync).sum())
-    if n_async:
-        notes.append(
-            f"{n_async} of {int(ok.sum())} matched collective instances do not end together on their "
-            "members (asynchronous, or clocks not aligned): their time is not split into waiting and transfer"
-        )
-    return CollectiveWaits(
-        moves,
-        waited,
-        late,
-        dict(gain),
-        n_steps,
-        len(match),
-        int(sync.sum()),
-        list(match.groups),
-        notes,
-    )
+    return {int(k): int(g[k]) for k in np.flatnonzero(g > 0)}
 
 
 def apply_moves(causes: dict[str, int], moves: dict[str, int]) -> dict[str, int]:
@@ -444,103 +526,6 @@ def apply_moves(causes: dict[str, int], moves: dict[str, int]) -> dict[str, int]
     return out
 
 
-class StepLike(Protocol):
-    """What :func:`run_waits` reads of a rank's step (``causes.RankStep``)."""
-
-    rank: int
-    step: int
-    w0: int
-    w1: int
-    sets: WindowSets
-    host_set: ivs.ISet
-    blocks: Blocks
-
-
-def run_waits(
-    steps: Sequence[StepLike],
-    timelines: Mapping[int, RankTimeline],
-    exclude: dict[tuple[int, int], tuple[int, int]] | None = None,
-    p2p: bool = False,
-    pipelines: Sequence[Sequence[int]] | None = None,
-) -> CollectiveWaits:
-    """Match the run's collectives (timelines already on the aligned clock) and split their waits.
-
-    ``p2p``: also split point-to-point ops, per rank pair (for runs without a pipeline).
-    In a pipeline run only groups whose members run the same stages (data-, tensor-, expert-
-    parallel groups) are split here: members of different stages reach a collective at different
-    times because of the schedule itself (the bubble), which the replay accounts for. Waits inside
-    a pipeline block are the replay's too (it books the block's lost time itself), and so is the
-    ``exclude`` span of each (rank, step): the replay's step-end sync.
-    ``pipelines``: the ranks of each pipeline replica; without it, each timeline's
-    ``meta["pipeline"]`` (set by formats that name the replica) when every rank has one.
-    """
-    sets = []
-    for rs in steps:
-        o = np.argsort(rs.blocks.end, kind="stable")
-        first_work = min(
-            [
-                int(x[0][0])
-                for x in (rs.sets.compute, rs.sets.p2p, rs.sets.collective, rs.sets.copy)
-                if x[0].size
-            ],
-            default=rs.w0,
-        )
-        sets.append(
-            RankSets(
-                rs.rank,
-                rs.step,
-                rs.w0,
-                rs.w1,
-                rs.sets.compute,
-                rs.host_set,
-                ivs.union(
-                    np.r_[rs.sets.p2p[0], rs.sets.collective[0]], np.r_[rs.sets.p2p[1], rs.sets.collective[1]]
-                ),
-                first_work,
-                rs.blocks.end[o].astype(np.int64),
-                np.r_[0, np.cumsum(rs.blocks.busy[o])].astype(np.int64),
-            )
-        )
-    pipeline_of = _pipeline_of(timelines, pipelines)
-    match = match_collectives(dict(timelines), p2p=p2p)
-    stages: dict[int, set[int]] = defaultdict(set)
-    for rs in steps:
-        stages[rs.rank].update(int(x) for x in np.unique(rs.blocks.stage))
-    if any(stages.values()) and len(match):
-        same = np.array(
-            [len({frozenset(stages.get(r, set())) for r in members}) == 1 for members in match.groups],
-            dtype=bool,
-        )
-        match = match.only_groups(same)
-    spans: dict[tuple[int, int], ivs.ISet] = {}
-    for rs in steps:
-        key = (rs.rank, rs.step)
-        x = exclude.get(key) if exclude else None
-        s0 = np.r_[rs.blocks.start, [x[0]] if x else []].astype(np.int64)
-        s1 = np.r_[rs.blocks.end, [x[1]] if x else []].astype(np.int64)
-        if s0.size:
-            spans[key] = ivs.union(s0, s1)
-    cw = collective_waits(sets, match, spans, pipeline_of, timing_tolerance_ns(timelines))
-    cw.notes[:0] = match.warnings
-    return cw
-
-
-def _pipeline_of(
-    timelines: Mapping[int, RankTimeline], pipelines: Sequence[Sequence[int]] | None
-) -> dict[int, int]:
-    """Rank -> pipeline replica index, from ``pipelines`` or the timelines' ``meta["pipeline"]``;
-    empty when the replicas are not known for every rank (no partial guess)."""
-    if pipelines:
-        return {int(r): i for i, line in enumerate(pipelines) for r in line}
-    out: dict[int, int] = {}
-    for r, tl in timelines.items():
-        p = tl.meta.get("pipeline") if isinstance(tl.meta, dict) else None
-        if not isinstance(p, int) or isinstance(p, bool):
-            return {}
-        out[int(r)] = p
-    return out
-
-
 __all__ = [
     "REASONS",
     "CollectiveWaits",
@@ -548,5 +533,4 @@ __all__ = [
     "RankSets",
     "apply_moves",
     "collective_waits",
-    "run_waits",
 ]

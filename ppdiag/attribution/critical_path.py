@@ -231,8 +231,31 @@ def _walk_step(w: _Walk, members: Sequence[StepWindow]) -> CriticalStep | None:
     """Walk one step back from its end on the rank that finished it last."""
     win = {m.rank: m for m in members}
     end_m = max(members, key=lambda m: (m.end, -m.rank))
-    rank, t = end_m.rank, end_m.end
     w.pieces = []
+    start_rank, t = _walk_back(w, win, end_m.rank, end_m.end)
+    w0 = win[start_rank].start if start_rank in win else t
+    w.local(start_rank, min(w0, t), t)
+    if not w.pieces:
+        return None
+    pieces = _merge_blocks(sorted(w.pieces, key=lambda p: (p[0], p[1])))
+    p0 = pieces[0][0]
+    out, by_stage = _path_pieces(w, pieces, p0)
+    total = pieces[-1][1] - p0
+    return CriticalStep(
+        step=end_m.number if end_m.number >= 0 else end_m.index,
+        index=end_m.index,
+        start_ns=p0,
+        length_ms=round(total / 1e6, 6),
+        end_rank=end_m.rank,
+        start_rank=start_rank,
+        pieces=out,
+        by_stage=by_stage,
+    )
+
+
+def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple[int, int]:
+    """From ``t`` on ``rank``, back block by block and across the transfers that released them,
+    collecting ``w.pieces``; returns the rank and time where the chain begins."""
     seen: set[tuple[int, int]] = set()
     while True:
         w0 = win[rank].start if rank in win else t
@@ -265,13 +288,11 @@ def _walk_step(w: _Walk, members: Sequence[StepWindow]) -> CriticalStep | None:
             continue
         w.pieces.append((ss, re, {"kind": "transfer", "rank": rank, "peer": src}))
         rank, t = src, ss
-    start_rank = rank
-    w0 = win[rank].start if rank in win else t
-    w.local(rank, min(w0, t), t)
-    if not w.pieces:
-        return None
-    pieces = _merge_blocks(sorted(w.pieces, key=lambda p: (p[0], p[1])))
-    p0 = pieces[0][0]
+    return rank, t
+
+
+def _path_pieces(w: _Walk, pieces: list[Piece], p0: int) -> tuple[list[PathPiece], list[StageShare]]:
+    """The path's pieces (times relative to ``p0``, in ms) and its time per stage and category."""
     out: list[PathPiece] = []
     agg: dict[int | None, dict[str, int]] = {}
     for a, z, f in pieces:
@@ -301,21 +322,11 @@ def _walk_step(w: _Walk, members: Sequence[StepWindow]) -> CriticalStep | None:
                 row[c] += x
         else:
             row[str(f["cause"]) if kind == "gap" else kind] += z - a
-    total = pieces[-1][1] - p0
     by_stage = [
         StageShare(st, {k: round(v / 1e6, 6) for k, v in agg[st].items()})
         for st in sorted(agg, key=lambda x: (x is None, x if x is not None else 0))
     ]
-    return CriticalStep(
-        step=end_m.number if end_m.number >= 0 else end_m.index,
-        index=end_m.index,
-        start_ns=p0,
-        length_ms=round(total / 1e6, 6),
-        end_rank=end_m.rank,
-        start_rank=start_rank,
-        pieces=out,
-        by_stage=by_stage,
-    )
+    return out, by_stage
 
 
 def critical_paths(

@@ -6,9 +6,10 @@ with ``start <= end``, name indices inside the rank's name table, process-group 
 groups (or -1), unique ranks in rank order. Tests run it on every kind of input.
 
 :func:`freeze_run` makes the parsers' arrays read-only (``writeable=False``), so a later layer that
-writes into them fails at once instead of changing the run for every later reader. The interval
-label columns (:data:`LABEL_COLUMNS`) stay writeable while the pipeline layer still annotates the
-blocks in place.
+writes into them fails at once instead of changing the run for every later reader. The pipeline's
+block labels are an overlay (``Pipeline.labels``), so no column is left writeable
+(:data:`LABEL_COLUMNS` is empty); the pipeline shows the overlay on the timelines by pointing the
+label columns at copies of it, never by writing into the parsed arrays.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import numpy as np
 from ppdiag.model.run import Run
 from ppdiag.model.timeline import ColumnTable, RankTimeline
 
-#: Interval columns the pipeline layer still writes (block phase, micro-batch, chunk labels).
-LABEL_COLUMNS: frozenset[str] = frozenset({"phase", "mb", "chunk"})
+#: Interval columns left writeable for a later layer to annotate in place: none (the block labels
+#: are an overlay held by the pipeline, see :func:`ppdiag.pipeline.blocks.block_labels`).
+LABEL_COLUMNS: frozenset[str] = frozenset()
 
 
 def _table_problems(where: str, t: ColumnTable) -> list[str]:

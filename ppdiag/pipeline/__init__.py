@@ -10,7 +10,7 @@ import numpy as np
 from ppdiag.errors import InputError
 from ppdiag.model import Direction, Run
 from ppdiag.model.schedule import schedule_option
-from ppdiag.pipeline.blocks import Blocks, build_blocks, write_back
+from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks, show_labels
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
 from ppdiag.pipeline.overrides import override_warnings
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
@@ -44,6 +44,8 @@ class Pipeline:
     microbatches: int | None
     warnings: list[str] = field(default_factory=list)
     peers: PeerDecision | None = None  # how the p2p partners were decided
+    # per rank: the intervals' phase / micro-batch / virtual stage with the blocks laid over
+    labels: dict[int, IntervalLabels] = field(default_factory=dict)
 
 
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
@@ -68,18 +70,57 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     pairs = match_pairs(ops)
     warnings.extend(pairs.warnings)
     fit = align_clocks(run, pairs)
-    if fit.latency_us is not None:
-        # waits shorter than the clock residual cannot be told apart from it
-        high = {r: v for r, v in fit.residual_by_rank_us.items() if v > max(fit.latency_us, 50.0)}
-        if high:
-            worst = max(high, key=lambda r: high[r])
-            warnings.append(
-                f"clock residual above the normal p2p latency ({fit.latency_us:.0f} µs) on ranks "
-                f"{sorted(high)} (rank {worst}: {high[worst]:.0f} µs): waits shorter than that are "
-                "not told apart from clock error"
-            )
+    warnings.extend(_residual_warning(fit))
     for tl in run.ranks:
         tl.clock_offset_ns = fit.offsets.get(tl.rank, 0)
+    windows, blocks = _steps_and_blocks(run, opts, topo, ops, warnings)
+    schedule = opts.schedule or detect_schedule(topo, blocks, run.by_rank())
+    warnings.extend(override_warnings(run, opts, topo, blocks))  # overrides that contradict the trace
+    m = opts.microbatches
+    if m is None and topo.pp > 1:
+        m = microbatch_count(blocks, topo.virtual, run.by_rank())
+        sent = _microbatches_from_sends(run, topo, windows, ops)
+        if sent and not any(b.labelled for b in blocks.values()) and sent != m:
+            # the first stage sends one activation per forward: a count that small helper ops
+            # around the blocks cannot inflate
+            m = sent
+    if topo.virtual > 1 and any(len(b) and not b.labelled for b in blocks.values()):
+        bad = label_from_order(blocks, topo, schedule, m)
+        if bad:
+            warnings.append(
+                f"{bad} rank-steps do not follow the {schedule} order: their blocks keep "
+                "counted micro-batch numbers"
+            )
+    # after every label is known; an overlay on the parser's columns, shown on the timelines
+    labels = {tl.rank: block_labels(tl, blocks[tl.rank], tl.clock_offset_ns) for tl in run.ranks}
+    for tl in run.ranks:
+        show_labels(tl, labels[tl.rank])
+    if topo.pp > 1 and not any(len(b) for b in blocks.values()):
+        warnings.append("pipeline stages found but no compute blocks could be delimited")
+    return Pipeline(topo, fit, pairs, ops, windows, blocks, schedule, m, warnings, peers, labels)
+
+
+def _residual_warning(fit: ClockFit) -> list[str]:
+    """Ranks whose clock residual exceeds the normal p2p latency: waits shorter than the residual
+    cannot be told apart from it."""
+    if fit.latency_us is None:
+        return []
+    high = {r: v for r, v in fit.residual_by_rank_us.items() if v > max(fit.latency_us, 50.0)}
+    if not high:
+        return []
+    worst = max(high, key=lambda r: high[r])
+    return [
+        f"clock residual above the normal p2p latency ({fit.latency_us:.0f} µs) on ranks "
+        f"{sorted(high)} (rank {worst}: {high[worst]:.0f} µs): waits shorter than that are "
+        "not told apart from clock error"
+    ]
+
+
+def _steps_and_blocks(
+    run: Run, opts: PipelineOptions, topo: Topology, ops: dict[int, P2POps], warnings: list[str]
+) -> tuple[dict[int, list[LocalStep]], dict[int, Blocks]]:
+    """Each rank's selected step windows and its compute blocks, on the aligned clock (the ranks'
+    clock offsets already set); their warnings are appended to ``warnings``."""
     windows: dict[int, list[LocalStep]] = {}
     blocks: dict[int, Blocks] = {}
     found = {tl.rank: step_windows(tl) for tl in run.ranks}
@@ -108,28 +149,7 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
             b.end = b.end + off
             b.launch = np.where(b.launch >= 0, b.launch + off, -1)
         blocks[tl.rank] = b
-    schedule = opts.schedule or detect_schedule(topo, blocks, run.by_rank())
-    warnings.extend(override_warnings(run, opts, topo, blocks))  # overrides that contradict the trace
-    m = opts.microbatches
-    if m is None and topo.pp > 1:
-        m = microbatch_count(blocks, topo.virtual, run.by_rank())
-        sent = _microbatches_from_sends(run, topo, windows, ops)
-        if sent and not any(b.labelled for b in blocks.values()) and sent != m:
-            # the first stage sends one activation per forward: a count that small helper ops
-            # around the blocks cannot inflate
-            m = sent
-    if topo.virtual > 1 and any(len(b) and not b.labelled for b in blocks.values()):
-        bad = label_from_order(blocks, topo, schedule, m)
-        if bad:
-            warnings.append(
-                f"{bad} rank-steps do not follow the {schedule} order: their blocks keep "
-                "counted micro-batch numbers"
-            )
-    for tl in run.ranks:  # after every label is known
-        write_back(tl, blocks[tl.rank], tl.clock_offset_ns)
-    if topo.pp > 1 and not any(len(b) for b in blocks.values()):
-        warnings.append("pipeline stages found but no compute blocks could be delimited")
-    return Pipeline(topo, fit, pairs, ops, windows, blocks, schedule, m, warnings, peers)
+    return windows, blocks
 
 
 def _microbatches_from_sends(

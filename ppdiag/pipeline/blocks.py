@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline
 from ppdiag.model.intervals import union
+from ppdiag.model.timeline import Intervals
 from ppdiag.pipeline.steps import LocalStep
 
 PIPE_PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
@@ -88,7 +89,7 @@ def build_blocks(
     next_rank: int | None,
     p2p: tuple[npt.NDArray[np.int32], npt.NDArray[np.int8]] | None = None,
 ) -> Blocks:
-    """Find the rank's blocks (on its own clock); :func:`write_back` labels its intervals later.
+    """Find the rank's blocks (on its own clock); :func:`block_labels` labels its intervals later.
 
     ``p2p``: the intervals' peer and direction columns with the pipeline's decided peers laid over
     (:func:`ppdiag.pipeline.peers.interval_overlay`); the parser's columns when None.
@@ -200,32 +201,7 @@ def _cut_groups(
         comm_ops = (rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)
         cut_t = [iv.start[p2p], rg.start[comm_ops]]
     else:
-        # device kernels: receives are posted early and spin beside the compute, so only the moment
-        # data arrives (a receive's end) and the moment a block's output leaves (a send's start)
-        # separate two blocks
-        d = iv_dir
-        sends = p2p & ((d == int(Direction.SEND)) | (d == int(Direction.BOTH)) | (d == int(Direction.NONE)))
-        recvs = p2p & ((d == int(Direction.RECV)) | (d == int(Direction.BOTH)))
-        # a receive that completes while a block computes (posted ahead) delimits nothing: only
-        # one the compute stream was idle for does
-        r_end = iv.end[recvs]
-        cs, ce = union(iv.start[comp], iv.end[comp])
-        k = np.searchsorted(cs, r_end, side="right") - 1
-        prev_end = np.where(k >= 0, ce[np.clip(k, 0, None)], np.iinfo(np.int64).min)
-        next_start = np.where(k + 1 < cs.size, cs[np.clip(k + 1, 0, cs.size - 1)], np.iinfo(np.int64).max)
-        idle_gap = (r_end >= prev_end) & (next_start - np.maximum(prev_end, 0) >= MIN_CUT_GAP_NS)
-        # a send that starts while a kernel runs was queued behind earlier sends: it does not mark
-        # the end of the block that produced it
-        s_start = iv.start[sends]
-        k_start = iv.start[comp]
-        k_end_max = np.maximum.accumulate(iv.end[comp]) if comp.size else iv.end[comp]
-        j = np.searchsorted(k_start, s_start, side="left") - 1
-        inside = (
-            (j >= 0) & (k_end_max[np.clip(j, 0, None)] > s_start)
-            if comp.size
-            else np.zeros(s_start.size, bool)
-        )
-        cut_t = [s_start[~inside], r_end[idle_gap]]
+        cut_t = _device_cuts(iv, comp, iv_dir)
     cuts = np.unique(np.concatenate(cut_t))
     seg = np.searchsorted(cuts, iv.start[comp], side="right").astype(np.int64)
     if not tl.cpu_only:
@@ -247,6 +223,52 @@ def _cut_groups(
     group = np.cumsum(change) - 1
     group = np.where(step_of >= 0, group, -1)
     ng = int(group.max()) + 1 if group.size else 0
+    phase = _majority_phase(iv, comp, group, ng)
+    if not tl.cpu_only and ng:
+        # On a GPU the direction of the transfers around a block is the surest sign of its phase
+        # (kernels carry a phase only when the launching op said so); ops decide where it is silent.
+        vote = _transfer_vote(tl, comp, group, ng, prev_rank, next_rank, iv_peer, iv_dir)
+        phase = np.where(vote > 0, int(Phase.FWD), np.where(vote < 0, int(Phase.BWD), phase)).astype(np.int8)
+    return group, phase, np.full(ng, -1, np.int32), np.full(ng, -1, np.int32)
+
+
+def _device_cuts(
+    iv: Intervals, comp: npt.NDArray[np.int64], iv_dir: npt.NDArray[np.int8]
+) -> list[npt.NDArray[np.int64]]:
+    """The times that separate two blocks of device kernels (the sends' starts, the ends of the
+    receives the compute stream idled for)."""
+    p2p = iv.kind == int(Kind.P2P)
+    # device kernels: receives are posted early and spin beside the compute, so only the moment
+    # data arrives (a receive's end) and the moment a block's output leaves (a send's start)
+    # separate two blocks
+    d = iv_dir
+    sends = p2p & ((d == int(Direction.SEND)) | (d == int(Direction.BOTH)) | (d == int(Direction.NONE)))
+    recvs = p2p & ((d == int(Direction.RECV)) | (d == int(Direction.BOTH)))
+    # a receive that completes while a block computes (posted ahead) delimits nothing: only
+    # one the compute stream was idle for does
+    r_end = iv.end[recvs]
+    cs, ce = union(iv.start[comp], iv.end[comp])
+    k = np.searchsorted(cs, r_end, side="right") - 1
+    prev_end = np.where(k >= 0, ce[np.clip(k, 0, None)], np.iinfo(np.int64).min)
+    next_start = np.where(k + 1 < cs.size, cs[np.clip(k + 1, 0, cs.size - 1)], np.iinfo(np.int64).max)
+    idle_gap = (r_end >= prev_end) & (next_start - np.maximum(prev_end, 0) >= MIN_CUT_GAP_NS)
+    # a send that starts while a kernel runs was queued behind earlier sends: it does not mark
+    # the end of the block that produced it
+    s_start = iv.start[sends]
+    k_start = iv.start[comp]
+    k_end_max = np.maximum.accumulate(iv.end[comp]) if comp.size else iv.end[comp]
+    j = np.searchsorted(k_start, s_start, side="left") - 1
+    inside = (
+        (j >= 0) & (k_end_max[np.clip(j, 0, None)] > s_start) if comp.size else np.zeros(s_start.size, bool)
+    )
+    return [s_start[~inside], r_end[idle_gap]]
+
+
+def _majority_phase(
+    iv: Intervals, comp: npt.NDArray[np.int64], group: npt.NDArray[np.int64], ng: int
+) -> npt.NDArray[np.int8]:
+    """Each group's phase by its ops' time: backward or weight-gradient where that phase holds
+    more than half of the group's compute, else forward."""
     dur = (iv.end[comp] - iv.start[comp]).astype(np.float64)
     ph = iv.phase[comp]
     valid = group >= 0
@@ -260,12 +282,7 @@ def _cut_groups(
     phase = np.full(ng, int(Phase.FWD), dtype=np.int8)
     phase[bwd_t > 0.5 * all_t] = int(Phase.BWD)
     phase[wg_t > 0.5 * all_t] = int(Phase.WGRAD)
-    if not tl.cpu_only and ng:
-        # On a GPU the direction of the transfers around a block is the surest sign of its phase
-        # (kernels carry a phase only when the launching op said so); ops decide where it is silent.
-        vote = _transfer_vote(tl, comp, group, ng, prev_rank, next_rank, iv_peer, iv_dir)
-        phase = np.where(vote > 0, int(Phase.FWD), np.where(vote < 0, int(Phase.BWD), phase)).astype(np.int8)
-    return group, phase, np.full(ng, -1, np.int32), np.full(ng, -1, np.int32)
+    return phase
 
 
 def _transfer_vote(
@@ -337,18 +354,40 @@ def _number_microbatches(blocks: Blocks) -> None:
     blocks.mb = mb.astype(np.int32)
 
 
-def write_back(tl: RankTimeline, blocks: Blocks, offset: int = 0) -> None:
-    """Label each compute interval with its block's phase / micro-batch / virtual stage (the reports
-    draw them). ``offset`` maps the rank's clock to the blocks' clock."""
+@dataclass(frozen=True)
+class IntervalLabels:
+    """The pipeline's labels of one rank's intervals, an overlay on the parser's columns: each
+    compute interval inside a block carries the block's phase, micro-batch and virtual stage, the
+    others what the parser gave. Read-only arrays, one entry per interval (the reports draw them)."""
+
+    phase: npt.NDArray[np.int8]
+    mb: npt.NDArray[np.int32]
+    chunk: npt.NDArray[np.int16]
+
+
+def block_labels(tl: RankTimeline, blocks: Blocks, offset: int = 0) -> IntervalLabels:
+    """The labels of ``tl``'s intervals with its blocks laid over (copies: the parser's columns
+    are not touched). ``offset`` maps the rank's clock to the blocks' clock."""
     iv = tl.intervals
-    if len(blocks) == 0:
-        return
-    comp = np.flatnonzero(iv.kind == int(Kind.COMPUTE))
-    t = iv.start[comp] + offset
-    pos = np.searchsorted(blocks.start, t, side="right") - 1
-    ok = (pos >= 0) & (t < blocks.end[np.clip(pos, 0, None)] + 1)
-    sel = comp[ok]
-    p = pos[ok]
-    iv.phase[sel] = blocks.phase[p]
-    iv.mb[sel] = blocks.mb[p]
-    iv.chunk[sel] = blocks.stage[p].astype(np.int16)
+    phase, mb, chunk = iv.phase.copy(), iv.mb.copy(), iv.chunk.copy()
+    if len(blocks):
+        comp = np.flatnonzero(iv.kind == int(Kind.COMPUTE))
+        t = iv.start[comp] + offset
+        pos = np.searchsorted(blocks.start, t, side="right") - 1
+        ok = (pos >= 0) & (t < blocks.end[np.clip(pos, 0, None)] + 1)
+        sel = comp[ok]
+        p = pos[ok]
+        phase[sel] = blocks.phase[p]
+        mb[sel] = blocks.mb[p]
+        chunk[sel] = blocks.stage[p].astype(np.int16)
+    for a in (phase, mb, chunk):
+        a.flags.writeable = False
+    return IntervalLabels(phase, mb, chunk)
+
+
+def show_labels(tl: RankTimeline, labels: IntervalLabels) -> None:
+    """Point the rank's label columns at (writeable copies of) the overlay, for the readers that
+    still take the labels from the timeline (the reports). The parser's arrays stay as parsed;
+    the column objects are replaced, never written into."""
+    iv = tl.intervals
+    iv.phase, iv.mb, iv.chunk = labels.phase.copy(), labels.mb.copy(), labels.chunk.copy()

@@ -187,6 +187,25 @@ def _end_offsets(rank: I32, start: I64, end: I64, inst: I64, n_inst: int, member
     return zero
 
 
+# one rank's ops of one group: (rank, seq, start, end) columns
+_Part = tuple[I32, I64, I64, I64]
+_GroupKey = tuple[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One group's member rows matched into instances (``inst`` numbered from 0 in the group)."""
+
+    members: tuple[int, ...]
+    rank: I32
+    start: I64
+    end: I64
+    inst: I64
+    n_inst: int
+    method: int
+    shift: I64
+
+
 def match_collectives(timelines: dict[int, RankTimeline], p2p: bool = False) -> CollectiveMatch:
     """Match the device collectives (or host collectives of CPU-only runs) of every group.
 
@@ -194,11 +213,29 @@ def match_collectives(timelines: dict[int, RankTimeline], p2p: bool = False) -> 
     receive end together like a collective); ops without a known peer only when exactly two ranks
     have them. Meant for runs without a pipeline: in a pipeline the replay models the transfers.
     """
-    traced = set(timelines)
-    # gather every rank's collectives under their group key (vectorized per rank and group)
-    parts: dict[tuple[str, tuple[int, ...]], list[tuple[I32, I64, I64, I64]]] = {}
+    parts = _gather(timelines, p2p)
+    matched: list[_Group] = []
+    dropped = 0
+    for key in sorted(parts):
+        rank = np.concatenate([p[0] for p in parts[key]])
+        members = tuple(sorted({int(x) for x in np.unique(rank)}))
+        if len(members) < 2:
+            continue
+        g, d = _match_group(parts[key], members)
+        matched.append(g)
+        dropped += d
+    if not matched:
+        return CollectiveMatch.empty()
+    return _assemble(matched, dropped)
 
-    def add(key: tuple[str, tuple[int, ...]], r: int, seq: I64, start: I64, end: I64) -> None:
+
+def _gather(timelines: dict[int, RankTimeline], p2p: bool) -> dict[_GroupKey, list[_Part]]:
+    """Every rank's collectives (and p2p ops with ``p2p``) under their group key, on the aligned
+    clock (vectorized per rank and group)."""
+    traced = set(timelines)
+    parts: dict[_GroupKey, list[_Part]] = {}
+
+    def add(key: _GroupKey, r: int, seq: I64, start: I64, end: I64) -> None:
         parts.setdefault(key, []).append((np.full(seq.size, r, np.int32), seq, start, end))
 
     for r, tl in sorted(timelines.items()):
@@ -236,71 +273,84 @@ def match_collectives(timelines: dict[int, RankTimeline], p2p: bool = False) -> 
         lost = parts.pop(("p2p", ()))
         if len(two) == 2:
             parts[("pair", two)] = lost + parts.get(("pair", two), [])
-    out_rank: list[I32] = []
-    out_start: list[I64] = []
-    out_end: list[I64] = []
-    out_inst: list[I64] = []
-    out_shift: list[I64] = []
-    shifted: dict[int, int] = {}
-    inst_group: list[I32] = []
-    inst_method: list[npt.NDArray[np.int8]] = []
-    inst_expected: list[I64] = []
-    groups: list[tuple[int, ...]] = []
-    missing = dropped = 0
-    base = 0
-    for key in sorted(parts):
-        rank = np.concatenate([p[0] for p in parts[key]])
-        seq = np.concatenate([p[1] for p in parts[key]])
-        start = np.concatenate([p[2] for p in parts[key]])
-        end = np.concatenate([p[3] for p in parts[key]])
-        members = tuple(sorted({int(x) for x in np.unique(rank)}))
-        if len(members) < 2:
-            continue
-        if (seq >= 0).all():
-            rank, seq, start, end = _merge_seq(rank, seq, start, end)
-            useq, inst = np.unique(seq, return_inverse=True)
-            n_inst, method = int(useq.size), BY_SEQ
+    return parts
+
+
+def _match_group(parts: list[_Part], members: tuple[int, ...]) -> tuple[_Group, int]:
+    """One group's ops numbered into instances (by sequence number, by order, or by time) and
+    their clock shifts; also how many ops were dropped as indistinguishable from a neighbour."""
+    rank = np.concatenate([p[0] for p in parts])
+    seq = np.concatenate([p[1] for p in parts])
+    start = np.concatenate([p[2] for p in parts])
+    end = np.concatenate([p[3] for p in parts])
+    dropped = 0
+    if (seq >= 0).all():
+        rank, seq, start, end = _merge_seq(rank, seq, start, end)
+        useq, inst = np.unique(seq, return_inverse=True)
+        n_inst, method = int(useq.size), BY_SEQ
+    else:
+        order = np.lexsort((start, rank))
+        rank, start, end = rank[order], start[order], end[order]
+        counts = np.bincount(np.searchsorted(np.asarray(members), rank), minlength=len(members))
+        if (counts == counts[0]).all():
+            first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            inst = np.arange(rank.size) - np.repeat(first, counts)
+            n_inst, method = int(counts[0]), BY_ORDER
         else:
-            order = np.lexsort((start, rank))
-            rank, start, end = rank[order], start[order], end[order]
-            counts = np.bincount(np.searchsorted(np.asarray(members), rank), minlength=len(members))
-            if (counts == counts[0]).all():
-                first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-                inst = np.arange(rank.size) - np.repeat(first, counts)
-                n_inst, method = int(counts[0]), BY_ORDER
-            else:
-                inst, keep, n_inst = _by_time(rank, start, end, members)
-                dropped += int((~keep).sum())
-                rank, start, end, inst = rank[keep], start[keep], end[keep], inst[keep]
-                method = BY_TIME
-        shift = _end_offsets(rank.astype(np.int32), start, end, np.asarray(inst, np.int64), n_inst, members)
-        if shift.any():
-            u, idx = np.unique(rank, return_index=True)  # one shift per member
-            for r_, sh in zip(u.tolist(), np.abs(shift[idx]).tolist(), strict=True):
+            inst, keep, n_inst = _by_time(rank, start, end, members)
+            dropped += int((~keep).sum())
+            rank, start, end, inst = rank[keep], start[keep], end[keep], inst[keep]
+            method = BY_TIME
+    shift = _end_offsets(rank.astype(np.int32), start, end, np.asarray(inst, np.int64), n_inst, members)
+    g = _Group(members, rank.astype(np.int32), start, end, np.asarray(inst, np.int64), n_inst, method, shift)
+    return g, dropped
+
+
+def _assemble(matched: list[_Group], dropped: int) -> CollectiveMatch:
+    """The groups' rows as one match: instances numbered across groups, member rows sorted by
+    instance then rank, and the warnings about shifted clocks, missing and dropped calls."""
+    shifted: dict[int, int] = {}
+    missing = 0
+    base = 0
+    out_inst: list[I64] = []
+    for g in matched:
+        if g.shift.any():
+            u, idx = np.unique(g.rank, return_index=True)  # one shift per member
+            for r_, sh in zip(u.tolist(), np.abs(g.shift[idx]).tolist(), strict=True):
                 if sh:
                     shifted[r_] = max(shifted.get(r_, 0), sh)
-        out_shift.append(shift)
-        gid = len(groups)
-        groups.append(members)
-        out_rank.append(rank.astype(np.int32))
-        out_start.append(start)
-        out_end.append(end)
-        out_inst.append(np.asarray(inst, np.int64) + base)
-        inst_group.append(np.full(n_inst, gid, np.int32))
-        inst_method.append(np.full(n_inst, method, np.int8))
-        inst_expected.append(np.full(n_inst, len(members), np.int64))
-        missing += n_inst * len(members) - int(rank.size)
-        base += n_inst
-    if not groups:
-        return CollectiveMatch.empty()
-    rank_a = np.concatenate(out_rank)
+        out_inst.append(g.inst + base)
+        missing += g.n_inst * len(g.members) - int(g.rank.size)
+        base += g.n_inst
+    rank_a = np.concatenate([g.rank for g in matched])
     inst_a = np.concatenate(out_inst)
     order = np.lexsort((rank_a, inst_a))
     rank_a, inst_a = rank_a[order], inst_a[order]
-    start_a, end_a = np.concatenate(out_start)[order], np.concatenate(out_end)[order]
-    shift_a = np.concatenate(out_shift)[order]
+    start_a = np.concatenate([g.start for g in matched])[order]
+    end_a = np.concatenate([g.end for g in matched])[order]
+    shift_a = np.concatenate([g.shift for g in matched])[order]
     count = np.bincount(inst_a, minlength=base).astype(np.int64)
     first = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+    return CollectiveMatch(
+        inst_a,
+        rank_a,
+        start_a,
+        end_a,
+        np.concatenate([np.full(g.n_inst, gid, np.int32) for gid, g in enumerate(matched)]),
+        np.concatenate([np.full(g.n_inst, g.method, np.int8) for g in matched]),
+        first,
+        count,
+        np.concatenate([np.full(g.n_inst, len(g.members), np.int64) for g in matched]),
+        shift_a,
+        [g.members for g in matched],
+        missing,
+        dropped,
+        _match_warnings(shifted, missing, dropped),
+    )
+
+
+def _match_warnings(shifted: dict[int, int], missing: int, dropped: int) -> list[str]:
+    """One line per kind of imperfection in the match (each counted)."""
     warnings: list[str] = []
     if shifted:
         worst = max(shifted.values())
@@ -319,22 +369,7 @@ def match_collectives(timelines: dict[int, RankTimeline], p2p: bool = False) -> 
             f"{dropped} collective calls could not be told apart from a neighbouring call of the same "
             "rank and group and were left out of the cross-rank matching"
         )
-    return CollectiveMatch(
-        inst_a,
-        rank_a,
-        start_a,
-        end_a,
-        np.concatenate(inst_group),
-        np.concatenate(inst_method),
-        first,
-        count,
-        np.concatenate(inst_expected),
-        shift_a,
-        groups,
-        missing,
-        dropped,
-        warnings,
-    )
+    return warnings
 
 
 __all__ = ["BY_ORDER", "BY_SEQ", "BY_TIME", "METHOD_NAMES", "CollectiveMatch", "match_collectives"]

@@ -1,0 +1,121 @@
+"""The analyzed steps of a run matched into collective waits: each rank's step reduced to the
+sets :func:`~ppdiag.attribution.collective_waits.collective_waits` reads, the run's collectives
+matched, and in a pipeline run only the groups whose members run the same stages kept (members of
+different stages are apart by the schedule, which the replay accounts for).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from ppdiag.attribution.accounting import WindowSets
+from ppdiag.attribution.collective_waits import CollectiveWaits, RankSets, collective_waits
+from ppdiag.attribution.tolerance import timing_tolerance_ns
+from ppdiag.model import RankTimeline
+from ppdiag.model import intervals as ivs
+from ppdiag.pipeline.blocks import Blocks
+from ppdiag.pipeline.collectives import match_collectives
+
+
+class StepLike(Protocol):
+    """What :func:`run_waits` reads of a rank's step (``causes.RankStep``)."""
+
+    rank: int
+    step: int
+    w0: int
+    w1: int
+    sets: WindowSets
+    host_set: ivs.ISet
+    blocks: Blocks
+
+
+def run_waits(
+    steps: Sequence[StepLike],
+    timelines: Mapping[int, RankTimeline],
+    exclude: dict[tuple[int, int], tuple[int, int]] | None = None,
+    p2p: bool = False,
+    pipelines: Sequence[Sequence[int]] | None = None,
+) -> CollectiveWaits:
+    """Match the run's collectives (timelines already on the aligned clock) and split their waits.
+
+    ``p2p``: also split point-to-point ops, per rank pair (for runs without a pipeline).
+    In a pipeline run only groups whose members run the same stages (data-, tensor-, expert-
+    parallel groups) are split here: members of different stages reach a collective at different
+    times because of the schedule itself (the bubble), which the replay accounts for. Waits inside
+    a pipeline block are the replay's too (it books the block's lost time itself), and so is the
+    ``exclude`` span of each (rank, step): the replay's step-end sync.
+    ``pipelines``: the ranks of each pipeline replica; without it, each timeline's
+    ``meta["pipeline"]`` (set by formats that name the replica) when every rank has one.
+    """
+    sets = []
+    for rs in steps:
+        o = np.argsort(rs.blocks.end, kind="stable")
+        first_work = min(
+            [
+                int(x[0][0])
+                for x in (rs.sets.compute, rs.sets.p2p, rs.sets.collective, rs.sets.copy)
+                if x[0].size
+            ],
+            default=rs.w0,
+        )
+        sets.append(
+            RankSets(
+                rs.rank,
+                rs.step,
+                rs.w0,
+                rs.w1,
+                rs.sets.compute,
+                rs.host_set,
+                ivs.union(
+                    np.r_[rs.sets.p2p[0], rs.sets.collective[0]], np.r_[rs.sets.p2p[1], rs.sets.collective[1]]
+                ),
+                first_work,
+                rs.blocks.end[o].astype(np.int64),
+                np.r_[0, np.cumsum(rs.blocks.busy[o])].astype(np.int64),
+            )
+        )
+    pipeline_of = _pipeline_of(timelines, pipelines)
+    match = match_collectives(dict(timelines), p2p=p2p)
+    stages: dict[int, set[int]] = defaultdict(set)
+    for rs in steps:
+        stages[rs.rank].update(int(x) for x in np.unique(rs.blocks.stage))
+    if any(stages.values()) and len(match):
+        same = np.array(
+            [len({frozenset(stages.get(r, set())) for r in members}) == 1 for members in match.groups],
+            dtype=bool,
+        )
+        match = match.only_groups(same)
+    spans: dict[tuple[int, int], ivs.ISet] = {}
+    for rs in steps:
+        key = (rs.rank, rs.step)
+        x = exclude.get(key) if exclude else None
+        s0 = np.r_[rs.blocks.start, [x[0]] if x else []].astype(np.int64)
+        s1 = np.r_[rs.blocks.end, [x[1]] if x else []].astype(np.int64)
+        if s0.size:
+            spans[key] = ivs.union(s0, s1)
+    cw = collective_waits(sets, match, spans, pipeline_of, timing_tolerance_ns(timelines))
+    cw.notes[:0] = match.warnings
+    return cw
+
+
+def _pipeline_of(
+    timelines: Mapping[int, RankTimeline], pipelines: Sequence[Sequence[int]] | None
+) -> dict[int, int]:
+    """Rank -> pipeline replica index, from ``pipelines`` or the timelines' ``meta["pipeline"]``;
+    empty when the replicas are not known for every rank (no partial guess)."""
+    if pipelines:
+        return {int(r): i for i, line in enumerate(pipelines) for r in line}
+    out: dict[int, int] = {}
+    for r, tl in timelines.items():
+        p = tl.meta.get("pipeline") if isinstance(tl.meta, dict) else None
+        if not isinstance(p, int) or isinstance(p, bool):
+            return {}
+        out[int(r)] = p
+    return out
+
+
+__all__ = ["StepLike", "run_waits"]

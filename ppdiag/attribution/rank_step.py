@@ -1,0 +1,115 @@
+"""One rank's step on the aligned clock: the window's interval sets, its account, its blocks and
+the lost time with host evidence (what the replay and the causes read of a rank in a step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.attribution.accounting import Account, WindowSets, account, window_sets
+from ppdiag.model import Kind, RankTimeline
+from ppdiag.model import intervals as ivs
+from ppdiag.pipeline.blocks import Blocks
+
+
+@dataclass
+class RankStep:
+    """Inputs of one rank in one step on the aligned clock."""
+
+    rank: int
+    step: int  # index among the rank's analyzed steps
+    number: int
+    w0: int
+    w1: int
+    sets: WindowSets
+    acct: Account
+    blocks: Blocks  # this step's blocks, aligned, time order
+    host_set: ivs.ISet  # lost time with host evidence
+    wait_set: ivs.ISet  # exposed p2p time (waiting for a peer or transferring)
+    # exposed p2p pieces that ran while the host had not launched the next work yet: a send
+    # spinning beside a host stall delays nothing the host did not delay already
+    p2p_host: ivs.ISet = field(default_factory=ivs.empty)
+
+
+# per timeline: its launched kernels sorted by start (own clock), built once instead of per step;
+# the entry keeps the intervals object it was built from, so a reused id() never matches
+_LAUNCHED: dict[int, tuple[object, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+_LAUNCHED_MAX = 256
+
+
+def _launched(tl: RankTimeline) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Start and launch time of the rank's launched kernels and copies, sorted by start."""
+    iv = tl.intervals
+    hit = _LAUNCHED.get(id(iv))
+    if hit is not None and hit[0] is iv:
+        return hit[1], hit[2]
+    busy = np.isin(iv.kind, (int(Kind.COMPUTE), int(Kind.MEMCPY), int(Kind.MEMSET))) & (iv.launch >= 0)
+    st = iv.start[busy]
+    la = iv.launch[busy]
+    order = np.argsort(st, kind="stable")
+    if len(_LAUNCHED) >= _LAUNCHED_MAX:
+        _LAUNCHED.clear()
+    _LAUNCHED[id(iv)] = (iv, st[order], la[order])
+    return st[order], la[order]
+
+
+def _host_evidence(tl: RankTimeline, offset: int, gaps: ivs.ISet) -> ivs.ISet:
+    """The part of each gap before the next compute was even launched (or all of it on CPU runs)."""
+    gs, ge = gaps
+    if gs.size == 0:
+        return ivs.empty()
+    if tl.cpu_only:
+        return gs.copy(), ge.copy()
+    st0, la0 = _launched(tl)
+    if not st0.size:
+        return ivs.empty()
+    # search on the rank's own clock: no per-step copy of the whole rank
+    nxt = np.searchsorted(st0, ge - offset, side="left")
+    ok = nxt < st0.size
+    launch_next = np.where(ok, la0[np.minimum(nxt, st0.size - 1)] + offset, gs)
+    he = np.minimum(np.maximum(launch_next, gs), ge)
+    return ivs.union(gs, he)
+
+
+def rank_step(tl: RankTimeline, step: int, number: int, w0: int, w1: int, blocks: Blocks) -> RankStep:
+    """Gather one rank's step on the aligned clock."""
+    off = tl.clock_offset_ns
+    sets = window_sets(tl.intervals, off, w0, w1)
+    acct = account(sets, w0, w1)
+    # host evidence only on idle time: comm and copies have their own causes
+    comm = ivs.union(
+        np.r_[sets.p2p[0], sets.collective[0], sets.copy[0]],
+        np.r_[sets.p2p[1], sets.collective[1], sets.copy[1]],
+    )
+    idle = ivs.subtract(sets.gaps, comm)
+    host = _host_evidence(tl, off, idle)
+    with_p2p = ivs.union(np.r_[idle[0], sets.p2p[0]], np.r_[idle[1], sets.p2p[1]])
+    # (device runs only: on CPU runs every event-less stretch is host, and a p2p op is an event)
+    p2p_host = (
+        ivs.intersect(_host_evidence(tl, off, with_p2p), sets.p2p)
+        if sets.p2p[0].size and not tl.cpu_only
+        else ivs.empty()
+    )
+    return RankStep(tl.rank, step, number, w0, w1, sets, acct, blocks, host, sets.p2p, p2p_host)
+
+
+def _m(iset: ivs.ISet, lo: int, hi: int) -> int:
+    """Measure of a sorted disjoint set inside ``[lo, hi)`` (binary search, no scan)."""
+    return ivs.measure_in(iset, lo, hi)
+
+
+def _split_local(rs: RankStep, lo: int, hi: int) -> tuple[int, int, int, int, int]:
+    """``[lo, hi)`` of a rank as (compute, host-evidence idle, other, exposed copy, exposed p2p) ns."""
+    if hi <= lo:
+        return (0, 0, 0, 0, 0)
+    busy = _m(rs.sets.compute, lo, hi)
+    host = _m(rs.host_set, lo, hi)
+    copy = _m(rs.sets.copy, lo, hi)
+    p2p = _m(rs.sets.p2p, lo, hi)
+    return (busy, host, max(hi - lo - busy - host - copy - p2p, 0), copy, p2p)
+
+
+__all__ = ["RankStep", "rank_step"]

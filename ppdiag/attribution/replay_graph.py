@@ -1,0 +1,581 @@
+"""The replay's block graph (DESIGN.md §5): one node per analyzed block, with what each variant of
+the replay needs to place it.
+
+A node holds its measured span split into compute and the local delays inside it, the local time
+before it split around the wait that released it (``pre`` before the wait began, ``post`` after
+it ended, each split into host, exposed comm, copy and unexplained), and the wait itself: the
+producer block on the peer that released it (or a fixed issue time, or a release kept where it was
+measured for an untraced peer) with the producer's issue delay and the transfer once both sides
+were ready. Pipeline data dependencies from the block labels are edges with the normal latency; a
+step-end collective that every rank joins is one sync point; a rank's consecutive steps are
+chained. :mod:`ppdiag.attribution.replay_run` evaluates the graph under a variant.
+
+The graph is built once, in four passes: the nodes of each step (:meth:`ReplayGraph._add_step`),
+the step-end syncs, the waits resolved to their producers (which needs every rank's nodes), and the
+label edges (which need the normal latency of the resolved waits).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.attribution.rank_step import RankStep, _m, _split_local
+from ppdiag.attribution.replay_index import (
+    MATCH_END_NS,
+    _IssueIndex,
+    _last_waits,
+    _measure_between,
+    _P2PIndex,
+)
+from ppdiag.attribution.tolerance import timing_tolerance_ns
+from ppdiag.model import Direction, Phase, RankTimeline
+from ppdiag.model import intervals as ivs
+from ppdiag.pipeline.clocks import P2POps
+
+# windows closer than this are consecutive steps of one rank
+STEP_JOIN_NS = 1_000_000
+
+# a wait still to resolve once every rank's nodes exist:
+# (node, (peer, dir, posted, op end) of the operation that held it, release, wait start)
+_Pending = tuple[int, tuple[int, int, int, int], int, int]
+# (step number, stage, phase, micro-batch) -> node: the label of each labelled block
+_LabelKey = tuple[int, int, int, int]
+
+
+@dataclass
+class _Node:
+    """One block in the replay."""
+
+    rank: int
+    step: int
+    idx: int
+    span: int  # measured end - start
+    busy: int
+    in_host: int  # host-evidence lost inside the block span
+    in_ux: int  # other lost inside the block span
+    in_copy: int  # exposed copies inside the block span
+    phase: int
+    stage: int
+    pre: int
+    post: int
+    pre_host: int
+    pre_coll: int
+    pre_ux: int
+    pre_copy: int
+    # the observed wait: (producer node, producer's issue delay, transfer after both sides were ready)
+    obs: tuple[int, int, int] | None = None
+    # how long before the wait began this rank had posted the operation it waits in (under compute)
+    lead: int = 0
+    # the rank waits for its own send to complete: no data dependency, overlappable (exposed comm)
+    send_wait: bool = False
+    # exposed copies on the producer between its block's end and the send's issue
+    issue_copy: int = 0
+    # the operation it waits in was queued on the compute stream (could not be posted early)
+    on_compute: bool = False
+    # a wait on an operation the peer issued at a fixed time (before any analyzed block of its
+    # own): (issue time, transfer after both sides were ready)
+    obs_abs: tuple[int, int] | None = None
+    # a wait on a rank that is not traced: its release stays where it was measured
+    release: int | None = None
+    # a gap under a transfer that the peer issued only after this block began: local time
+    false_wait: bool = False
+    edges: list[tuple[int, int]] = field(default_factory=list)  # label dependencies: (producer, latency)
+
+
+class _StepWaits(NamedTuple):
+    """The wait before each block of a step: whether there is one, its span, and for each block
+    that has one (in block order) the operation that held the rank and whether it was queued on a
+    compute stream."""
+
+    has: npt.NDArray[np.bool_]
+    start: npt.NDArray[np.int64]
+    release: npt.NDArray[np.int64]
+    held: list[tuple[int, int, int, int]]
+    on_compute: list[bool]
+
+
+class _LocalPieces(NamedTuple):
+    """Per block of a step: the local time before it outside the wait (``pre`` before the wait,
+    ``post`` after it) and its split, and the lost time inside the block span."""
+
+    pre: npt.NDArray[np.int64]
+    post: npt.NDArray[np.int64]
+    host: npt.NDArray[np.int64]
+    coll: npt.NDArray[np.int64]
+    ux: npt.NDArray[np.int64]
+    copy: npt.NDArray[np.int64]
+    in_host: npt.NDArray[np.int64]
+    in_ux: npt.NDArray[np.int64]
+    in_copy: npt.NDArray[np.int64]
+
+
+@dataclass
+class _WaitContext:
+    """What resolving a wait to its producer reads: every rank's block ends (sorted, with their
+    node ids), the peers' issued operations, the steps by (rank, step), and the transfer times
+    seen per link (filled as waits resolve)."""
+
+    ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], list[int]]]
+    issues: _IssueIndex
+    by_rank_step: dict[tuple[int, int], RankStep]
+    timelines: dict[int, RankTimeline]
+    tol: int
+    taus: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # per (producer, consumer)
+
+
+def _step_waits(rs: RankStep, idx: _P2PIndex, lo_a: npt.NDArray[np.int64], cpu: bool, tol: int) -> _StepWaits:
+    """The wait that released each block of ``rs``: the last run of transfer time before it
+    (pieces a few µs apart are one wait); earlier transfers were exposed comm."""
+    s_a = rs.blocks.start.astype(np.int64)
+    has_w, ws_a, rel_a = _last_waits(rs.wait_set, lo_a, s_a)
+    # a "wait" no longer than the timing tolerance is rounding where a transfer touches
+    # the block, not a wait: it must not make the peer's block this one's producer
+    tiny = has_w & (rel_a - ws_a <= tol)
+    has_w &= ~tiny
+    ws_a[tiny] = s_a[tiny]
+    rel_a[tiny] = s_a[tiny]
+    held_l: list[tuple[int, int, int, int]] = []
+    on_comp_l: list[bool] = []
+    for j in np.flatnonzero(has_w).tolist():
+        wait_start, rel = int(ws_a[j]), int(rel_a[j])
+        held = idx.blocking(wait_start, rel, tol)
+        # transfers of other operations before the one that held the rank (a send on
+        # the compute stream before the receive) are exposed comm, not the wait
+        if held[0] >= 0 and not cpu:
+            # the wait is the exposed span of that operation; other transfers before or
+            # after it (a send on the compute stream, a receive whose data was there)
+            # are exposed comm around the wait
+            rel = max(min(rel, held[3]), wait_start)
+            wait_start = min(max(wait_start, held[2]), rel)
+            ws_a[j], rel_a[j] = wait_start, rel
+        held_l.append(held)
+        on_comp_l.append(idx.on_compute_at(wait_start, rel))
+    return _StepWaits(has_w, ws_a, rel_a, held_l, on_comp_l)
+
+
+def _local_pieces(rs: RankStep, lo_a: npt.NDArray[np.int64], w: _StepWaits) -> _LocalPieces:
+    """Split the local time before each block (outside its wait) and the lost time inside it."""
+    s_a = rs.blocks.start.astype(np.int64)
+    e_a = rs.blocks.end.astype(np.int64)
+    ws_a, rel_a = w.start, w.release
+    sets = rs.sets
+    m = _measure_between
+    # local pieces outside the wait span
+    p2p_host = m(rs.p2p_host, lo_a, ws_a) + m(rs.p2p_host, rel_a, s_a)
+    host_a = m(rs.host_set, lo_a, ws_a) + m(rs.host_set, rel_a, s_a) + p2p_host
+    coll_a = (
+        m(sets.collective, lo_a, ws_a)
+        + m(sets.collective, rel_a, s_a)
+        + m(sets.p2p, lo_a, ws_a)
+        + m(sets.p2p, rel_a, s_a)
+        - p2p_host
+    )
+    copy_a = m(sets.copy, lo_a, ws_a) + m(sets.copy, rel_a, s_a)
+    lost_a = m(sets.gaps, lo_a, ws_a) + m(sets.gaps, rel_a, s_a)
+    ux_a = np.maximum(lost_a - host_a - coll_a - copy_a, 0)
+    in_lost = m(sets.gaps, s_a, e_a)
+    in_copy = np.minimum(m(sets.copy, s_a, e_a), in_lost)
+    in_host = np.minimum(m(rs.host_set, s_a, e_a), in_lost - in_copy)
+    return _LocalPieces(
+        ws_a - lo_a, s_a - rel_a, host_a, coll_a, ux_a, copy_a, in_host, in_lost - in_host - in_copy, in_copy
+    )
+
+
+def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]]:
+    """A step that begins where the rank's previous analyzed step ended is chained to it:
+    (rank, step) -> the (rank, step) before it."""
+    prev_step: dict[tuple[int, int], tuple[int, int]] = {}
+    by_rank: dict[int, list[RankStep]] = {}
+    for rs in steps:
+        by_rank.setdefault(rs.rank, []).append(rs)
+    for lst in by_rank.values():
+        lst.sort(key=lambda x: x.w0)
+        for a_rs, b_rs in itertools.pairwise(lst):
+            if abs(b_rs.w0 - a_rs.w1) <= STEP_JOIN_NS:
+                prev_step[(b_rs.rank, b_rs.step)] = (a_rs.rank, a_rs.step)
+    return prev_step
+
+
+def _label_producer(by_key: dict[_LabelKey, int], key: _LabelKey, last_stage: int) -> int | None:
+    """The node whose output the labelled block ``key`` consumes (None: no such dependency)."""
+    stepn, stage, phase, mb = key
+    if phase == int(Phase.FWD):
+        return by_key.get((stepn, stage - 1, int(Phase.FWD), mb))
+    if phase == int(Phase.BWD):
+        if stage == last_stage:
+            return by_key.get((stepn, stage, int(Phase.FWD), mb))
+        return by_key.get((stepn, stage + 1, int(Phase.BWD), mb))
+    if phase == int(Phase.WGRAD):
+        return by_key.get((stepn, stage, int(Phase.BWD), mb))
+    return None
+
+
+class ReplayGraph:
+    """The frozen block graph of the analyzed steps (built once; the variants only read it)."""
+
+    def __init__(
+        self,
+        steps: list[RankStep],
+        timelines: dict[int, RankTimeline],
+        ops: dict[int, P2POps],
+        last_stage: int,
+    ) -> None:
+        self.steps = steps
+        self.nodes: list[_Node] = []
+        self.first: dict[tuple[int, int], int] = {}
+        self.count: dict[tuple[int, int], int] = {}
+        # after the last block: busy, coll, host, other, copy
+        self.tail: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
+        # step-end collective of a (rank, step): start, end, (busy, host, other, copy, p2p) before
+        # and after it
+        self.tail_coll: dict[
+            tuple[int, int],
+            tuple[int, int, tuple[int, int, int, int, int], tuple[int, int, int, int, int]],
+        ] = {}
+        self.syncs: dict[int, tuple[list[tuple[int, int]], int]] = {}  # step key -> members, transfer
+        self.meas_start: list[int] = []
+        self.meas_lo: list[int] = []  # the end of the rank's work before each block
+        self.dropped_edges = 0
+        self.untraced_waits = 0
+        self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
+        self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
+        by_key: dict[_LabelKey, int] = {}
+        pending: list[_Pending] = []
+        p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
+        tol = timing_tolerance_ns(timelines)
+        for rs in steps:
+            self._add_step(rs, timelines[rs.rank].cpu_only, p2p_index[rs.rank], tol, pending, by_key)
+        self._find_step_syncs()
+        taus = self._resolve_waits(pending, timelines, ops, tol)
+        # The normal latency: the lower median over the links of each link's median transfer,
+        # so that slow links (even half of them, as with P=2) do not set what "normal" is.
+        per_link = [float(np.median(v)) for v in taus.values()]
+        self.normal_latency = int(np.percentile(per_link, 50, method="lower")) if per_link else 0
+        self._label_edges(by_key, last_stage, tol)
+        self.order: list[int] = sorted(range(len(self.nodes)), key=lambda i: self.meas_start[i])
+        self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
+        self.prev_step = _chain_steps(steps)
+
+    def _add_step(
+        self,
+        rs: RankStep,
+        cpu: bool,
+        idx: _P2PIndex,
+        tol: int,
+        pending: list[_Pending],
+        by_key: dict[_LabelKey, int],
+    ) -> None:
+        """The nodes of one rank's step, its tail after the last block, and its waits to resolve."""
+        b = rs.blocks
+        self.first[(rs.rank, rs.step)] = len(self.nodes)
+        self.count[(rs.rank, rs.step)] = len(b)
+        s_a = b.start.astype(np.int64)
+        e_a = b.end.astype(np.int64)
+        # the end of the rank's work before each block (the window start before the first)
+        reach = np.maximum.accumulate(np.r_[np.int64(rs.w0), e_a])
+        lo_a = np.minimum(reach[:-1], s_a)
+        w = _step_waits(rs, idx, lo_a, cpu, tol)
+        lp = _local_pieces(rs, lo_a, w)
+        rows = zip(
+            s_a.tolist(),
+            e_a.tolist(),
+            b.busy.tolist(),
+            lp.in_host.tolist(),
+            lp.in_ux.tolist(),
+            lp.in_copy.tolist(),
+            b.phase.tolist(),
+            b.stage.tolist(),
+            b.mb.tolist(),
+            lp.pre.tolist(),
+            lp.post.tolist(),
+            lp.host.tolist(),
+            lp.coll.tolist(),
+            lp.ux.tolist(),
+            lp.copy.tolist(),
+            w.has.tolist(),
+            w.release.tolist(),
+            w.start.tolist(),
+            lo_a.tolist(),
+            strict=True,
+        )
+        step_key = rs.number if rs.number >= 0 else rs.step
+        k_w = 0
+        for i, row in enumerate(rows):
+            s, e, busy, ih, iu, ic, ph, st, mb, pre, post, h, co, u, cp, has, rel, wst, lo = row
+            node = _Node(rs.rank, rs.step, i, e - s, busy, ih, iu, ic, ph, st, pre, post, h, co, u, cp)
+            nid = len(self.nodes)
+            self.nodes.append(node)
+            self.meas_start.append(s)
+            self.meas_lo.append(lo)
+            if has:
+                pending.append((nid, w.held[k_w], rel, wst))
+                node.on_compute = w.on_compute[k_w]
+                k_w += 1
+            if mb >= 0:
+                by_key[(step_key, st, ph, mb)] = nid
+        self._add_tail(rs, int(reach[-1]))
+
+    def _add_tail(self, rs: RankStep, prev_end: int) -> None:
+        """What follows the step's last block: its local split, and the step-end collective."""
+        t_lo, t_hi = prev_end, rs.w1
+        busy_t = _m(rs.sets.compute, t_lo, t_hi)
+        # exposed p2p after the last block (a send on the compute stream) is exposed comm too
+        coll_t = _m(rs.sets.collective, t_lo, t_hi) + _m(rs.sets.p2p, t_lo, t_hi)
+        host_t = _m(rs.host_set, t_lo, t_hi)
+        copy_t = _m(rs.sets.copy, t_lo, t_hi)
+        other_t = max(t_hi - t_lo - busy_t - coll_t - host_t - copy_t, 0)
+        self.tail[(rs.rank, rs.step)] = (busy_t, coll_t, host_t, other_t, copy_t)
+        cs, ce = ivs.window(rs.sets.collective, t_lo, t_hi)
+        if cs.size:
+            c0, c1 = int(cs[0]), int(ce[-1])
+            self.tail_coll[(rs.rank, rs.step)] = (
+                c0,
+                c1,
+                _split_local(rs, t_lo, c0),
+                _split_local(rs, c1, t_hi),
+            )
+
+    def mean_costs(self) -> dict[tuple[int, int, int], float]:
+        """The same total work spread evenly over the stages: per (rank, stage, phase), the factor
+        that brings that stage's forward (backward, W) work on the rank to the mean.
+
+        When every (rank, stage) holds the same number of blocks of a phase, each stage (an
+        interleaved chunk too) is brought to the mean stage work. When the labels do not add up
+        (a block cut in two, chunks of one rank labelled alike) each rank's blocks are scaled to
+        the mean work per rank instead, which keeps the total work whatever the labels say.
+        """
+        phases = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
+        tot: dict[tuple[int, int, int], int] = {}
+        cnt: dict[tuple[int, int, int], int] = {}
+        for nd in self.nodes:
+            if nd.phase in phases:
+                k = (nd.rank, nd.stage, nd.phase)
+                tot[k] = tot.get(k, 0) + nd.busy
+                cnt[k] = cnt.get(k, 0) + 1
+        out: dict[tuple[int, int, int], float] = {}
+        for ph in phases:
+            keys = [k for k in tot if k[2] == ph]
+            if not keys:
+                continue
+            if len({cnt[k] for k in keys}) == 1:
+                vals = {k: tot[k] for k in keys if tot[k] > 0}
+                mean = float(np.mean(list(vals.values()))) if vals else 0.0
+                out.update({k: mean / v for k, v in vals.items()})
+                continue
+            per_rank: dict[int, int] = {}
+            for k in keys:
+                per_rank[k[0]] = per_rank.get(k[0], 0) + tot[k]
+            pos = {r: v for r, v in per_rank.items() if v > 0}
+            mean = float(np.mean(list(pos.values()))) if pos else 0.0
+            out.update({k: mean / pos[k[0]] for k in keys if k[0] in pos})
+        return out
+
+    def _find_step_syncs(self) -> None:
+        """Step-end collectives that every rank joins and that end together form one sync point:
+        early ranks wait in them for the last one, which only pays the transfer."""
+        self.sync_of: dict[tuple[int, int], int] = {}
+        by_step: dict[int, list[tuple[int, int]]] = {}
+        for rs in self.steps:
+            key = (rs.rank, rs.step)
+            if key in self.tail_coll:
+                by_step.setdefault(rs.number if rs.number >= 0 else rs.step, []).append(key)
+        n_ranks = len({rs.rank for rs in self.steps})
+        for sk, members in by_step.items():
+            if len(members) < 2 or len(members) < n_ranks:
+                continue
+            ends = np.array([self.tail_coll[k][1] for k in members], dtype=np.int64)
+            durs = np.array([self.tail_coll[k][1] - self.tail_coll[k][0] for k in members], dtype=np.int64)
+            xfer = int(durs.min())
+            # a real sync: the collectives end within a fraction of the shortest one (plus 50 µs)
+            if int(ends.max() - ends.min()) > max(xfer // 2, 50_000):
+                continue
+            self.syncs[sk] = (members, xfer)
+            for k in members:
+                self.sync_of[k] = sk
+
+    def edge_stats(self) -> list[tuple[int, int, int, int]]:
+        """Observed waits as (producer rank, consumer rank, transfer ns, time waited ns)."""
+        return list(self.waits)
+
+    def check(self) -> list[str]:
+        """Every invariant of the graph it breaks, one line each (empty: the graph is sound): each
+        (rank, step) owns one contiguous run of nodes in step order, every producer and label edge
+        names another node, and no measured piece is negative."""
+        out: list[str] = []
+        n = len(self.nodes)
+        pos = 0
+        for rs in self.steps:
+            key = (rs.rank, rs.step)
+            if self.first.get(key) != pos:
+                out.append(f"rank {rs.rank} step {rs.step}: nodes start at {self.first.get(key)}, not {pos}")
+            pos += self.count.get(key, 0)
+        if pos != n:
+            out.append(f"the steps own {pos} nodes of {n}")
+        if len(self.meas_start) != n or len(self.meas_lo) != n or sorted(self.order) != list(range(n)):
+            out.append("the measured starts, ends before and replay order do not cover the nodes")
+        for i, nd in enumerate(self.nodes):
+            prods = [nd.obs[0]] if nd.obs is not None else []
+            prods += [p for p, _ in nd.edges]
+            if any(not 0 <= p < n or p == i for p in prods):
+                out.append(f"node {i} (rank {nd.rank}): producer outside the graph or itself: {prods}")
+            if min(nd.span, nd.busy, nd.pre, nd.post) < 0:
+                out.append(f"node {i} (rank {nd.rank}): negative span, busy or local time")
+        return out
+
+    def _ends_by_rank(self) -> dict[int, tuple[npt.NDArray[np.int64], list[int]]]:
+        """Per rank, its block ends sorted with their node ids, for "which block did the peer
+        finish last" (one sort by rank, then each rank's slice: no scan of all nodes per rank)."""
+        n_rank = np.fromiter((nd.rank for nd in self.nodes), np.int64, len(self.nodes))
+        n_end = np.asarray(self.meas_start, np.int64) + np.fromiter(
+            (nd.span for nd in self.nodes), np.int64, len(self.nodes)
+        )
+        by_r = np.argsort(n_rank, kind="stable")
+        r_sorted = n_rank[by_r]
+        out: dict[int, tuple[npt.NDArray[np.int64], list[int]]] = {}
+        for r in {rs.rank for rs in self.steps}:
+            ids_a = by_r[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")]
+            ends = n_end[ids_a]
+            o = np.argsort(ends, kind="stable")
+            out[r] = (ends[o], ids_a[o].tolist())
+        return out
+
+    def _resolve_waits(
+        self, pending: list[_Pending], timelines: dict[int, RankTimeline], ops: dict[int, P2POps], tol: int
+    ) -> dict[tuple[int, int], list[int]]:
+        """Tie every wait to what released it; returns the transfer times seen per link."""
+        ctx = _WaitContext(
+            self._ends_by_rank(),
+            _IssueIndex(ops, timelines),
+            {(rs.rank, rs.step): rs for rs in self.steps},
+            timelines,
+            tol,
+        )
+        for nid, held, rel, wait_start in pending:
+            self._resolve_wait(ctx, nid, held, rel, wait_start)
+        return ctx.taus
+
+    def _resolve_wait(
+        self, ctx: _WaitContext, nid: int, held: tuple[int, int, int, int], rel: int, wait_start: int
+    ) -> None:
+        """The operation that released the wait before node ``nid``: on devices the peer's kernel
+        that ended with this rank's (a matched NCCL send/recv pair ends together), else the peer's
+        last operation towards this rank before the release. Its producer block is the last one
+        the peer finished before issuing it (with a slow link the peer may have finished later
+        blocks before the data arrived)."""
+        peer, wdir, posted, op_end = held
+        ends, ids = ctx.ends_by_rank.get(peer, (np.zeros(0, np.int64), []))
+        node = self.nodes[nid]
+        me = node.rank
+        last = ctx.issues.matched(peer, me, wdir, op_end, MATCH_END_NS)
+        if last is None:
+            last = ctx.issues.last_before(peer, me, wdir, rel)
+        # (CPU runs: host calls, whose start says little about when the data left; there the
+        # producer is the peer's last block before the release)
+        device = not ctx.timelines[me].cpu_only
+        # a block that ends within the timing tolerance after the issue counts as finished
+        # before it (a send issued as its block ends must not flip to the block before under
+        # ns jitter, which would read that whole block as the producer's host delay)
+        at = last if (last is not None and device) else rel
+        j = int(np.searchsorted(ends, at + ctx.tol, side="right")) - 1
+        node.send_wait = wdir == int(Direction.SEND)
+        if j < 0 and last is not None and peer in ctx.ends_by_rank:
+            # the peer issued it before finishing any analyzed block (a receive posted at the
+            # start of the step): the transfer starts at that fixed issue time
+            posted = min(posted, wait_start)
+            xfer = rel - max(last, posted)
+            if xfer < -ctx.tol:
+                self._not_a_wait(nid, ctx.by_rank_step[(me, node.step)])
+                return
+            node.obs_abs = (last, xfer)
+            node.lead = wait_start - posted
+            self._record_wait(ctx, peer, me, xfer, rel - wait_start)
+        elif j < 0:
+            # the peer is not traced, or its block lies before the analyzed steps
+            node.release = rel
+            self.untraced_waits += int(peer not in ctx.ends_by_rank)
+        else:
+            posted = min(posted, wait_start) if device else wait_start
+            self._producer_wait(ctx, nid, peer, (ids[j], int(ends[j]), last), posted, rel, wait_start)
+
+    def _producer_wait(
+        self,
+        ctx: _WaitContext,
+        nid: int,
+        peer: int,
+        producer: tuple[int, int, int | None],
+        posted: int,
+        rel: int,
+        wait_start: int,
+    ) -> None:
+        """A wait released by the peer's block ``producer`` = (node, end, issue of the operation).
+
+        The peer's last transfer operation towards this rank before the release: the time from
+        the producer's block end to that issue is the producer's host delay. The transfer is what
+        remains after both sides were ready: the producer had issued and this rank had posted its
+        operation (a gloo or NCCL transfer cannot complete before the receive is posted; a receive
+        posted under compute lets the transfer run before the wait begins)."""
+        prod, p_end, last = producer
+        node = self.nodes[nid]
+        issue = max(p_end, last) if last is not None else p_end
+        xfer = rel - max(issue, posted)
+        if xfer < -ctx.tol:
+            self._not_a_wait(nid, ctx.by_rank_step[(node.rank, node.step)])
+            return
+        # copies the producer ran between its block and the send delay the send as copies
+        prs = ctx.by_rank_step.get((self.nodes[prod].rank, self.nodes[prod].step))
+        issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if prs is not None else 0
+        node.obs = (prod, issue - p_end - issue_copy, xfer)
+        node.issue_copy = issue_copy
+        node.lead = wait_start - posted
+        self._record_wait(ctx, peer, node.rank, xfer, rel - wait_start)
+
+    def _record_wait(self, ctx: _WaitContext, peer: int, me: int, xfer: int, waited: int) -> None:
+        self.waits.append((peer, me, xfer, waited))
+        ctx.taus.setdefault((peer, me), []).append(xfer)
+
+    def _label_edges(self, by_key: dict[_LabelKey, int], last_stage: int, tol: int) -> None:
+        """Pipeline data dependencies from labels, with the normal latency (capped so the measured
+        timeline stays reproduced exactly). A consumer that starts a few ns before its producer
+        ends (within the rounding and timer resolution of the input) keeps the dependency with
+        that small negative latency: dropping it would make the split of the waits depend on
+        sub-µs jitter (float32 seconds against float64 ones)."""
+        for key, nid in by_key.items():
+            prod = _label_producer(by_key, key, last_stage)
+            if prod is None or prod == nid:
+                continue
+            node = self.nodes[nid]
+            p_end = self.meas_start[prod] + self.nodes[prod].span
+            slack = self.meas_start[nid] - node.post - p_end
+            if slack < -tol:  # the measurement contradicts this dependency: labels do not match up
+                self.dropped_edges += 1
+                continue
+            node.edges.append((prod, min(self.normal_latency, slack)))
+
+    def _not_a_wait(self, nid: int, rs: RankStep) -> None:
+        """A gap that looked like a wait but that the peer cannot have released: the peer issued
+        the operation after this rank's block had begun (a transfer still in flight across the
+        gap, while the rank was held by something else: a launch gap, a late host). Read as a
+        wait, a later block of the peer would become this block's producer with a negative
+        transfer, tying the two ranks wherever that block moves in a variant. The gap is measured
+        as local time instead, exactly as for a block without a wait."""
+        node = self.nodes[nid]
+        lo, s = self.meas_lo[nid], self.meas_start[nid]
+        p2p_host = _m(rs.p2p_host, lo, s)
+        host = _m(rs.host_set, lo, s) + p2p_host
+        coll = _m(rs.sets.collective, lo, s) + _m(rs.sets.p2p, lo, s) - p2p_host
+        copy = _m(rs.sets.copy, lo, s)
+        lost = _m(rs.sets.gaps, lo, s)
+        node.pre, node.post = s - lo, 0
+        node.pre_host, node.pre_coll, node.pre_copy = host, coll, copy
+        node.pre_ux = max(lost - host - coll - copy, 0)
+        node.on_compute = False
+        node.false_wait = True
+        self.false_waits += 1
+
+
+__all__ = ["STEP_JOIN_NS", "ReplayGraph"]

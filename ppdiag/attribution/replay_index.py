@@ -1,0 +1,170 @@
+"""Indexes the replay searches when it builds its block graph: the last wait before each block,
+which transfer held a rank during a wait, and which operation of the peer released it.
+
+Each is one sort up front and a binary search per question, never a scan of a rank's events.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.model import Direction, Kind, RankTimeline
+from ppdiag.model import intervals as ivs
+from ppdiag.pipeline.clocks import P2POps
+
+# transfer pieces closer than this form one wait (the host issuing the next operation in between)
+WAIT_JOIN_NS = 50_000
+# matched device send/recv kernels end within this of each other
+MATCH_END_NS = 20_000
+
+
+def _measure_between(
+    iset: ivs.ISet, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """:func:`ivs.measure_in` of a sorted disjoint set for each ``[lo[i], hi[i])`` at once."""
+    if iset[0].size == 0 or lo.size == 0:
+        return np.zeros(lo.shape, np.int64)
+    got = ivs.prefix_measure(iset, hi) - ivs.prefix_measure(iset, lo)
+    return np.where(hi > lo, got, 0)
+
+
+def _last_waits(
+    wait_set: ivs.ISet, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """For each span ``[lo[i], hi[i])``: whether transfer time lies in it, and the last run of it
+    (pieces at most ``WAIT_JOIN_NS`` apart are one wait) clipped to the span, as (start, end);
+    ``(hi, hi)`` where there is none."""
+    s, e = wait_set
+    n = lo.size
+    if s.size == 0 or n == 0:
+        return np.zeros(n, np.bool_), hi.copy(), hi.copy()
+    i0 = np.searchsorted(e, lo, side="right")  # first piece that reaches past lo
+    i1 = np.searchsorted(s, hi, side="left")  # pieces before this begin before hi
+    has = (i1 > i0) & (hi > lo)
+    last = np.maximum(i1 - 1, 0)
+    # the first piece of each run of pieces joined by short gaps
+    join = np.r_[False, (s[1:] - e[:-1]) <= WAIT_JOIN_NS]
+    run_first = np.maximum.accumulate(np.where(join, 0, np.arange(s.size)))
+    k = np.maximum(run_first[last], i0)
+    start = np.where(has, np.maximum(s[np.minimum(k, s.size - 1)], lo), hi)
+    end = np.where(has, np.minimum(e[last], hi), hi)
+    return has, start.astype(np.int64), end.astype(np.int64)
+
+
+class _P2PIndex:
+    """One rank's p2p intervals on the aligned clock, sorted by start, for "which transfer held
+    the rank during ``[lo, hi]``" in O(log n + overlaps) per wait instead of a scan of the rank."""
+
+    def __init__(self, tl: RankTimeline, po: P2POps | None = None) -> None:
+        iv = tl.intervals
+        m = np.flatnonzero(iv.kind == int(Kind.P2P))
+        off = tl.clock_offset_ns
+        o = np.argsort(iv.start[m], kind="stable")
+        idx = m[o]
+        self.start = iv.start[idx] + off
+        self.end = iv.end[idx] + off
+        # where the trace names no peer, the pipeline's overlay (peers decided by timing) does
+        overlay = po is not None and po.iv_peer.shape[0] == len(iv)
+        self.peer = po.iv_peer[idx] if po is not None and overlay else iv.peer[idx]
+        self.direction = po.iv_dir[idx] if po is not None and overlay else iv.direction[idx]
+        # p2p kernels queued on a stream that runs compute (p2p on the compute stream); on CPU
+        # runs every op is on the main thread, which says nothing about the device streams
+        comp_streams = np.unique(iv.stream[iv.kind == int(Kind.COMPUTE)])
+        self.on_compute = np.isin(iv.stream[idx], comp_streams) & (not tl.cpu_only)
+        # running max of the ends: the intervals that can still reach ``lo`` begin at the first
+        # position whose running max passes it
+        self.reach = np.maximum.accumulate(self.end) if self.end.size else self.end
+
+    def on_compute_at(self, lo: int, hi: int) -> bool:
+        """Whether the operation that held the rank in ``[lo, hi]`` ran on a compute stream."""
+        j0 = int(np.searchsorted(self.reach, lo, side="right"))
+        j1 = int(np.searchsorted(self.start, hi, side="left"))
+        if j1 <= j0:
+            return False
+        cover = np.minimum(self.end[j0:j1], hi) - np.maximum(self.start[j0:j1], lo)
+        return bool(self.on_compute[j0 + int(np.argmax(cover))])
+
+    def blocking(self, lo: int, hi: int, tol: int = 0) -> tuple[int, int, int, int]:
+        """(peer, direction, start, end) of the p2p interval that covers most of the wait ``[lo, hi]``.
+
+        A wait can end on a transfer that was complete long before (a receive is only waited for
+        after an earlier send returned), so the longest piece names the peer that held the rank.
+        Its start is when the rank posted the operation (often under compute, before the wait).
+        Pieces that cover the wait alike (within ``tol``: a send and a receive posted and done
+        together) are a tie, not decided by ns jitter: the one posted first names the peer.
+        """
+        j0 = int(np.searchsorted(self.reach, lo, side="right"))
+        j1 = int(np.searchsorted(self.start, hi, side="left"))
+        if j1 <= j0:
+            return -1, 0, lo, hi
+        st, en = self.start[j0:j1], self.end[j0:j1]
+        cover = np.minimum(en, hi) - np.maximum(st, lo)
+        top = int(cover.max())
+        if top <= 0:
+            return -1, 0, lo, hi
+        # the first (earliest posted) of the pieces that tie, as an exact tie always was
+        k = int(np.flatnonzero(cover >= top - tol)[0])
+        return int(self.peer[j0 + k]), int(self.direction[j0 + k]), int(st[k]), int(en[k])
+
+
+class _IssueIndex:
+    """The p2p operations each rank issued towards each peer, by what can release a waiter:
+    a receive is released by the peer's send, a blocked send by the peer's receive. Sorted issue
+    times on the aligned clock, so "the last one before the release" is one binary search."""
+
+    SEND, RECV, ANY = 0, 1, 2
+
+    def __init__(self, ops: dict[int, P2POps], timelines: dict[int, RankTimeline]) -> None:
+        self.by: dict[tuple[int, int, int], npt.NDArray[np.int64]] = {}
+        # device kernels of a matched send and receive end together: by end, with their starts
+        self.by_end: dict[tuple[int, int, int], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+        for r, po in ops.items():
+            if r not in timelines or not len(po.start):
+                continue
+            st = po.start + timelines[r].clock_offset_ns
+            en = po.end + timelines[r].clock_offset_ns
+            send_like = (po.direction == int(Direction.SEND)) | (po.direction == int(Direction.BOTH))
+            recv_like = (po.direction == int(Direction.RECV)) | (po.direction == int(Direction.BOTH))
+            for peer in np.unique(po.peer).tolist():
+                pm = po.peer == peer
+                for kind, sel in ((self.SEND, pm & send_like), (self.RECV, pm & recv_like), (self.ANY, pm)):
+                    if sel.any():
+                        self.by[(r, int(peer), kind)] = np.sort(st[sel])
+                        if po.device:
+                            o = np.argsort(en[sel], kind="stable")
+                            self.by_end[(r, int(peer), kind)] = (en[sel][o], st[sel][o])
+
+    def _kind(self, wait_dir: int) -> int:
+        if wait_dir == int(Direction.RECV):
+            return self.SEND
+        if wait_dir == int(Direction.SEND):
+            return self.RECV
+        return self.ANY
+
+    def matched(self, rank: int, towards: int, wait_dir: int, end: int, tol: int) -> int | None:
+        """Issue time of ``rank``'s device operation towards ``towards`` that ended with the
+        waiter's operation (within ``tol``): its matched partner (None when there is none)."""
+        got = self.by_end.get((rank, towards, self._kind(wait_dir)))
+        if got is None:
+            return None
+        ends, starts = got
+        j = int(np.searchsorted(ends, end))
+        best: int | None = None
+        for c in (j - 1, j):
+            ok = 0 <= c < ends.size and abs(int(ends[c]) - end) <= tol and int(starts[c]) <= end
+            if ok and (best is None or abs(int(ends[c]) - end) < abs(int(ends[best]) - end)):
+                best = c
+        return int(starts[best]) if best is not None else None
+
+    def last_before(self, rank: int, towards: int, wait_dir: int, t: int) -> int | None:
+        """Issue time of ``rank``'s last operation towards ``towards`` at or before ``t`` that can
+        release a wait of direction ``wait_dir`` (None when there is none)."""
+        arr = self.by.get((rank, towards, self._kind(wait_dir)))
+        if arr is None:
+            return None
+        j = int(np.searchsorted(arr, t, side="right")) - 1
+        return int(arr[j]) if j >= 0 else None
+
+
+__all__ = ["MATCH_END_NS", "WAIT_JOIN_NS"]

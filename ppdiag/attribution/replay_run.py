@@ -1,0 +1,365 @@
+"""The replay's evaluation (DESIGN.md §5): the block graph of
+:mod:`ppdiag.attribution.replay_graph` run under one variant, some kinds of delay removed.
+
+Every quantity that depends only on the variant is computed for all nodes at once
+(:func:`_variant_rows`); the loop over the nodes in measured order keeps only the dependencies
+(the previous block, the producer, the label edges, the step windows), with the same arithmetic
+as one node at a time (``tests/test_replay_identity.py`` checks that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.attribution.rank_step import RankStep
+from ppdiag.attribution.replay_graph import ReplayGraph, _Node
+from ppdiag.model import RankTimeline
+from ppdiag.pipeline.clocks import P2POps
+
+NEG_INF = -(2**62)
+
+# one node of a variant in the replay's order: node id, (rank, step) of a step's first block or
+# None, pre, post, duration, wait code, the wait's addition, lead, producer, producer's extra
+# delay, fixed issue time, (release, label edges) or None
+_Row = tuple[
+    int,
+    tuple[int, int] | None,
+    float,
+    float,
+    float,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    tuple[int | None, list[tuple[int, int]]] | None,
+]
+
+
+@dataclass(frozen=True)
+class _Flags:
+    """Which kinds of delay a variant keeps (``False`` removes it); see :meth:`Replay.run`."""
+
+    host: bool
+    comm_excess: bool
+    comm: bool
+    copy: bool
+    ux: bool
+
+
+@dataclass
+class _Columns:
+    """The replay's nodes as columns: what every variant reads, without per-node attribute access."""
+
+    pre: npt.NDArray[np.int64]
+    post: npt.NDArray[np.int64]
+    pre_host: npt.NDArray[np.int64]
+    pre_coll: npt.NDArray[np.int64]
+    pre_copy: npt.NDArray[np.int64]
+    pre_ux: npt.NDArray[np.int64]
+    span: npt.NDArray[np.int64]
+    busy: npt.NDArray[np.int64]
+    in_host: npt.NDArray[np.int64]
+    in_ux: npt.NDArray[np.int64]
+    in_copy: npt.NDArray[np.int64]
+    send_wait: npt.NDArray[np.bool_]
+    has_obs: npt.NDArray[np.bool_]
+    has_abs: npt.NDArray[np.bool_]
+    xfer: npt.NDArray[np.int64]  # the observed transfer of the wait (0 without one)
+    issue: npt.NDArray[np.int64]  # the producer's issue delay
+    issue_copy: npt.NDArray[np.int64]
+    lead: npt.NDArray[np.int64]
+    on_compute: npt.NDArray[np.bool_]
+    cost_key: list[tuple[int, int, int]]  # (rank, stage, phase): the mean-cost factor's key
+    meas_end: list[int]
+    # in the replay's order (measured start): node ids, the (rank, step) of a step's first block
+    # (None for the others), producers, fixed issue times, and (release, label edges) or None
+    order: npt.NDArray[np.int64]
+    order_l: list[int]
+    first_key_o: list[tuple[int, int] | None]
+    prod_o: list[int]
+    t_issue_o: list[int]
+    deps_o: list[tuple[int | None, list[tuple[int, int]]] | None]
+
+    @classmethod
+    def of(cls, rp: ReplayGraph) -> _Columns:
+        nodes = rp.nodes
+        n = len(nodes)
+
+        def col(get: Callable[[_Node], int]) -> npt.NDArray[np.int64]:
+            return np.fromiter((get(nd) for nd in nodes), np.int64, n)
+
+        def flag(get: Callable[[_Node], bool]) -> npt.NDArray[np.bool_]:
+            return np.fromiter((get(nd) for nd in nodes), np.bool_, n)
+
+        span = col(lambda nd: nd.span)
+        return cls(
+            pre=col(lambda nd: nd.pre),
+            post=col(lambda nd: nd.post),
+            pre_host=col(lambda nd: nd.pre_host),
+            pre_coll=col(lambda nd: nd.pre_coll),
+            pre_copy=col(lambda nd: nd.pre_copy),
+            pre_ux=col(lambda nd: nd.pre_ux),
+            span=span,
+            busy=col(lambda nd: nd.busy),
+            in_host=col(lambda nd: nd.in_host),
+            in_ux=col(lambda nd: nd.in_ux),
+            in_copy=col(lambda nd: nd.in_copy),
+            send_wait=flag(lambda nd: nd.send_wait),
+            has_obs=flag(lambda nd: nd.obs is not None),
+            has_abs=flag(lambda nd: nd.obs_abs is not None),
+            xfer=col(
+                lambda nd: nd.obs[2] if nd.obs is not None else nd.obs_abs[1] if nd.obs_abs is not None else 0
+            ),
+            issue=col(lambda nd: nd.obs[1] if nd.obs is not None else 0),
+            issue_copy=col(lambda nd: nd.issue_copy),
+            lead=col(lambda nd: nd.lead),
+            on_compute=flag(lambda nd: nd.on_compute),
+            cost_key=[(nd.rank, nd.stage, nd.phase) for nd in nodes],
+            meas_end=(np.asarray(rp.meas_start, np.int64) + span).tolist() if n else [],
+            order=np.asarray(rp.order, np.int64),
+            order_l=list(rp.order),
+            first_key_o=[
+                (nodes[i].rank, nodes[i].step) if rp.first[(nodes[i].rank, nodes[i].step)] == i else None
+                for i in rp.order
+            ],
+            prod_o=[ob[0] if (ob := nodes[i].obs) is not None else -1 for i in rp.order],
+            t_issue_o=[ab[0] if (ab := nodes[i].obs_abs) is not None else 0 for i in rp.order],
+            deps_o=[
+                (nodes[i].release, nodes[i].edges) if nodes[i].release is not None or nodes[i].edges else None
+                for i in rp.order
+            ],
+        )
+
+
+def _variant_rows(
+    cols: _Columns, lat: int, fl: _Flags, balanced: dict[tuple[int, int, int], float] | None
+) -> tuple[Iterator[_Row], npt.NDArray[np.float64] | None]:
+    """Everything the node loop reads under the variant, in the loop's order (one zip instead of
+    indexing per node), and the mean-cost factor of each node (``balanced`` only)."""
+    loc = cols.pre + cols.post
+    keep = loc.copy()
+    if not fl.host:
+        keep -= cols.pre_host
+    if not fl.comm:
+        keep -= cols.pre_coll
+    if not fl.copy:
+        keep -= cols.pre_copy
+    if not fl.ux:
+        keep -= cols.pre_ux
+    scale = np.where(loc > 0, keep / np.where(loc > 0, loc, 1), 0.0)
+    order = cols.order
+    pre_l: list[float] = (cols.pre * scale)[order].tolist()
+    post_l: list[float] = (cols.post * scale)[order].tolist()
+    dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
+    factor: npt.NDArray[np.float64] | None = None
+    if balanced is not None:
+        factor = np.fromiter((balanced.get(k, 1.0) for k in cols.cost_key), np.float64, len(cols.cost_key))
+        dur = cols.busy * factor + cols.in_host + cols.in_ux + cols.in_copy
+    else:
+        dur = cols.span.copy()
+    if not fl.host:
+        dur = dur - cols.in_host
+    if not fl.copy:
+        dur = dur - cols.in_copy
+    if not fl.ux:
+        dur = dur - cols.in_ux
+    dur_l = dur[order].tolist()
+    # the wait of each node: 1 its own send (comm removed), 2 a producer block, 3 a fixed issue
+    own_send = cols.send_wait & (not fl.comm)
+    code = np.where(own_send, 1, np.where(cols.has_obs, 2, np.where(cols.has_abs, 3, 0)))[order].tolist()
+    xfer_a = cols.xfer if fl.comm_excess else np.minimum(cols.xfer, lat)
+    excess = np.maximum(cols.xfer - lat, 0) if fl.comm_excess else np.zeros_like(cols.xfer)
+    # code 1 adds the excess, 2 and 3 wait for the transfer
+    add_l = np.where(own_send, excess, xfer_a)[order].tolist()
+    extra_l = (cols.issue if fl.host else 0) + (cols.issue_copy if fl.copy else 0) + 0 * cols.issue
+    lead_a = cols.lead if fl.comm else np.where(cols.on_compute, -NEG_INF, cols.lead)
+    # code 2 waits for its producer's end (+ issue delay), code 3 for a fixed issue time
+    lead_l = lead_a[order].tolist()
+    extra_o = extra_l[order].tolist()
+    rows = zip(
+        cols.order_l,
+        cols.first_key_o,
+        pre_l,
+        post_l,
+        dur_l,
+        code,
+        add_l,
+        lead_l,
+        cols.prod_o,
+        extra_o,
+        cols.t_issue_o,
+        cols.deps_o,
+        strict=True,
+    )
+    return rows, factor
+
+
+class _Windows:
+    """The step windows of one variant, computed on demand: a step starts where the rank's
+    previous chained step ends (the first analyzed step keeps its measured start), and ends after
+    its tail, or at its step-end sync (the last member's arrival plus the sync's transfer)."""
+
+    def __init__(self, rp: ReplayGraph, end: list[int], fl: _Flags) -> None:
+        self.rp = rp
+        self.end = end  # every node's end in the variant (a node not replayed yet: as measured)
+        self.fl = fl
+        self.w_start: dict[tuple[int, int], int] = {}
+        self.w_end: dict[tuple[int, int], int] = {}
+        self.sync_end: dict[int, int] = {}
+
+    def last_end(self, key: tuple[int, int]) -> int:
+        f, c = self.rp.first[key], self.rp.count[key]
+        return self.end[f + c - 1] if c else self.start(key)
+
+    def start(self, key: tuple[int, int]) -> int:
+        if key not in self.w_start:
+            prev = self.rp.prev_step.get(key)
+            self.w_start[key] = self.stop(prev) if prev is not None else self.rp.w0[key]
+        return self.w_start[key]
+
+    def local(self, piece: tuple[int, int, int, int, int]) -> int:
+        busy_p, host_p, other_p, copy_p, p2p_p = piece
+        fl = self.fl
+        return (
+            busy_p
+            + other_p
+            + (host_p if fl.host else 0)
+            + (copy_p if fl.copy else 0)
+            + (p2p_p if fl.comm else 0)
+        )
+
+    def stop(self, key: tuple[int, int]) -> int:
+        if key in self.w_end:
+            return self.w_end[key]
+        rp, fl = self.rp, self.fl
+        sync = rp.sync_of.get(key)
+        if sync is not None:
+            if sync not in self.sync_end:
+                members, xfer = rp.syncs[sync]
+                arrive = NEG_INF
+                for m in members:
+                    arrive = max(arrive, self.last_end(m) + self.local(rp.tail_coll[m][2]))
+                self.sync_end[sync] = arrive + (xfer if fl.comm else 0)
+            val = self.sync_end[sync] + self.local(rp.tail_coll[key][3])
+        else:
+            busy_t, coll_t, host_t, other_t, copy_t = rp.tail[key]
+            val = (
+                self.last_end(key)
+                + busy_t
+                + other_t
+                + (coll_t if fl.comm else 0)
+                + (host_t if fl.host else 0)
+                + (copy_t if fl.copy else 0)
+            )
+        self.w_end[key] = int(val)
+        return self.w_end[key]
+
+
+def _place_nodes(win: _Windows, rows: Iterator[_Row]) -> None:
+    """Place every node in measured order: after the previous block (or its step's start) and its
+    local delay before the wait, its wait's release, its label edges, then its local delay after
+    the wait and its duration."""
+    end = win.end
+    for i, fk, pre, post, du, c, add, lead, prod, extra, t_iss, deps in rows:
+        base = (win.start(fk) if fk is not None else end[i - 1]) + pre
+        if c == 1:
+            # waiting for its own send: no data dependency, the wait overlaps once comm does;
+            # only a slow link's excess over the normal transfer stays (blocking sends)
+            base += add
+        elif c == 2:
+            # the transfer starts once the producer issued it and this rank had posted its
+            # side (``lead`` before it began to wait); the block waits for its arrival
+            ready = max(base - lead, end[prod] + extra)
+            base = max(base, ready + add)
+        elif c == 3:
+            base = max(base, max(base - lead, t_iss) + add)
+        if deps is not None:
+            rel, eds = deps
+            if rel is not None:
+                base = max(base, rel)
+            for p, tau in eds:
+                base = max(base, end[p] + tau)
+        end[i] = int((base + post) + du)
+
+
+def _step_idle(
+    rp: ReplayGraph, cols: _Columns, win: _Windows, factor: npt.NDArray[np.float64] | None
+) -> dict[tuple[int, int], tuple[int, int]]:
+    """``(window, idle)`` of every (rank, step) once its nodes are placed. Under ``balanced`` the
+    blocks' compute is at the mean cost (what is left of each span once its host, copy and other
+    idle is taken out), summed per step by prefix sums."""
+    cum_delta: list[int] = []
+    if factor is not None:
+        bal = (cols.busy * factor).astype(np.int64)
+        cum_delta = np.concatenate([[0], np.cumsum(bal - cols.busy)]).tolist()
+    idle: dict[tuple[int, int], tuple[int, int]] = {}
+    for rs in rp.steps:
+        key = (rs.rank, rs.step)
+        f, c = rp.first[key], rp.count[key]
+        w0 = win.start(key)
+        w1 = win.stop(key)
+        busy = rs.acct.compute
+        if factor is not None and c:
+            busy = busy + int(cum_delta[f + c] - cum_delta[f])
+        idle[key] = (int(w1 - w0), int(w1 - w0 - busy))
+    return idle
+
+
+class Replay(ReplayGraph):
+    """The block graph of the analyzed steps and its evaluation under counterfactual changes."""
+
+    def __init__(
+        self,
+        steps: list[RankStep],
+        timelines: dict[int, RankTimeline],
+        ops: dict[int, P2POps],
+        last_stage: int,
+    ) -> None:
+        super().__init__(steps, timelines, ops, last_stage)
+        self._cols: _Columns | None = None
+
+    def _columns(self) -> _Columns:
+        """The nodes as columns (built once, reused by every variant)."""
+        if self._cols is None:
+            self._cols = _Columns.of(self)
+        return self._cols
+
+    def run(
+        self,
+        *,
+        host: bool = True,
+        comm_excess: bool = True,
+        comm: bool = True,
+        copy: bool = True,
+        ux: bool = True,
+        balanced: dict[tuple[int, int, int], float] | None = None,
+    ) -> dict[tuple[int, int], tuple[int, int]]:
+        """``(window, idle)`` of every (rank, step) under a variant; ``False`` removes that delay.
+
+        ``host``: host delays (launched after the gap began, a producer's late issue);
+        ``comm_excess``: transfer time above the normal latency on the waits (slow links);
+        ``comm``: exposed communication that is not a pipeline transfer (p2p and collectives between
+        blocks, the step-end sync's transfer); ``copy``: exposed copies; ``ux``: local idle with no
+        evidence; ``balanced``: each rank's blocks scaled to the mean work per rank
+        (``mean_costs``). The pipeline transfers keep at least the normal latency in every
+        variant: that latency is part of the schedule.
+
+        Consecutive steps of a rank are chained: a step starts where the rank's previous step ends
+        in the same variant (a faster previous step lets the next one begin earlier); the first
+        analyzed step keeps its measured start.
+        """
+        cols = self._columns()
+        fl = _Flags(host=host, comm_excess=comm_excess, comm=comm, copy=copy, ux=ux)
+        rows, factor = _variant_rows(cols, self.normal_latency, fl, balanced)
+        win = _Windows(self, list(cols.meas_end), fl)
+        _place_nodes(win, rows)
+        return _step_idle(self, cols, win, factor)
+
+
+__all__ = ["NEG_INF", "Replay"]

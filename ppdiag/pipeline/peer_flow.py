@@ -1,0 +1,206 @@
+"""p2p partners of host ops from the data flow (DESIGN.md §4.3, step 2 of
+:mod:`ppdiag.pipeline.peers`): each transfer is an activation or a gradient by the compute beside
+it, and per flow and step the k-th send pairs with the k-th receive of the same flow; each rank's
+partner is the one whose receives follow its sends causally and soonest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline, Run
+from ppdiag.pipeline.clocks import P2POps
+from ppdiag.pipeline.peer_links import HOW_TIMING, LinkFit
+
+_FWD, _BWD = 1, 2
+
+
+_VOTE_OPS = 3  # compute ops around a transfer that vote on its flow
+
+
+def _flow_class(tl: RankTimeline, v: P2POps, idx: npt.NDArray[np.int64], send: bool) -> npt.NDArray[np.int8]:
+    """Per op: forward flow (activations) or backward flow (gradients), 0 when unknown.
+
+    A received tensor is consumed by the compute that follows it, a sent one produced by the
+    compute before it: backward (autograd) ops there mean a gradient, other ops an activation.
+    Needs phases on the compute (CPU ops carry them; bare kernels may not).
+    """
+    iv = tl.intervals
+    cm = np.flatnonzero((iv.kind == int(Kind.COMPUTE)) & (iv.phase != int(Phase.OPTIM)))
+    out = np.zeros(idx.size, np.int8)
+    if cm.size == 0 or idx.size == 0:
+        return out
+    bw_all = np.isin(iv.phase[cm], (int(Phase.BWD), int(Phase.WGRAD)))
+    if not bw_all.any():
+        return out
+    if send:
+        order = np.argsort(iv.end[cm], kind="stable")
+        t = iv.end[cm][order]
+        bw = bw_all[order].astype(np.int64)
+        j = np.searchsorted(t, v.start[idx], side="right")  # ops [j-K, j) ended before the send
+        lo, hi = np.maximum(j - _VOTE_OPS, 0), j
+    else:
+        order = np.argsort(iv.start[cm], kind="stable")
+        t = iv.start[cm][order]
+        bw = bw_all[order].astype(np.int64)
+        j = np.searchsorted(t, v.end[idx], side="left")  # ops [j, j+K) started after the receive
+        lo, hi = j, np.minimum(j + _VOTE_OPS, t.size)
+    cum = np.r_[0, np.cumsum(bw)]
+    n = hi - lo
+    nb = cum[hi] - cum[lo]
+    out[(n > 0) & (2 * nb > n)] = _BWD
+    out[(n > 0) & (2 * nb < n)] = _FWD
+    out[(n > 0) & (2 * nb == n)] = _BWD if not send else _FWD
+    return out
+
+
+def _step_of(tl: RankTimeline, t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Step number of each time (-1 outside every step)."""
+    rg = tl.ranges
+    m = rg.kind == int(RangeKind.STEP)
+    if not m.any():
+        return np.zeros(t.shape, np.int64)
+    o = np.argsort(rg.start[m], kind="stable")
+    st, en, num = rg.start[m][o], rg.end[m][o], rg.num[m][o]
+    j = np.searchsorted(st, t, side="right") - 1
+    ok = (j >= 0) & (t < en[np.clip(j, 0, None)])
+    return np.where(ok, num[np.clip(j, 0, None)], -1).astype(np.int64)
+
+
+def _flow_score(
+    s_key: npt.NDArray[np.int64],
+    s_step: npt.NDArray[np.int64],
+    r_key: npt.NDArray[np.int64],
+    r_step: npt.NDArray[np.int64],
+    tol: int,
+) -> tuple[float, float, int]:
+    """The k-th send of each step against the k-th receive of the same step: the share that is
+    causal (the receive ends after the send began), the median gap, and the pairs compared."""
+    gaps: list[npt.NDArray[np.int64]] = []
+    for st in np.intersect1d(np.unique(s_step[s_step >= 0]), np.unique(r_step[r_step >= 0])):
+        a = s_key[s_step == st]
+        b = r_key[r_step == st]
+        if a.size != b.size:  # a lost or duplicated event: this step cannot be compared by order
+            continue
+        gaps.append(b - a)
+    if not gaps:
+        return 0.0, float("inf"), 0
+    g = np.concatenate(gaps)
+    return float(np.mean(g >= -tol)), float(np.median(g)), int(g.size)
+
+
+# per (rank, flow, sends?): the ops' indices, keys on the coarse clock and step numbers, by key
+_Streams = dict[tuple[int, int, bool], tuple[npt.NDArray[np.int64], ...]]
+_FLOW_TOL_NS = 2_000_000 // 2  # the gloo spans' own jitter on a loaded host: 1 ms
+
+
+def _decide_by_flow(
+    run: Run, o: dict[int, P2POps], off: dict[int, int], unknown: dict[int, npt.NDArray[np.bool_]]
+) -> tuple[dict[tuple[int, int], LinkFit], int, float | None, list[str]] | None:
+    """Host ops: split each rank's transfers into forward (activations) and backward (gradient)
+    flows, then give each rank the partner whose receives of that flow follow its sends in the
+    same order per step, causally and soonest. Each rank has one partner per flow and direction
+    in a chain or ring; the forward and backward answers must agree."""
+    streams = _flow_streams(run, o, off, unknown)
+    if not streams:
+        return None
+    partner, scores = _flow_partners(streams, _FLOW_TOL_NS)
+    if not partner:
+        return None
+    warnings = _flow_conflicts(partner)
+    if warnings:
+        warnings.append("p2p peers left undecided (no pipeline built from timing)")
+        return {}, 0, None, warnings
+    links: dict[tuple[int, int], LinkFit] = {}
+    decided = 0
+    confs: list[float] = []
+    for (a, c), b in partner.items():
+        s_sel = streams[(a, c, True)][0]
+        r_sel = streams.get((b, c, False), (np.zeros(0, np.int64),))[0]
+        o[a].peer[s_sel] = b
+        o[a].how[s_sel] = HOW_TIMING
+        o[a].conf[s_sel] = scores[(a, c)]
+        o[b].peer[r_sel] = a
+        o[b].how[r_sel] = HOW_TIMING
+        o[b].conf[r_sel] = scores[(a, c)]
+        decided += int(s_sel.size + r_sel.size)
+        confs.append(scores[(a, c)])
+        f = links.get((a, b))
+        n = int(s_sel.size) + (f.support if f else 0)
+        links[(a, b)] = LinkFit(a, b, 0, _FLOW_TOL_NS, n, 0.0)
+    return links, decided, float(np.median(confs)) if confs else None, warnings
+
+
+def _flow_streams(
+    run: Run, o: dict[int, P2POps], off: dict[int, int], unknown: dict[int, npt.NDArray[np.bool_]]
+) -> _Streams:
+    """Each rank's unknown sends and receives split by flow (forward, backward), sorted by key
+    (a send's start, a receive's end)."""
+    tls = run.by_rank()
+    streams: _Streams = {}
+    for r, v in o.items():
+        if r not in tls or not unknown[r].any():
+            continue
+        for send in (True, False):
+            dmask = (v.direction == int(Direction.SEND)) if send else (v.direction == int(Direction.RECV))
+            idx = np.flatnonzero(unknown[r] & dmask)
+            if idx.size == 0:
+                continue
+            cls = _flow_class(tls[r], v, idx, send)
+            key = (v.start[idx] if send else v.end[idx]).astype(np.int64)
+            for c in (_FWD, _BWD):
+                sel = idx[cls == c]
+                k = key[cls == c]
+                order = np.argsort(k, kind="stable")
+                sel, k = sel[order], k[order]
+                streams[(r, c, send)] = (sel, k + off.get(r, 0), _step_of(tls[r], k))
+    return streams
+
+
+def _flow_partners(
+    streams: _Streams, tol: int
+) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], float]]:
+    """Per (sender, flow): the receiver whose receives of that flow follow the sends causally (3
+    in 4 at least) and soonest (median gap), and the share that was causal."""
+    partner: dict[tuple[int, int], int] = {}  # (sender, flow) -> receiver
+    scores: dict[tuple[int, int], float] = {}
+    for (a, c, send), (_, s_key, s_step) in streams.items():
+        if not send or s_key.size == 0:
+            continue
+        best: tuple[float, int, float] | None = None
+        for (b, c2, send2), (_, r_key, r_step) in streams.items():
+            if send2 or c2 != c or b == a or r_key.size == 0:
+                continue
+            causal, med, n = _flow_score(s_key, s_step, r_key, r_step, tol)
+            if n == 0 or causal < 0.75:
+                continue
+            if best is None or med < best[0]:
+                best = (med, b, causal)
+        if best is not None:
+            partner[(a, c)] = best[1]
+            scores[(a, c)] = best[2]
+    return partner, scores
+
+
+def _flow_conflicts(partner: dict[tuple[int, int], int]) -> list[str]:
+    """Why the partners cannot be a pipeline: a forward link that does not come back as the
+    backward one, or several sources of one flow into one rank (empty when they can)."""
+    warnings: list[str] = []
+    # forward a -> b must come back as backward b -> a
+    for (a, c), b in list(partner.items()):
+        if c == _FWD and partner.get((b, _BWD), a) != a:
+            warnings.append(
+                f"p2p peers by timing: rank {a} sends activations to {b}, but {b} sends gradients "
+                f"to {partner[(b, _BWD)]}; these peers are ambiguous"
+            )
+    receivers: dict[tuple[int, int], list[int]] = {}
+    for (a, c), b in partner.items():
+        receivers.setdefault((b, c), []).append(a)
+    for (b, c), senders in receivers.items():
+        if len(senders) > 1:
+            warnings.append(
+                f"p2p peers by timing: ranks {sorted(senders)} all look like the "
+                f"{'forward' if c == _FWD else 'backward'} source of rank {b}; ambiguous"
+            )
+    return warnings
