@@ -348,7 +348,10 @@ def _cut(
         np.minimum(np.searchsorted(bounds, lo, side="right"), len(takes) - 1)
     ]
     keep = (hi > lo) & (lo < bounds[-1])
-    return np.stack([t0, t0 + (hi - lo), cause, np.full(lo.size, step, np.int64)], axis=1)[keep]
+    rows: npt.NDArray[np.int64] = np.stack(
+        [t0, t0 + (hi - lo), cause, np.full(lo.size, step, np.int64)], axis=1
+    )[keep]
+    return rows
 
 
 # re-exported: the replay's parts that tests and callers import from here

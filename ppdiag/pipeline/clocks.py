@@ -116,11 +116,13 @@ def p2p_ops(tl: RankTimeline) -> P2POps:
 
 
 def _is_send(d: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
-    return (d == int(Direction.SEND)) | (d == int(Direction.BOTH))
+    out: npt.NDArray[np.bool_] = (d == int(Direction.SEND)) | (d == int(Direction.BOTH))
+    return out
 
 
 def _is_recv(d: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
-    return (d == int(Direction.RECV)) | (d == int(Direction.BOTH))
+    out: npt.NDArray[np.bool_] = (d == int(Direction.RECV)) | (d == int(Direction.BOTH))
+    return out
 
 
 def _pair_link(

@@ -153,7 +153,8 @@ def _synced(start: I64, end: I64, inst: I64, n_inst: int) -> npt.NDArray[np.bool
     np.maximum.at(hi, inst, end)
     np.minimum.at(dmin, inst, dur)
     cnt = np.bincount(inst, minlength=n_inst)
-    return (cnt >= 2) & (hi - lo <= np.maximum(dmin // 2, SYNC_TOL_NS))
+    synced: npt.NDArray[np.bool_] = (cnt >= 2) & (hi - lo <= np.maximum(dmin // 2, SYNC_TOL_NS))
+    return synced
 
 
 def _end_offsets(rank: I32, start: I64, end: I64, inst: I64, n_inst: int, members: tuple[int, ...]) -> I64:

@@ -37,11 +37,13 @@ HANG_MIN_NS = 20_000_000
 
 
 def _is_send(d: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
-    return (d == int(Direction.SEND)) | (d == int(Direction.BOTH))
+    out: npt.NDArray[np.bool_] = (d == int(Direction.SEND)) | (d == int(Direction.BOTH))
+    return out
 
 
 def _is_recv(d: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
-    return (d == int(Direction.RECV)) | (d == int(Direction.BOTH))
+    out: npt.NDArray[np.bool_] = (d == int(Direction.RECV)) | (d == int(Direction.BOTH))
+    return out
 
 
 def _trace_end(tl: RankTimeline) -> int:

@@ -58,12 +58,18 @@ class LinkFit:
 
 def can_send(direction: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
     """Ops that may carry a send (a grouped or direction-unknown op may)."""
-    return (direction == int(Direction.SEND)) | (direction == int(Direction.BOTH)) | (direction == 0)
+    out: npt.NDArray[np.bool_] = (
+        (direction == int(Direction.SEND)) | (direction == int(Direction.BOTH)) | (direction == 0)
+    )
+    return out
 
 
 def can_recv(direction: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
     """Ops that may carry a receive."""
-    return (direction == int(Direction.RECV)) | (direction == int(Direction.BOTH)) | (direction == 0)
+    out: npt.NDArray[np.bool_] = (
+        (direction == int(Direction.RECV)) | (direction == int(Direction.BOTH)) | (direction == 0)
+    )
+    return out
 
 
 @dataclass
@@ -209,7 +215,8 @@ def _nearest(keys: npt.NDArray[np.int64], t: npt.NDArray[np.int64]) -> npt.NDArr
     j = np.searchsorted(keys, t)
     a = np.abs(keys[np.clip(j - 1, 0, keys.size - 1)] - t)
     b = np.abs(keys[np.clip(j, 0, keys.size - 1)] - t)
-    return np.minimum(a, b)
+    dist: npt.NDArray[np.int64] = np.minimum(a, b)
+    return dist
 
 
 def _latest_before(keys: npt.NDArray[np.int64], t: npt.NDArray[np.int64], tol: int) -> npt.NDArray[np.int64]:
