@@ -35,6 +35,12 @@ NS_PER_MS = 1e6
 #: after its timeout); a cut has every rank end within it.
 HANG_MIN_NS = 20_000_000
 
+#: one wait as the finders yield it: rank, op kind, name, peer, group, missing ranks, since (ns),
+#: end (ns), open at the trace end, count
+_RawWait = tuple[int, str, str, int | None, str | None, list[int], int, int, bool, int]
+#: per link (sender, receiver), the indices of one side's ops on it
+_Ends = dict[tuple[int, int], npt.NDArray[np.int64]]
+
 
 def _is_send(d: npt.NDArray[np.int8]) -> npt.NDArray[np.bool_]:
     out: npt.NDArray[np.bool_] = (d == int(Direction.SEND)) | (d == int(Direction.BOTH))
@@ -109,7 +115,7 @@ def detect(
     origin = min(_trace_start(tl) + off[r] for r, tl in tls.items())
     end = {r: _trace_end(tl) + off[r] for r, tl in tls.items()}
     tol = max(1_000, int(1e-4 * (max(end.values()) - origin)))
-    raw: list[tuple[int, str, str, int | None, str | None, list[int], int, int, bool, int]] = []
+    raw: list[_RawWait] = []
     raw.extend(_p2p_waits(tls, ops, off, end, tol, neighbours or {}))
     raw.extend(_collective_waits(tls, off, end, tol))
     lost = sum(tl.events_lost for tl in tls.values())
@@ -132,16 +138,7 @@ def detect(
         for r, kind, name, peer, group, missing, t, _, open_, count in raw
     ]
     waits.sort(key=lambda w: (w.since_ms, w.rank))
-    waiting = {w.rank for w in waits}
-    on = [
-        w
-        for w in waits
-        if (w.peer is not None and w.peer not in waiting) or (w.missing and not set(w.missing) & waiting)
-    ]
-    first = on[0] if on else (waits[0] if waits else None)
-    root = None
-    if first is not None:
-        root = first.peer if first.peer is not None else (first.missing[0] if first.missing else None)
+    first, root = _first_and_root(waits)
     last_ops = {
         str(r): lo for r, tl in sorted(tls.items()) if (lo := _last_op(tl, off[r], origin)) is not None
     }
@@ -163,6 +160,22 @@ def detect(
     )
 
 
+def _first_and_root(waits: list[Wait]) -> tuple[Wait | None, int | None]:
+    """The first wait (by time) on a rank that is not waiting itself, and the rank it waits for:
+    where following "waits for" ends. Without one, the earliest wait."""
+    waiting = {w.rank for w in waits}
+    on = [
+        w
+        for w in waits
+        if (w.peer is not None and w.peer not in waiting) or (w.missing and not set(w.missing) & waiting)
+    ]
+    first = on[0] if on else (waits[0] if waits else None)
+    root = None
+    if first is not None:
+        root = first.peer if first.peer is not None else (first.missing[0] if first.missing else None)
+    return first, root
+
+
 def _p2p_waits(
     tls: dict[int, RankTimeline],
     ops: dict[int, P2POps],
@@ -170,13 +183,20 @@ def _p2p_waits(
     end: dict[int, int],
     tol: int,
     neighbours: dict[int, tuple[int | None, int | None]],
-) -> Iterable[tuple[int, str, str, int | None, str | None, list[int], int, int, bool, int]]:
+) -> Iterable[_RawWait]:
     """Per link, the first receive beyond the sends and the first send beyond the receives; then
     each operation open at its rank's trace end whose peer no one could decide (a partner that
     never came leaves nothing to time it against), on the pipeline neighbour whose link is
     balanced without it."""
-    sends: dict[tuple[int, int], npt.NDArray[np.int64]] = {}
-    recvs: dict[tuple[int, int], npt.NDArray[np.int64]] = {}
+    sends, recvs = _link_ends(ops)
+    yield from _unbalanced_links(tls, ops, off, end, tol, sends, recvs)
+    yield from _open_without_peer(tls, ops, off, end, tol, neighbours, sends, recvs)
+
+
+def _link_ends(ops: dict[int, P2POps]) -> tuple[_Ends, _Ends]:
+    """Per link (sender, receiver): the sender's send ops and the receiver's receive ops on it."""
+    sends: _Ends = {}
+    recvs: _Ends = {}
     for r, o in ops.items():
         if not len(o.start):
             continue
@@ -184,6 +204,19 @@ def _p2p_waits(
             m = o.peer == peer
             sends[(r, int(peer))] = np.flatnonzero(m & _is_send(o.direction))
             recvs[(int(peer), r)] = np.flatnonzero(m & _is_recv(o.direction))
+    return sends, recvs
+
+
+def _unbalanced_links(
+    tls: dict[int, RankTimeline],
+    ops: dict[int, P2POps],
+    off: dict[int, int],
+    end: dict[int, int],
+    tol: int,
+    sends: _Ends,
+    recvs: _Ends,
+) -> Iterable[_RawWait]:
+    """Per link, the first receive beyond the sends and the first send beyond the receives."""
     empty = np.zeros(0, np.int64)
     for link in sorted(set(sends) | set(recvs)):
         src, dst = link
@@ -199,33 +232,61 @@ def _p2p_waits(
             t = int(o.start[i]) + off[me]
             e = int(o.end[mine[-1]]) + off[me]
             yield (me, kind, _op_name(tls[me], o, i), peer, None, [], t, e, e >= end[me] - tol, extra)
+
+
+def _open_without_peer(
+    tls: dict[int, RankTimeline],
+    ops: dict[int, P2POps],
+    off: dict[int, int],
+    end: dict[int, int],
+    tol: int,
+    neighbours: dict[int, tuple[int | None, int | None]],
+    sends: _Ends,
+    recvs: _Ends,
+) -> Iterable[_RawWait]:
+    """Each op open at its rank's trace end whose peer no one could decide, on the pipeline
+    neighbour that :func:`_open_partner` names (skipped when none fits)."""
     for r, o in sorted(ops.items()):
         if not len(o.start) or r not in tls:
             continue
         for i in np.flatnonzero((o.peer < 0) & (o.end + off[r] >= end[r] - tol)).tolist():
             recv = bool(_is_recv(o.direction[i : i + 1])[0])
-            # the partner's op in flight (one more on its side than on this one), else the
-            # neighbour whose link is balanced without this op
-            best: tuple[int, int] | None = None
-            for q in neighbours.get(r, (None, None)):
-                if q is None or q not in tls:
-                    continue
-                link = (q, r) if recv else (r, q)
-                ns, nr = len(sends.get(link, empty)), len(recvs.get(link, empty))
-                diff = ns - nr if recv else nr - ns
-                rank_of = 0 if diff == 1 else (1 if diff == 0 else None)
-                if rank_of is not None and (best is None or (rank_of, -end[q]) < (best[0], -end[best[1]])):
-                    best = (rank_of, q)
-            if best is None:
+            q = _open_partner(r, recv, tls, end, neighbours, sends, recvs)
+            if q is None:
                 continue
             t = int(o.start[i]) + off[r]
             e = int(o.end[i]) + off[r]
-            yield (r, "recv" if recv else "send", _op_name(tls[r], o, i), best[1], None, [], t, e, True, 1)
+            yield (r, "recv" if recv else "send", _op_name(tls[r], o, i), q, None, [], t, e, True, 1)
+
+
+def _open_partner(
+    r: int,
+    recv: bool,
+    tls: dict[int, RankTimeline],
+    end: dict[int, int],
+    neighbours: dict[int, tuple[int | None, int | None]],
+    sends: _Ends,
+    recvs: _Ends,
+) -> int | None:
+    """The partner of rank ``r``'s open op: the neighbour with its op in flight (one more on its
+    side of the link than on this one), else the neighbour whose link is balanced without this
+    op; between equals, the one whose trace runs on longest."""
+    best: tuple[int, int] | None = None
+    for q in neighbours.get(r, (None, None)):
+        if q is None or q not in tls:
+            continue
+        link = (q, r) if recv else (r, q)
+        ns, nr = len(sends.get(link, ())), len(recvs.get(link, ()))
+        diff = ns - nr if recv else nr - ns
+        rank_of = 0 if diff == 1 else (1 if diff == 0 else None)
+        if rank_of is not None and (best is None or (rank_of, -end[q]) < (best[0], -end[best[1]])):
+            best = (rank_of, q)
+    return None if best is None else best[1]
 
 
 def _collective_waits(
     tls: dict[int, RankTimeline], off: dict[int, int], end: dict[int, int], tol: int
-) -> Iterable[tuple[int, str, str, int | None, str | None, list[int], int, int, bool, int]]:
+) -> Iterable[_RawWait]:
     """Per process group (by name), members that entered collectives others never entered."""
     starts: dict[str, dict[int, npt.NDArray[np.int64]]] = {}
     members: dict[str, set[int]] = {}

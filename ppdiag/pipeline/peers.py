@@ -240,14 +240,10 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
     dec = PeerDecision("metadata" if n_known else "none", coarse.offsets, coarse.method)
     if n_unknown == 0:
         return dec
-    if all(not v.ends_meet for v in o.values() if len(v.start)):
-        flow = _decide_by_flow(run, o, coarse.offsets, unknown)
-        if flow is not None:
-            dec.links, dec.decided, conf, warns = flow
-            dec.warnings.extend(warns)
-            dec.confidence = conf
-            dec.source = "metadata and timing" if n_known else "timing"
-            return _count_undecided(dec, o, n_unknown, _BY_FLOW)
+    if all(not v.ends_meet for v in o.values() if len(v.start)) and _by_flow_first(
+        run, o, coarse, unknown, dec, n_known
+    ):
+        return _count_undecided(dec, o, n_unknown, _BY_FLOW)
     ranks = sorted(r for r in o if unknown[r].any())
     try:
         links, key_sets, off = _fit_links(o, unknown, ranks, coarse, _pipeline_neighbours(run, lines), dec)
@@ -270,7 +266,42 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
             f"(coarse clock: {coarse.method}); the pipeline cannot be rebuilt from timing"
         )
         return dec
-    # 3. assign each unknown op to its best link
+    _assign(run, o, ranks, links, key_sets, off, dec, n_known)
+    return _count_undecided(dec, o, n_unknown, "fit no link by timing and stay unmatched")
+
+
+def _by_flow_first(
+    run: Run,
+    o: dict[int, P2POps],
+    coarse: Coarse,
+    unknown: dict[int, npt.NDArray[np.bool_]],
+    dec: PeerDecision,
+    n_known: int,
+) -> bool:
+    """No transfer's ends meet: the data flow is tried before timing. When it places the ops,
+    its links, counts and warnings go into ``dec`` (True); else nothing changes."""
+    flow = _decide_by_flow(run, o, coarse.offsets, unknown)
+    if flow is None:
+        return False
+    dec.links, dec.decided, conf, warns = flow
+    dec.warnings.extend(warns)
+    dec.confidence = conf
+    dec.source = "metadata and timing" if n_known else "timing"
+    return True
+
+
+def _assign(
+    run: Run,
+    o: dict[int, P2POps],
+    ranks: list[int],
+    links: dict[tuple[int, int], LinkFit],
+    key_sets: _KeySets,
+    off: dict[int, int],
+    dec: PeerDecision,
+    n_known: int,
+) -> None:
+    """Step 3: each unknown op goes to its best accepted link; directions follow; the count,
+    confidence and source go into ``dec``."""
     decided, margins = _assign_by_links(run, o, ranks, links, key_sets)
     low = sum(int(((v.how == HOW_TIMING) & (v.conf < 0.5)).sum()) for v in o.values())
     if low:
@@ -282,7 +313,6 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
     dec.decided = decided
     dec.confidence = float(np.median(np.concatenate(margins))) if margins and decided else None
     dec.source = "metadata and timing" if n_known else "timing"
-    return _count_undecided(dec, o, n_unknown, "fit no link by timing and stay unmatched")
 
 
 def _fit_links(
