@@ -310,6 +310,30 @@ def align_clocks(run: Run, pairs: Pairs) -> ClockFit:
     """
     ranks = sorted(tl.rank for tl in run.ranks)
     zero = {r: 0 for r in ranks}
+    rows, p2p_rows = _equations(run, pairs, ranks)
+    if len(ranks) < 2 or not rows:
+        hosts = {str(tl.meta.get("host_name", "")) for tl in run.ranks}
+        method = (
+            "same host clock" if len(hosts) == 1 and "" not in hosts else "none (no matched device transfers)"
+        )
+        return ClockFit(zero, None, method)
+    offsets, n_comps = _solve(ranks, rows)
+    by_rank: dict[int, float] = {}
+    latency: float | None = None
+    if len(pairs) and pairs.device:
+        resid, by_rank, latency = _transfer_residuals(pairs, offsets, ranks)
+    else:
+        resid = np.array([abs(d - (offsets[b] - offsets[a])) for a, b, d, _ in rows], dtype=np.float64)
+    method = "matched p2p transfers" if p2p_rows else "matched collectives"
+    if p2p_rows and len(rows) > p2p_rows:
+        method += " and collectives"
+    if n_comps > 1:
+        method += f" ({n_comps} unlinked groups of ranks, each on its own clock)"
+    return ClockFit(offsets, float(np.median(resid)) / 1000.0, method, by_rank, latency)
+
+
+def _equations(run: Run, pairs: Pairs, ranks: list[int]) -> tuple[list[tuple[int, int, float, int]], int]:
+    """The rows to solve (p2p rows first, then the collectives') and how many are p2p rows."""
     coll = collective_rows(run)
     rows = _p2p_rows(pairs, None) + coll
     p2p_rows = len(rows) - len(coll)
@@ -322,36 +346,28 @@ def align_clocks(run: Run, pairs: Pairs) -> ClockFit:
         if refined:
             rows = refined + coll
             p2p_rows = len(refined)
-    if len(ranks) < 2 or not rows:
-        hosts = {str(tl.meta.get("host_name", "")) for tl in run.ranks}
-        method = (
-            "same host clock" if len(hosts) == 1 and "" not in hosts else "none (no matched device transfers)"
-        )
-        return ClockFit(zero, None, method)
-    offsets, n_comps = _solve(ranks, rows)
+    return rows, p2p_rows
+
+
+def _transfer_residuals(
+    pairs: Pairs, offsets: dict[int, int], ranks: list[int]
+) -> tuple[npt.NDArray[np.int64], dict[int, float], float]:
+    """On the solved clocks: the end-to-end residuals (ns) of the pairs whose receive waited (all
+    pairs when none did), the median residual per rank (µs) and the transfer latency (µs)."""
     by_rank: dict[int, float] = {}
-    latency: float | None = None
-    if len(pairs) and pairs.device:
-        o_src = np.array([offsets[int(r)] for r in pairs.src], dtype=np.int64)
-        o_dst = np.array([offsets[int(r)] for r in pairs.dst], dtype=np.int64)
-        waited = (pairs.recv_start + o_dst) <= (pairs.send_start + o_src)
-        resid_all = np.abs((pairs.send_end + o_src) - (pairs.recv_end + o_dst))
-        sel = waited if waited.any() else np.ones(len(pairs), dtype=bool)
-        resid = resid_all[sel]
-        # the transfer once both sides were there: the send's own duration on waited pairs
-        latency = float(np.median((pairs.send_end - pairs.send_start)[sel])) / 1000.0
-        for r in ranks:
-            mine = sel & ((pairs.src == r) | (pairs.dst == r))
-            if mine.any():
-                by_rank[r] = float(np.median(resid_all[mine])) / 1000.0
-    else:
-        resid = np.array([abs(d - (offsets[b] - offsets[a])) for a, b, d, _ in rows], dtype=np.float64)
-    method = "matched p2p transfers" if p2p_rows else "matched collectives"
-    if p2p_rows and len(rows) > p2p_rows:
-        method += " and collectives"
-    if n_comps > 1:
-        method += f" ({n_comps} unlinked groups of ranks, each on its own clock)"
-    return ClockFit(offsets, float(np.median(resid)) / 1000.0, method, by_rank, latency)
+    o_src = np.array([offsets[int(r)] for r in pairs.src], dtype=np.int64)
+    o_dst = np.array([offsets[int(r)] for r in pairs.dst], dtype=np.int64)
+    waited = (pairs.recv_start + o_dst) <= (pairs.send_start + o_src)
+    resid_all = np.abs((pairs.send_end + o_src) - (pairs.recv_end + o_dst))
+    sel = waited if waited.any() else np.ones(len(pairs), dtype=bool)
+    resid: npt.NDArray[np.int64] = resid_all[sel]
+    # the transfer once both sides were there: the send's own duration on waited pairs
+    latency = float(np.median((pairs.send_end - pairs.send_start)[sel])) / 1000.0
+    for r in ranks:
+        mine = sel & ((pairs.src == r) | (pairs.dst == r))
+        if mine.any():
+            by_rank[r] = float(np.median(resid_all[mine])) / 1000.0
+    return resid, by_rank, latency
 
 
 def _p2p_rows(pairs: Pairs, prior: tuple[dict[int, int], int] | None) -> list[tuple[int, int, float, int]]:

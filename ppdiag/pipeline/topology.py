@@ -147,9 +147,27 @@ def _chain(run: Run, ops: dict[int, P2POps] | None = None) -> Topology | None:
             adj[b].add(a)
     if not adj:
         return None
+    comps = _components(adj)
+    if any(max(len(adj[x]) for x in comp) > 2 for comp in comps):
+        # a rank with three or more two-way partners: not a chain, so no topology from p2p
+        # (the caller falls back without a warning saying why)
+        return None
+    lines = [_walk(comp, adj, edges, events) for comp in comps if len(comp) > 1]
+    if not lines:
+        return None
+    ring_v = _ring_virtual(lines, edges)
+    sizes = {len(x) for x in lines}
+    topo = _from_lines(lines, "p2p chain", run)
+    _apply_ring(topo, ring_v)
+    if len(sizes) > 1:
+        topo.warnings.append(f"pipelines of different lengths: {sorted(sizes)}")
+    return topo
+
+
+def _components(adj: dict[int, set[int]]) -> list[list[int]]:
+    """The connected sets of ranks, each in depth-first order from its lowest rank."""
     seen: set[int] = set()
-    lines: list[list[int]] = []
-    warnings: list[str] = []
+    comps: list[list[int]] = []
     for start in sorted(adj):
         if start in seen:
             continue
@@ -162,40 +180,34 @@ def _chain(run: Run, ops: dict[int, P2POps] | None = None) -> Topology | None:
             seen.add(x)
             comp.append(x)
             stack.extend(adj[x] - seen)
-        degs = {x: len(adj[x]) for x in comp}
-        if max(degs.values()) > 2:
-            warnings.append(f"p2p partners of ranks {sorted(comp)} do not form a chain")
-            return None
-        ends = [x for x in comp if degs[x] == 1]
-        if len(comp) == 1:
-            continue
-        if len(ends) == 2:
-            first = _first_stage(ends, edges, events)
-        else:  # ring: interleaved placements send from the last stage back to the first
-            first = _first_stage(sorted(comp), edges, events)
-        line = [first]
-        prev = None
-        cur = first
-        while True:
-            nxt = sorted(adj[cur] - ({prev} if prev is not None else set()) - set(line))
-            if not nxt:
-                break
-            if len(nxt) > 1:  # ring: follow the direction forward activations flow
-                fwd = [n for n in nxt if edges.get((cur, n), 0) >= edges.get((n, cur), 0)]
-                nxt = fwd or nxt
-            prev, cur = cur, nxt[0]
-            line.append(cur)
-        lines.append(line)
-    if not lines:
-        return None
-    ring_v = _ring_virtual(lines, edges)
-    sizes = {len(x) for x in lines}
-    if len(sizes) > 1:
-        warnings.append(f"pipelines of different lengths: {sorted(sizes)}")
-    topo = _from_lines(lines, "p2p chain", run)
-    _apply_ring(topo, ring_v)
-    topo.warnings.extend(warnings)
-    return topo
+        comps.append(comp)
+    return comps
+
+
+def _walk(
+    comp: list[int],
+    adj: dict[int, set[int]],
+    edges: dict[tuple[int, int], int],
+    events: dict[int, list[tuple[int, int, int]]],
+) -> list[int]:
+    """One chain's ranks in stage order, from the first stage (a line's end, or on a ring the rank
+    that sends first) along the direction forward activations flow."""
+    ends = [x for x in comp if len(adj[x]) == 1]
+    # no two ends: a ring (interleaved placements send from the last stage back to the first)
+    first = _first_stage(ends if len(ends) == 2 else sorted(comp), edges, events)
+    line = [first]
+    prev = None
+    cur = first
+    while True:
+        nxt = sorted(adj[cur] - ({prev} if prev is not None else set()) - set(line))
+        if not nxt:
+            break
+        if len(nxt) > 1:  # ring: follow the direction forward activations flow
+            fwd = [n for n in nxt if edges.get((cur, n), 0) >= edges.get((n, cur), 0)]
+            nxt = fwd or nxt
+        prev, cur = cur, nxt[0]
+        line.append(cur)
+    return line
 
 
 def _apply_ring(topo: Topology, ring_v: int) -> None:
