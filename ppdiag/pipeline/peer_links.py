@@ -96,6 +96,16 @@ def coarse_clock(run: Run) -> Coarse:
     if all(tl.cpu_only for tl in run.ranks) and len(hosts) == 1:
         # one host (or no host named: the CPU runs ppdiag sees are single-node): one clock
         return Coarse(zero, 2_000_000, "one host clock", 50_000)
+    return (
+        _by_collectives(run, ranks)
+        or _by_step_starts(run, ranks)
+        or Coarse(zero, 20_000_000, "none", 20_000_000)
+    )
+
+
+def _by_collectives(run: Run, ranks: list[int]) -> Coarse | None:
+    """Offsets from the collectives' ends, when every rank ran the same number and the k-th ones
+    end together; else None."""
     ends: dict[int, npt.NDArray[np.int64]] = {}
     for tl in run.ranks:
         iv = tl.intervals
@@ -103,34 +113,40 @@ def coarse_clock(run: Run) -> Coarse:
         if m.any() and not tl.cpu_only:
             ends[tl.rank] = np.sort(iv.end[m])
     sizes = {v.size for v in ends.values()}
-    if len(ends) == len(ranks) and len(sizes) == 1 and ranks:
-        # every rank ran the same number of collectives: the k-th ones end together
-        ref = ends[ranks[0]]
-        off = {r: int(np.median(ref - ends[r])) for r in ranks}
-        spread = max(float(np.max(np.abs((ref - ends[r]) - off[r]))) for r in ranks)
-        if spread <= _COLL_SPREAD_NS:
-            window = int(min(max(4 * spread, 500_000), 5_000_000))
-            return Coarse(off, window, "collectives", int(max(4 * spread, 2 * _BIN_NS)))
-        # the k-th collectives do not end together: different groups (data-parallel replicas
-        # reduce apart from the pipeline's own all-reduce), which only their group could sort out
+    if not (len(ends) == len(ranks) and len(sizes) == 1 and ranks):
+        return None
+    # every rank ran the same number of collectives: the k-th ones end together
+    ref = ends[ranks[0]]
+    off = {r: int(np.median(ref - ends[r])) for r in ranks}
+    spread = max(float(np.max(np.abs((ref - ends[r]) - off[r]))) for r in ranks)
+    if spread <= _COLL_SPREAD_NS:
+        window = int(min(max(4 * spread, 500_000), 5_000_000))
+        return Coarse(off, window, "collectives", int(max(4 * spread, 2 * _BIN_NS)))
+    # the k-th collectives do not end together: different groups (data-parallel replicas
+    # reduce apart from the pipeline's own all-reduce), which only their group could sort out
+    return None
+
+
+def _by_step_starts(run: Run, ranks: list[int]) -> Coarse | None:
+    """Offsets from the starts of the steps every rank ran; None when no step is common."""
     starts: dict[int, dict[int, int]] = {}
     for tl in run.ranks:
         rg = tl.ranges
         m = rg.kind == int(RangeKind.STEP)
         starts[tl.rank] = {int(n): int(s) for n, s in zip(rg.num[m], rg.start[m], strict=True)}
     common = set.intersection(*(set(v) for v in starts.values())) if starts else set()
-    if common and ranks:
-        nums = sorted(common)
-        ref_s = np.array([starts[ranks[0]][n] for n in nums], dtype=np.int64)
-        off = {}
-        spread = 0.0
-        for r in ranks:
-            d = ref_s - np.array([starts[r][n] for n in nums], dtype=np.int64)
-            off[r] = int(np.median(d))
-            spread = max(spread, float(np.max(np.abs(d - off[r]))))
-        window = int(min(max(4 * spread, 2_000_000), 20_000_000))
-        return Coarse(off, window, "step starts", window)
-    return Coarse(zero, 20_000_000, "none", 20_000_000)
+    if not (common and ranks):
+        return None
+    nums = sorted(common)
+    ref_s = np.array([starts[ranks[0]][n] for n in nums], dtype=np.int64)
+    off: dict[int, int] = {}
+    spread = 0.0
+    for r in ranks:
+        d = ref_s - np.array([starts[r][n] for n in nums], dtype=np.int64)
+        off[r] = int(np.median(d))
+        spread = max(spread, float(np.max(np.abs(d - off[r]))))
+    window = int(min(max(4 * spread, 2_000_000), 20_000_000))
+    return Coarse(off, window, "step starts", window)
 
 
 def _keys(
@@ -320,6 +336,42 @@ def _accept(
     shift; a pair joining two ranks already linked is kept only when its shift agrees with the
     offsets the stronger pairs set. A pipeline rank has at most two partners.
     """
+    pairs = _reciprocal_pairs(fits, unc, ends_meet)
+    uf = _Potentials()
+    out: dict[tuple[int, int], LinkFit] = {}
+    degree: dict[int, int] = {}
+    weakest: dict[int, tuple[bool, int]] = {}  # per rank: (explained by the coarse clock, support)
+    for f, g in pairs:
+        if (f.src, f.dst) in out:
+            continue
+        shift = (f.shift_ns - g.shift_ns) // 2 if ends_meet else f.shift_ns
+        ra, ea = uf.find(f.src)
+        rb, eb = uf.find(f.dst)
+        strength = (abs(f.shift_ns) <= unc, f.support + g.support)
+        if degree.get(f.src, 0) >= 2 or degree.get(f.dst, 0) >= 2:
+            consistent = ra != rb or abs((eb - ea) - shift) <= max(f.tol_ns, 2 * _BIN_NS)
+            if consistent:
+                _refuse_tie(f, strength, degree, weakest)
+            continue
+        if ra != rb:
+            # e_dst - e_src = shift
+            uf.join(ra, ea, rb, eb, shift)
+        elif ends_meet and abs((eb - ea) - shift) > max(f.tol_ns, 2 * _BIN_NS):
+            continue
+        out[(f.src, f.dst)] = f
+        out[(g.src, g.dst)] = g
+        for x in (f.src, f.dst):
+            degree[x] = degree.get(x, 0) + 1
+            if x not in weakest or strength < weakest[x]:
+                weakest[x] = strength
+    return out
+
+
+def _reciprocal_pairs(
+    fits: dict[tuple[int, int], list[LinkFit]], unc: int, ends_meet: bool
+) -> list[tuple[LinkFit, LinkFit]]:
+    """The candidate (forward, backward) peak pairs of :func:`_accept`, strongest first: peaks
+    clear of the floor, and where ends meet, the two directions at opposite shifts."""
     good = {
         k: [f for f in fs if f.support >= _MIN_LINK_OPS and f.support >= 5 * f.floor + 1]
         for k, fs in fits.items()
@@ -335,52 +387,43 @@ def _accept(
                     continue
                 pairs.append((f, g))
     pairs.sort(key=lambda p: (abs(p[0].shift_ns) > unc, -(p[0].support + p[1].support), abs(p[0].shift_ns)))
-    parent: dict[int, int] = {}
-    pot: dict[int, int] = {}  # offset of a rank relative to its component's root
+    return pairs
 
-    def find(x: int) -> tuple[int, int]:
+
+def _refuse_tie(
+    f: LinkFit, strength: tuple[bool, int], degree: dict[int, int], weakest: dict[int, tuple[bool, int]]
+) -> None:
+    """A consistent pair on a rank that has its two partners already: raise :class:`_Ambiguous`
+    when it is as strong as the weakest partner taken there (the timing cannot tell them apart,
+    e.g. data-parallel replicas that run in lockstep); else it is dropped."""
+    full = [x for x in (f.src, f.dst) if degree.get(x, 0) >= 2]
+    if all(weakest[x][0] == strength[0] and strength[1] >= _TIE * weakest[x][1] for x in full):
+        raise _Ambiguous(f"ranks {f.src} and {f.dst} fit a link as well as {sorted(full)}'s partners")
+
+
+class _Potentials:
+    """Union-find over ranks that keeps each rank's clock offset relative to its set's root."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+        self.pot: dict[int, int] = {}
+
+    def find(self, x: int) -> tuple[int, int]:
+        """The root of ``x``'s set and ``x``'s offset from it (path compressed)."""
+        parent, pot = self.parent, self.pot
         if parent.setdefault(x, x) == x:
             pot.setdefault(x, 0)
             return x, 0
-        root, p_off = find(parent[x])
+        root, p_off = self.find(parent[x])
         pot[x] = pot[x] + p_off if parent[x] != root else pot[x]
         parent[x] = root
         return root, pot[x]
 
-    out: dict[tuple[int, int], LinkFit] = {}
-    degree: dict[int, int] = {}
-    weakest: dict[int, tuple[bool, int]] = {}  # per rank: (explained by the coarse clock, support)
-    for f, g in pairs:
-        if (f.src, f.dst) in out:
-            continue
-        shift = (f.shift_ns - g.shift_ns) // 2 if ends_meet else f.shift_ns
-        ra, ea = find(f.src)
-        rb, eb = find(f.dst)
-        strength = (abs(f.shift_ns) <= unc, f.support + g.support)
-        if degree.get(f.src, 0) >= 2 or degree.get(f.dst, 0) >= 2:
-            consistent = ra != rb or abs((eb - ea) - shift) <= max(f.tol_ns, 2 * _BIN_NS)
-            full = [x for x in (f.src, f.dst) if degree.get(x, 0) >= 2]
-            if consistent and all(
-                weakest[x][0] == strength[0] and strength[1] >= _TIE * weakest[x][1] for x in full
-            ):
-                # as strong as a partner already taken: the timing cannot tell them apart (e.g.
-                # data-parallel replicas that run in lockstep)
-                raise _Ambiguous(f"ranks {f.src} and {f.dst} fit a link as well as {sorted(full)}'s partners")
-            continue
-        if ra != rb:
-            # e_dst - e_src = shift
-            parent[rb] = ra
-            pot[rb] = ea + shift - eb
-        elif ends_meet and abs((eb - ea) - shift) > max(f.tol_ns, 2 * _BIN_NS):
-            continue
-        out[(f.src, f.dst)] = f
-        out[(g.src, g.dst)] = g
-        degree[f.src] = degree.get(f.src, 0) + 1
-        degree[f.dst] = degree.get(f.dst, 0) + 1
-        for x in (f.src, f.dst):
-            if x not in weakest or strength < weakest[x]:
-                weakest[x] = strength
-    return out
+    def join(self, ra: int, ea: int, rb: int, eb: int, shift: int) -> None:
+        """Hang root ``rb`` under root ``ra`` so that ``e_b - e_a = shift`` (``ea``, ``eb``: the two
+        ranks' offsets from their roots)."""
+        self.parent[rb] = ra
+        self.pot[rb] = ea + shift - eb
 
 
 class _Ambiguous(Exception):
