@@ -47,25 +47,10 @@ class CommWaitRule:
         if not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
         normal = ctx.attribution.normal_latency_ns
-        # per link: how long consumers waited on transfers that took longer than normal
-        waited: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for prod, cons, tau, wait in ctx.attribution.edges:
-            waited[(prod, cons)].append(min(max(tau - normal, 0), wait))
-        per_link = {
-            k: float(np.sum(v)) / max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
-            for k, v in waited.items()
-        }
+        per_link = _late_wait_per_link(ctx, normal)
         top = max(per_link.values(), default=0.0)
         slow = {k: v for k, v in per_link.items() if top > 0 and v >= 0.5 * top}
-        # A slow rank makes every link it touches slow, in both directions; its neighbours share
-        # only one of those links each. The producer side of a link weighs a little more, so a
-        # slow first or last stage is still told apart from its neighbour.
-        score: dict[int, float] = defaultdict(float)
-        for (a, b), v in per_link.items():
-            score[a] += 1.25 * v
-            score[b] += v
-        best = max(score.values(), default=0.0)
-        senders = sorted(r for r, v in score.items() if best > 0 and v >= 0.8 * best)
+        senders = _slow_senders(per_link)
         link_ev = {f"{a}->{b}": r3(v / 1e6) for (a, b), v in sorted(slow.items())}
         # On an oversubscribed host every link is late alike, and a link is late by up to what a
         # descheduled process costs (the late-launch time every rank shows per step); only a link
@@ -106,6 +91,33 @@ class CommWaitRule:
                 fix="no_comm_wait",
             )
         ]
+
+
+def _late_wait_per_link(ctx: RuleContext, normal: int) -> dict[tuple[int, int], float]:
+    """Per link (producer, consumer): how long (ns per step) consumers waited on transfers that
+    took longer than the run's ``normal`` latency."""
+    waited: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for prod, cons, tau, wait in ctx.attribution.edges:
+        waited[(prod, cons)].append(min(max(tau - normal, 0), wait))
+    return {
+        k: float(np.sum(v)) / max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
+        for k, v in waited.items()
+    }
+
+
+def _slow_senders(per_link: dict[tuple[int, int], float]) -> list[int]:
+    """The ranks that the late links point at.
+
+    A slow rank makes every link it touches slow, in both directions; its neighbours share only
+    one of those links each. The producer side of a link weighs a little more, so a slow first or
+    last stage is still told apart from its neighbour.
+    """
+    score: dict[int, float] = defaultdict(float)
+    for (a, b), v in per_link.items():
+        score[a] += 1.25 * v
+        score[b] += v
+    best = max(score.values(), default=0.0)
+    return sorted(r for r, v in score.items() if best > 0 and v >= 0.8 * best)
 
 
 register(CommWaitRule())

@@ -45,33 +45,11 @@ def whatif_table(
         t.add_column("note")
     for r in rows:
         if r.get("error"):
-            cells = [str(r.get("scenario")), "n/a", "", "", *([""] if lost else []), ""]
-            if notes:
-                cells.append(f"not possible: {r['error']}")
-            t.add_row(*cells, style="yellow")
-            continue
-        sp = r.get("speedup")
-        sp_txt = "-" if sp is None else f"{sp:.2f}x"
-        if r.get("step_speedup") is not None and sp is not None and abs(r["step_speedup"] - sp) > 5e-3:
-            sp_txt += "*"
-        act = r.get("activation_vs_measured")
-        act_txt = "-" if act is None else f"{act:.2f}x"
-        row = [str(r.get("scenario")), fmt_ms(r.get("step_ms")), sp_txt, fmt_pct(r.get("bubble_ratio"))]
-        if lost:
-            lm = r.get("lost_ms") or {}
-            top = sorted(((k, v) for k, v in lm.items() if v and v > 0.005), key=lambda kv: -kv[1])[:2]
-            row.append(", ".join(f"{_CAUSE_SHORT.get(k, k)} {v:.1f}" for k, v in top) or "-")
-        row.append(act_txt)
-        if notes:
-            row.append(str(r.get("note") or ""))
-        t.add_row(*row, style="bold" if r.get("measured") else None)
+            t.add_row(*_error_cells(r, lost, notes), style="yellow")
+        else:
+            t.add_row(*_cells(r, lost, notes), style="bold" if r.get("measured") else None)
     captions = []
-    if any(
-        r.get("step_speedup") is not None
-        and r.get("speedup") is not None
-        and abs(r["step_speedup"] - r["speedup"]) > 5e-3
-        for r in rows
-    ):
+    if any(_per_sample(r) for r in rows):
         captions.append("* per sample: the step processes a different number of samples")
     basis = _memory_caption(rows)
     if basis:
@@ -79,6 +57,39 @@ def whatif_table(
     if captions:
         t.caption = "\n".join(captions)
     return t
+
+
+def _per_sample(r: dict[str, Any]) -> bool:
+    """The row's speed-up per sample differs from its speed-up per step (marked with a ``*``)."""
+    sp, step_sp = r.get("speedup"), r.get("step_speedup")
+    return step_sp is not None and sp is not None and abs(step_sp - sp) > 5e-3
+
+
+def _error_cells(r: dict[str, Any], lost: bool, notes: bool) -> list[str]:
+    """The cells of a scenario that could not be computed."""
+    cells = [str(r.get("scenario")), "n/a", "", "", *([""] if lost else []), ""]
+    if notes:
+        cells.append(f"not possible: {r['error']}")
+    return cells
+
+
+def _cells(r: dict[str, Any], lost: bool, notes: bool) -> list[str]:
+    """The cells of a computed scenario, in the columns :func:`whatif_table` laid out."""
+    sp = r.get("speedup")
+    sp_txt = "-" if sp is None else f"{sp:.2f}x"
+    if _per_sample(r):
+        sp_txt += "*"
+    act = r.get("activation_vs_measured")
+    act_txt = "-" if act is None else f"{act:.2f}x"
+    row = [str(r.get("scenario")), fmt_ms(r.get("step_ms")), sp_txt, fmt_pct(r.get("bubble_ratio"))]
+    if lost:
+        lm = r.get("lost_ms") or {}
+        top = sorted(((k, v) for k, v in lm.items() if v and v > 0.005), key=lambda kv: -kv[1])[:2]
+        row.append(", ".join(f"{_CAUSE_SHORT.get(k, k)} {v:.1f}" for k, v in top) or "-")
+    row.append(act_txt)
+    if notes:
+        row.append(str(r.get("note") or ""))
+    return row
 
 
 def _memory_caption(rows: list[dict[str, Any]]) -> str:
