@@ -157,43 +157,74 @@ def read_layer_costs(path: str | Path) -> LayerProfile:
     (the current stage of the block). Blocks are in model order. Any problem: InputError."""
     p = Path(path)
     sp = str(p)
+    rows, where = _file_rows(p, sp)
+    names, cols = _columns(sp, rows, where)
+    fwd = np.asarray(cols["fwd_ms"]) * MS
+    bwd = np.asarray(cols["bwd_ms"]) * MS
+    wg = np.asarray(cols["wgrad_ms"]) * MS
+    if np.isfinite(wg).any() and (wg[np.isfinite(wg)] > bwd[np.isfinite(wg)] + 1e-9).any():
+        raise InputError(sp, "wgrad_ms is the weight-gradient part of bwd_ms and cannot exceed it")
+    act = np.asarray(cols["activation_mb"])
+    if np.isfinite(act).any() and not np.isfinite(act).all():
+        raise InputError(sp, "activation_mb is given for some blocks but not for all")
+    bounds = _stage_bounds(sp, np.asarray(cols["stage"]))
+    if float((fwd + bwd).sum()) <= 0:
+        raise InputError(sp, "every block costs 0 ms")
+    return LayerProfile(names, fwd, bwd, wg, act, bounds, "file", discrete=True)
+
+
+def _file_rows(p: Path, sp: str) -> tuple[list[dict[str, Any]], str]:
+    """The layer-cost file's rows (JSON objects or CSV lines) and how a row is named in errors."""
     try:
         text = p.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise InputError(sp, "no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(sp, f"cannot read the layer-cost file: {exc}") from None
-    rows: list[dict[str, Any]]
     stripped = text.lstrip()
     if not stripped:
         raise InputError(sp, "the layer-cost file is empty")
     if p.suffix.lower() == ".json" or stripped[:1] in "[{":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(sp, f"not valid JSON: {exc.msg} at line {exc.lineno}") from None
-        if isinstance(data, dict):
-            data = data.get("blocks", data.get("layers"))
-        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-            raise InputError(sp, 'expected a list of objects (or {"blocks": [...]}) with fwd_ms and bwd_ms')
-        rows = data
-        where = "block {i}"
+        rows, where = _json_rows(sp, text), "block {i}"
     else:
-        reader = csv.DictReader(text.splitlines())
-        if not reader.fieldnames:
-            raise InputError(sp, "the CSV file has no header row")
-        reader.fieldnames = [f.strip().lower() for f in reader.fieldnames]
-        missing = [c for c in _FILE_COLS if c not in reader.fieldnames]
-        if missing:
-            raise InputError(
-                sp,
-                f"the CSV header lacks {', '.join(missing)} (need block, fwd_ms, bwd_ms; "
-                "optional activation_mb, wgrad_ms, stage)",
-            )
-        rows = list(reader)
-        where = "line {line}"
+        rows, where = _csv_rows(sp, text), "line {line}"
     if not rows:
         raise InputError(sp, "the layer-cost file lists no blocks")
+    return rows, where
+
+
+def _json_rows(sp: str, text: str) -> list[dict[str, Any]]:
+    """A JSON list of objects, or the list under ``blocks`` (or ``layers``)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(sp, f"not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    if isinstance(data, dict):
+        data = data.get("blocks", data.get("layers"))
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise InputError(sp, 'expected a list of objects (or {"blocks": [...]}) with fwd_ms and bwd_ms')
+    return data
+
+
+def _csv_rows(sp: str, text: str) -> list[dict[str, Any]]:
+    """The lines of a CSV file with a header row that names the required columns."""
+    reader = csv.DictReader(text.splitlines())
+    if not reader.fieldnames:
+        raise InputError(sp, "the CSV file has no header row")
+    reader.fieldnames = [f.strip().lower() for f in reader.fieldnames]
+    missing = [c for c in _FILE_COLS if c not in reader.fieldnames]
+    if missing:
+        raise InputError(
+            sp,
+            f"the CSV header lacks {', '.join(missing)} (need block, fwd_ms, bwd_ms; "
+            "optional activation_mb, wgrad_ms, stage)",
+        )
+    return list(reader)
+
+
+def _columns(sp: str, rows: list[dict[str, Any]], where: str) -> tuple[list[str], dict[str, list[float]]]:
+    """The block names and, per column, the numbers of every row (NaN where an optional one is
+    left out)."""
     names: list[str] = []
     cols: dict[str, list[float]] = {k: [] for k in (*_FILE_COLS, *_OPT_COLS)}
     for i, row in enumerate(rows):
@@ -205,30 +236,22 @@ def read_layer_costs(path: str | Path) -> LayerProfile:
             cols[key].append(_num(sp, w, key, low.get(key), optional=False))
         for key in _OPT_COLS:
             cols[key].append(_num(sp, w, key, low.get(key), optional=True))
-    fwd = np.asarray(cols["fwd_ms"]) * MS
-    bwd = np.asarray(cols["bwd_ms"]) * MS
-    wg = np.asarray(cols["wgrad_ms"]) * MS
-    if np.isfinite(wg).any() and (wg[np.isfinite(wg)] > bwd[np.isfinite(wg)] + 1e-9).any():
-        raise InputError(sp, "wgrad_ms is the weight-gradient part of bwd_ms and cannot exceed it")
-    act = np.asarray(cols["activation_mb"])
-    if np.isfinite(act).any() and not np.isfinite(act).all():
-        raise InputError(sp, "activation_mb is given for some blocks but not for all")
-    st = np.asarray(cols["stage"])
-    bounds: list[int] | None = None
-    if np.isfinite(st).any():
-        if not np.isfinite(st).all() or (st != np.round(st)).any():
-            raise InputError(sp, "stage must be an integer on every block when it is given")
-        s = st.astype(np.int64)
-        if s[0] != 0 or (np.diff(s) < 0).any() or (np.diff(s) > 1).any():
-            raise InputError(
-                sp,
-                "stage must start at 0 and grow by at most 1 from block to block "
-                "(stages hold contiguous blocks)",
-            )
-        bounds = [0, *(np.flatnonzero(np.diff(s)) + 1).tolist(), int(s.size)]
-    if float((fwd + bwd).sum()) <= 0:
-        raise InputError(sp, "every block costs 0 ms")
-    return LayerProfile(names, fwd, bwd, wg, act, bounds, "file", discrete=True)
+    return names, cols
+
+
+def _stage_bounds(sp: str, st: npt.NDArray[np.float64]) -> list[int] | None:
+    """The block bounds of the stages the ``stage`` column gives, or None without one."""
+    if not np.isfinite(st).any():
+        return None
+    if not np.isfinite(st).all() or (st != np.round(st)).any():
+        raise InputError(sp, "stage must be an integer on every block when it is given")
+    s = st.astype(np.int64)
+    if s[0] != 0 or (np.diff(s) < 0).any() or (np.diff(s) > 1).any():
+        raise InputError(
+            sp,
+            "stage must start at 0 and grow by at most 1 from block to block (stages hold contiguous blocks)",
+        )
+    return [0, *(np.flatnonzero(np.diff(s)) + 1).tolist(), int(s.size)]
 
 
 def scale_profile_to(profile: LayerProfile, meas: MeasuredRun) -> LayerProfile:
