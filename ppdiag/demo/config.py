@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,61 +203,14 @@ class DemoConfig:
         cfg = dataclasses.replace(self, schedule=canonical_schedule(self.schedule))
         cfg.stage_layers = list(self.stage_layers) if self.stage_layers is not None else None
         cfg.layer_factors = list(self.layer_factors) if self.layer_factors is not None else None
-
-        def bad(msg: str) -> InputError:
-            return InputError(None, f"demo: {msg}")
-
-        if not 2 <= cfg.pp <= 64:
-            raise bad(f"pp must be between 2 and 64 processes, got {cfg.pp}")
-        if cfg.microbatches < 1:
-            raise bad(f"microbatches must be >= 1, got {cfg.microbatches}")
-        if cfg.steps < 1:
-            raise bad(f"steps must be >= 1, got {cfg.steps}")
-        if cfg.compute not in COMPUTE_MODES:
-            raise bad(f"compute must be one of {', '.join(COMPUTE_MODES)}, got {cfg.compute!r}")
-        for name in ("fwd_ms", "bwd_ms", "comm_delay_ms", "host_stall_ms"):
-            v = getattr(cfg, name)
-            if not (math.isfinite(v) and v >= 0):
-                raise bad(f"{name} must be a finite number >= 0, got {v}")
-        if not 0.0 <= cfg.wgrad_fraction <= 1.0:
-            raise bad(f"wgrad_fraction must be in [0, 1], got {cfg.wgrad_fraction}")
-        if cfg.layers_per_stage < 1:
-            raise bad(f"layers_per_stage must be >= 1, got {cfg.layers_per_stage}")
-        if cfg.stage_layers is not None:
-            if len(cfg.stage_layers) != cfg.num_stages:
-                raise bad(
-                    f"stage_layers has {len(cfg.stage_layers)} entries but the {cfg.schedule} "
-                    f"schedule on {cfg.pp} ranks has {cfg.num_stages} stages"
-                )
-            if any(n < 1 for n in cfg.stage_layers):
-                raise bad(f"every stage needs at least one layer, got stage_layers={cfg.stage_layers}")
-        if cfg.layer_factors is not None:
-            n_layers = sum(cfg.layers())
-            if len(cfg.layer_factors) != n_layers:
-                raise bad(
-                    f"layer_factors has {len(cfg.layer_factors)} entries but the model has {n_layers} layers"
-                )
-            if not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in cfg.layer_factors):
-                raise bad(f"layer_factors must be finite numbers > 0, got {cfg.layer_factors}")
-        if cfg.hidden < 1:
-            raise bad(f"hidden must be >= 1, got {cfg.hidden}")
-        if cfg.rows < cfg.microbatches or cfg.rows % cfg.microbatches:
-            raise bad(f"batch ({cfg.rows}) must be a positive multiple of microbatches ({cfg.microbatches})")
-        if cfg.slow_stage is not None and not 0 <= cfg.slow_stage < cfg.num_stages:
-            raise bad(f"slow_stage {cfg.slow_stage} is not a stage (0..{cfg.num_stages - 1})")
-        if not (math.isfinite(cfg.slow_factor) and cfg.slow_factor > 0):
-            raise bad(f"slow_factor must be > 0, got {cfg.slow_factor}")
-        for name in ("comm_delay_rank", "host_stall_rank"):
-            r = getattr(cfg, name)
-            if r is not None and not 0 <= r < cfg.pp:
-                raise bad(f"{name} {r} is not a rank (0..{cfg.pp - 1})")
-        if not (math.isfinite(cfg.timeout_s) and cfg.timeout_s > 0):
-            raise bad(f"timeout_s must be > 0, got {cfg.timeout_s}")
-        self._check_schedule_constraints(cfg, bad)
+        _check_sizes(cfg)
+        _check_layers(cfg)
+        _check_batch_and_faults(cfg)
+        self._check_schedule_constraints(cfg, _bad)
         return cfg
 
     @staticmethod
-    def _check_schedule_constraints(cfg: DemoConfig, bad: Any) -> None:
+    def _check_schedule_constraints(cfg: DemoConfig, bad: Callable[[str], InputError]) -> None:
         # The schedule classes reject these in the ranks; catching them here gives a clear message
         # before any process starts.
         m, p, n = cfg.microbatches, cfg.pp, cfg.num_stages
@@ -282,3 +236,65 @@ class DemoConfig:
         if unknown:
             raise InputError(None, f"demo: unknown config keys {', '.join(unknown)}")
         return cls(**d)
+
+
+def _bad(msg: str) -> InputError:
+    return InputError(None, f"demo: {msg}")
+
+
+def _check_sizes(cfg: DemoConfig) -> None:
+    """The run's counts and the per-block costs."""
+    if not 2 <= cfg.pp <= 64:
+        raise _bad(f"pp must be between 2 and 64 processes, got {cfg.pp}")
+    if cfg.microbatches < 1:
+        raise _bad(f"microbatches must be >= 1, got {cfg.microbatches}")
+    if cfg.steps < 1:
+        raise _bad(f"steps must be >= 1, got {cfg.steps}")
+    if cfg.compute not in COMPUTE_MODES:
+        raise _bad(f"compute must be one of {', '.join(COMPUTE_MODES)}, got {cfg.compute!r}")
+    for name in ("fwd_ms", "bwd_ms", "comm_delay_ms", "host_stall_ms"):
+        v = getattr(cfg, name)
+        if not (math.isfinite(v) and v >= 0):
+            raise _bad(f"{name} must be a finite number >= 0, got {v}")
+    if not 0.0 <= cfg.wgrad_fraction <= 1.0:
+        raise _bad(f"wgrad_fraction must be in [0, 1], got {cfg.wgrad_fraction}")
+    if cfg.layers_per_stage < 1:
+        raise _bad(f"layers_per_stage must be >= 1, got {cfg.layers_per_stage}")
+
+
+def _check_layers(cfg: DemoConfig) -> None:
+    """The layers per stage and the per-layer cost factors, when given."""
+    if cfg.stage_layers is not None:
+        if len(cfg.stage_layers) != cfg.num_stages:
+            raise _bad(
+                f"stage_layers has {len(cfg.stage_layers)} entries but the {cfg.schedule} "
+                f"schedule on {cfg.pp} ranks has {cfg.num_stages} stages"
+            )
+        if any(n < 1 for n in cfg.stage_layers):
+            raise _bad(f"every stage needs at least one layer, got stage_layers={cfg.stage_layers}")
+    if cfg.layer_factors is not None:
+        n_layers = sum(cfg.layers())
+        if len(cfg.layer_factors) != n_layers:
+            raise _bad(
+                f"layer_factors has {len(cfg.layer_factors)} entries but the model has {n_layers} layers"
+            )
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in cfg.layer_factors):
+            raise _bad(f"layer_factors must be finite numbers > 0, got {cfg.layer_factors}")
+
+
+def _check_batch_and_faults(cfg: DemoConfig) -> None:
+    """The model width, the batch split and the injected faults' stage and ranks."""
+    if cfg.hidden < 1:
+        raise _bad(f"hidden must be >= 1, got {cfg.hidden}")
+    if cfg.rows < cfg.microbatches or cfg.rows % cfg.microbatches:
+        raise _bad(f"batch ({cfg.rows}) must be a positive multiple of microbatches ({cfg.microbatches})")
+    if cfg.slow_stage is not None and not 0 <= cfg.slow_stage < cfg.num_stages:
+        raise _bad(f"slow_stage {cfg.slow_stage} is not a stage (0..{cfg.num_stages - 1})")
+    if not (math.isfinite(cfg.slow_factor) and cfg.slow_factor > 0):
+        raise _bad(f"slow_factor must be > 0, got {cfg.slow_factor}")
+    for name in ("comm_delay_rank", "host_stall_rank"):
+        r = getattr(cfg, name)
+        if r is not None and not 0 <= r < cfg.pp:
+            raise _bad(f"{name} {r} is not a rank (0..{cfg.pp - 1})")
+    if not (math.isfinite(cfg.timeout_s) and cfg.timeout_s > 0):
+        raise _bad(f"timeout_s must be > 0, got {cfg.timeout_s}")
