@@ -104,34 +104,46 @@ def validate(prm: ScenarioParams) -> None:
         raise ValueError("kernels_per_block must satisfy 1 <= lo <= hi <= 6")
     n_st = prm.pp * default_virtual(prm.schedule, prm.virtual)
     for f in prm.faults:
-        if isinstance(f, SlowStage) and not 0 <= f.stage < n_st:
-            raise ValueError(f"SlowStage: stage {f.stage} outside 0..{n_st - 1}")
-        if isinstance(f, (SlowLink, HostStall)) and not 0 <= f.rank < prm.pp:
-            raise ValueError(f"{type(f).__name__}: pipeline rank {f.rank} outside 0..{prm.pp - 1}")
-        if isinstance(f, ExposedAllReduce) and prm.dp < 2:
-            raise ValueError("ExposedAllReduce needs data parallelism (dp >= 2)")
-        if isinstance(f, SlowStep) and not 0 <= f.step < prm.steps:
-            raise ValueError(f"SlowStep: step {f.step} outside 0..{prm.steps - 1}")
-        if isinstance(f, SlowStep) and f.rank is not None and not 0 <= f.rank < prm.pp:
-            raise ValueError(f"SlowStep: pipeline rank {f.rank} outside 0..{prm.pp - 1}")
-        if isinstance(f, LateReplica) and (
-            prm.dp < 2
-            or not 0 <= f.dp_rank < prm.dp
-            or f.delay_ms < 0
-            or not any(isinstance(x, ExposedAllReduce) for x in prm.faults)
-        ):
-            raise ValueError("LateReplica needs dp >= 2, a replica in 0..dp-1, delay >= 0, ExposedAllReduce")
-        if isinstance(f, SlowWorker) and (
-            prm.dp < 2
-            or not 0 <= f.dp_rank < prm.dp
-            or not 0 <= f.pp_rank < prm.pp
-            or f.factor <= 0
-            or not any(isinstance(x, ExposedAllReduce) for x in prm.faults)
-            or any(isinstance(x, LateReplica) for x in prm.faults)
-        ):
-            raise ValueError("SlowWorker needs dp >= 2, factor > 0, ExposedAllReduce (no LateReplica)")
-        if isinstance(f, CommOnCompute) and f.ranks is not None and any(not 0 <= r < prm.pp for r in f.ranks):
-            raise ValueError(f"CommOnCompute: ranks must be within 0..{prm.pp - 1}")
+        # one check per fault kind (the kinds share no base), so the two never both apply
+        why = _placement_error(f, prm, n_st) or _replica_error(f, prm)
+        if why:
+            raise ValueError(why)
+
+
+def _placement_error(f: Fault, prm: ScenarioParams, n_st: int) -> str | None:
+    """Why fault ``f`` names a stage, rank or step the run does not have; None when it fits."""
+    if isinstance(f, SlowStage) and not 0 <= f.stage < n_st:
+        return f"SlowStage: stage {f.stage} outside 0..{n_st - 1}"
+    if isinstance(f, (SlowLink, HostStall)) and not 0 <= f.rank < prm.pp:
+        return f"{type(f).__name__}: pipeline rank {f.rank} outside 0..{prm.pp - 1}"
+    if isinstance(f, SlowStep) and not 0 <= f.step < prm.steps:
+        return f"SlowStep: step {f.step} outside 0..{prm.steps - 1}"
+    if isinstance(f, SlowStep) and f.rank is not None and not 0 <= f.rank < prm.pp:
+        return f"SlowStep: pipeline rank {f.rank} outside 0..{prm.pp - 1}"
+    if isinstance(f, CommOnCompute) and f.ranks is not None and any(not 0 <= r < prm.pp for r in f.ranks):
+        return f"CommOnCompute: ranks must be within 0..{prm.pp - 1}"
+    return None
+
+
+def _replica_error(f: Fault, prm: ScenarioParams) -> str | None:
+    """Why a data-parallel fault ``f`` cannot be built on this run; None when it can."""
+    has_allreduce = any(isinstance(x, ExposedAllReduce) for x in prm.faults)
+    if isinstance(f, ExposedAllReduce) and prm.dp < 2:
+        return "ExposedAllReduce needs data parallelism (dp >= 2)"
+    if isinstance(f, LateReplica) and (
+        prm.dp < 2 or not 0 <= f.dp_rank < prm.dp or f.delay_ms < 0 or not has_allreduce
+    ):
+        return "LateReplica needs dp >= 2, a replica in 0..dp-1, delay >= 0, ExposedAllReduce"
+    if isinstance(f, SlowWorker) and (
+        prm.dp < 2
+        or not 0 <= f.dp_rank < prm.dp
+        or not 0 <= f.pp_rank < prm.pp
+        or f.factor <= 0
+        or not has_allreduce
+        or any(isinstance(x, LateReplica) for x in prm.faults)
+    ):
+        return "SlowWorker needs dp >= 2, factor > 0, ExposedAllReduce (no LateReplica)"
+    return None
 
 
 @dataclass
