@@ -46,6 +46,32 @@ class Ladder:
 
 def ladder(prm: ScenarioParams, step: int) -> Ladder:
     """S0, S1 and the cumulative simulations of one step, each tagged with its cause."""
+    pure, fwd, bwd, wgr = _measured_config(prm)
+    p2p = ns(prm.p2p_ms)
+
+    def mean(xs: list[int]) -> list[int]:
+        return [round(sum(xs) / len(xs))] * len(xs)
+
+    s0 = simulate(pure.replace(fwd_ns=mean(fwd), bwd_ns=mean(bwd), wgrad_ns=mean(wgr)))
+    lad = Ladder(s0, simulate(pure))
+    # then, in the order of DESIGN.md §5: slow links, host, exposed communication
+    link = [0] * prm.pp
+    for f in prm.faults:
+        if isinstance(f, SlowLink):
+            link[f.rank] += ns(f.delay_ms) + round(p2p * (f.factor - 1.0))
+    cfg = pure
+    if any(link):
+        cfg = cfg.replace(link_delay_ns=list(link))
+        lad.steps.append(("comm_wait", simulate(cfg)))
+    cfg = _host_rungs(prm, step, cfg, lad)
+    _exposed_comm_rungs(prm, cfg, lad)
+    return lad
+
+
+def _measured_config(prm: ScenarioParams) -> tuple[SimConfig, list[int], list[int], list[int]]:
+    """The schedule with the measured stage costs (slow stages applied) and normal links, and
+    those per-stage forward, backward and weight-gradient costs (ns). The normal p2p transfer time
+    that fills and drains the pipe is part of the bubble (DESIGN.md §5)."""
     sched = canonical_schedule(prm.schedule)
     v = default_virtual(sched, prm.virtual)
     n_st = prm.pp * v
@@ -59,26 +85,12 @@ def ladder(prm: ScenarioParams, step: int) -> Ladder:
             wgr[f.stage] = round(wgr[f.stage] * f.factor)
     opt = ns(prm.optimizer_ms)
     pure = SimConfig(sched, prm.pp, prm.microbatches, v, fwd_ns=fwd, bwd_ns=bwd, wgrad_ns=wgr, optim_ns=opt)
+    return pure.replace(p2p_ns=ns(prm.p2p_ms)), fwd, bwd, wgr
 
-    def mean(xs: list[int]) -> list[int]:
-        return [round(sum(xs) / len(xs))] * len(xs)
 
-    # the schedule with normal links: the normal p2p transfer time that fills and drains the pipe
-    # is part of the bubble (DESIGN.md §5)
-    p2p = ns(prm.p2p_ms)
-    pure = pure.replace(p2p_ns=p2p)
-    s0 = simulate(pure.replace(fwd_ns=mean(fwd), bwd_ns=mean(bwd), wgrad_ns=mean(wgr)))
-    s1 = simulate(pure)
-    lad = Ladder(s0, s1)
-    # then, in the order of DESIGN.md §5: slow links, host, exposed communication
-    link = [0] * prm.pp
-    for f in prm.faults:
-        if isinstance(f, SlowLink):
-            link[f.rank] += ns(f.delay_ms) + round(p2p * (f.factor - 1.0))
-    cfg = pure
-    if any(link):
-        cfg = cfg.replace(link_delay_ns=list(link))
-        lad.steps.append(("comm_wait", simulate(cfg)))
+def _host_rungs(prm: ScenarioParams, step: int, cfg: SimConfig, lad: Ladder) -> SimConfig:
+    """The host's rungs of the ladder: launch latencies, host stalls and this step's delays (each
+    simulated onto ``lad``); returns the configuration they leave."""
     cfg = cfg.replace(
         launch_latency_ns=round(prm.launch_latency_us * US),
         host_issue_ns=round(prm.host_issue_us * US),
@@ -102,6 +114,12 @@ def ladder(prm: ScenarioParams, step: int) -> Ladder:
     if any(sdelay):
         cfg = cfg.replace(start_delay_ns=list(sdelay))
         lad.steps.append(("host", simulate(cfg)))
+    return cfg
+
+
+def _exposed_comm_rungs(prm: ScenarioParams, cfg: SimConfig, lad: Ladder) -> None:
+    """The exposed communication's rungs: the gradient-norm sync, transfers on the compute stream
+    and the exposed all-reduce (each simulated onto ``lad``)."""
     cfg = cfg.replace(sync_ns=ns(prm.sync_ms))
     lad.steps.append(("exposed_comm", simulate(cfg)))
     on_comp = [False] * prm.pp
@@ -119,7 +137,6 @@ def ladder(prm: ScenarioParams, step: int) -> Ladder:
     if tail:
         cfg = cfg.replace(tail_comm_ns=tail)
         lad.steps.append(("exposed_comm", simulate(cfg)))
-    return lad
 
 
 def coupled_tails(
@@ -213,19 +230,7 @@ def groundtruth(
         truth_of = {d: [_truth_of(lad) for lad in ladders] for d in by_rep}
     else:
         truth_of = coupled_truth(by_rep, prm.steps)
-    gap_ns = _kernel_gaps(run)
-    late_ns = sum(ns(f.delay_ms) for f in prm.faults if isinstance(f, LateReplica))
-    ranks_out: dict[str, Any] = {}
-    for rk in run.ranks:
-        per_step = [
-            _step_truth(
-                prm, lad.full, rk.pp_rank, k, starts, truth_of[rk.dp_rank][k], gap_ns[rk.rank], late_ns
-            )
-            for k, lad in enumerate(by_rep[rk.dp_rank])
-        ]
-        ranks_out[str(rk.rank)] = _rank_truth(
-            rk.rank, rk.pp_rank, rk.dp_rank, rk.stages, rk.clock_skew_ns, per_step
-        )
+    ranks_out = _ranks_truth(prm, run, starts, by_rep, truth_of)
     faults_out, blame = _faults_truth(prm, topo)
     return {
         "schema": GROUNDTRUTH_SCHEMA,
@@ -237,10 +242,7 @@ def groundtruth(
         "world_size": run.world_size,
         "steps": prm.steps,
         "step_numbers": [prm.first_step + k for k in range(prm.steps)],
-        "stage_to_pp_rank": list(topo.s2r),
-        "stage_map": {str(s): [topo.glob(q, d) for d in range(prm.dp)] for s, q in enumerate(topo.s2r)},
-        "pp_groups": [pg.ranks for pg in topo.groups if pg.desc == "PIPELINE_MODEL_PARALLEL_GROUP"],
-        "dp_groups": [pg.ranks for pg in topo.groups if pg.desc == "DATA_PARALLEL_GROUP"],
+        **_layout(prm, topo),
         "faults": faults_out,
         "blame": blame,
         "clock_skew_ns": {str(r.rank): r.clock_skew_ns for r in run.ranks},
@@ -255,6 +257,40 @@ def groundtruth(
         "definitions": _DEFINITIONS,
         "config": run.config,
         "ranks": ranks_out,
+    }
+
+
+def _ranks_truth(
+    prm: ScenarioParams,
+    run: SynthRun,
+    starts: list[int],
+    by_rep: dict[int, list[Ladder]],
+    truth_of: dict[int, list[dict[str, np.ndarray]]],
+) -> dict[str, Any]:
+    """Per global rank (as a string key), its truth object with one entry per step."""
+    gap_ns = _kernel_gaps(run)
+    late_ns = sum(ns(f.delay_ms) for f in prm.faults if isinstance(f, LateReplica))
+    ranks_out: dict[str, Any] = {}
+    for rk in run.ranks:
+        per_step = [
+            _step_truth(
+                prm, lad.full, rk.pp_rank, k, starts, truth_of[rk.dp_rank][k], gap_ns[rk.rank], late_ns
+            )
+            for k, lad in enumerate(by_rep[rk.dp_rank])
+        ]
+        ranks_out[str(rk.rank)] = _rank_truth(
+            rk.rank, rk.pp_rank, rk.dp_rank, rk.stages, rk.clock_skew_ns, per_step
+        )
+    return ranks_out
+
+
+def _layout(prm: ScenarioParams, topo: Topo) -> dict[str, Any]:
+    """The stage placement and the process groups, in the ground truth's key order."""
+    return {
+        "stage_to_pp_rank": list(topo.s2r),
+        "stage_map": {str(s): [topo.glob(q, d) for d in range(prm.dp)] for s, q in enumerate(topo.s2r)},
+        "pp_groups": [pg.ranks for pg in topo.groups if pg.desc == "PIPELINE_MODEL_PARALLEL_GROUP"],
+        "dp_groups": [pg.ranks for pg in topo.groups if pg.desc == "DATA_PARALLEL_GROUP"],
     }
 
 
