@@ -45,3 +45,27 @@ def test_group_at_the_bound_is_still_a_pipeline(tmp_path: Path) -> None:
     run = load_run([str(_run_with_group(tmp_path, MAX_PP + 1))], jobs=1, progress=False)
     topo = infer_topology(run)
     assert topo.pp == 1 and any(f"claims {MAX_PP + 1} pipeline ranks" in w for w in topo.warnings)
+
+
+def test_p2p_that_is_not_a_chain_says_why() -> None:
+    """Rank 0 exchanges data both ways with ranks 1, 2 and 3 (a parameter server, or all-to-all by
+    p2p): no pipeline chain, and the reason is kept instead of a silent pp 1."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from ppdiag.model import Direction
+    from ppdiag.pipeline.clocks import P2POps
+    from ppdiag.pipeline.topology import _chain
+
+    def ops(peers: list[int], dirs: list[int]) -> P2POps:
+        n = len(peers)
+        t = np.arange(n, dtype=np.int64) * 1000
+        return P2POps(t, t + 500, np.asarray(peers, np.int32), np.asarray(dirs, np.int8), device=True)
+
+    s, r = int(Direction.SEND), int(Direction.RECV)
+    by_rank = {0: ops([1, 1, 2, 2, 3, 3], [s, r, s, r, s, r])} | {k: ops([0, 0], [r, s]) for k in (1, 2, 3)}
+    run = SimpleNamespace(ranks=[SimpleNamespace(rank=k) for k in range(4)])
+    notes: list[str] = []
+    assert _chain(run, by_rank, notes) is None  # type: ignore[arg-type]
+    assert len(notes) == 1 and "rank 0 exchanges data with 3 ranks (1, 2, 3)" in notes[0]

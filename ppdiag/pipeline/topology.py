@@ -135,7 +135,9 @@ def _p2p_edges(
     return dict(edges), events
 
 
-def _chain(run: Run, ops: dict[int, P2POps] | None = None) -> Topology | None:
+def _chain(run: Run, ops: dict[int, P2POps] | None = None, notes: list[str] | None = None) -> Topology | None:
+    """Stages from the two-way p2p links when they form chains (or rings); None otherwise, with the
+    reason in ``notes`` when p2p was seen but is not a pipeline's."""
     edges, events = _p2p_edges(run, ops)
     if not edges:
         return None
@@ -148,9 +150,18 @@ def _chain(run: Run, ops: dict[int, P2POps] | None = None) -> Topology | None:
     if not adj:
         return None
     comps = _components(adj)
-    if any(max(len(adj[x]) for x in comp) > 2 for comp in comps):
-        # a rank with three or more two-way partners: not a chain, so no topology from p2p
-        # (the caller falls back without a warning saying why)
+    hubs = sorted(x for x in adj if len(adj[x]) > 2)
+    if hubs:
+        # a rank with three or more two-way partners: not a chain, so no topology from p2p; say
+        # why, or a run whose p2p is not a pipeline's would silently read as pp 1
+        if notes is not None:
+            x = hubs[0]
+            more = f" (and {len(hubs) - 1} more rank(s))" if len(hubs) > 1 else ""
+            notes.append(
+                f"point-to-point transfers do not form a pipeline chain: rank {x} exchanges data with "
+                f"{len(adj[x])} ranks ({', '.join(map(str, sorted(adj[x])[:8]))}){more}; no stages are read "
+                "from them (pass --stage-map or --pp if this is a pipeline run)"
+            )
         return None
     lines = [_walk(comp, adj, edges, events) for comp in comps if len(comp) > 1]
     if not lines:
@@ -327,7 +338,7 @@ def infer_topology(
     finders: tuple[Callable[[Run], Topology | None], ...] = (
         lambda r: _pp_group(r, notes),
         _labels,
-        lambda r: _chain(r, ops),
+        lambda r: _chain(r, ops, notes),
     )
     for finder in finders:
         found = finder(run)
