@@ -174,3 +174,13 @@ def test_instant_events_reach_the_hook_on_both_paths(
     kineto.parse_file(p)
     # every instant event of the trace, in file order (the fixture's own among them)
     assert seen == [e["name"] for e in d["traceEvents"] if e.get("ph") in ("i", "I")]
+
+
+def test_a_float_tid_is_the_same_thread_whatever_its_slice_holds() -> None:
+    """numpy reads an all-number slice (1.0 -> 1); a slice that also holds a string takes the
+    per-value path, which must read 1.0 the same way (it read -1, so a lenient trace's timeline
+    depended on where the slices fell)."""
+    from ppdiag.parsers.kineto_schema import _tids
+
+    assert _tids([1.0, 2.0]).tolist() == [1, 2]
+    assert _tids([1.0, "stream 7", float("nan"), 1e300]).tolist() == [1, 7, -1, -1]
