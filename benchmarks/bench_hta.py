@@ -40,6 +40,15 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
+def _vm_hwm_kib() -> int:
+    """This process's peak RSS in KiB from /proc (0 where there is no /proc)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next((int(ln.split()[1]) for ln in fh if ln.startswith("VmHWM:")), 0)
+    except OSError:
+        return 0
+
+
 def _cpu() -> float:
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -75,7 +84,9 @@ def _child(kind: str, folder: str, jobs: int) -> dict[str, Any]:
     out["cpu_s"] = _cpu() - c0
     out["rss_mb"] = (
         max(
-            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forked parent across
+            # exec (the bench process that built the input)
+            _vm_hwm_kib() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
         )
         / 1024

@@ -45,6 +45,15 @@ DEFAULT_SOURCE = REPO.parent / "shared" / "traces" / "kineto" / "hta_2022_format
 # ----------------------------------------------------------------------------------------------
 
 
+def _vm_hwm_kib() -> int:
+    """This process's peak RSS in KiB from /proc (0 where there is no /proc)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next((int(ln.split()[1]) for ln in fh if ln.startswith("VmHWM:")), 0)
+    except OSError:
+        return 0
+
+
 def _load_source(src: Path) -> dict[str, Any]:
     raw = src.read_bytes()
     if raw[:2] == b"\x1f\x8b":
@@ -202,7 +211,8 @@ def _child(kind: str, folder: str, jobs: int) -> dict[str, Any]:
         except Exception as exc:  # report, do not hide, a failure of the other tool
             out["breakdown_error"] = f"{type(exc).__name__}: {exc}"
     out["wall_s"] = time.perf_counter() - t
-    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forked parent across exec
+    self_kb = _vm_hwm_kib() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     out["rss_main_mb"] = self_kb / 1024
     out["rss_worker_mb"] = kids_kb / 1024  # the largest worker process

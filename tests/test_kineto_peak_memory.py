@@ -3,9 +3,11 @@
 The trace is a real one replicated to ~60 MiB of JSON (gzip), parsed in a fresh subprocess whose
 peak RSS (``VmHWM``) is compared with that of a subprocess that only imports the parser: the
 difference is what the parse itself held at its peak. The bound is a memory bound, not a timing
-assert: issue 15 asks for under 2x the decompressed size; the parse measures ~1.5x here (the
+assert: issue 15 asks for under 2x the decompressed size; a GPU trace measures ~1.5x here (the
 decompressed text itself, 1x, plus the slice being decoded and the columns), so 1.75x leaves room
-for allocator noise without letting a second copy of the text (2x and more) pass.
+for allocator noise without letting a second copy of the text (2x and more) pass. A CPU-only
+(gloo) trace keeps every event as a row and measures ~1.75x (3.35x when CPU traces were decoded
+as a whole document): it is held to issue 15's 2x.
 """
 
 from __future__ import annotations
@@ -45,10 +47,11 @@ def _peak_kib(body: str) -> int:
     return int(out.stdout.split()[-1])
 
 
-def _replicate(src: Path, dst: Path) -> int:
-    """Write ``COPIES`` time-shifted copies of ``src``'s events to ``dst`` (gzip); returns the
-    decompressed size in bytes."""
-    doc: dict[str, Any] = msgspec.json.decode(gzip.decompress(src.read_bytes()))
+def _replicate(src: Path, dst: Path, copies: int = COPIES) -> int:
+    """Write ``copies`` time-shifted copies of ``src``'s events to ``dst`` (gzip, or plain JSON
+    when ``src`` is); returns the decompressed size in bytes."""
+    text = src.read_bytes()
+    doc: dict[str, Any] = msgspec.json.decode(gzip.decompress(text) if src.suffix == ".gz" else text)
     events: list[dict[str, Any]] = doc.pop("traceEvents")
     ts = [e["ts"] for e in events if isinstance(e.get("ts"), int | float)]
     span = max(ts) - min(ts) + 1000.0
@@ -57,25 +60,36 @@ def _replicate(src: Path, dst: Path) -> int:
     with gzip.open(dst, "wb", compresslevel=1) as fh:
         fh.write(head)
         size = len(head)
-        for c in range(COPIES):
+        for c in range(copies):
             shifted = [
                 {**e, "ts": e["ts"] + c * span} if isinstance(e.get("ts"), int | float) else e for e in events
             ]
-            body = enc.encode(shifted)[1:-1] + (b"," if c < COPIES - 1 else b"]}")
+            body = enc.encode(shifted)[1:-1] + (b"," if c < copies - 1 else b"]}")
             fh.write(body)
             size += len(body)
     return size
 
 
-def test_parse_peak_is_under_1_75x_the_decompressed_trace(tmp_path: Path) -> None:
-    src = shared_trace(SOURCE)
+# (real trace, copies, bound): a GPU trace (its unread host ops dropped per slice) and a CPU-only
+# gloo trace (every row kept, so its columns weigh more: ~1.75x measured, issue 15's 2x asserted)
+CASES = [
+    pytest.param(SOURCE, COPIES, 1.75, id="gpu"),
+    pytest.param("kineto/gloo_cpu_2rank/rank0.10013.pt.trace.json", 1900, 2.0, id="cpu-gloo"),
+]
+
+
+@pytest.mark.parametrize(("source", "copies", "bound"), CASES)
+def test_parse_peak_is_bounded_by_the_decompressed_trace(
+    tmp_path: Path, source: str, copies: int, bound: float
+) -> None:
+    src = shared_trace(source)
     trace = tmp_path / "rank0.json.gz"
-    raw = _replicate(src, trace)
+    raw = _replicate(src, trace, copies)
     assert raw > 40 << 20  # big enough that the fixed costs do not decide
     base = _peak_kib("")
     peak = _peak_kib(f"parse_file({str(trace)!r})")
     held = (peak - base) * 1024
-    assert held < 1.75 * raw, f"parse held {held / raw:.2f}x the decompressed trace ({raw >> 20} MiB)"
+    assert held < bound * raw, f"parse held {held / raw:.2f}x the decompressed trace ({raw >> 20} MiB)"
 
 
 INFLATERS = ["zlib", "isal"]

@@ -68,10 +68,76 @@ def test_dropped_host_ops_still_count_in_the_time_checks(
     assert any("dropped 1 of" in w for w in sliced.warnings)
 
 
-def test_cpu_trace_takes_the_whole_document_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No GPU category in the bytes: CPU mode reads every CPU op, nothing may be dropped."""
-    data = (TEST_DATA / "cpu_gloo_rank0.json").read_bytes()
-    assert kineto._decode_sliced(data, kineto._NameMemo()) is None
+CPU = json.loads((TEST_DATA / "cpu_gloo_rank0.json").read_text())
+
+
+def _sliced_ran(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows kept by each sliced decoding (an empty list: the whole-document path ran)."""
+    rows: list[int] = []
+    real = kineto._decode_sliced
+
+    def spy(data: Any, memo: Any, path: str = "") -> Any:
+        got = real(data, memo, path)
+        if got is not None:
+            rows.append(len(got.events))
+        return got
+
+    monkeypatch.setattr(kineto, "_decode_sliced", spy)
+    return rows
+
+
+@pytest.mark.parametrize("slice_len", [1, 7, 1 << 12])
+def test_cpu_trace_is_sliced_and_keeps_every_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slice_len: int
+) -> None:
+    """No GPU category in the bytes: CPU mode reads every CPU op, so every row is kept (flow and
+    metadata events too) and the timeline equals the whole-document one."""
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(CPU))
+    rows = _sliced_ran(monkeypatch)
+    sliced, whole = _both(p, monkeypatch, slice_len)
+    assert rows == [len(CPU["traceEvents"])]
+    assert sliced.cpu_only
+    _same(sliced, whole)
+
+
+def test_loosely_typed_slices_fall_back_to_lenient_types(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float pid (strict types refuse it) in one slice of seven: that slice is decoded
+    leniently, the others strictly, and the timeline equals the whole-document (lenient) one."""
+    d = copy.deepcopy(BASE)
+    k = next(e for e in d["traceEvents"] if e.get("cat") == "kernel")
+    k["pid"] = float(k["pid"]) + 0.5
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(d))
+    rows = _sliced_ran(monkeypatch)
+    sliced, whole = _both(p, monkeypatch, 7)
+    assert len(rows) == 1
+    _same(sliced, whole)
+
+
+def test_gpu_category_without_a_usable_gpu_event_keeps_every_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU trace plus one kernel without ts: the GPU filter found no usable GPU event, so the
+    trace is decoded again keeping every host op, and both paths give the same CPU timeline
+    (the dropped kernel counted in the same warning)."""
+    d = copy.deepcopy(CPU)
+    d["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "dur": 1.0})
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(d))
+    rows = _sliced_ran(monkeypatch)
+    sliced, whole = _both(p, monkeypatch, 5)
+    assert rows == [len(d["traceEvents"])]
+    assert sliced.cpu_only and any("ts" in w for w in sliced.warnings)
+    _same(sliced, whole)
+
+
+def test_real_gloo_traces_equal(monkeypatch: pytest.MonkeyPatch) -> None:
+    for p in sorted(shared_trace("kineto/gloo_cpu_2rank").glob("*.json")):
+        sliced, whole = _both(p, monkeypatch, 16)
+        _same(sliced, whole)
 
 
 @pytest.mark.parametrize("rel", ["kineto/hta_2022_format_rank3.json.gz", "kineto/hta_alltoall_rank0.json.gz"])
@@ -108,3 +174,13 @@ def test_instant_events_reach_the_hook_on_both_paths(
     kineto.parse_file(p)
     # every instant event of the trace, in file order (the fixture's own among them)
     assert seen == [e["name"] for e in d["traceEvents"] if e.get("ph") in ("i", "I")]
+
+
+def test_a_float_tid_is_the_same_thread_whatever_its_slice_holds() -> None:
+    """numpy reads an all-number slice (1.0 -> 1); a slice that also holds a string takes the
+    per-value path, which must read 1.0 the same way (it read -1, so a lenient trace's timeline
+    depended on where the slices fell)."""
+    from ppdiag.parsers.kineto_schema import _tids
+
+    assert _tids([1.0, 2.0]).tolist() == [1, 2]
+    assert _tids([1.0, "stream 7", float("nan"), 1e300]).tolist() == [1, 7, -1, -1]

@@ -55,6 +55,7 @@ from ppdiag.parsers.kineto_meta import _check_fields, _process_groups, parse_ran
 from ppdiag.parsers.kineto_names import N_BWD_OP, N_MODULE, _NameMemo, classify_name
 from ppdiag.parsers.kineto_recovery import _LEADING_OBJECT, _Recovered, decode_trace
 from ppdiag.parsers.kineto_schema import (
+    _LENIENT,
     _MAX_DUR_US,
     _MAX_US,
     _STRICT,
@@ -70,7 +71,7 @@ from ppdiag.parsers.kineto_schema import (
     trace_decoder,
     us_to_ns,
 )
-from ppdiag.parsers.kineto_slices import decode_sliced, run_instant_hooks
+from ppdiag.parsers.kineto_slices import SliceDecoders, decode_sliced, run_instant_hooks
 from ppdiag.parsers.kineto_table import PH_X, Events, EventsBuilder, Select, events_from_structs
 
 
@@ -100,13 +101,16 @@ class KinetoParser:
             raise InputError(str(path), f"unsupported trace content ({type(exc).__name__}: {exc})") from None
 
 
-_SLICE_DECODER = msgspec.json.Decoder(list[_STRICT.event])  # type: ignore[name-defined]
+_SLICE_DECODERS = SliceDecoders(
+    msgspec.json.Decoder(list[_STRICT.event]),  # type: ignore[name-defined]
+    msgspec.json.Decoder(list[_LENIENT.event]),  # type: ignore[name-defined]
+)
 
 
 def _decode_sliced(data: bytes | bytearray, memo: _NameMemo, path: str = "") -> _Recovered | None:
     """The trace decoded a slice at a time (see :mod:`ppdiag.parsers.kineto_slices`), without the
     host ops a GPU trace's parse never reads; None when the whole document must be decoded."""
-    got = decode_sliced(data, _SLICE_DECODER, _slice_select, EventsBuilder(memo, path))
+    got = decode_sliced(data, _SLICE_DECODERS, _slice_select, lambda: EventsBuilder(memo, path))
     if got is None:
         return None
     top = got.top

@@ -247,6 +247,10 @@ def us_to_ns(us: F64A, base_ns: int) -> I64A:
 def _tid_int(tid: Any) -> int:
     if isinstance(tid, int):
         return tid
+    if isinstance(tid, float) and abs(tid) < 2**63:
+        # as numpy's int64 conversion reads it (the all-number fast path of _tids): the same
+        # value must give the same thread whatever else its slice holds
+        return int(tid)
     if isinstance(tid, str):
         m = re.search(r"-?\d{1,18}", tid)
         if m:

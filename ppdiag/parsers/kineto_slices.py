@@ -11,8 +11,10 @@ are dropped are only counted (they take part in the counts of the time checks). 
 and instant events are not host ranges and are dropped too; the hook where instant events are
 classified is :func:`instant_event_hook` (the whole-document path calls the same hooks).
 
-Anything unusual (no GPU category in the bytes, lenient typing, damaged JSON) returns None and
-the caller decodes the whole document as before: the result is the same either way.
+CPU-mode traces (no GPU event) are decoded the same way, keeping every row; a slice that breaks
+the usual typing is decoded with the lenient types. Damaged JSON (or invalid UTF-8) returns None
+and the caller decodes the whole document (:mod:`ppdiag.parsers.kineto_recovery`): the result is
+the same either way.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 from ppdiag.parsers.kineto_table import Events, EventsBuilder, Select
 
@@ -42,6 +47,7 @@ class _Skeleton(msgspec.Struct, gc=False):
 
 
 _SKELETON = msgspec.json.Decoder(_Skeleton)
+_FREED = msgspec.Raw()  # stands for a raw event already decoded (one shared empty view)
 
 
 @dataclass
@@ -73,20 +79,45 @@ def run_instant_hooks(evs: list[Any]) -> None:
             hook(inst)
 
 
+def keep_all(
+    cols: dict[str, npt.NDArray[Any]], built: EventsBuilder
+) -> tuple[npt.NDArray[np.bool_], int, int]:
+    """The filter of a CPU-mode parse, which reads every CPU op: every row is kept."""
+    return np.ones(len(cols["ph"]), dtype=bool), 0, 0
+
+
+@dataclass(frozen=True)
+class SliceDecoders:
+    """The per-slice event decoders: strictly typed, and the lenient one (any JSON type per field)
+    a slice falls back to when it breaks the usual typing."""
+
+    strict: msgspec.json.Decoder[Any]
+    lenient: msgspec.json.Decoder[Any]
+
+    def decode(self, blob: bytes) -> list[Any]:
+        """The events of one slice (a JSON array)."""
+        try:
+            evs: list[Any] = self.strict.decode(blob)
+        except msgspec.ValidationError:
+            evs = self.lenient.decode(blob)
+        return evs
+
+
 def decode_sliced(
     data: bytes | bytearray,
-    event_decoder: msgspec.json.Decoder[Any],
+    decoders: SliceDecoders,
     make_select: Callable[[Any], Select],
-    builder: EventsBuilder,
+    new_builder: Callable[[], EventsBuilder],
 ) -> Sliced | None:
-    """Decode ``data`` slice by slice into ``builder``; None when the whole-document path must be
-    taken.
+    """Decode ``data`` slice by slice into a builder; None when the whole-document path must be
+    taken (damaged JSON, invalid UTF-8, no events).
 
-    ``make_select(top)`` (given the document's other fields) returns the per-slice filter. Each
-    slice's Structs are turned into columns and freed before the next slice is decoded. When no
-    usable GPU event is met the trace is parsed in CPU mode, which reads every CPU op: None."""
-    if _GPU_CAT.search(data) is None:
-        return None
+    A trace with GPU events is filtered by ``make_select(top)`` (given the document's other
+    fields); one without (a CPU-mode parse, which reads every CPU op) keeps every row. Each
+    slice's Structs are turned into columns and freed before the next slice is decoded, so the
+    peak is the text, the skeleton and one slice whatever the mode. A trace that spells a GPU
+    category but has no usable GPU event is decoded again keeping every row (it is parsed in
+    CPU mode or refused, and both read every host op)."""
     try:
         top = _SKELETON.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -95,20 +126,45 @@ def decode_sliced(
     if not raws:
         return None
     top.traceEvents = None
-    select = make_select(top)
-    dropped_used = n_gpu = 0
+    total = len(raws)
+    gpu = _GPU_CAT.search(data) is not None
     try:
-        for lo in range(0, len(raws), SLICE):
-            blob = b"".join((b"[", b",".join(raws[lo : lo + SLICE]), b"]"))
-            evs: list[Any] = event_decoder.decode(blob)
-            del blob
+        builder = new_builder()
+        # no GPU category: one keep-all pass, which frees the raw views as it goes
+        select = make_select(top) if gpu else keep_all
+        dropped_used, n_gpu = _slices(raws, decoders, select, builder, hooks=True, consume=not gpu)
+        if gpu and not n_gpu:
+            builder = new_builder()
+            dropped_used, _ = _slices(raws, decoders, keep_all, builder, hooks=False, consume=True)
+    except msgspec.DecodeError:
+        return None
+    del raws  # the skeleton's views go before the columns are joined
+    return Sliced(builder.finish(), total, dropped_used, top)
+
+
+def _slices(
+    raws: list[msgspec.Raw],
+    decoders: SliceDecoders,
+    select: Select,
+    builder: EventsBuilder,
+    *,
+    hooks: bool,
+    consume: bool,
+) -> tuple[int, int]:
+    """(dropped rows that count as used, usable GPU events) of the raw events decoded ``SLICE``
+    at a time into ``builder``; ``hooks``: hand each slice's instant events to the hooks;
+    ``consume``: free each slice's raw views once decoded (no second pass will read them)."""
+    dropped_used = n_gpu = 0
+    for lo in range(0, len(raws), SLICE):
+        blob = b"".join((b"[", b",".join(raws[lo : lo + SLICE]), b"]"))
+        if consume:
+            raws[lo : lo + SLICE] = repeat(_FREED, min(SLICE, len(raws) - lo))
+        evs = decoders.decode(blob)
+        del blob
+        if hooks:
             run_instant_hooks(evs)
-            n, g = builder.add(evs, select)
-            del evs
-            dropped_used += n
-            n_gpu += g
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    if not n_gpu:
-        return None
-    return Sliced(builder.finish(), len(raws), dropped_used, top)
+        n, g = builder.add(evs, select)
+        del evs
+        dropped_used += n
+        n_gpu += g
+    return dropped_used, n_gpu
