@@ -113,16 +113,7 @@ def _args_comm(a: Any, ctx: _Ctx) -> _CommInfo:
     coll = a.coll if isinstance(a.coll, str) else ""
     if coll:
         info.comm, info.direction, info.alltoall = _coll_class(coll)
-    name = a.pg_name if a.pg_name not in (None, "") else a.pg_id
-    name = "" if name in (None, "", -1) else str(name)
-    ranks = parse_rank_list(a.pg_ranks)
-    if ranks is None or (not ranks and _as_int(a.group_size) > 1):
-        ranks = _ranks_from_arith(_as_int(a.rank_start), _as_int(a.rank_stride), _as_int(a.group_size))
-    if ranks is not None and not ranks:
-        ranks = None
-    desc = a.pg_desc if isinstance(a.pg_desc, str) else ""
-    if name or ranks:
-        info.group = ctx.group_index(name, desc, ranks)
+    info.group = _args_group(a, ctx)
     if info.direction == Direction.SEND:
         info.peer = _as_int(a.dst)
     elif info.direction == Direction.RECV:
@@ -137,6 +128,20 @@ def _args_comm(a: Any, ctx: _Ctx) -> _CommInfo:
         info.nbytes = nel * size
     info.seq = _as_int(a.seq)
     return info
+
+
+def _args_group(a: Any, ctx: _Ctx) -> int:
+    """The process group an event's args name (by name or id, ranks listed or arithmetic): its index
+    in the rank's groups, or -1 when the args name none."""
+    name = a.pg_name if a.pg_name not in (None, "") else a.pg_id
+    name = "" if name in (None, "", -1) else str(name)
+    ranks = parse_rank_list(a.pg_ranks)
+    if ranks is None or (not ranks and _as_int(a.group_size) > 1):
+        ranks = _ranks_from_arith(_as_int(a.rank_start), _as_int(a.rank_stride), _as_int(a.group_size))
+    if ranks is not None and not ranks:
+        ranks = None
+    desc = a.pg_desc if isinstance(a.pg_desc, str) else ""
+    return ctx.group_index(name, desc, ranks) if (name or ranks) else -1
 
 
 def _shape_bytes(dims: Any, types: Any) -> int:

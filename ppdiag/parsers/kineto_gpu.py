@@ -260,14 +260,29 @@ def _classify_comm_kernels(
     ctx: _Ctx,
 ) -> tuple[list[_CommInfo], int]:
     """Classify NCCL-style kernels P2P / collective by what launched them."""
+    infos, pending = _infos_from_args(cargs, host, ctx)
+    if pending:
+        _enclosing_comm(comm_idx, pending, infos, launch, launch_tid, host, ctx)
+
+    # coalesced groups: the point-to-point ops issued since the previous comm launch on that thread
+    coalesced = [pos_ for pos_, info in enumerate(infos) if info.comm == C_COALESCED]
+    if coalesced:
+        _resolve_coalesced(
+            [infos[k] for k in coalesced], comm_idx[coalesced], comm_idx, launch, launch_tid, host
+        )
     rank_has_a2a = any(c.alltoall for c in host.comm)
+    return infos, _classify_by_name(infos, comm_idx, gname, rank_has_a2a, ctx)
+
+
+def _infos_from_args(cargs: list[Any], host: _Host, ctx: _Ctx) -> tuple[list[_CommInfo], list[int]]:
+    """Each comm kernel's facts from its own args, else from the ``record_param_comms`` op with its
+    External id; the positions still unresolved (no facts, or a coalesced group) beside them."""
     # record_param_comms ops that carry comm metadata, by External id
     rpc_ext = {
         x: c
         for nm, c, x in zip(host.name, host.comm, host.ext, strict=True)
         if nm == "record_param_comms" and c.comm != C_NONE and x >= 0
     }
-
     infos: list[_CommInfo] = []
     pending: list[int] = []  # positions in comm_idx still unresolved
     for pos_, a in enumerate(cargs):
@@ -282,18 +297,18 @@ def _classify_comm_kernels(
         if info.comm == C_NONE or info.comm == C_COALESCED:
             pending.append(pos_)
         infos.append(info)
+    return infos, pending
 
-    if pending:
-        _enclosing_comm(comm_idx, pending, infos, launch, launch_tid, host, ctx)
 
-    # coalesced groups: the point-to-point ops issued since the previous comm launch on that thread
-    coalesced = [pos_ for pos_, info in enumerate(infos) if info.comm == C_COALESCED]
-    if coalesced:
-        _resolve_coalesced(
-            [infos[k] for k in coalesced], comm_idx[coalesced], comm_idx, launch, launch_tid, host
-        )
-
-    # no evidence at all: the kernel name and the rank's other comm ops decide
+def _classify_by_name(
+    infos: list[_CommInfo],
+    comm_idx: npt.NDArray[np.intp],
+    gname: list[str],
+    rank_has_a2a: bool,
+    ctx: _Ctx,
+) -> int:
+    """Kernels with no evidence at all: the kernel name and the rank's other comm ops with that name
+    decide. Global peers are filled in for the classified ones. Returns how many had no evidence."""
     unclassified = 0
     by_name: dict[str, list[int]] = {}
     for pos_, info in enumerate(infos):
@@ -306,8 +321,7 @@ def _classify_comm_kernels(
                 info.peer = ctx.to_global(info.peer_grp, info.group, info.my_grp)
             continue
         unclassified += 1
-        nm = gname[int(comm_idx[pos_])]
-        base_name = nm.split("(")[0]
+        base_name = gname[int(comm_idx[pos_])].split("(")[0]
         if _RE_KERNEL_SENDRECV.search(base_name):
             info.comm = C_COLL if rank_has_a2a else C_P2P
         elif _RE_KERNEL_COLL.search(base_name):
@@ -315,7 +329,7 @@ def _classify_comm_kernels(
         else:
             seen = by_name.get(base_name, [])
             info.comm = C_P2P if seen and seen.count(C_P2P) > len(seen) / 2 else C_COLL
-    return infos, unclassified
+    return unclassified
 
 
 def _enclosing_comm(

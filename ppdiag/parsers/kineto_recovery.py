@@ -138,17 +138,13 @@ def _decode_damaged(data: Data, path: str, types: TraceTypes, first_error: msgsp
         if "trailing characters" in str(err):
             return _without_trailing(doc, pos, types, path, err, _Recovered(None, 0, lost_events, warnings))
         if not fixed_numbers and _NON_JSON_NUMBER.match(doc, pos):
-            # NaN / Infinity written by some writers are not JSON: read them as null
-            fixed_numbers = True
-            doc = _NON_JSON_NUMBER_ANY.sub(b"null", doc)
-            try:
-                trace = _LENIENT.decoder.decode(doc)
-            except msgspec.DecodeError as exc:
-                err = exc
-                types = _LENIENT
+            fixed_numbers, types = True, _LENIENT
+            doc, got = _null_non_json_numbers(doc)
+            if isinstance(got, msgspec.DecodeError):
+                err = got
                 continue
             warnings.append("non-JSON numbers (NaN / Infinity) read as unknown values")
-            return _Recovered(trace, len(trace.traceEvents or []), lost_events, warnings)
+            return _Recovered(got, _n_events(got), lost_events, warnings)
         if pos < start:
             raise InputError(path, f"not a PyTorch Profiler trace (invalid JSON: {err})")
         if truncated:
@@ -157,30 +153,23 @@ def _decode_damaged(data: Data, path: str, types: TraceTypes, first_error: msgsp
                 warnings.append(
                     "truncated after the event list: all events kept, some trailing metadata lost"
                 )
-                return _Recovered(closed, len(closed.traceEvents or []), lost_events, warnings)
+                return _Recovered(closed, _n_events(closed), lost_events, warnings)
         p = _last_complete_element(doc, start, pos, types)
         if p < 0:
             # Nothing complete before the damage: maybe the event array itself had closed and the
             # damage is in trailing metadata.
             raise InputError(path, f"no complete trace event before the damage at byte {pos} ({err})")
-        if not truncated and repairs < _MAX_REPAIRS:
-            m = _NEXT_ELEMENT.search(doc, pos)
-            if m is not None:
-                nxt = m.start(1)
-                skipped = doc[p + 1 : nxt]
-                lost_bytes += len(skipped)
-                lost_events += max(1, skipped.count(b'"ph"'))
-                doc = doc[: p + 1] + b",\n" + doc[nxt:]
-                repairs += 1
-                try:
-                    trace = types.decoder.decode(doc)
-                except msgspec.DecodeError as exc:
-                    err = exc
-                    continue
-                warnings.append(
-                    f"malformed JSON: dropped {lost_events} damaged event(s) ({lost_bytes} bytes)"
-                )
-                return _Recovered(trace, len(trace.traceEvents or []), lost_events, warnings)
+        step = _drop_element(doc, p, pos, types) if not truncated and repairs < _MAX_REPAIRS else None
+        if step is not None:
+            doc, trace, n_bytes, n_events = step
+            lost_bytes += n_bytes
+            lost_events += n_events
+            repairs += 1
+            if isinstance(trace, msgspec.DecodeError):
+                err = trace
+                continue
+            warnings.append(f"malformed JSON: dropped {lost_events} damaged event(s) ({lost_bytes} bytes)")
+            return _Recovered(trace, _n_events(trace), lost_events, warnings)
         # Cut here: close the event array and the top-level object.
         got = _close_at_cut(doc, start, p, types, path)
         if isinstance(got, msgspec.DecodeError):  # damage further up: repeat from there
@@ -194,6 +183,38 @@ def _decode_damaged(data: Data, path: str, types: TraceTypes, first_error: msgsp
             f"event (≈{lost_here} event(s)); anything after the cut is missing"
         )
         return _Recovered(trace, kept, lost_events + lost_here, warnings)
+
+
+def _n_events(trace: Any) -> int:
+    """The number of events a decoded trace holds (none when its list is null)."""
+    return len(trace.traceEvents or [])
+
+
+def _drop_element(doc: Data, p: int, pos: int, types: TraceTypes) -> tuple[bytes, Any, int, int] | None:
+    """Drop the malformed element between the last complete one (ending at ``p``) and the next
+    element after the damage at ``pos``: the repaired document, its decode (or the error that
+    remains), the bytes and (about) the events dropped. None when no element follows."""
+    m = _NEXT_ELEMENT.search(doc, pos)
+    if m is None:
+        return None
+    nxt = m.start(1)
+    skipped = doc[p + 1 : nxt]
+    fixed = bytes(doc[: p + 1]) + b",\n" + bytes(doc[nxt:])
+    try:
+        got: Any = types.decoder.decode(fixed)
+    except msgspec.DecodeError as exc:
+        got = exc
+    return fixed, got, len(skipped), max(1, skipped.count(b'"ph"'))
+
+
+def _null_non_json_numbers(doc: Data) -> tuple[bytes, Any]:
+    """NaN / Infinity, which some writers emit, are not JSON: the document with them read as null,
+    and its lenient decode (or the error that remains)."""
+    fixed = _NON_JSON_NUMBER_ANY.sub(b"null", doc)
+    try:
+        return fixed, _LENIENT.decoder.decode(fixed)
+    except msgspec.DecodeError as exc:
+        return fixed, exc
 
 
 def _close_at_cut(

@@ -98,40 +98,8 @@ def find_traces(
         if not p.exists():
             raise InputError(qpath(p), "no such file or directory")
         if p.is_dir():
-            cands = _scan_dir(p, warnings)
-            not_read: list[str] = []
-            n_before = len(found)
-            for f in cands:
-                key = f.resolve()
-                if key in seen:
-                    n_before -= 1  # already named: the directory did hold a trace
-                    continue
-                fmt, why = detect_format(f)
-                if fmt is None:
-                    not_read.append(f"{qpath(f.name)} ({why})")
-                    warnings.append(f"{qpath(f)}: skipped: {why}")
-                    if not why.startswith(("JSON object without", "a JSON array")):
-                        # meant to be a trace (compressed otherwise, cut, unreadable): the run
-                        # lacks a rank, which the gate must know
-                        skipped_traces.append(f"{qpath(f)} ({why})")
-                    continue
-                seen.add(key)
-                found.append(TraceFile(f, fmt))
-            if len(found) == n_before:
-                detail = (
-                    f" (skipped: {', '.join(not_read[:5])}{', ...' if len(not_read) > 5 else ''})"
-                    if not_read
-                    else ""
-                )
-                raise InputError(
-                    qpath(p),
-                    "no trace files found (expected *.json, *.json.gz, *.pt.trace.json, *.sqlite, "
-                    f"*.nsys-rep){detail}",
-                )
-        else:
-            key = p.resolve()
-            if key in seen:
-                continue
+            _add_dir(p, found, seen, warnings, skipped_traces)
+        elif (key := p.resolve()) not in seen:
             fmt, why = detect_format(p)
             if fmt is None:
                 raise InputError(
@@ -139,6 +107,49 @@ def find_traces(
                 )
             seen.add(key)
             found.append(TraceFile(p, fmt))
+    _one_format(found)
+    if skipped is not None:
+        skipped.extend(skipped_traces)
+    return found, warnings
+
+
+def _add_dir(
+    p: Path, found: list[TraceFile], seen: set[Path], warnings: list[str], skipped_traces: list[str]
+) -> None:
+    """The traces of one run directory into ``found``; the files no parser reads are skipped with a
+    warning (and, when meant to be traces, listed in ``skipped_traces``). A directory with no trace
+    at all is an error naming what was skipped."""
+    not_read: list[str] = []
+    n_before = len(found)
+    for f in _scan_dir(p, warnings):
+        key = f.resolve()
+        if key in seen:
+            n_before -= 1  # already named: the directory did hold a trace
+            continue
+        fmt, why = detect_format(f)
+        if fmt is None:
+            not_read.append(f"{qpath(f.name)} ({why})")
+            warnings.append(f"{qpath(f)}: skipped: {why}")
+            if not why.startswith(("JSON object without", "a JSON array")):
+                # meant to be a trace (compressed otherwise, cut, unreadable): the run lacks a
+                # rank, which the gate must know
+                skipped_traces.append(f"{qpath(f)} ({why})")
+            continue
+        seen.add(key)
+        found.append(TraceFile(f, fmt))
+    if len(found) == n_before:
+        detail = (
+            f" (skipped: {', '.join(not_read[:5])}{', ...' if len(not_read) > 5 else ''})" if not_read else ""
+        )
+        raise InputError(
+            qpath(p),
+            "no trace files found (expected *.json, *.json.gz, *.pt.trace.json, *.sqlite, "
+            f"*.nsys-rep){detail}",
+        )
+
+
+def _one_format(found: list[TraceFile]) -> None:
+    """Refuse a run whose files are of several formats, naming one file of each."""
     formats = {t.format for t in found}
     if len(formats) > 1:
         by_fmt: dict[str, Path] = {}
@@ -146,9 +157,6 @@ def find_traces(
             by_fmt.setdefault(t.format, t.path)
         shown = ", ".join(f"{fmt}: {path}" for fmt, path in sorted(by_fmt.items()))
         raise InputError(None, f"mixed trace formats in one run ({shown}); analyze one format at a time")
-    if skipped is not None:
-        skipped.extend(skipped_traces)
-    return found, warnings
 
 
 def _find_remote(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str]]:

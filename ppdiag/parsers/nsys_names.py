@@ -201,6 +201,42 @@ class RangeClass:
     group_peer: int = -1  # torch_p2p: the peer's rank in that group (-1 unknown)
 
 
+def _pp_range(text: str) -> RangeClass:
+    """A ``PP:`` range: a pipeline block label, a pipeline comm op, an overlap range, or another
+    range of a stage."""
+    m = _PP_LABEL.fullmatch(text)
+    if m:
+        return RangeClass(
+            keep=True,
+            kind=RangeKind.LABEL,
+            stage=int(m.group("stage")),
+            mb=int(m.group("mb")),
+            phase=_phase_of(m.group("ph")),
+        )
+    m = _PP_COMM.fullmatch(text)
+    if m:
+        d = Direction.RECV if m.group("dir") == "RECV" else Direction.SEND
+        return RangeClass(
+            keep=True,
+            kind=RangeKind.COMM_OP,
+            stage=int(m.group("stage")),
+            mb=int(m.group("mb")),
+            phase=_phase_of(m.group("ph")),
+            direction=d,
+        )
+    m = _PP_OVERLAP.match(text)
+    if m:
+        return RangeClass(
+            keep=True,
+            kind=RangeKind.OTHER,
+            stage=int(m.group("stage")),
+            mb=int(m.group("mb")),
+            phase=_phase_of(m.group("ph")),
+        )
+    m = _PP_ANY.match(text)
+    return RangeClass(keep=True, kind=RangeKind.OTHER, stage=int(m.group("stage")) if m else -1)
+
+
 def classify_range(name: str, domain: str) -> RangeClass:
     """Steps, pipeline labels, comm ops, other user ranges; emit_nvtx op ranges are dropped."""
     a2a = bool(_ALL_TO_ALL.search(name))
@@ -212,37 +248,7 @@ def classify_range(name: str, domain: str) -> RangeClass:
         n = m.group("n1") or m.group("n2")
         return RangeClass(keep=True, kind=RangeKind.STEP, num=int(n) if n else -1, numbered=n is not None)
     if text.startswith("PP:"):
-        m = _PP_LABEL.fullmatch(text)
-        if m:
-            return RangeClass(
-                keep=True,
-                kind=RangeKind.LABEL,
-                stage=int(m.group("stage")),
-                mb=int(m.group("mb")),
-                phase=_phase_of(m.group("ph")),
-            )
-        m = _PP_COMM.fullmatch(text)
-        if m:
-            d = Direction.RECV if m.group("dir") == "RECV" else Direction.SEND
-            return RangeClass(
-                keep=True,
-                kind=RangeKind.COMM_OP,
-                stage=int(m.group("stage")),
-                mb=int(m.group("mb")),
-                phase=_phase_of(m.group("ph")),
-                direction=d,
-            )
-        m = _PP_OVERLAP.match(text)
-        if m:
-            return RangeClass(
-                keep=True,
-                kind=RangeKind.OTHER,
-                stage=int(m.group("stage")),
-                mb=int(m.group("mb")),
-                phase=_phase_of(m.group("ph")),
-            )
-        m = _PP_ANY.match(text)
-        return RangeClass(keep=True, kind=RangeKind.OTHER, stage=int(m.group("stage")) if m else -1)
+        return _pp_range(text)
     if text.startswith("Optimizer."):
         return RangeClass(keep=True, kind=RangeKind.OTHER, phase=Phase.OPTIM)
     if text.startswith("enumerate(DataLoader)"):

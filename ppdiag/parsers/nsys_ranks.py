@@ -110,26 +110,42 @@ def decide_ranks(
     if len(pids) == 1:
         return {pids[0]: _single(cap, pids[0], thread_ranks, src)}
 
-    out: dict[int, RankDecision] = {}
     # A process's own environment when nsys recorded its pid (attach mode), else MPI thread names.
+    own = _from_own_env(cap, pids)
+    if own is not None:
+        return own
+    if all(p in thread_ranks for p in pids) and len({thread_ranks[p] for p in pids}) == len(pids):
+        return {
+            p: RankDecision(thread_ranks[p], f"NVTX thread name 'MPI Rank {thread_ranks[p]}'") for p in pids
+        }
+    return _by_order(cap, pids, devices, proc_names)
+
+
+def _from_own_env(cap: CaptureEnv, pids: list[int]) -> dict[int, RankDecision] | None:
+    """Ranks from each process's own recorded environment, when every process has a distinct one."""
     by_pid = {cap.pid[i]: e for i, e in cap.env.items() if cap.pid.get(i)}
     own: dict[int, tuple[str, int]] = {}
     for p in pids:
         hit = _int_var(by_pid.get(p, {}), RANK_VARS)
         if hit:
             own[p] = hit
-    if len(own) == len(pids) and len({r for _, r in own.values()}) == len(pids):
-        for p in pids:
-            var, r = own[p]
-            ws = _int_var(by_pid[p], WORLD_VARS)
-            out[p] = RankDecision(r, f"env {var} of process {p}", ws[1] if ws else None)
-        return out
-    if all(p in thread_ranks for p in pids) and len({thread_ranks[p] for p in pids}) == len(pids):
-        return {
-            p: RankDecision(thread_ranks[p], f"NVTX thread name 'MPI Rank {thread_ranks[p]}'") for p in pids
-        }
+    if len(own) != len(pids) or len({r for _, r in own.values()}) != len(pids):
+        return None
+    out: dict[int, RankDecision] = {}
+    for p in pids:
+        var, r = own[p]
+        ws = _int_var(by_pid[p], WORLD_VARS)
+        out[p] = RankDecision(r, f"env {var} of process {p}", ws[1] if ws else None)
+    return out
 
+
+def _by_order(
+    cap: CaptureEnv, pids: list[int], devices: dict[int, list[int]], proc_names: dict[int, str]
+) -> dict[int, RankDecision]:
+    """No rank field: ranks by the order of the GPUs the processes used (else process order), offset
+    by the node index of the launcher's environment, each with a warning that says so."""
     # The launcher's environment says which node this report is, not which rank each process is.
+    out: dict[int, RankDecision] = {}
     launcher = cap.env.get(0, {})
     node = _int_var(launcher, NODE_VARS)
     base = node[1] * len(pids) if node else 0
