@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
 from ppdiag.api import Options, diagnose
-from ppdiag.report_types import Report
+from ppdiag.report_types import FindingRow, Report
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.scenario import make_scenario
@@ -229,7 +228,7 @@ def test_shared_host() -> None:
     assert shared_share([50.0, 38.0, 24.0, 51.0, 0.2, 0.5]) == pytest.approx(2 * 0.2 / 51)
 
 
-def _rules_with(diag: Any, **changes: Any) -> list[dict[str, Any]]:
+def _rules_with(diag: Any, **changes: Any) -> list[FindingRow]:
 
     from ppdiag.rules import RuleContext, run_rules
 
@@ -237,14 +236,14 @@ def _rules_with(diag: Any, **changes: Any) -> list[dict[str, Any]]:
     ctx = RuleContext(
         diag.result,
         diag.run,
-        c["pipeline"],
-        c["rank_steps"],
-        c["attribution"],
+        c.pipeline,
+        c.rank_steps,
+        c.attribution,
         {},
-        predictions=c["predictions"],
-        noise=changes.pop("noise", c["noise"]),
+        predictions=c.predictions,
+        noise=changes.pop("noise", c.noise),
     )
-    return [msgspec.to_builtins(f.to_report()) for f in run_rules(ctx)]
+    return [f.to_report() for f in run_rules(ctx)]
 
 
 def test_finding_within_noise_is_low(tmp_path: Path) -> None:
@@ -261,9 +260,9 @@ def test_finding_within_noise_is_low(tmp_path: Path) -> None:
     assert f.evidence["noise_ms"] == pytest.approx(nm.base_ms(), abs=1e-3)
     assert f.evidence["steps_used"] == 2
     noisy = dataclasses.replace(nm, step_error_ms=f.gain_ms)  # 2 errors > the gain
-    g = next(x for x in _rules_with(diag, noise=noisy) if x["code"] == "PP006")
-    assert g["severity"] == "low"
-    assert g["evidence"]["noise_ms"] == pytest.approx(2 * f.gain_ms, rel=0.01)
+    g = next(x for x in _rules_with(diag, noise=noisy) if x.code == "PP006")
+    assert g.severity == "low"
+    assert g.evidence["noise_ms"] == pytest.approx(2 * f.gain_ms, rel=0.01)
 
 
 def test_imbalance_is_judged_by_its_own_spread(tmp_path: Path) -> None:
@@ -277,12 +276,12 @@ def test_imbalance_is_judged_by_its_own_spread(tmp_path: Path) -> None:
     write_kineto(run, tmp_path)
     diag = diagnose([tmp_path], Options())
     c = diag.context
-    err = cause_error_ms(c["rank_steps"], c["attribution"], "imbalance")
+    err = cause_error_ms(c.rank_steps, c.attribution, "imbalance")
     assert err is not None
-    noisy = dataclasses.replace(c["noise"], step_error_ms=100.0)
-    f = next(x for x in _rules_with(diag, noise=noisy) if x["code"] == "PP003")
-    assert f["severity"] == "high"
-    assert f["evidence"]["noise_ms"] == pytest.approx(Z * err, abs=1e-3)  # no latency jitter here
+    noisy = dataclasses.replace(c.noise, step_error_ms=100.0)
+    f = next(x for x in _rules_with(diag, noise=noisy) if x.code == "PP003")
+    assert f.severity == "high"
+    assert f.evidence["noise_ms"] == pytest.approx(Z * err, abs=1e-3)  # no latency jitter here
 
 
 def test_oversubscribed_host_shared_stalls_are_low(tmp_path: Path) -> None:
@@ -297,15 +296,15 @@ def test_oversubscribed_host_shared_stalls_are_low(tmp_path: Path) -> None:
     f = next(x for x in diag.result.findings if x.code == "PP006")
     assert f.severity in ("high", "medium")  # a GPU run: every rank starved is a real fault
     over = dataclasses.replace(diag.context.noise, oversubscribed=True, shared_host=True)
-    g = next(x for x in _rules_with(diag, noise=over) if x["code"] == "PP006")
-    assert g["severity"] == "low" and g["evidence"]["oversubscribed_host"]
+    g = next(x for x in _rules_with(diag, noise=over) if x.code == "PP006")
+    assert g.severity == "low" and g.evidence["oversubscribed_host"]
 
     run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=2, faults=[F.HostStall(2, 0.5)])
     write_kineto(run, tmp_path / "one")
     diag = diagnose([tmp_path / "one"], Options())
     over = dataclasses.replace(diag.context.noise, oversubscribed=True, shared_host=True)
-    g = next(x for x in _rules_with(diag, noise=over) if x["code"] == "PP006")
-    assert g["severity"] in ("high", "medium") and g["ranks"] == [2]
+    g = next(x for x in _rules_with(diag, noise=over) if x.code == "PP006")
+    assert g.severity in ("high", "medium") and g.ranks == [2]
 
 
 def test_warmup_first_step_left_out(tmp_path: Path) -> None:
@@ -364,9 +363,9 @@ def test_oversubscribed_host_late_links(tmp_path: Path) -> None:
     top = max(f.evidence["late_wait_ms_per_step_by_link"].values())
     nm = diag.context.noise
     small = dataclasses.replace(nm, oversubscribed=True, shared_host=True, contention_ms=0.0)
-    g = next(x for x in _rules_with(diag, noise=small) if x["code"] == "PP004")
-    assert g["severity"] == f.severity  # the far links are on time: it stands out
+    g = next(x for x in _rules_with(diag, noise=small) if x.code == "PP004")
+    assert g.severity == f.severity  # the far links are on time: it stands out
     large = dataclasses.replace(nm, oversubscribed=True, shared_host=True, contention_ms=2 * top)
-    g = next(x for x in _rules_with(diag, noise=large) if x["code"] == "PP004")
-    assert g["severity"] == "low"
-    assert g["evidence"]["noise_ms"] == pytest.approx(nm.base_ms() + f.gain_ms, abs=2e-3)
+    g = next(x for x in _rules_with(diag, noise=large) if x.code == "PP004")
+    assert g.severity == "low"
+    assert g.evidence["noise_ms"] == pytest.approx(nm.base_ms() + f.gain_ms, abs=2e-3)

@@ -36,12 +36,12 @@ def _rerun(diag: Diagnosis, predictions: FixPredictions) -> list[dict[str, Any]]
     ctx = RuleContext(
         diag.result,
         diag.run,
-        c["pipeline"],
-        c["rank_steps"],
-        c["attribution"],
+        c.pipeline,
+        c.rank_steps,
+        c.attribution,
         {},
         predictions=predictions,
-        noise=c["noise"],
+        noise=c.noise,
     )
     return [msgspec.to_builtins(f.to_report()) for f in run_rules(ctx)]
 
