@@ -44,6 +44,8 @@ def _build(out: Path, pp: int, dp: int, m: int, steps: int) -> None:
 
 
 def _analyze(run_dir: Path, scheduler: str | None, jobs: int) -> dict[str, object]:
+    import msgspec
+
     from ppdiag.api import Options, analyze_run
     from ppdiag.parsers import cache
     from ppdiag.parsers.loader import load_run
@@ -58,7 +60,7 @@ def _analyze(run_dir: Path, scheduler: str | None, jobs: int) -> dict[str, objec
     c2 = time.process_time()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     digest = sum(len(cache.encode_ranks([tl]) or b"") for tl in run.ranks)
-    report = json.dumps(diag.report, sort_keys=True, default=str).encode()
+    report = json.dumps(msgspec.to_builtins(diag.result), sort_keys=True, default=str).encode()
     return {
         "ranks": len(run.ranks),
         "map_s": t1 - t0,

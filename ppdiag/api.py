@@ -81,7 +81,7 @@ def _rebuilt(run: Run, opts: Options) -> tuple[Pipeline, Hang | None]:
         run, PipelineOptions(opts.pp, opts.stage_map, opts.microbatches, opts.schedule, opts.steps)
     )
     nb = {tl.rank: pipe.topology.neighbours(tl.rank) for tl in run.ranks}
-    hang = detect_hang(run, pipe.ops, pipe.windows, nb)
+    hang = detect_hang(pipe.aligned, pipe.ops, pipe.windows, nb)
     if hang is not None and hang.complete_steps > 0:
         trim_steps(pipe.windows, pipe.blocks, hang)
     return pipe, hang
@@ -106,6 +106,7 @@ class _Measured:
 def _measured(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -> _Measured:
     """Rebuild the pipeline, attribute the lost time, and build the report's measured sections."""
     pipe, hang = _rebuilt(run, opts)
+    run = pipe.aligned  # the parsed ranks on the common clock, labelled: what every later layer reads
     skip = _warmup_step(pipe) if not opts.steps else None
     steps, windows = _rank_steps(run, pipe, skip)
     if on_stage:
@@ -153,6 +154,7 @@ def analyze_run(
         on_stage("rebuilding the pipeline")
     m = _measured(run, opts, on_stage)
     pipe, warnings = m.pipe, m.warnings
+    run = pipe.aligned  # ``run`` itself stays as parsed
     # what-if predictions of every fix, before the rules: a finding's gain is its fix's prediction
     predictions = predict_fixes(run, m.report, pipe, m.attr, m.steps, warnings)
     batch = check_batch(

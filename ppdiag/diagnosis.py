@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Run
-from ppdiag.report_types import CauseName, FindingRow, Report, Severity, to_builtins
+from ppdiag.report_types import CauseName, FindingRow, Report, Severity
 
 SCHEMA_VERSION = 1
 
@@ -144,9 +143,12 @@ ContextT = TypeVar("ContextT")
 
 @dataclass(frozen=True)
 class Diagnosis(Generic[ContextT]):
-    """Everything an analysis produced: ``result`` is the typed report, ``context`` the layer
-    results behind it (None for a diagnosis built without them). Frozen: a command that adds to
-    the report (the gate) makes a new one with :func:`dataclasses.replace`."""
+    """Everything an analysis produced: ``result`` is the typed report (encode it, or
+    ``msgspec.to_builtins`` it for the JSON file's plain-data form), ``context`` the layer results
+    behind it (None for a diagnosis built without them). ``run`` is the run on the common clock
+    (for an analysis, the pipeline's aligned view of the parsed run, which stays as parsed).
+    Frozen: a command that adds to the report (the gate) makes a new one with
+    :func:`dataclasses.replace`."""
 
     run: Run
     result: Report
@@ -154,10 +156,3 @@ class Diagnosis(Generic[ContextT]):
     steps: list[StepWindow] = field(default_factory=list)
     gaps: dict[int, GapTable] = field(default_factory=dict)
     context: ContextT | None = None
-
-    @cached_property
-    def report(self) -> dict[str, Any]:
-        """``result`` as the JSON file holds it (plain dicts and lists), for readers of the file's
-        shape (tests); nothing in the package reads it, every reporter takes ``result``. Computed
-        once per Diagnosis (replace ``result`` with :func:`dataclasses.replace`)."""
-        return to_builtins(self.result)

@@ -98,17 +98,47 @@ def build_report(
     balance: StageBalance | None = None,
 ) -> Sections:
     """The measured sections of the report (findings are added by the rules layer). ``balance``
-    is the run's :func:`~ppdiag.facts.stage_balance` when the caller computed it already."""
+    is the run's :func:`~ppdiag.facts.stage_balance` when the caller computed it already.
+    ``run`` is the pipeline's aligned view (``pipe.aligned``) or the parsed run."""
     topo = pipe.topology
-    ranks_out: list[RankRow] = []
+    means = _rank_means(pipe, steps, attr)
+    theo = theoretical_bubble(pipe.schedule, topo.pp, pipe.microbatches, topo.virtual)
+    measured = measured_bubble(means.waits_ns, means.windows_ns) if topo.pp > 1 else None
+    balance = balance if balance is not None else stage_balance(pipe)
+    bubble = Bubble(
+        measured_ratio=round(measured, 4) if measured is not None else None,
+        theoretical_ratio=round(theo, 4) if theo is not None else None,
+    )
+    warnings = list(run.warnings) + list(pipe.warnings) + list(attr.notes)
+    return Sections(
+        run=_run_info(run, pipe, steps, warnings),
+        summary=_summary(means, _step_values(steps), balance),
+        bubble=bubble,
+        stages=_stages(pipe, means.rows, balance) if topo.pp > 1 else [],
+        ranks=means.rows,
+    )
+
+
+@dataclass(frozen=True)
+class _RankMeans:
+    """Each rank's row and its per-step means (ns, in rank order), and every (rank, step)'s
+    pipeline waits and window for the measured bubble."""
+
+    rows: list[RankRow]
+    win_ns: list[float]
+    compute_ns: list[float]
+    causes_ns: dict[str, list[float]]
+    waits_ns: list[float]
+    windows_ns: list[float]
+
+
+def _rank_means(pipe: Pipeline, steps: list[RankStep], attr: Attribution) -> _RankMeans:
+    """The ``ranks[]`` rows and the per-rank means the summary averages."""
+    topo = pipe.topology
     per_rank: dict[int, list[RankStep]] = {}
     for rs in steps:
         per_rank.setdefault(rs.rank, []).append(rs)
-    win_ns: list[float] = []
-    compute_ns: list[float] = []
-    causes_ns: dict[str, list[float]] = {k: [] for k in CAUSE_KEYS}
-    waits_ns: list[float] = []
-    windows_ns: list[float] = []
+    out = _RankMeans([], [], [], {k: [] for k in CAUSE_KEYS}, [], [])
     # DP replica index of each rank's pipeline (topology order), for grouping by replica
     replica_of = {x: i for i, line in enumerate(topo.pipelines) for x in line} if topo.pp > 1 else {}
     for r in sorted(per_rank):
@@ -117,52 +147,43 @@ def build_report(
         causes = {k: sum(attr.causes[(x.rank, x.step)][k] for x in rss) / n for k in CAUSE_KEYS}
         win = sum(x.acct.window for x in rss) / n
         stage = topo.stage_of.get(r, 0) if topo.pp > 1 else None
-        ranks_out.append(_rank_row(r, stage, replica_of.get(r), rss, causes, win))
-        win_ns.append(win)
-        compute_ns.append(sum(x.acct.compute for x in rss) / n)
+        out.rows.append(_rank_row(r, stage, replica_of.get(r), rss, causes, win))
+        out.win_ns.append(win)
+        out.compute_ns.append(sum(x.acct.compute for x in rss) / n)
         for k in CAUSE_KEYS:
-            causes_ns[k].append(causes[k])
+            out.causes_ns[k].append(causes[k])
         for x in rss:
             c = attr.causes[(x.rank, x.step)]
-            waits_ns.append(c["bubble"] + c["imbalance"])
-            windows_ns.append(x.acct.window)
-    # step time per analyzed step: the mean window over ranks for that step position
+            out.waits_ns.append(c["bubble"] + c["imbalance"])
+            out.windows_ns.append(x.acct.window)
+    return out
+
+
+def _step_values(steps: list[RankStep]) -> list[float]:
+    """Step time per analyzed step: the mean window over ranks for that step position (ns)."""
     by_pos: dict[int, list[int]] = {}
     for rs in steps:
         by_pos.setdefault(rs.number if rs.number >= 0 else rs.step, []).append(rs.acct.window)
-    step_vals = [float(np.mean(v)) for _, v in sorted(by_pos.items())]
-    # One denominator for every share (DESIGN.md §7): per-step means over the same (rank, step)
-    # windows as the cause means, so compute + causes = the mean step exactly.
-    step_mean = float(np.mean(win_ns)) if win_ns else 0.0
-    comp_mean = float(np.mean(compute_ns)) if compute_ns else 0.0
-    lost_mean_ns = {k: float(np.mean(v)) if v else 0.0 for k, v in causes_ns.items()}
-    theo = theoretical_bubble(pipe.schedule, topo.pp, pipe.microbatches, topo.virtual)
-    measured = measured_bubble(waits_ns, windows_ns) if topo.pp > 1 else None
-    balance = balance if balance is not None else stage_balance(pipe)
-    summary = Summary(
+    return [float(np.mean(v)) for _, v in sorted(by_pos.items())]
+
+
+def _summary(means: _RankMeans, step_vals: list[float], balance: StageBalance) -> Summary:
+    """The ``summary`` section. One denominator for every share (DESIGN.md §7): per-step means over
+    the same (rank, step) windows as the cause means, so compute + causes = the mean step exactly."""
+    step_mean = float(np.mean(means.win_ns)) if means.win_ns else 0.0
+    comp_mean = float(np.mean(means.compute_ns)) if means.compute_ns else 0.0
+    lost_mean_ns = {k: float(np.mean(v)) if v else 0.0 for k, v in means.causes_ns.items()}
+    return Summary(
         step_ms=_ms(np.median(step_vals)) if step_vals else None,
         step_p95_ms=_ms(np.percentile(step_vals, 95)) if step_vals else None,
-        step_mean_ms=_ms(step_mean) if win_ns else None,
-        compute_ms=_ms(comp_mean) if ranks_out else None,
+        step_mean_ms=_ms(step_mean) if means.win_ns else None,
+        compute_ms=_ms(comp_mean) if means.rows else None,
         lost_ratio=round(sum(lost_mean_ns.values()) / step_mean, 4) if step_mean > 0 else None,
         lost_ms={k: _ms(v) for k, v in lost_mean_ns.items()},
-        shares=_shares(comp_mean, lost_mean_ns, step_mean) if win_ns else None,
+        shares=_shares(comp_mean, lost_mean_ns, step_mean) if means.win_ns else None,
         steps_ms=[_ms(v) for v in step_vals],
         slowest_stage=balance.slowest,
         stage_ratio=round(balance.ratio, 4) if balance.ratio is not None else None,
-    )
-    bubble = Bubble(
-        measured_ratio=round(measured, 4) if measured is not None else None,
-        theoretical_ratio=round(theo, 4) if theo is not None else None,
-    )
-    stages_out = _stages(pipe, ranks_out, balance) if topo.pp > 1 else []
-    warnings = list(run.warnings) + list(pipe.warnings) + list(attr.notes)
-    return Sections(
-        run=_run_info(run, pipe, steps, warnings),
-        summary=summary,
-        bubble=bubble,
-        stages=stages_out,
-        ranks=ranks_out,
     )
 
 
@@ -200,6 +221,7 @@ def _peers(pipe: Pipeline) -> Peers | None:
 def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[str]) -> RunInfo:
     topo = pipe.topology
     residual = pipe.clocks.residual_us
+    offsets = pipe.clocks.offsets  # the fitted offsets (the parsed ranks carry none)
     return RunInfo(
         world_size=run.world_size,
         ranks=[tl.rank for tl in run.ranks],
@@ -215,7 +237,7 @@ def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[st
         clock_residual_by_rank_us={str(r): round(v, 3) for r, v in pipe.clocks.residual_by_rank_us.items()},
         peer_source=pipe.peers.source if pipe.peers is not None else "none",
         peers=_peers(pipe),
-        clock_offsets_us={str(tl.rank): round(tl.clock_offset_ns / 1000, 3) for tl in run.ranks},
+        clock_offsets_us={str(r): round(offsets.get(r, 0) / 1000, 3) for r in (tl.rank for tl in run.ranks)},
         format=TraceFormat(run.format),
         cpu_only=all(tl.cpu_only for tl in run.ranks),
         sources={str(tl.rank): tl.source for tl in run.ranks},
@@ -224,50 +246,60 @@ def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[st
     )
 
 
+_PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
+
+
 def _stages(pipe: Pipeline, ranks_out: list[RankRow], balance: StageBalance) -> list[StageRow]:
+    """The ``stages[]`` rows: each stage's block times, compute and lost time over its ranks."""
     topo = pipe.topology
-    out: list[StageRow] = []
     # ranks of each stage in one pass: a scan per stage is quadratic on very wide jobs
     of_stage: dict[int, list[int]] = {}
     for r, st in topo.stage_of.items():
         of_stage.setdefault(st, []).append(r)
     row_of = {x.rank: x for x in ranks_out}
+    out: list[StageRow] = []
     for s in range(topo.pp):
         ranks = sorted(of_stage.get(s, []))
-        vals: dict[int, list[int]] = {int(Phase.FWD): [], int(Phase.BWD): [], int(Phase.WGRAD): []}
-        samples: dict[int, dict[int, list[int]]] = {
-            int(Phase.FWD): {},
-            int(Phase.BWD): {},
-            int(Phase.WGRAD): {},
-        }
-        for r in ranks:
-            b = pipe.blocks.get(r)
-            if b is None or not len(b):
-                continue
-            for ph in vals:
-                m = b.phase == ph
-                vals[ph].extend(int(x) for x in b.busy[m])
-                for mb, busy in zip(b.mb[m], b.busy[m], strict=False):
-                    samples[ph].setdefault(int(mb), []).append(int(busy))
+        vals, samples = _block_times(pipe, ranks)
         rank_rows = [row_of[r] for r in ranks if r in row_of]
         lost = {
             k: round(float(np.mean([x.lost_ms[k] for x in rank_rows])), 4) if rank_rows else 0.0
             for k in CAUSE_KEYS
         }
+        fwd, bwd, wgrad = _PHASES
         out.append(
             StageRow(
                 stage=s,
                 ranks=ranks,
                 chunks=sorted({c for r in ranks for c in topo.chunks_of.get(r, [s])}),
-                fwd_ms=_dist(vals[int(Phase.FWD)]),
-                bwd_ms=_dist(vals[int(Phase.BWD)]),
-                wgrad_ms=_dist(vals[int(Phase.WGRAD)]),
+                fwd_ms=_dist(vals[fwd]),
+                bwd_ms=_dist(vals[bwd]),
+                wgrad_ms=_dist(vals[wgrad]),
                 compute_ms=round(float(np.mean([x.compute_ms for x in rank_rows])), 4) if rank_rows else None,
                 block_ms=round(balance.stage_ms[s], 4) if s in balance.stage_ms else None,
                 lost_ms=lost,
-                fwd_samples_ms=[_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.FWD)].items())],
-                bwd_samples_ms=[_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.BWD)].items())],
-                wgrad_samples_ms=[_ms(np.mean(v)) for _, v in sorted(samples[int(Phase.WGRAD)].items())],
+                fwd_samples_ms=[_ms(np.mean(v)) for _, v in sorted(samples[fwd].items())],
+                bwd_samples_ms=[_ms(np.mean(v)) for _, v in sorted(samples[bwd].items())],
+                wgrad_samples_ms=[_ms(np.mean(v)) for _, v in sorted(samples[wgrad].items())],
             )
         )
     return out
+
+
+def _block_times(
+    pipe: Pipeline, ranks: list[int]
+) -> tuple[dict[int, list[int]], dict[int, dict[int, list[int]]]]:
+    """The busy time (ns) of every forward / backward / weight-gradient block of ``ranks``, per
+    phase, and the same per phase and micro-batch."""
+    vals: dict[int, list[int]] = {ph: [] for ph in _PHASES}
+    samples: dict[int, dict[int, list[int]]] = {ph: {} for ph in _PHASES}
+    for r in ranks:
+        b = pipe.blocks.get(r)
+        if b is None or not len(b):
+            continue
+        for ph in _PHASES:
+            m = b.phase == ph
+            vals[ph].extend(int(x) for x in b.busy[m])
+            for mb, busy in zip(b.mb[m], b.busy[m], strict=False):
+                samples[ph].setdefault(int(mb), []).append(int(busy))
+    return vals, samples

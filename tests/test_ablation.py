@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from ppdiag.api import Options, diagnose
+from ppdiag.report_types import Report
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.nsys import write_nsys
@@ -27,17 +28,22 @@ import ablate as A
 STRUCTURE = ("pp", "schedule", "microbatches", "virtual_stages", "stage_map")
 
 
-def _report(path: Path) -> dict[str, Any]:
-    return diagnose([path], Options()).report
+def _report(path: Path) -> Report:
+    return diagnose([path], Options()).result
 
 
-def _same(rep: dict[str, Any], other: dict[str, Any], tol_pct: float) -> None:
+def _same(rep: Report, other: Report, tol_pct: float) -> None:
     for k in STRUCTURE:
-        assert other["run"][k] == rep["run"][k], (k, rep["run"][k], other["run"][k], other["run"]["warnings"])
-    for a, b in zip(rep["ranks"], other["ranks"], strict=True):
-        step = a["step_ms"]
-        for k, v in a["lost_ms"].items():
-            assert abs(b["lost_ms"][k] - v) <= tol_pct / 100 * step, (a["rank"], k, v, b["lost_ms"][k], step)
+        assert getattr(other.run, k) == getattr(rep.run, k), (
+            k,
+            getattr(rep.run, k),
+            getattr(other.run, k),
+            other.run.warnings,
+        )
+    for a, b in zip(rep.ranks, other.ranks, strict=True):
+        step = a.step_ms
+        for k, v in a.lost_ms.items():
+            assert abs(b.lost_ms[k] - v) <= tol_pct / 100 * step, (a.rank, k, v, b.lost_ms[k], step)
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +111,10 @@ def test_nsys_without_nccl_ranges_keeps_the_pipeline(nsys_run: Path, tmp_path: P
     assert counts[A.NCCL_RANGES] > 0
     rep, bare = _report(nsys_run), _report(tmp_path / "bare")
     for k in STRUCTURE:
-        assert bare["run"][k] == rep["run"][k], k
-    assert bare["run"]["peer_source"] == "timing"
-    assert bare["run"]["peers"]["undecided"] == 0
-    assert any("NCCL" in w for w in bare["run"]["warnings"])
+        assert getattr(bare.run, k) == getattr(rep.run, k), k
+    assert bare.run.peer_source == "timing"
+    assert bare.run.peers.undecided == 0
+    assert any("NCCL" in w for w in bare.run.warnings)
 
 
 # ---- recorded demo runs (slow) ----------------------------------------------------------------
@@ -132,11 +138,11 @@ def test_demo_recording_without_shapes(tmp_path: Path, name: str) -> None:
     rec = tmp_path / "rec"
     record(DemoConfig(pp=4, steps=2, record_shapes=True, **DEMOS[name]), rec)
     rep = _report(rec)
-    assert rep["run"]["peer_source"] == "metadata"
+    assert rep.run.peer_source == "metadata"
     # record_shapes=False, as torch.profiler records by default: no peer on any host op
     A.strip_kineto_dir(rec, tmp_path / "bare", [A.SHAPES])
     bare = _report(tmp_path / "bare")
-    assert "metadata" not in bare["run"]["peer_source"]
+    assert "metadata" not in bare.run.peer_source
     _same(rep, bare, 1.0)
     # nothing left but names and timing: no shapes, labels or process groups
     A.strip_kineto_dir(rec, tmp_path / "none", [A.SHAPES, A.LABELS, A.PG])
@@ -169,5 +175,5 @@ def test_kineto_p2p_on_the_compute_stream_without_peers(tmp_path: Path) -> None:
     write_kineto(run, tmp_path / "meta")
     A.strip_kineto_dir(tmp_path / "meta", tmp_path / "bare", A.ALL_KINETO)
     bare = _report(tmp_path / "bare")
-    assert bare["run"]["peers"]["undecided"] == 0
+    assert bare.run.peers.undecided == 0
     _same(_report(tmp_path / "meta"), bare, 1.0)

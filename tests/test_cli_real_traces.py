@@ -43,31 +43,23 @@ def _path(rel: str) -> Path:
 @pytest.mark.parametrize(("rel", "ranks"), CASES, ids=[c[0].split(".")[0] for c in CASES])
 def test_every_real_trace_analyzes(rel: str, ranks: list[int]) -> None:
     diag = diagnose([_path(rel)], Options())
-    rep = diag.report
-    assert rep["run"]["ranks"] == ranks
-    assert rep["run"]["pp"] == 1 and rep["run"]["schedule"] == "none"
-    assert rep["stages"] == []
-    assert rep["summary"]["step_ms"] > 0
-    attr = diag.context["attribution"]
-    assert diag.context["rank_steps"], "no step window"
-    for rs in diag.context["rank_steps"]:
+    rep = diag.result
+    assert rep.run.ranks == ranks
+    assert rep.run.pp == 1 and rep.run.schedule == "none"
+    assert rep.stages == []
+    assert rep.summary.step_ms > 0
+    attr = diag.context.attribution
+    assert diag.context.rank_steps, "no step window"
+    for rs in diag.context.rank_steps:
         a = rs.acct
         assert a.window > 0
         assert min(a.compute, a.exposed_p2p, a.exposed_collective, a.exposed_copy, a.idle) >= 0
         assert a.compute + a.exposed_p2p + a.exposed_collective + a.exposed_copy + a.idle == a.window
         assert sum(attr.causes[(rs.rank, rs.step)].values()) == a.lost
-    for r in rep["ranks"]:
-        parts = (
-            r["compute_ms"]
-            + r["exposed_p2p_ms"]
-            + r["exposed_collective_ms"]
-            + r["exposed_copy_ms"]
-            + r["idle_ms"]
-        )
-        assert parts == pytest.approx(r["step_ms"], abs=0.01)
-        assert sum(r["lost_ms"][k] for k in CAUSE_KEYS) == pytest.approx(
-            r["step_ms"] - r["compute_ms"], abs=0.01
-        )
+    for r in rep.ranks:
+        parts = r.compute_ms + r.exposed_p2p_ms + r.exposed_collective_ms + r.exposed_copy_ms + r.idle_ms
+        assert parts == pytest.approx(r.step_ms, abs=0.01)
+        assert sum(r.lost_ms[k] for k in CAUSE_KEYS) == pytest.approx(r.step_ms - r.compute_ms, abs=0.01)
 
 
 def test_cli_writes_json_and_exits_zero(tmp_path: Path) -> None:
@@ -90,7 +82,7 @@ def test_cli_writes_json_and_exits_zero(tmp_path: Path) -> None:
 
 def test_data_loading_bound_resnet_is_host_bound() -> None:
     """The 2021 ResNet-50 sample is a known data-loading-bound run: host is its main loss."""
-    rep = diagnose([_path("kineto_2021_resnet50_worker0.pt.trace.json.gz")], Options()).report
-    lost = rep["summary"]["lost_ms"]
+    rep = diagnose([_path("kineto_2021_resnet50_worker0.pt.trace.json.gz")], Options()).result
+    lost = rep.summary.lost_ms
     assert lost["host"] == max(lost.values())
-    assert rep["findings"] and rep["findings"][0]["code"] == "PP006"
+    assert rep.findings and rep.findings[0].code == "PP006"

@@ -91,7 +91,7 @@ def _ms(d: dict[str, int]) -> dict[str, float]:
 
 def test_two_rank_wait_is_charged_to_the_late_rank() -> None:
     diag = analyze_run(_two_ranks(), Options())
-    attr = diag.context["attribution"]
+    attr = diag.context.attribution
     c0, c1 = _ms(attr.causes[(0, 0)]), _ms(attr.causes[(1, 0)])
     assert c0 == {
         "bubble": 0.0,
@@ -119,7 +119,7 @@ def test_without_the_stall_nothing_is_moved() -> None:
     r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 6, 4.95, "a"), (6, 10, 5.0, "c")])
     r1 = _rank(1, 2, [(1, 5, 0.9, "c"), (5, 6, 4.95, "a"), (6, 10, 5.0, "c")])
     diag = analyze_run(Run([r0, r1], "kineto"), Options())
-    attr = diag.context["attribution"]
+    attr = diag.context.attribution
     for k in ((0, 0), (1, 0)):
         assert _ms(attr.causes[k])["exposed_comm"] == 1.0
     assert not attr.collective_waits.late
@@ -155,10 +155,10 @@ def test_missing_instance_does_not_shift_the_blame() -> None:
     tls = {0: _coll_rank(0, ends, [4.0, 4.0, 4.0]), 2: _coll_rank(2, ends, [1.0, 1.0, 1.0])}
     tls[1] = _coll_rank(1, [10.0, 30.0], [4.0, 4.0])
     diag = analyze_run(Run([tls[0], tls[1], tls[2]], "kineto"), Options())
-    cw = diag.context["attribution"].collective_waits
+    cw = diag.context.attribution.collective_waits
     assert list(cw.late) == [2]
     assert cw.late[2].instances == 3 and cw.late[2].lateness_ns == 9 * MS
-    assert any("were not in its trace" in w for w in diag.report["run"]["warnings"])
+    assert any("were not in its trace" in w for w in diag.result.run.warnings)
 
 
 def test_p2p_without_peers_waits_for_the_slower_gpu() -> None:
@@ -172,8 +172,8 @@ def test_p2p_without_peers_waits_for_the_slower_gpu() -> None:
     r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 9.5, 4.95, "p"), (9.5, 12, 5.0, "c")])
     r1 = _rank(1, 2, [(1, 9, 0.9, "c"), (9, 9.5, 4.95, "p"), (9.5, 12, 5.0, "c")])
     diag = analyze_run(Run([r0, r1], "kineto"), Options())
-    assert diag.report["run"]["pp"] == 1
-    attr = diag.context["attribution"]
+    assert diag.result.run.pp == 1
+    attr = diag.context.attribution
     c0, c1 = _ms(attr.causes[(0, 0)]), _ms(attr.causes[(1, 0)])
     assert c0["imbalance"] == 4.0 and c0["exposed_comm"] == 0.5 and sum(c0.values()) == 5.5
     assert c0["host"] == 0.9 and c1["host"] == 0.9
@@ -213,7 +213,7 @@ def test_waits_propagate_from_tensor_to_data_parallel_groups() -> None:
     r3 = [(1, 7, "c"), (7, 8, "tp"), (8, 10, "c"), (10, 11, "dp"), (11, 12, "c")]
     run = Run([_tp_dp_rank(0, fast), _tp_dp_rank(1, fast), _tp_dp_rank(2, r2), _tp_dp_rank(3, r3)], "kineto")
     diag = analyze_run(run, Options())
-    attr = diag.context["attribution"]
+    attr = diag.context.attribution
     for r in (0, 1, 2):
         c = _ms(attr.causes[(r, 0)])
         assert c["imbalance"] == 2.0 and c["exposed_comm"] == 2.0 and sum(c.values()) == 5.0, (r, c)
@@ -233,7 +233,7 @@ def test_a_wait_hidden_under_compute_names_nobody() -> None:
     r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 12, 4.95, "a"), (5, 12, 4.96, "c")])
     r1 = _rank(1, 2, [(1, 11, 0.9, "c"), (11, 12, 10.9, "a")])
     diag = analyze_run(Run([r0, r1], "kineto"), Options())
-    attr = diag.context["attribution"]
+    attr = diag.context.attribution
     c0 = _ms(attr.causes[(0, 0)])
     assert sum(c0.values()) == 1.0 and c0["host"] == 0.9 and c0["exposed_comm"] == 0.0
     assert _ms(attr.causes[(1, 0)])["exposed_comm"] == 1.0
@@ -249,7 +249,7 @@ def test_ranks_taking_turns_are_not_stragglers() -> None:
     r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 9, 4.95, "a"), (9, 13, 5.0, "c"), (13, 14, 5.1, "a")])
     r1 = _rank(1, 2, [(1, 8, 0.9, "c"), (8, 9, 7.95, "a"), (9, 10, 8.0, "c"), (10, 14, 8.1, "a")])
     diag = analyze_run(Run([r0, r1], "kineto"), Options())
-    attr = diag.context["attribution"]
+    attr = diag.context.attribution
     for k in ((0, 0), (1, 0)):
         c = _ms(attr.causes[k])
         assert c["imbalance"] == 3.0 and c["exposed_comm"] == 2.0, c

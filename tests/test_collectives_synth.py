@@ -30,16 +30,16 @@ def _pp009(diag: Diagnosis) -> list[Finding]:
 def test_late_starting_ranks_are_named_and_their_wait_is_not_exposed_comm(tmp_path: Path, fmt: str) -> None:
     late = {1: 5.0, 4: 4.0}
     run, diag = _diagnose(tmp_path, fmt, world=6, late_ms=late, steps=3, seed=3)
-    rep, truth = diag.report, run.truth
-    assert rep["run"]["pp"] == 1 and rep["run"]["schedule"] == "none"
-    step = rep["summary"]["step_ms"]
-    for r in rep["ranks"]:
-        if r["rank"] in late:
+    rep, truth = diag.result, run.truth
+    assert rep.run.pp == 1 and rep.run.schedule == "none"
+    step = rep.summary.step_ms
+    for r in rep.ranks:
+        if r.rank in late:
             continue  # their windows start at their first kernel, later than ProfilerStep
-        t = truth["ranks"][str(r["rank"])]["causes_ms"]
+        t = truth["ranks"][str(r.rank)]["causes_ms"]
         # the 5 ms wait in the first all-to-all is host (the late rank's data loader), not exposed comm
-        assert abs(r["lost_ms"]["exposed_comm"] - t["exposed_comm"]) < 0.02 * step
-        assert abs(r["lost_ms"]["host"] - t["host"]) < 0.02 * step
+        assert abs(r.lost_ms["exposed_comm"] - t["exposed_comm"]) < 0.02 * step
+        assert abs(r.lost_ms["host"] - t["host"]) < 0.02 * step
         assert t["host"] > 4.5
     (f,) = _pp009(diag)
     assert sorted(f.ranks) == sorted(late) and f.ranks[0] == 1
@@ -53,11 +53,11 @@ def test_late_starting_ranks_are_named_and_their_wait_is_not_exposed_comm(tmp_pa
 
 def test_slow_gpu_waits_are_imbalance(tmp_path: Path) -> None:
     run, diag = _diagnose(tmp_path, "kineto", world=4, slow={2: 1.4}, steps=3, seed=5)
-    step = diag.report["summary"]["step_ms"]
-    for r in diag.report["ranks"]:
-        t = run.truth["ranks"][str(r["rank"])]["causes_ms"]
-        assert abs(r["lost_ms"]["imbalance"] - t["imbalance"]) < 0.02 * step
-        assert abs(r["lost_ms"]["exposed_comm"] - t["exposed_comm"]) < 0.02 * step
+    step = diag.result.summary.step_ms
+    for r in diag.result.ranks:
+        t = run.truth["ranks"][str(r.rank)]["causes_ms"]
+        assert abs(r.lost_ms["imbalance"] - t["imbalance"]) < 0.02 * step
+        assert abs(r.lost_ms["exposed_comm"] - t["exposed_comm"]) < 0.02 * step
     (f,) = _pp009(diag)
     assert f.ranks == [2] and f.cause == "imbalance"
     assert f.evidence["main_reason"] == "compute"
@@ -67,9 +67,9 @@ def test_slow_gpu_waits_are_imbalance(tmp_path: Path) -> None:
 def test_ranks_on_time_give_no_straggler(tmp_path: Path) -> None:
     run, diag = _diagnose(tmp_path, "kineto", world=4, steps=2)
     assert not _pp009(diag)
-    for r in diag.report["ranks"]:
-        t = run.truth["ranks"][str(r["rank"])]["causes_ms"]
-        assert abs(r["lost_ms"]["exposed_comm"] - t["exposed_comm"]) < 0.01
+    for r in diag.result.ranks:
+        t = run.truth["ranks"][str(r.rank)]["causes_ms"]
+        assert abs(r.lost_ms["exposed_comm"] - t["exposed_comm"]) < 0.01
 
 
 @pytest.mark.parametrize("fmt", ["kineto", "nsys"])
@@ -80,12 +80,12 @@ def test_pipeline_dp_allreduce_waits_for_a_late_replica(tmp_path: Path, fmt: str
     on_time = make_scenario("1f1b", pp=4, microbatches=6, dp=2, faults=faults[:1], steps=3, seed=2)
     paths = write_kineto(run, tmp_path) if fmt == "kineto" else write_nsys(run, tmp_path)
     diag = diagnose(paths, Options())
-    rep = diag.report
-    assert rep["run"]["pp"] == 4 and rep["run"]["schedule"] == "1f1b"
+    rep = diag.result
+    assert rep.run.pp == 4 and rep.run.schedule == "1f1b"
     late = sorted(run.truth["faults"][1]["ranks"])  # replica 0: global ranks 0, 2, 4, 6
     assert late == [0, 2, 4, 6]
-    step = rep["summary"]["step_ms"]
-    attr = diag.context["attribution"]
+    step = rep.summary.step_ms
+    attr = diag.context.attribution
     for r in (1, 3, 5, 7):  # the waiting replica
         tr = run.truth["ranks"][str(r)]
         for k, ts in enumerate(tr["steps"]):
@@ -137,8 +137,8 @@ def test_pipeline_slow_worker_is_named_not_its_replica(tmp_path: Path, fmt: str)
     on_time = make_scenario("1f1b", pp=3, microbatches=6, dp=2, faults=faults[:1], steps=3, seed=7)
     paths = write_kineto(run, tmp_path) if fmt == "kineto" else write_nsys(run, tmp_path)
     diag = diagnose(paths, Options())
-    step = diag.report["summary"]["step_ms"]
-    attr = diag.context["attribution"]
+    step = diag.result.summary.step_ms
+    attr = diag.context.attribution
     for r, tr in run.truth["ranks"].items():
         for k, ts in enumerate(tr["steps"]):
             got = {c: v / 1e6 for c, v in attr.causes[(int(r), k)].items()}

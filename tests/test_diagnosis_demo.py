@@ -48,15 +48,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Diagnosis,
 
 
 def _finding(diag: Diagnosis, code: str) -> dict[str, Any] | None:
-    return next((f for f in diag.report["findings"] if f["code"] == code), None)
+    return next((f for f in diag.result.findings if f.code == code), None)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_accounting_and_causes_add_up(runs: dict[str, Any], name: str) -> None:
     diag, _ = runs[name]
-    attr = diag.context["attribution"]
-    assert not [w for w in diag.report["run"]["warnings"] if "differs from the measurement" in w]
-    for rs in diag.context["rank_steps"]:
+    attr = diag.context.attribution
+    assert not [w for w in diag.result.run.warnings if "differs from the measurement" in w]
+    for rs in diag.context.rank_steps:
         a = rs.acct
         assert a.compute + a.exposed_p2p + a.exposed_collective + a.exposed_copy + a.idle == a.window
         causes = attr.causes[(rs.rank, rs.step)]
@@ -64,33 +64,33 @@ def test_accounting_and_causes_add_up(runs: dict[str, Any], name: str) -> None:
         assert all(v >= 0 for v in causes.values())
     # the per-gap cause table paints exactly the lost time, cause by cause
     for rank, gaps in diag.gaps.items():
-        rss = [rs for rs in diag.context["rank_steps"] if rs.rank == rank]
+        rss = [rs for rs in diag.context.rank_steps if rs.rank == rank]
         assert int((gaps.end - gaps.start).sum()) == sum(rs.acct.lost for rs in rss)
         for ci, key in enumerate(CAUSE_KEYS):
             painted = int((gaps.end - gaps.start)[gaps.cause == ci].sum())
             assert painted == sum(attr.causes[(rs.rank, rs.step)][key] for rs in rss), (rank, key)
-    for r in diag.report["ranks"]:
-        total = r["compute_ms"] + sum(r["lost_ms"][k] for k in CAUSE_KEYS)
-        assert total == pytest.approx(r["step_ms"], abs=0.01)
+    for r in diag.result.ranks:
+        total = r.compute_ms + sum(r.lost_ms[k] for k in CAUSE_KEYS)
+        assert total == pytest.approx(r.step_ms, abs=0.01)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_stage_map_and_microbatches(runs: dict[str, Any], name: str) -> None:
     diag, truth = runs[name]
-    run = diag.report["run"]
-    assert run["pp"] == truth["pp"]
-    assert run["stage_map"] == {str(s): r for s, r in enumerate(truth["stage_to_rank"][: truth["pp"]])}
-    assert run["microbatches"] == truth["microbatches"]
-    assert run["schedule"] == truth["schedule"]
+    run = diag.result.run
+    assert run.pp == truth["pp"]
+    assert run.stage_map == {str(s): r for s, r in enumerate(truth["stage_to_rank"][: truth["pp"]])}
+    assert run.microbatches == truth["microbatches"]
+    assert run.schedule == truth["schedule"]
     # a warm-up first step that is an outlier is left out (with a warning), the others are analyzed
-    skipped = diag.report["noise"]["first_step_excluded"]
-    assert run["steps"] == (truth["steps"][1:] if skipped else truth["steps"])
+    skipped = diag.result.noise.first_step_excluded
+    assert run.steps == (truth["steps"][1:] if skipped else truth["steps"])
 
 
 def test_microbatch_blocks_match_ground_truth(runs: dict[str, Any]) -> None:
     """Every forward / backward block the engine labels lies within 2 ms of the measured one."""
     diag, truth = runs["1f1b"]
-    pipe = diag.context["pipeline"]
+    pipe = diag.context.pipeline
     kinds = {"fwd": int(Phase.FWD), "bwd": int(Phase.BWD)}
     checked = 0
     for rt in truth["ranks"]:
@@ -114,57 +114,57 @@ def test_microbatch_blocks_match_ground_truth(runs: dict[str, Any]) -> None:
 
 def test_fault_free_1f1b_has_no_severe_fault_findings(runs: dict[str, Any]) -> None:
     diag, _ = runs["1f1b"]
-    for f in diag.report["findings"]:
-        if f["code"] in ("PP003", "PP004", "PP006"):
-            assert f["severity"] != "high", f
+    for f in diag.result.findings:
+        if f.code in ("PP003", "PP004", "PP006"):
+            assert f.severity != "high", f
 
 
 def test_gpipe_bubble(runs: dict[str, Any]) -> None:
     diag, _ = runs["gpipe"]
-    b = diag.report["bubble"]
-    assert diag.report["run"]["schedule"] == "gpipe"
-    assert b["theoretical_ratio"] == pytest.approx(3 / 7, abs=1e-3)
-    assert abs(b["measured_ratio"] - 3 / 7) < 0.08
+    b = diag.result.bubble
+    assert diag.result.run.schedule == "gpipe"
+    assert b.theoretical_ratio == pytest.approx(3 / 7, abs=1e-3)
+    assert abs(b.measured_ratio - 3 / 7) < 0.08
     assert _finding(diag, "PP002") is not None
 
 
 def test_slow_stage_is_the_top_finding(runs: dict[str, Any]) -> None:
     diag, truth = runs["slow"]
-    top = diag.report["findings"][0]
-    assert top["code"] == "PP003"
-    assert top["stages"] == [2]
+    top = diag.result.findings[0]
+    assert top.code == "PP003"
+    assert top.stages == [2]
     slow_rank = truth["stage_to_rank"][2]
-    ranks = diag.report["ranks"]
+    ranks = diag.result.ranks
     # what the slow stage adds per step over the mean stage, as this run measured it (late wake-ups
     # on a loaded host stretch every stage, so the nominal factor is not the truth): with every
     # stage at the mean cost the step would be about that much shorter, and the other ranks idle
     # for it. Half of it is a bound that holds on any load.
-    compute = [r["compute_ms"] for r in ranks]
-    excess = next(r["compute_ms"] for r in ranks if r["rank"] == slow_rank) - sum(compute) / len(compute)
+    compute = [r.compute_ms for r in ranks]
+    excess = next(r.compute_ms for r in ranks if r.rank == slow_rank) - sum(compute) / len(compute)
     assert excess > 0
     for r in ranks:
-        if r["rank"] == slow_rank:
+        if r.rank == slow_rank:
             continue
-        lost = r["lost_ms"]
+        lost = r.lost_ms
         assert lost["imbalance"] == max(lost.values()), r
         assert lost["imbalance"] > 0.5 * excess, (r, excess)
 
 
 def test_slow_link_blames_the_delayed_rank(runs: dict[str, Any]) -> None:
     diag, _ = runs["delay"]
-    top = diag.report["findings"][0]
-    assert top["code"] == "PP004"
-    assert top["ranks"] == [1]
+    top = diag.result.findings[0]
+    assert top.code == "PP004"
+    assert top.ranks == [1]
 
 
 def test_host_stall_blames_the_stalled_rank(runs: dict[str, Any]) -> None:
     diag, _ = runs["stall"]
     f = _finding(diag, "PP006")
-    assert f is not None and f["ranks"] == [1]
-    assert f["severity"] in ("high", "medium")
+    assert f is not None and f.ranks == [1]
+    assert f.severity in ("high", "medium")
     # most of the injected stall (10 ms before each of the 8 forwards) is charged to host on rank 1,
     # more than any cause other than the schedule's own bubble
-    r1 = next(r for r in diag.report["ranks"] if r["rank"] == 1)["lost_ms"]
+    r1 = next(r for r in diag.result.ranks if r.rank == 1).lost_ms
     assert r1["host"] >= 0.5 * 10.0 * 8
     assert r1["host"] == max(v for k, v in r1.items() if k != "bubble")
 
@@ -173,29 +173,29 @@ def test_host_stall_blames_the_stalled_rank(runs: dict[str, Any]) -> None:
 def test_split_backward_schedules(runs: dict[str, Any], name: str) -> None:
     """Weight-gradient blocks are found and the measured bubble stays near the schedule's."""
     diag, _ = runs[name]
-    assert diag.report["run"]["virtual_stages"] == 2
-    stages = diag.report["stages"]
-    assert all(st["wgrad_ms"] is not None for st in stages)
-    b = diag.report["bubble"]
+    assert diag.result.run.virtual_stages == 2
+    stages = diag.result.stages
+    assert all(st.wgrad_ms is not None for st in stages)
+    b = diag.result.bubble
     # the closed form assumes free links; the measured bubble also holds the normal latency of the
     # transfers that fill and drain the pipe (2 (P - 1) on the critical path), measured on this run
-    pp = diag.report["run"]["pp"]
-    lat_ms = diag.context["attribution"].normal_latency_ns / 1e6
-    step_ms = diag.report["summary"]["step_mean_ms"]
+    pp = diag.result.run.pp
+    lat_ms = diag.context.attribution.normal_latency_ns / 1e6
+    step_ms = diag.result.summary.step_mean_ms
     fill_drain = 2 * (pp - 1) * lat_ms / step_ms
     # 4 ranks on 2 shared cores: late wake-ups stretch blocks unevenly, and that idle lands in the
     # bubble's replay too; the run measures that jitter (step spread, host contention) itself
-    noise = diag.report["noise"]
-    jitter = ((noise["step_spread_ms"] or 0.0) + (noise["contention_ms"] or 0.0)) / step_ms
-    assert abs(b["measured_ratio"] - b["theoretical_ratio"]) < 0.1 + fill_drain + jitter
+    noise = diag.result.noise
+    jitter = ((noise.step_spread_ms or 0.0) + (noise.contention_ms or 0.0)) / step_ms
+    assert abs(b.measured_ratio - b.theoretical_ratio) < 0.1 + fill_drain + jitter
 
 
 def test_interleaved_is_recognised(runs: dict[str, Any]) -> None:
     diag, truth = runs["interleaved"]
-    run = diag.report["run"]
-    assert run["virtual_stages"] == 2
+    run = diag.result.run
+    assert run.virtual_stages == 2
     p, m = truth["pp"], truth["microbatches"]
-    assert diag.report["bubble"]["theoretical_ratio"] == pytest.approx((p - 1) / (2 * m + p - 1), abs=1e-3)
+    assert diag.result.bubble.theoretical_ratio == pytest.approx((p - 1) / (2 * m + p - 1), abs=1e-3)
 
 
 # ---- findings agree with the what-if table; the injected fault stands out of the noise ------------
@@ -210,42 +210,42 @@ FAULT_FINDING = {"slow": ("PP003",), "delay": ("PP004",), "stall": ("PP006",), "
 @pytest.mark.parametrize("name", ["1f1b", "gpipe", "gpipe8", "slow", "delay", "stall"])
 def test_finding_gains_are_their_whatif_rows(runs: dict[str, Any], name: str) -> None:
     diag, _ = runs[name]
-    rep = diag.report
-    rows = {r["fix"]: r for r in rep["whatif"]}
-    step = rep["summary"]["step_ms"]
-    for f in rep["findings"]:
-        fix = f["evidence"].get("whatif_fix")
+    rep = diag.result
+    rows = {r.fix: r for r in rep.whatif}
+    step = rep.summary.step_ms
+    for f in rep.findings:
+        fix = f.evidence.get("whatif_fix")
         if fix is None:
             continue
         row = rows[fix]
-        if f["code"] == "PP002":  # memory fix: offered while not slower beyond the noise, gain >= 0
-            assert row["step_ms"] <= step + f["evidence"]["noise_ms"]
-            assert f["gain_ms"] == pytest.approx(max(step - row["step_ms"], 0.0), abs=2e-3)
+        if f.code == "PP002":  # memory fix: offered while not slower beyond the noise, gain >= 0
+            assert row.step_ms <= step + f.evidence["noise_ms"]
+            assert f.gain_ms == pytest.approx(max(step - row.step_ms, 0.0), abs=2e-3)
             continue
-        assert row["step_ms"] < step, f  # never a fix the table predicts slower
-        assert f["gain_ms"] == pytest.approx(step - row["step_ms"], abs=2e-3), f
+        assert row.step_ms < step, f  # never a fix the table predicts slower
+        assert f.gain_ms == pytest.approx(step - row.step_ms, abs=2e-3), f
 
 
 def test_fault_free_demo_has_no_finding_above_low(runs: dict[str, Any]) -> None:
     diag, _ = runs["1f1b"]
-    assert [f for f in diag.report["findings"] if f["severity"] not in ("low", "info")] == []
+    assert [f for f in diag.result.findings if f.severity not in ("low", "info")] == []
     # 4 ranks on one host (the demo), all launching late: the report says the host is oversubscribed
-    assert diag.report["noise"]["shared_host"] and diag.report["noise"]["oversubscribed"]
-    assert any("oversubscribed" in w for w in diag.report["run"]["warnings"])
+    assert diag.result.noise.shared_host and diag.result.noise.oversubscribed
+    assert any("oversubscribed" in w for w in diag.result.run.warnings)
 
 
 @pytest.mark.parametrize("name", list(FAULT_FINDING))
 def test_injected_fault_is_the_top_finding(runs: dict[str, Any], name: str) -> None:
     diag, truth = runs[name]
-    findings = diag.report["findings"]
+    findings = diag.result.findings
     expected = FAULT_FINDING[name]
-    assert findings and findings[0]["code"] in expected, [(f["code"], f["severity"]) for f in findings]
+    assert findings and findings[0].code in expected, [(f.code, f.severity) for f in findings]
     if name == "gpipe8":
-        assert any(f["code"] == "PP002" for f in findings)
+        assert any(f.code == "PP002" for f in findings)
     for f in findings[1:]:
-        if f["cause"] is None or f["severity"] in ("low", "info") or f["code"] in expected:
+        if f.cause is None or f.severity in ("low", "info") or f.code in expected:
             continue
         # The demo delays a rank's sends from a helper thread while its main thread waits for them
         # in Python: the CPU trace shows that wait as the delayed rank's own late launches.
         delayed = [x["rank"] for x in truth["faults"] if x["kind"] == "comm_delay"]
-        assert f["code"] == "PP006" and f["ranks"] == delayed, f
+        assert f.code == "PP006" and f.ranks == delayed, f

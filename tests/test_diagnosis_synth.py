@@ -17,6 +17,7 @@ import pytest
 
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.report_types import Report
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.nsys import write_nsys
@@ -25,40 +26,40 @@ from ppdiag.synth.scenario import make_scenario, write_groundtruth
 TRUTH_KEYS = ("bubble", "imbalance", "comm_wait", "exposed_comm", "host")
 
 
-def _diagnose(tmp_path: Path, fmt: str = "kineto", **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _diagnose(tmp_path: Path, fmt: str = "kineto", **kw: Any) -> tuple[Report, dict[str, Any]]:
     run = make_scenario(steps=kw.pop("steps", 2), clock_skew_ms=kw.pop("clock_skew_ms", 5.0), **kw)
     (write_kineto if fmt == "kineto" else write_nsys)(run, tmp_path)
     write_groundtruth(run, tmp_path)
     truth = json.loads((tmp_path / "groundtruth.json").read_text())
-    return diagnose([tmp_path], Options()).report, truth
+    return diagnose([tmp_path], Options()).result, truth
 
 
-def _check_causes(rep: dict[str, Any], truth: dict[str, Any], tol: float = 0.015) -> None:
-    for r in rep["ranks"]:
-        t = truth["ranks"][str(r["rank"])]
+def _check_causes(rep: Report, truth: dict[str, Any], tol: float = 0.015) -> None:
+    for r in rep.ranks:
+        t = truth["ranks"][str(r.rank)]
         step = t["step_ms"]
-        got = r["lost_ms"]
+        got = r.lost_ms
         # the few-µs gaps between the kernels of one block are measured lost time the truth
         # books apart; they may land in any cause, so they widen the tolerance by their size
         slack = tol * step + t["kernel_gaps_ms"]
         for k in TRUTH_KEYS:
-            assert abs(got[k] - t["causes_ms"][k]) <= slack, (r["rank"], k, got, t["causes_ms"])
+            assert abs(got[k] - t["causes_ms"][k]) <= slack, (r.rank, k, got, t["causes_ms"])
         assert got["unexplained"] <= slack
         # the measured step window starts with the step's first device work, the truth's with the
         # host's ProfilerStep: the lost totals agree within the same tolerance
         assert sum(got[k] for k in CAUSE_KEYS) == pytest.approx(t["lost_ms"] + t["kernel_gaps_ms"], abs=slack)
 
 
-def _check_structure(rep: dict[str, Any], truth: dict[str, Any]) -> None:
-    run = rep["run"]
-    assert run["pp"] == truth["pp"]
-    assert run["schedule"] == truth["schedule"]
-    assert run["microbatches"] == truth["microbatches"]
-    assert run["virtual_stages"] == truth["virtual"]
-    assert run["stage_map"] == {str(s): r for s, r in enumerate(truth["pp_groups"][0])}
-    assert run["clock_residual_us"] is not None and run["clock_residual_us"] < 50.0
+def _check_structure(rep: Report, truth: dict[str, Any]) -> None:
+    run = rep.run
+    assert run.pp == truth["pp"]
+    assert run.schedule == truth["schedule"]
+    assert run.microbatches == truth["microbatches"]
+    assert run.virtual_stages == truth["virtual"]
+    assert run.stage_map == {str(s): r for s, r in enumerate(truth["pp_groups"][0])}
+    assert run.clock_residual_us is not None and run.clock_residual_us < 50.0
     # the replay of the measured timeline reproduces it (else a warning says by how much)
-    assert not [w for w in run["warnings"] if "differs from the measurement" in w]
+    assert not [w for w in run.warnings if "differs from the measurement" in w]
 
 
 SHAPES = [
@@ -81,7 +82,7 @@ def test_fault_free_shapes(tmp_path: Path, schedule: str, pp: int, m: int) -> No
     rep, truth = _diagnose(tmp_path, schedule=schedule, pp=pp, microbatches=m)
     _check_structure(rep, truth)
     _check_causes(rep, truth)
-    assert rep["bubble"]["theoretical_ratio"] == pytest.approx((pp - 1) / (m + pp - 1), abs=1e-3)
+    assert rep.bubble.theoretical_ratio == pytest.approx((pp - 1) / (m + pp - 1), abs=1e-3)
 
 
 @pytest.mark.parametrize(("pp", "m"), [(4, 8), (4, 16), (8, 32)])
@@ -89,7 +90,7 @@ def test_interleaved(tmp_path: Path, pp: int, m: int) -> None:
     rep, truth = _diagnose(tmp_path, schedule="interleaved_1f1b", pp=pp, microbatches=m, virtual=2)
     _check_structure(rep, truth)
     _check_causes(rep, truth)
-    assert rep["bubble"]["theoretical_ratio"] == pytest.approx((pp - 1) / (2 * m + pp - 1), abs=1e-3)
+    assert rep.bubble.theoretical_ratio == pytest.approx((pp - 1) / (2 * m + pp - 1), abs=1e-3)
 
 
 FAULTS = {
@@ -111,20 +112,20 @@ def test_faults_are_recovered_and_blamed(tmp_path: Path, name: str) -> None:
     # p2p on the compute stream costs ~4% of the step here: it must be found, at any severity;
     # the other faults cost 10-30% and must stand out
     sev = ("high", "medium", "low") if name == "comm_on_compute" else ("high", "medium")
-    codes = [f["code"] for f in rep["findings"] if f["severity"] in sev]
-    assert code in codes, rep["findings"]
-    f = next(f for f in rep["findings"] if f["code"] == code)
+    codes = [f.code for f in rep.findings if f.severity in sev]
+    assert code in codes, rep.findings
+    f = next(f for f in rep.findings if f.code == code)
     if name == "slow_stage":
-        assert f["stages"] == [2]
+        assert f.stages == [2]
     if name in ("slow_link", "host_stall"):
-        assert f["ranks"] == sorted(truth["blame"][f["cause"]])
+        assert f.ranks == sorted(truth["blame"][f.cause])
 
 
 def test_large_clock_offsets_are_removed(tmp_path: Path) -> None:
     rep, truth = _diagnose(tmp_path, schedule="1f1b", pp=4, microbatches=8, clock_skew_ms=40.0)
     _check_structure(rep, truth)
     # offsets are found up to a common constant: compare each rank's against rank 0's
-    got = {int(r): off * 1000 for r, off in rep["run"]["clock_offsets_us"].items()}
+    got = {int(r): off * 1000 for r, off in rep.run.clock_offsets_us.items()}
     true = {int(r): v for r, v in truth["clock_offset_ns"].items()}
     for r in got:
         assert abs((got[r] - got[0]) - (true[r] - true[0])) < 50_000, (r, got, true)
@@ -188,12 +189,12 @@ def test_slow_link_and_slow_stage_match_the_counterfactual_truth(tmp_path: Path,
     _check_causes(rep, truth)
     if not any(isinstance(f, F.SlowLink) for f in HARD[name].get("faults", [])):  # type: ignore[attr-defined]
         # fault-free links: no comm_wait invented by the clocks (under 0.5 % of the step)
-        for r in rep["ranks"]:
-            assert r["lost_ms"]["comm_wait"] < 0.005 * truth["ranks"][str(r["rank"])]["step_ms"], r
+        for r in rep.ranks:
+            assert r.lost_ms["comm_wait"] < 0.005 * truth["ranks"][str(r.rank)]["step_ms"], r
     if name == "p8_link_x25":
         # the whole pipeline runs at the slow link's pace: comm_wait is a large share of the step
-        for r in rep["ranks"]:
-            t = truth["ranks"][str(r["rank"])]
+        for r in rep.ranks:
+            t = truth["ranks"][str(r.rank)]
             assert t["causes_ms"]["comm_wait"] > 0.1 * t["step_ms"], t
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import msgspec
 import pytest
 from diag_fixture import base_report, build_nopp_diagnosis
 from report_fill import typed
@@ -89,7 +90,7 @@ def test_diff_renderings() -> None:
 
 
 def test_diff_per_rank_without_stages() -> None:
-    a = build_nopp_diagnosis().report
+    a = msgspec.to_builtins(build_nopp_diagnosis().result)  # the JSON form, edited below
     b = copy.deepcopy(a)
     b["ranks"][1]["lost_ms"]["host"] += 2.0
     b["ranks"][1]["step_ms"] += 2.0

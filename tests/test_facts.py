@@ -98,14 +98,14 @@ def test_one_slowest_stage_everywhere(tmp_path: Path) -> None:
     """Stage 1 computes 1.3x slower: PP003, summary.slowest_stage, the stage table and the gate
     all name it, from the same ratio."""
     write_kineto(make_scenario(faults=[F.SlowStage(stage=1, factor=1.3)], steps=2), tmp_path)
-    rep = diagnose([tmp_path], Options()).report
+    rep = diagnose([tmp_path], Options()).result
     # 4 stages at 1, 1.3, 1, 1: ratio 1.3 / 1.075 = 1.209 (blocks only; p2p/host add nothing)
-    assert rep["summary"]["slowest_stage"] == 1
-    assert rep["summary"]["stage_ratio"] == pytest.approx(1.3 / 1.075, rel=0.02)
-    pp003 = [f for f in rep["findings"] if f["code"] == "PP003"]
-    assert pp003 and pp003[0]["evidence"]["slowest_stage"] == 1
-    assert pp003[0]["evidence"]["ratio"] == pytest.approx(rep["summary"]["stage_ratio"], abs=1e-3)
-    assert rep["stages"][report_slowest_stage(typed(rep).stages) or 0]["stage"] == 1
-    assert stage_ratio(typed(rep))[0] == pytest.approx(rep["summary"]["stage_ratio"], abs=1e-4)
-    blocks = [s["block_ms"] for s in rep["stages"]]
+    assert rep.summary.slowest_stage == 1
+    assert rep.summary.stage_ratio == pytest.approx(1.3 / 1.075, rel=0.02)
+    pp003 = [f for f in rep.findings if f.code == "PP003"]
+    assert pp003 and pp003[0].evidence["slowest_stage"] == 1
+    assert pp003[0].evidence["ratio"] == pytest.approx(rep.summary.stage_ratio, abs=1e-3)
+    assert rep.stages[report_slowest_stage(typed(rep).stages) or 0].stage == 1
+    assert stage_ratio(typed(rep))[0] == pytest.approx(rep.summary.stage_ratio, abs=1e-4)
+    blocks = [s.block_ms for s in rep.stages]
     assert blocks[1] == pytest.approx(1.3 * blocks[0], rel=0.02)

@@ -11,6 +11,7 @@ import pytest
 
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.report_types import Report
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.nsys import write_nsys
@@ -23,27 +24,27 @@ CASES = {
 }
 
 
-def _both(tmp_path: Path, faults: list[Any], per_rank_files: bool = True) -> tuple[dict, dict]:
+def _both(tmp_path: Path, faults: list[Any], per_rank_files: bool = True) -> tuple[Report, Report]:
     run = make_scenario("1f1b", pp=4, microbatches=8, faults=faults, steps=2, clock_skew_ms=4.0, seed=1)
     kd, nd = tmp_path / "kineto", tmp_path / "nsys"
     kd.mkdir()
     nd.mkdir()
     write_kineto(run, kd)
     write_nsys(run, nd, per_rank_files=per_rank_files)
-    return diagnose([kd], Options()).report, diagnose([nd], Options()).report
+    return diagnose([kd], Options()).result, diagnose([nd], Options()).result
 
 
-def _same(a: dict, b: dict) -> None:
-    assert a["run"]["format"] == "kineto" and b["run"]["format"] == "nsys"
+def _same(a: Report, b: Report) -> None:
+    assert a.run.format == "kineto" and b.run.format == "nsys"
     for key in ("ranks", "pp", "stage_map", "schedule", "microbatches", "virtual_stages"):
-        assert a["run"][key] == b["run"][key], key
-    step = a["summary"]["step_ms"]
-    assert b["summary"]["step_ms"] == pytest.approx(step, abs=0.01 * step)
-    for ra, rb in zip(a["ranks"], b["ranks"], strict=False):
+        assert getattr(a.run, key) == getattr(b.run, key), key
+    step = a.summary.step_ms
+    assert b.summary.step_ms == pytest.approx(step, abs=0.01 * step)
+    for ra, rb in zip(a.ranks, b.ranks, strict=False):
         for k in CAUSE_KEYS:
-            assert abs(ra["lost_ms"][k] - rb["lost_ms"][k]) <= 0.01 * step, (ra["rank"], k)
-    fa, fb = a["findings"][0], b["findings"][0]
-    assert (fa["code"], fa["stages"], fa["ranks"]) == (fb["code"], fb["stages"], fb["ranks"])
+            assert abs(ra.lost_ms[k] - rb.lost_ms[k]) <= 0.01 * step, (ra.rank, k)
+    fa, fb = a.findings[0], b.findings[0]
+    assert (fa.code, fa.stages, fa.ranks) == (fb.code, fb.stages, fb.ranks)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -10,6 +10,7 @@ import copy
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from conftest import TEST_DATA
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from ppdiag.api import Options, analyze_run
 from ppdiag.errors import InputError
 from ppdiag.parsers.loader import load_run
+from ppdiag.report_types import Report
 
 TRACES = {p.name: json.loads(p.read_text()) for p in sorted(TEST_DATA.glob("*.json"))}
 EV_FIELDS = ("ph", "cat", "name", "ts", "dur", "pid", "tid", "args")
@@ -100,8 +102,8 @@ def test_mutated_traces_give_a_result_or_an_input_error(tmp_path: Path, case: tu
         text = str(exc)
         assert "\n" not in text and text.startswith((str(p), "--", "cannot", "no ", "duplicate"))
         return
-    assert isinstance(diag.report, dict)
-    json.dumps(diag.report, default=str)  # the report is plain data
+    assert isinstance(diag.result, Report)
+    json.dumps(msgspec.to_builtins(diag.result))  # the report encodes as plain data
 
 
 @pytest.mark.parametrize("name", sorted(TRACES))

@@ -118,9 +118,9 @@ def test_collective_some_members_never_entered() -> None:
 
 def test_complete_run_has_no_hang(tmp_path: Path) -> None:
     write_kineto(make_scenario(steps=2), tmp_path)
-    rep = diagnose([tmp_path], Options()).report
-    assert "hang" not in rep  # the section is absent when the run completed
-    assert not any(f["code"] == "PP013" for f in rep["findings"])
+    rep = diagnose([tmp_path], Options()).result
+    assert rep.hang is None  # the section is absent when the run completed
+    assert not any(f.code == "PP013" for f in rep.findings)
 
 
 @pytest.mark.parametrize(("stopped", "frac"), [(2, 0.5), (1, 0.3)])
@@ -131,14 +131,14 @@ def test_rank_stops_sending_mid_step(tmp_path: Path, stopped: int, frac: float) 
     run, truth = stop_rank(full, stopped, at)
     write_kineto(run, tmp_path)
     d = diagnose([tmp_path], Options())
-    rep = d.report
-    h = rep["hang"]
-    assert h["status"] == "hang" and h["root"] == stopped
+    rep = d.result
+    h = rep.hang
+    assert h.status == "hang" and h.root == stopped
     # the first finding says who waits for whom since when
-    f = rep["findings"][0]
-    assert f["code"] == "PP013" and f["severity"] == "high"
-    assert stopped in f["ranks"]
-    got = {(x["rank"], x["op"], x["peer"]): x["since_ms"] for x in h["waits"]}
+    f = rep.findings[0]
+    assert f.code == "PP013" and f.severity == "high"
+    assert stopped in f.ranks
+    got = {(x.rank, x.op, x.peer): x.since_ms for x in h.waits}
     want = {(b.rank, b.kind, b.peer): b.since_ns / MS for b in truth.blocked}
     assert set(got) == set(want)
     # the run's origin differs (first host event vs first kernel): compare the waits' times
@@ -146,21 +146,21 @@ def test_rank_stops_sending_mid_step(tmp_path: Path, stopped: int, frac: float) 
     k0 = min(want, key=lambda k: want[k])
     for k in want:
         assert got[k] - got[k0] == pytest.approx(want[k] - want[k0], abs=0.05), k
-    first = h["first"]
-    assert first["peer"] == stopped and (
-        first["rank"],
-        "recv" if first["op"] == "recv" else "send",
+    first = h.first
+    assert first.peer == stopped and (
+        first.rank,
+        "recv" if first.op == "recv" else "send",
         stopped,
     ) in {(b.rank, b.kind, b.peer) for b in truth.blocked}
-    assert f"waits in {first['op']} " in f["title"] and f"rank {stopped}'s last op was" in f["title"]
+    assert f"waits in {first.op} " in f.title and f"rank {stopped}'s last op was" in f.title
     # the analysis keeps the steps every rank completed: step 0 only, and its step time is that
     # of the same step in the complete run
-    assert rep["run"]["steps"] == [full.ranks[0].step_numbers[0]]
+    assert rep.run.steps == [full.ranks[0].step_numbers[0]]
     whole = tmp_path / "whole"
     whole.mkdir()
     write_kineto(full, whole)
     ref = diagnose([whole], Options(steps=f"{full.ranks[0].step_numbers[0]}:{full.ranks[0].step_numbers[0]}"))
-    assert rep["summary"]["step_ms"] == pytest.approx(ref.report["summary"]["step_ms"], rel=0.01)
+    assert rep.summary.step_ms == pytest.approx(ref.result.summary.step_ms, rel=0.01)
 
 
 def _load(p: Path) -> dict[str, Any]:
@@ -199,14 +199,14 @@ def test_synthetic_trace_cut_mid_step(tmp_path: Path) -> None:
     src.mkdir()
     write_kineto(full, src)
     cut_run_dir(src, tmp_path / "cut", 0.5)
-    rep = diagnose([tmp_path / "cut"], Options()).report
-    h = rep["hang"]
-    assert h is not None and h.get("status") == "cut"
-    assert h["first"] is not None and h["first"]["peer"] is not None
+    rep = diagnose([tmp_path / "cut"], Options()).result
+    h = rep.hang
+    assert h is not None and h.status == "cut"
+    assert h.first is not None and h.first.peer is not None
     # the cut step is left out: the two complete steps are analysed
-    assert rep["run"]["steps"] == full.ranks[0].step_numbers[:2]
-    assert h["dropped_steps"] == [full.ranks[0].step_numbers[2]]
-    assert rep["findings"][0]["code"] == "PP013"
+    assert rep.run.steps == full.ranks[0].step_numbers[:2]
+    assert h.dropped_steps == [full.ranks[0].step_numbers[2]]
+    assert rep.findings[0].code == "PP013"
 
 
 @pytest.mark.slow
@@ -217,8 +217,8 @@ def test_recorded_demo_cut_mid_step(tmp_path: Path) -> None:
 
     src = tmp_path / "run"
     record(DemoConfig(pp=4, microbatches=4, steps=3, timeout_s=120), src)
-    whole = diagnose([src], Options()).report
-    assert whole.get("hang") is None  # absent when the run completed
+    whole = diagnose([src], Options()).result
+    assert whole.hang is None  # absent when the run completed
     # cut in the middle of a receive of the last step that waited (over 1 ms): its sender had not
     # sent at the cut
     t1 = _load(src / "rank1.pt.trace.json.gz")["traceEvents"]
@@ -232,27 +232,25 @@ def test_recorded_demo_cut_mid_step(tmp_path: Path) -> None:
     (tmp_path / "cut").mkdir()
     for p in src.glob("rank*.pt.trace.json.gz"):
         _save(cut_kineto(_load(p), cut)[0], tmp_path / "cut" / p.name)
-    rep = diagnose([tmp_path / "cut"], Options()).report
-    h = rep["hang"]
-    assert h is not None and h["status"] == "cut"
-    ours = [w for w in h["waits"] if w["rank"] == 1 and w["op"] == "recv"]
-    assert ours and ours[0]["open_at_end"]
+    rep = diagnose([tmp_path / "cut"], Options()).result
+    h = rep.hang
+    assert h is not None and h.status == "cut"
+    ours = [w for w in h.waits if w.rank == 1 and w.op == "recv"]
+    assert ours and ours[0].open_at_end
     # since the receive was issued: it waited from its start to the cut, where the trace ends
-    assert ours[0]["waited_ms"] == pytest.approx(0.5 * float(recv["dur"]) / 1000, abs=0.01)
-    assert ours[0]["since_ms"] == pytest.approx(
-        h["trace_end_ms"]["1"] - 0.5 * float(recv["dur"]) / 1000, abs=0.01
-    )
-    first = h["first"]
+    assert ours[0].waited_ms == pytest.approx(0.5 * float(recv["dur"]) / 1000, abs=0.01)
+    assert ours[0].since_ms == pytest.approx(h.trace_end_ms["1"] - 0.5 * float(recv["dur"]) / 1000, abs=0.01)
+    first = h.first
     # a rank in a p2p op at the cut, its peer one pipeline neighbour away, since a time inside
     # the cut step and before the cut
-    assert first is not None and first["peer"] is not None and abs(first["rank"] - first["peer"]) == 1
-    last = whole["run"]["steps"][-1]
-    assert first["step"] == last
-    assert first["since_ms"] <= max(h["trace_end_ms"].values())
-    assert f"rank {first['rank']} waits in {first['op']}" in rep["findings"][0]["title"]
+    assert first is not None and first.peer is not None and abs(first.rank - first.peer) == 1
+    last = whole.run.steps[-1]
+    assert first.step == last
+    assert first.since_ms <= max(h.trace_end_ms.values())
+    assert f"rank {first.rank} waits in {first.op}" in rep.findings[0].title
     # the complete steps are analysed; on a loaded host the first of them may be left out as a
     # warm-up outlier against the one remaining step, which the run then says
-    expected = whole["run"]["steps"][:-1]
-    warm = any("outlier (warm-up)" in w for w in rep["run"]["warnings"])
-    assert rep["run"]["steps"] == (expected[1:] if warm else expected)
-    assert h["dropped_steps"] == [last]
+    expected = whole.run.steps[:-1]
+    warm = any("outlier (warm-up)" in w for w in rep.run.warnings)
+    assert rep.run.steps == (expected[1:] if warm else expected)
+    assert h.dropped_steps == [last]

@@ -30,14 +30,14 @@ def _with_hosts(paths: list[Path], hosts: dict[int, str]) -> None:
 
 def test_one_link_20x_slower(tmp_path: Path) -> None:
     write_kineto(make_scenario(steps=2, faults=[F.SlowLink(1, factor=20.0)]), tmp_path)
-    links = {(x["src"], x["dst"]): x for x in diagnose([tmp_path], Options()).report["links"]}
+    links = {(x.src, x.dst): x for x in diagnose([tmp_path], Options()).result.links}
     assert set(links) == {(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2)}
     for key, x in links.items():
         truth = NORMAL_GBPS / 20.0 if key[0] == 1 else NORMAL_GBPS  # rank 1 sends slowly
-        assert x["gbps_median"] == pytest.approx(truth, rel=0.10), key
-        assert x["gbps_p10"] <= x["gbps_median"] <= x["gbps_p90"]
-        assert x["slow_vs_median"] == pytest.approx(20.0 if key[0] == 1 else 1.0, rel=0.10)
-        assert x["scope"] == "unknown"  # no host in the traces
+        assert x.gbps_median == pytest.approx(truth, rel=0.10), key
+        assert x.gbps_p10 <= x.gbps_median <= x.gbps_p90
+        assert x.slow_vs_median == pytest.approx(20.0 if key[0] == 1 else 1.0, rel=0.10)
+        assert x.scope == "unknown"  # no host in the traces
 
 
 def test_two_hosts_classify_the_links(tmp_path: Path) -> None:
@@ -46,14 +46,14 @@ def test_two_hosts_classify_the_links(tmp_path: Path) -> None:
     run = make_scenario(steps=2, faults=[F.SlowLink(1, factor=100.0)])
     paths = write_kineto(run, tmp_path)
     _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
-    links = {(x["src"], x["dst"]): x for x in diagnose([tmp_path], Options()).report["links"]}
-    assert links[(0, 1)]["scope"] == "intra-node" and links[(0, 1)]["likely_class"] == "nvlink"
+    links = {(x.src, x.dst): x for x in diagnose([tmp_path], Options()).result.links}
+    assert links[(0, 1)].scope == "intra-node" and links[(0, 1)].likely_class == "nvlink"
     cross = links[(1, 2)]
-    assert cross["scope"] == "inter-node" and (cross["src_host"], cross["dst_host"]) == ("node00", "node01")
-    assert cross["gbps_median"] == pytest.approx(NORMAL_GBPS / 100, rel=0.10)
-    assert cross["tcp_fallback_suspected"] and cross["likely_class"] == "tcp"
+    assert cross.scope == "inter-node" and (cross.src_host, cross.dst_host) == ("node00", "node01")
+    assert cross.gbps_median == pytest.approx(NORMAL_GBPS / 100, rel=0.10)
+    assert cross.tcp_fallback_suspected and cross.likely_class == "tcp"
     # the other direction is fast: RDMA-class, no suspicion
-    assert links[(2, 1)]["scope"] == "inter-node" and not links[(2, 1)]["tcp_fallback_suspected"]
+    assert links[(2, 1)].scope == "inter-node" and not links[(2, 1)].tcp_fallback_suspected
 
 
 def test_placement_finding_pipeline_across_dp_inside(tmp_path: Path) -> None:
@@ -62,24 +62,24 @@ def test_placement_finding_pipeline_across_dp_inside(tmp_path: Path) -> None:
     run = make_scenario(pp=2, dp=2, steps=2, faults=[F.SlowLink(0, factor=50.0)])
     paths = write_kineto(run, tmp_path)
     _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
-    rep = diagnose([tmp_path], Options()).report
-    (f,) = [x for x in rep["findings"] if x["code"] == "PP014"]
-    assert f["gain_ms"] > 0 and f["evidence"]["whatif_fix"] == "no_comm_wait"
-    assert sorted(f["ranks"]) == [0, 1, 2, 3]
+    rep = diagnose([tmp_path], Options()).result
+    (f,) = [x for x in rep.findings if x.code == "PP014"]
+    assert f.gain_ms > 0 and f.evidence["whatif_fix"] == "no_comm_wait"
+    assert sorted(f.ranks) == [0, 1, 2, 3]
     # ablation: the same run with every rank on one host has no placement finding
     one = tmp_path / "one"
     paths = write_kineto(run, one)
     _with_hosts(paths, dict.fromkeys(range(4), "node00"))
-    assert not [x for x in diagnose([one], Options()).report["findings"] if x["code"] == "PP014"]
+    assert not [x for x in diagnose([one], Options()).result.findings if x.code == "PP014"]
 
 
 def test_pp004_names_the_suspected_tcp_link(tmp_path: Path) -> None:
     run = make_scenario(steps=2, faults=[F.SlowLink(1, factor=100.0)])
     paths = write_kineto(run, tmp_path)
     _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
-    rep = diagnose([tmp_path], Options()).report
-    (f,) = [x for x in rep["findings"] if x["code"] == "PP004"]
-    assert [s.split(":")[0] for s in f["evidence"]["tcp_fallback_suspected"]] == ["1->2"]
+    rep = diagnose([tmp_path], Options()).result
+    (f,) = [x for x in rep.findings if x.code == "PP004"]
+    assert [s.split(":")[0] for s in f.evidence["tcp_fallback_suspected"]] == ["1->2"]
 
 
 def test_hosts_flag_places_ranks_the_traces_do_not(tmp_path: Path) -> None:
@@ -88,12 +88,12 @@ def test_hosts_flag_places_ranks_the_traces_do_not(tmp_path: Path) -> None:
     run = make_scenario(steps=2, faults=[F.SlowLink(1, factor=100.0)])
     write_kineto(run, tmp_path)
     for spec in ("2", "a=0-1,b=2-3"):
-        links = {(x["src"], x["dst"]): x for x in diagnose([tmp_path], Options(hosts=spec)).report["links"]}
-        assert links[(0, 1)]["scope"] == "intra-node"
-        assert links[(1, 2)]["scope"] == "inter-node" and links[(1, 2)]["tcp_fallback_suspected"]
+        links = {(x.src, x.dst): x for x in diagnose([tmp_path], Options(hosts=spec)).result.links}
+        assert links[(0, 1)].scope == "intra-node"
+        assert links[(1, 2)].scope == "inter-node" and links[(1, 2)].tcp_fallback_suspected
     # ablation: without the flag nothing is known about the hosts
-    links = diagnose([tmp_path], Options()).report["links"]
-    assert {x["scope"] for x in links} == {"unknown"}
+    links = diagnose([tmp_path], Options()).result.links
+    assert {x.scope for x in links} == {"unknown"}
 
 
 def test_hosts_flag_overrides_the_trace(tmp_path: Path) -> None:
@@ -101,8 +101,8 @@ def test_hosts_flag_overrides_the_trace(tmp_path: Path) -> None:
     run = make_scenario(steps=2)
     paths = write_kineto(run, tmp_path)
     _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
-    links = diagnose([tmp_path], Options(hosts="4")).report["links"]
-    assert {x["scope"] for x in links} == {"intra-node"}
+    links = diagnose([tmp_path], Options(hosts="4")).result.links
+    assert {x.scope for x in links} == {"intra-node"}
 
 
 @pytest.mark.parametrize(

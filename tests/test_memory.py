@@ -33,14 +33,14 @@ def test_real_trace_peak_is_the_max_total_allocated() -> None:
     p = shared_trace("kineto/tracelens_h100_single.json.gz")
     ev, _ = _mem_events(p)
     top = max(ev, key=lambda e: e["args"]["Total Allocated"])
-    rows = diagnose([p], Options()).report["memory"]
-    assert len(rows) == 1 and rows[0]["source"] == "totals"
-    assert rows[0]["peak_allocated_mb"] == pytest.approx(top["args"]["Total Allocated"] / MB, abs=1e-3)
-    assert rows[0]["peak_ts_us"] == pytest.approx(top["ts"], abs=1e-3)
-    assert rows[0]["peak_reserved_mb"] == pytest.approx(
+    rows = diagnose([p], Options()).result.memory
+    assert len(rows) == 1 and rows[0].source == "totals"
+    assert rows[0].peak_allocated_mb == pytest.approx(top["args"]["Total Allocated"] / MB, abs=1e-3)
+    assert rows[0].peak_ts_us == pytest.approx(top["ts"], abs=1e-3)
+    assert rows[0].peak_reserved_mb == pytest.approx(
         max(e["args"]["Total Reserved"] for e in ev) / MB, abs=1e-3
     )
-    assert rows[0]["capacity_mb"] == pytest.approx(85018279936 / MB, abs=0.1)
+    assert rows[0].capacity_mb == pytest.approx(85018279936 / MB, abs=0.1)
 
 
 def test_real_trace_without_totals_integrates_the_bytes() -> None:
@@ -49,15 +49,15 @@ def test_real_trace_without_totals_integrates_the_bytes() -> None:
     ev.sort(key=lambda e: e["ts"])
     level = np.cumsum([e["args"]["Bytes"] for e in ev])
     i = int(np.argmax(level))
-    rows = diagnose([p], Options()).report["memory"]
-    assert rows[0]["source"] == "bytes" and "relative" in rows[0]["note"]
-    assert rows[0]["peak_allocated_mb"] == pytest.approx(level[i] / MB, abs=1e-3)
-    assert rows[0]["peak_ts_us"] == pytest.approx(ev[i]["ts"], abs=1e-3)
-    assert rows[0]["peak_reserved_mb"] is None
+    rows = diagnose([p], Options()).result.memory
+    assert rows[0].source == "bytes" and "relative" in rows[0].note
+    assert rows[0].peak_allocated_mb == pytest.approx(level[i] / MB, abs=1e-3)
+    assert rows[0].peak_ts_us == pytest.approx(ev[i]["ts"], abs=1e-3)
+    assert rows[0].peak_reserved_mb is None
 
 
 def test_trace_without_memory_events_has_no_rows(test_data: Path) -> None:
-    assert diagnose([test_data / "gpu_pp_rank0.json"], Options()).report["memory"] == []
+    assert diagnose([test_data / "gpu_pp_rank0.json"], Options()).result.memory == []
 
 
 def test_parser_keeps_cuda_events_only(tmp_path: Path, test_data: Path) -> None:
@@ -131,23 +131,23 @@ def test_synthetic_activation_and_gpipe_peak_from_1f1b(tmp_path: Path, pp: int, 
     for sch in ("1f1b", "gpipe"):
         d = tmp_path / sch
         write_kineto(with_memory(make_scenario(schedule=sch, pp=pp, microbatches=m, steps=2), w, a), d)
-        reps[sch] = {r["rank"]: r for r in diagnose([d], Options()).report["memory"]}
-    rep = diagnose([tmp_path / "1f1b"], Options()).report
-    stage_of = {int(r["rank"]): r["stage"] for r in rep["ranks"]}
+        reps[sch] = {r.rank: r for r in diagnose([d], Options()).result.memory}
+    rep = diagnose([tmp_path / "1f1b"], Options()).result
+    stage_of = {int(r.rank): r.stage for r in rep.ranks}
     for rank, row in reps["1f1b"].items():
         s = stage_of[rank]
-        assert row["activation_per_mb_mb"] == pytest.approx(a, rel=0.05)
-        assert row["peak_allocated_mb"] == pytest.approx(w + min(pp - s, m) * a, rel=1e-6)
-        gp = reps["gpipe"][rank]["peak_allocated_mb"]
+        assert row.activation_per_mb_mb == pytest.approx(a, rel=0.05)
+        assert row.peak_allocated_mb == pytest.approx(w + min(pp - s, m) * a, rel=1e-6)
+        gp = reps["gpipe"][rank].peak_allocated_mb
         assert gp == pytest.approx(w + m * a, rel=1e-6)
-        assert row["predicted_peak_mb"]["gpipe"] == pytest.approx(gp, rel=0.10)
+        assert row.predicted_peak_mb["gpipe"] == pytest.approx(gp, rel=0.10)
 
 
 def test_synthetic_bytes_only_is_relative(tmp_path: Path) -> None:
     write_kineto(with_memory(make_scenario(steps=2), 1000.0, 100.0, totals=False), tmp_path)
-    rows = diagnose([tmp_path], Options()).report["memory"]
-    assert rows and all(r["source"] == "bytes" and "relative" in r["note"] for r in rows)
-    assert rows[0]["peak_allocated_mb"] == pytest.approx(1000.0 + 4 * 100.0)
+    rows = diagnose([tmp_path], Options()).result.memory
+    assert rows and all(r.source == "bytes" and "relative" in r.note for r in rows)
+    assert rows[0].peak_allocated_mb == pytest.approx(1000.0 + 4 * 100.0)
 
 
 def test_pp012_fires_on_gpipe_not_on_1f1b(tmp_path: Path) -> None:
@@ -157,10 +157,10 @@ def test_pp012_fires_on_gpipe_not_on_1f1b(tmp_path: Path) -> None:
     for sch in ("gpipe", "1f1b"):
         d = tmp_path / sch
         write_kineto(with_memory(make_scenario(schedule=sch, steps=2), 1000.0, 100.0), d)
-        found[sch] = [f for f in diagnose([d], Options()).report["findings"] if f["code"] == "PP012"]
+        found[sch] = [f for f in diagnose([d], Options()).result.findings if f.code == "PP012"]
     assert not found["1f1b"]
     (f,) = found["gpipe"]
-    assert f["evidence"]["inflight_at_peak"] == 8 and f["evidence"]["inflight_needed"] == 4
-    assert f["evidence"]["peak_allocated_mb"] == pytest.approx(1800.0)
-    assert f["evidence"]["predicted_peak_mb"]["1f1b"] == pytest.approx(1400.0, rel=0.05)
-    assert any("1F1B" in x for x in f["fixes"])
+    assert f.evidence["inflight_at_peak"] == 8 and f.evidence["inflight_needed"] == 4
+    assert f.evidence["peak_allocated_mb"] == pytest.approx(1800.0)
+    assert f.evidence["predicted_peak_mb"]["1f1b"] == pytest.approx(1400.0, rel=0.05)
+    assert any("1F1B" in x for x in f.fixes)

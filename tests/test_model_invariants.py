@@ -47,14 +47,28 @@ def test_parser_arrays_are_read_only(run_dir: Path) -> None:
 
 
 def test_analysis_leaves_the_run_as_parsed(run_dir: Path) -> None:
-    """Analysing a parsed run twice gives the same report, and the run's times are unchanged."""
+    """Analysing a parsed run twice gives the same report, and the run's times and clock offsets
+    are unchanged: the fitted offsets live on the pipeline result and its aligned view."""
     run = load([run_dir])
     before = [(tl.intervals.start.copy(), tl.intervals.end.copy(), tl.clock_offset_ns) for tl in run.ranks]
-    first = analyze_run(run, Options()).result
-    again = analyze_run(run, Options()).result
-    assert first == again
-    for (s, e, _), tl in zip(before, run.ranks, strict=True):
+    assert all(off == 0 for _, _, off in before)  # a parser sets no offset
+    diag = analyze_run(run, Options())
+    again = analyze_run(run, Options())
+    assert diag.result == again.result
+    for (s, e, off), tl in zip(before, run.ranks, strict=True):
         assert np.array_equal(s, tl.intervals.start) and np.array_equal(e, tl.intervals.end)
+        assert tl.clock_offset_ns == off
+    assert diag.context is not None and diag.context.pipeline is not None
+    offsets = diag.context.pipeline.clocks.offsets
+    # the synthetic ranks' clocks are skewed: the fit moves some rank, on the view only
+    assert any(offsets.values()), offsets
+    assert diag.run is not run and diag.run is diag.context.pipeline.aligned
+    for tl, view in zip(run.ranks, diag.run.ranks, strict=True):
+        assert view.rank == tl.rank and view.clock_offset_ns == offsets.get(tl.rank, 0)
+        assert view.intervals.start is tl.intervals.start  # the view shares the parsed times
+    assert diag.result.run.clock_offsets_us == {
+        str(r): round(offsets.get(r, 0) / 1000, 3) for r in (tl.rank for tl in run.ranks)
+    }
 
 
 def test_check_finds_broken_runs(run_dir: Path) -> None:
@@ -81,18 +95,22 @@ def test_freeze_is_idempotent(run_dir: Path) -> None:
 
 def test_block_labels_are_an_overlay(run_dir: Path) -> None:
     """The pipeline's block labels live on the pipeline result; the parser's label columns stay
-    as parsed and read-only, and the timelines show the overlay through copies of it."""
+    as parsed and read-only, and the aligned view's timelines show the overlay through copies of it."""
     run = load([run_dir])
     parsed = {tl.rank: (tl.intervals.phase, tl.intervals.mb, tl.intervals.chunk) for tl in run.ranks}
     snap = {r: tuple(a.copy() for a in cols) for r, cols in parsed.items()}
-    pipe = analyze_run(run, Options()).context["pipeline"]
+    diag = analyze_run(run, Options())
+    assert diag.context is not None and diag.context.pipeline is not None
+    pipe = diag.context.pipeline
     relabelled = 0
-    for tl in run.ranks:
+    for tl, view in zip(run.ranks, diag.run.ranks, strict=True):
         lab = pipe.labels[tl.rank]
+        now = (tl.intervals.phase, tl.intervals.mb, tl.intervals.chunk)
+        assert all(a is b for a, b in zip(now, parsed[tl.rank], strict=True))  # not replaced
         for arr, before, shown, over in zip(
             parsed[tl.rank],
             snap[tl.rank],
-            (tl.intervals.phase, tl.intervals.mb, tl.intervals.chunk),
+            (view.intervals.phase, view.intervals.mb, view.intervals.chunk),
             (lab.phase, lab.mb, lab.chunk),
             strict=True,
         ):

@@ -73,15 +73,15 @@ def test_hand_built_table_levels_and_peak(tmp_path: Path) -> None:
     assert "memory" not in next(t for t in run.ranks if t.rank == 1).meta
     said = [w for w in run.warnings if "CUDA_GPU_MEMORY_USAGE_EVENTS" in w]
     assert len(said) == 1 and "1 host" in said[0] and "2 row(s) dropped" in said[0]
-    rep = diagnose([tmp_path], Options(progress=False, jobs=1)).report
-    (row,) = rep["memory"]
-    assert row["rank"] == 0 and row["source"] == "cuda" and row["events"] == 4
-    assert row["peak_allocated_mb"] == pytest.approx(250.0)
-    assert row["peak_reserved_mb"] is None
-    assert row["steady_allocated_mb"] == pytest.approx(125.0)
-    assert row["peak_ts_us"] == pytest.approx((t0 + 4000) / 1000.0)
-    assert row["capacity_mb"] == pytest.approx(85520809984 / MB, abs=0.1)
-    assert "nsys" in row["note"] and "relative to the capture" in row["note"]
+    rep = diagnose([tmp_path], Options(progress=False, jobs=1)).result
+    (row,) = rep.memory
+    assert row.rank == 0 and row.source == "cuda" and row.events == 4
+    assert row.peak_allocated_mb == pytest.approx(250.0)
+    assert row.peak_reserved_mb is None
+    assert row.steady_allocated_mb == pytest.approx(125.0)
+    assert row.peak_ts_us == pytest.approx((t0 + 4000) / 1000.0)
+    assert row.capacity_mb == pytest.approx(85520809984 / MB, abs=0.1)
+    assert "nsys" in row.note and "relative to the capture" in row.note
 
 
 @pytest.mark.parametrize("per_rank_files", [True, False])
@@ -95,22 +95,22 @@ def test_synthetic_pipeline_peaks_and_pp012(tmp_path: Path, per_rank_files: bool
         d = tmp_path / sch
         run = with_memory(make_scenario(schedule=sch, pp=pp, microbatches=m, steps=2), w, a)
         assert add_memory_table(write_nsys(run, d, per_rank_files=per_rank_files), run) > 0
-        reps[sch] = diagnose([d], Options(progress=False)).report
-    stage_of = {int(r["rank"]): int(r["stage"]) for r in reps["1f1b"]["ranks"]}
-    rows = {sch: {r["rank"]: r for r in rep["memory"]} for sch, rep in reps.items()}
+        reps[sch] = diagnose([d], Options(progress=False)).result
+    stage_of = {int(r.rank): int(r.stage) for r in reps["1f1b"].ranks}
+    rows = {sch: {r.rank: r for r in rep.memory} for sch, rep in reps.items()}
     assert sorted(rows["1f1b"]) == sorted(stage_of) == [0, 1, 2, 3]
     for rank, row in rows["1f1b"].items():
         s = stage_of[rank]
-        assert row["source"] == "cuda"
-        assert row["peak_allocated_mb"] == pytest.approx(w + (pp - s) * a)
-        assert row["inflight_at_peak"] == pp - s
-        assert row["activation_per_mb_mb"] == pytest.approx(a, rel=0.05)
-        assert row["predicted_peak_mb"]["gpipe"] == pytest.approx(w + m * a, rel=0.10)
-        assert rows["gpipe"][rank]["peak_allocated_mb"] == pytest.approx(w + m * a)
-        assert rows["gpipe"][rank]["inflight_at_peak"] == m
-    assert not [f for f in reps["1f1b"]["findings"] if f["code"] == "PP012"]
-    (f,) = [f for f in reps["gpipe"]["findings"] if f["code"] == "PP012"]
-    assert f["evidence"]["inflight_at_peak"] == m and f["evidence"]["inflight_needed"] == pp
+        assert row.source == "cuda"
+        assert row.peak_allocated_mb == pytest.approx(w + (pp - s) * a)
+        assert row.inflight_at_peak == pp - s
+        assert row.activation_per_mb_mb == pytest.approx(a, rel=0.05)
+        assert row.predicted_peak_mb["gpipe"] == pytest.approx(w + m * a, rel=0.10)
+        assert rows["gpipe"][rank].peak_allocated_mb == pytest.approx(w + m * a)
+        assert rows["gpipe"][rank].inflight_at_peak == m
+    assert not [f for f in reps["1f1b"].findings if f.code == "PP012"]
+    (f,) = [f for f in reps["gpipe"].findings if f.code == "PP012"]
+    assert f.evidence["inflight_at_peak"] == m and f.evidence["inflight_needed"] == pp
 
 
 def test_export_without_memory_rows_has_no_memory_section(tmp_path: Path) -> None:
@@ -120,4 +120,4 @@ def test_export_without_memory_rows_has_no_memory_section(tmp_path: Path) -> Non
         run = load([saxpy], Options(progress=False))
         assert all("memory" not in t.meta for t in run.ranks)
     write_nsys(make_scenario("1f1b", pp=2, microbatches=2, steps=1), tmp_path)
-    assert diagnose([tmp_path], Options(progress=False)).report["memory"] == []
+    assert diagnose([tmp_path], Options(progress=False)).result.memory == []

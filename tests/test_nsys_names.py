@@ -23,6 +23,7 @@ from ppdiag.model import Kind, RangeKind, RankTimeline
 from ppdiag.parsers import ParseOptions
 from ppdiag.parsers.nsys import NsysParser, resolve_nccl_peers
 from ppdiag.parsers.nsys_peers import _group_stride
+from ppdiag.report_types import Report
 from ppdiag.synth.nsys import comm_hash, write_nsys
 from ppdiag.synth.run import SynthRun
 from ppdiag.synth.scenario import make_scenario
@@ -295,10 +296,10 @@ def test_nccl_domain_without_create_row_or_payloads(run_1f1b: SynthRun, tmp_path
         )
 
 
-def _report(paths: list[Path]) -> dict:
+def _report(paths: list[Path]) -> Report:
     api = pytest.importorskip("ppdiag.api")
     loader = pytest.importorskip("ppdiag.parsers.loader")
-    return api.analyze_run(loader.load_run(paths, progress=False, jobs=1)).report
+    return api.analyze_run(loader.load_run(paths, progress=False, jobs=1)).result
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
@@ -309,16 +310,16 @@ def test_diagnosis_with_emit_nvtx_names_equals_the_one_with_payloads(tmp_path: P
     for i, p in enumerate(paths):
         emit_nvtx(p, i, run.world_size, _world, replace=False)
     got = _report(paths)
-    assert ref["run"]["pp"] == 4
+    assert ref.run.pp == 4
     # the report says where the peers came from: payloads vs the profiler's range names
-    assert ref["run"]["peer_source"] == "metadata"
-    assert got["run"]["peer_source"] == "nvtx name"
+    assert ref.run.peer_source == "metadata"
+    assert got.run.peer_source == "nvtx name"
     for key in ("pp", "stage_map", "schedule", "microbatches"):
-        assert got["run"][key] == ref["run"][key], key
-    step = ref["summary"]["step_ms"]
-    assert abs(got["summary"]["step_ms"] - step) <= 0.01 * step
-    for cause, ms in ref["summary"]["lost_ms"].items():
-        assert abs(got["summary"]["lost_ms"][cause] - ms) <= 0.01 * step, cause
+        assert getattr(got.run, key) == getattr(ref.run, key), key
+    step = ref.summary.step_ms
+    assert abs(got.summary.step_ms - step) <= 0.01 * step
+    for cause, ms in ref.summary.lost_ms.items():
+        assert abs(got.summary.lost_ms[cause] - ms) <= 0.01 * step, cause
 
 
 def test_p2p_by_names_with_collective_payloads_kept(tmp_path: Path) -> None:
@@ -339,10 +340,10 @@ def test_p2p_by_names_with_collective_payloads_kept(tmp_path: Path) -> None:
         assert (tl.intervals.peer[tl.intervals.kind == Kind.P2P] >= 0).all()
     got = _report(paths)
     for key in ("pp", "stage_map", "schedule", "microbatches"):
-        assert got["run"][key] == ref["run"][key], key
-    step = ref["summary"]["step_ms"]
-    for cause, ms in ref["summary"]["lost_ms"].items():
-        assert abs(got["summary"]["lost_ms"][cause] - ms) <= 0.01 * step, cause
+        assert getattr(got.run, key) == getattr(ref.run, key), key
+    step = ref.summary.step_ms
+    for cause, ms in ref.summary.lost_ms.items():
+        assert abs(got.summary.lost_ms[cause] - ms) <= 0.01 * step, cause
 
 
 def test_unclosed_pytorch_ranges_still_give_the_peers(run_1f1b: SynthRun, tmp_path: Path) -> None:

@@ -349,8 +349,8 @@ def test_bad_kernel_and_copy_times_are_dropped_and_counted(export: Path, tmp_pat
     assert (tl.intervals.launch == -1).sum() >= 1
     # the run still analyzes (no exit 70): the loader and the diagnosis take the rest
     api = pytest.importorskip("ppdiag.api")
-    rep = api.analyze_run(load_run([p], progress=False, jobs=1)).report
-    assert rep["summary"]["step_ms"] > 0
+    rep = api.analyze_run(load_run([p], progress=False, jobs=1)).result
+    assert rep.summary.step_ms > 0
 
 
 def test_memcpy_rows_with_bad_times(tmp_path: Path) -> None:

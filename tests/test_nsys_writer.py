@@ -196,15 +196,15 @@ def test_same_run_as_kineto_gives_the_same_diagnosis(tmp_path: Path) -> None:
     kruns = loader.load_run(kineto_writer.write_kineto(run, tmp_path / "k"), progress=False, jobs=1)
     nruns = loader.load_run(write_nsys(run, tmp_path / "n"), progress=False, jobs=1)
     resolve_nccl_peers(nruns.ranks)  # no-op when the loader already did it
-    kr = api.analyze_run(kruns).report
-    nr = api.analyze_run(nruns).report
+    kr = api.analyze_run(kruns).result
+    nr = api.analyze_run(nruns).result
     for key in ("pp", "stage_map", "schedule", "microbatches"):
-        assert kr["run"][key] == nr["run"][key], key
-    step = kr["summary"]["step_ms"]
-    assert abs(nr["summary"]["step_ms"] - step) <= 0.01 * step
-    for cause, ms in kr["summary"]["lost_ms"].items():
-        assert abs(nr["summary"]["lost_ms"][cause] - ms) <= 0.01 * step, cause
-    assert nr["run"]["format"] == "nsys"
+        assert getattr(kr.run, key) == getattr(nr.run, key), key
+    step = kr.summary.step_ms
+    assert abs(nr.summary.step_ms - step) <= 0.01 * step
+    for cause, ms in kr.summary.lost_ms.items():
+        assert abs(nr.summary.lost_ms[cause] - ms) <= 0.01 * step, cause
+    assert nr.run.format == "nsys"
 
 
 def test_copies_and_memsets_round_trip(tmp_path: Path) -> None:

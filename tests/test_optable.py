@@ -155,15 +155,15 @@ def test_parquet_csv_chrome_same_diagnosis(tmp_path: Path, p: OpTableParams) -> 
             assert (fa.gain_ms is None) == (fb.gain_ms is None), fa.code
             if fa.gain_ms is not None and fb.gain_ms is not None:
                 assert abs(fa.gain_ms - fb.gain_ms) <= 0.01 * fa.gain_ms, (fa.code, fa.gain_ms, fb.gain_ms)
-        assert [(x["rank"], x["stage"], x["pipeline"]) for x in other.report["ranks"]] == [
-            (x["rank"], x["stage"], x["pipeline"]) for x in base.report["ranks"]
+        assert [(x.rank, x.stage, x.pipeline) for x in other.result.ranks] == [
+            (x.rank, x.stage, x.pipeline) for x in base.result.ranks
         ]
-        for ra, rb in zip(base.report["ranks"], other.report["ranks"], strict=True):
-            sa, sb = ra["shares"], rb["shares"]
+        for ra, rb in zip(base.result.ranks, other.result.ranks, strict=True):
+            sa, sb = ra.shares, rb.shares
             assert sa.keys() == sb.keys()
             for k in sa:
-                assert abs(sa[k] - sb[k]) <= 0.001, (ra["rank"], k, sa[k], sb[k])
-        assert abs(other.report["summary"]["step_ms"] - base.report["summary"]["step_ms"]) <= 0.01
+                assert abs(sa[k] - sb[k]) <= 0.001, (ra.rank, k, sa[k], sb[k])
+        assert abs(other.result.summary.step_ms - base.result.summary.step_ms) <= 0.01
 
 
 SLOW = OpTableParams(slow_worker=(1, 2, 1.3))
@@ -280,7 +280,7 @@ def test_json_ranks_carry_pipeline(tmp_path: Path) -> None:
     path, _ = _write(tmp_path, OpTableParams(pp=2, dp=3, microbatches=4, steps=(1, 2, 3)), ".csv")
     d = diagnose([path], Options(progress=False, jobs=1))
     # rank = stage * dp + replica: the replica index is rank % 3
-    assert [(x["rank"], x["pipeline"]) for x in d.report["ranks"]] == [(r, r % 3) for r in range(6)]
+    assert [(x.rank, x.pipeline) for x in d.result.ranks] == [(r, r % 3) for r in range(6)]
 
 
 def test_placement_checked_against_transfers(tmp_path: Path) -> None:
@@ -410,10 +410,10 @@ def test_dp_wait_for_slow_replica_charged_to_its_cause(tmp_path: Path) -> None:
     d = diagnose([path], Options(progress=False, jobs=1))
     n_steps = len(p.steps)
     waits = {r: w / n_steps for r, w in _rs_waits(df, p).items()}
-    by_rank = {x["rank"]: x for x in d.report["ranks"]}
+    by_rank = {x.rank: x for x in d.result.ranks}
     for s in range(p.pp):
         r = p.rank_of(0, s)
-        lost = by_rank[r]["lost_ms"]
+        lost = by_rank[r].lost_ms
         assert waits[r] > 5.0  # the fault is visible: several ms per step
         # at most the transfer plus 10 % of the wait stays exposed
         assert lost["exposed_comm"] <= p.rs_ms + 0.1 * waits[r], (r, lost)
@@ -434,6 +434,6 @@ def test_dp_wait_without_replicas_stays_communication(tmp_path: Path) -> None:
     for tl in run.ranks:
         tl.meta.pop("pipeline")
     d = analyze_run(run, Options(progress=False, jobs=1))
-    r0 = next(x for x in d.report["ranks"] if x["rank"] == p.rank_of(0, 0))
+    r0 = next(x for x in d.result.ranks if x.rank == p.rank_of(0, 0))
     wait = _rs_waits(df, p)[p.rank_of(0, 0)] / len(p.steps)
-    assert r0["lost_ms"]["exposed_comm"] >= 0.8 * wait
+    assert r0.lost_ms["exposed_comm"] >= 0.8 * wait

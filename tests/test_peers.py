@@ -19,6 +19,7 @@ from ppdiag.api import Options, diagnose
 from ppdiag.model import Direction
 from ppdiag.pipeline.clocks import P2POps, match_pairs
 from ppdiag.pipeline.peers import HOW_TIMING, fit_link
+from ppdiag.report_types import Report
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.nsys import write_nsys
@@ -128,25 +129,25 @@ def test_fit_link_finds_the_offset_above_a_flat_floor() -> None:
 # ---- synthetic GPU runs, peers stripped --------------------------------------------------------
 
 
-def _diag(path: Path) -> dict[str, Any]:
-    return diagnose([path], Options()).report
+def _diag(path: Path) -> Report:
+    return diagnose([path], Options()).result
 
 
-def _compare(rep: dict[str, Any], stripped: dict[str, Any], tol_pct: float = 1.0) -> None:
+def _compare(rep: Report, stripped: Report, tol_pct: float = 1.0) -> None:
     """Same structure; every cause of every rank within ``tol_pct`` % of the step."""
     for k in ("pp", "schedule", "microbatches", "virtual_stages", "stage_map"):
-        assert stripped["run"][k] == rep["run"][k], k
-    for a, b in zip(rep["ranks"], stripped["ranks"], strict=True):
-        for k, v in a["lost_ms"].items():
-            assert abs(b["lost_ms"][k] - v) <= tol_pct / 100 * a["step_ms"], (
-                a["rank"],
+        assert getattr(stripped.run, k) == getattr(rep.run, k), k
+    for a, b in zip(rep.ranks, stripped.ranks, strict=True):
+        for k, v in a.lost_ms.items():
+            assert abs(b.lost_ms[k] - v) <= tol_pct / 100 * a.step_ms, (
+                a.rank,
                 k,
                 v,
-                b["lost_ms"][k],
+                b.lost_ms[k],
             )
 
 
-def _kineto_pair(tmp_path: Path, **kw: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
+def _kineto_pair(tmp_path: Path, **kw: Any) -> tuple[Report, Report, dict[str, int]]:
     run = make_scenario(steps=2, clock_skew_ms=5.0, **kw)
     base, bare = tmp_path / "meta", tmp_path / "bare"
     write_kineto(run, base)
@@ -160,17 +161,17 @@ def test_kineto_without_any_peer_source_rebuilds_the_same_pipeline(tmp_path: Pat
     # the strip really removed every source of structure
     assert counts["comm_args"] > 0 and counts["param_comms"] > 0 and counts["nvtx_names"] > 0
     assert counts["pg"] > 0
-    assert rep["run"]["peer_source"] == "metadata"
-    assert bare["run"]["peer_source"] == "timing"
-    assert bare["run"]["stage_source"].startswith("p2p chain")
-    assert bare["run"]["peers"]["decided_by_timing"] > 0 and bare["run"]["peers"]["undecided"] == 0
-    assert bare["run"]["clock_residual_us"] is not None and bare["run"]["clock_residual_us"] < 50
+    assert rep.run.peer_source == "metadata"
+    assert bare.run.peer_source == "timing"
+    assert bare.run.stage_source.startswith("p2p chain")
+    assert bare.run.peers.decided_by_timing > 0 and bare.run.peers.undecided == 0
+    assert bare.run.clock_residual_us is not None and bare.run.clock_residual_us < 50
     _compare(rep, bare)
 
 
 def test_kineto_interleaved_ring_without_peers(tmp_path: Path) -> None:
     rep, bare, _ = _kineto_pair(tmp_path, schedule="interleaved_1f1b", pp=4, microbatches=4, virtual=2)
-    assert bare["run"]["virtual_stages"] == 2
+    assert bare.run.virtual_stages == 2
     _compare(rep, bare)
 
 
@@ -183,7 +184,7 @@ def test_nsys_without_payloads_or_emit_nvtx_names(tmp_path: Path) -> None:
     counts = strip_nsys_dir(base, bare, (PAYLOADS, EMIT_NVTX))
     assert counts[PAYLOADS] > 0
     rep, stripped = _diag(base), _diag(bare)
-    assert stripped["run"]["peer_source"] in ("timing", "metadata and timing")
+    assert stripped.run.peer_source in ("timing", "metadata and timing")
     _compare(rep, stripped)
 
 
@@ -206,13 +207,13 @@ def test_a_lost_kernel_without_peers_moves_no_clock(tmp_path: Path) -> None:
     rank1 = next(p for p in sorted(bare.glob("rank1.*.json.gz")))
     _drop_sendrecv_kernel(rank1, 5)
     rep, lost = _diag(base), _diag(bare)
-    assert lost["run"]["pp"] == 4 and lost["run"]["stage_map"] == rep["run"]["stage_map"]
+    assert lost.run.pp == 4 and lost.run.stage_map == rep.run.stage_map
     # the offsets stay where they were (index pairing moved them by a block's length)
-    for r, v in rep["run"]["clock_offsets_us"].items():
-        assert abs(lost["run"]["clock_offsets_us"][r] - v) < 5.0
-    assert lost["run"]["clock_residual_us"] < 50
+    for r, v in rep.run.clock_offsets_us.items():
+        assert abs(lost.run.clock_offsets_us[r] - v) < 5.0
+    assert lost.run.clock_residual_us < 50
     # the orphaned send is counted, not paired with a later receive
-    assert any("unmatched" in w for w in lost["run"]["warnings"])
+    assert any("unmatched" in w for w in lost.run.warnings)
 
 
 def test_timing_without_a_pattern_falls_back_with_a_warning(tmp_path: Path) -> None:
@@ -232,9 +233,9 @@ def test_timing_without_a_pattern_falls_back_with_a_warning(tmp_path: Path) -> N
         with gzip.open(p, "wb") as f:
             f.write(json.dumps(obj).encode())
     rep = _diag(bare)
-    assert rep["run"]["pp"] == 1
-    assert any("p2p peers" in w or "p2p partners" in w for w in rep["run"]["warnings"])
-    assert rep["run"]["peer_source"] in ("none", "timing")
+    assert rep.run.pp == 1
+    assert any("p2p peers" in w or "p2p partners" in w for w in rep.run.warnings)
+    assert rep.run.peer_source in ("none", "timing")
 
 
 def test_decided_ops_are_marked_as_timing(tmp_path: Path) -> None:
@@ -266,9 +267,9 @@ def test_lockstep_replicas_are_ambiguous_without_a_group(tmp_path: Path) -> None
     write_kineto(run, base)
     strip_kineto_dir(base, bare, ALL_KINETO)
     rep = _diag(bare)
-    assert rep["run"]["pp"] == 1
-    assert any("ambiguous by timing" in w for w in rep["run"]["warnings"])
-    assert rep["run"]["peers"]["undecided"] > 0 and rep["run"]["peers"]["decided_by_timing"] == 0
+    assert rep.run.pp == 1
+    assert any("ambiguous by timing" in w for w in rep.run.warnings)
+    assert rep.run.peers.undecided > 0 and rep.run.peers.decided_by_timing == 0
 
 
 def test_pipeline_group_separates_lockstep_replicas(tmp_path: Path) -> None:
@@ -295,7 +296,7 @@ def test_stage_map_separates_lockstep_replicas(tmp_path: Path) -> None:
     strip_kineto_dir(base, bare, ALL_KINETO)
     rep = _diag(base)
     lines = ";".join(",".join(str(r) for r in line) for line in [[0, 2, 4, 6], [1, 3, 5, 7]])
-    got = diagnose([bare], Options(stage_map=lines)).report
-    assert got["run"]["stage_map"] == rep["run"]["stage_map"]
-    assert got["run"]["peers"]["undecided"] == 0
-    assert not any("ambiguous" in w for w in got["run"]["warnings"])
+    got = diagnose([bare], Options(stage_map=lines)).result
+    assert got.run.stage_map == rep.run.stage_map
+    assert got.run.peers.undecided == 0
+    assert not any("ambiguous" in w for w in got.run.warnings)

@@ -146,7 +146,7 @@ def test_flows_are_the_matched_pairs_and_tracks_never_partially_overlap(tmp_path
     from ppdiag.synth.scenario import make_scenario
 
     diag = _analyzed(tmp_path, make_scenario(seed=5, steps=3))
-    pairs = diag.context["pipeline"].pairs
+    pairs = diag.context.pipeline.pairs
     assert len(pairs) > 0
     stats = write_perfetto(diag, tmp_path / "overlay.json")
     doc = _load(tmp_path / "overlay.json")

@@ -69,16 +69,16 @@ def test_random_faults_are_recovered_by_the_replay(cfg: dict[str, Any]) -> None:
         write_kineto(run, out)
         write_groundtruth(run, out)
         truth = json.loads((out / "groundtruth.json").read_text())
-        rep = diagnose([out], Options()).report
-    for r in rep["ranks"]:
-        t = truth["ranks"][str(r["rank"])]
+        rep = diagnose([out], Options()).result
+    for r in rep.ranks:
+        t = truth["ranks"][str(r.rank)]
         slack = TOL * t["step_ms"] + t["kernel_gaps_ms"]
         for k in TRUTH_KEYS:
-            assert abs(r["lost_ms"][k] - t["causes_ms"][k]) <= slack, (
+            assert abs(r.lost_ms[k] - t["causes_ms"][k]) <= slack, (
                 cfg,
-                r["rank"],
+                r.rank,
                 k,
-                r["lost_ms"],
+                r.lost_ms,
                 t["causes_ms"],
             )
-        assert r["lost_ms"]["unexplained"] <= slack, (cfg, r["lost_ms"])
+        assert r.lost_ms["unexplained"] <= slack, (cfg, r.lost_ms)

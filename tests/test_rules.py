@@ -9,46 +9,46 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
 from ppdiag.api import Options, diagnose
+from ppdiag.report_types import FindingRow, Report
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.scenario import make_scenario
 
 
-def _report(tmp_path: Path, options: Options | None = None, **kw: Any) -> dict[str, Any]:
+def _report(tmp_path: Path, options: Options | None = None, **kw: Any) -> Report:
     kw.setdefault("schedule", "1f1b")
     kw.setdefault("pp", 4)
     kw.setdefault("microbatches", 16)
     run = make_scenario(steps=kw.pop("steps", 2), clock_skew_ms=2.0, **kw)
     write_kineto(run, tmp_path)
-    return diagnose([tmp_path], options or Options()).report
+    return diagnose([tmp_path], options or Options()).result
 
 
-def _find(rep: dict[str, Any], code: str) -> dict[str, Any] | None:
-    return next((f for f in rep["findings"] if f["code"] == code), None)
+def _find(rep: Report, code: str) -> dict[str, Any] | None:
+    return next((f for f in rep.findings if f.code == code), None)
 
 
-def _fires(rep: dict[str, Any], code: str, gain: bool = True) -> dict[str, Any]:
+def _fires(rep: Report, code: str, gain: bool = True) -> dict[str, Any]:
     f = _find(rep, code)
-    assert f is not None, [x["code"] for x in rep["findings"]]
-    assert f["severity"] in ("high", "medium"), f
-    assert f["fixes"] and f["evidence"]
+    assert f is not None, [x.code for x in rep.findings]
+    assert f.severity in ("high", "medium"), f
+    assert f.fixes and f.evidence
     if gain:
-        assert f["gain_ms"] is not None and f["gain_ms"] > 0, f
+        assert f.gain_ms is not None and f.gain_ms > 0, f
     return f
 
 
-def _quiet(rep: dict[str, Any], code: str) -> None:
+def _quiet(rep: Report, code: str) -> None:
     f = _find(rep, code)
-    assert f is None or f["severity"] == "low", f
+    assert f is None or f.severity == "low", f
 
 
 def test_pp001_small_m(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", microbatches=4), "PP001")
-    assert f["evidence"]["microbatches"] == 4
+    assert f.evidence["microbatches"] == 4
     # the bubble holds the normal p2p latency of the transfers that fill and drain the pipe
     # (DESIGN.md §5): at P=4 that is 10.7 % of the step with M=32, 6.8 % with M=64
     _quiet(_report(tmp_path / "b", microbatches=64), "PP001")
@@ -56,20 +56,20 @@ def test_pp001_small_m(tmp_path: Path) -> None:
 
 def test_pp002_gpipe(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", schedule="gpipe", microbatches=8), "PP002")
-    assert f["evidence"]["activations_in_flight_gpipe"] == 8
+    assert f.evidence["activations_in_flight_gpipe"] == 8
     assert _find(_report(tmp_path / "b", microbatches=8), "PP002") is None
 
 
 def test_pp003_slow_stage(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", faults=[F.SlowStage(1, 1.5)]), "PP003")
-    assert f["stages"] == [1]
-    assert f["evidence"]["ratio"] > 1.08
+    assert f.stages == [1]
+    assert f.evidence["ratio"] > 1.08
     assert _find(_report(tmp_path / "b"), "PP003") is None
 
 
 def test_pp004_slow_link(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", faults=[F.SlowLink(2, delay_ms=0.6)]), "PP004")
-    assert f["ranks"] == [2]
+    assert f.ranks == [2]
     _quiet(_report(tmp_path / "b"), "PP004")
 
 
@@ -80,17 +80,17 @@ def test_pp005_exposed_allreduce(tmp_path: Path) -> None:
 
 def test_pp006_host_stall(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", faults=[F.HostStall(3, 0.5)]), "PP006")
-    assert f["ranks"] == [3]
+    assert f.ranks == [3]
     _quiet(_report(tmp_path / "b"), "PP006")
 
 
 def test_pp007_jitter(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", steps=5, faults=[F.SlowStep(2, 40.0)]), "PP007")
-    assert len(f["evidence"]["slow_steps"]) == 1
+    assert len(f.evidence["slow_steps"]) == 1
     assert _find(_report(tmp_path / "b", steps=5), "PP007") is None
     # four steps: the p95 is the slowest step, one slow step is not told from a one-off -> low
     f = _find(_report(tmp_path / "c", steps=4, faults=[F.SlowStep(2, 40.0)]), "PP007")
-    assert f is not None and f["severity"] == "low"
+    assert f is not None and f.severity == "low"
 
 
 def test_pp008_batch_arithmetic(tmp_path: Path) -> None:
@@ -98,8 +98,8 @@ def test_pp008_batch_arithmetic(tmp_path: Path) -> None:
     opts = Options(global_batch=64, micro_batch=4, tp=1)
     # a configuration mismatch has no time gain of its own: none is computed
     f = _fires(_report(tmp_path / "a", microbatches=8, options=opts), "PP008", gain=False)
-    assert f["gain_ms"] is None
-    assert any("16" in p for p in f["evidence"]["problems"])
+    assert f.gain_ms is None
+    assert any("16" in p for p in f.evidence["problems"])
     ok = Options(global_batch=128, micro_batch=4, tp=1)
     assert _find(_report(tmp_path / "b", microbatches=32, options=ok), "PP008") is None
 
@@ -140,11 +140,11 @@ def test_partial_run_keeps_an_exact_replay(tmp_path: Path) -> None:
     one.mkdir()
     src = next(p for p in full.iterdir() if p.name.startswith("rank1."))
     (one / src.name).write_bytes(src.read_bytes())
-    rep = diagnose([one], Options()).report
-    assert rep["run"]["ranks"] == [1] and rep["run"]["pp"] == 4
-    lost = rep["ranks"][0]["lost_ms"]
-    assert lost["unexplained"] < 0.02 * rep["summary"]["step_ms"]
-    assert any("not in the traces" in w for w in rep["run"]["warnings"])
+    rep = diagnose([one], Options()).result
+    assert rep.run.ranks == [1] and rep.run.pp == 4
+    lost = rep.ranks[0].lost_ms
+    assert lost["unexplained"] < 0.02 * rep.summary.step_ms
+    assert any("not in the traces" in w for w in rep.run.warnings)
 
 
 # ---- the noise model and severity ---------------------------------------------------------------
@@ -228,7 +228,7 @@ def test_shared_host() -> None:
     assert shared_share([50.0, 38.0, 24.0, 51.0, 0.2, 0.5]) == pytest.approx(2 * 0.2 / 51)
 
 
-def _rules_with(diag: Any, **changes: Any) -> list[dict[str, Any]]:
+def _rules_with(diag: Any, **changes: Any) -> list[FindingRow]:
 
     from ppdiag.rules import RuleContext, run_rules
 
@@ -236,14 +236,14 @@ def _rules_with(diag: Any, **changes: Any) -> list[dict[str, Any]]:
     ctx = RuleContext(
         diag.result,
         diag.run,
-        c["pipeline"],
-        c["rank_steps"],
-        c["attribution"],
+        c.pipeline,
+        c.rank_steps,
+        c.attribution,
         {},
-        predictions=c["predictions"],
-        noise=changes.pop("noise", c["noise"]),
+        predictions=c.predictions,
+        noise=changes.pop("noise", c.noise),
     )
-    return [msgspec.to_builtins(f.to_report()) for f in run_rules(ctx)]
+    return [f.to_report() for f in run_rules(ctx)]
 
 
 def test_finding_within_noise_is_low(tmp_path: Path) -> None:
@@ -254,15 +254,15 @@ def test_finding_within_noise_is_low(tmp_path: Path) -> None:
     run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=2, faults=[F.HostStall(2, 0.5)])
     write_kineto(run, tmp_path)
     diag = diagnose([tmp_path], Options())
-    f = next(x for x in diag.report["findings"] if x["code"] == "PP006")
-    nm = diag.context["noise"]
-    assert f["severity"] == "high"
-    assert f["evidence"]["noise_ms"] == pytest.approx(nm.base_ms(), abs=1e-3)
-    assert f["evidence"]["steps_used"] == 2
-    noisy = dataclasses.replace(nm, step_error_ms=f["gain_ms"])  # 2 errors > the gain
-    g = next(x for x in _rules_with(diag, noise=noisy) if x["code"] == "PP006")
-    assert g["severity"] == "low"
-    assert g["evidence"]["noise_ms"] == pytest.approx(2 * f["gain_ms"], rel=0.01)
+    f = next(x for x in diag.result.findings if x.code == "PP006")
+    nm = diag.context.noise
+    assert f.severity == "high"
+    assert f.evidence["noise_ms"] == pytest.approx(nm.base_ms(), abs=1e-3)
+    assert f.evidence["steps_used"] == 2
+    noisy = dataclasses.replace(nm, step_error_ms=f.gain_ms)  # 2 errors > the gain
+    g = next(x for x in _rules_with(diag, noise=noisy) if x.code == "PP006")
+    assert g.severity == "low"
+    assert g.evidence["noise_ms"] == pytest.approx(2 * f.gain_ms, rel=0.01)
 
 
 def test_imbalance_is_judged_by_its_own_spread(tmp_path: Path) -> None:
@@ -276,12 +276,12 @@ def test_imbalance_is_judged_by_its_own_spread(tmp_path: Path) -> None:
     write_kineto(run, tmp_path)
     diag = diagnose([tmp_path], Options())
     c = diag.context
-    err = cause_error_ms(c["rank_steps"], c["attribution"], "imbalance")
+    err = cause_error_ms(c.rank_steps, c.attribution, "imbalance")
     assert err is not None
-    noisy = dataclasses.replace(c["noise"], step_error_ms=100.0)
-    f = next(x for x in _rules_with(diag, noise=noisy) if x["code"] == "PP003")
-    assert f["severity"] == "high"
-    assert f["evidence"]["noise_ms"] == pytest.approx(Z * err, abs=1e-3)  # no latency jitter here
+    noisy = dataclasses.replace(c.noise, step_error_ms=100.0)
+    f = next(x for x in _rules_with(diag, noise=noisy) if x.code == "PP003")
+    assert f.severity == "high"
+    assert f.evidence["noise_ms"] == pytest.approx(Z * err, abs=1e-3)  # no latency jitter here
 
 
 def test_oversubscribed_host_shared_stalls_are_low(tmp_path: Path) -> None:
@@ -293,18 +293,18 @@ def test_oversubscribed_host_shared_stalls_are_low(tmp_path: Path) -> None:
     run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=2, faults=every)
     write_kineto(run, tmp_path / "all")
     diag = diagnose([tmp_path / "all"], Options())
-    f = next(x for x in diag.report["findings"] if x["code"] == "PP006")
-    assert f["severity"] in ("high", "medium")  # a GPU run: every rank starved is a real fault
-    over = dataclasses.replace(diag.context["noise"], oversubscribed=True, shared_host=True)
-    g = next(x for x in _rules_with(diag, noise=over) if x["code"] == "PP006")
-    assert g["severity"] == "low" and g["evidence"]["oversubscribed_host"]
+    f = next(x for x in diag.result.findings if x.code == "PP006")
+    assert f.severity in ("high", "medium")  # a GPU run: every rank starved is a real fault
+    over = dataclasses.replace(diag.context.noise, oversubscribed=True, shared_host=True)
+    g = next(x for x in _rules_with(diag, noise=over) if x.code == "PP006")
+    assert g.severity == "low" and g.evidence["oversubscribed_host"]
 
     run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=2, faults=[F.HostStall(2, 0.5)])
     write_kineto(run, tmp_path / "one")
     diag = diagnose([tmp_path / "one"], Options())
-    over = dataclasses.replace(diag.context["noise"], oversubscribed=True, shared_host=True)
-    g = next(x for x in _rules_with(diag, noise=over) if x["code"] == "PP006")
-    assert g["severity"] in ("high", "medium") and g["ranks"] == [2]
+    over = dataclasses.replace(diag.context.noise, oversubscribed=True, shared_host=True)
+    g = next(x for x in _rules_with(diag, noise=over) if x.code == "PP006")
+    assert g.severity in ("high", "medium") and g.ranks == [2]
 
 
 def test_warmup_first_step_left_out(tmp_path: Path) -> None:
@@ -314,16 +314,16 @@ def test_warmup_first_step_left_out(tmp_path: Path) -> None:
     # ProfilerStep)
     run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=4, faults=[F.SlowStep(0, 40.0)])
     write_kineto(run, tmp_path)
-    rep = diagnose([tmp_path], Options()).report
-    assert rep["noise"]["first_step_excluded"] and rep["noise"]["steps_used"] == 3
-    assert len(rep["summary"]["steps_ms"]) == 3 and rep["run"]["steps"] == [6, 7, 8]
-    assert any("warm-up" in w for w in rep["run"]["warnings"])
+    rep = diagnose([tmp_path], Options()).result
+    assert rep.noise.first_step_excluded and rep.noise.steps_used == 3
+    assert len(rep.summary.steps_ms) == 3 and rep.run.steps == [6, 7, 8]
+    assert any("warm-up" in w for w in rep.run.warnings)
     assert _find(rep, "PP007") is None
     # a slow step later in the run is jitter, not warm-up
     run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=4, faults=[F.SlowStep(2, 40.0)])
     write_kineto(run, tmp_path / "late")
-    rep = diagnose([tmp_path / "late"], Options()).report
-    assert not rep["noise"]["first_step_excluded"] and _find(rep, "PP007") is not None
+    rep = diagnose([tmp_path / "late"], Options()).result
+    assert not rep.noise.first_step_excluded and _find(rep, "PP007") is not None
 
 
 # ---- overrides that disagree with the trace ---------------------------------------------------
@@ -334,8 +334,8 @@ def test_overrides_that_disagree_warn(tmp_path: Path) -> None:
     write_kineto(run, tmp_path)
 
     def warned(**kw: Any) -> list[str]:
-        rep = diagnose([tmp_path], Options(**kw)).report
-        return [w for w in rep["run"]["warnings"] if "disagrees with the trace" in w]
+        rep = diagnose([tmp_path], Options(**kw)).result
+        return [w for w in rep.run.warnings if "disagrees with the trace" in w]
 
     assert warned() == []
     assert warned(microbatches=8) == [] and warned(schedule="1f1b") == []
@@ -358,14 +358,14 @@ def test_oversubscribed_host_late_links(tmp_path: Path) -> None:
     run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=2, faults=[F.SlowLink(1, delay_ms=0.4)])
     write_kineto(run, tmp_path)
     diag = diagnose([tmp_path], Options())
-    f = next(x for x in diag.report["findings"] if x["code"] == "PP004")
-    assert f["severity"] in ("high", "medium")
-    top = max(f["evidence"]["late_wait_ms_per_step_by_link"].values())
-    nm = diag.context["noise"]
+    f = next(x for x in diag.result.findings if x.code == "PP004")
+    assert f.severity in ("high", "medium")
+    top = max(f.evidence["late_wait_ms_per_step_by_link"].values())
+    nm = diag.context.noise
     small = dataclasses.replace(nm, oversubscribed=True, shared_host=True, contention_ms=0.0)
-    g = next(x for x in _rules_with(diag, noise=small) if x["code"] == "PP004")
-    assert g["severity"] == f["severity"]  # the far links are on time: it stands out
+    g = next(x for x in _rules_with(diag, noise=small) if x.code == "PP004")
+    assert g.severity == f.severity  # the far links are on time: it stands out
     large = dataclasses.replace(nm, oversubscribed=True, shared_host=True, contention_ms=2 * top)
-    g = next(x for x in _rules_with(diag, noise=large) if x["code"] == "PP004")
-    assert g["severity"] == "low"
-    assert g["evidence"]["noise_ms"] == pytest.approx(nm.base_ms() + f["gain_ms"], abs=2e-3)
+    g = next(x for x in _rules_with(diag, noise=large) if x.code == "PP004")
+    assert g.severity == "low"
+    assert g.evidence["noise_ms"] == pytest.approx(nm.base_ms() + f.gain_ms, abs=2e-3)

@@ -74,4 +74,4 @@ def test_html_for_many_stages(tmp_path: Path, pp: int) -> None:
     write_kineto(make_scenario(pp=pp, microbatches=pp, steps=1, fwd_ms=0.2, bwd_ms=0.4), tmp_path)
     diag = analyze_run(load([tmp_path]))
     out = write_report("html", diag, tmp_path / "r.html")
-    assert out.stat().st_size > 0 and json.dumps(diag.report["run"]["pp"]) == str(pp)
+    assert out.stat().st_size > 0 and json.dumps(diag.result.run.pp) == str(pp)

@@ -16,6 +16,7 @@ from ppdiag.parsers import ParseOptions, cache
 from ppdiag.parsers.digest import map_file
 from ppdiag.parsers.loader import find_traces, load_run, parse_one
 from ppdiag.parsers.urls import url_of
+from ppdiag.report_types import Report
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.scenario import make_scenario
@@ -31,8 +32,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _report(paths: list[str], **kw: object) -> dict[str, object]:
-    rep = diagnose(paths, Options(progress=False, **kw)).report  # type: ignore[arg-type]
+def _report(paths: list[str], **kw: object) -> Report:
+    rep = diagnose(paths, Options(progress=False, **kw)).result  # type: ignore[arg-type]
     return rep
 
 
@@ -86,8 +87,8 @@ def test_object_store_url_read_where_it_lies(run_dir: Path) -> None:
         assert len(files) == 8 and {f.format for f in files} == {"kineto"}
         got = _report(["memory://scale_run"], jobs=1)
         want = _report([str(run_dir)], jobs=1)
-        assert got["findings"] == want["findings"] and got["ranks"] == want["ranks"]
-        assert got["summary"] == want["summary"]
+        assert got.findings == want.findings and got.ranks == want.ranks
+        assert got.summary == want.summary
         with pytest.raises(InputError) as e:
             find_traces(["memory://scale_run_absent"])
         assert "no such file" in e.value.message

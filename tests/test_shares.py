@@ -59,29 +59,29 @@ def _html_bar(html: str) -> list[float]:
 @pytest.mark.parametrize("rel", TRACES)
 def test_shares_add_up_in_every_report(rel: str) -> None:
     diag = diagnose([_path(rel)], Options())
-    s = diag.report["summary"]
-    mean = s["step_mean_ms"]
+    s = diag.result.summary
+    mean = s.step_mean_ms
     assert mean and mean > 0
-    assert sum(s["shares"].values()) == pytest.approx(1.0, abs=0.005)
+    assert sum(s.shares.values()) == pytest.approx(1.0, abs=0.005)
     # ms and shares agree: each share is its ms over the mean step
-    assert s["shares"]["compute"] == pytest.approx(s["compute_ms"] / mean, abs=1e-3)
+    assert s.shares["compute"] == pytest.approx(s.compute_ms / mean, abs=1e-3)
     for k in CAUSE_KEYS:
-        assert s["shares"][k] == pytest.approx(s["lost_ms"][k] / mean, abs=1e-3)
-    assert s["lost_ratio"] == pytest.approx(1.0 - s["shares"]["compute"], abs=1e-3)
-    for r in diag.report["ranks"]:
-        assert sum(r["shares"].values()) == pytest.approx(1.0, abs=0.005)
+        assert s.shares[k] == pytest.approx(s.lost_ms[k] / mean, abs=1e-3)
+    assert s.lost_ratio == pytest.approx(1.0 - s.shares["compute"], abs=1e-3)
+    for r in diag.result.ranks:
+        assert sum(r.shares.values()) == pytest.approx(1.0, abs=0.005)
     assert sum(_md_pcts(render_markdown(diag.result))) == pytest.approx(100.0, abs=0.5)
     assert sum(_html_bar(render_html(diag))) == pytest.approx(100.0, abs=0.5)
 
 
 def test_copies_dominate_the_real_2gpu_nsys_window() -> None:
-    rep = diagnose([_path("nsys/nsysai_h100_fsdp_2gpu.sqlite")], Options()).report
-    lost = rep["summary"]["lost_ms"]
+    rep = diagnose([_path("nsys/nsysai_h100_fsdp_2gpu.sqlite")], Options()).result
+    lost = rep.summary.lost_ms
     assert max(lost, key=lambda k: lost[k]) == "exposed_copy"
     # 22 ms of kernels, ~920 ms of host-to-device copies in a ~970 ms window
-    assert rep["summary"]["shares"]["exposed_copy"] > 0.9
-    assert rep["summary"]["compute_ms"] < 30
-    f = rep["findings"][0]
-    assert f["code"] == "PP011" and f["cause"] == "exposed_copy" and f["severity"] == "high"
-    assert f["gain_ms"] > 900
-    assert sum(r["exposed_copy_ms"] for r in rep["ranks"]) > 1800
+    assert rep.summary.shares["exposed_copy"] > 0.9
+    assert rep.summary.compute_ms < 30
+    f = rep.findings[0]
+    assert f.code == "PP011" and f.cause == "exposed_copy" and f.severity == "high"
+    assert f.gain_ms > 900
+    assert sum(r.exposed_copy_ms for r in rep.ranks) > 1800

@@ -102,7 +102,7 @@ _REF: dict[str, object] = {}
 
 def _summary(path: Path) -> tuple[list[tuple[str, list[int], float | None]], list[dict[str, float]]]:
     d = diagnose([path], Options(progress=False, jobs=1))
-    return [(f.code, f.ranks, f.gain_ms) for f in d.findings], [r["shares"] for r in d.report["ranks"]]
+    return [(f.code, f.ranks, f.gain_ms) for f in d.findings], [r.shares for r in d.result.ranks]
 
 
 @pytest.mark.skipif(not HAVE_PYARROW, reason="pyarrow not installed (pip install 'ppdiag[parquet]')")

@@ -254,20 +254,20 @@ def test_predictions_match_simulated_runs(
 
 def test_report_carries_the_whatif_table(root: str, test_data: Path) -> None:
     diag, _ = synth_run(root, "slow", faults=(SlowStage(2, 2.0),))
-    rows = diag.report["whatif"]
-    assert [r["scenario"] for r in rows][:3] == ["M=16 (M x 2)", "interleaved, v=2", "rebalanced stages"]
-    step = diag.report["summary"]["step_ms"]
+    rows = diag.result.whatif
+    assert [r.scenario for r in rows][:3] == ["M=16 (M x 2)", "interleaved, v=2", "rebalanced stages"]
+    step = diag.result.summary.step_ms
     for r in rows:
-        assert r["step_ms"] > 0 and r["speedup"] == pytest.approx(step / r["step_ms"], rel=1e-3)
-        assert set(r["lost_ms"]) == set(CAUSE_KEYS)
+        assert r.step_ms > 0 and r.speedup == pytest.approx(step / r.step_ms, rel=1e-3)
+        assert set(r.lost_ms) == set(CAUSE_KEYS)
     reb = rows[2]
-    assert reb["split"]["slowest_stage_before"] == 2 and reb["split"]["ideal"] is True
-    assert reb["speedup"] > 1.1
+    assert reb.split["slowest_stage_before"] == 2 and reb.split["ideal"] is True
+    assert reb.speedup > 1.1
     out = io.StringIO()
     render(diag.result, Console(file=out, width=160), ranks=False)
     assert "What if" in out.getvalue() and "rebalanced stages" in out.getvalue()
     # no pipeline: no table
-    assert diagnose([test_data / "cpu_gloo_rank0.json"], Options()).report["whatif"] == []
+    assert diagnose([test_data / "cpu_gloo_rank0.json"], Options()).result.whatif == []
 
 
 # ---- per-layer costs from module ranges ------------------------------------------------------

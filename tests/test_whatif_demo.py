@@ -60,10 +60,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Diag
 def test_more_microbatches_predicted_within_10_percent(runs: dict[str, tuple[Path, Diagnosis]]) -> None:
     _, m4 = runs["m4"]
     _, m8 = runs["m8"]
-    assert m4.report["run"]["microbatches"] == 4 and m8.report["run"]["microbatches"] == 8
+    assert m4.result.run.microbatches == 4 and m8.result.run.microbatches == 8
     pred = build_model(m4).predict(Scenario(microbatches=8, fixed_microbatch_size=True))
     assert pred.error is None and pred.step_ns is not None
-    measured = m8.report["summary"]["step_ms"]
+    measured = m8.result.summary.step_ms
     got = pred.step_ns / 1e6
     assert abs(got - measured) <= 0.10 * measured, (got, measured)
     assert pred.samples_vs_measured == 2.0
@@ -84,16 +84,16 @@ def test_rebalanced_split_predicted_within_15_percent(
     cfg = DemoConfig(microbatches=4, stage_layers=layers, layer_factors=factors, **BASE)
     record(cfg, tmp_path)
     balanced = diagnose([tmp_path], Options())
-    measured = balanced.report["summary"]["step_ms"]
+    measured = balanced.result.summary.step_ms
     got = pred.step_ns / 1e6
     assert abs(got - measured) <= 0.15 * measured, (layers, got, measured)
     # the split does what it promised: the recorded slowest stage is the predicted one, and faster
     # than the slow stage was
-    rec_stage = [s["fwd_ms"]["mean"] + s["bwd_ms"]["mean"] for s in balanced.report["stages"]]
+    rec_stage = [s.fwd_ms.mean + s.bwd_ms.mean for s in balanced.result.stages]
     want_stage = [x / 1e6 for x in pred.stage_ns]
     assert max(rec_stage) == pytest.approx(max(want_stage), rel=0.15)
     assert max(rec_stage) < pred.split["slowest_before_ms"]
-    assert measured < m4.report["summary"]["step_ms"]
+    assert measured < m4.result.summary.step_ms
 
 
 def test_whatif_command_json(runs: dict[str, tuple[Path, Diagnosis]]) -> None:
@@ -118,7 +118,7 @@ def test_whatif_command_json(runs: dict[str, tuple[Path, Diagnosis]]) -> None:
     assert out["per_block_costs"] == "layers-per-stage"
     names = [s["scenario"] for s in out["scenarios"]]
     assert names == ["measured", "M=8, rebalanced, same micro-batch size", "rebalanced"]
-    assert out["scenarios"][0]["step_ms"] == pytest.approx(m4.report["summary"]["step_ms"])
+    assert out["scenarios"][0]["step_ms"] == pytest.approx(m4.result.summary.step_ms)
     api = build_model(m4, layers_per_stage=[2]).predict(
         Scenario(microbatches=8, fixed_microbatch_size=True, rebalance=True)
     )

@@ -25,9 +25,7 @@ def diag(tmp_path_factory: pytest.TempPathFactory) -> Diagnosis:
 
 def _predict(diag: Diagnosis, warnings: list[str]) -> scenarios.FixPredictions | None:
     c = diag.context
-    return scenarios.predict_fixes(
-        diag.run, diag.result, c["pipeline"], c["attribution"], c["rank_steps"], warnings
-    )
+    return scenarios.predict_fixes(diag.run, diag.result, c.pipeline, c.attribution, c.rank_steps, warnings)
 
 
 def test_predictions_on_a_normal_run(diag: Diagnosis) -> None:

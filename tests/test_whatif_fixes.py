@@ -36,12 +36,12 @@ def _rerun(diag: Diagnosis, predictions: FixPredictions) -> list[dict[str, Any]]
     ctx = RuleContext(
         diag.result,
         diag.run,
-        c["pipeline"],
-        c["rank_steps"],
-        c["attribution"],
+        c.pipeline,
+        c.rank_steps,
+        c.attribution,
         {},
         predictions=predictions,
-        noise=c["noise"],
+        noise=c.noise,
     )
     return [msgspec.to_builtins(f.to_report()) for f in run_rules(ctx)]
 
@@ -65,26 +65,26 @@ CASES = [
 @pytest.mark.parametrize(("kw", "code", "fix"), CASES, ids=[c[1] for c in CASES])
 def test_gain_is_the_whatif_row_of_its_fix(tmp_path: Path, kw: dict[str, Any], code: str, fix: str) -> None:
     diag = _diag(tmp_path, **kw)
-    rep = diag.report
-    f = next(x for x in rep["findings"] if x["code"] == code)
-    assert f["evidence"]["whatif_fix"] == fix
-    rows = {r["fix"]: r for r in rep["whatif"]}
+    rep = diag.result
+    f = next(x for x in rep.findings if x.code == code)
+    assert f.evidence["whatif_fix"] == fix
+    rows = {r.fix: r for r in rep.whatif}
     assert fix in rows, "the table shows the row of every fix a finding used"
     # the same number: measured step minus the fix's predicted step, as the table shows it
-    assert f["gain_ms"] == pytest.approx(rep["summary"]["step_ms"] - rows[fix]["step_ms"], abs=2e-3)
-    assert f["evidence"]["whatif_step_ms"] == rows[fix]["step_ms"]
-    assert f["gain_ms"] > 0
+    assert f.gain_ms == pytest.approx(rep.summary.step_ms - rows[fix].step_ms, abs=2e-3)
+    assert f.evidence["whatif_step_ms"] == rows[fix].step_ms
+    assert f.gain_ms > 0
     # no finding anywhere in the report offers a fix the table predicts slower
-    for g in rep["findings"]:
-        k = g["evidence"].get("whatif_fix")
-        if k and g["code"] != "PP002":
-            assert rows[k]["step_ms"] < rep["summary"]["step_ms"], g
+    for g in rep.findings:
+        k = g.evidence.get("whatif_fix")
+        if k and g.code != "PP002":
+            assert rows[k].step_ms < rep.summary.step_ms, g
 
 
 @pytest.mark.parametrize(("kw", "code", "fix"), CASES, ids=[c[1] for c in CASES])
 def test_fix_predicted_slower_is_not_offered(tmp_path: Path, kw: dict[str, Any], code: str, fix: str) -> None:
     diag = _diag(tmp_path, **kw)
-    pred = diag.context["predictions"]
+    pred = diag.context.predictions
     assert code in [f["code"] for f in _rerun(diag, pred)]
     assert code not in [f["code"] for f in _rerun(diag, _slower(pred, fix))]
     # a fix that saves nothing is not offered either
@@ -95,14 +95,14 @@ def test_no_predictions_no_gain(tmp_path: Path) -> None:
     """Without a what-if model the pipeline findings have no gain to offer: none is invented from
     the cause's lost time."""
     diag = _diag(tmp_path, faults=[F.SlowStage(1, 1.5)])
-    empty = FixPredictions(diag.report["summary"]["step_ms"])
+    empty = FixPredictions(diag.result.summary.step_ms)
     codes = [f["code"] for f in _rerun(diag, empty)]
     assert not {"PP001", "PP003", "PP004", "PP006"} & set(codes)
 
 
 def test_pp001_offers_only_faster_alternatives(tmp_path: Path) -> None:
     diag = _diag(tmp_path, microbatches=4)
-    pred = diag.context["predictions"]
+    pred = diag.context.predictions
     assert {"interleaved_v2", "zero_bubble"} <= set(pred.rows)
     both = next(f for f in _rerun(diag, pred) if f["code"] == "PP001")
     assert set(both["evidence"]["alternative_gains_ms"]) == {"interleaved_v2", "zero_bubble"}
@@ -116,7 +116,7 @@ def test_pp001_offers_only_faster_alternatives(tmp_path: Path) -> None:
 def test_pp002_memory_fix(tmp_path: Path) -> None:
     """GPipe: 1F1B frees activations; the finding stays while 1F1B is not slower beyond the noise."""
     diag = _diag(tmp_path, schedule="gpipe", microbatches=8)
-    pred = diag.context["predictions"]
+    pred = diag.context.predictions
     f = next(x for x in _rerun(diag, pred) if x["code"] == "PP002")
     assert f["evidence"]["activation_vs_gpipe_1f1b"] == pytest.approx(0.5, abs=0.01)  # P=4 of M=8
     slow = _slower(pred, "1f1b", "1f1b_microbatches_x2", by_ms=5.0)
@@ -127,14 +127,14 @@ def test_overlapped_comm_scenario(tmp_path: Path) -> None:
     """The "overlapped comm" what-if row removes the replay's exposed-comm counterfactual: its
     saving is the step time the replay wins by overlapping the transfers (beyond the late ones)."""
     diag = _diag(tmp_path, faults=[F.ExposedAllReduce(3.0)], dp=2)
-    pred = diag.context["predictions"]
-    rp = diag.context["attribution"].step_replay_ns
+    pred = diag.context.predictions
+    rp = diag.context.attribution.step_replay_ns
     want = (rp["gain_comm_wait"] - rp["gain_comm"]) / 1e6
     assert want > 0.5 * 3.0
-    step = diag.report["summary"]["step_ms"]
+    step = diag.result.summary.step_ms
     assert pred.gain_ms("no_exposed_comm") == pytest.approx(want, abs=0.01 * step)
-    f = next(x for x in diag.report["findings"] if x["code"] == "PP005")
-    assert f["gain_ms"] == pytest.approx(pred.gain_ms("no_exposed_comm"), abs=2e-3)
+    f = next(x for x in diag.result.findings if x.code == "PP005")
+    assert f.gain_ms == pytest.approx(pred.gain_ms("no_exposed_comm"), abs=2e-3)
 
 
 def _row(fix: str, step_ms: float | None) -> WhatifRow:

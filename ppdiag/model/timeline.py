@@ -3,8 +3,10 @@
 One rank is one :class:`RankTimeline`: metadata plus two column tables of numpy arrays,
 ``intervals`` (device work: kernels, copies, comm, or CPU ops for CPU-only runs) and ``ranges``
 (host annotations: steps, pipeline labels, comm issue ops). No Python object per event is kept.
-Times are int64 nanoseconds on the rank's own clock; ``clock_offset_ns`` (set by the pipeline layer)
-maps them onto the run's common clock: ``aligned = t + clock_offset_ns``.
+Times are int64 nanoseconds on the rank's own clock; ``clock_offset_ns`` maps them onto the run's
+common clock: ``aligned = t + clock_offset_ns``. A parser leaves it 0 and nothing changes a parsed
+timeline: the pipeline layer fits the offsets and holds them in its result, with a view of the run
+whose ranks carry them (``Pipeline.aligned``, ppdiag/pipeline/aligned.py) for the later layers.
 """
 
 from __future__ import annotations
@@ -296,7 +298,7 @@ class RankTimeline:
     device: str | None = None
     cpu_only: bool = False
     process_groups: list[ProcessGroup] = field(default_factory=list)
-    clock_offset_ns: int = 0
+    clock_offset_ns: int = 0  # 0 as parsed; set only on the pipeline's aligned view
     rank_source: str = "distributedInfo"  # how the rank was decided
     events_total: int = 0
     events_lost: int = 0

@@ -10,7 +10,8 @@ import numpy as np
 from ppdiag.errors import InputError
 from ppdiag.model import Direction, Run
 from ppdiag.model.schedule import schedule_option
-from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks, show_labels
+from ppdiag.pipeline.aligned import aligned_run
+from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
 from ppdiag.pipeline.overrides import override_warnings
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
@@ -32,7 +33,8 @@ class PipelineOptions:
 
 @dataclass
 class Pipeline:
-    """The rebuilt pipeline. Windows and blocks are on the aligned clock."""
+    """The rebuilt pipeline. Windows and blocks are on the aligned clock; ``aligned`` is the run on
+    that clock with the block labels (the parsed run stays as parsed, ppdiag/pipeline/aligned.py)."""
 
     topology: Topology
     clocks: ClockFit
@@ -42,6 +44,7 @@ class Pipeline:
     blocks: dict[int, Blocks]  # all analyzed steps of a rank; ``Blocks.step`` indexes ``windows``
     schedule: str
     microbatches: int | None
+    aligned: Run  # the parsed ranks with the fitted clock offsets and the labels: what later layers read
     warnings: list[str] = field(default_factory=list)
     peers: PeerDecision | None = None  # how the p2p partners were decided
     # per rank: the intervals' phase / micro-batch / virtual stage with the blocks laid over
@@ -49,13 +52,51 @@ class Pipeline:
 
 
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
-    """Topology, clock offsets (applied to the ranks), step windows, labelled blocks and schedule."""
+    """Topology, clock offsets, step windows, labelled blocks and schedule. ``run`` is not changed:
+    the offsets and labels are held by the result (``clocks.offsets``, ``labels``, ``aligned``)."""
     opts = opts or PipelineOptions()
     if opts.schedule:
         # one list of names for every command: aliases ("interleaved") resolve here
         opts = dataclasses.replace(opts, schedule=str(schedule_option(opts.schedule)))
     warnings: list[str] = []
     ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
+    peers, topo = _peers_and_topology(run, opts, ops, warnings)
+    pairs = match_pairs(ops)
+    warnings.extend(pairs.warnings)
+    fit = align_clocks(run, pairs)
+    warnings.extend(_residual_warning(fit))
+    clocked = aligned_run(run, fit.offsets)  # the parsed ranks on the common clock
+    windows, blocks = _steps_and_blocks(clocked, opts, topo, ops, warnings)
+    schedule = opts.schedule or detect_schedule(topo, blocks, clocked.by_rank())
+    warnings.extend(override_warnings(clocked, opts, topo, blocks))  # overrides that contradict the trace
+    m = opts.microbatches
+    if m is None:
+        m = _microbatches(clocked, topo, windows, blocks, ops)
+    warnings.extend(_order_labels(topo, blocks, schedule, m))
+    # after every label is known: an overlay on the parser's columns, shown on the aligned view
+    labels = {tl.rank: block_labels(tl, blocks[tl.rank], tl.clock_offset_ns) for tl in clocked.ranks}
+    if topo.pp > 1 and not any(len(b) for b in blocks.values()):
+        warnings.append("pipeline stages found but no compute blocks could be delimited")
+    return Pipeline(
+        topology=topo,
+        clocks=fit,
+        pairs=pairs,
+        ops=ops,
+        windows=windows,
+        blocks=blocks,
+        schedule=schedule,
+        microbatches=m,
+        aligned=aligned_run(run, fit.offsets, labels),
+        warnings=warnings,
+        peers=peers,
+        labels=labels,
+    )
+
+
+def _peers_and_topology(
+    run: Run, opts: PipelineOptions, ops: dict[int, P2POps], warnings: list[str]
+) -> tuple[PeerDecision, Topology]:
+    """How the p2p partners were decided and the stages they form; warnings appended."""
     peers = decide_peers(run, ops, parse_stage_map(opts.stage_map) if opts.stage_map else None)
     topo = infer_topology(run, opts.stage_map, opts.pp, ops)
     if (peers.decided or peers.by_labels) and topo.source == "p2p chain":
@@ -67,37 +108,40 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
         )
     warnings.extend(peers.warnings)
     warnings.extend(topo.warnings)
-    pairs = match_pairs(ops)
-    warnings.extend(pairs.warnings)
-    fit = align_clocks(run, pairs)
-    warnings.extend(_residual_warning(fit))
-    for tl in run.ranks:
-        tl.clock_offset_ns = fit.offsets.get(tl.rank, 0)
-    windows, blocks = _steps_and_blocks(run, opts, topo, ops, warnings)
-    schedule = opts.schedule or detect_schedule(topo, blocks, run.by_rank())
-    warnings.extend(override_warnings(run, opts, topo, blocks))  # overrides that contradict the trace
-    m = opts.microbatches
-    if m is None and topo.pp > 1:
-        m = microbatch_count(blocks, topo.virtual, run.by_rank())
-        sent = _microbatches_from_sends(run, topo, windows, ops)
-        if sent and not any(b.labelled for b in blocks.values()) and sent != m:
-            # the first stage sends one activation per forward: a count that small helper ops
-            # around the blocks cannot inflate
-            m = sent
-    if topo.virtual > 1 and any(len(b) and not b.labelled for b in blocks.values()):
-        bad = label_from_order(blocks, topo, schedule, m)
-        if bad:
-            warnings.append(
-                f"{bad} rank-steps do not follow the {schedule} order: their blocks keep "
-                "counted micro-batch numbers"
-            )
-    # after every label is known; an overlay on the parser's columns, shown on the timelines
-    labels = {tl.rank: block_labels(tl, blocks[tl.rank], tl.clock_offset_ns) for tl in run.ranks}
-    for tl in run.ranks:
-        show_labels(tl, labels[tl.rank])
-    if topo.pp > 1 and not any(len(b) for b in blocks.values()):
-        warnings.append("pipeline stages found but no compute blocks could be delimited")
-    return Pipeline(topo, fit, pairs, ops, windows, blocks, schedule, m, warnings, peers, labels)
+    return peers, topo
+
+
+def _microbatches(
+    run: Run,
+    topo: Topology,
+    windows: dict[int, list[LocalStep]],
+    blocks: dict[int, Blocks],
+    ops: dict[int, P2POps],
+) -> int | None:
+    """Micro-batches per step when not given: counted from the blocks, or from the first stage's
+    sends when no block is labelled (``run`` on the aligned clock)."""
+    if topo.pp <= 1:
+        return None
+    m = microbatch_count(blocks, topo.virtual, run.by_rank())
+    sent = _microbatches_from_sends(run, topo, windows, ops)
+    if sent and not any(b.labelled for b in blocks.values()) and sent != m:
+        # the first stage sends one activation per forward: a count that small helper ops
+        # around the blocks cannot inflate
+        return sent
+    return m
+
+
+def _order_labels(topo: Topology, blocks: dict[int, Blocks], schedule: str, m: int | None) -> list[str]:
+    """Label unlabelled blocks of a virtual-stage run from the schedule's order; the warning when
+    some rank-steps do not follow it."""
+    if topo.virtual <= 1 or not any(len(b) and not b.labelled for b in blocks.values()):
+        return []
+    bad = label_from_order(blocks, topo, schedule, m)
+    if not bad:
+        return []
+    return [
+        f"{bad} rank-steps do not follow the {schedule} order: their blocks keep counted micro-batch numbers"
+    ]
 
 
 def _residual_warning(fit: ClockFit) -> list[str]:
@@ -119,8 +163,8 @@ def _residual_warning(fit: ClockFit) -> list[str]:
 def _steps_and_blocks(
     run: Run, opts: PipelineOptions, topo: Topology, ops: dict[int, P2POps], warnings: list[str]
 ) -> tuple[dict[int, list[LocalStep]], dict[int, Blocks]]:
-    """Each rank's selected step windows and its compute blocks, on the aligned clock (the ranks'
-    clock offsets already set); their warnings are appended to ``warnings``."""
+    """Each rank's selected step windows and its compute blocks, on the aligned clock (``run`` is the
+    aligned view: the ranks' clock offsets set); their warnings are appended to ``warnings``."""
     windows: dict[int, list[LocalStep]] = {}
     blocks: dict[int, Blocks] = {}
     found = {tl.rank: step_windows(tl) for tl in run.ranks}
@@ -155,7 +199,8 @@ def _steps_and_blocks(
 def _microbatches_from_sends(
     run: Run, topo: Topology, windows: dict[int, list[LocalStep]], ops: dict[int, P2POps]
 ) -> int | None:
-    """Forward activations the first stage sends to the second per step, over its chunks."""
+    """Forward activations the first stage sends to the second per step, over its chunks (``run``
+    on the aligned clock)."""
     if not topo.pipelines or len(topo.pipelines[0]) < 2:
         return None
     first, second = topo.pipelines[0][0], topo.pipelines[0][1]

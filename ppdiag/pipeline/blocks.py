@@ -383,11 +383,3 @@ def block_labels(tl: RankTimeline, blocks: Blocks, offset: int = 0) -> IntervalL
     for a in (phase, mb, chunk):
         a.flags.writeable = False
     return IntervalLabels(phase, mb, chunk)
-
-
-def show_labels(tl: RankTimeline, labels: IntervalLabels) -> None:
-    """Point the rank's label columns at (writeable copies of) the overlay, for the readers that
-    still take the labels from the timeline (the reports). The parser's arrays stay as parsed;
-    the column objects are replaced, never written into."""
-    iv = tl.intervals
-    iv.phase, iv.mb, iv.chunk = labels.phase.copy(), labels.mb.copy(), labels.chunk.copy()

@@ -13,7 +13,7 @@ model layer) is generic over it, so the model names no layer above it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 from ppdiag.diagnosis import Diagnosis
@@ -42,22 +42,6 @@ class AnalysisContext:
     predictions: FixPredictions | None = None
     inputs: tuple[str, ...] = ()  # files the analysis read besides the traces (a budget, a baseline)
 
-    # Mapping-style reads (``ctx["pipeline"]``, ``"pipeline" in ctx``, ``ctx.get(...)``) for the
-    # callers written when the context was a dict; a field that is None reads as absent.
-    def __getitem__(self, key: str) -> object:
-        if key not in self:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in _FIELDS and getattr(self, key) is not None
-
-    def get(self, key: str, default: object = None) -> object:
-        """The field ``key``, or ``default`` when it is None or not a field."""
-        return getattr(self, key) if key in self else default
-
-
-_FIELDS = frozenset(f.name for f in fields(AnalysisContext))
 
 #: A diagnosis as :func:`ppdiag.api.analyze_run` returns it (what every reporter takes).
 Analyzed: TypeAlias = "Diagnosis[AnalysisContext]"

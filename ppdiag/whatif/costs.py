@@ -310,10 +310,10 @@ def _removable(rp: dict[str, float]) -> dict[str, float]:
 
 def measure_diagnosis(diag: Any) -> MeasuredRun:
     """:func:`measure` on a :class:`ppdiag.diagnosis.Diagnosis`."""
-    ctx = diag.context
-    if "pipeline" not in ctx:
+    ctx = diag.context  # an AnalysisContext (reports layer, above this one: not named here)
+    if ctx is None or ctx.pipeline is None:
         raise InputError(None, "the analysis kept no pipeline model")
-    return measure(diag.result, ctx["pipeline"], ctx.get("attribution"), ctx.get("rank_steps") or [])
+    return measure(diag.result, ctx.pipeline, ctx.attribution, ctx.rank_steps)
 
 
 # ---- per-block (layer) costs ---------------------------------------------------------------

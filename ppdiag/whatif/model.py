@@ -546,15 +546,15 @@ def build_model(
     layers_per_stage: Sequence[int] | None = None,
 ) -> WhatifModel:
     """The what-if model of an analyzed run (:class:`ppdiag.diagnosis.Diagnosis`); see :func:`model_of`."""
-    ctx = diag.context
-    if "pipeline" not in ctx:
+    ctx = diag.context  # an AnalysisContext (reports layer, above this one: not named here)
+    if ctx is None or ctx.pipeline is None:
         raise InputError(None, "the analysis kept no pipeline model")
     return model_of(
         diag.run,
         diag.result,
-        ctx["pipeline"],
-        ctx.get("attribution"),
-        ctx.get("rank_steps") or [],
+        ctx.pipeline,
+        ctx.attribution,
+        ctx.rank_steps,
         options,
         layer_costs,
         layers_per_stage,
