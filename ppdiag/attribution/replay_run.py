@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -92,34 +93,36 @@ class _Columns:
         n = len(nodes)
 
         def col(get: Callable[[_Node], int]) -> npt.NDArray[np.int64]:
-            return np.fromiter((get(nd) for nd in nodes), np.int64, n)
+            # map over a C-level getter, not a generator of lambda calls: one column of a
+            # million-node replay in a tenth of a second
+            return np.fromiter(map(get, nodes), np.int64, n)
 
         def flag(get: Callable[[_Node], bool]) -> npt.NDArray[np.bool_]:
-            return np.fromiter((get(nd) for nd in nodes), np.bool_, n)
+            return np.fromiter(map(get, nodes), np.bool_, n)
 
-        span = col(lambda nd: nd.span)
+        span = col(attrgetter("span"))
         return cls(
-            pre=col(lambda nd: nd.pre),
-            post=col(lambda nd: nd.post),
-            pre_host=col(lambda nd: nd.pre_host),
-            pre_coll=col(lambda nd: nd.pre_coll),
-            pre_copy=col(lambda nd: nd.pre_copy),
-            pre_ux=col(lambda nd: nd.pre_ux),
+            pre=col(attrgetter("pre")),
+            post=col(attrgetter("post")),
+            pre_host=col(attrgetter("pre_host")),
+            pre_coll=col(attrgetter("pre_coll")),
+            pre_copy=col(attrgetter("pre_copy")),
+            pre_ux=col(attrgetter("pre_ux")),
             span=span,
-            busy=col(lambda nd: nd.busy),
-            in_host=col(lambda nd: nd.in_host),
-            in_ux=col(lambda nd: nd.in_ux),
-            in_copy=col(lambda nd: nd.in_copy),
-            send_wait=flag(lambda nd: nd.send_wait),
+            busy=col(attrgetter("busy")),
+            in_host=col(attrgetter("in_host")),
+            in_ux=col(attrgetter("in_ux")),
+            in_copy=col(attrgetter("in_copy")),
+            send_wait=flag(attrgetter("send_wait")),
             has_obs=flag(lambda nd: nd.obs is not None),
             has_abs=flag(lambda nd: nd.obs_abs is not None),
             xfer=col(
                 lambda nd: nd.obs[2] if nd.obs is not None else nd.obs_abs[1] if nd.obs_abs is not None else 0
             ),
             issue=col(lambda nd: nd.obs[1] if nd.obs is not None else 0),
-            issue_copy=col(lambda nd: nd.issue_copy),
-            lead=col(lambda nd: nd.lead),
-            on_compute=flag(lambda nd: nd.on_compute),
+            issue_copy=col(attrgetter("issue_copy")),
+            lead=col(attrgetter("lead")),
+            on_compute=flag(attrgetter("on_compute")),
             cost_key=[(nd.rank, nd.stage, nd.phase) for nd in nodes],
             meas_end=(np.asarray(rp.meas_start, np.int64) + span).tolist() if n else [],
             order=np.asarray(rp.order, np.int64),
