@@ -268,6 +268,8 @@ def _place_nodes(win: _Windows, rows: Iterator[_Row]) -> None:
     """Place every node in measured order: after the previous block (or its step's start) and its
     local delay before the wait, its wait's release, its label edges, then its local delay after
     the wait and its duration."""
+    # ``x if x > y else y`` is ``max(y, x)`` (the first argument on a tie) without a call: this
+    # loop runs once per node and variant, millions of times on a long run
     end = win.end
     for i, fk, pre, post, du, c, add, lead, prod, extra, t_iss, deps in rows:
         base = (win.start(fk) if fk is not None else end[i - 1]) + pre
@@ -278,16 +280,21 @@ def _place_nodes(win: _Windows, rows: Iterator[_Row]) -> None:
         elif c == 2:
             # the transfer starts once the producer issued it and this rank had posted its
             # side (``lead`` before it began to wait); the block waits for its arrival
-            ready = max(base - lead, end[prod] + extra)
-            base = max(base, ready + add)
+            posted = base - lead
+            issued = end[prod] + extra
+            arrive = (issued if issued > posted else posted) + add
+            base = arrive if arrive > base else base
         elif c == 3:
-            base = max(base, max(base - lead, t_iss) + add)
+            posted = base - lead
+            arrive = (t_iss if t_iss > posted else posted) + add
+            base = arrive if arrive > base else base
         if deps is not None:
             rel, eds = deps
-            if rel is not None:
-                base = max(base, rel)
+            if rel is not None and rel > base:
+                base = rel
             for p, tau in eds:
-                base = max(base, end[p] + tau)
+                t = end[p] + tau
+                base = t if t > base else base
         end[i] = int((base + post) + du)
 
 
