@@ -9,6 +9,12 @@ stay at or below 1.1 (no per-wait or per-step scan over a whole rank).
     python benchmarks/bench_scaling.py                       # steps 4..32 at M=16, M 8..64 at 4 steps
     python benchmarks/bench_scaling.py --fmt nsys --pp 8
     python benchmarks/bench_scaling.py --steps 4 8 16 32 64 --mb 16 32 64 128
+    python benchmarks/bench_scaling.py --fmt nsys --e2e 4 256 128   # + end to end against the floor
+
+With ``--e2e P M STEPS`` (nsys) it first writes that run and times, each in a fresh process, the
+floor (``SELECT`` of the kernel columns of every file into numpy, one file after the other) and
+``ppdiag analyze DIR --json ... --no-cache`` end to end (wall, and CPU of the process and its
+parse workers), and prints their ratio; ``--e2e-dir DIR`` reuses a run written before.
 
 CPU time (``time.process_time``) is used because wall time on a shared machine swings with load;
 each size is timed ``--repeat`` times and the fastest is kept. Exit status 1 when an exponent
@@ -18,6 +24,10 @@ exceeds ``--max-exponent``.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +60,59 @@ def _time_one(fmt: str, pp: int, mb: int, steps: int, repeat: int) -> tuple[floa
     return best_parse, best_an
 
 
+_FLOOR = r"""
+import json, sqlite3, sys, time
+from pathlib import Path
+import numpy as np
+SQL = ('SELECT start, "end", deviceId, streamId, correlationId, globalPid, demangledName '
+       'FROM CUPTI_ACTIVITY_KIND_KERNEL')
+dt = np.dtype([(c, np.int64) for c in ("s", "e", "d", "st", "c", "p", "n")])
+t, n = time.perf_counter(), 0
+for p in sorted(Path(sys.argv[1]).glob("*.sqlite")):
+    conn = sqlite3.connect(f"file:{p}?mode=ro&immutable=1", uri=True)
+    n += len(np.fromiter(conn.execute(SQL), dtype=dt))
+print(json.dumps({"s": time.perf_counter() - t, "rows": n}))
+"""
+
+
+def _child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
+    """(wall s, CPU s of the child and its own children, stdout) of one fresh process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, out
+
+
+def end_to_end(pp: int, mb: int, steps: int, run_dir: Path | None, repeat: int) -> float:
+    """Print ``ppdiag analyze`` of a P x M x steps nsys run against the kernel-SELECT floor; the
+    wall-time ratio (best of ``repeat`` each, the two interleaved)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = run_dir or Path(tmp) / "run"
+        if not any(d.glob("*.sqlite")):
+            t = time.perf_counter()
+            d.mkdir(parents=True, exist_ok=True)
+            write_nsys(make_scenario(schedule="1f1b", pp=pp, microbatches=mb, steps=steps, seed=1), d)
+            print(f"wrote {d} in {time.perf_counter() - t:.0f} s")
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        floor, full = [], []
+        for _ in range(repeat):
+            w, c, out = _child([sys.executable, "-c", _FLOOR, str(d)])
+            floor.append((w, c, json.loads(out)["rows"]))
+            cmd = [sys.executable, "-m", "ppdiag", "analyze", str(d), "--no-cache", "--json", f"{tmp}/r.json"]
+            w, c, _ = _child(cmd, env)
+            full.append((w, c, 0))
+    fw, fc, rows = min(floor)
+    aw, ac, _ = min(full)
+    print(f"end to end, nsys P={pp} M={mb} {steps} steps, {rows} kernels (best of {repeat})")
+    print(f"  floor (kernel SELECT into numpy)  {fw:7.2f} s wall {fc:7.2f} s CPU")
+    print(f"  ppdiag analyze --json --no-cache  {aw:7.2f} s wall {ac:7.2f} s CPU")
+    print(f"  ratio to the floor: {aw / fw:.1f}x wall, {ac / fc:.1f}x CPU\n")
+    return aw / fw
+
+
 def _exponent(sizes: list[int], times: list[float]) -> float:
     """Slope of log(time) against log(size)."""
     return float(np.polyfit(np.log(sizes), np.log(times), 1)[0])
@@ -75,7 +138,11 @@ def main() -> None:
     ap.add_argument("--fixed-steps", type=int, default=4, help="steps of the M sweep")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--max-exponent", type=float, default=1.1)
+    ap.add_argument("--e2e", type=int, nargs=3, metavar=("P", "M", "STEPS"), help="end to end, nsys")
+    ap.add_argument("--e2e-dir", type=Path, default=None, help="the --e2e run (written when empty)")
     args = ap.parse_args()
+    if args.e2e:
+        end_to_end(*args.e2e, run_dir=args.e2e_dir, repeat=args.repeat)
     print(f"{args.fmt}, P={args.pp}, 1F1B; CPU seconds, fastest of {args.repeat}\n")
     steps_t = [_time_one(args.fmt, args.pp, args.fixed_mb, s, args.repeat) for s in args.steps]
     e_steps = _sweep("steps", args.steps, steps_t)

@@ -101,7 +101,20 @@ class _Walk:
         for r, g in gaps.items():
             o = np.argsort(g.start, kind="stable")
             self.gaps[r] = (g.start[o], g.end[o], g.cause[o])
+        # per rank, the lost ns of its first k gap pieces by cause (row k): a block's lost time
+        # by cause is a difference of two rows, less the clipped parts of the pieces at its edges
+        self.gap_cum: dict[int, npt.NDArray[np.int64]] = {}
+        for r, (gs, ge, gc) in self.gaps.items():
+            per = np.zeros((gs.size + 1, len(CAUSE_KEYS)), np.int64)
+            per[np.arange(1, gs.size + 1), gc.astype(np.int64)] = ge - gs
+            self.gap_cum[r] = np.cumsum(per, axis=0)
         self.tr = transfers
+        # each receiving rank's slice of the transfers (sorted by dst), found once: a search per
+        # lookup on the int32 column with a Python int converts the whole column every time
+        ranks, first, counts = np.unique(transfers.dst, return_index=True, return_counts=True)
+        self.tr_rows: dict[int, tuple[int, int]] = {
+            r: (f, f + c) for r, f, c in zip(ranks.tolist(), first.tolist(), counts.tolist(), strict=True)
+        }
         self.stage_of = stage_of
         self.pieces: list[tuple[int, int, dict[str, object]]] = []  # (start, end, fields)
 
@@ -143,6 +156,26 @@ class _Walk:
         keep = e > s
         return s[keep], e[keep], gc[a:b][keep]
 
+    def _lost_in(self, rank: int, lo: int, hi: int) -> list[int]:
+        """The rank's lost ns inside [lo, hi) by cause (index in CAUSE_KEYS), from the prefix sums."""
+        gs, ge, gc = self.gaps.get(rank, (np.zeros(0, np.int64),) * 3)
+        if gs.size == 0:
+            return [0] * len(CAUSE_KEYS)
+        a = max(int(np.searchsorted(gs, lo, side="right")) - 1, 0)
+        b = int(np.searchsorted(gs, hi, side="left"))
+        if b <= a:
+            return [0] * len(CAUSE_KEYS)
+        cum = self.gap_cum[rank]
+        lost: list[int] = (cum[b] - cum[a]).tolist()
+        # piece a may begin before lo (or end there), piece b - 1 may end after hi
+        s_a, e_a = int(gs[a]), int(ge[a])
+        if s_a < lo:
+            lost[int(gc[a])] -= min(lo, e_a) - s_a
+        e_b = int(ge[b - 1])
+        if e_b > hi:
+            lost[int(gc[b - 1])] -= e_b - max(hi, int(gs[b - 1]))
+        return lost
+
     def block(self, rank: int, j: int, hi: int) -> int:
         """Block ``j`` of ``rank`` (clipped at ``hi``) as one piece that keeps the lost time
         inside it by cause (``lost``, ns); its start."""
@@ -151,10 +184,7 @@ class _Walk:
         e = min(int(b.end[j]), hi)
         if e <= s:
             return s
-        gs, ge, gc = self._gaps_in(rank, s, e)
-        lost = np.bincount(
-            gc.astype(np.int64), weights=(ge - gs).astype(np.float64), minlength=len(CAUSE_KEYS)
-        )
+        lost = self._lost_in(rank, s, e)
         self.pieces.append(
             (
                 s,
@@ -183,9 +213,7 @@ class _Walk:
 
     def incoming(self, rank: int, after: int, by: int) -> int | None:
         """The matched transfer into ``rank`` whose receive ended last in (after, by]."""
-        d = self.tr.dst
-        lo = int(np.searchsorted(d, rank, side="left"))
-        hi = int(np.searchsorted(d, rank, side="right"))
+        lo, hi = self.tr_rows.get(rank, (0, 0))
         if lo == hi:
             return None
         re = self.tr.recv_end[lo:hi]

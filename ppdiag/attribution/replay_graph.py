@@ -139,22 +139,22 @@ def _step_waits(rs: RankStep, idx: _P2PIndex, lo_a: npt.NDArray[np.int64], cpu: 
     has_w &= ~tiny
     ws_a[tiny] = s_a[tiny]
     rel_a[tiny] = s_a[tiny]
-    held_l: list[tuple[int, int, int, int]] = []
-    on_comp_l: list[bool] = []
-    for j in np.flatnonzero(has_w).tolist():
-        wait_start, rel = int(ws_a[j]), int(rel_a[j])
-        held = idx.blocking(wait_start, rel, tol)
-        # transfers of other operations before the one that held the rank (a send on
-        # the compute stream before the receive) are exposed comm, not the wait
-        if held[0] >= 0 and not cpu:
-            # the wait is the exposed span of that operation; other transfers before or
-            # after it (a send on the compute stream, a receive whose data was there)
-            # are exposed comm around the wait
-            rel = max(min(rel, held[3]), wait_start)
-            wait_start = min(max(wait_start, held[2]), rel)
-            ws_a[j], rel_a[j] = wait_start, rel
-        held_l.append(held)
-        on_comp_l.append(idx.on_compute_at(wait_start, rel))
+    j = np.flatnonzero(has_w)
+    # every wait of the step at once: the operation that held the rank in each
+    held_l = idx.blocking_many(ws_a[j], rel_a[j], tol)
+    if not cpu and j.size:
+        # transfers of other operations before the one that held the rank (a send on the
+        # compute stream before the receive) are exposed comm, not the wait: the wait is the
+        # exposed span of that operation; other transfers before or after it (a send on the
+        # compute stream, a receive whose data was there) are exposed comm around the wait
+        h = np.array(held_l, np.int64).reshape(-1, 4)
+        found = h[:, 0] >= 0
+        ws, rel = ws_a[j], rel_a[j]
+        rel_n = np.maximum(np.minimum(rel, h[:, 3]), ws)
+        ws_n = np.minimum(np.maximum(ws, h[:, 2]), rel_n)
+        rel_a[j] = np.where(found, rel_n, rel)
+        ws_a[j] = np.where(found, ws_n, ws)
+    on_comp_l = idx.on_compute_many(ws_a[j], rel_a[j])
     return _StepWaits(has_w, ws_a, rel_a, held_l, on_comp_l)
 
 

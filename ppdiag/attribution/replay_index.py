@@ -85,6 +85,64 @@ class _P2PIndex:
         cover = np.minimum(self.end[j0:j1], hi) - np.maximum(self.start[j0:j1], lo)
         return bool(self.on_compute[j0 + int(np.argmax(cover))])
 
+    def _covers(
+        self, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """For many spans at once: the pieces that can overlap each span (the slices
+        :meth:`blocking` looks at, laid end to end), as (span of each piece, its position, how
+        much of the span it covers) and where each span's run of pieces begins."""
+        j0 = np.searchsorted(self.reach, lo, side="right")
+        j1 = np.searchsorted(self.start, hi, side="left")
+        n_k = np.maximum(j1 - j0, 0)
+        first = np.concatenate([[0], np.cumsum(n_k)])
+        seg = np.repeat(np.arange(lo.size), n_k)
+        pos = j0[seg] + (np.arange(seg.size) - first[seg])
+        cover = np.minimum(self.end[pos], hi[seg]) - np.maximum(self.start[pos], lo[seg])
+        return seg, pos, cover, first
+
+    def blocking_many(
+        self, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], tol: int = 0
+    ) -> list[tuple[int, int, int, int]]:
+        """:meth:`blocking` of every span ``[lo[i], hi[i]]``, in one vectorized pass."""
+        out = [(-1, 0, a, b) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+        seg, pos, cover, first = self._covers(lo, hi)
+        if seg.size == 0:
+            return out
+        has = np.flatnonzero(first[1:] > first[:-1])
+        top = np.full(lo.size, np.iinfo(np.int64).min, np.int64)
+        top[has] = np.maximum.reduceat(cover, first[has])
+        # the first (earliest posted) piece of each span within ``tol`` of its longest cover
+        cand = np.flatnonzero(cover >= top[seg] - tol)
+        spans, at = np.unique(seg[cand], return_index=True)
+        k = pos[cand[at]]
+        good = top[spans] > 0
+        spans, k = spans[good], k[good]
+        rows = zip(
+            spans.tolist(),
+            self.peer[k].tolist(),
+            self.direction[k].tolist(),
+            self.start[k].tolist(),
+            self.end[k].tolist(),
+            strict=True,
+        )
+        for i, peer, d, st, en in rows:
+            out[i] = (int(peer), int(d), int(st), int(en))
+        return out
+
+    def on_compute_many(self, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]) -> list[bool]:
+        """:meth:`on_compute_at` of every span ``[lo[i], hi[i]]``, in one vectorized pass."""
+        out = np.zeros(lo.size, np.bool_)
+        seg, pos, cover, first = self._covers(lo, hi)
+        if seg.size:
+            has = np.flatnonzero(first[1:] > first[:-1])
+            top = np.zeros(lo.size, np.int64)
+            top[has] = np.maximum.reduceat(cover, first[has])
+            # argmax: the first piece of each span with its largest cover
+            cand = np.flatnonzero(cover == top[seg])
+            spans, at = np.unique(seg[cand], return_index=True)
+            out[spans] = self.on_compute[pos[cand[at]]]
+        return out.tolist()
+
     def blocking(self, lo: int, hi: int, tol: int = 0) -> tuple[int, int, int, int]:
         """(peer, direction, start, end) of the p2p interval that covers most of the wait ``[lo, hi]``.
 

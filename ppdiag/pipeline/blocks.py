@@ -316,12 +316,17 @@ def _transfer_vote(
     # the send that leaves when the block ends, the receive whose data arrived last before it began
     i_after = np.searchsorted(s_t, g_end, side="left")
     i_before = np.searchsorted(r_t, g_start, side="right") - 1
-    for g in range(ng):  # one iteration per block
-        ia, ib = int(i_after[g]), int(i_before[g])
-        if ia < s_t.size and s_t[ia] - g_end[g] < max(g_end[g] - g_start[g], 1):
-            vote[g] += 1 if s_peer[ia] == next_rank else (-1 if s_peer[ia] == prev_rank else 0)
-        if ib >= 0:
-            vote[g] += 1 if r_peer[ib] == prev_rank else (-1 if r_peer[ib] == next_rank else 0)
+    # peers here are >= 0, so -2 stands for "no such neighbour"
+    nxt = -2 if next_rank is None else next_rank
+    prv = -2 if prev_rank is None else prev_rank
+    if s_t.size:
+        ia = np.minimum(i_after, s_t.size - 1)
+        near = (i_after < s_t.size) & (s_t[ia] - g_end < np.maximum(g_end - g_start, 1))
+        pa = s_peer[ia]
+        vote += np.where(near, np.where(pa == nxt, 1, np.where(pa == prv, -1, 0)), 0)
+    if r_t.size:
+        pb = r_peer[np.maximum(i_before, 0)]
+        vote += np.where(i_before >= 0, np.where(pb == prv, 1, np.where(pb == nxt, -1, 0)), 0)
     return vote
 
 
