@@ -244,6 +244,7 @@ class ReplayGraph:
         self.untraced_waits = 0
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
+        self._mean_costs: dict[tuple[int, int, int], float] | None = None  # computed once, on demand
         by_key: dict[_LabelKey, int] = {}
         pending: list[_Pending] = []
         p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
@@ -348,7 +349,13 @@ class ReplayGraph:
         interleaved chunk too) is brought to the mean stage work. When the labels do not add up
         (a block cut in two, chunks of one rank labelled alike) each rank's blocks are scaled to
         the mean work per rank instead, which keeps the total work whatever the labels say.
+        Computed once per graph (the graph is frozen); callers get their own copy.
         """
+        if self._mean_costs is None:
+            self._mean_costs = self._compute_mean_costs()
+        return dict(self._mean_costs)
+
+    def _compute_mean_costs(self) -> dict[tuple[int, int, int], float]:
         phases = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
         tot: dict[tuple[int, int, int], int] = {}
         cnt: dict[tuple[int, int, int], int] = {}
