@@ -495,11 +495,37 @@ def test_demo_layer_factors_set_per_layer_costs() -> None:
 
 
 def test_whatif_table_says_what_its_memory_column_rests_on() -> None:
-    from ppdiag.whatif.render import _memory_caption
+    from ppdiag.whatif.render import _memory_caption, typed_rows
 
-    pred = {"scenario": "gpipe", "activation_vs_measured": 2.0, "memory_basis": "predicted"}
-    cal = {"scenario": "gpipe", "activation_vs_measured": 2.0, "memory_basis": "calibrated"}
-    meas = {"scenario": "measured", "activation_vs_measured": 1.0, "memory_basis": "measured"}
-    assert "not measured" in _memory_caption([pred, dict(pred, scenario="M=16")])
-    assert "calibrated on the measured" in _memory_caption([meas, cal])
-    assert _memory_caption([{"scenario": "x", "error": "too big"}]) == ""  # no column values: no caption
+    base = {"scenario": "gpipe", "activation_vs_measured": 2.0}
+    full = dict.fromkeys(
+        ("step_ms", "speedup", "step_speedup", "bubble_ratio", "schedule_bubble_ratio", "closed_form_bubble")
+    ) | {
+        "measured": False,
+        "schedule": "gpipe",
+        "pp": 4,
+        "virtual": 1,
+        "microbatches": 8,
+        "lost_ms": {},
+        "samples_vs_measured": None,
+        "ms_per_sample": None,
+        "peak_inflight": None,
+        "peak_activation_mb": None,
+        "stage_ms": [],
+        "split": None,
+        "calibration": "",
+        "note": "",
+        "error": None,
+    }
+    pred = full | base | {"memory_basis": "predicted"}
+    cal = full | base | {"memory_basis": "calibrated"}
+    meas = full | base | {"scenario": "measured", "activation_vs_measured": 1.0, "memory_basis": "measured"}
+    assert "not measured" in _memory_caption(typed_rows([pred, pred | {"scenario": "M=16"}]))
+    assert "calibrated on the measured" in _memory_caption(typed_rows([meas, cal]))
+    # no value in the column: no caption
+    assert (
+        _memory_caption(
+            typed_rows([full | {"scenario": "x", "error": "too big", "activation_vs_measured": None}])
+        )
+        == ""
+    )

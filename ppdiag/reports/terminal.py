@@ -8,9 +8,6 @@ Colour follows the console (rich turns it off for a pipe and under ``NO_COLOR``)
 
 from __future__ import annotations
 
-from typing import Any
-
-import msgspec
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.panel import Panel
@@ -19,7 +16,7 @@ from rich.text import Text
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.facts import report_slowest_stage, share_of
-from ppdiag.report_types import Dist, FindingRow, Report, encode
+from ppdiag.report_types import Dist, FindingRow, Report
 from ppdiag.reports.sanitize import clean_report
 from ppdiag.reports.style import CAUSE_LABELS, PATH_LABELS, critical_path_rows, evidence_items
 
@@ -233,9 +230,9 @@ def findings_panel(report: Report, limit: int = 10) -> Group | Text:
 def _print_whatif(con: Console, report: Report) -> None:
     from ppdiag.whatif.render import whatif_table
 
-    # whatif_table reads the rows as the JSON file holds them
-    rows: list[dict[str, Any]] = msgspec.json.decode(encode(report.whatif))
-    wt = whatif_table(rows, "What if (simulated from the measured stage costs)", lost=False, notes=True)
+    wt = whatif_table(
+        report.whatif, "What if (simulated from the measured stage costs)", lost=False, notes=True
+    )
     for c in wt.columns:  # fold long notes (a flag name) instead of cutting them
         c.overflow = "fold"
     con.print(wt)

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ppdiag.errors import InputError
 from ppdiag.limits import MAX_MICROBATCHES, MAX_PP, MAX_SIM_CELLS
-from ppdiag.whatif.render import whatif_table
+from ppdiag.whatif.render import typed_rows, whatif_table
 
 if TYPE_CHECKING:
     from ppdiag.whatif.costs import MeasuredRun
@@ -459,7 +459,7 @@ def _print(meas: MeasuredRun, calibration: str, rows: list[dict[str, Any]], note
     )
     head.append("\n" + calibration, style="cyan")
     con.print(head)
-    con.print(whatif_table(rows))
+    con.print(whatif_table(typed_rows(rows)))
     for p in rows:
         if p.get("error"):
             con.print(Text(f"{p['scenario']}: not possible: {p['error']}", style="yellow"), highlight=False)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 from rich.table import Table
+
+from ppdiag.report_types import WhatifRow
 
 
 def fmt_pct(v: Any) -> str:
@@ -25,10 +29,16 @@ _CAUSE_SHORT = {
 }
 
 
+def typed_rows(rows: Sequence[dict[str, Any]]) -> list[WhatifRow]:
+    """The ``whatif`` command's scenario rows (``Prediction.to_json``) as the report's typed rows
+    (they name no finding's fix)."""
+    return [msgspec.convert({"fix": "", **r}, WhatifRow) for r in rows]
+
+
 def whatif_table(
-    rows: list[dict[str, Any]], title: str = "What if", lost: bool = True, notes: bool = False
+    rows: Sequence[WhatifRow], title: str = "What if", lost: bool = True, notes: bool = False
 ) -> Table:
-    """A rich table of what-if rows (``report["whatif"]`` or the ``whatif`` command's scenarios).
+    """A rich table of what-if rows (``report.whatif`` or the ``whatif`` command's scenarios).
 
     ``lost``: a column with the top lost-time causes; ``notes``: the scenario notes in the last
     column (otherwise the caller lists them under the table).
@@ -44,10 +54,10 @@ def whatif_table(
     if notes:
         t.add_column("note")
     for r in rows:
-        if r.get("error"):
+        if r.error:
             t.add_row(*_error_cells(r, lost, notes), style="yellow")
         else:
-            t.add_row(*_cells(r, lost, notes), style="bold" if r.get("measured") else None)
+            t.add_row(*_cells(r, lost, notes), style="bold" if r.measured else None)
     captions = []
     if any(_per_sample(r) for r in rows):
         captions.append("* per sample: the step processes a different number of samples")
@@ -59,46 +69,42 @@ def whatif_table(
     return t
 
 
-def _per_sample(r: dict[str, Any]) -> bool:
+def _per_sample(r: WhatifRow) -> bool:
     """The row's speed-up per sample differs from its speed-up per step (marked with a ``*``)."""
-    sp, step_sp = r.get("speedup"), r.get("step_speedup")
+    sp, step_sp = r.speedup, r.step_speedup
     return step_sp is not None and sp is not None and abs(step_sp - sp) > 5e-3
 
 
-def _error_cells(r: dict[str, Any], lost: bool, notes: bool) -> list[str]:
+def _error_cells(r: WhatifRow, lost: bool, notes: bool) -> list[str]:
     """The cells of a scenario that could not be computed."""
-    cells = [str(r.get("scenario")), "n/a", "", "", *([""] if lost else []), ""]
+    cells = [r.scenario, "n/a", "", "", *([""] if lost else []), ""]
     if notes:
-        cells.append(f"not possible: {r['error']}")
+        cells.append(f"not possible: {r.error}")
     return cells
 
 
-def _cells(r: dict[str, Any], lost: bool, notes: bool) -> list[str]:
+def _cells(r: WhatifRow, lost: bool, notes: bool) -> list[str]:
     """The cells of a computed scenario, in the columns :func:`whatif_table` laid out."""
-    sp = r.get("speedup")
+    sp = r.speedup
     sp_txt = "-" if sp is None else f"{sp:.2f}x"
     if _per_sample(r):
         sp_txt += "*"
-    act = r.get("activation_vs_measured")
+    act = r.activation_vs_measured
     act_txt = "-" if act is None else f"{act:.2f}x"
-    row = [str(r.get("scenario")), fmt_ms(r.get("step_ms")), sp_txt, fmt_pct(r.get("bubble_ratio"))]
+    row = [r.scenario, fmt_ms(r.step_ms), sp_txt, fmt_pct(r.bubble_ratio)]
     if lost:
-        lm = r.get("lost_ms") or {}
+        lm = r.lost_ms
         top = sorted(((k, v) for k, v in lm.items() if v and v > 0.005), key=lambda kv: -kv[1])[:2]
         row.append(", ".join(f"{_CAUSE_SHORT.get(k, k)} {v:.1f}" for k, v in top) or "-")
     row.append(act_txt)
     if notes:
-        row.append(str(r.get("note") or ""))
+        row.append(r.note)
     return row
 
 
-def _memory_caption(rows: list[dict[str, Any]]) -> str:
+def _memory_caption(rows: Sequence[WhatifRow]) -> str:
     """What the 'peak act.' column rests on: measured memory, or the schedule alone."""
-    bases = {
-        r.get("memory_basis")
-        for r in rows
-        if not r.get("error") and r.get("activation_vs_measured") is not None
-    }
+    bases = {str(r.memory_basis) for r in rows if not r.error and r.activation_vs_measured is not None}
     if not bases:
         return ""
     if bases <= {"predicted"}:
@@ -106,4 +112,4 @@ def _memory_caption(rows: list[dict[str, Any]]) -> str:
     return "peak act.: calibrated on the measured activation memory (allocator events)"
 
 
-__all__ = ["fmt_ms", "fmt_pct", "whatif_table"]
+__all__ = ["fmt_ms", "fmt_pct", "typed_rows", "whatif_table"]
