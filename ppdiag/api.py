@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -23,7 +23,7 @@ from ppdiag.pipeline.links import link_rows, parse_hosts
 from ppdiag.pipeline.memory import memory_section
 from ppdiag.report_types import CriticalStep, Hang, NoiseInfo, Report
 from ppdiag.reports.context import AnalysisContext, Analyzed
-from ppdiag.rules import RuleContext, run_rules
+from ppdiag.rules import RuleContext, RuleOptions, run_rules
 from ppdiag.rules.noise import NoiseModel, build_noise, oversubscription_warning, warmup_outlier
 from ppdiag.summary import build_report
 from ppdiag.whatif.batch import check_batch
@@ -171,7 +171,7 @@ def analyze_run(
         pipe,
         m.steps,
         m.attr,
-        {k: v for k, v in asdict(opts).items() if v is not None},
+        RuleOptions(global_batch=opts.global_batch),
         predictions=predictions,
         noise=m.noise,
         batch=batch,

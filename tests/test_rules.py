@@ -230,7 +230,7 @@ def test_shared_host() -> None:
 
 def _rules_with(diag: Any, **changes: Any) -> list[FindingRow]:
 
-    from ppdiag.rules import RuleContext, run_rules
+    from ppdiag.rules import RuleContext, RuleOptions, run_rules
 
     c = diag.context
     ctx = RuleContext(
@@ -239,7 +239,7 @@ def _rules_with(diag: Any, **changes: Any) -> list[FindingRow]:
         c.pipeline,
         c.rank_steps,
         c.attribution,
-        {},
+        RuleOptions(),
         predictions=c.predictions,
         noise=changes.pop("noise", c.noise),
     )

@@ -14,7 +14,7 @@ from report_fill import complete
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import Diagnosis
 from ppdiag.report_types import WhatifRow
-from ppdiag.rules import RuleContext, run_rules
+from ppdiag.rules import RuleContext, RuleOptions, run_rules
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.scenario import make_scenario
@@ -39,7 +39,7 @@ def _rerun(diag: Diagnosis, predictions: FixPredictions) -> list[dict[str, Any]]
         c.pipeline,
         c.rank_steps,
         c.attribution,
-        {},
+        RuleOptions(),
         predictions=predictions,
         noise=c.noise,
     )

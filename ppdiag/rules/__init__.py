@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ppdiag.attribution.causes import Attribution, RankStep
@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from ppdiag.rules.noise import NoiseModel
     from ppdiag.whatif.batch import BatchCheck
     from ppdiag.whatif.scenarios import FixPredictions
+
+
+@dataclass(frozen=True)
+class RuleOptions:
+    """What the user told the analysis that rules read (the rest of the options shape the layers
+    below and reach the rules through them)."""
+
+    global_batch: int | None = None  # --global-batch: the samples per optimizer step
 
 
 @dataclass
@@ -38,7 +46,7 @@ class RuleContext:
     pipeline: Pipeline
     steps: list[RankStep]
     attribution: Attribution
-    options: dict[str, Any] = field(default_factory=dict)  # global_batch, micro_batch, tp, dp ...
+    options: RuleOptions = field(default_factory=lambda: RuleOptions())
     predictions: FixPredictions | None = None
     noise: NoiseModel | None = None
     batch: BatchCheck | None = None

@@ -39,7 +39,7 @@ class BatchRule:
     def check(self, ctx: RuleContext) -> list[Finding]:
         pp = ctx.pipeline.topology.pp
         bc = ctx.batch  # computed below the rules (ppdiag.api) from the trace and the flags
-        if bc is None or (pp <= 1 and not ctx.options.get("global_batch")):
+        if bc is None or (pp <= 1 and not ctx.options.global_batch):
             return []
         problems = list(bc.problems)
         gain: float | None = None
