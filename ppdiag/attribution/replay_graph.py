@@ -162,10 +162,36 @@ def _local_pieces(rs: RankStep, lo_a: npt.NDArray[np.int64], w: _StepWaits) -> _
     """Split the local time before each block (outside its wait) and the lost time inside it."""
     s_a = rs.blocks.start.astype(np.int64)
     e_a = rs.blocks.end.astype(np.int64)
-    ws_a, rel_a = w.start, w.release
+    host_a, coll_a, copy_a, ux_a = _outside_wait(rs, lo_a, w.start, w.release, s_a)
     sets = rs.sets
     m = _measure_between
-    # local pieces outside the wait span
+    in_lost = m(sets.gaps, s_a, e_a)
+    in_copy = np.minimum(m(sets.copy, s_a, e_a), in_lost)
+    in_host = np.minimum(m(rs.host_set, s_a, e_a), in_lost - in_copy)
+    return _LocalPieces(
+        w.start - lo_a,
+        s_a - w.release,
+        host_a,
+        coll_a,
+        ux_a,
+        copy_a,
+        in_host,
+        in_lost - in_host - in_copy,
+        in_copy,
+    )
+
+
+def _outside_wait(
+    rs: RankStep,
+    lo_a: npt.NDArray[np.int64],
+    ws_a: npt.NDArray[np.int64],
+    rel_a: npt.NDArray[np.int64],
+    s_a: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(host, coll, copy, other) of the local time ``[lo, ws] + [rel, s]`` before each block: the
+    time between the rank's previous work and the block outside the wait ``[ws, rel]``."""
+    sets = rs.sets
+    m = _measure_between
     p2p_host = m(rs.p2p_host, lo_a, ws_a) + m(rs.p2p_host, rel_a, s_a)
     host_a = m(rs.host_set, lo_a, ws_a) + m(rs.host_set, rel_a, s_a) + p2p_host
     coll_a = (
@@ -177,13 +203,7 @@ def _local_pieces(rs: RankStep, lo_a: npt.NDArray[np.int64], w: _StepWaits) -> _
     )
     copy_a = m(sets.copy, lo_a, ws_a) + m(sets.copy, rel_a, s_a)
     lost_a = m(sets.gaps, lo_a, ws_a) + m(sets.gaps, rel_a, s_a)
-    ux_a = np.maximum(lost_a - host_a - coll_a - copy_a, 0)
-    in_lost = m(sets.gaps, s_a, e_a)
-    in_copy = np.minimum(m(sets.copy, s_a, e_a), in_lost)
-    in_host = np.minimum(m(rs.host_set, s_a, e_a), in_lost - in_copy)
-    return _LocalPieces(
-        ws_a - lo_a, s_a - rel_a, host_a, coll_a, ux_a, copy_a, in_host, in_lost - in_host - in_copy, in_copy
-    )
+    return host_a, coll_a, copy_a, np.maximum(lost_a - host_a - coll_a - copy_a, 0)
 
 
 def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]]:
@@ -572,14 +592,16 @@ class ReplayGraph:
         as local time instead, exactly as for a block without a wait."""
         node = self.nodes[nid]
         lo, s = self.meas_lo[nid], self.meas_start[nid]
-        p2p_host = _m(rs.p2p_host, lo, s)
-        host = _m(rs.host_set, lo, s) + p2p_host
-        coll = _m(rs.sets.collective, lo, s) + _m(rs.sets.p2p, lo, s) - p2p_host
-        copy = _m(rs.sets.copy, lo, s)
-        lost = _m(rs.sets.gaps, lo, s)
+        # the same split as a block without a wait: an empty wait at the block's start
+        at = np.array([s], np.int64)
+        host, coll, copy, ux = _outside_wait(rs, np.array([lo], np.int64), at, at, at)
         node.pre, node.post = s - lo, 0
-        node.pre_host, node.pre_coll, node.pre_copy = host, coll, copy
-        node.pre_ux = max(lost - host - coll - copy, 0)
+        node.pre_host, node.pre_coll, node.pre_copy, node.pre_ux = (
+            int(host[0]),
+            int(coll[0]),
+            int(copy[0]),
+            int(ux[0]),
+        )
         node.on_compute = False
         node.false_wait = True
         self.false_waits += 1

@@ -190,7 +190,7 @@ def _n_events(trace: Any) -> int:
     return len(trace.traceEvents or [])
 
 
-def _drop_element(doc: Data, p: int, pos: int, types: TraceTypes) -> tuple[bytes, Any, int, int] | None:
+def _drop_element(doc: Data, p: int, pos: int, types: TraceTypes) -> tuple[Data, Any, int, int] | None:
     """Drop the malformed element between the last complete one (ending at ``p``) and the next
     element after the damage at ``pos``: the repaired document, its decode (or the error that
     remains), the bytes and (about) the events dropped. None when no element follows."""
@@ -199,7 +199,7 @@ def _drop_element(doc: Data, p: int, pos: int, types: TraceTypes) -> tuple[bytes
         return None
     nxt = m.start(1)
     skipped = doc[p + 1 : nxt]
-    fixed = bytes(doc[: p + 1]) + b",\n" + bytes(doc[nxt:])
+    fixed = doc[: p + 1] + b",\n" + doc[nxt:]
     try:
         got: Any = types.decoder.decode(fixed)
     except msgspec.DecodeError as exc:
