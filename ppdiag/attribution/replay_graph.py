@@ -168,16 +168,9 @@ def _local_pieces(rs: RankStep, lo_a: npt.NDArray[np.int64], w: _StepWaits) -> _
     in_lost = m(sets.gaps, s_a, e_a)
     in_copy = np.minimum(m(sets.copy, s_a, e_a), in_lost)
     in_host = np.minimum(m(rs.host_set, s_a, e_a), in_lost - in_copy)
+    pre, post = w.start - lo_a, s_a - w.release
     return _LocalPieces(
-        w.start - lo_a,
-        s_a - w.release,
-        host_a,
-        coll_a,
-        ux_a,
-        copy_a,
-        in_host,
-        in_lost - in_host - in_copy,
-        in_copy,
+        pre, post, host_a, coll_a, ux_a, copy_a, in_host, in_lost - in_host - in_copy, in_copy
     )
 
 
@@ -596,12 +589,7 @@ class ReplayGraph:
         at = np.array([s], np.int64)
         host, coll, copy, ux = _outside_wait(rs, np.array([lo], np.int64), at, at, at)
         node.pre, node.post = s - lo, 0
-        node.pre_host, node.pre_coll, node.pre_copy, node.pre_ux = (
-            int(host[0]),
-            int(coll[0]),
-            int(copy[0]),
-            int(ux[0]),
-        )
+        node.pre_host, node.pre_coll, node.pre_copy, node.pre_ux = (int(x[0]) for x in (host, coll, copy, ux))
         node.on_compute = False
         node.false_wait = True
         self.false_waits += 1
