@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,12 +75,12 @@ def _analyze(run_dir: Path, scheduler: str | None, jobs: int) -> dict[str, objec
     }
 
 
-def _child(args: list[str]) -> dict[str, object]:
+def _child(args: list[str]) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(REPO), PPDIAG_NO_CACHE="1")
     out = subprocess.run(
         [sys.executable, __file__, *args], env=env, check=True, capture_output=True, text=True
     ).stdout
-    res: dict[str, object] = json.loads(out.strip().splitlines()[-1])
+    res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return res
 
 
@@ -107,7 +108,7 @@ def main() -> None:
     from distributed import LocalCluster
 
     tmp = tempfile.TemporaryDirectory(prefix="ppdiag-scale-") if a.keep is None else None
-    run_dir = a.keep if a.keep is not None else Path(tmp.name)  # type: ignore[union-attr]
+    run_dir = Path(tmp.name) if tmp is not None else a.keep
     run_dir.mkdir(parents=True, exist_ok=True)
     shape = ["--pp", str(a.pp), "--dp", str(a.dp), "--microbatches", str(a.microbatches)]
     shape += ["--steps", str(a.steps), "--workers", str(a.workers)]
@@ -137,12 +138,12 @@ def main() -> None:
         f"(reducer CPU {d['map_cpu_s']:.1f} s), reduce {d['reduce_s']:.1f} s, "
         f"reducer peak RSS {d['peak_rss_mb']:.0f} MB"
     )
-    db = int(d["digest_bytes"])  # type: ignore[call-overload]
+    db = int(d["digest_bytes"])
     print(
         f"digests: {db / 1e6:.1f} MB in all, {db / max(len(files), 1) / 1e3:.1f} kB per rank, "
         f"{db / raw_json:.2f}x the raw JSON ({raw_json / 1e6:.0f} MB, estimated from 64 files)"
     )
-    print(f"findings: {', '.join(map(str, d['findings']))}")  # type: ignore[call-overload]
+    print(f"findings: {', '.join(map(str, d['findings']))}")
     if a.local:
         loc = _child([*shape, "--_analyze", str(run_dir)])
         same = loc["report_sha"] == d["report_sha"]

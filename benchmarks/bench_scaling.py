@@ -142,7 +142,8 @@ def main() -> None:
     ap.add_argument("--e2e-dir", type=Path, default=None, help="the --e2e run (written when empty)")
     args = ap.parse_args()
     if args.e2e:
-        end_to_end(*args.e2e, run_dir=args.e2e_dir, repeat=args.repeat)
+        pp, mb, steps = args.e2e
+        end_to_end(pp, mb, steps, run_dir=args.e2e_dir, repeat=args.repeat)
     print(f"{args.fmt}, P={args.pp}, 1F1B; CPU seconds, fastest of {args.repeat}\n")
     steps_t = [_time_one(args.fmt, args.pp, args.fixed_mb, s, args.repeat) for s in args.steps]
     e_steps = _sweep("steps", args.steps, steps_t)

@@ -65,7 +65,7 @@ def main() -> None:
     took, rows = _listed(a.large)
     print(f"listed {a.large} / traced 2: diagnose {took:.2f} s, {rows} what-if rows")
     if a.unbounded:
-        costs._check_coverage = lambda seen, n_st: None  # type: ignore[assignment]
+        costs._check_coverage = lambda seen, n_st: None
         took, rows = _listed(a.large)
         print(f"listed {a.large} / traced 2, unbounded what-if: diagnose {took:.2f} s, {rows} what-if rows")
 

@@ -22,7 +22,7 @@ from report_fill import complete, typed
 
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, Diagnosis, Finding, GapTable, StepWindow
 from ppdiag.model import Direction, Intervals, Kind, NameTable, Phase, RangeKind, Ranges, RankTimeline, Run
-from ppdiag.reports.context import AnalysisContext
+from ppdiag.reports.context import AnalysisContext, Analyzed
 
 US = 1000
 BASE_NS = 1_700_000_000_000_000_000  # an epoch-like absolute clock, as Kineto gives
@@ -93,7 +93,7 @@ def _sequence(schedule: str, s: int, p: int, m: int) -> list[tuple[str, int]]:
     return seq
 
 
-def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Diagnosis, Truth]:
+def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Analyzed, Truth]:
     """Simulate ``spec`` and return the diagnosis the analysis would produce, plus the truth."""
     sp = spec or Spec()
     p, m = sp.pp, sp.microbatches
@@ -540,7 +540,7 @@ def _pipeline_report(
     }
 
 
-def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Diagnosis:
+def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Analyzed:
     """A data-parallel run without pipeline parallelism (pp 1, schedule "none")."""
     per_rank: list[RankTimeline] = []
     gap_tables: dict[int, GapTable] = {}

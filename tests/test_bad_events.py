@@ -15,10 +15,11 @@ import pytest
 from conftest import TEST_DATA
 
 from ppdiag.errors import InputError
+from ppdiag.model import Run
 from ppdiag.parsers.kineto import parse_file
 from ppdiag.parsers.loader import load_run
 
-BASE = json.loads((TEST_DATA / "gpu_pp_rank0.json").read_text())
+BASE: dict[str, Any] = json.loads((TEST_DATA / "gpu_pp_rank0.json").read_text())
 
 
 def _trace(mutate: Any = None) -> dict[str, Any]:
@@ -209,7 +210,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in paths]
 
 
-def _run_of(tmp_path: Path, traces: list[dict[str, Any]]) -> Any:
+def _run_of(tmp_path: Path, traces: list[dict[str, Any]]) -> Run:
     for i, t in enumerate(traces):
         _write(tmp_path, t, f"rank{i}.json")
     return load_run([tmp_path], progress=False, jobs=1)
@@ -225,8 +226,8 @@ def test_rank_from_another_day_is_named(tmp_path: Path, two_ranks: list[dict[str
     run = _run_of(tmp_path, [a, b])
     assert any("trace starts" in w and "another run" in w for w in run.doubts), run.warnings
     assert run.doubts[0].startswith(("rank 0:", "rank 1:"))
-    ok = _run_of(tmp_path / "ok", copy.deepcopy(two_ranks)) if (tmp_path / "ok").mkdir() is None else None
-    assert ok is not None and ok.doubts == []
+    (tmp_path / "ok").mkdir()
+    assert _run_of(tmp_path / "ok", copy.deepcopy(two_ranks)).doubts == []
 
 
 def test_world_sizes_that_disagree_are_named(tmp_path: Path, two_ranks: list[dict[str, Any]]) -> None:

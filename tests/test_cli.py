@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import SHARED_TRACES
@@ -28,7 +29,7 @@ def _one_error_line(proc: subprocess.CompletedProcess[str], *needles: str) -> No
         assert n in lines[0], lines[0]
 
 
-def _trace(rank: int, gpu: bool = True) -> dict:
+def _trace(rank: int, gpu: bool = True) -> dict[str, Any]:
     ev = [
         {
             "ph": "X",

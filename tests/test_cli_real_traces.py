@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from analysis_parts import attribution, context
 from conftest import SHARED_TRACES
 
 from ppdiag.api import Options, diagnose
@@ -47,10 +48,10 @@ def test_every_real_trace_analyzes(rel: str, ranks: list[int]) -> None:
     assert rep.run.ranks == ranks
     assert rep.run.pp == 1 and rep.run.schedule == "none"
     assert rep.stages == []
-    assert rep.summary.step_ms > 0
-    attr = diag.context.attribution
-    assert diag.context.rank_steps, "no step window"
-    for rs in diag.context.rank_steps:
+    assert rep.summary.step_ms is not None and rep.summary.step_ms > 0
+    attr, rank_steps = attribution(diag), context(diag).rank_steps
+    assert rank_steps, "no step window"
+    for rs in rank_steps:
         a = rs.acct
         assert a.window > 0
         assert min(a.compute, a.exposed_p2p, a.exposed_collective, a.exposed_copy, a.idle) >= 0

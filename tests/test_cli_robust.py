@@ -22,14 +22,15 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def ppdiag(*args: str, timeout: int = 120, **kw: object) -> subprocess.CompletedProcess[str]:
+def ppdiag(
+    *args: str, timeout: int = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ppdiag", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=kw.pop("env", ENV),  # type: ignore[arg-type]
-        **kw,  # type: ignore[arg-type]
+        env=ENV if env is None else env,
     )
 
 

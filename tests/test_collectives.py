@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+from analysis_parts import attribution
 
 from ppdiag.api import Options, analyze_run
 from ppdiag.model import Intervals, Kind, NameTable, ProcessGroup, RangeKind, Ranges, RankTimeline, Run
@@ -91,7 +94,7 @@ def _ms(d: dict[str, int]) -> dict[str, float]:
 
 def test_two_rank_wait_is_charged_to_the_late_rank() -> None:
     diag = analyze_run(_two_ranks(), Options())
-    attr = diag.context.attribution
+    attr = attribution(diag)
     c0, c1 = _ms(attr.causes[(0, 0)]), _ms(attr.causes[(1, 0)])
     assert c0 == {
         "bubble": 0.0,
@@ -111,7 +114,7 @@ def test_two_rank_wait_is_charged_to_the_late_rank() -> None:
     assert lr.reasons_ns["host_stall"] == 4 * MS and lr.reasons_ns["compute"] == 2 * MS
     f = next(f for f in diag.findings if f.code == "PP009")
     assert f.ranks == [1]
-    assert abs(f.gain_ms - 6.0) < 1e-6
+    assert f.gain_ms is not None and abs(f.gain_ms - 6.0) < 1e-6
 
 
 def test_without_the_stall_nothing_is_moved() -> None:
@@ -119,10 +122,10 @@ def test_without_the_stall_nothing_is_moved() -> None:
     r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 6, 4.95, "a"), (6, 10, 5.0, "c")])
     r1 = _rank(1, 2, [(1, 5, 0.9, "c"), (5, 6, 4.95, "a"), (6, 10, 5.0, "c")])
     diag = analyze_run(Run([r0, r1], "kineto"), Options())
-    attr = diag.context.attribution
+    attr = attribution(diag)
     for k in ((0, 0), (1, 0)):
         assert _ms(attr.causes[k])["exposed_comm"] == 1.0
-    assert not attr.collective_waits.late
+    assert attr.collective_waits is not None and not attr.collective_waits.late
     assert not [f for f in diag.findings if f.code == "PP009"]
 
 
@@ -155,7 +158,8 @@ def test_missing_instance_does_not_shift_the_blame() -> None:
     tls = {0: _coll_rank(0, ends, [4.0, 4.0, 4.0]), 2: _coll_rank(2, ends, [1.0, 1.0, 1.0])}
     tls[1] = _coll_rank(1, [10.0, 30.0], [4.0, 4.0])
     diag = analyze_run(Run([tls[0], tls[1], tls[2]], "kineto"), Options())
-    cw = diag.context.attribution.collective_waits
+    cw = attribution(diag).collective_waits
+    assert cw is not None
     assert list(cw.late) == [2]
     assert cw.late[2].instances == 3 and cw.late[2].lateness_ns == 9 * MS
     assert any("were not in its trace" in w for w in diag.result.run.warnings)
@@ -173,7 +177,7 @@ def test_p2p_without_peers_waits_for_the_slower_gpu() -> None:
     r1 = _rank(1, 2, [(1, 9, 0.9, "c"), (9, 9.5, 4.95, "p"), (9.5, 12, 5.0, "c")])
     diag = analyze_run(Run([r0, r1], "kineto"), Options())
     assert diag.result.run.pp == 1
-    attr = diag.context.attribution
+    attr = attribution(diag)
     c0, c1 = _ms(attr.causes[(0, 0)]), _ms(attr.causes[(1, 0)])
     assert c0["imbalance"] == 4.0 and c0["exposed_comm"] == 0.5 and sum(c0.values()) == 5.5
     assert c0["host"] == 0.9 and c1["host"] == 0.9
@@ -183,7 +187,7 @@ def test_p2p_without_peers_waits_for_the_slower_gpu() -> None:
     assert f.evidence["late_ranks"]["1"]["reasons_ms_per_step"]["compute"] == 4.0
 
 
-def _tp_dp_rank(r: int, rows: list[tuple[float, float, str]]) -> RankTimeline:
+def _tp_dp_rank(r: int, rows: Sequence[tuple[float, float, str]]) -> RankTimeline:
     """Rank ``r`` of 4 with a tensor-parallel group {0,1}/{2,3} (group 0) and a data-parallel
     group {0,2}/{1,3} (group 1); ``rows``: (start ms, end ms, "c" | "tp" | "dp")."""
     tl = _rank(r, 4, [(a, b, a - 0.05, "c" if k == "c" else "a") for a, b, k in rows])
@@ -213,7 +217,7 @@ def test_waits_propagate_from_tensor_to_data_parallel_groups() -> None:
     r3 = [(1, 7, "c"), (7, 8, "tp"), (8, 10, "c"), (10, 11, "dp"), (11, 12, "c")]
     run = Run([_tp_dp_rank(0, fast), _tp_dp_rank(1, fast), _tp_dp_rank(2, r2), _tp_dp_rank(3, r3)], "kineto")
     diag = analyze_run(run, Options())
-    attr = diag.context.attribution
+    attr = attribution(diag)
     for r in (0, 1, 2):
         c = _ms(attr.causes[(r, 0)])
         assert c["imbalance"] == 2.0 and c["exposed_comm"] == 2.0 and sum(c.values()) == 5.0, (r, c)
@@ -222,7 +226,7 @@ def test_waits_propagate_from_tensor_to_data_parallel_groups() -> None:
     assert f.ranks == [3] and f.cause == "imbalance"
     assert f.evidence["followers"] == {"2": 2.0}
     assert f.evidence["late_ranks"]["3"]["late_ms_per_step"] == 4.0  # 2 ms in TP, 2 ms in DP
-    assert abs(f.gain_ms - 2.0) < 1e-6
+    assert f.gain_ms is not None and abs(f.gain_ms - 2.0) < 1e-6
 
 
 def test_a_wait_hidden_under_compute_names_nobody() -> None:
@@ -233,11 +237,11 @@ def test_a_wait_hidden_under_compute_names_nobody() -> None:
     r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 12, 4.95, "a"), (5, 12, 4.96, "c")])
     r1 = _rank(1, 2, [(1, 11, 0.9, "c"), (11, 12, 10.9, "a")])
     diag = analyze_run(Run([r0, r1], "kineto"), Options())
-    attr = diag.context.attribution
+    attr = attribution(diag)
     c0 = _ms(attr.causes[(0, 0)])
     assert sum(c0.values()) == 1.0 and c0["host"] == 0.9 and c0["exposed_comm"] == 0.0
     assert _ms(attr.causes[(1, 0)])["exposed_comm"] == 1.0
-    assert not attr.collective_waits.late
+    assert attr.collective_waits is not None and not attr.collective_waits.late
     assert not [f for f in diag.findings if f.code == "PP009"]
 
 
@@ -249,9 +253,9 @@ def test_ranks_taking_turns_are_not_stragglers() -> None:
     r0 = _rank(0, 2, [(1, 5, 0.9, "c"), (5, 9, 4.95, "a"), (9, 13, 5.0, "c"), (13, 14, 5.1, "a")])
     r1 = _rank(1, 2, [(1, 8, 0.9, "c"), (8, 9, 7.95, "a"), (9, 10, 8.0, "c"), (10, 14, 8.1, "a")])
     diag = analyze_run(Run([r0, r1], "kineto"), Options())
-    attr = diag.context.attribution
+    attr = attribution(diag)
     for k in ((0, 0), (1, 0)):
         c = _ms(attr.causes[k])
         assert c["imbalance"] == 3.0 and c["exposed_comm"] == 2.0, c
-    assert set(attr.collective_waits.late) == {0, 1}
+    assert attr.collective_waits is not None and set(attr.collective_waits.late) == {0, 1}
     assert not [f for f in diag.findings if f.code == "PP009"]

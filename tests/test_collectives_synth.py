@@ -7,22 +7,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from analysis_parts import attribution
 
 from ppdiag.api import Options, diagnose
-from ppdiag.diagnosis import Diagnosis, Finding
+from ppdiag.diagnosis import Finding
+from ppdiag.reports.context import Analyzed
 from ppdiag.synth import ExposedAllReduce, LateReplica, SlowWorker, make_scenario, write_kineto
 from ppdiag.synth.collectives import make_collective_run
+from ppdiag.synth.faults import Fault
 from ppdiag.synth.nsys import write_nsys
 from ppdiag.synth.run import SynthRun
 
 
-def _diagnose(tmp_path: Path, fmt: str, **kw: object) -> tuple[SynthRun, Diagnosis]:
+def _diagnose(tmp_path: Path, fmt: str, **kw: object) -> tuple[SynthRun, Analyzed]:
     run = make_collective_run(**kw)
     paths = write_kineto(run, tmp_path) if fmt == "kineto" else write_nsys(run, tmp_path)
     return run, diagnose(paths, Options())
 
 
-def _pp009(diag: Diagnosis) -> list[Finding]:
+def _pp009(diag: Analyzed) -> list[Finding]:
     return [f for f in diag.findings if f.code == "PP009"]
 
 
@@ -33,6 +36,7 @@ def test_late_starting_ranks_are_named_and_their_wait_is_not_exposed_comm(tmp_pa
     rep, truth = diag.result, run.truth
     assert rep.run.pp == 1 and rep.run.schedule == "none"
     step = rep.summary.step_ms
+    assert step is not None
     for r in rep.ranks:
         if r.rank in late:
             continue  # their windows start at their first kernel, later than ProfilerStep
@@ -43,17 +47,19 @@ def test_late_starting_ranks_are_named_and_their_wait_is_not_exposed_comm(tmp_pa
         assert t["host"] > 4.5
     (f,) = _pp009(diag)
     assert sorted(f.ranks) == sorted(late) and f.ranks[0] == 1
-    for r, ms in late.items():
-        got = f.evidence["late_ranks"][str(r)]["late_ms_per_step"]
-        assert abs(got - truth["stragglers"][str(r)]) <= 0.05 * truth["stragglers"][str(r)]
-        assert f.evidence["late_ranks"][str(r)]["reasons_ms_per_step"]["late_start"] > 0.9 * ms
+    for rank, ms in late.items():
+        got = f.evidence["late_ranks"][str(rank)]["late_ms_per_step"]
+        assert abs(got - truth["stragglers"][str(rank)]) <= 0.05 * truth["stragglers"][str(rank)]
+        assert f.evidence["late_ranks"][str(rank)]["reasons_ms_per_step"]["late_start"] > 0.9 * ms
     assert f.cause == "host"
+    assert f.gain_ms is not None
     assert abs(f.gain_ms - truth["gain_ms_per_step"]) <= 0.05 * truth["gain_ms_per_step"]
 
 
 def test_slow_gpu_waits_are_imbalance(tmp_path: Path) -> None:
     run, diag = _diagnose(tmp_path, "kineto", world=4, slow={2: 1.4}, steps=3, seed=5)
     step = diag.result.summary.step_ms
+    assert step is not None
     for r in diag.result.ranks:
         t = run.truth["ranks"][str(r.rank)]["causes_ms"]
         assert abs(r.lost_ms["imbalance"] - t["imbalance"]) < 0.02 * step
@@ -61,6 +67,7 @@ def test_slow_gpu_waits_are_imbalance(tmp_path: Path) -> None:
     (f,) = _pp009(diag)
     assert f.ranks == [2] and f.cause == "imbalance"
     assert f.evidence["main_reason"] == "compute"
+    assert f.gain_ms is not None
     assert abs(f.gain_ms - run.truth["gain_ms_per_step"]) <= 0.05 * run.truth["gain_ms_per_step"]
 
 
@@ -75,7 +82,7 @@ def test_ranks_on_time_give_no_straggler(tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", ["kineto", "nsys"])
 def test_pipeline_dp_allreduce_waits_for_a_late_replica(tmp_path: Path, fmt: str) -> None:
     delay = 2.5
-    faults = [ExposedAllReduce(1.0), LateReplica(0, delay)]
+    faults: list[Fault] = [ExposedAllReduce(1.0), LateReplica(0, delay)]
     run = make_scenario("1f1b", pp=4, microbatches=6, dp=2, faults=faults, steps=3, seed=2)
     on_time = make_scenario("1f1b", pp=4, microbatches=6, dp=2, faults=faults[:1], steps=3, seed=2)
     paths = write_kineto(run, tmp_path) if fmt == "kineto" else write_nsys(run, tmp_path)
@@ -85,7 +92,8 @@ def test_pipeline_dp_allreduce_waits_for_a_late_replica(tmp_path: Path, fmt: str
     late = sorted(run.truth["faults"][1]["ranks"])  # replica 0: global ranks 0, 2, 4, 6
     assert late == [0, 2, 4, 6]
     step = rep.summary.step_ms
-    attr = diag.context.attribution
+    assert step is not None
+    attr = attribution(diag)
     for r in (1, 3, 5, 7):  # the waiting replica
         tr = run.truth["ranks"][str(r)]
         for k, ts in enumerate(tr["steps"]):
@@ -101,7 +109,7 @@ def test_pipeline_dp_allreduce_waits_for_a_late_replica(tmp_path: Path, fmt: str
         assert abs(got - delay) <= 0.05 * delay
     gain = float(np.mean(run.truth["step_ms"])) - float(np.mean(on_time.truth["step_ms"]))
     assert abs(gain - delay) < 1e-6
-    assert abs(f.gain_ms - gain) <= 0.05 * gain
+    assert f.gain_ms is not None and abs(f.gain_ms - gain) <= 0.05 * gain
 
 
 def test_generator_truth_adds_up_and_rejects_bad_setups() -> None:
@@ -132,13 +140,14 @@ def test_generator_truth_adds_up_and_rejects_bad_setups() -> None:
 def test_pipeline_slow_worker_is_named_not_its_replica(tmp_path: Path, fmt: str) -> None:
     # pipeline rank 1 of replica 0 (global rank 1 * 2 + 0 = 2) computes 1.4x slower than stage 1 of
     # replica 1: its pipeline waits for it, and replica 1 waits for that pipeline in the DP all-reduce
-    faults = [ExposedAllReduce(0.8), SlowWorker(1, 0, 1.4)]
+    faults: list[Fault] = [ExposedAllReduce(0.8), SlowWorker(1, 0, 1.4)]
     run = make_scenario("1f1b", pp=3, microbatches=6, dp=2, faults=faults, steps=3, seed=7)
     on_time = make_scenario("1f1b", pp=3, microbatches=6, dp=2, faults=faults[:1], steps=3, seed=7)
     paths = write_kineto(run, tmp_path) if fmt == "kineto" else write_nsys(run, tmp_path)
     diag = diagnose(paths, Options())
     step = diag.result.summary.step_ms
-    attr = diag.context.attribution
+    assert step is not None
+    attr = attribution(diag)
     for r, tr in run.truth["ranks"].items():
         for k, ts in enumerate(tr["steps"]):
             got = {c: v / 1e6 for c, v in attr.causes[(int(r), k)].items()}
@@ -148,7 +157,7 @@ def test_pipeline_slow_worker_is_named_not_its_replica(tmp_path: Path, fmt: str)
     assert f.ranks == [2] and f.cause == "imbalance"
     assert set(f.evidence["followers"]) == {"0", "4"}  # its own pipeline, late because it waited for it
     gain = float(np.mean(run.truth["step_ms"])) - float(np.mean(on_time.truth["step_ms"]))
-    assert abs(f.gain_ms - gain) <= 0.05 * gain
+    assert f.gain_ms is not None and abs(f.gain_ms - gain) <= 0.05 * gain
 
 
 def test_several_late_ranks_of_different_lateness_are_all_named(tmp_path: Path) -> None:

@@ -14,11 +14,15 @@ import pytest
 
 pytest.importorskip("torch")
 
+from analysis_parts import attribution, context, pipeline
+
 from ppdiag.api import Options, diagnose
 from ppdiag.demo.config import DemoConfig
 from ppdiag.demo.recorder import record
-from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis
+from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.model import Phase
+from ppdiag.report_types import FindingRow
+from ppdiag.reports.context import Analyzed
 
 pytestmark = pytest.mark.slow
 
@@ -36,9 +40,13 @@ CONFIGS: dict[str, DemoConfig] = {
 }
 
 
+#: Each demo configuration's diagnosis and ground truth.
+Runs = dict[str, tuple[Analyzed, dict[str, Any]]]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Diagnosis, dict[str, Any]]]:
-    out: dict[str, tuple[Diagnosis, dict[str, Any]]] = {}
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    out: Runs = {}
     for name, cfg in CONFIGS.items():
         d = tmp_path_factory.mktemp(f"demo_{name}")
         record(cfg, d)
@@ -47,16 +55,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Diagnosis,
     return out
 
 
-def _finding(diag: Diagnosis, code: str) -> dict[str, Any] | None:
+def _finding(diag: Analyzed, code: str) -> FindingRow | None:
     return next((f for f in diag.result.findings if f.code == code), None)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_accounting_and_causes_add_up(runs: dict[str, Any], name: str) -> None:
+def test_accounting_and_causes_add_up(runs: Runs, name: str) -> None:
     diag, _ = runs[name]
-    attr = diag.context.attribution
+    attr, rank_steps = attribution(diag), context(diag).rank_steps
     assert not [w for w in diag.result.run.warnings if "differs from the measurement" in w]
-    for rs in diag.context.rank_steps:
+    for rs in rank_steps:
         a = rs.acct
         assert a.compute + a.exposed_p2p + a.exposed_collective + a.exposed_copy + a.idle == a.window
         causes = attr.causes[(rs.rank, rs.step)]
@@ -64,7 +72,7 @@ def test_accounting_and_causes_add_up(runs: dict[str, Any], name: str) -> None:
         assert all(v >= 0 for v in causes.values())
     # the per-gap cause table paints exactly the lost time, cause by cause
     for rank, gaps in diag.gaps.items():
-        rss = [rs for rs in diag.context.rank_steps if rs.rank == rank]
+        rss = [rs for rs in rank_steps if rs.rank == rank]
         assert int((gaps.end - gaps.start).sum()) == sum(rs.acct.lost for rs in rss)
         for ci, key in enumerate(CAUSE_KEYS):
             painted = int((gaps.end - gaps.start)[gaps.cause == ci].sum())
@@ -75,7 +83,7 @@ def test_accounting_and_causes_add_up(runs: dict[str, Any], name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_stage_map_and_microbatches(runs: dict[str, Any], name: str) -> None:
+def test_stage_map_and_microbatches(runs: Runs, name: str) -> None:
     diag, truth = runs[name]
     run = diag.result.run
     assert run.pp == truth["pp"]
@@ -87,10 +95,10 @@ def test_stage_map_and_microbatches(runs: dict[str, Any], name: str) -> None:
     assert run.steps == (truth["steps"][1:] if skipped else truth["steps"])
 
 
-def test_microbatch_blocks_match_ground_truth(runs: dict[str, Any]) -> None:
+def test_microbatch_blocks_match_ground_truth(runs: Runs) -> None:
     """Every forward / backward block the engine labels lies within 2 ms of the measured one."""
     diag, truth = runs["1f1b"]
-    pipe = diag.context.pipeline
+    pipe = pipeline(diag)
     kinds = {"fwd": int(Phase.FWD), "bwd": int(Phase.BWD)}
     checked = 0
     for rt in truth["ranks"]:
@@ -112,23 +120,23 @@ def test_microbatch_blocks_match_ground_truth(runs: dict[str, Any]) -> None:
     assert checked == truth["pp"] * truth["microbatches"] * 2 * len(truth["steps"])
 
 
-def test_fault_free_1f1b_has_no_severe_fault_findings(runs: dict[str, Any]) -> None:
+def test_fault_free_1f1b_has_no_severe_fault_findings(runs: Runs) -> None:
     diag, _ = runs["1f1b"]
     for f in diag.result.findings:
         if f.code in ("PP003", "PP004", "PP006"):
             assert f.severity != "high", f
 
 
-def test_gpipe_bubble(runs: dict[str, Any]) -> None:
+def test_gpipe_bubble(runs: Runs) -> None:
     diag, _ = runs["gpipe"]
     b = diag.result.bubble
     assert diag.result.run.schedule == "gpipe"
     assert b.theoretical_ratio == pytest.approx(3 / 7, abs=1e-3)
-    assert abs(b.measured_ratio - 3 / 7) < 0.08
+    assert b.measured_ratio is not None and abs(b.measured_ratio - 3 / 7) < 0.08
     assert _finding(diag, "PP002") is not None
 
 
-def test_slow_stage_is_the_top_finding(runs: dict[str, Any]) -> None:
+def test_slow_stage_is_the_top_finding(runs: Runs) -> None:
     diag, truth = runs["slow"]
     top = diag.result.findings[0]
     assert top.code == "PP003"
@@ -152,14 +160,14 @@ def test_slow_stage_is_the_top_finding(runs: dict[str, Any]) -> None:
         assert lost["imbalance"] > 0.5 * excess, (r, excess)
 
 
-def test_slow_link_blames_the_delayed_rank(runs: dict[str, Any]) -> None:
+def test_slow_link_blames_the_delayed_rank(runs: Runs) -> None:
     diag, _ = runs["delay"]
     top = diag.result.findings[0]
     assert top.code == "PP004"
     assert top.ranks == [1]
 
 
-def test_host_stall_blames_the_stalled_rank(runs: dict[str, Any]) -> None:
+def test_host_stall_blames_the_stalled_rank(runs: Runs) -> None:
     diag, _ = runs["stall"]
     f = _finding(diag, "PP006")
     assert f is not None and f.ranks == [1]
@@ -172,7 +180,7 @@ def test_host_stall_blames_the_stalled_rank(runs: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("name", ["zero_bubble", "zbv", "dualpipev"])
-def test_split_backward_schedules(runs: dict[str, Any], name: str) -> None:
+def test_split_backward_schedules(runs: Runs, name: str) -> None:
     """Weight-gradient blocks are found and the measured bubble stays near the schedule's."""
     diag, _ = runs[name]
     assert diag.result.run.virtual_stages == 2
@@ -182,8 +190,9 @@ def test_split_backward_schedules(runs: dict[str, Any], name: str) -> None:
     # the closed form assumes free links; the measured bubble also holds the normal latency of the
     # transfers that fill and drain the pipe (2 (P - 1) on the critical path), measured on this run
     pp = diag.result.run.pp
-    lat_ms = diag.context.attribution.normal_latency_ns / 1e6
+    lat_ms = attribution(diag).normal_latency_ns / 1e6
     step_ms = diag.result.summary.step_mean_ms
+    assert step_ms is not None and b.measured_ratio is not None and b.theoretical_ratio is not None
     fill_drain = 2 * (pp - 1) * lat_ms / step_ms
     # 4 ranks on 2 shared cores: late wake-ups stretch blocks unevenly, and that idle lands in the
     # bubble's replay too; the run measures that jitter (step spread, host contention) itself
@@ -192,7 +201,7 @@ def test_split_backward_schedules(runs: dict[str, Any], name: str) -> None:
     assert abs(b.measured_ratio - b.theoretical_ratio) < 0.1 + fill_drain + jitter
 
 
-def test_interleaved_is_recognised(runs: dict[str, Any]) -> None:
+def test_interleaved_is_recognised(runs: Runs) -> None:
     diag, truth = runs["interleaved"]
     run = diag.result.run
     assert run.virtual_stages == 2
@@ -210,25 +219,29 @@ FAULT_FINDING = {"slow": ("PP003",), "delay": ("PP004",), "stall": ("PP006",), "
 
 
 @pytest.mark.parametrize("name", ["1f1b", "gpipe", "gpipe8", "slow", "delay", "stall"])
-def test_finding_gains_are_their_whatif_rows(runs: dict[str, Any], name: str) -> None:
+def test_finding_gains_are_their_whatif_rows(runs: Runs, name: str) -> None:
     diag, _ = runs[name]
     rep = diag.result
     rows = {r.fix: r for r in rep.whatif}
     step = rep.summary.step_ms
+    assert step is not None
     for f in rep.findings:
         fix = f.evidence.get("whatif_fix")
         if fix is None:
             continue
+        assert isinstance(fix, str), f
         row = rows[fix]
+        assert row.step_ms is not None, row
         if f.code == "PP002":  # memory fix: offered while not slower beyond the noise, gain >= 0
-            assert row.step_ms <= step + f.evidence["noise_ms"]
+            noise_ms = f.evidence["noise_ms"]
+            assert isinstance(noise_ms, (int, float)) and row.step_ms <= step + noise_ms
             assert f.gain_ms == pytest.approx(max(step - row.step_ms, 0.0), abs=2e-3)
             continue
         assert row.step_ms < step, f  # never a fix the table predicts slower
         assert f.gain_ms == pytest.approx(step - row.step_ms, abs=2e-3), f
 
 
-def test_fault_free_demo_has_no_finding_above_low(runs: dict[str, Any]) -> None:
+def test_fault_free_demo_has_no_finding_above_low(runs: Runs) -> None:
     diag, _ = runs["1f1b"]
     assert [f for f in diag.result.findings if f.severity not in ("low", "info")] == []
     # 4 ranks on one host (the demo), all launching late: the report says the host is oversubscribed
@@ -237,7 +250,7 @@ def test_fault_free_demo_has_no_finding_above_low(runs: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("name", list(FAULT_FINDING))
-def test_injected_fault_is_the_top_finding(runs: dict[str, Any], name: str) -> None:
+def test_injected_fault_is_the_top_finding(runs: Runs, name: str) -> None:
     diag, truth = runs[name]
     findings = diag.result.findings
     expected = FAULT_FINDING[name]

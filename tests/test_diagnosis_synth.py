@@ -105,7 +105,7 @@ FAULTS = {
 @pytest.mark.parametrize("name", list(FAULTS))
 def test_faults_are_recovered_and_blamed(tmp_path: Path, name: str) -> None:
     faults, code = FAULTS[name]
-    extra = {"dp": 2} if name == "exposed_allreduce" else {}
+    extra: dict[str, Any] = {"dp": 2} if name == "exposed_allreduce" else {}
     rep, truth = _diagnose(tmp_path, schedule="1f1b", pp=4, microbatches=8, faults=faults, **extra)
     _check_structure(rep, truth)
     _check_causes(rep, truth)
@@ -132,7 +132,7 @@ def test_large_clock_offsets_are_removed(tmp_path: Path) -> None:
     _check_causes(rep, truth)
 
 
-MIXED = {
+MIXED: dict[str, dict[str, Any]] = {
     "p8_slow_stage": dict(schedule="1f1b", pp=8, microbatches=16, faults=[F.SlowStage(5, 1.4)]),
     "p8_slow_link": dict(schedule="1f1b", pp=8, microbatches=16, faults=[F.SlowLink(3, delay_ms=0.4)]),
     "p8_host_stall": dict(schedule="1f1b", pp=8, microbatches=16, faults=[F.HostStall(6, 0.4)]),
@@ -168,7 +168,7 @@ def test_other_sizes_schedules_and_fault_mixes(tmp_path: Path, name: str) -> Non
 
 # A slow link counted in full (every transfer sent by one rank takes 25x the normal time), a 2x
 # stage and interleaving, in both trace formats: each cause within 1.5 % of the step of the truth.
-HARD = {
+HARD: dict[str, dict[str, Any]] = {
     "p8_link_x25": dict(schedule="1f1b", pp=8, microbatches=16, faults=[F.SlowLink(3, factor=25.0)]),
     "p4_stage_x2": dict(schedule="1f1b", pp=4, microbatches=8, faults=[F.SlowStage(2, 2.0)]),
     "p4_interleaved_stage_x2": dict(
@@ -187,7 +187,7 @@ def test_slow_link_and_slow_stage_match_the_counterfactual_truth(tmp_path: Path,
     rep, truth = _diagnose(tmp_path, fmt=fmt, **dict(HARD[name]))
     _check_structure(rep, truth)
     _check_causes(rep, truth)
-    if not any(isinstance(f, F.SlowLink) for f in HARD[name].get("faults", [])):  # type: ignore[attr-defined]
+    if not any(isinstance(f, F.SlowLink) for f in HARD[name].get("faults", [])):
         # fault-free links: no comm_wait invented by the clocks (under 0.5 % of the step)
         for r in rep.ranks:
             assert r.lost_ms["comm_wait"] < 0.005 * truth["ranks"][str(r.rank)]["step_ms"], r

@@ -5,7 +5,6 @@ finding."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,14 +16,14 @@ from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.nsys import write_nsys
 from ppdiag.synth.scenario import make_scenario
 
-CASES = {
+CASES: dict[str, list[F.Fault]] = {
     "slow_stage": [F.SlowStage(2, 1.6)],
     "slow_link": [F.SlowLink(1, delay_ms=0.5)],
     "host_stall": [F.HostStall(1, 0.5)],
 }
 
 
-def _both(tmp_path: Path, faults: list[Any], per_rank_files: bool = True) -> tuple[Report, Report]:
+def _both(tmp_path: Path, faults: list[F.Fault], per_rank_files: bool = True) -> tuple[Report, Report]:
     run = make_scenario("1f1b", pp=4, microbatches=8, faults=faults, steps=2, clock_skew_ms=4.0, seed=1)
     kd, nd = tmp_path / "kineto", tmp_path / "nsys"
     kd.mkdir()
@@ -39,6 +38,7 @@ def _same(a: Report, b: Report) -> None:
     for key in ("ranks", "pp", "stage_map", "schedule", "microbatches", "virtual_stages"):
         assert getattr(a.run, key) == getattr(b.run, key), key
     step = a.summary.step_ms
+    assert step is not None
     assert b.summary.step_ms == pytest.approx(step, abs=0.01 * step)
     for ra, rb in zip(a.ranks, b.ranks, strict=False):
         for k in CAUSE_KEYS:

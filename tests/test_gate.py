@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from diag_fixture import base_report
@@ -219,7 +220,7 @@ def test_empty_budget_without_baseline_is_inconclusive() -> None:
 # ------------------------------------------------------------------ regression
 
 
-def _with_summary(step: float, **lost: float) -> dict:
+def _with_summary(step: float, **lost: float) -> dict[str, Any]:
     rep = base_report()
     rep["summary"]["step_ms"] = step
     rep["summary"]["lost_ms"].update(lost)
@@ -292,8 +293,8 @@ def test_gate_result_json_round_trips() -> None:
 # ------------------------------------------------------------------ partial data
 
 
-def _covered(report: dict, **over: object) -> dict:
-    rep = json.loads(json.dumps(report))
+def _covered(report: dict[str, Any], **over: object) -> dict[str, Any]:
+    rep: dict[str, Any] = json.loads(json.dumps(report))
     rep["run"].update({"world_size": 4, "ranks": [0, 1, 2, 3], "steps": [5, 6, 7]})
     for r in rep["ranks"]:
         r["steps"] = 3
@@ -396,9 +397,9 @@ def test_stage_ratio_at_1_prints_enough_digits() -> None:
     for s, c in zip(rep["stages"], [30.0, 30.0, 30.01, 30.0], strict=True):
         s["compute_ms"] = c
     res = run_gate(typed(rep), Budget(max_stage_ratio=1.0))
-    c = res.checks[0]
-    assert c.passed is False
-    left, right = c.text.split(" > ")[0].split()[-1], c.text.split(" > ")[1].split()[0]
+    chk = res.checks[0]
+    assert chk.passed is False
+    left, right = chk.text.split(" > ")[0].split()[-1], chk.text.split(" > ")[1].split()[0]
     assert left != right and float(left) > float(right)  # never "1.000 > 1.000"
 
 

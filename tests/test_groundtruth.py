@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -127,9 +128,9 @@ def test_schedule_aliases() -> None:
         ({"steps": 0}, "steps must be"),
     ],
 )
-def test_bad_config_is_one_clear_input_error(kwargs: dict[str, object], needle: str) -> None:
+def test_bad_config_is_one_clear_input_error(kwargs: dict[str, Any], needle: str) -> None:
     with pytest.raises(InputError) as ei:
-        DemoConfig(**kwargs).validated()  # type: ignore[arg-type]
+        DemoConfig(**kwargs).validated()
     msg = str(ei.value)
     assert needle in msg
     assert "\n" not in msg
@@ -233,7 +234,7 @@ def test_monitor_reports_a_rank_killed_by_a_signal() -> None:
 # ---- ground-truth file --------------------------------------------------------------------
 
 
-def _part(rank: int, stages: list[int]) -> dict[str, object]:
+def _part(rank: int, stages: list[int]) -> dict[str, Any]:
     log = gt.IntervalLog()
     # two steps; per step one forward (3 ms), one backward (6 ms), one 2 ms wait on rank-1's data
     for step, base in ((2, 1_000_000_000), (3, 2_000_000_000)):
@@ -264,7 +265,7 @@ def _part(rank: int, stages: list[int]) -> dict[str, object]:
     }
 
 
-def _header() -> dict[str, object]:
+def _header() -> dict[str, Any]:
     return {
         "schedule": "1f1b",
         "pp": 2,
@@ -319,7 +320,7 @@ def test_unusable_ground_truth_is_one_input_error(tmp_path: Path, content: str |
 
 def test_ground_truth_with_ragged_columns_is_rejected(tmp_path: Path) -> None:
     part = _part(0, [0])
-    part["intervals"]["end_ns"].pop()  # type: ignore[index]
+    part["intervals"]["end_ns"].pop()
     gt.write(tmp_path / gt.FILENAME, _header(), [part])
     with pytest.raises(InputError, match="column end_ns has 5 rows, expected 6"):
         load_groundtruth(tmp_path)

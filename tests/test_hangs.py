@@ -133,6 +133,7 @@ def test_rank_stops_sending_mid_step(tmp_path: Path, stopped: int, frac: float) 
     d = diagnose([tmp_path], Options())
     rep = d.result
     h = rep.hang
+    assert h is not None
     assert h.status == "hang" and h.root == stopped
     # the first finding says who waits for whom since when
     f = rep.findings[0]
@@ -147,6 +148,7 @@ def test_rank_stops_sending_mid_step(tmp_path: Path, stopped: int, frac: float) 
     for k in want:
         assert got[k] - got[k0] == pytest.approx(want[k] - want[k0], abs=0.05), k
     first = h.first
+    assert first is not None
     assert first.peer == stopped and (
         first.rank,
         "recv" if first.op == "recv" else "send",

@@ -23,7 +23,7 @@ from report_fill import typed
 from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis
 from ppdiag.model import Phase, Run
 from ppdiag.reports import write_report
-from ppdiag.reports.context import AnalysisContext
+from ppdiag.reports.context import AnalysisContext, Analyzed
 from ppdiag.reports.html import build_timeline, plotly_js, render_html, timeline_figure
 from ppdiag.reports.style import CAUSE_COLORS, WORK_COLORS
 
@@ -225,7 +225,7 @@ def test_html_without_pipeline(tmp_path: Path) -> None:
 
 
 def test_html_of_an_empty_diagnosis() -> None:
-    diag = Diagnosis(
+    diag: Analyzed = Diagnosis(
         run=Run(ranks=[], format="kineto"), result=typed({"schema_version": 1, "run": {}, "summary": {}})
     )
     html = render_html(diag)
@@ -374,7 +374,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_browser_renders_the_timeline_and_histogram(rendered: dict[str, Any]) -> None:
-    img, probe = rendered["img"], rendered["probe"]
+    img: np.ndarray = rendered["img"]
+    probe = rendered["probe"]
     assert img.shape[:2] == (2400, 1400)
 
     def region(id_: str) -> np.ndarray:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from analysis_parts import pipeline
 from test_html import CHROMIUM, _bad_log_lines, _chromium, _count_color, decode_png
 
 from ppdiag.reports.html_timeline import PATH_COLOR
@@ -107,7 +108,7 @@ def test_one_labelled_bar_per_micro_batch_block(page: dict[str, Any]) -> None:
     rep = page["report"]
     p, m, v = rep["run"]["pp"], rep["run"]["microbatches"], page["v"]
     diag = diagnose([page["run"]])
-    pipe = diag.context.pipeline
+    pipe = pipeline(diag)
     bars = page["probe"]["bars"]
     rank_of_row = {i: r for i, r in enumerate(sorted(pipe.blocks, key=lambda r: pipe.topology.stage_of[r]))}
     for row, rank in rank_of_row.items():
@@ -188,5 +189,5 @@ def test_own_outputs_in_the_run_dir_and_the_overlay(page: dict[str, Any], tmp_pa
     assert outs[0] == outs[1]
     doc = json.loads((run / "overlay.json").read_text())
     assert _partial_overlaps(doc) == {}
-    pairs = diagnose([run]).context.pipeline.pairs
+    pairs = pipeline(diagnose([run])).pairs
     assert sum(1 for e in doc["traceEvents"] if e["ph"] == "s" and e["name"] == "p2p") == len(pairs) > 0

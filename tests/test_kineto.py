@@ -596,7 +596,10 @@ _COMM_RE = re.compile(r"nccl|rccl", re.IGNORECASE)
 
 def _load_json(p: Path) -> dict[str, Any]:
     raw = p.read_bytes()
-    return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw, parse_float=Decimal)
+    doc: dict[str, Any] = json.loads(
+        gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw, parse_float=Decimal
+    )
+    return doc
 
 
 @pytest.mark.parametrize("rel", sorted(REAL))

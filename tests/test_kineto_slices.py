@@ -43,7 +43,12 @@ def test_hand_trace_equal_for_any_slice_length(
     p.write_text(json.dumps(BASE))
     calls: list[int] = []
     real = kineto._decode_sliced
-    monkeypatch.setattr(kineto, "_decode_sliced", lambda d, m, p="": calls.append(1) or real(d, m, p))
+
+    def spy(data: Any, memo: Any, path: str = "") -> Any:
+        calls.append(1)
+        return real(data, memo, path)
+
+    monkeypatch.setattr(kineto, "_decode_sliced", spy)
     sliced, whole = _both(p, monkeypatch, slice_len)
     assert calls  # the sliced path ran
     _same(sliced, whole)
@@ -79,6 +84,7 @@ def _sliced_ran(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     def spy(data: Any, memo: Any, path: str = "") -> Any:
         got = real(data, memo, path)
         if got is not None:
+            assert got.events is not None, "the sliced decoding builds the events' columns"
             rows.append(len(got.events))
         return got
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ppdiag.api import Options, diagnose
+from ppdiag.report_types import LinkRow
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.scenario import make_scenario
@@ -16,6 +17,13 @@ from ppdiag.synth.scenario import make_scenario
 # the synthetic activations: 8 Mi bf16 elements = 16 MiB, moved in p2p_ms = 0.05 ms on a normal
 # link: 16777216 B / 50000 ns = 335.5 GB/s
 NORMAL_GBPS = 16777216 / 50_000
+
+
+def _links(path: Path, options: Options | None = None) -> list[LinkRow]:
+    """The ``links[]`` rows of an analysis of ``path`` (an analysis always writes the section)."""
+    rows = diagnose([path], options or Options()).result.links
+    assert rows is not None
+    return rows
 
 
 def _with_hosts(paths: list[Path], hosts: dict[int, str]) -> None:
@@ -30,7 +38,7 @@ def _with_hosts(paths: list[Path], hosts: dict[int, str]) -> None:
 
 def test_one_link_20x_slower(tmp_path: Path) -> None:
     write_kineto(make_scenario(steps=2, faults=[F.SlowLink(1, factor=20.0)]), tmp_path)
-    links = {(x.src, x.dst): x for x in diagnose([tmp_path], Options()).result.links}
+    links = {(x.src, x.dst): x for x in _links(tmp_path)}
     assert set(links) == {(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2)}
     for key, x in links.items():
         truth = NORMAL_GBPS / 20.0 if key[0] == 1 else NORMAL_GBPS  # rank 1 sends slowly
@@ -46,7 +54,7 @@ def test_two_hosts_classify_the_links(tmp_path: Path) -> None:
     run = make_scenario(steps=2, faults=[F.SlowLink(1, factor=100.0)])
     paths = write_kineto(run, tmp_path)
     _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
-    links = {(x.src, x.dst): x for x in diagnose([tmp_path], Options()).result.links}
+    links = {(x.src, x.dst): x for x in _links(tmp_path)}
     assert links[(0, 1)].scope == "intra-node" and links[(0, 1)].likely_class == "nvlink"
     cross = links[(1, 2)]
     assert cross.scope == "inter-node" and (cross.src_host, cross.dst_host) == ("node00", "node01")
@@ -64,7 +72,7 @@ def test_placement_finding_pipeline_across_dp_inside(tmp_path: Path) -> None:
     _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
     rep = diagnose([tmp_path], Options()).result
     (f,) = [x for x in rep.findings if x.code == "PP014"]
-    assert f.gain_ms > 0 and f.evidence["whatif_fix"] == "no_comm_wait"
+    assert f.gain_ms is not None and f.gain_ms > 0 and f.evidence["whatif_fix"] == "no_comm_wait"
     assert sorted(f.ranks) == [0, 1, 2, 3]
     # ablation: the same run with every rank on one host has no placement finding
     one = tmp_path / "one"
@@ -79,7 +87,9 @@ def test_pp004_names_the_suspected_tcp_link(tmp_path: Path) -> None:
     _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
     rep = diagnose([tmp_path], Options()).result
     (f,) = [x for x in rep.findings if x.code == "PP004"]
-    assert [s.split(":")[0] for s in f.evidence["tcp_fallback_suspected"]] == ["1->2"]
+    suspected = f.evidence["tcp_fallback_suspected"]
+    assert isinstance(suspected, list)
+    assert [s.split(":")[0] for s in suspected] == ["1->2"]
 
 
 def test_hosts_flag_places_ranks_the_traces_do_not(tmp_path: Path) -> None:
@@ -88,12 +98,11 @@ def test_hosts_flag_places_ranks_the_traces_do_not(tmp_path: Path) -> None:
     run = make_scenario(steps=2, faults=[F.SlowLink(1, factor=100.0)])
     write_kineto(run, tmp_path)
     for spec in ("2", "a=0-1,b=2-3"):
-        links = {(x.src, x.dst): x for x in diagnose([tmp_path], Options(hosts=spec)).result.links}
+        links = {(x.src, x.dst): x for x in _links(tmp_path, Options(hosts=spec))}
         assert links[(0, 1)].scope == "intra-node"
         assert links[(1, 2)].scope == "inter-node" and links[(1, 2)].tcp_fallback_suspected
     # ablation: without the flag nothing is known about the hosts
-    links = diagnose([tmp_path], Options()).result.links
-    assert {x.scope for x in links} == {"unknown"}
+    assert {x.scope for x in _links(tmp_path)} == {"unknown"}
 
 
 def test_hosts_flag_overrides_the_trace(tmp_path: Path) -> None:
@@ -101,8 +110,7 @@ def test_hosts_flag_overrides_the_trace(tmp_path: Path) -> None:
     run = make_scenario(steps=2)
     paths = write_kineto(run, tmp_path)
     _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
-    links = diagnose([tmp_path], Options(hosts="4")).result.links
-    assert {x.scope for x in links} == {"intra-node"}
+    assert {x.scope for x in _links(tmp_path, Options(hosts="4"))} == {"intra-node"}
 
 
 @pytest.mark.parametrize(

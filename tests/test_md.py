@@ -69,12 +69,12 @@ def test_markdown_of_a_pipeline_run(tmp_path: Path) -> None:
 def test_markdown_gate_section() -> None:
     rep = base_report()
     gate = run_gate(typed(rep), Budget(max_stage_ratio=1.1, max_lost_ratio=0.5))
-    md = render_markdown(typed(rep), gate=gate)
+    md = render_markdown(typed(rep), gate=gate.to_report())
     assert "### Gate: ❌ FAIL (exit 1)" in md
     t = next(t for t in _tables(md) if _cells(t[0]) == ["", "check"])
     states = [_cells(r)[0] for r in t[2:]]
     assert sorted(states) == ["✅", "❌"]
-    ok = render_markdown(typed(rep), gate=run_gate(typed(rep), Budget(max_lost_ratio=0.5)))
+    ok = render_markdown(typed(rep), gate=run_gate(typed(rep), Budget(max_lost_ratio=0.5)).to_report())
     assert "### Gate: ✅ PASS (exit 0)" in ok
 
 

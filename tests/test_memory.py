@@ -34,7 +34,7 @@ def test_real_trace_peak_is_the_max_total_allocated() -> None:
     ev, _ = _mem_events(p)
     top = max(ev, key=lambda e: e["args"]["Total Allocated"])
     rows = diagnose([p], Options()).result.memory
-    assert len(rows) == 1 and rows[0].source == "totals"
+    assert rows is not None and len(rows) == 1 and rows[0].source == "totals"
     assert rows[0].peak_allocated_mb == pytest.approx(top["args"]["Total Allocated"] / MB, abs=1e-3)
     assert rows[0].peak_ts_us == pytest.approx(top["ts"], abs=1e-3)
     assert rows[0].peak_reserved_mb == pytest.approx(
@@ -50,7 +50,7 @@ def test_real_trace_without_totals_integrates_the_bytes() -> None:
     level = np.cumsum([e["args"]["Bytes"] for e in ev])
     i = int(np.argmax(level))
     rows = diagnose([p], Options()).result.memory
-    assert rows[0].source == "bytes" and "relative" in rows[0].note
+    assert rows is not None and rows[0].source == "bytes" and "relative" in rows[0].note
     assert rows[0].peak_allocated_mb == pytest.approx(level[i] / MB, abs=1e-3)
     assert rows[0].peak_ts_us == pytest.approx(ev[i]["ts"], abs=1e-3)
     assert rows[0].peak_reserved_mb is None
@@ -131,11 +131,14 @@ def test_synthetic_activation_and_gpipe_peak_from_1f1b(tmp_path: Path, pp: int, 
     for sch in ("1f1b", "gpipe"):
         d = tmp_path / sch
         write_kineto(with_memory(make_scenario(schedule=sch, pp=pp, microbatches=m, steps=2), w, a), d)
-        reps[sch] = {r.rank: r for r in diagnose([d], Options()).result.memory}
+        rows = diagnose([d], Options()).result.memory
+        assert rows is not None
+        reps[sch] = {r.rank: r for r in rows}
     rep = diagnose([tmp_path / "1f1b"], Options()).result
     stage_of = {int(r.rank): r.stage for r in rep.ranks}
     for rank, row in reps["1f1b"].items():
         s = stage_of[rank]
+        assert s is not None
         assert row.activation_per_mb_mb == pytest.approx(a, rel=0.05)
         assert row.peak_allocated_mb == pytest.approx(w + min(pp - s, m) * a, rel=1e-6)
         gp = reps["gpipe"][rank].peak_allocated_mb
@@ -160,7 +163,8 @@ def test_pp012_fires_on_gpipe_not_on_1f1b(tmp_path: Path) -> None:
         found[sch] = [f for f in diagnose([d], Options()).result.findings if f.code == "PP012"]
     assert not found["1f1b"]
     (f,) = found["gpipe"]
-    assert f.evidence["inflight_at_peak"] == 8 and f.evidence["inflight_needed"] == 4
-    assert f.evidence["peak_allocated_mb"] == pytest.approx(1800.0)
-    assert f.evidence["predicted_peak_mb"]["1f1b"] == pytest.approx(1400.0, rel=0.05)
+    ev: dict[str, Any] = f.evidence
+    assert ev["inflight_at_peak"] == 8 and ev["inflight_needed"] == 4
+    assert ev["peak_allocated_mb"] == pytest.approx(1800.0)
+    assert ev["predicted_peak_mb"]["1f1b"] == pytest.approx(1400.0, rel=0.05)
     assert any("1F1B" in x for x in f.fixes)

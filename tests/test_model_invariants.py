@@ -4,18 +4,29 @@ layer that writes into the parser's arrays fails at once."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from ppdiag.api import Options, analyze_run, load
+from ppdiag.model import Intervals
 from ppdiag.model.invariants import LABEL_COLUMNS, check_run, freeze_run
+from ppdiag.pipeline.blocks import IntervalLabels
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.nsys import write_nsys
 from ppdiag.synth.scenario import make_scenario
 
 DATA = Path(__file__).parent / "data"
+
+#: The label columns of one rank's intervals: phase, micro-batch, virtual stage.
+_Labels = tuple[npt.NDArray[np.integer[Any]], ...]
+
+
+def _labels(x: Intervals | IntervalLabels) -> _Labels:
+    return (x.phase, x.mb, x.chunk)
 
 
 @pytest.fixture(scope="module", params=["kineto", "nsys"])
@@ -97,7 +108,7 @@ def test_block_labels_are_an_overlay(run_dir: Path) -> None:
     """The pipeline's block labels live on the pipeline result; the parser's label columns stay
     as parsed and read-only, and the aligned view's timelines show the overlay through copies of it."""
     run = load([run_dir])
-    parsed = {tl.rank: (tl.intervals.phase, tl.intervals.mb, tl.intervals.chunk) for tl in run.ranks}
+    parsed = {tl.rank: _labels(tl.intervals) for tl in run.ranks}
     snap = {r: tuple(a.copy() for a in cols) for r, cols in parsed.items()}
     diag = analyze_run(run, Options())
     assert diag.context is not None and diag.context.pipeline is not None
@@ -105,13 +116,13 @@ def test_block_labels_are_an_overlay(run_dir: Path) -> None:
     relabelled = 0
     for tl, view in zip(run.ranks, diag.run.ranks, strict=True):
         lab = pipe.labels[tl.rank]
-        now = (tl.intervals.phase, tl.intervals.mb, tl.intervals.chunk)
+        now = _labels(tl.intervals)
         assert all(a is b for a, b in zip(now, parsed[tl.rank], strict=True))  # not replaced
         for arr, before, shown, over in zip(
             parsed[tl.rank],
             snap[tl.rank],
-            (view.intervals.phase, view.intervals.mb, view.intervals.chunk),
-            (lab.phase, lab.mb, lab.chunk),
+            _labels(view.intervals),
+            _labels(lab),
             strict=True,
         ):
             assert not arr.flags.writeable and not over.flags.writeable

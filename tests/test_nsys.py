@@ -289,7 +289,7 @@ class Export:
     def range(
         self,
         start: int,
-        end: int,
+        end: int | None,
         name: str,
         *,
         tid: int = PID,
@@ -308,7 +308,7 @@ class Export:
         )
 
     def nccl_domain(self, pid: int = PID) -> None:
-        self.range(0, None, "NCCL", domain=1, event_type=75, pid=pid, tid=pid)  # type: ignore[arg-type]
+        self.range(0, None, "NCCL", domain=1, event_type=75, pid=pid, tid=pid)
 
     def nccl(
         self,

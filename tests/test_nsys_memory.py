@@ -10,13 +10,23 @@ import pytest
 from conftest import SHARED_TRACES
 
 from ppdiag.api import Options, diagnose, load
-from ppdiag.model.memory import MB
+from ppdiag.model.memory import MB, MemoryRow
+from ppdiag.report_types import Report
 from ppdiag.synth.memory import with_memory
-from ppdiag.synth.nsys import global_pid, write_nsys
+from ppdiag.synth.nsys import write_nsys
 from ppdiag.synth.nsys_memory import add_memory_table
+from ppdiag.synth.nsys_tables import global_pid
 from ppdiag.synth.scenario import make_scenario
 
 MIB = 1024 * 1024
+
+
+def _memory(rep: Report) -> list[MemoryRow]:
+    """The report's ``memory[]`` rows (an analysis always writes the section)."""
+    assert rep.memory is not None
+    return rep.memory
+
+
 # the columns nsys writes, without NOT NULL: a damaged export may hold anything
 COLUMNS = (
     "start, globalPid, deviceId, contextId, address, pc, bytes, memKind, memoryOperationType, name, "
@@ -74,7 +84,7 @@ def test_hand_built_table_levels_and_peak(tmp_path: Path) -> None:
     said = [w for w in run.warnings if "CUDA_GPU_MEMORY_USAGE_EVENTS" in w]
     assert len(said) == 1 and "1 host" in said[0] and "2 row(s) dropped" in said[0]
     rep = diagnose([tmp_path], Options(progress=False, jobs=1)).result
-    (row,) = rep.memory
+    (row,) = _memory(rep)
     assert row.rank == 0 and row.source == "cuda" and row.events == 4
     assert row.peak_allocated_mb == pytest.approx(250.0)
     assert row.peak_reserved_mb is None
@@ -96,8 +106,11 @@ def test_synthetic_pipeline_peaks_and_pp012(tmp_path: Path, per_rank_files: bool
         run = with_memory(make_scenario(schedule=sch, pp=pp, microbatches=m, steps=2), w, a)
         assert add_memory_table(write_nsys(run, d, per_rank_files=per_rank_files), run) > 0
         reps[sch] = diagnose([d], Options(progress=False)).result
-    stage_of = {int(r.rank): int(r.stage) for r in reps["1f1b"].ranks}
-    rows = {sch: {r.rank: r for r in rep.memory} for sch, rep in reps.items()}
+    stage_of: dict[int, int] = {}
+    for r in reps["1f1b"].ranks:
+        assert r.stage is not None
+        stage_of[r.rank] = r.stage
+    rows = {sch: {r.rank: r for r in _memory(rep)} for sch, rep in reps.items()}
     assert sorted(rows["1f1b"]) == sorted(stage_of) == [0, 1, 2, 3]
     for rank, row in rows["1f1b"].items():
         s = stage_of[rank]

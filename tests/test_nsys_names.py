@@ -299,7 +299,8 @@ def test_nccl_domain_without_create_row_or_payloads(run_1f1b: SynthRun, tmp_path
 def _report(paths: list[Path]) -> Report:
     api = pytest.importorskip("ppdiag.api")
     loader = pytest.importorskip("ppdiag.parsers.loader")
-    return api.analyze_run(loader.load_run(paths, progress=False, jobs=1)).result
+    report: Report = api.analyze_run(loader.load_run(paths, progress=False, jobs=1)).result
+    return report
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
@@ -316,8 +317,9 @@ def test_diagnosis_with_emit_nvtx_names_equals_the_one_with_payloads(tmp_path: P
     assert got.run.peer_source == "nvtx name"
     for key in ("pp", "stage_map", "schedule", "microbatches"):
         assert getattr(got.run, key) == getattr(ref.run, key), key
-    step = ref.summary.step_ms
-    assert abs(got.summary.step_ms - step) <= 0.01 * step
+    step, got_step = ref.summary.step_ms, got.summary.step_ms
+    assert step is not None and got_step is not None
+    assert abs(got_step - step) <= 0.01 * step
     for cause, ms in ref.summary.lost_ms.items():
         assert abs(got.summary.lost_ms[cause] - ms) <= 0.01 * step, cause
 
@@ -342,6 +344,7 @@ def test_p2p_by_names_with_collective_payloads_kept(tmp_path: Path) -> None:
     for key in ("pp", "stage_map", "schedule", "microbatches"):
         assert getattr(got.run, key) == getattr(ref.run, key), key
     step = ref.summary.step_ms
+    assert step is not None
     for cause, ms in ref.summary.lost_ms.items():
         assert abs(got.summary.lost_ms[cause] - ms) <= 0.01 * step, cause
 

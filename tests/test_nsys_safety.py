@@ -236,7 +236,7 @@ def test_wal_export_where_its_index_cannot_be_created(
     def no_shm(path: Path, *, immutable: bool = False) -> sqlite3.Connection:
         if not immutable and path == p:
             err = sqlite3.OperationalError("unable to open database file")
-            err.sqlite_errorcode = 14  # type: ignore[attr-defined]
+            err.sqlite_errorcode = 14
             raise err
         return real(path, immutable=immutable)
 

@@ -163,7 +163,8 @@ def test_parquet_csv_chrome_same_diagnosis(tmp_path: Path, p: OpTableParams) -> 
             assert sa.keys() == sb.keys()
             for k in sa:
                 assert abs(sa[k] - sb[k]) <= 0.001, (ra.rank, k, sa[k], sb[k])
-        assert abs(other.result.summary.step_ms - base.result.summary.step_ms) <= 0.01
+        step_a, step_b = base.result.summary.step_ms, other.result.summary.step_ms
+        assert step_a is not None and step_b is not None and abs(step_b - step_a) <= 0.01
 
 
 SLOW = OpTableParams(slow_worker=(1, 2, 1.3))
@@ -396,7 +397,8 @@ def _rs_waits(df: pd.DataFrame, p: OpTableParams) -> dict[int, float]:
     rs = df[df["optype"] == "grads-reduce-scatter"]
     xfer = rs.groupby(["step", "stage"])["duration"].transform("min")
     wait = (rs["duration"] - xfer) * 1e3
-    return {int(r): float(w) for r, w in wait.groupby(rs["rank"]).sum().items()}
+    per_rank = wait.groupby(rs["rank"]).sum()
+    return {int(r): float(w) for r, w in zip(per_rank.index, per_rank.to_numpy(), strict=True)}
 
 
 def test_dp_wait_for_slow_replica_charged_to_its_cause(tmp_path: Path) -> None:

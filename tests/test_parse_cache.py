@@ -138,8 +138,10 @@ def test_odd_names_and_metadata_round_trip(cache_on: Path) -> None:
         meta={"time_base_ns": 17, "ts_format": "absolute µs", "nested": {"a": [1, 2.5, None]}},
     )
     assert cache.put("a" * 40, [tl])
-    (back,) = cache.get("a" * 40) or [None]
-    assert back is not None and _state(back) == _state(tl)
+    got = cache.get("a" * 40)
+    assert got is not None
+    (back,) = got
+    assert _state(back) == _state(tl)
 
 
 def test_unencodable_metadata_is_not_cached(cache_on: Path) -> None:

@@ -164,6 +164,7 @@ def test_kineto_without_any_peer_source_rebuilds_the_same_pipeline(tmp_path: Pat
     assert rep.run.peer_source == "metadata"
     assert bare.run.peer_source == "timing"
     assert bare.run.stage_source.startswith("p2p chain")
+    assert bare.run.peers is not None
     assert bare.run.peers.decided_by_timing > 0 and bare.run.peers.undecided == 0
     assert bare.run.clock_residual_us is not None and bare.run.clock_residual_us < 50
     _compare(rep, bare)
@@ -211,7 +212,7 @@ def test_a_lost_kernel_without_peers_moves_no_clock(tmp_path: Path) -> None:
     # the offsets stay where they were (index pairing moved them by a block's length)
     for r, v in rep.run.clock_offsets_us.items():
         assert abs(lost.run.clock_offsets_us[r] - v) < 5.0
-    assert lost.run.clock_residual_us < 50
+    assert lost.run.clock_residual_us is not None and lost.run.clock_residual_us < 50
     # the orphaned send is counted, not paired with a later receive
     assert any("unmatched" in w for w in lost.run.warnings)
 
@@ -269,6 +270,7 @@ def test_lockstep_replicas_are_ambiguous_without_a_group(tmp_path: Path) -> None
     rep = _diag(bare)
     assert rep.run.pp == 1
     assert any("ambiguous by timing" in w for w in rep.run.warnings)
+    assert rep.run.peers is not None
     assert rep.run.peers.undecided > 0 and rep.run.peers.decided_by_timing == 0
 
 
@@ -298,5 +300,5 @@ def test_stage_map_separates_lockstep_replicas(tmp_path: Path) -> None:
     lines = ";".join(",".join(str(r) for r in line) for line in [[0, 2, 4, 6], [1, 3, 5, 7]])
     got = diagnose([bare], Options(stage_map=lines)).result
     assert got.run.stage_map == rep.run.stage_map
-    assert got.run.peers.undecided == 0
+    assert got.run.peers is not None and got.run.peers.undecided == 0
     assert not any("ambiguous" in w for w in got.run.warnings)

@@ -12,15 +12,19 @@ from diag_fixture import EVIL, build_nopp_diagnosis, build_pipeline_diagnosis
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.reports import write_report
-from ppdiag.reports.perfetto import TID_LOST, write_perfetto
+from ppdiag.reports.perfetto import write_perfetto
+from ppdiag.reports.perfetto_events import TID_LOST
 from ppdiag.reports.style import CAUSE_LABELS
 
 
 def _load(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any]
     if path.suffix == ".gz":
         with gzip.open(path, "rt", encoding="utf-8") as fh:
-            return json.load(fh)
-    return json.loads(path.read_text(encoding="utf-8"))
+            doc = json.load(fh)
+    else:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    return doc
 
 
 def test_overlay_structure_and_clock(tmp_path: Path) -> None:
@@ -185,7 +189,7 @@ def test_collective_arrows_go_from_the_last_arriver_to_the_waiters(tmp_path: Pat
 def test_lanes_keep_a_track_free_of_overlaps() -> None:
     import numpy as np
 
-    from ppdiag.reports.perfetto import lanes
+    from ppdiag.reports.perfetto_events import lanes
 
     # [0,10) [5,15) [12,20) [14,16): [12,20) reuses lane 0 (free at 10), [14,16) overlaps both
     # others still open: lane 2; [30,40) overlaps nothing: lane 0

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from analysis_parts import context, pipeline
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -271,7 +272,7 @@ def _reference_run(
     return idle
 
 
-CASES = {
+CASES: dict[str, dict[str, Any]] = {
     "1f1b_p4_stage": dict(schedule="1f1b", pp=4, microbatches=8, faults=[F.SlowStage(2, 2.0)]),
     "1f1b_p8_link": dict(schedule="1f1b", pp=8, microbatches=16, faults=[F.SlowLink(3, factor=25.0)]),
     "interleaved_host": dict(
@@ -301,9 +302,8 @@ def test_vectorized_replay_equals_the_node_at_a_time_replay(tmp_path: Path, name
     run = make_scenario(**dict(CASES[name]))
     (write_kineto if fmt == "kineto" else write_nsys)(run, tmp_path)
     diag = diagnose([tmp_path], Options())
-    ctx = diag.context
-    pipe = ctx.pipeline
-    steps, timelines, ops = ctx.rank_steps, diag.run.by_rank(), pipe.ops
+    pipe = pipeline(diag)
+    steps, timelines, ops = context(diag).rank_steps, diag.run.by_rank(), pipe.ops
     rp = Replay(steps, timelines, ops, pipe.topology.pp * pipe.topology.virtual - 1)
     assert len(rp.nodes) > 0
     assert rp.check() == []
@@ -393,8 +393,8 @@ def test_replay_graph_check_finds_broken_graphs(tmp_path: Path) -> None:
     run = make_scenario(pp=4, microbatches=4, steps=2)
     write_kineto(run, tmp_path)
     diag = diagnose([tmp_path], Options())
-    pipe = diag.context.pipeline
-    rp = Replay(diag.context.rank_steps, diag.run.by_rank(), pipe.ops, pipe.topology.pp - 1)
+    pipe = pipeline(diag)
+    rp = Replay(context(diag).rank_steps, diag.run.by_rank(), pipe.ops, pipe.topology.pp - 1)
     assert rp.check() == []
     rp.nodes[3].edges.append((3, 0))  # a block that waits for itself
     rp.nodes[5].post = -1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from diag_fixture import base_report
@@ -28,7 +29,7 @@ def test_clean_strips_escape_sequences_and_controls() -> None:
     assert clean_tree({"k\x1b[1m": [ESC, 1, None]}) == {"k": ["red", 1, None]}
 
 
-def _report_with(name: str) -> dict:
+def _report_with(name: str) -> dict[str, Any]:
     rep = base_report()
     rep["run"]["warnings"] = [f"{name}: skipped", f"kernel {name} @alice see www.evil.example"]
     rep["run"]["sources"] = {"0": name}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,9 +33,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _report(paths: list[str], **kw: object) -> Report:
-    rep = diagnose(paths, Options(progress=False, **kw)).result  # type: ignore[arg-type]
-    return rep
+def _report(paths: list[str], **kw: Any) -> Report:
+    return diagnose(paths, Options(progress=False, **kw)).result
 
 
 def test_digest_round_trip(run_dir: Path) -> None:

@@ -60,14 +60,15 @@ def _html_bar(html: str) -> list[float]:
 def test_shares_add_up_in_every_report(rel: str) -> None:
     diag = diagnose([_path(rel)], Options())
     s = diag.result.summary
-    mean = s.step_mean_ms
-    assert mean and mean > 0
-    assert sum(s.shares.values()) == pytest.approx(1.0, abs=0.005)
+    mean, shares = s.step_mean_ms, s.shares
+    assert mean and mean > 0 and shares is not None
+    assert sum(shares.values()) == pytest.approx(1.0, abs=0.005)
     # ms and shares agree: each share is its ms over the mean step
-    assert s.shares["compute"] == pytest.approx(s.compute_ms / mean, abs=1e-3)
+    assert s.compute_ms is not None
+    assert shares["compute"] == pytest.approx(s.compute_ms / mean, abs=1e-3)
     for k in CAUSE_KEYS:
-        assert s.shares[k] == pytest.approx(s.lost_ms[k] / mean, abs=1e-3)
-    assert s.lost_ratio == pytest.approx(1.0 - s.shares["compute"], abs=1e-3)
+        assert shares[k] == pytest.approx(s.lost_ms[k] / mean, abs=1e-3)
+    assert s.lost_ratio == pytest.approx(1.0 - shares["compute"], abs=1e-3)
     for r in diag.result.ranks:
         assert sum(r.shares.values()) == pytest.approx(1.0, abs=0.005)
     assert sum(_md_pcts(render_markdown(diag.result))) == pytest.approx(100.0, abs=0.5)
@@ -79,9 +80,9 @@ def test_copies_dominate_the_real_2gpu_nsys_window() -> None:
     lost = rep.summary.lost_ms
     assert max(lost, key=lambda k: lost[k]) == "exposed_copy"
     # 22 ms of kernels, ~920 ms of host-to-device copies in a ~970 ms window
-    assert rep.summary.shares["exposed_copy"] > 0.9
-    assert rep.summary.compute_ms < 30
+    assert rep.summary.shares is not None and rep.summary.shares["exposed_copy"] > 0.9
+    assert rep.summary.compute_ms is not None and rep.summary.compute_ms < 30
     f = rep.findings[0]
     assert f.code == "PP011" and f.cause == "exposed_copy" and f.severity == "high"
-    assert f.gain_ms > 900
+    assert f.gain_ms is not None and f.gain_ms > 900
     assert sum(r.exposed_copy_ms for r in rep.ranks) > 1800

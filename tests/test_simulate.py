@@ -5,6 +5,9 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from ppdiag.model import Phase
 from ppdiag.simulate import (
     SimConfig,
+    SimResult,
     canonical_schedule,
     closed_form_bubble,
     rank_orders,
@@ -102,7 +106,7 @@ def test_slow_first_stage_hand_computed() -> None:
     assert res.start_ns[first_b] == 11
 
 
-def _producer_rows(res) -> list[tuple[int, int, bool]]:  # type: ignore[no-untyped-def]
+def _producer_rows(res: SimResult) -> list[tuple[int, int, bool]]:
     """(row, producer row, remote) for every block with an input, derived from the columns."""
     n_st = len(res.stage_to_rank)
     idx = {}
@@ -243,7 +247,7 @@ def test_bad_inputs() -> None:
     assert stage_to_rank("interleaved", 3, 2) == [0, 1, 2, 0, 1, 2]
 
 
-def _torch_schedules():  # type: ignore[no-untyped-def]
+def _torch_schedules() -> ModuleType:
     try:
         import torch.distributed.pipelining.schedules as tsched
     except Exception:  # torch missing or built without distributed
@@ -251,7 +255,7 @@ def _torch_schedules():  # type: ignore[no-untyped-def]
     return tsched
 
 
-def _flatten_torch(actions) -> list[tuple[int, str, int]]:  # type: ignore[no-untyped-def]
+def _flatten_torch(actions: Iterable[Any]) -> list[tuple[int, str, int]]:
     out: list[tuple[int, str, int]] = []
     for a in actions:
         if a is None:

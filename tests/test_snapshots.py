@@ -19,7 +19,7 @@ import pytest
 from rich.console import Console
 
 from ppdiag.api import Options, diagnose
-from ppdiag.diagnosis import Diagnosis
+from ppdiag.reports.context import Analyzed
 from ppdiag.reports.md import render_markdown
 from ppdiag.reports.terminal import render
 from ppdiag.synth import faults as F
@@ -31,7 +31,7 @@ UPDATE = os.environ.get("PPDIAG_UPDATE_SNAPSHOTS") == "1"
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Diagnosis, Path]:
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Analyzed, Path]:
     d = tmp_path_factory.mktemp("snap")
     run = make_scenario(
         steps=2, pp=4, microbatches=4, faults=[F.SlowStage(2, 1.5), F.HostStall(1, 0.5)], seed=0
@@ -52,12 +52,12 @@ def _check(name: str, text: str, run_dir: Path) -> None:
     assert text == want, f"{name} changed; if meant: PPDIAG_UPDATE_SNAPSHOTS=1 pytest {__file__}"
 
 
-def test_markdown_snapshot(small: tuple[Diagnosis, Path]) -> None:
+def test_markdown_snapshot(small: tuple[Analyzed, Path]) -> None:
     diag, d = small
     _check("small_run.md", render_markdown(diag.result), d)
 
 
-def test_terminal_snapshot(small: tuple[Diagnosis, Path]) -> None:
+def test_terminal_snapshot(small: tuple[Analyzed, Path]) -> None:
     diag, d = small
     buf = io.StringIO()
     # fixed width, no colour codes: what a 120-column log shows
@@ -65,7 +65,7 @@ def test_terminal_snapshot(small: tuple[Diagnosis, Path]) -> None:
     _check("small_run.txt", buf.getvalue(), d)
 
 
-def test_snapshot_check_can_fail(small: tuple[Diagnosis, Path], tmp_path: Path) -> None:
+def test_snapshot_check_can_fail(small: tuple[Analyzed, Path], tmp_path: Path) -> None:
     """The comparison is exact: one changed figure is a failure."""
     diag, d = small
     md = render_markdown(diag.result)

@@ -258,7 +258,8 @@ def test_slow_step_truth() -> None:
 
 def _load(path: Path) -> dict[str, Any]:
     with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as fh:
-        return json.load(fh)
+        doc: dict[str, Any] = json.load(fh)
+    return doc
 
 
 def _abs_ns(doc: dict[str, Any], ts: float | str) -> int:

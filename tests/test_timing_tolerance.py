@@ -97,10 +97,12 @@ def test_blocking_tie_first_posted() -> None:
 
 
 _BASE = OpTableParams(pp=3, dp=2, microbatches=4, steps=(2, 5, 6), slow_worker=(1, 1, 1.3), mb_cv=0.2, seed=3)
-_REF: dict[str, object] = {}
+#: A run's findings (code, ranks, gain) and each rank's shares.
+_Summary = tuple[list[tuple[str, list[int], float | None]], list[dict[str, float]]]
+_REF: dict[str, _Summary] = {}
 
 
-def _summary(path: Path) -> tuple[list[tuple[str, list[int], float | None]], list[dict[str, float]]]:
+def _summary(path: Path) -> _Summary:
     d = diagnose([path], Options(progress=False, jobs=1))
     return [(f.code, f.ranks, f.gain_ms) for f in d.findings], [r.shares for r in d.result.ranks]
 
@@ -115,7 +117,7 @@ def test_ns_jitter_keeps_the_diagnosis(tmp_path: Path, seed: int) -> None:
     df, _ = simulate_optable(_BASE)
     if "ref" not in _REF:
         _REF["ref"] = _summary(write_table(df, tmp_path / "ref.csv"))
-    ref_f, ref_s = _REF["ref"]  # type: ignore[misc]
+    ref_f, ref_s = _REF["ref"]
     rng = np.random.default_rng(seed)
     j = df.copy()
     j["start_ts"] = j["start_ts"] + rng.integers(-1, 2, len(j)) * 1e-9

@@ -67,5 +67,6 @@ def test_p2p_that_is_not_a_chain_says_why() -> None:
     by_rank = {0: ops([1, 1, 2, 2, 3, 3], [s, r, s, r, s, r])} | {k: ops([0, 0], [r, s]) for k in (1, 2, 3)}
     run = SimpleNamespace(ranks=[SimpleNamespace(rank=k) for k in range(4)])
     notes: list[str] = []
+    # a stand-in for the run: the chain reads only its ranks' numbers
     assert _chain(run, by_rank, notes) is None  # type: ignore[arg-type]
     assert len(notes) == 1 and "rank 0 exchanges data with 3 ranks (1, 2, 3)" in notes[0]

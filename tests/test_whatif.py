@@ -18,9 +18,10 @@ from typer.testing import CliRunner
 
 from ppdiag.api import Options, diagnose
 from ppdiag.cli import app
-from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis
+from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.model import Intervals, Kind, NameTable, Phase, RangeKind, Ranges, RankTimeline
 from ppdiag.pipeline.blocks import Blocks
+from ppdiag.reports.context import Analyzed
 from ppdiag.reports.terminal import render
 from ppdiag.synth.faults import SlowLink, SlowStage
 from ppdiag.synth.kineto import write_kineto
@@ -206,7 +207,7 @@ def test_peak_activations() -> None:
 
 
 @cache
-def synth_run(root: str, name: str, **kw: Any) -> tuple[Diagnosis, float]:
+def synth_run(root: str, name: str, **kw: Any) -> tuple[Analyzed, float]:
     d = Path(root) / name
     shutil.rmtree(d, ignore_errors=True)
     write_kineto(make_scenario(annotations="pp", steps=2, **kw), d)
@@ -257,10 +258,13 @@ def test_report_carries_the_whatif_table(root: str, test_data: Path) -> None:
     rows = diag.result.whatif
     assert [r.scenario for r in rows][:3] == ["M=16 (M x 2)", "interleaved, v=2", "rebalanced stages"]
     step = diag.result.summary.step_ms
+    assert step is not None
     for r in rows:
-        assert r.step_ms > 0 and r.speedup == pytest.approx(step / r.step_ms, rel=1e-3)
+        assert r.step_ms is not None and r.step_ms > 0
+        assert r.speedup == pytest.approx(step / r.step_ms, rel=1e-3)
         assert set(r.lost_ms) == set(CAUSE_KEYS)
     reb = rows[2]
+    assert reb.split is not None and reb.speedup is not None
     assert reb.split["slowest_stage_before"] == 2 and reb.split["ideal"] is True
     assert reb.speedup > 1.1
     out = io.StringIO()

@@ -6,36 +6,38 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from analysis_parts import attribution, context, pipeline
 from report_fill import typed
 
 from ppdiag.api import Options, diagnose
-from ppdiag.diagnosis import Diagnosis
 from ppdiag.errors import InputError
+from ppdiag.reports.context import Analyzed
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.scenario import make_scenario
 from ppdiag.whatif import fixes, scenarios
 
 
 @pytest.fixture(scope="module")
-def diag(tmp_path_factory: pytest.TempPathFactory) -> Diagnosis:
+def diag(tmp_path_factory: pytest.TempPathFactory) -> Analyzed:
     d = tmp_path_factory.mktemp("run")
     write_kineto(make_scenario(steps=2), d)
     return diagnose([d], Options())
 
 
-def _predict(diag: Diagnosis, warnings: list[str]) -> scenarios.FixPredictions | None:
-    c = diag.context
-    return scenarios.predict_fixes(diag.run, diag.result, c.pipeline, c.attribution, c.rank_steps, warnings)
+def _predict(diag: Analyzed, warnings: list[str]) -> scenarios.FixPredictions | None:
+    return scenarios.predict_fixes(
+        diag.run, diag.result, pipeline(diag), attribution(diag), context(diag).rank_steps, warnings
+    )
 
 
-def test_predictions_on_a_normal_run(diag: Diagnosis) -> None:
+def test_predictions_on_a_normal_run(diag: Analyzed) -> None:
     warnings: list[str] = []
     fp = _predict(diag, warnings)
     assert fp is not None and fp.rows and warnings == []
 
 
 @pytest.mark.parametrize("exc", [InputError(None, "M unknown"), ValueError("3 layers cannot fill 4 stages")])
-def test_undescribable_run_warns(diag: Diagnosis, monkeypatch: pytest.MonkeyPatch, exc: Exception) -> None:
+def test_undescribable_run_warns(diag: Analyzed, monkeypatch: pytest.MonkeyPatch, exc: Exception) -> None:
     def boom(*a: Any, **k: Any) -> Any:
         raise exc
 
@@ -45,7 +47,7 @@ def test_undescribable_run_warns(diag: Diagnosis, monkeypatch: pytest.MonkeyPatc
     assert warnings == [f"what-if: no predictions for this run ({exc})"]
 
 
-def test_a_bug_is_not_swallowed(diag: Diagnosis, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bug_is_not_swallowed(diag: Analyzed, monkeypatch: pytest.MonkeyPatch) -> None:
     """A what-if bug used to remove the table from every report silently."""
 
     def bug(*a: Any, **k: Any) -> Any:

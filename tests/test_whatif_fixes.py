@@ -9,11 +9,12 @@ from typing import Any
 
 import msgspec
 import pytest
+from analysis_parts import attribution, context, noise, pipeline, predictions
 from report_fill import complete
 
 from ppdiag.api import Options, diagnose
-from ppdiag.diagnosis import Diagnosis
 from ppdiag.report_types import WhatifRow
+from ppdiag.reports.context import Analyzed
 from ppdiag.rules import RuleContext, RuleOptions, run_rules
 from ppdiag.synth import faults as F
 from ppdiag.synth.kineto import write_kineto
@@ -21,7 +22,7 @@ from ppdiag.synth.scenario import make_scenario
 from ppdiag.whatif.scenarios import FixPredictions
 
 
-def _diag(tmp_path: Path, **kw: Any) -> Diagnosis:
+def _diag(tmp_path: Path, **kw: Any) -> Analyzed:
     kw.setdefault("schedule", "1f1b")
     kw.setdefault("pp", 4)
     kw.setdefault("microbatches", 16)
@@ -30,18 +31,17 @@ def _diag(tmp_path: Path, **kw: Any) -> Diagnosis:
     return diagnose([tmp_path], Options())
 
 
-def _rerun(diag: Diagnosis, predictions: FixPredictions) -> list[dict[str, Any]]:
+def _rerun(diag: Analyzed, predictions: FixPredictions) -> list[dict[str, Any]]:
     """The rules again on the same analysis, with other what-if predictions."""
-    c = diag.context
     ctx = RuleContext(
         diag.result,
         diag.run,
-        c.pipeline,
-        c.rank_steps,
-        c.attribution,
+        pipeline(diag),
+        context(diag).rank_steps,
+        attribution(diag),
         RuleOptions(),
         predictions=predictions,
-        noise=c.noise,
+        noise=noise(diag),
     )
     return [msgspec.to_builtins(f.to_report()) for f in run_rules(ctx)]
 
@@ -70,21 +70,25 @@ def test_gain_is_the_whatif_row_of_its_fix(tmp_path: Path, kw: dict[str, Any], c
     assert f.evidence["whatif_fix"] == fix
     rows = {r.fix: r for r in rep.whatif}
     assert fix in rows, "the table shows the row of every fix a finding used"
+    step, fix_step = rep.summary.step_ms, rows[fix].step_ms
+    assert step is not None and fix_step is not None and f.gain_ms is not None
     # the same number: measured step minus the fix's predicted step, as the table shows it
-    assert f.gain_ms == pytest.approx(rep.summary.step_ms - rows[fix].step_ms, abs=2e-3)
-    assert f.evidence["whatif_step_ms"] == rows[fix].step_ms
+    assert f.gain_ms == pytest.approx(step - fix_step, abs=2e-3)
+    assert f.evidence["whatif_step_ms"] == fix_step
     assert f.gain_ms > 0
     # no finding anywhere in the report offers a fix the table predicts slower
     for g in rep.findings:
         k = g.evidence.get("whatif_fix")
         if k and g.code != "PP002":
-            assert rows[k].step_ms < rep.summary.step_ms, g
+            assert isinstance(k, str), g
+            k_step = rows[k].step_ms
+            assert k_step is not None and k_step < step, g
 
 
 @pytest.mark.parametrize(("kw", "code", "fix"), CASES, ids=[c[1] for c in CASES])
 def test_fix_predicted_slower_is_not_offered(tmp_path: Path, kw: dict[str, Any], code: str, fix: str) -> None:
     diag = _diag(tmp_path, **kw)
-    pred = diag.context.predictions
+    pred = predictions(diag)
     assert code in [f["code"] for f in _rerun(diag, pred)]
     assert code not in [f["code"] for f in _rerun(diag, _slower(pred, fix))]
     # a fix that saves nothing is not offered either
@@ -95,6 +99,7 @@ def test_no_predictions_no_gain(tmp_path: Path) -> None:
     """Without a what-if model the pipeline findings have no gain to offer: none is invented from
     the cause's lost time."""
     diag = _diag(tmp_path, faults=[F.SlowStage(1, 1.5)])
+    assert diag.result.summary.step_ms is not None
     empty = FixPredictions(diag.result.summary.step_ms)
     codes = [f["code"] for f in _rerun(diag, empty)]
     assert not {"PP001", "PP003", "PP004", "PP006"} & set(codes)
@@ -102,7 +107,7 @@ def test_no_predictions_no_gain(tmp_path: Path) -> None:
 
 def test_pp001_offers_only_faster_alternatives(tmp_path: Path) -> None:
     diag = _diag(tmp_path, microbatches=4)
-    pred = diag.context.predictions
+    pred = predictions(diag)
     assert {"interleaved_v2", "zero_bubble"} <= set(pred.rows)
     both = next(f for f in _rerun(diag, pred) if f["code"] == "PP001")
     assert set(both["evidence"]["alternative_gains_ms"]) == {"interleaved_v2", "zero_bubble"}
@@ -116,7 +121,7 @@ def test_pp001_offers_only_faster_alternatives(tmp_path: Path) -> None:
 def test_pp002_memory_fix(tmp_path: Path) -> None:
     """GPipe: 1F1B frees activations; the finding stays while 1F1B is not slower beyond the noise."""
     diag = _diag(tmp_path, schedule="gpipe", microbatches=8)
-    pred = diag.context.predictions
+    pred = predictions(diag)
     f = next(x for x in _rerun(diag, pred) if x["code"] == "PP002")
     assert f["evidence"]["activation_vs_gpipe_1f1b"] == pytest.approx(0.5, abs=0.01)  # P=4 of M=8
     slow = _slower(pred, "1f1b", "1f1b_microbatches_x2", by_ms=5.0)
@@ -127,11 +132,12 @@ def test_overlapped_comm_scenario(tmp_path: Path) -> None:
     """The "overlapped comm" what-if row removes the replay's exposed-comm counterfactual: its
     saving is the step time the replay wins by overlapping the transfers (beyond the late ones)."""
     diag = _diag(tmp_path, faults=[F.ExposedAllReduce(3.0)], dp=2)
-    pred = diag.context.predictions
-    rp = diag.context.attribution.step_replay_ns
+    pred = predictions(diag)
+    rp = attribution(diag).step_replay_ns
     want = (rp["gain_comm_wait"] - rp["gain_comm"]) / 1e6
     assert want > 0.5 * 3.0
     step = diag.result.summary.step_ms
+    assert step is not None
     assert pred.gain_ms("no_exposed_comm") == pytest.approx(want, abs=0.01 * step)
     f = next(x for x in diag.result.findings if x.code == "PP005")
     assert f.gain_ms == pytest.approx(pred.gain_ms("no_exposed_comm"), abs=2e-3)

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from ppdiag.api import Options, diagnose
-from ppdiag.diagnosis import Diagnosis
 from ppdiag.report_types import MemoryBasis, WhatifRow
+from ppdiag.reports.context import Analyzed
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.memory import with_memory
 from ppdiag.synth.scenario import make_scenario
@@ -20,7 +20,7 @@ WEIGHTS_MB = 100.0
 ACT_MB = 8.0
 
 
-def _diag(tmp_path: Path, schedule: str, memory: bool) -> Diagnosis:
+def _diag(tmp_path: Path, schedule: str, memory: bool) -> Analyzed:
     run = make_scenario(schedule=schedule, pp=4, microbatches=8, steps=2)
     if memory:
         run = with_memory(run, WEIGHTS_MB, ACT_MB)
@@ -29,16 +29,16 @@ def _diag(tmp_path: Path, schedule: str, memory: bool) -> Diagnosis:
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory) -> Diagnosis:
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Analyzed:
     return _diag(tmp_path_factory.mktemp("plain"), "1f1b", memory=False)
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> Diagnosis:
+def measured(tmp_path_factory: pytest.TempPathFactory) -> Analyzed:
     return _diag(tmp_path_factory.mktemp("mem"), "1f1b", memory=True)
 
 
-def test_without_allocator_events_every_row_says_predicted(plain: Diagnosis) -> None:
+def test_without_allocator_events_every_row_says_predicted(plain: Analyzed) -> None:
     rows = plain.result.whatif or []
     assert rows and all(r.memory_basis == MemoryBasis.PREDICTED for r in rows)
     m = build_model(plain)
@@ -49,7 +49,7 @@ def test_without_allocator_events_every_row_says_predicted(plain: Diagnosis) -> 
     assert g.activation_vs_measured == pytest.approx(2.0)  # GPipe holds M = 8 where 1F1B holds P = 4
 
 
-def test_with_allocator_events_the_measured_activation_calibrates(measured: Diagnosis) -> None:
+def test_with_allocator_events_the_measured_activation_calibrates(measured: Analyzed) -> None:
     m = build_model(measured)
     # every forward leaves ACT_MB allocated: recovered per stage within 5 %
     assert m.meas.act_mb is not None
@@ -64,7 +64,7 @@ def test_with_allocator_events_the_measured_activation_calibrates(measured: Diag
     assert rows and all(r.memory_basis == MemoryBasis.CALIBRATED for r in rows if not r.measured)
 
 
-def test_gpipe_peak_predicted_from_a_1f1b_run_within_10_percent(measured: Diagnosis, tmp_path: Path) -> None:
+def test_gpipe_peak_predicted_from_a_1f1b_run_within_10_percent(measured: Analyzed, tmp_path: Path) -> None:
     # truth: a GPipe run of the same model records its allocator peak; activations = peak - weights
     gp = _diag(tmp_path, "gpipe", memory=True)
     truth = max(r.peak_allocated_mb for r in gp.result.memory or []) - WEIGHTS_MB
@@ -73,7 +73,7 @@ def test_gpipe_peak_predicted_from_a_1f1b_run_within_10_percent(measured: Diagno
     assert pred.peak_activation_mb == pytest.approx(truth, rel=0.10)
 
 
-def test_old_json_without_the_field_decodes_as_predicted(plain: Diagnosis) -> None:
+def test_old_json_without_the_field_decodes_as_predicted(plain: Analyzed) -> None:
     row = (plain.result.whatif or [])[0]
     raw = msgspec.to_builtins(row)
     assert raw["memory_basis"] == "predicted"

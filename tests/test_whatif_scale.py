@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from ppdiag.api import Options, diagnose
-from ppdiag.diagnosis import Diagnosis
 from ppdiag.errors import InputError
 from ppdiag.limits import MAX_SIM_CELLS
+from ppdiag.reports.context import Analyzed
 from ppdiag.simulate import SimConfig, simulate
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.scenario import make_scenario
@@ -69,14 +69,14 @@ def test_a_long_stage_list_is_cut_in_notes() -> None:
 
 
 @pytest.fixture(scope="module")
-def diag(tmp_path_factory: pytest.TempPathFactory) -> Diagnosis:
+def diag(tmp_path_factory: pytest.TempPathFactory) -> Analyzed:
     d = tmp_path_factory.mktemp("run")
     write_kineto(make_scenario(steps=2), d)
     return diagnose([d], Options())
 
 
 def test_a_scenario_above_the_simulated_maximum_is_refused_unsimulated(
-    diag: Diagnosis, monkeypatch: pytest.MonkeyPatch
+    diag: Analyzed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     m = build_model(diag)
     m.calibration()  # the measured shape's calibrations may simulate; the scenario may not
