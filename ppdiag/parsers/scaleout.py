@@ -39,7 +39,7 @@ def _client(address: str) -> Any:
     except ImportError:
         raise InputError(None, f"--scheduler {address} ({ENV}) {_NEED}") from None
     try:
-        return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)  # type: ignore[no-untyped-call]
+        return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
         msg = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise InputError(None, f"cannot reach the Dask scheduler at {address} ({msg})") from None
@@ -88,7 +88,7 @@ def parse_on_dask(
         ]
         where = {fut.key: ab for fut, ab in zip(futs, batches, strict=True)}
         results: list[list[RankTimeline] | None] = [None] * len(files)
-        for fut in as_completed(futs, loop=client.loop):  # type: ignore[no-untyped-call]
+        for fut in as_completed(futs, loop=client.loop):
             a, b = where[fut.key]
             try:
                 digests: list[FileDigest] = fut.result()
