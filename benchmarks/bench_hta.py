@@ -61,12 +61,32 @@ def _child(kind: str, folder: str, jobs: int) -> dict[str, Any]:
     t_imp = time.perf_counter()
     if kind == "hta":
         from hta.trace_analysis import TraceAnalysis
+    elif kind == "floor":
+        sys.path.insert(0, str(HERE))
+        from bench_parse import _floor_one
+
+        import ppdiag.parsers.kineto  # noqa: F401  (what _floor_one imports, loaded before the clock)
     else:
         from ppdiag.api import Options, analyze_run
+        from ppdiag.parsers import load_builtin
         from ppdiag.parsers.loader import load_run
+
+        load_builtin()  # the parser modules, which load_run would import on its first call
     out["import_s"] = time.perf_counter() - t_imp
     t0, c0 = time.perf_counter(), _cpu()
-    if kind == "hta":
+    if kind == "floor":
+        # the decode floor: read + gunzip (ppdiag's inflater) + one typed msgspec decode of each
+        # file, in as many processes as ppdiag's parse uses, nothing else
+        files = sorted(str(p) for p in Path(folder).iterdir() if p.is_file())
+        if jobs == 1:
+            out["events"] = sum(map(_floor_one, files))
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+                out["events"] = sum(pool.map(_floor_one, files))
+    elif kind == "hta":
         analyzer = TraceAnalysis(trace_dir=folder)
         out["parse_s"] = time.perf_counter() - t0
         analyzer.get_temporal_breakdown(visualize=False)
@@ -143,6 +163,7 @@ def main() -> int:
     cache_dir = Path(tempfile.mkdtemp(prefix="ppdiag-bench-hta-cache-"))
     try:
         res: dict[str, dict[str, Any]] = {}
+        res["floor"] = _run(sys.executable, "floor", folder, jobs, {})
         res["ppdiag"] = _run(sys.executable, "ppdiag", folder, jobs, {"PPDIAG_NO_CACHE": "1"})
         res["fill"] = _run(sys.executable, "ppdiag", folder, jobs, {"PPDIAG_CACHE_DIR": str(cache_dir)})
         res["hit"] = _run(sys.executable, "ppdiag", folder, jobs, {"PPDIAG_CACHE_DIR": str(cache_dir)})
@@ -166,7 +187,19 @@ def main() -> int:
             f"(load {r['load_s']:.2f} s, analysis {r['analysis_s']:.2f} s; imports {r['import_s']:.2f} s "
             f"before)  peak RSS {r['rss_mb']:.0f} MB"
         )
-    pp, hit = res["ppdiag"], res["hit"]
+    pp, hit, fl = res["ppdiag"], res["hit"], res["floor"]
+    if "error" in fl:
+        print(f"floor: failed ({fl['error']})")
+    else:
+        print(
+            f"{f'floor ({jobs} processes)':32s} wall {fl['wall_s']:6.2f} s  CPU {fl['cpu_s']:6.2f} s  "
+            f"(gunzip + one typed decode per file)  peak RSS {fl['rss_mb']:.0f} MB"
+        )
+        if "error" not in pp:
+            print(
+                f"ppdiag / floor: {pp['wall_s'] / fl['wall_s']:.2f}x wall, "
+                f"{pp['cpu_s'] / fl['cpu_s']:.2f}x CPU (goal: <= 1.2x)"
+            )
     if "error" not in hit and "error" not in pp:
         print(
             f"cache hit: load {hit['load_s']:.3f} s + analysis {hit['analysis_s']:.2f} s "

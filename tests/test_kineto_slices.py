@@ -184,3 +184,25 @@ def test_a_float_tid_is_the_same_thread_whatever_its_slice_holds() -> None:
 
     assert _tids([1.0, 2.0]).tolist() == [1, 2]
     assert _tids([1.0, "stream 7", float("nan"), 1e300]).tolist() == [1, 7, -1, -1]
+
+
+def test_flow_and_metadata_stubs_equal_the_full_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flow, metadata and counter events decode as stubs (category and name only) in the
+    filtered pass; a slice where the filter keeps one (a GPU category on a B-less phase, an
+    unknown phase) is decoded again in full: both paths give the same timeline."""
+    d = copy.deepcopy(BASE)
+    k = next(e for e in d["traceEvents"] if e.get("cat") == "kernel")
+    d["traceEvents"] += [
+        {"ph": "s", "cat": "ac2g", "name": "flow", "id": 1, "pid": 1, "tid": 1, "ts": k["ts"]},
+        {"ph": "f", "cat": "ac2g", "name": "flow", "id": 1, "pid": 0, "tid": 7, "ts": k["ts"], "bp": "e"},
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 7, "args": {"name": "stream 7"}},
+        {"ph": "C", "cat": "kernel", "name": "counter", "pid": 0, "tid": 7, "ts": k["ts"], "args": {"v": 1}},
+        {"ph": "Z", "cat": "cpu_op", "name": "unknown phase", "pid": 1, "tid": 1, "ts": k["ts"]},
+    ]
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(d))
+    for slice_len in (1, 3, 1 << 15):
+        sliced, whole = _both(p, monkeypatch, slice_len)
+        _same(sliced, whole)

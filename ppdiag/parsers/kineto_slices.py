@@ -93,14 +93,23 @@ class SliceDecoders:
 
     strict: msgspec.json.Decoder[Any]
     lenient: msgspec.json.Decoder[Any]
+    # tagged on ``ph``: the events of phases no step reads decode as stubs (category and name)
+    tagged: msgspec.json.Decoder[Any] | None = None
 
-    def decode(self, blob: bytes) -> list[Any]:
-        """The events of one slice (a JSON array)."""
+    def decode(self, blob: bytes, stubs: bool = False) -> tuple[list[Any], bool]:
+        """The events of one slice (a JSON array), and whether they hold stubs (``stubs``: try
+        the tagged decoder first)."""
+        if stubs and self.tagged is not None:
+            try:
+                tagged: list[Any] = self.tagged.decode(blob)
+                return tagged, True
+            except msgspec.ValidationError:
+                pass  # an unknown phase, or a field of the usual events mistyped
         try:
             evs: list[Any] = self.strict.decode(blob)
         except msgspec.ValidationError:
             evs = self.lenient.decode(blob)
-        return evs
+        return evs, False
 
 
 def decode_sliced(
@@ -159,12 +168,19 @@ def _slices(
         blob = b"".join((b"[", b",".join(raws[lo : lo + SLICE]), b"]"))
         if consume:
             raws[lo : lo + SLICE] = repeat(_FREED, min(SLICE, len(raws) - lo))
-        evs = decoders.decode(blob)
-        del blob
+        # the filtered pass decodes the events no step reads as stubs; a slice where the filter
+        # keeps one (a GPU category or the allocator's name on a flow or metadata event) is
+        # decoded again in full, so the columns are those of the untagged decode either way
+        evs, stubbed = decoders.decode(blob, stubs=select is not keep_all)
         if hooks:
-            run_instant_hooks(evs)
-        n, g = builder.add(evs, select)
-        del evs
+            run_instant_hooks(evs)  # instant events are never stubs
+        got = builder.add(evs, select, stubbed=stubbed)
+        if got is None:
+            evs = decoders.decode(blob)[0]
+            got = builder.add(evs, select)
+            assert got is not None
+        n, g = got
+        del blob, evs
         dropped_used += n
         n_gpu += g
     return dropped_used, n_gpu

@@ -181,10 +181,14 @@ class EventsBuilder:
         """(class, range kind) of every name id so far (see :class:`NameInfo`)."""
         return np.asarray(self._cls, dtype=np.int64), np.asarray(self._rk, dtype=np.int64)
 
-    def add(self, evs: list[Any], select: Select | None = None) -> tuple[int, int]:
+    def add(
+        self, evs: list[Any], select: Select | None = None, stubbed: bool = False
+    ) -> tuple[int, int] | None:
         """Add the columns of ``evs`` (the caller drops the Structs afterwards). ``select`` picks
         the rows to keep from the slice's columns; returns what it counted (dropped rows that
-        count as used, usable GPU events), (0, 0) without it."""
+        count as used, usable GPU events), (0, 0) without it. ``stubbed``: the events of phases
+        other than X/B/E/i/I are stubs (category and name only); when ``select`` keeps one,
+        nothing is added and None is returned (the caller decodes the slice in full)."""
         n = len(evs)
         if not n:
             return 0, 0
@@ -198,6 +202,8 @@ class EventsBuilder:
         counted = (0, 0)
         if select is not None:
             keep, dropped, n_gpu = select(cols, self)
+            if stubbed and keep[cols["ph"] == PH_OTHER].any():
+                return None
             counted = (dropped, n_gpu)
             if not keep.all():
                 idx = np.flatnonzero(keep)
