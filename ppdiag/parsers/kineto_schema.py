@@ -129,7 +129,7 @@ _FULL_PHASES = ("X", "B", "E", "i", "I")
 _STUB_PHASES = tuple("stfMCbneSTpFPONDRc()vV")
 
 
-def _make_tagged() -> msgspec.json.Decoder[Any]:
+def _make_tagged() -> tuple[msgspec.json.Decoder[Any], dict[type, str]]:
     """A decoder of a JSON array of events as a union tagged on ``ph``: the events of
     ``_FULL_PHASES`` get every field of the strict event (their ``ph`` is a class attribute), the
     others only ``cat`` and ``name`` (the rest reads as the defaults, class attributes too), so
@@ -153,10 +153,11 @@ def _make_tagged() -> msgspec.json.Decoder[Any]:
         )
         for i, ph in enumerate(_STUB_PHASES)
     ]
-    return msgspec.json.Decoder(list[Union[tuple(types)]])  # type: ignore[misc]  # noqa: UP007
+    return msgspec.json.Decoder(list[Union[tuple(types)]]), {t: t.ph for t in types}  # type: ignore[misc]  # noqa: UP007
 
 
-TAGGED_EVENTS = _make_tagged()
+#: the tagged decoder, and the ``ph`` of each of its Struct types
+TAGGED_EVENTS, TAGGED_PH = _make_tagged()
 
 
 def _join_raw(raws: list[msgspec.Raw], empty: bytes) -> bytes:

@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.parsers.kineto_table import Events, EventsBuilder, Select
+from ppdiag.parsers.kineto_table import Decoded, Events, EventsBuilder, Select
 
 SLICE = 1 << 12  # events per slice: ~1-3 MB of JSON, the extra memory one slice costs
 
@@ -96,20 +96,20 @@ class SliceDecoders:
     # tagged on ``ph``: the events of phases no step reads decode as stubs (category and name)
     tagged: msgspec.json.Decoder[Any] | None = None
 
-    def decode(self, blob: bytes, stubs: bool = False) -> tuple[list[Any], bool]:
-        """The events of one slice (a JSON array), and whether they hold stubs (``stubs``: try
+    def decode(self, blob: bytes, stubs: bool = False) -> tuple[list[Any], Decoded]:
+        """The events of one slice (a JSON array), and how they were decoded (``stubs``: try
         the tagged decoder first)."""
         if stubs and self.tagged is not None:
             try:
                 tagged: list[Any] = self.tagged.decode(blob)
-                return tagged, True
+                return tagged, Decoded.STUBBED
             except msgspec.ValidationError:
                 pass  # an unknown phase, or a field of the usual events mistyped
         try:
             evs: list[Any] = self.strict.decode(blob)
+            return evs, Decoded.STRICT
         except msgspec.ValidationError:
-            evs = self.lenient.decode(blob)
-        return evs, False
+            return self.lenient.decode(blob), Decoded.LENIENT
 
 
 def decode_sliced(
@@ -171,13 +171,13 @@ def _slices(
         # the filtered pass decodes the events no step reads as stubs; a slice where the filter
         # keeps one (a GPU category or the allocator's name on a flow or metadata event) is
         # decoded again in full, so the columns are those of the untagged decode either way
-        evs, stubbed = decoders.decode(blob, stubs=select is not keep_all)
+        evs, how = decoders.decode(blob, stubs=select is not keep_all)
         if hooks:
             run_instant_hooks(evs)  # instant events are never stubs
-        got = builder.add(evs, select, stubbed=stubbed)
+        got = builder.add(evs, select, how)
         if got is None:
-            evs = decoders.decode(blob)[0]
-            got = builder.add(evs, select)
+            evs, how = decoders.decode(blob)
+            got = builder.add(evs, select, how)
             assert got is not None
         n, g = got
         del blob, evs

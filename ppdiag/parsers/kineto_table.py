@@ -15,9 +15,11 @@ array fast path, any other slice the per-value one (lenient traces).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -38,6 +40,7 @@ from ppdiag.parsers.kineto_schema import (
     K_RUNTIME,
     K_SYNC,
     MEMORY_EVENT,
+    TAGGED_PH,
     _col,
     _decode_args,
     _f64,
@@ -94,6 +97,42 @@ class Events:
 
     def __len__(self) -> int:
         return len(self.ph)
+
+
+class Decoded(enum.IntEnum):
+    """How a slice of events was decoded: what their field values may be."""
+
+    LENIENT = 0  # any JSON type per field
+    STRICT = 1  # the strict types: cat, name and ph are str, ts and dur float
+    STUBBED = 2  # strict, tagged on ph: the events of phases but X/B/E/i/I are stubs
+
+
+_PH_OF_TYPE = {t: _PH.get(ph, PH_OTHER) for t, ph in TAGGED_PH.items()}
+_GET_CAT, _GET_PH, _GET_TS, _GET_DUR = (
+    attrgetter("cat"),
+    attrgetter("ph"),
+    attrgetter("ts"),
+    attrgetter("dur"),
+)
+
+
+def _typed_columns(evs: list[Any], how: Decoded) -> dict[str, npt.NDArray[Any]]:
+    """The ph, cat, ts and dur columns of strictly typed events, gathered straight into arrays
+    (no list per field, no check of the value types: they are known)."""
+    n = len(evs)
+    if how == Decoded.STUBBED:
+        ph = np.fromiter(map(_PH_OF_TYPE.__getitem__, map(type, evs)), np.int8, n)
+    else:
+        ph = np.fromiter(map(_PH.get, map(_GET_PH, evs), repeat(PH_OTHER)), np.int8, n)
+    cols: dict[str, npt.NDArray[Any]] = {
+        "ph": ph,
+        "cat": np.fromiter(map(_CAT.get, map(_GET_CAT, evs), repeat(K_OTHER)), np.int8, n),
+    }
+    for key, get in (("ts", _GET_TS), ("dur", _GET_DUR)):
+        arr = np.fromiter(map(get, evs), np.float64, n)
+        ok = np.isfinite(arr)
+        cols[key], cols[key + "_ok"] = (arr if ok.all() else np.where(ok, arr, 0.0)), ok
+    return cols
 
 
 def _codes(values: list[Any], table: dict[str, int], default: int) -> npt.NDArray[np.int8]:
@@ -160,9 +199,9 @@ class EventsBuilder:
         self._rk: list[int] = []
         self.memory_id = -1  # name id of the allocator's events, once seen
 
-    def _name_ids(self, raw_names: list[Any]) -> npt.NDArray[np.int32]:
+    def _name_ids(self, raw_names: list[Any], typed: bool = False) -> npt.NDArray[np.int32]:
         names = raw_names
-        if not set(map(type, names)) <= {str}:
+        if not typed and not set(map(type, names)) <= {str}:
             names = [v if isinstance(v, str) else str(v) for v in names]  # lenient traces only
         new = set(names).difference(self._ids)
         for nm in sorted(new):
@@ -182,27 +221,31 @@ class EventsBuilder:
         return np.asarray(self._cls, dtype=np.int64), np.asarray(self._rk, dtype=np.int64)
 
     def add(
-        self, evs: list[Any], select: Select | None = None, stubbed: bool = False
+        self, evs: list[Any], select: Select | None = None, how: Decoded = Decoded.LENIENT
     ) -> tuple[int, int] | None:
         """Add the columns of ``evs`` (the caller drops the Structs afterwards). ``select`` picks
         the rows to keep from the slice's columns; returns what it counted (dropped rows that
-        count as used, usable GPU events), (0, 0) without it. ``stubbed``: the events of phases
-        other than X/B/E/i/I are stubs (category and name only); when ``select`` keeps one,
-        nothing is added and None is returned (the caller decodes the slice in full)."""
+        count as used, usable GPU events), (0, 0) without it. ``how`` they were decoded: typed
+        values take the direct paths; with ``Decoded.STUBBED`` the events of phases other than
+        X/B/E/i/I are stubs (category and name only), and when ``select`` keeps one nothing is
+        added and None is returned (the caller decodes the slice in full)."""
         n = len(evs)
         if not n:
             return 0, 0
-        cols: dict[str, npt.NDArray[Any]] = {
-            "ph": _codes(_col(evs, "ph"), _PH, PH_OTHER),
-            "cat": _codes(_col(evs, "cat"), _CAT, K_OTHER),
-            "name": self._name_ids(_col(evs, "name")),
-        }
-        cols["ts"], cols["ts_ok"] = _times(_col(evs, "ts"))
-        cols["dur"], cols["dur_ok"] = _times(_col(evs, "dur"))
+        if how == Decoded.LENIENT:
+            cols: dict[str, npt.NDArray[Any]] = {
+                "ph": _codes(_col(evs, "ph"), _PH, PH_OTHER),
+                "cat": _codes(_col(evs, "cat"), _CAT, K_OTHER),
+            }
+            cols["ts"], cols["ts_ok"] = _times(_col(evs, "ts"))
+            cols["dur"], cols["dur_ok"] = _times(_col(evs, "dur"))
+        else:
+            cols = _typed_columns(evs, how)
+        cols["name"] = self._name_ids(_col(evs, "name"), typed=how != Decoded.LENIENT)
         counted = (0, 0)
         if select is not None:
             keep, dropped, n_gpu = select(cols, self)
-            if stubbed and keep[cols["ph"] == PH_OTHER].any():
+            if how == Decoded.STUBBED and keep[cols["ph"] == PH_OTHER].any():
                 return None
             counted = (dropped, n_gpu)
             if not keep.all():
