@@ -139,11 +139,13 @@ def decode_sliced(
     gpu = _GPU_CAT.search(data) is not None
     try:
         builder = new_builder()
+        builder.reserve(total)
         # no GPU category: one keep-all pass, which frees the raw views as it goes
         select = make_select(top) if gpu else keep_all
         dropped_used, n_gpu = _slices(raws, decoders, select, builder, hooks=True, consume=not gpu)
         if gpu and not n_gpu:
             builder = new_builder()
+            builder.reserve(total)
             dropped_used, _ = _slices(raws, decoders, keep_all, builder, hooks=False, consume=True)
     except msgspec.DecodeError:
         return None

@@ -52,21 +52,22 @@ from ppdiag.parsers.kineto_schema import (
 PH_X, PH_B, PH_E, PH_I, PH_OTHER = range(5)
 _PH = {"X": PH_X, "B": PH_B, "E": PH_E, "i": PH_I, "I": PH_I}
 _NUMBER_TYPES = frozenset((float, int))
-_COLUMNS = (
-    "ph",
-    "cat",
-    "name",
-    "pid",
-    "tid",
-    "ts",
-    "ts_ok",
-    "dur",
-    "dur_ok",
-    "stream",
-    "device",
-    "corr",
-    "nbytes",
-)
+_DTYPES: dict[str, Any] = {
+    "ph": np.int8,
+    "cat": np.int8,
+    "name": np.int32,
+    "pid": np.int64,
+    "tid": np.int64,
+    "ts": np.float64,
+    "ts_ok": np.bool_,
+    "dur": np.float64,
+    "dur_ok": np.bool_,
+    "stream": np.int64,
+    "device": np.int64,
+    "corr": np.int64,
+    "nbytes": np.int64,
+}
+_CONSTANT = frozenset(("stream", "device", "corr", "nbytes"))  # -1 where no args were read
 
 
 @dataclass
@@ -190,7 +191,10 @@ class EventsBuilder:
         self._names: list[str] = []
         self._comm_name = bytearray()  # per name id: 1 when a host op of that name is a comm op
         self._ccl_name = bytearray()  # per name id: 1 when a kernel of that name is a comm kernel
-        self._parts: list[dict[str, npt.NDArray[Any]]] = []
+        # the columns, written in place slice after slice (np.empty: the rows never written cost no
+        # memory); a column of _CONSTANT is only stored once a slice holds a value other than -1
+        self._store: dict[str, npt.NDArray[Any]] = {}
+        self._cap = 0
         self._args: dict[int, msgspec.Raw] = {}
         self._mem_ts: list[Any] = []
         self._mem_args: list[msgspec.Raw] = []
@@ -278,9 +282,39 @@ class EventsBuilder:
             mem = _take(evs, np.flatnonzero(name == self.memory_id))
             self._mem_ts += _col(mem, "ts")
             self._mem_args += map(msgspec.Raw.copy, _col(mem, "args"))
-        self._parts.append(cols)
-        self._rows += n
+        self._put(cols, n)
         return counted
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows (the events of the document: no slice keeps more)."""
+        if rows > self._cap:
+            self._grow(rows)
+
+    def _grow(self, need: int) -> None:
+        cap = max(need, 2 * self._cap, 1 << 12)
+        for c, dt in _DTYPES.items():
+            old = self._store.get(c)
+            if old is None and c in _CONSTANT:
+                continue
+            self._store[c] = new = np.empty(cap, dtype=dt)
+            if old is not None:
+                new[: self._rows] = old[: self._rows]
+        self._cap = cap
+
+    def _put(self, cols: dict[str, npt.NDArray[Any]], n: int) -> None:
+        """Write one slice's columns after the rows so far."""
+        lo, hi = self._rows, self._rows + n
+        if hi > self._cap:
+            self._grow(hi)
+        for c, v in cols.items():
+            to = self._store.get(c)
+            if to is None:  # a constant column so far
+                if not (v != -1).any():
+                    continue
+                self._store[c] = to = np.empty(self._cap, dtype=np.int64)
+                to[:lo] = -1
+            to[lo:hi] = v
+        self._rows = hi
 
     def _keep_raw_args(
         self, evs: list[Any], cols: dict[str, npt.NDArray[Any]], gi: npt.NDArray[np.intp]
@@ -297,19 +331,19 @@ class EventsBuilder:
         self._args.update(zip((rows + self._rows).tolist(), map(msgspec.Raw.copy, raws), strict=True))
 
     def finish(self) -> Events:
-        """The joined columns of every slice added."""
-        parts = self._parts
-        self._parts = []
-        if parts:
-            # one column at a time, each freed from the parts once joined: the join costs one
-            # column's size on top of the parts, not all of them twice
-            cols = {c: np.concatenate([p.pop(c) for p in parts]) for c in _COLUMNS}
-        else:
-            dt = {"ph": np.int8, "cat": np.int8, "name": np.int32, "ts": np.float64, "dur": np.float64}
-            cols = {
-                c: np.zeros(0, dtype=dt.get(c, bool if c.endswith("_ok") else np.int64)) for c in _COLUMNS
-            }
-        del parts
+        """The columns of every slice added (no copy: the slices were written in place). A
+        column that only ever held -1 is a read-only view of one -1 (the four args columns of a
+        CPU trace: 32 bytes a row that are never allocated); every reader indexes them."""
+        n, store = self._rows, self._store
+        self._store = {}
+        cols: dict[str, Any] = {}
+        for c, dt in _DTYPES.items():
+            if c in store:
+                cols[c] = store[c][:n]
+            elif c in _CONSTANT and n:
+                cols[c] = np.broadcast_to(np.int64(-1), (n,))
+            else:
+                cols[c] = np.zeros(0, dtype=dt)
         return Events(
             **cols,
             names=self._names,
@@ -329,6 +363,7 @@ def events_from_structs(evs: list[Any], memo: _NameMemo, path: str, slice_len: i
     """The columns of a whole decoded event list (the whole-document path), built a slice at a
     time so that the temporary per-slice lists stay small."""
     b = EventsBuilder(memo, path)
+    b.reserve(len(evs))
     for lo in range(0, len(evs), slice_len):
         b.add(evs[lo : lo + slice_len])
     return b.finish()
