@@ -3,11 +3,12 @@
 The trace is a real one replicated to ~60 MiB of JSON (gzip), parsed in a fresh subprocess whose
 peak RSS (``VmHWM``) is compared with that of a subprocess that only imports the parser: the
 difference is what the parse itself held at its peak. The bound is a memory bound, not a timing
-assert: issue 15 asks for under 2x the decompressed size; a GPU trace measures ~1.5x here (the
-decompressed text itself, 1x, plus the slice being decoded and the columns), so 1.75x leaves room
+assert: issue 15 asks for under 2x the decompressed size; a GPU trace measures ~1.43x here (the
+decompressed text itself, 1x, plus the skeleton's views, one slice and the columns), so 1.75x leaves room
 for allocator noise without letting a second copy of the text (2x and more) pass. A CPU-only
-(gloo) trace keeps every event as a row and measures ~1.75x (3.35x when CPU traces were decoded
-as a whole document): it is held to issue 15's 2x.
+(gloo) trace keeps every event as a row and measures ~1.49x (1.82x while each slice was copied out
+of the text, the slices' columns were joined at the end and its four args columns of -1 were
+stored; 3.35x when CPU traces were decoded as a whole document): it is held to 1.75x too.
 """
 
 from __future__ import annotations
@@ -71,10 +72,10 @@ def _replicate(src: Path, dst: Path, copies: int = COPIES) -> int:
 
 
 # (real trace, copies, bound): a GPU trace (its unread host ops dropped per slice) and a CPU-only
-# gloo trace (every row kept, so its columns weigh more: ~1.75x measured, issue 15's 2x asserted)
+# gloo trace (every row kept, so its columns weigh more: ~1.49x measured)
 CASES = [
     pytest.param(SOURCE, COPIES, 1.75, id="gpu"),
-    pytest.param("kineto/gloo_cpu_2rank/rank0.10013.pt.trace.json", 1900, 2.0, id="cpu-gloo"),
+    pytest.param("kineto/gloo_cpu_2rank/rank0.10013.pt.trace.json", 1900, 1.75, id="cpu-gloo"),
 ]
 
 

@@ -190,3 +190,49 @@ def test_a_float_tid_is_the_same_thread_whatever_its_slice_holds() -> None:
 
     assert _tids([1.0, 2.0]).tolist() == [1, 2]
     assert _tids([1.0, "stream 7", float("nan"), 1e300]).tolist() == [1, 7, -1, -1]
+
+
+def test_flow_and_metadata_stubs_equal_the_full_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flow, metadata and counter events decode as stubs (category and name only) in the
+    filtered pass; a slice where the filter keeps one (a GPU category on a B-less phase, an
+    unknown phase) is decoded again in full: both paths give the same timeline."""
+    d = copy.deepcopy(BASE)
+    k = next(e for e in d["traceEvents"] if e.get("cat") == "kernel")
+    d["traceEvents"] += [
+        {"ph": "s", "cat": "ac2g", "name": "flow", "id": 1, "pid": 1, "tid": 1, "ts": k["ts"]},
+        {"ph": "f", "cat": "ac2g", "name": "flow", "id": 1, "pid": 0, "tid": 7, "ts": k["ts"], "bp": "e"},
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 7, "args": {"name": "stream 7"}},
+        {"ph": "C", "cat": "kernel", "name": "counter", "pid": 0, "tid": 7, "ts": k["ts"], "args": {"v": 1}},
+        {"ph": "Z", "cat": "cpu_op", "name": "unknown phase", "pid": 1, "tid": 1, "ts": k["ts"]},
+    ]
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(d))
+    for slice_len in (1, 3, 1 << 15):
+        sliced, whole = _both(p, monkeypatch, slice_len)
+        _same(sliced, whole)
+
+
+def test_in_place_slices_leave_the_text_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gunzipped text is decoded slice by slice in place (two bytes set to ``[``/``]`` and put
+    back): the text after the parse is the text before, and the columns equal those of the copied
+    slices (a join per slice, the path of immutable text)."""
+    from ppdiag.parsers.kineto_bytes import read_bytes
+    from ppdiag.parsers.kineto_names import _NameMemo
+
+    monkeypatch.setattr(kineto_slices, "SLICE", 97)
+    data, _ = read_bytes(shared_trace("kineto/hta_2022_format_rank3.json.gz"))
+    assert isinstance(data, bytearray)
+    before = bytes(data)
+    got = kineto._decode_sliced(data, _NameMemo(), "x")
+    assert got is not None and bytes(data) == before
+    monkeypatch.setattr(kineto_slices._Text, "window", lambda self, raws: None)
+    copied = kineto._decode_sliced(data, _NameMemo(), "x")
+    assert copied is not None and got.events is not None and copied.events is not None
+    for col in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "stream", "device", "corr", "nbytes"):
+        assert np.array_equal(getattr(got.events, col), getattr(copied.events, col)), col
+    assert got.events.names == copied.events.names
+    assert {k: bytes(v) for k, v in got.events.args.items()} == {
+        k: bytes(v) for k, v in copied.events.args.items()
+    }

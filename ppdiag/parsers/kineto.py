@@ -66,6 +66,7 @@ from ppdiag.parsers.kineto_schema import (
     K_PYFUNC,
     K_SYNC,
     MEMORY_EVENT,
+    TAGGED_EVENTS,
     _as_int,
     dtype_size,
     trace_decoder,
@@ -104,6 +105,7 @@ class KinetoParser:
 _SLICE_DECODERS = SliceDecoders(
     msgspec.json.Decoder(list[_STRICT.event]),  # type: ignore[name-defined]
     msgspec.json.Decoder(list[_LENIENT.event]),  # type: ignore[name-defined]
+    TAGGED_EVENTS,
 )
 
 

@@ -4,6 +4,7 @@ and global ranks, directions and payload sizes from names and args."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from ppdiag.model import (
 )
 from ppdiag.parsers.kineto_meta import _ranks_from_arith, parse_rank_list
 from ppdiag.parsers.kineto_names import _RE_ALLTOALL, C_COALESCED, C_COLL, C_NONE, C_P2P, N_COMM, NameInfo
-from ppdiag.parsers.kineto_schema import _as_int, _raw_json, dtype_size
+from ppdiag.parsers.kineto_schema import _STRICT, _as_int, _raw_json, dtype_size
 
 
 @dataclass
@@ -26,6 +27,16 @@ class _Ctx:
     comm_unclassified: int = 0  # comm kernels classified without launcher evidence
     # each group's ranks as a set, built once: a group may list 10^6 ranks and every comm op asks
     _members: dict[int, tuple[int, frozenset[int]]] = field(default_factory=dict)
+    # comm facts by the args fields they are read from (every field but the sequence number):
+    # a rank's comm ops repeat a few groups, peers and shapes thousands of times. Emptied
+    # whenever the groups change, since the facts depend on them.
+    _comm_memo: dict[tuple[Any, ...], _CommInfo] = field(default_factory=dict)
+    _host_memo: dict[tuple[Any, ...], _CommInfo] = field(default_factory=dict)
+
+    def groups_changed(self) -> None:
+        """Forget the memoised comm facts: they were read against the groups as they were."""
+        self._comm_memo.clear()
+        self._host_memo.clear()
 
     def members(self, i: int) -> frozenset[int]:
         """The ranks of group ``i`` as a set (rebuilt when the group's rank list was filled in)."""
@@ -44,14 +55,17 @@ class _Ctx:
             if name and g.name == name:
                 if not g.ranks and ranks:
                     g.ranks = ranks
+                    self.groups_changed()
                 if not g.desc and desc:
                     g.desc = desc
+                    self.groups_changed()
                 return i
         if not name:
             for i, g in enumerate(self.groups):
                 if ranks and g.ranks == ranks:
                     return i
             name = f"?{len(self.groups)}"
+        self.groups_changed()
         self.groups.append(ProcessGroup(name=name, desc=desc, ranks=list(ranks or [])))
         return len(self.groups) - 1
 
@@ -105,11 +119,54 @@ def _coll_class(coll: str) -> tuple[int, int, bool]:
     return C_COLL, int(Direction.NONE), bool(_RE_ALLTOALL.search(c))
 
 
+# the args fields comm facts are read from, but the sequence number
+_COMM_KEY = attrgetter(
+    "coll",
+    "pg_name",
+    "pg_id",
+    "pg_ranks",
+    "pg_desc",
+    "rank_start",
+    "rank_stride",
+    "group_size",
+    "src",
+    "dst",
+    "peer_rank",
+    "dtype",
+    "nelems",
+)
+
+
 def _args_comm(a: Any, ctx: _Ctx) -> _CommInfo:
     """Comm facts carried by an event's args (record_param_comms or an NCCL kernel)."""
-    info = _CommInfo()
     if a is None:
-        return info
+        return _CommInfo()
+    if type(a) is _STRICT.args:  # strictly typed: equal keys are equal values (no 1 == 1.0 == True)
+        key = _comm_key(a)
+        got = ctx._comm_memo.get(key)
+        if got is None:
+            got = _args_comm_of(a, ctx)
+            ctx._comm_memo[key] = got
+        return _with_seq(got, _as_int(a.seq))
+    return _args_comm_of(a, ctx)
+
+
+def _comm_key(a: Any) -> tuple[Any, ...]:
+    """The (hashable) args fields comm facts are read from, but the sequence number."""
+    key: tuple[Any, ...] = _COMM_KEY(a)
+    if isinstance(a.pg_ranks, list):
+        key = (*key[:3], tuple(a.pg_ranks), *key[4:])
+    return key
+
+
+def _with_seq(c: _CommInfo, seq: int) -> _CommInfo:
+    """A new copy of ``c`` with sequence number ``seq`` (callers may write the copy)."""
+    return _CommInfo(c.comm, c.direction, c.peer, c.peer_grp, c.my_grp, c.nbytes, seq, c.group, c.alltoall)
+
+
+def _args_comm_of(a: Any, ctx: _Ctx) -> _CommInfo:
+    """:func:`_args_comm` read from the fields (no memo)."""
+    info = _CommInfo()
     coll = a.coll if isinstance(a.coll, str) else ""
     if coll:
         info.comm, info.direction, info.alltoall = _coll_class(coll)
@@ -164,6 +221,23 @@ def _shape_bytes(dims: Any, types: Any) -> int:
 
 def _host_comm(info: NameInfo, a: Any, ctx: _Ctx) -> _CommInfo:
     """Comm facts of one host comm op from its name and args."""
+    if type(a) is not _STRICT.args:
+        return _host_comm_of(info, a, ctx)
+    # the facts are read from the name's class and comm fields, the args fields but the
+    # sequence number, and the raw inputs (peer and size when the args name neither)
+    key = (
+        info.cls, info.comm, info.direction, info.peer_grp, info.my_grp, info.alltoall,
+        *_comm_key(a), bytes(a.concrete), bytes(a.dims), bytes(a.types),
+    )  # fmt: skip
+    got = ctx._host_memo.get(key)
+    if got is None:
+        got = _host_comm_of(info, a, ctx)
+        ctx._host_memo[key] = got
+    return _with_seq(got, _as_int(a.seq) if info.cls == N_COMM else -1)
+
+
+def _host_comm_of(info: NameInfo, a: Any, ctx: _Ctx) -> _CommInfo:
+    """:func:`_host_comm` read from the name and the args (no memo)."""
     out = _CommInfo(
         comm=info.comm,
         direction=info.direction,

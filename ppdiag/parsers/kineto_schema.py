@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -69,17 +69,9 @@ class TraceTypes:
     args_decoder: msgspec.json.Decoder[Any]  # a JSON array of args objects (or nulls)
 
 
-def _make_types(lenient: bool) -> TraceTypes:
-    """Build the Struct types. The lenient variant accepts any JSON type for every field and is
-    only used when a trace breaks the usual typing (it is slower: coercion happens later)."""
-    arg_fields = [(a, Any if lenient else t, d) for a, _, t, d in _ARG_FIELDS]
-    args_t = msgspec.defstruct(
-        "KinetoArgs",
-        arg_fields,
-        rename={a: k for a, k, _, _ in _ARG_FIELDS},
-        gc=False,
-    )
-    ev_fields: list[tuple[str, Any, Any]] = [
+def _event_fields(lenient: bool) -> list[tuple[str, Any, Any]]:
+    """(name, type, default) of the event Struct's fields (any JSON type when ``lenient``)."""
+    return [
         ("ph", Any if lenient else str, ""),
         ("cat", Any if lenient else str, ""),
         ("name", Any if lenient else str, ""),
@@ -92,7 +84,19 @@ def _make_types(lenient: bool) -> TraceTypes:
         # ops, a small share of a trace) pay for decoding them, see _decode_args
         ("args", msgspec.Raw, msgspec.Raw()),
     ]
-    event_t = msgspec.defstruct("KinetoEvent", ev_fields, gc=False)
+
+
+def _make_types(lenient: bool) -> TraceTypes:
+    """Build the Struct types. The lenient variant accepts any JSON type for every field and is
+    only used when a trace breaks the usual typing (it is slower: coercion happens later)."""
+    arg_fields = [(a, Any if lenient else t, d) for a, _, t, d in _ARG_FIELDS]
+    args_t = msgspec.defstruct(
+        "KinetoArgs",
+        arg_fields,
+        rename={a: k for a, k, _, _ in _ARG_FIELDS},
+        gc=False,
+    )
+    event_t = msgspec.defstruct("KinetoEvent", _event_fields(lenient), gc=False)
     trace_t = msgspec.defstruct(
         "KinetoTrace",
         [
@@ -117,6 +121,43 @@ def _make_types(lenient: bool) -> TraceTypes:
 
 _STRICT = _make_types(lenient=False)
 _LENIENT = _make_types(lenient=True)
+
+# Chrome-trace phases whose events no step reads beyond the category and name (flow, metadata,
+# counter, async and object events): a filtered decode builds them as stubs, and an unknown
+# phase fails the tagged decode (the slice is then decoded untagged, as before)
+_FULL_PHASES = ("X", "B", "E", "i", "I")
+_STUB_PHASES = tuple("stfMCbneSTpFPONDRc()vV")
+
+
+def _make_tagged() -> tuple[msgspec.json.Decoder[Any], dict[type, str]]:
+    """A decoder of a JSON array of events as a union tagged on ``ph``: the events of
+    ``_FULL_PHASES`` get every field of the strict event (their ``ph`` is a class attribute), the
+    others only ``cat`` and ``name`` (the rest reads as the defaults, class attributes too), so
+    that their times, threads and args build no objects. Used where the caller drops every stub
+    unless its category or name says otherwise (then it decodes the slice again untagged)."""
+    fields = [(f, t, d) for f, t, d in _event_fields(lenient=False) if f != "ph"]
+    named = [(f, t, d) for f, t, d in fields if f in ("cat", "name")]
+    defaults = {f: d for f, _, d in fields if f not in ("cat", "name")}
+    types: list[Any] = [
+        msgspec.defstruct(f"KinetoEvent{i}", fields, tag_field="ph", tag=ph, namespace={"ph": ph}, gc=False)
+        for i, ph in enumerate(_FULL_PHASES)
+    ]
+    types += [
+        msgspec.defstruct(
+            f"KinetoStub{i}",
+            named,
+            tag_field="ph",
+            tag=ph,
+            namespace={"ph": ph, **defaults},
+            gc=False,
+        )
+        for i, ph in enumerate(_STUB_PHASES)
+    ]
+    return msgspec.json.Decoder(list[Union[tuple(types)]]), {t: t.ph for t in types}  # type: ignore[misc]  # noqa: UP007
+
+
+#: the tagged decoder, and the ``ph`` of each of its Struct types
+TAGGED_EVENTS, TAGGED_PH = _make_tagged()
 
 
 def _join_raw(raws: list[msgspec.Raw], empty: bytes) -> bytes:

@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.parsers.kineto_table import Events, EventsBuilder, Select
+from ppdiag.parsers.kineto_table import Decoded, Events, EventsBuilder, Select
 
 SLICE = 1 << 12  # events per slice: ~1-3 MB of JSON, the extra memory one slice costs
 
@@ -93,14 +93,23 @@ class SliceDecoders:
 
     strict: msgspec.json.Decoder[Any]
     lenient: msgspec.json.Decoder[Any]
+    # tagged on ``ph``: the events of phases no step reads decode as stubs (category and name)
+    tagged: msgspec.json.Decoder[Any] | None = None
 
-    def decode(self, blob: bytes) -> list[Any]:
-        """The events of one slice (a JSON array)."""
+    def decode(self, blob: bytes | memoryview, stubs: bool = False) -> tuple[list[Any], Decoded]:
+        """The events of one slice (a JSON array), and how they were decoded (``stubs``: try
+        the tagged decoder first)."""
+        if stubs and self.tagged is not None:
+            try:
+                tagged: list[Any] = self.tagged.decode(blob)
+                return tagged, Decoded.STUBBED
+            except msgspec.ValidationError:
+                pass  # an unknown phase, or a field of the usual events mistyped
         try:
             evs: list[Any] = self.strict.decode(blob)
+            return evs, Decoded.STRICT
         except msgspec.ValidationError:
-            evs = self.lenient.decode(blob)
-        return evs
+            return self.lenient.decode(blob), Decoded.LENIENT
 
 
 def decode_sliced(
@@ -130,19 +139,48 @@ def decode_sliced(
     gpu = _GPU_CAT.search(data) is not None
     try:
         builder = new_builder()
+        builder.reserve(total)
         # no GPU category: one keep-all pass, which frees the raw views as it goes
         select = make_select(top) if gpu else keep_all
-        dropped_used, n_gpu = _slices(raws, decoders, select, builder, hooks=True, consume=not gpu)
+        dropped_used, n_gpu = _slices(data, raws, decoders, select, builder, hooks=True, consume=not gpu)
         if gpu and not n_gpu:
             builder = new_builder()
-            dropped_used, _ = _slices(raws, decoders, keep_all, builder, hooks=False, consume=True)
+            builder.reserve(total)
+            dropped_used, _ = _slices(data, raws, decoders, keep_all, builder, hooks=False, consume=True)
     except msgspec.DecodeError:
         return None
     del raws  # the skeleton's views go before the columns are joined
     return Sliced(builder.finish(), total, dropped_used, top)
 
 
+class _Text:
+    """The document's text, where each slice's events are decoded in place when they can be: the
+    byte before the slice's first event and the one after its last (a comma, white space or the
+    array's own bracket, never inside an event) are set to ``[`` and ``]`` while the slice is
+    decoded, then put back, so that no slice is copied out of the text. Immutable text (a plain
+    ``.json`` read as bytes), or views that do not point into it, take the copy (a join)."""
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self.data = data
+        self.base = np.frombuffer(data, np.uint8).ctypes.data if isinstance(data, bytearray) and data else -1
+
+    def window(self, raws: list[msgspec.Raw]) -> tuple[int, int] | None:
+        """(offset of the first event, offset after the last) of ``raws`` in the text, or None."""
+        if self.base < 0 or not raws:
+            return None
+        first, last = raws[0], raws[-1]
+        if not len(first) or not len(last):
+            return None
+        s = np.frombuffer(first, np.uint8).ctypes.data - self.base
+        e = np.frombuffer(last, np.uint8).ctypes.data - self.base + len(last)
+        data = self.data
+        if not (0 < s < e < len(data)) or data[s] != 0x7B or data[e - 1] != 0x7D:  # { and }
+            return None
+        return s, e
+
+
 def _slices(
+    data: bytes | bytearray,
     raws: list[msgspec.Raw],
     decoders: SliceDecoders,
     select: Select,
@@ -151,20 +189,51 @@ def _slices(
     hooks: bool,
     consume: bool,
 ) -> tuple[int, int]:
-    """(dropped rows that count as used, usable GPU events) of the raw events decoded ``SLICE``
-    at a time into ``builder``; ``hooks``: hand each slice's instant events to the hooks;
-    ``consume``: free each slice's raw views once decoded (no second pass will read them)."""
+    """(dropped rows that count as used, usable GPU events) of the raw events (views into
+    ``data``) decoded ``SLICE`` at a time into ``builder``; ``hooks``: hand each slice's instant
+    events to the hooks; ``consume``: free each slice's raw views once decoded (no second pass
+    will read them)."""
     dropped_used = n_gpu = 0
+    text = _Text(data)
     for lo in range(0, len(raws), SLICE):
-        blob = b"".join((b"[", b",".join(raws[lo : lo + SLICE]), b"]"))
+        part = raws[lo : lo + SLICE]
+        win = text.window(part)
+        if win is None:
+            blob: bytes | memoryview = b"".join((b"[", b",".join(part), b"]"))
+        else:
+            s, e = win
+            assert isinstance(data, bytearray)
+            saved = data[s - 1], data[e]
+            data[s - 1], data[e] = 0x5B, 0x5D  # [ and ]
+            blob = memoryview(data)[s - 1 : e + 1]
+        del part
         if consume:
             raws[lo : lo + SLICE] = repeat(_FREED, min(SLICE, len(raws) - lo))
-        evs = decoders.decode(blob)
-        del blob
-        if hooks:
-            run_instant_hooks(evs)
-        n, g = builder.add(evs, select)
-        del evs
+        try:
+            n, g = _decode_slice(blob, decoders, select, builder, hooks)
+        finally:
+            if win is not None:
+                assert isinstance(data, bytearray)
+                data[win[0] - 1], data[win[1]] = saved
+        del blob  # with the last event views of the slice, the text's export goes
         dropped_used += n
         n_gpu += g
     return dropped_used, n_gpu
+
+
+def _decode_slice(
+    blob: bytes | memoryview, decoders: SliceDecoders, select: Select, builder: EventsBuilder, hooks: bool
+) -> tuple[int, int]:
+    """Decode one slice (a JSON array) into ``builder``. The filtered pass decodes the events no
+    step reads as stubs; a slice where the filter keeps one (a GPU category or the allocator's
+    name on a flow or metadata event) is decoded again in full, so the columns are those of the
+    untagged decode either way."""
+    evs, how = decoders.decode(blob, stubs=select is not keep_all)
+    if hooks:
+        run_instant_hooks(evs)  # instant events are never stubs
+    got = builder.add(evs, select, how)
+    if got is None:
+        evs, how = decoders.decode(blob)
+        got = builder.add(evs, select, how)
+        assert got is not None
+    return got

@@ -15,9 +15,11 @@ array fast path, any other slice the per-value one (lenient traces).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -38,6 +40,7 @@ from ppdiag.parsers.kineto_schema import (
     K_RUNTIME,
     K_SYNC,
     MEMORY_EVENT,
+    TAGGED_PH,
     _col,
     _decode_args,
     _f64,
@@ -49,21 +52,22 @@ from ppdiag.parsers.kineto_schema import (
 PH_X, PH_B, PH_E, PH_I, PH_OTHER = range(5)
 _PH = {"X": PH_X, "B": PH_B, "E": PH_E, "i": PH_I, "I": PH_I}
 _NUMBER_TYPES = frozenset((float, int))
-_COLUMNS = (
-    "ph",
-    "cat",
-    "name",
-    "pid",
-    "tid",
-    "ts",
-    "ts_ok",
-    "dur",
-    "dur_ok",
-    "stream",
-    "device",
-    "corr",
-    "nbytes",
-)
+_DTYPES: dict[str, Any] = {
+    "ph": np.int8,
+    "cat": np.int8,
+    "name": np.int32,
+    "pid": np.int64,
+    "tid": np.int64,
+    "ts": np.float64,
+    "ts_ok": np.bool_,
+    "dur": np.float64,
+    "dur_ok": np.bool_,
+    "stream": np.int64,
+    "device": np.int64,
+    "corr": np.int64,
+    "nbytes": np.int64,
+}
+_CONSTANT = frozenset(("stream", "device", "corr", "nbytes"))  # -1 where no args were read
 
 
 @dataclass
@@ -94,6 +98,42 @@ class Events:
 
     def __len__(self) -> int:
         return len(self.ph)
+
+
+class Decoded(enum.IntEnum):
+    """How a slice of events was decoded: what their field values may be."""
+
+    LENIENT = 0  # any JSON type per field
+    STRICT = 1  # the strict types: cat, name and ph are str, ts and dur float
+    STUBBED = 2  # strict, tagged on ph: the events of phases but X/B/E/i/I are stubs
+
+
+_PH_OF_TYPE = {t: _PH.get(ph, PH_OTHER) for t, ph in TAGGED_PH.items()}
+_GET_CAT, _GET_PH, _GET_TS, _GET_DUR = (
+    attrgetter("cat"),
+    attrgetter("ph"),
+    attrgetter("ts"),
+    attrgetter("dur"),
+)
+
+
+def _typed_columns(evs: list[Any], how: Decoded) -> dict[str, npt.NDArray[Any]]:
+    """The ph, cat, ts and dur columns of strictly typed events, gathered straight into arrays
+    (no list per field, no check of the value types: they are known)."""
+    n = len(evs)
+    if how == Decoded.STUBBED:
+        ph = np.fromiter(map(_PH_OF_TYPE.__getitem__, map(type, evs)), np.int8, n)
+    else:
+        ph = np.fromiter(map(_PH.get, map(_GET_PH, evs), repeat(PH_OTHER)), np.int8, n)
+    cols: dict[str, npt.NDArray[Any]] = {
+        "ph": ph,
+        "cat": np.fromiter(map(_CAT.get, map(_GET_CAT, evs), repeat(K_OTHER)), np.int8, n),
+    }
+    for key, get in (("ts", _GET_TS), ("dur", _GET_DUR)):
+        arr = np.fromiter(map(get, evs), np.float64, n)
+        ok = np.isfinite(arr)
+        cols[key], cols[key + "_ok"] = (arr if ok.all() else np.where(ok, arr, 0.0)), ok
+    return cols
 
 
 def _codes(values: list[Any], table: dict[str, int], default: int) -> npt.NDArray[np.int8]:
@@ -151,7 +191,10 @@ class EventsBuilder:
         self._names: list[str] = []
         self._comm_name = bytearray()  # per name id: 1 when a host op of that name is a comm op
         self._ccl_name = bytearray()  # per name id: 1 when a kernel of that name is a comm kernel
-        self._parts: list[dict[str, npt.NDArray[Any]]] = []
+        # the columns, written in place slice after slice (np.empty: the rows never written cost no
+        # memory); a column of _CONSTANT is only stored once a slice holds a value other than -1
+        self._store: dict[str, npt.NDArray[Any]] = {}
+        self._cap = 0
         self._args: dict[int, msgspec.Raw] = {}
         self._mem_ts: list[Any] = []
         self._mem_args: list[msgspec.Raw] = []
@@ -160,9 +203,9 @@ class EventsBuilder:
         self._rk: list[int] = []
         self.memory_id = -1  # name id of the allocator's events, once seen
 
-    def _name_ids(self, raw_names: list[Any]) -> npt.NDArray[np.int32]:
+    def _name_ids(self, raw_names: list[Any], typed: bool = False) -> npt.NDArray[np.int32]:
         names = raw_names
-        if not set(map(type, names)) <= {str}:
+        if not typed and not set(map(type, names)) <= {str}:
             names = [v if isinstance(v, str) else str(v) for v in names]  # lenient traces only
         new = set(names).difference(self._ids)
         for nm in sorted(new):
@@ -181,23 +224,33 @@ class EventsBuilder:
         """(class, range kind) of every name id so far (see :class:`NameInfo`)."""
         return np.asarray(self._cls, dtype=np.int64), np.asarray(self._rk, dtype=np.int64)
 
-    def add(self, evs: list[Any], select: Select | None = None) -> tuple[int, int]:
+    def add(
+        self, evs: list[Any], select: Select | None = None, how: Decoded = Decoded.LENIENT
+    ) -> tuple[int, int] | None:
         """Add the columns of ``evs`` (the caller drops the Structs afterwards). ``select`` picks
         the rows to keep from the slice's columns; returns what it counted (dropped rows that
-        count as used, usable GPU events), (0, 0) without it."""
+        count as used, usable GPU events), (0, 0) without it. ``how`` they were decoded: typed
+        values take the direct paths; with ``Decoded.STUBBED`` the events of phases other than
+        X/B/E/i/I are stubs (category and name only), and when ``select`` keeps one nothing is
+        added and None is returned (the caller decodes the slice in full)."""
         n = len(evs)
         if not n:
             return 0, 0
-        cols: dict[str, npt.NDArray[Any]] = {
-            "ph": _codes(_col(evs, "ph"), _PH, PH_OTHER),
-            "cat": _codes(_col(evs, "cat"), _CAT, K_OTHER),
-            "name": self._name_ids(_col(evs, "name")),
-        }
-        cols["ts"], cols["ts_ok"] = _times(_col(evs, "ts"))
-        cols["dur"], cols["dur_ok"] = _times(_col(evs, "dur"))
+        if how == Decoded.LENIENT:
+            cols: dict[str, npt.NDArray[Any]] = {
+                "ph": _codes(_col(evs, "ph"), _PH, PH_OTHER),
+                "cat": _codes(_col(evs, "cat"), _CAT, K_OTHER),
+            }
+            cols["ts"], cols["ts_ok"] = _times(_col(evs, "ts"))
+            cols["dur"], cols["dur_ok"] = _times(_col(evs, "dur"))
+        else:
+            cols = _typed_columns(evs, how)
+        cols["name"] = self._name_ids(_col(evs, "name"), typed=how != Decoded.LENIENT)
         counted = (0, 0)
         if select is not None:
             keep, dropped, n_gpu = select(cols, self)
+            if how == Decoded.STUBBED and keep[cols["ph"] == PH_OTHER].any():
+                return None
             counted = (dropped, n_gpu)
             if not keep.all():
                 idx = np.flatnonzero(keep)
@@ -229,9 +282,39 @@ class EventsBuilder:
             mem = _take(evs, np.flatnonzero(name == self.memory_id))
             self._mem_ts += _col(mem, "ts")
             self._mem_args += map(msgspec.Raw.copy, _col(mem, "args"))
-        self._parts.append(cols)
-        self._rows += n
+        self._put(cols, n)
         return counted
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows (the events of the document: no slice keeps more)."""
+        if rows > self._cap:
+            self._grow(rows)
+
+    def _grow(self, need: int) -> None:
+        cap = max(need, 2 * self._cap, 1 << 12)
+        for c, dt in _DTYPES.items():
+            old = self._store.get(c)
+            if old is None and c in _CONSTANT:
+                continue
+            self._store[c] = new = np.empty(cap, dtype=dt)
+            if old is not None:
+                new[: self._rows] = old[: self._rows]
+        self._cap = cap
+
+    def _put(self, cols: dict[str, npt.NDArray[Any]], n: int) -> None:
+        """Write one slice's columns after the rows so far."""
+        lo, hi = self._rows, self._rows + n
+        if hi > self._cap:
+            self._grow(hi)
+        for c, v in cols.items():
+            to = self._store.get(c)
+            if to is None:  # a constant column so far
+                if not (v != -1).any():
+                    continue
+                self._store[c] = to = np.empty(self._cap, dtype=np.int64)
+                to[:lo] = -1
+            to[lo:hi] = v
+        self._rows = hi
 
     def _keep_raw_args(
         self, evs: list[Any], cols: dict[str, npt.NDArray[Any]], gi: npt.NDArray[np.intp]
@@ -248,19 +331,19 @@ class EventsBuilder:
         self._args.update(zip((rows + self._rows).tolist(), map(msgspec.Raw.copy, raws), strict=True))
 
     def finish(self) -> Events:
-        """The joined columns of every slice added."""
-        parts = self._parts
-        self._parts = []
-        if parts:
-            # one column at a time, each freed from the parts once joined: the join costs one
-            # column's size on top of the parts, not all of them twice
-            cols = {c: np.concatenate([p.pop(c) for p in parts]) for c in _COLUMNS}
-        else:
-            dt = {"ph": np.int8, "cat": np.int8, "name": np.int32, "ts": np.float64, "dur": np.float64}
-            cols = {
-                c: np.zeros(0, dtype=dt.get(c, bool if c.endswith("_ok") else np.int64)) for c in _COLUMNS
-            }
-        del parts
+        """The columns of every slice added (no copy: the slices were written in place). A
+        column that only ever held -1 is a read-only view of one -1 (the four args columns of a
+        CPU trace: 32 bytes a row that are never allocated); every reader indexes them."""
+        n, store = self._rows, self._store
+        self._store = {}
+        cols: dict[str, Any] = {}
+        for c, dt in _DTYPES.items():
+            if c in store:
+                cols[c] = store[c][:n]
+            elif c in _CONSTANT and n:
+                cols[c] = np.broadcast_to(np.int64(-1), (n,))
+            else:
+                cols[c] = np.zeros(0, dtype=dt)
         return Events(
             **cols,
             names=self._names,
@@ -280,6 +363,7 @@ def events_from_structs(evs: list[Any], memo: _NameMemo, path: str, slice_len: i
     """The columns of a whole decoded event list (the whole-document path), built a slice at a
     time so that the temporary per-slice lists stay small."""
     b = EventsBuilder(memo, path)
+    b.reserve(len(evs))
     for lo in range(0, len(evs), slice_len):
         b.add(evs[lo : lo + slice_len])
     return b.finish()
