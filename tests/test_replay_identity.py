@@ -403,3 +403,21 @@ def test_replay_graph_check_finds_broken_graphs(tmp_path: Path) -> None:
     assert any("node 3" in p and "itself" in p for p in problems), problems
     assert any("node 5" in p and "negative" in p for p in problems), problems
     assert any("nodes start at" in p for p in problems), problems
+
+
+def test_variants_without_their_kind_of_delay_are_computed_once(tmp_path: Path) -> None:
+    """A run without copies (no faults: no slow link either) gives the same numbers with or without
+    removing them; the replay computes such variants once, and each still equals the
+    node-at-a-time replay."""
+    run = make_scenario(pp=4, microbatches=8, steps=2)
+    write_nsys(run, tmp_path)
+    diag = diagnose([tmp_path], Options())
+    pipe = diag.context.pipeline
+    rp = Replay(diag.context.rank_steps, diag.run.by_rank(), pipe.ops, pipe.topology.pp - 1)
+    for kw in VARIANTS:
+        assert rp.run(**kw) == _reference_run(rp, **kw), kw
+    assert rp.run(copy=False) == rp.run() == rp.run(comm_excess=False)
+    assert len(rp._memo) < len(VARIANTS)
+    got = rp.run(copy=False)
+    got.clear()  # each caller gets its own dict
+    assert rp.run(copy=False) == _reference_run(rp, copy=False)

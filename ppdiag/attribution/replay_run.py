@@ -23,6 +23,9 @@ from ppdiag.pipeline.clocks import P2POps
 
 NEG_INF = -(2**62)
 
+# what a variant gives: (window, idle) of every (rank, step)
+_Idle = dict[tuple[int, int], tuple[int, int]]
+
 # one node of a variant in the replay's order: node id, (rank, step) of a step's first block or
 # None, pre, post, duration, wait code, the wait's addition, lead, producer, producer's extra
 # delay, fixed issue time, (release, label edges) or None
@@ -298,9 +301,38 @@ def _place_nodes(win: _Windows, rows: Iterator[_Row]) -> None:
         end[i] = int((base + post) + du)
 
 
+def _kinds_present(rp: ReplayGraph, cols: _Columns) -> _Flags:
+    """Which kinds of delay the run has at all: ``False`` where every number a variant would remove
+    for it is zero (no host delay, no transfer above the normal latency, no exposed comm, no
+    copy, no unexplained idle), so that removing it leaves every variant as it is."""
+    tails = list(rp.tail.values())
+    pieces = [p for tc in rp.tail_coll.values() for p in (tc[2], tc[3])]
+
+    def any_of(*arrays: npt.NDArray[np.int64] | npt.NDArray[np.bool_]) -> bool:
+        return any(bool(a.any()) for a in arrays)
+
+    def tail_has(k: int) -> bool:
+        return any(t[k] != 0 for t in tails)
+
+    def piece_has(k: int) -> bool:
+        return any(p[k] != 0 for p in pieces)
+
+    # tail: busy, coll, host, other, copy; pieces: busy, host, other, copy, p2p
+    return _Flags(
+        host=any_of(cols.pre_host, cols.in_host, cols.issue) or tail_has(2) or piece_has(1),
+        comm_excess=bool((cols.xfer > rp.normal_latency).any()),
+        comm=any_of(cols.pre_coll, cols.send_wait, cols.on_compute)
+        or tail_has(1)
+        or piece_has(4)
+        or any(x != 0 for _, x in rp.syncs.values()),
+        copy=any_of(cols.pre_copy, cols.in_copy, cols.issue_copy) or tail_has(4) or piece_has(3),
+        ux=any_of(cols.pre_ux, cols.in_ux),
+    )
+
+
 def _step_idle(
     rp: ReplayGraph, cols: _Columns, win: _Windows, factor: npt.NDArray[np.float64] | None
-) -> dict[tuple[int, int], tuple[int, int]]:
+) -> _Idle:
     """``(window, idle)`` of every (rank, step) once its nodes are placed. Under ``balanced`` the
     blocks' compute is at the mean cost (what is left of each span once its host, copy and other
     idle is taken out), summed per step by prefix sums."""
@@ -308,7 +340,7 @@ def _step_idle(
     if factor is not None:
         bal = (cols.busy * factor).astype(np.int64)
         cum_delta = np.concatenate([[0], np.cumsum(bal - cols.busy)]).tolist()
-    idle: dict[tuple[int, int], tuple[int, int]] = {}
+    idle: _Idle = {}
     for rs in rp.steps:
         key = (rs.rank, rs.step)
         f, c = rp.first[key], rp.count[key]
@@ -333,12 +365,30 @@ class Replay(ReplayGraph):
     ) -> None:
         super().__init__(steps, timelines, ops, last_stage)
         self._cols: _Columns | None = None
+        self._matters: _Flags | None = None
+        # results by the variant's effective flags and mean costs: variants that differ only in
+        # kinds of delay the run does not have are the same computation
+        self._memo: dict[tuple[_Flags, tuple[tuple[tuple[int, int, int], float], ...] | None], _Idle] = {}
 
     def _columns(self) -> _Columns:
         """The nodes as columns (built once, reused by every variant)."""
         if self._cols is None:
             self._cols = _Columns.of(self)
         return self._cols
+
+    def _effective(self, fl: _Flags) -> _Flags:
+        """``fl`` with every kind of delay the run does not have kept (removing it changes no
+        number of the replay: the variant is the same computation)."""
+        if self._matters is None:
+            self._matters = _kinds_present(self, self._columns())
+        m = self._matters
+        return _Flags(
+            host=fl.host or not m.host,
+            comm_excess=fl.comm_excess or not m.comm_excess,
+            comm=fl.comm or not m.comm,
+            copy=fl.copy or not m.copy,
+            ux=fl.ux or not m.ux,
+        )
 
     def run(
         self,
@@ -349,7 +399,7 @@ class Replay(ReplayGraph):
         copy: bool = True,
         ux: bool = True,
         balanced: dict[tuple[int, int, int], float] | None = None,
-    ) -> dict[tuple[int, int], tuple[int, int]]:
+    ) -> _Idle:
         """``(window, idle)`` of every (rank, step) under a variant; ``False`` removes that delay.
 
         ``host``: host delays (launched after the gap began, a producer's late issue);
@@ -365,11 +415,14 @@ class Replay(ReplayGraph):
         analyzed step keeps its measured start.
         """
         cols = self._columns()
-        fl = _Flags(host=host, comm_excess=comm_excess, comm=comm, copy=copy, ux=ux)
-        rows, factor = _variant_rows(cols, self.normal_latency, fl, balanced)
-        win = _Windows(self, list(cols.meas_end), fl)
-        _place_nodes(win, rows)
-        return _step_idle(self, cols, win, factor)
+        fl = self._effective(_Flags(host=host, comm_excess=comm_excess, comm=comm, copy=copy, ux=ux))
+        key = (fl, tuple(sorted(balanced.items())) if balanced is not None else None)
+        if key not in self._memo:
+            rows, factor = _variant_rows(cols, self.normal_latency, fl, balanced)
+            win = _Windows(self, list(cols.meas_end), fl)
+            _place_nodes(win, rows)
+            self._memo[key] = _step_idle(self, cols, win, factor)
+        return dict(self._memo[key])
 
 
 __all__ = ["NEG_INF", "Replay"]
