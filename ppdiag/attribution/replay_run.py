@@ -9,15 +9,14 @@ as one node at a time (``tests/test_replay_identity.py`` checks that).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.rank_step import RankStep
-from ppdiag.attribution.replay_graph import ReplayGraph, _Node
+from ppdiag.attribution.replay_graph import ReplayGraph
 from ppdiag.model import RankTimeline
 from ppdiag.pipeline.clocks import P2POps
 
@@ -92,54 +91,62 @@ class _Columns:
 
     @classmethod
     def of(cls, rp: ReplayGraph) -> _Columns:
-        nodes = rp.nodes
-        n = len(nodes)
+        nc = rp.cols
+        c = nc.cols
+        n = len(nc)
 
-        def col(get: Callable[[_Node], int]) -> npt.NDArray[np.int64]:
-            # map over a C-level getter, not a generator of lambda calls: one column of a
-            # million-node replay in a tenth of a second
-            return np.fromiter(map(get, nodes), np.int64, n)
+        def by_id(table: Mapping[int, tuple[int, ...] | int], k: int | None = None) -> npt.NDArray[np.int64]:
+            # a column that is 0 except at the node ids of ``table`` (item ``k`` of each value)
+            out = np.zeros(n, np.int64)
+            vals = table.values() if k is None else (v[k] for v in table.values())  # type: ignore[index]
+            out[nc.ids(dict(table))] = np.fromiter(vals, np.int64, len(table))
+            return out
 
-        def flag(get: Callable[[_Node], bool]) -> npt.NDArray[np.bool_]:
-            return np.fromiter(map(get, nodes), np.bool_, n)
+        def mask(ids: Collection[int]) -> npt.NDArray[np.bool_]:
+            out = np.zeros(n, np.bool_)
+            out[np.fromiter(ids, np.int64, len(ids))] = True
+            return out
 
-        span = col(attrgetter("span"))
+        has_obs, has_abs = mask(nc.obs.keys()), mask(nc.obs_abs.keys())
+        xfer = np.where(has_obs, by_id(nc.obs, 2), np.where(has_abs, by_id(nc.obs_abs, 1), 0))
+        order_l: list[int] = list(rp.order)
+        is_first = np.zeros(n + 1, np.bool_)
+        is_first[[f for key, f in rp.first.items() if rp.count[key]]] = True
+        keys_l = list(zip(c["rank"].tolist(), c["step"].tolist(), strict=True))
+        first_l = is_first[:n].tolist()
+        prod_l = np.where(has_obs, by_id(nc.obs, 0), -1).tolist()
+        t_issue_l = by_id(nc.obs_abs, 0).tolist()
+        edges, release = nc.edges, nc.release
+        with_deps = {*release, *(i for i, e in edges.items() if e)}
+        deps = {i: (release.get(i), edges.get(i, [])) for i in with_deps}
         return cls(
-            pre=col(attrgetter("pre")),
-            post=col(attrgetter("post")),
-            pre_host=col(attrgetter("pre_host")),
-            pre_coll=col(attrgetter("pre_coll")),
-            pre_copy=col(attrgetter("pre_copy")),
-            pre_ux=col(attrgetter("pre_ux")),
-            span=span,
-            busy=col(attrgetter("busy")),
-            in_host=col(attrgetter("in_host")),
-            in_ux=col(attrgetter("in_ux")),
-            in_copy=col(attrgetter("in_copy")),
-            send_wait=flag(attrgetter("send_wait")),
-            has_obs=flag(lambda nd: nd.obs is not None),
-            has_abs=flag(lambda nd: nd.obs_abs is not None),
-            xfer=col(
-                lambda nd: nd.obs[2] if nd.obs is not None else nd.obs_abs[1] if nd.obs_abs is not None else 0
-            ),
-            issue=col(lambda nd: nd.obs[1] if nd.obs is not None else 0),
-            issue_copy=col(attrgetter("issue_copy")),
-            lead=col(attrgetter("lead")),
-            on_compute=flag(attrgetter("on_compute")),
-            cost_key=[(nd.rank, nd.stage, nd.phase) for nd in nodes],
-            meas_end=(np.asarray(rp.meas_start, np.int64) + span).tolist() if n else [],
-            order=np.asarray(rp.order, np.int64),
-            order_l=list(rp.order),
-            first_key_o=[
-                (nodes[i].rank, nodes[i].step) if rp.first[(nodes[i].rank, nodes[i].step)] == i else None
-                for i in rp.order
-            ],
-            prod_o=[ob[0] if (ob := nodes[i].obs) is not None else -1 for i in rp.order],
-            t_issue_o=[ab[0] if (ab := nodes[i].obs_abs) is not None else 0 for i in rp.order],
-            deps_o=[
-                (nodes[i].release, nodes[i].edges) if nodes[i].release is not None or nodes[i].edges else None
-                for i in rp.order
-            ],
+            pre=c["pre"],
+            post=c["post"],
+            pre_host=c["pre_host"],
+            pre_coll=c["pre_coll"],
+            pre_copy=c["pre_copy"],
+            pre_ux=c["pre_ux"],
+            span=c["span"],
+            busy=c["busy"],
+            in_host=c["in_host"],
+            in_ux=c["in_ux"],
+            in_copy=c["in_copy"],
+            send_wait=mask(nc.send_wait),
+            has_obs=has_obs,
+            has_abs=has_abs,
+            xfer=xfer,
+            issue=by_id(nc.obs, 1),
+            issue_copy=by_id(nc.issue_copy),
+            lead=by_id(nc.lead),
+            on_compute=nc.on_compute,
+            cost_key=list(zip(c["rank"].tolist(), c["stage"].tolist(), c["phase"].tolist(), strict=True)),
+            meas_end=(np.asarray(rp.meas_start, np.int64) + c["span"]).tolist() if n else [],
+            order=np.asarray(order_l, np.int64),
+            order_l=order_l,
+            first_key_o=[keys_l[i] if first_l[i] else None for i in order_l],
+            prod_o=[prod_l[i] for i in order_l],
+            t_issue_o=[t_issue_l[i] for i in order_l],
+            deps_o=[deps.get(i) for i in order_l],
         )
 
 
