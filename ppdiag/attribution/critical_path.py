@@ -149,8 +149,8 @@ class _Walk:
         """The rank's gap pieces clipped to [lo, hi), in time order (a rank's gaps are disjoint)."""
         empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int8))
         gs, ge, gc = self.gaps.get(rank, empty)
-        a = max(int(np.searchsorted(gs, lo, side="right")) - 1, 0)
-        b = int(np.searchsorted(gs, hi, side="left"))
+        a = max(int(gs.searchsorted(lo, side="right")) - 1, 0)
+        b = int(gs.searchsorted(hi, side="left"))
         s = np.clip(gs[a:b], lo, hi)
         e = np.clip(ge[a:b], lo, hi)
         keep = e > s
@@ -161,8 +161,8 @@ class _Walk:
         gs, ge, gc = self.gaps.get(rank, (np.zeros(0, np.int64),) * 3)
         if gs.size == 0:
             return [0] * len(CAUSE_KEYS)
-        a = max(int(np.searchsorted(gs, lo, side="right")) - 1, 0)
-        b = int(np.searchsorted(gs, hi, side="left"))
+        a = max(int(gs.searchsorted(lo, side="right")) - 1, 0)
+        b = int(gs.searchsorted(hi, side="left"))
         if b <= a:
             return [0] * len(CAUSE_KEYS)
         cum = self.gap_cum[rank]
@@ -206,7 +206,7 @@ class _Walk:
         ends = self.bend.get(rank)
         if ends is None:
             return None
-        j = int(np.searchsorted(ends, t, side="right")) - 1
+        j = int(ends.searchsorted(t, side="right")) - 1
         if j < 0 or int(self.blocks[rank].start[j]) < lo:
             return None
         return j
@@ -217,7 +217,7 @@ class _Walk:
         if lo == hi:
             return None
         re = self.tr.recv_end[lo:hi]
-        k = int(np.searchsorted(re, by, side="right")) - 1
+        k = int(re.searchsorted(by, side="right")) - 1
         if k < 0 or int(re[k]) <= after:
             return None
         return lo + k

@@ -39,6 +39,8 @@ from ppdiag.model import Direction, Phase, RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.clocks import P2POps
 
+# the phases as plain ints (looked up once per labelled block)
+_FWD, _BWD, _WGRAD = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
 # windows closer than this are consecutive steps of one rank
 STEP_JOIN_NS = 1_000_000
 
@@ -179,14 +181,14 @@ def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]
 def _label_producer(by_key: dict[_LabelKey, int], key: _LabelKey, last_stage: int) -> int | None:
     """The node whose output the labelled block ``key`` consumes (None: no such dependency)."""
     stepn, stage, phase, mb = key
-    if phase == int(Phase.FWD):
-        return by_key.get((stepn, stage - 1, int(Phase.FWD), mb))
-    if phase == int(Phase.BWD):
+    if phase == _FWD:
+        return by_key.get((stepn, stage - 1, _FWD, mb))
+    if phase == _BWD:
         if stage == last_stage:
-            return by_key.get((stepn, stage, int(Phase.FWD), mb))
-        return by_key.get((stepn, stage + 1, int(Phase.BWD), mb))
-    if phase == int(Phase.WGRAD):
-        return by_key.get((stepn, stage, int(Phase.BWD), mb))
+            return by_key.get((stepn, stage, _FWD, mb))
+        return by_key.get((stepn, stage + 1, _BWD, mb))
+    if phase == _WGRAD:
+        return by_key.get((stepn, stage, _BWD, mb))
     return None
 
 
@@ -471,7 +473,7 @@ class ReplayGraph:
         # before it (a send issued as its block ends must not flip to the block before under
         # ns jitter, which would read that whole block as the producer's host delay)
         at = last if (last is not None and device) else rel
-        j = int(np.searchsorted(ends, at + ctx.tol, side="right")) - 1
+        j = int(ends.searchsorted(at + ctx.tol, side="right")) - 1
         if wdir == int(Direction.SEND):
             nc.send_wait.add(nid)
         if j < 0 and last is not None and peer in ctx.ends_by_rank:
@@ -536,16 +538,18 @@ class ReplayGraph:
         that small negative latency: dropping it would make the split of the waits depend on
         sub-µs jitter (float32 seconds against float64 ones)."""
         post, span, start = self.cols.cols["post"].tolist(), self.cols.cols["span"].tolist(), self.meas_start
-        edges = self.cols.edges
+        edges, lat, dropped = self.cols.edges, self.normal_latency, 0
         for key, nid in by_key.items():
             prod = _label_producer(by_key, key, last_stage)
             if prod is None or prod == nid:
                 continue
             slack = start[nid] - post[nid] - (start[prod] + span[prod])
             if slack < -tol:  # the measurement contradicts this dependency: labels do not match up
-                self.dropped_edges += 1
+                dropped += 1
                 continue
-            edges.setdefault(nid, []).append((prod, min(self.normal_latency, slack)))
+            # ``min(lat, slack)`` without the call (once per labelled block)
+            edges.setdefault(nid, []).append((prod, slack if slack < lat else lat))
+        self.dropped_edges += dropped
 
     def _not_a_wait(self, nid: int, rs: RankStep) -> None:
         """A gap that looked like a wait but that the peer cannot have released: the peer issued

@@ -78,8 +78,8 @@ class _P2PIndex:
 
     def on_compute_at(self, lo: int, hi: int) -> bool:
         """Whether the operation that held the rank in ``[lo, hi]`` ran on a compute stream."""
-        j0 = int(np.searchsorted(self.reach, lo, side="right"))
-        j1 = int(np.searchsorted(self.start, hi, side="left"))
+        j0 = int(self.reach.searchsorted(lo, side="right"))
+        j1 = int(self.start.searchsorted(hi, side="left"))
         if j1 <= j0:
             return False
         cover = np.minimum(self.end[j0:j1], hi) - np.maximum(self.start[j0:j1], lo)
@@ -152,8 +152,8 @@ class _P2PIndex:
         Pieces that cover the wait alike (within ``tol``: a send and a receive posted and done
         together) are a tie, not decided by ns jitter: the one posted first names the peer.
         """
-        j0 = int(np.searchsorted(self.reach, lo, side="right"))
-        j1 = int(np.searchsorted(self.start, hi, side="left"))
+        j0 = int(self.reach.searchsorted(lo, side="right"))
+        j1 = int(self.start.searchsorted(hi, side="left"))
         if j1 <= j0:
             return -1, 0, lo, hi
         st, en = self.start[j0:j1], self.end[j0:j1]
@@ -207,7 +207,7 @@ class _IssueIndex:
         if got is None:
             return None
         ends, starts = got
-        j = int(np.searchsorted(ends, end))
+        j = int(ends.searchsorted(end))
         best: int | None = None
         for c in (j - 1, j):
             ok = 0 <= c < ends.size and abs(int(ends[c]) - end) <= tol and int(starts[c]) <= end
@@ -221,7 +221,7 @@ class _IssueIndex:
         arr = self.by.get((rank, towards, self._kind(wait_dir)))
         if arr is None:
             return None
-        j = int(np.searchsorted(arr, t, side="right")) - 1
+        j = int(arr.searchsorted(t, side="right")) - 1
         return int(arr[j]) if j >= 0 else None
 
 

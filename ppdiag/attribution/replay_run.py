@@ -116,9 +116,8 @@ class _Columns:
         first_l = is_first[:n].tolist()
         prod_l = np.where(has_obs, by_id(nc.obs, 0), -1).tolist()
         t_issue_l = by_id(nc.obs_abs, 0).tolist()
-        edges, release = nc.edges, nc.release
-        with_deps = {*release, *(i for i, e in edges.items() if e)}
-        deps = {i: (release.get(i), edges.get(i, [])) for i in with_deps}
+        release, rel_get, edges_get = nc.release, nc.release.get, nc.edges.get
+        no_edges: list[tuple[int, int]] = []
         return cls(
             pre=c["pre"],
             post=c["post"],
@@ -146,7 +145,9 @@ class _Columns:
             first_key_o=[keys_l[i] if first_l[i] else None for i in order_l],
             prod_o=[prod_l[i] for i in order_l],
             t_issue_o=[t_issue_l[i] for i in order_l],
-            deps_o=[deps.get(i) for i in order_l],
+            deps_o=[
+                (rel_get(i), e or no_edges) if (e := edges_get(i)) or i in release else None for i in order_l
+            ],
         )
 
 
