@@ -27,13 +27,16 @@ _Idle = dict[tuple[int, int], tuple[int, int]]
 
 # one node of a variant in the replay's order: node id, (rank, step) of a step's first block or
 # None, pre, post, duration, wait code, the wait's addition, lead, producer, producer's extra
-# delay, fixed issue time, (release, label edges) or None
+# delay, fixed issue time, the producer and latency of its one label edge (-1 and 0: none, or
+# not its only dependency), and (release, label edges) of the other nodes with dependencies
 _Row = tuple[
     int,
     tuple[int, int] | None,
     float,
     float,
     float,
+    int,
+    int,
     int,
     int,
     int,
@@ -87,6 +90,9 @@ class _Columns:
     first_key_o: list[tuple[int, int] | None]
     prod_o: list[int]
     t_issue_o: list[int]
+    # a node whose one dependency is a label edge (most nodes): its producer and latency
+    edge_p_o: list[int]
+    edge_t_o: list[int]
     deps_o: list[tuple[int | None, list[tuple[int, int]]] | None]
 
     @classmethod
@@ -118,6 +124,8 @@ class _Columns:
         t_issue_l = by_id(nc.obs_abs, 0).tolist()
         release, rel_get, edges_get = nc.release, nc.release.get, nc.edges.get
         no_edges: list[tuple[int, int]] = []
+        # the nodes whose only dependency is one label edge take the loop's short path
+        single = {i: e[0] for i, e in nc.edges.items() if len(e) == 1 and i not in release}
         return cls(
             pre=c["pre"],
             post=c["post"],
@@ -145,8 +153,15 @@ class _Columns:
             first_key_o=[keys_l[i] if first_l[i] else None for i in order_l],
             prod_o=[prod_l[i] for i in order_l],
             t_issue_o=[t_issue_l[i] for i in order_l],
+            edge_p_o=[single[i][0] if i in single else -1 for i in order_l],
+            edge_t_o=[single[i][1] if i in single else 0 for i in order_l],
             deps_o=[
-                (rel_get(i), e or no_edges) if (e := edges_get(i)) or i in release else None for i in order_l
+                None
+                if i in single
+                else (rel_get(i), e or no_edges)
+                if (e := edges_get(i)) or i in release
+                else None
+                for i in order_l
             ],
         )
 
@@ -208,6 +223,8 @@ def _variant_rows(
         cols.prod_o,
         extra_o,
         cols.t_issue_o,
+        cols.edge_p_o,
+        cols.edge_t_o,
         cols.deps_o,
         strict=True,
     )
@@ -279,33 +296,41 @@ def _place_nodes(win: _Windows, rows: Iterator[_Row]) -> None:
     """Place every node in measured order: after the previous block (or its step's start) and its
     local delay before the wait, its wait's release, its label edges, then its local delay after
     the wait and its duration."""
-    # ``x if x > y else y`` is ``max(y, x)`` (the first argument on a tie) without a call: this
-    # loop runs once per node and variant, millions of times on a long run
+    # ``if x > y: y = x`` is ``max(y, x)`` (the first argument on a tie) without a call: this loop
+    # runs once per node and variant, millions of times on a long run; the common cases come
+    # first (a producer block's wait, one label edge)
     end = win.end
-    for i, fk, pre, post, du, c, add, lead, prod, extra, t_iss, deps in rows:
+    for i, fk, pre, post, du, c, add, lead, prod, extra, t_iss, ep, et, deps in rows:
         base = (win.start(fk) if fk is not None else end[i - 1]) + pre
-        if c == 1:
-            # waiting for its own send: no data dependency, the wait overlaps once comm does;
-            # only a slow link's excess over the normal transfer stays (blocking sends)
-            base += add
-        elif c == 2:
+        if c == 2:
             # the transfer starts once the producer issued it and this rank had posted its
             # side (``lead`` before it began to wait); the block waits for its arrival
             posted = base - lead
             issued = end[prod] + extra
             arrive = (issued if issued > posted else posted) + add
-            base = arrive if arrive > base else base
+            if arrive > base:
+                base = arrive
+        elif c == 1:
+            # waiting for its own send: no data dependency, the wait overlaps once comm does;
+            # only a slow link's excess over the normal transfer stays (blocking sends)
+            base += add
         elif c == 3:
             posted = base - lead
             arrive = (t_iss if t_iss > posted else posted) + add
-            base = arrive if arrive > base else base
-        if deps is not None:
+            if arrive > base:
+                base = arrive
+        if ep >= 0:
+            t = end[ep] + et
+            if t > base:
+                base = t
+        elif deps is not None:
             rel, eds = deps
             if rel is not None and rel > base:
                 base = rel
             for p, tau in eds:
                 t = end[p] + tau
-                base = t if t > base else base
+                if t > base:
+                    base = t
         end[i] = int((base + post) + du)
 
 
