@@ -421,3 +421,36 @@ def test_variants_without_their_kind_of_delay_are_computed_once(tmp_path: Path) 
     got = rp.run(copy=False)
     got.clear()  # each caller gets its own dict
     assert rp.run(copy=False) == _reference_run(rp, copy=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(-1, 4), st.integers(-1, 3), st.integers(0, 3)), max_size=60
+    ),
+    st.integers(0, 4),
+)
+def test_label_pairs_equal_the_label_dict(labels: list[tuple[int, int, int, int]], last_stage: int) -> None:
+    """The vectorized label dependencies against a dict of labels (a label given twice keeps its
+    later block) and one lookup per label."""
+    from ppdiag.attribution.replay_graph import _label_pairs
+    from ppdiag.model import Phase
+
+    by_key = {key: nid for nid, key in enumerate(labels)}
+    fwd, bwd, wgrad = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
+    want = set()
+    for (stepn, stage, phase, mb), nid in by_key.items():
+        if phase == fwd:
+            prod = by_key.get((stepn, stage - 1, fwd, mb))
+        elif phase == bwd:
+            prod = by_key.get((stepn, stage, fwd, mb) if stage == last_stage else (stepn, stage + 1, bwd, mb))
+        elif phase == wgrad:
+            prod = by_key.get((stepn, stage, bwd, mb))
+        else:
+            prod = None
+        if prod is not None and prod != nid:
+            want.add((nid, prod))
+    lab = np.array([[*k, i] for i, k in enumerate(labels)], np.int64).reshape(-1, 5).T
+    cons, prod_a = _label_pairs(lab, last_stage)
+    got = list(zip(cons.tolist(), prod_a.tolist(), strict=True))
+    assert len(got) == len(set(got)) and set(got) == want

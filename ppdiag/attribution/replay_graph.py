@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -47,8 +46,6 @@ STEP_JOIN_NS = 1_000_000
 # a wait still to resolve once every rank's nodes exist:
 # (node, (peer, dir, posted, op end) of the operation that held it, release, wait start)
 _Pending = tuple[int, tuple[int, int, int, int], int, int]
-# (step number, stage, phase, micro-batch) -> node: the label of each labelled block
-_LabelKey = tuple[int, int, int, int]
 
 
 class _StepWaits(NamedTuple):
@@ -178,18 +175,43 @@ def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]
     return prev_step
 
 
-def _label_producer(by_key: dict[_LabelKey, int], key: _LabelKey, last_stage: int) -> int | None:
-    """The node whose output the labelled block ``key`` consumes (None: no such dependency)."""
-    stepn, stage, phase, mb = key
-    if phase == _FWD:
-        return by_key.get((stepn, stage - 1, _FWD, mb))
-    if phase == _BWD:
-        if stage == last_stage:
-            return by_key.get((stepn, stage, _FWD, mb))
-        return by_key.get((stepn, stage + 1, _BWD, mb))
-    if phase == _WGRAD:
-        return by_key.get((stepn, stage, _BWD, mb))
-    return None
+def _dense(cols: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+    """One code per row of the columns ``cols`` (equal rows, equal codes; kept below 2 x rows, so
+    that no combination of columns overflows)."""
+    code = np.zeros(cols[0].size, np.int64)
+    for c in cols:
+        u, inv = np.unique(c, return_inverse=True)
+        _, code = np.unique(code * u.size + inv.reshape(-1), return_inverse=True)
+        code = code.reshape(-1).astype(np.int64)
+    return code
+
+
+def _label_pairs(
+    lab: npt.NDArray[np.int64], last_stage: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(consumer, producer) node ids of the pipeline dependencies from the block labels ``lab``
+    (rows: step number, stage, phase, micro-batch, node id; a label given twice names its later
+    block). A forward block consumes the forward of the stage before, a backward the backward of
+    the stage after (the last stage: its own forward), a W block its own backward."""
+    stepn, stage, phase, mb, nid = lab
+    n = nid.size
+    is_f, is_b = phase == _FWD, phase == _BWD
+    last = stage == last_stage
+    p_stage = np.where(is_f, stage - 1, np.where(is_b & ~last, stage + 1, stage))
+    p_phase = np.where(is_f | (is_b & last), _FWD, _BWD)
+    has = is_f | is_b | (phase == _WGRAD)
+    code = _dense([np.r_[stepn, stepn], np.r_[stage, p_stage], np.r_[phase, p_phase], np.r_[mb, mb]])
+    o = np.argsort(code[:n], kind="stable")
+    key_s = code[:n][o]
+    final = np.r_[key_s[1:] != key_s[:-1], True] if n else np.zeros(0, np.bool_)  # last of each label
+    keys, cons = key_s[final], nid[o][final]
+    want, wants = code[n:][o][final], has[o][final]
+    pos = np.minimum(np.searchsorted(keys, want), max(keys.size - 1, 0))
+    found = wants & (keys[pos] == want) if keys.size else wants
+    prod = cons[pos][found] if keys.size else cons[found]
+    cons = cons[found]
+    mine = prod != cons
+    return cons[mine], prod[mine]
 
 
 class ReplayGraph:
@@ -224,12 +246,12 @@ class ReplayGraph:
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
         self._mean_costs: dict[tuple[int, int, int], float] | None = None  # computed once, on demand
-        by_key: dict[_LabelKey, int] = {}
+        labels: list[npt.NDArray[np.int64]] = []  # per step: the labelled blocks (see _label_pairs)
         pending: list[_Pending] = []
         p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
         tol = timing_tolerance_ns(timelines)
         for rs in steps:
-            self._add_step(rs, timelines[rs.rank].cpu_only, p2p_index[rs.rank], tol, pending, by_key)
+            self._add_step(rs, timelines[rs.rank].cpu_only, p2p_index[rs.rank], tol, pending, labels)
         self.cols = NodeColumns.concat(self._parts, self._on_compute)
         self._parts, self._on_compute = [], []
         # (rank, step) of every node, for the per-wait lookups
@@ -241,7 +263,7 @@ class ReplayGraph:
         # so that slow links (even half of them, as with P=2) do not set what "normal" is.
         per_link = [float(np.median(v)) for v in taus.values()]
         self.normal_latency = int(np.percentile(per_link, 50, method="lower")) if per_link else 0
-        self._label_edges(by_key, last_stage, tol)
+        self._label_edges(labels, last_stage, tol)
         self.order: list[int] = np.argsort(np.asarray(self.meas_start, np.int64), kind="stable").tolist()
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
         self.prev_step = _chain_steps(steps)
@@ -253,7 +275,7 @@ class ReplayGraph:
         idx: _P2PIndex,
         tol: int,
         pending: list[_Pending],
-        by_key: dict[_LabelKey, int],
+        labels: list[npt.NDArray[np.int64]],
     ) -> None:
         """The nodes of one rank's step, its tail after the last block, and its waits to resolve."""
         b = rs.blocks
@@ -296,8 +318,9 @@ class ReplayGraph:
         self._on_compute.extend(nid for nid, oc in zip(nids, w.on_compute, strict=True) if oc)
         lab = np.flatnonzero(b.mb >= 0)
         step_key = rs.number if rs.number >= 0 else rs.step
-        labels = zip(repeat(step_key), b.stage[lab].tolist(), b.phase[lab].tolist(), b.mb[lab].tolist())
-        by_key.update(zip(labels, (base + lab).tolist(), strict=True))
+        labels.append(
+            np.stack([np.full(lab.size, step_key), b.stage[lab], b.phase[lab], b.mb[lab], base + lab])
+        )
         self._add_tail(rs, int(reach[-1]))
 
     def _add_tail(self, rs: RankStep, prev_end: int) -> None:
@@ -531,25 +554,22 @@ class ReplayGraph:
         self.waits.append((peer, me, xfer, waited))
         ctx.taus.setdefault((peer, me), []).append(xfer)
 
-    def _label_edges(self, by_key: dict[_LabelKey, int], last_stage: int, tol: int) -> None:
+    def _label_edges(self, labels: list[npt.NDArray[np.int64]], last_stage: int, tol: int) -> None:
         """Pipeline data dependencies from labels, with the normal latency (capped so the measured
         timeline stays reproduced exactly). A consumer that starts a few ns before its producer
         ends (within the rounding and timer resolution of the input) keeps the dependency with
         that small negative latency: dropping it would make the split of the waits depend on
         sub-µs jitter (float32 seconds against float64 ones)."""
-        post, span, start = self.cols.cols["post"].tolist(), self.cols.cols["span"].tolist(), self.meas_start
-        edges, lat, dropped = self.cols.edges, self.normal_latency, 0
-        for key, nid in by_key.items():
-            prod = _label_producer(by_key, key, last_stage)
-            if prod is None or prod == nid:
-                continue
-            slack = start[nid] - post[nid] - (start[prod] + span[prod])
-            if slack < -tol:  # the measurement contradicts this dependency: labels do not match up
-                dropped += 1
-                continue
-            # ``min(lat, slack)`` without the call (once per labelled block)
-            edges.setdefault(nid, []).append((prod, slack if slack < lat else lat))
-        self.dropped_edges += dropped
+        lab = np.concatenate(labels, axis=1).astype(np.int64) if labels else np.zeros((5, 0), np.int64)
+        cons, prod = _label_pairs(lab, last_stage)
+        start, c = np.asarray(self.meas_start, np.int64), self.cols.cols
+        slack = start[cons] - c["post"][cons] - (start[prod] + c["span"][prod])
+        # the measurement contradicts these dependencies: labels do not match up
+        bad = slack < -tol
+        self.dropped_edges += int(bad.sum())
+        tau = np.minimum(slack[~bad], self.normal_latency).tolist()
+        pairs = zip(prod[~bad].tolist(), tau, strict=True)
+        self.cols.edges.update(zip(cons[~bad].tolist(), ([pt] for pt in pairs), strict=True))
 
     def _not_a_wait(self, nid: int, rs: RankStep) -> None:
         """A gap that looked like a wait but that the peer cannot have released: the peer issued
