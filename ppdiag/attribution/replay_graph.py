@@ -17,6 +17,7 @@ label edges (which need the normal latency of the resolved waits).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -81,7 +82,7 @@ class _WaitContext:
     node ids), the peers' issued operations, the steps by (rank, step), and the transfer times
     seen per link (filled as waits resolve)."""
 
-    ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], list[int]]]
+    ends_by_rank: dict[int, tuple[list[int], list[int]]]
     issues: _IssueIndex
     by_rank_step: dict[tuple[int, int], RankStep]
     timelines: dict[int, RankTimeline]
@@ -445,19 +446,19 @@ class ReplayGraph:
                 out.append(f"node {i} (rank {nd.rank}): negative span, busy or local time")
         return out
 
-    def _ends_by_rank(self) -> dict[int, tuple[npt.NDArray[np.int64], list[int]]]:
+    def _ends_by_rank(self) -> dict[int, tuple[list[int], list[int]]]:
         """Per rank, its block ends sorted with their node ids, for "which block did the peer
         finish last" (one sort by rank, then each rank's slice: no scan of all nodes per rank)."""
         n_rank = self.cols.cols["rank"]
         n_end = np.asarray(self.meas_start, np.int64) + self.cols.cols["span"]
         by_r = np.argsort(n_rank, kind="stable")
         r_sorted = n_rank[by_r]
-        out: dict[int, tuple[npt.NDArray[np.int64], list[int]]] = {}
+        out: dict[int, tuple[list[int], list[int]]] = {}
         for r in {rs.rank for rs in self.steps}:
             ids_a = by_r[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")]
             ends = n_end[ids_a]
             o = np.argsort(ends, kind="stable")
-            out[r] = (ends[o], ids_a[o].tolist())
+            out[r] = (ends[o].tolist(), ids_a[o].tolist())
         return out
 
     def _resolve_waits(
@@ -484,7 +485,7 @@ class ReplayGraph:
         the peer finished before issuing it (with a slow link the peer may have finished later
         blocks before the data arrived)."""
         peer, wdir, posted, op_end = held
-        ends, ids = ctx.ends_by_rank.get(peer, (np.zeros(0, np.int64), []))
+        ends, ids = ctx.ends_by_rank.get(peer, ([], []))
         me, nc = self._rank_l[nid], self.cols
         last = ctx.issues.matched(peer, me, wdir, op_end, MATCH_END_NS)
         if last is None:
@@ -496,7 +497,7 @@ class ReplayGraph:
         # before it (a send issued as its block ends must not flip to the block before under
         # ns jitter, which would read that whole block as the producer's host delay)
         at = last if (last is not None and device) else rel
-        j = int(ends.searchsorted(at + ctx.tol, side="right")) - 1
+        j = bisect.bisect_right(ends, at + ctx.tol) - 1
         if wdir == int(Direction.SEND):
             nc.send_wait.add(nid)
         if j < 0 and last is not None and peer in ctx.ends_by_rank:
@@ -516,7 +517,7 @@ class ReplayGraph:
             self.untraced_waits += int(peer not in ctx.ends_by_rank)
         else:
             posted = min(posted, wait_start) if device else wait_start
-            self._producer_wait(ctx, nid, peer, (ids[j], int(ends[j]), last), posted, rel, wait_start)
+            self._producer_wait(ctx, nid, peer, (ids[j], ends[j], last), posted, rel, wait_start)
 
     def _producer_wait(
         self,

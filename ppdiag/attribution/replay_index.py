@@ -6,6 +6,8 @@ Each is one sort up front and a binary search per question, never a scan of a ra
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 import numpy.typing as npt
 
@@ -169,14 +171,15 @@ class _P2PIndex:
 class _IssueIndex:
     """The p2p operations each rank issued towards each peer, by what can release a waiter:
     a receive is released by the peer's send, a blocked send by the peer's receive. Sorted issue
-    times on the aligned clock, so "the last one before the release" is one binary search."""
+    times on the aligned clock, so "the last one before the release" is one binary search (on
+    Python lists: one lookup per wait, where numpy's per-call cost would be most of the time)."""
 
     SEND, RECV, ANY = 0, 1, 2
 
     def __init__(self, ops: dict[int, P2POps], timelines: dict[int, RankTimeline]) -> None:
-        self.by: dict[tuple[int, int, int], npt.NDArray[np.int64]] = {}
+        self.by: dict[tuple[int, int, int], list[int]] = {}
         # device kernels of a matched send and receive end together: by end, with their starts
-        self.by_end: dict[tuple[int, int, int], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+        self.by_end: dict[tuple[int, int, int], tuple[list[int], list[int]]] = {}
         for r, po in ops.items():
             if r not in timelines or not len(po.start):
                 continue
@@ -188,10 +191,10 @@ class _IssueIndex:
                 pm = po.peer == peer
                 for kind, sel in ((self.SEND, pm & send_like), (self.RECV, pm & recv_like), (self.ANY, pm)):
                     if sel.any():
-                        self.by[(r, int(peer), kind)] = np.sort(st[sel])
+                        self.by[(r, int(peer), kind)] = np.sort(st[sel]).tolist()
                         if po.device:
                             o = np.argsort(en[sel], kind="stable")
-                            self.by_end[(r, int(peer), kind)] = (en[sel][o], st[sel][o])
+                            self.by_end[(r, int(peer), kind)] = (en[sel][o].tolist(), st[sel][o].tolist())
 
     def _kind(self, wait_dir: int) -> int:
         if wait_dir == int(Direction.RECV):
@@ -207,13 +210,13 @@ class _IssueIndex:
         if got is None:
             return None
         ends, starts = got
-        j = int(ends.searchsorted(end))
+        j = bisect.bisect_left(ends, end)
         best: int | None = None
         for c in (j - 1, j):
-            ok = 0 <= c < ends.size and abs(int(ends[c]) - end) <= tol and int(starts[c]) <= end
-            if ok and (best is None or abs(int(ends[c]) - end) < abs(int(ends[best]) - end)):
+            ok = 0 <= c < len(ends) and abs(ends[c] - end) <= tol and starts[c] <= end
+            if ok and (best is None or abs(ends[c] - end) < abs(ends[best] - end)):
                 best = c
-        return int(starts[best]) if best is not None else None
+        return starts[best] if best is not None else None
 
     def last_before(self, rank: int, towards: int, wait_dir: int, t: int) -> int | None:
         """Issue time of ``rank``'s last operation towards ``towards`` at or before ``t`` that can
@@ -221,8 +224,8 @@ class _IssueIndex:
         arr = self.by.get((rank, towards, self._kind(wait_dir)))
         if arr is None:
             return None
-        j = int(arr.searchsorted(t, side="right")) - 1
-        return int(arr[j]) if j >= 0 else None
+        j = bisect.bisect_right(arr, t) - 1
+        return arr[j] if j >= 0 else None
 
 
 __all__ = ["MATCH_END_NS", "WAIT_JOIN_NS"]
