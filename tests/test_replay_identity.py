@@ -433,7 +433,7 @@ def test_variants_without_their_kind_of_delay_are_computed_once(tmp_path: Path) 
 def test_label_pairs_equal_the_label_dict(labels: list[tuple[int, int, int, int]], last_stage: int) -> None:
     """The vectorized label dependencies against a dict of labels (a label given twice keeps its
     later block) and one lookup per label."""
-    from ppdiag.attribution.replay_graph import _label_pairs
+    from ppdiag.attribution.replay_index import _label_pairs
     from ppdiag.model import Phase
 
     by_key = {key: nid for nid, key in enumerate(labels)}
@@ -454,3 +454,18 @@ def test_label_pairs_equal_the_label_dict(labels: list[tuple[int, int, int, int]
     cons, prod_a = _label_pairs(lab, last_stage)
     got = list(zip(cons.tolist(), prod_a.tolist(), strict=True))
     assert len(got) == len(set(got)) and set(got) == want
+
+
+def test_dense_label_codes_survive_wide_ranges() -> None:
+    """Label columns whose ranges multiply past int64 are renumbered: equal rows keep equal codes
+    and different rows different ones."""
+    from ppdiag.attribution.replay_index import _dense
+
+    rng = np.random.default_rng(0)
+    cols = [rng.choice(np.array([-(2**40), 0, 2**40]), 500) for _ in range(4)]
+    code = _dense([c.astype(np.int64) for c in cols])
+    rows = list(zip(*(c.tolist() for c in cols), strict=True))
+    by_row: dict[tuple[int, ...], int] = {}
+    for r, k in zip(rows, code.tolist(), strict=True):
+        assert by_row.setdefault(r, k) == k
+    assert len(set(by_row.values())) == len(by_row)

@@ -29,6 +29,7 @@ from ppdiag.attribution.rank_step import RankStep, _m, _split_local
 from ppdiag.attribution.replay_index import (
     MATCH_END_NS,
     _IssueIndex,
+    _label_pairs,
     _last_waits,
     _measure_between,
     _P2PIndex,
@@ -39,8 +40,6 @@ from ppdiag.model import Direction, Phase, RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.clocks import P2POps
 
-# the phases as plain ints (looked up once per labelled block)
-_FWD, _BWD, _WGRAD = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
 # windows closer than this are consecutive steps of one rank
 STEP_JOIN_NS = 1_000_000
 
@@ -174,45 +173,6 @@ def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]
             if abs(b_rs.w0 - a_rs.w1) <= STEP_JOIN_NS:
                 prev_step[(b_rs.rank, b_rs.step)] = (a_rs.rank, a_rs.step)
     return prev_step
-
-
-def _dense(cols: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
-    """One code per row of the columns ``cols`` (equal rows, equal codes; kept below 2 x rows, so
-    that no combination of columns overflows)."""
-    code = np.zeros(cols[0].size, np.int64)
-    for c in cols:
-        u, inv = np.unique(c, return_inverse=True)
-        _, code = np.unique(code * u.size + inv.reshape(-1), return_inverse=True)
-        code = code.reshape(-1).astype(np.int64)
-    return code
-
-
-def _label_pairs(
-    lab: npt.NDArray[np.int64], last_stage: int
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """(consumer, producer) node ids of the pipeline dependencies from the block labels ``lab``
-    (rows: step number, stage, phase, micro-batch, node id; a label given twice names its later
-    block). A forward block consumes the forward of the stage before, a backward the backward of
-    the stage after (the last stage: its own forward), a W block its own backward."""
-    stepn, stage, phase, mb, nid = lab
-    n = nid.size
-    is_f, is_b = phase == _FWD, phase == _BWD
-    last = stage == last_stage
-    p_stage = np.where(is_f, stage - 1, np.where(is_b & ~last, stage + 1, stage))
-    p_phase = np.where(is_f | (is_b & last), _FWD, _BWD)
-    has = is_f | is_b | (phase == _WGRAD)
-    code = _dense([np.r_[stepn, stepn], np.r_[stage, p_stage], np.r_[phase, p_phase], np.r_[mb, mb]])
-    o = np.argsort(code[:n], kind="stable")
-    key_s = code[:n][o]
-    final = np.r_[key_s[1:] != key_s[:-1], True] if n else np.zeros(0, np.bool_)  # last of each label
-    keys, cons = key_s[final], nid[o][final]
-    want, wants = code[n:][o][final], has[o][final]
-    pos = np.minimum(np.searchsorted(keys, want), max(keys.size - 1, 0))
-    found = wants & (keys[pos] == want) if keys.size else wants
-    prod = cons[pos][found] if keys.size else cons[found]
-    cons = cons[found]
-    mine = prod != cons
-    return cons[mine], prod[mine]
 
 
 class ReplayGraph:

@@ -1,5 +1,6 @@
 """Indexes the replay searches when it builds its block graph: the last wait before each block,
-which transfer held a rank during a wait, and which operation of the peer released it.
+which transfer held a rank during a wait, which operation of the peer released it, and which
+labelled block each labelled block consumes.
 
 Each is one sort up front and a binary search per question, never a scan of a rank's events.
 """
@@ -11,7 +12,7 @@ import bisect
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.model import Direction, Kind, RankTimeline
+from ppdiag.model import Direction, Kind, Phase, RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.clocks import P2POps
 
@@ -226,6 +227,60 @@ class _IssueIndex:
             return None
         j = bisect.bisect_right(arr, t) - 1
         return arr[j] if j >= 0 else None
+
+
+# the phases as plain ints
+_FWD, _BWD, _WGRAD = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
+
+
+def _dense(cols: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+    """One code per row of the columns ``cols`` (equal rows, equal codes): each column's offset
+    from its minimum in a mixed radix, renumbered densely only where the product of the ranges
+    would overflow."""
+    code = np.zeros(cols[0].size, np.int64)
+    radix = 1
+    for c in cols:
+        if not c.size:
+            break
+        lo = int(c.min())
+        span = int(c.max()) - lo + 1
+        if radix * span >= 2**62:
+            _, inv = np.unique(code, return_inverse=True)
+            code, radix = inv.reshape(-1).astype(np.int64), int(inv.max()) + 1
+        if radix * span >= 2**62:
+            _, inv = np.unique(c, return_inverse=True)
+            c, lo, span = inv.reshape(-1).astype(np.int64), 0, int(inv.max()) + 1
+        code = code * span + (c - lo)
+        radix *= span
+    return code
+
+
+def _label_pairs(
+    lab: npt.NDArray[np.int64], last_stage: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(consumer, producer) node ids of the pipeline dependencies from the block labels ``lab``
+    (rows: step number, stage, phase, micro-batch, node id; a label given twice names its later
+    block). A forward block consumes the forward of the stage before, a backward the backward of
+    the stage after (the last stage: its own forward), a W block its own backward."""
+    stepn, stage, phase, mb, nid = lab
+    n = nid.size
+    is_f, is_b = phase == _FWD, phase == _BWD
+    last = stage == last_stage
+    p_stage = np.where(is_f, stage - 1, np.where(is_b & ~last, stage + 1, stage))
+    p_phase = np.where(is_f | (is_b & last), _FWD, _BWD)
+    has = is_f | is_b | (phase == _WGRAD)
+    code = _dense([np.r_[stepn, stepn], np.r_[stage, p_stage], np.r_[phase, p_phase], np.r_[mb, mb]])
+    o = np.argsort(code[:n], kind="stable")
+    key_s = code[:n][o]
+    final = np.r_[key_s[1:] != key_s[:-1], True] if n else np.zeros(0, np.bool_)  # last of each label
+    keys, cons = key_s[final], nid[o][final]
+    want, wants = code[n:][o][final], has[o][final]
+    pos = np.minimum(np.searchsorted(keys, want), max(keys.size - 1, 0))
+    found = wants & (keys[pos] == want) if keys.size else wants
+    prod = cons[pos][found] if keys.size else cons[found]
+    cons = cons[found]
+    mine = prod != cons
+    return cons[mine], prod[mine]
 
 
 __all__ = ["MATCH_END_NS", "WAIT_JOIN_NS"]
