@@ -20,6 +20,7 @@ the cause the attribution gave it (a late member's root cause).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -138,10 +139,9 @@ class _Walk:
         rest compute outside blocks (neighbouring pieces of one kind and cause merged)."""
         if hi <= lo:
             return
-        s_a, e_a, c_a = self._gaps_in(rank, lo, hi)
         marks: list[tuple[int, int, str | None]] = []
         t = lo
-        for si, ei, ci in zip(s_a.tolist(), e_a.tolist(), c_a.tolist(), strict=True):
+        for si, ei, ci in self._gaps_in(rank, lo, hi):
             if si > t:
                 marks.append((t, si, None))
             marks.append((max(si, t), ei, CAUSE_KEYS[ci]))
@@ -158,31 +158,32 @@ class _Walk:
             f: dict[str, object] = {"kind": "gap", "cause": cause} if cause else {"kind": "other"}
             self.pieces.append((x, z, {**f, "rank": rank}))
 
-    def _gaps_in(
-        self, rank: int, lo: int, hi: int
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int8]]:
-        """The rank's gap pieces clipped to [lo, hi), in time order (a rank's gaps are disjoint)."""
-        empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int8))
-        gs, ge, gc = self.gaps.get(rank, empty)
-        a = max(int(gs.searchsorted(lo, side="right")) - 1, 0)
-        b = int(gs.searchsorted(hi, side="left"))
-        s = np.clip(gs[a:b], lo, hi)
-        e = np.clip(ge[a:b], lo, hi)
-        keep = e > s
-        return s[keep], e[keep], gc[a:b][keep]
+    def _gaps_in(self, rank: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """The rank's gap pieces clipped to [lo, hi), in time order (a rank's gaps are disjoint):
+        (start, end, cause index)."""
+        gl = self.gl.get(rank)
+        if gl is None:
+            return []
+        gs, ge, gc = gl
+        out: list[tuple[int, int, int]] = []
+        for k in range(max(bisect.bisect_right(gs, lo) - 1, 0), bisect.bisect_left(gs, hi)):
+            s, e = min(max(gs[k], lo), hi), min(max(ge[k], lo), hi)
+            if e > s:
+                out.append((s, e, gc[k]))
+        return out
 
     def _lost_in(self, rank: int, lo: int, hi: int) -> list[int]:
         """The rank's lost ns inside [lo, hi) by cause (index in CAUSE_KEYS), from the prefix sums."""
-        gs = self.gaps[rank][0] if rank in self.gaps else np.zeros(0, np.int64)
-        if gs.size == 0:
+        gl = self.gl.get(rank)
+        if gl is None or not gl[0]:
             return [0] * len(CAUSE_KEYS)
-        a = max(int(gs.searchsorted(lo, side="right")) - 1, 0)
-        b = int(gs.searchsorted(hi, side="left"))
+        gs_l, ge_l, gc_l = gl
+        a = max(bisect.bisect_right(gs_l, lo) - 1, 0)
+        b = bisect.bisect_left(gs_l, hi)
         if b <= a:
             return [0] * len(CAUSE_KEYS)
         cum = self.gap_cum[rank]
         lost: list[int] = (cum[b] - cum[a]).tolist()
-        gs_l, ge_l, gc_l = self.gl[rank]
         # piece a may begin before lo (or end there), piece b - 1 may end after hi
         s_a, e_a = gs_l[a], ge_l[a]
         if s_a < lo:
@@ -219,10 +220,10 @@ class _Walk:
 
     def last_block(self, rank: int, t: int, lo: int) -> int | None:
         """The last block of ``rank`` that ended by ``t`` and started at or after ``lo``."""
-        ends = self.bend.get(rank)
-        if ends is None:
+        bl = self.bl.get(rank)
+        if bl is None:
             return None
-        j = int(ends.searchsorted(t, side="right")) - 1
+        j = bisect.bisect_right(bl[1], t) - 1
         if j < 0 or self.bl[rank][0][j] < lo:
             return None
         return j
@@ -232,11 +233,10 @@ class _Walk:
         lo, hi = self.tr_rows.get(rank, (0, 0))
         if lo == hi:
             return None
-        re = self.tr.recv_end[lo:hi]
-        k = int(re.searchsorted(by, side="right")) - 1
-        if k < 0 or self.tr_l[1][lo + k] <= after:
+        k = bisect.bisect_right(self.tr_l[1], by, lo, hi) - 1
+        if k < lo or self.tr_l[1][k] <= after:
             return None
-        return lo + k
+        return k
 
 
 Piece = tuple[int, int, dict[str, object]]
