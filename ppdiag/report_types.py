@@ -503,7 +503,13 @@ def dumps(report: Report, marker: dict[str, object] | None = None) -> str:
     doc = json.loads(encode(report))
     if marker:
         doc = {**marker, **doc}
-    return json.dumps(doc, indent=2, ensure_ascii=False)
+    # the same text as ``json.dumps(doc, indent=2, ensure_ascii=False)``: the standard library's C
+    # encoder writes the compact text (its float reprs), msgspec only indents it (it copies every
+    # token as it is); the indenting encoder of the standard library is pure Python, seconds on a
+    # report of tens of MB. Lone surrogates (undecodable file names) pass through both unchanged.
+    compact = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+    text: bytes = msgspec.json.format(compact.encode("utf-8", "surrogatepass"), indent=2)
+    return text.decode("utf-8", "surrogatepass")
 
 
 def to_builtins(report: Report) -> dict[str, Any]:

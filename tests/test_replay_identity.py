@@ -403,3 +403,69 @@ def test_replay_graph_check_finds_broken_graphs(tmp_path: Path) -> None:
     assert any("node 3" in p and "itself" in p for p in problems), problems
     assert any("node 5" in p and "negative" in p for p in problems), problems
     assert any("nodes start at" in p for p in problems), problems
+
+
+def test_variants_without_their_kind_of_delay_are_computed_once(tmp_path: Path) -> None:
+    """A run without copies (no faults: no slow link either) gives the same numbers with or without
+    removing them; the replay computes such variants once, and each still equals the
+    node-at-a-time replay."""
+    run = make_scenario(pp=4, microbatches=8, steps=2)
+    write_nsys(run, tmp_path)
+    diag = diagnose([tmp_path], Options())
+    pipe = diag.context.pipeline
+    rp = Replay(diag.context.rank_steps, diag.run.by_rank(), pipe.ops, pipe.topology.pp - 1)
+    for kw in VARIANTS:
+        assert rp.run(**kw) == _reference_run(rp, **kw), kw
+    assert rp.run(copy=False) == rp.run() == rp.run(comm_excess=False)
+    assert len(rp._memo) < len(VARIANTS)
+    got = rp.run(copy=False)
+    got.clear()  # each caller gets its own dict
+    assert rp.run(copy=False) == _reference_run(rp, copy=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(-1, 4), st.integers(-1, 3), st.integers(0, 3)), max_size=60
+    ),
+    st.integers(0, 4),
+)
+def test_label_pairs_equal_the_label_dict(labels: list[tuple[int, int, int, int]], last_stage: int) -> None:
+    """The vectorized label dependencies against a dict of labels (a label given twice keeps its
+    later block) and one lookup per label."""
+    from ppdiag.attribution.replay_index import _label_pairs
+    from ppdiag.model import Phase
+
+    by_key = {key: nid for nid, key in enumerate(labels)}
+    fwd, bwd, wgrad = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
+    want = set()
+    for (stepn, stage, phase, mb), nid in by_key.items():
+        if phase == fwd:
+            prod = by_key.get((stepn, stage - 1, fwd, mb))
+        elif phase == bwd:
+            prod = by_key.get((stepn, stage, fwd, mb) if stage == last_stage else (stepn, stage + 1, bwd, mb))
+        elif phase == wgrad:
+            prod = by_key.get((stepn, stage, bwd, mb))
+        else:
+            prod = None
+        if prod is not None and prod != nid:
+            want.add((nid, prod))
+    lab = np.array([[*k, i] for i, k in enumerate(labels)], np.int64).reshape(-1, 5).T
+    cons, prod_a = _label_pairs(lab, last_stage)
+    got = list(zip(cons.tolist(), prod_a.tolist(), strict=True))
+    assert len(got) == len(set(got)) and set(got) == want
+
+
+def test_dense_label_codes_survive_wide_ranges() -> None:
+    """Label columns whose ranges multiply past int64 are renumbered: equal rows keep equal codes
+    and different rows different ones."""
+    from ppdiag.attribution.replay_index import _dense
+
+    rng = np.random.default_rng(0)
+    cols = [rng.choice(np.array([-(2**40), 0, 2**40]), 500) for _ in range(4)]
+    code = _dense([c.astype(np.int64) for c in cols])
+    rows = list(zip(*(c.tolist() for c in cols), strict=True))
+    by_row: dict[tuple[int, ...], int] = {}
+    for r, k in zip(rows, code.tolist(), strict=True):
+        assert by_row.setdefault(r, k) == k
+    assert len(set(by_row.values())) == len(by_row)

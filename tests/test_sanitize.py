@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from diag_fixture import base_report
 from report_fill import typed
@@ -15,7 +16,7 @@ from rich.console import Console
 
 from ppdiag.errors import InputError
 from ppdiag.reports.md import md_escape, render_markdown
-from ppdiag.reports.sanitize import clean, clean_tree, md_neutral
+from ppdiag.reports.sanitize import clean, clean_report, clean_tree, md_neutral
 from ppdiag.reports.terminal import render
 
 ESC = "\x1b]0;pwned\x07\x1b[2J\x1b[31mred\x1b[0m\x07\x08\r"
@@ -42,6 +43,20 @@ def test_terminal_report_has_no_escape_sequences() -> None:
     out = buf.getvalue()
     assert "\x1b" not in out and "\x07" not in out and "\x08" not in out
     assert "redrank0.json" in out
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["rank0.json", ESC + "rank0.json", "x\u202eevil", "a\x85b", "del\x7f", "tab\tnl\n"],
+)
+def test_clean_report_equals_the_cleaned_tree(name: str) -> None:
+    """A report without anything to clean is decoded as it is (no walk over its values); with
+    anything to clean every string is cleaned, as the walk does."""
+    from ppdiag.report_types import Report, to_builtins
+
+    rep = typed(_report_with(name))
+    want = msgspec.convert(clean_tree(to_builtins(rep)), Report)
+    assert clean_report(rep) == want
 
 
 def test_markdown_neutralises_escapes_mentions_and_links() -> None:

@@ -50,7 +50,7 @@ import numpy.typing as npt
 from ppdiag.attribution.collective_steps import run_waits
 from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves
 from ppdiag.attribution.rank_step import RankStep, _m, rank_step
-from ppdiag.attribution.replay_graph import STEP_JOIN_NS, _Node
+from ppdiag.attribution.replay_graph import STEP_JOIN_NS
 from ppdiag.attribution.replay_index import (
     MATCH_END_NS,
     WAIT_JOIN_NS,
@@ -58,6 +58,7 @@ from ppdiag.attribution.replay_index import (
     _measure_between,
     _P2PIndex,
 )
+from ppdiag.attribution.replay_nodes import _Node
 from ppdiag.attribution.replay_run import NEG_INF, Replay
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
 from ppdiag.model import RankTimeline

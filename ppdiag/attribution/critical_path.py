@@ -20,6 +20,7 @@ the cause the attribution gave it (a late member's root cause).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -117,20 +118,34 @@ class _Walk:
         }
         self.stage_of = stage_of
         self.pieces: list[tuple[int, int, dict[str, object]]] = []  # (start, end, fields)
+        # the same columns as Python lists: the walk reads them one element at a time, and a numpy
+        # scalar read costs several times a list's
+        self.bl: dict[int, tuple[list[int], list[int], list[int], list[int], list[int]]] = {
+            r: (b.start.tolist(), b.end.tolist(), b.phase.tolist(), b.mb.tolist(), b.stage.tolist())
+            for r, b in self.blocks.items()
+        }
+        self.gl: dict[int, tuple[list[int], list[int], list[int]]] = {
+            r: (gs.tolist(), ge.tolist(), gc.tolist()) for r, (gs, ge, gc) in self.gaps.items()
+        }
+        self.tr_l = (
+            transfers.src.tolist(),
+            transfers.recv_end.tolist(),
+            transfers.send_start.tolist(),
+            transfers.recv_start.tolist(),
+        )
 
     def local(self, rank: int, lo: int, hi: int) -> None:
         """The stretch [lo, hi) on ``rank`` between two links of the chain: gaps by cause, the
         rest compute outside blocks (neighbouring pieces of one kind and cause merged)."""
         if hi <= lo:
             return
-        s, e, c = self._gaps_in(rank, lo, hi)
         marks: list[tuple[int, int, str | None]] = []
         t = lo
-        for i in range(len(s)):
-            if int(s[i]) > t:
-                marks.append((t, int(s[i]), None))
-            marks.append((max(int(s[i]), t), int(e[i]), CAUSE_KEYS[int(c[i])]))
-            t = max(t, int(e[i]))
+        for si, ei, ci in self._gaps_in(rank, lo, hi):
+            if si > t:
+                marks.append((t, si, None))
+            marks.append((max(si, t), ei, CAUSE_KEYS[ci]))
+            t = max(t, ei)
         if t < hi:
             marks.append((t, hi, None))
         merged: list[tuple[int, int, str | None]] = []
@@ -143,45 +158,47 @@ class _Walk:
             f: dict[str, object] = {"kind": "gap", "cause": cause} if cause else {"kind": "other"}
             self.pieces.append((x, z, {**f, "rank": rank}))
 
-    def _gaps_in(
-        self, rank: int, lo: int, hi: int
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int8]]:
-        """The rank's gap pieces clipped to [lo, hi), in time order (a rank's gaps are disjoint)."""
-        empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int8))
-        gs, ge, gc = self.gaps.get(rank, empty)
-        a = max(int(np.searchsorted(gs, lo, side="right")) - 1, 0)
-        b = int(np.searchsorted(gs, hi, side="left"))
-        s = np.clip(gs[a:b], lo, hi)
-        e = np.clip(ge[a:b], lo, hi)
-        keep = e > s
-        return s[keep], e[keep], gc[a:b][keep]
+    def _gaps_in(self, rank: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """The rank's gap pieces clipped to [lo, hi), in time order (a rank's gaps are disjoint):
+        (start, end, cause index)."""
+        gl = self.gl.get(rank)
+        if gl is None:
+            return []
+        gs, ge, gc = gl
+        out: list[tuple[int, int, int]] = []
+        for k in range(max(bisect.bisect_right(gs, lo) - 1, 0), bisect.bisect_left(gs, hi)):
+            s, e = min(max(gs[k], lo), hi), min(max(ge[k], lo), hi)
+            if e > s:
+                out.append((s, e, gc[k]))
+        return out
 
     def _lost_in(self, rank: int, lo: int, hi: int) -> list[int]:
         """The rank's lost ns inside [lo, hi) by cause (index in CAUSE_KEYS), from the prefix sums."""
-        gs, ge, gc = self.gaps.get(rank, (np.zeros(0, np.int64),) * 3)
-        if gs.size == 0:
+        gl = self.gl.get(rank)
+        if gl is None or not gl[0]:
             return [0] * len(CAUSE_KEYS)
-        a = max(int(np.searchsorted(gs, lo, side="right")) - 1, 0)
-        b = int(np.searchsorted(gs, hi, side="left"))
+        gs_l, ge_l, gc_l = gl
+        a = max(bisect.bisect_right(gs_l, lo) - 1, 0)
+        b = bisect.bisect_left(gs_l, hi)
         if b <= a:
             return [0] * len(CAUSE_KEYS)
         cum = self.gap_cum[rank]
         lost: list[int] = (cum[b] - cum[a]).tolist()
         # piece a may begin before lo (or end there), piece b - 1 may end after hi
-        s_a, e_a = int(gs[a]), int(ge[a])
+        s_a, e_a = gs_l[a], ge_l[a]
         if s_a < lo:
-            lost[int(gc[a])] -= min(lo, e_a) - s_a
-        e_b = int(ge[b - 1])
+            lost[gc_l[a]] -= min(lo, e_a) - s_a
+        e_b = ge_l[b - 1]
         if e_b > hi:
-            lost[int(gc[b - 1])] -= e_b - max(hi, int(gs[b - 1]))
+            lost[gc_l[b - 1]] -= e_b - max(hi, gs_l[b - 1])
         return lost
 
     def block(self, rank: int, j: int, hi: int) -> int:
         """Block ``j`` of ``rank`` (clipped at ``hi``) as one piece that keeps the lost time
         inside it by cause (``lost``, ns); its start."""
-        b = self.blocks[rank]
-        s = int(b.start[j])
-        e = min(int(b.end[j]), hi)
+        b_s, b_e, b_ph, b_mb, b_st = self.bl[rank]
+        s = b_s[j]
+        e = min(b_e[j], hi)
         if e <= s:
             return s
         lost = self._lost_in(rank, s, e)
@@ -192,9 +209,9 @@ class _Walk:
                 {
                     "kind": "block",
                     "rank": rank,
-                    "phase": _PHASE_LETTER.get(int(b.phase[j]), "other"),
-                    "mb": int(b.mb[j]) if int(b.mb[j]) >= 0 else None,
-                    "virtual_stage": int(b.stage[j]) if int(b.stage[j]) >= 0 else None,
+                    "phase": _PHASE_LETTER.get(b_ph[j], "other"),
+                    "mb": b_mb[j] if b_mb[j] >= 0 else None,
+                    "virtual_stage": b_st[j] if b_st[j] >= 0 else None,
                     "lost": {CAUSE_KEYS[i]: int(v) for i, v in enumerate(lost) if v > 0},
                 },
             )
@@ -203,11 +220,11 @@ class _Walk:
 
     def last_block(self, rank: int, t: int, lo: int) -> int | None:
         """The last block of ``rank`` that ended by ``t`` and started at or after ``lo``."""
-        ends = self.bend.get(rank)
-        if ends is None:
+        bl = self.bl.get(rank)
+        if bl is None:
             return None
-        j = int(np.searchsorted(ends, t, side="right")) - 1
-        if j < 0 or int(self.blocks[rank].start[j]) < lo:
+        j = bisect.bisect_right(bl[1], t) - 1
+        if j < 0 or self.bl[rank][0][j] < lo:
             return None
         return j
 
@@ -216,11 +233,10 @@ class _Walk:
         lo, hi = self.tr_rows.get(rank, (0, 0))
         if lo == hi:
             return None
-        re = self.tr.recv_end[lo:hi]
-        k = int(np.searchsorted(re, by, side="right")) - 1
-        if k < 0 or int(re[k]) <= after:
+        k = bisect.bisect_right(self.tr_l[1], by, lo, hi) - 1
+        if k < lo or self.tr_l[1][k] <= after:
             return None
-        return lo + k
+        return k
 
 
 Piece = tuple[int, int, dict[str, object]]
@@ -291,20 +307,21 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
         if j is None or (rank, j) in seen:
             break
         seen.add((rank, j))
-        b = w.blocks[rank]
-        w.local(rank, int(b.end[j]), t)
+        b_end = w.bl[rank][1]
+        w.local(rank, b_end[j], t)
         s = w.block(rank, j, t)
         prev = w.last_block(rank, s, w0)
-        prev_end = int(b.end[prev]) if prev is not None else w0
-        tol = min(RELEASE_TOL_NS, (int(b.end[j]) - s) // 10)
+        prev_end = b_end[prev] if prev is not None else w0
+        tol = min(RELEASE_TOL_NS, (b_end[j] - s) // 10)
         k = w.incoming(rank, prev_end, s + tol)
         if k is None:
             t = s  # released by the previous block on the rank (or the step start)
             continue
-        src = int(w.tr.src[k])
-        re = min(int(w.tr.recv_end[k]), s)
-        ss = min(int(w.tr.send_start[k]), re)
-        rs = min(int(w.tr.recv_start[k]), re)
+        tr_src, tr_re, tr_ss, tr_rs = w.tr_l
+        src = tr_src[k]
+        re = min(tr_re[k], s)
+        ss = min(tr_ss[k], re)
+        rs = min(tr_rs[k], re)
         w.local(rank, re, s)
         if rs > ss or src not in win or not win[src].start <= ss <= win[src].end:
             # the receive was posted after the send (the data was waiting: the receiver set the

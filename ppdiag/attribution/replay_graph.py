@@ -17,6 +17,7 @@ label edges (which need the normal latency of the resolved waits).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -28,10 +29,12 @@ from ppdiag.attribution.rank_step import RankStep, _m, _split_local
 from ppdiag.attribution.replay_index import (
     MATCH_END_NS,
     _IssueIndex,
+    _label_pairs,
     _last_waits,
     _measure_between,
     _P2PIndex,
 )
+from ppdiag.attribution.replay_nodes import NodeColumns, _Node
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import Direction, Phase, RankTimeline
 from ppdiag.model import intervals as ivs
@@ -43,48 +46,6 @@ STEP_JOIN_NS = 1_000_000
 # a wait still to resolve once every rank's nodes exist:
 # (node, (peer, dir, posted, op end) of the operation that held it, release, wait start)
 _Pending = tuple[int, tuple[int, int, int, int], int, int]
-# (step number, stage, phase, micro-batch) -> node: the label of each labelled block
-_LabelKey = tuple[int, int, int, int]
-
-
-@dataclass
-class _Node:
-    """One block in the replay."""
-
-    rank: int
-    step: int
-    idx: int
-    span: int  # measured end - start
-    busy: int
-    in_host: int  # host-evidence lost inside the block span
-    in_ux: int  # other lost inside the block span
-    in_copy: int  # exposed copies inside the block span
-    phase: int
-    stage: int
-    pre: int
-    post: int
-    pre_host: int
-    pre_coll: int
-    pre_ux: int
-    pre_copy: int
-    # the observed wait: (producer node, producer's issue delay, transfer after both sides were ready)
-    obs: tuple[int, int, int] | None = None
-    # how long before the wait began this rank had posted the operation it waits in (under compute)
-    lead: int = 0
-    # the rank waits for its own send to complete: no data dependency, overlappable (exposed comm)
-    send_wait: bool = False
-    # exposed copies on the producer between its block's end and the send's issue
-    issue_copy: int = 0
-    # the operation it waits in was queued on the compute stream (could not be posted early)
-    on_compute: bool = False
-    # a wait on an operation the peer issued at a fixed time (before any analyzed block of its
-    # own): (issue time, transfer after both sides were ready)
-    obs_abs: tuple[int, int] | None = None
-    # a wait on a rank that is not traced: its release stays where it was measured
-    release: int | None = None
-    # a gap under a transfer that the peer issued only after this block began: local time
-    false_wait: bool = False
-    edges: list[tuple[int, int]] = field(default_factory=list)  # label dependencies: (producer, latency)
 
 
 class _StepWaits(NamedTuple):
@@ -120,7 +81,7 @@ class _WaitContext:
     node ids), the peers' issued operations, the steps by (rank, step), and the transfer times
     seen per link (filled as waits resolve)."""
 
-    ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], list[int]]]
+    ends_by_rank: dict[int, tuple[list[int], list[int]]]
     issues: _IssueIndex
     by_rank_step: dict[tuple[int, int], RankStep]
     timelines: dict[int, RankTimeline]
@@ -214,20 +175,6 @@ def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]
     return prev_step
 
 
-def _label_producer(by_key: dict[_LabelKey, int], key: _LabelKey, last_stage: int) -> int | None:
-    """The node whose output the labelled block ``key`` consumes (None: no such dependency)."""
-    stepn, stage, phase, mb = key
-    if phase == int(Phase.FWD):
-        return by_key.get((stepn, stage - 1, int(Phase.FWD), mb))
-    if phase == int(Phase.BWD):
-        if stage == last_stage:
-            return by_key.get((stepn, stage, int(Phase.FWD), mb))
-        return by_key.get((stepn, stage + 1, int(Phase.BWD), mb))
-    if phase == int(Phase.WGRAD):
-        return by_key.get((stepn, stage, int(Phase.BWD), mb))
-    return None
-
-
 class ReplayGraph:
     """The frozen block graph of the analyzed steps (built once; the variants only read it)."""
 
@@ -239,7 +186,9 @@ class ReplayGraph:
         last_stage: int,
     ) -> None:
         self.steps = steps
-        self.nodes: list[_Node] = []
+        self._parts: list[dict[str, npt.NDArray[np.int64]]] = []  # each step's node columns
+        self._on_compute: list[int] = []
+        self._records: list[_Node] | None = None  # the nodes as records, built on demand
         self.first: dict[tuple[int, int], int] = {}
         self.count: dict[tuple[int, int], int] = {}
         # after the last block: busy, coll, host, other, copy
@@ -258,20 +207,25 @@ class ReplayGraph:
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
         self._mean_costs: dict[tuple[int, int, int], float] | None = None  # computed once, on demand
-        by_key: dict[_LabelKey, int] = {}
+        labels: list[npt.NDArray[np.int64]] = []  # per step: the labelled blocks (see _label_pairs)
         pending: list[_Pending] = []
         p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
         tol = timing_tolerance_ns(timelines)
         for rs in steps:
-            self._add_step(rs, timelines[rs.rank].cpu_only, p2p_index[rs.rank], tol, pending, by_key)
+            self._add_step(rs, timelines[rs.rank].cpu_only, p2p_index[rs.rank], tol, pending, labels)
+        self.cols = NodeColumns.concat(self._parts, self._on_compute)
+        self._parts, self._on_compute = [], []
+        # (rank, step) of every node, for the per-wait lookups
+        self._rank_l: list[int] = self.cols.cols["rank"].tolist()
+        self._step_l: list[int] = self.cols.cols["step"].tolist()
         self._find_step_syncs()
         taus = self._resolve_waits(pending, timelines, ops, tol)
         # The normal latency: the lower median over the links of each link's median transfer,
         # so that slow links (even half of them, as with P=2) do not set what "normal" is.
         per_link = [float(np.median(v)) for v in taus.values()]
         self.normal_latency = int(np.percentile(per_link, 50, method="lower")) if per_link else 0
-        self._label_edges(by_key, last_stage, tol)
-        self.order: list[int] = sorted(range(len(self.nodes)), key=lambda i: self.meas_start[i])
+        self._label_edges(labels, last_stage, tol)
+        self.order: list[int] = np.argsort(np.asarray(self.meas_start, np.int64), kind="stable").tolist()
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
         self.prev_step = _chain_steps(steps)
 
@@ -282,11 +236,12 @@ class ReplayGraph:
         idx: _P2PIndex,
         tol: int,
         pending: list[_Pending],
-        by_key: dict[_LabelKey, int],
+        labels: list[npt.NDArray[np.int64]],
     ) -> None:
         """The nodes of one rank's step, its tail after the last block, and its waits to resolve."""
         b = rs.blocks
-        self.first[(rs.rank, rs.step)] = len(self.nodes)
+        base = len(self.meas_start)
+        self.first[(rs.rank, rs.step)] = base
         self.count[(rs.rank, rs.step)] = len(b)
         s_a = b.start.astype(np.int64)
         e_a = b.end.astype(np.int64)
@@ -295,43 +250,38 @@ class ReplayGraph:
         lo_a = np.minimum(reach[:-1], s_a)
         w = _step_waits(rs, idx, lo_a, cpu, tol)
         lp = _local_pieces(rs, lo_a, w)
-        rows = zip(
-            s_a.tolist(),
-            e_a.tolist(),
-            b.busy.tolist(),
-            lp.in_host.tolist(),
-            lp.in_ux.tolist(),
-            lp.in_copy.tolist(),
-            b.phase.tolist(),
-            b.stage.tolist(),
-            b.mb.tolist(),
-            lp.pre.tolist(),
-            lp.post.tolist(),
-            lp.host.tolist(),
-            lp.coll.tolist(),
-            lp.ux.tolist(),
-            lp.copy.tolist(),
-            w.has.tolist(),
-            w.release.tolist(),
-            w.start.tolist(),
-            lo_a.tolist(),
-            strict=True,
+        n = len(b)
+        self._parts.append(
+            {
+                "rank": np.full(n, rs.rank, np.int64),
+                "step": np.full(n, rs.step, np.int64),
+                "idx": np.arange(n, dtype=np.int64),
+                "span": e_a - s_a,
+                "busy": b.busy,
+                "in_host": lp.in_host,
+                "in_ux": lp.in_ux,
+                "in_copy": lp.in_copy,
+                "phase": b.phase.astype(np.int64),
+                "stage": b.stage.astype(np.int64),
+                "pre": lp.pre,
+                "post": lp.post,
+                "pre_host": lp.host,
+                "pre_coll": lp.coll,
+                "pre_ux": lp.ux,
+                "pre_copy": lp.copy,
+            }
         )
+        self.meas_start.extend(s_a.tolist())
+        self.meas_lo.extend(lo_a.tolist())
+        j = np.flatnonzero(w.has)
+        nids = (base + j).tolist()
+        pending.extend(zip(nids, w.held, w.release[j].tolist(), w.start[j].tolist(), strict=True))
+        self._on_compute.extend(nid for nid, oc in zip(nids, w.on_compute, strict=True) if oc)
+        lab = np.flatnonzero(b.mb >= 0)
         step_key = rs.number if rs.number >= 0 else rs.step
-        k_w = 0
-        for i, row in enumerate(rows):
-            s, e, busy, ih, iu, ic, ph, st, mb, pre, post, h, co, u, cp, has, rel, wst, lo = row
-            node = _Node(rs.rank, rs.step, i, e - s, busy, ih, iu, ic, ph, st, pre, post, h, co, u, cp)
-            nid = len(self.nodes)
-            self.nodes.append(node)
-            self.meas_start.append(s)
-            self.meas_lo.append(lo)
-            if has:
-                pending.append((nid, w.held[k_w], rel, wst))
-                node.on_compute = w.on_compute[k_w]
-                k_w += 1
-            if mb >= 0:
-                by_key[(step_key, st, ph, mb)] = nid
+        labels.append(
+            np.stack([np.full(lab.size, step_key), b.stage[lab], b.phase[lab], b.mb[lab], base + lab])
+        )
         self._add_tail(rs, int(reach[-1]))
 
     def _add_tail(self, rs: RankStep, prev_end: int) -> None:
@@ -372,11 +322,12 @@ class ReplayGraph:
         phases = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
         tot: dict[tuple[int, int, int], int] = {}
         cnt: dict[tuple[int, int, int], int] = {}
-        for nd in self.nodes:
-            if nd.phase in phases:
-                k = (nd.rank, nd.stage, nd.phase)
-                tot[k] = tot.get(k, 0) + nd.busy
-                cnt[k] = cnt.get(k, 0) + 1
+        c = self.cols.cols
+        sel = np.flatnonzero(np.isin(c["phase"], phases))
+        labels = zip(c["rank"][sel].tolist(), c["stage"][sel].tolist(), c["phase"][sel].tolist(), strict=True)
+        for k, busy in zip(labels, c["busy"][sel].tolist(), strict=True):
+            tot[k] = tot.get(k, 0) + busy
+            cnt[k] = cnt.get(k, 0) + 1
         out: dict[tuple[int, int, int], float] = {}
         for ph in phases:
             keys = [k for k in tot if k[2] == ph]
@@ -418,6 +369,14 @@ class ReplayGraph:
             for k in members:
                 self.sync_of[k] = sk
 
+    @property
+    def nodes(self) -> list[_Node]:
+        """Every node as a record (built once, on demand: checks and tests read the graph a node at
+        a time; the replay reads :attr:`cols`)."""
+        if self._records is None:
+            self._records = self.cols.records()
+        return self._records
+
     def edge_stats(self) -> list[tuple[int, int, int, int]]:
         """Observed waits as (producer rank, consumer rank, transfer ns, time waited ns)."""
         return list(self.waits)
@@ -447,21 +406,19 @@ class ReplayGraph:
                 out.append(f"node {i} (rank {nd.rank}): negative span, busy or local time")
         return out
 
-    def _ends_by_rank(self) -> dict[int, tuple[npt.NDArray[np.int64], list[int]]]:
+    def _ends_by_rank(self) -> dict[int, tuple[list[int], list[int]]]:
         """Per rank, its block ends sorted with their node ids, for "which block did the peer
         finish last" (one sort by rank, then each rank's slice: no scan of all nodes per rank)."""
-        n_rank = np.fromiter((nd.rank for nd in self.nodes), np.int64, len(self.nodes))
-        n_end = np.asarray(self.meas_start, np.int64) + np.fromiter(
-            (nd.span for nd in self.nodes), np.int64, len(self.nodes)
-        )
+        n_rank = self.cols.cols["rank"]
+        n_end = np.asarray(self.meas_start, np.int64) + self.cols.cols["span"]
         by_r = np.argsort(n_rank, kind="stable")
         r_sorted = n_rank[by_r]
-        out: dict[int, tuple[npt.NDArray[np.int64], list[int]]] = {}
+        out: dict[int, tuple[list[int], list[int]]] = {}
         for r in {rs.rank for rs in self.steps}:
             ids_a = by_r[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")]
             ends = n_end[ids_a]
             o = np.argsort(ends, kind="stable")
-            out[r] = (ends[o], ids_a[o].tolist())
+            out[r] = (ends[o].tolist(), ids_a[o].tolist())
         return out
 
     def _resolve_waits(
@@ -488,9 +445,8 @@ class ReplayGraph:
         the peer finished before issuing it (with a slow link the peer may have finished later
         blocks before the data arrived)."""
         peer, wdir, posted, op_end = held
-        ends, ids = ctx.ends_by_rank.get(peer, (np.zeros(0, np.int64), []))
-        node = self.nodes[nid]
-        me = node.rank
+        ends, ids = ctx.ends_by_rank.get(peer, ([], []))
+        me, nc = self._rank_l[nid], self.cols
         last = ctx.issues.matched(peer, me, wdir, op_end, MATCH_END_NS)
         if last is None:
             last = ctx.issues.last_before(peer, me, wdir, rel)
@@ -501,26 +457,27 @@ class ReplayGraph:
         # before it (a send issued as its block ends must not flip to the block before under
         # ns jitter, which would read that whole block as the producer's host delay)
         at = last if (last is not None and device) else rel
-        j = int(np.searchsorted(ends, at + ctx.tol, side="right")) - 1
-        node.send_wait = wdir == int(Direction.SEND)
+        j = bisect.bisect_right(ends, at + ctx.tol) - 1
+        if wdir == int(Direction.SEND):
+            nc.send_wait.add(nid)
         if j < 0 and last is not None and peer in ctx.ends_by_rank:
             # the peer issued it before finishing any analyzed block (a receive posted at the
             # start of the step): the transfer starts at that fixed issue time
             posted = min(posted, wait_start)
             xfer = rel - max(last, posted)
             if xfer < -ctx.tol:
-                self._not_a_wait(nid, ctx.by_rank_step[(me, node.step)])
+                self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_l[nid])])
                 return
-            node.obs_abs = (last, xfer)
-            node.lead = wait_start - posted
+            nc.obs_abs[nid] = (last, xfer)
+            nc.lead[nid] = wait_start - posted
             self._record_wait(ctx, peer, me, xfer, rel - wait_start)
         elif j < 0:
             # the peer is not traced, or its block lies before the analyzed steps
-            node.release = rel
+            nc.release[nid] = rel
             self.untraced_waits += int(peer not in ctx.ends_by_rank)
         else:
             posted = min(posted, wait_start) if device else wait_start
-            self._producer_wait(ctx, nid, peer, (ids[j], int(ends[j]), last), posted, rel, wait_start)
+            self._producer_wait(ctx, nid, peer, (ids[j], ends[j], last), posted, rel, wait_start)
 
     def _producer_wait(
         self,
@@ -540,41 +497,40 @@ class ReplayGraph:
         operation (a gloo or NCCL transfer cannot complete before the receive is posted; a receive
         posted under compute lets the transfer run before the wait begins)."""
         prod, p_end, last = producer
-        node = self.nodes[nid]
+        me, nc = self._rank_l[nid], self.cols
         issue = max(p_end, last) if last is not None else p_end
         xfer = rel - max(issue, posted)
         if xfer < -ctx.tol:
-            self._not_a_wait(nid, ctx.by_rank_step[(node.rank, node.step)])
+            self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_l[nid])])
             return
         # copies the producer ran between its block and the send delay the send as copies
-        prs = ctx.by_rank_step.get((self.nodes[prod].rank, self.nodes[prod].step))
+        prs = ctx.by_rank_step.get((self._rank_l[prod], self._step_l[prod]))
         issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if prs is not None else 0
-        node.obs = (prod, issue - p_end - issue_copy, xfer)
-        node.issue_copy = issue_copy
-        node.lead = wait_start - posted
-        self._record_wait(ctx, peer, node.rank, xfer, rel - wait_start)
+        nc.obs[nid] = (prod, issue - p_end - issue_copy, xfer)
+        nc.issue_copy[nid] = issue_copy
+        nc.lead[nid] = wait_start - posted
+        self._record_wait(ctx, peer, me, xfer, rel - wait_start)
 
     def _record_wait(self, ctx: _WaitContext, peer: int, me: int, xfer: int, waited: int) -> None:
         self.waits.append((peer, me, xfer, waited))
         ctx.taus.setdefault((peer, me), []).append(xfer)
 
-    def _label_edges(self, by_key: dict[_LabelKey, int], last_stage: int, tol: int) -> None:
+    def _label_edges(self, labels: list[npt.NDArray[np.int64]], last_stage: int, tol: int) -> None:
         """Pipeline data dependencies from labels, with the normal latency (capped so the measured
         timeline stays reproduced exactly). A consumer that starts a few ns before its producer
         ends (within the rounding and timer resolution of the input) keeps the dependency with
         that small negative latency: dropping it would make the split of the waits depend on
         sub-µs jitter (float32 seconds against float64 ones)."""
-        for key, nid in by_key.items():
-            prod = _label_producer(by_key, key, last_stage)
-            if prod is None or prod == nid:
-                continue
-            node = self.nodes[nid]
-            p_end = self.meas_start[prod] + self.nodes[prod].span
-            slack = self.meas_start[nid] - node.post - p_end
-            if slack < -tol:  # the measurement contradicts this dependency: labels do not match up
-                self.dropped_edges += 1
-                continue
-            node.edges.append((prod, min(self.normal_latency, slack)))
+        lab = np.concatenate(labels, axis=1).astype(np.int64) if labels else np.zeros((5, 0), np.int64)
+        cons, prod = _label_pairs(lab, last_stage)
+        start, c = np.asarray(self.meas_start, np.int64), self.cols.cols
+        slack = start[cons] - c["post"][cons] - (start[prod] + c["span"][prod])
+        # the measurement contradicts these dependencies: labels do not match up
+        bad = slack < -tol
+        self.dropped_edges += int(bad.sum())
+        tau = np.minimum(slack[~bad], self.normal_latency).tolist()
+        pairs = zip(prod[~bad].tolist(), tau, strict=True)
+        self.cols.edges.update(zip(cons[~bad].tolist(), ([pt] for pt in pairs), strict=True))
 
     def _not_a_wait(self, nid: int, rs: RankStep) -> None:
         """A gap that looked like a wait but that the peer cannot have released: the peer issued
@@ -583,15 +539,16 @@ class ReplayGraph:
         wait, a later block of the peer would become this block's producer with a negative
         transfer, tying the two ranks wherever that block moves in a variant. The gap is measured
         as local time instead, exactly as for a block without a wait."""
-        node = self.nodes[nid]
         lo, s = self.meas_lo[nid], self.meas_start[nid]
         # the same split as a block without a wait: an empty wait at the block's start
         at = np.array([s], np.int64)
         host, coll, copy, ux = _outside_wait(rs, np.array([lo], np.int64), at, at, at)
-        node.pre, node.post = s - lo, 0
-        node.pre_host, node.pre_coll, node.pre_copy, node.pre_ux = (int(x[0]) for x in (host, coll, copy, ux))
-        node.on_compute = False
-        node.false_wait = True
+        c = self.cols.cols
+        c["pre"][nid], c["post"][nid] = s - lo, 0
+        for name, x in (("pre_host", host), ("pre_coll", coll), ("pre_copy", copy), ("pre_ux", ux)):
+            c[name][nid] = int(x[0])
+        self.cols.on_compute[nid] = False
+        self.cols.false_wait.add(nid)
         self.false_waits += 1
 
 

@@ -1,15 +1,18 @@
 """Indexes the replay searches when it builds its block graph: the last wait before each block,
-which transfer held a rank during a wait, and which operation of the peer released it.
+which transfer held a rank during a wait, which operation of the peer released it, and which
+labelled block each labelled block consumes.
 
 Each is one sort up front and a binary search per question, never a scan of a rank's events.
 """
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.model import Direction, Kind, RankTimeline
+from ppdiag.model import Direction, Kind, Phase, RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.clocks import P2POps
 
@@ -78,8 +81,8 @@ class _P2PIndex:
 
     def on_compute_at(self, lo: int, hi: int) -> bool:
         """Whether the operation that held the rank in ``[lo, hi]`` ran on a compute stream."""
-        j0 = int(np.searchsorted(self.reach, lo, side="right"))
-        j1 = int(np.searchsorted(self.start, hi, side="left"))
+        j0 = int(self.reach.searchsorted(lo, side="right"))
+        j1 = int(self.start.searchsorted(hi, side="left"))
         if j1 <= j0:
             return False
         cover = np.minimum(self.end[j0:j1], hi) - np.maximum(self.start[j0:j1], lo)
@@ -152,8 +155,8 @@ class _P2PIndex:
         Pieces that cover the wait alike (within ``tol``: a send and a receive posted and done
         together) are a tie, not decided by ns jitter: the one posted first names the peer.
         """
-        j0 = int(np.searchsorted(self.reach, lo, side="right"))
-        j1 = int(np.searchsorted(self.start, hi, side="left"))
+        j0 = int(self.reach.searchsorted(lo, side="right"))
+        j1 = int(self.start.searchsorted(hi, side="left"))
         if j1 <= j0:
             return -1, 0, lo, hi
         st, en = self.start[j0:j1], self.end[j0:j1]
@@ -169,14 +172,15 @@ class _P2PIndex:
 class _IssueIndex:
     """The p2p operations each rank issued towards each peer, by what can release a waiter:
     a receive is released by the peer's send, a blocked send by the peer's receive. Sorted issue
-    times on the aligned clock, so "the last one before the release" is one binary search."""
+    times on the aligned clock, so "the last one before the release" is one binary search (on
+    Python lists: one lookup per wait, where numpy's per-call cost would be most of the time)."""
 
     SEND, RECV, ANY = 0, 1, 2
 
     def __init__(self, ops: dict[int, P2POps], timelines: dict[int, RankTimeline]) -> None:
-        self.by: dict[tuple[int, int, int], npt.NDArray[np.int64]] = {}
+        self.by: dict[tuple[int, int, int], list[int]] = {}
         # device kernels of a matched send and receive end together: by end, with their starts
-        self.by_end: dict[tuple[int, int, int], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+        self.by_end: dict[tuple[int, int, int], tuple[list[int], list[int]]] = {}
         for r, po in ops.items():
             if r not in timelines or not len(po.start):
                 continue
@@ -188,10 +192,10 @@ class _IssueIndex:
                 pm = po.peer == peer
                 for kind, sel in ((self.SEND, pm & send_like), (self.RECV, pm & recv_like), (self.ANY, pm)):
                     if sel.any():
-                        self.by[(r, int(peer), kind)] = np.sort(st[sel])
+                        self.by[(r, int(peer), kind)] = np.sort(st[sel]).tolist()
                         if po.device:
                             o = np.argsort(en[sel], kind="stable")
-                            self.by_end[(r, int(peer), kind)] = (en[sel][o], st[sel][o])
+                            self.by_end[(r, int(peer), kind)] = (en[sel][o].tolist(), st[sel][o].tolist())
 
     def _kind(self, wait_dir: int) -> int:
         if wait_dir == int(Direction.RECV):
@@ -207,13 +211,13 @@ class _IssueIndex:
         if got is None:
             return None
         ends, starts = got
-        j = int(np.searchsorted(ends, end))
+        j = bisect.bisect_left(ends, end)
         best: int | None = None
         for c in (j - 1, j):
-            ok = 0 <= c < ends.size and abs(int(ends[c]) - end) <= tol and int(starts[c]) <= end
-            if ok and (best is None or abs(int(ends[c]) - end) < abs(int(ends[best]) - end)):
+            ok = 0 <= c < len(ends) and abs(ends[c] - end) <= tol and starts[c] <= end
+            if ok and (best is None or abs(ends[c] - end) < abs(ends[best] - end)):
                 best = c
-        return int(starts[best]) if best is not None else None
+        return starts[best] if best is not None else None
 
     def last_before(self, rank: int, towards: int, wait_dir: int, t: int) -> int | None:
         """Issue time of ``rank``'s last operation towards ``towards`` at or before ``t`` that can
@@ -221,8 +225,62 @@ class _IssueIndex:
         arr = self.by.get((rank, towards, self._kind(wait_dir)))
         if arr is None:
             return None
-        j = int(np.searchsorted(arr, t, side="right")) - 1
-        return int(arr[j]) if j >= 0 else None
+        j = bisect.bisect_right(arr, t) - 1
+        return arr[j] if j >= 0 else None
+
+
+# the phases as plain ints
+_FWD, _BWD, _WGRAD = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
+
+
+def _dense(cols: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+    """One code per row of the columns ``cols`` (equal rows, equal codes): each column's offset
+    from its minimum in a mixed radix, renumbered densely only where the product of the ranges
+    would overflow."""
+    code = np.zeros(cols[0].size, np.int64)
+    radix = 1
+    for c in cols:
+        if not c.size:
+            break
+        lo = int(c.min())
+        span = int(c.max()) - lo + 1
+        if radix * span >= 2**62:
+            _, inv = np.unique(code, return_inverse=True)
+            code, radix = inv.reshape(-1).astype(np.int64), int(inv.max()) + 1
+        if radix * span >= 2**62:
+            _, inv = np.unique(c, return_inverse=True)
+            c, lo, span = inv.reshape(-1).astype(np.int64), 0, int(inv.max()) + 1
+        code = code * span + (c - lo)
+        radix *= span
+    return code
+
+
+def _label_pairs(
+    lab: npt.NDArray[np.int64], last_stage: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(consumer, producer) node ids of the pipeline dependencies from the block labels ``lab``
+    (rows: step number, stage, phase, micro-batch, node id; a label given twice names its later
+    block). A forward block consumes the forward of the stage before, a backward the backward of
+    the stage after (the last stage: its own forward), a W block its own backward."""
+    stepn, stage, phase, mb, nid = lab
+    n = nid.size
+    is_f, is_b = phase == _FWD, phase == _BWD
+    last = stage == last_stage
+    p_stage = np.where(is_f, stage - 1, np.where(is_b & ~last, stage + 1, stage))
+    p_phase = np.where(is_f | (is_b & last), _FWD, _BWD)
+    has = is_f | is_b | (phase == _WGRAD)
+    code = _dense([np.r_[stepn, stepn], np.r_[stage, p_stage], np.r_[phase, p_phase], np.r_[mb, mb]])
+    o = np.argsort(code[:n], kind="stable")
+    key_s = code[:n][o]
+    final = np.r_[key_s[1:] != key_s[:-1], True] if n else np.zeros(0, np.bool_)  # last of each label
+    keys, cons = key_s[final], nid[o][final]
+    want, wants = code[n:][o][final], has[o][final]
+    pos = np.minimum(np.searchsorted(keys, want), max(keys.size - 1, 0))
+    found = wants & (keys[pos] == want) if keys.size else wants
+    prod = cons[pos][found] if keys.size else cons[found]
+    cons = cons[found]
+    mine = prod != cons
+    return cons[mine], prod[mine]
 
 
 __all__ = ["MATCH_END_NS", "WAIT_JOIN_NS"]

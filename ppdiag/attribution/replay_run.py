@@ -9,29 +9,34 @@ as one node at a time (``tests/test_replay_identity.py`` checks that).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.rank_step import RankStep
-from ppdiag.attribution.replay_graph import ReplayGraph, _Node
+from ppdiag.attribution.replay_graph import ReplayGraph
 from ppdiag.model import RankTimeline
 from ppdiag.pipeline.clocks import P2POps
 
 NEG_INF = -(2**62)
 
+# what a variant gives: (window, idle) of every (rank, step)
+_Idle = dict[tuple[int, int], tuple[int, int]]
+
 # one node of a variant in the replay's order: node id, (rank, step) of a step's first block or
 # None, pre, post, duration, wait code, the wait's addition, lead, producer, producer's extra
-# delay, fixed issue time, (release, label edges) or None
+# delay, fixed issue time, the producer and latency of its one label edge (-1 and 0: none, or
+# not its only dependency), and (release, label edges) of the other nodes with dependencies
 _Row = tuple[
     int,
     tuple[int, int] | None,
     float,
     float,
     float,
+    int,
+    int,
     int,
     int,
     int,
@@ -85,57 +90,78 @@ class _Columns:
     first_key_o: list[tuple[int, int] | None]
     prod_o: list[int]
     t_issue_o: list[int]
+    # a node whose one dependency is a label edge (most nodes): its producer and latency
+    edge_p_o: list[int]
+    edge_t_o: list[int]
     deps_o: list[tuple[int | None, list[tuple[int, int]]] | None]
 
     @classmethod
     def of(cls, rp: ReplayGraph) -> _Columns:
-        nodes = rp.nodes
-        n = len(nodes)
+        nc = rp.cols
+        c = nc.cols
+        n = len(nc)
 
-        def col(get: Callable[[_Node], int]) -> npt.NDArray[np.int64]:
-            # map over a C-level getter, not a generator of lambda calls: one column of a
-            # million-node replay in a tenth of a second
-            return np.fromiter(map(get, nodes), np.int64, n)
+        def by_id(table: Mapping[int, tuple[int, ...] | int], k: int | None = None) -> npt.NDArray[np.int64]:
+            # a column that is 0 except at the node ids of ``table`` (item ``k`` of each value)
+            out = np.zeros(n, np.int64)
+            vals = table.values() if k is None else (v[k] for v in table.values())  # type: ignore[index]
+            out[nc.ids(dict(table))] = np.fromiter(vals, np.int64, len(table))
+            return out
 
-        def flag(get: Callable[[_Node], bool]) -> npt.NDArray[np.bool_]:
-            return np.fromiter(map(get, nodes), np.bool_, n)
+        def mask(ids: Collection[int]) -> npt.NDArray[np.bool_]:
+            out = np.zeros(n, np.bool_)
+            out[np.fromiter(ids, np.int64, len(ids))] = True
+            return out
 
-        span = col(attrgetter("span"))
+        has_obs, has_abs = mask(nc.obs.keys()), mask(nc.obs_abs.keys())
+        xfer = np.where(has_obs, by_id(nc.obs, 2), np.where(has_abs, by_id(nc.obs_abs, 1), 0))
+        order_l: list[int] = list(rp.order)
+        is_first = np.zeros(n + 1, np.bool_)
+        is_first[[f for key, f in rp.first.items() if rp.count[key]]] = True
+        keys_l = list(zip(c["rank"].tolist(), c["step"].tolist(), strict=True))
+        first_l = is_first[:n].tolist()
+        prod_l = np.where(has_obs, by_id(nc.obs, 0), -1).tolist()
+        t_issue_l = by_id(nc.obs_abs, 0).tolist()
+        release, rel_get, edges_get = nc.release, nc.release.get, nc.edges.get
+        no_edges: list[tuple[int, int]] = []
+        # the nodes whose only dependency is one label edge take the loop's short path
+        single = {i: e[0] for i, e in nc.edges.items() if len(e) == 1 and i not in release}
         return cls(
-            pre=col(attrgetter("pre")),
-            post=col(attrgetter("post")),
-            pre_host=col(attrgetter("pre_host")),
-            pre_coll=col(attrgetter("pre_coll")),
-            pre_copy=col(attrgetter("pre_copy")),
-            pre_ux=col(attrgetter("pre_ux")),
-            span=span,
-            busy=col(attrgetter("busy")),
-            in_host=col(attrgetter("in_host")),
-            in_ux=col(attrgetter("in_ux")),
-            in_copy=col(attrgetter("in_copy")),
-            send_wait=flag(attrgetter("send_wait")),
-            has_obs=flag(lambda nd: nd.obs is not None),
-            has_abs=flag(lambda nd: nd.obs_abs is not None),
-            xfer=col(
-                lambda nd: nd.obs[2] if nd.obs is not None else nd.obs_abs[1] if nd.obs_abs is not None else 0
-            ),
-            issue=col(lambda nd: nd.obs[1] if nd.obs is not None else 0),
-            issue_copy=col(attrgetter("issue_copy")),
-            lead=col(attrgetter("lead")),
-            on_compute=flag(attrgetter("on_compute")),
-            cost_key=[(nd.rank, nd.stage, nd.phase) for nd in nodes],
-            meas_end=(np.asarray(rp.meas_start, np.int64) + span).tolist() if n else [],
-            order=np.asarray(rp.order, np.int64),
-            order_l=list(rp.order),
-            first_key_o=[
-                (nodes[i].rank, nodes[i].step) if rp.first[(nodes[i].rank, nodes[i].step)] == i else None
-                for i in rp.order
-            ],
-            prod_o=[ob[0] if (ob := nodes[i].obs) is not None else -1 for i in rp.order],
-            t_issue_o=[ab[0] if (ab := nodes[i].obs_abs) is not None else 0 for i in rp.order],
+            pre=c["pre"],
+            post=c["post"],
+            pre_host=c["pre_host"],
+            pre_coll=c["pre_coll"],
+            pre_copy=c["pre_copy"],
+            pre_ux=c["pre_ux"],
+            span=c["span"],
+            busy=c["busy"],
+            in_host=c["in_host"],
+            in_ux=c["in_ux"],
+            in_copy=c["in_copy"],
+            send_wait=mask(nc.send_wait),
+            has_obs=has_obs,
+            has_abs=has_abs,
+            xfer=xfer,
+            issue=by_id(nc.obs, 1),
+            issue_copy=by_id(nc.issue_copy),
+            lead=by_id(nc.lead),
+            on_compute=nc.on_compute,
+            cost_key=list(zip(c["rank"].tolist(), c["stage"].tolist(), c["phase"].tolist(), strict=True)),
+            meas_end=(np.asarray(rp.meas_start, np.int64) + c["span"]).tolist() if n else [],
+            order=np.asarray(order_l, np.int64),
+            order_l=order_l,
+            first_key_o=[keys_l[i] if first_l[i] else None for i in order_l],
+            prod_o=[prod_l[i] for i in order_l],
+            t_issue_o=[t_issue_l[i] for i in order_l],
+            edge_p_o=[single[i][0] if i in single else -1 for i in order_l],
+            edge_t_o=[single[i][1] if i in single else 0 for i in order_l],
             deps_o=[
-                (nodes[i].release, nodes[i].edges) if nodes[i].release is not None or nodes[i].edges else None
-                for i in rp.order
+                None
+                if i in single
+                else (rel_get(i), e or no_edges)
+                if (e := edges_get(i)) or i in release
+                else None
+                for i in order_l
             ],
         )
 
@@ -197,6 +223,8 @@ def _variant_rows(
         cols.prod_o,
         extra_o,
         cols.t_issue_o,
+        cols.edge_p_o,
+        cols.edge_t_o,
         cols.deps_o,
         strict=True,
     )
@@ -268,39 +296,76 @@ def _place_nodes(win: _Windows, rows: Iterator[_Row]) -> None:
     """Place every node in measured order: after the previous block (or its step's start) and its
     local delay before the wait, its wait's release, its label edges, then its local delay after
     the wait and its duration."""
-    # ``x if x > y else y`` is ``max(y, x)`` (the first argument on a tie) without a call: this
-    # loop runs once per node and variant, millions of times on a long run
+    # ``if x > y: y = x`` is ``max(y, x)`` (the first argument on a tie) without a call: this loop
+    # runs once per node and variant, millions of times on a long run; the common cases come
+    # first (a producer block's wait, one label edge)
     end = win.end
-    for i, fk, pre, post, du, c, add, lead, prod, extra, t_iss, deps in rows:
+    for i, fk, pre, post, du, c, add, lead, prod, extra, t_iss, ep, et, deps in rows:
         base = (win.start(fk) if fk is not None else end[i - 1]) + pre
-        if c == 1:
-            # waiting for its own send: no data dependency, the wait overlaps once comm does;
-            # only a slow link's excess over the normal transfer stays (blocking sends)
-            base += add
-        elif c == 2:
+        if c == 2:
             # the transfer starts once the producer issued it and this rank had posted its
             # side (``lead`` before it began to wait); the block waits for its arrival
             posted = base - lead
             issued = end[prod] + extra
             arrive = (issued if issued > posted else posted) + add
-            base = arrive if arrive > base else base
+            if arrive > base:
+                base = arrive
+        elif c == 1:
+            # waiting for its own send: no data dependency, the wait overlaps once comm does;
+            # only a slow link's excess over the normal transfer stays (blocking sends)
+            base += add
         elif c == 3:
             posted = base - lead
             arrive = (t_iss if t_iss > posted else posted) + add
-            base = arrive if arrive > base else base
-        if deps is not None:
+            if arrive > base:
+                base = arrive
+        if ep >= 0:
+            t = end[ep] + et
+            if t > base:
+                base = t
+        elif deps is not None:
             rel, eds = deps
             if rel is not None and rel > base:
                 base = rel
             for p, tau in eds:
                 t = end[p] + tau
-                base = t if t > base else base
+                if t > base:
+                    base = t
         end[i] = int((base + post) + du)
+
+
+def _kinds_present(rp: ReplayGraph, cols: _Columns) -> _Flags:
+    """Which kinds of delay the run has at all: ``False`` where every number a variant would remove
+    for it is zero (no host delay, no transfer above the normal latency, no exposed comm, no
+    copy, no unexplained idle), so that removing it leaves every variant as it is."""
+    tails = list(rp.tail.values())
+    pieces = [p for tc in rp.tail_coll.values() for p in (tc[2], tc[3])]
+
+    def any_of(*arrays: npt.NDArray[np.int64] | npt.NDArray[np.bool_]) -> bool:
+        return any(bool(a.any()) for a in arrays)
+
+    def tail_has(k: int) -> bool:
+        return any(t[k] != 0 for t in tails)
+
+    def piece_has(k: int) -> bool:
+        return any(p[k] != 0 for p in pieces)
+
+    # tail: busy, coll, host, other, copy; pieces: busy, host, other, copy, p2p
+    return _Flags(
+        host=any_of(cols.pre_host, cols.in_host, cols.issue) or tail_has(2) or piece_has(1),
+        comm_excess=bool((cols.xfer > rp.normal_latency).any()),
+        comm=any_of(cols.pre_coll, cols.send_wait, cols.on_compute)
+        or tail_has(1)
+        or piece_has(4)
+        or any(x != 0 for _, x in rp.syncs.values()),
+        copy=any_of(cols.pre_copy, cols.in_copy, cols.issue_copy) or tail_has(4) or piece_has(3),
+        ux=any_of(cols.pre_ux, cols.in_ux),
+    )
 
 
 def _step_idle(
     rp: ReplayGraph, cols: _Columns, win: _Windows, factor: npt.NDArray[np.float64] | None
-) -> dict[tuple[int, int], tuple[int, int]]:
+) -> _Idle:
     """``(window, idle)`` of every (rank, step) once its nodes are placed. Under ``balanced`` the
     blocks' compute is at the mean cost (what is left of each span once its host, copy and other
     idle is taken out), summed per step by prefix sums."""
@@ -308,7 +373,7 @@ def _step_idle(
     if factor is not None:
         bal = (cols.busy * factor).astype(np.int64)
         cum_delta = np.concatenate([[0], np.cumsum(bal - cols.busy)]).tolist()
-    idle: dict[tuple[int, int], tuple[int, int]] = {}
+    idle: _Idle = {}
     for rs in rp.steps:
         key = (rs.rank, rs.step)
         f, c = rp.first[key], rp.count[key]
@@ -333,12 +398,30 @@ class Replay(ReplayGraph):
     ) -> None:
         super().__init__(steps, timelines, ops, last_stage)
         self._cols: _Columns | None = None
+        self._matters: _Flags | None = None
+        # results by the variant's effective flags and mean costs: variants that differ only in
+        # kinds of delay the run does not have are the same computation
+        self._memo: dict[tuple[_Flags, tuple[tuple[tuple[int, int, int], float], ...] | None], _Idle] = {}
 
     def _columns(self) -> _Columns:
         """The nodes as columns (built once, reused by every variant)."""
         if self._cols is None:
             self._cols = _Columns.of(self)
         return self._cols
+
+    def _effective(self, fl: _Flags) -> _Flags:
+        """``fl`` with every kind of delay the run does not have kept (removing it changes no
+        number of the replay: the variant is the same computation)."""
+        if self._matters is None:
+            self._matters = _kinds_present(self, self._columns())
+        m = self._matters
+        return _Flags(
+            host=fl.host or not m.host,
+            comm_excess=fl.comm_excess or not m.comm_excess,
+            comm=fl.comm or not m.comm,
+            copy=fl.copy or not m.copy,
+            ux=fl.ux or not m.ux,
+        )
 
     def run(
         self,
@@ -349,7 +432,7 @@ class Replay(ReplayGraph):
         copy: bool = True,
         ux: bool = True,
         balanced: dict[tuple[int, int, int], float] | None = None,
-    ) -> dict[tuple[int, int], tuple[int, int]]:
+    ) -> _Idle:
         """``(window, idle)`` of every (rank, step) under a variant; ``False`` removes that delay.
 
         ``host``: host delays (launched after the gap began, a producer's late issue);
@@ -365,11 +448,14 @@ class Replay(ReplayGraph):
         analyzed step keeps its measured start.
         """
         cols = self._columns()
-        fl = _Flags(host=host, comm_excess=comm_excess, comm=comm, copy=copy, ux=ux)
-        rows, factor = _variant_rows(cols, self.normal_latency, fl, balanced)
-        win = _Windows(self, list(cols.meas_end), fl)
-        _place_nodes(win, rows)
-        return _step_idle(self, cols, win, factor)
+        fl = self._effective(_Flags(host=host, comm_excess=comm_excess, comm=comm, copy=copy, ux=ux))
+        key = (fl, tuple(sorted(balanced.items())) if balanced is not None else None)
+        if key not in self._memo:
+            rows, factor = _variant_rows(cols, self.normal_latency, fl, balanced)
+            win = _Windows(self, list(cols.meas_end), fl)
+            _place_nodes(win, rows)
+            self._memo[key] = _step_idle(self, cols, win, factor)
+        return dict(self._memo[key])
 
 
 __all__ = ["NEG_INF", "Replay"]
