@@ -412,8 +412,8 @@ def test_variants_without_their_kind_of_delay_are_computed_once(tmp_path: Path) 
     run = make_scenario(pp=4, microbatches=8, steps=2)
     write_nsys(run, tmp_path)
     diag = diagnose([tmp_path], Options())
-    pipe = diag.context.pipeline
-    rp = Replay(diag.context.rank_steps, diag.run.by_rank(), pipe.ops, pipe.topology.pp - 1)
+    pipe = pipeline(diag)
+    rp = Replay(context(diag).rank_steps, diag.run.by_rank(), pipe.ops, pipe.topology.pp - 1)
     for kw in VARIANTS:
         assert rp.run(**kw) == _reference_run(rp, **kw), kw
     assert rp.run(copy=False) == rp.run() == rp.run(comm_excess=False)
