@@ -112,27 +112,30 @@ def _schemas(db: NsysDb) -> dict[int, _Schema]:
     return out
 
 
-def decode_payloads(db: NsysDb, blobs: np.ndarray, api_code: I64, apis: list[str]) -> dict[str, I64]:
+def decode_payloads(
+    db: NsysDb, blobs: np.ndarray, blob_len: I64, api_code: I64, apis: list[str]
+) -> dict[str, I64]:
     """Decode the NCCL payload fields of each row; -1 (0 for the communicator) when absent.
 
+    ``blob_len[i]`` is the byte length of row ``i``'s payload, 0 when it has none (SQL's
+    ``length()`` of a BLOB, so that no Python pass over the rows is needed to find them).
     ``apis[api_code[i]]`` is row ``i``'s NCCL API name (it picks the schema of bare payloads)."""
     n = len(blobs)
     out: dict[str, I64] = {f: np.full(n, -1, dtype=np.int64) for f in PAYLOAD_FIELDS}
     out[F_COMM] = np.zeros(n, dtype=np.int64)
     out["_has"] = np.zeros(n, dtype=np.int64)
-    present = np.array(
-        [isinstance(b, (bytes, bytearray, memoryview)) and len(b) > 0 for b in blobs], dtype=bool
-    )
+    present = blob_len > 0
     if not present.any():
         return out
     schemas = _schemas(db)
     if not schemas:
         return out
     idx_all = np.flatnonzero(present)
-    lengths = np.array([len(blobs[i]) for i in idx_all])
+    lengths = blob_len[idx_all]
     for length in np.unique(lengths).tolist():
         idx = idx_all[lengths == length]
-        mat = np.frombuffer(b"".join(bytes(blobs[i]) for i in idx), dtype=np.uint8).reshape(len(idx), length)
+        # the rows of one length as a byte matrix: one C-level join of the fetched bytes objects
+        mat = np.frombuffer(b"".join(blobs[idx].tolist()), dtype=np.uint8).reshape(len(idx), length)
         schema_ids, body = _schema_of(mat, schemas, api_code[idx], apis)
         for sid in np.unique(schema_ids).tolist():
             sch = schemas.get(int(sid))
