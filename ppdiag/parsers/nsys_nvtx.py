@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -382,13 +384,11 @@ def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
     vals = ", ".join("(?, ?)" for _ in keys)
     params = [v for k in keys for v in k]
     blob = db.col(NVTX, "binaryData", "NULL")
-    blob_len = f"(CASE WHEN typeof({blob}) = 'blob' THEN length({blob}) ELSE 0 END)"
     jtext = db.col(NVTX, "jsonText", "NULL")
     jtid = int_expr(db.col(NVTX, "jsonTextId", "NULL"))
     types = ", ".join(str(t) for t in RANGE_TYPES)
     sql = (
-        f'SELECT start, "end", {int_expr("globalTid", "0")}, {text_id}, {text}, '
-        f"{blob}, {blob_len}, {jtext}, ({jtext}) IS NOT NULL, {jtid} "
+        f'SELECT start, "end", {int_expr("globalTid", "0")}, {text_id}, {text}, {blob}, {jtext}, {jtid} '
         f"FROM {NVTX} WHERE eventType IN ({types}) AND {valid_times()} "
         f"AND ((coalesce(globalTid, 0) >> 24) & 16777215, {int_expr('domainId', '0')}) IN (VALUES {vals})"
     )
@@ -400,9 +400,7 @@ def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
             ("tid_", np.int64),
             ("text", object),
             ("blob", object),
-            ("blen", np.int64),
             ("json", object),
-            ("hasj", np.int64),
             ("jtid", np.int64),
         ]
     )
@@ -414,8 +412,10 @@ def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
     apis = [nccl_api(x) for x in names]
     api = np.array([_api_code(a) for a in apis], dtype=np.int8)[codes]
     direction = np.array([NCCL_P2P_APIS.get(a, Direction.NONE) for a in apis], dtype=np.int8)[codes]
-    fields = decode_payloads(db, rows["blob"], rows["blen"], codes, apis)
-    has_json = (rows["hasj"] != 0) | (rows["jtid"] >= 0)
+    fields = decode_payloads(db, rows["blob"], codes, apis)
+    # map of operator.is_not over the rows runs in C (no Python bytecode per row)
+    has_json = np.fromiter(map(is_not, rows["json"].tolist(), repeat(None)), dtype=bool, count=n)
+    has_json |= rows["jtid"] >= 0
     if has_json.any():
         strings = db.strings(np.unique(rows["jtid"][rows["jtid"] >= 0]).tolist())
         merge_json(fields, rows["json"], rows["jtid"], strings, has_json)

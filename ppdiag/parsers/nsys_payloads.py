@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import compress, repeat
 
 import numpy as np
 import numpy.typing as npt
@@ -112,18 +113,15 @@ def _schemas(db: NsysDb) -> dict[int, _Schema]:
     return out
 
 
-def decode_payloads(
-    db: NsysDb, blobs: np.ndarray, blob_len: I64, api_code: I64, apis: list[str]
-) -> dict[str, I64]:
+def decode_payloads(db: NsysDb, blobs: np.ndarray, api_code: I64, apis: list[str]) -> dict[str, I64]:
     """Decode the NCCL payload fields of each row; -1 (0 for the communicator) when absent.
 
-    ``blob_len[i]`` is the byte length of row ``i``'s payload, 0 when it has none (SQL's
-    ``length()`` of a BLOB, so that no Python pass over the rows is needed to find them).
     ``apis[api_code[i]]`` is row ``i``'s NCCL API name (it picks the schema of bare payloads)."""
     n = len(blobs)
     out: dict[str, I64] = {f: np.full(n, -1, dtype=np.int64) for f in PAYLOAD_FIELDS}
     out[F_COMM] = np.zeros(n, dtype=np.int64)
     out["_has"] = np.zeros(n, dtype=np.int64)
+    blob_len = _blob_lengths(blobs)
     present = blob_len > 0
     if not present.any():
         return out
@@ -134,7 +132,6 @@ def decode_payloads(
     lengths = blob_len[idx_all]
     for length in np.unique(lengths).tolist():
         idx = idx_all[lengths == length]
-        # the rows of one length as a byte matrix: one C-level join of the fetched bytes objects
         mat = np.frombuffer(b"".join(blobs[idx].tolist()), dtype=np.uint8).reshape(len(idx), length)
         schema_ids, body = _schema_of(mat, schemas, api_code[idx], apis)
         for sid in np.unique(schema_ids).tolist():
@@ -156,6 +153,19 @@ def decode_payloads(
                     vals.astype(np.uint64).view(np.int64) if dt.endswith("u8") else vals.astype(np.int64)
                 )
             out["_has"][rows_sel] = 1
+    return out
+
+
+_BYTES = (bytes, bytearray, memoryview)
+
+
+def _blob_lengths(blobs: np.ndarray) -> I64:
+    """Byte length of each row's payload, 0 for NULL (or a non-BLOB value). ``map`` with the
+    builtins ``isinstance`` and ``len`` walks the rows in C: no Python bytecode runs per row."""
+    vals = blobs.tolist()
+    is_blob = np.fromiter(map(isinstance, vals, repeat(_BYTES)), dtype=bool, count=len(vals))
+    out = np.zeros(len(vals), dtype=np.int64)
+    out[is_blob] = np.fromiter(map(len, compress(vals, is_blob)), dtype=np.int64, count=int(is_blob.sum()))
     return out
 
 
