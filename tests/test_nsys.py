@@ -782,3 +782,13 @@ def test_runtime_and_driver_rows_for_one_launch(tmp_path: Path) -> None:
     tl = parse(e.write(tmp_path / "dup.sqlite"))[0]
     assert tl.intervals.start.tolist() == [EPOCH + 10_000, EPOCH + 30_000]
     assert tl.intervals.launch.tolist() == [EPOCH + 5_000, EPOCH + 25_000]
+
+
+def test_payload_blob_lengths_count_only_non_empty_blobs() -> None:
+    """NULL, empty and non-BLOB values (a TEXT in binaryData) carry no payload."""
+    from ppdiag.parsers.nsys_payloads import _blob_lengths
+
+    vals = np.empty(5, dtype=object)
+    vals[:] = [None, b"", b"\x01\x02\x03", "text", bytearray(b"ab")]
+    assert _blob_lengths(vals).tolist() == [0, 0, 3, 0, 2]
+    assert _blob_lengths(np.empty(0, dtype=object)).tolist() == []

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -411,7 +413,9 @@ def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
     api = np.array([_api_code(a) for a in apis], dtype=np.int8)[codes]
     direction = np.array([NCCL_P2P_APIS.get(a, Direction.NONE) for a in apis], dtype=np.int8)[codes]
     fields = decode_payloads(db, rows["blob"], codes, apis)
-    has_json = np.array([j is not None for j in rows["json"]], dtype=bool) | (rows["jtid"] >= 0)
+    # map of operator.is_not over the rows runs in C (no Python bytecode per row)
+    has_json = np.fromiter(map(is_not, rows["json"].tolist(), repeat(None)), dtype=bool, count=n)
+    has_json |= rows["jtid"] >= 0
     if has_json.any():
         strings = db.strings(np.unique(rows["jtid"][rows["jtid"] >= 0]).tolist())
         merge_json(fields, rows["json"], rows["jtid"], strings, has_json)
