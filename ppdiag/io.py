@@ -126,11 +126,20 @@ def _oserror(path: Path, exc: OSError, what: str = "cannot write") -> InputError
 
 
 def check_target(path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
-    """Validate an output path before any work: not empty, not an input of this run, not a
-    directory, not an existing file that ppdiag did not write. Returns it as a :class:`Path`."""
+    """Validate an output path before any work: not empty, not an option's spelling, not an input
+    of this run, not a directory, not an existing file that ppdiag did not write. Returns it as a
+    :class:`Path`."""
     raw = os.fspath(path)
     if raw == "":
         raise InputError(qpath(raw), "empty output path")
+    if raw.startswith("-"):
+        # ``--json --no-cache`` gives --json the next option as its file: refuse it rather than
+        # write a report named after an option and silently drop the option the user meant
+        raise InputError(
+            qpath(raw),
+            "looks like an option, not an output path: the option before it takes a file "
+            f"(write ./{raw} for a file of that name)",
+        )
     p = Path(raw)
     for src in inputs:
         if src is not None and _same_file(p, Path(src)):

@@ -126,6 +126,27 @@ def test_cli_never_overwrites_a_trace_or_a_foreign_file(run_dir: Path, tmp_path:
     assert foreign.read_text() == "my notes\n"
 
 
+def test_an_option_given_as_a_report_path_is_refused(run_dir: Path, tmp_path: Path) -> None:
+    """``--json --no-cache``: --json takes the next word as its file; that is refused (exit 2, one
+    line naming it) instead of writing a report named after the option and dropping the option."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "ppdiag", "analyze", "-q", str(run_dir), "--json", "--no-cache"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--no-cache: looks like an option" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+    # the name itself stays writable when it is meant: ./--no-cache
+    assert check_target("./--no-cache") == Path("./--no-cache")
+    with pytest.raises(InputError, match="looks like an option"):
+        check_target("-o")
+
+
 def test_cli_rewrites_its_own_reports_and_the_run_skips_them(run_dir: Path, tmp_path: Path) -> None:
     d = tmp_path / "run"
     d.mkdir()
