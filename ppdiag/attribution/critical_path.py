@@ -187,6 +187,7 @@ class _Walk:
             if gaps is None or not gaps[0].size:
                 for _, _, f in items:
                     f["lost"] = {}
+                    f["lost_ms"] = {}
                 continue
             gs, ge, gc = gaps
             bounds = np.array([(lo, hi) for lo, hi, _ in items], dtype=np.int64).reshape(-1, 2)
@@ -204,8 +205,21 @@ class _Walk:
             over = ge[kb] > hi_a[rows]
             rows, kb = rows[over], kb[over]
             lost[rows, gc[kb]] -= ge[kb] - np.maximum(hi_a[rows], gs[kb])
-            for (_, _, f), row in zip(items, lost.tolist(), strict=True):
-                f["lost"] = {CAUSE_KEYS[i]: v for i, v in enumerate(row) if v > 0}
+            # the dicts from the positive entries only (row-major: causes in index order), in ns
+            # and in ms (the ms a division per entry, as _ms does)
+            ns: list[dict[str, int]] = [{} for _ in items]
+            ms: list[dict[str, float]] = [{} for _ in items]
+            rows, cols = np.nonzero(lost > 0)
+            vals = lost[rows, cols]
+            for i, c, v, m in zip(
+                rows.tolist(), cols.tolist(), vals.tolist(), (vals / 1e6).tolist(), strict=True
+            ):
+                key = CAUSE_KEYS[c]
+                ns[i][key] = v
+                ms[i][key] = m
+            for (_, _, f), d_ns, d_ms in zip(items, ns, ms, strict=True):
+                f["lost"] = d_ns
+                f["lost_ms"] = d_ms
 
     def block(self, rank: int, j: int, hi: int) -> int:
         """Block ``j`` of ``rank`` (clipped at ``hi``) as one piece that keeps the lost time
@@ -269,7 +283,7 @@ def _merge_blocks(pieces: list[Piece]) -> list[Piece]:
             for ga, gz, c in between:
                 lost[c] = lost.get(c, 0) + gz - ga
             del out[last_block + 1 :]
-            out[last_block] = (pa, z, {**pf, "lost": lost})
+            out[last_block] = (pa, z, {**pf, "lost": lost, "lost_ms": None})
             continue
         if f["kind"] == "transfer" or (last_block is not None and f["rank"] != out[last_block][2]["rank"]):
             last_block = None
@@ -310,23 +324,29 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
     """From ``t`` on ``rank``, back block by block and across the transfers that released them,
     collecting ``w.pieces``; returns the rank and time where the chain begins."""
     seen: set[tuple[int, int]] = set()
+    tr_src, tr_re, tr_ss, tr_rs = w.tr_l
+    bisect_right = bisect.bisect_right
+    j = w.last_block(rank, t, win[rank].start if rank in win else t)
     while True:
-        w0 = win[rank].start if rank in win else t
-        j = w.last_block(rank, t, w0)
         if j is None or (rank, j) in seen:
             break
+        w0 = win[rank].start if rank in win else t
         seen.add((rank, j))
-        b_end = w.bl[rank][1]
+        b_start, b_end = w.bl[rank][0], w.bl[rank][1]
         w.local(rank, b_end[j], t)
         s = w.block(rank, j, t)
-        prev = w.last_block(rank, s, w0)
+        # the last block that ended by s and started in the window (``last_block`` inlined)
+        pj = bisect_right(b_end, s) - 1
+        prev = None if pj < 0 or b_start[pj] < w0 else pj
         prev_end = b_end[prev] if prev is not None else w0
         tol = min(RELEASE_TOL_NS, (b_end[j] - s) // 10)
         k = w.incoming(rank, prev_end, s + tol)
         if k is None:
-            t = s  # released by the previous block on the rank (or the step start)
+            # released by the previous block on the rank (or the step start): the next block is
+            # the one just found where the window is the rank's step (a rank outside the step
+            # starts its window at t)
+            t, j = s, (prev if rank in win else w.last_block(rank, s, s))
             continue
-        tr_src, tr_re, tr_ss, tr_rs = w.tr_l
         src = tr_src[k]
         re = min(tr_re[k], s)
         ss = min(tr_ss[k], re)
@@ -339,9 +359,10 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
             a = max(rs if rs > ss else ss, prev_end)
             w.pieces.append((a, re, {"kind": "transfer", "rank": rank, "peer": src}))
             t = a
-            continue
-        w.pieces.append((ss, re, {"kind": "transfer", "rank": rank, "peer": src}))
-        rank, t = src, ss
+        else:
+            w.pieces.append((ss, re, {"kind": "transfer", "rank": rank, "peer": src}))
+            rank, t = src, ss
+        j = w.last_block(rank, t, win[rank].start if rank in win else t)
     return rank, t
 
 
@@ -381,7 +402,7 @@ def _path_pieces(w: _Walk, pieces: list[Piece], p0: int) -> tuple[list[PathPiece
                     f["virtual_stage"],  # type: ignore[arg-type]
                     None,
                     None,
-                    {c: x / 1e6 for c, x in lost.items()},
+                    f.get("lost_ms") or {c: _ms(x) for c, x in lost.items()},  # type: ignore[arg-type]
                 )
             )
             row["compute"] += z - a - sum(lost.values())
