@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,11 +147,33 @@ def _measured(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -
     return _Measured(report, pipe, steps, windows, attr, noise, paths, warnings, balance)
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (back to its former state after it).
+
+    The analysis builds hundreds of thousands of small containers that live until the report
+    (path pieces, wait records, per-block rows) and none that form cycles, so every collection
+    the allocations trigger only traverses live objects: on a 128-step run a tenth of the
+    analysis's CPU. Reference counting still frees everything as usual."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def analyze_run(
     run: Run, options: Options | None = None, on_stage: Callable[[str], None] | None = None
 ) -> Analyzed:
     """Everything after parsing, on an already loaded run."""
-    opts = options or Options()
+    with _gc_paused():
+        return _analyze(run, options or Options(), on_stage)
+
+
+def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -> Analyzed:
+    """The body of :func:`analyze_run`."""
     if on_stage:
         on_stage("rebuilding the pipeline")
     m = _measured(run, opts, on_stage)

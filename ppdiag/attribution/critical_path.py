@@ -118,6 +118,8 @@ class _Walk:
         }
         self.stage_of = stage_of
         self.pieces: list[tuple[int, int, dict[str, object]]] = []  # (start, end, fields)
+        # the walk's block pieces, whose ``lost`` is filled in one pass per step (``fill_lost``)
+        self.block_pieces: list[tuple[int, int, int, dict[str, object]]] = []  # (rank, s, e, fields)
         # the same columns as Python lists: the walk reads them one element at a time, and a numpy
         # scalar read costs several times a list's
         self.bl: dict[int, tuple[list[int], list[int], list[int], list[int], list[int]]] = {
@@ -172,26 +174,52 @@ class _Walk:
                 out.append((s, e, gc[k]))
         return out
 
-    def _lost_in(self, rank: int, lo: int, hi: int) -> list[int]:
-        """The rank's lost ns inside [lo, hi) by cause (index in CAUSE_KEYS), from the prefix sums."""
-        gl = self.gl.get(rank)
-        if gl is None or not gl[0]:
-            return [0] * len(CAUSE_KEYS)
-        gs_l, ge_l, gc_l = gl
-        a = max(bisect.bisect_right(gs_l, lo) - 1, 0)
-        b = bisect.bisect_left(gs_l, hi)
-        if b <= a:
-            return [0] * len(CAUSE_KEYS)
-        cum = self.gap_cum[rank]
-        lost: list[int] = (cum[b] - cum[a]).tolist()
-        # piece a may begin before lo (or end there), piece b - 1 may end after hi
-        s_a, e_a = gs_l[a], ge_l[a]
-        if s_a < lo:
-            lost[gc_l[a]] -= min(lo, e_a) - s_a
-        e_b = ge_l[b - 1]
-        if e_b > hi:
-            lost[gc_l[b - 1]] -= e_b - max(hi, gs_l[b - 1])
-        return lost
+    def fill_lost(self) -> None:
+        """Each block piece's lost ns inside it by cause, from the prefix sums: per rank, the gap
+        pieces from the one holding the block's start to the last one starting before its end,
+        less the parts of the two edge pieces outside the block."""
+        by_rank: dict[int, list[tuple[int, int, dict[str, object]]]] = {}
+        for r, lo, hi, f in self.block_pieces:
+            by_rank.setdefault(r, []).append((lo, hi, f))
+        self.block_pieces = []
+        for r, items in by_rank.items():
+            gaps = self.gaps.get(r)
+            if gaps is None or not gaps[0].size:
+                for _, _, f in items:
+                    f["lost"] = {}
+                    f["lost_ms"] = {}
+                continue
+            gs, ge, gc = gaps
+            bounds = np.array([(lo, hi) for lo, hi, _ in items], dtype=np.int64).reshape(-1, 2)
+            lo_a, hi_a = bounds[:, 0], bounds[:, 1]
+            a = np.maximum(np.searchsorted(gs, lo_a, side="right") - 1, 0)
+            b = np.searchsorted(gs, hi_a, side="left")
+            some = b > a
+            cum = self.gap_cum[r]
+            lost = np.where(some[:, None], cum[b] - cum[a], 0)
+            rows = np.flatnonzero(some & (gs[a] < lo_a))
+            ka = a[rows]
+            lost[rows, gc[ka]] -= np.minimum(lo_a[rows], ge[ka]) - gs[ka]
+            rows = np.flatnonzero(some)
+            kb = b[rows] - 1
+            over = ge[kb] > hi_a[rows]
+            rows, kb = rows[over], kb[over]
+            lost[rows, gc[kb]] -= ge[kb] - np.maximum(hi_a[rows], gs[kb])
+            # the dicts from the positive entries only (row-major: causes in index order), in ns
+            # and in ms (the ms a division per entry, as _ms does)
+            ns: list[dict[str, int]] = [{} for _ in items]
+            ms: list[dict[str, float]] = [{} for _ in items]
+            rows, cols = np.nonzero(lost > 0)
+            vals = lost[rows, cols]
+            for i, c, v, m in zip(
+                rows.tolist(), cols.tolist(), vals.tolist(), (vals / 1e6).tolist(), strict=True
+            ):
+                key = CAUSE_KEYS[c]
+                ns[i][key] = v
+                ms[i][key] = m
+            for (_, _, f), d_ns, d_ms in zip(items, ns, ms, strict=True):
+                f["lost"] = d_ns
+                f["lost_ms"] = d_ms
 
     def block(self, rank: int, j: int, hi: int) -> int:
         """Block ``j`` of ``rank`` (clipped at ``hi``) as one piece that keeps the lost time
@@ -201,21 +229,15 @@ class _Walk:
         e = min(b_e[j], hi)
         if e <= s:
             return s
-        lost = self._lost_in(rank, s, e)
-        self.pieces.append(
-            (
-                s,
-                e,
-                {
-                    "kind": "block",
-                    "rank": rank,
-                    "phase": _PHASE_LETTER.get(b_ph[j], "other"),
-                    "mb": b_mb[j] if b_mb[j] >= 0 else None,
-                    "virtual_stage": b_st[j] if b_st[j] >= 0 else None,
-                    "lost": {CAUSE_KEYS[i]: int(v) for i, v in enumerate(lost) if v > 0},
-                },
-            )
-        )
+        f: dict[str, object] = {
+            "kind": "block",
+            "rank": rank,
+            "phase": _PHASE_LETTER.get(b_ph[j], "other"),
+            "mb": b_mb[j] if b_mb[j] >= 0 else None,
+            "virtual_stage": b_st[j] if b_st[j] >= 0 else None,
+        }
+        self.pieces.append((s, e, f))
+        self.block_pieces.append((rank, s, e, f))
         return s
 
     def last_block(self, rank: int, t: int, lo: int) -> int | None:
@@ -261,7 +283,7 @@ def _merge_blocks(pieces: list[Piece]) -> list[Piece]:
             for ga, gz, c in between:
                 lost[c] = lost.get(c, 0) + gz - ga
             del out[last_block + 1 :]
-            out[last_block] = (pa, z, {**pf, "lost": lost})
+            out[last_block] = (pa, z, {**pf, "lost": lost, "lost_ms": None})
             continue
         if f["kind"] == "transfer" or (last_block is not None and f["rank"] != out[last_block][2]["rank"]):
             last_block = None
@@ -279,6 +301,7 @@ def _walk_step(w: _Walk, members: Sequence[StepWindow]) -> CriticalStep | None:
     start_rank, t = _walk_back(w, win, end_m.rank, end_m.end)
     w0 = win[start_rank].start if start_rank in win else t
     w.local(start_rank, min(w0, t), t)
+    w.fill_lost()
     if not w.pieces:
         return None
     pieces = _merge_blocks(sorted(w.pieces, key=lambda p: (p[0], p[1])))
@@ -289,7 +312,7 @@ def _walk_step(w: _Walk, members: Sequence[StepWindow]) -> CriticalStep | None:
         step=end_m.number if end_m.number >= 0 else end_m.index,
         index=end_m.index,
         start_ns=p0,
-        length_ms=round(total / 1e6, 6),
+        length_ms=_ms(total),
         end_rank=end_m.rank,
         start_rank=start_rank,
         pieces=out,
@@ -301,23 +324,29 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
     """From ``t`` on ``rank``, back block by block and across the transfers that released them,
     collecting ``w.pieces``; returns the rank and time where the chain begins."""
     seen: set[tuple[int, int]] = set()
+    tr_src, tr_re, tr_ss, tr_rs = w.tr_l
+    bisect_right = bisect.bisect_right
+    j = w.last_block(rank, t, win[rank].start if rank in win else t)
     while True:
-        w0 = win[rank].start if rank in win else t
-        j = w.last_block(rank, t, w0)
         if j is None or (rank, j) in seen:
             break
+        w0 = win[rank].start if rank in win else t
         seen.add((rank, j))
-        b_end = w.bl[rank][1]
+        b_start, b_end = w.bl[rank][0], w.bl[rank][1]
         w.local(rank, b_end[j], t)
         s = w.block(rank, j, t)
-        prev = w.last_block(rank, s, w0)
+        # the last block that ended by s and started in the window (``last_block`` inlined)
+        pj = bisect_right(b_end, s) - 1
+        prev = None if pj < 0 or b_start[pj] < w0 else pj
         prev_end = b_end[prev] if prev is not None else w0
         tol = min(RELEASE_TOL_NS, (b_end[j] - s) // 10)
         k = w.incoming(rank, prev_end, s + tol)
         if k is None:
-            t = s  # released by the previous block on the rank (or the step start)
+            # released by the previous block on the rank (or the step start): the next block is
+            # the one just found where the window is the rank's step (a rank outside the step
+            # starts its window at t)
+            t, j = s, (prev if rank in win else w.last_block(rank, s, s))
             continue
-        tr_src, tr_re, tr_ss, tr_rs = w.tr_l
         src = tr_src[k]
         re = min(tr_re[k], s)
         ss = min(tr_ss[k], re)
@@ -330,45 +359,61 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
             a = max(rs if rs > ss else ss, prev_end)
             w.pieces.append((a, re, {"kind": "transfer", "rank": rank, "peer": src}))
             t = a
-            continue
-        w.pieces.append((ss, re, {"kind": "transfer", "rank": rank, "peer": src}))
-        rank, t = src, ss
+        else:
+            w.pieces.append((ss, re, {"kind": "transfer", "rank": rank, "peer": src}))
+            rank, t = src, ss
+        j = w.last_block(rank, t, win[rank].start if rank in win else t)
     return rank, t
+
+
+def _ms(ns: int) -> float:
+    """Integer ns as ms. ``round(ns / 1e6, 6)`` is this very float for any integer below 2**53
+    (the quotient is the float nearest ns * 1e-6, already a 6-decimal number), so no rounding."""
+    return ns / 1e6
 
 
 def _path_pieces(w: _Walk, pieces: list[Piece], p0: int) -> tuple[list[PathPiece], list[StageShare]]:
     """The path's pieces (times relative to ``p0``, in ms) and its time per stage and category."""
+    # every start and length in one division (int64 to float64 and IEEE division, as Python's)
+    ends = np.array([(a, z) for a, z, _ in pieces], dtype=np.int64).reshape(-1, 2)
+    t_ms: list[float] = ((ends[:, 0] - p0) / 1e6).tolist()
+    dur_ms: list[float] = ((ends[:, 1] - ends[:, 0]) / 1e6).tolist()
     out: list[PathPiece] = []
     agg: dict[int | None, dict[str, int]] = {}
-    for a, z, f in pieces:
-        r = int(f["rank"])  # type: ignore[call-overload]
-        st = w.stage_of.get(r)
-        kind = str(f["kind"])
-        lost: dict[str, int] = f.get("lost", {}) if kind == "block" else {}  # type: ignore[assignment]
-        out.append(
-            PathPiece(
-                kind=kind,
-                rank=r,
-                stage=st,
-                t_ms=round((a - p0) / 1e6, 6),
-                dur_ms=round((z - a) / 1e6, 6),
-                phase=f.get("phase"),  # type: ignore[arg-type]
-                mb=f.get("mb"),  # type: ignore[arg-type]
-                virtual_stage=f.get("virtual_stage"),  # type: ignore[arg-type]
-                peer=f.get("peer"),  # type: ignore[arg-type]
-                cause=f.get("cause"),  # type: ignore[arg-type]
-                lost_ms={c: round(x / 1e6, 6) for c, x in lost.items()} if kind == "block" else None,
-            )
-        )
-        row = agg.setdefault(st, dict.fromkeys(CATEGORIES, 0))
+    stage_of = w.stage_of
+    for (a, z, f), t, d in zip(pieces, t_ms, dur_ms, strict=True):
+        r: int = f["rank"]  # type: ignore[assignment]
+        st = stage_of.get(r)
+        kind: str = f["kind"]  # type: ignore[assignment]
+        row = agg.get(st)
+        if row is None:
+            row = agg[st] = dict.fromkeys(CATEGORIES, 0)
         if kind == "block":
+            lost: dict[str, int] = f["lost"]  # type: ignore[assignment]
+            out.append(
+                PathPiece(
+                    kind,
+                    r,
+                    st,
+                    t,
+                    d,
+                    f["phase"],  # type: ignore[arg-type]
+                    f["mb"],  # type: ignore[arg-type]
+                    f["virtual_stage"],  # type: ignore[arg-type]
+                    None,
+                    None,
+                    f.get("lost_ms") or {c: _ms(x) for c, x in lost.items()},  # type: ignore[arg-type]
+                )
+            )
             row["compute"] += z - a - sum(lost.values())
             for c, x in lost.items():
                 row[c] += x
-        else:
-            row[str(f["cause"]) if kind == "gap" else kind] += z - a
+            continue
+        cause: str | None = f.get("cause")  # type: ignore[assignment]
+        out.append(PathPiece(kind, r, st, t, d, peer=f.get("peer"), cause=cause))  # type: ignore[arg-type]
+        row[cause if kind == "gap" else kind] += z - a  # type: ignore[index]
     by_stage = [
-        StageShare(st, {k: round(v / 1e6, 6) for k, v in agg[st].items()})
+        StageShare(st, {k: _ms(v) for k, v in agg[st].items()})
         for st in sorted(agg, key=lambda x: (x is None, x if x is not None else 0))
     ]
     return out, by_stage

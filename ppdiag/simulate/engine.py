@@ -273,6 +273,38 @@ def _inputs(cfg: SimConfig) -> _Inputs:
     )
 
 
+# the plans of the schedules simulated lately: what-if simulates one schedule dozens of times
+_PLANS: dict[tuple[str, int, int, int, bool], list[list[tuple[int, ...]]]] = {}
+
+
+def _plan(x: _Inputs) -> list[list[tuple[int, ...]]]:
+    """Per rank, per block in its order, what the loop needs that depends only on the schedule
+    (``orders`` and ``s2r`` are functions of schedule, P, M and V): (stage, op, done-slot key,
+    the input's key or -1, the input's rank, the boundary it crosses or -1, the boundary of the
+    output's send or -1)."""
+    key = (x.sched, x.p, x.m, x.v, x.split)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    plan = []
+    for r in range(x.p):
+        rows: list[tuple[int, ...]] = []
+        for st, op, mb in x.orders[r]:
+            dep = x.dep_of(st, op)
+            dkey, src, bnd = -1, r, -1
+            if dep is not None:
+                dkey, src = x.key(dep[0], dep[1], mb), x.s2r[dep[0]]
+                bnd = min(st, dep[0]) if src != r else -1
+            cons = _consumer(st, op, x.n_st)
+            cb = min(st, cons) if cons is not None and x.s2r[cons] != r else -1
+            rows.append((st, op, x.key(st, op, mb), dkey, src, bnd, cb))
+        plan.append(rows)
+    if len(_PLANS) >= 16:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
 class _Run:
     """The state of one simulated step: every block's times, filled rank by rank as inputs arrive."""
 
@@ -303,53 +335,50 @@ class _Run:
         """Run every rank as far as its inputs allow; a rank that waits resumes when the block it
         waits for is done."""
         x = self.x
+        plan = _plan(x)
+        costs = [[x.cost(st, op) for op in (F, B, I, W)] for st in range(x.n_st)]  # indexed by op (0-3)
+        end_of, ptr = self.end_of, self.ptr
         waiters: dict[int, list[int]] = {}
         stack = list(range(x.p - 1, -1, -1))
         while stack:
             r = stack.pop()
-            while self.ptr[r] < len(x.orders[r]):
-                st, op, mb = x.orders[r][self.ptr[r]]
-                dep = x.dep_of(st, op)
-                if dep is not None and self.end_of[x.key(dep[0], dep[1], mb)] is None:
-                    waiters.setdefault(x.key(dep[0], dep[1], mb), []).append(r)
+            rows = plan[r]
+            while ptr[r] < len(rows):
+                blk = rows[ptr[r]]
+                dkey = blk[3]
+                if dkey >= 0 and end_of[dkey] is None:
+                    waiters.setdefault(dkey, []).append(r)
                     break
-                k = self._place(r, self.ptr[r], dep)
-                self.ptr[r] += 1
-                stack.extend(waiters.pop(k, []))
+                self._place(r, ptr[r], blk, costs[blk[0]][blk[1]])
+                ptr[r] += 1
+                stack.extend(waiters.pop(blk[2], []))
         if any(self.ptr[r] < len(x.orders[r]) for r in range(x.p)):
             stuck = [r for r in range(x.p) if self.ptr[r] < len(x.orders[r])]
             raise ValueError(f"schedule {x.sched} deadlocks on ranks {stuck} (inconsistent orders)")
 
-    def _host_time(self, r: int, i: int, row: int) -> float:
-        """When the host issues block ``i`` of rank ``r``."""
+    def _place(self, r: int, i: int, blk: tuple[int, ...], cost: float) -> None:
+        """Time block ``i`` of rank ``r`` (its input is there; ``blk`` its row of the plan)."""
         x = self.x
-        h = self.host[r] if i > 0 else x.sdelay[r]
-        if i > 0:
-            h = max(h, self.issue[row - 1] + x.issue[r])
+        _, op, k, dkey, src, bnd, cb = blk
+        row = self.base[r] + i
+        # when the host issues it
+        h = max(self.host[r], self.issue[row - 1] + x.issue[r]) if i > 0 else x.sdelay[r]
         if x.look is not None and i >= x.look:
             h = max(h, self.start[row - x.look])
         if x.stall[r] > 0:
             h = max(h, (self.free[r] if i > 0 else x.sdelay[r]) + x.stall[r])
-        return float(h)
-
-    def _place(self, r: int, i: int, dep: tuple[int, int] | None) -> int:
-        """Time block ``i`` of rank ``r`` (its input is there); returns its done-slot key."""
-        x = self.x
-        st, op, mb = x.orders[r][i]
-        row = self.base[r] + i
-        h = self._host_time(r, i, row)
+        h = float(h)
         gpu_free = self.free[r]
         start = max(gpu_free, h + x.lat)
-        if dep is not None:
-            dep_end = self.end_of[x.key(dep[0], dep[1], mb)]
+        if dkey >= 0:
+            dep_end = self.end_of[dkey]
             assert dep_end is not None  # run() places a block only once its input is done
-            src = x.s2r[dep[0]]
             if src != r:
                 post = h + x.lat
                 if x.on_comp[r]:
                     post = max(post, gpu_free)
-                edge = x.p2p[min(st, dep[0])] + x.link[src]
-                lk = (min(st, dep[0]), 0 if op == F else 1)
+                edge = x.p2p[bnd] + x.link[src]
+                lk = (bnd, 0 if op == F else 1)
                 ready = max(dep_end, post, self.link_free.get(lk, 0.0)) + edge
                 self.link_free[lk] = ready
                 self.post[row] = post
@@ -359,22 +388,16 @@ class _Run:
                 ready = dep_end
             self.ready[row] = ready
             start = max(start, ready)
-        end = start + x.cost(st, op)
+        end = start + cost
         self.start[row] = start
         self.end[row] = end
         self.issue[row] = h
         self.host[r] = h
         # the send of this block's output on the compute stream (one consumer at most)
-        sb = 0.0
-        if x.on_comp[r]:
-            cons = _consumer(st, op, x.n_st)
-            if cons is not None and x.s2r[cons] != r:
-                sb = x.p2p[min(st, cons)] + x.link[r]
+        sb = x.p2p[cb] + x.link[r] if x.on_comp[r] and cb >= 0 else 0.0
         self.send_busy[r][i] = sb
         self.free[r] = end + sb
-        k = x.key(st, op, mb)
         self.end_of[k] = end
-        return k
 
 
 def simulate(cfg: SimConfig) -> SimResult:
