@@ -370,9 +370,13 @@ def test_slow_link_delays_the_ranks_sends_by_the_injected_time(recorded: Callabl
         waiting = wstart <= req  # the receiver was already waiting when the send was issued
         assert waiting.any()
         assert np.median((wend - req)[waiting]) == pytest.approx(d_ns, rel=0.25)
-        # the receivers wait about D longer per message than in the fault-free run
+        # the receivers wait longer per message than in the fault-free run by most of the hold the
+        # sends measured (not all of it: where 1F1B gives a receiver other work first, part of the
+        # hold passes before it waits, and a loaded host lengthens the baseline's waits too)
         b_req, _, b_wstart, b_wend = _sends_and_recv_waits(base, slow, peer)
-        assert np.median(wend - wstart) - np.median(b_wend - b_wstart) == pytest.approx(d_ns, rel=0.3)
+        hold = float(np.median(post - req))
+        more = float(np.median(wend - wstart) - np.median(b_wend - b_wstart))
+        assert 0.5 * hold <= more <= 1.3 * hold, (more, hold)
         assert np.median((b_wend - b_req)[b_wstart <= b_req]) < 0.2 * d_ns
     # links not touching the slow rank keep their speed
     req, post, wstart, wend = _sends_and_recv_waits(truth, 3, 2)
