@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -250,9 +251,16 @@ def test_recorded_demo_cut_mid_step(tmp_path: Path) -> None:
     assert first.step == last
     assert first.since_ms <= max(h.trace_end_ms.values())
     assert f"rank {first.rank} waits in {first.op}" in rep.findings[0].title
+
     # the complete steps are analysed; on a loaded host the first of them may be left out as a
     # warm-up outlier against the one remaining step, which the run then says
-    expected = whole.run.steps[:-1]
-    warm = any("outlier (warm-up)" in w for w in rep.run.warnings)
-    assert rep.run.steps == (expected[1:] if warm else expected)
+    # (each analysis decides on its own whether its first step is a warm-up outlier, and says which)
+    def warm_up(ws: list[str]) -> set[int]:
+        return {
+            int(m.group(1)) for w in ws if (m := re.search(r"first profiled step \((\d+)\) is an outlier", w))
+        }
+
+    recorded = sorted(set(whole.run.steps) | warm_up(whole.run.warnings))
+    expected = [s for s in recorded if s != last and s not in warm_up(rep.run.warnings)]
+    assert rep.run.steps == expected
     assert h.dropped_steps == [last]
