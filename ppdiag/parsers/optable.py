@@ -27,7 +27,6 @@ as OTHER ranges (unknown ones counted in a warning). Every rank gets its pipelin
 
 from __future__ import annotations
 
-import gzip
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -74,20 +73,27 @@ class OpTableParser:
         head = _read_head(path)
         warnings: list[str] = []
         if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
-            df, res, laid = read_chrome(path, src, warnings)
-        else:
-            df, res = _read_table(path, src, head)
-            laid = False
-        return to_ranks(df, src, laid, warnings, res)
+            df, res, laid, rank_source = read_chrome(path, src, warnings)
+            return to_ranks(df, src, laid, warnings, res, rank_source)
+        df, res = _read_table(path, src, head)
+        return to_ranks(df, src, False, warnings, res)
+
+
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def _compression(path: Path) -> str | None:
+    """The compression of a table by its bytes, not its name (a gzipped ``ops.csv`` is read too)."""
+    with open(path, "rb") as fh:
+        head = fh.read(6)
+    return next((name for magic, name in _MAGIC.items() if head.startswith(magic)), None)
 
 
 def _read_head(path: Path) -> bytes:
-    with open(path, "rb") as fh:
-        head = fh.read(1 << 12)
-    if head[:2] == b"\x1f\x8b":
-        with gzip.open(path, "rb") as gz:
-            head = gz.read(1 << 12)
-    return head
+    """The first bytes of the file, decompressed whatever compressed it."""
+    from ppdiag.parsers.detect import read_head
+
+    return read_head(path, 1 << 12)
 
 
 def _read_table(path: Path, src: str, head: bytes) -> tuple[pd.DataFrame, float]:
@@ -103,9 +109,9 @@ def _read_table(path: Path, src: str, head: bytes) -> tuple[pd.DataFrame, float]
                 ) from None
             df = pd.read_parquet(path)
         elif _first_line(head).startswith(b"{"):
-            df = pd.read_json(path, lines=True, compression="infer")
+            df = pd.read_json(path, lines=True, compression=_compression(path))
         else:
-            df = pd.read_csv(path, compression="infer")
+            df = pd.read_csv(path, compression=_compression(path))
     except InputError:
         raise
     except (ValueError, OSError, pd.errors.ParserError) as exc:

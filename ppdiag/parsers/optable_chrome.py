@@ -227,15 +227,14 @@ def _step_relative(step: _I64, t0: _I64, t1: _I64) -> bool:
     return int(np.sum(overlap > shorter // 2)) * 2 > steps.size - 1
 
 
-def read_chrome(path: Path, src: str, warnings: list[str]) -> tuple[pd.DataFrame, float, bool]:
-    """(op rows, the times' resolution in ns, whether the rows lie on one clock already)."""
+def read_chrome(path: Path, src: str, warnings: list[str]) -> tuple[pd.DataFrame, float, bool, str]:
+    """(op rows, the times' resolution in ns, whether the rows lie on one clock already, where the
+    ranks come from)."""
     import pandas as pd  # here, not at import: detecting formats must not load pandas
 
     try:
-        opener: Any = gzip.open if _is_gzip(path) else open
-        with opener(path, "rb") as fh:
-            data = fh.read()
-    except (OSError, EOFError) as exc:
+        data = _read_all(path)
+    except (OSError, EOFError, ValueError) as exc:
         raise InputError(src, f"cannot read the timeline JSON ({str(exc)[:200]})") from None
     ev = _decode_events(data, src)
     x = ev[ev["ph"] == "X"]
@@ -261,9 +260,11 @@ def read_chrome(path: Path, src: str, warnings: list[str]) -> tuple[pd.DataFrame
     stage, tp = lane_vals[pos, 0], lane_vals[pos, 1]
     dp = pd.Series(pid).map(lanes.dp_of).fillna(pd.Series(pid)).to_numpy(np.int64)
     n_dp, n_pp, n_tp = int(dp.max()) + 1, int(stage.max()) + 1, int(tp.max()) + 1
+    rank_source = "lane ids (Megatron order)"
     if lanes.rank_of:
         rank = np.array([lanes.rank_of[k] for k in lanes.place], dtype=np.int64)[pos]
     else:
+        rank_source = "Megatron order from (dp, pp, tp)"
         rank = (stage * n_dp + dp) * n_tp + tp
         warnings.append(
             "timeline form names no global ranks: numbered in Megatron's default order "
@@ -298,12 +299,26 @@ def read_chrome(path: Path, src: str, warnings: list[str]) -> tuple[pd.DataFrame
             "mb_id": x["a_mb"].to_numpy(np.int64),
         }
     )
-    return out, res, not relative
+    return out, res, not relative, rank_source
 
 
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        return fh.read(2) == b"\x1f\x8b"
+def _read_all(path: Path) -> bytes:
+    """The whole file, decompressed by its bytes (gzip, bzip2, xz; zstd with ``zstandard``)."""
+    import bz2
+    import lzma
+
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        return gzip.decompress(raw)
+    if raw[:3] == b"BZh":
+        return bz2.decompress(raw)
+    if raw[:6] == b"\xfd7zXZ\x00":
+        return lzma.decompress(raw)
+    if raw[:4] == b"\x28\xb5\x2f\xfd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+    return raw
 
 
 __all__ = ["read_chrome", "resolution_ns", "sniff_chrome"]

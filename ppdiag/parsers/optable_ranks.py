@@ -320,7 +320,12 @@ class _Cols:
 
 
 def to_ranks(
-    df: pd.DataFrame, src: str, laid: bool, warnings: list[str], resolution_ns: float
+    df: pd.DataFrame,
+    src: str,
+    laid: bool,
+    warnings: list[str],
+    resolution_ns: float,
+    rank_source: str = "rank column",
 ) -> list[RankTimeline]:
     """One timeline per rank of the table; warnings of the file go on the first rank."""
     if not len(df):
@@ -362,7 +367,7 @@ def to_ranks(
                 ranges=cols.ranges(sel, steps, w_lo, w_hi),
                 world_size=place.world or max(place.all_ranks[-1] + 1, place.n_ranks),
                 process_groups=place.groups(d, s),
-                rank_source="rank column" if not laid else "Megatron order from (dp, pp, tp)",
+                rank_source=rank_source,
                 events_total=int(sel.size),
                 # said once for the file, not once per rank
                 warnings=list(warnings) if not out else [],
