@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -79,10 +79,16 @@ class OpTableParser:
         return to_ranks(df, src, False, warnings, res)
 
 
-_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+_Codec = Literal["gzip", "bz2", "xz", "zstd"]
+_MAGIC: dict[bytes, _Codec] = {
+    b"\x1f\x8b": "gzip",
+    b"BZh": "bz2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zstd",
+}
 
 
-def _compression(path: Path) -> str | None:
+def _compression(path: Path) -> _Codec | None:
     """The compression of a table by its bytes, not its name (a gzipped ``ops.csv`` is read too)."""
     with open(path, "rb") as fh:
         head = fh.read(6)

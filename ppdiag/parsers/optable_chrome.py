@@ -156,8 +156,8 @@ def _named_lanes(ev: pd.DataFrame) -> _Lanes:
 def _tid_ranks(lanes: _Lanes) -> dict[tuple[int, int], int]:
     """Global ranks the lane ids name (``tid = rank * L + i``), when they follow Megatron's order."""
     workers: dict[tuple[int, int, int], list[int]] = {}
-    for (pid, tid), (s, t) in lanes.place.items():
-        workers.setdefault((pid, s, t), []).append(tid)
+    for (pid, tid), (st, t) in lanes.place.items():
+        workers.setdefault((pid, st, t), []).append(tid)
     sizes = {len(v) for v in workers.values()}
     if len(workers) < 2 or len(sizes) != 1:
         return {}
