@@ -260,8 +260,10 @@ def kineto_unrelated(f: Path, out: Path) -> Path:
 
 def kineto_renumber(perm: dict[int, int]) -> Callable[[Path, Path], Path]:
     """Ranks renumbered by ``perm`` wherever a Kineto trace states one: ``distributedInfo.rank``,
-    the process groups' rank lists and the p2p args; the file gets an opaque name (a file name that
-    says ``rank0`` would contradict the new number)."""
+    the process groups' rank lists (sorted, as torch lists them) and the p2p peers of the default
+    group; the file gets an opaque name (a file name that says ``rank0`` would contradict the new
+    number). Runs whose groups are not the whole world need their group-relative ranks mapped too,
+    which this does not do."""
 
     def m(r: Any) -> Any:
         return perm.get(int(r), int(r)) if isinstance(r, int) or (isinstance(r, str) and r.isdigit()) else r
@@ -274,7 +276,8 @@ def kineto_renumber(perm: dict[int, int]) -> Callable[[Path, Path], Path]:
         pgs = di.get("pg_config") or []
         for pg in pgs.values() if isinstance(pgs, dict) else pgs:
             if isinstance(pg, dict) and isinstance(pg.get("ranks"), list):
-                pg["ranks"] = [m(r) for r in pg["ranks"]]  # the order is the stage order
+                # torch lists a group's ranks sorted, whatever order they were created in
+                pg["ranks"] = sorted(m(r) for r in pg["ranks"])
         for e in obj.get("traceEvents", []):
             a = e.get("args")
             if isinstance(a, dict):
@@ -283,7 +286,8 @@ def kineto_renumber(perm: dict[int, int]) -> Callable[[Path, Path], Path]:
                         a[k] = m(a[k])
                 ci = a.get("Concrete Inputs")
                 p2p = str(e.get("name", "")).startswith(("c10d::send", "c10d::recv"))
-                if p2p and isinstance(ci, list) and len(ci) > 2:  # the op's peer (dst / src)
+                if p2p and isinstance(ci, list) and len(ci) > 2:
+                    # the peer's rank in the (default, sorted) group: its global rank there
                     ci[2] = str(m(ci[2]))
         name = f"n{di['rank']}x" + ("".join(f.suffixes[-2:]) if f.name.endswith(".gz") else ".json")
         return write_like(f, out / name, json.dumps(obj).encode())
