@@ -175,3 +175,28 @@ def test_no_traces_error_lists_every_format(tmp_path: Path) -> None:
     msg = e.value.message
     for what in ("*.json.gz", "*.sqlite", "*.nsys-rep", "*.csv", "*.jsonl", "*.parquet", "op timeline"):
         assert what in msg, what
+
+
+def test_waits_cut_from_the_timeline_are_put_back(tmp_path: Path) -> None:
+    # every communication op drawn as its last 50 µs (the writer cut the wait for the peers):
+    # the replica that waits 10+ ms per step in the reduce-scatter for the slow worker's replica
+    # shows that wait again, as the table does, and nothing is extended in the uncut timeline
+    p = OpTableParams(pp=4, dp=2, microbatches=4, steps=(1, 2, 3), slow_worker=(1, 2, 1.3))
+    df, _ = simulate_optable(p)
+    table = diagnose([write_table(df, tmp_path / "ops.csv")], Options(progress=False, jobs=1)).result
+    cut = diagnose(
+        [write_chrome(df, tmp_path / "cut.json", transfer_ms=0.05)], Options(progress=False, jobs=1)
+    ).result
+    uncut = diagnose([write_chrome(df, tmp_path / "uncut.json")], Options(progress=False, jobs=1)).result
+    assert any("transfer only" in w for w in cut.run.warnings)
+    assert not any("transfer only" in w for w in uncut.run.warnings + table.run.warnings)
+    step = table.summary.step_mean_ms
+    assert step is not None
+    # within 1.5 % of the step per rank and cause: a restored receive starts after the send before
+    # it ends (as on a rank that calls them in turn), where the generator's send ran beside it
+    want = {r.rank: r for r in table.ranks}
+    for r in cut.ranks:
+        for k, v in r.lost_ms.items():
+            assert abs(v - want[r.rank].lost_ms[k]) <= 0.015 * step, (r.rank, k, v, want[r.rank].lost_ms[k])
+    found = {(f.code, tuple(f.ranks)) for f in cut.findings}
+    assert found == {(f.code, tuple(f.ranks)) for f in table.findings}

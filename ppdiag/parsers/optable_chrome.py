@@ -19,6 +19,8 @@ each is read:
   order ``rank = (stage * D + dp) * T + tp`` for one ``T`` (so a table that traces one TP rank per
   stage keeps its ranks 0, 4, 8 ...); else ranks are numbered in that order with ``T`` the TP lanes
   seen.
+* **communication drawn as its transfer only**: the waits are put back
+  (:mod:`ppdiag.parsers.optable_waits`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy.typing as npt
 
 from ppdiag.errors import InputError
 from ppdiag.parsers.optable_ranks import world_of
+from ppdiag.parsers.optable_waits import restore_waits, waits_cut
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -299,6 +302,8 @@ def read_chrome(path: Path, src: str, warnings: list[str]) -> tuple[pd.DataFrame
             "mb_id": x["a_mb"].to_numpy(np.int64),
         }
     )
+    if waits_cut(out):
+        out = restore_waits(out, warnings)
     return out, res, not relative, rank_source
 
 

@@ -266,14 +266,22 @@ def write_chrome(
     meta: str = "first",
     relative: bool = False,
     rank_tids: bool = False,
+    transfer_ms: float | None = None,
 ) -> Path:
     """Write the table as a Chrome/Perfetto JSON array: steps side by side on one µs clock.
 
     ``meta``: where the ``thread_name`` / ``process_name`` metadata goes (``first``, ``last``,
     ``middle`` or ``none``); ``relative``: every step's times from its own start (no laying);
     ``rank_tids``: lanes numbered ``rank * lanes + i`` (the global rank in the lane id) instead of
-    ``stage * 10 + i``.
+    ``stage * 10 + i``; ``transfer_ms``: every send, receive and collective drawn as its last
+    ``transfer_ms`` only (the wait for its peers cut out, as some writers draw them).
     """
+    if transfer_ms is not None:
+        df = df.copy()
+        comm = df["optype"].map(_LANE_OF).isin(("pp-comm", "dp-comm"))
+        cut = np.minimum(df["duration"], transfer_ms / 1e3)
+        df.loc[comm, "start_ts"] = (df["start_ts"] + df["duration"] - cut)[comm]
+        df.loc[comm, "duration"] = cut[comm]
     spans = (df["start_ts"] + df["duration"]).groupby(df["step"]).max()
     # the same gap between steps as the table reader lays them with (a 20th of the step, >= 1 ms):
     # both forms of one run are then the same timeline
