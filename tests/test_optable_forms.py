@@ -200,3 +200,21 @@ def test_waits_cut_from_the_timeline_are_put_back(tmp_path: Path) -> None:
             assert abs(v - want[r.rank].lost_ms[k]) <= 0.015 * step, (r.rank, k, v, want[r.rank].lost_ms[k])
     found = {(f.code, tuple(f.ranks)) for f in cut.findings}
     assert found == {(f.code, tuple(f.ranks)) for f in table.findings}
+
+
+def test_negative_duration_kept_as_zero_length(tmp_path: Path) -> None:
+    # one rank's gradient-clip op of one step 30 µs "long" backwards (two timers apart): dropping
+    # it would leave that collective a member short and read as a hang (PP013)
+    p = OpTableParams(pp=2, dp=2, microbatches=4, steps=(1, 2, 3))
+    df, _ = simulate_optable(p)
+    clip = df[df["optype"] == "optimizer"].copy()
+    clip["optype"] = "optimizer-clip-main-grad"
+    clip["duration"] = 0.0001
+    df = pd.concat([df, clip], ignore_index=True)
+    one = df.index[(df["optype"] == "optimizer-clip-main-grad") & (df["rank"] == 1) & (df["step"] == 2)]
+    df.loc[one, "duration"] = -30e-6
+    rep = diagnose([write_table(df, tmp_path / "ops.csv")], Options(progress=False, jobs=1)).result
+    said = "1 ops with a negative duration (down to -30.0 µs) kept as zero-length"
+    assert any(said in w for w in rep.run.warnings)
+    assert "PP013" not in {f.code for f in rep.findings}
+    assert rep.run.steps == [1, 2, 3]

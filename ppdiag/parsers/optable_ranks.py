@@ -319,6 +319,21 @@ class _Cols:
         return ranges.take(np.argsort(ranges.start, kind="stable"))
 
 
+def _clamp_negative(df: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
+    """Ops whose duration is negative (two timers a few µs apart) kept as zero-length: dropping
+    one would leave its collective a member short, which reads as a hang."""
+    neg = df["dur"].to_numpy() < 0
+    if not neg.any():
+        return df
+    worst = float(-df["dur"].to_numpy()[neg].min()) / 1e3
+    warnings.append(
+        f"{int(neg.sum())} ops with a negative duration (down to -{worst:.1f} µs) kept as zero-length"
+    )
+    df = df.copy()
+    df.loc[neg, "dur"] = 0
+    return df
+
+
 def to_ranks(
     df: pd.DataFrame,
     src: str,
@@ -331,11 +346,12 @@ def to_ranks(
     if not len(df):
         raise InputError(src, "op table has no rows")
     codes = _codes(df, warnings)
-    bad = (df["dur"].to_numpy() < 0) | (df["rank"].to_numpy() < 0) | (df["stage"].to_numpy() < 0)
+    bad = (df["rank"].to_numpy() < 0) | (df["stage"].to_numpy() < 0)
     if bad.any():
-        warnings.append(f"{int(bad.sum())} ops with a negative duration, rank or stage dropped")
+        warnings.append(f"{int(bad.sum())} ops with a negative rank or stage dropped")
         df = df[~bad].reset_index(drop=True)
         codes = codes[~bad]
+    df = _clamp_negative(df, warnings)
     t_abs, steps, w_lo, w_hi = _windows(df, laid, warnings)
     rank = df["rank"].to_numpy()
     dp = df["dp_rank"].to_numpy()
