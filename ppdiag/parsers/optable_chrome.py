@@ -185,26 +185,43 @@ def _tid_ranks(lanes: _Lanes) -> dict[tuple[int, int], int]:
 def _inferred_lanes(x: pd.DataFrame, warnings: list[str]) -> _Lanes:
     """Lanes of a timeline without lane names: each lane with forward / backward blocks is a rank,
     the lanes numbered after it belong to it, and a replica's ranks are ordered into stages by
-    when their first forward block of each step starts (median over the steps)."""
+    when their first forward block of each step starts (median over the steps). Vectorized over
+    all replicas (group-bys and sorted searches; one dict entry per lane)."""
+    import pandas as pd  # here, not at import: detecting formats must not load pandas
+
     out = _Lanes()
     blocks = x[x["name"].isin(_BLOCKS)]
     if not len(blocks):
         return out
+    # the compute lanes (one per rank), sorted by (pid, tid)
+    comp = blocks[["pid", "tid"]].drop_duplicates().sort_values(["pid", "tid"])
+    c_pid, c_tid = comp["pid"].to_numpy(np.int64), comp["tid"].to_numpy(np.int64)
+    # each rank's first forward of a step, relative to its replica's first op of that step
     fwd = x[(x["name"] == _BLOCKS[0]) & (x["a_mc"] <= 0)]
-    for pid in sorted(set(blocks["pid"].tolist())):
-        comp = np.unique(blocks.loc[blocks["pid"] == pid, "tid"].to_numpy())
-        f = fwd[fwd["pid"] == pid]
-        # each worker's first forward of a step, relative to the replica's first op of that step
-        step_lo = x[x["pid"] == pid].groupby("a_step")["ts"].min()
-        first = f.groupby(["tid", "a_step"])["ts"].min()
-        rel = first - step_lo.reindex(first.index.get_level_values(1)).to_numpy()
-        key = rel.groupby(level=0).median().reindex(comp).fillna(np.inf)
-        order = np.argsort(key.to_numpy(), kind="stable")
-        stage_of = dict(zip(comp[order].tolist(), range(comp.size), strict=True))
-        tids = np.unique(x.loc[x["pid"] == pid, "tid"].to_numpy())
-        owner = comp[np.clip(np.searchsorted(comp, tids, side="right") - 1, 0, None)]
-        for tid, w in zip(tids.tolist(), owner.tolist(), strict=True):
-            out.place[(int(pid), int(tid))] = (stage_of[w], 0)
+    step_lo = x.groupby(["pid", "a_step"])["ts"].min()
+    first = fwd.groupby(["pid", "tid", "a_step"])["ts"].min()
+    lo = step_lo.reindex(
+        pd.MultiIndex.from_arrays([first.index.get_level_values(0), first.index.get_level_values(2)])
+    )
+    key = (first - lo.to_numpy()).groupby(level=[0, 1]).median()
+    when = key.reindex(pd.MultiIndex.from_arrays([c_pid, c_tid])).fillna(np.inf).to_numpy()
+    order = np.lexsort((c_tid, when, c_pid))
+    stage = np.empty(c_pid.size, dtype=np.int64)
+    sp = c_pid[order]
+    starts = np.flatnonzero(np.r_[True, sp[1:] != sp[:-1]])
+    stage[order] = np.arange(sp.size) - np.repeat(starts, np.diff(np.r_[starts, sp.size]))
+    # every lane belongs to the compute lane at or before it in its pid (the first one if none)
+    lanes = x[["pid", "tid"]].drop_duplicates()
+    l_pid, l_tid = lanes["pid"].to_numpy(np.int64), lanes["tid"].to_numpy(np.int64)
+    span = int(max(c_tid.max(), l_tid.max()) - min(c_tid.min(), l_tid.min())) + 1
+    base = int(min(c_tid.min(), l_tid.min()))
+    c_key = c_pid * span + (c_tid - base)
+    at = np.searchsorted(c_key, l_pid * span + (l_tid - base), side="right") - 1
+    first_of_pid = np.searchsorted(c_pid, l_pid, side="left")
+    own = np.where((at >= 0) & (c_pid[np.clip(at, 0, None)] == l_pid), at, first_of_pid)
+    has = (own < c_pid.size) & (c_pid[np.clip(own, 0, c_pid.size - 1)] == l_pid)
+    st = stage[np.clip(own, 0, c_pid.size - 1)]
+    out.place = {(int(p), int(t)): (int(v), 0) for p, t, v, h in zip(l_pid, l_tid, st, has, strict=True) if h}
     warnings.append(
         "timeline has no 'PP rank s, TP rank t' lane names: each lane with forward/backward blocks "
         "taken as one rank, a replica's stages ordered by when their first forward starts "
