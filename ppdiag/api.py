@@ -172,6 +172,13 @@ def analyze_run(
         return _analyze(run, options or Options(), on_stage)
 
 
+def _traced_tp(run: Run) -> int:
+    """The tensor-parallel size the traces state (op tables in Megatron's rank order), when every
+    rank states the same one; 0 when none does."""
+    sizes = {int(tl.meta.get("tp_size", 0) or 0) for tl in run.ranks}
+    return sizes.pop() if len(sizes) == 1 else 0
+
+
 def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -> Analyzed:
     """The body of :func:`analyze_run`."""
     if on_stage:
@@ -184,7 +191,7 @@ def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) ->
     batch = check_batch(
         run.world_size,
         pipe.topology.pp,
-        int(opts.tp or 1),
+        int(opts.tp or _traced_tp(run) or 1),
         opts.micro_batch,
         opts.global_batch,
         pipe.microbatches,

@@ -14,6 +14,13 @@ from ppdiag.errors import InputError
 from ppdiag.parsers import PARSERS, Parser, load_builtin
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
+# op tables hold every rank in one file (the Chrome form of an op timeline is a .json)
+TABLE_SUFFIXES = (".csv", ".csv.gz", ".jsonl", ".jsonl.gz", ".ndjson", ".parquet")
+# every format ppdiag reads, for the messages that say what was expected
+FORMATS_READ = (
+    "PyTorch Profiler JSON (*.json, *.json.gz, *.pt.trace.json), Nsight Systems (*.sqlite, "
+    "*.nsys-rep), op tables (*.csv, *.jsonl, *.parquet, gzipped or not) or a Chrome op timeline (*.json)"
+)
 HEAD_BYTES = 1 << 16
 GZIP_MAGIC = b"\x1f\x8b"
 # other compressors' magic bytes: data a user renamed (or a tool wrote) under a trace name
@@ -47,8 +54,14 @@ class TraceFile:
 
 
 def is_trace_name(path: Path) -> bool:
-    """True for names a profiler writes (``*.json``, ``*.json.gz``, ``*.sqlite``, ``*.nsys-rep``)."""
-    return path.name.lower().endswith(TRACE_SUFFIXES)
+    """True for names a profiler or an op table writer gives (``*.json``, ``*.json.gz``,
+    ``*.sqlite``, ``*.nsys-rep``, ``*.csv``, ``*.jsonl``, ``*.parquet`` ...)."""
+    return path.name.lower().endswith(TRACE_SUFFIXES + TABLE_SUFFIXES)
+
+
+def is_table_name(path: Path) -> bool:
+    """True for the names of op tables (CSV, JSON Lines, Parquet), which other files may share."""
+    return path.name.lower().endswith(TABLE_SUFFIXES)
 
 
 def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:

@@ -16,10 +16,12 @@ from ppdiag.model import RankTimeline, Run
 from ppdiag.model.invariants import freeze_run
 from ppdiag.parsers import PARSERS, ParseOptions, RunResolver, load_builtin
 from ppdiag.parsers.detect import (
+    FORMATS_READ,
     HEAD_BYTES,
     TraceFile,
     compression_of,
     detect_format,
+    is_table_name,
     is_trace_name,
     read_head,
     sniffs,
@@ -102,9 +104,7 @@ def find_traces(
         elif (key := p.resolve()) not in seen:
             fmt, why = detect_format(p)
             if fmt is None:
-                raise InputError(
-                    qpath(p), f"{why} (expected a PyTorch Profiler JSON or Nsight Systems trace)"
-                )
+                raise InputError(qpath(p), f"{why} (expected {FORMATS_READ})")
             seen.add(key)
             found.append(TraceFile(p, fmt))
     _one_format(found)
@@ -130,7 +130,7 @@ def _add_dir(
         if fmt is None:
             not_read.append(f"{qpath(f.name)} ({why})")
             warnings.append(f"{qpath(f)}: skipped: {why}")
-            if not why.startswith(("JSON object without", "a JSON array")):
+            if not why.startswith(("JSON object without", "a JSON array")) and not is_table_name(f):
                 # meant to be a trace (compressed otherwise, cut, unreadable): the run lacks a
                 # rank, which the gate must know
                 skipped_traces.append(f"{qpath(f)} ({why})")
@@ -141,10 +141,28 @@ def _add_dir(
         detail = (
             f" (skipped: {', '.join(not_read[:5])}{', ...' if len(not_read) > 5 else ''})" if not_read else ""
         )
+        raise InputError(qpath(p), f"no trace files found (expected {FORMATS_READ}){detail}")
+    _one_table(p, found[n_before:])
+
+
+def _one_table(d: Path, found: list[TraceFile]) -> None:
+    """A run directory holds one op table (every rank in one file) and nothing else: a second
+    table, or per-rank traces beside it, is an error that names both."""
+    tables = [t for t in found if t.format == "optable"]
+    if not tables:
+        return
+    others = [t for t in found if t.format != "optable"]
+    if others:
         raise InputError(
-            qpath(p),
-            "no trace files found (expected *.json, *.json.gz, *.pt.trace.json, *.sqlite, "
-            f"*.nsys-rep){detail}",
+            qpath(d),
+            f"holds the op table {qpath(tables[0].path.name)} (every rank) beside the per-rank trace "
+            f"{qpath(others[0].path.name)} ({others[0].format}); analyze one of them",
+        )
+    if len(tables) > 1:
+        raise InputError(
+            qpath(d),
+            f"holds {len(tables)} op tables ({qpath(tables[0].path.name)}, {qpath(tables[1].path.name)}"
+            f"{', ...' if len(tables) > 2 else ''}), each with every rank; name the one to analyze",
         )
 
 
@@ -183,9 +201,7 @@ def _find_remote(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str
                 if listed:
                     warnings.append(f"{n}: skipped: not a trace ppdiag reads")
                     continue
-                raise InputError(
-                    n, "not a trace ppdiag reads (expected a PyTorch Profiler JSON or Nsight Systems trace)"
-                )
+                raise InputError(n, f"not a trace ppdiag reads (expected {FORMATS_READ})")
             found.append(TraceFile(Path(n), fmt))
     if not found:
         raise InputError(None, f"no trace files found under {', '.join(map(str, paths))}")

@@ -37,12 +37,14 @@ OPTYPES = (
     "other",
 )
 FC, BC, FS, FR, BS, BR, RS, AG, EMB, LN, OPT, CLIP, GC, OTHER = range(len(OPTYPES))
-_COMPUTE = (FC, BC, OPT, CLIP)
+_COMPUTE = (FC, BC, OPT)
 _P2P = (FS, FR, BS, BR)
-_COLL = (RS, AG, EMB, LN)
+# the gradient clip all-reduces the gradient norm over every rank of the job: its waiting for the
+# slowest rank is communication, not optimizer compute (it ends together on every rank)
+_COLL = (RS, AG, EMB, LN, CLIP)
 # stream per op family: one compute stream, one per p2p direction, one for DP collectives
-_STREAM = np.array([7, 7, 21, 22, 23, 24, 40, 40, 41, 42, 7, 7, 0, 0], dtype=np.int64)
-_PHASE = np.array([1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 5, 5], dtype=np.int8)
+_STREAM = np.array([7, 7, 21, 22, 23, 24, 40, 40, 41, 42, 7, 43, 0, 0], dtype=np.int64)
+_PHASE = np.array([1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 5, 5], dtype=np.int8)
 # neighbour stage offset and direction of each p2p optype
 _PEER_OFF = np.zeros(len(OPTYPES), dtype=np.int64)
 _PEER_OFF[[FS, BR]] = 1
@@ -51,11 +53,13 @@ _DIR = np.zeros(len(OPTYPES), dtype=np.int8)
 _DIR[[FS, BS]] = int(Direction.SEND)
 _DIR[[FR, BR]] = int(Direction.RECV)
 # group slot in every rank's process_groups: 0 pipeline, 1 DP (stage across replicas),
-# 2 embedding (first + last stage of the pipeline), 3 the rank's TP lane peers (layernorm grads)
+# 2 embedding (first + last stage of the pipeline), 3 the rank's TP lane peers (layernorm grads),
+# 4 every rank of the table (the gradient-norm all-reduce of the clip)
 _GROUP = np.full(len(OPTYPES), -1, dtype=np.int32)
 _GROUP[[RS, AG]] = 1
 _GROUP[EMB] = 2
 _GROUP[LN] = 3
+_GROUP[CLIP] = 4
 
 
 def _lay_steps(
@@ -154,6 +158,22 @@ def _windows(df: pd.DataFrame, laid: bool, warnings: list[str]) -> tuple[_I64, _
     return t_abs, steps, w_lo, w_hi
 
 
+def world_of(rank: _I64, dp: _I64, stage: _I64, n_pp: int) -> tuple[int, int]:
+    """(tensor-parallel size, world size) of a table whose ranks follow Megatron's default order
+    ``rank = (stage * D + dp) * T + t``: the smallest ``T`` that puts every rank in its (dp, stage)
+    slot, so a table that traces one TP rank of each slot (ranks 0, 4, 8 ...) is a world of
+    ``T x pp x dp``. ``(0, 0)`` when the ranks follow another order (the world is then what is traced).
+    """
+    n_dp = int(dp.max()) + 1
+    idx = stage * n_dp + dp
+    # rank // T == idx for every row: T > rank / (idx + 1) and T <= rank / idx (idx > 0)
+    t = int(np.max(rank // (idx + 1))) + 1
+    ok = bool(np.all(rank // t == idx))
+    if not ok:
+        return 0, 0
+    return t, t * n_pp * n_dp
+
+
 class _Placement:
     """Where each rank sits, from the columns: one (dp, stage) per rank."""
 
@@ -171,6 +191,13 @@ class _Placement:
             raise InputError(src, f"rank {dup} appears with more than one (dp_rank, stage)")
         self.n_pp = int(df["stage"].max()) + 1
         self.n_ranks = int(place["rank"].nunique())
+        self.all_ranks = sorted(int(r) for r in place["rank"].unique())
+        self.tp_size, self.world = world_of(
+            place["rank"].to_numpy(np.int64),
+            place["dp"].to_numpy(np.int64),
+            place["stage"].to_numpy(np.int64),
+            self.n_pp,
+        )
         self.loc = pd.Series(
             place["rank"].to_numpy(), index=pd.MultiIndex.from_arrays([place["dp"], place["stage"]])
         )
@@ -205,6 +232,7 @@ class _Placement:
             ProcessGroup(f"dp_stage{s}", "DATA_PARALLEL_GROUP", sorted(self.stage_ranks[s])),
             ProcessGroup(f"emb_dp{d}", "EMBEDDING_GROUP", sorted({line[0], line[-1]})),
             ProcessGroup(f"tp_dp{d}_s{s}", "TENSOR_MODEL_PARALLEL_GROUP", sorted(self.tp[(d, s)])),
+            ProcessGroup("world", "GRAD_NORM_GROUP", self.all_ranks),
         ]
 
 
@@ -291,23 +319,50 @@ class _Cols:
         return ranges.take(np.argsort(ranges.start, kind="stable"))
 
 
+def _clamp_negative(df: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
+    """Ops whose duration is negative (two timers a few µs apart) kept as zero-length: dropping
+    one would leave its collective a member short, which reads as a hang."""
+    neg = df["dur"].to_numpy() < 0
+    if not neg.any():
+        return df
+    worst = float(-df["dur"].to_numpy()[neg].min()) / 1e3
+    warnings.append(
+        f"{int(neg.sum())} ops with a negative duration (down to -{worst:.1f} µs) kept as zero-length"
+    )
+    df = df.copy()
+    df.loc[neg, "dur"] = 0
+    return df
+
+
 def to_ranks(
-    df: pd.DataFrame, src: str, laid: bool, warnings: list[str], resolution_ns: float
+    df: pd.DataFrame,
+    src: str,
+    laid: bool,
+    warnings: list[str],
+    resolution_ns: float,
+    rank_source: str = "rank column",
 ) -> list[RankTimeline]:
     """One timeline per rank of the table; warnings of the file go on the first rank."""
     if not len(df):
         raise InputError(src, "op table has no rows")
     codes = _codes(df, warnings)
-    bad = (df["dur"].to_numpy() < 0) | (df["rank"].to_numpy() < 0) | (df["stage"].to_numpy() < 0)
+    bad = (df["rank"].to_numpy() < 0) | (df["stage"].to_numpy() < 0)
     if bad.any():
-        warnings.append(f"{int(bad.sum())} ops with a negative duration, rank or stage dropped")
+        warnings.append(f"{int(bad.sum())} ops with a negative rank or stage dropped")
         df = df[~bad].reset_index(drop=True)
         codes = codes[~bad]
+    df = _clamp_negative(df, warnings)
     t_abs, steps, w_lo, w_hi = _windows(df, laid, warnings)
     rank = df["rank"].to_numpy()
     dp = df["dp_rank"].to_numpy()
     stage = df["stage"].to_numpy()
     place = _Placement(df, src)
+    if place.tp_size > 1:
+        warnings.append(
+            f"ranks in Megatron's default order (rank = (stage * dp + dp_rank) * tp + tp_rank) with "
+            f"tensor-parallel size {place.tp_size}: a world of {place.tp_size} x {place.n_pp} x "
+            f"{len(place.lines)} = {place.world} ranks, {place.n_ranks} traced"
+        )
     cols = _Cols(df, codes, t_abs, place.peers(codes, dp, stage))
     _check_p2p_order(df, codes, t_abs, place.n_pp, warnings)
     names = ["", *OPTYPES]
@@ -326,13 +381,19 @@ def to_ranks(
                 names=names,
                 intervals=cols.intervals(sel).sorted(),
                 ranges=cols.ranges(sel, steps, w_lo, w_hi),
-                world_size=place.n_ranks,
+                world_size=place.world or max(place.all_ranks[-1] + 1, place.n_ranks),
                 process_groups=place.groups(d, s),
-                rank_source="rank column" if not laid else "Megatron order from (dp, pp, tp)",
+                rank_source=rank_source,
                 events_total=int(sel.size),
                 # said once for the file, not once per rank
                 warnings=list(warnings) if not out else [],
-                meta={"pipeline": d, "dp_rank": d, "pp_rank": s, "time_resolution_ns": resolution_ns},
+                meta={
+                    "pipeline": d,
+                    "dp_rank": d,
+                    "pp_rank": s,
+                    "time_resolution_ns": resolution_ns,
+                    **({"tp_size": place.tp_size} if place.tp_size else {}),
+                },
             )
         )
     return out

@@ -50,10 +50,11 @@ class OpTableParams:
     heavy_stage: tuple[int, float] | None = None  # (stage, factor) in every replica
     mb_cv: float = 0.0  # coefficient of variation of the per-micro-batch cost factor
     seed: int = 0
+    tp: int = 1  # tensor-parallel size: the table traces TP rank 0 of every (replica, stage)
 
     def rank_of(self, dp: int, stage: int) -> int:
-        """Global rank in Megatron's default order (tp = 1)."""
-        return stage * self.dp + dp
+        """Global rank of TP rank 0 in Megatron's default order."""
+        return (stage * self.dp + dp) * self.tp
 
 
 @dataclass
@@ -258,30 +259,40 @@ _LANE_OF = {
 _LANES = ("compute", "pp-comm", "dp-comm", "misc")
 
 
-def write_chrome(df: pd.DataFrame, path: Path, gz: bool = False) -> Path:
-    """Write the table as a Chrome/Perfetto JSON array: steps side by side on one µs clock."""
+def write_chrome(
+    df: pd.DataFrame,
+    path: Path,
+    gz: bool = False,
+    meta: str = "first",
+    relative: bool = False,
+    rank_tids: bool = False,
+    transfer_ms: float | None = None,
+) -> Path:
+    """Write the table as a Chrome/Perfetto JSON array: steps side by side on one µs clock.
+
+    ``meta``: where the ``thread_name`` / ``process_name`` metadata goes (``first``, ``last``,
+    ``middle`` or ``none``); ``relative``: every step's times from its own start (no laying);
+    ``rank_tids``: lanes numbered ``rank * lanes + i`` (the global rank in the lane id) instead of
+    ``stage * 10 + i``; ``transfer_ms``: every send, receive and collective drawn as its last
+    ``transfer_ms`` only (the wait for its peers cut out, as some writers draw them).
+    """
+    if transfer_ms is not None:
+        df = df.copy()
+        comm = df["optype"].map(_LANE_OF).isin(("pp-comm", "dp-comm"))
+        cut = np.minimum(df["duration"], transfer_ms / 1e3)
+        df.loc[comm, "start_ts"] = (df["start_ts"] + df["duration"] - cut)[comm]
+        df.loc[comm, "duration"] = cut[comm]
     spans = (df["start_ts"] + df["duration"]).groupby(df["step"]).max()
     # the same gap between steps as the table reader lays them with (a 20th of the step, >= 1 ms):
     # both forms of one run are then the same timeline
     gaps = np.maximum(np.floor(spans * 1e9 / 20) / 1e9, 0.001)
     offs = (spans + gaps).cumsum().shift(fill_value=0.0)
-    ts = (df["start_ts"] + df["step"].map(offs)) * 1e6
+    ts = (df["start_ts"] + (0.0 if relative else df["step"].map(offs))) * 1e6
     lane = df["optype"].map(_LANE_OF).fillna("misc")
-    tid = df["stage"] * 10 + lane.map({n: i for i, n in enumerate(_LANES)})
-    events: list[dict[str, Any]] = []
-    for d in sorted(df["dp_rank"].unique()):
-        events.append({"ph": "M", "name": "process_name", "pid": int(d), "args": {"name": f"DP rank [{d}]"}})
-        for s in sorted(df["stage"].unique()):
-            for i, ln in enumerate(_LANES):
-                events.append(
-                    {
-                        "ph": "M",
-                        "name": "thread_name",
-                        "pid": int(d),
-                        "tid": int(s * 10 + i),
-                        "args": {"name": f"PP rank {s}, TP rank 0, {ln}"},
-                    }
-                )
+    base = df["rank"] * len(_LANES) if rank_tids else df["stage"] * 10
+    tid = base + lane.map({n: i for i, n in enumerate(_LANES)})
+    meta_events = _lane_meta(df, rank_tids)
+    events: list[dict[str, Any]] = list(meta_events) if meta == "first" else []
     for name, pid, t, t0, dur, step, mc, mb, sq in zip(
         df["optype"],
         df["dp_rank"],
@@ -306,6 +317,10 @@ def write_chrome(df: pd.DataFrame, path: Path, gz: bool = False) -> Path:
                 "args": {"step": int(step), "model_chunk": int(mc), "mb_id": int(mb), "seq_id": int(sq)},
             }
         )
+    if meta == "last":
+        events.extend(meta_events)
+    elif meta == "middle":
+        events[len(events) // 2 : len(events) // 2] = meta_events
     data = json.dumps(events).encode()
     path = Path(path)
     if gz:
@@ -313,6 +328,28 @@ def write_chrome(df: pd.DataFrame, path: Path, gz: bool = False) -> Path:
     else:
         path.write_bytes(data)
     return path
+
+
+def _lane_meta(df: pd.DataFrame, rank_tids: bool) -> list[dict[str, Any]]:
+    """The ``process_name`` and ``thread_name`` metadata events of the timeline form."""
+    out: list[dict[str, Any]] = []
+    place = df[["dp_rank", "stage", "rank"]].drop_duplicates().sort_values(["dp_rank", "stage"])
+    for d in sorted(df["dp_rank"].unique()):
+        out.append({"ph": "M", "name": "process_name", "pid": int(d), "args": {"name": f"DP rank [{d}]"}})
+        mine = place[place["dp_rank"] == d]
+        for s, r in zip(mine["stage"], mine["rank"], strict=True):
+            for i, ln in enumerate(_LANES):
+                tid = int(r) * len(_LANES) + i if rank_tids else int(s) * 10 + i
+                out.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": int(d),
+                        "tid": tid,
+                        "args": {"name": f"PP rank {s}, TP rank 0, {ln}"},
+                    }
+                )
+    return out
 
 
 __all__ = ["OpTableParams", "OpTableTruth", "simulate_optable", "write_chrome", "write_table"]
