@@ -141,6 +141,18 @@ def _chain(run: Run, ops: dict[int, P2POps] | None = None, notes: list[str] | No
     edges, events = _p2p_edges(run, ops)
     if not edges:
         return None
+    exchanges = _exchange_only(run, ops)
+    if exchanges:
+        # every transfer both sends and receives at once: grouped send/recv of a collective (an
+        # all-to-all of two ranks is one ncclSend and one ncclRecv to the same peer); a pipeline
+        # also sends alone (the first activations) and receives alone (the last gradients)
+        if notes is not None:
+            notes.append(
+                f"point-to-point transfers are two-way exchanges only ({exchanges} grouped send+receive "
+                "ops, no one-way activation or gradient transfer): a collective built from send/recv "
+                "(all-to-all), not a pipeline; no stages are read from them"
+            )
+        return None
     # Pipeline training sends activations one way and gradients back: both directions per link.
     adj: dict[int, set[int]] = defaultdict(set)
     for a, b in edges:
@@ -173,6 +185,21 @@ def _chain(run: Run, ops: dict[int, P2POps] | None = None, notes: list[str] | No
     if len(sizes) > 1:
         topo.warnings.append(f"pipelines of different lengths: {sorted(sizes)}")
     return topo
+
+
+def _exchange_only(run: Run, ops: dict[int, P2POps] | None) -> int:
+    """The number of p2p ops with a known peer when every one of them sends and receives at once
+    (direction ``BOTH``), else 0."""
+    if ops is None:
+        ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
+    both = one_way = 0
+    for o in ops.values():
+        known = o.peer >= 0
+        both += int((known & (o.direction == int(Direction.BOTH))).sum())
+        one_way += int(
+            (known & ((o.direction == int(Direction.SEND)) | (o.direction == int(Direction.RECV)))).sum()
+        )
+    return both if one_way == 0 else 0
 
 
 def _components(adj: dict[int, set[int]]) -> list[list[int]]:
