@@ -1,0 +1,152 @@
+"""Abstain rather than invent: grouped send/recv of a collective is no pipeline, a pipeline that
+contradicts its own evidence is rejected (header, JSON, no pipeline finding, no what-if), and every
+structural fact says where it comes from (``run.structure``, docs/json.md)."""
+
+from __future__ import annotations
+
+import gzip
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+from ablate import COMM_ARGS, strip_kineto_dir
+from rich.console import Console
+
+from ppdiag.api import Options, diagnose
+from ppdiag.report_types import Confidence, FactSource, Report, decode, dumps
+from ppdiag.reports.context import Analyzed
+from ppdiag.reports.html import render_html
+from ppdiag.reports.md import render_markdown
+from ppdiag.reports.terminal import headline
+from ppdiag.synth import make_scenario, write_kineto
+from ppdiag.synth.collectives import make_collective_run
+from ppdiag.synth.nsys import write_nsys
+
+REAL_FSDP = (
+    Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "nsys" / "nsysai_h100_fsdp_2gpu.sqlite"
+)
+PIPELINE_CODES = {"PP001", "PP002", "PP003"}
+REJECTED = "pipeline structure could not be established"
+
+
+def _header(rep: Report) -> str:
+    con = Console(width=200, record=True, color_system=None)
+    con.print(headline(rep))
+    return con.export_text()
+
+
+def _a2a_paths(tmp_path: Path, fmt: str, world: int, late: dict[int, float]) -> list[Path]:
+    run = make_collective_run(world=world, late_ms=late, steps=3, seed=world)
+    raw = tmp_path / "raw"
+    if fmt.startswith("kineto"):
+        write_kineto(run, raw)
+        if fmt == "kineto":
+            return [raw]
+        strip_kineto_dir(raw, tmp_path / "bare", [COMM_ARGS])
+        return [tmp_path / "bare"]
+    write_nsys(run, raw, nccl_payloads=fmt == "nsys")
+    return [raw]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("fmt", ["kineto", "kineto-no-comm-args", "nsys", "nsys-no-payloads"])
+def test_all_to_all_from_grouped_send_recv_is_no_pipeline(tmp_path: Path, fmt: str, world: int) -> None:
+    # every all-to-all is one fused SendRecv kernel per rank: ncclGroupStart, ncclSend/ncclRecv to
+    # every other member, ncclGroupEnd (2 ranks: one send and one receive to the same peer, what a
+    # pipeline's send_forward_recv_backward looks like). Rank 1 starts every step 4 ms late.
+    late = {1: 4.0}
+    diag = diagnose(_a2a_paths(tmp_path, fmt, world, late), Options())
+    rep = diag.result
+    assert rep.run.pp == 1 and rep.run.schedule == "none" and rep.stages == []
+    assert "no pipeline parallelism found" in _header(rep)
+    st = rep.run.structure
+    assert st is not None and st.established and st.pp.source == FactSource.DEFAULT
+    codes = [f.code for f in rep.findings]
+    assert not PIPELINE_CODES & set(codes)
+    (f,) = [f for f in rep.findings if f.code == "PP009"]
+    assert f.ranks == sorted(late)
+    got = f.evidence["late_ranks"]["1"]["late_ms_per_step"]  # type: ignore[index]
+    assert isinstance(got, float) and 3.0 < got < 5.0
+
+
+def _relabelled_gpipe(tmp_path: Path, m: int = 8) -> Path:
+    """A 2-stage GPipe run whose second stage numbers its micro-batches one off (forward k labelled
+    k+1, backward k labelled k-1, modulo M): the labels say each forward of stage 1 starts before
+    its producer (stage 0's forward of the next micro-batch) ends, and each backward of stage 0
+    before the backward it consumes."""
+    run = make_scenario(schedule="gpipe", pp=2, microbatches=m, annotations="pp", steps=2, clock_skew_ms=5.0)
+    out = tmp_path / "run"
+    paths = write_kineto(run, out)
+
+    def shift(mt: re.Match[str]) -> str:
+        ph, mb = mt.group(1), int(mt.group(2))
+        return f"PP:1{ph}{(mb + 1) % m if ph == 'F' else (mb - 1) % m}"
+
+    for p in paths:
+        obj = json.loads(gzip.decompress(p.read_bytes()))
+        for e in obj["traceEvents"]:
+            n = e.get("name")
+            if isinstance(n, str) and n.startswith("PP:1"):
+                e["name"] = re.sub(r"^PP:1([FB])(\d+)$", shift, n)
+        p.write_bytes(gzip.compress(json.dumps(obj).encode()))
+    return out
+
+
+def _assert_rejected(diag: Analyzed, why: str) -> None:
+    rep = diag.result
+    st = rep.run.structure
+    assert st is not None and not st.established
+    assert st.reason is not None and why in st.reason
+    assert st.claimed is not None and "stages" in st.claimed
+    assert st.pp.value == 1 and st.pp.confidence == Confidence.LOW
+    assert rep.run.pp == 1 and rep.run.schedule == "none" and rep.stages == []
+    assert not PIPELINE_CODES & {f.code for f in rep.findings}
+    assert rep.whatif == []
+    # the per-rank breakdown stays: every traced rank, its causes adding up to its lost time
+    assert [r.rank for r in rep.ranks] == rep.run.ranks and rep.ranks
+    for r in rep.ranks:
+        assert r.step_ms > 0
+        assert abs(sum(r.lost_ms.values()) + r.compute_ms - r.step_ms) < 0.01 * r.step_ms
+    # said in every header and in the JSON
+    head = " ".join(_header(rep).split())
+    assert f"{REJECTED}: {st.reason}" in head
+    assert REJECTED in render_markdown(rep)
+    assert html.escape(f"{REJECTED}: {st.reason}") in render_html(diag)
+    back = decode(dumps(rep)).run.structure
+    assert back is not None and back.reason == st.reason and not back.established
+
+
+def test_labels_against_the_measured_order_reject_the_pipeline(tmp_path: Path) -> None:
+    diag = diagnose([_relabelled_gpipe(tmp_path)], Options())
+    _assert_rejected(diag, "micro-batch dependencies from the block labels contradict the measured order")
+    # the same run labelled right keeps its pipeline, every fact with its source
+    run = make_scenario(schedule="gpipe", pp=2, microbatches=8, annotations="pp", steps=2, clock_skew_ms=5.0)
+    write_kineto(run, tmp_path / "ok")
+    ok = diagnose([tmp_path / "ok"], Options())
+    rep = ok.result
+    st = rep.run.structure
+    assert st is not None and st.established and st.reason is None
+    assert rep.run.pp == 2 and st.pp.value == 2 and rep.run.schedule == "gpipe"
+    assert st.microbatches.value == 8 and st.microbatches.source == FactSource.LABELS
+
+
+def test_a_structure_the_user_gives_is_not_rejected(tmp_path: Path) -> None:
+    diag = diagnose([_relabelled_gpipe(tmp_path)], Options(stage_map="0,1"))
+    st = diag.result.run.structure
+    assert st is not None and st.established and st.pp.source == FactSource.OVERRIDE
+    assert diag.result.run.pp == 2
+
+
+@pytest.mark.skipif(not REAL_FSDP.exists(), reason="real traces not present")
+def test_real_fsdp_report_has_no_pipeline_and_keeps_the_breakdown() -> None:
+    diag = diagnose([REAL_FSDP], Options())
+    rep = diag.result
+    assert rep.run.pp == 1 and rep.run.schedule == "none" and rep.whatif == []
+    assert not PIPELINE_CODES & {f.code for f in rep.findings}
+    st = rep.run.structure
+    assert st is not None and st.established and st.pp.source == FactSource.DEFAULT
+    assert [r.rank for r in rep.ranks] == [0, 1]
+    for r in rep.ranks:
+        assert abs(sum(r.lost_ms.values()) + r.compute_ms - r.step_ms) < 0.01 * r.step_ms
