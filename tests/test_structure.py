@@ -10,11 +10,17 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
-from ablate import COMM_ARGS, strip_kineto_dir
+from ablate import COMM_ARGS, strip_kineto_dir, strip_nsys_dir
 from rich.console import Console
 
 from ppdiag.api import Options, diagnose
+from ppdiag.model import Phase
+from ppdiag.pipeline.blocks import Blocks
+from ppdiag.pipeline.steps import LocalStep
+from ppdiag.pipeline.structure import contradiction
+from ppdiag.pipeline.topology import Topology
 from ppdiag.report_types import Confidence, FactSource, Report, decode, dumps
 from ppdiag.reports.context import Analyzed
 from ppdiag.reports.html import render_html
@@ -47,11 +53,17 @@ def _a2a_paths(tmp_path: Path, fmt: str, world: int, late: dict[int, float]) -> 
         strip_kineto_dir(raw, tmp_path / "bare", [COMM_ARGS])
         return [tmp_path / "bare"]
     write_nsys(run, raw, nccl_payloads=fmt == "nsys")
+    if fmt == "nsys-no-nccl-ranges":
+        # nothing but the SendRecv kernels: no NCCL API ranges, payloads or PyTorch ranges
+        strip_nsys_dir(raw, tmp_path / "bare")
+        return [tmp_path / "bare"]
     return [raw]
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("fmt", ["kineto", "kineto-no-comm-args", "nsys", "nsys-no-payloads"])
+@pytest.mark.parametrize(
+    "fmt", ["kineto", "kineto-no-comm-args", "nsys", "nsys-no-payloads", "nsys-no-nccl-ranges"]
+)
 def test_all_to_all_from_grouped_send_recv_is_no_pipeline(tmp_path: Path, fmt: str, world: int) -> None:
     # every all-to-all is one fused SendRecv kernel per rank: ncclGroupStart, ncclSend/ncclRecv to
     # every other member, ncclGroupEnd (2 ranks: one send and one receive to the same peer, what a
@@ -60,9 +72,14 @@ def test_all_to_all_from_grouped_send_recv_is_no_pipeline(tmp_path: Path, fmt: s
     diag = diagnose(_a2a_paths(tmp_path, fmt, world, late), Options())
     rep = diag.result
     assert rep.run.pp == 1 and rep.run.schedule == "none" and rep.stages == []
-    assert "no pipeline parallelism found" in _header(rep)
     st = rep.run.structure
-    assert st is not None and st.established and st.pp.source == FactSource.DEFAULT
+    assert st is not None and st.pp.source == FactSource.DEFAULT
+    if fmt != "nsys-no-nccl-ranges":
+        assert st.established and "no pipeline parallelism found" in _header(rep)
+    else:
+        # kernels of unknown direction whose peers only timing suggests: no pipeline, or one
+        # suggested and rejected, never one kept
+        assert st.established or REJECTED in _header(rep)
     codes = [f.code for f in rep.findings]
     assert not PIPELINE_CODES & set(codes)
     (f,) = [f for f in rep.findings if f.code == "PP009"]
@@ -150,3 +167,59 @@ def test_real_fsdp_report_has_no_pipeline_and_keeps_the_breakdown() -> None:
     assert [r.rank for r in rep.ranks] == [0, 1]
     for r in rep.ranks:
         assert abs(sum(r.lost_ms.values()) + r.compute_ms - r.step_ms) < 0.01 * r.step_ms
+
+
+def _blocks(steps: list[int], phase: int, stage: list[int] | None = None) -> Blocks:
+    """Blocks 1 ms long, 1 ms apart, in ``steps`` (step index per block)."""
+    n = len(steps)
+    start = np.arange(n, dtype=np.int64) * 2_000_000
+    return Blocks(
+        np.array(steps, np.int32),
+        start,
+        start + 1_000_000,
+        np.full(n, 1_000_000, np.int64),
+        np.full(n, -1, np.int64),
+        np.full(n, phase, np.int8),
+        np.full(n, -1, np.int32),
+        np.array(stage if stage is not None else [-1] * n, np.int32),
+    )
+
+
+def _topo(pp: int, virtual: int, source: str = "p2p chain") -> Topology:
+    ranks = list(range(pp))
+    return Topology(
+        pp, {r: r for r in ranks}, {r: [r] for r in ranks}, [ranks], virtual=virtual, source=source
+    )
+
+
+def test_more_virtual_stages_than_forward_blocks_reject_the_pipeline() -> None:
+    # 2 ranks claimed to hold v = 8 chunks each, but each shows 3 forward blocks per step (2
+    # steps): at least 8 forwards per step are needed, one per chunk. 16 claimed stages, 2 traced
+    # (chunk unknown: one per rank) -> also "most untraced", which is checked first; with the
+    # chunks labelled 0..7 on each rank only the forward count is left to object.
+    fwd = int(Phase.FWD)
+    wins = {r: [LocalStep(10, 0, 10**9), LocalStep(11, 0, 10**9)] for r in (0, 1)}
+    chunks = [0, 2, 4, 6, 1, 3]
+    blocks = {r: _blocks([0, 0, 0, 1, 1, 1], fwd, [c + r for c in chunks]) for r in (0, 1)}
+    reason = contradiction(_topo(2, 8), blocks, wins, overridden=False)
+    assert reason is not None and "8 virtual stages per rank" in reason and "more than 3 forward" in reason
+    assert contradiction(_topo(2, 8), blocks, wins, overridden=True) is None
+    # 8 forwards a step: v = 8 holds
+    blocks8 = {r: _blocks([0] * 8 + [1] * 8, fwd, list(range(8)) * 2) for r in (0, 1)}
+    assert contradiction(_topo(2, 8), blocks8, wins, overridden=False) is None
+
+
+def test_most_claimed_stages_untraced_reject_the_pipeline() -> None:
+    # pp 2 x v 33 = 66 claimed stages; the blocks carry no chunk: 2 traced (one per rank)
+    fwd = int(Phase.FWD)
+    wins = {r: [LocalStep(-1, 0, 10**9)] for r in (0, 1)}
+    blocks = {r: _blocks([0] * 40, fwd) for r in (0, 1)}
+    reason = contradiction(_topo(2, 33), blocks, wins, overridden=False)
+    assert reason == "only 2 of the 66 claimed pipeline stages have traced blocks"
+    # a process group that names the pipeline lists its untraced ranks: not a contradiction
+    big = _topo(8, 1, source="pipeline process group")
+    few = {0: _blocks([0] * 4, fwd), 1: _blocks([0] * 4, fwd)}
+    assert contradiction(big, few, {0: wins[0], 1: wins[1]}, overridden=False) is None
+    # the same 8 stages from a chain of transfers with 2 traced: rejected
+    chain = _topo(8, 1)
+    assert contradiction(chain, few, {0: wins[0], 1: wins[1]}, overridden=False) is not None

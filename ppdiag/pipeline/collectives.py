@@ -260,7 +260,9 @@ def _gather(timelines: dict[int, RankTimeline], p2p: bool) -> dict[_GroupKey, li
                 continue
             sel = peer == q
             if q < 0:
-                both = iv.direction[pm] == int(Direction.BOTH)
+                # sends and receives at once, or of unknown direction (a SendRecv kernel no
+                # NCCL call explains): not a one-way transfer of some pair
+                both = (iv.direction[pm] == int(Direction.BOTH)) | (iv.direction[pm] == int(Direction.NONE))
                 for key, m_ in ((("exchange", ()), sel & both), (("p2p", ()), sel & ~both)):
                     if m_.any():
                         add(
@@ -286,8 +288,9 @@ def _gather(timelines: dict[int, RankTimeline], p2p: bool) -> dict[_GroupKey, li
         lost = parts.pop(("p2p", ()))
         if len(two) == 2:
             parts[("pair", two)] = lost + parts.get(("pair", two), [])
-    # grouped send+receive ops without one peer (an all-to-all NCCL ran as grouped send/recv):
-    # matched among all ranks that have them, like a collective of unknown group
+    # grouped send+receive ops without one peer (an all-to-all NCCL ran as grouped send/recv) and
+    # p2p kernels of unknown direction and peer: matched among all ranks that have them, like a
+    # collective of unknown group
     if ("exchange", ()) in parts:
         xs = parts.pop(("exchange", ()))
         members = tuple(sorted({int(p[0][0]) for p in xs}))

@@ -141,7 +141,7 @@ def _chain(run: Run, ops: dict[int, P2POps] | None = None, notes: list[str] | No
     edges, events = _p2p_edges(run, ops)
     if not edges:
         return None
-    exchanges = _exchange_only(run, ops)
+    exchanges = _exchange_only(run)
     if exchanges:
         # every transfer both sends and receives at once: grouped send/recv of a collective (an
         # all-to-all of two ranks is one ncclSend and one ncclRecv to the same peer); a pipeline
@@ -187,18 +187,15 @@ def _chain(run: Run, ops: dict[int, P2POps] | None = None, notes: list[str] | No
     return topo
 
 
-def _exchange_only(run: Run, ops: dict[int, P2POps] | None) -> int:
-    """The number of p2p ops with a known peer when every one of them sends and receives at once
-    (direction ``BOTH``), else 0."""
-    if ops is None:
-        ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
+def _exchange_only(run: Run) -> int:
+    """The number of p2p ops when every one whose direction the trace gives both sends and receives
+    at once (``BOTH``), else 0. Read from the parsed ops, before any timing decision: a stray
+    kernel of unknown direction that timing made a send says nothing of the structure."""
     both = one_way = 0
-    for o in ops.values():
-        known = o.peer >= 0
-        both += int((known & (o.direction == int(Direction.BOTH))).sum())
-        one_way += int(
-            (known & ((o.direction == int(Direction.SEND)) | (o.direction == int(Direction.RECV)))).sum()
-        )
+    for tl in run.ranks:
+        d = p2p_ops(tl).direction
+        both += int((d == int(Direction.BOTH)).sum())
+        one_way += int(((d == int(Direction.SEND)) | (d == int(Direction.RECV))).sum())
     return both if one_way == 0 else 0
 
 
