@@ -10,6 +10,7 @@ import numpy as np
 from ppdiag.errors import InputError
 from ppdiag.model import Direction, Run
 from ppdiag.model.schedule import schedule_option
+from ppdiag.model.structure import Structure
 from ppdiag.pipeline.aligned import aligned_run
 from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
@@ -19,7 +20,6 @@ from ppdiag.pipeline.schedule import detect_schedule, label_from_order, microbat
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
 from ppdiag.pipeline.structure import claimed_words, contradiction, describe
 from ppdiag.pipeline.topology import Topology, infer_topology, no_pp, parse_stage_map
-from ppdiag.report_types import Structure
 
 
 @dataclass

@@ -21,10 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from ppdiag.model import Phase
+from ppdiag.model.structure import Confidence, Fact, FactSource, Structure
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.steps import LocalStep
 from ppdiag.pipeline.topology import Topology
-from ppdiag.report_types import Confidence, Fact, FactSource, Structure
 
 # a consumer block may start this much before its producer ended (clock residual, timer rounding)
 ORDER_TOL_NS = 50_000
