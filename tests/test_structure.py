@@ -8,6 +8,8 @@ import gzip
 import html
 import json
 import re
+import shutil
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +17,8 @@ import pytest
 from ablate import COMM_ARGS, strip_kineto_dir, strip_nsys_dir
 from rich.console import Console
 
-from ppdiag.api import Options, diagnose
-from ppdiag.model import Phase
+from ppdiag.api import Options, diagnose, load
+from ppdiag.model import Direction, Kind, Phase
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.steps import LocalStep
 from ppdiag.pipeline.structure import contradiction
@@ -60,15 +62,16 @@ def _a2a_paths(tmp_path: Path, fmt: str, world: int, late: dict[int, float]) -> 
     return [raw]
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize(("world", "late"), [(2, {1: 4.0}), (3, {1: 4.0}), (4, {1: 4.0, 3: 2.5})])
 @pytest.mark.parametrize(
     "fmt", ["kineto", "kineto-no-comm-args", "nsys", "nsys-no-payloads", "nsys-no-nccl-ranges"]
 )
-def test_all_to_all_from_grouped_send_recv_is_no_pipeline(tmp_path: Path, fmt: str, world: int) -> None:
+def test_all_to_all_from_grouped_send_recv_is_no_pipeline(
+    tmp_path: Path, fmt: str, world: int, late: dict[int, float]
+) -> None:
     # every all-to-all is one fused SendRecv kernel per rank: ncclGroupStart, ncclSend/ncclRecv to
     # every other member, ncclGroupEnd (2 ranks: one send and one receive to the same peer, what a
-    # pipeline's send_forward_recv_backward looks like). Rank 1 starts every step 4 ms late.
-    late = {1: 4.0}
+    # pipeline's send_forward_recv_backward looks like). Late ranks start every step late.
     diag = diagnose(_a2a_paths(tmp_path, fmt, world, late), Options())
     rep = diag.result
     assert rep.run.pp == 1 and rep.run.schedule == "none" and rep.stages == []
@@ -83,7 +86,7 @@ def test_all_to_all_from_grouped_send_recv_is_no_pipeline(tmp_path: Path, fmt: s
     codes = [f.code for f in rep.findings]
     assert not PIPELINE_CODES & set(codes)
     (f,) = [f for f in rep.findings if f.code == "PP009"]
-    assert f.ranks == sorted(late)
+    assert sorted(f.ranks) == sorted(late) and f.ranks[0] == 1  # the latest first
     got = f.evidence["late_ranks"]["1"]["late_ms_per_step"]  # type: ignore[index]
     assert isinstance(got, float) and 3.0 < got < 5.0
 
@@ -223,3 +226,56 @@ def test_most_claimed_stages_untraced_reject_the_pipeline() -> None:
     # the same 8 stages from a chain of transfers with 2 traced: rejected
     chain = _topo(8, 1)
     assert contradiction(chain, few, {0: wins[0], 1: wins[1]}, overridden=False) is not None
+
+
+def _add_torch_ranges(db: Path) -> int:
+    """Put PyTorch's ``c10d::alltoall_base_`` / ``nccl:all_to_all`` ranges (what emit_nvtx and
+    record_function write) around every NCCL group of an nsys export; returns the groups wrapped."""
+    con = sqlite3.connect(db)
+    try:
+        text = "COALESCE(text, (SELECT value FROM StringIds s WHERE s.id = NVTX_EVENTS.textId))"
+        starts = con.execute(
+            f"SELECT start, globalTid FROM NVTX_EVENTS WHERE {text} = 'ncclGroupStart' ORDER BY start"
+        ).fetchall()
+        ends = con.execute(
+            f"SELECT \"end\" FROM NVTX_EVENTS WHERE {text} = 'ncclGroupEnd' ORDER BY start"
+        ).fetchall()
+        for (t0, tid), (t1,) in zip(starts, ends, strict=True):
+            for name, pad in (("c10d::alltoall_base_, op_id = 7", 2_000), ("nccl:all_to_all", 1_000)):
+                con.execute(
+                    'INSERT INTO NVTX_EVENTS (start, "end", eventType, globalTid, domainId, text) '
+                    "VALUES (?, ?, 59, ?, 0, ?)",
+                    (t0 - pad, t1 + pad, tid, name),
+                )
+        con.commit()
+        return len(starts)
+    finally:
+        con.close()
+
+
+def test_nccl_group_inside_a_collective_range_is_that_collective(tmp_path: Path) -> None:
+    # 2 ranks, NCCL payloads: each all-to-all is ncclSend + ncclRecv to the one peer, read as a p2p
+    # exchange with that peer; inside PyTorch's all-to-all ranges the same kernel is a collective
+    run = make_collective_run(world=2, steps=2, seed=2)
+    paths = write_nsys(run, tmp_path / "plain")
+    plain = load(paths, Options())
+    sendrecv = [np.flatnonzero(tl.intervals.kind == int(Kind.P2P)) for tl in plain.ranks]
+    assert all(len(x) == 2 * 2 for x in sendrecv)  # two all-to-alls a step, two steps
+    assert all(
+        (tl.intervals.direction[x] == int(Direction.BOTH)).all()
+        for tl, x in zip(plain.ranks, sendrecv, strict=True)
+    )
+    wrapped = []
+    for p in paths:
+        q = tmp_path / "torch" / p.name
+        q.parent.mkdir(exist_ok=True)
+        shutil.copy(p, q)
+        assert _add_torch_ranges(q) >= 4
+        wrapped.append(q)
+    got = load(wrapped, Options())
+    for tl, tl0 in zip(got.ranks, plain.ranks, strict=True):
+        iv = tl.intervals
+        assert not (iv.kind == int(Kind.P2P)).any()
+        assert (iv.kind == int(Kind.COLLECTIVE)).sum() == (
+            tl0.intervals.kind == int(Kind.COLLECTIVE)
+        ).sum() + 4
