@@ -18,7 +18,7 @@ import numpy as np
 
 from ppdiag.errors import InputError
 from ppdiag.limits import MAX_PP
-from ppdiag.model import Direction, RangeKind, RankTimeline, Run
+from ppdiag.model import Direction, Kind, RangeKind, RankTimeline, Run
 from ppdiag.pipeline.clocks import P2POps, p2p_ops
 
 _PP_GROUP = re.compile(r"pipe|(^|[^a-z])pp([^a-z]|$)", re.IGNORECASE)
@@ -193,7 +193,13 @@ def _exchange_only(run: Run) -> int:
     kernel of unknown direction that timing made a send says nothing of the structure."""
     both = one_way = 0
     for tl in run.ranks:
-        d = p2p_ops(tl).direction
+        iv = tl.intervals
+        m = iv.kind == int(Kind.P2P)
+        if m.any() and not tl.cpu_only:
+            d = iv.direction[m]  # the device kernels p2p_ops reads
+        else:
+            rg = tl.ranges  # host p2p ops (gloo, c10d): one way each
+            d = rg.direction[(rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)]
         both += int((d == int(Direction.BOTH)).sum())
         one_way += int(((d == int(Direction.SEND)) | (d == int(Direction.RECV))).sum())
     return both if one_way == 0 else 0
