@@ -111,7 +111,7 @@ def _labels_against_order(
     prod = o[pos[found]]
     total = int(found.sum())
     bad = int((start[found] < end[prod] - ORDER_TOL_NS).sum())
-    if total >= 4 and 2 * bad > total:
+    if bad >= 2 and 2 * bad > total:
         return (
             f"{bad} of {total} micro-batch dependencies from the block labels contradict the measured order"
         )
