@@ -149,8 +149,11 @@ def _project(ctx: ExportCtx, pid: int, r: _Rows) -> _NcclOutcome:
         r.kind[miss[a2a]] = Kind.COLLECTIVE
         r.direction[miss[a2a]] = Direction.NONE
         out.unmatched = (miss, int(sr.sum()), int(a2a.sum()))
-    elif not (proj.peer_local[proj.matched] >= 0).any() and (r.kind[hit] == Kind.P2P).any():
-        out.no_payloads = True
+    elif (r.kind[hit] == Kind.P2P).any():
+        # payloads absent: no NCCL call of this process says a peer or a size (a group that talks
+        # to several peers has no single peer, yet its calls carry theirs)
+        mine = nvtx.nccl.pid == pid
+        out.no_payloads = not ((nvtx.nccl.peer_local[mine] >= 0) | (nvtx.nccl.bytes[mine] >= 0)).any()
     return out
 
 
