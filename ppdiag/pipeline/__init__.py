@@ -19,7 +19,7 @@ from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
 from ppdiag.pipeline.schedule import detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
 from ppdiag.pipeline.structure import claimed_words, contradiction, describe
-from ppdiag.pipeline.topology import Topology, infer_topology, no_pp, parse_stage_map
+from ppdiag.pipeline.topology import Topology, exchange_only, infer_topology, no_pp, parse_stage_map
 
 
 @dataclass
@@ -139,8 +139,15 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
 def _peers_and_topology(
     run: Run, opts: PipelineOptions, ops: dict[int, P2POps], warnings: list[str]
 ) -> tuple[PeerDecision, Topology]:
-    """How the p2p partners were decided and the stages they form; warnings appended."""
-    peers = decide_peers(run, ops, parse_stage_map(opts.stage_map) if opts.stage_map else None)
+    """How the p2p partners were decided and the stages they form; warnings appended. p2p ops that
+    only ever send and receive at once are grouped send/recv of a collective (an all-to-all): no
+    partner is guessed for them by timing (the user's --pp / --stage-map still asks for it)."""
+    if exchange_only(run) and not (opts.stage_map or opts.pp):
+        peers = PeerDecision(
+            "metadata" if any((o.peer >= 0).any() for o in ops.values()) else "none", {}, "none"
+        )
+    else:
+        peers = decide_peers(run, ops, parse_stage_map(opts.stage_map) if opts.stage_map else None)
     topo = infer_topology(run, opts.stage_map, opts.pp, ops)
     if (peers.decided or peers.by_labels) and topo.source == "p2p chain":
         topo.source = f"p2p chain (peers from {peers.source})"

@@ -141,7 +141,7 @@ def _chain(run: Run, ops: dict[int, P2POps] | None = None, notes: list[str] | No
     edges, events = _p2p_edges(run, ops)
     if not edges:
         return None
-    exchanges = _exchange_only(run)
+    exchanges = exchange_only(run)
     if exchanges:
         # every transfer both sends and receives at once: grouped send/recv of a collective (an
         # all-to-all of two ranks is one ncclSend and one ncclRecv to the same peer); a pipeline
@@ -187,7 +187,7 @@ def _chain(run: Run, ops: dict[int, P2POps] | None = None, notes: list[str] | No
     return topo
 
 
-def _exchange_only(run: Run) -> int:
+def exchange_only(run: Run) -> int:
     """The number of p2p ops when every one whose direction the trace gives both sends and receives
     at once (``BOTH``), else 0. Read from the parsed ops, before any timing decision: a stray
     kernel of unknown direction that timing made a send says nothing of the structure."""
