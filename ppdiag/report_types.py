@@ -23,6 +23,12 @@ import msgspec
 
 from ppdiag.model.memory import MemoryRow
 
+# run.structure's types, re-exported: every section type of the report is importable from here
+from ppdiag.model.structure import Confidence as Confidence
+from ppdiag.model.structure import Fact as Fact
+from ppdiag.model.structure import FactSource as FactSource
+from ppdiag.model.structure import Structure as Structure
+
 #: The shipped schema of the report.
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 
@@ -160,6 +166,7 @@ class RunInfo(msgspec.Struct, frozen=True):
     sources: dict[str, str]
     rank_sources: dict[str, str]
     warnings: list[str]
+    structure: Structure | None = None
 
 
 class Dist(msgspec.Struct, frozen=True):

@@ -243,6 +243,7 @@ def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[st
         sources={str(tl.rank): tl.source for tl in run.ranks},
         rank_sources={str(tl.rank): tl.rank_source for tl in run.ranks},
         warnings=warnings,
+        structure=pipe.structure,
     )
 
 

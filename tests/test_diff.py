@@ -193,3 +193,22 @@ def test_diff_cli_exit_codes(tmp_path: Path) -> None:
     assert run(app, ["diff", str(pa), str(pb), "--threshold", "60"]).exit_code == 0
     assert run(app, ["diff", str(pb), str(pa)]).exit_code == 0  # faster: no regression
     assert run(app, ["diff", str(pa), str(pa)]).exit_code == 0
+
+
+def test_windows_without_steps_are_not_compared_as_step_times() -> None:
+    # two captures without step annotations (steps [-1]): one window each, 100 ms and 154 ms long.
+    # A longer capture is no slower step: no step-time row, no regression, a note saying why.
+    a, b = base_report(), base_report()
+    for rep, window in ((a, 100.0), (b, 154.0)):
+        rep["run"]["steps"] = [-1]
+        rep["summary"]["step_ms"] = window
+    res = diff_reports(typed(a), typed(b))
+    assert res.regression is None and res.row("run", "step_ms") is None
+    assert res.row("run", "step_p95_ms") is None
+    w = res.row("run", "window_ms")
+    assert w is not None and w.label == "window (no steps)" and w.delta_ms == pytest.approx(54.0)
+    assert any("before and after have no step annotations" in n for n in res.notes)
+    # one side with steps, the other without: still no step-time comparison
+    a["run"]["steps"] = [3, 4]
+    res = diff_reports(typed(a), typed(b))
+    assert res.regression is None and any(n.startswith("after has no step annotations") for n in res.notes)

@@ -400,8 +400,12 @@ def test_sendrecv_without_evidence(tmp_path: Path, with_alltoall: bool) -> None:
     assert any("1 communication kernel" in w for w in r.warnings)
 
 
-def test_coalesced_p2p(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_collective", [False, True])
+def test_coalesced_p2p(tmp_path: Path, in_collective: bool) -> None:
+    # a send and a receive to group rank 1, coalesced into one kernel: a p2p exchange, unless the
+    # group runs inside a collective's op (an all-to-all of 2 ranks is exactly this group)
     concrete: dict[str, Any] = {"Concrete Inputs": ["", "", "1", "0"]}  # peer group rank 1
+    outer = [x("c10d::alltoall_base_", 95, 80)] if in_collective else []
     dist = {
         "backend": "nccl",
         "rank": 0,
@@ -409,6 +413,7 @@ def test_coalesced_p2p(tmp_path: Path) -> None:
         "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1]}],
     }
     ev = gpu_events(
+        *outer,
         x("c10d::send", 100, 5, **concrete),
         x("c10d::recv_", 110, 5, **concrete),
         x("nccl:coalesced", 120, 10, cat="user_annotation"),
@@ -427,7 +432,10 @@ def test_coalesced_p2p(tmp_path: Path) -> None:
     r = parse_file(write(tmp_path / "t.json", trace(ev, distributedInfo=dist)))
     iv = r.intervals
     k = int(np.flatnonzero(iv.stream == 20)[0])
-    assert (iv.kind[k], iv.peer[k], iv.direction[k]) == (Kind.P2P, 1, Direction.BOTH)
+    if in_collective:
+        assert (iv.kind[k], iv.peer[k], iv.direction[k]) == (Kind.COLLECTIVE, -1, Direction.NONE)
+    else:
+        assert (iv.kind[k], iv.peer[k], iv.direction[k]) == (Kind.P2P, 1, Direction.BOTH)
 
 
 def test_multiple_devices_keep_streams_apart(tmp_path: Path) -> None:

@@ -385,8 +385,9 @@ def _enclosing_comm(
 def _merge(info: _CommInfo, other: _CommInfo) -> None:
     """Fill unknown fields of ``info`` from an enclosing op's facts."""
     if info.comm in (C_NONE, C_COALESCED) and other.comm != C_NONE:
-        if not (info.comm == C_COALESCED and other.comm == C_COLL):
-            info.comm = other.comm
+        # a coalesced group of sends and receives inside a collective's op (an all-to-all that
+        # NCCL runs as grouped send/recv) is that collective, never a pipeline link
+        info.comm = other.comm
         info.alltoall = info.alltoall or other.alltoall
     if not info.direction and other.direction:
         info.direction = other.direction

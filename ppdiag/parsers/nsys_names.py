@@ -166,6 +166,14 @@ _TORCH_P2P = re.compile(
     re.IGNORECASE | re.DOTALL,
 )
 _ALL_TO_ALL = re.compile(r"all[_ ]?to[_ ]?all|alltoall", re.IGNORECASE)
+# PyTorch's collective titles and c10d ops (emit_nvtx / record_function ranges): NCCL kernels
+# launched inside belong to that collective, even when NCCL ran it as grouped sends and receives
+_TORCH_COLL = re.compile(
+    r"(?:nccl|xccl|ucc|gloo|mpi|hccl|rccl|c10d|_c10d_functional|c10d_functional):{1,2}_?"
+    r"(?:all_?to_?all|alltoall|all_?gather|allgather|reduce_?scatter|all_?reduce|allreduce|broadcast|"
+    r"scatter|gather|reduce|barrier)",
+    re.IGNORECASE,
+)
 
 
 _OP_TAIL = re.compile(r", (?:seq = \d+|op_id = \d+|sizes = \[|input_op_ids = \[).*$", re.DOTALL)
@@ -195,7 +203,7 @@ class RangeClass:
     phase: Phase = Phase.UNKNOWN
     direction: Direction = Direction.NONE
     numbered: bool = True  # STEP only: False when the name carries no step number
-    all_to_all: bool = False  # evidence that SendRecv kernels launched inside are all-to-all
+    collective: bool = False  # NCCL kernels launched inside belong to a collective (all-to-all...)
     torch_p2p: bool = False  # a PyTorch "nccl:send a->b" / "nccl:recv a<-b" range
     group_rank: int = -1  # torch_p2p: this process's rank in the op's process group (-1 unknown)
     group_peer: int = -1  # torch_p2p: the peer's rank in that group (-1 unknown)
@@ -239,9 +247,9 @@ def _pp_range(text: str) -> RangeClass:
 
 def classify_range(name: str, domain: str) -> RangeClass:
     """Steps, pipeline labels, comm ops, other user ranges; emit_nvtx op ranges are dropped."""
-    a2a = bool(_ALL_TO_ALL.search(name))
+    a2a = bool(_ALL_TO_ALL.search(name) or _TORCH_COLL.match(name))
     if _TORCH_OP.match(name):
-        return RangeClass(keep=False, all_to_all=a2a)
+        return RangeClass(keep=False, collective=a2a)
     text = name.strip()
     m = _STEP.fullmatch(text)
     if m:
@@ -279,7 +287,7 @@ def classify_range(name: str, domain: str) -> RangeClass:
             group_rank=int(m.group("me")) if m.group("me") else -1,
             group_peer=int(m.group("peer")) if m.group("peer") else -1,
         )
-    return RangeClass(keep=True, kind=RangeKind.OTHER, all_to_all=a2a)
+    return RangeClass(keep=True, kind=RangeKind.OTHER, collective=a2a)
 
 
 # --- memcpy / memset names (the Kineto spelling, so both formats name copies alike) -------------

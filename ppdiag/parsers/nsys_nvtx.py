@@ -113,7 +113,7 @@ class Spans:
 class NvtxData:
     ranges: HostRanges
     nccl: NcclCalls
-    all_to_all: Spans
+    collective: Spans  # ranges of collectives (all-to-all, c10d ops): NCCL launches inside are theirs
     thread_ranks: dict[int, int] = field(default_factory=dict)  # pid → rank from "MPI Rank N"
     skipped_op_ranges: int = 0
     has_nvtx_table: bool = False
@@ -140,7 +140,7 @@ def read_nvtx(db: NsysDb) -> NvtxData:
     return NvtxData(
         ranges=ranges,
         nccl=nccl,
-        all_to_all=a2a,
+        collective=a2a,
         thread_ranks=_thread_ranks(db),
         skipped_op_ranges=skipped,
         has_nvtx_table=True,
@@ -329,7 +329,7 @@ def _user_ranges(
     good = (bad_code == 0) | rescued
     bad = BadTimes.from_codes(bad_code[~good])
     keep = col("keep", bool) & good
-    a2a = col("all_to_all", bool) & good
+    a2a = col("collective", bool) & good
     spans = Spans(rows["start"][a2a], rows["end"][a2a], pid[a2a], tid[a2a])
     k = keep
     # Re-index names to the kept rows only (dropped op ranges may hold most distinct names).

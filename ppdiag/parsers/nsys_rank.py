@@ -134,15 +134,26 @@ def _project(ctx: ExportCtx, pid: int, r: _Rows) -> _NcclOutcome:
     r.nbytes[hit] = proj.bytes[proj.matched]
     r.comm[hit] = proj.comm[proj.matched]
     r.local_peer[hit] = proj.peer_local[proj.matched]
+    # Grouped sends and receives launched inside a collective's range (PyTorch's nccl:all_to_all /
+    # c10d::alltoall_base_, a user all-to-all range) are that collective, never a pipeline link:
+    # a 2-rank all-to-all is one ncclSend and one ncclRecv to the same peer.
+    grouped = hit[r.kind[hit] == Kind.P2P]
+    in_coll = inside_spans(nvtx.collective, pid, r.launch_raw[grouped], r.ltid[grouped])
+    r.kind[grouped[in_coll]] = Kind.COLLECTIVE
+    r.direction[grouped[in_coll]] = Direction.NONE
+    r.local_peer[grouped[in_coll]] = -1
     miss = comm_idx[~proj.matched]
     if len(miss):
         sr = ctx.gpu.sendrecv[r.sel][miss]
-        a2a = inside_spans(nvtx.all_to_all, pid, r.launch_raw[miss], r.ltid[miss]) & sr
+        a2a = inside_spans(nvtx.collective, pid, r.launch_raw[miss], r.ltid[miss]) & sr
         r.kind[miss[a2a]] = Kind.COLLECTIVE
         r.direction[miss[a2a]] = Direction.NONE
         out.unmatched = (miss, int(sr.sum()), int(a2a.sum()))
-    elif not (proj.peer_local[proj.matched] >= 0).any() and (r.kind[hit] == Kind.P2P).any():
-        out.no_payloads = True
+    elif (r.kind[hit] == Kind.P2P).any():
+        # payloads absent: no NCCL call of this process says a peer or a size (a group that talks
+        # to several peers has no single peer, yet its calls carry theirs)
+        mine = nvtx.nccl.pid == pid
+        out.no_payloads = not ((nvtx.nccl.peer_local[mine] >= 0) | (nvtx.nccl.bytes[mine] >= 0)).any()
     return out
 
 

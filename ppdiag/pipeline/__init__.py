@@ -10,6 +10,7 @@ import numpy as np
 from ppdiag.errors import InputError
 from ppdiag.model import Direction, Run
 from ppdiag.model.schedule import schedule_option
+from ppdiag.model.structure import Structure
 from ppdiag.pipeline.aligned import aligned_run
 from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
@@ -17,7 +18,8 @@ from ppdiag.pipeline.overrides import override_warnings
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
 from ppdiag.pipeline.schedule import detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
-from ppdiag.pipeline.topology import Topology, infer_topology, parse_stage_map
+from ppdiag.pipeline.structure import claimed_words, contradiction, describe
+from ppdiag.pipeline.topology import Topology, exchange_only, infer_topology, no_pp, parse_stage_map
 
 
 @dataclass
@@ -49,28 +51,69 @@ class Pipeline:
     peers: PeerDecision | None = None  # how the p2p partners were decided
     # per rank: the intervals' phase / micro-batch / virtual stage with the blocks laid over
     labels: dict[int, IntervalLabels] = field(default_factory=dict)
+    # each structural fact's source and confidence; established False when contradictions
+    # rejected the pipeline the evidence suggested (ppdiag/pipeline/structure.py)
+    structure: Structure | None = None
 
 
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     """Topology, clock offsets, step windows, labelled blocks and schedule. ``run`` is not changed:
-    the offsets and labels are held by the result (``clocks.offsets``, ``labels``, ``aligned``)."""
+    the offsets and labels are held by the result (``clocks.offsets``, ``labels``, ``aligned``).
+
+    A pipeline that contradicts its own evidence is not kept: the run is rebuilt without one, and
+    ``structure`` says why (``established`` False)."""
     opts = opts or PipelineOptions()
     if opts.schedule:
         # one list of names for every command: aliases ("interleaved") resolve here
         opts = dataclasses.replace(opts, schedule=str(schedule_option(opts.schedule)))
+    user = {
+        "pp": opts.pp is not None,
+        "stage_map": opts.stage_map is not None,
+        "microbatches": opts.microbatches is not None,
+        "schedule": opts.schedule is not None,
+    }
+    pipe = _build(run, opts, flat=False)
+    topo = pipe.topology
+    reason = contradiction(topo, pipe.blocks, pipe.windows, user["pp"] or user["stage_map"])
+    rejected = None
+    if reason is not None:
+        rejected = (reason, claimed_words(topo, pipe.schedule, pipe.microbatches))
+        pipe = _build(run, opts, flat=True)
+        pipe.warnings.append(
+            f"pipeline structure could not be established: {reason}; analysed without a pipeline"
+        )
+    labelled = any(b.labelled for b in pipe.blocks.values())
+    peer_source = pipe.peers.source if pipe.peers is not None else "none"
+    pipe.structure = describe(
+        pipe.topology,
+        pipe.schedule,
+        pipe.microbatches,
+        labelled,
+        peer_source,
+        pipe.clocks.method,
+        user,
+        rejected,
+    )
+    return pipe
+
+
+def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
+    """The pipeline the evidence suggests, or with ``flat`` the run without one (pp 1)."""
     warnings: list[str] = []
     ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
     peers, topo = _peers_and_topology(run, opts, ops, warnings)
+    if flat:
+        topo = no_pp(run, source="none (rejected)")
     pairs = match_pairs(ops)
     warnings.extend(pairs.warnings)
     fit = align_clocks(run, pairs)
     warnings.extend(_residual_warning(fit))
     clocked = aligned_run(run, fit.offsets)  # the parsed ranks on the common clock
     windows, blocks = _steps_and_blocks(clocked, opts, topo, ops, warnings)
-    schedule = opts.schedule or detect_schedule(topo, blocks, clocked.by_rank())
+    schedule = "none" if flat else (opts.schedule or detect_schedule(topo, blocks, clocked.by_rank()))
     warnings.extend(override_warnings(clocked, opts, topo, blocks))  # overrides that contradict the trace
-    m = opts.microbatches
-    if m is None:
+    m = None if flat else opts.microbatches
+    if m is None and not flat:
         m = _microbatches(clocked, topo, windows, blocks, ops)
     warnings.extend(_order_labels(topo, blocks, schedule, m))
     # after every label is known: an overlay on the parser's columns, shown on the aligned view
@@ -96,8 +139,15 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
 def _peers_and_topology(
     run: Run, opts: PipelineOptions, ops: dict[int, P2POps], warnings: list[str]
 ) -> tuple[PeerDecision, Topology]:
-    """How the p2p partners were decided and the stages they form; warnings appended."""
-    peers = decide_peers(run, ops, parse_stage_map(opts.stage_map) if opts.stage_map else None)
+    """How the p2p partners were decided and the stages they form; warnings appended. p2p ops that
+    only ever send and receive at once are grouped send/recv of a collective (an all-to-all): no
+    partner is guessed for them by timing (the user's --pp / --stage-map still asks for it)."""
+    if exchange_only(run) and not (opts.stage_map or opts.pp):
+        peers = PeerDecision(
+            "metadata" if any((o.peer >= 0).any() for o in ops.values()) else "none", {}, "none"
+        )
+    else:
+        peers = decide_peers(run, ops, parse_stage_map(opts.stage_map) if opts.stage_map else None)
     topo = infer_topology(run, opts.stage_map, opts.pp, ops)
     if (peers.decided or peers.by_labels) and topo.source == "p2p chain":
         topo.source = f"p2p chain (peers from {peers.source})"

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.model import Kind, RankTimeline
+from ppdiag.model import Direction, Kind, RankTimeline
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -259,8 +259,22 @@ def _gather(timelines: dict[int, RankTimeline], p2p: bool) -> dict[_GroupKey, li
             if q >= 0 and (q not in traced or q == r):
                 continue
             sel = peer == q
+            if q < 0:
+                # sends and receives at once, or of unknown direction (a SendRecv kernel no
+                # NCCL call explains): not a one-way transfer of some pair
+                both = (iv.direction[pm] == int(Direction.BOTH)) | (iv.direction[pm] == int(Direction.NONE))
+                for key, m_ in ((("exchange", ()), sel & both), (("p2p", ()), sel & ~both)):
+                    if m_.any():
+                        add(
+                            key,
+                            r,
+                            np.full(int(m_.sum()), -1, np.int64),
+                            iv.start[pm][m_] + off,
+                            iv.end[pm][m_] + off,
+                        )
+                continue
             # p2p sequence numbers are not kept in step on the two sides: match by order
-            key = ("pair", (min(r, q), max(r, q))) if q >= 0 else ("p2p", ())
+            key = ("pair", (min(r, q), max(r, q)))
             add(key, r, np.full(int(sel.sum()), -1, np.int64), iv.start[pm][sel] + off, iv.end[pm][sel] + off)
     # ops without a group are matched among all ranks that have such ops
     if ("", ()) in parts:
@@ -274,6 +288,15 @@ def _gather(timelines: dict[int, RankTimeline], p2p: bool) -> dict[_GroupKey, li
         lost = parts.pop(("p2p", ()))
         if len(two) == 2:
             parts[("pair", two)] = lost + parts.get(("pair", two), [])
+    # grouped send+receive ops without one peer (an all-to-all NCCL ran as grouped send/recv) and
+    # p2p kernels of unknown direction and peer: matched among all ranks that have them, like a
+    # collective of unknown group
+    if ("exchange", ()) in parts:
+        xs = parts.pop(("exchange", ()))
+        members = tuple(sorted({int(p[0][0]) for p in xs}))
+        if len(members) >= 2:
+            key = ("pair", members) if len(members) == 2 else ("ranks", members)
+            parts[key] = xs + parts.get(key, [])
     return parts
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ppdiag.errors import InputError
 from ppdiag.limits import MAX_PP
-from ppdiag.model import Direction, RangeKind, RankTimeline, Run
+from ppdiag.model import Direction, Kind, RangeKind, RankTimeline, Run
 from ppdiag.pipeline.clocks import P2POps, p2p_ops
 
 _PP_GROUP = re.compile(r"pipe|(^|[^a-z])pp([^a-z]|$)", re.IGNORECASE)
@@ -141,6 +141,18 @@ def _chain(run: Run, ops: dict[int, P2POps] | None = None, notes: list[str] | No
     edges, events = _p2p_edges(run, ops)
     if not edges:
         return None
+    exchanges = exchange_only(run)
+    if exchanges:
+        # every transfer both sends and receives at once: grouped send/recv of a collective (an
+        # all-to-all of two ranks is one ncclSend and one ncclRecv to the same peer); a pipeline
+        # also sends alone (the first activations) and receives alone (the last gradients)
+        if notes is not None:
+            notes.append(
+                f"point-to-point transfers are two-way exchanges only ({exchanges} grouped send+receive "
+                "ops, no one-way activation or gradient transfer): a collective built from send/recv "
+                "(all-to-all), not a pipeline; no stages are read from them"
+            )
+        return None
     # Pipeline training sends activations one way and gradients back: both directions per link.
     adj: dict[int, set[int]] = defaultdict(set)
     for a, b in edges:
@@ -173,6 +185,24 @@ def _chain(run: Run, ops: dict[int, P2POps] | None = None, notes: list[str] | No
     if len(sizes) > 1:
         topo.warnings.append(f"pipelines of different lengths: {sorted(sizes)}")
     return topo
+
+
+def exchange_only(run: Run) -> int:
+    """The number of p2p ops when every one whose direction the trace gives both sends and receives
+    at once (``BOTH``), else 0. Read from the parsed ops, before any timing decision: a stray
+    kernel of unknown direction that timing made a send says nothing of the structure."""
+    both = one_way = 0
+    for tl in run.ranks:
+        iv = tl.intervals
+        m = iv.kind == int(Kind.P2P)
+        if m.any() and not tl.cpu_only:
+            d = iv.direction[m]  # the device kernels p2p_ops reads
+        else:
+            rg = tl.ranges  # host p2p ops (gloo, c10d): one way each
+            d = rg.direction[(rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)]
+        both += int((d == int(Direction.BOTH)).sum())
+        one_way += int(((d == int(Direction.SEND)) | (d == int(Direction.RECV))).sum())
+    return both if one_way == 0 else 0
 
 
 def _components(adj: dict[int, set[int]]) -> list[list[int]]:

@@ -55,6 +55,7 @@ class DiffRow:
     def label(self) -> str:
         return {
             "step_ms": "step time",
+            "window_ms": "window (no steps)",
             "step_p95_ms": "step p95",
             "compute_ms": "compute",
             "lost_ms": "lost (all causes)",
@@ -190,10 +191,17 @@ def _keyed(findings: list[FindingRow]) -> dict[tuple[str, str, int], FindingRow]
     return out
 
 
-def _run_rows(res: DiffResult, a: Summary, b: Summary, min_base: float) -> None:
-    """Run-level rows: step time, p95, compute, lost time and each cause."""
-    for m in ("step_ms", "step_p95_ms", "compute_ms"):
-        res.run.append(DiffRow("run", m, getattr(a, m), getattr(b, m), min_base))
+def _no_steps(rep: Report) -> bool:
+    """The run was analysed as one window without step annotations (``steps`` [-1])."""
+    return not rep.run.steps or -1 in rep.run.steps
+
+
+def _run_rows(res: DiffResult, a: Summary, b: Summary, min_base: float, steps: bool) -> None:
+    """Run-level rows: step time, p95, compute, lost time and each cause. Without ``steps`` (a side
+    has no step annotations) the window's length is shown as such, never as a step time."""
+    for m in ("step_ms", "step_p95_ms", "compute_ms") if steps else ("step_ms", "compute_ms"):
+        name = m if steps or m != "step_ms" else "window_ms"
+        res.run.append(DiffRow("run", name, getattr(a, m), getattr(b, m), min_base))
     tot_a = sum(a.lost_ms.values()) if a.lost_ms else None
     tot_b = sum(b.lost_ms.values()) if b.lost_ms else None
     res.run.append(DiffRow("run", "lost_ms", tot_a, tot_b, min_base))
@@ -201,7 +209,7 @@ def _run_rows(res: DiffResult, a: Summary, b: Summary, min_base: float) -> None:
         res.run.append(DiffRow("run", c, a.lost_ms.get(c), b.lost_ms.get(c), min_base))
 
 
-def _group_rows(res: DiffResult, a: Report, b: Report, min_base: float) -> None:
+def _group_rows(res: DiffResult, a: Report, b: Report, min_base: float, steps: bool) -> None:
     """Per-stage rows (per-rank for runs without stages): compute and every non-zero cause."""
     have_stages = bool(a.stages) and bool(b.stages)
     res.by = "stage" if have_stages else "rank"
@@ -217,7 +225,7 @@ def _group_rows(res: DiffResult, a: Report, b: Report, min_base: float) -> None:
         if res.by == "rank":
             step_a = ra.step_ms if isinstance(ra, RankRow) else None
             step_b = rb.step_ms if isinstance(rb, RankRow) else None
-            res.groups.append(DiffRow(scope, "step_ms", step_a, step_b, min_base))
+            res.groups.append(DiffRow(scope, "step_ms" if steps else "window_ms", step_a, step_b, min_base))
         comp_a = ra.compute_ms if ra is not None else None
         comp_b = rb.compute_ms if rb is not None else None
         res.groups.append(DiffRow(scope, "compute_ms", comp_a, comp_b, min_base))
@@ -244,8 +252,16 @@ def diff_reports(
     step_a = a.summary.step_ms
     # |before| below this gets an absolute change only: "or" keeps 0.5 ms meaningful on long steps
     min_base = min(MIN_BASE_MS, MIN_BASE_STEP_SHARE * step_a) if step_a and step_a > 0 else MIN_BASE_MS
-    _run_rows(res, a.summary, b.summary, min_base)
-    _group_rows(res, a, b, min_base)
+    steps = not (_no_steps(a) or _no_steps(b))
+    if not steps:
+        sides = [n for n, r in ((before_label, a), (after_label, b)) if _no_steps(r)]
+        verb, its = ("have", "their windows are") if len(sides) > 1 else ("has", "its window is")
+        res.notes.append(
+            f"{' and '.join(sides)} {verb} no step annotations: {its} the capture's length, not a step "
+            "time, so no step time is compared (no regression); the figures are ms per window"
+        )
+    _run_rows(res, a.summary, b.summary, min_base, steps)
+    _group_rows(res, a, b, min_base, steps)
 
     fa, fb = _keyed(a.findings), _keyed(b.findings)
     for key in list(fb) + [k for k in fa if k not in fb]:

@@ -101,8 +101,9 @@ def _tiles(report: Report) -> str:
     meas, theo = num(b.measured_ratio), num(b.theoretical_ratio)
     if meas is not None or theo is not None:
         tiles.append(_tile("bubble", fmt_pct(meas), f"theoretical {fmt_pct(theo)}"))
+    doubt = run.structure.headline() if run.structure is not None else None
     pipe = (
-        "no pipeline parallelism"
+        (doubt or "no pipeline parallelism")
         if (run.pp == 1 or run.schedule == RunSchedule.NONE)
         else f"{run.schedule}, P={run.pp}"
         + (f", M={run.microbatches}" if run.microbatches else "")

@@ -43,7 +43,8 @@ def _mark(c: str | None) -> str:
 def _pipeline_text(run: RunInfo) -> str:
     pp, sched = run.pp, run.schedule
     if pp == 1 or sched == RunSchedule.NONE:
-        return "no pipeline parallelism"
+        doubt = run.structure.headline() if run.structure is not None else None
+        return md_escape(doubt) if doubt else "no pipeline parallelism"
     txt = f"{md_escape(sched)}, P={md_escape(pp)}"
     if run.microbatches:
         txt += f", M={md_escape(run.microbatches)}"

@@ -78,7 +78,8 @@ def headline(report: Report) -> Text:
             if b.theoretical_ratio is not None:
                 t.append(f" vs schedule {b.theoretical_ratio * 100:.1f}%")
     else:
-        t.append("no pipeline parallelism found", style="cyan")
+        doubt = run.structure.headline() if run.structure is not None else None
+        t.append(doubt or "no pipeline parallelism found", style="yellow" if doubt else "cyan")
     t.append(
         f"\n{run.world_size} ranks in the run, {len(run.ranks)} traced ({run.format}"
         f"{', CPU-only' if run.cpu_only else ''}), steps {run.steps}"
