@@ -99,10 +99,15 @@ def _cause_errors(rep: Report, truth: dict[str, Any], tol: float) -> list[tuple[
 
 def _healthy_kw(schedule: str, pp: int) -> dict[str, Any]:
     """A balanced run of ``schedule``: M = 2P (M >= P for interleaving, 2P for DualPipeV);
-    split-backward schedules get a weight-gradient block as long as the forward."""
+    split-backward schedules get a weight-gradient block as long as the forward. Where the block
+    order alone does not tell the schedule (W blocks look like backward ones), the run carries
+    PyTorch's pipeline labels."""
     kw: dict[str, Any] = dict(schedule=schedule, pp=pp, microbatches=2 * pp)
     if schedule == "interleaved_1f1b":
         kw["virtual"] = 2
+        if pp == 2:
+            # two ranks that are each other's only partner: the unlabelled order reads as 1F1B
+            kw["annotations"] = "pp"
     if schedule in ("zero_bubble", "zbv", "dualpipev"):
         kw.update(bwd_ms=1.0, wgrad_ms=1.0, annotations="pp")
     return kw
@@ -196,8 +201,8 @@ def test_one_run_one_answer_in_every_format(tmp_path: Path, name: str, variant: 
 @pytest.mark.parametrize("variant", ["nsys-old-bare"])
 def test_a_fact_one_format_lacks_is_named(tmp_path: Path, variant: str) -> None:
     """With data parallelism, the nsys export without payloads cannot tell which rank a p2p
-    kernel talks to (replica 0's stage 1 fits stage 0 of either replica): it does not guess, and
-    the report names the missing payloads and the way to record them."""
+    kernel talks to (replica 0's stage 1 fits stage 0 of either replica): it does not guess, the
+    report names the missing payloads and the way to record them, and no finding rests on it."""
     rep, _ = _analyse(tmp_path, variant, schedule="1f1b", pp=4, microbatches=8, dp=2)
     if rep.run.pp == 4:
         ref, _ = _analyse(tmp_path, "kineto", schedule="1f1b", pp=4, microbatches=8, dp=2)
@@ -205,3 +210,8 @@ def test_a_fact_one_format_lacks_is_named(tmp_path: Path, variant: str) -> None:
         return
     said = " ".join(rep.run.warnings)
     assert "include-blobs" in said and "peers unknown" in said, rep.run.warnings
+    # and it raises no alarm from what it could not rebuild: the p2p kernels' time (waiting for a
+    # peer it cannot name, or transfer) is not claimed as missed overlap, and collectives that do
+    # not end together on unaligned clocks are not split, so their exposure stays low
+    loud = [(f.code, f.severity, f.title) for f in rep.findings if f.severity in ("high", "medium")]
+    assert not [x for x in loud if x[0] not in QUIET_CODES], loud
