@@ -234,3 +234,18 @@ def test_replicas_without_comm_args_share_one_clock(tmp_path: Path) -> None:
     for r in got:
         assert abs((got[r] - got[0]) - (true[r] - true[0])) < 50_000, (r, got, true)
     assert not _cause_errors(rep, run.truth, 0.02)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="p2p peers decided by timing fail on a split-backward schedule when the trace names no "
+    "peer: the clocks are fitted on collectives alone (ranks 10 ms apart), a hang (PP013) is "
+    "reported and 6 % of the step moves from bubble to comm_wait on rank 2",
+)
+@pytest.mark.parametrize("variant", ["kineto-old-bare", "nsys-old-bare"])
+def test_split_backward_without_comm_args_agrees(tmp_path: Path, variant: str) -> None:
+    kw: dict[str, Any] = dict(_healthy_kw("zero_bubble", 4), seed=3)
+    ref, truth = _analyse(tmp_path, "kineto", **kw)
+    other, _ = _analyse(tmp_path, variant, **kw)
+    _agree(ref, other)
+    assert not _cause_errors(other, truth, 0.01)
