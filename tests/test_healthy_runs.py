@@ -217,7 +217,7 @@ def test_a_fact_one_format_lacks_is_named(tmp_path: Path, variant: str) -> None:
     assert not [x for x in loud if x[0] not in QUIET_CODES], loud
 
 
-REPLICAS = {
+REPLICAS: dict[str, tuple[dict[str, Any], str]] = {
     # the data-parallel all-reduce is the only link between the pipelines, and it names no group
     "1f1b-no-comm-args": (dict(schedule="1f1b"), "kineto-bare"),
     # every fact recorded, V-shaped placement (each rank holds the first and the last stages) with
