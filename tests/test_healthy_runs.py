@@ -23,10 +23,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from ablate import COMM_ARGS, NVTX_NAMES, PARAM_COMMS, PAYLOADS, strip_kineto_dir, strip_nsys_dir
 
 from ppdiag.api import Options, diagnose
+from ppdiag.attribution.replay_graph import _end_together
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.report_types import Report
 from ppdiag.simulate.schedules import SCHEDULES
@@ -260,3 +262,32 @@ def test_split_backward_without_comm_args_agrees(tmp_path: Path, variant: str) -
     other, _ = _analyse(tmp_path, variant, **kw)
     _agree(ref, other)
     assert not _cause_errors(other, truth, 0.01)
+
+
+def test_step_end_syncs_are_the_groups_that_end_together() -> None:
+    """Step-end collectives every rank joins: one sync point when they all end together, else one
+    per run of two or more whose ends stay within half the shortest one (at least 50 µs)."""
+    us, ms = 1_000, 1_000_000
+    # ends 10 µs apart, durations 1 ms: all together (10 µs <= 0.5 ms)
+    assert [x.tolist() for x in _end_together(np.array([0, 10 * us]), np.array([ms, ms]))] == [[0, 1]]
+    # two replicas 2 ms apart on unlinked clocks: {0, 1} end 10 µs apart (<= min(3, 1) ms / 2),
+    # {2, 3} 10 µs apart (<= min(1, 0.5) ms / 2); 2 ms between the groups is more than 0.5 ms
+    ends = np.array([2 * ms + 10 * us, 0, 2 * ms, 10 * us])
+    durs = np.array([ms // 2, 3 * ms, ms, ms])
+    assert sorted(sorted(x.tolist()) for x in _end_together(ends, durs)) == [[0, 2], [1, 3]]
+    # a rank alone is no sync point: 0 and 5 ms apart, 1 and 2 within 10 µs
+    got = _end_together(np.array([0, 5 * ms, 5 * ms + 10 * us]), np.array([ms, ms, ms]))
+    assert [x.tolist() for x in got] == [[1, 2]]
+
+
+def test_unlinked_replicas_keep_their_own_step_end_sync(tmp_path: Path) -> None:
+    """dp=2 with an exposed all-reduce, Kineto without comm args: nothing in the trace links the
+    two replicas' clocks (see test_replicas_share_one_clock), so each replica's gradient-norm sync
+    is a step-end sync of its own. The cool-down waits in it stay bubble: the split is its Kineto
+    twin's within 1 % of the step (8 % of the step was exposed comm when the whole job had to end
+    together to count as one sync)."""
+    kw: dict[str, Any] = dict(schedule="1f1b", pp=4, microbatches=8, dp=2, faults=[F.ExposedAllReduce(3.0)])
+    ref, truth = _analyse(tmp_path, "kineto", **kw)
+    other, _ = _analyse(tmp_path, "kineto-old-bare", **kw)
+    _agree(ref, other)
+    assert not _cause_errors(other, truth, 0.02)
