@@ -231,9 +231,9 @@ REPLICAS: dict[str, tuple[dict[str, Any], str]] = {
 @pytest.mark.xfail(
     strict=True,
     reason="the two replicas of a dp=2 run are not put on one clock (each keeps its own offset, "
-    "2.1 ms apart here) when their collectives name no group, or in a ZBV run without W blocks; the "
-    "step-end waits of the misaligned replicas then read as exposed communication (up to 8 % of "
-    "the step)",
+    "2.1 ms apart here) when their collectives name no group, or in a ZBV run without W blocks "
+    "(its trace records no data-parallel all-reduce); the causes stay right only because each "
+    "replica's step-end sync is found on its own",
 )
 @pytest.mark.parametrize("name", list(REPLICAS))
 def test_replicas_share_one_clock(tmp_path: Path, name: str) -> None:
