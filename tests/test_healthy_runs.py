@@ -190,7 +190,10 @@ def _agree(a: Report, b: Report) -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS[1:])
-@pytest.mark.parametrize("name", list(PARITY))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=[pytest.mark.slow] if n in ("host_stall", "interleaved") else []) for n in PARITY],
+)
 def test_one_run_one_answer_in_every_format(tmp_path: Path, name: str, variant: str) -> None:
     kw: dict[str, Any] = dict(schedule="1f1b", pp=4, microbatches=8, seed=3)
     kw.update(PARITY[name])
