@@ -160,6 +160,27 @@ def _outside_wait(
     return host_a, coll_a, copy_a, np.maximum(lost_a - host_a - coll_a - copy_a, 0)
 
 
+def _end_together(ends: npt.NDArray[np.int64], durs: npt.NDArray[np.int64]) -> list[npt.NDArray[np.intp]]:
+    """The members of each sync point among collectives that end at ``ends`` after lasting
+    ``durs``: all of them when they end together (within half the shortest one, at least 50 µs),
+    else the runs of two or more whose ends, in order, stay that close to their run's first."""
+    if int(ends.max() - ends.min()) <= max(int(durs.min()) // 2, 50_000):
+        return [np.arange(ends.size)]
+    order = np.argsort(ends, kind="stable")
+    e_l, d_l = ends[order].tolist(), durs[order].tolist()
+    runs: list[npt.NDArray[np.intp]] = []
+    first, shortest = 0, d_l[0]
+    for j in range(1, len(e_l) + 1):
+        if j < len(e_l) and e_l[j] - e_l[first] <= max(min(shortest, d_l[j]) // 2, 50_000):
+            shortest = min(shortest, d_l[j])
+            continue
+        if j - first >= 2:
+            runs.append(order[first:j])
+        if j < len(e_l):
+            first, shortest = j, d_l[j]
+    return runs
+
+
 def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]]:
     """A step that begins where the rank's previous analyzed step ended is chained to it:
     (rank, step) -> the (rank, step) before it."""
@@ -199,7 +220,7 @@ class ReplayGraph:
             tuple[int, int],
             tuple[int, int, tuple[int, int, int, int, int], tuple[int, int, int, int, int]],
         ] = {}
-        self.syncs: dict[int, tuple[list[tuple[int, int]], int]] = {}  # step key -> members, transfer
+        self.syncs: dict[int, tuple[list[tuple[int, int]], int]] = {}  # sync id -> members, transfer
         self.meas_start: list[int] = []
         self.meas_lo: list[int] = []  # the end of the rank's work before each block
         self.dropped_edges = 0
@@ -348,7 +369,9 @@ class ReplayGraph:
 
     def _find_step_syncs(self) -> None:
         """Step-end collectives that every rank joins and that end together form one sync point:
-        early ranks wait in them for the last one, which only pays the transfer."""
+        early ranks wait in them for the last one, which only pays the transfer. Where the ends
+        fall into groups (the pipelines of data-parallel replicas whose clocks nothing in the
+        trace links), each group of two or more that ends together is a sync point of its own."""
         self.sync_of: dict[tuple[int, int], int] = {}
         by_step: dict[int, list[tuple[int, int]]] = {}
         for rs in self.steps:
@@ -356,18 +379,16 @@ class ReplayGraph:
             if key in self.tail_coll:
                 by_step.setdefault(rs.number if rs.number >= 0 else rs.step, []).append(key)
         n_ranks = len({rs.rank for rs in self.steps})
-        for sk, members in by_step.items():
+        for members in by_step.values():
             if len(members) < 2 or len(members) < n_ranks:
                 continue
             ends = np.array([self.tail_coll[k][1] for k in members], dtype=np.int64)
             durs = np.array([self.tail_coll[k][1] - self.tail_coll[k][0] for k in members], dtype=np.int64)
-            xfer = int(durs.min())
-            # a real sync: the collectives end within a fraction of the shortest one (plus 50 µs)
-            if int(ends.max() - ends.min()) > max(xfer // 2, 50_000):
-                continue
-            self.syncs[sk] = (members, xfer)
-            for k in members:
-                self.sync_of[k] = sk
+            for sel in _end_together(ends, durs):
+                sid = len(self.syncs)
+                self.syncs[sid] = ([members[i] for i in sel], int(durs[sel].min()))
+                for i in sel:
+                    self.sync_of[members[i]] = sid
 
     @property
     def nodes(self) -> list[_Node]:

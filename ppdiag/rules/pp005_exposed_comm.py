@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ppdiag.diagnosis import Finding
+from ppdiag.model import Kind, Run
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 
@@ -16,7 +17,8 @@ class ExposedCommRule:
     Communication transfer time that ran with no compute beside it: p2p transfers on the critical
     path (blocking sends before the next micro-batch, p2p on the compute stream) and collectives
     such as the data-parallel gradient all-reduce or the optimizer's collectives left exposed at
-    the end of the step.
+    the end of the step. When the pipeline cannot be rebuilt, p2p kernels whose peer the trace
+    does not name are not counted: their time cannot be told apart from waiting for that peer.
 
     Why it matters:
     Transfers can run on their own stream while the next micro-batch computes; when they do not,
@@ -41,23 +43,34 @@ class ExposedCommRule:
         if not ctx.step_ms:
             return []
         ex = mean_cause_ms(ctx, "exposed_comm")
+        rows = ctx.report.ranks
+        p2p = float(np.mean([r.exposed_p2p_ms for r in rows])) if rows else 0.0
+        coll = float(np.mean([r.exposed_collective_ms for r in rows])) if rows else 0.0
         fix: str | None = None
         gain: float | None
+        unmatched = 0.0
         if ctx.pipeline.topology.pp > 1:
             # the fix overlaps the transfers: its gain is what-if's "overlapped comm" row
             fix = "no_exposed_comm"
             gain = fix_gain_ms(ctx, fix)
         else:
+            if _p2p_peers_unknown(ctx.run):
+                # no pipeline and p2p kernels whose peer is unknown: their time cannot be told apart
+                # from waiting for that peer, so it is not claimed as a missed overlap
+                unmatched = min(p2p, ex)
+                ex, p2p = ex - unmatched, 0.0
             gain = ex  # one stage: nothing waits for this rank through a schedule, the time is the gain
         share = 100 * ex / ctx.step_ms
         if share < MIN_SHARE_PCT or not faster(gain):
             return []
-        rows = ctx.report.ranks
-        p2p = float(np.mean([r.exposed_p2p_ms for r in rows])) if rows else 0.0
-        coll = float(np.mean([r.exposed_collective_ms for r in rows])) if rows else 0.0
         # CPU ranks sharing a host move p2p data with the same cores that compute: that exposure is
         # contention, not a missed overlap
         noise = noise_of(ctx).noise_ms(gain, p2p / (p2p + coll) if p2p + coll > 0 else 0.0)
+        if unmatched > 0:
+            # the pipeline could not be rebuilt, so the clocks had no transfers to align on:
+            # collectives whose members do not end together were not split into waiting and
+            # transfer, and that much of their time may be waiting
+            noise += _unsplit_share(ctx) * coll
         worst = sorted(rows, key=lambda r: -r.lost_ms["exposed_comm"])[:4]
         kind = "collectives" if coll >= p2p else "p2p transfers"
         fixes = (
@@ -86,6 +99,7 @@ class ExposedCommRule:
                     "exposed_p2p_ms": r3(p2p),
                     "exposed_collective_ms": r3(coll),
                     "worst_ranks": {str(r.rank): r3(r.lost_ms["exposed_comm"]) for r in worst},
+                    **({"p2p_peer_unknown_ms": r3(unmatched)} if unmatched > 0 else {}),
                 },
                 fixes,
                 ranks=[r.rank for r in worst],
@@ -93,6 +107,22 @@ class ExposedCommRule:
                 fix=fix,
             )
         ]
+
+
+def _unsplit_share(ctx: RuleContext) -> float:
+    """The share of matched collective instances that were not split into waiting and transfer."""
+    cw = ctx.attribution.collective_waits
+    if cw is None or cw.instances <= 0:
+        return 0.0
+    return max(cw.instances - cw.syncs, 0) / cw.instances
+
+
+def _p2p_peers_unknown(run: Run) -> bool:
+    """Whether any rank has p2p kernels whose peer the trace does not name (and no pipeline
+    structure gave them one)."""
+    return any(
+        bool(((tl.intervals.kind == int(Kind.P2P)) & (tl.intervals.peer < 0)).any()) for tl in run.ranks
+    )
 
 
 register(ExposedCommRule())
