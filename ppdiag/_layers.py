@@ -36,7 +36,7 @@ from pathlib import Path
 # - api: the analyze() orchestration (parse -> pipeline -> attribution -> rules).
 # - cli: the typer commands.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("ppdiag", "ppdiag.errors", "ppdiag.limits", "ppdiag.io", "ppdiag._layers")),
+    ("base", ("ppdiag", "ppdiag.errors", "ppdiag.limits", "ppdiag.io", "ppdiag._layers", "ppdiag.recording")),
     ("model", ("ppdiag.model", "ppdiag.diagnosis", "ppdiag.report_types")),
     ("parsers", ("ppdiag.parsers",)),
     ("simulate", ("ppdiag.simulate", "ppdiag.synth", "ppdiag.demo")),

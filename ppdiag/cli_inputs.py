@@ -90,7 +90,7 @@ Scheduler = Annotated[
         "--scheduler",
         metavar="ADDRESS",
         help="Parse on a Dask cluster: the scheduler's address (tcp://host:8786); also "
-        "PPDIAG_DASK_SCHEDULER. Needs the dask extra: pip install 'ppdiag[dask]'.",
+        "PPDIAG_DASK_SCHEDULER. Needs the dask extra (pip install 'dask[distributed]' fsspec).",
     ),
 ]
 
