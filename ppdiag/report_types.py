@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from ppdiag.compat import StrEnum
 from ppdiag.model.memory import MemoryRow
 
 #: The shipped schema of the report.
