@@ -68,6 +68,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ppdiag.cli",
             "ppdiag.cli_support",
             "ppdiag.cli_inputs",
+            "ppdiag.cli_help",
             "ppdiag.cache_cli",
             "ppdiag.__main__",
             "ppdiag.whatif.cli",

@@ -17,6 +17,7 @@ import msgspec
 import typer
 from rich.console import Console
 
+from ppdiag.cli_help import plain_help
 from ppdiag.cli_inputs import (
     PP,
     TP,
@@ -54,6 +55,8 @@ from ppdiag.version import __version__
 if TYPE_CHECKING:
     from ppdiag.api import Options
     from ppdiag.reports.context import Analyzed
+
+plain_help()  # values, not Python types, in --help (ppdiag/cli_help.py)
 
 app = typer.Typer(
     name="ppdiag",

@@ -74,7 +74,7 @@ class _Unit:
     longer (one unit per table, named in its title)."""
 
     def __init__(self, report: Report) -> None:
-        self.seconds = report.summary.step_ms >= SECONDS_FROM_MS
+        self.seconds = (report.summary.step_ms or 0.0) >= SECONDS_FROM_MS
         self.name = "s" if self.seconds else "ms"
 
     def __call__(self, ms: float | None) -> str:
