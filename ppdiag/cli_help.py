@@ -61,13 +61,12 @@ def plain_help() -> None:
             str(self.metavar or self.name).upper() + ("..." if self.nargs != 1 else "")
         )
     if hasattr(opt, "display_type_rich"):
-        original = opt.display_type_rich
 
         def option_value(self: Any, ctx: click.Context) -> str | None:
             if self.is_flag or self.count:
                 return None
             if self.metavar is not None:
-                return original(self, ctx)
+                return str(self.metavar)
             return _value_name(self)
 
         opt.display_type_rich = option_value

@@ -96,7 +96,9 @@ def test_no_color_and_pipe_are_plain(run_dir: Path) -> None:
 
 def _header_words(text: str) -> list[list[str]]:
     """The words of each table's header lines (between ┏ and ┡), one list per table."""
-    tables, cur, inside = [], [], False
+    tables: list[list[str]] = []
+    cur: list[str] = []
+    inside = False
     for line in text.splitlines():
         if line.startswith("┏"):
             inside, cur = True, []
