@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import Any, get_args, get_origin
 
-import click
-
 
 def _value_name(param: Any) -> str:
-    """The metavar of an option's value, from its annotation (typer 0.2x) or its click type."""
+    """The metavar of an option's value, from its annotation (typer 0.2x, which has no click
+    underneath) or, in an older typer, from the name of its click type."""
     desc = getattr(param, "type_descriptor", None)
     if desc is not None:
         ann = desc.annotation
@@ -29,14 +28,12 @@ def _value_name(param: Any) -> str:
         if inner is float:
             return "X"
         return "TEXT"
-    t = getattr(param, "type", None)
-    if isinstance(t, click.types.IntParamType):  # IntRange too
+    kind = type(getattr(param, "type", None)).__name__  # IntParamType, IntRange, Path, ...
+    if kind.startswith("Int"):
         return "N"
-    if isinstance(t, click.types.FloatParamType):
+    if kind.startswith("Float"):
         return "X"
-    if isinstance(t, click.Path):
-        return "PATH"
-    return "TEXT"
+    return "PATH" if kind == "Path" else "TEXT"
 
 
 def plain_help() -> None:
@@ -62,7 +59,7 @@ def plain_help() -> None:
         )
     if hasattr(opt, "display_type_rich"):
 
-        def option_value(self: Any, ctx: click.Context) -> str | None:
+        def option_value(self: Any, ctx: Any) -> str | None:
             if self.is_flag or self.count:
                 return None
             if self.metavar is not None:
