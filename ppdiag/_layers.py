@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # (layer name, module prefixes). Why each sits where it does:
-# - base: no ppdiag imports beyond each other (errors, limits, atomic file writes, the version).
+# - base: no ppdiag imports beyond each other (errors, limits, atomic file writes, the version, the
+#   recording helper).
 # - model: the columnar run model, its interval algebra, and the Diagnosis container every later
 #   layer fills or reads.
 # - parsers: trace formats -> model.
@@ -34,9 +35,23 @@ from pathlib import Path
 # - rules: findings PP001...
 # - reports: terminal, JSON, Markdown, HTML, Perfetto, diff, gate.
 # - api: the analyze() orchestration (parse -> pipeline -> attribution -> rules).
-# - cli: the typer commands.
+# - cli: the typer commands, and the notebook API beside them (the same option checks).
+# - package: ``ppdiag`` itself, whose ``ppdiag.analyze`` is the notebook API (imported on first use).
+#   Only the package root sits here: a module not listed above has no layer and may import nothing
+#   of ppdiag, so a new module must be placed in the list.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("ppdiag", "ppdiag.errors", "ppdiag.limits", "ppdiag.io", "ppdiag._layers")),
+    (
+        "base",
+        (
+            "ppdiag.version",
+            "ppdiag.compat",
+            "ppdiag.errors",
+            "ppdiag.limits",
+            "ppdiag.io",
+            "ppdiag._layers",
+            "ppdiag.recording",
+        ),
+    ),
     ("model", ("ppdiag.model", "ppdiag.diagnosis", "ppdiag.report_types")),
     ("parsers", ("ppdiag.parsers",)),
     ("simulate", ("ppdiag.simulate", "ppdiag.synth", "ppdiag.demo")),
@@ -53,13 +68,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ppdiag.cli",
             "ppdiag.cli_support",
             "ppdiag.cli_inputs",
+            "ppdiag.cli_help",
             "ppdiag.cache_cli",
             "ppdiag.__main__",
             "ppdiag.whatif.cli",
             "ppdiag.whatif.calc_cli",
             "ppdiag.demo.cli",
+            "ppdiag.notebook",
         ),
     ),
+    ("package", ("ppdiag",)),
 )
 
 _RANK: dict[str, int] = {p: i for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes}
@@ -67,8 +85,10 @@ _RANK: dict[str, int] = {p: i for i, (_, prefixes) in enumerate(LAYERS) for p in
 
 def layer_of(module: str) -> int:
     """Index in :data:`LAYERS` of ``module`` (longest listed prefix wins); ``-1`` if not ppdiag."""
+    if module == "ppdiag":
+        return _RANK["ppdiag"]
     parts = module.split(".")
-    for n in range(len(parts), 0, -1):
+    for n in range(len(parts), 1, -1):
         rank = _RANK.get(".".join(parts[:n]))
         if rank is not None:
             return rank

@@ -17,7 +17,7 @@ import msgspec
 import typer
 from rich.console import Console
 
-from ppdiag import __version__
+from ppdiag.cli_help import plain_help
 from ppdiag.cli_inputs import (
     PP,
     TP,
@@ -50,10 +50,13 @@ from ppdiag.cli_support import Interrupted, err, guard_streams, on_signal, repor
 from ppdiag.cli_support import fail as _fail
 from ppdiag.errors import PpdiagError
 from ppdiag.report_types import Report
+from ppdiag.version import __version__
 
 if TYPE_CHECKING:
     from ppdiag.api import Options
     from ppdiag.reports.context import Analyzed
+
+plain_help()  # values, not Python types, in --help (ppdiag/cli_help.py)
 
 app = typer.Typer(
     name="ppdiag",

@@ -32,7 +32,13 @@ Paths = Annotated[
 
 PP = Annotated[
     int | None,
-    typer.Option("--pp", min=1, max=MAX_PP, help="Pipeline stages, when the traces do not show them."),
+    typer.Option(
+        "--pp",
+        min=1,
+        max=MAX_PP,
+        help="Override: the pipeline stages, when the traces do not show them "
+        "(whatif's --pp predicts instead).",
+    ),
 ]
 StageMap = Annotated[
     str | None,
@@ -50,7 +56,14 @@ Hosts = Annotated[
 ]
 Micro = Annotated[
     int | None,
-    typer.Option("--microbatches", "-m", min=1, max=MAX_MICROBATCHES, help="Micro-batches per step (M)."),
+    typer.Option(
+        "--microbatches",
+        "-m",
+        min=1,
+        max=MAX_MICROBATCHES,
+        help="Override: the micro-batches per step (M) the run used, when the traces do not show them "
+        "(whatif's -m predicts other values instead).",
+    ),
 ]
 Sched = Annotated[
     str | None,
@@ -90,7 +103,7 @@ Scheduler = Annotated[
         "--scheduler",
         metavar="ADDRESS",
         help="Parse on a Dask cluster: the scheduler's address (tcp://host:8786); also "
-        "PPDIAG_DASK_SCHEDULER. Needs the dask extra: pip install 'ppdiag[dask]'.",
+        "PPDIAG_DASK_SCHEDULER. Needs the dask extra (pip install 'dask[distributed]' fsspec).",
     ),
 ]
 

@@ -46,7 +46,7 @@ def md_marker(kind: str = "md") -> str:
 
 def html_marker() -> str:
     """The ``<meta>`` tag that marks an HTML output."""
-    from ppdiag import __version__
+    from ppdiag.version import __version__
 
     return f'<meta name="generator" content="{HTML_GENERATOR} {__version__}">'
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from ppdiag.compat import StrEnum
 from ppdiag.model.memory import MemoryRow
 
 # run.structure's types, re-exported: every section type of the report is importable from here

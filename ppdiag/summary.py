@@ -9,7 +9,6 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ppdiag import __version__
 from ppdiag.attribution.causes import Attribution, RankStep
 from ppdiag.diagnosis import CAUSE_KEYS, SCHEMA_VERSION
 from ppdiag.facts import StageBalance, measured_bubble, stage_balance, theoretical_bubble
@@ -29,6 +28,7 @@ from ppdiag.report_types import (
     Tool,
     TraceFormat,
 )
+from ppdiag.version import __version__
 
 NS_PER_MS = 1e6
 

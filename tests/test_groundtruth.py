@@ -147,7 +147,7 @@ def test_record_without_torch_says_how_to_install_it(tmp_path: Path, monkeypatch
     monkeypatch.setattr(recorder, "torch_available", lambda: False)
     with pytest.raises(InputError) as ei:
         record(DemoConfig(), tmp_path)
-    assert str(ei.value) == "ppdiag demo needs torch: pip install 'ppdiag[demo]'"
+    assert str(ei.value) == "ppdiag demo needs torch: pip install torch (the ppdiag[demo] extra)"
     assert ei.value.exit_code == 2
 
 

@@ -64,3 +64,9 @@ def test_op_table_parse_loads_it_when_used(tmp_path: Path) -> None:
     table = write_table(df, tmp_path / "ops.csv")
     code = f"from ppdiag.parsers.loader import load_run\nload_run([{str(table)!r}], progress=False)"
     assert "pandas" in _loaded_after(code)
+
+
+def test_import_ppdiag_is_light_and_offers_analyze() -> None:
+    # the notebook API is named at the top (ppdiag.analyze) but imported on its first call
+    code = "import sys\nimport ppdiag\nassert callable(ppdiag.analyze) and 'ppdiag.api' not in sys.modules"
+    assert _loaded_after(code) == set()

@@ -211,18 +211,18 @@ def test_warm_rerun_starts_no_worker(tmp_path: Path, cache_on: Path, monkeypatch
 
 
 def test_parser_version_follows_the_parser_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import ppdiag
+    import ppdiag.version
 
     # a copy of the package sources with one parser line changed gets another version
     fake = tmp_path / "ppdiag"
-    root = Path(ppdiag.__file__).resolve().parent
+    root = Path(ppdiag.version.__file__).resolve().parent
     for sub in ("parsers", "model"):
         (fake / sub).mkdir(parents=True)
         for f in (root / sub).glob("*.py"):
             (fake / sub / f.name).write_bytes(f.read_bytes())
-    for n in ("errors.py", "io.py", "limits.py", "__init__.py"):
+    for n in ("errors.py", "io.py", "limits.py", "version.py"):
         (fake / n).write_bytes((root / n).read_bytes())
-    monkeypatch.setattr(ppdiag, "__file__", str(fake / "__init__.py"))
+    monkeypatch.setattr(ppdiag.version, "__file__", str(fake / "version.py"))
     monkeypatch.setattr(cache, "_VERSION", None)
     v1 = cache.parser_version()
     k = fake / "parsers" / "kineto.py"

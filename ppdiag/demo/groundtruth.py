@@ -79,6 +79,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.errors import InputError
+from ppdiag.recording import trace_file
 
 SCHEMA = "ppdiag.demo.groundtruth"
 SCHEMA_VERSION = 1
@@ -99,7 +100,7 @@ Kinds = str | tuple[str, ...] | list[str]
 
 def trace_name(rank: int) -> str:
     """File name of one rank's trace in a demo run directory."""
-    return f"rank{rank}.pt.trace.json.gz"
+    return trace_file(".", rank).name
 
 
 class IntervalLog:

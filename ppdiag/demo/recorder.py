@@ -31,7 +31,7 @@ from ppdiag.errors import InputError, PpdiagError
 
 Progress = Callable[[str, float], None]
 
-TORCH_MISSING = "ppdiag demo needs torch: pip install 'ppdiag[demo]'"
+TORCH_MISSING = "ppdiag demo needs torch: pip install torch (the ppdiag[demo] extra)"
 FAILURE_LOG = "demo-failure.log"
 _RANK_TRACE = re.compile(r"rank\d+\.pt\.trace\.json\.gz")
 

@@ -202,17 +202,22 @@ def _train(
 ) -> list[tuple[int, int, int]]:
     """Every iteration under the profiler; returns (iteration, start ns, end ns) of the recorded ones."""
     import torch
-    from torch.profiler import ProfilerActivity, profile, schedule
 
     from ppdiag.demo.model import start_step
+    from ppdiag.recording import profiler
 
     first_recorded = PROFILER_WAIT + PROFILER_WARMUP
     step_rows: list[tuple[int, int, int]] = []
-    prof = profile(
-        activities=[ProfilerActivity.CPU],
-        schedule=schedule(wait=PROFILER_WAIT, warmup=PROFILER_WARMUP, active=cfg.steps, repeat=1),
+    # the helper users record with (ppdiag/recording.py), so every demo run tests it
+    prof = profiler(
+        trace_path.parent,
+        steps=cfg.steps,
+        wait=PROFILER_WAIT,
+        warmup=PROFILER_WARMUP,
+        rank=rank,
+        cuda=False,
         record_shapes=cfg.record_shapes,
-        on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
+        # the deferred c10d::send of a slow link runs on its own thread (ppdiag/demo/faults.py)
         experimental_config=torch._C._profiler._ExperimentalConfig(profile_all_threads=True),
     )
     with prof:

@@ -9,8 +9,7 @@ predicts it as interleaved 1F1B, saying so (:data:`SIMULATED_AS`).
 
 from __future__ import annotations
 
-from enum import StrEnum
-
+from ppdiag.compat import StrEnum
 from ppdiag.errors import InputError
 
 

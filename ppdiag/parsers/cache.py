@@ -77,10 +77,10 @@ def parser_version() -> str:
     """ppdiag's version plus a hash of the sources that decide a parse's output."""
     global _VERSION
     if _VERSION is None:
-        import ppdiag
+        import ppdiag.version as _version
 
-        root = Path(ppdiag.__file__).resolve().parent
-        h = hashlib.blake2b(ppdiag.__version__.encode(), digest_size=12)
+        root = Path(_version.__file__).resolve().parent
+        h = hashlib.blake2b(_version.__version__.encode(), digest_size=12)
         # every module a parser's output can depend on: the parsers, the model, and the helpers
         # the parsers import
         srcs = sorted((root / "parsers").glob("*.py")) + sorted((root / "model").glob("*.py"))

@@ -111,7 +111,7 @@ def _read_table(path: Path, src: str, head: bytes) -> tuple[pd.DataFrame, float]
                 import pyarrow  # noqa: F401
             except ImportError:
                 raise InputError(
-                    src, "Parquet op tables need pyarrow: pip install 'ppdiag[parquet]'"
+                    src, "Parquet op tables need pyarrow: pip install pyarrow (the ppdiag[parquet] extra)"
                 ) from None
             df = pd.read_parquet(path)
         elif _first_line(head).startswith(b"{"):

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ppdiag.parsers.loader import TraceFile
 
 ENV = "PPDIAG_DASK_SCHEDULER"
-_NEED = "needs Dask: pip install 'ppdiag[dask]'"
+_NEED = "needs Dask: pip install 'dask[distributed]' fsspec (the ppdiag[dask] extra)"
 CONNECT_TIMEOUT_S = 30.0
 
 

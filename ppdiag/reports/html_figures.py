@@ -126,10 +126,13 @@ def _mean_bars(stages: list[StageRow]) -> PlotlyFigure:
 
 
 def _subplot_titles(stages: list[StageRow], slow: int | None) -> list[str]:
+    # two lines (the stage, then its ranks): four titles side by side fit an 800 px page
     titles = []
     for i, s in enumerate(stages):
-        t = f"stage {s.stage}" + (f" · rank {','.join(map(str, s.ranks[:4]))}" if s.ranks else "")
-        titles.append(f"<b>{esc(t)} · slowest</b>" if i == slow else esc(t))
+        head = esc(f"stage {s.stage}") + (" · slowest" if i == slow else "")
+        ranks = esc(f"rank {','.join(map(str, s.ranks[:4]))}") if s.ranks else ""
+        head = f"<b>{head}</b>" if i == slow else head
+        titles.append(f"{head}<br>{ranks}" if ranks else head)
     return titles
 
 
@@ -169,9 +172,10 @@ def _y_scale_menu(axes: list[str], top: float) -> dict[str, Any]:
         "direction": "right",
         "x": 1.0,
         "xanchor": "right",
-        "y": 1.0,
-        "yanchor": "bottom",
-        "pad": {"b": 24},
+        # under the figure, right of the x title: above it they covered the two-line subplot titles
+        "y": 0.0,
+        "yanchor": "top",
+        "pad": {"t": 48},
         "showactive": True,
         "active": 0,
         "font": {"size": 11},
@@ -244,12 +248,13 @@ def histogram_figure(report: Report) -> PlotlyFigure | None:
     fig.update_layout(
         template="plotly_white",
         barmode="overlay",
-        height=max(300, 230 * nrows + 60),
+        height=max(350, 230 * nrows + 110),  # room under the axes for the y-scale buttons
         margin={"l": 50, "r": 130, "t": 40, "b": 50},
         legend={"orientation": "v", "x": 1.01, "y": 1, "yanchor": "top"},
         font=_FONT,
     )
-    fig.update_xaxes(title_text="ms per micro-batch", row=nrows)
+    # one x title, under the first column: one per column ran together on a narrow page
+    fig.update_xaxes(title_text="ms per micro-batch", row=nrows, col=1)
     fig.update_yaxes(title_text="micro-batches", col=1)
     # counts are whole micro-batches: integer ticks, one y-scale for every stage (a toggle frees it)
     edges = np.arange(xbins["start"], xbins["end"] + width, width)
@@ -266,7 +271,7 @@ def histogram_figure(report: Report) -> PlotlyFigure | None:
     fig.update_yaxes(range=[0, top], tickformat="d", rangemode="tozero", dtick=1 if ymax <= 8 else None)
     axes = ["yaxis" + ("" if i == 0 else str(i + 1)) for i in range(nrows * cols)]
     fig.update_layout(updatemenus=[_y_scale_menu(axes, top)])
-    fig.update_layout(margin={"l": 50, "r": 130, "t": 70, "b": 50})
+    fig.update_layout(margin={"l": 50, "r": 130, "t": 70, "b": 100})
     if slow is not None:
         _frame_slowest(fig, slow)
     return fig_dict(fig)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from importlib.resources import files
 
 import jinja2
@@ -50,6 +51,8 @@ letter-spacing:.04em}
 .legend{display:flex;flex-wrap:wrap;gap:6px 16px;color:var(--muted);font-size:13px}
 .sw{display:inline-block;width:11px;height:11px;border-radius:2px;margin-right:5px;vertical-align:-1px}
 table{border-collapse:collapse;width:100%;font-size:13px}
+.tw{overflow-x:auto;max-width:100%;margin:0 0 4px}.tw td:not(.l){white-space:nowrap}
+section{overflow-wrap:break-word}
 th,td{padding:5px 8px;border-bottom:1px solid var(--line);text-align:right;vertical-align:top}
 th{background:#fafbfc;font-weight:600}
 td.l,th.l{text-align:left}
@@ -112,6 +115,16 @@ _CONFIG = {
 }
 
 
+_TABLE_OPEN = re.compile(r"<table\b")
+
+
+def _scrolling_tables(part: str) -> str:
+    """Every table of a section in a box of its own that scrolls sideways (``.tw``), so that a table
+    wider than its card (a narrow window, many cause columns) scrolls inside the card instead of
+    spilling out of it. Trace strings reach the parts escaped, so a ``<table`` here is markup."""
+    return _TABLE_OPEN.sub('<div class="tw"><table', part).replace("</table>", "</table></div>")
+
+
 def page(title: str, parts: list[str], figs: dict[str, PlotlyFigure]) -> str:
     """The whole page: ``parts`` (HTML built with every trace string escaped) in the page template,
     and a script that draws ``figs`` (element id -> figure dict), reporting a figure that fails."""
@@ -134,7 +147,8 @@ def page(title: str, parts: list[str], figs: dict[str, PlotlyFigure]) -> str:
             title=title,
             css=Markup(_CSS),
             error_hook=Markup(_ERROR_HOOK),
-            parts=[Markup(p) for p in parts],  # built by the sections, every trace string escaped
+            # built by the sections, every trace string escaped
+            parts=[Markup(_scrolling_tables(p)) for p in parts],
             plotly=Markup(plotly_js()),
             script=Markup(script),
         )

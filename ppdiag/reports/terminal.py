@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from rich.console import Console, Group
 from rich.markup import escape
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -34,16 +35,52 @@ def _col(t: Table, name: str, right: bool = True) -> None:
     t.add_column(name, justify="right" if right else "left", overflow="fold")
 
 
-def _top_cause(lost: dict[str, float]) -> str:
+def _whole_header_words(t: Table, width: int) -> Table:
+    """Every column at least as wide as its header's longest word, so that headers wrap between
+    words ("unexplained", not "unexplaine" / "d"), when the table still fits ``width`` that way
+    (else the columns keep folding: a cut table would be worse)."""
+    longest = [max((len(w) for w in str(c.header).split()), default=1) for c in t.columns]
+    if sum(longest) + 3 * len(longest) + 1 <= width:
+        for c, n in zip(t.columns, longest, strict=True):
+            c.min_width = max(c.min_width or 0, n)
+    return t
+
+
+def _top_cause(lost: dict[str, float], seconds: bool = False) -> str:
     vals = [(k, float(v)) for k, v in lost.items() if k in CAUSE_LABELS and v]
     if not vals:
         return "-"
     k, v = max(vals, key=lambda kv: kv[1])
-    return f"{CAUSE_LABELS[k]} {v:.1f}"
+    return f"{CAUSE_LABELS[k]} {v / 1e3:.2f}" if seconds else f"{CAUSE_LABELS[k]} {v:.1f}"
 
 
 def _f(v: float | None, nd: int = 2) -> str:
     return "-" if v is None else f"{float(v):.{nd}f}"
+
+
+#: From this step time on, durations print in seconds ("46.67 s", not "46666.27 ms").
+SECONDS_FROM_MS = 10_000.0
+
+
+def _dur(ms: float | None, nd: int = 2) -> str:
+    """A duration with its unit: ms below :data:`SECONDS_FROM_MS`, else seconds."""
+    if ms is None:
+        return "-"
+    return f"{ms / 1e3:.{nd}f} s" if abs(ms) >= SECONDS_FROM_MS else f"{ms:.{nd}f} ms"
+
+
+class _Unit:
+    """The unit of a report's tables: ms, or seconds when its step is :data:`SECONDS_FROM_MS` or
+    longer (one unit per table, named in its title)."""
+
+    def __init__(self, report: Report) -> None:
+        self.seconds = (report.summary.step_ms or 0.0) >= SECONDS_FROM_MS
+        self.name = "s" if self.seconds else "ms"
+
+    def __call__(self, ms: float | None) -> str:
+        if ms is None:
+            return "-"
+        return f"{float(ms) / 1e3:.3f}" if self.seconds else f"{float(ms):.2f}"
 
 
 def _mean(d: Dist | None) -> float | None:
@@ -56,17 +93,17 @@ def headline(report: Report) -> Text:
     run = report.run
     t = Text()
     lost = s.lost_ratio
-    t.append(f"step {_f(s.step_ms)} ms", style="bold")
+    u = _Unit(report)
+    t.append(f"step {u(s.step_ms)} {u.name}", style="bold")
     if s.step_mean_ms is not None:
-        t.append(f" median, mean {_f(s.step_mean_ms)}, p95 {_f(s.step_p95_ms)}")
+        t.append(f" median, mean {u(s.step_mean_ms)}, p95 {u(s.step_p95_ms)}")
     if lost is not None:
         t.append(f"  ·  lost {lost * 100:.1f}%", style="bold red" if lost > 0.25 else "bold")
     top = sorted(((k, v) for k, v in s.lost_ms.items() if v > 0), key=lambda kv: -kv[1])[:3]
     if top and (s.step_mean_ms or s.step_ms):
         t.append("  ·  ")
-        t.append(
-            ", ".join(f"{CAUSE_LABELS[k]} {v:.1f} ms ({(share_of(s, k) or 0.0) * 100:.0f}%)" for k, v in top)
-        )
+        parts = [f"{CAUSE_LABELS[k]} {_dur(v, 1)} ({(share_of(s, k) or 0.0) * 100:.0f}%)" for k, v in top]
+        t.append(", ".join(parts))
     t.append("\n")
     if run.pp > 1:
         t.append(f"pipeline: {run.pp} stages, schedule {run.schedule}, M={run.microbatches}", style="cyan")
@@ -95,7 +132,8 @@ def stage_table(report: Report, wide: bool = True) -> Table | None:
     stages = report.stages
     if not stages:
         return None
-    t = _table("Per stage (ms per step; fwd/bwd per micro-batch)")
+    u = _Unit(report)
+    t = _table(f"Per stage ({u.name} per step; fwd/bwd per micro-batch)")
     _col(t, "stage")
     _col(t, "ranks", right=False)
     _col(t, "fwd")
@@ -113,14 +151,14 @@ def stage_table(report: Report, wide: bool = True) -> Table | None:
     idx = report_slowest_stage(stages)
     slow = stages[idx].stage if idx is not None else None
     for s in stages:
-        row = [str(s.stage), ",".join(map(str, s.ranks)), _f(_mean(s.fwd_ms)), _f(_mean(s.bwd_ms))]
+        row = [str(s.stage), ",".join(map(str, s.ranks)), u(_mean(s.fwd_ms)), u(_mean(s.bwd_ms))]
         if has_w:
-            row.append(_f(_mean(s.wgrad_ms)))
-        row.append(_f(s.compute_ms))
+            row.append(u(_mean(s.wgrad_ms)))
+        row.append(u(s.compute_ms))
         if wide:
-            row += [_f(s.lost_ms.get(k)) for k in CAUSE_KEYS]
+            row += [u(s.lost_ms.get(k)) for k in CAUSE_KEYS]
         else:
-            row += [_f(sum(float(v) for v in s.lost_ms.values())), _top_cause(s.lost_ms)]
+            row += [u(sum(float(v) for v in s.lost_ms.values())), _top_cause(s.lost_ms, u.seconds)]
         t.add_row(*row, style="bold" if s.stage == slow else None)
     return t
 
@@ -129,7 +167,8 @@ def rank_table(report: Report, limit: int = 64, wide: bool = True) -> Table:
     """Per rank: the time accounting and every cause when ``wide``, else rank, stage, step,
     compute, lost and the top cause."""
     rows = report.ranks
-    t = _table("Per rank (ms, mean per step)")
+    u = _Unit(report)
+    t = _table(f"Per rank ({u.name}, mean per step)")
     if not wide:
         for c in ("rank", "stage", "step", "compute", "lost"):
             _col(t, c)
@@ -138,10 +177,10 @@ def rank_table(report: Report, limit: int = 64, wide: bool = True) -> Table:
             t.add_row(
                 str(r.rank),
                 "-" if r.stage is None else str(r.stage),
-                _f(r.step_ms),
-                _f(r.compute_ms),
-                _f(sum(float(v) for v in r.lost_ms.values())),
-                _top_cause(r.lost_ms),
+                u(r.step_ms),
+                u(r.compute_ms),
+                u(sum(float(v) for v in r.lost_ms.values())),
+                _top_cause(r.lost_ms, u.seconds),
             )
     else:
         for c in ("rank", "stage", "step", "compute", "exp. p2p", "exp. coll", "exp. copy", "idle"):
@@ -153,13 +192,13 @@ def rank_table(report: Report, limit: int = 64, wide: bool = True) -> Table:
             t.add_row(
                 str(r.rank),
                 "-" if r.stage is None else str(r.stage),
-                _f(r.step_ms),
-                _f(r.compute_ms),
-                _f(r.exposed_p2p_ms),
-                _f(r.exposed_collective_ms),
-                _f(r.exposed_copy_ms),
-                _f(r.idle_ms),
-                *[_f(r.lost_ms.get(k, 0.0)) for k in CAUSE_KEYS],
+                u(r.step_ms),
+                u(r.compute_ms),
+                u(r.exposed_p2p_ms),
+                u(r.exposed_collective_ms),
+                u(r.exposed_copy_ms),
+                u(r.idle_ms),
+                *[u(r.lost_ms.get(k, 0.0)) for k in CAUSE_KEYS],
             )
     if len(rows) > limit:
         t.caption = f"{len(rows) - limit} more ranks in the JSON report"
@@ -173,7 +212,8 @@ def critical_path_table(report: Report, wide: bool = True) -> Table | None:
     if not rows:
         return None
     total = sum(sum(ms.values()) for _, ms in rows) or 1.0
-    t = _table("Critical path by stage and cause (ms per step: which stage to shorten)")
+    u = _Unit(report)
+    t = _table(f"Critical path by stage and cause ({u.name} per step: which stage to shorten)")
     _col(t, "stage")
     _col(t, "on path")
     _col(t, "share")
@@ -189,14 +229,14 @@ def critical_path_table(report: Report, wide: bool = True) -> Table | None:
     top = max(rows, key=lambda r: r[1].get("compute", 0.0))[0]
     for st, ms in rows:
         on = sum(ms.values())
-        row = ["-" if st is None else str(st), _f(on), f"{100 * on / total:.0f}%"]
-        row += [_f(ms.get(k, 0.0)) for k in cats]
+        row = ["-" if st is None else str(st), u(on), f"{100 * on / total:.0f}%"]
+        row += [u(ms.get(k, 0.0)) for k in cats]
         lost = {k: ms.get(k, 0.0) for k in CAUSE_KEYS}
         if wide:
-            row += [_f(lost[k]) for k in CAUSE_KEYS]
+            row += [u(lost[k]) for k in CAUSE_KEYS]
         else:
             # compute outside blocks joins the lost column here, so the row adds up to "on path"
-            row += [_f(sum(lost.values()) + ms.get("other", 0.0)), _top_cause(lost)]
+            row += [u(sum(lost.values()) + ms.get("other", 0.0)), _top_cause(lost, u.seconds)]
         t.add_row(*row, style="bold" if st == top else None)
     return t
 
@@ -207,7 +247,7 @@ def _finding_panel(f: FindingRow) -> Panel:
     head.append(f"[{f.severity}] ", style=SEV_STYLE.get(f.severity, ""))
     head.append(f.title)
     if f.gain_ms:
-        head.append(f"  (gain ≈ {f.gain_ms:.1f} ms/step, {f.gain_pct or 0.0:.0f}%)", style="green")
+        head.append(f"  (gain ≈ {_dur(f.gain_ms, 1)}/step, {f.gain_pct or 0.0:.0f}%)", style="green")
     body = Text()
     items = evidence_items(f.evidence, scalars_only=True)[:8]
     if items:
@@ -231,12 +271,21 @@ def findings_panel(report: Report, limit: int = 10) -> Group | Text:
 def _print_whatif(con: Console, report: Report) -> None:
     from ppdiag.whatif.render import whatif_table
 
-    wt = whatif_table(
-        report.whatif, "What if (simulated from the measured stage costs)", lost=False, notes=True
-    )
-    for c in wt.columns:  # fold long notes (a flag name) instead of cutting them
+    wt = whatif_table(report.whatif, "What if (simulated from the measured stage costs)", lost=False)
+    for c in wt.columns:  # fold, never cut
         c.overflow = "fold"
+    # the caption and each scenario's note on lines of their own under the table, at the console's
+    # full width (a note column shrank to a few characters and split flag names: "--layers-per-sta"
+    # / "ge"; a caption wrapped to the narrow table's width)
+    caption, wt.caption = str(wt.caption or ""), None
     con.print(wt)
+    for line in caption.splitlines():
+        con.print(Padding(Text(line, style="dim"), (0, 0, 0, 2)))
+    for r in report.whatif:
+        note = f"not possible: {r.error}" if r.error else r.note
+        if note:
+            text = Text.assemble((f"{r.scenario}: ", "bold"), (note, "yellow" if r.error else ""))
+            con.print(Padding(text, (0, 0, 0, 2)))
 
 
 def render(
@@ -254,9 +303,9 @@ def render(
     con.print(Panel(headline(report), title="ppdiag", border_style="blue"))
     for table in (stage_table(report, wide=wide), critical_path_table(report, wide=wide)):
         if table is not None:
-            con.print(table)
+            con.print(_whole_header_words(table, con.width))
     if ranks:
-        con.print(rank_table(report, wide=wide))
+        con.print(_whole_header_words(rank_table(report, wide=wide), con.width))
     con.print(findings_panel(report))
     if report.whatif:
         _print_whatif(con, report)

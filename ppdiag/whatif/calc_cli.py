@@ -74,6 +74,11 @@ def register(app: typer.Typer) -> None:
 
         code = 0
         try:
+            if world is None and micro_batch is None and global_batch is None and microbatches is None:
+                # nothing to check: "no problems found" would pass a CI step that checked nothing
+                raise InputError(
+                    None, "nothing to check: give --world, --global-batch, --micro-batch or --microbatches"
+                )
             res = batch_report(world, tp, pp, cp, micro_batch, global_batch, microbatches, schedule, virtual)
             if json_out:
                 typer.echo(json.dumps(res, indent=2))
@@ -145,9 +150,26 @@ def bubble_table(
         "bubble_ratio": given["simulated"],
         "closed_form": given["closed_form"],
         "formula": formula,
+        "note": _formula_note(rows, given),
         "costs": {"fwd": fwd, "bwd": bwd, "wgrad": wg},
         "table": rows,
     }
+
+
+def _formula_note(rows: list[dict[str, Any]], given: dict[str, Any]) -> str | None:
+    """Why the simulated bubble of the asked M differs from the formula, when it does: the formula
+    is the steady state's, which the simulated schedule reaches only from some M on (read from the
+    table, not assumed)."""
+    if abs(given["simulated"] - given["closed_form"]) < 5e-4:
+        return None
+    ok = [r for r in rows if not r["error"] and abs(r["simulated"] - r["closed_form"]) < 5e-4]
+    agree = [r["microbatches"] for r in ok if r["microbatches"] > given["microbatches"]]
+    where = f"; in this table they agree from M={min(agree)}" if agree else ""
+    return (
+        f"the formula assumes the schedule's steady state; with M={given['microbatches']} the simulated "
+        "schedule (equal stages, free communication) cannot fill its warm-up and cool-down, so its "
+        f"bubble is {given['simulated'] * 100:.1f}%, not {given['closed_form'] * 100:.1f}%{where}"
+    )
 
 
 def _ones(n: int) -> Any:
@@ -168,6 +190,8 @@ def _print_bubble(res: dict[str, Any]) -> None:
         ),
         highlight=False,
     )
+    if res.get("note"):
+        con.print(Text(str(res["note"]), style="yellow"), highlight=False)
     t = Table(title="bubble vs M (equal stages, free communication)", title_justify="left")
     for c in ("M", "bubble", "formula", "peak in-flight (mb, rank 0)"):
         t.add_column(c, justify="right")

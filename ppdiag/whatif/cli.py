@@ -99,7 +99,10 @@ _Paths = Annotated[
 _Micro = Annotated[
     MultiStr,
     typer.Option(
-        "--microbatches", "-m", help="Micro-batches per step to predict; repeat or use a comma list."
+        "--microbatches",
+        "-m",
+        help="Predict: micro-batches per step to predict, not an override of the measured M "
+        "(analyze's -m is); repeat or use a comma list.",
     ),
 ]
 _Sched = Annotated[
@@ -111,7 +114,10 @@ _Sched = Annotated[
     ),
 ]
 _Virtual = Annotated[MultiStr, typer.Option("--virtual", help="Virtual stages (chunks) per rank to predict.")]
-_PP = Annotated[MultiStr, typer.Option("--pp", help="Pipeline stages to predict.")]
+_PP = Annotated[
+    MultiStr,
+    typer.Option("--pp", help="Predict: pipeline stages to predict, not an override (analyze's --pp is)."),
+]
 _Rebalance = Annotated[
     bool,
     typer.Option("--rebalance", help="Propose the contiguous layer split with the cheapest slowest stage."),
