@@ -37,7 +37,7 @@ from pathlib import Path
 # - cli: the typer commands.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("ppdiag", "ppdiag.errors", "ppdiag.limits", "ppdiag.io", "ppdiag._layers")),
-    ("model", ("ppdiag.model", "ppdiag.diagnosis", "ppdiag.report_types")),
+    ("model", ("ppdiag.model", "ppdiag.diagnosis", "ppdiag.report_types", "ppdiag.report_check")),
     ("parsers", ("ppdiag.parsers",)),
     ("simulate", ("ppdiag.simulate", "ppdiag.synth", "ppdiag.demo")),
     ("pipeline", ("ppdiag.pipeline",)),

@@ -215,14 +215,15 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         split = True
 
     head_ns, ti, tb = _edges(topo, rank_steps)
-    step_ms = report.summary.step_ms
+    # the mean step: the one denominator of the report, the step its causes add up to
+    step_ms = report.summary.step_mean_ms or report.summary.step_ms
     if not step_ms:
         raise InputError(
             None,
             "the run has no complete step: the step time the predictions are calibrated against is unknown",
         )
-    removable = _removable(getattr(attr, "step_replay_ns", {}) or {})
     lost = dict(report.summary.lost_ms)
+    removable = _removable(getattr(attr, "step_replay_ns", {}) or {}, lost)
     return MeasuredRun(
         schedule=sched,
         detected_schedule=str(pipe.schedule),
@@ -294,9 +295,13 @@ def _edges(topo: Any, rank_steps: Sequence[Any]) -> tuple[float, F64, F64]:
     return (float(np.mean(head)) if head else 0.0), ti, tb
 
 
-def _removable(rp: dict[str, float]) -> dict[str, float]:
+def _removable(rp: dict[str, float], lost_ms: dict[str, float]) -> dict[str, float]:
     """Step time (ns) the replay says removing each cause wins back (the calibration targets of the
-    no_comm_wait, no_host and no_exposed_comm fixes); empty when the replay did not run."""
+    no_comm_wait, no_host and no_exposed_comm fixes); empty when the replay did not run.
+
+    Each is at most the cause's own mean lost time (``lost_ms``): the replay removes every wait
+    inside a collective with its transfer, while the accounting books the wait for a late member
+    under that member's cause, which no overlap of the transfer removes."""
     removable: dict[str, float] = {}
     if "measured" in rp:
         for cause, var in (("comm_wait", "gain_comm_wait"), ("host", "gain_host")):
@@ -305,7 +310,7 @@ def _removable(rp: dict[str, float]) -> dict[str, float]:
         if "gain_comm" in rp and "gain_comm_wait" in rp:
             # overlapping the transfers as well as removing the late ones, minus the late ones alone
             removable["exposed_comm"] = max(float(rp["gain_comm_wait"] - rp["gain_comm"]), 0.0)
-    return removable
+    return {c: min(v, float(lost_ms.get(c, 0.0)) * MS) for c, v in removable.items()}
 
 
 def measure_diagnosis(diag: Any) -> MeasuredRun:
