@@ -408,7 +408,7 @@ def test_batch_command() -> None:
         app,
         ["batch", "--world", "64", "--tp", "2", "--pp", "4", "--micro-batch", "2", "--global-batch", "80"],
     )
-    assert res.exit_code == 0 and "M=5 < 2 x pp=8" in res.output
+    assert res.exit_code == 0 and "M=5 < 2 × pp = 8 (4 stages)" in res.output
     res = runner.invoke(app, ["batch", "--world", "60", "--tp", "2", "--pp", "4", "--strict"])
     assert res.exit_code == 1 and "not divisible" in res.output
     res = runner.invoke(app, ["batch", "--world", "0", "--pp", "4"])
