@@ -105,8 +105,8 @@ def _m_problems(pp: int, m: int | None, schedule: str | None, virtual: int) -> l
             probs.append(
                 (
                     "medium",
-                    f"M={m} < 2 × pp = {2 * pp} ({pp} stages): the schedule's bubble "
-                    f"(P-1)/(M+P-1) is {(pp - 1) / (m + pp - 1):.0%}; aim for M >= 4 × pp = {4 * pp}",
+                    f"M={m} < 2 × pp = {2 * pp} ({pp} stages): the schedule's bubble is "
+                    f"{(pp - 1) / (m + pp - 1):.0%}; aim for M >= {4 * pp}",
                 )
             )
     if schedule in ("interleaved_1f1b", "interleaved") and virtual > 1 and pp > 1 and m:
