@@ -39,6 +39,8 @@ GAIN_SLACK = 0.02
 _SEVERITY_ORDER = {Severity.HIGH: 0, Severity.MEDIUM: 1, Severity.LOW: 2, Severity.INFO: 3}
 # an empty list in a sentence: "rank(s)  is", "ranks ," , "stage(s) ." or a literal [] / ()
 _EMPTY_LIST = re.compile(r"\b(?:rank|stage)(?:s|\(s\))?(?:\s{2,}|\s[,;.:)]|\(s\)\s+(?:is|are)\b)|\[\s*\]")
+# a time or a ratio quoted in a title: "3.2 ms", "1.27x"
+_QUOTED = re.compile(r"(?<![\w.=])(\d+(?:\.\d+)?)(?: ?ms\b|x\b)")
 # "N% of the step", "N % of the step": a share of the mean step quoted in a sentence
 _SHARE_TEXT = re.compile(r"(\d+(?:\.\d+)?)\s?% of the step")
 
@@ -211,6 +213,38 @@ def _check_pipeline(report: Report) -> Iterable[str]:
             yield f"pipeline: PP003 names stage(s) {_list(f.stages)}, the slowest stage is {slow}"
 
 
+def _numbers(value: object, out: list[float], limit: int = 20000) -> None:
+    """Every number in a JSON value (nested dicts and lists), up to ``limit`` of them."""
+    stack = [value]
+    while stack and len(out) < limit:
+        v = stack.pop()
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int | float):
+            out.append(float(v))
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+
+
+def _check_quoted(report: Report) -> Iterable[str]:
+    """Every time (ms) and ratio (x) a title quotes is one of the report's own fields: the finding's
+    evidence, gain and noise, or the summary's step and lost time, shown to the title's digits."""
+    s = report.summary
+    base: list[float] = [*s.lost_ms.values()]
+    _numbers([s.step_ms, s.step_mean_ms, s.step_p95_ms, s.compute_ms, s.stage_ratio], base)
+    for f in report.findings:
+        fields = list(base)
+        _numbers([f.evidence, f.gain_ms], fields)
+        for m in _QUOTED.finditer(f.title):
+            text = m.group(1)
+            digits = len(text.split(".")[1]) if "." in text else 0
+            shown, half = float(text), 0.5 * 10.0**-digits + 1e-9
+            if not any(abs(v - shown) <= half for v in fields):
+                yield f"quoted: {f.code} says {m.group(0)!r}, which no field of the report holds"
+
+
 def _check_order(report: Report) -> Iterable[str]:
     """Findings in the order the reports' heading states: how the run stopped first, then by
     severity, then by estimated gain within high and medium."""
@@ -237,5 +271,6 @@ _CHECKS: tuple[Callable[[Report], Iterable[str]], ...] = (
     _check_severity,
     _check_sums,
     _check_pipeline,
+    _check_quoted,
     _check_order,
 )
