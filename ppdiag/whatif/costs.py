@@ -24,6 +24,7 @@ from ppdiag.model import Phase
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.report_types import Report
+from ppdiag.whatif.replicas import rebalance_gain_ns
 
 F64 = npt.NDArray[np.float64]
 
@@ -68,6 +69,9 @@ class MeasuredRun:
     # MiB of activations one micro-batch leaves on each virtual stage, from the allocator events
     # (the report's memory[] rows); None when the trace has none
     act_mb: F64 | None = None
+    # step time (ns) evening out each replica's own stages wins (ppdiag/whatif/replicas.py); None
+    # when the run's shape does not allow laying its blocks out again
+    rebalance_gain_ns: float | None = None
 
     @property
     def stages(self) -> int:
@@ -223,6 +227,7 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
             "the run has no complete step: the step time the predictions are calibrated against is unknown",
         )
     lost = dict(report.summary.lost_ms)
+    lat = float(getattr(attr, "normal_latency_ns", 0) or 0)
     removable = _removable(getattr(attr, "step_replay_ns", {}) or {}, lost)
     return MeasuredRun(
         schedule=sched,
@@ -234,7 +239,7 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         bwd_ns=bwd,
         wgrad_ns=wgr,
         split_backward=split,
-        p2p_ns=float(getattr(attr, "normal_latency_ns", 0) or 0),
+        p2p_ns=lat,
         head_ns=head_ns,
         tail_idle_ns=ti,
         tail_busy_ns=tb,
@@ -244,6 +249,9 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         bubble_ratio=report.bubble.measured_ratio,
         notes=notes,
         act_mb=_measured_activation(report, topo, n_st, notes),
+        rebalance_gain_ns=rebalance_gain_ns(
+            pipe, sched, int(m), float(getattr(attr, "normal_latency_ns", 0) or 0)
+        ),
     )
 
 
