@@ -171,6 +171,18 @@ def _fill(vals: F64, what: str, notes: list[str]) -> F64:
     return vals
 
 
+def _mean_step_ms(report: Report) -> float:
+    """The mean step (the one denominator of the report, the step its causes add up to);
+    InputError when the run has no complete step."""
+    step_ms = report.summary.step_mean_ms or report.summary.step_ms
+    if not step_ms:
+        raise InputError(
+            None,
+            "the run has no complete step: the step time the predictions are calibrated against is unknown",
+        )
+    return float(step_ms)
+
+
 def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> MeasuredRun:
     """Reduce an analyzed run to a :class:`MeasuredRun`; InputError when it has no usable pipeline."""
     topo = pipe.topology
@@ -219,13 +231,7 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         split = True
 
     head_ns, ti, tb = _edges(topo, rank_steps)
-    # the mean step: the one denominator of the report, the step its causes add up to
-    step_ms = report.summary.step_mean_ms or report.summary.step_ms
-    if not step_ms:
-        raise InputError(
-            None,
-            "the run has no complete step: the step time the predictions are calibrated against is unknown",
-        )
+    step_ms = _mean_step_ms(report)
     lost = dict(report.summary.lost_ms)
     lat = float(getattr(attr, "normal_latency_ns", 0) or 0)
     removable = _removable(getattr(attr, "step_replay_ns", {}) or {}, lost)
