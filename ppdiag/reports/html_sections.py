@@ -76,17 +76,33 @@ def _path_lead(report: Report, rows: list[tuple[int | None, dict[str, float]]], 
     report's ``summary.slowest_stage``, the stage PP003 names), else which stage holds the most of
     the path's compute and that no stage stands out."""
     then = "; time spent elsewhere on the path (transfers, causes) points at the links and the causes to fix."
+    on_path = [(st, ms.get("compute", 0.0)) for st, ms in rows if st is not None]
+    top = max(on_path, key=lambda x: x[1])[0] if on_path else None
     if slowest is not None:
         ratio = report.summary.stage_ratio
         times = f" ({ratio:.2f}x the mean stage compute)" if ratio is not None else ""
-        return f"Stage {slowest} is the slowest stage{times}: shortening its blocks shortens the step" + then
-    on_path = [(st, ms.get("compute", 0.0)) for st, ms in rows if st is not None]
-    if not on_path or report.run.pp <= 1:
+        out = f"Stage {slowest} is the slowest stage{times}: shortening its blocks shortens the step" + then
+        if top is not None and top != slowest:
+            out += f" Stage {top} holds the most compute on the path itself{_slow_ranks_on(report, top)}."
+        return out
+    if top is None or report.run.pp <= 1:
         return ""
-    top = max(on_path, key=lambda x: x[1])[0]
     return (
         f"No stage is much slower than the others; stage {top} holds the most compute on the critical "
         "path" + then
+    )
+
+
+def _slow_ranks_on(report: Report, stage: int) -> str:
+    """ ", where PP009 names rank 3" when a straggler finding names ranks of ``stage``, else ""."""
+    stage_of = {r.rank: r.stage for r in report.ranks}
+    named = sorted(
+        {r for f in report.findings if f.code == "PP009" for r in f.ranks if stage_of.get(r) == stage}
+    )
+    return (
+        f", where PP009 names rank(s) {', '.join(map(str, named))} as slower than its replicas"
+        if named
+        else ""
     )
 
 
