@@ -254,8 +254,15 @@ def _check_quoted(report: Report) -> Iterable[str]:
 
 
 def _check_order(report: Report) -> Iterable[str]:
-    """Findings in the order the reports' heading states: how the run stopped first, then by
-    severity, then by estimated gain within high and medium."""
+    """Rank and stage rows by index, findings in the order the reports' heading states: how the run
+    stopped first, then by severity, then by estimated gain within high and medium."""
+    for name, keys in (
+        ("ranks[]", [r.rank for r in report.ranks]),
+        ("stages[]", [st.stage for st in report.stages]),
+        ("run.ranks", list(report.run.ranks)),
+    ):
+        if any(a >= b for a, b in itertools.pairwise(keys)):
+            yield f"order: {name} is not in increasing order without repeats"
     rows = [f for f in report.findings if f.code != "PP013"]
     if any(f.code == "PP013" for f in report.findings) and report.findings[0].code != "PP013":
         yield "order: PP013 (how the run stopped) is not the first finding"

@@ -146,6 +146,7 @@ def _broken(edit: Any) -> list[str]:
         ("causes do not add up", lambda d: d["ranks"][1].update(compute_ms=17.0), ("sums:",)),
         ("summary does not add up", lambda d: d["summary"].update(compute_ms=16.0), ("sums:",)),
         ("stage rows", lambda d: d["stages"].pop(), ("pipeline:",)),
+        ("rank rows out of order", lambda d: d["ranks"].reverse(), ("order:",)),
         ("stage of another rank", lambda d: d["stages"][0].update(ranks=[1]), ("pipeline:",)),
         # the HTML heading "by estimated gain" above unsorted gains
         (
