@@ -15,6 +15,8 @@ from typing import Any
 import msgspec
 import pytest
 from conftest import shared_trace
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from report_fill import typed
 
 from ppdiag import report_check
@@ -321,3 +323,57 @@ def test_pp_override_against_the_trace_says_what_is_used(tmp_path: Path) -> None
     assert "the trace's 4 stages are used" in w and "--stage-map" in w
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert "`--pp`\nplaces ranks (Megatron's default order) only in traces that show no pipeline" in readme
+
+
+_CAUSES = ("bubble", "imbalance", "comm_wait", "exposed_comm", "host", "exposed_copy", "unexplained")
+
+
+@st.composite
+def _consistent(draw: st.DrawFn) -> dict[str, Any]:
+    """A report of 1 to 4 stages whose rows add up by construction (ms rounded as the report does)."""
+    pp = draw(st.integers(1, 4))
+    n = pp * draw(st.integers(1, 2))
+    ms = st.floats(0.0, 50.0, allow_nan=False).map(lambda x: round(x, 4))
+    ranks: list[dict[str, Any]] = []
+    for r in range(n):
+        lost = {k: draw(ms) for k in _CAUSES}
+        comp = draw(st.floats(1.0, 100.0).map(lambda x: round(x, 4)))
+        step = round(comp + sum(lost.values()), 4)
+        ranks.append(
+            {
+                "rank": r,
+                "stage": r % pp if pp > 1 else None,
+                "step_ms": step,
+                "compute_ms": comp,
+                "lost_ms": lost,
+            }
+        )
+    mean = sum(x["step_ms"] for x in ranks) / n
+    lost_mean = {k: sum(x["lost_ms"][k] for x in ranks) / n for k in _CAUSES}
+    comp_mean = sum(x["compute_ms"] for x in ranks) / n
+    return {
+        "run": {"world_size": n, "ranks": list(range(n)), "pp": pp},
+        "summary": {
+            "step_ms": mean,
+            "step_mean_ms": mean,
+            "compute_ms": comp_mean,
+            "lost_ratio": sum(lost_mean.values()) / mean,
+            "lost_ms": lost_mean,
+            "shares": {"compute": comp_mean / mean, **{k: v / mean for k, v in lost_mean.items()}},
+        },
+        "stages": [{"stage": s, "ranks": [r for r in range(n) if r % pp == s]} for s in range(pp)]
+        if pp > 1
+        else [],
+        "ranks": ranks,
+    }
+
+
+@settings(max_examples=60, deadline=None)
+@given(_consistent(), st.data())
+def test_sums_hold_and_a_changed_rank_breaks_them(d: dict[str, Any], data: st.DataObject) -> None:
+    assert _violations(d) == []
+    # one rank's compute moved by more than the rounding tolerance: compute + causes != its step
+    r = data.draw(st.integers(0, len(d["ranks"]) - 1))
+    row = d["ranks"][r]
+    row["compute_ms"] = round(row["compute_ms"] + max(0.02, 0.002 * row["step_ms"]), 4)
+    assert any(v.startswith(f"sums: rank {r} ") for v in _violations(d))
