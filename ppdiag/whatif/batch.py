@@ -97,8 +97,8 @@ def _m_problems(pp: int, m: int | None, schedule: str | None, virtual: int) -> l
             probs.append(
                 (
                     "high",
-                    f"M={m} is smaller than pp={pp}: 1F1B cannot fill the pipeline and "
-                    f"the bubble is at least {(pp - 1) / (m + pp - 1):.0%}",
+                    f"M={m} is smaller than pp={pp}: 1F1B cannot fill the pipeline; the "
+                    f"schedule's bubble is {(pp - 1) / (m + pp - 1):.0%}",
                 )
             )
         elif m < 2 * pp:
