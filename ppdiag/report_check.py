@@ -237,15 +237,15 @@ def _numbers(value: object, out: list[float], limit: int = 20000) -> None:
 
 
 def _check_quoted(report: Report) -> Iterable[str]:
-    """Every time (ms) and ratio (x) a title quotes is one of the report's own fields: the finding's
-    evidence, gain and noise, or the summary's step and lost time, shown to the title's digits."""
+    """Every time (ms) and ratio (x) a title or a fix quotes is one of the report's own fields: the
+    finding's evidence, gain and noise, or the summary's step and lost time, to the digits shown."""
     s = report.summary
     base: list[float] = [*s.lost_ms.values()]
     _numbers([s.step_ms, s.step_mean_ms, s.step_p95_ms, s.compute_ms, s.stage_ratio], base)
     for f in report.findings:
         fields = list(base)
         _numbers([f.evidence, f.gain_ms], fields)
-        for m in _QUOTED.finditer(f.title):
+        for m in (m for text in (f.title, *f.fixes) for m in _QUOTED.finditer(text)):
             text = m.group(1)
             digits = len(text.split(".")[1]) if "." in text else 0
             shown, half = float(text), 0.5 * 10.0**-digits + 1e-9
