@@ -23,6 +23,8 @@ from ppdiag.pipeline.hangs import detect as detect_hang
 from ppdiag.pipeline.hangs import run_origin, trim_steps
 from ppdiag.pipeline.links import link_rows, parse_hosts
 from ppdiag.pipeline.memory import memory_section
+from ppdiag.report_check import InconsistentReport
+from ppdiag.report_check import strict as strict_check
 from ppdiag.report_types import CriticalStep, Hang, NoiseInfo, Report
 from ppdiag.reports.context import AnalysisContext, Analyzed
 from ppdiag.rules import RuleContext, RuleOptions, run_rules
@@ -218,6 +220,7 @@ def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) ->
         whatif=predictions.report_rows(used) if predictions is not None else [],
         critical_path=list(m.paths),
     )
+    result = _checked(result)
     _blame_gaps(m.attr.gaps, findings)
     return Diagnosis(
         run=run,
@@ -234,6 +237,18 @@ def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) ->
             predictions=predictions,
         ),
     )
+
+
+def _checked(report: Report) -> Report:
+    """The report with every claim it contradicts (:meth:`Report.check`) as an "internal
+    inconsistency" warning; an error instead under ``PPDIAG_STRICT_CHECK`` (the test suite)."""
+    problems = report.check()
+    if not problems:
+        return report
+    if strict_check():
+        raise InconsistentReport("; ".join(problems))
+    warnings = [*report.run.warnings, *(f"internal inconsistency: {p}" for p in problems)]
+    return msgspec.structs.replace(report, run=msgspec.structs.replace(report.run, warnings=warnings))
 
 
 def _rank_steps(run: Run, pipe: Pipeline, skip: int | None) -> tuple[list[RankStep], list[StepWindow]]:

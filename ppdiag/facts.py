@@ -172,3 +172,11 @@ def share_of(summary: Summary, key: str) -> float | None:
     v = summary.compute_ms if key == "compute" else summary.lost_ms.get(key)
     st = summary.step_mean_ms or summary.step_ms
     return v / st if (v is not None and st) else None
+
+
+def step_share_text(summary: Summary, key: str) -> str:
+    """``compute`` or a cause as a share of the mean step in words ("64% of the step"): the one
+    rendering of :func:`share_of` that titles and sentences quote (``ppdiag.report_check`` reads
+    it back)."""
+    share = share_of(summary, key)
+    return f"{100 * (share or 0.0):.0f}% of the step"

@@ -466,6 +466,13 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True):
     links: list[LinkRow] | None = None
     gate: Gate | None = None
 
+    def check(self) -> list[str]:
+        """Every claim of this report that another part of it contradicts, one line each (empty:
+        it agrees with itself); the checks are :func:`ppdiag.report_check.violations`."""
+        from ppdiag.report_check import violations
+
+        return violations(self)
+
 
 #: JSON section name -> its type (a list section holds rows of that type).
 SECTIONS: dict[str, type[msgspec.Struct]] = {

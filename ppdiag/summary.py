@@ -222,11 +222,13 @@ def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[st
     topo = pipe.topology
     residual = pipe.clocks.residual_us
     offsets = pipe.clocks.offsets  # the fitted offsets (the parsed ranks carry none)
+    stage_map = topo.stage_map() if topo.pp > 1 else {}
+    world = _world_size(run, stage_map, warnings)
     return RunInfo(
-        world_size=run.world_size,
+        world_size=world,
         ranks=[tl.rank for tl in run.ranks],
         pp=topo.pp,
-        stage_map=topo.stage_map() if topo.pp > 1 else {},
+        stage_map=stage_map,
         stage_source=topo.source,
         virtual_stages=topo.virtual,
         schedule=RunSchedule(pipe.schedule),
@@ -245,6 +247,20 @@ def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[st
         warnings=warnings,
         structure=pipe.structure,
     )
+
+
+def _world_size(run: Run, stage_map: dict[str, int], warnings: list[str]) -> int:
+    """The run's world size: what the traces state, raised to the ranks the pipeline names (a
+    process group that lists ranks beyond the stated world contradicts it), with a warning."""
+    world = run.world_size
+    named = max(stage_map.values(), default=-1) + 1
+    if named > world:
+        warnings.append(
+            f"the pipeline names ranks up to {named - 1}, beyond the world size {world} the traces "
+            f"state; the world size is taken as {named}"
+        )
+        world = named
+    return world
 
 
 _PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))

@@ -21,6 +21,9 @@ _CACHE_DIR = tempfile.mkdtemp(prefix="ppdiag-test-cache-")
 os.environ["PPDIAG_CACHE_DIR"] = _CACHE_DIR
 os.environ["PPDIAG_NO_CACHE"] = "1"
 atexit.register(shutil.rmtree, _CACHE_DIR, True)
+# Every report the suite produces is checked against itself (ppdiag/report_check.py): a violation
+# is an error inside the package, in this process and in the CLI subprocesses that inherit it.
+os.environ["PPDIAG_STRICT_CHECK"] = "1"
 
 
 def shared_trace(relpath: str) -> Path:

@@ -257,7 +257,7 @@ def test_report_carries_the_whatif_table(root: str, test_data: Path) -> None:
     diag, _ = synth_run(root, "slow", faults=(SlowStage(2, 2.0),))
     rows = diag.result.whatif
     assert [r.scenario for r in rows][:3] == ["M=16 (M x 2)", "interleaved, v=2", "rebalanced stages"]
-    step = diag.result.summary.step_ms
+    step = diag.result.summary.step_mean_ms  # what the what-if is calibrated on
     assert step is not None
     for r in rows:
         assert r.step_ms is not None and r.step_ms > 0
@@ -408,7 +408,7 @@ def test_batch_command() -> None:
         app,
         ["batch", "--world", "64", "--tp", "2", "--pp", "4", "--micro-batch", "2", "--global-batch", "80"],
     )
-    assert res.exit_code == 0 and "M=5 < 2 x pp=8" in res.output
+    assert res.exit_code == 0 and "M=5 < 2 × pp = 8 (4 stages)" in res.output
     res = runner.invoke(app, ["batch", "--world", "60", "--tp", "2", "--pp", "4", "--strict"])
     assert res.exit_code == 1 and "not divisible" in res.output
     res = runner.invoke(app, ["batch", "--world", "0", "--pp", "4"])

@@ -70,7 +70,7 @@ def test_gain_is_the_whatif_row_of_its_fix(tmp_path: Path, kw: dict[str, Any], c
     assert f.evidence["whatif_fix"] == fix
     rows = {r.fix: r for r in rep.whatif}
     assert fix in rows, "the table shows the row of every fix a finding used"
-    step, fix_step = rep.summary.step_ms, rows[fix].step_ms
+    step, fix_step = rep.summary.step_mean_ms, rows[fix].step_ms
     assert step is not None and fix_step is not None and f.gain_ms is not None
     # the same number: measured step minus the fix's predicted step, as the table shows it
     assert f.gain_ms == pytest.approx(step - fix_step, abs=2e-3)

@@ -378,7 +378,13 @@ def infer_topology(
             if topo.virtual == 1 and topo.source != "p2p chain":
                 _apply_ring(topo, _ring_virtual(topo.pipelines, _p2p_edges(run, ops)[0]))
             if pp and topo.pp != pp:
-                topo.warnings.append(f"--pp {pp} disagrees with the trace ({topo.source}: {topo.pp} stages)")
+                # the trace's placement wins: a stage count its links contradict cannot place ranks
+                # without a rank map (--stage-map is that override, and it is used)
+                topo.warnings.append(
+                    f"--pp {pp} disagrees with the trace ({topo.source}: {topo.pp} stages); the "
+                    f"trace's {topo.pp} stages are used (--pp only places ranks in a trace that shows "
+                    "no pipeline; pass --stage-map to force a placement)"
+                )
             return topo
     if pp and pp > 1:
         world = max(run.world_size, len(ranks))

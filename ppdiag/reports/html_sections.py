@@ -47,13 +47,16 @@ def critical_path_html(report: Report) -> str:
         return ""
     cats = [k for k in ("compute", "transfer", "other", *CAUSE_KEYS) if any(ms.get(k) for _, ms in rows)]
     total = sum(sum(ms.values()) for _, ms in rows) or 1.0
-    top = max(rows, key=lambda r: r[1].get("compute", 0.0))[0]
+    # the highlighted stage is the report's slowest stage (ppdiag.facts, the one PP003 names) when
+    # one stands out; else the stage with the most compute on the path
+    slowest = report.summary.slowest_stage
+    top = slowest if slowest is not None else max(rows, key=lambda r: r[1].get("compute", 0.0))[0]
     return (
         env()
         .get_template("critical_path.html.j2")
         .render(
             heads=[PATH_LABELS.get(k) or cause_label(k) for k in cats],
-            top=top,
+            lead=_path_lead(report, rows, slowest),
             rows=[
                 {
                     "stage": "-" if st is None else st,
@@ -65,6 +68,41 @@ def critical_path_html(report: Report) -> str:
                 for st, ms in rows
             ],
         )
+    )
+
+
+def _path_lead(report: Report, rows: list[tuple[int | None, dict[str, float]]], slowest: int | None) -> str:
+    """The sentence under the critical path's heading: the slowest stage when one stands out (the
+    report's ``summary.slowest_stage``, the stage PP003 names), else which stage holds the most of
+    the path's compute and that no stage stands out."""
+    then = "; time spent elsewhere on the path (transfers, causes) points at the links and the causes to fix."
+    on_path = [(st, ms.get("compute", 0.0)) for st, ms in rows if st is not None]
+    top = max(on_path, key=lambda x: x[1])[0] if on_path else None
+    if slowest is not None:
+        ratio = report.summary.stage_ratio
+        times = f" ({ratio:.2f}x the mean stage compute)" if ratio is not None else ""
+        out = f"Stage {slowest} is the slowest stage{times}: shortening its blocks shortens the step" + then
+        if top is not None and top != slowest:
+            out += f" Stage {top} holds the most compute on the path itself{_slow_ranks_on(report, top)}."
+        return out
+    if top is None or report.run.pp <= 1:
+        return ""
+    return (
+        f"No stage is much slower than the others; stage {top} holds the most compute on the critical "
+        "path" + then
+    )
+
+
+def _slow_ranks_on(report: Report, stage: int) -> str:
+    """ ", where PP009 names rank 3" when a straggler finding names ranks of ``stage``, else ""."""
+    stage_of = {r.rank: r.stage for r in report.ranks}
+    named = sorted(
+        {r for f in report.findings if f.code == "PP009" for r in f.ranks if stage_of.get(r) == stage}
+    )
+    return (
+        f", where PP009 names rank(s) {', '.join(map(str, named))} as slower than its replicas"
+        if named
+        else ""
     )
 
 
@@ -250,9 +288,10 @@ def findings_html(report: Report) -> str:
             '<section id="findings"><h2>Findings</h2>'
             '<p class="sub">No finding: nothing worth fixing was detected.</p></section>'
         )
-    step = num(report.summary.step_ms)
+    step = num(report.summary.step_mean_ms or report.summary.step_ms)  # gain_pct's denominator
     cards = [_finding_card(f, step) for f in report.findings]
-    return '<section id="findings"><h2>Findings, by estimated gain</h2>' + "".join(cards) + "</section>"
+    head = "Findings, most severe first, then by estimated gain"  # the order of report.check()
+    return f'<section id="findings"><h2>{head}</h2>' + "".join(cards) + "</section>"
 
 
 def whatif_html(report: Report) -> str:

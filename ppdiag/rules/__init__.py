@@ -54,7 +54,9 @@ class RuleContext:
 
     @property
     def step_ms(self) -> float:
-        return self.report.summary.step_ms or 0.0
+        """The mean step (ms): the one denominator of every share and gain in the report (its
+        causes add up to it); the median for a report written before the mean existed."""
+        return self.report.summary.step_mean_ms or self.report.summary.step_ms or 0.0
 
 
 class Rule(Protocol):

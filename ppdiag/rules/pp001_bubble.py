@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ppdiag.diagnosis import Finding
+from ppdiag.facts import step_share_text
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, r3
 
@@ -84,7 +85,7 @@ class BubbleRule:
                 ctx,
                 self.code,
                 self.cause,
-                f"pipeline bubble takes {share:.0f}% of the step (P={p}, M={m})",
+                f"pipeline bubble takes {step_share_text(ctx.report.summary, 'bubble')} (P={p}, M={m})",
                 gain,
                 {
                     "bubble_ms": r3(bubble_ms),

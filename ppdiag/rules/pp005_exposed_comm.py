@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ppdiag.diagnosis import Finding
+from ppdiag.facts import step_share_text
 from ppdiag.model import Kind, Run
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
@@ -60,7 +61,7 @@ class ExposedCommRule:
                 unmatched = min(p2p, ex)
                 ex, p2p = ex - unmatched, 0.0
             gain = ex  # one stage: nothing waits for this rank through a schedule, the time is the gain
-        share = 100 * ex / ctx.step_ms
+        share = 100 * ex / ctx.step_ms  # of the mean step, as the title's step_share_text
         if share < MIN_SHARE_PCT or not faster(gain):
             return []
         # CPU ranks sharing a host move p2p data with the same cores that compute: that exposure is
@@ -92,7 +93,8 @@ class ExposedCommRule:
                 ctx,
                 self.code,
                 self.cause,
-                f"{share:.0f}% of the step is exposed communication, mostly {kind}",
+                f"{step_share_text(ctx.report.summary, 'exposed_comm')} is exposed communication, "
+                f"mostly {kind}",
                 gain,
                 {
                     "exposed_comm_ms": r3(ex),

@@ -53,6 +53,10 @@ class HostRule:
         # a fault.
         noise = noise_of(ctx).noise_ms(gain, shared_share(list(per_rank.values())))
         roots = sorted(r for r, v in per_rank.items() if top > 0 and v >= 0.5 * top)
+        if not roots:
+            # no rank launched its work late: the host time is only other ranks' waits, and a
+            # finding would name nobody and claim a gain no rank shows (the starved ranks are PP009's)
+            return []
         cpu = ctx.report.run.cpu_only
         return [
             finding(

@@ -9,7 +9,7 @@ from ppdiag.rules.base import faster, finding, fix_gain_ms, noise_of
 
 def _small_m(text: str) -> bool:
     """Whether a batch problem is "M too small for P" (whose fix is more micro-batches)."""
-    return "< 2 x pp" in text or "is smaller than pp" in text
+    return "< 2 × pp" in text or "is smaller than pp" in text
 
 
 class BatchRule:

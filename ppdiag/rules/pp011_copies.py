@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ppdiag.diagnosis import Finding
+from ppdiag.facts import step_share_text
 from ppdiag.model import Kind
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3, replay_gain_ms
@@ -65,7 +66,7 @@ class CopiesRule:
                 self.code,
                 self.cause,
                 f"copies with nothing beside them are {what}: {copy:.1f} ms per step "
-                f"({100 * copy / ctx.step_ms:.0f} % of the step)",
+                f"({step_share_text(ctx.report.summary, 'exposed_copy')})",
                 gain,
                 {
                     "exposed_copy_ms": r3(copy),

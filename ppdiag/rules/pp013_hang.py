@@ -46,6 +46,9 @@ class HangRule:
             return []
         root = hang.root
         ranks = sorted({w.rank for w in hang.waits} | ({root} if root is not None else set()))
+        if not ranks:
+            # traces cut together with nobody waiting: the finding is about every traced rank
+            ranks = sorted({int(r) for r in hang.trace_end_ms} or {tl.rank for tl in ctx.run.ranks})
         stage_of = ctx.pipeline.topology.stage_of
         stages = sorted({stage_of[r] for r in ranks if r in stage_of}) if ctx.pipeline.topology.pp > 1 else []
         if hang.status == "hang":

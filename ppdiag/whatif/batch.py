@@ -97,16 +97,16 @@ def _m_problems(pp: int, m: int | None, schedule: str | None, virtual: int) -> l
             probs.append(
                 (
                     "high",
-                    f"M={m} is smaller than pp={pp}: 1F1B cannot fill the pipeline and "
-                    f"the bubble is at least {(pp - 1) / (m + pp - 1):.0%}",
+                    f"M={m} is smaller than pp={pp}: 1F1B cannot fill the pipeline; the "
+                    f"schedule's bubble is {(pp - 1) / (m + pp - 1):.0%}",
                 )
             )
         elif m < 2 * pp:
             probs.append(
                 (
                     "medium",
-                    f"M={m} < 2 x pp={2 * pp}: the bubble is {(pp - 1) / (m + pp - 1):.0%} "
-                    "of the step; aim for M >= 4 x pp",
+                    f"M={m} < 2 × pp = {2 * pp} ({pp} stages): the schedule's bubble is "
+                    f"{(pp - 1) / (m + pp - 1):.0%}; aim for M >= {4 * pp}",
                 )
             )
     if schedule in ("interleaved_1f1b", "interleaved") and virtual > 1 and pp > 1 and m:

@@ -24,6 +24,7 @@ from ppdiag.model import Phase
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.report_types import Report
+from ppdiag.whatif.replicas import rebalance_gain_ns
 
 F64 = npt.NDArray[np.float64]
 
@@ -68,6 +69,9 @@ class MeasuredRun:
     # MiB of activations one micro-batch leaves on each virtual stage, from the allocator events
     # (the report's memory[] rows); None when the trace has none
     act_mb: F64 | None = None
+    # step time (ns) evening out each replica's own stages wins (ppdiag/whatif/replicas.py); None
+    # when the run's shape does not allow laying its blocks out again
+    rebalance_gain_ns: float | None = None
 
     @property
     def stages(self) -> int:
@@ -167,6 +171,18 @@ def _fill(vals: F64, what: str, notes: list[str]) -> F64:
     return vals
 
 
+def _mean_step_ms(report: Report) -> float:
+    """The mean step (the one denominator of the report, the step its causes add up to);
+    InputError when the run has no complete step."""
+    step_ms = report.summary.step_mean_ms or report.summary.step_ms
+    if not step_ms:
+        raise InputError(
+            None,
+            "the run has no complete step: the step time the predictions are calibrated against is unknown",
+        )
+    return float(step_ms)
+
+
 def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> MeasuredRun:
     """Reduce an analyzed run to a :class:`MeasuredRun`; InputError when it has no usable pipeline."""
     topo = pipe.topology
@@ -215,14 +231,10 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         split = True
 
     head_ns, ti, tb = _edges(topo, rank_steps)
-    step_ms = report.summary.step_ms
-    if not step_ms:
-        raise InputError(
-            None,
-            "the run has no complete step: the step time the predictions are calibrated against is unknown",
-        )
-    removable = _removable(getattr(attr, "step_replay_ns", {}) or {})
+    step_ms = _mean_step_ms(report)
     lost = dict(report.summary.lost_ms)
+    lat = float(getattr(attr, "normal_latency_ns", 0) or 0)
+    removable = _removable(getattr(attr, "step_replay_ns", {}) or {}, lost)
     return MeasuredRun(
         schedule=sched,
         detected_schedule=str(pipe.schedule),
@@ -233,7 +245,7 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         bwd_ns=bwd,
         wgrad_ns=wgr,
         split_backward=split,
-        p2p_ns=float(getattr(attr, "normal_latency_ns", 0) or 0),
+        p2p_ns=lat,
         head_ns=head_ns,
         tail_idle_ns=ti,
         tail_busy_ns=tb,
@@ -243,6 +255,9 @@ def measure(report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> 
         bubble_ratio=report.bubble.measured_ratio,
         notes=notes,
         act_mb=_measured_activation(report, topo, n_st, notes),
+        rebalance_gain_ns=rebalance_gain_ns(
+            pipe, sched, int(m), float(getattr(attr, "normal_latency_ns", 0) or 0)
+        ),
     )
 
 
@@ -294,9 +309,13 @@ def _edges(topo: Any, rank_steps: Sequence[Any]) -> tuple[float, F64, F64]:
     return (float(np.mean(head)) if head else 0.0), ti, tb
 
 
-def _removable(rp: dict[str, float]) -> dict[str, float]:
+def _removable(rp: dict[str, float], lost_ms: dict[str, float]) -> dict[str, float]:
     """Step time (ns) the replay says removing each cause wins back (the calibration targets of the
-    no_comm_wait, no_host and no_exposed_comm fixes); empty when the replay did not run."""
+    no_comm_wait, no_host and no_exposed_comm fixes); empty when the replay did not run.
+
+    Each is at most the cause's own mean lost time (``lost_ms``): the replay removes every wait
+    inside a collective with its transfer, while the accounting books the wait for a late member
+    under that member's cause, which no overlap of the transfer removes."""
     removable: dict[str, float] = {}
     if "measured" in rp:
         for cause, var in (("comm_wait", "gain_comm_wait"), ("host", "gain_host")):
@@ -305,7 +324,7 @@ def _removable(rp: dict[str, float]) -> dict[str, float]:
         if "gain_comm" in rp and "gain_comm_wait" in rp:
             # overlapping the transfers as well as removing the late ones, minus the late ones alone
             removable["exposed_comm"] = max(float(rp["gain_comm_wait"] - rp["gain_comm"]), 0.0)
-    return removable
+    return {c: min(v, float(lost_ms.get(c, 0.0)) * MS) for c, v in removable.items()}
 
 
 def measure_diagnosis(diag: Any) -> MeasuredRun:

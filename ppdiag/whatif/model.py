@@ -21,6 +21,7 @@ from ppdiag.whatif.costs import MS, MeasuredRun, measure
 from ppdiag.whatif.layers import LayerProfile, profile_from_stages, profile_from_trace, scale_profile_to
 from ppdiag.whatif.memory import _chunk_inflight, rank_peaks
 from ppdiag.whatif.rebalance import continuous_balance, even_split, min_max_split
+from ppdiag.whatif.replicas import cap_rebalanced
 from ppdiag.whatif.types import (
     _INTERLEAVED,
     _SINGLE,
@@ -370,6 +371,8 @@ class WhatifModel:
         elif mm != m.microbatches:
             notes.append(f"same micro-batch size: {mm / m.microbatches:.3g}x the samples per step")
         self._timing(pred, lay, scale, chain)
+        if scn.rebalance and (pp, v, mm) == (m.pp, m.virtual, m.microbatches):
+            cap_rebalanced(pred, m.step_ns, m.rebalance_gain_ns, ideal=not self.profile.discrete)
         self._memory(pred, lay, scale, notes)
         pred.stage_ns = [float(x) for x in lay.fwd * scale + lay.bwd * scale + lay.wgrad * scale]
         pred.split = self._rebalance_info(lay) if scn.rebalance else lay.split
