@@ -156,6 +156,12 @@ class Case:
 
     what: str  # the input, for the snapshot's reader
     make: Callable[[Path, bool], Report]
+    # what the input was made to show, checked apart from the snapshot (so a regenerated snapshot
+    # cannot quietly move the finding): the ranks and stages it names (None: not checked) and the
+    # severities it may have
+    ranks: list[int] | None = None
+    stages: list[int] | None = None
+    severities: tuple[str, ...] = ("high", "medium")
     clean_may_be_low: bool = False  # the clean input may keep a low finding (the cause is inherent)
 
 
@@ -182,19 +188,24 @@ CASES: dict[str, Case] = {
         "1F1B P=4 M=4 (bubble (P-1)/(M+P-1) = 3/7 of the step); clean: M=32, the bubble is the p2p "
         "latency of the fill and drain (low)",
         _sc([], clean_kw={"microbatches": 32}),
+        stages=[0, 1, 2, 3],
         clean_may_be_low=True,
     ),
     "PP002": Case(
         "GPipe P=4 M=8; clean: 1F1B P=4 M=8",
         _sc([], schedule="gpipe", microbatches=8, clean_kw={"schedule": "1f1b"}),
+        stages=[0, 1, 2, 3],
     ),
     "PP003": Case(
         "1F1B P=4 M=8, stage 1 computes 1.5x slower; clean: no slow stage",
         _sc([F.SlowStage(1, 1.5)], microbatches=8),
+        ranks=[1],
+        stages=[1],
     ),
     "PP004": Case(
         "1F1B P=4 M=4, rank 2's sends arrive 0.6 ms late; clean: no late link",
         _sc([F.SlowLink(2, delay_ms=0.6)]),
+        ranks=[2],
     ),
     "PP005": Case(
         "1F1B P=4 M=4 x DP=2, a 4 ms gradient all-reduce after the last backward; clean: no all-reduce",
@@ -203,6 +214,7 @@ CASES: dict[str, Case] = {
     "PP006": Case(
         "1F1B P=4 M=4, rank 3's host issues each block 0.5 ms late; clean: no stall",
         _sc([F.HostStall(3, 0.5)]),
+        ranks=[3],
     ),
     "PP007": Case(
         "1F1B P=4 M=4, 5 steps, step 2 starts 40 ms late on every rank; clean: no slow step",
@@ -222,6 +234,8 @@ CASES: dict[str, Case] = {
         "1F1B P=4 M=4 x DP=2 with a 1 ms blocking gradient all-reduce, replica 1 starts each step 3 ms "
         "late; clean: no late replica",
         _sc([F.ExposedAllReduce(1.0), F.LateReplica(1, 3.0)], [F.ExposedAllReduce(1.0)], dp=2),
+        # Megatron order (global rank = pp_rank x dp + dp_rank): replica 1 is the odd ranks
+        ranks=[1, 3, 5, 7],
     ),
     "PP010": Case(
         "op table (PP=4 x DP=2), micro-batch costs spread with CV 0.3; clean: no spread",
@@ -230,35 +244,44 @@ CASES: dict[str, Case] = {
     "PP011": Case(
         "hand-built rank: an 8 ms pageable copy with nothing beside it in a 16 ms step; clean: no copy",
         _copies,
+        ranks=[0],
     ),
     "PP012": Case(
         "GPipe P=4 M=8 with 1000 MiB weights and 100 MiB activations per micro-batch; clean: 1F1B",
         _memory,
+        # every stage s holds 8 where 1F1B holds 4 - s; far below the 80 GiB device: medium
+        ranks=[0, 1, 2, 3],
+        stages=[0, 1, 2, 3],
+        severities=("medium",),
     ),
-    "PP013": Case("P=4 M=4, rank 2 stops in the middle of step 1 of 3; clean: the complete run", _stopped),
+    "PP013": Case(
+        "P=4 M=4, rank 2 stops in the middle of step 1 of 3; clean: the complete run",
+        _stopped,
+        severities=("high",),
+    ),
     "PP014": Case(
         "PP=2 x DP=2, stage 0 on node00 and stage 1 on node01, the link between them 50x slower; "
         "clean: every rank on node00",
         lambda d, bad: _placed(d, TWO_HOSTS if bad else dict.fromkeys(range(4), "node00")),
+        ranks=[0, 1, 2, 3],
     ),
 }
 
 
 # ---- one analysis per input ---------------------------------------------------------------------
 
-_REPORTS: dict[tuple[str, bool], Report] = {}
-
 
 @pytest.fixture(scope="module")
 def analyzed(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, bool], Report]:
     """The report of a rule's input (with the fault or without), analyzed once per module."""
+    reports: dict[tuple[str, bool], Report] = {}
 
     def get(code: str, bad: bool) -> Report:
         key = (code, bad)
-        if key not in _REPORTS:
+        if key not in reports:
             d = tmp_path_factory.mktemp(f"{code}-{'fault' if bad else 'clean'}")
-            _REPORTS[key] = CASES[code].make(d, bad)
-        return _REPORTS[key]
+            reports[key] = CASES[code].make(d, bad)
+        return reports[key]
 
     return get
 
@@ -308,12 +331,18 @@ def test_every_rule_has_a_golden_input() -> None:
 def test_golden_finding(
     code: str, analyzed: Callable[[str, bool], Report], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    assert code in CASES, f"{code} has no golden input: add one to CASES"
+    case = CASES.get(code)
+    assert case is not None, f"{code} has no golden input: add one to CASES"
     rep = analyzed(code, True)
     found = _of(rep, code)
     assert len(found) == 1, (code, [x.code for x in rep.findings])
     (f,) = found
     assert f.title and f.fixes and f.evidence
+    assert f.severity in case.severities, f
+    if case.ranks is not None:
+        assert f.ranks == case.ranks, f
+    if case.stages is not None:
+        assert f.stages == case.stages, f
     check_snapshot(f"rules/{code}.json", golden_text(code, f), tmp_path_factory.getbasetemp(), __file__)
 
 
@@ -321,7 +350,8 @@ def test_golden_finding(
 def test_clean_input_does_not_fire(code: str, analyzed: Callable[[str, bool], Report]) -> None:
     """The same input without the fault: no finding of the rule (a low one where the cause is part
     of every such run, as the fill and drain of a pipeline)."""
-    case = CASES[code]
+    case = CASES.get(code)
+    assert case is not None, f"{code} has no golden input: add one to CASES"
     found = _of(analyzed(code, False), code)
     if case.clean_may_be_low:
         assert all(f.severity == "low" for f in found), found
