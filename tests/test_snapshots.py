@@ -40,16 +40,19 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Analyzed, Path]:
     return diagnose([d], Options()), d
 
 
-def _check(name: str, text: str, run_dir: Path) -> None:
+def _check(name: str, text: str, run_dir: Path, test_file: str = __file__) -> None:
+    """Compare ``text`` with the snapshot file ``name`` (written under ``PPDIAG_UPDATE_SNAPSHOTS=1``);
+    ``test_file`` is the test to rerun that way."""
     text = text.replace(str(run_dir), "<RUN>")
     path = SNAPSHOTS / name
     if UPDATE or not path.exists():
         if not UPDATE:
             pytest.fail(f"no snapshot {path}: run with PPDIAG_UPDATE_SNAPSHOTS=1 to write it")
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         return
     want = path.read_text(encoding="utf-8")
-    assert text == want, f"{name} changed; if meant: PPDIAG_UPDATE_SNAPSHOTS=1 pytest {__file__}"
+    assert text == want, f"{name} changed; if meant: PPDIAG_UPDATE_SNAPSHOTS=1 pytest {test_file}"
 
 
 def test_markdown_snapshot(small: tuple[Analyzed, Path]) -> None:
