@@ -177,7 +177,7 @@ def describe(
         reason=rejected[0] if rejected else None,
         claimed=rejected[1] if rejected else None,
         pp=Fact(pp, t_src, t_conf),
-        stage_map=Fact(topo.stage_map() if pp > 1 else {}, t_src, t_conf),
+        stage_map=Fact(topo.stage_map() if pp > 1 else {}, *_order_fact(topo, t_src, t_conf, peer_source)),
         virtual_stages=v_fact,
         schedule=s_fact,
         microbatches=m_fact,
@@ -187,6 +187,21 @@ def describe(
 
 
 _ORDER = (Confidence.LOW, Confidence.MEDIUM, Confidence.HIGH)
+
+
+def _order_fact(
+    topo: Topology, src: FactSource, conf: Confidence, peer_source: str
+) -> tuple[FactSource, Confidence]:
+    """Where the stage order comes from: a process group says only which ranks form a pipeline
+    (torch lists its ranks sorted), so its order is the labels', the p2p chain's or, last, the
+    listed one (low confidence)."""
+    if src != FactSource.PG_NAME:
+        return src, conf
+    if topo.source.endswith("from labels)"):
+        return FactSource.LABELS, Confidence.HIGH
+    if topo.source.endswith("from p2p chain)"):
+        return FactSource.P2P_CHAIN, Confidence.MEDIUM if "timing" in peer_source else Confidence.HIGH
+    return FactSource.PG_NAME, Confidence.LOW
 
 
 def _min(a: Confidence, b: Confidence) -> Confidence:
