@@ -195,16 +195,29 @@ def exchange_only(run: Run) -> int:
     kernel of unknown direction that timing made a send says nothing of the structure."""
     both = one_way = 0
     for tl in run.ranks:
-        iv = tl.intervals
-        m = iv.kind == int(Kind.P2P)
-        if m.any() and not tl.cpu_only:
-            d = iv.direction[m]  # the device kernels p2p_ops reads
-        else:
-            rg = tl.ranges  # host p2p ops (gloo, c10d): one way each
-            d = rg.direction[(rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)]
+        d = _stated_directions(tl)
         both += int((d == int(Direction.BOTH)).sum())
         one_way += int(((d == int(Direction.SEND)) | (d == int(Direction.RECV))).sum())
     return both if one_way == 0 else 0
+
+
+def directions_stated(run: Run) -> bool:
+    """Whether any p2p op of the parsed traces states its direction (send, receive or both); a
+    kernel known only by its name (``SendRecv``) states none, and timing decides it."""
+    return any(bool((_stated_directions(tl) > 0).any()) for tl in run.ranks)
+
+
+def _stated_directions(tl: RankTimeline) -> np.ndarray:
+    """The directions the trace gives the rank's p2p ops, the ones p2p_ops reads: its device
+    kernels when it has them, else its host p2p ops (gloo, c10d; one way each)."""
+    iv = tl.intervals
+    m = iv.kind == int(Kind.P2P)
+    if m.any() and not tl.cpu_only:
+        d: np.ndarray = iv.direction[m]
+        return d
+    rg = tl.ranges
+    h: np.ndarray = rg.direction[(rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)]
+    return h
 
 
 def _components(adj: dict[int, set[int]]) -> list[list[int]]:
