@@ -83,8 +83,6 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
         REPEAT: "as for Kineto",
     },
     "gpu": {
-        RENUMBER: "open defect (test_synthetic_gpu_run_renumbered, xfail): the pipeline process "
-        "group's listed order is taken as the stage order, and torch lists a group's ranks sorted",
         REPLICA: "one pipeline: no data-parallel replica",
         REPEAT: "as for Kineto",
     },
@@ -296,13 +294,9 @@ def test_synthetic_gpu_run(gpu_run: tuple[Path, Path], relation: str, tmp_path: 
     _check("gpu:kineto", [kd], _KINETO_REWRITES[relation], tmp_path / "new")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect: a PIPELINE process group listed sorted (as torch lists every group) is taken "
-    "as the stage order although the labels and transfers say the stages run 3, 2, 1, 0",
-)
 def test_synthetic_gpu_run_renumbered(gpu_run: tuple[Path, Path], tmp_path: Path) -> None:
-    # ranks reversed: rank 3 now runs stage 0; every process group lists its ranks sorted
+    # ranks reversed: rank 3 now runs stage 0; every process group lists its ranks sorted, so the
+    # stage order must come from the transfers' direction, not from the group's listing
     perm = {0: 3, 1: 2, 2: 1, 3: 0}
     _check("gpu:kineto", [gpu_run[0]], per_file(kineto_renumber(perm)), tmp_path / "n", perm)
 
@@ -342,7 +336,7 @@ _RUN: dict[str, set[str]] = {
     "chrome": set(_CHROME_REWRITES),
     "gloo_dir": set(_KINETO_REWRITES) | {RENUMBER},
     "demo": set(_KINETO_REWRITES) | {RENUMBER},
-    "gpu": set(_KINETO_REWRITES),
+    "gpu": set(_KINETO_REWRITES) | {RENUMBER},
 }
 
 

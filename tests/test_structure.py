@@ -280,3 +280,57 @@ def test_nccl_group_inside_a_collective_range_is_that_collective(tmp_path: Path)
         assert (iv.kind == int(Kind.COLLECTIVE)).sum() == (
             tl0.intervals.kind == int(Kind.COLLECTIVE)
         ).sum() + 4
+
+
+# ---- one exchange each way, directions unstated -------------------------------------------------
+
+
+def _kernels_only(tmp_path: Path, run: object) -> Path:
+    """The run as nsys exports with nothing but the kernels: no NCCL ranges, payloads or PyTorch
+    ranges, so no transfer states its direction or peer."""
+    raw, bare = tmp_path / "raw", tmp_path / "bare"
+    write_nsys(run, raw)  # type: ignore[arg-type]
+    (raw / "groundtruth.json").unlink(missing_ok=True)
+    strip_nsys_dir(raw, bare)
+    return bare
+
+
+@pytest.mark.parametrize(("world", "steps"), [(2, 1), (2, 2), (3, 1)])
+def test_one_exchange_each_way_of_unstated_direction_is_no_pipeline(
+    tmp_path: Path, world: int, steps: int
+) -> None:
+    # an all-to-all of SendRecv kernels, twice a step: timing pairs them into one transfer each
+    # way per step, which a 2-stage pipeline of 1 micro-batch would also show; nothing in the trace
+    # tells them apart, so no pipeline is claimed and the late rank is named
+    run = make_collective_run(world=world, late_ms={1: 4.0}, steps=steps, seed=world + steps)
+    rep = diagnose([_kernels_only(tmp_path, run)], Options()).result
+    st = rep.run.structure
+    assert st is not None and not st.established and st.reason is not None
+    assert "state no direction" in st.reason and "2 stages" in (st.claimed or "")
+    assert rep.run.pp == 1 and rep.stages == [] and not PIPELINE_CODES & {f.code for f in rep.findings}
+    assert REJECTED in _header(rep)
+    (f,) = [f for f in rep.findings if f.code == "PP009"]
+    assert f.ranks[0] == 1
+
+
+def test_one_microbatch_pipeline_needs_stated_directions(tmp_path: Path) -> None:
+    run = make_scenario(schedule="1f1b", pp=2, microbatches=1, steps=2, seed=1)
+    # with the NCCL ranges the transfers state send and receive: the pipeline holds
+    raw = tmp_path / "raw"
+    write_nsys(run, raw)
+    (raw / "groundtruth.json").unlink(missing_ok=True)
+    rep = diagnose([raw], Options()).result
+    assert rep.run.pp == 2 and rep.run.microbatches == 1
+    assert rep.run.structure is not None and rep.run.structure.established
+    # kernels only: the same evidence as a two-rank exchange, so "cannot tell" (the cost of the
+    # rule: a real M=1 pipeline traced this bare is not claimed) unless the user says it is one
+    bare = _kernels_only(tmp_path / "k", run)
+    rep = diagnose([bare], Options()).result
+    assert rep.run.pp == 1 and rep.run.structure is not None and not rep.run.structure.established
+    rep = diagnose([bare], Options(pp=2)).result
+    assert rep.run.pp == 2 and rep.run.structure is not None and rep.run.structure.established
+    # more micro-batches are more evidence than one exchange: kept from timing
+    many = make_scenario(schedule="1f1b", pp=2, microbatches=4, steps=1, seed=1)
+    rep = diagnose([_kernels_only(tmp_path / "m", many)], Options()).result
+    assert rep.run.pp == 2 and rep.run.microbatches == 4
+    assert rep.run.structure is not None and rep.run.structure.established

@@ -41,7 +41,7 @@ def test_group_at_the_bound_is_still_a_pipeline(tmp_path: Path) -> None:
     # MAX_PP ranks are accepted (the stage count the trace claims), one more is refused
     run = load_run([str(_run_with_group(tmp_path, MAX_PP))], jobs=1, progress=False)
     topo = infer_topology(run)
-    assert topo.source == "pipeline process group" and topo.pp == MAX_PP
+    assert topo.source.startswith("pipeline process group") and topo.pp == MAX_PP
     run = load_run([str(_run_with_group(tmp_path, MAX_PP + 1))], jobs=1, progress=False)
     topo = infer_topology(run)
     assert topo.pp == 1 and any(f"claims {MAX_PP + 1} pipeline ranks" in w for w in topo.warnings)
@@ -65,8 +65,16 @@ def test_p2p_that_is_not_a_chain_says_why() -> None:
 
     s, r = int(Direction.SEND), int(Direction.RECV)
     by_rank = {0: ops([1, 1, 2, 2, 3, 3], [s, r, s, r, s, r])} | {k: ops([0, 0], [r, s]) for k in (1, 2, 3)}
-    run = SimpleNamespace(ranks=[SimpleNamespace(rank=k) for k in range(4)])
+    from ppdiag.model.timeline import Intervals, Ranges
+
+    # a stand-in for the run: the chain reads its ranks' numbers and their parsed p2p (none here:
+    # the ops above are the ones given)
+    run = SimpleNamespace(
+        ranks=[
+            SimpleNamespace(rank=k, intervals=Intervals.empty(), ranges=Ranges.empty(), cpu_only=False)
+            for k in range(4)
+        ]
+    )
     notes: list[str] = []
-    # a stand-in for the run: the chain reads only its ranks' numbers
     assert _chain(run, by_rank, notes) is None  # type: ignore[arg-type]
     assert len(notes) == 1 and "rank 0 exchanges data with 3 ranks (1, 2, 3)" in notes[0]

@@ -19,7 +19,14 @@ from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
 from ppdiag.pipeline.schedule import detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
 from ppdiag.pipeline.structure import claimed_words, contradiction, describe
-from ppdiag.pipeline.topology import Topology, exchange_only, infer_topology, no_pp, parse_stage_map
+from ppdiag.pipeline.topology import (
+    Topology,
+    directions_stated,
+    exchange_only,
+    infer_topology,
+    no_pp,
+    parse_stage_map,
+)
 
 
 @dataclass
@@ -74,7 +81,14 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     }
     pipe = _build(run, opts, flat=False)
     topo = pipe.topology
-    reason = contradiction(topo, pipe.blocks, pipe.windows, user["pp"] or user["stage_map"])
+    reason = contradiction(
+        topo,
+        pipe.blocks,
+        pipe.windows,
+        user["pp"] or user["stage_map"],
+        pipe.microbatches,
+        directions_stated(run),
+    )
     rejected = None
     if reason is not None:
         rejected = (reason, claimed_words(topo, pipe.schedule, pipe.microbatches))

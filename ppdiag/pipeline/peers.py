@@ -367,9 +367,10 @@ def _flow_places_all(
 
 
 def _pipeline_neighbours(run: Run, given: list[list[int]] | None = None) -> set[tuple[int, int]] | None:
-    """Rank pairs next to each other in a pipeline process group the trace describes (``pg_desc``
-    naming it, e.g. Megatron's PIPELINE_MODEL_PARALLEL_GROUP) or ``given`` (``--stage-map``), the
-    ring's wrap included; None when neither exists.
+    """Rank pairs that may be neighbours: any two traced members of a pipeline process group the
+    trace describes (``pg_desc`` naming it, e.g. Megatron's PIPELINE_MODEL_PARALLEL_GROUP; torch
+    lists its ranks sorted, not in stage order), or next to each other in ``given``
+    (``--stage-map``), the ring's wrap included; None when neither exists.
 
     With data parallelism every replica runs the same schedule, so timing alone may not tell a
     rank's partner from the same stage of another replica; the group does.
@@ -377,16 +378,22 @@ def _pipeline_neighbours(run: Run, given: list[list[int]] | None = None) -> set[
     from ppdiag.pipeline.topology import _PP_GROUP
 
     lines: set[tuple[int, ...]] = {tuple(x) for x in given or [] if len(x) > 1}
+    members: set[tuple[int, ...]] = set()
     for tl in run.ranks:
         for g in tl.process_groups:
             if not given and _PP_GROUP.search(g.desc or "") and len(g.ranks) > 1:
-                lines.add(tuple(g.ranks))
-    if not lines:
+                members.add(tuple(g.ranks))
+    if not lines and not members:
         return None
     out: set[tuple[int, int]] = set()
     for line in lines:
         for x, y in zip(line, line[1:] + line[:1], strict=True):
             out.update(((x, y), (y, x)))
+    traced = {tl.rank for tl in run.ranks}
+    for grp in members:
+        # a group lists its ranks sorted, not in stage order: any two traced members may be neighbours
+        inside = sorted(traced.intersection(grp))
+        out.update((x, y) for x in inside for y in inside if x != y)
     return out
 
 

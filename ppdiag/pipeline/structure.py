@@ -9,7 +9,9 @@ inventing one. Rejected are:
   after the previous stage's forward of the same micro-batch, a backward after the next stage's
   backward) start before their producer ended;
 * more virtual stages than the forward blocks a rank shows in any step;
-* most of the claimed pipeline stages (stages x virtual stages) without a traced block.
+* most of the claimed pipeline stages (stages x virtual stages) without a traced block;
+* two stages of one micro-batch whose transfers state no direction (SendRecv kernels known by name
+  only): one exchange each way per step, made by timing, is any two-rank exchange's pattern.
 
 A structure the user gave (``--pp``, ``--stage-map``) is never rejected. Grouped send/recv of a
 collective and p2p made only of two-way exchanges never form a pipeline in the first place
@@ -31,16 +33,37 @@ ORDER_TOL_NS = 50_000
 
 
 def contradiction(
-    topo: Topology, blocks: dict[int, Blocks], windows: dict[int, list[LocalStep]], overridden: bool
+    topo: Topology,
+    blocks: dict[int, Blocks],
+    windows: dict[int, list[LocalStep]],
+    overridden: bool,
+    microbatches: int | None = None,
+    directions_stated: bool = True,
 ) -> str | None:
     """Why the pipeline ``topo`` with these blocks cannot be established, or None when it holds
-    (always None for pp 1 and for a structure the user gave)."""
+    (always None for pp 1 and for a structure the user gave). ``directions_stated``: whether any
+    p2p op of the trace states its direction (else timing decided every one)."""
     if topo.pp <= 1 or overridden:
         return None
     return (
-        _untraced(topo, blocks)
+        _one_exchange(topo, microbatches, directions_stated)
+        or _untraced(topo, blocks)
         or _virtual_beyond_blocks(topo, blocks)
         or _labels_against_order(topo, blocks, windows)
+    )
+
+
+def _one_exchange(topo: Topology, microbatches: int | None, directions_stated: bool) -> str | None:
+    """Two stages and one micro-batch read from a chain of transfers that state neither their
+    direction nor their peer: one transfer each way per step, both made by timing, is what any
+    exchange of two ranks shows (an all-to-all or a send/recv pair built from SendRecv kernels), so
+    it is no evidence of a pipeline."""
+    if directions_stated or topo.pp != 2 or microbatches != 1 or not topo.source.startswith("p2p chain"):
+        return None
+    return (
+        "2 stages of 1 micro-batch from transfers that state no direction: one transfer each way per "
+        "step, directions and peers decided by timing, cannot tell a pipeline from an exchange "
+        "between two ranks (pass --pp or --stage-map if it is a pipeline)"
     )
 
 
@@ -177,7 +200,7 @@ def describe(
         reason=rejected[0] if rejected else None,
         claimed=rejected[1] if rejected else None,
         pp=Fact(pp, t_src, t_conf),
-        stage_map=Fact(topo.stage_map() if pp > 1 else {}, t_src, t_conf),
+        stage_map=Fact(topo.stage_map() if pp > 1 else {}, *_order_fact(topo, t_src, t_conf, peer_source)),
         virtual_stages=v_fact,
         schedule=s_fact,
         microbatches=m_fact,
@@ -187,6 +210,21 @@ def describe(
 
 
 _ORDER = (Confidence.LOW, Confidence.MEDIUM, Confidence.HIGH)
+
+
+def _order_fact(
+    topo: Topology, src: FactSource, conf: Confidence, peer_source: str
+) -> tuple[FactSource, Confidence]:
+    """Where the stage order comes from: a process group says only which ranks form a pipeline
+    (torch lists its ranks sorted), so its order is the labels', the p2p chain's or, last, the
+    listed one (low confidence)."""
+    if src != FactSource.PG_NAME:
+        return src, conf
+    if topo.source.endswith("from labels)"):
+        return FactSource.LABELS, Confidence.HIGH
+    if topo.source.endswith("from p2p chain)"):
+        return FactSource.P2P_CHAIN, Confidence.MEDIUM if "timing" in peer_source else Confidence.HIGH
+    return FactSource.PG_NAME, Confidence.LOW
 
 
 def _min(a: Confidence, b: Confidence) -> Confidence:

@@ -1,7 +1,9 @@
 """Which pipeline stage each rank runs (DESIGN.md §4.2).
 
 Evidence, in order: ``--stage-map``; the pipeline process group (``pg_desc`` naming it, e.g.
-Megatron's ``PIPELINE_MODEL_PARALLEL_GROUP``); pipeline labels that name stages (``PP:<stage>F<mb>``);
+Megatron's ``PIPELINE_MODEL_PARALLEL_GROUP``) for which ranks form a pipeline, its stage order
+from the labels, else the p2p chain, else as listed (torch lists a group's ranks sorted, whatever
+order the stages run in); pipeline labels that name stages (``PP:<stage>F<mb>``);
 the chain of point-to-point partners (a path, or a ring for interleaved placements, whose first
 stage is the rank that sends first); ``--pp`` with Megatron's default rank order. A run with none
 of these has no pipeline parallelism (``pp`` 1).
@@ -193,16 +195,29 @@ def exchange_only(run: Run) -> int:
     kernel of unknown direction that timing made a send says nothing of the structure."""
     both = one_way = 0
     for tl in run.ranks:
-        iv = tl.intervals
-        m = iv.kind == int(Kind.P2P)
-        if m.any() and not tl.cpu_only:
-            d = iv.direction[m]  # the device kernels p2p_ops reads
-        else:
-            rg = tl.ranges  # host p2p ops (gloo, c10d): one way each
-            d = rg.direction[(rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)]
+        d = _stated_directions(tl)
         both += int((d == int(Direction.BOTH)).sum())
         one_way += int(((d == int(Direction.SEND)) | (d == int(Direction.RECV))).sum())
     return both if one_way == 0 else 0
+
+
+def directions_stated(run: Run) -> bool:
+    """Whether any p2p op of the parsed traces states its direction (send, receive or both); a
+    kernel known only by its name (``SendRecv``) states none, and timing decides it."""
+    return any(bool((_stated_directions(tl) > 0).any()) for tl in run.ranks)
+
+
+def _stated_directions(tl: RankTimeline) -> np.ndarray:
+    """The directions the trace gives the rank's p2p ops, the ones p2p_ops reads: its device
+    kernels when it has them, else its host p2p ops (gloo, c10d; one way each)."""
+    iv = tl.intervals
+    m = iv.kind == int(Kind.P2P)
+    if m.any() and not tl.cpu_only:
+        d: np.ndarray = iv.direction[m]
+        return d
+    rg = tl.ranges
+    h: np.ndarray = rg.direction[(rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)]
+    return h
 
 
 def _components(adj: dict[int, set[int]]) -> list[list[int]]:
@@ -283,17 +298,18 @@ def _first_stage(
     cands: list[int], edges: dict[tuple[int, int], int], events: dict[int, list[tuple[int, int, int]]]
 ) -> int:
     """The candidate whose first p2p operation is a send (it produces the first activations)."""
-    scored = []
-    for c in cands:
-        ev = sorted(events.get(c, []))
-        first_dir = ev[0][1] if ev else 0
-        scored.append((0 if first_dir == int(Direction.SEND) else 1, c))
-    scored.sort()
-    return scored[0][1]
+    return min(cands, key=lambda c: (not _sends_first(c, events), c))
 
 
-def _pp_group(run: Run, notes: list[str]) -> Topology | None:
-    """Stage order from a process group that names the pipeline (``pg_desc``).
+def _sends_first(rank: int, events: dict[int, list[tuple[int, int, int]]]) -> bool:
+    """Whether the rank's first p2p operation is a send."""
+    ev = events.get(rank)
+    return ev is not None and len(ev) > 0 and min(ev)[1] == int(Direction.SEND)
+
+
+def _pp_group(run: Run, notes: list[str], ops: dict[int, P2POps] | None = None) -> Topology | None:
+    """Pipelines from a process group that names them (``pg_desc``); the stage order from the
+    evidence of direction (:func:`_stage_order`).
 
     A group claiming more than :data:`~ppdiag.limits.MAX_PP` ranks is no pipeline (it is refused as
     evidence, with a note): the cost stays linear in the traced ranks, whatever the trace lists."""
@@ -315,7 +331,60 @@ def _pp_group(run: Run, notes: list[str]) -> Topology | None:
         )
     if not lines:
         return None
-    return _from_lines(sorted(lines.values()), "pipeline process group", run)
+    ordered, how = _stage_order(run, sorted(lines.values()), ops)
+    return _from_lines(ordered, f"pipeline process group (stage order from {how})", run)
+
+
+# what ordered a group's members, weakest first (the weakest over all groups is the one stated)
+_ORDER_EVIDENCE = ("listed order", "p2p chain", "labels")
+
+
+def _stage_order(
+    run: Run, groups: list[list[int]], ops: dict[int, P2POps] | None
+) -> tuple[list[list[int]], str]:
+    """Each pipeline group's ranks in stage order, and what gave it.
+
+    A process group says which ranks form a pipeline, not in which order: torch lists every
+    group's ranks sorted. The order comes from the labels that name each member's stage, else
+    from the chain of two-way p2p links among the members, walked the way forward activations
+    flow; the listed order is the last resort."""
+    firsts = {tl.rank: st[0] for tl in run.ranks if (st := _label_stages(tl))}
+    edges, events = _p2p_edges(run, ops)
+    out: list[list[int]] = []
+    weakest = len(_ORDER_EVIDENCE) - 1
+    for g in groups:
+        if all(r in firsts for r in g) and len({firsts[r] for r in g}) == len(g):
+            out.append(sorted(g, key=firsts.__getitem__))
+            continue
+        chain = _member_chain(g, edges, events)
+        out.append(chain if chain is not None else g)
+        weakest = min(weakest, 1 if chain is not None else 0)
+    return out, _ORDER_EVIDENCE[weakest]
+
+
+def _member_chain(
+    members: list[int], edges: dict[tuple[int, int], int], events: dict[int, list[tuple[int, int, int]]]
+) -> list[int] | None:
+    """``members`` in the order of the path (or ring) their two-way p2p links form, from the first
+    stage; None when those links do not connect every member in one path or ring. When no end
+    sends first (the direction is a tie), the listed order orients the path."""
+    inside = set(members)
+    adj: dict[int, set[int]] = {r: set() for r in members}
+    for a, b in edges:
+        if a in inside and b in inside and (b, a) in edges:
+            adj[a].add(b)
+    if any(not 1 <= len(n) <= 2 for n in adj.values()) or len(_components(adj)) != 1:
+        return None
+    ends = [r for r in members if len(adj[r]) == 1]
+    if len(ends) not in (0, 2):
+        return None
+    line = _walk(members, adj, edges, events)
+    if len(line) != len(members):
+        return None
+    if ends and _sends_first(line[0], events) == _sends_first(line[-1], events):
+        pos = {r: i for i, r in enumerate(members)}
+        line = line if pos[line[0]] < pos[line[-1]] else line[::-1]
+    return line
 
 
 def _labels(run: Run) -> Topology | None:
@@ -366,7 +435,7 @@ def infer_topology(
         return topo
     notes: list[str] = []  # what a finder refused: said whichever evidence wins
     finders: tuple[Callable[[Run], Topology | None], ...] = (
-        lambda r: _pp_group(r, notes),
+        lambda r: _pp_group(r, notes, ops),
         _labels,
         lambda r: _chain(r, ops, notes),
     )
