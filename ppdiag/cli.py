@@ -238,6 +238,7 @@ def check(
         diag = _analyze(paths, opts, quiet)
         cov = gate.coverage_of(diag.result, skipped_traces(diag), steps)
         cov.doubts = list(getattr(diag.run, "doubts", None) or [])
+        gate.run_gaps(cov, diag.run)
         result = gate.run_gate(
             diag.result,
             bud,
@@ -247,6 +248,9 @@ def check(
             allow_partial=allow_partial,
         )
         result.warnings += override_warnings(diag, opts)
+        if allow_partial and result.partial:
+            note = f"the gate judged partial data ({len(result.partial)} gaps)"
+            err.print(f"ppdiag: warning: --allow-partial: {note}", markup=False)
         diag = dataclasses.replace(diag, result=msgspec.structs.replace(diag.result, gate=result.to_report()))
         for line in gate.format_gate(result):
             echo(line)

@@ -46,6 +46,7 @@ _META_FIELDS = (
     "rank_source",
     "events_total",
     "events_lost",
+    "events_damaged",
     "warnings",
     "meta",
 )

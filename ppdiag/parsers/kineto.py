@@ -260,7 +260,9 @@ def _parse_bytes(held: list[bytes | bytearray], path: Path, warnings: list[str])
 
     codes = _event_codes(ev)
     # every dropped or altered event of this file in one warning (the loader names the file)
-    changed = _read_begin_end(ev, codes) + _drop_bad_times(ev, codes, base, rec.dropped_used)
+    changed, damaged = _read_begin_end(ev, codes)
+    bad_times, altered = _drop_bad_times(ev, codes, base, rec.dropped_used)
+    changed, damaged = changed + bad_times, damaged + altered
     if changed:
         warnings = [*warnings, "; ".join(changed)]
     gpu_idx = np.flatnonzero((codes >= K_KERNEL) & (codes <= K_SYNC))
@@ -307,6 +309,7 @@ def _parse_bytes(held: list[bytes | bytearray], path: Path, warnings: list[str])
         rank_source=ri.rank_source,
         events_total=rec.kept_events,
         events_lost=rec.lost_events,
+        events_damaged=damaged,
         warnings=warnings + ctx.warnings,
         meta=meta,
     )

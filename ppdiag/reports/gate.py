@@ -28,7 +28,7 @@ from ppdiag.reports.budget import (
     budget_help,
     load_budget,
 )
-from ppdiag.reports.coverage import Coverage, coverage_of
+from ppdiag.reports.coverage import Coverage, coverage_of, run_gaps
 from ppdiag.reports.style import cause_label
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "load_baseline",
     "load_budget",
     "load_report",
+    "run_gaps",
     "run_gate",
     "stage_ratio",
 ]
