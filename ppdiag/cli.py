@@ -35,6 +35,7 @@ from ppdiag.cli_inputs import (
     Quiet,
     Sched,
     Scheduler,
+    SchedulerTimeout,
     StageMap,
     Steps,
     check_sizes,
@@ -143,11 +144,12 @@ def analyze(
     quiet: Quiet = False,
     no_cache: NoCache = False,
     scheduler: Scheduler = None,
+    scheduler_timeout: SchedulerTimeout = None,
 ) -> None:
     """Analyze a run: time accounting per rank, lost time by cause, findings with fixes."""
     try:
         use_no_cache(no_cache)
-        use_scheduler(scheduler)
+        use_scheduler(scheduler, scheduler_timeout)
         check_targets([json_out, html, md, perfetto], list(paths))
         from ppdiag.api import Options
 
@@ -206,6 +208,7 @@ def check(
     quiet: Quiet = False,
     no_cache: NoCache = False,
     scheduler: Scheduler = None,
+    scheduler_timeout: SchedulerTimeout = None,
 ) -> None:
     """CI gate: check a run against a bubble budget and a baseline. Exit 0 pass, 1 fail, 3 inconclusive.
 
@@ -215,7 +218,7 @@ def check(
     """
     try:
         use_no_cache(no_cache)
-        use_scheduler(scheduler)
+        use_scheduler(scheduler, scheduler_timeout)
         from ppdiag.reports import gate
 
         check_targets([json_out, html, md], [*paths, budget, baseline])
@@ -368,10 +371,14 @@ def _main(
     ] = False,
     no_cache: NoCache = False,
     scheduler: Scheduler = None,
+    scheduler_timeout: SchedulerTimeout = None,
 ) -> None:
     """ppdiag: why do the GPUs of a pipeline-parallel run wait, and what to fix first."""
     use_no_cache(no_cache)  # before any command: whatif, bubble and diff parse traces too
-    use_scheduler(scheduler)
+    try:
+        use_scheduler(scheduler, scheduler_timeout)
+    except Exception as exc:
+        _fail(exc)
 
 
 def _register_optional() -> None:

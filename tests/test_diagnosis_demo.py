@@ -40,6 +40,9 @@ CONFIGS: dict[str, DemoConfig] = {
 }
 
 
+#: How far the trace clock (Kineto) and the recorder's time.time_ns() may disagree on one host.
+CLOCK_SLACK_NS = 100_000
+
 #: Each demo configuration's diagnosis and ground truth.
 Runs = dict[str, tuple[Analyzed, dict[str, Any]]]
 
@@ -96,7 +99,9 @@ def test_stage_map_and_microbatches(runs: Runs, name: str) -> None:
 
 
 def test_microbatch_blocks_match_ground_truth(runs: Runs) -> None:
-    """Every forward / backward block the engine labels lies within 2 ms of the measured one."""
+    """Every forward / backward block the engine labels is the measured one: it holds all the time
+    the block's sleep ops held inside it, and it reaches into no neighbouring compute block (the
+    slack is the run's own: the Python glue a loaded host stretches, never a fixed number of ms)."""
     diag, truth = runs["1f1b"]
     pipe = pipeline(diag)
     kinds = {"fwd": int(Phase.FWD), "bwd": int(Phase.BWD)}
@@ -106,16 +111,22 @@ def test_microbatch_blocks_match_ground_truth(runs: Runs) -> None:
         b = pipe.blocks[r]
         numbers = [w.number for w in pipe.windows[r]]
         iv = rt["intervals"]
-        for kind, step, mb, s, e in zip(
-            iv["kind"], iv["step"], iv["mb"], iv["start_ns"], iv["end_ns"], strict=False
-        ):
-            if kind not in kinds:
-                continue
+        comp = [i for i, k in enumerate(iv["kind"]) if k in kinds]
+        comp.sort(key=lambda i: iv["start_ns"][i])
+        for j, k in enumerate(comp):
+            kind, step, mb = iv["kind"][k], iv["step"][k], iv["mb"][k]
+            s, e, held_ns = iv["start_ns"][k], iv["end_ns"][k], iv["held_ns"][k]
             m = (b.phase == kinds[kind]) & (b.mb == mb) & (b.step == numbers.index(step))
             assert m.sum() == 1, (r, kind, step, mb)
             i = int(np.flatnonzero(m)[0])
-            assert abs(int(b.start[i]) - s) < 2_000_000, (r, kind, step, mb)
-            assert abs(int(b.end[i]) - e) < 2_000_000, (r, kind, step, mb)
+            bs, be = int(b.start[i]), int(b.end[i])
+            # the sleep time measured inside the truth block is inside the parsed block
+            assert min(be, e) - max(bs, s) >= held_ns - CLOCK_SLACK_NS, (r, kind, step, mb)
+            # and the parsed block stays between the truth's previous and next compute blocks
+            prev_end = iv["end_ns"][comp[j - 1]] if j else None
+            next_start = iv["start_ns"][comp[j + 1]] if j + 1 < len(comp) else None
+            assert prev_end is None or bs >= prev_end - CLOCK_SLACK_NS, (r, kind, step, mb)
+            assert next_start is None or be <= next_start + CLOCK_SLACK_NS, (r, kind, step, mb)
             checked += 1
     assert checked == truth["pp"] * truth["microbatches"] * 2 * len(truth["steps"])
 
