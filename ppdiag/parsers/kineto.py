@@ -96,6 +96,10 @@ class KinetoParser:
             return [_parse_bytes(held, path, warnings)]
         except InputError:
             raise
+        except RecursionError:  # msgspec decodes nesting on Python's stack: a bounded decode
+            raise InputError(
+                str(path), "JSON nested too deeply to decode (no profiler writes such nesting)"
+            ) from None
         except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as exc:
             if os.environ.get("PPDIAG_DEBUG"):
                 raise

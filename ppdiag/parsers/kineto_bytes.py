@@ -3,6 +3,7 @@ decompressed-size cap that refuses decompression bombs, and format sniffing."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zlib
@@ -130,12 +131,16 @@ def _size(n: int) -> str:
 def max_trace_bytes(compressed: int) -> int:
     """The decompressed size a trace may reach: ``PPDIAG_MAX_TRACE_GB`` (default 32 GiB), and
     at most 200x its compressed size (JSON traces compress 5-50x; far more is a gzip bomb),
-    never below 256 MiB."""
+    never below 256 MiB. A value that is not a size (text, nan, inf, 1e400, 0 or less, over a
+    million GB) is an :class:`InputError`."""
+    raw = os.environ.get("PPDIAG_MAX_TRACE_GB", "").strip() or "32"
     try:
-        gb = float(os.environ.get("PPDIAG_MAX_TRACE_GB", "32"))
+        gb = float(raw)
     except ValueError:
-        gb = 32.0
-    cap = int(max(gb, 0.0) * (1 << 30))
+        gb = math.nan
+    if not (math.isfinite(gb) and 0 < gb <= 1e6):
+        raise InputError(None, f"PPDIAG_MAX_TRACE_GB={raw!r}: expected a size in GB, above 0 and at most 1e6")
+    cap = int(gb * (1 << 30))
     return min(cap, max(1 << 28, 200 * compressed)) if compressed else cap
 
 
