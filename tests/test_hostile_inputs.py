@@ -236,3 +236,98 @@ def test_sigint_during_start_up_is_interrupted_130(run_dir: Path, after_s: float
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
     assert err.strip().splitlines()[-1] == "ppdiag: interrupted", err[-2000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+# ---- corpus classes: readable data read, damage counted -------------------------------------
+
+
+def _report(d: Path, tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / f"{d.name}.report.json"
+    proc = ppdiag("analyze", str(d), "-q", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc: dict[str, Any] = json.loads(out.read_text())
+    return doc
+
+
+@pytest.fixture(scope="module")
+def clean(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _report(run_dir, tmp_path_factory.mktemp("clean"))
+
+
+def _edited(run_dir: Path, tmp_path: Path, edit: Any) -> Path:
+    d = tmp_path / "run"
+    shutil.copytree(run_dir, d)
+    for p in sorted(d.glob("*.json")):
+        edit(p)
+    return d
+
+
+def test_utf8_bom_before_the_json_is_read(run_dir: Path, tmp_path: Path, clean: dict[str, Any]) -> None:
+    d = _edited(run_dir, tmp_path, lambda p: p.write_bytes(b"\xef\xbb\xbf" + p.read_bytes()))
+    got = _report(d, tmp_path)
+    assert got["summary"] == clean["summary"] and got["ranks"] == clean["ranks"]
+
+
+def test_link_ids_beyond_64_bits_are_read(run_dir: Path, tmp_path: Path, clean: dict[str, Any]) -> None:
+    def widen(p: Path) -> None:
+        doc = json.loads(p.read_text())
+        for e in doc["traceEvents"]:
+            if isinstance(e.get("id"), int):
+                e["id"] += 2**70
+            a = e.get("args") or {}
+            for k in ("correlation", "External id"):
+                if isinstance(a.get(k), int):
+                    a[k] += 2**70
+        p.write_text(json.dumps(doc))
+
+    got = _report(_edited(run_dir, tmp_path, widen), tmp_path)
+    # the links (kernel to its launch, op to its kernels) are the same: so is the diagnosis
+    assert got["summary"] == clean["summary"] and got["ranks"] == clean["ranks"]
+
+
+def test_garbage_items_in_trace_events_are_dropped_and_counted(
+    run_dir: Path, tmp_path: Path, clean: dict[str, Any]
+) -> None:
+    junk: list[Any] = ["junk", 17, None, [1, 2], True]
+
+    def spoil(p: Path) -> None:
+        doc = json.loads(p.read_text())
+        evs = doc["traceEvents"]
+        for i, j in enumerate(junk):
+            evs.insert(1 + 40 * i, j)
+        p.write_text(json.dumps(doc))
+
+    got = _report(_edited(run_dir, tmp_path, spoil), tmp_path)
+    assert got["summary"] == clean["summary"] and got["ranks"] == clean["ranks"]
+    said = [w for w in got["run"]["warnings"] if "not JSON objects" in w]
+    assert said and all(f"dropped {len(junk)} item(s) of traceEvents" in w for w in said), said
+
+
+def test_gpu_trace_cut_before_its_gpu_events_is_read_with_a_warning(run_dir: Path, tmp_path: Path) -> None:
+    """Kineto writes the GPU events after the host ones: a cut at 30 % can take them all. The rank's
+    host ops are still read (with a warning), the other ranks analysed as before."""
+    d = tmp_path / "run"
+    shutil.copytree(run_dir, d)
+    p = sorted(d.glob("rank1*"))[0]
+    doc = json.loads(p.read_text())
+    gpu = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
+    evs = doc["traceEvents"]
+    doc["traceEvents"] = [e for e in evs if e.get("cat") not in gpu] + [e for e in evs if e.get("cat") in gpu]
+    text = json.dumps(doc)
+    cut = int(len(text) * 0.3)
+    assert '"cat": "kernel"' not in text[:cut]  # the cut took every GPU event
+    p.write_text(text[:cut])
+    got = _report(d, tmp_path)
+    said = [w for w in got["run"]["warnings"] if p.name in w]
+    assert any("truncated" in w for w in said) and any("cut before its GPU events" in w for w in said), said
+    assert sorted(r["rank"] for r in got["ranks"]) == [0, 1]
+
+
+def test_symlink_loop_warning_names_the_links(run_dir: Path, tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    shutil.copytree(run_dir, d)
+    (d / "rank8.pt.trace.json").symlink_to("rank9.pt.trace.json")
+    (d / "rank9.pt.trace.json").symlink_to("rank8.pt.trace.json")
+    got = _report(d, tmp_path)
+    said = [w for w in got["run"]["warnings"] if "lead to no file" in w]
+    assert len(said) == 1 and "rank8.pt.trace.json" in said[0] and "rank9.pt.trace.json" in said[0], said

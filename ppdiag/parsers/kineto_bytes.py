@@ -24,7 +24,21 @@ def read_bytes(path: Path) -> tuple[bytes | bytearray, list[str]]:
     """The file's JSON bytes (gunzipped when gzip), plus warnings (a cut gzip stream).
 
     A gzip stream cut short keeps everything that decompressed; corrupt gzip data is an error.
+    A UTF-8 byte-order mark before the JSON (editors on Windows write one) is read as blanks.
     """
+    data, warnings = _read_bytes(path)
+    if data[:3] == _BOM:
+        if isinstance(data, bytearray):
+            data[:3] = b"   "  # in place: no copy of a multi-GB trace
+        else:
+            data = b"   " + data[3:]
+    return data, warnings
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def _read_bytes(path: Path) -> tuple[bytes | bytearray, list[str]]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
