@@ -271,7 +271,7 @@ def _objects_only(data: Data) -> tuple[bytes, int] | None:
     if not items:
         return None
     kept = [bytes(r) for r in items if bytes(r)[:1] == b"{"]
-    if len(kept) == len(items):
+    if not kept or len(kept) == len(items):  # no event at all is no trace; none dropped is no help
         return None
     top["traceEvents"] = msgspec.Raw(b"[" + b",".join(kept) + b"]")
     return msgspec.json.encode(top), len(items) - len(kept)
