@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,9 +118,17 @@ def test_the_whole_run_passes(whole: tuple[Path, list[Path]], budget: Path) -> N
     assert "PASS" in proc.stdout
 
 
-CASES = {
-    "cut_json": (lambda w: _cut(w, gz=False), r"rank 2 has \d+ complete step\(s\), others up to 4"),
-    "cut_gz": (lambda w: _cut(w, gz=True), r"rank 2 has \d+ complete step\(s\), others up to 4"),
+def _cut_json(whole: tuple[Path, list[Path]]) -> Path:
+    return _cut(whole, gz=False)
+
+
+def _cut_gz(whole: tuple[Path, list[Path]]) -> Path:
+    return _cut(whole, gz=True)
+
+
+CASES: dict[str, tuple[Callable[[tuple[Path, list[Path]]], Path], str]] = {
+    "cut_json": (_cut_json, r"rank 2 has \d+ complete step\(s\), others up to 4"),
+    "cut_gz": (_cut_gz, r"rank 2 has \d+ complete step\(s\), others up to 4"),
     "missing_last": (_missing_last, r"1 rank\(s\) 3 of world size 4 \(inferred from .*\) have no trace"),
     "negative_dur": (_negative, rf"rank 1: {N_NEGATIVE} of \d+ events lost or altered"),
 }

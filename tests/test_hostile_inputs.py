@@ -67,7 +67,7 @@ def budget(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _short_column(entry: Path) -> None:
     z = dict(np.load(entry))
     z["r0.iv.end"] = z["r0.iv.end"][:-3]
-    np.savez(entry, **z)  # type: ignore[arg-type]
+    np.savez(entry, **z)
 
 
 def _huge_header(entry: Path) -> None:
