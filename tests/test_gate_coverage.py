@@ -87,15 +87,32 @@ def _cut(whole: tuple[Path, list[Path]], gz: bool) -> Path:
     return d
 
 
+_PG_ARGS = (
+    "Process Group Ranks",
+    "Process Group Name",
+    "Process Group Description",
+    "Process Group ID",
+    "Group size",
+    "Global rank start",
+    "Global rank stride",
+)
+
+
 def _missing_last(whole: tuple[Path, list[Path]]) -> Path:
-    """The last rank's file gone, and no trace stating the world size (no distributedInfo
-    world_size, no pg_config): only the process groups and peers the ops name tell it."""
+    """The last rank's file gone, and nothing stating the world size or a group's members (no
+    distributedInfo world_size or pg_config, no process-group args on the ops): only the peers
+    the p2p ops name tell that a rank 3 exists."""
     d, paths = _copy(whole, "missing_last")
     paths[-1].unlink()
     for p in paths[:-1]:
         doc = json.loads(p.read_text())
         for k in ("world_size", "pg_config", "pg_count"):
             doc["distributedInfo"].pop(k, None)
+        for e in doc["traceEvents"]:
+            args = e.get("args")
+            if isinstance(args, dict):
+                for k in _PG_ARGS:
+                    args.pop(k, None)
         p.write_text(json.dumps(doc))
     return d
 
@@ -129,7 +146,10 @@ def _cut_gz(whole: tuple[Path, list[Path]]) -> Path:
 CASES: dict[str, tuple[Callable[[tuple[Path, list[Path]]], Path], str]] = {
     "cut_json": (_cut_json, r"rank 2 has \d+ complete step\(s\), others up to 4"),
     "cut_gz": (_cut_gz, r"rank 2 has \d+ complete step\(s\), others up to 4"),
-    "missing_last": (_missing_last, r"1 rank\(s\) 3 of world size 4 \(inferred from .*\) have no trace"),
+    "missing_last": (
+        _missing_last,
+        r"1 rank\(s\) 3 of world size 4 \(inferred from the peers the traces name\) have no trace",
+    ),
     "negative_dur": (_negative, rf"rank 1: {N_NEGATIVE} of \d+ events lost or altered"),
 }
 
