@@ -35,6 +35,7 @@ from ppdiag.cli_inputs import (
     Quiet,
     Sched,
     Scheduler,
+    SchedulerTimeout,
     StageMap,
     Steps,
     check_sizes,
@@ -146,11 +147,12 @@ def analyze(
     quiet: Quiet = False,
     no_cache: NoCache = False,
     scheduler: Scheduler = None,
+    scheduler_timeout: SchedulerTimeout = None,
 ) -> None:
     """Analyze a run: time accounting per rank, lost time by cause, findings with fixes."""
     try:
         use_no_cache(no_cache)
-        use_scheduler(scheduler)
+        use_scheduler(scheduler, scheduler_timeout)
         check_targets([json_out, html, md, perfetto], list(paths))
         from ppdiag.api import Options
 
@@ -209,6 +211,7 @@ def check(
     quiet: Quiet = False,
     no_cache: NoCache = False,
     scheduler: Scheduler = None,
+    scheduler_timeout: SchedulerTimeout = None,
 ) -> None:
     """CI gate: check a run against a bubble budget and a baseline. Exit 0 pass, 1 fail, 3 inconclusive.
 
@@ -218,7 +221,7 @@ def check(
     """
     try:
         use_no_cache(no_cache)
-        use_scheduler(scheduler)
+        use_scheduler(scheduler, scheduler_timeout)
         from ppdiag.reports import gate
 
         check_targets([json_out, html, md], [*paths, budget, baseline])
@@ -241,6 +244,7 @@ def check(
         diag = _analyze(paths, opts, quiet)
         cov = gate.coverage_of(diag.result, skipped_traces(diag), steps)
         cov.doubts = list(getattr(diag.run, "doubts", None) or [])
+        gate.run_gaps(cov, diag.run)
         result = gate.run_gate(
             diag.result,
             bud,
@@ -250,6 +254,9 @@ def check(
             allow_partial=allow_partial,
         )
         result.warnings += override_warnings(diag, opts)
+        if allow_partial and result.partial:
+            note = f"the gate judged partial data ({len(result.partial)} gaps)"
+            err.print(f"ppdiag: warning: --allow-partial: {note}", markup=False)
         diag = dataclasses.replace(diag, result=msgspec.structs.replace(diag.result, gate=result.to_report()))
         for line in gate.format_gate(result):
             echo(line)
@@ -367,10 +374,14 @@ def _main(
     ] = False,
     no_cache: NoCache = False,
     scheduler: Scheduler = None,
+    scheduler_timeout: SchedulerTimeout = None,
 ) -> None:
     """ppdiag: why do the GPUs of a pipeline-parallel run wait, and what to fix first."""
     use_no_cache(no_cache)  # before any command: whatif, bubble and diff parse traces too
-    use_scheduler(scheduler)
+    try:
+        use_scheduler(scheduler, scheduler_timeout)
+    except Exception as exc:
+        _fail(exc)
 
 
 def _register_optional() -> None:

@@ -5,6 +5,7 @@ the warnings when a flag overrides what the traces show.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -108,10 +109,24 @@ Scheduler = Annotated[
 ]
 
 
-def use_scheduler(address: str | None) -> None:
-    # an environment variable, like --no-cache, so that every command's parse sees it
+SchedulerTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--scheduler-timeout",
+        metavar="SECONDS",
+        help="How long to wait for the --scheduler to answer (default 30; also PPDIAG_DASK_TIMEOUT).",
+    ),
+]
+
+
+def use_scheduler(address: str | None, timeout: float | None = None) -> None:
+    # environment variables, like --no-cache, so that every command's parse sees them
     if address:
         os.environ["PPDIAG_DASK_SCHEDULER"] = address
+    if timeout is not None:
+        if not (math.isfinite(timeout) and 0 < timeout <= 86_400):
+            raise InputError(None, f"--scheduler-timeout {timeout:g}: expected seconds, above 0 and <= 86400")
+        os.environ["PPDIAG_DASK_TIMEOUT"] = repr(timeout)
 
 
 def use_no_cache(flag: bool) -> None:

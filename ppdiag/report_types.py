@@ -14,6 +14,8 @@ None: ``Report`` omits default-valued fields, so reports without it keep their b
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -507,8 +509,41 @@ _ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
 
 
 def encode(value: msgspec.Struct | list[Any]) -> bytes:
-    """Compact JSON of a report or a section (NaN and infinities become null)."""
-    return _ENCODER.encode(value)
+    """Compact JSON of a report or a section (NaN and infinities become null; a lone surrogate,
+    what an undecodable byte of a file name decodes to, becomes its JSON escape)."""
+    try:
+        return _ENCODER.encode(value)
+    except UnicodeEncodeError:  # msgspec refuses lone surrogates: the standard library writes them
+        doc = msgspec.to_builtins(value, enc_hook=_enc_hook)
+        text = json.dumps(_finite(doc), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return _escape_surrogates(text).encode("utf-8")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogates(text: str) -> str:
+    """JSON text with each lone surrogate (only ever inside a string: an undecodable byte of a file
+    name) written as the backslash escape Python's ``backslashreplace`` gives (``\\xff``), so the
+    text is valid UTF-8 and every JSON reader takes it."""
+    return _SURROGATE.sub(_backslashed, text)
+
+
+def _backslashed(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    b = "\\"  # one backslash; written twice below, as JSON text escapes it
+    return b + b + (f"x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"u{c:04x}")
+
+
+def _finite(o: Any) -> Any:
+    """``o`` with NaN and infinities as None, as msgspec's encoder writes them."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_finite(v) for v in o]
+    return o
 
 
 def dumps(report: Report, marker: dict[str, object] | None = None) -> str:
@@ -520,10 +555,10 @@ def dumps(report: Report, marker: dict[str, object] | None = None) -> str:
     # the same text as ``json.dumps(doc, indent=2, ensure_ascii=False)``: the standard library's C
     # encoder writes the compact text (its float reprs), msgspec only indents it (it copies every
     # token as it is); the indenting encoder of the standard library is pure Python, seconds on a
-    # report of tens of MB. Lone surrogates (undecodable file names) pass through both unchanged.
-    compact = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-    text: bytes = msgspec.json.format(compact.encode("utf-8", "surrogatepass"), indent=2)
-    return text.decode("utf-8", "surrogatepass")
+    # report of tens of MB. Lone surrogates (undecodable file names) are written as JSON escapes.
+    compact = _escape_surrogates(json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
+    text: bytes = msgspec.json.format(compact.encode("utf-8"), indent=2)
+    return text.decode("utf-8")
 
 
 def to_builtins(report: Report) -> dict[str, Any]:

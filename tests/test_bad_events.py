@@ -118,10 +118,10 @@ def test_base_time_not_a_number_is_said(tmp_path: Path) -> None:
         (lambda d: d["distributedInfo"].update(world_size=-(10**20)), "distributedInfo.world_size"),
         (lambda d: d.update(baseTimeNanoseconds=10**19), "baseTimeNanoseconds"),
         (lambda d: d.update(baseTimeNanoseconds=1e19), "baseTimeNanoseconds"),
-        (lambda d: _kernels(d)[0]["args"].update(correlation=2**70), "args.correlation"),
     ],
 )
 def test_out_of_range_fields_name_the_field(tmp_path: Path, mutate: Any, field: str) -> None:
+    # (a link id beyond 64 bits is read, not refused: tests/test_hostile_inputs.py)
     p = _write(tmp_path, _trace(mutate))
     with pytest.raises(InputError) as ei:
         load_run([p], progress=False)

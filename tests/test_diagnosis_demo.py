@@ -40,6 +40,9 @@ CONFIGS: dict[str, DemoConfig] = {
 }
 
 
+#: How far the trace clock (Kineto) and the recorder's time.time_ns() may disagree on one host.
+CLOCK_SLACK_NS = 100_000
+
 #: Each demo configuration's diagnosis and ground truth.
 Runs = dict[str, tuple[Analyzed, dict[str, Any]]]
 
@@ -96,7 +99,9 @@ def test_stage_map_and_microbatches(runs: Runs, name: str) -> None:
 
 
 def test_microbatch_blocks_match_ground_truth(runs: Runs) -> None:
-    """Every forward / backward block the engine labels lies within 2 ms of the measured one."""
+    """Every forward / backward block the engine labels is the measured one: it holds all the time
+    the block's sleep ops held inside it, and it reaches into no neighbouring compute block (the
+    slack is the run's own: the Python glue a loaded host stretches, never a fixed number of ms)."""
     diag, truth = runs["1f1b"]
     pipe = pipeline(diag)
     kinds = {"fwd": int(Phase.FWD), "bwd": int(Phase.BWD)}
@@ -106,16 +111,26 @@ def test_microbatch_blocks_match_ground_truth(runs: Runs) -> None:
         b = pipe.blocks[r]
         numbers = [w.number for w in pipe.windows[r]]
         iv = rt["intervals"]
-        for kind, step, mb, s, e in zip(
-            iv["kind"], iv["step"], iv["mb"], iv["start_ns"], iv["end_ns"], strict=False
-        ):
-            if kind not in kinds:
-                continue
+        comp = [i for i, k in enumerate(iv["kind"]) if k in kinds]
+        comp.sort(key=lambda i: iv["start_ns"][i])
+        for j, k in enumerate(comp):
+            kind, step, mb = iv["kind"][k], iv["step"][k], iv["mb"][k]
+            s, e, held_ns = iv["start_ns"][k], iv["end_ns"][k], iv["held_ns"][k]
             m = (b.phase == kinds[kind]) & (b.mb == mb) & (b.step == numbers.index(step))
             assert m.sum() == 1, (r, kind, step, mb)
             i = int(np.flatnonzero(m)[0])
-            assert abs(int(b.start[i]) - s) < 2_000_000, (r, kind, step, mb)
-            assert abs(int(b.end[i]) - e) < 2_000_000, (r, kind, step, mb)
+            bs, be = int(b.start[i]), int(b.end[i])
+            # the sleep time measured inside the truth block is inside the parsed block
+            assert min(be, e) - max(bs, s) >= held_ns - CLOCK_SLACK_NS, (r, kind, step, mb)
+            # and it holds none of the sleep of the truth's previous and next compute blocks: it
+            # may reach into them only by their own glue (their time not held in a sleep op)
+            for n in (comp[j - 1] if j else None, comp[j + 1] if j + 1 < len(comp) else None):
+                if n is None:
+                    continue
+                ns, ne = iv["start_ns"][n], iv["end_ns"][n]
+                glue = (ne - ns) - iv["held_ns"][n]
+                overlap = max(0, min(be, ne) - max(bs, ns))
+                assert overlap <= glue + CLOCK_SLACK_NS, (r, kind, step, mb, overlap, glue)
             checked += 1
     assert checked == truth["pp"] * truth["microbatches"] * 2 * len(truth["steps"])
 
@@ -150,14 +165,41 @@ def test_slow_stage_is_the_top_finding(runs: Runs) -> None:
     compute = [r.compute_ms for r in ranks]
     excess = next(r.compute_ms for r in ranks if r.rank == slow_rank) - sum(compute) / len(compute)
     assert excess > 0
+    late_data_ms = _late_data_ms(truth, diag.result.run.steps)
     for r in ranks:
         if r.rank == slow_rank:
             continue
         lost = r.lost_ms
         # the largest cause but the schedule's own bubble (with a 2x stage at M=8 the two are about
-        # equal by design: a loaded host tips one over the other)
-        assert lost["imbalance"] == max(v for k, v in lost.items() if k != "bubble"), r
+        # equal by design: a loaded host tips one over the other) and the recv waits, which a
+        # loaded host makes real: no more of those than this run measured data arriving after
+        # its send was posted, on any link
+        others = [v for k, v in lost.items() if k not in ("bubble", "comm_wait")]
+        assert lost["imbalance"] == max(others), r
+        assert lost["comm_wait"] <= late_data_ms + 0.5, (r, late_data_ms)
         assert lost["imbalance"] > 0.5 * excess, (r, excess)
+
+
+def _late_data_ms(truth: dict[str, Any], steps: list[int]) -> float:
+    """Per step (of ``steps``), the time receivers of the run waited for data after its send was
+    posted (the transport's lateness the recorder measured), summed over every link."""
+    posted: dict[tuple[int, int, int, str, int], int] = {}
+    for rt in truth["ranks"]:
+        iv = rt["intervals"]
+        for i, kind in enumerate(iv["kind"]):
+            if kind == "send":
+                key = (rt["rank"], iv["peer"][i], iv["step"][i], iv["payload"][i], iv["mb"][i])
+                posted[key] = iv["end_ns"][i]
+    late = 0
+    for rt in truth["ranks"]:
+        iv = rt["intervals"]
+        for i, kind in enumerate(iv["kind"]):
+            if kind != "wait" or iv["direction"][i] != "recv" or iv["step"][i] not in steps:
+                continue
+            post = posted.get((iv["peer"][i], rt["rank"], iv["step"][i], iv["payload"][i], iv["mb"][i]))
+            if post is not None:
+                late += max(0, iv["end_ns"][i] - max(post, iv["start_ns"][i]))
+    return late / 1e6 / max(len(steps), 1)
 
 
 def test_slow_link_blames_the_delayed_rank(runs: Runs) -> None:

@@ -302,6 +302,8 @@ class RankTimeline:
     rank_source: str = "distributedInfo"  # how the rank was decided
     events_total: int = 0
     events_lost: int = 0
+    # events kept with an altered field (a negative dur read as zero) or dropped for a bad one
+    events_damaged: int = 0
     warnings: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 

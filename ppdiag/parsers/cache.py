@@ -25,7 +25,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -46,6 +46,7 @@ _META_FIELDS = (
     "rank_source",
     "events_total",
     "events_lost",
+    "events_damaged",
     "warnings",
     "meta",
 )
@@ -166,13 +167,40 @@ def _encode(ranks: list[RankTimeline]) -> dict[str, np.ndarray[Any, Any]] | None
 def _decode(z: Any) -> list[RankTimeline]:
     metas = json.loads(z["meta"].tobytes().decode("utf-8", "surrogatepass"))
     out: list[RankTimeline] = []
+    if not isinstance(metas, list):
+        raise TypeError("the entry's metadata is not a list")
     for k, m in enumerate(metas):
-        iv = Intervals(**{c: z[f"r{k}.iv.{c}"] for c in Intervals.COLUMNS})
-        rg = Ranges(**{c: z[f"r{k}.rg.{c}"] for c in Ranges.COLUMNS})
+        iv = _table(Intervals, z, f"r{k}.iv")
+        rg = _table(Ranges, z, f"r{k}.rg")
         groups = [ProcessGroup(n, d, list(r), b) for n, d, r, b in m.pop("process_groups")]
-        names = _unpack_names(z[f"r{k}.names"], z[f"r{k}.name_ends"])
+        blob, ends = z[f"r{k}.names"], z[f"r{k}.name_ends"]
+        if (
+            blob.ndim != 1
+            or ends.ndim != 1
+            or (len(ends) and not 0 <= int(ends.min()) <= int(ends.max()) <= len(blob))
+        ):
+            raise ValueError(f"rank {k}: name offsets beyond the name bytes")
+        names = _unpack_names(blob, ends)
+        for t in (iv.name, rg.name):
+            if len(t) and not -1 <= int(t.min()) <= int(t.max()) < len(names):
+                raise IndexError(f"rank {k}: a name id beyond the {len(names)} names")
         out.append(RankTimeline(names=names, intervals=iv, ranges=rg, process_groups=groups, **m))
     return out
+
+
+_T = TypeVar("_T", Intervals, Ranges)
+
+
+def _table(cls: type[_T], z: Any, prefix: str) -> _T:
+    """One column table of an entry, every column 1-D, of its dtype and of one length."""
+    cols = {c: z[f"{prefix}.{c}"] for c in cls.COLUMNS}
+    n = len(cols[cls.COLUMNS[0]])
+    for c, a in cols.items():
+        if a.shape != (n,) or a.dtype != np.dtype(cls.DTYPES[c]):
+            raise ValueError(
+                f"{prefix}.{c}: {a.dtype}{list(a.shape)}, expected {np.dtype(cls.DTYPES[c])}[{n}]"
+            )
+    return cls(**cols)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,17 +208,35 @@ def _decode(z: Any) -> list[RankTimeline]:
 # ----------------------------------------------------------------------------------------------
 
 
-def get(key: str) -> list[RankTimeline] | None:
-    """The ranks stored under ``key``, or None (a damaged entry is removed)."""
+def get(key: str, damaged: list[str] | None = None) -> list[RankTimeline] | None:
+    """The ranks stored under ``key``, or None. A damaged entry (unreadable, a column shorter than
+    its table, an array header claiming more items than memory holds, a name id out of range) is
+    removed, and ``damaged`` receives why."""
     p = _entry_path(key)
     if not p.is_file():
         return None
     try:
         with np.load(p, allow_pickle=False) as z:
             return _decode(z)
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, UnicodeDecodeError, EOFError):
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        IndexError,
+        AttributeError,
+        MemoryError,
+        OverflowError,
+        RecursionError,
+        zipfile.BadZipFile,
+        UnicodeDecodeError,
+        EOFError,
+    ) as exc:
         with contextlib.suppress(OSError):
             p.unlink()
+        if damaged is not None:
+            why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+            damaged.append(f"its parse cache entry was damaged ({type(exc).__name__}: {why}) and was removed")
         return None
 
 

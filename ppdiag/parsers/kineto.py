@@ -96,6 +96,10 @@ class KinetoParser:
             return [_parse_bytes(held, path, warnings)]
         except InputError:
             raise
+        except RecursionError:  # msgspec decodes nesting on Python's stack: a bounded decode
+            raise InputError(
+                str(path), "JSON nested too deeply to decode (no profiler writes such nesting)"
+            ) from None
         except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as exc:
             if os.environ.get("PPDIAG_DEBUG"):
                 raise
@@ -221,6 +225,11 @@ def _no_gpu_error(
     )
 
 
+def _cut_before_gpu(err: InputError) -> bool:
+    """Whether :func:`_no_gpu_error` blamed a cut (the GPU events were after it)."""
+    return "before the file was cut" in err.message
+
+
 def _decode(held: list[bytes | bytearray], spath: str) -> tuple[_Recovered, Events, _NameMemo]:
     """The decoded trace (sliced when it can be), its events' columns, and the name memo."""
     data = held.pop()  # the only reference from here on: ``del data`` below frees the bytes
@@ -260,7 +269,9 @@ def _parse_bytes(held: list[bytes | bytearray], path: Path, warnings: list[str])
 
     codes = _event_codes(ev)
     # every dropped or altered event of this file in one warning (the loader names the file)
-    changed = _read_begin_end(ev, codes) + _drop_bad_times(ev, codes, base, rec.dropped_used)
+    changed, damaged = _read_begin_end(ev, codes)
+    bad_times, altered = _drop_bad_times(ev, codes, base, rec.dropped_used)
+    changed, damaged = changed + bad_times, damaged + altered + rec.dropped_items
     if changed:
         warnings = [*warnings, "; ".join(changed)]
     gpu_idx = np.flatnonzero((codes >= K_KERNEL) & (codes <= K_SYNC))
@@ -282,9 +293,18 @@ def _parse_bytes(held: list[bytes | bytearray], path: Path, warnings: list[str])
         intervals, device, extra = _gpu_mode(ev, gpu_idx, codes, host, base, ctx, names, devprops)
     else:
         err = _no_gpu_error(spath, devprops, ri.backend, changed, rec, bool(warnings))
+        cpu_idx = np.flatnonzero(codes == K_CPUOP)
+        if err is not None and _cut_before_gpu(err) and len(cpu_idx):
+            # Kineto writes the GPU events after the host ones: a cut took them all. The host ops
+            # before the cut are still this rank's work: read them (CPU mode) and say what is lost.
+            warnings = [
+                *warnings,
+                f"the file was cut before its GPU events ({rec.kept_events} events kept, none on "
+                "the GPU): its host ops are read as the rank's timeline (CPU mode)",
+            ]
+            err = None
         if err is not None:
             raise err
-        cpu_idx = np.flatnonzero(codes == K_CPUOP)
         if not len(cpu_idx):
             raise InputError(spath, "no GPU events and no CPU ops: nothing to analyze")
         intervals, extra = _cpu_mode(ev, cpu_idx, host, memo, base, ctx, names)
@@ -307,6 +327,7 @@ def _parse_bytes(held: list[bytes | bytearray], path: Path, warnings: list[str])
         rank_source=ri.rank_source,
         events_total=rec.kept_events,
         events_lost=rec.lost_events,
+        events_damaged=damaged,
         warnings=warnings + ctx.warnings,
         meta=meta,
     )

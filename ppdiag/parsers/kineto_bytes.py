@@ -3,6 +3,7 @@ decompressed-size cap that refuses decompression bombs, and format sniffing."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zlib
@@ -23,7 +24,21 @@ def read_bytes(path: Path) -> tuple[bytes | bytearray, list[str]]:
     """The file's JSON bytes (gunzipped when gzip), plus warnings (a cut gzip stream).
 
     A gzip stream cut short keeps everything that decompressed; corrupt gzip data is an error.
+    A UTF-8 byte-order mark before the JSON (editors on Windows write one) is read as blanks.
     """
+    data, warnings = _read_bytes(path)
+    if data[:3] == _BOM:
+        if isinstance(data, bytearray):
+            data[:3] = b"   "  # in place: no copy of a multi-GB trace
+        else:
+            data = b"   " + data[3:]
+    return data, warnings
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def _read_bytes(path: Path) -> tuple[bytes | bytearray, list[str]]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -130,12 +145,16 @@ def _size(n: int) -> str:
 def max_trace_bytes(compressed: int) -> int:
     """The decompressed size a trace may reach: ``PPDIAG_MAX_TRACE_GB`` (default 32 GiB), and
     at most 200x its compressed size (JSON traces compress 5-50x; far more is a gzip bomb),
-    never below 256 MiB."""
+    never below 256 MiB. A value that is not a size (text, nan, inf, 1e400, 0 or less, over a
+    million GB) is an :class:`InputError`."""
+    raw = os.environ.get("PPDIAG_MAX_TRACE_GB", "").strip() or "32"
     try:
-        gb = float(os.environ.get("PPDIAG_MAX_TRACE_GB", "32"))
+        gb = float(raw)
     except ValueError:
-        gb = 32.0
-    cap = int(max(gb, 0.0) * (1 << 30))
+        gb = math.nan
+    if not (math.isfinite(gb) and 0 < gb <= 1e6):
+        raise InputError(None, f"PPDIAG_MAX_TRACE_GB={raw!r}: expected a size in GB, above 0 and at most 1e6")
+    cap = int(gb * (1 << 30))
     return min(cap, max(1 << 28, 200 * compressed)) if compressed else cap
 
 

@@ -17,15 +17,16 @@ def _event_codes(ev: Events) -> npt.NDArray[np.int8]:
     return np.where(ev.ph == PH_X, ev.cat, np.int8(K_OTHER)).astype(np.int8)
 
 
-def _read_begin_end(ev: Events, codes: npt.NDArray[np.int8]) -> list[str]:
+def _read_begin_end(ev: Events, codes: npt.NDArray[np.int8]) -> tuple[list[str], int]:
     """GPU events written as ``B``/``E`` pairs instead of complete ``X`` events: pair them per
     (pid, tid) in time order and read each pair as one complete event; count what is left.
+    Returns the warnings and how many GPU events were dropped.
 
     Only GPU categories are looked at (host B/E events are not used by the analysis). The pairing
     walks only those events (a stack per thread; traces have none or few of them)."""
     idx = np.flatnonzero((ev.ph != PH_X) & (ev.cat >= K_KERNEL) & (ev.cat <= K_SYNC))
     if not len(idx):
-        return []
+        return [], 0
     t = np.where(ev.ts_ok[idx], ev.ts[idx], np.nan)
     ph = ev.ph[idx]
     order = np.lexsort((ph != PH_E, t))  # by time, an end before a begin at the same time
@@ -61,17 +62,20 @@ def _read_begin_end(ev: Events, codes: npt.NDArray[np.int8]) -> list[str]:
             f"dropped {unmatched + other} GPU events that are not complete (ph X) events "
             f"({unmatched} unpaired B/E, {other} with another ph)"
         )
-    return out
+    return out, unmatched + other
 
 
-def _drop_bad_times(ev: Events, codes: npt.NDArray[np.int8], base: int, unseen: int = 0) -> list[str]:
+def _drop_bad_times(
+    ev: Events, codes: npt.NDArray[np.int8], base: int, unseen: int = 0
+) -> tuple[list[str], int]:
     """Drop (code ``K_OTHER``) the used events whose ``ts``/``dur`` are unusable and count them:
     ts missing / null / text / bool / not finite, ts beyond int64 ns, dur over a week. Negative
     or non-numeric durations are kept as zero-length events, and counted too. ``unseen``: used
-    events with usable times that sliced decoding dropped before (they count in the totals)."""
+    events with usable times that sliced decoding dropped before (they count in the totals).
+    Returns the warnings and how many events were dropped or altered."""
     used = np.flatnonzero(codes != K_OTHER)
     if not len(used):
-        return []
+        return [], 0
     total = len(used) + unseen
     ts, dur = ev.ts[used], ev.dur[used]
     no_ts = ~ev.ts_ok[used]
@@ -101,4 +105,4 @@ def _drop_bad_times(ev: Events, codes: npt.NDArray[np.int8], base: int, unseen: 
         ]
         why = ", ".join(f"{k} with {w}" for k, w in parts if k)
         out.append(f"{int(zero.sum())} of {total} events read as zero-length ({why})")
-    return out
+    return out, n + int(zero.sum())

@@ -33,6 +33,7 @@ class _Recovered:
     dropped_used: int = 0  # host ops dropped while decoding (sliced decoding), see kineto_slices
     sliced: bool = False  # decoded by kineto_slices (which already ran the instant-event hooks)
     events: Events | None = None  # the events' columns (sliced decoding builds them as it goes)
+    dropped_items: int = 0  # items of traceEvents that were not JSON objects
 
 
 def _error_pos(exc: msgspec.DecodeError, size: int) -> tuple[int, bool]:
@@ -254,6 +255,28 @@ def decode_trace(data: Data | bytearray, path: str) -> _Recovered:
     return rec
 
 
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _objects_only(data: Data) -> tuple[bytes, int] | None:
+    """The document with only the JSON objects of ``traceEvents`` kept, and how many items were
+    dropped; None when that is not what failed (no list of events, or nothing to drop)."""
+    try:
+        top = _TOP.decode(data)
+        raw = top.get("traceEvents")
+        items = _ITEMS.decode(raw) if raw is not None else None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if not items:
+        return None
+    kept = [bytes(r) for r in items if bytes(r)[:1] == b"{"]
+    if not kept or len(kept) == len(items):  # no event at all is no trace; none dropped is no help
+        return None
+    top["traceEvents"] = msgspec.Raw(b"[" + b",".join(kept) + b"]")
+    return msgspec.json.encode(top), len(items) - len(kept)
+
+
 def _invalid_utf8(data: Data) -> int:
     """Number of invalid UTF-8 sequences in ``data`` (0 when it is valid UTF-8)."""
     try:
@@ -273,6 +296,15 @@ def _decode_typed(data: Data, path: str) -> _Recovered:
             if attempt == 0:
                 types = _LENIENT
                 continue
+            kept = _objects_only(data)
+            if kept is not None:
+                rec = _decode_typed(kept[0], path)
+                rec.warnings.append(
+                    f"dropped {kept[1]} item(s) of traceEvents that are not JSON objects (text, numbers, "
+                    "lists or null mixed in among the events)"
+                )
+                rec.dropped_items += kept[1]
+                return rec
             raise InputError(path, f"not a PyTorch Profiler trace ({exc})") from None
         except msgspec.DecodeError as exc:
             try:

@@ -7,6 +7,7 @@ bytecode per event. Category codes map ``cat`` strings to the kinds the parse te
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from operator import attrgetter
@@ -16,7 +17,6 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.errors import InputError
 from ppdiag.model import (
     Kind,
 )
@@ -248,16 +248,26 @@ def _as_int(v: Any, default: int = -1) -> int:
 def _i64(values: list[Any], default: int = -1, name: str = "", path: str = "") -> I64A:
     """int64 array from a list that is normally all ints (lenient traces may hold anything).
 
-    A value beyond int64 is no id a profiler writes: with ``name`` it is an InputError naming
-    the field, otherwise it reads as ``default``."""
+    A value beyond int64 (a link id some tools write as 128 bits): with ``name`` (an id that
+    links events, compared only for equality) it becomes :func:`_wide_id`, the same int64 for the
+    same value wherever it appears; otherwise it reads as ``default``."""
     try:
         return np.asarray(values, dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
         out = [_as_int(v, default) for v in values]
-        big = [v for v in out if not -(2**63) <= v < 2**63]
-        if big and name:
-            raise InputError(path, f"args.{name} = {big[0]} is out of range (more than 64 bits)") from None
-        return np.asarray([v if -(2**63) <= v < 2**63 else default for v in out], dtype=np.int64)
+        fit = [-(2**63) <= v < 2**63 for v in out]
+        if name:
+            return np.asarray(
+                [v if ok else _wide_id(v) for v, ok in zip(out, fit, strict=True)], dtype=np.int64
+            )
+        return np.asarray([v if ok else default for v, ok in zip(out, fit, strict=True)], dtype=np.int64)
+
+
+def _wide_id(v: int) -> int:
+    """An id beyond int64 as an int64 in [2**62, 2**63) (ids profilers count up from 0 never get
+    there; -1 is none): a hash of its digits, so equal ids stay equal across fields and files."""
+    h = int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=8).digest(), "little")
+    return 2**62 + h % (2**62)
 
 
 def _f64(values: list[Any]) -> F64A:

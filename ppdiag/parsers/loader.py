@@ -55,8 +55,11 @@ def _candidates(d: Path, notes: list[str]) -> list[Path]:
         raise InputError(qpath(d), f"cannot list the directory ({exc.strerror or exc})") from None
     files = []
     own = []
+    broken = []  # trace-named links that lead nowhere (a loop, a missing target)
     for p in entries:
         if not (p.is_file() and is_trace_name(p)) or p.name in OWN_OUTPUTS:
+            if is_trace_name(p) and p.is_symlink() and not p.exists():
+                broken.append(p.name)
             continue
         if p.name.lower().endswith((".json", ".json.gz")) and is_own_output(p):
             own.append(p.name)  # a report or Perfetto overlay ppdiag wrote, not a trace
@@ -66,6 +69,11 @@ def _candidates(d: Path, notes: list[str]) -> list[Path]:
         notes.append(
             f"{qpath(d)}: skipped {len(own)} file(s) ppdiag wrote ({', '.join(map(qpath, own[:5]))}"
             f"{', ...' if len(own) > 5 else ''})"
+        )
+    if broken:
+        notes.append(
+            f"{qpath(d)}: skipped {len(broken)} link(s) that lead to no file (a symlink loop or a "
+            f"missing target): {', '.join(map(qpath, broken[:10]))}{', ...' if len(broken) > 10 else ''}"
         )
     # an .nsys-rep next to its own SQLite export is the same rank twice
     names = {p.name for p in files}

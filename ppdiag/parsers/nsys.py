@@ -37,7 +37,15 @@ import numpy as np
 from ppdiag.errors import InputError
 from ppdiag.model.timeline import Kind, RankTimeline
 from ppdiag.parsers import ParseOptions, register
-from ppdiag.parsers.nsys_db import BadTimes, NsysDb, factorize, open_export, sniff_sqlite
+from ppdiag.parsers.nsys_db import (
+    SQL_BUDGET_ENV,
+    SQL_STOPPED,
+    BadTimes,
+    NsysDb,
+    factorize,
+    open_export,
+    sniff_sqlite,
+)
 from ppdiag.parsers.nsys_gpu import read_gpu_ops
 from ppdiag.parsers.nsys_memory import memory_warning, read_memory
 from ppdiag.parsers.nsys_nvtx import API_INIT, NvtxData, read_nvtx
@@ -78,6 +86,12 @@ class NsysParser:
         try:
             return parse_export(db, source)
         except sqlite3.Error as exc:
+            if str(exc) == SQL_STOPPED:
+                raise InputError(
+                    source,
+                    "its SQLite queries ran past their budget and were stopped (a view or trigger that "
+                    f"does not end?); {SQL_BUDGET_ENV} sets a time limit",
+                ) from None
             raise InputError(source, f"corrupt or truncated SQLite export ({exc})") from None
         except MemoryError:
             raise InputError(source, "export too large for the available memory") from None

@@ -33,19 +33,39 @@ class _Outcome:
     error_message: str = ""
 
 
+#: Why the cache entry of a file was damaged (cache key -> note), for the warning of its new parse.
+_DAMAGED: dict[str, str] = {}
+
+
 def _cached(path: str, fmt: str) -> tuple[str | None, list[RankTimeline] | None]:
-    """(cache key, the cached ranks or None); the key is None when the cache is off."""
+    """(cache key, the cached ranks or None); the key is None when the cache is off. A damaged
+    entry is removed (:func:`ppdiag.parsers.cache.get`) and noted for the new parse's warning."""
     from ppdiag.parsers import cache
 
     key = cache.entry_key(Path(path), fmt) if cache.enabled() else None
-    hit = cache.get(key) if key is not None else None
+    damaged: list[str] = []
+    hit = cache.get(key, damaged) if key is not None else None
+    if key is not None and damaged:
+        _DAMAGED[key] = damaged[0]
     for tl in hit or []:  # the entry may come from another spelling of the same file
         tl.source = path
     return key, hit
 
 
+def _note_damage(key: str | None, ranks: list[RankTimeline], note: str = "") -> None:
+    """Say on the first rank that its cache entry was damaged and the file parsed again."""
+    why = note or (_DAMAGED.pop(key, "") if key is not None else "")
+    if why and ranks:
+        ranks[0].warnings.append(f"{why}; the trace was parsed again")
+
+
 def _parse_one(
-    path: str, fmt: str, options: ParseOptions, looked_up: bool = False, key: str | None = None
+    path: str,
+    fmt: str,
+    options: ParseOptions,
+    looked_up: bool = False,
+    key: str | None = None,
+    note: str = "",
 ) -> _Outcome:
     """Worker: parse one file through the parse cache. ``looked_up``: the caller already found no
     entry under ``key`` (None: the cache is off), so the file is not hashed again."""
@@ -75,6 +95,7 @@ def _parse_one(
         return _Outcome(error_path=exc.path, error_message=exc.message)
     if key is not None:
         cache.put(key, ranks)
+    _note_damage(key, ranks, note)
     return _Outcome(ranks=ranks)
 
 
@@ -190,13 +211,22 @@ def parse_files(
     if jobs == 1:
         with _progress(len(todo), progress and len(todo) > 1) as bar:
             for i in todo:
-                take(i, _parse_one(str(files[i].path), files[i].format, options, True, keys[i]))
+                note = _DAMAGED.pop(keys[i] or "", "")
+                take(i, _parse_one(str(files[i].path), files[i].format, options, True, keys[i], note))
                 bar.advance()
     else:
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=_mp_context(), initializer=_worker_init)
         try:
             futs: dict[Future[_Outcome], int] = {
-                pool.submit(_parse_one, str(files[i].path), files[i].format, options, True, keys[i]): i
+                pool.submit(
+                    _parse_one,
+                    str(files[i].path),
+                    files[i].format,
+                    options,
+                    True,
+                    keys[i],
+                    _DAMAGED.pop(keys[i] or "", ""),
+                ): i
                 for i in todo
             }
             # the bar starts after the workers exist: no display thread is running at fork time

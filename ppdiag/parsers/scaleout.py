@@ -10,7 +10,12 @@ a local parse: the result is the same. Dask is the optional extra ``ppdiag[dask]
 
 from __future__ import annotations
 
+import math
 import os
+import socket
+import struct
+import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +27,28 @@ if TYPE_CHECKING:
     from ppdiag.parsers.loader import TraceFile
 
 ENV = "PPDIAG_DASK_SCHEDULER"
+TIMEOUT_ENV = "PPDIAG_DASK_TIMEOUT"
 _NEED = "needs Dask: pip install 'dask[distributed]' fsspec (the ppdiag[dask] extra)"
 CONNECT_TIMEOUT_S = 30.0
+#: A Dask scheduler's first message (its handshake) is a few hundred bytes; a length prefix far
+#: beyond it is another protocol's bytes read as one.
+_MAX_HANDSHAKE = 1 << 20
+_DEFAULT_PORT = 8786
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for a scheduler: ``$PPDIAG_DASK_TIMEOUT`` (set by ``--scheduler-timeout``),
+    else :data:`CONNECT_TIMEOUT_S`. A value that is not a positive finite number is refused."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return CONNECT_TIMEOUT_S
+    try:
+        val = float(raw)
+    except ValueError:
+        val = math.nan
+    if not (math.isfinite(val) and 0 < val <= 86_400):
+        raise InputError(None, f"{TIMEOUT_ENV}={raw!r}: expected seconds, a number above 0 and at most 86400")
+    return val
 
 
 def scheduler_address(explicit: str | None = None) -> str | None:
@@ -33,14 +58,98 @@ def scheduler_address(explicit: str | None = None) -> str | None:
     return addr or None
 
 
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``tcp://`` or scheme-less address; None for another scheme (tls,
+    inproc, ws), which only the client itself can open."""
+    scheme, sep, rest = address.rpartition("://")
+    if sep and scheme != "tcp":
+        return None
+    rest = rest.rstrip("/")
+    if rest.startswith("["):  # [v6]:port
+        host, _, tail = rest[1:].partition("]")
+        port_s = tail[1:] if tail.startswith(":") else ""
+    elif rest.count(":") == 1:
+        host, _, port_s = rest.partition(":")
+    else:
+        host, port_s = rest, ""
+    try:
+        port = int(port_s) if port_s else _DEFAULT_PORT
+    except ValueError:
+        port = -1
+    if not host or not 0 < port < 65536 or any(c.isspace() for c in host):
+        raise InputError(None, f"--scheduler {address}: not a scheduler address (expected tcp://HOST:PORT)")
+    return host, port
+
+
+def _resolve(host: str, port: int, timeout: float) -> list[Any]:
+    """getaddrinfo with a deadline (it has none of its own: a dead resolver waits for minutes)."""
+    out: list[Any] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.extend(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            err.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise TimeoutError(f"resolving {host} took over {timeout:g} s")
+    if err:
+        raise err[0]
+    return out
+
+
+def _probe(address: str, timeout: float) -> None:
+    """Connect to ``address`` and read the length prefix of the handshake a Dask scheduler sends
+    first, all within ``timeout`` seconds: a silent listener (or an HTTP server, which waits for a
+    request) and a name that does not resolve each end in one :class:`InputError`, instead of a
+    client that waits without bound or reads another protocol's bytes as a frame length."""
+    hp = _host_port(address)
+    if hp is None:
+        return
+    end = time.monotonic() + timeout
+    where = f"the Dask scheduler at {address}"
+    try:
+        infos = _resolve(*hp, timeout)
+        if not infos:
+            raise OSError(f"no address for {hp[0]}")
+        fam, kind, proto, _, sockaddr = infos[0]
+        with socket.socket(fam, kind, proto) as sock:
+            sock.settimeout(max(end - time.monotonic(), 0.01))
+            sock.connect(sockaddr)
+            head = b""
+            while len(head) < 8:
+                sock.settimeout(max(end - time.monotonic(), 0.01))
+                got = sock.recv(8 - len(head))
+                if not got:
+                    raise InputError(None, f"{where} closed the connection: not a Dask scheduler")
+                head += got
+    except TimeoutError:
+        raise InputError(
+            None,
+            f"{where} did not answer within {timeout:g} s (not a Dask scheduler, or unreachable); "
+            f"--scheduler-timeout / {TIMEOUT_ENV} sets the wait",
+        ) from None
+    except OSError as exc:
+        raise InputError(None, f"cannot reach {where} ({exc.strerror or exc})") from None
+    (n,) = struct.unpack("<Q", head)
+    if not 0 < n <= _MAX_HANDSHAKE:
+        raise InputError(None, f"{where} answered in another protocol (not a Dask scheduler)")
+
+
 def _client(address: str) -> Any:
     try:
         from distributed import Client
     except ImportError:
         raise InputError(None, f"--scheduler {address} ({ENV}) {_NEED}") from None
+    timeout = connect_timeout()
+    _probe(address, timeout)
     try:
-        return Client(address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
-    except (OSError, TimeoutError, ValueError) as exc:
+        return Client(address, timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError, ValueError, MemoryError, RuntimeError) as exc:
         msg = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise InputError(None, f"cannot reach the Dask scheduler at {address} ({msg})") from None
 

@@ -83,6 +83,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         data: dict[str, Any] = _toml.loads(text)
     except _toml.TOMLDecodeError as exc:
         raise InputError(str(path), f"not valid TOML: {exc}") from None
+    except RecursionError:  # the TOML reader recurses per level of nesting: bounded by Python's stack
+        raise InputError(str(path), "not a budget: arrays or tables nested too deeply to read") from None
     return data
 
 

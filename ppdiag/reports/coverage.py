@@ -1,10 +1,22 @@
-"""Which ranks and steps of a run the gate's figures come from (``gate.coverage``)."""
+"""Which ranks and steps of a run the gate's figures come from (``gate.coverage``).
+
+A gate passes only on a whole run (docs/budget.md): every rank of the world traced, the world size
+stated or inferred, every rank with the same complete steps, and no rank with more than
+:data:`MAX_DAMAGED_SHARE` of its events lost or altered. :func:`run_gaps` reads these from the
+parsed run; what it finds makes the gate inconclusive unless ``--allow-partial``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ppdiag.model import Run
+from ppdiag.pipeline.steps import host_steps
 from ppdiag.report_types import GateCoverage, Report
+
+#: The share of a rank's events that may be lost (a cut trace) or dropped / altered for a bad field
+#: (a negative duration read as zero) before the gate calls its figures partial.
+MAX_DAMAGED_SHARE = 0.001
 
 
 @dataclass
@@ -18,6 +30,11 @@ class Coverage:
     skipped_files: list[str] = field(default_factory=list)  # trace-like files that could not be read
     step_filter: str | None = None
     doubts: list[str] = field(default_factory=list)  # ranks that disagree with the others
+
+    world_stated: bool = True  # a trace (or the report) states the world size
+    world_from: str = ""  # what else names ranks (process groups, peers), when it raises the world
+    step_gaps: list[str] = field(default_factory=list)  # ranks with fewer complete steps
+    damaged: list[str] = field(default_factory=list)  # ranks with too many events lost or altered
 
     @property
     def expected(self) -> int:
@@ -47,10 +64,17 @@ class Coverage:
         """Why the run is only partly covered (empty when every rank took part)."""
         out = []
         missing = self.missing
+        if not self.world_stated:
+            seen = f"{self.world_from} go up to" if self.world_from else "the traces hold ranks up to"
+            out.append(f"no trace states the world size ({seen} rank {self.expected - 1})")
         if missing:
             of = f"world size {self.world_size}" if self.world_size else f"ranks 0-{self.expected - 1}"
+            if self.world_from:
+                of += f" (inferred from {self.world_from})"
             n = self.expected - len(set(self.traced) & set(range(self.expected)))
             out.append(f"{n} rank(s) {_ranges(missing)} of {of} have no trace")
+        out += self.step_gaps
+        out += self.damaged
         if self.no_steps:
             why = f" (excluded by --steps {self.step_filter})" if self.step_filter else ""
             out.append(f"rank(s) {_ranges(self.no_steps)} have no analysed step{why}")
@@ -105,3 +129,60 @@ def coverage_of(
     return Coverage(
         max(run.world_size, 0), list(run.ranks), analyzed, steps, list(skipped_files or []), step_filter
     )
+
+
+def run_gaps(cov: Coverage, run: Run) -> None:
+    """Fill in what the parsed ``run`` says about ``cov``'s completeness: the world size inferred
+    from process-group member lists and the peers the traces name (a missing last rank with no
+    stated world size), ranks whose complete steps differ from the others', and ranks with more
+    than :data:`MAX_DAMAGED_SHARE` of their events lost or altered."""
+    tls = run.ranks
+    # one process with no distributed backend and no group is a run of one (world 1)
+    alone = len(tls) == 1 and not tls[0].backend and not tls[0].process_groups
+    cov.world_stated = alone or any(tl.world_size for tl in tls)
+    pg, peer = "process-group member lists", "the peers the traces name"
+    named = {pg: -1, peer: -1}
+    for tl in tls:
+        for g in tl.process_groups:
+            named[pg] = max(named[pg], *g.ranks, -1)
+        for a in (tl.intervals.peer, tl.ranges.peer):
+            if len(a):
+                named[peer] = max(named[peer], int(a.max()))
+    top_traced = max((tl.rank for tl in tls), default=-1)
+    beyond = {k: v for k, v in named.items() if v + 1 > max(cov.world_size, top_traced + 1)}
+    if beyond:
+        cov.world_size = max(beyond.values()) + 1
+        cov.world_from = " and ".join(sorted(beyond))
+    cov.step_gaps = _step_gaps(run)
+    cov.damaged = _damaged(run)
+
+
+def _step_gaps(run: Run) -> list[str]:
+    """Ranks that completed fewer steps than the others (a trace cut, a rank that stopped)."""
+    have = {tl.rank: {n for n, _, _ in host_steps(tl) if n >= 0} for tl in run.ranks}
+    every = set().union(*have.values()) if have else set()
+    short = {r: every - s for r, s in have.items() if s and every - s}
+    if not short:
+        return []
+    most = max(len(s) for s in have.values())
+    out = []
+    for r in sorted(short):
+        out.append(
+            f"rank {r} has {len(have[r])} complete step(s), others up to {most} "
+            f"(step(s) {_ranges(sorted(short[r]))} missing from its trace: cut or stopped)"
+        )
+    return out[:20]
+
+
+def _damaged(run: Run) -> list[str]:
+    """Ranks with more than :data:`MAX_DAMAGED_SHARE` of their events lost or altered."""
+    out = []
+    for tl in run.ranks:
+        bad = tl.events_lost + tl.events_damaged
+        total = max(tl.events_total + tl.events_lost, 1)
+        if bad and bad / total > MAX_DAMAGED_SHARE:
+            out.append(
+                f"rank {tl.rank}: {bad} of {total} events lost or altered "
+                f"({100 * bad / total:.2g} % > {100 * MAX_DAMAGED_SHARE:.2g} %; see run.warnings)"
+            )
+    return out

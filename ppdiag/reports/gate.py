@@ -28,7 +28,7 @@ from ppdiag.reports.budget import (
     budget_help,
     load_budget,
 )
-from ppdiag.reports.coverage import Coverage, coverage_of
+from ppdiag.reports.coverage import Coverage, coverage_of, run_gaps
 from ppdiag.reports.style import cause_label
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "load_baseline",
     "load_budget",
     "load_report",
+    "run_gaps",
     "run_gate",
     "stage_ratio",
 ]
@@ -155,6 +156,8 @@ def load_report(path: str | Path, what: str = "report") -> Report:
         raise InputError(str(p), f"cannot read: {exc.strerror or exc}") from None
     try:
         data = msgspec.json.decode(raw, type=_Versioned)
+    except RecursionError:  # msgspec decodes nesting on Python's stack: a bounded decode
+        raise InputError(str(p), f"not a ppdiag JSON {what}: values nested too deeply to decode") from None
     except msgspec.ValidationError:  # valid JSON, not an object (a DecodeError subclass: first)
         raise InputError(str(p), "not a ppdiag JSON report (no schema_version)") from None
     except msgspec.DecodeError as exc:
@@ -171,6 +174,8 @@ def load_report(path: str | Path, what: str = "report") -> Report:
         )
     try:
         return decode(raw)
+    except RecursionError:
+        raise InputError(str(p), f"not a ppdiag JSON {what}: values nested too deeply to decode") from None
     except msgspec.ValidationError as exc:
         raise InputError(
             str(p), f"not a ppdiag JSON {what} of schema version {SCHEMA_VERSION}: {exc}"
