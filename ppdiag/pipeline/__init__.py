@@ -13,6 +13,7 @@ from ppdiag.model.schedule import schedule_option
 from ppdiag.pipeline.aligned import aligned_run
 from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
+from ppdiag.pipeline.host_clocks import with_host_clocks
 from ppdiag.pipeline.overrides import override_warnings
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
 from ppdiag.pipeline.schedule import detect_schedule, label_from_order, microbatch_count
@@ -63,7 +64,8 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     peers, topo = _peers_and_topology(run, opts, ops, warnings)
     pairs = match_pairs(ops)
     warnings.extend(pairs.warnings)
-    fit = align_clocks(run, pairs)
+    fit, clock_warnings = with_host_clocks(run, pairs, align_clocks(run, pairs))
+    warnings.extend(clock_warnings)
     warnings.extend(_residual_warning(fit))
     clocked = aligned_run(run, fit.offsets)  # the parsed ranks on the common clock
     windows, blocks = _steps_and_blocks(clocked, opts, topo, ops, warnings)

@@ -1,0 +1,338 @@
+"""One clock per host: the offsets of host ops (gloo) across hosts, from causality alone
+(docs/clocks.md).
+
+Ranks on one host read one clock; each host gets one offset. Host ops carry no simultaneous
+event (a gloo receive ends when the data arrived, after its send began), so a matched transfer
+``a -> b`` bounds the offset from one side: ``recv_end_b + o_b >= send_start_a + o_a``. Transfers
+in both directions bound it from both sides, and the offset is the middle of the intersected
+interval, its half-width the residual.
+
+Before the peers are known (profiler defaults record none), the pairing comes from structure that
+no clock changes: per step, the k-th forward send of a rank meets the k-th forward receive of its
+partner, the k-th gradient coming back meets the k-th backward receive, and the counts agree. For
+a candidate pair the forward gaps ``recv_end - send_start`` and the backward ones each carry the
+unknown offset with opposite signs, so their sum (the width of the causal interval) is the same
+on any clock: two transfer latencies for real partners, a stage's compute more for anyone further
+away. Each sender takes the partner of the narrowest interval; the interval then places the two
+hosts' clocks. Everything is one array per stream group: ``senders x receivers x k``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.model import Direction, Run
+from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
+from ppdiag.pipeline.links import host_of
+from ppdiag.pipeline.peer_flow import _BWD, _FWD, _flow_class, _step_of
+
+_LOW_Q = 0.05  # the low quantile that stands for a stream's smallest gap (one stray pair tolerated)
+_MAX_K = 256  # transfers per stream compared in the coarse search (its first steps)
+_TOL_NS = 1_000_000  # host ops' jitter on a loaded host: a causal bound may be broken by this much
+
+
+def clock_domains(run: Run) -> dict[int, str]:
+    """Each rank's clock domain: its host (Kineto ``host_name``, the Nsight Systems host, a
+    ``tensorboard_trace_handler`` file name). When no rank names a host all share one domain
+    (``""``); a rank without a host among named ones is its own domain."""
+    named = {tl.rank: host_of(tl) for tl in run.ranks}
+    if not any(named.values()):
+        return {r: "" for r in named}
+    return {r: h if h else f"rank {r}" for r, h in named.items()}
+
+
+def _grouped(ranks: list[int], dom: dict[int, str]) -> tuple[list[str], dict[str, int]]:
+    """Domains in order of their lowest rank (the first keeps its clock) and their indices."""
+    order: list[str] = []
+    for r in sorted(ranks):
+        if dom[r] not in order:
+            order.append(dom[r])
+    return order, {h: i for i, h in enumerate(order)}
+
+
+# ---------------------------------------------------------------- coarse: partners by structure
+
+
+def _streams(
+    run: Run, o: dict[int, P2POps]
+) -> dict[tuple[int, int, bool], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+    """Per (rank, flow, sends?): the keys (a send's start, a receive's end, own clock) ordered by
+    step and time, and their step numbers."""
+    tls = run.by_rank()
+    out: dict[tuple[int, int, bool], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+    for r, v in o.items():
+        if r not in tls or not len(v.start):
+            continue
+        for send in (True, False):
+            d = int(Direction.SEND) if send else int(Direction.RECV)
+            idx = np.flatnonzero(v.direction == d)
+            if idx.size == 0:
+                continue
+            cls = _flow_class(tls[r], v, idx, send)
+            key = (v.start[idx] if send else v.end[idx]).astype(np.int64)
+            step = _step_of(tls[r], key)
+            for c in (_FWD, _BWD):
+                m = (cls == c) & (step >= 0)
+                if m.any():
+                    k, s = key[m], step[m]
+                    order = np.lexsort((k, s))
+                    out[(r, c, send)] = (k[order], s[order])
+    return out
+
+
+def _gap_quantiles(
+    senders: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]],
+    receivers: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]],
+) -> npt.NDArray[np.float64]:
+    """``Q[i, j]``: the low quantile over k of ``recv_j[k] - send_i[k]`` where both streams have the
+    same steps and counts per step (NaN where they do not: order cannot pair them)."""
+    q = np.full((len(senders), len(receivers)), np.nan)
+
+    def sig(s: npt.NDArray[np.int64]) -> bytes:
+        return s.tobytes()
+
+    groups: dict[bytes, tuple[list[int], list[int]]] = {}
+    for i, (_, st) in enumerate(senders):
+        groups.setdefault(sig(st), ([], []))[0].append(i)
+    for j, (_, st) in enumerate(receivers):
+        if sig(st) in groups:
+            groups[sig(st)][1].append(j)
+    for si, ri in groups.values():
+        if not si or not ri:
+            continue
+        s_mat = np.stack([senders[i][0][:_MAX_K] for i in si])
+        r_mat = np.stack([receivers[j][0][:_MAX_K] for j in ri])
+        gaps = r_mat[None, :, :] - s_mat[:, None, :]  # senders x receivers x k
+        q[np.ix_(si, ri)] = np.quantile(gaps, _LOW_Q, axis=2, method="lower")
+    return q
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """``o_hi - o_lo`` of two domains lies in ``[lo, hi]`` (ns), from ``n`` transfers."""
+
+    a: int
+    b: int
+    lo: float
+    hi: float
+    n: int
+
+
+def coarse_host_offsets(run: Run, o: dict[int, P2POps]) -> tuple[dict[int, int], int, str] | None:
+    """Offsets of host-op ranks on several hosts before any peer is known: each rank's partner is
+    the one whose causal interval is narrowest (module docstring), and the partners across hosts
+    place the hosts. Returns (offset per rank, the uncertainty left, method), or None when nothing
+    links the hosts."""
+    dom = clock_domains(run)
+    ranks = sorted(o)
+    hosts, hidx = _grouped(ranks, dom)
+    if len(hosts) < 2:
+        return None
+    st = _streams(run, o)
+    fs = [k for k in st if k[1] == _FWD and k[2]]
+    fr = [k for k in st if k[1] == _FWD and not k[2]]
+    bs = [k for k in st if k[1] == _BWD and k[2]]
+    br = [k for k in st if k[1] == _BWD and not k[2]]
+    if not (fs and fr and bs and br):
+        return None
+    qf = _gap_quantiles([st[k] for k in fs], [st[k] for k in fr])
+    qb = _gap_quantiles([st[k] for k in bs], [st[k] for k in br])
+    bpos = {k[0]: i for i, k in enumerate(bs)}
+    brpos = {k[0]: j for j, k in enumerate(br)}
+    bounds: list[_Bound] = []
+    for i, (a, _, _) in enumerate(fs):
+        if a not in brpos:
+            continue
+        best: tuple[float, int, float, float] | None = None
+        for j, (b, _, _) in enumerate(fr):
+            if b == a or b not in bpos or np.isnan(qf[i, j]):
+                continue
+            back = qb[bpos[b], brpos[a]]
+            if np.isnan(back):
+                continue
+            lo, hi = -float(qf[i, j]), float(back)  # o_b - o_a in [lo, hi]
+            if hi - lo < -_TOL_NS or (dom[a] == dom[b] and not lo - _TOL_NS <= 0 <= hi + _TOL_NS):
+                continue  # not causal both ways (on one host: at offset 0)
+            if best is None or hi - lo < best[0]:
+                best = (hi - lo, b, lo, hi)
+        if best is not None and dom[best[1]] != dom[a]:
+            bounds.append(_Bound(hidx[dom[a]], hidx[dom[best[1]]], best[2], best[3], 1))
+    if not bounds:
+        return None
+    host_off, resid, _, _ = _solve_hosts(len(hosts), bounds)
+    linked = {x for bd in bounds for x in (bd.a, bd.b)}
+    off = {r: host_off[hidx[dom[r]]] for r in ranks}
+    unc = max((x for h in linked if (x := resid[h]) is not None), default=0) + _TOL_NS // 2
+    return off, unc, f"host clocks from the transfers' order and causality ({len(hosts)} hosts)"
+
+
+def _merge(bounds: list[_Bound]) -> list[_Bound]:
+    """The bounds of each pair of domains intersected into one (oriented low -> high index)."""
+    per: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
+    for bd in bounds:
+        if bd.a < bd.b:
+            per.setdefault((bd.a, bd.b), []).append((bd.lo, bd.hi, bd.n))
+        else:
+            per.setdefault((bd.b, bd.a), []).append((-bd.hi, -bd.lo, bd.n))
+    out: list[_Bound] = []
+    for (a, b), xs in per.items():
+        lo = max(x[0] for x in xs)
+        hi = min(x[1] for x in xs)
+        out.append(_Bound(a, b, lo, hi, sum(x[2] for x in xs)))
+    return out
+
+
+def _solve_hosts(
+    n_hosts: int, bounds: list[_Bound]
+) -> tuple[list[int], list[int | None], list[tuple[int, int]], bool]:
+    """Host offsets from the merged bounds: the middle of each pair's interval, solved over the host
+    graph (least squares; exact on a tree). Returns the offsets, each host's residual (half the
+    width of its narrowest interval; None for a host nothing links), the pairs whose bounds
+    conflict, and whether any did."""
+    merged = _merge(bounds)
+    rows = [(m.a, m.b, (m.lo + m.hi) / 2.0, m.n) for m in merged]
+    off, _ = _solve(list(range(n_hosts)), rows)
+    resid: list[int | None] = [None] * n_hosts
+    conflicts: list[tuple[int, int]] = []
+    for m in merged:
+        half = round(abs(m.hi - m.lo) / 2.0)
+        if m.hi < m.lo:
+            conflicts.append((m.a, m.b))
+        for h in (m.a, m.b):
+            cur = resid[h]
+            resid[h] = half if cur is None else min(cur, half)
+    resid[0] = 0  # the reference host keeps its clock
+    return [off[h] for h in range(n_hosts)], resid, conflicts, bool(conflicts)
+
+
+# ---------------------------------------------------------------- the fit on matched transfers
+
+
+def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostClock], list[str]] | None:
+    """One offset per host from matched host transfers (both directions bound it; module
+    docstring), else from the step starts. None when the run has one clock domain."""
+    dom = clock_domains(run)
+    ranks = sorted(tl.rank for tl in run.ranks)
+    hosts, hidx = _grouped(ranks, dom)
+    if len(hosts) < 2:
+        return None
+    bounds: list[_Bound] = []
+    if len(pairs) and not pairs.device:
+        ha = np.array([hidx[dom[int(r)]] for r in pairs.src], dtype=np.int64)
+        hb = np.array([hidx[dom[int(r)]] for r in pairs.dst], dtype=np.int64)
+        # o_hb - o_ha >= send_start - recv_end for every matched transfer
+        lo_all = (pairs.send_start - pairs.recv_end).astype(np.float64)
+        cross = ha != hb
+        key = ha * len(hosts) + hb
+        for k in np.unique(key[cross]):
+            m = key == k
+            a, b = divmod(int(k), len(hosts))
+            # the 2nd percentile from the top: one mismatched pair does not move the bound
+            lo = float(np.quantile(lo_all[m], 0.98, method="higher"))
+            bounds.append(_Bound(a, b, lo, float("inf"), int(m.sum())))
+    merged = _merge(bounds)
+    two_sided = [m for m in merged if np.isfinite(m.lo) and np.isfinite(m.hi)]
+    warnings: list[str] = []
+    method = "causal bounds of matched host transfers"
+    if not two_sided:
+        return _by_steps(run, ranks, dom, hosts, hidx)
+    host_off, resid, conflicts, _ = _solve_hosts(len(hosts), two_sided)
+    for a, b in conflicts:
+        m = next(x for x in two_sided if (x.a, x.b) == (a, b))
+        warnings.append(
+            f"clock bounds conflict between hosts {hosts[a] or '?'} and {hosts[b] or '?'}: the transfers "
+            f"need an offset of at least {m.lo / 1e3:.0f} µs and at most {m.hi / 1e3:.0f} µs; the middle "
+            "is used (a lost event or a clock that drifted during the capture)"
+        )
+    linked = {x for m in two_sided for x in (m.a, m.b)} | {0}
+    if len(linked) < len(hosts):
+        steps = _by_steps(run, ranks, dom, hosts, hidx)
+        if steps is not None:
+            s_off = steps[0]
+            for h, name in enumerate(hosts):
+                if h not in linked:
+                    r0 = min(r for r in ranks if dom[r] == name)
+                    host_off[h] = s_off[r0]
+    out = {r: host_off[hidx[dom[r]]] for r in ranks}
+    clocks = [
+        HostClock(
+            name,
+            tuple(r for r in ranks if dom[r] == name),
+            host_off[h],
+            resid[h] if h in linked else None,
+            "reference" if h == 0 else (method if h in linked else "step starts"),
+        )
+        for h, name in enumerate(hosts)
+    ]
+    return out, clocks, warnings
+
+
+def _by_steps(
+    run: Run, ranks: list[int], dom: dict[int, str], hosts: list[str], hidx: dict[str, int]
+) -> tuple[dict[int, int], list[HostClock], list[str]] | None:
+    """The last resort: each host's offset from the starts of the steps every rank ran (median
+    over the host's ranks and the steps), the spread as residual."""
+    from ppdiag.pipeline.peer_links import _by_step_starts
+
+    c = _by_step_starts(run, ranks)
+    if c is None:
+        return None
+    host_off = [round(float(np.median([c.offsets[r] for r in ranks if dom[r] == h]))) for h in hosts]
+    base = host_off[0]
+    host_off = [x - base for x in host_off]
+    out = {r: host_off[hidx[dom[r]]] for r in ranks}
+    clocks = [
+        HostClock(
+            h,
+            tuple(r for r in ranks if dom[r] == h),
+            host_off[i],
+            c.uncertainty_ns if i else 0,
+            "reference" if i == 0 else "step starts",
+        )
+        for i, h in enumerate(hosts)
+    ]
+    return out, clocks, ["host clocks aligned by the step starts only (no matched transfer links the hosts)"]
+
+
+def with_host_clocks(run: Run, pairs: Pairs, fit: ClockFit) -> tuple[ClockFit, list[str]]:
+    """``fit`` with one clock per host: where no device transfer or collective aligned the ranks
+    (host ops, gloo), the hosts' offsets from :func:`fit_host_clocks`; otherwise the device fit's
+    offsets summarised per host (median, spread as residual). Warnings of conflicting bounds."""
+    dom = clock_domains(run)
+    ranks = sorted(tl.rank for tl in run.ranks)
+    hosts, _ = _grouped(ranks, dom)
+    aligned_by_device = fit.residual_us is not None
+    if len(hosts) >= 2 and not aligned_by_device:
+        got = fit_host_clocks(run, pairs)
+        if got is not None:
+            off, clocks, warnings = got
+            resid = [c.residual_ns for c in clocks if c.residual_ns is not None and c.method != "reference"]
+            methods = sorted({c.method for c in clocks if c.method != "reference"})
+            return (
+                ClockFit(
+                    off,
+                    max(resid) / 1000.0 if resid else None,
+                    f"one clock per host ({len(hosts)} hosts): " + ", ".join(methods),
+                    hosts=clocks,
+                ),
+                warnings,
+            )
+    clocks = []
+    for h in hosts:
+        mine = [r for r in ranks if dom[r] == h]
+        vals = np.array([fit.offsets.get(r, 0) for r in mine], dtype=np.float64)
+        spread = float(vals.max() - vals.min()) / 2.0 if vals.size else 0.0
+        clocks.append(
+            HostClock(
+                h,
+                tuple(mine),
+                round(float(np.median(vals))) if vals.size else 0,
+                round(spread) if aligned_by_device else None,
+                fit.method,
+            )
+        )
+    fit.hosts = clocks
+    return fit, []
