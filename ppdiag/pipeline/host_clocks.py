@@ -220,33 +220,34 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     if len(hosts) < 2:
         return None
     bounds: list[_Bound] = []
+    warnings: list[str] = []
     if len(pairs) and not pairs.device:
         ha = np.array([hidx[dom[int(r)]] for r in pairs.src], dtype=np.int64)
         hb = np.array([hidx[dom[int(r)]] for r in pairs.dst], dtype=np.int64)
-        # o_hb - o_ha >= send_start - recv_end for every matched transfer
-        lo_all = (pairs.send_start - pairs.recv_end).astype(np.float64)
-        cross = ha != hb
-        key = ha * len(hosts) + hb
-        for k in np.unique(key[cross]):
+        # a -> b: o_b - o_a >= send_start - recv_end; seen from b -> a it bounds o_b - o_a above
+        gap = (pairs.send_start - pairs.recv_end).astype(np.float64)
+        lo_h, hi_h = np.minimum(ha, hb), np.maximum(ha, hb)
+        key = lo_h * len(hosts) + hi_h
+        for k in np.unique(key[ha != hb]):
             m = key == k
             a, b = divmod(int(k), len(hosts))
-            # the 2nd percentile from the top: one mismatched pair does not move the bound
-            lo = float(np.quantile(lo_all[m], 0.98, method="higher"))
-            bounds.append(_Bound(a, b, lo, float("inf"), int(m.sum())))
-    merged = _merge(bounds)
-    two_sided = [m for m in merged if np.isfinite(m.lo) and np.isfinite(m.hi)]
-    warnings: list[str] = []
+            up = m & (ha == a)
+            lo, hi, bad = _consistent(gap[up], -gap[m & ~up])
+            if lo is None or hi is None:
+                continue
+            n = int(m.sum())
+            bounds.append(_Bound(a, b, lo, hi, n))
+            if bad > max(1, n // 20):
+                warnings.append(
+                    f"clock bounds conflict between hosts {hosts[a] or '?'} and {hosts[b] or '?'}: "
+                    f"{bad} of {n} matched transfers contradict every single offset (lost or reordered "
+                    "events, or a clock that drifted during the capture); the offset most agree on is used"
+                )
+    two_sided = bounds
     method = "causal bounds of matched host transfers"
     if not two_sided:
         return _by_steps(run, ranks, dom, hosts, hidx)
-    host_off, resid, conflicts, _ = _solve_hosts(len(hosts), two_sided)
-    for a, b in conflicts:
-        m = next(x for x in two_sided if (x.a, x.b) == (a, b))
-        warnings.append(
-            f"clock bounds conflict between hosts {hosts[a] or '?'} and {hosts[b] or '?'}: the transfers "
-            f"need an offset of at least {m.lo / 1e3:.0f} µs and at most {m.hi / 1e3:.0f} µs; the middle "
-            "is used (a lost event or a clock that drifted during the capture)"
-        )
+    host_off, resid, _, _ = _solve_hosts(len(hosts), two_sided)
     linked = {x for m in two_sided for x in (m.a, m.b)} | {0}
     if len(linked) < len(hosts):
         steps = _by_steps(run, ranks, dom, hosts, hidx)
@@ -268,6 +269,38 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
         for h, name in enumerate(hosts)
     ]
     return out, clocks, warnings
+
+
+def _consistent(
+    lows: npt.NDArray[np.float64], highs: npt.NDArray[np.float64]
+) -> tuple[float | None, float | None, int]:
+    """The offsets ``D`` that break the fewest bounds ``D >= lows`` and ``D <= highs``: the first
+    interval where the fewest are broken (its ends; None for a side without bounds) and how many
+    are broken there. A few mispaired transfers (reordered flows on one link) are outvoted."""
+    if lows.size == 0 or highs.size == 0:
+        return None, None, 0
+    ls, hs = np.sort(lows), np.sort(highs)
+    cand = np.unique(np.concatenate((ls, hs)))
+    # broken at D: lows above D plus highs below D
+    broken = (ls.size - np.searchsorted(ls, cand, side="right")) + np.searchsorted(hs, cand, side="left")
+    best = int(broken.min())
+    i = int(np.argmax(broken == best))
+    j = i
+    while j + 1 < cand.size and broken[j + 1] == best:
+        j += 1
+    if best == 0:
+        return float(cand[i]), float(cand[j]), best
+    # some bounds broken (send spans that start after their data left, mispaired flows): the
+    # uncertainty is the stretch around the best where at most a twentieth more are broken
+    slack = best + max(1, (ls.size + hs.size) // 20)
+    lo_i, hi_j = i, j
+    while lo_i > 0 and broken[lo_i - 1] <= slack:
+        lo_i -= 1
+    while hi_j + 1 < cand.size and broken[hi_j + 1] <= slack:
+        hi_j += 1
+    mid = (float(cand[i]) + float(cand[j])) / 2.0
+    half = max(mid - float(cand[lo_i]), float(cand[hi_j]) - mid)
+    return mid - half, mid + half, best
 
 
 def _by_steps(
