@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.model import Direction, Run
+from ppdiag.model import Direction, RangeKind, Run
 from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
 from ppdiag.pipeline.links import host_of
 from ppdiag.pipeline.peer_flow import _BWD, _FWD, _flow_class, _step_of
@@ -219,32 +219,37 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     hosts, hidx = _grouped(ranks, dom)
     if len(hosts) < 2:
         return None
-    bounds: list[_Bound] = []
-    warnings: list[str] = []
+    lows: dict[tuple[int, int], list[npt.NDArray[np.float64]]] = {}
+    highs: dict[tuple[int, int], list[npt.NDArray[np.float64]]] = {}
     if len(pairs) and not pairs.device:
         ha = np.array([hidx[dom[int(r)]] for r in pairs.src], dtype=np.int64)
         hb = np.array([hidx[dom[int(r)]] for r in pairs.dst], dtype=np.int64)
         # a -> b: o_b - o_a >= send_start - recv_end; seen from b -> a it bounds o_b - o_a above
         gap = (pairs.send_start - pairs.recv_end).astype(np.float64)
-        lo_h, hi_h = np.minimum(ha, hb), np.maximum(ha, hb)
-        key = lo_h * len(hosts) + hi_h
-        for k in np.unique(key[ha != hb]):
-            m = key == k
-            a, b = divmod(int(k), len(hosts))
-            up = m & (ha == a)
-            lo, hi, bad = _consistent(gap[up], -gap[m & ~up])
-            if lo is None or hi is None:
-                continue
-            n = int(m.sum())
-            bounds.append(_Bound(a, b, lo, hi, n))
-            if bad > max(1, n // 20):
-                warnings.append(
-                    f"clock bounds conflict between hosts {hosts[a] or '?'} and {hosts[b] or '?'}: "
-                    f"{bad} of {n} matched transfers contradict every single offset (lost or reordered "
-                    "events, or a clock that drifted during the capture); the offset most agree on is used"
-                )
+        for a, b in {(int(x), int(y)) for x, y in zip(ha, hb, strict=True) if x < y}:
+            lows.setdefault((a, b), []).append(gap[(ha == a) & (hb == b)])
+        for a, b in {(int(y), int(x)) for x, y in zip(ha, hb, strict=True) if x > y}:
+            highs.setdefault((a, b), []).append(-gap[(ha == b) & (hb == a)])
+    _collective_bounds(run, dom, hidx, lows, highs)
+    bounds: list[_Bound] = []
+    warnings: list[str] = []
+    for a, b in sorted(set(lows) | set(highs)):
+        lo_v = np.concatenate(lows.get((a, b), [np.zeros(0)]))
+        hi_v = np.concatenate(highs.get((a, b), [np.zeros(0)]))
+        lo, hi, bad = _consistent(lo_v, hi_v)
+        if lo is None or hi is None:
+            continue  # one side only: no interval
+        n = int(lo_v.size + hi_v.size)
+        bounds.append(_Bound(a, b, lo, hi, n))
+        if bad > max(1, n // 20):
+            warnings.append(
+                f"clock bounds conflict between hosts {hosts[a] or '?'} and {hosts[b] or '?'}: "
+                f"{bad} of {n} matched transfers and collectives contradict every single offset (lost "
+                "or reordered events, or a clock that drifted during the capture); the offset most "
+                "agree on is used"
+            )
     two_sided = bounds
-    method = "causal bounds of matched host transfers"
+    method = "causal bounds of matched host transfers and collectives"
     if not two_sided:
         return _by_steps(run, ranks, dom, hosts, hidx)
     host_off, resid, _, _ = _solve_hosts(len(hosts), two_sided)
@@ -269,6 +274,44 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
         for h, name in enumerate(hosts)
     ]
     return out, clocks, warnings
+
+
+def _collective_bounds(
+    run: Run,
+    dom: dict[int, str],
+    hidx: dict[str, int],
+    lows: dict[tuple[int, int], list[npt.NDArray[np.float64]]],
+    highs: dict[tuple[int, int], list[npt.NDArray[np.float64]]],
+) -> None:
+    """Bounds from host collectives (gloo ``all_reduce`` and the like): the k-th instance of one
+    op on two ranks cannot end on either before it started on both, so ``end_b + o_b >= start_a +
+    o_a`` and the reverse: both sides at once. Ops are paired by order where counts agree."""
+    per: dict[str, dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]] = {}
+    for tl in run.ranks:
+        if not tl.cpu_only:
+            continue
+        rg = tl.ranges
+        m = np.flatnonzero((rg.kind == int(RangeKind.COMM_OP)) & (rg.direction == 0))
+        if m.size == 0:
+            continue
+        names = np.array([tl.names[i] for i in rg.name[m]], dtype=object)
+        for nm in np.unique(names):
+            if not str(nm).startswith("gloo:"):
+                continue  # one op per collective: the backend span
+            sel = m[names == nm]
+            sel = sel[np.argsort(rg.start[sel], kind="stable")]
+            per.setdefault(str(nm), {})[tl.rank] = (rg.start[sel], rg.end[sel])
+    for members in per.values():
+        rs = sorted(members)
+        for x in rs:
+            for y in rs:
+                hx, hy = hidx[dom[x]], hidx[dom[y]]
+                if hx >= hy or members[x][0].size != members[y][0].size:
+                    continue
+                (sx, ex), (sy, ey) = members[x], members[y]
+                # D = o_y - o_x: ey + o_y >= sx + o_x and ex + o_x >= sy + o_y
+                lows.setdefault((hx, hy), []).append((sx - ey).astype(np.float64))
+                highs.setdefault((hx, hy), []).append((ex - sy).astype(np.float64))
 
 
 def _consistent(
