@@ -194,3 +194,27 @@ def rewrite_in_place(run_dir: Path, moves: Mapping[int, Move]) -> dict[int, Path
             p.unlink()
         done[r] = final
     return done
+
+
+def spread_over_hosts(run_dir: Path, world: int, hosts: int, skew_ns: int) -> list[dict[str, object]]:
+    """Put a recorded run on ``hosts`` hosts: consecutive ranks split into ``hosts`` groups (as a
+    launcher places them), group ``h`` named ``host<h>`` with a clock ``h * skew_ns`` ahead. The
+    traces are rewritten in place and the placement is added to ``groundtruth.json`` (``hosts``:
+    each host's ranks, its skew and the offset an aligner should find, ``-skew``). Returns it."""
+    per = -(-world // hosts)
+    placed: list[dict[str, object]] = []
+    moves: dict[int, Move] = {}
+    for h in range(hosts):
+        ranks = list(range(h * per, min((h + 1) * per, world)))
+        if not ranks:
+            continue
+        for r in ranks:
+            moves[r] = Move(f"host{h}", h * skew_ns)
+        placed.append({"host": f"host{h}", "ranks": ranks, "skew_ns": h * skew_ns, "offset_ns": -h * skew_ns})
+    rewrite_in_place(run_dir, moves)
+    gt = run_dir / "groundtruth.json"
+    if gt.exists():
+        truth = json.loads(gt.read_text())
+        truth["hosts"] = placed
+        gt.write_text(json.dumps(truth))
+    return placed

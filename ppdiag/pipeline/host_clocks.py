@@ -236,17 +236,19 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     for a, b in sorted(set(lows) | set(highs)):
         lo_v = np.concatenate(lows.get((a, b), [np.zeros(0)]))
         hi_v = np.concatenate(highs.get((a, b), [np.zeros(0)]))
-        lo, hi, bad = _consistent(lo_v, hi_v)
+        lo, hi, _ = _consistent(lo_v, hi_v)
         if lo is None or hi is None:
             continue  # one side only: no interval
         n = int(lo_v.size + hi_v.size)
         bounds.append(_Bound(a, b, lo, hi, n))
+        # broken beyond the host ops' own jitter, by more than a twentieth of the bounds
+        bad = int((lo_v > hi + _TOL_NS).sum() + (hi_v < lo - _TOL_NS).sum())
         if bad > max(1, n // 20):
             warnings.append(
                 f"clock bounds conflict between hosts {hosts[a] or '?'} and {hosts[b] or '?'}: "
-                f"{bad} of {n} matched transfers and collectives contradict every single offset (lost "
-                "or reordered events, or a clock that drifted during the capture); the offset most "
-                "agree on is used"
+                f"{bad} of {n} matched transfers and collectives contradict every single offset by over "
+                "1 ms (lost or reordered events, or a clock that drifted during the capture); the offset "
+                "most agree on is used"
             )
     two_sided = bounds
     method = "causal bounds of matched host transfers and collectives"
