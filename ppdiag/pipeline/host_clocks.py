@@ -121,11 +121,25 @@ class _Bound:
     n: int
 
 
-def coarse_host_offsets(run: Run, o: dict[int, P2POps]) -> tuple[dict[int, int], int, str] | None:
+@dataclass(frozen=True)
+class CoarseHosts:
+    """The hosts' clocks before the peers are known, and each sender's candidate receivers per
+    flow (``(rank, flow) -> ranks``, the narrowest causal intervals first) for the data flow to
+    choose from, so that it compares a few pairs per rank instead of every pair."""
+
+    offsets: dict[int, int]
+    uncertainty_ns: int
+    method: str
+    candidates: dict[tuple[int, int], set[int]]
+
+
+_CANDIDATES = 3  # receivers per sender and flow left for the data flow to choose from
+
+
+def coarse_host_offsets(run: Run, o: dict[int, P2POps]) -> CoarseHosts | None:
     """Offsets of host-op ranks on several hosts before any peer is known: each rank's partner is
     the one whose causal interval is narrowest (module docstring), and the partners across hosts
-    place the hosts. Returns (offset per rank, the uncertainty left, method), or None when nothing
-    links the hosts."""
+    place the hosts. None when nothing links the hosts."""
     dom = clock_domains(run)
     ranks = sorted(o)
     hosts, hidx = _grouped(ranks, dom)
@@ -143,10 +157,12 @@ def coarse_host_offsets(run: Run, o: dict[int, P2POps]) -> tuple[dict[int, int],
     bpos = {k[0]: i for i, k in enumerate(bs)}
     brpos = {k[0]: j for j, k in enumerate(br)}
     bounds: list[_Bound] = []
+    cand: dict[tuple[int, int], set[int]] = {}
     for i, (a, _, _) in enumerate(fs):
         if a not in brpos:
             continue
         best: tuple[float, int, float, float] | None = None
+        ok: list[tuple[float, int]] = []
         for j, (b, _, _) in enumerate(fr):
             if b == a or b not in bpos or np.isnan(qf[i, j]):
                 continue
@@ -156,8 +172,12 @@ def coarse_host_offsets(run: Run, o: dict[int, P2POps]) -> tuple[dict[int, int],
             lo, hi = -float(qf[i, j]), float(back)  # o_b - o_a in [lo, hi]
             if hi - lo < -_TOL_NS or (dom[a] == dom[b] and not lo - _TOL_NS <= 0 <= hi + _TOL_NS):
                 continue  # not causal both ways (on one host: at offset 0)
+            ok.append((hi - lo, b))
             if best is None or hi - lo < best[0]:
                 best = (hi - lo, b, lo, hi)
+        for _, b in sorted(ok)[:_CANDIDATES]:
+            cand.setdefault((a, _FWD), set()).add(b)
+            cand.setdefault((b, _BWD), set()).add(a)
         if best is not None and dom[best[1]] != dom[a]:
             bounds.append(_Bound(hidx[dom[a]], hidx[dom[best[1]]], best[2], best[3], 1))
     if not bounds:
@@ -166,7 +186,8 @@ def coarse_host_offsets(run: Run, o: dict[int, P2POps]) -> tuple[dict[int, int],
     linked = {x for bd in bounds for x in (bd.a, bd.b)}
     off = {r: host_off[hidx[dom[r]]] for r in ranks}
     unc = max((x for h in linked if (x := resid[h]) is not None), default=0) + _TOL_NS // 2
-    return off, unc, f"host clocks from the transfers' order and causality ({len(hosts)} hosts)"
+    method = f"host clocks from the transfers' order and causality ({len(hosts)} hosts)"
+    return CoarseHosts(off, unc, method, cand)
 
 
 def _merge(bounds: list[_Bound]) -> list[_Bound]:
@@ -336,8 +357,8 @@ def _consistent(
     if best == 0:
         return float(cand[i]), float(cand[j]), best
     # some bounds broken (send spans that start after their data left, mispaired flows): the
-    # uncertainty is the stretch around the best where at most a twentieth more are broken
-    slack = best + max(1, (ls.size + hs.size) // 20)
+    # uncertainty is the stretch around the best where at most a tenth more are broken
+    slack = best + max(2, (ls.size + hs.size) // 10)
     lo_i, hi_j = i, j
     while lo_i > 0 and broken[lo_i - 1] <= slack:
         lo_i -= 1

@@ -279,8 +279,8 @@ def _host_coarse(run: Run, o: dict[int, P2POps]) -> Coarse | None:
     got = coarse_host_offsets(run, o)
     if got is None:
         return None
-    off, unc, method = got
-    return Coarse(off, max(2_000_000, 2 * unc), method, unc)
+    unc = got.uncertainty_ns
+    return Coarse(got.offsets, max(2_000_000, 2 * unc), got.method, unc, got.candidates)
 
 
 def _by_flow_first(
@@ -293,7 +293,7 @@ def _by_flow_first(
 ) -> bool:
     """No transfer's ends meet: the data flow is tried before timing. When it places the ops,
     its links, counts and warnings go into ``dec`` (True); else nothing changes."""
-    flow = _decide_by_flow(run, o, coarse.offsets, unknown)
+    flow = _decide_by_flow(run, o, coarse.offsets, unknown, coarse.candidates)
     if flow is None:
         return False
     dec.links, dec.decided, conf, warns = flow
