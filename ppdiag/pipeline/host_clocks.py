@@ -29,7 +29,7 @@ from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
 from ppdiag.pipeline.links import host_of
 from ppdiag.pipeline.peer_flow import _BWD, _FWD, _flow_class, _step_of
 
-_LOW_Q = 0.05  # the low quantile that stands for a stream's smallest gap (one stray pair tolerated)
+_LOW_Q = 0.25  # the low quantile that stands for a stream's smallest gap (stray pairs outvoted)
 _MAX_K = 256  # transfers per stream compared in the coarse search (its first steps)
 _TOL_NS = 1_000_000  # host ops' jitter on a loaded host: a causal bound may be broken by this much
 
