@@ -130,10 +130,7 @@ class CoarseHosts:
     offsets: dict[int, int]
     uncertainty_ns: int
     method: str
-    candidates: dict[tuple[int, int], set[int]]
-
-
-_CANDIDATES = 3  # receivers per sender and flow left for the data flow to choose from
+    candidates: dict[tuple[int, int], set[int]] | None
 
 
 def coarse_host_offsets(run: Run, o: dict[int, P2POps]) -> CoarseHosts | None:
@@ -156,13 +153,10 @@ def coarse_host_offsets(run: Run, o: dict[int, P2POps]) -> CoarseHosts | None:
     qb = _gap_quantiles([st[k] for k in bs], [st[k] for k in br])
     bpos = {k[0]: i for i, k in enumerate(bs)}
     brpos = {k[0]: j for j, k in enumerate(br)}
-    bounds: list[_Bound] = []
-    cand: dict[tuple[int, int], set[int]] = {}
+    feas: list[tuple[float, int, int, float, float]] = []  # (width, sender, receiver, lo, hi)
     for i, (a, _, _) in enumerate(fs):
         if a not in brpos:
             continue
-        best: tuple[float, int, float, float] | None = None
-        ok: list[tuple[float, int]] = []
         for j, (b, _, _) in enumerate(fr):
             if b == a or b not in bpos or np.isnan(qf[i, j]):
                 continue
@@ -172,14 +166,9 @@ def coarse_host_offsets(run: Run, o: dict[int, P2POps]) -> CoarseHosts | None:
             lo, hi = -float(qf[i, j]), float(back)  # o_b - o_a in [lo, hi]
             if hi - lo < -_TOL_NS or (dom[a] == dom[b] and not lo - _TOL_NS <= 0 <= hi + _TOL_NS):
                 continue  # not causal both ways (on one host: at offset 0)
-            ok.append((hi - lo, b))
-            if best is None or hi - lo < best[0]:
-                best = (hi - lo, b, lo, hi)
-        for _, b in sorted(ok)[:_CANDIDATES]:
-            cand.setdefault((a, _FWD), set()).add(b)
-            cand.setdefault((b, _BWD), set()).add(a)
-        if best is not None and dom[best[1]] != dom[a]:
-            bounds.append(_Bound(hidx[dom[a]], hidx[dom[best[1]]], best[2], best[3], 1))
+            feas.append((hi - lo, a, b, lo, hi))
+    chosen, cand = _assign_partners(feas)
+    bounds = [_Bound(hidx[dom[a]], hidx[dom[b]], lo, hi, 1) for _, a, b, lo, hi in chosen if dom[a] != dom[b]]
     if not bounds:
         return None
     host_off, resid, _, _ = _solve_hosts(len(hosts), bounds)
@@ -188,6 +177,37 @@ def coarse_host_offsets(run: Run, o: dict[int, P2POps]) -> CoarseHosts | None:
     unc = max((x for h in linked if (x := resid[h]) is not None), default=0) + _TOL_NS // 2
     method = f"host clocks from the transfers' order and causality ({len(hosts)} hosts)"
     return CoarseHosts(off, unc, method, cand)
+
+
+def _assign_partners(
+    feas: list[tuple[float, int, int, float, float]],
+) -> tuple[list[tuple[float, int, int, float, float]], dict[tuple[int, int], set[int]] | None]:
+    """One forward receiver per sender and one sender per receiver, narrowest causal interval
+    first (greedy; a pipeline link is one-to-one). A sender whose two narrowest intervals are
+    within the host ops' jitter of each other (data-parallel replicas in near lockstep look
+    alike) is ambiguous: it places no clock, and the data flow then compares every rank (and
+    abstains on a conflict) instead of the chosen partners. Returns the chosen pairs and the
+    candidates per (rank, flow), None when some sender was ambiguous."""
+    by_sender: dict[int, list[float]] = {}
+    for f in sorted(feas):
+        by_sender.setdefault(f[1], []).append(f[0])
+    ambiguous = {a for a, w in by_sender.items() if len(w) > 1 and w[1] - w[0] < _TOL_NS}
+    chosen: list[tuple[float, int, int, float, float]] = []
+    senders: set[int] = set()
+    receivers: set[int] = set()
+    for f in sorted(feas):
+        if f[1] in senders or f[2] in receivers or f[1] in ambiguous:
+            continue
+        chosen.append(f)
+        senders.add(f[1])
+        receivers.add(f[2])
+    if ambiguous:
+        return chosen, None
+    cand: dict[tuple[int, int], set[int]] = {}
+    for _, a, b, _, _ in chosen:
+        cand[(a, _FWD)] = {b}
+        cand.setdefault((b, _BWD), set()).add(a)
+    return chosen, cand
 
 
 def _merge(bounds: list[_Bound]) -> list[_Bound]:

@@ -174,7 +174,7 @@ def _flow_partners(
         if not send or s_key.size == 0:
             continue
         best: tuple[float, int, float] | None = None
-        allowed = candidates.get((a, c)) if candidates is not None else None
+        allowed = candidates.get((a, c), set()) if candidates is not None else None
         for (b, c2, send2), (_, r_key, r_step) in streams.items():
             if send2 or c2 != c or b == a or r_key.size == 0 or (allowed is not None and b not in allowed):
                 continue
