@@ -24,7 +24,9 @@ from conftest import shared_trace
 
 from ppdiag.api import Options, diagnose
 from ppdiag.demo.skew import Move, move_ranks, rewrite_kineto, rewrite_nsys
-from ppdiag.pipeline.host_clocks import _consistent
+from ppdiag.model import Intervals, Ranges, RankTimeline, Run
+from ppdiag.pipeline.clocks import Pairs
+from ppdiag.pipeline.host_clocks import _consistent, clock_domains, fit_host_clocks
 from ppdiag.reports.context import Analyzed
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.nsys import write_nsys
@@ -115,6 +117,42 @@ def test_consistent_offset_outvotes_a_mispaired_bound() -> None:
     assert (lo + hi) / 2 == pytest.approx(-0.5)
     # all consistent: the intersection itself
     assert _consistent(np.array([-5.0, -3.0]), np.array([2.0, 4.0])) == (-3.0, 2.0, 0)
+
+
+def _bare(rank: int, host: str) -> RankTimeline:
+    return RankTimeline(
+        rank, f"rank{rank}", "kineto", [""], Intervals.empty(), Ranges.empty(), cpu_only=True,
+        meta={"host_name": host},
+    )  # fmt: skip
+
+
+def test_host_offset_from_transfers_both_ways() -> None:
+    # rank 0 on host a, rank 1 on host b whose clock reads 5 ms ahead (times below in µs, own
+    # clocks). Per step (every 20 ms): rank 0 sends an activation at 4000, which arrives at
+    # 4300 true = 9300 on b's clock; b sends the gradient at 16300 true = 21300 on b's clock, and
+    # it arrives at 16500 on a's. Bounds on D = o_b - o_a: D >= 4000 - 9300 = -5300 and
+    # D <= 16500 - 21300 = -4800: the middle -5050 µs, residual 250 µs (the truth -5000 inside).
+    steps = np.arange(3) * 20_000
+    us = 1000
+    pairs = Pairs(
+        np.array([0, 0, 0, 1, 1, 1], np.int32),
+        np.array([1, 1, 1, 0, 0, 0], np.int32),
+        np.r_[4000 + steps, 21300 + steps] * us,  # send start (own clock)
+        np.r_[4100 + steps, 21400 + steps] * us,
+        np.r_[5200 + steps, 16000 + steps] * us,  # receive start, posted early
+        np.r_[9300 + steps, 16500 + steps] * us,  # receive end (own clock)
+        False,
+    )
+    run = Run([_bare(0, "a"), _bare(1, "b")], "kineto")
+    assert clock_domains(run) == {0: "a", 1: "b"}
+    got = fit_host_clocks(run, pairs)
+    assert got is not None
+    off, clocks, warnings = got
+    assert off == {0: 0, 1: -5_050_000}
+    assert [(c.host, c.residual_ns) for c in clocks] == [("a", 0), ("b", 250_000)]
+    assert not warnings
+    # one host named on both: one clock, nothing to fit
+    assert fit_host_clocks(Run([_bare(0, "a"), _bare(1, "a")], "kineto"), pairs) is None
 
 
 # ------------------------------------------------------------------ synthetic GPU runs
