@@ -60,9 +60,9 @@ def assert_same(base: Analyzed, moved: Analyzed) -> None:
             assert abs(v - b[r.rank][cause]) <= CAUSE_TOL, (r.rank, cause, b[r.rank][cause], v)
 
 
-def assert_offsets(base: Analyzed, moved: Analyzed, moves: dict[int, Move]) -> None:
+def assert_offsets(base: Analyzed, moved: Analyzed, moves: dict[int, Move], floor_us: float = 0.0) -> None:
     """Each moved rank's fitted offset changed by minus its skew, within the residual of its host
-    (the device fit's residual where device transfers aligned the ranks)."""
+    (the device fit's residual where device transfers aligned the ranks), or ``floor_us``."""
     ob = base.result.run.clock_offsets_us
     om = moved.result.run.clock_offsets_us
     resid = {r: c.residual_us for c in moved.result.run.clocks for r in c.ranks}
@@ -71,7 +71,7 @@ def assert_offsets(base: Analyzed, moved: Analyzed, moves: dict[int, Move]) -> N
         # relative to the reference rank, whose host may have moved too
         want = -(mv.skew_ns - moves.get(int(ref), Move("", 0)).skew_ns) / 1000.0
         got = (om[str(r)] - om[ref]) - (ob[str(r)] - ob[ref])
-        tol = resid.get(r) or moved.result.run.clock_residual_us or 0.0
+        tol = max(resid.get(r) or moved.result.run.clock_residual_us or 0.0, floor_us)
         assert abs(got - want) <= tol + 1.0, (r, got, want, tol)
 
 
@@ -286,4 +286,6 @@ def test_recorded_runs_survive_hosts_and_skew(
         k: v for k, v in s_base.items() if k != "findings"
     }
     assert {c for c, _ in s_moved["findings"]} == {c for c, _ in s_base["findings"]}  # type: ignore[attr-defined]
-    assert_offsets(base, moved, moves)
+    # gloo spans on a loaded 2-core host break causality by up to ~0.5 ms (a send span opening
+    # after its data left), so a recorded run's offset is held to its residual or 1 ms
+    assert_offsets(base, moved, moves, floor_us=1000.0)

@@ -260,17 +260,8 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     hosts, hidx = _grouped(ranks, dom)
     if len(hosts) < 2:
         return None
-    lows: dict[tuple[int, int], list[npt.NDArray[np.float64]]] = {}
-    highs: dict[tuple[int, int], list[npt.NDArray[np.float64]]] = {}
-    if len(pairs) and not pairs.device:
-        ha = np.array([hidx[dom[int(r)]] for r in pairs.src], dtype=np.int64)
-        hb = np.array([hidx[dom[int(r)]] for r in pairs.dst], dtype=np.int64)
-        # a -> b: o_b - o_a >= send_start - recv_end; seen from b -> a it bounds o_b - o_a above
-        gap = (pairs.send_start - pairs.recv_end).astype(np.float64)
-        for a, b in {(int(x), int(y)) for x, y in zip(ha, hb, strict=True) if x < y}:
-            lows.setdefault((a, b), []).append(gap[(ha == a) & (hb == b)])
-        for a, b in {(int(y), int(x)) for x, y in zip(ha, hb, strict=True) if x > y}:
-            highs.setdefault((a, b), []).append(-gap[(ha == b) & (hb == a)])
+    lows, highs, waits = _transfer_bounds(pairs, [hidx[dom[r]] for r in ranks], ranks)
+    floor = _span_jitter(pairs, dom)
     _collective_bounds(run, dom, hidx, lows, highs)
     bounds: list[_Bound] = []
     warnings: list[str] = []
@@ -281,7 +272,7 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
         if lo is None or hi is None:
             continue  # one side only: no interval
         n = int(lo_v.size + hi_v.size)
-        bounds.append(_Bound(a, b, lo, hi, n))
+        bounds.append(_widened(_refined(_Bound(a, b, lo, hi, n), waits.get((a, b))), floor))
         # broken beyond the host ops' own jitter, by more than a twentieth of the bounds
         bad = int((lo_v > hi + _TOL_NS).sum() + (hi_v < lo - _TOL_NS).sum())
         if bad > max(1, n // 20):
@@ -319,12 +310,82 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     return out, clocks, warnings
 
 
+_Arrays = dict[tuple[int, int], list[npt.NDArray[np.float64]]]
+# per host pair: the forward and backward transfers' bounds with their receive starts (own clocks)
+_Waits = dict[tuple[int, int], tuple[npt.NDArray[np.float64], ...]]
+_WAITED_NS = 200_000  # a receive posted this long before its send began was waiting for it
+_MIN_WAITED = 3
+
+
+def _transfer_bounds(pairs: Pairs, host_idx: list[int], ranks: list[int]) -> tuple[_Arrays, _Arrays, _Waits]:
+    """Per pair of hosts (low index first, ``D = o_high - o_low``): the lower bounds ``send_start -
+    recv_end`` of the transfers low -> high, the upper bounds ``recv_end - send_start`` of those
+    high -> low, and for each the receive's and send's starts (to tell which receives waited)."""
+    lows: _Arrays = {}
+    highs: _Arrays = {}
+    waits: _Waits = {}
+    if not len(pairs) or pairs.device:
+        return lows, highs, waits
+    of = dict(zip(ranks, host_idx, strict=True))
+    ha = np.array([of[int(r)] for r in pairs.src], dtype=np.int64)
+    hb = np.array([of[int(r)] for r in pairs.dst], dtype=np.int64)
+    gap = (pairs.send_start - pairs.recv_end).astype(np.float64)
+    ss, rs = pairs.send_start.astype(np.float64), pairs.recv_start.astype(np.float64)
+    for a, b in {(min(int(x), int(y)), max(int(x), int(y))) for x, y in zip(ha, hb, strict=True) if x != y}:
+        up, dn = (ha == a) & (hb == b), (ha == b) & (hb == a)
+        lows.setdefault((a, b), []).append(gap[up])
+        highs.setdefault((a, b), []).append(-gap[dn])
+        waits[(a, b)] = (gap[up], ss[up], rs[up], -gap[dn], ss[dn], rs[dn])
+    return lows, highs, waits
+
+
+def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> _Bound:
+    """The offset from the receives that waited for their data: those end a transfer latency after
+    the send began, so the upper quartile of their lower bounds and the lower quartile of their
+    upper bounds sit a latency either side of the offset; their middle is it where the latencies
+    match both ways (the extremes of all bounds are set by the few transfers whose spans are
+    furthest off). The interval keeps the first one's ends: its residual grows by the move."""
+    if w is None:
+        return bd
+    lo_v, s_up, r_up, hi_v, s_dn, r_dn = w
+    mid = (bd.lo + bd.hi) / 2.0
+    # low -> high: the receive on high was posted before the send on low began (D = mid)
+    w_up = r_up + mid < s_up - _WAITED_NS
+    w_dn = r_dn < s_dn + mid - _WAITED_NS
+    if w_up.sum() < _MIN_WAITED or w_dn.sum() < _MIN_WAITED:
+        return bd
+    d = (float(np.quantile(lo_v[w_up], 0.75)) + float(np.quantile(hi_v[w_dn], 0.25))) / 2.0
+    r = abs(d - mid) + (bd.hi - bd.lo) / 2.0
+    return _Bound(bd.a, bd.b, d - r, d + r, bd.n)
+
+
+def _span_jitter(pairs: Pairs, dom: dict[int, str]) -> float:
+    """How far host transfers break causality where the clock is known (both ranks on one host):
+    the profiler's spans are not the data's own times (a send span may open after its data left).
+    The 98th percentile of ``send_start - recv_end`` over those pairs, at least 0; half the host
+    ops' jitter (0.5 ms) when no pair shares a host. No offset is known better than this."""
+    if len(pairs) and not pairs.device:
+        same = np.array([dom[int(a)] == dom[int(b)] for a, b in zip(pairs.src, pairs.dst, strict=True)])
+        if same.sum() >= 10:
+            v = (pairs.send_start - pairs.recv_end)[same].astype(np.float64)
+            return max(0.0, float(np.quantile(v, 0.98)))
+    return _TOL_NS / 2.0
+
+
+def _widened(bd: _Bound, floor: float) -> _Bound:
+    """``bd`` at least ``floor`` wide either side of its middle."""
+    mid, half = (bd.lo + bd.hi) / 2.0, (bd.hi - bd.lo) / 2.0
+    if half >= floor:
+        return bd
+    return _Bound(bd.a, bd.b, mid - floor, mid + floor, bd.n)
+
+
 def _collective_bounds(
     run: Run,
     dom: dict[int, str],
     hidx: dict[str, int],
-    lows: dict[tuple[int, int], list[npt.NDArray[np.float64]]],
-    highs: dict[tuple[int, int], list[npt.NDArray[np.float64]]],
+    lows: _Arrays,
+    highs: _Arrays,
 ) -> None:
     """Bounds from host collectives (gloo ``all_reduce`` and the like): the k-th instance of one
     op on two ranks cannot end on either before it started on both, so ``end_b + o_b >= start_a +
