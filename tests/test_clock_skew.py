@@ -23,7 +23,7 @@ from ablate import strip_kineto_dir, strip_nsys_dir
 from conftest import shared_trace
 
 from ppdiag.api import Options, diagnose
-from ppdiag.demo.skew import Move, move_ranks, rewrite_kineto, rewrite_nsys
+from ppdiag.demo.skew import Move, move_ranks, rewrite_kineto, rewrite_nsys, spread_over_hosts
 from ppdiag.model import Intervals, Ranges, RankTimeline, Run
 from ppdiag.pipeline.clocks import Pairs
 from ppdiag.pipeline.host_clocks import _consistent, clock_domains, fit_host_clocks
@@ -183,6 +183,27 @@ def test_synthetic_half_the_ranks_on_a_skewed_host(
     assert base.result.run.pp == 4
     assert_same(base, moved)
     assert_offsets(base, moved, moves)
+
+
+def test_spread_over_hosts_puts_the_skew_in_the_ground_truth(
+    synth_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    # what ppdiag demo --hosts 2 --skew-ms 20 does after recording, on a copy of a synthetic run
+    d = tmp_path / "run"
+    shutil.copytree(synth_dirs["kineto"], d)
+    placed = spread_over_hosts(d, 4, 2, 20 * MS)
+    assert [(p["host"], p["ranks"], p["skew_ns"]) for p in placed] == [
+        ("host0", [0, 1], 0),
+        ("host1", [2, 3], 20 * MS),
+    ]
+    truth = json.loads((d / "groundtruth.json").read_text())
+    assert truth["hosts"] == placed
+    clocks = {c.host: c for c in _diagnose(d).result.run.clocks}
+    assert set(clocks) == {"host0", "host1"}
+    c1 = clocks["host1"]
+    assert c1.ranks == [2, 3]
+    # the offset an aligner should find is -20 ms; the device fit's spread is the residual
+    assert abs(c1.offset_us + 20_000.0) <= (c1.residual_us or 0.0) + 1.0
 
 
 # ------------------------------------------------------------------ real traces nobody here wrote
