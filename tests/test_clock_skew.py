@@ -312,3 +312,18 @@ def test_recorded_runs_survive_hosts_and_skew(
     # gloo spans on a loaded 2-core host break causality by up to ~0.5 ms (a send span opening
     # after its data left), so a recorded run's offset is held to its residual or 1 ms
     assert_offsets(base, moved, moves, floor_us=1000.0)
+
+
+def test_demo_refuses_more_hosts_than_ranks(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "ppdiag", "demo", "--pp", "2", "--hosts", "3", "-o", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "--hosts must be 1..2" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "d").exists()  # refused before anything was recorded

@@ -283,7 +283,7 @@ def demo(
             timeout_s=timeout,
             record_shapes=record_shapes,
         )
-        if not 1 <= hosts <= pp:
+        if not 1 <= hosts <= max(pp, 1):  # a bad --pp is refused by the config, with its own message
             raise InputError(None, f"--hosts must be 1..{pp} (at least one rank per host), got {hosts}")
         _record(cfg, out, quiet)
         if hosts > 1:
