@@ -29,7 +29,7 @@ from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
 from ppdiag.pipeline.links import host_of
 from ppdiag.pipeline.peer_flow import _BWD, _FWD, _flow_class, _step_of
 
-_LOW_Q = 0.25  # the low quantile that stands for a stream's smallest gap (stray pairs outvoted)
+_LOW_Q = 0.25  # the quantile that stands for a stream's smallest gap (stray pairs outvoted)
 _MAX_K = 256  # transfers per stream compared in the coarse search (its first steps)
 _TOL_NS = 1_000_000  # host ops' jitter on a loaded host: a causal bound may be broken by this much
 
@@ -87,9 +87,10 @@ def _gap_quantiles(
     senders: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]],
     receivers: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]],
 ) -> npt.NDArray[np.float64]:
-    """``Q[i, j]``: the low quantile over k of ``recv_j[k] - send_i[k]`` where both streams have the
-    same steps and counts per step (NaN where they do not: order cannot pair them)."""
-    q = np.full((len(senders), len(receivers)), np.nan)
+    """``Q[t, i, j]``: the lower quartile (t = 0) and the median (t = 1) over k of ``recv_j[k] -
+    send_i[k]`` where both streams have the same steps and counts per step (NaN where they do
+    not: order cannot pair them)."""
+    q = np.full((2, len(senders), len(receivers)), np.nan)
 
     def sig(s: npt.NDArray[np.int64]) -> bytes:
         return s.tobytes()
@@ -106,7 +107,9 @@ def _gap_quantiles(
         s_mat = np.stack([senders[i][0][:_MAX_K] for i in si])
         r_mat = np.stack([receivers[j][0][:_MAX_K] for j in ri])
         gaps = r_mat[None, :, :] - s_mat[:, None, :]  # senders x receivers x k
-        q[np.ix_(si, ri)] = np.quantile(gaps, _LOW_Q, axis=2, method="lower")
+        qs = np.quantile(gaps, (_LOW_Q, 0.5), axis=2, method="lower")
+        for t in range(2):
+            q[t][np.ix_(si, ri)] = qs[t]
     return q
 
 
@@ -158,15 +161,18 @@ def coarse_host_offsets(run: Run, o: dict[int, P2POps]) -> CoarseHosts | None:
         if a not in brpos:
             continue
         for j, (b, _, _) in enumerate(fr):
-            if b == a or b not in bpos or np.isnan(qf[i, j]):
+            if b == a or b not in bpos or np.isnan(qf[0, i, j]):
                 continue
-            back = qb[bpos[b], brpos[a]]
-            if np.isnan(back):
+            back = qb[:, bpos[b], brpos[a]]
+            if np.isnan(back[0]):
                 continue
-            lo, hi = -float(qf[i, j]), float(back)  # o_b - o_a in [lo, hi]
-            if hi - lo < -_TOL_NS or (dom[a] == dom[b] and not lo - _TOL_NS <= 0 <= hi + _TOL_NS):
+            # the score: the medians' width (the profiler's spans break causality now and then,
+            # so the extremes are no judge); the place: the lower quartiles', o_b - o_a in [lo, hi]
+            m_lo, m_hi = -float(qf[1, i, j]), float(back[1])
+            if m_hi - m_lo < -_TOL_NS or (dom[a] == dom[b] and not m_lo - _TOL_NS <= 0 <= m_hi + _TOL_NS):
                 continue  # not causal both ways (on one host: at offset 0)
-            feas.append((hi - lo, a, b, lo, hi))
+            lo, hi = sorted((-float(qf[0, i, j]), float(back[0])))
+            feas.append((m_hi - m_lo, a, b, lo, hi))
     chosen, cand = _assign_partners(feas)
     bounds = [_Bound(hidx[dom[a]], hidx[dom[b]], lo, hi, 1) for _, a, b, lo, hi in chosen if dom[a] != dom[b]]
     if not bounds:
