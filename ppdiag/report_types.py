@@ -145,6 +145,16 @@ class Peers(msgspec.Struct, frozen=True):
     links: list[PeerLink]
 
 
+class HostClockInfo(msgspec.Struct, frozen=True):
+    """One clock domain (a host) and its fitted offset (``run.clocks[]``, docs/clocks.md)."""
+
+    host: str
+    ranks: list[int]
+    offset_us: float
+    residual_us: float | None
+    method: str
+
+
 class RunInfo(msgspec.Struct, frozen=True):
     """What was analyzed and how the pipeline was rebuilt (``run``)."""
 
@@ -169,6 +179,7 @@ class RunInfo(msgspec.Struct, frozen=True):
     rank_sources: dict[str, str]
     warnings: list[str]
     structure: Structure | None = None
+    clocks: list[HostClockInfo] = msgspec.field(default_factory=list)
 
 
 class Dist(msgspec.Struct, frozen=True):

@@ -17,6 +17,7 @@ from ppdiag.pipeline import Pipeline
 from ppdiag.report_types import (
     Bubble,
     Dist,
+    HostClockInfo,
     NoiseInfo,
     Peers,
     RankRow,
@@ -246,6 +247,16 @@ def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[st
         rank_sources={str(tl.rank): tl.rank_source for tl in run.ranks},
         warnings=warnings,
         structure=pipe.structure,
+        clocks=[
+            HostClockInfo(
+                host=c.host,
+                ranks=list(c.ranks),
+                offset_us=round(c.offset_ns / 1000, 3),
+                residual_us=None if c.residual_ns is None else round(c.residual_ns / 1000, 3),
+                method=c.method,
+            )
+            for c in pipe.clocks.hosts
+        ],
     )
 
 

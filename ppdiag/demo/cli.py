@@ -136,6 +136,47 @@ _RecordShapes = Annotated[
 ]
 
 
+_Hosts = Annotated[
+    int,
+    typer.Option(
+        "--hosts",
+        help="Hosts to spread the ranks over after recording (consecutive ranks per host): each "
+        "host's traces get its name and a clock --skew-ms further ahead, as a multi-node run records "
+        "them (docs/clocks.md).",
+    ),
+]
+_SkewMs = Annotated[float, typer.Option("--skew-ms", help="Clock skew between consecutive hosts (--hosts).")]
+
+
+def _spread(out: Path, cfg: DemoConfig, hosts: int, skew_ms: float, quiet: bool) -> None:
+    """Rewrite the recorded traces onto ``hosts`` hosts with skewed clocks (ground truth updated)."""
+    from ppdiag.demo.skew import spread_over_hosts
+
+    placed = spread_over_hosts(out, cfg.pp, hosts, round(skew_ms * 1e6))
+    if not quiet:
+        where = "; ".join(f"{p['host']}: ranks {p['ranks']}, clock {p['skew_ns']} ns ahead" for p in placed)
+        Console(stderr=True).print(f"moved to {len(placed)} hosts ({where})", highlight=False)
+
+
+def _show_clocks(out: Path) -> None:
+    """The fitted host clocks next to the skews the demo applied."""
+    import json
+
+    err = Console(stderr=True)
+    truth = {h["host"]: h for h in json.loads((out / "groundtruth.json").read_text()).get("hosts", [])}
+    rep = json.loads((out / "report.json").read_text())
+    for c in rep["run"].get("clocks", []):
+        applied = truth.get(c["host"], {}).get("offset_ns")
+        res = c["residual_us"]
+        err.print(
+            f"clock of {c['host']} (ranks {c['ranks']}): fitted offset {c['offset_us'] / 1000:.3f} ms"
+            + (f" +- {res / 1000:.3f} ms" if res is not None else "")
+            + (f", applied {-int(applied) / 1e6:.3f} ms skew" if applied is not None else "")
+            + f" ({c['method']})",
+            highlight=False,
+        )
+
+
 def _record(cfg: DemoConfig, out: Path, quiet: bool) -> None:
     """Record the run into ``out`` with a progress bar; a failed or interrupted run leaves no
     half-written trace behind."""
@@ -207,6 +248,8 @@ def demo(
     timeout: _Timeout = 120.0,
     quiet: _Quiet = False,
     record_shapes: _RecordShapes = False,
+    hosts: _Hosts = 1,
+    skew_ms: _SkewMs = 0.0,
 ) -> None:
     """Record a real multi-process pipeline-parallel training run on CPU (torch, gloo) and analyze it.
 
@@ -218,6 +261,7 @@ def demo(
 
     try:
         from ppdiag.demo.config import DemoConfig
+        from ppdiag.errors import InputError
 
         check_flags(
             slow_stage, slow_factor, comm_delay_ms, comm_delay_rank, host_stall_ms, host_stall_rank, pp
@@ -239,9 +283,15 @@ def demo(
             timeout_s=timeout,
             record_shapes=record_shapes,
         )
+        if not 1 <= hosts <= max(pp, 1):  # a bad --pp is refused by the config, with its own message
+            raise InputError(None, f"--hosts must be 1..{pp} (at least one rank per host), got {hosts}")
         _record(cfg, out, quiet)
+        if hosts > 1:
+            _spread(out, cfg, hosts, skew_ms, quiet)
         if not record_only:
             _analyze(out, quiet)
+            if hosts > 1 and not quiet:
+                _show_clocks(out)
     except Exception as exc:
         _fail(exc)
 

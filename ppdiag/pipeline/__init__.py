@@ -14,6 +14,7 @@ from ppdiag.model.structure import Structure
 from ppdiag.pipeline.aligned import aligned_run
 from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
+from ppdiag.pipeline.host_clocks import with_host_clocks
 from ppdiag.pipeline.overrides import override_warnings
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
 from ppdiag.pipeline.schedule import detect_schedule, label_from_order, microbatch_count
@@ -120,7 +121,8 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
         topo = no_pp(run, source="none (rejected)")
     pairs = match_pairs(ops)
     warnings.extend(pairs.warnings)
-    fit = align_clocks(run, pairs)
+    fit, clock_warnings = with_host_clocks(run, pairs, align_clocks(run, pairs))
+    warnings.extend(clock_warnings)
     warnings.extend(_residual_warning(fit))
     clocked = aligned_run(run, fit.offsets)  # the parsed ranks on the common clock
     windows, blocks = _steps_and_blocks(clocked, opts, topo, ops, warnings)

@@ -257,6 +257,18 @@ def match_pairs(ops: dict[int, P2POps]) -> Pairs:
     )
 
 
+@dataclass(frozen=True)
+class HostClock:
+    """The fitted clock of one host: ns to add to its ranks' times, the residual (half the width
+    of the causal interval, or the spread of the equations), and what fixed it."""
+
+    host: str
+    ranks: tuple[int, ...]
+    offset_ns: int
+    residual_ns: int | None
+    method: str
+
+
 @dataclass
 class ClockFit:
     """Per-rank offsets (ns to add) and the fit's residual."""
@@ -267,6 +279,7 @@ class ClockFit:
     # per rank: the median disagreement of its matched device transfers after alignment (µs)
     residual_by_rank_us: dict[int, float] = field(default_factory=dict)
     latency_us: float | None = None  # the normal device p2p transfer time (median of waited pairs)
+    hosts: list[HostClock] = field(default_factory=list)  # one clock per host (host_clocks.py)
 
 
 def collective_rows(run: Run) -> list[tuple[int, int, float, int]]:

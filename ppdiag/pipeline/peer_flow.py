@@ -96,16 +96,21 @@ _FLOW_TOL_NS = 2_000_000 // 2  # the gloo spans' own jitter on a loaded host: 1 
 
 
 def _decide_by_flow(
-    run: Run, o: dict[int, P2POps], off: dict[int, int], unknown: dict[int, npt.NDArray[np.bool_]]
+    run: Run,
+    o: dict[int, P2POps],
+    off: dict[int, int],
+    unknown: dict[int, npt.NDArray[np.bool_]],
+    candidates: dict[tuple[int, int], set[int]] | None = None,
 ) -> tuple[dict[tuple[int, int], LinkFit], int, float | None, list[str]] | None:
     """Host ops: split each rank's transfers into forward (activations) and backward (gradient)
     flows, then give each rank the partner whose receives of that flow follow its sends in the
     same order per step, causally and soonest. Each rank has one partner per flow and direction
-    in a chain or ring; the forward and backward answers must agree."""
+    in a chain or ring; the forward and backward answers must agree. ``candidates``: per (sender,
+    flow) the receivers to compare (all when None or absent)."""
     streams = _flow_streams(run, o, off, unknown)
     if not streams:
         return None
-    partner, scores = _flow_partners(streams, _FLOW_TOL_NS)
+    partner, scores = _flow_partners(streams, _FLOW_TOL_NS, candidates)
     if not partner:
         return None
     warnings = _flow_conflicts(partner)
@@ -159,7 +164,7 @@ def _flow_streams(
 
 
 def _flow_partners(
-    streams: _Streams, tol: int
+    streams: _Streams, tol: int, candidates: dict[tuple[int, int], set[int]] | None = None
 ) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], float]]:
     """Per (sender, flow): the receiver whose receives of that flow follow the sends causally (3
     in 4 at least) and soonest (median gap), and the share that was causal."""
@@ -169,8 +174,9 @@ def _flow_partners(
         if not send or s_key.size == 0:
             continue
         best: tuple[float, int, float] | None = None
+        allowed = candidates.get((a, c), set()) if candidates is not None else None
         for (b, c2, send2), (_, r_key, r_step) in streams.items():
-            if send2 or c2 != c or b == a or r_key.size == 0:
+            if send2 or c2 != c or b == a or r_key.size == 0 or (allowed is not None and b not in allowed):
                 continue
             causal, med, n = _flow_score(s_key, s_step, r_key, r_step, tol)
             if n == 0 or causal < 0.75:

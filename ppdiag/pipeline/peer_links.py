@@ -80,6 +80,8 @@ class Coarse:
     window_ns: int  # the search window for the link fits
     method: str
     uncertainty_ns: int  # the error these offsets may still carry
+    # per (sender, flow): the receivers worth comparing (None: every rank; host_clocks.py)
+    candidates: dict[tuple[int, int], set[int]] | None = None
 
 
 def coarse_offsets(run: Run) -> tuple[dict[int, int], int, str]:

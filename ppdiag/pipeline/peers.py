@@ -42,6 +42,7 @@ import numpy.typing as npt
 
 from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline, Run
 from ppdiag.pipeline.clocks import P2POps
+from ppdiag.pipeline.host_clocks import coarse_host_offsets
 from ppdiag.pipeline.peer_flow import _decide_by_flow, _step_of
 from ppdiag.pipeline.peer_links import (
     HOW_LABELS,
@@ -236,7 +237,7 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
     unknown = {r: v.peer < 0 for r, v in o.items()}
     n_unknown = sum(int(u.sum()) for u in unknown.values())
     n_known = sum(int((~u).sum()) for u in unknown.values())
-    coarse = coarse_clock(run)
+    coarse = _host_coarse(run, o) or coarse_clock(run)
     dec = PeerDecision("metadata" if n_known else "none", coarse.offsets, coarse.method)
     if n_unknown == 0:
         return dec
@@ -270,6 +271,18 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
     return _count_undecided(dec, o, n_unknown, "fit no link by timing and stay unmatched")
 
 
+def _host_coarse(run: Run, o: dict[int, P2POps]) -> Coarse | None:
+    """Host ops on several hosts: the hosts' clocks from the transfers' order and causality
+    (:func:`ppdiag.pipeline.host_clocks.coarse_host_offsets`); None otherwise."""
+    if any(v.ends_meet for v in o.values() if len(v.start)):
+        return None
+    got = coarse_host_offsets(run, o)
+    if got is None:
+        return None
+    unc = got.uncertainty_ns
+    return Coarse(got.offsets, max(2_000_000, 2 * unc), got.method, unc, got.candidates)
+
+
 def _by_flow_first(
     run: Run,
     o: dict[int, P2POps],
@@ -280,7 +293,7 @@ def _by_flow_first(
 ) -> bool:
     """No transfer's ends meet: the data flow is tried before timing. When it places the ops,
     its links, counts and warnings go into ``dec`` (True); else nothing changes."""
-    flow = _decide_by_flow(run, o, coarse.offsets, unknown)
+    flow = _decide_by_flow(run, o, coarse.offsets, unknown, coarse.candidates)
     if flow is None:
         return False
     dec.links, dec.decided, conf, warns = flow
