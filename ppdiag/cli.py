@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-import msgspec
 import typer
 from rich.console import Console
 
@@ -50,11 +49,11 @@ from ppdiag.cli_inputs import (
 from ppdiag.cli_support import Interrupted, err, guard_streams, on_signal, report_console
 from ppdiag.cli_support import fail as _fail
 from ppdiag.errors import PpdiagError
-from ppdiag.report_types import Report
 from ppdiag.version import __version__
 
 if TYPE_CHECKING:
     from ppdiag.api import Options
+    from ppdiag.report_types import Report
     from ppdiag.reports.context import Analyzed
 
 plain_help()  # values, not Python types, in --help (ppdiag/cli_help.py)
@@ -257,6 +256,8 @@ def check(
         if allow_partial and result.partial:
             note = f"the gate judged partial data ({len(result.partial)} gaps)"
             err.print(f"ppdiag: warning: --allow-partial: {note}", markup=False)
+        import msgspec
+
         diag = dataclasses.replace(diag, result=msgspec.structs.replace(diag.result, gate=result.to_report()))
         for line in gate.format_gate(result):
             echo(line)
@@ -324,9 +325,9 @@ def _report_of(path: Path) -> Report:
 def rules(code: Annotated[str | None, typer.Argument(help="A rule code, e.g. PP003.")] = None) -> None:
     """The rule catalogue, or one rule's full explanation."""
     try:
-        from ppdiag.rules import RULES, load_builtin
+        from ppdiag.rules.catalog import cause_texts, rule_texts
 
-        load_builtin()
+        texts = {r.code: r for r in rule_texts()}
         con = Console()
         if code is None:
             from rich.table import Table
@@ -334,29 +335,24 @@ def rules(code: Annotated[str | None, typer.Argument(help="A rule code, e.g. PP0
             t = Table(title="ppdiag rules")
             for c in ("code", "cause", "name", "summary"):
                 t.add_column(c)
-            for c in sorted(RULES):
-                r = RULES[c]
+            for r in texts.values():
                 t.add_row(r.code, r.cause or "-", r.name, r.summary)
             con.print(t)
-            from ppdiag.diagnosis import CAUSE_CHAIN, CAUSE_DEFINITIONS
-
             ct = Table(title="causes: the idle each kind of delay adds, in this order (they add up)")
             for c in ("cause", "definition"):
                 ct.add_column(c)
-            for k in CAUSE_CHAIN:
-                ct.add_row(k, CAUSE_DEFINITIONS[k])
+            for k, definition in cause_texts():
+                ct.add_row(k, definition)
             con.print(ct)
             return
-        rule = RULES.get(code.upper())
+        rule = texts.get(code.upper())
         if rule is None:
-            raise PpdiagError(f"unknown rule {code!r}; known: {', '.join(sorted(RULES))}")
-        r = rule
-        import inspect
-
+            raise PpdiagError(f"unknown rule {code!r}; known: {', '.join(sorted(texts))}")
         con.print(
-            f"[bold]{r.code}[/bold] {r.name} ({r.cause or 'configuration'})\n{r.summary}\n", highlight=False
+            f"[bold]{rule.code}[/bold] {rule.name} ({rule.cause or 'configuration'})\n{rule.summary}\n",
+            highlight=False,
         )
-        con.print(inspect.cleandoc(type(r).__doc__ or ""), markup=False, highlight=False)
+        con.print(rule.doc, markup=False, highlight=False)
     except Exception as exc:
         _fail(exc)
 

@@ -16,7 +16,6 @@ import typer
 from ppdiag.errors import InputError
 from ppdiag.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_PP, MAX_SAMPLES
 from ppdiag.model.schedule import SCHEDULE_NAMES
-from ppdiag.reports.context import context_of
 
 if TYPE_CHECKING:
     from ppdiag.api import Options
@@ -238,6 +237,8 @@ def override_warnings(diag: Analyzed, opts: Options) -> list[str]:
     """Warn when --pp / -m / --schedule override what the traces show: the theoretical bubble (and
     the gate's bubble_excess) then follow the flag, not the run."""
     out: list[str] = []
+    from ppdiag.reports.context import context_of
+
     pipe = context_of(diag).pipeline
     if pipe is None:
         return out

@@ -70,3 +70,46 @@ def test_import_ppdiag_is_light_and_offers_analyze() -> None:
     # the notebook API is named at the top (ppdiag.analyze) but imported on its first call
     code = "import sys\nimport ppdiag\nassert callable(ppdiag.analyze) and 'ppdiag.api' not in sys.modules"
     assert _loaded_after(code) == set()
+
+
+# Start-up of the commands that need no analysis: neither numpy (nor what the analysis loads on
+# top of it) nor the report encoders. The probe can fail: the rule catalogue used to import every
+# rule module, and with them the whole analysis.
+STARTUP_HEAVY = ("numpy", "pandas", "pyarrow", "scipy", "plotly", "dask", "msgspec")
+
+
+def _loaded_by_command(*argv: str) -> set[str]:
+    probe = (
+        "import sys\n"
+        f"sys.argv = ['ppdiag', *{list(argv)!r}]\n"
+        "from ppdiag.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        f"print('LOADED:' + ' '.join(m for m in {STARTUP_HEAVY!r} if m in sys.modules))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "PPDIAG_NO_CACHE": "1"},
+        check=True,
+    )
+    last = proc.stdout.rstrip("\n").rsplit("\n", 1)[-1]
+    assert last.startswith("LOADED:"), proc.stdout + proc.stderr
+    return set(last.removeprefix("LOADED:").split())
+
+
+def test_rules_and_help_do_not_import_the_analysis() -> None:
+    for argv in (("rules",), ("rules", "PP009"), ("--help",), ("analyze", "--help"), ("bubble", "--help")):
+        assert _loaded_by_command(*argv) == set(), argv
+
+
+def test_rule_catalogue_read_from_source_matches_the_registered_rules() -> None:
+    from ppdiag.rules import catalog
+
+    static_rules = catalog._static_rules()
+    assert static_rules == catalog._imported_rules()
+    assert len(static_rules) >= 14
+    from ppdiag.diagnosis import CAUSE_CHAIN, CAUSE_DEFINITIONS
+
+    assert catalog._static_causes() == [(k, CAUSE_DEFINITIONS[k]) for k in CAUSE_CHAIN]

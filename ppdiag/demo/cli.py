@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
     from ppdiag.demo.config import DemoConfig
@@ -180,6 +179,8 @@ def _show_clocks(out: Path) -> None:
 def _record(cfg: DemoConfig, out: Path, quiet: bool) -> None:
     """Record the run into ``out`` with a progress bar; a failed or interrupted run leaves no
     half-written trace behind."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from ppdiag.demo.recorder import record
 
     err = Console(stderr=True)

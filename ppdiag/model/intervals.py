@@ -23,20 +23,23 @@ def union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> ISet:
     s = np.asarray(starts, dtype=np.int64)
     e = np.asarray(ends, dtype=np.int64)
     keep = e > s
-    s, e = s[keep], e[keep]
+    if not keep.all():
+        s, e = s[keep], e[keep]
     if s.size == 0:
         return empty()
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
+    if s.size > 1 and not (s[1:] >= s[:-1]).all():  # a stable sort of sorted starts is the identity
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], e[order]
     run_end = np.maximum.accumulate(e)
     # A new merged interval begins where the start lies beyond every earlier end.
     new = np.empty(s.size, dtype=bool)
     new[0] = True
-    new[1:] = s[1:] > run_end[:-1]
+    np.greater(s[1:], run_end[:-1], out=new[1:])
     idx = np.flatnonzero(new)
-    out_s = s[idx]
-    out_e = run_end[np.r_[idx[1:] - 1, s.size - 1]]
-    return out_s, out_e
+    last = np.empty_like(idx)  # the last interval of each merged run
+    last[:-1] = idx[1:] - 1
+    last[-1] = s.size - 1
+    return s[idx], run_end[last]
 
 
 def measure(iset: ISet) -> int:
@@ -63,8 +66,13 @@ def subtract(a: ISet, b: ISet) -> ISet:
         return a_s.copy(), a_e.copy()
     # Boundaries of b inside each a interval, via a sweep on a merged event list.
     pts = np.concatenate([a_s, a_e, b_s, b_e])
-    delta_a = np.concatenate([np.ones(a_s.size), -np.ones(a_e.size), np.zeros(b_s.size * 2)])
-    delta_b = np.concatenate([np.zeros(a_s.size * 2), np.ones(b_s.size), -np.ones(b_e.size)])
+    na, nb = a_s.size, b_s.size
+    delta_a = np.zeros(pts.size, np.int64)
+    delta_a[:na] = 1
+    delta_a[na : 2 * na] = -1
+    delta_b = np.zeros(pts.size, np.int64)
+    delta_b[2 * na : 2 * na + nb] = 1
+    delta_b[2 * na + nb :] = -1
     order = np.argsort(pts, kind="stable")
     pts = pts[order]
     ca = np.cumsum(delta_a[order])

@@ -13,7 +13,6 @@ from rich.text import Text
 
 from ppdiag.errors import InputError
 from ppdiag.limits import MAX_MICROBATCHES, MAX_PP, MAX_SIM_CELLS
-from ppdiag.whatif.render import fmt_pct
 
 
 def register(app: typer.Typer) -> None:
@@ -179,6 +178,8 @@ def _ones(n: int) -> Any:
 
 
 def _print_bubble(res: dict[str, Any]) -> None:
+    from ppdiag.whatif.render import fmt_pct
+
     con = Console()
     v = f", v={res['virtual']}" if res["virtual"] > 1 else ""
     con.print(
@@ -269,6 +270,8 @@ def batch_report(
 
 
 def _print_batch(res: dict[str, Any]) -> None:
+    from ppdiag.whatif.render import fmt_pct
+
     con = Console()
     t = Table(title="batch arithmetic", title_justify="left", show_header=False)
     t.add_column("what")

@@ -15,7 +15,6 @@ from rich.text import Text
 
 from ppdiag.errors import InputError
 from ppdiag.limits import MAX_MICROBATCHES, MAX_PP, MAX_SIM_CELLS
-from ppdiag.whatif.render import typed_rows, whatif_table
 
 if TYPE_CHECKING:
     from ppdiag.whatif.costs import MeasuredRun
@@ -465,6 +464,8 @@ def _print(meas: MeasuredRun, calibration: str, rows: list[dict[str, Any]], note
     )
     head.append("\n" + calibration, style="cyan")
     con.print(head)
+    from ppdiag.whatif.render import typed_rows, whatif_table
+
     con.print(whatif_table(typed_rows(rows)))
     for p in rows:
         if p.get("error"):
@@ -504,4 +505,4 @@ def _assumptions(fixed: bool, other_schedule: bool) -> list[str]:
     return out
 
 
-__all__ = ["WhatifArgs", "register", "whatif", "whatif_table"]
+__all__ = ["WhatifArgs", "register", "whatif"]

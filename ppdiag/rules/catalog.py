@@ -1,0 +1,135 @@
+"""The texts ``ppdiag rules`` prints, read from the source of the rule modules without importing them.
+
+Importing the rules loads the whole analysis (numpy, the pipeline, the attribution), several times
+the cost of the command itself. Every built-in rule is a class with literal ``code``, ``name``,
+``cause`` and ``summary`` attributes and a docstring, registered by its module with
+``register(TheRule())``; this module reads those from the syntax tree, and the cause definitions
+from ``ppdiag/diagnosis.py`` the same way. Anything it cannot read statically (a computed text, a
+missing source file) makes it import the rules instead, so the output is the same either way
+(``tests/test_lazy_imports.py`` compares both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+_FIELDS = ("code", "name", "cause", "summary")
+
+
+@dataclass(frozen=True)
+class RuleText:
+    """What ``ppdiag rules`` shows of one rule."""
+
+    code: str
+    name: str
+    cause: str | None
+    summary: str
+    doc: str  # the class docstring, cleaned like inspect.cleandoc
+
+
+class _NotStatic(Exception):
+    """The source does not give the texts as literals."""
+
+
+def rule_texts() -> list[RuleText]:
+    """Every built-in rule, by code."""
+    try:
+        return _static_rules()
+    except (OSError, SyntaxError, ValueError, _NotStatic):
+        return _imported_rules()
+
+
+def cause_texts() -> list[tuple[str, str]]:
+    """Each cause of the counterfactual chain, in chain order, with its definition."""
+    try:
+        return _static_causes()
+    except (OSError, SyntaxError, ValueError, _NotStatic):
+        from ppdiag.diagnosis import CAUSE_CHAIN, CAUSE_DEFINITIONS
+
+        return [(k, CAUSE_DEFINITIONS[k]) for k in CAUSE_CHAIN]
+
+
+def _imported_rules() -> list[RuleText]:
+    import inspect
+
+    from ppdiag.rules import RULES, load_builtin
+
+    load_builtin()
+    return [
+        RuleText(r.code, r.name, r.cause, r.summary, inspect.cleandoc(type(r).__doc__ or ""))
+        for r in (RULES[c] for c in sorted(RULES))
+    ]
+
+
+def _static_rules() -> list[RuleText]:
+    import ast
+
+    found: dict[str, RuleText] = {}
+    for path in sorted(Path(__file__).parent.glob("pp*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        registered = {
+            node.value.args[0].func.id
+            for node in tree.body
+            if isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+            and node.value.func.id == "register"
+            and len(node.value.args) == 1
+            and isinstance(node.value.args[0], ast.Call)
+            and isinstance(node.value.args[0].func, ast.Name)
+        }
+        classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in registered]
+        if len(classes) != len(registered):
+            raise _NotStatic(path.name)
+        for cls in classes:
+            text = _rule_text(cls)
+            if text.code in found:
+                raise _NotStatic(text.code)
+            found[text.code] = text
+    if not found:
+        raise _NotStatic("no rule modules")
+    return [found[c] for c in sorted(found)]
+
+
+def _rule_text(cls: object) -> RuleText:
+    import ast
+
+    assert isinstance(cls, ast.ClassDef)
+    values: dict[str, object] = {}
+    for node in cls.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in _FIELDS
+        ):
+            values[node.targets[0].id] = ast.literal_eval(node.value)
+    code, name, cause, summary = (values.get(f, _NotStatic) for f in _FIELDS)
+    if not (isinstance(code, str) and isinstance(name, str) and isinstance(summary, str)):
+        raise _NotStatic(cls.name)
+    if cause is not None and not isinstance(cause, str):
+        raise _NotStatic(cls.name)
+    return RuleText(code, name, cause, summary, ast.get_docstring(cls) or "")
+
+
+def _static_causes() -> list[tuple[str, str]]:
+    import ast
+
+    tree = ast.parse((Path(__file__).parents[1] / "diagnosis.py").read_text(encoding="utf-8"))
+    values: dict[str, object] = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.value is not None
+            and node.target.id in ("CAUSE_CHAIN", "CAUSE_DEFINITIONS")
+        ):
+            values[node.target.id] = ast.literal_eval(node.value)
+    chain, defs = values.get("CAUSE_CHAIN"), values.get("CAUSE_DEFINITIONS")
+    if not isinstance(chain, tuple) or not isinstance(defs, dict):
+        raise _NotStatic("diagnosis.py")
+    out = [(k, defs.get(k)) for k in chain]
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in out):
+        raise _NotStatic("diagnosis.py")
+    return [(str(k), str(v)) for k, v in out]
