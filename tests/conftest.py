@@ -6,6 +6,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,20 @@ atexit.register(shutil.rmtree, _CACHE_DIR, True)
 # Every report the suite produces is checked against itself (ppdiag/report_check.py): a violation
 # is an error inside the package, in this process and in the CLI subprocesses that inherit it.
 os.environ["PPDIAG_STRICT_CHECK"] = "1"
+
+
+_ENV_AT_START = {k: v for k, v in os.environ.items() if k.startswith("PPDIAG_")}
+
+
+@pytest.fixture(autouse=True)
+def _ppdiag_environment_restored() -> Iterator[None]:
+    """Every test ends with the ``PPDIAG_*`` variables of the session's start: a command run in
+    process sets some of them for its parse workers (``--scheduler``, ``--no-cache``), and one left
+    behind would send every later test's analysis to a scheduler that is gone."""
+    yield
+    for k in [k for k in os.environ if k.startswith("PPDIAG_") and k not in _ENV_AT_START]:
+        del os.environ[k]
+    os.environ.update(_ENV_AT_START)
 
 
 def shared_trace(relpath: str) -> Path:
