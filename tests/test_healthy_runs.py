@@ -28,7 +28,7 @@ import pytest
 from ablate import COMM_ARGS, NVTX_NAMES, PARAM_COMMS, PAYLOADS, strip_kineto_dir, strip_nsys_dir
 
 from ppdiag.api import Options, diagnose
-from ppdiag.attribution.replay_graph import _end_together
+from ppdiag.attribution.replay_syncs import _end_together
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.report_types import Report
 from ppdiag.simulate.schedules import SCHEDULES

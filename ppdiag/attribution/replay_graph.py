@@ -18,6 +18,7 @@ label edges (which need the normal latency of the resolved waits).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -35,6 +36,7 @@ from ppdiag.attribution.replay_index import (
     _P2PIndex,
 )
 from ppdiag.attribution.replay_nodes import NodeColumns, _Node
+from ppdiag.attribution.replay_syncs import GroupSpans, sync_members
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import Direction, Phase, RankTimeline
 from ppdiag.model import intervals as ivs
@@ -160,27 +162,6 @@ def _outside_wait(
     return host_a, coll_a, copy_a, np.maximum(lost_a - host_a - coll_a - copy_a, 0)
 
 
-def _end_together(ends: npt.NDArray[np.int64], durs: npt.NDArray[np.int64]) -> list[npt.NDArray[np.intp]]:
-    """The members of each sync point among collectives that end at ``ends`` after lasting
-    ``durs``: all of them when they end together (within half the shortest one, at least 50 µs),
-    else the runs of two or more whose ends, in order, stay that close to their run's first."""
-    if int(ends.max() - ends.min()) <= max(int(durs.min()) // 2, 50_000):
-        return [np.arange(ends.size)]
-    order = np.argsort(ends, kind="stable")
-    e_l, d_l = ends[order].tolist(), durs[order].tolist()
-    runs: list[npt.NDArray[np.intp]] = []
-    first, shortest = 0, d_l[0]
-    for j in range(1, len(e_l) + 1):
-        if j < len(e_l) and e_l[j] - e_l[first] <= max(min(shortest, d_l[j]) // 2, 50_000):
-            shortest = min(shortest, d_l[j])
-            continue
-        if j - first >= 2:
-            runs.append(order[first:j])
-        if j < len(e_l):
-            first, shortest = j, d_l[j]
-    return runs
-
-
 def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]]:
     """A step that begins where the rank's previous analyzed step ended is chained to it:
     (rank, step) -> the (rank, step) before it."""
@@ -239,7 +220,7 @@ class ReplayGraph:
         # (rank, step) of every node, for the per-wait lookups
         self._rank_l: list[int] = self.cols.cols["rank"].tolist()
         self._step_l: list[int] = self.cols.cols["step"].tolist()
-        self._find_step_syncs()
+        self._find_step_syncs(timelines)
         taus = self._resolve_waits(pending, timelines, ops, tol)
         # The normal latency: the lower median over the links of each link's median transfer,
         # so that slow links (even half of them, as with P=2) do not set what "normal" is.
@@ -367,11 +348,13 @@ class ReplayGraph:
             out.update({k: mean / pos[k[0]] for k in keys if k[0] in pos})
         return out
 
-    def _find_step_syncs(self) -> None:
+    def _find_step_syncs(self, timelines: dict[int, RankTimeline]) -> None:
         """Step-end collectives that every rank joins and that end together form one sync point:
         early ranks wait in them for the last one, which only pays the transfer. Where the ends
         fall into groups (the pipelines of data-parallel replicas whose clocks nothing in the
-        trace links), each group of two or more that ends together is a sync point of its own."""
+        trace links), each group of two or more that ends together is a sync point of its own,
+        unless a member's collectives are named and none spans the job (a stage's reduce-scatter
+        across replicas): those are no sync of the replay's (see :mod:`replay_syncs`)."""
         self.sync_of: dict[tuple[int, int], int] = {}
         by_step: dict[int, list[tuple[int, int]]] = {}
         for rs in self.steps:
@@ -379,16 +362,22 @@ class ReplayGraph:
             if key in self.tail_coll:
                 by_step.setdefault(rs.number if rs.number >= 0 else rs.step, []).append(key)
         n_ranks = len({rs.rank for rs in self.steps})
+        spans = GroupSpans(timelines, n_ranks)
         for members in by_step.values():
             if len(members) < 2 or len(members) < n_ranks:
                 continue
             ends = np.array([self.tail_coll[k][1] for k in members], dtype=np.int64)
             durs = np.array([self.tail_coll[k][1] - self.tail_coll[k][0] for k in members], dtype=np.int64)
-            for sel in _end_together(ends, durs):
+            groups = sync_members(ends, durs, functools.partial(self._narrower, spans, members))
+            for sel in groups:
                 sid = len(self.syncs)
                 self.syncs[sid] = ([members[i] for i in sel], int(durs[sel].min()))
                 for i in sel:
                     self.sync_of[members[i]] = sid
+
+    def _narrower(self, spans: GroupSpans, members: list[tuple[int, int]]) -> npt.NDArray[np.bool_]:
+        """Per member, whether its step-end collectives are named and none spans the job."""
+        return np.array([spans.narrower(k[0], *self.tail_coll[k][:2]) for k in members], dtype=bool)
 
     @property
     def nodes(self) -> list[_Node]:
