@@ -52,7 +52,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ppdiag.recording",
         ),
     ),
-    ("model", ("ppdiag.model", "ppdiag.diagnosis", "ppdiag.report_types", "ppdiag.report_check")),
+    (
+        "model",
+        (
+            "ppdiag.model",
+            "ppdiag.diagnosis",
+            "ppdiag.report_types",
+            "ppdiag.report_sections",
+            "ppdiag.report_check",
+        ),
+    ),
     ("parsers", ("ppdiag.parsers",)),
     ("simulate", ("ppdiag.simulate", "ppdiag.synth", "ppdiag.demo")),
     ("pipeline", ("ppdiag.pipeline",)),

@@ -54,7 +54,9 @@ from ppdiag.version import __version__
 if TYPE_CHECKING:
     from ppdiag.api import Options
     from ppdiag.report_types import Report
+    from ppdiag.reports.budget import Budget
     from ppdiag.reports.context import Analyzed
+    from ppdiag.reports.gate import GateResult
 
 plain_help()  # values, not Python types, in --help (ppdiag/cli_help.py)
 
@@ -241,21 +243,7 @@ def check(
             )
         )
         diag = _analyze(paths, opts, quiet)
-        cov = gate.coverage_of(diag.result, skipped_traces(diag), steps)
-        cov.doubts = list(getattr(diag.run, "doubts", None) or [])
-        gate.run_gaps(cov, diag.run)
-        result = gate.run_gate(
-            diag.result,
-            bud,
-            base,
-            str(baseline) if baseline else None,
-            coverage=cov,
-            allow_partial=allow_partial,
-        )
-        result.warnings += override_warnings(diag, opts)
-        if allow_partial and result.partial:
-            note = f"the gate judged partial data ({len(result.partial)} gaps)"
-            err.print(f"ppdiag: warning: --allow-partial: {note}", markup=False)
+        result = _judge(diag, opts, bud, base, baseline, steps, allow_partial)
         import msgspec
 
         diag = dataclasses.replace(diag, result=msgspec.structs.replace(diag.result, gate=result.to_report()))
@@ -265,6 +253,32 @@ def check(
     except Exception as exc:
         _fail(exc)
     raise typer.Exit(result.exit_code)
+
+
+def _judge(
+    diag: Analyzed,
+    opts: Options,
+    bud: Budget,
+    base: Report | None,
+    baseline: Path | None,
+    steps: str | None,
+    allow_partial: bool,
+) -> GateResult:
+    """The gate's verdict on an analysis: its coverage (ranks, steps, lost events), every budget
+    and baseline check, and the analysis's override warnings; partial data judged anyway is said."""
+    from ppdiag.reports import gate
+
+    cov = gate.coverage_of(diag.result, skipped_traces(diag), steps)
+    cov.doubts = list(getattr(diag.run, "doubts", None) or [])
+    gate.run_gaps(cov, diag.run)
+    result = gate.run_gate(
+        diag.result, bud, base, str(baseline) if baseline else None, coverage=cov, allow_partial=allow_partial
+    )
+    result.warnings += override_warnings(diag, opts)
+    if allow_partial and result.partial:
+        note = f"the gate judged partial data ({len(result.partial)} gaps)"
+        err.print(f"ppdiag: warning: --allow-partial: {note}", markup=False)
+    return result
 
 
 @app.command()

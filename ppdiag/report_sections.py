@@ -1,0 +1,119 @@
+"""The report's sections of time and place (``docs/json.md``): each step's critical path
+(``critical_path[]``), how a run stopped (``hang``) and the pipeline links (``links[]``).
+
+Part of :mod:`ppdiag.report_types`, which re-exports every name here: import them from there.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class PathPiece(msgspec.Struct, frozen=True):
+    """One piece of a step's critical path (``critical_path[].pieces[]``).
+
+    ``kind``: ``block`` (a micro-batch block's compute), ``transfer`` (a matched p2p transfer
+    from ``peer`` to ``rank``), ``gap`` (lost time on ``rank``, with its ``cause``) or ``other``
+    (compute outside the blocks). ``t_ms`` is the piece's start after the path's start. A block
+    is one piece; the short gaps inside it stay in its ``lost_ms`` (and in ``by_stage``).
+    """
+
+    kind: str
+    rank: int
+    stage: int | None
+    t_ms: float
+    dur_ms: float
+    phase: str | None = None
+    mb: int | None = None
+    virtual_stage: int | None = None
+    peer: int | None = None
+    cause: str | None = None
+    lost_ms: dict[str, float] | None = None  # blocks: the lost time inside the block, by cause
+
+
+class StageShare(msgspec.Struct, frozen=True):
+    """Time on the path per stage (``critical_path[].by_stage[]``): the stage's block compute,
+    the transfers into it, compute outside blocks, and the lost time on its ranks by cause (ms)."""
+
+    stage: int | None
+    ms: dict[str, float]
+
+
+class CriticalStep(msgspec.Struct, frozen=True):
+    """The critical path of one step (``critical_path[]``)."""
+
+    step: int  # ProfilerStep number, or the analyzed step index when unnumbered
+    index: int  # analyzed step index
+    start_ns: int  # aligned clock
+    length_ms: float
+    end_rank: int
+    start_rank: int
+    pieces: list[PathPiece]
+    by_stage: list[StageShare]
+
+
+class Wait(msgspec.Struct, frozen=True):
+    """One rank inside an operation its partner never joined (``hang.waits[]``).
+
+    ``since_ms`` is when the operation was issued on the run's common clock, ms from the start of
+    the run (the first event of any rank); ``waited_ms`` until the rank's trace ends.
+    """
+
+    rank: int
+    op: str  # "recv" | "send" | "collective"
+    name: str  # the operation as the trace names it
+    peer: int | None  # the partner rank of a p2p op
+    group: str | None  # the process group of a collective
+    missing: list[int]  # for a collective: the members that never entered it
+    since_ms: float
+    waited_ms: float
+    open_at_end: bool  # the operation still runs when the rank's trace ends
+    step: int | None  # the ProfilerStep number the operation was issued in, when known
+    count: int  # operations of this kind on this link/group that were never matched
+
+
+class LastOp(msgspec.Struct, frozen=True):
+    """The last operation a rank's trace shows (``hang.last_ops{}``)."""
+
+    name: str
+    kind: str
+    start_ms: float
+    end_ms: float
+
+
+class Hang(msgspec.Struct, frozen=True):
+    """How the run stopped (``hang``): ``status`` is ``"hang"`` when ranks wait in operations their
+    partners never joined and their traces run on, ``"cut"`` when the traces end together in the
+    middle of a step. ``root`` is the rank the others wait for (not waiting itself), ``first`` the
+    wait on it that began first, ``complete_steps`` the steps every rank completed (the analysis
+    uses only those) and ``dropped_steps`` the step numbers left out as partial."""
+
+    status: str
+    message: str
+    root: int | None
+    first: Wait | None
+    waits: list[Wait]
+    last_ops: dict[str, LastOp]
+    trace_end_ms: dict[str, float]
+    events_lost: int
+    complete_steps: int
+    dropped_steps: list[int]
+
+
+class LinkRow(msgspec.Struct, frozen=True):
+    """One pipeline link (``links[]``): bandwidth over the matched transfers, with its spread."""
+
+    src: int
+    dst: int
+    transfers: int
+    bytes_median: float
+    gbps_median: float
+    gbps_p10: float
+    gbps_p90: float
+    transfer_ms_median: float
+    src_host: str | None
+    dst_host: str | None
+    scope: str  # "intra-node" | "inter-node" | "unknown"
+    likely_class: str  # the slowest class the measured figure fits under
+    tcp_fallback_suspected: bool
+    slow_vs_median: float | None  # the run's median link over this one (20 = 20x slower)
