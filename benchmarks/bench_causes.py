@@ -25,7 +25,6 @@ Formats: ``kineto``, ``nsys``, ``kineto-bare`` (no comm args, ``record_param_com
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import shutil
 import sys
@@ -38,24 +37,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from ablate import COMM_ARGS, NVTX_NAMES, PARAM_COMMS, PAYLOADS, strip_kineto_dir, strip_nsys_dir  # noqa: E402
+from ablate import write_variant  # noqa: E402
 
 from ppdiag.api import Options, diagnose  # noqa: E402
 from ppdiag.diagnosis import CAUSE_KEYS  # noqa: E402
 from ppdiag.simulate.schedules import SCHEDULES  # noqa: E402
 from ppdiag.synth import faults as F  # noqa: E402
-from ppdiag.synth.kernels import ALLREDUCE_BF16, ALLREDUCE_F32, SENDRECV  # noqa: E402
-from ppdiag.synth.kineto import write_kineto  # noqa: E402
-from ppdiag.synth.nsys import write_nsys  # noqa: E402
-from ppdiag.synth.run import SynthRun  # noqa: E402
 from ppdiag.synth.scenario import make_scenario  # noqa: E402
 
 QUIET = {"PP001", "PP002", "PP008"}
-OLD_NAMES = {
-    SENDRECV: "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
-    ALLREDUCE_BF16: "ncclKernel_AllReduce_RING_LL_Sum_bf16(ncclDevComm*, unsigned long, ncclWork*)",
-    ALLREDUCE_F32: "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
-}
 
 
 def healthy_cases(pps: list[int]) -> dict[str, dict[str, Any]]:
@@ -89,28 +79,12 @@ def fault_cases() -> dict[str, dict[str, Any]]:
     return {k: {**base, **v} for k, v in cases.items()}
 
 
-def write(run: SynthRun, fmt: str, out: Path) -> Path:
-    """Write ``run`` as ``fmt`` under ``out``; returns the run folder."""
-    if "-old" in fmt:
-        run = dataclasses.replace(run, names=[OLD_NAMES.get(n, n) for n in run.names])
-    raw = out / ("raw" if "-bare" in fmt else "run")
-    if fmt.startswith("kineto"):
-        write_kineto(run, raw)
-        if "-bare" in fmt:
-            strip_kineto_dir(raw, out / "run", (COMM_ARGS, PARAM_COMMS, NVTX_NAMES))
-    else:
-        write_nsys(run, raw)
-        if "-bare" in fmt:
-            strip_nsys_dir(raw, out / "run", (PAYLOADS,))
-    return out / "run"
-
-
 def measure(kw: dict[str, Any], fmt: str, out: Path) -> dict[str, Any]:
     """Analyse one case written as ``fmt``: the worst error per cause (% of step, signed) and
     the rank where it is, the loud findings, the top finding and the bubble ratios."""
     kw = dict(kw)
     run = make_scenario(steps=kw.pop("steps", 2), clock_skew_ms=kw.pop("clock_skew_ms", 5.0), **kw)
-    rep = diagnose([write(run, fmt, out)], Options()).result
+    rep = diagnose([write_variant(run, fmt, out)], Options()).result
     truth = run.truth
     worst = {k: (0.0, -1) for k in CAUSE_KEYS}
     for r in rep.ranks:

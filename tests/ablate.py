@@ -8,6 +8,7 @@ real trace may lack is the test's business.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import re
@@ -16,6 +17,11 @@ import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from ppdiag.synth.kernels import ALLREDUCE_BF16, ALLREDUCE_F32, SENDRECV
+from ppdiag.synth.kineto import write_kineto
+from ppdiag.synth.nsys import write_nsys
+from ppdiag.synth.run import SynthRun
 
 # Kineto: the sources of structure that can be stripped
 SHAPES = "shapes"  # Concrete Inputs / Input Dims / Input type (record_shapes=False)
@@ -207,3 +213,31 @@ def strip_nsys_dir(src: Path, dst: Path, what: Iterable[str] = ALL_NSYS) -> dict
         for k, v in strip_nsys_db(p, what).items():
             total[k] = total.get(k, 0) + v
     return total
+
+
+# NCCL 2.18 and older named the kernels of the same work so
+OLD_NCCL_NAMES = {
+    SENDRECV: "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+    ALLREDUCE_BF16: "ncclKernel_AllReduce_RING_LL_Sum_bf16(ncclDevComm*, unsigned long, ncclWork*)",
+    ALLREDUCE_F32: "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+}
+
+
+def write_variant(run: SynthRun, variant: str, out: Path) -> Path:
+    """Write a simulated ``run`` under ``out`` as ``variant`` and return the run folder.
+
+    ``variant`` starts with ``kineto`` or ``nsys``; ``-old`` renames the NCCL kernels as NCCL 2.18
+    and older did, ``-bare`` leaves out the NCCL metadata (Kineto: comm args, record_param_comms,
+    nccl:* titles; nsys: payload blobs), as a capture without them would be."""
+    if "-old" in variant:
+        run = dataclasses.replace(run, names=[OLD_NCCL_NAMES.get(n, n) for n in run.names])
+    raw = out / ("raw" if "-bare" in variant else "run")
+    if variant.startswith("kineto"):
+        write_kineto(run, raw)
+        if "-bare" in variant:
+            strip_kineto_dir(raw, out / "run", (COMM_ARGS, PARAM_COMMS, NVTX_NAMES))
+    else:
+        write_nsys(run, raw)
+        if "-bare" in variant:
+            strip_nsys_dir(raw, out / "run", (PAYLOADS,))
+    return out / "run"

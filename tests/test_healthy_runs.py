@@ -19,13 +19,12 @@ included), every other cause the growth of idle when its fault is added.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from ablate import COMM_ARGS, NVTX_NAMES, PARAM_COMMS, PAYLOADS, strip_kineto_dir, strip_nsys_dir
+from ablate import write_variant
 
 from ppdiag.api import Options, diagnose
 from ppdiag.attribution.replay_syncs import _end_together
@@ -33,51 +32,19 @@ from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.report_types import Report
 from ppdiag.simulate.schedules import SCHEDULES
 from ppdiag.synth import faults as F
-from ppdiag.synth.kernels import ALLREDUCE_BF16, ALLREDUCE_F32, SENDRECV
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.run import SynthRun
 from ppdiag.synth.scenario import make_scenario
 
 TRUTH_KEYS = ("bubble", "imbalance", "comm_wait", "exposed_comm", "host")
 QUIET_CODES = {"PP001", "PP002", "PP008"}  # the bubble and the batch arithmetic may speak up
 
 # NCCL <= 2.18 named its kernels ncclKernel_<coll>_<algo>_<proto>_<op>_<type>(ncclDevComm*, ...)
-OLD_NAMES = {
-    SENDRECV: "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
-    ALLREDUCE_BF16: "ncclKernel_AllReduce_RING_LL_Sum_bf16(ncclDevComm*, unsigned long, ncclWork*)",
-    ALLREDUCE_F32: "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
-}
-
 # how a run is written: format, then what the capture lacks
 VARIANTS = ("kineto", "nsys", "kineto-old-bare", "nsys-old-bare")
 
 
-def _old_names(run: SynthRun) -> SynthRun:
-    """The same run as NCCL 2.18 and older would name its kernels."""
-    return dataclasses.replace(run, names=[OLD_NAMES.get(n, n) for n in run.names])
-
-
-def _write(run: SynthRun, variant: str, out: Path) -> Path:
-    """Write ``run`` as ``variant``: ``-old`` renames the NCCL kernels, ``-bare`` leaves out the
-    NCCL metadata (Kineto: comm args, record_param_comms, nccl:* titles; nsys: payload blobs)."""
-    if "-old" in variant:
-        run = _old_names(run)
-    raw = out / ("raw" if "-bare" in variant else "run")
-    if variant.startswith("kineto"):
-        write_kineto(run, raw)
-        if "-bare" in variant:
-            strip_kineto_dir(raw, out / "run", (COMM_ARGS, PARAM_COMMS, NVTX_NAMES))
-    else:
-        write_nsys(run, raw)
-        if "-bare" in variant:
-            strip_nsys_dir(raw, out / "run", (PAYLOADS,))
-    return out / "run"
-
-
 def _analyse(tmp: Path, variant: str = "kineto", **kw: Any) -> tuple[Report, dict[str, Any]]:
     run = make_scenario(steps=kw.pop("steps", 2), clock_skew_ms=kw.pop("clock_skew_ms", 5.0), **kw)
-    rep = diagnose([_write(run, variant, tmp / variant)], Options()).result
+    rep = diagnose([write_variant(run, variant, tmp / variant)], Options()).result
     return rep, run.truth
 
 
@@ -244,7 +211,7 @@ def test_replicas_share_one_clock(tmp_path: Path, name: str) -> None:
     on every member; the offsets found must be the true ones up to one constant."""
     shape, variant = REPLICAS[name]
     run = make_scenario(pp=4, microbatches=8, dp=2, steps=2, clock_skew_ms=5.0, **shape)
-    rep = diagnose([_write(run, variant, tmp_path)], Options()).result
+    rep = diagnose([write_variant(run, variant, tmp_path)], Options()).result
     got = {int(r): off * 1000 for r, off in rep.run.clock_offsets_us.items()}
     true = {int(r): v for r, v in run.truth["clock_offset_ns"].items()}
     for r in got:
