@@ -42,6 +42,8 @@ _P2P = (FS, FR, BS, BR)
 # the gradient clip all-reduces the gradient norm over every rank of the job: its waiting for the
 # slowest rank is communication, not optimizer compute (it ends together on every rank)
 _COLL = (RS, AG, EMB, LN, CLIP)
+#: the names of the communication optypes (p2p and collectives)
+COMM_OPTYPES = tuple(OPTYPES[c] for c in (*_P2P, *_COLL))
 # stream per op family: one compute stream, one per p2p direction, one for DP collectives
 _STREAM = np.array([7, 7, 21, 22, 23, 24, 40, 40, 41, 42, 7, 43, 0, 0], dtype=np.int64)
 _PHASE = np.array([1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 5, 5], dtype=np.int8)

@@ -17,20 +17,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ppdiag.parsers.optable_ranks import COMM_OPTYPES
+
 if TYPE_CHECKING:
     import pandas as pd
 
-_COMM = (
-    "forward-send",
-    "forward-recv",
-    "backward-send",
-    "backward-recv",
-    "grads-reduce-scatter",
-    "params-all-gather",
-    "embedding-grads-all-reduce",
-    "layernorm-grads-all-reduce",
-    "optimizer-clip-main-grad",
-)
 # members whose starts (or ends) lie closer than this arrived (or finished) together
 _TOGETHER_NS = 50_000
 _MIN_INSTANCES = 4
@@ -73,7 +64,7 @@ def restore_waits(df: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
     import pandas as pd  # here, not at import: detecting formats must not load pandas
 
     prev_end = pd.Series(end).groupby(seg).cummax().groupby(seg).shift(1).fillna(0).to_numpy(np.int64)
-    comm = df["optype"].isin(_COMM).to_numpy()[order]
+    comm = df["optype"].isin(COMM_OPTYPES).to_numpy()[order]
     grow = comm & ~first & (prev_end < t0)
     if not grow.any():
         return df
