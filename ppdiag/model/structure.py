@@ -3,9 +3,9 @@ report (docs/json.md)."""
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import msgspec
+
+from ppdiag.compat import StrEnum
 
 
 class FactSource(StrEnum):
