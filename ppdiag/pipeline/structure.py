@@ -179,22 +179,19 @@ def describe(
         v_fact = Fact(topo.virtual, t_src if t_src == FactSource.OVERRIDE else v_src, t_conf)
     else:
         v_fact = Fact(topo.virtual, t_src if pp > 1 else FactSource.DEFAULT, t_conf)
-    if user.get("schedule"):
-        s_fact = Fact(schedule, FactSource.OVERRIDE, Confidence.HIGH)
-    elif pp <= 1:
-        s_fact = Fact(schedule, FactSource.DEFAULT, t_conf)
-    else:
-        s_fact = Fact(
-            schedule, FactSource.LABELS if labelled else FactSource.ORDER, _min(t_conf, Confidence.MEDIUM)
-        )
-    if user.get("microbatches"):
-        m_fact = Fact(microbatches, FactSource.OVERRIDE, Confidence.HIGH)
-    elif pp <= 1:
-        m_fact = Fact(microbatches, FactSource.DEFAULT, t_conf)
-    else:
-        m_fact = Fact(
-            microbatches, FactSource.LABELS if labelled else FactSource.ORDER, _min(t_conf, Confidence.MEDIUM)
-        )
+
+    def read_off_blocks(value: object, option: str) -> Fact:
+        # the schedule and M are read off the blocks (their labels, else their order), so they are
+        # no surer than the stages they were read on, and at most medium without an override
+        if user.get(option):
+            return Fact(value, FactSource.OVERRIDE, Confidence.HIGH)
+        if pp <= 1:
+            return Fact(value, FactSource.DEFAULT, t_conf)
+        src = FactSource.LABELS if labelled else FactSource.ORDER
+        return Fact(value, src, _min(t_conf, Confidence.MEDIUM))
+
+    s_fact = read_off_blocks(schedule, "schedule")
+    m_fact = read_off_blocks(microbatches, "microbatches")
     return Structure(
         established=rejected is None,
         reason=rejected[0] if rejected else None,
