@@ -15,9 +15,9 @@ from ppdiag.synth.optable import OpTableParams, simulate_optable, write_table
 HEAVY = ("pandas", "pyarrow", "scipy")
 
 
-def _loaded_after(code: str) -> set[str]:
-    """The heavy top-level modules loaded once ``code`` has run in a new interpreter."""
-    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+def _loaded_after(code: str, modules: tuple[str, ...] = HEAVY) -> set[str]:
+    """Which of ``modules`` (top-level names) are loaded once ``code`` has run in a new interpreter."""
+    probe = f"{code}\nimport sys\nprint('LOADED:' + ' '.join(m for m in {modules!r} if m in sys.modules))\n"
     proc = subprocess.run(
         [sys.executable, "-c", probe],
         capture_output=True,
@@ -26,7 +26,9 @@ def _loaded_after(code: str) -> set[str]:
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "PPDIAG_NO_CACHE": "1"},
         check=True,
     )
-    return set(proc.stdout.split())
+    last = proc.stdout.rstrip("\n").rsplit("\n", 1)[-1]
+    assert last.startswith("LOADED:"), proc.stdout + proc.stderr
+    return set(last.removeprefix("LOADED:").split())
 
 
 def test_loader_and_registry_do_not_import_pandas() -> None:
@@ -79,24 +81,11 @@ STARTUP_HEAVY = ("numpy", "pandas", "pyarrow", "scipy", "plotly", "dask", "msgsp
 
 
 def _loaded_by_command(*argv: str) -> set[str]:
-    probe = (
-        "import sys\n"
-        f"sys.argv = ['ppdiag', *{list(argv)!r}]\n"
-        "from ppdiag.cli import main\n"
-        "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        f"print('LOADED:' + ' '.join(m for m in {STARTUP_HEAVY!r} if m in sys.modules))\n"
+    code = (
+        f"import sys\nsys.argv = ['ppdiag', *{list(argv)!r}]\nfrom ppdiag.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "PPDIAG_NO_CACHE": "1"},
-        check=True,
-    )
-    last = proc.stdout.rstrip("\n").rsplit("\n", 1)[-1]
-    assert last.startswith("LOADED:"), proc.stdout + proc.stderr
-    return set(last.removeprefix("LOADED:").split())
+    return _loaded_after(code, STARTUP_HEAVY)
 
 
 def test_rules_and_help_do_not_import_the_analysis() -> None:
