@@ -264,8 +264,14 @@ def _classify_comm_kernels(
     if pending:
         _enclosing_comm(comm_idx, pending, infos, launch, launch_tid, host, ctx)
 
-    # coalesced groups: the point-to-point ops issued since the previous comm launch on that thread
-    coalesced = [pos_ for pos_, info in enumerate(infos) if info.comm == C_COALESCED]
+    # coalesced groups: the point-to-point ops issued since the previous comm launch on that thread.
+    # A p2p kernel that its enclosing ops leave without a peer (a schedule's ``PP:0SEND_F0`` label
+    # around ``nccl:coalesced``) takes the facts of that window as well.
+    coalesced = [
+        pos_
+        for pos_, info in enumerate(infos)
+        if info.comm == C_COALESCED or (info.comm == C_P2P and info.peer < 0 and info.peer_grp < 0)
+    ]
     if coalesced:
         _resolve_coalesced(
             [infos[k] for k in coalesced], comm_idx[coalesced], comm_idx, launch, launch_tid, host
@@ -420,15 +426,19 @@ def _resolve_coalesced(
     p_start = np.array([host.start[i] for i in p2p], dtype=np.int64)
     p_dir = np.array([host.comm[i].direction for i in p2p], dtype=np.int64)
     p_peer = np.array([host.comm[i].peer for i in p2p], dtype=np.int64)
+    p_bytes = np.array([host.comm[i].nbytes for i in p2p], dtype=np.int64)
+    p_group = np.array([host.comm[i].group for i in p2p], dtype=np.int64)
     order = np.lexsort((p_start, p_tid))
     p_tid, p_start, p_dir, p_peer = p_tid[order], p_start[order], p_dir[order], p_peer[order]
+    p_bytes, p_group = p_bytes[order], p_group[order]
     c_l, c_t = launch[comm_idx], launch_tid[comm_idx]
     c_order = np.lexsort((c_l, c_t))
     c_l, c_t = c_l[c_order], c_t[c_order]
     for info, j in zip(infos, rows.tolist(), strict=True):
         t, q = int(launch_tid[j]), int(launch[j])
+        labelled = info.comm == C_P2P  # known p2p, only its peer is missing: never downgraded
         if q < 0:
-            info.comm = C_NONE
+            info.comm = info.comm if labelled else C_NONE
             continue
         # previous comm launch on this thread
         lo_t, hi_t = np.searchsorted(c_t, t, "left"), np.searchsorted(c_t, t, "right")
@@ -440,10 +450,18 @@ def _resolve_coalesced(
             int(a_t + np.searchsorted(p_start[a_t:b_t], q, "right")),
         )
         dirs = set(p_dir[seg].tolist()) - {int(Direction.NONE)}
-        peers = set(p_peer[seg].tolist())
+        # a c10d::send / recv_ op and its record_param_comms child are one transfer: the op
+        # without a peer adds nothing, the child names it
+        peers = set(p_peer[seg].tolist()) - {-1}
+        groups = set(p_group[seg].tolist()) - {-1}
         if seg.stop <= seg.start:
-            info.comm = C_COLL
+            info.comm = info.comm if labelled else C_COLL
             continue
         info.comm = C_P2P
-        info.direction = int(Direction.BOTH) if len(dirs) > 1 else (dirs.pop() if dirs else 0)
+        info.direction = int(Direction.BOTH) if len(dirs) > 1 else (dirs.pop() if dirs else info.direction)
         info.peer = peers.pop() if len(peers) == 1 else -1
+        if info.group < 0:
+            info.group = groups.pop() if len(groups) == 1 else -1
+        if info.nbytes < 0:
+            # the fused kernel moves each direction's payload at once: the largest is its size
+            info.nbytes = int(p_bytes[seg].max())
