@@ -61,6 +61,16 @@ RUNS: dict[str, dict[str, Any]] = {
         "layers": [4, 4, 4, 4],
         "slow_link": {"rank": 1, "ms": 6.0},
     },
+    "nccl_1f1b_pp2_dp2_m4": {"schedule": "1f1b", "pp": 2, "dp": 2, "m": 4, "v": 1, "layers": [4, 4]},
+    "nccl_1f1b_pp2_dp2_m4_hoststall3": {
+        "schedule": "1f1b",
+        "pp": 2,
+        "dp": 2,
+        "m": 4,
+        "v": 1,
+        "layers": [4, 4],
+        "host_stall": {"rank": 3, "ms": 4.0},
+    },
     "nccl_1f1b_p4_m8_hoststall1": {
         "schedule": "1f1b",
         "pp": 4,
@@ -143,17 +153,22 @@ def rank_main(name: str, rank: int, out: Path, cpu: bool) -> None:
     from ppdiag.recording import profiler
 
     cfg = RUNS[name]
-    pp, v, m = cfg["pp"], cfg["v"], cfg["m"]
+    pp, v, m, dp = cfg["pp"], cfg["v"], cfg["m"], cfg.get("dp", 1)
     num_stages = pp * v
+    world = pp * dp
     dev = torch.device("cpu") if cpu else torch.device("cuda", 0)
     dtype = torch.float32 if cpu else torch.bfloat16
     hidden, rows, repeats = (256, 32, 2) if cpu else (HIDDEN, ROWS, REPEATS)
     if cpu:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=pp)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
     else:
         torch.cuda.set_device(dev)
-        dist.init_process_group("nccl", rank=rank, world_size=pp, device_id=dev)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    # data parallelism: replica d is pipeline ranks d*P .. d*P+P-1; every rank creates every group
+    pp_groups = [dist.new_group(list(range(d * pp, (d + 1) * pp))) for d in range(dp)]
+    dp_groups = [dist.new_group([d * pp + s for d in range(dp)]) for s in range(pp)]
+    prank, replica = rank % pp, rank // pp
 
     class Layer(nn.Module):
         def __init__(self) -> None:
@@ -166,7 +181,7 @@ def rank_main(name: str, rank: int, out: Path, cpu: bool) -> None:
             return x
 
     torch.manual_seed(1234 + rank)
-    stage_ids = stages_of(rank, pp, v, cfg["schedule"])
+    stage_ids = stages_of(prank, pp, v, cfg["schedule"])
     if cfg.get("slow_link") and cfg["slow_link"]["rank"] == rank:
         _hold_sends(cfg["slow_link"]["ms"])
     mods = [nn.Sequential(*[Layer() for _ in range(cfg["layers"][s])]).to(dev, dtype) for s in stage_ids]
@@ -175,14 +190,19 @@ def rank_main(name: str, rank: int, out: Path, cpu: bool) -> None:
         for mod in mods:
             # the host sleeps before each micro-batch's forward: the GPU waits for work
             mod.register_forward_pre_hook(lambda *_: time.sleep(stall["ms"] / 1e3))
-    stages = [pipelining.PipelineStage(md, s, num_stages, dev) for md, s in zip(mods, stage_ids, strict=True)]
+    group = pp_groups[replica] if dp > 1 else None
+    stages = [
+        pipelining.PipelineStage(md, s, num_stages, dev, group=group)
+        for md, s in zip(mods, stage_ids, strict=True)
+    ]
+    params = [p for md in mods for p in md.parameters()]
 
     def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return functional.mse_loss(out.float(), target.float())
 
     cls = getattr(pipelining, CLASSES[cfg["schedule"]])
     sched = cls(stages[0] if v == 1 else stages, n_microbatches=m, loss_fn=loss_fn)
-    opt = torch.optim.SGD([p for md in mods for p in md.parameters()], lr=1e-4)
+    opt = torch.optim.SGD(params, lr=1e-4)
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(rows * m, hidden, generator=gen).to(dev, dtype)
     y = torch.randn(rows * m, hidden, generator=gen).to(dev, dtype)
@@ -205,6 +225,10 @@ def rank_main(name: str, rank: int, out: Path, cpu: bool) -> None:
             args = (x,) if 0 in stage_ids else ()
             kwargs = {"target": y, "losses": []} if num_stages - 1 in stage_ids else {}
             sched.step(*args, **kwargs)
+            if dp > 1:
+                # the gradients of the stage's replicas, summed in one flat all-reduce
+                flat = torch.cat([q.grad.flatten() for q in params if q.grad is not None])
+                dist.all_reduce(flat, group=dp_groups[prank])
             opt.step()
             if not cpu:
                 torch.cuda.synchronize()
@@ -223,12 +247,13 @@ def record(name: str, out_root: Path, cpu: bool, timeout_s: float) -> bool:
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     procs = []
-    for r in range(cfg["pp"]):
+    world = cfg["pp"] * cfg.get("dp", 1)
+    for r in range(world):
         cmd = [sys.executable, __file__, "--rank", str(r), "--run", name, str(out_root)]
         if cpu:
             cmd.append("--cpu")
         log = open(out / f"rank{r}.log", "w")  # noqa: SIM115 - closed when the process ends
-        procs.append((subprocess.Popen(cmd, env=_env(r, cfg["pp"], port, cpu), stdout=log, stderr=log), log))
+        procs.append((subprocess.Popen(cmd, env=_env(r, world, port, cpu), stdout=log, stderr=log), log))
     deadline = time.monotonic() + timeout_s
     ok = True
     for p, log in procs:
