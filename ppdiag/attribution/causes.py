@@ -177,9 +177,16 @@ def attribute(
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
         edges = rp.edge_stats()
         if rp.dropped_edges:
+            # blocks are numbered by their labels when the trace has them, else by their order
+            labelled = any(rs.blocks.labelled for rs in steps)
             notes.append(
-                f"{rp.dropped_edges} micro-batch dependencies from the block labels contradict the "
-                "measured order and were left out of the replay (labels may be mis-numbered)"
+                f"{rp.dropped_edges} micro-batch dependencies between blocks contradict the measured "
+                "order and were left out of the replay "
+                + (
+                    "(labels may be mis-numbered)"
+                    if labelled
+                    else "(micro-batches numbered by their order: a reordered schedule or clock error)"
+                )
             )
         if rp.untraced_waits:
             notes.append(
