@@ -15,7 +15,7 @@ from ppdiag.api import Options, diagnose
 from ppdiag.errors import InputError
 from ppdiag.parsers.detect import HEAD_BYTES, read_head
 from ppdiag.parsers.loader import detect_format, load_run
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_chrome, write_table
+from ppsynth.optable import OpTableParams, simulate_optable, write_chrome, write_table
 
 # enough steps that the array passes the sniffed head (64 KiB) long before its metadata
 BIG = OpTableParams(pp=4, dp=2, microbatches=4, steps=tuple(range(1, 13)), seed=2)

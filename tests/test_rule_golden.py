@@ -11,7 +11,7 @@ the diff:
 
     PPDIAG_UPDATE_SNAPSHOTS=1 python3 -m pytest tests/test_rule_golden.py
 
-The inputs are the synthetic runs of ``ppdiag.synth`` (their numbers are the simulator's, the same
+The inputs are the synthetic runs of ``ppsynth`` (their numbers are the simulator's, the same
 on every machine), except PP011's, a hand-built timeline with its expected times worked out below.
 Each input is analyzed once per module and shared by its assertions.
 """
@@ -37,13 +37,13 @@ from ppdiag.cli import app
 from ppdiag.model import Intervals, Kind, NameTable, RangeKind, Ranges, RankTimeline, Run
 from ppdiag.report_types import FindingRow, Report
 from ppdiag.rules import RULES, load_builtin
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.memory import with_memory
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_table
-from ppdiag.synth.run import SynthRun
-from ppdiag.synth.scenario import make_scenario
-from ppdiag.synth.truncate import stop_rank
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.memory import with_memory
+from ppsynth.optable import OpTableParams, simulate_optable, write_table
+from ppsynth.run import SynthRun
+from ppsynth.scenario import make_scenario
+from ppsynth.truncate import stop_rank
 
 load_builtin()
 

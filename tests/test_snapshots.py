@@ -22,9 +22,9 @@ from ppdiag.api import Options, diagnose
 from ppdiag.reports.context import Analyzed
 from ppdiag.reports.md import render_markdown
 from ppdiag.reports.terminal import render
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("PPDIAG_UPDATE_SNAPSHOTS") == "1"

@@ -17,7 +17,7 @@ from ppdiag.attribution.tolerance import ROUND_NS, timing_tolerance_ns
 from ppdiag.model import Direction, Intervals, Kind, Ranges, RankTimeline
 from ppdiag.parsers.loader import load_run
 from ppdiag.parsers.optable_chrome import resolution_ns as _resolution_ns
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_table
+from ppsynth.optable import OpTableParams, simulate_optable, write_table
 
 HAVE_PYARROW = importlib.util.find_spec("pyarrow") is not None
 
