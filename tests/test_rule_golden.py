@@ -19,6 +19,7 @@ Each input is analyzed once per module and shared by its assertions.
 from __future__ import annotations
 
 import gzip
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from ppdiag.cli import app
 from ppdiag.model import Intervals, Kind, NameTable, RangeKind, Ranges, RankTimeline, Run
 from ppdiag.report_types import FindingRow, Report
 from ppdiag.rules import RULES, load_builtin
+from ppdiag.rules.catalog import SECTIONS, catalog_markdown, sections_of
 from ppsynth import faults as F
 from ppsynth.kineto import write_kineto
 from ppsynth.memory import with_memory
@@ -389,13 +391,30 @@ def test_snapshot_compare_is_exact(analyzed: Callable[[str, bool], Report]) -> N
 # ---- documentation ------------------------------------------------------------------------------
 
 
+DOCS_RULES = Path(__file__).resolve().parents[1] / "docs" / "rules.md"
+
+
+def test_rules_documented_in_docs_as_generated() -> None:
+    """docs/rules.md is generated from the rule modules (regenerated under PPDIAG_UPDATE_SNAPSHOTS=1)."""
+    text = catalog_markdown()
+    if UPDATE:
+        DOCS_RULES.write_text(text, encoding="utf-8")
+    regenerate = "PPDIAG_UPDATE_SNAPSHOTS=1 python3 -m pytest tests/test_rule_golden.py -k documented"
+    assert DOCS_RULES.read_text(encoding="utf-8") == text, f"docs/rules.md is stale: {regenerate}"
+
+
 @pytest.mark.parametrize("code", CODES)
 def test_every_rule_is_documented(code: str) -> None:
-    """Each registered rule has a name, a summary and the four docstring sections, and
-    ``ppdiag rules CODE`` (run in-process) prints them."""
+    """Each registered rule has a name, a summary and the four docstring sections, ``ppdiag rules
+    CODE`` (run in-process) prints them, and docs/rules.md holds its section with the same text."""
     rule = RULES[code]
     doc = type(rule).__doc__ or ""
-    sections = ("What it detects", "Why it matters", "How to fix", "Example")
+    sections = SECTIONS
+    page = DOCS_RULES.read_text(encoding="utf-8")
+    assert f"\n## {code} {rule.name}\n" in page, f"{code} has no section in docs/rules.md"
+    own = page.split(f"\n## {code} {rule.name}\n", 1)[1].split("\n## ", 1)[0]
+    for head, body in sections_of(inspect.cleandoc(doc)).items():
+        assert f"**{head}.**\n\n{body}\n" in own + "\n", (code, head)
     for section in sections:
         assert f"{section}:" in doc, (code, section)
     assert rule.summary.strip() and rule.name.strip() and rule.code == code
