@@ -267,6 +267,13 @@ CASES: dict[str, Case] = {
         lambda d, bad: _placed(d, TWO_HOSTS if bad else dict.fromkeys(range(4), "node00")),
         ranks=[0, 1, 2, 3],
     ),
+    "PP015": Case(
+        "1F1B P=4 M=4, forward 1 ms per micro-batch on every stage, backward 2 ms except stage 2's "
+        "3 ms (its forward recomputed); clean: backward 2 ms on every stage",
+        _sc([], bwd_ms=[2.0, 2.0, 3.0, 2.0], clean_kw={"bwd_ms": 2.0}),
+        ranks=[2],
+        stages=[2],
+    ),
 }
 
 
