@@ -152,7 +152,7 @@ class _FakeParser:
 
     name = "fakefmt"
     format = "fakefmt"
-    suffixes = (".sqlite",)
+    suffixes: tuple[str, ...] = (".sqlite",)
     describe = "fakefmt files"
     holds_every_rank = False
 
@@ -231,7 +231,7 @@ class _RunLevelParser:
 
     name = "runfmt"
     format = "runfmt"
-    suffixes = (".sqlite",)
+    suffixes: tuple[str, ...] = (".sqlite",)
     describe = "runfmt files"
     holds_every_rank = False
 

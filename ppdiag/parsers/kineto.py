@@ -81,7 +81,7 @@ class KinetoParser:
 
     name = "kineto"
     format = "kineto"
-    suffixes = (".json", ".json.gz")
+    suffixes: tuple[str, ...] = (".json", ".json.gz")
     describe = "PyTorch Profiler JSON (*.json, *.json.gz, *.pt.trace.json)"
     holds_every_rank = False
 

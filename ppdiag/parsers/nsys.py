@@ -71,7 +71,7 @@ class NsysParser:
 
     name = "nsys"
     format = "nsys"
-    suffixes = (".sqlite", ".nsys-rep")
+    suffixes: tuple[str, ...] = (".sqlite", ".nsys-rep")
     describe = "Nsight Systems (*.sqlite, *.nsys-rep)"
     holds_every_rank = False
 

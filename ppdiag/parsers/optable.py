@@ -57,7 +57,7 @@ class OpTableParser:
 
     name = "optable"
     format = "optable"
-    suffixes = (".csv", ".csv.gz", ".jsonl", ".jsonl.gz", ".ndjson", ".parquet")
+    suffixes: tuple[str, ...] = (".csv", ".csv.gz", ".jsonl", ".jsonl.gz", ".ndjson", ".parquet")
     describe = "op tables (*.csv, *.jsonl, *.parquet, gzipped or not)"
     holds_every_rank = True
 

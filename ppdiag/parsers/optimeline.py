@@ -343,7 +343,7 @@ class OpTimelineParser:
 
     name = "optimeline"
     format = "optable"  # an op table's rows in another form: the same run format in the report
-    suffixes = (".json", ".json.gz")
+    suffixes: tuple[str, ...] = (".json", ".json.gz")
     describe = "a Chrome op timeline (*.json)"
     holds_every_rank = True
 
