@@ -9,6 +9,14 @@ JSON, one file per rank (:mod:`ppsynth.nsys` as Nsight Systems SQLite, on the sc
 :mod:`~ppsynth.nsys_tables`, with NCCL's ranges from :mod:`~ppsynth.nsys_nccl`).
 :mod:`ppsynth.collectives` builds runs without a pipeline (data / expert parallel, all-to-all
 and all-reduce) whose collectives wait for late or slow ranks, with the same kind of truth.
+
+Where it lives: at the root of the repository, beside ``ppdiag/``, not inside it. Only the tests,
+the benchmarks and the example notebook use it, so the wheel does not ship it (package discovery
+takes ``ppdiag*`` only; ``tests/test_wheel.py`` checks). It is a package of its own rather than
+part of ``tests/`` because the benchmarks and the notebook import it as well (pytest's
+``pythonpath`` and the benchmarks' ``sys.path`` put the root first), and rather than an extra
+because nothing a user installs needs it. It may import only ppdiag's model and simulator
+(``ppdiag/_layers.py`` holds it to the simulate layer; ``tests/test_layers.py`` checks).
 """
 
 from __future__ import annotations
