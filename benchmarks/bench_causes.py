@@ -1,6 +1,6 @@
 """Cause-split accuracy on simulated runs: how far each cause lands from the counterfactual truth.
 
-Every case is simulated (:mod:`ppdiag.synth`), written to a temporary folder in each requested
+Every case is simulated (:mod:`ppsynth`), written to a temporary folder in each requested
 way, analysed like a user's run, and compared per rank with the simulator's own counterfactuals
 (``groundtruth.json``: the bubble at the mean stage cost with the normal transfer latency, every
 other cause the growth of idle when its fault is added). One line per case and format:
@@ -42,8 +42,8 @@ from ablate import write_variant  # noqa: E402
 from ppdiag.api import Options, diagnose  # noqa: E402
 from ppdiag.diagnosis import CAUSE_KEYS  # noqa: E402
 from ppdiag.simulate.schedules import SCHEDULES  # noqa: E402
-from ppdiag.synth import faults as F  # noqa: E402
-from ppdiag.synth.scenario import make_scenario  # noqa: E402
+from ppsynth import faults as F  # noqa: E402
+from ppsynth.scenario import make_scenario  # noqa: E402
 
 QUIET = {"PP001", "PP002", "PP008"}
 

@@ -32,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ppdiag.synth.nsys import (  # noqa: E402
+from ppsynth.nsys import (  # noqa: E402
     _SCHEMAS,
     DDL,
     SCHEMA_COMM_INIT,

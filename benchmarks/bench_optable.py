@@ -29,7 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_chrome, write_table
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the test-support package ppsynth
+
+from ppsynth.optable import OpTableParams, simulate_optable, write_chrome, write_table  # noqa: E402
 
 SUFFIX = {"csv": "ops.csv", "parquet": "ops.parquet", "jsonl": "ops.jsonl", "chrome": "timeline.json"}
 STAGES = {"parsing": "parse", "rebuilding the pipeline": "rebuild", "attributing lost time": "attribution"}

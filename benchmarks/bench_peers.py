@@ -1,6 +1,6 @@
 """p2p partner decision benchmark: time of the timing-based matching against the number of ops.
 
-Simulates a 1F1B pipeline run (:mod:`ppdiag.synth`, GPU-shaped Kineto traces), strips every peer
+Simulates a 1F1B pipeline run (:mod:`ppsynth`, GPU-shaped Kineto traces), strips every peer
 source from it (comm args on kernels, ``record_param_comms``, process groups, ``nccl:send a->b``
 annotations: ``tests/ablate.py``), parses it once, then times, best of ``--repeat``:
 
@@ -31,8 +31,8 @@ from ablate import ALL_KINETO, strip_kineto_dir  # noqa: E402
 from ppdiag.parsers.loader import load_run  # noqa: E402
 from ppdiag.pipeline.clocks import match_pairs, p2p_ops  # noqa: E402
 from ppdiag.pipeline.peers import decide_peers  # noqa: E402
-from ppdiag.synth.kineto import write_kineto  # noqa: E402
-from ppdiag.synth.scenario import make_scenario  # noqa: E402
+from ppsynth.kineto import write_kineto  # noqa: E402
+from ppsynth.scenario import make_scenario  # noqa: E402
 
 
 def measure(pp: int, m: int, steps: int, repeat: int, work: Path) -> tuple[int, float, float, int, int]:

@@ -34,11 +34,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the test-support package ppsynth
 
 
 def _build(out: Path, pp: int, dp: int, m: int, steps: int) -> None:
-    from ppdiag.synth.kineto import write_kineto
-    from ppdiag.synth.scenario import make_scenario
+    from ppsynth.kineto import write_kineto
+    from ppsynth.scenario import make_scenario
 
     run = make_scenario(steps=steps, pp=pp, microbatches=m, dp=dp, kernels_per_block=(1, 1))
     write_kineto(run, out, groundtruth=False)

@@ -1,6 +1,6 @@
 """Scaling benchmark: analysis time against the number of steps and of micro-batches.
 
-Synthetic pipeline runs (``ppdiag.synth``, Kineto or nsys) are written once per size, parsed,
+Synthetic pipeline runs (``ppsynth``, Kineto or nsys) are written once per size, parsed,
 and then analysed (pipeline rebuild, attribution, what-if, rules) in this process. For each sweep
 the script prints the CPU seconds of the analysis per size and the exponent of a least-squares
 fit of log(time) against log(size): 1.0 is linear, and the attribution and block building must
@@ -33,12 +33,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the test-support package ppsynth
 
-from ppdiag.api import Options, analyze_run, load
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.scenario import make_scenario
+import numpy as np  # noqa: E402
+
+from ppdiag.api import Options, analyze_run, load  # noqa: E402
+from ppsynth.kineto import write_kineto  # noqa: E402
+from ppsynth.nsys import write_nsys  # noqa: E402
+from ppsynth.scenario import make_scenario  # noqa: E402
 
 
 def _time_one(fmt: str, pp: int, mb: int, steps: int, repeat: int) -> tuple[float, float]:

@@ -26,9 +26,9 @@ sys.path.insert(0, str(REPO))
 
 from ppdiag.api import diagnose  # noqa: E402
 from ppdiag.simulate import SimConfig, simulate  # noqa: E402
-from ppdiag.synth.kineto import write_kineto  # noqa: E402
-from ppdiag.synth.scenario import make_scenario  # noqa: E402
 from ppdiag.whatif import costs  # noqa: E402
+from ppsynth.kineto import write_kineto  # noqa: E402
+from ppsynth.scenario import make_scenario  # noqa: E402
 
 
 def _per_block(pp: int) -> float:

@@ -25,8 +25,10 @@ from pathlib import Path
 # - model: the columnar run model, its interval algebra, and the Diagnosis container every later
 #   layer fills or reads.
 # - parsers: trace formats -> model.
-# - simulate: schedule simulator and closed forms; synth (synthetic traces) and the demo recorder
-#   only need the model and the simulator, so they sit here and cannot reach the analysis.
+# - simulate: schedule simulator and closed forms; the demo recorder only needs the model and the
+#   simulator, so it sits here and cannot reach the analysis. ``ppsynth`` (the synthetic traces the
+#   tests and benchmarks write) lives outside the package, at the repository root, but is held to
+#   the same place: ``check(ppsynth dir)`` refuses any import of it above the simulator.
 # - pipeline: stages, micro-batches, schedule, matched transfers, clocks (uses the simulator's
 #   schedule tables).
 # - attribution: lost time split into causes.
@@ -63,7 +65,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("parsers", ("ppdiag.parsers",)),
-    ("simulate", ("ppdiag.simulate", "ppdiag.synth", "ppdiag.demo")),
+    ("simulate", ("ppdiag.simulate", "ppsynth", "ppdiag.demo")),
     ("pipeline", ("ppdiag.pipeline",)),
     ("attribution", ("ppdiag.attribution",)),
     ("whatif", ("ppdiag.whatif",)),
@@ -93,11 +95,12 @@ _RANK: dict[str, int] = {p: i for i, (_, prefixes) in enumerate(LAYERS) for p in
 
 
 def layer_of(module: str) -> int:
-    """Index in :data:`LAYERS` of ``module`` (longest listed prefix wins); ``-1`` if not ppdiag."""
-    if module == "ppdiag":
-        return _RANK["ppdiag"]
+    """Index in :data:`LAYERS` of ``module`` (longest listed prefix wins); ``-1`` if not ppdiag.
+    The package root's layer is its own alone (an unlisted ``ppdiag.x`` has none); ``ppsynth``'s
+    covers its submodules."""
     parts = module.split(".")
-    for n in range(len(parts), 1, -1):
+    shortest = 2 if parts[0] == "ppdiag" and len(parts) > 1 else 1
+    for n in range(len(parts), shortest - 1, -1):
         rank = _RANK.get(".".join(parts[:n]))
         if rank is not None:
             return rank
@@ -152,7 +155,8 @@ def _imports(tree: ast.AST, package: str) -> list[tuple[int, str, list[str]]]:
 
 
 def check(root: Path | None = None) -> list[Violation]:
-    """Every layer violation under ``root`` (the ``ppdiag`` package directory by default)."""
+    """Every layer violation under ``root`` (the ``ppdiag`` package directory by default; the
+    ``ppsynth`` directory beside it is checked the same way)."""
     root = root or Path(__file__).resolve().parent
     found: list[Violation] = []
     for path in sorted(root.rglob("*.py")):

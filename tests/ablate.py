@@ -18,10 +18,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ppdiag.synth.kernels import ALLREDUCE_BF16, ALLREDUCE_F32, SENDRECV
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.run import SynthRun
+from ppsynth.kernels import ALLREDUCE_BF16, ALLREDUCE_F32, SENDRECV
+from ppsynth.kineto import write_kineto
+from ppsynth.nsys import write_nsys
+from ppsynth.run import SynthRun
 
 # Kineto: the sources of structure that can be stripped
 SHAPES = "shapes"  # Concrete Inputs / Input Dims / Input type (record_shapes=False)

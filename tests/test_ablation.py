@@ -17,10 +17,10 @@ import pytest
 
 from ppdiag.api import Options, diagnose
 from ppdiag.report_types import Report
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.nsys import write_nsys
+from ppsynth.scenario import make_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ablate as A

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 yaml = pytest.importorskip("yaml")
 

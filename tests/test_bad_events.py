@@ -202,8 +202,8 @@ def test_gzip_bomb_is_refused_within_the_cap(tmp_path: Path, monkeypatch: pytest
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    from ppdiag.synth.kineto import write_kineto
-    from ppdiag.synth.scenario import make_scenario
+    from ppsynth.kineto import write_kineto
+    from ppsynth.scenario import make_scenario
 
     d = tmp_path_factory.mktemp("two")
     paths = write_kineto(make_scenario(pp=2, microbatches=4, steps=2), d, gzip=False, groundtruth=False)

@@ -18,8 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ppdiag.cli import app
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 pytest.importorskip("distributed")
 
@@ -140,7 +140,7 @@ def test_a_name_that_does_not_resolve_is_one_line(run_dir: Path) -> None:
 def test_recursive_view_ends_naming_the_file(tmp_path: Path) -> None:
     """An nsys export whose kernel table is a VIEW over an endless recursive query: the query is
     stopped by its budget, and the file named."""
-    from ppdiag.synth.nsys import write_nsys
+    from ppsynth.nsys import write_nsys
 
     paths = write_nsys(make_scenario(pp=2, microbatches=2, steps=1), tmp_path)
     db = paths[0]

@@ -16,8 +16,8 @@ from conftest import REPO
 from typer.testing import CliRunner
 
 from ppdiag.cli import app
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 COMMANDS = [
     ["analyze"],

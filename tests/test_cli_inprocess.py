@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from ppdiag.cli import app
 from ppdiag.report_types import Report, decode, dumps
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 RUNNER = CliRunner()
 

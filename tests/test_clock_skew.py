@@ -28,9 +28,9 @@ from ppdiag.model import Intervals, Ranges, RankTimeline, Run
 from ppdiag.pipeline.clocks import Pairs
 from ppdiag.pipeline.host_clocks import _consistent, clock_domains, fit_host_clocks
 from ppdiag.reports.context import Analyzed
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.nsys import write_nsys
+from ppsynth.scenario import make_scenario
 
 MS = 1_000_000
 CAUSE_TOL = 0.015  # of the step

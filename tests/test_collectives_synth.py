@@ -12,11 +12,11 @@ from analysis_parts import attribution
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import Finding
 from ppdiag.reports.context import Analyzed
-from ppdiag.synth import ExposedAllReduce, LateReplica, SlowWorker, make_scenario, write_kineto
-from ppdiag.synth.collectives import make_collective_run
-from ppdiag.synth.faults import Fault
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.run import SynthRun
+from ppsynth import ExposedAllReduce, LateReplica, SlowWorker, make_scenario, write_kineto
+from ppsynth.collectives import make_collective_run
+from ppsynth.faults import Fault
+from ppsynth.nsys import write_nsys
+from ppsynth.run import SynthRun
 
 
 def _diagnose(tmp_path: Path, fmt: str, **kw: object) -> tuple[SynthRun, Analyzed]:

@@ -1,9 +1,9 @@
 """The diagnosis engine on GPU-shaped synthetic runs whose true causes are known.
 
-Each run is simulated (``ppdiag.synth``), written as the Kineto JSON PyTorch writes on GPUs
+Each run is simulated (``ppsynth``), written as the Kineto JSON PyTorch writes on GPUs
 (kernels, launches, NCCL SendRecv kernels with comm args, per-rank clock offsets of several ms),
 parsed and diagnosed like any user run. The truth per cause comes from differences of simulations
-(``ppdiag/synth/scenario.py``); the engine must recover each cause on every rank within 1.5% of
+(``ppsynth/scenario.py``); the engine must recover each cause on every rank within 1.5% of
 the step time, find the stage map and the schedule, and remove the clock offsets.
 """
 
@@ -18,10 +18,10 @@ import pytest
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.report_types import Report
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.scenario import make_scenario, write_groundtruth
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.nsys import write_nsys
+from ppsynth.scenario import make_scenario, write_groundtruth
 
 TRUTH_KEYS = ("bubble", "imbalance", "comm_wait", "exposed_comm", "host")
 

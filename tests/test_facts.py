@@ -18,9 +18,9 @@ from ppdiag.facts import (
     theoretical_bubble,
 )
 from ppdiag.reports.gate import stage_ratio
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 
 def test_balance_hand_built() -> None:

@@ -11,10 +11,10 @@ import pytest
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.report_types import Report
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.nsys import write_nsys
+from ppsynth.scenario import make_scenario
 
 CASES: dict[str, list[F.Fault]] = {
     "slow_stage": [F.SlowStage(2, 1.6)],

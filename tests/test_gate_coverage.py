@@ -2,7 +2,7 @@
 gzip), a missing last rank in traces that state no world size, and a rank with many negative
 durations each give exit 3 with the reason in the gate's own output and ``gate.partial``;
 ``--allow-partial`` gives the previous verdict with a warning. Inputs are synthetic runs
-(ppdiag/synth) damaged here the way the profiler or the file system damages real ones.
+(ppsynth) damaged here the way the profiler or the file system damages real ones.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PPDIAG_NO_CACHE": "1"}

@@ -1,7 +1,7 @@
 """Runs that stop or hang (ppdiag/pipeline/hangs.py, PP013) and truncated traces.
 
 Hand-built op lists check the counting; synthetic runs where one rank stops mid-step
-(:func:`ppdiag.synth.truncate.stop_rank`, whose ground truth says who blocks on whom since when)
+(:func:`ppsynth.truncate.stop_rank`, whose ground truth says who blocks on whom since when)
 and traces cut in the middle of a step check the whole analysis.
 """
 
@@ -23,9 +23,9 @@ from ppdiag.model.timeline import ProcessGroup
 from ppdiag.pipeline.clocks import P2POps
 from ppdiag.pipeline.hangs import detect
 from ppdiag.pipeline.steps import LocalStep
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
-from ppdiag.synth.truncate import cut_kineto, stop_rank
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
+from ppsynth.truncate import cut_kineto, stop_rank
 
 MS = 1_000_000
 SEND, RECV = int(Direction.SEND), int(Direction.RECV)

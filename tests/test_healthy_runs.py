@@ -1,8 +1,8 @@
 """No false alarms on a healthy pipeline, and one answer whatever the trace format.
 
-Every run here is simulated (``ppdiag.synth``), written to a temp dir as PyTorch Profiler JSON or
+Every run here is simulated (``ppsynth``), written to a temp dir as PyTorch Profiler JSON or
 as Nsight Systems SQLite, and analysed like a user's run. The truth per rank and cause is the
-simulator's own counterfactuals (``ppdiag/synth/scenario_truth.py``): the bubble is the idle of the
+simulator's own counterfactuals (``ppsynth/scenario_truth.py``): the bubble is the idle of the
 schedule at the mean stage cost with the normal transfer latency (fill and drain transfers
 included), every other cause the growth of idle when its fault is added.
 
@@ -31,8 +31,8 @@ from ppdiag.attribution.replay_syncs import _end_together
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.report_types import Report
 from ppdiag.simulate.schedules import SCHEDULES
-from ppdiag.synth import faults as F
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.scenario import make_scenario
 
 TRUTH_KEYS = ("bubble", "imbalance", "comm_wait", "exposed_comm", "host")
 QUIET_CODES = {"PP001", "PP002", "PP008"}  # the bubble and the batch arithmetic may speak up

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

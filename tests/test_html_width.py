@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO
 from test_html import CHROMIUM, _chromium
 
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_table
+from ppsynth.optable import OpTableParams, simulate_optable, write_table
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")]
 

@@ -15,6 +15,12 @@ def test_package_has_no_back_edges() -> None:
     assert [str(v) for v in check()] == []
 
 
+def test_synthetic_runs_import_only_the_model_and_the_simulator() -> None:
+    """ppsynth (test support at the repository root, not shipped) sits in the simulate layer."""
+    assert layer_of("ppsynth.kineto") == layer_of("ppsynth") == layer_of("ppdiag.simulate")
+    assert [str(v) for v in check(ROOT / "ppsynth")] == []
+
+
 def test_module_entry_point_exits_zero() -> None:
     env_path = str(ROOT)
     proc = subprocess.run(

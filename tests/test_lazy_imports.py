@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import REPO, TEST_DATA
 
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_table
+from ppsynth.optable import OpTableParams, simulate_optable, write_table
 
 HEAVY = ("pandas", "pyarrow", "scipy")
 
@@ -50,8 +50,8 @@ def test_kineto_analyze_does_not_import_pandas() -> None:
 
 def test_nsys_parse_does_not_import_pandas(tmp_path: Path) -> None:
     code = (
-        "from ppdiag.synth.scenario import make_scenario\n"
-        "from ppdiag.synth.nsys import write_nsys\n"
+        "from ppsynth.scenario import make_scenario\n"
+        "from ppsynth.nsys import write_nsys\n"
         "from ppdiag.parsers.loader import load_run\n"
         "run = make_scenario('1f1b', pp=2, microbatches=2, steps=1)\n"
         f"assert load_run(write_nsys(run, {str(tmp_path)!r}), progress=False, jobs=1).format == 'nsys'"

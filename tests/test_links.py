@@ -10,9 +10,9 @@ import pytest
 
 from ppdiag.api import Options, diagnose
 from ppdiag.report_types import LinkRow
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 # the synthetic activations: 8 Mi bf16 elements = 16 MiB, moved in p2p_ms = 0.05 ms on a normal
 # link: 16777216 B / 50000 ns = 335.5 GB/s

@@ -151,6 +151,10 @@ class _FakeParser:
     """A second format for the mixed-run check (content starts with FAKEFMT)."""
 
     name = "fakefmt"
+    format = "fakefmt"
+    suffixes: tuple[str, ...] = (".sqlite",)
+    describe = "fakefmt files"
+    holds_every_rank = False
 
     def sniff(self, path: Path, head: bytes) -> bool:
         return head.startswith(b"FAKEFMT")
@@ -226,6 +230,10 @@ class _RunLevelParser:
     run-level step sees every rank, sorted, before the run is frozen."""
 
     name = "runfmt"
+    format = "runfmt"
+    suffixes: tuple[str, ...] = (".sqlite",)
+    describe = "runfmt files"
+    holds_every_rank = False
 
     def __init__(self) -> None:
         self.seen: list[list[int]] = []

@@ -15,9 +15,9 @@ from conftest import shared_trace
 from ppdiag.api import Options, diagnose, load
 from ppdiag.model import Intervals, Phase, Ranges, RankTimeline
 from ppdiag.model.memory import MB, memory_row
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.memory import with_memory
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.memory import with_memory
+from ppsynth.scenario import make_scenario
 
 MS = 1_000_000
 

@@ -49,7 +49,7 @@ from metamorphic import (
 )
 
 from ppdiag.api import Options, diagnose
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_chrome, write_table
+from ppsynth.optable import OpTableParams, simulate_optable, write_chrome, write_table
 
 # which relation cannot hold for which kind of input, and why (asserted complete below)
 NOT_APPLICABLE: dict[str, dict[str, str]] = {
@@ -268,10 +268,10 @@ def test_one_job_every_table_form(job_dir: Path, form: str) -> None:
 
 @pytest.fixture(scope="module")
 def gpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from ppdiag.synth import faults as F
-    from ppdiag.synth.kineto import write_kineto
-    from ppdiag.synth.nsys import write_nsys
-    from ppdiag.synth.scenario import make_scenario
+    from ppsynth import faults as F
+    from ppsynth.kineto import write_kineto
+    from ppsynth.nsys import write_nsys
+    from ppsynth.scenario import make_scenario
 
     run = make_scenario("1f1b", pp=4, microbatches=8, faults=[F.SlowStage(2, 1.5)], steps=2, seed=3)
     kd, nd = tmp_path_factory.mktemp("gpu_kineto"), tmp_path_factory.mktemp("gpu_nsys")

@@ -14,10 +14,10 @@ from ppdiag.api import Options, analyze_run, load
 from ppdiag.model import Intervals
 from ppdiag.model.invariants import LABEL_COLUMNS, check_run, freeze_run
 from ppdiag.pipeline.blocks import IntervalLabels
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.nsys import write_nsys
+from ppsynth.scenario import make_scenario
 
 DATA = Path(__file__).parent / "data"
 

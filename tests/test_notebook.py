@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 import ppdiag
 from ppdiag.cli import app
 from ppdiag.errors import InputError
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 M, PP, STEPS = 4, 4, 3
 

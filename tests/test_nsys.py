@@ -24,7 +24,7 @@ from ppdiag.parsers import PARSERS, ParseOptions
 from ppdiag.parsers.nsys import NsysParser, resolve_nccl_peers
 from ppdiag.parsers.nsys_names import classify_kernel
 from ppdiag.parsers.nsys_ranks import rank_from_filename
-from ppdiag.synth.nsys import (
+from ppsynth.nsys import (
     _SCHEMAS,
     SCHEMA_COMM_INIT,
     SCHEMA_SENDRECV,
@@ -372,7 +372,7 @@ class Export:
 
 
 def _cols(table: str) -> list[str]:
-    from ppdiag.synth.nsys import DDL
+    from ppsynth.nsys import DDL
 
     return [c.strip().split()[0] for c in DDL[table].split(",")]
 

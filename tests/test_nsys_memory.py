@@ -12,11 +12,11 @@ from conftest import SHARED_TRACES
 from ppdiag.api import Options, diagnose, load
 from ppdiag.model.memory import MB, MemoryRow
 from ppdiag.report_types import Report
-from ppdiag.synth.memory import with_memory
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.nsys_memory import add_memory_table
-from ppdiag.synth.nsys_tables import global_pid
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.memory import with_memory
+from ppsynth.nsys import write_nsys
+from ppsynth.nsys_memory import add_memory_table
+from ppsynth.nsys_tables import global_pid
+from ppsynth.scenario import make_scenario
 
 MIB = 1024 * 1024
 

@@ -1,6 +1,6 @@
 """p2p peers and direction from names when the NCCL payloads are not in the export.
 
-Synthetic nsys exports (``ppdiag.synth.nsys``, with payloads) are rewritten with SQL on a copy,
+Synthetic nsys exports (``ppsynth.nsys``, with payloads) are rewritten with SQL on a copy,
 the way exports without ``--include-blobs`` or recorded under ``emit_nvtx`` look: payload blobs
 deleted, the NCCL domain-create row deleted, NCCL's ``ncclSend``/``ncclRecv`` ranges joined or
 replaced by PyTorch's ``nccl:send a->b`` / ``nccl:recv a<-b`` ranges (process-group ranks). The
@@ -24,9 +24,9 @@ from ppdiag.parsers import ParseOptions
 from ppdiag.parsers.nsys import NsysParser, resolve_nccl_peers
 from ppdiag.parsers.nsys_peers import _group_stride
 from ppdiag.report_types import Report
-from ppdiag.synth.nsys import comm_hash, write_nsys
-from ppdiag.synth.run import SynthRun
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.nsys import comm_hash, write_nsys
+from ppsynth.run import SynthRun
+from ppsynth.scenario import make_scenario
 
 GroupRanks = Callable[[int, int], tuple[int, int]]
 BLOB_HEADER = 32  # the writer's payload blob: 4 x u64 header, then the struct (comm id first)

@@ -1,7 +1,7 @@
 """Reading nsys exports safely: committed rows only (WAL, live writers, hot journals), clear errors
 for truncated or garbage files, and GPU/NVTX rows with unusable times dropped and counted.
 
-Each test rewrites a synthetic export (``ppdiag.synth.nsys``) with SQL on a copy; expected counts
+Each test rewrites a synthetic export (``ppsynth.nsys``) with SQL on a copy; expected counts
 come from the rows the test itself changed.
 """
 
@@ -24,8 +24,8 @@ from ppdiag.model import Kind, RankTimeline
 from ppdiag.parsers import ParseOptions
 from ppdiag.parsers.loader import find_traces, load_run
 from ppdiag.parsers.nsys import NsysParser
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.nsys import write_nsys
+from ppsynth.scenario import make_scenario
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -354,7 +354,7 @@ def test_bad_kernel_and_copy_times_are_dropped_and_counted(export: Path, tmp_pat
 
 
 def test_memcpy_rows_with_bad_times(tmp_path: Path) -> None:
-    from ppdiag.synth.run import GpuOps, RuntimeCalls
+    from ppsynth.run import GpuOps, RuntimeCalls
 
     run = make_scenario("gpipe", pp=2, microbatches=2, steps=1, clock_skew_ms=0.0, seed=2)
     r = run.ranks[0]

@@ -14,10 +14,10 @@ from conftest import SHARED_TRACES
 from ppdiag.model import Direction, Kind, RangeKind, RankTimeline
 from ppdiag.parsers import ParseOptions
 from ppdiag.parsers.nsys import NsysParser, resolve_nccl_peers
-from ppdiag.synth.faults import SlowLink
-from ppdiag.synth.nsys import DDL, write_nsys
-from ppdiag.synth.run import SynthRank, SynthRun
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.faults import SlowLink
+from ppsynth.nsys import DDL, write_nsys
+from ppsynth.run import SynthRank, SynthRun
+from ppsynth.scenario import make_scenario
 
 US = 1000
 
@@ -162,7 +162,7 @@ def test_tables_and_columns_match_real_exports(run: SynthRun, tmp_path: Path) ->
 
 
 def test_same_run_as_kineto_gives_the_same_timelines(tmp_path: Path) -> None:
-    kineto_writer = pytest.importorskip("ppdiag.synth.kineto")
+    kineto_writer = pytest.importorskip("ppsynth.kineto")
     kineto_parser = pytest.importorskip("ppdiag.parsers.kineto")
     run = make_scenario("1f1b", pp=4, microbatches=6, steps=2, faults=(SlowLink(1, delay_ms=0.3),), seed=5)
     kt = sorted(
@@ -189,7 +189,7 @@ def test_same_run_as_kineto_gives_the_same_timelines(tmp_path: Path) -> None:
 
 
 def test_same_run_as_kineto_gives_the_same_diagnosis(tmp_path: Path) -> None:
-    kineto_writer = pytest.importorskip("ppdiag.synth.kineto")
+    kineto_writer = pytest.importorskip("ppsynth.kineto")
     api = pytest.importorskip("ppdiag.api")
     loader = pytest.importorskip("ppdiag.parsers.loader")
     run = make_scenario("1f1b", pp=4, microbatches=8, steps=3, faults=(SlowLink(0, delay_ms=0.5),), seed=1)
@@ -208,7 +208,7 @@ def test_same_run_as_kineto_gives_the_same_diagnosis(tmp_path: Path) -> None:
 
 
 def test_copies_and_memsets_round_trip(tmp_path: Path) -> None:
-    from ppdiag.synth.run import GpuOps, RuntimeCalls
+    from ppsynth.run import GpuOps, RuntimeCalls
 
     run = make_scenario("gpipe", pp=2, microbatches=2, steps=1, seed=2)
     r = run.ranks[0]

@@ -15,7 +15,7 @@ from ppdiag.api import Options, diagnose
 from ppdiag.errors import InputError
 from ppdiag.model import Direction, Kind, RangeKind
 from ppdiag.parsers.loader import detect_format, load_run
-from ppdiag.synth.optable import OpTableParams, OpTableTruth, simulate_optable, write_chrome, write_table
+from ppsynth.optable import OpTableParams, OpTableTruth, simulate_optable, write_chrome, write_table
 
 HAVE_PYARROW = importlib.util.find_spec("pyarrow") is not None
 

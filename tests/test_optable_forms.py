@@ -15,7 +15,7 @@ from ppdiag.api import Options, diagnose
 from ppdiag.errors import InputError
 from ppdiag.parsers.detect import HEAD_BYTES, read_head
 from ppdiag.parsers.loader import detect_format, load_run
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_chrome, write_table
+from ppsynth.optable import OpTableParams, simulate_optable, write_chrome, write_table
 
 # enough steps that the array passes the sniffed head (64 KiB) long before its metadata
 BIG = OpTableParams(pp=4, dp=2, microbatches=4, steps=tuple(range(1, 13)), seed=2)
@@ -33,7 +33,7 @@ def test_timeline_metadata_anywhere_or_absent(tmp_path: Path, meta: str) -> None
     path = write_chrome(df, tmp_path / f"{meta}.json", meta=meta)
     head = read_head(path)
     assert len(head) == HEAD_BYTES and b"thread_name" not in head  # the lanes are not in the head
-    assert detect_format(path) == ("optable", "")
+    assert detect_format(path) == ("optimeline", "")
     # Megatron's order with tp 1: rank = stage * 2 + replica, the same with the lanes named or not
     assert _placement(path) == _placement(first) == {s * 2 + d: (s, d) for s in range(4) for d in range(2)}
 

@@ -12,8 +12,8 @@ import pytest
 
 from ppdiag.errors import InputError
 from ppdiag.io import check_target, is_own_output, output_kind, qpath, write_output, write_text
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 
 def ppdiag(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:

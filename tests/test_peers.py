@@ -20,10 +20,10 @@ from ppdiag.model import Direction
 from ppdiag.pipeline.clocks import P2POps, match_pairs
 from ppdiag.pipeline.peers import HOW_TIMING, fit_link
 from ppdiag.report_types import Report
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.scenario import make_scenario, write_groundtruth
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.nsys import write_nsys
+from ppsynth.scenario import make_scenario, write_groundtruth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ablate import (

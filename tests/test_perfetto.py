@@ -140,14 +140,14 @@ def _partial_overlaps(doc: dict[str, Any]) -> Counter[str]:
 
 def _analyzed(tmp_path: Path, run: Any) -> Any:
     from ppdiag.api import diagnose
-    from ppdiag.synth.kineto import write_kineto
+    from ppsynth.kineto import write_kineto
 
     write_kineto(run, tmp_path / "run")
     return diagnose([tmp_path / "run"])
 
 
 def test_flows_are_the_matched_pairs_and_tracks_never_partially_overlap(tmp_path: Path) -> None:
-    from ppdiag.synth.scenario import make_scenario
+    from ppsynth.scenario import make_scenario
 
     diag = _analyzed(tmp_path, make_scenario(seed=5, steps=3))
     pairs = diag.context.pipeline.pairs
@@ -171,7 +171,7 @@ def test_flows_are_the_matched_pairs_and_tracks_never_partially_overlap(tmp_path
 
 
 def test_collective_arrows_go_from_the_last_arriver_to_the_waiters(tmp_path: Path) -> None:
-    from ppdiag.synth.collectives import make_collective_run
+    from ppsynth.collectives import make_collective_run
 
     # rank 0 starts each step 1 ms late: in every collective the others wait for it
     diag = _analyzed(tmp_path, make_collective_run(world=3, late_ms={0: 1.0}, steps=2))

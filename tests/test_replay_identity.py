@@ -32,10 +32,10 @@ from ppdiag.attribution.causes import (
 )
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import _group_union_measure
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.nsys import write_nsys
+from ppsynth.scenario import make_scenario
 
 
 def _reference_nodes(rp: Replay, timelines: dict[int, Any], ops: dict[int, Any]) -> list[tuple[int, ...]]:

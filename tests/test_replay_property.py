@@ -2,7 +2,7 @@
 
 Hypothesis draws the shape (P, M, schedule, interleaving) and one fault with its size (a slow
 stage, a slow link, a host stall, an exposed all-reduce, p2p on the compute stream, or none); the
-synthetic run's truth comes from differences of simulations (``ppdiag/synth/scenario.py``,
+synthetic run's truth comes from differences of simulations (``ppsynth/scenario.py``,
 DESIGN.md §5 order). Every cause on every rank must match within 2 % of the step (plus the
 few-µs gaps between the kernels of a block, which the truth books apart).
 
@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ppdiag.api import Options, diagnose
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario, write_groundtruth
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario, write_groundtruth
 
 TRUTH_KEYS = ("bubble", "imbalance", "comm_wait", "exposed_comm", "host")
 TOL = 0.02

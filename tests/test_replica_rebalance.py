@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from ppdiag.api import Options, diagnose
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_table
 from ppdiag.whatif.replicas import layout_ns, rebalanced_costs
+from ppsynth.optable import OpTableParams, simulate_optable, write_table
 
 
 def _tiny() -> np.ndarray:

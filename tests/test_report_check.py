@@ -23,10 +23,10 @@ from ppdiag import report_check
 from ppdiag.api import Options, diagnose
 from ppdiag.report_types import Report
 from ppdiag.reports.html_sections import critical_path_html, findings_html
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_table
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.optable import OpTableParams, simulate_optable, write_table
+from ppsynth.scenario import make_scenario
 
 
 def _clean() -> dict[str, Any]:

@@ -22,8 +22,8 @@ from ppdiag.report_types import (
     report_schema,
     schema_text,
 )
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "json.md"
 

@@ -11,7 +11,7 @@ the diff:
 
     PPDIAG_UPDATE_SNAPSHOTS=1 python3 -m pytest tests/test_rule_golden.py
 
-The inputs are the synthetic runs of ``ppdiag.synth`` (their numbers are the simulator's, the same
+The inputs are the synthetic runs of ``ppsynth`` (their numbers are the simulator's, the same
 on every machine), except PP011's, a hand-built timeline with its expected times worked out below.
 Each input is analyzed once per module and shared by its assertions.
 """
@@ -19,6 +19,7 @@ Each input is analyzed once per module and shared by its assertions.
 from __future__ import annotations
 
 import gzip
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,13 +38,14 @@ from ppdiag.cli import app
 from ppdiag.model import Intervals, Kind, NameTable, RangeKind, Ranges, RankTimeline, Run
 from ppdiag.report_types import FindingRow, Report
 from ppdiag.rules import RULES, load_builtin
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.memory import with_memory
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_table
-from ppdiag.synth.run import SynthRun
-from ppdiag.synth.scenario import make_scenario
-from ppdiag.synth.truncate import stop_rank
+from ppdiag.rules.catalog import SECTIONS, catalog_markdown, sections_of
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.memory import with_memory
+from ppsynth.optable import OpTableParams, simulate_optable, write_table
+from ppsynth.run import SynthRun
+from ppsynth.scenario import make_scenario
+from ppsynth.truncate import stop_rank
 
 load_builtin()
 
@@ -265,6 +267,13 @@ CASES: dict[str, Case] = {
         lambda d, bad: _placed(d, TWO_HOSTS if bad else dict.fromkeys(range(4), "node00")),
         ranks=[0, 1, 2, 3],
     ),
+    "PP015": Case(
+        "1F1B P=4 M=4, forward 1 ms per micro-batch on every stage, backward 2 ms except stage 2's "
+        "3 ms (its forward recomputed); clean: backward 2 ms on every stage",
+        _sc([], bwd_ms=[2.0, 2.0, 3.0, 2.0], clean_kw={"bwd_ms": 2.0}),
+        ranks=[2],
+        stages=[2],
+    ),
 }
 
 
@@ -389,13 +398,30 @@ def test_snapshot_compare_is_exact(analyzed: Callable[[str, bool], Report]) -> N
 # ---- documentation ------------------------------------------------------------------------------
 
 
+DOCS_RULES = Path(__file__).resolve().parents[1] / "docs" / "rules.md"
+
+
+def test_rules_documented_in_docs_as_generated() -> None:
+    """docs/rules.md is generated from the rule modules (regenerated under PPDIAG_UPDATE_SNAPSHOTS=1)."""
+    text = catalog_markdown()
+    if UPDATE:
+        DOCS_RULES.write_text(text, encoding="utf-8")
+    regenerate = "PPDIAG_UPDATE_SNAPSHOTS=1 python3 -m pytest tests/test_rule_golden.py -k documented"
+    assert DOCS_RULES.read_text(encoding="utf-8") == text, f"docs/rules.md is stale: {regenerate}"
+
+
 @pytest.mark.parametrize("code", CODES)
 def test_every_rule_is_documented(code: str) -> None:
-    """Each registered rule has a name, a summary and the four docstring sections, and
-    ``ppdiag rules CODE`` (run in-process) prints them."""
+    """Each registered rule has a name, a summary and the four docstring sections, ``ppdiag rules
+    CODE`` (run in-process) prints them, and docs/rules.md holds its section with the same text."""
     rule = RULES[code]
     doc = type(rule).__doc__ or ""
-    sections = ("What it detects", "Why it matters", "How to fix", "Example")
+    sections = SECTIONS
+    page = DOCS_RULES.read_text(encoding="utf-8")
+    assert f"\n## {code} {rule.name}\n" in page, f"{code} has no section in docs/rules.md"
+    own = page.split(f"\n## {code} {rule.name}\n", 1)[1].split("\n## ", 1)[0]
+    for head, body in sections_of(inspect.cleandoc(doc)).items():
+        assert f"**{head}.**\n\n{body}\n" in own + "\n", (code, head)
     for section in sections:
         assert f"{section}:" in doc, (code, section)
     assert rule.summary.strip() and rule.name.strip() and rule.code == code

@@ -14,9 +14,9 @@ from analysis_parts import attribution, context, noise
 
 from ppdiag.api import Options, diagnose
 from ppdiag.report_types import FindingRow, Report
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 
 def _report(tmp_path: Path, options: Options | None = None, **kw: Any) -> Report:

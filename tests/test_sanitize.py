@@ -84,8 +84,8 @@ def test_errors_quote_file_names(tmp_path: Path) -> None:
 def test_html_for_many_stages(tmp_path: Path, pp: int) -> None:
     from ppdiag.api import analyze_run, load
     from ppdiag.reports import write_report
-    from ppdiag.synth.kineto import write_kineto
-    from ppdiag.synth.scenario import make_scenario
+    from ppsynth.kineto import write_kineto
+    from ppsynth.scenario import make_scenario
 
     write_kineto(make_scenario(pp=pp, microbatches=pp, steps=1, fwd_ms=0.2, bwd_ms=0.4), tmp_path)
     diag = analyze_run(load([tmp_path]))

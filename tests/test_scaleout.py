@@ -18,9 +18,9 @@ from ppdiag.parsers.digest import map_file
 from ppdiag.parsers.loader import find_traces, load_run, parse_one
 from ppdiag.parsers.urls import url_of
 from ppdiag.report_types import Report
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 HAVE_DASK = importlib.util.find_spec("distributed") is not None
 

@@ -18,8 +18,8 @@ from ppdiag.reports.style import CAUSE_LABELS
 from ppdiag.reports.terminal import rank_table
 from ppdiag.simulate import SCHEDULES as SIMULATED
 from ppdiag.simulate import canonical_schedule
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 
 @pytest.mark.parametrize(

@@ -19,12 +19,15 @@ import pytest
 from rich.console import Console
 
 from ppdiag.api import Options, diagnose
+from ppdiag.errors import InputError
+from ppdiag.io import output_kind
+from ppdiag.reports import write_report
 from ppdiag.reports.context import Analyzed
 from ppdiag.reports.md import render_markdown
 from ppdiag.reports.terminal import render
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 UPDATE = os.environ.get("PPDIAG_UPDATE_SNAPSHOTS") == "1"
@@ -66,6 +69,21 @@ def test_terminal_snapshot(small: tuple[Analyzed, Path]) -> None:
     # fixed width, no colour codes: what a 120-column log shows
     render(diag.result, Console(file=buf, width=120, color_system=None, force_terminal=False))
     _check("small_run.txt", buf.getvalue(), d)
+
+
+def test_terminal_reporter_writes_what_a_log_shows(small: tuple[Analyzed, Path], tmp_path: Path) -> None:
+    """The registered reporter ``terminal`` writes the text a 140-column log gets, then its marker:
+    a second run may write over its own file, never over another text file."""
+    diag, _ = small
+    buf = io.StringIO()
+    render(diag.result, Console(file=buf, width=140, color_system=None, force_terminal=False))
+    out = write_report("terminal", diag, tmp_path / "report.txt")
+    assert out.read_text(encoding="utf-8") == buf.getvalue() + "\n<!-- ppdiag:terminal -->\n"
+    assert output_kind(out) == "terminal"
+    write_report("terminal", diag, out)  # its own file: written over
+    (tmp_path / "notes.txt").write_text("mine\n")
+    with pytest.raises(InputError):
+        write_report("terminal", diag, tmp_path / "notes.txt")
 
 
 def test_snapshot_check_can_fail(small: tuple[Analyzed, Path], tmp_path: Path) -> None:

@@ -22,11 +22,11 @@ from ppdiag.model.structure import Confidence, FactSource
 from ppdiag.model.timeline import Intervals, ProcessGroup, Ranges
 from ppdiag.pipeline.topology import infer_topology
 from ppdiag.report_types import Report
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.nsys import write_nsys
-from ppdiag.synth.run import SynthRun
-from ppdiag.synth.scenario import make_scenario
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.nsys import write_nsys
+from ppsynth.run import SynthRun
+from ppsynth.scenario import make_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ablate import ALL_NSYS, COMM_ARGS, NVTX_NAMES, PARAM_COMMS, SHAPES, strip_kineto_dir, strip_nsys_dir

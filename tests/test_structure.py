@@ -28,9 +28,9 @@ from ppdiag.reports.context import Analyzed
 from ppdiag.reports.html import render_html
 from ppdiag.reports.md import render_markdown
 from ppdiag.reports.terminal import headline
-from ppdiag.synth import make_scenario, write_kineto
-from ppdiag.synth.collectives import make_collective_run
-from ppdiag.synth.nsys import write_nsys
+from ppsynth import make_scenario, write_kineto
+from ppsynth.collectives import make_collective_run
+from ppsynth.nsys import write_nsys
 
 REAL_FSDP = (
     Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "nsys" / "nsysai_h100_fsdp_2gpu.sqlite"

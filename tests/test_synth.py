@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from ppdiag.model import Direction, Kind
-from ppdiag.synth import SynthRun
-from ppdiag.synth.faults import (
+from ppsynth import SynthRun
+from ppsynth.faults import (
     CommOnCompute,
     ExposedAllReduce,
     Fault,
@@ -24,8 +24,8 @@ from ppdiag.synth.faults import (
     SlowStage,
     SlowStep,
 )
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import TRUTH_CAUSES, make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import TRUTH_CAUSES, make_scenario
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "base": {},

@@ -16,8 +16,8 @@ from ppdiag.attribution.causes import _P2PIndex
 from ppdiag.attribution.tolerance import ROUND_NS, timing_tolerance_ns
 from ppdiag.model import Direction, Intervals, Kind, Ranges, RankTimeline
 from ppdiag.parsers.loader import load_run
-from ppdiag.parsers.optable_chrome import resolution_ns as _resolution_ns
-from ppdiag.synth.optable import OpTableParams, simulate_optable, write_table
+from ppdiag.parsers.optable_ranks import resolution_ns as _resolution_ns
+from ppsynth.optable import OpTableParams, simulate_optable, write_table
 
 HAVE_PYARROW = importlib.util.find_spec("pyarrow") is not None
 

@@ -23,13 +23,13 @@ from ppdiag.model import Intervals, Kind, NameTable, Phase, RangeKind, Ranges, R
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.reports.context import Analyzed
 from ppdiag.reports.terminal import render
-from ppdiag.synth.faults import SlowLink, SlowStage
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
 from ppdiag.whatif.batch import check_batch
 from ppdiag.whatif.costs import MeasuredRun
 from ppdiag.whatif.layers import module_layers, profile_from_stages
 from ppdiag.whatif.scenarios import Scenario, WhatifModel, WhatifOptions, build_model
+from ppsynth.faults import SlowLink, SlowStage
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 MS = 1_000_000
 

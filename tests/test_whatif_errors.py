@@ -12,9 +12,9 @@ from report_fill import typed
 from ppdiag.api import Options, diagnose
 from ppdiag.errors import InputError
 from ppdiag.reports.context import Analyzed
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
 from ppdiag.whatif import fixes, scenarios
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 
 @pytest.fixture(scope="module")

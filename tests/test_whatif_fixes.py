@@ -16,10 +16,10 @@ from ppdiag.api import Options, diagnose
 from ppdiag.report_types import WhatifRow
 from ppdiag.reports.context import Analyzed
 from ppdiag.rules import RuleContext, RuleOptions, run_rules
-from ppdiag.synth import faults as F
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
 from ppdiag.whatif.scenarios import FixPredictions
+from ppsynth import faults as F
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 
 def _diag(tmp_path: Path, **kw: Any) -> Analyzed:

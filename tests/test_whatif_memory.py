@@ -10,11 +10,11 @@ import pytest
 from ppdiag.api import Options, diagnose
 from ppdiag.report_types import MemoryBasis, WhatifRow
 from ppdiag.reports.context import Analyzed
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.memory import with_memory
-from ppdiag.synth.scenario import make_scenario
 from ppdiag.whatif.model import build_model
 from ppdiag.whatif.types import Scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.memory import with_memory
+from ppsynth.scenario import make_scenario
 
 WEIGHTS_MB = 100.0
 ACT_MB = 8.0

@@ -14,11 +14,11 @@ from ppdiag.errors import InputError
 from ppdiag.limits import MAX_SIM_CELLS
 from ppdiag.reports.context import Analyzed
 from ppdiag.simulate import SimConfig, simulate
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
 from ppdiag.whatif import costs, model
 from ppdiag.whatif.model import build_model
 from ppdiag.whatif.types import Scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 
 def _listing(tmp_path: Path, n: int) -> Path:

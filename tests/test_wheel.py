@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,11 @@ def test_wheel_installs_and_analyses_outside_the_checkout(tmp_path: Path) -> Non
         timeout=600,
     )
     (wheel,) = dist.glob("ppdiag-*.whl")
+    # the synthetic-trace writer the tests and benchmarks share (ppsynth, at the repository root) is
+    # not shipped
+    shipped = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in shipped if n.startswith(("ppsynth/", "ppdiag/synth/"))]
+    assert "ppdiag/api.py" in shipped
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"

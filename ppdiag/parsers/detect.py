@@ -13,14 +13,6 @@ from typing import Any
 from ppdiag.errors import InputError
 from ppdiag.parsers import PARSERS, Parser, load_builtin
 
-TRACE_SUFFIXES = (".json", ".json.gz", ".sqlite", ".nsys-rep")
-# op tables hold every rank in one file (the Chrome form of an op timeline is a .json)
-TABLE_SUFFIXES = (".csv", ".csv.gz", ".jsonl", ".jsonl.gz", ".ndjson", ".parquet")
-# every format ppdiag reads, for the messages that say what was expected
-FORMATS_READ = (
-    "PyTorch Profiler JSON (*.json, *.json.gz, *.pt.trace.json), Nsight Systems (*.sqlite, "
-    "*.nsys-rep), op tables (*.csv, *.jsonl, *.parquet, gzipped or not) or a Chrome op timeline (*.json)"
-)
 HEAD_BYTES = 1 << 16
 GZIP_MAGIC = b"\x1f\x8b"
 # other compressors' magic bytes: data a user renamed (or a tool wrote) under a trace name
@@ -53,15 +45,35 @@ class TraceFile:
     format: str
 
 
+def formats_read() -> str:
+    """Every format ppdiag reads, for the messages that say what was expected: the registered
+    parsers' ``describe``, in registry order ("A, B, C or D")."""
+    load_builtin()
+    said = [p.describe for p in PARSERS.values()]
+    return ", ".join(said[:-1]) + f" or {said[-1]}" if len(said) > 1 else "".join(said)
+
+
+def trace_suffixes() -> tuple[str, ...]:
+    """The file names any registered format carries (``*.json``, ``*.sqlite``, ``*.csv`` ...)."""
+    load_builtin()
+    return tuple(dict.fromkeys(s for p in PARSERS.values() for s in p.suffixes))
+
+
 def is_trace_name(path: Path) -> bool:
     """True for names a profiler or an op table writer gives (``*.json``, ``*.json.gz``,
     ``*.sqlite``, ``*.nsys-rep``, ``*.csv``, ``*.jsonl``, ``*.parquet`` ...)."""
-    return path.name.lower().endswith(TRACE_SUFFIXES + TABLE_SUFFIXES)
+    return path.name.lower().endswith(trace_suffixes())
 
 
 def is_table_name(path: Path) -> bool:
-    """True for the names of op tables (CSV, JSON Lines, Parquet), which other files may share."""
-    return path.name.lower().endswith(TABLE_SUFFIXES)
+    """True for names only a format that holds every rank in one file gives (an op table's CSV,
+    JSON Lines, Parquet): a file so named that no parser takes is not a rank the run lacks. Names
+    a per-rank format shares (the Chrome op timeline's ``*.json``) are not table names."""
+    load_builtin()
+    name = path.name.lower()
+    per_rank = tuple(s for p in PARSERS.values() if not p.holds_every_rank for s in p.suffixes)
+    whole = tuple(s for p in PARSERS.values() if p.holds_every_rank for s in p.suffixes)
+    return name.endswith(whole) and not name.endswith(per_rank)
 
 
 def read_head(path: Path, size: int = HEAD_BYTES) -> bytes:

@@ -80,6 +80,10 @@ class KinetoParser:
     """PyTorch Profiler / Kineto Chrome-trace JSON (``.json``, ``.json.gz``)."""
 
     name = "kineto"
+    format = "kineto"
+    suffixes: tuple[str, ...] = (".json", ".json.gz")
+    describe = "PyTorch Profiler JSON (*.json, *.json.gz, *.pt.trace.json)"
+    holds_every_rank = False
 
     def sniff(self, path: Path, head: bytes) -> bool:
         """True when ``head`` (gunzipped) starts a JSON object with Kineto's top-level keys."""

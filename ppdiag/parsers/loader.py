@@ -16,11 +16,11 @@ from ppdiag.model import RankTimeline, Run
 from ppdiag.model.invariants import freeze_run
 from ppdiag.parsers import PARSERS, ParseOptions, RunResolver, load_builtin
 from ppdiag.parsers.detect import (
-    FORMATS_READ,
     HEAD_BYTES,
     TraceFile,
     compression_of,
     detect_format,
+    formats_read,
     is_table_name,
     is_trace_name,
     read_head,
@@ -112,7 +112,7 @@ def find_traces(
         elif (key := p.resolve()) not in seen:
             fmt, why = detect_format(p)
             if fmt is None:
-                raise InputError(qpath(p), f"{why} (expected {FORMATS_READ})")
+                raise InputError(qpath(p), f"{why} (expected {formats_read()})")
             seen.add(key)
             found.append(TraceFile(p, fmt))
     _one_format(found)
@@ -149,17 +149,17 @@ def _add_dir(
         detail = (
             f" (skipped: {', '.join(not_read[:5])}{', ...' if len(not_read) > 5 else ''})" if not_read else ""
         )
-        raise InputError(qpath(p), f"no trace files found (expected {FORMATS_READ}){detail}")
+        raise InputError(qpath(p), f"no trace files found (expected {formats_read()}){detail}")
     _one_table(p, found[n_before:])
 
 
 def _one_table(d: Path, found: list[TraceFile]) -> None:
     """A run directory holds one op table (every rank in one file) and nothing else: a second
     table, or per-rank traces beside it, is an error that names both."""
-    tables = [t for t in found if t.format == "optable"]
+    tables = [t for t in found if PARSERS[t.format].holds_every_rank]
     if not tables:
         return
-    others = [t for t in found if t.format != "optable"]
+    others = [t for t in found if not PARSERS[t.format].holds_every_rank]
     if others:
         raise InputError(
             qpath(d),
@@ -175,12 +175,13 @@ def _one_table(d: Path, found: list[TraceFile]) -> None:
 
 
 def _one_format(found: list[TraceFile]) -> None:
-    """Refuse a run whose files are of several formats, naming one file of each."""
-    formats = {t.format for t in found}
+    """Refuse a run whose files are of several formats, naming one file of each (two forms of one
+    format, an op table and its Chrome timeline, are one format)."""
+    formats = {PARSERS[t.format].format for t in found}
     if len(formats) > 1:
         by_fmt: dict[str, Path] = {}
         for t in found:
-            by_fmt.setdefault(t.format, t.path)
+            by_fmt.setdefault(PARSERS[t.format].format, t.path)
         shown = ", ".join(f"{fmt}: {path}" for fmt, path in sorted(by_fmt.items()))
         raise InputError(None, f"mixed trace formats in one run ({shown}); analyze one format at a time")
 
@@ -209,11 +210,11 @@ def _find_remote(paths: Sequence[str | Path]) -> tuple[list[TraceFile], list[str
                 if listed:
                     warnings.append(f"{n}: skipped: not a trace ppdiag reads")
                     continue
-                raise InputError(n, f"not a trace ppdiag reads (expected {FORMATS_READ})")
+                raise InputError(n, f"not a trace ppdiag reads (expected {formats_read()})")
             found.append(TraceFile(Path(n), fmt))
     if not found:
         raise InputError(None, f"no trace files found under {', '.join(map(str, paths))}")
-    if len({t.format for t in found}) > 1:
+    if len({PARSERS[t.format].format for t in found}) > 1:
         raise InputError(None, "mixed trace formats in one run; analyze one format at a time")
     return found, warnings
 
@@ -274,8 +275,8 @@ def load_run(
     files, warnings = find_traces(paths, skipped)
     parsed = parse_files(files, opts, jobs=jobs, progress=progress, scheduler=scheduler)
     ranks, rank_warnings = resolve_ranks(parsed)
-    fmt = files[0].format
-    parser = PARSERS[fmt]
+    parser = PARSERS[files[0].format]
+    fmt = parser.format
     if isinstance(parser, RunResolver):
         # what one file cannot decide alone (nsys: NCCL peers named by communicator ranks)
         rank_warnings.extend(parser.resolve_run(ranks))

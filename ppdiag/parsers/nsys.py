@@ -70,6 +70,10 @@ class NsysParser:
     """Nsight Systems SQLite exports and ``.nsys-rep`` reports."""
 
     name = "nsys"
+    format = "nsys"
+    suffixes: tuple[str, ...] = (".sqlite", ".nsys-rep")
+    describe = "Nsight Systems (*.sqlite, *.nsys-rep)"
+    holds_every_rank = False
 
     def sniff(self, path: Path, head: bytes) -> bool:
         """``.nsys-rep``/``.qdrep`` by suffix; SQLite files by magic plus nsys tables."""

@@ -11,7 +11,7 @@ Two forms carry the same data (Megatron-style timers, in-house platform tracers)
   = optype, ``ts`` / ``dur`` in µs (one run-wide clock or step-relative), ``args: {step,
   model_chunk, mb_id, seq_id}``; ``pid`` is the DP rank and each ``tid`` a lane named by
   ``thread_name`` metadata ``"PP rank s, TP rank t, <lane>"`` wherever it sits, or by nothing
-  (:mod:`ppdiag.parsers.optable_chrome` reads it as it comes).
+  (:mod:`ppdiag.parsers.optimeline`, a parser of its own, reads it as it comes).
 
 Mapping: ``forward-compute`` / ``backward-compute`` are COMPUTE intervals (phase FWD / BWD, the
 micro-batch, the chunk) with a pipeline LABEL range each (virtual stage ``gmc`` when given, else the
@@ -37,8 +37,7 @@ from ppdiag.errors import InputError
 from ppdiag.io import qpath
 from ppdiag.model import RankTimeline
 from ppdiag.parsers import ParseOptions, register
-from ppdiag.parsers.optable_chrome import read_chrome, resolution_ns, sniff_chrome
-from ppdiag.parsers.optable_ranks import OPTYPES, to_ranks
+from ppdiag.parsers.optable_ranks import OPTYPES, resolution_ns, to_ranks
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,9 +53,13 @@ def _first_line(head: bytes) -> bytes:
 
 
 class OpTableParser:
-    """Op tables (CSV / JSON Lines / Parquet) and their Chrome-timeline form, all ranks in one file."""
+    """Op tables (CSV / JSON Lines / Parquet), all ranks in one file."""
 
     name = "optable"
+    format = "optable"
+    suffixes: tuple[str, ...] = (".csv", ".csv.gz", ".jsonl", ".jsonl.gz", ".ndjson", ".parquet")
+    describe = "op tables (*.csv, *.jsonl, *.parquet, gzipped or not)"
+    holds_every_rank = True
 
     def sniff(self, path: Path, head: bytes) -> bool:
         if head.startswith(b"PAR1"):
@@ -65,18 +68,13 @@ class OpTableParser:
         if line.startswith(b"{"):
             return b'"optype"' in line and b'"dp_rank"' in line
         if line.startswith(b"["):
-            return sniff_chrome(head)
+            return False  # a JSON array: the Chrome timeline form (ppdiag.parsers.optimeline)
         return bool(_CSV_HEAD.search(line)) and b"," in line
 
     def parse(self, path: Path, options: ParseOptions) -> list[RankTimeline]:
         src = qpath(path)
-        head = _read_head(path)
-        warnings: list[str] = []
-        if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
-            df, res, laid, rank_source = read_chrome(path, src, warnings)
-            return to_ranks(df, src, laid, warnings, res, rank_source)
-        df, res = _read_table(path, src, head)
-        return to_ranks(df, src, False, warnings, res)
+        df, res = _read_table(path, src, _read_head(path))
+        return to_ranks(df, src, False, [], res)
 
 
 _Codec = Literal["gzip", "bz2", "xz", "zstd"]

@@ -8,7 +8,7 @@ mb_id`` (times in ns; ``t0`` step-relative unless the rows were laid on one cloc
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +62,15 @@ _GROUP[[RS, AG]] = 1
 _GROUP[EMB] = 2
 _GROUP[LN] = 3
 _GROUP[CLIP] = 4
+
+
+def resolution_ns(values: npt.NDArray[Any], unit_ns: float) -> float:
+    """The timer resolution the time column carries, in ns: the spacing of its float type at its
+    largest magnitude (float32 seconds at 0.1 s are 7 ns apart, at 30 s 2 µs apart)."""
+    if not values.size or not np.issubdtype(values.dtype, np.floating):
+        return 0.0
+    top = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 0.0
+    return float(np.spacing(values.dtype.type(top))) * unit_ns
 
 
 def _lay_steps(

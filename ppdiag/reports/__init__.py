@@ -1,4 +1,4 @@
-"""Report writers, registered by name (``json``, ``html``, ``md``, ``perfetto``, ...).
+"""Report writers, registered by name (``json``, ``html``, ``md``, ``perfetto``, ``terminal`` ...).
 
 A new output is one module that defines a :class:`Reporter` and calls :func:`register`.
 """
@@ -27,7 +27,7 @@ class Reporter(Protocol):
 
 REPORTERS: dict[str, Reporter] = {}
 
-BUILTIN = ("json_report", "html", "md", "perfetto")
+BUILTIN = ("json_report", "html", "md", "perfetto", "terminal")
 
 
 def register(reporter: Reporter) -> Reporter:

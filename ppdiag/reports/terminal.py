@@ -1,4 +1,5 @@
-"""Terminal report (rich): headline, per-stage and per-rank tables, critical path, findings.
+"""Terminal report (rich): headline, per-stage and per-rank tables, critical path, findings; the
+registered reporter ``terminal`` (shown on a console, or written to a file as a log shows it).
 
 Fits 80 columns: the per-stage and per-rank tables are compact (rank, stage, step, compute, lost,
 top cause) unless ``wide`` is asked for or the console has room for every cause column
@@ -7,6 +8,9 @@ Colour follows the console (rich turns it off for a pipe and under ``NO_COLOR``)
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.markup import escape
@@ -17,9 +21,14 @@ from rich.text import Text
 
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.facts import report_slowest_stage, share_of
+from ppdiag.io import md_marker
 from ppdiag.report_types import Dist, FindingRow, Report
+from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean_report
 from ppdiag.reports.style import CAUSE_LABELS, PATH_LABELS, critical_path_rows, evidence_items
+
+if TYPE_CHECKING:
+    from ppdiag.reports.context import Analyzed
 
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 #: Console width from which the full cause tables are shown without ``--wide``.
@@ -294,7 +303,8 @@ def render(
     """Print the whole terminal report (trace strings without escape sequences or controls).
 
     ``wide``: every cause column in the tables; None: when the console has
-    :data:`WIDE_COLUMNS` columns or more.
+    :data:`WIDE_COLUMNS` columns or more. The registered reporter ``terminal`` (:data:`REPORTER`)
+    shows the same through its ``show`` and writes it to a file through ``write``.
     """
     report = clean_report(report)
     con = console or Console()
@@ -318,4 +328,30 @@ def render(
             con.print(Text(f"  … {len(warns) - 20} more in the JSON report", style="yellow"))
 
 
-__all__ = ["escape", "render"]
+#: Columns of the report written to a file: what a log gets (``cli_support.report_console``).
+LOG_COLUMNS = 140
+
+
+class TerminalReporter:
+    """Reporter ``terminal``: the report the terminal shows. ``show`` prints it on a console;
+    ``write`` writes the plain text a log gets (:data:`LOG_COLUMNS` columns, no colour) to a file,
+    ending in ppdiag's marker line (so a later run may write over it, and no other file)."""
+
+    name = "terminal"
+    suffix = ".txt"
+
+    def show(
+        self, report: Report, console: Console | None = None, ranks: bool = True, wide: bool | None = None
+    ) -> None:
+        render(report, console, ranks=ranks, wide=wide)
+
+    def write(self, diagnosis: Analyzed, path: Path) -> None:
+        with open(path, "w", encoding="utf-8", errors="backslashreplace") as fh:
+            con = Console(file=fh, width=LOG_COLUMNS, color_system=None, force_terminal=False)
+            self.show(diagnosis.result, con)
+            fh.write("\n" + md_marker("terminal") + "\n")
+
+
+REPORTER = register(TerminalReporter())
+
+__all__ = ["REPORTER", "TerminalReporter", "escape", "render"]

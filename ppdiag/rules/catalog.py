@@ -50,6 +50,44 @@ def cause_texts() -> list[tuple[str, str]]:
         return [(k, CAUSE_DEFINITIONS[k]) for k in CAUSE_CHAIN]
 
 
+#: The four sections of every rule's docstring, in order.
+SECTIONS = ("What it detects", "Why it matters", "How to fix", "Example")
+
+
+def sections_of(doc: str) -> dict[str, str]:
+    """The text under each of :data:`SECTIONS` in a rule's docstring (lines joined as written)."""
+    out: dict[str, str] = {}
+    heads = [(doc.find(f"{h}:"), h) for h in SECTIONS if f"{h}:" in doc]
+    heads.sort()
+    for (at, head), nxt in zip(heads, [*heads[1:], (len(doc), "")], strict=True):
+        out[head] = doc[at + len(head) + 1 : nxt[0]].strip()
+    return out
+
+
+def catalog_markdown() -> str:
+    """``docs/rules.md``: every rule's code, name, cause, summary and the four sections of its
+    docstring (what ``ppdiag rules CODE`` prints), generated from the rule modules."""
+    texts = rule_texts()
+    out = [
+        "# Rules",
+        "",
+        "Every finding ppdiag reports comes from one rule. `ppdiag rules` lists them and",
+        "`ppdiag rules CODE` prints one; this page holds the same text, generated from the rule",
+        "modules (`ppdiag/rules/pp*.py`): after changing a rule, regenerate it with",
+        "`PPDIAG_UPDATE_SNAPSHOTS=1 python3 -m pytest tests/test_rule_golden.py -k documented`.",
+        "A finding's cause is one of the lost-time causes of the report (`lost_ms` in [json.md](json.md)).",
+        "",
+        "| code | name | cause | summary |",
+        "|---|---|---|---|",
+    ]
+    out += [f"| {t.code} | {t.name} | {t.cause or '-'} | {t.summary} |" for t in texts]
+    for t in texts:
+        out += ["", f"## {t.code} {t.name}", "", f"Cause: {t.cause or 'none'}. {t.summary}"]
+        for head, body in sections_of(t.doc).items():
+            out += ["", f"**{head}.**", "", body]
+    return "\n".join(out) + "\n"
+
+
 def _imported_rules() -> list[RuleText]:
     import inspect
 

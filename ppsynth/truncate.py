@@ -8,7 +8,7 @@ can make progress. A blocked operation stays open until the flush, so its kernel
 later work of a blocked rank never runs. The ground truth (who waits for whom since when) comes
 back beside the run.
 
-:func:`cut_kineto` cuts one Kineto trace (a dict as written by :mod:`ppdiag.synth.kineto` or by
+:func:`cut_kineto` cuts one Kineto trace (a dict as written by :mod:`ppsynth.kineto` or by
 PyTorch) at a time, the way a profiler flushed in the middle of a step writes it: events that
 started before the cut are kept, those still running end at the cut, later ones are gone.
 """
@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Direction, Kind
-from ppdiag.synth.run import SynthRank, SynthRun
+from ppsynth.run import SynthRank, SynthRun
 
 _NEVER = np.iinfo(np.int64).max
 

@@ -1,4 +1,4 @@
-"""Write a :class:`~ppdiag.synth.run.SynthRun` as Nsight Systems SQLite exports.
+"""Write a :class:`~ppsynth.run.SynthRun` as Nsight Systems SQLite exports.
 
 The files have the tables and columns real exports have (the nsys 2024.5 schema, exported
 ``--lazy``: tables without rows are left out): ``StringIds``, ``CUPTI_ACTIVITY_KIND_KERNEL`` /
@@ -34,8 +34,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model.timeline import Kind, Phase
-from ppdiag.synth.nsys_nccl import Comm, add_nccl, communicators, first_time
-from ppdiag.synth.nsys_tables import (
+from ppsynth.nsys_nccl import Comm, add_nccl, communicators, first_time
+from ppsynth.nsys_tables import (
     COPY_KIND,
     DDL,
     MEM_KIND,
@@ -59,7 +59,7 @@ from ppdiag.synth.nsys_tables import (
     nvtx_row,
     payload_blob,
 )
-from ppdiag.synth.run import ApiKind, HostCat, StreamRole, SynthRank, SynthRun
+from ppsynth.run import ApiKind, HostCat, StreamRole, SynthRank, SynthRun
 
 # the schema helpers are part of this module's interface (tests build exports by hand with them)
 __all__ = [

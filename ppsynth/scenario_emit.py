@@ -1,7 +1,7 @@
 """What one synthetic GPU rank records in one step of a pipeline scenario: the emitter.
 
 :func:`emit_step` turns the simulated blocks of one step (:class:`ppdiag.simulate.SimResult`) into
-rows of a :class:`~ppdiag.synth.builder.RankBuilder`, block by block: the blocking NCCL receive of
+rows of a :class:`~ppsynth.builder.RankBuilder`, block by block: the blocking NCCL receive of
 its input (``c10d::recv_`` → ``record_param_comms`` → ``nccl:recv`` → ``cuLaunchKernelEx`` and its
 ``SendRecv`` kernel), its compute kernels launched ahead by the host, the send of its output, and
 then the step tail (data-parallel all-reduce, gradient-norm sync, optimizer, loss read). All times
@@ -18,8 +18,8 @@ import numpy as np
 
 from ppdiag.model.timeline import Direction, Kind, Phase
 from ppdiag.simulate import SimResult
-from ppdiag.synth.builder import RankBuilder, coll_host, comm_kw
-from ppdiag.synth.kernels import (
+from ppsynth.builder import RankBuilder, coll_host, comm_kw
+from ppsynth.kernels import (
     ALLREDUCE_BF16,
     ALLREDUCE_F32,
     AUTOGRAD_ATEN,
@@ -29,8 +29,8 @@ from ppdiag.synth.kernels import (
     SENDRECV,
     WGRAD_KERNELS,
 )
-from ppdiag.synth.run import HostCat
-from ppdiag.synth.scenario_params import (
+from ppsynth.run import HostCat
+from ppsynth.scenario_params import (
     STREAM_COMPUTE,
     STREAM_DP,
     STREAM_PP_COLL,

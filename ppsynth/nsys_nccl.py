@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ppdiag.model.timeline import Direction, Kind
-from ppdiag.synth.nsys_tables import (
+from ppsynth.nsys_tables import (
     COLL_API,
     NCCL_DOMAIN_ID,
     NVTX_DOMAIN_CREATE,
@@ -25,7 +25,7 @@ from ppdiag.synth.nsys_tables import (
     nvtx_row,
     payload_blob,
 )
-from ppdiag.synth.run import SynthRank, SynthRun
+from ppsynth.run import SynthRank, SynthRun
 
 
 @dataclass

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from ppdiag.model.timeline import Direction, Kind, NameTable
-from ppdiag.synth.run import ApiKind, GpuOps, HostCat, HostRanges, RuntimeCalls
-from ppdiag.synth.scenario_params import US
+from ppsynth.run import ApiKind, GpuOps, HostCat, HostRanges, RuntimeCalls
+from ppsynth.scenario_params import US
 
 
 class RankBuilder:

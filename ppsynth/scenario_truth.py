@@ -1,6 +1,6 @@
 """Ground truth of a synthetic pipeline scenario: the ladder of simulations per step whose
 differences are the lost time per cause, and the ``groundtruth.json`` object (the definitions are in
-:mod:`ppdiag.synth.scenario`)."""
+:mod:`ppsynth.scenario`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 from ppdiag.model.timeline import Kind
 from ppdiag.simulate import SimConfig, SimResult, closed_form_bubble, simulate
 from ppdiag.simulate.schedules import canonical_schedule, default_virtual
-from ppdiag.synth.faults import (
+from ppsynth.faults import (
     CommOnCompute,
     ExposedAllReduce,
     HostStall,
@@ -25,8 +25,8 @@ from ppdiag.synth.faults import (
     SlowWorker,
     fault_json,
 )
-from ppdiag.synth.run import SynthRun
-from ppdiag.synth.scenario_params import MS, TRUTH_CAUSES, US, ScenarioParams, Topo, ns, per_stage
+from ppsynth.run import SynthRun
+from ppsynth.scenario_params import MS, TRUTH_CAUSES, US, ScenarioParams, Topo, ns, per_stage
 
 GROUNDTRUTH_SCHEMA = "ppdiag-synth-groundtruth/1"
 
@@ -224,7 +224,7 @@ def groundtruth(
     topo: Topo,
     by_rep: dict[int, list[Ladder]] | None = None,
 ) -> dict[str, Any]:
-    """The ground-truth JSON object (see :mod:`ppdiag.synth.scenario` for the definitions)."""
+    """The ground-truth JSON object (see :mod:`ppsynth.scenario` for the definitions)."""
     by_rep = by_rep or {d: ladders for d in range(prm.dp)}
     if all(lads is ladders for lads in by_rep.values()):
         truth_of = {d: [_truth_of(lad) for lad in ladders] for d in by_rep}

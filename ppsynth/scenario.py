@@ -47,15 +47,15 @@ Model details a reader of the traces may want:
   receive, which real jobs avoid by batching the two into one grouped call).
 * backward kernels are launched from the autograd thread (``tid = pid + 2``), everything else from
   the main thread (``tid = pid``).
-* replicas carry the same faults except :class:`~ppdiag.synth.faults.LateReplica` (one replica
+* replicas carry the same faults except :class:`~ppsynth.faults.LateReplica` (one replica
   starts every step late; the others wait for it in the data-parallel all-reduce: ``host``) and
-  :class:`~ppdiag.synth.faults.SlowWorker` (one rank computes slower than its stage in the other
+  :class:`~ppsynth.faults.SlowWorker` (one rank computes slower than its stage in the other
   replicas: its replica is simulated on its own, the replicas meet in the data-parallel
   all-reduce, and the truth is taken on the coupled idles: see
-  :func:`ppdiag.synth.scenario_truth.coupled_truth`);
+  :func:`ppsynth.scenario_truth.coupled_truth`);
 * with ``dp > 1`` the global rank of pipeline rank ``p`` in replica ``d`` is ``p * dp + d``
   (Megatron's default order, tp = 1); the gradient all-reduce of each replica group runs under the
-  last backward block (overlapped) unless :class:`~ppdiag.synth.faults.ExposedAllReduce` is set.
+  last backward block (overlapped) unless :class:`~ppsynth.faults.ExposedAllReduce` is set.
 """
 
 from __future__ import annotations
@@ -68,11 +68,11 @@ import numpy as np
 
 from ppdiag.model.timeline import NameTable
 from ppdiag.simulate.schedules import canonical_schedule, default_virtual, stage_to_rank
-from ppdiag.synth.builder import RankBuilder
-from ppdiag.synth.faults import Fault, LateReplica, SlowStage, SlowWorker
-from ppdiag.synth.run import GpuOps, HostRanges, StreamInfo, StreamRole, SynthRank, SynthRun
-from ppdiag.synth.scenario_emit import RankSlot, SeqState, StepSpan, emit_step
-from ppdiag.synth.scenario_params import (
+from ppsynth.builder import RankBuilder
+from ppsynth.faults import Fault, LateReplica, SlowStage, SlowWorker
+from ppsynth.run import GpuOps, HostRanges, StreamInfo, StreamRole, SynthRank, SynthRun
+from ppsynth.scenario_emit import RankSlot, SeqState, StepSpan, emit_step
+from ppsynth.scenario_params import (
     EPOCH_NS,
     MS,
     STREAM_COMPUTE,
@@ -86,7 +86,7 @@ from ppdiag.synth.scenario_params import (
     topology,
     validate,
 )
-from ppdiag.synth.scenario_truth import (
+from ppsynth.scenario_truth import (
     GROUNDTRUTH_SCHEMA,
     Ladder,
     coupled_tails,

@@ -1,4 +1,4 @@
-"""Write a :class:`~ppdiag.synth.run.SynthRun` as PyTorch Profiler (Kineto) JSON, one file per rank.
+"""Write a :class:`~ppsynth.run.SynthRun` as PyTorch Profiler (Kineto) JSON, one file per rank.
 
 The layout is the current (2024+) libkineto one (``/work/shared/formats/KINETO.md``):
 ``schemaVersion``, ``deviceProperties``, ``distributedInfo`` with ``pg_config``, ``baseTimeNanoseconds``
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from ppdiag.model.timeline import Direction, Kind, ProcessGroup
-from ppdiag.synth.memory import memory_events
-from ppdiag.synth.run import ApiKind, HostCat, SynthRank, SynthRun
+from ppsynth.memory import memory_events
+from ppsynth.run import ApiKind, HostCat, SynthRank, SynthRun
 
 _BUCKET_NS = 7_889_238 * 1_000_000_000  # libkineto floors its base time to ~3 months
 _CBID = {
@@ -365,7 +365,7 @@ def write_kineto(
             path.write_text(text)
         paths.append(path)
     if groundtruth and run.truth:
-        from ppdiag.synth.scenario import write_groundtruth
+        from ppsynth.scenario import write_groundtruth
 
         write_groundtruth(run, out)
     return paths

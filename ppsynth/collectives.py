@@ -36,9 +36,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model.timeline import Direction, Kind, NameTable, Phase, ProcessGroup
-from ppdiag.synth.builder import RankBuilder, coll_host, comm_kw
-from ppdiag.synth.run import HostCat, StreamInfo, StreamRole, SynthRank, SynthRun
-from ppdiag.synth.scenario_params import EPOCH_NS, ns
+from ppsynth.builder import RankBuilder, coll_host, comm_kw
+from ppsynth.run import HostCat, StreamInfo, StreamRole, SynthRank, SynthRun
+from ppsynth.scenario_params import EPOCH_NS, ns
 
 US = 1_000
 MS = 1_000_000

@@ -1,4 +1,5 @@
-"""The Chrome / Perfetto form of an op timeline, read as it comes.
+"""The Chrome / Perfetto form of an op timeline, read as it comes: a parser of its own (the run
+format it reports is the op table's, whose data it carries; :mod:`ppdiag.parsers.optable`).
 
 A JSON array (optionally gzipped) of ``ph: "X"`` events, ``name`` = optype, ``ts`` / ``dur`` in µs,
 ``args: {step, model_chunk, mb_id, seq_id}``; ``pid`` is the DP rank and each ``tid`` a lane that
@@ -28,14 +29,17 @@ from __future__ import annotations
 import gzip
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.errors import InputError
-from ppdiag.parsers.optable_ranks import world_of
+from ppdiag.io import qpath
+from ppdiag.model import RankTimeline
+from ppdiag.parsers import ParseOptions, register
+from ppdiag.parsers.optable_ranks import resolution_ns, to_ranks, world_of
 from ppdiag.parsers.optable_waits import restore_waits, waits_cut
 
 if TYPE_CHECKING:
@@ -56,15 +60,6 @@ def sniff_chrome(head: bytes) -> bool:
     if (b"PP rank" in h or b"DP rank" in h) and b'"thread_name"' in h:
         return True
     return b'"args"' in h and b'"step"' in h and (b'"mb_id"' in h or b'"model_chunk"' in h)
-
-
-def resolution_ns(values: npt.NDArray[Any], unit_ns: float) -> float:
-    """The timer resolution the time column carries, in ns: the spacing of its float type at its
-    largest magnitude (float32 seconds at 0.1 s are 7 ns apart, at 30 s 2 µs apart)."""
-    if not values.size or not np.issubdtype(values.dtype, np.floating):
-        return 0.0
-    top = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 0.0
-    return float(np.spacing(values.dtype.type(top))) * unit_ns
 
 
 class _Args(msgspec.Struct):
@@ -343,4 +338,25 @@ def _read_all(path: Path) -> bytes:
     return raw
 
 
-__all__ = ["read_chrome", "resolution_ns", "sniff_chrome"]
+class OpTimelineParser:
+    """Chrome / Perfetto op timelines: a JSON array of op events, every rank in one file."""
+
+    name = "optimeline"
+    format = "optable"  # an op table's rows in another form: the same run format in the report
+    suffixes: tuple[str, ...] = (".json", ".json.gz")
+    describe = "a Chrome op timeline (*.json)"
+    holds_every_rank = True
+
+    def sniff(self, path: Path, head: bytes) -> bool:
+        return sniff_chrome(head)
+
+    def parse(self, path: Path, options: ParseOptions) -> list[RankTimeline]:
+        src = qpath(path)
+        warnings: list[str] = []
+        df, res, laid, rank_source = read_chrome(path, src, warnings)
+        return to_ranks(df, src, laid, warnings, res, rank_source)
+
+
+PARSER = register(OpTimelineParser())
+
+__all__ = ["PARSER", "OpTimelineParser", "read_chrome", "sniff_chrome"]

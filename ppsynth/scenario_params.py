@@ -9,7 +9,7 @@ from typing import Any
 
 from ppdiag.model.timeline import ProcessGroup
 from ppdiag.simulate.schedules import default_virtual
-from ppdiag.synth.faults import (
+from ppsynth.faults import (
     CommOnCompute,
     ExposedAllReduce,
     Fault,

@@ -1,8 +1,8 @@
 """GPU memory events for synthetic nsys exports (``nsys profile --cuda-memory-usage=true``).
 
 :func:`add_memory_table` adds a ``CUDA_GPU_MEMORY_USAGE_EVENTS`` table
-(docs/formats/nsys-memory.md) to the exports :func:`ppdiag.synth.nsys.write_nsys` wrote for a run
-that :func:`ppdiag.synth.memory.with_memory` asked memory of: the same allocations as the Kineto
+(docs/formats/nsys-memory.md) to the exports :func:`ppsynth.nsys.write_nsys` wrote for a run
+that :func:`ppsynth.memory.with_memory` asked memory of: the same allocations as the Kineto
 ``[memory]`` events (weights from the start, each forward block's activations allocated at its end
 and freed at its backward's end), as CUDA device allocations (``memKind`` 2) and frees with one
 address per block. Times follow each rank's kernels in the file, whatever clock the export was
@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from ppdiag.model import Kind
-from ppdiag.synth.memory import allocations
-from ppdiag.synth.nsys_tables import global_pid
-from ppdiag.synth.run import SynthRank, SynthRun
+from ppsynth.memory import allocations
+from ppsynth.nsys_tables import global_pid
+from ppsynth.run import SynthRank, SynthRun
 
 TABLE = "CUDA_GPU_MEMORY_USAGE_EVENTS"
 # the columns of nsys 2024.x (docs/formats/nsys-memory.md), without the memory-pool ones

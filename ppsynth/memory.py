@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ppdiag.model import Kind, Phase
-from ppdiag.synth.run import SynthRank, SynthRun
+from ppsynth.run import SynthRank, SynthRun
 
 MIB = 1024 * 1024
 

@@ -4,7 +4,7 @@ A :class:`SynthRun` is what a profiler would have seen on every rank of a pipeli
 before any file format is chosen: GPU activities (kernels with their streams, launch correlation
 and NCCL metadata), host CUDA API calls (launches, event records, stream waits, syncs) and host
 ranges (``ProfilerStep#N``, ``c10d::*`` / ``record_param_comms`` ops, ``nccl:send a->b`` titles,
-optional pipeline labels, optimizer ranges). Writers (:mod:`ppdiag.synth.kineto`, an Nsight Systems
+optional pipeline labels, optimizer ranges). Writers (:mod:`ppsynth.kineto`, an Nsight Systems
 writer) only translate these tables; they never invent timing.
 
 Conventions every writer relies on:
@@ -372,7 +372,7 @@ class SynthRun:
     ``stage_to_rank[s]`` is the pipeline rank (position in the pipeline group) running virtual
     stage ``s``; with ``dp > 1`` the global rank of pipeline rank ``p`` in replica ``d`` is
     ``p * dp + d`` (Megatron's default order with tp = 1). ``truth`` is the ground-truth JSON
-    (see :mod:`ppdiag.synth.scenario`); ``config`` the scenario parameters.
+    (see :mod:`ppsynth.scenario`); ``config`` the scenario parameters.
     """
 
     names: list[str]
