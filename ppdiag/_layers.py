@@ -33,6 +33,8 @@ from pathlib import Path
 # - whatif: prediction of other configurations from the measured costs (its CLI is in ``cli``).
 # - facts: facts shared by rules, gate and reports, computed once (summary, facts).
 # - rules: findings PP001...
+# - analysis: what an analysis keeps beside its report (AnalysisContext), read by the reports; it
+#   sits beside api but below the reports.
 # - reports: terminal, JSON, Markdown, HTML, Perfetto, diff, gate.
 # - api: the analyze() orchestration (parse -> pipeline -> attribution -> rules).
 # - cli: the typer commands, and the notebook API beside them (the same option checks).
@@ -69,6 +71,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("whatif", ("ppdiag.whatif",)),
     ("facts", ("ppdiag.summary", "ppdiag.facts")),
     ("rules", ("ppdiag.rules",)),
+    ("analysis", ("ppdiag.analysis",)),
     ("reports", ("ppdiag.reports",)),
     ("api", ("ppdiag.api",)),
     (

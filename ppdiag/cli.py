@@ -37,12 +37,10 @@ from ppdiag.cli_inputs import (
     SchedulerTimeout,
     StageMap,
     Steps,
-    check_sizes,
     check_targets,
     checked,
     override_warnings,
     skipped_traces,
-    step_overlap_warnings,
     use_no_cache,
     use_scheduler,
 )
@@ -52,10 +50,10 @@ from ppdiag.errors import PpdiagError
 from ppdiag.version import __version__
 
 if TYPE_CHECKING:
+    from ppdiag.analysis import Analyzed
     from ppdiag.api import Options
     from ppdiag.report_types import Report
     from ppdiag.reports.budget import Budget
-    from ppdiag.reports.context import Analyzed
     from ppdiag.reports.gate import GateResult
 
 plain_help()  # values, not Python types, in --help (ppdiag/cli_help.py)
@@ -87,14 +85,9 @@ def _progress_enabled(quiet: bool) -> bool:
 
 
 def _analyze(paths: list[Path], opts: Options, quiet: bool) -> Analyzed:
-    from ppdiag.api import analyze_run, load
+    from ppdiag.api import diagnose
 
-    run = load(paths, opts)
-    check_sizes(run, opts)
-    overlap = step_overlap_warnings(run)
-    run.warnings.extend(overlap)
-    run.doubts.extend(overlap)
-    return analyze_run(run, opts)
+    return diagnose(paths, opts)
 
 
 def _write_reports(
@@ -173,7 +166,7 @@ def analyze(
             )
         )
         diag = _analyze(paths, opts, quiet)
-        for w in override_warnings(diag, opts):
+        for w in override_warnings(diag):
             err.print(f"ppdiag: warning: {w}", markup=False, highlight=False, soft_wrap=True)
         if not quiet:
             from ppdiag.reports.terminal import render
@@ -274,7 +267,7 @@ def _judge(
     result = gate.run_gate(
         diag.result, bud, base, str(baseline) if baseline else None, coverage=cov, allow_partial=allow_partial
     )
-    result.warnings += override_warnings(diag, opts)
+    result.warnings += override_warnings(diag)
     if allow_partial and result.partial:
         note = f"the gate judged partial data ({len(result.partial)} gaps)"
         err.print(f"ppdiag: warning: --allow-partial: {note}", markup=False)

@@ -18,9 +18,8 @@ from ppdiag.limits import MAX_JOBS, MAX_MICROBATCHES, MAX_PP, MAX_SAMPLES
 from ppdiag.model.schedule import SCHEDULE_NAMES
 
 if TYPE_CHECKING:
+    from ppdiag.analysis import Analyzed
     from ppdiag.api import Options
-    from ppdiag.model import Run
-    from ppdiag.reports.context import Analyzed
 
 Paths = Annotated[
     list[Path],
@@ -187,96 +186,15 @@ def check_targets(outputs: list[Path | None], inputs: list[Path | None]) -> None
         check_target(o, ins)
 
 
-def step_overlap_warnings(run: Run) -> list[str]:
-    """A rank whose ProfilerStep numbers share none with the other ranks' (steps 100-102 against
-    5-7) holds another run's trace, or another part of the run: merging them by position is wrong."""
-    from ppdiag.pipeline.steps import host_steps
-
-    nums = {tl.rank: {n for n, _, _ in host_steps(tl) if n >= 0} for tl in run.ranks}
-    nums = {r: v for r, v in nums.items() if v}
-    if len(nums) < 2:
-        return []
-    out = []
-    for r, mine in nums.items():
-        others = set().union(*(v for q, v in nums.items() if q != r))
-        if others and not (mine & others):
-            out.append(
-                f"rank {r}: its steps {min(mine)}-{max(mine)} share none with the other ranks' "
-                f"({min(others)}-{max(others)}): a trace from another run?"
-            )
-    return out
-
-
-def check_sizes(run: Run, opts: Options) -> None:
-    """Refuse -m / --pp values the traces cannot hold: every micro-batch of a step runs at least
-    one device interval on each rank, and every stage needs a rank of the job."""
-    ranks = list(getattr(run, "ranks", []) or [])
-    if not ranks:
-        return
-    if opts.microbatches is not None:
-        most = max(len(tl.intervals) for tl in ranks)
-        if opts.microbatches > max(most, 1):
-            raise InputError(
-                None,
-                f"--microbatches {opts.microbatches}: the traces hold at most {most} device intervals "
-                "per rank, fewer than one per micro-batch",
-            )
-    if opts.pp is not None:
-        world = max(run.world_size, len(ranks))
-        if opts.pp > world:
-            raise InputError(None, f"--pp {opts.pp} is more than the job's {world} ranks")
-
-
 def skipped_traces(diag: Analyzed) -> list[str]:
     """Trace files of the run that could not be read (the loader skipped them with a warning)."""
     run = getattr(diag, "run", None)
     return list(getattr(run, "skipped", None) or [])
 
 
-def override_warnings(diag: Analyzed, opts: Options) -> list[str]:
-    """Warn when --pp / -m / --schedule override what the traces show: the theoretical bubble (and
-    the gate's bubble_excess) then follow the flag, not the run."""
-    out: list[str] = []
-    from ppdiag.reports.context import context_of
+def override_warnings(diag: Analyzed) -> list[str]:
+    """The flags (--pp, --stage-map, -m, --schedule) that disagree with the trace, as the pipeline
+    rebuild worded them (ppdiag/pipeline/overrides.py): the commands repeat them on stderr."""
+    from ppdiag.analysis import context_of
 
-    pipe = context_of(diag).pipeline
-    if pipe is None:
-        return out
-    if opts.pp is not None and not opts.stage_map:
-        from ppdiag.pipeline.topology import infer_topology
-
-        try:
-            seen_pp = infer_topology(diag.run, None, None).pp
-        except Exception:  # detection is best effort here: the override stands either way
-            seen_pp = 0
-        if seen_pp > 1 and seen_pp != opts.pp:
-            out.append(
-                f"--pp {opts.pp} overrides the {seen_pp} pipeline stages the traces show; "
-                "the theoretical bubble and the stage checks use the flag"
-            )
-    if pipe.topology.pp <= 1:
-        return out
-    from ppdiag.pipeline.schedule import detect_schedule, microbatch_count
-
-    ranks = diag.run.by_rank()
-    if opts.microbatches is not None:
-        try:
-            seen = microbatch_count(pipe.blocks, pipe.topology.virtual, ranks)
-        except Exception:  # detection is best effort here: the override stands either way
-            seen = None
-        if seen and seen != opts.microbatches:
-            out.append(
-                f"-m {opts.microbatches} overrides the {seen} micro-batches per step the traces show; "
-                "the theoretical bubble and the bubble_excess check use the flag"
-            )
-    if opts.schedule is not None:
-        try:
-            sched = detect_schedule(pipe.topology, pipe.blocks, ranks)
-        except Exception:
-            sched = None
-        if sched and sched != opts.schedule:
-            out.append(
-                f"--schedule {opts.schedule} overrides the {sched} schedule the traces show; "
-                "the theoretical bubble uses the flag"
-            )
-    return out
+    return list(context_of(diag).overrides)

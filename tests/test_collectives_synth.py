@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from analysis_parts import attribution
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import Finding
-from ppdiag.reports.context import Analyzed
 from ppdiag.synth import ExposedAllReduce, LateReplica, SlowWorker, make_scenario, write_kineto
 from ppdiag.synth.collectives import make_collective_run
 from ppdiag.synth.faults import Fault

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
-from ppdiag.reports.context import Analyzed
 from ppdiag.reports.md import render_markdown
 from ppdiag.reports.terminal import render
 from ppdiag.synth import faults as F

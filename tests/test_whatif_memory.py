@@ -7,9 +7,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.report_types import MemoryBasis, WhatifRow
-from ppdiag.reports.context import Analyzed
 from ppdiag.synth.kineto import write_kineto
 from ppdiag.synth.memory import with_memory
 from ppdiag.synth.scenario import make_scenario
