@@ -23,13 +23,14 @@ from ppdiag.analysis import AnalysisContext, Analyzed
 from ppdiag.attribution.causes import Attribution, RankStep, attribute, rank_step
 from ppdiag.attribution.critical_path import Transfers, critical_paths
 from ppdiag.diagnosis import Cause, Diagnosis, Finding, GapTable, StepWindow
+from ppdiag.errors import InputError
 from ppdiag.facts import StageBalance, stage_balance
 from ppdiag.model import Run
 from ppdiag.model.memory import MemoryRow
 from ppdiag.parsers import ParseOptions
 from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
 from ppdiag.pipeline.blocks import Blocks
-from ppdiag.pipeline.checks import checked_run
+from ppdiag.pipeline.checks import check_steps, checked_run
 from ppdiag.pipeline.hangs import run_origin
 from ppdiag.pipeline.links import link_rows, parse_hosts
 from ppdiag.pipeline.memory import memory_section
@@ -62,6 +63,18 @@ class Options:
     scheduler: str | None = None  # Dask scheduler address for the parse (else $PPDIAG_DASK_SCHEDULER)
 
 
+def check_options(opts: Options) -> Options:
+    """``opts`` once its ``steps`` and ``hosts`` parse (else one clear :class:`InputError`, before
+    any work): what the commands check as they read their flags, and :func:`diagnose` again."""
+    check_steps(opts.steps)
+    if opts.hosts is not None:
+        try:
+            parse_hosts(opts.hosts)
+        except ValueError as exc:
+            raise InputError(None, f"--hosts {opts.hosts!r}: {exc}") from None
+    return opts
+
+
 def load(paths: Sequence[str | Path], options: Options | None = None) -> Run:
     """Parse the trace files (or directories) of one run."""
     from ppdiag.parsers.loader import load_run
@@ -80,7 +93,7 @@ def diagnose(
     paths: Sequence[str | Path], options: Options | None = None, on_stage: Callable[[str], None] | None = None
 ) -> Analyzed:
     """Parse, rebuild the pipeline, attribute lost time and run the rules."""
-    opts = options or Options()
+    opts = check_options(options or Options())
     if on_stage:
         on_stage("parsing")
     run = load(paths, opts)

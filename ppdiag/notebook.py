@@ -43,13 +43,12 @@ def analyze(paths: str | Path | Sequence[str | Path], **options: Any) -> Analysi
     :class:`ppdiag.errors.InputError` with the message the CLI prints.
     """
     from ppdiag.api import diagnose
-    from ppdiag.cli_inputs import checked
 
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
         raise InputError(None, f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTION_NAMES)}")
     listed = [paths] if isinstance(paths, str | Path) else list(paths)
-    opts = checked(Options(**options))
+    opts = Options(**options)
     return Analysis(diagnose([Path(p) for p in listed], opts))
 
 

@@ -1,4 +1,5 @@
-"""Checks of a parsed run against the analysis flags, before the pipeline is rebuilt.
+"""Checks of the analysis flags (:func:`check_steps`, before any work) and of a parsed run against
+them, before the pipeline is rebuilt.
 
 :func:`checked_run` is what :func:`ppdiag.api.analyze_run` calls first, for every route into the
 analysis (the commands, the notebook API, ``whatif``, ``demo``): it refuses ``-m`` / ``--pp``
@@ -9,10 +10,34 @@ share none with the others'. The parsed run itself is not changed.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from ppdiag.errors import InputError
 from ppdiag.model import Run
 from ppdiag.pipeline.steps import host_steps
+
+_STEPS_RANGE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$")
+_STEPS_LIST = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*,?\s*$")
+
+
+def check_steps(spec: str | None) -> None:
+    """Refuse a ``--steps`` value that is neither ``a:b`` nor ``5,6`` before any work is done."""
+    if spec is None:
+        return
+    m = _STEPS_RANGE.match(spec)
+    if m:
+        a, b = m.group(1), m.group(2)
+        if a is not None and b is not None and int(a) > int(b):
+            raise InputError(None, f"--steps {spec!r}: the range is empty ({a} > {b})")
+        return
+    if _STEPS_LIST.match(spec):
+        return
+    hint = ""
+    if re.fullmatch(r"\s*\d+\s*-\s*\d+\s*", spec):
+        hint = f" (for a range write {spec.replace('-', ':').replace(' ', '')})"
+    raise InputError(
+        None, f"--steps {spec!r}: expected 'a:b' (step numbers a..b, either may be empty) or '5,6'{hint}"
+    )
 
 
 def check_sizes(run: Run, pp: int | None, microbatches: int | None) -> None:

@@ -1,15 +1,19 @@
-"""The inputs of the ``ppdiag`` commands: the option types every command shares, and the checks
-that refuse a bad flag, output path or trace set before any work is done (exit 2, one line), and
-the warnings when a flag overrides what the traces show.
+"""The inputs of the ``ppdiag`` commands: the option types every command shares, the options
+builder that turns a command's analysis flags into :class:`ppdiag.api.Options` (checked by
+:func:`ppdiag.api.check_options` before any work), the check of the output paths, and the one call
+into the analysis every command makes (:func:`analyzed`).
+
+Checks of the run itself (sizes the traces cannot hold, ranks from another run, flags that disagree
+with the trace) belong to the analysis (:func:`ppdiag.api.analyze_run`); the commands only repeat
+its override warnings (:func:`override_warnings`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -133,41 +137,22 @@ def use_no_cache(flag: bool) -> None:
         os.environ["PPDIAG_NO_CACHE"] = "1"
 
 
-_STEPS_RANGE = re.compile(r"^\s*(-?\d+)?\s*:\s*(-?\d+)?\s*$")
-_STEPS_LIST = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*,?\s*$")
+def analysis_options(quiet: bool, **flags: Any) -> Options:
+    """The :class:`ppdiag.api.Options` of a command's analysis flags (by their field names), with
+    progress bars on a terminal unless ``quiet``; a bad ``--steps`` or ``--hosts`` is refused here,
+    before any work (:func:`ppdiag.api.check_options`)."""
+    from ppdiag.api import Options, check_options
+    from ppdiag.cli.support import err
+
+    return check_options(Options(progress=not quiet and err.is_terminal, **flags))
 
 
-def check_steps(spec: str | None) -> None:
-    """Refuse a ``--steps`` value that is neither ``a:b`` nor ``5,6`` before any work is done."""
-    if spec is None:
-        return
-    m = _STEPS_RANGE.match(spec)
-    if m:
-        a, b = m.group(1), m.group(2)
-        if a is not None and b is not None and int(a) > int(b):
-            raise InputError(None, f"--steps {spec!r}: the range is empty ({a} > {b})")
-        return
-    if _STEPS_LIST.match(spec):
-        return
-    hint = ""
-    if re.fullmatch(r"\s*\d+\s*-\s*\d+\s*", spec):
-        hint = f" (for a range write {spec.replace('-', ':').replace(' ', '')})"
-    raise InputError(
-        None, f"--steps {spec!r}: expected 'a:b' (step numbers a..b, either may be empty) or '5,6'{hint}"
-    )
+def analyzed(paths: list[Path], opts: Options) -> Analyzed:
+    """The analysis of a run: :func:`ppdiag.api.diagnose`, the call every command and the notebook
+    API make (the run checks and the override warnings happen there)."""
+    from ppdiag.api import diagnose
 
-
-def checked(opts: Options) -> Options:
-    """``opts`` once its ``--steps`` and ``--hosts`` parse (else one clear error, before any work)."""
-    check_steps(opts.steps)
-    if opts.hosts is not None:
-        from ppdiag.pipeline.links import parse_hosts
-
-        try:
-            parse_hosts(opts.hosts)
-        except ValueError as exc:
-            raise InputError(None, f"--hosts {opts.hosts!r}: {exc}") from None
-    return opts
+    return diagnose(paths, opts)
 
 
 def check_targets(outputs: list[Path | None], inputs: list[Path | None]) -> None:
