@@ -34,7 +34,7 @@ from ppdiag.cli.options import (
     analysis_options,
     analyzed,
     check_targets,
-    override_warnings,
+    overrides_of,
     use_no_cache,
     use_scheduler,
 )
@@ -88,7 +88,7 @@ def analyze(
             jobs=jobs,
         )
         diag = analyzed(paths, opts)
-        for w in override_warnings(diag):
+        for w in overrides_of(diag):
             err.print(f"ppdiag: warning: {w}", markup=False, highlight=False, soft_wrap=True)
         if not quiet:
             from ppdiag.reports.terminal import render

@@ -27,7 +27,7 @@ from ppdiag.cli.options import (
     analysis_options,
     analyzed,
     check_targets,
-    override_warnings,
+    overrides_of,
     skipped_traces,
     use_no_cache,
     use_scheduler,
@@ -125,7 +125,7 @@ def _judge(
     result = gate.run_gate(
         diag.result, bud, base, str(baseline) if baseline else None, coverage=cov, allow_partial=allow_partial
     )
-    result.warnings += override_warnings(diag)
+    result.warnings += overrides_of(diag)
     if allow_partial and result.partial:
         note = f"the gate judged partial data ({len(result.partial)} gaps)"
         err.print(f"ppdiag: warning: --allow-partial: {note}", markup=False)

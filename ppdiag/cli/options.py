@@ -5,7 +5,7 @@ into the analysis every command makes (:func:`analyzed`).
 
 Checks of the run itself (sizes the traces cannot hold, ranks from another run, flags that disagree
 with the trace) belong to the analysis (:func:`ppdiag.api.analyze_run`); the commands only repeat
-its override warnings (:func:`override_warnings`).
+its override warnings (:func:`overrides_of`).
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def skipped_traces(diag: Analyzed) -> list[str]:
     return list(getattr(run, "skipped", None) or [])
 
 
-def override_warnings(diag: Analyzed) -> list[str]:
+def overrides_of(diag: Analyzed) -> list[str]:
     """The flags (--pp, --stage-map, -m, --schedule) that disagree with the trace, as the pipeline
     rebuild worded them (ppdiag/pipeline/overrides.py): the commands repeat them on stderr."""
     from ppdiag.analysis import context_of
