@@ -5,11 +5,11 @@ exits 0 when the package is clean. ``tests/test_layers.py`` runs it.
 
 Layers, lowest first. A module may import its own layer and any layer below, never one above.
 Imports are read with :mod:`ast`, so an import inside a function (a lazy import) counts as much as
-one at the top. A module belongs to the layer of the longest prefix listed for it, so
-``ppdiag.whatif.cli`` sits in ``cli`` while the rest of ``ppdiag.whatif`` sits lower.
+one at the top. A module belongs to the layer of the longest prefix listed for it (``ppdiag.cli``
+holds every command, ``ppdiag.cli.whatif`` included, while ``ppdiag.whatif`` sits lower).
 
 Besides the order, one import from another package of a name that starts with ``_`` is refused:
-a private helper that two packages need belongs in a shared module (e.g. :mod:`ppdiag.cli_support`).
+a private helper that two packages need belongs in a shared module (e.g. :mod:`ppdiag.cli.support`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,12 @@ from pathlib import Path
 # - whatif: prediction of other configurations from the measured costs (its CLI is in ``cli``).
 # - facts: facts shared by rules, gate and reports, computed once (summary, facts).
 # - rules: findings PP001...
+# - analysis: what an analysis keeps beside its report (AnalysisContext), read by the reports; it
+#   sits beside api but below the reports.
 # - reports: terminal, JSON, Markdown, HTML, Perfetto, diff, gate.
 # - api: the analyze() orchestration (parse -> pipeline -> attribution -> rules).
-# - cli: the typer commands, and the notebook API beside them (the same option checks).
+# - cli: the typer commands (ppdiag/cli/, one module per command), and the notebook API beside
+#   them (the same call into api).
 # - package: ``ppdiag`` itself, whose ``ppdiag.analyze`` is the notebook API (imported on first use).
 #   Only the package root sits here: a module not listed above has no layer and may import nothing
 #   of ppdiag, so a new module must be placed in the list.
@@ -71,22 +74,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("whatif", ("ppdiag.whatif",)),
     ("facts", ("ppdiag.summary", "ppdiag.facts")),
     ("rules", ("ppdiag.rules",)),
+    ("analysis", ("ppdiag.analysis",)),
     ("reports", ("ppdiag.reports",)),
     ("api", ("ppdiag.api",)),
     (
         "cli",
-        (
-            "ppdiag.cli",
-            "ppdiag.cli_support",
-            "ppdiag.cli_inputs",
-            "ppdiag.cli_help",
-            "ppdiag.cache_cli",
-            "ppdiag.__main__",
-            "ppdiag.whatif.cli",
-            "ppdiag.whatif.calc_cli",
-            "ppdiag.demo.cli",
-            "ppdiag.notebook",
-        ),
+        ("ppdiag.cli", "ppdiag.__main__", "ppdiag.notebook"),
     ),
     ("package", ("ppdiag",)),
 )

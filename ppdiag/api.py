@@ -1,7 +1,15 @@
-"""The one public entry point: ``diagnose(paths, options) -> Diagnosis``. The CLI and tests call it."""
+"""The one analysis: ``diagnose(paths, options) -> Diagnosis`` (or ``analyze_run`` on a parsed run).
+
+Every route into the analysis goes through :func:`analyze_run`: the ``analyze``, ``check`` and
+``diff`` commands, ``whatif``, ``demo``, the notebook API and the tests. It checks the run against
+the flags (:func:`ppdiag.pipeline.checks.checked_run`), rebuilds the pipeline (hang trimming and
+the override warnings included), attributes the lost time, predicts the fixes, runs the rules and
+returns one immutable result: nothing in it is filled in or changed after it is built.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -11,25 +19,27 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from ppdiag.analysis import AnalysisContext, Analyzed
 from ppdiag.attribution.causes import Attribution, RankStep, attribute, rank_step
 from ppdiag.attribution.critical_path import Transfers, critical_paths
 from ppdiag.diagnosis import Cause, Diagnosis, Finding, GapTable, StepWindow
+from ppdiag.errors import InputError
 from ppdiag.facts import StageBalance, stage_balance
 from ppdiag.model import Run
+from ppdiag.model.memory import MemoryRow
 from ppdiag.parsers import ParseOptions
 from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
 from ppdiag.pipeline.blocks import Blocks
-from ppdiag.pipeline.hangs import detect as detect_hang
-from ppdiag.pipeline.hangs import run_origin, trim_steps
+from ppdiag.pipeline.checks import check_steps, checked_run
+from ppdiag.pipeline.hangs import run_origin
 from ppdiag.pipeline.links import link_rows, parse_hosts
 from ppdiag.pipeline.memory import memory_section
 from ppdiag.report_check import InconsistentReport
 from ppdiag.report_check import strict as strict_check
-from ppdiag.report_types import CriticalStep, Hang, NoiseInfo, Report
-from ppdiag.reports.context import AnalysisContext, Analyzed
+from ppdiag.report_types import CriticalStep, FindingRow, LinkRow, NoiseInfo, Report, WhatifRow
 from ppdiag.rules import RuleContext, RuleOptions, run_rules
 from ppdiag.rules.noise import NoiseModel, build_noise, oversubscription_warning, warmup_outlier
-from ppdiag.summary import build_report
+from ppdiag.summary import Sections, build_report
 from ppdiag.whatif.batch import check_batch
 from ppdiag.whatif.scenarios import predict_fixes
 
@@ -53,6 +63,18 @@ class Options:
     scheduler: str | None = None  # Dask scheduler address for the parse (else $PPDIAG_DASK_SCHEDULER)
 
 
+def check_options(opts: Options) -> Options:
+    """``opts`` once its ``steps`` and ``hosts`` parse (else one clear :class:`InputError`, before
+    any work): what the commands check as they read their flags, and :func:`diagnose` again."""
+    check_steps(opts.steps)
+    if opts.hosts is not None:
+        try:
+            parse_hosts(opts.hosts)
+        except ValueError as exc:
+            raise InputError(None, f"--hosts {opts.hosts!r}: {exc}") from None
+    return opts
+
+
 def load(paths: Sequence[str | Path], options: Options | None = None) -> Run:
     """Parse the trace files (or directories) of one run."""
     from ppdiag.parsers.loader import load_run
@@ -71,45 +93,58 @@ def diagnose(
     paths: Sequence[str | Path], options: Options | None = None, on_stage: Callable[[str], None] | None = None
 ) -> Analyzed:
     """Parse, rebuild the pipeline, attribute lost time and run the rules."""
-    opts = options or Options()
+    opts = check_options(options or Options())
     if on_stage:
         on_stage("parsing")
     run = load(paths, opts)
     return analyze_run(run, opts, on_stage)
 
 
-def _rebuilt(run: Run, opts: Options) -> tuple[Pipeline, Hang | None]:
-    """The pipeline of a run, and how it stopped (a run stopped or a trace cut keeps only the steps
-    every rank completed, ppdiag/pipeline/hangs.py)."""
-    pipe = rebuild(
-        run, PipelineOptions(opts.pp, opts.stage_map, opts.microbatches, opts.schedule, opts.steps)
-    )
-    nb = {tl.rank: pipe.topology.neighbours(tl.rank) for tl in run.ranks}
-    hang = detect_hang(pipe.aligned, pipe.ops, pipe.windows, nb)
-    if hang is not None and hang.complete_steps > 0:
-        trim_steps(pipe.windows, pipe.blocks, hang)
-    return pipe, hang
-
-
 @dataclass(frozen=True)
 class _Measured:
-    """The analysis before the rules: the report so far (no findings, no what-if rows) and what
-    it was built from."""
+    """The analysis before the rules: the measured sections, the report so far (no findings, no
+    what-if rows, no critical path) and what it was built from."""
 
-    report: Report
     pipe: Pipeline
     steps: list[RankStep]
     windows: list[StepWindow]
     attr: Attribution
     noise: NoiseModel
+    sections: Sections
     paths: list[CriticalStep]
     warnings: list[str]
     balance: StageBalance  # computed once, read by the report and the rules
+    memory: list[MemoryRow]
+    links: list[LinkRow]
+
+    def report(
+        self,
+        warnings: list[str] | None = None,
+        findings: list[FindingRow] | None = None,
+        whatif: list[WhatifRow] | None = None,
+        final: bool = False,
+    ) -> Report:
+        """The report, assembled here only: the measured sections with ``warnings`` (default: the
+        measured ones) and, once the rules ran (``final``), the findings, the what-if rows and the
+        critical path."""
+        return self.sections.report(
+            msgspec.convert(self.noise.to_json(), NoiseInfo),
+            self.warnings if warnings is None else warnings,
+            hang=self.pipe.hang,
+            memory=self.memory,
+            links=self.links,
+            critical_path=list(self.paths) if final else None,
+            findings=findings or [],
+            whatif=whatif or [],
+        )
 
 
 def _measured(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -> _Measured:
-    """Rebuild the pipeline, attribute the lost time, and build the report's measured sections."""
-    pipe, hang = _rebuilt(run, opts)
+    """Rebuild the pipeline (hangs trimmed, overrides checked), attribute the lost time, and
+    measure the report's sections."""
+    pipe = rebuild(
+        run, PipelineOptions(opts.pp, opts.stage_map, opts.microbatches, opts.schedule, opts.steps)
+    )
     run = pipe.aligned  # the parsed ranks on the common clock, labelled: what every later layer reads
     skip = _warmup_step(pipe) if not opts.steps else None
     steps, windows = _rank_steps(run, pipe, skip)
@@ -140,13 +175,9 @@ def _measured(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -
     over = oversubscription_warning(noise, len(run.ranks))
     if over:
         warnings.append(over)
-    report = msgspec.structs.replace(
-        sections.report(msgspec.convert(noise.to_json(), NoiseInfo), warnings),
-        hang=hang,
-        memory=memory_section(run, pipe, run_origin(run)),
-        links=link_rows(run, pipe.ops, parse_hosts(opts.hosts) if opts.hosts else None),
-    )
-    return _Measured(report, pipe, steps, windows, attr, noise, paths, warnings, balance)
+    memory = memory_section(run, pipe, run_origin(run))
+    links = link_rows(run, pipe.ops, parse_hosts(opts.hosts) if opts.hosts else None)
+    return _Measured(pipe, steps, windows, attr, noise, sections, paths, warnings, balance, memory, links)
 
 
 @contextmanager
@@ -169,9 +200,11 @@ def _gc_paused() -> Iterator[None]:
 def analyze_run(
     run: Run, options: Options | None = None, on_stage: Callable[[str], None] | None = None
 ) -> Analyzed:
-    """Everything after parsing, on an already loaded run."""
+    """Everything after parsing, on an already loaded run (``run`` is not changed)."""
+    opts = options or Options()
+    run = checked_run(run, opts.pp, opts.microbatches)  # flags the traces cannot hold: InputError
     with _gc_paused():
-        return _analyze(run, options or Options(), on_stage)
+        return _analyze(run, opts, on_stage)
 
 
 def _traced_tp(run: Run) -> int:
@@ -182,14 +215,14 @@ def _traced_tp(run: Run) -> int:
 
 
 def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -> Analyzed:
-    """The body of :func:`analyze_run`."""
+    """The body of :func:`analyze_run`: each step's output is a value the next one takes."""
     if on_stage:
         on_stage("rebuilding the pipeline")
     m = _measured(run, opts, on_stage)
-    pipe, warnings = m.pipe, m.warnings
+    pipe, report = m.pipe, m.report()
     run = pipe.aligned  # ``run`` itself stays as parsed
     # what-if predictions of every fix, before the rules: a finding's gain is its fix's prediction
-    predictions = predict_fixes(run, m.report, pipe, m.attr, m.steps, warnings)
+    predictions, unpredicted = predict_fixes(run, report, pipe, m.attr, m.steps)
     batch = check_batch(
         run.world_size,
         pipe.topology.pp,
@@ -199,7 +232,7 @@ def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) ->
         pipe.microbatches,
     )
     ctx = RuleContext(
-        m.report,
+        report,
         run,
         pipe,
         m.steps,
@@ -210,31 +243,31 @@ def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) ->
         batch=batch,
         balance=m.balance,
     )
-    findings = run_rules(ctx)
-    findings.sort(key=lambda f: f.code != "PP013")  # how the run stopped comes first (stable)
+    findings = sorted(run_rules(ctx), key=lambda f: f.code != "PP013")  # how the run stopped first
     used = [str(f.evidence["whatif_fix"]) for f in findings if f.evidence.get("whatif_fix")]
-    result = msgspec.structs.replace(
-        m.report,
-        run=msgspec.structs.replace(m.report.run, warnings=warnings),
-        findings=[f.to_report() for f in findings],
-        whatif=predictions.report_rows(used) if predictions is not None else [],
-        critical_path=list(m.paths),
+    result = _checked(
+        m.report(
+            [*m.warnings, *unpredicted],
+            [f.to_report() for f in findings],
+            predictions.report_rows(used) if predictions is not None else [],
+            final=True,
+        )
     )
-    result = _checked(result)
-    _blame_gaps(m.attr.gaps, findings)
+    gaps = _blamed(m.attr.gaps, findings)
     return Diagnosis(
         run=run,
         result=result,
         findings=findings,
         steps=m.windows,
-        gaps=m.attr.gaps,
+        gaps=gaps,
         context=AnalysisContext(
             stage_of_rank=dict(pipe.topology.stage_of),
             pipeline=pipe,
-            attribution=m.attr,
+            attribution=dataclasses.replace(m.attr, gaps=gaps),
             rank_steps=m.steps,
             noise=m.noise,
             predictions=predictions,
+            overrides=tuple(pipe.overrides),
         ),
     )
 
@@ -278,12 +311,15 @@ def _warmup_step(pipe: Pipeline) -> int | None:
     return 0 if warmup_outlier(dur.tolist()) else None
 
 
-def _blame_gaps(gaps: dict[int, GapTable], findings: list[Finding]) -> None:
-    """Name the root rank of each gap whose cause a finding traced to one rank (host stalls, slow
-    links, a slow stage), so the timeline and the Perfetto overlay can show who to look at."""
+def _blamed(gaps: dict[int, GapTable], findings: list[Finding]) -> dict[int, GapTable]:
+    """The gap tables with the root rank of each gap whose cause a finding traced to one rank
+    (host stalls, slow links, a slow stage) as its ``blame``, so the timeline and the Perfetto
+    overlay can show who to look at: new tables (new ``blame`` arrays), ``gaps`` unchanged."""
+    blamed = {r: dataclasses.replace(g, blame=g.blame.copy()) for r, g in gaps.items()}
     for f in findings:
         if f.cause is None or len(f.ranks) != 1:
             continue
         cause = int(Cause[f.cause.upper()])
-        for g in gaps.values():
+        for g in blamed.values():
             g.blame[g.cause == cause] = f.ranks[0]
+    return blamed

@@ -3,7 +3,7 @@
 ``Diagnosis.result`` is the JSON contract of DESIGN.md §7 as one typed value
 (:class:`ppdiag.report_types.Report`, see ``docs/json.md``); the other fields keep the columnar
 timelines and gap tables that the HTML timeline and the Perfetto overlay draw, and ``context``
-the layer results behind them (:class:`ppdiag.reports.context.AnalysisContext` for an analysis;
+the layer results behind them (:class:`ppdiag.analysis.AnalysisContext` for an analysis;
 the model layer names no type above it, so :class:`Diagnosis` is generic over its context).
 """
 
@@ -137,7 +137,7 @@ class StepWindow:
     end: int
 
 
-#: The context type of a :class:`Diagnosis` (an :class:`~ppdiag.reports.context.AnalysisContext`).
+#: The context type of a :class:`Diagnosis` (an :class:`~ppdiag.analysis.AnalysisContext`).
 ContextT = TypeVar("ContextT")
 
 

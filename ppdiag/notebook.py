@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ppdiag.analysis import Analyzed, context_of
 from ppdiag.api import Options
 from ppdiag.diagnosis import Cause
 from ppdiag.errors import InputError
 from ppdiag.model.timeline import PHASE_NAMES, Phase
-from ppdiag.reports.context import Analyzed, context_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,20 +42,14 @@ def analyze(paths: str | Path | Sequence[str | Path], **options: Any) -> Analysi
     ``scheduler``, ``progress``); an unknown name or a bad value raises
     :class:`ppdiag.errors.InputError` with the message the CLI prints.
     """
-    from ppdiag.api import analyze_run, load
-    from ppdiag.cli_inputs import check_sizes, checked, step_overlap_warnings
+    from ppdiag.api import diagnose
 
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
         raise InputError(None, f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTION_NAMES)}")
     listed = [paths] if isinstance(paths, str | Path) else list(paths)
-    opts = checked(Options(**options))
-    run = load([Path(p) for p in listed], opts)
-    check_sizes(run, opts)
-    overlap = step_overlap_warnings(run)
-    run.warnings.extend(overlap)
-    run.doubts.extend(overlap)
-    return Analysis(analyze_run(run, opts))
+    opts = Options(**options)
+    return Analysis(diagnose([Path(p) for p in listed], opts))
 
 
 @dataclass(frozen=True)

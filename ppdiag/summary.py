@@ -13,11 +13,16 @@ from ppdiag.attribution.causes import Attribution, RankStep
 from ppdiag.diagnosis import CAUSE_KEYS, SCHEMA_VERSION
 from ppdiag.facts import StageBalance, measured_bubble, stage_balance, theoretical_bubble
 from ppdiag.model import Phase, Run
+from ppdiag.model.memory import MemoryRow
 from ppdiag.pipeline import Pipeline
 from ppdiag.report_types import (
     Bubble,
+    CriticalStep,
     Dist,
+    FindingRow,
+    Hang,
     HostClockInfo,
+    LinkRow,
     NoiseInfo,
     Peers,
     RankRow,
@@ -28,6 +33,7 @@ from ppdiag.report_types import (
     Summary,
     Tool,
     TraceFormat,
+    WhatifRow,
 )
 from ppdiag.version import __version__
 
@@ -44,9 +50,22 @@ class Sections:
     stages: list[StageRow]
     ranks: list[RankRow]
 
-    def report(self, noise: NoiseInfo, warnings: list[str] | None = None) -> Report:
-        """The :class:`Report` of these sections with ``noise``, no findings and no what-if rows
-        yet; ``warnings`` replaces ``run.warnings`` when given."""
+    def report(
+        self,
+        noise: NoiseInfo,
+        warnings: list[str] | None = None,
+        *,
+        hang: Hang | None = None,
+        memory: list[MemoryRow] | None = None,
+        links: list[LinkRow] | None = None,
+        critical_path: list[CriticalStep] | None = None,
+        findings: list[FindingRow] | None = None,
+        whatif: list[WhatifRow] | None = None,
+    ) -> Report:
+        """The :class:`Report` of these sections with ``noise`` and the sections measured beside
+        them (``hang``, ``memory``, ``links``, ``critical_path``), and the rules' ``findings`` and
+        ``whatif`` rows once they ran (:func:`ppdiag.api.analyze_run` assembles every report here);
+        ``warnings`` replaces ``run.warnings`` when given."""
         run = self.run if warnings is None else _replace_warnings(self.run, warnings)
         return Report(
             schema_version=SCHEMA_VERSION,
@@ -56,9 +75,13 @@ class Sections:
             bubble=self.bubble,
             stages=self.stages,
             ranks=self.ranks,
-            findings=[],
-            whatif=[],
+            findings=findings or [],
+            whatif=whatif or [],
             noise=noise,
+            critical_path=critical_path,
+            hang=hang,
+            memory=memory,
+            links=links,
         )
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ppdiag.analysis import AnalysisContext
 from ppdiag.attribution.causes import Attribution
 from ppdiag.diagnosis import Diagnosis
 from ppdiag.pipeline import Pipeline
-from ppdiag.reports.context import AnalysisContext
 from ppdiag.rules.noise import NoiseModel
 from ppdiag.whatif.fixes import FixPredictions
 

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 from report_fill import complete, typed
 
+from ppdiag.analysis import AnalysisContext, Analyzed
 from ppdiag.diagnosis import CAUSE_KEYS, Cause, Diagnosis, Finding, GapTable, StepWindow
 from ppdiag.model import Direction, Intervals, Kind, NameTable, Phase, RangeKind, Ranges, RankTimeline, Run
-from ppdiag.reports.context import AnalysisContext, Analyzed
 
 US = 1000
 BASE_NS = 1_700_000_000_000_000_000  # an epoch-like absolute clock, as Kineto gives

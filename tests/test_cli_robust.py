@@ -292,11 +292,13 @@ def test_interrupted_demo_leaves_nothing_behind(tmp_path: Path) -> None:
 
 
 def test_overrides_that_change_the_bubble_warn(run_dir: Path, budget: Path) -> None:
+    """The gate and stderr repeat the analysis's own override warnings (one wording, the report's)."""
     proc = ppdiag("check", str(run_dir), "--budget", str(budget), "-m", "2", "--schedule", "gpipe")
-    assert "WARN  -m 2 overrides the 4 micro-batches per step the traces show" in proc.stdout, proc.stdout
-    assert "WARN  --schedule gpipe overrides the 1f1b schedule" in proc.stdout
+    said = "--microbatches 2 disagrees with the trace (4 micro-batches per step); the override is used"
+    assert f"WARN  {said}" in proc.stdout, proc.stdout
+    assert "WARN  --schedule gpipe disagrees with the trace (its block order is 1f1b)" in proc.stdout
     proc = ppdiag("analyze", "-q", str(run_dir), "-m", "2")
-    assert proc.returncode == 0 and "warning: -m 2 overrides the 4 micro-batches" in proc.stderr
+    assert proc.returncode == 0 and f"warning: {said}" in proc.stderr
 
 
 def test_gate_with_an_unreadable_rank_file_is_inconclusive(

@@ -22,12 +22,12 @@ import pytest
 from ablate import strip_kineto_dir, strip_nsys_dir
 from conftest import shared_trace
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.demo.skew import Move, move_ranks, rewrite_kineto, rewrite_nsys, spread_over_hosts
 from ppdiag.model import Intervals, Ranges, RankTimeline, Run
 from ppdiag.pipeline.clocks import Pairs
 from ppdiag.pipeline.host_clocks import _consistent, clock_domains, fit_host_clocks
-from ppdiag.reports.context import Analyzed
 from ppsynth.kineto import write_kineto
 from ppsynth.nsys import write_nsys
 from ppsynth.scenario import make_scenario

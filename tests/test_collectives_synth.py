@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from analysis_parts import attribution
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.diagnosis import Finding
-from ppdiag.reports.context import Analyzed
 from ppsynth import ExposedAllReduce, LateReplica, SlowWorker, make_scenario, write_kineto
 from ppsynth.collectives import make_collective_run
 from ppsynth.faults import Fault

@@ -23,9 +23,9 @@ import pytest
 from ablate import COMM_ARGS, PARAM_COMMS, SHAPES, strip_kineto_dir
 from conftest import TEST_DATA
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.demo.skew import Move, move_ranks
-from ppdiag.reports.context import Analyzed
 
 CUDA = TEST_DATA / "cuda"
 RUNS = sorted(p.parent.name for p in CUDA.glob("*/truth.json"))

@@ -16,13 +16,13 @@ pytest.importorskip("torch")
 
 from analysis_parts import attribution, context, pipeline
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.demo.config import DemoConfig
 from ppdiag.demo.recorder import record
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.model import Phase
 from ppdiag.report_types import FindingRow
-from ppdiag.reports.context import Analyzed
 
 pytestmark = pytest.mark.slow
 

@@ -20,10 +20,10 @@ import pytest
 from diag_fixture import EVIL, Spec, build_nopp_diagnosis, build_pipeline_diagnosis
 from report_fill import typed
 
+from ppdiag.analysis import AnalysisContext, Analyzed
 from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis
 from ppdiag.model import Phase, Run
 from ppdiag.reports import write_report
-from ppdiag.reports.context import AnalysisContext, Analyzed
 from ppdiag.reports.html import build_timeline, plotly_js, render_html, timeline_figure
 from ppdiag.reports.style import CAUSE_COLORS, WORK_COLORS
 

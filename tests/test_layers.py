@@ -37,7 +37,7 @@ def test_module_entry_point_exits_zero() -> None:
 
 def test_longest_prefix_wins() -> None:
     names = [name for name, _ in LAYERS]
-    assert names[layer_of("ppdiag.whatif.cli")] == "cli"
+    assert names[layer_of("ppdiag.cli.whatif")] == "cli"
     assert names[layer_of("ppdiag.whatif.costs")] == "whatif"
     assert names[layer_of("ppdiag.model.intervals")] == "model"
     assert layer_of("numpy") == -1
@@ -60,12 +60,13 @@ def test_check_finds_lazy_relative_and_private_imports(tmp_path: Path) -> None:
         "pipeline/blocks.py",
         "def f():\n    from ppdiag.attribution.intervals import union\nfrom ..attribution import intervals\n",
     )
-    _write(pkg, "cli.py", "def _fail(): ...\n")
-    _write(pkg, "whatif/cli.py", "from ppdiag.cli import _fail\n")
+    _write(pkg, "cli/__init__.py", "def _fail(): ...\n")
+    _write(pkg, "cli/whatif.py", "from ppdiag.cli import _fail\n")  # its own package: allowed
+    _write(pkg, "notebook.py", "from ppdiag.cli import _fail\n")
     _write(pkg, "whatif/fine.py", "from ppdiag.attribution import intervals\n")
     got = sorted((v.path.name, v.line, v.imported) for v in check(pkg))
     assert got == [
         ("blocks.py", 2, "ppdiag.attribution.intervals"),
         ("blocks.py", 3, "ppdiag.attribution"),
-        ("cli.py", 1, "ppdiag.cli"),  # whatif/cli.py: same layer, but a private name
+        ("notebook.py", 1, "ppdiag.cli"),  # same layer, but another package's private name
     ]

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.errors import InputError
 from ppdiag.io import output_kind
 from ppdiag.reports import write_report
-from ppdiag.reports.context import Analyzed
 from ppdiag.reports.md import render_markdown
 from ppdiag.reports.terminal import render
 from ppsynth import faults as F

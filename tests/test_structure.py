@@ -17,6 +17,7 @@ import pytest
 from ablate import COMM_ARGS, strip_kineto_dir, strip_nsys_dir
 from rich.console import Console
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose, load
 from ppdiag.model import Direction, Kind, Phase
 from ppdiag.pipeline.blocks import Blocks
@@ -24,7 +25,6 @@ from ppdiag.pipeline.steps import LocalStep
 from ppdiag.pipeline.structure import contradiction
 from ppdiag.pipeline.topology import Topology
 from ppdiag.report_types import Confidence, FactSource, Report, decode, dumps
-from ppdiag.reports.context import Analyzed
 from ppdiag.reports.html import render_html
 from ppdiag.reports.md import render_markdown
 from ppdiag.reports.terminal import headline

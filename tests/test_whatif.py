@@ -16,12 +16,12 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.cli import app
 from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.model import Intervals, Kind, NameTable, Phase, RangeKind, Ranges, RankTimeline
 from ppdiag.pipeline.blocks import Blocks
-from ppdiag.reports.context import Analyzed
 from ppdiag.reports.terminal import render
 from ppdiag.whatif.batch import check_batch
 from ppdiag.whatif.costs import MeasuredRun

@@ -26,11 +26,11 @@ from typer.testing import CliRunner
 
 pytest.importorskip("torch")
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.cli import app
 from ppdiag.demo.config import DemoConfig
 from ppdiag.demo.recorder import record
-from ppdiag.reports.context import Analyzed
 from ppdiag.whatif.scenarios import Scenario, WhatifOptions, build_model
 
 pytestmark = pytest.mark.slow

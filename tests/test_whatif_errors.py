@@ -9,9 +9,9 @@ import pytest
 from analysis_parts import attribution, context, pipeline
 from report_fill import typed
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.errors import InputError
-from ppdiag.reports.context import Analyzed
 from ppdiag.whatif import fixes, scenarios
 from ppsynth.kineto import write_kineto
 from ppsynth.scenario import make_scenario
@@ -25,9 +25,11 @@ def diag(tmp_path_factory: pytest.TempPathFactory) -> Analyzed:
 
 
 def _predict(diag: Analyzed, warnings: list[str]) -> scenarios.FixPredictions | None:
-    return scenarios.predict_fixes(
-        diag.run, diag.result, pipeline(diag), attribution(diag), context(diag).rank_steps, warnings
+    fp, said = scenarios.predict_fixes(
+        diag.run, diag.result, pipeline(diag), attribution(diag), context(diag).rank_steps
     )
+    warnings.extend(said)
+    return fp
 
 
 def test_predictions_on_a_normal_run(diag: Analyzed) -> None:
@@ -59,4 +61,4 @@ def test_a_bug_is_not_swallowed(diag: Analyzed, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_run_without_pipeline(tmp_path: Path) -> None:
-    assert scenarios.predict_fixes(None, typed({}), None, None, []) is None
+    assert scenarios.predict_fixes(None, typed({}), None, None, []) == (None, [])

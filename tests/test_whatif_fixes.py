@@ -12,9 +12,9 @@ import pytest
 from analysis_parts import attribution, context, noise, pipeline, predictions
 from report_fill import complete
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.report_types import WhatifRow
-from ppdiag.reports.context import Analyzed
 from ppdiag.rules import RuleContext, RuleOptions, run_rules
 from ppdiag.whatif.scenarios import FixPredictions
 from ppsynth import faults as F

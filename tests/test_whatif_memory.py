@@ -7,9 +7,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.report_types import MemoryBasis, WhatifRow
-from ppdiag.reports.context import Analyzed
 from ppdiag.whatif.model import build_model
 from ppdiag.whatif.types import Scenario
 from ppsynth.kineto import write_kineto

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.errors import InputError
 from ppdiag.limits import MAX_SIM_CELLS
-from ppdiag.reports.context import Analyzed
 from ppdiag.simulate import SimConfig, simulate
 from ppdiag.whatif import costs, model
 from ppdiag.whatif.model import build_model

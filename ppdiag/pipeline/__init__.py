@@ -14,6 +14,8 @@ from ppdiag.model.structure import Structure
 from ppdiag.pipeline.aligned import aligned_run
 from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
+from ppdiag.pipeline.hangs import detect as detect_hang
+from ppdiag.pipeline.hangs import trimmed
 from ppdiag.pipeline.host_clocks import with_host_clocks
 from ppdiag.pipeline.overrides import override_warnings
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
@@ -27,7 +29,9 @@ from ppdiag.pipeline.topology import (
     infer_topology,
     no_pp,
     parse_stage_map,
+    pp_disagreement,
 )
+from ppdiag.report_types import Hang
 
 
 @dataclass
@@ -41,7 +45,7 @@ class PipelineOptions:
     steps: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pipeline:
     """The rebuilt pipeline. Windows and blocks are on the aligned clock; ``aligned`` is the run on
     that clock with the block labels (the parsed run stays as parsed, ppdiag/pipeline/aligned.py)."""
@@ -62,6 +66,12 @@ class Pipeline:
     # each structural fact's source and confidence; established False when contradictions
     # rejected the pipeline the evidence suggested (ppdiag/pipeline/structure.py)
     structure: Structure | None = None
+    # the run stopped or its traces were cut: the windows and blocks keep only the steps every
+    # rank completed (ppdiag/pipeline/hangs.py)
+    hang: Hang | None = None
+    # the flags (--pp, --stage-map, --schedule, -m) that disagree with the trace, one line each (also
+    # in ``warnings``): what the command line repeats on stderr and the gate among its warnings
+    overrides: list[str] = field(default_factory=list)
 
 
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
@@ -69,7 +79,8 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     the offsets and labels are held by the result (``clocks.offsets``, ``labels``, ``aligned``).
 
     A pipeline that contradicts its own evidence is not kept: the run is rebuilt without one, and
-    ``structure`` says why (``established`` False)."""
+    ``structure`` says why (``established`` False). A run that stopped or was cut keeps only the
+    steps every rank completed, and ``hang`` says how it stopped."""
     opts = opts or PipelineOptions()
     if opts.schedule:
         # one list of names for every command: aliases ("interleaved") resolve here
@@ -94,12 +105,11 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
     if reason is not None:
         rejected = (reason, claimed_words(topo, pipe.schedule, pipe.microbatches))
         pipe = _build(run, opts, flat=True)
-        pipe.warnings.append(
-            f"pipeline structure could not be established: {reason}; analysed without a pipeline"
-        )
+        warned = f"pipeline structure could not be established: {reason}; analysed without a pipeline"
+        pipe = dataclasses.replace(pipe, warnings=[*pipe.warnings, warned])
     labelled = any(b.labelled for b in pipe.blocks.values())
     peer_source = pipe.peers.source if pipe.peers is not None else "none"
-    pipe.structure = describe(
+    structure = describe(
         pipe.topology,
         pipe.schedule,
         pipe.microbatches,
@@ -109,14 +119,23 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
         user,
         rejected,
     )
-    return pipe
+    return _trimmed(dataclasses.replace(pipe, structure=structure))
+
+
+def _trimmed(pipe: Pipeline) -> Pipeline:
+    """The pipeline with how the run stopped (``hang``), keeping only the steps every rank
+    completed when it stopped or was cut (a new Pipeline: the built one is not changed)."""
+    nb = {tl.rank: pipe.topology.neighbours(tl.rank) for tl in pipe.aligned.ranks}
+    hang = detect_hang(pipe.aligned, pipe.ops, pipe.windows, nb)
+    windows, blocks = trimmed(pipe.windows, pipe.blocks, hang)
+    return dataclasses.replace(pipe, windows=windows, blocks=blocks, hang=hang)
 
 
 def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
     """The pipeline the evidence suggests, or with ``flat`` the run without one (pp 1)."""
     warnings: list[str] = []
     ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
-    peers, topo = _peers_and_topology(run, opts, ops, warnings)
+    peers, topo, overrides = _peers_and_topology(run, opts, ops, warnings)
     if flat:
         topo = no_pp(run, source="none (rejected)")
     pairs = match_pairs(ops)
@@ -127,7 +146,8 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
     clocked = aligned_run(run, fit.offsets)  # the parsed ranks on the common clock
     windows, blocks = _steps_and_blocks(clocked, opts, topo, ops, warnings)
     schedule = "none" if flat else (opts.schedule or detect_schedule(topo, blocks, clocked.by_rank()))
-    warnings.extend(override_warnings(clocked, opts, topo, blocks))  # overrides that contradict the trace
+    flags = override_warnings(clocked, opts, topo, blocks)  # the other flags against the trace
+    warnings.extend(flags)
     m = None if flat else opts.microbatches
     if m is None and not flat:
         m = _microbatches(clocked, topo, windows, blocks, ops)
@@ -149,13 +169,15 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
         warnings=warnings,
         peers=peers,
         labels=labels,
+        overrides=[*overrides, *flags],
     )
 
 
 def _peers_and_topology(
     run: Run, opts: PipelineOptions, ops: dict[int, P2POps], warnings: list[str]
-) -> tuple[PeerDecision, Topology]:
-    """How the p2p partners were decided and the stages they form; warnings appended. p2p ops that
+) -> tuple[PeerDecision, Topology, list[str]]:
+    """How the p2p partners were decided, the stages they form, and the --pp warning when the flag
+    disagrees with the trace (as :func:`infer_topology` worded it); warnings appended. p2p ops that
     only ever send and receive at once are grouped send/recv of a collective (an all-to-all): no
     partner is guessed for them by timing (the user's --pp / --stage-map still asks for it)."""
     if exchange_only(run) and not (opts.stage_map or opts.pp):
@@ -165,6 +187,8 @@ def _peers_and_topology(
     else:
         peers = decide_peers(run, ops, parse_stage_map(opts.stage_map) if opts.stage_map else None)
     topo = infer_topology(run, opts.stage_map, opts.pp, ops)
+    pp_note = pp_disagreement(opts.pp, topo) if opts.pp else None
+    overrides = [w for w in topo.warnings if w == pp_note]
     if (peers.decided or peers.by_labels) and topo.source == "p2p chain":
         topo.source = f"p2p chain (peers from {peers.source})"
     elif peers.decided and topo.pp == 1:
@@ -174,7 +198,7 @@ def _peers_and_topology(
         )
     warnings.extend(peers.warnings)
     warnings.extend(topo.warnings)
-    return peers, topo
+    return peers, topo, overrides
 
 
 def _microbatches(

@@ -11,7 +11,8 @@ ends at the rank that is not waiting for anyone: its last operation is where it 
 
 A trace cut in the middle of a step (a profiler stopped early, a truncated file) shows the same
 counting mismatches for the operations in flight at the cut, and its last step is partial: the
-analysis keeps only the steps every rank completed (:func:`trim_steps`) and the report says so.
+analysis keeps only the steps every rank completed (:func:`trimmed`, a step of
+:func:`ppdiag.pipeline.rebuild`) and the report says so.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ppdiag.pipeline.clocks import P2POps
 from ppdiag.pipeline.steps import LocalStep
 from ppdiag.report_types import Hang, LastOp, Wait
 
-__all__ = ["Hang", "LastOp", "Wait", "detect", "run_origin", "trim_steps"]
+__all__ = ["Hang", "LastOp", "Wait", "detect", "run_origin", "trimmed"]
 
 NS_PER_MS = 1e6
 #: A hung rank's trace runs on past its culprit's end by at least this much (a watchdog flushes
@@ -352,14 +353,16 @@ def _complete_steps(
     return n, dropped
 
 
-def trim_steps(windows: dict[int, list[LocalStep]], blocks: dict[int, Blocks], hang: Hang) -> None:
-    """Keep only the steps every rank completed, in place (blocks index the steps)."""
+def trimmed(
+    windows: dict[int, list[LocalStep]], blocks: dict[int, Blocks], hang: Hang | None
+) -> tuple[dict[int, list[LocalStep]], dict[int, Blocks]]:
+    """The windows and blocks of the steps every rank completed (blocks index the steps): new
+    dicts, the arguments unchanged; the same ones when the run completed (no hang, or none cut)."""
+    if hang is None or hang.complete_steps <= 0:
+        return windows, blocks
     n = hang.complete_steps
-    for r in windows:
-        windows[r] = windows[r][:n]
-    for r, b in blocks.items():
-        if len(b):
-            blocks[r] = b.take(b.step < n)
+    kept = {r: ws[:n] for r, ws in windows.items()}
+    return kept, {r: b.take(b.step < n) if len(b) else b for r, b in blocks.items()}
 
 
 def _message(

@@ -4,6 +4,12 @@ A flag such as ``--microbatches``, ``--schedule`` or ``--stage-map`` replaces wh
 rebuild would infer. The override is kept (the user may know better, e.g. for mislabelled traces),
 but the inferred value is still computed and compared, so a wrong flag never changes a report
 silently.
+
+These lines, with the ``--pp`` one :func:`ppdiag.pipeline.topology.infer_topology` words, are the
+only override warnings: the rebuild puts them in ``Pipeline.warnings`` (the report) and in
+``Pipeline.overrides``, which the commands repeat on stderr and the gate lists among its warnings.
+The schedule is detected here only when ``--schedule`` replaced the detection, and the stages
+without the flag only when ``--stage-map`` replaced them.
 """
 
 from __future__ import annotations

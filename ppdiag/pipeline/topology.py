@@ -418,6 +418,15 @@ def parse_stage_map(spec: str) -> list[list[int]]:
     return lines
 
 
+def pp_disagreement(pp: int, topo: Topology) -> str:
+    """The warning when ``--pp`` differs from the stages the trace shows (the trace's are used)."""
+    return (
+        f"--pp {pp} disagrees with the trace ({topo.source}: {topo.pp} stages); the "
+        f"trace's {topo.pp} stages are used (--pp only places ranks in a trace that shows "
+        "no pipeline; pass --stage-map to force a placement)"
+    )
+
+
 def infer_topology(
     run: Run, stage_map: str | None = None, pp: int | None = None, ops: dict[int, P2POps] | None = None
 ) -> Topology:
@@ -449,11 +458,7 @@ def infer_topology(
             if pp and topo.pp != pp:
                 # the trace's placement wins: a stage count its links contradict cannot place ranks
                 # without a rank map (--stage-map is that override, and it is used)
-                topo.warnings.append(
-                    f"--pp {pp} disagrees with the trace ({topo.source}: {topo.pp} stages); the "
-                    f"trace's {topo.pp} stages are used (--pp only places ranks in a trace that shows "
-                    "no pipeline; pass --stage-map to force a placement)"
-                )
+                topo.warnings.append(pp_disagreement(pp, topo))
             return topo
     if pp and pp > 1:
         world = max(run.world_size, len(ranks))

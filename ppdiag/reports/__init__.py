@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ppdiag.reports.context import Analyzed
+    from ppdiag.analysis import Analyzed
 
 
 class Reporter(Protocol):
@@ -47,7 +47,7 @@ def load_builtin() -> None:
 
 def run_inputs(diagnosis: Analyzed) -> list[str]:
     """The trace files a diagnosis was read from (a report must never overwrite one)."""
-    from ppdiag.reports.context import context_of
+    from ppdiag.analysis import context_of
 
     srcs = [r.source for r in diagnosis.run.ranks if r.source]
     return [*srcs, *context_of(diagnosis).inputs]

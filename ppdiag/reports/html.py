@@ -56,7 +56,7 @@ from ppdiag.reports.html_timeline import timeline_figure
 from ppdiag.reports.style import fmt_ms, fmt_pct, num, ranks_text
 
 if TYPE_CHECKING:
-    from ppdiag.reports.context import Analyzed
+    from ppdiag.analysis import Analyzed
 
 __all__ = [
     "CSP",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.reports.context import context_of
+from ppdiag.analysis import context_of
 from ppdiag.reports.html_blocks import (
     Blocks,
     Level,
@@ -30,8 +30,8 @@ from ppdiag.reports.style import (
 )
 
 if TYPE_CHECKING:
+    from ppdiag.analysis import Analyzed
     from ppdiag.model.timeline import RankTimeline
-    from ppdiag.reports.context import Analyzed
 
 I64 = npt.NDArray[np.int64]
 

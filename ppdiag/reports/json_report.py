@@ -10,7 +10,7 @@ from ppdiag.report_types import dumps as dumps_report
 from ppdiag.reports import register
 
 if TYPE_CHECKING:
-    from ppdiag.reports.context import Analyzed
+    from ppdiag.analysis import Analyzed
 
 
 def dumps(report: Report) -> str:

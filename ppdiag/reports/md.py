@@ -19,7 +19,7 @@ from ppdiag.reports.sanitize import clean, md_neutral
 from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num, ranks_text
 
 if TYPE_CHECKING:
-    from ppdiag.reports.context import Analyzed
+    from ppdiag.analysis import Analyzed
 
 _MD_SPECIAL = "\\`*_[]|~#"
 

@@ -53,7 +53,7 @@ from ppdiag.reports.perfetto_flows import emit_flows
 from ppdiag.reports.style import CAUSE_CNAMES, CAUSE_LABELS
 
 if TYPE_CHECKING:
-    from ppdiag.reports.context import Analyzed
+    from ppdiag.analysis import Analyzed
 
 
 @dataclass

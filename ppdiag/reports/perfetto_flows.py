@@ -9,7 +9,7 @@ from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
-from ppdiag.reports.context import context_of
+from ppdiag.analysis import context_of
 from ppdiag.reports.perfetto_events import (
     TID_COLL,
     TID_RECVS,
@@ -23,7 +23,7 @@ from ppdiag.reports.perfetto_events import (
 )
 
 if TYPE_CHECKING:
-    from ppdiag.reports.context import Analyzed
+    from ppdiag.analysis import Analyzed
 
 
 def emit_flows(

@@ -28,7 +28,7 @@ from ppdiag.reports.sanitize import clean_report
 from ppdiag.reports.style import CAUSE_LABELS, PATH_LABELS, critical_path_rows, evidence_items
 
 if TYPE_CHECKING:
-    from ppdiag.reports.context import Analyzed
+    from ppdiag.analysis import Analyzed
 
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 #: Console width from which the full cause tables are shown without ``--wide``.

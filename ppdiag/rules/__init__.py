@@ -31,7 +31,7 @@ class RuleOptions:
     global_batch: int | None = None  # --global-batch: the samples per optimizer step
 
 
-@dataclass
+@dataclass(frozen=True)
 class RuleContext:
     """What a rule may look at: the typed report so far (no findings or what-if rows yet) and the
     layers below it.

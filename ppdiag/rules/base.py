@@ -30,11 +30,11 @@ def severity(gain_pct: float | None, noise_pct: float = 0.0) -> str:
 
 
 def noise_of(ctx: RuleContext) -> NoiseModel:
-    """The run's noise model (built from the context when the caller did not pass one)."""
-    if ctx.noise is None:
-        steps = ctx.report.summary.steps_ms
-        ctx.noise = build_noise(ctx.run, ctx.pipeline, ctx.steps, ctx.attribution, steps)
-    return ctx.noise
+    """The run's noise model: the context's (the analysis passes the one it built), else one built
+    from the context now (the context is a value: nothing is stored into it)."""
+    if ctx.noise is not None:
+        return ctx.noise
+    return build_noise(ctx.run, ctx.pipeline, ctx.steps, ctx.attribution, ctx.report.summary.steps_ms)
 
 
 def fix_gain_ms(ctx: RuleContext, key: str) -> float | None:

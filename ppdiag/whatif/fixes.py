@@ -107,36 +107,29 @@ class FixPredictions:
 
 
 def predict_fixes(
-    run: Any,
-    report: Report,
-    pipe: Any,
-    attr: Any,
-    rank_steps: Sequence[Any],
-    warnings: list[str] | None = None,
-) -> FixPredictions | None:
-    """Predict every fix of :func:`fix_scenarios` for an analyzed run; None without a usable
-    pipeline. A run the model cannot describe (it raises :class:`InputError` or ValueError: M
-    unknown, no blocks, an impossible layout) gets no predictions and a warning appended to
-    ``warnings``; any other exception is a bug and propagates."""
+    run: Any, report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]
+) -> tuple[FixPredictions | None, list[str]]:
+    """Predict every fix of :func:`fix_scenarios` for an analyzed run, and the warnings of the
+    prediction; no predictions without a usable pipeline. A run the model cannot describe (it
+    raises :class:`InputError` or ValueError: M unknown, no blocks, an impossible layout) gets no
+    predictions and one warning; any other exception is a bug and propagates."""
     if pipe is None or pipe.topology.pp <= 1:
-        return None
+        return None, []
     try:
         model = model_of(run, report, pipe, attr, rank_steps)
         preds = {k: model.predict(scn) for k, scn in fix_scenarios(model.meas).items()}
         keys = default_keys(model.meas)
     except (InputError, ValueError) as exc:
-        if warnings is not None:
-            warnings.append(f"what-if: no predictions for this run ({exc})")
-        return None
+        return None, [f"what-if: no predictions for this run ({exc})"]
     out = FixPredictions(model.meas.step_ns / MS, calibration=model.calibration().describe())
     for k, p in preds.items():
         if p.error is None and p.step_ns is not None:
             out.rows[k] = msgspec.convert({**p.to_json(), "fix": k}, WhatifRow)
     out.table = [k for k in keys if k in out.rows]
-    return out
+    return out, []
 
 
 def report_rows(run: Any, report: Report, pipe: Any, attr: Any, rank_steps: Sequence[Any]) -> list[WhatifRow]:
     """The report's default ``whatif`` list for an analyzed run (empty without a usable pipeline)."""
-    fp = predict_fixes(run, report, pipe, attr, rank_steps)
+    fp, _ = predict_fixes(run, report, pipe, attr, rank_steps)
     return fp.report_rows() if fp is not None else []

@@ -1,5 +1,5 @@
 """``ppdiag whatif``: what a change would buy, before GPU hours are spent on it (the calculators
-``bubble`` and ``batch`` are :mod:`ppdiag.whatif.calc_cli`)."""
+``bubble`` and ``batch`` are :mod:`ppdiag.cli.calc`)."""
 
 from __future__ import annotations
 
@@ -259,7 +259,7 @@ def whatif(
 ) -> None:
     """Predict step time, bubble, lost time and activation memory for other M, schedules, v, P or a
     rebalanced layer split, from the measured per-stage costs of a run."""
-    from ppdiag.cli_support import fail as _fail
+    from ppdiag.cli.support import fail as _fail
 
     args = WhatifArgs(
         paths or [],
@@ -326,19 +326,18 @@ def _model(a: WhatifArgs, opts: WhatifOptions, lps: list[int] | None) -> WhatifM
 
     prof = read_layer_costs(a.layer_costs) if a.layer_costs is not None else None
     if a.paths:
-        from ppdiag.api import Options, diagnose
+        from ppdiag.cli.options import analysis_options, analyzed
 
-        diag = diagnose(
-            a.paths,
-            Options(
-                pp=a.run_pp,
-                stage_map=a.stage_map,
-                microbatches=a.run_microbatches,
-                schedule=a.run_schedule,
-                steps=a.steps,
-                jobs=a.jobs,
-            ),
+        analysis = analysis_options(
+            True,  # no progress bars: the prediction's table is the output
+            pp=a.run_pp,
+            stage_map=a.stage_map,
+            microbatches=a.run_microbatches,
+            schedule=a.run_schedule,
+            steps=a.steps,
+            jobs=a.jobs,
         )
+        diag = analyzed(a.paths, analysis)
         return build_model(diag, opts, prof, lps)
     if prof is None:
         raise InputError(

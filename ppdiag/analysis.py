@@ -1,13 +1,15 @@
 """What an analysis keeps beside its typed report: the layer results the reporters draw from.
 
 :class:`AnalysisContext` is ``Diagnosis.context`` of an analysis (:func:`ppdiag.api.analyze_run`
-fills it): the rebuilt pipeline, the time accounting, the noise model and the what-if
-predictions. The JSON report never holds these; the HTML timeline and the Perfetto overlay draw
-the transfers and stages from them, and ``whatif`` rebuilds its model from them.
+builds it, once, with the result): the rebuilt pipeline, the time accounting, the noise model, the
+what-if predictions and the flags that disagree with the trace. The JSON report never holds these;
+the HTML timeline and the Perfetto overlay draw the transfers and stages from them, and ``whatif``
+rebuilds its model from them.
 
-It sits in the reports layer because its fields come from every layer below (the pipeline, the
-attribution, the what-if, the rules' noise model); :class:`ppdiag.diagnosis.Diagnosis` (in the
-model layer) is generic over it, so the model names no layer above it.
+It sits beside :mod:`ppdiag.api`, in its own layer just above the rules and below the reports
+(which read it): its fields come from every layer below (the pipeline, the attribution, the
+what-if, the rules' noise model); :class:`ppdiag.diagnosis.Diagnosis` (in the model layer) is
+generic over it, so the model names no layer above it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class AnalysisContext:
     noise: NoiseModel | None = None
     predictions: FixPredictions | None = None
     inputs: tuple[str, ...] = ()  # files the analysis read besides the traces (a budget, a baseline)
+    # the flags that disagree with the trace, one line each (``Pipeline.overrides``; also among the
+    # report's warnings): the commands repeat them on stderr, the gate among its warnings
+    overrides: tuple[str, ...] = ()
 
 
 #: A diagnosis as :func:`ppdiag.api.analyze_run` returns it (what every reporter takes).

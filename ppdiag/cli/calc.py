@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Bubble ratio of a schedule for P stages and M micro-batches (equal stages, free communication),
         and how it falls with M."""
-        from ppdiag.cli_support import fail as _fail
+        from ppdiag.cli.support import fail as _fail
 
         try:
             res = bubble_table(pp, microbatches, schedule, virtual)
@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Batch arithmetic: dp = world / (tp x pp x cp), accumulation steps (M) = global / (micro x dp),
         the bubble that M gives, and every inconsistency."""
-        from ppdiag.cli_support import fail as _fail
+        from ppdiag.cli.support import fail as _fail
 
         code = 0
         try:

@@ -212,12 +212,12 @@ def _record(cfg: DemoConfig, out: Path, quiet: bool) -> None:
 
 def _analyze(out: Path, quiet: bool) -> None:
     """Analyze the recorded run like any other, and write its reports next to the traces."""
-    from ppdiag.api import Options, diagnose
-    from ppdiag.cli_support import report_console
+    from ppdiag.cli.options import analysis_options, analyzed
+    from ppdiag.cli.support import report_console
     from ppdiag.reports import REPORTERS, load_builtin, write_report
 
     err = Console(stderr=True)
-    diag = diagnose([out], Options())
+    diag = analyzed([out], analysis_options(True))
     if not quiet:
         from ppdiag.reports.terminal import render
 
@@ -258,7 +258,7 @@ def demo(
     and summary.md next to them. --out must be new, empty, or a directory an earlier demo made
     (it holds a .ppdiag-demo marker): the demo never replaces files it did not write.
     """
-    from ppdiag.cli_support import fail as _fail
+    from ppdiag.cli.support import fail as _fail
 
     try:
         from ppdiag.demo.config import DemoConfig

@@ -1,9 +1,9 @@
 """What every command module shares: the stderr console, the one-line error exit, the report
 console, and the process guards of the entry point (signals, closed pipes).
 
-``ppdiag.cli``, ``ppdiag.whatif.cli`` and ``ppdiag.demo.cli`` each own their typer commands and
-import these from here, so no command module reaches into another's private names (and the main
-CLI, which registers the others, is never imported back by them).
+Each command module of :mod:`ppdiag.cli` owns its typer command and imports these from here (and
+its options from :mod:`ppdiag.cli.options`), so no command module reaches into another's private
+names, and none imports the package that registers them.
 """
 
 from __future__ import annotations
@@ -11,12 +11,16 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 
 from ppdiag.errors import PpdiagError
+
+if TYPE_CHECKING:
+    from ppdiag.analysis import Analyzed
 
 err = Console(stderr=True)
 
@@ -29,6 +33,39 @@ def report_console() -> Console:
     if not tty:
         return Console(width=140, color_system=None)
     return Console(color_system=None) if plain else Console()
+
+
+def echo(line: str) -> None:
+    """One line on stdout (a closed pipe is handled by the stream guard of :func:`main`)."""
+    from ppdiag.reports.sanitize import clean
+
+    sys.stdout.write(clean(line) + "\n")
+    sys.stdout.flush()
+
+
+def write_reports(
+    diag: Analyzed,
+    json_out: Path | None,
+    html: Path | None,
+    md: Path | None,
+    perfetto: Path | None,
+    quiet: bool,
+    inputs: list[Path | None] | None = None,
+) -> None:
+    """Write each report that has a path (json, html, md, perfetto), saying so unless ``quiet``."""
+    from ppdiag.io import qpath
+    from ppdiag.reports import REPORTERS, load_builtin, write_report
+
+    load_builtin()
+    ins = [p for p in inputs or [] if p is not None]
+    for name, path in (("json", json_out), ("html", html), ("md", md), ("perfetto", perfetto)):
+        if path is None:
+            continue
+        if name not in REPORTERS:
+            raise PpdiagError(f"the {name} report is not available in this version")
+        write_report(name, diag, path, ins)
+        if not quiet:
+            err.print(f"wrote {qpath(path)}", markup=False, highlight=False)
 
 
 def fail(exc: BaseException) -> NoReturn:
