@@ -2,7 +2,9 @@
 
 Fits 80 columns: the per-stage and per-rank tables are compact (rank, stage, step, compute, lost,
 top cause) unless ``wide`` is asked for or the console has room for every cause column
-(:data:`WIDE_COLUMNS`). No cell is ever cut: every column folds instead of ending in an ellipsis.
+(:data:`WIDE_COLUMNS`). No cell is ever cut: every column folds instead of ending in an ellipsis,
+and headers wrap between words (:func:`~ppdiag.reports.term_fit.fit_table`: a table too wide for
+that is shown in parts that repeat its key columns). Durations switch to seconds from 10 s.
 Colour follows the console (rich turns it off for a pipe and under ``NO_COLOR``).
 """
 
@@ -20,6 +22,7 @@ from ppdiag.facts import report_slowest_stage, share_of
 from ppdiag.report_types import Dist, FindingRow, Report
 from ppdiag.reports.sanitize import clean_report
 from ppdiag.reports.style import CAUSE_LABELS, PATH_LABELS, critical_path_rows, evidence_items
+from ppdiag.reports.term_fit import fit_table
 
 SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 #: Console width from which the full cause tables are shown without ``--wide``.
@@ -33,17 +36,6 @@ def _table(title: str) -> Table:
 def _col(t: Table, name: str, right: bool = True) -> None:
     # fold, never cut: a narrow terminal wraps a cell instead of ending it in "…"
     t.add_column(name, justify="right" if right else "left", overflow="fold")
-
-
-def _whole_header_words(t: Table, width: int) -> Table:
-    """Every column at least as wide as its header's longest word, so that headers wrap between
-    words ("unexplained", not "unexplaine" / "d"), when the table still fits ``width`` that way
-    (else the columns keep folding: a cut table would be worse)."""
-    longest = [max((len(w) for w in str(c.header).split()), default=1) for c in t.columns]
-    if sum(longest) + 3 * len(longest) + 1 <= width:
-        for c, n in zip(t.columns, longest, strict=True):
-            c.min_width = max(c.min_width or 0, n)
-    return t
 
 
 def _top_cause(lost: dict[str, float], seconds: bool = False) -> str:
@@ -278,7 +270,8 @@ def _print_whatif(con: Console, report: Report) -> None:
     # full width (a note column shrank to a few characters and split flag names: "--layers-per-sta"
     # / "ge"; a caption wrapped to the narrow table's width)
     caption, wt.caption = str(wt.caption or ""), None
-    con.print(wt)
+    for part in fit_table(wt, con.width):
+        con.print(part)
     for line in caption.splitlines():
         con.print(Padding(Text(line, style="dim"), (0, 0, 0, 2)))
     for r in report.whatif:
@@ -301,11 +294,14 @@ def render(
     if wide is None:
         wide = con.width >= WIDE_COLUMNS
     con.print(Panel(headline(report), title="ppdiag", border_style="blue"))
-    for table in (stage_table(report, wide=wide), critical_path_table(report, wide=wide)):
+    tables = [stage_table(report, wide=wide), critical_path_table(report, wide=wide)]
+    tables.append(rank_table(report, wide=wide) if ranks else None)
+    for table in tables:
         if table is not None:
-            con.print(_whole_header_words(table, con.width))
-    if ranks:
-        con.print(_whole_header_words(rank_table(report, wide=wide), con.width))
+            # the rank table's parts repeat rank and stage, the others the stage
+            keys = 2 if table.columns[0].header == "rank" else 1
+            for part in fit_table(table, con.width, keys=keys):
+                con.print(part)
     con.print(findings_panel(report))
     if report.whatif:
         _print_whatif(con, report)
