@@ -138,3 +138,25 @@ def test_budget_doc_python_example_runs(run: Path) -> None:
         ln for ln in res.stdout.splitlines() if ln.startswith("  ") and ln.split()[0] in ("PASS", "FAIL")
     ]
     assert printed and all(ln in cli.stdout for ln in printed)
+
+
+def test_ci_doc_names_the_actions_inputs_outputs_and_defaults() -> None:
+    yaml = pytest.importorskip("yaml")
+
+    action = yaml.safe_load((REPO / "action.yml").read_text(encoding="utf-8"))
+    doc = " ".join((DOCS / "ci.md").read_text(encoding="utf-8").split())
+    para = doc[doc.index("Inputs: `run-dir`") :]
+    inputs, outputs = para.split("Outputs:", 1)
+    named = set(re.findall(r"`([a-z][a-z-]+)`", inputs))
+    assert set(action["inputs"]) <= named, set(action["inputs"]) - named
+    assert set(action["outputs"]) <= set(re.findall(r"`([a-z][a-z-]+)`", outputs.split(". ")[0]))
+    defaults = dict(re.findall(r"`([a-z][a-z-]+)` \((?:[^()`]*; )?default `([^`]*)`", inputs))
+    assert "`run-dir` (required;" in inputs and action["inputs"]["run-dir"]["required"] is True
+    # (empty input: the name the shell step builds, checked below)
+    assert defaults.pop("artifact-name") == "ppdiag-report-<job id>-<matrix index>"
+    assert action["inputs"]["artifact-name"]["default"] == ""
+    for name, value in defaults.items():
+        assert action["inputs"][name].get("default") == value, name
+    assert set(defaults) == {"budget", "out-dir", "python"}
+    # the default artifact name the doc gives is the one the action's shell step builds
+    assert "ppdiag-report-${GITHUB_JOB:-job}-${PPDIAG_JOB_INDEX:-0}" in (REPO / "action.yml").read_text()
