@@ -160,3 +160,16 @@ def test_ci_doc_names_the_actions_inputs_outputs_and_defaults() -> None:
     assert set(defaults) == {"budget", "out-dir", "python"}
     # the default artifact name the doc gives is the one the action's shell step builds
     assert "ppdiag-report-${GITHUB_JOB:-job}-${PPDIAG_JOB_INDEX:-0}" in (REPO / "action.yml").read_text()
+
+
+def test_readme_names_the_runtime_dependencies() -> None:
+    tomllib = pytest.importorskip("tomllib")  # (Python 3.11+)
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]
+    names = {re.split(r"[<>=;\[ ]", d, maxsplit=1)[0].lower() for d in deps}
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    said = re.search(r"ppdiag itself needs only ([^.]*)\.", readme)
+    assert said, "the README's dependency sentence"
+    listed = {w.lower() for w in re.findall(r"[A-Za-z][A-Za-z0-9_-]+", said.group(1))}
+    assert names <= listed, names - listed
+    assert listed - names <= {"and", "on", "python"}, listed - names
