@@ -184,6 +184,12 @@ def test_long_steps_print_in_seconds(tmp_path: Path) -> None:
     assert re.search(r"step \d{2}\.\d{3} s median", text), text[:400]
     assert "Per rank (s, mean per step)" in text and "Per stage (s per step" in text
     assert not re.search(r"\d{5,}\.\d+ ms", text)  # no "46666.27 ms"
+    js = tmp_path / "slow.json"
+    rc, out = _pty_run(["analyze", str(d), "--json", str(js), "-q"], 100)
+    assert rc == 0, out
+    rc, out = _pty_run(["diff", str(js), str(js)], 100)  # the diff's tables too
+    text = ANSI.sub("", out)
+    assert rc == 0 and "(s per step)" in text and not re.search(r"\d{5,}\.\d+", text), text[:600]
 
 
 def test_duration_unit_switches_at_ten_seconds() -> None:
