@@ -183,7 +183,11 @@ def test_long_steps_print_in_seconds(tmp_path: Path) -> None:
     text = ANSI.sub("", out)
     assert re.search(r"step \d{2}\.\d{3} s median", text), text[:400]
     assert "Per rank (s, mean per step)" in text and "Per stage (s per step" in text
-    assert not re.search(r"\d{5,}\.\d+ ms", text)  # no "46666.27 ms"
+    assert not re.search(r"\d{5,}\.\d+", text)  # no "46666.27 ms", nor a what-if "46666.27"
+    assert re.search(r"┃ scenario +┃ step s ┃", text)  # the what-if table in seconds too
+    rc, out = _pty_run(["whatif", str(d)], 100)  # and the whatif command
+    text = ANSI.sub("", out)
+    assert rc == 0 and "step s" in text and not re.search(r"\d{5,}\.\d+", text), text[:600]
     js = tmp_path / "slow.json"
     rc, out = _pty_run(["analyze", str(d), "--json", str(js), "-q"], 100)
     assert rc == 0, out
