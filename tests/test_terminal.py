@@ -1,5 +1,6 @@
 """Terminal report: fits 80 columns in a real pty without a cut cell, plain text under NO_COLOR
-and in a pipe, the full cause tables behind --wide."""
+and in a pipe, the full cause tables behind --wide (the default from 150 columns), header words
+whole at every width, durations in seconds from 10 s."""
 
 from __future__ import annotations
 
@@ -236,3 +237,16 @@ def test_every_width_from_80_to_200_keeps_header_words_whole(
                     if sum(got) + rules > width or any(g < n for g, n in zip(got, need, strict=True)):
                         bad.append((width, wide, str(part.title)))
     assert bad == [], bad[:5]
+
+
+def test_wide_is_the_default_from_150_columns(run_dir: Path) -> None:
+    # analyze --help: "--wide  Every cause column in the terminal tables (default: when the terminal
+    # is wide)"; the README: a terminal of 150+ columns
+    from ppdiag.reports.terminal import WIDE_COLUMNS
+
+    assert WIDE_COLUMNS == 150
+    for cols, wide in ((149, False), (150, True)):
+        rc, out = _pty_run(["analyze", str(run_dir)], cols)
+        assert rc == 0, out
+        per_rank = ANSI.sub("", out).split("Per rank")[1].split("\n╭")[0]
+        assert ("unexplained" in per_rank) is wide and ("top cause" in per_rank) is not wide
