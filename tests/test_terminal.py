@@ -250,3 +250,19 @@ def test_wide_is_the_default_from_150_columns(run_dir: Path) -> None:
         assert rc == 0, out
         per_rank = ANSI.sub("", out).split("Per rank")[1].split("\n╭")[0]
         assert ("unexplained" in per_rank) is wide and ("top cause" in per_rank) is not wide
+
+
+def test_stage_ranks_wrap_between_ranks() -> None:
+    """A stage's ranks: runs as ranges, parts apart, so a narrow column never splits a rank number
+    (a 64-rank op table at 80 columns printed "16,17,18,19,20,2" / "1,22,23")."""
+    from rich.console import Console
+
+    from ppdiag.reports.terminal import _rank_list
+
+    assert _rank_list(list(range(8))) == "0-7" and _rank_list([3]) == "3" and _rank_list([1, 2]) == "1, 2"
+    assert _rank_list([0, 1, 2, 5, 6, 9, 10, 11, 12]) == "0-2, 5, 6, 9-12"
+    strided = _rank_list(list(range(2, 64, 8)))  # one stage of pp 8 x dp 8, in another rank order
+    con = Console(width=12, file=io.StringIO(), color_system=None)
+    con.print(strided)
+    lines = con.file.getvalue().split()  # type: ignore[attr-defined]
+    assert [int(x.rstrip(",")) for x in lines] == list(range(2, 64, 8))

@@ -75,6 +75,20 @@ class _Unit:
         return f"{float(ms) / 1e3:.3f}" if self.seconds else f"{float(ms):.2f}"
 
 
+def _rank_list(ranks: list[int]) -> str:
+    """Ranks as "0-7" for a run of three or more, ", " between parts: a narrow column wraps between
+    ranks, never inside one ("16,17,18,19,20,2" / "1,22,23")."""
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts += [f"{ranks[i]}-{ranks[j]}"] if j - i >= 2 else [str(r) for r in ranks[i : j + 1]]
+        i = j + 1
+    return ", ".join(parts)
+
+
 def _mean(d: Dist | None) -> float | None:
     return None if d is None else d.mean
 
@@ -143,7 +157,7 @@ def stage_table(report: Report, wide: bool = True) -> Table | None:
     idx = report_slowest_stage(stages)
     slow = stages[idx].stage if idx is not None else None
     for s in stages:
-        row = [str(s.stage), ",".join(map(str, s.ranks)), u(_mean(s.fwd_ms)), u(_mean(s.bwd_ms))]
+        row = [str(s.stage), _rank_list(s.ranks), u(_mean(s.fwd_ms)), u(_mean(s.bwd_ms))]
         if has_w:
             row.append(u(_mean(s.wgrad_ms)))
         row.append(u(s.compute_ms))
