@@ -1,7 +1,9 @@
 """Help and docs against behaviour: every command's --help names values, not Python types; the
 flags that mean "override" in analyze and "predict" in whatif say so; batch with nothing to check
 is a usage error; bubble explains a simulated bubble that differs from its formula; docs/ci.md's
-example output has the checks its own budget yields."""
+example output has the checks its own budget yields; --steps takes both forms its help shows, and
+--no-ranks and -q hide what their help says. (--wide's default: tests/test_terminal.py; the docs
+pages: tests/test_docs_examples.py.)"""
 
 from __future__ import annotations
 
@@ -112,3 +114,29 @@ def test_ci_doc_example_has_the_checks_its_budget_yields(tmp_path: Path) -> None
     shown = example.group(1)
     assert f"of {n} checks" in shown
     assert len(re.findall(r"^  (PASS|FAIL)  ", shown, re.M)) == n
+
+
+@pytest.fixture(scope="module")
+def help_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("help") / "run"
+    write_kineto(make_scenario(seed=5, steps=4), d)
+    return d
+
+
+@pytest.mark.parametrize("steps", ["6:7", "6,7"])
+def test_steps_help_forms_select_those_steps(help_run: Path, tmp_path: Path, steps: str) -> None:
+    # analyze/check --help: "Steps to analyze: 'a:b' (ProfilerStep numbers a..b, inclusive) or '5,6'"
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(app, ["analyze", str(help_run), "--steps", steps, "--json", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["run"]["steps"] == [6, 7]  # (the synthetic run records 5-8)
+
+
+def test_ranks_and_quiet_do_what_help_says(help_run: Path) -> None:
+    # "--ranks / --no-ranks  Show the per-rank table"; "-q, --quiet  No terminal report"
+    shown = CliRunner().invoke(app, ["analyze", str(help_run)])
+    hidden = CliRunner().invoke(app, ["analyze", str(help_run), "--no-ranks"])
+    quiet = CliRunner().invoke(app, ["analyze", str(help_run), "-q"])
+    assert shown.exit_code == hidden.exit_code == quiet.exit_code == 0
+    assert "Per rank" in shown.output and "Per rank" not in hidden.output and "Per stage" in hidden.output
+    assert "Per stage" not in quiet.output and "PP0" not in quiet.output

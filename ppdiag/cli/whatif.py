@@ -447,12 +447,15 @@ def _whatif(a: WhatifArgs) -> None:
 
 def _print(meas: MeasuredRun, calibration: str, rows: list[dict[str, Any]], notes: list[str]) -> None:
     """The measured run, the scenarios' table, each scenario's notes and split, and the notes."""
+    from ppdiag.whatif.render import SECONDS_FROM_MS, typed_rows, whatif_table
+
     con = Console()
     head = Text()
+    step_ms = meas.step_ns / 1e6
+    step = f"{step_ms / 1e3:.2f} s" if step_ms >= SECONDS_FROM_MS else f"{step_ms:.2f} ms"
     head.append(
         f"{'measured' if meas.from_trace else 'from block costs'}: {meas.schedule}, P={meas.pp}"
-        f"{f', v={meas.virtual}' if meas.virtual > 1 else ''}, M={meas.microbatches}, "
-        f"step {meas.step_ns / 1e6:.2f} ms",
+        f"{f', v={meas.virtual}' if meas.virtual > 1 else ''}, M={meas.microbatches}, step {step}",
         style="bold",
     )
     stage = meas.stage_total_ns() / 1e6
@@ -463,8 +466,6 @@ def _print(meas: MeasuredRun, calibration: str, rows: list[dict[str, Any]], note
     )
     head.append("\n" + calibration, style="cyan")
     con.print(head)
-    from ppdiag.whatif.render import typed_rows, whatif_table
-
     con.print(whatif_table(typed_rows(rows)))
     for p in rows:
         if p.get("error"):

@@ -282,13 +282,23 @@ def diff_reports(
     return res
 
 
-def _fmt(v: float | None) -> str:
-    return "—" if v is None else f"{v:.3f}"
+def _fmt(v: float | None, scale: float = 1.0) -> str:
+    return "—" if v is None else f"{v / scale:.3f}"
 
 
-def _fmt_delta(r: DiffRow) -> tuple[str, str]:
+def _fmt_delta(r: DiffRow, scale: float = 1.0) -> tuple[str, str]:
     d, p = r.delta_ms, r.delta_pct
-    return ("—" if d is None else f"{d:+.3f}", "—" if p is None else f"{p:+.1f} %")
+    return ("—" if d is None else f"{d / scale:+.3f}", "—" if p is None else f"{p:+.1f} %")
+
+
+#: From this step (or window) length on, the terminal diff shows seconds, as the analysis report does.
+SECONDS_FROM_MS = 10_000.0
+
+
+def _unit(res: DiffResult) -> tuple[str, float]:
+    """The terminal tables' unit: ms, or s (divide by 1000) when either run's step is 10 s or longer."""
+    steps = [v for r in res.run if r.metric in ("step_ms", "window_ms") for v in (r.before, r.after)]
+    return ("s", 1e3) if max((v or 0.0 for v in steps), default=0.0) >= SECONDS_FROM_MS else ("ms", 1.0)
 
 
 def _interesting(rows: list[DiffRow], limit: int) -> list[DiffRow]:
@@ -331,8 +341,10 @@ def diff_table(res: DiffResult, limit: int = 60) -> Any:
     from rich.table import Table
     from rich.text import Text
 
+    unit, k = _unit(res)
+
     def colour_delta(r: DiffRow) -> Text:
-        dm, dp = _fmt_delta(r)
+        dm, dp = _fmt_delta(r, k)
         d = r.delta_ms
         # more time is worse for every compared figure
         style = "" if d is None or abs(d) <= NOISE_MS else ("red" if d > 0 else "green")
@@ -346,7 +358,7 @@ def diff_table(res: DiffResult, limit: int = 60) -> Any:
     parts: list[Any] = []
     if res.notes:
         parts.append(Text("\n".join(f"note: {n}" for n in res.notes), style="yellow"))
-    t = Table(title=f"{res.before_label} → {res.after_label}", title_justify="left")
+    t = Table(title=f"{res.before_label} → {res.after_label} ({unit} per step)", title_justify="left")
     for col, just in (
         ("figure", "left"),
         (res.before_label, "right"),
@@ -357,10 +369,10 @@ def diff_table(res: DiffResult, limit: int = 60) -> Any:
     for r in res.run:
         if r.before is None and r.after is None:
             continue
-        t.add_row(label(r), _fmt(r.before), _fmt(r.after), colour_delta(r))
+        t.add_row(label(r), _fmt(r.before, k), _fmt(r.after, k), colour_delta(r))
     parts.append(t)
     if res.groups:
-        g = Table(title=f"per {res.by} (ms per step)", title_justify="left")
+        g = Table(title=f"per {res.by} ({unit} per step)", title_justify="left")
         for col, just in (
             (res.by, "left"),
             ("figure", "left"),
@@ -372,20 +384,24 @@ def diff_table(res: DiffResult, limit: int = 60) -> Any:
         prev = None
         for r in _interesting(res.groups, limit):
             g.add_row(
-                r.scope if r.scope != prev else "", label(r), _fmt(r.before), _fmt(r.after), colour_delta(r)
+                r.scope if r.scope != prev else "",
+                label(r),
+                _fmt(r.before, k),
+                _fmt(r.after, k),
+                colour_delta(r),
             )
             prev = r.scope
         parts.append(g)
     ch = [f for f in res.findings if f.status != "unchanged"]
     if ch:
         f_t = Table(title="findings", title_justify="left")
-        for col in ("", "code", "finding", "where", "gain before", "gain after"):
+        for col in ("", "code", "finding", "where", f"gain before ({unit})", f"gain after ({unit})"):
             f_t.add_column(col)
         for f in ch:
             sym, style = {"appeared": ("+", "red"), "disappeared": ("−", "green"), "changed": ("~", "")}[
                 f.status
             ]
-            f_t.add_row(Text(sym, style=style), f.code, f.title, f.where, _fmt(f.before), _fmt(f.after))
+            f_t.add_row(Text(sym, style=style), f.code, f.title, f.where, _fmt(f.before, k), _fmt(f.after, k))
         parts.append(f_t)
     return Group(*parts)
 

@@ -3,7 +3,9 @@ registered reporter ``terminal`` (shown on a console, or written to a file as a 
 
 Fits 80 columns: the per-stage and per-rank tables are compact (rank, stage, step, compute, lost,
 top cause) unless ``wide`` is asked for or the console has room for every cause column
-(:data:`WIDE_COLUMNS`). No cell is ever cut: every column folds instead of ending in an ellipsis.
+(:data:`WIDE_COLUMNS`). No cell is ever cut: every column folds instead of ending in an ellipsis,
+and headers wrap between words (:func:`~ppdiag.reports.term_fit.fit_table`: a table too wide for
+that is shown in parts that repeat its key columns). Durations switch to seconds from 10 s.
 Colour follows the console (rich turns it off for a pipe and under ``NO_COLOR``).
 """
 
@@ -26,6 +28,7 @@ from ppdiag.report_types import Dist, FindingRow, Report
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean_report
 from ppdiag.reports.style import CAUSE_LABELS, PATH_LABELS, critical_path_rows, evidence_items
+from ppdiag.reports.term_fit import fit_table
 
 if TYPE_CHECKING:
     from ppdiag.analysis import Analyzed
@@ -42,17 +45,6 @@ def _table(title: str) -> Table:
 def _col(t: Table, name: str, right: bool = True) -> None:
     # fold, never cut: a narrow terminal wraps a cell instead of ending it in "…"
     t.add_column(name, justify="right" if right else "left", overflow="fold")
-
-
-def _whole_header_words(t: Table, width: int) -> Table:
-    """Every column at least as wide as its header's longest word, so that headers wrap between
-    words ("unexplained", not "unexplaine" / "d"), when the table still fits ``width`` that way
-    (else the columns keep folding: a cut table would be worse)."""
-    longest = [max((len(w) for w in str(c.header).split()), default=1) for c in t.columns]
-    if sum(longest) + 3 * len(longest) + 1 <= width:
-        for c, n in zip(t.columns, longest, strict=True):
-            c.min_width = max(c.min_width or 0, n)
-    return t
 
 
 def _top_cause(lost: dict[str, float], seconds: bool = False) -> str:
@@ -90,6 +82,20 @@ class _Unit:
         if ms is None:
             return "-"
         return f"{float(ms) / 1e3:.3f}" if self.seconds else f"{float(ms):.2f}"
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """Ranks as "0-7" for a run of three or more, ", " between parts: a narrow column wraps between
+    ranks, never inside one ("16,17,18,19,20,2" / "1,22,23")."""
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts += [f"{ranks[i]}-{ranks[j]}"] if j - i >= 2 else [str(r) for r in ranks[i : j + 1]]
+        i = j + 1
+    return ", ".join(parts)
 
 
 def _mean(d: Dist | None) -> float | None:
@@ -160,7 +166,7 @@ def stage_table(report: Report, wide: bool = True) -> Table | None:
     idx = report_slowest_stage(stages)
     slow = stages[idx].stage if idx is not None else None
     for s in stages:
-        row = [str(s.stage), ",".join(map(str, s.ranks)), u(_mean(s.fwd_ms)), u(_mean(s.bwd_ms))]
+        row = [str(s.stage), _rank_list(s.ranks), u(_mean(s.fwd_ms)), u(_mean(s.bwd_ms))]
         if has_w:
             row.append(u(_mean(s.wgrad_ms)))
         row.append(u(s.compute_ms))
@@ -287,7 +293,8 @@ def _print_whatif(con: Console, report: Report) -> None:
     # full width (a note column shrank to a few characters and split flag names: "--layers-per-sta"
     # / "ge"; a caption wrapped to the narrow table's width)
     caption, wt.caption = str(wt.caption or ""), None
-    con.print(wt)
+    for part in fit_table(wt, con.width):
+        con.print(part)
     for line in caption.splitlines():
         con.print(Padding(Text(line, style="dim"), (0, 0, 0, 2)))
     for r in report.whatif:
@@ -311,11 +318,14 @@ def render(
     if wide is None:
         wide = con.width >= WIDE_COLUMNS
     con.print(Panel(headline(report), title="ppdiag", border_style="blue"))
-    for table in (stage_table(report, wide=wide), critical_path_table(report, wide=wide)):
+    tables = [stage_table(report, wide=wide), critical_path_table(report, wide=wide)]
+    tables.append(rank_table(report, wide=wide) if ranks else None)
+    for table in tables:
         if table is not None:
-            con.print(_whole_header_words(table, con.width))
-    if ranks:
-        con.print(_whole_header_words(rank_table(report, wide=wide), con.width))
+            # the rank table's parts repeat rank and stage, the others the stage
+            keys = 2 if table.columns[0].header == "rank" else 1
+            for part in fit_table(table, con.width, keys=keys):
+                con.print(part)
     con.print(findings_panel(report))
     if report.whatif:
         _print_whatif(con, report)

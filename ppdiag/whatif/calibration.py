@@ -15,6 +15,12 @@ from ppdiag.whatif.costs import (
 from ppdiag.whatif.types import _Layout
 
 
+def _dur(ns: float) -> str:
+    """A duration for the text: ms, or seconds from 10 s (a 46.67 s step, not 46666.27 ms)."""
+    ms = ns / MS
+    return f"{ms / 1e3:.2f} s" if abs(ms) >= 10_000 else f"{ms:.2f} ms"
+
+
 @dataclass
 class Calibration:
     """How the measured step is reproduced: the simulator alone gives ``sim_ns``; ``target_ns`` is the
@@ -31,10 +37,10 @@ class Calibration:
 
     def describe(self) -> str:
         gap = self.target_ns - self.sim_ns
-        base = f"simulator alone {self.sim_ns / MS:.2f} ms vs {self.target_ns / MS:.2f} ms measured"
+        base = f"simulator alone {_dur(self.sim_ns)} vs {_dur(self.target_ns)} measured"
         if self.removed_ns:
             base += " minus " + ", ".join(
-                f"{k.replace('_', ' ')} {v / MS:.2f} ms" for k, v in sorted(self.removed_ns.items())
+                f"{k.replace('_', ' ')} {_dur(v)}" for k, v in sorted(self.removed_ns.items())
             )
         if self.mode == "per-block":
             how = f"calibration: per-block overhead {self.delta_ns / MS:+.3f} ms on every F/B/W block"

@@ -10,6 +10,9 @@ from rich.table import Table
 
 from ppdiag.report_types import WhatifRow
 
+#: From this step time on, the table shows seconds.
+SECONDS_FROM_MS = 10_000.0
+
 
 def fmt_pct(v: Any) -> str:
     return "-" if v is None else f"{float(v) * 100:.1f}%"
@@ -44,12 +47,15 @@ def whatif_table(
     column (otherwise the caller lists them under the table).
     """
     t = Table(title=title, title_justify="left")
+    # seconds from a 10 s step on, as the analysis report's tables (not "46666.27")
+    k = 1e3 if max((r.step_ms or 0.0 for r in rows), default=0.0) >= SECONDS_FROM_MS else 1.0
+    unit = "s" if k > 1 else "ms"
     t.add_column("scenario")
-    t.add_column("step ms", justify="right")
+    t.add_column(f"step {unit}", justify="right")
     t.add_column("speed-up", justify="right")
     t.add_column("bubble", justify="right")
     if lost:
-        t.add_column("lost ms, top causes")
+        t.add_column(f"lost {unit}, top causes")
     t.add_column("peak act.", justify="right")
     if notes:
         t.add_column("note")
@@ -57,7 +63,7 @@ def whatif_table(
         if r.error:
             t.add_row(*_error_cells(r, lost, notes), style="yellow")
         else:
-            t.add_row(*_cells(r, lost, notes), style="bold" if r.measured else None)
+            t.add_row(*_cells(r, lost, notes, k), style="bold" if r.measured else None)
     captions = []
     if any(_per_sample(r) for r in rows):
         captions.append("* per sample: the step processes a different number of samples")
@@ -83,19 +89,23 @@ def _error_cells(r: WhatifRow, lost: bool, notes: bool) -> list[str]:
     return cells
 
 
-def _cells(r: WhatifRow, lost: bool, notes: bool) -> list[str]:
-    """The cells of a computed scenario, in the columns :func:`whatif_table` laid out."""
+def _cells(r: WhatifRow, lost: bool, notes: bool, k: float = 1.0) -> list[str]:
+    """The cells of a computed scenario, in the columns :func:`whatif_table` laid out (times
+    divided by ``k``: 1 for ms, 1000 for seconds)."""
     sp = r.speedup
     sp_txt = "-" if sp is None else f"{sp:.2f}x"
     if _per_sample(r):
         sp_txt += "*"
     act = r.activation_vs_measured
     act_txt = "-" if act is None else f"{act:.2f}x"
-    row = [r.scenario, fmt_ms(r.step_ms), sp_txt, fmt_pct(r.bubble_ratio)]
+    step = "-" if r.step_ms is None else f"{r.step_ms / k:.{3 if k > 1 else 2}f}"
+    row = [r.scenario, step, sp_txt, fmt_pct(r.bubble_ratio)]
     if lost:
         lm = r.lost_ms
         top = sorted(((k, v) for k, v in lm.items() if v and v > 0.005), key=lambda kv: -kv[1])[:2]
-        row.append(", ".join(f"{_CAUSE_SHORT.get(k, k)} {v:.1f}" for k, v in top) or "-")
+        row.append(
+            ", ".join(f"{_CAUSE_SHORT.get(c, c)} {v / k:.{2 if k > 1 else 1}f}" for c, v in top) or "-"
+        )
     row.append(act_txt)
     if notes:
         row.append(r.note)
