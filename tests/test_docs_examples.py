@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from conftest import REPO
 
-from ppdiag.synth.kineto import write_kineto
-from ppdiag.synth.scenario import make_scenario
+from ppsynth.kineto import write_kineto
+from ppsynth.scenario import make_scenario
 
 DOCS = REPO / "docs"
 ENV = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "PPDIAG_NO_CACHE": "1"}

@@ -338,7 +338,7 @@ def render(
             con.print(Text(f"  … {len(warns) - 20} more in the JSON report", style="yellow"))
 
 
-#: Columns of the report written to a file: what a log gets (``cli_support.report_console``).
+#: Columns of the report written to a file: what a log gets (``cli.support.report_console``).
 LOG_COLUMNS = 140
 
 
