@@ -58,7 +58,10 @@ class CommWaitRule:
         nm = noise_of(ctx)
         top_ms = top / 1e6
         descheduled = min(nm.contention_ms / top_ms, 1.0) if top_ms > 0 else 0.0
-        noise = nm.noise_ms(gain, max(shared_share(list(per_link.values())), descheduled))
+        # the late waits are measured on every transfer of every step: their own step-to-step
+        # spread says how sure they are (as the imbalance's does for PP003), not the step total's
+        base = nm.cause_ms(ctx.steps, ctx.attribution, self.cause)
+        noise = nm.noise_ms(gain, max(shared_share(list(per_link.values())), descheduled), base)
         return [
             finding(
                 ctx,
@@ -95,10 +98,13 @@ class CommWaitRule:
 
 def _late_wait_per_link(ctx: RuleContext, normal: int) -> dict[tuple[int, int], float]:
     """Per link (producer, consumer): how long (ns per step) consumers waited on transfers that
-    took longer than the run's ``normal`` latency."""
+    took longer than the run's ``normal`` latency. A host op (gloo) that the producer issued after
+    its block while it went on is counted from the block's end: the data was held on its way."""
     waited: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for prod, cons, tau, wait in ctx.attribution.edges:
-        waited[(prod, cons)].append(min(max(tau - normal, 0), wait))
+    edges = ctx.attribution.edges
+    held = ctx.attribution.edge_held if len(ctx.attribution.edge_held) == len(edges) else [0] * len(edges)
+    for (prod, cons, tau, wait), h in zip(edges, held, strict=True):
+        waited[(prod, cons)].append(min(max(tau + h - normal, 0), wait))
     return {
         k: float(np.sum(v)) / max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
         for k, v in waited.items()
