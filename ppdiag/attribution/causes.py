@@ -79,6 +79,8 @@ class Attribution:
         default_factory=list
     )  # producer, consumer, transfer, waited
     collective_waits: CollectiveWaits | None = None  # waits in collectives for a late member
+    # per edge: how long a host-op producer issued its send after its block (0 on devices)
+    edge_held: list[int] = field(default_factory=list)
 
 
 # Variants of the replay, each removing one more kind of delay than the next (DESIGN.md §5): the
@@ -150,6 +152,7 @@ def attribute(
     notes: list[str] = []
     replay_steps: dict[str, float] = {}
     edges: list[tuple[int, int, int, int]] = []
+    held: list[int] = []
     lat = 0
     if pipelined and any(len(rs.blocks) for rs in steps):
         rp = Replay(steps, timelines, ops, last_stage)
@@ -176,6 +179,7 @@ def attribute(
         for name, var in full.items():
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
         edges = rp.edge_stats()
+        held = list(rp.held)
         if rp.dropped_edges:
             # blocks are numbered by their labels when the trace has them, else by their order
             labelled = any(rs.blocks.labelled for rs in steps)
@@ -216,7 +220,7 @@ def attribute(
             causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
     notes.extend(waits.notes)
     gaps = _paint(steps, causes)
-    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits)
+    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held)
 
 
 def _close(c: dict[str, int], lost: int) -> dict[str, int]:

@@ -208,6 +208,7 @@ class ReplayGraph:
         self.untraced_waits = 0
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
+        self.held: list[int] = []  # per wait: how long a host-op producer held its send after its block
         self._mean_costs: dict[tuple[int, int, int], float] | None = None  # computed once, on demand
         labels: list[npt.NDArray[np.int64]] = []  # per step: the labelled blocks (see _label_pairs)
         pending: list[_Pending] = []
@@ -519,10 +520,15 @@ class ReplayGraph:
         nc.obs[nid] = (prod, issue - p_end - issue_copy, xfer)
         nc.issue_copy[nid] = issue_copy
         nc.lead[nid] = wait_start - posted
-        self._record_wait(ctx, peer, me, xfer, rel - wait_start)
+        # a host op (gloo) issued after its block while the producer went on: the data was held
+        held = issue - p_end - issue_copy if ctx.timelines[peer].cpu_only else 0
+        self._record_wait(ctx, peer, me, xfer, rel - wait_start, held)
 
-    def _record_wait(self, ctx: _WaitContext, peer: int, me: int, xfer: int, waited: int) -> None:
+    def _record_wait(
+        self, ctx: _WaitContext, peer: int, me: int, xfer: int, waited: int, held: int = 0
+    ) -> None:
         self.waits.append((peer, me, xfer, waited))
+        self.held.append(held)
         ctx.taus.setdefault((peer, me), []).append(xfer)
 
     def _label_edges(self, labels: list[npt.NDArray[np.int64]], last_stage: int, tol: int) -> None:

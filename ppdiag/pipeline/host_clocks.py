@@ -337,11 +337,12 @@ def _transfer_bounds(pairs: Pairs, host_idx: list[int], ranks: list[int]) -> tup
     hb = np.array([of[int(r)] for r in pairs.dst], dtype=np.int64)
     gap = (pairs.send_start - pairs.recv_end).astype(np.float64)
     ss, rs = pairs.send_start.astype(np.float64), pairs.recv_start.astype(np.float64)
+    ends = (pairs.send_end - pairs.recv_end).astype(np.float64)
     for a, b in {(min(int(x), int(y)), max(int(x), int(y))) for x, y in zip(ha, hb, strict=True) if x != y}:
         up, dn = (ha == a) & (hb == b), (ha == b) & (hb == a)
         lows.setdefault((a, b), []).append(gap[up])
         highs.setdefault((a, b), []).append(-gap[dn])
-        waits[(a, b)] = (gap[up], ss[up], rs[up], -gap[dn], ss[dn], rs[dn])
+        waits[(a, b)] = (gap[up], ss[up], rs[up], -gap[dn], ss[dn], rs[dn], ends[up], -ends[dn])
     return lows, highs, waits
 
 
@@ -353,14 +354,20 @@ def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> _Boun
     furthest off). The interval keeps the first one's ends: its residual grows by the move."""
     if w is None:
         return bd
-    lo_v, s_up, r_up, hi_v, s_dn, r_dn = w
+    lo_v, s_up, r_up, hi_v, s_dn, r_dn, e_up, e_dn = w
     mid = (bd.lo + bd.hi) / 2.0
     # low -> high: the receive on high was posted before the send on low began (D = mid)
     w_up = r_up + mid < s_up - _WAITED_NS
     w_dn = r_dn < s_dn + mid - _WAITED_NS
-    if w_up.sum() < _MIN_WAITED or w_dn.sum() < _MIN_WAITED:
+    if w_up.sum() >= _MIN_WAITED and w_dn.sum() >= _MIN_WAITED:
+        d = (float(np.quantile(lo_v[w_up], 0.75)) + float(np.quantile(hi_v[w_dn], 0.25))) / 2.0
+    elif (not hi_v.size and w_up.any()) or (not lo_v.size and w_dn.any()):
+        # transfers one way only (the other side of the interval is the collectives', as wide as
+        # their spans): a receive that waited for its data ends as its send does, within a
+        # latency (the ends of a matched transfer meet), which places the offset from this side
+        d = min(max(float(np.median(e_up[w_up] if w_up.any() else e_dn[w_dn])), bd.lo), bd.hi)
+    else:
         return bd
-    d = (float(np.quantile(lo_v[w_up], 0.75)) + float(np.quantile(hi_v[w_dn], 0.25))) / 2.0
     r = abs(d - mid) + (bd.hi - bd.lo) / 2.0
     return _Bound(bd.a, bd.b, d - r, d + r, bd.n)
 

@@ -170,6 +170,8 @@ def _flow_partners(
     in 4 at least) and soonest (median gap), and the share that was causal."""
     partner: dict[tuple[int, int], int] = {}  # (sender, flow) -> receiver
     scores: dict[tuple[int, int], float] = {}
+    # every pair is compared when no candidates narrow it: those of one shape at once
+    known = _grouped_scores(streams, tol) if candidates is None else {}
     for (a, c, send), (_, s_key, s_step) in streams.items():
         if not send or s_key.size == 0:
             continue
@@ -178,7 +180,8 @@ def _flow_partners(
         for (b, c2, send2), (_, r_key, r_step) in streams.items():
             if send2 or c2 != c or b == a or r_key.size == 0 or (allowed is not None and b not in allowed):
                 continue
-            causal, med, n = _flow_score(s_key, s_step, r_key, r_step, tol)
+            got = known.get((a, b, c))
+            causal, med, n = got if got is not None else _flow_score(s_key, s_step, r_key, r_step, tol)
             if n == 0 or causal < 0.75:
                 continue
             if best is None or med < best[0]:
@@ -187,6 +190,43 @@ def _flow_partners(
             partner[(a, c)] = best[1]
             scores[(a, c)] = best[2]
     return partner, scores
+
+
+_CHUNK = 1 << 22  # gaps compared in one array (senders x receivers x transfers)
+
+
+def _grouped_scores(streams: _Streams, tol: int) -> dict[tuple[int, int, int], tuple[float, float, int]]:
+    """:func:`_flow_score` of every (sender, receiver, flow) whose streams have the same steps and
+    counts per step (then the k-th send meets the k-th receive in one array), without a loop over
+    pairs: per such shape, ``receivers - senders`` as one array, senders in chunks."""
+    shapes: dict[tuple[int, bytes], tuple[list[int], list[int]]] = {}  # senders, receivers
+    keys: dict[tuple[int, int, bool], npt.NDArray[np.int64]] = {}
+    for (r, c, send), (_, key, step) in streams.items():
+        m = step >= 0
+        if not m.any():
+            continue
+        k, st = key[m], step[m]
+        o = np.lexsort((np.arange(k.size), st))  # by step, each step's own order kept
+        keys[(r, c, send)] = k[o]
+        g = shapes.setdefault((c, st[o].tobytes()), ([], []))
+        (g[0] if send else g[1]).append(r)
+    out: dict[tuple[int, int, int], tuple[float, float, int]] = {}
+    for (c, _), (snd, rcv) in shapes.items():
+        if not snd or not rcv:
+            continue
+        r_mat = np.stack([keys[(b, c, False)] for b in rcv])
+        k = r_mat.shape[1]
+        step_n = max(_CHUNK // max(len(rcv) * k, 1), 1)
+        for i in range(0, len(snd), step_n):
+            part = snd[i : i + step_n]
+            s_mat = np.stack([keys[(a, c, True)] for a in part])
+            gaps = r_mat[None, :, :] - s_mat[:, None, :]
+            causal = np.mean(gaps >= -tol, axis=2)
+            med = np.median(gaps, axis=2)
+            for x, a in enumerate(part):
+                for y, b in enumerate(rcv):
+                    out[(a, b, c)] = (float(causal[x, y]), float(med[x, y]), k)
+    return out
 
 
 def _flow_conflicts(partner: dict[tuple[int, int], int]) -> list[str]:

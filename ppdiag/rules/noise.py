@@ -70,13 +70,22 @@ class NoiseModel:
         """The noise every gain has: Z standard errors of the step and of its transfers."""
         return Z * math.hypot(self.step_error_ms, self.comm_jitter_ms)
 
-    def noise_ms(self, gain_ms: float | None = None, shared_share: float = 0.0) -> float:
-        """Noise of one finding: :meth:`base_ms`, plus ``shared_share`` of its gain on an
-        oversubscribed host (the share of the loss that every rank or link shows alike)."""
+    def noise_ms(
+        self, gain_ms: float | None = None, shared_share: float = 0.0, base_ms: float | None = None
+    ) -> float:
+        """Noise of one finding: ``base_ms`` (default :meth:`base_ms`), plus ``shared_share`` of its
+        gain on an oversubscribed host (the share of the loss that every rank or link shows alike)."""
         extra = 0.0
         if self.oversubscribed and gain_ms is not None and gain_ms > 0:
             extra = min(max(shared_share, 0.0), 1.0) * gain_ms
-        return self.base_ms() + extra
+        return (self.base_ms() if base_ms is None else base_ms) + extra
+
+    def cause_ms(self, steps: Sequence[RankStep], attr: Attribution, cause: str) -> float:
+        """The noise of a gain measured as one cause on every step: Z standard errors of that
+        cause's per-step loss and of the transfers (the step total's spread, from every other
+        delay, does not make it less certain); :meth:`base_ms` with fewer than two steps."""
+        err = cause_error_ms(steps, attr, cause)
+        return Z * math.hypot(err, self.comm_jitter_ms) if err is not None else self.base_ms()
 
     def to_json(self) -> dict[str, Any]:
         def r(v: float | None) -> float | None:

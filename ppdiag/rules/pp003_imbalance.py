@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 from ppdiag.diagnosis import Finding
 from ppdiag.facts import stage_balance
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
-from ppdiag.rules.noise import Z, cause_error_ms
 
 
 class ImbalanceRule:
@@ -59,8 +56,7 @@ class ImbalanceRule:
         # says how sure it is. The step total's spread (host contention, late transfers) does not
         # make a slower stage's compute less certain.
         nm = noise_of(ctx)
-        err = cause_error_ms(ctx.steps, ctx.attribution, "imbalance")
-        noise = Z * math.hypot(err, nm.comm_jitter_ms) if err is not None else nm.base_ms()
+        noise = nm.cause_ms(ctx.steps, ctx.attribution, "imbalance")
         ranks = sorted(r for r, s in topo.stage_of.items() if s == slow)
         prev_s, next_s = slow - 1, slow + 1
         where = " and ".join(f"stage {x}" for x in (prev_s, next_s) if 0 <= x < topo.pp) or "other stages"

@@ -11,12 +11,17 @@ from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 from ppdiag.rules.noise import shared_share
 
+#: The share of a link's late waits left out of its typical lateness (the longest ones).
+_OUTLIERS = 0.2
+
 
 class CommWaitRule:
     """What it detects:
     A stage waited for data that its neighbour had already produced: the time from the producer's
-    block end to the consumer's release is far above the run's normal transfer latency. The rule
-    names the sending rank of the slow links.
+    block end to the consumer's release is far above the run's normal transfer latency (on host
+    ops, a send posted after the block while the producer went on counts: the data was held). A
+    link is as late as most of its transfers are: a process descheduled on a loaded host makes a
+    few transfers very late on any link. The rule names the sending rank of the slow links.
 
     Why it matters:
     Every late transfer stalls the consumer and, through it, the rest of the pipeline. It usually
@@ -58,7 +63,10 @@ class CommWaitRule:
         nm = noise_of(ctx)
         top_ms = top / 1e6
         descheduled = min(nm.contention_ms / top_ms, 1.0) if top_ms > 0 else 0.0
-        noise = nm.noise_ms(gain, max(shared_share(list(per_link.values())), descheduled))
+        # the late waits are measured on every transfer of every step: their own step-to-step
+        # spread says how sure they are (as the imbalance's does for PP003), not the step total's
+        base = nm.cause_ms(ctx.steps, ctx.attribution, self.cause)
+        noise = nm.noise_ms(gain, max(shared_share(list(per_link.values())), descheduled), base)
         return [
             finding(
                 ctx,
@@ -95,14 +103,24 @@ class CommWaitRule:
 
 def _late_wait_per_link(ctx: RuleContext, normal: int) -> dict[tuple[int, int], float]:
     """Per link (producer, consumer): how long (ns per step) consumers waited on transfers that
-    took longer than the run's ``normal`` latency."""
+    took longer than the run's ``normal`` latency. A host op (gloo) that the producer issued after
+    its block while it went on is counted from the block's end: the data was held on its way."""
     waited: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for prod, cons, tau, wait in ctx.attribution.edges:
-        waited[(prod, cons)].append(min(max(tau - normal, 0), wait))
-    return {
-        k: float(np.sum(v)) / max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
-        for k, v in waited.items()
-    }
+    edges = ctx.attribution.edges
+    held = ctx.attribution.edge_held if len(ctx.attribution.edge_held) == len(edges) else [0] * len(edges)
+    for (prod, cons, tau, wait), h in zip(edges, held, strict=True):
+        waited[(prod, cons)].append(min(max(tau + h - normal, 0), wait))
+    steps = max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
+    return {k: _typical_sum(v) / steps for k, v in waited.items()}
+
+
+def _typical_sum(late: list[int]) -> float:
+    """The late waits of one link summed as if each were typical of the link: the mean of all but
+    the longest :data:`_OUTLIERS` of them, times their count. A process descheduled on a loaded host
+    makes a few transfers very late on any link; a slow link makes most of its transfers late."""
+    v = np.sort(np.asarray(late, dtype=np.float64))
+    keep = max(int(np.ceil(v.size * (1.0 - _OUTLIERS))), 1)
+    return float(v[:keep].mean()) * v.size if v.size else 0.0
 
 
 def _slow_senders(per_link: dict[tuple[int, int], float]) -> list[int]:
