@@ -18,9 +18,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.demo import DemoConfig, GroundTruth, load_groundtruth, record
-from ppdiag.reports.context import Analyzed
 
 pytestmark = pytest.mark.slow
 
