@@ -49,6 +49,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution.collective_steps import run_waits
 from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves
+from ppdiag.attribution.link_latency import LinkLatencies
 from ppdiag.attribution.rank_step import RankStep, _m, rank_step
 from ppdiag.attribution.replay_graph import STEP_JOIN_NS
 from ppdiag.attribution.replay_index import (
@@ -79,6 +80,7 @@ class Attribution:
         default_factory=list
     )  # producer, consumer, transfer, waited
     collective_waits: CollectiveWaits | None = None  # waits in collectives for a late member
+    links: LinkLatencies = field(default_factory=LinkLatencies)  # each link's normal transfer time
 
 
 # Variants of the replay, each removing one more kind of delay than the next (DESIGN.md §5): the
@@ -151,9 +153,11 @@ def attribute(
     replay_steps: dict[str, float] = {}
     edges: list[tuple[int, int, int, int]] = []
     lat = 0
+    links = LinkLatencies()
     if pipelined and any(len(rs.blocks) for rs in steps):
         rp = Replay(steps, timelines, ops, last_stage)
         lat = rp.normal_latency
+        links = rp.links
         cf, full = replay_causes(rp)
         mean_cost = rp.mean_costs()
         # single-cause counterfactuals for the findings' gains: only that delay removed
@@ -209,7 +213,7 @@ def attribute(
             causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
     notes.extend(waits.notes)
     gaps = _paint(steps, causes)
-    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits)
+    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, links)
 
 
 def _close(c: dict[str, int], lost: int) -> dict[str, int]:
