@@ -41,6 +41,19 @@ def test_slow_links_do_not_set_the_fault_free_latency() -> None:
     assert ll.slow() == {(0, 1): 500.0 * US}
 
 
+def test_most_links_slow_do_not_set_the_fault_free_latency() -> None:
+    # P = 4, ranks 1 and 2 send 500 µs late: 1->0, 1->2, 2->1 and 2->3 take 600 µs, 0->1 and
+    # 3->2 100 µs. The links' normal times sorted: 100, 100, 600, 600, 600, 600; their lower
+    # median would be 600, their lower quartile (index 1 of 0..5) is 100: the fault-free latency.
+    slow = [(1, 0), (1, 2), (2, 1), (2, 3)]
+    waits = [w for link in slow for w in _waits(link, [600] * 8)]
+    waits += _waits((0, 1), [100] * 8) + _waits((3, 2), [100] * 8)
+    ll = link_latencies(waits)
+    assert ll.fault_free_ns == 100 * US
+    # each slow link is 500 µs late against the other links' lower quartile (index 1 of 0..4: 0)
+    assert ll.slow() == {k: 500.0 * US for k in slow}
+
+
 def test_links_late_alike_are_no_slow_link() -> None:
     # every link's transfers spread alike between 100 and 1000 µs (jitter of a loaded host): the
     # links' lateness differs by less than the noise, so none is slow; one link whose transfers

@@ -7,8 +7,9 @@ transfer time each, grouped by link and direction (producer rank -> consumer ran
 
 * a link's **normal** time is a low quantile of its transfers (:data:`LINK_Q`): a slow tail, even
   most of the link's transfers, leaves it where the link's undisturbed transfers are;
-* the run's **fault-free latency** is the lower median of the links' normal times: slow links,
-  even half of them (P = 2, one slow direction), do not set what "normal" is;
+* the run's **fault-free latency** is the lower quartile of the links' normal times
+  (:data:`FREE_Q`): slow links do not set what "normal" is, even where they are most of the links
+  (two slow ranks of a 4-stage pipe make 4 of its 6 links slow; P = 2 with one slow direction);
 * a link's **spread** is the robust standard deviation of its transfers ((p50 - p10) / 1.2816 for
   a normal spread): what one transfer on it varies by without a fault.
 
@@ -29,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 LINK_Q = 0.25  # the quantile of a link's transfers that stands for its normal time
+FREE_Q = 0.25  # the quantile of the links' normal times that is the run's fault-free latency
 REF_Q = 0.25  # the quantile of the other links' lateness a link is compared with
 Z = 2.0  # standard errors a link's lateness must stand out by (about 95 % one-sided)
 FLOOR_SHARE = 0.1  # and at least this share of the fault-free latency (exact synthetic runs)
@@ -94,7 +96,7 @@ def link_latencies(waits: Iterable[tuple[int, int, int, int]]) -> LinkLatencies:
     bounds = np.r_[0, np.cumsum(np.bincount(inv, minlength=len(keys)))]
     groups = [tau[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
     normal = np.array([np.quantile(g, LINK_Q, method="lower") for g in groups], np.int64)
-    lat = int(np.percentile(normal, 50, method="lower"))
+    lat = int(np.quantile(normal, FREE_Q, method="lower"))
     links: dict[tuple[int, int], LinkLatency] = {}
     for (a, b), g, nrm in zip(keys.tolist(), groups, normal.tolist(), strict=True):
         p10, p50 = np.percentile(g, [10, 50])
@@ -119,6 +121,7 @@ def sum_per_link(
 __all__ = [
     "FLOOR_NS",
     "FLOOR_SHARE",
+    "FREE_Q",
     "LINK_Q",
     "REF_Q",
     "LinkLatencies",

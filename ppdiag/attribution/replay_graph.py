@@ -221,8 +221,8 @@ class ReplayGraph:
         self._step_l: list[int] = self.cols.cols["step"].tolist()
         self._find_step_syncs(timelines)
         self._resolve_waits(pending, timelines, ops, tol)
-        # each link's normal transfer time and the run's fault-free latency (the lower median of
-        # the links' normal times: slow links, even half of them as with P=2, do not set it)
+        # each link's normal transfer time and the run's fault-free latency (the lower quartile
+        # of the links' normal times: slow links, even most of them, do not set it)
         self.links = link_latencies(self.waits)
         self.normal_latency = self.links.fault_free_ns
         self._label_edges(labels, last_stage, tol)
