@@ -64,12 +64,16 @@ def healthy_cases(pps: list[int]) -> dict[str, dict[str, Any]]:
 
 
 def fault_cases() -> dict[str, dict[str, Any]]:
-    """One fault of each kind at P=4, M=8 (1F1B unless named), plus data parallelism."""
+    """One fault of each kind at P=4, M=8 (1F1B unless named), plus data parallelism, two slow
+    senders (most links slow) and a slow direction at P=2 (half the links slow)."""
     base: dict[str, Any] = dict(schedule="1f1b", pp=4, microbatches=8)
     cases: dict[str, dict[str, Any]] = {
         "slow_stage_x2": dict(faults=[F.SlowStage(2, 2.0)]),
         "slow_link": dict(faults=[F.SlowLink(1, delay_ms=0.5)]),
         "slow_link_x25": dict(faults=[F.SlowLink(1, factor=25.0)]),
+        # two slow senders: 4 of the 6 links are slow, and must not set the fault-free latency
+        "slow_links_2_ranks": dict(faults=[F.SlowLink(1, delay_ms=0.5), F.SlowLink(2, delay_ms=0.5)]),
+        "slow_link_P2": dict(pp=2, microbatches=4, faults=[F.SlowLink(0, delay_ms=0.5)]),
         "host_stall": dict(faults=[F.HostStall(1, 0.5)]),
         "exposed_allreduce_dp2": dict(dp=2, faults=[F.ExposedAllReduce(3.0)]),
         "slow_stage_dp2": dict(dp=2, faults=[F.SlowStage(2, 2.0)]),

@@ -116,6 +116,8 @@ def test_healthy_run_is_quiet_and_all_bubble(tmp_path: Path, schedule: str, pp: 
 FAULTS: dict[str, dict[str, Any]] = {
     "slow_stage": dict(faults=[F.SlowStage(2, 2.0)]),
     "slow_link": dict(faults=[F.SlowLink(1, delay_ms=0.5)]),
+    # two slow senders make 4 of the 6 links slow: they must not set the fault-free latency
+    "slow_links_2_ranks": dict(faults=[F.SlowLink(1, delay_ms=0.5), F.SlowLink(2, delay_ms=0.5)]),
     "host_stall": dict(faults=[F.HostStall(1, 0.5)]),
     "exposed_allreduce": dict(dp=2, faults=[F.ExposedAllReduce(3.0)]),
     "interleaved_slow_stage": dict(schedule="interleaved_1f1b", virtual=2, faults=[F.SlowStage(1, 2.0)]),

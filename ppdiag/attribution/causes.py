@@ -49,6 +49,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution.collective_steps import run_waits
 from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves
+from ppdiag.attribution.link_latency import LinkLatencies
 from ppdiag.attribution.rank_step import RankStep, _m, rank_step
 from ppdiag.attribution.replay_graph import STEP_JOIN_NS
 from ppdiag.attribution.replay_index import (
@@ -81,6 +82,7 @@ class Attribution:
     collective_waits: CollectiveWaits | None = None  # waits in collectives for a late member
     # per edge: how long a host-op producer issued its send after its block (0 on devices)
     edge_held: list[int] = field(default_factory=list)
+    links: LinkLatencies = field(default_factory=LinkLatencies)  # each link's normal transfer time
 
 
 # Variants of the replay, each removing one more kind of delay than the next (DESIGN.md §5): the
@@ -154,9 +156,11 @@ def attribute(
     edges: list[tuple[int, int, int, int]] = []
     held: list[int] = []
     lat = 0
+    links = LinkLatencies()
     if pipelined and any(len(rs.blocks) for rs in steps):
         rp = Replay(steps, timelines, ops, last_stage)
         lat = rp.normal_latency
+        links = rp.links
         cf, full = replay_causes(rp)
         mean_cost = rp.mean_costs()
         # single-cause counterfactuals for the findings' gains: only that delay removed
@@ -220,7 +224,7 @@ def attribute(
             causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
     notes.extend(waits.notes)
     gaps = _paint(steps, causes)
-    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held)
+    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links)
 
 
 def _close(c: dict[str, int], lost: int) -> dict[str, int]:

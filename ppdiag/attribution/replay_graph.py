@@ -20,12 +20,13 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from ppdiag.attribution.link_latency import link_latencies
 from ppdiag.attribution.rank_step import RankStep, _m, _split_local
 from ppdiag.attribution.replay_index import (
     MATCH_END_NS,
@@ -80,15 +81,13 @@ class _LocalPieces(NamedTuple):
 @dataclass
 class _WaitContext:
     """What resolving a wait to its producer reads: every rank's block ends (sorted, with their
-    node ids), the peers' issued operations, the steps by (rank, step), and the transfer times
-    seen per link (filled as waits resolve)."""
+    node ids), the peers' issued operations and the steps by (rank, step)."""
 
     ends_by_rank: dict[int, tuple[list[int], list[int]]]
     issues: _IssueIndex
     by_rank_step: dict[tuple[int, int], RankStep]
     timelines: dict[int, RankTimeline]
     tol: int
-    taus: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # per (producer, consumer)
 
 
 def _step_waits(rs: RankStep, idx: _P2PIndex, lo_a: npt.NDArray[np.int64], cpu: bool, tol: int) -> _StepWaits:
@@ -222,11 +221,11 @@ class ReplayGraph:
         self._rank_l: list[int] = self.cols.cols["rank"].tolist()
         self._step_l: list[int] = self.cols.cols["step"].tolist()
         self._find_step_syncs(timelines)
-        taus = self._resolve_waits(pending, timelines, ops, tol)
-        # The normal latency: the lower median over the links of each link's median transfer,
-        # so that slow links (even half of them, as with P=2) do not set what "normal" is.
-        per_link = [float(np.median(v)) for v in taus.values()]
-        self.normal_latency = int(np.percentile(per_link, 50, method="lower")) if per_link else 0
+        self._resolve_waits(pending, timelines, ops, tol)
+        # each link's normal transfer time and the run's fault-free latency (the lower quartile
+        # of the links' normal times: slow links, even most of them, do not set it)
+        self.links = link_latencies(self.waits)
+        self.normal_latency = self.links.fault_free_ns
         self._label_edges(labels, last_stage, tol)
         self.order: list[int] = np.argsort(np.asarray(self.meas_start, np.int64), kind="stable").tolist()
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
@@ -434,8 +433,8 @@ class ReplayGraph:
 
     def _resolve_waits(
         self, pending: list[_Pending], timelines: dict[int, RankTimeline], ops: dict[int, P2POps], tol: int
-    ) -> dict[tuple[int, int], list[int]]:
-        """Tie every wait to what released it; returns the transfer times seen per link."""
+    ) -> None:
+        """Tie every wait to what released it (each wait's transfer is kept in :attr:`waits`)."""
         ctx = _WaitContext(
             self._ends_by_rank(),
             _IssueIndex(ops, timelines),
@@ -445,7 +444,6 @@ class ReplayGraph:
         )
         for nid, held, rel, wait_start in pending:
             self._resolve_wait(ctx, nid, held, rel, wait_start)
-        return ctx.taus
 
     def _resolve_wait(
         self, ctx: _WaitContext, nid: int, held: tuple[int, int, int, int], rel: int, wait_start: int
@@ -529,7 +527,6 @@ class ReplayGraph:
     ) -> None:
         self.waits.append((peer, me, xfer, waited))
         self.held.append(held)
-        ctx.taus.setdefault((peer, me), []).append(xfer)
 
     def _label_edges(self, labels: list[npt.NDArray[np.int64]], last_stage: int, tol: int) -> None:
         """Pipeline data dependencies from labels, with the normal latency (capped so the measured

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
 
+from ppdiag.attribution.link_latency import LinkLatencies, link_latencies
 from ppdiag.diagnosis import Finding
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
@@ -19,9 +21,11 @@ class CommWaitRule:
     """What it detects:
     A stage waited for data that its neighbour had already produced: the time from the producer's
     block end to the consumer's release is far above the run's normal transfer latency (on host
-    ops, a send posted after the block while the producer went on counts: the data was held). A
-    link is as late as most of its transfers are: a process descheduled on a loaded host makes a
-    few transfers very late on any link. The rule names the sending rank of the slow links.
+    ops, a send posted after the block while the producer went on counts: the data was held), and
+    the link is slower than the run's other links by more than their spread (every link late alike
+    is jitter or a loaded host, not a slow link). A link is as late as most of its transfers are: a
+    process descheduled on a loaded host makes a few transfers very late on any link. The rule
+    names the sending rank of the slow links.
 
     Why it matters:
     Every late transfer stalls the consumer and, through it, the rest of the pipeline. It usually
@@ -51,22 +55,18 @@ class CommWaitRule:
         gain = fix_gain_ms(ctx, "no_comm_wait")
         if not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
+        # only a link slower than the run's other links by more than the noise is a fault: every
+        # link late alike (jitter, a loaded host) is not
+        links = _rule_links(ctx)
+        slow = links.slow()
+        if not slow:
+            return []
         normal = ctx.attribution.normal_latency_ns
         per_link = _late_wait_per_link(ctx, normal)
-        top = max(per_link.values(), default=0.0)
-        slow = {k: v for k, v in per_link.items() if top > 0 and v >= 0.5 * top}
-        senders = _slow_senders(per_link)
-        link_ev = {f"{a}->{b}": r3(v / 1e6) for (a, b), v in sorted(slow.items())}
-        # On an oversubscribed host every link is late alike, and a link is late by up to what a
-        # descheduled process costs (the late-launch time every rank shows per step); only a link
-        # that stands out of both is a fault.
-        nm = noise_of(ctx)
-        top_ms = top / 1e6
-        descheduled = min(nm.contention_ms / top_ms, 1.0) if top_ms > 0 else 0.0
-        # the late waits are measured on every transfer of every step: their own step-to-step
-        # spread says how sure they are (as the imbalance's does for PP003), not the step total's
-        base = nm.cause_ms(ctx.steps, ctx.attribution, self.cause)
-        noise = nm.noise_ms(gain, max(shared_share(list(per_link.values())), descheduled), base)
+        slow_wait = {k: per_link.get(k, 0.0) for k in slow}
+        top = max(slow_wait.values(), default=0.0)
+        senders = _slow_senders(slow_wait)
+        link_ev = {f"{a}->{b}": r3(v / 1e6) for (a, b), v in sorted(slow_wait.items()) if v >= 0.5 * top}
         return [
             finding(
                 ctx,
@@ -74,13 +74,16 @@ class CommWaitRule:
                 self.cause,
                 "transfers of rank(s) " + ", ".join(map(str, senders)) + " arrive late "
                 f"({top / 1e6:.1f} ms per step of waiting on the slowest link)"
-                if senders
+                if senders and top > 0
                 else "stage-to-stage transfers arrive late",
                 gain,
                 {
                     "comm_wait_ms": r3(cw),
                     "normal_latency_ms": r3(normal / 1e6),
                     "late_wait_ms_per_step_by_link": link_ev,
+                    "link_normal_ms": {
+                        f"{a}->{b}": r3(x.normal_ns / 1e6) for (a, b), x in sorted(links.links.items())
+                    },
                     # achieved bandwidth of the links (ppdiag/pipeline/links.py): below any RDMA class
                     "tcp_fallback_suspected": [
                         f"{x.src}->{x.dst}: {x.gbps_median:.2f} GB/s inter-node"
@@ -95,10 +98,50 @@ class CommWaitRule:
                     "avoid interleaved schedules on slow links: they send v times more activations",
                 ],
                 ranks=senders,
-                noise_ms=noise,
+                noise_ms=_link_noise_ms(ctx, links, gain, slow, per_link, top / 1e6),
                 fix="no_comm_wait",
             )
         ]
+
+
+def _steps(ctx: RuleContext) -> float:
+    return max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
+
+
+def _rule_links(ctx: RuleContext) -> LinkLatencies:
+    """The links as PP004 judges them: on host ops (gloo) a send the producer posted after its
+    block while it went on counts from the block's end (the data was held on its way), so each
+    transfer is timed from there; on devices these are the attribution's links."""
+    edges = ctx.attribution.edges
+    held = ctx.attribution.edge_held
+    if len(held) != len(edges) or not any(held):
+        return ctx.attribution.links
+    return link_latencies((p, c, tau + h, w) for (p, c, tau, w), h in zip(edges, held, strict=True))
+
+
+def _link_noise_ms(
+    ctx: RuleContext,
+    links: LinkLatencies,
+    gain: float,
+    slow: dict[tuple[int, int], float],
+    per_link: dict[tuple[int, int], float],
+    top_ms: float,
+) -> float:
+    """The noise of the fix's gain, judged against the links' spread rather than the step's: the
+    share of the gain that the links' shared lateness explains (what every link shows: the slow
+    links' lateness beyond the others' is the fault), plus the noise of that lateness beyond the
+    others' (``Z`` standard errors per transfer, over a step's transfers, in quadrature). On an
+    oversubscribed CPU host a link is late by up to what a descheduled process costs: that share
+    of the gain is noise as well."""
+    n_steps = _steps(ctx)
+    late_all = sum(x.late_ns * x.n for x in links.links.values())
+    beyond = sum(slow[k] * links.links[k].n for k in slow)
+    shared = 1.0 - min(beyond / late_all, 1.0) if late_all > 0 else 0.0
+    spread_ms = math.hypot(*(links.noise_ns(k) * links.links[k].n for k in slow)) / n_steps / 1e6
+    nm = noise_of(ctx)
+    descheduled = min(nm.contention_ms / top_ms, 1.0) if top_ms > 0 else 0.0
+    contention = nm.noise_ms(gain, max(shared_share(list(per_link.values())), descheduled)) - nm.base_ms()
+    return shared * gain + spread_ms + contention
 
 
 def _late_wait_per_link(ctx: RuleContext, normal: int) -> dict[tuple[int, int], float]:

@@ -1,0 +1,132 @@
+"""Each link's normal transfer time, read off the run itself (DESIGN.md §5, ``bubble``).
+
+A pipeline transfer that took its link's normal time is part of the schedule: the fill and drain
+of the pipe pay it even on a perfect run, so it is bubble, and only what a transfer takes beyond
+the run's fault-free latency is ``comm_wait``. Both come from the waits the replay resolved, one
+transfer time each, grouped by link and direction (producer rank -> consumer rank):
+
+* a link's **normal** time is a low quantile of its transfers (:data:`LINK_Q`): a slow tail, even
+  most of the link's transfers, leaves it where the link's undisturbed transfers are;
+* the run's **fault-free latency** is the lower quartile of the links' normal times
+  (:data:`FREE_Q`): slow links do not set what "normal" is, even where they are most of the links
+  (two slow ranks of a 4-stage pipe make 4 of its 6 links slow; P = 2 with one slow direction);
+* a link's **spread** is the robust standard deviation of its transfers ((p50 - p10) / 1.2816 for
+  a normal spread): what one transfer on it varies by without a fault.
+
+A link is slow (``PP004``) only when its mean lateness per transfer (the time beyond the run's
+fault-free latency) stands out of the other links' (their lower quartile) by more than the noise:
+:data:`Z` standard errors of the difference, each link's from the spread of its own transfers,
+and never less than :data:`FLOOR_SHARE` of the fault-free latency. Every link late alike (a
+loaded host, jitter every link shows) is no slow link.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+LINK_Q = 0.25  # the quantile of a link's transfers that stands for its normal time
+FREE_Q = 0.25  # the quantile of the links' normal times that is the run's fault-free latency
+REF_Q = 0.25  # the quantile of the other links' lateness a link is compared with
+Z = 2.0  # standard errors a link's lateness must stand out by (about 95 % one-sided)
+FLOOR_SHARE = 0.1  # and at least this share of the fault-free latency (exact synthetic runs)
+FLOOR_NS = 1_000  # ... and at least this (timer resolution of the inputs)
+
+
+@dataclass(frozen=True)
+class LinkLatency:
+    """One link and direction: its transfers' count and normal time, spread, and lateness."""
+
+    src: int
+    dst: int
+    n: int
+    normal_ns: int  # the LINK_Q quantile of its transfers (an observed transfer time)
+    spread_ns: float  # robust standard deviation of one transfer
+    late_ns: float  # mean time per transfer beyond the run's fault-free latency
+    late_se_ns: float  # standard error of that mean
+
+
+@dataclass(frozen=True)
+class LinkLatencies:
+    """The links of a run and its fault-free p2p latency (ns)."""
+
+    links: dict[tuple[int, int], LinkLatency] = field(default_factory=dict)
+    fault_free_ns: int = 0
+
+    def reference_ns(self, key: tuple[int, int]) -> tuple[float, float]:
+        """The lateness the other links show (their lower quartile: a slow rank makes every link
+        it touches late, 4 of the 6 links of a 4-stage pipe) and its standard error (the median of
+        theirs): what this link is compared with."""
+        others = [x for k, x in self.links.items() if k != key]
+        if not others:
+            return 0.0, 0.0
+        late = float(np.quantile([x.late_ns for x in others], REF_Q, method="lower"))
+        return late, float(np.median([x.late_se_ns for x in others]))
+
+    def noise_ns(self, key: tuple[int, int]) -> float:
+        """How far a link's mean lateness may stand out of the others' without a fault: ``Z``
+        standard errors of the difference (each from its link's spread over its transfers)."""
+        z = Z * math.hypot(self.links[key].late_se_ns, self.reference_ns(key)[1])
+        return max(z, FLOOR_SHARE * self.fault_free_ns, FLOOR_NS)
+
+    def slow(self) -> dict[tuple[int, int], float]:
+        """The links slower than the run's other links by more than the noise: per link, how much
+        later than the others its transfers arrive (ns per transfer, beyond the reference)."""
+        out: dict[tuple[int, int], float] = {}
+        for k, x in self.links.items():
+            beyond = x.late_ns - self.reference_ns(k)[0]
+            if beyond > self.noise_ns(k):
+                out[k] = beyond
+        return out
+
+
+def link_latencies(waits: Iterable[tuple[int, int, int, int]]) -> LinkLatencies:
+    """The links of the resolved waits ``(producer, consumer, transfer ns, waited ns)``."""
+    w = np.array(list(waits), np.int64).reshape(-1, 4)
+    if w.shape[0] == 0:
+        return LinkLatencies()
+    keys, inv = np.unique(w[:, :2], axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    order = np.argsort(inv, kind="stable")
+    tau = w[order, 2].astype(np.float64)
+    bounds = np.r_[0, np.cumsum(np.bincount(inv, minlength=len(keys)))]
+    groups = [tau[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+    normal = np.array([np.quantile(g, LINK_Q, method="lower") for g in groups], np.int64)
+    lat = int(np.quantile(normal, FREE_Q, method="lower"))
+    links: dict[tuple[int, int], LinkLatency] = {}
+    for (a, b), g, nrm in zip(keys.tolist(), groups, normal.tolist(), strict=True):
+        p10, p50 = np.percentile(g, [10, 50])
+        late = np.maximum(g - lat, 0.0)
+        se = float(np.std(late, ddof=1)) / math.sqrt(g.size) if g.size >= 2 else 0.0
+        spread = max(float(p50 - p10), 0.0) / 1.2816
+        links[(a, b)] = LinkLatency(a, b, int(g.size), nrm, spread, float(late.mean()), se)
+    return LinkLatencies(links, lat)
+
+
+def sum_per_link(
+    values: npt.NDArray[np.float64], keys: npt.NDArray[np.int64]
+) -> dict[tuple[int, int], float]:
+    """Sum ``values`` per (producer, consumer) row of ``keys``."""
+    if keys.size == 0:
+        return {}
+    uk, inv = np.unique(keys.reshape(-1, 2), axis=0, return_inverse=True)
+    sums = np.bincount(inv.reshape(-1), weights=values, minlength=len(uk))
+    return {(int(a), int(b)): float(s) for (a, b), s in zip(uk.tolist(), sums.tolist(), strict=True)}
+
+
+__all__ = [
+    "FLOOR_NS",
+    "FLOOR_SHARE",
+    "FREE_Q",
+    "LINK_Q",
+    "REF_Q",
+    "LinkLatencies",
+    "LinkLatency",
+    "Z",
+    "link_latencies",
+    "sum_per_link",
+]

@@ -1,0 +1,116 @@
+"""Each link's normal transfer time and the run's fault-free p2p latency (DESIGN.md §5).
+
+A transfer at its link's normal time is part of the schedule (bubble); only what a transfer takes
+beyond the run's fault-free latency is comm_wait, and PP004 names a link only when it is slower
+than the run's other links by more than the noise.
+"""
+
+from __future__ import annotations
+
+from test_causes_handbuilt import RECV, SEND, B, F, Op, _causes, _check
+
+from ppdiag.attribution.link_latency import LinkLatencies, link_latencies
+from ppdiag.model import Kind
+
+US = 1000
+
+
+def _waits(link: tuple[int, int], taus_us: list[int]) -> list[tuple[int, int, int, int]]:
+    return [(link[0], link[1], t * US, t * US) for t in taus_us]
+
+
+def test_a_links_normal_time_is_a_low_quantile_of_its_transfers() -> None:
+    # link 0->1: eight transfers of 100 µs and four of 5000 (a third of them late); its normal time
+    # is the lower quartile, 100 µs, where the median of a link with more late transfers would not
+    # be. Link 1->0: all 120 µs. Fault-free latency: the lower median of (100, 120) = 100 µs.
+    ll = link_latencies(_waits((0, 1), [100] * 8 + [5000] * 4) + _waits((1, 0), [120] * 12))
+    assert ll.links[(0, 1)].normal_ns == 100 * US
+    assert ll.links[(1, 0)].normal_ns == 120 * US
+    assert ll.fault_free_ns == 100 * US
+    # lateness per transfer beyond 100 µs: 0->1 (4 x 4900) / 12 = 1633.3 µs; 1->0 20 µs
+    assert ll.links[(0, 1)].late_ns == 4 * 4900 * US / 12
+    assert ll.links[(1, 0)].late_ns == 20 * US
+
+
+def test_slow_links_do_not_set_the_fault_free_latency() -> None:
+    # P = 2 with one slow direction: 0->1 at 600 µs, 1->0 at 100. The lower median of the links'
+    # normal times is the fast one: 100 µs, so 0->1's 500 µs per transfer are comm wait.
+    ll = link_latencies(_waits((0, 1), [600] * 6) + _waits((1, 0), [100] * 6))
+    assert ll.fault_free_ns == 100 * US
+    # 0->1 stands out of the other link (lateness 500 µs against 0, no spread): slow by 500 µs
+    assert ll.slow() == {(0, 1): 500.0 * US}
+
+
+def test_most_links_slow_do_not_set_the_fault_free_latency() -> None:
+    # P = 4, ranks 1 and 2 send 500 µs late: 1->0, 1->2, 2->1 and 2->3 take 600 µs, 0->1 and
+    # 3->2 100 µs. The links' normal times sorted: 100, 100, 600, 600, 600, 600; their lower
+    # median would be 600, their lower quartile (index 1 of 0..5) is 100: the fault-free latency.
+    slow = [(1, 0), (1, 2), (2, 1), (2, 3)]
+    waits = [w for link in slow for w in _waits(link, [600] * 8)]
+    waits += _waits((0, 1), [100] * 8) + _waits((3, 2), [100] * 8)
+    ll = link_latencies(waits)
+    assert ll.fault_free_ns == 100 * US
+    # each slow link is 500 µs late against the other links' lower quartile (index 1 of 0..4: 0)
+    assert ll.slow() == {k: 500.0 * US for k in slow}
+
+
+def test_links_late_alike_are_no_slow_link() -> None:
+    # every link's transfers spread alike between 100 and 1000 µs (jitter of a loaded host): the
+    # links' lateness differs by less than the noise, so none is slow; one link whose transfers
+    # are all 3 ms later than the others' does stand out.
+    jitter = [100, 150, 200, 300, 450, 600, 800, 1000]
+    waits = [w for link in ((0, 1), (1, 2), (2, 3), (1, 0), (2, 1), (3, 2)) for w in _waits(link, jitter)]
+    assert link_latencies(waits).slow() == {}
+    slow = _waits((1, 2), [t + 3000 for t in jitter])
+    got = link_latencies([w for w in waits if w[:2] != (1, 2)] + slow).slow()
+    assert list(got) == [(1, 2)]
+    assert got[(1, 2)] > 2500 * US
+
+
+def test_no_waits_no_links() -> None:
+    ll = link_latencies([])
+    assert ll == LinkLatencies() and ll.fault_free_ns == 0 and ll.slow() == {}
+
+
+def test_a_links_normal_time_is_bubble_and_only_the_excess_is_comm_wait() -> None:
+    # P = 2, M = 2, GPipe; F = 1000, B = 2000 µs. Each direction carries one normal transfer
+    # (100 µs) and one slow one (600 µs): F1's activations 0->1 and B1's gradients 1->0. Receives
+    # are posted early (on their own stream), so each transfer counts from its send.
+    #   stage 0: F0 0-1000, F1 1000-2000 (sends 1000-1100, 2000-2600), B0 5700-7700, B1 8200-10200
+    #   stage 1: F0 1100-2100, F1 2600-3600, B0 3600-5600 (send 5600-5700), B1 5600-7600
+    #            (send 7600-8200); a step-end all-reduce ends at 10300 on both.
+    # Lost per rank: 10300 - 6000 = 4300. With every transfer at 100 µs the run ends at 9300:
+    # bubble (P-1)(F+B) + 2 x 100 (fill and drain) = 3200, the all-reduce 100 exposed comm, and
+    # the two slow transfers, both on the critical path, add 2 x 500 = 1000 comm wait.
+    # Each link's normal time is its lower quartile, 100 µs: the fault-free latency is 100. (The
+    # lower median of the links' medians, 350 µs, would book 2 x 250 of the slow transfers as
+    # bubble: bubble 3700, comm wait 500.)
+    r0 = [
+        Op(0, 1000, launch=-50),
+        Op(1000, 1100, Kind.P2P, 1, SEND),
+        Op(1000, 2000, launch=900),
+        Op(2000, 2600, Kind.P2P, 1, SEND),
+        Op(2600, 5700, Kind.P2P, 1, RECV),
+        Op(5700, 7700, launch=2000),
+        Op(5700, 8200, Kind.P2P, 1, RECV),
+        Op(8200, 10200, launch=7000),
+        Op(10200, 10300, Kind.COLLECTIVE),
+    ]
+    r1 = [
+        Op(0, 1100, Kind.P2P, 0, RECV),
+        Op(1100, 2100, launch=1050),
+        Op(1100, 2600, Kind.P2P, 0, RECV),
+        Op(2600, 3600, launch=2000),
+        Op(3600, 5600, launch=3000),
+        Op(5600, 5700, Kind.P2P, 0, SEND),
+        Op(5600, 7600, launch=5000),
+        Op(7600, 8200, Kind.P2P, 0, SEND),
+        Op(8200, 10300, Kind.COLLECTIVE),
+    ]
+    run = {
+        0: (r0, [(0, 1000, F, 0, 0), (1000, 2000, F, 1, 0), (5700, 7700, B, 0, 0), (8200, 10200, B, 1, 0)]),
+        1: (r1, [(1100, 2100, F, 0, 1), (2600, 3600, F, 1, 1), (3600, 5600, B, 0, 1), (5600, 7600, B, 1, 1)]),
+    }
+    got = _causes(run, 10300)
+    for r in (0, 1):
+        _check(got[r], {"bubble": 3200, "comm_wait": 1000, "exposed_comm": 100})
