@@ -184,29 +184,7 @@ def attribute(
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
         edges = rp.edge_stats()
         held = list(rp.held)
-        if rp.dropped_edges:
-            # blocks are numbered by their labels when the trace has them, else by their order
-            labelled = any(rs.blocks.labelled for rs in steps)
-            notes.append(
-                f"{rp.dropped_edges} micro-batch dependencies between blocks contradict the measured "
-                "order and were left out of the replay "
-                + (
-                    "(labels may be mis-numbered)"
-                    if labelled
-                    else "(micro-batches numbered by their order: a reordered schedule or clock error)"
-                )
-            )
-        if rp.untraced_waits:
-            notes.append(
-                f"{rp.untraced_waits} waits are on ranks that are not in the traces: "
-                "they are counted as pipeline waits; analyze every rank of the pipeline to trace them"
-            )
-        mism = [abs(v["measured"][(rs.rank, rs.step)] - rs.acct.lost) for rs in steps]
-        if mism and max(mism) > 0.02 * max(rs.acct.window for rs in steps):
-            notes.append(
-                "the replay of the measured timeline differs from the measurement by up to "
-                f"{max(mism) / 1e6:.2f} ms; the difference is reported as unexplained"
-            )
+        notes += _replay_notes(rp, steps, v["measured"])
     else:
         waits = run_waits(steps, timelines, p2p=True)
         for rs in steps:
@@ -225,6 +203,35 @@ def attribute(
     notes.extend(waits.notes)
     gaps = _paint(steps, causes)
     return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links)
+
+
+def _replay_notes(rp: Replay, steps: list[RankStep], measured: dict[tuple[int, int], int]) -> list[str]:
+    """What the replay had to leave out or could not reproduce, in words."""
+    notes: list[str] = []
+    if rp.dropped_edges:
+        # blocks are numbered by their labels when the trace has them, else by their order
+        labelled = any(rs.blocks.labelled for rs in steps)
+        notes.append(
+            f"{rp.dropped_edges} micro-batch dependencies between blocks contradict the measured "
+            "order and were left out of the replay "
+            + (
+                "(labels may be mis-numbered)"
+                if labelled
+                else "(micro-batches numbered by their order: a reordered schedule or clock error)"
+            )
+        )
+    if rp.untraced_waits:
+        notes.append(
+            f"{rp.untraced_waits} waits are on ranks that are not in the traces: "
+            "they are counted as pipeline waits; analyze every rank of the pipeline to trace them"
+        )
+    mism = [abs(measured[(rs.rank, rs.step)] - rs.acct.lost) for rs in steps]
+    if mism and max(mism) > 0.02 * max(rs.acct.window for rs in steps):
+        notes.append(
+            "the replay of the measured timeline differs from the measurement by up to "
+            f"{max(mism) / 1e6:.2f} ms; the difference is reported as unexplained"
+        )
+    return notes
 
 
 def _close(c: dict[str, int], lost: int) -> dict[str, int]:
