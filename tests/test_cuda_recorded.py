@@ -166,6 +166,7 @@ def test_ranks_on_a_skewed_host_keep_the_diagnosis(name: str, move: str, tmp_pat
     "name",
     [
         "nccl_1f1b_p4_m8",
+        "nccl_1f1b_p4_m8_slowlink1",  # late sends: the timing fit finds rank 2's partners ambiguous
         "nccl_gpipe_p4_m4_slow2",
         "nccl_zbv_p4_m8",
         "nccl_izb_p4_m8",
