@@ -10,15 +10,16 @@ from __future__ import annotations
 import gzip
 import json
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ppdiag.api import Options, diagnose
-from ppdiag.model import Direction
-from ppdiag.pipeline.clocks import P2POps, match_pairs
-from ppdiag.pipeline.peers import HOW_TIMING, fit_link
+from ppdiag.model import Direction, Intervals, Kind, Phase, RangeKind, Ranges, RankTimeline, Run
+from ppdiag.pipeline.clocks import P2POps, match_pairs, p2p_ops
+from ppdiag.pipeline.peers import HOW_TIMING, decide_peers, fit_link
 from ppdiag.report_types import Report
 from ppsynth import faults as F
 from ppsynth.kineto import write_kineto
@@ -302,3 +303,66 @@ def test_stage_map_separates_lockstep_replicas(tmp_path: Path) -> None:
     assert got.run.stage_map == rep.run.stage_map
     assert got.run.peers is not None and got.run.peers.undecided == 0
     assert not any("ambiguous" in w for w in got.run.warnings)
+
+
+# ---- fused exchanges (one SendRecv kernel carries a send and a receive) ----------------------
+
+B = int(Direction.BOTH)
+# 1F1B with 3 stages and 3 micro-batches, one rank per stage, as batch_isend_irecv runs it: a send
+# and a receive to the same neighbour are one kernel (B). Times in 0.1 ms on the true clock;
+# compute blocks F (forward) and W (backward), p2p rows (direction, start, end, true peer). The
+# ranks share one GPU by time slices, so a matched pair ends together only to 0-2.2 ms.
+#   rank 0 (stage 0): S a0->1, S a1->1, B {a2->1, g0<-1}, R g1<-1, R g2<-1: every peer 1
+#   rank 1 (stage 1): R a0<-0, S a0->2, R a1<-0, B {a1->2, g0<-2}, B {g0->0, a2<-0},
+#                     B {a2->2, g1<-2}, S g1->0, R g2<-2, S g2->0: peers 0 2 0 2 0 2 0 2 0
+#   rank 2 (stage 2): R a0<-1, B {g0->1, a1<-1}, B {g1->1, a2<-1}, S g2->1: every peer 1
+# The k-th forward send of rank 0 (a0, a1, a2) ends with the k-th forward receive of rank 1, and
+# the k-th backward send of rank 1 (g0, g1, g2) with the k-th backward receive of rank 0: the two
+# median gaps add up to ~0 (+0.8 ms) whatever the clocks, while rank 0 against rank 2 adds up to
+# stage 1's compute both ways. Rank 1's B kernels go to 2, 0, 2 in turn on one stream.
+_FUSED: dict[int, list[tuple[Any, ...]]] = {
+    0: [("F", 0, 20), (S, 20, 23, 1), ("F", 23, 43), (S, 43, 64, 1), ("F", 64, 84), (B, 84, 182, 1),
+        ("W", 182, 222), (R, 222, 255, 1), ("W", 255, 295), (R, 295, 356, 1), ("W", 356, 396)],
+    1: [(R, 0, 38, 0), ("F", 38, 58), (S, 58, 61, 2), (R, 61, 72, 0), ("F", 72, 92), (B, 92, 124, 2),
+        ("W", 124, 164), (B, 164, 189, 0), ("F", 189, 209), (B, 209, 212, 2), ("W", 212, 252),
+        (S, 252, 255, 0), (R, 255, 305, 2), ("W", 305, 345), (S, 345, 348, 0)],
+    2: [(R, 0, 61, 1), ("F", 61, 81), ("W", 81, 121), (B, 121, 146, 1), ("F", 146, 166),
+        ("W", 166, 206), (B, 206, 227, 1), ("F", 227, 247), ("W", 247, 287), (S, 287, 290, 1)],
+}  # fmt: skip
+# each rank's own clock, and its host step start (later stages start the step earlier)
+_CLOCK = {0: 0, 1: 37 * MS, 2: -21 * MS}
+_STEP_START = {0: -1, 1: -60, 2: -120}
+
+
+def _fused_rank(rank: int) -> RankTimeline:
+    """The rank's kernels on its own clock: each compute block as three kernels on stream 7, the
+    p2p kernels on one NCCL stream (20) with directions and no peers."""
+    unit = MS // 10
+    cols: dict[str, list[int]] = {c: [] for c in ("start", "end", "stream", "kind", "phase", "direction")}
+    for row in _FUSED[rank]:
+        if isinstance(row[0], str):
+            cuts = np.linspace(row[1], row[2], 4)
+            spans = list(pairwise(cuts))
+            kind, stream, phase, d = Kind.COMPUTE, 7, Phase.FWD if row[0] == "F" else Phase.BWD, 0
+        else:
+            spans, kind, stream, phase, d = [(row[1], row[2])], Kind.P2P, 20, Phase.UNKNOWN, row[0]
+        for a, b in spans:
+            for c, x in zip(cols, (int(a * unit), int(b * unit), stream, kind, phase, d), strict=True):
+                cols[c].append(int(x) + (_CLOCK[rank] if c in ("start", "end") else 0))
+    iv = Intervals.from_columns(len(cols["start"]), cols)
+    step = {"start": [_STEP_START[rank] * unit + _CLOCK[rank]], "end": [400 * unit + _CLOCK[rank]]}
+    rg = Ranges.from_columns(1, {**step, "kind": [int(RangeKind.STEP)], "num": [1]})
+    return RankTimeline(rank, f"rank{rank}", "kineto", [""], iv, rg, world_size=3)
+
+
+def test_fused_exchanges_on_a_shared_gpu_find_their_partners_by_order() -> None:
+    run = Run([_fused_rank(r) for r in range(3)], "kineto")
+    ops = {tl.rank: p2p_ops(tl) for tl in run.ranks}
+    assert int((ops[1].direction == B).sum()) == 3  # fused kernels to two peers on one stream
+    dec = decide_peers(run, ops)
+    assert dec.undecided == 0 and dec.decided == 18 and dec.warnings == []
+    for r, v in ops.items():
+        want = [row[3] for row in _FUSED[r] if not isinstance(row[0], str)]
+        assert v.peer.tolist() == want, r
+        assert np.all(v.how == HOW_TIMING)
+    assert sorted(dec.links) == [(0, 1), (1, 0), (1, 2), (2, 1)]

@@ -2,6 +2,15 @@
 :mod:`ppdiag.pipeline.peers`): each transfer is an activation or a gradient by the compute beside
 it, and per flow and step the k-th send pairs with the k-th receive of the same flow; each rank's
 partner is the one whose receives follow its sends causally and soonest.
+
+Device kernels whose ends meet (a matched send and receive end together) are compared without a
+clock: a fused exchange (``ncclDevKernel_SendRecv``, direction BOTH) carries a send of the flow of
+the compute before it and a receive of the flow of the compute after it, and a real link carries
+both flows, activations one way and gradients back. The k-th forward send of ``a`` ends with the
+k-th forward receive of its partner ``b`` and the k-th backward send of ``b`` with the k-th
+backward receive of ``a``: the two median gaps are the same clock offset with opposite signs and
+add up to about zero, whatever the offset. A rank two stages away adds its compute in both flows
+(a positive sum), an upstream rank receives before the send (a negative one).
 """
 
 from __future__ import annotations
@@ -9,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline, Run
+from ppdiag.model import Kind, Phase, RangeKind, RankTimeline, Run
 from ppdiag.pipeline.clocks import P2POps
-from ppdiag.pipeline.peer_links import HOW_TIMING, LinkFit
+from ppdiag.pipeline.peer_links import HOW_TIMING, LinkFit, can_recv, can_send
 
 _FWD, _BWD = 1, 2
 
@@ -77,17 +86,28 @@ def _flow_score(
 ) -> tuple[float, float, int]:
     """The k-th send of each step against the k-th receive of the same step: the share that is
     causal (the receive ends after the send began), the median gap, and the pairs compared."""
-    gaps: list[npt.NDArray[np.int64]] = []
+    g = _step_gaps(s_key, s_step, r_key, r_step)
+    if g.size == 0:
+        return 0.0, float("inf"), 0
+    return float(np.mean(g >= -tol)), float(np.median(g)), int(g.size)
+
+
+def _step_gaps(
+    s_key: npt.NDArray[np.int64],
+    s_step: npt.NDArray[np.int64],
+    r_key: npt.NDArray[np.int64],
+    r_step: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """``r_key - s_key`` of the k-th send and the k-th receive of each step both ran (keys sorted);
+    steps whose counts differ (a lost or duplicated event) cannot be paired by order and are left
+    out."""
+    gaps: list[npt.NDArray[np.int64]] = [np.zeros(0, np.int64)]
     for st in np.intersect1d(np.unique(s_step[s_step >= 0]), np.unique(r_step[r_step >= 0])):
         a = s_key[s_step == st]
         b = r_key[r_step == st]
-        if a.size != b.size:  # a lost or duplicated event: this step cannot be compared by order
-            continue
-        gaps.append(b - a)
-    if not gaps:
-        return 0.0, float("inf"), 0
-    g = np.concatenate(gaps)
-    return float(np.mean(g >= -tol)), float(np.median(g)), int(g.size)
+        if a.size == b.size:
+            gaps.append((b - a).astype(np.int64))
+    return np.concatenate(gaps)
 
 
 # per (rank, flow, sends?): the ops' indices, keys on the coarse clock and step numbers, by key
@@ -110,7 +130,10 @@ def _decide_by_flow(
     streams = _flow_streams(run, o, off, unknown)
     if not streams:
         return None
-    partner, scores = _flow_partners(streams, _FLOW_TOL_NS, candidates)
+    if all(bool(v.ends_meet) for v in o.values() if len(v.start)):
+        partner, scores = _meeting_partners(streams, _FLOW_TOL_NS)
+    else:
+        partner, scores = _flow_partners(streams, _FLOW_TOL_NS, candidates)
     if not partner:
         return None
     warnings = _flow_conflicts(partner)
@@ -118,7 +141,6 @@ def _decide_by_flow(
         warnings.append("p2p peers left undecided (no pipeline built from timing)")
         return {}, 0, None, warnings
     links: dict[tuple[int, int], LinkFit] = {}
-    decided = 0
     confs: list[float] = []
     for (a, c), b in partner.items():
         s_sel = streams[(a, c, True)][0]
@@ -129,11 +151,12 @@ def _decide_by_flow(
         o[b].peer[r_sel] = a
         o[b].how[r_sel] = HOW_TIMING
         o[b].conf[r_sel] = scores[(a, c)]
-        decided += int(s_sel.size + r_sel.size)
         confs.append(scores[(a, c)])
         f = links.get((a, b))
         n = int(s_sel.size) + (f.support if f else 0)
         links[(a, b)] = LinkFit(a, b, 0, _FLOW_TOL_NS, n, 0.0)
+    # a fused exchange is in a send and a receive stream: each op counts once
+    decided = sum(int((unknown[r] & (v.peer >= 0)).sum()) for r, v in o.items() if r in unknown)
     return links, decided, float(np.median(confs)) if confs else None, warnings
 
 
@@ -141,19 +164,21 @@ def _flow_streams(
     run: Run, o: dict[int, P2POps], off: dict[int, int], unknown: dict[int, npt.NDArray[np.bool_]]
 ) -> _Streams:
     """Each rank's unknown sends and receives split by flow (forward, backward), sorted by key
-    (a send's start, a receive's end)."""
+    (a send's start, or its end where ends meet; a receive's end). A fused exchange (BOTH) is in
+    a send stream and a receive stream."""
     tls = run.by_rank()
     streams: _Streams = {}
     for r, v in o.items():
         if r not in tls or not unknown[r].any():
             continue
+        known_dir = v.direction > 0  # a direction-unknown op belongs to no flow
         for send in (True, False):
-            dmask = (v.direction == int(Direction.SEND)) if send else (v.direction == int(Direction.RECV))
+            dmask = (can_send(v.direction) if send else can_recv(v.direction)) & known_dir
             idx = np.flatnonzero(unknown[r] & dmask)
             if idx.size == 0:
                 continue
             cls = _flow_class(tls[r], v, idx, send)
-            key = (v.start[idx] if send else v.end[idx]).astype(np.int64)
+            key = (v.start[idx] if send and not v.ends_meet else v.end[idx]).astype(np.int64)
             for c in (_FWD, _BWD):
                 sel = idx[cls == c]
                 k = key[cls == c]
@@ -227,6 +252,40 @@ def _grouped_scores(streams: _Streams, tol: int) -> dict[tuple[int, int, int], t
                 for y, b in enumerate(rcv):
                     out[(a, b, c)] = (float(causal[x, y]), float(med[x, y]), k)
     return out
+
+
+def _meeting_partners(
+    streams: _Streams, tol: int
+) -> tuple[dict[tuple[int, int], int], dict[tuple[int, int], float]]:
+    """Per (sender, flow), where a matched send and receive end together: the receiver whose
+    link adds up to the smallest non-negative delay over both flows (the module docstring), and
+    the share of its pairs that are causal on the clock the link implies. No clock is needed: the
+    offset cancels in the sum. Two receivers within ``tol`` of each other (replicas in lockstep)
+    decide nothing."""
+    partner: dict[tuple[int, int], int] = {}
+    scores: dict[tuple[int, int], float] = {}
+    for (a, c, send), (_, s_key, s_step) in streams.items():
+        if not send or s_key.size == 0:
+            continue
+        back = _BWD if c == _FWD else _FWD
+        found: list[tuple[float, int, float]] = []
+        for (b, c2, send2), (_, r_key, r_step) in streams.items():
+            b_send, a_recv = streams.get((b, back, True)), streams.get((a, back, False))
+            if send2 or c2 != c or b == a or b_send is None or a_recv is None:
+                continue
+            there = _step_gaps(s_key, s_step, r_key, r_step)
+            again = _step_gaps(b_send[1], b_send[2], a_recv[1], a_recv[2])
+            if there.size == 0 or again.size == 0:
+                continue
+            total = float(np.median(there) + np.median(again))
+            if total >= -2 * tol:
+                shift = (float(np.median(there)) - float(np.median(again))) / 2
+                found.append((total, b, float(np.mean(there - shift >= -tol))))
+        found.sort()
+        if found and (len(found) == 1 or found[1][0] - found[0][0] > tol):
+            partner[(a, c)] = found[0][1]
+            scores[(a, c)] = found[0][2]
+    return partner, scores
 
 
 def _flow_conflicts(partner: dict[tuple[int, int], int]) -> list[str]:

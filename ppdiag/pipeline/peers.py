@@ -20,8 +20,13 @@ peer. In order (DESIGN.md §4.3):
    around every cycle, which drops the schedule's periodic echoes. Each op goes to the linked
    partner whose nearest counterpart is closest; the margin to the second is its confidence, and
    a stream that talks to one peer settles its ties. Ranks whose transfers rarely end together
-   (eager sends) are placed by the data flow of step 2 instead. Direction-unknown kernels take
-   the direction the timing and the per-link balance of activations and gradients give.
+   (eager sends) are placed by the data flow of step 2 instead, and so are kernels whose ends
+   meet only to a few ms (ranks sharing a GPU by time slices) when the flow places every op and
+   the timing fit does not place them the same or finds them ambiguous: there a fused SendRecv
+   kernel is one send and one receive of the flows the compute around it gives, and each
+   candidate link is scored without a clock (:mod:`ppdiag.pipeline.peer_flow`).
+   Direction-unknown kernels take the direction the timing and the per-link balance of
+   activations and gradients give.
 
 Ops nothing places stay unknown and are counted in a warning; ambiguous answers warn and fall
 back, never guess silently. Everything is sorting, ``searchsorted`` and histograms per rank pair:
@@ -249,6 +254,8 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
     try:
         links, key_sets, off = _fit_links(o, unknown, ranks, coarse, _pipeline_neighbours(run, lines), dec)
     except _Ambiguous as amb:
+        if _flow_places_all(run, o, coarse.offsets, unknown, ranks, dec, None):
+            return _count_undecided(dec, o, n_unknown, _BY_FLOW)
         dec.undecided = n_unknown
         dec.warnings.append(
             f"p2p peers unknown for {n_unknown} ops and ambiguous by timing ({amb}); not guessed: "
@@ -256,8 +263,7 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
             "--include-blobs)"
         )
         return dec
-    linked = {x for k in links for x in k}
-    if set(ranks) - linked and _flow_places_all(run, o, off, unknown, ranks, dec):
+    if _flow_places_all(run, o, off, unknown, ranks, dec, (links, key_sets, n_known)):
         return _count_undecided(dec, o, n_unknown, _BY_FLOW)
     dec.links = links
     if not links:
@@ -365,14 +371,31 @@ def _flow_places_all(
     unknown: dict[int, npt.NDArray[np.bool_]],
     ranks: list[int],
     dec: PeerDecision,
+    timed: tuple[dict[tuple[int, int], LinkFit], _KeySets, int] | None,
 ) -> bool:
-    """Some ranks' transfers never end together with a partner's (eager sends, receives that
-    cannot be posted ahead): the data flow may still place them all. When it links every rank
-    without a warning, its peers are taken into ``o`` and ``dec`` (True); else nothing changes."""
+    """The data flow (order and counts per step) instead of the timing fit ``timed`` (its links,
+    key sets and the ops known before): where some ranks' transfers never end together with a
+    partner's (eager sends, receives that cannot be posted ahead), or where every transfer's ends
+    meet and the flow places every op while the timing fit leaves some unplaced or places them
+    elsewhere (ends that meet only to a few ms, e.g. ranks sharing one GPU by time slices, let a
+    schedule's periodic echo outvote a link). When the flow links every rank without a warning,
+    its peers are taken into ``o`` and ``dec`` (True); else nothing changes. ``timed`` None: the
+    timing fit found the partners ambiguous; ends that meet then take a flow that places every
+    op."""
+    links = timed[0] if timed is not None else {}
     trial = {r: _copy_ops(v) for r, v in o.items()}
     flow = _decide_by_flow(run, trial, off, unknown)
     if flow is None or not flow[0] or flow[3] or not {x for k in flow[0] for x in k} >= set(ranks):
         return False
+    if timed is None or not set(ranks) - {x for k in links for x in k}:
+        all_meet = all(bool(v.ends_meet) for v in o.values() if len(v.start))
+        if not all_meet or any((trial[r].peer[unknown[r]] < 0).any() for r in ranks):
+            return False
+        if timed is not None:
+            by_time = {r: _copy_ops(v) for r, v in o.items()}
+            _assign(run, by_time, ranks, links, timed[1], off, PeerDecision("", {}, ""), timed[2])
+            if all(np.array_equal(by_time[r].peer, trial[r].peer) for r in ranks):
+                return False  # the same answer: the timing fit's links and confidences are kept
     for r, v in trial.items():
         o[r].peer[:], o[r].how[:], o[r].conf[:] = v.peer, v.how, v.conf
     dec.links, dec.decided, dec.confidence = flow[0], flow[1], flow[2]
