@@ -1,6 +1,6 @@
 """The result of an analysis: what every report and the gate read.
 
-``Diagnosis.result`` is the JSON contract of DESIGN.md §7 as one typed value
+``Diagnosis.result`` is the JSON report (``docs/json.md``) as one typed value
 (:class:`ppdiag.report_types.Report`, see ``docs/json.md``); the other fields keep the columnar
 timelines and gap tables that the HTML timeline and the Perfetto overlay draw, and ``context``
 the layer results behind them (:class:`ppdiag.reports.context.AnalysisContext` for an analysis;
@@ -23,7 +23,7 @@ SCHEMA_VERSION = 1
 
 
 class Cause(IntEnum):
-    """Primary cause of a piece of lost time (DESIGN.md §5). Order = report order."""
+    """Primary cause of a piece of lost time (docs/json.md, *Time accounting*). Order = report order."""
 
     BUBBLE = 0
     IMBALANCE = 1
@@ -45,7 +45,7 @@ CAUSE_KEYS: tuple[str, ...] = (
 )
 assert tuple(c.name.lower() for c in Cause) == CAUSE_KEYS, "CAUSE_KEYS[i] is the key of Cause(i)"
 
-#: Each cause as a counterfactual (DESIGN.md §5): the idle it adds to a replay of the run, taken in
+#: Each cause as a counterfactual (docs/json.md): the idle it adds to a replay of the run, taken in
 #: this order, so the causes telescope and add up to the lost time (``ppdiag rules``, docs/json.md).
 CAUSE_DEFINITIONS: dict[str, str] = {
     "bubble": "idle the same total work still has spread evenly over the stages (every stage at the "
@@ -97,7 +97,7 @@ class GapTable:
 
 @dataclass
 class Finding:
-    """One diagnosed problem with its evidence, estimated gain and fixes (DESIGN.md §6)."""
+    """One diagnosed problem with its evidence, estimated gain and fixes (docs/json.md)."""
 
     code: str
     cause: str | None

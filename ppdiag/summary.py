@@ -1,4 +1,4 @@
-"""Aggregate per-(rank, step) results into the typed report sections of DESIGN.md §7
+"""Aggregate per-(rank, step) results into the typed report sections of docs/json.md
 (``docs/json.md``): run, summary, bubble, stages[] and ranks[]."""
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _step_values(steps: list[RankStep]) -> list[float]:
 
 
 def _summary(means: _RankMeans, step_vals: list[float], balance: StageBalance) -> Summary:
-    """The ``summary`` section. One denominator for every share (DESIGN.md §7): per-step means over
+    """The ``summary`` section. One denominator for every share (docs/json.md): per-step means over
     the same (rank, step) windows as the cause means, so compute + causes = the mean step exactly."""
     step_mean = float(np.mean(means.win_ns)) if means.win_ns else 0.0
     comp_mean = float(np.mean(means.compute_ns)) if means.compute_ns else 0.0

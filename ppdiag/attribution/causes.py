@@ -1,4 +1,4 @@
-"""Split every rank's lost time into causes (DESIGN.md §5).
+"""Split every rank's lost time into causes (docs/json.md, *Time accounting*).
 
 The measured run is rebuilt as a *replay*: each rank executes its blocks in the observed order,
 and a block starts at ``max(previous end + local delay before the wait, release by the peer) +
@@ -10,7 +10,7 @@ collective that every rank joins is one sync point (early ranks wait in it, the 
 the transfer), and a rank's consecutive steps are chained. With every quantity as measured, the
 replay reproduces the measured timeline exactly (checked; a difference is reported).
 
-Causes are counterfactuals (DESIGN.md §5), built up from the ideal run one kind of delay at a
+Causes are counterfactuals (docs/json.md), built up from the ideal run one kind of delay at a
 time; each cause is the growth of the rank's idle time when its kind is added, so they telescope
 to the measured lost time (``CHAIN``, :func:`replay_causes`):
 
@@ -36,7 +36,7 @@ together), and its producer block the last one it finished before issuing it.
 
 A delay on one rank that makes its neighbours wait is removed everywhere at once, so the
 neighbours' waiting is charged to the root cause (a host stall on rank 1 shows as ``host`` on
-ranks 0, 2 and 3), as DESIGN.md requires. The same replay with one delay removed gives each
+ranks 0, 2 and 3), as the attribution requires. The same replay with one delay removed gives each
 finding's gain.
 """
 
@@ -81,7 +81,7 @@ class Attribution:
     collective_waits: CollectiveWaits | None = None  # waits in collectives for a late member
 
 
-# Variants of the replay, each removing one more kind of delay than the next (DESIGN.md §5): the
+# Variants of the replay, each removing one more kind of delay than the next (docs/json.md): the
 # causes are the differences of consecutive ones, so they telescope to the measured lost time.
 CHAIN: tuple[tuple[str, frozenset[str]], ...] = (
     ("measured", frozenset()),

@@ -1,4 +1,4 @@
-"""Waits in collectives for the last arriver, charged to the late rank's root cause (DESIGN.md §5).
+"""Waits in collectives for the last arriver, charged to the late rank's root cause (docs/json.md).
 
 A blocking collective ends together on all members of its group, so the member that arrived last
 spends only the transfer in it and every earlier member spends ``its duration - transfer`` waiting.

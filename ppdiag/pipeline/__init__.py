@@ -1,4 +1,4 @@
-"""Rebuild the pipeline from the parsed ranks: stages, clocks, steps, blocks, schedule (DESIGN.md §4)."""
+"""Rebuild the pipeline from the parsed ranks: stages, clocks, steps, blocks, schedule."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ names no peer.
 
 gloo runs recorded with ``torch.profiler`` defaults (no ``record_shapes``), NCCL kernels without
 comm args and nsys kernels without NVTX payloads carry a transfer's direction at best, never its
-peer. In order (DESIGN.md §4.3):
+peer. In order (docs/clocks.md):
 
 0. Pipeline labels: a transfer inside torch.distributed.pipelining's ``PP:<s>SEND_F<mb>`` range
    (or next to a labelled block) belongs to stage ``s``; its peer is the rank holding ``s +- 1``.

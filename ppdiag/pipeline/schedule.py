@@ -1,4 +1,4 @@
-"""Schedule detection from the order of blocks on each rank (DESIGN.md §4.6)."""
+"""Schedule detection from the order of blocks on each rank."""
 
 from __future__ import annotations
 

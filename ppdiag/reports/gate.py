@@ -1,4 +1,4 @@
-"""The CI gate (DESIGN.md §8): a budget (:mod:`ppdiag.reports.budget`) checked against a report.
+"""The CI gate (docs/ci.md): a budget (:mod:`ppdiag.reports.budget`) checked against a report.
 
 ``run_gate(report, budget, baseline)`` runs every configured check and returns a
 :class:`GateResult` whose ``exit_code`` is 0 (pass), 1 (fail) or 3 (inconclusive);
@@ -105,7 +105,7 @@ class GateResult:
 
     @property
     def exit_code(self) -> int:
-        """0 pass, 1 fail, 3 inconclusive (DESIGN.md §1)."""
+        """0 pass, 1 fail, 3 inconclusive (docs/ci.md, *Exit codes*)."""
         return {"pass": 0, "fail": 1, "inconclusive": 3}[self.status]
 
     @property

@@ -1,5 +1,5 @@
 """Self-contained offline HTML report: headline, measured pipeline timeline, per-stage compute
-histograms, lost time by cause, bubble, findings, what-if, run facts (DESIGN.md §7).
+histograms, lost time by cause, bubble, findings, what-if, run facts (docs/json.md).
 
 The file works without any network: plotly.js (the vendored cartesian partial bundle,
 ``vendor/``, 1.5 MB instead of the full 4.8 MB) is inlined once, there are no fonts or images to

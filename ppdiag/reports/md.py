@@ -1,4 +1,4 @@
-"""Markdown summary for CI step summaries and PR comments (DESIGN.md §7).
+"""Markdown summary for CI step summaries and PR comments (docs/json.md).
 
 Compact on purpose: the headline, where the step goes, the gate verdict when there is one, a
 per-stage table (per-rank for runs without pipeline stages), the top findings with their gain and

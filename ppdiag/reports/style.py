@@ -26,7 +26,7 @@ CAUSE_COLORS: dict[str, str] = {
     "unexplained": "#8C6D46",
 }
 
-#: Human label of each cause, as DESIGN.md §5 names them.
+#: Human label of each cause, as docs/json.md names them.
 CAUSE_LABELS: dict[str, str] = {
     "bubble": "pipeline bubble",
     "imbalance": "stage imbalance",
