@@ -13,7 +13,7 @@ import numpy as np
 
 from ppdiag.attribution.causes import Attribution, RankStep, attribute, rank_step
 from ppdiag.attribution.critical_path import Transfers, critical_paths
-from ppdiag.diagnosis import Cause, Diagnosis, Finding, GapTable, StepWindow
+from ppdiag.diagnosis import Diagnosis, Finding, GapTable, StepWindow
 from ppdiag.facts import StageBalance, stage_balance
 from ppdiag.model import Run
 from ppdiag.parsers import ParseOptions
@@ -25,7 +25,7 @@ from ppdiag.pipeline.links import link_rows, parse_hosts
 from ppdiag.pipeline.memory import memory_section
 from ppdiag.report_check import InconsistentReport
 from ppdiag.report_check import strict as strict_check
-from ppdiag.report_types import CriticalStep, Hang, NoiseInfo, Report
+from ppdiag.report_types import Cause, CriticalStep, Hang, NoiseInfo, Report
 from ppdiag.reports.context import AnalysisContext, Analyzed
 from ppdiag.rules import RuleContext, RuleOptions, run_rules
 from ppdiag.rules.noise import NoiseModel, build_noise, oversubscription_warning, warmup_outlier
@@ -284,6 +284,6 @@ def _blame_gaps(gaps: dict[int, GapTable], findings: list[Finding]) -> None:
     for f in findings:
         if f.cause is None or len(f.ranks) != 1:
             continue
-        cause = int(Cause[f.cause.upper()])
+        cause = Cause(f.cause).code
         for g in gaps.values():
             g.blame[g.cause == cause] = f.ranks[0]

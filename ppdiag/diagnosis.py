@@ -10,40 +10,16 @@ the model layer names no type above it, so :class:`Diagnosis` is generic over it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Run
-from ppdiag.report_types import CauseName, FindingRow, Report, Severity
+from ppdiag.report_types import Cause, FindingRow, Report, Severity
 
 SCHEMA_VERSION = 1
 
-
-class Cause(IntEnum):
-    """Primary cause of a piece of lost time (docs/json.md, *Time accounting*). Order = report order."""
-
-    BUBBLE = 0
-    IMBALANCE = 1
-    COMM_WAIT = 2
-    EXPOSED_COMM = 3
-    HOST = 4
-    EXPOSED_COPY = 5
-    UNEXPLAINED = 6
-
-
-CAUSE_KEYS: tuple[str, ...] = (
-    "bubble",
-    "imbalance",
-    "comm_wait",
-    "exposed_comm",
-    "host",
-    "exposed_copy",
-    "unexplained",
-)
-assert tuple(c.name.lower() for c in Cause) == CAUSE_KEYS, "CAUSE_KEYS[i] is the key of Cause(i)"
 
 #: Each cause as a counterfactual (docs/json.md): the idle it adds to a replay of the run, taken in
 #: this order, so the causes telescope and add up to the lost time (``ppdiag rules``, docs/json.md).
@@ -100,7 +76,7 @@ class Finding:
     """One diagnosed problem with its evidence, estimated gain and fixes (docs/json.md)."""
 
     code: str
-    cause: str | None
+    cause: Cause | None
     title: str
     severity: str  # "high" | "medium" | "low" | "info"
     stages: list[int] = field(default_factory=list)
@@ -114,7 +90,7 @@ class Finding:
         """The report's ``findings[]`` row (gains rounded as the report shows them)."""
         return FindingRow(
             code=self.code,
-            cause=None if self.cause is None else CauseName(self.cause),
+            cause=self.cause,
             title=self.title,
             severity=Severity(self.severity),
             stages=list(self.stages),

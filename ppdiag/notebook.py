@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ppdiag.api import Options
-from ppdiag.diagnosis import Cause
 from ppdiag.errors import InputError
 from ppdiag.model.timeline import PHASE_NAMES, Phase
+from ppdiag.report_types import Cause
 from ppdiag.reports.context import Analyzed, context_of
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class Analysis:
                         "start_ms": (g.start - self._origin_ns) / 1e6,
                         "end_ms": (g.end - self._origin_ns) / 1e6,
                         "duration_ms": (g.end - g.start) / 1e6,
-                        "cause": [Cause(int(c)).name.lower() for c in g.cause],
+                        "cause": [str(Cause.of(c)) for c in g.cause],
                         "blamed_rank": pd.array([int(b) if b >= 0 else None for b in g.blame], dtype="Int64"),
                     }
                 )

@@ -46,8 +46,9 @@ SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 JsonObject = dict[str, object]
 
 
-class CauseName(StrEnum):
-    """A cause key of ``lost_ms`` (the order of :data:`ppdiag.diagnosis.CAUSE_KEYS`)."""
+class Cause(StrEnum):
+    """The primary cause of a piece of lost time: a key of ``lost_ms`` (docs/json.md). Member order
+    is the report order; a gap table stores a cause as its :attr:`code`, its position in it."""
 
     BUBBLE = "bubble"
     IMBALANCE = "imbalance"
@@ -56,6 +57,20 @@ class CauseName(StrEnum):
     HOST = "host"
     EXPOSED_COPY = "exposed_copy"
     UNEXPLAINED = "unexplained"
+
+    @property
+    def code(self) -> int:
+        """The cause's position in the report order (how a gap table's ``cause`` column holds it)."""
+        return _CAUSE_CODES[self]
+
+    @classmethod
+    def of(cls, code: int) -> Cause:
+        """The cause a gap table's ``cause`` column holds as ``code``."""
+        return _CAUSE_BY_CODE[int(code)]
+
+
+_CAUSE_BY_CODE: tuple[Cause, ...] = tuple(Cause)
+_CAUSE_CODES: dict[Cause, int] = {c: i for i, c in enumerate(_CAUSE_BY_CODE)}
 
 
 class Severity(StrEnum):
@@ -274,7 +289,7 @@ class FindingRow(msgspec.Struct, frozen=True):
     """One diagnosed problem (``findings[]``); ``gain_ms`` None: not computed."""
 
     code: str
-    cause: CauseName | None
+    cause: Cause | None
     title: str
     severity: Severity
     stages: list[int]

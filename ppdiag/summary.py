@@ -10,12 +10,13 @@ import msgspec
 import numpy as np
 
 from ppdiag.attribution.causes import Attribution, RankStep
-from ppdiag.diagnosis import CAUSE_KEYS, SCHEMA_VERSION
+from ppdiag.diagnosis import SCHEMA_VERSION
 from ppdiag.facts import StageBalance, measured_bubble, stage_balance, theoretical_bubble
 from ppdiag.model import Phase, Run
 from ppdiag.pipeline import Pipeline
 from ppdiag.report_types import (
     Bubble,
+    Cause,
     Dist,
     HostClockInfo,
     NoiseInfo,
@@ -85,7 +86,7 @@ def _dist(vals_ns: list[int]) -> Dist | None:
 def _shares(compute_ns: float, causes_ns: dict[str, float], step_ns: float) -> dict[str, float]:
     """Compute and each cause as a fraction of the mean step (they add up to 1)."""
     if step_ns <= 0:
-        return {k: 0.0 for k in ("compute", *CAUSE_KEYS)}
+        return {k: 0.0 for k in ("compute", *Cause)}
     out = {"compute": round(compute_ns / step_ns, 5)}
     out.update({k: round(v / step_ns, 5) for k, v in causes_ns.items()})
     return out
@@ -139,19 +140,19 @@ def _rank_means(pipe: Pipeline, steps: list[RankStep], attr: Attribution) -> _Ra
     per_rank: dict[int, list[RankStep]] = {}
     for rs in steps:
         per_rank.setdefault(rs.rank, []).append(rs)
-    out = _RankMeans([], [], [], {k: [] for k in CAUSE_KEYS}, [], [])
+    out = _RankMeans([], [], [], {k: [] for k in Cause}, [], [])
     # DP replica index of each rank's pipeline (topology order), for grouping by replica
     replica_of = {x: i for i, line in enumerate(topo.pipelines) for x in line} if topo.pp > 1 else {}
     for r in sorted(per_rank):
         rss = per_rank[r]
         n = len(rss)
-        causes = {k: sum(attr.causes[(x.rank, x.step)][k] for x in rss) / n for k in CAUSE_KEYS}
+        causes: dict[str, float] = {k: sum(attr.causes[(x.rank, x.step)][k] for x in rss) / n for k in Cause}
         win = sum(x.acct.window for x in rss) / n
         stage = topo.stage_of.get(r, 0) if topo.pp > 1 else None
         out.rows.append(_rank_row(r, stage, replica_of.get(r), rss, causes, win))
         out.win_ns.append(win)
         out.compute_ns.append(sum(x.acct.compute for x in rss) / n)
-        for k in CAUSE_KEYS:
+        for k in Cause:
             out.causes_ns[k].append(causes[k])
         for x in rss:
             c = attr.causes[(x.rank, x.step)]
@@ -290,9 +291,9 @@ def _stages(pipe: Pipeline, ranks_out: list[RankRow], balance: StageBalance) -> 
         ranks = sorted(of_stage.get(s, []))
         vals, samples = _block_times(pipe, ranks)
         rank_rows = [row_of[r] for r in ranks if r in row_of]
-        lost = {
+        lost: dict[str, float] = {
             k: round(float(np.mean([x.lost_ms[k] for x in rank_rows])), 4) if rank_rows else 0.0
-            for k in CAUSE_KEYS
+            for k in Cause
         }
         fwd, bwd, wgrad = _PHASES
         out.append(

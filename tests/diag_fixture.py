@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 from report_fill import complete, typed
 
-from ppdiag.diagnosis import CAUSE_KEYS, Cause, Diagnosis, Finding, GapTable, StepWindow
+from ppdiag.diagnosis import Diagnosis, Finding, GapTable, StepWindow
 from ppdiag.model import Direction, Intervals, Kind, NameTable, Phase, RangeKind, Ranges, RankTimeline, Run
+from ppdiag.report_types import Cause
 from ppdiag.reports.context import AnalysisContext, Analyzed
 
 US = 1000
@@ -143,7 +144,7 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Analyzed, Truth]
 
     def gap(r: int, a: int, b: int, cause: Cause, blame: int, step: int) -> None:
         if b > a:
-            gaps[r].append((a, b, int(cause), blame, step))
+            gaps[r].append((a, b, cause.code, blame, step))
 
     t = BASE_NS
     for k in range(sp.steps):
@@ -388,8 +389,8 @@ def _pipeline_report(
     rank_rows: list[dict[str, Any]] = []
     for r in range(p):
         g = gaps[r]
-        lost = {
-            c: float(((g.end - g.start)[g.cause == i]).sum()) / 1e6 / nsteps for i, c in enumerate(CAUSE_KEYS)
+        lost: dict[str, float] = {
+            c: float(((g.end - g.start)[g.cause == i]).sum()) / 1e6 / nsteps for i, c in enumerate(Cause)
         }
         comp = sum(e - s for (rr, _k, _ph, _mb, s, e) in truth.blocks if rr == r) / 1e6 / nsteps
         comp += sp.optim_us / 1000
@@ -422,7 +423,9 @@ def _pipeline_report(
                 "bwd_samples_ms": [round(x, 4) for x in b],
             }
         )
-    lost_ms = {c: round(float(np.mean([rr["lost_ms"][c] for rr in rank_rows])), 4) for c in CAUSE_KEYS}
+    lost_ms: dict[str, float] = {
+        c: round(float(np.mean([rr["lost_ms"][c] for rr in rank_rows])), 4) for c in Cause
+    }
     compute = float(np.mean([rr["compute_ms"] for rr in rank_rows]))
     findings: list[dict[str, Any]] = []
     if truth.slowest_stage >= 0:
@@ -555,7 +558,7 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Analyzed:
             t0 = t
             # a data-loader stall, then compute, then the gradient all-reduce left exposed
             stall = (3000 if (r == 1 and k == 1) else 500) * US
-            g.append((t0, t0 + stall, int(Cause.HOST), r, k))
+            g.append((t0, t0 + stall, Cause.HOST.code, r, k))
             a = t0 + stall
             for nm, dur, ph in (("sgemm_fwd", 8000, Phase.FWD), ("sgemm_bwd", 16000, Phase.BWD)):
                 c["start"].append(a)
@@ -571,7 +574,7 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Analyzed:
             c["kind"].append(int(Kind.COLLECTIVE))
             c["name"].append(nt.id(ALLREDUCE_KERNEL))
             c["phase"].append(int(Phase.OPTIM))
-            g.append((a, a + 2000 * US, int(Cause.EXPOSED_COMM), -1, k))
+            g.append((a, a + 2000 * US, Cause.EXPOSED_COMM.code, -1, k))
             end = a + 2000 * US
             windows.append(StepWindow(rank=r, index=k, number=k, start=t0, end=end))
             t = t0 + 30_000 * US
@@ -595,8 +598,8 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Analyzed:
             blame=np.array([x[3] for x in g], np.int32),
             step=np.array([x[4] for x in g], np.int32),
         )
-        host = sum(x[1] - x[0] for x in g if x[2] == int(Cause.HOST)) / 1e6 / steps
-        lost = {kk: 0.0 for kk in CAUSE_KEYS}
+        host = sum(x[1] - x[0] for x in g if x[2] == Cause.HOST.code) / 1e6 / steps
+        lost: dict[str, float] = {kk: 0.0 for kk in Cause}
         lost["host"] = round(host, 4)
         lost["exposed_comm"] = 2.0
         step_ms = 24.0 + 2.0 + host
@@ -612,7 +615,9 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Analyzed:
                 "lost_ms": lost,
             }
         )
-    lost_ms = {kk: round(float(np.mean([rr["lost_ms"][kk] for rr in rows])), 4) for kk in CAUSE_KEYS}
+    lost_ms: dict[str, float] = {
+        kk: round(float(np.mean([rr["lost_ms"][kk] for rr in rows])), 4) for kk in Cause
+    }
     step_ms = float(np.mean([rr["step_ms"] for rr in rows]))
     report: dict[str, Any] = {
         "schema_version": 1,

@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppdiag.attribution.critical_path import CATEGORIES, Transfers, critical_paths, summarize
-from ppdiag.diagnosis import Cause, GapTable, StepWindow
+from ppdiag.diagnosis import GapTable, StepWindow
 from ppdiag.model import Phase
 from ppdiag.pipeline.blocks import Blocks
+from ppdiag.report_types import Cause
 
 US = 1000
 F, B = int(Phase.FWD), int(Phase.BWD)
@@ -39,7 +40,7 @@ def _gaps(rows: list[tuple[int, int, Cause]]) -> GapTable:
     return GapTable(
         np.array([r[0] * US for r in rows], np.int64),
         np.array([r[1] * US for r in rows], np.int64),
-        np.array([int(r[2]) for r in rows], np.int8),
+        np.array([r[2].code for r in rows], np.int8),
         np.full(n, -1, np.int32),
         np.zeros(n, np.int32),
     )

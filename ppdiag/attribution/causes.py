@@ -60,10 +60,11 @@ from ppdiag.attribution.replay_index import (
 )
 from ppdiag.attribution.replay_nodes import _Node
 from ppdiag.attribution.replay_run import NEG_INF, Replay
-from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
+from ppdiag.diagnosis import GapTable
 from ppdiag.model import RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.clocks import P2POps
+from ppdiag.report_types import Cause
 
 
 @dataclass
@@ -300,7 +301,7 @@ def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]])
                     break
                 take = min(need, left[p])
                 if take > 0:
-                    takes[p].append((int(Cause[key.upper()]), take))
+                    takes[p].append((Cause(key).code, take))
                     left[p] -= take
                     need -= take
         for p, (ps, pe) in enumerate(pools):
@@ -311,7 +312,7 @@ def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]])
                 # takes the waits nearest the edges first, imbalance the steady-state ones
                 order = np.argsort(np.minimum(ps - rs.w0, rs.w1 - pe), kind="stable")
                 ps, pe = ps[order], pe[order]
-                rank_of = {int(Cause.BUBBLE): 0, int(Cause.IMBALANCE): 1}
+                rank_of = {Cause.BUBBLE.code: 0, Cause.IMBALANCE.code: 1}
                 takes[p].sort(key=lambda t: rank_of.get(t[0], 2))
             out.setdefault(rs.rank, []).append(_cut(ps, pe, takes[p], rs.step))
     tables: dict[int, GapTable] = {}
@@ -357,7 +358,6 @@ def _cut(
 
 # re-exported: the replay's parts that tests and callers import from here
 __all__ = [
-    "CAUSE_KEYS",
     "MATCH_END_NS",
     "NEG_INF",
     "STEP_JOIN_NS",

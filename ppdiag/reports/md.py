@@ -11,9 +11,8 @@ import html
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.facts import report_slowest_stage, share_of
-from ppdiag.report_types import FindingRow, Gate, RankRow, Report, RunInfo, RunSchedule, StageRow
+from ppdiag.report_types import Cause, FindingRow, Gate, RankRow, Report, RunInfo, RunSchedule, StageRow
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean, md_neutral
 from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num, ranks_text
@@ -74,7 +73,7 @@ def _gate_md(gate: Gate) -> list[str]:
 
 
 def _top_cause(lost: dict[str, float]) -> str:
-    top = max(CAUSE_KEYS, key=lambda c: lost.get(c, 0.0))
+    top = max(Cause, key=lambda c: lost.get(c, 0.0))
     return f"{_mark(top)} {cause_label(top)}" if lost.get(top, 0.0) > 0 else "—"
 
 
@@ -95,7 +94,7 @@ def _head_md(report: Report) -> list[str]:
 def _where_md(report: Report) -> list[str]:
     """Where the step goes: compute and every cause, with its share of the mean step."""
     s = report.summary
-    lost = {c: s.lost_ms.get(c, 0.0) for c in CAUSE_KEYS}
+    lost = {c: s.lost_ms.get(c, 0.0) for c in Cause}
     out: list[str] = []
     # every share is of the mean step over the same steps the causes are averaged on
     mean_step = s.step_mean_ms or s.step_ms
@@ -104,7 +103,7 @@ def _where_md(report: Report) -> list[str]:
     out += ["| where the step goes | ms / step | % of step |", "|---|---:|---:|"]
     if s.compute_ms is not None:
         out.append(f"| compute | {s.compute_ms:.2f} | {fmt_pct(share_of(s, 'compute'))} |")
-    for c in sorted(CAUSE_KEYS, key=lambda c: -lost[c]):
+    for c in sorted(Cause, key=lambda c: -lost[c]):
         if lost[c] <= 0:
             continue
         out.append(f"| {_mark(c)} {cause_label(c)} | {lost[c]:.2f} | {fmt_pct(share_of(s, c))} |")

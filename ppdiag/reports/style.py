@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from ppdiag.diagnosis import CAUSE_KEYS
-from ppdiag.report_types import Report, RunInfo
+from ppdiag.report_types import Cause, Report, RunInfo
 
 #: Fill colour of each lost-time cause: the Okabe-Ito colour-blind-safe hues (orange, vermillion,
 #: reddish purple, yellow), wine and brown from Paul Tol's muted set; bubble a light grey, because it
@@ -95,7 +94,7 @@ SEVERITY_COLORS: dict[str, str] = {
     "info": "#7F8C8D",
 }
 
-assert set(CAUSE_COLORS) == set(CAUSE_KEYS), "every cause needs a colour"
+assert set(CAUSE_COLORS) == set(Cause), "every cause needs a colour"
 
 
 def cause_label(key: str | None) -> str:

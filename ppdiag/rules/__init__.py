@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ppdiag.facts import StageBalance
     from ppdiag.model import Run
     from ppdiag.pipeline import Pipeline
-    from ppdiag.report_types import Report
+    from ppdiag.report_types import Cause, Report
     from ppdiag.rules.noise import NoiseModel
     from ppdiag.whatif.batch import BatchCheck
     from ppdiag.whatif.scenarios import FixPredictions
@@ -67,7 +67,7 @@ class Rule(Protocol):
     @property
     def name(self) -> str: ...
     @property
-    def cause(self) -> str | None: ...
+    def cause(self) -> Cause | None: ...
     @property
     def summary(self) -> str: ...
 

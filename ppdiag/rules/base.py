@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, TypeGuard
 
 from ppdiag.diagnosis import Finding
+from ppdiag.report_types import Cause
 from ppdiag.rules import RuleContext
 from ppdiag.rules.noise import NoiseModel, build_noise
 
@@ -68,7 +69,7 @@ def replay_gain_ms(ctx: RuleContext, variant: str) -> float:
     return max(rs["measured"] - rs[variant], 0.0) / 1e6
 
 
-def mean_cause_ms(ctx: RuleContext, cause: str) -> float:
+def mean_cause_ms(ctx: RuleContext, cause: Cause) -> float:
     """The run's mean lost time of ``cause`` per step (ms, ``summary.lost_ms``)."""
     return ctx.report.summary.lost_ms.get(cause, 0.0)
 
@@ -76,7 +77,7 @@ def mean_cause_ms(ctx: RuleContext, cause: str) -> float:
 def finding(
     ctx: RuleContext,
     code: str,
-    cause: str | None,
+    cause: Cause | None,
     title: str,
     gain_ms: float | None,
     evidence: dict[str, Any],

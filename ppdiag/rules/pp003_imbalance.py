@@ -6,6 +6,7 @@ import math
 
 from ppdiag.diagnosis import Finding
 from ppdiag.facts import stage_balance
+from ppdiag.report_types import Cause
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 from ppdiag.rules.noise import Z, cause_error_ms
@@ -36,7 +37,7 @@ class ImbalanceRule:
 
     code = "PP003"
     name = "stage-imbalance"
-    cause = "imbalance"
+    cause = Cause.IMBALANCE
     summary = "Slowest stage well above the mean stage cost: the other stages wait for it."
 
     def check(self, ctx: RuleContext) -> list[Finding]:
@@ -49,7 +50,7 @@ class ImbalanceRule:
         slow, mean, ratio = bal.slowest, bal.mean_ms, bal.ratio
         if slow is None or mean is None or ratio is None:
             return []
-        imb = mean_cause_ms(ctx, "imbalance")
+        imb = mean_cause_ms(ctx, Cause.IMBALANCE)
         # the fix is a rebalanced split: its gain is what-if's "rebalanced stages" row
         gain = fix_gain_ms(ctx, "rebalanced")
         if not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:

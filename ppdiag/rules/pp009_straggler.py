@@ -58,7 +58,8 @@ class StragglerRule:
     code = "PP009"
     name = "straggler"
     # shown by `ppdiag rules`; each finding carries the late ranks' own root cause (host, imbalance ...)
-    cause = "late rank's cause"
+    cause = None  # each finding carries the late ranks' own root cause
+    cause_note = "late rank's cause"
     summary = "Straggler: ranks the others wait for in collectives (late step, host stall, slow compute)."
 
     def check(self, ctx: RuleContext) -> list[Finding]:

@@ -12,6 +12,7 @@ import numpy.typing as npt
 from ppdiag.diagnosis import Finding
 from ppdiag.model import Phase
 from ppdiag.pipeline.blocks import Blocks
+from ppdiag.report_types import Cause
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
 
@@ -149,7 +150,7 @@ class MicrobatchVarianceRule:
 
     code = "PP010"
     name = "microbatch-variance"
-    cause = "imbalance"
+    cause = Cause.IMBALANCE
     summary = "Micro-batch cost variance (e.g. sequence lengths): the pipe waits for the longest block."
 
     def check(self, ctx: RuleContext) -> list[Finding]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ppdiag.diagnosis import Finding
+from ppdiag.report_types import Cause
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, r3
 
@@ -30,7 +31,7 @@ class PlacementRule:
 
     code = "PP014"
     name = "pipeline-placement"
-    cause = "comm_wait"
+    cause = Cause.COMM_WAIT
     summary = "The pipeline crosses nodes while data parallelism stays inside them."
 
     def check(self, ctx: RuleContext) -> list[Finding]:
