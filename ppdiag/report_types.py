@@ -24,6 +24,7 @@ import msgspec
 
 from ppdiag.compat import StrEnum
 from ppdiag.model.memory import MemoryRow
+from ppdiag.model.schedule import Schedule as Schedule
 
 # run.structure's types, re-exported: every section type of the report is importable from here
 from ppdiag.model.structure import Confidence as Confidence
@@ -88,21 +89,6 @@ class TraceFormat(StrEnum):
     KINETO = "kineto"
     NSYS = "nsys"
     OPTABLE = "optable"
-
-
-class RunSchedule(StrEnum):
-    """``run.schedule``: a :class:`ppdiag.model.schedule.Schedule` name, ``unknown`` (blocks that fit
-    none) or ``none`` (no pipeline parallelism)."""
-
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED_1F1B = "interleaved_1f1b"
-    LOOPED_BFS = "looped_bfs"
-    ZERO_BUBBLE = "zero_bubble"
-    ZBV = "zbv"
-    DUALPIPEV = "dualpipev"
-    UNKNOWN = "unknown"
-    NONE = "none"
 
 
 class GateStatus(StrEnum):
@@ -186,7 +172,7 @@ class RunInfo(msgspec.Struct, frozen=True):
     stage_map: dict[str, int]
     stage_source: str
     virtual_stages: int
-    schedule: RunSchedule
+    schedule: Schedule
     microbatches: int | None
     steps: list[int]
     clock_residual_us: float | None

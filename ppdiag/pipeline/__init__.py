@@ -9,7 +9,7 @@ import numpy as np
 
 from ppdiag.errors import InputError
 from ppdiag.model import Direction, Run
-from ppdiag.model.schedule import schedule_option
+from ppdiag.model.schedule import Schedule, schedule_option
 from ppdiag.model.structure import Structure
 from ppdiag.pipeline.aligned import aligned_run
 from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks
@@ -52,7 +52,7 @@ class Pipeline:
     ops: dict[int, P2POps]  # each rank's p2p operations (own clock), for the attribution
     windows: dict[int, list[LocalStep]]
     blocks: dict[int, Blocks]  # all analyzed steps of a rank; ``Blocks.step`` indexes ``windows``
-    schedule: str
+    schedule: Schedule
     microbatches: int | None
     aligned: Run  # the parsed ranks with the fitted clock offsets and the labels: what later layers read
     warnings: list[str] = field(default_factory=list)
@@ -126,7 +126,11 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
     warnings.extend(_residual_warning(fit))
     clocked = aligned_run(run, fit.offsets)  # the parsed ranks on the common clock
     windows, blocks = _steps_and_blocks(clocked, opts, topo, ops, warnings)
-    schedule = "none" if flat else (opts.schedule or detect_schedule(topo, blocks, clocked.by_rank()))
+    schedule = (
+        Schedule.NONE
+        if flat
+        else (schedule_option(opts.schedule) or detect_schedule(topo, blocks, clocked.by_rank()))
+    )
     warnings.extend(override_warnings(clocked, opts, topo, blocks))  # overrides that contradict the trace
     m = None if flat else opts.microbatches
     if m is None and not flat:

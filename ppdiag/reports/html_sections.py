@@ -9,7 +9,7 @@ template) before it reaches the page.
 from __future__ import annotations
 
 from ppdiag.facts import share_of
-from ppdiag.report_types import Cause, Dist, FindingRow, Gate, RankRow, Report, RunSchedule, StageRow, Summary
+from ppdiag.report_types import Cause, Dist, FindingRow, Gate, RankRow, Report, Schedule, StageRow, Summary
 from ppdiag.reports.html_figures import COMPUTE_COLOR
 from ppdiag.reports.html_model import esc, ranges_text
 from ppdiag.reports.html_page import env
@@ -141,7 +141,7 @@ def _tiles(report: Report) -> str:
     doubt = run.structure.headline() if run.structure is not None else None
     pipe = (
         (doubt or "no pipeline parallelism")
-        if (run.pp == 1 or run.schedule == RunSchedule.NONE)
+        if (run.pp == 1 or run.schedule == Schedule.NONE)
         else f"{run.schedule}, P={run.pp}"
         + (f", M={run.microbatches}" if run.microbatches else "")
         + (f", v={run.virtual_stages}" if run.virtual_stages > 1 else "")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ppdiag.facts import report_slowest_stage, share_of
-from ppdiag.report_types import Cause, FindingRow, Gate, RankRow, Report, RunInfo, RunSchedule, StageRow
+from ppdiag.report_types import Cause, FindingRow, Gate, RankRow, Report, RunInfo, Schedule, StageRow
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean, md_neutral
 from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num, ranks_text
@@ -41,7 +41,7 @@ def _mark(c: str | None) -> str:
 
 def _pipeline_text(run: RunInfo) -> str:
     pp, sched = run.pp, run.schedule
-    if pp == 1 or sched == RunSchedule.NONE:
+    if pp == 1 or sched == Schedule.NONE:
         doubt = run.structure.headline() if run.structure is not None else None
         return md_escape(doubt) if doubt else "no pipeline parallelism"
     txt = f"{md_escape(sched)}, P={md_escape(pp)}"
