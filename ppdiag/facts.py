@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ppdiag.pipeline import Pipeline
-from ppdiag.report_types import StageRow, Summary
+from ppdiag.report_types import Report, StageRow, Summary
 
 #: slowest / mean stage compute from which one stage counts as setting the pipeline's pace. Below
 #: it the stages are within what step-to-step variation and uneven first/last layers give anyway.
@@ -158,10 +158,11 @@ def report_stage_values(stages: Sequence[StageRow]) -> list[float] | None:
     return vals
 
 
-def report_slowest_stage(stages: Sequence[StageRow]) -> int | None:
-    """Index in ``stages`` of the stage that sets the pace (:attr:`StageBalance.slowest`), or None."""
-    vals = report_stage_values(stages)
-    return None if vals is None else balance_of(dict(enumerate(vals))).slowest
+def report_slowest_stage(report: Report) -> int | None:
+    """Index in ``report.stages`` of the report's slowest stage (``summary.slowest_stage``, the
+    :attr:`StageBalance.slowest` the analysis wrote), or None when no stage stands out."""
+    slow = report.summary.slowest_stage
+    return next((i for i, s in enumerate(report.stages) if s.stage == slow), None)
 
 
 def share_of(summary: Summary, key: str) -> float | None:

@@ -516,6 +516,11 @@ def _pipeline_report(
             "compute_ms": round(compute, 4),
             "lost_ratio": round(sum(lost_ms.values()) / step_mean, 4),
             "lost_ms": lost_ms,
+            # what the analysis writes: the slowest stage, and its compute over the mean stage's
+            "slowest_stage": truth.slowest_stage if truth.slowest_stage >= 0 else None,
+            "stage_ratio": round(max(c) / float(np.mean(c)), 4)
+            if (c := [st["compute_ms"] for st in stages])
+            else None,
         },
         "bubble": {
             "measured_ratio": round(lost_ms["bubble"] / step_mean, 4),

@@ -223,7 +223,7 @@ def histogram_figure(report: Report) -> PlotlyFigure | None:
     stages = report.stages
     if not stages:
         return None
-    slow = report_slowest_stage(stages)
+    slow = report_slowest_stage(report)
     if not any(getattr(s, k) for s in stages for _, k, _ in _SERIES):
         return _mean_bars(stages)
     n = len(stages)

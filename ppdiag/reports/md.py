@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ppdiag.facts import report_slowest_stage, share_of
-from ppdiag.report_types import Cause, FindingRow, Gate, RankRow, Report, RunInfo, Schedule, StageRow
+from ppdiag.report_types import Cause, FindingRow, Gate, RankRow, Report, RunInfo, Schedule
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean, md_neutral
 from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num, ranks_text
@@ -114,8 +114,9 @@ def _where_md(report: Report) -> list[str]:
     return out
 
 
-def _stages_md(stages: list[StageRow]) -> list[str]:
-    slow = report_slowest_stage(stages)
+def _stages_md(report: Report) -> list[str]:
+    stages = report.stages
+    slow = report_slowest_stage(report)
     out = [
         "### Stages",
         "",
@@ -188,7 +189,7 @@ def render_markdown(
     if gate is not None:
         out += _gate_md(gate)
     out += _where_md(report)
-    out += _stages_md(report.stages) if report.stages else _ranks_md(report.ranks)
+    out += _stages_md(report) if report.stages else _ranks_md(report.ranks)
     out += _findings_md(report.findings, max_findings)
     warns = report.run.warnings
     if warns:

@@ -147,7 +147,7 @@ def stage_table(report: Report, wide: bool = True) -> Table | None:
     else:
         _col(t, "lost")
         _col(t, "top cause", right=False)
-    idx = report_slowest_stage(stages)
+    idx = report_slowest_stage(report)
     slow = stages[idx].stage if idx is not None else None
     for s in stages:
         row = [str(s.stage), ",".join(map(str, s.ranks)), u(_mean(s.fwd_ms)), u(_mean(s.bwd_ms))]
