@@ -31,6 +31,8 @@ from ppdiag.model.structure import Confidence as Confidence
 from ppdiag.model.structure import Fact as Fact
 from ppdiag.model.structure import FactSource as FactSource
 from ppdiag.model.structure import Structure as Structure
+from ppdiag.report_sections import PATH_CATEGORIES as PATH_CATEGORIES
+from ppdiag.report_sections import Cause as Cause
 from ppdiag.report_sections import CriticalStep as CriticalStep
 from ppdiag.report_sections import Hang as Hang
 from ppdiag.report_sections import LastOp as LastOp
@@ -38,6 +40,7 @@ from ppdiag.report_sections import LinkRow as LinkRow
 from ppdiag.report_sections import PathPiece as PathPiece
 from ppdiag.report_sections import StageShare as StageShare
 from ppdiag.report_sections import Wait as Wait
+from ppdiag.report_sections import path_by_stage as path_by_stage
 
 #: The shipped schema of the report.
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
@@ -45,33 +48,6 @@ SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 #: Free-form JSON object (a finding's evidence, a what-if split): keys documented per rule in
 #: docs/json.md, values any JSON value. ``object``, not ``Any``: readers narrow before use.
 JsonObject = dict[str, object]
-
-
-class Cause(StrEnum):
-    """The primary cause of a piece of lost time: a key of ``lost_ms`` (docs/json.md). Member order
-    is the report order; a gap table stores a cause as its :attr:`code`, its position in it."""
-
-    BUBBLE = "bubble"
-    IMBALANCE = "imbalance"
-    COMM_WAIT = "comm_wait"
-    EXPOSED_COMM = "exposed_comm"
-    HOST = "host"
-    EXPOSED_COPY = "exposed_copy"
-    UNEXPLAINED = "unexplained"
-
-    @property
-    def code(self) -> int:
-        """The cause's position in the report order (how a gap table's ``cause`` column holds it)."""
-        return _CAUSE_CODES[self]
-
-    @classmethod
-    def of(cls, code: int) -> Cause:
-        """The cause a gap table's ``cause`` column holds as ``code``."""
-        return _CAUSE_BY_CODE[int(code)]
-
-
-_CAUSE_BY_CODE: tuple[Cause, ...] = tuple(Cause)
-_CAUSE_CODES: dict[Cause, int] = {c: i for i, c in enumerate(_CAUSE_BY_CODE)}
 
 
 class Severity(StrEnum):

@@ -31,7 +31,7 @@ from ppdiag.diagnosis import GapTable, StepWindow
 from ppdiag.model import Phase
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.clocks import Pairs
-from ppdiag.report_types import Cause, CriticalStep, PathPiece, StageShare
+from ppdiag.report_types import PATH_CATEGORIES, Cause, CriticalStep, PathPiece, StageShare
 
 # a receive that ends this little after the block start (at most a tenth of the block) still
 # released it (the receive and the block's first kernel on two streams); clipped to the block start
@@ -39,7 +39,6 @@ RELEASE_TOL_NS = 5_000
 
 _PHASE_LETTER = {int(Phase.FWD): "F", int(Phase.BWD): "B", int(Phase.WGRAD): "W"}
 #: Categories of the ``by_stage`` table, in column order.
-CATEGORIES: tuple[str, ...] = ("compute", "transfer", "other", *Cause)
 
 
 @dataclass(frozen=True)
@@ -387,7 +386,7 @@ def _path_pieces(w: _Walk, pieces: list[Piece], p0: int) -> tuple[list[PathPiece
         kind: str = f["kind"]  # type: ignore[assignment]
         row = agg.get(st)
         if row is None:
-            row = agg[st] = dict.fromkeys(CATEGORIES, 0)
+            row = agg[st] = dict.fromkeys(PATH_CATEGORIES, 0)
         if kind == "block":
             lost: dict[str, int] = f["lost"]  # type: ignore[assignment]
             out.append(
@@ -440,20 +439,3 @@ def critical_paths(
         groups.setdefault(sw.number if sw.number >= 0 else -1 - sw.index, []).append(sw)
     out = [cs for g in groups.values() if (cs := _walk_step(w, g)) is not None]
     return sorted(out, key=lambda c: c.start_ns)
-
-
-def summarize(paths: Sequence[CriticalStep]) -> list[StageShare]:
-    """Mean ms per step on the critical path, per stage and category, over the given steps."""
-    if not paths:
-        return []
-    acc: dict[int | None, dict[str, float]] = {}
-    for cs in paths:
-        for row in cs.by_stage:
-            a = acc.setdefault(row.stage, dict.fromkeys(CATEGORIES, 0.0))
-            for k, v in row.ms.items():
-                a[k] += v
-    n = len(paths)
-    return [
-        StageShare(st, {k: v / n for k, v in acc[st].items()})
-        for st in sorted(acc, key=lambda x: (x is None, x if x is not None else 0))
-    ]

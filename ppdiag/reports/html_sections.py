@@ -9,7 +9,18 @@ template) before it reaches the page.
 from __future__ import annotations
 
 from ppdiag.facts import share_of
-from ppdiag.report_types import Cause, Dist, FindingRow, Gate, RankRow, Report, Schedule, StageRow, Summary
+from ppdiag.report_types import (
+    PATH_CATEGORIES,
+    Cause,
+    Dist,
+    FindingRow,
+    Gate,
+    RankRow,
+    Report,
+    Schedule,
+    StageRow,
+    Summary,
+)
 from ppdiag.reports.html_figures import COMPUTE_COLOR
 from ppdiag.reports.html_model import esc, ranges_text
 from ppdiag.reports.html_page import env
@@ -44,7 +55,7 @@ def critical_path_html(report: Report) -> str:
     rows = critical_path_rows(report)
     if not rows:
         return ""
-    cats = [k for k in ("compute", "transfer", "other", *Cause) if any(ms.get(k) for _, ms in rows)]
+    cats = [k for k in PATH_CATEGORIES if any(ms.get(k) for _, ms in rows)]
     total = sum(sum(ms.values()) for _, ms in rows) or 1.0
     # the highlighted stage is the report's slowest stage (ppdiag.facts, the one PP003 names) when
     # one stands out; else the stage with the most compute on the path

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from ppdiag.report_types import Cause, Report, RunInfo
+from ppdiag.report_types import Cause, Report, RunInfo, path_by_stage
 
 #: Fill colour of each lost-time cause: the Okabe-Ito colour-blind-safe hues (orange, vermillion,
 #: reddish purple, yellow), wine and brown from Paul Tol's muted set; bubble a light grey, because it
@@ -213,6 +213,4 @@ PATH_LABELS: dict[str, str] = {"compute": "compute", "transfer": "transfer in", 
 def critical_path_rows(report: Report) -> list[tuple[int | None, dict[str, float]]]:
     """The report's ``critical_path[]`` as the mean ms per step on the path, per stage and
     category (``compute``, ``transfer``, ``other`` and the causes); empty without a path."""
-    from ppdiag.attribution.critical_path import summarize
-
-    return [(r.stage, r.ms) for r in summarize(report.critical_path or [])]
+    return [(r.stage, r.ms) for r in path_by_stage(report.critical_path or [])]
