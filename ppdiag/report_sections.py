@@ -1,6 +1,6 @@
 """The report's sections of time and place (``docs/json.md``): each step's critical path
-(``critical_path[]``), how a run stopped (``hang``) and the pipeline links (``links[]``), and the
-report's vocabulary of causes (:class:`Cause`).
+(``critical_path[]``), how a run stopped (``hang``), the pipeline links (``links[]``) and each
+rank's top compute kernels (``kernels[]``), and the report's vocabulary of causes (:class:`Cause`).
 
 Part of :mod:`ppdiag.report_types`, which re-exports every name here: import them from there.
 """
@@ -172,3 +172,20 @@ class LinkRow(msgspec.Struct, frozen=True):
     likely_class: str  # the slowest class the measured figure fits under
     tcp_fallback_suspected: bool
     slow_vs_median: float | None  # the run's median link over this one (20 = 20x slower)
+
+
+class Kernel(msgspec.Struct, frozen=True):
+    """One of a rank's top compute kernels (``kernels[].top[]``): its time and calls per analyzed
+    step, and its share of the rank's compute in those steps (a fraction)."""
+
+    name: str
+    ms_per_step: float
+    share: float
+    calls_per_step: float
+
+
+class RankKernels(msgspec.Struct, frozen=True):
+    """A rank's compute kernels with the most time per analyzed step, most first (``kernels[]``)."""
+
+    rank: int
+    top: list[Kernel]

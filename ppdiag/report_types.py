@@ -35,9 +35,11 @@ from ppdiag.report_sections import PATH_CATEGORIES as PATH_CATEGORIES
 from ppdiag.report_sections import Cause as Cause
 from ppdiag.report_sections import CriticalStep as CriticalStep
 from ppdiag.report_sections import Hang as Hang
+from ppdiag.report_sections import Kernel as Kernel
 from ppdiag.report_sections import LastOp as LastOp
 from ppdiag.report_sections import LinkRow as LinkRow
 from ppdiag.report_sections import PathPiece as PathPiece
+from ppdiag.report_sections import RankKernels as RankKernels
 from ppdiag.report_sections import StageShare as StageShare
 from ppdiag.report_sections import Wait as Wait
 from ppdiag.report_sections import path_by_stage as path_by_stage
@@ -351,6 +353,7 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True):
     hang: Hang | None = None  # only when the run stopped or its traces were cut mid-step
     memory: list[MemoryRow] | None = None
     links: list[LinkRow] | None = None
+    kernels: list[RankKernels] | None = None  # each rank's top compute kernels (ppdiag.facts)
     gate: Gate | None = None
 
     def check(self) -> list[str]:
@@ -376,6 +379,7 @@ SECTIONS: dict[str, type[msgspec.Struct]] = {
     "hang": Hang,
     "memory": MemoryRow,
     "links": LinkRow,
+    "kernels": RankKernels,
     "gate": Gate,
 }
 

@@ -11,7 +11,15 @@ import numpy as np
 
 from ppdiag.attribution.causes import Attribution, RankStep
 from ppdiag.diagnosis import SCHEMA_VERSION
-from ppdiag.facts import StageBalance, measured_bubble, stage_balance, theoretical_bubble
+from ppdiag.facts import (
+    StageBalance,
+    measured_bubble,
+    stage_balance,
+    step_spans,
+    theoretical_bubble,
+    top_kernels,
+    whole_span,
+)
 from ppdiag.model import Phase, Run
 from ppdiag.pipeline import Pipeline
 from ppdiag.report_types import (
@@ -21,6 +29,7 @@ from ppdiag.report_types import (
     HostClockInfo,
     NoiseInfo,
     Peers,
+    RankKernels,
     RankRow,
     Report,
     RunInfo,
@@ -43,6 +52,7 @@ class Sections:
     bubble: Bubble
     stages: list[StageRow]
     ranks: list[RankRow]
+    kernels: list[RankKernels] | None = None
 
     def report(self, noise: NoiseInfo, warnings: list[str] | None = None) -> Report:
         """The :class:`Report` of these sections with ``noise``, no findings and no what-if rows
@@ -59,6 +69,7 @@ class Sections:
             findings=[],
             whatif=[],
             noise=noise,
+            kernels=self.kernels,
         )
 
 
@@ -117,7 +128,18 @@ def build_report(
         bubble=bubble,
         stages=_stages(pipe, means.rows, balance) if topo.pp > 1 else [],
         ranks=means.rows,
+        kernels=_kernels(run, steps, attr),
     )
+
+
+def _kernels(run: Run, steps: list[RankStep], attr: Attribution) -> list[RankKernels] | None:
+    """Each rank's top compute kernels over the analyzed steps (the whole capture without step
+    markers); None when no rank has any."""
+    spans = step_spans((s.step, s.w0, s.w1) for s in steps)
+    if not spans:
+        whole = whole_span(run, attr.gaps)
+        spans = [whole] if whole else []
+    return top_kernels(run, spans) or None
 
 
 @dataclass(frozen=True)
