@@ -116,7 +116,7 @@ def _measured(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -
     if on_stage:
         on_stage("attributing lost time")
     last_stage = pipe.topology.pp * pipe.topology.virtual - 1
-    attr = attribute(steps, run.by_rank(), pipe.ops, last_stage, pipe.topology.pp > 1)
+    attr = attribute(steps, run.by_rank(), pipe.ops, last_stage, pipe.topology.pp > 1, pipe.collectives)
     balance = stage_balance(pipe)
     sections = build_report(run, pipe, steps, attr, balance)
     warnings = list(sections.run.warnings)

@@ -64,6 +64,7 @@ from ppdiag.diagnosis import GapTable
 from ppdiag.model import RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.clocks import P2POps
+from ppdiag.pipeline.collectives import CollectiveMatch
 from ppdiag.report_types import Cause
 
 
@@ -145,8 +146,10 @@ def attribute(
     ops: dict[int, P2POps],
     last_stage: int,
     pipelined: bool,
+    collectives: CollectiveMatch | None = None,
 ) -> Attribution:
-    """Cause totals for every (rank, step) and the per-gap cause tables."""
+    """Cause totals for every (rank, step) and the per-gap cause tables. ``collectives``: the run's
+    collectives as the pipeline matched them (matched here when not given)."""
     causes: dict[tuple[int, int], dict[str, int]] = {}
     notes: list[str] = []
     replay_steps: dict[str, float] = {}
@@ -171,7 +174,9 @@ def attribute(
             c["unexplained"] = 0
             causes[k] = _close(c, rs.acct.lost)
         # collectives the replay does not model as its step-end sync: waits for a late member
-        waits = run_waits(steps, timelines, {k: rp.tail_coll[k][:2] for k in rp.sync_of})
+        waits = run_waits(
+            steps, timelines, {k: rp.tail_coll[k][:2] for k in rp.sync_of}, collectives=collectives
+        )
         for k, mv in waits.moves.items():
             causes[k] = apply_moves(causes[k], mv)
         for name, var in full.items():

@@ -14,6 +14,7 @@ from ppdiag.model.structure import Structure
 from ppdiag.pipeline.aligned import aligned_run
 from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
+from ppdiag.pipeline.collectives import CollectiveMatch, match_collectives
 from ppdiag.pipeline.host_clocks import with_host_clocks
 from ppdiag.pipeline.overrides import override_warnings
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
@@ -62,6 +63,9 @@ class Pipeline:
     # each structural fact's source and confidence; established False when contradictions
     # rejected the pipeline the evidence suggested (ppdiag/pipeline/structure.py)
     structure: Structure | None = None
+    # the run's collectives matched across the ranks of each group, on the aligned clock: what the
+    # attribution splits into waits and the Perfetto overlay draws arrows for (matched once, here)
+    collectives: CollectiveMatch = field(default_factory=CollectiveMatch.empty)
 
 
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
@@ -140,6 +144,7 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
     labels = {tl.rank: block_labels(tl, blocks[tl.rank], tl.clock_offset_ns) for tl in clocked.ranks}
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")
+    aligned = aligned_run(run, fit.offsets, labels)
     return Pipeline(
         topology=topo,
         clocks=fit,
@@ -149,11 +154,20 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
         blocks=blocks,
         schedule=schedule,
         microbatches=m,
-        aligned=aligned_run(run, fit.offsets, labels),
+        aligned=aligned,
         warnings=warnings,
         peers=peers,
         labels=labels,
+        collectives=_collectives(aligned),
     )
+
+
+def _collectives(aligned: Run) -> CollectiveMatch:
+    """The run's collectives matched (empty when the traces hold nothing matchable)."""
+    try:
+        return match_collectives(aligned.by_rank())
+    except (ValueError, KeyError, IndexError):  # malformed group metadata: nothing to match
+        return CollectiveMatch.empty()
 
 
 def _peers_and_topology(
