@@ -25,7 +25,7 @@ from ppdiag.pipeline.links import link_rows, parse_hosts
 from ppdiag.pipeline.memory import memory_section
 from ppdiag.report_check import InconsistentReport
 from ppdiag.report_check import strict as strict_check
-from ppdiag.report_types import Cause, CriticalStep, Hang, NoiseInfo, Report
+from ppdiag.report_types import Cause, CriticalStep, Hang, Report
 from ppdiag.reports.context import AnalysisContext, Analyzed
 from ppdiag.rules import RuleContext, RuleOptions, run_rules
 from ppdiag.rules.noise import NoiseModel, build_noise, oversubscription_warning, warmup_outlier
@@ -141,7 +141,7 @@ def _measured(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -
     if over:
         warnings.append(over)
     report = msgspec.structs.replace(
-        sections.report(msgspec.convert(noise.to_json(), NoiseInfo), warnings),
+        sections.report(noise.to_report(), warnings),
         hang=hang,
         memory=memory_section(run, pipe, run_origin(run)),
         links=link_rows(run, pipe.ops, parse_hosts(opts.hosts) if opts.hosts else None),

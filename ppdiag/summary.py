@@ -237,8 +237,8 @@ def _rank_row(
 
 
 def _peers(pipe: Pipeline) -> Peers | None:
-    """``run.peers``: the peer decision's own JSON form (:meth:`PeerResult.to_json`), typed."""
-    return msgspec.convert(pipe.peers.to_json(), Peers) if pipe.peers is not None else None
+    """``run.peers``: how the peer decision reports itself."""
+    return pipe.peers.to_report() if pipe.peers is not None else None
 
 
 def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[str]) -> RunInfo:
