@@ -13,7 +13,7 @@ import numpy as np
 
 from ppdiag.attribution.causes import Attribution, RankStep, attribute, rank_step
 from ppdiag.attribution.critical_path import Transfers, critical_paths
-from ppdiag.diagnosis import Diagnosis, Finding, GapTable, StepWindow
+from ppdiag.diagnosis import Diagnosis, GapTable, StepWindow
 from ppdiag.facts import StageBalance, stage_balance
 from ppdiag.model import Run
 from ppdiag.parsers import ParseOptions
@@ -25,7 +25,7 @@ from ppdiag.pipeline.links import link_rows, parse_hosts
 from ppdiag.pipeline.memory import memory_section
 from ppdiag.report_check import InconsistentReport
 from ppdiag.report_check import strict as strict_check
-from ppdiag.report_types import Cause, CriticalStep, Hang, Report
+from ppdiag.report_types import Cause, CriticalStep, FindingRow, Hang, Report
 from ppdiag.reports.context import AnalysisContext, Analyzed
 from ppdiag.rules import RuleContext, RuleOptions, run_rules
 from ppdiag.rules.noise import NoiseModel, build_noise, oversubscription_warning, warmup_outlier
@@ -216,7 +216,7 @@ def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) ->
     result = msgspec.structs.replace(
         m.report,
         run=msgspec.structs.replace(m.report.run, warnings=warnings),
-        findings=[f.to_report() for f in findings],
+        findings=findings,
         whatif=predictions.report_rows(used) if predictions is not None else [],
         critical_path=list(m.paths),
     )
@@ -225,7 +225,6 @@ def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) ->
     return Diagnosis(
         run=run,
         result=result,
-        findings=findings,
         steps=m.windows,
         gaps=m.attr.gaps,
         context=AnalysisContext(
@@ -278,7 +277,7 @@ def _warmup_step(pipe: Pipeline) -> int | None:
     return 0 if warmup_outlier(dur.tolist()) else None
 
 
-def _blame_gaps(gaps: dict[int, GapTable], findings: list[Finding]) -> None:
+def _blame_gaps(gaps: dict[int, GapTable], findings: list[FindingRow]) -> None:
     """Name the root rank of each gap whose cause a finding traced to one rank (host stalls, slow
     links, a slow stage), so the timeline and the Perfetto overlay can show who to look at."""
     for f in findings:

@@ -10,13 +10,13 @@ the model layer names no type above it, so :class:`Diagnosis` is generic over it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Run
-from ppdiag.report_types import Cause, FindingRow, Report, Severity
+from ppdiag.report_types import FindingRow, Report
 
 SCHEMA_VERSION = 1
 
@@ -72,37 +72,6 @@ class GapTable:
 
 
 @dataclass
-class Finding:
-    """One diagnosed problem with its evidence, estimated gain and fixes (docs/json.md)."""
-
-    code: str
-    cause: Cause | None
-    title: str
-    severity: str  # "high" | "medium" | "low" | "info"
-    stages: list[int] = field(default_factory=list)
-    ranks: list[int] = field(default_factory=list)
-    gain_ms: float | None = None  # None: not computed (no prediction of the fix)
-    gain_pct: float | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-    fixes: list[str] = field(default_factory=list)
-
-    def to_report(self) -> FindingRow:
-        """The report's ``findings[]`` row (gains rounded as the report shows them)."""
-        return FindingRow(
-            code=self.code,
-            cause=self.cause,
-            title=self.title,
-            severity=Severity(self.severity),
-            stages=list(self.stages),
-            ranks=list(self.ranks),
-            gain_ms=None if self.gain_ms is None else round(self.gain_ms, 3),
-            gain_pct=None if self.gain_pct is None else round(self.gain_pct, 2),
-            evidence=dict(self.evidence),
-            fixes=list(self.fixes),
-        )
-
-
-@dataclass
 class StepWindow:
     """One analyzed step of one rank on the aligned clock."""
 
@@ -128,7 +97,11 @@ class Diagnosis(Generic[ContextT]):
 
     run: Run
     result: Report
-    findings: list[Finding] = field(default_factory=list)
     steps: list[StepWindow] = field(default_factory=list)
     gaps: dict[int, GapTable] = field(default_factory=dict)
     context: ContextT | None = None
+
+    @property
+    def findings(self) -> list[FindingRow]:
+        """The report's findings (``result.findings``), most severe first."""
+        return self.result.findings

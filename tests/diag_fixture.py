@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from report_fill import complete, typed
 
-from ppdiag.diagnosis import Diagnosis, Finding, GapTable, StepWindow
+from ppdiag.diagnosis import Diagnosis, GapTable, StepWindow
 from ppdiag.model import Direction, Intervals, Kind, NameTable, Phase, RangeKind, Ranges, RankTimeline, Run
 from ppdiag.report_types import Cause
 from ppdiag.reports.context import AnalysisContext, Analyzed
@@ -344,31 +344,14 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Analyzed, Truth]
         truth.kernels_total += n
     run = Run(ranks=ranks, format="kineto", warnings=["rank 3: trace truncated, 12 events lost <b>bold</b>"])
     report = _pipeline_report(sp, truth, gap_tables, ranks, windows)
-    findings = [_finding(f) for f in report["findings"]]
     diag = Diagnosis(
         run=run,
         result=typed(report),
-        findings=findings,
         steps=windows,
         gaps=gap_tables,
         context=AnalysisContext(stage_of_rank={r: r for r in range(p)}),
     )
     return diag, truth
-
-
-def _finding(d: dict[str, Any]) -> Finding:
-    return Finding(
-        code=d["code"],
-        cause=d["cause"],
-        title=d["title"],
-        severity=d["severity"],
-        stages=d["stages"],
-        ranks=d["ranks"],
-        gain_ms=d["gain_ms"],
-        gain_pct=d["gain_pct"],
-        evidence=d["evidence"],
-        fixes=d["fixes"],
-    )
 
 
 def _stats(x: list[float]) -> dict[str, float]:
@@ -670,7 +653,6 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Analyzed:
     return Diagnosis(
         run=run,
         result=typed(report),
-        findings=[_finding(f) for f in report["findings"]],
         steps=windows,
         gaps=gap_tables,
     )

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ppdiag.diagnosis import Finding
 from ppdiag.facts import step_share_text
-from ppdiag.report_types import Cause
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, r3
 
@@ -53,7 +52,7 @@ class BubbleRule:
     cause = Cause.BUBBLE
     summary = "Pipeline bubble is large: too few micro-batches for the number of stages."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         pipe = ctx.pipeline
         if pipe.topology.pp <= 1 or not ctx.step_ms:
             return []

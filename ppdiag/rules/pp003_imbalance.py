@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ppdiag.diagnosis import Finding
 from ppdiag.facts import stage_balance
-from ppdiag.report_types import Cause
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 from ppdiag.rules.noise import Z, cause_error_ms
@@ -40,7 +39,7 @@ class ImbalanceRule:
     cause = Cause.IMBALANCE
     summary = "Slowest stage well above the mean stage cost: the other stages wait for it."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         topo = ctx.pipeline.topology
         if topo.pp <= 1 or not ctx.step_ms:
             return []

@@ -6,8 +6,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ppdiag.diagnosis import Finding
-from ppdiag.report_types import Cause
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 from ppdiag.rules.noise import shared_share
@@ -39,7 +38,7 @@ class CommWaitRule:
     cause = Cause.COMM_WAIT
     summary = "p2p/NCCL waits with the peer ready: slow or late transfers between stages."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         if ctx.pipeline.topology.pp <= 1 or not ctx.step_ms:
             return []
         cw = mean_cause_ms(ctx, Cause.COMM_WAIT)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppdiag.diagnosis import Finding
 from ppdiag.facts import step_share_text
 from ppdiag.model import Kind, Run
-from ppdiag.report_types import Cause
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 
@@ -41,7 +40,7 @@ class ExposedCommRule:
     cause = Cause.EXPOSED_COMM
     summary = "Communication with no compute beside it although overlap was possible."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         if not ctx.step_ms:
             return []
         ex = mean_cause_ms(ctx, Cause.EXPOSED_COMM)

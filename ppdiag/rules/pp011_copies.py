@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppdiag.diagnosis import Finding
 from ppdiag.facts import step_share_text
 from ppdiag.model import Kind
-from ppdiag.report_types import Cause
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3, replay_gain_ms
 
@@ -44,7 +43,7 @@ class CopiesRule:
     cause = Cause.EXPOSED_COPY
     summary = "Copies (memcpy/memset) dominate the window with nothing computing beside them."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         if not ctx.step_ms:
             return []
         copy = mean_cause_ms(ctx, Cause.EXPOSED_COPY)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ppdiag.diagnosis import Finding
-from ppdiag.report_types import Cause
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, r3
 
@@ -34,7 +33,7 @@ class PlacementRule:
     cause = Cause.COMM_WAIT
     summary = "The pipeline crosses nodes while data parallelism stays inside them."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         links = ctx.report.links or []
         topo = ctx.pipeline.topology
         if topo.pp < 2 or len(topo.pipelines) < 2:
