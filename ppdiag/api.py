@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -221,12 +222,11 @@ def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) ->
         critical_path=list(m.paths),
     )
     result = _checked(result)
-    _blame_gaps(m.attr.gaps, findings)
     return Diagnosis(
         run=run,
         result=result,
         steps=m.windows,
-        gaps=m.attr.gaps,
+        gaps=_blamed(m.attr.gaps, findings),
         context=AnalysisContext(
             stage_of_rank=dict(pipe.topology.stage_of),
             pipeline=pipe,
@@ -277,12 +277,15 @@ def _warmup_step(pipe: Pipeline) -> int | None:
     return 0 if warmup_outlier(dur.tolist()) else None
 
 
-def _blame_gaps(gaps: dict[int, GapTable], findings: list[FindingRow]) -> None:
-    """Name the root rank of each gap whose cause a finding traced to one rank (host stalls, slow
-    links, a slow stage), so the timeline and the Perfetto overlay can show who to look at."""
+def _blamed(gaps: dict[int, GapTable], findings: list[FindingRow]) -> dict[int, GapTable]:
+    """The attribution's gap tables with the root rank of each gap whose cause a finding traced to
+    one rank (host stalls, slow links, a slow stage), so the timeline and the Perfetto overlay can
+    show who to look at: new tables (``Diagnosis.gaps``); the attribution's stay as it painted them."""
+    out = {r: dataclasses.replace(g, blame=g.blame.copy()) for r, g in gaps.items()}
     for f in findings:
         if f.cause is None or len(f.ranks) != 1:
             continue
         cause = Cause(f.cause).code
-        for g in gaps.values():
+        for g in out.values():
             g.blame[g.cause == cause] = f.ranks[0]
+    return out

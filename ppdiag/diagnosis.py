@@ -98,6 +98,8 @@ class Diagnosis(Generic[ContextT]):
     run: Run
     result: Report
     steps: list[StepWindow] = field(default_factory=list)
+    # the gap tables every reader takes, each gap's root rank named (``blame``); the attribution's
+    # own tables (``context.attribution.gaps``) are what they were painted from, without the blame
     gaps: dict[int, GapTable] = field(default_factory=dict)
     context: ContextT | None = None
 

@@ -73,7 +73,7 @@ class Attribution:
     """Cause totals per (rank, step) in ns, the gap tables, and replay facts for findings."""
 
     causes: dict[tuple[int, int], dict[str, int]]
-    gaps: dict[int, GapTable]
+    gaps: dict[int, GapTable]  # as painted; the result's (Diagnosis.gaps) add each gap's root rank
     normal_latency_ns: int
     step_replay_ns: dict[str, float]  # mean step time of each replay variant (for gains)
     notes: list[str] = field(default_factory=list)
