@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from ablate import write_variant  # noqa: E402
 
 from ppdiag.api import Options, diagnose  # noqa: E402
-from ppdiag.diagnosis import CAUSE_KEYS  # noqa: E402
+from ppdiag.report_types import Cause  # noqa: E402
 from ppdiag.simulate.schedules import SCHEDULES  # noqa: E402
 from ppsynth import faults as F  # noqa: E402
 from ppsynth.scenario import make_scenario  # noqa: E402
@@ -90,10 +90,10 @@ def measure(kw: dict[str, Any], fmt: str, out: Path) -> dict[str, Any]:
     run = make_scenario(steps=kw.pop("steps", 2), clock_skew_ms=kw.pop("clock_skew_ms", 5.0), **kw)
     rep = diagnose([write_variant(run, fmt, out)], Options()).result
     truth = run.truth
-    worst = {k: (0.0, -1) for k in CAUSE_KEYS}
+    worst = {k: (0.0, -1) for k in Cause}
     for r in rep.ranks:
         t = truth["ranks"][str(r.rank)]
-        for k in CAUSE_KEYS:
+        for k in Cause:
             diff = r.lost_ms[k] - float(t["causes_ms"].get(k, 0.0))
             # the kernel gaps may land in any cause: they widen every comparison by their size
             err = 100 * math.copysign(max(abs(diff) - t["kernel_gaps_ms"], 0.0), diff) / t["step_ms"]

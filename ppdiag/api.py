@@ -22,7 +22,7 @@ import numpy as np
 from ppdiag.analysis import AnalysisContext, Analyzed
 from ppdiag.attribution.causes import Attribution, RankStep, attribute, rank_step
 from ppdiag.attribution.critical_path import Transfers, critical_paths
-from ppdiag.diagnosis import Cause, Diagnosis, Finding, GapTable, StepWindow
+from ppdiag.diagnosis import Diagnosis, GapTable, StepWindow
 from ppdiag.errors import InputError
 from ppdiag.facts import StageBalance, stage_balance
 from ppdiag.model import Run
@@ -36,7 +36,7 @@ from ppdiag.pipeline.links import link_rows, parse_hosts
 from ppdiag.pipeline.memory import memory_section
 from ppdiag.report_check import InconsistentReport
 from ppdiag.report_check import strict as strict_check
-from ppdiag.report_types import CriticalStep, FindingRow, LinkRow, NoiseInfo, Report, WhatifRow
+from ppdiag.report_types import Cause, CriticalStep, FindingRow, LinkRow, Report, WhatifRow
 from ppdiag.rules import RuleContext, RuleOptions, run_rules
 from ppdiag.rules.noise import NoiseModel, build_noise, oversubscription_warning, warmup_outlier
 from ppdiag.summary import Sections, build_report
@@ -128,7 +128,7 @@ class _Measured:
         measured ones) and, once the rules ran (``final``), the findings, the what-if rows and the
         critical path."""
         return self.sections.report(
-            msgspec.convert(self.noise.to_json(), NoiseInfo),
+            self.noise.to_report(),
             self.warnings if warnings is None else warnings,
             hang=self.pipe.hang,
             memory=self.memory,
@@ -151,7 +151,7 @@ def _measured(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -
     if on_stage:
         on_stage("attributing lost time")
     last_stage = pipe.topology.pp * pipe.topology.virtual - 1
-    attr = attribute(steps, run.by_rank(), pipe.ops, last_stage, pipe.topology.pp > 1)
+    attr = attribute(steps, run.by_rank(), pipe.ops, last_stage, pipe.topology.pp > 1, pipe.collectives)
     balance = stage_balance(pipe)
     sections = build_report(run, pipe, steps, attr, balance)
     warnings = list(sections.run.warnings)
@@ -248,7 +248,7 @@ def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) ->
     result = _checked(
         m.report(
             [*m.warnings, *unpredicted],
-            [f.to_report() for f in findings],
+            findings,
             predictions.report_rows(used) if predictions is not None else [],
             final=True,
         )
@@ -257,13 +257,12 @@ def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) ->
     return Diagnosis(
         run=run,
         result=result,
-        findings=findings,
         steps=m.windows,
         gaps=gaps,
         context=AnalysisContext(
             stage_of_rank=dict(pipe.topology.stage_of),
             pipeline=pipe,
-            attribution=dataclasses.replace(m.attr, gaps=gaps),
+            attribution=m.attr,
             rank_steps=m.steps,
             noise=m.noise,
             predictions=predictions,
@@ -311,15 +310,15 @@ def _warmup_step(pipe: Pipeline) -> int | None:
     return 0 if warmup_outlier(dur.tolist()) else None
 
 
-def _blamed(gaps: dict[int, GapTable], findings: list[Finding]) -> dict[int, GapTable]:
-    """The gap tables with the root rank of each gap whose cause a finding traced to one rank
-    (host stalls, slow links, a slow stage) as its ``blame``, so the timeline and the Perfetto
-    overlay can show who to look at: new tables (new ``blame`` arrays), ``gaps`` unchanged."""
-    blamed = {r: dataclasses.replace(g, blame=g.blame.copy()) for r, g in gaps.items()}
+def _blamed(gaps: dict[int, GapTable], findings: list[FindingRow]) -> dict[int, GapTable]:
+    """The attribution's gap tables with the root rank of each gap whose cause a finding traced to
+    one rank (host stalls, slow links, a slow stage), so the timeline and the Perfetto overlay can
+    show who to look at: new tables (``Diagnosis.gaps``); the attribution's stay as it painted them."""
+    out = {r: dataclasses.replace(g, blame=g.blame.copy()) for r, g in gaps.items()}
     for f in findings:
         if f.cause is None or len(f.ranks) != 1:
             continue
-        cause = int(Cause[f.cause.upper()])
-        for g in blamed.values():
+        cause = Cause(f.cause).code
+        for g in out.values():
             g.blame[g.cause == cause] = f.ranks[0]
-    return blamed
+    return out

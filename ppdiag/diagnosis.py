@@ -1,6 +1,6 @@
 """The result of an analysis: what every report and the gate read.
 
-``Diagnosis.result`` is the JSON contract of DESIGN.md §7 as one typed value
+``Diagnosis.result`` is the JSON report (``docs/json.md``) as one typed value
 (:class:`ppdiag.report_types.Report`, see ``docs/json.md``); the other fields keep the columnar
 timelines and gap tables that the HTML timeline and the Perfetto overlay draw, and ``context``
 the layer results behind them (:class:`ppdiag.analysis.AnalysisContext` for an analysis;
@@ -10,42 +10,18 @@ the model layer names no type above it, so :class:`Diagnosis` is generic over it
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Run
-from ppdiag.report_types import CauseName, FindingRow, Report, Severity
+from ppdiag.report_types import FindingRow, Report
 
 SCHEMA_VERSION = 1
 
 
-class Cause(IntEnum):
-    """Primary cause of a piece of lost time (DESIGN.md §5). Order = report order."""
-
-    BUBBLE = 0
-    IMBALANCE = 1
-    COMM_WAIT = 2
-    EXPOSED_COMM = 3
-    HOST = 4
-    EXPOSED_COPY = 5
-    UNEXPLAINED = 6
-
-
-CAUSE_KEYS: tuple[str, ...] = (
-    "bubble",
-    "imbalance",
-    "comm_wait",
-    "exposed_comm",
-    "host",
-    "exposed_copy",
-    "unexplained",
-)
-assert tuple(c.name.lower() for c in Cause) == CAUSE_KEYS, "CAUSE_KEYS[i] is the key of Cause(i)"
-
-#: Each cause as a counterfactual (DESIGN.md §5): the idle it adds to a replay of the run, taken in
+#: Each cause as a counterfactual (docs/json.md): the idle it adds to a replay of the run, taken in
 #: this order, so the causes telescope and add up to the lost time (``ppdiag rules``, docs/json.md).
 CAUSE_DEFINITIONS: dict[str, str] = {
     "bubble": "idle the same total work still has spread evenly over the stages (every stage at the "
@@ -96,37 +72,6 @@ class GapTable:
 
 
 @dataclass
-class Finding:
-    """One diagnosed problem with its evidence, estimated gain and fixes (DESIGN.md §6)."""
-
-    code: str
-    cause: str | None
-    title: str
-    severity: str  # "high" | "medium" | "low" | "info"
-    stages: list[int] = field(default_factory=list)
-    ranks: list[int] = field(default_factory=list)
-    gain_ms: float | None = None  # None: not computed (no prediction of the fix)
-    gain_pct: float | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-    fixes: list[str] = field(default_factory=list)
-
-    def to_report(self) -> FindingRow:
-        """The report's ``findings[]`` row (gains rounded as the report shows them)."""
-        return FindingRow(
-            code=self.code,
-            cause=None if self.cause is None else CauseName(self.cause),
-            title=self.title,
-            severity=Severity(self.severity),
-            stages=list(self.stages),
-            ranks=list(self.ranks),
-            gain_ms=None if self.gain_ms is None else round(self.gain_ms, 3),
-            gain_pct=None if self.gain_pct is None else round(self.gain_pct, 2),
-            evidence=dict(self.evidence),
-            fixes=list(self.fixes),
-        )
-
-
-@dataclass
 class StepWindow:
     """One analyzed step of one rank on the aligned clock."""
 
@@ -152,7 +97,13 @@ class Diagnosis(Generic[ContextT]):
 
     run: Run
     result: Report
-    findings: list[Finding] = field(default_factory=list)
     steps: list[StepWindow] = field(default_factory=list)
+    # the gap tables every reader takes, each gap's root rank named (``blame``); the attribution's
+    # own tables (``context.attribution.gaps``) are what they were painted from, without the blame
     gaps: dict[int, GapTable] = field(default_factory=dict)
     context: ContextT | None = None
+
+    @property
+    def findings(self) -> list[FindingRow]:
+        """The report's findings (``result.findings``), most severe first."""
+        return self.result.findings

@@ -11,6 +11,8 @@ theoretical bubble" mean the same thing wherever they are shown.
   (:data:`SLOW_STAGE_RATIO`, the one threshold).
 * **Bubble**: the schedule's theoretical bubble from the simulator's closed forms, and the
   measured pipeline waits (bubble + imbalance) per step window.
+* **Top kernels**: each rank's compute kernels with the most time per analyzed step
+  (:func:`top_kernels`, the report's ``kernels[]`` that the HTML lists).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ppdiag.diagnosis import GapTable
+from ppdiag.model import Kind, Run
 from ppdiag.pipeline import Pipeline
-from ppdiag.report_types import StageRow, Summary
+from ppdiag.report_types import Kernel, RankKernels, Report, StageRow, Summary
 
 #: slowest / mean stage compute from which one stage counts as setting the pipeline's pace. Below
 #: it the stages are within what step-to-step variation and uneven first/last layers give anyway.
@@ -158,10 +162,11 @@ def report_stage_values(stages: Sequence[StageRow]) -> list[float] | None:
     return vals
 
 
-def report_slowest_stage(stages: Sequence[StageRow]) -> int | None:
-    """Index in ``stages`` of the stage that sets the pace (:attr:`StageBalance.slowest`), or None."""
-    vals = report_stage_values(stages)
-    return None if vals is None else balance_of(dict(enumerate(vals))).slowest
+def report_slowest_stage(report: Report) -> int | None:
+    """Index in ``report.stages`` of the report's slowest stage (``summary.slowest_stage``, the
+    :attr:`StageBalance.slowest` the analysis wrote), or None when no stage stands out."""
+    slow = report.summary.slowest_stage
+    return next((i for i, s in enumerate(report.stages) if s.stage == slow), None)
 
 
 def share_of(summary: Summary, key: str) -> float | None:
@@ -180,3 +185,67 @@ def step_share_text(summary: Summary, key: str) -> str:
     it back)."""
     share = share_of(summary, key)
     return f"{100 * (share or 0.0):.0f}% of the step"
+
+
+#: How many kernels :func:`top_kernels` keeps per rank.
+TOP_KERNELS = 6
+
+
+def step_spans(windows: Iterable[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    """The analyzed steps on the common clock, in step order: per step index the union over the
+    ranks of their ``(index, start, end)`` windows (empty steps left out)."""
+    by: dict[int, tuple[int, int]] = {}
+    for i, a, b in windows:
+        lo, hi = by.get(i, (int(a), int(b)))
+        by[i] = (min(lo, int(a)), max(hi, int(b)))
+    return [by[k] for k in sorted(by) if by[k][1] > by[k][0]]
+
+
+def whole_span(run: Run, gaps: Mapping[int, GapTable]) -> tuple[int, int] | None:
+    """The run's captured window on the common clock (its intervals and gaps), for a run with no
+    step markers; None when it holds nothing."""
+    lo: int | None = None
+    hi: int | None = None
+    for rt in run.ranks:
+        if len(rt.intervals):
+            a, b = (
+                int(rt.intervals.start.min()) + rt.clock_offset_ns,
+                int(rt.intervals.end.max()) + rt.clock_offset_ns,
+            )
+            lo, hi = (a, b) if lo is None or hi is None else (min(lo, a), max(hi, b))
+    for g in gaps.values():
+        if len(g):
+            a, b = int(g.start.min()), int(g.end.max())
+            lo, hi = (a, b) if lo is None or hi is None else (min(lo, a), max(hi, b))
+    return None if lo is None or hi is None or hi <= lo else (lo, hi)
+
+
+def top_kernels(run: Run, spans: Sequence[tuple[int, int]], k: int = TOP_KERNELS) -> list[RankKernels]:
+    """Each rank's compute kernels with the most time per step, over the compute intervals that
+    start inside ``spans`` (:func:`step_spans`, or :func:`whole_span` without steps); ranks with
+    none are left out."""
+    out: list[RankKernels] = []
+    if not spans:
+        return out
+    for rt in run.ranks:
+        iv = rt.intervals
+        if len(iv) == 0:
+            continue
+        st, en = iv.start + rt.clock_offset_ns, iv.end + rt.clock_offset_ns
+        inside = np.zeros(len(iv), dtype=bool)
+        for a, b in spans:
+            inside |= (st >= a) & (st < b)
+        m = (iv.kind == int(Kind.COMPUTE)) & inside
+        if not m.any():
+            continue
+        tot = np.bincount(iv.name[m], weights=(en[m] - st[m]).astype(np.float64), minlength=len(rt.names))
+        cnt = np.bincount(iv.name[m], minlength=len(rt.names))
+        all_t = float(tot.sum())
+        n = len(spans)
+        top = [
+            Kernel(rt.name_of(int(i)), float(tot[i] / 1e6 / n), float(tot[i] / all_t), float(cnt[i] / n))
+            for i in np.argsort(-tot)[:k]
+            if tot[i] > 0
+        ]
+        out.append(RankKernels(rt.rank, top))
+    return out

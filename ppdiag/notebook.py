@@ -19,9 +19,9 @@ import msgspec
 
 from ppdiag.analysis import Analyzed, context_of
 from ppdiag.api import Options
-from ppdiag.diagnosis import Cause
 from ppdiag.errors import InputError
 from ppdiag.model.timeline import PHASE_NAMES, Phase
+from ppdiag.report_types import Cause
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -138,7 +138,7 @@ class Analysis:
                         "start_ms": (g.start - self._origin_ns) / 1e6,
                         "end_ms": (g.end - self._origin_ns) / 1e6,
                         "duration_ms": (g.end - g.start) / 1e6,
-                        "cause": [Cause(int(c)).name.lower() for c in g.cause],
+                        "cause": [str(Cause.of(c)) for c in g.cause],
                         "blamed_rank": pd.array([int(b) if b >= 0 else None for b in g.blame], dtype="Int64"),
                     }
                 )

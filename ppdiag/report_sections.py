@@ -1,12 +1,44 @@
 """The report's sections of time and place (``docs/json.md``): each step's critical path
-(``critical_path[]``), how a run stopped (``hang``) and the pipeline links (``links[]``).
+(``critical_path[]``), how a run stopped (``hang``), the pipeline links (``links[]``) and each
+rank's top compute kernels (``kernels[]``), and the report's vocabulary of causes (:class:`Cause`).
 
 Part of :mod:`ppdiag.report_types`, which re-exports every name here: import them from there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
+
+from ppdiag.compat import StrEnum
+
+
+class Cause(StrEnum):
+    """The primary cause of a piece of lost time: a key of ``lost_ms`` (docs/json.md). Member order
+    is the report order; a gap table stores a cause as its :attr:`code`, its position in it."""
+
+    BUBBLE = "bubble"
+    IMBALANCE = "imbalance"
+    COMM_WAIT = "comm_wait"
+    EXPOSED_COMM = "exposed_comm"
+    HOST = "host"
+    EXPOSED_COPY = "exposed_copy"
+    UNEXPLAINED = "unexplained"
+
+    @property
+    def code(self) -> int:
+        """The cause's position in the report order (how a gap table's ``cause`` column holds it)."""
+        return _CAUSE_CODES[self]
+
+    @classmethod
+    def of(cls, code: int) -> Cause:
+        """The cause a gap table's ``cause`` column holds as ``code``."""
+        return _CAUSE_BY_CODE[int(code)]
+
+
+_CAUSE_BY_CODE: tuple[Cause, ...] = tuple(Cause)
+_CAUSE_CODES: dict[Cause, int] = {c: i for i, c in enumerate(_CAUSE_BY_CODE)}
 
 
 class PathPiece(msgspec.Struct, frozen=True):
@@ -50,6 +82,29 @@ class CriticalStep(msgspec.Struct, frozen=True):
     start_rank: int
     pieces: list[PathPiece]
     by_stage: list[StageShare]
+
+
+#: The categories of time on the critical path (``by_stage[].ms`` keys): a block's compute, the
+#: transfers into a stage, compute outside blocks, then the lost time by cause.
+PATH_CATEGORIES: tuple[str, ...] = ("compute", "transfer", "other", *Cause)
+
+
+def path_by_stage(paths: Sequence[CriticalStep]) -> list[StageShare]:
+    """The stage shares of the critical path: mean ms per step on it, per stage and category
+    (:data:`PATH_CATEGORIES`), over ``paths`` (the report's ``critical_path[]``)."""
+    if not paths:
+        return []
+    acc: dict[int | None, dict[str, float]] = {}
+    for cs in paths:
+        for row in cs.by_stage:
+            a = acc.setdefault(row.stage, dict.fromkeys(PATH_CATEGORIES, 0.0))
+            for k, v in row.ms.items():
+                a[k] += v
+    n = len(paths)
+    return [
+        StageShare(st, {k: v / n for k, v in acc[st].items()})
+        for st in sorted(acc, key=lambda x: (x is None, x if x is not None else 0))
+    ]
 
 
 class Wait(msgspec.Struct, frozen=True):
@@ -117,3 +172,20 @@ class LinkRow(msgspec.Struct, frozen=True):
     likely_class: str  # the slowest class the measured figure fits under
     tcp_fallback_suspected: bool
     slow_vs_median: float | None  # the run's median link over this one (20 = 20x slower)
+
+
+class Kernel(msgspec.Struct, frozen=True):
+    """One of a rank's top compute kernels (``kernels[].top[]``): its time and calls per analyzed
+    step, and its share of the rank's compute in those steps (a fraction)."""
+
+    name: str
+    ms_per_step: float
+    share: float
+    calls_per_step: float
+
+
+class RankKernels(msgspec.Struct, frozen=True):
+    """A rank's compute kernels with the most time per analyzed step, most first (``kernels[]``)."""
+
+    rank: int
+    top: list[Kernel]

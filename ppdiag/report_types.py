@@ -24,19 +24,25 @@ import msgspec
 
 from ppdiag.compat import StrEnum
 from ppdiag.model.memory import MemoryRow
+from ppdiag.model.schedule import Schedule as Schedule
 
 # run.structure's types, re-exported: every section type of the report is importable from here
 from ppdiag.model.structure import Confidence as Confidence
 from ppdiag.model.structure import Fact as Fact
 from ppdiag.model.structure import FactSource as FactSource
 from ppdiag.model.structure import Structure as Structure
+from ppdiag.report_sections import PATH_CATEGORIES as PATH_CATEGORIES
+from ppdiag.report_sections import Cause as Cause
 from ppdiag.report_sections import CriticalStep as CriticalStep
 from ppdiag.report_sections import Hang as Hang
+from ppdiag.report_sections import Kernel as Kernel
 from ppdiag.report_sections import LastOp as LastOp
 from ppdiag.report_sections import LinkRow as LinkRow
 from ppdiag.report_sections import PathPiece as PathPiece
+from ppdiag.report_sections import RankKernels as RankKernels
 from ppdiag.report_sections import StageShare as StageShare
 from ppdiag.report_sections import Wait as Wait
+from ppdiag.report_sections import path_by_stage as path_by_stage
 
 #: The shipped schema of the report.
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
@@ -44,18 +50,6 @@ SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
 #: Free-form JSON object (a finding's evidence, a what-if split): keys documented per rule in
 #: docs/json.md, values any JSON value. ``object``, not ``Any``: readers narrow before use.
 JsonObject = dict[str, object]
-
-
-class CauseName(StrEnum):
-    """A cause key of ``lost_ms`` (the order of :data:`ppdiag.diagnosis.CAUSE_KEYS`)."""
-
-    BUBBLE = "bubble"
-    IMBALANCE = "imbalance"
-    COMM_WAIT = "comm_wait"
-    EXPOSED_COMM = "exposed_comm"
-    HOST = "host"
-    EXPOSED_COPY = "exposed_copy"
-    UNEXPLAINED = "unexplained"
 
 
 class Severity(StrEnum):
@@ -73,21 +67,6 @@ class TraceFormat(StrEnum):
     KINETO = "kineto"
     NSYS = "nsys"
     OPTABLE = "optable"
-
-
-class RunSchedule(StrEnum):
-    """``run.schedule``: a :class:`ppdiag.model.schedule.Schedule` name, ``unknown`` (blocks that fit
-    none) or ``none`` (no pipeline parallelism)."""
-
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED_1F1B = "interleaved_1f1b"
-    LOOPED_BFS = "looped_bfs"
-    ZERO_BUBBLE = "zero_bubble"
-    ZBV = "zbv"
-    DUALPIPEV = "dualpipev"
-    UNKNOWN = "unknown"
-    NONE = "none"
 
 
 class GateStatus(StrEnum):
@@ -171,7 +150,7 @@ class RunInfo(msgspec.Struct, frozen=True):
     stage_map: dict[str, int]
     stage_source: str
     virtual_stages: int
-    schedule: RunSchedule
+    schedule: Schedule
     microbatches: int | None
     steps: list[int]
     clock_residual_us: float | None
@@ -274,7 +253,7 @@ class FindingRow(msgspec.Struct, frozen=True):
     """One diagnosed problem (``findings[]``); ``gain_ms`` None: not computed."""
 
     code: str
-    cause: CauseName | None
+    cause: Cause | None
     title: str
     severity: Severity
     stages: list[int]
@@ -374,6 +353,7 @@ class Report(msgspec.Struct, frozen=True, omit_defaults=True):
     hang: Hang | None = None  # only when the run stopped or its traces were cut mid-step
     memory: list[MemoryRow] | None = None
     links: list[LinkRow] | None = None
+    kernels: list[RankKernels] | None = None  # each rank's top compute kernels (ppdiag.facts)
     gate: Gate | None = None
 
     def check(self) -> list[str]:
@@ -399,6 +379,7 @@ SECTIONS: dict[str, type[msgspec.Struct]] = {
     "hang": Hang,
     "memory": MemoryRow,
     "links": LinkRow,
+    "kernels": RankKernels,
     "gate": Gate,
 }
 

@@ -1,4 +1,4 @@
-"""Aggregate per-(rank, step) results into the typed report sections of DESIGN.md §7
+"""Aggregate per-(rank, step) results into the typed report sections of docs/json.md
 (``docs/json.md``): run, summary, bubble, stages[] and ranks[]."""
 
 from __future__ import annotations
@@ -10,13 +10,22 @@ import msgspec
 import numpy as np
 
 from ppdiag.attribution.causes import Attribution, RankStep
-from ppdiag.diagnosis import CAUSE_KEYS, SCHEMA_VERSION
-from ppdiag.facts import StageBalance, measured_bubble, stage_balance, theoretical_bubble
+from ppdiag.diagnosis import SCHEMA_VERSION
+from ppdiag.facts import (
+    StageBalance,
+    measured_bubble,
+    stage_balance,
+    step_spans,
+    theoretical_bubble,
+    top_kernels,
+    whole_span,
+)
 from ppdiag.model import Phase, Run
 from ppdiag.model.memory import MemoryRow
 from ppdiag.pipeline import Pipeline
 from ppdiag.report_types import (
     Bubble,
+    Cause,
     CriticalStep,
     Dist,
     FindingRow,
@@ -25,10 +34,10 @@ from ppdiag.report_types import (
     LinkRow,
     NoiseInfo,
     Peers,
+    RankKernels,
     RankRow,
     Report,
     RunInfo,
-    RunSchedule,
     StageRow,
     Summary,
     Tool,
@@ -49,6 +58,7 @@ class Sections:
     bubble: Bubble
     stages: list[StageRow]
     ranks: list[RankRow]
+    kernels: list[RankKernels] | None = None
 
     def report(
         self,
@@ -82,6 +92,7 @@ class Sections:
             hang=hang,
             memory=memory,
             links=links,
+            kernels=self.kernels,
         )
 
 
@@ -108,7 +119,7 @@ def _dist(vals_ns: list[int]) -> Dist | None:
 def _shares(compute_ns: float, causes_ns: dict[str, float], step_ns: float) -> dict[str, float]:
     """Compute and each cause as a fraction of the mean step (they add up to 1)."""
     if step_ns <= 0:
-        return {k: 0.0 for k in ("compute", *CAUSE_KEYS)}
+        return {k: 0.0 for k in ("compute", *Cause)}
     out = {"compute": round(compute_ns / step_ns, 5)}
     out.update({k: round(v / step_ns, 5) for k, v in causes_ns.items()})
     return out
@@ -140,7 +151,18 @@ def build_report(
         bubble=bubble,
         stages=_stages(pipe, means.rows, balance) if topo.pp > 1 else [],
         ranks=means.rows,
+        kernels=_kernels(run, steps, attr),
     )
+
+
+def _kernels(run: Run, steps: list[RankStep], attr: Attribution) -> list[RankKernels] | None:
+    """Each rank's top compute kernels over the analyzed steps (the whole capture without step
+    markers); None when no rank has any."""
+    spans = step_spans((s.step, s.w0, s.w1) for s in steps)
+    if not spans:
+        whole = whole_span(run, attr.gaps)
+        spans = [whole] if whole else []
+    return top_kernels(run, spans) or None
 
 
 @dataclass(frozen=True)
@@ -162,19 +184,19 @@ def _rank_means(pipe: Pipeline, steps: list[RankStep], attr: Attribution) -> _Ra
     per_rank: dict[int, list[RankStep]] = {}
     for rs in steps:
         per_rank.setdefault(rs.rank, []).append(rs)
-    out = _RankMeans([], [], [], {k: [] for k in CAUSE_KEYS}, [], [])
+    out = _RankMeans([], [], [], {k: [] for k in Cause}, [], [])
     # DP replica index of each rank's pipeline (topology order), for grouping by replica
     replica_of = {x: i for i, line in enumerate(topo.pipelines) for x in line} if topo.pp > 1 else {}
     for r in sorted(per_rank):
         rss = per_rank[r]
         n = len(rss)
-        causes = {k: sum(attr.causes[(x.rank, x.step)][k] for x in rss) / n for k in CAUSE_KEYS}
+        causes: dict[str, float] = {k: sum(attr.causes[(x.rank, x.step)][k] for x in rss) / n for k in Cause}
         win = sum(x.acct.window for x in rss) / n
         stage = topo.stage_of.get(r, 0) if topo.pp > 1 else None
         out.rows.append(_rank_row(r, stage, replica_of.get(r), rss, causes, win))
         out.win_ns.append(win)
         out.compute_ns.append(sum(x.acct.compute for x in rss) / n)
-        for k in CAUSE_KEYS:
+        for k in Cause:
             out.causes_ns[k].append(causes[k])
         for x in rss:
             c = attr.causes[(x.rank, x.step)]
@@ -192,7 +214,7 @@ def _step_values(steps: list[RankStep]) -> list[float]:
 
 
 def _summary(means: _RankMeans, step_vals: list[float], balance: StageBalance) -> Summary:
-    """The ``summary`` section. One denominator for every share (DESIGN.md §7): per-step means over
+    """The ``summary`` section. One denominator for every share (docs/json.md): per-step means over
     the same (rank, step) windows as the cause means, so compute + causes = the mean step exactly."""
     step_mean = float(np.mean(means.win_ns)) if means.win_ns else 0.0
     comp_mean = float(np.mean(means.compute_ns)) if means.compute_ns else 0.0
@@ -238,8 +260,8 @@ def _rank_row(
 
 
 def _peers(pipe: Pipeline) -> Peers | None:
-    """``run.peers``: the peer decision's own JSON form (:meth:`PeerResult.to_json`), typed."""
-    return msgspec.convert(pipe.peers.to_json(), Peers) if pipe.peers is not None else None
+    """``run.peers``: how the peer decision reports itself."""
+    return pipe.peers.to_report() if pipe.peers is not None else None
 
 
 def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[str]) -> RunInfo:
@@ -255,7 +277,7 @@ def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[st
         stage_map=stage_map,
         stage_source=topo.source,
         virtual_stages=topo.virtual,
-        schedule=RunSchedule(pipe.schedule),
+        schedule=pipe.schedule,
         microbatches=pipe.microbatches,
         steps=sorted({rs.number for rs in steps}),
         clock_residual_us=round(residual, 3) if residual is not None else None,
@@ -313,9 +335,9 @@ def _stages(pipe: Pipeline, ranks_out: list[RankRow], balance: StageBalance) -> 
         ranks = sorted(of_stage.get(s, []))
         vals, samples = _block_times(pipe, ranks)
         rank_rows = [row_of[r] for r in ranks if r in row_of]
-        lost = {
+        lost: dict[str, float] = {
             k: round(float(np.mean([x.lost_ms[k] for x in rank_rows])), 4) if rank_rows else 0.0
-            for k in CAUSE_KEYS
+            for k in Cause
         }
         fwd, bwd, wgrad = _PHASES
         out.append(

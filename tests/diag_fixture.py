@@ -21,8 +21,9 @@ import numpy as np
 from report_fill import complete, typed
 
 from ppdiag.analysis import AnalysisContext, Analyzed
-from ppdiag.diagnosis import CAUSE_KEYS, Cause, Diagnosis, Finding, GapTable, StepWindow
+from ppdiag.diagnosis import Diagnosis, GapTable, StepWindow
 from ppdiag.model import Direction, Intervals, Kind, NameTable, Phase, RangeKind, Ranges, RankTimeline, Run
+from ppdiag.report_types import Cause
 
 US = 1000
 BASE_NS = 1_700_000_000_000_000_000  # an epoch-like absolute clock, as Kineto gives
@@ -143,7 +144,7 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Analyzed, Truth]
 
     def gap(r: int, a: int, b: int, cause: Cause, blame: int, step: int) -> None:
         if b > a:
-            gaps[r].append((a, b, int(cause), blame, step))
+            gaps[r].append((a, b, cause.code, blame, step))
 
     t = BASE_NS
     for k in range(sp.steps):
@@ -343,31 +344,14 @@ def build_pipeline_diagnosis(spec: Spec | None = None) -> tuple[Analyzed, Truth]
         truth.kernels_total += n
     run = Run(ranks=ranks, format="kineto", warnings=["rank 3: trace truncated, 12 events lost <b>bold</b>"])
     report = _pipeline_report(sp, truth, gap_tables, ranks, windows)
-    findings = [_finding(f) for f in report["findings"]]
     diag = Diagnosis(
         run=run,
         result=typed(report),
-        findings=findings,
         steps=windows,
         gaps=gap_tables,
         context=AnalysisContext(stage_of_rank={r: r for r in range(p)}),
     )
     return diag, truth
-
-
-def _finding(d: dict[str, Any]) -> Finding:
-    return Finding(
-        code=d["code"],
-        cause=d["cause"],
-        title=d["title"],
-        severity=d["severity"],
-        stages=d["stages"],
-        ranks=d["ranks"],
-        gain_ms=d["gain_ms"],
-        gain_pct=d["gain_pct"],
-        evidence=d["evidence"],
-        fixes=d["fixes"],
-    )
 
 
 def _stats(x: list[float]) -> dict[str, float]:
@@ -388,8 +372,8 @@ def _pipeline_report(
     rank_rows: list[dict[str, Any]] = []
     for r in range(p):
         g = gaps[r]
-        lost = {
-            c: float(((g.end - g.start)[g.cause == i]).sum()) / 1e6 / nsteps for i, c in enumerate(CAUSE_KEYS)
+        lost: dict[str, float] = {
+            c: float(((g.end - g.start)[g.cause == i]).sum()) / 1e6 / nsteps for i, c in enumerate(Cause)
         }
         comp = sum(e - s for (rr, _k, _ph, _mb, s, e) in truth.blocks if rr == r) / 1e6 / nsteps
         comp += sp.optim_us / 1000
@@ -422,7 +406,9 @@ def _pipeline_report(
                 "bwd_samples_ms": [round(x, 4) for x in b],
             }
         )
-    lost_ms = {c: round(float(np.mean([rr["lost_ms"][c] for rr in rank_rows])), 4) for c in CAUSE_KEYS}
+    lost_ms: dict[str, float] = {
+        c: round(float(np.mean([rr["lost_ms"][c] for rr in rank_rows])), 4) for c in Cause
+    }
     compute = float(np.mean([rr["compute_ms"] for rr in rank_rows]))
     findings: list[dict[str, Any]] = []
     if truth.slowest_stage >= 0:
@@ -513,6 +499,11 @@ def _pipeline_report(
             "compute_ms": round(compute, 4),
             "lost_ratio": round(sum(lost_ms.values()) / step_mean, 4),
             "lost_ms": lost_ms,
+            # what the analysis writes: the slowest stage, and its compute over the mean stage's
+            "slowest_stage": truth.slowest_stage if truth.slowest_stage >= 0 else None,
+            "stage_ratio": round(max(c) / float(np.mean(c)), 4)
+            if (c := [st["compute_ms"] for st in stages])
+            else None,
         },
         "bubble": {
             "measured_ratio": round(lost_ms["bubble"] / step_mean, 4),
@@ -555,7 +546,7 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Analyzed:
             t0 = t
             # a data-loader stall, then compute, then the gradient all-reduce left exposed
             stall = (3000 if (r == 1 and k == 1) else 500) * US
-            g.append((t0, t0 + stall, int(Cause.HOST), r, k))
+            g.append((t0, t0 + stall, Cause.HOST.code, r, k))
             a = t0 + stall
             for nm, dur, ph in (("sgemm_fwd", 8000, Phase.FWD), ("sgemm_bwd", 16000, Phase.BWD)):
                 c["start"].append(a)
@@ -571,7 +562,7 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Analyzed:
             c["kind"].append(int(Kind.COLLECTIVE))
             c["name"].append(nt.id(ALLREDUCE_KERNEL))
             c["phase"].append(int(Phase.OPTIM))
-            g.append((a, a + 2000 * US, int(Cause.EXPOSED_COMM), -1, k))
+            g.append((a, a + 2000 * US, Cause.EXPOSED_COMM.code, -1, k))
             end = a + 2000 * US
             windows.append(StepWindow(rank=r, index=k, number=k, start=t0, end=end))
             t = t0 + 30_000 * US
@@ -595,8 +586,8 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Analyzed:
             blame=np.array([x[3] for x in g], np.int32),
             step=np.array([x[4] for x in g], np.int32),
         )
-        host = sum(x[1] - x[0] for x in g if x[2] == int(Cause.HOST)) / 1e6 / steps
-        lost = {kk: 0.0 for kk in CAUSE_KEYS}
+        host = sum(x[1] - x[0] for x in g if x[2] == Cause.HOST.code) / 1e6 / steps
+        lost: dict[str, float] = {kk: 0.0 for kk in Cause}
         lost["host"] = round(host, 4)
         lost["exposed_comm"] = 2.0
         step_ms = 24.0 + 2.0 + host
@@ -612,7 +603,9 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Analyzed:
                 "lost_ms": lost,
             }
         )
-    lost_ms = {kk: round(float(np.mean([rr["lost_ms"][kk] for rr in rows])), 4) for kk in CAUSE_KEYS}
+    lost_ms: dict[str, float] = {
+        kk: round(float(np.mean([rr["lost_ms"][kk] for rr in rows])), 4) for kk in Cause
+    }
     step_ms = float(np.mean([rr["step_ms"] for rr in rows]))
     report: dict[str, Any] = {
         "schema_version": 1,
@@ -660,7 +653,6 @@ def build_nopp_diagnosis(n_ranks: int = 2, steps: int = 3) -> Analyzed:
     return Diagnosis(
         run=run,
         result=typed(report),
-        findings=[_finding(f) for f in report["findings"]],
         steps=windows,
         gaps=gap_tables,
     )

@@ -16,7 +16,7 @@ from analysis_parts import attribution, context
 from conftest import SHARED_TRACES
 
 from ppdiag.api import Options, diagnose
-from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.report_types import Cause
 
 KINETO = SHARED_TRACES / "kineto"
 # (path relative to kineto/, expected ranks): ranks come from distributedInfo, or the single file.
@@ -60,7 +60,7 @@ def test_every_real_trace_analyzes(rel: str, ranks: list[int]) -> None:
     for r in rep.ranks:
         parts = r.compute_ms + r.exposed_p2p_ms + r.exposed_collective_ms + r.exposed_copy_ms + r.idle_ms
         assert parts == pytest.approx(r.step_ms, abs=0.01)
-        assert sum(r.lost_ms[k] for k in CAUSE_KEYS) == pytest.approx(r.step_ms - r.compute_ms, abs=0.01)
+        assert sum(r.lost_ms[k] for k in Cause) == pytest.approx(r.step_ms - r.compute_ms, abs=0.01)
 
 
 def test_cli_writes_json_and_exits_zero(tmp_path: Path) -> None:

@@ -10,10 +10,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppdiag.attribution.critical_path import CATEGORIES, Transfers, critical_paths, summarize
-from ppdiag.diagnosis import Cause, GapTable, StepWindow
+from ppdiag.attribution.critical_path import Transfers, critical_paths
+from ppdiag.diagnosis import GapTable, StepWindow
 from ppdiag.model import Phase
 from ppdiag.pipeline.blocks import Blocks
+from ppdiag.report_types import PATH_CATEGORIES, Cause, path_by_stage
 
 US = 1000
 F, B = int(Phase.FWD), int(Phase.BWD)
@@ -39,7 +40,7 @@ def _gaps(rows: list[tuple[int, int, Cause]]) -> GapTable:
     return GapTable(
         np.array([r[0] * US for r in rows], np.int64),
         np.array([r[1] * US for r in rows], np.int64),
-        np.array([int(r[2]) for r in rows], np.int8),
+        np.array([r[2].code for r in rows], np.int8),
         np.full(n, -1, np.int32),
         np.zeros(n, np.int32),
     )
@@ -206,10 +207,10 @@ def test_pieces_tile_the_path(p: int, m: int, cost: list[int], lat: list[int]) -
     assert abs(at - cp.length_ms) < 1e-6
     tot = sum(v for r in cp.by_stage for v in r.ms.values())
     assert abs(tot - cp.length_ms) < 1e-6
-    assert set(cp.by_stage[0].ms) == set(CATEGORIES)
+    assert set(cp.by_stage[0].ms) == set(PATH_CATEGORIES)
     # the last stage's last block is always on the path
     assert cp.pieces[-1].kind in ("block", "other") and cp.pieces[-1].rank in range(p)
-    assert summarize([cp, cp])[0].ms == cp.by_stage[0].ms
+    assert path_by_stage([cp, cp])[0].ms == cp.by_stage[0].ms
 
 
 def test_receive_posted_after_the_send_keeps_the_chain_on_the_receiver() -> None:

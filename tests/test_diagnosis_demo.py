@@ -20,9 +20,8 @@ from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.demo.config import DemoConfig
 from ppdiag.demo.recorder import record
-from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.model import Phase
-from ppdiag.report_types import FindingRow
+from ppdiag.report_types import Cause, FindingRow
 
 pytestmark = pytest.mark.slow
 
@@ -77,11 +76,11 @@ def test_accounting_and_causes_add_up(runs: Runs, name: str) -> None:
     for rank, gaps in diag.gaps.items():
         rss = [rs for rs in rank_steps if rs.rank == rank]
         assert int((gaps.end - gaps.start).sum()) == sum(rs.acct.lost for rs in rss)
-        for ci, key in enumerate(CAUSE_KEYS):
+        for ci, key in enumerate(Cause):
             painted = int((gaps.end - gaps.start)[gaps.cause == ci].sum())
             assert painted == sum(attr.causes[(rs.rank, rs.step)][key] for rs in rss), (rank, key)
     for r in diag.result.ranks:
-        total = r.compute_ms + sum(r.lost_ms[k] for k in CAUSE_KEYS)
+        total = r.compute_ms + sum(r.lost_ms[k] for k in Cause)
         assert total == pytest.approx(r.step_ms, abs=0.01)
 
 

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from ppdiag.api import Options, diagnose
-from ppdiag.diagnosis import CAUSE_KEYS
-from ppdiag.report_types import Report
+from ppdiag.report_types import Cause, Report
 from ppsynth import faults as F
 from ppsynth.kineto import write_kineto
 from ppsynth.nsys import write_nsys
@@ -47,7 +46,7 @@ def _check_causes(rep: Report, truth: dict[str, Any], tol: float = 0.015) -> Non
         assert got["unexplained"] <= slack
         # the measured step window starts with the step's first device work, the truth's with the
         # host's ProfilerStep: the lost totals agree within the same tolerance
-        assert sum(got[k] for k in CAUSE_KEYS) == pytest.approx(t["lost_ms"] + t["kernel_gaps_ms"], abs=slack)
+        assert sum(got[k] for k in Cause) == pytest.approx(t["lost_ms"] + t["kernel_gaps_ms"], abs=slack)
 
 
 def _check_structure(rep: Report, truth: dict[str, Any]) -> None:

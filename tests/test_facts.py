@@ -83,13 +83,14 @@ def test_reports_and_gate_use_block_ms() -> None:
     # block compute says stage 1 (12 vs mean 10.5 -> 1.143x); the rank compute (optimizer and all)
     # would say stage 0: the facts measure wins
     stages = _stages([9.0, 12.0], [20.0, 18.0])
-    assert report_slowest_stage(typed({"stages": stages}).stages) == 1
+    # the reports read the slowest stage the analysis wrote (summary.slowest_stage, on block_ms)
+    assert report_slowest_stage(typed({"stages": stages, "summary": {"slowest_stage": 1}})) == 1
+    assert report_slowest_stage(typed({"stages": stages})) is None
     v, note = stage_ratio(typed({"stages": stages}))
     assert v == pytest.approx(12.0 / 10.5)
     assert "slowest stage 1" in note
     # a report without block_ms (written before it existed): the rank compute, same threshold
     old = _stages(None, [20.0, 18.0])  # 20 / 19 = 1.053 < 1.08: no stage stands out
-    assert report_slowest_stage(typed({"stages": old}).stages) is None
     assert stage_ratio(typed({"stages": old}))[0] == pytest.approx(20 / 19)
     assert stage_ratio(typed({"stages": old[:1]}))[0] is None
 
@@ -105,7 +106,7 @@ def test_one_slowest_stage_everywhere(tmp_path: Path) -> None:
     pp003 = [f for f in rep.findings if f.code == "PP003"]
     assert pp003 and pp003[0].evidence["slowest_stage"] == 1
     assert pp003[0].evidence["ratio"] == pytest.approx(rep.summary.stage_ratio, abs=1e-3)
-    assert rep.stages[report_slowest_stage(typed(rep).stages) or 0].stage == 1
+    assert rep.stages[report_slowest_stage(typed(rep)) or 0].stage == 1
     assert stage_ratio(typed(rep))[0] == pytest.approx(rep.summary.stage_ratio, abs=1e-4)
     b0, b1 = rep.stages[0].block_ms, rep.stages[1].block_ms
     assert b0 is not None and b1 == pytest.approx(1.3 * b0, rel=0.02)

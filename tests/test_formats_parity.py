@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from ppdiag.api import Options, diagnose
-from ppdiag.diagnosis import CAUSE_KEYS
-from ppdiag.report_types import Report
+from ppdiag.report_types import Cause, Report
 from ppsynth import faults as F
 from ppsynth.kineto import write_kineto
 from ppsynth.nsys import write_nsys
@@ -41,7 +40,7 @@ def _same(a: Report, b: Report) -> None:
     assert step is not None
     assert b.summary.step_ms == pytest.approx(step, abs=0.01 * step)
     for ra, rb in zip(a.ranks, b.ranks, strict=False):
-        for k in CAUSE_KEYS:
+        for k in Cause:
             assert abs(ra.lost_ms[k] - rb.lost_ms[k]) <= 0.01 * step, (ra.rank, k)
     fa, fb = a.findings[0], b.findings[0]
     assert (fa.code, fa.stages, fa.ranks) == (fb.code, fb.stages, fb.ranks)

@@ -28,8 +28,7 @@ from ablate import write_variant
 
 from ppdiag.api import Options, diagnose
 from ppdiag.attribution.replay_syncs import _end_together
-from ppdiag.diagnosis import CAUSE_KEYS
-from ppdiag.report_types import Report
+from ppdiag.report_types import Cause, Report
 from ppdiag.simulate.schedules import SCHEDULES
 from ppsynth import faults as F
 from ppsynth.scenario import make_scenario
@@ -97,7 +96,7 @@ def test_healthy_run_is_quiet_and_all_bubble(tmp_path: Path, schedule: str, pp: 
     assert not [x for x in loud if x[0] not in QUIET_CODES], loud
     for r in rep.ranks:
         t = truth["ranks"][str(r.rank)]
-        for k in CAUSE_KEYS:
+        for k in Cause:
             if k != "bubble":
                 assert r.lost_ms[k] <= _slack(t, 0.01), (r.rank, k, r.lost_ms)
     assert not _cause_errors(rep, truth, 0.01)
@@ -151,7 +150,7 @@ def _agree(a: Report, b: Report) -> None:
     step = a.summary.step_ms
     assert step is not None
     for ra, rb in zip(a.ranks, b.ranks, strict=True):
-        for k in CAUSE_KEYS:
+        for k in Cause:
             assert abs(ra.lost_ms[k] - rb.lost_ms[k]) <= 0.01 * step, (ra.rank, k, ra.lost_ms, rb.lost_ms)
     if a.findings or b.findings:
         fa, fb = a.findings[0], b.findings[0]

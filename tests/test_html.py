@@ -21,8 +21,9 @@ from diag_fixture import EVIL, Spec, build_nopp_diagnosis, build_pipeline_diagno
 from report_fill import typed
 
 from ppdiag.analysis import AnalysisContext, Analyzed
-from ppdiag.diagnosis import CAUSE_KEYS, Diagnosis
+from ppdiag.diagnosis import Diagnosis
 from ppdiag.model import Phase, Run
+from ppdiag.report_types import Cause
 from ppdiag.reports import write_report
 from ppdiag.reports.html import build_timeline, plotly_js, render_html, timeline_figure
 from ppdiag.reports.style import CAUSE_COLORS, WORK_COLORS
@@ -63,7 +64,7 @@ def test_gaps_drawn_add_up_to_the_gap_tables() -> None:
     td = build_timeline(diag)
     hidden = sum(int(td.sets[c].cat("hidden").sum()) for c in ("fwd", "bwd") if c in td.sets)
     got_all = 0
-    for i, c in enumerate(CAUSE_KEYS):
+    for i, c in enumerate(Cause):
         want = sum(int((g.end - g.start)[g.cause == i].sum()) for g in diag.gaps.values())
         bs = td.sets.get("cause:" + c)
         got = int((bs.cat("end") - bs.cat("start")).sum()) if bs else 0
@@ -76,7 +77,8 @@ def test_gaps_drawn_add_up_to_the_gap_tables() -> None:
 def test_one_bar_per_micro_batch_block_short_gaps_inside_hidden() -> None:
     """Every forward block cut in two parts with a 1 µs host gap between them (a per-layer cut):
     one bar per micro-batch, the gap not drawn but counted on the bar."""
-    from ppdiag.diagnosis import Cause, GapTable
+    from ppdiag.diagnosis import GapTable
+    from ppdiag.report_types import Cause
 
     diag, truth = build_pipeline_diagnosis()
     want = sorted((r, mb) for (r, k, p, mb, _a, _b) in truth.blocks if p == "F" and k == 0)
@@ -89,7 +91,7 @@ def test_one_bar_per_micro_batch_block_short_gaps_inside_hidden() -> None:
         diag.gaps[rt.rank] = GapTable(
             np.r_[g.start, mid],
             np.r_[g.end, mid + 1000],
-            np.r_[g.cause, np.full(mid.shape, int(Cause.HOST), np.int8)],
+            np.r_[g.cause, np.full(mid.shape, Cause.HOST.code, np.int8)],
             np.r_[g.blame, np.full(mid.shape, -1, np.int32)],
             np.r_[g.step, np.zeros(mid.shape, np.int32)],
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 from diag_fixture import EVIL, build_nopp_diagnosis, build_pipeline_diagnosis
 
-from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.report_types import Cause
 from ppdiag.reports import write_report
 from ppdiag.reports.perfetto import write_perfetto
 from ppdiag.reports.perfetto_events import TID_LOST
@@ -74,10 +74,10 @@ def test_gap_track_matches_the_gap_tables(tmp_path: Path) -> None:
         mine = sorted((e for e in lost if e["pid"] == r), key=lambda e: e["ts"])
         assert len(mine) == len(g)
         got = Counter(e["args"]["cause"] for e in mine)
-        want = Counter(CAUSE_KEYS[int(c)] for c in g.cause)
+        want = Counter(Cause.of(c) for c in g.cause)
         assert got == want
         for e, s, en, c, b in zip(mine, g.start, g.end, g.cause, g.blame, strict=True):
-            assert e["name"] == CAUSE_LABELS[CAUSE_KEYS[int(c)]]
+            assert e["name"] == CAUSE_LABELS[Cause.of(c)]
             assert abs(e["ts"] * 1000 + t0 - int(s)) < 2 and abs(e["dur"] * 1000 - int(en - s)) < 2
             assert e["args"]["blame_rank"] == (int(b) if b >= 0 else None)
     # the host stall is on the stalled rank's track and blames it

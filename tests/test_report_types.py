@@ -62,6 +62,7 @@ def test_every_report_field_is_in_the_schema() -> None:
         "hang",
         "memory",
         "links",
+        "kernels",
         "gate",
     }
 

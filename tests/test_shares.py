@@ -16,7 +16,7 @@ import pytest
 from conftest import SHARED_TRACES
 
 from ppdiag.api import Options, diagnose
-from ppdiag.diagnosis import CAUSE_KEYS
+from ppdiag.report_types import Cause
 from ppdiag.reports.html import render_html
 from ppdiag.reports.md import render_markdown
 
@@ -66,7 +66,7 @@ def test_shares_add_up_in_every_report(rel: str) -> None:
     # ms and shares agree: each share is its ms over the mean step
     assert s.compute_ms is not None
     assert shares["compute"] == pytest.approx(s.compute_ms / mean, abs=1e-3)
-    for k in CAUSE_KEYS:
+    for k in Cause:
         assert shares[k] == pytest.approx(s.lost_ms[k] / mean, abs=1e-3)
     assert s.lost_ratio == pytest.approx(1.0 - shares["compute"], abs=1e-3)
     for r in diag.result.ranks:

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.cli import app
-from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.model import Intervals, Kind, NameTable, Phase, RangeKind, Ranges, RankTimeline
 from ppdiag.pipeline.blocks import Blocks
+from ppdiag.report_types import Cause
 from ppdiag.reports.terminal import render
 from ppdiag.whatif.batch import check_batch
 from ppdiag.whatif.costs import MeasuredRun
@@ -182,7 +182,7 @@ def test_removing_a_cause_lowers_the_target_and_zeroes_it() -> None:
     for p in (same, no_cw, both):
         assert p.step_ns is not None
         # the causes add up to the lost time: step minus compute (24 ms of blocks per rank)
-        assert sum(p.lost_ns[k] for k in CAUSE_KEYS) == pytest.approx(p.step_ns - 24 * MS, rel=1e-9)
+        assert sum(p.lost_ns[k] for k in Cause) == pytest.approx(p.step_ns - 24 * MS, rel=1e-9)
 
 
 # ---- memory --------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_report_carries_the_whatif_table(root: str, test_data: Path) -> None:
     for r in rows:
         assert r.step_ms is not None and r.step_ms > 0
         assert r.speedup == pytest.approx(step / r.step_ms, rel=1e-3)
-        assert set(r.lost_ms) == set(CAUSE_KEYS)
+        assert set(r.lost_ms) == set(Cause)
     reb = rows[2]
     assert reb.split is not None and reb.speedup is not None
     assert reb.split["slowest_stage_before"] == 2 and reb.split["ideal"] is True

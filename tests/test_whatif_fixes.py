@@ -43,7 +43,7 @@ def _rerun(diag: Analyzed, predictions: FixPredictions) -> list[dict[str, Any]]:
         predictions=predictions,
         noise=noise(diag),
     )
-    return [msgspec.to_builtins(f.to_report()) for f in run_rules(ctx)]
+    return [msgspec.to_builtins(f) for f in run_rules(ctx)]
 
 
 def _slower(pred: FixPredictions, *keys: str, by_ms: float = 1.0) -> FixPredictions:

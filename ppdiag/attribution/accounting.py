@@ -1,4 +1,4 @@
-"""Per-rank time accounting of one step window (DESIGN.md §5, first equation).
+"""Per-rank time accounting of one step window (docs/json.md, *Time accounting*).
 
 ``window = compute + exposed_p2p + exposed_collective + exposed_copy + idle``, where compute is the
 union of compute kernels, exposed p2p the p2p time not under compute, exposed collective the

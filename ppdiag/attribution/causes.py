@@ -1,4 +1,4 @@
-"""Split every rank's lost time into causes (DESIGN.md §5).
+"""Split every rank's lost time into causes (docs/json.md, *Time accounting*).
 
 The measured run is rebuilt as a *replay*: each rank executes its blocks in the observed order,
 and a block starts at ``max(previous end + local delay before the wait, release by the peer) +
@@ -10,7 +10,7 @@ collective that every rank joins is one sync point (early ranks wait in it, the 
 the transfer), and a rank's consecutive steps are chained. With every quantity as measured, the
 replay reproduces the measured timeline exactly (checked; a difference is reported).
 
-Causes are counterfactuals (DESIGN.md §5), built up from the ideal run one kind of delay at a
+Causes are counterfactuals (docs/json.md), built up from the ideal run one kind of delay at a
 time; each cause is the growth of the rank's idle time when its kind is added, so they telescope
 to the measured lost time (``CHAIN``, :func:`replay_causes`):
 
@@ -36,7 +36,7 @@ together), and its producer block the last one it finished before issuing it.
 
 A delay on one rank that makes its neighbours wait is removed everywhere at once, so the
 neighbours' waiting is charged to the root cause (a host stall on rank 1 shows as ``host`` on
-ranks 0, 2 and 3), as DESIGN.md requires. The same replay with one delay removed gives each
+ranks 0, 2 and 3), as the attribution requires. The same replay with one delay removed gives each
 finding's gain.
 """
 
@@ -61,10 +61,12 @@ from ppdiag.attribution.replay_index import (
 )
 from ppdiag.attribution.replay_nodes import _Node
 from ppdiag.attribution.replay_run import NEG_INF, Replay
-from ppdiag.diagnosis import CAUSE_KEYS, Cause, GapTable
+from ppdiag.diagnosis import GapTable
 from ppdiag.model import RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.clocks import P2POps
+from ppdiag.pipeline.collectives import CollectiveMatch
+from ppdiag.report_types import Cause
 
 
 @dataclass
@@ -72,7 +74,7 @@ class Attribution:
     """Cause totals per (rank, step) in ns, the gap tables, and replay facts for findings."""
 
     causes: dict[tuple[int, int], dict[str, int]]
-    gaps: dict[int, GapTable]
+    gaps: dict[int, GapTable]  # as painted; the result's (Diagnosis.gaps) add each gap's root rank
     normal_latency_ns: int
     step_replay_ns: dict[str, float]  # mean step time of each replay variant (for gains)
     notes: list[str] = field(default_factory=list)
@@ -85,7 +87,7 @@ class Attribution:
     links: LinkLatencies = field(default_factory=LinkLatencies)  # each link's normal transfer time
 
 
-# Variants of the replay, each removing one more kind of delay than the next (DESIGN.md §5): the
+# Variants of the replay, each removing one more kind of delay than the next (docs/json.md): the
 # causes are the differences of consecutive ones, so they telescope to the measured lost time.
 CHAIN: tuple[tuple[str, frozenset[str]], ...] = (
     ("measured", frozenset()),
@@ -148,8 +150,10 @@ def attribute(
     ops: dict[int, P2POps],
     last_stage: int,
     pipelined: bool,
+    collectives: CollectiveMatch | None = None,
 ) -> Attribution:
-    """Cause totals for every (rank, step) and the per-gap cause tables."""
+    """Cause totals for every (rank, step) and the per-gap cause tables. ``collectives``: the run's
+    collectives as the pipeline matched them (matched here when not given)."""
     causes: dict[tuple[int, int], dict[str, int]] = {}
     notes: list[str] = []
     replay_steps: dict[str, float] = {}
@@ -177,7 +181,9 @@ def attribute(
             c["unexplained"] = 0
             causes[k] = _close(c, rs.acct.lost)
         # collectives the replay does not model as its step-end sync: waits for a late member
-        waits = run_waits(steps, timelines, {k: rp.tail_coll[k][:2] for k in rp.sync_of})
+        waits = run_waits(
+            steps, timelines, {k: rp.tail_coll[k][:2] for k in rp.sync_of}, collectives=collectives
+        )
         for k, mv in waits.moves.items():
             causes[k] = apply_moves(causes[k], mv)
         for name, var in full.items():
@@ -322,7 +328,7 @@ def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]])
                     break
                 take = min(need, left[p])
                 if take > 0:
-                    takes[p].append((int(Cause[key.upper()]), take))
+                    takes[p].append((Cause(key).code, take))
                     left[p] -= take
                     need -= take
         for p, (ps, pe) in enumerate(pools):
@@ -333,7 +339,7 @@ def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]])
                 # takes the waits nearest the edges first, imbalance the steady-state ones
                 order = np.argsort(np.minimum(ps - rs.w0, rs.w1 - pe), kind="stable")
                 ps, pe = ps[order], pe[order]
-                rank_of = {int(Cause.BUBBLE): 0, int(Cause.IMBALANCE): 1}
+                rank_of = {Cause.BUBBLE.code: 0, Cause.IMBALANCE.code: 1}
                 takes[p].sort(key=lambda t: rank_of.get(t[0], 2))
             out.setdefault(rs.rank, []).append(_cut(ps, pe, takes[p], rs.step))
     tables: dict[int, GapTable] = {}
@@ -379,7 +385,6 @@ def _cut(
 
 # re-exported: the replay's parts that tests and callers import from here
 __all__ = [
-    "CAUSE_KEYS",
     "MATCH_END_NS",
     "NEG_INF",
     "STEP_JOIN_NS",

@@ -18,7 +18,7 @@ from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
-from ppdiag.pipeline.collectives import match_collectives
+from ppdiag.pipeline.collectives import CollectiveMatch, match_collectives
 
 
 class StepLike(Protocol):
@@ -39,6 +39,7 @@ def run_waits(
     exclude: dict[tuple[int, int], tuple[int, int]] | None = None,
     p2p: bool = False,
     pipelines: Sequence[Sequence[int]] | None = None,
+    collectives: CollectiveMatch | None = None,
 ) -> CollectiveWaits:
     """Match the run's collectives (timelines already on the aligned clock) and split their waits.
 
@@ -50,6 +51,8 @@ def run_waits(
     ``exclude`` span of each (rank, step): the replay's step-end sync.
     ``pipelines``: the ranks of each pipeline replica; without it, each timeline's
     ``meta["pipeline"]`` (set by formats that name the replica) when every rank has one.
+    ``collectives``: the run's collectives already matched (``Pipeline.collectives``); with ``p2p``
+    the point-to-point ops join the match, so it is made here.
     """
     sets = []
     for rs in steps:
@@ -79,7 +82,9 @@ def run_waits(
             )
         )
     pipeline_of = _pipeline_of(timelines, pipelines)
-    match = match_collectives(dict(timelines), p2p=p2p)
+    match = (
+        collectives if collectives is not None and not p2p else match_collectives(dict(timelines), p2p=p2p)
+    )
     stages: dict[int, set[int]] = defaultdict(set)
     for rs in steps:
         stages[rs.rank].update(int(x) for x in np.unique(rs.blocks.stage))

@@ -1,4 +1,4 @@
-"""Waits in collectives for the last arriver, charged to the late rank's root cause (DESIGN.md §5).
+"""Waits in collectives for the last arriver, charged to the late rank's root cause (docs/json.md).
 
 A blocking collective ends together on all members of its group, so the member that arrived last
 spends only the transfer in it and every earlier member spends ``its duration - transfer`` waiting.
@@ -47,17 +47,18 @@ import numpy.typing as npt
 from ppdiag.attribution.tolerance import ROUND_NS
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.collectives import SYNC_TOL_NS, CollectiveMatch
+from ppdiag.report_types import Cause
 
 # a member whose arrival is later than the median member's by less than this is on time
 LATE_TOL_NS = 20_000
 # component order of the late rank's reasons, and the cause each is charged to
 REASONS = ("late_start", "host_stall", "compute", "idle", "comm")
-REASON_CAUSE = {
-    "late_start": "host",
-    "host_stall": "host",
-    "compute": "imbalance",
-    "idle": "unexplained",
-    "comm": "exposed_comm",
+REASON_CAUSE: dict[str, Cause] = {
+    "late_start": Cause.HOST,
+    "host_stall": Cause.HOST,
+    "compute": Cause.IMBALANCE,
+    "idle": Cause.UNEXPLAINED,
+    "comm": Cause.EXPOSED_COMM,
 }
 
 
@@ -446,7 +447,7 @@ def _charge_waiting(
         waited[key] = int(waited_set[si])
         mv: dict[str, int] = defaultdict(int)
         for j, name in enumerate(REASONS):
-            if per_set[si, j] and REASON_CAUSE[name] != "exposed_comm":
+            if per_set[si, j] and REASON_CAUSE[name] != Cause.EXPOSED_COMM:
                 mv[REASON_CAUSE[name]] += int(per_set[si, j])
         moves[key] = dict(mv)
     return moves, waited

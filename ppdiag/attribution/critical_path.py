@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.diagnosis import CAUSE_KEYS, GapTable, StepWindow
+from ppdiag.diagnosis import GapTable, StepWindow
 from ppdiag.model import Phase
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.clocks import Pairs
-from ppdiag.report_types import CriticalStep, PathPiece, StageShare
+from ppdiag.report_types import PATH_CATEGORIES, Cause, CriticalStep, PathPiece, StageShare
 
 # a receive that ends this little after the block start (at most a tenth of the block) still
 # released it (the receive and the block's first kernel on two streams); clipped to the block start
@@ -39,7 +39,6 @@ RELEASE_TOL_NS = 5_000
 
 _PHASE_LETTER = {int(Phase.FWD): "F", int(Phase.BWD): "B", int(Phase.WGRAD): "W"}
 #: Categories of the ``by_stage`` table, in column order.
-CATEGORIES: tuple[str, ...] = ("compute", "transfer", "other", *CAUSE_KEYS)
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ class _Walk:
         # by cause is a difference of two rows, less the clipped parts of the pieces at its edges
         self.gap_cum: dict[int, npt.NDArray[np.int64]] = {}
         for r, (gs, ge, gc) in self.gaps.items():
-            per = np.zeros((gs.size + 1, len(CAUSE_KEYS)), np.int64)
+            per = np.zeros((gs.size + 1, len(Cause)), np.int64)
             per[np.arange(1, gs.size + 1), gc.astype(np.int64)] = ge - gs
             self.gap_cum[r] = np.cumsum(per, axis=0)
         self.tr = transfers
@@ -146,7 +145,7 @@ class _Walk:
         for si, ei, ci in self._gaps_in(rank, lo, hi):
             if si > t:
                 marks.append((t, si, None))
-            marks.append((max(si, t), ei, CAUSE_KEYS[ci]))
+            marks.append((max(si, t), ei, Cause.of(ci)))
             t = max(t, ei)
         if t < hi:
             marks.append((t, hi, None))
@@ -214,7 +213,7 @@ class _Walk:
             for i, c, v, m in zip(
                 rows.tolist(), cols.tolist(), vals.tolist(), (vals / 1e6).tolist(), strict=True
             ):
-                key = CAUSE_KEYS[c]
+                key = Cause.of(c)
                 ns[i][key] = v
                 ms[i][key] = m
             for (_, _, f), d_ns, d_ms in zip(items, ns, ms, strict=True):
@@ -387,7 +386,7 @@ def _path_pieces(w: _Walk, pieces: list[Piece], p0: int) -> tuple[list[PathPiece
         kind: str = f["kind"]  # type: ignore[assignment]
         row = agg.get(st)
         if row is None:
-            row = agg[st] = dict.fromkeys(CATEGORIES, 0)
+            row = agg[st] = dict.fromkeys(PATH_CATEGORIES, 0)
         if kind == "block":
             lost: dict[str, int] = f["lost"]  # type: ignore[assignment]
             out.append(
@@ -440,20 +439,3 @@ def critical_paths(
         groups.setdefault(sw.number if sw.number >= 0 else -1 - sw.index, []).append(sw)
     out = [cs for g in groups.values() if (cs := _walk_step(w, g)) is not None]
     return sorted(out, key=lambda c: c.start_ns)
-
-
-def summarize(paths: Sequence[CriticalStep]) -> list[StageShare]:
-    """Mean ms per step on the critical path, per stage and category, over the given steps."""
-    if not paths:
-        return []
-    acc: dict[int | None, dict[str, float]] = {}
-    for cs in paths:
-        for row in cs.by_stage:
-            a = acc.setdefault(row.stage, dict.fromkeys(CATEGORIES, 0.0))
-            for k, v in row.ms.items():
-                a[k] += v
-    n = len(paths)
-    return [
-        StageShare(st, {k: v / n for k, v in acc[st].items()})
-        for st in sorted(acc, key=lambda x: (x is None, x if x is not None else 0))
-    ]

@@ -1,4 +1,4 @@
-"""The replay's block graph (DESIGN.md §5): one node per analyzed block, with what each variant of
+"""The replay's block graph (docs/json.md): one node per analyzed block, with what each variant of
 the replay needs to place it.
 
 A node holds its measured span split into compute and the local delays inside it, the local time

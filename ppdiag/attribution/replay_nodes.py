@@ -1,4 +1,4 @@
-"""The replay's nodes (DESIGN.md §5), one per analyzed block, held as columns.
+"""The replay's nodes (docs/json.md, *Time accounting*), one per analyzed block, held as columns.
 
 The measured pieces of every block are numpy columns, concatenated once from the steps' own
 arrays; what resolving the waits and the label edges adds (a few nodes each) is kept by node id.

@@ -1,4 +1,4 @@
-"""The replay's evaluation (DESIGN.md §5): the block graph of
+"""The replay's evaluation (docs/json.md, *Time accounting*): the block graph of
 :mod:`ppdiag.attribution.replay_graph` run under one variant, some kinds of delay removed.
 
 Every quantity that depends only on the variant is computed for all nodes at once

@@ -1,4 +1,4 @@
-"""The columnar run model (DESIGN.md §3).
+"""The columnar run model.
 
 The names below are loaded on first use (PEP 562), so that importing a light submodule such as
 :mod:`ppdiag.model.schedule` (the CLI's schedule names) does not load numpy.

@@ -14,7 +14,11 @@ from ppdiag.errors import InputError
 
 
 class Schedule(StrEnum):
-    """A pipeline schedule (the value is the name shown in reports and the JSON)."""
+    """A pipeline schedule (the value is the name shown in reports and the JSON, ``run.schedule``).
+
+    The last two members name no schedule, only what the analysis found: ``unknown`` (blocks that
+    fit no schedule) and ``none`` (no pipeline parallelism). No command accepts them as input
+    (:data:`SCHEDULES`)."""
 
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
@@ -23,10 +27,14 @@ class Schedule(StrEnum):
     ZERO_BUBBLE = "zero_bubble"
     ZBV = "zbv"
     DUALPIPEV = "dualpipev"
+    UNKNOWN = "unknown"
+    NONE = "none"
 
 
+#: The schedules a command accepts (every member but ``unknown`` and ``none``).
+SCHEDULES: tuple[Schedule, ...] = tuple(s for s in Schedule if s not in (Schedule.UNKNOWN, Schedule.NONE))
 #: Every accepted schedule name, in the order help texts list them.
-SCHEDULE_NAMES: tuple[str, ...] = tuple(s.value for s in Schedule)
+SCHEDULE_NAMES: tuple[str, ...] = tuple(s.value for s in SCHEDULES)
 
 # Other spellings (torch.distributed.pipelining class names, papers, Megatron), compared after
 # lower-casing and dropping "-", "_" and spaces.
@@ -45,7 +53,7 @@ _ALIASES: dict[str, Schedule] = {
     "schedulezbvzerobubble": Schedule.ZBV,
     "scheduledualpipev": Schedule.DUALPIPEV,
 }
-_BY_KEY: dict[str, Schedule] = {s.value.replace("_", ""): s for s in Schedule} | _ALIASES
+_BY_KEY: dict[str, Schedule] = {s.value.replace("_", ""): s for s in SCHEDULES} | _ALIASES
 
 #: Schedules the simulator has no model of, and the one it predicts them as (same chunks per rank
 #: and the same closed-form bubble, another block order).

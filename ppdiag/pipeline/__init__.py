@@ -1,4 +1,4 @@
-"""Rebuild the pipeline from the parsed ranks: stages, clocks, steps, blocks, schedule (DESIGN.md §4)."""
+"""Rebuild the pipeline from the parsed ranks: stages, clocks, steps, blocks, schedule."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import numpy as np
 
 from ppdiag.errors import InputError
 from ppdiag.model import Direction, Run
-from ppdiag.model.schedule import schedule_option
+from ppdiag.model.schedule import Schedule, schedule_option
 from ppdiag.model.structure import Structure
 from ppdiag.pipeline.aligned import aligned_run
 from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks
 from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
+from ppdiag.pipeline.collectives import CollectiveMatch, match_collectives
 from ppdiag.pipeline.hangs import detect as detect_hang
 from ppdiag.pipeline.hangs import trimmed
 from ppdiag.pipeline.host_clocks import with_host_clocks
@@ -56,7 +57,7 @@ class Pipeline:
     ops: dict[int, P2POps]  # each rank's p2p operations (own clock), for the attribution
     windows: dict[int, list[LocalStep]]
     blocks: dict[int, Blocks]  # all analyzed steps of a rank; ``Blocks.step`` indexes ``windows``
-    schedule: str
+    schedule: Schedule
     microbatches: int | None
     aligned: Run  # the parsed ranks with the fitted clock offsets and the labels: what later layers read
     warnings: list[str] = field(default_factory=list)
@@ -72,6 +73,9 @@ class Pipeline:
     # the flags (--pp, --stage-map, --schedule, -m) that disagree with the trace, one line each (also
     # in ``warnings``): what the command line repeats on stderr and the gate among its warnings
     overrides: list[str] = field(default_factory=list)
+    # the run's collectives matched across the ranks of each group, on the aligned clock: what the
+    # attribution splits into waits and the Perfetto overlay draws arrows for (matched once, here)
+    collectives: CollectiveMatch = field(default_factory=CollectiveMatch.empty)
 
 
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
@@ -148,6 +152,12 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
     schedule = "none" if flat else (opts.schedule or detect_schedule(topo, blocks, clocked.by_rank()))
     flags = override_warnings(clocked, opts, topo, blocks)  # the other flags against the trace
     warnings.extend(flags)
+    schedule = (
+        Schedule.NONE
+        if flat
+        else (schedule_option(opts.schedule) or detect_schedule(topo, blocks, clocked.by_rank()))
+    )
+    warnings.extend(override_warnings(clocked, opts, topo, blocks))  # overrides that contradict the trace
     m = None if flat else opts.microbatches
     if m is None and not flat:
         m = _microbatches(clocked, topo, windows, blocks, ops)
@@ -156,6 +166,7 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
     labels = {tl.rank: block_labels(tl, blocks[tl.rank], tl.clock_offset_ns) for tl in clocked.ranks}
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")
+    aligned = aligned_run(run, fit.offsets, labels)
     return Pipeline(
         topology=topo,
         clocks=fit,
@@ -165,12 +176,21 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
         blocks=blocks,
         schedule=schedule,
         microbatches=m,
-        aligned=aligned_run(run, fit.offsets, labels),
+        aligned=aligned,
         warnings=warnings,
         peers=peers,
         labels=labels,
         overrides=[*overrides, *flags],
+        collectives=_collectives(aligned),
     )
+
+
+def _collectives(aligned: Run) -> CollectiveMatch:
+    """The run's collectives matched (empty when the traces hold nothing matchable)."""
+    try:
+        return match_collectives(aligned.by_rank())
+    except (ValueError, KeyError, IndexError):  # malformed group metadata: nothing to match
+        return CollectiveMatch.empty()
 
 
 def _peers_and_topology(

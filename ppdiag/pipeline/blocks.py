@@ -1,4 +1,4 @@
-"""Micro-batch compute blocks of every rank (DESIGN.md §4.5).
+"""Micro-batch compute blocks of every rank.
 
 A block is the compute one rank does for one (phase, micro-batch, virtual stage): a forward, a
 backward (input gradient), or a weight-gradient block. Blocks come from pipeline labels when the

@@ -1,4 +1,4 @@
-"""Send/recv matching across ranks and clock alignment (DESIGN.md §4.3).
+"""Send/recv matching across ranks and clock alignment (docs/clocks.md).
 
 Within each link a->b the sends pair with b's receives from a in issue order, by time where
 the counts disagree (a lost or duplicated event). A NCCL send and its

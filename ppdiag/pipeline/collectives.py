@@ -1,4 +1,4 @@
-"""Match collective instances across the ranks of a process group (DESIGN.md §4.2, last line).
+"""Match collective instances across the ranks of a process group.
 
 Every rank of a group calls the same collectives in the same order, so the instances line up:
 by the group's sequence number (``Seq``) when every op carries one, else by the order within the

@@ -1,4 +1,4 @@
-"""p2p partners of host ops from the data flow (DESIGN.md §4.3, step 2 of
+"""p2p partners of host ops from the data flow (step 2 of
 :mod:`ppdiag.pipeline.peers`): each transfer is an activation or a gradient by the compute beside
 it, and per flow and step the k-th send pairs with the k-th receive of the same flow; each rank's
 partner is the one whose receives follow its sends causally and soonest.

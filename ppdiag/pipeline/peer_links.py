@@ -1,4 +1,4 @@
-"""Cross-rank timing of p2p transfers (DESIGN.md §4.3, steps 1 and 3 of
+"""Cross-rank timing of p2p transfers (steps 1 and 3 of
 :mod:`ppdiag.pipeline.peers`): the coarse clock offsets, the link fits per ordered rank pair (a
 histogram of send/receive key differences whose peak is the link's shift), and the acceptance of
 reciprocal links that agree on one clock per rank.

@@ -3,7 +3,7 @@ names no peer.
 
 gloo runs recorded with ``torch.profiler`` defaults (no ``record_shapes``), NCCL kernels without
 comm args and nsys kernels without NVTX payloads carry a transfer's direction at best, never its
-peer. In order (DESIGN.md §4.3):
+peer. In order (docs/clocks.md):
 
 0. Pipeline labels: a transfer inside torch.distributed.pipelining's ``PP:<s>SEND_F<mb>`` range
    (or next to a labelled block) belongs to stage ``s``; its peer is the rank holding ``s +- 1``.
@@ -67,6 +67,7 @@ from ppdiag.pipeline.peer_links import (
     fit_link,
     fit_peaks,
 )
+from ppdiag.report_types import PeerLink, Peers
 
 _REFINED_WINDOW_NS = 500_000  # the second fit's window, on clocks the first fit's links set
 _REFINED_UNC_NS = 50_000  # k-th collectives that end further apart are not one collective
@@ -87,26 +88,26 @@ class PeerDecision:
     confidence: float | None = None  # median margin of the timing decisions (0..1)
     warnings: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, object]:
-        """The ``run.peers`` JSON object (docs/json.md)."""
-        return {
-            "source": self.source,
-            "decided_by_timing": self.decided,
-            "decided_by_labels": self.by_labels,
-            "undecided": self.undecided,
-            "confidence": None if self.confidence is None else round(self.confidence, 3),
-            "coarse_clock": self.coarse_method,
-            "links": [
-                {
-                    "src": f.src,
-                    "dst": f.dst,
-                    "ops": f.support,
-                    "shift_us": round(f.shift_ns / 1000.0, 1),
-                    "tol_us": round(f.tol_ns / 1000.0, 1),
-                }
+    def to_report(self) -> Peers:
+        """The report's ``run.peers`` section (docs/json.md)."""
+        return Peers(
+            source=self.source,
+            decided_by_timing=self.decided,
+            decided_by_labels=self.by_labels,
+            undecided=self.undecided,
+            confidence=None if self.confidence is None else round(self.confidence, 3),
+            coarse_clock=self.coarse_method,
+            links=[
+                PeerLink(
+                    src=f.src,
+                    dst=f.dst,
+                    ops=f.support,
+                    shift_us=round(f.shift_ns / 1000.0, 1),
+                    tol_us=round(f.tol_ns / 1000.0, 1),
+                )
                 for f in sorted(self.links.values(), key=lambda x: (x.src, x.dst))
             ],
-        }
+        )
 
 
 def decide_peers(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None = None) -> PeerDecision:

@@ -1,39 +1,40 @@
-"""Schedule detection from the order of blocks on each rank (DESIGN.md §4.6)."""
+"""Schedule detection from the order of blocks on each rank."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ppdiag.model import Phase, RangeKind, RankTimeline
-from ppdiag.model.schedule import SCHEDULE_NAMES
+from ppdiag.model.schedule import Schedule
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.topology import Topology
 
-#: What the detector may answer: a schedule name, "unknown" (blocks that fit none) or "none" (no PP).
-SCHEDULES = (*SCHEDULE_NAMES, "unknown", "none")
 
-
-def detect_schedule(topo: Topology, blocks: dict[int, Blocks], timelines: dict[int, RankTimeline]) -> str:
+def detect_schedule(
+    topo: Topology, blocks: dict[int, Blocks], timelines: dict[int, RankTimeline]
+) -> Schedule:
     """Name the schedule that produced the per-rank block orders."""
     if topo.pp <= 1:
-        return "none"
+        return Schedule.NONE
     if any(_has_overlap_labels(tl) for tl in timelines.values()):
-        return "dualpipev"
+        return Schedule.DUALPIPEV
     has_w = any((b.phase == int(Phase.WGRAD)).any() for b in blocks.values())
     if has_w:
-        return "zbv" if topo.placement == "v" and topo.virtual > 1 else "zero_bubble"
+        return Schedule.ZBV if topo.placement == "v" and topo.virtual > 1 else Schedule.ZERO_BUBBLE
     if topo.virtual > 1:
         if topo.placement == "v":
-            return "zbv"
+            return Schedule.ZBV
         return (
-            "looped_bfs" if all(_all_fwd_first(b) for b in blocks.values() if len(b)) else "interleaved_1f1b"
+            Schedule.LOOPED_BFS
+            if all(_all_fwd_first(b) for b in blocks.values() if len(b))
+            else Schedule.INTERLEAVED_1F1B
         )
     usable = [b for b in blocks.values() if len(b)]
     if not usable:
-        return "unknown"
+        return Schedule.UNKNOWN
     if not any((b.phase == int(Phase.BWD)).any() for b in usable):
-        return "unknown"
-    return "gpipe" if all(_all_fwd_first(b) for b in usable) else "1f1b"
+        return Schedule.UNKNOWN
+    return Schedule.GPIPE if all(_all_fwd_first(b) for b in usable) else Schedule.ONE_F_ONE_B
 
 
 def _all_fwd_first(b: Blocks) -> bool:

@@ -1,4 +1,4 @@
-"""Step windows per rank (DESIGN.md §4.4), on the rank's own clock.
+"""Step windows per rank, on the rank's own clock.
 
 GPU work lags the host, so a device step is bounded by the work *launched* inside the host's
 ``ProfilerStep#N`` range: it starts at the first device interval launched in step N, or earlier at

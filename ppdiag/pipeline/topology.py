@@ -1,4 +1,4 @@
-"""Which pipeline stage each rank runs (DESIGN.md §4.2).
+"""Which pipeline stage each rank runs.
 
 Evidence, in order: ``--stage-map``; the pipeline process group (``pg_desc`` naming it, e.g.
 Megatron's ``PIPELINE_MODEL_PARALLEL_GROUP``) for which ranks form a pipeline, its stage order

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ppdiag.diagnosis import CAUSE_KEYS
-from ppdiag.report_types import FindingRow, RankRow, Report, StageRow, Summary
+from ppdiag.report_types import Cause, FindingRow, RankRow, Report, StageRow, Summary
 from ppdiag.reports.gate import DEFAULT_STEP_PCT, comparable
 from ppdiag.reports.md import md_escape
 from ppdiag.reports.style import CAUSE_COLORS, CAUSE_MARKS, cause_label
@@ -205,7 +204,7 @@ def _run_rows(res: DiffResult, a: Summary, b: Summary, min_base: float, steps: b
     tot_a = sum(a.lost_ms.values()) if a.lost_ms else None
     tot_b = sum(b.lost_ms.values()) if b.lost_ms else None
     res.run.append(DiffRow("run", "lost_ms", tot_a, tot_b, min_base))
-    for c in CAUSE_KEYS:
+    for c in Cause:
         res.run.append(DiffRow("run", c, a.lost_ms.get(c), b.lost_ms.get(c), min_base))
 
 
@@ -231,7 +230,7 @@ def _group_rows(res: DiffResult, a: Report, b: Report, min_base: float, steps: b
         res.groups.append(DiffRow(scope, "compute_ms", comp_a, comp_b, min_base))
         a_l = ra.lost_ms if ra is not None else {}
         b_l = rb.lost_ms if rb is not None else {}
-        for c in CAUSE_KEYS:
+        for c in Cause:
             va, vb = a_l.get(c), b_l.get(c)
             if (va or 0.0) == 0.0 and (vb or 0.0) == 0.0:
                 continue  # nothing on either side: keep the table short

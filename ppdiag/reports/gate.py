@@ -1,4 +1,4 @@
-"""The CI gate (DESIGN.md §8): a budget (:mod:`ppdiag.reports.budget`) checked against a report.
+"""The CI gate (docs/ci.md): a budget (:mod:`ppdiag.reports.budget`) checked against a report.
 
 ``run_gate(report, budget, baseline)`` runs every configured check and returns a
 :class:`GateResult` whose ``exit_code`` is 0 (pass), 1 (fail) or 3 (inconclusive);
@@ -15,10 +15,10 @@ from typing import Any
 
 import msgspec
 
-from ppdiag.diagnosis import CAUSE_KEYS, SCHEMA_VERSION
+from ppdiag.diagnosis import SCHEMA_VERSION
 from ppdiag.errors import InputError
 from ppdiag.facts import balance_of, report_stage_values, share_of
-from ppdiag.report_types import CheckKind, CheckState, Gate, GateCheck, GateStatus, Report, decode
+from ppdiag.report_types import Cause, CheckKind, CheckState, Gate, GateCheck, GateStatus, Report, decode
 from ppdiag.reports.budget import (
     BUDGET_KEYS,
     DEFAULT_STEP_PCT,
@@ -105,7 +105,7 @@ class GateResult:
 
     @property
     def exit_code(self) -> int:
-        """0 pass, 1 fail, 3 inconclusive (DESIGN.md §1)."""
+        """0 pass, 1 fail, 3 inconclusive (docs/ci.md, *Exit codes*)."""
         return {"pass": 0, "fail": 1, "inconclusive": 3}[self.status]
 
     @property
@@ -399,7 +399,7 @@ def _cause_checks(report: Report, baseline: Report, limit: float) -> list[Check]
     """Each cause's share of the step vs the baseline's, in points."""
     out: list[Check] = []
     absent = [
-        c for c in CAUSE_KEYS if share_of(baseline.summary, c) is None or share_of(report.summary, c) is None
+        c for c in Cause if share_of(baseline.summary, c) is None or share_of(report.summary, c) is None
     ]
     if absent:
         # a cause the baseline (or this run) lacks cannot be compared: say so, never drop the
@@ -410,7 +410,7 @@ def _cause_checks(report: Report, baseline: Report, limit: float) -> list[Check]
                 limit, f"{side} has no valid summary.lost_ms / step_ms for {', '.join(absent)}"
             )
         )
-    for c in CAUSE_KEYS:
+    for c in Cause:
         a, b = share_of(baseline.summary, c), share_of(report.summary, c)
         if a is None or b is None:
             continue

@@ -1,5 +1,5 @@
 """Self-contained offline HTML report: headline, measured pipeline timeline, per-stage compute
-histograms, lost time by cause, bubble, findings, what-if, run facts (DESIGN.md §7).
+histograms, lost time by cause, bubble, findings, what-if, run facts (docs/json.md).
 
 The file works without any network: plotly.js (the vendored cartesian partial bundle,
 ``vendor/``, 1.5 MB instead of the full 4.8 MB) is inlined once, there are no fonts or images to
@@ -19,10 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ppdiag.facts import report_slowest_stage
-from ppdiag.model.timeline import Kind
 from ppdiag.report_types import Gate, Report
 from ppdiag.reports import register
 from ppdiag.reports.html_figures import (
@@ -75,44 +72,20 @@ def _how_to_read(td: TimelineData) -> str:
     return env().get_template("howto.html.j2").render(virtual=td.virtual)
 
 
-def _top_kernels(diag: Analyzed, td: TimelineData, k: int = 6) -> str:
-    """Compute kernels with the most time per analyzed step on each drawn rank (vectorized)."""
-    spans = td.spans
-    if not spans:
-        return ""
-    by = diag.run.by_rank()
+def _top_kernels(report: Report, td: TimelineData) -> str:
+    """The report's top compute kernels (``kernels[]``) of each drawn rank."""
+    by_rank = {rk.rank: rk.top for rk in report.kernels or []}
     blocks = []
     for row in td.rows:
-        rt = by.get(row.rank)
-        if rt is None or len(rt.intervals) == 0:
+        top = by_rank.get(row.rank)
+        if top is None:
             continue
-        iv = rt.intervals
-        comp = iv.kind == int(Kind.COMPUTE)
-        st, en = iv.start + rt.clock_offset_ns, iv.end + rt.clock_offset_ns
-        inside = np.zeros(len(iv), dtype=bool)
-        for sp in spans:
-            inside |= (st >= sp.start) & (st < sp.end)
-        m = comp & inside
-        if not m.any():
-            continue
-        tot = np.bincount(
-            iv.name[m],
-            weights=(en[m] - st[m]).astype(np.float64),
-            minlength=len(rt.names),
-        )
-        cnt = np.bincount(iv.name[m], minlength=len(rt.names))
-        all_t = float(tot.sum())
-        top = np.argsort(-tot)[:k]
-        lines = []
-        for i in top:
-            if tot[i] <= 0:
-                continue
-            nm = rt.name_of(int(i))
-            lines.append(
-                f'<tr><td class="l mono">{esc(short_name(nm, 200))}</td>'
-                f"<td>{tot[i] / 1e6 / len(spans):.3f}</td>"
-                f"<td>{100 * tot[i] / all_t:.1f} %</td><td>{cnt[i] / len(spans):.0f}</td></tr>"
-            )
+        lines = [
+            f'<tr><td class="l mono">{esc(short_name(k.name, 200))}</td>'
+            f"<td>{k.ms_per_step:.3f}</td>"
+            f"<td>{100 * k.share:.1f} %</td><td>{k.calls_per_step:.0f}</td></tr>"
+            for k in top
+        ]
         blocks.append(
             f'<h3 style="margin:10px 0 4px">{esc(row.label)}</h3><table><thead><tr><th class="l">kernel / op'
             "</th><th>ms per step</th><th>share of compute</th><th>calls per step</th></tr></thead><tbody>"
@@ -168,18 +141,17 @@ def _histogram_html(report: Report, hist: bool) -> str:
             "stages were found (pp 1): there is no stage balance to compare. The per-rank breakdown is "
             "below.</p></section>"
         )
-    slow = report_slowest_stage(stages)
+    slow = report_slowest_stage(report)
     slow_txt = ""
-    if slow is not None:
+    # the stage balance's one measure (ppdiag.facts): the stage's micro-batch block compute, the
+    # value the slowest stage, summary.stage_ratio, PP003 and the gate are decided on
+    ratio = num(report.summary.stage_ratio)
+    if slow is not None and ratio is not None:
         st = stages[slow]
-        vals = [c for c in (num(x.compute_ms) for x in stages) if c is not None]
-        comp = num(st.compute_ms)
-        if vals and comp is not None:
-            mean = sum(vals) / len(vals)
-            slow_txt = (
-                f" Stage {esc(st.stage)} is the slowest: {esc(fmt_ms(comp))} of compute per step, "
-                f"{100 * (comp / mean - 1):+.0f} % vs the mean stage."
-            )
+        slow_txt = (
+            f" Stage {esc(st.stage)} is the slowest: {esc(fmt_ms(num(st.block_ms)))} of compute per step in "
+            f"its micro-batch blocks, {100 * (ratio - 1):+.0f} % vs the mean stage."
+        )
     return (
         '<section id="histogram"><h2>Compute per micro-batch, by stage</h2><p class="sub">'
         "Forward and backward time of each micro-batch; a stage whose histogram sits to the right sets "
@@ -227,7 +199,7 @@ def _lost_html(report: Report, lost: bool, bubble: bool) -> str:
 
 def _ranks_html(diag: Analyzed, td: TimelineData) -> str:
     report = diag.result
-    tk = _top_kernels(diag, td)
+    tk = _top_kernels(report, td)
     if report.stages:
         return f'<section id="ranks"><h2>Per rank</h2>{rank_table_html(report.ranks)}{tk}</section>'
     return f'<section id="ranks"><h2>Per rank</h2>{tk}</section>' if tk else ""

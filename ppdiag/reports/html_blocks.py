@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.diagnosis import CAUSE_KEYS, GapTable
+from ppdiag.diagnosis import GapTable
 from ppdiag.model.timeline import Kind, Phase
+from ppdiag.report_types import Cause
 
 if TYPE_CHECKING:
     from ppdiag.model.timeline import RankTimeline
@@ -183,7 +184,7 @@ def _gap_blocks(out: Blocks, gaps: GapTable, a: int, b: int, lv: Level) -> None:
     if lv.level == 0:
         shown = _hide_short_gaps(out, s, e, max(lv.tol, (b - a) // 100))
         s, e, cause, blame = s[shown], e[shown], cause[shown], blame[shown]
-    for ci, c in enumerate(CAUSE_KEYS):
+    for ci, c in enumerate(Cause):
         m = cause == ci
         if not m.any():
             continue

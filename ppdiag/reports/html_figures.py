@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.facts import report_slowest_stage
-from ppdiag.report_types import Dist, RankRow, Report, StageRow
+from ppdiag.report_types import Cause, Dist, RankRow, Report, StageRow
 from ppdiag.reports.html_model import MAX_ROWS, esc
 from ppdiag.reports.style import CAUSE_COLORS, CAUSE_LABELS, WORK_COLORS, WORK_LABELS, num
 
@@ -224,7 +223,7 @@ def histogram_figure(report: Report) -> PlotlyFigure | None:
     stages = report.stages
     if not stages:
         return None
-    slow = report_slowest_stage(stages)
+    slow = report_slowest_stage(report)
     if not any(getattr(s, k) for s in stages for _, k, _ in _SERIES):
         return _mean_bars(stages)
     n = len(stages)
@@ -297,7 +296,7 @@ def lost_figure(report: Report) -> PlotlyFigure | None:
     if not rows:
         return None
     fig = go.Figure()
-    for c in CAUSE_KEYS:
+    for c in Cause:
         ys = [num(r.lost_ms.get(c)) or 0.0 for r in rows]
         if not any(ys):
             continue

@@ -8,9 +8,19 @@ template) before it reaches the page.
 
 from __future__ import annotations
 
-from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.facts import share_of
-from ppdiag.report_types import Dist, FindingRow, Gate, RankRow, Report, RunSchedule, StageRow, Summary
+from ppdiag.report_types import (
+    PATH_CATEGORIES,
+    Cause,
+    Dist,
+    FindingRow,
+    Gate,
+    RankRow,
+    Report,
+    Schedule,
+    StageRow,
+    Summary,
+)
 from ppdiag.reports.html_figures import COMPUTE_COLOR
 from ppdiag.reports.html_model import esc, ranges_text
 from ppdiag.reports.html_page import env
@@ -45,7 +55,7 @@ def critical_path_html(report: Report) -> str:
     rows = critical_path_rows(report)
     if not rows:
         return ""
-    cats = [k for k in ("compute", "transfer", "other", *CAUSE_KEYS) if any(ms.get(k) for _, ms in rows)]
+    cats = [k for k in PATH_CATEGORIES if any(ms.get(k) for _, ms in rows)]
     total = sum(sum(ms.values()) for _, ms in rows) or 1.0
     # the highlighted stage is the report's slowest stage (ppdiag.facts, the one PP003 names) when
     # one stands out; else the stage with the most compute on the path
@@ -115,7 +125,7 @@ def _tile(k: str, v: str, sub: str = "") -> str:
 
 
 def _lost(s: Summary) -> dict[str, float]:
-    return {c: num(s.lost_ms.get(c)) or 0.0 for c in CAUSE_KEYS}
+    return {c: num(s.lost_ms.get(c)) or 0.0 for c in Cause}
 
 
 def _tiles(report: Report) -> str:
@@ -142,7 +152,7 @@ def _tiles(report: Report) -> str:
     doubt = run.structure.headline() if run.structure is not None else None
     pipe = (
         (doubt or "no pipeline parallelism")
-        if (run.pp == 1 or run.schedule == RunSchedule.NONE)
+        if (run.pp == 1 or run.schedule == Schedule.NONE)
         else f"{run.schedule}, P={run.pp}"
         + (f", M={run.microbatches}" if run.microbatches else "")
         + (f", v={run.virtual_stages}" if run.virtual_stages > 1 else "")
@@ -167,7 +177,7 @@ def _step_bar(s: Summary, step: float) -> list[str]:
         leg.append(
             f'<span><i class="sw" style="background:{COMPUTE_COLOR}"></i>compute {esc(fmt_ms(comp))}</span>'
         )
-    for c in sorted(CAUSE_KEYS, key=lambda c: -lost[c]):
+    for c in sorted(Cause, key=lambda c: -lost[c]):
         if lost[c] <= 0:
             continue
         parts.append(
@@ -188,7 +198,7 @@ def _top_causes(report: Report, step: float | None) -> str:
     """The top causes, each with the finding that would win most of it back."""
     s = report.summary
     lost = _lost(s)
-    top = [c for c in sorted(CAUSE_KEYS, key=lambda c: -lost[c]) if lost[c] > 0][:3]
+    top = [c for c in sorted(Cause, key=lambda c: -lost[c]) if lost[c] > 0][:3]
     if not top:
         return ""
     items = []
@@ -333,7 +343,7 @@ def _f3(v: float | int | None) -> str:
 def _cause_heads() -> str:
     return "".join(
         f'<th><i class="sw" style="background:{CAUSE_COLORS[c]}"></i>{esc(CAUSE_LABELS[c])}</th>'
-        for c in CAUSE_KEYS
+        for c in Cause
     )
 
 
@@ -346,7 +356,7 @@ def _stage_row(i: int, s: StageRow, slow: int | None, has_w: bool) -> str:
         f"<td>{_stats_cell(s.bwd_ms)}</td>"
         + (f"<td>{_stats_cell(s.wgrad_ms)}</td>" if has_w else "")
         + f"<td>{esc(_f3(s.compute_ms))}</td>"
-        + "".join(f"<td>{esc(_f3(s.lost_ms.get(c)))}</td>" for c in CAUSE_KEYS)
+        + "".join(f"<td>{esc(_f3(s.lost_ms.get(c)))}</td>" for c in Cause)
         + "</tr>"
     )
 
@@ -372,7 +382,7 @@ def _rank_row(r: RankRow) -> str:
         f'<tr><td class="l">{esc(r.rank)}</td>'
         f'<td class="l">{esc(r.stage if r.stage is not None else "—")}</td>'
         + "".join(f"<td>{esc(_f3(getattr(r, k)))}</td>" for k in _RANK_COLS)
-        + "".join(f"<td>{esc(_f3(r.lost_ms.get(c)))}</td>" for c in CAUSE_KEYS)
+        + "".join(f"<td>{esc(_f3(r.lost_ms.get(c)))}</td>" for c in Cause)
         + "</tr>"
     )
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.model.timeline import Direction
+from ppdiag.report_types import Cause
 from ppdiag.reports.html_blocks import CAT_ORDER, COMPUTE_CATS
 from ppdiag.reports.html_figures import PlotlyFigure, fig_dict
 from ppdiag.reports.html_model import (
@@ -305,9 +305,7 @@ def timeline_figure(td: TimelineData) -> PlotlyFigure:
 
     fig = go.Figure()
     label_ok = td.n_blocks <= TEXT_LIMIT
-    order = [c for c in CAT_ORDER if c in td.sets] + [
-        f"cause:{c}" for c in CAUSE_KEYS if f"cause:{c}" in td.sets
-    ]
+    order = [c for c in CAT_ORDER if c in td.sets] + [f"cause:{c}" for c in Cause if f"cause:{c}" in td.sets]
     for key in order:
         if len(td.sets[key]):
             fig.add_trace(_category_trace(td, td.sets[key], label_ok))

@@ -1,4 +1,4 @@
-"""Markdown summary for CI step summaries and PR comments (DESIGN.md §7).
+"""Markdown summary for CI step summaries and PR comments (docs/json.md).
 
 Compact on purpose: the headline, where the step goes, the gate verdict when there is one, a
 per-stage table (per-rank for runs without pipeline stages), the top findings with their gain and
@@ -11,9 +11,8 @@ import html
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.facts import report_slowest_stage, share_of
-from ppdiag.report_types import FindingRow, Gate, RankRow, Report, RunInfo, RunSchedule, StageRow
+from ppdiag.report_types import Cause, FindingRow, Gate, RankRow, Report, RunInfo, Schedule
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean, md_neutral
 from ppdiag.reports.style import CAUSE_MARKS, cause_label, fmt_ms, fmt_pct, num, ranks_text
@@ -42,7 +41,7 @@ def _mark(c: str | None) -> str:
 
 def _pipeline_text(run: RunInfo) -> str:
     pp, sched = run.pp, run.schedule
-    if pp == 1 or sched == RunSchedule.NONE:
+    if pp == 1 or sched == Schedule.NONE:
         doubt = run.structure.headline() if run.structure is not None else None
         return md_escape(doubt) if doubt else "no pipeline parallelism"
     txt = f"{md_escape(sched)}, P={md_escape(pp)}"
@@ -74,7 +73,7 @@ def _gate_md(gate: Gate) -> list[str]:
 
 
 def _top_cause(lost: dict[str, float]) -> str:
-    top = max(CAUSE_KEYS, key=lambda c: lost.get(c, 0.0))
+    top = max(Cause, key=lambda c: lost.get(c, 0.0))
     return f"{_mark(top)} {cause_label(top)}" if lost.get(top, 0.0) > 0 else "—"
 
 
@@ -95,7 +94,7 @@ def _head_md(report: Report) -> list[str]:
 def _where_md(report: Report) -> list[str]:
     """Where the step goes: compute and every cause, with its share of the mean step."""
     s = report.summary
-    lost = {c: s.lost_ms.get(c, 0.0) for c in CAUSE_KEYS}
+    lost = {c: s.lost_ms.get(c, 0.0) for c in Cause}
     out: list[str] = []
     # every share is of the mean step over the same steps the causes are averaged on
     mean_step = s.step_mean_ms or s.step_ms
@@ -104,7 +103,7 @@ def _where_md(report: Report) -> list[str]:
     out += ["| where the step goes | ms / step | % of step |", "|---|---:|---:|"]
     if s.compute_ms is not None:
         out.append(f"| compute | {s.compute_ms:.2f} | {fmt_pct(share_of(s, 'compute'))} |")
-    for c in sorted(CAUSE_KEYS, key=lambda c: -lost[c]):
+    for c in sorted(Cause, key=lambda c: -lost[c]):
         if lost[c] <= 0:
             continue
         out.append(f"| {_mark(c)} {cause_label(c)} | {lost[c]:.2f} | {fmt_pct(share_of(s, c))} |")
@@ -115,8 +114,9 @@ def _where_md(report: Report) -> list[str]:
     return out
 
 
-def _stages_md(stages: list[StageRow]) -> list[str]:
-    slow = report_slowest_stage(stages)
+def _stages_md(report: Report) -> list[str]:
+    stages = report.stages
+    slow = report_slowest_stage(report)
     out = [
         "### Stages",
         "",
@@ -189,7 +189,7 @@ def render_markdown(
     if gate is not None:
         out += _gate_md(gate)
     out += _where_md(report)
-    out += _stages_md(report.stages) if report.stages else _ranks_md(report.ranks)
+    out += _stages_md(report) if report.stages else _ranks_md(report.ranks)
     out += _findings_md(report.findings, max_findings)
     warns = report.run.warnings
     if warns:

@@ -29,8 +29,9 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.diagnosis import CAUSE_KEYS, GapTable, StepWindow
+from ppdiag.diagnosis import GapTable, StepWindow
 from ppdiag.model.timeline import Intervals, RangeKind, Ranges, RankTimeline
+from ppdiag.report_types import Cause
 from ppdiag.reports import register
 from ppdiag.reports.perfetto_events import (
     CHUNK,
@@ -102,7 +103,7 @@ def _header(diag: Analyzed, out: IO[str], t0: int) -> None:
                 "clock": "aligned common clock, ts = (t - t0_ns) / 1000",
                 "step_ms": summ.step_ms,
                 "lost_ratio": summ.lost_ratio,
-                "causes": {k: CAUSE_LABELS[k] for k in CAUSE_KEYS},
+                "causes": {k: CAUSE_LABELS[k] for k in Cause},
             }
         )
     )
@@ -160,7 +161,7 @@ def _device_events(
 
 def _gap_events(out: IO[str], first: list[bool], g: GapTable, rank: int, t0: int, tids: Tids) -> int:
     """The rank's lost time, one slice per gap named by its cause (blame rank and step in args)."""
-    cause_names = [json.dumps(CAUSE_LABELS[k]) for k in CAUSE_KEYS]
+    cause_names = [json.dumps(CAUSE_LABELS[k]) for k in Cause]
     # gap pieces may overlap each other (a wait and the transfer inside it): extra lanes
     g_tid = np.asarray(tids.of(TID_LOST, lanes(g.start, g.end), "lost time (cause)", -3, device=False))
     n_total = 0
@@ -168,12 +169,12 @@ def _gap_events(out: IO[str], first: list[bool], g: GapTable, rank: int, t0: int
         sl = slice(a, a + CHUNK)
         ts = ((g.start[sl] - t0) / 1000.0).tolist()
         dur = (np.maximum(g.end[sl] - g.start[sl], 0) / 1000.0).tolist()
-        cause = np.clip(g.cause[sl].astype(np.int64), 0, len(CAUSE_KEYS) - 1).tolist()
+        cause = np.clip(g.cause[sl].astype(np.int64), 0, len(Cause) - 1).tolist()
         blame, step = g.blame[sl].tolist(), g.step[sl].tolist()
         args = [
             json.dumps(
                 {
-                    "cause": CAUSE_KEYS[c],
+                    "cause": Cause.of(c),
                     "blame_rank": b if b >= 0 else None,
                     "step": s,
                     "ms": round(d / 1000.0, 6),
@@ -181,7 +182,7 @@ def _gap_events(out: IO[str], first: list[bool], g: GapTable, rank: int, t0: int
             )
             for c, b, s, d in zip(cause, blame, step, dur, strict=True)
         ]
-        cn = [CAUSE_CNAMES[CAUSE_KEYS[c]] for c in cause]
+        cn = [CAUSE_CNAMES[Cause.of(c)] for c in cause]
         n_total += emit_slices(
             out, first, rank, g_tid[sl].tolist(), ts, dur, cause_names, cause, "lost", args, cn
         )

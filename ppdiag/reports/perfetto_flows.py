@@ -106,16 +106,13 @@ def _collective_flows(
     fid: int,
     tids_by_rank: dict[int, Tids],
 ) -> tuple[int, int]:
-    """Matched collective instances: each member's op on a ``collectives (matched)`` track and an
+    """Matched collective instances (the pipeline's ``collectives``, the match the attribution
+    splits into waits): each member's op on a ``collectives (matched)`` track and an
     arrow from the last member to arrive to every other one (the waiters)."""
-    from ppdiag.pipeline.collectives import match_collectives
-
-    if not diag.run.ranks:
+    pipe = diag.context.pipeline if diag.context is not None else None
+    if not diag.run.ranks or pipe is None:
         return 0, 0
-    try:
-        cm = match_collectives(diag.run.by_rank())
-    except (ValueError, KeyError, IndexError):  # nothing the overlay needs: no collective arrows
-        return 0, 0
+    cm = pipe.collectives  # matched once by the pipeline, as the attribution reads them
     if not len(cm) or not len(cm.rank):
         return 0, 0
     shift = cm.shift if cm.shift is not None else np.zeros(cm.start.shape[0], np.int64)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from ppdiag.diagnosis import CAUSE_KEYS
-from ppdiag.report_types import Report, RunInfo
+from ppdiag.report_types import Cause, Report, RunInfo, path_by_stage
 
 #: Fill colour of each lost-time cause: the Okabe-Ito colour-blind-safe hues (orange, vermillion,
 #: reddish purple, yellow), wine and brown from Paul Tol's muted set; bubble a light grey, because it
@@ -26,7 +25,7 @@ CAUSE_COLORS: dict[str, str] = {
     "unexplained": "#8C6D46",
 }
 
-#: Human label of each cause, as DESIGN.md §5 names them.
+#: Human label of each cause, as docs/json.md names them.
 CAUSE_LABELS: dict[str, str] = {
     "bubble": "pipeline bubble",
     "imbalance": "stage imbalance",
@@ -95,7 +94,7 @@ SEVERITY_COLORS: dict[str, str] = {
     "info": "#7F8C8D",
 }
 
-assert set(CAUSE_COLORS) == set(CAUSE_KEYS), "every cause needs a colour"
+assert set(CAUSE_COLORS) == set(Cause), "every cause needs a colour"
 
 
 def cause_label(key: str | None) -> str:
@@ -214,6 +213,4 @@ PATH_LABELS: dict[str, str] = {"compute": "compute", "transfer": "transfer in", 
 def critical_path_rows(report: Report) -> list[tuple[int | None, dict[str, float]]]:
     """The report's ``critical_path[]`` as the mean ms per step on the path, per stage and
     category (``compute``, ``transfer``, ``other`` and the causes); empty without a path."""
-    from ppdiag.attribution.critical_path import summarize
-
-    return [(r.stage, r.ms) for r in summarize(report.critical_path or [])]
+    return [(r.stage, r.ms) for r in path_by_stage(report.critical_path or [])]

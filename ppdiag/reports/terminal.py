@@ -21,10 +21,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.facts import report_slowest_stage, share_of
 from ppdiag.io import md_marker
-from ppdiag.report_types import Dist, FindingRow, Report
+from ppdiag.report_types import Cause, Dist, FindingRow, Report
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean_report
 from ppdiag.reports.style import CAUSE_LABELS, PATH_LABELS, critical_path_rows, evidence_items
@@ -158,12 +157,12 @@ def stage_table(report: Report, wide: bool = True) -> Table | None:
         _col(t, "wgrad")
     _col(t, "compute")
     if wide:
-        for k in CAUSE_KEYS:
+        for k in Cause:
             _col(t, CAUSE_LABELS[k])
     else:
         _col(t, "lost")
         _col(t, "top cause", right=False)
-    idx = report_slowest_stage(stages)
+    idx = report_slowest_stage(report)
     slow = stages[idx].stage if idx is not None else None
     for s in stages:
         row = [str(s.stage), _rank_list(s.ranks), u(_mean(s.fwd_ms)), u(_mean(s.bwd_ms))]
@@ -171,7 +170,7 @@ def stage_table(report: Report, wide: bool = True) -> Table | None:
             row.append(u(_mean(s.wgrad_ms)))
         row.append(u(s.compute_ms))
         if wide:
-            row += [u(s.lost_ms.get(k)) for k in CAUSE_KEYS]
+            row += [u(s.lost_ms.get(k)) for k in Cause]
         else:
             row += [u(sum(float(v) for v in s.lost_ms.values())), _top_cause(s.lost_ms, u.seconds)]
         t.add_row(*row, style="bold" if s.stage == slow else None)
@@ -200,7 +199,7 @@ def rank_table(report: Report, limit: int = 64, wide: bool = True) -> Table:
     else:
         for c in ("rank", "stage", "step", "compute", "exp. p2p", "exp. coll", "exp. copy", "idle"):
             _col(t, c)
-        for k in CAUSE_KEYS:
+        for k in Cause:
             # the labels of the HTML and Markdown reports; a narrow column wraps them, never cuts them
             _col(t, CAUSE_LABELS[k])
         for r in rows[:limit]:
@@ -213,7 +212,7 @@ def rank_table(report: Report, limit: int = 64, wide: bool = True) -> Table:
                 u(r.exposed_collective_ms),
                 u(r.exposed_copy_ms),
                 u(r.idle_ms),
-                *[u(r.lost_ms.get(k, 0.0)) for k in CAUSE_KEYS],
+                *[u(r.lost_ms.get(k, 0.0)) for k in Cause],
             )
     if len(rows) > limit:
         t.caption = f"{len(rows) - limit} more ranks in the JSON report"
@@ -236,7 +235,7 @@ def critical_path_table(report: Report, wide: bool = True) -> Table | None:
     for k in cats:
         _col(t, PATH_LABELS[k])
     if wide:
-        for k in CAUSE_KEYS:
+        for k in Cause:
             _col(t, CAUSE_LABELS[k])
     else:
         _col(t, "lost")
@@ -246,9 +245,9 @@ def critical_path_table(report: Report, wide: bool = True) -> Table | None:
         on = sum(ms.values())
         row = ["-" if st is None else str(st), u(on), f"{100 * on / total:.0f}%"]
         row += [u(ms.get(k, 0.0)) for k in cats]
-        lost = {k: ms.get(k, 0.0) for k in CAUSE_KEYS}
+        lost: dict[str, float] = {k: ms.get(k, 0.0) for k in Cause}
         if wide:
-            row += [u(lost[k]) for k in CAUSE_KEYS]
+            row += [u(lost[k]) for k in Cause]
         else:
             # compute outside blocks joins the lost column here, so the row adds up to "on path"
             row += [u(sum(lost.values()) + ms.get("other", 0.0)), _top_cause(lost, u.seconds)]

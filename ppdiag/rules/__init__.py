@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ppdiag.attribution.causes import Attribution, RankStep
-    from ppdiag.diagnosis import Finding
     from ppdiag.facts import StageBalance
     from ppdiag.model import Run
     from ppdiag.pipeline import Pipeline
-    from ppdiag.report_types import Report
+    from ppdiag.report_types import Cause, FindingRow, Report
     from ppdiag.rules.noise import NoiseModel
     from ppdiag.whatif.batch import BatchCheck
     from ppdiag.whatif.scenarios import FixPredictions
@@ -67,11 +66,11 @@ class Rule(Protocol):
     @property
     def name(self) -> str: ...
     @property
-    def cause(self) -> str | None: ...
+    def cause(self) -> Cause | None: ...
     @property
     def summary(self) -> str: ...
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         """Findings of this rule for the run (empty when it does not apply)."""
         ...
 
@@ -95,13 +94,13 @@ def load_builtin() -> None:
             importlib.import_module(f"ppdiag.rules.{mod}")
 
 
-def run_rules(ctx: RuleContext) -> list[Finding]:
+def run_rules(ctx: RuleContext) -> list[FindingRow]:
     """All findings, most severe first, then by estimated gain (largest first). Severity comes
     first because a gain within the run's noise (``low``) does not rank against one outside it;
     among ``low`` findings those with a cause come first, the one closest to standing out
     (gain / noise) first."""
     load_builtin()
-    found: list[Finding] = []
+    found: list[FindingRow] = []
     for code in sorted(RULES):
         found.extend(RULES[code].check(ctx))
     found.sort(key=_order)
@@ -111,7 +110,7 @@ def run_rules(ctx: RuleContext) -> list[Finding]:
 _SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 
-def _order(f: Finding) -> tuple[int, int, float, str]:
+def _order(f: FindingRow) -> tuple[int, int, float, str]:
     gain = f.gain_ms or 0.0
     noise = f.evidence.get("noise_ms")
     general = 0

@@ -1,11 +1,11 @@
 """Shared pieces of the rules: gains from the what-if predictions, severity against the noise
-model, and the Finding builder."""
+model, and the builder of a finding (the report's :class:`~ppdiag.report_types.FindingRow`)."""
 
 from __future__ import annotations
 
 from typing import Any, TypeGuard
 
-from ppdiag.diagnosis import Finding
+from ppdiag.report_types import Cause, FindingRow, Severity
 from ppdiag.rules import RuleContext
 from ppdiag.rules.noise import NoiseModel, build_noise
 
@@ -68,7 +68,7 @@ def replay_gain_ms(ctx: RuleContext, variant: str) -> float:
     return max(rs["measured"] - rs[variant], 0.0) / 1e6
 
 
-def mean_cause_ms(ctx: RuleContext, cause: str) -> float:
+def mean_cause_ms(ctx: RuleContext, cause: Cause) -> float:
     """The run's mean lost time of ``cause`` per step (ms, ``summary.lost_ms``)."""
     return ctx.report.summary.lost_ms.get(cause, 0.0)
 
@@ -76,7 +76,7 @@ def mean_cause_ms(ctx: RuleContext, cause: str) -> float:
 def finding(
     ctx: RuleContext,
     code: str,
-    cause: str | None,
+    cause: Cause | None,
     title: str,
     gain_ms: float | None,
     evidence: dict[str, Any],
@@ -86,11 +86,12 @@ def finding(
     sev: str | None = None,
     noise_ms: float | None = None,
     fix: str | None = None,
-) -> Finding:
-    """A finding with its gain (ms per step, None when not computed), the noise it is judged
-    against (``noise_ms``, default: the run's base noise) and the what-if fix its gain comes from.
-    The evidence gets ``noise_ms``, ``steps_used`` and, with a fix, ``whatif_fix`` and
-    ``whatif_step_ms`` (the same numbers as the report's what-if row)."""
+) -> FindingRow:
+    """A finding, built as the report's row (gains rounded as the report shows them), with its gain
+    (ms per step, None when not computed), the noise it is judged against (``noise_ms``, default:
+    the run's base noise) and the what-if fix its gain comes from. The evidence gets ``noise_ms``,
+    ``steps_used`` and, with a fix, ``whatif_fix`` and ``whatif_step_ms`` (the same numbers as the
+    report's what-if row)."""
     step = ctx.step_ms
     nm = noise_of(ctx)
     noise = nm.base_ms() if noise_ms is None else noise_ms
@@ -103,17 +104,17 @@ def finding(
     if fix is not None:
         ev["whatif_fix"] = fix
         ev["whatif_step_ms"] = fix_step_ms(ctx, fix)
-    return Finding(
+    return FindingRow(
         code=code,
         cause=cause,
         title=title,
-        severity=sev or severity(pct, 100.0 * noise / step if step else 0.0),
-        stages=stages or [],
-        ranks=ranks or [],
-        gain_ms=gain_ms,
-        gain_pct=pct,
+        severity=Severity(sev or severity(pct, 100.0 * noise / step if step else 0.0)),
+        stages=list(stages or []),
+        ranks=list(ranks or []),
+        gain_ms=None if gain_ms is None else round(gain_ms, 3),
+        gain_pct=None if pct is None else round(pct, 2),
         evidence=ev,
-        fixes=fixes,
+        fixes=list(fixes),
     )
 
 

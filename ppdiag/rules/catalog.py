@@ -1,12 +1,13 @@
 """The texts ``ppdiag rules`` prints, read from the source of the rule modules without importing them.
 
 Importing the rules loads the whole analysis (numpy, the pipeline, the attribution), several times
-the cost of the command itself. Every built-in rule is a class with literal ``code``, ``name``,
-``cause`` and ``summary`` attributes and a docstring, registered by its module with
-``register(TheRule())``; this module reads those from the syntax tree, and the cause definitions
-from ``ppdiag/diagnosis.py`` the same way. Anything it cannot read statically (a computed text, a
-missing source file) makes it import the rules instead, so the output is the same either way
-(``tests/test_lazy_imports.py`` compares both).
+the cost of the command itself. Every built-in rule is a class with literal ``code``, ``name``
+and ``summary`` attributes, a ``cause`` (a :class:`ppdiag.report_types.Cause` member or None; a
+rule whose findings take their cause from the run says so in ``cause_note``) and a docstring,
+registered by its module with ``register(TheRule())``; this module reads those from the syntax
+tree, and the cause definitions from ``ppdiag/diagnosis.py`` the same way. Anything it cannot
+read statically (a computed text, a missing source file) makes it import the rules instead, so
+the output is the same either way (``tests/test_lazy_imports.py`` compares both).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class RuleText:
 
     code: str
     name: str
-    cause: str | None
+    cause: str | None  # the rule's cause key, or its ``cause_note``; None: a configuration rule
     summary: str
     doc: str  # the class docstring, cleaned like inspect.cleandoc
 
@@ -95,7 +96,13 @@ def _imported_rules() -> list[RuleText]:
 
     load_builtin()
     return [
-        RuleText(r.code, r.name, r.cause, r.summary, inspect.cleandoc(type(r).__doc__ or ""))
+        RuleText(
+            r.code,
+            r.name,
+            getattr(r, "cause_note", None) or (None if r.cause is None else str(r.cause)),
+            r.summary,
+            inspect.cleandoc(type(r).__doc__ or ""),
+        )
         for r in (RULES[c] for c in sorted(RULES))
     ]
 
@@ -140,15 +147,26 @@ def _rule_text(cls: object) -> RuleText:
             isinstance(node, ast.Assign)
             and len(node.targets) == 1
             and isinstance(node.targets[0], ast.Name)
-            and node.targets[0].id in _FIELDS
+            and node.targets[0].id in (*_FIELDS, "cause_note")
         ):
-            values[node.targets[0].id] = ast.literal_eval(node.value)
+            values[node.targets[0].id] = _literal(node.value)
     code, name, cause, summary = (values.get(f, _NotStatic) for f in _FIELDS)
+    cause = values.get("cause_note") or cause
     if not (isinstance(code, str) and isinstance(name, str) and isinstance(summary, str)):
         raise _NotStatic(cls.name)
     if cause is not None and not isinstance(cause, str):
         raise _NotStatic(cls.name)
     return RuleText(code, name, cause, summary, ast.get_docstring(cls) or "")
+
+
+def _literal(node: object) -> object:
+    """A literal's value; ``Cause.HOST`` (a member of the cause enum) as its key, ``host``."""
+    import ast
+
+    assert isinstance(node, ast.expr)
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Cause":
+        return node.attr.lower()
+    return ast.literal_eval(node)
 
 
 def _static_causes() -> list[tuple[str, str]]:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ppdiag.model import intervals as ivs
+from ppdiag.report_types import NoiseInfo
 
 if TYPE_CHECKING:
     from ppdiag.attribution.causes import Attribution, RankStep
@@ -87,23 +88,25 @@ class NoiseModel:
         err = cause_error_ms(steps, attr, cause)
         return Z * math.hypot(err, self.comm_jitter_ms) if err is not None else self.base_ms()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_report(self) -> NoiseInfo:
+        """The report's ``noise`` section."""
+
         def r(v: float | None) -> float | None:
             return None if v is None else round(float(v), 4)
 
-        return {
-            "steps_used": self.steps_used,
-            "first_step_excluded": self.first_step_excluded,
-            "step_spread_ms": r(self.step_spread_ms),
-            "step_error_ms": r(self.step_error_ms),
-            "latency_jitter_ms": r(self.latency_jitter_ms),
-            "critical_transfers": self.critical_transfers,
-            "comm_jitter_ms": r(self.comm_jitter_ms),
-            "base_noise_ms": r(self.base_ms()),
-            "shared_host": self.shared_host,
-            "oversubscribed": self.oversubscribed,
-            "contention_ms": r(self.contention_ms),
-        }
+        return NoiseInfo(
+            steps_used=self.steps_used,
+            first_step_excluded=self.first_step_excluded,
+            step_spread_ms=r(self.step_spread_ms),
+            step_error_ms=r(self.step_error_ms),
+            latency_jitter_ms=r(self.latency_jitter_ms),
+            critical_transfers=self.critical_transfers,
+            comm_jitter_ms=r(self.comm_jitter_ms),
+            base_noise_ms=r(self.base_ms()),
+            shared_host=self.shared_host,
+            oversubscribed=self.oversubscribed,
+            contention_ms=r(self.contention_ms),
+        )
 
 
 def warmup_outlier(step_ms: Sequence[float]) -> bool:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ppdiag.diagnosis import Finding
 from ppdiag.facts import step_share_text
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, r3
 
@@ -49,14 +49,14 @@ class BubbleRule:
 
     code = "PP001"
     name = "bubble-m-too-small"
-    cause = "bubble"
+    cause = Cause.BUBBLE
     summary = "Pipeline bubble is large: too few micro-batches for the number of stages."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         pipe = ctx.pipeline
         if pipe.topology.pp <= 1 or not ctx.step_ms:
             return []
-        bubble_ms = mean_cause_ms(ctx, "bubble")
+        bubble_ms = mean_cause_ms(ctx, Cause.BUBBLE)
         share = 100 * bubble_ms / ctx.step_ms
         theo = ctx.report.bubble.theoretical_ratio
         # M is "too small" while the schedule itself leaves 10% or more idle (M < ~9(P-1) for 1F1B),

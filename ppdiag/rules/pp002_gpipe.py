@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppdiag.diagnosis import Finding
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, noise_of, r3, severity
 
@@ -26,10 +26,10 @@ class GpipeRule:
 
     code = "PP002"
     name = "gpipe-schedule"
-    cause = "bubble"
+    cause = Cause.BUBBLE
     summary = "GPipe-style schedule: same bubble as 1F1B but far more activation memory."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         pipe = ctx.pipeline
         if pipe.schedule != "gpipe" or pipe.topology.pp <= 1:
             return []

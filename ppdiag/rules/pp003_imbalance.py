@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ppdiag.diagnosis import Finding
 from ppdiag.facts import stage_balance
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 
@@ -33,10 +33,10 @@ class ImbalanceRule:
 
     code = "PP003"
     name = "stage-imbalance"
-    cause = "imbalance"
+    cause = Cause.IMBALANCE
     summary = "Slowest stage well above the mean stage cost: the other stages wait for it."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         topo = ctx.pipeline.topology
         if topo.pp <= 1 or not ctx.step_ms:
             return []
@@ -46,7 +46,7 @@ class ImbalanceRule:
         slow, mean, ratio = bal.slowest, bal.mean_ms, bal.ratio
         if slow is None or mean is None or ratio is None:
             return []
-        imb = mean_cause_ms(ctx, "imbalance")
+        imb = mean_cause_ms(ctx, Cause.IMBALANCE)
         # the fix is a rebalanced split: its gain is what-if's "rebalanced stages" row
         gain = fix_gain_ms(ctx, "rebalanced")
         if not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:

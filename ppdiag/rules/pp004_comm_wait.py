@@ -8,7 +8,7 @@ from collections import defaultdict
 import numpy as np
 
 from ppdiag.attribution.link_latency import LinkLatencies, link_latencies
-from ppdiag.diagnosis import Finding
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 from ppdiag.rules.noise import shared_share
@@ -44,13 +44,13 @@ class CommWaitRule:
 
     code = "PP004"
     name = "comm-wait"
-    cause = "comm_wait"
+    cause = Cause.COMM_WAIT
     summary = "p2p/NCCL waits with the peer ready: slow or late transfers between stages."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         if ctx.pipeline.topology.pp <= 1 or not ctx.step_ms:
             return []
-        cw = mean_cause_ms(ctx, "comm_wait")
+        cw = mean_cause_ms(ctx, Cause.COMM_WAIT)
         # the fix removes the late transfers: its gain is what-if's "no comm wait" row
         gain = fix_gain_ms(ctx, "no_comm_wait")
         if not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppdiag.diagnosis import Finding
 from ppdiag.facts import step_share_text
 from ppdiag.model import Kind, Run
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 
@@ -37,13 +37,13 @@ class ExposedCommRule:
 
     code = "PP005"
     name = "exposed-comm"
-    cause = "exposed_comm"
+    cause = Cause.EXPOSED_COMM
     summary = "Communication with no compute beside it although overlap was possible."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         if not ctx.step_ms:
             return []
-        ex = mean_cause_ms(ctx, "exposed_comm")
+        ex = mean_cause_ms(ctx, Cause.EXPOSED_COMM)
         rows = ctx.report.ranks
         p2p = float(np.mean([r.exposed_p2p_ms for r in rows])) if rows else 0.0
         coll = float(np.mean([r.exposed_collective_ms for r in rows])) if rows else 0.0

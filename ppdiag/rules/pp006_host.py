@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppdiag.diagnosis import Finding
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 from ppdiag.rules.noise import direct_host_ms, shared_share
@@ -30,13 +30,13 @@ class HostRule:
 
     code = "PP006"
     name = "host-bound"
-    cause = "host"
+    cause = Cause.HOST
     summary = "Device starved: work launched after the gap began (CPU, Python, data loading, syncs)."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         if not ctx.step_ms:
             return []
-        host = mean_cause_ms(ctx, "host")
+        host = mean_cause_ms(ctx, Cause.HOST)
         fix: str | None = None
         gain: float | None
         if ctx.pipeline.topology.pp > 1:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppdiag.diagnosis import Finding
+from ppdiag.report_types import FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import finding, r3
 from ppdiag.rules.noise import Z
@@ -37,7 +37,7 @@ class JitterRule:
     cause = None
     summary = "Step-time jitter: p95 well above the median."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         steps = ctx.report.summary.steps_ms
         if len(steps) < 3:
             return []

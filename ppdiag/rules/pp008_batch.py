@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppdiag.diagnosis import Finding
+from ppdiag.report_types import FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, noise_of
 
@@ -36,7 +36,7 @@ class BatchRule:
     cause = None
     summary = "Batch arithmetic: global = micro x accumulation x dp, dp = world/(tp x pp), M >= 2P."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         pp = ctx.pipeline.topology.pp
         bc = ctx.batch  # computed below the rules (ppdiag.api) from the trace and the flags
         if bc is None or (pp <= 1 and not ctx.options.global_batch):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ppdiag.attribution.collective_waits import REASON_CAUSE, CollectiveWaits, LateRank
-from ppdiag.diagnosis import Finding
+from ppdiag.report_types import FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
 from ppdiag.rules.pp010_mb_variance import slow_worker_gain_ms, slow_workers
@@ -58,10 +58,11 @@ class StragglerRule:
     code = "PP009"
     name = "straggler"
     # shown by `ppdiag rules`; each finding carries the late ranks' own root cause (host, imbalance ...)
-    cause = "late rank's cause"
+    cause = None  # each finding carries the late ranks' own root cause
+    cause_note = "late rank's cause"
     summary = "Straggler: ranks the others wait for in collectives (late step, host stall, slow compute)."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         cw = ctx.attribution.collective_waits
         if cw is None or not cw.late or not ctx.step_ms:
             return []

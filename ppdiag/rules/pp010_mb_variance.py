@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.diagnosis import Finding
 from ppdiag.model import Phase
 from ppdiag.pipeline.blocks import Blocks
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
 
@@ -149,10 +149,10 @@ class MicrobatchVarianceRule:
 
     code = "PP010"
     name = "microbatch-variance"
-    cause = "imbalance"
+    cause = Cause.IMBALANCE
     summary = "Micro-batch cost variance (e.g. sequence lengths): the pipe waits for the longest block."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         topo = ctx.pipeline.topology
         if topo.pp <= 1 or not ctx.step_ms:
             return []

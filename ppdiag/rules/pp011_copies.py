@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppdiag.diagnosis import Finding
 from ppdiag.facts import step_share_text
 from ppdiag.model import Kind
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3, replay_gain_ms
 
@@ -40,13 +40,13 @@ class CopiesRule:
 
     code = "PP011"
     name = "exposed-copies"
-    cause = "exposed_copy"
+    cause = Cause.EXPOSED_COPY
     summary = "Copies (memcpy/memset) dominate the window with nothing computing beside them."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         if not ctx.step_ms:
             return []
-        copy = mean_cause_ms(ctx, "exposed_copy")
+        copy = mean_cause_ms(ctx, Cause.EXPOSED_COPY)
         lost = sum(ctx.report.summary.lost_ms.values())
         # the replay's gain when it ran (a real zero stays zero); without a replay nothing runs
         # beside an exposed copy, so removing it shortens the step by its own time

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ppdiag.diagnosis import Finding
 from ppdiag.model.memory import MemoryRow
+from ppdiag.report_types import FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import finding, r3
 
@@ -42,7 +42,7 @@ class MemorySpikeRule:
     cause = None
     summary = "Activation-memory spike: the schedule holds more micro-batches in flight than needed."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         rows = ctx.report.memory or []
         topo = ctx.pipeline.topology
         m = ctx.pipeline.microbatches

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ppdiag.diagnosis import Finding
+from ppdiag.report_types import FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import finding
 
@@ -40,7 +40,7 @@ class HangRule:
     cause = None
     summary = "The run stopped or hangs: a rank waits in an operation its partner never joined."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         hang = ctx.report.hang
         if hang is None:
             return []

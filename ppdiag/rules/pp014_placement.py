@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppdiag.diagnosis import Finding
+from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, r3
 
@@ -30,10 +30,10 @@ class PlacementRule:
 
     code = "PP014"
     name = "pipeline-placement"
-    cause = "comm_wait"
+    cause = Cause.COMM_WAIT
     summary = "The pipeline crosses nodes while data parallelism stays inside them."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         links = ctx.report.links or []
         topo = ctx.pipeline.topology
         if topo.pp < 2 or len(topo.pipelines) < 2:

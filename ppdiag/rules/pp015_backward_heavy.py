@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from ppdiag.diagnosis import Finding
-from ppdiag.report_types import StageRow
+from ppdiag.report_types import Cause, FindingRow, StageRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
 
@@ -55,10 +54,10 @@ class BackwardHeavyRule:
 
     code = "PP015"
     name = "backward-heavy-stage"
-    cause = "imbalance"
+    cause = Cause.IMBALANCE
     summary = "One stage's backward is out of proportion to its forward (recomputation?) and sets the pace."
 
-    def check(self, ctx: RuleContext) -> list[Finding]:
+    def check(self, ctx: RuleContext) -> list[FindingRow]:
         rep = ctx.report
         m = rep.run.microbatches
         blocks = {row.stage: (b, max(len(row.chunks), 1)) for row in rep.stages if (b := _block_ms(row))}

@@ -30,6 +30,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ppdiag.model.schedule import Schedule
+
 F = 0  # forward
 B = 1  # full backward (input grad + weight grad)
 I = 2  # input-grad backward only  # noqa: E741 - the schedule literature's name
@@ -37,7 +39,15 @@ W = 3  # weight-grad backward
 
 OP_NAMES = {F: "F", B: "B", I: "I", W: "W"}
 
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")
+#: The schedules the simulator has a model of (looped BFS it predicts as interleaved 1F1B).
+SCHEDULES: tuple[Schedule, ...] = (
+    Schedule.GPIPE,
+    Schedule.ONE_F_ONE_B,
+    Schedule.INTERLEAVED_1F1B,
+    Schedule.ZERO_BUBBLE,
+    Schedule.ZBV,
+    Schedule.DUALPIPEV,
+)
 
 
 class Action(NamedTuple):

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from ppdiag.errors import InputError
 from ppdiag.report_types import Report, WhatifRow
 from ppdiag.whatif.costs import (
@@ -124,7 +122,7 @@ def predict_fixes(
     out = FixPredictions(model.meas.step_ns / MS, calibration=model.calibration().describe())
     for k, p in preds.items():
         if p.error is None and p.step_ns is not None:
-            out.rows[k] = msgspec.convert({**p.to_json(), "fix": k}, WhatifRow)
+            out.rows[k] = p.to_row(k)
     out.table = [k for k in keys if k in out.rows]
     return out, []
 

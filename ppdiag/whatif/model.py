@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from ppdiag.diagnosis import CAUSE_KEYS
 from ppdiag.errors import InputError
 from ppdiag.limits import MAX_SIM_CELLS
 from ppdiag.model.schedule import SIMULATED_AS, SIMULATED_NOTE, parse_schedule
-from ppdiag.report_types import Report
+from ppdiag.report_types import Cause, Report
 from ppdiag.simulate import SimConfig, closed_form_bubble, rank_orders, simulate, splits_backward
 from ppdiag.simulate.schedules import canonical_schedule, default_virtual
 from ppdiag.whatif.calibration import Calibration, _solve_delta
@@ -450,7 +449,7 @@ class WhatifModel:
             # the measured step is shorter than the schedule model: shrink its causes to fit
             k = np.clip(base_lost / np.maximum(sched_lost, 1.0), 0.0, 1.0)
             bubble_r, imb_r, exp_r = bubble_r * k, imb_r * k, exp_r * k
-        lost = {k: 0.0 for k in CAUSE_KEYS}
+        lost: dict[str, float] = {k: 0.0 for k in Cause}
         lost["bubble"] = float(bubble_r.mean())
         lost["imbalance"] = float(imb_r.mean())
         lost["exposed_comm"] = float(exp_r.mean())
