@@ -149,15 +149,13 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
     warnings.extend(_residual_warning(fit))
     clocked = aligned_run(run, fit.offsets)  # the parsed ranks on the common clock
     windows, blocks = _steps_and_blocks(clocked, opts, topo, ops, warnings)
-    schedule = "none" if flat else (opts.schedule or detect_schedule(topo, blocks, clocked.by_rank()))
-    flags = override_warnings(clocked, opts, topo, blocks)  # the other flags against the trace
-    warnings.extend(flags)
     schedule = (
         Schedule.NONE
         if flat
         else (schedule_option(opts.schedule) or detect_schedule(topo, blocks, clocked.by_rank()))
     )
-    warnings.extend(override_warnings(clocked, opts, topo, blocks))  # overrides that contradict the trace
+    flags = override_warnings(clocked, opts, topo, blocks)  # the other flags against the trace
+    warnings.extend(flags)
     m = None if flat else opts.microbatches
     if m is None and not flat:
         m = _microbatches(clocked, topo, windows, blocks, ops)
