@@ -150,8 +150,13 @@ def standing_out(fault_ms: float, noise: RunNoise, what: str) -> str | None:
     return f"{what} measured {fault_ms:.1f} ms per step, below the {need:.1f} ms that stand out of {noise}"
 
 
-def scaled(cfg: DemoConfig, factor: float) -> DemoConfig:
-    """``cfg`` with every cost and fault ``factor`` times larger and two more steps."""
+def scaled(cfg: DemoConfig, factor: float, costs: bool = True) -> DemoConfig:
+    """``cfg`` with every cost and fault ``factor`` times larger and two more steps (``costs``
+    False: only the faults)."""
+    if not costs:
+        return dataclasses.replace(
+            cfg, host_stall_ms=cfg.host_stall_ms * factor, comm_delay_ms=cfg.comm_delay_ms * factor
+        )
     return dataclasses.replace(
         cfg,
         fwd_ms=cfg.fwd_ms * factor,
@@ -183,7 +188,13 @@ def _once(
 
 
 def _supported(
-    name: str, cfg: DemoConfig, out: Path, support: Support | None, scale: Scale | None, analyse: bool
+    name: str,
+    cfg: DemoConfig,
+    out: Path,
+    support: Support | None,
+    scale: Scale | None,
+    analyse: bool,
+    costs: bool = True,
 ) -> tuple[Analyzed | None, dict[str, Any], Path]:
     diag, truth, noise = _once(name, cfg, out, 1, analyse)
     why = support(truth, noise) if support else None
@@ -191,7 +202,7 @@ def _supported(
         return diag, truth, out
     factor = min(max(scale(truth, noise) if scale else 3.0, 2.0), MAX_SCALE)
     again = out.with_name(out.name + "-again")
-    diag, truth, noise = _once(name, scaled(cfg, factor), again, 2, analyse)
+    diag, truth, noise = _once(name, scaled(cfg, factor, costs), again, 2, analyse)
     why2 = support(truth, noise)
     if why2 is not None:
         pytest.fail(f"{name}: recorded twice, neither can carry the test: {why}; then x{factor:.1f}: {why2}")
@@ -212,11 +223,17 @@ def record_supported(
 
 
 def record_dir_supported(
-    name: str, cfg: DemoConfig, out: Path, support: Support | None = None, scale: Scale | None = None
+    name: str,
+    cfg: DemoConfig,
+    out: Path,
+    support: Support | None = None,
+    scale: Scale | None = None,
+    costs: bool = True,
 ) -> Path:
     """:func:`record_supported` without the analysis (the noise over every recorded step); returns
-    the folder of the recording that carries the test."""
-    return _supported(name, cfg, out, support, scale, analyse=False)[2]
+    the folder of the recording that carries the test. ``costs`` False: a second recording scales
+    only the injected faults (a test that compares it with a fault-free run of the same costs)."""
+    return _supported(name, cfg, out, support, scale, analyse=False, costs=costs)[2]
 
 
 #: ``fault(truth, noise)``: the injected fault's size per step (ms) as the run measured it, over the
