@@ -116,7 +116,7 @@ def delay_support(base_load_ns: float) -> SupportSpec:
 
 
 #: Recordings whose assertions need the holds to have kept their costs (see demo_noise).
-SUPPORT: dict[str, SupportSpec] = {"slow_stage": (kept_costs, None, True)}
+SUPPORT: dict[str, SupportSpec] = {"slow_stage": (kept_costs(0.25), None, True)}
 #: Upper bound of what one sleep-op call adds around its timed hold (dispatch, clone, profiler) on a
 #: quiet host; on a busy one the test allows a quarter of the op's hold.
 OP_OVERHEAD_NS = 150_000
