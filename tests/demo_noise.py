@@ -48,6 +48,9 @@ MAX_SCALE = 6.0
 #: this share, and glue plus the step's standard error stay under this share of the step.
 MAX_OVERRUN = 1.0
 MAX_NOISE_SHARE = 0.25
+#: A fault stands out when the run measured it at this many times the run's noise (and a tenth of
+#: the step): the diagnosis's own noise model asks for 2 standard errors of the step.
+STANDOUT = 2.0
 
 #: Every recording these tests made: name, attempt, seconds, the noise it measured (printed at the
 #: end of the session by :func:`report`).
@@ -147,15 +150,15 @@ def kept_costs(limit: float) -> Support:
 
 def standing_out(fault_ms: float, noise: RunNoise, what: str) -> str | None:
     """None when a fault of ``fault_ms`` per step (as the run measured it) stands out of the run's
-    noise: three times its noise and a tenth of its step; else why not."""
-    need = max(3.0 * noise.noise_ms, 0.1 * noise.step_ms)
+    noise: :data:`STANDOUT` times its noise and a tenth of its step; else why not."""
+    need = max(STANDOUT * noise.noise_ms, 0.1 * noise.step_ms)
     if fault_ms >= need:
         return None
     return f"{what} measured {fault_ms:.1f} ms per step, below the {need:.1f} ms that stand out of {noise}"
 
 
 def scaled(cfg: DemoConfig, factor: float, costs: bool = True) -> DemoConfig:
-    """``cfg`` with every cost and fault ``factor`` times larger and two more steps (``costs``
+    """``cfg`` with every cost and fault ``factor`` times larger and four more steps (``costs``
     False: only the faults)."""
     if not costs:
         return dataclasses.replace(
@@ -167,7 +170,7 @@ def scaled(cfg: DemoConfig, factor: float, costs: bool = True) -> DemoConfig:
         bwd_ms=cfg.bwd_ms * factor,
         host_stall_ms=cfg.host_stall_ms * factor,
         comm_delay_ms=cfg.comm_delay_ms * factor,
-        steps=cfg.steps + 2,
+        steps=cfg.steps + 4,
         timeout_s=max(cfg.timeout_s, 240.0),
     )
 
@@ -253,15 +256,16 @@ Fault = Callable[[dict[str, Any], RunNoise], float]
 
 def fault_support(fault: Fault, what: str) -> tuple[Support, Scale]:
     """The support check and re-record scale of a fault: it must stand out of the run's noise, and a
-    second recording scales it (with every cost) to stand out by half again."""
+    second recording scales it (with every cost) by :data:`MAX_SCALE`."""
 
     def support(truth: dict[str, Any], noise: RunNoise) -> str | None:
         return standing_out(fault(truth, noise), noise, what)
 
     def scale(truth: dict[str, Any], noise: RunNoise) -> float:
-        need = max(3.0 * noise.noise_ms, 0.1 * noise.step_ms)
-        have = fault(truth, noise)
-        return 1.5 * need / have if have > 0 else MAX_SCALE
+        # the load that buried the fault may be burstier still during the second recording (the
+        # step error of a few steps moves by 4x between two recordings on a shared host): the
+        # largest scale, whatever the first one fell short by
+        return MAX_SCALE
 
     return support, scale
 
