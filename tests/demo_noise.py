@@ -254,12 +254,13 @@ def record_dir_supported(
 Fault = Callable[[dict[str, Any], RunNoise], float]
 
 
-def fault_support(fault: Fault, what: str) -> tuple[Support, Scale]:
-    """The support check and re-record scale of a fault: it must stand out of the run's noise, and a
-    second recording scales it (with every cost) by :data:`MAX_SCALE`."""
+def fault_support(fault: Fault, what: str, also: Support | None = None) -> tuple[Support, Scale]:
+    """The support check and re-record scale of a fault: it must stand out of the run's noise (and
+    pass ``also``), and a second recording scales it (with every cost) by :data:`MAX_SCALE`."""
 
     def support(truth: dict[str, Any], noise: RunNoise) -> str | None:
-        return standing_out(fault(truth, noise), noise, what)
+        why = also(truth, noise) if also else None
+        return why or standing_out(fault(truth, noise), noise, what)
 
     def scale(truth: dict[str, Any], noise: RunNoise) -> float:
         # the load that buried the fault may be burstier still during the second recording (the

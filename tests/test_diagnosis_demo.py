@@ -21,11 +21,13 @@ pytest.importorskip("torch")
 from analysis_parts import attribution, context, pipeline
 from demo_noise import (
     COMPUTE,
+    MAX_OVERRUN,
     RunNoise,
     Scale,
     Support,
     fault_support,
     intervals,
+    kept_costs,
     measure,
     quiet,
     record_supported,
@@ -93,11 +95,10 @@ def _send_delay_ms(truth: dict[str, Any], noise: RunNoise) -> float:
 #: ground truth): the injected fault stands out of the run's noise, or the schedule's shape is not
 #: buried in late wake-ups. A recording that falls short is recorded once more, with larger costs.
 SUPPORT: dict[str, tuple[Support, Scale | None]] = {
-    "1f1b": (quiet, None),  # fault-free: holds that overran unevenly would be a slow stage
     "gpipe": (quiet, None),
     "gpipe8": (quiet, None),
     "slow": fault_support(_slow_excess_ms, "the slow stage's extra hold"),
-    "delay": fault_support(_send_delay_ms, "the delayed sends' hold"),
+    "delay": fault_support(_send_delay_ms, "the delayed sends' hold", kept_costs(MAX_OVERRUN)),
     "stall": fault_support(_stall_ms, "the host stall"),
     "zero_bubble": (quiet, None),
     "zbv": (quiet, None),

