@@ -21,7 +21,6 @@ pytest.importorskip("torch")
 from analysis_parts import attribution, context, pipeline
 from demo_noise import (
     COMPUTE,
-    MAX_OVERRUN,
     RunNoise,
     Scale,
     Support,
@@ -91,15 +90,21 @@ def _send_delay_ms(truth: dict[str, Any], noise: RunNoise) -> float:
     return held / len(noise.steps) / max(len(fault["peers"]), 1)
 
 
+#: How far a fault run's holds may overrun their cost (late wake-ups not given back).
+FAULT_OVERRUN = 0.25
+
 #: Per recording, what it must show for the assertions on it to mean anything (measured on its own
 #: ground truth): the injected fault stands out of the run's noise, or the schedule's shape is not
 #: buried in late wake-ups. A recording that falls short is recorded once more, with larger costs.
 SUPPORT: dict[str, tuple[Support, Scale | None]] = {
     "gpipe": (quiet, None),
     "gpipe8": (quiet, None),
-    "slow": fault_support(_slow_excess_ms, "the slow stage's extra hold"),
-    "delay": fault_support(_send_delay_ms, "the delayed sends' hold", kept_costs(MAX_OVERRUN)),
-    "stall": fault_support(_stall_ms, "the host stall"),
+    # a fault run's holds must keep their costs within a quarter: uneven late wake-ups are a
+    # micro-batch cost variance (PP010) or late links of their own, and the test asks that the
+    # injected fault be the only finding above low
+    "slow": fault_support(_slow_excess_ms, "the slow stage's extra hold", kept_costs(FAULT_OVERRUN)),
+    "delay": fault_support(_send_delay_ms, "the delayed sends' hold", kept_costs(FAULT_OVERRUN)),
+    "stall": fault_support(_stall_ms, "the host stall", kept_costs(FAULT_OVERRUN)),
     "zero_bubble": (quiet, None),
     "zbv": (quiet, None),
     "dualpipev": (quiet, None),
@@ -224,6 +229,9 @@ def test_slow_stage_is_the_top_finding(runs: Runs) -> None:
     excess = next(r.compute_ms for r in ranks if r.rank == slow_rank) - sum(compute) / len(compute)
     assert excess > 0
     late_data_ms = _late_data_ms(truth, diag.result.run.steps)
+    # (a receive op ends in the trace when its rank got the core back after the data arrived: up to
+    # the Python glue this run measured around its compute, per step)
+    glue_ms = measure(truth, diag.result.run.steps).glue_ms
     for r in ranks:
         if r.rank == slow_rank:
             continue
@@ -234,7 +242,7 @@ def test_slow_stage_is_the_top_finding(runs: Runs) -> None:
         # its send was posted, on any link
         others = [v for k, v in lost.items() if k not in ("bubble", "comm_wait")]
         assert lost["imbalance"] == max(others), r
-        assert lost["comm_wait"] <= late_data_ms + 0.5, (r, late_data_ms)
+        assert lost["comm_wait"] <= late_data_ms + glue_ms, (r, late_data_ms, glue_ms)
         assert lost["imbalance"] > 0.5 * excess, (r, excess)
 
 
