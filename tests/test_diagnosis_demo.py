@@ -1,12 +1,16 @@
 """The diagnosis engine on real recorded CPU pipeline runs (torch.distributed.pipelining over gloo).
 
-Each run is recorded once per module by the demo recorder in sleep mode (exact compute times) with
-one injected fault whose ground truth is known; the assertions are the diagnosis a user must get.
+Each run is recorded once per module by the demo recorder in sleep mode with one injected fault
+whose ground truth is known; the assertions are the diagnosis a user must get. A busy host stretches
+every sleep and the glue around it, so each recording is first judged on its own ground truth
+(tests/demo_noise.py): the fault must stand out of the noise the run measured, or the schedule's
+shape must not be buried in late wake-ups; a recording that falls short is recorded once more with
+its costs and fault scaled to that noise, and a second shortfall fails the test.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,11 +19,23 @@ import pytest
 pytest.importorskip("torch")
 
 from analysis_parts import attribution, context, pipeline
+from demo_noise import (
+    COMPUTE,
+    RunNoise,
+    Scale,
+    Support,
+    fault_support,
+    intervals,
+    kept_costs,
+    measure,
+    quiet,
+    record_supported,
+    report,
+    total_ms,
+)
 
 from ppdiag.analysis import Analyzed
-from ppdiag.api import Options, diagnose
 from ppdiag.demo.config import DemoConfig
-from ppdiag.demo.recorder import record
 from ppdiag.model import Phase
 from ppdiag.report_types import Cause, FindingRow
 
@@ -46,15 +62,62 @@ CLOCK_SLACK_NS = 100_000
 Runs = dict[str, tuple[Analyzed, dict[str, Any]]]
 
 
+def _stall_ms(truth: dict[str, Any], noise: RunNoise) -> float:
+    """The host stall per step that the stalled rank measured."""
+    (fault,) = truth["faults"]
+    return total_ms(truth, fault["rank"], intervals(truth, fault["rank"], ("stall",), noise.steps)) / len(
+        noise.steps
+    )
+
+
+def _slow_excess_ms(truth: dict[str, Any], noise: RunNoise) -> float:
+    """Per step, how much longer the slow stage's hold ops held than those of any other rank."""
+    (fault,) = truth["faults"]
+    held = {
+        rt["rank"]: total_ms(truth, rt["rank"], intervals(truth, rt["rank"], COMPUTE, noise.steps), "held_ns")
+        for rt in truth["ranks"]
+    }
+    slow = held.pop(fault["rank"])
+    return (slow - max(held.values())) / len(noise.steps)
+
+
+def _send_delay_ms(truth: dict[str, Any], noise: RunNoise) -> float:
+    """Per step and link, how long the delayed rank's sends were held before they left."""
+    (fault,) = truth["faults"]
+    r = fault["rank"]
+    held = total_ms(truth, r, intervals(truth, r, ("send",), noise.steps))
+    return held / len(noise.steps) / max(len(fault["peers"]), 1)
+
+
+#: How far a fault run's holds may overrun their cost (late wake-ups not given back).
+FAULT_OVERRUN = 0.25
+
+#: Per recording, what it must show for the assertions on it to mean anything (measured on its own
+#: ground truth): the injected fault stands out of the run's noise, or the schedule's shape is not
+#: buried in late wake-ups. A recording that falls short is recorded once more, with larger costs.
+SUPPORT: dict[str, tuple[Support, Scale | None]] = {
+    "gpipe": (quiet, None),
+    "gpipe8": (quiet, None),
+    # a fault run's holds must keep their costs within a quarter: uneven late wake-ups are a
+    # micro-batch cost variance (PP010) or late links of their own, and the test asks that the
+    # injected fault be the only finding above low
+    "slow": fault_support(_slow_excess_ms, "the slow stage's extra hold", kept_costs(FAULT_OVERRUN)),
+    "delay": fault_support(_send_delay_ms, "the delayed sends' hold", kept_costs(FAULT_OVERRUN)),
+    "stall": fault_support(_stall_ms, "the host stall", kept_costs(FAULT_OVERRUN)),
+    "zero_bubble": (quiet, None),
+    "zbv": (quiet, None),
+    "dualpipev": (quiet, None),
+}
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     out: Runs = {}
     for name, cfg in CONFIGS.items():
-        d = tmp_path_factory.mktemp(f"demo_{name}")
-        record(cfg, d)
-        truth = json.loads((d / "groundtruth.json").read_text())
-        out[name] = (diagnose([d], Options()), truth)
-    return out
+        support, scale = SUPPORT.get(name, (None, None))
+        out[name] = record_supported(name, cfg, tmp_path_factory.mktemp(f"demo_{name}"), support, scale)
+    yield out
+    print("\n" + report())
 
 
 def _finding(diag: Analyzed, code: str) -> FindingRow | None:
@@ -165,6 +228,9 @@ def test_slow_stage_is_the_top_finding(runs: Runs) -> None:
     excess = next(r.compute_ms for r in ranks if r.rank == slow_rank) - sum(compute) / len(compute)
     assert excess > 0
     late_data_ms = _late_data_ms(truth, diag.result.run.steps)
+    # (a receive op ends in the trace when its rank got the core back after the data arrived: up to
+    # the Python glue this run measured around its compute, per step)
+    glue_ms = measure(truth, diag.result.run.steps).glue_ms
     for r in ranks:
         if r.rank == slow_rank:
             continue
@@ -175,7 +241,7 @@ def test_slow_stage_is_the_top_finding(runs: Runs) -> None:
         # its send was posted, on any link
         others = [v for k, v in lost.items() if k not in ("bubble", "comm_wait")]
         assert lost["imbalance"] == max(others), r
-        assert lost["comm_wait"] <= late_data_ms + 0.5, (r, late_data_ms)
+        assert lost["comm_wait"] <= late_data_ms + glue_ms, (r, late_data_ms, glue_ms)
         assert lost["imbalance"] > 0.5 * excess, (r, excess)
 
 
@@ -209,21 +275,22 @@ def test_slow_link_blames_the_delayed_rank(runs: Runs) -> None:
 
 
 def test_host_stall_blames_the_stalled_rank(runs: Runs) -> None:
-    diag, _ = runs["stall"]
+    diag, truth = runs["stall"]
     f = _finding(diag, "PP006")
     assert f is not None and f.ranks == [1]
     assert f.severity in ("high", "medium")
-    # most of the injected stall (10 ms before each of the 8 forwards) is charged to host on rank 1,
-    # more than any cause other than the schedule's own bubble
+    # most of the stall rank 1 measured before its forwards (the injected sleeps, as long as the
+    # host's load made them) is charged to host on rank 1, more than any cause other than the
+    # schedule's own bubble
     r1 = next(r for r in diag.result.ranks if r.rank == 1).lost_ms
-    assert r1["host"] >= 0.5 * 10.0 * 8
+    assert r1["host"] >= 0.5 * _stall_ms(truth, measure(truth, diag.result.run.steps))
     assert r1["host"] == max(v for k, v in r1.items() if k != "bubble")
 
 
 @pytest.mark.parametrize("name", ["zero_bubble", "zbv", "dualpipev"])
 def test_split_backward_schedules(runs: Runs, name: str) -> None:
     """Weight-gradient blocks are found and the measured bubble stays near the schedule's."""
-    diag, _ = runs[name]
+    diag, truth = runs[name]
     assert diag.result.run.virtual_stages == 2
     stages = diag.result.stages
     assert all(st.wgrad_ms is not None for st in stages)
@@ -236,9 +303,11 @@ def test_split_backward_schedules(runs: Runs, name: str) -> None:
     assert step_ms is not None and b.measured_ratio is not None and b.theoretical_ratio is not None
     fill_drain = 2 * (pp - 1) * lat_ms / step_ms
     # 4 ranks on 2 shared cores: late wake-ups stretch blocks unevenly, and that idle lands in the
-    # bubble's replay too; the run measures that jitter (step spread, host contention) itself
+    # bubble's replay too; the run measures that jitter itself (the step's spread and the host
+    # contention the analysis saw, the glue around the hold ops the ranks measured)
     noise = diag.result.noise
-    jitter = ((noise.step_spread_ms or 0.0) + (noise.contention_ms or 0.0)) / step_ms
+    glue = measure(truth, diag.result.run.steps).glue_ms
+    jitter = ((noise.step_spread_ms or 0.0) + (noise.contention_ms or 0.0) + glue) / step_ms
     assert abs(b.measured_ratio - b.theoretical_ratio) < 0.1 + fill_drain + jitter
 
 

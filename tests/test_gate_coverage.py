@@ -117,6 +117,23 @@ def _missing_last(whole: tuple[Path, list[Path]]) -> Path:
     return d
 
 
+def _missing_last_groups(whole: tuple[Path, list[Path]]) -> Path:
+    """The last rank's file gone and no world size stated, no peer named on the p2p ops: only the
+    process groups' member lists (distributedInfo pg_config, the ops' group args) hold a rank 3."""
+    d, paths = _copy(whole, "missing_last_groups")
+    paths[-1].unlink()
+    for p in paths[:-1]:
+        doc = json.loads(p.read_text())
+        doc["distributedInfo"].pop("world_size", None)
+        for e in doc["traceEvents"]:
+            args = e.get("args")
+            if isinstance(args, dict):
+                for k in ("Src Rank", "Dst Rank"):
+                    args.pop(k, None)
+        p.write_text(json.dumps(doc))
+    return d
+
+
 def _negative(whole: tuple[Path, list[Path]]) -> Path:
     """N_NEGATIVE kernels of rank 1 with a negative duration."""
     d, paths = _copy(whole, "negative")
@@ -149,6 +166,10 @@ CASES: dict[str, tuple[Callable[[tuple[Path, list[Path]]], Path], str]] = {
     "missing_last": (
         _missing_last,
         r"1 rank\(s\) 3 of world size 4 \(inferred from the peers the traces name\) have no trace",
+    ),
+    "missing_last_groups": (
+        _missing_last_groups,
+        r"1 rank\(s\) 3 of world size 4 .*have no trace",
     ),
     "negative_dur": (_negative, rf"rank 1: {N_NEGATIVE} of \d+ events lost or altered"),
 }

@@ -113,11 +113,16 @@ def test_one_labelled_bar_per_micro_batch_block(page: dict[str, Any]) -> None:
     rank_of_row = {i: r for i, r in enumerate(sorted(pipe.blocks, key=lambda r: pipe.topology.stage_of[r]))}
     for row, rank in rank_of_row.items():
         b = pipe.blocks[rank]
+        # the page draws the analysed steps: a warm-up first step that a busy host made an outlier
+        # is left out of the analysis (and of the page), while the pipeline keeps its blocks
+        numbers = [w.number for w in pipe.windows[rank]]
+        shown = [k for k, n in enumerate(numbers) if n in set(rep["run"]["steps"])]
         for name, letter, ph in (("forward", "F", 1), ("backward", "B", 2)):
             sel = b.phase == ph
             blocks = {
                 (int(k), int(mb), int(vs) // p)
                 for k, mb, vs in zip(b.step[sel], b.mb[sel], b.stage[sel], strict=True)
+                if int(k) in shown
             }
 
             def label(mb: int, c: int, letter: str = letter) -> str:
@@ -127,10 +132,7 @@ def test_one_labelled_bar_per_micro_batch_block(page: dict[str, Any]) -> None:
             got = Counter(t for n, y, t in bars if n == name and y == row)
             assert got == want, (name, rank, got, want)
             schedule = {label(mb, c) for mb in range(m) for c in range(v)}
-            per_step = [
-                sorted(label(mb, c) for k2, mb, c in blocks if k2 == k)
-                for k in range(len(pipe.windows[rank]))
-            ]
+            per_step = [sorted(label(mb, c) for k2, mb, c in blocks if k2 == k) for k in shown]
             assert sorted(schedule) in per_step, (name, rank, per_step)
 
 

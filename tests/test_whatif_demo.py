@@ -17,11 +17,14 @@ split that moves layers between stages is expressible with ``stage_layers`` plus
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from demo_noise import kept_costs, measure, quiet, record_supported, report, scaled
 from typer.testing import CliRunner
 
 pytest.importorskip("torch")
@@ -45,16 +48,49 @@ BASE: dict[str, Any] = {
     "layers_per_stage": 2,
 }
 SLOW_STAGE, SLOW_FACTOR = 2, 2.0
+#: Costs of the second recording of a pair too disturbed to carry a prediction check.
+RERECORD_SCALE = 3.0
+
+
+def _config(factor: float, **kw: Any) -> DemoConfig:
+    """A run of this module: ``BASE`` with ``kw``, every cost ``factor`` times larger."""
+    cfg = DemoConfig(**BASE, **kw)
+    return cfg if factor == 1.0 else scaled(cfg, factor)
+
+
+def _record_pair(tmp: pytest.TempPathFactory, factor: float) -> dict[str, tuple[Path, Analyzed]]:
+    out: dict[str, tuple[Path, Analyzed]] = {}
+    for name, m in (("m4", 4), ("m8", 8)):
+        d = tmp.mktemp(f"whatif_{name}")
+        cfg = _config(factor, microbatches=m, slow_stage=SLOW_STAGE, slow_factor=SLOW_FACTOR)
+        diag, _ = record_supported(f"whatif {name}" + (f" x{factor:g}" if factor != 1.0 else ""), cfg, d)
+        out[name] = (d, diag)
+    return out
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Analyzed]]:
-    out: dict[str, tuple[Path, Analyzed]] = {}
-    for name, m in (("m4", 4), ("m8", 8)):
-        d = tmp_path_factory.mktemp(f"whatif_{name}")
-        record(DemoConfig(microbatches=m, slow_stage=SLOW_STAGE, slow_factor=SLOW_FACTOR, **BASE), d)
-        out[name] = (d, diagnose([d], Options()))
-    return out
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Path, Analyzed]]]:
+    """The M=4 and M=8 recordings. A prediction from one recording is checked against another, so
+    both must be quiet (their holds kept their costs, their glue and step error a small share of
+    the step, measured on their ground truth); otherwise both are recorded once more with costs 3x
+    (the same costs, as the prediction keeps the micro-batch's cost), and a second shortfall fails."""
+    out = _record_pair(tmp_path_factory, 1.0)
+    why = [w for _, (d, a) in out.items() if (w := _quiet(d, a))]
+    if why:
+        out = _record_pair(tmp_path_factory, RERECORD_SCALE)
+        why2 = [w for _, (d, a) in out.items() if (w := _quiet(d, a))]
+        if why2:
+            pytest.fail(f"recorded twice, neither pair is quiet: {why}; then x{RERECORD_SCALE}: {why2}")
+    yield out
+    print("\n" + report())
+
+
+def _quiet(d: Path, a: Analyzed) -> str | None:
+    """A prediction compares step times across recordings: besides being quiet, each run's holds
+    must keep their costs within a quarter (a run 66% over them missed the 10% bound)."""
+    truth = json.loads((d / "groundtruth.json").read_text())
+    noise = measure(truth, list(a.result.run.steps))
+    return quiet(truth, noise) or kept_costs(0.25)(truth, noise)
 
 
 def test_more_microbatches_predicted_within_10_percent(runs: dict[str, tuple[Path, Analyzed]]) -> None:
@@ -80,9 +116,12 @@ def test_rebalanced_split_predicted_within_15_percent(
     assert pred.split["slowest_stage_before"] == SLOW_STAGE
     layers = pred.split["layers_per_stage"]
     assert sum(layers) == 8 and layers != [2, 2, 2, 2]
-    # record the proposed split: the slow stage's two layers keep their double cost
+    # record the proposed split: the slow stage's two layers keep their double cost (and every
+    # cost is the M=4 run's, which a busy host may have made larger)
     factors = [SLOW_FACTOR if SLOW_STAGE * 2 <= i < SLOW_STAGE * 2 + 2 else 1.0 for i in range(8)]
-    cfg = DemoConfig(microbatches=4, stage_layers=layers, layer_factors=factors, **BASE)
+    m4_cfg = json.loads((runs["m4"][0] / "groundtruth.json").read_text())["config"]
+    cfg = dataclasses.replace(DemoConfig.from_dict(m4_cfg), slow_stage=None, slow_factor=1.0)
+    cfg = dataclasses.replace(cfg, stage_layers=layers, layer_factors=factors)
     record(cfg, tmp_path)
     balanced = diagnose([tmp_path], Options())
     measured, before = balanced.result.summary.step_mean_ms, m4.result.summary.step_mean_ms
