@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.demo.config import DemoConfig
 from ppdiag.demo.recorder import record
-from ppdiag.reports.context import Analyzed
 
 #: Standard errors of the mean step a gain must exceed (as the diagnosis's own noise model).
 Z = 2.0
