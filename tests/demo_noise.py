@@ -288,3 +288,25 @@ def total_ms(truth: dict[str, Any], rank: int, rows: list[int], column: str = ""
 
 def report() -> str:
     return "recordings: " + "; ".join(LOG) if LOG else ""
+
+
+def waits_after_posts(truth: dict[str, Any]) -> list[tuple[int, int, int, int]]:
+    """Every receive wait of the recording whose send was logged: (step, wait start, wait end,
+    when the matching send was posted), all on the recording host's one clock."""
+    posted: dict[tuple[int, int, int, str, int], int] = {}
+    for rt in truth["ranks"]:
+        iv = rt["intervals"]
+        for i, kind in enumerate(iv["kind"]):
+            if kind == "send":
+                key = (rt["rank"], iv["peer"][i], iv["step"][i], iv["payload"][i], iv["mb"][i])
+                posted[key] = iv["end_ns"][i]
+    out: list[tuple[int, int, int, int]] = []
+    for rt in truth["ranks"]:
+        iv = rt["intervals"]
+        for i, kind in enumerate(iv["kind"]):
+            if kind != "wait" or iv["direction"][i] != "recv":
+                continue
+            post = posted.get((iv["peer"][i], rt["rank"], iv["step"][i], iv["payload"][i], iv["mb"][i]))
+            if post is not None:
+                out.append((iv["step"][i], iv["start_ns"][i], iv["end_ns"][i], post))
+    return out

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from ablate import strip_kineto_dir, strip_nsys_dir
 from conftest import shared_trace
+from demo_noise import waits_after_posts
 
 from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
@@ -323,22 +324,7 @@ def test_recorded_runs_survive_hosts_and_skew(
 def _post_slop_ns(truth: dict[str, Any]) -> int:
     """The longest a receiver's wait ended before the matching send was logged as posted, all on
     the one clock of the recording host."""
-    posted: dict[tuple[int, int, int, str, int], int] = {}
-    for rt in truth["ranks"]:
-        iv = rt["intervals"]
-        for i, kind in enumerate(iv["kind"]):
-            if kind == "send":
-                key = (rt["rank"], iv["peer"][i], iv["step"][i], iv["payload"][i], iv["mb"][i])
-                posted[key] = iv["end_ns"][i]
-    worst = 0
-    for rt in truth["ranks"]:
-        iv = rt["intervals"]
-        for i, kind in enumerate(iv["kind"]):
-            if kind == "wait" and iv["direction"][i] == "recv":
-                post = posted.get((iv["peer"][i], rt["rank"], iv["step"][i], iv["payload"][i], iv["mb"][i]))
-                if post is not None:
-                    worst = max(worst, post - iv["end_ns"][i])
-    return worst
+    return max((max(post - end, 0) for _, _, end, post in waits_after_posts(truth)), default=0)
 
 
 def test_demo_refuses_more_hosts_than_ranks(tmp_path: Path) -> None:

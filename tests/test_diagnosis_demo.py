@@ -32,6 +32,7 @@ from demo_noise import (
     record_supported,
     report,
     total_ms,
+    waits_after_posts,
 )
 
 from ppdiag.analysis import Analyzed
@@ -248,22 +249,9 @@ def test_slow_stage_is_the_top_finding(runs: Runs) -> None:
 def _late_data_ms(truth: dict[str, Any], steps: list[int]) -> float:
     """Per step (of ``steps``), the time receivers of the run waited for data after its send was
     posted (the transport's lateness the recorder measured), summed over every link."""
-    posted: dict[tuple[int, int, int, str, int], int] = {}
-    for rt in truth["ranks"]:
-        iv = rt["intervals"]
-        for i, kind in enumerate(iv["kind"]):
-            if kind == "send":
-                key = (rt["rank"], iv["peer"][i], iv["step"][i], iv["payload"][i], iv["mb"][i])
-                posted[key] = iv["end_ns"][i]
-    late = 0
-    for rt in truth["ranks"]:
-        iv = rt["intervals"]
-        for i, kind in enumerate(iv["kind"]):
-            if kind != "wait" or iv["direction"][i] != "recv" or iv["step"][i] not in steps:
-                continue
-            post = posted.get((iv["peer"][i], rt["rank"], iv["step"][i], iv["payload"][i], iv["mb"][i]))
-            if post is not None:
-                late += max(0, iv["end_ns"][i] - max(post, iv["start_ns"][i]))
+    late = sum(
+        max(0, end - max(post, start)) for step, start, end, post in waits_after_posts(truth) if step in steps
+    )
     return late / 1e6 / max(len(steps), 1)
 
 
