@@ -84,6 +84,22 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("package", ("ppdiag",)),
 )
 
+#: Imports the layer order allows but the design does not: (importer, imported, why). The reports
+#: render the typed report and the analysis context; what the pipeline and the attribution know
+#: reaches them through those, computed once, never recomputed by a reporter.
+FORBIDDEN: tuple[tuple[str, str, str], ...] = (
+    (
+        "ppdiag.reports",
+        "ppdiag.pipeline",
+        "reports only render: pipeline facts come in the report or context",
+    ),
+    (
+        "ppdiag.reports",
+        "ppdiag.attribution",
+        "reports only render: attribution facts come in the report or context",
+    ),
+)
+
 _RANK: dict[str, int] = {p: i for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes}
 
 
@@ -164,11 +180,26 @@ def check(root: Path | None = None) -> list[Violation]:
             if other > own:
                 why = f"layer {LAYERS[other][0]!r} is above {LAYERS[own][0]!r}"
                 found.append(Violation(path, line, module, imported, why))
+            found += _forbidden(path, line, module, imported, names)
             private = [n for n in names if n.startswith("_") and not n.startswith("__")]
             if private and _package(imported) != _package(module):
                 why = f"private name(s) {', '.join(private)} of another package"
                 found.append(Violation(path, line, module, imported, why))
     return found
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _forbidden(path: Path, line: int, module: str, imported: str, names: list[str]) -> list[Violation]:
+    """The :data:`FORBIDDEN` imports of one import statement."""
+    targets = [imported, *(f"{imported}.{n}" for n in names if n != "*")]
+    return [
+        Violation(path, line, module, imported, why)
+        for importer, banned, why in FORBIDDEN
+        if _within(module, importer) and any(_within(t, banned) for t in targets)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

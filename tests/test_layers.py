@@ -70,3 +70,21 @@ def test_check_finds_lazy_relative_and_private_imports(tmp_path: Path) -> None:
         ("blocks.py", 3, "ppdiag.attribution"),
         ("notebook.py", 1, "ppdiag.cli"),  # same layer, but another package's private name
     ]
+
+
+def test_reports_import_neither_the_pipeline_nor_the_attribution(tmp_path: Path) -> None:
+    """The layer order lets the reports import both; the design does not: they render the typed
+    report and the analysis context, and a reporter that recomputes a fact is a second copy of it."""
+    pkg = tmp_path / "ppdiag"
+    for init in ("__init__.py", "pipeline/__init__.py", "attribution/__init__.py", "reports/__init__.py"):
+        _write(pkg, init, "")
+    _write(pkg, "pipeline/steps.py", "def host_steps(): ...\n")
+    _write(pkg, "attribution/critical_path.py", "def summarize(): ...\n")
+    _write(pkg, "reports/gate.py", "from ppdiag.pipeline.steps import host_steps\n")
+    _write(pkg, "reports/style.py", "def f():\n    from ppdiag.attribution import critical_path\n")
+    _write(pkg, "api.py", "from ppdiag.pipeline.steps import host_steps\n")  # api may
+    got = sorted((v.path.name, v.line, v.imported) for v in check(pkg))
+    assert got == [
+        ("gate.py", 1, "ppdiag.pipeline.steps"),
+        ("style.py", 2, "ppdiag.attribution"),
+    ]

@@ -117,11 +117,12 @@ def _judge(
 ) -> GateResult:
     """The gate's verdict on an analysis: its coverage (ranks, steps, lost events), every budget
     and baseline check, and the analysis's override warnings; partial data judged anyway is said."""
+    from ppdiag.pipeline.coverage import run_coverage
     from ppdiag.reports import gate
 
     cov = gate.coverage_of(diag.result, skipped_traces(diag), steps)
     cov.doubts = list(getattr(diag.run, "doubts", None) or [])
-    gate.run_gaps(cov, diag.run)
+    gate.run_gaps(cov, run_coverage(diag.run))
     result = gate.run_gate(
         diag.result, bud, base, str(baseline) if baseline else None, coverage=cov, allow_partial=allow_partial
     )

@@ -2,21 +2,18 @@
 
 A gate passes only on a whole run (docs/budget.md): every rank of the world traced, the world size
 stated or inferred, every rank with the same complete steps, and no rank with more than
-:data:`MAX_DAMAGED_SHARE` of its events lost or altered. :func:`run_gaps` reads these from the
-parsed run; what it finds makes the gate inconclusive unless ``--allow-partial``.
+:data:`~ppdiag.model.run_coverage.MAX_DAMAGED_SHARE` of its events lost or altered. The pipeline
+layer reads these from the parsed run (:class:`~ppdiag.model.run_coverage.RunCoverage`) and
+:func:`run_gaps` takes them in; what it finds makes the gate inconclusive unless ``--allow-partial``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ppdiag.model import Run
-from ppdiag.pipeline.steps import host_steps
+from ppdiag.model.rank_ranges import rank_ranges
+from ppdiag.model.run_coverage import RunCoverage
 from ppdiag.report_types import GateCoverage, Report
-
-#: The share of a rank's events that may be lost (a cut trace) or dropped / altered for a bad field
-#: (a negative duration read as zero) before the gate calls its figures partial.
-MAX_DAMAGED_SHARE = 0.001
 
 
 @dataclass
@@ -72,12 +69,12 @@ class Coverage:
             if self.world_from:
                 of += f" (inferred from {self.world_from})"
             n = self.expected - len(set(self.traced) & set(range(self.expected)))
-            out.append(f"{n} rank(s) {_ranges(missing)} of {of} have no trace")
+            out.append(f"{n} rank(s) {rank_ranges(missing)} of {of} have no trace")
         out += self.step_gaps
         out += self.damaged
         if self.no_steps:
             why = f" (excluded by --steps {self.step_filter})" if self.step_filter else ""
-            out.append(f"rank(s) {_ranges(self.no_steps)} have no analysed step{why}")
+            out.append(f"rank(s) {rank_ranges(self.no_steps)} have no analysed step{why}")
         for f in self.skipped_files:
             out.append(f"unreadable trace file {f}")
         out += self.doubts
@@ -86,8 +83,8 @@ class Coverage:
     def line(self) -> str:
         """One line: which ranks and steps took part."""
         world = f"world size {self.world_size}" if self.world_size else "world size unknown"
-        steps = f"steps {_ranges(self.steps)}" if self.steps else "no step"
-        return f"ranks {_ranges(self.analyzed) or 'none'} ({world}); {steps}"
+        steps = f"steps {rank_ranges(self.steps)}" if self.steps else "no step"
+        return f"ranks {rank_ranges(self.analyzed) or 'none'} ({world}); {steps}"
 
     def to_report(self) -> GateCoverage:
         """The report's ``gate.coverage`` section."""
@@ -103,22 +100,6 @@ class Coverage:
         )
 
 
-def _ranges(xs: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    xs = sorted(set(xs))
-    out: list[str] = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    if len(out) > 12:
-        out = [*out[:12], f"... ({len(xs)} in all)"]
-    return ", ".join(out)
-
-
 def coverage_of(
     report: Report, skipped_files: list[str] | None = None, step_filter: str | None = None
 ) -> Coverage:
@@ -131,58 +112,15 @@ def coverage_of(
     )
 
 
-def run_gaps(cov: Coverage, run: Run) -> None:
-    """Fill in what the parsed ``run`` says about ``cov``'s completeness: the world size inferred
-    from process-group member lists and the peers the traces name (a missing last rank with no
-    stated world size), ranks whose complete steps differ from the others', and ranks with more
-    than :data:`MAX_DAMAGED_SHARE` of their events lost or altered."""
-    tls = run.ranks
-    # one process with no distributed backend and no group is a run of one (world 1)
-    alone = len(tls) == 1 and not tls[0].backend and not tls[0].process_groups
-    cov.world_stated = alone or any(tl.world_size for tl in tls)
-    pg, peer = "process-group member lists", "the peers the traces name"
-    named = {pg: -1, peer: -1}
-    for tl in tls:
-        for g in tl.process_groups:
-            named[pg] = max(named[pg], *g.ranks, -1)
-        for a in (tl.intervals.peer, tl.ranges.peer):
-            if len(a):
-                named[peer] = max(named[peer], int(a.max()))
-    top_traced = max((tl.rank for tl in tls), default=-1)
-    beyond = {k: v for k, v in named.items() if v + 1 > max(cov.world_size, top_traced + 1)}
+def run_gaps(cov: Coverage, facts: RunCoverage) -> None:
+    """Fill in what the parsed run says about ``cov``'s completeness (:class:`RunCoverage`, read
+    from the run by the pipeline layer): the world size inferred from process-group member lists
+    and the peers the traces name (a missing last rank with no stated world size), ranks whose
+    complete steps differ from the others', and ranks with too many events lost or altered."""
+    cov.world_stated = facts.world_stated
+    beyond = {k: v for k, v in facts.named.items() if v + 1 > max(cov.world_size, facts.top_traced + 1)}
     if beyond:
         cov.world_size = max(beyond.values()) + 1
         cov.world_from = " and ".join(sorted(beyond))
-    cov.step_gaps = _step_gaps(run)
-    cov.damaged = _damaged(run)
-
-
-def _step_gaps(run: Run) -> list[str]:
-    """Ranks that completed fewer steps than the others (a trace cut, a rank that stopped)."""
-    have = {tl.rank: {n for n, _, _ in host_steps(tl) if n >= 0} for tl in run.ranks}
-    every = set().union(*have.values()) if have else set()
-    short = {r: every - s for r, s in have.items() if s and every - s}
-    if not short:
-        return []
-    most = max(len(s) for s in have.values())
-    out = []
-    for r in sorted(short):
-        out.append(
-            f"rank {r} has {len(have[r])} complete step(s), others up to {most} "
-            f"(step(s) {_ranges(sorted(short[r]))} missing from its trace: cut or stopped)"
-        )
-    return out[:20]
-
-
-def _damaged(run: Run) -> list[str]:
-    """Ranks with more than :data:`MAX_DAMAGED_SHARE` of their events lost or altered."""
-    out = []
-    for tl in run.ranks:
-        bad = tl.events_lost + tl.events_damaged
-        total = max(tl.events_total + tl.events_lost, 1)
-        if bad and bad / total > MAX_DAMAGED_SHARE:
-            out.append(
-                f"rank {tl.rank}: {bad} of {total} events lost or altered "
-                f"({100 * bad / total:.2g} % > {100 * MAX_DAMAGED_SHARE:.2g} %; see run.warnings)"
-            )
-    return out
+    cov.step_gaps = list(facts.step_gaps)
+    cov.damaged = list(facts.damaged)
