@@ -779,3 +779,37 @@ def test_gpu_phase_from_launching_op(tmp_path: Path) -> None:
         "adam_kernel": Phase.OPTIM,
         "other_thread_kernel": Phase.UNKNOWN,
     }
+
+
+@pytest.mark.parametrize("label", [None, "PP:0SEND_F0"])
+def test_fused_sendrecv_kernel_takes_the_peer_of_the_ops_issued_before_it(
+    tmp_path: Path, label: str | None
+) -> None:
+    """torch.distributed.pipelining over NCCL (batch_isend_irecv): ``c10d::send`` and
+    ``c10d::recv_`` each hold a ``record_param_comms`` child that names the peer, then one
+    ``nccl:coalesced`` range launches one fused ``ncclDevKernel_SendRecv`` through
+    ``cuLaunchKernelEx``; multi-stage schedules wrap it in their ``PP:<s>SEND_F<mb>`` range. The
+    kernel carries both: direction BOTH, peer 1, size the larger payload (4096 bf16 = 8192 B)."""
+    bf16: dict[str, Any] = {"dtype": "BFloat16"}
+    send = {**bf16, "Collective name": "send", "Dst Rank": 1, "In msg nelems": 4096}
+    recv = {**bf16, "Collective name": "recv", "Src Rank": 1, "In msg nelems": 2048}
+    comm = [
+        x("c10d::send", 30, 4),
+        x("record_param_comms", 31, 2, **send),
+        x("c10d::recv_", 35, 4),
+        x("record_param_comms", 36, 2, **recv),
+        x("nccl:coalesced", 40, 5, cat="user_annotation"),
+        x("cuLaunchKernelEx", 41, 2, cat="cuda_driver", correlation=9),
+        x("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 50, 30, cat="kernel", pid=0, tid=16,
+          correlation=9, stream=16),
+    ]  # fmt: skip
+    if label:
+        comm.append(x(label, 29, 20, cat="user_annotation"))
+    dist = {"backend": "nccl", "rank": 0, "world_size": 2}
+    r = parse_file(write(tmp_path / "rank0.json", trace(gpu_events(*comm), distributedInfo=dist)))
+    iv = r.intervals
+    k = np.flatnonzero(iv.kind == int(Kind.P2P))
+    assert len(k) == 1
+    assert int(iv.peer[k[0]]) == 1
+    assert int(iv.direction[k[0]]) == int(Direction.BOTH)
+    assert int(iv.bytes[k[0]]) == 8192
