@@ -23,7 +23,8 @@ class CommWaitRule:
     block end to the consumer's release is far above the run's normal transfer latency (on host
     ops, a send posted after the block while the producer went on counts: the data was held), and
     the link is slower than the run's other links by more than their spread (every link late alike
-    is jitter or a loaded host, not a slow link). A link is as late as most of its transfers are: a
+    is jitter or a loaded host, not a slow link; a link between two hosts must stand out by their
+    clocks' fitted residuals as well). A link is as late as most of its transfers are: a
     process descheduled on a loaded host makes a few transfers very late on any link. The rule
     names the sending rank of the slow links.
 
@@ -58,7 +59,9 @@ class CommWaitRule:
         # only a link slower than the run's other links by more than the noise is a fault: every
         # link late alike (jitter, a loaded host) is not
         links = _rule_links(ctx)
-        slow = links.slow()
+        # a link between two clock domains is timed across their fitted offsets: it must stand
+        # out by more than what those offsets may be off (their residuals) as well
+        slow = {k: v for k, v in links.slow().items() if v > links.noise_ns(k) + _clock_error_ns(ctx, k)}
         if not slow:
             return []
         normal = ctx.attribution.normal_latency_ns
@@ -106,6 +109,16 @@ class CommWaitRule:
 
 def _steps(ctx: RuleContext) -> float:
     return max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
+
+
+def _clock_error_ns(ctx: RuleContext, link: tuple[int, int]) -> float:
+    """How far the two ends of ``link`` may be off each other's clock: 0 on one clock domain (one
+    host), else the sum of their hosts' fitted residuals (each offset is within its residual)."""
+    host_of = {r: c for c in ctx.report.run.clocks for r in c.ranks}
+    a, b = host_of.get(link[0]), host_of.get(link[1])
+    if a is None or b is None or a.host == b.host:
+        return 0.0
+    return ((a.residual_us or 0.0) + (b.residual_us or 0.0)) * 1e3
 
 
 def _rule_links(ctx: RuleContext) -> LinkLatencies:
