@@ -27,7 +27,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
 LINK_Q = 0.25  # the quantile of a link's transfers that stands for its normal time
 FREE_Q = 0.25  # the quantile of the links' normal times that is the run's fault-free latency
@@ -107,17 +106,6 @@ def link_latencies(waits: Iterable[tuple[int, int, int, int]]) -> LinkLatencies:
     return LinkLatencies(links, lat)
 
 
-def sum_per_link(
-    values: npt.NDArray[np.float64], keys: npt.NDArray[np.int64]
-) -> dict[tuple[int, int], float]:
-    """Sum ``values`` per (producer, consumer) row of ``keys``."""
-    if keys.size == 0:
-        return {}
-    uk, inv = np.unique(keys.reshape(-1, 2), axis=0, return_inverse=True)
-    sums = np.bincount(inv.reshape(-1), weights=values, minlength=len(uk))
-    return {(int(a), int(b)): float(s) for (a, b), s in zip(uk.tolist(), sums.tolist(), strict=True)}
-
-
 __all__ = [
     "FLOOR_NS",
     "FLOOR_SHARE",
@@ -128,5 +116,4 @@ __all__ = [
     "LinkLatency",
     "Z",
     "link_latencies",
-    "sum_per_link",
 ]

@@ -166,7 +166,7 @@ def _late_wait_per_link(ctx: RuleContext, normal: int) -> dict[tuple[int, int], 
     held = ctx.attribution.edge_held if len(ctx.attribution.edge_held) == len(edges) else [0] * len(edges)
     for (prod, cons, tau, wait), h in zip(edges, held, strict=True):
         waited[(prod, cons)].append(min(max(tau + h - normal, 0), wait))
-    steps = max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
+    steps = _steps(ctx)
     return {k: _typical_sum(v) / steps for k, v in waited.items()}
 
 
