@@ -45,8 +45,12 @@ COMPUTE = ("fwd", "bwd", "bwd_input", "wgrad")
 #: Most a recording's costs are scaled by when it is recorded again.
 MAX_SCALE = 6.0
 #: A recording is quiet enough for a schedule-shape assertion when its holds kept their costs within
-#: this share, and glue plus the step's standard error stay under this share of the step.
-MAX_OVERRUN = 1.0
+#: this share, and glue plus the step's standard error stay under this share of the step. The
+#: schedule's closed forms are computed from the asked costs: a rank whose holds overran by half
+#: (late wake-ups on a loaded host, not given back) stretched its blocks unevenly against the
+#: others', and that is a bubble of the load's, not of the schedule's (a zero-bubble recording with
+#: holds +46% on one rank measured 29 % of bubble against the schedule's 6 %).
+MAX_OVERRUN = 0.25
 MAX_NOISE_SHARE = 0.25
 #: A fault stands out when the run measured it at this many times the run's noise (and a tenth of
 #: the step): the diagnosis's own noise model asks for 2 standard errors of the step.
