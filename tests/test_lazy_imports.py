@@ -97,11 +97,14 @@ def test_rules_without_options_do_not_import_pydantic() -> None:
     # typer converts each parameter through pydantic (~0.15 s to import, half of the command's
     # start-up); ``rules [CODE]`` has nothing to convert, so the command line runs it directly
     for argv in (("rules",), ("rules", "PP009")):
-        assert _loaded_after(
-            f"import sys\nsys.argv = ['ppdiag', *{list(argv)!r}]\nfrom ppdiag.cli import main\n"
-            "try:\n    main()\nexcept SystemExit:\n    pass",
-            ("pydantic",),
-        ) == set(), argv
+        assert (
+            _loaded_after(
+                f"import sys\nsys.argv = ['ppdiag', *{list(argv)!r}]\nfrom ppdiag.cli import main\n"
+                "try:\n    main()\nexcept SystemExit:\n    pass",
+                ("pydantic",),
+            )
+            == set()
+        ), argv
 
 
 def test_rule_catalogue_read_from_source_matches_the_registered_rules() -> None:
