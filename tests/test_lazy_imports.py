@@ -116,3 +116,13 @@ def test_rule_catalogue_read_from_source_matches_the_registered_rules() -> None:
     from ppdiag.diagnosis import CAUSE_CHAIN, CAUSE_DEFINITIONS
 
     assert catalog._static_causes() == [(k, CAUSE_DEFINITIONS[k]) for k in CAUSE_CHAIN]
+
+
+def test_writing_one_report_imports_that_report_alone() -> None:
+    # the HTML report's template engine (~0.1 s) is no part of a run that writes JSON; the probe
+    # can fail: every built-in report module used to be imported before writing any one
+    code = (
+        "from ppdiag.reports import REPORTERS, load_builtin\nload_builtin('json')\n"
+        "assert 'json' in REPORTERS and 'html' not in REPORTERS"
+    )
+    assert _loaded_after(code, ("jinja2", "ppdiag.reports.html")) == set()
