@@ -13,13 +13,15 @@ each in a fresh child process, one after the other in one run:
 * ``HTA``: ``TraceAnalysis(trace_dir=...)`` + ``get_temporal_breakdown`` + ``get_idle_time_breakdown``
   (the per-rank time accounting, like for like), run by ``--hta-python`` (a Python that imports
   ``hta``: HTA pins its own dependencies, so it usually lives in its own venv:
-  ``python3 -m venv /tmp/hta && /tmp/hta/bin/pip install HolisticTraceAnalysis``). Skipped when
+  ``python3 -m venv /tmp/hta && /tmp/hta/bin/pip install HolisticTraceAnalysis==0.5.0``). Skipped when
   no such Python is given and this one cannot import ``hta``.
 
 CPU is user + system time of the child and all its worker processes (``RUSAGE_CHILDREN`` counts
 HTA's multiprocessing pool and ppdiag's parse pool alike: both are joined before the child
 reads it). Imports are timed apart (before the clock starts) for both tools: HTA's
-``hta.trace_analysis``, ppdiag's api, loader and parser modules. Wall times on a shared
+``hta.trace_analysis``, ppdiag's api, loader and parser modules. Each child is also timed whole from
+outside (start-up, imports and exit included: ``whole processes``), for HTA / ppdiag and for the
+cache hit against the cold run. Wall times on a shared
 machine swing with load; the CPU ratios are the stable ones.
 
     python benchmarks/bench_hta.py --hta-python /tmp/hta/bin/python
