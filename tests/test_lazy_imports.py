@@ -93,6 +93,20 @@ def test_rules_and_help_do_not_import_the_analysis() -> None:
         assert _loaded_by_command(*argv) == set(), argv
 
 
+def test_rules_without_options_do_not_import_pydantic() -> None:
+    # typer converts each parameter through pydantic (~0.15 s to import, half of the command's
+    # start-up); ``rules [CODE]`` has nothing to convert, so the command line runs it directly
+    for argv in (("rules",), ("rules", "PP009")):
+        assert (
+            _loaded_after(
+                f"import sys\nsys.argv = ['ppdiag', *{list(argv)!r}]\nfrom ppdiag.cli import main\n"
+                "try:\n    main()\nexcept SystemExit:\n    pass",
+                ("pydantic",),
+            )
+            == set()
+        ), argv
+
+
 def test_rule_catalogue_read_from_source_matches_the_registered_rules() -> None:
     from ppdiag.rules import catalog
 
@@ -102,3 +116,13 @@ def test_rule_catalogue_read_from_source_matches_the_registered_rules() -> None:
     from ppdiag.diagnosis import CAUSE_CHAIN, CAUSE_DEFINITIONS
 
     assert catalog._static_causes() == [(k, CAUSE_DEFINITIONS[k]) for k in CAUSE_CHAIN]
+
+
+def test_writing_one_report_imports_that_report_alone() -> None:
+    # the HTML report's template engine (~0.1 s) is no part of a run that writes JSON; the probe
+    # can fail: every built-in report module used to be imported before writing any one
+    code = (
+        "from ppdiag.reports import REPORTERS, load_builtin\nload_builtin('json')\n"
+        "assert 'json' in REPORTERS and 'html' not in REPORTERS"
+    )
+    assert _loaded_after(code, ("jinja2", "ppdiag.reports.html")) == set()

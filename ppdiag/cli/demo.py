@@ -222,8 +222,8 @@ def _analyze(out: Path, quiet: bool) -> None:
         from ppdiag.reports.terminal import render
 
         render(diag.result, report_console())
-    load_builtin()
     for name, fname in (("json", "report.json"), ("html", "report.html"), ("md", "summary.md")):
+        load_builtin(name)
         if name in REPORTERS:
             write_report(name, diag, out / fname)
             if not quiet:

@@ -56,11 +56,11 @@ def write_reports(
     from ppdiag.io import qpath
     from ppdiag.reports import REPORTERS, load_builtin, write_report
 
-    load_builtin()
     ins = [p for p in inputs or [] if p is not None]
     for name, path in (("json", json_out), ("html", html), ("md", md), ("perfetto", perfetto)):
         if path is None:
             continue
+        load_builtin(name)
         if name not in REPORTERS:
             raise PpdiagError(f"the {name} report is not available in this version")
         write_report(name, diag, path, ins)
