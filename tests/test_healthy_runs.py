@@ -194,18 +194,11 @@ REPLICAS: dict[str, tuple[dict[str, Any], str]] = {
     # the data-parallel all-reduce is the only link between the pipelines, and it names no group
     "1f1b-no-comm-args": (dict(schedule="1f1b"), "kineto-bare"),
     # every fact recorded, V-shaped placement (each rank holds the first and the last stages) with
-    # no separate weight-gradient blocks (with W blocks as long as the forward the replicas align)
+    # no separate weight-gradient blocks: the all-reduce runs under the last backward block
     "zbv": (dict(schedule="zbv", annotations="pp"), "kineto"),
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the two replicas of a dp=2 run are not put on one clock (each keeps its own offset, "
-    "2.1 ms apart here) when their collectives name no group, or in a ZBV run without W blocks "
-    "(its trace records no data-parallel all-reduce); the causes stay right only because each "
-    "replica's step-end sync is found on its own",
-)
 @pytest.mark.parametrize("name", list(REPLICAS))
 def test_replicas_share_one_clock(tmp_path: Path, name: str) -> None:
     """dp=2: the replicas meet only in the data-parallel all-reduce, whose instances end together
@@ -251,12 +244,12 @@ def test_step_end_syncs_are_the_groups_that_end_together() -> None:
     assert [x.tolist() for x in got] == [[1, 2]]
 
 
-def test_unlinked_replicas_keep_their_own_step_end_sync(tmp_path: Path) -> None:
-    """dp=2 with an exposed all-reduce, Kineto without comm args: nothing in the trace links the
-    two replicas' clocks (see test_replicas_share_one_clock), so each replica's gradient-norm sync
-    is a step-end sync of its own. The cool-down waits in it stay bubble: the split is its Kineto
-    twin's within 1 % of the step (8 % of the step was exposed comm when the whole job had to end
-    together to count as one sync)."""
+def test_exposed_allreduce_without_comm_args_splits_like_its_twin(tmp_path: Path) -> None:
+    """dp=2 with an exposed all-reduce, Kineto without comm args: the replicas are put on one
+    clock through the all-reduce the ranks of each position share (test_replicas_share_one_clock),
+    and the cool-down waits before the step-end syncs stay bubble: the split is its Kineto twin's
+    within 1 % of the step (8 % of the step was exposed comm when the whole job had to end
+    together to count as one sync on unlinked clocks)."""
     kw: dict[str, Any] = dict(schedule="1f1b", pp=4, microbatches=8, dp=2, faults=[F.ExposedAllReduce(3.0)])
     ref, truth = _analyse(tmp_path, "kineto", **kw)
     other, _ = _analyse(tmp_path, "kineto-old-bare", **kw)
