@@ -6,7 +6,9 @@ comm args and nsys kernels without NVTX payloads carry a transfer's direction at
 peer. In order (docs/clocks.md):
 
 0. Pipeline labels: a transfer inside torch.distributed.pipelining's ``PP:<s>SEND_F<mb>`` range
-   (or next to a labelled block) belongs to stage ``s``; its peer is the rank holding ``s +- 1``.
+   (or inside or next to a labelled forward / input-gradient block, never a weight-gradient one)
+   belongs to stage ``s``; its peer is the rank holding ``s +- 1``. The labels are host ranges, so
+   a device kernel is placed among them by its launch.
 1. Coarse clock offsets: ranks of one host share a clock (CPU/gloo runs); else the device
    collectives, which end together on every member; else the step starts.
 2. Host ops (gloo): each transfer is an activation or a gradient by the compute beside it
@@ -45,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline, Run
+from ppdiag.model import Direction, Kind, Phase, RangeKind, Ranges, RankTimeline, Run
 from ppdiag.pipeline.clocks import P2POps
 from ppdiag.pipeline.host_clocks import coarse_host_offsets
 from ppdiag.pipeline.peer_flow import _decide_by_flow, _step_of
@@ -171,6 +173,9 @@ def _from_labels(run: Run, ops: dict[int, P2POps]) -> int:
         if t_r is None or unk.size == 0:
             continue
         rg = t_r.ranges
+        # the labels are host ranges: a device kernel is placed among them by its launch (the host
+        # issues receive, block, send in program order; the GPU may run them much later)
+        t_op, t_end = _host_times(t_r, v, unk)
         stage = np.full(unk.size, -1, np.int64)
         phase = np.zeros(unk.size, np.int64)
         send = (v.direction[unk] == int(Direction.SEND)) | (v.direction[unk] == int(Direction.BOTH))
@@ -178,30 +183,16 @@ def _from_labels(run: Run, ops: dict[int, P2POps]) -> int:
         cm = np.flatnonzero((rg.kind == int(RangeKind.COMM_OP)) & (rg.stage >= 0) & (rg.direction > 0))
         if cm.size:
             cm = cm[np.argsort(rg.start[cm], kind="stable")]
-            j = np.searchsorted(rg.start[cm], v.start[unk], side="right") - 1
+            j = np.searchsorted(rg.start[cm], t_op, side="right") - 1
             jc = np.clip(j, 0, None)
-            ok = (j >= 0) & (v.start[unk] <= rg.end[cm][jc]) & (rg.direction[cm][jc] == v.direction[unk])
+            ok = (j >= 0) & (t_op <= rg.end[cm][jc]) & (rg.direction[cm][jc] == v.direction[unk])
             stage[ok] = rg.stage[cm][jc[ok]]
             phase[ok] = rg.phase[cm][jc[ok]]
-        # 2. labelled compute blocks: the producer of a send, the consumer of a receive
-        lm = np.flatnonzero(
-            (rg.kind == int(RangeKind.LABEL))
-            & (rg.stage >= 0)
-            & np.isin(rg.phase, (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)))
-        )
+        # 2. labelled compute blocks: the block issuing the op, the producer of a send, the
+        # consumer of a receive
         rest = stage < 0
-        if lm.size and rest.any():
-            by_end = lm[np.argsort(rg.end[lm], kind="stable")]
-            by_start = lm[np.argsort(rg.start[lm], kind="stable")]
-            js = np.searchsorted(rg.end[by_end], v.start[unk], side="right") - 1
-            jr = np.searchsorted(rg.start[by_start], v.end[unk] - _RECV_SLACK_NS, side="left")
-            ok_s = rest & send & (js >= 0)
-            ok_r = rest & ~send & (jr < by_start.size)
-            stage[ok_s] = rg.stage[by_end[js[ok_s]]]
-            phase[ok_s] = rg.phase[by_end[js[ok_s]]]
-            jr_c = np.clip(jr, 0, max(by_start.size - 1, 0))
-            stage[ok_r] = rg.stage[by_start[jr_c[ok_r]]]
-            phase[ok_r] = rg.phase[by_start[jr_c[ok_r]]]
+        if rest.any():
+            _by_blocks(rg, t_op, t_end, send, rest, stage, phase)
         fwd = phase == int(Phase.FWD)
         # forward: send downstream, receive from upstream; backward the reverse
         step = np.where(fwd == send, 1, -1)
@@ -214,6 +205,54 @@ def _from_labels(run: Run, ops: dict[int, P2POps]) -> int:
         v.conf[unk[ok]] = 1.0
         decided += int(ok.sum())
     return decided
+
+
+def _by_blocks(
+    rg: Ranges,
+    t_op: npt.NDArray[np.int64],
+    t_end: npt.NDArray[np.int64],
+    send: npt.NDArray[np.bool_],
+    rest: npt.NDArray[np.bool_],
+    stage: npt.NDArray[np.int64],
+    phase: npt.NDArray[np.int64],
+) -> None:
+    """Stage and phase (written into ``stage`` / ``phase`` where ``rest``) of each op from the
+    labelled forward and input-gradient blocks on the host: the block whose range holds the op's
+    issue (its own input or output), else the last block that ended before a send and the first
+    that starts after a receive. A weight-gradient block (split backward) neither sends nor
+    receives: the transfers around it belong to the blocks before and after it."""
+    fb = np.isin(rg.phase, (int(Phase.FWD), int(Phase.BWD)))
+    lm = np.flatnonzero((rg.kind == int(RangeKind.LABEL)) & (rg.stage >= 0) & fb)
+    if not lm.size:
+        return
+    by_end = lm[np.argsort(rg.end[lm], kind="stable")]
+    by_start = lm[np.argsort(rg.start[lm], kind="stable")]
+    ji = np.searchsorted(rg.start[by_start], t_op, side="right") - 1
+    ji_c = np.clip(ji, 0, None)
+    inside = rest & (ji >= 0) & (t_op < rg.end[by_start[ji_c]])
+    js = np.searchsorted(rg.end[by_end], t_op, side="right") - 1
+    jr = np.searchsorted(rg.start[by_start], t_end, side="left")
+    ok_s = rest & ~inside & send & (js >= 0)
+    ok_r = rest & ~inside & ~send & (jr < by_start.size)
+    jr_c = np.clip(jr, 0, by_start.size - 1)
+    for ok, rows in ((inside, by_start[ji_c]), (ok_s, by_end[js]), (ok_r, by_start[jr_c])):
+        stage[ok] = rg.stage[rows[ok]]
+        phase[ok] = rg.phase[rows[ok]]
+
+
+def _host_times(
+    tl: RankTimeline, v: P2POps, unk: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Per op of ``unk``, the host time that places it among the label ranges (a device
+    kernel's launch, a host op's start) and the earliest start of the block that may consume it
+    (the kernel's launch; a host receive's end less the slack of its wait)."""
+    start, cut = v.start[unk], v.end[unk] - _RECV_SLACK_NS
+    if v.table != "intervals" or not v.device:
+        return start, cut
+    idx = v.index[unk]
+    launch = np.where(idx >= 0, tl.intervals.launch[np.clip(idx, 0, None)], -1)
+    has = launch >= 0
+    return np.where(has, launch, start), np.where(has, launch, cut)
 
 
 def _known_source(run: Run) -> str:
