@@ -173,9 +173,12 @@ def test_one_run_one_answer_in_every_format(tmp_path: Path, name: str, variant: 
 
 @pytest.mark.parametrize("variant", ["nsys-old-bare"])
 def test_a_fact_one_format_lacks_is_named(tmp_path: Path, variant: str) -> None:
-    """With data parallelism, the nsys export without payloads cannot tell which rank a p2p
-    kernel talks to (replica 0's stage 1 fits stage 0 of either replica): it does not guess, the
-    report names the missing payloads and the way to record them, and no finding rests on it."""
+    """With data parallelism, the nsys export without payloads cannot tell by timing which rank a
+    p2p kernel talks to (replicas in lockstep: replica 0's stage 1 fits stage 0 of either replica).
+    The ranks' order and op counts give the pipelines (the ends of each pipeline have half the
+    transfers), and the analysis agrees with its Kineto twin; where they do not, it does not
+    guess: the report names the missing payloads and the way to record them, and no finding rests
+    on it."""
     rep, _ = _analyse(tmp_path, variant, schedule="1f1b", pp=4, microbatches=8, dp=2)
     if rep.run.pp == 4:
         ref, _ = _analyse(tmp_path, "kineto", schedule="1f1b", pp=4, microbatches=8, dp=2)
@@ -193,6 +196,9 @@ def test_a_fact_one_format_lacks_is_named(tmp_path: Path, variant: str) -> None:
 REPLICAS: dict[str, tuple[dict[str, Any], str]] = {
     # the data-parallel all-reduce is the only link between the pipelines, and it names no group
     "1f1b-no-comm-args": (dict(schedule="1f1b"), "kineto-bare"),
+    # nor do the p2p kernels name their peers: the replicas run in lockstep, so timing fits a
+    # rank's partner and the same stage of the other replica alike (taken in rank order)
+    "1f1b-no-payloads": (dict(schedule="1f1b", faults=[F.SlowStage(2, 2.0)]), "nsys-old-bare"),
     # every fact recorded, V-shaped placement (each rank holds the first and the last stages) with
     # no separate weight-gradient blocks: the all-reduce runs under the last backward block
     "zbv": (dict(schedule="zbv", annotations="pp"), "kineto"),

@@ -43,6 +43,7 @@ the link fits and the assignment to links) are in
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -182,13 +183,16 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
     except _Ambiguous as amb:
         if _flow_places_all(run, o, coarse.offsets, unknown, ranks, dec, None):
             return _count_undecided(dec, o, n_unknown, _BY_FLOW)
-        dec.undecided = n_unknown
-        dec.warnings.append(
-            f"p2p peers unknown for {n_unknown} ops and ambiguous by timing ({amb}); not guessed: "
-            "give --stage-map, or record the peers (record_shapes=True, NCCL comm args, nsys "
-            "--include-blobs)"
-        )
-        return dec
+        got = _in_rank_order(o, unknown, ranks, coarse, dec) if lines is None else None
+        if got is None:
+            dec.undecided = n_unknown
+            dec.warnings.append(
+                f"p2p peers unknown for {n_unknown} ops and ambiguous by timing ({amb}); not guessed: "
+                "give --stage-map, or record the peers (record_shapes=True, NCCL comm args, nsys "
+                "--include-blobs)"
+            )
+            return dec
+        links, key_sets, off = got
     if _flow_places_all(run, o, off, unknown, ranks, dec, (links, key_sets, n_known)):
         return _count_undecided(dec, o, n_unknown, _BY_FLOW)
     dec.links = links
@@ -201,6 +205,53 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
         return dec
     _assign(run, o, ranks, links, key_sets, off, dec, n_known)
     return _count_undecided(dec, o, n_unknown, "fit no link by timing and stay unmatched")
+
+
+def _in_rank_order(
+    o: dict[int, P2POps],
+    unknown: dict[int, npt.NDArray[np.bool_]],
+    ranks: list[int],
+    coarse: Coarse,
+    dec: PeerDecision,
+) -> tuple[dict[tuple[int, int], LinkFit], _KeySets, dict[int, int]] | None:
+    """Links of data-parallel replicas that run in lockstep, where timing fits a rank's partner
+    and the same stage of another replica equally well: the pipelines the ranks' order and op
+    counts give, the fit kept only when it is unambiguous among their neighbours (None otherwise).
+
+    A pipeline's first and last ranks talk to one neighbour, so they have half the transfers of
+    the others: those ``2 dp`` ranks are the pipelines' ends. Ranks are numbered either stage
+    major (pipeline ``d`` is ``d, d + dp, d + 2 dp``..., Megatron's order) or replica major
+    (``d P .. d P + P - 1``); the one numbering whose pipelines end at those ranks is taken.
+    Either way the replicas' waits are the same, as their timing is.
+    """
+    counts = np.array([int(unknown[r].sum()) for r in ranks])
+    n = len(ranks)
+    ends = {i for i in range(n) if counts[i] <= 0.75 * counts.max()}
+    dp = len(ends) // 2
+    if dp < 2 or len(ends) % 2 or n % dp or n // dp < 3:
+        return None
+    p = n // dp
+    layouts = (
+        [[d + i * dp for i in range(p)] for d in range(dp)],  # stage major
+        [list(range(d * p, (d + 1) * p)) for d in range(dp)],  # replica major
+    )
+    fit = [ls for ls in layouts if {x for line in ls for x in (line[0], line[-1])} == ends]
+    if len(fit) != 1:
+        return None
+    steps = [(a, b) for line in fit[0] for a, b in itertools.pairwise(line)]
+    allowed = {(ranks[x], ranks[y]) for a, b in steps for x, y in ((a, b), (b, a))}
+    try:
+        got = _fit_links(o, unknown, ranks, coarse, allowed, dec)
+    except _Ambiguous:
+        return None
+    if not got[0]:
+        return None
+    dec.warnings.append(
+        f"p2p peers: {dp} data-parallel replicas run in lockstep (timing fits a rank's partner and "
+        "the same stage of another replica alike); the pipelines were taken in rank order "
+        "(record the peers to confirm: NCCL comm args, nsys --include-blobs)"
+    )
+    return got
 
 
 def _host_coarse(run: Run, o: dict[int, P2POps]) -> Coarse | None:
