@@ -86,11 +86,11 @@ def _shift(ref: list[int], other: list[int], ends: _Ends, off: dict[int, int]) -
             tol.append(np.maximum(np.minimum(da, db) // 2, SYNC_TOL_NS))
     best: tuple[int, int] | None = None  # (agreeing instances, shift)
     for d_parts, t_parts in per_name.values():
-        d, tol = np.concatenate(d_parts), np.concatenate(t_parts)
-        mid = float(np.median(d))
-        ok = np.abs(d - mid) <= tol
+        diff, near = np.concatenate(d_parts), np.concatenate(t_parts)
+        mid = float(np.median(diff))
+        ok = np.abs(diff - mid) <= near
         if ok.mean() >= _AGREE and (best is None or int(ok.sum()) > best[0]):
-            best = (int(ok.sum()), round(float(np.median(d[ok]))))
+            best = (int(ok.sum()), round(float(np.median(diff[ok]))))
     return None if best is None else best[1]
 
 
