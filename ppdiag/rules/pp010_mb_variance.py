@@ -14,84 +14,13 @@ from ppdiag.pipeline.blocks import Blocks
 from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
+from ppdiag.rules.block_replay import ReplayPlan
 
 F64 = npt.NDArray[np.float64]
 # within-rank coefficient of variation of block costs beyond which a stage's micro-batches vary
 # by more than timer noise (timers and kernels repeat to 1-2 % for the same work)
 CV_MIN = 0.05
 _PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
-
-
-def replay_step_ns(
-    pipelines: Sequence[Sequence[int]],
-    blocks: dict[int, Blocks],
-    step: int,
-    cost: dict[int, F64],
-    last_stage: int,
-) -> float:
-    """Step time (ns) of one step replayed from its block order with the given block costs.
-
-    Each rank runs its blocks of ``step`` in their measured order, as soon as the rank is free and
-    the block's input exists (forward after the previous virtual stage's forward of the
-    micro-batch, backward after the next stage's backward, or this stage's forward on the last
-    stage, weight-gradient after the input-gradient); transfers cost nothing. The replicas meet
-    at the end (the DP collective): the step is the slowest replica's makespan.
-    """
-    worst = 0.0
-    fwd, bwd, wgrad = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
-    for line in pipelines:
-        # per rank: (stage, phase, mb, cost) of its blocks of the step in measured order, as plain
-        # Python values (the replay below is sequential by nature)
-        seqs: dict[int, list[tuple[int, int, int, float]]] = {}
-        for r in line:
-            b = blocks.get(r)
-            if b is None or not len(b):
-                continue
-            sel = np.flatnonzero(b.step == step)
-            sel = sel[np.argsort(b.start[sel], kind="stable")]
-            seqs[r] = list(
-                zip(
-                    b.stage[sel].tolist(),
-                    b.phase[sel].tolist(),
-                    b.mb[sel].tolist(),
-                    cost[r][sel].tolist(),
-                    strict=True,
-                )
-            )
-        # the blocks this step has: a producer missing from the trace never blocks a consumer
-        present = {(x[0], x[1], x[2]) for q in seqs.values() for x in q}
-        end: dict[tuple[int, int, int], float] = {}
-        ptr = dict.fromkeys(seqs, 0)
-        free = dict.fromkeys(seqs, 0.0)
-        left = sum(len(q) for q in seqs.values())
-        while left:  # one pass per dependency wave; each block is placed once
-            moved = False
-            for r, q in seqs.items():
-                i, t_free, n = ptr[r], free[r], len(q)
-                while i < n:
-                    st, ph, mb, c = q[i]
-                    if ph == fwd:
-                        dep = (st - 1, ph, mb) if st > 0 else None
-                    elif ph == wgrad:
-                        dep = (st, bwd, mb)
-                    else:
-                        dep = (st + 1, ph, mb) if st < last_stage else (st, fwd, mb)
-                    t = t_free
-                    if dep is not None and dep in present:
-                        e = end.get(dep)
-                        if e is None:
-                            break
-                        t = max(t, e)
-                    t_free = t + c
-                    end[(st, ph, mb)] = t_free
-                    i += 1
-                    left -= 1
-                    moved = True
-                ptr[r], free[r] = i, t_free
-            if not moved:
-                return float("nan")  # an order the dependencies cannot satisfy: no replay
-        worst = max(worst, max(free.values(), default=0.0))
-    return worst
 
 
 # replays of the measured blocks and slow-worker gains, shared by PP009 and PP010 within one
@@ -106,6 +35,18 @@ def _cached(ctx: RuleContext) -> dict[Any, Any]:
         return {}
 
 
+def _plan(
+    ctx: RuleContext, blocks: dict[int, Blocks], lines: Sequence[Sequence[int]], last: int
+) -> ReplayPlan:
+    """The replay plan of ``lines`` (built once per analysis: every replay reuses it)."""
+    c = _cached(ctx)
+    key = ("plan", tuple(tuple(line) for line in lines), last)
+    if key not in c:
+        c[key] = ReplayPlan(lines, blocks, last)
+    plan: ReplayPlan = c[key]
+    return plan
+
+
 def _measured_replays(
     ctx: RuleContext, blocks: dict[int, Blocks], lines: Sequence[Sequence[int]], last: int
 ) -> dict[int, float]:
@@ -113,8 +54,7 @@ def _measured_replays(
     c = _cached(ctx)
     if "measured" not in c:
         measured = {r: b.busy.astype(np.float64) for r, b in blocks.items()}
-        steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
-        c["measured"] = {int(st): replay_step_ns(lines, blocks, int(st), measured, last) for st in steps}
+        c["measured"] = _plan(ctx, blocks, lines, last).run(measured)
     out: dict[int, float] = c["measured"]
     return out
 
@@ -274,10 +214,11 @@ def _replay_gains_ns(
     for the steps where both replays finished."""
     steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
     base = _measured_replays(ctx, blocks, lines, last)
+    fixed = _plan(ctx, blocks, lines, last).run(costs)
     out: list[float] = []
     for st in steps:
         a = base[int(st)]
-        f = replay_step_ns(lines, blocks, int(st), costs, last)
+        f = fixed[int(st)]
         if np.isfinite(a) and np.isfinite(f):
             out.append(float(a - f))
     return out
