@@ -23,16 +23,22 @@ CV_MIN = 0.05
 _PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
 
 
-# replays of the measured blocks and slow-worker gains, shared by PP009 and PP010 within one
-# analysis (keyed weakly by the pipeline: nothing outlives it)
-_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+# replays of the measured blocks, the replay plan and slow-worker gains, shared by PP009 and PP010
+# within one analysis, by the pipeline's identity (a frozen dataclass hashes by its fields, which
+# hold dicts, so it cannot key a WeakKeyDictionary: that cache never shared anything); an entry
+# goes with its pipeline
+_CACHE: dict[int, dict[Any, Any]] = {}
 
 
 def _cached(ctx: RuleContext) -> dict[Any, Any]:
-    try:
-        return _CACHE.setdefault(ctx.pipeline, {})
-    except TypeError:  # an object without weak references: no sharing
-        return {}
+    key = id(ctx.pipeline)
+    if key not in _CACHE:
+        try:
+            weakref.finalize(ctx.pipeline, _CACHE.pop, key, None)
+        except TypeError:  # an object without weak references: no sharing
+            return {}
+        _CACHE[key] = {}
+    return _CACHE[key]
 
 
 def _plan(
