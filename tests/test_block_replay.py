@@ -70,3 +70,15 @@ def test_duplicate_keys_fall_back() -> None:
     plan = ReplayPlan([[0]], {0: dup}, 0)
     assert not plan.ok
     assert plan.run(cost)[0] == replay_loop([[0]], {0: dup}, 0, cost, 0)
+
+
+def test_unique_rows_as_row_wise_unique() -> None:
+    from ppdiag.rules.pp010_mb_variance import _unique_rows
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        n = int(rng.integers(1, 300))
+        k = np.stack([rng.integers(0, int(rng.integers(1, 50)), n) for _ in range(3)], 1).astype(np.int64)
+        want = np.unique(k, axis=0, return_inverse=True, return_counts=True)
+        got = _unique_rows(k)
+        assert (want[0] == got[0]).all() and (want[1].ravel() == got[1]).all() and (want[2] == got[2]).all()
