@@ -299,7 +299,7 @@ def test_placement_checked_against_transfers(tmp_path: Path) -> None:
 
 def test_replay_hand_built() -> None:
     from ppdiag.pipeline.blocks import Blocks
-    from ppdiag.rules.pp010_mb_variance import replay_step_ns
+    from ppdiag.rules.block_replay import replay_step_ns
 
     ms = 1_000_000
 

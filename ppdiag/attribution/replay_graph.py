@@ -33,7 +33,6 @@ from ppdiag.attribution.replay_index import (
     _IssueIndex,
     _label_pairs,
     _last_waits,
-    _measure_between,
     _P2PIndex,
 )
 from ppdiag.attribution.replay_nodes import NodeColumns, _Node
@@ -124,41 +123,56 @@ def _local_pieces(rs: RankStep, lo_a: npt.NDArray[np.int64], w: _StepWaits) -> _
     """Split the local time before each block (outside its wait) and the lost time inside it."""
     s_a = rs.blocks.start.astype(np.int64)
     e_a = rs.blocks.end.astype(np.int64)
-    host_a, coll_a, copy_a, ux_a = _outside_wait(rs, lo_a, w.start, w.release, s_a)
-    sets = rs.sets
-    m = _measure_between
-    in_lost = m(sets.gaps, s_a, e_a)
-    in_copy = np.minimum(m(sets.copy, s_a, e_a), in_lost)
-    in_host = np.minimum(m(rs.host_set, s_a, e_a), in_lost - in_copy)
+    host_a, coll_a, copy_a, ux_a, in_set = _outside_wait(rs, lo_a, w.start, w.release, s_a, e_a)
+    in_lost, in_copy_m, in_host_m = in_set
+    in_copy = np.minimum(in_copy_m, in_lost)
+    in_host = np.minimum(in_host_m, in_lost - in_copy)
     pre, post = w.start - lo_a, s_a - w.release
     return _LocalPieces(
         pre, post, host_a, coll_a, ux_a, copy_a, in_host, in_lost - in_host - in_copy, in_copy
     )
 
 
+_I64 = npt.NDArray[np.int64]
+
+
 def _outside_wait(
-    rs: RankStep,
-    lo_a: npt.NDArray[np.int64],
-    ws_a: npt.NDArray[np.int64],
-    rel_a: npt.NDArray[np.int64],
-    s_a: npt.NDArray[np.int64],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    rs: RankStep, lo_a: _I64, ws_a: _I64, rel_a: _I64, s_a: _I64, e_a: _I64
+) -> tuple[_I64, _I64, _I64, _I64, tuple[_I64, _I64, _I64]]:
     """(host, coll, copy, other) of the local time ``[lo, ws] + [rel, s]`` before each block: the
-    time between the rank's previous work and the block outside the wait ``[ws, rel]``."""
+    time between the rank's previous work and the block outside the wait ``[ws, rel]``; and the
+    (lost, copy, host) time inside each block ``[s, e]``. Each set's prefix measure is taken at
+    every bound at once (one search per set instead of one per span; the same numbers as
+    :func:`_measure_between` span by span)."""
     sets = rs.sets
-    m = _measure_between
-    p2p_host = m(rs.p2p_host, lo_a, ws_a) + m(rs.p2p_host, rel_a, s_a)
-    host_a = m(rs.host_set, lo_a, ws_a) + m(rs.host_set, rel_a, s_a) + p2p_host
-    coll_a = (
-        m(sets.collective, lo_a, ws_a)
-        + m(sets.collective, rel_a, s_a)
-        + m(sets.p2p, lo_a, ws_a)
-        + m(sets.p2p, rel_a, s_a)
-        - p2p_host
-    )
-    copy_a = m(sets.copy, lo_a, ws_a) + m(sets.copy, rel_a, s_a)
-    lost_a = m(sets.gaps, lo_a, ws_a) + m(sets.gaps, rel_a, s_a)
-    return host_a, coll_a, copy_a, np.maximum(lost_a - host_a - coll_a - copy_a, 0)
+    n = lo_a.size
+    t = np.concatenate([lo_a, ws_a, rel_a, s_a, e_a])
+
+    def spans(iset: ivs.ISet) -> tuple[_I64, _I64, _I64]:
+        # measure in [lo, ws], [rel, s] and [s, e] (0 for an empty or reversed span)
+        if iset[0].size == 0 or n == 0:
+            z = np.zeros(n, np.int64)
+            return z, z, z
+        p = ivs.prefix_measure(iset, t)
+        lo, ws, rel, s, e = p[:n], p[n : 2 * n], p[2 * n : 3 * n], p[3 * n : 4 * n], p[4 * n :]
+        return (
+            np.where(ws_a > lo_a, ws - lo, 0),
+            np.where(s_a > rel_a, s - rel, 0),
+            np.where(e_a > s_a, e - s, 0),
+        )
+
+    ph0, ph1, _ = spans(rs.p2p_host)
+    h0, h1, h_in = spans(rs.host_set)
+    c0, c1, _ = spans(sets.collective)
+    q0, q1, _ = spans(sets.p2p)
+    k0, k1, k_in = spans(sets.copy)
+    g0, g1, g_in = spans(sets.gaps)
+    p2p_host = ph0 + ph1
+    host_a = h0 + h1 + p2p_host
+    coll_a = c0 + c1 + q0 + q1 - p2p_host
+    copy_a = k0 + k1
+    lost_a = g0 + g1
+    return host_a, coll_a, copy_a, np.maximum(lost_a - host_a - coll_a - copy_a, 0), (g_in, k_in, h_in)
 
 
 def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]]:
@@ -555,7 +569,7 @@ class ReplayGraph:
         lo, s = self.meas_lo[nid], self.meas_start[nid]
         # the same split as a block without a wait: an empty wait at the block's start
         at = np.array([s], np.int64)
-        host, coll, copy, ux = _outside_wait(rs, np.array([lo], np.int64), at, at, at)
+        host, coll, copy, ux, _ = _outside_wait(rs, np.array([lo], np.int64), at, at, at, at)
         c = self.cols.cols
         c["pre"][nid], c["post"][nid] = s - lo, 0
         for name, x in (("pre_host", host), ("pre_coll", coll), ("pre_copy", copy), ("pre_ux", ux)):
