@@ -25,7 +25,7 @@ from ppdiag.parsers.optable_replicas import (
     replica_batches,
 )
 from ppdiag.reports.json_report import dumps
-from ppsynth.optable import OpTableParams, simulate_optable, write_table
+from ppsynth.optable import OpTableParams, simulate_optable
 
 HAVE_DASK = importlib.util.find_spec("distributed") is not None
 
@@ -41,7 +41,7 @@ def _table(tmp: Path, name: str, tp: int = 1, shuffle: bool = False) -> Path:
     # extra rows: unknown optypes in three replicas, a row with a bad rank
     extra = pd.concat([df[df["dp_rank"] == dp].iloc[[7]] for dp in (1, 4, 5, 2)])
     extra["optype"] = ["zeta-op", "alpha-op", "zeta-op", "gc"]
-    extra.iloc[3, extra.columns.get_loc("rank")] = -1
+    extra["rank"] = extra["rank"].where(extra["optype"] != "gc", -1)
     df = pd.concat([df, extra], ignore_index=True)
     for dp, dur in ((0, -2e-5), (3, -7e-5)):
         df.loc[df.index[(df["dp_rank"] == dp) & (df["optype"] == "optimizer")][:1], "duration"] = dur

@@ -28,8 +28,8 @@ as OTHER ranges (unknown ones counted in a warning). Every rank gets its pipelin
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np

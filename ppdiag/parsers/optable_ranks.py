@@ -481,7 +481,9 @@ def ranks_of(
     names = ["", *OPTYPES]
     order = np.lexsort((t_abs, rank))
     r_sorted = rank[order]
-    cuts = np.flatnonzero(np.r_[True, r_sorted[1:] != r_sorted[:-1], True]) if rank.size else []
+    cuts: list[int] = (
+        np.flatnonzero(np.r_[True, r_sorted[1:] != r_sorted[:-1], True]).tolist() if rank.size else []
+    )
     out: list[RankTimeline] = []
     for a, b in itertools.pairwise(cuts):  # one iteration per rank
         sel = order[a:b]

@@ -164,7 +164,8 @@ def plan_table(path: str | Path) -> TablePlan:
                 }
             )
         except (ValueError, TypeError) as exc:
-            raise InputError(src, f"op table has non-numeric values ({str(exc).splitlines()[0][:200]})") from None
+            why = str(exc).splitlines()[0][:200]
+            raise InputError(src, f"op table has non-numeric values ({why})") from None
         tops[0].add(raw["start_ts"].to_numpy())
         tops[1].add(raw["duration"].to_numpy())
         replicas.update(np.unique(df["dp_rank"].to_numpy()).tolist())
@@ -265,7 +266,9 @@ def reduce_replicas(plan: TablePlan, digests: Iterable[ReplicaDigest]) -> list[R
     return ranks
 
 
-def parse_by_replica(path: str | Path, mapper: Mapper = inline_mapper, workers: int = 1) -> list[RankTimeline]:
+def parse_by_replica(
+    path: str | Path, mapper: Mapper = inline_mapper, workers: int = 1
+) -> list[RankTimeline]:
     """A Parquet op table's ranks, mapped a batch of replicas per task by ``mapper``."""
     plan = plan_table(path)
     return reduce_replicas(plan, mapper(plan, replica_batches(plan.replicas, workers)))
@@ -313,8 +316,8 @@ def dask_mapper(client: Any) -> Mapper:
 
 __all__ = [
     "ReplicaDigest",
-    "by_replica",
     "TablePlan",
+    "by_replica",
     "dask_mapper",
     "inline_mapper",
     "is_parquet",

@@ -174,9 +174,8 @@ def parse_on_dask(
     """Map every file on the cluster at ``address``; the files' ranks in input order."""
     from ppdiag.parsers import cache
     from ppdiag.parsers.digest import FileDigest, map_files
-    from ppdiag.parsers.urls import url_of
-
     from ppdiag.parsers.optable_replicas import by_replica
+    from ppdiag.parsers.urls import url_of
 
     client = _client(address)
     try:
