@@ -167,6 +167,17 @@ def _fit(xs: list[float], ys: list[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly, strict=True)) / den if den else float("nan")
 
 
+def _worker_peak_mb(cluster: Any) -> float:
+    """The largest peak RSS of the cluster's worker processes (MB)."""
+    from distributed import Client
+
+    def peak() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    with Client(cluster) as client:
+        return float(max(client.run(peak).values()))
+
+
 def _optable(a: argparse.Namespace) -> None:
     """``--optable``: one op table per size, mapped by replica on a LocalCluster."""
     from distributed import LocalCluster
@@ -193,11 +204,13 @@ def _optable(a: argparse.Namespace) -> None:
                 silence_logs=40,
             ) as cluster:
                 d = _child(["--_analyze_table", str(path), "--_scheduler", cluster.scheduler_address])
+                worker_mb = _worker_peak_mb(cluster)
             print(
                 f"  dask: plan {d['plan_s']:.1f} s, map {d['map_s']:.1f} s wall ({d['tasks']} tasks, reducer "
                 f"CPU {d['map_cpu_s']:.1f} s), reduce {d['reduce_s']:.1f} s wall / {d['reduce_cpu_s']:.1f} s "
                 f"CPU, reducer peak RSS {d['peak_rss_mb']:.0f} MB, digests {d['digest_bytes'] / 1e6:.1f} MB "
-                f"({d['digest_bytes'] / d['ranks'] / 1e3:.1f} kB per rank); "
+                f"({d['digest_bytes'] / d['ranks'] / 1e3:.1f} kB per rank), "
+                f"worker peak RSS {worker_mb:.0f} MB; "
                 f"findings {', '.join(d['findings'])}"
             )
             if a.local:
