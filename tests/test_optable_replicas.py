@@ -141,3 +141,16 @@ def test_report_from_a_local_cluster_is_byte_identical(table: Path, monkeypatch:
         got = dumps(diagnose([table], Options(progress=False, scheduler=cluster.scheduler_address)).result)
     assert reduced == [24]  # the table went a replica batch per task, not as one file
     assert got == want
+
+
+def test_a_maps_input_error_reaches_the_reducer(table: Path, tmp_path: Path) -> None:
+    """A column only the map reads (not the plan) that is not numeric: the worker's InputError
+    comes back as data (its __init__ does not survive pickling) and is raised by the reduce."""
+    df = pd.read_parquet(table)
+    df["mb_id"] = "x"
+    path = tmp_path / "bad.parquet"
+    df.to_parquet(path, index=False)
+    for mapper in (inline_mapper, pool_mapper(2)):
+        with pytest.raises(InputError, match="non-numeric values") as e:
+            parse_by_replica(path, mapper, 2)
+        assert e.value.path is not None and e.value.path.endswith("bad.parquet")
