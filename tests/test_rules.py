@@ -51,7 +51,7 @@ def test_pp001_small_m(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", microbatches=4), "PP001")
     assert f.evidence["microbatches"] == 4
     # the bubble holds the normal p2p latency of the transfers that fill and drain the pipe
-    # (DESIGN.md §5): at P=4 that is 10.7 % of the step with M=32, 6.8 % with M=64
+    # (docs/json.md, "Time accounting"): at P=4 that is 10.7 % of the step with M=32, 6.8 % with M=64
     _quiet(_report(tmp_path / "b", microbatches=64), "PP001")
 
 
