@@ -728,6 +728,9 @@ def base_report(**over: Any) -> dict[str, Any]:
             "compute_ms": 70.0,
             "lost_ratio": 0.30,
             "lost_ms": lost,
+            # as the analysis writes them: stage 2's compute over the mean stage's (40 / 32.5)
+            "slowest_stage": 2,
+            "stage_ratio": 40.0 / 32.5,
         },
         "bubble": {"measured_ratio": 0.30, "theoretical_ratio": 3 / 11},
         "stages": stages,
