@@ -105,8 +105,8 @@ def test_one_slowest_stage_everywhere(tmp_path: Path) -> None:
     assert rep.summary.slowest_stage == 1
     assert rep.summary.stage_ratio == pytest.approx(1.3 / 1.075, rel=0.02)
     pp003 = [f for f in rep.findings if f.code == "PP003"]
-    assert pp003 and pp003[0].evidence["slowest_stage"] == 1
-    assert pp003[0].evidence["ratio"] == pytest.approx(rep.summary.stage_ratio, abs=1e-3)
+    assert pp003 and pp003[0].evidence.as_dict()["slowest_stage"] == 1
+    assert pp003[0].evidence.as_dict()["ratio"] == pytest.approx(rep.summary.stage_ratio, abs=1e-3)
     assert rep.stages[report_slowest_stage(typed(rep)) or 0].stage == 1
     assert stage_ratio(typed(rep))[0] == pytest.approx(rep.summary.stage_ratio, abs=1e-4)
     b0, b1 = rep.stages[0].block_ms, rep.stages[1].block_ms

@@ -378,7 +378,7 @@ def test_pp011_handbuilt_times(analyzed: Callable[[str, bool], Report]) -> None:
     (f,) = _of(rep, "PP011")
     assert f.gain_ms == pytest.approx(8.0) and f.ranks == [0]
     assert "dominant" in f.title
-    ev: dict[str, Any] = f.evidence
+    ev: dict[str, Any] = f.evidence.as_dict()
     assert ev["copy_ms_by_name"] == {"Memcpy HtoD (Pageable -> Device)": 8.0}
     assert "pinned" in f.fixes[0]  # pageable copies: pinned memory first
 

@@ -30,6 +30,7 @@ from ppdiag.reports.budget import (
 )
 from ppdiag.reports.coverage import Coverage, coverage_of, run_gaps
 from ppdiag.reports.style import cause_label
+from ppdiag.rules import load_builtin
 
 __all__ = [
     "BUDGET_KEYS",
@@ -172,6 +173,7 @@ def load_report(path: str | Path, what: str = "report") -> Report:
         raise InputError(
             str(p), f"report schema_version {ver!r} is not supported (this ppdiag reads {SCHEMA_VERSION})"
         )
+    load_builtin()  # each finding's evidence decodes as its rule's type
     try:
         return decode(raw)
     except RecursionError:
