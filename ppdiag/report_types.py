@@ -42,6 +42,7 @@ from ppdiag.report_sections import CriticalStep as CriticalStep
 from ppdiag.report_sections import Hang as Hang
 from ppdiag.report_sections import Kernel as Kernel
 from ppdiag.report_sections import LastOp as LastOp
+from ppdiag.report_sections import LayerSplit as LayerSplit
 from ppdiag.report_sections import LinkRow as LinkRow
 from ppdiag.report_sections import PathPiece as PathPiece
 from ppdiag.report_sections import RankKernels as RankKernels
@@ -51,10 +52,6 @@ from ppdiag.report_sections import path_by_stage as path_by_stage
 
 #: The shipped schema of the report.
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
-
-#: Free-form JSON object (a what-if split): keys documented in docs/json.md, values any JSON
-#: value. ``object``, not ``Any``: readers narrow before use.
-JsonObject = dict[str, object]
 
 
 class Severity(StrEnum):
@@ -291,7 +288,7 @@ class WhatifRow(msgspec.Struct, frozen=True):
     activation_vs_measured: float | None
     peak_activation_mb: float | None
     stage_ms: list[float]
-    split: JsonObject | None
+    split: LayerSplit | None
     calibration: str
     note: str
     error: str | None
@@ -509,7 +506,8 @@ def _with_evidence(report: Report, evidence: list[Evidence]) -> Report:
 
 
 def _schema_hook(t: object) -> dict[str, Any]:
-    """Any JSON value for the values of a :data:`JsonObject`."""
+    """Any JSON value for an ``object`` field (``run.structure``'s fact values: a count, a list, a
+    map, as the fact is)."""
     if t is object:
         return {"description": "any JSON value"}
     raise NotImplementedError(f"no JSON Schema for {t!r}")

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model.schedule import parse_schedule
-from ppdiag.report_types import MemoryBasis, WhatifRow
+from ppdiag.report_types import LayerSplit, MemoryBasis, WhatifRow
 from ppdiag.whatif.costs import (
     MS,
     MeasuredRun,
@@ -77,7 +77,7 @@ class Prediction:
     activation_vs_measured: float | None = None
     peak_activation_mb: float | None = None
     stage_ns: list[float] = field(default_factory=list)
-    split: dict[str, Any] | None = None
+    split: LayerSplit | None = None
     calibration: str = ""
     notes: list[str] = field(default_factory=list)
     error: str | None = None
@@ -144,7 +144,7 @@ class _Layout:
     wgrad: F64
     act: F64  # activation weight of one micro-batch per chunk (MB, or measured-stage units)
     act_in_mb: bool
-    split: dict[str, Any] | None
+    split: LayerSplit | None
     notes: list[str]
 
 
