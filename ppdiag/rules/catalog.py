@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from msgspec import Struct
 
 _FIELDS = ("code", "name", "cause", "summary")
 
@@ -119,7 +123,7 @@ def _imported_rules() -> list[RuleText]:
     ]
 
 
-def _evidence_fields(kind: type) -> tuple[tuple[str, str], ...]:
+def _evidence_fields(kind: type[Struct]) -> tuple[tuple[str, str], ...]:
     """A rule's own evidence fields (the common ones of its base left out) with their annotations
     as written (the modules use postponed annotations: strings)."""
     import inspect
