@@ -95,5 +95,6 @@ def hand_evidence(ev: dict[str, Any]) -> Evidence:
     finding needs only the fields it is about, not every field of its rule's evidence type)."""
     own = [(k, Any) for k in ev if k not in Evidence.__struct_fields__]
     kind = msgspec.defstruct("HandEvidence", own, bases=(Evidence,), frozen=True)
-    out: Evidence = msgspec.convert(ev, kind)
+    out = msgspec.convert(ev, kind)
+    assert isinstance(out, Evidence)
     return out

@@ -60,7 +60,7 @@ class _TinyParser:
 
     name = "tiny"
     format = "tiny"
-    suffixes = (".tiny",)
+    suffixes: tuple[str, ...] = (".tiny",)
     describe = "a tiny test trace (*.tiny)"
     holds_every_rank = False
 
