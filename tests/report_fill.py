@@ -16,6 +16,8 @@ from ppdiag.report_types import Evidence, Report
 
 
 def _neutral(t: mi.Type) -> Any:
+    if isinstance(t, mi.Metadata):  # an annotated type: its value's
+        return _neutral(t.type)
     if isinstance(t, mi.UnionType):
         if any(isinstance(x, mi.NoneType) for x in t.types):
             return None
@@ -57,6 +59,7 @@ NEUTRAL: dict[tuple[str, str], Any] = {
     ("RunInfo", "pp"): 1,
     ("RunInfo", "virtual_stages"): 1,
     ("RunInfo", "schedule"): "none",
+    ("RunInfo", "format"): "kineto",  # a format a registered parser names
 }
 
 
