@@ -1,4 +1,4 @@
-"""Each link's normal transfer time and the run's fault-free p2p latency (DESIGN.md §5).
+"""Each link's normal transfer time and the run's fault-free p2p latency (docs/json.md, "Time accounting").
 
 A transfer at its link's normal time is part of the schedule (bubble); only what a transfer takes
 beyond the run's fault-free latency is comm_wait, and PP004 names a link only when it is slower

@@ -1,4 +1,4 @@
-"""Each link's normal transfer time, read off the run itself (DESIGN.md §5, ``bubble``).
+"""Each link's normal transfer time, read off the run itself (docs/json.md, "Time accounting", ``bubble``).
 
 A pipeline transfer that took its link's normal time is part of the schedule: the fill and drain
 of the pipe pay it even on a perfect run, so it is bubble, and only what a transfer takes beyond

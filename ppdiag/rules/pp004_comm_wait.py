@@ -8,13 +8,23 @@ from collections import defaultdict
 import numpy as np
 
 from ppdiag.attribution.link_latency import LinkLatencies, link_latencies
-from ppdiag.report_types import Cause, FindingRow
+from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 from ppdiag.rules.noise import shared_share
 
 #: The share of a link's late waits left out of its typical lateness (the longest ones).
 _OUTLIERS = 0.2
+
+
+class CommWaitEvidence(Evidence, frozen=True):
+    """PP004's evidence: the comm wait, the run's normal latency and the slow links' late waits."""
+
+    comm_wait_ms: float
+    normal_latency_ms: float  # the run's fault-free p2p latency
+    late_wait_ms_per_step_by_link: dict[str, float]  # "src->dst" -> late waits per step
+    link_normal_ms: dict[str, float]  # "src->dst" -> the link's normal transfer time
+    tcp_fallback_suspected: list[str]  # links whose bandwidth is below any RDMA class
 
 
 class CommWaitRule:
@@ -47,6 +57,7 @@ class CommWaitRule:
     name = "comm-wait"
     cause = Cause.COMM_WAIT
     summary = "p2p/NCCL waits with the peer ready: slow or late transfers between stages."
+    evidence = CommWaitEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         if ctx.pipeline.topology.pp <= 1 or not ctx.step_ms:
@@ -80,20 +91,20 @@ class CommWaitRule:
                 if senders and top > 0
                 else "stage-to-stage transfers arrive late",
                 gain,
-                {
-                    "comm_wait_ms": r3(cw),
-                    "normal_latency_ms": r3(normal / 1e6),
-                    "late_wait_ms_per_step_by_link": link_ev,
-                    "link_normal_ms": {
+                CommWaitEvidence(
+                    comm_wait_ms=r3(cw),
+                    normal_latency_ms=r3(normal / 1e6),
+                    late_wait_ms_per_step_by_link=link_ev,
+                    link_normal_ms={
                         f"{a}->{b}": r3(x.normal_ns / 1e6) for (a, b), x in sorted(links.links.items())
                     },
                     # achieved bandwidth of the links (ppdiag/pipeline/links.py): below any RDMA class
-                    "tcp_fallback_suspected": [
+                    tcp_fallback_suspected=[
                         f"{x.src}->{x.dst}: {x.gbps_median:.2f} GB/s inter-node"
                         for x in ctx.report.links or []
                         if x.tcp_fallback_suspected
                     ],
-                },
+                ),
                 [
                     "check the NCCL transport of these links: NCCL_DEBUG=INFO (NET/Socket means TCP "
                     "fallback; expect NET/IB or P2P/NVLink), NIC and GPU affinity",

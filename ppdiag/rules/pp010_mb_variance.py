@@ -6,12 +6,13 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Phase
 from ppdiag.pipeline.blocks import Blocks
-from ppdiag.report_types import Cause, FindingRow
+from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
 from ppdiag.rules.block_replay import ReplayPlan
@@ -65,6 +66,36 @@ def _measured_replays(
     return out
 
 
+class StageSpread(msgspec.Struct, frozen=True):
+    """One stage's spread of block costs, of the phase that varies most within a rank."""
+
+    cv: float
+    cv_within_rank: float
+    cv_across_ranks: float
+    phase: str  # forward / backward / wgrad
+
+
+class WorstMicrobatch(msgspec.Struct, frozen=True):
+    """A micro-batch slow on every stage: its mean cost over the mean (``worst_microbatches[]``)."""
+
+    step_index: int
+    pipeline: int
+    mb: int
+    cost_vs_mean: float
+
+
+class MicrobatchVarianceEvidence(Evidence, frozen=True):
+    """PP010's evidence: the spread per stage, what it follows, and the replay's gain."""
+
+    per_stage: dict[str, StageSpread]
+    follows: str  # "micro-batch (data)" or "rank (hardware)"
+    microbatch_share: float  # of the within-rank variation the micro-batch means explain
+    worst_microbatches: list[WorstMicrobatch]
+    cv_threshold: float
+    replay_gain_ms: float
+    explained_by_slow_workers_ms: float  # PP009's part, not counted twice
+
+
 class MicrobatchVarianceRule:
     """What it detects:
     Block costs of one stage vary from micro-batch to micro-batch (and replica to replica) far
@@ -97,6 +128,7 @@ class MicrobatchVarianceRule:
     name = "microbatch-variance"
     cause = Cause.IMBALANCE
     summary = "Micro-batch cost variance (e.g. sequence lengths): the pipe waits for the longest block."
+    evidence = MicrobatchVarianceEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         topo = ctx.pipeline.topology
@@ -126,15 +158,15 @@ class MicrobatchVarianceRule:
             f"(stage(s) {', '.join(map(str, stages))}), following the {follows}; the pipeline waits "
             "for the longest micro-batches"
         )
-        evidence = {
-            "per_stage": _per_stage_evidence(per_stage),
-            "follows": follows,
-            "microbatch_share": r3(share),
-            "worst_microbatches": worst_mb,
-            "cv_threshold": CV_MIN,
-            "replay_gain_ms": r3(gain + explained),
-            "explained_by_slow_workers_ms": r3(explained),
-        }
+        evidence = MicrobatchVarianceEvidence(
+            per_stage=_per_stage_evidence(per_stage),
+            follows=follows,
+            microbatch_share=r3(share),
+            worst_microbatches=worst_mb,
+            cv_threshold=CV_MIN,
+            replay_gain_ms=r3(gain + explained),
+            explained_by_slow_workers_ms=r3(explained),
+        )
         fixes = [
             "pack sequences (samples concatenated up to the context length): the same tokens per micro-batch",
             "form length-grouped or token-balanced micro-batches (bin samples by length before batching)",
@@ -145,10 +177,14 @@ class MicrobatchVarianceRule:
         return [finding(ctx, self.code, self.cause, title, gain, evidence, fixes, stages=stages)]
 
 
-def _per_stage_evidence(per_stage: dict[int, dict[str, float]]) -> dict[str, object]:
+def _per_stage_evidence(per_stage: dict[int, dict[str, float]]) -> dict[str, StageSpread]:
     return {
-        str(s): {k: r3(v) for k, v in d.items() if k != "phase"}
-        | {"phase": Phase(int(d["phase"])).name.lower()}
+        str(s): StageSpread(
+            cv=r3(d["cv"]),
+            cv_within_rank=r3(d["cv_within_rank"]),
+            cv_across_ranks=r3(d["cv_across_ranks"]),
+            phase=Phase(int(d["phase"])).name.lower(),
+        )
         for s, d in sorted(per_stage.items())
     }
 
@@ -232,7 +268,7 @@ def _replay_gains_ns(
 
 def _follows(
     blocks: dict[int, Blocks], lines: Sequence[Sequence[int]]
-) -> tuple[str, float, list[dict[str, float]]]:
+) -> tuple[str, float, list[WorstMicrobatch]]:
     """Whether the within-rank variation follows the micro-batch: the share of it that the
     (step, pipeline, micro-batch) means explain (the same micro-batch slow on every stage), and
     the worst micro-batches by that mean."""
@@ -261,12 +297,12 @@ def _follows(
     share = float((gmean[inv] ** 2).sum() / total) if total > 0 else 0.0
     order = np.argsort(-gmean)[:5]
     worst = [
-        {
-            "step_index": int(uk[i, 0]),
-            "pipeline": int(uk[i, 1]),
-            "mb": int(uk[i, 2]),
-            "cost_vs_mean": r3(1.0 + float(gmean[i])),
-        }
+        WorstMicrobatch(
+            step_index=int(uk[i, 0]),
+            pipeline=int(uk[i, 1]),
+            mb=int(uk[i, 2]),
+            cost_vs_mean=r3(1.0 + float(gmean[i])),
+        )
         for i in order
     ]
     return ("micro-batch (data)" if share >= 0.5 else "rank (hardware)"), share, worst
