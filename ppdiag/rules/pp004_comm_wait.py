@@ -143,14 +143,19 @@ def _link_noise_ms(
     """The noise of the fix's gain, judged against the links' spread rather than the step's: the
     share of the gain that the links' shared lateness explains (what every link shows: the slow
     links' lateness beyond the others' is the fault), plus the noise of that lateness beyond the
-    others' (``Z`` standard errors per transfer, over a step's transfers, in quadrature). On an
+    others' (``Z`` standard errors per transfer, over a step's transfers, in quadrature), taken as
+    the same share of the gain as of that lateness (the gain is what the replay wins back, which a
+    GPipe phase pays once per held send, not once per transfer). On an
     oversubscribed CPU host a link is late by up to what a descheduled process costs: that share
     of the gain is noise as well."""
     n_steps = _steps(ctx)
     late_all = sum(x.late_ns * x.n for x in links.links.values())
     beyond = sum(slow[k] * links.links[k].n for k in slow)
     shared = 1.0 - min(beyond / late_all, 1.0) if late_all > 0 else 0.0
-    spread_ms = math.hypot(*(links.noise_ns(k) * links.links[k].n for k in slow)) / n_steps / 1e6
+    # the gain is the replay's, not the late waits' sum (a GPipe phase pays a held send's delay
+    # once, not per transfer): it is as uncertain, relatively, as the lateness it comes from
+    spread = math.hypot(*(links.noise_ns(k) * links.links[k].n for k in slow))
+    spread_ms = gain * min(spread / beyond, 1.0) if beyond > 0 else spread / n_steps / 1e6
     nm = noise_of(ctx)
     descheduled = min(nm.contention_ms / top_ms, 1.0) if top_ms > 0 else 0.0
     contention = nm.noise_ms(gain, max(shared_share(list(per_link.values())), descheduled)) - nm.base_ms()
