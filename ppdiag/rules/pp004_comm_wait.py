@@ -5,16 +5,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-import numpy as np
-
 from ppdiag.attribution.link_latency import LinkLatencies, link_latencies
 from ppdiag.report_types import Cause, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 from ppdiag.rules.noise import shared_share
-
-#: The share of a link's late waits left out of its typical lateness (the longest ones).
-_OUTLIERS = 0.2
 
 
 class CommWaitRule:
@@ -65,7 +60,9 @@ class CommWaitRule:
         if not slow:
             return []
         normal = ctx.attribution.normal_latency_ns
-        per_link = _late_wait_per_link(ctx, normal)
+        # what consumers waited per step on each link beyond the normal latency: the same
+        # lateness that judged the link, over the link's transfers
+        per_link = {k: x.late_sum_ns / _steps(ctx) for k, x in links.links.items()}
         slow_wait = {k: per_link.get(k, 0.0) for k in slow}
         top = max(slow_wait.values(), default=0.0)
         senders = _slow_senders(slow_wait)
@@ -76,7 +73,7 @@ class CommWaitRule:
                 self.code,
                 self.cause,
                 "transfers of rank(s) " + ", ".join(map(str, senders)) + " arrive late "
-                f"({top / 1e6:.1f} ms per step of waiting on the slowest link)"
+                f"({top / 1e6:.1f} ms per step of late transfers on the slowest link)"
                 if senders and top > 0
                 else "stage-to-stage transfers arrive late",
                 gain,
@@ -160,28 +157,6 @@ def _link_noise_ms(
     descheduled = min(nm.contention_ms / top_ms, 1.0) if top_ms > 0 else 0.0
     contention = nm.noise_ms(gain, max(shared_share(list(per_link.values())), descheduled)) - nm.base_ms()
     return shared * gain + spread_ms + contention
-
-
-def _late_wait_per_link(ctx: RuleContext, normal: int) -> dict[tuple[int, int], float]:
-    """Per link (producer, consumer): how long (ns per step) consumers waited on transfers that
-    took longer than the run's ``normal`` latency. A host op (gloo) that the producer issued after
-    its block while it went on is counted from the block's end: the data was held on its way."""
-    waited: dict[tuple[int, int], list[int]] = defaultdict(list)
-    edges = ctx.attribution.edges
-    held = ctx.attribution.edge_held if len(ctx.attribution.edge_held) == len(edges) else [0] * len(edges)
-    for (prod, cons, tau, wait), h in zip(edges, held, strict=True):
-        waited[(prod, cons)].append(min(max(tau + h - normal, 0), wait))
-    steps = _steps(ctx)
-    return {k: _typical_sum(v) / steps for k, v in waited.items()}
-
-
-def _typical_sum(late: list[int]) -> float:
-    """The late waits of one link summed as if each were typical of the link: the mean of all but
-    the longest :data:`_OUTLIERS` of them, times their count. A process descheduled on a loaded host
-    makes a few transfers very late on any link; a slow link makes most of its transfers late."""
-    v = np.sort(np.asarray(late, dtype=np.float64))
-    keep = max(int(np.ceil(v.size * (1.0 - _OUTLIERS))), 1)
-    return float(v[:keep].mean()) * v.size if v.size else 0.0
 
 
 def _slow_senders(per_link: dict[tuple[int, int], float]) -> list[int]:
