@@ -121,12 +121,19 @@ def link_latencies(waits: Iterable[tuple[int, int, int, int]]) -> LinkLatencies:
 
 def typical_late(late: npt.NDArray[np.float64]) -> tuple[float, float]:
     """A link's lateness per transfer as most of its transfers show it, and its standard error:
-    the mean and standard error of all but the longest :data:`OUTLIERS` of ``late``."""
+    the mean of all but the longest :data:`OUTLIERS` of ``late`` (a trimmed mean), and the standard
+    error of a trimmed mean (Tukey and McLaughlin: the winsorized standard deviation, the left-out
+    values counted as the longest kept one, over the kept share times the root of the count). The
+    kept values' own spread would understate it: leaving out the longest narrows them."""
     if late.size == 0:
         return 0.0, 0.0
-    kept = np.sort(late)[: max(int(np.ceil(late.size * (1.0 - OUTLIERS))), 1)]
-    se = float(np.std(kept, ddof=1)) / math.sqrt(kept.size) if kept.size >= 2 else 0.0
-    return float(kept.mean()), se
+    v = np.sort(late)
+    k = max(int(np.ceil(v.size * (1.0 - OUTLIERS))), 1)
+    if v.size < 2:
+        return float(v[:k].mean()), 0.0
+    wins = np.minimum(v, v[k - 1])
+    se = float(np.std(wins, ddof=1)) / ((k / v.size) * math.sqrt(v.size))
+    return float(v[:k].mean()), se
 
 
 __all__ = [

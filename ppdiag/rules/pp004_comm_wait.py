@@ -164,14 +164,16 @@ def _slow_senders(per_link: dict[tuple[int, int], float]) -> list[int]:
 
     A slow rank makes every link it touches slow, in both directions; its neighbours share only
     one of those links each. The producer side of a link weighs a little more, so a slow first or
-    last stage is still told apart from its neighbour.
+    last stage is still told apart from its neighbour: a rank is named when its score is within
+    that weight of the best, strictly (the receiver of the one slow link scores exactly the best
+    over the weight, and is not named with its sender).
     """
     score: dict[int, float] = defaultdict(float)
     for (a, b), v in per_link.items():
         score[a] += 1.25 * v
         score[b] += v
     best = max(score.values(), default=0.0)
-    return sorted(r for r, v in score.items() if best > 0 and v >= 0.8 * best)
+    return sorted(r for r, v in score.items() if best > 0 and 1.25 * v > best)
 
 
 register(CommWaitRule())
