@@ -235,12 +235,16 @@ class ReplayGraph:
         self._rank_l: list[int] = self.cols.cols["rank"].tolist()
         self._step_l: list[int] = self.cols.cols["step"].tolist()
         self._find_step_syncs(timelines)
+        lab = np.concatenate(labels, axis=1).astype(np.int64) if labels else np.zeros((5, 0), np.int64)
+        cons, prod = _label_pairs(lab, last_stage)
+        # each labelled block's producer (the block whose output it consumes), for host-op waits
+        self._label_prod: dict[int, int] = dict(zip(cons.tolist(), prod.tolist(), strict=True))
         self._resolve_waits(pending, timelines, ops, tol)
         # each link's normal transfer time and the run's fault-free latency (the lower quartile
         # of the links' normal times: slow links, even most of them, do not set it)
         self.links = link_latencies(self.waits)
         self.normal_latency = self.links.fault_free_ns
-        self._label_edges(labels, last_stage, tol)
+        self._label_edges(cons, prod, tol)
         self.order: list[int] = np.argsort(np.asarray(self.meas_start, np.int64), kind="stable").tolist()
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
         self.prev_step = _chain_steps(steps)
@@ -483,6 +487,8 @@ class ReplayGraph:
         j = bisect.bisect_right(ends, at + ctx.tol) - 1
         if wdir == int(Direction.SEND):
             nc.send_wait.add(nid)
+        if not device and self._labelled_wait(ctx, nid, peer, (wdir, op_end), rel, wait_start):
+            return
         if j < 0 and last is not None and peer in ctx.ends_by_rank:
             # the peer issued it before finishing any analyzed block (a receive posted at the
             # start of the step): the transfer starts at that fixed issue time
@@ -501,6 +507,24 @@ class ReplayGraph:
         else:
             posted = min(posted, wait_start) if device else wait_start
             self._producer_wait(ctx, nid, peer, (ids[j], ends[j], last), posted, rel, wait_start)
+
+    def _labelled_wait(
+        self, ctx: _WaitContext, nid: int, peer: int, op: tuple[int, int], rel: int, wait_start: int
+    ) -> bool:
+        """A host-op receive whose send is known by order and whose block's label names its
+        producer on that peer: the wait is tied to that producer and that send (True), not to the
+        peer's last block before the release. A send held on its way is posted after the peer's
+        later blocks, which the release would take for the producer."""
+        wdir, op_end = op
+        prod = self._label_prod.get(nid, -1)
+        if wdir != int(Direction.RECV) or prod < 0 or self._rank_l[prod] != peer:
+            return False
+        sent = ctx.issues.send_of(self._rank_l[nid], peer, op_end, ctx.tol)
+        p_end = self.meas_start[prod] + int(self.cols.cols["span"][prod])
+        if sent is None or p_end > sent + ctx.tol:
+            return False
+        self._producer_wait(ctx, nid, peer, (prod, p_end, sent), wait_start, rel, wait_start)
+        return True
 
     def _producer_wait(
         self,
@@ -529,11 +553,18 @@ class ReplayGraph:
         # copies the producer ran between its block and the send delay the send as copies
         prs = ctx.by_rank_step.get((self._rank_l[prod], self._step_l[prod]))
         issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if prs is not None else 0
-        nc.obs[nid] = (prod, issue - p_end - issue_copy, xfer)
+        delay = issue - p_end - issue_copy
+        # a host op (gloo) issued after its block while the producer went on (computing, waiting
+        # for its own transfers): the data was held on its way, a late transfer; only the stretch
+        # with nothing running on the producer (its host stalled) is a host delay
+        held = 0
+        if ctx.timelines[peer].cpu_only and prs is not None and delay > 0:
+            held = max(delay - _m(prs.host_set, p_end, issue), 0)
+        nc.obs[nid] = (prod, delay - held, xfer)
         nc.issue_copy[nid] = issue_copy
+        if held:
+            nc.issue_held[nid] = held
         nc.lead[nid] = wait_start - posted
-        # a host op (gloo) issued after its block while the producer went on: the data was held
-        held = issue - p_end - issue_copy if ctx.timelines[peer].cpu_only else 0
         self._record_wait(ctx, peer, me, xfer, rel - wait_start, held)
 
     def _record_wait(
@@ -542,14 +573,12 @@ class ReplayGraph:
         self.waits.append((peer, me, xfer, waited))
         self.held.append(held)
 
-    def _label_edges(self, labels: list[npt.NDArray[np.int64]], last_stage: int, tol: int) -> None:
+    def _label_edges(self, cons: npt.NDArray[np.int64], prod: npt.NDArray[np.int64], tol: int) -> None:
         """Pipeline data dependencies from labels, with the normal latency (capped so the measured
         timeline stays reproduced exactly). A consumer that starts a few ns before its producer
         ends (within the rounding and timer resolution of the input) keeps the dependency with
         that small negative latency: dropping it would make the split of the waits depend on
         sub-µs jitter (float32 seconds against float64 ones)."""
-        lab = np.concatenate(labels, axis=1).astype(np.int64) if labels else np.zeros((5, 0), np.int64)
-        cons, prod = _label_pairs(lab, last_stage)
         start, c = np.asarray(self.meas_start, np.int64), self.cols.cols
         slack = start[cons] - c["post"][cons] - (start[prod] + c["span"][prod])
         # the measurement contradicts these dependencies: labels do not match up
