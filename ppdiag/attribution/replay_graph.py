@@ -441,11 +441,13 @@ class ReplayGraph:
         issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if prs is not None else 0
         delay = issue - p_end - issue_copy
         # a host op (gloo) issued after its block while the producer went on (computing, waiting
-        # for its own transfers): the data was held on its way, a late transfer; only the stretch
-        # with nothing running on the producer (its host stalled) is a host delay
+        # for its own transfers): the data was held on its way, a late transfer; the stretch with
+        # nothing running on the producer (its host stalled) and the call that was issuing the
+        # transfer (its own host time, descheduled inside it or not) are a host delay
         held = 0
         if ctx.timelines[peer].cpu_only and prs is not None and delay > 0:
-            held = max(delay - _m(prs.host_set, p_end, issue), 0)
+            own = _m(prs.host_set, p_end, issue) + _m(prs.p2p_host, p_end, issue)
+            held = max(delay - own, 0)
         nc.obs[nid] = (prod, delay - held, xfer)
         nc.issue_copy[nid] = issue_copy
         if held:
