@@ -56,8 +56,7 @@ class Transfers:
         """The matched pairs of the pipeline with each side moved onto the aligned clock."""
         src = pairs.src.astype(np.int32)
         dst = pairs.dst.astype(np.int32)
-        off_s = np.array([offsets.get(int(r), 0) for r in src], dtype=np.int64)
-        off_d = np.array([offsets.get(int(r), 0) for r in dst], dtype=np.int64)
+        off_s, off_d = _offsets_of(src, offsets), _offsets_of(dst, offsets)
         return cls.build(src, dst, pairs.send_start + off_s, pairs.recv_start + off_d, pairs.recv_end + off_d)
 
     @classmethod
@@ -77,6 +76,12 @@ class Transfers:
         re = np.asarray(recv_end, dtype=np.int64)
         o = np.lexsort((re, d))
         return cls(s[o], d[o], ss[o], rs[o], re[o])
+
+
+def _offsets_of(ranks: npt.NDArray[np.int32], offsets: Mapping[int, int]) -> npt.NDArray[np.int64]:
+    """Each row's rank's clock offset (0 for a rank without one): one look-up per distinct rank."""
+    uniq, inv = np.unique(ranks, return_inverse=True)
+    return np.array([offsets.get(r, 0) for r in uniq.tolist()], dtype=np.int64)[inv.reshape(-1)]
 
 
 class _Walk:
