@@ -73,6 +73,8 @@ class RangeKind(IntEnum):
 
 
 T = TypeVar("T", bound="ColumnTable")
+# numpy's own dtype object of each column type (see ColumnTable.__post_init__)
+_OWN = {t: np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64, np.float64, np.bool_)}
 
 
 class ColumnTable:
@@ -91,10 +93,11 @@ class ColumnTable:
         # (no copy) is identical data.
         for c in self.COLUMNS:
             a = getattr(self, c, None)
-            if isinstance(a, np.ndarray) and a.dtype.kind in "biuf":
-                dt = np.dtype(a.dtype.str)
-                if a.dtype is not dt:
-                    setattr(self, c, a.view(dt))
+            if not isinstance(a, np.ndarray) or a.dtype is _OWN.get(self.DTYPES[c]):
+                continue  # the common case: one identity test
+            dt = np.dtype(a.dtype.str) if a.dtype.kind in "biuf" else a.dtype
+            if a.dtype is not dt:
+                setattr(self, c, a.view(dt))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # unpickling (a parse worker's result) restores the fields without __init__
