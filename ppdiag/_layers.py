@@ -34,7 +34,8 @@ from pathlib import Path
 # - attribution: lost time split into causes.
 # - whatif: prediction of other configurations from the measured costs (its CLI is in ``cli``).
 # - facts: facts shared by rules, gate and reports, computed once (summary, facts).
-# - rules: findings PP001...
+# - rules: findings PP001... (each with its evidence type); ``report_schema`` writes the report's
+#   schema with every rule's evidence, so it sits with them.
 # - analysis: what an analysis keeps beside its report (AnalysisContext), read by the reports; it
 #   sits beside api but below the reports.
 # - reports: terminal, JSON, Markdown, HTML, Perfetto, diff, gate.
@@ -63,6 +64,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ppdiag.model",
             "ppdiag.diagnosis",
             "ppdiag.report_types",
+            "ppdiag.report_evidence",
             "ppdiag.report_sections",
             "ppdiag.report_check",
         ),
@@ -73,7 +75,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attribution", ("ppdiag.attribution",)),
     ("whatif", ("ppdiag.whatif",)),
     ("facts", ("ppdiag.summary", "ppdiag.facts")),
-    ("rules", ("ppdiag.rules",)),
+    ("rules", ("ppdiag.rules", "ppdiag.report_schema")),
     ("analysis", ("ppdiag.analysis",)),
     ("reports", ("ppdiag.reports",)),
     ("api", ("ppdiag.api",)),

@@ -244,7 +244,11 @@ def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) ->
         balance=m.balance,
     )
     findings = sorted(run_rules(ctx), key=lambda f: f.code != "PP013")  # how the run stopped first
-    used = [str(f.evidence["whatif_fix"]) for f in findings if f.evidence.get("whatif_fix")]
+    used = [
+        f.evidence.whatif_fix
+        for f in findings
+        if isinstance(f.evidence.whatif_fix, str) and f.evidence.whatif_fix
+    ]
     result = _checked(
         m.report(
             [*m.warnings, *unpredicted],

@@ -80,7 +80,7 @@ def _check_world(report: Report) -> Iterable[str]:
         if run.pp > 1 and run.world_size % run.pp:
             yield f"world size: world size {run.world_size} is not a multiple of pp = {run.pp}"
     for f in report.findings:
-        ev = f.evidence
+        ev = f.evidence.as_dict()
         parts = [ev.get(k) for k in ("world_size", "tp", "pp", "dp")]
         if all(isinstance(x, int) and not isinstance(x, bool) for x in parts):
             world, tp, pp, dp = (int(x) for x in parts)  # type: ignore[call-overload]
@@ -112,7 +112,7 @@ def _check_scope(report: Report) -> Iterable[str]:
 
 
 def _noise(f: FindingRow) -> float:
-    n = f.evidence.get("noise_ms")
+    n = f.evidence.noise_ms
     return float(n) if isinstance(n, int | float) and not isinstance(n, bool) else 0.0
 
 
@@ -244,7 +244,7 @@ def _check_quoted(report: Report) -> Iterable[str]:
     _numbers([s.step_ms, s.step_mean_ms, s.step_p95_ms, s.compute_ms, s.stage_ratio], base)
     for f in report.findings:
         fields = list(base)
-        _numbers([f.evidence, f.gain_ms], fields)
+        _numbers([f.evidence.as_dict(), f.gain_ms], fields)
         for m in (m for text in (f.title, *f.fixes) for m in _QUOTED.finditer(text)):
             text = m.group(1)
             digits = len(text.split(".")[1]) if "." in text else 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from ppdiag.compat import StrEnum
 
@@ -189,3 +190,22 @@ class RankKernels(msgspec.Struct, frozen=True):
 
     rank: int
     top: list[Kernel]
+
+
+class LayerSplit(msgspec.Struct, frozen=True, kw_only=True):
+    """The layer split of a what-if row (``whatif[].split``): the layers each stage holds, and for a
+    rebalanced split the slowest stage before and after. A field the scenario has nothing for is
+    left out."""
+
+    layers_per_stage: list[int] | UnsetType = UNSET
+    ranges: list[tuple[int, int]] | UnsetType = UNSET  # first and last layer of each stage
+    names: list[tuple[str, str]] | UnsetType = UNSET  # their names
+    source: str  # where the per-layer costs come from
+    current_layers_per_stage: list[int] | UnsetType = UNSET
+    ideal: bool | UnsetType = UNSET  # no per-layer costs: every stage at the mean cost
+    slowest_stage_before: int | UnsetType = UNSET
+    slowest_before_ms: float | UnsetType = UNSET
+    mean_before_ms: float | UnsetType = UNSET
+    stage_ms_before: list[float] | UnsetType = UNSET
+    slowest_after_ms: float | UnsetType = UNSET
+    stage_ms_after: list[float] | UnsetType = UNSET

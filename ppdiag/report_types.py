@@ -2,10 +2,12 @@
 
 Every section is a frozen :class:`msgspec.Struct` (field order = the JSON key order); the report is
 built as a :class:`Report` by :mod:`ppdiag.api`, written by :func:`dumps` (encoded by msgspec) and
-read back by :func:`decode` (``msgspec.json.decode(..., type=Report)``), so ``check``, ``diff`` and
-the reporters take the same typed value the analysis produced. ``report.schema.json`` next to this
-module is :func:`report_schema` written out (``python -m ppdiag.report_types`` regenerates it; a
-test keeps it current and checks that ``docs/json.md`` names every field).
+read back by :func:`decode` (``msgspec.json.decode(..., type=Report)``, each finding's evidence as
+the type its rule registered, :mod:`ppdiag.report_evidence`), so ``check``, ``diff`` and the
+reporters take the same typed value the analysis produced. ``report.schema.json`` next to this
+module is :func:`report_schema` written out with every rule's evidence (``python -m
+ppdiag.report_schema`` regenerates it; a test keeps it current and checks that ``docs/json.md``
+names every field and ``docs/rules.md`` every rule's evidence field).
 
 A section added later is one more Struct and one optional :class:`Report` field defaulting to
 None: ``Report`` omits default-valued fields, so reports without it keep their bytes.
@@ -17,8 +19,9 @@ import json
 import math
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -31,12 +34,15 @@ from ppdiag.model.structure import Confidence as Confidence
 from ppdiag.model.structure import Fact as Fact
 from ppdiag.model.structure import FactSource as FactSource
 from ppdiag.model.structure import Structure as Structure
+from ppdiag.report_evidence import EVIDENCE, evidence_type
+from ppdiag.report_evidence import Evidence as Evidence
 from ppdiag.report_sections import PATH_CATEGORIES as PATH_CATEGORIES
 from ppdiag.report_sections import Cause as Cause
 from ppdiag.report_sections import CriticalStep as CriticalStep
 from ppdiag.report_sections import Hang as Hang
 from ppdiag.report_sections import Kernel as Kernel
 from ppdiag.report_sections import LastOp as LastOp
+from ppdiag.report_sections import LayerSplit as LayerSplit
 from ppdiag.report_sections import LinkRow as LinkRow
 from ppdiag.report_sections import PathPiece as PathPiece
 from ppdiag.report_sections import RankKernels as RankKernels
@@ -46,10 +52,6 @@ from ppdiag.report_sections import path_by_stage as path_by_stage
 
 #: The shipped schema of the report.
 SCHEMA_PATH = Path(__file__).with_name("report.schema.json")
-
-#: Free-form JSON object (a finding's evidence, a what-if split): keys documented per rule in
-#: docs/json.md, values any JSON value. ``object``, not ``Any``: readers narrow before use.
-JsonObject = dict[str, object]
 
 
 class Severity(StrEnum):
@@ -61,12 +63,12 @@ class Severity(StrEnum):
     INFO = "info"
 
 
-class TraceFormat(StrEnum):
-    """The trace format of a run (one parser registry name)."""
-
-    KINETO = "kineto"
-    NSYS = "nsys"
-    OPTABLE = "optable"
+#: The trace format of a run (``run.format``): the ``format`` a registered parser names
+#: (:mod:`ppdiag.parsers`), checked against the registry when the report is built. A string, not an
+#: enum here: a new format is a parser module (and its test), nothing in the report's types.
+TraceFormat = Annotated[
+    str, msgspec.Meta(description="the run's trace format: the format a registered parser names")
+]
 
 
 class GateStatus(StrEnum):
@@ -260,7 +262,7 @@ class FindingRow(msgspec.Struct, frozen=True):
     ranks: list[int]
     gain_ms: float | None
     gain_pct: float | None
-    evidence: JsonObject
+    evidence: Evidence  # the rule's own type (ppdiag.report_evidence), registered by its code
     fixes: list[str]
 
 
@@ -286,7 +288,7 @@ class WhatifRow(msgspec.Struct, frozen=True):
     activation_vs_measured: float | None
     peak_activation_mb: float | None
     stage_ms: list[float]
-    split: JsonObject | None
+    split: LayerSplit | None
     calibration: str
     note: str
     error: str | None
@@ -457,24 +459,76 @@ def to_builtins(report: Report) -> dict[str, Any]:
     return doc
 
 
+class _RawFinding(msgspec.Struct):
+    code: str
+    evidence: msgspec.Raw
+
+
+class _RawFindings(msgspec.Struct):
+    findings: list[_RawFinding] = msgspec.field(default_factory=list)
+
+
 def decode(data: bytes | str) -> Report:
     """A report file's bytes as a :class:`Report` (:class:`msgspec.ValidationError` or
-    :class:`msgspec.DecodeError` when it is not one; the marker and unknown keys are ignored)."""
-    return msgspec.json.decode(data, type=Report)
+    :class:`msgspec.DecodeError` when it is not one; the marker and unknown keys are ignored).
+    Each finding's evidence is the type its code registered (the rules loaded: ``ppdiag.rules.
+    load_builtin``), else the common :class:`Evidence` fields only."""
+    report = msgspec.json.decode(data, type=Report)
+    if not report.findings:
+        return report
+    raw = msgspec.json.decode(data, type=_RawFindings).findings
+    return _with_evidence(report, [_evidence(msgspec.json.decode(r.evidence), r.code) for r in raw])
+
+
+def from_builtins(doc: Mapping[str, Any]) -> Report:
+    """The report of a plain-data document (what :func:`to_builtins` gives), each finding's evidence
+    typed as :func:`decode` types it (:class:`msgspec.ValidationError` when it is not a report)."""
+    report = msgspec.convert(doc, Report)
+    raw = doc.get("findings") or []
+    return _with_evidence(report, [_evidence(f["evidence"], f["code"]) for f in raw])
+
+
+def _evidence(doc: object, code: str) -> Evidence:
+    """A finding's evidence object as the type its code registered; an object that is not one (a
+    report written before one of its fields existed, a hand-written one) keeps the common fields
+    (:class:`Evidence`) rather than refusing the whole report."""
+    try:
+        typed: Evidence = msgspec.convert(doc, evidence_type(code))
+    except msgspec.ValidationError:
+        typed = msgspec.convert(doc, Evidence)
+    return typed
+
+
+def _with_evidence(report: Report, evidence: list[Evidence]) -> Report:
+    """``report`` with each finding's evidence replaced by the typed one (same order)."""
+    typed = [msgspec.structs.replace(f, evidence=e) for f, e in zip(report.findings, evidence, strict=True)]
+    return msgspec.structs.replace(report, findings=typed)
 
 
 def _schema_hook(t: object) -> dict[str, Any]:
-    """Any JSON value for the values of a :data:`JsonObject`."""
+    """Any JSON value for an ``object`` field (``run.structure``'s fact values: a count, a list, a
+    map, as the fact is)."""
     if t is object:
         return {"description": "any JSON value"}
     raise NotImplementedError(f"no JSON Schema for {t!r}")
 
 
-def report_schema() -> dict[str, Any]:
-    """JSON Schema of the whole report, as the report writes it."""
-    (part,), defs = msgspec.json.schema_components(
-        (Report,), schema_hook=_schema_hook, ref_template="#/$defs/{name}"
+def report_schema(evidence: Mapping[str, type[Evidence]] | None = None) -> dict[str, Any]:
+    """JSON Schema of the whole report, as the report writes it: a finding's ``evidence`` is the
+    type its ``code`` registered (``evidence``, default: the rules loaded now), the common fields
+    for any other code."""
+    kinds = dict(sorted((EVIDENCE if evidence is None else evidence).items()))
+    (part, *_), defs = msgspec.json.schema_components(
+        (Report, *kinds.values()), schema_hook=_schema_hook, ref_template="#/$defs/{name}"
     )
+    if kinds:
+        defs["FindingRow"]["allOf"] = [
+            {
+                "if": {"properties": {"code": {"const": code}}},
+                "then": {"properties": {"evidence": {"$ref": f"#/$defs/{kind.__name__}"}}},
+            }
+            for code, kind in kinds.items()
+        ]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "ppdiag report",
@@ -483,11 +537,13 @@ def report_schema() -> dict[str, Any]:
     }
 
 
-def schema_text() -> str:
+def schema_text(evidence: Mapping[str, type[Evidence]] | None = None) -> str:
     """:func:`report_schema` as the shipped file holds it."""
-    return json.dumps(report_schema(), indent=2, sort_keys=True) + "\n"
+    return json.dumps(report_schema(evidence), indent=2, sort_keys=True) + "\n"
 
 
 if __name__ == "__main__":
-    SCHEMA_PATH.write_text(schema_text(), encoding="utf-8")
-    sys.stdout.write(f"wrote {SCHEMA_PATH}\n")
+    # the schema holds every rule's evidence type: the rules are above this module, so the file is
+    # written from there
+    sys.stderr.write("the schema is written by: python -m ppdiag.report_schema\n")
+    sys.exit(2)

@@ -43,7 +43,6 @@ from ppdiag.report_types import (
     StageRow,
     Summary,
     Tool,
-    TraceFormat,
     WhatifRow,
 )
 from ppdiag.version import __version__
@@ -261,6 +260,18 @@ def _rank_row(
     )
 
 
+def run_format(name: str) -> str:
+    """``name`` once a registered parser names it as its run format (``run.format``): the registry
+    is the one list of formats, so a new format is its parser module alone."""
+    from ppdiag.parsers import PARSERS, load_builtin
+
+    load_builtin()
+    known = sorted({p.format for p in PARSERS.values()})
+    if name not in known:
+        raise ValueError(f"run format {name!r} is not one a registered parser names ({', '.join(known)})")
+    return name
+
+
 def _peers(pipe: Pipeline) -> Peers | None:
     """``run.peers``: how the peer decision reports itself."""
     return pipe.peers.to_report() if pipe.peers is not None else None
@@ -288,7 +299,7 @@ def _run_info(run: Run, pipe: Pipeline, steps: list[RankStep], warnings: list[st
         peer_source=pipe.peers.source if pipe.peers is not None else "none",
         peers=_peers(pipe),
         clock_offsets_us={str(r): round(offsets.get(r, 0) / 1000, 3) for r in (tl.rank for tl in run.ranks)},
-        format=TraceFormat(run.format),
+        format=run_format(run.format),
         cpu_only=all(tl.cpu_only for tl in run.ranks),
         sources={str(tl.rank): tl.source for tl in run.ranks},
         rank_sources={str(tl.rank): tl.rank_source for tl in run.ranks},

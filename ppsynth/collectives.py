@@ -21,7 +21,7 @@ analyzer), per rank and step, on the rank's ``ProfilerStep`` window:
 * the wait in each collective (``last arrival - own arrival``) is charged to the last arriver's
   excess over the waiting rank since the previous collective (or the step start): a later start
   of the stretch or a longer host idle → ``host``, a longer compute → ``imbalance``; split in
-  proportion when both apply (DESIGN.md §5, the late rank's root cause);
+  proportion when both apply (docs/json.md "Time accounting", the late rank's root cause);
 * ``stragglers``: per late rank, its arrival after the median member's per step (``late_ms``);
 * ``gain_ms_per_step``: the step time saved with every rank on time (a re-simulation without
   ``late_ms`` and ``slow``).

@@ -6,8 +6,8 @@ before every block that needs a neighbour's data, several compute kernels per bl
 by the host, the send after the block, an optimizer phase and a pipeline-wide gradient-norm
 all-reduce at the end of every step — and returns a format-neutral :class:`SynthRun`.
 
-Ground truth (the product's definitions, DESIGN.md §5). For rank ``r`` and one step window ``W``
-(``ProfilerStep#N``, identical on all ranks on the true clock):
+Ground truth (the product's definitions, docs/json.md "Time accounting"). For rank ``r`` and one
+step window ``W`` (``ProfilerStep#N``, identical on all ranks on the true clock):
 
 * ``lost_r = W - compute_r``, where ``compute_r`` is the union of the rank's compute blocks (each
   F/B/W block and the optimizer, from its first kernel's start to its last kernel's end). The
@@ -18,8 +18,8 @@ Ground truth (the product's definitions, DESIGN.md §5). For rank ``r`` and one 
   (faulted) stage costs with the same normal links: the schedule's warm-up / cool-down waits,
   including the normal latency of the transfers that fill and drain the pipe.
 * ``imbalance_r = idle_r(S1) - bubble_r``.
-* Every further ingredient is added one at a time, in the order of DESIGN.md §5, and its cause
-  gets the growth of ``lost_r``: slow links → ``comm_wait``; the host model (launch latency,
+* Every further ingredient is added one at a time, in the order of docs/json.md "Time accounting",
+  and its cause gets the growth of ``lost_r``: slow links → ``comm_wait``; the host model (launch latency,
   per-block issue time, limited run-ahead, the host waiting for the gradient norm before the
   optimizer and for the step end), host stalls and slow steps → ``host``; the step-end all-reduce
   transfer, p2p on the compute stream and an exposed data-parallel all-reduce → ``exposed_comm``.

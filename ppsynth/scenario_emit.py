@@ -340,7 +340,9 @@ def _emit_dp_allreduce(c: _Step, t: int, rows: Any, last_end: int, tail_end: int
     if tail_end > last_end:
         ks, ke = max(last_end, launch + US), tail_end
     else:
-        last_row = rows[-1] if len(rows) else -1
+        # the last block that ran: a zero-length row (no weight-gradient block) hides nothing
+        ran = rows[res.end_ns[rows] > res.start_ns[rows]]
+        last_row = int(ran[-1]) if len(ran) else -1
         ls = c.at(res.start_ns[last_row]) if last_row >= 0 else last_end
         ks = max(ls, launch + US)
         if last_end - ks < 20 * US:  # a block too short to hide it: no kernel recorded

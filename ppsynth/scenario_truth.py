@@ -54,7 +54,7 @@ def ladder(prm: ScenarioParams, step: int) -> Ladder:
 
     s0 = simulate(pure.replace(fwd_ns=mean(fwd), bwd_ns=mean(bwd), wgrad_ns=mean(wgr)))
     lad = Ladder(s0, simulate(pure))
-    # then, in the order of DESIGN.md §5: slow links, host, exposed communication
+    # then, in the order of docs/json.md "Time accounting": slow links, host, exposed communication
     link = [0] * prm.pp
     for f in prm.faults:
         if isinstance(f, SlowLink):
@@ -71,7 +71,7 @@ def ladder(prm: ScenarioParams, step: int) -> Ladder:
 def _measured_config(prm: ScenarioParams) -> tuple[SimConfig, list[int], list[int], list[int]]:
     """The schedule with the measured stage costs (slow stages applied) and normal links, and
     those per-stage forward, backward and weight-gradient costs (ns). The normal p2p transfer time
-    that fills and drains the pipe is part of the bubble (DESIGN.md §5)."""
+    that fills and drains the pipe is part of the bubble (docs/json.md "Time accounting")."""
     sched = canonical_schedule(prm.schedule)
     v = default_virtual(sched, prm.virtual)
     n_st = prm.pp * v

@@ -3,8 +3,8 @@
 ``build_pipeline_diagnosis`` simulates a pipeline-parallel run event by event (1F1B or GPipe,
 per-stage forward/backward costs, p2p latency, an injected host stall and an optional slow link,
 a closing all-reduce and optimizer step), emits per-rank columnar timelines on *per-rank clocks*
-(every rank has its own clock offset), a gap table whose causes follow DESIGN.md §5 and a JSON
-report computed from the simulated times. It also returns the ground truth (every F/B block on the
+(every rank has its own clock offset), a gap table whose causes follow docs/json.md "Time accounting" and
+a JSON report computed from the simulated times. It also returns the ground truth (every F/B block on the
 common clock) so tests can check what the reports draw against what was simulated, not against
 the reports' own output.
 
@@ -728,6 +728,9 @@ def base_report(**over: Any) -> dict[str, Any]:
             "compute_ms": 70.0,
             "lost_ratio": 0.30,
             "lost_ms": lost,
+            # as the analysis writes them: stage 2's compute over the mean stage's (40 / 32.5)
+            "slowest_stage": 2,
+            "stage_ratio": 40.0 / 32.5,
         },
         "bubble": {"measured_ratio": 0.30, "theoretical_ratio": 3 / 11},
         "stages": stages,

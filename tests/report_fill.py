@@ -12,10 +12,12 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-from ppdiag.report_types import Report
+from ppdiag.report_types import Evidence, Report
 
 
 def _neutral(t: mi.Type) -> Any:
+    if isinstance(t, mi.Metadata):  # an annotated type: its value's
+        return _neutral(t.type)
     if isinstance(t, mi.UnionType):
         if any(isinstance(x, mi.NoneType) for x in t.types):
             return None
@@ -57,6 +59,7 @@ NEUTRAL: dict[tuple[str, str], Any] = {
     ("RunInfo", "pp"): 1,
     ("RunInfo", "virtual_stages"): 1,
     ("RunInfo", "schedule"): "none",
+    ("RunInfo", "format"): "kineto",  # a format a registered parser names
 }
 
 
@@ -79,7 +82,22 @@ def complete(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def typed(d: dict[str, Any] | Report) -> Report:
-    """A hand-written report dict (completed) as a :class:`Report`; a Report as it is."""
+    """A hand-written report dict (completed) as a :class:`Report`; a Report as it is. Each
+    finding's evidence is :func:`hand_evidence` of what the test wrote."""
     if isinstance(d, Report):
         return d
-    return msgspec.convert(complete(d), Report)
+    doc = complete(d)
+    rep = msgspec.convert(doc, Report)
+    evidence = [hand_evidence(f.get("evidence") or {}) for f in doc.get("findings") or []]
+    findings = [msgspec.structs.replace(f, evidence=e) for f, e in zip(rep.findings, evidence, strict=True)]
+    return msgspec.structs.replace(rep, findings=findings)
+
+
+def hand_evidence(ev: dict[str, Any]) -> Evidence:
+    """A hand-written evidence object as a typed :class:`Evidence` of its own keys (a test's
+    finding needs only the fields it is about, not every field of its rule's evidence type)."""
+    own = [(k, Any) for k in ev if k not in Evidence.__struct_fields__]
+    kind = msgspec.defstruct("HandEvidence", own, bases=(Evidence,), frozen=True)
+    out = msgspec.convert(ev, kind)
+    assert isinstance(out, Evidence)
+    return out

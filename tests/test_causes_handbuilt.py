@@ -2,7 +2,7 @@
 
 Each test writes a few blocks per rank on one clock (µs), runs the accounting and the replay
 (``ppdiag.attribution.causes.attribute``) and compares with the counterfactual definitions of
-DESIGN.md §5: bubble = idle with every stage at the mean cost, normal links, no host stalls;
+docs/json.md "Time accounting": bubble = idle with every stage at the mean cost, normal links, no host stalls;
 imbalance = what the actual stage costs add; comm_wait = what the actual transfer times add;
 host = what host delays add; exposed_comm / exposed_copy = what exposed communication / copies
 add; unexplained = the rest. Every block in these runs has F = 1000 µs and B = 2000 µs unless

@@ -185,7 +185,7 @@ def test_p2p_without_peers_waits_for_the_slower_gpu() -> None:
     assert c1["exposed_comm"] == 0.5 and sum(c1.values()) == 1.5
     (f,) = [f for f in diag.findings if f.code == "PP009"]
     assert f.ranks == [1] and f.cause == "imbalance"
-    assert cast(Any, f.evidence["late_ranks"])["1"]["reasons_ms_per_step"]["compute"] == 4.0
+    assert cast(Any, f.evidence.as_dict()["late_ranks"])["1"]["reasons_ms_per_step"]["compute"] == 4.0
 
 
 def _tp_dp_rank(r: int, rows: Sequence[tuple[float, float, str]]) -> RankTimeline:
@@ -225,8 +225,10 @@ def test_waits_propagate_from_tensor_to_data_parallel_groups() -> None:
     assert _ms(attr.causes[(3, 0)])["exposed_comm"] == 2.0
     (f,) = [f for f in diag.findings if f.code == "PP009"]
     assert f.ranks == [3] and f.cause == "imbalance"
-    assert f.evidence["followers"] == {"2": 2.0}
-    assert cast(Any, f.evidence["late_ranks"])["3"]["late_ms_per_step"] == 4.0  # 2 ms in TP, 2 ms in DP
+    assert f.evidence.as_dict()["followers"] == {"2": 2.0}
+    assert (
+        cast(Any, f.evidence.as_dict()["late_ranks"])["3"]["late_ms_per_step"] == 4.0
+    )  # 2 ms in TP, 2 ms in DP
     assert f.gain_ms is not None and abs(f.gain_ms - 2.0) < 1e-6
 
 

@@ -49,9 +49,9 @@ def test_late_starting_ranks_are_named_and_their_wait_is_not_exposed_comm(tmp_pa
     (f,) = _pp009(diag)
     assert sorted(f.ranks) == sorted(late) and f.ranks[0] == 1
     for rank, ms in late.items():
-        got = f.evidence["late_ranks"][str(rank)]["late_ms_per_step"]
+        got = f.evidence.as_dict()["late_ranks"][str(rank)]["late_ms_per_step"]
         assert abs(got - truth["stragglers"][str(rank)]) <= 0.05 * truth["stragglers"][str(rank)]
-        assert f.evidence["late_ranks"][str(rank)]["reasons_ms_per_step"]["late_start"] > 0.9 * ms
+        assert f.evidence.as_dict()["late_ranks"][str(rank)]["reasons_ms_per_step"]["late_start"] > 0.9 * ms
     assert f.cause == "host"
     assert f.gain_ms is not None
     assert abs(f.gain_ms - truth["gain_ms_per_step"]) <= 0.05 * truth["gain_ms_per_step"]
@@ -67,7 +67,7 @@ def test_slow_gpu_waits_are_imbalance(tmp_path: Path) -> None:
         assert abs(r.lost_ms["exposed_comm"] - t["exposed_comm"]) < 0.02 * step
     (f,) = _pp009(diag)
     assert f.ranks == [2] and f.cause == "imbalance"
-    assert f.evidence["main_reason"] == "compute"
+    assert f.evidence.as_dict()["main_reason"] == "compute"
     assert f.gain_ms is not None
     assert abs(f.gain_ms - run.truth["gain_ms_per_step"]) <= 0.05 * run.truth["gain_ms_per_step"]
 
@@ -106,7 +106,7 @@ def test_pipeline_dp_allreduce_waits_for_a_late_replica(tmp_path: Path, fmt: str
     (f,) = _pp009(diag)
     assert f.ranks == late and f.cause == "host"
     for r in late:
-        got = f.evidence["late_ranks"][str(r)]["late_ms_per_step"]
+        got = f.evidence.as_dict()["late_ranks"][str(r)]["late_ms_per_step"]
         assert abs(got - delay) <= 0.05 * delay
     gain = float(np.mean(run.truth["step_ms"])) - float(np.mean(on_time.truth["step_ms"]))
     assert abs(gain - delay) < 1e-6
@@ -156,7 +156,10 @@ def test_pipeline_slow_worker_is_named_not_its_replica(tmp_path: Path, fmt: str)
                 assert abs(got[c] - ts["causes_ms"][c]) < 0.02 * step, (r, k, c, got[c], ts["causes_ms"][c])
     (f,) = _pp009(diag)
     assert f.ranks == [2] and f.cause == "imbalance"
-    assert set(f.evidence["followers"]) == {"0", "4"}  # its own pipeline, late because it waited for it
+    assert set(f.evidence.as_dict()["followers"]) == {
+        "0",
+        "4",
+    }  # its own pipeline, late because it waited for it
     gain = float(np.mean(run.truth["step_ms"])) - float(np.mean(on_time.truth["step_ms"]))
     assert f.gain_ms is not None and abs(f.gain_ms - gain) <= 0.05 * gain
 
@@ -168,6 +171,6 @@ def test_several_late_ranks_of_different_lateness_are_all_named(tmp_path: Path) 
     truth = run.truth["stragglers"]
     assert sorted(f.ranks) == [3, 6, 8] and f.ranks[0] == 6
     for r in f.ranks:
-        got = f.evidence["late_ranks"][str(r)]["late_ms_per_step"]
+        got = f.evidence.as_dict()["late_ranks"][str(r)]["late_ms_per_step"]
         assert abs(got - truth[str(r)]) <= 0.05 * truth[str(r)]
-    assert f.evidence["late_ranks"]["8"]["reasons_ms_per_step"]["compute"] > 0.9 * truth["8"]
+    assert f.evidence.as_dict()["late_ranks"]["8"]["reasons_ms_per_step"]["compute"] > 0.9 * truth["8"]

@@ -324,14 +324,14 @@ def test_finding_gains_are_their_whatif_rows(runs: Runs, name: str) -> None:
     step = rep.summary.step_mean_ms  # every gain and what-if row is of the mean step
     assert step is not None
     for f in rep.findings:
-        fix = f.evidence.get("whatif_fix")
+        fix = f.evidence.as_dict().get("whatif_fix")
         if fix is None:
             continue
         assert isinstance(fix, str), f
         row = rows[fix]
         assert row.step_ms is not None, row
         if f.code == "PP002":  # memory fix: offered while not slower beyond the noise, gain >= 0
-            noise_ms = f.evidence["noise_ms"]
+            noise_ms = f.evidence.as_dict()["noise_ms"]
             assert isinstance(noise_ms, (int, float)) and row.step_ms <= step + noise_ms
             assert f.gain_ms == pytest.approx(max(step - row.step_ms, 0.0), abs=2e-3)
             continue

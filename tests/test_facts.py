@@ -86,13 +86,14 @@ def test_reports_and_gate_use_block_ms() -> None:
     # the reports read the slowest stage the analysis wrote (summary.slowest_stage, on block_ms)
     assert report_slowest_stage(typed({"stages": stages, "summary": {"slowest_stage": 1}})) == 1
     assert report_slowest_stage(typed({"stages": stages})) is None
-    v, note = stage_ratio(typed({"stages": stages}))
-    assert v == pytest.approx(12.0 / 10.5)
-    assert "slowest stage 1" in note
-    # a report without block_ms (written before it existed): the rank compute, same threshold
-    old = _stages(None, [20.0, 18.0])  # 20 / 19 = 1.053 < 1.08: no stage stands out
-    assert stage_ratio(typed({"stages": old}))[0] == pytest.approx(20 / 19)
-    assert stage_ratio(typed({"stages": old[:1]}))[0] is None
+    # the gate reads the ratio and the slowest stage the analysis wrote, never its own
+    summary = {"slowest_stage": 1, "stage_ratio": 1.1429}
+    v, note = stage_ratio(typed({"stages": stages, "summary": summary}))
+    assert v == 1.1429
+    assert note == "slowest stage 1: 12.00 ms vs mean 10.50 ms"
+    v, note = stage_ratio(typed({"stages": stages, "summary": {"stage_ratio": 1.05}}))
+    assert (v, note) == (1.05, "no stage stands out of the mean")
+    assert stage_ratio(typed({"stages": stages[:1]}))[0] is None
 
 
 def test_one_slowest_stage_everywhere(tmp_path: Path) -> None:
@@ -104,8 +105,8 @@ def test_one_slowest_stage_everywhere(tmp_path: Path) -> None:
     assert rep.summary.slowest_stage == 1
     assert rep.summary.stage_ratio == pytest.approx(1.3 / 1.075, rel=0.02)
     pp003 = [f for f in rep.findings if f.code == "PP003"]
-    assert pp003 and pp003[0].evidence["slowest_stage"] == 1
-    assert pp003[0].evidence["ratio"] == pytest.approx(rep.summary.stage_ratio, abs=1e-3)
+    assert pp003 and pp003[0].evidence.as_dict()["slowest_stage"] == 1
+    assert pp003[0].evidence.as_dict()["ratio"] == pytest.approx(rep.summary.stage_ratio, abs=1e-3)
     assert rep.stages[report_slowest_stage(typed(rep)) or 0].stage == 1
     assert stage_ratio(typed(rep))[0] == pytest.approx(rep.summary.stage_ratio, abs=1e-4)
     b0, b1 = rep.stages[0].block_ms, rep.stages[1].block_ms

@@ -206,7 +206,10 @@ def test_bubble_excess_skipped_without_theoretical_bubble() -> None:
 
 
 def test_stage_ratio_skipped_without_stages() -> None:
-    res = run_gate(typed(base_report(stages=[])), Budget(max_stage_ratio=1.1))
+    rep = base_report(stages=[])
+    # what the analysis writes without stages: no ratio, no slowest stage
+    rep["summary"].update(stage_ratio=None, slowest_stage=None)
+    res = run_gate(typed(rep), Budget(max_stage_ratio=1.1))
     assert res.checks[0].state == "skip" and "fewer than 2 pipeline stages" in res.checks[0].text
     assert res.status == "inconclusive" and res.exit_code == 3  # nothing could be checked
 
@@ -316,6 +319,7 @@ def test_missing_rank_is_inconclusive_unless_allowed() -> None:
     rep = _covered(base_report(), ranks=[0, 1, 3])
     rep["ranks"] = [r for r in rep["ranks"] if r["rank"] != 2]
     rep["stages"] = [s for s in rep["stages"] if s["stage"] != 2]
+    rep["summary"].update(stage_ratio=1.0, slowest_stage=None)  # stages 30/30/30: even
     bud = Budget(max_stage_ratio=1.1)
     res = run_gate(typed(rep), bud, coverage=coverage_of(typed(rep)))
     assert res.status == "inconclusive" and res.exit_code == 3

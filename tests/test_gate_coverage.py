@@ -1,6 +1,8 @@
 """``ppdiag check`` never passes on partial data: a rank's trace cut by a killed profiler (plain or
 gzip), a missing last rank in traces that state no world size, and a rank with many negative
-durations each give exit 3 with the reason in the gate's own output and ``gate.partial``;
+durations, and a run whose analysis left steps out as partial (a lost transfer, events written twice:
+every rank holds every step, but a receive has no send) each give exit 3 with the reason in the
+gate's own output and ``gate.partial``;
 ``--allow-partial`` gives the previous verdict with a warning. Inputs are synthetic runs
 (ppsynth) damaged here the way the profiler or the file system damages real ones.
 """
@@ -145,6 +147,27 @@ def _negative(whole: tuple[Path, list[Path]]) -> Path:
     return d
 
 
+def _lost_transfer(whole: tuple[Path, list[Path]]) -> Path:
+    """One p2p kernel of rank 1 (in its last step) with a duration over a week: the parser drops
+    that one event (well under the stated share of lost events), every rank still holds every
+    step, and the analysis finds a receive whose send never came and leaves the step out."""
+    d, paths = _copy(whole, "lost_transfer")
+    doc = json.loads(paths[1].read_text())
+    p2p = [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "SendRecv" in e.get("name", "")]
+    p2p[-1]["dur"] = 1e30
+    paths[1].write_text(json.dumps(doc))
+    return d
+
+
+def _events_twice(whole: tuple[Path, list[Path]]) -> Path:
+    """Every event of rank 1 written twice (a profiler that flushed its buffer twice)."""
+    d, paths = _copy(whole, "events_twice")
+    doc = json.loads(paths[1].read_text())
+    doc["traceEvents"] = doc["traceEvents"] + doc["traceEvents"]
+    paths[1].write_text(json.dumps(doc))
+    return d
+
+
 def test_the_whole_run_passes(whole: tuple[Path, list[Path]], budget: Path) -> None:
     proc, doc = _check(whole[0], budget)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -172,6 +195,14 @@ CASES: dict[str, tuple[Callable[[tuple[Path, list[Path]]], Path], str]] = {
         r"1 rank\(s\) 3 of world size 4 .*have no trace",
     ),
     "negative_dur": (_negative, rf"rank 1: {N_NEGATIVE} of \d+ events lost or altered"),
+    "lost_transfer": (
+        _lost_transfer,
+        r"the analysis found the run (cut mid-step|hung).* \(PP013\); step\(s\) 8 left out",
+    ),
+    "events_twice": (
+        _events_twice,
+        r"the analysis found the run (cut mid-step|hung).* \(PP013\); step\(s\) [\d-]+ left out",
+    ),
 }
 
 

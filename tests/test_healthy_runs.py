@@ -173,9 +173,12 @@ def test_one_run_one_answer_in_every_format(tmp_path: Path, name: str, variant: 
 
 @pytest.mark.parametrize("variant", ["nsys-old-bare"])
 def test_a_fact_one_format_lacks_is_named(tmp_path: Path, variant: str) -> None:
-    """With data parallelism, the nsys export without payloads cannot tell which rank a p2p
-    kernel talks to (replica 0's stage 1 fits stage 0 of either replica): it does not guess, the
-    report names the missing payloads and the way to record them, and no finding rests on it."""
+    """With data parallelism, the nsys export without payloads cannot tell by timing which rank a
+    p2p kernel talks to (replicas in lockstep: replica 0's stage 1 fits stage 0 of either replica).
+    The ranks' order and op counts give the pipelines (the ends of each pipeline have half the
+    transfers), and the analysis agrees with its Kineto twin; where they do not, it does not
+    guess: the report names the missing payloads and the way to record them, and no finding rests
+    on it."""
     rep, _ = _analyse(tmp_path, variant, schedule="1f1b", pp=4, microbatches=8, dp=2)
     if rep.run.pp == 4:
         ref, _ = _analyse(tmp_path, "kineto", schedule="1f1b", pp=4, microbatches=8, dp=2)
@@ -193,19 +196,15 @@ def test_a_fact_one_format_lacks_is_named(tmp_path: Path, variant: str) -> None:
 REPLICAS: dict[str, tuple[dict[str, Any], str]] = {
     # the data-parallel all-reduce is the only link between the pipelines, and it names no group
     "1f1b-no-comm-args": (dict(schedule="1f1b"), "kineto-bare"),
+    # nor do the p2p kernels name their peers: the replicas run in lockstep, so timing fits a
+    # rank's partner and the same stage of the other replica alike (taken in rank order)
+    "1f1b-no-payloads": (dict(schedule="1f1b", faults=[F.SlowStage(2, 2.0)]), "nsys-old-bare"),
     # every fact recorded, V-shaped placement (each rank holds the first and the last stages) with
-    # no separate weight-gradient blocks (with W blocks as long as the forward the replicas align)
+    # no separate weight-gradient blocks: the all-reduce runs under the last backward block
     "zbv": (dict(schedule="zbv", annotations="pp"), "kineto"),
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the two replicas of a dp=2 run are not put on one clock (each keeps its own offset, "
-    "2.1 ms apart here) when their collectives name no group, or in a ZBV run without W blocks "
-    "(its trace records no data-parallel all-reduce); the causes stay right only because each "
-    "replica's step-end sync is found on its own",
-)
 @pytest.mark.parametrize("name", list(REPLICAS))
 def test_replicas_share_one_clock(tmp_path: Path, name: str) -> None:
     """dp=2: the replicas meet only in the data-parallel all-reduce, whose instances end together
@@ -220,14 +219,13 @@ def test_replicas_share_one_clock(tmp_path: Path, name: str) -> None:
     assert not _cause_errors(rep, run.truth, 0.02)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="p2p peers decided by timing fail on a split-backward schedule when the trace names no "
-    "peer: the clocks are fitted on collectives alone (ranks 10 ms apart), a hang (PP013) is "
-    "reported and 6 % of the step moves from bubble to comm_wait on rank 2",
-)
 @pytest.mark.parametrize("variant", ["kineto-old-bare", "nsys-old-bare"])
 def test_split_backward_without_comm_args_agrees(tmp_path: Path, variant: str) -> None:
+    """Zero bubble without comm args or payloads: the peers come from the pipeline labels, each
+    transfer placed among the host's labelled blocks by its kernel's launch (the GPU runs it much
+    later), and a weight-gradient block sends and receives nothing. (Placed by the kernels' own
+    times, a third of the ops went to the wrong neighbour: a false hang and 6 % of the step moved
+    from bubble to comm wait.)"""
     kw: dict[str, Any] = dict(_healthy_kw("zero_bubble", 4), seed=3)
     ref, truth = _analyse(tmp_path, "kineto", **kw)
     other, _ = _analyse(tmp_path, variant, **kw)
@@ -251,12 +249,12 @@ def test_step_end_syncs_are_the_groups_that_end_together() -> None:
     assert [x.tolist() for x in got] == [[1, 2]]
 
 
-def test_unlinked_replicas_keep_their_own_step_end_sync(tmp_path: Path) -> None:
-    """dp=2 with an exposed all-reduce, Kineto without comm args: nothing in the trace links the
-    two replicas' clocks (see test_replicas_share_one_clock), so each replica's gradient-norm sync
-    is a step-end sync of its own. The cool-down waits in it stay bubble: the split is its Kineto
-    twin's within 1 % of the step (8 % of the step was exposed comm when the whole job had to end
-    together to count as one sync)."""
+def test_exposed_allreduce_without_comm_args_splits_like_its_twin(tmp_path: Path) -> None:
+    """dp=2 with an exposed all-reduce, Kineto without comm args: the replicas are put on one
+    clock through the all-reduce the ranks of each position share (test_replicas_share_one_clock),
+    and the cool-down waits before the step-end syncs stay bubble: the split is its Kineto twin's
+    within 1 % of the step (8 % of the step was exposed comm when the whole job had to end
+    together to count as one sync on unlinked clocks)."""
     kw: dict[str, Any] = dict(schedule="1f1b", pp=4, microbatches=8, dp=2, faults=[F.ExposedAllReduce(3.0)])
     ref, truth = _analyse(tmp_path, "kineto", **kw)
     other, _ = _analyse(tmp_path, "kineto-old-bare", **kw)

@@ -1,4 +1,4 @@
-"""Each link's normal transfer time and the run's fault-free p2p latency (DESIGN.md §5).
+"""Each link's normal transfer time and the run's fault-free p2p latency (docs/json.md, "Time accounting").
 
 A transfer at its link's normal time is part of the schedule (bubble); only what a transfer takes
 beyond the run's fault-free latency is comm_wait, and PP004 names a link only when it is slower
@@ -27,9 +27,26 @@ def test_a_links_normal_time_is_a_low_quantile_of_its_transfers() -> None:
     assert ll.links[(0, 1)].normal_ns == 100 * US
     assert ll.links[(1, 0)].normal_ns == 120 * US
     assert ll.fault_free_ns == 100 * US
-    # lateness per transfer beyond 100 µs: 0->1 (4 x 4900) / 12 = 1633.3 µs; 1->0 20 µs
-    assert ll.links[(0, 1)].late_ns == 4 * 4900 * US / 12
+    # lateness per transfer beyond 100 µs, the longest fifth left out (ceil(0.8 x 12) = 10 kept):
+    # 0->1 (2 x 4900) / 10 = 980 µs; 1->0 20 µs
+    assert ll.links[(0, 1)].late_ns == 2 * 4900 * US / 10
+    assert ll.links[(0, 1)].late_sum_ns == 12 * 980 * US
     assert ll.links[(1, 0)].late_ns == 20 * US
+
+
+def test_a_links_lateness_is_what_most_of_its_transfers_take() -> None:
+    # one estimator gates PP004 and gives the late time it reports: a link is as late as most of
+    # its transfers. 1->0: twelve transfers of 100 µs; 0->1: ten of 100 µs and two at 20 ms (a
+    # process descheduled on a loaded host): left out (ceil(0.8 x 12) = 10 kept), 0->1 is as late
+    # as 1->0, no slow link (the plain mean would make it 3.3 ms late per transfer).
+    base = _waits((1, 0), [100] * 12)
+    ll = link_latencies(base + _waits((0, 1), [100] * 10 + [20_000] * 2))
+    assert ll.links[(0, 1)].late_ns == 0.0 and ll.slow() == {}
+    # but a link whose transfers are most of them 3 ms late is slow: the 10 kept (2 x 0 and 8 of the
+    # 3 ms ones) make 2.4 ms per transfer, 28.8 ms over its 12 transfers
+    ll = link_latencies(base + _waits((0, 1), [3100] * 10 + [100] * 2))
+    assert ll.links[(0, 1)].late_sum_ns == 12 * (8 * 3000 * US / 10)
+    assert list(ll.slow()) == [(0, 1)]
 
 
 def test_slow_links_do_not_set_the_fault_free_latency() -> None:

@@ -72,7 +72,7 @@ def test_placement_finding_pipeline_across_dp_inside(tmp_path: Path) -> None:
     _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
     rep = diagnose([tmp_path], Options()).result
     (f,) = [x for x in rep.findings if x.code == "PP014"]
-    assert f.gain_ms is not None and f.gain_ms > 0 and f.evidence["whatif_fix"] == "no_comm_wait"
+    assert f.gain_ms is not None and f.gain_ms > 0 and f.evidence.as_dict()["whatif_fix"] == "no_comm_wait"
     assert sorted(f.ranks) == [0, 1, 2, 3]
     # ablation: the same run with every rank on one host has no placement finding
     one = tmp_path / "one"
@@ -87,7 +87,7 @@ def test_pp004_names_the_suspected_tcp_link(tmp_path: Path) -> None:
     _with_hosts(paths, {0: "node00", 1: "node00", 2: "node01", 3: "node01"})
     rep = diagnose([tmp_path], Options()).result
     (f,) = [x for x in rep.findings if x.code == "PP004"]
-    suspected = f.evidence["tcp_fallback_suspected"]
+    suspected = f.evidence.as_dict()["tcp_fallback_suspected"]
     assert isinstance(suspected, list)
     assert [s.split(":")[0] for s in suspected] == ["1->2"]
 

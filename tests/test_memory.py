@@ -163,7 +163,7 @@ def test_pp012_fires_on_gpipe_not_on_1f1b(tmp_path: Path) -> None:
         found[sch] = [f for f in diagnose([d], Options()).result.findings if f.code == "PP012"]
     assert not found["1f1b"]
     (f,) = found["gpipe"]
-    ev: dict[str, Any] = f.evidence
+    ev: dict[str, Any] = f.evidence.as_dict()
     assert ev["inflight_at_peak"] == 8 and ev["inflight_needed"] == 4
     assert ev["peak_allocated_mb"] == pytest.approx(1800.0)
     assert ev["predicted_peak_mb"]["1f1b"] == pytest.approx(1400.0, rel=0.05)

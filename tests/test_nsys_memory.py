@@ -123,7 +123,7 @@ def test_synthetic_pipeline_peaks_and_pp012(tmp_path: Path, per_rank_files: bool
         assert rows["gpipe"][rank].inflight_at_peak == m
     assert not [f for f in reps["1f1b"].findings if f.code == "PP012"]
     (f,) = [f for f in reps["gpipe"].findings if f.code == "PP012"]
-    assert f.evidence["inflight_at_peak"] == m and f.evidence["inflight_needed"] == pp
+    assert f.evidence.as_dict()["inflight_at_peak"] == m and f.evidence.as_dict()["inflight_needed"] == pp
 
 
 def test_export_without_memory_rows_has_no_memory_section(tmp_path: Path) -> None:

@@ -227,7 +227,7 @@ def test_variance_is_pp010_not_pp009(tmp_path: Path) -> None:
     gain = f["PP010"].gain_ms
     assert gain is not None and abs(gain - want) <= 0.1 * want
     # the generator scales every stage of a micro-batch together: the variation follows the data
-    assert f["PP010"].evidence["follows"] == "micro-batch (data)"
+    assert f["PP010"].evidence.as_dict()["follows"] == "micro-batch (data)"
 
 
 @pytest.mark.parametrize("params", [SLOW, HEAVY, OpTableParams()])
@@ -299,7 +299,7 @@ def test_placement_checked_against_transfers(tmp_path: Path) -> None:
 
 def test_replay_hand_built() -> None:
     from ppdiag.pipeline.blocks import Blocks
-    from ppdiag.rules.pp010_mb_variance import replay_step_ns
+    from ppdiag.rules.block_replay import replay_step_ns
 
     ms = 1_000_000
 

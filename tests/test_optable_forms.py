@@ -76,7 +76,7 @@ def test_tp_ranks_untraced_make_a_world_of_tp_pp_dp(tmp_path: Path) -> None:
     )
     # M = 4 < 2 x pp: PP008 speaks, with the table's tp: dp = 32 / (4 x 4) = 2
     pp008 = next(f for f in rep.findings if f.code == "PP008")
-    assert pp008.evidence.get("tp") == 4 and pp008.evidence.get("dp") == 2, pp008.evidence
+    assert pp008.evidence.as_dict().get("tp") == 4 and pp008.evidence.as_dict().get("dp") == 2, pp008.evidence
     # the timeline whose lane ids name the ranks keeps them; without them Megatron's order of tp 1
     named = write_chrome(df, tmp_path / "named.json", meta="last", rank_tids=True)
     assert sorted(_placement(named)) == list(range(0, 32, 4))

@@ -260,19 +260,41 @@ def test_decided_ops_are_marked_as_timing(tmp_path: Path) -> None:
         assert np.all(tl.intervals.peer == -1)
 
 
-def test_lockstep_replicas_are_ambiguous_without_a_group(tmp_path: Path) -> None:
+def test_lockstep_replicas_are_told_apart_by_rank_order(tmp_path: Path) -> None:
     # dp = 2: both replicas run the same schedule to the ns, so rank 0's sends end together with
-    # the receives of both stage-1 ranks; without a process group nothing can tell the replicas
-    # apart, and the run must say so instead of building a wrong chain
+    # the receives of both stage-1 ranks; without a process group timing cannot tell the replicas
+    # apart. The ranks' op counts can: each pipeline's first and last ranks have half the
+    # transfers (here 0, 1, 6, 7: stage-major numbering), so the pipelines are 0-2-4-6 and 1-3-5-7,
+    # with a warning that says so; the analysis is the one the peers in the trace give
     run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=4, dp=2)
     base, bare = tmp_path / "meta", tmp_path / "bare"
     write_kineto(run, base)
     strip_kineto_dir(base, bare, ALL_KINETO)
-    rep = _diag(bare)
-    assert rep.run.pp == 1
-    assert any("ambiguous by timing" in w for w in rep.run.warnings)
-    assert rep.run.peers is not None
-    assert rep.run.peers.undecided > 0 and rep.run.peers.decided_by_timing == 0
+    ref, rep = _diag(base), _diag(bare)
+    want = (4, {"0": 0, "1": 2, "2": 4, "3": 6})
+    assert (rep.run.pp, rep.run.stage_map) == (ref.run.pp, ref.run.stage_map) == want
+    assert any("lockstep" in w and "rank order" in w for w in rep.run.warnings), rep.run.warnings
+    for a, b in zip(ref.ranks, rep.ranks, strict=True):
+        for k in a.lost_ms:
+            assert abs(a.lost_ms[k] - b.lost_ms[k]) < 0.05, (a.rank, k, a.lost_ms, b.lost_ms)
+
+
+def test_lockstep_ends_that_fit_no_numbering_are_not_guessed() -> None:
+    """Op counts whose short ranks are the ends of neither numbering (nor of both) decide
+    nothing: the ambiguity stands."""
+    from ppdiag.pipeline.clocks import P2POps
+    from ppdiag.pipeline.peer_links import Coarse
+    from ppdiag.pipeline.peers import PeerDecision, _in_rank_order
+
+    def ops(n: int) -> P2POps:
+        z = np.zeros(n, np.int64)
+        return P2POps(z, z.copy(), np.full(n, -1, np.int32), np.ones(n, np.int8), True)
+
+    coarse = Coarse({}, 1_000_000, "none", 0)
+    for counts in ([4, 8, 4, 8, 4, 8, 4, 8], [8, 8, 8, 8, 8, 8, 8, 8]):  # ends 0, 2, 4, 6; none
+        o = {r: ops(c) for r, c in enumerate(counts)}
+        unknown = {r: v.peer < 0 for r, v in o.items()}
+        assert _in_rank_order(o, unknown, sorted(o), coarse, PeerDecision("none", {}, "none")) is None
 
 
 def test_pipeline_group_separates_lockstep_replicas(tmp_path: Path) -> None:

@@ -133,7 +133,7 @@ def test_eighty_blocks_over_eight_stages_is_optimal_and_fast(tmp_path: Path) -> 
     pred = WhatifModel(meas, prof, WhatifOptions()).predict(Scenario(rebalance=True))
     assert time.perf_counter() - t0 < 1.0
     assert pred.error is None and pred.split is not None
-    assert sum(pred.split["layers_per_stage"]) == 80
+    assert isinstance(pred.split.layers_per_stage, list) and sum(pred.split.layers_per_stage) == 80
     assert max(pred.stage_ns) == pytest.approx(want, rel=1e-9)
     assert pred.step_ns is not None and pred.step_ns < meas.step_ns
 

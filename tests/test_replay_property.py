@@ -3,7 +3,7 @@
 Hypothesis draws the shape (P, M, schedule, interleaving) and one fault with its size (a slow
 stage, a slow link, a host stall, an exposed all-reduce, p2p on the compute stream, or none); the
 synthetic run's truth comes from differences of simulations (``ppsynth/scenario.py``,
-DESIGN.md §5 order). Every cause on every rank must match within 2 % of the step (plus the
+docs/json.md "Time accounting" order). Every cause on every rank must match within 2 % of the step (plus the
 few-µs gaps between the kernels of a block, which the truth books apart).
 
 Host stalls are left out: with few micro-batches or interleaving part of a stall still lands in

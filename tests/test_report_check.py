@@ -257,7 +257,7 @@ def test_optable_gains_within_their_cause(tmp_path: Path) -> None:
     rep = diagnose([path], Options(jobs=1)).result
     lost = rep.summary.lost_ms
     for f in rep.findings:
-        noise = float(f.evidence.get("noise_ms") or 0.0)  # type: ignore[arg-type]
+        noise = float(f.evidence.as_dict().get("noise_ms") or 0.0)  # type: ignore[arg-type]
         if f.code in ("PP004", "PP005", "PP006", "PP011") and f.gain_ms is not None:
             assert f.cause is not None and f.gain_ms <= lost[str(f.cause)] + noise + 0.02 * (
                 rep.summary.step_mean_ms or 0

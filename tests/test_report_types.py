@@ -1,5 +1,6 @@
-"""Typed report sections (ppdiag/report_types.py): the shipped schema is current, docs/json.md
-names every field, and a real report decodes into the types."""
+"""Typed report sections (ppdiag/report_types.py): the shipped schema is current (every rule's
+evidence type in it), docs/json.md names every field and docs/rules.md every rule's evidence field,
+and a real report decodes into the types, each finding's evidence as its rule's type."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import msgspec
 import pytest
 
 from ppdiag.api import Options, diagnose
+from ppdiag.report_schema import shipped_schema_text
 from ppdiag.report_types import (
     SCHEMA_PATH,
     SECTIONS,
+    Evidence,
     RankRow,
     Report,
     StageRow,
@@ -20,16 +23,42 @@ from ppdiag.report_types import (
     decode,
     dumps,
     report_schema,
-    schema_text,
 )
+from ppdiag.rules import RULES, load_builtin
 from ppsynth.kineto import write_kineto
 from ppsynth.scenario import make_scenario
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "json.md"
+RULES_DOC = DOCS.with_name("rules.md")
 
 
 def test_shipped_schema_is_current() -> None:
-    assert SCHEMA_PATH.read_text(encoding="utf-8") == schema_text(), "run: python -m ppdiag.report_types"
+    assert SCHEMA_PATH.read_text(encoding="utf-8") == shipped_schema_text(), (
+        "run: python -m ppdiag.report_schema"
+    )
+
+
+def test_schema_types_each_rule_evidence() -> None:
+    """A finding's evidence is its rule's type in the schema: one if/then per registered code."""
+    load_builtin()
+    finding = report_schema()["$defs"]["FindingRow"]
+    got = {
+        c["if"]["properties"]["code"]["const"]: c["then"]["properties"]["evidence"]["$ref"]
+        for c in finding["allOf"]
+    }
+    assert got == {code: f"#/$defs/{r.evidence.__name__}" for code, r in RULES.items()}
+    # each type is its own (no two rules share one, none is the bare common part)
+    kinds = [r.evidence for r in RULES.values()]
+    assert len(set(kinds)) == len(kinds) and Evidence not in kinds
+    assert all(issubclass(k, Evidence) for k in kinds)
+
+
+def test_rules_doc_names_every_evidence_field() -> None:
+    load_builtin()
+    text = RULES_DOC.read_text(encoding="utf-8")
+    words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+    fields = {f for r in RULES.values() for f in r.evidence.__struct_fields__}
+    assert sorted(fields - words) == []
 
 
 def test_docs_name_every_field() -> None:
@@ -41,9 +70,10 @@ def test_docs_name_every_field() -> None:
     for name in SECTIONS:
         assert re.search(rf"^{name}(\[\])?\s", text, re.M), name
     # nested objects too (run.peers, peers.links[], gate.checks[], gate.coverage, Dist)
+    # the report's own types (each rule's evidence fields are in docs/rules.md)
     nested = [
         f"{name}.{f}"
-        for name, d in report_schema()["$defs"].items()
+        for name, d in report_schema(evidence={})["$defs"].items()
         for f in d.get("properties", {})
         if f not in words
     ]
@@ -54,7 +84,7 @@ def test_every_report_field_is_in_the_schema() -> None:
     """The schema is the Report's: every section a property; the sections later versions added
     (absent from older reports), ``hang`` (only when the run stopped) and ``gate`` (only in ``check``
     reports) the optional ones."""
-    sch = report_schema()
+    sch = report_schema(evidence={})
     top = sch["$defs"]["Report"]
     assert list(top["properties"]) == list(Report.__struct_fields__)
     assert set(top["required"]) == set(Report.__struct_fields__) - {
@@ -91,6 +121,8 @@ def test_report_round_trips_byte_identical(tmp_path: Path) -> None:
     text = dumps(diag.result)
     again = decode(text)
     assert again == diag.result
+    # each finding's evidence decodes as its rule's type
+    assert again.findings and all(type(f.evidence) is RULES[f.code].evidence for f in again.findings)
     assert dumps(again) == text
     # the plain-data form of the result is the file's content
     assert msgspec.to_builtins(diag.result) == msgspec.json.decode(text)

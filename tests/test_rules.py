@@ -49,21 +49,21 @@ def _quiet(rep: Report, code: str) -> None:
 
 def test_pp001_small_m(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", microbatches=4), "PP001")
-    assert f.evidence["microbatches"] == 4
+    assert f.evidence.as_dict()["microbatches"] == 4
     # the bubble holds the normal p2p latency of the transfers that fill and drain the pipe
-    # (DESIGN.md §5): at P=4 that is 10.7 % of the step with M=32, 6.8 % with M=64
+    # (docs/json.md, "Time accounting"): at P=4 that is 10.7 % of the step with M=32, 6.8 % with M=64
     _quiet(_report(tmp_path / "b", microbatches=64), "PP001")
 
 
 def test_pp002_gpipe(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", schedule="gpipe", microbatches=8), "PP002")
-    assert f.evidence["activations_in_flight_gpipe"] == 8
+    assert f.evidence.as_dict()["activations_in_flight_gpipe"] == 8
     assert _find(_report(tmp_path / "b", microbatches=8), "PP002") is None
 
 
 def test_pp003_slow_stage(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", faults=[F.SlowStage(1, 1.5)]), "PP003")
-    ev: dict[str, Any] = f.evidence
+    ev: dict[str, Any] = f.evidence.as_dict()
     assert f.stages == [1]
     assert ev["ratio"] > 1.08
     assert _find(_report(tmp_path / "b"), "PP003") is None
@@ -88,7 +88,7 @@ def test_pp006_host_stall(tmp_path: Path) -> None:
 
 def test_pp007_jitter(tmp_path: Path) -> None:
     f = _fires(_report(tmp_path / "a", steps=5, faults=[F.SlowStep(2, 40.0)]), "PP007")
-    ev: dict[str, Any] = f.evidence
+    ev: dict[str, Any] = f.evidence.as_dict()
     assert len(ev["slow_steps"]) == 1
     assert _find(_report(tmp_path / "b", steps=5), "PP007") is None
     # four steps: the p95 is the slowest step, one slow step is not told from a one-off -> low
@@ -102,7 +102,7 @@ def test_pp008_batch_arithmetic(tmp_path: Path) -> None:
     # a configuration mismatch has no time gain of its own: none is computed
     f = _fires(_report(tmp_path / "a", microbatches=8, options=opts), "PP008", gain=False)
     assert f.gain_ms is None
-    ev: dict[str, Any] = f.evidence
+    ev: dict[str, Any] = f.evidence.as_dict()
     assert any("16" in p for p in ev["problems"])
     ok = Options(global_batch=128, micro_batch=4, tp=1)
     assert _find(_report(tmp_path / "b", microbatches=32, options=ok), "PP008") is None
@@ -251,12 +251,12 @@ def test_finding_within_noise_is_low(tmp_path: Path) -> None:
     f = next(x for x in diag.result.findings if x.code == "PP006")
     nm = noise(diag)
     assert f.severity == "high" and f.gain_ms is not None
-    assert f.evidence["noise_ms"] == pytest.approx(nm.base_ms(), abs=1e-3)
-    assert f.evidence["steps_used"] == 2
+    assert f.evidence.as_dict()["noise_ms"] == pytest.approx(nm.base_ms(), abs=1e-3)
+    assert f.evidence.as_dict()["steps_used"] == 2
     noisy = dataclasses.replace(nm, step_error_ms=f.gain_ms)  # 2 errors > the gain
     g = next(x for x in _rules_with(diag, noise=noisy) if x.code == "PP006")
     assert g.severity == "low"
-    assert g.evidence["noise_ms"] == pytest.approx(2 * f.gain_ms, rel=0.01)
+    assert g.evidence.as_dict()["noise_ms"] == pytest.approx(2 * f.gain_ms, rel=0.01)
 
 
 def test_imbalance_is_judged_by_its_own_spread(tmp_path: Path) -> None:
@@ -274,7 +274,7 @@ def test_imbalance_is_judged_by_its_own_spread(tmp_path: Path) -> None:
     noisy = dataclasses.replace(noise(diag), step_error_ms=100.0)
     f = next(x for x in _rules_with(diag, noise=noisy) if x.code == "PP003")
     assert f.severity == "high"
-    assert f.evidence["noise_ms"] == pytest.approx(Z * err, abs=1e-3)  # no latency jitter here
+    assert f.evidence.as_dict()["noise_ms"] == pytest.approx(Z * err, abs=1e-3)  # no latency jitter here
 
 
 def test_oversubscribed_host_shared_stalls_are_low(tmp_path: Path) -> None:
@@ -290,7 +290,7 @@ def test_oversubscribed_host_shared_stalls_are_low(tmp_path: Path) -> None:
     assert f.severity in ("high", "medium")  # a GPU run: every rank starved is a real fault
     over = dataclasses.replace(noise(diag), oversubscribed=True, shared_host=True)
     g = next(x for x in _rules_with(diag, noise=over) if x.code == "PP006")
-    assert g.severity == "low" and g.evidence["oversubscribed_host"]
+    assert g.severity == "low" and g.evidence.as_dict()["oversubscribed_host"]
 
     run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=2, faults=[F.HostStall(2, 0.5)])
     write_kineto(run, tmp_path / "one")
@@ -353,16 +353,18 @@ def test_oversubscribed_host_late_links(tmp_path: Path) -> None:
     diag = diagnose([tmp_path], Options())
     f = next(x for x in diag.result.findings if x.code == "PP004")
     assert f.severity in ("high", "medium") and f.gain_ms is not None
-    ev: dict[str, Any] = f.evidence  # free-form JSON: this rule's keys are known here
+    ev: dict[str, Any] = f.evidence.as_dict()  # free-form JSON: this rule's keys are known here
     top = max(ev["late_wait_ms_per_step_by_link"].values())
     nm = noise(diag)
     small = dataclasses.replace(nm, oversubscribed=True, shared_host=True, contention_ms=0.0)
     g = next(x for x in _rules_with(diag, noise=small) if x.code == "PP004")
     assert g.severity == f.severity  # the far links are on time: it stands out
     # the noise of a slow link is the links' spread (not the step's): the contention adds to it
-    link_noise = g.evidence["noise_ms"]
-    assert isinstance(link_noise, float) and link_noise == pytest.approx(f.evidence["noise_ms"], abs=2e-3)
+    link_noise = g.evidence.as_dict()["noise_ms"]
+    assert isinstance(link_noise, float) and link_noise == pytest.approx(
+        f.evidence.as_dict()["noise_ms"], abs=2e-3
+    )
     large = dataclasses.replace(nm, oversubscribed=True, shared_host=True, contention_ms=2 * top)
     g = next(x for x in _rules_with(diag, noise=large) if x.code == "PP004")
     assert g.severity == "low"
-    assert g.evidence["noise_ms"] == pytest.approx(link_noise + f.gain_ms, abs=2e-3)
+    assert g.evidence.as_dict()["noise_ms"] == pytest.approx(link_noise + f.gain_ms, abs=2e-3)

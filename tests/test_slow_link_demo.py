@@ -78,6 +78,6 @@ def test_slow_link_sender_is_named_first(recorded: Callable[[str], Recorded], na
     if CASES[name][1]:
         assert any(slow in f.ranks for f in findings[:2]), summary
     # the slowest link is one the delayed rank sends on
-    links: dict[str, float] = pp004.evidence["late_wait_ms_per_step_by_link"]  # type: ignore[assignment]
+    links: dict[str, float] = pp004.evidence.as_dict()["late_wait_ms_per_step_by_link"]  # type: ignore[assignment]
     worst = max(links, key=lambda k: links[k])
     assert int(worst.split("->")[0]) == slow, links

@@ -88,7 +88,7 @@ def test_all_to_all_from_grouped_send_recv_is_no_pipeline(
     assert "PP013" not in codes  # no receive left waiting for a partner timing made up
     (f,) = [f for f in rep.findings if f.code == "PP009"]
     assert sorted(f.ranks) == sorted(late) and f.ranks[0] == 1  # the latest first
-    got = f.evidence["late_ranks"]["1"]["late_ms_per_step"]  # type: ignore[index]
+    got = f.evidence.as_dict()["late_ranks"]["1"]["late_ms_per_step"]  # type: ignore[index]
     assert isinstance(got, float) and 3.0 < got < 5.0
 
 

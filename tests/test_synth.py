@@ -139,7 +139,8 @@ def test_bubble_truth_is_the_textbook_bubble() -> None:
     t = run.truth
     # P=4, M=8, F=1, B=2 ms: every rank's schedule wait is (P-1)(F+B) = 9 ms with free links;
     # the bubble also holds the normal p2p latency (0.05 ms) of the transfers that fill and drain
-    # the pipe (DESIGN.md §5): at most one latency per forward and backward of each micro-batch
+    # the pipe (docs/json.md, "Time accounting"): at most one latency per forward and backward of
+    # each micro-batch
     for rk in t["ranks"].values():
         assert 9.0 < rk["causes_ms"]["bubble"] <= 9.0 + 2 * 8 * 0.05 + 1e-9
         assert rk["causes_ms"]["imbalance"] == pytest.approx(0.0)

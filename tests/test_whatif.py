@@ -265,7 +265,7 @@ def test_report_carries_the_whatif_table(root: str, test_data: Path) -> None:
         assert set(r.lost_ms) == set(Cause)
     reb = rows[2]
     assert reb.split is not None and reb.speedup is not None
-    assert reb.split["slowest_stage_before"] == 2 and reb.split["ideal"] is True
+    assert reb.split.slowest_stage_before == 2 and reb.split.ideal is True
     assert reb.speedup > 1.1
     out = io.StringIO()
     render(diag.result, Console(file=out, width=160), ranks=False)

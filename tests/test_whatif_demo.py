@@ -21,7 +21,7 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from demo_noise import kept_costs, measure, quiet, record_supported, report, scaled
@@ -113,9 +113,9 @@ def test_rebalanced_split_predicted_within_15_percent(
     model = build_model(m4, WhatifOptions(), layers_per_stage=[BASE["layers_per_stage"]])
     pred = model.predict(Scenario(rebalance=True))
     assert pred.error is None and pred.step_ns is not None and pred.split is not None
-    assert pred.split["slowest_stage_before"] == SLOW_STAGE
-    layers = pred.split["layers_per_stage"]
-    assert sum(layers) == 8 and layers != [2, 2, 2, 2]
+    assert pred.split.slowest_stage_before == SLOW_STAGE
+    layers = pred.split.layers_per_stage
+    assert isinstance(layers, list) and sum(layers) == 8 and layers != [2, 2, 2, 2]
     # record the proposed split: the slow stage's two layers keep their double cost (and every
     # cost is the M=4 run's, which a busy host may have made larger)
     factors = [SLOW_FACTOR if SLOW_STAGE * 2 <= i < SLOW_STAGE * 2 + 2 else 1.0 for i in range(8)]
@@ -136,7 +136,7 @@ def test_rebalanced_split_predicted_within_15_percent(
         rec_stage.append(s.fwd_ms.mean + s.bwd_ms.mean)
     want_stage = [x / 1e6 for x in pred.stage_ns]
     assert max(rec_stage) == pytest.approx(max(want_stage), rel=0.15)
-    assert max(rec_stage) < pred.split["slowest_before_ms"]
+    assert max(rec_stage) < cast(float, pred.split.slowest_before_ms)
     assert measured < before
 
 

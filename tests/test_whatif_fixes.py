@@ -67,18 +67,18 @@ def test_gain_is_the_whatif_row_of_its_fix(tmp_path: Path, kw: dict[str, Any], c
     diag = _diag(tmp_path, **kw)
     rep = diag.result
     f = next(x for x in rep.findings if x.code == code)
-    assert f.evidence["whatif_fix"] == fix
+    assert f.evidence.as_dict()["whatif_fix"] == fix
     rows = {r.fix: r for r in rep.whatif}
     assert fix in rows, "the table shows the row of every fix a finding used"
     step, fix_step = rep.summary.step_mean_ms, rows[fix].step_ms
     assert step is not None and fix_step is not None and f.gain_ms is not None
     # the same number: measured step minus the fix's predicted step, as the table shows it
     assert f.gain_ms == pytest.approx(step - fix_step, abs=2e-3)
-    assert f.evidence["whatif_step_ms"] == fix_step
+    assert f.evidence.as_dict()["whatif_step_ms"] == fix_step
     assert f.gain_ms > 0
     # no finding anywhere in the report offers a fix the table predicts slower
     for g in rep.findings:
-        k = g.evidence.get("whatif_fix")
+        k = g.evidence.as_dict().get("whatif_fix")
         if k and g.code != "PP002":
             assert isinstance(k, str), g
             k_step = rows[k].step_ms

@@ -1,4 +1,4 @@
-"""Each link's normal transfer time, read off the run itself (DESIGN.md §5, ``bubble``).
+"""Each link's normal transfer time, read off the run itself (docs/json.md, "Time accounting", ``bubble``).
 
 A pipeline transfer that took its link's normal time is part of the schedule: the fill and drain
 of the pipe pay it even on a perfect run, so it is bubble, and only what a transfer takes beyond
@@ -11,13 +11,19 @@ transfer time each, grouped by link and direction (producer rank -> consumer ran
   (:data:`FREE_Q`): slow links do not set what "normal" is, even where they are most of the links
   (two slow ranks of a 4-stage pipe make 4 of its 6 links slow; P = 2 with one slow direction);
 * a link's **spread** is the robust standard deviation of its transfers ((p50 - p10) / 1.2816 for
-  a normal spread): what one transfer on it varies by without a fault.
+  a normal spread): what one transfer on it varies by without a fault;
+* a link's **lateness** is the time a transfer takes beyond the fault-free latency, as most of its
+  transfers take it: the mean of all but the longest :data:`OUTLIERS` of them, with that mean's
+  standard error. A process descheduled on a loaded host makes a few transfers very late on any
+  link; a slow link makes most of its own transfers late. The same number gates ``PP004`` and gives
+  the late time it reports per link (lateness times the transfers). It is not capped at what the
+  consumer waited: a held send that a GPipe consumer catches up with under its compute is as late
+  as one it waits for, and only the lateness tells the held link from its neighbours.
 
-A link is slow (``PP004``) only when its mean lateness per transfer (the time beyond the run's
-fault-free latency) stands out of the other links' (their lower quartile) by more than the noise:
-:data:`Z` standard errors of the difference, each link's from the spread of its own transfers,
-and never less than :data:`FLOOR_SHARE` of the fault-free latency. Every link late alike (a
-loaded host, jitter every link shows) is no slow link.
+A link is slow (``PP004``) only when its lateness stands out of the other links' (their lower
+quartile) by more than the noise: :data:`Z` standard errors of the difference, each link's from
+the spread of its own transfers, and never less than :data:`FLOOR_SHARE` of the fault-free
+latency. Every link late alike (a loaded host, jitter every link shows) is no slow link.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 LINK_Q = 0.25  # the quantile of a link's transfers that stands for its normal time
 FREE_Q = 0.25  # the quantile of the links' normal times that is the run's fault-free latency
@@ -34,6 +41,7 @@ REF_Q = 0.25  # the quantile of the other links' lateness a link is compared wit
 Z = 2.0  # standard errors a link's lateness must stand out by (about 95 % one-sided)
 FLOOR_SHARE = 0.1  # and at least this share of the fault-free latency (exact synthetic runs)
 FLOOR_NS = 1_000  # ... and at least this (timer resolution of the inputs)
+OUTLIERS = 0.2  # the share of a link's transfers, the latest, left out of its lateness
 
 
 @dataclass(frozen=True)
@@ -45,8 +53,14 @@ class LinkLatency:
     n: int
     normal_ns: int  # the LINK_Q quantile of its transfers (an observed transfer time)
     spread_ns: float  # robust standard deviation of one transfer
-    late_ns: float  # mean time per transfer beyond the run's fault-free latency
+    late_ns: float  # per transfer beyond the fault-free latency (mean of the OUTLIERS-trimmed)
     late_se_ns: float  # standard error of that mean
+
+    @property
+    def late_sum_ns(self) -> float:
+        """The time beyond the fault-free latency on this link, every transfer taken as typical of
+        it (its lateness times its transfers)."""
+        return self.late_ns * self.n
 
 
 @dataclass(frozen=True)
@@ -99,11 +113,27 @@ def link_latencies(waits: Iterable[tuple[int, int, int, int]]) -> LinkLatencies:
     links: dict[tuple[int, int], LinkLatency] = {}
     for (a, b), g, nrm in zip(keys.tolist(), groups, normal.tolist(), strict=True):
         p10, p50 = np.percentile(g, [10, 50])
-        late = np.maximum(g - lat, 0.0)
-        se = float(np.std(late, ddof=1)) / math.sqrt(g.size) if g.size >= 2 else 0.0
+        late, se = typical_late(np.maximum(g - lat, 0.0))
         spread = max(float(p50 - p10), 0.0) / 1.2816
-        links[(a, b)] = LinkLatency(a, b, int(g.size), nrm, spread, float(late.mean()), se)
+        links[(a, b)] = LinkLatency(a, b, int(g.size), nrm, spread, late, se)
     return LinkLatencies(links, lat)
+
+
+def typical_late(late: npt.NDArray[np.float64]) -> tuple[float, float]:
+    """A link's lateness per transfer as most of its transfers show it, and its standard error:
+    the mean of all but the longest :data:`OUTLIERS` of ``late`` (a trimmed mean), and the standard
+    error of a trimmed mean (Tukey and McLaughlin: the winsorized standard deviation, the left-out
+    values counted as the longest kept one, over the kept share times the root of the count). The
+    kept values' own spread would understate it: leaving out the longest narrows them."""
+    if late.size == 0:
+        return 0.0, 0.0
+    v = np.sort(late)
+    k = max(int(np.ceil(v.size * (1.0 - OUTLIERS))), 1)
+    if v.size < 2:
+        return float(v[:k].mean()), 0.0
+    wins = np.minimum(v, v[k - 1])
+    se = float(np.std(wins, ddof=1)) / ((k / v.size) * math.sqrt(v.size))
+    return float(v[:k].mean()), se
 
 
 __all__ = [
@@ -111,9 +141,11 @@ __all__ = [
     "FLOOR_SHARE",
     "FREE_Q",
     "LINK_Q",
+    "OUTLIERS",
     "REF_Q",
     "LinkLatencies",
     "LinkLatency",
     "Z",
     "link_latencies",
+    "typical_late",
 ]

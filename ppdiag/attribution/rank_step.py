@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.accounting import Account, WindowSets, account, window_sets
-from ppdiag.model import Kind, RankTimeline
+from ppdiag.model import Kind, RangeKind, RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
 
@@ -30,7 +30,8 @@ class RankStep:
     host_set: ivs.ISet  # lost time with host evidence
     wait_set: ivs.ISet  # exposed p2p time (waiting for a peer or transferring)
     # exposed p2p pieces that ran while the host had not launched the next work yet: a send
-    # spinning beside a host stall delays nothing the host did not delay already
+    # spinning beside a host stall delays nothing the host did not delay already (CPU runs: the
+    # calls that only issued a transfer, which wait_set leaves out)
     p2p_host: ivs.ISet = field(default_factory=ivs.empty)
 
 
@@ -54,6 +55,47 @@ def _launched(tl: RankTimeline) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.i
         _LAUNCHED.clear()
     _LAUNCHED[id(iv)] = (iv, st[order], la[order])
     return st[order], la[order]
+
+
+# per timeline: its p2p posting calls (own clock), built once, kept with the intervals object
+_POSTING: dict[int, tuple[object, ivs.ISet]] = {}
+
+
+def _posting_calls(tl: RankTimeline) -> ivs.ISet:
+    """CPU runs: the calls that only issued a transfer (``c10d::send`` / ``c10d::recv_`` around
+    an asynchronous ``gloo:*`` span that outlives them), as a set on the rank's own clock.
+
+    Such a call returns before any data moved: the rank is issuing work, not waiting for a peer,
+    and its time (stretched when the process is descheduled inside it) is the rank's own host
+    time. The wait is the ``gloo:*`` span's blocked tail that follows. A call that holds its span
+    to the end blocked inside it, and stays a wait."""
+    iv = tl.intervals
+    hit = _POSTING.get(id(iv))
+    if hit is not None and hit[0] is iv:
+        return hit[1]
+    out = ivs.empty()
+    rg = tl.ranges
+    m = np.flatnonzero(iv.kind == int(Kind.P2P))
+    cm = np.flatnonzero(rg.kind == int(RangeKind.COMM_OP))
+    if m.size and cm.size:
+        gloo_id = {
+            i for i in np.unique(np.r_[iv.name[m], rg.name[cm]]).tolist() if tl.names[i].startswith("gloo:")
+        }
+        ops = m[~np.isin(iv.name[m], list(gloo_id))]  # the top-level calls, not the blocked tails
+        sp = cm[np.isin(rg.name[cm], list(gloo_id))]
+        if ops.size and sp.size:
+            o = np.argsort(rg.start[sp], kind="stable")
+            sp_s, sp_e = rg.start[sp][o], rg.end[sp][o]
+            # the first span the call issued (it starts inside the call) and whether it outlives it
+            j = np.searchsorted(sp_s, iv.start[ops], side="left")
+            jj = np.minimum(j, sp_s.size - 1)
+            inside = (j < sp_s.size) & (sp_s[jj] <= iv.end[ops])
+            posting = ops[inside & (sp_e[jj] > iv.end[ops])]
+            out = ivs.union(iv.start[posting], iv.end[posting])
+    if len(_POSTING) >= _LAUNCHED_MAX:
+        _POSTING.clear()
+    _POSTING[id(iv)] = (iv, out)
+    return out
 
 
 def _host_evidence(tl: RankTimeline, offset: int, gaps: ivs.ISet) -> ivs.ISet:
@@ -93,7 +135,15 @@ def rank_step(tl: RankTimeline, step: int, number: int, w0: int, w1: int, blocks
         if sets.p2p[0].size and not tl.cpu_only
         else ivs.empty()
     )
-    return RankStep(tl.rank, step, number, w0, w1, sets, acct, blocks, host, sets.p2p, p2p_host)
+    waits = sets.p2p
+    if tl.cpu_only and sets.p2p[0].size:
+        # CPU runs: the calls that only issued a transfer are the rank's own host time, not a wait
+        ps, pe = _posting_calls(tl)
+        posting = ivs.intersect(ivs.clip((ps + off, pe + off), w0, w1), sets.p2p)
+        if posting[0].size:
+            waits = ivs.subtract(sets.p2p, posting)
+            p2p_host = posting
+    return RankStep(tl.rank, step, number, w0, w1, sets, acct, blocks, host, waits, p2p_host)
 
 
 def _m(iset: ivs.ISet, lo: int, hi: int) -> int:

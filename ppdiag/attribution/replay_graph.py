@@ -21,7 +21,6 @@ import bisect
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -32,11 +31,10 @@ from ppdiag.attribution.replay_index import (
     MATCH_END_NS,
     _IssueIndex,
     _label_pairs,
-    _last_waits,
-    _measure_between,
     _P2PIndex,
 )
 from ppdiag.attribution.replay_nodes import NodeColumns, _Node
+from ppdiag.attribution.replay_pieces import _local_pieces, _outside_wait, _step_waits
 from ppdiag.attribution.replay_syncs import GroupSpans, sync_members
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import Direction, Phase, RankTimeline
@@ -51,33 +49,6 @@ STEP_JOIN_NS = 1_000_000
 _Pending = tuple[int, tuple[int, int, int, int], int, int]
 
 
-class _StepWaits(NamedTuple):
-    """The wait before each block of a step: whether there is one, its span, and for each block
-    that has one (in block order) the operation that held the rank and whether it was queued on a
-    compute stream."""
-
-    has: npt.NDArray[np.bool_]
-    start: npt.NDArray[np.int64]
-    release: npt.NDArray[np.int64]
-    held: list[tuple[int, int, int, int]]
-    on_compute: list[bool]
-
-
-class _LocalPieces(NamedTuple):
-    """Per block of a step: the local time before it outside the wait (``pre`` before the wait,
-    ``post`` after it) and its split, and the lost time inside the block span."""
-
-    pre: npt.NDArray[np.int64]
-    post: npt.NDArray[np.int64]
-    host: npt.NDArray[np.int64]
-    coll: npt.NDArray[np.int64]
-    ux: npt.NDArray[np.int64]
-    copy: npt.NDArray[np.int64]
-    in_host: npt.NDArray[np.int64]
-    in_ux: npt.NDArray[np.int64]
-    in_copy: npt.NDArray[np.int64]
-
-
 @dataclass
 class _WaitContext:
     """What resolving a wait to its producer reads: every rank's block ends (sorted, with their
@@ -88,77 +59,6 @@ class _WaitContext:
     by_rank_step: dict[tuple[int, int], RankStep]
     timelines: dict[int, RankTimeline]
     tol: int
-
-
-def _step_waits(rs: RankStep, idx: _P2PIndex, lo_a: npt.NDArray[np.int64], cpu: bool, tol: int) -> _StepWaits:
-    """The wait that released each block of ``rs``: the last run of transfer time before it
-    (pieces a few µs apart are one wait); earlier transfers were exposed comm."""
-    s_a = rs.blocks.start.astype(np.int64)
-    has_w, ws_a, rel_a = _last_waits(rs.wait_set, lo_a, s_a)
-    # a "wait" no longer than the timing tolerance is rounding where a transfer touches
-    # the block, not a wait: it must not make the peer's block this one's producer
-    tiny = has_w & (rel_a - ws_a <= tol)
-    has_w &= ~tiny
-    ws_a[tiny] = s_a[tiny]
-    rel_a[tiny] = s_a[tiny]
-    j = np.flatnonzero(has_w)
-    # every wait of the step at once: the operation that held the rank in each
-    held_l = idx.blocking_many(ws_a[j], rel_a[j], tol)
-    if not cpu and j.size:
-        # transfers of other operations before the one that held the rank (a send on the
-        # compute stream before the receive) are exposed comm, not the wait: the wait is the
-        # exposed span of that operation; other transfers before or after it (a send on the
-        # compute stream, a receive whose data was there) are exposed comm around the wait
-        h = np.array(held_l, np.int64).reshape(-1, 4)
-        found = h[:, 0] >= 0
-        ws, rel = ws_a[j], rel_a[j]
-        rel_n = np.maximum(np.minimum(rel, h[:, 3]), ws)
-        ws_n = np.minimum(np.maximum(ws, h[:, 2]), rel_n)
-        rel_a[j] = np.where(found, rel_n, rel)
-        ws_a[j] = np.where(found, ws_n, ws)
-    on_comp_l = idx.on_compute_many(ws_a[j], rel_a[j])
-    return _StepWaits(has_w, ws_a, rel_a, held_l, on_comp_l)
-
-
-def _local_pieces(rs: RankStep, lo_a: npt.NDArray[np.int64], w: _StepWaits) -> _LocalPieces:
-    """Split the local time before each block (outside its wait) and the lost time inside it."""
-    s_a = rs.blocks.start.astype(np.int64)
-    e_a = rs.blocks.end.astype(np.int64)
-    host_a, coll_a, copy_a, ux_a = _outside_wait(rs, lo_a, w.start, w.release, s_a)
-    sets = rs.sets
-    m = _measure_between
-    in_lost = m(sets.gaps, s_a, e_a)
-    in_copy = np.minimum(m(sets.copy, s_a, e_a), in_lost)
-    in_host = np.minimum(m(rs.host_set, s_a, e_a), in_lost - in_copy)
-    pre, post = w.start - lo_a, s_a - w.release
-    return _LocalPieces(
-        pre, post, host_a, coll_a, ux_a, copy_a, in_host, in_lost - in_host - in_copy, in_copy
-    )
-
-
-def _outside_wait(
-    rs: RankStep,
-    lo_a: npt.NDArray[np.int64],
-    ws_a: npt.NDArray[np.int64],
-    rel_a: npt.NDArray[np.int64],
-    s_a: npt.NDArray[np.int64],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """(host, coll, copy, other) of the local time ``[lo, ws] + [rel, s]`` before each block: the
-    time between the rank's previous work and the block outside the wait ``[ws, rel]``."""
-    sets = rs.sets
-    m = _measure_between
-    p2p_host = m(rs.p2p_host, lo_a, ws_a) + m(rs.p2p_host, rel_a, s_a)
-    host_a = m(rs.host_set, lo_a, ws_a) + m(rs.host_set, rel_a, s_a) + p2p_host
-    coll_a = (
-        m(sets.collective, lo_a, ws_a)
-        + m(sets.collective, rel_a, s_a)
-        + m(sets.p2p, lo_a, ws_a)
-        + m(sets.p2p, rel_a, s_a)
-        - p2p_host
-    )
-    copy_a = m(sets.copy, lo_a, ws_a) + m(sets.copy, rel_a, s_a)
-    lost_a = m(sets.gaps, lo_a, ws_a) + m(sets.gaps, rel_a, s_a)
-    return host_a, coll_a, copy_a, np.maximum(lost_a - host_a - coll_a - copy_a, 0)
 
 
 def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]]:
@@ -221,12 +121,16 @@ class ReplayGraph:
         self._rank_l: list[int] = self.cols.cols["rank"].tolist()
         self._step_l: list[int] = self.cols.cols["step"].tolist()
         self._find_step_syncs(timelines)
+        lab = np.concatenate(labels, axis=1).astype(np.int64) if labels else np.zeros((5, 0), np.int64)
+        cons, prod = _label_pairs(lab, last_stage)
+        # each labelled block's producer (the block whose output it consumes), for host-op waits
+        self._label_prod: dict[int, int] = dict(zip(cons.tolist(), prod.tolist(), strict=True))
         self._resolve_waits(pending, timelines, ops, tol)
         # each link's normal transfer time and the run's fault-free latency (the lower quartile
         # of the links' normal times: slow links, even most of them, do not set it)
         self.links = link_latencies(self.waits)
         self.normal_latency = self.links.fault_free_ns
-        self._label_edges(labels, last_stage, tol)
+        self._label_edges(cons, prod, tol)
         self.order: list[int] = np.argsort(np.asarray(self.meas_start, np.int64), kind="stable").tolist()
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
         self.prev_step = _chain_steps(steps)
@@ -469,6 +373,8 @@ class ReplayGraph:
         j = bisect.bisect_right(ends, at + ctx.tol) - 1
         if wdir == int(Direction.SEND):
             nc.send_wait.add(nid)
+        if not device and self._labelled_wait(ctx, nid, peer, (wdir, op_end), rel, wait_start):
+            return
         if j < 0 and last is not None and peer in ctx.ends_by_rank:
             # the peer issued it before finishing any analyzed block (a receive posted at the
             # start of the step): the transfer starts at that fixed issue time
@@ -487,6 +393,24 @@ class ReplayGraph:
         else:
             posted = min(posted, wait_start) if device else wait_start
             self._producer_wait(ctx, nid, peer, (ids[j], ends[j], last), posted, rel, wait_start)
+
+    def _labelled_wait(
+        self, ctx: _WaitContext, nid: int, peer: int, op: tuple[int, int], rel: int, wait_start: int
+    ) -> bool:
+        """A host-op receive whose send is known by order and whose block's label names its
+        producer on that peer: the wait is tied to that producer and that send (True), not to the
+        peer's last block before the release. A send held on its way is posted after the peer's
+        later blocks, which the release would take for the producer."""
+        wdir, op_end = op
+        prod = self._label_prod.get(nid, -1)
+        if wdir != int(Direction.RECV) or prod < 0 or self._rank_l[prod] != peer:
+            return False
+        sent = ctx.issues.send_of(self._rank_l[nid], peer, op_end, ctx.tol)
+        p_end = self.meas_start[prod] + int(self.cols.cols["span"][prod])
+        if sent is None or p_end > sent + ctx.tol:
+            return False
+        self._producer_wait(ctx, nid, peer, (prod, p_end, sent), wait_start, rel, wait_start)
+        return True
 
     def _producer_wait(
         self,
@@ -515,11 +439,18 @@ class ReplayGraph:
         # copies the producer ran between its block and the send delay the send as copies
         prs = ctx.by_rank_step.get((self._rank_l[prod], self._step_l[prod]))
         issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if prs is not None else 0
-        nc.obs[nid] = (prod, issue - p_end - issue_copy, xfer)
+        delay = issue - p_end - issue_copy
+        # a host op (gloo) issued after its block while the producer went on (computing, waiting
+        # for its own transfers): the data was held on its way, a late transfer; only the stretch
+        # with nothing running on the producer (its host stalled) is a host delay
+        held = 0
+        if ctx.timelines[peer].cpu_only and prs is not None and delay > 0:
+            held = max(delay - _m(prs.host_set, p_end, issue), 0)
+        nc.obs[nid] = (prod, delay - held, xfer)
         nc.issue_copy[nid] = issue_copy
+        if held:
+            nc.issue_held[nid] = held
         nc.lead[nid] = wait_start - posted
-        # a host op (gloo) issued after its block while the producer went on: the data was held
-        held = issue - p_end - issue_copy if ctx.timelines[peer].cpu_only else 0
         self._record_wait(ctx, peer, me, xfer, rel - wait_start, held)
 
     def _record_wait(
@@ -528,14 +459,12 @@ class ReplayGraph:
         self.waits.append((peer, me, xfer, waited))
         self.held.append(held)
 
-    def _label_edges(self, labels: list[npt.NDArray[np.int64]], last_stage: int, tol: int) -> None:
+    def _label_edges(self, cons: npt.NDArray[np.int64], prod: npt.NDArray[np.int64], tol: int) -> None:
         """Pipeline data dependencies from labels, with the normal latency (capped so the measured
         timeline stays reproduced exactly). A consumer that starts a few ns before its producer
         ends (within the rounding and timer resolution of the input) keeps the dependency with
         that small negative latency: dropping it would make the split of the waits depend on
         sub-µs jitter (float32 seconds against float64 ones)."""
-        lab = np.concatenate(labels, axis=1).astype(np.int64) if labels else np.zeros((5, 0), np.int64)
-        cons, prod = _label_pairs(lab, last_stage)
         start, c = np.asarray(self.meas_start, np.int64), self.cols.cols
         slack = start[cons] - c["post"][cons] - (start[prod] + c["span"][prod])
         # the measurement contradicts these dependencies: labels do not match up
@@ -555,7 +484,7 @@ class ReplayGraph:
         lo, s = self.meas_lo[nid], self.meas_start[nid]
         # the same split as a block without a wait: an empty wait at the block's start
         at = np.array([s], np.int64)
-        host, coll, copy, ux = _outside_wait(rs, np.array([lo], np.int64), at, at, at)
+        host, coll, copy, ux, _ = _outside_wait(rs, np.array([lo], np.int64), at, at, at, at)
         c = self.cols.cols
         c["pre"][nid], c["post"][nid] = s - lo, 0
         for name, x in (("pre_host", host), ("pre_coll", coll), ("pre_copy", copy), ("pre_ux", ux)):

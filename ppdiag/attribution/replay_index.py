@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from ppdiag.model import Direction, Kind, Phase, RankTimeline
 from ppdiag.model import intervals as ivs
-from ppdiag.pipeline.clocks import P2POps
+from ppdiag.pipeline.clocks import P2POps, match_pairs
 
 # transfer pieces closer than this form one wait (the host issuing the next operation in between)
 WAIT_JOIN_NS = 50_000
@@ -196,6 +196,20 @@ class _IssueIndex:
                         if po.device:
                             o = np.argsort(en[sel], kind="stable")
                             self.by_end[(r, int(peer), kind)] = (en[sel][o].tolist(), st[sel][o].tolist())
+        # host ops (gloo): each receive's send by order on its link (the k-th send meets the k-th
+        # receive), keyed by the receive's end on the aligned clock: a send held on its way is
+        # posted after later sends' blocks, so neither the time of the release nor of the post
+        # tells which send it was
+        self.sent_for: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+        host = {r: po for r, po in ops.items() if r in timelines and len(po.start) and not po.device}
+        if len(host) >= 2:
+            pairs = match_pairs(host)
+            off = {r: timelines[r].clock_offset_ns for r in host}
+            for a, b in {(int(x), int(y)) for x, y in zip(pairs.src, pairs.dst, strict=True)}:
+                m = (pairs.src == a) & (pairs.dst == b)
+                r_end = pairs.recv_end[m] + off[b]
+                o = np.argsort(r_end, kind="stable")
+                self.sent_for[(b, a)] = (r_end[o].tolist(), (pairs.send_start[m] + off[a])[o].tolist())
 
     def _kind(self, wait_dir: int) -> int:
         if wait_dir == int(Direction.RECV):
@@ -218,6 +232,16 @@ class _IssueIndex:
             if ok and (best is None or abs(ends[c] - end) < abs(ends[best] - end)):
                 best = c
         return starts[best] if best is not None else None
+
+    def send_of(self, rank: int, peer: int, recv_end: int, tol: int) -> int | None:
+        """Issue time (aligned) of the host-op send of ``peer`` that ``rank``'s receive ending at
+        ``recv_end`` (within ``tol``) was paired with by order; None when it was not paired."""
+        got = self.sent_for.get((rank, peer))
+        if got is None:
+            return None
+        ends, sends = got
+        j = bisect.bisect_left(ends, recv_end - tol)
+        return sends[j] if j < len(ends) and ends[j] <= recv_end + tol else None
 
     def last_before(self, rank: int, towards: int, wait_dir: int, t: int) -> int | None:
         """Issue time of ``rank``'s last operation towards ``towards`` at or before ``t`` that can

@@ -64,6 +64,9 @@ class _Node:
     send_wait: bool = False
     # exposed copies on the producer between its block's end and the send's issue
     issue_copy: int = 0
+    # the part of the issue delay a host-op producer did not stall in (it went on while its send
+    # was held on the way): the data arrived late, removed with the late transfers
+    issue_held: int = 0
     # the operation it waits in was queued on the compute stream (could not be posted early)
     on_compute: bool = False
     # a wait on an operation the peer issued at a fixed time (before any analyzed block of its
@@ -90,6 +93,7 @@ class NodeColumns:
     lead: dict[int, int] = field(default_factory=dict)
     send_wait: set[int] = field(default_factory=set)
     issue_copy: dict[int, int] = field(default_factory=dict)
+    issue_held: dict[int, int] = field(default_factory=dict)
     false_wait: set[int] = field(default_factory=set)
     edges: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
@@ -126,6 +130,8 @@ class NodeColumns:
             out[i].send_wait = True
         for i, ic in self.issue_copy.items():
             out[i].issue_copy = ic
+        for i, ih in self.issue_held.items():
+            out[i].issue_held = ih
         for i in self.false_wait:
             out[i].false_wait = True
         for i, eds in self.edges.items():

@@ -79,6 +79,7 @@ class _Columns:
     xfer: npt.NDArray[np.int64]  # the observed transfer of the wait (0 without one)
     issue: npt.NDArray[np.int64]  # the producer's issue delay
     issue_copy: npt.NDArray[np.int64]
+    issue_held: npt.NDArray[np.int64]  # the producer's issue delay with its send held (comm)
     lead: npt.NDArray[np.int64]
     on_compute: npt.NDArray[np.bool_]
     cost_key: list[tuple[int, int, int]]  # (rank, stage, phase): the mean-cost factor's key
@@ -144,6 +145,7 @@ class _Columns:
             xfer=xfer,
             issue=by_id(nc.obs, 1),
             issue_copy=by_id(nc.issue_copy),
+            issue_held=by_id(nc.issue_held),
             lead=by_id(nc.lead),
             on_compute=nc.on_compute,
             cost_key=list(zip(c["rank"].tolist(), c["stage"].tolist(), c["phase"].tolist(), strict=True)),
@@ -206,7 +208,12 @@ def _variant_rows(
     excess = np.maximum(cols.xfer - lat, 0) if fl.comm_excess else np.zeros_like(cols.xfer)
     # code 1 adds the excess, 2 and 3 wait for the transfer
     add_l = np.where(own_send, excess, xfer_a)[order].tolist()
-    extra_l = (cols.issue if fl.host else 0) + (cols.issue_copy if fl.copy else 0) + 0 * cols.issue
+    extra_l = (
+        (cols.issue if fl.host else 0)
+        + (cols.issue_copy if fl.copy else 0)
+        + (cols.issue_held if fl.comm_excess else 0)
+        + 0 * cols.issue
+    )
     lead_a = cols.lead if fl.comm else np.where(cols.on_compute, -NEG_INF, cols.lead)
     # code 2 waits for its producer's end (+ issue delay), code 3 for a fixed issue time
     lead_l = lead_a[order].tolist()
@@ -353,7 +360,7 @@ def _kinds_present(rp: ReplayGraph, cols: _Columns) -> _Flags:
     # tail: busy, coll, host, other, copy; pieces: busy, host, other, copy, p2p
     return _Flags(
         host=any_of(cols.pre_host, cols.in_host, cols.issue) or tail_has(2) or piece_has(1),
-        comm_excess=bool((cols.xfer > rp.normal_latency).any()),
+        comm_excess=bool((cols.xfer > rp.normal_latency).any() or cols.issue_held.any()),
         comm=any_of(cols.pre_coll, cols.send_wait, cols.on_compute)
         or tail_has(1)
         or piece_has(4)

@@ -75,17 +75,7 @@ def analyze(
         use_scheduler(scheduler, scheduler_timeout)
         check_targets([json_out, html, md, perfetto], list(paths))
         opts = analysis_options(
-            quiet,
-            pp=pp,
-            stage_map=stage_map,
-            hosts=hosts,
-            microbatches=microbatches,
-            schedule=schedule,
-            steps=steps,
-            global_batch=global_batch,
-            micro_batch=micro_batch,
-            tp=tp,
-            jobs=jobs,
+            quiet, pp, stage_map, hosts, microbatches, schedule, steps, jobs, global_batch, micro_batch, tp
         )
         diag = analyzed(paths, opts)
         for w in overrides_of(diag):

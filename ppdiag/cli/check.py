@@ -84,16 +84,7 @@ def check(
         check_targets([json_out, html, md], [*paths, budget, baseline])
         bud = gate.load_budget(budget)
         base = gate.load_baseline(baseline) if baseline else None
-        opts = analysis_options(
-            quiet,
-            pp=pp,
-            stage_map=stage_map,
-            hosts=hosts,
-            microbatches=microbatches,
-            schedule=schedule,
-            steps=steps,
-            jobs=jobs,
-        )
+        opts = analysis_options(quiet, pp, stage_map, hosts, microbatches, schedule, steps, jobs)
         diag = analyzed(paths, opts)
         result = _judge(diag, bud, base, baseline, steps, allow_partial)
         import msgspec

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -137,14 +137,40 @@ def use_no_cache(flag: bool) -> None:
         os.environ["PPDIAG_NO_CACHE"] = "1"
 
 
-def analysis_options(quiet: bool, **flags: Any) -> Options:
-    """The :class:`ppdiag.api.Options` of a command's analysis flags (by their field names), with
-    progress bars on a terminal unless ``quiet``; a bad ``--steps`` or ``--hosts`` is refused here,
-    before any work (:func:`ppdiag.api.check_options`)."""
+def analysis_options(
+    quiet: bool,
+    pp: int | None = None,
+    stage_map: str | None = None,
+    hosts: str | None = None,
+    microbatches: int | None = None,
+    schedule: str | None = None,
+    steps: str | None = None,
+    jobs: int | None = None,
+    global_batch: int | None = None,
+    micro_batch: int | None = None,
+    tp: int | None = None,
+) -> Options:
+    """The :class:`ppdiag.api.Options` of the run flags every analyzing command takes (the one
+    place they map to the options; ``analyze`` adds the batch flags), with progress bars on a
+    terminal unless ``quiet``; a bad ``--steps`` or ``--hosts`` is refused here, before any work
+    (:func:`ppdiag.api.check_options`)."""
     from ppdiag.api import Options, check_options
     from ppdiag.cli.support import err
 
-    return check_options(Options(progress=not quiet and err.is_terminal, **flags))
+    opts = Options(
+        pp=pp,
+        stage_map=stage_map,
+        hosts=hosts,
+        microbatches=microbatches,
+        schedule=schedule,
+        steps=steps,
+        jobs=jobs,
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        tp=tp,
+        progress=not quiet and err.is_terminal,
+    )
+    return check_options(opts)
 
 
 def analyzed(paths: list[Path], opts: Options) -> Analyzed:

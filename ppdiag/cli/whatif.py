@@ -330,12 +330,13 @@ def _model(a: WhatifArgs, opts: WhatifOptions, lps: list[int] | None) -> WhatifM
 
         analysis = analysis_options(
             True,  # no progress bars: the prediction's table is the output
-            pp=a.run_pp,
-            stage_map=a.stage_map,
-            microbatches=a.run_microbatches,
-            schedule=a.run_schedule,
-            steps=a.steps,
-            jobs=a.jobs,
+            a.run_pp,
+            a.stage_map,
+            None,  # no --hosts: the prediction does not place ranks
+            a.run_microbatches,
+            a.run_schedule,
+            a.steps,
+            a.jobs,
         )
         diag = analyzed(a.paths, analysis)
         return build_model(diag, opts, prof, lps)

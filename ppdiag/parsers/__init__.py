@@ -29,7 +29,7 @@ class Parser(Protocol):
     """A trace format: recognises its files and turns one file into one or more ranks.
 
     ``name`` is the registry key; ``format`` the run format the report names
-    (:class:`ppdiag.report_types.TraceFormat`; two forms of one format share it, as the op table and
+    (``run.format``, checked against this registry; two forms of one format share it, as the op table and
     its Chrome timeline do). ``suffixes`` are the file names a run directory is scanned for (lower
     case; the sniffer still decides), ``describe`` says the format and its names in the messages
     that list what ppdiag reads, and ``holds_every_rank`` is true when one file is the whole run (a

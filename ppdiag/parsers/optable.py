@@ -28,10 +28,12 @@ as OTHER ranges (unknown ones counted in a warning). Every rank gets its pipelin
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from ppdiag.errors import InputError
 from ppdiag.io import qpath
@@ -73,7 +75,7 @@ class OpTableParser:
 
     def parse(self, path: Path, options: ParseOptions) -> list[RankTimeline]:
         src = qpath(path)
-        df, res = _read_table(path, src, _read_head(path))
+        df, res = read_table(path, src, _read_head(path))
         return to_ranks(df, src, False, [], res)
 
 
@@ -100,7 +102,18 @@ def _read_head(path: Path) -> bytes:
     return read_head(path, 1 << 12)
 
 
-def _read_table(path: Path, src: str, head: bytes) -> tuple[pd.DataFrame, float]:
+def seconds_to_ns(col: pd.Series[Any]) -> npt.NDArray[np.int64]:
+    """A column of seconds as integer ns (float32 seconds are normal: their resolution goes to the
+    replay's timing tolerance)."""
+    return np.rint(col.to_numpy(np.float64) * 1e9).astype(np.int64)
+
+
+def read_table(
+    path: Path, src: str, head: bytes, replicas: Sequence[int] | None = None
+) -> tuple[pd.DataFrame, float]:
+    """The table's rows as the frame :func:`ppdiag.parsers.optable_ranks.to_ranks` reads, and the
+    resolution of its times in ns. ``replicas``: only the rows of these ``dp_rank`` values (a
+    Parquet table's row groups are skipped by their statistics when it is sorted by ``dp_rank``)."""
     import pandas as pd  # here, not at import: detecting formats must not load pandas
 
     try:
@@ -111,7 +124,8 @@ def _read_table(path: Path, src: str, head: bytes) -> tuple[pd.DataFrame, float]
                 raise InputError(
                     src, "Parquet op tables need pyarrow: pip install pyarrow (the ppdiag[parquet] extra)"
                 ) from None
-            df = pd.read_parquet(path)
+            rows = None if replicas is None else [("dp_rank", "in", list(replicas))]
+            df = pd.read_parquet(path, filters=rows)
         elif _first_line(head).startswith(b"{"):
             df = pd.read_json(path, lines=True, compression=_compression(path))
         else:
@@ -134,9 +148,8 @@ def _read_table(path: Path, src: str, head: bytes) -> tuple[pd.DataFrame, float]
                 "rank": df["rank"].to_numpy(np.int64),
                 "step": df["step"].to_numpy(np.int64),
                 "optype": df["optype"].astype(str).to_numpy(),
-                # float32 seconds are normal (their resolution goes to the replay's timing tolerance)
-                "t0": np.rint(df["start_ts"].to_numpy(np.float64) * 1e9).astype(np.int64),
-                "dur": np.rint(df["duration"].to_numpy(np.float64) * 1e9).astype(np.int64),
+                "t0": seconds_to_ns(df["start_ts"]),
+                "dur": seconds_to_ns(df["duration"]),
                 "seq_id": df["seq_id"].fillna(-1).to_numpy(np.int64),
                 "mc": df["mc"].fillna(-1).to_numpy(np.int64),
                 "gmc": df["gmc"].fillna(-1).to_numpy(np.int64),
@@ -152,4 +165,4 @@ def _read_table(path: Path, src: str, head: bytes) -> tuple[pd.DataFrame, float]
 
 register(OpTableParser())
 
-__all__ = ["OPTYPES", "REQUIRED", "OpTableParser"]
+__all__ = ["OPTYPES", "REQUIRED", "OpTableParser", "read_table", "seconds_to_ns"]

@@ -8,6 +8,7 @@ mb_id`` (times in ns; ``t0`` step-relative unless the rows were laid on one cloc
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -63,6 +64,8 @@ _GROUP[EMB] = 2
 _GROUP[LN] = 3
 _GROUP[CLIP] = 4
 
+_I64 = npt.NDArray[np.int64]
+
 
 def resolution_ns(values: npt.NDArray[Any], unit_ns: float) -> float:
     """The timer resolution the time column carries, in ns: the spacing of its float type at its
@@ -73,37 +76,133 @@ def resolution_ns(values: npt.NDArray[Any], unit_ns: float) -> float:
     return float(np.spacing(values.dtype.type(top))) * unit_ns
 
 
-def _lay_steps(
-    df: pd.DataFrame,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Step-relative times onto one clock: the sampled steps side by side in step order.
+@dataclass(frozen=True)
+class StepExtents:
+    """Per step number: the earliest start and the latest end of its ops (step-relative ns, after
+    the bad rows are dropped and negative durations clamped). A reduction: the extents of a
+    table's parts merged (:meth:`merge`) are the whole table's, so the step windows every rank
+    shares can be laid from a pass over a few columns, part by part."""
 
-    Returns the absolute start per row plus the step numbers and their windows' starts / ends.
-    """
-    steps, inv = np.unique(df["step"].to_numpy(), return_inverse=True)
-    end = (df["t0"] + df["dur"]).to_numpy()
-    span = np.zeros(steps.size, dtype=np.int64)
-    np.maximum.at(span, inv, end)
-    lo = np.zeros(steps.size, dtype=np.int64)
-    np.minimum.at(lo, inv, df["t0"].to_numpy())
-    span = span - lo
-    # a gap between sampled steps keeps the windows apart on the timeline
-    gap = np.maximum(span // 20, 1_000_000)
-    starts = np.concatenate([[0], np.cumsum(span + gap)[:-1]]) - lo
-    t_abs = df["t0"].to_numpy() + starts[inv]
-    return t_abs, steps, starts + lo
+    steps: _I64
+    lo: _I64
+    hi: _I64
+
+    @classmethod
+    def of(cls, step: _I64, t0: _I64, dur: _I64) -> StepExtents:
+        """The extents of rows (step number, start, duration)."""
+        steps, inv = np.unique(step, return_inverse=True)
+        lo = np.full(steps.size, np.iinfo(np.int64).max, dtype=np.int64)
+        hi = np.full(steps.size, np.iinfo(np.int64).min, dtype=np.int64)
+        np.minimum.at(lo, inv, t0)
+        np.maximum.at(hi, inv, t0 + dur)
+        return cls(steps, lo, hi)
+
+    def merge(self, other: StepExtents) -> StepExtents:
+        """The extents of both parts together."""
+        steps, inv = np.unique(np.concatenate([self.steps, other.steps]), return_inverse=True)
+        lo = np.full(steps.size, np.iinfo(np.int64).max, dtype=np.int64)
+        hi = np.full(steps.size, np.iinfo(np.int64).min, dtype=np.int64)
+        np.minimum.at(lo, inv, np.concatenate([self.lo, other.lo]))
+        np.maximum.at(hi, inv, np.concatenate([self.hi, other.hi]))
+        return StepExtents(steps, lo, hi)
 
 
-def _check_p2p_order(
-    df: pd.DataFrame,
-    codes: npt.NDArray[np.int64],
-    t_abs: npt.NDArray[np.int64],
-    n_pp: int,
-    warnings: list[str],
-) -> None:
+@dataclass(frozen=True)
+class Layout:
+    """The step windows every rank shares: the offset added to a row's start per step number
+    (step-relative times laid side by side on one clock, in step order; zero when the rows are on
+    one clock already) and each window's start and end."""
+
+    steps: _I64
+    offset: _I64
+    w_lo: _I64
+    w_hi: _I64
+    sampled: bool  # sampled steps laid side by side (said in a warning)
+
+    @classmethod
+    def of(cls, ext: StepExtents, laid: bool) -> Layout:
+        """The windows of a table of these extents (``laid``: its starts are on one clock)."""
+        steps = ext.steps
+        if laid:
+            zero = np.zeros(steps.size, dtype=np.int64)
+            return cls(steps, zero, ext.lo, np.maximum(ext.hi, 0), False)
+        lo, hi = np.minimum(ext.lo, 0), np.maximum(ext.hi, 0)
+        span = hi - lo
+        # a gap between sampled steps keeps the windows apart on the timeline
+        gap = np.maximum(span // 20, 1_000_000)
+        starts = np.concatenate([[0], np.cumsum(span + gap)[:-1]]).astype(np.int64) - lo
+        sampled = steps.size > 1 and bool(np.any(np.diff(steps) > 1))
+        return cls(steps, starts, starts + lo, np.maximum(ext.hi + starts, 0), sampled)
+
+    def t_abs(self, step: _I64, t0: _I64) -> _I64:
+        """Each row's start on the run's clock."""
+        return t0 + self.offset[np.searchsorted(self.steps, step)]
+
+
+@dataclass(frozen=True)
+class Tally:
+    """What a table's warnings count, for one part of it; the parts' tallies add up
+    (:meth:`merge`) to the whole table's, whichever way its rows were split."""
+
+    unknown: tuple[tuple[str, int], ...] = ()  # unknown optype -> ops, by name
+    dropped: int = 0  # ops with a negative rank or stage
+    negative: int = 0  # ops with a negative duration
+    worst_ns: int = 0  # the most negative duration
+    p2p_bad: int = 0  # receives that end before their sender's send starts
+    p2p_total: int = 0
+
+    def merge(self, other: Tally) -> Tally:
+        """Both parts' counts together."""
+        unk = dict(self.unknown)
+        for name, n in other.unknown:
+            unk[name] = unk.get(name, 0) + n
+        return Tally(
+            tuple(sorted(unk.items())),
+            self.dropped + other.dropped,
+            self.negative + other.negative,
+            min(self.worst_ns, other.worst_ns),
+            self.p2p_bad + other.p2p_bad,
+            self.p2p_total + other.p2p_total,
+        )
+
+
+def file_warnings(tally: Tally, layout: Layout, tp: tuple[int, int, int, int, int]) -> list[str]:
+    """The table's warnings (said once, on its first rank), in the order the reader meets them.
+    ``tp``: the placement's (tp size, pp, replicas, world, traced ranks)."""
+    out: list[str] = []
+    if tally.unknown:
+        shown = ", ".join(f"{n} ({c})" for n, c in tally.unknown[:8])
+        out.append(f"{sum(c for _, c in tally.unknown)} ops of unknown optype kept as 'other': {shown}")
+    if tally.dropped:
+        out.append(f"{tally.dropped} ops with a negative rank or stage dropped")
+    if tally.negative:
+        worst = float(-tally.worst_ns) / 1e3
+        out.append(
+            f"{tally.negative} ops with a negative duration (down to -{worst:.1f} µs) kept as zero-length"
+        )
+    if layout.sampled:
+        steps = layout.steps
+        out.append(f"{steps.size} sampled steps ({steps[0]}..{steps[-1]}) laid side by side on one clock")
+    size, n_pp, n_dp, world, traced = tp
+    if size > 1:
+        out.append(
+            f"ranks in Megatron's default order (rank = (stage * dp + dp_rank) * tp + tp_rank) with "
+            f"tensor-parallel size {size}: a world of {size} x {n_pp} x {n_dp} = {world} ranks, "
+            f"{traced} traced"
+        )
+    if tally.p2p_total and tally.p2p_bad > 0.05 * tally.p2p_total:
+        out.append(
+            f"{tally.p2p_bad} of {tally.p2p_total} receives end before their sender's send starts: the "
+            "stage / dp_rank placement (columns or lane names) may not match the transfers"
+        )
+    return out
+
+
+def _check_p2p_order(df: pd.DataFrame, codes: _I64, t_abs: _I64, n_pp: int) -> tuple[int, int]:
     """The stage placement checked against the transfers: a receive of micro-batch ``k`` ends after
     its sender's send of ``k`` starts. Many receives that finish before their send began mean the
-    ``stage`` / ``dp_rank`` columns (or lanes) do not say where the ranks really sit."""
+    ``stage`` / ``dp_rank`` columns (or lanes) do not say where the ranks really sit. Returns
+    (receives that end too early, receives matched): one replica's rows hold all of its own."""
     import pandas as pd  # here, not at import: detecting formats must not load pandas
 
     ends = t_abs + df["dur"].to_numpy()
@@ -126,47 +225,19 @@ def _check_p2p_order(
         )
         total += len(j)
         bad += int((j["e"] < j["t"] - 10_000).sum())
-    if total and bad > 0.05 * total:
-        warnings.append(
-            f"{bad} of {total} receives end before their sender's send starts: the stage / dp_rank placement "
-            "(columns or lane names) may not match the transfers"
-        )
+    return bad, total
 
 
-def _codes(df: pd.DataFrame, warnings: list[str]) -> npt.NDArray[np.int64]:
-    """Optype code per row; unknown optypes become ``other`` (counted in a warning)."""
+def _codes(df: pd.DataFrame) -> tuple[_I64, tuple[tuple[str, int], ...]]:
+    """Optype code per row, unknown optypes as ``other``; and the unknown ones' counts by name."""
     import pandas as pd  # here, not at import: detecting formats must not load pandas
 
     codes = pd.Index(OPTYPES).get_indexer(pd.Index(df["optype"].astype(str))).astype(np.int64)
     unknown = codes < 0
-    if unknown.any():
-        unk, counts = np.unique(df["optype"].to_numpy()[unknown], return_counts=True)
-        shown = ", ".join(f"{n} ({c})" for n, c in list(zip(unk, counts, strict=True))[:8])
-        warnings.append(f"{int(unknown.sum())} ops of unknown optype kept as 'other': {shown}")
-        codes = np.where(unknown, OTHER, codes)
-    return codes
-
-
-_I64 = npt.NDArray[np.int64]
-
-
-def _windows(df: pd.DataFrame, laid: bool, warnings: list[str]) -> tuple[_I64, _I64, _I64, _I64]:
-    """(absolute start per row, step numbers, step windows' starts, their ends)."""
-    if laid:
-        t_abs = df["t0"].to_numpy()
-        steps, inv = np.unique(df["step"].to_numpy(), return_inverse=True)
-        w_lo = np.full(steps.size, np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(w_lo, inv, t_abs)
-    else:
-        t_abs, steps, w_lo = _lay_steps(df)
-        inv = np.searchsorted(steps, df["step"].to_numpy())
-        if steps.size > 1 and bool(np.any(np.diff(steps) > 1)):
-            warnings.append(
-                f"{steps.size} sampled steps ({steps[0]}..{steps[-1]}) laid side by side on one clock"
-            )
-    w_hi = np.zeros(steps.size, dtype=np.int64)
-    np.maximum.at(w_hi, inv, t_abs + df["dur"].to_numpy())
-    return t_abs, steps, w_lo, w_hi
+    if not unknown.any():
+        return codes, ()
+    unk, counts = np.unique(df["optype"].to_numpy()[unknown], return_counts=True)
+    return np.where(unknown, OTHER, codes), tuple((str(n), int(c)) for n, c in zip(unk, counts, strict=True))
 
 
 def world_of(rank: _I64, dp: _I64, stage: _I64, n_pp: int) -> tuple[int, int]:
@@ -235,6 +306,10 @@ class _Placement:
             idx = self.loc.index.get_indexer(pd.MultiIndex.from_arrays([dp[is_p2p], peer_stage[is_p2p]]))
             peer[is_p2p] = np.where(idx >= 0, self.loc.to_numpy()[np.clip(idx, 0, None)], -1)
         return peer
+
+    def tp_facts(self) -> tuple[int, int, int, int, int]:
+        """(tensor-parallel size, pp, replicas, world, traced ranks): what the TP warning says."""
+        return self.tp_size, self.n_pp, len(self.lines), self.world, self.n_ranks
 
     def groups(self, d: int, s: int) -> list[ProcessGroup]:
         line = self.lines[d]
@@ -330,19 +405,28 @@ class _Cols:
         return ranges.take(np.argsort(ranges.start, kind="stable"))
 
 
-def _clamp_negative(df: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
-    """Ops whose duration is negative (two timers a few µs apart) kept as zero-length: dropping
-    one would leave its collective a member short, which reads as a hang."""
+def clean(df: pd.DataFrame) -> tuple[pd.DataFrame, npt.NDArray[np.bool_] | None, int, int]:
+    """The rows with a negative rank or stage dropped (the mask of those kept, None when all are)
+    and negative durations (two timers a few µs apart) kept as zero-length: dropping one would
+    leave its collective a member short, which reads as a hang. Returns (rows, kept, durations
+    clamped, the most negative one)."""
+    bad = (df["rank"].to_numpy() < 0) | (df["stage"].to_numpy() < 0)
+    keep = None
+    if bad.any():
+        keep = ~bad
+        df = df[keep].reset_index(drop=True)
     neg = df["dur"].to_numpy() < 0
     if not neg.any():
-        return df
-    worst = float(-df["dur"].to_numpy()[neg].min()) / 1e3
-    warnings.append(
-        f"{int(neg.sum())} ops with a negative duration (down to -{worst:.1f} µs) kept as zero-length"
-    )
+        return df, keep, 0, 0
+    worst = int(df["dur"].to_numpy()[neg].min())
     df = df.copy()
     df.loc[neg, "dur"] = 0
-    return df
+    return df, keep, int(neg.sum()), worst
+
+
+def placement(df: pd.DataFrame, src: str) -> _Placement:
+    """Where each rank sits, from rows (or the distinct rows) of ``rank, dp_rank, stage``."""
+    return _Placement(df, src)
 
 
 def to_ranks(
@@ -353,33 +437,53 @@ def to_ranks(
     resolution_ns: float,
     rank_source: str = "rank column",
 ) -> list[RankTimeline]:
-    """One timeline per rank of the table; warnings of the file go on the first rank."""
+    """One timeline per rank of the table; warnings of the file go on the first rank.
+
+    The same as :func:`ranks_of` over parts of the table (its replicas) on the whole table's
+    :class:`Layout` and placement, with :func:`file_warnings` of the parts' merged tallies on
+    the first rank (:mod:`ppdiag.parsers.optable_replicas`)."""
     if not len(df):
         raise InputError(src, "op table has no rows")
-    codes = _codes(df, warnings)
-    bad = (df["rank"].to_numpy() < 0) | (df["stage"].to_numpy() < 0)
-    if bad.any():
-        warnings.append(f"{int(bad.sum())} ops with a negative rank or stage dropped")
-        df = df[~bad].reset_index(drop=True)
-        codes = codes[~bad]
-    df = _clamp_negative(df, warnings)
-    t_abs, steps, w_lo, w_hi = _windows(df, laid, warnings)
+    rows = clean(df)[0]
+    layout = Layout.of(StepExtents.of(*(rows[c].to_numpy() for c in ("step", "t0", "dur"))), laid)
+    place = _Placement(rows, src)
+    out, tally = ranks_of(df, src, layout, place, resolution_ns, rank_source)
+    warnings.extend(file_warnings(tally, layout, place.tp_facts()))
+    if out:
+        out[0].warnings = list(warnings)
+    return out
+
+
+def ranks_of(
+    df: pd.DataFrame,
+    src: str,
+    layout: Layout,
+    place: _Placement,
+    resolution_ns: float,
+    rank_source: str = "rank column",
+) -> tuple[list[RankTimeline], Tally]:
+    """The timelines of the ranks whose rows ``df`` holds (every row of each: a whole table or
+    some of its replicas), on the table's step ``layout`` and ``place``-ment, without the table's
+    warnings (each rank's list is empty); and the counts those warnings are made of."""
+    codes, unknown = _codes(df)
+    df, keep, negative, worst = clean(df)
+    dropped = 0
+    if keep is not None:
+        dropped = int(keep.size - keep.sum())
+        codes = codes[keep]
+    t_abs = layout.t_abs(df["step"].to_numpy(), df["t0"].to_numpy())
     rank = df["rank"].to_numpy()
     dp = df["dp_rank"].to_numpy()
     stage = df["stage"].to_numpy()
-    place = _Placement(df, src)
-    if place.tp_size > 1:
-        warnings.append(
-            f"ranks in Megatron's default order (rank = (stage * dp + dp_rank) * tp + tp_rank) with "
-            f"tensor-parallel size {place.tp_size}: a world of {place.tp_size} x {place.n_pp} x "
-            f"{len(place.lines)} = {place.world} ranks, {place.n_ranks} traced"
-        )
     cols = _Cols(df, codes, t_abs, place.peers(codes, dp, stage))
-    _check_p2p_order(df, codes, t_abs, place.n_pp, warnings)
+    bad, total = _check_p2p_order(df, codes, t_abs, place.n_pp)
+    tally = Tally(unknown, dropped, negative, worst, bad, total)
     names = ["", *OPTYPES]
     order = np.lexsort((t_abs, rank))
     r_sorted = rank[order]
-    cuts = np.flatnonzero(np.r_[True, r_sorted[1:] != r_sorted[:-1], True])
+    cuts: list[int] = (
+        np.flatnonzero(np.r_[True, r_sorted[1:] != r_sorted[:-1], True]).tolist() if rank.size else []
+    )
     out: list[RankTimeline] = []
     for a, b in itertools.pairwise(cuts):  # one iteration per rank
         sel = order[a:b]
@@ -391,13 +495,11 @@ def to_ranks(
                 format="optable",
                 names=names,
                 intervals=cols.intervals(sel).sorted(),
-                ranges=cols.ranges(sel, steps, w_lo, w_hi),
+                ranges=cols.ranges(sel, layout.steps, layout.w_lo, layout.w_hi),
                 world_size=place.world or max(place.all_ranks[-1] + 1, place.n_ranks),
                 process_groups=place.groups(d, s),
                 rank_source=rank_source,
                 events_total=int(sel.size),
-                # said once for the file, not once per rank
-                warnings=list(warnings) if not out else [],
                 meta={
                     "pipeline": d,
                     "dp_rank": d,
@@ -407,4 +509,4 @@ def to_ranks(
                 },
             )
         )
-    return out
+    return out, tally

@@ -146,6 +146,10 @@ def _worker_init() -> None:
     parent is killed outright (no orphan holding gigabytes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        # forked with both blocked (see _forking): a SIGTERM that came before this point ends the
+        # worker now, under SIG_DFL, instead of raising the parent's handler in fork hooks
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -156,6 +160,26 @@ def _worker_init() -> None:
                 os._exit(1)
         except (OSError, AttributeError):
             pass
+
+
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _forking() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked while the pool forks its workers: a forked worker holds the
+    parent's handler until :func:`_worker_init` replaces it, and a SIGTERM in that window (the
+    parent ending the pool on an error or Ctrl-C) raised the parent's ``Interrupted`` inside the
+    child's fork hooks ("Exception ignored ... Interrupted: 15" on stderr). The parent gets any
+    signal that came meanwhile when this block ends."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _kill_pool(pool: ProcessPoolExecutor) -> None:
@@ -217,18 +241,19 @@ def parse_files(
     else:
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=_mp_context(), initializer=_worker_init)
         try:
-            futs: dict[Future[_Outcome], int] = {
-                pool.submit(
-                    _parse_one,
-                    str(files[i].path),
-                    files[i].format,
-                    options,
-                    True,
-                    keys[i],
-                    _DAMAGED.pop(keys[i] or "", ""),
-                ): i
-                for i in todo
-            }
+            with _forking():  # (the workers are forked by the first submit)
+                futs: dict[Future[_Outcome], int] = {
+                    pool.submit(
+                        _parse_one,
+                        str(files[i].path),
+                        files[i].format,
+                        options,
+                        True,
+                        keys[i],
+                        _DAMAGED.pop(keys[i] or "", ""),
+                    ): i
+                    for i in todo
+                }
             # the bar starts after the workers exist: no display thread is running at fork time
             with _progress(len(todo), progress) as bar:
                 for fut in as_completed(futs):

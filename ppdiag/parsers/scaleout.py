@@ -174,12 +174,17 @@ def parse_on_dask(
     """Map every file on the cluster at ``address``; the files' ranks in input order."""
     from ppdiag.parsers import cache
     from ppdiag.parsers.digest import FileDigest, map_files
+    from ppdiag.parsers.optable_replicas import by_replica
     from ppdiag.parsers.urls import url_of
 
     client = _client(address)
     try:
         from distributed import as_completed
 
+        if len(files) == 1 and by_replica(files[0]):  # one op table: a task per batch of replicas
+            from ppdiag.parsers.optable_replicas import dask_mapper, parse_by_replica
+
+            return [(files[0], parse_by_replica(files[0].path, dask_mapper(client), _n_workers(client)))]
         use_cache = cache.enabled()
         # the workers read the files themselves: send names, never bytes
         names = [url_of(f.path) or str(f.path) for f in files]

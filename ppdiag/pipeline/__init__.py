@@ -20,6 +20,7 @@ from ppdiag.pipeline.hangs import trimmed
 from ppdiag.pipeline.host_clocks import with_host_clocks
 from ppdiag.pipeline.overrides import override_warnings
 from ppdiag.pipeline.peers import PeerDecision, decide_peers, interval_overlay
+from ppdiag.pipeline.replica_clocks import link_replicas
 from ppdiag.pipeline.schedule import detect_schedule, label_from_order, microbatch_count
 from ppdiag.pipeline.steps import LocalStep, select_steps, step_windows
 from ppdiag.pipeline.structure import claimed_words, contradiction, describe
@@ -144,7 +145,8 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
         topo = no_pp(run, source="none (rejected)")
     pairs = match_pairs(ops)
     warnings.extend(pairs.warnings)
-    fit, clock_warnings = with_host_clocks(run, pairs, align_clocks(run, pairs))
+    fit = link_replicas(run, pairs, align_clocks(run, pairs), topo)  # replicas: docs/clocks.md
+    fit, clock_warnings = with_host_clocks(run, pairs, fit)
     warnings.extend(clock_warnings)
     warnings.extend(_residual_warning(fit))
     clocked = aligned_run(run, fit.offsets)  # the parsed ranks on the common clock

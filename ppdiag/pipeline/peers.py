@@ -6,7 +6,9 @@ comm args and nsys kernels without NVTX payloads carry a transfer's direction at
 peer. In order (docs/clocks.md):
 
 0. Pipeline labels: a transfer inside torch.distributed.pipelining's ``PP:<s>SEND_F<mb>`` range
-   (or next to a labelled block) belongs to stage ``s``; its peer is the rank holding ``s +- 1``.
+   (or inside or next to a labelled forward / input-gradient block, never a weight-gradient one)
+   belongs to stage ``s``; its peer is the rank holding ``s +- 1``. The labels are host ranges, so
+   a device kernel is placed among them by its launch.
 1. Coarse clock offsets: ranks of one host share a clock (CPU/gloo runs); else the device
    collectives, which end together on every member; else the step starts.
 2. Host ops (gloo): each transfer is an activation or a gradient by the compute beside it
@@ -33,22 +35,25 @@ back, never guess silently. Everything is sorting, ``searchsorted`` and histogra
 linear in the ops of a pair. The result is an overlay on :class:`~ppdiag.pipeline.clocks.P2POps`
 (copies owned by the pipeline layer): the parser's arrays are never written.
 
-Steps 1 and 3 (the coarse clock, the link fits and the assignment to links) are in
+Step 0 (the labels) is in :mod:`ppdiag.pipeline.peer_labels`; steps 1 and 3 (the coarse clock,
+the link fits and the assignment to links) are in
 :mod:`ppdiag.pipeline.peer_links`, step 2 (the data flow of host ops) in
 :mod:`ppdiag.pipeline.peer_flow`; this module chains them and lays the result over the intervals.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline, Run
+from ppdiag.model import Direction, Kind, RankTimeline, Run
 from ppdiag.pipeline.clocks import P2POps
 from ppdiag.pipeline.host_clocks import coarse_host_offsets
 from ppdiag.pipeline.peer_flow import _decide_by_flow, _step_of
+from ppdiag.pipeline.peer_labels import _from_labels
 from ppdiag.pipeline.peer_links import (
     HOW_LABELS,
     HOW_METADATA,
@@ -137,85 +142,6 @@ def decide_peers(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None
     return dec
 
 
-_RECV_SLACK_NS = 1_000_000  # a receive is posted this close before the block that consumes it
-
-
-def _from_labels(run: Run, ops: dict[int, P2POps]) -> int:
-    """Peers of unknown ops from the pipeline stage the trace's labels put them in.
-
-    A transfer inside a labelled comm range (torch.distributed.pipelining's ``PP:<s>SEND_F<mb>``,
-    ``PP:<s>RECV_B<mb>``) or, failing that, next to a labelled compute block (a send after the
-    block that produced it, a receive before the block that consumes it) belongs to stage ``s``
-    and phase F or B: a forward send goes to the rank holding ``s + 1``, a forward receive comes
-    from ``s - 1``, and the reverse for the backward. Stages held by no or by several ranks decide
-    nothing. Returns the ops decided.
-    """
-    owner: dict[int, set[int]] = {}
-    for tl in run.ranks:
-        rg = tl.ranges
-        m = (rg.stage >= 0) & np.isin(rg.kind, (int(RangeKind.LABEL), int(RangeKind.COMM_OP)))
-        for st in np.unique(rg.stage[m]):
-            owner.setdefault(int(st), set()).add(tl.rank)
-    if len(owner) < 2:
-        return 0
-    n_st = max(owner) + 1
-    rank_of = np.full(n_st + 2, -1, np.int64)  # index stage + 1 (stage -1 and n_st map to -1)
-    for st, rs in owner.items():
-        if len(rs) == 1:
-            rank_of[st + 1] = next(iter(rs))
-    decided = 0
-    tls = run.by_rank()
-    for r, v in ops.items():
-        t_r = tls.get(r)
-        unk = np.flatnonzero((v.peer < 0) & (v.direction > 0))
-        if t_r is None or unk.size == 0:
-            continue
-        rg = t_r.ranges
-        stage = np.full(unk.size, -1, np.int64)
-        phase = np.zeros(unk.size, np.int64)
-        send = (v.direction[unk] == int(Direction.SEND)) | (v.direction[unk] == int(Direction.BOTH))
-        # 1. labelled comm ranges around the op, of the same direction
-        cm = np.flatnonzero((rg.kind == int(RangeKind.COMM_OP)) & (rg.stage >= 0) & (rg.direction > 0))
-        if cm.size:
-            cm = cm[np.argsort(rg.start[cm], kind="stable")]
-            j = np.searchsorted(rg.start[cm], v.start[unk], side="right") - 1
-            jc = np.clip(j, 0, None)
-            ok = (j >= 0) & (v.start[unk] <= rg.end[cm][jc]) & (rg.direction[cm][jc] == v.direction[unk])
-            stage[ok] = rg.stage[cm][jc[ok]]
-            phase[ok] = rg.phase[cm][jc[ok]]
-        # 2. labelled compute blocks: the producer of a send, the consumer of a receive
-        lm = np.flatnonzero(
-            (rg.kind == int(RangeKind.LABEL))
-            & (rg.stage >= 0)
-            & np.isin(rg.phase, (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)))
-        )
-        rest = stage < 0
-        if lm.size and rest.any():
-            by_end = lm[np.argsort(rg.end[lm], kind="stable")]
-            by_start = lm[np.argsort(rg.start[lm], kind="stable")]
-            js = np.searchsorted(rg.end[by_end], v.start[unk], side="right") - 1
-            jr = np.searchsorted(rg.start[by_start], v.end[unk] - _RECV_SLACK_NS, side="left")
-            ok_s = rest & send & (js >= 0)
-            ok_r = rest & ~send & (jr < by_start.size)
-            stage[ok_s] = rg.stage[by_end[js[ok_s]]]
-            phase[ok_s] = rg.phase[by_end[js[ok_s]]]
-            jr_c = np.clip(jr, 0, max(by_start.size - 1, 0))
-            stage[ok_r] = rg.stage[by_start[jr_c[ok_r]]]
-            phase[ok_r] = rg.phase[by_start[jr_c[ok_r]]]
-        fwd = phase == int(Phase.FWD)
-        # forward: send downstream, receive from upstream; backward the reverse
-        step = np.where(fwd == send, 1, -1)
-        known = (stage >= 0) & (phase > 0)
-        tgt = np.where(known, np.clip(stage + step, -1, n_st), -1)
-        peer = rank_of[tgt + 1]
-        ok = known & (peer >= 0) & (peer != r)
-        v.peer[unk[ok]] = peer[ok].astype(np.int32)
-        v.how[unk[ok]] = HOW_LABELS
-        v.conf[unk[ok]] = 1.0
-        decided += int(ok.sum())
-    return decided
-
-
 def _known_source(run: Run) -> str:
     """What named the peers the trace carries: comm metadata (payloads, args, op inputs), the
     profiler's ``nccl:send a->b`` range names (nsys parser's ``meta["p2p_peer_source"]``), or both."""
@@ -257,13 +183,16 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
     except _Ambiguous as amb:
         if _flow_places_all(run, o, coarse.offsets, unknown, ranks, dec, None):
             return _count_undecided(dec, o, n_unknown, _BY_FLOW)
-        dec.undecided = n_unknown
-        dec.warnings.append(
-            f"p2p peers unknown for {n_unknown} ops and ambiguous by timing ({amb}); not guessed: "
-            "give --stage-map, or record the peers (record_shapes=True, NCCL comm args, nsys "
-            "--include-blobs)"
-        )
-        return dec
+        got = _in_rank_order(o, unknown, ranks, coarse, dec) if lines is None else None
+        if got is None:
+            dec.undecided = n_unknown
+            dec.warnings.append(
+                f"p2p peers unknown for {n_unknown} ops and ambiguous by timing ({amb}); not guessed: "
+                "give --stage-map, or record the peers (record_shapes=True, NCCL comm args, nsys "
+                "--include-blobs)"
+            )
+            return dec
+        links, key_sets, off = got
     if _flow_places_all(run, o, off, unknown, ranks, dec, (links, key_sets, n_known)):
         return _count_undecided(dec, o, n_unknown, _BY_FLOW)
     dec.links = links
@@ -276,6 +205,53 @@ def _decide(run: Run, ops: dict[int, P2POps], lines: list[list[int]] | None) -> 
         return dec
     _assign(run, o, ranks, links, key_sets, off, dec, n_known)
     return _count_undecided(dec, o, n_unknown, "fit no link by timing and stay unmatched")
+
+
+def _in_rank_order(
+    o: dict[int, P2POps],
+    unknown: dict[int, npt.NDArray[np.bool_]],
+    ranks: list[int],
+    coarse: Coarse,
+    dec: PeerDecision,
+) -> tuple[dict[tuple[int, int], LinkFit], _KeySets, dict[int, int]] | None:
+    """Links of data-parallel replicas that run in lockstep, where timing fits a rank's partner
+    and the same stage of another replica equally well: the pipelines the ranks' order and op
+    counts give, the fit kept only when it is unambiguous among their neighbours (None otherwise).
+
+    A pipeline's first and last ranks talk to one neighbour, so they have half the transfers of
+    the others: those ``2 dp`` ranks are the pipelines' ends. Ranks are numbered either stage
+    major (pipeline ``d`` is ``d, d + dp, d + 2 dp``..., Megatron's order) or replica major
+    (``d P .. d P + P - 1``); the one numbering whose pipelines end at those ranks is taken.
+    Either way the replicas' waits are the same, as their timing is.
+    """
+    counts = np.array([int(unknown[r].sum()) for r in ranks])
+    n = len(ranks)
+    ends = {i for i in range(n) if counts[i] <= 0.75 * counts.max()}
+    dp = len(ends) // 2
+    if dp < 2 or len(ends) % 2 or n % dp or n // dp < 3:
+        return None
+    p = n // dp
+    layouts = (
+        [[d + i * dp for i in range(p)] for d in range(dp)],  # stage major
+        [list(range(d * p, (d + 1) * p)) for d in range(dp)],  # replica major
+    )
+    fit = [ls for ls in layouts if {x for line in ls for x in (line[0], line[-1])} == ends]
+    if len(fit) != 1:
+        return None
+    steps = [(a, b) for line in fit[0] for a, b in itertools.pairwise(line)]
+    allowed = {(ranks[x], ranks[y]) for a, b in steps for x, y in ((a, b), (b, a))}
+    try:
+        got = _fit_links(o, unknown, ranks, coarse, allowed, dec)
+    except _Ambiguous:
+        return None
+    if not got[0]:
+        return None
+    dec.warnings.append(
+        f"p2p peers: {dp} data-parallel replicas run in lockstep (timing fits a rank's partner and "
+        "the same stage of another replica alike); the pipelines were taken in rank order "
+        "(record the peers to confirm: NCCL comm args, nsys --include-blobs)"
+    )
+    return got
 
 
 def _host_coarse(run: Run, o: dict[int, P2POps]) -> Coarse | None:

@@ -32,6 +32,8 @@ class Coverage:
     world_from: str = ""  # what else names ranks (process groups, peers), when it raises the world
     step_gaps: list[str] = field(default_factory=list)  # ranks with fewer complete steps
     damaged: list[str] = field(default_factory=list)  # ranks with too many events lost or altered
+    # steps the traces hold that the analysis left out as partial (a hang, a cut, lost transfers)
+    stopped: list[str] = field(default_factory=list)
 
     @property
     def expected(self) -> int:
@@ -72,6 +74,7 @@ class Coverage:
             out.append(f"{n} rank(s) {rank_ranges(missing)} of {of} have no trace")
         out += self.step_gaps
         out += self.damaged
+        out += self.stopped
         if self.no_steps:
             why = f" (excluded by --steps {self.step_filter})" if self.step_filter else ""
             out.append(f"rank(s) {rank_ranges(self.no_steps)} have no analysed step{why}")
@@ -107,9 +110,20 @@ def coverage_of(
     run = report.run
     analyzed = [r.rank for r in report.ranks if r.steps > 0]
     steps = [s for s in run.steps if s >= 0]
-    return Coverage(
+    cov = Coverage(
         max(run.world_size, 0), list(run.ranks), analyzed, steps, list(skipped_files or []), step_filter
     )
+    hang = report.hang
+    if hang is not None and (hang.dropped_steps or hang.status == "hang"):
+        # every rank's trace may hold the same steps while a send or receive of one is missing (an
+        # event lost, events written twice): the analysis then finds the run stopped mid-step and
+        # keeps only the steps before it, and the figures describe part of the run
+        left = f"; step(s) {rank_ranges(hang.dropped_steps)} left out" if hang.dropped_steps else ""
+        cov.stopped = [f"the analysis found the run {_STOPPED.get(hang.status, hang.status)} (PP013){left}"]
+    return cov
+
+
+_STOPPED = {"hang": "hung: ranks wait in operations their partners never joined", "cut": "cut mid-step"}
 
 
 def run_gaps(cov: Coverage, facts: RunCoverage) -> None:

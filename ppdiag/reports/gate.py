@@ -17,7 +17,7 @@ import msgspec
 
 from ppdiag.diagnosis import SCHEMA_VERSION
 from ppdiag.errors import InputError
-from ppdiag.facts import balance_of, report_stage_values, share_of
+from ppdiag.facts import report_slowest_stage, report_stage_values, share_of
 from ppdiag.report_types import Cause, CheckKind, CheckState, Gate, GateCheck, GateStatus, Report, decode
 from ppdiag.reports.budget import (
     BUDGET_KEYS,
@@ -30,6 +30,7 @@ from ppdiag.reports.budget import (
 )
 from ppdiag.reports.coverage import Coverage, coverage_of, run_gaps
 from ppdiag.reports.style import cause_label
+from ppdiag.rules import load_builtin
 
 __all__ = [
     "BUDGET_KEYS",
@@ -172,6 +173,7 @@ def load_report(path: str | Path, what: str = "report") -> Report:
         raise InputError(
             str(p), f"report schema_version {ver!r} is not supported (this ppdiag reads {SCHEMA_VERSION})"
         )
+    load_builtin()  # each finding's evidence decodes as its rule's type
     try:
         return decode(raw)
     except RecursionError:
@@ -194,17 +196,19 @@ def load_baseline(path: str | Path) -> Report:
 
 
 def stage_ratio(report: Report) -> tuple[float | None, str]:
-    """Slowest stage compute / mean stage compute (:class:`ppdiag.facts.StageBalance`, the measure
-    PP003 and the reports use), and a note naming the heaviest stage."""
-    stages = report.stages
-    vals = report_stage_values(stages) if len(stages) >= 2 else None
-    if vals is None:
-        return None, "fewer than 2 pipeline stages"
-    bal = balance_of(dict(enumerate(vals)))
-    if bal.ratio is None or bal.heaviest is None or bal.mean_ms is None:
-        return None, "no stage compute measured"
-    i = bal.heaviest
-    return bal.ratio, f"slowest stage {stages[i].stage}: {vals[i]:.2f} ms vs mean {bal.mean_ms:.2f} ms"
+    """Slowest stage compute / mean stage compute as the analysis wrote it (``summary.stage_ratio``
+    and ``summary.slowest_stage``, :class:`ppdiag.facts.StageBalance`, the measure PP003 and the
+    reports use), and a note naming the slowest stage."""
+    ratio = report.summary.stage_ratio
+    if ratio is None:
+        few = len(report.stages) < 2
+        return None, "fewer than 2 pipeline stages" if few else "no stage compute measured"
+    i = report_slowest_stage(report)
+    vals = report_stage_values(report.stages)
+    if i is None or vals is None:
+        return ratio, "no stage stands out of the mean"
+    mean = sum(vals) / len(vals)
+    return ratio, f"slowest stage {report.stages[i].stage}: {vals[i]:.2f} ms vs mean {mean:.2f} ms"
 
 
 def comm_wait_ratio(report: Report) -> tuple[float | None, str]:

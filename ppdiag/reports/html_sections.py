@@ -263,12 +263,13 @@ def _finding_card(f: FindingRow, step: float | None) -> str:
             "ranks " + ", ".join(esc(x) for x in rk[:32]) + (f" … ({len(rk)})" if len(rk) > 32 else "")
         )
     ev_rows = ""
-    if f.evidence:
+    evidence = f.evidence.as_dict()
+    if evidence:
         ev_rows = (
             '<table class="evidence"><tbody>'
             + "".join(
                 f'<tr><td>{esc(k)}</td><td class="mono">{esc(v)}</td></tr>'
-                for k, v in evidence_items(f.evidence)
+                for k, v in evidence_items(evidence)
             )
             + "</tbody></table>"
         )

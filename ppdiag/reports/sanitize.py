@@ -12,9 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import msgspec
-
-from ppdiag.report_types import Report, encode, to_builtins
+from ppdiag.report_types import Report, decode, encode, from_builtins, to_builtins
 
 # ESC [ ... final byte (CSI), ESC ] ... BEL / ST (OSC), other two-byte ESC sequences
 _ESC_SEQ = re.compile(
@@ -60,8 +58,8 @@ def clean_report(report: Report) -> Report:
     if not _UNCLEAN.search(text):
         # no string holds anything :func:`clean` would remove: the copy is the decoded text (the
         # walk over every value of a report of millions of values takes seconds)
-        return msgspec.json.decode(text, type=Report)
-    return msgspec.convert(clean_tree(to_builtins(report)), Report)
+        return decode(text)
+    return from_builtins(clean_tree(to_builtins(report)))
 
 
 def md_neutral(s: str) -> str:

@@ -263,7 +263,7 @@ def _finding_panel(f: FindingRow) -> Panel:
     if f.gain_ms:
         head.append(f"  (gain ≈ {_dur(f.gain_ms, 1)}/step, {f.gain_pct or 0.0:.0f}%)", style="green")
     body = Text()
-    items = evidence_items(f.evidence, scalars_only=True)[:8]
+    items = evidence_items(f.evidence.as_dict(), scalars_only=True)[:8]
     if items:
         body.append("evidence: " + ", ".join(f"{k} {v}" for k, v in items) + "\n", style="dim")
     for fix in f.fixes[:4]:

@@ -1,7 +1,9 @@
 """Diagnosis rules (PP001...), registered by code. A new rule is one module that calls :func:`register`.
 
-Each rule carries linter-like metadata: ``code``, ``name``, ``cause``, ``summary`` and a docstring
-with the sections *What it detects*, *Why it matters*, *How to fix*, *Example* (``ppdiag rules CODE``).
+Each rule carries linter-like metadata: ``code``, ``name``, ``cause``, ``summary``, the type of its
+findings' evidence (``evidence``, a :class:`~ppdiag.report_types.Evidence` Struct the module
+defines) and a docstring with the sections *What it detects*, *Why it matters*, *How to fix*,
+*Example* (``ppdiag rules CODE``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
     from ppdiag.facts import StageBalance
     from ppdiag.model import Run
     from ppdiag.pipeline import Pipeline
+    from ppdiag.report_evidence import Evidence
     from ppdiag.report_types import Cause, FindingRow, Report
     from ppdiag.rules.noise import NoiseModel
     from ppdiag.whatif.batch import BatchCheck
@@ -69,6 +72,8 @@ class Rule(Protocol):
     def cause(self) -> Cause | None: ...
     @property
     def summary(self) -> str: ...
+    @property
+    def evidence(self) -> type[Evidence]: ...
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         """Findings of this rule for the run (empty when it does not apply)."""
@@ -82,6 +87,10 @@ def register(rule: Rule) -> Rule:
     if rule.code in RULES:
         raise ValueError(f"rule code {rule.code} registered twice")
     RULES[rule.code] = rule
+    # imported here: ``ppdiag rules`` reads this package without loading msgspec
+    from ppdiag.report_evidence import register_evidence
+
+    register_evidence(rule.code, rule.evidence)
     return rule
 
 
@@ -112,11 +121,11 @@ _SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 def _order(f: FindingRow) -> tuple[int, int, float, str]:
     gain = f.gain_ms or 0.0
-    noise = f.evidence.get("noise_ms")
+    noise = f.evidence.noise_ms
     general = 0
     if f.severity == "low":
         # within the noise: a cause to look at comes before a general remark (jitter, sizes)
         general = 0 if f.cause else 1
-        if isinstance(noise, int | float) and noise > 0:
+        if isinstance(noise, float) and noise > 0:
             gain = gain / float(noise)
     return (_SEVERITY_ORDER.get(f.severity, 4), general, -gain, f.code)

@@ -3,9 +3,11 @@ model, and the builder of a finding (the report's :class:`~ppdiag.report_types.F
 
 from __future__ import annotations
 
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
-from ppdiag.report_types import Cause, FindingRow, Severity
+import msgspec
+
+from ppdiag.report_types import Cause, Evidence, FindingRow, Severity
 from ppdiag.rules import RuleContext
 from ppdiag.rules.noise import NoiseModel, build_noise
 
@@ -79,7 +81,7 @@ def finding(
     cause: Cause | None,
     title: str,
     gain_ms: float | None,
-    evidence: dict[str, Any],
+    evidence: Evidence,
     fixes: list[str],
     stages: list[int] | None = None,
     ranks: list[int] | None = None,
@@ -89,21 +91,19 @@ def finding(
 ) -> FindingRow:
     """A finding, built as the report's row (gains rounded as the report shows them), with its gain
     (ms per step, None when not computed), the noise it is judged against (``noise_ms``, default:
-    the run's base noise) and the what-if fix its gain comes from. The evidence gets ``noise_ms``,
-    ``steps_used`` and, with a fix, ``whatif_fix`` and ``whatif_step_ms`` (the same numbers as the
-    report's what-if row)."""
+    the run's base noise) and the what-if fix its gain comes from. ``evidence`` is the rule's own
+    type; it gets the common fields of :class:`~ppdiag.report_types.Evidence`: ``noise_ms``,
+    ``steps_used``, ``oversubscribed_host`` on such a host and, with a fix, ``whatif_fix`` and
+    ``whatif_step_ms`` (the same numbers as the report's what-if row)."""
     step = ctx.step_ms
     nm = noise_of(ctx)
     noise = nm.base_ms() if noise_ms is None else noise_ms
     pct = 100.0 * gain_ms / step if step and gain_ms is not None else None
-    ev = dict(evidence)
-    ev["noise_ms"] = r3(noise)
-    ev["steps_used"] = nm.steps_used
+    ev = msgspec.structs.replace(evidence, noise_ms=r3(noise), steps_used=nm.steps_used)
     if nm.oversubscribed:
-        ev["oversubscribed_host"] = True
+        ev = msgspec.structs.replace(ev, oversubscribed_host=True)
     if fix is not None:
-        ev["whatif_fix"] = fix
-        ev["whatif_step_ms"] = fix_step_ms(ctx, fix)
+        ev = msgspec.structs.replace(ev, whatif_fix=fix, whatif_step_ms=fix_step_ms(ctx, fix))
     return FindingRow(
         code=code,
         cause=cause,

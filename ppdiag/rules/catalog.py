@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from msgspec import Struct
 
 _FIELDS = ("code", "name", "cause", "summary")
 
@@ -27,6 +31,7 @@ class RuleText:
     cause: str | None  # the rule's cause key, or its ``cause_note``; None: a configuration rule
     summary: str
     doc: str  # the class docstring, cleaned like inspect.cleandoc
+    evidence: tuple[tuple[str, str], ...] = ()  # the rule's own evidence fields: (name, type)
 
 
 class _NotStatic(Exception):
@@ -77,6 +82,10 @@ def catalog_markdown() -> str:
         "modules (`ppdiag/rules/pp*.py`): after changing a rule, regenerate it with",
         "`PPDIAG_UPDATE_SNAPSHOTS=1 python3 -m pytest tests/test_rule_golden.py -k documented`.",
         "A finding's cause is one of the lost-time causes of the report (`lost_ms` in [json.md](json.md)).",
+        "A finding's `evidence` is its rule's own typed object (the fields listed under each rule, in",
+        "the order the JSON holds them), followed by the fields every finding's evidence ends with:",
+        "`noise_ms`, `steps_used`, `oversubscribed_host` (only when true), and with a what-if fix",
+        "`whatif_fix` and `whatif_step_ms`.",
         "",
         "| code | name | cause | summary |",
         "|---|---|---|---|",
@@ -84,6 +93,12 @@ def catalog_markdown() -> str:
     out += [f"| {t.code} | {t.name} | {t.cause or '-'} | {t.summary} |" for t in texts]
     for t in texts:
         out += ["", f"## {t.code} {t.name}", "", f"Cause: {t.cause or 'none'}. {t.summary}"]
+        if t.evidence:
+            # an UNSET field is left out of the JSON when the rule has nothing to say
+            fields = ", ".join(
+                f"`{n}` ({ty.replace(' | UnsetType', ', when present')})" for n, ty in t.evidence
+            )
+            out += ["", f"Evidence: {fields}."]
         for head, body in sections_of(t.doc).items():
             out += ["", f"**{head}.**", "", body]
     return "\n".join(out) + "\n"
@@ -102,9 +117,19 @@ def _imported_rules() -> list[RuleText]:
             getattr(r, "cause_note", None) or (None if r.cause is None else str(r.cause)),
             r.summary,
             inspect.cleandoc(type(r).__doc__ or ""),
+            _evidence_fields(r.evidence),
         )
         for r in (RULES[c] for c in sorted(RULES))
     ]
+
+
+def _evidence_fields(kind: type[Struct]) -> tuple[tuple[str, str], ...]:
+    """A rule's own evidence fields (the common ones of its base left out) with their annotations
+    as written (the modules use postponed annotations: strings)."""
+    import inspect
+
+    own = inspect.get_annotations(kind)
+    return tuple((n, str(ty)) for n, ty in own.items() if n in kind.__struct_fields__)
 
 
 def _static_rules() -> list[RuleText]:
@@ -128,7 +153,7 @@ def _static_rules() -> list[RuleText]:
         if len(classes) != len(registered):
             raise _NotStatic(path.name)
         for cls in classes:
-            text = _rule_text(cls)
+            text = _rule_text(cls, tree)
             if text.code in found:
                 raise _NotStatic(text.code)
             found[text.code] = text
@@ -137,12 +162,21 @@ def _static_rules() -> list[RuleText]:
     return [found[c] for c in sorted(found)]
 
 
-def _rule_text(cls: object) -> RuleText:
+def _rule_text(cls: object, tree: object) -> RuleText:
     import ast
 
-    assert isinstance(cls, ast.ClassDef)
+    assert isinstance(cls, ast.ClassDef) and isinstance(tree, ast.Module)
     values: dict[str, object] = {}
+    evidence: tuple[tuple[str, str], ...] = ()
     for node in cls.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == "evidence"
+            and isinstance(node.value, ast.Name)
+        ):
+            evidence = _static_evidence(tree, node.value.id)
         if (
             isinstance(node, ast.Assign)
             and len(node.targets) == 1
@@ -156,7 +190,22 @@ def _rule_text(cls: object) -> RuleText:
         raise _NotStatic(cls.name)
     if cause is not None and not isinstance(cause, str):
         raise _NotStatic(cls.name)
-    return RuleText(code, name, cause, summary, ast.get_docstring(cls) or "")
+    return RuleText(code, name, cause, summary, ast.get_docstring(cls) or "", evidence)
+
+
+def _static_evidence(tree: object, name: str) -> tuple[tuple[str, str], ...]:
+    """The annotated fields of the class ``name`` of a rule module (its evidence Struct)."""
+    import ast
+
+    assert isinstance(tree, ast.Module)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return tuple(
+                (n.target.id, ast.unparse(n.annotation))
+                for n in node.body
+                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+            )
+    raise _NotStatic(name)
 
 
 def _literal(node: object) -> object:

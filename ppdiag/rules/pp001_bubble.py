@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ppdiag.facts import step_share_text
-from ppdiag.report_types import Cause, FindingRow
+from ppdiag.model.schedule import Schedule
+from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, r3
 
@@ -20,6 +21,19 @@ _ALTERNATIVES = (
         "weight-gradient work",
     ),
 )
+
+
+class BubbleEvidence(Evidence, frozen=True):
+    """PP001's evidence: the bubble, the shape that makes it, and the alternatives' gains."""
+
+    bubble_ms: float  # mean bubble per step
+    bubble_share_pct: float  # of the mean step
+    pp: int
+    microbatches: int | None
+    schedule: Schedule
+    theoretical_ratio: float | None  # the schedule's (P-1)/(M+P-1)-style bubble
+    measured_ratio: float | None
+    alternative_gains_ms: dict[str, float]  # what-if fix -> ms per step it saves
 
 
 def _predicted(gain: float) -> str:
@@ -51,6 +65,7 @@ class BubbleRule:
     name = "bubble-m-too-small"
     cause = Cause.BUBBLE
     summary = "Pipeline bubble is large: too few micro-batches for the number of stages."
+    evidence = BubbleEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         pipe = ctx.pipeline
@@ -87,16 +102,16 @@ class BubbleRule:
                 self.cause,
                 f"pipeline bubble takes {step_share_text(ctx.report.summary, 'bubble')} (P={p}, M={m})",
                 gain,
-                {
-                    "bubble_ms": r3(bubble_ms),
-                    "bubble_share_pct": r3(share),
-                    "pp": p,
-                    "microbatches": m,
-                    "schedule": pipe.schedule,
-                    "theoretical_ratio": theo,
-                    "measured_ratio": ctx.report.bubble.measured_ratio,
-                    "alternative_gains_ms": alt,
-                },
+                BubbleEvidence(
+                    bubble_ms=r3(bubble_ms),
+                    bubble_share_pct=r3(share),
+                    pp=p,
+                    microbatches=m,
+                    schedule=pipe.schedule,
+                    theoretical_ratio=theo,
+                    measured_ratio=ctx.report.bubble.measured_ratio,
+                    alternative_gains_ms=alt,
+                ),
                 fixes,
                 stages=list(range(p)),
                 fix="microbatches_x2",

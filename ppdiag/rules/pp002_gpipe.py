@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
-from ppdiag.report_types import Cause, FindingRow
+from ppdiag.model.schedule import Schedule
+from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, noise_of, r3, severity
+
+
+class GpipeEvidence(Evidence, frozen=True):
+    """PP002's evidence: the micro-batches each schedule holds in flight, and the fix's gain."""
+
+    schedule: Schedule
+    microbatches: int
+    pp: int
+    activations_in_flight_gpipe: int
+    activations_in_flight_1f1b: int
+    activation_vs_gpipe_1f1b: float | None  # measured activation memory: 1F1B's / GPipe's
+    predicted_gain_ms: float | None  # the what-if fix's gain before it is clamped at 0
 
 
 class GpipeRule:
@@ -28,6 +41,7 @@ class GpipeRule:
     name = "gpipe-schedule"
     cause = Cause.BUBBLE
     summary = "GPipe-style schedule: same bubble as 1F1B but far more activation memory."
+    evidence = GpipeEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         pipe = ctx.pipeline
@@ -64,15 +78,15 @@ class GpipeRule:
                 self.cause,
                 f"GPipe schedule: every stage holds the activations of all {m} micro-batches",
                 gain_out,
-                {
-                    "schedule": "gpipe",
-                    "microbatches": m,
-                    "pp": p,
-                    "activations_in_flight_gpipe": m,
-                    "activations_in_flight_1f1b": min(m, p),
-                    "activation_vs_gpipe_1f1b": None if act is None else r3(act),
-                    "predicted_gain_ms": None if gain is None else r3(gain),
-                },
+                GpipeEvidence(
+                    schedule=Schedule.GPIPE,
+                    microbatches=m,
+                    pp=p,
+                    activations_in_flight_gpipe=m,
+                    activations_in_flight_1f1b=min(m, p),
+                    activation_vs_gpipe_1f1b=None if act is None else r3(act),
+                    predicted_gain_ms=None if gain is None else r3(gain),
+                ),
                 fixes,
                 stages=list(range(p)),
                 sev=sev,

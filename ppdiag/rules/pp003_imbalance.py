@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from ppdiag.facts import stage_balance
-from ppdiag.report_types import Cause, FindingRow
+from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
+
+
+class ImbalanceEvidence(Evidence, frozen=True):
+    """PP003's evidence: each stage's block compute and the slowest stage's ratio to the mean."""
+
+    slowest_stage: int
+    slowest_ms: float
+    mean_ms: float
+    ratio: float
+    stage_compute_ms: dict[str, float]  # stage -> mean per-step block compute
+    stage_replica_ms: dict[str, dict[str, float]]  # stage -> {rank: its block compute}
+    imbalance_ms: float  # the run's mean imbalance per step
 
 
 class ImbalanceRule:
@@ -35,6 +47,7 @@ class ImbalanceRule:
     name = "stage-imbalance"
     cause = Cause.IMBALANCE
     summary = "Slowest stage well above the mean stage cost: the other stages wait for it."
+    evidence = ImbalanceEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         topo = ctx.pipeline.topology
@@ -67,18 +80,18 @@ class ImbalanceRule:
                 self.cause,
                 f"stage {slow} is {ratio:.2f}x the mean stage compute; the other stages wait for it",
                 gain,
-                {
-                    "slowest_stage": slow,
-                    "slowest_ms": r3(per_stage[slow]),
-                    "mean_ms": r3(mean),
-                    "ratio": r3(ratio),
-                    "stage_compute_ms": {str(k): r3(v) for k, v in per_stage.items()},
+                ImbalanceEvidence(
+                    slowest_stage=slow,
+                    slowest_ms=r3(per_stage[slow]),
+                    mean_ms=r3(mean),
+                    ratio=r3(ratio),
+                    stage_compute_ms={str(k): r3(v) for k, v in per_stage.items()},
                     # the spread across replicas: a stage is judged by its fastest replica
-                    "stage_replica_ms": {
+                    stage_replica_ms={
                         str(k): {str(r): r3(x) for r, x in v.items()} for k, v in bal.replica_ms.items()
                     },
-                    "imbalance_ms": r3(imb),
-                },
+                    imbalance_ms=r3(imb),
+                ),
                 [
                     f"move about {excess * 100:.0f}% of stage {slow}'s compute to {where} "
                     "(split layers by measured cost, not by count)",

@@ -5,16 +5,21 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-import numpy as np
-
 from ppdiag.attribution.link_latency import LinkLatencies, link_latencies
-from ppdiag.report_types import Cause, FindingRow
+from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 from ppdiag.rules.noise import shared_share
 
-#: The share of a link's late waits left out of its typical lateness (the longest ones).
-_OUTLIERS = 0.2
+
+class CommWaitEvidence(Evidence, frozen=True):
+    """PP004's evidence: the comm wait, the run's normal latency and the slow links' late waits."""
+
+    comm_wait_ms: float
+    normal_latency_ms: float  # the run's fault-free p2p latency
+    late_wait_ms_per_step_by_link: dict[str, float]  # "src->dst" -> late waits per step
+    link_normal_ms: dict[str, float]  # "src->dst" -> the link's normal transfer time
+    tcp_fallback_suspected: list[str]  # links whose bandwidth is below any RDMA class
 
 
 class CommWaitRule:
@@ -47,6 +52,7 @@ class CommWaitRule:
     name = "comm-wait"
     cause = Cause.COMM_WAIT
     summary = "p2p/NCCL waits with the peer ready: slow or late transfers between stages."
+    evidence = CommWaitEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         if ctx.pipeline.topology.pp <= 1 or not ctx.step_ms:
@@ -65,7 +71,9 @@ class CommWaitRule:
         if not slow:
             return []
         normal = ctx.attribution.normal_latency_ns
-        per_link = _late_wait_per_link(ctx, normal)
+        # what consumers waited per step on each link beyond the normal latency: the same
+        # lateness that judged the link, over the link's transfers
+        per_link = {k: x.late_sum_ns / _steps(ctx) for k, x in links.links.items()}
         slow_wait = {k: per_link.get(k, 0.0) for k in slow}
         top = max(slow_wait.values(), default=0.0)
         senders = _slow_senders(slow_wait)
@@ -76,24 +84,24 @@ class CommWaitRule:
                 self.code,
                 self.cause,
                 "transfers of rank(s) " + ", ".join(map(str, senders)) + " arrive late "
-                f"({top / 1e6:.1f} ms per step of waiting on the slowest link)"
+                f"({top / 1e6:.1f} ms per step of late transfers on the slowest link)"
                 if senders and top > 0
                 else "stage-to-stage transfers arrive late",
                 gain,
-                {
-                    "comm_wait_ms": r3(cw),
-                    "normal_latency_ms": r3(normal / 1e6),
-                    "late_wait_ms_per_step_by_link": link_ev,
-                    "link_normal_ms": {
+                CommWaitEvidence(
+                    comm_wait_ms=r3(cw),
+                    normal_latency_ms=r3(normal / 1e6),
+                    late_wait_ms_per_step_by_link=link_ev,
+                    link_normal_ms={
                         f"{a}->{b}": r3(x.normal_ns / 1e6) for (a, b), x in sorted(links.links.items())
                     },
                     # achieved bandwidth of the links (ppdiag/pipeline/links.py): below any RDMA class
-                    "tcp_fallback_suspected": [
+                    tcp_fallback_suspected=[
                         f"{x.src}->{x.dst}: {x.gbps_median:.2f} GB/s inter-node"
                         for x in ctx.report.links or []
                         if x.tcp_fallback_suspected
                     ],
-                },
+                ),
                 [
                     "check the NCCL transport of these links: NCCL_DEBUG=INFO (NET/Socket means TCP "
                     "fallback; expect NET/IB or P2P/NVLink), NIC and GPU affinity",
@@ -143,40 +151,23 @@ def _link_noise_ms(
     """The noise of the fix's gain, judged against the links' spread rather than the step's: the
     share of the gain that the links' shared lateness explains (what every link shows: the slow
     links' lateness beyond the others' is the fault), plus the noise of that lateness beyond the
-    others' (``Z`` standard errors per transfer, over a step's transfers, in quadrature). On an
+    others' (``Z`` standard errors per transfer, over a step's transfers, in quadrature), taken as
+    the same share of the gain as of that lateness (the gain is what the replay wins back, which a
+    GPipe phase pays once per held send, not once per transfer). On an
     oversubscribed CPU host a link is late by up to what a descheduled process costs: that share
     of the gain is noise as well."""
     n_steps = _steps(ctx)
     late_all = sum(x.late_ns * x.n for x in links.links.values())
     beyond = sum(slow[k] * links.links[k].n for k in slow)
     shared = 1.0 - min(beyond / late_all, 1.0) if late_all > 0 else 0.0
-    spread_ms = math.hypot(*(links.noise_ns(k) * links.links[k].n for k in slow)) / n_steps / 1e6
+    # the gain is the replay's, not the late waits' sum (a GPipe phase pays a held send's delay
+    # once, not per transfer): it is as uncertain, relatively, as the lateness it comes from
+    spread = math.hypot(*(links.noise_ns(k) * links.links[k].n for k in slow))
+    spread_ms = gain * min(spread / beyond, 1.0) if beyond > 0 else spread / n_steps / 1e6
     nm = noise_of(ctx)
     descheduled = min(nm.contention_ms / top_ms, 1.0) if top_ms > 0 else 0.0
     contention = nm.noise_ms(gain, max(shared_share(list(per_link.values())), descheduled)) - nm.base_ms()
     return shared * gain + spread_ms + contention
-
-
-def _late_wait_per_link(ctx: RuleContext, normal: int) -> dict[tuple[int, int], float]:
-    """Per link (producer, consumer): how long (ns per step) consumers waited on transfers that
-    took longer than the run's ``normal`` latency. A host op (gloo) that the producer issued after
-    its block while it went on is counted from the block's end: the data was held on its way."""
-    waited: dict[tuple[int, int], list[int]] = defaultdict(list)
-    edges = ctx.attribution.edges
-    held = ctx.attribution.edge_held if len(ctx.attribution.edge_held) == len(edges) else [0] * len(edges)
-    for (prod, cons, tau, wait), h in zip(edges, held, strict=True):
-        waited[(prod, cons)].append(min(max(tau + h - normal, 0), wait))
-    steps = _steps(ctx)
-    return {k: _typical_sum(v) / steps for k, v in waited.items()}
-
-
-def _typical_sum(late: list[int]) -> float:
-    """The late waits of one link summed as if each were typical of the link: the mean of all but
-    the longest :data:`_OUTLIERS` of them, times their count. A process descheduled on a loaded host
-    makes a few transfers very late on any link; a slow link makes most of its transfers late."""
-    v = np.sort(np.asarray(late, dtype=np.float64))
-    keep = max(int(np.ceil(v.size * (1.0 - _OUTLIERS))), 1)
-    return float(v[:keep].mean()) * v.size if v.size else 0.0
 
 
 def _slow_senders(per_link: dict[tuple[int, int], float]) -> list[int]:
@@ -184,14 +175,16 @@ def _slow_senders(per_link: dict[tuple[int, int], float]) -> list[int]:
 
     A slow rank makes every link it touches slow, in both directions; its neighbours share only
     one of those links each. The producer side of a link weighs a little more, so a slow first or
-    last stage is still told apart from its neighbour.
+    last stage is still told apart from its neighbour: a rank is named when its score is within
+    that weight of the best, strictly (the receiver of the one slow link scores exactly the best
+    over the weight, and is not named with its sender).
     """
     score: dict[int, float] = defaultdict(float)
     for (a, b), v in per_link.items():
         score[a] += 1.25 * v
         score[b] += v
     best = max(score.values(), default=0.0)
-    return sorted(r for r, v in score.items() if best > 0 and v >= 0.8 * best)
+    return sorted(r for r, v in score.items() if best > 0 and 1.25 * v > best)
 
 
 register(CommWaitRule())

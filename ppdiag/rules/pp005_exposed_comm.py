@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import numpy as np
+from msgspec import UNSET, UnsetType
 
 from ppdiag.facts import step_share_text
 from ppdiag.model import Kind, Run
-from ppdiag.report_types import Cause, FindingRow
+from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 
 MIN_SHARE_PCT = 2.0
+
+
+class ExposedCommEvidence(Evidence, frozen=True):
+    """PP005's evidence: the exposed communication by kind and its worst ranks."""
+
+    exposed_comm_ms: float
+    exposed_p2p_ms: float
+    exposed_collective_ms: float
+    worst_ranks: dict[str, float]  # rank -> its exposed communication (ms per step)
+    p2p_peer_unknown_ms: float | UnsetType = UNSET  # p2p whose peer was not matched (when any)
 
 
 class ExposedCommRule:
@@ -39,6 +50,7 @@ class ExposedCommRule:
     name = "exposed-comm"
     cause = Cause.EXPOSED_COMM
     summary = "Communication with no compute beside it although overlap was possible."
+    evidence = ExposedCommEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         if not ctx.step_ms:
@@ -96,13 +108,13 @@ class ExposedCommRule:
                 f"{step_share_text(ctx.report.summary, 'exposed_comm')} is exposed communication, "
                 f"mostly {kind}",
                 gain,
-                {
-                    "exposed_comm_ms": r3(ex),
-                    "exposed_p2p_ms": r3(p2p),
-                    "exposed_collective_ms": r3(coll),
-                    "worst_ranks": {str(r.rank): r3(r.lost_ms["exposed_comm"]) for r in worst},
-                    **({"p2p_peer_unknown_ms": r3(unmatched)} if unmatched > 0 else {}),
-                },
+                ExposedCommEvidence(
+                    exposed_comm_ms=r3(ex),
+                    exposed_p2p_ms=r3(p2p),
+                    exposed_collective_ms=r3(coll),
+                    worst_ranks={str(r.rank): r3(r.lost_ms["exposed_comm"]) for r in worst},
+                    p2p_peer_unknown_ms=r3(unmatched) if unmatched > 0 else UNSET,
+                ),
                 fixes,
                 ranks=[r.rank for r in worst],
                 noise_ms=noise,

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from ppdiag.report_types import Cause, FindingRow
+from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, faster, finding, fix_gain_ms, mean_cause_ms, noise_of, r3
 from ppdiag.rules.noise import direct_host_ms, shared_share
+
+
+class HostEvidence(Evidence, frozen=True):
+    """PP006's evidence: the host time, each rank's own launch delay, and the ranks that cause it."""
+
+    host_ms: float
+    direct_host_ms_per_rank: dict[str, float]
+    root_ranks: list[int]
+    cpu_only_run: bool
 
 
 class HostRule:
@@ -32,6 +41,7 @@ class HostRule:
     name = "host-bound"
     cause = Cause.HOST
     summary = "Device starved: work launched after the gap began (CPU, Python, data loading, syncs)."
+    evidence = HostEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         if not ctx.step_ms:
@@ -66,12 +76,12 @@ class HostRule:
                 f"host-bound: the work of rank(s) {', '.join(map(str, roots))} is launched late "
                 f"({top:.1f} ms per step with nothing queued)",
                 gain,
-                {
-                    "host_ms": r3(host),
-                    "direct_host_ms_per_rank": {str(r): r3(v) for r, v in sorted(per_rank.items())},
-                    "root_ranks": roots,
-                    "cpu_only_run": bool(cpu),
-                },
+                HostEvidence(
+                    host_ms=r3(host),
+                    direct_host_ms_per_rank={str(r): r3(v) for r, v in sorted(per_rank.items())},
+                    root_ranks=roots,
+                    cpu_only_run=bool(cpu),
+                ),
                 [
                     "remove host synchronizations from the step (.item(), .cpu(), torch.cuda.synchronize, "
                     "printing tensors)",

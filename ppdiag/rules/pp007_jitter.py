@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppdiag.report_types import FindingRow
+from ppdiag.report_types import Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import finding, r3
 from ppdiag.rules.noise import Z
@@ -13,6 +13,15 @@ P95_RATIO = 1.2
 # Below this many steps the p95 is the slowest step and the typical steps' spread is a guess: one
 # slow step cannot be told from a one-off, so the finding stays low.
 SEVERE_MIN_STEPS = 5
+
+
+class JitterEvidence(Evidence, frozen=True):
+    """PP007's evidence: the step time's median and p95, and the slow steps."""
+
+    median_ms: float
+    p95_ms: float
+    ratio: float  # p95 / median
+    slow_steps: list[int]  # ProfilerStep numbers
 
 
 class JitterRule:
@@ -36,6 +45,7 @@ class JitterRule:
     name = "step-jitter"
     cause = None
     summary = "Step-time jitter: p95 well above the median."
+    evidence = JitterEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         steps = ctx.report.summary.steps_ms
@@ -59,7 +69,7 @@ class JitterRule:
                 self.cause,
                 f"step time jitters: p95 {p95:.1f} ms vs median {med:.1f} ms",
                 gain,
-                {"median_ms": r3(med), "p95_ms": r3(p95), "ratio": r3(p95 / med), "slow_steps": slow},
+                JitterEvidence(median_ms=r3(med), p95_ms=r3(p95), ratio=r3(p95 / med), slow_steps=slow),
                 [
                     "look at what runs in the slow steps: checkpoints, evaluation, logging, GC, data refills",
                     "make periodic work asynchronous or move it out of the training step",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppdiag.report_types import FindingRow
+from ppdiag.report_types import Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, noise_of
 
@@ -10,6 +10,21 @@ from ppdiag.rules.base import faster, finding, fix_gain_ms, noise_of
 def _small_m(text: str) -> bool:
     """Whether a batch problem is "M too small for P" (whose fix is more micro-batches)."""
     return "< 2 × pp" in text or "is smaller than pp" in text
+
+
+class BatchEvidence(Evidence, frozen=True):
+    """PP008's evidence: the problems, then the sizes they come from
+    (:class:`ppdiag.whatif.batch.BatchCheck`)."""
+
+    problems: list[str]
+    world: int | None
+    tp: int
+    pp: int
+    dp: int | None
+    micro_batch: int | None
+    global_batch: int | None
+    accumulation: int | None  # micro-batches per step per pipeline (M)
+    microbatches_seen: int | None
 
 
 class BatchRule:
@@ -35,6 +50,7 @@ class BatchRule:
     name = "batch-arithmetic"
     cause = None
     summary = "Batch arithmetic: global = micro x accumulation x dp, dp = world/(tp x pp), M >= 2P."
+    evidence = BatchEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         pp = ctx.pipeline.topology.pp
@@ -66,10 +82,17 @@ class BatchRule:
                 if len(problems) == 1
                 else f"{len(problems)} batch-size problems: " + "; ".join(t for _, t in problems[:2]),
                 gain,
-                {
-                    "problems": [t for _, t in problems],
-                    **{k: v for k, v in bc.to_json().items() if k != "problems"},
-                },
+                BatchEvidence(
+                    problems=[t for _, t in problems],
+                    world=bc.world,
+                    tp=bc.tp,
+                    pp=bc.pp,
+                    dp=bc.dp,
+                    micro_batch=bc.micro_batch,
+                    global_batch=bc.global_batch,
+                    accumulation=bc.accumulation,
+                    microbatches_seen=bc.microbatches_seen,
+                ),
                 fixes,
                 sev=sev,
                 noise_ms=noise,

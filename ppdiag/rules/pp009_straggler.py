@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from ppdiag.attribution.collective_waits import REASON_CAUSE, CollectiveWaits, LateRank
-from ppdiag.report_types import FindingRow
+from ppdiag.report_types import Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
 from ppdiag.rules.pp010_mb_variance import slow_worker_gain_ms, slow_workers
@@ -20,6 +22,28 @@ _REASON_TEXT = {
     "idle": "idles with work queued (no evidence of why)",
     "comm": "spends longer in other communication first",
 }
+
+
+class LateRankEvidence(msgspec.Struct, frozen=True):
+    """One root straggler of PP009 (``evidence.late_ranks{}``, docs/json.md "Finding evidence")."""
+
+    late_ms_per_step: float
+    made_others_wait_ms_per_step: float
+    late_instances_per_step: float
+    reasons_ms_per_step: dict[str, float]  # late_start, host_stall, compute, idle, comm
+    groups: list[list[int]]
+
+
+class StragglerEvidence(Evidence, frozen=True):
+    """PP009's evidence (docs/json.md "Finding evidence")."""
+
+    late_ranks: dict[str, LateRankEvidence]
+    followers: dict[str, float]
+    main_reason: str
+    slow_workers_vs_stage_peers: dict[str, float]
+    waited_ms_per_step: float
+    collective_instances: int
+    sync_instances: int
 
 
 class StragglerRule:
@@ -61,6 +85,7 @@ class StragglerRule:
     cause = None  # each finding carries the late ranks' own root cause
     cause_note = "late rank's cause"
     summary = "Straggler: ranks the others wait for in collectives (late step, host stall, slow compute)."
+    evidence = StragglerEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         cw = ctx.attribution.collective_waits
@@ -158,25 +183,25 @@ def _evidence(
     followers: dict[int, float],
     main: str,
     slow: dict[int, float],
-) -> dict[str, object]:
-    return {
-        "late_ranks": {
-            str(r): {
-                "late_ms_per_step": r3(late),
-                "made_others_wait_ms_per_step": r3(made),
-                "late_instances_per_step": r3(lr.instances / steps),
-                "reasons_ms_per_step": {k: r3(v / steps / 1e6) for k, v in lr.reasons_ns.items()},
-                "groups": [list(cw.groups[g]) for g in sorted(lr.groups)],
-            }
+) -> StragglerEvidence:
+    return StragglerEvidence(
+        late_ranks={
+            str(r): LateRankEvidence(
+                late_ms_per_step=r3(late),
+                made_others_wait_ms_per_step=r3(made),
+                late_instances_per_step=r3(lr.instances / steps),
+                reasons_ms_per_step={k: r3(v / steps / 1e6) for k, v in lr.reasons_ns.items()},
+                groups=[list(cw.groups[g]) for g in sorted(lr.groups)],
+            )
             for r, (late, made, lr) in sorted(roots.items())
         },
-        "followers": {str(r): r3(v) for r, v in sorted(followers.items())},
-        "main_reason": main,
-        "slow_workers_vs_stage_peers": {str(r): r3(x) for r, x in sorted(slow.items())},
-        "waited_ms_per_step": r3(cw.total_waited_ns / steps / 1e6),
-        "collective_instances": cw.instances,
-        "sync_instances": cw.syncs,
-    }
+        followers={str(r): r3(v) for r, v in sorted(followers.items())},
+        main_reason=main,
+        slow_workers_vs_stage_peers={str(r): r3(x) for r, x in sorted(slow.items())},
+        waited_ms_per_step=r3(cw.total_waited_ns / steps / 1e6),
+        collective_instances=cw.instances,
+        sync_instances=cw.syncs,
+    )
 
 
 register(StragglerRule())

@@ -6,14 +6,16 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Phase
 from ppdiag.pipeline.blocks import Blocks
-from ppdiag.report_types import Cause, FindingRow
+from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
+from ppdiag.rules.block_replay import ReplayPlan
 
 F64 = npt.NDArray[np.float64]
 # within-rank coefficient of variation of block costs beyond which a stage's micro-batches vary
@@ -22,88 +24,34 @@ CV_MIN = 0.05
 _PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
 
 
-def replay_step_ns(
-    pipelines: Sequence[Sequence[int]],
-    blocks: dict[int, Blocks],
-    step: int,
-    cost: dict[int, F64],
-    last_stage: int,
-) -> float:
-    """Step time (ns) of one step replayed from its block order with the given block costs.
-
-    Each rank runs its blocks of ``step`` in their measured order, as soon as the rank is free and
-    the block's input exists (forward after the previous virtual stage's forward of the
-    micro-batch, backward after the next stage's backward, or this stage's forward on the last
-    stage, weight-gradient after the input-gradient); transfers cost nothing. The replicas meet
-    at the end (the DP collective): the step is the slowest replica's makespan.
-    """
-    worst = 0.0
-    fwd, bwd, wgrad = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
-    for line in pipelines:
-        # per rank: (stage, phase, mb, cost) of its blocks of the step in measured order, as plain
-        # Python values (the replay below is sequential by nature)
-        seqs: dict[int, list[tuple[int, int, int, float]]] = {}
-        for r in line:
-            b = blocks.get(r)
-            if b is None or not len(b):
-                continue
-            sel = np.flatnonzero(b.step == step)
-            sel = sel[np.argsort(b.start[sel], kind="stable")]
-            seqs[r] = list(
-                zip(
-                    b.stage[sel].tolist(),
-                    b.phase[sel].tolist(),
-                    b.mb[sel].tolist(),
-                    cost[r][sel].tolist(),
-                    strict=True,
-                )
-            )
-        # the blocks this step has: a producer missing from the trace never blocks a consumer
-        present = {(x[0], x[1], x[2]) for q in seqs.values() for x in q}
-        end: dict[tuple[int, int, int], float] = {}
-        ptr = dict.fromkeys(seqs, 0)
-        free = dict.fromkeys(seqs, 0.0)
-        left = sum(len(q) for q in seqs.values())
-        while left:  # one pass per dependency wave; each block is placed once
-            moved = False
-            for r, q in seqs.items():
-                i, t_free, n = ptr[r], free[r], len(q)
-                while i < n:
-                    st, ph, mb, c = q[i]
-                    if ph == fwd:
-                        dep = (st - 1, ph, mb) if st > 0 else None
-                    elif ph == wgrad:
-                        dep = (st, bwd, mb)
-                    else:
-                        dep = (st + 1, ph, mb) if st < last_stage else (st, fwd, mb)
-                    t = t_free
-                    if dep is not None and dep in present:
-                        e = end.get(dep)
-                        if e is None:
-                            break
-                        t = max(t, e)
-                    t_free = t + c
-                    end[(st, ph, mb)] = t_free
-                    i += 1
-                    left -= 1
-                    moved = True
-                ptr[r], free[r] = i, t_free
-            if not moved:
-                return float("nan")  # an order the dependencies cannot satisfy: no replay
-        worst = max(worst, max(free.values(), default=0.0))
-    return worst
-
-
-# replays of the measured blocks and slow-worker gains, shared by PP009 and PP010 within one
-# analysis (keyed weakly by the pipeline: nothing outlives it)
-_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+# replays of the measured blocks, the replay plan and slow-worker gains, shared by PP009 and PP010
+# within one analysis, by the pipeline's identity (a frozen dataclass hashes by its fields, which
+# hold dicts, so it cannot key a WeakKeyDictionary: that cache never shared anything); an entry
+# goes with its pipeline
+_CACHE: dict[int, dict[Any, Any]] = {}
 
 
 def _cached(ctx: RuleContext) -> dict[Any, Any]:
-    try:
-        return _CACHE.setdefault(ctx.pipeline, {})
-    except TypeError:  # an object without weak references: no sharing
-        return {}
+    key = id(ctx.pipeline)
+    if key not in _CACHE:
+        try:
+            weakref.finalize(ctx.pipeline, _CACHE.pop, key, None)
+        except TypeError:  # an object without weak references: no sharing
+            return {}
+        _CACHE[key] = {}
+    return _CACHE[key]
+
+
+def _plan(
+    ctx: RuleContext, blocks: dict[int, Blocks], lines: Sequence[Sequence[int]], last: int
+) -> ReplayPlan:
+    """The replay plan of ``lines`` (built once per analysis: every replay reuses it)."""
+    c = _cached(ctx)
+    key = ("plan", tuple(tuple(line) for line in lines), last)
+    if key not in c:
+        c[key] = ReplayPlan(lines, blocks, last)
+    plan: ReplayPlan = c[key]
+    return plan
 
 
 def _measured_replays(
@@ -113,10 +61,39 @@ def _measured_replays(
     c = _cached(ctx)
     if "measured" not in c:
         measured = {r: b.busy.astype(np.float64) for r, b in blocks.items()}
-        steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
-        c["measured"] = {int(st): replay_step_ns(lines, blocks, int(st), measured, last) for st in steps}
+        c["measured"] = _plan(ctx, blocks, lines, last).run(measured)
     out: dict[int, float] = c["measured"]
     return out
+
+
+class StageSpread(msgspec.Struct, frozen=True):
+    """One stage's spread of block costs, of the phase that varies most within a rank."""
+
+    cv: float
+    cv_within_rank: float
+    cv_across_ranks: float
+    phase: str  # forward / backward / wgrad
+
+
+class WorstMicrobatch(msgspec.Struct, frozen=True):
+    """A micro-batch slow on every stage: its mean cost over the mean (``worst_microbatches[]``)."""
+
+    step_index: int
+    pipeline: int
+    mb: int
+    cost_vs_mean: float
+
+
+class MicrobatchVarianceEvidence(Evidence, frozen=True):
+    """PP010's evidence: the spread per stage, what it follows, and the replay's gain."""
+
+    per_stage: dict[str, StageSpread]
+    follows: str  # "micro-batch (data)" or "rank (hardware)"
+    microbatch_share: float  # of the within-rank variation the micro-batch means explain
+    worst_microbatches: list[WorstMicrobatch]
+    cv_threshold: float
+    replay_gain_ms: float
+    explained_by_slow_workers_ms: float  # PP009's part, not counted twice
 
 
 class MicrobatchVarianceRule:
@@ -151,6 +128,7 @@ class MicrobatchVarianceRule:
     name = "microbatch-variance"
     cause = Cause.IMBALANCE
     summary = "Micro-batch cost variance (e.g. sequence lengths): the pipe waits for the longest block."
+    evidence = MicrobatchVarianceEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         topo = ctx.pipeline.topology
@@ -180,15 +158,15 @@ class MicrobatchVarianceRule:
             f"(stage(s) {', '.join(map(str, stages))}), following the {follows}; the pipeline waits "
             "for the longest micro-batches"
         )
-        evidence = {
-            "per_stage": _per_stage_evidence(per_stage),
-            "follows": follows,
-            "microbatch_share": r3(share),
-            "worst_microbatches": worst_mb,
-            "cv_threshold": CV_MIN,
-            "replay_gain_ms": r3(gain + explained),
-            "explained_by_slow_workers_ms": r3(explained),
-        }
+        evidence = MicrobatchVarianceEvidence(
+            per_stage=_per_stage_evidence(per_stage),
+            follows=follows,
+            microbatch_share=r3(share),
+            worst_microbatches=worst_mb,
+            cv_threshold=CV_MIN,
+            replay_gain_ms=r3(gain + explained),
+            explained_by_slow_workers_ms=r3(explained),
+        )
         fixes = [
             "pack sequences (samples concatenated up to the context length): the same tokens per micro-batch",
             "form length-grouped or token-balanced micro-batches (bin samples by length before batching)",
@@ -199,10 +177,14 @@ class MicrobatchVarianceRule:
         return [finding(ctx, self.code, self.cause, title, gain, evidence, fixes, stages=stages)]
 
 
-def _per_stage_evidence(per_stage: dict[int, dict[str, float]]) -> dict[str, object]:
+def _per_stage_evidence(per_stage: dict[int, dict[str, float]]) -> dict[str, StageSpread]:
     return {
-        str(s): {k: r3(v) for k, v in d.items() if k != "phase"}
-        | {"phase": Phase(int(d["phase"])).name.lower()}
+        str(s): StageSpread(
+            cv=r3(d["cv"]),
+            cv_within_rank=r3(d["cv_within_rank"]),
+            cv_across_ranks=r3(d["cv_across_ranks"]),
+            phase=Phase(int(d["phase"])).name.lower(),
+        )
         for s, d in sorted(per_stage.items())
     }
 
@@ -274,10 +256,11 @@ def _replay_gains_ns(
     for the steps where both replays finished."""
     steps = np.unique(np.concatenate([b.step for b in blocks.values()]))
     base = _measured_replays(ctx, blocks, lines, last)
+    fixed = _plan(ctx, blocks, lines, last).run(costs)
     out: list[float] = []
     for st in steps:
         a = base[int(st)]
-        f = replay_step_ns(lines, blocks, int(st), costs, last)
+        f = fixed[int(st)]
         if np.isfinite(a) and np.isfinite(f):
             out.append(float(a - f))
     return out
@@ -285,7 +268,7 @@ def _replay_gains_ns(
 
 def _follows(
     blocks: dict[int, Blocks], lines: Sequence[Sequence[int]]
-) -> tuple[str, float, list[dict[str, float]]]:
+) -> tuple[str, float, list[WorstMicrobatch]]:
     """Whether the within-rank variation follows the micro-batch: the share of it that the
     (step, pipeline, micro-batch) means explain (the same micro-batch slow on every stage), and
     the worst micro-batches by that mean."""
@@ -308,22 +291,38 @@ def _follows(
         return "rank (hardware)", 0.0, []
     k = np.concatenate(keys)
     v = np.concatenate(vals)
-    uk, inv, cnt = np.unique(k, axis=0, return_inverse=True, return_counts=True)
-    inv = inv.ravel()
+    uk, inv, cnt = _unique_rows(k)
     gmean = np.bincount(inv, weights=v) / cnt
     total = float((v**2).sum())
     share = float((gmean[inv] ** 2).sum() / total) if total > 0 else 0.0
     order = np.argsort(-gmean)[:5]
     worst = [
-        {
-            "step_index": int(uk[i, 0]),
-            "pipeline": int(uk[i, 1]),
-            "mb": int(uk[i, 2]),
-            "cost_vs_mean": r3(1.0 + float(gmean[i])),
-        }
+        WorstMicrobatch(
+            step_index=int(uk[i, 0]),
+            pipeline=int(uk[i, 1]),
+            mb=int(uk[i, 2]),
+            cost_vs_mean=r3(1.0 + float(gmean[i])),
+        )
         for i in order
     ]
     return ("micro-batch (data)" if share >= 0.5 else "rank (hardware)"), share, worst
+
+
+def _unique_rows(
+    k: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """``np.unique(k, axis=0, return_inverse=True, return_counts=True)`` for rows of non-negative
+    integers: one int64 code per row in the same lexicographic order (a row-wise unique sorts a
+    structured view, several times slower); the row-wise unique where the codes would overflow."""
+    span = k.max(axis=0) + 1 if k.size else np.ones(k.shape[1], np.int64)
+    if k.size == 0 or int(k.min()) < 0 or float(np.prod(span.astype(np.float64))) >= 2.0**62:
+        uk, inv, cnt = np.unique(k, axis=0, return_inverse=True, return_counts=True)
+        return uk, inv.ravel(), cnt
+    code = np.zeros(k.shape[0], np.int64)
+    for j in range(k.shape[1]):
+        code = code * span[j] + k[:, j]
+    _, first, inv, cnt = np.unique(code, return_index=True, return_inverse=True, return_counts=True)
+    return k[first], inv.ravel(), cnt
 
 
 def rank_step_ms(blocks: dict[int, Blocks]) -> dict[int, F64]:

@@ -6,13 +6,22 @@ import numpy as np
 
 from ppdiag.facts import step_share_text
 from ppdiag.model import Kind
-from ppdiag.report_types import Cause, FindingRow
+from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, mean_cause_ms, r3, replay_gain_ms
 
 # Copies are the dominant loss from this share of the lost time on (else they are a minor cause
 # and only reported when they cost more than MIN_PCT of the step).
 DOMINANT_SHARE = 0.5
+
+
+class CopiesEvidence(Evidence, frozen=True):
+    """PP011's evidence: the exposed copy time, its share of the lost time, per rank and by name."""
+
+    exposed_copy_ms: float
+    share_of_lost: float | None
+    exposed_copy_ms_per_rank: dict[str, float]
+    copy_ms_by_name: dict[str, float]  # copy name -> ms per rank and step, the largest first
 
 
 class CopiesRule:
@@ -42,6 +51,7 @@ class CopiesRule:
     name = "exposed-copies"
     cause = Cause.EXPOSED_COPY
     summary = "Copies (memcpy/memset) dominate the window with nothing computing beside them."
+    evidence = CopiesEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         if not ctx.step_ms:
@@ -68,12 +78,12 @@ class CopiesRule:
                 f"copies with nothing beside them are {what}: {copy:.1f} ms per step "
                 f"({step_share_text(ctx.report.summary, 'exposed_copy')})",
                 gain,
-                {
-                    "exposed_copy_ms": r3(copy),
-                    "share_of_lost": r3(copy / lost) if lost > 0 else None,
-                    "exposed_copy_ms_per_rank": {str(r): r3(v) for r, v in sorted(per_rank.items())},
-                    "copy_ms_by_name": kinds,
-                },
+                CopiesEvidence(
+                    exposed_copy_ms=r3(copy),
+                    share_of_lost=r3(copy / lost) if lost > 0 else None,
+                    exposed_copy_ms_per_rank={str(r): r3(v) for r, v in sorted(per_rank.items())},
+                    copy_ms_by_name=kinds,
+                ),
                 _fixes(kinds),
                 ranks=ranks,
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ppdiag.model.memory import MemoryRow
-from ppdiag.report_types import FindingRow
+from ppdiag.report_types import Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import finding, r3
 
@@ -13,6 +13,22 @@ from ppdiag.rules.base import finding, r3
 NEAR_CAPACITY = 0.9
 #: The peak is "far above the steady level" when the median level is below this share of it.
 SPIKE_SHARE = 0.8
+
+
+class MemorySpikeEvidence(Evidence, frozen=True):
+    """PP012's evidence: the worst rank's peak, what it holds at the peak and what 1F1B would."""
+
+    peak_allocated_mb: float
+    peak_t_ms: float
+    capacity_mb: float | None
+    steady_allocated_mb: float
+    inflight_at_peak: int
+    inflight_needed: int  # what 1F1B holds on that stage
+    activation_per_mb_mb: float | None
+    predicted_peak_mb: dict[str, float]  # schedule -> its predicted peak
+    memory_saved_mb: float | None
+    memory_source: str  # "measured": the trace's allocator events
+    ranks: dict[str, float]  # every spiking rank -> its peak
 
 
 class MemorySpikeRule:
@@ -41,6 +57,7 @@ class MemorySpikeRule:
     name = "activation-spike"
     cause = None
     summary = "Activation-memory spike: the schedule holds more micro-batches in flight than needed."
+    evidence = MemorySpikeEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         rows = ctx.report.memory or []
@@ -59,19 +76,19 @@ class MemorySpikeRule:
             + (f" of {row.capacity_mb:.0f} MiB" if row.capacity_mb else "")
             + f" with {held} micro-batches in flight where 1F1B holds {needed}"
         )
-        evidence = {
-            "peak_allocated_mb": row.peak_allocated_mb,
-            "peak_t_ms": row.peak_t_ms,
-            "capacity_mb": row.capacity_mb,
-            "steady_allocated_mb": row.steady_allocated_mb,
-            "inflight_at_peak": held,
-            "inflight_needed": needed,
-            "activation_per_mb_mb": row.activation_per_mb_mb,
-            "predicted_peak_mb": pred,
-            "memory_saved_mb": r3(saved) if saved is not None else None,
-            "memory_source": "measured",
-            "ranks": {str(h[0].rank): h[0].peak_allocated_mb for h in hits},
-        }
+        evidence = MemorySpikeEvidence(
+            peak_allocated_mb=row.peak_allocated_mb,
+            peak_t_ms=row.peak_t_ms,
+            capacity_mb=row.capacity_mb,
+            steady_allocated_mb=row.steady_allocated_mb,
+            inflight_at_peak=held,
+            inflight_needed=needed,
+            activation_per_mb_mb=row.activation_per_mb_mb,
+            predicted_peak_mb=pred,
+            memory_saved_mb=r3(saved) if saved is not None else None,
+            memory_source="measured",
+            ranks={str(h[0].rank): h[0].peak_allocated_mb for h in hits},
+        )
         fixes = [
             "run 1F1B instead of GPipe (ScheduleGPipe -> Schedule1F1B): it holds min(P - s, M) "
             "micro-batches on stage s" + (f", peak {pred['1f1b']:.0f} MiB here" if "1f1b" in pred else ""),

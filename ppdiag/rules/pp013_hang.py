@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-import msgspec
-
-from ppdiag.report_types import FindingRow
+from ppdiag.report_types import Evidence, FindingRow, LastOp, Wait
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import finding
+
+
+class HangEvidence(Evidence, frozen=True):
+    """PP013's evidence: the ``hang`` section's waits and the root's last op, as the report has them."""
+
+    status: str  # "hang" or "cut"
+    root: int | None
+    first: Wait | None
+    waits: list[Wait]  # the first 16
+    waits_total: int
+    root_last_op: LastOp | None
+    complete_steps: int
+    dropped_steps: list[int]
+    events_lost: int
 
 
 class HangRule:
@@ -39,6 +51,7 @@ class HangRule:
     name = "hang"
     cause = None
     summary = "The run stopped or hangs: a rank waits in an operation its partner never joined."
+    evidence = HangEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         hang = ctx.report.hang
@@ -56,19 +69,18 @@ class HangRule:
         else:
             title = f"the trace is cut: {hang.message}"
         # the evidence holds the waits and the last op as the JSON report does
-        waits = [msgspec.to_builtins(w) for w in hang.waits]
         last = hang.last_ops.get(str(root)) if root is not None else None
-        evidence = {
-            "status": hang.status,
-            "root": root,
-            "first": msgspec.to_builtins(hang.first) if hang.first is not None else None,
-            "waits": waits[:16],
-            "waits_total": len(waits),
-            "root_last_op": msgspec.to_builtins(last) if last is not None else None,
-            "complete_steps": hang.complete_steps,
-            "dropped_steps": list(hang.dropped_steps),
-            "events_lost": hang.events_lost,
-        }
+        evidence = HangEvidence(
+            status=hang.status,
+            root=root,
+            first=hang.first,
+            waits=list(hang.waits[:16]),
+            waits_total=len(hang.waits),
+            root_last_op=last,
+            complete_steps=hang.complete_steps,
+            dropped_steps=list(hang.dropped_steps),
+            events_lost=hang.events_lost,
+        )
         fixes = [
             f"look at what rank {root} did after its last op: its log (crash, exception), a host stall "
             "(data loading, checkpoint, a blocking sync), or a conditional or miscounted send"
@@ -78,7 +90,7 @@ class HangRule:
             "TORCH_NCCL_DUMP_ON_TIMEOUT=1 to get the flight recorder's last collectives",
             "NCCL_DEBUG=INFO: a link on NET/Socket instead of NET/IB crawls (TCP fallback)",
         ]
-        sev = "high" if hang.status == "hang" else ("medium" if waits else "info")
+        sev = "high" if hang.status == "hang" else ("medium" if hang.waits else "info")
         return [finding(ctx, self.code, None, title, None, evidence, fixes, stages, ranks, sev=sev)]
 
 

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from ppdiag.report_types import Cause, FindingRow
+from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import faster, finding, fix_gain_ms, r3
+
+
+class PlacementEvidence(Evidence, frozen=True):
+    """PP014's evidence: the inter-node links of the pipeline and where the ranks run."""
+
+    inter_node_links: list[tuple[int, int, float]]  # (src, dst, median GB/s)
+    intra_node_gbps_median: float | None
+    tcp_fallback_suspected: bool
+    hosts: dict[str, str | None]  # rank -> host
 
 
 class PlacementRule:
@@ -32,6 +41,7 @@ class PlacementRule:
     name = "pipeline-placement"
     cause = Cause.COMM_WAIT
     summary = "The pipeline crosses nodes while data parallelism stays inside them."
+    evidence = PlacementEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         links = ctx.report.links or []
@@ -53,12 +63,12 @@ class PlacementRule:
             f"the pipeline crosses nodes ({len(cross)} of {len(links)} links, slowest {slow.src}->"
             f"{slow.dst} at {slow.gbps_median:.1f} GB/s) while data parallelism stays inside them"
         )
-        evidence = {
-            "inter_node_links": [[x.src, x.dst, x.gbps_median] for x in cross],
-            "intra_node_gbps_median": r3(sorted(intra)[len(intra) // 2]) if intra else None,
-            "tcp_fallback_suspected": any(x.tcp_fallback_suspected for x in cross),
-            "hosts": {str(r): h for r, h in sorted(hosts.items())},
-        }
+        evidence = PlacementEvidence(
+            inter_node_links=[(x.src, x.dst, x.gbps_median) for x in cross],
+            intra_node_gbps_median=r3(sorted(intra)[len(intra) // 2]) if intra else None,
+            tcp_fallback_suspected=any(x.tcp_fallback_suspected for x in cross),
+            hosts={str(r): h for r, h in sorted(hosts.items())},
+        )
         fixes = [
             "place each pipeline inside one node and data parallelism across nodes (rank order with "
             "the pipeline group intra-node)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from ppdiag.report_types import Cause, FindingRow, StageRow
+from ppdiag.report_types import Cause, Evidence, FindingRow, StageRow
 from ppdiag.rules import RuleContext, register
 from ppdiag.rules.base import MIN_PCT, finding, r3
 
@@ -21,6 +21,20 @@ def _block_ms(row: StageRow) -> tuple[float, float, float] | None:
     if row.fwd_ms is None or row.bwd_ms is None or row.fwd_ms.p50 <= 0 or row.bwd_ms.p50 <= 0:
         return None
     return row.fwd_ms.p50, row.bwd_ms.p50, row.wgrad_ms.p50 if row.wgrad_ms is not None else 0.0
+
+
+class BackwardHeavyEvidence(Evidence, frozen=True):
+    """PP015's evidence: the heavy stage's backward/forward ratio against the other stages'."""
+
+    stage: int
+    fwd_ms: float
+    bwd_ms: float
+    bwd_fwd_ratio: float
+    other_stages_ratio: float
+    excess_bwd_ms: float  # backward per block beyond the other stages' proportion
+    stage_ratios: dict[str, float]
+    microbatches: int
+    pace_drop_ms: float  # the gain: (M - 1) x this drop of the slowest stage's block
 
 
 class BackwardHeavyRule:
@@ -56,6 +70,7 @@ class BackwardHeavyRule:
     name = "backward-heavy-stage"
     cause = Cause.IMBALANCE
     summary = "One stage's backward is out of proportion to its forward (recomputation?) and sets the pace."
+    evidence = BackwardHeavyEvidence
 
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         rep = ctx.report
@@ -88,18 +103,17 @@ class BackwardHeavyRule:
                 f"stage {heavy}'s backward is {ratio[heavy]:.2f}x its forward where the other stages' "
                 f"is {ref:.2f}x: {excess:.2f} ms more backward per micro-batch sets the pipeline's pace",
                 gain,
-                {
-                    "stage": heavy,
-                    "fwd_ms": r3(fwd),
-                    "bwd_ms": r3(bwd),
-                    "bwd_fwd_ratio": r3(ratio[heavy]),
-                    "other_stages_ratio": r3(ref),
-                    "excess_bwd_ms": r3(excess),
-                    "stage_ratios": {str(s): r3(r) for s, r in sorted(ratio.items())},
-                    "microbatches": m,
-                    # the gain: (M - 1) x this drop of the slowest stage's block (ms)
-                    "pace_drop_ms": r3(pace_ms),
-                },
+                BackwardHeavyEvidence(
+                    stage=heavy,
+                    fwd_ms=r3(fwd),
+                    bwd_ms=r3(bwd),
+                    bwd_fwd_ratio=r3(ratio[heavy]),
+                    other_stages_ratio=r3(ref),
+                    excess_bwd_ms=r3(excess),
+                    stage_ratios={str(s): r3(r) for s, r in sorted(ratio.items())},
+                    microbatches=m,
+                    pace_drop_ms=r3(pace_ms),
+                ),
                 [
                     f"if stage {heavy} recomputes activations, recompute fewer layers there (Megatron "
                     "--recompute-num-layers, torch.utils.checkpoint on fewer blocks) or only the "

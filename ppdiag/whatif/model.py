@@ -7,12 +7,14 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
+from msgspec import UNSET
 
 from ppdiag.errors import InputError
 from ppdiag.limits import MAX_SIM_CELLS
 from ppdiag.model.schedule import SIMULATED_AS, SIMULATED_NOTE, parse_schedule
-from ppdiag.report_types import Cause, Report
+from ppdiag.report_types import Cause, LayerSplit, Report
 from ppdiag.simulate import SimConfig, closed_form_bubble, rank_orders, splits_backward
 from ppdiag.simulate.schedules import canonical_schedule, default_virtual
 from ppdiag.whatif.calibration import Calibration, SimCache, _solve_delta
@@ -164,7 +166,7 @@ class WhatifModel:
         n_st = pp * v
         prof = self.profile
         notes: list[str] = []
-        split_info: dict[str, Any] | None = None
+        split_info: LayerSplit | None = None
         if not rebalance and (pp, v) == (m.pp, m.virtual):
             lay = self._measured_layout()
             fwd, bwd_full = lay.fwd, lay.bwd + lay.wgrad
@@ -215,24 +217,23 @@ class WhatifModel:
             notes,
         )
 
-    def _split_json(self, bounds: Sequence[int]) -> dict[str, Any]:
+    def _split_json(self, bounds: Sequence[int]) -> LayerSplit:
         prof = self.profile
         ranges = [(int(a), int(b) - 1) for a, b in itertools.pairwise(bounds)]
-        out: dict[str, Any] = {
-            "layers_per_stage": [b - a + 1 for a, b in ranges],
-            "ranges": [[a, b] for a, b in ranges],
-            "names": [[prof.names[a], prof.names[b]] for a, b in ranges],
-            "source": prof.source,
-        }
-        if prof.bounds is not None:
-            out["current_layers_per_stage"] = [
-                int(b - a) for a, b in zip(prof.bounds[:-1], prof.bounds[1:], strict=True)
-            ]
-        return out
+        current = prof.bounds
+        return LayerSplit(
+            layers_per_stage=[b - a + 1 for a, b in ranges],
+            ranges=ranges,
+            names=[(prof.names[a], prof.names[b]) for a, b in ranges],
+            source=prof.source,
+            current_layers_per_stage=UNSET
+            if current is None
+            else [int(b - a) for a, b in itertools.pairwise(current)],
+        )
 
     def _rebalanced_bounds(
         self, sched: str, pp: int, v: int, mm: int, scale: float, notes: list[str]
-    ) -> tuple[list[float], dict[str, Any] | None]:
+    ) -> tuple[list[float], LayerSplit | None]:
         """The split with the cheapest slowest chunk (F + B + W per micro-batch), within the memory
         limit when one is set: a chunk holding ``h`` micro-batches in flight may keep at most
         ``limit / v / h`` MB of activations per micro-batch (v chunks share a rank)."""
@@ -488,23 +489,21 @@ class WhatifModel:
                 f"rank vs {self._base_peaks[0]}{mb})"
             )
 
-    def _rebalance_info(self, lay: _Layout) -> dict[str, Any]:
+    def _rebalance_info(self, lay: _Layout) -> LayerSplit:
         """The rebalanced split with the slowest stage before and after."""
         before = self.meas.stage_total_ns()
-        info = dict(lay.split) if lay.split else {"source": self.profile.source, "ideal": True}
+        info = lay.split or LayerSplit(source=self.profile.source, ideal=True)
         slow = int(np.argmax(before))
         after = lay.fwd + lay.bwd + lay.wgrad
-        info.update(
-            {
-                "slowest_stage_before": slow,
-                "slowest_before_ms": round(float(before[slow]) / MS, 4),
-                "mean_before_ms": round(float(before.mean()) / MS, 4),
-                "stage_ms_before": [round(float(x) / MS, 4) for x in before],
-                "slowest_after_ms": round(float(after.max()) / MS, 4),
-                "stage_ms_after": [round(float(x) / MS, 4) for x in after],
-            }
+        return msgspec.structs.replace(
+            info,
+            slowest_stage_before=slow,
+            slowest_before_ms=round(float(before[slow]) / MS, 4),
+            mean_before_ms=round(float(before.mean()) / MS, 4),
+            stage_ms_before=[round(float(x) / MS, 4) for x in before],
+            slowest_after_ms=round(float(after.max()) / MS, 4),
+            stage_ms_after=[round(float(x) / MS, 4) for x in after],
         )
-        return info
 
     def _shape(self, scn: Scenario, notes: list[str]) -> tuple[str, int, int, int]:
         """Schedule, chunks per rank, pipeline size and M of a scenario (ValueError if impossible)."""

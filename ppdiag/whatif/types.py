@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model.schedule import parse_schedule
-from ppdiag.report_types import MemoryBasis, WhatifRow
+from ppdiag.report_types import LayerSplit, MemoryBasis, WhatifRow
 from ppdiag.whatif.costs import (
     MS,
     MeasuredRun,
@@ -76,7 +77,7 @@ class Prediction:
     activation_vs_measured: float | None = None
     peak_activation_mb: float | None = None
     stage_ns: list[float] = field(default_factory=list)
-    split: dict[str, Any] | None = None
+    split: LayerSplit | None = None
     calibration: str = ""
     notes: list[str] = field(default_factory=list)
     error: str | None = None
@@ -124,37 +125,11 @@ class Prediction:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The ``whatif`` command's JSON row (what :meth:`to_row` holds, without ``fix``)."""
-
-        def r(v: float | None, nd: int = 4) -> float | None:
-            return None if v is None else round(float(v), nd)
-
-        return {
-            "scenario": self.scenario,
-            "measured": self.measured,
-            "schedule": self.schedule,
-            "pp": self.pp,
-            "virtual": self.virtual,
-            "microbatches": self.microbatches,
-            "step_ms": r(self.step_ns / MS if self.step_ns is not None else None),
-            "speedup": r(self.speedup, 3),
-            "step_speedup": r(self.step_speedup, 3),
-            "bubble_ratio": r(self.bubble_ratio),
-            "schedule_bubble_ratio": r(self.schedule_bubble_ratio),
-            "closed_form_bubble": r(self.closed_form_bubble),
-            "lost_ms": {k: round(v / MS, 4) for k, v in self.lost_ns.items()},
-            "samples_vs_measured": r(self.samples_vs_measured, 4),
-            "ms_per_sample": r(self.ms_per_sample, 5),
-            "peak_inflight": self.peak_inflight,
-            "activation_vs_measured": r(self.activation_vs_measured, 3),
-            "peak_activation_mb": r(self.peak_activation_mb, 2),
-            "stage_ms": [round(x / MS, 4) for x in self.stage_ns],
-            "split": self.split,
-            "calibration": self.calibration,
-            "note": self.note,
-            "error": self.error,
-            "memory_basis": self.memory_basis,
-        }
+        """The ``whatif`` command's JSON row: :meth:`to_row` as plain JSON values, without ``fix``
+        (one field list for both)."""
+        row: dict[str, Any] = msgspec.to_builtins(self.to_row())
+        del row["fix"]
+        return row
 
 
 @dataclass
@@ -169,7 +144,7 @@ class _Layout:
     wgrad: F64
     act: F64  # activation weight of one micro-batch per chunk (MB, or measured-stage units)
     act_in_mb: bool
-    split: dict[str, Any] | None
+    split: LayerSplit | None
     notes: list[str]
 
 

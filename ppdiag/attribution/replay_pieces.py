@@ -1,0 +1,127 @@
+"""The pieces of one rank-step's blocks that the replay graph reads (docs/json.md): the wait that
+released each block (its span and the operation that held the rank) and the split of the local
+time around it and inside the block, every block of the step at once."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.attribution.rank_step import RankStep
+from ppdiag.attribution.replay_index import _last_waits, _P2PIndex
+from ppdiag.model import intervals as ivs
+
+
+class _StepWaits(NamedTuple):
+    """The wait before each block of a step: whether there is one, its span, and for each block
+    that has one (in block order) the operation that held the rank and whether it was queued on a
+    compute stream."""
+
+    has: npt.NDArray[np.bool_]
+    start: npt.NDArray[np.int64]
+    release: npt.NDArray[np.int64]
+    held: list[tuple[int, int, int, int]]
+    on_compute: list[bool]
+
+
+class _LocalPieces(NamedTuple):
+    """Per block of a step: the local time before it outside the wait (``pre`` before the wait,
+    ``post`` after it) and its split, and the lost time inside the block span."""
+
+    pre: npt.NDArray[np.int64]
+    post: npt.NDArray[np.int64]
+    host: npt.NDArray[np.int64]
+    coll: npt.NDArray[np.int64]
+    ux: npt.NDArray[np.int64]
+    copy: npt.NDArray[np.int64]
+    in_host: npt.NDArray[np.int64]
+    in_ux: npt.NDArray[np.int64]
+    in_copy: npt.NDArray[np.int64]
+
+
+def _step_waits(rs: RankStep, idx: _P2PIndex, lo_a: npt.NDArray[np.int64], cpu: bool, tol: int) -> _StepWaits:
+    """The wait that released each block of ``rs``: the last run of transfer time before it
+    (pieces a few µs apart are one wait); earlier transfers were exposed comm."""
+    s_a = rs.blocks.start.astype(np.int64)
+    has_w, ws_a, rel_a = _last_waits(rs.wait_set, lo_a, s_a)
+    # a "wait" no longer than the timing tolerance is rounding where a transfer touches
+    # the block, not a wait: it must not make the peer's block this one's producer
+    tiny = has_w & (rel_a - ws_a <= tol)
+    has_w &= ~tiny
+    ws_a[tiny] = s_a[tiny]
+    rel_a[tiny] = s_a[tiny]
+    j = np.flatnonzero(has_w)
+    # every wait of the step at once: the operation that held the rank in each
+    held_l = idx.blocking_many(ws_a[j], rel_a[j], tol)
+    if not cpu and j.size:
+        # transfers of other operations before the one that held the rank (a send on the
+        # compute stream before the receive) are exposed comm, not the wait: the wait is the
+        # exposed span of that operation; other transfers before or after it (a send on the
+        # compute stream, a receive whose data was there) are exposed comm around the wait
+        h = np.array(held_l, np.int64).reshape(-1, 4)
+        found = h[:, 0] >= 0
+        ws, rel = ws_a[j], rel_a[j]
+        rel_n = np.maximum(np.minimum(rel, h[:, 3]), ws)
+        ws_n = np.minimum(np.maximum(ws, h[:, 2]), rel_n)
+        rel_a[j] = np.where(found, rel_n, rel)
+        ws_a[j] = np.where(found, ws_n, ws)
+    on_comp_l = idx.on_compute_many(ws_a[j], rel_a[j])
+    return _StepWaits(has_w, ws_a, rel_a, held_l, on_comp_l)
+
+
+def _local_pieces(rs: RankStep, lo_a: npt.NDArray[np.int64], w: _StepWaits) -> _LocalPieces:
+    """Split the local time before each block (outside its wait) and the lost time inside it."""
+    s_a = rs.blocks.start.astype(np.int64)
+    e_a = rs.blocks.end.astype(np.int64)
+    host_a, coll_a, copy_a, ux_a, in_set = _outside_wait(rs, lo_a, w.start, w.release, s_a, e_a)
+    in_lost, in_copy_m, in_host_m = in_set
+    in_copy = np.minimum(in_copy_m, in_lost)
+    in_host = np.minimum(in_host_m, in_lost - in_copy)
+    pre, post = w.start - lo_a, s_a - w.release
+    return _LocalPieces(
+        pre, post, host_a, coll_a, ux_a, copy_a, in_host, in_lost - in_host - in_copy, in_copy
+    )
+
+
+_I64 = npt.NDArray[np.int64]
+
+
+def _outside_wait(
+    rs: RankStep, lo_a: _I64, ws_a: _I64, rel_a: _I64, s_a: _I64, e_a: _I64
+) -> tuple[_I64, _I64, _I64, _I64, tuple[_I64, _I64, _I64]]:
+    """(host, coll, copy, other) of the local time ``[lo, ws] + [rel, s]`` before each block: the
+    time between the rank's previous work and the block outside the wait ``[ws, rel]``; and the
+    (lost, copy, host) time inside each block ``[s, e]``. Each set's prefix measure is taken at
+    every bound at once (one search per set instead of one per span; the same numbers as
+    :func:`_measure_between` span by span)."""
+    sets = rs.sets
+    n = lo_a.size
+    t = np.concatenate([lo_a, ws_a, rel_a, s_a, e_a])
+
+    def spans(iset: ivs.ISet) -> tuple[_I64, _I64, _I64]:
+        # measure in [lo, ws], [rel, s] and [s, e] (0 for an empty or reversed span)
+        if iset[0].size == 0 or n == 0:
+            z = np.zeros(n, np.int64)
+            return z, z, z
+        p = ivs.prefix_measure(iset, t)
+        lo, ws, rel, s, e = p[:n], p[n : 2 * n], p[2 * n : 3 * n], p[3 * n : 4 * n], p[4 * n :]
+        return (
+            np.where(ws_a > lo_a, ws - lo, 0),
+            np.where(s_a > rel_a, s - rel, 0),
+            np.where(e_a > s_a, e - s, 0),
+        )
+
+    ph0, ph1, _ = spans(rs.p2p_host)
+    h0, h1, h_in = spans(rs.host_set)
+    c0, c1, _ = spans(sets.collective)
+    q0, q1, _ = spans(sets.p2p)
+    k0, k1, k_in = spans(sets.copy)
+    g0, g1, g_in = spans(sets.gaps)
+    p2p_host = ph0 + ph1
+    host_a = h0 + h1 + p2p_host
+    coll_a = c0 + c1 + q0 + q1 - p2p_host
+    copy_a = k0 + k1
+    lost_a = g0 + g1
+    return host_a, coll_a, copy_a, np.maximum(lost_a - host_a - coll_a - copy_a, 0), (g_in, k_in, h_in)
