@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from ppdiag.attribution.causes import Attribution, RankStep
 from ppdiag.diagnosis import SCHEMA_VERSION
@@ -103,8 +105,8 @@ def _ms(v: Any) -> float:
     return round(float(v) / NS_PER_MS, 4)
 
 
-def _dist(vals_ns: list[int]) -> Dist | None:
-    if not vals_ns:
+def _dist(vals_ns: Sequence[int] | I64) -> Dist | None:
+    if not len(vals_ns):
         return None
     a = np.asarray(vals_ns, dtype=np.float64) / NS_PER_MS
     return Dist(
@@ -330,6 +332,7 @@ def _world_size(run: Run, stage_map: dict[str, int], warnings: list[str]) -> int
     return world
 
 
+I64 = npt.NDArray[np.int64]
 _PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
 
 
@@ -370,20 +373,21 @@ def _stages(pipe: Pipeline, ranks_out: list[RankRow], balance: StageBalance) -> 
     return out
 
 
-def _block_times(
-    pipe: Pipeline, ranks: list[int]
-) -> tuple[dict[int, list[int]], dict[int, dict[int, list[int]]]]:
+def _block_times(pipe: Pipeline, ranks: list[int]) -> tuple[dict[int, I64], dict[int, dict[int, I64]]]:
     """The busy time (ns) of every forward / backward / weight-gradient block of ``ranks``, per
-    phase, and the same per phase and micro-batch."""
-    vals: dict[int, list[int]] = {ph: [] for ph in _PHASES}
-    samples: dict[int, dict[int, list[int]]] = {ph: {} for ph in _PHASES}
-    for r in ranks:
-        b = pipe.blocks.get(r)
-        if b is None or not len(b):
-            continue
-        for ph in _PHASES:
-            m = b.phase == ph
-            vals[ph].extend(int(x) for x in b.busy[m])
-            for mb, busy in zip(b.mb[m], b.busy[m], strict=False):
-                samples[ph].setdefault(int(mb), []).append(int(busy))
+    phase, and the same per phase and micro-batch (ranks in order, each rank's blocks in order)."""
+    bl = [b for r in ranks if (b := pipe.blocks.get(r)) is not None and len(b)]
+    phase = np.concatenate([b.phase for b in bl]) if bl else np.zeros(0, np.int8)
+    busy = np.concatenate([b.busy for b in bl]).astype(np.int64) if bl else np.zeros(0, np.int64)
+    mbs = np.concatenate([b.mb for b in bl]).astype(np.int64) if bl else np.zeros(0, np.int64)
+    vals: dict[int, I64] = {}
+    samples: dict[int, dict[int, I64]] = {}
+    for ph in _PHASES:
+        m = phase == ph
+        vals[ph] = busy[m]
+        # per micro-batch, in the order above: a stable sort keeps it within one micro-batch
+        o = np.argsort(mbs[m], kind="stable")
+        keys, first = np.unique(mbs[m][o], return_index=True)
+        parts = np.split(vals[ph][o], first[1:]) if keys.size else []
+        samples[ph] = dict(zip(keys.tolist(), parts, strict=True))
     return vals, samples

@@ -14,7 +14,7 @@ from ppdiag.api import Options, diagnose
 from ppdiag.errors import InputError
 from ppdiag.limits import MAX_SIM_CELLS
 from ppdiag.simulate import SimConfig, simulate
-from ppdiag.whatif import costs, model
+from ppdiag.whatif import calibration, costs
 from ppdiag.whatif.model import build_model
 from ppdiag.whatif.types import Scenario
 from ppsynth.kineto import write_kineto
@@ -45,7 +45,7 @@ def test_thousands_listed_two_traced_is_not_simulated(
         calls.append(cfg.pp)
         return simulate(cfg)
 
-    monkeypatch.setattr(model, "simulate", counting)
+    monkeypatch.setattr(calibration, "simulate", counting)
     diag = diagnose([_listing(tmp_path, 3000)], Options())
     assert diag.result.run.pp == 3000
     assert calls == [] and not diag.result.whatif
@@ -84,7 +84,7 @@ def test_a_scenario_above_the_simulated_maximum_is_refused_unsimulated(
     def refuse(cfg: SimConfig) -> Any:
         raise AssertionError(f"simulated P={cfg.pp} M={cfg.microbatches}")
 
-    monkeypatch.setattr(model, "simulate", refuse)
+    monkeypatch.setattr(calibration, "simulate", refuse)
     # pp 4, v 1: M = MAX_SIM_CELLS / 4 + 1 gives P x M x v = MAX_SIM_CELLS + 4
     mm = MAX_SIM_CELLS // 4 + 1
     pred = m.predict(Scenario(microbatches=mm))

@@ -56,8 +56,7 @@ class Transfers:
         """The matched pairs of the pipeline with each side moved onto the aligned clock."""
         src = pairs.src.astype(np.int32)
         dst = pairs.dst.astype(np.int32)
-        off_s = np.array([offsets.get(int(r), 0) for r in src], dtype=np.int64)
-        off_d = np.array([offsets.get(int(r), 0) for r in dst], dtype=np.int64)
+        off_s, off_d = _offsets_of(src, offsets), _offsets_of(dst, offsets)
         return cls.build(src, dst, pairs.send_start + off_s, pairs.recv_start + off_d, pairs.recv_end + off_d)
 
     @classmethod
@@ -77,6 +76,12 @@ class Transfers:
         re = np.asarray(recv_end, dtype=np.int64)
         o = np.lexsort((re, d))
         return cls(s[o], d[o], ss[o], rs[o], re[o])
+
+
+def _offsets_of(ranks: npt.NDArray[np.int32], offsets: Mapping[int, int]) -> npt.NDArray[np.int64]:
+    """Each row's rank's clock offset (0 for a rank without one): one look-up per distinct rank."""
+    uniq, inv = np.unique(ranks, return_inverse=True)
+    return np.array([offsets.get(r, 0) for r in uniq.tolist()], dtype=np.int64)[inv.reshape(-1)]
 
 
 class _Walk:
@@ -220,25 +225,6 @@ class _Walk:
                 f["lost"] = d_ns
                 f["lost_ms"] = d_ms
 
-    def block(self, rank: int, j: int, hi: int) -> int:
-        """Block ``j`` of ``rank`` (clipped at ``hi``) as one piece that keeps the lost time
-        inside it by cause (``lost``, ns); its start."""
-        b_s, b_e, b_ph, b_mb, b_st = self.bl[rank]
-        s = b_s[j]
-        e = min(b_e[j], hi)
-        if e <= s:
-            return s
-        f: dict[str, object] = {
-            "kind": "block",
-            "rank": rank,
-            "phase": _PHASE_LETTER.get(b_ph[j], "other"),
-            "mb": b_mb[j] if b_mb[j] >= 0 else None,
-            "virtual_stage": b_st[j] if b_st[j] >= 0 else None,
-        }
-        self.pieces.append((s, e, f))
-        self.block_pieces.append((rank, s, e, f))
-        return s
-
     def last_block(self, rank: int, t: int, lo: int) -> int | None:
         """The last block of ``rank`` that ended by ``t`` and started at or after ``lo``."""
         bl = self.bl.get(rank)
@@ -248,16 +234,6 @@ class _Walk:
         if j < 0 or self.bl[rank][0][j] < lo:
             return None
         return j
-
-    def incoming(self, rank: int, after: int, by: int) -> int | None:
-        """The matched transfer into ``rank`` whose receive ended last in (after, by]."""
-        lo, hi = self.tr_rows.get(rank, (0, 0))
-        if lo == hi:
-            return None
-        k = bisect.bisect_right(self.tr_l[1], by, lo, hi) - 1
-        if k < lo or self.tr_l[1][k] <= after:
-            return None
-        return k
 
 
 Piece = tuple[int, int, dict[str, object]]
@@ -325,22 +301,37 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
     seen: set[tuple[int, int]] = set()
     tr_src, tr_re, tr_ss, tr_rs = w.tr_l
     bisect_right = bisect.bisect_right
+    pieces, block_pieces, tr_rows = w.pieces, w.block_pieces, w.tr_rows
     j = w.last_block(rank, t, win[rank].start if rank in win else t)
     while True:
         if j is None or (rank, j) in seen:
             break
         w0 = win[rank].start if rank in win else t
         seen.add((rank, j))
-        b_start, b_end = w.bl[rank][0], w.bl[rank][1]
+        b_start, b_end, b_ph, b_mb, b_st = w.bl[rank]
         w.local(rank, b_end[j], t)
-        s = w.block(rank, j, t)
+        # block j clipped at t as one piece (inlined: once per block of the path)
+        s = b_start[j]
+        e = min(b_end[j], t)
+        if e > s:
+            f: dict[str, object] = {
+                "kind": "block",
+                "rank": rank,
+                "phase": _PHASE_LETTER.get(b_ph[j], "other"),
+                "mb": b_mb[j] if b_mb[j] >= 0 else None,
+                "virtual_stage": b_st[j] if b_st[j] >= 0 else None,
+            }
+            pieces.append((s, e, f))
+            block_pieces.append((rank, s, e, f))
         # the last block that ended by s and started in the window (``last_block`` inlined)
         pj = bisect_right(b_end, s) - 1
         prev = None if pj < 0 or b_start[pj] < w0 else pj
         prev_end = b_end[prev] if prev is not None else w0
         tol = min(RELEASE_TOL_NS, (b_end[j] - s) // 10)
-        k = w.incoming(rank, prev_end, s + tol)
-        if k is None:
+        # the transfer into the rank whose receive ended last in (prev_end, s + tol]
+        lo_k, hi_k = tr_rows.get(rank, (0, 0))
+        k = bisect_right(tr_re, s + tol, lo_k, hi_k) - 1 if lo_k < hi_k else -1
+        if k < lo_k or tr_re[k] <= prev_end:
             # released by the previous block on the rank (or the step start): the next block is
             # the one just found where the window is the rank's step (a rank outside the step
             # starts its window at t)
@@ -356,10 +347,10 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
             # pace), or the sender is not traced in this step or sent outside its window of it:
             # the transfer from the posting on, and the chain stays on the receiver
             a = max(rs if rs > ss else ss, prev_end)
-            w.pieces.append((a, re, {"kind": "transfer", "rank": rank, "peer": src}))
+            pieces.append((a, re, {"kind": "transfer", "rank": rank, "peer": src}))
             t = a
         else:
-            w.pieces.append((ss, re, {"kind": "transfer", "rank": rank, "peer": src}))
+            pieces.append((ss, re, {"kind": "transfer", "rank": rank, "peer": src}))
             rank, t = src, ss
         j = w.last_block(rank, t, win[rank].start if rank in win else t)
     return rank, t

@@ -121,17 +121,17 @@ def _p2p_edges(
         t, d, p = o.start[m], o.direction[m], o.peer[m]
         if p.size == 0:
             continue
-        pairs, counts = np.unique(
-            np.stack([p.astype(np.int64), d.astype(np.int64)]), axis=1, return_counts=True
-        )
-        for (peer_v, dir_v), cnt in zip(pairs.T, counts, strict=False):
-            peer, dirn = int(peer_v), int(dir_v)
+        # (peer, direction) pairs as one key, in the same order: a 1-D unique is a plain sort, the
+        # 2-D one (axis=1) a structured view several times slower; directions are 1..3
+        keys, counts = np.unique(p.astype(np.int64) * 4 + d.astype(np.int64), return_counts=True)
+        for key, cnt in zip(keys.tolist(), counts.tolist(), strict=True):
+            peer, dirn = key >> 2, key & 3
             if peer == r or peer not in ranks:
                 continue
             if dirn in (int(Direction.SEND), int(Direction.BOTH)):
-                edges[(r, peer)] += int(cnt)
+                edges[(r, peer)] += cnt
             if dirn in (int(Direction.RECV), int(Direction.BOTH)):
-                edges[(peer, r)] += int(cnt)
+                edges[(peer, r)] += cnt
         order = np.argsort(t, kind="stable")[:64]
         events[r].extend((int(t[i]), int(d[i]), int(p[i])) for i in order)
     return dict(edges), events

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ppdiag.simulate import splits_backward
+from ppdiag.simulate import SimConfig, SimResult, simulate, splits_backward
 from ppdiag.whatif.costs import (
     MS,
 )
@@ -19,6 +19,25 @@ def _dur(ns: float) -> str:
     """A duration for the text: ms, or seconds from 10 s (a 46.67 s step, not 46666.27 ms)."""
     ms = ns / MS
     return f"{ms / 1e3:.2f} s" if abs(ms) >= 10_000 else f"{ms:.2f} ms"
+
+
+class SimCache:
+    """The simulated steps of one what-if model, by config. Its predictions simulate the same
+    configs again and again (the balanced, measured-cost and with-links steps of every scenario of
+    the measured shape, each calibration's step): each is simulated once. Callers only read the
+    results."""
+
+    def __init__(self) -> None:
+        self._res: dict[str, SimResult] = {}
+
+    def __call__(self, cfg: SimConfig) -> SimResult:
+        # repr tells every float apart (round-trip exact, -0.0 from 0.0): a hit is the same config
+        vals = [getattr(cfg, k) for k in cfg.__dataclass_fields__]
+        key = repr([v.tolist() if isinstance(v, np.ndarray) else v for v in vals])
+        res = self._res.get(key)
+        if res is None:
+            res = self._res[key] = simulate(cfg)
+        return res
 
 
 @dataclass

@@ -15,9 +15,9 @@ from ppdiag.errors import InputError
 from ppdiag.limits import MAX_SIM_CELLS
 from ppdiag.model.schedule import SIMULATED_AS, SIMULATED_NOTE, parse_schedule
 from ppdiag.report_types import Cause, LayerSplit, Report
-from ppdiag.simulate import SimConfig, closed_form_bubble, rank_orders, simulate, splits_backward
+from ppdiag.simulate import SimConfig, closed_form_bubble, rank_orders, splits_backward
 from ppdiag.simulate.schedules import canonical_schedule, default_virtual
-from ppdiag.whatif.calibration import Calibration, _solve_delta
+from ppdiag.whatif.calibration import Calibration, SimCache, _solve_delta
 from ppdiag.whatif.costs import MS, MeasuredRun, measure
 from ppdiag.whatif.layers import LayerProfile, profile_from_stages, profile_from_trace, scale_profile_to
 from ppdiag.whatif.memory import _chunk_inflight, rank_peaks
@@ -101,6 +101,7 @@ class WhatifModel:
                 f"unknown calibration {self.opts.calibration!r}; choose one of {', '.join(CALIBRATIONS)}"
             )
         self._cal: dict[tuple[str, ...], Calibration] = {}
+        self._sim = SimCache()
         self._base_layout = self._measured_layout()
         self._base_peaks = rank_peaks(
             meas.schedule, meas.pp, meas.microbatches, meas.virtual, self._base_layout.act
@@ -286,7 +287,7 @@ class WhatifModel:
                 m.end_ns,
                 m.tail_busy_ns,
             )
-            return simulate(cfg).step_ns
+            return self._sim(cfg).step_ns
 
         sim0 = step_at(0.0)
         mode = self.opts.calibration if m.from_trace else "none"
@@ -417,9 +418,9 @@ class WhatifModel:
         def mean_costs(x: F64) -> F64:
             return np.full(n_st, float(x.mean()))
 
-        s_bal = simulate(_sim_cfg(sched, pp, mm, v, mean_costs(fwd), mean_costs(bwd), mean_costs(wg), 0.0))
-        s_cost = simulate(_sim_cfg(sched, pp, mm, v, fwd, bwd, wg, 0.0))
-        s_comm = simulate(
+        s_bal = self._sim(_sim_cfg(sched, pp, mm, v, mean_costs(fwd), mean_costs(bwd), mean_costs(wg), 0.0))
+        s_cost = self._sim(_sim_cfg(sched, pp, mm, v, fwd, bwd, wg, 0.0))
+        s_comm = self._sim(
             _sim_cfg(sched, pp, mm, v, fwd, bwd, wg, 0.0, m.p2p_ns, m.head_ns, m.end_ns, tail_b)
         )
         busy = s_comm.per_rank_busy_ns  # blocks + tail compute: the overhead is not compute
@@ -430,7 +431,7 @@ class WhatifModel:
                 cfg = _sim_cfg(
                     sched, pp, mm, v, fwd, bwd, wg, c.delta_ns, m.p2p_ns, m.head_ns, m.end_ns, tail_b
                 )
-                st = simulate(cfg).step_ns
+                st = self._sim(cfg).step_ns
             elif c.mode == "per-step":
                 st = s_comm.step_ns + c.offset_ns
             elif c.mode == "ratio":
