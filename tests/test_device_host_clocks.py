@@ -31,7 +31,9 @@ def test_one_name_over_different_clocks_keeps_per_rank_offsets(tmp_path: Path, f
         assert abs((off[str(r)] - off["0"]) - (true[r] - true[0])) <= 10.0, (r, off, true)
     assert any("is not one clock" in w for w in rep.run.warnings), rep.run.warnings
     (host,) = rep.run.clocks
-    assert list(host.ranks) == [0, 1, 2, 3] and host.method.endswith("(one offset per rank)")  # nsys: name hashed
+    assert list(host.ranks) == [0, 1, 2, 3] and host.method.endswith(
+        "(one offset per rank)"
+    )  # nsys: name hashed
 
 
 @pytest.mark.parametrize(("name", "shared"), [("localhost", False), ("gpu-node-7", True)])
@@ -53,3 +55,15 @@ def test_a_generic_host_name_is_no_clock(tmp_path: Path, fmt: str, name: str, sh
         "(one offset for the host)" if shared else "(one offset per rank)"
     )
     assert not any("is not one clock" in w for w in rep.run.warnings)
+
+
+def test_one_report_per_host_on_its_clock(tmp_path: Path) -> None:
+    # without per-rank files the writer makes one report per host (one capture per node), and all
+    # of a host's processes read its clock (one skew per host); one report never mixes clocks
+    run = make_scenario(schedule="1f1b", pp=4, microbatches=8, steps=2, gpus_per_node=2, seed=5)
+    paths = write_nsys(run, tmp_path, per_rank_files=False)
+    assert sorted(p.name for p in paths) == ["report_node00.sqlite", "report_node01.sqlite"]
+    skews = {h: {r.clock_skew_ns for r in run.ranks if r.host_name == h} for h in ("node00", "node01")}
+    assert all(len(v) == 1 for v in skews.values()) and skews["node00"] != skews["node01"], skews
+    single = make_scenario(schedule="1f1b", pp=4, microbatches=8, steps=2, seed=5)  # 8 GPUs a node
+    assert [p.name for p in write_nsys(single, tmp_path / "one", per_rank_files=False)] == ["report.sqlite"]
