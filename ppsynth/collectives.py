@@ -142,6 +142,9 @@ def make_collective_run(**kwargs: Any) -> SynthRun:
     n = prm.world
     skew = ns(prm.clock_skew_ms)
     skews = [int(rng.integers(-skew, skew + 1)) if skew else 0 for _ in range(n)]
+    # the ranks of one host (node{r // gpus_per_node}) read one clock: its first rank's
+    gpn = max(prm.gpus_per_node, 1)
+    skews = [skews[r - r % gpn] for r in range(n)]
     names = NameTable()
     sim = _Sim(
         prm,

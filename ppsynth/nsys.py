@@ -90,7 +90,8 @@ def write_nsys(
 
     ``per_rank_files``: one ``report_<rank>.sqlite`` per rank (``nsys profile -o report_%q{RANK}``)
     with ``RANK`` in the capture environment; else one ``report.sqlite`` holding every rank's process
-    (``nsys profile torchrun ...``), where only the launcher's environment is recorded.
+    (``nsys profile torchrun ...``), where only the launcher's environment is recorded (one
+    ``report_<host>.sqlite`` per host when the ranks span hosts).
     ``ts_normalize``: absolute UTC timestamps, as ``nsys export --ts-normalize=true`` writes.
     ``nccl_payloads``: the NCCL ranges' payload blobs (``--include-blobs=true``).
     ``comm_init``: the ``ncclCommInitRank`` ranges (absent when the capture started later).
@@ -98,7 +99,12 @@ def write_nsys(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     comms = communicators(run)
-    groups = [[r] for r in run.ranks] if per_rank_files else [list(run.ranks)]
+    # One report is one host's capture, on that host's clock: without per-rank files, one report per
+    # host (``nsys profile torchrun ...`` on each node); the ranks of a host share its clock skew.
+    hosts: dict[str, list[SynthRank]] = {}
+    for r in run.ranks:
+        hosts.setdefault(r.host_name, []).append(r)
+    groups = [[r] for r in run.ranks] if per_rank_files else list(hosts.values())
     paths: list[Path] = []
     for members in groups:
         first = min(first_time(r) + run.epoch_ns + r.clock_skew_ns for r in members)
@@ -116,7 +122,11 @@ def write_nsys(
                 nccl_payloads,
                 comm_init,
             )
-        name = f"report_{members[0].rank}.sqlite" if per_rank_files else "report.sqlite"
+        name = (
+            f"report_{members[0].rank}.sqlite"
+            if per_rank_files
+            else ("report.sqlite" if len(groups) == 1 else f"report_{members[0].host_name}.sqlite")
+        )
         path = out / name
         path.unlink(missing_ok=True)
         env = _launcher_env(run, members[0]) if per_rank_files else _torchrun_env(run)

@@ -165,6 +165,9 @@ def build(prm: ScenarioParams) -> SynthRun:
     world = prm.pp * prm.dp
     skew_max = ns(prm.clock_skew_ms)
     skews = [int(rng.integers(-skew_max, skew_max + 1)) if skew_max > 0 else 0 for _ in range(world)]
+    # the ranks of one host (node{g // gpus_per_node}) read one clock: its first rank's
+    gpn = max(prm.gpus_per_node, 1)
+    skews = [skews[g - g % gpn] for g in range(world)]
     ladders = [ladder(prm, k) for k in range(prm.steps)]
     by_rep, tails = _replicas(prm, s2r, ladders)
     timing = _step_timing(prm, ladders, tails)

@@ -51,7 +51,13 @@ def kineto_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """P=4, M=6 1F1B with a 1.5x stage, per-rank clock skews of several ms, every source present."""
     d = tmp_path_factory.mktemp("kineto_meta")
     run = make_scenario(
-        steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=6, faults=[F.SlowStage(1, 1.5)]
+        steps=2,
+        clock_skew_ms=5.0,
+        gpus_per_node=1,
+        schedule="1f1b",
+        pp=4,
+        microbatches=6,
+        faults=[F.SlowStage(1, 1.5)],
     )
     write_kineto(run, d)
     return d
@@ -77,7 +83,9 @@ def test_kineto_source_stripped(kineto_run: Path, tmp_path: Path, what: list[str
 
 def test_kineto_labels_stripped(tmp_path: Path) -> None:
     # a run with PP:<stage>F<mb> labels: without them the blocks come from the transfers
-    run = make_scenario(steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=6, annotations="pp")
+    run = make_scenario(
+        steps=2, clock_skew_ms=5.0, gpus_per_node=1, schedule="1f1b", pp=4, microbatches=6, annotations="pp"
+    )
     write_kineto(run, tmp_path / "meta")
     counts = A.strip_kineto_dir(tmp_path / "meta", tmp_path / "bare", A.ALL_KINETO)
     assert counts[A.LABELS] > 0
@@ -88,7 +96,13 @@ def test_kineto_labels_stripped(tmp_path: Path) -> None:
 def nsys_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("nsys_meta")
     run = make_scenario(
-        steps=2, clock_skew_ms=5.0, schedule="interleaved_1f1b", virtual=2, pp=4, microbatches=4
+        steps=2,
+        clock_skew_ms=5.0,
+        gpus_per_node=1,
+        schedule="interleaved_1f1b",
+        virtual=2,
+        pp=4,
+        microbatches=4,
     )
     write_nsys(run, d)
     return d
@@ -170,7 +184,13 @@ def test_kineto_p2p_on_the_compute_stream_without_peers(tmp_path: Path) -> None:
     # sends are eager and receives cannot be posted ahead: a send and its receive rarely end
     # together, so the partners come from the data flow (forward/backward order per step)
     run = make_scenario(
-        steps=2, clock_skew_ms=5.0, schedule="1f1b", pp=4, microbatches=6, faults=[F.CommOnCompute()]
+        steps=2,
+        clock_skew_ms=5.0,
+        gpus_per_node=1,
+        schedule="1f1b",
+        pp=4,
+        microbatches=6,
+        faults=[F.CommOnCompute()],
     )
     write_kineto(run, tmp_path / "meta")
     A.strip_kineto_dir(tmp_path / "meta", tmp_path / "bare", A.ALL_KINETO)

@@ -189,6 +189,34 @@ def test_synthetic_half_the_ranks_on_a_skewed_host(
     assert_offsets(base, moved, moves)
 
 
+@pytest.mark.parametrize("fmt", ["kineto", "nsys"])
+def test_device_ranks_of_one_host_share_one_offset(tmp_path: Path, fmt: str) -> None:
+    # 2 hosts x 2 GPU ranks (gpus_per_node=2), each host's ranks on one clock, moved to two other
+    # hosts with different skews: every rank of a host gets the same fitted offset (one unknown per
+    # host, fitted from every transfer between hosts), and the hosts' offsets move by the skews
+    run = make_scenario(schedule="1f1b", pp=4, microbatches=8, steps=3, gpus_per_node=2, seed=5)
+    (write_kineto if fmt == "kineto" else write_nsys)(run, tmp_path / "raw")
+    # the hosts named (the synthetic Kineto traces name none), clocks as simulated but for rank 1's
+    # events, 40 µs late: timing jitter that a fit per rank would read as a clock of its own
+    src = tmp_path / "src"
+    move_ranks(tmp_path / "raw", src, {r: Move(f"node{r // 2}", 40_000 if r == 1 else 0) for r in range(4)})
+    moves = {0: Move("hostA", 20 * MS), 1: Move("hostA", 20 * MS)}
+    moves |= {2: Move("hostB", -2500 * MS), 3: Move("hostB", -2500 * MS)}
+    move_ranks(src, tmp_path / "moved", moves)
+    base, moved = _diagnose(src), _diagnose(tmp_path / "moved")
+    for a in (base, moved):
+        off = a.result.run.clock_offsets_us
+        assert off["0"] == off["1"] and off["2"] == off["3"], off
+        assert sorted(tuple(c.ranks) for c in a.result.run.clocks) == [(0, 1), (2, 3)]
+    # the true offsets up to one constant (each rank's clock reads true time + its host's skew),
+    # within the jitter
+    true = {int(r): v / 1000.0 for r, v in run.truth["clock_offset_ns"].items()}
+    off = base.result.run.clock_offsets_us
+    assert abs((off["2"] - off["0"]) - (true[2] - true[0])) <= 40.0
+    assert_same(base, moved)
+    assert_offsets(base, moved, moves)
+
+
 def test_spread_over_hosts_puts_the_skew_in_the_ground_truth(
     synth_dirs: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -126,7 +126,7 @@ def test_complete_run_has_no_hang(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("stopped", "frac"), [(2, 0.5), (1, 0.3)])
 def test_rank_stops_sending_mid_step(tmp_path: Path, stopped: int, frac: float) -> None:
-    full = make_scenario(steps=3, clock_skew_ms=5.0)
+    full = make_scenario(steps=3, clock_skew_ms=5.0, gpus_per_node=1)
     w = full.ranks[stopped].step_windows
     at = int(w[1, 0] + frac * (w[1, 1] - w[1, 0]))
     run, truth = stop_rank(full, stopped, at)

@@ -42,6 +42,9 @@ VARIANTS = ("kineto", "nsys", "kineto-old-bare", "nsys-old-bare")
 
 
 def _analyse(tmp: Path, variant: str = "kineto", **kw: Any) -> tuple[Report, dict[str, Any]]:
+    # one GPU per host unless told: every rank on a clock of its own, skewed by up to 5 ms (the ranks
+    # of one host share its clock, so 8 GPUs a node would leave nothing to align)
+    kw.setdefault("gpus_per_node", 1)
     run = make_scenario(steps=kw.pop("steps", 2), clock_skew_ms=kw.pop("clock_skew_ms", 5.0), **kw)
     rep = diagnose([write_variant(run, variant, tmp / variant)], Options()).result
     return rep, run.truth
@@ -210,7 +213,7 @@ def test_replicas_share_one_clock(tmp_path: Path, name: str) -> None:
     """dp=2: the replicas meet only in the data-parallel all-reduce, whose instances end together
     on every member; the offsets found must be the true ones up to one constant."""
     shape, variant = REPLICAS[name]
-    run = make_scenario(pp=4, microbatches=8, dp=2, steps=2, clock_skew_ms=5.0, **shape)
+    run = make_scenario(pp=4, microbatches=8, dp=2, steps=2, clock_skew_ms=5.0, gpus_per_node=1, **shape)
     rep = diagnose([write_variant(run, variant, tmp_path)], Options()).result
     got = {int(r): off * 1000 for r, off in rep.run.clock_offsets_us.items()}
     true = {int(r): v for r, v in run.truth["clock_offset_ns"].items()}

@@ -32,7 +32,8 @@ def _labels(x: Intervals | IntervalLabels) -> _Labels:
 @pytest.fixture(scope="module", params=["kineto", "nsys"])
 def run_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp(request.param)
-    run = make_scenario(steps=2, pp=4, microbatches=4, faults=[F.SlowStage(1, 1.3)])
+    # one GPU per host: every rank on a clock of its own, for the alignment to move
+    run = make_scenario(steps=2, pp=4, microbatches=4, faults=[F.SlowStage(1, 1.3)], gpus_per_node=1)
     (write_kineto if request.param == "kineto" else write_nsys)(run, d)
     return d
 

@@ -195,7 +195,9 @@ def test_payload_peers_say_metadata(run_1f1b: SynthRun, tmp_path: Path) -> None:
 def test_pipeline_group_ranks_are_mapped_to_global_ranks(tmp_path: Path) -> None:
     # two replicas of a 3-stage pipeline: pipeline groups [0, 2, 4] and [1, 3, 5] (stride 2), so
     # "nccl:send 0->1" on global rank 1 goes to global rank 3
-    run = make_scenario("1f1b", pp=3, microbatches=4, dp=2, steps=2, clock_skew_ms=1.0, seed=4)
+    run = make_scenario(
+        "1f1b", pp=3, microbatches=4, dp=2, steps=2, clock_skew_ms=1.0, gpus_per_node=1, seed=4
+    )
     paths = write_nsys(run, tmp_path)
     pg = _pp_group_ranks(run)
     for i, p in enumerate(paths):
@@ -305,7 +307,7 @@ def _report(paths: list[Path]) -> Report:
 
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
 def test_diagnosis_with_emit_nvtx_names_equals_the_one_with_payloads(tmp_path: Path, schedule: str) -> None:
-    run = make_scenario(schedule, pp=4, microbatches=8, steps=3, clock_skew_ms=3.0, seed=7)
+    run = make_scenario(schedule, pp=4, microbatches=8, steps=3, clock_skew_ms=3.0, gpus_per_node=1, seed=7)
     ref = _report(write_nsys(run, tmp_path / "payloads"))
     paths = write_nsys(run, tmp_path / "names")
     for i, p in enumerate(paths):
@@ -327,7 +329,9 @@ def test_diagnosis_with_emit_nvtx_names_equals_the_one_with_payloads(tmp_path: P
 def test_p2p_by_names_with_collective_payloads_kept(tmp_path: Path) -> None:
     # two pipeline replicas: only the p2p calls lost their payloads (renamed to emit_nvtx names);
     # the data-parallel all-reduce keeps its communicator, whose members come from other files
-    run = make_scenario("1f1b", pp=4, microbatches=8, steps=3, dp=2, clock_skew_ms=3.0, seed=9)
+    run = make_scenario(
+        "1f1b", pp=4, microbatches=8, steps=3, dp=2, clock_skew_ms=3.0, gpus_per_node=1, seed=9
+    )
     ref = _report(write_nsys(run, tmp_path / "payloads"))
     paths = write_nsys(run, tmp_path / "names")
     pg = _pp_group_ranks(run)

@@ -65,7 +65,7 @@ def runs(draw: st.DrawFn) -> dict[str, Any]:
 def test_random_faults_are_recovered_by_the_replay(cfg: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d)
-        run = make_scenario(steps=2, clock_skew_ms=3.0, **cfg)
+        run = make_scenario(steps=2, clock_skew_ms=3.0, gpus_per_node=1, **cfg)
         write_kineto(run, out)
         write_groundtruth(run, out)
         truth = json.loads((out / "groundtruth.json").read_text())

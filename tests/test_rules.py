@@ -23,6 +23,7 @@ def _report(tmp_path: Path, options: Options | None = None, **kw: Any) -> Report
     kw.setdefault("schedule", "1f1b")
     kw.setdefault("pp", 4)
     kw.setdefault("microbatches", 16)
+    kw.setdefault("gpus_per_node", 1)  # a clock per rank, skewed by up to 2 ms (a host's GPUs share one)
     run = make_scenario(steps=kw.pop("steps", 2), clock_skew_ms=2.0, **kw)
     write_kineto(run, tmp_path)
     return diagnose([tmp_path], options or Options()).result

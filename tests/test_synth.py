@@ -331,8 +331,9 @@ def test_kineto_structure(name: str, outdir: str) -> None:
 
 
 def test_kineto_clock_skew_applied(outdir: str) -> None:
-    run = scenario("combo")
-    paths = written("combo", outdir)
+    # one GPU per host: each rank on a clock of its own (the ranks of one host share its clock)
+    run = make_scenario(**SCENARIOS["combo"], gpus_per_node=1)
+    paths = write_kineto(run, Path(outdir) / "combo_hosts")
     skews = []
     for path in paths:
         doc = _load(path)
@@ -346,6 +347,15 @@ def test_kineto_clock_skew_applied(outdir: str) -> None:
     assert max(abs(s) for s in skews) <= 5_000_000
     assert max(skews) - min(skews) > 1_000_000  # several ms apart
     assert len(set(skews)) == len(skews)
+
+
+def test_ranks_of_one_host_share_its_clock() -> None:
+    run = make_scenario(**SCENARIOS["combo"], gpus_per_node=2)
+    by_host: dict[str, set[int]] = {}
+    for rk in run.ranks:
+        by_host.setdefault(rk.host_name, set()).add(rk.clock_skew_ns)
+    assert len(by_host) == 3 and all(len(v) == 1 for v in by_host.values()), by_host
+    assert len({v.pop() for v in by_host.values()}) == 3
 
 
 def test_kineto_sends_and_receives_pair_up(outdir: str) -> None:

@@ -13,8 +13,9 @@ from ppdiag.model.schedule import Schedule, schedule_option
 from ppdiag.model.structure import Structure
 from ppdiag.pipeline.aligned import aligned_run
 from ppdiag.pipeline.blocks import Blocks, IntervalLabels, block_labels, build_blocks
-from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, align_clocks, match_pairs, p2p_ops
+from ppdiag.pipeline.clocks import ClockFit, P2POps, Pairs, match_pairs, p2p_ops
 from ppdiag.pipeline.collectives import CollectiveMatch, match_collectives
+from ppdiag.pipeline.device_clocks import fit_device_clocks
 from ppdiag.pipeline.hangs import detect as detect_hang
 from ppdiag.pipeline.hangs import trimmed
 from ppdiag.pipeline.host_clocks import with_host_clocks
@@ -145,7 +146,9 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
         topo = no_pp(run, source="none (rejected)")
     pairs = match_pairs(ops)
     warnings.extend(pairs.warnings)
-    fit = link_replicas(run, pairs, align_clocks(run, pairs), topo)  # replicas: docs/clocks.md
+    fit, clock_warnings = fit_device_clocks(run, pairs)  # one offset per host: docs/clocks.md
+    warnings.extend(clock_warnings)
+    fit = link_replicas(run, pairs, fit, topo)  # replicas: docs/clocks.md
     fit, clock_warnings = with_host_clocks(run, pairs, fit)
     warnings.extend(clock_warnings)
     warnings.extend(_residual_warning(fit))

@@ -10,6 +10,7 @@ the lowest rank fixed at 0; the residual is the median disagreement left after a
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -315,22 +316,25 @@ def collective_rows(run: Run) -> list[tuple[int, int, float, int]]:
     return rows
 
 
-def align_clocks(run: Run, pairs: Pairs) -> ClockFit:
+def align_clocks(run: Run, pairs: Pairs, clocks: Mapping[int, int] | None = None) -> ClockFit:
     """Offsets that make matched device transfers and collectives end together.
 
     Least squares over every linked rank pair; the lowest rank of each connected set of ranks keeps
-    its clock. Ranks linked by nothing keep theirs too (a warning says so upstream).
+    its clock. Ranks linked by nothing keep theirs too (a warning says so upstream). ``clocks``
+    maps each rank to the lowest rank reading the same clock (ranks of one host): those share one
+    offset, fitted from every transfer between their clock and the others'.
     """
     ranks = sorted(tl.rank for tl in run.ranks)
     zero = {r: 0 for r in ranks}
-    rows, p2p_rows = _equations(run, pairs, ranks)
+    rep = {r: int(clocks.get(r, r)) if clocks else r for r in ranks}
+    rows, p2p_rows = _equations(run, pairs, ranks, rep)
     if len(ranks) < 2 or not rows:
         hosts = {str(tl.meta.get("host_name", "")) for tl in run.ranks}
         method = (
             "same host clock" if len(hosts) == 1 and "" not in hosts else "none (no matched device transfers)"
         )
         return ClockFit(zero, None, method)
-    offsets, n_comps = _solve(ranks, rows)
+    offsets, n_comps = _solve_shared(ranks, rows, rep)
     by_rank: dict[int, float] = {}
     latency: float | None = None
     if len(pairs) and pairs.device:
@@ -345,7 +349,19 @@ def align_clocks(run: Run, pairs: Pairs) -> ClockFit:
     return ClockFit(offsets, float(np.median(resid)) / 1000.0, method, by_rank, latency)
 
 
-def _equations(run: Run, pairs: Pairs, ranks: list[int]) -> tuple[list[tuple[int, int, float, int]], int]:
+def _solve_shared(
+    ranks: list[int], rows: list[tuple[int, int, float, int]], rep: Mapping[int, int]
+) -> tuple[dict[int, int], int]:
+    """:func:`_solve` with one unknown per clock (``rep``: each rank's lowest rank on its clock):
+    rows between ranks of one clock carry no offset and are left out."""
+    shared = [(rep[a], rep[b], d, w) for a, b, d, w in rows if a in rep and b in rep and rep[a] != rep[b]]
+    off, n_comps = _solve(sorted(set(rep.values())), shared)
+    return {r: off[rep[r]] for r in ranks}, n_comps
+
+
+def _equations(
+    run: Run, pairs: Pairs, ranks: list[int], rep: Mapping[int, int]
+) -> tuple[list[tuple[int, int, float, int]], int]:
     """The rows to solve (p2p rows first, then the collectives') and how many are p2p rows."""
     coll = collective_rows(run)
     rows = _p2p_rows(pairs, None) + coll
@@ -354,7 +370,7 @@ def _equations(run: Run, pairs: Pairs, ranks: list[int]) -> tuple[list[tuple[int
         # A send and its receive end together only when the receive was waiting for it (posted
         # before the send began); a buffered send or a late receive breaks that. Solve once with
         # every pair, then again with the pairs that the first answer shows were waiting.
-        first = _solve(ranks, rows)
+        first = _solve_shared(ranks, rows, rep)
         refined = _p2p_rows(pairs, first)
         if refined:
             rows = refined + coll

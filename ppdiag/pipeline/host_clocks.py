@@ -518,13 +518,20 @@ def with_host_clocks(run: Run, pairs: Pairs, fit: ClockFit) -> tuple[ClockFit, l
         mine = [r for r in ranks if dom[r] == h]
         vals = np.array([fit.offsets.get(r, 0) for r in mine], dtype=np.float64)
         spread = float(vals.max() - vals.min()) / 2.0 if vals.size else 0.0
+        method, res_ns = fit.method, spread
+        if len(mine) > 1 and h and aligned_by_device and spread == 0.0:
+            # one offset for the host's ranks (device_clocks.py): the residual is its transfers'
+            method += " (one offset for the host)"
+            res_ns = max((fit.residual_by_rank_us.get(r, 0.0) * 1000.0 for r in mine), default=0.0)
+        elif len(mine) > 1 and h and aligned_by_device:
+            method += " (one offset per rank)"
         clocks.append(
             HostClock(
                 h,
                 tuple(mine),
                 round(float(np.median(vals))) if vals.size else 0,
-                round(spread) if aligned_by_device else None,
-                fit.method,
+                round(res_ns) if aligned_by_device else None,
+                method,
             )
         )
     fit.hosts = clocks
