@@ -28,8 +28,9 @@ class CommWaitRule:
     block end to the consumer's release is far above the run's normal transfer latency (on host
     ops, a send posted after the block while the producer went on counts: the data was held), and
     the link is slower than the run's other links by more than their spread (every link late alike
-    is jitter or a loaded host, not a slow link; a link between two hosts must stand out by their
-    clocks' fitted residuals as well). A link is as late as most of its transfers are: a
+    is jitter or a loaded host, not a slow link; a link between two hosts must stand out by the
+    standard error of their fitted clock offset as well: the hosts' residuals over the root of the
+    transfers between them). A link is as late as most of its transfers are: a
     process descheduled on a loaded host makes a few transfers very late on any link. The rule
     names the sending rank of the slow links.
 
@@ -65,9 +66,9 @@ class CommWaitRule:
         # only a link slower than the run's other links by more than the noise is a fault: every
         # link late alike (jitter, a loaded host) is not
         links = _rule_links(ctx)
-        # a link between two clock domains is timed across their fitted offsets: it must stand
-        # out by more than what those offsets may be off (their residuals) as well
-        slow = {k: v for k, v in links.slow().items() if v > links.noise_ns(k) + _clock_error_ns(ctx, k)}
+        # a link between two clock domains is timed across their fitted offsets: what those may
+        # be off (the offset's standard error, not one bound's residual) joins the noise
+        slow = {k: v for k, v in links.slow().items() if v > links.noise_ns(k, _clock_se_ns(ctx, links, k))}
         if not slow:
             return []
         normal = ctx.attribution.normal_latency_ns
@@ -119,14 +120,28 @@ def _steps(ctx: RuleContext) -> float:
     return max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
 
 
-def _clock_error_ns(ctx: RuleContext, link: tuple[int, int]) -> float:
-    """How far the two ends of ``link`` may be off each other's clock: 0 on one clock domain (one
-    host), else the sum of their hosts' fitted residuals (each offset is within its residual)."""
+def _clock_se_ns(ctx: RuleContext, links: LinkLatencies, link: tuple[int, int]) -> float:
+    """The standard error that the clock offset between the two ends of ``link`` adds to its
+    lateness: 0 on one clock domain (one host). Else each host's fitted residual is what one
+    bound on its offset may be off (the half-width of the interval the bounds leave, never below
+    the host ops' span jitter), and the offset is fitted from every transfer between the two hosts
+    as the link's lateness is a mean over its transfers: the residuals (in quadrature: the two
+    offsets are fitted apart) over the root of those transfers. A host aligned by the step starts
+    only keeps its whole residual: no transfer placed it."""
     host_of = {r: c for c in ctx.report.run.clocks for r in c.ranks}
     a, b = host_of.get(link[0]), host_of.get(link[1])
     if a is None or b is None or a.host == b.host:
         return 0.0
-    return ((a.residual_us or 0.0) + (b.residual_us or 0.0)) * 1e3
+    resid = math.hypot(a.residual_us or 0.0, b.residual_us or 0.0) * 1e3
+    if "step starts" in (a.method, b.method):
+        return resid
+    hosts = {a.host, b.host}
+    n = sum(
+        x.n
+        for (p, c), x in links.links.items()
+        if p in host_of and c in host_of and {host_of[p].host, host_of[c].host} == hosts
+    )
+    return resid / math.sqrt(max(n, 1))
 
 
 def _rule_links(ctx: RuleContext) -> LinkLatencies:
