@@ -84,6 +84,21 @@ def test_links_late_alike_are_no_slow_link() -> None:
     assert got[(1, 2)] > 2500 * US
 
 
+def test_a_clock_offsets_standard_error_joins_the_noise_in_quadrature() -> None:
+    # the jittered links of the test above: a link between two hosts is timed across their fitted
+    # offset, whose standard error adds to the difference's in quadrature (independent errors):
+    # an offset known far better than the links vary leaves the noise almost where it was, one
+    # known as badly as the links vary widens it by the root of two
+    jitter = [100, 150, 200, 300, 450, 600, 800, 1000]
+    waits = [w for link in ((0, 1), (1, 2), (2, 3), (1, 0), (2, 1), (3, 2)) for w in _waits(link, jitter)]
+    ll = link_latencies(waits)
+    k = (1, 2)
+    se = ll.noise_ns(k) / 2.0 / 2**0.5  # Z = 2; the link's and the reference's alike
+    assert ll.noise_ns(k, 0.0) == ll.noise_ns(k)
+    assert ll.noise_ns(k, 0.1 * se) < 1.003 * ll.noise_ns(k)
+    assert abs(ll.noise_ns(k, se * 2**0.5) - 2**0.5 * ll.noise_ns(k)) < 1e-6 * ll.noise_ns(k)
+
+
 def test_no_waits_no_links() -> None:
     ll = link_latencies([])
     assert ll == LinkLatencies() and ll.fault_free_ns == 0 and ll.slow() == {}

@@ -23,7 +23,10 @@ transfer time each, grouped by link and direction (producer rank -> consumer ran
 A link is slow (``PP004``) only when its lateness stands out of the other links' (their lower
 quartile) by more than the noise: :data:`Z` standard errors of the difference, each link's from
 the spread of its own transfers, and never less than :data:`FLOOR_SHARE` of the fault-free
-latency. Every link late alike (a loaded host, jitter every link shows) is no slow link.
+latency. Every link late alike (a loaded host, jitter every link shows) is no slow link. A link
+between two hosts is timed across their fitted clock offsets: the standard error of that offset
+joins the difference's in quadrature (``PP004`` gives it), so a link whose hosts' offset is known
+far better than its own transfers vary is judged as it would be on one host.
 """
 
 from __future__ import annotations
@@ -80,10 +83,12 @@ class LinkLatencies:
         late = float(np.quantile([x.late_ns for x in others], REF_Q, method="lower"))
         return late, float(np.median([x.late_se_ns for x in others]))
 
-    def noise_ns(self, key: tuple[int, int]) -> float:
+    def noise_ns(self, key: tuple[int, int], clock_se_ns: float = 0.0) -> float:
         """How far a link's mean lateness may stand out of the others' without a fault: ``Z``
-        standard errors of the difference (each from its link's spread over its transfers)."""
-        z = Z * math.hypot(self.links[key].late_se_ns, self.reference_ns(key)[1])
+        standard errors of the difference (each from its link's spread over its transfers, and
+        ``clock_se_ns``, the standard error of the clock offset a link between two hosts is timed
+        across: independent errors, in quadrature)."""
+        z = Z * math.hypot(self.links[key].late_se_ns, self.reference_ns(key)[1], clock_se_ns)
         return max(z, FLOOR_SHARE * self.fault_free_ns, FLOOR_NS)
 
     def slow(self) -> dict[tuple[int, int], float]:
