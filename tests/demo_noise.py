@@ -11,7 +11,9 @@ measured inside that run:
   late wake-up is given back by the next holds of the same cost, up to half of each; on a loaded
   host it is not, and a 2x slow stage may then hold no more than its neighbours);
 * ``glue_ms``: per rank and step, the wall time of the compute blocks outside their hold ops;
-* ``step_error_ms``: ``Z`` standard errors of the mean step over the steps the analysis used.
+* ``step_error_ms``: ``Z`` standard errors of the mean step over the steps the analysis used
+  (infinite over one step: one step has no spread to measure, which is not a run without noise, so
+  no check can be passed on it and the recording is made again with more steps).
 
 :func:`record_supported` records a configuration, lets ``support`` say from the measured ground
 truth whether the recording can carry the test's assertion, and otherwise records it once more with
@@ -81,8 +83,13 @@ class RunNoise:
         return (self.step_error_ms + self.glue_ms) / self.step_ms if self.step_ms > 0 else math.inf
 
     def __str__(self) -> str:
+        err = (
+            f"{self.step_error_ms:.1f} ms"
+            if math.isfinite(self.step_error_ms)
+            else f"not measurable over {len(self.steps)} step"
+        )
         return (
-            f"step {self.step_ms:.1f} ms, step error {self.step_error_ms:.1f} ms, glue "
+            f"step {self.step_ms:.1f} ms, step error {err}, glue "
             f"{self.glue_ms:.1f} ms/step, holds {100 * self.overrun:+.0f}% of the asked cost"
         )
 
@@ -118,7 +125,8 @@ def measure(truth: dict[str, Any], steps: list[int] | None = None) -> RunNoise:
         float(np.mean([(e - s) / 1e6 for rt in truth["ranks"] for k, s, e in _steps(rt) if k == step]))
         for step in sorted(use)
     ]
-    err = Z * float(np.std(per_step, ddof=1)) / math.sqrt(len(per_step)) if len(per_step) > 1 else 0.0
+    # one step gives no spread: its error is unknown, not zero (a check must not pass on it)
+    err = Z * float(np.std(per_step, ddof=1)) / math.sqrt(len(per_step)) if len(per_step) > 1 else math.inf
     return RunNoise(
         steps=tuple(sorted(use)),
         step_ms=float(np.mean(windows)),
@@ -239,6 +247,15 @@ def record_supported(
     return diag, truth
 
 
+def record_supported_in(
+    name: str, cfg: DemoConfig, out: Path, support: Support | None = None, scale: Scale | None = None
+) -> tuple[Analyzed, Path]:
+    """:func:`record_supported`, returning the folder of the recording that carries the test."""
+    diag, _, where = _supported(name, cfg, out, support, scale, analyse=True)
+    assert diag is not None
+    return diag, where
+
+
 def record_dir_supported(
     name: str,
     cfg: DemoConfig,
@@ -273,6 +290,15 @@ def fault_support(fault: Fault, what: str, also: Support | None = None) -> tuple
         return MAX_SCALE
 
     return support, scale
+
+
+def send_delay_ms(truth: dict[str, Any], noise: RunNoise) -> float:
+    """Per step and link, how long the delayed rank's sends were held before they left (the comm
+    delay fault as the run measured it)."""
+    (fault,) = truth["faults"]
+    r = fault["rank"]
+    held = total_ms(truth, r, intervals(truth, r, ("send",), noise.steps))
+    return held / len(noise.steps) / max(len(fault["peers"]), 1)
 
 
 def intervals(truth: dict[str, Any], rank: int, kinds: tuple[str, ...], steps: tuple[int, ...]) -> list[int]:

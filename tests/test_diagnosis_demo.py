@@ -31,6 +31,7 @@ from demo_noise import (
     quiet,
     record_supported,
     report,
+    send_delay_ms,
     total_ms,
     waits_after_posts,
 )
@@ -50,9 +51,11 @@ CONFIGS: dict[str, DemoConfig] = {
     "delay": DemoConfig(schedule="1f1b", microbatches=8, steps=3, comm_delay_ms=10.0, comm_delay_rank=1),
     "stall": DemoConfig(schedule="1f1b", microbatches=8, steps=3, host_stall_ms=10.0, host_stall_rank=1),
     "interleaved": DemoConfig(schedule="interleaved_1f1b", microbatches=8, steps=2),
-    "zero_bubble": DemoConfig(schedule="zero_bubble", microbatches=8, steps=2),
-    "zbv": DemoConfig(schedule="zbv", microbatches=8, steps=2),
-    "dualpipev": DemoConfig(schedule="dualpipev", microbatches=8, steps=2),
+    # three steps: the first is often a warm-up outlier the analysis leaves out, and the noise
+    # checks need the spread of at least two analysed steps (one step's error is not measurable)
+    "zero_bubble": DemoConfig(schedule="zero_bubble", microbatches=8, steps=3),
+    "zbv": DemoConfig(schedule="zbv", microbatches=8, steps=3),
+    "dualpipev": DemoConfig(schedule="dualpipev", microbatches=8, steps=3),
 }
 
 
@@ -82,14 +85,6 @@ def _slow_excess_ms(truth: dict[str, Any], noise: RunNoise) -> float:
     return (slow - max(held.values())) / len(noise.steps)
 
 
-def _send_delay_ms(truth: dict[str, Any], noise: RunNoise) -> float:
-    """Per step and link, how long the delayed rank's sends were held before they left."""
-    (fault,) = truth["faults"]
-    r = fault["rank"]
-    held = total_ms(truth, r, intervals(truth, r, ("send",), noise.steps))
-    return held / len(noise.steps) / max(len(fault["peers"]), 1)
-
-
 #: How far a fault run's holds may overrun their cost (late wake-ups not given back).
 FAULT_OVERRUN = 0.25
 
@@ -97,13 +92,17 @@ FAULT_OVERRUN = 0.25
 #: ground truth): the injected fault stands out of the run's noise, or the schedule's shape is not
 #: buried in late wake-ups. A recording that falls short is recorded once more, with larger costs.
 SUPPORT: dict[str, tuple[Support, Scale | None]] = {
+    # the fault-free run must show no finding above low: holds that overran unevenly (late wake-ups
+    # not given back: +45 % on one rank under load) are a real micro-batch cost variance, and PP010
+    # rightly finds it; such a recording cannot say the fault-free run is clean
+    "1f1b": (kept_costs(FAULT_OVERRUN), None),
     "gpipe": (quiet, None),
     "gpipe8": (quiet, None),
     # a fault run's holds must keep their costs within a quarter: uneven late wake-ups are a
     # micro-batch cost variance (PP010) or late links of their own, and the test asks that the
     # injected fault be the only finding above low
     "slow": fault_support(_slow_excess_ms, "the slow stage's extra hold", kept_costs(FAULT_OVERRUN)),
-    "delay": fault_support(_send_delay_ms, "the delayed sends' hold", kept_costs(FAULT_OVERRUN)),
+    "delay": fault_support(send_delay_ms, "the delayed sends' hold", kept_costs(FAULT_OVERRUN)),
     "stall": fault_support(_stall_ms, "the host stall", kept_costs(FAULT_OVERRUN)),
     "zero_bubble": (quiet, None),
     "zbv": (quiet, None),
@@ -342,7 +341,15 @@ def test_finding_gains_are_their_whatif_rows(runs: Runs, name: str) -> None:
 def test_fault_free_demo_has_no_finding_above_low(runs: Runs) -> None:
     diag, _ = runs["1f1b"]
     assert [f for f in diag.result.findings if f.severity not in ("low", "info")] == []
-    # 4 ranks on one host (the demo), all launching late: the report says the host is oversubscribed
+
+
+def test_demo_host_is_reported_oversubscribed(runs: Runs) -> None:
+    # 4 ranks on one host (the demo), all launching late: the report says the host is oversubscribed.
+    # On a run at the demo's own costs (never recorded again): the late launches are Python time of
+    # a few ms per step whatever the costs, so a run recorded again with 3x costs (as the fault-free
+    # 1F1B run is when its holds overran) shares them below the 1 % of the step that defines it
+    # (5.5 ms of a 552 ms step)
+    diag, _ = runs["interleaved"]
     assert diag.result.noise.shared_host and diag.result.noise.oversubscribed
     assert any("oversubscribed" in w for w in diag.result.run.warnings)
 
