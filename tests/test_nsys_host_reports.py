@@ -1,6 +1,6 @@
 """One nsys report per host (``nsys profile -o node%q{SLURM_NODEID} torchrun ...`` on each node):
 every report numbers its GPU processes from 0, so the loader gives them global ranks from the
-strongest evidence there is (docs/recording.md, "Nsight Systems")."""
+strongest evidence there is (README, "Nsight Systems")."""
 
 from __future__ import annotations
 

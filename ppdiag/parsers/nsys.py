@@ -58,7 +58,7 @@ from ppdiag.parsers.nsys_peers import (
     resolve_nccl_peers,
 )
 from ppdiag.parsers.nsys_rank import Clock, ExportCtx, build_rank
-from ppdiag.parsers.nsys_ranks import ORDER_MARK, RankDecision, decide_ranks
+from ppdiag.parsers.nsys_ranks import RankDecision, decide_ranks
 from ppdiag.parsers.nsys_rep import ensure_sqlite, is_report
 
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
@@ -156,10 +156,6 @@ def parse_export(db: NsysDb, source: str) -> list[RankTimeline]:
         more = f" and {len(idle) - 8} more" if len(idle) > 8 else ""
         file_warnings.append(f"{len(idle)} CUDA process(es) without GPU activity skipped: {shown}{more}")
     comm_members, comm_info = _communicators(nvtx, decisions)
-    if len(pids) > 1 and any(ORDER_MARK in d.source for d in decisions.values()):
-        # ranks by GPU order may be renumbered run-wide (one report per host): every peer is
-        # mapped once global ranks are known (resolve_nccl_peers)
-        comm_members = {}
     memory = read_memory(db)
     mem_warning = memory_warning(memory)
     if mem_warning:

@@ -14,6 +14,8 @@ import itertools
 import re
 from pathlib import Path
 
+import numpy as np
+
 from ppdiag.errors import InputError
 from ppdiag.model import RankTimeline
 from ppdiag.parsers.nsys_ranks import ORDER_MARK
@@ -75,11 +77,24 @@ def renumber_reports(files: dict[str, list[RankTimeline]]) -> list[str]:
             "(nsys profile -o node%q{SLURM_NODEID}) or pass --stage-map if wrong"
         )
     for src, rs in files.items():
-        for r, g in zip(rs, new[src], strict=True):
-            r.rank = g
-            r.rank_source = how[src]
+        _renumber(rs, new[src], how[src])
     _check_comm_order(files)
     return warnings
+
+
+def _renumber(rs: list[RankTimeline], ranks: list[int], how: str) -> None:
+    """New numbers for one report's ranks, and for the peers and process-group members its parser
+    mapped within the report (numbered like its ranks); peers in other reports are mapped later,
+    run-wide (the nsys parser's resolve_run)."""
+    lut = np.arange(max(r.rank for r in rs) + 1, dtype=np.int32)
+    lut[[r.rank for r in rs]] = ranks
+    for r, g in zip(rs, ranks, strict=True):
+        r.rank, r.rank_source = g, how
+        for table in (r.intervals, r.ranges):
+            inside = (table.peer >= 0) & (table.peer < len(lut))
+            table.peer[inside] = lut[table.peer[inside]]
+        for pg in r.process_groups:
+            pg.ranks = [int(lut[x]) if 0 <= x < len(lut) else x for x in pg.ranks]
 
 
 def _world_comm_ranks(files: dict[str, list[RankTimeline]], world: int) -> dict[str, list[int]]:
