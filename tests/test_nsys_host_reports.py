@@ -123,3 +123,26 @@ def test_a_communicator_between_reports_orders_them(tmp_path: Path) -> None:
         InputError, match=r"node\d\.sqlite and node\d\.sqlite disagree with their NCCL communicator"
     ):
         resolve_ranks(parsed)
+
+
+def test_communicators_between_reports_order_them_when_names_do_not(tmp_path: Path) -> None:
+    # no world communicator and names that say nothing (the second host's report sorts first): the
+    # p2p communicator between the hosts' edge ranks orders the reports, without a warning
+    run = _run()
+    d = tmp_path / "plain"
+    d.mkdir()
+    written = sorted(write_nsys(run, tmp_path / "raw", per_rank_files=False))
+    for src, name in zip(written, ("beta", "alpha"), strict=True):
+        shutil.copy(src, d / f"{name}.sqlite")
+    parsed = parse_files(find_traces([d])[0], ParseOptions(), jobs=1, progress=False)
+    for _, ranks in parsed:
+        for r in ranks:
+            r.meta["nccl_comms"] = {c: v for c, v in r.meta["nccl_comms"].items() if v["nranks"] == 2}
+    ranks, warnings = resolve_ranks(parsed)
+    assert [(r.rank, Path(r.source).name) for r in ranks] == [
+        (0, "beta.sqlite"),
+        (1, "beta.sqlite"),
+        (2, "alpha.sqlite"),
+        (3, "alpha.sqlite"),
+    ]
+    assert not any("report order" in w for w in warnings), warnings

@@ -49,8 +49,11 @@ def renumber_reports(files: dict[str, list[RankTimeline]]) -> list[str]:
     exact = _world_comm_ranks(files, world)
     warnings: list[str] = []
     named = _named_order(files)
+    chain = _comm_chain(files)
     if named is not None:
-        order, what = named
+        order, what = named  # a chain that disagrees fails _check_comm_order below
+    elif chain is not None:
+        order, what = chain, "NCCL communicators shared between the reports"
     else:
         order = sorted(files, key=lambda s: _stem(s))
         what = "report order by file name"
@@ -68,7 +71,7 @@ def renumber_reports(files: dict[str, list[RankTimeline]]) -> list[str]:
                 "or pass --stage-map",
             )
         new[src], how[src] = ranks, f"NCCL communicator of all {world} ranks"
-    if named is None and len(exact) < len(files):
+    if named is None and chain is None and len(exact) < len(files):
         shown = ", ".join(f"{Path(s).name}: {len(files[s])} ranks" for s in order[:8] if s not in exact)
         warnings.append(
             f"{len(files)} reports each number their GPU processes from 0 and nothing in them or their "
@@ -139,6 +142,34 @@ def _named_order(files: dict[str, list[RankTimeline]]) -> tuple[list[str], str] 
     if values == list(range(len(order))):
         return order, "node number in the file name"
     return None
+
+
+def _comm_chain(files: dict[str, list[RankTimeline]]) -> list[str] | None:
+    """The reports' order from the communicators they share: a communicator numbers its members in
+    global-rank order, so where its rank k is in one report and rank k+1 in another, the first
+    report comes before the second. None unless those links put every report in one chain."""
+    members: dict[str, list[tuple[int, str]]] = {}
+    for src, rs in files.items():
+        for r in rs:
+            for comm, info in (r.meta.get("nccl_comms") or {}).items():
+                members.setdefault(comm, []).append((int(info["rank"]), src))
+    after: dict[str, set[str]] = {src: set() for src in files}
+    for ms in members.values():
+        ms.sort()
+        for (_, a), (_, b) in itertools.pairwise(ms):
+            if a != b:
+                after[a].add(b)
+    before = {src: sum(src in nxt for nxt in after.values()) for src in files}
+    order: list[str] = []
+    ready = [src for src, n in before.items() if n == 0]
+    while len(ready) == 1:  # a unique topological order: one report is ready at every step
+        src = ready.pop()
+        order.append(src)
+        for nxt in after[src]:
+            before[nxt] -= 1
+            if before[nxt] == 0:
+                ready.append(nxt)
+    return order if len(order) == len(files) else None
 
 
 def _check_comm_order(files: dict[str, list[RankTimeline]]) -> None:
