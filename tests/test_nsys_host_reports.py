@@ -146,3 +146,16 @@ def test_communicators_between_reports_order_them_when_names_do_not(tmp_path: Pa
         (3, "alpha.sqlite"),
     ]
     assert not any("report order" in w for w in warnings), warnings
+
+
+def test_a_host_with_one_gpu_joins_the_others(tmp_path: Path) -> None:
+    # 3 stages on 2 GPUs a node: node01's report holds one process with no rank of its own
+    run = make_scenario(schedule="1f1b", pp=3, microbatches=6, steps=2, gpus_per_node=2, seed=3)
+    written = write_nsys(run, tmp_path / "hosts", per_rank_files=False, comm_init=False)
+    assert sorted(p.name for p in written) == ["report_node00.sqlite", "report_node01.sqlite"]
+    loaded = load_run([tmp_path / "hosts"], progress=False, jobs=1)
+    assert [(r.rank, Path(r.source).name) for r in loaded.ranks] == [
+        (0, "report_node00.sqlite"),
+        (1, "report_node00.sqlite"),
+        (2, "report_node01.sqlite"),
+    ]

@@ -33,11 +33,14 @@ def _stem(source: str) -> str:
 
 
 def needs_renumbering(files: dict[str, list[RankTimeline]]) -> bool:
-    """Several reports, every one numbered by GPU order within itself, whose numbers collide."""
-    if len(files) < 2 or not all(all(ORDER_MARK in r.rank_source for r in rs) for rs in files.values()):
+    """Several reports numbered by GPU order within themselves, whose numbers collide. A report of
+    one GPU process without a rank of its own (a host with one GPU among them) joins them."""
+    if len(files) < 2 or not any(ORDER_MARK in rs[0].rank_source for rs in files.values()):
+        return False
+    if not all(ORDER_MARK in r.rank_source or r.rank < 0 for rs in files.values() for r in rs):
         return False
     numbers = [r.rank for rs in files.values() for r in rs]
-    return len(set(numbers)) < len(numbers)
+    return min(numbers) < 0 or len(set(numbers)) < len(numbers)
 
 
 def renumber_reports(files: dict[str, list[RankTimeline]]) -> list[str]:
@@ -89,8 +92,9 @@ def _renumber(rs: list[RankTimeline], ranks: list[int], how: str) -> None:
     """New numbers for one report's ranks, and for the peers and process-group members its parser
     mapped within the report (numbered like its ranks); peers in other reports are mapped later,
     run-wide (the nsys parser's resolve_run)."""
-    lut = np.arange(max(r.rank for r in rs) + 1, dtype=np.int32)
-    lut[[r.rank for r in rs]] = ranks
+    lut = np.arange(max(r.rank for r in rs) + 1, dtype=np.int32)  # empty for an unranked process
+    known = [(r.rank, g) for r, g in zip(rs, ranks, strict=True) if r.rank >= 0]
+    lut[[o for o, _ in known]] = [g for _, g in known]
     for r, g in zip(rs, ranks, strict=True):
         r.rank, r.rank_source = g, how
         for table in (r.intervals, r.ranges):
