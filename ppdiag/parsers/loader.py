@@ -27,6 +27,7 @@ from ppdiag.parsers.detect import (
     sniffs,
 )
 from ppdiag.parsers.pool import parse_files, parse_one
+from ppdiag.parsers.report_ranks import needs_renumbering, renumber_reports
 
 # ppdiag's own outputs that a run directory may hold next to the traces (demo runs, CI jobs)
 OWN_OUTPUTS = ("groundtruth.json", "report.json", "summary.md", "report.html")
@@ -223,6 +224,10 @@ def resolve_ranks(parsed: list[tuple[TraceFile, list[RankTimeline]]]) -> tuple[l
     """Give every rank its number; duplicates and unranked files of multi-file runs are errors."""
     ranks: list[RankTimeline] = [r for _, rs in parsed for r in rs]
     warnings: list[str] = []
+    by_file = {str(tf.path): list(rs) for tf, rs in parsed if rs}
+    if needs_renumbering(by_file):
+        # one report per host, each numbering its processes from 0 (nsys)
+        warnings.extend(renumber_reports(by_file))
     unranked = [r for r in ranks if r.rank < 0]
     if unranked:
         if len(ranks) == 1:

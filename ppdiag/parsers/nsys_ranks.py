@@ -27,6 +27,9 @@ LOCAL_RANK_VARS = (
 )
 WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "SLURM_NPROCS")
 NODE_VARS = ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID")
+# in the rank source of processes numbered by GPU order within their report (renumbered run-wide
+# when several reports do so: ppdiag.parsers.report_ranks)
+ORDER_MARK = "in one report"
 
 _ENV_ROW = re.compile(r"PROCESS_(\d+):ENVIRONMENT_VARIABLE")
 _PID_ROW = re.compile(r"PROCESS_(\d+):PID")
@@ -162,7 +165,7 @@ def _by_order(
         label = f"{proc_names.get(p, 'process')} pid {p}"
         out[p] = RankDecision(
             r,
-            f"{how} in one report{base_note}",
+            f"{how} {ORDER_MARK}{base_note}",
             warning=(
                 f"{len(pids)} GPU processes in one report; {label} taken as rank {r} by "
                 f"{how}{base_note} (no rank field exists for this case; pass --stage-map if wrong)"
