@@ -365,6 +365,12 @@ def test_injected_fault_is_the_top_finding(runs: Runs, name: str) -> None:
     for f in findings[1:]:
         if f.cause is None or f.severity in ("low", "info") or f.code in expected:
             continue
+        if name == "slow" and f.code == "PP001":
+            # a slow stage lengthens the fill and drain by its extra cost on every other stage, so
+            # more micro-batches win more than on a balanced run: PP001's fix gain grows with the
+            # fault (a 6x re-recording measured 57.9 ms, 3.1 % of the step beyond its noise, just
+            # over medium) while PP003 stays first, which the assertion above holds
+            continue
         # The demo delays a rank's sends from a helper thread while its main thread waits for them
         # in Python: the CPU trace shows that wait as the delayed rank's own late launches.
         delayed = [x["rank"] for x in truth["faults"] if x["kind"] == "comm_delay"]
