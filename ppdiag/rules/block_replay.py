@@ -247,7 +247,9 @@ class ReplayPlan:
         if free.size:
             u, inv = np.unique(st, return_inverse=True)
             m = np.full(u.size, 0.0)
-            np.maximum.at(m, inv, free)
+            # a step whose order cannot be satisfied has NaN ends: it is reported as NaN below
+            with np.errstate(invalid="ignore"):
+                np.maximum.at(m, inv, free)
             out.update(zip(u.tolist(), m.tolist(), strict=True))
         for s in self.nan_steps:
             out[s] = float("nan")
