@@ -12,12 +12,11 @@ An earlier build read the call as part of the wait: 590 µs of ``comm_wait`` on 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from handbuilt_blocks import blocks_us as _blocks
 
 from ppdiag.attribution.causes import attribute, rank_step
 from ppdiag.model import Direction, Intervals, Kind, Phase, RangeKind, Ranges, RankTimeline
-from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.clocks import p2p_ops
 
 US = 1000
@@ -56,22 +55,6 @@ def _tl(rank: int, ops: list[Row], spans: list[Row]) -> RankTimeline:
         },
     )
     return RankTimeline(rank, f"rank{rank}", "kineto", list(NAMES), iv, rg, world_size=2, cpu_only=True)
-
-
-def _blocks(rows: list[tuple[int, int, int, int, int]]) -> Blocks:
-    """(start µs, end µs, phase, micro-batch, stage); busy = the whole span."""
-    a = np.array(rows, dtype=np.int64).reshape(-1, 5)
-    return Blocks(
-        np.zeros(len(a), np.int32),
-        a[:, 0] * US,
-        a[:, 1] * US,
-        (a[:, 1] - a[:, 0]) * US,
-        np.full(len(a), -1, np.int64),
-        a[:, 2].astype(np.int8),
-        a[:, 3].astype(np.int32),
-        a[:, 4].astype(np.int32),
-        True,
-    )
 
 
 C, P = Kind.COMPUTE, Kind.P2P

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
+from handbuilt_blocks import blocks_us as _blocks
 
 from ppdiag.attribution.causes import attribute, rank_step
 from ppdiag.model import Direction, Intervals, Kind, Phase, Ranges, RankTimeline
-from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.clocks import P2POps
 
 US = 1000
@@ -54,22 +53,6 @@ def _tl(rank: int, ops: list[Op]) -> RankTimeline:
         },
     )
     return RankTimeline(rank, f"rank{rank}", "kineto", [""], iv, Ranges.empty(), world_size=None)
-
-
-def _blocks(rows: list[tuple[int, int, int, int, int]]) -> Blocks:
-    """(start µs, end µs, phase, micro-batch, stage); busy = the whole span."""
-    a = np.array(rows, dtype=np.int64).reshape(-1, 5)
-    return Blocks(
-        np.zeros(len(a), np.int32),
-        a[:, 0] * US,
-        a[:, 1] * US,
-        (a[:, 1] - a[:, 0]) * US,
-        np.full(len(a), -1, np.int64),
-        a[:, 2].astype(np.int8),
-        a[:, 3].astype(np.int32),
-        a[:, 4].astype(np.int32),
-        True,
-    )
 
 
 def _causes(
