@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.analysis import context_of
+from ppdiag.model.rank_ranges import consecutive_runs
 from ppdiag.reports.html_blocks import (
     Blocks,
     Level,
@@ -455,12 +456,4 @@ def _path_pieces(
 
 def ranges_text(nums: list[int]) -> str:
     """``[1, 2, 3, 7]`` → ``"1–3, 7"``."""
-    out: list[str] = []
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(f"{nums[i]}" if i == j else f"{nums[i]}–{nums[j]}")
-        i = j + 1
-    return ", ".join(out)
+    return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in consecutive_runs(nums))

@@ -23,6 +23,7 @@ from rich.text import Text
 
 from ppdiag.facts import report_slowest_stage, share_of
 from ppdiag.io import md_marker
+from ppdiag.model.rank_ranges import consecutive_runs
 from ppdiag.report_types import Cause, Dist, FindingRow, Report
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean_report
@@ -87,13 +88,8 @@ def _rank_list(ranks: list[int]) -> str:
     """Ranks as "0-7" for a run of three or more, ", " between parts: a narrow column wraps between
     ranks, never inside one ("16,17,18,19,20,2" / "1,22,23")."""
     parts: list[str] = []
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts += [f"{ranks[i]}-{ranks[j]}"] if j - i >= 2 else [str(r) for r in ranks[i : j + 1]]
-        i = j + 1
+    for a, b in consecutive_runs(ranks):
+        parts += [f"{a}-{b}"] if b - a >= 2 else [str(r) for r in range(a, b + 1)]
     return ", ".join(parts)
 
 
