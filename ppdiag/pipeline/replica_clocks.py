@@ -42,7 +42,9 @@ def _components(ranks: list[int], pairs: Pairs, run: Run) -> dict[int, int]:
             x = parent[x]
         return x
 
-    links = {(int(a), int(b)) for a, b in zip(pairs.src.tolist(), pairs.dst.tolist(), strict=True)}
+    # the distinct rank pairs of the matched transfers (one per link, not one per transfer)
+    uniq = np.unique(np.stack([np.asarray(pairs.src, np.int64), np.asarray(pairs.dst, np.int64)], 1), axis=0)
+    links = {(int(a), int(b)) for a, b in uniq.tolist()}
     links |= {(a, b) for a, b, _, _ in collective_rows(run)}
     for a, b in links:
         if a in parent and b in parent:
