@@ -4,7 +4,9 @@ the lost time with host evidence (what the replay and the causes read of a rank 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -35,30 +37,39 @@ class RankStep:
     p2p_host: ivs.ISet = field(default_factory=ivs.empty)
 
 
-# per timeline: its launched kernels sorted by start (own clock), built once instead of per step;
-# the entry keeps the intervals object it was built from, so a reused id() never matches
-_LAUNCHED: dict[int, tuple[object, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
-_LAUNCHED_MAX = 256
+_T = TypeVar("_T")
+# per timeline, what a step reads of its whole timeline (own clock), built once instead of per
+# step; an entry keeps the intervals object it was built from, so a reused id() never matches
+_PER_TIMELINE: dict[tuple[str, int], tuple[object, Any]] = {}
+_PER_TIMELINE_MAX = 512
+
+
+def _per_timeline(what: str, tl: RankTimeline, build: Callable[[RankTimeline], _T]) -> _T:
+    """``build(tl)``, computed once per timeline (its intervals object) and kind of ``what``."""
+    iv = tl.intervals
+    hit = _PER_TIMELINE.get((what, id(iv)))
+    if hit is not None and hit[0] is iv:
+        value: _T = hit[1]
+        return value
+    value = build(tl)
+    if len(_PER_TIMELINE) >= _PER_TIMELINE_MAX:
+        _PER_TIMELINE.clear()
+    _PER_TIMELINE[(what, id(iv))] = (iv, value)
+    return value
 
 
 def _launched(tl: RankTimeline) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Start and launch time of the rank's launched kernels and copies, sorted by start."""
+    return _per_timeline("launched", tl, _launched_of)
+
+
+def _launched_of(tl: RankTimeline) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     iv = tl.intervals
-    hit = _LAUNCHED.get(id(iv))
-    if hit is not None and hit[0] is iv:
-        return hit[1], hit[2]
     busy = np.isin(iv.kind, (int(Kind.COMPUTE), int(Kind.MEMCPY), int(Kind.MEMSET))) & (iv.launch >= 0)
     st = iv.start[busy]
     la = iv.launch[busy]
     order = np.argsort(st, kind="stable")
-    if len(_LAUNCHED) >= _LAUNCHED_MAX:
-        _LAUNCHED.clear()
-    _LAUNCHED[id(iv)] = (iv, st[order], la[order])
     return st[order], la[order]
-
-
-# per timeline: its p2p posting calls (own clock), built once, kept with the intervals object
-_POSTING: dict[int, tuple[object, ivs.ISet]] = {}
 
 
 def _posting_calls(tl: RankTimeline) -> ivs.ISet:
@@ -69,10 +80,11 @@ def _posting_calls(tl: RankTimeline) -> ivs.ISet:
     and its time (stretched when the process is descheduled inside it) is the rank's own host
     time. The wait is the ``gloo:*`` span's blocked tail that follows. A call that holds its span
     to the end blocked inside it, and stays a wait."""
+    return _per_timeline("posting", tl, _posting_of)
+
+
+def _posting_of(tl: RankTimeline) -> ivs.ISet:
     iv = tl.intervals
-    hit = _POSTING.get(id(iv))
-    if hit is not None and hit[0] is iv:
-        return hit[1]
     out = ivs.empty()
     rg = tl.ranges
     m = np.flatnonzero(iv.kind == int(Kind.P2P))
@@ -92,9 +104,6 @@ def _posting_calls(tl: RankTimeline) -> ivs.ISet:
             inside = (j < sp_s.size) & (sp_s[jj] <= iv.end[ops])
             posting = ops[inside & (sp_e[jj] > iv.end[ops])]
             out = ivs.union(iv.start[posting], iv.end[posting])
-    if len(_POSTING) >= _LAUNCHED_MAX:
-        _POSTING.clear()
-    _POSTING[id(iv)] = (iv, out)
     return out
 
 
