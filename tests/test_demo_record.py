@@ -486,15 +486,68 @@ def test_slow_link_delays_the_ranks_sends_by_the_injected_time(recorded: Callabl
     # (a loaded 2-core host can deschedule a sender for a few ms now and then: most sends, not
     # every one, leave at once, while every send of the slow rank is held >= 0.98 D above)
     assert np.mean(post - req < 0.5 * min(holds)) >= 0.75
-    # the slow rank's trace still shows every send it made, with its peer
+    # the slow rank's trace shows every send it made, with its peer, as torch records a gloo send
     doc = load_trace(truth.trace_path(slow))
-    cs, ce, cevs = ops(doc, main_only=False, names=("c10d::send",))
+    _check_sends_recorded_as_torch_does(doc, truth, slow)
+
+
+def _check_sends_recorded_as_torch_does(doc: dict[str, Any], truth: GroundTruth, slow: int) -> None:
+    """Each send of the delayed rank is a ``c10d::send`` CPU op on the main thread at its issue,
+    with its peer, opening a ``gloo:send`` span that ends when the wait on the send returns (the
+    tail that covers a main thread blocked on its slow send); no other thread has an event, and no
+    annotation carries an op's name."""
+    cs, ce, cevs = ops(doc, names=("c10d::send",))
     rt = truth.rank(slow)
     sends = rt.mask("send")
     inside = in_windows(cs, ce, truth, slow)
     assert int(inside.sum()) == int(sends.sum())
-    peers = sorted(int(e["args"]["Concrete Inputs"][2]) for e, ok in zip(cevs, inside, strict=True) if ok)
-    assert peers == sorted(int(p) for p in rt.cols["peer"][sends])
+    if truth.header["config"]["record_shapes"]:  # the peers are op inputs
+        peers = sorted(int(e["args"]["Concrete Inputs"][2]) for e, ok in zip(cevs, inside, strict=True) if ok)
+        assert peers == sorted(int(p) for p in rt.cols["peer"][sends])
+    timed = [e for e in doc["traceEvents"] if e.get("ph") == "X" and isinstance(e.get("pid"), int)]
+    assert all(e["tid"] == e["pid"] for e in timed)
+    assert not ops(doc, names=("c10d::send",), cat="user_annotation")[2]
+    gs, ge, _ = ops(doc, names=("gloo:send",), cat="user_annotation")
+    order = np.argsort(cs)
+    cs, ce = cs[order], ce[order]
+    k = np.searchsorted(cs, gs, side="right") - 1
+    assert np.all(k >= 0) and np.all(gs <= ce[k])
+    ge = np.sort(ge)
+    w = rt.mask("wait") & (rt.cols["direction"] == "send")
+    ws, we = rt.cols["start_ns"][w], rt.cols["end_ns"][w]
+    j = np.minimum(np.searchsorted(ge, ws - CLOCK_SLACK_NS), len(ge) - 1)
+    assert np.all(ge[j] >= ws - CLOCK_SLACK_NS) and np.all(ge[j] <= we + CLOCK_SLACK_NS)
+
+
+def test_a_synchronous_slow_link_blocks_each_send_call(recorded: Callable[..., GroundTruth]) -> None:
+    delay, slow = 10.0, 1
+    truth = recorded(
+        "comm_delay_sync",
+        delay_support(0.0),
+        **COMMON,
+        schedule="1f1b",
+        microbatches=8,
+        comm_delay_ms=delay,
+        comm_delay_rank=slow,
+        comm_delay_sync=True,
+    )
+    assert truth.faults[0]["sync"] is True
+    rt = truth.rank(slow)
+    sends = rt.mask("send")
+    # what the run measured: each send of the slow rank left D or more after its request
+    hold = rt.cols["end_ns"][sends] - rt.cols["start_ns"][sends]
+    assert np.all(hold >= 0.98 * delay * MS)
+    doc = load_trace(truth.trace_path(slow))
+    _check_sends_recorded_as_torch_does(doc, truth, slow)
+    # the send call itself held the main thread: the slow rank's c10d::send ops last the hold
+    # (a sleep never ends early), the other ranks' a small part of it
+    cs, ce, _ = ops(doc, names=("c10d::send",))
+    inside = in_windows(cs, ce, truth, slow)
+    assert np.all((ce - cs)[inside] >= 0.98 * delay * MS)
+    for r in range(truth.pp):
+        if r != slow:
+            os_, oe, _ = ops(load_trace(truth.trace_path(r)), names=("c10d::send",))
+            assert float(np.median(oe - os_)) < 0.25 * float(np.median(hold)), r
 
 
 def test_host_stall_leaves_op_free_gaps_before_each_forward(recorded: Callable[..., GroundTruth]) -> None:

@@ -85,6 +85,8 @@ def test_faults_are_listed_with_their_ranks() -> None:
     kinds = {f["kind"]: f for f in cfg.faults()}
     assert kinds["slow_stage"] == {"kind": "slow_stage", "stage": 6, "rank": 1, "factor": 2.0}
     assert kinds["comm_delay"]["peers"] == [0, 2]
+    assert kinds["comm_delay"]["sync"] is False
+    assert DemoConfig(comm_delay_ms=5, comm_delay_rank=1, comm_delay_sync=True).faults()[0]["sync"] is True
     assert kinds["host_stall"]["rank"] == 2
     assert DemoConfig().faults() == []
     # a factor of 1 or a zero delay is no fault

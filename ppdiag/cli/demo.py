@@ -117,6 +117,14 @@ _CommDelay = Annotated[
     float, typer.Option("--comm-delay-ms", help="Delay of the sends of --comm-delay-rank (slow link).")
 ]
 _CommRank = Annotated[int | None, typer.Option("--comm-delay-rank")]
+_CommSync = Annotated[
+    bool,
+    typer.Option(
+        "--comm-delay-sync",
+        help="Hold each delayed send in the send call itself (the rank blocks until its data leaves); "
+        "default: the sends leave late while the rank computes on.",
+    ),
+]
 _HostStall = Annotated[
     float, typer.Option("--host-stall-ms", help="Host work before each micro-batch on --host-stall-rank.")
 ]
@@ -242,6 +250,7 @@ def demo(
     slow_factor: _SlowFactor = 2.0,
     comm_delay_ms: _CommDelay = 0.0,
     comm_delay_rank: _CommRank = None,
+    comm_delay_sync: _CommSync = False,
     host_stall_ms: _HostStall = 0.0,
     host_stall_rank: _HostRank = None,
     out: _Out = Path("ppdiag-demo"),
@@ -267,6 +276,8 @@ def demo(
         check_flags(
             slow_stage, slow_factor, comm_delay_ms, comm_delay_rank, host_stall_ms, host_stall_rank, pp
         )
+        if comm_delay_sync and not comm_delay_ms:
+            raise InputError(None, "--comm-delay-sync needs --comm-delay-ms (how long each send is held)")
         cfg = DemoConfig(
             schedule=schedule,
             pp=pp,
@@ -279,6 +290,7 @@ def demo(
             slow_factor=slow_factor if slow_stage is not None else 1.0,
             comm_delay_ms=comm_delay_ms,
             comm_delay_rank=comm_delay_rank,
+            comm_delay_sync=comm_delay_sync,
             host_stall_ms=host_stall_ms,
             host_stall_rank=host_stall_rank,
             timeout_s=timeout,

@@ -66,7 +66,8 @@ class DemoConfig:
     split by measured cost can be recorded and compared with a split by layer count.
 
     Faults: ``slow_stage`` runs ``slow_factor``× the work of the others; ``comm_delay_rank``'s sends
-    reach their peers ``comm_delay_ms`` late (its own compute is not blocked); ``host_stall_rank``
+    reach their peers ``comm_delay_ms`` late (its own compute is not blocked; with
+    ``comm_delay_sync`` each send call blocks the rank until its data leaves); ``host_stall_rank``
     stalls the host for ``host_stall_ms`` with no work before each micro-batch forward. Faults act on
     every step after the first one (which initialises the pipeline).
     """
@@ -88,6 +89,7 @@ class DemoConfig:
     slow_factor: float = 1.0
     comm_delay_ms: float = 0.0
     comm_delay_rank: int | None = None
+    comm_delay_sync: bool = False
     host_stall_ms: float = 0.0
     host_stall_rank: int | None = None
     timeout_s: float = 120.0
@@ -177,6 +179,7 @@ class DemoConfig:
                     "kind": "comm_delay",
                     "rank": self.comm_delay_rank,
                     "delay_ms": self.comm_delay_ms,
+                    "sync": self.comm_delay_sync,
                     "peers": self.neighbours(self.comm_delay_rank),
                 }
             )

@@ -4,13 +4,24 @@
 
 Slow link
     Every send of the delayed rank is handed to one background thread that posts it to gloo
-    ``delay`` later, so the data reaches the peer late while the rank's own compute goes on. The
-    work object the schedule gets back waits for the deferred post, then for the transfer. One FIFO
-    thread keeps sends to a peer in issue order, which gloo needs to match them with receives.
-    The profiler records the deferred ``c10d::send`` on that thread (``profile_all_threads``), not
-    on the main thread. The main thread's wait for its own deferred send is recorded as a
-    ``c10d::send`` operation too, so the trace shows that time as the rank's communication (the
-    slow link), not as an event-less stretch that reads as a host stall.
+    ``delay`` later, so the data reaches the peer late. One FIFO thread keeps sends to a peer in
+    issue order, which gloo needs to match them with receives. The work object the schedule gets
+    back waits for the deferred post, then for the transfer.
+
+    The trace records the send as torch records a gloo send whose transfer is slow, on the main
+    thread: a ``c10d::send`` CPU op at the issue (with its inputs, tensor list, group, peer and
+    tag, under ``record_shapes``), and a ``gloo:send`` annotation opened at the end of that op and
+    closed when the wait on the send returns (torch's gloo work opens its ``gloo:send`` range
+    after posting and ends it in ``wait()``). A main thread blocked on its slow send is thus
+    covered by the tail of a ``gloo:send`` span, as in a real run. The background thread is not
+    profiled (the profiler's default: its thread only), so its real post leaves no event that no
+    real run has. The synthesized ``gloo:send`` carries no input shapes, which torch's records
+    under ``record_shapes``; the ``c10d::send`` that opens it has them.
+
+    *Asynchronous* hold (the default): the issue returns at once and the rank computes on; its
+    sends leave ``delay`` after issue. *Synchronous* hold (``comm_delay_sync``): the send call
+    itself blocks the main thread until the data leaves, as a post the transport does not accept
+    at once would: the ``c10d::send`` op lasts the hold and its ``gloo:send`` opens after it.
 Host stall
     Before each micro-batch forward the stalled rank sleeps ``stall`` with no operator running,
     like a slow data loader or a host synchronisation would.
@@ -27,51 +38,86 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
-import torch.profiler
 
 from ppdiag.demo.config import DemoConfig
+
+#: A CPU op recorded from Python (torch records it as ``cpu_op``, with its inputs under record_shapes).
+_CpuOp = torch._C._profiler._RecordFunctionFast
+
+
+def _open_span(name: str) -> Any:
+    """Open a user annotation that a later :func:`_close_span` ends, not nested in a ``with``."""
+    return torch.ops.profiler._record_function_enter_new(name, None)
+
+
+def _close_span(handle: Any) -> None:
+    torch.ops.profiler._record_function_exit._RecordFunction(handle)
 
 
 class DeferredSend:
     """A send posted later by :class:`DelayedSender`; ``wait()`` waits for the post, then the transfer."""
 
-    __slots__ = ("_error", "_event", "due_ns", "op", "posted_ns", "work")
+    __slots__ = ("_error", "_event", "due_ns", "op", "posted_ns", "span", "work")
 
     def __init__(self, op: Any, due_ns: int) -> None:
         self.op = op
         self.due_ns = due_ns
         self.work: Any = None
         self.posted_ns = -1
+        self.span: Any = None
         self._error: BaseException | None = None
         self._event = threading.Event()
 
+    def wait_posted(self) -> None:
+        """Block until the sender thread has posted this send (or failed to)."""
+        # The sender thread posts after a bounded delay; a missing post means it died.
+        if not self._event.wait(timeout=600.0):
+            raise RuntimeError("delayed send was never posted (sender thread stopped)")
+        if self._error is not None:
+            raise RuntimeError(f"delayed send failed: {self._error}") from self._error
+
     def wait(self, timeout: Any = None) -> bool:
-        # The main thread is held by its own send here: recorded as a send operation so that the
-        # trace shows the time as communication (the slow link), not as a host stall.
-        with torch.profiler.record_function("c10d::send"):
-            # The sender thread posts after a bounded delay; a missing post means it died.
-            if not self._event.wait(timeout=600.0):
-                raise RuntimeError("delayed send was never posted (sender thread stopped)")
-            if self._error is not None:
-                raise RuntimeError(f"delayed send failed: {self._error}") from self._error
+        try:
+            self.wait_posted()
             return bool(self.work.wait())
+        finally:
+            # torch's gloo work ends its gloo:send range when its wait returns
+            if self.span is not None:
+                span, self.span = self.span, None
+                _close_span(span)
 
     def is_completed(self) -> bool:
         return self._event.is_set() and self.work is not None and bool(self.work.is_completed())
 
 
 class DelayedSender:
-    """Posts sends ``delay_ns`` after they were issued, in issue order, from one background thread."""
+    """Posts sends ``delay_ns`` after they were issued, in issue order, from one background thread.
 
-    def __init__(self, delay_ns: int, post: Callable[[Any], Any]) -> None:
+    ``sync``: the issue itself blocks until the send is posted (see the module docstring).
+    """
+
+    def __init__(self, delay_ns: int, post: Callable[[Any], Any], sync: bool = False) -> None:
         self.delay_ns = delay_ns
+        self.sync = sync
         self._post = post
         self._queue: collections.deque[DeferredSend] = collections.deque()
         self._cv = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="ppdiag-delayed-send", daemon=True)
         self._thread.start()
+
+    def issue(self, op: Any) -> DeferredSend:
+        """Issue one send on the calling (main) thread, recorded as torch records a gloo send."""
+        # c10d::send(Tensor[] tensors, ProcessGroup pg, int dstRank, int tag): the group is
+        # recorded as an empty input, the peer as its rank in the group
+        with _CpuOp("c10d::send", [[op.tensor], None, int(op.group_peer), int(op.tag)]):
+            d = self.submit(op)
+            if self.sync:
+                d.wait_posted()
+            d.span = _open_span("gloo:send")
+        return d
 
     def submit(self, op: Any) -> DeferredSend:
         d = DeferredSend(op, time.monotonic_ns() + self.delay_ns)
@@ -132,7 +178,7 @@ class RankFaults:
             # The sender thread needs the GIL to post; the default 5 ms switch interval would let
             # the main thread's Python work add up to 5 ms to each injected delay.
             sys.setswitchinterval(0.0005)
-            self.sender = DelayedSender(delay_ns, post_send)
+            self.sender = DelayedSender(delay_ns, post_send, sync=cfg.comm_delay_sync)
 
     @property
     def delays_sends(self) -> bool:

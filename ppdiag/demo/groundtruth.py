@@ -22,7 +22,7 @@ Schema (``schema_version`` 1)::
       "stage_costs_ms": [{"fwd": 4.0, "bwd": 8.0, "bwd_input": 4.0, "wgrad": 4.0}, ...],
                                           # nominal per micro-batch (sleep mode), null in real mode
       "faults": [{"kind": "slow_stage", "stage": 2, "rank": 2, "factor": 2.0},
-                 {"kind": "comm_delay", "rank": 1, "delay_ms": 10.0, "peers": [0, 2]},
+                 {"kind": "comm_delay", "rank": 1, "delay_ms": 10.0, "sync": false, "peers": [0, 2]},
                  {"kind": "host_stall", "rank": 3, "stall_ms": 10.0}],
       "steps": [2, 3, 4],                 # recorded iterations, = N of ProfilerStep#N
       "ranks": [

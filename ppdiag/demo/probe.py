@@ -202,7 +202,7 @@ class Probe:
             out = []
             for op in p2p_ops:
                 if op.op is dist.isend:
-                    out.append(TaggedWork(self, sender.submit(op), op, now, -1))
+                    out.append(TaggedWork(self, sender.issue(op), op, now, -1))
                 else:
                     w = orig_batch([op], desc)[0]
                     out.append(TaggedWork(self, w, op, now, time.time_ns()))

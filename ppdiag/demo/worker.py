@@ -201,8 +201,6 @@ def _train(
     cfg: DemoConfig, rank: int, pipe: _Pipeline, faults: Any, trace_path: Path, chan: Channel
 ) -> list[tuple[int, int, int]]:
     """Every iteration under the profiler; returns (iteration, start ns, end ns) of the recorded ones."""
-    import torch
-
     from ppdiag.demo.model import start_step
     from ppdiag.recording import profiler
 
@@ -217,8 +215,6 @@ def _train(
         rank=rank,
         cuda=False,
         record_shapes=cfg.record_shapes,
-        # the deferred c10d::send of a slow link runs on its own thread (ppdiag/demo/faults.py)
-        experimental_config=torch._C._profiler._ExperimentalConfig(profile_all_threads=True),
     )
     with prof:
         for it in range(cfg.total_iterations):
