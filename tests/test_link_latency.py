@@ -7,10 +7,14 @@ than the run's other links by more than the noise.
 
 from __future__ import annotations
 
+from handbuilt_blocks import blocks_us
+from test_causes_cpu_posting import C, P, _tl
 from test_causes_handbuilt import RECV, SEND, B, F, Op, _causes, _check
 
+from ppdiag.attribution.causes import attribute, rank_step
 from ppdiag.attribution.link_latency import LinkLatencies, link_latencies
-from ppdiag.model import Kind
+from ppdiag.model import Direction, Kind
+from ppdiag.pipeline.clocks import p2p_ops
 
 US = 1000
 
@@ -146,3 +150,69 @@ def test_a_links_normal_time_is_bubble_and_only_the_excess_is_comm_wait() -> Non
     got = _causes(run, 10300)
     for r in (0, 1):
         _check(got[r], {"bubble": 3200, "comm_wait": 1000, "exposed_comm": 100})
+
+
+def test_a_link_is_as_late_as_the_transfers_its_consumer_waited_through_whole() -> None:
+    # GPipe behind a held link: 0->1 takes 10 ms per transfer, but once the consumer runs that
+    # late itself it is only ready after each later transfer has arrived, and those waits time
+    # what is left of the transfer: ~100 µs. Per step (3 steps) 8 transfers: the first one the
+    # consumer waited through whole (10 000 µs), 7 it came to late (100 µs). 1->0 carries 24
+    # transfers of 100 µs, all waited through whole. Fault-free latency 100 µs.
+    slow = [(0, 1, 10_000 * US, 10_000 * US)] + [(0, 1, 100 * US, 0)] * 7
+    whole = [True] + [False] * 7
+    waits = slow * 3 + _waits((1, 0), [100] * 24)
+    flags = whole * 3 + [True] * 24
+    ll = link_latencies(waits, flags)
+    # 0->1 is as late as its 3 transfers timed whole: 9900 µs each, no spread
+    assert ll.links[(0, 1)].late_ns == 9900 * US and ll.links[(1, 0)].late_ns == 0.0
+    assert ll.slow() == {(0, 1): 9900.0 * US}
+    # without the flags every transfer counts alike: the 3 long ones are the longest fifth of 24,
+    # left out as a loaded host's, and the held link reads as on time
+    assert link_latencies(waits).slow() == {}
+    # one transfer timed whole (< MIN_WHOLE) is no lateness of its own: all of them count
+    assert link_latencies(slow + _waits((1, 0), [100] * 8), whole + [True] * 8).slow() == {}
+
+
+def test_the_replay_tells_which_waits_timed_the_whole_transfer() -> None:
+    # Two-stage GPipe, M = 3, forward only, F = 1000 µs, on gloo (host ops, one clock, µs). Stage
+    # 0 issues each send as its block ends (calls 1000-1050, 2050-2100, 3100-3150) and the link
+    # delivers 5000 µs later; it waits for its sends (gloo:send tail) to 8130, then an all-reduce.
+    # Stage 1 posts its first receive at 0-50 and waits (tail 50-6010) through the whole of the
+    # first transfer; it is then 5000 µs behind, and each later receive (posted at 7010 and 8070,
+    # after the data arrived at 7050 and 8100) waits 10 µs. The first wait timed the whole
+    # transfer (6010 - 1040 = 4970 µs from the issue, where its gloo:send span opens), the other
+    # two only their 10 µs remainder.
+    send, recv = int(Direction.SEND), int(Direction.RECV)
+    r0 = [
+        (0, 1000, C, 5, -1, 0),
+        (1000, 1050, P, 1, 1, send),
+        (1050, 2050, C, 5, -1, 0),
+        (2050, 2100, P, 1, 1, send),
+        (2100, 3100, C, 5, -1, 0),
+        (3100, 3150, P, 1, 1, send),
+        (3150, 8130, P, 3, 1, send),
+        (8130, 9230, Kind.COLLECTIVE, 0, -1, 0),
+    ]
+    r0_spans = [(1040, 8130, P, 3, 1, send), (2090, 8130, P, 3, 1, send), (3140, 8130, P, 3, 1, send)]
+    r1 = [
+        (0, 50, P, 2, 0, recv),
+        (50, 6010, P, 4, 0, recv),
+        (6010, 7010, C, 5, -1, 0),
+        (7010, 7060, P, 2, 0, recv),
+        (7060, 7070, P, 4, 0, recv),
+        (7070, 8070, C, 5, -1, 0),
+        (8070, 8120, P, 2, 0, recv),
+        (8120, 8130, P, 4, 0, recv),
+        (8130, 9130, C, 5, -1, 0),
+        (9130, 9230, Kind.COLLECTIVE, 0, -1, 0),
+    ]
+    r1_spans = [(10, 6010, P, 4, 0, recv), (7020, 7070, P, 4, 0, recv), (8080, 8130, P, 4, 0, recv)]
+    tls = {0: _tl(0, r0, r0_spans), 1: _tl(1, r1, r1_spans)}
+    blocks = {
+        0: [(0, 1000, F, 0, 0), (1050, 2050, F, 1, 0), (2100, 3100, F, 2, 0)],
+        1: [(6010, 7010, F, 0, 1), (7070, 8070, F, 1, 1), (8130, 9130, F, 2, 1)],
+    }
+    steps = [rank_step(tls[r], 0, 0, 0, 9230 * US, blocks_us(blocks[r])) for r in (0, 1)]
+    att = attribute(steps, tls, {r: p2p_ops(tl) for r, tl in tls.items()}, 1, True)
+    got = sorted(((p, c, t // US), w) for (p, c, t, _), w in zip(att.edges, att.edge_whole, strict=True))
+    assert got == [((0, 1, 10), False), ((0, 1, 10), False), ((0, 1, 4970), True)]

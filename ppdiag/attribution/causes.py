@@ -85,6 +85,9 @@ class Attribution:
     # per edge: how long a host-op producer issued its send after its block (0 on devices)
     edge_held: list[int] = field(default_factory=list)
     links: LinkLatencies = field(default_factory=LinkLatencies)  # each link's normal transfer time
+    # per edge: whether the consumer was waiting before the producer issued (the wait timed the
+    # whole transfer, see link_latency)
+    edge_whole: list[bool] = field(default_factory=list)
 
 
 # Variants of the replay, each removing one more kind of delay than the next (docs/json.md): the
@@ -159,6 +162,7 @@ def attribute(
     replay_steps: dict[str, float] = {}
     edges: list[tuple[int, int, int, int]] = []
     held: list[int] = []
+    whole: list[bool] = []
     lat = 0
     links = LinkLatencies()
     if pipelined and any(len(rs.blocks) for rs in steps):
@@ -190,6 +194,7 @@ def attribute(
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
         edges = rp.edge_stats()
         held = list(rp.held)
+        whole = list(rp.whole)
         notes += _replay_notes(rp, steps, v["measured"])
     else:
         waits = run_waits(steps, timelines, p2p=True)
@@ -208,7 +213,7 @@ def attribute(
             causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
     notes.extend(waits.notes)
     gaps = _paint(steps, causes)
-    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links)
+    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole)
 
 
 def _replay_notes(rp: Replay, steps: list[RankStep], measured: dict[tuple[int, int], int]) -> list[str]:

@@ -18,7 +18,11 @@ transfer time each, grouped by link and direction (producer rank -> consumer ran
   link; a slow link makes most of its own transfers late. The same number gates ``PP004`` and gives
   the late time it reports per link (lateness times the transfers). It is not capped at what the
   consumer waited: a held send that a GPipe consumer catches up with under its compute is as late
-  as one it waits for, and only the lateness tells the held link from its neighbours.
+  as one it waits for, and only the lateness tells the held link from its neighbours. It comes
+  from the transfers the consumer waited through whole (it was waiting before the producer
+  issued) when the link has :data:`MIN_WHOLE` of them: a consumer that comes to a transfer later
+  times only what is left of it, and behind a slow link it does so every time after the first
+  transfer of a GPipe phase (it runs as late as the link itself).
 
 A link is slow (``PP004``) only when its lateness stands out of the other links' (their lower
 quartile) by more than the noise: :data:`Z` standard errors of the difference, each link's from
@@ -45,6 +49,7 @@ Z = 2.0  # standard errors a link's lateness must stand out by (about 95 % one-s
 FLOOR_SHARE = 0.1  # and at least this share of the fault-free latency (exact synthetic runs)
 FLOOR_NS = 1_000  # ... and at least this (timer resolution of the inputs)
 OUTLIERS = 0.2  # the share of a link's transfers, the latest, left out of its lateness
+MIN_WHOLE = 2  # transfers timed whole that a link needs for its lateness to come from them alone
 
 
 @dataclass(frozen=True)
@@ -102,26 +107,44 @@ class LinkLatencies:
         return out
 
 
-def link_latencies(waits: Iterable[tuple[int, int, int, int]]) -> LinkLatencies:
-    """The links of the resolved waits ``(producer, consumer, transfer ns, waited ns)``."""
+def link_latencies(
+    waits: Iterable[tuple[int, int, int, int]], whole: Iterable[bool] | None = None
+) -> LinkLatencies:
+    """The links of the resolved waits ``(producer, consumer, transfer ns, waited ns)``; ``whole``
+    (per wait, optional): whether the wait timed the whole transfer (see :func:`_timed_whole`)."""
     w = np.array(list(waits), np.int64).reshape(-1, 4)
     if w.shape[0] == 0:
         return LinkLatencies()
+    wh = np.zeros(w.shape[0], bool) if whole is None else np.fromiter(whole, bool, count=w.shape[0])
     keys, inv = np.unique(w[:, :2], axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     order = np.argsort(inv, kind="stable")
     tau = w[order, 2].astype(np.float64)
+    wh = wh[order]
     bounds = np.r_[0, np.cumsum(np.bincount(inv, minlength=len(keys)))]
-    groups = [tau[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+    spans = list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+    groups = [tau[a:b] for a, b in spans]
     normal = np.array([np.quantile(g, LINK_Q, method="lower") for g in groups], np.int64)
     lat = int(np.quantile(normal, FREE_Q, method="lower"))
     links: dict[tuple[int, int], LinkLatency] = {}
-    for (a, b), g, nrm in zip(keys.tolist(), groups, normal.tolist(), strict=True):
+    for (a, b), g, (lo, hi), nrm in zip(keys.tolist(), groups, spans, normal.tolist(), strict=True):
         p10, p50 = np.percentile(g, [10, 50])
-        late, se = typical_late(np.maximum(g - lat, 0.0))
+        late, se = typical_late(np.maximum(_timed_whole(g, wh[lo:hi]) - lat, 0.0))
         spread = max(float(p50 - p10), 0.0) / 1.2816
         links[(a, b)] = LinkLatency(a, b, int(g.size), nrm, spread, late, se)
     return LinkLatencies(links, lat)
+
+
+def _timed_whole(tau: npt.NDArray[np.float64], whole: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
+    """The transfers of one link that time how late it is: those whose consumer was already
+    waiting when the producer issued (the wait spans the whole transfer), when the link has
+    :data:`MIN_WHOLE` of them; else all. A consumer that comes to the transfer later times only
+    what is left of it, down to nothing when the data was already there: behind a held link a
+    consumer runs that late itself (GPipe: after the first micro-batch of a phase it is never
+    ready before the data), and every later transfer would read as on time."""
+    if int(whole.sum()) >= MIN_WHOLE:
+        return tau[whole]
+    return tau
 
 
 def typical_late(late: npt.NDArray[np.float64]) -> tuple[float, float]:
@@ -146,6 +169,7 @@ __all__ = [
     "FLOOR_SHARE",
     "FREE_Q",
     "LINK_Q",
+    "MIN_WHOLE",
     "OUTLIERS",
     "REF_Q",
     "LinkLatencies",

@@ -108,6 +108,9 @@ class ReplayGraph:
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
         self.held: list[int] = []  # per wait: how long a host-op producer held its send after its block
+        # per wait: the consumer waited before the producer issued, so the wait timed the whole
+        # transfer (a consumer that comes later times only what is left of it)
+        self.whole: list[bool] = []
         self._mean_costs: dict[tuple[int, int, int], float] | None = None  # computed once, on demand
         labels: list[npt.NDArray[np.int64]] = []  # per step: the labelled blocks (see _label_pairs)
         pending: list[_Pending] = []
@@ -128,7 +131,7 @@ class ReplayGraph:
         self._resolve_waits(pending, timelines, ops, tol)
         # each link's normal transfer time and the run's fault-free latency (the lower quartile
         # of the links' normal times: slow links, even most of them, do not set it)
-        self.links = link_latencies(self.waits)
+        self.links = link_latencies(self.waits, self.whole)
         self.normal_latency = self.links.fault_free_ns
         self._label_edges(cons, prod, tol)
         self.order: list[int] = np.argsort(np.asarray(self.meas_start, np.int64), kind="stable").tolist()
@@ -385,7 +388,7 @@ class ReplayGraph:
                 return
             nc.obs_abs[nid] = (last, xfer)
             nc.lead[nid] = wait_start - posted
-            self._record_wait(ctx, peer, me, xfer, rel - wait_start)
+            self._record_wait(ctx, peer, me, xfer, rel - wait_start, whole=posted <= last)
         elif j < 0:
             # the peer is not traced, or its block lies before the analyzed steps
             nc.release[nid] = rel
@@ -453,13 +456,21 @@ class ReplayGraph:
         if held:
             nc.issue_held[nid] = held
         nc.lead[nid] = wait_start - posted
-        self._record_wait(ctx, peer, me, xfer, rel - wait_start, held)
+        self._record_wait(ctx, peer, me, xfer, rel - wait_start, held, posted <= issue)
 
     def _record_wait(
-        self, ctx: _WaitContext, peer: int, me: int, xfer: int, waited: int, held: int = 0
+        self,
+        ctx: _WaitContext,
+        peer: int,
+        me: int,
+        xfer: int,
+        waited: int,
+        held: int = 0,
+        whole: bool = False,
     ) -> None:
         self.waits.append((peer, me, xfer, waited))
         self.held.append(held)
+        self.whole.append(whole)
 
     def _label_edges(self, cons: npt.NDArray[np.int64], prod: npt.NDArray[np.int64], tol: int) -> None:
         """Pipeline data dependencies from labels, with the normal latency (capped so the measured
