@@ -18,6 +18,7 @@ from handbuilt_blocks import blocks_us as _blocks
 from ppdiag.attribution.causes import attribute, rank_step
 from ppdiag.model import Direction, Intervals, Kind, Phase, RangeKind, Ranges, RankTimeline
 from ppdiag.pipeline.clocks import p2p_ops
+from ppdiag.rules.noise import direct_host_ms
 
 US = 1000
 F, B = int(Phase.FWD), int(Phase.BWD)
@@ -115,3 +116,23 @@ def test_a_call_that_blocks_to_its_span_end_stays_a_wait() -> None:
     rs = rank_step(tl, 0, 0, 0, 2600 * US, _blocks([(1600, 2600, F, 0, 1)]))
     assert rs.wait_set[0].tolist() == [0] and rs.wait_set[1].tolist() == [1600 * US]
     assert rs.p2p_host[0].size == 0
+
+
+def test_a_ranks_own_host_time_counts_its_slow_posting_calls() -> None:
+    """PP006 names the ranks whose own host time stands out: time with nothing running, and the
+    calls that only issued a transfer where they took longer than this run's such calls do. A
+    send call that blocks its rank (a send held in the call itself) is that rank's delay, not
+    every rank's behind it; calls a loaded host stretches alike are no rank's own."""
+    tls = {0: _tl(0, R0_OPS, R0_SPANS), 1: _tl(1, R1_OPS, R1_SPANS)}
+    blocks = {
+        0: [(0, 1000, F, 0, 0), (4710, 6710, B, 0, 0)],
+        1: [(1650, 2650, F, 0, 1), (2650, 4650, B, 0, 1)],
+    }
+    steps = [rank_step(tls[r], 0, 0, 0, 6810 * US, _blocks(blocks[r])) for r in (0, 1)]
+    # no stretch of either rank is without an event: no late launch
+    assert direct_host_ms(steps) == {0: 0.0, 1: 0.0}
+    # the posting calls: stage 0's send and receive calls back to back (1000-1100: 100 µs), stage
+    # 1's receive call held 0-1600 (1600 µs) and its send call 4650-4700 (50 µs); such a call
+    # takes 100 µs here (the median), so stage 1's held call is 1500 µs of its own and nothing
+    # else is
+    assert direct_host_ms(steps, with_calls=True) == pytest.approx({0: 0.0, 1: 1.5})

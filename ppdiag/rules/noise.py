@@ -141,11 +141,24 @@ def shared_host(run: Run) -> bool:
     return all((tl.backend or "").lower() == "gloo" for tl in ranks)
 
 
-def direct_host_ms(steps: Sequence[RankStep]) -> dict[int, float]:
-    """Per rank: mean per-step time with nothing launched (its own late launches, ms)."""
-    acc: dict[int, list[int]] = {}
+def direct_host_ms(steps: Sequence[RankStep], with_calls: bool = False) -> dict[int, float]:
+    """Per rank: mean per-step time with nothing launched (its own late launches, ms);
+    ``with_calls``: and the time its own calls that only issued a transfer (``p2p_host``, the
+    replay's host time as well) took beyond what such a call takes in this run (the median of
+    every rank's): a send call that blocks its rank is that rank's delay, while calls that a
+    loaded host stretches alike are no rank's own (a middle stage makes twice the calls)."""
+    typical = 0.0
+    if with_calls:
+        lengths = [rs.p2p_host[1] - rs.p2p_host[0] for rs in steps]
+        every = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        typical = float(np.median(every)) if every.size else 0.0
+    acc: dict[int, list[float]] = {}
     for rs in steps:
-        acc.setdefault(rs.rank, []).append(ivs.measure(rs.host_set))
+        own = float(ivs.measure(rs.host_set))
+        if with_calls and rs.p2p_host[0].size:
+            # p2p pieces, disjoint from the idle host_set
+            own += float(np.clip(rs.p2p_host[1] - rs.p2p_host[0] - typical, 0.0, None).sum())
+        acc.setdefault(rs.rank, []).append(own)
     return {r: float(np.mean(v)) / 1e6 for r, v in sorted(acc.items()) if v}
 
 

@@ -57,7 +57,10 @@ class HostRule:
             gain = host  # one stage: nothing waits for this rank through a schedule
         if not faster(gain) or 100 * gain / ctx.step_ms < MIN_PCT:
             return []
-        per_rank = direct_host_ms(ctx.steps)
+        # each rank's own delay: late launches, and calls that only issued a transfer where they
+        # took longer than such calls do in this run (a send call that blocks names its rank,
+        # not every rank behind it)
+        per_rank = direct_host_ms(ctx.steps, with_calls=True)
         top = max(per_rank.values(), default=0.0)
         # On an oversubscribed host every rank launches late alike; only a rank that stands out is
         # a fault.
@@ -74,7 +77,7 @@ class HostRule:
                 self.code,
                 self.cause,
                 f"host-bound: the work of rank(s) {', '.join(map(str, roots))} is launched late "
-                f"({top:.1f} ms per step with nothing queued)",
+                f"({top:.1f} ms per step with nothing queued or in slow calls that only issue a transfer)",
                 gain,
                 HostEvidence(
                     host_ms=r3(host),
