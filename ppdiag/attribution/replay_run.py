@@ -9,14 +9,17 @@ as one node at a time (``tests/test_replay_identity.py`` checks that).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.rank_step import RankStep
 from ppdiag.attribution.replay_graph import ReplayGraph
+from ppdiag.attribution.replay_levels import NodeValues, place
+from ppdiag.attribution.replay_plan import PlacementPlan, vectorizable
 from ppdiag.model import RankTimeline
 from ppdiag.pipeline.clocks import P2POps
 
@@ -91,6 +94,8 @@ class _Columns:
     first_key_o: list[tuple[int, int] | None]
     prod_o: list[int]
     t_issue_o: list[int]
+    prod: npt.NDArray[np.int64]  # by node id: the producer (-1: none) and the fixed issue time
+    t_issue: npt.NDArray[np.int64]
     # a node whose one dependency is a label edge (most nodes): its producer and latency
     edge_p_o: list[int]
     edge_t_o: list[int]
@@ -121,8 +126,9 @@ class _Columns:
         is_first[[f for key, f in rp.first.items() if rp.count[key]]] = True
         keys_l = list(zip(c["rank"].tolist(), c["step"].tolist(), strict=True))
         first_l = is_first[:n].tolist()
-        prod_l = np.where(has_obs, by_id(nc.obs, 0), -1).tolist()
-        t_issue_l = by_id(nc.obs_abs, 0).tolist()
+        prod_a = np.where(has_obs, by_id(nc.obs, 0), -1)
+        t_issue_a = by_id(nc.obs_abs, 0)
+        prod_l, t_issue_l = prod_a.tolist(), t_issue_a.tolist()
         release, rel_get, edges_get = nc.release, nc.release.get, nc.edges.get
         no_edges: list[tuple[int, int]] = []
         # the nodes whose only dependency is one label edge take the loop's short path
@@ -155,6 +161,8 @@ class _Columns:
             first_key_o=[keys_l[i] if first_l[i] else None for i in order_l],
             prod_o=[prod_l[i] for i in order_l],
             t_issue_o=[t_issue_l[i] for i in order_l],
+            prod=prod_a,
+            t_issue=t_issue_a,
             edge_p_o=[single[i][0] if i in single else -1 for i in order_l],
             edge_t_o=[single[i][1] if i in single else 0 for i in order_l],
             deps_o=[
@@ -168,11 +176,25 @@ class _Columns:
         )
 
 
-def _variant_rows(
+class _VariantArrays(NamedTuple):
+    """Everything a variant puts on the nodes, in node-id order (see :func:`_variant_rows`)."""
+
+    pre: npt.NDArray[np.float64]
+    post: npt.NDArray[np.float64]
+    dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
+    code: npt.NDArray[np.int64]
+    add: npt.NDArray[np.int64]
+    lead: npt.NDArray[np.int64]
+    extra: npt.NDArray[np.int64]
+    factor: npt.NDArray[np.float64] | None
+
+
+def _variant_arrays(
     cols: _Columns, lat: int, fl: _Flags, balanced: dict[tuple[int, int, int], float] | None
-) -> tuple[Iterator[_Row], npt.NDArray[np.float64] | None]:
-    """Everything the node loop reads under the variant, in the loop's order (one zip instead of
-    indexing per node), and the mean-cost factor of each node (``balanced`` only)."""
+) -> _VariantArrays:
+    """What a variant puts on every node: its local delays before and after the wait (scaled by
+    the kinds of delay kept), its duration, its wait's code and addition, the lead of its posting,
+    the producer's extra issue delay, and the mean-cost factor of each node (``balanced`` only)."""
     loc = cols.pre + cols.post
     keep = loc.copy()
     if not fl.host:
@@ -184,9 +206,6 @@ def _variant_rows(
     if not fl.ux:
         keep -= cols.pre_ux
     scale = np.where(loc > 0, keep / np.where(loc > 0, loc, 1), 0.0)
-    order = cols.order
-    pre_l: list[float] = (cols.pre * scale)[order].tolist()
-    post_l: list[float] = (cols.post * scale)[order].tolist()
     dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
     factor: npt.NDArray[np.float64] | None = None
     if balanced is not None:
@@ -200,42 +219,67 @@ def _variant_rows(
         dur = dur - cols.in_copy
     if not fl.ux:
         dur = dur - cols.in_ux
-    dur_l = dur[order].tolist()
     # the wait of each node: 1 its own send (comm removed), 2 a producer block, 3 a fixed issue
     own_send = cols.send_wait & (not fl.comm)
-    code = np.where(own_send, 1, np.where(cols.has_obs, 2, np.where(cols.has_abs, 3, 0)))[order].tolist()
+    code = np.where(own_send, 1, np.where(cols.has_obs, 2, np.where(cols.has_abs, 3, 0)))
     xfer_a = cols.xfer if fl.comm_excess else np.minimum(cols.xfer, lat)
     excess = np.maximum(cols.xfer - lat, 0) if fl.comm_excess else np.zeros_like(cols.xfer)
-    # code 1 adds the excess, 2 and 3 wait for the transfer
-    add_l = np.where(own_send, excess, xfer_a)[order].tolist()
-    extra_l = (
+    extra = (
         (cols.issue if fl.host else 0)
         + (cols.issue_copy if fl.copy else 0)
         + (cols.issue_held if fl.comm_excess else 0)
         + 0 * cols.issue
     )
-    lead_a = cols.lead if fl.comm else np.where(cols.on_compute, -NEG_INF, cols.lead)
-    # code 2 waits for its producer's end (+ issue delay), code 3 for a fixed issue time
-    lead_l = lead_a[order].tolist()
-    extra_o = extra_l[order].tolist()
-    rows = zip(
+    return _VariantArrays(
+        pre=np.multiply(cols.pre, scale, dtype=np.float64),
+        post=np.multiply(cols.post, scale, dtype=np.float64),
+        dur=dur,
+        code=code,
+        # code 1 adds the excess, 2 and 3 wait for the transfer
+        add=np.where(own_send, excess, xfer_a),
+        # code 2 waits for its producer's end (+ issue delay), code 3 for a fixed issue time
+        lead=cols.lead if fl.comm else np.where(cols.on_compute, -NEG_INF, cols.lead),
+        extra=extra,
+        factor=factor,
+    )
+
+
+def _variant_rows(va: _VariantArrays, cols: _Columns) -> Iterator[_Row]:
+    """Everything the node loop reads under the variant, in the loop's order (one zip instead of
+    indexing per node)."""
+    order = cols.order
+    return zip(
         cols.order_l,
         cols.first_key_o,
-        pre_l,
-        post_l,
-        dur_l,
-        code,
-        add_l,
-        lead_l,
+        va.pre[order].tolist(),
+        va.post[order].tolist(),
+        va.dur[order].tolist(),
+        va.code[order].tolist(),
+        va.add[order].tolist(),
+        va.lead[order].tolist(),
         cols.prod_o,
-        extra_o,
+        va.extra[order].tolist(),
         cols.t_issue_o,
         cols.edge_p_o,
         cols.edge_t_o,
         cols.deps_o,
         strict=True,
     )
-    return rows, factor
+
+
+class Variant(NamedTuple):
+    """A variant of the replay: which kinds of delay it keeps (see :meth:`Replay.run`)."""
+
+    host: bool = True
+    comm_excess: bool = True
+    comm: bool = True
+    copy: bool = True
+    ux: bool = True
+    balanced: dict[tuple[int, int, int], float] | None = None
+
+
+# a variant's memo key: its effective flags and mean costs
+_MemoKey = tuple[_Flags, tuple[tuple[tuple[int, int, int], float], ...] | None]
 
 
 class _Windows:
@@ -408,7 +452,8 @@ class Replay(ReplayGraph):
         self._matters: _Flags | None = None
         # results by the variant's effective flags and mean costs: variants that differ only in
         # kinds of delay the run does not have are the same computation
-        self._memo: dict[tuple[_Flags, tuple[tuple[tuple[int, int, int], float], ...] | None], _Idle] = {}
+        self._memo: dict[_MemoKey, _Idle] = {}
+        self._placement: PlacementPlan | None = None
 
     def _columns(self) -> _Columns:
         """The nodes as columns (built once, reused by every variant)."""
@@ -454,15 +499,81 @@ class Replay(ReplayGraph):
         in the same variant (a faster previous step lets the next one begin earlier); the first
         analyzed step keeps its measured start.
         """
+        return self.run_many([Variant(host, comm_excess, comm, copy, ux, balanced)])[0]
+
+    def run_many(self, variants: Sequence[Variant]) -> list[_Idle]:
+        """:meth:`run` of each variant; those not computed yet are placed together, level by level
+        over the block graph (one pass of numpy operations for all of them)."""
         cols = self._columns()
-        fl = self._effective(_Flags(host=host, comm_excess=comm_excess, comm=comm, copy=copy, ux=ux))
-        key = (fl, tuple(sorted(balanced.items())) if balanced is not None else None)
-        if key not in self._memo:
-            rows, factor = _variant_rows(cols, self.normal_latency, fl, balanced)
-            win = _Windows(self, list(cols.meas_end), fl)
-            _place_nodes(win, rows)
-            self._memo[key] = _step_idle(self, cols, win, factor)
-        return dict(self._memo[key])
+        keys = []
+        todo: dict[_MemoKey, tuple[_Flags, dict[tuple[int, int, int], float] | None]] = {}
+        for v in variants:
+            fl = self._effective(
+                _Flags(host=v.host, comm_excess=v.comm_excess, comm=v.comm, copy=v.copy, ux=v.ux)
+            )
+            key = (fl, tuple(sorted(v.balanced.items())) if v.balanced is not None else None)
+            keys.append(key)
+            if key not in self._memo:
+                todo[key] = (fl, v.balanced)
+        if todo and vectorizable(self):
+            self._run_levels(cols, todo)
+        for key, (fl, balanced) in todo.items():
+            if key not in self._memo:
+                va = _variant_arrays(cols, self.normal_latency, fl, balanced)
+                win = _Windows(self, list(cols.meas_end), fl)
+                _place_nodes(win, _variant_rows(va, cols))
+                self._memo[key] = _step_idle(self, cols, win, va.factor)
+        return [dict(self._memo[k]) for k in keys]
+
+    def _plan(self, cols: _Columns) -> PlacementPlan:
+        if self._placement is None:
+            meas_end = np.asarray(cols.meas_end, np.int64)
+            self._placement = PlacementPlan.of(
+                self, cols.order, meas_end, cols.prod, cols.t_issue, cols.has_abs
+            )
+        return self._placement
+
+    def _run_levels(
+        self,
+        cols: _Columns,
+        todo: dict[_MemoKey, tuple[_Flags, dict[tuple[int, int, int], float] | None]],
+    ) -> None:
+        """Place the variants of ``todo`` over the plan's levels, then their step windows as the
+        node-at-a-time loop fixes them (each step's start when its first block is placed, each
+        sync's arrival when it is first needed)."""
+        plan = self._plan(cols)
+        lat, n, n_virt = self.normal_latency, plan.n, len(plan.sync_node)
+        vas = [_variant_arrays(cols, lat, fl, bal) for fl, bal in todo.values()]
+        pad = np.zeros(n_virt, np.int64)
+
+        def stack(name: str, dtype: type) -> npt.NDArray[Any]:
+            return np.stack([np.r_[getattr(va, name).astype(dtype), pad.astype(dtype)] for va in vas])
+
+        flags = np.array([[fl.host, fl.comm, fl.copy] for fl, _ in todo.values()], np.bool_)
+        pconst = np.stack(
+            [np.r_[plan.prod_const + np.where(cols.has_obs, va.extra, 0), pad] for va in vas]
+        ).astype(np.int64)
+        x_tau = plan.xe.tau(flags)
+        values = NodeValues(
+            stack("pre", np.float64),
+            stack("post", np.float64),
+            stack("dur", np.float64),
+            stack("code", np.int64),
+            stack("add", np.int64),
+            stack("lead", np.int64),
+            pconst,
+        )
+        ends = place(plan.graph, x_tau, plan.ie.k0, values)
+        first_keys = list(plan.first_edge)
+        fe = np.fromiter(plan.first_edge.values(), np.int64, len(first_keys))
+        fe_src = plan.xe.src[fe]
+        for k, (key, (fl, _)) in enumerate(todo.items()):
+            ext = np.r_[ends[k], 0]  # the sentinel's end: constants are the edges' own latency
+            win = _Windows(self, ends[k, :n].tolist(), fl)
+            win.w_start = dict(zip(first_keys, (ext[fe_src] + x_tau[k, fe]).tolist(), strict=True))
+            win.w_end = {prev: win.w_start[nxt] for nxt, prev in self.prev_step.items()}
+            win.sync_end = {s: int(ends[k, v]) for s, v in plan.sync_node.items()}
+            self._memo[key] = _step_idle(self, cols, win, vas[k].factor)
 
 
-__all__ = ["NEG_INF", "Replay"]
+__all__ = ["NEG_INF", "Replay", "Variant"]
