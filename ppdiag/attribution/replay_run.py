@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution.rank_step import RankStep
 from ppdiag.attribution.replay_graph import ReplayGraph
+from ppdiag.attribution.replay_index import _dense
 from ppdiag.attribution.replay_levels import NodeValues, place
 from ppdiag.attribution.replay_plan import PlacementPlan, vectorizable
 from ppdiag.model import RankTimeline
@@ -85,21 +86,13 @@ class _Columns:
     issue_held: npt.NDArray[np.int64]  # the producer's issue delay with its send held (comm)
     lead: npt.NDArray[np.int64]
     on_compute: npt.NDArray[np.bool_]
-    cost_key: list[tuple[int, int, int]]  # (rank, stage, phase): the mean-cost factor's key
-    meas_end: list[int]
-    # in the replay's order (measured start): node ids, the (rank, step) of a step's first block
-    # (None for the others), producers, fixed issue times, and (release, label edges) or None
-    order: npt.NDArray[np.int64]
-    order_l: list[int]
-    first_key_o: list[tuple[int, int] | None]
-    prod_o: list[int]
-    t_issue_o: list[int]
+    # the mean-cost factor's keys, (rank, stage, phase), and each node's key among them
+    cost_keys: list[tuple[int, int, int]]
+    cost_of: npt.NDArray[np.int64]
+    meas_end: npt.NDArray[np.int64]
+    order: npt.NDArray[np.int64]  # node ids in the replay's order (measured start)
     prod: npt.NDArray[np.int64]  # by node id: the producer (-1: none) and the fixed issue time
     t_issue: npt.NDArray[np.int64]
-    # a node whose one dependency is a label edge (most nodes): its producer and latency
-    edge_p_o: list[int]
-    edge_t_o: list[int]
-    deps_o: list[tuple[int | None, list[tuple[int, int]]] | None]
 
     @classmethod
     def of(cls, rp: ReplayGraph) -> _Columns:
@@ -121,18 +114,7 @@ class _Columns:
 
         has_obs, has_abs = mask(nc.obs.keys()), mask(nc.obs_abs.keys())
         xfer = np.where(has_obs, by_id(nc.obs, 2), np.where(has_abs, by_id(nc.obs_abs, 1), 0))
-        order_l: list[int] = list(rp.order)
-        is_first = np.zeros(n + 1, np.bool_)
-        is_first[[f for key, f in rp.first.items() if rp.count[key]]] = True
-        keys_l = list(zip(c["rank"].tolist(), c["step"].tolist(), strict=True))
-        first_l = is_first[:n].tolist()
-        prod_a = np.where(has_obs, by_id(nc.obs, 0), -1)
-        t_issue_a = by_id(nc.obs_abs, 0)
-        prod_l, t_issue_l = prod_a.tolist(), t_issue_a.tolist()
-        release, rel_get, edges_get = nc.release, nc.release.get, nc.edges.get
-        no_edges: list[tuple[int, int]] = []
-        # the nodes whose only dependency is one label edge take the loop's short path
-        single = {i: e[0] for i, e in nc.edges.items() if len(e) == 1 and i not in release}
+        keys, inv = _distinct_rows(c["rank"], c["stage"], c["phase"])
         return cls(
             pre=c["pre"],
             post=c["post"],
@@ -154,15 +136,59 @@ class _Columns:
             issue_held=by_id(nc.issue_held),
             lead=by_id(nc.lead),
             on_compute=nc.on_compute,
-            cost_key=list(zip(c["rank"].tolist(), c["stage"].tolist(), c["phase"].tolist(), strict=True)),
-            meas_end=(np.asarray(rp.meas_start, np.int64) + c["span"]).tolist() if n else [],
-            order=np.asarray(order_l, np.int64),
+            cost_keys=[(int(k[0]), int(k[1]), int(k[2])) for k in keys.tolist()],
+            cost_of=inv.reshape(-1).astype(np.int64),
+            meas_end=np.asarray(rp.meas_start, np.int64) + c["span"] if n else np.zeros(0, np.int64),
+            order=np.asarray(rp.order, np.int64),
+            prod=np.where(has_obs, by_id(nc.obs, 0), -1),
+            t_issue=by_id(nc.obs_abs, 0),
+        )
+
+
+def _distinct_rows(*cols: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The distinct rows of the columns ``cols`` (rows: one value of each) and each row's index
+    among them: one sort of a code of each row."""
+    if not cols[0].size:
+        return np.zeros((0, len(cols)), np.int64), np.zeros(0, np.int64)
+    _, first, inv = np.unique(_dense(list(cols)), return_index=True, return_inverse=True)
+    return np.stack([c[first] for c in cols], axis=1), inv.reshape(-1)
+
+
+@dataclass(frozen=True)
+class _LoopRows:
+    """What the node-at-a-time loop (:func:`_place_nodes`) reads besides the variant's values, in
+    the replay's order: node ids, the (rank, step) of a step's first block (None for the others),
+    producers, fixed issue times, the producer and latency of a node's one label edge, and
+    (release, label edges) of the other nodes with dependencies (or None)."""
+
+    order_l: list[int]
+    first_key_o: list[tuple[int, int] | None]
+    prod_o: list[int]
+    t_issue_o: list[int]
+    edge_p_o: list[int]
+    edge_t_o: list[int]
+    deps_o: list[tuple[int | None, list[tuple[int, int]]] | None]
+
+    @classmethod
+    def of(cls, rp: ReplayGraph, cols: _Columns) -> _LoopRows:
+        nc = rp.cols
+        c = nc.cols
+        n = len(nc)
+        order_l: list[int] = cols.order.tolist()
+        is_first = np.zeros(n + 1, np.bool_)
+        is_first[[f for key, f in rp.first.items() if rp.count[key]]] = True
+        keys_l = list(zip(c["rank"].tolist(), c["step"].tolist(), strict=True))
+        first_l = is_first[:n].tolist()
+        prod_l, t_issue_l = cols.prod.tolist(), cols.t_issue.tolist()
+        release, rel_get, edges_get = nc.release, nc.release.get, nc.edges.get
+        no_edges: list[tuple[int, int]] = []
+        # the nodes whose only dependency is one label edge take the loop's short path
+        single = {i: e[0] for i, e in nc.edges.items() if len(e) == 1 and i not in release}
+        return cls(
             order_l=order_l,
             first_key_o=[keys_l[i] if first_l[i] else None for i in order_l],
             prod_o=[prod_l[i] for i in order_l],
             t_issue_o=[t_issue_l[i] for i in order_l],
-            prod=prod_a,
-            t_issue=t_issue_a,
             edge_p_o=[single[i][0] if i in single else -1 for i in order_l],
             edge_t_o=[single[i][1] if i in single else 0 for i in order_l],
             deps_o=[
@@ -209,7 +235,9 @@ def _variant_arrays(
     dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
     factor: npt.NDArray[np.float64] | None = None
     if balanced is not None:
-        factor = np.fromiter((balanced.get(k, 1.0) for k in cols.cost_key), np.float64, len(cols.cost_key))
+        # one look-up per distinct (rank, stage, phase), not per node
+        per_key = [balanced.get(k, 1.0) for k in cols.cost_keys]
+        factor = np.asarray(per_key, np.float64)[cols.cost_of] if per_key else np.zeros(0, np.float64)
         dur = cols.busy * factor + cols.in_host + cols.in_ux + cols.in_copy
     else:
         dur = cols.span.copy()
@@ -244,25 +272,25 @@ def _variant_arrays(
     )
 
 
-def _variant_rows(va: _VariantArrays, cols: _Columns) -> Iterator[_Row]:
+def _variant_rows(va: _VariantArrays, cols: _Columns, lr: _LoopRows) -> Iterator[_Row]:
     """Everything the node loop reads under the variant, in the loop's order (one zip instead of
     indexing per node)."""
     order = cols.order
     return zip(
-        cols.order_l,
-        cols.first_key_o,
+        lr.order_l,
+        lr.first_key_o,
         va.pre[order].tolist(),
         va.post[order].tolist(),
         va.dur[order].tolist(),
         va.code[order].tolist(),
         va.add[order].tolist(),
         va.lead[order].tolist(),
-        cols.prod_o,
+        lr.prod_o,
         va.extra[order].tolist(),
-        cols.t_issue_o,
-        cols.edge_p_o,
-        cols.edge_t_o,
-        cols.deps_o,
+        lr.t_issue_o,
+        lr.edge_p_o,
+        lr.edge_t_o,
+        lr.deps_o,
         strict=True,
     )
 
@@ -517,17 +545,19 @@ class Replay(ReplayGraph):
                 todo[key] = (fl, v.balanced)
         if todo and vectorizable(self):
             self._run_levels(cols, todo)
+        lr: _LoopRows | None = None
         for key, (fl, balanced) in todo.items():
             if key not in self._memo:
                 va = _variant_arrays(cols, self.normal_latency, fl, balanced)
-                win = _Windows(self, list(cols.meas_end), fl)
-                _place_nodes(win, _variant_rows(va, cols))
+                win = _Windows(self, cols.meas_end.tolist(), fl)
+                lr = lr or _LoopRows.of(self, cols)
+                _place_nodes(win, _variant_rows(va, cols, lr))
                 self._memo[key] = _step_idle(self, cols, win, va.factor)
         return [dict(self._memo[k]) for k in keys]
 
     def _plan(self, cols: _Columns) -> PlacementPlan:
         if self._placement is None:
-            meas_end = np.asarray(cols.meas_end, np.int64)
+            meas_end = cols.meas_end
             self._placement = PlacementPlan.of(
                 self, cols.order, meas_end, cols.prod, cols.t_issue, cols.has_abs
             )
@@ -544,15 +574,18 @@ class Replay(ReplayGraph):
         plan = self._plan(cols)
         lat, n, n_virt = self.normal_latency, plan.n, len(plan.sync_node)
         vas = [_variant_arrays(cols, lat, fl, bal) for fl, bal in todo.values()]
-        pad = np.zeros(n_virt, np.int64)
 
         def stack(name: str, dtype: type) -> npt.NDArray[Any]:
-            return np.stack([np.r_[getattr(va, name).astype(dtype), pad.astype(dtype)] for va in vas])
+            # (variants, nodes), the virtual nodes' columns 0
+            out: npt.NDArray[Any] = np.zeros((len(vas), n + n_virt), dtype)
+            for k, va in enumerate(vas):
+                out[k, :n] = getattr(va, name)
+            return out
 
         flags = np.array([[fl.host, fl.comm, fl.copy] for fl, _ in todo.values()], np.bool_)
-        pconst = np.stack(
-            [np.r_[plan.prod_const + np.where(cols.has_obs, va.extra, 0), pad] for va in vas]
-        ).astype(np.int64)
+        pconst = np.zeros((len(vas), n + n_virt), np.int64)
+        for k, va in enumerate(vas):
+            pconst[k, :n] = plan.prod_const + np.where(cols.has_obs, va.extra, 0)
         x_tau = plan.xe.tau(flags)
         values = NodeValues(
             stack("pre", np.float64),
