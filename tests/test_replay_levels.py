@@ -9,6 +9,8 @@ graphs with epoch-sized times (beyond a float's exact integers) the two must agr
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -128,7 +130,9 @@ def test_level_placement_equals_the_node_at_a_time_loop(seed: int, n: int, nv: i
     xe, ie, prod, virtual, flags = _random_graph(seed, n, nv)
     v = _values(seed, n, nv)
     g = LevelGraph.build(n, xe, ie, prod, virtual)
-    got = place(g, xe.tau(flags), ie.k0, v)
+    arrays = [getattr(v, f.name) for f in fields(v)]
+    cols = NodeValues(*(g.columns(list(a), a.dtype.type) for a in arrays))
+    got = place(g, xe.tau(flags), ie.k0, cols)
     assert got.tolist() == _reference(n, xe, ie, prod, virtual, flags, v)
 
 

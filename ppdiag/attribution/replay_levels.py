@@ -110,6 +110,7 @@ class LevelGraph:
     i_src: I64
     i_perm: I64
     i_lv: list[tuple[int, int, I64 | None]]
+    node_of: I64  # column -> node id (the sentinel's column: ``n``)
     p_src: I64  # per column: the producer's column (sentinel: none or constant)
     virt: list[bool]  # per level: whether it holds a virtual node
     is_virt: npt.NDArray[np.bool_]  # per column
@@ -137,7 +138,18 @@ class LevelGraph:
         virt = [bool(is_virt[a:b].any()) for a, b in bounds]
         p_src = np.full(n + 1, n, np.int64)
         p_src[at[:n]] = at[prod]
-        return cls(n, at, bounds, x_src, x_perm, x_lv, i_src, i_perm, i_lv, p_src, virt, is_virt)
+        node_of = np.r_[perm, n].astype(np.int64)
+        return cls(n, at, bounds, x_src, x_perm, x_lv, i_src, i_perm, i_lv, node_of, p_src, virt, is_virt)
+
+    def columns(self, rows: list[npt.NDArray[Any]], dtype: type) -> npt.NDArray[Any]:
+        """(variants, columns) in level order from one array per variant by node id; nodes past
+        an array's end (the virtual ones) and the sentinel are 0."""
+        out: npt.NDArray[Any] = np.zeros((len(rows), self.n + 1), dtype)
+        for k, r in enumerate(rows):
+            padded: npt.NDArray[Any] = np.zeros(self.n + 1, dtype)
+            padded[: r.size] = r
+            out[k] = padded[self.node_of]
+        return out
 
     @staticmethod
     def _by_level(e: EdgeList, at: I64, lb: I64) -> tuple[I64, I64, list[tuple[int, int, I64 | None]]]:
@@ -157,7 +169,8 @@ class LevelGraph:
 
 @dataclass(frozen=True)
 class NodeValues:
-    """What the variants put on the nodes, (variants, nodes) in node-id order: local delays
+    """What the variants put on the nodes, (variants, columns) in level order
+    (:meth:`LevelGraph.columns`): local delays
     before and after the wait and the duration (floats), the wait's code (0 none, 1 own send, 2
     producer, 3 fixed issue), its addition and lead, and the producer's issue beyond its end."""
 
@@ -170,26 +183,16 @@ class NodeValues:
     pconst: I64
 
 
-def _gather(g: LevelGraph, a: npt.NDArray[Any], fill: float | int = 0) -> npt.NDArray[Any]:
-    """(variants, nodes) by node id -> (variants, columns) in level order, the sentinel ``fill``."""
-    out = np.full((a.shape[0], g.n + 1), fill, a.dtype)
-    out[:, g.at[: g.n]] = a
-    return out
-
-
 def place(g: LevelGraph, x_tau: I64, i_tau: I64, v: NodeValues) -> I64:
     """Every node's end, (variants, nodes) in node-id order: level by level, all variants at once."""
     nv = x_tau.shape[0]
     end = np.zeros((nv, g.n + 1), np.int64)
-    pre, post, dur = _gather(g, v.pre), _gather(g, v.post), _gather(g, v.dur)
-    code = _gather(g, v.code)
-    add = _gather(g, v.add)
+    pre, post, dur, code, add, pconst = v.pre, v.post, v.dur, v.code, v.add, v.pconst
     add_f = add.astype(np.float64)
     # code 1 adds its excess to ``X + pre``; codes 2 and 3 wait for an arrival
     add1 = np.where(code == 1, add_f, 0.0)
     waits = (code == 2) | (code == 3)
-    lead_f = _gather(g, v.lead).astype(np.float64)
-    pconst = _gather(g, v.pconst)
+    lead_f = v.lead.astype(np.float64)
     xt = x_tau[:, g.x_perm]
     it = np.broadcast_to(i_tau[g.i_perm], (nv, g.i_perm.size)) if i_tau.ndim == 1 else i_tau[:, g.i_perm]
     for lv, (a, b) in enumerate(g.bounds):

@@ -572,20 +572,16 @@ class Replay(ReplayGraph):
         node-at-a-time loop fixes them (each step's start when its first block is placed, each
         sync's arrival when it is first needed)."""
         plan = self._plan(cols)
-        lat, n, n_virt = self.normal_latency, plan.n, len(plan.sync_node)
+        lat, n = self.normal_latency, plan.n
         vas = [_variant_arrays(cols, lat, fl, bal) for fl, bal in todo.values()]
 
+        g = plan.graph
+
         def stack(name: str, dtype: type) -> npt.NDArray[Any]:
-            # (variants, nodes), the virtual nodes' columns 0
-            out: npt.NDArray[Any] = np.zeros((len(vas), n + n_virt), dtype)
-            for k, va in enumerate(vas):
-                out[k, :n] = getattr(va, name)
-            return out
+            return g.columns([getattr(va, name) for va in vas], dtype)
 
         flags = np.array([[fl.host, fl.comm, fl.copy] for fl, _ in todo.values()], np.bool_)
-        pconst = np.zeros((len(vas), n + n_virt), np.int64)
-        for k, va in enumerate(vas):
-            pconst[k, :n] = plan.prod_const + np.where(cols.has_obs, va.extra, 0)
+        pconst = g.columns([plan.prod_const + np.where(cols.has_obs, va.extra, 0) for va in vas], np.int64)
         x_tau = plan.xe.tau(flags)
         values = NodeValues(
             stack("pre", np.float64),
@@ -596,7 +592,7 @@ class Replay(ReplayGraph):
             stack("lead", np.int64),
             pconst,
         )
-        ends = place(plan.graph, x_tau, plan.ie.k0, values)
+        ends = place(g, x_tau, plan.ie.k0, values)
         first_keys = list(plan.first_edge)
         fe = np.fromiter(plan.first_edge.values(), np.int64, len(first_keys))
         fe_src = plan.xe.src[fe]
