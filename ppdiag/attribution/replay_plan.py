@@ -25,8 +25,10 @@ I64 = npt.NDArray[np.int64]
 
 def vectorizable(rp: ReplayGraph) -> bool:
     """Whether the level schedule reproduces the loop: every analyzed step holds a block (a step
-    without one takes its window from its predecessor's, a chain the edges do not model)."""
-    return bool(rp.steps) and all(rp.count.get((rs.rank, rs.step), 0) > 0 for rs in rp.steps)
+    without one takes its window from its predecessor's, a chain the edges do not model) and is
+    analyzed once."""
+    keys = [(rs.rank, rs.step) for rs in rp.steps]
+    return bool(keys) and len(set(keys)) == len(keys) and all(rp.count.get(k, 0) > 0 for k in keys)
 
 
 @dataclass(frozen=True)

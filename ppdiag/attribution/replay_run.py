@@ -593,16 +593,39 @@ class Replay(ReplayGraph):
             pconst,
         )
         ends = place(g, x_tau, plan.ie.k0, values)
-        first_keys = list(plan.first_edge)
-        fe = np.fromiter(plan.first_edge.values(), np.int64, len(first_keys))
+        # the steps in :attr:`steps` order (the order of ``first_edge``), with what their idle reads
+        keys = list(plan.first_edge)
+        fe = np.fromiter(plan.first_edge.values(), np.int64, len(keys))
         fe_src = plan.xe.src[fe]
+        first = np.fromiter((self.first[kk] for kk in keys), np.int64, len(keys))
+        count = np.fromiter((self.count[kk] for kk in keys), np.int64, len(keys))
+        busy = np.fromiter((rs.acct.compute for rs in self.steps), np.int64, len(keys))
+        at = {kk: i for i, kk in enumerate(keys)}
+        # a step followed by another ends where that one starts; the last ones are computed
+        nxt = np.full(len(keys), -1, np.int64)
+        for b, a in self.prev_step.items():
+            nxt[at[a]] = at[b]
+        last_keys = [keys[i] for i in np.flatnonzero(nxt < 0).tolist()]
         for k, (key, (fl, _)) in enumerate(todo.items()):
             ext = np.r_[ends[k], 0]  # the sentinel's end: constants are the edges' own latency
+            w0 = ext[fe_src] + x_tau[k, fe]
             win = _Windows(self, ends[k, :n].tolist(), fl)
-            win.w_start = dict(zip(first_keys, (ext[fe_src] + x_tau[k, fe]).tolist(), strict=True))
-            win.w_end = {prev: win.w_start[nxt] for nxt, prev in self.prev_step.items()}
+            win.w_start = dict(zip(keys, w0.tolist(), strict=True))
+            win.w_end = {prev: win.w_start[b] for b, prev in self.prev_step.items()}
             win.sync_end = {s: int(ends[k, v]) for s, v in plan.sync_node.items()}
-            self._memo[key] = _step_idle(self, cols, win, vas[k].factor)
+            w1 = w0[np.maximum(nxt, 0)]
+            w1[nxt < 0] = [win.stop(kk) for kk in last_keys]
+            factor = vas[k].factor
+            busy_k = busy
+            if factor is not None:
+                # the blocks' compute at the mean cost, summed per step by prefix sums
+                bal = (cols.busy * factor).astype(np.int64)
+                cum = np.concatenate([[0], np.cumsum(bal - cols.busy)])
+                busy_k = busy + (cum[first + count] - cum[first])
+            span = w1 - w0
+            self._memo[key] = dict(
+                zip(keys, zip(span.tolist(), (span - busy_k).tolist(), strict=True), strict=True)
+            )
 
 
 __all__ = ["NEG_INF", "Replay", "Variant"]
