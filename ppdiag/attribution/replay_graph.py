@@ -17,7 +17,6 @@ label edges (which need the normal latency of the resolved waits).
 
 from __future__ import annotations
 
-import bisect
 import functools
 import itertools
 from dataclasses import dataclass
@@ -28,10 +27,10 @@ import numpy.typing as npt
 from ppdiag.attribution.link_latency import link_latencies
 from ppdiag.attribution.rank_step import RankStep, _m, _split_local
 from ppdiag.attribution.replay_index import (
-    MATCH_END_NS,
     _IssueIndex,
     _label_pairs,
     _P2PIndex,
+    released_by,
 )
 from ppdiag.attribution.replay_nodes import NodeColumns, _Node
 from ppdiag.attribution.replay_pieces import _local_pieces, _outside_wait, _step_waits
@@ -349,11 +348,42 @@ class ReplayGraph:
             timelines,
             tol,
         )
-        for nid, held, rel, wait_start in pending:
-            self._resolve_wait(ctx, nid, held, rel, wait_start)
+        lasts, js = self._lookups(ctx, pending)
+        for (nid, held, rel, wait_start), last, j in zip(pending, lasts, js, strict=True):
+            self._resolve_wait(ctx, nid, held, rel, wait_start, (last, j))
+
+    def _lookups(self, ctx: _WaitContext, pending: list[_Pending]) -> tuple[list[int | None], list[int]]:
+        """For every wait at once: the issue of the operation that released it (None: not found)
+        and the position, among its peer's blocks by end, of the last block the peer finished
+        before that issue (-1: none)."""
+        k = len(pending)
+        nid = np.fromiter((p[0] for p in pending), np.int64, k)
+        held = np.array([p[1] for p in pending], np.int64).reshape(-1, 4)
+        rel = np.fromiter((p[2] for p in pending), np.int64, k)
+        me = self.cols.cols["rank"][nid]
+        peer, wdir, op_end = held[:, 0], held[:, 1], held[:, 3]
+        found, last = released_by(ctx.issues, peer, me, wdir, op_end, rel)
+        device = ~np.array([ctx.timelines[r].cpu_only for r in me.tolist()], np.bool_)
+        at = np.where(found & device, last, rel) + ctx.tol
+        j = np.full(k, -1, np.int64)
+        for p in np.unique(peer).tolist():
+            got = ctx.ends_by_rank.get(p)
+            if got is not None:
+                sel = np.flatnonzero(peer == p)
+                j[sel] = np.searchsorted(np.asarray(got[0], np.int64), at[sel], side="right") - 1
+        lasts: list[int | None] = [
+            x if f else None for x, f in zip(last.tolist(), found.tolist(), strict=True)
+        ]
+        return lasts, j.tolist()
 
     def _resolve_wait(
-        self, ctx: _WaitContext, nid: int, held: tuple[int, int, int, int], rel: int, wait_start: int
+        self,
+        ctx: _WaitContext,
+        nid: int,
+        held: tuple[int, int, int, int],
+        rel: int,
+        wait_start: int,
+        looked_up: tuple[int | None, int],
     ) -> None:
         """The operation that released the wait before node ``nid``: on devices the peer's kernel
         that ended with this rank's (a matched NCCL send/recv pair ends together), else the peer's
@@ -363,17 +393,16 @@ class ReplayGraph:
         peer, wdir, posted, op_end = held
         ends, ids = ctx.ends_by_rank.get(peer, ([], []))
         me, nc = self._rank_l[nid], self.cols
-        last = ctx.issues.matched(peer, me, wdir, op_end, MATCH_END_NS)
-        if last is None:
-            last = ctx.issues.last_before(peer, me, wdir, rel)
+        # ``last``: the matched operation's issue, else the peer's last one before the release;
+        # ``j``: the peer's last block that ended before ``at`` (see :meth:`_lookups`)
+        last, j = looked_up
         # (CPU runs: host calls, whose start says little about when the data left; there the
         # producer is the peer's last block before the release)
         device = not ctx.timelines[me].cpu_only
         # a block that ends within the timing tolerance after the issue counts as finished
         # before it (a send issued as its block ends must not flip to the block before under
-        # ns jitter, which would read that whole block as the producer's host delay)
-        at = last if (last is not None and device) else rel
-        j = bisect.bisect_right(ends, at + ctx.tol) - 1
+        # ns jitter, which would read that whole block as the producer's host delay):
+        # at = last if (last is not None and device) else rel, j = bisect_right(ends, at + tol) - 1
         if wdir == int(Direction.SEND):
             nc.send_wait.add(nid)
         if not device and self._labelled_wait(ctx, nid, peer, (wdir, op_end), rel, wait_start):

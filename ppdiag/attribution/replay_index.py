@@ -253,6 +253,68 @@ class _IssueIndex:
         return arr[j] if j >= 0 else None
 
 
+def _matched_many(
+    ends: npt.NDArray[np.int64], starts: npt.NDArray[np.int64], t: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    """:meth:`_IssueIndex.matched` of each end in ``t`` against one group's operations (sorted by
+    end): whether one ended within ``MATCH_END_NS``, and its issue time."""
+    j = np.searchsorted(ends, t, side="left")
+
+    def ok(c: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+        cc = np.clip(c, 0, ends.size - 1)
+        d = np.abs(ends[cc] - t)
+        return (c >= 0) & (c < ends.size) & (d <= MATCH_END_NS) & (starts[cc] <= t), d
+
+    ok0, d0 = ok(j - 1)
+    ok1, d1 = ok(j)
+    # the earlier candidate unless the later one is strictly closer
+    pick = np.where(ok1 & (~ok0 | (d1 < d0)), j, j - 1)
+    return ok0 | ok1, starts[np.clip(pick, 0, ends.size - 1)]
+
+
+def released_by(
+    issues: _IssueIndex,
+    peer: npt.NDArray[np.int64],
+    me: npt.NDArray[np.int64],
+    wdir: npt.NDArray[np.int64],
+    op_end: npt.NDArray[np.int64],
+    rel: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    """For many waits at once: the issue of the operation that released each (the peer's device
+    operation that ended with the waiter's, :meth:`_IssueIndex.matched` within ``MATCH_END_NS``,
+    else the peer's last one before the release, :meth:`_IssueIndex.last_before`), as (found,
+    issue time). One binary search per (peer, waiter, kind) group, the same picks as the
+    per-wait methods."""
+    n = peer.size
+    kind = np.where(
+        wdir == int(Direction.RECV),
+        issues.SEND,
+        np.where(wdir == int(Direction.SEND), issues.RECV, issues.ANY),
+    )
+    found = np.zeros(n, np.bool_)
+    out = np.zeros(n, np.int64)
+    code = (peer * (int(me.max()) + 1 if n else 1) + me) * 3 + kind
+    o = np.argsort(code, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, code[o][1:] != code[o][:-1], True]) if n else np.zeros(1, np.int64)
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        sel = o[a:b]
+        key = (int(peer[sel[0]]), int(me[sel[0]]), int(kind[sel[0]]))
+        got = issues.by_end.get(key)
+        if got is not None and len(got[0]):
+            hit, val = _matched_many(np.asarray(got[0], np.int64), np.asarray(got[1], np.int64), op_end[sel])
+            found[sel[hit]] = True
+            out[sel[hit]] = val[hit]
+        arr = issues.by.get(key)
+        rest = sel[~found[sel]]
+        if arr is not None and len(arr) and rest.size:
+            arr_a = np.asarray(arr, np.int64)
+            j = np.searchsorted(arr_a, rel[rest], side="right") - 1
+            hit = j >= 0
+            found[rest[hit]] = True
+            out[rest[hit]] = arr_a[j[hit]]
+    return found, out
+
+
 # the phases as plain ints
 _FWD, _BWD, _WGRAD = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
 
@@ -307,4 +369,4 @@ def _label_pairs(
     return cons[mine], prod[mine]
 
 
-__all__ = ["MATCH_END_NS", "WAIT_JOIN_NS"]
+__all__ = ["MATCH_END_NS", "WAIT_JOIN_NS", "released_by"]

@@ -9,14 +9,18 @@ as one node at a time (``tests/test_replay_identity.py`` checks that).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.rank_step import RankStep
 from ppdiag.attribution.replay_graph import ReplayGraph
+from ppdiag.attribution.replay_index import _dense
+from ppdiag.attribution.replay_levels import NodeValues, place
+from ppdiag.attribution.replay_plan import PlacementPlan, vectorizable
 from ppdiag.model import RankTimeline
 from ppdiag.pipeline.clocks import P2POps
 
@@ -82,19 +86,13 @@ class _Columns:
     issue_held: npt.NDArray[np.int64]  # the producer's issue delay with its send held (comm)
     lead: npt.NDArray[np.int64]
     on_compute: npt.NDArray[np.bool_]
-    cost_key: list[tuple[int, int, int]]  # (rank, stage, phase): the mean-cost factor's key
-    meas_end: list[int]
-    # in the replay's order (measured start): node ids, the (rank, step) of a step's first block
-    # (None for the others), producers, fixed issue times, and (release, label edges) or None
-    order: npt.NDArray[np.int64]
-    order_l: list[int]
-    first_key_o: list[tuple[int, int] | None]
-    prod_o: list[int]
-    t_issue_o: list[int]
-    # a node whose one dependency is a label edge (most nodes): its producer and latency
-    edge_p_o: list[int]
-    edge_t_o: list[int]
-    deps_o: list[tuple[int | None, list[tuple[int, int]]] | None]
+    # the mean-cost factor's keys, (rank, stage, phase), and each node's key among them
+    cost_keys: list[tuple[int, int, int]]
+    cost_of: npt.NDArray[np.int64]
+    meas_end: npt.NDArray[np.int64]
+    order: npt.NDArray[np.int64]  # node ids in the replay's order (measured start)
+    prod: npt.NDArray[np.int64]  # by node id: the producer (-1: none) and the fixed issue time
+    t_issue: npt.NDArray[np.int64]
 
     @classmethod
     def of(cls, rp: ReplayGraph) -> _Columns:
@@ -116,17 +114,7 @@ class _Columns:
 
         has_obs, has_abs = mask(nc.obs.keys()), mask(nc.obs_abs.keys())
         xfer = np.where(has_obs, by_id(nc.obs, 2), np.where(has_abs, by_id(nc.obs_abs, 1), 0))
-        order_l: list[int] = list(rp.order)
-        is_first = np.zeros(n + 1, np.bool_)
-        is_first[[f for key, f in rp.first.items() if rp.count[key]]] = True
-        keys_l = list(zip(c["rank"].tolist(), c["step"].tolist(), strict=True))
-        first_l = is_first[:n].tolist()
-        prod_l = np.where(has_obs, by_id(nc.obs, 0), -1).tolist()
-        t_issue_l = by_id(nc.obs_abs, 0).tolist()
-        release, rel_get, edges_get = nc.release, nc.release.get, nc.edges.get
-        no_edges: list[tuple[int, int]] = []
-        # the nodes whose only dependency is one label edge take the loop's short path
-        single = {i: e[0] for i, e in nc.edges.items() if len(e) == 1 and i not in release}
+        keys, inv = _distinct_rows(c["rank"], c["stage"], c["phase"])
         return cls(
             pre=c["pre"],
             post=c["post"],
@@ -148,9 +136,55 @@ class _Columns:
             issue_held=by_id(nc.issue_held),
             lead=by_id(nc.lead),
             on_compute=nc.on_compute,
-            cost_key=list(zip(c["rank"].tolist(), c["stage"].tolist(), c["phase"].tolist(), strict=True)),
-            meas_end=(np.asarray(rp.meas_start, np.int64) + c["span"]).tolist() if n else [],
-            order=np.asarray(order_l, np.int64),
+            cost_keys=[(int(k[0]), int(k[1]), int(k[2])) for k in keys.tolist()],
+            cost_of=inv.reshape(-1).astype(np.int64),
+            meas_end=np.asarray(rp.meas_start, np.int64) + c["span"] if n else np.zeros(0, np.int64),
+            order=np.asarray(rp.order, np.int64),
+            prod=np.where(has_obs, by_id(nc.obs, 0), -1),
+            t_issue=by_id(nc.obs_abs, 0),
+        )
+
+
+def _distinct_rows(*cols: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The distinct rows of the columns ``cols`` (rows: one value of each) and each row's index
+    among them: one sort of a code of each row."""
+    if not cols[0].size:
+        return np.zeros((0, len(cols)), np.int64), np.zeros(0, np.int64)
+    _, first, inv = np.unique(_dense(list(cols)), return_index=True, return_inverse=True)
+    return np.stack([c[first] for c in cols], axis=1), inv.reshape(-1)
+
+
+@dataclass(frozen=True)
+class _LoopRows:
+    """What the node-at-a-time loop (:func:`_place_nodes`) reads besides the variant's values, in
+    the replay's order: node ids, the (rank, step) of a step's first block (None for the others),
+    producers, fixed issue times, the producer and latency of a node's one label edge, and
+    (release, label edges) of the other nodes with dependencies (or None)."""
+
+    order_l: list[int]
+    first_key_o: list[tuple[int, int] | None]
+    prod_o: list[int]
+    t_issue_o: list[int]
+    edge_p_o: list[int]
+    edge_t_o: list[int]
+    deps_o: list[tuple[int | None, list[tuple[int, int]]] | None]
+
+    @classmethod
+    def of(cls, rp: ReplayGraph, cols: _Columns) -> _LoopRows:
+        nc = rp.cols
+        c = nc.cols
+        n = len(nc)
+        order_l: list[int] = cols.order.tolist()
+        is_first = np.zeros(n + 1, np.bool_)
+        is_first[[f for key, f in rp.first.items() if rp.count[key]]] = True
+        keys_l = list(zip(c["rank"].tolist(), c["step"].tolist(), strict=True))
+        first_l = is_first[:n].tolist()
+        prod_l, t_issue_l = cols.prod.tolist(), cols.t_issue.tolist()
+        release, rel_get, edges_get = nc.release, nc.release.get, nc.edges.get
+        no_edges: list[tuple[int, int]] = []
+        # the nodes whose only dependency is one label edge take the loop's short path
+        single = {i: e[0] for i, e in nc.edges.items() if len(e) == 1 and i not in release}
+        return cls(
             order_l=order_l,
             first_key_o=[keys_l[i] if first_l[i] else None for i in order_l],
             prod_o=[prod_l[i] for i in order_l],
@@ -168,11 +202,25 @@ class _Columns:
         )
 
 
-def _variant_rows(
+class _VariantArrays(NamedTuple):
+    """Everything a variant puts on the nodes, in node-id order (see :func:`_variant_rows`)."""
+
+    pre: npt.NDArray[np.float64]
+    post: npt.NDArray[np.float64]
+    dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
+    code: npt.NDArray[np.int64]
+    add: npt.NDArray[np.int64]
+    lead: npt.NDArray[np.int64]
+    extra: npt.NDArray[np.int64]
+    factor: npt.NDArray[np.float64] | None
+
+
+def _variant_arrays(
     cols: _Columns, lat: int, fl: _Flags, balanced: dict[tuple[int, int, int], float] | None
-) -> tuple[Iterator[_Row], npt.NDArray[np.float64] | None]:
-    """Everything the node loop reads under the variant, in the loop's order (one zip instead of
-    indexing per node), and the mean-cost factor of each node (``balanced`` only)."""
+) -> _VariantArrays:
+    """What a variant puts on every node: its local delays before and after the wait (scaled by
+    the kinds of delay kept), its duration, its wait's code and addition, the lead of its posting,
+    the producer's extra issue delay, and the mean-cost factor of each node (``balanced`` only)."""
     loc = cols.pre + cols.post
     keep = loc.copy()
     if not fl.host:
@@ -184,13 +232,12 @@ def _variant_rows(
     if not fl.ux:
         keep -= cols.pre_ux
     scale = np.where(loc > 0, keep / np.where(loc > 0, loc, 1), 0.0)
-    order = cols.order
-    pre_l: list[float] = (cols.pre * scale)[order].tolist()
-    post_l: list[float] = (cols.post * scale)[order].tolist()
     dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
     factor: npt.NDArray[np.float64] | None = None
     if balanced is not None:
-        factor = np.fromiter((balanced.get(k, 1.0) for k in cols.cost_key), np.float64, len(cols.cost_key))
+        # one look-up per distinct (rank, stage, phase), not per node
+        per_key = [balanced.get(k, 1.0) for k in cols.cost_keys]
+        factor = np.asarray(per_key, np.float64)[cols.cost_of] if per_key else np.zeros(0, np.float64)
         dur = cols.busy * factor + cols.in_host + cols.in_ux + cols.in_copy
     else:
         dur = cols.span.copy()
@@ -200,42 +247,67 @@ def _variant_rows(
         dur = dur - cols.in_copy
     if not fl.ux:
         dur = dur - cols.in_ux
-    dur_l = dur[order].tolist()
     # the wait of each node: 1 its own send (comm removed), 2 a producer block, 3 a fixed issue
     own_send = cols.send_wait & (not fl.comm)
-    code = np.where(own_send, 1, np.where(cols.has_obs, 2, np.where(cols.has_abs, 3, 0)))[order].tolist()
+    code = np.where(own_send, 1, np.where(cols.has_obs, 2, np.where(cols.has_abs, 3, 0)))
     xfer_a = cols.xfer if fl.comm_excess else np.minimum(cols.xfer, lat)
     excess = np.maximum(cols.xfer - lat, 0) if fl.comm_excess else np.zeros_like(cols.xfer)
-    # code 1 adds the excess, 2 and 3 wait for the transfer
-    add_l = np.where(own_send, excess, xfer_a)[order].tolist()
-    extra_l = (
+    extra = (
         (cols.issue if fl.host else 0)
         + (cols.issue_copy if fl.copy else 0)
         + (cols.issue_held if fl.comm_excess else 0)
         + 0 * cols.issue
     )
-    lead_a = cols.lead if fl.comm else np.where(cols.on_compute, -NEG_INF, cols.lead)
-    # code 2 waits for its producer's end (+ issue delay), code 3 for a fixed issue time
-    lead_l = lead_a[order].tolist()
-    extra_o = extra_l[order].tolist()
-    rows = zip(
-        cols.order_l,
-        cols.first_key_o,
-        pre_l,
-        post_l,
-        dur_l,
-        code,
-        add_l,
-        lead_l,
-        cols.prod_o,
-        extra_o,
-        cols.t_issue_o,
-        cols.edge_p_o,
-        cols.edge_t_o,
-        cols.deps_o,
+    return _VariantArrays(
+        pre=np.multiply(cols.pre, scale, dtype=np.float64),
+        post=np.multiply(cols.post, scale, dtype=np.float64),
+        dur=dur,
+        code=code,
+        # code 1 adds the excess, 2 and 3 wait for the transfer
+        add=np.where(own_send, excess, xfer_a),
+        # code 2 waits for its producer's end (+ issue delay), code 3 for a fixed issue time
+        lead=cols.lead if fl.comm else np.where(cols.on_compute, -NEG_INF, cols.lead),
+        extra=extra,
+        factor=factor,
+    )
+
+
+def _variant_rows(va: _VariantArrays, cols: _Columns, lr: _LoopRows) -> Iterator[_Row]:
+    """Everything the node loop reads under the variant, in the loop's order (one zip instead of
+    indexing per node)."""
+    order = cols.order
+    return zip(
+        lr.order_l,
+        lr.first_key_o,
+        va.pre[order].tolist(),
+        va.post[order].tolist(),
+        va.dur[order].tolist(),
+        va.code[order].tolist(),
+        va.add[order].tolist(),
+        va.lead[order].tolist(),
+        lr.prod_o,
+        va.extra[order].tolist(),
+        lr.t_issue_o,
+        lr.edge_p_o,
+        lr.edge_t_o,
+        lr.deps_o,
         strict=True,
     )
-    return rows, factor
+
+
+class Variant(NamedTuple):
+    """A variant of the replay: which kinds of delay it keeps (see :meth:`Replay.run`)."""
+
+    host: bool = True
+    comm_excess: bool = True
+    comm: bool = True
+    copy: bool = True
+    ux: bool = True
+    balanced: dict[tuple[int, int, int], float] | None = None
+
+
+# a variant's memo key: its effective flags and mean costs
+_MemoKey = tuple[_Flags, tuple[tuple[tuple[int, int, int], float], ...] | None]
 
 
 class _Windows:
@@ -408,7 +480,8 @@ class Replay(ReplayGraph):
         self._matters: _Flags | None = None
         # results by the variant's effective flags and mean costs: variants that differ only in
         # kinds of delay the run does not have are the same computation
-        self._memo: dict[tuple[_Flags, tuple[tuple[tuple[int, int, int], float], ...] | None], _Idle] = {}
+        self._memo: dict[_MemoKey, _Idle] = {}
+        self._placement: PlacementPlan | None = None
 
     def _columns(self) -> _Columns:
         """The nodes as columns (built once, reused by every variant)."""
@@ -454,15 +527,105 @@ class Replay(ReplayGraph):
         in the same variant (a faster previous step lets the next one begin earlier); the first
         analyzed step keeps its measured start.
         """
+        return self.run_many([Variant(host, comm_excess, comm, copy, ux, balanced)])[0]
+
+    def run_many(self, variants: Sequence[Variant]) -> list[_Idle]:
+        """:meth:`run` of each variant; those not computed yet are placed together, level by level
+        over the block graph (one pass of numpy operations for all of them)."""
         cols = self._columns()
-        fl = self._effective(_Flags(host=host, comm_excess=comm_excess, comm=comm, copy=copy, ux=ux))
-        key = (fl, tuple(sorted(balanced.items())) if balanced is not None else None)
-        if key not in self._memo:
-            rows, factor = _variant_rows(cols, self.normal_latency, fl, balanced)
-            win = _Windows(self, list(cols.meas_end), fl)
-            _place_nodes(win, rows)
-            self._memo[key] = _step_idle(self, cols, win, factor)
-        return dict(self._memo[key])
+        keys = []
+        todo: dict[_MemoKey, tuple[_Flags, dict[tuple[int, int, int], float] | None]] = {}
+        for v in variants:
+            fl = self._effective(
+                _Flags(host=v.host, comm_excess=v.comm_excess, comm=v.comm, copy=v.copy, ux=v.ux)
+            )
+            key = (fl, tuple(sorted(v.balanced.items())) if v.balanced is not None else None)
+            keys.append(key)
+            if key not in self._memo:
+                todo[key] = (fl, v.balanced)
+        if todo and vectorizable(self):
+            self._run_levels(cols, todo)
+        lr: _LoopRows | None = None
+        for key, (fl, balanced) in todo.items():
+            if key not in self._memo:
+                va = _variant_arrays(cols, self.normal_latency, fl, balanced)
+                win = _Windows(self, cols.meas_end.tolist(), fl)
+                lr = lr or _LoopRows.of(self, cols)
+                _place_nodes(win, _variant_rows(va, cols, lr))
+                self._memo[key] = _step_idle(self, cols, win, va.factor)
+        return [dict(self._memo[k]) for k in keys]
+
+    def _plan(self, cols: _Columns) -> PlacementPlan:
+        if self._placement is None:
+            meas_end = cols.meas_end
+            self._placement = PlacementPlan.of(
+                self, cols.order, meas_end, cols.prod, cols.t_issue, cols.has_abs
+            )
+        return self._placement
+
+    def _run_levels(
+        self,
+        cols: _Columns,
+        todo: dict[_MemoKey, tuple[_Flags, dict[tuple[int, int, int], float] | None]],
+    ) -> None:
+        """Place the variants of ``todo`` over the plan's levels, then their step windows as the
+        node-at-a-time loop fixes them (each step's start when its first block is placed, each
+        sync's arrival when it is first needed)."""
+        plan = self._plan(cols)
+        lat, n = self.normal_latency, plan.n
+        vas = [_variant_arrays(cols, lat, fl, bal) for fl, bal in todo.values()]
+
+        g = plan.graph
+
+        def stack(name: str, dtype: type) -> npt.NDArray[Any]:
+            return g.columns([getattr(va, name) for va in vas], dtype)
+
+        flags = np.array([[fl.host, fl.comm, fl.copy] for fl, _ in todo.values()], np.bool_)
+        pconst = g.columns([plan.prod_const + np.where(cols.has_obs, va.extra, 0) for va in vas], np.int64)
+        x_tau = plan.xe.tau(flags)
+        values = NodeValues(
+            stack("pre", np.float64),
+            stack("post", np.float64),
+            stack("dur", np.float64),
+            stack("code", np.int64),
+            stack("add", np.int64),
+            stack("lead", np.int64),
+            pconst,
+        )
+        ends = place(g, x_tau, plan.ie.k0, values)
+        # the steps in :attr:`steps` order (the order of ``first_edge``), with what their idle reads
+        keys = list(plan.first_edge)
+        fe = np.fromiter(plan.first_edge.values(), np.int64, len(keys))
+        fe_src = plan.xe.src[fe]
+        first = np.fromiter((self.first[kk] for kk in keys), np.int64, len(keys))
+        count = np.fromiter((self.count[kk] for kk in keys), np.int64, len(keys))
+        busy = np.fromiter((rs.acct.compute for rs in self.steps), np.int64, len(keys))
+        at = {kk: i for i, kk in enumerate(keys)}
+        # a step followed by another ends where that one starts; the last ones are computed
+        nxt = np.full(len(keys), -1, np.int64)
+        for b, a in self.prev_step.items():
+            nxt[at[a]] = at[b]
+        last_keys = [keys[i] for i in np.flatnonzero(nxt < 0).tolist()]
+        for k, (key, (fl, _)) in enumerate(todo.items()):
+            ext = np.r_[ends[k], 0]  # the sentinel's end: constants are the edges' own latency
+            w0 = ext[fe_src] + x_tau[k, fe]
+            win = _Windows(self, ends[k, :n].tolist(), fl)
+            win.w_start = dict(zip(keys, w0.tolist(), strict=True))
+            win.w_end = {prev: win.w_start[b] for b, prev in self.prev_step.items()}
+            win.sync_end = {s: int(ends[k, v]) for s, v in plan.sync_node.items()}
+            w1 = w0[np.maximum(nxt, 0)]
+            w1[nxt < 0] = [win.stop(kk) for kk in last_keys]
+            factor = vas[k].factor
+            busy_k = busy
+            if factor is not None:
+                # the blocks' compute at the mean cost, summed per step by prefix sums
+                bal = (cols.busy * factor).astype(np.int64)
+                cum = np.concatenate([[0], np.cumsum(bal - cols.busy)])
+                busy_k = busy + (cum[first + count] - cum[first])
+            span = w1 - w0
+            self._memo[key] = dict(
+                zip(keys, zip(span.tolist(), (span - busy_k).tolist(), strict=True), strict=True)
+            )
 
 
-__all__ = ["NEG_INF", "Replay"]
+__all__ = ["NEG_INF", "Replay", "Variant"]
