@@ -439,3 +439,28 @@ def test_dp_wait_without_replicas_stays_communication(tmp_path: Path) -> None:
     r0 = next(x for x in d.result.ranks if x.rank == p.rank_of(0, 0))
     wait = _rs_waits(df, p)[p.rank_of(0, 0)] / len(p.steps)
     assert r0.lost_ms["exposed_comm"] >= 0.8 * wait
+
+
+def test_read_table_columns_compact(tmp_path: Path) -> None:
+    # the optypes are one small code per row (a categorical), not one string object per row; the
+    # integer columns are int64 whether the CSV wrote them as integers or as floats ("1.0"), and a
+    # missing optype is counted under "nan" with the unknown ones
+    from ppdiag.parsers.optable import read_table
+    from ppdiag.parsers.optable_ranks import _codes
+
+    df, _ = simulate_optable(OpTableParams(pp=2, dp=1, microbatches=2, steps=(1,)))
+    path = write_table(df, tmp_path / "t.csv")
+    frame, _ = read_table(path, "t.csv", path.read_bytes()[:4096])
+    assert isinstance(frame["optype"].dtype, pd.CategoricalDtype)
+    assert all(frame[c].dtype == np.int64 for c in ("dp_rank", "stage", "rank", "step", "t0", "dur"))
+    floats = df.astype({"rank": np.float64, "stage": np.float64})
+    floats.loc[0, "optype"] = None
+    floats.loc[1, "optype"] = "vpp-sync"
+    path2 = tmp_path / "f.csv"
+    floats.to_csv(path2, index=False)
+    frame2, _ = read_table(path2, "f.csv", path2.read_bytes()[:4096])
+    assert frame2["rank"].tolist() == frame["rank"].tolist()
+    assert frame2["stage"].dtype == np.int64
+    codes, unknown = _codes(frame2)
+    assert unknown == (("nan", 1), ("vpp-sync", 1))
+    assert codes[2:].tolist() == _codes(frame)[0][2:].tolist()

@@ -117,19 +117,7 @@ def read_table(
     import pandas as pd  # here, not at import: detecting formats must not load pandas
 
     try:
-        if head.startswith(b"PAR1"):
-            try:
-                import pyarrow  # noqa: F401
-            except ImportError:
-                raise InputError(
-                    src, "Parquet op tables need pyarrow: pip install pyarrow (the ppdiag[parquet] extra)"
-                ) from None
-            rows = None if replicas is None else [("dp_rank", "in", list(replicas))]
-            df = pd.read_parquet(path, filters=rows)
-        elif _first_line(head).startswith(b"{"):
-            df = pd.read_json(path, lines=True, compression=_compression(path))
-        else:
-            df = pd.read_csv(path, compression=_compression(path))
+        df = _read_raw(path, src, head, replicas)
     except InputError:
         raise
     except (ValueError, OSError, pd.errors.ParserError) as exc:
@@ -137,30 +125,82 @@ def read_table(
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise InputError(src, f"op table lacks the required column(s) {', '.join(missing)}")
-    for c in OPTIONAL:
-        if c not in df.columns:
-            df[c] = -1
+    n, res = len(df), 0.0
+    cols: dict[str, Any] = {}
     try:
-        out = pd.DataFrame(
-            {
-                "dp_rank": df["dp_rank"].to_numpy(np.int64),
-                "stage": df["stage"].to_numpy(np.int64),
-                "rank": df["rank"].to_numpy(np.int64),
-                "step": df["step"].to_numpy(np.int64),
-                "optype": df["optype"].astype(str).to_numpy(),
-                "t0": seconds_to_ns(df["start_ts"]),
-                "dur": seconds_to_ns(df["duration"]),
-                "seq_id": df["seq_id"].fillna(-1).to_numpy(np.int64),
-                "mc": df["mc"].fillna(-1).to_numpy(np.int64),
-                "gmc": df["gmc"].fillna(-1).to_numpy(np.int64),
-                "mb_id": df["mb_id"].fillna(-1).to_numpy(np.int64),
-            }
-        )
+        # column by column, each raw column let go once converted: the table is held about once,
+        # not raw + converted + the frame's consolidated copy (4x the frame at the peak before)
+        for c, name in _OUT.items():
+            raw = df.pop(name) if name in df.columns else None
+            cols[c] = _converted(c, raw, n)
+            if raw is not None and c in ("t0", "dur"):
+                # ends are start + duration: both columns' resolution
+                res = max(res, resolution_ns(raw.to_numpy(), 1e9))
+            del raw
     except (ValueError, TypeError) as exc:
         raise InputError(src, f"op table has non-numeric values ({str(exc).splitlines()[0][:200]})") from None
-    # ends are start + duration: both columns' resolution
-    res = max(resolution_ns(df["start_ts"].to_numpy(), 1e9), resolution_ns(df["duration"].to_numpy(), 1e9))
-    return out, res
+    return pd.DataFrame(cols, copy=False), res
+
+
+# the frame's columns and the table's column each is read from
+_OUT = {
+    "dp_rank": "dp_rank",
+    "stage": "stage",
+    "rank": "rank",
+    "step": "step",
+    "optype": "optype",
+    "t0": "start_ts",
+    "dur": "duration",
+    "seq_id": "seq_id",
+    "mc": "mc",
+    "gmc": "gmc",
+    "mb_id": "mb_id",
+}
+_INTS = ("dp_rank", "stage", "rank", "step")
+
+
+def _converted(c: str, raw: pd.Series[Any] | None, n: int) -> Any:
+    """Frame column ``c`` from its table column: ints, times in ns, optypes as a categorical
+    (one small code per row, not one string object per row); an absent optional column is -1."""
+    import pandas as pd
+
+    if raw is None:
+        return np.full(n, -1, dtype=np.int64)
+    if c == "optype":
+        if isinstance(raw.dtype, pd.CategoricalDtype) and all(isinstance(v, str) for v in raw.cat.categories):
+            return raw
+        return raw.astype(str).astype("category")
+    if c in ("t0", "dur"):
+        return seconds_to_ns(raw)
+    if c in _INTS:
+        return raw.to_numpy(np.int64)
+    return raw.fillna(-1).to_numpy(np.int64)
+
+
+def _read_raw(path: Path, src: str, head: bytes, replicas: Sequence[int] | None) -> pd.DataFrame:
+    """The table as read: Parquet, JSON Lines or CSV (a CSV's known columns typed as they are
+    read, when they parse so: no float or string copy of the integer columns on the way)."""
+    import pandas as pd
+
+    if head.startswith(b"PAR1"):
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise InputError(
+                src, "Parquet op tables need pyarrow: pip install pyarrow (the ppdiag[parquet] extra)"
+            ) from None
+        rows = None if replicas is None else [("dp_rank", "in", list(replicas))]
+        return pd.read_parquet(path, filters=rows)
+    if _first_line(head).startswith(b"{"):
+        return pd.read_json(path, lines=True, compression=_compression(path))
+    typed: dict[str, Any] = {c: np.int64 for c in _INTS}
+    typed["optype"] = "category"
+    try:
+        return pd.read_csv(path, compression=_compression(path), dtype=typed)
+    except (ValueError, TypeError):
+        # a value that is not an integer where one is due (1.0, 2e3, text): read untyped, and
+        # the conversion says what it found
+        return pd.read_csv(path, compression=_compression(path))
 
 
 register(OpTableParser())

@@ -232,12 +232,22 @@ def _codes(df: pd.DataFrame) -> tuple[_I64, tuple[tuple[str, int], ...]]:
     """Optype code per row, unknown optypes as ``other``; and the unknown ones' counts by name."""
     import pandas as pd  # here, not at import: detecting formats must not load pandas
 
-    codes = pd.Index(OPTYPES).get_indexer(pd.Index(df["optype"].astype(str))).astype(np.int64)
+    col = df["optype"]
+    # by distinct optype (a handful), not by row: the reader's categorical, else made here
+    cat = col if isinstance(col.dtype, pd.CategoricalDtype) else col.astype(str).astype("category")
+    names = [str(v) for v in cat.cat.categories]
+    lut = np.r_[pd.Index(OPTYPES).get_indexer(pd.Index(names)), -1].astype(np.int64)
+    cc = cat.cat.codes.to_numpy().astype(np.int64)  # -1: a missing optype, read as "nan"
+    codes = lut[cc]
     unknown = codes < 0
     if not unknown.any():
         return codes, ()
-    unk, counts = np.unique(df["optype"].to_numpy()[unknown], return_counts=True)
-    return np.where(unknown, OTHER, codes), tuple((str(n), int(c)) for n, c in zip(unk, counts, strict=True))
+    counts = np.bincount(np.where(cc < 0, len(names), cc)[unknown], minlength=len(names) + 1)
+    found: dict[str, int] = {}
+    for name, k in zip([*names, "nan"], counts.tolist(), strict=True):
+        if k:
+            found[name] = found.get(name, 0) + int(k)
+    return np.where(unknown, OTHER, codes), tuple(sorted(found.items()))
 
 
 def world_of(rank: _I64, dp: _I64, stage: _I64, n_pp: int) -> tuple[int, int]:
