@@ -192,3 +192,39 @@ def test_real_traces_cut_equal_skeleton(rel: str, monkeypatch: pytest.MonkeyPatc
     cut, skeleton = _both(shared_trace(rel), monkeypatch, 512)
     assert seen == ["cut", "skeleton"]
     _same(cut, skeleton)
+
+
+ARGS_BATCHES = [
+    # plain ints; one event without args, one with "args": null
+    [b'{"stream":7,"device":0,"correlation":12,"bytes":64}', b"", b"null", b'{"correlation":3}'],
+    # an unread field mistyped: the full args Struct reads the batch leniently, the narrow one not
+    [b'{"stream":7,"correlation":12,"Seq":"x"}', b'{"correlation":5,"External id":1.5}'],
+    # the read fields mistyped: floats, text, bool, an id beyond int64, ROCm's string bytes
+    [b'{"stream":7.0,"device":"1","correlation":true,"bytes":"128"}', b'{"correlation":2.5}'],
+    [b'{"correlation":340282366920938463463374607431768211455}', b'{"correlation":-1,"bytes":null}'],
+    [b'{"stream":[1],"device":{"a":1},"correlation":"12"}'],
+]
+
+
+@pytest.mark.parametrize("rows", ARGS_BATCHES)
+def test_narrow_args_read_what_the_full_args_read(rows: list[bytes]) -> None:
+    """GPU ops and runtime calls decode their args with Structs of the four (one) fields read:
+    every column equals the one read from the full args Struct, whatever the batch's typing."""
+    import msgspec
+    import numpy as np
+
+    from ppdiag.parsers.kineto_schema import _STRICT, _col, _decode_args, _i64
+    from ppdiag.parsers.kineto_table import _arg_corr, _arg_ints
+
+    raws = [msgspec.Raw(r) for r in rows]
+    full = [a if a is not None else _STRICT.args() for a in _decode_args(raws)]
+    want = (
+        _i64(_col(full, "stream")),
+        _i64(_col(full, "device")),
+        _i64(_col(full, "correlation"), name="correlation", path="x"),
+        _i64(_col(full, "nbytes")),
+    )
+    got = _arg_ints(raws, "x")
+    for w, g in zip(want, got, strict=True):
+        assert np.array_equal(w, g)
+    assert np.array_equal(_arg_corr(raws, "x"), want[2])
