@@ -47,6 +47,7 @@ from ppdiag.parsers import ParseOptions, register
 from ppdiag.parsers.kineto_bytes import gunzip, looks_like_kineto, read_bytes, unpack_other
 from ppdiag.parsers.kineto_comm import _Ctx
 from ppdiag.parsers.kineto_cpu import _cpu_mode
+from ppdiag.parsers.kineto_cuts import decode_cut
 from ppdiag.parsers.kineto_events import _drop_bad_times, _event_codes, _read_begin_end
 from ppdiag.parsers.kineto_gpu import _gpu_mode
 from ppdiag.parsers.kineto_host import _build_ranges, _collect_host
@@ -120,7 +121,14 @@ _SLICE_DECODERS = SliceDecoders(
 def _decode_sliced(data: bytes | bytearray, memo: _NameMemo, path: str = "") -> _Recovered | None:
     """The trace decoded a slice at a time (see :mod:`ppdiag.parsers.kineto_slices`), without the
     host ops a GPU trace's parse never reads; None when the whole document must be decoded."""
-    got = decode_sliced(data, _SLICE_DECODERS, _slice_select, lambda: EventsBuilder(memo, path))
+
+    def builder() -> EventsBuilder:
+        return EventsBuilder(memo, path)
+
+    # slices cut in the text (the array parsed once), else the skeleton's slices: the same events
+    got = decode_cut(data, _SLICE_DECODERS, _slice_select, builder)
+    if got is None:
+        got = decode_sliced(data, _SLICE_DECODERS, _slice_select, builder)
     if got is None:
         return None
     top = got.top

@@ -180,6 +180,44 @@ def _decode_args(raws: list[msgspec.Raw]) -> list[Any]:
     return out
 
 
+def _int_args_decoders(keys: tuple[str, ...]) -> tuple[msgspec.json.Decoder[Any], msgspec.json.Decoder[Any]]:
+    """(strict, lenient) decoders of a JSON array of args objects (or nulls) that read only the
+    ``_ARG_FIELDS`` named ``keys``, typed as there: the events whose args only give a few ints
+    (GPU ops, runtime calls: most of the args decoded) skip the other fields' lookups. Each field
+    is read as the full args Struct reads it (strictly when every value of the batch is typed
+    as expected, else as any JSON value), so the values are the same."""
+    fields = [f for f in _ARG_FIELDS if f[0] in keys]
+    out = []
+    for lenient in (False, True):
+        t = msgspec.defstruct(
+            "KinetoIntArgs",
+            [(a, Any if lenient else typ, d) for a, _, typ, d in fields],
+            rename={a: k for a, k, _, _ in fields},
+            gc=False,
+        )
+        out.append(msgspec.json.Decoder(list[t | None]))  # type: ignore[valid-type]
+    return out[0], out[1]
+
+
+#: the args fields of GPU ops (stream, device, correlation, bytes) and of runtime calls
+GPU_ARGS = _int_args_decoders(("stream", "device", "correlation", "nbytes"))
+RUNTIME_ARGS = _int_args_decoders(("correlation",))
+
+
+def decode_int_args(
+    raws: list[msgspec.Raw], decoders: tuple[msgspec.json.Decoder[Any], msgspec.json.Decoder[Any]]
+) -> list[Any]:
+    """:func:`_decode_args` with one of the narrow decoders (``GPU_ARGS``, ``RUNTIME_ARGS``)."""
+    if not raws:
+        return []
+    blob = b"".join((b"[", _join_raw(raws, b"null"), b"]"))
+    try:
+        out: list[Any] = decoders[0].decode(blob)
+    except msgspec.ValidationError:
+        out = decoders[1].decode(blob)
+    return out
+
+
 def trace_decoder() -> msgspec.json.Decoder[Any]:
     """The typed decoder ppdiag uses (the floor the parse benchmark compares against)."""
     return _STRICT.decoder

@@ -210,7 +210,7 @@ def _slices(
         if consume:
             raws[lo : lo + SLICE] = repeat(_FREED, min(SLICE, len(raws) - lo))
         try:
-            n, g = _decode_slice(blob, decoders, select, builder, hooks)
+            _, n, g = decode_slice(blob, decoders, select, builder, run_instant_hooks if hooks else None)
         finally:
             if win is not None:
                 assert isinstance(data, bytearray)
@@ -221,19 +221,25 @@ def _slices(
     return dropped_used, n_gpu
 
 
-def _decode_slice(
-    blob: bytes | memoryview, decoders: SliceDecoders, select: Select, builder: EventsBuilder, hooks: bool
-) -> tuple[int, int]:
-    """Decode one slice (a JSON array) into ``builder``. The filtered pass decodes the events no
-    step reads as stubs; a slice where the filter keeps one (a GPU category or the allocator's
-    name on a flow or metadata event) is decoded again in full, so the columns are those of the
-    untagged decode either way."""
+def decode_slice(
+    blob: bytes | memoryview,
+    decoders: SliceDecoders,
+    select: Select,
+    builder: EventsBuilder,
+    on_events: InstantHook | None,
+) -> tuple[int, int, int]:
+    """Decode one slice (a JSON array) into ``builder``; returns (events in the slice, dropped
+    rows that count as used, usable GPU events). ``on_events`` is handed the slice's events
+    first (the instant-event hooks). The filtered pass decodes the events no step reads as stubs;
+    a slice where the filter keeps one (a GPU category or the allocator's name on a flow or
+    metadata event) is decoded again in full, so the columns are those of the untagged decode
+    either way."""
     evs, how = decoders.decode(blob, stubs=select is not keep_all)
-    if hooks:
-        run_instant_hooks(evs)  # instant events are never stubs
+    if on_events is not None:
+        on_events(evs)  # instant events are never stubs
     got = builder.add(evs, select, how)
     if got is None:
         evs, how = decoders.decode(blob)
         got = builder.add(evs, select, how)
         assert got is not None
-    return got
+    return len(evs), *got

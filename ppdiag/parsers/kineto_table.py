@@ -31,6 +31,7 @@ from ppdiag.parsers.kineto_schema import (
     _CAT,
     _STRICT,
     F64A,
+    GPU_ARGS,
     I64A,
     K_ANNOT,
     K_CPUOP,
@@ -40,12 +41,13 @@ from ppdiag.parsers.kineto_schema import (
     K_RUNTIME,
     K_SYNC,
     MEMORY_EVENT,
+    RUNTIME_ARGS,
     TAGGED_PH,
     _col,
-    _decode_args,
     _f64,
     _i64,
     _tids,
+    decode_int_args,
 )
 
 # phase codes (``ph``)
@@ -162,18 +164,29 @@ def _take(evs: list[Any], idx: npt.NDArray[np.intp]) -> list[Any]:
     return list(map(evs.__getitem__, idx.tolist()))
 
 
+_NO_ARGS = _STRICT.args()  # every field at its default: what an event without args reads
+
+
 def _arg_ints(rows: list[msgspec.Raw], path: str) -> tuple[I64A, I64A, I64A, I64A]:
     """(stream, device, correlation, bytes) of the args of some events (-1 when absent)."""
-    empty = _STRICT.args()
-    args = _decode_args(rows)
+    args = decode_int_args(rows, GPU_ARGS)
     if None in args:  # events without args (or "args": null)
-        args = [a if a is not None else empty for a in args]
+        args = [a if a is not None else _NO_ARGS for a in args]
     return (
         _i64(_col(args, "stream")),
         _i64(_col(args, "device")),
         _i64(_col(args, "correlation"), name="correlation", path=path),
         _i64(_col(args, "nbytes")),
     )
+
+
+def _arg_corr(rows: list[msgspec.Raw], path: str) -> I64A:
+    """The correlation of the args of some events (-1 when absent): runtime calls, whose args
+    give nothing else ppdiag reads."""
+    args = decode_int_args(rows, RUNTIME_ARGS)
+    if None in args:
+        args = [a if a is not None else _NO_ARGS for a in args]
+    return _i64(_col(args, "correlation"), name="correlation", path=path)
 
 
 # a slice's columns and the builder (for its per-name facts) -> (rows to keep, dropped rows that
@@ -276,7 +289,7 @@ class EventsBuilder:
                 cols[key][gi] = vals
         ri = np.flatnonzero((cat == K_RUNTIME) & (ph == PH_X))
         if len(ri):
-            cols["corr"][ri] = _arg_ints(_col(_take(evs, ri), "args"), self._path)[2]
+            cols["corr"][ri] = _arg_corr(_col(_take(evs, ri), "args"), self._path)
         self._keep_raw_args(evs, cols, gi)
         if self.memory_id >= 0:
             mem = _take(evs, np.flatnonzero(name == self.memory_id))
