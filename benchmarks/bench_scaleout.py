@@ -45,6 +45,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the test-support package ppsynth
+sys.path.insert(0, str(REPO / "benchmarks"))  # reduce_phases
 
 
 def _build(out: Path, pp: int, dp: int, m: int, steps: int) -> None:
@@ -108,8 +109,13 @@ def _build_table(out: Path, pp: int, dp: int, m: int, steps: int) -> int:
     return len(df)
 
 
-def _analyze_table(path: Path, scheduler: str | None) -> dict[str, object]:
-    """The op table's map (by replica on Dask, or the whole-table parse) and the analysis."""
+def _analyze_table(path: Path, scheduler: str | None, phases: bool = False) -> dict[str, object]:
+    """The op table's map (by replica on Dask, or the whole-table parse) and the analysis
+    (``phases``: its CPU by phase, from :mod:`reduce_phases`)."""
+    from contextlib import AbstractContextManager, nullcontext
+
+    from reduce_phases import timed_phases
+
     from ppdiag.api import Options, analyze_run
     from ppdiag.parsers import optable_replicas
     from ppdiag.parsers.loader import load_run
@@ -139,10 +145,16 @@ def _analyze_table(path: Path, scheduler: str | None) -> dict[str, object]:
     t0, c0 = time.perf_counter(), time.process_time()
     run = load_run([path], jobs=1, progress=False, scheduler=scheduler)
     t1, c1 = time.perf_counter(), time.process_time()
-    diag = analyze_run(run, Options(progress=False, jobs=1))
+    timer: AbstractContextManager[dict[str, float]] = timed_phases() if phases else nullcontext({})
+    with timer as cpu:
+        diag = analyze_run(run, Options(progress=False, jobs=1))
     t2, c2 = time.perf_counter(), time.process_time()
     report = dumps(diag.result).encode()
+    pipe = diag.context.pipeline if diag.context is not None else None
+    structure = pipe.structure if pipe is not None else None
     return {
+        "phases": cpu,
+        "established": structure is None or structure.established,
         "ranks": len(run.ranks),
         "plan_s": sum(plan_s),
         "map_s": t1 - t0,
@@ -181,6 +193,7 @@ def _worker_peak_mb(cluster: Any) -> float:
 def _optable(a: argparse.Namespace) -> None:
     """``--optable``: one op table per size, mapped by replica on a LocalCluster."""
     from distributed import LocalCluster
+    from reduce_phases import format_phases
 
     print(f"load average {os.getloadavg()[0]:.1f}; {a.workers} workers; pp {a.pp}, M {a.microbatches}")
     rows: list[tuple[int, dict[str, Any]]] = []
@@ -203,7 +216,8 @@ def _optable(a: argparse.Namespace) -> None:
                 dashboard_address=None,
                 silence_logs=40,
             ) as cluster:
-                d = _child(["--_analyze_table", str(path), "--_scheduler", cluster.scheduler_address])
+                more = ["--_phases"] if a.phases else []
+                d = _child(["--_analyze_table", str(path), "--_scheduler", cluster.scheduler_address, *more])
                 worker_mb = _worker_peak_mb(cluster)
             print(
                 f"  dask: plan {d['plan_s']:.1f} s, map {d['map_s']:.1f} s wall ({d['tasks']} tasks, reducer "
@@ -213,6 +227,10 @@ def _optable(a: argparse.Namespace) -> None:
                 f"worker peak RSS {worker_mb:.0f} MB; "
                 f"findings {', '.join(d['findings'])}"
             )
+            if not d["established"]:
+                print("  NOTE: the analysis rejected the pipeline structure (see the report's warnings)")
+            if a.phases:
+                print(format_phases(d["phases"], float(d["reduce_cpu_s"])))
             if a.local:
                 loc = _child(["--_analyze_table", str(path)])
                 print(
@@ -256,6 +274,8 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="build the traces here and keep them")
     ap.add_argument("--optable", action="store_true", help="one op table (Parquet) mapped by replica")
     ap.add_argument("--sizes", type=int, nargs="+", help="--optable: dp values to sweep (exponent in ranks)")
+    ap.add_argument("--phases", action="store_true", help="--optable: the reducer's analysis CPU by phase")
+    ap.add_argument("--_phases", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--_build_table", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--_analyze_table", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--_build", type=Path, help=argparse.SUPPRESS)
@@ -273,7 +293,7 @@ def main() -> None:
         print(json.dumps({"ops": _build_table(a._build_table, a.pp, a.dp, a.microbatches, a.steps)}))
         return
     if a._analyze_table:
-        print(json.dumps(_analyze_table(a._analyze_table, a._scheduler)))
+        print(json.dumps(_analyze_table(a._analyze_table, a._scheduler, a._phases)))
         return
     # the defaults: 4096 small Kineto files, or one 10,240-rank op table
     for name, per_file, per_table in (

@@ -229,6 +229,52 @@ def test_most_claimed_stages_untraced_reject_the_pipeline() -> None:
     assert contradiction(chain, few, {0: wins[0], 1: wins[1]}, overridden=False) is not None
 
 
+def _forwards(stage: int, t0_ms: float, m: int = 4) -> Blocks:
+    """``m`` forward blocks of micro-batches 0..m-1 on ``stage``, 1 ms long, one every 2 ms from
+    ``t0_ms`` (one step)."""
+    start = ((t0_ms + 2.0 * np.arange(m)) * 1e6).astype(np.int64)
+    return Blocks(
+        np.zeros(m, np.int32),
+        start,
+        start + 1_000_000,
+        np.full(m, 1_000_000, np.int64),
+        np.full(m, -1, np.int64),
+        np.full(m, int(Phase.FWD), np.int8),
+        np.arange(m, dtype=np.int32),
+        np.full(m, stage, np.int32),
+        labelled=True,
+    )
+
+
+def test_each_block_depends_on_the_producer_of_its_own_replica() -> None:
+    # 3 DP replicas of a 2-stage pipeline (ranks 0-1, 2-3, 4-5), one step, 4 forwards each.
+    # In every replica stage 1's forward of micro-batch k starts 0.1 ms after stage 0's ends (k
+    # at t0 + 2k ms, stage 1 at t0 + 2k + 1.1 ms): the order holds in each replica. Replica 0
+    # runs at t0 = 100 ms, replicas 1 and 2 at t0 = 0: measured against replica 0's producers
+    # (ending at 101 + 2k ms), replicas 1 and 2's 8 consumers would all start before their
+    # producer ends: 8 of 12 dependencies "contradicted", the pipeline wrongly rejected.
+    pipelines = [[0, 1], [2, 3], [4, 5]]
+    topo = Topology(
+        2,
+        {r: i for line in pipelines for i, r in enumerate(line)},
+        {r: [i] for line in pipelines for i, r in enumerate(line)},
+        pipelines,
+        source="pipeline process group",
+    )
+    blocks: dict[int, Blocks] = {}
+    for line, t0 in zip(pipelines, (100.0, 0.0, 0.0), strict=True):
+        blocks[line[0]] = _forwards(0, t0)
+        blocks[line[1]] = _forwards(1, t0 + 1.1)
+    wins = {r: [LocalStep(10, 0, 10**9)] for r in blocks}
+    assert contradiction(topo, blocks, wins, overridden=False) is None
+    # a replica whose consumers do start before their own producers end is still seen: every
+    # stage-1 forward 0.5 ms before its producer's end in all three replicas -> 12 of 12
+    for line, t0 in zip(pipelines, (100.0, 0.0, 0.0), strict=True):
+        blocks[line[1]] = _forwards(1, t0 + 0.5)
+    reason = contradiction(topo, blocks, wins, overridden=False)
+    assert reason == "12 of 12 micro-batch dependencies from the block labels contradict the measured order"
+
+
 def _add_torch_ranges(db: Path) -> int:
     """Put PyTorch's ``c10d::alltoall_base_`` / ``nccl:all_to_all`` ranges (what emit_nvtx and
     record_function write) around every NCCL group of an nsys export; returns the groups wrapped."""

@@ -104,7 +104,10 @@ def _virtual_beyond_blocks(topo: Topology, blocks: dict[int, Blocks]) -> str | N
 def _labels_against_order(
     topo: Topology, blocks: dict[int, Blocks], windows: dict[int, list[LocalStep]]
 ) -> str | None:
-    """Most micro-batch dependencies of the labelled blocks contradict the measured order."""
+    """Most micro-batch dependencies of the labelled blocks contradict the measured order. A block's
+    producer is looked up in its own pipeline replica: replicas run the same labels at their own
+    pace, so another replica's producer says nothing about this block's order."""
+    line_of = {r: i for i, line in enumerate(topo.pipelines) for r in line}
     rows: list[np.ndarray] = []
     for r, b in blocks.items():
         ok = (b.stage >= 0) & (b.mb >= 0) & ((b.phase == int(Phase.FWD)) | (b.phase == int(Phase.BWD)))
@@ -114,12 +117,15 @@ def _labels_against_order(
         st = b.step[ok].astype(np.int64)
         if not len(nums) or st.max() >= len(nums):
             continue
+        line = np.full(int(ok.sum()), line_of.get(r, len(topo.pipelines)), np.int64)
         rows.append(
-            np.stack([nums[st], b.stage[ok], b.phase[ok], b.mb[ok], b.start[ok], b.end[ok]]).astype(np.int64)
+            np.stack([line, nums[st], b.stage[ok], b.phase[ok], b.mb[ok], b.start[ok], b.end[ok]]).astype(
+                np.int64
+            )
         )
     if not rows:
         return None
-    step, stage, phase, mb, start, end = np.concatenate(rows, axis=1)
+    line, step, stage, phase, mb, start, end = np.concatenate(rows, axis=1)
     last = topo.pp * max(topo.virtual, 1) - 1
     is_f = phase == int(Phase.FWD)
     # the producer of each block: the previous stage's forward, the next stage's backward
@@ -127,6 +133,10 @@ def _labels_against_order(
     wants = (p_stage >= 0) & (p_stage <= last)
     key = ((step * (last + 2) + stage) * 4 + phase) * (int(mb.max()) + 1) + mb
     want = ((step * (last + 2) + p_stage) * 4 + phase) * (int(mb.max()) + 1) + mb
+    # the replica in the key's top digits (step numbers may be negative: shift to 0 first)
+    low = int(min(key.min(), want.min()))
+    span = int(max(key.max(), want.max())) - low + 1
+    key, want = line * span + (key - low), line * span + (want - low)
     o = np.argsort(key, kind="stable")
     ks = key[o]
     pos = np.minimum(np.searchsorted(ks, want), len(ks) - 1)
