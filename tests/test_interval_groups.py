@@ -168,3 +168,13 @@ def test_batched_rank_steps_equal_per_step(tmp_path: Path, monkeypatch: object) 
     monkeypatch.setattr(api_mod, "rank_steps", both)  # type: ignore[attr-defined]
     diagnose([tmp_path], Options(progress=False, jobs=1))
     assert len(seen) == 8 and sum(seen) > 0
+
+
+def test_line_refuses_spans_that_overflow_int64() -> None:
+    """Two windows of 2^62 ns cannot lie end to end on one int64 line: the callers then take the
+    per-step path."""
+    import pytest
+
+    with pytest.raises(OverflowError):
+        Line.of([0, 0], [2**62, 2**62])
+    assert Line.of([5, 100], [10, 100]).off.tolist() == [0, 6]  # widths 6 and 1

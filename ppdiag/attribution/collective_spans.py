@@ -35,7 +35,10 @@ class SpanMeasures:
         """``kinds[j][g]``: the j-th kind of set of group g (sorted, disjoint, own clock)."""
         if bool((w1 < w0).any()):
             return None
-        line = Line.of(w0, w1)
+        try:
+            line = Line.of(w0, w1)
+        except OverflowError:  # windows too long to lay end to end on one int64 line
+            return None
         placed = []
         for sets in kinds:
             got = cls._place(line, sets)

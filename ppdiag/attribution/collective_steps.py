@@ -136,7 +136,11 @@ def _comm_sets(steps: Sequence[StepLike]) -> list[ivs.ISet]:
     g = np.repeat(np.tile(np.arange(len(steps), dtype=np.int64), 2), [x[0].size for x in parts])
     s = np.concatenate([x[0] for x in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
     e = np.concatenate([x[1] for x in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
-    if bool((w1 < w0).any()) or not bool(((s >= w0[g]) & (e <= w1[g])).all()):
+    try:
+        line = Line.of(w0, w1)
+    except OverflowError:  # windows too long to lay end to end on one int64 line
+        line = None
+    if line is None or bool((w1 < w0).any()) or not bool(((s >= w0[g]) & (e <= w1[g])).all()):
         return [
             ivs.union(
                 np.concatenate([rs.sets.p2p[0], rs.sets.collective[0]]),
@@ -144,5 +148,4 @@ def _comm_sets(steps: Sequence[StepLike]) -> list[ivs.ISet]:
             )
             for rs in steps
         ]
-    line = Line.of(w0, w1)
     return line.split(ivs.union(line.put(g, s), line.put(g, e)))

@@ -223,9 +223,12 @@ def paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]]) 
         (np.concatenate([x[i][0] for x in kinds]), np.concatenate([x[i][1] for x in kinds])) for i in range(5)
     ]
     inside = all(bool(((s >= w[0][g]) & (e <= w[1][g])).all()) for (s, e), g in zip(flat, g_of, strict=True))
+    try:
+        line = Line.of(*w)
+    except OverflowError:  # windows too long to lay end to end on one int64 line
+        inside = False
     if not inside or bool((w[1] <= w[0]).any()):
         return paint_per_step(steps, causes)
-    line = Line.of(*w)
     sets = [(line.put(g, s), line.put(g, e)) for (s, e), g in zip(flat, g_of, strict=True)]
     pools = _pools(sets[0], sets[1:])
     left = np.stack([line.measure(p) for p in pools], axis=1)

@@ -107,9 +107,9 @@ def rank_steps(tl: RankTimeline, specs: Sequence[StepWindowSpec]) -> list[RankSt
     """:func:`rank_step` of each of ``specs`` (one rank's analyzed steps), all in one pass."""
     if not specs:
         return []
-    if tl.cpu_only or any(w.w1 <= w.w0 for w in specs):
+    line = _line_of(specs)
+    if tl.cpu_only or line is None:
         return [rank_step(tl, w.step, w.number, w.w0, w.w1, w.blocks) for w in specs]
-    line = Line.of([w.w0 for w in specs], [w.w1 for w in specs])
     sets = _sets_of(line, *_gathered(tl, line))
     # host evidence only on idle time: comm and copies have their own causes
     idle = ivs.subtract(sets.gaps, union_of(sets.p2p, sets.collective, sets.copy))
@@ -129,6 +129,17 @@ def rank_steps(tl: RankTimeline, specs: Sequence[StepWindowSpec]) -> list[RankSt
         ws = WindowSets(comp, p2p, coll, gaps, copy)
         out.append(RankStep(tl.rank, w.step, w.number, w.w0, w.w1, ws, acct, w.blocks, hs, p2p, ph))
     return out
+
+
+def _line_of(specs: Sequence[StepWindowSpec]) -> Line | None:
+    """The line of the steps' windows; None for an empty window or windows too long for one int64
+    line (the per-step path then)."""
+    if any(w.w1 <= w.w0 for w in specs):
+        return None
+    try:
+        return Line.of([w.w0 for w in specs], [w.w1 for w in specs])
+    except OverflowError:
+        return None
 
 
 __all__ = ["StepWindowSpec", "rank_steps"]
