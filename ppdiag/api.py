@@ -20,8 +20,9 @@ import msgspec
 import numpy as np
 
 from ppdiag.analysis import AnalysisContext, Analyzed
-from ppdiag.attribution.causes import Attribution, RankStep, attribute, rank_step
+from ppdiag.attribution.causes import Attribution, RankStep, attribute
 from ppdiag.attribution.critical_path import Transfers, critical_paths
+from ppdiag.attribution.rank_steps import StepWindowSpec, rank_steps
 from ppdiag.diagnosis import Diagnosis, GapTable, StepWindow
 from ppdiag.errors import InputError
 from ppdiag.facts import StageBalance, stage_balance
@@ -292,14 +293,32 @@ def _rank_steps(run: Run, pipe: Pipeline, skip: int | None) -> tuple[list[RankSt
     steps: list[RankStep] = []
     windows: list[StepWindow] = []
     for tl in run.ranks:
-        b = pipe.blocks.get(tl.rank)
-        for i, w in enumerate(pipe.windows.get(tl.rank, [])):
-            if i == skip:
-                continue
-            sb = b.take(b.step == i) if b is not None and len(b) else None
-            steps.append(rank_step(tl, i, w.number, w.start, w.end, sb if sb is not None else Blocks.empty()))
-            windows.append(StepWindow(tl.rank, i, w.number, w.start, w.end))
+        specs = [
+            StepWindowSpec(i, w.number, w.start, w.end, blocks)
+            for (i, w), blocks in zip(
+                enumerate(pipe.windows.get(tl.rank, [])),
+                _blocks_by_step(pipe.blocks.get(tl.rank)),
+                strict=False,  # the blocks never end
+            )
+            if i != skip
+        ]
+        steps.extend(rank_steps(tl, specs))
+        windows.extend(StepWindow(tl.rank, w.step, w.number, w.w0, w.w1) for w in specs)
     return steps, windows
+
+
+def _blocks_by_step(b: Blocks | None) -> Iterator[Blocks]:
+    """The rank's blocks of step 0, 1, 2, ... (each in time order), for ever: one stable sort by
+    step instead of one mask over all the rank's blocks per step."""
+    if b is None or not len(b):
+        while True:
+            yield Blocks.empty()
+    order = np.argsort(b.step, kind="stable")
+    cut = np.searchsorted(b.step[order], np.arange(max(int(b.step.max()), 0) + 2), side="left")
+    for i in range(cut.size - 1):
+        yield b.take(order[cut[i] : cut[i + 1]])
+    while True:
+        yield b.take(order[:0])
 
 
 def _warmup_step(pipe: Pipeline) -> int | None:

@@ -28,8 +28,8 @@ from ppdiag.attribution.causes import (
     _measure_between,
     _Node,
     _P2PIndex,
-    _pools,
 )
+from ppdiag.attribution.paint import _pools
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import _group_union_measure
 from ppsynth import faults as F

@@ -45,11 +45,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
 from ppdiag.attribution.collective_steps import run_waits
 from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves
 from ppdiag.attribution.link_latency import LinkLatencies
+from ppdiag.attribution.paint import paint
 from ppdiag.attribution.rank_step import RankStep, _m, rank_step
 from ppdiag.attribution.replay_graph import STEP_JOIN_NS
 from ppdiag.attribution.replay_index import (
@@ -66,7 +66,6 @@ from ppdiag.model import RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.clocks import P2POps
 from ppdiag.pipeline.collectives import CollectiveMatch
-from ppdiag.report_types import Cause
 
 
 @dataclass
@@ -224,7 +223,7 @@ def attribute(
             k = (rs.rank, rs.step)
             causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
     notes.extend(waits.notes)
-    gaps = _paint(steps, causes)
+    gaps = paint(steps, causes)
     return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole)
 
 
@@ -272,132 +271,6 @@ def _close(c: dict[str, int], lost: int) -> dict[str, int]:
         if excess == 0:
             break
     return c
-
-
-# Where each cause is drawn first: pools are 0 host evidence, 1 waits, 2 exposed collectives,
-# 3 other idle, 4 exposed copies. Bubble prefers waits at the edges of the step (warm-up and
-# cool-down).
-_POOLS = {
-    "host": (0, 1, 3),
-    "comm_wait": (1,),
-    "exposed_comm": (2, 1),
-    "exposed_copy": (4,),
-    "unexplained": (3,),
-    "bubble": (1, 3),
-    "imbalance": (1, 3),
-}
-_ORDER = ("host", "exposed_copy", "exposed_comm", "comm_wait", "unexplained", "bubble", "imbalance")
-_FALLBACK = (1, 3, 0, 2, 4)
-
-
-def _pools(lost: ivs.ISet, by_rank: list[ivs.ISet]) -> list[ivs.ISet]:
-    """The lost time split into its pools in one sweep: host evidence, then waits, collectives and
-    copies (each taking what the earlier ones left), the rest as "other". Returned in the order
-    host, wait, collective, other, copy; each a sorted disjoint set with touching pieces merged."""
-    if lost[0].size == 0:
-        return [ivs.empty() for _ in range(5)]
-    pts = np.unique(np.concatenate([lost[0], lost[1], *[x for st in by_rank for x in st]]))
-    seg_s, seg_e = pts[:-1], pts[1:]
-
-    def covers(iset: ivs.ISet) -> npt.NDArray[np.bool_]:
-        s, e = iset
-        if s.size == 0:
-            return np.zeros(seg_s.size, np.bool_)
-        j = np.searchsorted(s, seg_s, side="right") - 1
-        return (j >= 0) & (seg_s < e[np.maximum(j, 0)])
-
-    label = np.full(seg_s.size, -1, np.int64)
-    in_lost = covers(lost)
-    label[in_lost] = 3  # other
-    # first matching pool wins: host (0), wait (1), collective (2), copy (4)
-    for pool, iset in reversed(list(zip((0, 1, 2, 4), by_rank, strict=True))):
-        label[in_lost & covers(iset)] = pool
-    out: list[ivs.ISet] = []
-    for pool in range(5):
-        k = np.flatnonzero(label == pool)
-        if k.size == 0:
-            out.append(ivs.empty())
-            continue
-        # adjacent elementary segments of one pool touch: merge them
-        new = np.r_[True, k[1:] != k[:-1] + 1]
-        first = np.flatnonzero(new)
-        last = np.r_[first[1:] - 1, k.size - 1]
-        out.append((seg_s[k[first]].astype(np.int64), seg_e[k[last]].astype(np.int64)))
-    return out
-
-
-def _paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]]) -> dict[int, GapTable]:
-    """Give every lost-time segment one cause so that the totals per (rank, step) are exact.
-
-    First the amount each cause takes from each pool of segments (by the precedence of _ORDER and
-    the pools each cause prefers), then each pool is cut at those amounts in one vectorized pass.
-    """
-    out: dict[int, list[npt.NDArray[np.int64]]] = {}
-    for rs in steps:
-        pools = _pools(rs.sets.gaps, [rs.host_set, rs.wait_set, rs.sets.collective, rs.sets.copy])
-        left = [ivs.measure(p) for p in pools]
-        takes: list[list[tuple[int, int]]] = [[] for _ in pools]  # per pool: (cause, ns)
-        c = causes[(rs.rank, rs.step)]
-        for key in _ORDER:
-            need = c.get(key, 0)
-            for p in list(_POOLS[key]) + [q for q in _FALLBACK if q not in _POOLS[key]]:
-                if need <= 0:
-                    break
-                take = min(need, left[p])
-                if take > 0:
-                    takes[p].append((Cause(key).code, take))
-                    left[p] -= take
-                    need -= take
-        for p, (ps, pe) in enumerate(pools):
-            if not takes[p] or ps.size == 0:
-                continue
-            if p == 1:
-                # the schedule's own waits sit at the edges of the step (warm-up, cool-down): bubble
-                # takes the waits nearest the edges first, imbalance the steady-state ones
-                order = np.argsort(np.minimum(ps - rs.w0, rs.w1 - pe), kind="stable")
-                ps, pe = ps[order], pe[order]
-                rank_of = {Cause.BUBBLE.code: 0, Cause.IMBALANCE.code: 1}
-                takes[p].sort(key=lambda t: rank_of.get(t[0], 2))
-            out.setdefault(rs.rank, []).append(_cut(ps, pe, takes[p], rs.step))
-    tables: dict[int, GapTable] = {}
-    for r, parts in out.items():
-        arr = np.concatenate(parts) if parts else np.zeros((0, 4), np.int64)
-        arr = arr[np.argsort(arr[:, 0], kind="stable")]
-        tables[r] = GapTable(
-            arr[:, 0].copy(),
-            arr[:, 1].copy(),
-            arr[:, 2].astype(np.int8),
-            np.full(arr.shape[0], -1, np.int32),
-            arr[:, 3].astype(np.int32),
-        )
-    for rs in steps:
-        tables.setdefault(rs.rank, GapTable.empty())
-    return tables
-
-
-def _cut(
-    starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], takes: list[tuple[int, int]], step: int
-) -> npt.NDArray[np.int64]:
-    """Rows (start, end, cause, step): the segments, in their order, handed out to the causes in
-    ``takes`` (cause, ns) one after the other."""
-    lengths = ends - starts
-    cum = np.cumsum(lengths)
-    total = int(cum[-1])
-    bounds = np.cumsum([t for _, t in takes])
-    pos = np.unique(np.concatenate([[0], cum, np.minimum(bounds, total)]))
-    pos = pos[pos <= total]
-    lo, hi = pos[:-1], pos[1:]
-    k = np.searchsorted(cum, lo, side="right")
-    before = np.concatenate([[0], cum[:-1]])
-    t0 = starts[k] + (lo - before[k])
-    cause = np.array([c for c, _ in takes], dtype=np.int64)[
-        np.minimum(np.searchsorted(bounds, lo, side="right"), len(takes) - 1)
-    ]
-    keep = (hi > lo) & (lo < bounds[-1])
-    rows: npt.NDArray[np.int64] = np.stack(
-        [t0, t0 + (hi - lo), cause, np.full(lo.size, step, np.int64)], axis=1
-    )[keep]
-    return rows
 
 
 # re-exported: the replay's parts that tests and callers import from here

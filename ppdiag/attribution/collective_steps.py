@@ -11,12 +11,14 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from ppdiag.attribution.accounting import WindowSets
 from ppdiag.attribution.collective_waits import CollectiveWaits, RankSets, collective_waits
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import RankTimeline
 from ppdiag.model import intervals as ivs
+from ppdiag.model.interval_groups import Line
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.collectives import CollectiveMatch, match_collectives
 
@@ -54,17 +56,17 @@ def run_waits(
     ``collectives``: the run's collectives already matched (``Pipeline.collectives``); with ``p2p``
     the point-to-point ops join the match, so it is made here.
     """
+    comm = _comm_sets(steps)
     sets = []
-    for rs in steps:
+    for rs, cm in zip(steps, comm, strict=True):
         o = np.argsort(rs.blocks.end, kind="stable")
-        first_work = min(
-            [
-                int(x[0][0])
-                for x in (rs.sets.compute, rs.sets.p2p, rs.sets.collective, rs.sets.copy)
-                if x[0].size
-            ],
-            default=rs.w0,
-        )
+        firsts = [
+            int(x[0][0])
+            for x in (rs.sets.compute, rs.sets.p2p, rs.sets.collective, rs.sets.copy)
+            if x[0].size
+        ]
+        busy_cum = np.zeros(len(rs.blocks) + 1, np.int64)
+        np.cumsum(rs.blocks.busy[o], out=busy_cum[1:])
         sets.append(
             RankSets(
                 rs.rank,
@@ -73,21 +75,20 @@ def run_waits(
                 rs.w1,
                 rs.sets.compute,
                 rs.host_set,
-                ivs.union(
-                    np.r_[rs.sets.p2p[0], rs.sets.collective[0]], np.r_[rs.sets.p2p[1], rs.sets.collective[1]]
-                ),
-                first_work,
+                cm,
+                min(firsts, default=rs.w0),
                 rs.blocks.end[o].astype(np.int64),
-                np.r_[0, np.cumsum(rs.blocks.busy[o])].astype(np.int64),
+                busy_cum,
             )
         )
     pipeline_of = _pipeline_of(timelines, pipelines)
     match = (
         collectives if collectives is not None and not p2p else match_collectives(dict(timelines), p2p=p2p)
     )
-    stages: dict[int, set[int]] = defaultdict(set)
+    by_rank: dict[int, list[npt.NDArray[np.int32]]] = defaultdict(list)
     for rs in steps:
-        stages[rs.rank].update(int(x) for x in np.unique(rs.blocks.stage))
+        by_rank[rs.rank].append(rs.blocks.stage)
+    stages = {r: {int(x) for x in np.unique(np.concatenate(v))} for r, v in by_rank.items()}
     if any(stages.values()) and len(match):
         same = np.array(
             [len({frozenset(stages.get(r, set())) for r in members}) == 1 for members in match.groups],
@@ -98,8 +99,8 @@ def run_waits(
     for rs in steps:
         key = (rs.rank, rs.step)
         x = exclude.get(key) if exclude else None
-        s0 = np.r_[rs.blocks.start, [x[0]] if x else []].astype(np.int64)
-        s1 = np.r_[rs.blocks.end, [x[1]] if x else []].astype(np.int64)
+        s0 = np.concatenate([rs.blocks.start, [x[0]] if x else []]).astype(np.int64)
+        s1 = np.concatenate([rs.blocks.end, [x[1]] if x else []]).astype(np.int64)
         if s0.size:
             spans[key] = ivs.union(s0, s1)
     cw = collective_waits(sets, match, spans, pipeline_of, timing_tolerance_ns(timelines))
@@ -124,3 +125,27 @@ def _pipeline_of(
 
 
 __all__ = ["StepLike", "run_waits"]
+
+
+def _comm_sets(steps: Sequence[StepLike]) -> list[ivs.ISet]:
+    """Each step's exposed p2p and collectives as one set: all steps at once on one line of their
+    windows, or one step at a time where a set strays outside its window."""
+    w0 = np.array([rs.w0 for rs in steps], np.int64)
+    w1 = np.array([rs.w1 for rs in steps], np.int64)
+    parts = [rs.sets.p2p for rs in steps] + [rs.sets.collective for rs in steps]
+    g = np.repeat(np.tile(np.arange(len(steps), dtype=np.int64), 2), [x[0].size for x in parts])
+    s = np.concatenate([x[0] for x in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
+    e = np.concatenate([x[1] for x in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
+    try:
+        line = Line.of(w0, w1)
+    except OverflowError:  # windows too long to lay end to end on one int64 line
+        line = None
+    if line is None or bool((w1 < w0).any()) or not bool(((s >= w0[g]) & (e <= w1[g])).all()):
+        return [
+            ivs.union(
+                np.concatenate([rs.sets.p2p[0], rs.sets.collective[0]]),
+                np.concatenate([rs.sets.p2p[1], rs.sets.collective[1]]),
+            )
+            for rs in steps
+        ]
+    return line.split(ivs.union(line.put(g, s), line.put(g, e)))

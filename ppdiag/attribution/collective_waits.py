@@ -44,6 +44,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from ppdiag.attribution.collective_spans import SpanMeasures
 from ppdiag.attribution.tolerance import ROUND_NS
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.collectives import SYNC_TOL_NS, CollectiveMatch
@@ -312,6 +313,43 @@ def _row_keys(sets: list[RankSets], match: CollectiveMatch) -> npt.NDArray[np.in
     return row_key
 
 
+_NONE: ivs.ISet = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def _measures_per_set(
+    sets: list[RankSets],
+    row_key: npt.NDArray[np.int64],
+    seg0: npt.NDArray[np.int64],
+    arrive: npt.NDArray[np.int64],
+    wait: npt.NDArray[np.int64],
+    exclude: dict[tuple[int, int], ivs.ISet] | None,
+) -> tuple[npt.NDArray[np.int64], ...]:
+    """:func:`_arrivals`' compute, host and comm before each arrival, and the exposed part of each
+    wait with and without the exclusion, one rank-step at a time (sets outside their window)."""
+    n = row_key.size
+    comp, host, comm, wexp, wall = (np.zeros(n, np.int64) for _ in range(5))
+    by_k = np.argsort(row_key, kind="stable")
+    k_sorted = row_key[by_k]
+    bounds = np.searchsorted(k_sorted, np.arange(len(sets) + 1), "left")
+    for i, rs in enumerate(sets):
+        rows = by_k[bounds[i] : bounds[i + 1]]
+        if rows.size == 0:
+            continue
+        a, b = seg0[rows], np.maximum(arrive[rows], seg0[rows])
+        comp[rows] = ivs.prefix_measure(rs.compute, b) - ivs.prefix_measure(rs.compute, a)
+        host[rows] = ivs.prefix_measure(rs.host, b) - ivs.prefix_measure(rs.host, a)
+        comm[rows] = ivs.prefix_measure(rs.comm, b) - ivs.prefix_measure(rs.comm, a)
+        ws, we = arrive[rows], arrive[rows] + wait[rows]
+        wx = ivs.prefix_measure(rs.comm, we) - ivs.prefix_measure(rs.comm, ws)
+        wall[rows] = wx
+        if exclude and (rs.rank, rs.step) in exclude:
+            # the part of the wait inside the excluded spans is the other model's
+            other = ivs.intersect(rs.comm, exclude[(rs.rank, rs.step)])
+            wx = wx - (ivs.prefix_measure(other, we) - ivs.prefix_measure(other, ws))
+        wexp[rows] = wx
+    return comp, host, comm, wexp, wall
+
+
 def _arrivals(
     sets: list[RankSets],
     match: CollectiveMatch,
@@ -337,25 +375,28 @@ def _arrivals(
     comm = np.zeros(len(inst), np.int64)
     wexp = np.zeros(len(inst), np.int64)
     wall = np.zeros(len(inst), np.int64)  # the same without the exclusion (for lateness and gain)
-    by_k = np.argsort(row_key, kind="stable")
-    k_sorted = row_key[by_k]
-    bounds = np.searchsorted(k_sorted, np.arange(len(sets) + 1), "left")
-    for i, rs in enumerate(sets):
-        rows = by_k[bounds[i] : bounds[i + 1]]
-        if rows.size == 0:
-            continue
+    sm = SpanMeasures.of(
+        np.array([rs.w0 for rs in sets], np.int64),
+        np.array([rs.w1 for rs in sets], np.int64),
+        [[rs.compute for rs in sets], [rs.host for rs in sets], [rs.comm for rs in sets]],
+    )
+    if sm is None:
+        comp, host, comm, wexp, wall = _measures_per_set(sets, row_key, seg0, arrive, sy.wait, exclude)
+    else:
+        # every rank-step at once: the sets on one line, one prefix measure per kind
+        rows = np.flatnonzero(row_key >= 0)
+        k = row_key[rows]
         a, b = seg0[rows], np.maximum(arrive[rows], seg0[rows])
-        comp[rows] = ivs.prefix_measure(rs.compute, b) - ivs.prefix_measure(rs.compute, a)
-        host[rows] = ivs.prefix_measure(rs.host, b) - ivs.prefix_measure(rs.host, a)
-        comm[rows] = ivs.prefix_measure(rs.comm, b) - ivs.prefix_measure(rs.comm, a)
         ws, we = arrive[rows], arrive[rows] + sy.wait[rows]
-        wx = ivs.prefix_measure(rs.comm, we) - ivs.prefix_measure(rs.comm, ws)
-        wall[rows] = wx
-        if exclude and (rs.rank, rs.step) in exclude:
+        for out, iset in zip((comp, host, comm), sm.kinds, strict=True):
+            out[rows] = sm.between(iset, k, a, b)
+        wall[rows] = sm.between(sm.kinds[2], k, ws, we)
+        wexp[rows] = wall[rows]
+        if exclude:
             # the part of the wait inside the excluded spans is the other model's
-            other = ivs.intersect(rs.comm, exclude[(rs.rank, rs.step)])
-            wx = wx - (ivs.prefix_measure(other, we) - ivs.prefix_measure(other, ws))
-        wexp[rows] = wx
+            spans = [exclude.get((rs.rank, rs.step), _NONE) for rs in sets]
+            other = ivs.intersect(sm.kinds[2], sm.clipped(spans))
+            wexp[rows] -= sm.between(other, k, ws, we)
     idle = np.maximum((np.maximum(arrive, seg0) - seg0) - comp - host - comm, 0)
     # REASONS order; the start is relative (absolute ns would lose precision as floats)
     # (on the group's common clock: a member's shift corrects what the clock alignment left)

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Direction, Kind, RangeKind, RankTimeline, Run
+from ppdiag.pipeline.pair_stats import group_medians, offsets_of
 
 
 @dataclass
@@ -384,18 +385,22 @@ def _transfer_residuals(
     """On the solved clocks: the end-to-end residuals (ns) of the pairs whose receive waited (all
     pairs when none did), the median residual per rank (µs) and the transfer latency (µs)."""
     by_rank: dict[int, float] = {}
-    o_src = np.array([offsets[int(r)] for r in pairs.src], dtype=np.int64)
-    o_dst = np.array([offsets[int(r)] for r in pairs.dst], dtype=np.int64)
+    o_src = offsets_of(offsets, pairs.src)
+    o_dst = offsets_of(offsets, pairs.dst)
     waited = (pairs.recv_start + o_dst) <= (pairs.send_start + o_src)
     resid_all = np.abs((pairs.send_end + o_src) - (pairs.recv_end + o_dst))
     sel = waited if waited.any() else np.ones(len(pairs), dtype=bool)
     resid: npt.NDArray[np.int64] = resid_all[sel]
     # the transfer once both sides were there: the send's own duration on waited pairs
     latency = float(np.median((pairs.send_end - pairs.send_start)[sel])) / 1000.0
+    # each selected pair counts for its source and (when another rank) its destination
+    src, dst = pairs.src[sel].astype(np.int64), pairs.dst[sel].astype(np.int64)
+    other = dst != src
+    ks, med, _, _ = group_medians(np.r_[src, dst[other]], np.r_[resid_all[sel], resid_all[sel][other]])
+    found = dict(zip(ks.tolist(), med.tolist(), strict=True))
     for r in ranks:
-        mine = sel & ((pairs.src == r) | (pairs.dst == r))
-        if mine.any():
-            by_rank[r] = float(np.median(resid_all[mine])) / 1000.0
+        if r in found:
+            by_rank[r] = found[r] / 1000.0
     return resid, by_rank, latency
 
 
@@ -408,17 +413,16 @@ def _p2p_rows(pairs: Pairs, prior: tuple[dict[int, int], int] | None) -> list[tu
     keep = np.ones(len(pairs), dtype=bool)
     if prior is not None:
         off = prior[0]
-        o_src = np.array([off[int(r)] for r in pairs.src], dtype=np.int64)
-        o_dst = np.array([off[int(r)] for r in pairs.dst], dtype=np.int64)
-        keep = (pairs.recv_start + o_dst) < (pairs.send_start + o_src)
-    diffs = pairs.send_end - pairs.recv_end
-    key = pairs.src.astype(np.int64) * 1_000_003 + pairs.dst
-    for k in np.unique(key):
-        m = (key == k) & keep
-        if m.any():
-            rows.append(
-                (int(pairs.src[m][0]), int(pairs.dst[m][0]), float(np.median(diffs[m])), int(m.sum()))
-            )
+        keep = (pairs.recv_start + offsets_of(off, pairs.dst)) < (
+            pairs.send_start + offsets_of(off, pairs.src)
+        )
+    diffs = (pairs.send_end - pairs.recv_end)[keep]
+    key = (pairs.src.astype(np.int64) * 1_000_003 + pairs.dst)[keep]
+    # one median per link, in the order of the link keys
+    _, med, count, first = group_medians(key, diffs)
+    src, dst = pairs.src[keep][first].tolist(), pairs.dst[keep][first].tolist()
+    for a, b, m, n in zip(src, dst, med.tolist(), count.tolist(), strict=True):
+        rows.append((int(a), int(b), float(m), int(n)))
     return rows
 
 
