@@ -242,7 +242,7 @@ def test_pp006_names_a_rank_or_is_not_made(tmp_path: Path, monkeypatch: pytest.M
     assert f.ranks == [3] and "rank(s) 3 " in f.title
     import ppdiag.rules.pp006_host as pp006
 
-    monkeypatch.setattr(pp006, "direct_host_ms", lambda steps: dict.fromkeys(range(4), 0.0))
+    monkeypatch.setattr(pp006, "direct_host_ms", lambda steps, **kw: dict.fromkeys(range(4), 0.0))
     rep = diagnose([tmp_path]).result
     assert all(x.code != "PP006" for x in rep.findings)
 

@@ -28,12 +28,31 @@ pytestmark = pytest.mark.slow
 #: A middle rank (both of its links late, each neighbour touches one) at P=4 and P=6, 1F1B (each
 #: send waited for soon after) and GPipe (the sends waited for at the end of each phase), and
 #: whether the delayed rank must be in the first two findings: in a GPipe run PP002 (the schedule's
-#: memory) comes first and, on a host loaded far beyond its cores, a stage that the contention
-#: slowed (PP003) can come second; there PP004 must name the delayed rank.
+#: memory) comes first, and PP004 second (behind a held GPipe link only the first transfer of
+#: each phase is waited through whole: the link's lateness is read from those).
 CASES: dict[str, tuple[dict[str, Any], bool]] = {
     "1f1b_p4": ({"schedule": "1f1b", "pp": 4, "microbatches": 8, "comm_delay_rank": 2}, True),
     "1f1b_p6": ({"schedule": "1f1b", "pp": 6, "microbatches": 8, "comm_delay_rank": 3}, True),
-    "gpipe_p4": ({"schedule": "gpipe", "pp": 4, "microbatches": 8, "comm_delay_rank": 2}, False),
+    "gpipe_p4": ({"schedule": "gpipe", "pp": 4, "microbatches": 8, "comm_delay_rank": 2}, True),
+    "gpipe_p6": ({"schedule": "gpipe", "pp": 6, "microbatches": 8, "comm_delay_rank": 4}, True),
+}
+#: Sends held in the send call itself (``comm_delay_sync``): the rank's own calls block it, which is
+#: its host time (PP006), the rank named alone.
+SYNC_CASES: dict[str, dict[str, Any]] = {
+    "1f1b_p4_sync": {
+        "schedule": "1f1b",
+        "pp": 4,
+        "microbatches": 8,
+        "comm_delay_rank": 2,
+        "comm_delay_sync": True,
+    },
+    "gpipe_p6_sync": {
+        "schedule": "gpipe",
+        "pp": 6,
+        "microbatches": 8,
+        "comm_delay_rank": 1,
+        "comm_delay_sync": True,
+    },
 }
 DELAY_MS = 10.0
 
@@ -53,7 +72,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str
 
     def get(name: str) -> Recorded:
         if name not in cache:
-            cfg = DemoConfig(steps=3, comm_delay_ms=DELAY_MS, **CASES[name][0])
+            kw = CASES[name][0] if name in CASES else SYNC_CASES[name]
+            cfg = DemoConfig(steps=3, comm_delay_ms=DELAY_MS, **kw)
             diag, where = record_supported_in(name, cfg, tmp_path_factory.mktemp(name), *SUPPORT)
             cache[name] = (diag, load_groundtruth(where))
         return cache[name]
@@ -90,3 +110,23 @@ def test_slow_link_sender_is_named_first(recorded: Callable[[str], Recorded], na
     links: dict[str, float] = pp004.evidence.as_dict()["late_wait_ms_per_step_by_link"]  # type: ignore[assignment]
     worst = max(links, key=lambda k: links[k])
     assert int(worst.split("->")[0]) == slow, links
+
+
+@pytest.mark.parametrize("name", list(SYNC_CASES))
+def test_a_send_held_in_its_call_names_the_held_rank(recorded: Callable[[str], Recorded], name: str) -> None:
+    diag, truth = recorded(name)
+    slow = int(truth.faults[0]["rank"])
+    assert truth.faults[0]["sync"] is True
+    # the fault as the run measured it: the held rank's sends left late, the others' at once
+    hold = float(np.median(_holds_ms(truth, slow)))
+    others = np.concatenate([_holds_ms(truth, r) for r in range(truth.pp) if r != slow])
+    assert hold > 5 * float(np.median(others)), (hold, float(np.median(others)))
+    run = diag.result.run
+    assert run.pp == truth.pp
+    assert run.stage_map == {str(r): s for s, r in enumerate(truth.stage_to_rank)}
+    findings = diag.result.findings
+    summary = [(f.code, f.severity, f.ranks) for f in findings]
+    # its own send calls held the rank: host time of that rank alone, among the first two findings
+    pp006 = next((f for f in findings if f.code == "PP006"), None)
+    assert pp006 is not None and pp006.ranks == [slow], summary
+    assert any(slow in f.ranks for f in findings[:2]), summary

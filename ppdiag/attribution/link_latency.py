@@ -18,9 +18,9 @@ transfer time each, grouped by link and direction (producer rank -> consumer ran
   link; a slow link makes most of its own transfers late. The same number gates ``PP004`` and gives
   the late time it reports per link (lateness times the transfers). It is not capped at what the
   consumer waited: a held send that a GPipe consumer catches up with under its compute is as late
-  as one it waits for, and only the lateness tells the held link from its neighbours. It comes
-  from the transfers the consumer waited through whole (it was waiting before the producer
-  issued) when the link has :data:`MIN_WHOLE` of them: a consumer that comes to a transfer later
+  as one it waits for, and only the lateness tells the held link from its neighbours. On host ops
+  (gloo) it comes from the transfers the consumer waited through whole (it was waiting before the
+  producer issued) when the link has :data:`MIN_WHOLE` of them: a consumer that comes to a transfer later
   times only what is left of it, and behind a slow link it does so every time after the first
   transfer of a GPipe phase (it runs as late as the link itself).
 

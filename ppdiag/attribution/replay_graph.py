@@ -107,8 +107,8 @@ class ReplayGraph:
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
         self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
         self.held: list[int] = []  # per wait: how long a host-op producer held its send after its block
-        # per wait: the consumer waited before the producer issued, so the wait timed the whole
-        # transfer (a consumer that comes later times only what is left of it)
+        # per wait on host ops (gloo): the consumer waited before the producer issued, so the wait
+        # timed the whole transfer (a consumer that comes later times only what is left of it)
         self.whole: list[bool] = []
         self._mean_costs: dict[tuple[int, int, int], float] | None = None  # computed once, on demand
         labels: list[npt.NDArray[np.int64]] = []  # per step: the labelled blocks (see _label_pairs)
@@ -417,7 +417,7 @@ class ReplayGraph:
                 return
             nc.obs_abs[nid] = (last, xfer)
             nc.lead[nid] = wait_start - posted
-            self._record_wait(ctx, peer, me, xfer, rel - wait_start, whole=posted <= last)
+            self._record_wait(ctx, peer, me, xfer, rel - wait_start, whole=not device and posted <= last)
         elif j < 0:
             # the peer is not traced, or its block lies before the analyzed steps
             nc.release[nid] = rel
@@ -485,7 +485,9 @@ class ReplayGraph:
         if held:
             nc.issue_held[nid] = held
         nc.lead[nid] = wait_start - posted
-        self._record_wait(ctx, peer, me, xfer, rel - wait_start, held, posted <= issue)
+        # (host ops: the wait began before the issue; a device transfer is timed by its kernels)
+        whole = ctx.timelines[me].cpu_only and posted <= issue
+        self._record_wait(ctx, peer, me, xfer, rel - wait_start, held, whole)
 
     def _record_wait(
         self,

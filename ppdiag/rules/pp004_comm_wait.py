@@ -32,8 +32,8 @@ class CommWaitRule:
     standard error of their fitted clock offset as well: the spread of the transfers between the
     two hosts over the root of their count, at most the hosts' residuals). A link is as late as
     most of its transfers are: a process descheduled on a loaded host makes a few transfers very
-    late on any link. Those the consumer was already waiting for when the producer issued time
-    the whole transfer and judge the link when it has a few; a consumer that comes later times
+    late on any link. On host ops, those the consumer was already waiting for when the producer
+    issued time the whole transfer and judge the link when it has a few; a consumer that comes later times
     only what is left (behind a slow GPipe link, every transfer after the first of a phase). The
     rule names the sending rank of the slow links.
 

@@ -22,7 +22,9 @@ class HostRule:
     Idle device time during which the next kernel had not even been launched: the host (Python,
     the data loader, a synchronization, a checkpoint) was late. In a pipeline the other stages then
     wait for the starved one, so their waiting is charged to the same root cause, and the finding
-    names the ranks where the starvation starts.
+    names the ranks where the starvation starts: their own late launches and, on host ops, the
+    calls that only issue a transfer where they take longer than such calls do in the run (a
+    send call that blocks its rank).
 
     Why it matters:
     A host stall on one stage stalls the whole pipeline once per micro-batch.
