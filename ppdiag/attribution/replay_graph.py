@@ -467,7 +467,9 @@ class ReplayGraph:
             return
         # copies the producer ran between its block and the send delay the send as copies
         prs = ctx.by_rank_step.get((self._rank_l[prod], self._step_l[prod]))
-        issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if prs is not None else 0
+        # (no copies, or an issue at the block's end: nothing to measure)
+        copies = prs is not None and issue > p_end and prs.sets.copy[0].size > 0
+        issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if copies and prs is not None else 0
         delay = issue - p_end - issue_copy
         # a host op (gloo) issued after its block while the producer went on (computing, waiting
         # for its own transfers): the data was held on its way, a late transfer; the stretch with
@@ -482,7 +484,9 @@ class ReplayGraph:
         if held:
             nc.issue_held[nid] = held
         nc.lead[nid] = wait_start - posted
-        self._record_wait(ctx, peer, me, xfer, rel - wait_start, held)
+        # (:meth:`_record_wait` inline: this runs once per wait)
+        self.waits.append((peer, me, xfer, rel - wait_start))
+        self.held.append(held)
 
     def _record_wait(
         self, ctx: _WaitContext, peer: int, me: int, xfer: int, waited: int, held: int = 0
