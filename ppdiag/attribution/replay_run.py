@@ -34,6 +34,9 @@ from ppdiag.attribution.replay_plan import PlacementPlan, vectorizable
 from ppdiag.model import RankTimeline
 from ppdiag.pipeline.clocks import P2POps
 
+# variants x nodes placed together at most (the placement holds ~12 arrays of them: ~40 MB)
+PLACE_BUDGET = 400_000
+
 # what a variant gives: (window, idle) of every (rank, step)
 _Idle = dict[tuple[int, int], tuple[int, int]]
 
@@ -287,7 +290,11 @@ class Replay(ReplayGraph):
             if key not in self._memo:
                 todo[key] = (fl, v.balanced)
         if todo and vectorizable(self):
-            self._run_levels(cols, todo)
+            # a few variants at a time: the placement holds about a dozen (variants, nodes) arrays
+            items = list(todo.items())
+            per = max(1, PLACE_BUDGET // max(len(self.cols), 1))
+            for a in range(0, len(items), per):
+                self._run_levels(cols, dict(items[a : a + per]))
         lr: _LoopRows | None = None
         for key, (fl, balanced) in todo.items():
             if key not in self._memo:
