@@ -30,11 +30,11 @@ from ppdiag.attribution.replay_index import (
     _IssueIndex,
     _label_pairs,
     _P2PIndex,
-    released_by,
 )
 from ppdiag.attribution.replay_nodes import NodeColumns, _Node
 from ppdiag.attribution.replay_pieces import _local_pieces, _outside_wait, _step_waits
 from ppdiag.attribution.replay_syncs import GroupSpans, sync_members
+from ppdiag.attribution.replay_waits import common_waits, wait_arrays
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import Direction, Phase, RankTimeline
 from ppdiag.model import intervals as ivs
@@ -348,33 +348,32 @@ class ReplayGraph:
             timelines,
             tol,
         )
-        lasts, js = self._lookups(ctx, pending)
-        for (nid, held, rel, wait_start), last, j in zip(pending, lasts, js, strict=True):
-            self._resolve_wait(ctx, nid, held, rel, wait_start, (last, j))
-
-    def _lookups(self, ctx: _WaitContext, pending: list[_Pending]) -> tuple[list[int | None], list[int]]:
-        """For every wait at once: the issue of the operation that released it (None: not found)
-        and the position, among its peer's blocks by end, of the last block the peer finished
-        before that issue (-1: none)."""
-        k = len(pending)
-        nid = np.fromiter((p[0] for p in pending), np.int64, k)
-        held = np.array([p[1] for p in pending], np.int64).reshape(-1, 4)
-        rel = np.fromiter((p[2] for p in pending), np.int64, k)
-        me = self.cols.cols["rank"][nid]
-        peer, wdir, op_end = held[:, 0], held[:, 1], held[:, 3]
-        found, last = released_by(ctx.issues, peer, me, wdir, op_end, rel)
-        device = ~np.array([ctx.timelines[r].cpu_only for r in me.tolist()], np.bool_)
-        at = np.where(found & device, last, rel) + ctx.tol
-        j = np.full(k, -1, np.int64)
-        for p in np.unique(peer).tolist():
-            got = ctx.ends_by_rank.get(p)
-            if got is not None:
-                sel = np.flatnonzero(peer == p)
-                j[sel] = np.searchsorted(np.asarray(got[0], np.int64), at[sel], side="right") - 1
-        lasts: list[int | None] = [
-            x if f else None for x, f in zip(last.tolist(), found.tolist(), strict=True)
-        ]
-        return lasts, j.tolist()
+        w = wait_arrays(self, pending, ctx.issues, ctx.ends_by_rank, timelines, tol)
+        # per node: whether its step ran copies (nodes lie in steps order, each step's together)
+        counts = [self.count[(rs.rank, rs.step)] for rs in self.steps]
+        has_copy = np.repeat(np.array([rs.sets.copy[0].size > 0 for rs in self.steps], np.bool_), counts)
+        fast, xfer = common_waits(self, w, timelines, has_copy, tol)
+        self.cols.send_wait.update(w.nid[fast & (w.wdir == int(Direction.SEND))].tolist())
+        me = self.cols.cols["rank"][w.nid]
+        records = list(
+            zip(w.peer.tolist(), me.tolist(), xfer.tolist(), (w.rel - w.wait_start).tolist(), strict=True)
+        )
+        if fast.all():
+            self.waits.extend(records)
+            self.held.extend([0] * len(records))
+            # (the common waits are device ones: a device transfer is timed by its kernels)
+            self.whole.extend([False] * len(records))
+            return
+        # the others one at a time, in order with the common ones (the waits keep their order)
+        lasts = [x if f else None for x, f in zip(w.last.tolist(), w.found.tolist(), strict=True)]
+        looked_up = zip(fast.tolist(), records, lasts, w.j.tolist(), strict=True)
+        for (nid, held, rel, wait_start), (is_fast, rec, last, j) in zip(pending, looked_up, strict=True):
+            if is_fast:
+                self.waits.append(rec)
+                self.held.append(0)
+                self.whole.append(False)
+            else:
+                self._resolve_wait(ctx, nid, held, rel, wait_start, (last, j))
 
     def _resolve_wait(
         self,
@@ -394,7 +393,7 @@ class ReplayGraph:
         ends, ids = ctx.ends_by_rank.get(peer, ([], []))
         me, nc = self._rank_l[nid], self.cols
         # ``last``: the matched operation's issue, else the peer's last one before the release;
-        # ``j``: the peer's last block that ended before ``at`` (see :meth:`_lookups`)
+        # ``j``: the peer's last block that ended before ``at`` (see :func:`wait_arrays`)
         last, j = looked_up
         # (CPU runs: host calls, whose start says little about when the data left; there the
         # producer is the peer's last block before the release)
@@ -470,7 +469,9 @@ class ReplayGraph:
             return
         # copies the producer ran between its block and the send delay the send as copies
         prs = ctx.by_rank_step.get((self._rank_l[prod], self._step_l[prod]))
-        issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if prs is not None else 0
+        # (no copies, or an issue at the block's end: nothing to measure)
+        copies = prs is not None and issue > p_end and prs.sets.copy[0].size > 0
+        issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if copies and prs is not None else 0
         delay = issue - p_end - issue_copy
         # a host op (gloo) issued after its block while the producer went on (computing, waiting
         # for its own transfers): the data was held on its way, a late transfer; the stretch with

@@ -1,0 +1,289 @@
+"""The replay's nodes as the columns every variant reads (docs/json.md, *Time accounting*), and
+what one variant puts on them: the local delays it keeps, the durations, the waits.
+
+:func:`_variant_arrays` is shared by the level-by-level placement
+(:mod:`ppdiag.attribution.replay_levels`) and by the node-at-a-time loop
+(``replay_run._place_nodes``, which reads :class:`_LoopRows` too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.attribution.replay_graph import ReplayGraph
+from ppdiag.attribution.replay_index import _dense
+
+NEG_INF = -(2**62)
+
+# one node of a variant in the replay's order: node id, (rank, step) of a step's first block or
+# None, pre, post, duration, wait code, the wait's addition, lead, producer, producer's extra
+# delay, fixed issue time, the producer and latency of its one label edge (-1 and 0: none, or
+# not its only dependency), and (release, label edges) of the other nodes with dependencies
+_Row = tuple[
+    int,
+    tuple[int, int] | None,
+    float,
+    float,
+    float,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    int,
+    tuple[int | None, list[tuple[int, int]]] | None,
+]
+
+
+@dataclass(frozen=True)
+class _Flags:
+    """Which kinds of delay a variant keeps (``False`` removes it); see :meth:`Replay.run`."""
+
+    host: bool
+    comm_excess: bool
+    comm: bool
+    copy: bool
+    ux: bool
+
+
+@dataclass
+class _Columns:
+    """The replay's nodes as columns: what every variant reads, without per-node attribute access."""
+
+    pre: npt.NDArray[np.int64]
+    post: npt.NDArray[np.int64]
+    pre_host: npt.NDArray[np.int64]
+    pre_coll: npt.NDArray[np.int64]
+    pre_copy: npt.NDArray[np.int64]
+    pre_ux: npt.NDArray[np.int64]
+    span: npt.NDArray[np.int64]
+    busy: npt.NDArray[np.int64]
+    in_host: npt.NDArray[np.int64]
+    in_ux: npt.NDArray[np.int64]
+    in_copy: npt.NDArray[np.int64]
+    send_wait: npt.NDArray[np.bool_]
+    has_obs: npt.NDArray[np.bool_]
+    has_abs: npt.NDArray[np.bool_]
+    xfer: npt.NDArray[np.int64]  # the observed transfer of the wait (0 without one)
+    issue: npt.NDArray[np.int64]  # the producer's issue delay
+    issue_copy: npt.NDArray[np.int64]
+    issue_held: npt.NDArray[np.int64]  # the producer's issue delay with its send held (comm)
+    lead: npt.NDArray[np.int64]
+    on_compute: npt.NDArray[np.bool_]
+    # the mean-cost factor's keys, (rank, stage, phase), and each node's key among them
+    cost_keys: list[tuple[int, int, int]]
+    cost_of: npt.NDArray[np.int64]
+    meas_end: npt.NDArray[np.int64]
+    order: npt.NDArray[np.int64]  # node ids in the replay's order (measured start)
+    prod: npt.NDArray[np.int64]  # by node id: the producer (-1: none) and the fixed issue time
+    t_issue: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, rp: ReplayGraph) -> _Columns:
+        nc = rp.cols
+        c = nc.cols
+        n = len(nc)
+
+        def by_id(table: Mapping[int, tuple[int, ...] | int], k: int | None = None) -> npt.NDArray[np.int64]:
+            # a column that is 0 except at the node ids of ``table`` (item ``k`` of each value)
+            out = np.zeros(n, np.int64)
+            vals = table.values() if k is None else (v[k] for v in table.values())  # type: ignore[index]
+            out[nc.ids(dict(table))] = np.fromiter(vals, np.int64, len(table))
+            return out
+
+        def mask(ids: Collection[int]) -> npt.NDArray[np.bool_]:
+            out = np.zeros(n, np.bool_)
+            out[np.fromiter(ids, np.int64, len(ids))] = True
+            return out
+
+        has_obs, has_abs = mask(nc.obs.keys()), mask(nc.obs_abs.keys())
+        xfer = np.where(has_obs, by_id(nc.obs, 2), np.where(has_abs, by_id(nc.obs_abs, 1), 0))
+        keys, inv = _distinct_rows(c["rank"], c["stage"], c["phase"])
+        return cls(
+            pre=c["pre"],
+            post=c["post"],
+            pre_host=c["pre_host"],
+            pre_coll=c["pre_coll"],
+            pre_copy=c["pre_copy"],
+            pre_ux=c["pre_ux"],
+            span=c["span"],
+            busy=c["busy"],
+            in_host=c["in_host"],
+            in_ux=c["in_ux"],
+            in_copy=c["in_copy"],
+            send_wait=mask(nc.send_wait),
+            has_obs=has_obs,
+            has_abs=has_abs,
+            xfer=xfer,
+            issue=by_id(nc.obs, 1),
+            issue_copy=by_id(nc.issue_copy),
+            issue_held=by_id(nc.issue_held),
+            lead=by_id(nc.lead),
+            on_compute=nc.on_compute,
+            cost_keys=[(int(k[0]), int(k[1]), int(k[2])) for k in keys.tolist()],
+            cost_of=inv.reshape(-1).astype(np.int64),
+            meas_end=np.asarray(rp.meas_start, np.int64) + c["span"] if n else np.zeros(0, np.int64),
+            order=np.asarray(rp.order, np.int64),
+            prod=np.where(has_obs, by_id(nc.obs, 0), -1),
+            t_issue=by_id(nc.obs_abs, 0),
+        )
+
+
+def _distinct_rows(*cols: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The distinct rows of the columns ``cols`` (rows: one value of each) and each row's index
+    among them: one sort of a code of each row."""
+    if not cols[0].size:
+        return np.zeros((0, len(cols)), np.int64), np.zeros(0, np.int64)
+    _, first, inv = np.unique(_dense(list(cols)), return_index=True, return_inverse=True)
+    return np.stack([c[first] for c in cols], axis=1), inv.reshape(-1)
+
+
+@dataclass(frozen=True)
+class _LoopRows:
+    """What the node-at-a-time loop (:func:`_place_nodes`) reads besides the variant's values, in
+    the replay's order: node ids, the (rank, step) of a step's first block (None for the others),
+    producers, fixed issue times, the producer and latency of a node's one label edge, and
+    (release, label edges) of the other nodes with dependencies (or None)."""
+
+    order_l: list[int]
+    first_key_o: list[tuple[int, int] | None]
+    prod_o: list[int]
+    t_issue_o: list[int]
+    edge_p_o: list[int]
+    edge_t_o: list[int]
+    deps_o: list[tuple[int | None, list[tuple[int, int]]] | None]
+
+    @classmethod
+    def of(cls, rp: ReplayGraph, cols: _Columns) -> _LoopRows:
+        nc = rp.cols
+        c = nc.cols
+        n = len(nc)
+        order_l: list[int] = cols.order.tolist()
+        is_first = np.zeros(n + 1, np.bool_)
+        is_first[[f for key, f in rp.first.items() if rp.count[key]]] = True
+        keys_l = list(zip(c["rank"].tolist(), c["step"].tolist(), strict=True))
+        first_l = is_first[:n].tolist()
+        prod_l, t_issue_l = cols.prod.tolist(), cols.t_issue.tolist()
+        release, rel_get, edges_get = nc.release, nc.release.get, nc.edges.get
+        no_edges: list[tuple[int, int]] = []
+        # the nodes whose only dependency is one label edge take the loop's short path
+        single = {i: e[0] for i, e in nc.edges.items() if len(e) == 1 and i not in release}
+        return cls(
+            order_l=order_l,
+            first_key_o=[keys_l[i] if first_l[i] else None for i in order_l],
+            prod_o=[prod_l[i] for i in order_l],
+            t_issue_o=[t_issue_l[i] for i in order_l],
+            edge_p_o=[single[i][0] if i in single else -1 for i in order_l],
+            edge_t_o=[single[i][1] if i in single else 0 for i in order_l],
+            deps_o=[
+                None
+                if i in single
+                else (rel_get(i), e or no_edges)
+                if (e := edges_get(i)) or i in release
+                else None
+                for i in order_l
+            ],
+        )
+
+
+class _VariantArrays(NamedTuple):
+    """Everything a variant puts on the nodes, in node-id order (see :func:`_variant_rows`)."""
+
+    pre: npt.NDArray[np.float64]
+    post: npt.NDArray[np.float64]
+    dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
+    code: npt.NDArray[np.int64]
+    add: npt.NDArray[np.int64]
+    lead: npt.NDArray[np.int64]
+    extra: npt.NDArray[np.int64]
+    factor: npt.NDArray[np.float64] | None
+
+
+def _variant_arrays(
+    cols: _Columns, lat: int, fl: _Flags, balanced: dict[tuple[int, int, int], float] | None
+) -> _VariantArrays:
+    """What a variant puts on every node: its local delays before and after the wait (scaled by
+    the kinds of delay kept), its duration, its wait's code and addition, the lead of its posting,
+    the producer's extra issue delay, and the mean-cost factor of each node (``balanced`` only)."""
+    loc = cols.pre + cols.post
+    keep = loc.copy()
+    if not fl.host:
+        keep -= cols.pre_host
+    if not fl.comm:
+        keep -= cols.pre_coll
+    if not fl.copy:
+        keep -= cols.pre_copy
+    if not fl.ux:
+        keep -= cols.pre_ux
+    scale = np.where(loc > 0, keep / np.where(loc > 0, loc, 1), 0.0)
+    dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
+    factor: npt.NDArray[np.float64] | None = None
+    if balanced is not None:
+        # one look-up per distinct (rank, stage, phase), not per node
+        per_key = [balanced.get(k, 1.0) for k in cols.cost_keys]
+        factor = np.asarray(per_key, np.float64)[cols.cost_of] if per_key else np.zeros(0, np.float64)
+        dur = cols.busy * factor + cols.in_host + cols.in_ux + cols.in_copy
+    else:
+        dur = cols.span.copy()
+    if not fl.host:
+        dur = dur - cols.in_host
+    if not fl.copy:
+        dur = dur - cols.in_copy
+    if not fl.ux:
+        dur = dur - cols.in_ux
+    # the wait of each node: 1 its own send (comm removed), 2 a producer block, 3 a fixed issue
+    own_send = cols.send_wait & (not fl.comm)
+    code = np.where(own_send, 1, np.where(cols.has_obs, 2, np.where(cols.has_abs, 3, 0)))
+    xfer_a = cols.xfer if fl.comm_excess else np.minimum(cols.xfer, lat)
+    excess = np.maximum(cols.xfer - lat, 0) if fl.comm_excess else np.zeros_like(cols.xfer)
+    extra = (
+        (cols.issue if fl.host else 0)
+        + (cols.issue_copy if fl.copy else 0)
+        + (cols.issue_held if fl.comm_excess else 0)
+        + 0 * cols.issue
+    )
+    return _VariantArrays(
+        pre=np.multiply(cols.pre, scale, dtype=np.float64),
+        post=np.multiply(cols.post, scale, dtype=np.float64),
+        dur=dur,
+        code=code,
+        # code 1 adds the excess, 2 and 3 wait for the transfer
+        add=np.where(own_send, excess, xfer_a),
+        # code 2 waits for its producer's end (+ issue delay), code 3 for a fixed issue time
+        lead=cols.lead if fl.comm else np.where(cols.on_compute, -NEG_INF, cols.lead),
+        extra=extra,
+        factor=factor,
+    )
+
+
+def _variant_rows(va: _VariantArrays, cols: _Columns, lr: _LoopRows) -> Iterator[_Row]:
+    """Everything the node loop reads under the variant, in the loop's order (one zip instead of
+    indexing per node)."""
+    order = cols.order
+    return zip(
+        lr.order_l,
+        lr.first_key_o,
+        va.pre[order].tolist(),
+        va.post[order].tolist(),
+        va.dur[order].tolist(),
+        va.code[order].tolist(),
+        va.add[order].tolist(),
+        va.lead[order].tolist(),
+        lr.prod_o,
+        va.extra[order].tolist(),
+        lr.t_issue_o,
+        lr.edge_p_o,
+        lr.edge_t_o,
+        lr.deps_o,
+        strict=True,
+    )
+
+
+__all__ = ["NEG_INF"]

@@ -1,0 +1,107 @@
+"""The replay graph's waits resolved for all of them at once (docs/json.md, *Time accounting*):
+which operation released each wait, the peer's block that produced it, and for the common wait
+(on devices, a producer block found, no copies between the block and its send, a peer that is no
+CPU rank) its producer, issue delay, transfer and lead, as arrays. The other waits (host ops, a
+peer without an analyzed block before the issue, a gap that was no wait, copies to measure) go
+through :meth:`ReplayGraph._resolve_wait` one at a time, with the same lookups.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.attribution.replay_index import _IssueIndex, released_by
+from ppdiag.model import RankTimeline
+
+if TYPE_CHECKING:
+    from ppdiag.attribution.replay_graph import ReplayGraph
+
+I64 = npt.NDArray[np.int64]
+
+
+class WaitArrays(NamedTuple):
+    """Every pending wait as columns, in the order the steps found them."""
+
+    nid: I64
+    peer: I64
+    wdir: I64
+    posted: I64
+    op_end: I64
+    rel: I64
+    wait_start: I64
+    found: npt.NDArray[np.bool_]  # an operation of the peer released it
+    last: I64  # that operation's issue time
+    j: I64  # the peer's last block (by end) finished before the issue, -1: none
+    prod: I64  # that block's node id (-1: none)
+    p_end: I64  # and its end
+
+
+def wait_arrays(
+    g: ReplayGraph,
+    pending: list[tuple[int, tuple[int, int, int, int], int, int]],
+    issues: _IssueIndex,
+    ends_by_rank: dict[int, tuple[list[int], list[int]]],
+    timelines: dict[int, RankTimeline],
+    tol: int,
+) -> WaitArrays:
+    """The waits of ``pending`` as columns with what releases them looked up at once: one binary
+    search per link and kind (:func:`released_by`) and per peer (its blocks by end)."""
+    k = len(pending)
+    nid = np.fromiter((p[0] for p in pending), np.int64, k)
+    held = np.array([p[1] for p in pending], np.int64).reshape(-1, 4)
+    rel = np.fromiter((p[2] for p in pending), np.int64, k)
+    wait_start = np.fromiter((p[3] for p in pending), np.int64, k)
+    me = g.cols.cols["rank"][nid]
+    peer, wdir, op_end = held[:, 0], held[:, 1], held[:, 3]
+    found, last = released_by(issues, peer, me, wdir, op_end, rel)
+    device = ~np.array([timelines[r].cpu_only for r in me.tolist()], np.bool_)
+    # a block that ends within the timing tolerance after the issue counts as finished before it
+    at = np.where(found & device, last, rel) + tol
+    j = np.full(k, -1, np.int64)
+    prod = np.full(k, -1, np.int64)
+    p_end = np.zeros(k, np.int64)
+    for p in np.unique(peer).tolist():
+        got = ends_by_rank.get(p)
+        if got is not None and got[0]:
+            sel = np.flatnonzero(peer == p)
+            ends, ids = np.asarray(got[0], np.int64), np.asarray(got[1], np.int64)
+            js = np.searchsorted(ends, at[sel], side="right") - 1
+            j[sel] = js
+            ok = js >= 0
+            prod[sel[ok]] = ids[js[ok]]
+            p_end[sel[ok]] = ends[js[ok]]
+    return WaitArrays(nid, peer, wdir, held[:, 2], op_end, rel, wait_start, found, last, j, prod, p_end)
+
+
+def common_waits(
+    g: ReplayGraph,
+    w: WaitArrays,
+    timelines: dict[int, RankTimeline],
+    has_copy: npt.NDArray[np.bool_],
+    tol: int,
+) -> tuple[npt.NDArray[np.bool_], I64]:
+    """Resolve the common waits (see the module) into the graph at once; returns which were, and
+    each one's transfer."""
+    me = g.cols.cols["rank"][w.nid]
+    cpu = {r: tl.cpu_only for r, tl in timelines.items()}
+    device = ~np.array([cpu[r] for r in me.tolist()], np.bool_)
+    peer_cpu = np.array([cpu.get(p, True) for p in w.peer.tolist()], np.bool_)
+    posted = np.minimum(w.posted, w.wait_start)
+    issue = np.where(w.found, np.maximum(w.p_end, w.last), w.p_end)
+    xfer = w.rel - np.maximum(issue, posted)
+    prod = np.maximum(w.prod, 0)
+    fast = device & (w.prod >= 0) & ~peer_cpu & (xfer >= -tol) & ~((issue > w.p_end) & has_copy[prod])
+    f = np.flatnonzero(fast)
+    nc = g.cols
+    ids = w.nid[f].tolist()
+    obs = zip(w.prod[f].tolist(), (issue - w.p_end)[f].tolist(), xfer[f].tolist(), strict=True)
+    nc.obs.update(zip(ids, obs, strict=True))
+    nc.issue_copy.update(dict.fromkeys(ids, 0))
+    nc.lead.update(zip(ids, (w.wait_start - posted)[f].tolist(), strict=True))
+    return fast, xfer
+
+
+__all__ = ["WaitArrays", "common_waits", "wait_arrays"]
