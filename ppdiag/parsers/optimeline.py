@@ -305,7 +305,8 @@ def read_chrome(path: Path, src: str, warnings: list[str]) -> tuple[pd.DataFrame
             "stage": stage,
             "rank": rank,
             "step": step,
-            "optype": x["name"].astype(str).to_numpy(),
+            # a code per row, not a string object per row (as the op table's reader)
+            "optype": pd.Categorical(x["name"].astype(str)),
             "t0": t0,
             "dur": dur,
             "seq_id": x["a_seq"].to_numpy(np.int64),
