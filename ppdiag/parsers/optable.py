@@ -39,6 +39,7 @@ from ppdiag.errors import InputError
 from ppdiag.io import qpath
 from ppdiag.model import RankTimeline
 from ppdiag.parsers import ParseOptions, register
+from ppdiag.parsers.heap import trim_heap
 from ppdiag.parsers.optable_ranks import OPTYPES, resolution_ns, to_ranks
 
 if TYPE_CHECKING:
@@ -76,7 +77,10 @@ class OpTableParser:
     def parse(self, path: Path, options: ParseOptions) -> list[RankTimeline]:
         src = qpath(path)
         df, res = read_table(path, src, _read_head(path))
-        return to_ranks(df, src, False, [], res)
+        out = to_ranks(df, src, False, [], res)
+        del df
+        trim_heap()  # the table's pages, freed now, back to the system (not kept through the analysis)
+        return out
 
 
 _Codec = Literal["gzip", "bz2", "xz", "zstd"]

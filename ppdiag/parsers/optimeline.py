@@ -39,6 +39,7 @@ from ppdiag.errors import InputError
 from ppdiag.io import qpath
 from ppdiag.model import RankTimeline
 from ppdiag.parsers import ParseOptions, register
+from ppdiag.parsers.heap import trim_heap
 from ppdiag.parsers.optable_ranks import resolution_ns, to_ranks, world_of
 from ppdiag.parsers.optable_waits import restore_waits, waits_cut
 
@@ -305,7 +306,8 @@ def read_chrome(path: Path, src: str, warnings: list[str]) -> tuple[pd.DataFrame
             "stage": stage,
             "rank": rank,
             "step": step,
-            "optype": x["name"].astype(str).to_numpy(),
+            # a code per row, not a string object per row (as the op table's reader)
+            "optype": pd.Categorical(x["name"].astype(str)),
             "t0": t0,
             "dur": dur,
             "seq_id": x["a_seq"].to_numpy(np.int64),
@@ -354,7 +356,10 @@ class OpTimelineParser:
         src = qpath(path)
         warnings: list[str] = []
         df, res, laid, rank_source = read_chrome(path, src, warnings)
-        return to_ranks(df, src, laid, warnings, res, rank_source)
+        out = to_ranks(df, src, laid, warnings, res, rank_source)
+        del df
+        trim_heap()  # the events' and the table's pages, freed now, back to the system
+        return out
 
 
 PARSER = register(OpTimelineParser())
