@@ -392,10 +392,19 @@ def _transfer_residuals(
     resid: npt.NDArray[np.int64] = resid_all[sel]
     # the transfer once both sides were there: the send's own duration on waited pairs
     latency = float(np.median((pairs.send_end - pairs.send_start)[sel])) / 1000.0
-    for r in ranks:
-        mine = sel & ((pairs.src == r) | (pairs.dst == r))
-        if mine.any():
-            by_rank[r] = float(np.median(resid_all[mine])) / 1000.0
+    # each selected pair counts for its sender and its receiver (once when they are one rank):
+    # grouped by rank with one sort, not a scan of every pair per rank (quadratic in ranks)
+    src, dst = pairs.src[sel].astype(np.int64), pairs.dst[sel].astype(np.int64)
+    other = dst != src
+    who = np.concatenate([src, dst[other]])
+    vals = np.concatenate([resid, resid[other]])
+    order = np.argsort(who, kind="stable")
+    who, vals = who[order], vals[order]
+    lo = np.searchsorted(who, ranks, side="left")
+    hi = np.searchsorted(who, ranks, side="right")
+    for r, a, b in zip(ranks, lo.tolist(), hi.tolist(), strict=True):
+        if b > a:
+            by_rank[r] = float(np.median(vals[a:b])) / 1000.0
     return resid, by_rank, latency
 
 
@@ -413,12 +422,13 @@ def _p2p_rows(pairs: Pairs, prior: tuple[dict[int, int], int] | None) -> list[tu
         keep = (pairs.recv_start + o_dst) < (pairs.send_start + o_src)
     diffs = pairs.send_end - pairs.recv_end
     key = pairs.src.astype(np.int64) * 1_000_003 + pairs.dst
-    for k in np.unique(key):
-        m = (key == k) & keep
-        if m.any():
-            rows.append(
-                (int(pairs.src[m][0]), int(pairs.dst[m][0]), float(np.median(diffs[m])), int(m.sum()))
-            )
+    # the pairs of each directed rank pair in key order, found with one sort (a mask of every
+    # pair per rank pair was quadratic in ranks: 46 s of clock fit at 10,240 ranks)
+    order = np.argsort(key, kind="stable")
+    order = order[keep[order]]
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    for g in np.split(order, bounds) if order.size else []:
+        rows.append((int(pairs.src[g[0]]), int(pairs.dst[g[0]]), float(np.median(diffs[g])), int(g.size)))
     return rows
 
 
