@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 
 from ppdiag.errors import InputError
 from ppdiag.model import Run
@@ -67,10 +68,16 @@ def step_overlap_warnings(run: Run) -> list[str]:
     nums = {r: v for r, v in nums.items() if v}
     if len(nums) < 2:
         return []
+    # how many ranks hold each step number: a rank shares a step with the others when one of its
+    # numbers is held twice (one pass over the ranks; a union of the others' steps per rank was
+    # quadratic: 5.9 s at 10,240 ranks)
+    held = Counter(n for v in nums.values() for n in v)
     out = []
     for r, mine in nums.items():
-        others = set().union(*(v for q, v in nums.items() if q != r))
-        if others and not (mine & others):
+        if any(held[n] > 1 for n in mine):
+            continue
+        others = held.keys() - mine  # none of its numbers is another rank's
+        if others:
             out.append(
                 f"rank {r}: its steps {min(mine)}-{max(mine)} share none with the other ranks' "
                 f"({min(others)}-{max(others)}): a trace from another run?"
