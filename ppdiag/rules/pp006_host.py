@@ -73,13 +73,19 @@ class HostRule:
             # finding would name nobody and claim a gain no rank shows (the starved ranks are PP009's)
             return []
         cpu = ctx.report.run.cpu_only
+        # the slow issuing calls are named only where they count at the precision printed
+        launch = direct_host_ms(ctx.steps)
+        calls = max((v - launch.get(r, 0.0) for r, v in per_rank.items() if r in roots), default=0.0)
+        how = "with nothing queued" + (
+            " or in slow calls that only issue a transfer" if calls >= 0.05 else ""
+        )
         return [
             finding(
                 ctx,
                 self.code,
                 self.cause,
                 f"host-bound: the work of rank(s) {', '.join(map(str, roots))} is launched late "
-                f"({top:.1f} ms per step with nothing queued or in slow calls that only issue a transfer)",
+                f"({top:.1f} ms per step {how})",
                 gain,
                 HostEvidence(
                     host_ms=r3(host),
