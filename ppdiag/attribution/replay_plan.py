@@ -31,6 +31,32 @@ def vectorizable(rp: ReplayGraph) -> bool:
     return bool(keys) and len(set(keys)) == len(keys) and all(rp.count.get(k, 0) > 0 for k in keys)
 
 
+# nodes per level (summed over the variants placed together) below which the level schedule
+# costs more than the node-at-a-time loop: each level is a fixed ~30 numpy calls (tens of µs),
+# each node about 1 µs in the loop and a quarter of that in a level
+MIN_WIDTH = 256
+
+
+def chain_depth(rp: ReplayGraph) -> int:
+    """The most blocks one rank runs in a row of chained steps: a lower bound of the graph's
+    levels (a rank's blocks follow one another, and a chained step follows its predecessor)."""
+    depth: dict[tuple[int, int], int] = {}
+    for rs in sorted(rp.steps, key=lambda rs: rs.w0):
+        key = (rs.rank, rs.step)
+        prev = rp.prev_step.get(key)
+        depth[key] = rp.count.get(key, 0) + (depth.get(prev, 0) if prev is not None else 0)
+    return max(depth.values(), default=0)
+
+
+def wide_enough(rp: ReplayGraph, variants: int) -> bool:
+    """Whether placing ``variants`` together by levels beats the loop: a graph as deep as its
+    chains are long (many chained steps of few ranks, e.g. 4 ranks x 128 steps x 512 blocks)
+    has a handful of nodes per level, and its tens of thousands of levels cost more than the
+    loop; sampled steps of many ranks (thousands of nodes per level) cost far less."""
+    depth = chain_depth(rp)
+    return depth > 0 and sum(rp.count.values()) * variants >= MIN_WIDTH * depth
+
+
 @dataclass(frozen=True)
 class PlacementPlan:
     """The level schedule of a replay graph (built once; every variant batch reads it)."""
@@ -159,4 +185,10 @@ def _i_edges(rp: ReplayGraph, pos2: I64, meas_end: I64, sent: int, total: int) -
     return EdgeList(dst, src, k0, z, z, z)
 
 
-__all__ = ["PlacementPlan", "vectorizable"]
+__all__ = [
+    "MIN_WIDTH",
+    "PlacementPlan",
+    "chain_depth",
+    "vectorizable",
+    "wide_enough",
+]

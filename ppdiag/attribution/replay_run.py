@@ -30,7 +30,7 @@ from ppdiag.attribution.replay_columns import (
 )
 from ppdiag.attribution.replay_graph import ReplayGraph
 from ppdiag.attribution.replay_levels import NodeValues, place
-from ppdiag.attribution.replay_plan import PlacementPlan, vectorizable
+from ppdiag.attribution.replay_plan import PlacementPlan, vectorizable, wide_enough
 from ppdiag.model import RankTimeline
 from ppdiag.pipeline.clocks import P2POps
 
@@ -289,7 +289,7 @@ class Replay(ReplayGraph):
             keys.append(key)
             if key not in self._memo:
                 todo[key] = (fl, v.balanced)
-        if todo and vectorizable(self):
+        if todo and vectorizable(self) and wide_enough(self, len(todo)):
             # a few variants at a time: the placement holds about a dozen (variants, nodes) arrays
             items = list(todo.items())
             per = max(1, PLACE_BUDGET // max(len(self.cols), 1))
