@@ -261,9 +261,11 @@ def _optable(a: argparse.Namespace) -> None:
 
 def _child(args: list[str]) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(REPO), PPDIAG_NO_CACHE="1")
-    out = subprocess.run(
-        [sys.executable, __file__, *args], env=env, check=True, capture_output=True, text=True
-    ).stdout
+    proc = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True)
+    if proc.returncode:  # the child's own error, not just its exit status
+        sys.stderr.write(proc.stderr)
+        proc.check_returncode()
+    out = proc.stdout
     res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return res
 
