@@ -395,7 +395,8 @@ def _leave_one_out(x: F64) -> tuple[F64, F64]:
 
     def kth(j: int) -> F64:
         """The j-th smallest of the others, for every value."""
-        return np.where(j < pos, s[j], s[min(j + 1, n - 1)])
+        out: F64 = np.where(j < pos, s[j], s[min(j + 1, n - 1)])
+        return out
 
     m = n - 1  # how many others
     median = kth(m // 2) if m % 2 else (kth(m // 2 - 1) + kth(m // 2)) / 2
