@@ -49,17 +49,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from peak_rss import peak_rss_kib  # benchmarks/, on sys.path as the script's folder
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-
-
-def _vm_hwm_kib() -> int:
-    """This process's peak RSS in KiB from /proc (0 where there is no /proc)."""
-    try:
-        with open("/proc/self/status") as fh:
-            return next((int(ln.split()[1]) for ln in fh if ln.startswith("VmHWM:")), 0)
-    except OSError:
-        return 0
 
 
 def _cpu() -> float:
@@ -119,7 +112,7 @@ def _child(kind: str, folder: str, jobs: int) -> dict[str, Any]:
         max(
             # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forked parent across
             # exec (the bench process that built the input)
-            _vm_hwm_kib() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            peak_rss_kib(),
             resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
         )
         / 1024

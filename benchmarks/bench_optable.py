@@ -21,13 +21,14 @@ import itertools
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from peak_rss import peak_rss_kib  # benchmarks/, on sys.path as the script's folder
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the test-support package ppsynth
@@ -82,18 +83,10 @@ def _analyse(path: Path) -> dict[str, Any]:
 
 
 def _peak_rss_gb() -> float:
-    """This process's peak RSS: the high-water mark of its own memory (VmHWM). Not ``ru_maxrss``
-    where there is a choice: Linux carries that across ``exec`` from the parent, so a sweep's
-    child reported the generator's peak (1.95 GB at 1,024 ranks x 5 steps, where the analysis
-    peaks at about 0.9 GB)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1e6  # kB, as ru_maxrss, so earlier figures compare
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    """This process's peak RSS (:mod:`peak_rss`: ``VmHWM``, not ``ru_maxrss``, which a sweep's
+    child carried over from the generator: 1.95 GB at 1,024 ranks x 5 steps, where the analysis
+    peaks at about 0.9 GB). kB / 1e6, as before, so earlier figures compare."""
+    return peak_rss_kib() / 1e6
 
 
 def _exponent(xs: list[float], ys: list[float]) -> float:

@@ -37,21 +37,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from peak_rss import peak_rss_kib  # benchmarks/, on sys.path as the script's folder
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = REPO.parent / "shared" / "traces" / "kineto" / "hta_2022_format_rank3.json.gz"
 
 # ----------------------------------------------------------------------------------------------
 # building the input
 # ----------------------------------------------------------------------------------------------
-
-
-def _vm_hwm_kib() -> int:
-    """This process's peak RSS in KiB from /proc (0 where there is no /proc)."""
-    try:
-        with open("/proc/self/status") as fh:
-            return next((int(ln.split()[1]) for ln in fh if ln.startswith("VmHWM:")), 0)
-    except OSError:
-        return 0
 
 
 def _load_source(src: Path) -> dict[str, Any]:
@@ -218,7 +211,7 @@ def _child(kind: str, folder: str, jobs: int) -> dict[str, Any]:
             out["breakdown_error"] = f"{type(exc).__name__}: {exc}"
     out["wall_s"] = time.perf_counter() - t
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forked parent across exec
-    self_kb = _vm_hwm_kib() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    self_kb = peak_rss_kib()
     kids_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     out["rss_main_mb"] = self_kb / 1024
     out["rss_worker_mb"] = kids_kb / 1024  # the largest worker process

@@ -10,7 +10,7 @@ scheduler's):
   and decoded;
 * ``reduce``: ``ppdiag.api.analyze_run`` on the ranks (matching, clocks, replay, rules);
 * the digests' total size (the ranks re-encoded as the workers sent them) against the raw JSON;
-* the reducer's peak RSS (``getrusage``).
+* the reducer's peak RSS (its own ``VmHWM``: :mod:`peak_rss`).
 
 ``--local`` also runs the same analysis with the local process pool (``--workers`` processes) in
 another fresh child and says whether the two reports are identical.
@@ -35,7 +35,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -45,7 +44,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the test-support package ppsynth
-sys.path.insert(0, str(REPO / "benchmarks"))  # reduce_phases
+sys.path.insert(0, str(REPO / "benchmarks"))  # reduce_phases, peak_rss
+
+from peak_rss import peak_rss_mb  # noqa: E402
 
 
 def _build(out: Path, pp: int, dp: int, m: int, steps: int) -> None:
@@ -71,7 +72,7 @@ def _analyze(run_dir: Path, scheduler: str | None, jobs: int) -> dict[str, objec
     diag = analyze_run(run, Options(progress=False, jobs=jobs))
     t2 = time.perf_counter()
     c2 = time.process_time()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = peak_rss_mb()
     digest = sum(len(cache.encode_ranks([tl]) or b"") for tl in run.ranks)
     report = json.dumps(msgspec.to_builtins(diag.result), sort_keys=True, default=str).encode()
     return {
@@ -161,7 +162,7 @@ def _analyze_table(path: Path, scheduler: str | None, phases: bool = False) -> d
         "map_cpu_s": c1 - c0,
         "reduce_s": t2 - t1,
         "reduce_cpu_s": c2 - c1,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
         "digest_bytes": sum(sizes),
         "tasks": len(sizes),
         "findings": [f.code for f in diag.findings],
@@ -184,7 +185,11 @@ def _worker_peak_mb(cluster: Any) -> float:
     from distributed import Client
 
     def peak() -> float:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        # VmHWM read here, not imported: the function runs in the workers, which cannot import the
+        # benchmarks' modules; ru_maxrss of a worker, spawned by its nanny, would carry the
+        # nanny's peak over exec (see peak_rss)
+        with open("/proc/self/status") as fh:
+            return next((int(ln.split()[1]) for ln in fh if ln.startswith("VmHWM:")), 0) / 1024
 
     with Client(cluster) as client:
         return float(max(client.run(peak).values()))
@@ -256,9 +261,11 @@ def _optable(a: argparse.Namespace) -> None:
 
 def _child(args: list[str]) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(REPO), PPDIAG_NO_CACHE="1")
-    out = subprocess.run(
-        [sys.executable, __file__, *args], env=env, check=True, capture_output=True, text=True
-    ).stdout
+    proc = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True)
+    if proc.returncode:  # the child's own error, not just its exit status
+        sys.stderr.write(proc.stderr)
+        proc.check_returncode()
+    out = proc.stdout
     res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return res
 
