@@ -28,6 +28,7 @@ from ppdiag.model import Direction, RangeKind, Run
 from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
 from ppdiag.pipeline.links import host_of
 from ppdiag.pipeline.peer_flow import _BWD, _FWD, _flow_class, _step_of
+from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS, sender_holds
 
 _LOW_Q = 0.25  # the quantile that stands for a stream's smallest gap (stray pairs outvoted)
 _MAX_K = 256  # transfers per stream compared in the coarse search (its first steps)
@@ -266,7 +267,8 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     hosts, hidx = _grouped(ranks, dom)
     if len(hosts) < 2:
         return None
-    lows, highs, waits = _transfer_bounds(pairs, [hidx[dom[r]] for r in ranks], ranks)
+    holds = sender_holds(pairs, dom)
+    lows, highs, waits = _transfer_bounds(pairs, [hidx[dom[r]] for r in ranks], ranks, holds)
     floor = _span_jitter(pairs, dom)
     _collective_bounds(run, dom, hidx, lows, highs)
     bounds: list[_Bound] = []
@@ -319,14 +321,17 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
 _Arrays = dict[tuple[int, int], list[npt.NDArray[np.float64]]]
 # per host pair: the forward and backward transfers' bounds with their receive starts (own clocks)
 _Waits = dict[tuple[int, int], tuple[npt.NDArray[np.float64], ...]]
-_WAITED_NS = 200_000  # a receive posted this long before its send began was waiting for it
-_MIN_WAITED = 3
 
 
-def _transfer_bounds(pairs: Pairs, host_idx: list[int], ranks: list[int]) -> tuple[_Arrays, _Arrays, _Waits]:
+def _transfer_bounds(
+    pairs: Pairs, host_idx: list[int], ranks: list[int], holds: npt.NDArray[np.float64]
+) -> tuple[_Arrays, _Arrays, _Waits]:
     """Per pair of hosts (low index first, ``D = o_high - o_low``): the lower bounds ``send_start -
     recv_end`` of the transfers low -> high, the upper bounds ``recv_end - send_start`` of those
-    high -> low, and for each the receive's and send's starts (to tell which receives waited)."""
+    high -> low, and for each the receive's and send's starts (to tell which receives waited).
+    The waits' bounds (what places the offset within the interval) count from when the data left:
+    the send's start plus its sender's hold (``holds``, per transfer; :func:`sender_holds`); the
+    causal bounds keep the start, which no hold makes wrong."""
     lows: _Arrays = {}
     highs: _Arrays = {}
     waits: _Waits = {}
@@ -336,13 +341,14 @@ def _transfer_bounds(pairs: Pairs, host_idx: list[int], ranks: list[int]) -> tup
     ha = np.array([of[int(r)] for r in pairs.src], dtype=np.int64)
     hb = np.array([of[int(r)] for r in pairs.dst], dtype=np.int64)
     gap = (pairs.send_start - pairs.recv_end).astype(np.float64)
+    left = gap + holds  # the data's departure, not the send's issue
     ss, rs = pairs.send_start.astype(np.float64), pairs.recv_start.astype(np.float64)
     ends = (pairs.send_end - pairs.recv_end).astype(np.float64)
     for a, b in {(min(int(x), int(y)), max(int(x), int(y))) for x, y in zip(ha, hb, strict=True) if x != y}:
         up, dn = (ha == a) & (hb == b), (ha == b) & (hb == a)
         lows.setdefault((a, b), []).append(gap[up])
         highs.setdefault((a, b), []).append(-gap[dn])
-        waits[(a, b)] = (gap[up], ss[up], rs[up], -gap[dn], ss[dn], rs[dn], ends[up], -ends[dn])
+        waits[(a, b)] = (left[up], ss[up], rs[up], -left[dn], ss[dn], rs[dn], ends[up], -ends[dn])
     return lows, highs, waits
 
 
@@ -357,9 +363,9 @@ def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> _Boun
     lo_v, s_up, r_up, hi_v, s_dn, r_dn, e_up, e_dn = w
     mid = (bd.lo + bd.hi) / 2.0
     # low -> high: the receive on high was posted before the send on low began (D = mid)
-    w_up = r_up + mid < s_up - _WAITED_NS
-    w_dn = r_dn < s_dn + mid - _WAITED_NS
-    if w_up.sum() >= _MIN_WAITED and w_dn.sum() >= _MIN_WAITED:
+    w_up = r_up + mid < s_up - WAITED_NS
+    w_dn = r_dn < s_dn + mid - WAITED_NS
+    if w_up.sum() >= MIN_WAITED and w_dn.sum() >= MIN_WAITED:
         d = (float(np.quantile(lo_v[w_up], 0.75)) + float(np.quantile(hi_v[w_dn], 0.25))) / 2.0
     elif (not hi_v.size and w_up.any()) or (not lo_v.size and w_dn.any()):
         # transfers one way only (the other side of the interval is the collectives', as wide as

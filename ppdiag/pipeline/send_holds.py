@@ -1,0 +1,86 @@
+"""How long a rank holds its sends before their data leaves, measured where the clock is known
+(docs/clocks.md, "What fixes an offset").
+
+A gloo send's span opens at the issue; a rank that holds its sends (a slow sender, a send posted
+late by its transport) lets the data leave later, and every one-way time of its sends (a waiting
+receive's end minus the send's start) carries the hold. Across hosts that time also carries the
+clock offset, so the two directions of a link differ by the hold and the offset placed between
+them is half the hold off. Within a host the clock is known: there the hold shows as such.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.pipeline.clocks import Pairs
+
+WAITED_NS = 200_000  # a receive posted this long before its send began was waiting for it
+MIN_WAITED = 3  # waiting receives a link needs to be timed
+HOLD_MIN_NS = 1_000_000  # host ops' jitter on a loaded host: a hold must stand out of it
+
+
+def _link_quantiles(
+    src: npt.NDArray[np.int64], dst: npt.NDArray[np.int64], v: npt.NDArray[np.float64], q: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """Per link (sender, receiver): the ``q``-th quartile of its values ("lower": an observed one)
+    and their count; the links as rows ``(src, dst)``. One sort, no loop over links."""
+    links, inv = np.unique(np.stack((src, dst), axis=1), axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    order = np.lexsort((v, inv))  # per link, its values ascending
+    counts = np.bincount(inv, minlength=len(links))
+    first = np.r_[0, np.cumsum(counts)[:-1]]
+    return links, v[order][first + (counts - 1) * q // 4], counts
+
+
+def sender_holds(pairs: Pairs, dom: dict[int, str]) -> npt.NDArray[np.float64]:
+    """Per transfer, how long its sender holds its sends before the data leaves, as measured where
+    the clock is known: on the links between ranks of one host. A one-way time (a waiting
+    receive's end minus its send's start) is the link's latency, plus the sender's hold, plus the
+    clock offset across hosts; with the hold in it, the two directions of a link differ and the
+    offset's middle is half the hold off (a held send's span opens at the issue; the data leaves
+    later). A rank holds its sends when every link it sends on within its host is slower than the
+    host links' usual one-way time (the median of theirs) by more than the host ops' jitter
+    (:data:`HOLD_MIN_NS`); the hold is the least excess over those links. A link takes its senders'
+    holds only where its round trip (no clock in it: the lower quartiles of both directions'
+    one-way times) holds them beside two usual latencies: one slow link of a rank within its host
+    is no hold of the rank's other links. Zero where no link of one host has waiting receives."""
+    out = np.zeros(len(pairs), np.float64)
+    if not len(pairs) or pairs.device:
+        return out
+    src, dst = pairs.src.astype(np.int64), pairs.dst.astype(np.int64)
+    one_way = (pairs.recv_end - pairs.send_start).astype(np.float64)
+    code = {h: i for i, h in enumerate(sorted(set(dom.values())))}
+    host = np.full(int(max(src.max(), dst.max(), max(dom))) + 1, -1, np.int64)
+    for r, h in dom.items():  # per rank, not per transfer
+        host[r] = code[h]
+    same = host[src] == host[dst]
+    sel = np.flatnonzero(same & (pairs.recv_start < pairs.send_start - WAITED_NS))
+    if sel.size == 0:
+        return out
+    # each link's median and the links' own: the profiler's spans break causality by up to a
+    # millisecond now and then (a send span opens after its data left), so low quantiles of a few
+    # transfers are no judge of a link's usual time
+    links, med, counts = _link_quantiles(src[sel], dst[sel], one_way[sel], 2)
+    timed = counts >= MIN_WAITED
+    if not timed.any():
+        return out
+    usual = float(np.quantile(med[timed], 0.5, method="lower"))
+    least = np.full(host.size, np.inf)
+    np.minimum.at(least, links[timed, 0], med[timed] - usual)
+    hold = np.where(np.isfinite(least) & (least > HOLD_MIN_NS), least, 0.0)
+    if not hold.any():
+        return out
+    # the round trip of each link, both directions' lower quartiles (every transfer: a receive
+    # posted late only lengthens it, so a hold is refused only where the link plainly has none)
+    links, low, _ = _link_quantiles(src, dst, one_way, 1)
+    back = {(int(a), int(b)): float(x) for (a, b), x in zip(links, low, strict=True)}
+    ok = np.zeros(len(links), dtype=bool)
+    for i, (a, b) in enumerate(links.tolist()):
+        rt = low[i] + back.get((b, a), np.inf)
+        ok[i] = hold[a] + hold[b] <= rt - 2.0 * usual
+    _, inv = np.unique(np.stack((src, dst), axis=1), axis=0, return_inverse=True)
+    return np.where(ok[inv.reshape(-1)], hold[src], 0.0)
+
+
+__all__ = ["HOLD_MIN_NS", "MIN_WAITED", "WAITED_NS", "sender_holds"]

@@ -1,0 +1,80 @@
+"""Host clocks across a held send: a rank whose sends leave late (its ``gloo:send`` span opens at
+the issue, the data leaves a hold later) must not put the offset of another host half the hold
+off (docs/clocks.md, "What fixes an offset"). The hold is measured where the clock is known, on
+the rank's links within its host, and taken off the one-way times of its links to other hosts
+where their round trip (no clock in it) holds it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ppdiag.model import Intervals, Ranges, RankTimeline, Run
+from ppdiag.pipeline.clocks import Pairs
+from ppdiag.pipeline.host_clocks import fit_host_clocks
+
+US = 1000
+STEPS = np.arange(5) * 20_000  # µs; five steps: five transfers per link and direction
+
+
+def _bare(rank: int, host: str) -> RankTimeline:
+    return RankTimeline(
+        rank, f"rank{rank}", "kineto", [""], Intervals.empty(), Ranges.empty(), cpu_only=True,
+        meta={"host_name": host},
+    )  # fmt: skip
+
+
+def _pairs(cross_held: bool) -> Pairs:
+    """Ranks 0 and 1 on host a, rank 2 on host b, whose clock reads 5000 µs ahead. Rank 1 holds
+    its sends 3000 µs (``cross_held``: on every link; else on its link within host a only, a slow
+    link and no hold of the rank). Latency 100 µs within a host, 150 µs across. Per step, true
+    times (µs), every receive posted before its send began (it waited for the data):
+
+    * 0 -> 1: sent 1000, arrives 1100 (one-way 100: the host's usual time);
+    * 1 -> 0: sent 4000, leaves 7000, arrives 7100 (one-way 3100: the hold is 3100 - 100 = 3000);
+    * 1 -> 2: sent 8000, leaves 11000 (or 8000), arrives 11150 (8150) = 16150 (13150) on b's clock;
+    * 2 -> 1: sent 14000 = 19000 on b's clock, arrives 14150 (receive posted 11500).
+    """
+    t = np.tile(STEPS, 4)
+    src = np.repeat([0, 1, 1, 2], 5)
+    dst = np.repeat([1, 0, 2, 1], 5)
+    cross_end = 16150 if cross_held else 13150
+    send_start = t + np.repeat([1000, 4000, 8000, 19000], 5)
+    recv_start = t + np.repeat([500, 3500, 12500, 11500], 5)
+    recv_end = t + np.repeat([1100, 7100, cross_end, 14150], 5)
+    return Pairs(
+        src.astype(np.int32),
+        dst.astype(np.int32),
+        send_start * US,
+        (send_start + 50) * US,
+        recv_start * US,
+        recv_end * US,
+        False,
+    )
+
+
+def test_a_held_sender_does_not_move_the_other_host() -> None:
+    # D = o_b - o_a, truth -5000 µs. The causal bounds: 1 -> 2 gives D >= 8000 - 16150 = -8150,
+    # 2 -> 1 gives D <= 14150 - 19000 = -4850; their middle, -6500, is half the hold off. Counted
+    # from when the data left (8000 + 3000), the receives that waited give 11000 - 16150 = -5150
+    # and -4850: the middle -5000. The round trip 8150 + (-4850) = 3300 holds the 3000 µs hold
+    # beside two usual latencies (200).
+    run = Run([_bare(0, "a"), _bare(1, "a"), _bare(2, "b")], "kineto")
+    got = fit_host_clocks(run, _pairs(cross_held=True))
+    assert got is not None
+    off, clocks, _ = got
+    assert off == {0: 0, 1: 0, 2: -5_000_000}
+    # the residual keeps the causal interval: its half-width 1650 plus the move of 1500
+    assert [(c.host, c.residual_ns) for c in clocks] == [("a", 0), ("b", 3_150_000)]
+
+
+def test_one_slow_link_within_a_host_is_no_hold_across() -> None:
+    # rank 1's link to rank 0 is slow, its link to rank 2 is not: 1 -> 2 gives D >= 8000 - 13150
+    # = -5150 and 2 -> 1 D <= -4850, middle -5000 (the truth). The round trip 5150 - 4850 = 300
+    # cannot hold 3000 µs, so no hold is taken off (with it the middle would be (-2150 - 4850) / 2
+    # = -3500).
+    run = Run([_bare(0, "a"), _bare(1, "a"), _bare(2, "b")], "kineto")
+    got = fit_host_clocks(run, _pairs(cross_held=False))
+    assert got is not None
+    off, _, _ = got
+    assert off == {0: 0, 1: 0, 2: -5_000_000}
