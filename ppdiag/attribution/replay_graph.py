@@ -26,13 +26,14 @@ import numpy.typing as npt
 
 from ppdiag.attribution.link_latency import link_latencies
 from ppdiag.attribution.rank_step import RankStep, _m, _split_local
+from ppdiag.attribution.replay_build import PendingWaits, build_nodes
 from ppdiag.attribution.replay_index import (
     _IssueIndex,
     _label_pairs,
     _P2PIndex,
 )
 from ppdiag.attribution.replay_nodes import NodeColumns, _Node
-from ppdiag.attribution.replay_pieces import _local_pieces, _outside_wait, _step_waits
+from ppdiag.attribution.replay_pieces import _outside_wait
 from ppdiag.attribution.replay_syncs import GroupSpans, sync_members
 from ppdiag.attribution.replay_waits import common_waits, wait_arrays
 from ppdiag.attribution.tolerance import timing_tolerance_ns
@@ -42,10 +43,6 @@ from ppdiag.pipeline.clocks import P2POps
 
 # windows closer than this are consecutive steps of one rank
 STEP_JOIN_NS = 1_000_000
-
-# a wait still to resolve once every rank's nodes exist:
-# (node, (peer, dir, posted, op end) of the operation that held it, release, wait start)
-_Pending = tuple[int, tuple[int, int, int, int], int, int]
 
 
 @dataclass
@@ -86,8 +83,6 @@ class ReplayGraph:
         last_stage: int,
     ) -> None:
         self.steps = steps
-        self._parts: list[dict[str, npt.NDArray[np.int64]]] = []  # each step's node columns
-        self._on_compute: list[int] = []
         self._records: list[_Node] | None = None  # the nodes as records, built on demand
         self.first: dict[tuple[int, int], int] = {}
         self.count: dict[tuple[int, int], int] = {}
@@ -100,8 +95,6 @@ class ReplayGraph:
             tuple[int, int, tuple[int, int, int, int, int], tuple[int, int, int, int, int]],
         ] = {}
         self.syncs: dict[int, tuple[list[tuple[int, int]], int]] = {}  # sync id -> members, transfer
-        self.meas_start: list[int] = []
-        self.meas_lo: list[int] = []  # the end of the rank's work before each block
         self.dropped_edges = 0
         self.untraced_waits = 0
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
@@ -111,86 +104,33 @@ class ReplayGraph:
         # timed the whole transfer (a consumer that comes later times only what is left of it)
         self.whole: list[bool] = []
         self._mean_costs: dict[tuple[int, int, int], float] | None = None  # computed once, on demand
-        labels: list[npt.NDArray[np.int64]] = []  # per step: the labelled blocks (see _label_pairs)
-        pending: list[_Pending] = []
         p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
         tol = timing_tolerance_ns(timelines)
-        for rs in steps:
-            self._add_step(rs, timelines[rs.rank].cpu_only, p2p_index[rs.rank], tol, pending, labels)
-        self.cols = NodeColumns.concat(self._parts, self._on_compute)
-        self._parts, self._on_compute = [], []
+        built = build_nodes(steps, {r: timelines[r].cpu_only for r in p2p_index}, p2p_index, tol)
+        self.cols = NodeColumns(built.cols, built.on_compute)
+        self.meas_start: npt.NDArray[np.int64] = built.start
+        self.meas_lo: npt.NDArray[np.int64] = built.lo  # the end of the rank's work before each block
+        firsts, counts = built.first.tolist(), built.sizes.tolist()
+        for rs, f, c, prev_end in zip(steps, firsts, counts, built.prev_end.tolist(), strict=True):
+            self.first[(rs.rank, rs.step)] = f
+            self.count[(rs.rank, rs.step)] = c
+            self._add_tail(rs, prev_end)
         # (rank, step) of every node, for the per-wait lookups
         self._rank_l: list[int] = self.cols.cols["rank"].tolist()
         self._step_l: list[int] = self.cols.cols["step"].tolist()
         self._find_step_syncs(timelines)
-        lab = np.concatenate(labels, axis=1).astype(np.int64) if labels else np.zeros((5, 0), np.int64)
-        cons, prod = _label_pairs(lab, last_stage)
+        cons, prod = _label_pairs(built.labels, last_stage)
         # each labelled block's producer (the block whose output it consumes), for host-op waits
         self._label_prod: dict[int, int] = dict(zip(cons.tolist(), prod.tolist(), strict=True))
-        self._resolve_waits(pending, timelines, ops, tol)
+        self._resolve_waits(built.pending, timelines, ops, tol)
         # each link's normal transfer time and the run's fault-free latency (the lower quartile
         # of the links' normal times: slow links, even most of them, do not set it)
         self.links = link_latencies(self.waits, self.whole)
         self.normal_latency = self.links.fault_free_ns
         self._label_edges(cons, prod, tol)
-        self.order: list[int] = np.argsort(np.asarray(self.meas_start, np.int64), kind="stable").tolist()
+        self.order: npt.NDArray[np.int64] = np.argsort(self.meas_start, kind="stable")
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
         self.prev_step = _chain_steps(steps)
-
-    def _add_step(
-        self,
-        rs: RankStep,
-        cpu: bool,
-        idx: _P2PIndex,
-        tol: int,
-        pending: list[_Pending],
-        labels: list[npt.NDArray[np.int64]],
-    ) -> None:
-        """The nodes of one rank's step, its tail after the last block, and its waits to resolve."""
-        b = rs.blocks
-        base = len(self.meas_start)
-        self.first[(rs.rank, rs.step)] = base
-        self.count[(rs.rank, rs.step)] = len(b)
-        s_a = b.start.astype(np.int64)
-        e_a = b.end.astype(np.int64)
-        # the end of the rank's work before each block (the window start before the first)
-        reach = np.maximum.accumulate(np.r_[np.int64(rs.w0), e_a])
-        lo_a = np.minimum(reach[:-1], s_a)
-        w = _step_waits(rs, idx, lo_a, cpu, tol)
-        lp = _local_pieces(rs, lo_a, w)
-        n = len(b)
-        self._parts.append(
-            {
-                "rank": np.full(n, rs.rank, np.int64),
-                "step": np.full(n, rs.step, np.int64),
-                "idx": np.arange(n, dtype=np.int64),
-                "span": e_a - s_a,
-                "busy": b.busy,
-                "in_host": lp.in_host,
-                "in_ux": lp.in_ux,
-                "in_copy": lp.in_copy,
-                "phase": b.phase.astype(np.int64),
-                "stage": b.stage.astype(np.int64),
-                "pre": lp.pre,
-                "post": lp.post,
-                "pre_host": lp.host,
-                "pre_coll": lp.coll,
-                "pre_ux": lp.ux,
-                "pre_copy": lp.copy,
-            }
-        )
-        self.meas_start.extend(s_a.tolist())
-        self.meas_lo.extend(lo_a.tolist())
-        j = np.flatnonzero(w.has)
-        nids = (base + j).tolist()
-        pending.extend(zip(nids, w.held, w.release[j].tolist(), w.start[j].tolist(), strict=True))
-        self._on_compute.extend(nid for nid, oc in zip(nids, w.on_compute, strict=True) if oc)
-        lab = np.flatnonzero(b.mb >= 0)
-        step_key = rs.number if rs.number >= 0 else rs.step
-        labels.append(
-            np.stack([np.full(lab.size, step_key), b.stage[lab], b.phase[lab], b.mb[lab], base + lab])
-        )
-        self._add_tail(rs, int(reach[-1]))
 
     def _add_tail(self, rs: RankStep, prev_end: int) -> None:
         """What follows the step's last block: its local split, and the step-end collective."""
@@ -338,7 +278,7 @@ class ReplayGraph:
         return out
 
     def _resolve_waits(
-        self, pending: list[_Pending], timelines: dict[int, RankTimeline], ops: dict[int, P2POps], tol: int
+        self, pending: PendingWaits, timelines: dict[int, RankTimeline], ops: dict[int, P2POps], tol: int
     ) -> None:
         """Tie every wait to what released it (each wait's transfer is kept in :attr:`waits`)."""
         ctx = _WaitContext(
@@ -367,7 +307,9 @@ class ReplayGraph:
         # the others one at a time, in order with the common ones (the waits keep their order)
         lasts = [x if f else None for x, f in zip(w.last.tolist(), w.found.tolist(), strict=True)]
         looked_up = zip(fast.tolist(), records, lasts, w.j.tolist(), strict=True)
-        for (nid, held, rel, wait_start), (is_fast, rec, last, j) in zip(pending, looked_up, strict=True):
+        held_l = zip(w.peer.tolist(), w.wdir.tolist(), w.posted.tolist(), w.op_end.tolist(), strict=True)
+        rows = zip(w.nid.tolist(), held_l, w.rel.tolist(), w.wait_start.tolist(), strict=True)
+        for (nid, held, rel, wait_start), (is_fast, rec, last, j) in zip(rows, looked_up, strict=True):
             if is_fast:
                 self.waits.append(rec)
                 self.held.append(0)
@@ -437,7 +379,7 @@ class ReplayGraph:
         if wdir != int(Direction.RECV) or prod < 0 or self._rank_l[prod] != peer:
             return False
         sent = ctx.issues.send_of(self._rank_l[nid], peer, op_end, ctx.tol)
-        p_end = self.meas_start[prod] + int(self.cols.cols["span"][prod])
+        p_end = int(self.meas_start[prod]) + int(self.cols.cols["span"][prod])
         if sent is None or p_end > sent + ctx.tol:
             return False
         self._producer_wait(ctx, nid, peer, (prod, p_end, sent), wait_start, rel, wait_start)
@@ -526,7 +468,7 @@ class ReplayGraph:
         wait, a later block of the peer would become this block's producer with a negative
         transfer, tying the two ranks wherever that block moves in a variant. The gap is measured
         as local time instead, exactly as for a block without a wait."""
-        lo, s = self.meas_lo[nid], self.meas_start[nid]
+        lo, s = int(self.meas_lo[nid]), int(self.meas_start[nid])
         # the same split as a block without a wait: an empty wait at the block's start
         at = np.array([s], np.int64)
         host, coll, copy, ux, _ = _outside_wait(rs, np.array([lo], np.int64), at, at, at, at)

@@ -107,7 +107,14 @@ class _P2PIndex:
         self, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], tol: int = 0
     ) -> list[tuple[int, int, int, int]]:
         """:meth:`blocking` of every span ``[lo[i], hi[i]]``, in one vectorized pass."""
-        out = [(-1, 0, a, b) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+        return [(a, b, c, d) for a, b, c, d in self.blocking_arrays(lo, hi, tol).tolist()]
+
+    def blocking_arrays(
+        self, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], tol: int = 0
+    ) -> npt.NDArray[np.int64]:
+        """:meth:`blocking_many` as an ``(n, 4)`` array: (peer, direction, start, end) per span,
+        ``(-1, 0, lo, hi)`` where no transfer held the rank."""
+        out = np.stack([np.full(lo.size, -1, np.int64), np.zeros(lo.size, np.int64), lo, hi], axis=1)
         seg, pos, cover, first = self._covers(lo, hi)
         if seg.size == 0:
             return out
@@ -120,20 +127,21 @@ class _P2PIndex:
         k = pos[cand[at]]
         good = top[spans] > 0
         spans, k = spans[good], k[good]
-        rows = zip(
-            spans.tolist(),
-            self.peer[k].tolist(),
-            self.direction[k].tolist(),
-            self.start[k].tolist(),
-            self.end[k].tolist(),
-            strict=True,
-        )
-        for i, peer, d, st, en in rows:
-            out[i] = (int(peer), int(d), int(st), int(en))
+        out[spans, 0] = self.peer[k]
+        out[spans, 1] = self.direction[k]
+        out[spans, 2] = self.start[k]
+        out[spans, 3] = self.end[k]
         return out
 
     def on_compute_many(self, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]) -> list[bool]:
         """:meth:`on_compute_at` of every span ``[lo[i], hi[i]]``, in one vectorized pass."""
+        out: list[bool] = self.on_compute_arrays(lo, hi).tolist()
+        return out
+
+    def on_compute_arrays(
+        self, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.bool_]:
+        """:meth:`on_compute_many` as a boolean array."""
         out = np.zeros(lo.size, np.bool_)
         seg, pos, cover, first = self._covers(lo, hi)
         if seg.size:
@@ -144,7 +152,7 @@ class _P2PIndex:
             cand = np.flatnonzero(cover == top[seg])
             spans, at = np.unique(seg[cand], return_index=True)
             out[spans] = self.on_compute[pos[cand[at]]]
-        return out.tolist()
+        return out
 
     def blocking(self, lo: int, hi: int, tol: int = 0) -> tuple[int, int, int, int]:
         """(peer, direction, start, end) of the p2p interval that covers most of the wait ``[lo, hi]``.
