@@ -11,7 +11,6 @@ int64 line together) must give the same nodes too.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,6 @@ import pytest
 from analysis_parts import context
 
 from ppdiag.api import Options, diagnose
-from ppdiag.attribution import replay_build
 from ppdiag.attribution.rank_step import RankStep
 from ppdiag.attribution.replay_build import StepNodes, build_nodes
 from ppdiag.attribution.replay_index import _P2PIndex
@@ -119,7 +117,7 @@ def test_fallback_one_line_per_step(case: tuple[Any, ...], monkeypatch: pytest.M
             raise OverflowError("too wide")
         return of(lo, hi)
 
-    monkeypatch.setattr(replay_build.Line, "of", staticmethod(one_group_only))
+    monkeypatch.setattr(Line, "of", staticmethod(one_group_only))
     apart = build_nodes(steps, cpu, index, tol)
     assert _facts(apart) == _facts(whole)
     assert {k: v.tolist() for k, v in apart.cols.items()} == {k: v.tolist() for k, v in whole.cols.items()}
