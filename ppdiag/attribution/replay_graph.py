@@ -457,9 +457,8 @@ class ReplayGraph:
         # the measurement contradicts these dependencies: labels do not match up
         bad = slack < -tol
         self.dropped_edges += int(bad.sum())
-        tau = np.minimum(slack[~bad], self.normal_latency).tolist()
-        pairs = zip(prod[~bad].tolist(), tau, strict=True)
-        self.cols.edges.update(zip(cons[~bad].tolist(), ([pt] for pt in pairs), strict=True))
+        tau = np.minimum(slack[~bad], self.normal_latency)
+        self.cols.edges.set_many(cons[~bad], (prod[~bad], tau))
 
     def _not_a_wait(self, nid: int, rs: RankStep) -> None:
         """A gap that looked like a wait but that the peer cannot have released: the peer issued

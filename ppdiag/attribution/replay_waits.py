@@ -93,11 +93,10 @@ def common_waits(
     fast = device & (w.prod >= 0) & ~peer_cpu & (xfer >= -tol) & ~((issue > w.p_end) & has_copy[prod])
     f = np.flatnonzero(fast)
     nc = g.cols
-    ids = w.nid[f].tolist()
-    obs = zip(w.prod[f].tolist(), (issue - w.p_end)[f].tolist(), xfer[f].tolist(), strict=True)
-    nc.obs.update(zip(ids, obs, strict=True))
-    nc.issue_copy.update(dict.fromkeys(ids, 0))
-    nc.lead.update(zip(ids, (w.wait_start - posted)[f].tolist(), strict=True))
+    ids = w.nid[f]
+    nc.obs.set_many(ids, (w.prod[f], (issue - w.p_end)[f], xfer[f]))
+    nc.issue_copy.set_many(ids, (np.zeros(f.size, np.int64),))
+    nc.lead.set_many(ids, ((w.wait_start - posted)[f],))
     return fast, xfer
 
 
