@@ -204,8 +204,8 @@ def attribute(
         for name, var in full.items():
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
         edges = rp.edge_stats()
-        held = list(rp.held)
-        whole = list(rp.whole)
+        held = rp.held.tolist()
+        whole = rp.whole.tolist()
         notes += _replay_notes(rp, steps, v["measured"])
     else:
         waits = run_waits(steps, timelines, p2p=True)

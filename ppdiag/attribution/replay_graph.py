@@ -55,6 +55,14 @@ class _WaitContext:
     by_rank_step: dict[tuple[int, int], RankStep]
     timelines: dict[int, RankTimeline]
     tol: int
+    # every wait's record (producer, consumer, transfer, waited), held and whole, whether it is
+    # one (a gap that was no wait, a release kept for an untraced peer are not), and the wait
+    # being resolved
+    rec: npt.NDArray[np.int64]
+    held: npt.NDArray[np.int64]
+    whole: npt.NDArray[np.bool_]
+    keep: npt.NDArray[np.bool_]
+    at: int = -1
 
 
 def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]]:
@@ -98,11 +106,13 @@ class ReplayGraph:
         self.dropped_edges = 0
         self.untraced_waits = 0
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
-        self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
-        self.held: list[int] = []  # per wait: how long a host-op producer held its send after its block
+        # per wait: producer, consumer, transfer, waited
+        self.waits: npt.NDArray[np.int64] = np.zeros((0, 4), np.int64)
+        # per wait: how long a host-op producer held its send after its block
+        self.held: npt.NDArray[np.int64] = np.zeros(0, np.int64)
         # per wait on host ops (gloo): the consumer waited before the producer issued, so the wait
         # timed the whole transfer (a consumer that comes later times only what is left of it)
-        self.whole: list[bool] = []
+        self.whole: npt.NDArray[np.bool_] = np.zeros(0, np.bool_)
         self._mean_costs: dict[tuple[int, int, int], float] | None = None  # computed once, on demand
         p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
         tol = timing_tolerance_ns(timelines)
@@ -115,9 +125,6 @@ class ReplayGraph:
             self.first[(rs.rank, rs.step)] = f
             self.count[(rs.rank, rs.step)] = c
             self._add_tail(rs, prev_end)
-        # (rank, step) of every node, for the per-wait lookups
-        self._rank_l: list[int] = self.cols.cols["rank"].tolist()
-        self._step_l: list[int] = self.cols.cols["step"].tolist()
         self._find_step_syncs(timelines)
         cons, prod = _label_pairs(built.labels, last_stage)
         # each labelled block's producer (the block whose output it consumes), for host-op waits
@@ -235,7 +242,7 @@ class ReplayGraph:
 
     def edge_stats(self) -> list[tuple[int, int, int, int]]:
         """Observed waits as (producer rank, consumer rank, transfer ns, time waited ns)."""
-        return list(self.waits)
+        return [(a, b, c, d) for a, b, c, d in self.waits.tolist()]
 
     def check(self) -> list[str]:
         """Every invariant of the graph it breaks, one line each (empty: the graph is sound): each
@@ -277,45 +284,48 @@ class ReplayGraph:
             out[r] = (ends[o].tolist(), ids_a[o].tolist())
         return out
 
+    def _rank_of(self, nid: int) -> int:
+        """The rank of node ``nid`` (the per-wait lookups of the waits not resolved as arrays)."""
+        return int(self.cols.cols["rank"][nid])
+
+    def _step_of(self, nid: int) -> int:
+        """The step of node ``nid``."""
+        return int(self.cols.cols["step"][nid])
+
     def _resolve_waits(
         self, pending: PendingWaits, timelines: dict[int, RankTimeline], ops: dict[int, P2POps], tol: int
     ) -> None:
         """Tie every wait to what released it (each wait's transfer is kept in :attr:`waits`)."""
-        ctx = _WaitContext(
-            self._ends_by_rank(),
-            _IssueIndex(ops, timelines),
-            {(rs.rank, rs.step): rs for rs in self.steps},
-            timelines,
-            tol,
-        )
-        w = wait_arrays(self, pending, ctx.issues, ctx.ends_by_rank, timelines, tol)
+        ends, issues = self._ends_by_rank(), _IssueIndex(ops, timelines)
+        w = wait_arrays(self, pending, issues, ends, timelines, tol)
         # per node: whether its step ran copies (nodes lie in steps order, each step's together)
         counts = [self.count[(rs.rank, rs.step)] for rs in self.steps]
         has_copy = np.repeat(np.array([rs.sets.copy[0].size > 0 for rs in self.steps], np.bool_), counts)
         fast, xfer = common_waits(self, w, timelines, has_copy, tol)
         self.cols.send_wait.update(w.nid[fast & (w.wdir == int(Direction.SEND))].tolist())
         me = self.cols.cols["rank"][w.nid]
-        records = list(
-            zip(w.peer.tolist(), me.tolist(), xfer.tolist(), (w.rel - w.wait_start).tolist(), strict=True)
+        k = w.nid.size
+        # (the common waits are device ones: a device transfer is timed by its kernels)
+        ctx = _WaitContext(
+            ends,
+            issues,
+            {(rs.rank, rs.step): rs for rs in self.steps},
+            timelines,
+            tol,
+            np.stack([w.peer, me, xfer, w.rel - w.wait_start], axis=1).reshape(k, 4),
+            np.zeros(k, np.int64),
+            np.zeros(k, np.bool_),
+            fast.copy(),
         )
-        if fast.all():
-            self.waits.extend(records)
-            self.held.extend([0] * len(records))
-            # (the common waits are device ones: a device transfer is timed by its kernels)
-            self.whole.extend([False] * len(records))
-            return
-        # the others one at a time, in order with the common ones (the waits keep their order)
-        lasts = [x if f else None for x, f in zip(w.last.tolist(), w.found.tolist(), strict=True)]
-        looked_up = zip(fast.tolist(), records, lasts, w.j.tolist(), strict=True)
-        held_l = zip(w.peer.tolist(), w.wdir.tolist(), w.posted.tolist(), w.op_end.tolist(), strict=True)
-        rows = zip(w.nid.tolist(), held_l, w.rel.tolist(), w.wait_start.tolist(), strict=True)
-        for (nid, held, rel, wait_start), (is_fast, rec, last, j) in zip(rows, looked_up, strict=True):
-            if is_fast:
-                self.waits.append(rec)
-                self.held.append(0)
-                self.whole.append(False)
-            else:
-                self._resolve_wait(ctx, nid, held, rel, wait_start, (last, j))
+        # the others one at a time; each keeps its place among the common ones
+        slow = np.flatnonzero(~fast)
+        cols = [a[slow].tolist() for a in (w.nid, w.peer, w.wdir, w.posted, w.op_end, w.rel, w.wait_start)]
+        lasts = [x if f else None for x, f in zip(w.last[slow].tolist(), w.found[slow].tolist(), strict=True)]
+        rows = zip(slow.tolist(), *cols, lasts, w.j[slow].tolist(), strict=True)
+        for i, nid, peer, wdir, posted, op_end, rel, wait_start, last, j in rows:
+            ctx.at = i
+            self._resolve_wait(ctx, nid, (peer, wdir, posted, op_end), rel, wait_start, (last, j))
+        self.waits, self.held, self.whole = ctx.rec[ctx.keep], ctx.held[ctx.keep], ctx.whole[ctx.keep]
 
     def _resolve_wait(
         self,
@@ -333,7 +343,7 @@ class ReplayGraph:
         blocks before the data arrived)."""
         peer, wdir, posted, op_end = held
         ends, ids = ctx.ends_by_rank.get(peer, ([], []))
-        me, nc = self._rank_l[nid], self.cols
+        me, nc = self._rank_of(nid), self.cols
         # ``last``: the matched operation's issue, else the peer's last one before the release;
         # ``j``: the peer's last block that ended before ``at`` (see :func:`wait_arrays`)
         last, j = looked_up
@@ -354,7 +364,7 @@ class ReplayGraph:
             posted = min(posted, wait_start)
             xfer = rel - max(last, posted)
             if xfer < -ctx.tol:
-                self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_l[nid])])
+                self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_of(nid))])
                 return
             nc.obs_abs[nid] = (last, xfer)
             nc.lead[nid] = wait_start - posted
@@ -376,9 +386,9 @@ class ReplayGraph:
         later blocks, which the release would take for the producer."""
         wdir, op_end = op
         prod = self._label_prod.get(nid, -1)
-        if wdir != int(Direction.RECV) or prod < 0 or self._rank_l[prod] != peer:
+        if wdir != int(Direction.RECV) or prod < 0 or self._rank_of(prod) != peer:
             return False
-        sent = ctx.issues.send_of(self._rank_l[nid], peer, op_end, ctx.tol)
+        sent = ctx.issues.send_of(self._rank_of(nid), peer, op_end, ctx.tol)
         p_end = int(self.meas_start[prod]) + int(self.cols.cols["span"][prod])
         if sent is None or p_end > sent + ctx.tol:
             return False
@@ -403,14 +413,14 @@ class ReplayGraph:
         operation (a gloo or NCCL transfer cannot complete before the receive is posted; a receive
         posted under compute lets the transfer run before the wait begins)."""
         prod, p_end, last = producer
-        me, nc = self._rank_l[nid], self.cols
+        me, nc = self._rank_of(nid), self.cols
         issue = max(p_end, last) if last is not None else p_end
         xfer = rel - max(issue, posted)
         if xfer < -ctx.tol:
-            self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_l[nid])])
+            self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_of(nid))])
             return
         # copies the producer ran between its block and the send delay the send as copies
-        prs = ctx.by_rank_step.get((self._rank_l[prod], self._step_l[prod]))
+        prs = ctx.by_rank_step.get((self._rank_of(prod), self._step_of(prod)))
         # (no copies, or an issue at the block's end: nothing to measure)
         copies = prs is not None and issue > p_end and prs.sets.copy[0].size > 0
         issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if copies and prs is not None else 0
@@ -442,9 +452,11 @@ class ReplayGraph:
         held: int = 0,
         whole: bool = False,
     ) -> None:
-        self.waits.append((peer, me, xfer, waited))
-        self.held.append(held)
-        self.whole.append(whole)
+        i = ctx.at
+        ctx.rec[i] = (peer, me, xfer, waited)
+        ctx.held[i] = held
+        ctx.whole[i] = whole
+        ctx.keep[i] = True
 
     def _label_edges(self, cons: npt.NDArray[np.int64], prod: npt.NDArray[np.int64], tol: int) -> None:
         """Pipeline data dependencies from labels, with the normal latency (capped so the measured
