@@ -4,7 +4,8 @@ of one step and the split of the local time around it).
 
 On synthetic runs with slow links, host stalls, p2p on the compute stream, data parallelism and a
 rank that stops mid-step, in both trace formats, every node's measured pieces, its wait (span,
-operation that held it, compute-stream flag) and each step's tail start must be the same numbers,
+operation that held it, compute-stream flag) and each step's tail (the local split after its last
+block, its step-end collective and the split around it) must be the same numbers,
 and the per-step fallback (each step on a line of its own, taken when the steps do not fit on one
 int64 line together) must give the same nodes too.
 """
@@ -18,12 +19,13 @@ import pytest
 from analysis_parts import context
 
 from ppdiag.api import Options, diagnose
-from ppdiag.attribution.rank_step import RankStep
+from ppdiag.attribution.rank_step import RankStep, _m, _split_local
 from ppdiag.attribution.replay_build import StepNodes, build_nodes
 from ppdiag.attribution.replay_index import _P2PIndex
 from ppdiag.attribution.replay_pieces import _local_pieces, _step_waits
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import RankTimeline
+from ppdiag.model import intervals as ivs
 from ppdiag.model.interval_groups import Line
 from ppsynth import faults as F
 from ppsynth.kineto import write_kineto
@@ -50,7 +52,8 @@ def _per_step(
     steps: list[RankStep], timelines: dict[int, RankTimeline], index: dict[int, _P2PIndex], tol: int
 ) -> dict[str, Any]:
     """The same facts, one step at a time with the step functions."""
-    out: dict[str, list[Any]] = {k: [] for k in (*PIECES, "start", "lo", "prev_end", "wait", "on_compute")}
+    keys = (*PIECES, "start", "lo", "prev_end", "wait", "on_compute", "tails")
+    out: dict[str, list[Any]] = {k: [] for k in keys}
     base = 0
     for rs in steps:
         s_a, e_a = rs.blocks.start.astype(np.int64), rs.blocks.end.astype(np.int64)
@@ -65,6 +68,7 @@ def _per_step(
         out["start"] += s_a.tolist()
         out["lo"] += lo_a.tolist()
         out["prev_end"].append(int(reach[-1]))
+        out["tails"].append(_tail_of(rs, int(reach[-1])))
         j = np.flatnonzero(w.has)
         rows = zip((base + j).tolist(), w.held, w.release[j].tolist(), w.start[j].tolist(), strict=True)
         out["wait"] += [(n, *h, rel, st) for n, h, rel, st in rows]
@@ -73,11 +77,37 @@ def _per_step(
     return out
 
 
+def _tail_of(rs: RankStep, t_lo: int) -> tuple[Any, ...]:
+    """What follows a step's last block, measured span by span with the step's own sets."""
+    t_hi = rs.w1
+    busy, host, copy = (_m(x, t_lo, t_hi) for x in (rs.sets.compute, rs.host_set, rs.sets.copy))
+    coll = _m(rs.sets.collective, t_lo, t_hi) + _m(rs.sets.p2p, t_lo, t_hi)
+    split = (busy, coll, host, max(t_hi - t_lo - busy - coll - host - copy, 0), copy)
+    cs, ce = ivs.window(rs.sets.collective, t_lo, t_hi)
+    if not cs.size:
+        return split, None
+    c0, c1 = int(cs[0]), int(ce[-1])
+    return split, (c0, c1, _split_local(rs, t_lo, c0), _split_local(rs, c1, t_hi))
+
+
+def _tails(b: StepNodes) -> list[tuple[Any, ...]]:
+    t = b.tails
+    out: list[tuple[Any, ...]] = []
+    for i, split in enumerate(t.split.tolist()):
+        coll = None
+        if t.has_coll[i]:
+            c0, c1 = t.coll[i].tolist()
+            coll = (c0, c1, tuple(t.before[i].tolist()), tuple(t.after[i].tolist()))
+        out.append((tuple(split), coll))
+    return out
+
+
 def _facts(b: StepNodes) -> dict[str, Any]:
     out: dict[str, Any] = {k: b.cols[k].tolist() for k in PIECES}
     out.update(start=b.start.tolist(), lo=b.lo.tolist(), prev_end=b.prev_end.tolist())
     out["wait"] = [tuple(r) for r in np.stack(b.pending, axis=1).tolist()]
     out["on_compute"] = np.flatnonzero(b.on_compute).tolist()
+    out["tails"] = _tails(b)
     return out
 
 

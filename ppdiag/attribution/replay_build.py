@@ -50,6 +50,18 @@ class PendingWaits(NamedTuple):
         return cls(*(np.concatenate([p[i] for p in parts]).astype(np.int64) for i in range(7)))
 
 
+class StepTails(NamedTuple):
+    """Per step, what follows its last block (see ``ReplayGraph._add_tail``): the local split
+    (busy, coll, host, other, copy), whether a step-end collective lies in it, that collective's
+    span and the local split (busy, host, other, copy, p2p) before and after it."""
+
+    split: I64
+    has_coll: B
+    coll: I64
+    before: I64
+    after: I64
+
+
 class StepNodes(NamedTuple):
     """The measured nodes of the steps, in steps order: the node columns (named as in
     :data:`~ppdiag.attribution.replay_nodes.MEASURED`), each node's measured start and the end of
@@ -66,6 +78,7 @@ class StepNodes(NamedTuple):
     first: I64
     sizes: I64
     prev_end: I64
+    tails: StepTails
 
 
 def build_nodes(
@@ -98,6 +111,7 @@ def _concat(parts: list[StepNodes]) -> StepNodes:
         cat([p.first + b for p, b in zip(parts, base, strict=True)]) if parts else np.zeros(0, np.int64),
         cat([p.sizes for p in parts]) if parts else np.zeros(0, np.int64),
         cat([p.prev_end for p in parts]) if parts else np.zeros(0, np.int64),
+        StepTails(*(cat([p.tails[i] for p in parts]) for i in range(5))),
     )
 
 
@@ -134,6 +148,7 @@ _SETS: dict[str, Callable[[RankStep], ivs.ISet]] = {
     "copy": lambda rs: rs.sets.copy,
     "gaps": lambda rs: rs.sets.gaps,
     "wait": lambda rs: rs.wait_set,
+    "compute": lambda rs: rs.sets.compute,
 }
 
 
@@ -203,7 +218,46 @@ def _build(
     lab = np.flatnonzero(mb >= 0)
     key = np.array([rs.number if rs.number >= 0 else rs.step for rs in steps], np.int64)
     labels = np.stack([key[grp[lab]], cols["stage"][lab], cols["phase"][lab], mb[lab], lab])
-    return StepNodes(cols, s_t, on.back(lo_l), on_compute, pending, labels, first, count, prev_end)
+    hi_l = line.put(np.arange(g), np.array([rs.w1 for rs in steps], np.int64))
+    tails = _tails(line, sets, reach[at_w0 + count], hi_l)
+    return StepNodes(cols, s_t, on.back(lo_l), on_compute, pending, labels, first, count, prev_end, tails)
+
+
+def _between(iset: ivs.ISet, lo: I64, hi: I64) -> I64:
+    """The measure of a set on the line inside each ``[lo, hi)`` (0 for an empty or reversed span)."""
+    if iset[0].size == 0 or lo.size == 0:
+        return np.zeros(lo.size, np.int64)
+    p = ivs.prefix_measure(iset, np.concatenate([lo, hi]))
+    return np.where(hi > lo, p[lo.size :] - p[: lo.size], 0)
+
+
+def _split_local(sets: dict[str, ivs.ISet], lo: I64, hi: I64) -> I64:
+    """:func:`~ppdiag.attribution.rank_step._split_local` of each span ``[lo, hi)`` on the line:
+    (compute, host-evidence idle, other, exposed copy, exposed p2p)."""
+    busy, host = _between(sets["compute"], lo, hi), _between(sets["host"], lo, hi)
+    copy, p2p = _between(sets["copy"], lo, hi), _between(sets["p2p"], lo, hi)
+    other = np.maximum(hi - lo - busy - host - copy - p2p, 0)
+    return np.where((hi > lo)[:, None], np.stack([busy, host, other, copy, p2p], axis=1), 0)
+
+
+def _tails(line: Line, sets: dict[str, ivs.ISet], lo: I64, hi: I64) -> StepTails:
+    """What follows each step's last block, ``[lo, hi)`` on the line (see :class:`StepTails`)."""
+    busy = _between(sets["compute"], lo, hi)
+    # exposed p2p after the last block (a send on the compute stream) is exposed comm too
+    coll = _between(sets["coll"], lo, hi) + _between(sets["p2p"], lo, hi)
+    host, copy = _between(sets["host"], lo, hi), _between(sets["copy"], lo, hi)
+    other = np.maximum(hi - lo - busy - coll - host - copy, 0)
+    split = np.stack([busy, coll, host, other, copy], axis=1)
+    # the step-end collective: the collective time in the tail, from its first piece to its last
+    cs, ce = sets["coll"]
+    i0 = np.searchsorted(ce, lo, side="right")
+    i1 = np.searchsorted(cs, hi, side="left")
+    has = (i1 > i0) & (hi > lo)
+    c0 = np.where(has, np.maximum(cs[np.minimum(i0, max(cs.size - 1, 0))] if cs.size else lo, lo), lo)
+    c1 = np.where(has, np.minimum(ce[np.maximum(i1 - 1, 0)] if ce.size else hi, hi), hi)
+    g = np.arange(lo.size, dtype=np.int64)
+    span = np.stack([line.time_of(c0, g), line.time_of(c1, g)], axis=1)
+    return StepTails(split, has, span, _split_local(sets, lo, c0), _split_local(sets, c1, hi))
 
 
 def _waits(

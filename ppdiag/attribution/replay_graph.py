@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.link_latency import link_latencies
-from ppdiag.attribution.rank_step import RankStep, _m, _split_local
-from ppdiag.attribution.replay_build import PendingWaits, build_nodes
+from ppdiag.attribution.rank_step import RankStep, _m
+from ppdiag.attribution.replay_build import PendingWaits, StepTails, build_nodes
 from ppdiag.attribution.replay_index import (
     _IssueIndex,
     _label_pairs,
@@ -38,7 +38,6 @@ from ppdiag.attribution.replay_syncs import GroupSpans, sync_members
 from ppdiag.attribution.replay_waits import common_waits, wait_arrays
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import Direction, Phase, RankTimeline
-from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.clocks import P2POps
 
 # windows closer than this are consecutive steps of one rank
@@ -121,10 +120,10 @@ class ReplayGraph:
         self.meas_start: npt.NDArray[np.int64] = built.start
         self.meas_lo: npt.NDArray[np.int64] = built.lo  # the end of the rank's work before each block
         firsts, counts = built.first.tolist(), built.sizes.tolist()
-        for rs, f, c, prev_end in zip(steps, firsts, counts, built.prev_end.tolist(), strict=True):
+        self._add_tails(steps, built.tails)
+        for rs, f, c in zip(steps, firsts, counts, strict=True):
             self.first[(rs.rank, rs.step)] = f
             self.count[(rs.rank, rs.step)] = c
-            self._add_tail(rs, prev_end)
         self._find_step_syncs(timelines)
         cons, prod = _label_pairs(built.labels, last_stage)
         # each labelled block's producer (the block whose output it consumes), for host-op waits
@@ -139,25 +138,15 @@ class ReplayGraph:
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
         self.prev_step = _chain_steps(steps)
 
-    def _add_tail(self, rs: RankStep, prev_end: int) -> None:
-        """What follows the step's last block: its local split, and the step-end collective."""
-        t_lo, t_hi = prev_end, rs.w1
-        busy_t = _m(rs.sets.compute, t_lo, t_hi)
-        # exposed p2p after the last block (a send on the compute stream) is exposed comm too
-        coll_t = _m(rs.sets.collective, t_lo, t_hi) + _m(rs.sets.p2p, t_lo, t_hi)
-        host_t = _m(rs.host_set, t_lo, t_hi)
-        copy_t = _m(rs.sets.copy, t_lo, t_hi)
-        other_t = max(t_hi - t_lo - busy_t - coll_t - host_t - copy_t, 0)
-        self.tail[(rs.rank, rs.step)] = (busy_t, coll_t, host_t, other_t, copy_t)
-        cs, ce = ivs.window(rs.sets.collective, t_lo, t_hi)
-        if cs.size:
-            c0, c1 = int(cs[0]), int(ce[-1])
-            self.tail_coll[(rs.rank, rs.step)] = (
-                c0,
-                c1,
-                _split_local(rs, t_lo, c0),
-                _split_local(rs, c1, t_hi),
-            )
+    def _add_tails(self, steps: list[RankStep], t: StepTails) -> None:
+        """What follows each step's last block: its local split, and the step-end collective."""
+        keys = [(rs.rank, rs.step) for rs in steps]
+        split = [(a, b, c, d, e) for a, b, c, d, e in t.split.tolist()]
+        self.tail = dict(zip(keys, split, strict=True))
+        has = np.flatnonzero(t.has_coll)
+        spans, before, after = t.coll[has].tolist(), t.before[has].tolist(), t.after[has].tolist()
+        for i, (c0, c1), b, a in zip(has.tolist(), spans, before, after, strict=True):
+            self.tail_coll[keys[i]] = (c0, c1, (b[0], b[1], b[2], b[3], b[4]), (a[0], a[1], a[2], a[3], a[4]))
 
     def mean_costs(self) -> dict[tuple[int, int, int], float]:
         """The same total work spread evenly over the stages: per (rank, stage, phase), the factor
