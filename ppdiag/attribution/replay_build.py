@@ -51,7 +51,7 @@ class PendingWaits(NamedTuple):
 
 
 class StepTails(NamedTuple):
-    """Per step, what follows its last block (see ``ReplayGraph._add_tail``): the local split
+    """Per step, what follows its last block (see ``ReplayGraph._add_tails``): the local split
     (busy, coll, host, other, copy), whether a step-end collective lies in it, that collective's
     span and the local split (busy, host, other, copy, p2p) before and after it."""
 

@@ -10,9 +10,10 @@ were ready. Pipeline data dependencies from the block labels are edges with the 
 step-end collective that every rank joins is one sync point; a rank's consecutive steps are
 chained. :mod:`ppdiag.attribution.replay_run` evaluates the graph under a variant.
 
-The graph is built once, in four passes: the nodes of each step (:meth:`ReplayGraph._add_step`),
-the step-end syncs, the waits resolved to their producers (which needs every rank's nodes), and the
-label edges (which need the normal latency of the resolved waits).
+The graph is built once, in four passes: the nodes and tails of every step at once
+(:mod:`ppdiag.attribution.replay_build`), the step-end syncs, the waits resolved to their producers
+(which needs every rank's nodes), and the label edges (which need the normal latency of the
+resolved waits). Per node and per wait the graph holds arrays, not Python objects.
 """
 
 from __future__ import annotations
@@ -228,10 +229,6 @@ class ReplayGraph:
         if self._records is None:
             self._records = self.cols.records()
         return self._records
-
-    def edge_stats(self) -> list[tuple[int, int, int, int]]:
-        """Observed waits as (producer rank, consumer rank, transfer ns, time waited ns)."""
-        return [(a, b, c, d) for a, b, c, d in self.waits.tolist()]
 
     def check(self) -> list[str]:
         """Every invariant of the graph it breaks, one line each (empty: the graph is sound): each
