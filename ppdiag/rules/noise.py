@@ -181,7 +181,7 @@ def latency_jitter_ns(attr: Attribution) -> float:
     ((p50 - p10) / 1.2816 for a normal spread), so that slow links do not count as jitter."""
     if not len(attr.edges):
         return 0.0
-    tau = attr.edges[:, 2].astype(np.float64)
+    tau = np.asarray(attr.edges, np.int64).reshape(-1, 4)[:, 2].astype(np.float64)
     p10, p50 = np.percentile(tau, [10, 50])
     return max(float(p50 - p10), 0.0) / 1.2816
 
