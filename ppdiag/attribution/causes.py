@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from ppdiag.attribution.collective_steps import run_waits
 from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves
@@ -77,16 +78,15 @@ class Attribution:
     normal_latency_ns: int
     step_replay_ns: dict[str, float]  # mean step time of each replay variant (for gains)
     notes: list[str] = field(default_factory=list)
-    edges: list[tuple[int, int, int, int]] = field(
-        default_factory=list
-    )  # producer, consumer, transfer, waited
+    # per edge (an observed wait): producer, consumer, transfer, waited (ns), as int64 rows
+    edges: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros((0, 4), np.int64))
     collective_waits: CollectiveWaits | None = None  # waits in collectives for a late member
     # per edge: how long a host-op producer issued its send after its block (0 on devices)
-    edge_held: list[int] = field(default_factory=list)
+    edge_held: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     links: LinkLatencies = field(default_factory=LinkLatencies)  # each link's normal transfer time
     # per edge: whether the consumer was waiting before the producer issued (the wait timed the
     # whole transfer, see link_latency)
-    edge_whole: list[bool] = field(default_factory=list)
+    edge_whole: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, np.bool_))
 
 
 # Variants of the replay, each removing one more kind of delay than the next (docs/json.md): the
@@ -164,9 +164,9 @@ def attribute(
     causes: dict[tuple[int, int], dict[str, int]] = {}
     notes: list[str] = []
     replay_steps: dict[str, float] = {}
-    edges: list[tuple[int, int, int, int]] = []
-    held: list[int] = []
-    whole: list[bool] = []
+    edges = np.zeros((0, 4), np.int64)
+    held = np.zeros(0, np.int64)
+    whole = np.zeros(0, np.bool_)
     lat = 0
     links = LinkLatencies()
     if pipelined and any(len(rs.blocks) for rs in steps):
@@ -203,9 +203,8 @@ def attribute(
             causes[k] = apply_moves(causes[k], mv)
         for name, var in full.items():
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
-        edges = rp.edge_stats()
-        held = list(rp.held)
-        whole = list(rp.whole)
+        # (the graph's own arrays: the graph is frozen)
+        edges, held, whole = rp.waits, rp.held, rp.whole
         notes += _replay_notes(rp, steps, v["measured"])
     else:
         waits = run_waits(steps, timelines, p2p=True)

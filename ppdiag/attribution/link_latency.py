@@ -108,14 +108,24 @@ class LinkLatencies:
 
 
 def link_latencies(
-    waits: Iterable[tuple[int, int, int, int]], whole: Iterable[bool] | None = None
+    waits: Iterable[tuple[int, int, int, int]] | npt.NDArray[np.int64],
+    whole: Iterable[bool] | npt.NDArray[np.bool_] | None = None,
 ) -> LinkLatencies:
     """The links of the resolved waits ``(producer, consumer, transfer ns, waited ns)``; ``whole``
     (per wait, optional): whether the wait timed the whole transfer (see :func:`_timed_whole`)."""
-    w = np.array(list(waits), np.int64).reshape(-1, 4)
+    # (the replay graph passes its waits as arrays already)
+    w = waits if isinstance(waits, np.ndarray) else np.array(list(waits), np.int64)
+    w = w.astype(np.int64, copy=False).reshape(-1, 4)
     if w.shape[0] == 0:
         return LinkLatencies()
-    wh = np.zeros(w.shape[0], bool) if whole is None else np.fromiter(whole, bool, count=w.shape[0])
+    if whole is None:
+        wh = np.zeros(w.shape[0], bool)
+    else:
+        wh = (
+            whole.astype(bool)
+            if isinstance(whole, np.ndarray)
+            else np.fromiter(whole, bool, count=w.shape[0])
+        )
     keys, inv = np.unique(w[:, :2], axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     order = np.argsort(inv, kind="stable")

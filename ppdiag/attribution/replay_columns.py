@@ -103,8 +103,8 @@ class _Columns:
             out[np.fromiter(ids, np.int64, len(ids))] = True
             return out
 
-        has_obs, has_abs = mask(nc.obs.keys()), mask(nc.obs_abs.keys())
-        xfer = np.where(has_obs, by_id(nc.obs, 2), np.where(has_abs, by_id(nc.obs_abs, 1), 0))
+        has_obs, has_abs = nc.obs.has.copy(), mask(nc.obs_abs.keys())
+        xfer = np.where(has_obs, nc.obs.column(2), np.where(has_abs, by_id(nc.obs_abs, 1), 0))
         keys, inv = _distinct_rows(c["rank"], c["stage"], c["phase"])
         return cls(
             pre=c["pre"],
@@ -122,16 +122,16 @@ class _Columns:
             has_obs=has_obs,
             has_abs=has_abs,
             xfer=xfer,
-            issue=by_id(nc.obs, 1),
-            issue_copy=by_id(nc.issue_copy),
+            issue=nc.obs.column(1).copy(),
+            issue_copy=nc.issue_copy.column().copy(),
             issue_held=by_id(nc.issue_held),
-            lead=by_id(nc.lead),
+            lead=nc.lead.column().copy(),
             on_compute=nc.on_compute,
             cost_keys=[(int(k[0]), int(k[1]), int(k[2])) for k in keys.tolist()],
             cost_of=inv.reshape(-1).astype(np.int64),
             meas_end=np.asarray(rp.meas_start, np.int64) + c["span"] if n else np.zeros(0, np.int64),
             order=np.asarray(rp.order, np.int64),
-            prod=np.where(has_obs, by_id(nc.obs, 0), -1),
+            prod=np.where(has_obs, nc.obs.column(0), -1),
             t_issue=by_id(nc.obs_abs, 0),
         )
 

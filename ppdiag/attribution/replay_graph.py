@@ -10,9 +10,10 @@ were ready. Pipeline data dependencies from the block labels are edges with the 
 step-end collective that every rank joins is one sync point; a rank's consecutive steps are
 chained. :mod:`ppdiag.attribution.replay_run` evaluates the graph under a variant.
 
-The graph is built once, in four passes: the nodes of each step (:meth:`ReplayGraph._add_step`),
-the step-end syncs, the waits resolved to their producers (which needs every rank's nodes), and the
-label edges (which need the normal latency of the resolved waits).
+The graph is built once, in four passes: the nodes and tails of every step at once
+(:mod:`ppdiag.attribution.replay_build`), the step-end syncs, the waits resolved to their producers
+(which needs every rank's nodes), and the label edges (which need the normal latency of the
+resolved waits). Per node and per wait the graph holds arrays, not Python objects.
 """
 
 from __future__ import annotations
@@ -25,27 +26,23 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.link_latency import link_latencies
-from ppdiag.attribution.rank_step import RankStep, _m, _split_local
+from ppdiag.attribution.rank_step import RankStep, _m
+from ppdiag.attribution.replay_build import PendingWaits, StepTails, build_nodes
 from ppdiag.attribution.replay_index import (
     _IssueIndex,
     _label_pairs,
     _P2PIndex,
 )
 from ppdiag.attribution.replay_nodes import NodeColumns, _Node
-from ppdiag.attribution.replay_pieces import _local_pieces, _outside_wait, _step_waits
+from ppdiag.attribution.replay_pieces import _outside_wait
 from ppdiag.attribution.replay_syncs import GroupSpans, sync_members
 from ppdiag.attribution.replay_waits import common_waits, wait_arrays
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import Direction, Phase, RankTimeline
-from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.clocks import P2POps
 
 # windows closer than this are consecutive steps of one rank
 STEP_JOIN_NS = 1_000_000
-
-# a wait still to resolve once every rank's nodes exist:
-# (node, (peer, dir, posted, op end) of the operation that held it, release, wait start)
-_Pending = tuple[int, tuple[int, int, int, int], int, int]
 
 
 @dataclass
@@ -58,6 +55,14 @@ class _WaitContext:
     by_rank_step: dict[tuple[int, int], RankStep]
     timelines: dict[int, RankTimeline]
     tol: int
+    # every wait's record (producer, consumer, transfer, waited), held and whole, whether it is
+    # one (a gap that was no wait, a release kept for an untraced peer are not), and the wait
+    # being resolved
+    rec: npt.NDArray[np.int64]
+    held: npt.NDArray[np.int64]
+    whole: npt.NDArray[np.bool_]
+    keep: npt.NDArray[np.bool_]
+    at: int = -1
 
 
 def _chain_steps(steps: list[RankStep]) -> dict[tuple[int, int], tuple[int, int]]:
@@ -86,8 +91,6 @@ class ReplayGraph:
         last_stage: int,
     ) -> None:
         self.steps = steps
-        self._parts: list[dict[str, npt.NDArray[np.int64]]] = []  # each step's node columns
-        self._on_compute: list[int] = []
         self._records: list[_Node] | None = None  # the nodes as records, built on demand
         self.first: dict[tuple[int, int], int] = {}
         self.count: dict[tuple[int, int], int] = {}
@@ -100,117 +103,51 @@ class ReplayGraph:
             tuple[int, int, tuple[int, int, int, int, int], tuple[int, int, int, int, int]],
         ] = {}
         self.syncs: dict[int, tuple[list[tuple[int, int]], int]] = {}  # sync id -> members, transfer
-        self.meas_start: list[int] = []
-        self.meas_lo: list[int] = []  # the end of the rank's work before each block
         self.dropped_edges = 0
         self.untraced_waits = 0
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
-        self.waits: list[tuple[int, int, int, int]] = []  # producer, consumer, transfer, waited
-        self.held: list[int] = []  # per wait: how long a host-op producer held its send after its block
+        # per wait: producer, consumer, transfer, waited
+        self.waits: npt.NDArray[np.int64] = np.zeros((0, 4), np.int64)
+        # per wait: how long a host-op producer held its send after its block
+        self.held: npt.NDArray[np.int64] = np.zeros(0, np.int64)
         # per wait on host ops (gloo): the consumer waited before the producer issued, so the wait
         # timed the whole transfer (a consumer that comes later times only what is left of it)
-        self.whole: list[bool] = []
+        self.whole: npt.NDArray[np.bool_] = np.zeros(0, np.bool_)
         self._mean_costs: dict[tuple[int, int, int], float] | None = None  # computed once, on demand
-        labels: list[npt.NDArray[np.int64]] = []  # per step: the labelled blocks (see _label_pairs)
-        pending: list[_Pending] = []
         p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
         tol = timing_tolerance_ns(timelines)
-        for rs in steps:
-            self._add_step(rs, timelines[rs.rank].cpu_only, p2p_index[rs.rank], tol, pending, labels)
-        self.cols = NodeColumns.concat(self._parts, self._on_compute)
-        self._parts, self._on_compute = [], []
-        # (rank, step) of every node, for the per-wait lookups
-        self._rank_l: list[int] = self.cols.cols["rank"].tolist()
-        self._step_l: list[int] = self.cols.cols["step"].tolist()
+        built = build_nodes(steps, {r: timelines[r].cpu_only for r in p2p_index}, p2p_index, tol)
+        self.cols = NodeColumns(built.cols, built.on_compute)
+        self.meas_start: npt.NDArray[np.int64] = built.start
+        self.meas_lo: npt.NDArray[np.int64] = built.lo  # the end of the rank's work before each block
+        firsts, counts = built.first.tolist(), built.sizes.tolist()
+        self._add_tails(steps, built.tails)
+        for rs, f, c in zip(steps, firsts, counts, strict=True):
+            self.first[(rs.rank, rs.step)] = f
+            self.count[(rs.rank, rs.step)] = c
         self._find_step_syncs(timelines)
-        lab = np.concatenate(labels, axis=1).astype(np.int64) if labels else np.zeros((5, 0), np.int64)
-        cons, prod = _label_pairs(lab, last_stage)
+        cons, prod = _label_pairs(built.labels, last_stage)
         # each labelled block's producer (the block whose output it consumes), for host-op waits
         self._label_prod: dict[int, int] = dict(zip(cons.tolist(), prod.tolist(), strict=True))
-        self._resolve_waits(pending, timelines, ops, tol)
+        self._resolve_waits(built.pending, timelines, ops, tol)
         # each link's normal transfer time and the run's fault-free latency (the lower quartile
         # of the links' normal times: slow links, even most of them, do not set it)
         self.links = link_latencies(self.waits, self.whole)
         self.normal_latency = self.links.fault_free_ns
         self._label_edges(cons, prod, tol)
-        self.order: list[int] = np.argsort(np.asarray(self.meas_start, np.int64), kind="stable").tolist()
+        self.order: npt.NDArray[np.int64] = np.argsort(self.meas_start, kind="stable")
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
         self.prev_step = _chain_steps(steps)
 
-    def _add_step(
-        self,
-        rs: RankStep,
-        cpu: bool,
-        idx: _P2PIndex,
-        tol: int,
-        pending: list[_Pending],
-        labels: list[npt.NDArray[np.int64]],
-    ) -> None:
-        """The nodes of one rank's step, its tail after the last block, and its waits to resolve."""
-        b = rs.blocks
-        base = len(self.meas_start)
-        self.first[(rs.rank, rs.step)] = base
-        self.count[(rs.rank, rs.step)] = len(b)
-        s_a = b.start.astype(np.int64)
-        e_a = b.end.astype(np.int64)
-        # the end of the rank's work before each block (the window start before the first)
-        reach = np.maximum.accumulate(np.r_[np.int64(rs.w0), e_a])
-        lo_a = np.minimum(reach[:-1], s_a)
-        w = _step_waits(rs, idx, lo_a, cpu, tol)
-        lp = _local_pieces(rs, lo_a, w)
-        n = len(b)
-        self._parts.append(
-            {
-                "rank": np.full(n, rs.rank, np.int64),
-                "step": np.full(n, rs.step, np.int64),
-                "idx": np.arange(n, dtype=np.int64),
-                "span": e_a - s_a,
-                "busy": b.busy,
-                "in_host": lp.in_host,
-                "in_ux": lp.in_ux,
-                "in_copy": lp.in_copy,
-                "phase": b.phase.astype(np.int64),
-                "stage": b.stage.astype(np.int64),
-                "pre": lp.pre,
-                "post": lp.post,
-                "pre_host": lp.host,
-                "pre_coll": lp.coll,
-                "pre_ux": lp.ux,
-                "pre_copy": lp.copy,
-            }
-        )
-        self.meas_start.extend(s_a.tolist())
-        self.meas_lo.extend(lo_a.tolist())
-        j = np.flatnonzero(w.has)
-        nids = (base + j).tolist()
-        pending.extend(zip(nids, w.held, w.release[j].tolist(), w.start[j].tolist(), strict=True))
-        self._on_compute.extend(nid for nid, oc in zip(nids, w.on_compute, strict=True) if oc)
-        lab = np.flatnonzero(b.mb >= 0)
-        step_key = rs.number if rs.number >= 0 else rs.step
-        labels.append(
-            np.stack([np.full(lab.size, step_key), b.stage[lab], b.phase[lab], b.mb[lab], base + lab])
-        )
-        self._add_tail(rs, int(reach[-1]))
-
-    def _add_tail(self, rs: RankStep, prev_end: int) -> None:
-        """What follows the step's last block: its local split, and the step-end collective."""
-        t_lo, t_hi = prev_end, rs.w1
-        busy_t = _m(rs.sets.compute, t_lo, t_hi)
-        # exposed p2p after the last block (a send on the compute stream) is exposed comm too
-        coll_t = _m(rs.sets.collective, t_lo, t_hi) + _m(rs.sets.p2p, t_lo, t_hi)
-        host_t = _m(rs.host_set, t_lo, t_hi)
-        copy_t = _m(rs.sets.copy, t_lo, t_hi)
-        other_t = max(t_hi - t_lo - busy_t - coll_t - host_t - copy_t, 0)
-        self.tail[(rs.rank, rs.step)] = (busy_t, coll_t, host_t, other_t, copy_t)
-        cs, ce = ivs.window(rs.sets.collective, t_lo, t_hi)
-        if cs.size:
-            c0, c1 = int(cs[0]), int(ce[-1])
-            self.tail_coll[(rs.rank, rs.step)] = (
-                c0,
-                c1,
-                _split_local(rs, t_lo, c0),
-                _split_local(rs, c1, t_hi),
-            )
+    def _add_tails(self, steps: list[RankStep], t: StepTails) -> None:
+        """What follows each step's last block: its local split, and the step-end collective."""
+        keys = [(rs.rank, rs.step) for rs in steps]
+        split = [(a, b, c, d, e) for a, b, c, d, e in t.split.tolist()]
+        self.tail = dict(zip(keys, split, strict=True))
+        has = np.flatnonzero(t.has_coll)
+        spans, before, after = t.coll[has].tolist(), t.before[has].tolist(), t.after[has].tolist()
+        for i, (c0, c1), b, a in zip(has.tolist(), spans, before, after, strict=True):
+            self.tail_coll[keys[i]] = (c0, c1, (b[0], b[1], b[2], b[3], b[4]), (a[0], a[1], a[2], a[3], a[4]))
 
     def mean_costs(self) -> dict[tuple[int, int, int], float]:
         """The same total work spread evenly over the stages: per (rank, stage, phase), the factor
@@ -293,10 +230,6 @@ class ReplayGraph:
             self._records = self.cols.records()
         return self._records
 
-    def edge_stats(self) -> list[tuple[int, int, int, int]]:
-        """Observed waits as (producer rank, consumer rank, transfer ns, time waited ns)."""
-        return list(self.waits)
-
     def check(self) -> list[str]:
         """Every invariant of the graph it breaks, one line each (empty: the graph is sound): each
         (rank, step) owns one contiguous run of nodes in step order, every producer and label edge
@@ -337,43 +270,48 @@ class ReplayGraph:
             out[r] = (ends[o].tolist(), ids_a[o].tolist())
         return out
 
+    def _rank_of(self, nid: int) -> int:
+        """The rank of node ``nid`` (the per-wait lookups of the waits not resolved as arrays)."""
+        return int(self.cols.cols["rank"][nid])
+
+    def _step_of(self, nid: int) -> int:
+        """The step of node ``nid``."""
+        return int(self.cols.cols["step"][nid])
+
     def _resolve_waits(
-        self, pending: list[_Pending], timelines: dict[int, RankTimeline], ops: dict[int, P2POps], tol: int
+        self, pending: PendingWaits, timelines: dict[int, RankTimeline], ops: dict[int, P2POps], tol: int
     ) -> None:
         """Tie every wait to what released it (each wait's transfer is kept in :attr:`waits`)."""
-        ctx = _WaitContext(
-            self._ends_by_rank(),
-            _IssueIndex(ops, timelines),
-            {(rs.rank, rs.step): rs for rs in self.steps},
-            timelines,
-            tol,
-        )
-        w = wait_arrays(self, pending, ctx.issues, ctx.ends_by_rank, timelines, tol)
+        ends, issues = self._ends_by_rank(), _IssueIndex(ops, timelines)
+        w = wait_arrays(self, pending, issues, ends, timelines, tol)
         # per node: whether its step ran copies (nodes lie in steps order, each step's together)
         counts = [self.count[(rs.rank, rs.step)] for rs in self.steps]
         has_copy = np.repeat(np.array([rs.sets.copy[0].size > 0 for rs in self.steps], np.bool_), counts)
         fast, xfer = common_waits(self, w, timelines, has_copy, tol)
         self.cols.send_wait.update(w.nid[fast & (w.wdir == int(Direction.SEND))].tolist())
         me = self.cols.cols["rank"][w.nid]
-        records = list(
-            zip(w.peer.tolist(), me.tolist(), xfer.tolist(), (w.rel - w.wait_start).tolist(), strict=True)
+        k = w.nid.size
+        # (the common waits are device ones: a device transfer is timed by its kernels)
+        ctx = _WaitContext(
+            ends,
+            issues,
+            {(rs.rank, rs.step): rs for rs in self.steps},
+            timelines,
+            tol,
+            np.stack([w.peer, me, xfer, w.rel - w.wait_start], axis=1).reshape(k, 4),
+            np.zeros(k, np.int64),
+            np.zeros(k, np.bool_),
+            fast.copy(),
         )
-        if fast.all():
-            self.waits.extend(records)
-            self.held.extend([0] * len(records))
-            # (the common waits are device ones: a device transfer is timed by its kernels)
-            self.whole.extend([False] * len(records))
-            return
-        # the others one at a time, in order with the common ones (the waits keep their order)
-        lasts = [x if f else None for x, f in zip(w.last.tolist(), w.found.tolist(), strict=True)]
-        looked_up = zip(fast.tolist(), records, lasts, w.j.tolist(), strict=True)
-        for (nid, held, rel, wait_start), (is_fast, rec, last, j) in zip(pending, looked_up, strict=True):
-            if is_fast:
-                self.waits.append(rec)
-                self.held.append(0)
-                self.whole.append(False)
-            else:
-                self._resolve_wait(ctx, nid, held, rel, wait_start, (last, j))
+        # the others one at a time; each keeps its place among the common ones
+        slow = np.flatnonzero(~fast)
+        cols = [a[slow].tolist() for a in (w.nid, w.peer, w.wdir, w.posted, w.op_end, w.rel, w.wait_start)]
+        lasts = [x if f else None for x, f in zip(w.last[slow].tolist(), w.found[slow].tolist(), strict=True)]
+        rows = zip(slow.tolist(), *cols, lasts, w.j[slow].tolist(), strict=True)
+        for i, nid, peer, wdir, posted, op_end, rel, wait_start, last, j in rows:
+            ctx.at = i
+            self._resolve_wait(ctx, nid, (peer, wdir, posted, op_end), rel, wait_start, (last, j))
+        self.waits, self.held, self.whole = ctx.rec[ctx.keep], ctx.held[ctx.keep], ctx.whole[ctx.keep]
 
     def _resolve_wait(
         self,
@@ -391,7 +329,7 @@ class ReplayGraph:
         blocks before the data arrived)."""
         peer, wdir, posted, op_end = held
         ends, ids = ctx.ends_by_rank.get(peer, ([], []))
-        me, nc = self._rank_l[nid], self.cols
+        me, nc = self._rank_of(nid), self.cols
         # ``last``: the matched operation's issue, else the peer's last one before the release;
         # ``j``: the peer's last block that ended before ``at`` (see :func:`wait_arrays`)
         last, j = looked_up
@@ -412,7 +350,7 @@ class ReplayGraph:
             posted = min(posted, wait_start)
             xfer = rel - max(last, posted)
             if xfer < -ctx.tol:
-                self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_l[nid])])
+                self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_of(nid))])
                 return
             nc.obs_abs[nid] = (last, xfer)
             nc.lead[nid] = wait_start - posted
@@ -434,10 +372,10 @@ class ReplayGraph:
         later blocks, which the release would take for the producer."""
         wdir, op_end = op
         prod = self._label_prod.get(nid, -1)
-        if wdir != int(Direction.RECV) or prod < 0 or self._rank_l[prod] != peer:
+        if wdir != int(Direction.RECV) or prod < 0 or self._rank_of(prod) != peer:
             return False
-        sent = ctx.issues.send_of(self._rank_l[nid], peer, op_end, ctx.tol)
-        p_end = self.meas_start[prod] + int(self.cols.cols["span"][prod])
+        sent = ctx.issues.send_of(self._rank_of(nid), peer, op_end, ctx.tol)
+        p_end = int(self.meas_start[prod]) + int(self.cols.cols["span"][prod])
         if sent is None or p_end > sent + ctx.tol:
             return False
         self._producer_wait(ctx, nid, peer, (prod, p_end, sent), wait_start, rel, wait_start)
@@ -461,14 +399,14 @@ class ReplayGraph:
         operation (a gloo or NCCL transfer cannot complete before the receive is posted; a receive
         posted under compute lets the transfer run before the wait begins)."""
         prod, p_end, last = producer
-        me, nc = self._rank_l[nid], self.cols
+        me, nc = self._rank_of(nid), self.cols
         issue = max(p_end, last) if last is not None else p_end
         xfer = rel - max(issue, posted)
         if xfer < -ctx.tol:
-            self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_l[nid])])
+            self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_of(nid))])
             return
         # copies the producer ran between its block and the send delay the send as copies
-        prs = ctx.by_rank_step.get((self._rank_l[prod], self._step_l[prod]))
+        prs = ctx.by_rank_step.get((self._rank_of(prod), self._step_of(prod)))
         # (no copies, or an issue at the block's end: nothing to measure)
         copies = prs is not None and issue > p_end and prs.sets.copy[0].size > 0
         issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if copies and prs is not None else 0
@@ -500,9 +438,11 @@ class ReplayGraph:
         held: int = 0,
         whole: bool = False,
     ) -> None:
-        self.waits.append((peer, me, xfer, waited))
-        self.held.append(held)
-        self.whole.append(whole)
+        i = ctx.at
+        ctx.rec[i] = (peer, me, xfer, waited)
+        ctx.held[i] = held
+        ctx.whole[i] = whole
+        ctx.keep[i] = True
 
     def _label_edges(self, cons: npt.NDArray[np.int64], prod: npt.NDArray[np.int64], tol: int) -> None:
         """Pipeline data dependencies from labels, with the normal latency (capped so the measured
@@ -515,9 +455,8 @@ class ReplayGraph:
         # the measurement contradicts these dependencies: labels do not match up
         bad = slack < -tol
         self.dropped_edges += int(bad.sum())
-        tau = np.minimum(slack[~bad], self.normal_latency).tolist()
-        pairs = zip(prod[~bad].tolist(), tau, strict=True)
-        self.cols.edges.update(zip(cons[~bad].tolist(), ([pt] for pt in pairs), strict=True))
+        tau = np.minimum(slack[~bad], self.normal_latency)
+        self.cols.edges.set_many(cons[~bad], (prod[~bad], tau))
 
     def _not_a_wait(self, nid: int, rs: RankStep) -> None:
         """A gap that looked like a wait but that the peer cannot have released: the peer issued
@@ -526,7 +465,7 @@ class ReplayGraph:
         wait, a later block of the peer would become this block's producer with a negative
         transfer, tying the two ranks wherever that block moves in a variant. The gap is measured
         as local time instead, exactly as for a block without a wait."""
-        lo, s = self.meas_lo[nid], self.meas_start[nid]
+        lo, s = int(self.meas_lo[nid]), int(self.meas_start[nid])
         # the same split as a block without a wait: an empty wait at the block's start
         at = np.array([s], np.int64)
         host, coll, copy, ux, _ = _outside_wait(rs, np.array([lo], np.int64), at, at, at, at)

@@ -7,14 +7,14 @@ Each is one sort up front and a binary search per question, never a scan of a ra
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Direction, Kind, Phase, RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.clocks import P2POps, match_pairs
+
+I64 = npt.NDArray[np.int64]
 
 # transfer pieces closer than this form one wait (the host issuing the next operation in between)
 WAIT_JOIN_NS = 50_000
@@ -107,7 +107,14 @@ class _P2PIndex:
         self, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], tol: int = 0
     ) -> list[tuple[int, int, int, int]]:
         """:meth:`blocking` of every span ``[lo[i], hi[i]]``, in one vectorized pass."""
-        out = [(-1, 0, a, b) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+        return [(a, b, c, d) for a, b, c, d in self.blocking_arrays(lo, hi, tol).tolist()]
+
+    def blocking_arrays(
+        self, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], tol: int = 0
+    ) -> npt.NDArray[np.int64]:
+        """:meth:`blocking_many` as an ``(n, 4)`` array: (peer, direction, start, end) per span,
+        ``(-1, 0, lo, hi)`` where no transfer held the rank."""
+        out = np.stack([np.full(lo.size, -1, np.int64), np.zeros(lo.size, np.int64), lo, hi], axis=1)
         seg, pos, cover, first = self._covers(lo, hi)
         if seg.size == 0:
             return out
@@ -120,20 +127,21 @@ class _P2PIndex:
         k = pos[cand[at]]
         good = top[spans] > 0
         spans, k = spans[good], k[good]
-        rows = zip(
-            spans.tolist(),
-            self.peer[k].tolist(),
-            self.direction[k].tolist(),
-            self.start[k].tolist(),
-            self.end[k].tolist(),
-            strict=True,
-        )
-        for i, peer, d, st, en in rows:
-            out[i] = (int(peer), int(d), int(st), int(en))
+        out[spans, 0] = self.peer[k]
+        out[spans, 1] = self.direction[k]
+        out[spans, 2] = self.start[k]
+        out[spans, 3] = self.end[k]
         return out
 
     def on_compute_many(self, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]) -> list[bool]:
         """:meth:`on_compute_at` of every span ``[lo[i], hi[i]]``, in one vectorized pass."""
+        out: list[bool] = self.on_compute_arrays(lo, hi).tolist()
+        return out
+
+    def on_compute_arrays(
+        self, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.bool_]:
+        """:meth:`on_compute_many` as a boolean array."""
         out = np.zeros(lo.size, np.bool_)
         seg, pos, cover, first = self._covers(lo, hi)
         if seg.size:
@@ -144,7 +152,7 @@ class _P2PIndex:
             cand = np.flatnonzero(cover == top[seg])
             spans, at = np.unique(seg[cand], return_index=True)
             out[spans] = self.on_compute[pos[cand[at]]]
-        return out.tolist()
+        return out
 
     def blocking(self, lo: int, hi: int, tol: int = 0) -> tuple[int, int, int, int]:
         """(peer, direction, start, end) of the p2p interval that covers most of the wait ``[lo, hi]``.
@@ -172,15 +180,15 @@ class _P2PIndex:
 class _IssueIndex:
     """The p2p operations each rank issued towards each peer, by what can release a waiter:
     a receive is released by the peer's send, a blocked send by the peer's receive. Sorted issue
-    times on the aligned clock, so "the last one before the release" is one binary search (on
-    Python lists: one lookup per wait, where numpy's per-call cost would be most of the time)."""
+    times on the aligned clock (int64 arrays: :func:`released_by` searches them for many waits
+    at once), so "the last one before the release" is one binary search."""
 
     SEND, RECV, ANY = 0, 1, 2
 
     def __init__(self, ops: dict[int, P2POps], timelines: dict[int, RankTimeline]) -> None:
-        self.by: dict[tuple[int, int, int], list[int]] = {}
+        self.by: dict[tuple[int, int, int], I64] = {}
         # device kernels of a matched send and receive end together: by end, with their starts
-        self.by_end: dict[tuple[int, int, int], tuple[list[int], list[int]]] = {}
+        self.by_end: dict[tuple[int, int, int], tuple[I64, I64]] = {}
         for r, po in ops.items():
             if r not in timelines or not len(po.start):
                 continue
@@ -192,15 +200,18 @@ class _IssueIndex:
                 pm = po.peer == peer
                 for kind, sel in ((self.SEND, pm & send_like), (self.RECV, pm & recv_like), (self.ANY, pm)):
                     if sel.any():
-                        self.by[(r, int(peer), kind)] = np.sort(st[sel]).tolist()
+                        self.by[(r, int(peer), kind)] = np.sort(st[sel]).astype(np.int64)
                         if po.device:
                             o = np.argsort(en[sel], kind="stable")
-                            self.by_end[(r, int(peer), kind)] = (en[sel][o].tolist(), st[sel][o].tolist())
+                            self.by_end[(r, int(peer), kind)] = (
+                                en[sel][o].astype(np.int64),
+                                st[sel][o].astype(np.int64),
+                            )
         # host ops (gloo): each receive's send by order on its link (the k-th send meets the k-th
         # receive), keyed by the receive's end on the aligned clock: a send held on its way is
         # posted after later sends' blocks, so neither the time of the release nor of the post
         # tells which send it was
-        self.sent_for: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+        self.sent_for: dict[tuple[int, int], tuple[I64, I64]] = {}
         host = {r: po for r, po in ops.items() if r in timelines and len(po.start) and not po.device}
         if len(host) >= 2:
             pairs = match_pairs(host)
@@ -209,7 +220,8 @@ class _IssueIndex:
                 m = (pairs.src == a) & (pairs.dst == b)
                 r_end = pairs.recv_end[m] + off[b]
                 o = np.argsort(r_end, kind="stable")
-                self.sent_for[(b, a)] = (r_end[o].tolist(), (pairs.send_start[m] + off[a])[o].tolist())
+                sent = (pairs.send_start[m] + off[a])[o]
+                self.sent_for[(b, a)] = (r_end[o].astype(np.int64), sent.astype(np.int64))
 
     def _kind(self, wait_dir: int) -> int:
         if wait_dir == int(Direction.RECV):
@@ -225,13 +237,13 @@ class _IssueIndex:
         if got is None:
             return None
         ends, starts = got
-        j = bisect.bisect_left(ends, end)
+        j = int(ends.searchsorted(end, side="left"))
         best: int | None = None
         for c in (j - 1, j):
-            ok = 0 <= c < len(ends) and abs(ends[c] - end) <= tol and starts[c] <= end
-            if ok and (best is None or abs(ends[c] - end) < abs(ends[best] - end)):
+            ok = 0 <= c < len(ends) and abs(int(ends[c]) - end) <= tol and int(starts[c]) <= end
+            if ok and (best is None or abs(int(ends[c]) - end) < abs(int(ends[best]) - end)):
                 best = c
-        return starts[best] if best is not None else None
+        return int(starts[best]) if best is not None else None
 
     def send_of(self, rank: int, peer: int, recv_end: int, tol: int) -> int | None:
         """Issue time (aligned) of the host-op send of ``peer`` that ``rank``'s receive ending at
@@ -240,8 +252,8 @@ class _IssueIndex:
         if got is None:
             return None
         ends, sends = got
-        j = bisect.bisect_left(ends, recv_end - tol)
-        return sends[j] if j < len(ends) and ends[j] <= recv_end + tol else None
+        j = int(ends.searchsorted(recv_end - tol, side="left"))
+        return int(sends[j]) if j < len(ends) and int(ends[j]) <= recv_end + tol else None
 
     def last_before(self, rank: int, towards: int, wait_dir: int, t: int) -> int | None:
         """Issue time of ``rank``'s last operation towards ``towards`` at or before ``t`` that can
@@ -249,8 +261,8 @@ class _IssueIndex:
         arr = self.by.get((rank, towards, self._kind(wait_dir)))
         if arr is None:
             return None
-        j = bisect.bisect_right(arr, t) - 1
-        return arr[j] if j >= 0 else None
+        j = int(arr.searchsorted(t, side="right")) - 1
+        return int(arr[j]) if j >= 0 else None
 
 
 def _matched_many(
@@ -301,13 +313,13 @@ def released_by(
         key = (int(peer[sel[0]]), int(me[sel[0]]), int(kind[sel[0]]))
         got = issues.by_end.get(key)
         if got is not None and len(got[0]):
-            hit, val = _matched_many(np.asarray(got[0], np.int64), np.asarray(got[1], np.int64), op_end[sel])
+            hit, val = _matched_many(got[0], got[1], op_end[sel])
             found[sel[hit]] = True
             out[sel[hit]] = val[hit]
         arr = issues.by.get(key)
         rest = sel[~found[sel]]
         if arr is not None and len(arr) and rest.size:
-            arr_a = np.asarray(arr, np.int64)
+            arr_a = arr
             j = np.searchsorted(arr_a, rel[rest], side="right") - 1
             hit = j >= 0
             found[rest[hit]] = True

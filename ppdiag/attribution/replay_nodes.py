@@ -8,12 +8,77 @@ a node at a time; the replay itself reads only the columns.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
+
+
+class ByNode(MutableMapping[int, Any]):
+    """A table by node id held as arrays (a mapping by its API): per node whether it has a value
+    (``has``) and the value's ``width`` ints (``val``, 0 where none), where a dict of tuples would
+    keep Python objects per node (about ten times the memory at a million waits). A value reads
+    back as an int (width 1), a tuple of ints, or with ``listed`` a one-item list of such a tuple
+    (a node's label edges). Iteration is in node-id order."""
+
+    def __init__(self, n: int, width: int = 1, listed: bool = False) -> None:
+        self.has = np.zeros(n, np.bool_)
+        self.val = np.zeros((n, width), np.int64)
+        self.width, self.listed = width, listed
+
+    def _row(self, v: Any) -> Any:
+        if self.listed:
+            if len(v) != 1:
+                raise ValueError("a node has one label edge here")
+            v = v[0]
+        return v
+
+    def __setitem__(self, i: int, v: Any) -> None:
+        self.val[i] = self._row(v)
+        self.has[i] = True
+
+    def __getitem__(self, i: int) -> Any:
+        if not (0 <= i < self.has.size and self.has[i]):
+            raise KeyError(i)
+        row: list[int] = self.val[i].tolist()
+        if self.width == 1:
+            return row[0]
+        return [tuple(row)] if self.listed else tuple(row)
+
+    def __delitem__(self, i: int) -> None:
+        if not (0 <= i < self.has.size and self.has[i]):
+            raise KeyError(i)
+        self.has[i] = False
+        self.val[i] = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(np.flatnonzero(self.has).tolist())
+
+    def __len__(self) -> int:
+        return int(self.has.sum())
+
+    def __contains__(self, i: object) -> bool:
+        return isinstance(i, int) and 0 <= i < self.has.size and bool(self.has[i])
+
+    def set_many(self, ids: I64, vals: Iterable[I64]) -> None:
+        """Set the nodes ``ids`` at once; ``vals``: one array per item of the value (the label
+        edges: producer and latency)."""
+        for k, col in enumerate(vals):
+            self.val[ids, k] = col
+        self.has[ids] = True
+
+    def ids(self) -> I64:
+        """The node ids that have a value, in order."""
+        return np.flatnonzero(self.has)
+
+    def column(self, k: int = 0) -> I64:
+        """Item ``k`` of every node's value (0 where none), by node id."""
+        return self.val[:, k]
+
 
 # the measured columns of a node, in :class:`_Node`'s order
 MEASURED: tuple[str, ...] = (
@@ -87,15 +152,23 @@ class NodeColumns:
 
     cols: dict[str, I64]
     on_compute: npt.NDArray[np.bool_]
-    obs: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    obs: ByNode = field(init=False)
     obs_abs: dict[int, tuple[int, int]] = field(default_factory=dict)
     release: dict[int, int] = field(default_factory=dict)
-    lead: dict[int, int] = field(default_factory=dict)
+    lead: ByNode = field(init=False)
     send_wait: set[int] = field(default_factory=set)
-    issue_copy: dict[int, int] = field(default_factory=dict)
+    issue_copy: ByNode = field(init=False)
     issue_held: dict[int, int] = field(default_factory=dict)
     false_wait: set[int] = field(default_factory=set)
-    edges: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    edges: ByNode = field(init=False)
+
+    def __post_init__(self) -> None:
+        # the tables with a value at most nodes (a wait, a label edge) are arrays by node
+        n = len(self)
+        self.obs = ByNode(n, 3)
+        self.lead = ByNode(n)
+        self.issue_copy = ByNode(n)
+        self.edges = ByNode(n, 2, listed=True)
 
     @classmethod
     def concat(cls, parts: list[dict[str, I64]], on_compute: list[int]) -> NodeColumns:
@@ -138,9 +211,9 @@ class NodeColumns:
             out[i].edges = list(eds)
         return out
 
-    def ids(self, by_id: dict[int, object] | set[int]) -> I64:
+    def ids(self, by_id: MutableMapping[int, Any] | dict[int, object] | set[int]) -> I64:
         """The node ids of a by-id table, as an index array."""
         return np.fromiter(by_id, np.int64, len(by_id))
 
 
-__all__ = ["MEASURED", "NodeColumns", "_Node"]
+__all__ = ["MEASURED", "ByNode", "NodeColumns", "_Node"]

@@ -1,6 +1,10 @@
 """The pieces of one rank-step's blocks that the replay graph reads (docs/json.md): the wait that
 released each block (its span and the operation that held the rank) and the split of the local
-time around it and inside the block, every block of the step at once."""
+time around it and inside the block, every block of the step at once.
+
+The graph builds these for every rank-step of the run at once (:mod:`replay_build`); the step at a
+time functions here are its reference (the tests compare the two), and :func:`_outside_wait`
+splits a gap that turned out to be no wait."""
 
 from __future__ import annotations
 

@@ -166,9 +166,9 @@ def _i_edges(rp: ReplayGraph, pos2: I64, meas_end: I64, sent: int, total: int) -
     """Each node's integer dependencies: its label edges and a fixed release (a node with none
     gets a constant far in the past, so that every node has one)."""
     nc = rp.cols
-    cnt = np.fromiter((len(e) for e in nc.edges.values()), np.int64, len(nc.edges))
-    dst_e = np.repeat(np.fromiter(nc.edges.keys(), np.int64, len(nc.edges)), cnt)
-    pt = np.array([x for e in nc.edges.values() for x in e], np.int64).reshape(-1, 2)
+    # (one label edge per node: the edges by node id, as arrays)
+    dst_e = nc.edges.ids()
+    pt = nc.edges.val[dst_e]
     live = pos2[pt[:, 0]] < pos2[dst_e]
     src_e = np.where(live, pt[:, 0], sent)
     k_e = pt[:, 1] + np.where(live, 0, meas_end[pt[:, 0]])

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from ppdiag.attribution.replay_build import PendingWaits
 from ppdiag.attribution.replay_index import _IssueIndex, released_by
 from ppdiag.model import RankTimeline
 
@@ -41,7 +42,7 @@ class WaitArrays(NamedTuple):
 
 def wait_arrays(
     g: ReplayGraph,
-    pending: list[tuple[int, tuple[int, int, int, int], int, int]],
+    pending: PendingWaits,
     issues: _IssueIndex,
     ends_by_rank: dict[int, tuple[list[int], list[int]]],
     timelines: dict[int, RankTimeline],
@@ -49,13 +50,9 @@ def wait_arrays(
 ) -> WaitArrays:
     """The waits of ``pending`` as columns with what releases them looked up at once: one binary
     search per link and kind (:func:`released_by`) and per peer (its blocks by end)."""
-    k = len(pending)
-    nid = np.fromiter((p[0] for p in pending), np.int64, k)
-    held = np.array([p[1] for p in pending], np.int64).reshape(-1, 4)
-    rel = np.fromiter((p[2] for p in pending), np.int64, k)
-    wait_start = np.fromiter((p[3] for p in pending), np.int64, k)
+    nid, peer, wdir, posted, op_end, rel, wait_start = pending
+    k = nid.size
     me = g.cols.cols["rank"][nid]
-    peer, wdir, op_end = held[:, 0], held[:, 1], held[:, 3]
     found, last = released_by(issues, peer, me, wdir, op_end, rel)
     device = ~np.array([timelines[r].cpu_only for r in me.tolist()], np.bool_)
     # a block that ends within the timing tolerance after the issue counts as finished before it
@@ -73,7 +70,7 @@ def wait_arrays(
             ok = js >= 0
             prod[sel[ok]] = ids[js[ok]]
             p_end[sel[ok]] = ends[js[ok]]
-    return WaitArrays(nid, peer, wdir, held[:, 2], op_end, rel, wait_start, found, last, j, prod, p_end)
+    return WaitArrays(nid, peer, wdir, posted, op_end, rel, wait_start, found, last, j, prod, p_end)
 
 
 def common_waits(
@@ -96,11 +93,10 @@ def common_waits(
     fast = device & (w.prod >= 0) & ~peer_cpu & (xfer >= -tol) & ~((issue > w.p_end) & has_copy[prod])
     f = np.flatnonzero(fast)
     nc = g.cols
-    ids = w.nid[f].tolist()
-    obs = zip(w.prod[f].tolist(), (issue - w.p_end)[f].tolist(), xfer[f].tolist(), strict=True)
-    nc.obs.update(zip(ids, obs, strict=True))
-    nc.issue_copy.update(dict.fromkeys(ids, 0))
-    nc.lead.update(zip(ids, (w.wait_start - posted)[f].tolist(), strict=True))
+    ids = w.nid[f]
+    nc.obs.set_many(ids, (w.prod[f], (issue - w.p_end)[f], xfer[f]))
+    nc.issue_copy.set_many(ids, (np.zeros(f.size, np.int64),))
+    nc.lead.set_many(ids, ((w.wait_start - posted)[f],))
     return fast, xfer
 
 

@@ -179,9 +179,9 @@ def shared_share(values: Sequence[float]) -> float:
 def latency_jitter_ns(attr: Attribution) -> float:
     """Robust standard deviation of a normal transfer, from the fastest half of the transfers
     ((p50 - p10) / 1.2816 for a normal spread), so that slow links do not count as jitter."""
-    if not attr.edges:
+    if not len(attr.edges):
         return 0.0
-    tau = np.asarray([e[2] for e in attr.edges], dtype=np.float64)
+    tau = np.asarray(attr.edges, np.int64).reshape(-1, 4)[:, 2].astype(np.float64)
     p10, p50 = np.percentile(tau, [10, 50])
     return max(float(p50 - p10), 0.0) / 1.2816
 

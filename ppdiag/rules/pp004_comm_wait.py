@@ -159,9 +159,11 @@ def _rule_links(ctx: RuleContext) -> LinkLatencies:
     transfer is timed from there; on devices these are the attribution's links."""
     edges = ctx.attribution.edges
     held = ctx.attribution.edge_held
-    if len(held) != len(edges) or not any(held):
+    if len(held) != len(edges) or not held.any():
         return ctx.attribution.links
-    return link_latencies((p, c, tau + h, w) for (p, c, tau, w), h in zip(edges, held, strict=True))
+    timed = edges.copy()
+    timed[:, 2] += held
+    return link_latencies(timed)
 
 
 def _link_noise_ms(
