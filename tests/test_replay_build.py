@@ -1,5 +1,5 @@
 """The replay graph's nodes built for every rank-step at once (``replay_build``) against the step at a
-time functions of ``replay_pieces`` (``_step_waits``, ``_local_pieces``: the wait before each block
+time functions of ``replay_reference`` (``_step_waits``, ``_local_pieces``: the wait before each block
 of one step and the split of the local time around it).
 
 On synthetic runs with slow links, host stalls, p2p on the compute stream, data parallelism and a
@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 from analysis_parts import context
+from replay_reference import _local_pieces, _step_waits
 
 from ppdiag.api import Options, diagnose
 from ppdiag.attribution.rank_step import RankStep, _m, _split_local
 from ppdiag.attribution.replay_build import StepNodes, build_nodes
 from ppdiag.attribution.replay_index import _P2PIndex
-from ppdiag.attribution.replay_pieces import _local_pieces, _step_waits
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import RankTimeline
 from ppdiag.model import intervals as ivs

@@ -4,8 +4,7 @@ Each rank-step's window, with every time its blocks and sets hold, is one group 
 :class:`~ppdiag.model.interval_groups.Line`: the steps' sets laid end to end are one sorted set
 each, so the wait before every block of the run and the split of the local time around it are one
 binary search per set instead of one per rank-step (the same numbers as
-:func:`~ppdiag.attribution.replay_pieces._step_waits` and
-:func:`~ppdiag.attribution.replay_pieces._local_pieces` step by step: a group's positions differ
+the step-by-step computation the tests keep as its reference: a group's positions differ
 from its times by a constant, and a search inside a group never reaches into another one). The
 transfers that held the rank are looked up once per rank, on the rank's own p2p index.
 
@@ -24,6 +23,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution.rank_step import RankStep
 from ppdiag.attribution.replay_index import _last_waits, _P2PIndex
+from ppdiag.attribution.replay_pieces import span_measures
 from ppdiag.model import intervals as ivs
 from ppdiag.model.interval_groups import Line
 
@@ -272,7 +272,7 @@ def _waits(
 ) -> tuple[I64, I64, B, I64, B]:
     """The wait that released each block (line positions of its start and release, whether there is
     one) and, per wait, the operation that held the rank (peer, direction, posted, end) and whether
-    it was queued on a compute stream; see :func:`~ppdiag.attribution.replay_pieces._step_waits`."""
+    it was queued on a compute stream."""
     has, ws_l, rel_l = _last_waits(wait_set, lo_l, s_l)
     # a "wait" no longer than the timing tolerance is rounding where a transfer touches the block
     tiny = has & (rel_l - ws_l <= tol)
@@ -313,22 +313,11 @@ def _by_rank(rank: I64) -> list[tuple[int, I64]]:
 
 def _pieces(sets: dict[str, ivs.ISet], lo: I64, ws: I64, rel: I64, s: I64, e: I64) -> dict[str, I64]:
     """The local time before each block outside its wait and its split, and the lost time inside
-    the block (see :func:`~ppdiag.attribution.replay_pieces._outside_wait`), on the line."""
-    n = lo.size
+    the block (as :func:`~ppdiag.attribution.replay_pieces._outside_wait` for one step), on the line."""
     t = np.concatenate([lo, ws, rel, s, e])
 
     def spans(iset: ivs.ISet) -> tuple[I64, I64, I64]:
-        # measure in [lo, ws], [rel, s] and [s, e] (0 for an empty or reversed span)
-        if iset[0].size == 0 or n == 0:
-            z = np.zeros(n, np.int64)
-            return z, z, z
-        p = ivs.prefix_measure(iset, t)
-        p_lo, p_ws, p_rel, p_s, p_e = p[:n], p[n : 2 * n], p[2 * n : 3 * n], p[3 * n : 4 * n], p[4 * n :]
-        return (
-            np.where(ws > lo, p_ws - p_lo, 0),
-            np.where(s > rel, p_s - p_rel, 0),
-            np.where(e > s, p_e - p_s, 0),
-        )
+        return span_measures(iset, t)
 
     ph0, ph1, _ = spans(sets["p2p_host"])
     h0, h1, h_in = spans(sets["host"])

@@ -2,94 +2,37 @@
 released each block (its span and the operation that held the rank) and the split of the local
 time around it and inside the block, every block of the step at once.
 
-The graph builds these for every rank-step of the run at once (:mod:`replay_build`); the step at a
-time functions here are its reference (the tests compare the two), and :func:`_outside_wait`
-splits a gap that turned out to be no wait."""
+The graph builds these for every rank-step of the run at once (:mod:`replay_build`), with
+:func:`span_measures` for the split; :func:`_outside_wait` splits one rank-step's gaps the same way
+(a gap that turned out to be no wait)."""
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.rank_step import RankStep
-from ppdiag.attribution.replay_index import _last_waits, _P2PIndex
 from ppdiag.model import intervals as ivs
 
-
-class _StepWaits(NamedTuple):
-    """The wait before each block of a step: whether there is one, its span, and for each block
-    that has one (in block order) the operation that held the rank and whether it was queued on a
-    compute stream."""
-
-    has: npt.NDArray[np.bool_]
-    start: npt.NDArray[np.int64]
-    release: npt.NDArray[np.int64]
-    held: list[tuple[int, int, int, int]]
-    on_compute: list[bool]
-
-
-class _LocalPieces(NamedTuple):
-    """Per block of a step: the local time before it outside the wait (``pre`` before the wait,
-    ``post`` after it) and its split, and the lost time inside the block span."""
-
-    pre: npt.NDArray[np.int64]
-    post: npt.NDArray[np.int64]
-    host: npt.NDArray[np.int64]
-    coll: npt.NDArray[np.int64]
-    ux: npt.NDArray[np.int64]
-    copy: npt.NDArray[np.int64]
-    in_host: npt.NDArray[np.int64]
-    in_ux: npt.NDArray[np.int64]
-    in_copy: npt.NDArray[np.int64]
-
-
-def _step_waits(rs: RankStep, idx: _P2PIndex, lo_a: npt.NDArray[np.int64], cpu: bool, tol: int) -> _StepWaits:
-    """The wait that released each block of ``rs``: the last run of transfer time before it
-    (pieces a few µs apart are one wait); earlier transfers were exposed comm."""
-    s_a = rs.blocks.start.astype(np.int64)
-    has_w, ws_a, rel_a = _last_waits(rs.wait_set, lo_a, s_a)
-    # a "wait" no longer than the timing tolerance is rounding where a transfer touches
-    # the block, not a wait: it must not make the peer's block this one's producer
-    tiny = has_w & (rel_a - ws_a <= tol)
-    has_w &= ~tiny
-    ws_a[tiny] = s_a[tiny]
-    rel_a[tiny] = s_a[tiny]
-    j = np.flatnonzero(has_w)
-    # every wait of the step at once: the operation that held the rank in each
-    held_l = idx.blocking_many(ws_a[j], rel_a[j], tol)
-    if not cpu and j.size:
-        # transfers of other operations before the one that held the rank (a send on the
-        # compute stream before the receive) are exposed comm, not the wait: the wait is the
-        # exposed span of that operation; other transfers before or after it (a send on the
-        # compute stream, a receive whose data was there) are exposed comm around the wait
-        h = np.array(held_l, np.int64).reshape(-1, 4)
-        found = h[:, 0] >= 0
-        ws, rel = ws_a[j], rel_a[j]
-        rel_n = np.maximum(np.minimum(rel, h[:, 3]), ws)
-        ws_n = np.minimum(np.maximum(ws, h[:, 2]), rel_n)
-        rel_a[j] = np.where(found, rel_n, rel)
-        ws_a[j] = np.where(found, ws_n, ws)
-    on_comp_l = idx.on_compute_many(ws_a[j], rel_a[j])
-    return _StepWaits(has_w, ws_a, rel_a, held_l, on_comp_l)
-
-
-def _local_pieces(rs: RankStep, lo_a: npt.NDArray[np.int64], w: _StepWaits) -> _LocalPieces:
-    """Split the local time before each block (outside its wait) and the lost time inside it."""
-    s_a = rs.blocks.start.astype(np.int64)
-    e_a = rs.blocks.end.astype(np.int64)
-    host_a, coll_a, copy_a, ux_a, in_set = _outside_wait(rs, lo_a, w.start, w.release, s_a, e_a)
-    in_lost, in_copy_m, in_host_m = in_set
-    in_copy = np.minimum(in_copy_m, in_lost)
-    in_host = np.minimum(in_host_m, in_lost - in_copy)
-    pre, post = w.start - lo_a, s_a - w.release
-    return _LocalPieces(
-        pre, post, host_a, coll_a, ux_a, copy_a, in_host, in_lost - in_host - in_copy, in_copy
-    )
-
-
 _I64 = npt.NDArray[np.int64]
+
+
+def span_measures(iset: ivs.ISet, t: _I64) -> tuple[_I64, _I64, _I64]:
+    """The measure of ``iset`` in ``[lo, ws]``, ``[rel, s]`` and ``[s, e]`` of each block, where
+    ``t`` is ``lo, ws, rel, s, e`` concatenated (n each); 0 for an empty or reversed span. One
+    prefix measure at every bound at once (one search per set instead of one per span)."""
+    n = t.size // 5
+    if iset[0].size == 0 or n == 0:
+        z = np.zeros(n, np.int64)
+        return z, z, z
+    lo, ws, rel, s, e = (t[k * n : (k + 1) * n] for k in range(5))
+    p = ivs.prefix_measure(iset, t)
+    p_lo, p_ws, p_rel, p_s, p_e = (p[k * n : (k + 1) * n] for k in range(5))
+    return (
+        np.where(ws > lo, p_ws - p_lo, 0),
+        np.where(s > rel, p_s - p_rel, 0),
+        np.where(e > s, p_e - p_s, 0),
+    )
 
 
 def _outside_wait(
@@ -101,21 +44,10 @@ def _outside_wait(
     every bound at once (one search per set instead of one per span; the same numbers as
     :func:`_measure_between` span by span)."""
     sets = rs.sets
-    n = lo_a.size
     t = np.concatenate([lo_a, ws_a, rel_a, s_a, e_a])
 
     def spans(iset: ivs.ISet) -> tuple[_I64, _I64, _I64]:
-        # measure in [lo, ws], [rel, s] and [s, e] (0 for an empty or reversed span)
-        if iset[0].size == 0 or n == 0:
-            z = np.zeros(n, np.int64)
-            return z, z, z
-        p = ivs.prefix_measure(iset, t)
-        lo, ws, rel, s, e = p[:n], p[n : 2 * n], p[2 * n : 3 * n], p[3 * n : 4 * n], p[4 * n :]
-        return (
-            np.where(ws_a > lo_a, ws - lo, 0),
-            np.where(s_a > rel_a, s - rel, 0),
-            np.where(e_a > s_a, e - s, 0),
-        )
+        return span_measures(iset, t)
 
     ph0, ph1, _ = spans(rs.p2p_host)
     h0, h1, h_in = spans(rs.host_set)
