@@ -29,28 +29,11 @@ sys.path.insert(0, str(REPO))
 from ppdiag.analysis import Analyzed  # noqa: E402
 from ppdiag.api import Options, diagnose  # noqa: E402
 from ppdiag.demo.skew import Move, move_ranks  # noqa: E402
+from ppsynth.relations import cause_error, clock_structure  # noqa: E402
 
 MS = 1_000_000
 SKEWS_MS = (1.0, -1.0, 20.0, -20.0, 2500.0, -2500.0, 60_000.0, -60_000.0)
 CAUSE_TOL = 0.015  # of the step
-
-
-def structure(a: Analyzed) -> dict[str, object]:
-    """What no clock may change: pp, stage map, schedule, M and the findings (codes and ranks)."""
-    run = a.result.run
-    return {
-        "pp": run.pp,
-        "stage_map": run.stage_map,
-        "schedule": str(run.schedule),
-        "M": run.microbatches,
-        "findings": sorted((f.code, tuple(sorted(f.ranks))) for f in a.result.findings),
-    }
-
-
-def cause_error(base: Analyzed, moved: Analyzed) -> float:
-    """The largest change of one rank's cause, as a share of the step."""
-    b = {r.rank: r.shares for r in base.result.ranks}
-    return max(abs(v - b[r.rank][c]) for r in moved.result.ranks for c, v in r.shares.items())
 
 
 def offset_error(base: Analyzed, moved: Analyzed, moves: dict[int, Move]) -> tuple[float, bool]:
@@ -84,14 +67,14 @@ def cases(n: int) -> list[tuple[str, dict[int, Move]]]:
 def relations(src: Path) -> str:
     """The row of one run; failed relations are printed as they come."""
     base = diagnose([src], Options())
-    want = structure(base)
+    want = clock_structure(base)
     held = held2 = 0
     worst_c = worst_o = 0.0
     for i, (name, moves) in enumerate(cases(len(base.result.ranks))):
         with tempfile.TemporaryDirectory() as d:
             move_ranks(src, Path(d), moves)
             moved = diagnose([Path(d)], Options())
-        got = structure(moved)
+        got = clock_structure(moved)
         ce = cause_error(base, moved)
         oe, within = offset_error(base, moved, moves)
         good = got == want and ce <= CAUSE_TOL and within

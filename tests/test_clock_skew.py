@@ -32,6 +32,7 @@ from ppdiag.pipeline.clocks import Pairs
 from ppdiag.pipeline.host_clocks import _consistent, clock_domains, fit_host_clocks
 from ppsynth.kineto import write_kineto
 from ppsynth.nsys import write_nsys
+from ppsynth.relations import clock_structure
 from ppsynth.scenario import make_scenario
 
 MS = 1_000_000
@@ -42,20 +43,9 @@ def _diagnose(d: Path) -> Analyzed:
     return diagnose([d], Options())
 
 
-def _structure(a: Analyzed) -> dict[str, object]:
-    run = a.result.run
-    return {
-        "pp": run.pp,
-        "stage_map": run.stage_map,
-        "schedule": str(run.schedule),
-        "M": run.microbatches,
-        "findings": sorted((f.code, tuple(sorted(f.ranks))) for f in a.result.findings),
-    }
-
-
 def assert_same(base: Analyzed, moved: Analyzed) -> None:
     """The relations every clock transformation must keep."""
-    assert _structure(moved) == _structure(base)
+    assert clock_structure(moved) == clock_structure(base)
     b = {r.rank: r.shares for r in base.result.ranks}
     for r in moved.result.ranks:
         for cause, v in r.shares.items():
@@ -334,7 +324,7 @@ def test_recorded_runs_survive_hosts_and_skew(
     # fitted clock's error (0.1-0.5 ms on these recordings) shifts between waits, and by the hosts'
     # names (CPU ranks spread over hosts are no longer one oversubscribed host): a threshold
     # finding of a noisy recording may flip, so they are compared with the control above
-    s_base, s_moved = _structure(base), _structure(moved)
+    s_base, s_moved = clock_structure(base), clock_structure(moved)
     assert {k: v for k, v in s_moved.items() if k != "findings"} == {
         k: v for k, v in s_base.items() if k != "findings"
     }

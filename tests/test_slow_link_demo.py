@@ -89,17 +89,22 @@ def _holds_ms(truth: GroundTruth, rank: int) -> np.ndarray:
     return np.asarray(rt.cols["end_ns"][m] - rt.cols["start_ns"][m], dtype=np.float64) / 1e6
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_slow_link_sender_is_named_first(recorded: Callable[[str], Recorded], name: str) -> None:
-    diag, truth = recorded(name)
-    slow = int(truth.faults[0]["rank"])
-    # the fault as the run measured it: the delayed rank's sends were held, the others' left at once
+def _assert_held_and_pipeline_found(diag: Analyzed, truth: GroundTruth, slow: int) -> None:
+    """The premise of each slow-link case: the fault as the run measured it (the held rank's sends
+    left late, the others' at once), and the whole pipeline found."""
     hold = float(np.median(_holds_ms(truth, slow)))
     others = np.concatenate([_holds_ms(truth, r) for r in range(truth.pp) if r != slow])
     assert hold > 5 * float(np.median(others)), (hold, float(np.median(others)))
     run = diag.result.run
     assert run.pp == truth.pp
     assert run.stage_map == {str(r): s for s, r in enumerate(truth.stage_to_rank)}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_slow_link_sender_is_named_first(recorded: Callable[[str], Recorded], name: str) -> None:
+    diag, truth = recorded(name)
+    slow = int(truth.faults[0]["rank"])
+    _assert_held_and_pipeline_found(diag, truth, slow)
     findings = diag.result.findings
     summary = [(f.code, f.severity, f.ranks) for f in findings]
     pp004 = next((f for f in findings if f.code == "PP004"), None)
@@ -117,13 +122,7 @@ def test_a_send_held_in_its_call_names_the_held_rank(recorded: Callable[[str], R
     diag, truth = recorded(name)
     slow = int(truth.faults[0]["rank"])
     assert truth.faults[0]["sync"] is True
-    # the fault as the run measured it: the held rank's sends left late, the others' at once
-    hold = float(np.median(_holds_ms(truth, slow)))
-    others = np.concatenate([_holds_ms(truth, r) for r in range(truth.pp) if r != slow])
-    assert hold > 5 * float(np.median(others)), (hold, float(np.median(others)))
-    run = diag.result.run
-    assert run.pp == truth.pp
-    assert run.stage_map == {str(r): s for s, r in enumerate(truth.stage_to_rank)}
+    _assert_held_and_pipeline_found(diag, truth, slow)
     findings = diag.result.findings
     summary = [(f.code, f.severity, f.ranks) for f in findings]
     # its own send calls held the rank: host time of that rank alone, among the first two findings
