@@ -25,11 +25,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the clock tests' relations (clock_relations)
+
+from clock_relations import cause_error, clock_structure  # noqa: E402
 
 from ppdiag.analysis import Analyzed  # noqa: E402
 from ppdiag.api import Options, diagnose  # noqa: E402
 from ppdiag.demo.skew import Move, move_ranks  # noqa: E402
-from ppsynth.relations import cause_error, clock_structure  # noqa: E402
 
 MS = 1_000_000
 SKEWS_MS = (1.0, -1.0, 20.0, -20.0, 2500.0, -2500.0, 60_000.0, -60_000.0)

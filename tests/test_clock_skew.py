@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ablate import strip_kineto_dir, strip_nsys_dir
+from clock_relations import clock_structure
 from conftest import shared_trace
 from demo_noise import waits_after_posts
 
@@ -32,7 +33,6 @@ from ppdiag.pipeline.clocks import Pairs
 from ppdiag.pipeline.host_clocks import _consistent, clock_domains, fit_host_clocks
 from ppsynth.kineto import write_kineto
 from ppsynth.nsys import write_nsys
-from ppsynth.relations import clock_structure
 from ppsynth.scenario import make_scenario
 
 MS = 1_000_000

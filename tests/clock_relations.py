@@ -1,5 +1,6 @@
 """What a clock transformation (ranks moved to another host, timestamps skewed) must not change
-in a diagnosis: shared by the clock metamorphic tests and ``benchmarks/bench_clock_relations.py``."""
+in a diagnosis: the clock metamorphic tests' definition, which ``benchmarks/bench_clock_relations.py``
+reuses (a test-support module, imported by bare name)."""
 
 from __future__ import annotations
 
