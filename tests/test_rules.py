@@ -369,3 +369,15 @@ def test_oversubscribed_host_late_links(tmp_path: Path) -> None:
     g = next(x for x in _rules_with(diag, noise=large) if x.code == "PP004")
     assert g.severity == "low"
     assert g.evidence.as_dict()["noise_ms"] == pytest.approx(link_noise + f.gain_ms, abs=2e-3)
+
+
+def test_pp008_small_m_graded_as_its_gain(tmp_path: Path) -> None:
+    """M < 2P alone: PP008's fix is PP001's (M x 2), with the same gain against the same noise, so
+    the report grades both alike rather than calling one gain medium and low at once."""
+    rep = _report(tmp_path / "a", microbatches=6)
+    f8, f1 = _find(rep, "PP008"), _find(rep, "PP001")
+    assert f8 is not None and f1 is not None, [x.code for x in rep.findings]
+    problems = f8.evidence.as_dict()["problems"]
+    assert len(problems) == 1 and "< 2 × pp" in problems[0], problems
+    assert f8.gain_ms == f1.gain_ms and f8.evidence.noise_ms == f1.evidence.noise_ms
+    assert f8.severity == f1.severity

@@ -72,7 +72,7 @@ class BatchRule:
         if not problems:
             return []
         noise = noise_of(ctx).base_ms()
-        sev = _severity(problems, gain, noise)
+        sev = _severity(problems, gain)
         return [
             finding(
                 ctx,
@@ -101,14 +101,15 @@ class BatchRule:
         ]
 
 
-def _severity(problems: list[tuple[str, str]], gain: float | None, noise: float) -> str:
-    """The worst problem's; low when only "M is small" is left and what more micro-batches win
-    is within the noise."""
+def _severity(problems: list[tuple[str, str]], gain: float | None) -> str | None:
+    """The worst problem's, except when "M is small" is all that is left: then the finding is
+    judged, as every finding with a gain is, by what more micro-batches win beyond the run's noise
+    (None: :func:`~ppdiag.rules.base.finding` grades it). PP001 offers the same fix with the same
+    gain, and one report must not call one gain ``medium`` and ``low`` at once."""
+    if gain is not None and all(_small_m(t) for _, t in problems):
+        return None
     sev_rank = {"high": 0, "medium": 1, "low": 2}
-    sev = min((s for s, _ in problems), key=lambda s: sev_rank[s])
-    if all(_small_m(t) for _, t in problems) and gain is not None and gain <= noise:
-        sev = "low"
-    return sev
+    return min((s for s, _ in problems), key=lambda s: sev_rank[s])
 
 
 register(BatchRule())
