@@ -140,6 +140,18 @@ def test_rules_catalogue_and_explanation() -> None:
     _one_error_line(ppdiag("rules", "PP999"), "PP999")
 
 
+def test_rules_without_typer_print_what_the_typer_command_prints() -> None:
+    # ``rules [CODE]`` alone runs without typer; a global option before it (``--no-cache``)
+    # sends it through the typer command: the same bytes and exit code either way
+    for args in ((), ("PP003",), ("pp009",), ("PP999",)):
+        fast, typed = ppdiag("rules", *args), ppdiag("--no-cache", "rules", *args)
+        assert (fast.returncode, fast.stdout, fast.stderr) == (
+            typed.returncode,
+            typed.stdout,
+            typed.stderr,
+        ), args
+
+
 def test_version_and_help() -> None:
     assert ppdiag("--version").stdout.startswith("ppdiag ")
     h = ppdiag("--help")

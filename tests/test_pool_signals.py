@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     import os, signal, sys
     from concurrent.futures.process import BrokenProcessPool
     from pathlib import Path
-    from ppdiag.cli.support import on_signal
+    from ppdiag.cli.guards import on_signal
     from ppdiag.parsers import ParseOptions
     from ppdiag.parsers.detect import TraceFile
     from ppdiag.parsers.pool import parse_files

@@ -1,4 +1,6 @@
-"""``ppdiag rules``: the rule catalogue, read without importing the analysis (start-up stays fast)."""
+"""``ppdiag rules``: the rule catalogue, read without importing the analysis (start-up stays fast).
+The text is :func:`ppdiag.cli.catalog_view.show_rules`, which the entry point also runs without
+typer when there is no option to parse."""
 
 from __future__ import annotations
 
@@ -7,41 +9,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from ppdiag.cli.catalog_view import show_rules
 from ppdiag.cli.support import fail
-from ppdiag.errors import PpdiagError
 
 
 def rules(code: Annotated[str | None, typer.Argument(help="A rule code, e.g. PP003.")] = None) -> None:
     """The rule catalogue, or one rule's full explanation."""
     try:
-        from ppdiag.rules.catalog import cause_texts, rule_texts
-
-        texts = {r.code: r for r in rule_texts()}
-        con = Console()
-        if code is None:
-            from rich.table import Table
-
-            t = Table(title="ppdiag rules")
-            for c in ("code", "cause", "name", "summary"):
-                t.add_column(c)
-            for r in texts.values():
-                t.add_row(r.code, r.cause or "-", r.name, r.summary)
-            con.print(t)
-            ct = Table(title="causes: the idle each kind of delay adds, in this order (they add up)")
-            for c in ("cause", "definition"):
-                ct.add_column(c)
-            for k, definition in cause_texts():
-                ct.add_row(k, definition)
-            con.print(ct)
-            return
-        rule = texts.get(code.upper())
-        if rule is None:
-            raise PpdiagError(f"unknown rule {code!r}; known: {', '.join(sorted(texts))}")
-        con.print(
-            f"[bold]{rule.code}[/bold] {rule.name} ({rule.cause or 'configuration'})\n{rule.summary}\n",
-            highlight=False,
-        )
-        con.print(rule.doc, markup=False, highlight=False)
+        show_rules(code, Console())
     except Exception as exc:
         fail(exc)
 

@@ -182,6 +182,19 @@ def _forking() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def _preload(files: Sequence[TraceFile], todo: list[int]) -> None:
+    """Import in the parent, before the fork, what every parse worker would import on its first
+    file: otherwise each worker imports it again. ``numpy.ma`` (numpy 2's ``np.unique`` loads it
+    on its first call; the analysis loads it in the parent anyway) and the gzip inflater (ISA-L
+    when installed) when a file is gzip."""
+    import numpy.ma  # noqa: F401
+
+    if any(str(files[i].path).endswith(".gz") for i in todo):
+        from ppdiag.parsers.kineto_bytes import inflater
+
+        inflater()
+
+
 def _kill_pool(pool: ProcessPoolExecutor) -> None:
     """Terminate every worker of ``pool`` at once and drop the queued work."""
     procs = list((getattr(pool, "_processes", None) or {}).values())
@@ -239,6 +252,7 @@ def parse_files(
                 take(i, _parse_one(str(files[i].path), files[i].format, options, True, keys[i], note))
                 bar.advance()
     else:
+        _preload(files, todo)
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=_mp_context(), initializer=_worker_init)
         try:
             with _forking():  # (the workers are forked by the first submit)
