@@ -32,6 +32,7 @@ from ppdiag.attribution.replay_graph import ReplayGraph
 from ppdiag.attribution.replay_levels import NodeValues, place
 from ppdiag.attribution.replay_plan import PlacementPlan, vectorizable, wide_enough
 from ppdiag.model import RankTimeline
+from ppdiag.parsers.heap import trim_heap
 from ppdiag.pipeline.clocks import P2POps
 
 # variants x nodes placed together at most (the placement holds ~12 arrays of them: ~40 MB)
@@ -222,6 +223,9 @@ class Replay(ReplayGraph):
         last_stage: int,
     ) -> None:
         super().__init__(steps, timelines, ops, last_stage)
+        # the build's temporaries (the steps' sets laid on one line, the pieces) are freed: their
+        # pages back to the system before the variants' placement allocates its own
+        trim_heap()
         self._cols: _Columns | None = None
         self._matters: _Flags | None = None
         # results by the variant's effective flags and mean costs: variants that differ only in
