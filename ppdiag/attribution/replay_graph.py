@@ -50,7 +50,7 @@ class _WaitContext:
     """What resolving a wait to its producer reads: every rank's block ends (sorted, with their
     node ids), the peers' issued operations and the steps by (rank, step)."""
 
-    ends_by_rank: dict[int, tuple[list[int], list[int]]]
+    ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]
     issues: _IssueIndex
     by_rank_step: dict[tuple[int, int], RankStep]
     timelines: dict[int, RankTimeline]
@@ -255,19 +255,21 @@ class ReplayGraph:
                 out.append(f"node {i} (rank {nd.rank}): negative span, busy or local time")
         return out
 
-    def _ends_by_rank(self) -> dict[int, tuple[list[int], list[int]]]:
+    def _ends_by_rank(self) -> dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
         """Per rank, its block ends sorted with their node ids, for "which block did the peer
-        finish last" (one sort by rank, then each rank's slice: no scan of all nodes per rank)."""
+        finish last" (one sort by rank, then each rank's slice: no scan of all nodes per rank).
+        Arrays, not lists: the waits search them as arrays, and lists of every node's end and id
+        were a quarter of the graph's memory at a thousand ranks."""
         n_rank = self.cols.cols["rank"]
         n_end = np.asarray(self.meas_start, np.int64) + self.cols.cols["span"]
         by_r = np.argsort(n_rank, kind="stable")
         r_sorted = n_rank[by_r]
-        out: dict[int, tuple[list[int], list[int]]] = {}
+        out: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
         for r in {rs.rank for rs in self.steps}:
             ids_a = by_r[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")]
             ends = n_end[ids_a]
             o = np.argsort(ends, kind="stable")
-            out[r] = (ends[o].tolist(), ids_a[o].tolist())
+            out[r] = (ends[o], ids_a[o].astype(np.int64))
         return out
 
     def _rank_of(self, nid: int) -> int:
@@ -328,7 +330,7 @@ class ReplayGraph:
         the peer finished before issuing it (with a slow link the peer may have finished later
         blocks before the data arrived)."""
         peer, wdir, posted, op_end = held
-        ends, ids = ctx.ends_by_rank.get(peer, ([], []))
+        got = ctx.ends_by_rank.get(peer)
         me, nc = self._rank_of(nid), self.cols
         # ``last``: the matched operation's issue, else the peer's last one before the release;
         # ``j``: the peer's last block that ended before ``at`` (see :func:`wait_arrays`)
@@ -361,7 +363,9 @@ class ReplayGraph:
             self.untraced_waits += int(peer not in ctx.ends_by_rank)
         else:
             posted = min(posted, wait_start) if device else wait_start
-            self._producer_wait(ctx, nid, peer, (ids[j], ends[j], last), posted, rel, wait_start)
+            assert got is not None  # j >= 0: the peer has blocks
+            ends, ids = got
+            self._producer_wait(ctx, nid, peer, (int(ids[j]), int(ends[j]), last), posted, rel, wait_start)
 
     def _labelled_wait(
         self, ctx: _WaitContext, nid: int, peer: int, op: tuple[int, int], rel: int, wait_start: int

@@ -27,6 +27,7 @@ from ppdiag.attribution.replay_columns import (
     _Row,
     _variant_arrays,
     _variant_rows,
+    _VariantArrays,
 )
 from ppdiag.attribution.replay_graph import ReplayGraph
 from ppdiag.attribution.replay_levels import NodeValues, place
@@ -312,9 +313,13 @@ class Replay(ReplayGraph):
     def _plan(self, cols: _Columns) -> PlacementPlan:
         if self._placement is None:
             meas_end = cols.meas_end
+            # the plan is built once and held by every variant batch: the pages freed before it
+            # (the mean costs' lists) and by its build go back to the system around it
+            trim_heap()
             self._placement = PlacementPlan.of(
                 self, cols.order, meas_end, cols.prod, cols.t_issue, cols.has_abs
             )
+            trim_heap()
         return self._placement
 
     def _run_levels(
@@ -331,21 +336,25 @@ class Replay(ReplayGraph):
 
         g = plan.graph
 
-        def stack(name: str, dtype: type) -> npt.NDArray[Any]:
-            return g.columns([getattr(va, name) for va in vas], dtype)
+        def stack(vs: list[_VariantArrays], name: str, dtype: type) -> npt.NDArray[Any]:
+            return g.columns([getattr(va, name) for va in vs], dtype)
 
         flags = np.array([[fl.host, fl.comm, fl.copy] for fl, _ in todo.values()], np.bool_)
         pconst = g.columns([plan.prod_const + np.where(cols.has_obs, va.extra, 0) for va in vas], np.int64)
         x_tau = plan.xe.tau(flags)
         values = NodeValues(
-            stack("pre", np.float64),
-            stack("post", np.float64),
-            stack("dur", np.float64),
-            stack("code", np.int64),
-            stack("add", np.int64),
-            stack("lead", np.int64),
+            stack(vas, "pre", np.float64),
+            stack(vas, "post", np.float64),
+            stack(vas, "dur", np.float64),
+            stack(vas, "code", np.int64),
+            stack(vas, "add", np.int64),
+            stack(vas, "lead", np.int64),
             pconst,
         )
+        # the variants' node arrays are stacked: only their mean-cost factors are read below (the
+        # batch's other copy of every column freed before the placement allocates its own)
+        factors = [va.factor for va in vas]
+        del vas
         ends = place(g, x_tau, plan.ie.k0, values)
         # the steps in :attr:`steps` order (the order of ``first_edge``), with what their idle reads
         keys = list(plan.first_edge)
@@ -369,7 +378,7 @@ class Replay(ReplayGraph):
             win.sync_end = {s: int(ends[k, v]) for s, v in plan.sync_node.items()}
             w1 = w0[np.maximum(nxt, 0)]
             w1[nxt < 0] = [win.stop(kk) for kk in last_keys]
-            factor = vas[k].factor
+            factor = factors[k]
             busy_k = busy
             if factor is not None:
                 # the blocks' compute at the mean cost, summed per step by prefix sums
