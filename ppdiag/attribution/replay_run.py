@@ -119,6 +119,20 @@ class _Windows:
         return self.w_end[key]
 
 
+class _PlacedWindows(_Windows):
+    """:class:`_Windows` of a variant placed by levels: the nodes' ends stay one array row (the
+    windows read only the last block of some steps; a list of every node's end was the largest
+    object of each variant batch at a thousand ranks)."""
+
+    def __init__(self, rp: ReplayGraph, ends: npt.NDArray[np.int64], fl: _Flags) -> None:
+        super().__init__(rp, [], fl)
+        self.ends = ends
+
+    def last_end(self, key: tuple[int, int]) -> int:
+        f, c = self.rp.first[key], self.rp.count[key]
+        return int(self.ends[f + c - 1]) if c else self.start(key)
+
+
 def _place_nodes(win: _Windows, rows: Iterator[_Row]) -> None:
     """Place every node in measured order: after the previous block (or its step's start) and its
     local delay before the wait, its wait's release, its label edges, then its local delay after
@@ -372,7 +386,7 @@ class Replay(ReplayGraph):
         for k, (key, (fl, _)) in enumerate(todo.items()):
             ext = np.r_[ends[k], 0]  # the sentinel's end: constants are the edges' own latency
             w0 = ext[fe_src] + x_tau[k, fe]
-            win = _Windows(self, ends[k, :n].tolist(), fl)
+            win = _PlacedWindows(self, ends[k, :n], fl)
             win.w_start = dict(zip(keys, w0.tolist(), strict=True))
             win.w_end = {prev: win.w_start[b] for b, prev in self.prev_step.items()}
             win.sync_end = {s: int(ends[k, v]) for s, v in plan.sync_node.items()}
