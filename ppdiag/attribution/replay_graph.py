@@ -29,6 +29,7 @@ from ppdiag.attribution.link_latency import link_latencies
 from ppdiag.attribution.rank_step import RankStep, _m
 from ppdiag.attribution.replay_build import PendingWaits, StepTails, build_nodes
 from ppdiag.attribution.replay_index import (
+    _dense,
     _IssueIndex,
     _label_pairs,
     _P2PIndex,
@@ -165,14 +166,7 @@ class ReplayGraph:
 
     def _compute_mean_costs(self) -> dict[tuple[int, int, int], float]:
         phases = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
-        tot: dict[tuple[int, int, int], int] = {}
-        cnt: dict[tuple[int, int, int], int] = {}
-        c = self.cols.cols
-        sel = np.flatnonzero(np.isin(c["phase"], phases))
-        labels = zip(c["rank"][sel].tolist(), c["stage"][sel].tolist(), c["phase"][sel].tolist(), strict=True)
-        for k, busy in zip(labels, c["busy"][sel].tolist(), strict=True):
-            tot[k] = tot.get(k, 0) + busy
-            cnt[k] = cnt.get(k, 0) + 1
+        tot, cnt = self._work_by_label(phases)
         out: dict[tuple[int, int, int], float] = {}
         for ph in phases:
             keys = [k for k in tot if k[2] == ph]
@@ -190,6 +184,25 @@ class ReplayGraph:
             mean = float(np.mean(list(pos.values()))) if pos else 0.0
             out.update({k: mean / pos[k[0]] for k in keys if k[0] in pos})
         return out
+
+    def _work_by_label(
+        self, phases: tuple[int, ...]
+    ) -> tuple[dict[tuple[int, int, int], int], dict[tuple[int, int, int], int]]:
+        """The blocks' compute and count per (rank, stage, phase) of ``phases``, the keys in the
+        order of their first node: one sort of a code per node, not a dict update per node."""
+        c = self.cols.cols
+        sel = np.flatnonzero(np.isin(c["phase"], phases))
+        if not sel.size:
+            return {}, {}
+        rank, stage, phase = c["rank"][sel], c["stage"][sel], c["phase"][sel]
+        _, first, inv = np.unique(_dense([rank, stage, phase]), return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        by_key = np.argsort(inv, kind="stable")
+        cnt_a = np.bincount(inv)
+        tot_a = np.add.reduceat(c["busy"][sel][by_key], np.r_[0, np.cumsum(cnt_a)[:-1]])
+        keys = zip(rank[first].tolist(), stage[first].tolist(), phase[first].tolist(), strict=True)
+        rows = sorted(zip(first.tolist(), keys, tot_a.tolist(), cnt_a.tolist(), strict=True))
+        return {k: t for _, k, t, _ in rows}, {k: n for _, k, _, n in rows}
 
     def _find_step_syncs(self, timelines: dict[int, RankTimeline]) -> None:
         """Step-end collectives that every rank joins and that end together form one sync point:
