@@ -27,7 +27,6 @@ from ppdiag.attribution.replay_columns import (
     _Row,
     _variant_arrays,
     _variant_rows,
-    _VariantArrays,
 )
 from ppdiag.attribution.replay_graph import ReplayGraph
 from ppdiag.attribution.replay_levels import NodeValues, place
@@ -346,29 +345,29 @@ class Replay(ReplayGraph):
         sync's arrival when it is first needed)."""
         plan = self._plan(cols)
         lat, n = self.normal_latency, plan.n
-        vas = [_variant_arrays(cols, lat, fl, bal) for fl, bal in todo.values()]
-
+        # each variant's node arrays as a dict whose arrays are dropped as they are stacked: the
+        # batch holds one copy of a column at a time, not the variants' and the stacked ones
+        vas = [_variant_arrays(cols, lat, fl, bal)._asdict() for fl, bal in todo.values()]
+        factors = [va["factor"] for va in vas]  # what is read of them after the placement
         g = plan.graph
 
-        def stack(vs: list[_VariantArrays], name: str, dtype: type) -> npt.NDArray[Any]:
-            return g.columns([getattr(va, name) for va in vs], dtype)
+        def stack(name: str, dtype: type) -> npt.NDArray[Any]:
+            return g.columns([va.pop(name) for va in vas], dtype)
 
         flags = np.array([[fl.host, fl.comm, fl.copy] for fl, _ in todo.values()], np.bool_)
-        pconst = g.columns([plan.prod_const + np.where(cols.has_obs, va.extra, 0) for va in vas], np.int64)
+        pconst = g.columns(
+            [plan.prod_const + np.where(cols.has_obs, va.pop("extra"), 0) for va in vas], np.int64
+        )
         x_tau = plan.xe.tau(flags)
         values = NodeValues(
-            stack(vas, "pre", np.float64),
-            stack(vas, "post", np.float64),
-            stack(vas, "dur", np.float64),
-            stack(vas, "code", np.int64),
-            stack(vas, "add", np.int64),
-            stack(vas, "lead", np.int64),
+            stack("pre", np.float64),
+            stack("post", np.float64),
+            stack("dur", np.float64),
+            stack("code", np.int64),
+            stack("add", np.int64),
+            stack("lead", np.int64),
             pconst,
         )
-        # the variants' node arrays are stacked: only their mean-cost factors are read below (the
-        # batch's other copy of every column freed before the placement allocates its own)
-        factors = [va.factor for va in vas]
-        del vas
         ends = place(g, x_tau, plan.ie.k0, values)
         # the steps in :attr:`steps` order (the order of ``first_edge``), with what their idle reads
         keys = list(plan.first_edge)
