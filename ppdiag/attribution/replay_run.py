@@ -211,6 +211,19 @@ def _step_idle(
     return idle
 
 
+class _StepRows(NamedTuple):
+    """Per analyzed step (in :attr:`Replay.steps` order), what the level placement reads."""
+
+    keys: list[tuple[int, int]]
+    fe: npt.NDArray[np.int64]  # its first edge in the plan
+    fe_src: npt.NDArray[np.int64]  # and that edge's source node
+    first: npt.NDArray[np.int64]  # its first node
+    n_nodes: npt.NDArray[np.int64]  # and how many
+    busy: npt.NDArray[np.int64]  # its block compute
+    nxt: npt.NDArray[np.int64]  # the step chained after it, -1: none
+    last_keys: list[tuple[int, int]]  # the steps without a chained successor
+
+
 class Replay(ReplayGraph):
     """The block graph of the analyzed steps and its evaluation under counterfactual changes."""
 
@@ -228,6 +241,7 @@ class Replay(ReplayGraph):
         # kinds of delay the run does not have are the same computation
         self._memo: dict[_MemoKey, _Idle] = {}
         self._placement: PlacementPlan | None = None
+        self._step_rows_memo: _StepRows | None = None
 
     def _columns(self) -> _Columns:
         """The nodes as columns (built once, reused by every variant)."""
@@ -313,6 +327,24 @@ class Replay(ReplayGraph):
             )
         return self._placement
 
+    def _step_rows(self, plan: PlacementPlan) -> _StepRows:
+        """The steps in :attr:`steps` order (the order of ``first_edge``), with what their idle
+        reads; built once (the variants are placed a few at a time, and these do not change)."""
+        if self._step_rows_memo is None:
+            keys = list(plan.first_edge)
+            fe = np.fromiter(plan.first_edge.values(), np.int64, len(keys))
+            first = np.fromiter((self.first[kk] for kk in keys), np.int64, len(keys))
+            count = np.fromiter((self.count[kk] for kk in keys), np.int64, len(keys))
+            busy = np.fromiter((rs.acct.compute for rs in self.steps), np.int64, len(keys))
+            at = {kk: i for i, kk in enumerate(keys)}
+            # a step followed by another ends where that one starts; the last ones are computed
+            nxt = np.full(len(keys), -1, np.int64)
+            for b, a in self.prev_step.items():
+                nxt[at[a]] = at[b]
+            last_keys = [keys[i] for i in np.flatnonzero(nxt < 0).tolist()]
+            self._step_rows_memo = _StepRows(keys, fe, plan.xe.src[fe], first, count, busy, nxt, last_keys)
+        return self._step_rows_memo
+
     def _run_levels(
         self,
         cols: _Columns,
@@ -343,19 +375,7 @@ class Replay(ReplayGraph):
             pconst,
         )
         ends = place(g, x_tau, plan.ie.k0, values)
-        # the steps in :attr:`steps` order (the order of ``first_edge``), with what their idle reads
-        keys = list(plan.first_edge)
-        fe = np.fromiter(plan.first_edge.values(), np.int64, len(keys))
-        fe_src = plan.xe.src[fe]
-        first = np.fromiter((self.first[kk] for kk in keys), np.int64, len(keys))
-        count = np.fromiter((self.count[kk] for kk in keys), np.int64, len(keys))
-        busy = np.fromiter((rs.acct.compute for rs in self.steps), np.int64, len(keys))
-        at = {kk: i for i, kk in enumerate(keys)}
-        # a step followed by another ends where that one starts; the last ones are computed
-        nxt = np.full(len(keys), -1, np.int64)
-        for b, a in self.prev_step.items():
-            nxt[at[a]] = at[b]
-        last_keys = [keys[i] for i in np.flatnonzero(nxt < 0).tolist()]
+        keys, fe, fe_src, first, count, busy, nxt, last_keys = self._step_rows(plan)
         for k, (key, (fl, _)) in enumerate(todo.items()):
             ext = np.r_[ends[k], 0]  # the sentinel's end: constants are the edges' own latency
             w0 = ext[fe_src] + x_tau[k, fe]

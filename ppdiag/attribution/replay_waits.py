@@ -8,6 +8,7 @@ through :meth:`ReplayGraph._resolve_wait` one at a time, with the same lookups.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -60,10 +61,14 @@ def wait_arrays(
     j = np.full(k, -1, np.int64)
     prod = np.full(k, -1, np.int64)
     p_end = np.zeros(k, np.int64)
-    for p in np.unique(peer).tolist():
-        got = ends_by_rank.get(p)
+    # the waits grouped by peer with one sort (a scan of every wait per peer is quadratic)
+    by_peer = np.argsort(peer, kind="stable")
+    ps = peer[by_peer]
+    cuts = np.flatnonzero(np.r_[True, ps[1:] != ps[:-1], True]) if k else np.zeros(1, np.int64)
+    for a, b in itertools.pairwise(cuts.tolist()):
+        sel = by_peer[a:b]
+        got = ends_by_rank.get(int(peer[sel[0]]))
         if got is not None and got[0]:
-            sel = np.flatnonzero(peer == p)
             ends, ids = np.asarray(got[0], np.int64), np.asarray(got[1], np.int64)
             js = np.searchsorted(ends, at[sel], side="right") - 1
             j[sel] = js
