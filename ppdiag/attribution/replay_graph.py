@@ -29,6 +29,7 @@ from ppdiag.attribution.link_latency import link_latencies
 from ppdiag.attribution.rank_step import RankStep, _m
 from ppdiag.attribution.replay_build import PendingWaits, StepTails, build_nodes
 from ppdiag.attribution.replay_index import (
+    _dense,
     _IssueIndex,
     _label_pairs,
     _P2PIndex,
@@ -165,14 +166,20 @@ class ReplayGraph:
 
     def _compute_mean_costs(self) -> dict[tuple[int, int, int], float]:
         phases = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
-        tot: dict[tuple[int, int, int], int] = {}
-        cnt: dict[tuple[int, int, int], int] = {}
         c = self.cols.cols
         sel = np.flatnonzero(np.isin(c["phase"], phases))
-        labels = zip(c["rank"][sel].tolist(), c["stage"][sel].tolist(), c["phase"][sel].tolist(), strict=True)
-        for k, busy in zip(labels, c["busy"][sel].tolist(), strict=True):
-            tot[k] = tot.get(k, 0) + busy
-            cnt[k] = cnt.get(k, 0) + 1
+        cols = [c[name][sel].astype(np.int64) for name in ("rank", "stage", "phase")]
+        # per (rank, stage, phase): the blocks' compute and their count, keys in the order they
+        # first appear (the order of the means below), from one sort
+        _, first, inv = np.unique(_dense(cols), return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        by_key = np.argsort(inv, kind="stable")
+        starts = np.flatnonzero(np.r_[True, inv[by_key][1:] != inv[by_key][:-1]]) if inv.size else inv
+        sums = np.add.reduceat(c["busy"][sel].astype(np.int64)[by_key], starts) if inv.size else inv
+        seen = np.argsort(first, kind="stable")
+        labels = zip(*(col[first[seen]].tolist() for col in cols), strict=True)
+        tot: dict[tuple[int, int, int], int] = dict(zip(labels, sums[seen].tolist(), strict=True))
+        cnt = dict(zip(tot, np.bincount(inv)[seen].tolist(), strict=True))
         out: dict[tuple[int, int, int], float] = {}
         for ph in phases:
             keys = [k for k in tot if k[2] == ph]
