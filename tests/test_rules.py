@@ -377,7 +377,7 @@ def test_pp008_small_m_graded_as_its_gain(tmp_path: Path) -> None:
     rep = _report(tmp_path / "a", microbatches=6)
     f8, f1 = _find(rep, "PP008"), _find(rep, "PP001")
     assert f8 is not None and f1 is not None, [x.code for x in rep.findings]
-    problems = f8.evidence.as_dict()["problems"]
+    problems: list[str] = f8.evidence.as_dict()["problems"]  # type: ignore[assignment]
     assert len(problems) == 1 and "< 2 × pp" in problems[0], problems
     assert f8.gain_ms == f1.gain_ms and f8.evidence.noise_ms == f1.evidence.noise_ms
     assert f8.severity == f1.severity

@@ -226,6 +226,31 @@ def _step_idle(
     return idle
 
 
+class _StepRows(NamedTuple):
+    """Per analyzed step (in :attr:`Replay.steps` order), what the level placement reads."""
+
+    keys: list[tuple[int, int]]
+    fe: npt.NDArray[np.int64]  # its first edge in the plan
+    fe_src: npt.NDArray[np.int64]  # and that edge's source node
+    first: npt.NDArray[np.int64]  # its first node
+    n_nodes: npt.NDArray[np.int64]  # and how many
+    busy: npt.NDArray[np.int64]  # its block compute
+    nxt: npt.NDArray[np.int64]  # the step chained after it, -1: none
+    last_keys: list[tuple[int, int]]  # the steps without a chained successor
+
+
+class _TailRows(NamedTuple):
+    """Per step without a chained successor (the order of :attr:`_StepRows.last_keys`)."""
+
+    li: npt.NDArray[np.int64]  # its index among the steps
+    has_nodes: npt.NDArray[np.bool_]
+    last_node: npt.NDArray[np.int64]  # its last block's node (0 without blocks)
+    tail: npt.NDArray[np.int64]  # busy, coll, host, other, copy after the last block
+    is_sync: npt.NDArray[np.bool_]  # it ends in a step-end sync
+    sync_v: npt.NDArray[np.int64]  # the sync's virtual node in the plan, -1: none
+    after: npt.NDArray[np.int64]  # busy, host, other, copy, p2p after the sync
+
+
 class Replay(ReplayGraph):
     """The block graph of the analyzed steps and its evaluation under counterfactual changes."""
 
@@ -246,6 +271,8 @@ class Replay(ReplayGraph):
         # kinds of delay the run does not have are the same computation
         self._memo: dict[_MemoKey, _Idle] = {}
         self._placement: PlacementPlan | None = None
+        self._step_rows_memo: _StepRows | None = None
+        self._tail_rows_memo: _TailRows | None = None
 
     def _columns(self) -> _Columns:
         """The nodes as columns (built once, reused by every variant)."""
@@ -335,6 +362,76 @@ class Replay(ReplayGraph):
             trim_heap()
         return self._placement
 
+    def _step_rows(self, plan: PlacementPlan) -> _StepRows:
+        """The steps in :attr:`steps` order (the order of ``first_edge``), with what their idle
+        reads; built once (the variants are placed a few at a time, and these do not change)."""
+        if self._step_rows_memo is None:
+            keys = list(plan.first_edge)
+            fe = np.fromiter(plan.first_edge.values(), np.int64, len(keys))
+            first = np.fromiter((self.first[kk] for kk in keys), np.int64, len(keys))
+            count = np.fromiter((self.count[kk] for kk in keys), np.int64, len(keys))
+            busy = np.fromiter((rs.acct.compute for rs in self.steps), np.int64, len(keys))
+            at = {kk: i for i, kk in enumerate(keys)}
+            # a step followed by another ends where that one starts; the last ones are computed
+            nxt = np.full(len(keys), -1, np.int64)
+            for b, a in self.prev_step.items():
+                nxt[at[a]] = at[b]
+            last_keys = [keys[i] for i in np.flatnonzero(nxt < 0).tolist()]
+            self._step_rows_memo = _StepRows(keys, fe, plan.xe.src[fe], first, count, busy, nxt, last_keys)
+        return self._step_rows_memo
+
+    def _last_stops(
+        self,
+        plan: PlacementPlan,
+        ends: npt.NDArray[np.int64],
+        w0: npt.NDArray[np.int64],
+        fl: _Flags,
+        last_keys: list[tuple[int, int]],
+    ) -> npt.NDArray[np.int64]:
+        """:meth:`_Windows.stop` of every step without a chained successor, as arrays: its last
+        block's end (its start without blocks) plus its tail, or its sync's end plus what follows
+        the sync; a sync the plan did not place is resolved by :meth:`_Windows.stop` itself."""
+        t = self._tail_rows(plan)
+        c, h, cp = int(fl.comm), int(fl.host), int(fl.copy)
+        last_end = np.where(t.has_nodes, ends[t.last_node], w0[t.li])
+        tail = t.tail
+        out = last_end + tail[:, 0] + tail[:, 3] + tail[:, 1] * c + tail[:, 2] * h + tail[:, 4] * cp
+        a = t.after  # busy, host, other, copy, p2p after the sync
+        local = a[:, 0] + a[:, 2] + a[:, 1] * h + a[:, 3] * cp + a[:, 4] * c
+        placed = t.sync_v >= 0
+        out[placed] = ends[t.sync_v[placed]] + local[placed]
+        rest = np.flatnonzero(t.is_sync & ~placed)
+        if rest.size:
+            win = _PlacedWindows(self, ends[: plan.n], fl)
+            keys = self._step_rows(plan).keys
+            win.w_start = dict(zip(keys, w0.tolist(), strict=True))
+            win.w_end = {prev: win.w_start[b] for b, prev in self.prev_step.items()}
+            win.sync_end = {s: int(ends[v]) for s, v in plan.sync_node.items()}
+            out[rest] = [win.stop(last_keys[i]) for i in rest.tolist()]
+        return out
+
+    def _tail_rows(self, plan: PlacementPlan) -> _TailRows:
+        """What :meth:`_last_stops` reads of each step without a successor (built once)."""
+        if self._tail_rows_memo is None:
+            rows = self._step_rows(plan)
+            li = np.flatnonzero(rows.nxt < 0)
+            n_nodes = rows.n_nodes[li]
+            last = rows.first[li] + n_nodes - 1
+            sync = [self.sync_of.get(k) for k in rows.last_keys]
+            zero = (0, 0, 0, 0, 0)
+            pairs = zip(rows.last_keys, sync, strict=True)
+            after = [self.tail_coll[k][3] if sid is not None else zero for k, sid in pairs]
+            self._tail_rows_memo = _TailRows(
+                li,
+                n_nodes > 0,
+                np.maximum(last, 0),
+                np.array([self.tail[k] for k in rows.last_keys], np.int64).reshape(-1, 5),
+                np.array([sid is not None for sid in sync], np.bool_),
+                np.array([plan.sync_node.get(sid, -1) if sid is not None else -1 for sid in sync], np.int64),
+                np.array(after, np.int64).reshape(-1, 5),
+            )
+        return self._tail_rows_memo
+
     def _run_levels(
         self,
         cols: _Columns,
@@ -344,7 +441,7 @@ class Replay(ReplayGraph):
         node-at-a-time loop fixes them (each step's start when its first block is placed, each
         sync's arrival when it is first needed)."""
         plan = self._plan(cols)
-        lat, n = self.normal_latency, plan.n
+        lat = self.normal_latency
         # each variant's node arrays as a dict whose arrays are dropped as they are stacked: the
         # batch holds one copy of a column at a time, not the variants' and the stacked ones
         vas = [_variant_arrays(cols, lat, fl, bal)._asdict() for fl, bal in todo.values()]
@@ -369,28 +466,12 @@ class Replay(ReplayGraph):
             pconst,
         )
         ends = place(g, x_tau, plan.ie.k0, values)
-        # the steps in :attr:`steps` order (the order of ``first_edge``), with what their idle reads
-        keys = list(plan.first_edge)
-        fe = np.fromiter(plan.first_edge.values(), np.int64, len(keys))
-        fe_src = plan.xe.src[fe]
-        first = np.fromiter((self.first[kk] for kk in keys), np.int64, len(keys))
-        count = np.fromiter((self.count[kk] for kk in keys), np.int64, len(keys))
-        busy = np.fromiter((rs.acct.compute for rs in self.steps), np.int64, len(keys))
-        at = {kk: i for i, kk in enumerate(keys)}
-        # a step followed by another ends where that one starts; the last ones are computed
-        nxt = np.full(len(keys), -1, np.int64)
-        for b, a in self.prev_step.items():
-            nxt[at[a]] = at[b]
-        last_keys = [keys[i] for i in np.flatnonzero(nxt < 0).tolist()]
+        keys, fe, fe_src, first, count, busy, nxt, last_keys = self._step_rows(plan)
         for k, (key, (fl, _)) in enumerate(todo.items()):
             ext = np.r_[ends[k], 0]  # the sentinel's end: constants are the edges' own latency
             w0 = ext[fe_src] + x_tau[k, fe]
-            win = _PlacedWindows(self, ends[k, :n], fl)
-            win.w_start = dict(zip(keys, w0.tolist(), strict=True))
-            win.w_end = {prev: win.w_start[b] for b, prev in self.prev_step.items()}
-            win.sync_end = {s: int(ends[k, v]) for s, v in plan.sync_node.items()}
             w1 = w0[np.maximum(nxt, 0)]
-            w1[nxt < 0] = [win.stop(kk) for kk in last_keys]
+            w1[nxt < 0] = self._last_stops(plan, ends[k], w0, fl, last_keys)
             factor = factors[k]
             busy_k = busy
             if factor is not None:

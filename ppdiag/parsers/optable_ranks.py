@@ -303,6 +303,9 @@ class _Placement:
         for r, d, s in zip(place["rank"], place["dp"], place["stage"], strict=True):
             self.stage_ranks.setdefault(int(s), []).append(int(r))
             self.tp.setdefault((int(d), int(s)), []).append(int(r))
+        # each stage's DP group, sorted once and shared by its ranks (sorted per rank, the groups
+        # cost the ranks times the replicas)
+        self._dp_group: dict[int, list[int]] = {}
 
     def peers(self, codes: _I64, dp: _I64, stage: _I64) -> _I64:
         """Peer of each p2p op: the neighbouring stage in the same replica (wraps for interleaved
@@ -321,11 +324,17 @@ class _Placement:
         """(tensor-parallel size, pp, replicas, world, traced ranks): what the TP warning says."""
         return self.tp_size, self.n_pp, len(self.lines), self.world, self.n_ranks
 
+    def _sorted_stage(self, s: int) -> list[int]:
+        got = self._dp_group.get(s)
+        if got is None:
+            got = self._dp_group[s] = sorted(self.stage_ranks[s])
+        return got
+
     def groups(self, d: int, s: int) -> list[ProcessGroup]:
         line = self.lines[d]
         return [
             ProcessGroup(f"pp_dp{d}", "PIPELINE_MODEL_PARALLEL_GROUP", line),
-            ProcessGroup(f"dp_stage{s}", "DATA_PARALLEL_GROUP", sorted(self.stage_ranks[s])),
+            ProcessGroup(f"dp_stage{s}", "DATA_PARALLEL_GROUP", self._sorted_stage(s)),
             ProcessGroup(f"emb_dp{d}", "EMBEDDING_GROUP", sorted({line[0], line[-1]})),
             ProcessGroup(f"tp_dp{d}_s{s}", "TENSOR_MODEL_PARALLEL_GROUP", sorted(self.tp[(d, s)])),
             ProcessGroup("world", "GRAD_NORM_GROUP", self.all_ranks),

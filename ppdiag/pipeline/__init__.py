@@ -131,7 +131,8 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
 def _trimmed(pipe: Pipeline) -> Pipeline:
     """The pipeline with how the run stopped (``hang``), keeping only the steps every rank
     completed when it stopped or was cut (a new Pipeline: the built one is not changed)."""
-    nb = {tl.rank: pipe.topology.neighbours(tl.rank) for tl in pipe.aligned.ranks}
+    by_rank = pipe.topology.neighbour_map()
+    nb = {tl.rank: by_rank.get(tl.rank, (None, None)) for tl in pipe.aligned.ranks}
     hang = detect_hang(pipe.aligned, pipe.ops, pipe.windows, nb)
     windows, blocks = trimmed(pipe.windows, pipe.blocks, hang)
     return dataclasses.replace(pipe, windows=windows, blocks=blocks, hang=hang)
@@ -284,6 +285,7 @@ def _steps_and_blocks(
     if opts.steps and not any(select_steps(loc, opts.steps) for loc, _ in found.values()):
         nums = sorted({s.number for loc, _ in found.values() for s in loc})
         raise InputError(None, f"--steps {opts.steps}: no such step in the traces (recorded steps: {nums})")
+    nb = topo.neighbour_map()
     for tl in run.ranks:
         local, w = found[tl.rank]
         for msg in w:
@@ -291,7 +293,7 @@ def _steps_and_blocks(
         local = select_steps(local, opts.steps)
         if not local:
             warnings.append(f"rank {tl.rank}: no step selected")
-        prev, nxt = topo.neighbours(tl.rank)
+        prev, nxt = nb.get(tl.rank, (None, None))
         b = (
             build_blocks(
                 tl, local, topo.stage_of.get(tl.rank, 0), prev, nxt, interval_overlay(tl, ops[tl.rank])

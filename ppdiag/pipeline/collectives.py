@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Direction, Kind, RankTimeline
+from ppdiag.pipeline.group_members import TracedMembers
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -98,7 +99,7 @@ class CollectiveMatch:
         return cls(z64, z32, z64, z64, z32.copy(), np.zeros(0, np.int8), z64, z64, z64, z64.copy())
 
 
-def _group_key(tl: RankTimeline, gi: int, traced: set[int]) -> tuple[str, tuple[int, ...]] | None:
+def _group_key(tl: RankTimeline, gi: int, traced: TracedMembers) -> tuple[str, tuple[int, ...]] | None:
     """Key of process group ``gi`` of ``tl``: its traced members when the trace lists them, else
     its name (an NCCL communicator id: every member sees the same); None for a group with fewer
     than two traced members, ``("", ())`` when the op names no group."""
@@ -109,8 +110,8 @@ def _group_key(tl: RankTimeline, gi: int, traced: set[int]) -> tuple[str, tuple[
     pg = tl.process_groups[gi]
     if not pg.ranks:
         return (f"name:{pg.name}", ()) if pg.name else None
-    ranks = tuple(sorted(r for r in pg.ranks if r in traced))
-    return ("ranks", ranks) if len(ranks) >= 2 and tl.rank in ranks else None
+    ranks, members = traced.of(pg.ranks)
+    return ("ranks", ranks) if len(ranks) >= 2 and tl.rank in members else None
 
 
 def _merge_seq(rank: I32, seq: I64, start: I64, end: I64) -> tuple[I32, I64, I64, I64]:
@@ -234,6 +235,7 @@ def _gather(timelines: dict[int, RankTimeline], p2p: bool) -> dict[_GroupKey, li
     """Every rank's collectives (and p2p ops with ``p2p``) under their group key, on the aligned
     clock (vectorized per rank and group)."""
     traced = set(timelines)
+    traced_members = TracedMembers(traced)
     parts: dict[_GroupKey, list[_Part]] = {}
 
     def add(key: _GroupKey, r: int, seq: I64, start: I64, end: I64) -> None:
@@ -246,7 +248,7 @@ def _gather(timelines: dict[int, RankTimeline], p2p: bool) -> dict[_GroupKey, li
         grp = iv.group[m]
         for gi in np.unique(grp):
             sel = grp == gi
-            key = _group_key(tl, int(gi), traced)
+            key = _group_key(tl, int(gi), traced_members)
             if key is None:
                 continue  # a group with one traced member: nothing to match
             add(key, r, iv.seq[m][sel].astype(np.int64), iv.start[m][sel] + off, iv.end[m][sel] + off)

@@ -26,6 +26,7 @@ from ppdiag.model import Direction, Kind, Run
 from ppdiag.model.timeline import RankTimeline
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.clocks import P2POps
+from ppdiag.pipeline.group_members import MemberUnion
 from ppdiag.pipeline.steps import LocalStep
 from ppdiag.report_types import Hang, LastOp, Wait
 
@@ -290,18 +291,19 @@ def _collective_waits(
 ) -> Iterable[_RawWait]:
     """Per process group (by name), members that entered collectives others never entered."""
     starts: dict[str, dict[int, npt.NDArray[np.int64]]] = {}
-    members: dict[str, set[int]] = {}
+    union = MemberUnion()
     for r, tl in tls.items():
         iv = tl.intervals
         m = iv.kind == int(Kind.COLLECTIVE)
         for gi, pg in enumerate(tl.process_groups):
             if len(pg.ranks) > 1:
-                members.setdefault(pg.name, set()).update(pg.ranks)
+                union.add(pg.name, pg.ranks)
             sel = np.flatnonzero(m & (iv.group == gi))
             if len(sel):
                 starts.setdefault(pg.name, {})[r] = sel[np.argsort(iv.start[sel], kind="stable")]
+    members, traced = union.members, set(tls)
     for name, per in sorted(starts.items()):
-        ranks = sorted(members.get(name, set()) & set(tls) or set(per))
+        ranks = sorted(members.get(name, set()) & traced or set(per))
         if len(ranks) < 2:
             continue
         counts = {r: len(per.get(r, [])) for r in ranks}

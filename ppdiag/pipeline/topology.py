@@ -53,15 +53,23 @@ class Topology:
 
     def neighbours(self, rank: int) -> tuple[int | None, int | None]:
         """Previous and next rank in the rank's pipeline (physical stage order; wraps on a ring)."""
+        return self.neighbour_map().get(rank, (None, None))
+
+    def neighbour_map(self) -> dict[int, tuple[int | None, int | None]]:
+        """:meth:`neighbours` of every rank of the pipelines, from one pass over them (a scan of
+        the pipelines per rank is quadratic in the replicas). A rank listed in two pipelines
+        keeps its first, as the scan did."""
+        wrap = self.ring or (self.virtual > 1 and self.placement == "loop")
+        out: dict[int, tuple[int | None, int | None]] = {}
         for line in self.pipelines:
-            if rank in line:
-                i = line.index(rank)
-                n = len(line)
-                wrap = self.ring or (self.virtual > 1 and self.placement == "loop")
+            n = len(line)
+            for i, rank in enumerate(line):
+                if rank in out:
+                    continue  # the first line holding the rank, at its first place in it
                 prev = line[i - 1] if i > 0 else (line[-1] if wrap and n > 1 else None)
                 nxt = line[i + 1] if i + 1 < n else (line[0] if wrap and n > 1 else None)
-                return prev, nxt
-        return None, None
+                out[rank] = (prev, nxt)
+        return out
 
 
 def no_pp(run: Run, source: str = "none") -> Topology:
