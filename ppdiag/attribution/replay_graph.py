@@ -29,6 +29,7 @@ from ppdiag.attribution.link_latency import link_latencies
 from ppdiag.attribution.rank_step import RankStep, _m
 from ppdiag.attribution.replay_build import PendingWaits, StepTails, build_nodes
 from ppdiag.attribution.replay_index import (
+    _dense,
     _IssueIndex,
     _label_pairs,
     _P2PIndex,
@@ -165,14 +166,22 @@ class ReplayGraph:
 
     def _compute_mean_costs(self) -> dict[tuple[int, int, int], float]:
         phases = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
-        tot: dict[tuple[int, int, int], int] = {}
-        cnt: dict[tuple[int, int, int], int] = {}
         c = self.cols.cols
         sel = np.flatnonzero(np.isin(c["phase"], phases))
-        labels = zip(c["rank"][sel].tolist(), c["stage"][sel].tolist(), c["phase"][sel].tolist(), strict=True)
-        for k, busy in zip(labels, c["busy"][sel].tolist(), strict=True):
-            tot[k] = tot.get(k, 0) + busy
-            cnt[k] = cnt.get(k, 0) + 1
+        r, s, p = (np.asarray(c[k][sel], np.int64) for k in ("rank", "stage", "phase"))
+        # the blocks' work and count per (rank, stage, phase), the keys in first-seen order (the
+        # order the means below sum them in)
+        _, first, inv = np.unique(_dense([r, s, p]), return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        at = np.empty(order.size, np.int64)
+        at[order] = np.arange(order.size)
+        g = at[inv.reshape(-1)]
+        tot_a = np.zeros(order.size, np.int64)
+        np.add.at(tot_a, g, np.asarray(c["busy"][sel], np.int64))
+        f = first[order]
+        labels = list(zip(r[f].tolist(), s[f].tolist(), p[f].tolist(), strict=True))
+        tot = dict(zip(labels, tot_a.tolist(), strict=True))
+        cnt = dict(zip(labels, np.bincount(g, minlength=order.size).tolist(), strict=True))
         out: dict[tuple[int, int, int], float] = {}
         for ph in phases:
             keys = [k for k in tot if k[2] == ph]
