@@ -49,17 +49,20 @@ def _candidates(text: bytes) -> list[tuple[int, int]]:
     while i >= 0:
         at.append(i)
         i = text.find(b"0.0000", i + 6)
-    spans: dict[int, int] = {}
-    for p in at:
+    spans: list[tuple[int, int]] = []
+    last = 0  # the end of the last span: a mark inside it belongs to it (each byte walked once)
+    for p in sorted(at):
+        if p < last:
+            continue
         s = p
-        while s > 0 and text[s - 1] in _NUM:
+        while s > last and text[s - 1] in _NUM:
             s -= 1
-        if s not in spans:
-            e = p
-            while e < len(text) and text[e] in _NUM:
-                e += 1
-            spans[s] = e
-    return sorted(spans.items())
+        e = p
+        while e < len(text) and text[e] in _NUM:
+            e += 1
+        spans.append((s, e))
+        last = e
+    return spans
 
 
 def stdlib_floats(compact: bytes) -> bytes:

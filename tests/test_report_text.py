@@ -51,6 +51,9 @@ def test_known_texts() -> None:
     # msgspec: 0.00004, 1e16, 1.5e-7; the standard library: 4e-05, 1e+16, 1.5e-07; strings kept
     compact = msgspec.json.encode({"a": 0.00004, "b": [1e16, -1.5e-7], "s": 'x"0.00004,1e16'})
     assert stdlib_floats(compact) == b'{"a":4e-05,"b":[1e+16,-1.5e-07],"s":"x\\"0.00004,1e16"}'
+    # a long run of marks inside a string: kept, each byte walked once
+    run = msgspec.json.encode(["1e" * 10_000, 1e-7])
+    assert stdlib_floats(run) == run[:-5] + b"1e-07]"
 
 
 def test_report_text_is_the_standard_librarys() -> None:
