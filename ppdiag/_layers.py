@@ -67,6 +67,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ppdiag.report_evidence",
             "ppdiag.report_sections",
             "ppdiag.report_check",
+            "ppdiag.report_text",
         ),
     ),
     ("parsers", ("ppdiag.parsers",)),

@@ -439,7 +439,26 @@ def _finite(o: Any) -> Any:
 
 def dumps(report: Report, marker: dict[str, object] | None = None) -> str:
     """The report file's text: ``marker`` first (``{"ppdiag": {...}}``), then the report, indented
-    by 2 with non-ASCII kept. msgspec encodes; the standard library only lays the text out."""
+    by 2 with non-ASCII kept: the text of ``json.dumps({**marker, **doc}, indent=2,
+    ensure_ascii=False)``. msgspec encodes and indents; its few floats that the standard library
+    writes otherwise are rewritten in the text (:func:`ppdiag.report_text.stdlib_floats`), not by
+    decoding and encoding the report again (:func:`_dumps_stdlib`, which a marker key that is also
+    a report field still takes)."""
+    from ppdiag.report_text import stdlib_floats
+
+    m = marker or {}
+    body = encode(report)
+    if set(m) & set(Report.__struct_encode_fields__) or not body.startswith(b"{"):
+        return _dumps_stdlib(report, marker)
+    if m:
+        head = msgspec.json.encode(m)
+        body = b"{" + head[1:-1] + (b"," if body != b"{}" else b"") + body[1:]
+    text: bytes = msgspec.json.format(stdlib_floats(body), indent=2)
+    return text.decode("utf-8")
+
+
+def _dumps_stdlib(report: Report, marker: dict[str, object] | None = None) -> str:
+    """:func:`dumps` through the standard library's compact text (its float reprs)."""
     doc = json.loads(encode(report))
     if marker:
         doc = {**marker, **doc}

@@ -39,8 +39,10 @@ _FALLBACK = (1, 3, 0, 2, 4)
 
 def _sorted_unique(x: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """``np.unique`` of an int64 array by a sort (numpy's hash-based unique is several times
-    slower on the million points of a large run)."""
-    a = np.sort(x)
+    slower on the million points of a large run). The points come as a few concatenated sorted
+    runs (one per set), which the stable sort (timsort) merges in near-linear time: a quicksort
+    of the four million points of a 128-step nsys run costs thirty times more."""
+    a = np.sort(x, kind="stable")
     if a.size < 2:
         return a
     keep = np.empty(a.size, np.bool_)

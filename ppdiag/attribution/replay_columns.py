@@ -171,26 +171,35 @@ class _LoopRows:
         is_first[[f for key, f in rp.first.items() if rp.count[key]]] = True
         keys_l = list(zip(c["rank"].tolist(), c["step"].tolist(), strict=True))
         first_l = is_first[:n].tolist()
-        prod_l, t_issue_l = cols.prod.tolist(), cols.t_issue.tolist()
-        release, rel_get, edges_get = nc.release, nc.release.get, nc.edges.get
-        no_edges: list[tuple[int, int]] = []
         # the nodes whose only dependency is one label edge take the loop's short path
-        single = {i: e[0] for i, e in nc.edges.items() if len(e) == 1 and i not in release}
+        in_rel = np.zeros(n, np.bool_)
+        in_rel[np.fromiter(nc.release.keys(), np.int64, len(nc.release))] = True
+        has_e, ev = nc.edges.has, nc.edges.val
+        single = has_e & ~in_rel
+        # the others with dependencies (a release, and at most one label edge) are the few waits
+        # on untraced ranks: (release, label edges) at their place in the loop's order
+        deps_o: list[tuple[int | None, list[tuple[int, int]]] | None] = [None] * n
+        at = np.empty(n, np.int64)
+        at[cols.order] = np.arange(n)
+        no_edges: list[tuple[int, int]] = []
+        rel_ids = np.flatnonzero(in_rel)
+        for i, k, e, p, t in zip(
+            rel_ids.tolist(),
+            at[rel_ids].tolist(),
+            has_e[rel_ids].tolist(),
+            ev[rel_ids, 0].tolist(),
+            ev[rel_ids, 1].tolist(),
+            strict=True,
+        ):
+            deps_o[k] = (nc.release[i], [(p, t)] if e else no_edges)
         return cls(
             order_l=order_l,
             first_key_o=[keys_l[i] if first_l[i] else None for i in order_l],
-            prod_o=[prod_l[i] for i in order_l],
-            t_issue_o=[t_issue_l[i] for i in order_l],
-            edge_p_o=[single[i][0] if i in single else -1 for i in order_l],
-            edge_t_o=[single[i][1] if i in single else 0 for i in order_l],
-            deps_o=[
-                None
-                if i in single
-                else (rel_get(i), e or no_edges)
-                if (e := edges_get(i)) or i in release
-                else None
-                for i in order_l
-            ],
+            prod_o=cols.prod[cols.order].tolist(),
+            t_issue_o=cols.t_issue[cols.order].tolist(),
+            edge_p_o=np.where(single, ev[:, 0], -1)[cols.order].tolist(),
+            edge_t_o=np.where(single, ev[:, 1], 0)[cols.order].tolist(),
+            deps_o=deps_o,
         )
 
 
