@@ -29,8 +29,8 @@ class CommWaitRule:
     ops, a send posted after the block while the producer went on counts: the data was held), and
     the link is slower than the run's other links by more than their spread (every link late alike
     is jitter or a loaded host, not a slow link; a link between two hosts must stand out by the
-    standard error of their fitted clock offset as well: the spread of the transfers between the
-    two hosts over the root of their count, at most the hosts' residuals). A link is as late as
+    standard error of their fitted clock offsets as well, and the other links it is compared
+    with carry theirs: docs/clocks.md, "How well an offset is known"). A link is as late as
     most of its transfers are: a process descheduled on a loaded host makes a few transfers very
     late on any link. On host ops, those the consumer was already waiting for when the producer
     issued time the whole transfer and judge the link when it has a few; a consumer that comes later times
