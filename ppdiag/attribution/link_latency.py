@@ -36,7 +36,7 @@ far better than its own transfers vary is judged as it would be on one host.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -78,36 +78,22 @@ class LinkLatencies:
     links: dict[tuple[int, int], LinkLatency] = field(default_factory=dict)
     fault_free_ns: int = 0
 
-    def reference_ns(
-        self, key: tuple[int, int], clock_se_ns: Mapping[tuple[int, int], float] | None = None
-    ) -> tuple[float, float]:
+    def reference_ns(self, key: tuple[int, int]) -> tuple[float, float]:
         """The lateness the other links show (their lower quartile: a slow rank makes every link
         it touches late, 4 of the 6 links of a 4-stage pipe) and its standard error (the median of
-        theirs, each with the standard error of the clock offset the link is timed across, from
-        ``clock_se_ns``: a link between two hosts is as late as its hosts' offset says, and the
-        quartile may be that link's): what this link is compared with."""
+        theirs): what this link is compared with."""
         others = [x for k, x in self.links.items() if k != key]
         if not others:
             return 0.0, 0.0
         late = float(np.quantile([x.late_ns for x in others], REF_Q, method="lower"))
-        clock = clock_se_ns or {}
-        return late, float(
-            np.median([math.hypot(x.late_se_ns, clock.get((x.src, x.dst), 0.0)) for x in others])
-        )
+        return late, float(np.median([x.late_se_ns for x in others]))
 
-    def noise_ns(
-        self,
-        key: tuple[int, int],
-        clock_se_ns: float = 0.0,
-        others_clock_se_ns: Mapping[tuple[int, int], float] | None = None,
-    ) -> float:
+    def noise_ns(self, key: tuple[int, int], clock_se_ns: float = 0.0) -> float:
         """How far a link's mean lateness may stand out of the others' without a fault: ``Z``
         standard errors of the difference (each from its link's spread over its transfers, and
         ``clock_se_ns``, the standard error of the clock offset a link between two hosts is timed
-        across: independent errors, in quadrature; ``others_clock_se_ns``: the other links', per
-        link, for the reference's, :meth:`reference_ns`)."""
-        ref_se = self.reference_ns(key, others_clock_se_ns)[1]
-        z = Z * math.hypot(self.links[key].late_se_ns, ref_se, clock_se_ns)
+        across: independent errors, in quadrature)."""
+        z = Z * math.hypot(self.links[key].late_se_ns, self.reference_ns(key)[1], clock_se_ns)
         return max(z, FLOOR_SHARE * self.fault_free_ns, FLOOR_NS)
 
     def slow(self) -> dict[tuple[int, int], float]:

@@ -349,7 +349,7 @@ class ReplayGraph:
             # start of the step): the transfer starts at that fixed issue time
             posted = min(posted, wait_start)
             xfer = rel - max(last, posted)
-            if xfer < -ctx.tol - ctx.timelines[me].clock_margin_ns(ctx.timelines[peer]):
+            if xfer < -ctx.tol:
                 self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_of(nid))])
                 return
             nc.obs_abs[nid] = (last, xfer)
@@ -404,10 +404,7 @@ class ReplayGraph:
         me, nc = self._rank_of(nid), self.cols
         issue = max(p_end, last) if last is not None else p_end
         xfer = rel - max(issue, posted)
-        # (across hosts, a release before the issue by less than the clocks' margin is too close
-        # to tell: a wait, not a gap the peer cannot have released)
-        margin = ctx.timelines[me].clock_margin_ns(ctx.timelines[peer])
-        if xfer < -ctx.tol - margin:
+        if xfer < -ctx.tol:
             self._not_a_wait(nid, ctx.by_rank_step[(me, self._step_of(nid))])
             return
         # copies the producer ran between its block and the send delay the send as copies
@@ -432,7 +429,9 @@ class ReplayGraph:
         # (host ops: the wait began before the issue; a device transfer is timed by its kernels.
         # Across hosts the two times are compared across their fitted clocks: a wait that began
         # within what those may be off by after the issue is too close to call late, and counts)
-        whole = ctx.timelines[me].cpu_only and posted <= issue + margin
+        whole = ctx.timelines[me].cpu_only and posted <= issue + ctx.timelines[me].clock_margin_ns(
+            ctx.timelines[peer]
+        )
         self._record_wait(ctx, peer, me, xfer, rel - wait_start, held, whole)
 
     def _record_wait(
@@ -446,10 +445,6 @@ class ReplayGraph:
         whole: bool = False,
     ) -> None:
         i = ctx.at
-        # a transfer cannot take negative time: across hosts, what the clocks' margin explains of
-        # a negative one is their error, not the link's (one host: margin 0, kept as measured)
-        margin = ctx.timelines[me].clock_margin_ns(ctx.timelines[peer]) if peer in ctx.timelines else 0
-        xfer = max(xfer, min(xfer + margin, 0))
         ctx.rec[i] = (peer, me, xfer, waited)
         ctx.held[i] = held
         ctx.whole[i] = whole

@@ -38,7 +38,6 @@ class WaitArrays(NamedTuple):
     j: I64  # the peer's last block (by end) finished before the issue, -1: none
     prod: I64  # that block's node id (-1: none)
     p_end: I64  # and its end
-    margin: I64  # what the clocks of the rank and its peer may be off by (0 on one host)
 
 
 def wait_arrays(
@@ -54,13 +53,10 @@ def wait_arrays(
     nid, peer, wdir, posted, op_end, rel, wait_start = pending
     k = nid.size
     me = g.cols.cols["rank"][nid]
-    margin = clock_margins(timelines, me, peer)
-    # across hosts, an operation issued after the release by less than what the two clocks may
-    # be off by may have released it: too close to tell, it counts as before
-    found, last = released_by(issues, peer, me, wdir, op_end, rel + margin)
+    found, last = released_by(issues, peer, me, wdir, op_end, rel)
     device = ~np.array([timelines[r].cpu_only for r in me.tolist()], np.bool_)
     # a block that ends within the timing tolerance after the issue counts as finished before it
-    at = np.where(found & device, last, rel + margin) + tol
+    at = np.where(found & device, last, rel) + tol
     j = np.full(k, -1, np.int64)
     prod = np.full(k, -1, np.int64)
     p_end = np.zeros(k, np.int64)
@@ -74,22 +70,7 @@ def wait_arrays(
             ok = js >= 0
             prod[sel[ok]] = ids[js[ok]]
             p_end[sel[ok]] = ends[js[ok]]
-    return WaitArrays(nid, peer, wdir, posted, op_end, rel, wait_start, found, last, j, prod, p_end, margin)
-
-
-def clock_margins(timelines: dict[int, RankTimeline], me: I64, peer: I64) -> I64:
-    """Per wait, :meth:`RankTimeline.clock_margin_ns` of its rank and peer (0 for a peer that is
-    not traced): one lookup per distinct pair."""
-    out = np.zeros(me.size, np.int64)
-    if not me.size:
-        return out
-    pairs, inv = np.unique(np.stack((me, peer), axis=1), axis=0, return_inverse=True)
-    vals = [
-        timelines[a].clock_margin_ns(timelines[b]) if a in timelines and b in timelines else 0
-        for a, b in pairs.tolist()
-    ]
-    out[:] = np.asarray(vals, np.int64)[inv.reshape(-1)]
-    return out
+    return WaitArrays(nid, peer, wdir, posted, op_end, rel, wait_start, found, last, j, prod, p_end)
 
 
 def common_waits(
@@ -109,9 +90,7 @@ def common_waits(
     issue = np.where(w.found, np.maximum(w.p_end, w.last), w.p_end)
     xfer = w.rel - np.maximum(issue, posted)
     prod = np.maximum(w.prod, 0)
-    fast = (
-        device & (w.prod >= 0) & ~peer_cpu & (xfer >= -tol - w.margin) & ~((issue > w.p_end) & has_copy[prod])
-    )
+    fast = device & (w.prod >= 0) & ~peer_cpu & (xfer >= -tol) & ~((issue > w.p_end) & has_copy[prod])
     f = np.flatnonzero(fast)
     nc = g.cols
     ids = w.nid[f]
@@ -121,4 +100,4 @@ def common_waits(
     return fast, xfer
 
 
-__all__ = ["WaitArrays", "clock_margins", "common_waits", "wait_arrays"]
+__all__ = ["WaitArrays", "common_waits", "wait_arrays"]

@@ -29,8 +29,8 @@ class CommWaitRule:
     ops, a send posted after the block while the producer went on counts: the data was held), and
     the link is slower than the run's other links by more than their spread (every link late alike
     is jitter or a loaded host, not a slow link; a link between two hosts must stand out by the
-    standard error of their fitted clock offsets as well, and the other links it is compared
-    with carry theirs: docs/clocks.md, "How well an offset is known"). A link is as late as
+    standard error of their fitted clock offset as well: the spread of the transfers between the
+    two hosts over the root of their count, at most the hosts' residuals). A link is as late as
     most of its transfers are: a process descheduled on a loaded host makes a few transfers very
     late on any link. On host ops, those the consumer was already waiting for when the producer
     issued time the whole transfer and judge the link when it has a few; a consumer that comes later times
@@ -70,10 +70,8 @@ class CommWaitRule:
         # link late alike (jitter, a loaded host) is not
         links = _rule_links(ctx)
         # a link between two clock domains is timed across their fitted offsets: what those may
-        # be off (the offsets' standard error, not one bound's worst case) joins the noise, of
-        # the link and of the other links it is compared with
-        clock = {k: _clock_se_ns(ctx, k) for k in links.links}
-        slow = {k: v for k, v in links.slow().items() if v > links.noise_ns(k, clock[k], clock)}
+        # be off (the offset's standard error, not one bound's worst case) joins the noise
+        slow = {k: v for k, v in links.slow().items() if v > links.noise_ns(k, _clock_se_ns(ctx, k))}
         if not slow:
             return []
         normal = ctx.attribution.normal_latency_ns
@@ -127,14 +125,32 @@ def _steps(ctx: RuleContext) -> float:
 
 def _clock_se_ns(ctx: RuleContext, link: tuple[int, int]) -> float:
     """The standard error that the clock offset between the two ends of ``link`` adds to its
-    lateness: the one the clock fit gave the two ranks' hosts (0 on one host; the offsets'
-    standard errors in quadrature across two, each at most its host's residual:
-    :mod:`ppdiag.pipeline.clock_se`), the same margin the replay's cross-host comparisons use."""
-    tls = ctx.pipeline.aligned.by_rank()
-    a, b = tls.get(link[0]), tls.get(link[1])
-    if a is None or b is None:
+    lateness: 0 on one clock domain (one host). Else the offset was placed by the transfers
+    between the two hosts (each bounds it by its own transfer time: the bounds spread as those
+    times do), where the latencies match both ways: the standard error of that middle, from the
+    spread of the transfers each way over the root of their count (the attribution's links: the
+    times the fit saw, without the holds PP004 adds). It is never more than the hosts' residuals
+    (the half-width of the interval the bounds leave: the offset is inside it), which a host
+    aligned by the step starts only keeps whole: no transfer placed it."""
+    host_of = {r: c for c in ctx.report.run.clocks for r in c.ranks}
+    a, b = host_of.get(link[0]), host_of.get(link[1])
+    if a is None or b is None or a.host == b.host:
         return 0.0
-    return float(a.clock_margin_ns(b))
+    resid = math.hypot(a.residual_us or 0.0, b.residual_us or 0.0) * 1e3
+    if "step starts" in (a.method, b.method):
+        return resid
+    # per direction between the two hosts: the variance of the mean transfer time
+    var: dict[str, list[float]] = {a.host: [0.0, 0.0], b.host: [0.0, 0.0]}
+    for (p, c), x in ctx.attribution.links.links.items():
+        hp, hc = host_of.get(p), host_of.get(c)
+        if hp is None or hc is None or {hp.host, hc.host} != {a.host, b.host} or hp.host == hc.host:
+            continue
+        var[hp.host][0] += x.spread_ns**2 * x.n
+        var[hp.host][1] += x.n
+    se = [math.sqrt(v) / n for v, n in var.values() if n > 0]
+    # the middle of the two directions' bounds, else the one direction that placed it
+    got = math.hypot(*se) / len(se) if se else resid
+    return min(got, resid)
 
 
 def _rule_links(ctx: RuleContext) -> LinkLatencies:
