@@ -369,7 +369,9 @@ class ReplayGraph:
                 return
             nc.obs_abs[nid] = (last, xfer)
             nc.lead[nid] = wait_start - posted
-            self._record_wait(ctx, peer, me, xfer, rel - wait_start, whole=not device and posted <= last)
+            # (across hosts, "before" within what their clocks may be off by: too close to tell)
+            whole = not device and posted <= last + ctx.timelines[me].clock_margin_ns(ctx.timelines[peer])
+            self._record_wait(ctx, peer, me, xfer, rel - wait_start, whole=whole)
         elif j < 0:
             # the peer is not traced, or its block lies before the analyzed steps
             nc.release[nid] = rel
@@ -441,8 +443,12 @@ class ReplayGraph:
         if held:
             nc.issue_held[nid] = held
         nc.lead[nid] = wait_start - posted
-        # (host ops: the wait began before the issue; a device transfer is timed by its kernels)
-        whole = ctx.timelines[me].cpu_only and posted <= issue
+        # (host ops: the wait began before the issue; a device transfer is timed by its kernels.
+        # Across hosts the two times are compared across their fitted clocks: a wait that began
+        # within what those may be off by after the issue is too close to call late, and counts)
+        whole = ctx.timelines[me].cpu_only and posted <= issue + ctx.timelines[me].clock_margin_ns(
+            ctx.timelines[peer]
+        )
         self._record_wait(ctx, peer, me, xfer, rel - wait_start, held, whole)
 
     def _record_wait(

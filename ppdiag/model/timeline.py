@@ -11,6 +11,7 @@ whose ranks carry them (``Pipeline.aligned``, ppdiag/pipeline/aligned.py) for th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar, TypeVar
@@ -326,9 +327,22 @@ class RankTimeline:
     events_damaged: int = 0
     warnings: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    # the rank's clock domain (its host) and the standard error of its offset against the
+    # reference host (docs/clocks.md): set, like the offset, only on the aligned view
+    clock_domain: str = ""
+    clock_se_ns: int = 0
 
     def name_of(self, idx: int) -> str:
         return self.names[idx] if 0 <= idx < len(self.names) else "?"
+
+    def clock_margin_ns(self, other: RankTimeline) -> int:
+        """How far a time of this rank and one of ``other`` may be off against each other on the
+        aligned clock, typically: 0 within one clock domain (one host reads one clock), else the
+        two offsets' standard errors in quadrature. A comparison across hosts that decides
+        something (which came first) counts a difference within this as too close to tell."""
+        if self.clock_domain == other.clock_domain:
+            return 0
+        return round(math.hypot(self.clock_se_ns, other.clock_se_ns))
 
 
 class NameTable:

@@ -153,7 +153,7 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
     fit, clock_warnings = with_host_clocks(run, pairs, fit)
     warnings.extend(clock_warnings)
     warnings.extend(_residual_warning(fit))
-    clocked = aligned_run(run, fit.offsets)  # the parsed ranks on the common clock
+    clocked = aligned_run(run, fit.offsets, hosts=fit.hosts)  # the parsed ranks on the common clock
     windows, blocks = _steps_and_blocks(clocked, opts, topo, ops, warnings)
     schedule = (
         Schedule.NONE
@@ -170,7 +170,7 @@ def _build(run: Run, opts: PipelineOptions, flat: bool) -> Pipeline:
     labels = {tl.rank: block_labels(tl, blocks[tl.rank], tl.clock_offset_ns) for tl in clocked.ranks}
     if topo.pp > 1 and not any(len(b) for b in blocks.values()):
         warnings.append("pipeline stages found but no compute blocks could be delimited")
-    aligned = aligned_run(run, fit.offsets, labels)
+    aligned = aligned_run(run, fit.offsets, labels, fit.hosts)
     return Pipeline(
         topology=topo,
         clocks=fit,

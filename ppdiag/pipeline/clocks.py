@@ -262,13 +262,16 @@ def match_pairs(ops: dict[int, P2POps]) -> Pairs:
 @dataclass(frozen=True)
 class HostClock:
     """The fitted clock of one host: ns to add to its ranks' times, the residual (half the width
-    of the causal interval, or the spread of the equations), and what fixed it."""
+    of the causal interval, or the spread of the equations), what fixed it, and the standard
+    error of the offset against the reference host (:mod:`ppdiag.pipeline.clock_se`: what it is
+    typically off by, at most the residual; 0 for the reference, None when nothing placed it)."""
 
     host: str
     ranks: tuple[int, ...]
     offset_ns: int
     residual_ns: int | None
     method: str
+    se_ns: int | None = None
 
 
 @dataclass

@@ -19,14 +19,17 @@ hosts' clocks. Everything is one array per stream group: ``senders x receivers x
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Direction, RangeKind, Run
+from ppdiag.pipeline.clock_se import capped, host_errors, known_clock_error, mean_se
 from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
 from ppdiag.pipeline.links import host_of
+from ppdiag.pipeline.pair_stats import offsets_of
 from ppdiag.pipeline.peer_flow import _BWD, _FWD, _flow_class, _step_of
 from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS, sender_holds
 
@@ -270,8 +273,10 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     holds = sender_holds(pairs, dom)
     lows, highs, waits = _transfer_bounds(pairs, [hidx[dom[r]] for r in ranks], ranks, holds)
     jitter = _span_jitter(pairs, dom)
+    known = known_clock_error(pairs, dom, holds)
     _collective_bounds(run, dom, hidx, lows, highs)
     bounds: list[_Bound] = []
+    pair_se: dict[tuple[int, int], float] = {}  # what each pair's offset is typically off by
     warnings: list[str] = []
     for a, b in sorted(set(lows) | set(highs)):
         lo_v = np.concatenate(lows.get((a, b), [np.zeros(0)]))
@@ -280,7 +285,12 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
         if lo is None or hi is None:
             continue  # one side only: no interval
         n = int(lo_v.size + hi_v.size)
-        bounds.append(_widened(_refined(_Bound(a, b, lo, hi, n), waits.get((a, b))), jitter))
+        placed, placed_se = _refined(_Bound(a, b, lo, hi, n), waits.get((a, b)))
+        bounds.append(_widened(placed, jitter))
+        # what the placement is off by beyond its count's noise, as measured where the clock is
+        # known (none measured: the residual, all that is known)
+        half = (bounds[-1].hi - bounds[-1].lo) / 2.0
+        pair_se[(a, b)] = min(math.hypot(placed_se, known) if known is not None else half, half)
         # broken beyond the host ops' own jitter, by more than a twentieth of the bounds
         bad = int((lo_v > hi + _TOL_NS).sum() + (hi_v < lo - _TOL_NS).sum())
         if bad > max(1, n // 20):
@@ -305,6 +315,7 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
                     r0 = min(r for r in ranks if dom[r] == name)
                     host_off[h] = s_off[r0]
     out = {r: host_off[hidx[dom[r]]] for r in ranks}
+    se = host_errors(len(hosts), pair_se)
     clocks = [
         HostClock(
             name,
@@ -312,6 +323,7 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
             host_off[h],
             resid[h] if h in linked else None,
             "reference" if h == 0 else (method if h in linked else "step starts"),
+            capped(se[h], resid[h] if h in linked else None),
         )
         for h, name in enumerate(hosts)
     ]
@@ -352,14 +364,18 @@ def _transfer_bounds(
     return lows, highs, waits
 
 
-def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> _Bound:
+def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> tuple[_Bound, float]:
     """The offset from the receives that waited for their data: those end a transfer latency after
     the send began, so the upper quartile of their lower bounds and the lower quartile of their
     upper bounds sit a latency either side of the offset; their middle is it where the latencies
     match both ways (the extremes of all bounds are set by the few transfers whose spans are
-    furthest off). The interval keeps the first one's ends: its residual grows by the move."""
+    furthest off). The interval keeps the first one's ends: its residual grows by the move.
+    Also the offset's standard error: the middle of two directions' places, each as uncertain as
+    its transfers' spread over the root of their count (:func:`mean_se`), or the one direction's
+    that placed it; the interval's half-width when no waited receive placed it."""
+    whole = (bd.hi - bd.lo) / 2.0
     if w is None:
-        return bd
+        return bd, whole
     lo_v, s_up, r_up, hi_v, s_dn, r_dn, e_up, e_dn = w
     mid = (bd.lo + bd.hi) / 2.0
     # low -> high: the receive on high was posted before the send on low began (D = mid)
@@ -367,15 +383,18 @@ def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> _Boun
     w_dn = r_dn < s_dn + mid - WAITED_NS
     if w_up.sum() >= MIN_WAITED and w_dn.sum() >= MIN_WAITED:
         d = (float(np.quantile(lo_v[w_up], 0.75)) + float(np.quantile(hi_v[w_dn], 0.25))) / 2.0
+        se = math.hypot(mean_se(lo_v[w_up]), mean_se(hi_v[w_dn])) / 2.0
     elif (not hi_v.size and w_up.any()) or (not lo_v.size and w_dn.any()):
         # transfers one way only (the other side of the interval is the collectives', as wide as
         # their spans): a receive that waited for its data ends as its send does, within a
         # latency (the ends of a matched transfer meet), which places the offset from this side
-        d = min(max(float(np.median(e_up[w_up] if w_up.any() else e_dn[w_dn])), bd.lo), bd.hi)
+        e = e_up[w_up] if w_up.any() else e_dn[w_dn]
+        d = min(max(float(np.median(e)), bd.lo), bd.hi)
+        se = mean_se(e) if e.size >= MIN_WAITED else whole
     else:
-        return bd
-    r = abs(d - mid) + (bd.hi - bd.lo) / 2.0
-    return _Bound(bd.a, bd.b, d - r, d + r, bd.n)
+        return bd, whole
+    r = abs(d - mid) + whole
+    return _Bound(bd.a, bd.b, d - r, d + r, bd.n), se
 
 
 def _span_jitter(pairs: Pairs, dom: dict[int, str]) -> float:
@@ -491,6 +510,7 @@ def _by_steps(
             host_off[i],
             c.uncertainty_ns if i else 0,
             "reference" if i == 0 else "step starts",
+            c.uncertainty_ns if i else 0,  # no transfer placed it: it is known to its residual only
         )
         for i, h in enumerate(hosts)
     ]
@@ -521,6 +541,7 @@ def with_host_clocks(run: Run, pairs: Pairs, fit: ClockFit) -> tuple[ClockFit, l
                 warnings,
             )
     clocks = []
+    cross = _device_disagreements(pairs, fit, dom) if aligned_by_device and len(hosts) >= 2 else {}
     for h in hosts:
         mine = [r for r in ranks if dom[r] == h]
         vals = np.array([fit.offsets.get(r, 0) for r in mine], dtype=np.float64)
@@ -539,7 +560,31 @@ def with_host_clocks(run: Run, pairs: Pairs, fit: ClockFit) -> tuple[ClockFit, l
                 round(float(np.median(vals))) if vals.size else 0,
                 round(res_ns) if aligned_by_device else None,
                 method,
+                # the reference keeps its clock; the others are as uncertain as the transfers
+                # that tie them to other hosts (at most the residual)
+                0 if h == hosts[0] else capped(mean_se(cross.get(h, np.zeros(0))), res_ns),
             )
         )
     fit.hosts = clocks
     return fit, []
+
+
+def _device_disagreements(
+    pairs: Pairs, fit: ClockFit, dom: dict[int, str]
+) -> dict[str, npt.NDArray[np.float64]]:
+    """Per host, how far the ends of its matched device transfers to and from other hosts
+    disagree on the fitted clocks (a send and its receive end together): what places its offset."""
+    if not (len(pairs) and pairs.device):
+        return {}
+    e = (
+        pairs.send_end
+        + offsets_of(fit.offsets, pairs.src)
+        - pairs.recv_end
+        - offsets_of(fit.offsets, pairs.dst)
+    )
+    hs = np.array([dom[int(r)] for r in pairs.src], dtype=object)
+    hd = np.array([dom[int(r)] for r in pairs.dst], dtype=object)
+    across = hs != hd
+    return {
+        h: e[across & ((hs == h) | (hd == h))].astype(np.float64) for h in set(hs[across]) | set(hd[across])
+    }

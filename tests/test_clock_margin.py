@@ -1,0 +1,128 @@
+"""The clock margin (docs/clocks.md, "How well an offset is known"): a comparison of two ranks'
+times across hosts is decided within the standard error of their hosts' offsets; within a host
+the margin is 0 and nothing changes."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from handbuilt_blocks import blocks_us
+from test_causes_cpu_posting import C, P, _tl
+from test_causes_handbuilt import F
+
+from ppdiag.attribution.causes import attribute, rank_step
+from ppdiag.model import Direction, Kind, RankTimeline
+from ppdiag.pipeline.clock_se import capped, host_errors, known_clock_error, mean_se
+from ppdiag.pipeline.clocks import Pairs, p2p_ops
+
+US = 1000
+
+
+def _gpipe_late_post() -> dict[int, RankTimeline]:
+    """Two-stage GPipe, M = 3, forward only, F = 1000 µs, on gloo (µs on the aligned clock).
+    Stage 0 issues each send as its block ends (its gloo:send spans open at 1040, 2090, 3140) and
+    the link delivers 5000 µs later. Stage 1 posts its first receive at 1020-1070 and waits
+    (1070-6010) through the transfer: its wait begins 30 µs after the issue, as a clock 30 µs
+    off would show a wait that began 30 µs before it. The later two waits time only their 10 µs
+    remainder (as in test_link_latency)."""
+    send, recv = int(Direction.SEND), int(Direction.RECV)
+    r0 = [
+        (0, 1000, C, 5, -1, 0),
+        (1000, 1050, P, 1, 1, send),
+        (1050, 2050, C, 5, -1, 0),
+        (2050, 2100, P, 1, 1, send),
+        (2100, 3100, C, 5, -1, 0),
+        (3100, 3150, P, 1, 1, send),
+        (3150, 8130, P, 3, 1, send),
+        (8130, 9230, Kind.COLLECTIVE, 0, -1, 0),
+    ]
+    r0_spans = [(1040, 8130, P, 3, 1, send), (2090, 8130, P, 3, 1, send), (3140, 8130, P, 3, 1, send)]
+    r1 = [
+        (1020, 1070, P, 2, 0, recv),
+        (1070, 6010, P, 4, 0, recv),
+        (6010, 7010, C, 5, -1, 0),
+        (7010, 7060, P, 2, 0, recv),
+        (7060, 7070, P, 4, 0, recv),
+        (7070, 8070, C, 5, -1, 0),
+        (8070, 8120, P, 2, 0, recv),
+        (8120, 8130, P, 4, 0, recv),
+        (8130, 9130, C, 5, -1, 0),
+        (9130, 9230, Kind.COLLECTIVE, 0, -1, 0),
+    ]
+    r1_spans = [(1030, 6010, P, 4, 0, recv), (7020, 7070, P, 4, 0, recv), (8080, 8130, P, 4, 0, recv)]
+    return {0: _tl(0, r0, r0_spans), 1: _tl(1, r1, r1_spans)}
+
+
+def _whole(tls: dict[int, RankTimeline]) -> list[tuple[tuple[int, int, int], bool]]:
+    blocks = {
+        0: [(0, 1000, F, 0, 0), (1050, 2050, F, 1, 0), (2100, 3100, F, 2, 0)],
+        1: [(6010, 7010, F, 0, 1), (7070, 8070, F, 1, 1), (8130, 9130, F, 2, 1)],
+    }
+    steps = [rank_step(tls[r], 0, 0, 0, 9230 * US, blocks_us(blocks[r])) for r in (0, 1)]
+    att = attribute(steps, tls, {r: p2p_ops(tl) for r, tl in tls.items()}, 1, True)
+    return sorted(((p, c, t // US), w) for (p, c, t, _), w in zip(att.edges, att.edge_whole, strict=True))
+
+
+def _on_hosts(tls: dict[int, RankTimeline], se_us: int) -> dict[int, RankTimeline]:
+    """Rank 0 on the reference host, rank 1 on another whose offset is known to ``se_us``."""
+    return {
+        0: dataclasses.replace(tls[0], clock_domain="host-a", clock_se_ns=0),
+        1: dataclasses.replace(tls[1], clock_domain="host-b", clock_se_ns=se_us * US),
+    }
+
+
+def test_a_wait_that_began_within_the_clock_margin_after_the_issue_times_the_whole_transfer() -> None:
+    # the first transfer: 6010 - max(issue 1040, wait start 1070) = 4940 µs; its wait began 30 µs
+    # after the issue
+    tls = _gpipe_late_post()
+    # one host: the times are on one clock, 30 µs after is after: only what was left was timed
+    assert _whole(tls) == [((0, 1, 10), False), ((0, 1, 10), False), ((0, 1, 4940), False)]
+    # two hosts whose offset is known to 50 µs: 30 µs is too close to tell, the wait counts whole
+    assert _whole(_on_hosts(tls, 50)) == [((0, 1, 10), False), ((0, 1, 10), False), ((0, 1, 4940), True)]
+    # known to 20 µs: 30 µs after is after again
+    assert _whole(_on_hosts(tls, 20))[-1] == ((0, 1, 4940), False)
+
+
+def test_the_margin_of_two_ranks_is_their_hosts_errors_in_quadrature() -> None:
+    tls = _on_hosts(_gpipe_late_post(), 40)
+    c = dataclasses.replace(tls[1], rank=2, clock_domain="host-c", clock_se_ns=30 * US)
+    assert tls[0].clock_margin_ns(tls[1]) == 40 * US
+    assert tls[1].clock_margin_ns(c) == 50 * US  # hypot(40, 30)
+    # one host: 0, whatever each rank's error against the reference
+    assert tls[1].clock_margin_ns(dataclasses.replace(c, clock_domain="host-b")) == 0
+
+
+def test_host_errors_add_in_quadrature_along_the_best_path() -> None:
+    # hosts 0-1 (30), 1-2 (40), 0-2 (100): host 2 is reached through 1 (hypot 50 < 100); host 3
+    # is linked to nothing
+    got = host_errors(4, {(0, 1): 30.0, (1, 2): 40.0, (0, 2): 100.0})
+    assert got[:3] == [0.0, 30.0, 50.0] and got[3] is None
+    assert capped(50.0, 20.0) == 20 and capped(None, 20.0) == 20 and capped(5.0, None) is None
+
+
+def test_mean_se_is_the_robust_spread_over_the_root_of_the_count() -> None:
+    # 100 values, interquartile range 1.349 µs (a normal spread of 1 µs): 0.1 µs; one far
+    # outlier does not move it
+    v = np.quantile(np.random.default_rng(0).normal(0, 1.0, 100_000), np.linspace(0.005, 0.995, 100))
+    assert abs(mean_se(v) - 0.1) < 0.005
+    assert abs(mean_se(np.r_[v[:-1], 1e6]) - mean_se(v)) < 0.005
+
+
+def test_the_placement_error_is_measured_on_links_within_a_host() -> None:
+    # one host, ranks 0 and 1; every receive waited (posted 1 ms before its send). 0 -> 1 takes
+    # 300 µs, 1 -> 0 takes 100 µs: the middle of the two directions places the offset
+    # (300 - 100) / 2 = 100 µs off 0, where it is known to be 0
+    n = 8
+    t = np.arange(n, dtype=np.int64) * 10_000_000
+    up = (t, t + 300 * US)
+    dn = (t + 5_000_000, t + 5_000_000 + 100 * US)
+    src = np.r_[np.zeros(n), np.ones(n)].astype(np.int32)
+    s_start = np.r_[up[0], dn[0]]
+    r_end = np.r_[up[1], dn[1]]
+    pairs = Pairs(src, 1 - src, s_start, s_start + 10 * US, s_start - 1_000_000, r_end, False)
+    err = known_clock_error(pairs, {0: "a", 1: "a"}, np.zeros(2 * n))
+    assert err is not None and math.isclose(err, 100 * US)
+    # on two hosts the link is no evidence (its clock is the unknown)
+    assert known_clock_error(pairs, {0: "a", 1: "b"}, np.zeros(2 * n)) is None
