@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppdiag.attribution.replay_graph import ReplayGraph
+from ppdiag.attribution.replay_graph import ReplayGraph, mean_cost_factors
 from ppdiag.model import Phase
 
 _PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
@@ -27,23 +27,7 @@ def _reference(
             continue
         tot[k] = tot.get(k, 0) + b
         cnt[k] = cnt.get(k, 0) + 1
-    out: dict[tuple[int, int, int], float] = {}
-    for ph in _PHASES:
-        keys = [k for k in tot if k[2] == ph]
-        if not keys:
-            continue
-        if len({cnt[k] for k in keys}) == 1:
-            vals = {k: tot[k] for k in keys if tot[k] > 0}
-            mean = float(np.mean(list(vals.values()))) if vals else 0.0
-            out.update({k: mean / v for k, v in vals.items()})
-            continue
-        per_rank: dict[int, int] = {}
-        for k in keys:
-            per_rank[k[0]] = per_rank.get(k[0], 0) + tot[k]
-        pos = {r: v for r, v in per_rank.items() if v > 0}
-        mean = float(np.mean(list(pos.values()))) if pos else 0.0
-        out.update({k: mean / pos[k[0]] for k in keys if k[0] in pos})
-    return out
+    return mean_cost_factors(tot, cnt, _PHASES)  # the means themselves are shared
 
 
 def _factors(
