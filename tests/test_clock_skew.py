@@ -3,10 +3,10 @@ diagnosis (docs/clocks.md).
 
 The traces are rewritten by :mod:`ppdiag.demo.skew` (host name and every timestamp, nothing else),
 never generated with a flag. Inputs: synthetic Kineto and nsys runs with and without peer
-metadata, the multi-rank real traces in ``../shared/traces``, and (slow) recorded demo runs of
-every schedule with and without ``record_shapes``. Required: the same pp, stage map, schedule, M
-and findings (codes and ranks), causes within 1.5 % of the step, and the fitted offset of a moved
-host within its residual of the skew applied.
+metadata and the multi-rank real traces in ``../shared/traces`` (every skew and placement on
+every input family, recorded demo runs of every schedule included: ``test_clock_matrix.py``).
+Required: the same pp, stage map, schedule, M and findings (codes and ranks), causes within 1.5 %
+of the step, and the fitted offset of a moved host within its residual of the skew applied.
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ import json
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from ablate import strip_kineto_dir, strip_nsys_dir
 from clock_relations import clock_structure
 from conftest import shared_trace
-from demo_noise import waits_after_posts
 
 from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
@@ -125,7 +123,8 @@ def test_host_offset_from_transfers_both_ways() -> None:
     # it arrives at 16500 on a's. Bounds on D = o_b - o_a: D >= 4000 - 9300 = -5300 and
     # D <= 16500 - 21300 = -4800: the middle -5050 µs, half-width 250 µs (the truth -5000
     # inside). Every receive waited (posted before its send), and their quartiles give the same
-    # middle. No pair shares a host to measure the spans' jitter: the residual is its 0.5 ms floor.
+    # middle. No pair shares a host to measure the spans' jitter (0.5 ms then): any bound may be
+    # broken by as much, so the residual is the half-width plus it, 250 + 500 = 750 µs.
     steps = np.arange(3) * 20_000
     us = 1000
     pairs = Pairs(
@@ -143,7 +142,7 @@ def test_host_offset_from_transfers_both_ways() -> None:
     assert got is not None
     off, clocks, warnings = got
     assert off == {0: 0, 1: -5_050_000}
-    assert [(c.host, c.residual_ns) for c in clocks] == [("a", 0), ("b", 500_000)]
+    assert [(c.host, c.residual_ns) for c in clocks] == [("a", 0), ("b", 750_000)]
     assert not warnings
     # one host named on both: one clock, nothing to fit
     assert fit_host_clocks(Run([_bare(0, "a"), _bare(1, "a")], "kineto"), pairs) is None
@@ -262,87 +261,6 @@ def test_real_nsys_report_on_a_skewed_host(tmp_path: Path) -> None:
     base, moved = _diagnose(d0), _diagnose(d1)
     assert moved.result.run.pp == base.result.run.pp
     assert_same(base, moved)
-
-
-# ------------------------------------------------------------------ recorded CPU pipeline runs
-
-RECORDED = {
-    "gpipe": {"schedule": "gpipe", "microbatches": 4},
-    "1f1b": {"schedule": "1f1b", "microbatches": 8},
-    "1f1b_shapes": {"schedule": "1f1b", "microbatches": 8, "record_shapes": True},
-    "interleaved": {"schedule": "interleaved_1f1b", "microbatches": 8},
-    "looped_bfs": {"schedule": "looped_bfs", "microbatches": 8},
-    "zero_bubble": {"schedule": "zero_bubble", "microbatches": 8},
-    "zbv": {"schedule": "zbv", "microbatches": 8},
-    "dualpipev": {"schedule": "dualpipev", "microbatches": 8},
-}
-
-TRANSFORMS: dict[str, dict[int, Move]] = {
-    # one rank on a host 20 ms ahead
-    "one_ahead_20ms": {3: Move("host-b", 20 * MS)},
-    # half of the ranks on a host 2.5 s behind
-    "half_behind_2.5s": {2: Move("host-b", -2500 * MS), 3: Move("host-b", -2500 * MS)},
-    # two hosts of two ranks, both moved, with different skews (1 ms and 60 s)
-    "two_by_two": {
-        0: Move("host-a", 1 * MS),
-        1: Move("host-a", 1 * MS),
-        2: Move("host-b", 60_000 * MS),
-        3: Move("host-b", 60_000 * MS),
-    },
-}
-
-
-@pytest.fixture(scope="session")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Analyzed]]:
-    pytest.importorskip("torch")
-    from ppdiag.demo.config import DemoConfig
-    from ppdiag.demo.recorder import record
-
-    out: dict[str, tuple[Path, Analyzed]] = {}
-    for name, kw in RECORDED.items():
-        d = tmp_path_factory.mktemp(f"skew_{name}")
-        record(DemoConfig(steps=3, **kw), d)  # type: ignore[arg-type]
-        out[name] = (d, _diagnose(d))
-    return out
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(RECORDED))
-@pytest.mark.parametrize("transform", list(TRANSFORMS))
-def test_recorded_runs_survive_hosts_and_skew(
-    recorded: dict[str, tuple[Path, Analyzed]], tmp_path: Path, name: str, transform: str
-) -> None:
-    src, base = recorded[name]
-    moves = TRANSFORMS[transform]
-    move_ranks(src, tmp_path / "moved", moves)
-    moved = _diagnose(tmp_path / "moved")
-    assert base.result.run.pp == 4
-    # the clock alone: the same hosts without skew give the same diagnosis
-    move_ranks(src, tmp_path / "control", {r: Move(m.host, 0) for r, m in moves.items()})
-    assert_same(_diagnose(tmp_path / "control"), moved)
-    # against the one-host recording: the structure. The findings and causes move by what the
-    # fitted clock's error (0.1-0.5 ms on these recordings) shifts between waits, and by the hosts'
-    # names (CPU ranks spread over hosts are no longer one oversubscribed host): a threshold
-    # finding of a noisy recording may flip, so they are compared with the control above
-    s_base, s_moved = clock_structure(base), clock_structure(moved)
-    assert {k: v for k, v in s_moved.items() if k != "findings"} == {
-        k: v for k, v in s_base.items() if k != "findings"
-    }
-    # the control is the same recording on the same hosts without skew: the fit sees the same
-    # transfers, so each moved host's offset is the control's minus its skew, to the microsecond
-    control = _diagnose(tmp_path / "control")
-    assert_offsets(control, moved, moves)
-    # and the control's own offsets are the fit's error (every rank ran on one clock): within the
-    # fit's residual, or the largest time this run's senders took to log a post after the data
-    # had already arrived (gloo spans break causality by what a loaded host delays a sender)
-    slop_us = _post_slop_ns(json.loads((src / "groundtruth.json").read_text())) / 1000.0
-    assert_offsets(base, control, {r: Move(m.host, 0) for r, m in moves.items()}, floor_us=slop_us)
-
-
-def _post_slop_ns(truth: dict[str, Any]) -> int:
-    """The longest a receiver's wait ended before the matching send was logged as posted, all on
-    the one clock of the recording host."""
-    return max((max(post - end, 0) for _, _, end, post in waits_after_posts(truth)), default=0)
 
 
 def test_demo_refuses_more_hosts_than_ranks(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppdiag.attribution.critical_path import Transfers, critical_paths
+from ppdiag.attribution.critical_path import Transfers, _Walk, _walk_step, critical_paths
 from ppdiag.diagnosis import GapTable, StepWindow
 from ppdiag.model import Phase
 from ppdiag.pipeline.blocks import Blocks
@@ -242,3 +242,28 @@ def test_parts_of_one_block_are_one_piece() -> None:
     assert cp.pieces[0].lost_ms == {"host": 0.002}
     (row,) = cp.by_stage
     assert round(row.ms["compute"] * 1000) == 28 and round(row.ms["host"] * 1000) == 2
+
+
+def test_a_replica_off_the_path_is_never_prepared() -> None:
+    # Two replicas of _two_stage in one step: ranks 0, 1 and a copy on ranks 2, 3 (the same times,
+    # transfers 2 <-> 3). The step ends at 113 µs on ranks 0 and 2; ties go to the lowest rank, so
+    # the walk starts on rank 0 and stays on ranks 0 and 1 (every transfer it meets comes from
+    # rank 1 or 0). The path is the one of the first replica alone, and the walk sorts and lists
+    # the blocks, gaps and transfers of ranks 0 and 1 only (a run of many replicas pays for one).
+    wins, blocks, tr, gaps = _two_stage()
+    (alone,) = critical_paths(wins, blocks, tr, gaps, {0: 0, 1: 1})
+    both_wins = wins + [StepWindow(r + 2, 0, 5, 0, 113 * US) for r in (0, 1)]
+    both_blocks = {**blocks, 2: blocks[0], 3: blocks[1]}
+    both_gaps = {**gaps, 2: gaps[0], 3: gaps[1]}
+    both_tr = Transfers.build(
+        np.r_[tr.src, tr.src + 2],
+        np.r_[tr.dst, tr.dst + 2],
+        np.r_[tr.send_start, tr.send_start],
+        np.r_[tr.recv_start, tr.recv_start],
+        np.r_[tr.recv_end, tr.recv_end],
+    )
+    w = _Walk(both_blocks, both_tr, both_gaps, {0: 0, 1: 1, 2: 0, 3: 1})
+    cp = _walk_step(w, both_wins)
+    assert cp is not None
+    assert cp.pieces == alone.pieces and cp.length_ms == alone.length_ms == 0.113
+    assert set(w._bl) == {0, 1} and set(w._tr) <= {0, 1} and set(w._gl) <= {0, 1}

@@ -7,12 +7,15 @@ than the run's other links by more than the noise.
 
 from __future__ import annotations
 
+import numpy as np
 from handbuilt_blocks import blocks_us
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_causes_cpu_posting import C, P, _tl
 from test_causes_handbuilt import RECV, SEND, B, F, Op, _causes, _check
 
 from ppdiag.attribution.causes import attribute, rank_step
-from ppdiag.attribution.link_latency import LinkLatencies, link_latencies
+from ppdiag.attribution.link_latency import LinkLatencies, _links_of, link_latencies
 from ppdiag.model import Direction, Kind
 from ppdiag.pipeline.clocks import p2p_ops
 
@@ -216,3 +219,15 @@ def test_the_replay_tells_which_waits_timed_the_whole_transfer() -> None:
     att = attribute(steps, tls, {r: p2p_ops(tl) for r, tl in tls.items()}, 1, True)
     got = sorted(((p, c, t // US), w) for (p, c, t, _), w in zip(att.edges, att.edge_whole, strict=True))
     assert got == [((0, 1, 10), False), ((0, 1, 10), False), ((0, 1, 4970), True)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2, 40), st.integers(-2, 40)), min_size=1, max_size=60))
+def test_links_of_is_the_row_wise_unique(rows: list[tuple[int, int]]) -> None:
+    # the links in (src, dst) order and each wait's link, as np.unique over the rows gives them
+    # (negative ranks too: the code is shifted by each column's minimum)
+    w = np.array(rows, np.int64)
+    keys, inv = np.unique(w, axis=0, return_inverse=True)
+    got_keys, got_inv = _links_of(w[:, 0], w[:, 1])
+    assert got_keys.tolist() == keys.tolist()
+    assert got_inv.tolist() == inv.reshape(-1).tolist()

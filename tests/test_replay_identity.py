@@ -30,6 +30,7 @@ from ppdiag.attribution.causes import (
     _P2PIndex,
 )
 from ppdiag.attribution.paint import _pools
+from ppdiag.model import Phase
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import _group_union_measure
 from ppsynth import faults as F
@@ -311,6 +312,16 @@ def test_vectorized_replay_equals_the_node_at_a_time_replay(tmp_path: Path, name
     for kw in VARIANTS:
         assert rp.run(**kw) == _reference_run(rp, **kw), kw
     bal = rp.mean_costs()
+    # the work per (rank, stage, phase), keys in the order of their first node, as a dict update
+    # per node gives it
+    tot: dict[tuple[int, int, int], int] = {}
+    cnt: dict[tuple[int, int, int], int] = {}
+    for nd in rp.nodes:
+        if nd.phase in (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)):
+            k = (nd.rank, nd.stage, nd.phase)
+            tot[k], cnt[k] = tot.get(k, 0) + nd.busy, cnt.get(k, 0) + 1
+    got = rp._work_by_label((int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)))
+    assert [list(d.items()) for d in got] == [list(tot.items()), list(cnt.items())]
     assert rp.run(balanced=bal) == _reference_run(rp, balanced=bal)
     removed = VARIANTS[-1]
     assert rp.run(balanced=bal, **removed) == _reference_run(rp, balanced=bal, **removed)

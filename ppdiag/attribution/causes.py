@@ -65,6 +65,7 @@ from ppdiag.attribution.replay_run import NEG_INF, Replay, Variant
 from ppdiag.diagnosis import GapTable
 from ppdiag.model import RankTimeline
 from ppdiag.model import intervals as ivs
+from ppdiag.parsers.heap import trim_heap
 from ppdiag.pipeline.clocks import P2POps
 from ppdiag.pipeline.collectives import CollectiveMatch
 
@@ -195,17 +196,22 @@ def attribute(
             # the replay's own disagreement with the measurement is left to _close
             c["unexplained"] = 0
             causes[k] = _close(c, rs.acct.lost)
+        synced = {k: rp.tail_coll[k][:2] for k in rp.sync_of}
+        # (the graph's own arrays: the graph is frozen)
+        edges, held, whole = rp.waits, rp.held, rp.whole
+        notes += _replay_notes(rp, steps, v["measured"])
+        # the graph, its placement plan and the variants' results are read no more: freed, with
+        # the heap's free pages, before the waits and the paint allocate theirs (at a thousand
+        # ranks the graph is a quarter of the analysis's memory)
+        del rp, cf, v
+        trim_heap()
         # collectives the replay does not model as its step-end sync: waits for a late member
-        waits = run_waits(
-            steps, timelines, {k: rp.tail_coll[k][:2] for k in rp.sync_of}, collectives=collectives
-        )
+        waits = run_waits(steps, timelines, synced, collectives=collectives)
         for k, mv in waits.moves.items():
             causes[k] = apply_moves(causes[k], mv)
         for name, var in full.items():
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
-        # (the graph's own arrays: the graph is frozen)
-        edges, held, whole = rp.waits, rp.held, rp.whole
-        notes += _replay_notes(rp, steps, v["measured"])
+        del full
     else:
         waits = run_waits(steps, timelines, p2p=True)
         for rs in steps:

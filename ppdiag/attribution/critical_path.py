@@ -85,7 +85,12 @@ def _offsets_of(ranks: npt.NDArray[np.int32], offsets: Mapping[int, int]) -> npt
 
 
 class _Walk:
-    """Per-rank sorted blocks and gaps, and the piece list of the walk in progress."""
+    """Per-rank sorted blocks and gaps, and the piece list of the walk in progress.
+
+    A rank's sorted columns, its gap prefix sums and its Python lists are built the first time the
+    walk reaches the rank: a step's path crosses one pipeline's ranks, so a run of many replicas
+    never needs most of them (built up front for every rank, they were the analysis's peak
+    memory at a thousand ranks: lists of every block, gap and transfer)."""
 
     def __init__(
         self,
@@ -94,25 +99,15 @@ class _Walk:
         gaps: Mapping[int, GapTable],
         stage_of: Mapping[int, int],
     ) -> None:
-        self.blocks: dict[int, Blocks] = {}
-        self.bend: dict[int, npt.NDArray[np.int64]] = {}
-        for r, b in blocks.items():
-            if not len(b):
-                continue
-            o = np.argsort(b.end, kind="stable")
-            self.blocks[r] = b.take(o)
-            self.bend[r] = self.blocks[r].end
-        self.gaps: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int8]]] = {}
-        for r, g in gaps.items():
-            o = np.argsort(g.start, kind="stable")
-            self.gaps[r] = (g.start[o], g.end[o], g.cause[o])
-        # per rank, the lost ns of its first k gap pieces by cause (row k): a block's lost time
-        # by cause is a difference of two rows, less the clipped parts of the pieces at its edges
-        self.gap_cum: dict[int, npt.NDArray[np.int64]] = {}
-        for r, (gs, ge, gc) in self.gaps.items():
-            per = np.zeros((gs.size + 1, len(Cause)), np.int64)
-            per[np.arange(1, gs.size + 1), gc.astype(np.int64)] = ge - gs
-            self.gap_cum[r] = np.cumsum(per, axis=0)
+        self._blocks = {r: b for r, b in blocks.items() if len(b)}
+        self._gaps = gaps
+        self._bl: dict[int, tuple[list[int], list[int], list[int], list[int], list[int]] | None] = {}
+        self._gs: dict[
+            int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int8]] | None
+        ] = {}
+        self._gl: dict[int, tuple[list[int], list[int], list[int]] | None] = {}
+        self._gap_cum: dict[int, npt.NDArray[np.int64]] = {}
+        self._tr: dict[int, tuple[list[int], list[int], list[int], list[int]]] = {}
         self.tr = transfers
         # each receiving rank's slice of the transfers (sorted by dst), found once: a search per
         # lookup on the int32 column with a Python int converts the whole column every time
@@ -124,21 +119,79 @@ class _Walk:
         self.pieces: list[tuple[int, int, dict[str, object]]] = []  # (start, end, fields)
         # the walk's block pieces, whose ``lost`` is filled in one pass per step (``fill_lost``)
         self.block_pieces: list[tuple[int, int, int, dict[str, object]]] = []  # (rank, s, e, fields)
-        # the same columns as Python lists: the walk reads them one element at a time, and a numpy
-        # scalar read costs several times a list's
-        self.bl: dict[int, tuple[list[int], list[int], list[int], list[int], list[int]]] = {
-            r: (b.start.tolist(), b.end.tolist(), b.phase.tolist(), b.mb.tolist(), b.stage.tolist())
-            for r, b in self.blocks.items()
-        }
-        self.gl: dict[int, tuple[list[int], list[int], list[int]]] = {
-            r: (gs.tolist(), ge.tolist(), gc.tolist()) for r, (gs, ge, gc) in self.gaps.items()
-        }
-        self.tr_l = (
-            transfers.src.tolist(),
-            transfers.recv_end.tolist(),
-            transfers.send_start.tolist(),
-            transfers.recv_start.tolist(),
-        )
+
+    def any_blocks(self) -> bool:
+        """Whether any rank has a block."""
+        return bool(self._blocks)
+
+    def bl(self, rank: int) -> tuple[list[int], list[int], list[int], list[int], list[int]] | None:
+        """The rank's blocks sorted by end, as Python lists (start, end, phase, mb, stage): the walk
+        reads them one element at a time, and a numpy scalar read costs several times a list's.
+        None for a rank without blocks."""
+        if rank not in self._bl:
+            b = self._blocks.get(rank)
+            if b is None:
+                self._bl[rank] = None
+            else:
+                b = b.take(np.argsort(b.end, kind="stable"))
+                self._bl[rank] = (
+                    b.start.tolist(),
+                    b.end.tolist(),
+                    b.phase.tolist(),
+                    b.mb.tolist(),
+                    b.stage.tolist(),
+                )
+        return self._bl[rank]
+
+    def gaps(
+        self, rank: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int8]] | None:
+        """The rank's gap pieces sorted by start (start, end, cause), None for a rank without a table."""
+        if rank not in self._gs:
+            g = self._gaps.get(rank)
+            if g is None:
+                self._gs[rank] = None
+            else:
+                o = np.argsort(g.start, kind="stable")
+                self._gs[rank] = (g.start[o], g.end[o], g.cause[o])
+        return self._gs[rank]
+
+    def gl(self, rank: int) -> tuple[list[int], list[int], list[int]] | None:
+        """:meth:`gaps` as Python lists."""
+        if rank not in self._gl:
+            g = self.gaps(rank)
+            self._gl[rank] = None if g is None else (g[0].tolist(), g[1].tolist(), g[2].tolist())
+        return self._gl[rank]
+
+    def gap_cum(self, rank: int) -> npt.NDArray[np.int64]:
+        """Per rank, the lost ns of its first k gap pieces by cause (row k): a block's lost time by
+        cause is a difference of two rows, less the clipped parts of the pieces at its edges."""
+        cum = self._gap_cum.get(rank)
+        if cum is None:
+            gs, ge, gc = self.gaps(rank) or (
+                np.zeros(0, np.int64),
+                np.zeros(0, np.int64),
+                np.zeros(0, np.int8),
+            )
+            per = np.zeros((gs.size + 1, len(Cause)), np.int64)
+            per[np.arange(1, gs.size + 1), gc.astype(np.int64)] = ge - gs
+            cum = self._gap_cum[rank] = np.cumsum(per, axis=0)
+        return cum
+
+    def transfers_into(self, rank: int) -> tuple[list[int], list[int], list[int], list[int]]:
+        """The transfers the rank received, by receive end: (sender, receive end, send start,
+        receive start) as Python lists."""
+        tr = self._tr.get(rank)
+        if tr is None:
+            lo, hi = self.tr_rows.get(rank, (0, 0))
+            t = self.tr
+            tr = self._tr[rank] = (
+                t.src[lo:hi].tolist(),
+                t.recv_end[lo:hi].tolist(),
+                t.send_start[lo:hi].tolist(),
+                t.recv_start[lo:hi].tolist(),
+            )
+        return tr
 
     def local(self, rank: int, lo: int, hi: int) -> None:
         """The stretch [lo, hi) on ``rank`` between two links of the chain: gaps by cause, the
@@ -167,7 +220,7 @@ class _Walk:
     def _gaps_in(self, rank: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """The rank's gap pieces clipped to [lo, hi), in time order (a rank's gaps are disjoint):
         (start, end, cause index)."""
-        gl = self.gl.get(rank)
+        gl = self.gl(rank)
         if gl is None:
             return []
         gs, ge, gc = gl
@@ -187,7 +240,7 @@ class _Walk:
             by_rank.setdefault(r, []).append((lo, hi, f))
         self.block_pieces = []
         for r, items in by_rank.items():
-            gaps = self.gaps.get(r)
+            gaps = self.gaps(r)
             if gaps is None or not gaps[0].size:
                 for _, _, f in items:
                     f["lost"] = {}
@@ -199,7 +252,7 @@ class _Walk:
             a = np.maximum(np.searchsorted(gs, lo_a, side="right") - 1, 0)
             b = np.searchsorted(gs, hi_a, side="left")
             some = b > a
-            cum = self.gap_cum[r]
+            cum = self.gap_cum(r)
             lost = np.where(some[:, None], cum[b] - cum[a], 0)
             rows = np.flatnonzero(some & (gs[a] < lo_a))
             ka = a[rows]
@@ -227,11 +280,11 @@ class _Walk:
 
     def last_block(self, rank: int, t: int, lo: int) -> int | None:
         """The last block of ``rank`` that ended by ``t`` and started at or after ``lo``."""
-        bl = self.bl.get(rank)
+        bl = self.bl(rank)
         if bl is None:
             return None
         j = bisect.bisect_right(bl[1], t) - 1
-        if j < 0 or self.bl[rank][0][j] < lo:
+        if j < 0 or bl[0][j] < lo:
             return None
         return j
 
@@ -299,16 +352,15 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
     """From ``t`` on ``rank``, back block by block and across the transfers that released them,
     collecting ``w.pieces``; returns the rank and time where the chain begins."""
     seen: set[tuple[int, int]] = set()
-    tr_src, tr_re, tr_ss, tr_rs = w.tr_l
     bisect_right = bisect.bisect_right
-    pieces, block_pieces, tr_rows = w.pieces, w.block_pieces, w.tr_rows
+    pieces, block_pieces = w.pieces, w.block_pieces
     j = w.last_block(rank, t, win[rank].start if rank in win else t)
     while True:
         if j is None or (rank, j) in seen:
             break
         w0 = win[rank].start if rank in win else t
         seen.add((rank, j))
-        b_start, b_end, b_ph, b_mb, b_st = w.bl[rank]
+        b_start, b_end, b_ph, b_mb, b_st = w.bl(rank)  # type: ignore[misc]  # j is not None: it has blocks
         w.local(rank, b_end[j], t)
         # block j clipped at t as one piece (inlined: once per block of the path)
         s = b_start[j]
@@ -329,9 +381,9 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
         prev_end = b_end[prev] if prev is not None else w0
         tol = min(RELEASE_TOL_NS, (b_end[j] - s) // 10)
         # the transfer into the rank whose receive ended last in (prev_end, s + tol]
-        lo_k, hi_k = tr_rows.get(rank, (0, 0))
-        k = bisect_right(tr_re, s + tol, lo_k, hi_k) - 1 if lo_k < hi_k else -1
-        if k < lo_k or tr_re[k] <= prev_end:
+        tr_src, tr_re, tr_ss, tr_rs = w.transfers_into(rank)
+        k = bisect_right(tr_re, s + tol) - 1
+        if k < 0 or tr_re[k] <= prev_end:
             # released by the previous block on the rank (or the step start): the next block is
             # the one just found where the window is the rank's step (a rank outside the step
             # starts its window at t)
@@ -423,7 +475,7 @@ def critical_paths(
     lost time; ``stage_of``: each rank's pipeline stage.
     """
     w = _Walk(blocks, transfers, gaps, stage_of)
-    if not w.blocks:
+    if not w.any_blocks():
         return []
     groups: dict[int, list[StepWindow]] = {}
     for sw in windows:

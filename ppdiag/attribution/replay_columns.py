@@ -123,9 +123,10 @@ class _Columns:
             has_abs=has_abs,
             xfer=xfer,
             issue=nc.obs.column(1).copy(),
-            issue_copy=nc.issue_copy.column().copy(),
+            # (views of the frozen graph's own columns: width-1 tables are contiguous already)
+            issue_copy=nc.issue_copy.column(),
             issue_held=by_id(nc.issue_held),
-            lead=nc.lead.column().copy(),
+            lead=nc.lead.column(),
             on_compute=nc.on_compute,
             cost_keys=[(int(k[0]), int(k[1]), int(k[2])) for k in keys.tolist()],
             cost_of=inv.reshape(-1).astype(np.int64),

@@ -29,6 +29,7 @@ from ppdiag.attribution.link_latency import link_latencies
 from ppdiag.attribution.rank_step import RankStep, _m
 from ppdiag.attribution.replay_build import PendingWaits, StepTails, build_nodes
 from ppdiag.attribution.replay_index import (
+    _dense,
     _IssueIndex,
     _label_pairs,
     _P2PIndex,
@@ -50,7 +51,7 @@ class _WaitContext:
     """What resolving a wait to its producer reads: every rank's block ends (sorted, with their
     node ids), the peers' issued operations and the steps by (rank, step)."""
 
-    ends_by_rank: dict[int, tuple[list[int], list[int]]]
+    ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]
     issues: _IssueIndex
     by_rank_step: dict[tuple[int, int], RankStep]
     timelines: dict[int, RankTimeline]
@@ -165,14 +166,7 @@ class ReplayGraph:
 
     def _compute_mean_costs(self) -> dict[tuple[int, int, int], float]:
         phases = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
-        tot: dict[tuple[int, int, int], int] = {}
-        cnt: dict[tuple[int, int, int], int] = {}
-        c = self.cols.cols
-        sel = np.flatnonzero(np.isin(c["phase"], phases))
-        labels = zip(c["rank"][sel].tolist(), c["stage"][sel].tolist(), c["phase"][sel].tolist(), strict=True)
-        for k, busy in zip(labels, c["busy"][sel].tolist(), strict=True):
-            tot[k] = tot.get(k, 0) + busy
-            cnt[k] = cnt.get(k, 0) + 1
+        tot, cnt = self._work_by_label(phases)
         out: dict[tuple[int, int, int], float] = {}
         for ph in phases:
             keys = [k for k in tot if k[2] == ph]
@@ -190,6 +184,25 @@ class ReplayGraph:
             mean = float(np.mean(list(pos.values()))) if pos else 0.0
             out.update({k: mean / pos[k[0]] for k in keys if k[0] in pos})
         return out
+
+    def _work_by_label(
+        self, phases: tuple[int, ...]
+    ) -> tuple[dict[tuple[int, int, int], int], dict[tuple[int, int, int], int]]:
+        """The blocks' compute and count per (rank, stage, phase) of ``phases``, the keys in the
+        order of their first node: one sort of a code per node, not a dict update per node."""
+        c = self.cols.cols
+        sel = np.flatnonzero(np.isin(c["phase"], phases))
+        if not sel.size:
+            return {}, {}
+        rank, stage, phase = c["rank"][sel], c["stage"][sel], c["phase"][sel]
+        _, first, inv = np.unique(_dense([rank, stage, phase]), return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        by_key = np.argsort(inv, kind="stable")
+        cnt_a = np.bincount(inv)
+        tot_a = np.add.reduceat(c["busy"][sel][by_key], np.r_[0, np.cumsum(cnt_a)[:-1]])
+        keys = zip(rank[first].tolist(), stage[first].tolist(), phase[first].tolist(), strict=True)
+        rows = sorted(zip(first.tolist(), keys, tot_a.tolist(), cnt_a.tolist(), strict=True))
+        return {k: t for _, k, t, _ in rows}, {k: n for _, k, _, n in rows}
 
     def _find_step_syncs(self, timelines: dict[int, RankTimeline]) -> None:
         """Step-end collectives that every rank joins and that end together form one sync point:
@@ -255,19 +268,21 @@ class ReplayGraph:
                 out.append(f"node {i} (rank {nd.rank}): negative span, busy or local time")
         return out
 
-    def _ends_by_rank(self) -> dict[int, tuple[list[int], list[int]]]:
+    def _ends_by_rank(self) -> dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
         """Per rank, its block ends sorted with their node ids, for "which block did the peer
-        finish last" (one sort by rank, then each rank's slice: no scan of all nodes per rank)."""
+        finish last" (one sort by rank, then each rank's slice: no scan of all nodes per rank).
+        Arrays, not lists: the waits search them as arrays, and lists of every node's end and id
+        were a quarter of the graph's memory at a thousand ranks."""
         n_rank = self.cols.cols["rank"]
         n_end = np.asarray(self.meas_start, np.int64) + self.cols.cols["span"]
         by_r = np.argsort(n_rank, kind="stable")
         r_sorted = n_rank[by_r]
-        out: dict[int, tuple[list[int], list[int]]] = {}
+        out: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
         for r in {rs.rank for rs in self.steps}:
             ids_a = by_r[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")]
             ends = n_end[ids_a]
             o = np.argsort(ends, kind="stable")
-            out[r] = (ends[o].tolist(), ids_a[o].tolist())
+            out[r] = (ends[o], ids_a[o].astype(np.int64))
         return out
 
     def _rank_of(self, nid: int) -> int:
@@ -328,7 +343,7 @@ class ReplayGraph:
         the peer finished before issuing it (with a slow link the peer may have finished later
         blocks before the data arrived)."""
         peer, wdir, posted, op_end = held
-        ends, ids = ctx.ends_by_rank.get(peer, ([], []))
+        got = ctx.ends_by_rank.get(peer)
         me, nc = self._rank_of(nid), self.cols
         # ``last``: the matched operation's issue, else the peer's last one before the release;
         # ``j``: the peer's last block that ended before ``at`` (see :func:`wait_arrays`)
@@ -361,7 +376,9 @@ class ReplayGraph:
             self.untraced_waits += int(peer not in ctx.ends_by_rank)
         else:
             posted = min(posted, wait_start) if device else wait_start
-            self._producer_wait(ctx, nid, peer, (ids[j], ends[j], last), posted, rel, wait_start)
+            assert got is not None  # j >= 0: the peer has blocks
+            ends, ids = got
+            self._producer_wait(ctx, nid, peer, (int(ids[j]), int(ends[j]), last), posted, rel, wait_start)
 
     def _labelled_wait(
         self, ctx: _WaitContext, nid: int, peer: int, op: tuple[int, int], rel: int, wait_start: int

@@ -32,6 +32,7 @@ from ppdiag.attribution.replay_graph import ReplayGraph
 from ppdiag.attribution.replay_levels import NodeValues, place
 from ppdiag.attribution.replay_plan import PlacementPlan, vectorizable, wide_enough
 from ppdiag.model import RankTimeline
+from ppdiag.parsers.heap import trim_heap
 from ppdiag.pipeline.clocks import P2POps
 
 # variants x nodes placed together at most (the placement holds ~12 arrays of them: ~40 MB)
@@ -115,6 +116,20 @@ class _Windows:
             )
         self.w_end[key] = int(val)
         return self.w_end[key]
+
+
+class _PlacedWindows(_Windows):
+    """:class:`_Windows` of a variant placed by levels: the nodes' ends stay one array row (the
+    windows read only the last block of some steps; a list of every node's end was the largest
+    object of each variant batch at a thousand ranks)."""
+
+    def __init__(self, rp: ReplayGraph, ends: npt.NDArray[np.int64], fl: _Flags) -> None:
+        super().__init__(rp, [], fl)
+        self.ends = ends
+
+    def last_end(self, key: tuple[int, int]) -> int:
+        f, c = self.rp.first[key], self.rp.count[key]
+        return int(self.ends[f + c - 1]) if c else self.start(key)
 
 
 def _place_nodes(win: _Windows, rows: Iterator[_Row]) -> None:
@@ -222,6 +237,9 @@ class Replay(ReplayGraph):
         last_stage: int,
     ) -> None:
         super().__init__(steps, timelines, ops, last_stage)
+        # the build's temporaries (the steps' sets laid on one line, the pieces) are freed: their
+        # pages back to the system before the variants' placement allocates its own
+        trim_heap()
         self._cols: _Columns | None = None
         self._matters: _Flags | None = None
         # results by the variant's effective flags and mean costs: variants that differ only in
@@ -308,9 +326,13 @@ class Replay(ReplayGraph):
     def _plan(self, cols: _Columns) -> PlacementPlan:
         if self._placement is None:
             meas_end = cols.meas_end
+            # the plan is built once and held by every variant batch: the pages freed before it
+            # (the mean costs' lists) and by its build go back to the system around it
+            trim_heap()
             self._placement = PlacementPlan.of(
                 self, cols.order, meas_end, cols.prod, cols.t_issue, cols.has_abs
             )
+            trim_heap()
         return self._placement
 
     def _run_levels(
@@ -323,15 +345,19 @@ class Replay(ReplayGraph):
         sync's arrival when it is first needed)."""
         plan = self._plan(cols)
         lat, n = self.normal_latency, plan.n
-        vas = [_variant_arrays(cols, lat, fl, bal) for fl, bal in todo.values()]
-
+        # each variant's node arrays as a dict whose arrays are dropped as they are stacked: the
+        # batch holds one copy of a column at a time, not the variants' and the stacked ones
+        vas = [_variant_arrays(cols, lat, fl, bal)._asdict() for fl, bal in todo.values()]
+        factors = [va["factor"] for va in vas]  # what is read of them after the placement
         g = plan.graph
 
         def stack(name: str, dtype: type) -> npt.NDArray[Any]:
-            return g.columns([getattr(va, name) for va in vas], dtype)
+            return g.columns([va.pop(name) for va in vas], dtype)
 
         flags = np.array([[fl.host, fl.comm, fl.copy] for fl, _ in todo.values()], np.bool_)
-        pconst = g.columns([plan.prod_const + np.where(cols.has_obs, va.extra, 0) for va in vas], np.int64)
+        pconst = g.columns(
+            [plan.prod_const + np.where(cols.has_obs, va.pop("extra"), 0) for va in vas], np.int64
+        )
         x_tau = plan.xe.tau(flags)
         values = NodeValues(
             stack("pre", np.float64),
@@ -359,13 +385,13 @@ class Replay(ReplayGraph):
         for k, (key, (fl, _)) in enumerate(todo.items()):
             ext = np.r_[ends[k], 0]  # the sentinel's end: constants are the edges' own latency
             w0 = ext[fe_src] + x_tau[k, fe]
-            win = _Windows(self, ends[k, :n].tolist(), fl)
+            win = _PlacedWindows(self, ends[k, :n], fl)
             win.w_start = dict(zip(keys, w0.tolist(), strict=True))
             win.w_end = {prev: win.w_start[b] for b, prev in self.prev_step.items()}
             win.sync_end = {s: int(ends[k, v]) for s, v in plan.sync_node.items()}
             w1 = w0[np.maximum(nxt, 0)]
             w1[nxt < 0] = [win.stop(kk) for kk in last_keys]
-            factor = vas[k].factor
+            factor = factors[k]
             busy_k = busy
             if factor is not None:
                 # the blocks' compute at the mean cost, summed per step by prefix sums

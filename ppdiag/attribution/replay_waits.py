@@ -44,7 +44,7 @@ def wait_arrays(
     g: ReplayGraph,
     pending: PendingWaits,
     issues: _IssueIndex,
-    ends_by_rank: dict[int, tuple[list[int], list[int]]],
+    ends_by_rank: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]],
     timelines: dict[int, RankTimeline],
     tol: int,
 ) -> WaitArrays:
@@ -54,17 +54,22 @@ def wait_arrays(
     k = nid.size
     me = g.cols.cols["rank"][nid]
     found, last = released_by(issues, peer, me, wdir, op_end, rel)
-    device = ~np.array([timelines[r].cpu_only for r in me.tolist()], np.bool_)
+    ranks, inv = np.unique(me, return_inverse=True)  # one look-up per rank, not per wait
+    device = ~np.array([timelines[r].cpu_only for r in ranks.tolist()], np.bool_)[inv.reshape(-1)]
     # a block that ends within the timing tolerance after the issue counts as finished before it
     at = np.where(found & device, last, rel) + tol
     j = np.full(k, -1, np.int64)
     prod = np.full(k, -1, np.int64)
     p_end = np.zeros(k, np.int64)
-    for p in np.unique(peer).tolist():
+    # each peer's waits, in order: one stable sort, not a scan of every wait per peer
+    by_peer = np.argsort(peer, kind="stable")
+    peers, first = np.unique(peer[by_peer], return_index=True)
+    bounds = np.r_[first, by_peer.size]
+    for p, a, b in zip(peers.tolist(), bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         got = ends_by_rank.get(p)
-        if got is not None and got[0]:
-            sel = np.flatnonzero(peer == p)
-            ends, ids = np.asarray(got[0], np.int64), np.asarray(got[1], np.int64)
+        if got is not None and got[0].size:
+            sel = by_peer[a:b]
+            ends, ids = got
             js = np.searchsorted(ends, at[sel], side="right") - 1
             j[sel] = js
             ok = js >= 0
