@@ -101,11 +101,7 @@ def test_synthetic_runs(synth: dict[str, Path], fmt: str, case: str, tmp_path: P
 
 # inputs whose unmoved diagnosis is already wrong: no relation can be asked of them (strict: the
 # fix of the defect makes these pass, and the mark must then go)
-BASE_DEFECTS = {
-    ("gpipe_slow_stage", "nsys_bare"): "without labels or peers, stage 0's blocks are split into a "
-    "1 ms forward and a 16 ms backward (PP015, ratio 16): the what-if baseline is 136 ms for a "
-    "46 ms step, and PP003 claims a gain of 107 ms per step",
-}
+BASE_DEFECTS: dict[tuple[str, str], str] = {}
 
 
 def _scenario_inputs() -> list[object]:

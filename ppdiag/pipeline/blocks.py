@@ -245,10 +245,12 @@ def _device_cuts(
     sends = p2p & ((d == int(Direction.SEND)) | (d == int(Direction.BOTH)) | (d == int(Direction.NONE)))
     recvs = p2p & ((d == int(Direction.RECV)) | (d == int(Direction.BOTH)))
     # a receive that completes while a block computes (posted ahead) delimits nothing: only
-    # one the compute stream was idle for does
+    # one the compute stream was idle for does. The compute before it is the last run that began
+    # strictly earlier: a run that begins the instant the data lands (the next block, its kernels
+    # queued behind the receive) is the one the receive releases, not one it completed inside.
     r_end = iv.end[recvs]
     cs, ce = union(iv.start[comp], iv.end[comp])
-    k = np.searchsorted(cs, r_end, side="right") - 1
+    k = np.searchsorted(cs, r_end, side="left") - 1
     prev_end = np.where(k >= 0, ce[np.clip(k, 0, None)], np.iinfo(np.int64).min)
     next_start = np.where(k + 1 < cs.size, cs[np.clip(k + 1, 0, cs.size - 1)], np.iinfo(np.int64).max)
     idle_gap = (r_end >= prev_end) & (next_start - np.maximum(prev_end, 0) >= MIN_CUT_GAP_NS)
