@@ -382,17 +382,15 @@ def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> tuple
     whole = (bd.hi - bd.lo) / 2.0
     if w is None:
         return bd, whole
-    lo_v, s_up, r_up, hi_v, s_dn, r_dn, e_up, e_dn, l_up, l_dn = w
+    lo_v, s_up, r_up, hi_v, s_dn, r_dn, e_up, e_dn, _, _ = w
     mid = (bd.lo + bd.hi) / 2.0
     # low -> high: the receive on high was posted before the send on low began (D = mid)
-    w_up = r_up + mid < s_up - WAITED_NS
-    w_dn = r_dn < s_dn + mid - WAITED_NS
-    by_link = placed_by_link(lo_v[w_up], l_up[w_up], hi_v[w_dn], l_dn[w_dn])
-    if by_link is not None:
-        d, se = by_link
-    elif w_up.sum() >= MIN_WAITED and w_dn.sum() >= MIN_WAITED:
-        d = (float(np.quantile(lo_v[w_up], 0.75)) + float(np.quantile(hi_v[w_dn], 0.25))) / 2.0
-        se = math.hypot(mean_se(lo_v[w_up]), mean_se(hi_v[w_dn])) / 2.0
+    w_up, w_dn = r_up + mid < s_up - WAITED_NS, r_dn < s_dn + mid - WAITED_NS
+    placed = _both_ways(w, mid)
+    if placed is not None:
+        # which receives waited, judged again on the clock they placed (the interval's middle
+        # may be as far off as the queued transfers that set its ends)
+        d, se = _both_ways(w, placed[0]) or placed
     elif (not hi_v.size and w_up.any()) or (not lo_v.size and w_dn.any()):
         # transfers one way only (the other side of the interval is the collectives', as wide as
         # their spans): a receive that waited for its data ends as its send does, within a
@@ -404,6 +402,24 @@ def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> tuple
         return bd, whole
     r = abs(d - mid) + whole
     return _Bound(bd.a, bd.b, d - r, d + r, bd.n), se
+
+
+def _both_ways(w: tuple[npt.NDArray[np.float64], ...], at: float) -> tuple[float, float] | None:
+    """The offset and its standard error from the receives that waited both ways, judged waiting
+    on the clock ``at`` (a receive posted :data:`WAITED_NS` before its send began): per link where
+    two links or more are timed (:func:`placed_by_link`), else the middle of the pooled quartiles.
+    None when fewer than :data:`MIN_WAITED` receives waited either way."""
+    lo_v, s_up, r_up, hi_v, s_dn, r_dn, _, _, l_up, l_dn = w
+    # low -> high: the receive on high was posted before the send on low began (D = at)
+    w_up = r_up + at < s_up - WAITED_NS
+    w_dn = r_dn < s_dn + at - WAITED_NS
+    if w_up.sum() < MIN_WAITED or w_dn.sum() < MIN_WAITED:
+        return None
+    by_link = placed_by_link(lo_v[w_up], l_up[w_up], hi_v[w_dn], l_dn[w_dn])
+    if by_link is not None:
+        return by_link
+    d = (float(np.quantile(lo_v[w_up], 0.75)) + float(np.quantile(hi_v[w_dn], 0.25))) / 2.0
+    return d, math.hypot(mean_se(lo_v[w_up]), mean_se(hi_v[w_dn])) / 2.0
 
 
 def _span_jitter(pairs: Pairs, dom: dict[int, str]) -> float:
