@@ -11,7 +11,7 @@ import numpy as np
 
 from ppdiag.model import Intervals, Ranges, RankTimeline, Run
 from ppdiag.pipeline.clocks import Pairs
-from ppdiag.pipeline.host_clocks import fit_host_clocks
+from ppdiag.pipeline.host_clocks import _Bound, _refined, fit_host_clocks
 
 US = 1000
 SKEW = 5000  # µs: host b's clock reads this far ahead of host a's
@@ -74,3 +74,24 @@ def test_a_queued_link_does_not_move_the_offset() -> None:
 def test_links_alike_place_the_truth() -> None:
     # no queue: every link places -5000 (the middle of -5100 and -4900), pooled or per link
     assert _fit(0.0) == -5_000_000
+
+
+def test_waiting_is_judged_on_the_placed_clock() -> None:
+    # One link, the true offset 0. a -> b: 10 receives posted 500 µs before their send began,
+    # one-way 100 (bound -100); 30 posted 1000 µs after it (they did not wait), ending 50 later
+    # (bound -1050). b -> a: 20 receives posted 5000 µs early, one-way 100 (bound +100). The causal
+    # interval [-3100, -2900] is off (as transfers that queue put it): judged at its middle -3000,
+    # the late receives count as waiting (posted at +1000 - 3000 < -200), the upper quartile of the
+    # 40 lower bounds is -1050 + 0.25 * 950 = -812.5 and the place (-812.5 + 100) / 2 = -356.25.
+    # Judged again at -356.25 only the 10 that waited count: (-100 + 100) / 2 = 0.
+    t = np.arange(40) * 10_000.0
+    late = np.arange(40) >= 10
+    s_up = t
+    r_up = np.where(late, t + 1000, t - 500)
+    lo = s_up - np.where(late, t + 1050, t + 100)
+    s_dn = np.arange(20) * 10_000.0 + 5000
+    hi = np.full(20, 100.0)
+    cols = (lo, s_up, r_up, hi, s_dn, s_dn - 5000, lo * 0, hi * 0)
+    w = (*(np.asarray(x * US, np.float64) for x in cols), np.ones(40), np.ones(20))
+    placed, _ = _refined(_Bound(0, 1, -3_100_000, -2_900_000, 60), w)
+    assert (placed.lo + placed.hi) / 2 == 0
