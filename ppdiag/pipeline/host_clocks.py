@@ -28,7 +28,7 @@ import numpy.typing as npt
 from ppdiag.model import Direction, RangeKind, Run
 from ppdiag.pipeline.clock_se import capped, host_errors, known_clock_error, mean_se
 from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
-from ppdiag.pipeline.link_places import placed_by_link
+from ppdiag.pipeline.link_places import placed_both_ways
 from ppdiag.pipeline.links import host_of
 from ppdiag.pipeline.pair_stats import offsets_of
 from ppdiag.pipeline.peer_flow import _BWD, _FWD, _flow_class, _step_of
@@ -332,7 +332,7 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
 
 
 _Arrays = dict[tuple[int, int], list[npt.NDArray[np.float64]]]
-# per host pair: the forward and backward transfers' bounds with their receive starts (own clocks)
+# per host pair: each way's bounds, send and receive starts (own clocks), ends and links
 _Waits = dict[tuple[int, int], tuple[npt.NDArray[np.float64], ...]]
 
 
@@ -342,7 +342,7 @@ def _transfer_bounds(
     """Per pair of hosts (low index first, ``D = o_high - o_low``): the lower bounds ``send_start -
     recv_end`` of the transfers low -> high, the upper bounds ``recv_end - send_start`` of those
     high -> low, and for each the receive's and send's starts (to tell which receives waited) and
-    its link (the two ranks, either direction; :func:`placed_by_link`).
+    its link (the two ranks, either direction; :func:`placed_both_ways`).
     The waits' bounds (what places the offset within the interval) count from when the data left:
     the send's start plus its sender's hold (``holds``, per transfer; :func:`sender_holds`); the
     causal bounds keep the start, which no hold makes wrong."""
@@ -374,8 +374,9 @@ def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> tuple
     the send began, so the upper quartile of their lower bounds and the lower quartile of their
     upper bounds sit a latency either side of the offset; their middle is it where the latencies
     match both ways (the extremes of all bounds are set by the few transfers whose spans are
-    furthest off); per link, weighed by its round trip, where two links or more are timed so
-    (:func:`placed_by_link`). The interval keeps the first one's ends: its residual grows by the move.
+    furthest off); per link where several are timed, judged waiting on the interval's middle and
+    once more on the placed clock (:func:`placed_both_ways`). The interval keeps the first one's
+    ends: its residual grows by the move.
     Also the offset's standard error: the middle of two directions' places, each as uncertain as
     its transfers' spread over the root of their count (:func:`mean_se`), or the one direction's
     that placed it; the interval's half-width when no waited receive placed it."""
@@ -386,11 +387,11 @@ def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> tuple
     mid = (bd.lo + bd.hi) / 2.0
     # low -> high: the receive on high was posted before the send on low began (D = mid)
     w_up, w_dn = r_up + mid < s_up - WAITED_NS, r_dn < s_dn + mid - WAITED_NS
-    placed = _both_ways(w, mid)
+    placed = placed_both_ways(w, mid)
     if placed is not None:
         # which receives waited, judged again on the clock they placed (the interval's middle
         # may be as far off as the queued transfers that set its ends)
-        d, se = _both_ways(w, placed[0]) or placed
+        d, se = placed_both_ways(w, placed[0]) or placed
     elif (not hi_v.size and w_up.any()) or (not lo_v.size and w_dn.any()):
         # transfers one way only (the other side of the interval is the collectives', as wide as
         # their spans): a receive that waited for its data ends as its send does, within a
@@ -402,24 +403,6 @@ def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> tuple
         return bd, whole
     r = abs(d - mid) + whole
     return _Bound(bd.a, bd.b, d - r, d + r, bd.n), se
-
-
-def _both_ways(w: tuple[npt.NDArray[np.float64], ...], at: float) -> tuple[float, float] | None:
-    """The offset and its standard error from the receives that waited both ways, judged waiting
-    on the clock ``at`` (a receive posted :data:`WAITED_NS` before its send began): per link where
-    two links or more are timed (:func:`placed_by_link`), else the middle of the pooled quartiles.
-    None when fewer than :data:`MIN_WAITED` receives waited either way."""
-    lo_v, s_up, r_up, hi_v, s_dn, r_dn, _, _, l_up, l_dn = w
-    # low -> high: the receive on high was posted before the send on low began (D = at)
-    w_up = r_up + at < s_up - WAITED_NS
-    w_dn = r_dn < s_dn + at - WAITED_NS
-    if w_up.sum() < MIN_WAITED or w_dn.sum() < MIN_WAITED:
-        return None
-    by_link = placed_by_link(lo_v[w_up], l_up[w_up], hi_v[w_dn], l_dn[w_dn])
-    if by_link is not None:
-        return by_link
-    d = (float(np.quantile(lo_v[w_up], 0.75)) + float(np.quantile(hi_v[w_dn], 0.25))) / 2.0
-    return d, math.hypot(mean_se(lo_v[w_up]), mean_se(hi_v[w_dn])) / 2.0
 
 
 def _span_jitter(pairs: Pairs, dom: dict[int, str]) -> float:

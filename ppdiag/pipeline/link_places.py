@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.pipeline.clock_se import mean_se
-from ppdiag.pipeline.send_holds import MIN_WAITED
+from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS
 
 
 def placed_by_link(
@@ -50,4 +50,24 @@ def placed_by_link(
     return d, math.sqrt(sum((w * s) ** 2 for _, w, s in places)) / total
 
 
-__all__ = ["placed_by_link"]
+def placed_both_ways(w: tuple[npt.NDArray[np.float64], ...], at: float) -> tuple[float, float] | None:
+    """The offset and its standard error from the receives that waited both ways, judged waiting
+    on the clock ``at`` (a receive posted :data:`WAITED_NS` before its send began): per link where
+    two links or more are timed (:func:`placed_by_link`), else the middle of the pooled quartiles.
+    None when fewer than :data:`MIN_WAITED` receives waited either way. ``w``: a host pair's
+    transfers as ``host_clocks._transfer_bounds`` gives them (bounds, send and receive starts,
+    ends, links; low -> high, then high -> low)."""
+    lo_v, s_up, r_up, hi_v, s_dn, r_dn, _, _, l_up, l_dn = w
+    # low -> high: the receive on high was posted before the send on low began (D = at)
+    w_up = r_up + at < s_up - WAITED_NS
+    w_dn = r_dn < s_dn + at - WAITED_NS
+    if w_up.sum() < MIN_WAITED or w_dn.sum() < MIN_WAITED:
+        return None
+    by_link = placed_by_link(lo_v[w_up], l_up[w_up], hi_v[w_dn], l_dn[w_dn])
+    if by_link is not None:
+        return by_link
+    d = (float(np.quantile(lo_v[w_up], 0.75)) + float(np.quantile(hi_v[w_dn], 0.25))) / 2.0
+    return d, math.hypot(mean_se(lo_v[w_up]), mean_se(hi_v[w_dn])) / 2.0
+
+
+__all__ = ["placed_both_ways", "placed_by_link"]
