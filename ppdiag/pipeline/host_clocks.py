@@ -28,6 +28,7 @@ import numpy.typing as npt
 from ppdiag.model import Direction, RangeKind, Run
 from ppdiag.pipeline.clock_se import capped, host_errors, known_clock_error, mean_se
 from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
+from ppdiag.pipeline.link_places import placed_both_ways
 from ppdiag.pipeline.links import host_of
 from ppdiag.pipeline.pair_stats import offsets_of
 from ppdiag.pipeline.peer_flow import _BWD, _FWD, _flow_class, _step_of
@@ -331,7 +332,7 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
 
 
 _Arrays = dict[tuple[int, int], list[npt.NDArray[np.float64]]]
-# per host pair: the forward and backward transfers' bounds with their receive starts (own clocks)
+# per host pair: each way's bounds, send and receive starts (own clocks), ends and links
 _Waits = dict[tuple[int, int], tuple[npt.NDArray[np.float64], ...]]
 
 
@@ -340,7 +341,8 @@ def _transfer_bounds(
 ) -> tuple[_Arrays, _Arrays, _Waits]:
     """Per pair of hosts (low index first, ``D = o_high - o_low``): the lower bounds ``send_start -
     recv_end`` of the transfers low -> high, the upper bounds ``recv_end - send_start`` of those
-    high -> low, and for each the receive's and send's starts (to tell which receives waited).
+    high -> low, and for each the receive's and send's starts (to tell which receives waited) and
+    its link (the two ranks, either direction; :func:`placed_both_ways`).
     The waits' bounds (what places the offset within the interval) count from when the data left:
     the send's start plus its sender's hold (``holds``, per transfer; :func:`sender_holds`); the
     causal bounds keep the start, which no hold makes wrong."""
@@ -356,11 +358,14 @@ def _transfer_bounds(
     left = gap + holds  # the data's departure, not the send's issue
     ss, rs = pairs.send_start.astype(np.float64), pairs.recv_start.astype(np.float64)
     ends = (pairs.send_end - pairs.recv_end).astype(np.float64)
+    # each transfer's link (the two ranks, either direction): its own latencies, placed on its own
+    link = np.minimum(pairs.src, pairs.dst) * float(1 << 20) + np.maximum(pairs.src, pairs.dst)
     for a, b in {(min(int(x), int(y)), max(int(x), int(y))) for x, y in zip(ha, hb, strict=True) if x != y}:
         up, dn = (ha == a) & (hb == b), (ha == b) & (hb == a)
         lows.setdefault((a, b), []).append(gap[up])
         highs.setdefault((a, b), []).append(-gap[dn])
         waits[(a, b)] = (left[up], ss[up], rs[up], -left[dn], ss[dn], rs[dn], ends[up], -ends[dn])
+        waits[(a, b)] += (link[up], link[dn])
     return lows, highs, waits
 
 
@@ -369,21 +374,24 @@ def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> tuple
     the send began, so the upper quartile of their lower bounds and the lower quartile of their
     upper bounds sit a latency either side of the offset; their middle is it where the latencies
     match both ways (the extremes of all bounds are set by the few transfers whose spans are
-    furthest off). The interval keeps the first one's ends: its residual grows by the move.
+    furthest off); per link where several are timed, judged waiting on the interval's middle and
+    once more on the placed clock (:func:`placed_both_ways`). The interval keeps the first one's
+    ends: its residual grows by the move.
     Also the offset's standard error: the middle of two directions' places, each as uncertain as
     its transfers' spread over the root of their count (:func:`mean_se`), or the one direction's
     that placed it; the interval's half-width when no waited receive placed it."""
     whole = (bd.hi - bd.lo) / 2.0
     if w is None:
         return bd, whole
-    lo_v, s_up, r_up, hi_v, s_dn, r_dn, e_up, e_dn = w
+    lo_v, s_up, r_up, hi_v, s_dn, r_dn, e_up, e_dn, _, _ = w
     mid = (bd.lo + bd.hi) / 2.0
     # low -> high: the receive on high was posted before the send on low began (D = mid)
-    w_up = r_up + mid < s_up - WAITED_NS
-    w_dn = r_dn < s_dn + mid - WAITED_NS
-    if w_up.sum() >= MIN_WAITED and w_dn.sum() >= MIN_WAITED:
-        d = (float(np.quantile(lo_v[w_up], 0.75)) + float(np.quantile(hi_v[w_dn], 0.25))) / 2.0
-        se = math.hypot(mean_se(lo_v[w_up]), mean_se(hi_v[w_dn])) / 2.0
+    w_up, w_dn = r_up + mid < s_up - WAITED_NS, r_dn < s_dn + mid - WAITED_NS
+    placed = placed_both_ways(w, mid)
+    if placed is not None:
+        # which receives waited, judged again on the clock they placed (the interval's middle
+        # may be as far off as the queued transfers that set its ends)
+        d, se = placed_both_ways(w, placed[0]) or placed
     elif (not hi_v.size and w_up.any()) or (not lo_v.size and w_dn.any()):
         # transfers one way only (the other side of the interval is the collectives', as wide as
         # their spans): a receive that waited for its data ends as its send does, within a
