@@ -50,7 +50,7 @@ def _parse(path: Path) -> list[RankTimeline]:
 
 
 def _entries(d: Path) -> list[Path]:
-    return sorted(d.glob("*.npz")) if d.is_dir() else []
+    return sorted(d.glob("*.cols")) if d.is_dir() else []
 
 
 def _traces() -> list[Path]:
