@@ -50,7 +50,7 @@ def _parse(path: Path) -> list[RankTimeline]:
 
 
 def _entries(d: Path) -> list[Path]:
-    return sorted(d.glob("*.npz")) if d.is_dir() else []
+    return sorted(d.glob("*.cols")) if d.is_dir() else []
 
 
 def _traces() -> list[Path]:
@@ -116,6 +116,58 @@ def test_damaged_entry_is_a_miss_and_removed(cache_on: Path) -> None:
     assert not entry.exists()
     again = _parse(trace)
     assert [_state(t) for t in again] == [_state(t) for t in good]
+
+
+@pytest.mark.parametrize("where", ["header", "column"])
+def test_flipped_byte_is_a_miss_with_a_note(cache_on: Path, where: str) -> None:
+    # the entry's checksum covers the header and every column: one changed byte anywhere is damage
+    trace = TEST_DATA / "gpu_pp_rank0.json"
+    good = _parse(trace)
+    (entry,) = _entries(cache_on)
+    data = bytearray(entry.read_bytes())
+    at = 40 if where == "header" else len(data) - 9
+    data[at] ^= 0x01
+    entry.write_bytes(bytes(data))
+    key = cache.entry_key(trace, "kineto")
+    damaged: list[str] = []
+    assert key is not None and cache.get(key, damaged) is None
+    assert not entry.exists() and "checksum" in damaged[0]
+    again = _parse(trace)
+    assert [_state(t) for t in again] == [_state(t) for t in good]
+
+
+def test_old_npz_entry_is_never_read_and_is_cleared(cache_on: Path) -> None:
+    # an entry of the earlier .npz form under today's key: a plain miss (no damage note), a new
+    # entry written beside it, and `cache clear` removes both
+    trace = TEST_DATA / "gpu_pp_rank0.json"
+    key = cache.entry_key(trace, "kineto")
+    assert key is not None
+    cache_on.mkdir(parents=True)
+    old = cache_on / f"{key}.npz"
+    np.savez(old, meta=np.zeros(3, np.uint8))
+    damaged: list[str] = []
+    assert cache.get(key, damaged) is None and damaged == [] and old.exists()
+    ranks = _parse(trace)
+    assert not any("cache" in w for t in ranks for w in t.warnings)
+    assert len(_entries(cache_on)) == 1 and cache.info().entries == 2
+    assert cache.clear() == 2 and not old.exists() and _entries(cache_on) == []
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b'{"not": "a list"}',
+        b'[["x", "|O", [1], 0]]',  # an object array
+        b'[["x", "<i8", [-1], 0]]',  # a negative shape
+        b'[["x", "<i8", [1000], 0]]',  # beyond the end
+        b'[["x", "<i8", [1], -8]]',  # a negative offset
+    ],
+)
+def test_foreign_packed_bytes_are_refused(head: bytes) -> None:
+    head += b" " * (-(len(cache._PACK_MAGIC) + 8 + len(head)) % 8)
+    data = cache._PACK_MAGIC + len(head).to_bytes(8, "little") + head + bytes(64)
+    with pytest.raises((ValueError, TypeError)):
+        cache.decode_ranks(data)
 
 
 def test_odd_names_and_metadata_round_trip(cache_on: Path) -> None:

@@ -42,6 +42,8 @@ finding's gain.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +51,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution.collective_steps import run_waits
 from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves
+from ppdiag.attribution.collective_waits import _alloc as split_shares
 from ppdiag.attribution.link_latency import LinkLatencies
 from ppdiag.attribution.paint import paint
 from ppdiag.attribution.rank_step import RankStep, _m, rank_step
@@ -207,8 +210,7 @@ def attribute(
         trim_heap()
         # collectives the replay does not model as its step-end sync: waits for a late member
         waits = run_waits(steps, timelines, synced, collectives=collectives)
-        for k, mv in waits.moves.items():
-            causes[k] = apply_moves(causes[k], mv)
+        _apply_all_moves(causes, waits.moves)
         for name, var in full.items():
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
         del full
@@ -230,6 +232,34 @@ def attribute(
     notes.extend(waits.notes)
     gaps = paint(steps, causes)
     return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole)
+
+
+def _apply_all_moves(
+    causes: dict[tuple[int, int], dict[str, int]], moves: Mapping[tuple[int, int], dict[str, int]]
+) -> None:
+    """:func:`apply_moves` on every ``causes[k]`` with ``moves[k]``, in place, with one split per
+    set of move names (a run has one or a few), not one per rank-step: each row is split exactly
+    as :func:`apply_moves` splits it alone (the split works row by row)."""
+    groups: dict[tuple[str, ...], list[tuple[int, int]]] = defaultdict(list)
+    for k, mv in moves.items():
+        groups[tuple(mv)].append(k)
+    for names, keys in groups.items():
+        if not names:
+            continue
+        w = np.array([[float(moves[k][n]) for n in names] for k in keys], np.float64)
+        total = np.array([sum(moves[k].values()) for k in keys], np.int64)
+        have = np.array([causes[k].get("exposed_comm", 0) for k in keys], np.int64)
+        live = np.flatnonzero((total > 0) & (have > 0))
+        if live.size == 0:
+            continue
+        take = split_shares(np.minimum(total[live], have[live]), w[live])
+        for j, row in zip(live.tolist(), take.tolist(), strict=True):
+            k = keys[j]
+            out = dict(causes[k])
+            out["exposed_comm"] = int(have[j]) - sum(row)
+            for n, ns in zip(names, row, strict=True):
+                out[n] = out.get(n, 0) + ns
+            causes[k] = out
 
 
 def _replay_notes(rp: Replay, steps: list[RankStep], measured: dict[tuple[int, int], int]) -> list[str]:

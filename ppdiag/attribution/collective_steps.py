@@ -95,15 +95,9 @@ def run_waits(
             dtype=bool,
         )
         match = match.only_groups(same)
-    spans: dict[tuple[int, int], ivs.ISet] = {}
-    for rs in steps:
-        key = (rs.rank, rs.step)
-        x = exclude.get(key) if exclude else None
-        s0 = np.concatenate([rs.blocks.start, [x[0]] if x else []]).astype(np.int64)
-        s1 = np.concatenate([rs.blocks.end, [x[1]] if x else []]).astype(np.int64)
-        if s0.size:
-            spans[key] = ivs.union(s0, s1)
-    cw = collective_waits(sets, match, spans, pipeline_of, timing_tolerance_ns(timelines))
+    cw = collective_waits(
+        sets, match, _block_spans(steps, exclude), pipeline_of, timing_tolerance_ns(timelines)
+    )
     cw.notes[:0] = match.warnings
     return cw
 
@@ -149,3 +143,40 @@ def _comm_sets(steps: Sequence[StepLike]) -> list[ivs.ISet]:
             for rs in steps
         ]
     return line.split(ivs.union(line.put(g, s), line.put(g, e)))
+
+
+def _block_spans(
+    steps: Sequence[StepLike], exclude: dict[tuple[int, int], tuple[int, int]] | None
+) -> dict[tuple[int, int], ivs.ISet]:
+    """Each (rank, step)'s blocks and its ``exclude`` span as one set (for the steps with one of
+    them at least): all steps at once on one line, or one step at a time where the steps' spans do
+    not fit on one int64 line."""
+    keys = [(rs.rank, rs.step) for rs in steps]
+    xs = [exclude.get(k) for k in keys] if exclude else [None] * len(keys)
+    has_x = np.array([x is not None for x in xs], bool)
+    n = np.array([len(rs.blocks.start) for rs in steps], np.int64) + has_x
+    xg = np.flatnonzero(has_x)
+    # the blocks of every step, then the excluded spans (a set's order does not change its union)
+    g = np.r_[np.repeat(np.arange(len(steps), dtype=np.int64), n - has_x), xg]
+    parts_s = [rs.blocks.start for rs in steps] + [np.array([x[0] for x in xs if x is not None], np.int64)]
+    parts_e = [rs.blocks.end for rs in steps] + [np.array([x[1] for x in xs if x is not None], np.int64)]
+    s = np.concatenate(parts_s).astype(np.int64)
+    e = np.concatenate(parts_e).astype(np.int64)
+    lo = np.full(len(steps), np.iinfo(np.int64).max, np.int64)
+    hi = np.full(len(steps), np.iinfo(np.int64).min, np.int64)
+    np.minimum.at(lo, g, np.minimum(s, e))
+    np.maximum.at(hi, g, np.maximum(s, e))
+    lo[n == 0], hi[n == 0] = 0, 0
+    try:
+        line = Line.of(lo, hi)
+    except OverflowError:
+        line = None
+    if line is None:
+        o = np.argsort(g, kind="stable")
+        so, eo, cut = s[o], e[o], np.r_[0, np.cumsum(n)].tolist()
+        return {
+            keys[i]: ivs.union(so[cut[i] : cut[i + 1]], eo[cut[i] : cut[i + 1]])
+            for i in np.flatnonzero(n).tolist()
+        }
+    sets = line.split(ivs.union(line.put(g, s), line.put(g, e)))
+    return {keys[i]: sets[i] for i in np.flatnonzero(n).tolist()}

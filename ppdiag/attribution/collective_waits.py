@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.collective_spans import SpanMeasures
+from ppdiag.attribution.replica_sums import replica_sums
 from ppdiag.attribution.tolerance import ROUND_NS
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.collectives import SYNC_TOL_NS, CollectiveMatch
@@ -213,24 +214,7 @@ def _replica_excess(
     )
     order = np.argsort(q_key, kind="stable")
     k_sorted = q_key[order]
-    comp = np.zeros(q_t.size, np.int64)
-    host = np.zeros(q_t.size, np.int64)
-    for rs in sets:
-        p = int(lut[rs.rank]) if rs.rank < n_lut else -1
-        if p < 0:
-            continue
-        k = p * n_step + rs.step
-        a, b = np.searchsorted(k_sorted, k, "left"), np.searchsorted(k_sorted, k, "right")
-        if a == b:
-            continue
-        qs = order[a:b]
-        t = np.maximum(q_t[qs], rs.w0)
-        host[qs] += ivs.prefix_measure(rs.host, t) - ivs.prefix_measure(
-            rs.host, np.full(t.shape, rs.w0, np.int64)
-        )
-        # a block that ends as the rank reaches the collective (within ``tol_ns``) was finished:
-        # ns jitter must not take a whole block's compute out of the comparison
-        comp[qs] += rs.block_busy_cum[np.searchsorted(rs.block_end, t + tol_ns, side="right")]
+    comp, host = replica_sums(sets, lut, n_step, k_sorted, order, q_t, tol_ns)
     n = todo.size
     ex = np.zeros((n, len(REASONS)), np.float64)
     ex[:, REASONS.index("host_stall")] = host[:n] - host[n:]

@@ -3,9 +3,14 @@
 One entry per trace file, keyed by the file's resolved path, size, ``mtime_ns``, a BLAKE2b hash of
 all its on-disk bytes (so a file rewritten in place with the same size and mtime still misses), the
 format name and the parser version (ppdiag's version plus a hash of the parser and model sources:
-any code change invalidates every entry). An entry is one ``.npz`` (``allow_pickle=False``): every
-column array of every rank, the interned names as one UTF-8 blob with offsets, and the rest of each
-:class:`RankTimeline` as JSON. Nothing is pickled, nothing is executed when an entry is read.
+any code change invalidates every entry). An entry is one ``.cols`` file: a magic line, a CRC-32 of
+the rest, then every column array of every rank back to back (8-byte aligned, after a JSON header of
+their names, dtypes, shapes and offsets), the interned names as one UTF-8 blob with offsets, and
+the rest of each :class:`RankTimeline` as JSON. It is read with one ``readinto`` and every column is
+a view of that one buffer (the ``.npz`` it replaces read thousands of small zip members one at a
+time: 0.27 s CPU of a 3.5 s warm re-run of a 128-rank op table, 0.055 s now). Nothing is pickled,
+nothing is executed when an entry is read; entries of the old ``.npz`` form are never read (a
+miss) and ``cache clear`` removes them.
 
 Where: ``$PPDIAG_CACHE_DIR``, else the user cache dir (``platformdirs``, else
 ``$XDG_CACHE_HOME/ppdiag`` or ``~/.cache/ppdiag``). ``PPDIAG_NO_CACHE=1`` (the CLI's ``--no-cache``)
@@ -17,11 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
+import math
 import os
 import tempfile
-import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +36,10 @@ import numpy as np
 
 from ppdiag.model import Intervals, ProcessGroup, Ranges, RankTimeline
 
-_ENTRY_SUFFIX = ".npz"
+_ENTRY_SUFFIX = ".cols"
+# the suffix of entries written before the flat form: never read, counted and removed as entries
+_OLD_SUFFIXES = (".npz",)
+_ENTRY_MAGIC = b"PPDIAG-CACHE-1\n\0"
 _HASH_CHUNK = 1 << 22
 # RankTimeline fields stored as JSON (the rest are the column tables and the names)
 _META_FIELDS = (
@@ -209,15 +217,14 @@ def _table(cls: type[_T], z: Any, prefix: str) -> _T:
 
 
 def get(key: str, damaged: list[str] | None = None) -> list[RankTimeline] | None:
-    """The ranks stored under ``key``, or None. A damaged entry (unreadable, a column shorter than
-    its table, an array header claiming more items than memory holds, a name id out of range) is
-    removed, and ``damaged`` receives why."""
+    """The ranks stored under ``key``, or None. A damaged entry (unreadable, shorter than it says,
+    its bytes not those its checksum was taken of, a column shorter than its table, a name id out
+    of range) is removed, and ``damaged`` receives why."""
     p = _entry_path(key)
     if not p.is_file():
         return None
     try:
-        with np.load(p, allow_pickle=False) as z:
-            return _decode(z)
+        return _decode(_unpack(_read_entry(p), _ENTRY_HEAD))
     except (
         OSError,
         ValueError,
@@ -228,7 +235,6 @@ def get(key: str, damaged: list[str] | None = None) -> list[RankTimeline] | None
         MemoryError,
         OverflowError,
         RecursionError,
-        zipfile.BadZipFile,
         UnicodeDecodeError,
         EOFError,
     ) as exc:
@@ -240,20 +246,44 @@ def get(key: str, damaged: list[str] | None = None) -> list[RankTimeline] | None
         return None
 
 
+# magic, then the CRC-32 of everything after these 24 bytes (little-endian, in 8 bytes)
+_ENTRY_HEAD = len(_ENTRY_MAGIC) + 8
+
+
+def _read_entry(p: Path) -> np.ndarray[Any, Any]:
+    """The bytes of one entry, in one read into one writable buffer, its checksum verified."""
+    with open(p, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        # np.empty, not bytearray: no zero fill of a buffer that is about to be overwritten
+        buf = np.empty(size, np.uint8)
+        if fh.readinto(buf.data) != size:
+            raise EOFError("the entry ended before its size")
+    if size < _ENTRY_HEAD or bytes(buf[: len(_ENTRY_MAGIC)]) != _ENTRY_MAGIC:
+        raise ValueError("not a cache entry of this form")
+    if zlib.crc32(buf.data[_ENTRY_HEAD:]) != int.from_bytes(
+        bytes(buf[len(_ENTRY_MAGIC) : _ENTRY_HEAD]), "little"
+    ):
+        raise ValueError("the entry's bytes do not match its checksum")
+    return buf
+
+
 def put(key: str, ranks: list[RankTimeline]) -> bool:
     """Store ``ranks`` under ``key`` (atomically: temp file + rename). False when not stored."""
-    arrays = _encode(ranks)
-    if arrays is None:
+    parts = _pack(ranks)
+    if parts is None:
         return False
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
     d = cache_dir()
     try:
         d.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        np.savez(buf, allow_pickle=False, **arrays)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=_ENTRY_SUFFIX)
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(buf.getbuffer())
+                fh.write(_ENTRY_MAGIC + crc.to_bytes(8, "little"))
+                for part in parts:
+                    fh.write(part)
             os.replace(tmp, _entry_path(key))
         except BaseException:
             with contextlib.suppress(OSError):
@@ -274,8 +304,15 @@ class CacheInfo:
 
 
 def _is_entry(name: str) -> bool:
-    stem = name[: -len(_ENTRY_SUFFIX)]
-    return name.endswith(_ENTRY_SUFFIX) and len(stem) == 40 and all(c in "0123456789abcdef" for c in stem)
+    """An entry's name: 40 hex digits and the suffix of this form or of an old one (which ``info``
+    counts and ``clear`` removes, as they take room, though no lookup reads them)."""
+    stem, dot, suffix = name.rpartition(".")
+    return (
+        bool(dot)
+        and f".{suffix}" in (_ENTRY_SUFFIX, *_OLD_SUFFIXES)
+        and len(stem) == 40
+        and all(c in "0123456789abcdef" for c in stem)
+    )
 
 
 def _entries() -> Iterator[Path]:
@@ -305,7 +342,8 @@ def clear() -> int:
         return 0
     for p in d.iterdir():
         is_entry = _is_entry(p.name)
-        if not (is_entry or (p.name.startswith(".tmp-") and p.name.endswith(_ENTRY_SUFFIX))):
+        is_tmp = p.name.startswith(".tmp-") and p.name.endswith((_ENTRY_SUFFIX, *_OLD_SUFFIXES))
+        if not (is_entry or is_tmp):
             continue
         try:
             p.unlink()
@@ -318,12 +356,9 @@ def clear() -> int:
 _PACK_MAGIC = b"PPDIAG-RANKS-1\n"
 
 
-def encode_ranks(ranks: list[RankTimeline]) -> bytes | None:
-    """``ranks`` as one flat byte string (the entry's arrays back to back, 8-byte aligned, after a
-    JSON header of their names, dtypes and shapes; no pickle, no zip), or None when a timeline
-    holds something an entry cannot carry exactly. For moving parsed ranks between processes or
-    machines (the scale-out's per-rank digests): a few hundred bytes of overhead, and decoding is
-    one copy plus a view per column."""
+def _pack(ranks: list[RankTimeline]) -> list[bytes] | None:
+    """The parts of :func:`encode_ranks`' bytes (to be joined or written one after another), or
+    None when a timeline holds something an entry cannot carry exactly."""
     arrays = _encode(ranks)
     if arrays is None:
         return None
@@ -340,8 +375,50 @@ def encode_ranks(ranks: list[RankTimeline]) -> bytes | None:
         parts.append(raw + b"\0" * pad)
         off += len(raw) + pad
     h = json.dumps(head).encode()
+    # the header padded so that the arrays start 8-byte aligned (the entry's own head is 24 bytes)
     h += b" " * (-(len(_PACK_MAGIC) + 8 + len(h)) % 8)
-    return b"".join([_PACK_MAGIC, len(h).to_bytes(8, "little"), h, *parts])
+    return [_PACK_MAGIC, len(h).to_bytes(8, "little"), h, *parts]
+
+
+def _unpack(buf: np.ndarray[Any, Any], start: int) -> dict[str, np.ndarray[Any, Any]]:
+    """The arrays packed from ``buf[start]`` on, each a view of ``buf``. Raises ValueError or
+    TypeError for bytes :func:`_pack` did not write (a header that is not a list of arrays, an
+    object dtype, an array beyond the end)."""
+    n0 = start + len(_PACK_MAGIC)
+    if bytes(buf[start:n0]) != _PACK_MAGIC:
+        raise ValueError("not encoded ranks")
+    body = n0 + 8 + int.from_bytes(bytes(buf[n0 : n0 + 8]), "little")
+    if body > len(buf):
+        raise ValueError("the header runs past the end")
+    head = json.loads(bytes(buf[n0 + 8 : body]))
+    if not isinstance(head, list):
+        raise TypeError("the header is not a list")
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    for name, dt, shape, off in head:
+        dtype = np.dtype(dt)
+        if dtype.hasobject or not isinstance(off, int) or off < 0:
+            raise ValueError(f"{name}: an object dtype or a bad offset")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"{name}: a bad shape")
+        count = math.prod(shape)
+        if body + off + count * dtype.itemsize > len(buf):
+            raise ValueError(f"{name}: beyond the end of the data")
+        arrays[name] = (
+            np.frombuffer(buf, dtype=dtype, count=count, offset=body + off).reshape(shape)
+            if count
+            else np.zeros(shape, dtype)
+        )
+    return arrays
+
+
+def encode_ranks(ranks: list[RankTimeline]) -> bytes | None:
+    """``ranks`` as one flat byte string (the entry's arrays back to back, 8-byte aligned, after a
+    JSON header of their names, dtypes and shapes; no pickle, no zip), or None when a timeline
+    holds something an entry cannot carry exactly. For moving parsed ranks between processes or
+    machines (the scale-out's per-rank digests): a few hundred bytes of overhead, and decoding is
+    one copy plus a view per column."""
+    parts = _pack(ranks)
+    return None if parts is None else b"".join(parts)
 
 
 def decode_ranks(data: bytes) -> list[RankTimeline]:
@@ -349,20 +426,7 @@ def decode_ranks(data: bytes) -> list[RankTimeline]:
     Raises ValueError for bytes it did not write."""
     if not data.startswith(_PACK_MAGIC):
         raise ValueError("not encoded ranks")
-    n0 = len(_PACK_MAGIC)
-    hl = int.from_bytes(data[n0 : n0 + 8], "little")
-    head = json.loads(data[n0 + 8 : n0 + 8 + hl])
-    buf = bytearray(data[n0 + 8 + hl :])
-    arrays: dict[str, np.ndarray[Any, Any]] = {}
-    for name, dt, shape, off in head:
-        dtype = np.dtype(dt)
-        count = int(np.prod(shape)) if shape else 1
-        arrays[name] = (
-            np.frombuffer(buf, dtype=dtype, count=count, offset=off).reshape(shape)
-            if count
-            else np.zeros(shape, dtype)
-        )
-    return _decode(arrays)
+    return _decode(_unpack(np.frombuffer(data, np.uint8).copy(), 0))
 
 
 __all__ = [
