@@ -8,61 +8,20 @@ import dataclasses
 import math
 
 import numpy as np
-from handbuilt_blocks import blocks_us
-from test_causes_cpu_posting import C, P, _tl
-from test_causes_handbuilt import F
+from test_link_latency import gloo_gpipe, whole_transfers
 
-from ppdiag.attribution.causes import attribute, rank_step
-from ppdiag.model import Direction, Kind, RankTimeline
+from ppdiag.model import RankTimeline
 from ppdiag.pipeline.clock_se import capped, host_errors, known_clock_error, mean_se
-from ppdiag.pipeline.clocks import Pairs, p2p_ops
+from ppdiag.pipeline.clocks import Pairs
 
 US = 1000
 
 
 def _gpipe_late_post() -> dict[int, RankTimeline]:
-    """Two-stage GPipe, M = 3, forward only, F = 1000 µs, on gloo (µs on the aligned clock).
-    Stage 0 issues each send as its block ends (its gloo:send spans open at 1040, 2090, 3140) and
-    the link delivers 5000 µs later. Stage 1 posts its first receive at 1020-1070 and waits
-    (1070-6010) through the transfer: its wait begins 30 µs after the issue, as a clock 30 µs
-    off would show a wait that began 30 µs before it. The later two waits time only their 10 µs
-    remainder (as in test_link_latency)."""
-    send, recv = int(Direction.SEND), int(Direction.RECV)
-    r0 = [
-        (0, 1000, C, 5, -1, 0),
-        (1000, 1050, P, 1, 1, send),
-        (1050, 2050, C, 5, -1, 0),
-        (2050, 2100, P, 1, 1, send),
-        (2100, 3100, C, 5, -1, 0),
-        (3100, 3150, P, 1, 1, send),
-        (3150, 8130, P, 3, 1, send),
-        (8130, 9230, Kind.COLLECTIVE, 0, -1, 0),
-    ]
-    r0_spans = [(1040, 8130, P, 3, 1, send), (2090, 8130, P, 3, 1, send), (3140, 8130, P, 3, 1, send)]
-    r1 = [
-        (1020, 1070, P, 2, 0, recv),
-        (1070, 6010, P, 4, 0, recv),
-        (6010, 7010, C, 5, -1, 0),
-        (7010, 7060, P, 2, 0, recv),
-        (7060, 7070, P, 4, 0, recv),
-        (7070, 8070, C, 5, -1, 0),
-        (8070, 8120, P, 2, 0, recv),
-        (8120, 8130, P, 4, 0, recv),
-        (8130, 9130, C, 5, -1, 0),
-        (9130, 9230, Kind.COLLECTIVE, 0, -1, 0),
-    ]
-    r1_spans = [(1030, 6010, P, 4, 0, recv), (7020, 7070, P, 4, 0, recv), (8080, 8130, P, 4, 0, recv)]
-    return {0: _tl(0, r0, r0_spans), 1: _tl(1, r1, r1_spans)}
-
-
-def _whole(tls: dict[int, RankTimeline]) -> list[tuple[tuple[int, int, int], bool]]:
-    blocks = {
-        0: [(0, 1000, F, 0, 0), (1050, 2050, F, 1, 0), (2100, 3100, F, 2, 0)],
-        1: [(6010, 7010, F, 0, 1), (7070, 8070, F, 1, 1), (8130, 9130, F, 2, 1)],
-    }
-    steps = [rank_step(tls[r], 0, 0, 0, 9230 * US, blocks_us(blocks[r])) for r in (0, 1)]
-    att = attribute(steps, tls, {r: p2p_ops(tl) for r, tl in tls.items()}, 1, True)
-    return sorted(((p, c, t // US), w) for (p, c, t, _), w in zip(att.edges, att.edge_whole, strict=True))
+    """:func:`test_link_latency.gloo_gpipe` with stage 1's first receive posted at 1020-1070 and
+    waiting (1070-6010) through the transfer: its wait begins 30 µs after the issue (1040), as a
+    clock 30 µs off would show a wait that began 30 µs before it."""
+    return gloo_gpipe(1020, 1070, 1030)
 
 
 def _on_hosts(tls: dict[int, RankTimeline], se_us: int) -> dict[int, RankTimeline]:
@@ -78,11 +37,15 @@ def test_a_wait_that_began_within_the_clock_margin_after_the_issue_times_the_who
     # after the issue
     tls = _gpipe_late_post()
     # one host: the times are on one clock, 30 µs after is after: only what was left was timed
-    assert _whole(tls) == [((0, 1, 10), False), ((0, 1, 10), False), ((0, 1, 4940), False)]
+    assert whole_transfers(tls) == [((0, 1, 10), False), ((0, 1, 10), False), ((0, 1, 4940), False)]
     # two hosts whose offset is known to 50 µs: 30 µs is too close to tell, the wait counts whole
-    assert _whole(_on_hosts(tls, 50)) == [((0, 1, 10), False), ((0, 1, 10), False), ((0, 1, 4940), True)]
+    assert whole_transfers(_on_hosts(tls, 50)) == [
+        ((0, 1, 10), False),
+        ((0, 1, 10), False),
+        ((0, 1, 4940), True),
+    ]
     # known to 20 µs: 30 µs after is after again
-    assert _whole(_on_hosts(tls, 20))[-1] == ((0, 1, 4940), False)
+    assert whole_transfers(_on_hosts(tls, 20))[-1] == ((0, 1, 4940), False)
 
 
 def test_the_margin_of_two_ranks_is_their_hosts_errors_in_quadrature() -> None:

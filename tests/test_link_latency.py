@@ -16,7 +16,7 @@ from test_causes_handbuilt import RECV, SEND, B, F, Op, _causes, _check
 
 from ppdiag.attribution.causes import attribute, rank_step
 from ppdiag.attribution.link_latency import LinkLatencies, _links_of, link_latencies
-from ppdiag.model import Direction, Kind
+from ppdiag.model import Direction, Kind, RankTimeline
 from ppdiag.pipeline.clocks import p2p_ops
 
 US = 1000
@@ -176,15 +176,14 @@ def test_a_link_is_as_late_as_the_transfers_its_consumer_waited_through_whole() 
     assert link_latencies(slow + _waits((1, 0), [100] * 8), whole + [True] * 8).slow() == {}
 
 
-def test_the_replay_tells_which_waits_timed_the_whole_transfer() -> None:
-    # Two-stage GPipe, M = 3, forward only, F = 1000 µs, on gloo (host ops, one clock, µs). Stage
-    # 0 issues each send as its block ends (calls 1000-1050, 2050-2100, 3100-3150) and the link
-    # delivers 5000 µs later; it waits for its sends (gloo:send tail) to 8130, then an all-reduce.
-    # Stage 1 posts its first receive at 0-50 and waits (tail 50-6010) through the whole of the
-    # first transfer; it is then 5000 µs behind, and each later receive (posted at 7010 and 8070,
-    # after the data arrived at 7050 and 8100) waits 10 µs. The first wait timed the whole
-    # transfer (6010 - 1040 = 4970 µs from the issue, where its gloo:send span opens), the other
-    # two only their 10 µs remainder.
+def gloo_gpipe(first_post: int, first_wait: int, first_span: int) -> dict[int, RankTimeline]:
+    """Two-stage GPipe, M = 3, forward only, F = 1000 µs, on gloo (host ops, µs on one clock).
+    Stage 0 issues each send as its block ends (calls 1000-1050, 2050-2100, 3100-3150; its
+    gloo:send spans open at 1040, 2090, 3140) and the link delivers 5000 µs later; it waits for
+    its sends (gloo:send tail) to 8130, then an all-reduce. Stage 1 posts its first receive at
+    ``first_post`` (50 µs) and waits from ``first_wait`` (its span from ``first_span``) to 6010,
+    through the first transfer; it is then 5000 µs behind, and each later receive (posted at 7010
+    and 8070, after the data arrived at 7050 and 8100) waits 10 µs."""
     send, recv = int(Direction.SEND), int(Direction.RECV)
     r0 = [
         (0, 1000, C, 5, -1, 0),
@@ -198,8 +197,8 @@ def test_the_replay_tells_which_waits_timed_the_whole_transfer() -> None:
     ]
     r0_spans = [(1040, 8130, P, 3, 1, send), (2090, 8130, P, 3, 1, send), (3140, 8130, P, 3, 1, send)]
     r1 = [
-        (0, 50, P, 2, 0, recv),
-        (50, 6010, P, 4, 0, recv),
+        (first_post, first_wait, P, 2, 0, recv),
+        (first_wait, 6010, P, 4, 0, recv),
         (6010, 7010, C, 5, -1, 0),
         (7010, 7060, P, 2, 0, recv),
         (7060, 7070, P, 4, 0, recv),
@@ -209,15 +208,26 @@ def test_the_replay_tells_which_waits_timed_the_whole_transfer() -> None:
         (8130, 9130, C, 5, -1, 0),
         (9130, 9230, Kind.COLLECTIVE, 0, -1, 0),
     ]
-    r1_spans = [(10, 6010, P, 4, 0, recv), (7020, 7070, P, 4, 0, recv), (8080, 8130, P, 4, 0, recv)]
-    tls = {0: _tl(0, r0, r0_spans), 1: _tl(1, r1, r1_spans)}
+    r1_spans = [(first_span, 6010, P, 4, 0, recv), (7020, 7070, P, 4, 0, recv), (8080, 8130, P, 4, 0, recv)]
+    return {0: _tl(0, r0, r0_spans), 1: _tl(1, r1, r1_spans)}
+
+
+def whole_transfers(tls: dict[int, RankTimeline]) -> list[tuple[tuple[int, int, int], bool]]:
+    """The replay's waits of :func:`gloo_gpipe` as ((producer, consumer, transfer µs), timed whole)."""
     blocks = {
         0: [(0, 1000, F, 0, 0), (1050, 2050, F, 1, 0), (2100, 3100, F, 2, 0)],
         1: [(6010, 7010, F, 0, 1), (7070, 8070, F, 1, 1), (8130, 9130, F, 2, 1)],
     }
     steps = [rank_step(tls[r], 0, 0, 0, 9230 * US, blocks_us(blocks[r])) for r in (0, 1)]
     att = attribute(steps, tls, {r: p2p_ops(tl) for r, tl in tls.items()}, 1, True)
-    got = sorted(((p, c, t // US), w) for (p, c, t, _), w in zip(att.edges, att.edge_whole, strict=True))
+    return sorted(((p, c, t // US), w) for (p, c, t, _), w in zip(att.edges, att.edge_whole, strict=True))
+
+
+def test_the_replay_tells_which_waits_timed_the_whole_transfer() -> None:
+    # the first receive is posted at 0-50 and its wait timed the whole transfer (6010 - 1040 =
+    # 4970 µs from the issue, where its gloo:send span opens), the other two only their 10 µs
+    # remainder
+    got = whole_transfers(gloo_gpipe(0, 50, 10))
     assert got == [((0, 1, 10), False), ((0, 1, 10), False), ((0, 1, 4970), True)]
 
 
