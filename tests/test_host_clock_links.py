@@ -8,20 +8,14 @@ its quartiles would set the place.
 from __future__ import annotations
 
 import numpy as np
+from test_host_clock_holds import _bare
 
-from ppdiag.model import Intervals, Ranges, RankTimeline, Run
+from ppdiag.model import Run
 from ppdiag.pipeline.clocks import Pairs
 from ppdiag.pipeline.host_clocks import _Bound, _refined, fit_host_clocks
 
 US = 1000
 SKEW = 5000  # µs: host b's clock reads this far ahead of host a's
-
-
-def _bare(rank: int, host: str) -> RankTimeline:
-    return RankTimeline(
-        rank, f"rank{rank}", "kineto", [""], Intervals.empty(), Ranges.empty(), cpu_only=True,
-        meta={"host_name": host},
-    )  # fmt: skip
 
 
 def _pairs(queued_ms: float) -> Pairs:
