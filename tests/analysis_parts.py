@@ -31,6 +31,14 @@ def pipeline(diag: Diagnosis[Any]) -> Pipeline:
     return pipe
 
 
+def replay_args(diag: Diagnosis[Any]) -> tuple[Any, ...]:
+    """What :class:`~ppdiag.attribution.replay_run.Replay` is built from in an analysis: the
+    rank-steps, the timelines by rank, the matched p2p ops and the last virtual stage."""
+    pipe = pipeline(diag)
+    topo = pipe.topology
+    return (context(diag).rank_steps, diag.run.by_rank(), pipe.ops, topo.pp * topo.virtual - 1)
+
+
 def attribution(diag: Diagnosis[Any]) -> Attribution:
     """The time accounting of an analysis."""
     attr = context(diag).attribution

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from analysis_parts import context, pipeline
+from analysis_parts import context, pipeline, replay_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -404,8 +404,7 @@ def test_replay_graph_check_finds_broken_graphs(tmp_path: Path) -> None:
     run = make_scenario(pp=4, microbatches=4, steps=2)
     write_kineto(run, tmp_path)
     diag = diagnose([tmp_path], Options())
-    pipe = pipeline(diag)
-    rp = Replay(context(diag).rank_steps, diag.run.by_rank(), pipe.ops, pipe.topology.pp - 1)
+    rp = Replay(*replay_args(diag))
     assert rp.check() == []
     rp.nodes[3].edges.append((3, 0))  # a block that waits for itself
     rp.nodes[5].post = -1
@@ -423,8 +422,7 @@ def test_variants_without_their_kind_of_delay_are_computed_once(tmp_path: Path) 
     run = make_scenario(pp=4, microbatches=8, steps=2)
     write_nsys(run, tmp_path)
     diag = diagnose([tmp_path], Options())
-    pipe = pipeline(diag)
-    rp = Replay(context(diag).rank_steps, diag.run.by_rank(), pipe.ops, pipe.topology.pp - 1)
+    rp = Replay(*replay_args(diag))
     for kw in VARIANTS:
         assert rp.run(**kw) == _reference_run(rp, **kw), kw
     assert rp.run(copy=False) == rp.run() == rp.run(comm_excess=False)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from analysis_parts import context, pipeline
+from analysis_parts import replay_args
+from test_replay_waits_many import CASES as WAIT_CASES
 
 from ppdiag.api import Options, diagnose
 from ppdiag.attribution import replay_plan
@@ -26,13 +27,7 @@ from ppsynth.nsys import write_nsys
 from ppsynth.scenario import make_scenario
 
 CASES: dict[str, dict[str, Any]] = {
-    "slow_link": dict(pp=4, microbatches=8, faults=[F.SlowLink(1, delay_ms=0.3)]),
-    "host_stall_interleaved": dict(
-        schedule="interleaved_1f1b", virtual=2, pp=2, microbatches=4, faults=[F.HostStall(1, 0.5)]
-    ),
-    "comm_on_compute_dp2": dict(
-        pp=4, microbatches=4, dp=2, faults=[F.CommOnCompute(), F.ExposedAllReduce(1.0)]
-    ),
+    **WAIT_CASES,
     "gpipe_slow_stage": dict(schedule="gpipe", pp=4, microbatches=8, faults=[F.SlowStage(2, 1.5)]),
 }
 
@@ -49,14 +44,7 @@ VARIANTS = [
 def _replay_args(tmp_path: Path, name: str, fmt: str) -> tuple[Any, ...]:
     run = make_scenario(steps=3, **CASES[name])
     (write_kineto if fmt == "kineto" else write_nsys)(run, tmp_path)
-    diag = diagnose([tmp_path], Options())
-    pipe = pipeline(diag)
-    return (
-        context(diag).rank_steps,
-        diag.run.by_rank(),
-        pipe.ops,
-        pipe.topology.pp * pipe.topology.virtual - 1,
-    )
+    return replay_args(diagnose([tmp_path], Options()))
 
 
 @pytest.mark.parametrize("fmt", ["kineto", "nsys"])
@@ -83,9 +71,7 @@ def test_a_deep_graph_is_placed_node_at_a_time(tmp_path: Path) -> None:
     # MIN_WIDTH (256): the loop; a graph of 256 ranks of one step each would take the levels
     run = make_scenario(pp=2, microbatches=8, steps=6)
     write_kineto(run, tmp_path)
-    diag = diagnose([tmp_path], Options())
-    pipe = pipeline(diag)
-    rp = Replay(context(diag).rank_steps, diag.run.by_rank(), pipe.ops, pipe.topology.pp - 1)
+    rp = Replay(*replay_args(diagnose([tmp_path], Options())))
     depth = replay_plan.chain_depth(rp)
     nodes = sum(rp.count.values())
     assert nodes == 2 * 6 * 16

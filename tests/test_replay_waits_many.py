@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from analysis_parts import context, pipeline
+from analysis_parts import replay_args
 
 from ppdiag.api import Options, diagnose
 from ppdiag.attribution import replay_graph
@@ -60,13 +60,7 @@ def test_waits_as_arrays_equal_one_wait_at_a_time(
     run = make_scenario(steps=2, **CASES[name])
     (write_kineto if fmt == "kineto" else write_nsys)(run, tmp_path)
     diag = diagnose([tmp_path], Options())
-    pipe = pipeline(diag)
-    args = (
-        context(diag).rank_steps,
-        diag.run.by_rank(),
-        pipe.ops,
-        pipe.topology.pp * pipe.topology.virtual - 1,
-    )
+    args = replay_args(diag)
     fast = Replay(*args)
     assert fast.waits.size, "the case has waits"
 
