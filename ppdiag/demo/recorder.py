@@ -206,7 +206,19 @@ def record(config: DemoConfig, out_dir: Path, progress: Progress | None = None) 
         if wfd >= 0:
             os.close(wfd)
         os.close(rfd)
+        _remove_work(work)
+
+
+def _remove_work(work: Path, patience_s: float = 10.0) -> None:
+    """Remove the run's work folder, again while it reappears. A rank sent SIGKILL may still
+    finish a write it is in the middle of (the kill takes effect when the call returns), and on a
+    loaded host that can land after one ``rmtree`` has listed the folder, which then stays."""
+    end = time.monotonic() + patience_s
+    while True:
         shutil.rmtree(work, ignore_errors=True)
+        if not work.exists() or time.monotonic() > end:
+            return
+        time.sleep(0.05)
 
 
 def _clean_out_dir(out: Path) -> Path:
