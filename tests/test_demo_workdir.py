@@ -28,7 +28,7 @@ def test_a_write_after_the_first_removal_is_removed_too(
             Path(path).mkdir()
             (Path(path) / "rank2.partial").write_text("late")
 
-    monkeypatch.setattr(recorder.shutil, "rmtree", rmtree_then_late_write)
+    monkeypatch.setattr(shutil, "rmtree", rmtree_then_late_write)
     recorder._remove_work(work)
     assert not work.exists()
     assert len(calls) == 2
@@ -38,6 +38,6 @@ def test_patience_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     """A folder that cannot be removed (here: never) is given up on after the patience."""
     work = tmp_path / "stuck"
     work.mkdir()
-    monkeypatch.setattr(recorder.shutil, "rmtree", lambda path, ignore_errors=False: None)
+    monkeypatch.setattr(shutil, "rmtree", lambda path, ignore_errors=False: None)
     recorder._remove_work(work, patience_s=0.2)
     assert work.exists()
