@@ -120,3 +120,29 @@ def test_a_hold_measured_by_medians_fits_a_round_trip_of_lower_quartiles() -> No
     assert got is not None
     off, _, _ = got
     assert off == {0: 0, 1: 0, 2: -5_000_000}
+
+
+def test_sends_queued_now_and_then_are_no_hold() -> None:
+    # Ranks 0 and 1 on host a, rank 2 on b (5000 µs ahead). Rank 1's sends to rank 0 leave 3000
+    # µs late in steps 2-4 only (queued behind other ops; one-way 100 in steps 0-1, 3100 after):
+    # its median excess is 3000 µs, its lower quartile's 0, so no hold. Across, both directions
+    # take 1750 µs (queued too, no clock in their 3500 µs round trip, room for a 3000 µs hold):
+    # 1 -> 2 sent 8000, arrives 9750 = 14750 on b's clock; 2 -> 1 sent 14000 = 19000 on b's
+    # clock, arrives 15750. D = o_b - o_a: (8000 - 14750 + 15750 - 19000) / 2 = -5000, the
+    # truth. A 3000 µs hold taken off 1 -> 2 would put it at (11000 - 14750 - 3250) / 2 = -3500.
+    t = np.tile(STEPS, 4)
+    late = np.tile(np.array([0, 0, 3000, 3000, 3000]), 4) * np.repeat([0, 1, 0, 0], 5)
+    send_start = t + np.repeat([1000, 4000, 8000, 19000], 5)
+    pairs = Pairs(
+        np.repeat([0, 1, 1, 2], 5).astype(np.int32),
+        np.repeat([1, 0, 2, 1], 5).astype(np.int32),
+        send_start * US,
+        (send_start + 50) * US,
+        (t + np.repeat([500, 3500, 12500, 11500], 5)) * US,
+        (t + np.repeat([1100, 4100, 14750, 15750], 5) + late) * US,
+        False,
+    )
+    run = Run([_bare(0, "a"), _bare(1, "a"), _bare(2, "b")], "kineto")
+    got = fit_host_clocks(run, pairs)
+    assert got is not None
+    assert got[0] == {0: 0, 1: 0, 2: -5_000_000}
