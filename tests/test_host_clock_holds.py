@@ -78,3 +78,71 @@ def test_one_slow_link_within_a_host_is_no_hold_across() -> None:
     assert got is not None
     off, _, _ = got
     assert off == {0: 0, 1: 0, 2: -5_000_000}
+
+
+def _jittered_pairs() -> Pairs:
+    """As :func:`_pairs` (rank 1 holds every send 3000 µs, host b 5000 µs ahead), with every
+    link's latency 50 µs in steps 0-1 and 150 µs in steps 2-4 (median 150, lower quartile 50):
+
+    * 0 -> 1: sent 1000, arrives 1000 + lat (the host's usual one-way time: median 150);
+    * 1 -> 0: sent 4000, leaves 7000, arrives 7000 + lat (median 3150: the hold is 3000);
+    * 1 -> 2: sent 8000, leaves 11000, arrives 11000 + lat = 16000 + lat on b's clock;
+    * 2 -> 1: sent 14000 = 19000 on b's clock, arrives 14000 + lat (receive posted 11500).
+    """
+    lat = np.array([50, 50, 150, 150, 150])
+    t = np.tile(STEPS, 4)
+    src = np.repeat([0, 1, 1, 2], 5)
+    dst = np.repeat([1, 0, 2, 1], 5)
+    send_start = t + np.repeat([1000, 4000, 8000, 19000], 5)
+    recv_start = t + np.repeat([500, 3500, 12500, 11500], 5)
+    recv_end = t + np.repeat([1000, 7000, 16000, 14000], 5) + np.tile(lat, 4)
+    return Pairs(
+        src.astype(np.int32),
+        dst.astype(np.int32),
+        send_start * US,
+        (send_start + 50) * US,
+        recv_start * US,
+        recv_end * US,
+        False,
+    )
+
+
+def test_a_hold_measured_by_medians_fits_a_round_trip_of_lower_quartiles() -> None:
+    # The hold is the median excess: 3150 - 150 = 3000 µs. The link 1 - 2's round trip, lower
+    # quartiles (no clock in it): (8000 + 50) + (-5000 + 50) = 3100; less two usual latencies
+    # (medians, 300) it is 2800, short of the hold by the quantiles' difference alone. Taken off
+    # anyway (within half the host ops' jitter), the waited receives place D = o_b - o_a at the
+    # middle of the upper quartile of 1 -> 2's bounds (11000 - 16050 = -5050) and the lower
+    # quartile of 2 -> 1's (14050 - 19000 = -4950): -5000, the truth. Refused, the hold stays in
+    # 1 -> 2 (8000 - 16050 = -8050) and the middle is (-8050 - 4950) / 2 = -6500, half the hold off.
+    run = Run([_bare(0, "a"), _bare(1, "a"), _bare(2, "b")], "kineto")
+    got = fit_host_clocks(run, _jittered_pairs())
+    assert got is not None
+    off, _, _ = got
+    assert off == {0: 0, 1: 0, 2: -5_000_000}
+
+
+def test_sends_queued_now_and_then_are_no_hold() -> None:
+    # Ranks 0 and 1 on host a, rank 2 on b (5000 µs ahead). Rank 1's sends to rank 0 leave 3000
+    # µs late in steps 2-4 only (queued behind other ops; one-way 100 in steps 0-1, 3100 after):
+    # its median excess is 3000 µs, its lower quartile's 0, so no hold. Across, both directions
+    # take 1750 µs (queued too, no clock in their 3500 µs round trip, room for a 3000 µs hold):
+    # 1 -> 2 sent 8000, arrives 9750 = 14750 on b's clock; 2 -> 1 sent 14000 = 19000 on b's
+    # clock, arrives 15750. D = o_b - o_a: (8000 - 14750 + 15750 - 19000) / 2 = -5000, the
+    # truth. A 3000 µs hold taken off 1 -> 2 would put it at (11000 - 14750 - 3250) / 2 = -3500.
+    t = np.tile(STEPS, 4)
+    late = np.tile(np.array([0, 0, 3000, 3000, 3000]), 4) * np.repeat([0, 1, 0, 0], 5)
+    send_start = t + np.repeat([1000, 4000, 8000, 19000], 5)
+    pairs = Pairs(
+        np.repeat([0, 1, 1, 2], 5).astype(np.int32),
+        np.repeat([1, 0, 2, 1], 5).astype(np.int32),
+        send_start * US,
+        (send_start + 50) * US,
+        (t + np.repeat([500, 3500, 12500, 11500], 5)) * US,
+        (t + np.repeat([1100, 4100, 14750, 15750], 5) + late) * US,
+        False,
+    )
+    run = Run([_bare(0, "a"), _bare(1, "a"), _bare(2, "b")], "kineto")
+    got = fit_host_clocks(run, pairs)
+    assert got is not None
+    assert got[0] == {0: 0, 1: 0, 2: -5_000_000}

@@ -28,7 +28,7 @@ import numpy.typing as npt
 from ppdiag.model import Direction, RangeKind, Run
 from ppdiag.pipeline.clock_se import capped, host_errors, known_clock_error, mean_se
 from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
-from ppdiag.pipeline.link_places import placed_both_ways
+from ppdiag.pipeline.link_places import Latency, host_latency, placed_both_ways
 from ppdiag.pipeline.links import host_of
 from ppdiag.pipeline.pair_stats import offsets_of
 from ppdiag.pipeline.peer_flow import _BWD, _FWD, _flow_class, _step_of
@@ -274,7 +274,7 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     holds = sender_holds(pairs, dom)
     lows, highs, waits = _transfer_bounds(pairs, [hidx[dom[r]] for r in ranks], ranks, holds)
     jitter = _span_jitter(pairs, dom)
-    known = known_clock_error(pairs, dom, holds)
+    known, lat = known_clock_error(pairs, dom, holds), host_latency(pairs, dom, holds)
     _collective_bounds(run, dom, hidx, lows, highs)
     bounds: list[_Bound] = []
     pair_se: dict[tuple[int, int], float] = {}  # what each pair's offset is typically off by
@@ -286,7 +286,7 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
         if lo is None or hi is None:
             continue  # one side only: no interval
         n = int(lo_v.size + hi_v.size)
-        placed, placed_se = _refined(_Bound(a, b, lo, hi, n), waits.get((a, b)))
+        placed, placed_se = _refined(_Bound(a, b, lo, hi, n), waits.get((a, b)), lat)
         bounds.append(_widened(placed, jitter))
         # what the placement is off by beyond its count's noise, as measured where the clock is
         # known (none measured: the residual, all that is known)
@@ -369,14 +369,15 @@ def _transfer_bounds(
     return lows, highs, waits
 
 
-def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> tuple[_Bound, float]:
+def _refined(
+    bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None, lat: Latency | None = None
+) -> tuple[_Bound, float]:
     """The offset from the receives that waited for their data: those end a transfer latency after
     the send began, so the upper quartile of their lower bounds and the lower quartile of their
-    upper bounds sit a latency either side of the offset; their middle is it where the latencies
-    match both ways (the extremes of all bounds are set by the few transfers whose spans are
-    furthest off); per link where several are timed, judged waiting on the interval's middle and
-    once more on the placed clock (:func:`placed_both_ways`). The interval keeps the first one's
-    ends: its residual grows by the move.
+    upper bounds sit a latency either side of the offset (``lat``, the host's usual one, places
+    each; their middle without it: :func:`placed_both_ways`); per link where several are timed,
+    judged waiting on the interval's middle and once more on the placed clock. The interval keeps
+    the first one's ends: its residual grows by the move.
     Also the offset's standard error: the middle of two directions' places, each as uncertain as
     its transfers' spread over the root of their count (:func:`mean_se`), or the one direction's
     that placed it; the interval's half-width when no waited receive placed it."""
@@ -387,11 +388,11 @@ def _refined(bd: _Bound, w: tuple[npt.NDArray[np.float64], ...] | None) -> tuple
     mid = (bd.lo + bd.hi) / 2.0
     # low -> high: the receive on high was posted before the send on low began (D = mid)
     w_up, w_dn = r_up + mid < s_up - WAITED_NS, r_dn < s_dn + mid - WAITED_NS
-    placed = placed_both_ways(w, mid)
+    placed = placed_both_ways(w, mid, lat)
     if placed is not None:
         # which receives waited, judged again on the clock they placed (the interval's middle
         # may be as far off as the queued transfers that set its ends)
-        d, se = placed_both_ways(w, placed[0]) or placed
+        d, se = placed_both_ways(w, placed[0], lat) or placed
     elif (not hi_v.size and w_up.any()) or (not lo_v.size and w_dn.any()):
         # transfers one way only (the other side of the interval is the collectives', as wide as
         # their spans): a receive that waited for its data ends as its send does, within a

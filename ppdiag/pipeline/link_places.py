@@ -2,7 +2,9 @@
 offset"): a host pair's transfers run on several links (two ranks each) when a host holds more
 than one stage's neighbour, as on looped and V-shaped schedules, and the links' one-way times
 differ (a rank whose ops queue behind others ends its receives late). Each link is placed by its
-own waited receives both ways and weighed by its round trip, which no clock changes.
+own waited receives both ways and weighed by its round trip, which no clock changes. Where the
+host's usual latency is known (measured on links within a host), each direction of a link places
+the offset on its own, and the two are weighed by how late their receives end.
 """
 
 from __future__ import annotations
@@ -13,7 +15,54 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.pipeline.clock_se import mean_se
-from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS
+from ppdiag.pipeline.clocks import Pairs
+from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS, _link_quantiles
+
+# how far a host's usual latency may be off a link's own beyond their spread (µs-level jitter
+# of the profiler's spans on a quiet link)
+_LATENCY_FLOOR_NS = 50_000.0
+_LEAST_Q = 0.05  # the quantile that stands for a direction's least one-way times
+
+Latency = tuple[float, float]  # a host's usual one-way time and its spread over links (ns)
+
+
+def host_latency(pairs: Pairs, dom: dict[int, str], holds: npt.NDArray[np.float64]) -> Latency | None:
+    """The usual one-way time of a transfer where the clock is known (both ranks on one host):
+    the median over those links of their waited receives' lower quartile (``recv_end -
+    send_start`` less the sender's hold), and the standard deviation of those quartiles over the
+    links. None when no link within a host has :data:`MIN_WAITED` waited receives."""
+    if not len(pairs) or pairs.device:
+        return None
+    same = np.array([dom[int(a)] == dom[int(b)] for a, b in zip(pairs.src, pairs.dst, strict=True)], bool)
+    sel = same & (pairs.recv_start < pairs.send_start - WAITED_NS)
+    if not sel.any():
+        return None
+    one_way = (pairs.recv_end - pairs.send_start).astype(np.float64)[sel] - holds[sel]
+    src, dst = pairs.src[sel].astype(np.int64), pairs.dst[sel].astype(np.int64)
+    _, low, counts = _link_quantiles(src, dst, one_way, 1)
+    low = low[counts >= MIN_WAITED]
+    if not low.size:
+        return None
+    return float(np.median(low)), float(np.std(low))
+
+
+def _link_place(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64], lat: Latency | None) -> float:
+    """Where one link's waited receives place the offset: ``a`` the lower bounds of one direction,
+    ``b`` the upper bounds of the other. Each direction's quartile is a latency from the offset
+    (upper quartile of ``a``, lower of ``b``); with the host's usual latency known (``lat``), each
+    direction places it on its own, as far off as its quartile sits above its least one-way times
+    (receives that end behind queued ops or compute: gloo runs a rank's ops in order, and an
+    irecv's span ends when it is waited on) plus the latency's spread. The two are weighed by
+    those: a direction whose every receive ends late no longer drags the middle half its delay
+    off (DualPipeV P = 4, last rank moved: 3979 µs off by the middle, 2187 so). Without ``lat``,
+    or when the two cross (a round trip shorter than two usual latencies), their middle."""
+    qa, qb = float(np.quantile(a, 0.75)), float(np.quantile(b, 0.25))
+    if lat is None or qa + lat[0] >= qb - lat[0]:
+        return (qa + qb) / 2.0
+    s_a = float(np.quantile(a, 1.0 - _LEAST_Q)) - qa + _LATENCY_FLOOR_NS + lat[1]
+    s_b = qb - float(np.quantile(b, _LEAST_Q)) + _LATENCY_FLOOR_NS + lat[1]
+    w_a, w_b = 1.0 / s_a**2, 1.0 / s_b**2
+    return ((qa + lat[0]) * w_a + (qb - lat[0]) * w_b) / (w_a + w_b)
 
 
 def placed_by_link(
@@ -21,6 +70,7 @@ def placed_by_link(
     l_up: npt.NDArray[np.float64],
     hi_v: npt.NDArray[np.float64],
     l_dn: npt.NDArray[np.float64],
+    lat: Latency | None = None,
 ) -> tuple[float, float] | None:
     """The offset placed on each link (two ranks) by its own waited receives both ways, the links
     weighed by how far each may be off: a link's two directions' quartiles (``lo_v`` and ``hi_v``,
@@ -42,7 +92,7 @@ def placed_by_link(
         qa, qb = float(np.quantile(a, 0.75)), float(np.quantile(b, 0.25))
         se = math.hypot(mean_se(a), mean_se(b)) / 2.0
         half_trip = max(qb - qa, 0.0) / 2.0
-        places.append(((qa + qb) / 2.0, 1.0 / max(half_trip**2 + se**2, 1.0), se))
+        places.append((_link_place(a, b, lat), 1.0 / max(half_trip**2 + se**2, 1.0), se))
     if len(places) < 2:
         return None
     total = sum(w for _, w, _ in places)
@@ -50,10 +100,12 @@ def placed_by_link(
     return d, math.sqrt(sum((w * s) ** 2 for _, w, s in places)) / total
 
 
-def placed_both_ways(w: tuple[npt.NDArray[np.float64], ...], at: float) -> tuple[float, float] | None:
+def placed_both_ways(
+    w: tuple[npt.NDArray[np.float64], ...], at: float, lat: Latency | None = None
+) -> tuple[float, float] | None:
     """The offset and its standard error from the receives that waited both ways, judged waiting
     on the clock ``at`` (a receive posted :data:`WAITED_NS` before its send began): per link where
-    two links or more are timed (:func:`placed_by_link`), else the middle of the pooled quartiles.
+    two links or more are timed (:func:`placed_by_link`), else the pooled quartiles' place.
     None when fewer than :data:`MIN_WAITED` receives waited either way. ``w``: a host pair's
     transfers as ``host_clocks._transfer_bounds`` gives them (bounds, send and receive starts,
     ends, links; low -> high, then high -> low)."""
@@ -63,11 +115,11 @@ def placed_both_ways(w: tuple[npt.NDArray[np.float64], ...], at: float) -> tuple
     w_dn = r_dn < s_dn + at - WAITED_NS
     if w_up.sum() < MIN_WAITED or w_dn.sum() < MIN_WAITED:
         return None
-    by_link = placed_by_link(lo_v[w_up], l_up[w_up], hi_v[w_dn], l_dn[w_dn])
+    by_link = placed_by_link(lo_v[w_up], l_up[w_up], hi_v[w_dn], l_dn[w_dn], lat)
     if by_link is not None:
         return by_link
-    d = (float(np.quantile(lo_v[w_up], 0.75)) + float(np.quantile(hi_v[w_dn], 0.25))) / 2.0
+    d = _link_place(lo_v[w_up], hi_v[w_dn], lat)
     return d, math.hypot(mean_se(lo_v[w_up]), mean_se(hi_v[w_dn])) / 2.0
 
 
-__all__ = ["placed_both_ways", "placed_by_link"]
+__all__ = ["Latency", "host_latency", "placed_both_ways", "placed_by_link"]
