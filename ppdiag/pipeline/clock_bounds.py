@@ -1,0 +1,89 @@
+"""How far a host pair's placed offset may be off at worst: the residual (docs/clocks.md, "What
+fixes an offset").
+
+A matched host transfer ``a -> b`` (gloo) gives one bound on the offset ``D = o_b - o_a``: its
+receive cannot end before its data left, so ``D >= send_start - recv_end`` (a lower bound ``l``),
+and one back gives ``D <= recv_end - send_start`` (an upper bound ``h``). Each bound holds only
+as far as the profiler's spans are the data's own times: a send span that opens after its data
+left breaks it by that lateness. The interval of the fewest broken bounds, widened by the lateness
+measured on links within one host, relies on the worst lateness of every transfer across hosts
+being no more than that; a recorded ZBV run (P = 4, two ranks moved) broke one bound of 96 by
+108 µs where the links within each host broke none, and its offset was 729 µs off against a
+residual of 621 µs.
+
+A quantile does not rely on the worst transfer. On each link (two ranks) the upper quartile of
+the waited receives' lower bounds and the lower quartile of their upper bounds hold the offset
+between them, within the spans' lateness, unless a quarter of the link's transfers one way are
+late by more: a link's quartiles sum to its round trip (no clock in it), and the offset lies
+within that round trip. Every link bounds the one offset, so their intervals intersect; the
+residual is the distance from the placed offset to the farther end of that intersection and of
+the interval of the fewest broken bounds (either holds the offset under its own assumption), plus
+the lateness measured within a host. It does not depend on how the offset was placed within.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from ppdiag.pipeline.clocks import Pairs
+from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS
+
+_NO_JITTER_NS = 500_000  # half the host ops' jitter on a loaded host (1 ms), when none is measured
+
+
+def quartile_interval(w: tuple[npt.NDArray[np.float64], ...], at: float) -> tuple[float, float] | None:
+    """The offsets ``D`` every timed link allows by its quartiles: the largest upper quartile of a
+    link's waited lower bounds to the smallest lower quartile of a link's waited upper bounds, the
+    waited receives (posted :data:`WAITED_NS` before their send began) judged on the clock ``at``;
+    the pooled quartiles of all links are one more such interval. A link counts with
+    :data:`MIN_WAITED` waited receives each way. Where the links disagree (their intervals do not
+    meet: one link's quartiles broken) the span of their ends, so that it still holds the offset.
+    None when fewer than :data:`MIN_WAITED` receives waited either way. ``w``: a host pair's
+    transfers as ``host_clocks._transfer_bounds`` gives them."""
+    lo_v, s_up, r_up, hi_v, s_dn, r_dn, _, _, l_up, l_dn = w
+    w_up = r_up + at < s_up - WAITED_NS
+    w_dn = r_dn < s_dn + at - WAITED_NS
+    if w_up.sum() < MIN_WAITED or w_dn.sum() < MIN_WAITED:
+        return None
+    lows, highs = [float(np.quantile(lo_v[w_up], 0.75))], [float(np.quantile(hi_v[w_dn], 0.25))]
+    for lk in np.unique(l_up[w_up]):  # a few links per pair of hosts
+        a, b = lo_v[w_up & (l_up == lk)], hi_v[w_dn & (l_dn == lk)]
+        if a.size >= MIN_WAITED and b.size >= MIN_WAITED:
+            lows.append(float(np.quantile(a, 0.75)))
+            highs.append(float(np.quantile(b, 0.25)))
+    lo, hi = max(lows), min(highs)
+    if hi < lo:  # the links' round trips do not overlap: the span of what they allow
+        return min(min(lows), min(highs)), max(max(lows), max(highs))
+    return lo, hi
+
+
+def placed_residual(lo: float, hi: float, w: tuple[npt.NDArray[np.float64], ...] | None) -> float:
+    """How far the offset placed at the middle of ``lo .. hi`` (the interval of the fewest broken
+    bounds, as the placement moved it) may be off, the spans' jitter left to add: to the farther
+    end of that interval and of the links' quartile interval (:func:`quartile_interval` on the
+    causal bounds ``w``, no sender's hold taken off: a hold measured on other links may be too
+    long for this one). Either interval holds the offset under its own assumption."""
+    d = (lo + hi) / 2.0
+    q = quartile_interval(w, d) if w is not None else None
+    if q is not None:
+        lo, hi = min(lo, q[0]), max(hi, q[1])
+    return max(d - lo, hi - d)
+
+
+def span_jitter(pairs: Pairs, dom: dict[int, str]) -> float:
+    """How far host transfers break causality where the clock is known (both ranks on one host):
+    the profiler's spans are not the data's own times (a send span may open after its data left).
+    The 98th percentile of ``send_start - recv_end`` over those pairs, at least 0; half the host
+    ops' jitter (0.5 ms) when no pair shares a host. A bound across hosts may be broken as much
+    (a recorded run with a host's offset 252 µs off and an interval half-width of 244 µs, the
+    jitter itself, was outside a residual that took the larger of the two, not their sum)."""
+    if len(pairs) and not pairs.device:
+        same = np.array([dom[int(a)] == dom[int(b)] for a, b in zip(pairs.src, pairs.dst, strict=True)])
+        if same.sum() >= 10:
+            v = (pairs.send_start - pairs.recv_end)[same].astype(np.float64)
+            return max(0.0, float(np.quantile(v, 0.98)))
+    return _NO_JITTER_NS
+
+
+__all__ = ["placed_residual", "quartile_interval", "span_jitter"]
