@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from ablate import strip_kineto_dir, strip_nsys_dir
-from clock_relations import broken, clock_cases, clock_structure, offset_error
+from clock_relations import MS, broken, clock_cases, clock_structure, offset_error
 from conftest import REPO, shared_trace
 
 from ppdiag.analysis import Analyzed
@@ -214,15 +214,24 @@ def test_recorded_schedules(
 KEPT = REPO / "tests" / "data" / "clock" / "gloo_zbv_p4_m8_shapes"
 
 
-@pytest.mark.parametrize("placement", ["last", "half"])
+# ranks 2 and 3 each on a host of its own: rank 3 reaches the reference through rank 2's host
+TAIL = {
+    "tail+20/-20": {2: Move("host-a", 20 * MS), 3: Move("host-b", -20 * MS)},
+    "tail-2500/+1": {2: Move("host-a", -2500 * MS), 3: Move("host-b", MS)},
+}
+
+
+@pytest.mark.parametrize("placement", ["last", "half", "tail"])
 def test_offset_within_its_residual(placement: str, tmp_path: Path) -> None:
     """A ZBV recording (P=4, M=8, record_shapes) made on a loaded 2-core machine, kept because with
     ranks 2 and 3 on another host its fitted offset (729 µs off the truth) once missed its
     residual (621 µs): one transfer back broke its causal bound by 108 µs where the links within
     each host broke none. The residual now reaches the link's quartile interval as well
-    (1522 µs)."""
+    (1522 µs). With rank 3 on a third host, linked to the reference through rank 2's, its
+    residual was its own pair's (197 µs, 923 µs off): now the pairs' on the way (2093 µs)."""
     base = _base(KEPT)
-    moves = {c: m for c, m in clock_cases(4).items() if c.startswith(placement)}
+    cases = TAIL if placement == "tail" else clock_cases(4)
+    moves = {c: m for c, m in cases.items() if c.startswith(placement)}
     for case in list(moves)[:2]:  # one skew ahead, one behind: the fit moves by the skew alone
         move_ranks(KEPT, tmp_path / case, moves[case])
         err, within = offset_error(base, _diagnose(tmp_path / case), moves[case])

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from test_host_clock_holds import _bare
 
 from ppdiag.model import Run
+from ppdiag.pipeline.clock_bounds import flow_residuals
 from ppdiag.pipeline.clocks import Pairs
 from ppdiag.pipeline.host_clocks import _Bound, _consistent, _refined, _transfer_bounds, fit_host_clocks
 
@@ -94,3 +95,17 @@ def test_the_truth_is_within_the_residual(
     (up if up_late else dn)[0] = -late
     err, resid = _fit(_pairs(up, dn))
     assert err <= resid + 1
+
+
+def test_a_host_behind_another_carries_both_pairs() -> None:
+    # a chain: host 0 (reference) - host 1, residual 100 µs; host 1 - host 2, 50 µs. Host 2's
+    # offset is the sum of both pairs' differences: off by up to 150 µs (its own pair's 50 was
+    # the residual before)
+    got = flow_residuals(3, [(0, 1, 4.0, 100.0), (1, 2, 9.0, 50.0)])
+    assert got == [0.0, 100.0, 150.0]
+    # a triangle of equal weights: 2/3 of host 2's flow takes its own pair to 0 (300), 1/3 the
+    # way through host 1 (30 + 60): 200 + 30 = 230; host 1: 2/3 * 60 + 1/3 * (30 + 300) = 150
+    got = flow_residuals(3, [(0, 1, 1.0, 60.0), (1, 2, 1.0, 30.0), (0, 2, 1.0, 300.0)])
+    assert [round(x or 0.0, 6) for x in got] == [0.0, 150.0, 230.0]
+    # a host no pair links has none
+    assert flow_residuals(3, [(0, 1, 1.0, 10.0)])[2] is None

@@ -58,17 +58,19 @@ def quartile_interval(w: tuple[npt.NDArray[np.float64], ...], at: float) -> tupl
     return lo, hi
 
 
-def placed_residual(lo: float, hi: float, w: tuple[npt.NDArray[np.float64], ...] | None) -> float:
+def placed_residual(
+    lo: float, hi: float, w: tuple[npt.NDArray[np.float64], ...] | None, jitter: float
+) -> float:
     """How far the offset placed at the middle of ``lo .. hi`` (the interval of the fewest broken
-    bounds, as the placement moved it) may be off, the spans' jitter left to add: to the farther
-    end of that interval and of the links' quartile interval (:func:`quartile_interval` on the
-    causal bounds ``w``, no sender's hold taken off: a hold measured on other links may be too
-    long for this one). Either interval holds the offset under its own assumption."""
+    bounds, as the placement moved it) may be off: to the farther end of that interval and of the
+    links' quartile interval (:func:`quartile_interval` on the causal bounds ``w``, no sender's
+    hold taken off: a hold measured on other links may be too long for this one), plus the spans'
+    ``jitter`` (:func:`span_jitter`). Either interval holds the offset under its own assumption."""
     d = (lo + hi) / 2.0
     q = quartile_interval(w, d) if w is not None else None
     if q is not None:
         lo, hi = min(lo, q[0]), max(hi, q[1])
-    return max(d - lo, hi - d)
+    return max(d - lo, hi - d) + jitter
 
 
 def span_jitter(pairs: Pairs, dom: dict[int, str]) -> float:
@@ -77,7 +79,9 @@ def span_jitter(pairs: Pairs, dom: dict[int, str]) -> float:
     The 98th percentile of ``send_start - recv_end`` over those pairs, at least 0; half the host
     ops' jitter (0.5 ms) when no pair shares a host. A bound across hosts may be broken as much
     (a recorded run with a host's offset 252 µs off and an interval half-width of 244 µs, the
-    jitter itself, was outside a residual that took the larger of the two, not their sum)."""
+    jitter itself, was outside a residual that took the larger of the two, not their sum). Not
+    the largest: one span within a host late by milliseconds would widen every residual by it
+    (a recorded zero-bubble run's 3.1 ms residual became 21.9 ms)."""
     if len(pairs) and not pairs.device:
         same = np.array([dom[int(a)] == dom[int(b)] for a, b in zip(pairs.src, pairs.dst, strict=True)])
         if same.sum() >= 10:
@@ -86,4 +90,45 @@ def span_jitter(pairs: Pairs, dom: dict[int, str]) -> float:
     return _NO_JITTER_NS
 
 
-__all__ = ["placed_residual", "quartile_interval", "span_jitter"]
+def flow_residuals(n_hosts: int, edges: list[tuple[int, int, float, float]]) -> list[float | None]:
+    """Each host's residual against its component's first host (the reference: host 0) where the
+    hosts' offsets are solved by weighted least squares over the pairs ``edges`` (``a, b, weight,
+    residual``): the solved offset of host ``h`` is ``sum_e f_e d_e`` over the pairs' placed
+    differences ``d_e``, ``f`` the unit electrical flow from the reference to ``h`` (conductance:
+    the weight), so its error is at most ``sum_e |f_e| r_e``. On a tree that is the sum of the
+    residuals along the path: a host linked to the reference through another carries both pairs'
+    errors (the least of its own pairs' residuals is no bound then). None for a host no pair links.
+    One grounded Laplacian per component, inverted: hosts, not ranks (hundreds at most)."""
+    parent = list(range(n_hosts))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b, _, _ in edges:
+        parent[find(a)] = find(b)
+    out: list[float | None] = [None] * n_hosts
+    for root in {find(a) for a, _, _, _ in edges}:
+        members = sorted(h for h in range(n_hosts) if find(h) == root)
+        pos = {h: i for i, h in enumerate(members)}
+        mine = [e for e in edges if find(e[0]) == root]
+        ia = np.array([pos[a] for a, _, _, _ in mine])
+        ib = np.array([pos[b] for _, b, _, _ in mine])
+        w = np.array([max(e[2], 1e-9) for e in mine], dtype=np.float64)
+        r = np.array([e[3] for e in mine], dtype=np.float64)
+        m = len(members)
+        lap = np.zeros((m, m))
+        np.add.at(lap, (ia, ib), -w)
+        np.add.at(lap, (ib, ia), -w)
+        lap[np.arange(m), np.arange(m)] += np.bincount(ia, w, m) + np.bincount(ib, w, m)
+        pot = np.zeros((m, m))  # column h: the potentials of a unit flow from h to the first host
+        pot[1:, 1:] = np.linalg.inv(lap[1:, 1:])
+        flow = w[:, None] * np.abs(pot[ia] - pot[ib])  # pairs x hosts
+        for h, v in zip(members, r @ flow, strict=True):
+            out[h] = float(v)
+    return out
+
+
+__all__ = ["flow_residuals", "placed_residual", "quartile_interval", "span_jitter"]

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Direction, RangeKind, Run
-from ppdiag.pipeline.clock_bounds import placed_residual, span_jitter
+from ppdiag.pipeline.clock_bounds import flow_residuals, placed_residual, span_jitter
 from ppdiag.pipeline.clock_se import capped, host_errors, known_clock_error, mean_se
 from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
 from ppdiag.pipeline.link_places import placed_both_ways
@@ -290,8 +290,8 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
             continue  # one side only: no interval
         n = int(lo_v.size + hi_v.size)
         placed, placed_se = _refined(_Bound(a, b, lo, hi, n), waits.get((a, b)))
-        d, r = (placed.lo + placed.hi) / 2.0, placed_residual(placed.lo, placed.hi, raw.get((a, b)))
-        bounds.append(_Bound(a, b, d - r - jitter, d + r + jitter, n))
+        d, r = (placed.lo + placed.hi) / 2.0, placed_residual(placed.lo, placed.hi, raw.get((a, b)), jitter)
+        bounds.append(_Bound(a, b, d - r, d + r, n))
         # what the placement is off by beyond its count's noise, as measured where the clock is
         # known (none measured: the interval of the fewest broken bounds, all that is known)
         half = (placed.hi - placed.lo) / 2.0 + jitter
@@ -310,6 +310,10 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     if not two_sided:
         return _by_steps(run, ranks, dom, hosts, hidx)
     host_off, resid, _, _ = _solve_hosts(len(hosts), two_sided)
+    # against the reference: every pair on the way counts (clock_bounds.flow_residuals)
+    edges = [(m.a, m.b, float(m.n), abs(m.hi - m.lo) / 2.0) for m in two_sided]
+    resid = [None if x is None else round(x) for x in flow_residuals(len(hosts), edges)]
+    resid[0] = 0  # the reference host keeps its clock
     linked = {x for m in two_sided for x in (m.a, m.b)} | {0}
     if len(linked) < len(hosts):
         steps = _by_steps(run, ranks, dom, hosts, hidx)
