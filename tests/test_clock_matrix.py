@@ -228,7 +228,7 @@ def test_offset_within_its_residual(placement: str, tmp_path: Path) -> None:
     residual (621 µs): one transfer back broke its causal bound by 108 µs where the links within
     each host broke none. The residual now reaches the link's quartile interval as well
     (1522 µs). With rank 3 on a third host, linked to the reference through rank 2's, its
-    residual was its own pair's (197 µs, 923 µs off): now the pairs' on the way (2093 µs)."""
+    residual was its own pair's (197 µs, 923 µs off): now the pairs' on the way (2236 µs)."""
     base = _base(KEPT)
     cases = TAIL if placement == "tail" else clock_cases(4)
     moves = {c: m for c, m in cases.items() if c.startswith(placement)}

@@ -46,16 +46,21 @@ def quartile_interval(w: tuple[npt.NDArray[np.float64], ...], at: float) -> tupl
     w_dn = r_dn < s_dn + at - WAITED_NS
     if w_up.sum() < MIN_WAITED or w_dn.sum() < MIN_WAITED:
         return None
-    lows, highs = [float(np.quantile(lo_v[w_up], 0.75))], [float(np.quantile(hi_v[w_dn], 0.25))]
+    # observed values on the safe side of each quartile (no interpolation toward a late one)
+    lows, highs = [float(np.quantile(lo_v[w_up], 0.75, method="lower"))], [_q25(hi_v[w_dn])]
     for lk in np.unique(l_up[w_up]):  # a few links per pair of hosts
         a, b = lo_v[w_up & (l_up == lk)], hi_v[w_dn & (l_dn == lk)]
         if a.size >= MIN_WAITED and b.size >= MIN_WAITED:
-            lows.append(float(np.quantile(a, 0.75)))
-            highs.append(float(np.quantile(b, 0.25)))
+            lows.append(float(np.quantile(a, 0.75, method="lower")))
+            highs.append(_q25(b))
     lo, hi = max(lows), min(highs)
     if hi < lo:  # the links' round trips do not overlap: the span of what they allow
         return min(min(lows), min(highs)), max(max(lows), max(highs))
     return lo, hi
+
+
+def _q25(v: npt.NDArray[np.float64]) -> float:
+    return float(np.quantile(v, 0.25, method="higher"))
 
 
 def placed_residual(
