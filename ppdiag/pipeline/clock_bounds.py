@@ -19,6 +19,8 @@ within that round trip. Every link bounds the one offset, so their intervals int
 residual is the distance from the placed offset to the farther end of that intersection and of
 the interval of the fewest broken bounds (either holds the offset under its own assumption), plus
 the lateness measured within a host. It does not depend on how the offset was placed within.
+A host linked to the reference through other hosts carries every pair's residual on the way
+(:func:`flow_residuals`).
 """
 
 from __future__ import annotations
