@@ -1,8 +1,8 @@
 """How well a fitted clock offset is known: the standard error of each host's offset against the
 reference host (docs/clocks.md, "How well an offset is known").
 
-The residual of a host is how far its offset may be off at worst (the causal interval's
-half-width, the spread of its ranks' fits). A decision that compares times across two hosts (was
+The residual of a host is how far its offset may be off at worst (host ops: ``clock_bounds``;
+devices: the spread of its ranks' fits). A decision that compares times across two hosts (was
 the consumer already waiting when the producer issued? is this link slower than the others?)
 needs what the offset is typically off by instead: the standard error of the estimate that placed
 it, from the spread of the transfers that placed it over the root of their count, never more than

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Direction, RangeKind, Run
+from ppdiag.pipeline.clock_bounds import flow_residuals, placed_residual, span_jitter
 from ppdiag.pipeline.clock_se import capped, host_errors, known_clock_error, mean_se
 from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
 from ppdiag.pipeline.link_places import Latency, host_latency, placed_both_ways
@@ -272,8 +273,10 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     if len(hosts) < 2:
         return None
     holds = sender_holds(pairs, dom)
-    lows, highs, waits = _transfer_bounds(pairs, [hidx[dom[r]] for r in ranks], ranks, holds)
-    jitter = _span_jitter(pairs, dom)
+    host_idx = [hidx[dom[r]] for r in ranks]
+    lows, highs, waits = _transfer_bounds(pairs, host_idx, ranks, holds)
+    raw = _transfer_bounds(pairs, host_idx, ranks, np.zeros(len(pairs)))[2]  # causal: no hold
+    jitter = span_jitter(pairs, dom)
     known, lat = known_clock_error(pairs, dom, holds), host_latency(pairs, dom, holds)
     _collective_bounds(run, dom, hidx, lows, highs)
     bounds: list[_Bound] = []
@@ -287,10 +290,11 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
             continue  # one side only: no interval
         n = int(lo_v.size + hi_v.size)
         placed, placed_se = _refined(_Bound(a, b, lo, hi, n), waits.get((a, b)), lat)
-        bounds.append(_widened(placed, jitter))
+        d, r = (placed.lo + placed.hi) / 2.0, placed_residual(placed.lo, placed.hi, raw.get((a, b)), jitter)
+        bounds.append(_Bound(a, b, d - r, d + r, n))
         # what the placement is off by beyond its count's noise, as measured where the clock is
-        # known (none measured: the residual, all that is known)
-        half = (bounds[-1].hi - bounds[-1].lo) / 2.0
+        # known (none measured: the interval of the fewest broken bounds, all that is known)
+        half = (placed.hi - placed.lo) / 2.0 + jitter
         pair_se[(a, b)] = min(math.hypot(placed_se, known) if known is not None else half, half)
         # broken beyond the host ops' own jitter, by more than a twentieth of the bounds
         bad = int((lo_v > hi + _TOL_NS).sum() + (hi_v < lo - _TOL_NS).sum())
@@ -306,6 +310,10 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     if not two_sided:
         return _by_steps(run, ranks, dom, hosts, hidx)
     host_off, resid, _, _ = _solve_hosts(len(hosts), two_sided)
+    # against the reference: every pair on the way counts (clock_bounds.flow_residuals)
+    edges = [(m.a, m.b, float(m.n), abs(m.hi - m.lo) / 2.0) for m in two_sided]
+    resid = [None if x is None else round(x) for x in flow_residuals(len(hosts), edges)]
+    resid[0] = 0  # the reference host keeps its clock
     linked = {x for m in two_sided for x in (m.a, m.b)} | {0}
     if len(linked) < len(hosts):
         steps = _by_steps(run, ranks, dom, hosts, hidx)
@@ -404,28 +412,6 @@ def _refined(
         return bd, whole
     r = abs(d - mid) + whole
     return _Bound(bd.a, bd.b, d - r, d + r, bd.n), se
-
-
-def _span_jitter(pairs: Pairs, dom: dict[int, str]) -> float:
-    """How far host transfers break causality where the clock is known (both ranks on one host):
-    the profiler's spans are not the data's own times (a send span may open after its data left).
-    The 98th percentile of ``send_start - recv_end`` over those pairs, at least 0; half the host
-    ops' jitter (0.5 ms) when no pair shares a host. A bound across hosts may be broken as much."""
-    if len(pairs) and not pairs.device:
-        same = np.array([dom[int(a)] == dom[int(b)] for a, b in zip(pairs.src, pairs.dst, strict=True)])
-        if same.sum() >= 10:
-            v = (pairs.send_start - pairs.recv_end)[same].astype(np.float64)
-            return max(0.0, float(np.quantile(v, 0.98)))
-    return _TOL_NS / 2.0
-
-
-def _widened(bd: _Bound, jitter: float) -> _Bound:
-    """``bd`` widened by ``jitter`` on either side. The interval holds the offsets that break the
-    fewest causal bounds; the true offset may break bounds too, each by up to the spans' jitter
-    (a send span opened after its data left), so it lies within ``jitter`` of the interval, not
-    always in it (a recorded run with a host's offset 252 µs off and an interval half-width of
-    244 µs, the jitter itself, was outside a residual that took the larger of the two)."""
-    return _Bound(bd.a, bd.b, bd.lo - jitter, bd.hi + jitter, bd.n)
 
 
 def _collective_bounds(
