@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppdiag.parsers.nsys_db import NsysDb, int_expr, open_export
-from ppdiag.parsers.nsys_gpu import KERNEL, Launches, _fetch
+from ppdiag.parsers.nsys_gpu import KERNEL, SYNC, Launches, _fetch, _sync_part
 
 PIDS = ((1 << 48) | (11 << 24), (1 << 48) | (12 << 24))
 _KERNEL_COLS = "start, end, deviceId, streamId, correlationId, globalPid, demangledName"
@@ -24,21 +24,39 @@ def _write(
 ) -> NsysDb:
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
-    conn.execute("INSERT INTO StringIds VALUES (1, 'k')")
+    conn.executemany(
+        "INSERT INTO StringIds VALUES (?, ?)",
+        [(1, "k"), (2, "cudaStreamSynchronize"), (3, "cudaDeviceSynchronize"), (4, "cudaEventSynchronize")],
+    )
     conn.execute(f"CREATE TABLE {KERNEL} ({_KERNEL_COLS})")
     conn.execute(f"CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME ({_RUNTIME_COLS})")
+    conn.execute(f"CREATE TABLE {SYNC} ({_KERNEL_COLS})")
     conn.executemany(f"INSERT INTO {KERNEL} VALUES (?, ?, ?, ?, ?, ?, ?)", kernels)
+    conn.executemany(f"INSERT INTO {SYNC} VALUES (?, ?, ?, ?, ?, ?, ?)", kernels)
     conn.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?, ?, ?, ?)", runtime)
     conn.commit()
     conn.close()
     return open_export(path)
 
 
-def _both(db: NsysDb) -> tuple[np.ndarray, np.ndarray]:
+def _both(db: NsysDb, same: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+    """Kernel rows by the numpy lookup and by the SQL join; the synchronization rows ``same`` of
+    both paths must be equal."""
     name = int_expr("g.demangledName")
-    launches = Launches.read(db)
+    launches = Launches.read(db, with_api=True)
     assert launches is not None and launches.usable
-    return _fetch(db, KERNEL, name, [], {}, launches), _fetch(db, KERNEL, name, [], {}, None)
+    new, old = _fetch(db, KERNEL, name, [], {}, launches), _fetch(db, KERNEL, name, [], {}, None)
+    # the same rows as synchronization rows, named by their call (numpy lookup vs SQL join)
+    names_new: list[str] = []
+    names_old: list[str] = []
+    sync_new = _sync_part(db, names_new, {}, launches)
+    sync_old = _sync_part(db, names_old, {}, None)
+    assert len(sync_new) == len(sync_old)
+    for a, b in zip(sync_new, sync_old, strict=True):
+        assert a.keys() == b.keys()
+        assert all(np.array_equal(a[k][same], b[k][same]) for k in a)
+    assert names_new == names_old
+    return new, old
 
 
 def test_runtime_and_driver_call_earliest_start_first_thread(tmp_path: Path) -> None:
@@ -63,7 +81,7 @@ def test_runtime_and_driver_call_earliest_start_first_thread(tmp_path: Path) -> 
         (900, 950, 0, PIDS[0] | 6, 10, 1),
         (800, 850, 1, PIDS[0] | 2, 10, 1),
     ]
-    new, old = _both(_write(tmp_path / "t.sqlite", kernels, runtime))
+    new, old = _both(_write(tmp_path / "t.sqlite", kernels, runtime), slice(0, 4))
     assert new["launch"].tolist() == [500, -1, -1, -1, 800]
     assert (new["nametid"] >> 32).tolist() == [3, 5, 0, 0, 2]
     assert np.array_equal(new[:4], old[:4])
@@ -92,6 +110,6 @@ def test_numpy_join_matches_sql_join(
     # distinct kernel starts: the SQL path merges consecutive identical rows it duplicated
     kernels = [(10 * i, 10 * i + 5, 0, 7, c, PIDS[p], 1) for i, (c, p) in enumerate(kcorr)]
     # one thread per process: the SQL join does not say which of two calls' threads it keeps
-    runtime = [(s, 0, cl, PIDS[p] | (p + 3), c, 1) for c, p, cl, s in calls]
+    runtime = [(s, 0, cl, PIDS[p] | (p + 3), c, 2 + (c + p) % 3) for c, p, cl, s in calls]
     new, old = _both(_write(path, kernels, runtime))
     assert np.array_equal(new, old)
