@@ -21,9 +21,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from ppdiag.diagnosis import GapTable
 from ppdiag.model import Kind, Run
+from ppdiag.model.intervals import union
 from ppdiag.pipeline import Pipeline
 from ppdiag.report_types import Kernel, RankKernels, Report, StageRow, Summary
 
@@ -220,6 +222,18 @@ def whole_span(run: Run, gaps: Mapping[int, GapTable]) -> tuple[int, int] | None
     return None if lo is None or hi is None or hi <= lo else (lo, hi)
 
 
+def starts_inside(st: npt.NDArray[np.int64], spans: Sequence[tuple[int, int]]) -> npt.NDArray[np.bool_]:
+    """Which times ``st`` lie in some ``[a, b)`` of ``spans``."""
+    # inside some span is inside their union: one binary search per time, not one pass of every
+    # time per span (128 steps x 430 k kernels x 4 ranks cost 0.3 s)
+    u_start, u_end = union([a for a, _ in spans], [b for _, b in spans])
+    if not u_start.size:
+        return np.zeros(len(st), dtype=bool)
+    j = np.searchsorted(u_start, st, side="right") - 1
+    inside: npt.NDArray[np.bool_] = (j >= 0) & (st < u_end[np.clip(j, 0, None)])
+    return inside
+
+
 def top_kernels(run: Run, spans: Sequence[tuple[int, int]], k: int = TOP_KERNELS) -> list[RankKernels]:
     """Each rank's compute kernels with the most time per step, over the compute intervals that
     start inside ``spans`` (:func:`step_spans`, or :func:`whole_span` without steps); ranks with
@@ -232,10 +246,7 @@ def top_kernels(run: Run, spans: Sequence[tuple[int, int]], k: int = TOP_KERNELS
         if len(iv) == 0:
             continue
         st, en = iv.start + rt.clock_offset_ns, iv.end + rt.clock_offset_ns
-        inside = np.zeros(len(iv), dtype=bool)
-        for a, b in spans:
-            inside |= (st >= a) & (st < b)
-        m = (iv.kind == int(Kind.COMPUTE)) & inside
+        m = (iv.kind == int(Kind.COMPUTE)) & starts_inside(st, spans)
         if not m.any():
             continue
         tot = np.bincount(iv.name[m], weights=(en[m] - st[m]).astype(np.float64), minlength=len(rt.names))

@@ -69,3 +69,15 @@ def test_prefix_measure_by_hand() -> None:
     t = np.array([0, 15, 25, 32, 40], np.int64)
     assert mivs.prefix_measure(iset, t).tolist() == [0, 5, 10, 12, 15]
     assert mivs.prefix_measure(mivs.empty(), t).tolist() == [0] * 5
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_sorted_unique_is_numpy_unique(seed: int) -> None:
+    # a few sorted runs (as the callers concatenate them), duplicates within and across runs
+    rng = np.random.default_rng(seed)
+    runs = [np.sort(rng.integers(-50, 50, int(rng.integers(0, 30)))) for _ in range(int(rng.integers(0, 4)))]
+    x = np.concatenate([np.empty(0, np.int64), *runs]).astype(np.int64)
+    got = ivs.sorted_unique(x)
+    assert got.dtype == np.int64
+    assert got.tolist() == np.unique(x).tolist()
+    assert ivs.sorted_unique(np.array([7, 3, 7, 3], np.int64)).tolist() == [3, 7]

@@ -37,27 +37,13 @@ _ORDER = ("host", "exposed_copy", "exposed_comm", "comm_wait", "unexplained", "b
 _FALLBACK = (1, 3, 0, 2, 4)
 
 
-def _sorted_unique(x: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """``np.unique`` of an int64 array by a sort (numpy's hash-based unique is several times
-    slower on the million points of a large run). The points come as a few concatenated sorted
-    runs (one per set), which the stable sort (timsort) merges in near-linear time: a quicksort
-    of the four million points of a 128-step nsys run costs thirty times more."""
-    a = np.sort(x, kind="stable")
-    if a.size < 2:
-        return a
-    keep = np.empty(a.size, np.bool_)
-    keep[0] = True
-    np.not_equal(a[1:], a[:-1], out=keep[1:])
-    return a[keep]
-
-
 def _pools(lost: ivs.ISet, by_rank: list[ivs.ISet]) -> list[ivs.ISet]:
     """The lost time split into its pools in one sweep: host evidence, then waits, collectives and
     copies (each taking what the earlier ones left), the rest as "other". Returned in the order
     host, wait, collective, other, copy; each a sorted disjoint set with touching pieces merged."""
     if lost[0].size == 0:
         return [ivs.empty() for _ in range(5)]
-    pts = _sorted_unique(np.concatenate([lost[0], lost[1], *[x for st in by_rank for x in st]]))
+    pts = ivs.sorted_unique(np.concatenate([lost[0], lost[1], *[x for st in by_rank for x in st]]))
     seg_s, seg_e = pts[:-1], pts[1:]
 
     def covers(iset: ivs.ISet) -> npt.NDArray[np.bool_]:
@@ -147,7 +133,7 @@ def _cut(
     cum = np.cumsum(lengths)
     total = int(cum[-1])
     bounds = np.cumsum([t for _, t in takes])
-    pos = _sorted_unique(np.concatenate([[0], cum, np.minimum(bounds, total)]))
+    pos = ivs.sorted_unique(np.concatenate([[0], cum, np.minimum(bounds, total)]))
     pos = pos[pos <= total]
     lo, hi = pos[:-1], pos[1:]
     k = np.searchsorted(cum, lo, side="right")
@@ -202,7 +188,7 @@ def _cut_all(
     base = np.r_[0, np.cumsum(total)[:-1]]
     tk = takes[:, order]
     bounds = base[:, None] + np.minimum(np.cumsum(tk, axis=1), total[:, None])
-    pos = _sorted_unique(np.concatenate([[0], cum, bounds.ravel()]))
+    pos = ivs.sorted_unique(np.concatenate([[0], cum, bounds.ravel()]))
     lo, hi = pos[:-1], pos[1:]
     k = np.searchsorted(cum, lo, side="right")
     gk = g[k]

@@ -1,11 +1,15 @@
 """GPU activity of an nsys export: kernels, memcpy, memset and synchronization rows with the host
 call that enqueued each one, for all processes of the file at once.
 
-The launching call is joined in SQL on (process, correlationId) (correlation ids are unique per
-process only) and restricted to CUDA runtime/driver rows (``eventClass`` 0/1), which drops the
-duplicate rows CUDA backtrace capture adds (class 67). Device, process and stream are packed into
-one integer column and the launching thread into the name column, so each row crosses the
-SQLite → Python boundary as five integers.
+The launching call is matched on (process, correlationId) (correlation ids are unique per
+process only) among CUDA runtime/driver rows (``eventClass`` 0/1), which drops the duplicate rows
+CUDA backtrace capture adds (class 67). Kernels, copies, memsets and syncs look it up in numpy in
+the runtime rows fetched once (:class:`Launches`): a SQL join builds a temporary index over the whole
+runtime table for each GPU table it joins, ~0.2 s per table on a 560 k-call export however few
+rows the table has. Synchronization rows take their API's nameId from the same lookup. Exports
+whose correlation ids do not fit 32 bits keep the SQL join. Device, process and stream are packed
+into one integer column and the name with the correlation id into another, so each row crosses
+the SQLite → Python boundary as six integers.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ _ROW = np.dtype(
         ("bad", np.int64),
     ]
 )
+_NO_PID = (1 << 62) - 1  # above any globalPid >> 24: a GPU row without a process matches no call
+_RUNTIME_ROW = np.dtype([("start", np.int64), ("gtid", np.int64), ("corr", np.int64), ("api", np.int64)])
 _ROW_EXTRA = np.dtype(
     [
         ("start", np.int64),
@@ -104,16 +110,25 @@ def _packed(db: NsysDb, table: str, alias: str) -> str:
 
 
 def _fetch(
-    db: NsysDb, table: str, name_expr: str, extra: list[str], bad: dict[str, BadTimes] | None = None
+    db: NsysDb,
+    table: str,
+    name_expr: str,
+    extra: list[str],
+    bad: dict[str, BadTimes] | None = None,
+    launches: Launches | None = None,
 ) -> np.ndarray:
-    """Rows of one GPU table with the launch join; ``extra`` adds up to two integer columns.
+    """Rows of one GPU table with their launching call; ``extra`` adds up to two integer columns.
 
     Rows whose start/end are not integers or run backwards are left in SQLite and counted in
-    ``bad`` (per table)."""
+    ``bad`` (per table). The launch is joined in numpy on the runtime rows ``launches`` holds
+    (fetched once for all GPU tables) where their correlation ids fit 32 bits, else in SQL."""
     if not {"start", "end"} <= set(db.columns(table)):
         return np.empty(0, dtype=_ROW_EXTRA if extra else _ROW)
     cols = set(db.columns(table))
-    if {"correlationId", "globalPid"} <= cols:
+    joinable = {"correlationId", "globalPid"} <= cols
+    if joinable and launches is not None and launches.usable:
+        return _fetch_numpy_join(db, table, name_expr, extra, bad, launches)
+    if joinable:
         lstart, ltid, join = _launch_join(db, "g")
     else:
         lstart, ltid, join = "-1", "0", ""
@@ -132,6 +147,109 @@ def _fetch(
     if join and len(rows) > (n := db.count(table) - (bad[table].total if bad and table in bad else 0)):
         rows = _dedupe(rows, n)
     return rows
+
+
+def _fetch_numpy_join(
+    db: NsysDb,
+    table: str,
+    name_expr: str | None,
+    extra: list[str],
+    bad: dict[str, BadTimes] | None,
+    launches: Launches,
+) -> np.ndarray:
+    """:func:`_fetch` with the launch looked up in ``launches``: the GPU row carries its name and
+    correlation id packed in one column and its process in another (the launch columns are 0 and
+    filled here). ``name_expr`` None names the row by its call's nameId (synchronization)."""
+    # 0xFFFFFFFF: a correlation id that is not a 32-bit integer, which no kept runtime row has
+    corr = int_expr("g.correlationId", "4294967295")
+    corr = f"(CASE WHEN {corr} BETWEEN 0 AND 4294967295 THEN {corr} ELSE 4294967295 END)"
+    extras = [*extra, "0", "0"][:2] if extra else []
+    select = [
+        int_expr("g.start", "0"),
+        int_expr('g."end"', "0"),
+        _packed(db, table, "g"),
+        f"(({name_expr or '0'} & 4294967295) << 32) | {corr}",
+        int_expr("g.globalPid >> 24", str(_NO_PID)),
+        *extras,
+        bad_time_code("g"),
+    ]
+    sql = f"SELECT {', '.join(select)} FROM {table} AS g"
+    rows = _keep_valid(db.fetch(sql, _ROW_EXTRA if extra else _ROW), table, bad)
+    namecorr = rows["nametid"]
+    launch, ltid, api = launches.lookup(rows["launch"], namecorr & 0xFFFFFFFF)
+    name = (namecorr >> 32) & 0xFFFFFFFF if name_expr is not None else api & 0xFFFFFFFF
+    rows["nametid"] = (ltid << 32) | name
+    rows["launch"] = launch
+    return rows
+
+
+@dataclass
+class Launches:
+    """The CUDA runtime/driver calls (``eventClass`` 0/1) of the export, sorted by (process,
+    correlationId, start), to find each GPU row's launching call with one binary search (the SQL
+    join of each GPU table builds an index over the whole runtime table per query instead).
+
+    Of several calls sharing a correlation id (runtime and driver) the launch is the earliest
+    start with a usable time, as the SQL join's deduplication gives, and the thread is that
+    call's (in exports both calls run on one thread). ``usable`` is False where a correlation id
+    does not fit 32 bits (the SQL join is kept there)."""
+
+    keys: I64
+    best: I64  # per sorted row, its key's earliest usable start (-1 none)
+    tid: I64  # per sorted row, the thread of its key's earliest call
+    api: I64  # per sorted row, that call's nameId (-1 unknown)
+    pids: I64  # distinct (globalTid >> 24) values, sorted
+    usable: bool
+
+    @classmethod
+    def read(cls, db: NsysDb, with_api: bool = False) -> Launches | None:
+        rcols = db.columns(RUNTIME)
+        if not {"start", "correlationId", "globalTid"} <= set(rcols):
+            return None
+        cls_filter = "AND eventClass IN (0, 1)" if "eventClass" in rcols else ""
+        # the API name only where synchronization rows need it (one integer per call less)
+        api = int_expr("nameId") if with_api and "nameId" in rcols else "-1"
+        sql = (
+            f"SELECT {int_expr('start')}, globalTid, correlationId, {api} FROM {RUNTIME} WHERE "
+            f"typeof(globalTid) = 'integer' AND typeof(correlationId) = 'integer' {cls_filter}"
+        )
+        rows = db.fetch(sql, _RUNTIME_ROW)
+        corr = rows["corr"]
+        z = np.empty(0, dtype=np.int64)
+        if len(corr) and (corr.min() < 0 or corr.max() >= 0xFFFFFFFF):
+            return cls(z, z, z, z, z, usable=False)
+        gpid = rows["gtid"] >> 24
+        pids = np.unique(gpid)
+        keys = (np.searchsorted(pids, gpid).astype(np.int64) << 32) | corr
+        big = np.iinfo(np.int64).max
+        start = np.where(rows["start"] >= 0, rows["start"], big)
+        # by key, then start: each key's first row is its earliest call (rowid order on ties)
+        order = np.argsort(start, kind="stable")
+        order = order[np.argsort(keys[order], kind="stable")]
+        keys = keys[order]
+        new = np.r_[True, keys[1:] != keys[:-1]] if len(keys) else np.empty(0, bool)
+        head = order[np.flatnonzero(new)][np.cumsum(new) - 1]
+        best = start[head]
+        best[best == big] = -1
+        return cls(keys, best, rows["gtid"][head] & 0xFFFFFF, rows["api"][head], pids, usable=True)
+
+    def lookup(self, gpid: I64, corr: I64) -> tuple[I64, I64, I64]:
+        """(launch start, launching thread, its nameId) per GPU row of process ``gpid``
+        (globalPid >> 24) and correlation id ``corr``; -1, 0 and -1 where no call matches."""
+        n = len(gpid)
+        launch = np.full(n, -1, dtype=np.int64)
+        ltid = np.zeros(n, dtype=np.int64)
+        api = np.full(n, -1, dtype=np.int64)
+        if not len(self.keys) or not n:
+            return launch, ltid, api
+        code = np.clip(np.searchsorted(self.pids, gpid), 0, len(self.pids) - 1)
+        key = (code.astype(np.int64) << 32) | corr
+        pos = np.clip(np.searchsorted(self.keys, key), 0, len(self.keys) - 1)
+        hit = (self.pids[code] == gpid) & (corr != 0xFFFFFFFF) & (self.keys[pos] == key)
+        launch[hit] = self.best[pos[hit]]
+        ltid[hit] = self.tid[pos[hit]]
+        api[hit] = self.api[pos[hit]]
+        return launch, ltid, api
 
 
 def _keep_valid(rows: np.ndarray, table: str, bad: dict[str, BadTimes] | None) -> np.ndarray:
@@ -168,13 +286,24 @@ def read_gpu_ops(db: NsysDb) -> GpuOps:
     """All kernels, copies, memsets and sync rows of the export."""
     names: list[str] = [""]
     bad: dict[str, BadTimes] = {}
+    joined = [
+        t
+        for t in (KERNEL, MEMCPY, MEMSET)
+        if {"start", "end", "correlationId", "globalPid"} <= set(db.columns(t))
+    ]
+    sync = {"start", "end", "correlationId", "globalPid"} <= set(db.columns(SYNC)) and db.count(SYNC) > 0
+    launches = Launches.read(db, with_api=sync) if joined or sync else None
     parts = [
         p
-        for p in (_kernel_part(db, names, bad), _memcpy_part(db, names, bad), _memset_part(db, names, bad))
+        for p in (
+            _kernel_part(db, names, bad, launches),
+            _memcpy_part(db, names, bad, launches),
+            _memset_part(db, names, bad, launches),
+        )
         if p is not None
     ]
     if {"start", "end"} <= set(db.columns(SYNC)):
-        parts.extend(_sync_part(db, names, bad))
+        parts.extend(_sync_part(db, names, bad, launches))
     if not parts:
         out = _empty(names)
         out.bad_times = bad
@@ -219,13 +348,15 @@ def _by_process_and_start(cat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v[order] for k, v in cat.items()}
 
 
-def _kernel_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> dict[str, np.ndarray] | None:
+def _kernel_part(
+    db: NsysDb, names: list[str], bad: dict[str, BadTimes], launches: Launches | None = None
+) -> dict[str, np.ndarray] | None:
     """Kernels: the demangled name is what Kineto shows; shortName when the column is missing."""
     kcols = db.columns(KERNEL)
     name_col = "demangledName" if "demangledName" in kcols else "shortName" if "shortName" in kcols else None
     if name_col is None:
         return None
-    rows = _fetch(db, KERNEL, int_expr(f"g.{name_col}"), [], bad)
+    rows = _fetch(db, KERNEL, int_expr(f"g.{name_col}"), [], bad, launches)
     if not len(rows):
         return None
     sid = rows["nametid"] & 0xFFFFFFFF
@@ -243,7 +374,9 @@ def _kernel_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> dict
     )
 
 
-def _memcpy_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> dict[str, np.ndarray] | None:
+def _memcpy_part(
+    db: NsysDb, names: list[str], bad: dict[str, BadTimes], launches: Launches | None = None
+) -> dict[str, np.ndarray] | None:
     if not {"start", "end"} <= set(db.columns(MEMCPY)):
         return None
     code = (
@@ -251,7 +384,7 @@ def _memcpy_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> dict
         f" | ((coalesce({db.col(MEMCPY, 'srcKind', '255', 'g')}, 255) & 255) << 8)"
         f" | (coalesce({db.col(MEMCPY, 'dstKind', '255', 'g')}, 255) & 255)"
     )
-    rows = _fetch(db, MEMCPY, "0", [code, int_expr(db.col(MEMCPY, "bytes", "-1", "g"))], bad)
+    rows = _fetch(db, MEMCPY, "0", [code, int_expr(db.col(MEMCPY, "bytes", "-1", "g"))], bad, launches)
     if not len(rows):
         return None
     inv, uniq = factorize(rows["x1"])
@@ -263,11 +396,13 @@ def _memcpy_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> dict
     return _part(rows, (inv + base).astype(np.int32), kind, None, None, rows["x2"].copy())
 
 
-def _memset_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> dict[str, np.ndarray] | None:
+def _memset_part(
+    db: NsysDb, names: list[str], bad: dict[str, BadTimes], launches: Launches | None = None
+) -> dict[str, np.ndarray] | None:
     if not {"start", "end"} <= set(db.columns(MEMSET)):
         return None
     extra = [int_expr(db.col(MEMSET, "memKind", "-1", "g")), int_expr(db.col(MEMSET, "bytes", "-1", "g"))]
-    rows = _fetch(db, MEMSET, "0", extra, bad)
+    rows = _fetch(db, MEMSET, "0", extra, bad, launches)
     if not len(rows):
         return None
     inv, uniq = factorize(rows["x1"])
@@ -277,9 +412,14 @@ def _memset_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> dict
     return _part(rows, (inv + base).astype(np.int32), kind, None, None, rows["x2"].copy())
 
 
-def _sync_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> list[dict[str, np.ndarray]]:
+def _sync_part(
+    db: NsysDb, names: list[str], bad: dict[str, BadTimes], launches: Launches | None = None
+) -> list[dict[str, np.ndarray]]:
     """Synchronization rows, named after the API that waited (the ``syncType`` of real exports
     contradicts the enum, NSYS.md §3.1)."""
+    if launches is not None and launches.usable and {"correlationId", "globalPid"} <= set(db.columns(SYNC)):
+        rows = _fetch_numpy_join(db, SYNC, None, [], bad, launches)
+        return _sync_rows(db, names, rows)
     rcols = set(db.columns(RUNTIME))
     api = int_expr("r.nameId") if "nameId" in rcols else "-1"
     lstart, _, join = (
@@ -296,6 +436,11 @@ def _sync_part(db: NsysDb, names: list[str], bad: dict[str, BadTimes]) -> list[d
     rows = _keep_valid(db.fetch(sql, _ROW), SYNC, bad)
     if join and len(rows) > (n := db.count(SYNC) - (bad[SYNC].total if SYNC in bad else 0)):
         rows = _dedupe(rows, n)
+    return _sync_rows(db, names, rows)
+
+
+def _sync_rows(db: NsysDb, names: list[str], rows: np.ndarray) -> list[dict[str, np.ndarray]]:
+    """The fetched synchronization rows as a part, named by their API's label."""
     if not len(rows):
         return []
     sid = rows["nametid"] & 0xFFFFFFFF

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline
-from ppdiag.model.intervals import union
+from ppdiag.model.intervals import sorted_unique, union
 from ppdiag.model.timeline import Intervals
 from ppdiag.pipeline.steps import LocalStep
 
@@ -202,7 +202,7 @@ def _cut_groups(
         cut_t = [iv.start[p2p], rg.start[comm_ops]]
     else:
         cut_t = _device_cuts(iv, comp, iv_dir)
-    cuts = np.unique(np.concatenate(cut_t))
+    cuts = sorted_unique(np.concatenate(cut_t))
     seg = np.searchsorted(cuts, iv.start[comp], side="right").astype(np.int64)
     if not tl.cpu_only:
         # The host issues each transfer between launching two blocks, so in launch time the
@@ -210,7 +210,7 @@ def _cut_groups(
         # (the first stage's backward blocks when the gradients arrived early).
         rg = tl.ranges
         ops = (rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)
-        h_cuts = np.unique(rg.start[ops])
+        h_cuts = sorted_unique(rg.start[ops])
         t = np.where(iv.launch[comp] >= 0, iv.launch[comp], iv.start[comp])
         seg = seg * (h_cuts.size + 1) + np.searchsorted(h_cuts, t, side="right")
     # A new group at every cut, at every step boundary, and where the ops' own phase turns from
