@@ -236,3 +236,18 @@ def test_in_place_slices_leave_the_text_as_it_was(monkeypatch: pytest.MonkeyPatc
     assert {k: bytes(v) for k, v in got.events.args.items()} == {
         k: bytes(v) for k, v in copied.events.args.items()
     }
+
+
+def test_gpu_category_found_anywhere_in_the_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tail is searched first, then the whole text: a GPU category only near the start (or
+    only in the tail, or spelled with white space) is found; host events alone are not GPU."""
+    monkeypatch.setattr(kineto_slices, "_GPU_TAIL", 64)
+    host = b'{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1.0},' * 40
+    gpu = b'{"ph": "X", "cat" :  "kernel", "name": "k", "ts": 2.0},'
+    assert not kineto_slices.has_gpu_category(b'{"traceEvents": [' + host + b"{}]}")
+    assert kineto_slices.has_gpu_category(b'{"traceEvents": [' + gpu + host + b"{}]}")
+    assert kineto_slices.has_gpu_category(bytearray(b'{"traceEvents": [' + host + gpu + b"{}]}"))
+    # a match that starts before the tail and ends inside it
+    text = b'{"traceEvents": [' + host + gpu + b"{}]}"
+    monkeypatch.setattr(kineto_slices, "_GPU_TAIL", len(text) - text.find(b'"cat" :') - 3)
+    assert kineto_slices.has_gpu_category(text)

@@ -33,6 +33,7 @@ from ppdiag.parsers.kineto_names import (
     N_STEP,
     NameInfo,
     _NameMemo,
+    interned_ids,
 )
 from ppdiag.parsers.kineto_schema import I64A, _decode_args, us_to_ns
 from ppdiag.parsers.kineto_table import Events
@@ -138,7 +139,7 @@ def _cpu_mode(
     rows = cpu_idx[on_main[t_sel]]
     n_top = len(rows)
     t_nid = ev.name[rows].tolist()
-    name_id = np.fromiter(map(names.id, map(ev.names.__getitem__, t_nid)), dtype=np.int32, count=n_top)
+    name_id = interned_ids(names, ev.names, ev.name[rows])
     top = _top_ops(ev, rows, list(map(infos.__getitem__, t_nid)), m_cls[t_sel], ctx)
     _mark_optimizer(top, host, h_cls, main, t_s)
 

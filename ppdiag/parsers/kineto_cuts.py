@@ -28,10 +28,10 @@ import numpy as np
 
 from ppdiag.parsers import kineto_slices
 from ppdiag.parsers.kineto_slices import (
-    _GPU_CAT,
     Sliced,
     SliceDecoders,
     decode_slice,
+    has_gpu_category,
     keep_all,
     run_instant_hooks,
 )
@@ -190,7 +190,7 @@ def decode_cut(
     on_events = None
     if kineto_slices._INSTANT_HOOKS:
         on_events = lambda evs: held.append([e for e in evs if e.ph in ("i", "I")])  # noqa: E731
-    gpu = _GPU_CAT.search(data) is not None
+    gpu = has_gpu_category(data)
     try:
         builder = new_builder()
         select = make_select(p.top) if gpu else keep_all

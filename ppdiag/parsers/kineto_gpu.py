@@ -28,6 +28,7 @@ from ppdiag.parsers.kineto_names import (
     N_COMM,
     N_OPTIM,
     N_PP_COMM,
+    interned_ids,
 )
 from ppdiag.parsers.kineto_schema import (
     _GPU_KIND,
@@ -153,8 +154,9 @@ def _gpu_mode(
     dev = ev.pid[gpu_idx]
     dev = np.where(dev >= 0, dev, ev.device[gpu_idx])
     corr = ev.corr[gpu_idx]
-    gname = list(map(ev.names.__getitem__, ev.name[gpu_idx].tolist()))
-    name_id = np.fromiter(map(names.id, gname), dtype=np.int32, count=n)
+    g_nid = ev.name[gpu_idx]
+    gname = list(map(ev.names.__getitem__, g_nid.tolist()))
+    name_id = interned_ids(names, ev.names, g_nid)
     nbytes = ev.nbytes[gpu_idx]
     devices, stream, device_name = _devices(dev, stream, devprops, ctx)
 

@@ -9,8 +9,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from ppdiag.model import (
     Direction,
+    NameTable,
     Phase,
     RangeKind,
 )
@@ -175,3 +179,16 @@ class _NameMemo(dict[Any, NameInfo]):
         v = classify_name(key if isinstance(key, str) else str(key))
         self[key] = v
         return v
+
+
+def interned_ids(table: NameTable, names: list[str], idx: npt.NDArray[Any]) -> npt.NDArray[np.int32]:
+    """``table.id(names[i])`` for every ``i`` of ``idx`` (a trace's name ids), with one lookup
+    per distinct name instead of one per row: the names are interned in the order of their
+    first row, so the table assigns the very ids a lookup per row would."""
+    if not len(idx):
+        return np.zeros(0, dtype=np.int32)
+    uniq, first, inv = np.unique(idx, return_index=True, return_inverse=True)
+    lut = np.empty(len(uniq), dtype=np.int32)
+    for k in np.argsort(first, kind="stable").tolist():
+        lut[k] = table.id(names[int(uniq[k])])
+    return lut[inv.reshape(-1)]

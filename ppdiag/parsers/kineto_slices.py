@@ -36,6 +36,17 @@ SLICE = 1 << 12  # events per slice: ~1-3 MB of JSON, the extra memory one slice
 # The GPU categories' spelling in the bytes (compact and spaced writers): a trace without any of
 # them is parsed in CPU mode, which reads every CPU op, so nothing is dropped there.
 _GPU_CAT = re.compile(rb'"cat"\s*:\s*"(?:kernel|Kernel|gpu_memcpy|Memcpy|gpu_memset|Memset|cuda_sync)"')
+# Kineto writes the GPU activities after the host events, up to the end of the event array
+_GPU_TAIL = 1 << 16
+
+
+def has_gpu_category(data: bytes | bytearray) -> bool:
+    """Whether the text spells a GPU category anywhere. The last 64 KiB are searched first: a
+    GPU trace spells one there (its GPU activities run to the end of the array), where a search
+    from the start crossed all the host events first (~8 ms per 56 MB rank); a miss there
+    searches the whole text, so the answer is the same."""
+    tail = _GPU_CAT.search(data, max(0, len(data) - _GPU_TAIL))
+    return tail is not None or _GPU_CAT.search(data) is not None
 
 
 class _Skeleton(msgspec.Struct, gc=False):
@@ -136,7 +147,7 @@ def decode_sliced(
         return None
     top.traceEvents = None
     total = len(raws)
-    gpu = _GPU_CAT.search(data) is not None
+    gpu = has_gpu_category(data)
     try:
         builder = new_builder()
         builder.reserve(total)

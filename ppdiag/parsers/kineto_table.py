@@ -111,11 +111,12 @@ class Decoded(enum.IntEnum):
 
 
 _PH_OF_TYPE = {t: _PH.get(ph, PH_OTHER) for t, ph in TAGGED_PH.items()}
-_GET_CAT, _GET_PH, _GET_TS, _GET_DUR = (
+_GET_CAT, _GET_PH, _GET_TS, _GET_DUR, _GET_NAME = (
     attrgetter("cat"),
     attrgetter("ph"),
     attrgetter("ts"),
     attrgetter("dur"),
+    attrgetter("name"),
 )
 
 
@@ -216,6 +217,15 @@ class EventsBuilder:
         self._rk: list[int] = []
         self.memory_id = -1  # name id of the allocator's events, once seen
 
+    def _typed_name_ids(self, evs: list[Any]) -> npt.NDArray[np.int32]:
+        """The name ids of strictly typed events (str names): straight from the Structs when
+        every name is known already (most slices after the first few: no list of the names, no
+        set of them), else as :meth:`_name_ids` assigns them."""
+        try:
+            return np.fromiter(map(self._ids.__getitem__, map(_GET_NAME, evs)), np.int32, len(evs))
+        except KeyError:  # a new name: registered in the order _name_ids gives every slice
+            return self._name_ids(_col(evs, "name"), typed=True)
+
     def _name_ids(self, raw_names: list[Any], typed: bool = False) -> npt.NDArray[np.int32]:
         names = raw_names
         if not typed and not set(map(type, names)) <= {str}:
@@ -258,7 +268,10 @@ class EventsBuilder:
             cols["dur"], cols["dur_ok"] = _times(_col(evs, "dur"))
         else:
             cols = _typed_columns(evs, how)
-        cols["name"] = self._name_ids(_col(evs, "name"), typed=how != Decoded.LENIENT)
+        if how == Decoded.LENIENT:
+            cols["name"] = self._name_ids(_col(evs, "name"))
+        else:
+            cols["name"] = self._typed_name_ids(evs)
         counted = (0, 0)
         if select is not None:
             keep, dropped, n_gpu = select(cols, self)
