@@ -130,6 +130,26 @@ def _alloc(total: npt.NDArray[np.int64], weights: npt.NDArray[np.float64]) -> np
     return out
 
 
+def _rows_before(
+    key: npt.NDArray[np.integer],
+    t: npt.NDArray[np.int64],
+    q_key: npt.NDArray[np.integer],
+    q_t: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """For rows sorted by (``key``, ``t``): how many come before each query (``q_key``, ``q_t``),
+    rows equal to a query after it (``searchsorted(side="left")`` on the pairs), by one sort of
+    rows and queries together (a search per key would scan the queries once per key)."""
+    n = key.size
+    kind = np.r_[np.ones(n, np.int8), np.zeros(q_key.size, np.int8)]  # a query before equal rows
+    o = np.lexsort((kind, np.r_[t, q_t], np.r_[key, q_key]))
+    is_q = o >= n
+    pos = np.flatnonzero(is_q)
+    out = np.empty(q_key.size, np.int64)
+    # a query's place in the merged order less the queries before it: the rows before it
+    out[o[is_q] - n] = pos - np.arange(pos.size)
+    return out
+
+
 def _inherit(
     match: CollectiveMatch,
     seg0: npt.NDArray[np.int64],
@@ -149,22 +169,20 @@ def _inherit(
     n_rows = len(match.inst)
     if waiting.size == 0:
         return shares
-    # per rank: its waiting rows in time order and the running sums of their shares
-    full = np.zeros((n_rows, len(REASONS)), np.int64)
+    # every row in (rank, start) order: a rank's rows are one slice, so the running sums of the
+    # shares over all rows give any stretch of one rank's rows as a difference; each waiting row's
+    # stretch (its last arriver's rows that began in [seg0, start)) is found once for all rounds
     by_rs = np.lexsort((match.start, match.rank))
-    r_sorted = match.rank[by_rs]
+    r_sorted, s_sorted, lr_rank = match.rank[by_rs], match.start[by_rs], match.rank[lrow]
+    lo = _rows_before(r_sorted, s_sorted, lr_rank, seg0[lrow])
+    hi = _rows_before(r_sorted, s_sorted, lr_rank, match.start[lrow])
+    full = np.zeros((n_rows, len(REASONS)), np.int64)
+    cum = np.zeros((n_rows + 1, len(REASONS)), np.int64)
     for _ in range(rounds):
         full[:] = 0
         full[waiting] = shares
-        seg_tot = np.zeros((waiting.size, len(REASONS)), np.int64)
-        lr_rank = match.rank[lrow]
-        for r in np.unique(lr_rank).tolist():  # one pass per rank, not per event
-            mine = by_rs[np.searchsorted(r_sorted, r, "left") : np.searchsorted(r_sorted, r, "right")]
-            cum = np.vstack([np.zeros((1, len(REASONS)), np.int64), np.cumsum(full[mine], axis=0)])
-            q = np.flatnonzero(lr_rank == r)
-            lo = np.searchsorted(match.start[mine], seg0[lrow[q]], side="left")
-            hi = np.searchsorted(match.start[mine], match.start[lrow[q]], side="left")
-            seg_tot[q] = cum[hi] - cum[lo]
+        np.cumsum(full[by_rs], axis=0, out=cum[1:])
+        seg_tot = cum[hi] - cum[lo]
         seg_tot[:, comm] = 0
         avail = seg_tot.sum(axis=1)
         take = np.minimum(shares[:, comm], avail)
@@ -506,14 +524,24 @@ def _late_ranks(
     reasons = _alloc(lateness[rows], (rw.comps[rows] - rw.comps[med_row[inst[rows]]]).astype(np.float64))
     reasons[:, REASONS.index("idle")] += lateness[rows] - reasons.sum(axis=1)
     made = made_all[rows]
-    late: dict[int, LateRank] = {}
+    if rows.size == 0:
+        return {}
+    # the late rows grouped by rank with one sort (a mask per rank would scan them once per rank)
     ranks_late = match.rank[rows]
-    for r in np.unique(ranks_late):
-        m = ranks_late == r
-        lr = LateRank(int(r), int(m.sum()), int(lateness[rows][m].sum()), int(made[m].sum()))
-        tot = reasons[m].sum(axis=0)
-        lr.reasons_ns = {name: int(tot[j]) for j, name in enumerate(REASONS)}
-        lr.groups = {int(g) for g in np.unique(match.group[inst[rows][m]])}
+    o = np.argsort(ranks_late, kind="stable")
+    uniq, cut = np.unique(ranks_late[o], return_index=True)
+    n_late = np.diff(np.r_[cut, rows.size])
+    lat_sum = np.add.reduceat(lateness[rows][o], cut)
+    made_sum = np.add.reduceat(made[o], cut)
+    reasons_sum = np.add.reduceat(reasons[o], cut, axis=0)
+    # each rank's distinct groups: the distinct (rank, group) pairs, a slice per rank
+    pairs = np.unique(np.stack([ranks_late, match.group[inst[rows]]], axis=1).astype(np.int64), axis=0)
+    g_cut = [*np.searchsorted(pairs[:, 0], uniq, "left").tolist(), len(pairs)]
+    late: dict[int, LateRank] = {}
+    for i, r in enumerate(uniq.tolist()):
+        lr = LateRank(int(r), int(n_late[i]), int(lat_sum[i]), int(made_sum[i]))
+        lr.reasons_ns = {name: int(reasons_sum[i, j]) for j, name in enumerate(REASONS)}
+        lr.groups = set(pairs[g_cut[i] : g_cut[i + 1], 1].tolist())
         late[int(r)] = lr
     return late
 

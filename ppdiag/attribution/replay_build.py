@@ -315,20 +315,24 @@ def _pieces(sets: dict[str, ivs.ISet], lo: I64, ws: I64, rel: I64, s: I64, e: I6
     """The local time before each block outside its wait and its split, and the lost time inside
     the block (as :func:`~ppdiag.attribution.replay_pieces._outside_wait` for one step), on the line."""
     t = np.concatenate([lo, ws, rel, s, e])
-
-    def spans(iset: ivs.ISet) -> tuple[I64, I64, I64]:
-        return span_measures(iset, t)
-
-    ph0, ph1, _ = spans(sets["p2p_host"])
-    h0, h1, h_in = spans(sets["host"])
-    c0, c1, _ = spans(sets["coll"])
-    q0, q1, _ = spans(sets["p2p"])
-    k0, k1, k_in = spans(sets["copy"])
-    g0, g1, g_in = spans(sets["gaps"])
+    # each set's measures summed into the pieces as they come: a node array per piece is alive,
+    # not three per set (eighteen block-sized arrays at once were the graph build's peak)
+    ph0, ph1, _ = span_measures(sets["p2p_host"], t)
     p2p_host = ph0 + ph1
+    h0, h1, h_in = span_measures(sets["host"], t)
     host = h0 + h1 + p2p_host
-    coll = c0 + c1 + q0 + q1 - p2p_host
+    c0, c1, _ = span_measures(sets["coll"], t)
+    coll = c0 + c1
+    c0, c1, _ = span_measures(sets["p2p"], t)  # (integer sums: the same in any order)
+    coll += c0
+    coll += c1
+    coll -= p2p_host
+    del ph0, ph1, h0, h1, c0, c1
+    k0, k1, k_in = span_measures(sets["copy"], t)
     copy = k0 + k1
+    del k0, k1
+    g0, g1, g_in = span_measures(sets["gaps"], t)
+    del t
     in_copy = np.minimum(k_in, g_in)
     in_host = np.minimum(h_in, g_in - in_copy)
     return {

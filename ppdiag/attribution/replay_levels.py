@@ -32,6 +32,9 @@ import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
+# node ids and columns of a plan: int32 below 2**31 nodes (half the plan's index arrays, which
+# every variant batch holds), int64 above
+Idx = npt.NDArray[np.signedinteger[Any]]
 
 # below every time of a run (epoch ns are ~2^61 at most in practice) and safe to add small
 # numbers to without overflow
@@ -102,16 +105,16 @@ class LevelGraph:
     it). Node ``i`` sits at column ``at[i]``; the sentinel at column ``n``."""
 
     n: int
-    at: I64  # node id -> column
+    at: Idx  # node id -> column
     bounds: list[tuple[int, int]]  # each level's columns [a, b)
-    x_src: I64  # X-edges by destination column: source columns
-    x_perm: I64  # the X-edges in that order (index into the EdgeList)
+    x_src: Idx  # X-edges by destination column: source columns
+    x_perm: Idx  # the X-edges in that order (index into the EdgeList)
     x_lv: list[tuple[int, int, I64 | None]]  # per level: edge slice and reduceat offsets (None: one each)
-    i_src: I64
-    i_perm: I64
+    i_src: Idx
+    i_perm: Idx
     i_lv: list[tuple[int, int, I64 | None]]
-    node_of: I64  # column -> node id (the sentinel's column: ``n``)
-    p_src: I64  # per column: the producer's column (sentinel: none or constant)
+    node_of: Idx  # column -> node id (the sentinel's column: ``n``)
+    p_src: Idx  # per column: the producer's column (sentinel: none or constant)
     virt: list[bool]  # per level: whether it holds a virtual node
     is_virt: npt.NDArray[np.bool_]  # per column
 
@@ -138,8 +141,24 @@ class LevelGraph:
         virt = [bool(is_virt[a:b].any()) for a, b in bounds]
         p_src = np.full(n + 1, n, np.int64)
         p_src[at[:n]] = at[prod]
-        node_of = np.r_[perm, n].astype(np.int64)
-        return cls(n, at, bounds, x_src, x_perm, x_lv, i_src, i_perm, i_lv, node_of, p_src, virt, is_virt)
+        node_of = np.r_[perm, n]
+        # the edges' sizes bound the edge indices as n + 1 bounds the node ids and columns
+        idx = np.int32 if max(n + 1, x_perm.size, i_perm.size) < 2**31 else np.int64
+        return cls(
+            n,
+            at.astype(idx),
+            bounds,
+            x_src.astype(idx),
+            x_perm.astype(idx),
+            x_lv,
+            i_src.astype(idx),
+            i_perm.astype(idx),
+            i_lv,
+            node_of.astype(idx),
+            p_src.astype(idx),
+            virt,
+            is_virt,
+        )
 
     def columns(self, rows: list[npt.NDArray[Any]], dtype: type) -> npt.NDArray[Any]:
         """(variants, columns) in level order from one array per variant by node id; nodes past

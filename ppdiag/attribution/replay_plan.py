@@ -64,7 +64,9 @@ class PlacementPlan:
     n: int  # real nodes (the virtual ones follow them)
     graph: LevelGraph
     xe: EdgeList
-    ie: EdgeList
+    # the I-edges' latencies: all the variants read of them (their ends and sources are the
+    # graph's, by level; the edge list itself is not kept)
+    i_k0: I64
     first_edge: dict[tuple[int, int], int]  # (rank, step) -> the X-edge of its first block
     sync_node: dict[int, int]  # a sync fixed during the loop -> its virtual node
     prod_const: I64  # per real node: the producer's measured end (not placed yet) or fixed issue
@@ -103,7 +105,7 @@ class PlacementPlan:
         prod_const = np.where(has_p & ~live, meas_end[p], np.where(has_abs & ~has_p, t_issue, 0))
         virtual = np.r_[np.zeros(n, np.bool_), np.ones(len(sync_node), np.bool_)]
         graph = LevelGraph.build(total, xe, ie, prod_src, virtual)
-        return cls(n, graph, xe, ie, first_edge, sync_node, prod_const.astype(np.int64), live)
+        return cls(n, graph, xe, ie.k0, first_edge, sync_node, prod_const.astype(np.int64), live)
 
 
 def _edges(rows: list[tuple[int, int, int, int, int, int]]) -> EdgeList:

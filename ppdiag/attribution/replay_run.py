@@ -465,7 +465,7 @@ class Replay(ReplayGraph):
             stack("lead", np.int64),
             pconst,
         )
-        ends = place(g, x_tau, plan.ie.k0, values)
+        ends = place(g, x_tau, plan.i_k0, values)
         keys, fe, fe_src, first, count, busy, nxt, last_keys = self._step_rows(plan)
         for k, (key, (fl, _)) in enumerate(todo.items()):
             ext = np.r_[ends[k], 0]  # the sentinel's end: constants are the edges' own latency

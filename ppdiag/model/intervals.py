@@ -145,6 +145,21 @@ def prefix_measure(iset: ISet, t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64
         return np.zeros(t.shape, np.int64)
     lens = e - s
     before = np.concatenate([[0], np.cumsum(lens)])
+    if t.ndim == 1 and t.size > PREFIX_CHUNK:
+        # a chunk of the times at a time: the search's temporaries (~8 arrays the size of the
+        # times) stay bounded where a run's millions of block bounds are measured at once
+        out = np.empty(t.size, np.int64)
+        for a in range(0, t.size, PREFIX_CHUNK):
+            out[a : a + PREFIX_CHUNK] = _prefix_at(s, lens, before, t[a : a + PREFIX_CHUNK])
+        return out
+    return _prefix_at(s, lens, before, t)
+
+
+# query times per pass of :func:`prefix_measure`
+PREFIX_CHUNK = 1 << 20
+
+
+def _prefix_at(s: Arr, lens: Arr, before: Arr, t: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     k = np.searchsorted(s, t, side="right") - 1
     kc = np.maximum(k, 0)
     # np.clip's wrapper costs more than the work on the small arrays of one step
