@@ -10,6 +10,7 @@ path.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -142,4 +143,30 @@ def _line_of(specs: Sequence[StepWindowSpec]) -> Line | None:
         return None
 
 
-__all__ = ["StepWindowSpec", "rank_steps"]
+#: One rank's part of the replica map of :func:`rank_steps`: its timeline and analyzed steps.
+RankItem = tuple[RankTimeline, list[StepWindowSpec]]
+
+
+def shippable(tl: RankTimeline, specs: list[StepWindowSpec]) -> RankItem:
+    """What :func:`rank_steps` reads of a rank, to send to a worker: the timeline without what
+    it never reads (its process groups, shared by many ranks; its warnings and metadata) and the
+    steps without their blocks (the reducer keeps them and puts them back)."""
+    lean = dataclasses.replace(tl, process_groups=[], warnings=[], meta={})
+    bare = Blocks.empty()
+    return lean, [dataclasses.replace(w, blocks=bare) for w in specs]
+
+
+def rank_steps_batch(items: list[RankItem]) -> list[list[RankStep]]:
+    """:func:`rank_steps` of each item (a task of the replica map: the ranks of a few replicas)."""
+    return [rank_steps(tl, specs) for tl, specs in items]
+
+
+def with_blocks(steps: list[RankStep], specs: Sequence[StepWindowSpec]) -> list[RankStep]:
+    """``steps`` (one rank's, from :func:`rank_steps_batch` on :func:`shippable` items) with the
+    blocks of their ``specs`` back: the same objects as an in-process :func:`rank_steps` holds."""
+    for s, w in zip(steps, specs, strict=True):
+        s.blocks = w.blocks
+    return steps
+
+
+__all__ = ["RankItem", "StepWindowSpec", "rank_steps", "rank_steps_batch", "shippable", "with_blocks"]
