@@ -148,7 +148,8 @@ def _analyze_table(path: Path, scheduler: str | None, phases: bool = False) -> d
     t1, c1 = time.perf_counter(), time.process_time()
     timer: AbstractContextManager[dict[str, float]] = timed_phases() if phases else nullcontext({})
     with timer as cpu:
-        diag = analyze_run(run, Options(progress=False, jobs=1))
+        # with a scheduler, the one-replica phases the analysis maps run on its workers too
+        diag = analyze_run(run, Options(progress=False, jobs=1, scheduler=scheduler))
     t2, c2 = time.perf_counter(), time.process_time()
     report = dumps(diag.result).encode()
     pipe = diag.context.pipeline if diag.context is not None else None
