@@ -28,7 +28,7 @@ from ppdiag.attribution.rank_steps import (
     rank_steps,
     rank_steps_batch,
     shippable,
-    with_blocks,
+    unpack_steps,
 )
 from ppdiag.diagnosis import Diagnosis, GapTable, StepWindow
 from ppdiag.errors import InputError
@@ -335,7 +335,7 @@ def _rank_steps(
         groups = _replica_groups([tl.rank for tl, _ in per_rank], pipe.topology.pipelines)
         got = replica_map(rank_steps_batch, [[shippable(*per_rank[i]) for i in g] for g in groups])
         by_index = dict(zip((i for g in groups for i in g), got, strict=True))
-        mapped = [with_blocks(by_index[i], specs) for i, (_, specs) in enumerate(per_rank)]
+        mapped = [unpack_steps(by_index[i], specs) for i, (_, specs) in enumerate(per_rank)]
     else:
         mapped = [rank_steps(tl, specs) for tl, specs in per_rank]
     for (tl, specs), rs in zip(per_rank, mapped, strict=True):
