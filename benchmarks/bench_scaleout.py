@@ -21,7 +21,8 @@ another fresh child and says whether the two reports are identical.
 ``--optable`` runs the same for one op table holding every rank (default 10,240 ranks = pp 16 x
 dp 640, 3 sampled steps, M = 16: about 2.9 M ops), written as Parquet sorted by ``dp_rank``: the
 map is a task per batch of replicas (:mod:`ppdiag.parsers.optable_replicas`), after the plan's
-pass over six columns in the reducer. ``--sizes`` takes several dp values and fits the exponent in
+pass over six columns in the reducer; the analysis maps its rank-step accounting on the same
+workers. ``--sizes`` takes several dp values and fits the exponent in
 ranks of the reducer's CPU and peak RSS; ``--local`` compares the report with the whole-table
 parse in one process (``jobs=1``, no Dask), byte for byte.
 

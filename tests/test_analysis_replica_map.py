@@ -130,3 +130,41 @@ def test_mapped_on_a_local_cluster_is_byte_identical(tmp_path: Path) -> None:
     assert calls == [5]
     assert got == want
     assert np.array_equal(np.sort([tl.rank for tl in run.ranks]), [tl.rank for tl in run.ranks])
+
+
+def test_packed_steps_are_the_steps(shaped: tuple[Run, str]) -> None:
+    """What a task sends back, unpacked: every field of every rank step equal to the in-process
+    one, the blocks the reducer's own objects, ``wait_set`` the same object as ``sets.p2p``."""
+    from ppdiag.api import _step_specs
+    from ppdiag.attribution.rank_steps import pack_steps, rank_steps, shippable, unpack_steps
+    from ppdiag.pipeline import PipelineOptions, rebuild
+
+    run, _ = shaped
+    pipe = rebuild(run, PipelineOptions())
+    for tl, specs in _step_specs(pipe.aligned, pipe, None):
+        want = rank_steps(tl, specs)
+        got = unpack_steps(pack_steps(rank_steps(*shippable(tl, specs))), specs)
+        assert len(got) == len(want) == len(specs) > 0
+        for g, w, spec in zip(got, want, specs, strict=True):
+            assert (g.rank, g.step, g.number, g.w0, g.w1, g.acct) == (
+                w.rank,
+                w.step,
+                w.number,
+                w.w0,
+                w.w1,
+                w.acct,
+            )
+            assert g.blocks is spec.blocks and g.wait_set is g.sets.p2p
+            for a, b in zip(_sets(g), _sets(w), strict=True):
+                assert a[0].dtype == b[0].dtype == np.int64
+                assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    # a set that is not int64 travels as it is
+    tl, specs = _step_specs(pipe.aligned, pipe, None)[0]
+    odd = rank_steps(tl, specs)
+    odd[0].host_set = (odd[0].host_set[0].astype(np.int32), odd[0].host_set[1].astype(np.int32))
+    assert pack_steps(odd) is odd
+
+
+def _sets(s: Any) -> list[Any]:
+    w = s.sets
+    return [w.compute, w.p2p, w.collective, w.gaps, w.copy, s.host_set, s.wait_set, s.p2p_host]
