@@ -279,8 +279,8 @@ def pool_map(jobs: int) -> ReplicaMap:
 
 def run_pickled(task: BatchTask, batch: bytes) -> bytes:
     """``task`` on a pickled batch, its results pickled: what a Dask worker runs. One in-band
-    pickle per batch costs a few ms where Dask's own serialisation of the items (one frame per
-    array: tens of thousands per batch) cost the reducer a second at 1,024 ranks."""
+    pickle each way instead of Dask's serialisation of the items (a frame per array); measured
+    at 1,024 ranks, the reducer's CPU is about the same either way (0.33 s against 0.36 s)."""
     return pickle.dumps(task(pickle.loads(batch)), protocol=pickle.HIGHEST_PROTOCOL)
 
 
