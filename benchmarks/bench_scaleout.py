@@ -21,7 +21,8 @@ another fresh child and says whether the two reports are identical.
 ``--optable`` runs the same for one op table holding every rank (default 10,240 ranks = pp 16 x
 dp 640, 3 sampled steps, M = 16: about 2.9 M ops), written as Parquet sorted by ``dp_rank``: the
 map is a task per batch of replicas (:mod:`ppdiag.parsers.optable_replicas`), after the plan's
-pass over six columns in the reducer. ``--sizes`` takes several dp values and fits the exponent in
+pass over six columns in the reducer; the analysis maps its rank-step accounting on the same
+workers. ``--sizes`` takes several dp values and fits the exponent in
 ranks of the reducer's CPU and peak RSS; ``--local`` compares the report with the whole-table
 parse in one process (``jobs=1``, no Dask), byte for byte.
 
@@ -148,7 +149,8 @@ def _analyze_table(path: Path, scheduler: str | None, phases: bool = False) -> d
     t1, c1 = time.perf_counter(), time.process_time()
     timer: AbstractContextManager[dict[str, float]] = timed_phases() if phases else nullcontext({})
     with timer as cpu:
-        diag = analyze_run(run, Options(progress=False, jobs=1))
+        # with a scheduler, the one-replica phases the analysis maps run on its workers too
+        diag = analyze_run(run, Options(progress=False, jobs=1, scheduler=scheduler))
     t2, c2 = time.perf_counter(), time.process_time()
     report = dumps(diag.result).encode()
     pipe = diag.context.pipeline if diag.context is not None else None

@@ -65,7 +65,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("ppdiag.pipeline", "_collectives", _A, "collectives matched across each group's members"),
     Phase("ppdiag.pipeline", "contradiction", _A, "pipeline kept or rejected (dependency counts)"),
     Phase("ppdiag.pipeline", "detect_hang", _A, "how the run stopped (steps every rank completed)"),
-    Phase("ppdiag.api", "_rank_steps", _F, "per rank-step accounting (busy, idle, exposed comm)"),
+    Phase("ppdiag.api", "_rank_steps", _F, "per rank-step accounting (mapped with a scheduler)"),
     Phase("ppdiag.attribution.causes", "Replay", _F, "replay graph of each pipeline"),
     Phase("ppdiag.attribution.causes", "replay_causes", _F, "replay variants (replicas meet at the DP sync)"),
     Phase("ppdiag.attribution.causes", "run_waits", _A, "collective waits charged to the late member"),

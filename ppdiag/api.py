@@ -22,13 +22,21 @@ import numpy as np
 from ppdiag.analysis import AnalysisContext, Analyzed
 from ppdiag.attribution.causes import Attribution, RankStep, attribute
 from ppdiag.attribution.critical_path import Transfers, critical_paths
-from ppdiag.attribution.rank_steps import StepWindowSpec, rank_steps
+from ppdiag.attribution.rank_steps import (
+    RankItem,
+    StepWindowSpec,
+    rank_steps,
+    rank_steps_batch,
+    shippable,
+    unpack_steps,
+)
 from ppdiag.diagnosis import Diagnosis, GapTable, StepWindow
 from ppdiag.errors import InputError
 from ppdiag.facts import StageBalance, stage_balance
 from ppdiag.model import Run
 from ppdiag.model.memory import MemoryRow
 from ppdiag.parsers import ParseOptions
+from ppdiag.parsers.scaleout import ReplicaMap, dask_map, scheduler_address
 from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
 from ppdiag.pipeline.blocks import Blocks
 from ppdiag.pipeline.checks import check_steps, checked_run
@@ -140,15 +148,17 @@ class _Measured:
         )
 
 
-def _measured(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -> _Measured:
+def _measured(
+    run: Run, opts: Options, on_stage: Callable[[str], None] | None, replica_map: ReplicaMap | None
+) -> _Measured:
     """Rebuild the pipeline (hangs trimmed, overrides checked), attribute the lost time, and
-    measure the report's sections."""
+    measure the report's sections (``replica_map``: see :func:`analyze_run`)."""
     pipe = rebuild(
         run, PipelineOptions(opts.pp, opts.stage_map, opts.microbatches, opts.schedule, opts.steps)
     )
     run = pipe.aligned  # the parsed ranks on the common clock, labelled: what every later layer reads
     skip = _warmup_step(pipe) if not opts.steps else None
-    steps, windows = _rank_steps(run, pipe, skip)
+    steps, windows = _rank_steps(run, pipe, skip, replica_map)
     if on_stage:
         on_stage("attributing lost time")
     last_stage = pipe.topology.pp * pipe.topology.virtual - 1
@@ -199,13 +209,33 @@ def _gc_paused() -> Iterator[None]:
 
 
 def analyze_run(
-    run: Run, options: Options | None = None, on_stage: Callable[[str], None] | None = None
+    run: Run,
+    options: Options | None = None,
+    on_stage: Callable[[str], None] | None = None,
+    replica_map: ReplicaMap | None = None,
 ) -> Analyzed:
-    """Everything after parsing, on an already loaded run (``run`` is not changed)."""
+    """Everything after parsing, on an already loaded run (``run`` is not changed).
+
+    ``replica_map`` runs the phases that read one DP replica (a whole pipeline) given the run's
+    facts a batch of replicas per task (:mod:`ppdiag.parsers.scaleout`); by default, an op
+    table's run analyzed with a Dask scheduler (``Options.scheduler`` or its environment
+    variable) maps them on that cluster, and any other run computes them here. The result is
+    the same either way."""
     opts = options or Options()
     run = checked_run(run, opts.pp, opts.microbatches)  # flags the traces cannot hold: InputError
+    if replica_map is None:
+        replica_map = _default_map(run, opts)
     with _gc_paused():
-        return _analyze(run, opts, on_stage)
+        return _analyze(run, opts, on_stage, replica_map)
+
+
+def _default_map(run: Run, opts: Options) -> ReplicaMap | None:
+    """The Dask map for an op table's run (every rank of one job in one table: the size that needs
+    it) when a scheduler is named, else None (in this process)."""
+    address = scheduler_address(opts.scheduler)
+    if address is None or len(run.ranks) < 2 or any(tl.format != "optable" for tl in run.ranks):
+        return None
+    return dask_map(address)
 
 
 def _traced_tp(run: Run) -> int:
@@ -215,11 +245,13 @@ def _traced_tp(run: Run) -> int:
     return sizes.pop() if len(sizes) == 1 else 0
 
 
-def _analyze(run: Run, opts: Options, on_stage: Callable[[str], None] | None) -> Analyzed:
+def _analyze(
+    run: Run, opts: Options, on_stage: Callable[[str], None] | None, replica_map: ReplicaMap | None
+) -> Analyzed:
     """The body of :func:`analyze_run`: each step's output is a value the next one takes."""
     if on_stage:
         on_stage("rebuilding the pipeline")
-    m = _measured(run, opts, on_stage)
+    m = _measured(run, opts, on_stage, replica_map)
     pipe, report = m.pipe, m.report()
     run = pipe.aligned  # ``run`` itself stays as parsed
     # what-if predictions of every fix, before the rules: a finding's gain is its fix's prediction
@@ -288,10 +320,48 @@ def _checked(report: Report) -> Report:
     return msgspec.structs.replace(report, run=msgspec.structs.replace(report.run, warnings=warnings))
 
 
-def _rank_steps(run: Run, pipe: Pipeline, skip: int | None) -> tuple[list[RankStep], list[StepWindow]]:
-    """Every analyzed (rank, step) with its blocks, and its window; step index ``skip`` left out."""
+def _rank_steps(
+    run: Run, pipe: Pipeline, skip: int | None, replica_map: ReplicaMap | None = None
+) -> tuple[list[RankStep], list[StepWindow]]:
+    """Every analyzed (rank, step) with its blocks, and its window; step index ``skip`` left out.
+
+    With ``replica_map``, the accounting of each rank runs in a task of its replica's batch (it
+    reads the rank alone, on the aligned clock the reducer fitted); the steps come back in rank
+    order, the same values as here."""
     steps: list[RankStep] = []
     windows: list[StepWindow] = []
+    per_rank = _step_specs(run, pipe, skip)
+    if replica_map is not None and len(per_rank) > 1:
+        groups = _replica_groups([tl.rank for tl, _ in per_rank], pipe.topology.pipelines)
+        got = replica_map(rank_steps_batch, [[shippable(*per_rank[i]) for i in g] for g in groups])
+        by_index = dict(zip((i for g in groups for i in g), got, strict=True))
+        mapped = [unpack_steps(by_index[i], specs) for i, (_, specs) in enumerate(per_rank)]
+    else:
+        mapped = [rank_steps(tl, specs) for tl, specs in per_rank]
+    for (tl, specs), rs in zip(per_rank, mapped, strict=True):
+        steps.extend(rs)
+        windows.extend(StepWindow(tl.rank, w.step, w.number, w.w0, w.w1) for w in specs)
+    return steps, windows
+
+
+def _replica_groups(ranks: list[int], pipelines: list[list[int]]) -> list[list[int]]:
+    """Indices into ``ranks`` grouped by pipeline (a DP replica), in pipeline order; ranks in no
+    pipeline (or in a second one) form one last group."""
+    at = {r: i for i, r in enumerate(ranks)}
+    seen: set[int] = set()
+    groups: list[list[int]] = []
+    for p in pipelines:
+        g = [at[r] for r in p if r in at and at[r] not in seen]
+        seen.update(g)
+        if g:
+            groups.append(g)
+    rest = [i for i in range(len(ranks)) if i not in seen]
+    return [*groups, rest] if rest else groups
+
+
+def _step_specs(run: Run, pipe: Pipeline, skip: int | None) -> list[RankItem]:
+    """Each rank with its analyzed steps (windows and blocks); step index ``skip`` left out."""
+    out: list[RankItem] = []
     for tl in run.ranks:
         specs = [
             StepWindowSpec(i, w.number, w.start, w.end, blocks)
@@ -302,9 +372,8 @@ def _rank_steps(run: Run, pipe: Pipeline, skip: int | None) -> tuple[list[RankSt
             )
             if i != skip
         ]
-        steps.extend(rank_steps(tl, specs))
-        windows.extend(StepWindow(tl.rank, w.step, w.number, w.w0, w.w1) for w in specs)
-    return steps, windows
+        out.append((tl, specs))
+    return out
 
 
 def _blocks_by_step(b: Blocks | None) -> Iterator[Blocks]:

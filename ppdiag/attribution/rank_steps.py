@@ -10,6 +10,7 @@ path.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -142,4 +143,95 @@ def _line_of(specs: Sequence[StepWindowSpec]) -> Line | None:
         return None
 
 
-__all__ = ["StepWindowSpec", "rank_steps"]
+#: One rank's part of the replica map of :func:`rank_steps`: its timeline and analyzed steps.
+RankItem = tuple[RankTimeline, list[StepWindowSpec]]
+
+
+def shippable(tl: RankTimeline, specs: list[StepWindowSpec]) -> RankItem:
+    """What :func:`rank_steps` reads of a rank, to send to a worker: the timeline without what
+    it never reads (its process groups, shared by many ranks; its warnings and metadata) and the
+    steps without their blocks (the reducer keeps them and puts them back)."""
+    lean = dataclasses.replace(tl, process_groups=[], warnings=[], meta={})
+    bare = Blocks.empty()
+    return lean, [dataclasses.replace(w, blocks=bare) for w in specs]
+
+
+@dataclass(frozen=True)
+class PackedSteps:
+    """One rank's :class:`RankStep` list as a few flat columns, without blocks: what a task of the
+    replica map sends back (unpickling a RankStep's sixteen small arrays one by one cost the
+    reducer about as much as computing them)."""
+
+    head: Arr  # [steps, 12]: rank, step, number, w0, w1, the account's six fields, wait is p2p
+    lens: Arr  # [steps * 8]: sizes of the sets, in the order of _SETS_OF
+    starts: Arr
+    ends: Arr
+
+
+def _sets_of_step(s: RankStep) -> tuple[ivs.ISet, ...]:
+    w = s.sets
+    return (w.compute, w.p2p, w.collective, w.gaps, w.copy, s.host_set, s.wait_set, s.p2p_host)
+
+
+def pack_steps(steps: list[RankStep]) -> PackedSteps | list[RankStep]:
+    """``steps`` packed (:class:`PackedSteps`), or as they are when a set is not int64."""
+    sets = [x for st in steps for x in _sets_of_step(st)]
+    if any(a.dtype != np.int64 or b.dtype != np.int64 for a, b in sets):
+        return steps
+    head = np.array(
+        [
+            (s.rank, s.step, s.number, s.w0, s.w1, *dataclasses.astuple(s.acct), s.wait_set is s.sets.p2p)
+            for s in steps
+        ],
+        dtype=np.int64,
+    ).reshape(len(steps), 12)
+    lens = np.array([a.size for a, _ in sets], dtype=np.int64)
+    z = np.zeros(0, np.int64)
+    starts = np.concatenate([a for a, _ in sets]) if sets else z
+    ends = np.concatenate([b for _, b in sets]) if sets else z
+    return PackedSteps(head, lens, starts, ends)
+
+
+def unpack_steps(p: PackedSteps | list[RankStep], specs: Sequence[StepWindowSpec]) -> list[RankStep]:
+    """The rank's steps from :func:`pack_steps`, with the blocks of their ``specs`` back: the
+    values an in-process :func:`rank_steps` returns (each set its own array, ``wait_set`` the
+    same object as ``sets.p2p`` where it was)."""
+    if isinstance(p, list):
+        for s, w in zip(p, specs, strict=True):
+            s.blocks = w.blocks
+        return p
+    cut = np.zeros(p.lens.size + 1, np.int64)
+    np.cumsum(p.lens, out=cut[1:])
+    bounds = cut.tolist()
+    out = []
+    for i, (row, w) in enumerate(zip(p.head.tolist(), specs, strict=True)):
+        k = 8 * i
+        x = [
+            (p.starts[bounds[j] : bounds[j + 1]], p.ends[bounds[j] : bounds[j + 1]]) for j in range(k, k + 8)
+        ]
+        ws = WindowSets(x[0], x[1], x[2], x[3], x[4])
+        wait = ws.p2p if row[11] else x[6]
+        out.append(
+            RankStep(
+                row[0], row[1], row[2], row[3], row[4], ws, Account(*row[5:11]), w.blocks, x[5], wait, x[7]
+            )
+        )
+    return out
+
+
+def rank_steps_batch(items: list[RankItem]) -> list[PackedSteps | list[RankStep]]:
+    """:func:`rank_steps` of each item, packed (a task of the replica map: the ranks of a few
+    replicas)."""
+    return [pack_steps(rank_steps(tl, specs)) for tl, specs in items]
+
+
+__all__ = [
+    "PackedSteps",
+    "RankItem",
+    "StepWindowSpec",
+    "pack_steps",
+    "rank_steps",
+    "rank_steps_batch",
+    "shippable",
+    "unpack_steps",
+]

@@ -105,7 +105,8 @@ Scheduler = Annotated[
     typer.Option(
         "--scheduler",
         metavar="ADDRESS",
-        help="Parse on a Dask cluster: the scheduler's address (tcp://host:8786); also "
+        help="Parse on a Dask cluster (an op table's rank-step accounting too): the scheduler's address "
+        "(tcp://host:8786); also "
         "PPDIAG_DASK_SCHEDULER. Needs the dask extra (pip install 'dask[distributed]' fsspec).",
     ),
 ]

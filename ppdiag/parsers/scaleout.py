@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ppdiag.errors import InputError
@@ -222,4 +223,101 @@ def parse_on_dask(
     return [(f, r or []) for f, r in zip(files, results, strict=True)]
 
 
-__all__ = ["ENV", "parse_on_dask", "scheduler_address"]
+#: A task of the analysis's replica map: a batch of items (the ranks of a few replicas) in, one
+#: result per item out, in order. A module-level function, so a worker can import it.
+BatchTask = Callable[[list[Any]], list[Any]]
+#: Runs ``task`` over ``groups`` (one group of items per replica) a batch of whole replicas per
+#: call, and returns every item's result in the order of the items (group after group).
+ReplicaMap = Callable[[BatchTask, Sequence[Sequence[Any]]], list[Any]]
+
+
+def replica_groups(n: int, workers: int) -> list[tuple[int, int]]:
+    """``[a, b)`` ranges of ``n`` replica groups in tasks: about 8 per worker (balance against
+    per-task cost), at most 16 replicas each (a lost worker loses little)."""
+    size = max(1, min(16, -(-n // (8 * max(1, workers)))))
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def _batches_of(groups: Sequence[Sequence[Any]], workers: int) -> list[list[Any]]:
+    return [[x for g in groups[a:b] for x in g] for a, b in replica_groups(len(groups), workers)]
+
+
+def _flat(task: BatchTask, batches: list[list[Any]], results: Sequence[list[Any]]) -> list[Any]:
+    out: list[Any] = []
+    for b, r in zip(batches, results, strict=True):
+        if len(r) != len(b):
+            raise RuntimeError(f"{getattr(task, '__name__', task)}: {len(r)} results for {len(b)} items")
+        out.extend(r)
+    return out
+
+
+def inline_map(workers: int = 1) -> ReplicaMap:
+    """The replica map in this process, batched as for ``workers`` workers (one batch after the
+    other): what the tests compare the other maps with."""
+
+    def run(task: BatchTask, groups: Sequence[Sequence[Any]]) -> list[Any]:
+        batches = _batches_of(groups, workers)
+        return _flat(task, batches, [task(b) for b in batches])
+
+    return run
+
+
+def pool_map(jobs: int) -> ReplicaMap:
+    """The replica map in a local pool of ``jobs`` processes."""
+
+    def run(task: BatchTask, groups: Sequence[Sequence[Any]]) -> list[Any]:
+        from concurrent.futures import ProcessPoolExecutor
+
+        from ppdiag.parsers.pool import _mp_context, _worker_init
+
+        batches = _batches_of(groups, jobs)
+        with ProcessPoolExecutor(jobs, mp_context=_mp_context(), initializer=_worker_init) as pool:
+            return _flat(task, batches, list(pool.map(task, batches)))
+
+    return run
+
+
+def run_pickled(task: BatchTask, batch: bytes) -> bytes:
+    """``task`` on a pickled batch, its results pickled: what a Dask worker runs. One in-band
+    pickle each way instead of Dask's serialisation of the items (a frame per array); measured
+    at 1,024 ranks, the reducer's CPU is about the same either way (0.33 s against 0.36 s)."""
+    return pickle.dumps(task(pickle.loads(batch)), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def dask_map(address: str) -> ReplicaMap:
+    """The replica map on the workers of the Dask cluster at ``address`` (a client per call)."""
+
+    def run(task: BatchTask, groups: Sequence[Sequence[Any]]) -> list[Any]:
+        client = _client(address)
+        try:
+            batches = _batches_of(groups, _n_workers(client))
+            blobs = [pickle.dumps(b, protocol=pickle.HIGHEST_PROTOCOL) for b in batches]
+            futs = [client.submit(run_pickled, task, b, pure=False) for b in blobs]
+            del blobs
+            try:
+                results = [pickle.loads(r) for r in client.gather(futs)]
+            except Exception as exc:  # a worker lost, or a failure inside the task
+                client.cancel(futs)
+                raise InputError(
+                    None,
+                    f"the analysis map on the Dask cluster failed ({type(exc).__name__}: {str(exc)[:200]})",
+                ) from None
+            return _flat(task, batches, results)
+        finally:
+            client.close()
+
+    return run
+
+
+__all__ = [
+    "ENV",
+    "BatchTask",
+    "ReplicaMap",
+    "dask_map",
+    "inline_map",
+    "parse_on_dask",
+    "pool_map",
+    "replica_groups",
+    "run_pickled",
+    "scheduler_address",
+]

@@ -1,0 +1,170 @@
+"""The rank-step accounting mapped a batch of DP replicas per task (in this process, a local pool, a
+Dask cluster): the report must be byte for byte the one of the in-process analysis, on op tables
+of several pp x dp shapes with a slow worker (one slow replica) and a heavy stage."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ppdiag.api import Options, _default_map, _replica_groups, analyze_run, load
+from ppdiag.model import Run
+from ppdiag.parsers.scaleout import BatchTask, ReplicaMap, inline_map, pool_map, replica_groups
+from ppdiag.reports.json_report import dumps
+from ppsynth.optable import OpTableParams, simulate_optable
+
+HAVE_DASK = importlib.util.find_spec("distributed") is not None
+
+# (pp, dp, slow worker (dp_rank, stage, factor), heavy stage (stage, factor))
+SHAPES = [
+    (2, 3, (1, 0, 1.5), None),
+    (4, 5, (3, 2, 1.4), (1, 1.3)),
+    (3, 8, (6, 1, 1.6), (2, 1.25)),
+]
+
+
+def _run(tmp: Path, pp: int, dp: int, slow: Any, heavy: Any) -> Run:
+    df, _ = simulate_optable(
+        OpTableParams(pp=pp, dp=dp, microbatches=6, steps=(2, 5, 6), slow_worker=slow, heavy_stage=heavy)
+    )
+    path = tmp / f"ops-{pp}x{dp}.parquet"
+    df = df.sort_values("dp_rank", kind="stable").reset_index(drop=True)
+    df.to_parquet(path, index=False, row_group_size=2000)
+    return load([path], Options(progress=False, jobs=1))
+
+
+def _counting(inner: ReplicaMap, calls: list[int]) -> ReplicaMap:
+    """``inner``, recording the number of replica groups of each call."""
+
+    def run(task: BatchTask, groups: Sequence[Sequence[Any]]) -> list[Any]:
+        calls.append(len(groups))
+        return inner(task, groups)
+
+    return run
+
+
+@pytest.fixture(scope="module", params=SHAPES, ids=lambda s: f"pp{s[0]}xdp{s[1]}")
+def shaped(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, str]:
+    pp, dp, slow, heavy = request.param
+    run = _run(tmp_path_factory.mktemp("amap"), pp, dp, slow, heavy)
+    return run, dumps(analyze_run(run, Options(progress=False)).result)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_mapped_in_this_process_is_byte_identical(shaped: tuple[Run, str], workers: int) -> None:
+    run, want = shaped
+    calls: list[int] = []
+    got = dumps(
+        analyze_run(run, Options(progress=False), replica_map=_counting(inline_map(workers), calls)).result
+    )
+    assert got == want
+    pp = len(run.ranks) // len({tl.meta["dp_rank"] for tl in run.ranks})
+    assert calls == [len(run.ranks) // pp]  # one group per replica, mapped once
+    assert '"PP009"' in want  # the slow worker, a cross-replica fact, is found either way
+
+
+def test_mapped_in_a_local_pool_is_byte_identical(shaped: tuple[Run, str]) -> None:
+    run, want = shaped
+    got = dumps(analyze_run(run, Options(progress=False), replica_map=pool_map(2)).result)
+    assert got == want
+
+
+def test_a_map_that_mixes_ranks_changes_the_report(shaped: tuple[Run, str]) -> None:
+    """The comparison can fail: a map that hands the first two ranks each other's steps (same
+    count, wrong owner) gives another report."""
+
+    def swapped(task: BatchTask, groups: Sequence[Sequence[Any]]) -> list[Any]:
+        out = inline_map()(task, groups)
+        out[0], out[1] = out[1], out[0]
+        return out
+
+    run, want = shaped
+    assert dumps(analyze_run(run, Options(progress=False), replica_map=swapped).result) != want
+
+
+def test_replica_groups_follow_the_pipelines() -> None:
+    # ranks 0..5 in rank order; pipelines [0, 3], [1, 4]; rank 2 and 5 in none, rank 4 listed twice
+    assert _replica_groups([0, 1, 2, 3, 4, 5], [[0, 3], [1, 4], [4]]) == [[0, 3], [1, 4], [2, 5]]
+    # 40 replicas on 2 workers: 8 tasks per worker at most 16 replicas each -> 3 per task
+    got = replica_groups(40, 2)
+    assert got[0] == (0, 3) and got[-1] == (39, 40) and sum(b - a for a, b in got) == 40
+    assert replica_groups(1000, 1) == [(a, min(a + 16, 1000)) for a in range(0, 1000, 16)]
+
+
+def test_default_map_only_for_an_op_table_with_a_scheduler(
+    shaped: tuple[Run, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, _ = shaped
+    monkeypatch.delenv("PPDIAG_DASK_SCHEDULER", raising=False)
+    assert _default_map(run, Options()) is None
+    assert _default_map(run, Options(scheduler="tcp://127.0.0.1:1")) is not None  # no connection yet
+    monkeypatch.setenv("PPDIAG_DASK_SCHEDULER", "tcp://127.0.0.1:1")
+    assert _default_map(run, Options()) is not None
+    other = dataclasses.replace(
+        run, ranks=[dataclasses.replace(run.ranks[0], format="kineto"), *run.ranks[1:]]
+    )
+    assert _default_map(other, Options()) is None  # trace files: the parse map only
+
+
+@pytest.mark.slow  # a LocalCluster of two processes: ~10 s here
+@pytest.mark.skipif(not HAVE_DASK, reason="dask[distributed] not installed (pip install 'ppdiag[dask]')")
+def test_mapped_on_a_local_cluster_is_byte_identical(tmp_path: Path) -> None:
+    from distributed import LocalCluster
+
+    run = _run(tmp_path, 4, 5, (3, 2, 1.4), (1, 1.3))
+    want = dumps(analyze_run(run, Options(progress=False)).result)
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=40
+    ) as cluster:
+        opts = Options(progress=False, scheduler=cluster.scheduler_address)
+        mapped = _default_map(run, opts)
+        assert mapped is not None
+        calls: list[int] = []
+        got = dumps(analyze_run(run, opts, replica_map=_counting(mapped, calls)).result)
+    assert calls == [5]
+    assert got == want
+    assert np.array_equal(np.sort([tl.rank for tl in run.ranks]), [tl.rank for tl in run.ranks])
+
+
+def test_packed_steps_are_the_steps(shaped: tuple[Run, str]) -> None:
+    """What a task sends back, unpacked: every field of every rank step equal to the in-process
+    one, the blocks the reducer's own objects, ``wait_set`` the same object as ``sets.p2p``."""
+    from ppdiag.api import _step_specs
+    from ppdiag.attribution.rank_steps import pack_steps, rank_steps, shippable, unpack_steps
+    from ppdiag.pipeline import PipelineOptions, rebuild
+
+    run, _ = shaped
+    pipe = rebuild(run, PipelineOptions())
+    for tl, specs in _step_specs(pipe.aligned, pipe, None):
+        want = rank_steps(tl, specs)
+        got = unpack_steps(pack_steps(rank_steps(*shippable(tl, specs))), specs)
+        assert len(got) == len(want) == len(specs) > 0
+        for g, w, spec in zip(got, want, specs, strict=True):
+            assert (g.rank, g.step, g.number, g.w0, g.w1, g.acct) == (
+                w.rank,
+                w.step,
+                w.number,
+                w.w0,
+                w.w1,
+                w.acct,
+            )
+            assert g.blocks is spec.blocks and g.wait_set is g.sets.p2p
+            for a, b in zip(_sets(g), _sets(w), strict=True):
+                assert a[0].dtype == b[0].dtype == np.int64
+                assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    # a set that is not int64 travels as it is
+    tl, specs = _step_specs(pipe.aligned, pipe, None)[0]
+    odd = rank_steps(tl, specs)
+    odd[0].host_set = (odd[0].host_set[0].astype(np.int32), odd[0].host_set[1].astype(np.int32))
+    assert pack_steps(odd) is odd
+
+
+def _sets(s: Any) -> list[Any]:
+    w = s.sets
+    return [w.compute, w.p2p, w.collective, w.gaps, w.copy, s.host_set, s.wait_set, s.p2p_host]
