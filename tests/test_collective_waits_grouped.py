@@ -52,14 +52,10 @@ def _inherit_per_rank(
             lo = np.searchsorted(match.start[mine], seg0[lrow[q]], side="left")
             hi = np.searchsorted(match.start[mine], match.start[lrow[q]], side="left")
             seg_tot[q] = cum[hi] - cum[lo]
-        seg_tot[:, comm] = 0
-        take = np.minimum(shares[:, comm], seg_tot.sum(axis=1))
-        if not take.any():
+        passed = cwm.passed_on(shares, seg_tot, comm)
+        if passed is None:
             break
-        moved = _alloc(take, seg_tot.astype(np.float64))
-        shares = shares.copy()
-        shares[:, comm] -= moved.sum(axis=1)
-        shares += moved
+        shares = passed
     return shares
 
 

@@ -182,17 +182,27 @@ def _inherit(
         full[:] = 0
         full[waiting] = shares
         np.cumsum(full[by_rs], axis=0, out=cum[1:])
-        seg_tot = cum[hi] - cum[lo]
-        seg_tot[:, comm] = 0
-        avail = seg_tot.sum(axis=1)
-        take = np.minimum(shares[:, comm], avail)
-        if not take.any():
+        passed = passed_on(shares, cum[hi] - cum[lo], comm)
+        if passed is None:
             break
-        moved = _alloc(take, seg_tot.astype(np.float64))
-        shares = shares.copy()
-        shares[:, comm] -= moved.sum(axis=1)
-        shares += moved
+        shares = passed
     return shares
+
+
+def passed_on(
+    shares: npt.NDArray[np.int64], seg_tot: npt.NDArray[np.int64], comm: int
+) -> npt.NDArray[np.int64] | None:
+    """One round of :func:`_inherit`: each waiting row's ``comm`` share moves to the non-comm
+    causes of its stretch (``seg_tot``, one row per waiting row, modified), as far as they go, in
+    proportion; None when nothing moves."""
+    seg_tot[:, comm] = 0
+    take = np.minimum(shares[:, comm], seg_tot.sum(axis=1))
+    if not take.any():
+        return None
+    moved = _alloc(take, seg_tot.astype(np.float64))
+    out = shares.copy()
+    out[:, comm] -= moved.sum(axis=1)
+    return out + moved
 
 
 def _replica_excess(
