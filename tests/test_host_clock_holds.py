@@ -24,6 +24,21 @@ def _bare(rank: int, host: str) -> RankTimeline:
     )  # fmt: skip
 
 
+def _as_pairs(send_start: np.ndarray, recv_start: np.ndarray, recv_end: np.ndarray) -> Pairs:
+    """The four links 0 -> 1, 1 -> 0, 1 -> 2, 2 -> 1, five transfers each, from µs times (a send
+    call lasts 50 µs)."""
+    src, dst = np.repeat([0, 1, 1, 2], 5), np.repeat([1, 0, 2, 1], 5)
+    return Pairs(
+        src.astype(np.int32),
+        dst.astype(np.int32),
+        send_start * US,
+        (send_start + 50) * US,
+        recv_start * US,
+        recv_end * US,
+        False,
+    )
+
+
 def _pairs(cross_held: bool) -> Pairs:
     """Ranks 0 and 1 on host a, rank 2 on host b, whose clock reads 5000 µs ahead. Rank 1 holds
     its sends 3000 µs (``cross_held``: on every link; else on its link within host a only, a slow
@@ -36,21 +51,11 @@ def _pairs(cross_held: bool) -> Pairs:
     * 2 -> 1: sent 14000 = 19000 on b's clock, arrives 14150 (receive posted 11500).
     """
     t = np.tile(STEPS, 4)
-    src = np.repeat([0, 1, 1, 2], 5)
-    dst = np.repeat([1, 0, 2, 1], 5)
     cross_end = 16150 if cross_held else 13150
     send_start = t + np.repeat([1000, 4000, 8000, 19000], 5)
     recv_start = t + np.repeat([500, 3500, 12500, 11500], 5)
     recv_end = t + np.repeat([1100, 7100, cross_end, 14150], 5)
-    return Pairs(
-        src.astype(np.int32),
-        dst.astype(np.int32),
-        send_start * US,
-        (send_start + 50) * US,
-        recv_start * US,
-        recv_end * US,
-        False,
-    )
+    return _as_pairs(send_start, recv_start, recv_end)
 
 
 def test_a_held_sender_does_not_move_the_other_host() -> None:
@@ -91,20 +96,10 @@ def _jittered_pairs() -> Pairs:
     """
     lat = np.array([50, 50, 150, 150, 150])
     t = np.tile(STEPS, 4)
-    src = np.repeat([0, 1, 1, 2], 5)
-    dst = np.repeat([1, 0, 2, 1], 5)
     send_start = t + np.repeat([1000, 4000, 8000, 19000], 5)
     recv_start = t + np.repeat([500, 3500, 12500, 11500], 5)
     recv_end = t + np.repeat([1000, 7000, 16000, 14000], 5) + np.tile(lat, 4)
-    return Pairs(
-        src.astype(np.int32),
-        dst.astype(np.int32),
-        send_start * US,
-        (send_start + 50) * US,
-        recv_start * US,
-        recv_end * US,
-        False,
-    )
+    return _as_pairs(send_start, recv_start, recv_end)
 
 
 def test_a_hold_measured_by_medians_fits_a_round_trip_of_lower_quartiles() -> None:
