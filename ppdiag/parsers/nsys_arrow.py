@@ -29,21 +29,23 @@ import numpy.typing as npt
 
 ARROW_ENV = "PPDIAG_NO_ADBC"  # "1": read every query with sqlite3
 
-_MODULES: tuple[Any, Any] | bool | None = False  # False: not tried yet; None: not installed
+_MODULES: tuple[Any, Any, Any] | bool | None = False  # False: not tried yet; None: not installed
 
 
-def _modules() -> tuple[Any, Any] | None:
-    """(adbc_driver_sqlite.dbapi, pyarrow), or None when either is missing or turned off."""
+def _modules() -> tuple[Any, Any, Any] | None:
+    """(adbc_driver_manager, adbc_driver_sqlite, pyarrow), or None when one is missing or the
+    reader is turned off."""
     global _MODULES
     if os.environ.get(ARROW_ENV, "") == "1":
         return None
     if _MODULES is False:
         try:
-            # imported on first use only: pyarrow costs ~0.3 s CPU, paid where a big query runs
-            _MODULES = (
-                importlib.import_module("adbc_driver_sqlite.dbapi"),
-                importlib.import_module("pyarrow"),
-            )
+            # the driver manager's low-level API, not its DB-API module: that one imports pandas
+            # and pyarrow.dataset (~0.4 s CPU per parse process); pyarrow alone is ~0.1 s
+            mods = [
+                importlib.import_module(m) for m in ("adbc_driver_manager", "adbc_driver_sqlite", "pyarrow")
+            ]
+            _MODULES = (mods[0], mods[1], mods[2])
         except Exception:  # not installed, or a broken install: the sqlite3 path is always there
             _MODULES = None
     return _MODULES if isinstance(_MODULES, tuple) else None
@@ -63,6 +65,7 @@ class ArrowReader:
 
     def __init__(self, path: Path) -> None:
         self.uri = path.resolve().as_uri() + "?mode=ro&immutable=1"
+        self._db: Any = None
         self._conn: Any = None
         self._broken = False
 
@@ -73,16 +76,18 @@ class ArrowReader:
         mods = _modules()
         if self._broken or mods is None or not names or any(dtype[n] != np.int64 for n in names):
             return None
-        dbapi, pa = mods
+        manager, driver, pa = mods
         try:
             if self._conn is None:
-                self._conn = dbapi.connect(self.uri)
-            cur = self._conn.cursor()
+                self._db = driver.connect(self.uri)
+                self._conn = manager.AdbcConnection(self._db)
+            stmt = manager.AdbcStatement(self._conn)
             try:
-                cur.execute(sql)
-                table = cur.fetch_arrow_table()
+                stmt.set_sql_query(sql)
+                stream, _ = stmt.execute_query()
+                table = pa.RecordBatchReader.from_stream(stream).read_all()
             finally:
-                cur.close()
+                stmt.close()
         except Exception:  # type inference across batches, a driver error: sqlite3 reads it instead
             if self._conn is None:
                 self._broken = True
@@ -99,7 +104,8 @@ class ArrowReader:
         return out
 
     def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
+        for handle in (self._conn, self._db):
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    handle.close()
+        self._conn = self._db = None
