@@ -12,15 +12,23 @@ import pytest
 from conftest import SHARED_TRACES
 
 from ppdiag.model import RankTimeline
-from ppdiag.parsers import ParseOptions
+from ppdiag.parsers import ParseOptions, nsys_arrow
 from ppdiag.parsers.nsys import NsysParser
 from ppdiag.parsers.nsys_arrow import ARROW_ENV, ArrowReader
 from ppdiag.parsers.nsys_db import int_expr, open_export
 from ppsynth.nsys import write_nsys
 from ppsynth.scenario import make_scenario
 
-pytest.importorskip("adbc_driver_sqlite.dbapi")
+pytest.importorskip("adbc_driver_manager")
+pytest.importorskip("adbc_driver_sqlite")
 pytest.importorskip("pyarrow")
+
+
+@pytest.fixture(autouse=True)
+def _any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the files here are small: read them through ADBC all the same
+    monkeypatch.setattr(nsys_arrow, "MIN_FILE_BYTES", 0)
+
 
 N = 3000  # rows of the hand-built tables: several of the driver's batches
 I64 = np.dtype([("a", np.int64), ("b", np.int64)])
@@ -123,6 +131,16 @@ def test_views_turn_arrow_off(tmp_path: Path) -> None:
     db = open_export(p)
     try:
         assert db.arrow is None  # a VIEW could hide a query the sqlite3 step budget must bound
+    finally:
+        db.close()
+
+
+def test_small_files_stay_with_sqlite3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = _export(tmp_path, list(range(10)))
+    monkeypatch.setattr(nsys_arrow, "MIN_FILE_BYTES", p.stat().st_size + 1)
+    db = open_export(p)
+    try:
+        assert db.arrow is None  # importing pyarrow would cost more than it saves
     finally:
         db.close()
 

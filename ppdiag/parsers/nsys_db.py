@@ -25,7 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.errors import InputError
-from ppdiag.parsers.nsys_arrow import ArrowReader, available
+from ppdiag.parsers import nsys_arrow
+from ppdiag.parsers.nsys_arrow import ArrowReader
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 SQLITE_NAME_SUFFIXES = (".sqlite", ".sqlite3")
@@ -520,9 +521,18 @@ def open_export(path: Path) -> NsysDb:
 
 
 def _arrow_reader(path: Path, conn: sqlite3.Connection) -> ArrowReader | None:
-    """An ADBC reader where the file was opened immutable (no ``-wal``, no live ``-journal``: what
-    ADBC opens is then what sqlite3 reads) and no VIEW can hide an unbounded query."""
-    if not available() or _side_file(path, "-wal") is not None or _side_file(path, "-journal") is not None:
+    """An ADBC reader for an export of at least ``nsys_arrow.MIN_FILE_BYTES`` opened immutable (no
+    ``-wal``, no live ``-journal``: what ADBC opens is then what sqlite3 reads) whose schema holds no
+    VIEW (which could hide a query the step budget must bound)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if (
+        not nsys_arrow.wanted(size)
+        or _side_file(path, "-wal") is not None
+        or _side_file(path, "-journal") is not None
+    ):
         return None
     try:
         views = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'view'").fetchone()[0]
