@@ -14,7 +14,10 @@ stay at or below 1.1 (no per-wait or per-step scan over a whole rank).
 With ``--e2e P M STEPS`` (nsys) it first writes that run and times, each in a fresh process, the
 floor (``SELECT`` of the kernel columns of every file into numpy, one file after the other) and
 ``ppdiag analyze DIR --json ... --no-cache`` end to end (wall, and CPU of the process and its
-parse workers), and prints their ratio; ``--e2e-dir DIR`` reuses a run written before.
+parse workers), and prints their ratio; ``--e2e-dir DIR`` reuses a run written before. The floor
+is Python's ``sqlite3`` (one Python object per value, as the reader's fallback path pays); with the
+``nsys`` extra installed the analysis reads its big integer queries through ADBC (Arrow columns),
+so its part of the ratio can drop below what any sqlite3 reader could reach.
 
 CPU time (``time.process_time``) is used because wall time on a shared machine swings with load;
 each size is timed ``--repeat`` times and the fastest is kept. Exit status 1 when an exponent

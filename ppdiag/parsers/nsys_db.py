@@ -25,6 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.errors import InputError
+from ppdiag.parsers import nsys_arrow
+from ppdiag.parsers.nsys_arrow import ArrowReader
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 SQLITE_NAME_SUFFIXES = (".sqlite", ".sqlite3")
@@ -90,6 +92,7 @@ class NsysDb:
     warnings: list[str] = field(default_factory=list)  # file-level facts about how it was opened
     tmpdir: Path | None = None  # private copy read instead of the file (hot journal, -wal), removed on close
     bad_utf8: int = 0  # text values read with invalid UTF-8 replaced (U+FFFD)
+    arrow: ArrowReader | None = None  # ADBC reader for big integer queries, where installed and safe
     _columns: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -127,7 +130,14 @@ class NsysDb:
         return self.conn.execute(sql, params)
 
     def fetch(self, sql: str, dtype: np.dtype[Any], params: Sequence[Any] = ()) -> npt.NDArray[Any]:
-        """Rows of ``sql`` as a structured array (every selected value must be non-NULL)."""
+        """Rows of ``sql`` as a structured array (every selected value must be non-NULL).
+
+        Read through ADBC where :attr:`arrow` is set and gives the same rows (integer columns, a
+        plain scan: no bound parameters, no join), else with sqlite3."""
+        if self.arrow is not None and not params and " JOIN " not in sql.upper():
+            rows = self.arrow.fetch(sql, dtype)
+            if rows is not None:
+                return rows
         return np.fromiter(self.conn.execute(sql, params), dtype=dtype)
 
     def count(self, table: str) -> int:
@@ -167,6 +177,8 @@ class NsysDb:
         return out
 
     def close(self) -> None:
+        if self.arrow is not None:
+            self.arrow.close()
         self.conn.close()
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
@@ -503,7 +515,30 @@ def open_export(path: Path) -> NsysDb:
         raise InputError(
             str(path), "SQLite database but not an Nsight Systems export (no StringIds / CUPTI / NVTX tables)"
         )
-    return NsysDb(path=path, conn=conn, tables=tables, warnings=warnings, tmpdir=tmp)
+    return NsysDb(
+        path=path, conn=conn, tables=tables, warnings=warnings, tmpdir=tmp, arrow=_arrow_reader(path, conn)
+    )
+
+
+def _arrow_reader(path: Path, conn: sqlite3.Connection) -> ArrowReader | None:
+    """An ADBC reader for an export of at least ``nsys_arrow.MIN_FILE_BYTES`` opened immutable (no
+    ``-wal``, no live ``-journal``: what ADBC opens is then what sqlite3 reads) whose schema holds no
+    VIEW (which could hide a query the step budget must bound)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if (
+        not nsys_arrow.wanted(size)
+        or _side_file(path, "-wal") is not None
+        or _side_file(path, "-journal") is not None
+    ):
+        return None
+    try:
+        views = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'view'").fetchone()[0]
+    except sqlite3.Error:
+        return None
+    return ArrowReader(path) if views == 0 else None
 
 
 def sniff_sqlite(path: Path, head: bytes) -> bool:

@@ -1,0 +1,228 @@
+"""The optional ADBC (Arrow) reader of nsys exports gives exactly what the sqlite3 reader gives."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import SHARED_TRACES
+
+from ppdiag.model import RankTimeline
+from ppdiag.parsers import ParseOptions, nsys_arrow
+from ppdiag.parsers.nsys import NsysParser
+from ppdiag.parsers.nsys_arrow import ARROW_ENV, ArrowReader
+from ppdiag.parsers.nsys_db import int_expr, open_export
+from ppsynth.nsys import write_nsys
+from ppsynth.scenario import make_scenario
+
+pytest.importorskip("adbc_driver_manager")
+pytest.importorskip("adbc_driver_sqlite")
+pytest.importorskip("pyarrow")
+
+
+@pytest.fixture(autouse=True)
+def _any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the files here are small: read them through ADBC all the same
+    monkeypatch.setattr(nsys_arrow, "MIN_FILE_BYTES", 0)
+
+
+N = 3000  # rows of the hand-built tables: several of the driver's batches
+I64 = np.dtype([("a", np.int64), ("b", np.int64)])
+
+
+def _export(tmp_path: Path, values: list[Any]) -> Path:
+    """A minimal file the nsys reader opens, with table T(a, b): ``a`` as given, b = row number."""
+    p = tmp_path / "t.sqlite"
+    conn = sqlite3.connect(p)
+    conn.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+    conn.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, [end] INTEGER)")
+    conn.execute("CREATE TABLE T (a, b)")
+    conn.executemany("INSERT INTO T VALUES (?, ?)", [(v, i) for i, v in enumerate(values)])
+    conn.commit()
+    conn.close()
+    return p
+
+
+def _sqlite_rows(path: Path, sql: str, dtype: np.dtype[Any]) -> np.ndarray:
+    conn = sqlite3.connect(path)
+    try:
+        return np.fromiter(conn.execute(sql), dtype=dtype)
+    finally:
+        conn.close()
+
+
+def test_plain_integer_columns_are_read_by_arrow(tmp_path: Path) -> None:
+    values: list[Any] = [i * 7 - 5 for i in range(N)]
+    values[10] = 2**62 + 3  # beyond a double's exact integers: must stay exact
+    values[11] = -(2**63)
+    p = _export(tmp_path, values)
+    db = open_export(p)
+    try:
+        assert db.arrow is not None
+        got = db.arrow.fetch("SELECT a, b FROM T", I64)
+        assert got is not None
+        assert got["a"].tolist() == values
+        assert got["b"].tolist() == list(range(N))
+        np.testing.assert_array_equal(
+            db.fetch("SELECT a, b FROM T", I64), _sqlite_rows(p, "SELECT a, b FROM T", I64)
+        )
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("at", [0, 1, 1023, 1024, 2999])
+@pytest.mark.parametrize("odd", [None, 1.5, 3.0, "7", b"\x07", "x"])
+def test_null_or_mixed_types_fall_back_to_sqlite3(tmp_path: Path, odd: Any, at: int) -> None:
+    # an integer column with one NULL / REAL / TEXT / BLOB value at row `at`: whatever type the
+    # driver infers from its first rows, Arrow must not answer, and the fetch is sqlite3's
+    values: list[Any] = list(range(N))
+    values[at] = odd
+    p = _export(tmp_path, values)
+    db = open_export(p)
+    try:
+        assert db.arrow is not None
+        assert db.arrow.fetch("SELECT a, b FROM T", I64) is None
+        # the reader's queries guard their integer columns (int_expr): both readers agree there
+        sql = f"SELECT {int_expr('a')}, b FROM T"
+        want = _sqlite_rows(p, sql, I64)
+        assert want["a"][at] == -1
+        np.testing.assert_array_equal(db.fetch(sql, I64), want)
+        assert db.arrow.fetch(sql, I64) is not None
+        if odd is None:
+            with pytest.raises(TypeError):  # what sqlite3 does with a NULL in an int64 field
+                db.fetch("SELECT a, b FROM T", I64)
+    finally:
+        db.close()
+
+
+def test_leading_nulls_then_integers(tmp_path: Path) -> None:
+    # the driver's first batch is all NULL: it must not guess a type that changes the integers
+    values: list[Any] = [None] * 2000 + list(range(N - 2000))
+    p = _export(tmp_path, values)
+    db = open_export(p)
+    try:
+        assert db.arrow is not None
+        assert db.arrow.fetch("SELECT a, b FROM T", I64) is None
+        sql = f"SELECT {int_expr('a', '-9')}, b FROM T WHERE a IS NOT NULL OR b < 5"
+        np.testing.assert_array_equal(db.fetch(sql, I64), _sqlite_rows(p, sql, I64))
+    finally:
+        db.close()
+
+
+def test_text_columns_and_parameters_stay_with_sqlite3(tmp_path: Path) -> None:
+    p = _export(tmp_path, list(range(N)))
+    reader = ArrowReader(p)
+    try:
+        assert reader.fetch("SELECT a, 'x' FROM T", np.dtype([("a", np.int64), ("t", object)])) is None
+    finally:
+        reader.close()
+
+
+def test_views_turn_arrow_off(tmp_path: Path) -> None:
+    p = _export(tmp_path, list(range(10)))
+    conn = sqlite3.connect(p)
+    conn.execute("CREATE VIEW V AS SELECT * FROM T")
+    conn.commit()
+    conn.close()
+    db = open_export(p)
+    try:
+        assert db.arrow is None  # a VIEW could hide a query the sqlite3 step budget must bound
+    finally:
+        db.close()
+
+
+def test_small_files_stay_with_sqlite3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = _export(tmp_path, list(range(10)))
+    monkeypatch.setattr(nsys_arrow, "MIN_FILE_BYTES", p.stat().st_size + 1)
+    db = open_export(p)
+    try:
+        assert db.arrow is None  # importing pyarrow would cost more than it saves
+    finally:
+        db.close()
+
+
+def test_env_turns_arrow_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ARROW_ENV, "1")
+    db = open_export(_export(tmp_path, list(range(10))))
+    try:
+        assert db.arrow is None
+    finally:
+        db.close()
+
+
+def test_wal_turns_arrow_off(tmp_path: Path) -> None:
+    # rows still in the -wal are read by sqlite3 with its locks; ADBC opens the file immutable
+    p = _export(tmp_path, list(range(10)))
+    writer = sqlite3.connect(p)
+    try:
+        writer.execute("PRAGMA journal_mode = WAL")
+        writer.execute("INSERT INTO T VALUES (99, 99)")
+        writer.commit()
+        assert (tmp_path / "t.sqlite-wal").stat().st_size > 0
+        db = open_export(p)
+        try:
+            assert db.arrow is None
+            assert len(db.fetch("SELECT a, b FROM T", I64)) == 11
+        finally:
+            db.close()
+    finally:
+        writer.close()
+
+
+def _parse_both(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[RankTimeline], list[RankTimeline]]:
+    monkeypatch.delenv(ARROW_ENV, raising=False)
+    db = open_export(path)
+    used = db.arrow is not None
+    db.close()
+    assert used, "the Arrow reader was not used"
+    fast = NsysParser().parse(path, ParseOptions())
+    monkeypatch.setenv(ARROW_ENV, "1")
+    slow = NsysParser().parse(path, ParseOptions())
+    return fast, slow
+
+
+def _equal(a: Any, b: Any, where: str) -> None:
+    """Deep equality of parsed values: arrays by dtype and values, dataclasses field by field."""
+    assert type(a) is type(b), where
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert a.tolist() == b.tolist(), where  # object arrays too; NaN-free columns
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            _equal(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _equal(x, y, f"{where}[{i}]")
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            _equal(a[k], b[k], f"{where}[{k!r}]")
+    else:
+        assert a == b, where
+
+
+def _assert_same(fast: list[RankTimeline], slow: list[RankTimeline]) -> None:
+    assert fast
+    _equal(fast, slow, "ranks")
+
+
+def test_synthetic_exports_parse_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_scenario("1f1b", pp=3, microbatches=4, dp=2, steps=2, clock_skew_ms=3.0, seed=3)
+    for p in write_nsys(run, tmp_path):
+        _assert_same(*_parse_both(p, monkeypatch))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["nsysai_h100_fsdp_2gpu.sqlite", "pipit_cloverleaf_nsys2024.sqlite", "pipit_saxpy_mpi_nsys2022.sqlite"],
+)
+def test_real_exports_parse_the_same(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = SHARED_TRACES / "nsys" / name
+    if not p.exists():
+        pytest.skip(f"shared trace nsys/{name} not available")
+    _assert_same(*_parse_both(p, monkeypatch))
