@@ -15,7 +15,7 @@ from test_causes_cpu_posting import C, P, _tl
 from test_causes_handbuilt import RECV, SEND, B, F, Op, _causes, _check
 
 from ppdiag.attribution.causes import attribute, rank_step
-from ppdiag.attribution.link_latency import LinkLatencies, _links_of, link_latencies
+from ppdiag.attribution.link_latency import LinkLatencies, Z, _links_of, link_latencies, t_quantile
 from ppdiag.model import Direction, Kind, RankTimeline
 from ppdiag.pipeline.clocks import p2p_ops
 
@@ -100,10 +100,45 @@ def test_a_clock_offsets_standard_error_joins_the_noise_in_quadrature() -> None:
     waits = [w for link in ((0, 1), (1, 2), (2, 3), (1, 0), (2, 1), (3, 2)) for w in _waits(link, jitter)]
     ll = link_latencies(waits)
     k = (1, 2)
-    se = ll.noise_ns(k) / 2.0 / 2**0.5  # Z = 2; the link's and the reference's alike
+    # the link's and the reference's alike; Z at the t quantile of the link's 8 transfers
+    se = ll.noise_ns(k) / t_quantile(Z, 7) / 2**0.5
     assert ll.noise_ns(k, 0.0) == ll.noise_ns(k)
     assert ll.noise_ns(k, 0.1 * se) < 1.003 * ll.noise_ns(k)
     assert abs(ll.noise_ns(k, se * 2**0.5) - 2**0.5 * ll.noise_ns(k)) < 1e-6 * ll.noise_ns(k)
+
+
+def test_z_is_the_student_t_quantile_of_the_links_degrees_of_freedom() -> None:
+    # two-sided 95 % (z = 1.95996): the t table's 12.706 (1 degree of freedom), 4.303 (2),
+    # 3.182 (3), 2.571 (5), 2.228 (10), 2.042 (30); the normal quantile itself without any
+    z = 1.959964
+    for dof, want in ((1, 12.706), (2, 4.303), (3, 3.182), (5, 2.571), (10, 2.228), (30, 2.042)):
+        assert abs(t_quantile(z, dof) - want) < 0.01 * want
+    assert t_quantile(z, 0) == z and t_quantile(Z, 10**6) < Z * 1.0001
+
+
+def test_a_link_timed_by_few_transfers_stands_out_by_their_t_quantile() -> None:
+    # four links of 12 transfers of 100 µs each (fault-free latency 100 µs, lateness 0, spread 0);
+    # link 3->2 has 12 transfers of 100 µs of which its consumer waited through 3 whole, 200, 400
+    # and 600 µs: late 100, 300 and 500 µs beyond 100, their mean 300 µs with a standard error of
+    # 200 / sqrt(3) = 115.5 µs (all 3 kept: ceil(0.8 x 3) = 3). The others' lateness and standard
+    # error are 0. At Z = 2 the noise is 231 µs and the link would be slow by 300; three values
+    # estimate their spread with 2 degrees of freedom, whose t quantile (at the confidence of
+    # Z = 2) is 4.527: noise 4.527 x 115.5 = 522.7 µs, and 300 µs is no slow link.
+    waits = [w for link in ((0, 1), (1, 0), (1, 2), (2, 1)) for w in _waits(link, [100] * 12)]
+    whole = [False] * len(waits)
+    few = _waits((3, 2), [200, 400, 600] + [100] * 9)
+    ll = link_latencies(waits + few, whole + [True] * 3 + [False] * 9)
+    x = ll.links[(3, 2)]
+    assert x.timed == 3 and x.late_ns == 300 * US
+    assert abs(x.late_se_ns - 200 * US / 3**0.5) < 1
+    assert abs(ll.noise_ns((3, 2)) - 4.527 * 200 * US / 3**0.5) < 0.001 * ll.noise_ns((3, 2))
+    assert ll.slow() == {}
+    # the same lateness timed by 12 transfers (100, 300, 500 µs late, 4 each; the 2 longest left
+    # out: mean 260 µs; winsorized sd 170.6 / (10/12 x sqrt(12)) = 59.1 µs, t(11) = 2.25):
+    # noise 133 µs, slow by 260
+    many = _waits((3, 2), [200, 400, 600] * 4)
+    got = link_latencies(waits + many, whole + [True] * 12).slow()
+    assert list(got) == [(3, 2)] and abs(got[(3, 2)] - 260 * US) < 1
 
 
 def test_no_waits_no_links() -> None:
