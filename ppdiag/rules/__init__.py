@@ -106,26 +106,37 @@ def load_builtin() -> None:
 def run_rules(ctx: RuleContext) -> list[FindingRow]:
     """All findings, most severe first, then by estimated gain (largest first). Severity comes
     first because a gain within the run's noise (``low``) does not rank against one outside it;
-    among ``low`` findings those with a cause come first, the one closest to standing out
-    (gain / noise) first."""
+    among ``low`` findings those with a cause and a rank or stage to look at come first, the one
+    closest to standing out (gain / noise) first."""
     load_builtin()
     found: list[FindingRow] = []
     for code in sorted(RULES):
         found.extend(RULES[code].check(ctx))
-    found.sort(key=_order)
+    topo = ctx.pipeline.topology
+    where = (len(ctx.run.ranks), max(topo.pp * topo.virtual, 1))
+    found.sort(key=lambda f: _order(f, where))
     return found
 
 
 _SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2, "info": 3}
 
 
-def _order(f: FindingRow) -> tuple[int, int, float, str]:
+def _points_somewhere(f: FindingRow, where: tuple[int, int]) -> bool:
+    """Whether ``f`` names some of the run's ranks or stages (``where``: how many there are), not
+    none and not every one."""
+    n_ranks, n_stages = where
+    return 0 < len(set(f.ranks)) < n_ranks or 0 < len(set(f.stages)) < n_stages
+
+
+def _order(f: FindingRow, where: tuple[int, int]) -> tuple[int, int, float, str]:
     gain = f.gain_ms or 0.0
     noise = f.evidence.noise_ms
     general = 0
     if f.severity == "low":
-        # within the noise: a cause to look at comes before a general remark (jitter, sizes)
-        general = 0 if f.cause else 1
+        # within the noise: a cause at a place to look at (some ranks or stages, not all) comes
+        # before a general remark (jitter, sizes, a variance or host time alike everywhere): with
+        # gains this close, the finding that points somewhere is the one to read first
+        general = 0 if f.cause and _points_somewhere(f, where) else 1
         if isinstance(noise, float) and noise > 0:
             gain = gain / float(noise)
     return (_SEVERITY_ORDER.get(f.severity, 4), general, -gain, f.code)
