@@ -40,9 +40,10 @@ def test_points_somewhere() -> None:
     assert not _points_somewhere(_low("A", None, [3, 2, 1, 0, 0], [0, 1, 2, 3], 1, 1), WHERE)
 
 
-def test_a_general_remark_keeps_its_place_among_general_remarks() -> None:
-    # no cause: a general remark whatever it names; among those, gain / noise
-    a = _low("PP011", None, [1], [], 1.0, 1.0)
-    b = _low("PP010", Cause.IMBALANCE, [], [], 3.0, 1.0)
-    got = sorted([a, b], key=lambda f: _order(f, WHERE))
-    assert [f.code for f in got] == ["PP010", "PP011"]
+def test_a_cause_everywhere_still_reads_before_a_general_remark() -> None:
+    # no cause: a general remark whatever it names, after every cause (a one-rank trace names its
+    # one rank everywhere: PP005 at rank 0 of 1 stays before PP007's remark of a higher ratio)
+    remark = _low("PP007", None, [1], [], 5.0, 1.0)
+    everywhere = _low("PP005", Cause.EXPOSED_COMM, [0], [], 1.0, 1.0)
+    got = sorted([remark, everywhere], key=lambda f: _order(f, (1, 1)))
+    assert [f.code for f in got] == ["PP005", "PP007"]

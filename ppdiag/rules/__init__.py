@@ -133,10 +133,10 @@ def _order(f: FindingRow, where: tuple[int, int]) -> tuple[int, int, float, str]
     noise = f.evidence.noise_ms
     general = 0
     if f.severity == "low":
-        # within the noise: a cause at a place to look at (some ranks or stages, not all) comes
-        # before a general remark (jitter, sizes, a variance or host time alike everywhere): with
+        # within the noise: a cause comes before a general remark (jitter, sizes), and a cause at
+        # a place to look at (some ranks or stages, not all) before one alike everywhere: with
         # gains this close, the finding that points somewhere is the one to read first
-        general = 0 if f.cause and _points_somewhere(f, where) else 1
+        general = (0 if _points_somewhere(f, where) else 1) if f.cause else 2
         if isinstance(noise, float) and noise > 0:
             gain = gain / float(noise)
     return (_SEVERITY_ORDER.get(f.severity, 4), general, -gain, f.code)
