@@ -364,7 +364,12 @@ def _transfer_bounds(
     hb = np.array([of[int(r)] for r in pairs.dst], dtype=np.int64)
     gap = (pairs.send_start - pairs.recv_end).astype(np.float64)
     left = gap + holds  # the data's departure, not the send's issue
-    ss, rs = pairs.send_start.astype(np.float64), pairs.recv_start.astype(np.float64)
+    # starts from one integer origin: epoch ns lie past 2^53, where a float is 256 ns coarse, and
+    # a skew rounded there moved a receive across the "waited" test (a recorded ZBV run, rank 3
+    # moved 1 ms behind: 194 µs off the same split without skew); differences of the run's own
+    # times are exact floats, and a skew shifts them by exactly itself
+    t0 = int(min(pairs.send_start.min(), pairs.recv_start.min()))
+    ss, rs = (pairs.send_start - t0).astype(np.float64), (pairs.recv_start - t0).astype(np.float64)
     ends = (pairs.send_end - pairs.recv_end).astype(np.float64)
     # each transfer's link (the two ranks, either direction): its own latencies, placed on its own
     link = np.minimum(pairs.src, pairs.dst) * float(1 << 20) + np.maximum(pairs.src, pairs.dst)
