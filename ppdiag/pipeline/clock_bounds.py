@@ -29,7 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.pipeline.clocks import Pairs
-from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS
+from ppdiag.pipeline.link_places import waited_both_ways
+from ppdiag.pipeline.send_holds import MIN_WAITED, same_host
 
 _NO_JITTER_NS = 500_000  # half the host ops' jitter on a loaded host (1 ms), when none is measured
 
@@ -43,9 +44,8 @@ def quartile_interval(w: tuple[npt.NDArray[np.float64], ...], at: float) -> tupl
     meet: one link's quartiles broken) the span of their ends, so that it still holds the offset.
     None when fewer than :data:`MIN_WAITED` receives waited either way. ``w``: a host pair's
     transfers as ``host_clocks._transfer_bounds`` gives them."""
-    lo_v, s_up, r_up, hi_v, s_dn, r_dn, _, _, l_up, l_dn = w
-    w_up = r_up + at < s_up - WAITED_NS
-    w_dn = r_dn < s_dn + at - WAITED_NS
+    lo_v, _, _, hi_v, _, _, _, _, l_up, l_dn = w
+    w_up, w_dn = waited_both_ways(w, at)
     if w_up.sum() < MIN_WAITED or w_dn.sum() < MIN_WAITED:
         return None
     # observed values on the safe side of each quartile (no interpolation toward a late one)
@@ -90,7 +90,7 @@ def span_jitter(pairs: Pairs, dom: dict[int, str]) -> float:
     the largest: one span within a host late by milliseconds would widen every residual by it
     (a recorded zero-bubble run's 3.1 ms residual became 21.9 ms)."""
     if len(pairs) and not pairs.device:
-        same = np.array([dom[int(a)] == dom[int(b)] for a, b in zip(pairs.src, pairs.dst, strict=True)])
+        same = same_host(pairs, dom)
         if same.sum() >= 10:
             v = (pairs.send_start - pairs.recv_end)[same].astype(np.float64)
             return max(0.0, float(np.quantile(v, 0.98)))

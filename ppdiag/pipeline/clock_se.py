@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.pipeline.clocks import Pairs
-from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS
+from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS, same_host
 
 _IQR_SIGMA = 1.349  # a normal spread's interquartile range in standard deviations
 
@@ -44,7 +44,7 @@ def known_clock_error(pairs: Pairs, dom: dict[int, str], holds: npt.NDArray[np.f
         return None
     left = (pairs.send_start - pairs.recv_end).astype(np.float64) + holds
     waited = pairs.recv_start < pairs.send_start - WAITED_NS
-    same = np.array([dom[int(a)] == dom[int(b)] for a, b in zip(pairs.src, pairs.dst, strict=True)], bool)
+    same = same_host(pairs, dom)
     errs: list[float] = []
     links = {(int(a), int(b)) for a, b in zip(pairs.src[same], pairs.dst[same], strict=True) if a < b}
     for a, b in sorted(links):

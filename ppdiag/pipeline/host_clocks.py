@@ -29,11 +29,11 @@ from ppdiag.model import Direction, RangeKind, Run
 from ppdiag.pipeline.clock_bounds import flow_residuals, placed_residual, span_jitter
 from ppdiag.pipeline.clock_se import capped, host_errors, known_clock_error, mean_se
 from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
-from ppdiag.pipeline.link_places import Latency, host_latency, placed_both_ways
+from ppdiag.pipeline.link_places import Latency, host_latency, placed_both_ways, waited_both_ways
 from ppdiag.pipeline.links import host_of
 from ppdiag.pipeline.pair_stats import offsets_of
 from ppdiag.pipeline.peer_flow import _BWD, _FWD, _flow_class, _step_of
-from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS, sender_holds
+from ppdiag.pipeline.send_holds import MIN_WAITED, sender_holds
 
 _LOW_Q = 0.25  # the quantile that stands for a stream's smallest gap (stray pairs outvoted)
 _MAX_K = 256  # transfers per stream compared in the coarse search (its first steps)
@@ -397,10 +397,9 @@ def _refined(
     whole = (bd.hi - bd.lo) / 2.0
     if w is None:
         return bd, whole
-    lo_v, s_up, r_up, hi_v, s_dn, r_dn, e_up, e_dn, _, _ = w
+    lo_v, _, _, hi_v, _, _, e_up, e_dn, _, _ = w
     mid = (bd.lo + bd.hi) / 2.0
-    # low -> high: the receive on high was posted before the send on low began (D = mid)
-    w_up, w_dn = r_up + mid < s_up - WAITED_NS, r_dn < s_dn + mid - WAITED_NS
+    w_up, w_dn = waited_both_ways(w, mid)
     placed = placed_both_ways(w, mid, lat)
     if placed is not None:
         # which receives waited, judged again on the clock they placed (the interval's middle

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from ppdiag.pipeline.clock_se import mean_se
 from ppdiag.pipeline.clocks import Pairs
-from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS, _link_quantiles
+from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS, _link_quantiles, same_host
 
 # how far a host's usual latency may be off a link's own beyond their spread (µs-level jitter
 # of the profiler's spans on a quiet link)
@@ -33,7 +33,7 @@ def host_latency(pairs: Pairs, dom: dict[int, str], holds: npt.NDArray[np.float6
     links. None when no link within a host has :data:`MIN_WAITED` waited receives."""
     if not len(pairs) or pairs.device:
         return None
-    same = np.array([dom[int(a)] == dom[int(b)] for a, b in zip(pairs.src, pairs.dst, strict=True)], bool)
+    same = same_host(pairs, dom)
     sel = same & (pairs.recv_start < pairs.send_start - WAITED_NS)
     if not sel.any():
         return None
@@ -100,6 +100,17 @@ def placed_by_link(
     return d, math.sqrt(sum((w * s) ** 2 for _, w, s in places)) / total
 
 
+def waited_both_ways(
+    w: tuple[npt.NDArray[np.float64], ...], at: float
+) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """Which receives of a host pair's transfers ``w`` (as ``host_clocks._transfer_bounds`` gives
+    them) waited for their data, judged on the clock ``at`` (``D = o_high - o_low``): posted
+    :data:`WAITED_NS` before their send began; low -> high, then high -> low."""
+    _, s_up, r_up, _, s_dn, r_dn, *_ = w
+    # low -> high: the receive on high was posted before the send on low began (D = at)
+    return r_up + at < s_up - WAITED_NS, r_dn < s_dn + at - WAITED_NS
+
+
 def placed_both_ways(
     w: tuple[npt.NDArray[np.float64], ...], at: float, lat: Latency | None = None
 ) -> tuple[float, float] | None:
@@ -109,10 +120,8 @@ def placed_both_ways(
     None when fewer than :data:`MIN_WAITED` receives waited either way. ``w``: a host pair's
     transfers as ``host_clocks._transfer_bounds`` gives them (bounds, send and receive starts,
     ends, links; low -> high, then high -> low)."""
-    lo_v, s_up, r_up, hi_v, s_dn, r_dn, _, _, l_up, l_dn = w
-    # low -> high: the receive on high was posted before the send on low began (D = at)
-    w_up = r_up + at < s_up - WAITED_NS
-    w_dn = r_dn < s_dn + at - WAITED_NS
+    lo_v, _, _, hi_v, _, _, _, _, l_up, l_dn = w
+    w_up, w_dn = waited_both_ways(w, at)
     if w_up.sum() < MIN_WAITED or w_dn.sum() < MIN_WAITED:
         return None
     by_link = placed_by_link(lo_v[w_up], l_up[w_up], hi_v[w_dn], l_dn[w_dn], lat)
@@ -122,4 +131,4 @@ def placed_both_ways(
     return d, math.hypot(mean_se(lo_v[w_up]), mean_se(hi_v[w_dn])) / 2.0
 
 
-__all__ = ["Latency", "host_latency", "placed_both_ways", "placed_by_link"]
+__all__ = ["Latency", "host_latency", "placed_both_ways", "placed_by_link", "waited_both_ways"]

@@ -33,6 +33,20 @@ def _link_quantiles(
     return links, v[order][first + (counts - 1) * q // 4], counts
 
 
+def same_host(pairs: Pairs, dom: dict[int, str]) -> npt.NDArray[np.bool_]:
+    """Per transfer: whether its two ranks share a host (``dom``: each rank's clock domain), where
+    the clock is known. One lookup per rank, not per transfer."""
+    src, dst = pairs.src.astype(np.int64), pairs.dst.astype(np.int64)
+    if not len(src):
+        return np.zeros(0, bool)
+    code = {h: i for i, h in enumerate(sorted(set(dom.values())))}
+    host = np.full(int(max(src.max(), dst.max(), max(dom, default=0))) + 1, -1, np.int64)
+    for r, h in dom.items():  # per rank, not per transfer
+        host[r] = code[h]
+    same: npt.NDArray[np.bool_] = host[src] == host[dst]
+    return same
+
+
 def sender_holds(pairs: Pairs, dom: dict[int, str]) -> npt.NDArray[np.float64]:
     """Per transfer, how long its sender holds its sends before the data leaves, as measured where
     the clock is known: on the links between ranks of one host. A one-way time (a waiting
@@ -52,11 +66,7 @@ def sender_holds(pairs: Pairs, dom: dict[int, str]) -> npt.NDArray[np.float64]:
         return out
     src, dst = pairs.src.astype(np.int64), pairs.dst.astype(np.int64)
     one_way = (pairs.recv_end - pairs.send_start).astype(np.float64)
-    code = {h: i for i, h in enumerate(sorted(set(dom.values())))}
-    host = np.full(int(max(src.max(), dst.max(), max(dom))) + 1, -1, np.int64)
-    for r, h in dom.items():  # per rank, not per transfer
-        host[r] = code[h]
-    same = host[src] == host[dst]
+    same = same_host(pairs, dom)
     sel = np.flatnonzero(same & (pairs.recv_start < pairs.send_start - WAITED_NS))
     if sel.size == 0:
         return out
@@ -74,7 +84,7 @@ def sender_holds(pairs: Pairs, dom: dict[int, str]) -> npt.NDArray[np.float64]:
     # of a send (gloo runs a rank's ops in order) delay some sends, the median more than the
     # lower quartile: the excess of both, the lesser
     excess = np.minimum(med[timed] - usual, low_w[timed] - usual_low)
-    least = np.full(host.size, np.inf)
+    least = np.full(int(max(src.max(), dst.max())) + 1, np.inf)  # per sending rank
     np.minimum.at(least, links[timed, 0], excess)
     hold = np.where(np.isfinite(least) & (least > HOLD_MIN_NS), least, 0.0)
     if not hold.any():
@@ -97,4 +107,4 @@ def sender_holds(pairs: Pairs, dom: dict[int, str]) -> npt.NDArray[np.float64]:
     return np.where(ok[inv.reshape(-1)], hold[src], 0.0)
 
 
-__all__ = ["HOLD_MIN_NS", "MIN_WAITED", "WAITED_NS", "sender_holds"]
+__all__ = ["HOLD_MIN_NS", "MIN_WAITED", "WAITED_NS", "same_host", "sender_holds"]
