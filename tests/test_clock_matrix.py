@@ -198,7 +198,7 @@ def test_recorded_schedules(
     for case, moves in cases.items():  # one placement: the same hosts in every case
         move_ranks(src, tmp_path / case, moves)
         moved = _diagnose(tmp_path / case)
-        why = broken(control, moved, moves, offsets=False)
+        why = broken(control, moved, moves, offsets=False, every_finding=True)
         if _no_findings(clock_structure(moved)) != _no_findings(clock_structure(base)):
             why.append(f"structure: {clock_structure(base)} -> {clock_structure(moved)}")
         err, _ = offset_error(control, moved, moves)
