@@ -201,18 +201,22 @@ def test_latency_jitter_ignores_slow_links() -> None:
 def test_shared_host() -> None:
     from types import SimpleNamespace
 
-    from ppdiag.rules.noise import shared_host, shared_share
+    from ppdiag.rules.noise import shared_host, shared_share, sharing_ranks
 
     def run(cpu: bool, hosts: list[str | None], backend: str = "gloo") -> Any:
         return SimpleNamespace(
             ranks=[
-                SimpleNamespace(cpu_only=cpu, meta={"host_name": h} if h else {}, backend=backend)
-                for h in hosts
+                SimpleNamespace(rank=i, cpu_only=cpu, meta={"host_name": h} if h else {}, backend=backend)
+                for i, h in enumerate(hosts)
             ]
         )
 
     assert shared_host(run(True, ["vm", "vm", "vm", "vm"]))
-    assert not shared_host(run(True, ["a", "a", "b", "b"]))
+    # two hosts of two CPU ranks each: each pair shares its host's cores
+    assert sharing_ranks(run(True, ["a", "a", "b", "b"])) == [0, 1, 2, 3]
+    # rank 0 alone on its host contends with no one; ranks 1-3 share theirs
+    assert sharing_ranks(run(True, ["b", "a", "a", "a"])) == [1, 2, 3]
+    assert not shared_host(run(True, ["a", "b"]))  # one rank per host
     assert not shared_host(run(False, ["vm", "vm"]))
     assert shared_host(run(True, [None, None]))  # gloo CPU ranks, no host recorded
     assert not shared_host(run(True, [None, None], backend="mpi"))
@@ -381,3 +385,61 @@ def test_pp008_small_m_graded_as_its_gain(tmp_path: Path) -> None:
     assert len(problems) == 1 and "< 2 × pp" in problems[0], problems
     assert f8.gain_ms == f1.gain_ms and f8.evidence.noise_ms == f1.evidence.noise_ms
     assert f8.severity == f1.severity
+
+
+def test_pp004_across_hosts_counts_what_the_offset_may_be_off(tmp_path: Path) -> None:
+    """A link between two hosts is timed across their fitted offset: it is slow only when it stands
+    out by the offset's standard error as well, and the finding's noise counts that error on the
+    slow links' transfers. Rank 2's sends leave 0.6 ms late (links 2 -> 1 and 2 -> 3)."""
+    import dataclasses
+
+    from ppdiag.rules import RuleContext, RuleOptions, run_rules
+
+    run = make_scenario(schedule="1f1b", pp=4, microbatches=16, steps=2, faults=[F.SlowLink(2, delay_ms=0.6)])
+    write_kineto(run, tmp_path)
+    diag = diagnose([tmp_path], Options())
+    one_host = next(x for x in diag.result.findings if x.code == "PP004")
+    assert one_host.ranks == [2]
+
+    def pp004(se_us: float, alone: tuple[int, ...] = (2,)) -> FindingRow | None:
+        # the ranks of ``alone`` on host-b, whose offset against host-a is known to ``se_us``
+        ranks = [
+            dataclasses.replace(
+                tl,
+                clock_domain="host-b" if tl.rank in alone else "host-a",
+                clock_se_ns=int(se_us * 1000) if tl.rank in alone else 0,
+            )
+            for tl in diag.run.ranks
+        ]
+        c = diag.context
+        ctx = RuleContext(
+            diag.result,
+            dataclasses.replace(diag.run, ranks=ranks),
+            c.pipeline,
+            c.rank_steps,
+            c.attribution,
+            RuleOptions(),
+            predictions=c.predictions,
+            noise=c.noise,
+        )
+        return next((x for x in run_rules(ctx) if x.code == "PP004"), None)
+
+    def noise_ms(f: FindingRow | None) -> float:
+        assert f is not None
+        v = f.evidence.as_dict()["noise_ms"]
+        assert isinstance(v, float)
+        return v
+
+    # the offset known exactly: the run on one host
+    exact = pp004(0.0)
+    assert exact is not None and exact.ranks == [2] and noise_ms(exact) == noise_ms(one_host)
+    # known to 20 µs (a thirtieth of the 600 µs late): still slow, and less certain
+    near = pp004(20.0)
+    assert near is not None and near.ranks == [2] and noise_ms(near) > noise_ms(one_host)
+    # known to 6 ms, ten times the lateness: no link of rank 2 stands out of what the clocks may
+    # be off, and no rank is named
+    assert pp004(6000.0) is None
+    # rank 3 alone on host-b: link 2 -> 1 stays on one clock and still names rank 2; the finding
+    # is at least as uncertain as if 2 -> 3 were counted slow
+    far = pp004(6000.0, alone=(3,))
+    assert far is not None and far.ranks == [2] and noise_ms(far) >= noise_ms(one_host)

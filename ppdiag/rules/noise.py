@@ -7,9 +7,9 @@ A gain is only worth a user's attention when it stands out of what the run varie
 * **normal latency jitter**: the robust spread of a normal stage-to-stage transfer (from the
   fastest half of the transfers, so slow links do not inflate it), summed in quadrature over the
   transfers on a step's critical path (about ``2 (v M + P - 1)``);
-* **host contention**: CPU-only ranks that share one host (same ``host_name``, or gloo ranks with
-  no host recorded) compete for its cores. When every rank then shows late launches, the host is
-  oversubscribed: the late launches and late transfers that all ranks share are contention, not a
+* **host contention**: CPU-only ranks that share a host (the same ``host_name``, or gloo ranks
+  with no host recorded) compete for its cores. When every such rank then shows late launches, the
+  host is oversubscribed: the late launches and late transfers that all ranks share are contention, not a
   fault, and only what stands out of them (one rank, one link) counts.
 
 ``noise_ms`` of a finding is ``Z * hypot(step error, latency jitter)`` plus, on an oversubscribed
@@ -20,6 +20,7 @@ within its noise is ``low``.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -57,7 +58,7 @@ class NoiseModel:
     step_error_ms: float  # standard error of the mean step
     latency_jitter_ms: float  # robust standard deviation of one normal transfer
     critical_transfers: int  # transfers on a step's critical path
-    shared_host: bool  # CPU-only ranks on one host
+    shared_host: bool  # CPU-only ranks share a host (sharing_ranks)
     oversubscribed: bool  # ... and every rank shows late launches
     contention_ms: float  # late-launch time per step that every rank shows (min over ranks)
     first_step_excluded: bool = False
@@ -129,16 +130,24 @@ def warmup_outlier(step_ms: Sequence[float]) -> bool:
     return first - med > WARMUP_Z * sd
 
 
-def shared_host(run: Run) -> bool:
-    """CPU-only ranks on one host: the same ``host_name`` on every rank, or (no host recorded) a
-    gloo run, which the CPU demo and single-host CPU jobs are."""
+def sharing_ranks(run: Run) -> list[int]:
+    """The CPU-only ranks that share a host with another rank and so compete for its cores: those
+    of a ``host_name`` that two or more ranks record (a run may span hosts, each with several
+    ranks, and a rank alone on its host shares nothing), or every rank of a gloo run that records
+    no host (the CPU demo and single-host CPU jobs)."""
     ranks = run.ranks
     if len(ranks) < 2 or not all(tl.cpu_only for tl in ranks):
-        return False
-    hosts = {str(tl.meta.get("host_name") or "") for tl in ranks}
-    if hosts != {""}:
-        return len(hosts) == 1
-    return all((tl.backend or "").lower() == "gloo" for tl in ranks)
+        return []
+    names = [str(tl.meta.get("host_name") or "") for tl in ranks]
+    if set(names) == {""}:
+        return [tl.rank for tl in ranks] if all((tl.backend or "").lower() == "gloo" for tl in ranks) else []
+    count = Counter(names)
+    return [tl.rank for tl, h in zip(ranks, names, strict=True) if h and count[h] >= 2]
+
+
+def shared_host(run: Run) -> bool:
+    """Whether some CPU-only ranks share a host (:func:`sharing_ranks`)."""
+    return bool(sharing_ranks(run))
 
 
 def direct_host_ms(steps: Sequence[RankStep], with_calls: bool = False) -> dict[int, float]:
@@ -203,9 +212,12 @@ def build_noise(
     topo = pipe.topology
     m = pipe.microbatches or 0
     crit = 2 * (topo.virtual * m + topo.pp - 1) if topo.pp > 1 and m else 0
-    shared = shared_host(run)
+    sharing = sharing_ranks(run)
+    shared = bool(sharing)
     host = direct_host_ms(steps)
-    contention = min(host.values()) if host and shared else 0.0
+    # what every rank sharing a host shows alike (a rank alone on its host contends with no one)
+    shown = [host[r] for r in sharing if r in host]
+    contention = min(shown) if shown else 0.0
     med_step = float(np.median(vals)) if n else 0.0
     over = shared and med_step > 0 and 100 * contention / med_step >= CONTENTION_MIN_PCT
     return NoiseModel(

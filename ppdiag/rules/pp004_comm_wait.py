@@ -28,14 +28,15 @@ class CommWaitRule:
     block end to the consumer's release is far above the run's normal transfer latency (on host
     ops, a send posted after the block while the producer went on counts: the data was held), and
     the link is slower than the run's other links by more than their spread (every link late alike
-    is jitter or a loaded host, not a slow link; a link between two hosts must stand out by the
-    standard error of their fitted clock offset as well: the spread of the transfers between the
-    two hosts over the root of their count, at most the hosts' residuals). A link is as late as
+    is jitter or a loaded host, not a slow link). A link between two hosts is timed across their
+    fitted clock offset and must stand out by what that offset is typically off as well (its
+    standard error, the placement's own error included); a link that only this keeps from being
+    slow names no rank, and the finding is as uncertain as if it were slow. A link is as late as
     most of its transfers are: a process descheduled on a loaded host makes a few transfers very
     late on any link. On host ops, those the consumer was already waiting for when the producer
-    issued time the whole transfer and judge the link when it has a few; a consumer that comes later times
-    only what is left (behind a slow GPipe link, every transfer after the first of a phase). The
-    rule names the sending rank of the slow links.
+    issued time the whole transfer and judge the link when it has a few; a consumer that comes
+    later times only what is left (behind a slow GPipe link, every transfer after the first of a
+    phase). The rule names the sending rank of the slow links.
 
     Why it matters:
     Every late transfer stalls the consumer and, through it, the rest of the pipeline. It usually
@@ -69,9 +70,11 @@ class CommWaitRule:
         # only a link slower than the run's other links by more than the noise is a fault: every
         # link late alike (jitter, a loaded host) is not
         links = _rule_links(ctx)
-        # a link between two clock domains is timed across their fitted offsets: what those may
-        # be off (the offset's standard error, not one bound's worst case) joins the noise
-        slow = {k: v for k, v in links.slow().items() if v > links.noise_ns(k, _clock_se_ns(ctx, k))}
+        judged = links.slow()
+        # a link between two clock domains is timed across their fitted offset: it is slow only
+        # when it stands out by what that offset is typically off as well (its standard error,
+        # the placement's own error included, not one bound's worst case)
+        slow = {k: v for k, v in judged.items() if v > links.noise_ns(k, _placement_se_ns(ctx, k))}
         if not slow:
             return []
         normal = ctx.attribution.normal_latency_ns
@@ -113,7 +116,10 @@ class CommWaitRule:
                     "avoid interleaved schedules on slow links: they send v times more activations",
                 ],
                 ranks=senders,
-                noise_ms=_link_noise_ms(ctx, links, gain, slow, per_link, top / 1e6),
+                # the links the clocks could not vouch for might be slow after all: the finding
+                # is as uncertain as it would be either way (counted slow, the shared lateness
+                # and the contention the noise allows differ)
+                noise_ms=max(_link_noise_ms(ctx, links, gain, s, per_link) for s in (slow, judged)),
                 fix="no_comm_wait",
             )
         ]
@@ -123,34 +129,15 @@ def _steps(ctx: RuleContext) -> float:
     return max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
 
 
-def _clock_se_ns(ctx: RuleContext, link: tuple[int, int]) -> float:
-    """The standard error that the clock offset between the two ends of ``link`` adds to its
-    lateness: 0 on one clock domain (one host). Else the offset was placed by the transfers
-    between the two hosts (each bounds it by its own transfer time: the bounds spread as those
-    times do), where the latencies match both ways: the standard error of that middle, from the
-    spread of the transfers each way over the root of their count (the attribution's links: the
-    times the fit saw, without the holds PP004 adds). It is never more than the hosts' residuals
-    (the half-width of the interval the bounds leave: the offset is inside it), which a host
-    aligned by the step starts only keeps whole: no transfer placed it."""
-    host_of = {r: c for c in ctx.report.run.clocks for r in c.ranks}
-    a, b = host_of.get(link[0]), host_of.get(link[1])
-    if a is None or b is None or a.host == b.host:
-        return 0.0
-    resid = math.hypot(a.residual_us or 0.0, b.residual_us or 0.0) * 1e3
-    if "step starts" in (a.method, b.method):
-        return resid
-    # per direction between the two hosts: the variance of the mean transfer time
-    var: dict[str, list[float]] = {a.host: [0.0, 0.0], b.host: [0.0, 0.0]}
-    for (p, c), x in ctx.attribution.links.links.items():
-        hp, hc = host_of.get(p), host_of.get(c)
-        if hp is None or hc is None or {hp.host, hc.host} != {a.host, b.host} or hp.host == hc.host:
-            continue
-        var[hp.host][0] += x.spread_ns**2 * x.n
-        var[hp.host][1] += x.n
-    se = [math.sqrt(v) / n for v, n in var.values() if n > 0]
-    # the middle of the two directions' bounds, else the one direction that placed it
-    got = math.hypot(*se) / len(se) if se else resid
-    return min(got, resid)
+def _placement_se_ns(ctx: RuleContext, link: tuple[int, int]) -> float:
+    """What the clock offset between the two ends of ``link`` is typically off by, all errors
+    counted (0 on one host): the hosts' offset standard errors in quadrature (the fit's, which
+    count the placement error no number of transfers averages away, measured on the links within
+    a host where the clock is known; docs/clocks.md): a link timed across it carries that error
+    on every transfer, one sign each way."""
+    tl = {t.rank: t for t in ctx.run.ranks}
+    a, b = tl.get(link[0]), tl.get(link[1])
+    return float(a.clock_margin_ns(b)) if a is not None and b is not None else 0.0
 
 
 def _rule_links(ctx: RuleContext) -> LinkLatencies:
@@ -172,7 +159,6 @@ def _link_noise_ms(
     gain: float,
     slow: dict[tuple[int, int], float],
     per_link: dict[tuple[int, int], float],
-    top_ms: float,
 ) -> float:
     """The noise of the fix's gain, judged against the links' spread rather than the step's: the
     share of the gain that the links' shared lateness explains (what every link shows: the slow
@@ -183,12 +169,18 @@ def _link_noise_ms(
     oversubscribed CPU host a link is late by up to what a descheduled process costs: that share
     of the gain is noise as well."""
     n_steps = _steps(ctx)
+    top_ms = max((per_link.get(k, 0.0) for k in slow), default=0.0) / 1e6
     late_all = sum(x.late_ns * x.n for x in links.links.values())
     beyond = sum(slow[k] * links.links[k].n for k in slow)
     shared = 1.0 - min(beyond / late_all, 1.0) if late_all > 0 else 0.0
     # the gain is the replay's, not the late waits' sum (a GPipe phase pays a held send's delay
     # once, not per transfer): it is as uncertain, relatively, as the lateness it comes from
     spread = math.hypot(*(links.noise_ns(k) * links.links[k].n for k in slow))
+    # a slow link between two hosts is timed across their offset, which may be off by its
+    # standard error on every transfer alike (one sign per direction: it adds up, it does not
+    # average out): that much of its late time the clocks cannot vouch for
+    clock = sum(_placement_se_ns(ctx, k) * links.links[k].n for k in slow)
+    spread = math.hypot(spread, clock)
     spread_ms = gain * min(spread / beyond, 1.0) if beyond > 0 else spread / n_steps / 1e6
     nm = noise_of(ctx)
     descheduled = min(nm.contention_ms / top_ms, 1.0) if top_ms > 0 else 0.0
