@@ -258,3 +258,32 @@ def test_mapped_gap_tables_keep_the_order_of_one_process(groups: list[list[int]]
     # steps that are not the ones the map computed are painted in this process
     fewer = MappedSteps(mapped.packed[:2], [[0, 1]])
     _same_tables(paint_replicas(inline_map(), fewer, steps, causes), want)
+
+
+# the op-table scenarios of the suite (test_optable.py, the goldens' op table), tp 2 besides
+SUITE = {
+    "default": OpTableParams(),
+    "slow": OpTableParams(slow_worker=(1, 2, 1.3)),
+    "heavy": OpTableParams(heavy_stage=(3, 1.4)),
+    "variance": OpTableParams(mb_cv=0.3),
+    "pp4dp2": OpTableParams(slow_worker=(0, 1, 1.3), mb_cv=0.2, seed=4),
+    "pp3dp3": OpTableParams(pp=3, dp=3, microbatches=6, slow_worker=(2, 0, 1.25), mb_cv=0.15, seed=11),
+    "pp2dp4-heavy": OpTableParams(pp=2, dp=4, microbatches=12, heavy_stage=(1, 1.3), mb_cv=0.25, seed=7),
+    "tp2": OpTableParams(tp=2, slow_worker=(1, 1, 1.3)),
+}
+
+
+@pytest.mark.parametrize("name", list(SUITE))
+def test_suite_op_tables_mapped_are_identical(name: str, tmp_path: Path) -> None:
+    """Each op-table scenario of the suite, the accounting and the gap tables mapped (two workers'
+    batches in this process): the report byte for byte, every gap table the same."""
+    df, _ = simulate_optable(SUITE[name])
+    path = tmp_path / "ops.parquet"
+    df.to_parquet(path, index=False)
+    run = load([path], Options(progress=False, jobs=1))
+    want = analyze_run(run, Options(progress=False))
+    calls: list[int] = []
+    got = analyze_run(run, Options(progress=False), replica_map=_counting(inline_map(2), calls))
+    assert len(calls) == 2
+    assert dumps(got.result) == dumps(want.result)
+    _same_gaps(got, want)
