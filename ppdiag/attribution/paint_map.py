@@ -44,6 +44,7 @@ def _steps_of(p: PackedSteps | list[RankStep]) -> list[RankStep]:
 
 
 def _n_steps(p: PackedSteps | list[RankStep]) -> int:
+    """How many steps of the rank ``p`` holds."""
     return len(p) if isinstance(p, list) else int(p.head.shape[0])
 
 
