@@ -21,10 +21,12 @@ another fresh child and says whether the two reports are identical.
 ``--optable`` runs the same for one op table holding every rank (default 10,240 ranks = pp 16 x
 dp 640, 3 sampled steps, M = 16: about 2.9 M ops), written as Parquet sorted by ``dp_rank``: the
 map is a task per batch of replicas (:mod:`ppdiag.parsers.optable_replicas`), after the plan's
-pass over six columns in the reducer; the analysis maps its rank-step accounting on the same
-workers. ``--sizes`` takes several dp values and fits the exponent in
-ranks of the reducer's CPU and peak RSS; ``--local`` compares the report with the whole-table
-parse in one process (``jobs=1``, no Dask), byte for byte.
+pass over six columns in the reducer; the analysis maps its rank-step accounting, and after the
+reducer has settled the causes its per-gap cause tables, on the same workers (``--phases`` shows
+what each leaves on the reducer: ``api._rank_steps`` and ``paint_map.paint_replicas``, the
+building of the tasks and the reading of their results). ``--sizes`` takes several dp values
+and fits the exponent in ranks of the reducer's CPU and peak RSS; ``--local`` compares the
+report with the whole-table parse in one process (``jobs=1``, no Dask), byte for byte.
 
     python benchmarks/bench_scaleout.py --optable                       # 10,240 ranks
     python benchmarks/bench_scaleout.py --optable --sizes 16 64 --local  # 256 and 1,024 ranks, checked

@@ -70,6 +70,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("ppdiag.attribution.causes", "replay_causes", _F, "replay variants (replicas meet at the DP sync)"),
     Phase("ppdiag.attribution.causes", "run_waits", _A, "collective waits charged to the late member"),
     Phase("ppdiag.attribution.causes", "paint", _F, "per-gap cause tables"),
+    Phase("ppdiag.attribution.paint_map", "paint_replicas", _F, "per-gap tables, mapped with a scheduler"),
     Phase("ppdiag.api", "attribute", _F, "gain variants of the replay, cause totals"),
     Phase("ppdiag.api", "stage_balance", _A, "stage split (every replica's blocks)"),
     Phase("ppdiag.api", "build_report", _A, "summary, rank and stage rows"),

@@ -22,6 +22,7 @@ import numpy as np
 from ppdiag.analysis import AnalysisContext, Analyzed
 from ppdiag.attribution.causes import Attribution, RankStep, attribute
 from ppdiag.attribution.critical_path import Transfers, critical_paths
+from ppdiag.attribution.paint_map import MappedSteps, painter_on
 from ppdiag.attribution.rank_steps import (
     RankItem,
     StepWindowSpec,
@@ -158,11 +159,15 @@ def _measured(
     )
     run = pipe.aligned  # the parsed ranks on the common clock, labelled: what every later layer reads
     skip = _warmup_step(pipe) if not opts.steps else None
-    steps, windows = _rank_steps(run, pipe, skip, replica_map)
+    steps, windows, mapped = _rank_steps(run, pipe, skip, replica_map)
     if on_stage:
         on_stage("attributing lost time")
     last_stage = pipe.topology.pp * pipe.topology.virtual - 1
-    attr = attribute(steps, run.by_rank(), pipe.ops, last_stage, pipe.topology.pp > 1, pipe.collectives)
+    # the gap tables are painted on the same map as the accounting, from the steps it returned
+    painter = painter_on(replica_map, mapped) if replica_map is not None and mapped is not None else None
+    attr = attribute(
+        steps, run.by_rank(), pipe.ops, last_stage, pipe.topology.pp > 1, pipe.collectives, painter
+    )
     balance = stage_balance(pipe)
     sections = build_report(run, pipe, steps, attr, balance)
     warnings = list(sections.run.warnings)
@@ -322,26 +327,29 @@ def _checked(report: Report) -> Report:
 
 def _rank_steps(
     run: Run, pipe: Pipeline, skip: int | None, replica_map: ReplicaMap | None = None
-) -> tuple[list[RankStep], list[StepWindow]]:
+) -> tuple[list[RankStep], list[StepWindow], MappedSteps | None]:
     """Every analyzed (rank, step) with its blocks, and its window; step index ``skip`` left out.
 
     With ``replica_map``, the accounting of each rank runs in a task of its replica's batch (it
     reads the rank alone, on the aligned clock the reducer fitted); the steps come back in rank
-    order, the same values as here."""
+    order, the same values as here, and the packed steps the tasks sent are returned too (the
+    gap tables' map sends them out again, see :mod:`ppdiag.attribution.paint_map`)."""
     steps: list[RankStep] = []
     windows: list[StepWindow] = []
     per_rank = _step_specs(run, pipe, skip)
+    packed: MappedSteps | None = None
     if replica_map is not None and len(per_rank) > 1:
         groups = _replica_groups([tl.rank for tl, _ in per_rank], pipe.topology.pipelines)
         got = replica_map(rank_steps_batch, [[shippable(*per_rank[i]) for i in g] for g in groups])
         by_index = dict(zip((i for g in groups for i in g), got, strict=True))
-        mapped = [unpack_steps(by_index[i], specs) for i, (_, specs) in enumerate(per_rank)]
+        packed = MappedSteps([by_index[i] for i in range(len(per_rank))], groups)
+        mapped = [unpack_steps(p, specs) for p, (_, specs) in zip(packed.packed, per_rank, strict=True)]
     else:
         mapped = [rank_steps(tl, specs) for tl, specs in per_rank]
     for (tl, specs), rs in zip(per_rank, mapped, strict=True):
         steps.extend(rs)
         windows.extend(StepWindow(tl.rank, w.step, w.number, w.w0, w.w1) for w in specs)
-    return steps, windows
+    return steps, windows, packed
 
 
 def _replica_groups(ranks: list[int], pipelines: list[list[int]]) -> list[list[int]]:

@@ -1,6 +1,7 @@
-"""The rank-step accounting mapped a batch of DP replicas per task (in this process, a local pool, a
-Dask cluster): the report must be byte for byte the one of the in-process analysis, on op tables
-of several pp x dp shapes with a slow worker (one slow replica) and a heavy stage."""
+"""The rank-step accounting and the per-gap cause tables mapped a batch of DP replicas per task (in
+this process, a local pool, a Dask cluster): the report must be byte for byte the one of the
+in-process analysis, and every gap table the same in value and order, on op tables of several
+pp x dp shapes with a slow worker (one slow replica) and a heavy stage."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, _default_map, _replica_groups, analyze_run, load
+from ppdiag.diagnosis import GapTable
 from ppdiag.model import Run
 from ppdiag.parsers.scaleout import BatchTask, ReplicaMap, inline_map, pool_map, replica_groups
 from ppdiag.reports.json_report import dumps
@@ -49,30 +52,71 @@ def _counting(inner: ReplicaMap, calls: list[int]) -> ReplicaMap:
     return run
 
 
+_IN_PROCESS: dict[int, Analyzed] = {}  # by id of the fixture's run: its in-process analysis
+
+
 @pytest.fixture(scope="module", params=SHAPES, ids=lambda s: f"pp{s[0]}xdp{s[1]}")
 def shaped(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, str]:
     pp, dp, slow, heavy = request.param
     run = _run(tmp_path_factory.mktemp("amap"), pp, dp, slow, heavy)
-    return run, dumps(analyze_run(run, Options(progress=False)).result)
+    diag = analyze_run(run, Options(progress=False))
+    _IN_PROCESS[id(run)] = diag
+    return run, dumps(diag.result)
+
+
+def _same_tables(got: dict[int, GapTable], want: dict[int, GapTable]) -> None:
+    """The same ranks in the same order, every column the same values and dtype."""
+    assert list(got) == list(want)
+    for r, w in want.items():
+        for f in dataclasses.fields(w):
+            x, y = getattr(got[r], f.name), getattr(w, f.name)
+            assert x.dtype == y.dtype and np.array_equal(x, y), (r, f.name)
+
+
+def _same_gaps(got: Analyzed, want: Analyzed) -> None:
+    """The gap tables as painted and as blamed, as in the in-process analysis."""
+    a = got.context.attribution if got.context is not None else None
+    b = want.context.attribution if want.context is not None else None
+    assert a is not None and b is not None
+    assert sum(len(g) for g in want.gaps.values()) > 0
+    _same_tables(a.gaps, b.gaps)
+    _same_tables(got.gaps, want.gaps)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
 def test_mapped_in_this_process_is_byte_identical(shaped: tuple[Run, str], workers: int) -> None:
     run, want = shaped
     calls: list[int] = []
-    got = dumps(
-        analyze_run(run, Options(progress=False), replica_map=_counting(inline_map(workers), calls)).result
-    )
-    assert got == want
+    diag = analyze_run(run, Options(progress=False), replica_map=_counting(inline_map(workers), calls))
+    assert dumps(diag.result) == want
+    _same_gaps(diag, _IN_PROCESS[id(run)])
     pp = len(run.ranks) // len({tl.meta["dp_rank"] for tl in run.ranks})
-    assert calls == [len(run.ranks) // pp]  # one group per replica, mapped once
+    # one group per replica, mapped twice: the accounting, then the gap tables
+    assert calls == [len(run.ranks) // pp] * 2
     assert '"PP009"' in want  # the slow worker, a cross-replica fact, is found either way
 
 
 def test_mapped_in_a_local_pool_is_byte_identical(shaped: tuple[Run, str]) -> None:
     run, want = shaped
-    got = dumps(analyze_run(run, Options(progress=False), replica_map=pool_map(2)).result)
-    assert got == want
+    diag = analyze_run(run, Options(progress=False), replica_map=pool_map(2))
+    assert dumps(diag.result) == want
+    _same_gaps(diag, _IN_PROCESS[id(run)])
+
+
+def test_a_map_that_mixes_gap_tables_changes_them(shaped: tuple[Run, str]) -> None:
+    """The gap tables' comparison can fail: a map that hands two ranks of the paint each other's
+    tables gives other tables (the report's JSON does not hold them)."""
+    from ppdiag.attribution.paint_map import paint_batch
+
+    def swapped(task: BatchTask, groups: Sequence[Sequence[Any]]) -> list[Any]:
+        out = inline_map()(task, groups)
+        if task is paint_batch:
+            out[0], out[-1] = out[-1], out[0]
+        return out
+
+    run, _ = shaped
+    with pytest.raises(AssertionError):
+        _same_gaps(analyze_run(run, Options(progress=False), replica_map=swapped), _IN_PROCESS[id(run)])
 
 
 def test_a_map_that_mixes_ranks_changes_the_report(shaped: tuple[Run, str]) -> None:
@@ -118,7 +162,8 @@ def test_mapped_on_a_local_cluster_is_byte_identical(tmp_path: Path) -> None:
     from distributed import LocalCluster
 
     run = _run(tmp_path, 4, 5, (3, 2, 1.4), (1, 1.3))
-    want = dumps(analyze_run(run, Options(progress=False)).result)
+    one = analyze_run(run, Options(progress=False))
+    want = dumps(one.result)
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=40
     ) as cluster:
@@ -126,9 +171,10 @@ def test_mapped_on_a_local_cluster_is_byte_identical(tmp_path: Path) -> None:
         mapped = _default_map(run, opts)
         assert mapped is not None
         calls: list[int] = []
-        got = dumps(analyze_run(run, opts, replica_map=_counting(mapped, calls)).result)
-    assert calls == [5]
-    assert got == want
+        diag = analyze_run(run, opts, replica_map=_counting(mapped, calls))
+    assert calls == [5, 5]
+    assert dumps(diag.result) == want
+    _same_gaps(diag, one)
     assert np.array_equal(np.sort([tl.rank for tl in run.ranks]), [tl.rank for tl in run.ranks])
 
 
@@ -168,3 +214,76 @@ def test_packed_steps_are_the_steps(shaped: tuple[Run, str]) -> None:
 def _sets(s: Any) -> list[Any]:
     w = s.sets
     return [w.compute, w.p2p, w.collective, w.gaps, w.copy, s.host_set, s.wait_set, s.p2p_host]
+
+
+def _step(rank: int, compute: list[tuple[int, int]], gaps: list[tuple[int, int]]) -> Any:
+    """One analyzed step of ``rank`` in the window [0, 10 ms): its compute and its lost time, all
+    of it idle with host evidence (ns)."""
+    from ppdiag.attribution.accounting import Account, WindowSets
+    from ppdiag.attribution.rank_step import RankStep
+    from ppdiag.model import intervals as ivs
+    from ppdiag.pipeline.blocks import Blocks
+
+    def iset(xs: list[tuple[int, int]]) -> Any:
+        return (np.array([a for a, _ in xs], np.int64), np.array([b for _, b in xs], np.int64))
+
+    lost = sum(b - a for a, b in gaps)
+    e = ivs.empty
+    sets = WindowSets(iset(compute), e(), e(), iset(gaps), e())
+    acct = Account(10_000_000, 10_000_000 - lost, 0, 0, lost, 0)
+    return RankStep(rank, 0, 1, 0, 10_000_000, sets, acct, Blocks.empty(), iset(gaps), e(), e())
+
+
+@pytest.mark.parametrize("groups", [[[0], [1], [2]], [[2], [0, 1]], [[1, 2, 0]]])
+def test_mapped_gap_tables_keep_the_order_of_one_process(groups: list[list[int]]) -> None:
+    """Rank 0 lost nothing, rank 1 lost 2 ms (4-6 ms, host), rank 2 lost 1 ms (0-1 ms, host). One
+    process lists the ranks with pieces first, in the order of the steps, then the others:
+    {1: [4, 6) ms, 2: [0, 1) ms, 0: nothing}, whatever the replicas and the order of the tasks."""
+    from ppdiag.attribution.paint import paint
+    from ppdiag.attribution.paint_map import MappedSteps, paint_replicas
+    from ppdiag.attribution.rank_steps import pack_steps
+
+    steps = [
+        _step(0, [(0, 10_000_000)], []),
+        _step(1, [(0, 4_000_000), (6_000_000, 10_000_000)], [(4_000_000, 6_000_000)]),
+        _step(2, [(1_000_000, 10_000_000)], [(0, 1_000_000)]),
+    ]
+    causes = {(rs.rank, 0): {"host": rs.acct.lost} for rs in steps}
+    want = paint(steps, causes)
+    assert list(want) == [1, 2, 0]
+    assert want[1].start.tolist() == [4_000_000] and want[1].end.tolist() == [6_000_000]
+    assert want[2].end.tolist() == [1_000_000] and len(want[0]) == 0
+    mapped = MappedSteps([pack_steps([rs]) for rs in steps], groups)
+    _same_tables(paint_replicas(inline_map(), mapped, steps, causes), want)
+    # steps that are not the ones the map computed are painted in this process
+    fewer = MappedSteps(mapped.packed[:2], [[0, 1]])
+    _same_tables(paint_replicas(inline_map(), fewer, steps, causes), want)
+
+
+# the op-table scenarios of the suite (test_optable.py, the goldens' op table), tp 2 besides
+SUITE = {
+    "default": OpTableParams(),
+    "slow": OpTableParams(slow_worker=(1, 2, 1.3)),
+    "heavy": OpTableParams(heavy_stage=(3, 1.4)),
+    "variance": OpTableParams(mb_cv=0.3),
+    "pp4dp2": OpTableParams(slow_worker=(0, 1, 1.3), mb_cv=0.2, seed=4),
+    "pp3dp3": OpTableParams(pp=3, dp=3, microbatches=6, slow_worker=(2, 0, 1.25), mb_cv=0.15, seed=11),
+    "pp2dp4-heavy": OpTableParams(pp=2, dp=4, microbatches=12, heavy_stage=(1, 1.3), mb_cv=0.25, seed=7),
+    "tp2": OpTableParams(tp=2, slow_worker=(1, 1, 1.3)),
+}
+
+
+@pytest.mark.parametrize("name", list(SUITE))
+def test_suite_op_tables_mapped_are_identical(name: str, tmp_path: Path) -> None:
+    """Each op-table scenario of the suite, the accounting and the gap tables mapped (two workers'
+    batches in this process): the report byte for byte, every gap table the same."""
+    df, _ = simulate_optable(SUITE[name])
+    path = tmp_path / "ops.parquet"
+    df.to_parquet(path, index=False)
+    run = load([path], Options(progress=False, jobs=1))
+    want = analyze_run(run, Options(progress=False))
+    calls: list[int] = []
+    got = analyze_run(run, Options(progress=False), replica_map=_counting(inline_map(2), calls))
+    assert len(calls) == 2
+    assert dumps(got.result) == dumps(want.result)
+    _same_gaps(got, want)

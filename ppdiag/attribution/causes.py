@@ -54,6 +54,7 @@ from ppdiag.attribution.collective_waits import CollectiveWaits, apply_moves
 from ppdiag.attribution.collective_waits import _alloc as split_shares
 from ppdiag.attribution.link_latency import LinkLatencies
 from ppdiag.attribution.paint import paint
+from ppdiag.attribution.paint_map import Painter
 from ppdiag.attribution.rank_step import RankStep, _m, rank_step
 from ppdiag.attribution.replay_graph import STEP_JOIN_NS
 from ppdiag.attribution.replay_index import (
@@ -162,9 +163,12 @@ def attribute(
     last_stage: int,
     pipelined: bool,
     collectives: CollectiveMatch | None = None,
+    painter: Painter | None = None,
 ) -> Attribution:
     """Cause totals for every (rank, step) and the per-gap cause tables. ``collectives``: the run's
-    collectives as the pipeline matched them (matched here when not given)."""
+    collectives as the pipeline matched them (matched here when not given); ``painter``: what
+    paints the tables from the settled causes (:func:`paint` here when not given; the replica
+    map's :func:`~ppdiag.attribution.paint_map.painter_on` gives the same tables)."""
     causes: dict[tuple[int, int], dict[str, int]] = {}
     notes: list[str] = []
     replay_steps: dict[str, float] = {}
@@ -230,7 +234,7 @@ def attribute(
             k = (rs.rank, rs.step)
             causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
     notes.extend(waits.notes)
-    gaps = paint(steps, causes)
+    gaps = (painter or paint)(steps, causes)
     return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole)
 
 
