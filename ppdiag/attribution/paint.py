@@ -176,8 +176,7 @@ def _cut_all(
     g = line.group_of(ps)
     if first_edge:
         # the schedule's waits sit at the edges of the step: nearest the edges first
-        o = np.argsort(np.minimum(ps - w[0][g], w[1][g] - pe), kind="stable")
-        o = o[np.argsort(g[o], kind="stable")]
+        o = _by_group_then(g, np.minimum(ps - w[0][g], w[1][g] - pe))
         ps, pe, g = ps[o], pe[o], g[o]
     if ps.size == 0:
         z = np.zeros(0, np.int64)
@@ -198,6 +197,20 @@ def _cut_all(
     codes = np.array([_CAUSES[c] for c in order], np.int64)
     rows = np.stack([t0, t0 + (hi - lo), codes[j]], axis=1)[keep]
     return rows, gk[keep], np.arange(int(keep.sum()), dtype=np.int64)
+
+
+def _by_group_then(g: Arr, d: Arr) -> npt.NDArray[np.intp]:
+    """The stable order by group ``g`` (non-negative), then ``d``: one stable sort of one int64
+    code per piece where the codes fit (two stable sorts, the second of a shuffled million groups,
+    cost ten times more on a 128-step nsys run's waits), else the two sorts."""
+    if not d.size:
+        return np.zeros(0, np.intp)
+    lo = int(d.min())
+    span = int(d.max()) - lo + 1
+    if (int(g.max()) + 1) * span < 1 << 62:
+        return np.argsort(g * span + (d - lo), kind="stable")
+    o = np.argsort(d, kind="stable")
+    return o[np.argsort(g[o], kind="stable")]
 
 
 def paint(steps: list[RankStep], causes: dict[tuple[int, int], dict[str, int]]) -> dict[int, GapTable]:
