@@ -271,13 +271,19 @@ class Launches:
         if len(corr) and (corr.min() < 0 or corr.max() >= 0xFFFFFFFF):
             return cls(z, z, z, z, z, usable=False)
         gpid = rows["gtid"] >> 24
-        pids = np.unique(gpid)
+        # the distinct processes from the first row of each run of one process (the calls come
+        # in time order, a process's in long runs): a sort of a few values, not of every call
+        pids = np.unique(gpid[np.r_[True, gpid[1:] != gpid[:-1]]]) if len(gpid) else gpid
         keys = (np.searchsorted(pids, gpid).astype(np.int64) << 32) | corr
         big = np.iinfo(np.int64).max
         start = np.where(rows["start"] >= 0, rows["start"], big)
-        # by key, then start: each key's first row is its earliest call (rowid order on ties)
-        order = np.argsort(start, kind="stable")
-        order = order[np.argsort(keys[order], kind="stable")]
+        # by key, then start: each key's first row is its earliest call (rowid order on ties);
+        # calls already in start order (as exports write them) need only the sort by key
+        if len(start) > 1 and not (start[1:] >= start[:-1]).all():
+            order = np.argsort(start, kind="stable")
+            order = order[np.argsort(keys[order], kind="stable")]
+        else:
+            order = np.argsort(keys, kind="stable")
         keys = keys[order]
         new = np.r_[True, keys[1:] != keys[:-1]] if len(keys) else np.empty(0, bool)
         head = order[np.flatnonzero(new)][np.cumsum(new) - 1]
