@@ -29,7 +29,7 @@ def test_pairs_with_huge_peers_take_the_generic_path() -> None:
 
 
 def test_pairs_in_key_then_peer_order() -> None:
-    # groups 0..2 with peers given out of order: sorted by group, then peer (ms not involved)
+    # groups 0..2 with peers given out of order: sorted by group, then peer
     k = np.array([2, 0, 2, 1, 0, 0], np.int64)
     p = np.array([1, 3, 0, 2, 3, 1], np.int64)
     assert _pairs(k, p).tolist() == [[0, 0, 1, 2, 2], [1, 3, 2, 0, 1]]
