@@ -71,6 +71,28 @@ def test_prefix_measure_by_hand() -> None:
     assert mivs.prefix_measure(mivs.empty(), t).tolist() == [0] * 5
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_prefix_measure_on_the_padded_set_is_the_reference(seed: int) -> None:
+    from ppdiag.model import intervals as mivs
+
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(-1000, 1000, int(rng.integers(1, 40)))
+    iset = mivs.union(starts, starts + rng.integers(0, 60, starts.size))
+    s, e = iset
+    lens = e - s
+    before = np.concatenate([[0], np.cumsum(lens)])
+    # times before, inside, between and after the pieces, at their very bounds, in any order
+    t = np.concatenate([rng.integers(-1200, 1200, 200), s, e, s - 1, e + 1]).astype(np.int64)
+    rng.shuffle(t)
+    want = mivs._prefix_at(s, lens, before, t)
+    got = mivs.prefix_measure(iset, t)
+    assert got.dtype == np.int64 and got.tolist() == want.tolist()
+    # (a slow but obvious check of the reference itself)
+    assert want.tolist() == [int(np.clip(np.minimum(e, x) - s, 0, None).sum()) for x in t.tolist()]
+    t2 = t[:200].reshape(20, 10)
+    assert mivs.prefix_measure(iset, t2).tolist() == mivs._prefix_at(s, lens, before, t2).tolist()
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_sorted_unique_is_numpy_unique(seed: int) -> None:
     # a few sorted runs (as the callers concatenate them), duplicates within and across runs

@@ -226,3 +226,58 @@ def test_real_exports_parse_the_same(name: str, monkeypatch: pytest.MonkeyPatch)
     if not p.exists():
         pytest.skip(f"shared trace nsys/{name} not available")
     _assert_same(*_parse_both(p, monkeypatch))
+
+
+def _kernel_export(tmp_path: Path, rows: list[tuple[Any, ...]]) -> Path:
+    """A kernel table (start, end, deviceId, streamId, globalPid, correlationId, demangledName)."""
+    p = tmp_path / "k.sqlite"
+    conn = sqlite3.connect(p)
+    conn.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+    conn.execute(
+        "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, [end] INTEGER, deviceId INTEGER, "
+        "streamId INTEGER, globalPid INTEGER, correlationId INTEGER, demangledName INTEGER)"
+    )
+    conn.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    conn.commit()
+    conn.close()
+    return p
+
+
+def _plain_vs_guarded(path: Path) -> tuple[np.ndarray | None, np.ndarray]:
+    """(the kernel rows computed from the plain columns, the guarded query read with sqlite3)."""
+    from ppdiag.parsers import nsys_gpu
+
+    db = open_export(path)
+    try:
+        assert db.arrow is not None
+        plain = nsys_gpu._plain_rows(db, nsys_gpu.KERNEL, "demangledName")
+        sql = nsys_gpu._join_sql(db, nsys_gpu.KERNEL, int_expr("g.demangledName"), [])
+        ref = np.fromiter(db.conn.execute(sql), dtype=nsys_gpu._ROW)
+    finally:
+        db.close()
+    return plain, ref
+
+
+def test_kernel_columns_computed_in_numpy_match_the_query(tmp_path: Path) -> None:
+    # edge values of every expression: a device id with the top bit (packs into the sign bit), a
+    # 64-bit stream id, a pid in the high bits, correlation ids below 0 and above 32 bits, a name
+    # id above 32 bits, a reversed range (bad code 3), negative times
+    edge = [
+        (5, 10, 200, 2**40 + 7, (77 << 24) | 5, -3, 2**33 + 9),
+        (20, 15, 0, 3, -(2**40), 2**32, 4),
+        (-100, -50, 255, 0, 2**62, 2**32 - 1, -1),
+        (0, 0, 1, 2**32 - 1, 0, 0, 0),
+    ]
+    rows = [edge[i % 4] if i < 40 else (i, i + 5, i % 8, i % 3, (i % 4) << 24, i, i % 17) for i in range(N)]
+    plain, ref = _plain_vs_guarded(_kernel_export(tmp_path, rows))
+    assert plain is not None and plain.dtype == ref.dtype
+    assert plain.tolist() == ref.tolist()
+    assert (plain["bad"] == 3).sum() == 10  # the reversed row, 10 times among the first 40
+
+
+@pytest.mark.parametrize("odd", [None, 1.5, "s7", b"\x07"])
+def test_kernel_columns_not_all_integers_go_to_the_query(tmp_path: Path, odd: Any) -> None:
+    rows = [(i, i + 5, 0, 1, 1 << 24, i, 3) for i in range(N)]
+    rows[N - 2] = (N, N + 1, 0, odd, 1 << 24, 1, 3)  # late in the table: past the driver's type guess
+    plain, ref = _plain_vs_guarded(_kernel_export(tmp_path, rows))
+    assert plain is None and len(ref) == N

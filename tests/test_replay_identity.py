@@ -30,6 +30,7 @@ from ppdiag.attribution.causes import (
     _P2PIndex,
 )
 from ppdiag.attribution.paint import _pools
+from ppdiag.attribution.replay_run import Variant
 from ppdiag.model import Phase
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import _group_union_measure
@@ -478,3 +479,38 @@ def test_dense_label_codes_survive_wide_ranges() -> None:
     for r, k in zip(rows, code.tolist(), strict=True):
         assert by_row.setdefault(r, k) == k
     assert len(set(by_row.values())) == len(by_row)
+
+
+def test_variants_placed_together_reuse_unchanged_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Variants placed in one batch by the node loop share the loop lists of the columns they do
+    not change (a host stall: removing host delay changes the durations, not the waits' codes),
+    and each still equals the node-at-a-time replay."""
+    from ppdiag.attribution import replay_columns
+
+    run = make_scenario(pp=4, microbatches=8, steps=2, faults=[F.HostStall(1, 0.3), F.SlowStage(2, 1.4)])
+    write_nsys(run, tmp_path)
+    rp = Replay(*replay_args(diagnose([tmp_path], Options())))
+    made: list[str] = []
+    real = replay_columns._ordered
+
+    def counting(name: str, arr: Any, order: Any, memo: Any) -> list[Any]:
+        before = memo.get(name)
+        out = real(name, arr, order, memo)
+        if before is None or before[1] is not out:
+            made.append(name)
+        return out
+
+    monkeypatch.setattr(replay_columns, "_ordered", counting)
+    bal = rp.mean_costs()
+    kws = [*VARIANTS, {"balanced": bal}]
+    got = rp.run_many([Variant(**kw) for kw in kws])
+    assert rp._placement is None  # (the node loop placed them, not the levels)
+    for kw, g in zip(kws, got, strict=True):
+        assert g == _reference_run(rp, **kw), kw
+    batches = len(rp._memo)
+    assert batches > 2
+    # 7 value columns per variant; the codes, for one, are made once for the whole batch
+    assert made.count("code") == 1
+    assert len(made) < 7 * batches

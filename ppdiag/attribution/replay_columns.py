@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -273,21 +273,42 @@ def _variant_arrays(
     )
 
 
-def _variant_rows(va: _VariantArrays, cols: _Columns, lr: _LoopRows) -> Iterator[_Row]:
+# per value column of the loop rows: the variant's array (node-id order) and its list in the
+# loop's order, kept for the next variant
+ListMemo = dict[str, tuple[npt.NDArray[np.int64] | npt.NDArray[np.float64], list[Any]]]
+
+
+def _ordered(name: str, arr: npt.NDArray[Any], order: npt.NDArray[np.int64], memo: ListMemo) -> list[Any]:
+    """``arr[order].tolist()``, or the list the previous variant made of an equal array (same
+    dtype, same values): most variants change a few of the columns (e.g. removing host delay
+    leaves the waits' codes, additions and leads as they were), and each list costs a copy and
+    a Python object per node."""
+    hit = memo.get(name)
+    if hit is not None and hit[0].dtype == arr.dtype and np.array_equal(hit[0], arr):
+        return hit[1]
+    out: list[Any] = arr[order].tolist()
+    memo[name] = (arr, out)
+    return out
+
+
+def _variant_rows(
+    va: _VariantArrays, cols: _Columns, lr: _LoopRows, memo: ListMemo | None = None
+) -> Iterator[_Row]:
     """Everything the node loop reads under the variant, in the loop's order (one zip instead of
-    indexing per node)."""
+    indexing per node); ``memo`` carries the lists from one variant to the next."""
     order = cols.order
+    m: ListMemo = {} if memo is None else memo
     return zip(
         lr.order_l,
         lr.first_key_o,
-        va.pre[order].tolist(),
-        va.post[order].tolist(),
-        va.dur[order].tolist(),
-        va.code[order].tolist(),
-        va.add[order].tolist(),
-        va.lead[order].tolist(),
+        _ordered("pre", va.pre, order, m),
+        _ordered("post", va.post, order, m),
+        _ordered("dur", va.dur, order, m),
+        _ordered("code", va.code, order, m),
+        _ordered("add", va.add, order, m),
+        _ordered("lead", va.lead, order, m),
         lr.prod_o,
-        va.extra[order].tolist(),
+        _ordered("extra", va.extra, order, m),
         lr.t_issue_o,
         lr.edge_p_o,
         lr.edge_t_o,

@@ -21,6 +21,7 @@ import numpy.typing as npt
 from ppdiag.attribution.rank_step import RankStep
 from ppdiag.attribution.replay_columns import (
     NEG_INF,
+    ListMemo,
     _Columns,
     _Flags,
     _LoopRows,
@@ -138,27 +139,29 @@ def _place_nodes(win: _Windows, rows: Iterator[_Row]) -> None:
     the wait and its duration."""
     # ``if x > y: y = x`` is ``max(y, x)`` (the first argument on a tie) without a call: this loop
     # runs once per node and variant, millions of times on a long run; the common cases come
-    # first (a producer block's wait, one label edge)
+    # first (no wait, a producer block's wait, one label edge): most nodes of a 1F1B run have
+    # no wait (c == 0), and one test passes them
     end = win.end
     for i, fk, pre, post, du, c, add, lead, prod, extra, t_iss, ep, et, deps in rows:
         base = (win.start(fk) if fk is not None else end[i - 1]) + pre
-        if c == 2:
-            # the transfer starts once the producer issued it and this rank had posted its
-            # side (``lead`` before it began to wait); the block waits for its arrival
-            posted = base - lead
-            issued = end[prod] + extra
-            arrive = (issued if issued > posted else posted) + add
-            if arrive > base:
-                base = arrive
-        elif c == 1:
-            # waiting for its own send: no data dependency, the wait overlaps once comm does;
-            # only a slow link's excess over the normal transfer stays (blocking sends)
-            base += add
-        elif c == 3:
-            posted = base - lead
-            arrive = (t_iss if t_iss > posted else posted) + add
-            if arrive > base:
-                base = arrive
+        if c:
+            if c == 2:
+                # the transfer starts once the producer issued it and this rank had posted its
+                # side (``lead`` before it began to wait); the block waits for its arrival
+                posted = base - lead
+                issued = end[prod] + extra
+                arrive = (issued if issued > posted else posted) + add
+                if arrive > base:
+                    base = arrive
+            elif c == 1:
+                # waiting for its own send: no data dependency, the wait overlaps once comm
+                # does; only a slow link's excess over the normal transfer stays (blocking sends)
+                base += add
+            else:  # c == 3
+                posted = base - lead
+                arrive = (t_iss if t_iss > posted else posted) + add
+                if arrive > base:
+                    base = arrive
         if ep >= 0:
             t = end[ep] + et
             if t > base:
@@ -341,12 +344,13 @@ class Replay(ReplayGraph):
             for a in range(0, len(items), per):
                 self._run_levels(cols, dict(items[a : a + per]))
         lr: _LoopRows | None = None
+        lists: ListMemo = {}
         for key, (fl, balanced) in todo.items():
             if key not in self._memo:
                 va = _variant_arrays(cols, self.normal_latency, fl, balanced)
                 win = _Windows(self, cols.meas_end.tolist(), fl)
                 lr = lr or _LoopRows.of(self, cols)
-                _place_nodes(win, _variant_rows(va, cols, lr))
+                _place_nodes(win, _variant_rows(va, cols, lr, lists))
                 self._memo[key] = _step_idle(self, cols, win, va.factor)
         return [dict(self._memo[k]) for k in keys]
 

@@ -108,6 +108,21 @@ class _Aggregate:
     comm: I64  # the one communicator, 0 when several
 
 
+def _pairs(k: I64, p: I64) -> I64:
+    """The distinct (k, p) pairs of non-negative ``k`` and ``p``, as the two rows of an array in
+    (k, p) order: ``np.unique(np.stack([k, p]), axis=1)``, which sorts the pairs as raw bytes and
+    cost ~0.05 s on a rank's 131 k NCCL calls. Here one int64 code per pair, deduplicated by a
+    stable sort (the calls come nearly in key order, which timsort merges in linear time)."""
+    if not k.size:
+        return np.empty((2, 0), dtype=np.int64)
+    span = int(p.max()) + 1
+    if int(k.max()) >= (1 << 62) // span:  # the codes would not fit int64
+        return np.unique(np.stack([k, p]), axis=1)
+    code = np.sort(k.astype(np.int64) * span + p, kind="stable")
+    code = code[np.r_[True, code[1:] != code[:-1]]]
+    return np.stack([code // span, code % span])
+
+
 def _aggregate(calls: NcclCalls, oc: I64, keys: I64) -> _Aggregate:
     """Per group: a collective when it holds one or talks to more than two peers, else p2p with
     the directions of its ops; bytes summed; the peer and communicator when there is only one."""
@@ -122,11 +137,7 @@ def _aggregate(calls: NcclCalls, oc: I64, keys: I64) -> _Aggregate:
     bknown = np.bincount(kinv, weights=(b >= 0), minlength=m)
     peer = calls.peer_local[oc]
     p_known = peer >= 0
-    pairs = (
-        np.unique(np.stack([kinv[p_known], peer[p_known]]), axis=1)
-        if p_known.any()
-        else np.empty((2, 0), dtype=np.int64)
-    )
+    pairs = _pairs(kinv[p_known], peer[p_known])
     n_peers = np.bincount(pairs[0], minlength=m) if pairs.shape[1] else np.zeros(m, dtype=np.int64)
     p_unknown = np.bincount(kinv, weights=~p_known, minlength=m)
     peer_one = np.full(m, -1, dtype=np.int64)
