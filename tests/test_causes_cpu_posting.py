@@ -161,16 +161,17 @@ H1_OPS: list[Row] = [
 H1_SPANS: list[Row] = [(10, 11050, P, 4, 0, RECV), (14060, 14110, P, 3, 0, SEND)]
 
 
-def test_a_send_span_opened_after_its_data_arrived_still_released_the_wait() -> None:
-    """Stage 1 waited 50-11050 µs for stage 0's held send: a wait on the producer's issue (its
-    blocked send call is its own host time), not stage 1's own communication. Transfers once both
-    sides were ready: 0 µs (0 -> 1, the issue is the release at the latest) and 50 µs (1 -> 0),
-    so the normal latency (lower median of the links) is 0. Causes on both ranks (µs):
-    ``bubble`` 3000 (the other stage's F + B), ``comm_wait`` 50 (the gradient's 50 µs above the
-    normal 0), ``host`` 10060 (stage 0 issued its send 10050 after its F, stage 1 its own 10 after
-    its B), ``exposed_comm`` 100 (the step-end all-reduce), adding up to the 13210 lost. Taking
-    the span's open (11240) as the issue made the wait "no wait": 7250 ``host`` and 2860
-    ``exposed_comm``, and across hosts an offset a few hundred µs off read it as a wait again."""
+def test_a_send_held_in_its_call_released_the_wait() -> None:
+    """Stage 1 waited 50-11050 µs for stage 0's send held in its call: a wait on the producer's
+    issue (its blocked send call is its own host time), not stage 1's own communication. When its
+    data left is not recorded (its span opened after the data arrived), so the wait times no
+    transfer of its link and takes the normal latency: the gradient's 50 µs (1 -> 0, the one
+    timed transfer). Causes on both ranks (µs): ``bubble`` 3100 (the other stage's F + B and two
+    transfers at 50), ``comm_wait`` 0, ``host`` 10010 (stage 0 issued its send 11050 - 50 - 1000
+    = 10000 after its F, stage 1 its own 10 after its B), ``exposed_comm`` 100 (the step-end
+    all-reduce), adding up to the 13210 lost. Taking the span's open (11240) as the issue made
+    the wait "no wait": 7250 ``host`` and 2860 ``exposed_comm``, and across hosts an offset a
+    few hundred µs off read it as a wait again."""
     tls = {0: _tl(0, H0_OPS, H0_SPANS), 1: _tl(1, H1_OPS, H1_SPANS)}
     blocks = {
         0: [(0, 1000, F, 0, 0), (14110, 16110, B, 0, 0)],
@@ -178,9 +179,10 @@ def test_a_send_span_opened_after_its_data_arrived_still_released_the_wait() -> 
     }
     steps = [rank_step(tls[r], 0, 0, 0, 16210 * US, _blocks(blocks[r])) for r in (0, 1)]
     att = attribute(steps, tls, {r: p2p_ops(tl) for r, tl in tls.items()}, 1, True)
-    want = {"bubble": 3000, "imbalance": 0, "comm_wait": 50, "host": 10060, "exposed_comm": 100}
+    want = {"bubble": 3100, "imbalance": 0, "comm_wait": 0, "host": 10010, "exposed_comm": 100}
     for r in (0, 1):
         got = {k: v / US for k, v in att.causes[(r, 0)].items()}
         assert got == pytest.approx({**want, "exposed_copy": 0, "unexplained": 0}, abs=1), (r, got)
-    # the wait is an edge: producer 0, consumer 1, no transfer left, 11000 µs waited
-    assert [0, 1, 0, 11000 * US] in att.edges.tolist()
+    # the one timed transfer is the gradient's; the held send's wait is counted in a note
+    assert att.edges[:, :3].tolist() == [[1, 0, 50 * US]]
+    assert any("1 waits are on sends held in their call" in n for n in att.notes), att.notes

@@ -41,9 +41,13 @@ from ppdiag.attribution.replay_waits import common_waits, wait_arrays
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import Direction, Phase, RankTimeline
 from ppdiag.pipeline.clocks import P2POps
+from ppdiag.pipeline.send_holds import HOLD_MIN_NS
 
 # windows closer than this are consecutive steps of one rank
 STEP_JOIN_NS = 1_000_000
+# a send call that lasted this long between its block and its span held the send (the host ops'
+# jitter on a loaded host, as for a held sender's clock: pipeline/send_holds.py)
+HELD_CALL_NS = HOLD_MIN_NS
 
 
 @dataclass
@@ -107,6 +111,7 @@ class ReplayGraph:
         self.dropped_edges = 0
         self.untraced_waits = 0
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
+        self._untimed: list[int] = []  # waits on sends held in their call: they time no transfer
         # per wait: producer, consumer, transfer, waited
         self.waits: npt.NDArray[np.int64] = np.zeros((0, 4), np.int64)
         # per wait: how long a host-op producer held its send after its block
@@ -135,6 +140,8 @@ class ReplayGraph:
         # of the links' normal times: slow links, even most of them, do not set it)
         self.links = link_latencies(self.waits, self.whole)
         self.normal_latency = self.links.fault_free_ns
+        self._untimed_at_normal_latency()
+        self.untimed_waits = len(self._untimed)
         self._label_edges(cons, prod, tol)
         self.order: npt.NDArray[np.int64] = np.argsort(self.meas_start, kind="stable")
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
@@ -380,18 +387,21 @@ class ReplayGraph:
         sent = ctx.issues.send_of(self._rank_of(nid), peer, op_end, ctx.tol)
         if sent is None:
             return False
-        # The send paired with this receive by order had left when the receive ended. Its backend
-        # span opens once the post returns (gloo opens ``gloo:send`` after posting), so a post
-        # that blocked (a transport that held the send) opens it after the data left, often after
-        # the data arrived: taken as the issue, it made the wait "no wait", its stretch the
-        # receiver's own exposed communication. Across hosts, a fitted offset a few hundred µs
-        # off turned the same receives back into waits on the sender's issue, and the causes
-        # moved between ranks. The issue is the release at the latest.
-        sent = min(sent, rel)
         p_end = int(self.meas_start[prod]) + int(self.cols.cols["span"][prod])
+        # A send held in its call (a transport that does not take the post at once) opens its
+        # backend span once the post returns (gloo opens ``gloo:send`` after posting): after its
+        # data left, often after it arrived. Its call, between the block and the span, is the
+        # producer's own clock, so which sends were held so is told alike on any clock; their
+        # data had left when the receive ended. Taken as the issue, the span's open made such a
+        # receive "no wait" on one host and a wait across hosts with an offset a few hundred µs
+        # off, and moved the causes between ranks.
+        prs = ctx.by_rank_step.get((peer, self._step_of(prod)))
+        in_call = prs is not None and sent > p_end and _m(prs.p2p_host, p_end, sent) > HELD_CALL_NS
+        if in_call:
+            sent = min(sent, rel)
         if p_end > sent + ctx.tol:
             return False
-        self._producer_wait(ctx, nid, peer, (prod, p_end, sent), wait_start, rel, wait_start)
+        self._producer_wait(ctx, nid, peer, (prod, p_end, sent), wait_start, rel, wait_start, in_call)
         return True
 
     def _producer_wait(
@@ -403,6 +413,7 @@ class ReplayGraph:
         posted: int,
         rel: int,
         wait_start: int,
+        in_call: bool = False,
     ) -> None:
         """A wait released by the peer's block ``producer`` = (node, end, issue of the operation).
 
@@ -443,7 +454,22 @@ class ReplayGraph:
         whole = ctx.timelines[me].cpu_only and posted <= issue + ctx.timelines[me].clock_margin_ns(
             ctx.timelines[peer]
         )
+        if in_call:
+            # (a send held in its call: when its data left is not recorded, so the wait times no
+            # transfer of its link; it takes the normal latency once that is known)
+            self._untimed.append(nid)
+            return
         self._record_wait(ctx, peer, me, xfer, rel - wait_start, held, whole)
+
+    def _untimed_at_normal_latency(self) -> None:
+        """The waits on sends held in their call (see :meth:`_labelled_wait`) take the normal
+        latency as their transfer, out of the producer's issue delay (their sum is measured)."""
+        if not self._untimed:
+            return
+        ids = np.asarray(self._untimed, np.int64)
+        obs = self.cols.obs.val[ids]
+        xfer = np.minimum(self.normal_latency, np.maximum(obs[:, 1] + obs[:, 2], 0))
+        self.cols.obs.set_many(ids, (obs[:, 0], obs[:, 1] + obs[:, 2] - xfer, xfer))
 
     def _record_wait(
         self,
