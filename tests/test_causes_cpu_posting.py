@@ -164,8 +164,8 @@ H1_SPANS: list[Row] = [(10, 11050, P, 4, 0, RECV), (14060, 14110, P, 3, 0, SEND)
 def test_a_send_held_in_its_call_released_the_wait() -> None:
     """Stage 1 waited 50-11050 µs for stage 0's send held in its call: a wait on the producer's
     issue (its blocked send call is its own host time), not stage 1's own communication. When its
-    data left is not recorded (its span opened after the data arrived), so the wait times no
-    transfer of its link and takes the normal latency: the gradient's 50 µs (1 -> 0, the one
+    data left is not recorded (its span opened after the data arrived: no transfer of the link is
+    timed from it), so the wait takes the normal latency: the gradient's 50 µs (1 -> 0, the one
     timed transfer). Causes on both ranks (µs): ``bubble`` 3100 (the other stage's F + B and two
     transfers at 50), ``comm_wait`` 0, ``host`` 10010 (stage 0 issued its send 11050 - 50 - 1000
     = 10000 after its F, stage 1 its own 10 after its B), ``exposed_comm`` 100 (the step-end

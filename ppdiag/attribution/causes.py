@@ -285,8 +285,8 @@ def _replay_notes(rp: Replay, steps: list[RankStep], measured: dict[tuple[int, i
     if rp.untimed_waits:
         notes.append(
             f"{rp.untimed_waits} waits are on sends held in their call (the send span opened over "
-            f"{HELD_CALL_NS / 1e6:g} ms after its block, after its data left): they time no "
-            "transfer of their link and are taken at the normal latency"
+            f"{HELD_CALL_NS / 1e6:g} ms after its block: when the data left is not recorded): "
+            "the replay takes their transfers at the normal latency"
         )
     mism = [abs(measured[(rs.rank, rs.step)] - rs.acct.lost) for rs in steps]
     if mism and max(mism) > 0.02 * max(rs.acct.window for rs in steps):
