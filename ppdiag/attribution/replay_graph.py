@@ -111,7 +111,7 @@ class ReplayGraph:
         self.dropped_edges = 0
         self.untraced_waits = 0
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
-        self._untimed: list[int] = []  # waits on sends held in their call: they time no transfer
+        self._untimed: list[int] = []  # waits on sends held in their call (normal latency)
         # per wait: producer, consumer, transfer, waited
         self.waits: npt.NDArray[np.int64] = np.zeros((0, 4), np.int64)
         # per wait: how long a host-op producer held its send after its block
