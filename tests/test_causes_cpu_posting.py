@@ -136,3 +136,53 @@ def test_a_ranks_own_host_time_counts_its_slow_posting_calls() -> None:
     # takes 100 µs here (the median), so stage 1's held call is 1500 µs of its own and nothing
     # else is
     assert direct_host_ms(steps, with_calls=True) == pytest.approx({0: 0.0, 1: 1.5})
+
+
+# A send held in its call (a transport that does not accept the post at once): stage 0's
+# ``c10d::send`` blocks 1000-11250; the data leaves at 11000 and stage 1's receive ends at 11050,
+# but the ``gloo:send`` span opens only as the call returns (11240), after the data arrived.
+H0_OPS: list[Row] = [
+    (0, 1000, C, 5, -1, 0),
+    (1000, 11250, P, 1, 1, SEND),
+    (11250, 11300, P, 2, 1, RECV),
+    (11300, 14110, P, 4, 1, RECV),
+    (14110, 16110, C, 5, -1, 0),
+    (16110, 16210, Kind.COLLECTIVE, 0, -1, 0),
+]
+H0_SPANS: list[Row] = [(11240, 11300, P, 3, 1, SEND), (11260, 14110, P, 4, 1, RECV)]
+H1_OPS: list[Row] = [
+    (0, 50, P, 2, 0, RECV),
+    (50, 11050, P, 4, 0, RECV),
+    (11050, 12050, C, 5, -1, 0),
+    (12050, 14050, C, 5, -1, 0),
+    (14050, 14100, P, 1, 0, SEND),
+    (14100, 16210, Kind.COLLECTIVE, 0, -1, 0),
+]
+H1_SPANS: list[Row] = [(10, 11050, P, 4, 0, RECV), (14060, 14110, P, 3, 0, SEND)]
+
+
+def test_a_send_held_in_its_call_released_the_wait() -> None:
+    """Stage 1 waited 50-11050 µs for stage 0's send held in its call: a wait on the producer's
+    issue (its blocked send call is its own host time), not stage 1's own communication. When its
+    data left is not recorded (its span opened after the data arrived: no transfer of the link is
+    timed from it), so the wait takes the normal latency: the gradient's 50 µs (1 -> 0, the one
+    timed transfer). Causes on both ranks (µs): ``bubble`` 3100 (the other stage's F + B and two
+    transfers at 50), ``comm_wait`` 0, ``host`` 10010 (stage 0 issued its send 11050 - 50 - 1000
+    = 10000 after its F, stage 1 its own 10 after its B), ``exposed_comm`` 100 (the step-end
+    all-reduce), adding up to the 13210 lost. Taking the span's open (11240) as the issue made
+    the wait "no wait": 7250 ``host`` and 2860 ``exposed_comm``, and across hosts an offset a
+    few hundred µs off read it as a wait again."""
+    tls = {0: _tl(0, H0_OPS, H0_SPANS), 1: _tl(1, H1_OPS, H1_SPANS)}
+    blocks = {
+        0: [(0, 1000, F, 0, 0), (14110, 16110, B, 0, 0)],
+        1: [(11050, 12050, F, 0, 1), (12050, 14050, B, 0, 1)],
+    }
+    steps = [rank_step(tls[r], 0, 0, 0, 16210 * US, _blocks(blocks[r])) for r in (0, 1)]
+    att = attribute(steps, tls, {r: p2p_ops(tl) for r, tl in tls.items()}, 1, True)
+    want = {"bubble": 3100, "imbalance": 0, "comm_wait": 0, "host": 10010, "exposed_comm": 100}
+    for r in (0, 1):
+        got = {k: v / US for k, v in att.causes[(r, 0)].items()}
+        assert got == pytest.approx({**want, "exposed_copy": 0, "unexplained": 0}, abs=1), (r, got)
+    # the one timed transfer is the gradient's; the held send's wait is counted in a note
+    assert att.edges[:, :3].tolist() == [[1, 0, 50 * US]]
+    assert any("1 waits are on sends held in their call" in n for n in att.notes), att.notes

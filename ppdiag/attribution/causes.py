@@ -56,7 +56,7 @@ from ppdiag.attribution.link_latency import LinkLatencies
 from ppdiag.attribution.paint import paint
 from ppdiag.attribution.paint_map import Painter
 from ppdiag.attribution.rank_step import RankStep, _m, rank_step
-from ppdiag.attribution.replay_graph import STEP_JOIN_NS
+from ppdiag.attribution.replay_graph import HELD_CALL_NS, STEP_JOIN_NS
 from ppdiag.attribution.replay_index import (
     MATCH_END_NS,
     WAIT_JOIN_NS,
@@ -285,6 +285,12 @@ def _replay_notes(rp: Replay, steps: list[RankStep], measured: dict[tuple[int, i
         notes.append(
             f"{rp.untraced_waits} waits are on ranks that are not in the traces: "
             "they are counted as pipeline waits; analyze every rank of the pipeline to trace them"
+        )
+    if rp.untimed_waits:
+        notes.append(
+            f"{rp.untimed_waits} waits are on sends held in their call (the send span opened over "
+            f"{HELD_CALL_NS / 1e6:g} ms after its block: when the data left is not recorded): "
+            "the replay takes their transfers at the normal latency"
         )
     mism = [abs(measured[(rs.rank, rs.step)] - rs.acct.lost) for rs in steps]
     if mism and max(mism) > 0.02 * max(rs.acct.window for rs in steps):

@@ -41,9 +41,13 @@ from ppdiag.attribution.replay_waits import common_waits, wait_arrays
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import Direction, Phase, RankTimeline
 from ppdiag.pipeline.clocks import P2POps
+from ppdiag.pipeline.send_holds import HOLD_MIN_NS
 
 # windows closer than this are consecutive steps of one rank
 STEP_JOIN_NS = 1_000_000
+# a send call that lasted this long between its block and its span held the send (the host ops'
+# jitter on a loaded host, as for a held sender's clock: pipeline/send_holds.py)
+HELD_CALL_NS = HOLD_MIN_NS
 
 
 @dataclass
@@ -107,6 +111,7 @@ class ReplayGraph:
         self.dropped_edges = 0
         self.untraced_waits = 0
         self.false_waits = 0  # gaps under a transfer that the peer issued only later (not waits)
+        self._untimed: list[int] = []  # waits on sends held in their call (normal latency)
         # per wait: producer, consumer, transfer, waited
         self.waits: npt.NDArray[np.int64] = np.zeros((0, 4), np.int64)
         # per wait: how long a host-op producer held its send after its block
@@ -135,6 +140,8 @@ class ReplayGraph:
         # of the links' normal times: slow links, even most of them, do not set it)
         self.links = link_latencies(self.waits, self.whole)
         self.normal_latency = self.links.fault_free_ns
+        self._untimed_at_normal_latency()
+        self.untimed_waits = len(self._untimed)
         self._label_edges(cons, prod, tol)
         self.order: npt.NDArray[np.int64] = np.argsort(self.meas_start, kind="stable")
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
@@ -378,10 +385,27 @@ class ReplayGraph:
         if wdir != int(Direction.RECV) or prod < 0 or self._rank_of(prod) != peer:
             return False
         sent = ctx.issues.send_of(self._rank_of(nid), peer, op_end, ctx.tol)
-        p_end = int(self.meas_start[prod]) + int(self.cols.cols["span"][prod])
-        if sent is None or p_end > sent + ctx.tol:
+        if sent is None:
             return False
-        self._producer_wait(ctx, nid, peer, (prod, p_end, sent), wait_start, rel, wait_start)
+        p_end = int(self.meas_start[prod]) + int(self.cols.cols["span"][prod])
+        # A send held in its call (a transport that does not take the post at once) opens its
+        # backend span once the post returns (gloo opens ``gloo:send`` after posting): after its
+        # data left, often after it arrived. Its call, between the block and the span, is the
+        # producer's own clock, so which sends were held so is told alike on any clock; their
+        # data had left when the receive ended. Taken as the issue, the span's open made such a
+        # receive "no wait" on one host and a wait across hosts with an offset a few hundred µs
+        # off, and moved the causes between ranks.
+        prs = ctx.by_rank_step.get((peer, self._step_of(prod)))
+        opened = (
+            sent
+            if prs is not None and sent > p_end and _m(prs.p2p_host, p_end, sent) > HELD_CALL_NS
+            else None
+        )
+        if opened is not None:
+            sent = min(sent, rel)
+        if p_end > sent + ctx.tol:
+            return False
+        self._producer_wait(ctx, nid, peer, (prod, p_end, sent), wait_start, rel, wait_start, opened)
         return True
 
     def _producer_wait(
@@ -393,6 +417,7 @@ class ReplayGraph:
         posted: int,
         rel: int,
         wait_start: int,
+        opened: int | None = None,
     ) -> None:
         """A wait released by the peer's block ``producer`` = (node, end, issue of the operation).
 
@@ -400,7 +425,8 @@ class ReplayGraph:
         the producer's block end to that issue is the producer's host delay. The transfer is what
         remains after both sides were ready: the producer had issued and this rank had posted its
         operation (a gloo or NCCL transfer cannot complete before the receive is posted; a receive
-        posted under compute lets the transfer run before the wait begins)."""
+        posted under compute lets the transfer run before the wait begins). ``opened``: the span
+        of a send held in its call (:meth:`_labelled_wait`), which times its link as before."""
         prod, p_end, last = producer
         me, nc = self._rank_of(nid), self.cols
         issue = max(p_end, last) if last is not None else p_end
@@ -414,6 +440,40 @@ class ReplayGraph:
         copies = prs is not None and issue > p_end and prs.sets.copy[0].size > 0
         issue_copy = min(_m(prs.sets.copy, p_end, issue), issue - p_end) if copies and prs is not None else 0
         delay = issue - p_end - issue_copy
+        held, whole = self._held_whole(ctx, (me, peer), prs, p_end, (issue, delay), posted)
+        nc.obs[nid] = (prod, delay - held, xfer)
+        nc.issue_copy[nid] = issue_copy
+        if held:
+            nc.issue_held[nid] = held
+        nc.lead[nid] = wait_start - posted
+        if opened is not None:
+            # a send held in its call takes the normal latency in the replay (when its data left
+            # is not recorded); its link is timed as any send's, from the span's open, where the
+            # receive ended after it (the link's lateness is a gate of its own: PP004)
+            self._untimed.append(nid)
+            issue = max(p_end, opened)
+            xfer = rel - max(issue, posted)
+            if xfer < -ctx.tol:
+                return
+            held, whole = self._held_whole(
+                ctx, (me, peer), prs, p_end, (issue, issue - p_end - issue_copy), posted
+            )
+        self._record_wait(ctx, peer, me, xfer, rel - wait_start, held, whole)
+
+    @staticmethod
+    def _held_whole(
+        ctx: _WaitContext,
+        ranks: tuple[int, int],
+        prs: RankStep | None,
+        p_end: int,
+        issued: tuple[int, int],
+        posted: int,
+    ) -> tuple[int, bool]:
+        """How long a host-op producer held the send issued at ``issued`` = (issue, delay after
+        its block) on its way, and whether the consumer (posted at ``posted``) waited through the
+        whole transfer; ``ranks`` = (consumer, producer)."""
+        me, peer = ranks
+        issue, delay = issued
         # a host op (gloo) issued after its block while the producer went on (computing, waiting
         # for its own transfers): the data was held on its way, a late transfer; the stretch with
         # nothing running on the producer (its host stalled) and the call that was issuing the
@@ -422,18 +482,23 @@ class ReplayGraph:
         if ctx.timelines[peer].cpu_only and prs is not None and delay > 0:
             own = _m(prs.host_set, p_end, issue) + _m(prs.p2p_host, p_end, issue)
             held = max(delay - own, 0)
-        nc.obs[nid] = (prod, delay - held, xfer)
-        nc.issue_copy[nid] = issue_copy
-        if held:
-            nc.issue_held[nid] = held
-        nc.lead[nid] = wait_start - posted
         # (host ops: the wait began before the issue; a device transfer is timed by its kernels.
         # Across hosts the two times are compared across their fitted clocks: a wait that began
         # within what those may be off by after the issue is too close to call late, and counts)
         whole = ctx.timelines[me].cpu_only and posted <= issue + ctx.timelines[me].clock_margin_ns(
             ctx.timelines[peer]
         )
-        self._record_wait(ctx, peer, me, xfer, rel - wait_start, held, whole)
+        return held, whole
+
+    def _untimed_at_normal_latency(self) -> None:
+        """The waits on sends held in their call (see :meth:`_labelled_wait`) take the normal
+        latency as their transfer, out of the producer's issue delay (their sum is measured)."""
+        if not self._untimed:
+            return
+        ids = np.asarray(self._untimed, np.int64)
+        obs = self.cols.obs.val[ids]
+        xfer = np.minimum(self.normal_latency, np.maximum(obs[:, 1] + obs[:, 2], 0))
+        self.cols.obs.set_many(ids, (obs[:, 0], obs[:, 1] + obs[:, 2] - xfer, xfer))
 
     def _record_wait(
         self,
