@@ -97,7 +97,10 @@ def placed_by_link(
     the links' own (count noise). None unless two links or more have :data:`MIN_WAITED` waited
     receives each way (one link: the pooled quartiles are its own)."""
     places: list[tuple[float, float, float]] = []  # (offset, weight, se)
-    for lk in np.unique(l_up):
+    links = np.unique(l_up)
+    if links.size < 2:
+        return None  # one link: the pooled quartiles are its own (not placed twice)
+    for lk in links:
         a, b = lo_v[l_up == lk], hi_v[l_dn == lk]
         if a.size < MIN_WAITED or b.size < MIN_WAITED:
             continue
