@@ -8,8 +8,9 @@ what its assumptions miss. On a link between two ranks of one host the true offs
 same placement run there, as if the link crossed hosts, measures that error. To be a test of the
 placement and not a fit to itself, what the placement learns from the links within a host (the
 usual latency, the senders' holds) is measured on the other links: the link under test is left
-out. Linear in the transfers (one sort, then each link's own slice) and in the links squared
-(each left-out latency and hold is a pass over the timed links).
+out. Linear in the transfers (one sort, then each tested link's own slice) and in the links
+(at most :data:`_MAX_LINKS` are tested, each left-out latency and hold a pass over the timed
+links).
 """
 
 from __future__ import annotations
