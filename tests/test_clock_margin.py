@@ -11,8 +11,10 @@ import numpy as np
 from test_link_latency import gloo_gpipe, whole_transfers
 
 from ppdiag.model import RankTimeline
-from ppdiag.pipeline.clock_se import capped, host_errors, known_clock_error, mean_se
+from ppdiag.pipeline.clock_se import capped, host_errors, mean_se
 from ppdiag.pipeline.clocks import Pairs
+from ppdiag.pipeline.host_clocks import _place_link
+from ppdiag.pipeline.placement_error import known_clock_error
 
 US = 1000
 
@@ -75,8 +77,9 @@ def test_mean_se_is_the_robust_spread_over_the_root_of_the_count() -> None:
 
 def test_the_placement_error_is_measured_on_links_within_a_host() -> None:
     # one host, ranks 0 and 1; every receive waited (posted 1 ms before its send). 0 -> 1 takes
-    # 300 µs, 1 -> 0 takes 100 µs: the middle of the two directions places the offset
-    # (300 - 100) / 2 = 100 µs off 0, where it is known to be 0
+    # 300 µs, 1 -> 0 takes 100 µs: with no other link to measure the usual latency on, the middle
+    # of the two directions places the offset (300 - 100) / 2 = 100 µs off 0, where it is known
+    # to be 0
     n = 8
     t = np.arange(n, dtype=np.int64) * 10_000_000
     up = (t, t + 300 * US)
@@ -85,7 +88,7 @@ def test_the_placement_error_is_measured_on_links_within_a_host() -> None:
     s_start = np.r_[up[0], dn[0]]
     r_end = np.r_[up[1], dn[1]]
     pairs = Pairs(src, 1 - src, s_start, s_start + 10 * US, s_start - 1_000_000, r_end, False)
-    err = known_clock_error(pairs, {0: "a", 1: "a"}, np.zeros(2 * n))
+    err = known_clock_error(pairs, {0: "a", 1: "a"}, np.zeros(2 * n), _place_link)
     assert err is not None and math.isclose(err, 100 * US)
     # on two hosts the link is no evidence (its clock is the unknown)
-    assert known_clock_error(pairs, {0: "a", 1: "b"}, np.zeros(2 * n)) is None
+    assert known_clock_error(pairs, {0: "a", 1: "b"}, np.zeros(2 * n), _place_link) is None

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from test_host_clock_holds import _bare
 
 from ppdiag.model import Run
-from ppdiag.pipeline.clock_bounds import flow_residuals
+from ppdiag.pipeline.clock_bounds import _consistent, flow_residuals
 from ppdiag.pipeline.clocks import Pairs
-from ppdiag.pipeline.host_clocks import _Bound, _consistent, _refined, _transfer_bounds, fit_host_clocks
+from ppdiag.pipeline.host_clocks import _Bound, _refined, _transfer_bounds, fit_host_clocks
 
 US = 1000
 SKEW = 5000  # µs: host b's clock reads this far ahead of host a's (its true offset is -5000)

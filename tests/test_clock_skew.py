@@ -27,8 +27,9 @@ from ppdiag.analysis import Analyzed
 from ppdiag.api import Options, diagnose
 from ppdiag.demo.skew import Move, move_ranks, rewrite_kineto, rewrite_nsys, spread_over_hosts
 from ppdiag.model import Intervals, Ranges, RankTimeline, Run
+from ppdiag.pipeline.clock_bounds import _consistent
 from ppdiag.pipeline.clocks import Pairs
-from ppdiag.pipeline.host_clocks import _consistent, clock_domains, fit_host_clocks
+from ppdiag.pipeline.host_clocks import clock_domains, fit_host_clocks
 from ppsynth.kineto import write_kineto
 from ppsynth.nsys import write_nsys
 from ppsynth.scenario import make_scenario

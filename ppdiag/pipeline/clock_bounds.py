@@ -138,4 +138,36 @@ def flow_residuals(n_hosts: int, edges: list[tuple[int, int, float, float]]) -> 
     return out
 
 
+def _consistent(
+    lows: npt.NDArray[np.float64], highs: npt.NDArray[np.float64]
+) -> tuple[float | None, float | None, int]:
+    """The offsets ``D`` that break the fewest bounds ``D >= lows`` and ``D <= highs``: the first
+    interval where the fewest are broken (its ends; None for a side without bounds) and how many
+    are broken there. A few mispaired transfers (reordered flows on one link) are outvoted."""
+    if lows.size == 0 or highs.size == 0:
+        return None, None, 0
+    ls, hs = np.sort(lows), np.sort(highs)
+    cand = np.unique(np.concatenate((ls, hs)))
+    # broken at D: lows above D plus highs below D
+    broken = (ls.size - np.searchsorted(ls, cand, side="right")) + np.searchsorted(hs, cand, side="left")
+    best = int(broken.min())
+    i = int(np.argmax(broken == best))
+    j = i
+    while j + 1 < cand.size and broken[j + 1] == best:
+        j += 1
+    if best == 0:
+        return float(cand[i]), float(cand[j]), best
+    # some bounds broken (send spans that start after their data left, mispaired flows): the
+    # uncertainty is the stretch around the best where at most a tenth more are broken
+    slack = best + max(2, (ls.size + hs.size) // 10)
+    lo_i, hi_j = i, j
+    while lo_i > 0 and broken[lo_i - 1] <= slack:
+        lo_i -= 1
+    while hi_j + 1 < cand.size and broken[hi_j + 1] <= slack:
+        hi_j += 1
+    mid = (float(cand[i]) + float(cand[j])) / 2.0
+    half = max(mid - float(cand[lo_i]), float(cand[hi_j]) - mid)
+    return mid - half, mid + half, best
+
+
 __all__ = ["flow_residuals", "placed_residual", "quartile_interval", "span_jitter"]

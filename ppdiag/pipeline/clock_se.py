@@ -17,9 +17,6 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.pipeline.clocks import Pairs
-from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS, same_host
-
 _IQR_SIGMA = 1.349  # a normal spread's interquartile range in standard deviations
 
 
@@ -33,26 +30,18 @@ def mean_se(v: npt.NDArray[np.float64]) -> float:
     return float(q3 - q1) / _IQR_SIGMA / math.sqrt(v.size)
 
 
-def known_clock_error(pairs: Pairs, dom: dict[int, str], holds: npt.NDArray[np.float64]) -> float | None:
-    """How far the offset's placement (the middle of the waited receives' one-way times both ways,
-    :func:`ppdiag.pipeline.host_clocks._refined`) is off where the clock is known: on each link
-    between two ranks of one host it should place 0, and where the two directions' latencies
-    differ it does not (docs/clocks.md, "What two clocks cannot tell"). The root mean square over
-    those links: the error no count of transfers averages away. None when no link within a host
-    has receives that waited both ways."""
-    if not len(pairs) or pairs.device:
-        return None
-    left = (pairs.send_start - pairs.recv_end).astype(np.float64) + holds
-    waited = pairs.recv_start < pairs.send_start - WAITED_NS
-    same = same_host(pairs, dom)
-    errs: list[float] = []
-    links = {(int(a), int(b)) for a, b in zip(pairs.src[same], pairs.dst[same], strict=True) if a < b}
-    for a, b in sorted(links):
-        up = (pairs.src == a) & (pairs.dst == b) & waited
-        dn = (pairs.src == b) & (pairs.dst == a) & waited
-        if up.sum() >= MIN_WAITED and dn.sum() >= MIN_WAITED:
-            errs.append((float(np.quantile(left[up], 0.75)) - float(np.quantile(left[dn], 0.75))) / 2.0)
-    return math.sqrt(float(np.mean(np.square(errs)))) if errs else None
+def quantile_se(v: npt.NDArray[np.float64], p: float) -> float:
+    """The standard error of the ``p`` quantile of the values ``v``: half the distance between the
+    quantiles one binomial standard deviation either side of ``p`` (``sqrt(p (1 - p) / n)``), the
+    order statistics that bracket it with 68 % confidence, whatever the values' distribution.
+    A quartile of waited receives' one-way times sits where they crowd (the transfer latency)
+    while receives that ended behind queued ops spread far above: their interquartile range
+    (:func:`mean_se`) is the tail's width, not how well the quartile is known. 0 for no value."""
+    if v.size < 2:
+        return 0.0
+    d = math.sqrt(p * (1.0 - p) / v.size)
+    lo, hi = np.quantile(v, (max(p - d, 0.0), min(p + d, 1.0)))
+    return float(hi - lo) / 2.0
 
 
 def host_errors(n_hosts: int, pair_se: dict[tuple[int, int], float]) -> list[float | None]:
@@ -89,4 +78,4 @@ def capped(se: float | None, residual_ns: float | None) -> int | None:
     return round(min(se, residual_ns))
 
 
-__all__ = ["capped", "host_errors", "known_clock_error", "mean_se"]
+__all__ = ["capped", "host_errors", "mean_se", "quantile_se"]

@@ -19,20 +19,20 @@ hosts' clocks. Everything is one array per stream group: ``senders x receivers x
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Direction, RangeKind, Run
-from ppdiag.pipeline.clock_bounds import flow_residuals, placed_residual, span_jitter
-from ppdiag.pipeline.clock_se import capped, host_errors, known_clock_error, mean_se
+from ppdiag.pipeline.clock_bounds import _consistent, flow_residuals, placed_residual, span_jitter
+from ppdiag.pipeline.clock_se import capped, host_errors, mean_se, quantile_se
 from ppdiag.pipeline.clocks import ClockFit, HostClock, P2POps, Pairs, _solve
 from ppdiag.pipeline.link_places import Latency, host_latency, placed_both_ways, waited_both_ways
 from ppdiag.pipeline.links import host_of
 from ppdiag.pipeline.pair_stats import offsets_of
 from ppdiag.pipeline.peer_flow import _BWD, _FWD, _flow_class, _step_of
+from ppdiag.pipeline.placement_error import known_clock_error
 from ppdiag.pipeline.send_holds import MIN_WAITED, sender_holds
 
 _LOW_Q = 0.25  # the quantile that stands for a stream's smallest gap (stray pairs outvoted)
@@ -277,7 +277,7 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
     lows, highs, waits = _transfer_bounds(pairs, host_idx, ranks, holds)
     raw = _transfer_bounds(pairs, host_idx, ranks, np.zeros(len(pairs)))[2]  # causal: no hold
     jitter = span_jitter(pairs, dom)
-    known, lat = known_clock_error(pairs, dom, holds), host_latency(pairs, dom, holds)
+    known, lat = known_clock_error(pairs, dom, holds, _place_link), host_latency(pairs, dom, holds)
     _collective_bounds(run, dom, hidx, lows, highs)
     bounds: list[_Bound] = []
     pair_se: dict[tuple[int, int], float] = {}  # what each pair's offset is typically off by
@@ -292,10 +292,11 @@ def fit_host_clocks(run: Run, pairs: Pairs) -> tuple[dict[int, int], list[HostCl
         placed, placed_se = _refined(_Bound(a, b, lo, hi, n), waits.get((a, b)), lat)
         d, r = (placed.lo + placed.hi) / 2.0, placed_residual(placed.lo, placed.hi, raw.get((a, b)), jitter)
         bounds.append(_Bound(a, b, d - r, d + r, n))
-        # what the placement is off by beyond its count's noise, as measured where the clock is
-        # known (none measured: the interval of the fewest broken bounds, all that is known)
+        # what the placement is off by, as measured where the clock is known (a link's whole
+        # error, its count's noise in it; a pair whose own count leaves more is that uncertain),
+        # none measured: the interval of the fewest broken bounds, all that is known
         half = (placed.hi - placed.lo) / 2.0 + jitter
-        pair_se[(a, b)] = min(math.hypot(placed_se, known) if known is not None else half, half)
+        pair_se[(a, b)] = min(max(placed_se, known) if known is not None else half, half)
         # broken beyond the host ops' own jitter, by more than a twentieth of the bounds
         bad = int((lo_v > hi + _TOL_NS).sum() + (hi_v < lo - _TOL_NS).sum())
         if bad > max(1, n // 20):
@@ -411,11 +412,32 @@ def _refined(
         # latency (the ends of a matched transfer meet), which places the offset from this side
         e = e_up[w_up] if w_up.any() else e_dn[w_dn]
         d = min(max(float(np.median(e)), bd.lo), bd.hi)
-        se = mean_se(e) if e.size >= MIN_WAITED else whole
+        se = quantile_se(e, 0.5) if e.size >= MIN_WAITED else whole
     else:
         return bd, whole
     r = abs(d - mid) + whole
     return _Bound(bd.a, bd.b, d - r, d + r, bd.n), se
+
+
+def _place_link(
+    sub: Pairs, holds: npt.NDArray[np.float64], lat: Latency | None
+) -> tuple[float, float] | None:
+    """Where the fit places the offset of one link's transfers ``sub`` (ranks a < b, as if on two
+    hosts: ``D = o_b - o_a``), and its count's standard error: the causal interval, then the
+    receives that waited (:func:`_refined`). What ``placement_error`` runs on links within a host."""
+    ranks = sorted({int(r) for r in sub.src} | {int(r) for r in sub.dst})
+    if len(ranks) != 2:
+        return None
+    lows, highs, waits = _transfer_bounds(sub, [0, 1], ranks, holds)
+    lo_v, hi_v = (
+        np.concatenate(lows.get((0, 1), [np.zeros(0)])),
+        np.concatenate(highs.get((0, 1), [np.zeros(0)])),
+    )
+    lo, hi, _ = _consistent(lo_v, hi_v)
+    if lo is None or hi is None:
+        return None
+    placed, se = _refined(_Bound(0, 1, lo, hi, len(sub)), waits.get((0, 1)), lat)
+    return (placed.lo + placed.hi) / 2.0, se
 
 
 def _collective_bounds(
@@ -454,38 +476,6 @@ def _collective_bounds(
                 # D = o_y - o_x: ey + o_y >= sx + o_x and ex + o_x >= sy + o_y
                 lows.setdefault((hx, hy), []).append((sx - ey).astype(np.float64))
                 highs.setdefault((hx, hy), []).append((ex - sy).astype(np.float64))
-
-
-def _consistent(
-    lows: npt.NDArray[np.float64], highs: npt.NDArray[np.float64]
-) -> tuple[float | None, float | None, int]:
-    """The offsets ``D`` that break the fewest bounds ``D >= lows`` and ``D <= highs``: the first
-    interval where the fewest are broken (its ends; None for a side without bounds) and how many
-    are broken there. A few mispaired transfers (reordered flows on one link) are outvoted."""
-    if lows.size == 0 or highs.size == 0:
-        return None, None, 0
-    ls, hs = np.sort(lows), np.sort(highs)
-    cand = np.unique(np.concatenate((ls, hs)))
-    # broken at D: lows above D plus highs below D
-    broken = (ls.size - np.searchsorted(ls, cand, side="right")) + np.searchsorted(hs, cand, side="left")
-    best = int(broken.min())
-    i = int(np.argmax(broken == best))
-    j = i
-    while j + 1 < cand.size and broken[j + 1] == best:
-        j += 1
-    if best == 0:
-        return float(cand[i]), float(cand[j]), best
-    # some bounds broken (send spans that start after their data left, mispaired flows): the
-    # uncertainty is the stretch around the best where at most a tenth more are broken
-    slack = best + max(2, (ls.size + hs.size) // 10)
-    lo_i, hi_j = i, j
-    while lo_i > 0 and broken[lo_i - 1] <= slack:
-        lo_i -= 1
-    while hi_j + 1 < cand.size and broken[hi_j + 1] <= slack:
-        hi_j += 1
-    mid = (float(cand[i]) + float(cand[j])) / 2.0
-    half = max(mid - float(cand[lo_i]), float(cand[hi_j]) - mid)
-    return mid - half, mid + half, best
 
 
 def _by_steps(

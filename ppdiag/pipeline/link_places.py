@@ -14,7 +14,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.pipeline.clock_se import mean_se
+from ppdiag.pipeline.clock_se import mean_se, quantile_se
 from ppdiag.pipeline.clocks import Pairs
 from ppdiag.pipeline.send_holds import MIN_WAITED, WAITED_NS, _link_quantiles, same_host
 
@@ -31,6 +31,15 @@ def host_latency(pairs: Pairs, dom: dict[int, str], holds: npt.NDArray[np.float6
     the median over those links of their waited receives' lower quartile (``recv_end -
     send_start`` less the sender's hold), and the standard deviation of those quartiles over the
     links. None when no link within a host has :data:`MIN_WAITED` waited receives."""
+    got = link_latencies(pairs, dom, holds)
+    return None if got is None else latency_of(got[1])
+
+
+def link_latencies(
+    pairs: Pairs, dom: dict[int, str], holds: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
+    """Each timed link within a host (``(sender, receiver)`` rows) and its waited receives' lower
+    quartile of one-way times, what :func:`host_latency` sums up; None when no link is timed."""
     if not len(pairs) or pairs.device:
         return None
     same = same_host(pairs, dom)
@@ -39,11 +48,14 @@ def host_latency(pairs: Pairs, dom: dict[int, str], holds: npt.NDArray[np.float6
         return None
     one_way = (pairs.recv_end - pairs.send_start).astype(np.float64)[sel] - holds[sel]
     src, dst = pairs.src[sel].astype(np.int64), pairs.dst[sel].astype(np.int64)
-    _, low, counts = _link_quantiles(src, dst, one_way, 1)
-    low = low[counts >= MIN_WAITED]
-    if not low.size:
-        return None
-    return float(np.median(low)), float(np.std(low))
+    links, low, counts = _link_quantiles(src, dst, one_way, 1)
+    timed = counts >= MIN_WAITED
+    return (links[timed], low[timed]) if timed.any() else None
+
+
+def latency_of(low: npt.NDArray[np.float64]) -> Latency | None:
+    """The usual latency and its spread from the links' lower quartiles ``low``; None for none."""
+    return (float(np.median(low)), float(np.std(low))) if low.size else None
 
 
 def _link_place(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64], lat: Latency | None) -> float:
@@ -85,14 +97,17 @@ def placed_by_link(
     the links' own (count noise). None unless two links or more have :data:`MIN_WAITED` waited
     receives each way (one link: the pooled quartiles are its own)."""
     places: list[tuple[float, float, float]] = []  # (offset, weight, se)
-    for lk in np.unique(l_up):
+    links = np.unique(l_up)
+    if links.size < 2:
+        return None  # one link: the pooled quartiles are its own (not placed twice)
+    for lk in links:
         a, b = lo_v[l_up == lk], hi_v[l_dn == lk]
         if a.size < MIN_WAITED or b.size < MIN_WAITED:
             continue
         qa, qb = float(np.quantile(a, 0.75)), float(np.quantile(b, 0.25))
         se = math.hypot(mean_se(a), mean_se(b)) / 2.0
         half_trip = max(qb - qa, 0.0) / 2.0
-        places.append((_link_place(a, b, lat), 1.0 / max(half_trip**2 + se**2, 1.0), se))
+        places.append((_link_place(a, b, lat), 1.0 / max(half_trip**2 + se**2, 1.0), _place_se(a, b)))
     if len(places) < 2:
         return None
     total = sum(w for _, w, _ in places)
@@ -128,7 +143,22 @@ def placed_both_ways(
     if by_link is not None:
         return by_link
     d = _link_place(lo_v[w_up], hi_v[w_dn], lat)
-    return d, math.hypot(mean_se(lo_v[w_up]), mean_se(hi_v[w_dn])) / 2.0
+    return d, _place_se(lo_v[w_up], hi_v[w_dn])
 
 
-__all__ = ["Latency", "host_latency", "placed_both_ways", "placed_by_link", "waited_both_ways"]
+def _place_se(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> float:
+    """The standard error that the count of transfers leaves in a place from the upper quartile of
+    ``a`` and the lower quartile of ``b``: each quartile's own (:func:`quantile_se`; the spread of
+    receives that ended late is not how well a quartile is known), in quadrature, halved."""
+    return math.hypot(quantile_se(a, 0.75), quantile_se(b, 0.25)) / 2.0
+
+
+__all__ = [
+    "Latency",
+    "host_latency",
+    "latency_of",
+    "link_latencies",
+    "placed_both_ways",
+    "placed_by_link",
+    "waited_both_ways",
+]

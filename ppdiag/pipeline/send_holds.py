@@ -10,6 +10,8 @@ them is half the hold off. Within a host the clock is known: there the hold show
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
@@ -62,33 +64,14 @@ def sender_holds(pairs: Pairs, dom: dict[int, str]) -> npt.NDArray[np.float64]:
     slow link of a rank within its host is no hold of the rank's other links. Zero where no link
     of one host has waiting receives."""
     out = np.zeros(len(pairs), np.float64)
-    if not len(pairs) or pairs.device:
+    st = hold_stats(pairs, dom)
+    if st is None:
+        return out
+    hold, usual = rank_holds(st, np.ones(len(st.links), dtype=bool))
+    if not hold.any():
         return out
     src, dst = pairs.src.astype(np.int64), pairs.dst.astype(np.int64)
     one_way = (pairs.recv_end - pairs.send_start).astype(np.float64)
-    same = same_host(pairs, dom)
-    sel = np.flatnonzero(same & (pairs.recv_start < pairs.send_start - WAITED_NS))
-    if sel.size == 0:
-        return out
-    # each link's median and the links' own: the profiler's spans break causality by up to a
-    # millisecond now and then (a send span opens after its data left), so low quantiles of a few
-    # transfers are no judge of a link's usual time
-    links, med, counts = _link_quantiles(src[sel], dst[sel], one_way[sel], 2)
-    _, low_w, _ = _link_quantiles(src[sel], dst[sel], one_way[sel], 1)
-    timed = counts >= MIN_WAITED
-    if not timed.any():
-        return out
-    usual = float(np.quantile(med[timed], 0.5, method="lower"))
-    usual_low = float(np.quantile(low_w[timed], 0.5, method="lower"))
-    # a hold delays every send alike, its lower quartile as much as its median; ops queued ahead
-    # of a send (gloo runs a rank's ops in order) delay some sends, the median more than the
-    # lower quartile: the excess of both, the lesser
-    excess = np.minimum(med[timed] - usual, low_w[timed] - usual_low)
-    least = np.full(int(max(src.max(), dst.max())) + 1, np.inf)  # per sending rank
-    np.minimum.at(least, links[timed, 0], excess)
-    hold = np.where(np.isfinite(least) & (least > HOLD_MIN_NS), least, 0.0)
-    if not hold.any():
-        return out
     # the round trip of each link, both directions' lower quartiles (every transfer: a receive
     # posted late only lengthens it, so a hold is refused only where the link plainly has none).
     # The usual latency is a median and the round trip lower quartiles: a held link's round trip
@@ -101,10 +84,79 @@ def sender_holds(pairs: Pairs, dom: dict[int, str]) -> npt.NDArray[np.float64]:
     back = {(int(a), int(b)): float(x) for (a, b), x in zip(links, low, strict=True)}
     ok = np.zeros(len(links), dtype=bool)
     for i, (a, b) in enumerate(links.tolist()):
-        rt = low[i] + back.get((b, a), np.inf)
-        ok[i] = hold[a] + hold[b] <= rt - 2.0 * usual + HOLD_MIN_NS / 2.0
+        ok[i] = holds_fit(hold[a], hold[b], low[i] + back.get((b, a), np.inf), usual)
     _, inv = np.unique(np.stack((src, dst), axis=1), axis=0, return_inverse=True)
     return np.where(ok[inv.reshape(-1)], hold[src], 0.0)
 
 
-__all__ = ["HOLD_MIN_NS", "MIN_WAITED", "WAITED_NS", "same_host", "sender_holds"]
+@dataclass(frozen=True)
+class HoldStats:
+    """The links within a host that are timed (:data:`MIN_WAITED` waiting receives): each one's
+    ``(sender, receiver)``, and the median and lower quartile of its one-way times; ``n_ranks``
+    bounds the rank numbers."""
+
+    links: npt.NDArray[np.int64]
+    med: npt.NDArray[np.float64]
+    low: npt.NDArray[np.float64]
+    n_ranks: int
+
+
+def hold_stats(pairs: Pairs, dom: dict[int, str]) -> HoldStats | None:
+    """What holds are measured on (:func:`sender_holds`); None where no link of one host is
+    timed. One sort over the transfers."""
+    if not len(pairs) or pairs.device:
+        return None
+    src, dst = pairs.src.astype(np.int64), pairs.dst.astype(np.int64)
+    one_way = (pairs.recv_end - pairs.send_start).astype(np.float64)
+    same = same_host(pairs, dom)
+    sel = np.flatnonzero(same & (pairs.recv_start < pairs.send_start - WAITED_NS))
+    if sel.size == 0:
+        return None
+    # each link's median and the links' own: the profiler's spans break causality by up to a
+    # millisecond now and then (a send span opens after its data left), so low quantiles of a few
+    # transfers are no judge of a link's usual time
+    links, med, counts = _link_quantiles(src[sel], dst[sel], one_way[sel], 2)
+    _, low_w, _ = _link_quantiles(src[sel], dst[sel], one_way[sel], 1)
+    timed = counts >= MIN_WAITED
+    if not timed.any():
+        return None
+    return HoldStats(links[timed], med[timed], low_w[timed], int(max(src.max(), dst.max())) + 1)
+
+
+def rank_holds(st: HoldStats, use: npt.NDArray[np.bool_]) -> tuple[npt.NDArray[np.float64], float]:
+    """Each rank's hold measured on the timed links ``use`` selects (all of them, or all but the
+    link a placement is tested on, so that its test is no fit to itself), and the host links'
+    usual one-way time (their medians' median). Zero holds where ``use`` selects none."""
+    if not use.any():
+        return np.zeros(st.n_ranks), 0.0
+    med, low_w = st.med[use], st.low[use]
+    usual = float(np.quantile(med, 0.5, method="lower"))
+    usual_low = float(np.quantile(low_w, 0.5, method="lower"))
+    # a hold delays every send alike, its lower quartile as much as its median; ops queued ahead
+    # of a send (gloo runs a rank's ops in order) delay some sends, the median more than the
+    # lower quartile: the excess of both, the lesser
+    excess = np.minimum(med - usual, low_w - usual_low)
+    least = np.full(st.n_ranks, np.inf)  # per sending rank
+    np.minimum.at(least, st.links[use, 0], excess)
+    return np.where(np.isfinite(least) & (least > HOLD_MIN_NS), least, 0.0), usual
+
+
+def holds_fit(hold_a: float, hold_b: float, round_trip: float, usual: float) -> bool:
+    """Whether a link's round trip (its two directions' lower quartiles, no clock in it) holds its
+    two senders' holds beside two usual latencies, within half the host ops' jitter (the hold is
+    an excess of medians, the round trip lower quartiles): one slow link of a rank within its
+    host is no hold of the rank's other links."""
+    return bool(hold_a + hold_b <= round_trip - 2.0 * usual + HOLD_MIN_NS / 2.0)
+
+
+__all__ = [
+    "HOLD_MIN_NS",
+    "MIN_WAITED",
+    "WAITED_NS",
+    "HoldStats",
+    "hold_stats",
+    "holds_fit",
+    "rank_holds",
+    "same_host",
+    "sender_holds",
+]
