@@ -411,7 +411,8 @@ def test_pp004_across_hosts_counts_what_the_offset_may_be_off(tmp_path: Path) ->
             )
             for tl in diag.run.ranks
         ]
-        c = diag.context
+        c = context(diag)
+        assert c.pipeline is not None and c.attribution is not None
         ctx = RuleContext(
             diag.result,
             dataclasses.replace(diag.run, ranks=ranks),
