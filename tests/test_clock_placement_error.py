@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from handbuilt_pairs import pairs_us
 from test_host_clock_holds import _bare
 
 from ppdiag.model import Run
@@ -46,16 +47,7 @@ def _pairs() -> Pairs:
         ss.append(t + (SKEW if a == 3 else 0))
         rs.append(t - 500 + (SKEW if b == 3 else 0))
         re.append(t + one_way + (SKEW if b == 3 else 0))
-    send = (np.concatenate(ss) * US).astype(np.int64)
-    return Pairs(
-        np.array(src, np.int32),
-        np.array(dst, np.int32),
-        send,
-        send + 50 * US,
-        (np.concatenate(rs) * US).astype(np.int64),
-        (np.concatenate(re) * US).astype(np.int64),
-        False,
-    )
+    return pairs_us(src, dst, ss, rs, re)
 
 
 def _run() -> Run:

@@ -8,6 +8,7 @@ its quartiles would set the place.
 from __future__ import annotations
 
 import numpy as np
+from handbuilt_pairs import pairs_us
 from test_host_clock_holds import _bare
 
 from ppdiag.model import Run
@@ -34,16 +35,7 @@ def _pairs(queued_ms: float) -> Pairs:
         ss.append(t + (SKEW if a else 0))
         rs.append(t - 500 + (SKEW if b else 0))
         re.append(t + 100 + late + (SKEW if b else 0))
-    send = (np.concatenate(ss) * US).astype(np.int64)
-    return Pairs(
-        np.array(src, np.int32),
-        np.array(dst, np.int32),
-        send,
-        send + 50 * US,
-        (np.concatenate(rs) * US).astype(np.int64),
-        (np.concatenate(re) * US).astype(np.int64),
-        False,
-    )
+    return pairs_us(src, dst, ss, rs, re)
 
 
 def _fit(queued_ms: float) -> int:
