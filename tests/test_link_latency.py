@@ -15,7 +15,14 @@ from test_causes_cpu_posting import C, P, _tl
 from test_causes_handbuilt import RECV, SEND, B, F, Op, _causes, _check
 
 from ppdiag.attribution.causes import attribute, rank_step
-from ppdiag.attribution.link_latency import LinkLatencies, Z, _links_of, link_latencies, t_quantile
+from ppdiag.attribution.link_latency import (
+    LinkLatencies,
+    LinkLatency,
+    Z,
+    _links_of,
+    link_latencies,
+    t_quantile,
+)
 from ppdiag.model import Direction, Kind, RankTimeline
 from ppdiag.pipeline.clocks import p2p_ops
 
@@ -276,3 +283,31 @@ def test_links_of_is_the_row_wise_unique(rows: list[tuple[int, int]]) -> None:
     got_keys, got_inv = _links_of(w[:, 0], w[:, 1])
     assert got_keys.tolist() == keys.tolist()
     assert got_inv.tolist() == inv.reshape(-1).tolist()
+
+
+def _reference_per_link(links: LinkLatencies, key: tuple[int, int]) -> tuple[float, float]:
+    """The reference as a quantile over the other links, one link at a time (the definition)."""
+    others = [x for k, x in links.links.items() if k != key]
+    if not others:
+        return 0.0, 0.0
+    late = float(np.quantile([x.late_ns for x in others], 0.25, method="lower"))
+    return late, float(np.median([x.late_se_ns for x in others]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2_000_000), st.integers(0, 50_000)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_every_links_reference_from_one_sort_is_the_per_link_quantile(values: list[tuple[int, int]]) -> None:
+    # lateness and standard errors with ties (small integers) and without
+    rows = {
+        (i, i + 1): LinkLatency(i, i + 1, 5, 0, 0.0, float(a), b / 7.0) for i, (a, b) in enumerate(values)
+    }
+    links = LinkLatencies(rows, 1000)
+    for k in links.links:
+        assert links.reference_ns(k) == _reference_per_link(links, k)
+    assert links.reference_ns((99, 98)) == (0.0, 0.0)  # not a link of the run

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -90,11 +91,28 @@ class LinkLatencies:
         """The lateness the other links show (their lower quartile: a slow rank makes every link
         it touches late, 4 of the 6 links of a 4-stage pipe) and its standard error (the median of
         theirs): what this link is compared with."""
-        others = [x for k, x in self.links.items() if k != key]
-        if not others:
-            return 0.0, 0.0
-        late = float(np.quantile([x.late_ns for x in others], REF_Q, method="lower"))
-        return late, float(np.median([x.late_se_ns for x in others]))
+        return self._references.get(key, (0.0, 0.0))
+
+    @cached_property
+    def _references(self) -> dict[tuple[int, int], tuple[float, float]]:
+        """:meth:`reference_ns` of every link from one sort of the links' lateness and one of their
+        standard errors: leaving one link out shifts the sorted others by one place past it, so
+        the lower quartile and the median of the others are read off the whole sorted column (a
+        quantile over the others per link is quadratic in the links of a big run)."""
+        keys = list(self.links)
+        n = len(keys)
+        if n < 2:
+            return {k: (0.0, 0.0) for k in keys}
+        late = np.array([self.links[k].late_ns for k in keys], np.float64)
+        se = np.array([self.links[k].late_se_ns for k in keys], np.float64)
+        m = n - 1  # the others
+        # np.quantile(method="lower") of m values: the floor of the virtual index q (m - 1)
+        q_at = int(np.floor(np.float64(REF_Q) * (m - 1)))
+        ref_late = _left_out(late, q_at).tolist()
+        # the median; of an even count, the mean of the two middle values, as np.median takes it
+        mid = _left_out(se, m // 2)
+        ref_se = (mid if m % 2 else (_left_out(se, m // 2 - 1) + mid) / 2.0).tolist()
+        return {k: (float(a), float(b)) for k, a, b in zip(keys, ref_late, ref_se, strict=True)}
 
     def noise_ns(self, key: tuple[int, int], clock_se_ns: float = 0.0) -> float:
         """How far a link's mean lateness may stand out of the others' without a fault: ``Z``
@@ -116,6 +134,16 @@ class LinkLatencies:
             if beyond > self.noise_ns(k):
                 out[k] = beyond
         return out
+
+
+def _left_out(values: npt.NDArray[np.float64], at: int) -> npt.NDArray[np.float64]:
+    """Per value, the ``at``-th smallest of the other values (that value left out)."""
+    order = np.argsort(values, kind="stable")
+    pos = np.empty(values.size, np.int64)
+    pos[order] = np.arange(values.size)
+    ranked = values[order]
+    out: npt.NDArray[np.float64] = np.where(pos > at, ranked[at], ranked[min(at + 1, values.size - 1)])
+    return out
 
 
 def link_latencies(

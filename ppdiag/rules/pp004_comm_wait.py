@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 
 from ppdiag.attribution.link_latency import LinkLatencies, link_latencies
 from ppdiag.report_types import Cause, Evidence, FindingRow
@@ -74,7 +75,8 @@ class CommWaitRule:
         # a link between two clock domains is timed across their fitted offset: it is slow only
         # when it stands out by what that offset is typically off as well (its standard error,
         # the placement's own error included, not one bound's worst case)
-        slow = {k: v for k, v in judged.items() if v > links.noise_ns(k, _placement_se_ns(ctx, k))}
+        clock_se = _placement_se(ctx)
+        slow = {k: v for k, v in judged.items() if v > links.noise_ns(k, clock_se(k))}
         if not slow:
             return []
         normal = ctx.attribution.normal_latency_ns
@@ -119,7 +121,7 @@ class CommWaitRule:
                 # the links the clocks could not vouch for might be slow after all: the finding
                 # is as uncertain as it would be either way (counted slow, the shared lateness
                 # and the contention the noise allows differ)
-                noise_ms=max(_link_noise_ms(ctx, links, gain, s, per_link) for s in (slow, judged)),
+                noise_ms=max(_link_noise_ms(ctx, links, gain, s, per_link, clock_se) for s in (slow, judged)),
                 fix="no_comm_wait",
             )
         ]
@@ -129,15 +131,21 @@ def _steps(ctx: RuleContext) -> float:
     return max(len(ctx.steps) / max(len(ctx.report.ranks), 1), 1)
 
 
-def _placement_se_ns(ctx: RuleContext, link: tuple[int, int]) -> float:
-    """What the clock offset between the two ends of ``link`` is typically off by, all errors
+def _placement_se(ctx: RuleContext) -> Callable[[tuple[int, int]], float]:
+    """Per link, what the clock offset between its two ends is typically off by, all errors
     counted (0 on one host): the hosts' offset standard errors in quadrature (the fit's, which
     count the placement error no number of transfers averages away, measured on the links within
     a host where the clock is known; docs/clocks.md): a link timed across it carries that error
-    on every transfer, one sign each way."""
+    on every transfer, one sign each way. The ranks are looked up once, not per link."""
     tl = {t.rank: t for t in ctx.run.ranks}
-    a, b = tl.get(link[0]), tl.get(link[1])
-    return float(a.clock_margin_ns(b)) if a is not None and b is not None else 0.0
+    if len({t.clock_domain for t in tl.values()}) <= 1:
+        return lambda link: 0.0
+
+    def se(link: tuple[int, int]) -> float:
+        a, b = tl.get(link[0]), tl.get(link[1])
+        return float(a.clock_margin_ns(b)) if a is not None and b is not None else 0.0
+
+    return se
 
 
 def _rule_links(ctx: RuleContext) -> LinkLatencies:
@@ -159,6 +167,7 @@ def _link_noise_ms(
     gain: float,
     slow: dict[tuple[int, int], float],
     per_link: dict[tuple[int, int], float],
+    clock_se: Callable[[tuple[int, int]], float],
 ) -> float:
     """The noise of the fix's gain, judged against the links' spread rather than the step's: the
     share of the gain that the links' shared lateness explains (what every link shows: the slow
@@ -179,7 +188,7 @@ def _link_noise_ms(
     # a slow link between two hosts is timed across their offset, which may be off by its
     # standard error on every transfer alike (one sign per direction: it adds up, it does not
     # average out): that much of its late time the clocks cannot vouch for
-    clock = sum(_placement_se_ns(ctx, k) * links.links[k].n for k in slow)
+    clock = sum(clock_se(k) * links.links[k].n for k in slow)
     spread = math.hypot(spread, clock)
     spread_ms = gain * min(spread / beyond, 1.0) if beyond > 0 else spread / n_steps / 1e6
     nm = noise_of(ctx)
