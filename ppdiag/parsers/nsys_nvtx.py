@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model.timeline import Direction
+from ppdiag.parsers.nsys_arrow import Blobs
 from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, factorize, int_expr, valid_times
 from ppdiag.parsers.nsys_names import (
     NCCL_API_NAMES,
@@ -379,46 +380,92 @@ def name_codes(
     return codes, names
 
 
-def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
+_NCCL_ROW = np.dtype(
+    [
+        ("start", np.int64),
+        ("end", np.int64),
+        ("gtid", np.int64),
+        ("tid_", np.int64),
+        ("text", object),
+        ("blob", object),
+        ("json", object),
+        ("jtid", np.int64),
+    ]
+)
+_NCCL_INTS = np.dtype([(c, np.int64) for c in ("start", "end", "gtid", "tid_", "needs_text")])
+
+
+@dataclass
+class _NcclRows:
+    """The NCCL domains' range rows: integer columns, the text columns (None: all NULL) and the
+    payload BLOBs."""
+
+    ints: np.ndarray  # start, end, gtid, tid_, jtid
+    text: np.ndarray | None
+    json: np.ndarray | None
+    blobs: Blobs
+
+
+def _nccl_rows(db: NsysDb, keys: list[tuple[int, int]]) -> _NcclRows:
+    """The NCCL domains' range rows, in table order.
+
+    Through ADBC where it is on and no row needs a text column (a name held as plain text rather
+    than a registered string id, or a JSON payload): the payloads then come as one buffer, with
+    no Python object per row (sqlite3 made ~8 per row, most of this read's cost). Else with
+    sqlite3, the same rows."""
     text_id, text = _text_expr(db)
-    vals = ", ".join("(?, ?)" for _ in keys)
-    params = [v for k in keys for v in k]
     blob = db.col(NVTX, "binaryData", "NULL")
     jtext = db.col(NVTX, "jsonText", "NULL")
     jtid = int_expr(db.col(NVTX, "jsonTextId", "NULL"))
+    gtid = int_expr("globalTid", "0")
     types = ", ".join(str(t) for t in RANGE_TYPES)
-    sql = (
-        f'SELECT start, "end", {int_expr("globalTid", "0")}, {text_id}, {text}, {blob}, {jtext}, {jtid} '
+    # the keys are this process's integers, written into the query (ADBC takes no parameters)
+    vals = ", ".join(f"({int(p)}, {int(d)})" for p, d in keys)
+    where = (
         f"FROM {NVTX} WHERE eventType IN ({types}) AND {valid_times()} "
         f"AND ((coalesce(globalTid, 0) >> 24) & 16777215, {int_expr('domainId', '0')}) IN (VALUES {vals})"
     )
-    dt = np.dtype(
-        [
-            ("start", np.int64),
-            ("end", np.int64),
-            ("gtid", np.int64),
-            ("tid_", np.int64),
-            ("text", object),
-            ("blob", object),
-            ("json", object),
-            ("jtid", np.int64),
-        ]
-    )
-    rows = db.fetch(sql, dt, params)
-    n = len(rows)
+    if db.arrow is not None:
+        # one flag for what the text columns would add: a plain-text name, a JSON payload
+        needs_text = f"(({text}) IS NOT NULL AND {text_id} < 0) OR ({jtext}) IS NOT NULL OR {jtid} >= 0"
+        got = db.arrow.fetch_blobs(
+            f'SELECT start, "end", {gtid}, {text_id}, {needs_text}, '
+            f"CASE WHEN typeof({blob}) = 'blob' THEN {blob} END {where}",
+            _NCCL_INTS,
+        )
+        if got is not None and not got[0]["needs_text"].any():
+            ints = got[0]
+            ints["needs_text"] = -1  # the jsonTextId column: every value was -1
+            return _NcclRows(ints, None, None, got[1])
+    sql = f'SELECT start, "end", {gtid}, {text_id}, {text}, {blob}, {jtext}, {jtid} {where}'
+    rows = db.fetch(sql, _NCCL_ROW)
+    ints = np.empty(len(rows), dtype=_NCCL_INTS)
+    for c in ("start", "end", "gtid", "tid_"):
+        ints[c] = rows[c]
+    ints["needs_text"] = rows["jtid"]
+    return _NcclRows(ints, rows["text"], rows["json"], Blobs.from_objects(rows["blob"]))
+
+
+def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
+    got = _nccl_rows(db, keys)
+    rows, n = got.ints, len(got.ints)
     if not n:
         return _empty_nccl()
-    codes, names = name_codes(db, rows["tid_"], rows["text"])
+    texts = got.text if got.text is not None else np.full(n, None, dtype=object)
+    codes, names = name_codes(db, rows["tid_"], texts)
     apis = [nccl_api(x) for x in names]
     api = np.array([_api_code(a) for a in apis], dtype=np.int8)[codes]
     direction = np.array([NCCL_P2P_APIS.get(a, Direction.NONE) for a in apis], dtype=np.int8)[codes]
-    fields = decode_payloads(db, rows["blob"], codes, apis)
-    # map of operator.is_not over the rows runs in C (no Python bytecode per row)
-    has_json = np.fromiter(map(is_not, rows["json"].tolist(), repeat(None)), dtype=bool, count=n)
-    has_json |= rows["jtid"] >= 0
+    fields = decode_payloads(db, got.blobs, codes, apis)
+    jtid = rows["needs_text"]
+    has_json = jtid >= 0
+    if got.json is not None:
+        # map of operator.is_not over the rows runs in C (no Python bytecode per row)
+        has_json |= np.fromiter(map(is_not, got.json.tolist(), repeat(None)), dtype=bool, count=n)
     if has_json.any():
-        strings = db.strings(np.unique(rows["jtid"][rows["jtid"] >= 0]).tolist())
-        merge_json(fields, rows["json"], rows["jtid"], strings, has_json)
+        strings = db.strings(np.unique(jtid[jtid >= 0]).tolist())
+        json_texts = got.json if got.json is not None else np.full(n, None, dtype=object)
+        merge_json(fields, json_texts, jtid, strings, has_json)
     return NcclCalls(
         start=rows["start"],
         end=rows["end"],
