@@ -171,7 +171,8 @@ def _matrix(blobs: Blobs, idx: I64, length: int) -> npt.NDArray[np.uint8]:
     first = int(starts[0])
     if (starts == first + length * np.arange(len(idx), dtype=np.int64)).all():
         return blobs.data[first : first + length * len(idx)].reshape(len(idx), length)
-    return blobs.data[starts[:, None] + np.arange(length, dtype=np.int64)]
+    out: npt.NDArray[np.uint8] = blobs.data[starts[:, None] + np.arange(length, dtype=np.int64)]
+    return out
 
 
 def _schema_of(
