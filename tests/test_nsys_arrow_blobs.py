@@ -137,3 +137,30 @@ def test_odd_nccl_rows_parse_the_same(tmp_path: Path, monkeypatch: pytest.Monkey
     if fast.text is None:  # taken by ADBC: the same rows and bytes
         _same_rows(fast, slow)
     _assert_same(*_parse_both(p, monkeypatch))
+
+
+@pytest.mark.parametrize("chain", [0, 8])
+def test_key_test_forms_match_the_row_value_in(chain: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the chain of comparisons (few keys) and the row-value IN (many) select the same rows, on
+    # NULL, TEXT and REAL process and domain values too
+    from ppdiag.parsers import nsys_nvtx
+
+    monkeypatch.setattr(nsys_nvtx, "_KEY_CHAIN", chain)
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE NVTX_EVENTS (globalTid, domainId)")
+    odd: list[Any] = [None, "1", 1.0, 2.5, b"\x01"]
+    tids: list[Any] = [(p << 24) | 7 for p in range(4)] + odd
+    doms: list[Any] = [0, 1, 2, *odd]
+    conn.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?)", [(t, d) for t in tids for d in doms])
+    keys = [(0, 0), (1, 1), (3, 2), (2, 0)]
+    got = conn.execute(f"SELECT rowid FROM NVTX_EVENTS WHERE {nsys_nvtx._key_test(keys)}").fetchall()
+    want = conn.execute(
+        "SELECT rowid FROM NVTX_EVENTS WHERE ((coalesce(globalTid, 0) >> 24) & 16777215, "
+        "(CASE WHEN typeof(domainId) = 'integer' THEN domainId ELSE 0 END)) "
+        "IN (VALUES (0, 0), (1, 1), (3, 2), (2, 0))"
+    ).fetchall()
+    assert got == want and len(got) > 4
+    not_got = conn.execute(
+        f"SELECT count(*) FROM NVTX_EVENTS WHERE 1{nsys_nvtx._exclude_clause(keys)}"
+    ).fetchone()
+    assert not_got[0] == len(tids) * len(doms) - len(got)
