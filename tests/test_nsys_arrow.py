@@ -26,8 +26,10 @@ pytest.importorskip("pyarrow")
 
 @pytest.fixture(autouse=True)
 def _any_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the files here are small: read them through ADBC all the same
+    # the files here are small: read them through ADBC all the same, in the driver's default
+    # batches (several per table below: a type the first batch did not show comes later)
     monkeypatch.setattr(nsys_arrow, "MIN_FILE_BYTES", 0)
+    monkeypatch.setattr(nsys_arrow, "BATCH_ROWS", 1024)
 
 
 N = 3000  # rows of the hand-built tables: several of the driver's batches
