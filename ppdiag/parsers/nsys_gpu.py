@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model.timeline import Direction, Kind
+from ppdiag.parsers.nsys_arrow import ArrowReader
 from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, factorize, int_expr, valid_times
 from ppdiag.parsers.nsys_names import classify_kernel, memcpy_name, memset_name
 
@@ -225,6 +226,24 @@ def _plain_rows(db: NsysDb, table: str, name_col: str) -> np.ndarray | None:
     return out
 
 
+_RUNTIME_NO_API = np.dtype([("start", np.int64), ("gtid", np.int64), ("corr", np.int64)])
+
+
+def _arrow_runtime(reader: ArrowReader, source: str, with_api: bool) -> np.ndarray | None:
+    """The runtime rows of :meth:`Launches.read` through ADBC (``_RUNTIME_ROW``); without the API
+    name its column is -1, set here: as a constant of the query it was a fifth of the read."""
+    if with_api:
+        return reader.fetch(f"SELECT start, globalTid, correlationId, nameId {source}", _RUNTIME_ROW)
+    got = reader.fetch(f"SELECT start, globalTid, correlationId {source}", _RUNTIME_NO_API)
+    if got is None:
+        return None
+    rows = np.empty(len(got), dtype=_RUNTIME_ROW)
+    for c in ("start", "gtid", "corr"):
+        rows[c] = got[c]
+    rows["api"] = -1
+    return rows
+
+
 @dataclass
 class Launches:
     """The CUDA runtime/driver calls (``eventClass`` 0/1) of the export, sorted by (process,
@@ -261,9 +280,7 @@ class Launches:
         where = f"WHERE {cls_filter[4:]}" if cls_filter else ""
         rows = None
         if db.arrow is not None:
-            rows = db.arrow.fetch(
-                f"SELECT start, globalTid, correlationId, {plain} FROM {RUNTIME} {where}", _RUNTIME_ROW
-            )
+            rows = _arrow_runtime(db.arrow, f"FROM {RUNTIME} {where}", plain != "-1")
         if rows is None:
             rows = db.fetch(sql, _RUNTIME_ROW)
         corr = rows["corr"]

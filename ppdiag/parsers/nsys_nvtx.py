@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model.timeline import Direction
+from ppdiag.parsers.nsys_arrow import Blobs
 from ppdiag.parsers.nsys_db import BadTimes, NsysDb, bad_time_code, factorize, int_expr, valid_times
 from ppdiag.parsers.nsys_names import (
     NCCL_API_NAMES,
@@ -133,7 +134,7 @@ def read_nvtx(db: NsysDb) -> NvtxData:
         return NvtxData(_empty_ranges(), _empty_nccl(), _empty_spans())
     domains = _domains(db)
     nccl_keys = [(pid, dom) for (pid, dom), name in domains.items() if name.upper() == "NCCL"]
-    unnamed = [k for k in _nccl_like_domains(db) if k not in domains]
+    unnamed = _nccl_like_domains(db, list(domains))
     nccl_keys += unnamed
     ranges, a2a, skipped, bad, open_p2p = _user_ranges(db, domains, nccl_keys)
     nccl = _nccl_calls(db, nccl_keys) if nccl_keys else _empty_nccl()
@@ -151,11 +152,12 @@ def read_nvtx(db: NsysDb) -> NvtxData:
     )
 
 
-def _nccl_like_domains(db: NsysDb) -> list[tuple[int, int]]:
+def _nccl_like_domains(db: NsysDb, named: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """(pid, domainId) of non-default NVTX domains that are NCCL's although no domain-create row
     names them (the capture began after NCCL registered its domain, or the row was lost): their
     ranges carry NCCL API names (``ncclSend``, ``ncclAllReduce``...), or their payload schemas
-    have NCCL's fields."""
+    have NCCL's fields. The rows of the ``named`` domains are left out before the tests (most
+    of the table where NCCL's domain is named)."""
     if "domainId" not in db.columns(NVTX):
         return []
     types = ", ".join(str(t) for t in RANGE_TYPES)
@@ -173,7 +175,7 @@ def _nccl_like_domains(db: NsysDb) -> list[tuple[int, int]]:
         return []
     rows = db.execute(
         f"SELECT DISTINCT (coalesce(globalTid, 0) >> 24) & 16777215, {dom} FROM {NVTX} "
-        f"WHERE eventType IN ({types}) AND {dom} != 0 AND ({' OR '.join(tests)})"
+        f"WHERE eventType IN ({types}) AND {dom} != 0{_exclude_clause(named)} AND ({' OR '.join(tests)})"
     ).fetchall()
     return sorted((int(p), int(d)) for p, d in rows)
 
@@ -233,23 +235,33 @@ def _thread_ranks(db: NsysDb) -> dict[int, int]:
     return out
 
 
-def _exclude_clause(keys: list[tuple[int, int]]) -> tuple[str, list[int]]:
-    if not keys:
-        return "", []
-    vals = ", ".join("(?, ?)" for _ in keys)
-    params = [v for k in keys for v in k]
-    return (
-        " AND NOT (((coalesce(globalTid, 0) >> 24) & 16777215, "
-        f"{int_expr('domainId', '0')}) IN (VALUES {vals}))"
-    ), params
+# up to this many (pid, domain) keys are matched by a chain of comparisons, more by a row-value
+# IN (VALUES ...): SQLite evaluates the few comparisons about twice as fast as the IN's lookup
+# (~10 ms of a 130 k-row NVTX table per scan)
+_KEY_CHAIN = 8
 
 
-def _user_range_sql(db: NsysDb, nccl_keys: list[tuple[int, int]]) -> tuple[str, list[int]]:
+def _key_test(keys: list[tuple[int, int]]) -> str:
+    """SQL: the row's (process, domain) is one of ``keys`` (integers, written into the query; never
+    NULL, so the chain of comparisons and the IN give the same truth value)."""
+    pid = "((coalesce(globalTid, 0) >> 24) & 16777215)"
+    dom = int_expr("domainId", "0")
+    if len(keys) <= _KEY_CHAIN:
+        return "(" + " OR ".join(f"({pid} = {int(p)} AND {dom} = {int(d)})" for p, d in keys) + ")"
+    vals = ", ".join(f"({int(p)}, {int(d)})" for p, d in keys)
+    return f"(({pid}, {dom}) IN (VALUES {vals}))"
+
+
+def _exclude_clause(keys: list[tuple[int, int]]) -> str:
+    return f" AND NOT {_key_test(keys)}" if keys else ""
+
+
+def _user_range_sql(db: NsysDb, nccl_keys: list[tuple[int, int]]) -> str:
     """The query of user ranges: every range outside the NCCL domains but plain operator ranges,
     plus the rows of any domain with unusable times (only to be counted)."""
     text_id, text = _text_expr(db)
     dom = int_expr(db.col(NVTX, "domainId", "0"), "0")
-    excl, params = _exclude_clause(nccl_keys)
+    excl = _exclude_clause(nccl_keys)
     types = ", ".join(str(t) for t in RANGE_TYPES)
     # emit_nvtx tails (", seq = N, op_id = M, sizes = ...") are cut in SQL so that names repeat, and
     # plain operator ranges (aten::, prim::...) never leave SQLite: they can outnumber kernels.
@@ -267,9 +279,11 @@ def _user_range_sql(db: NsysDb, nccl_keys: list[tuple[int, int]]) -> tuple[str, 
         f"SELECT {int_expr('start', '0')}, {end}, "
         f"{int_expr('globalTid', '0')}, {text_id}, {dom}, "
         f"CASE WHEN {text_id} < 0 THEN {base} END, {bad_time_code()} FROM {NVTX} "
-        f"WHERE eventType IN ({types}) AND (({valid}{excl}{not_op}) OR NOT ({valid}))"
+        # (valid AND kept) OR NOT valid, written so that the times are tested once per row (every
+        # term is 0 or 1, never NULL)
+        f"WHERE eventType IN ({types}) AND (NOT ({valid}) OR (1{excl}{not_op}))"
     )
-    return sql, params
+    return sql
 
 
 _USER_ROW = np.dtype(
@@ -307,8 +321,7 @@ def _user_ranges(
 ) -> tuple[HostRanges, Spans, int, BadTimes, int]:
     """User ranges, all-to-all evidence spans, how many op ranges were left out, the range rows of
     any domain dropped for their start/end, and how many unclosed PyTorch p2p ranges were kept."""
-    sql, params = _user_range_sql(db, nccl_keys)
-    rows = db.fetch(sql, _USER_ROW, params)
+    rows = db.fetch(_user_range_sql(db, nccl_keys), _USER_ROW)
     if not len(rows):
         return _empty_ranges(), _empty_spans(), 0, BadTimes(), 0
     pid = (rows["gtid"] >> 24) & 0xFFFFFF
@@ -379,46 +392,88 @@ def name_codes(
     return codes, names
 
 
-def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
+_NCCL_ROW = np.dtype(
+    [
+        ("start", np.int64),
+        ("end", np.int64),
+        ("gtid", np.int64),
+        ("tid_", np.int64),
+        ("text", object),
+        ("blob", object),
+        ("json", object),
+        ("jtid", np.int64),
+    ]
+)
+_NCCL_INTS = np.dtype([(c, np.int64) for c in ("start", "end", "gtid", "tid_", "needs_text")])
+
+
+@dataclass
+class _NcclRows:
+    """The NCCL domains' range rows: integer columns, the text columns (None: all NULL) and the
+    payload BLOBs."""
+
+    ints: np.ndarray  # start, end, gtid, tid_, jtid
+    text: np.ndarray | None
+    json: np.ndarray | None
+    blobs: Blobs
+
+
+def _nccl_rows(db: NsysDb, keys: list[tuple[int, int]]) -> _NcclRows:
+    """The NCCL domains' range rows, in table order.
+
+    Through ADBC where it is on and no row needs a text column (a name held as plain text rather
+    than a registered string id, or a JSON payload): the payloads then come as one buffer, with
+    no Python object per row (sqlite3 made ~8 per row, most of this read's cost). Else with
+    sqlite3, the same rows."""
     text_id, text = _text_expr(db)
-    vals = ", ".join("(?, ?)" for _ in keys)
-    params = [v for k in keys for v in k]
     blob = db.col(NVTX, "binaryData", "NULL")
     jtext = db.col(NVTX, "jsonText", "NULL")
     jtid = int_expr(db.col(NVTX, "jsonTextId", "NULL"))
+    gtid = int_expr("globalTid", "0")
     types = ", ".join(str(t) for t in RANGE_TYPES)
-    sql = (
-        f'SELECT start, "end", {int_expr("globalTid", "0")}, {text_id}, {text}, {blob}, {jtext}, {jtid} '
-        f"FROM {NVTX} WHERE eventType IN ({types}) AND {valid_times()} "
-        f"AND ((coalesce(globalTid, 0) >> 24) & 16777215, {int_expr('domainId', '0')}) IN (VALUES {vals})"
-    )
-    dt = np.dtype(
-        [
-            ("start", np.int64),
-            ("end", np.int64),
-            ("gtid", np.int64),
-            ("tid_", np.int64),
-            ("text", object),
-            ("blob", object),
-            ("json", object),
-            ("jtid", np.int64),
-        ]
-    )
-    rows = db.fetch(sql, dt, params)
-    n = len(rows)
+    # the keys are written into the query (ADBC takes no parameters)
+    where = f"FROM {NVTX} WHERE eventType IN ({types}) AND {valid_times()} AND {_key_test(keys)}"
+    if db.arrow is not None:
+        # one flag for what the text columns would add: a plain-text name, a JSON payload
+        needs_text = f"(({text}) IS NOT NULL AND {text_id} < 0) OR ({jtext}) IS NOT NULL OR {jtid} >= 0"
+        got = db.arrow.fetch_blobs(
+            f'SELECT start, "end", {gtid}, {text_id}, {needs_text}, '
+            f"CASE WHEN typeof({blob}) = 'blob' THEN {blob} END {where}",
+            _NCCL_INTS,
+        )
+        if got is not None and not got[0]["needs_text"].any():
+            ints = got[0]
+            ints["needs_text"] = -1  # the jsonTextId column: every value was -1
+            return _NcclRows(ints, None, None, got[1])
+    sql = f'SELECT start, "end", {gtid}, {text_id}, {text}, {blob}, {jtext}, {jtid} {where}'
+    rows = db.fetch(sql, _NCCL_ROW)
+    ints = np.empty(len(rows), dtype=_NCCL_INTS)
+    for c in ("start", "end", "gtid", "tid_"):
+        ints[c] = rows[c]
+    ints["needs_text"] = rows["jtid"]
+    return _NcclRows(ints, rows["text"], rows["json"], Blobs.from_objects(rows["blob"]))
+
+
+def _nccl_calls(db: NsysDb, keys: list[tuple[int, int]]) -> NcclCalls:
+    got = _nccl_rows(db, keys)
+    rows, n = got.ints, len(got.ints)
     if not n:
         return _empty_nccl()
-    codes, names = name_codes(db, rows["tid_"], rows["text"])
+    texts = got.text if got.text is not None else np.full(n, None, dtype=object)
+    codes, names = name_codes(db, rows["tid_"], texts)
     apis = [nccl_api(x) for x in names]
     api = np.array([_api_code(a) for a in apis], dtype=np.int8)[codes]
     direction = np.array([NCCL_P2P_APIS.get(a, Direction.NONE) for a in apis], dtype=np.int8)[codes]
-    fields = decode_payloads(db, rows["blob"], codes, apis)
-    # map of operator.is_not over the rows runs in C (no Python bytecode per row)
-    has_json = np.fromiter(map(is_not, rows["json"].tolist(), repeat(None)), dtype=bool, count=n)
-    has_json |= rows["jtid"] >= 0
+    fields = decode_payloads(db, got.blobs, codes, apis)
+    jtid = rows["needs_text"]
+    has_json = jtid >= 0
+    if got.json is not None:
+        # map of operator.is_not over the rows runs in C (no Python bytecode per row)
+        has_json |= np.fromiter(map(is_not, got.json.tolist(), repeat(None)), dtype=bool, count=n)
     if has_json.any():
-        strings = db.strings(np.unique(rows["jtid"][rows["jtid"] >= 0]).tolist())
-        merge_json(fields, rows["json"], rows["jtid"], strings, has_json)
+        strings = db.strings(np.unique(jtid[jtid >= 0]).tolist())
+        json_texts = got.json if got.json is not None else np.full(n, None, dtype=object)
+        merge_json(fields, json_texts, jtid, strings, has_json)
     return NcclCalls(
         start=rows["start"],
         end=rows["end"],

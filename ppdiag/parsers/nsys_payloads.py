@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from itertools import compress, repeat
 
 import numpy as np
 import numpy.typing as npt
 
+from ppdiag.parsers.nsys_arrow import Blobs
 from ppdiag.parsers.nsys_db import NsysDb, int_expr
 from ppdiag.parsers.nsys_names import NCCL_INIT_APIS, NCCL_P2P_APIS
 
@@ -113,7 +113,7 @@ def _schemas(db: NsysDb) -> dict[int, _Schema]:
     return out
 
 
-def decode_payloads(db: NsysDb, blobs: np.ndarray, api_code: I64, apis: list[str]) -> dict[str, I64]:
+def decode_payloads(db: NsysDb, blobs: Blobs, api_code: I64, apis: list[str]) -> dict[str, I64]:
     """Decode the NCCL payload fields of each row; -1 (0 for the communicator) when absent.
 
     ``apis[api_code[i]]`` is row ``i``'s NCCL API name (it picks the schema of bare payloads)."""
@@ -121,7 +121,7 @@ def decode_payloads(db: NsysDb, blobs: np.ndarray, api_code: I64, apis: list[str
     out: dict[str, I64] = {f: np.full(n, -1, dtype=np.int64) for f in PAYLOAD_FIELDS}
     out[F_COMM] = np.zeros(n, dtype=np.int64)
     out["_has"] = np.zeros(n, dtype=np.int64)
-    blob_len = _blob_lengths(blobs)
+    blob_len = blobs.lengths
     present = blob_len > 0
     if not present.any():
         return out
@@ -130,11 +130,11 @@ def decode_payloads(db: NsysDb, blobs: np.ndarray, api_code: I64, apis: list[str
         return out
     idx_all = np.flatnonzero(present)
     lengths = blob_len[idx_all]
-    for length in np.unique(lengths).tolist():
+    for length in _distinct(lengths):
         idx = idx_all[lengths == length]
-        mat = np.frombuffer(b"".join(blobs[idx].tolist()), dtype=np.uint8).reshape(len(idx), length)
+        mat = _matrix(blobs, idx, length)
         schema_ids, body = _schema_of(mat, schemas, api_code[idx], apis)
-        for sid in np.unique(schema_ids).tolist():
+        for sid in _distinct(schema_ids):
             sch = schemas.get(int(sid))
             if sch is None:
                 continue
@@ -156,16 +156,22 @@ def decode_payloads(db: NsysDb, blobs: np.ndarray, api_code: I64, apis: list[str
     return out
 
 
-_BYTES = (bytes, bytearray, memoryview)
+def _distinct(values: I64) -> list[int]:
+    """The distinct values, ascending; one compare where all are equal (NCCL's payloads mostly
+    are of one length and schema) instead of a sort."""
+    if len(values) and (values == values[0]).all():
+        return [int(values[0])]
+    return [int(v) for v in np.unique(values).tolist()]
 
 
-def _blob_lengths(blobs: np.ndarray) -> I64:
-    """Byte length of each row's payload, 0 for NULL (or a non-BLOB value). ``map`` with the
-    builtins ``isinstance`` and ``len`` walks the rows in C: no Python bytecode runs per row."""
-    vals = blobs.tolist()
-    is_blob = np.fromiter(map(isinstance, vals, repeat(_BYTES)), dtype=bool, count=len(vals))
-    out = np.zeros(len(vals), dtype=np.int64)
-    out[is_blob] = np.fromiter(map(len, compress(vals, is_blob)), dtype=np.int64, count=int(is_blob.sum()))
+def _matrix(blobs: Blobs, idx: I64, length: int) -> npt.NDArray[np.uint8]:
+    """The values ``idx`` (each ``length`` bytes) stacked as rows of a byte matrix: a view where
+    they lie back to back in the buffer (as a table's payloads of one kind do), else gathered."""
+    starts = blobs.offsets[idx]
+    first = int(starts[0])
+    if (starts == first + length * np.arange(len(idx), dtype=np.int64)).all():
+        return blobs.data[first : first + length * len(idx)].reshape(len(idx), length)
+    out: npt.NDArray[np.uint8] = blobs.data[starts[:, None] + np.arange(length, dtype=np.int64)]
     return out
 
 
