@@ -9,8 +9,8 @@ A gain is only worth a user's attention when it stands out of what the run varie
   transfers on a step's critical path (about ``2 (v M + P - 1)``);
 * **host contention**: CPU-only ranks that share a host (the same ``host_name``, or gloo ranks
   with no host recorded) compete for its cores. When every such rank then shows late launches, the
-  host is oversubscribed: the late launches and late transfers that all ranks share are contention, not a
-  fault, and only what stands out of them (one rank, one link) counts.
+  host is oversubscribed: the late launches and late transfers that they all share are
+  contention, not a fault, and only what stands out of them (one rank, one link) counts.
 
 ``noise_ms`` of a finding is ``Z * hypot(step error, latency jitter)`` plus, on an oversubscribed
 host, the part of the gain that the contention every rank shares explains. A finding whose gain is
@@ -59,8 +59,8 @@ class NoiseModel:
     latency_jitter_ms: float  # robust standard deviation of one normal transfer
     critical_transfers: int  # transfers on a step's critical path
     shared_host: bool  # CPU-only ranks share a host (sharing_ranks)
-    oversubscribed: bool  # ... and every rank shows late launches
-    contention_ms: float  # late-launch time per step that every rank shows (min over ranks)
+    oversubscribed: bool  # ... and every rank sharing a host shows late launches
+    contention_ms: float  # late-launch time per step every sharing rank shows (their min)
     first_step_excluded: bool = False
 
     @property
