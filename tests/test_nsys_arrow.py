@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,7 @@ def test_plain_integer_columns_are_read_by_arrow(tmp_path: Path) -> None:
     values[10] = 2**62 + 3  # beyond a double's exact integers: must stay exact
     values[11] = -(2**63)
     p = _export(tmp_path, values)
-    db = open_export(p)
-    try:
+    with closing(open_export(p)) as db:
         assert db.arrow is not None
         got = db.arrow.fetch("SELECT a, b FROM T", I64)
         assert got is not None
@@ -72,8 +72,6 @@ def test_plain_integer_columns_are_read_by_arrow(tmp_path: Path) -> None:
         np.testing.assert_array_equal(
             db.fetch("SELECT a, b FROM T", I64), _sqlite_rows(p, "SELECT a, b FROM T", I64)
         )
-    finally:
-        db.close()
 
 
 @pytest.mark.parametrize("at", [0, 1, 1023, 1024, 2999])
@@ -84,8 +82,7 @@ def test_null_or_mixed_types_fall_back_to_sqlite3(tmp_path: Path, odd: Any, at: 
     values: list[Any] = list(range(N))
     values[at] = odd
     p = _export(tmp_path, values)
-    db = open_export(p)
-    try:
+    with closing(open_export(p)) as db:
         assert db.arrow is not None
         assert db.arrow.fetch("SELECT a, b FROM T", I64) is None
         # the reader's queries guard their integer columns (int_expr): both readers agree there
@@ -97,22 +94,17 @@ def test_null_or_mixed_types_fall_back_to_sqlite3(tmp_path: Path, odd: Any, at: 
         if odd is None:
             with pytest.raises(TypeError):  # what sqlite3 does with a NULL in an int64 field
                 db.fetch("SELECT a, b FROM T", I64)
-    finally:
-        db.close()
 
 
 def test_leading_nulls_then_integers(tmp_path: Path) -> None:
     # the driver's first batch is all NULL: it must not guess a type that changes the integers
     values: list[Any] = [None] * 2000 + list(range(N - 2000))
     p = _export(tmp_path, values)
-    db = open_export(p)
-    try:
+    with closing(open_export(p)) as db:
         assert db.arrow is not None
         assert db.arrow.fetch("SELECT a, b FROM T", I64) is None
         sql = f"SELECT {int_expr('a', '-9')}, b FROM T WHERE a IS NOT NULL OR b < 5"
         np.testing.assert_array_equal(db.fetch(sql, I64), _sqlite_rows(p, sql, I64))
-    finally:
-        db.close()
 
 
 def test_text_columns_and_parameters_stay_with_sqlite3(tmp_path: Path) -> None:
@@ -130,30 +122,21 @@ def test_views_turn_arrow_off(tmp_path: Path) -> None:
     conn.execute("CREATE VIEW V AS SELECT * FROM T")
     conn.commit()
     conn.close()
-    db = open_export(p)
-    try:
+    with closing(open_export(p)) as db:
         assert db.arrow is None  # a VIEW could hide a query the sqlite3 step budget must bound
-    finally:
-        db.close()
 
 
 def test_small_files_stay_with_sqlite3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     p = _export(tmp_path, list(range(10)))
     monkeypatch.setattr(nsys_arrow, "MIN_FILE_BYTES", p.stat().st_size + 1)
-    db = open_export(p)
-    try:
+    with closing(open_export(p)) as db:
         assert db.arrow is None  # importing pyarrow would cost more than it saves
-    finally:
-        db.close()
 
 
 def test_env_turns_arrow_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ARROW_ENV, "1")
-    db = open_export(_export(tmp_path, list(range(10))))
-    try:
+    with closing(open_export(_export(tmp_path, list(range(10))))) as db:
         assert db.arrow is None
-    finally:
-        db.close()
 
 
 def test_wal_turns_arrow_off(tmp_path: Path) -> None:
@@ -165,12 +148,9 @@ def test_wal_turns_arrow_off(tmp_path: Path) -> None:
         writer.execute("INSERT INTO T VALUES (99, 99)")
         writer.commit()
         assert (tmp_path / "t.sqlite-wal").stat().st_size > 0
-        db = open_export(p)
-        try:
+        with closing(open_export(p)) as db:
             assert db.arrow is None
             assert len(db.fetch("SELECT a, b FROM T", I64)) == 11
-        finally:
-            db.close()
     finally:
         writer.close()
 
@@ -249,14 +229,11 @@ def _plain_vs_guarded(path: Path) -> tuple[np.ndarray | None, np.ndarray]:
     """(the kernel rows computed from the plain columns, the guarded query read with sqlite3)."""
     from ppdiag.parsers import nsys_gpu
 
-    db = open_export(path)
-    try:
+    with closing(open_export(path)) as db:
         assert db.arrow is not None
         plain = nsys_gpu._plain_rows(db, nsys_gpu.KERNEL, "demangledName")
         sql = nsys_gpu._join_sql(db, nsys_gpu.KERNEL, int_expr("g.demangledName"), [])
         ref = np.fromiter(db.conn.execute(sql), dtype=nsys_gpu._ROW)
-    finally:
-        db.close()
     return plain, ref
 
 
@@ -297,12 +274,9 @@ def test_runtime_rows_through_arrow_match_sqlite3(
     got = []
     for off in ("0", "1"):
         monkeypatch.setenv(ARROW_ENV, off)
-        db = open_export(p)
-        try:
+        with closing(open_export(p)) as db:
             assert (db.arrow is not None) == (off == "0")
             got.append(Launches.read(db, with_api=with_api))
-        finally:
-            db.close()
     fast, slow = got
     assert fast is not None and slow is not None and len(fast.keys) > 10
     _equal(fast, slow, "launches")
