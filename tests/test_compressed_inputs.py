@@ -101,3 +101,36 @@ def test_lz4_says_what_it_is(tmp_path: Path) -> None:
     assert "lz4-compressed data" in detect_format(p)[1] and "lz4 -d" in detect_format(p)[1]
     with pytest.raises(InputError, match="lz4-compressed data"):
         parse_file(p)
+
+
+def _big_text(n: int) -> bytes:
+    # varied enough that a stale or zero byte anywhere would show (not one repeated block)
+    line = b"".join(b'{"ph":"X","ts":%d,"dur":%d},' % (i, i % 97) for i in range(4096))
+    return (line * (n // len(line) + 1))[:n]
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_gunzip_into_the_unfilled_buffer_is_the_text(cut: bool) -> None:
+    # 24 MB: past the size where the buffer is left unfilled and advised as huge pages; a cut
+    # stream fills less than its trailer promised (here: no trailer, the size is re-grown)
+    text = _big_text(24 << 20)
+    raw = gzip.compress(text, compresslevel=1)
+    if cut:
+        raw = raw[: len(raw) * 2 // 3]
+    data, was_cut = gunzip(raw, "t.json.gz")
+    assert was_cut is cut and isinstance(data, bytearray)
+    if cut:
+        assert 0 < len(data) < len(text) and text.startswith(data)
+    else:
+        assert data == text
+
+
+def test_text_buffer_sizes() -> None:
+    from ppdiag.parsers.heap import text_buffer
+
+    for n in (0, 100, 8 << 20, (8 << 20) + 12345):
+        buf = text_buffer(n)
+        assert isinstance(buf, bytearray) and len(buf) == n
+        buf[-1:] = b"x" if n else b""
+        assert bytes(buf[-1:]) == (b"x" if n else b"")
+    assert text_buffer(100) == bytearray(100)  # small buffers are plain zero-filled ones

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ppdiag.errors import InputError
+from ppdiag.parsers.heap import text_buffer
 
 GZIP_MAGIC = b"\x1f\x8b"
 XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -172,7 +173,7 @@ class _Inflated:
         isize = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
         # a cut stream's trailer is random bytes: trust it only within the cap and a ratio no
         # JSON reaches by far (the buffer is trimmed to what was written anyway)
-        self.buf = bytearray(isize if isize <= min(cap, 128 * len(raw)) else 0)
+        self.buf = text_buffer(isize if isize <= min(cap, 128 * len(raw)) else 0)
         self.n = 0
 
     def write(self, chunk: bytes) -> None:
