@@ -59,6 +59,24 @@ def test_nsys_parse_does_not_import_pandas(tmp_path: Path) -> None:
     assert _loaded_after(code) == set()
 
 
+def test_sniffing_loads_the_nsys_reader_only_when_it_parses(tmp_path: Path) -> None:
+    # the registry imports every parser to sniff a run's files; the Nsight Systems export reader
+    # (~14 ms of imports) is loaded by its first parse only. The probe can fail: nsys.py imported
+    # the reader at its top
+    reader = ("ppdiag.parsers.nsys_export",)
+    trace = TEST_DATA / "gpu_pp_rank0.json"
+    code = f"from ppdiag.parsers.loader import load_run\nload_run([{str(trace)!r}], progress=False, jobs=1)"
+    assert _loaded_after(code, reader) == set()
+    code = (
+        "from ppsynth.scenario import make_scenario\n"
+        "from ppsynth.nsys import write_nsys\n"
+        "from ppdiag.parsers.loader import load_run\n"
+        "run = make_scenario('1f1b', pp=2, microbatches=2, steps=1)\n"
+        f"assert load_run(write_nsys(run, {str(tmp_path)!r}), progress=False, jobs=1).format == 'nsys'"
+    )
+    assert _loaded_after(code, reader) == set(reader)
+
+
 def test_op_table_parse_loads_it_when_used(tmp_path: Path) -> None:
     # the probe can fail: the op-table reader is built on pandas (the table is written here, so
     # that only the parse runs in the probe)

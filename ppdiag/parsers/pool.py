@@ -185,10 +185,15 @@ def _forking() -> Iterator[None]:
 def _preload(files: Sequence[TraceFile], todo: list[int]) -> None:
     """Import in the parent, before the fork, what every parse worker would import on its first
     file: otherwise each worker imports it again. ``numpy.ma`` (numpy 2's ``np.unique`` loads it
-    on its first call; the analysis loads it in the parent anyway) and the gzip inflater (ISA-L
-    when installed) when a file is gzip."""
+    on its first call; the analysis loads it in the parent anyway), a parser's ``preload()`` where
+    it has one (the reader it imports on its first parse), and the gzip inflater (ISA-L when
+    installed) when a file is gzip."""
     import numpy.ma  # noqa: F401
 
+    for fmt in sorted({files[i].format for i in todo}):
+        preload = getattr(PARSERS.get(fmt), "preload", None)
+        if preload is not None:  # a parser whose reader is imported on its first parse
+            preload()
     if any(str(files[i].path).endswith(".gz") for i in todo):
         from ppdiag.parsers.kineto_bytes import inflater
 

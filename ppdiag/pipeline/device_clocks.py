@@ -25,7 +25,7 @@ from ppdiag.pipeline.host_clocks import clock_domains
 GENERIC_HOSTS = frozenset(
     {"localhost", "localhost.localdomain", "127.0.0.1", "::1", "0.0.0.0", "(none)", "unknown"}
 )
-# The Nsight Systems parser keeps a host name hashed (parsers/nsys.py): the same names, hashed.
+# The Nsight Systems parser keeps a host name hashed (parsers/nsys_export.py): the same names, hashed.
 _GENERIC_HASHED = frozenset(hashlib.sha1(h.encode()).hexdigest()[:12] for h in GENERIC_HOSTS)
 # Ranks of one host read one clock; their per-rank device fits still differ by the GPU-to-host
 # conversion and transfer jitter (tens of µs). Clocks of different hosts differ by NTP's
