@@ -92,6 +92,9 @@ class Attribution:
     # per edge: whether the consumer was waiting before the producer issued (the wait timed the
     # whole transfer, see link_latency)
     edge_whole: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, np.bool_))
+    # per edge: the consumer was held in its own host-op call while the transfer was due (its
+    # receive and the producer's next send waited for that call): it does not time the link
+    edge_consumer_held: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, np.bool_))
 
 
 # Variants of the replay, each removing one more kind of delay than the next (docs/json.md): the
@@ -175,6 +178,7 @@ def attribute(
     edges = np.zeros((0, 4), np.int64)
     held = np.zeros(0, np.int64)
     whole = np.zeros(0, np.bool_)
+    consumer_held = np.zeros(0, np.bool_)
     lat = 0
     links = LinkLatencies()
     if pipelined and any(len(rs.blocks) for rs in steps):
@@ -205,7 +209,7 @@ def attribute(
             causes[k] = _close(c, rs.acct.lost)
         synced = {k: rp.tail_coll[k][:2] for k in rp.sync_of}
         # (the graph's own arrays: the graph is frozen)
-        edges, held, whole = rp.waits, rp.held, rp.whole
+        edges, held, whole, consumer_held = rp.waits, rp.held, rp.whole, rp.consumer_held
         notes += _replay_notes(rp, steps, v["measured"])
         # the graph, its placement plan and the variants' results are read no more: freed, with
         # the heap's free pages, before the waits and the paint allocate theirs (at a thousand
@@ -235,7 +239,7 @@ def attribute(
             causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
     notes.extend(waits.notes)
     gaps = (painter or paint)(steps, causes)
-    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole)
+    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole, consumer_held)
 
 
 def _apply_all_moves(

@@ -60,13 +60,14 @@ class _WaitContext:
     by_rank_step: dict[tuple[int, int], RankStep]
     timelines: dict[int, RankTimeline]
     tol: int
-    # every wait's record (producer, consumer, transfer, waited), held and whole, whether it is
-    # one (a gap that was no wait, a release kept for an untraced peer are not), and the wait
-    # being resolved
+    # every wait's record (producer, consumer, transfer, waited), held, whole and consumer-held,
+    # whether it is one (a gap that was no wait, a release kept for an untraced peer are not),
+    # and the wait being resolved
     rec: npt.NDArray[np.int64]
     held: npt.NDArray[np.int64]
     whole: npt.NDArray[np.bool_]
     keep: npt.NDArray[np.bool_]
+    consumer_held: npt.NDArray[np.bool_]
     at: int = -1
 
 
@@ -119,6 +120,9 @@ class ReplayGraph:
         # per wait on host ops (gloo): the consumer waited before the producer issued, so the wait
         # timed the whole transfer (a consumer that comes later times only what is left of it)
         self.whole: npt.NDArray[np.bool_] = np.zeros(0, np.bool_)
+        # per wait on host ops: the consumer was held in its own call while the transfer was due
+        # (see :func:`_consumer_held`): the wait does not time the link (PP004)
+        self.consumer_held: npt.NDArray[np.bool_] = np.zeros(0, np.bool_)
         self._mean_costs: dict[tuple[int, int, int], float] | None = None  # computed once, on demand
         p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
         tol = timing_tolerance_ns(timelines)
@@ -308,6 +312,7 @@ class ReplayGraph:
             np.zeros(k, np.int64),
             np.zeros(k, np.bool_),
             fast.copy(),
+            np.zeros(k, np.bool_),
         )
         # the others one at a time; each keeps its place among the common ones
         slow = np.flatnonzero(~fast)
@@ -318,6 +323,7 @@ class ReplayGraph:
             ctx.at = i
             self._resolve_wait(ctx, nid, (peer, wdir, posted, op_end), rel, wait_start, (last, j))
         self.waits, self.held, self.whole = ctx.rec[ctx.keep], ctx.held[ctx.keep], ctx.whole[ctx.keep]
+        self.consumer_held = ctx.consumer_held[ctx.keep]
 
     def _resolve_wait(
         self,
@@ -458,6 +464,8 @@ class ReplayGraph:
             held, whole = self._held_whole(
                 ctx, (me, peer), prs, p_end, (issue, issue - p_end - issue_copy), posted
             )
+        if ctx.timelines[me].cpu_only:
+            ctx.consumer_held[ctx.at] = _consumer_held(ctx.by_rank_step.get((me, self._step_of(nid))), p_end, rel)
         self._record_wait(ctx, peer, me, xfer, rel - wait_start, held, whole)
 
     @staticmethod
@@ -548,6 +556,15 @@ class ReplayGraph:
         self.cols.on_compute[nid] = False
         self.cols.false_wait.add(nid)
         self.false_waits += 1
+
+
+def _consumer_held(consumer: RankStep | None, p_end: int, rel: int) -> bool:
+    """Whether the consumer spent over :data:`HELD_CALL_NS` inside its own host-op calls between
+    the producer's block end ``p_end`` and the release ``rel``: held in its call (a send the
+    transport took only late), it posted no receive meanwhile. A gloo send completes once its
+    receive is posted and the producer issues its next send after it, so the producer's hold and
+    the consumer's late receive are the consumer's own call, not the link."""
+    return consumer is not None and _m(consumer.p2p_host, p_end, rel) > HELD_CALL_NS
 
 
 def mean_cost_factors(

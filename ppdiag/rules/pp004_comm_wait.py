@@ -6,6 +6,8 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 
+import numpy as np
+
 from ppdiag.attribution.link_latency import LinkLatencies, link_latencies
 from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
@@ -151,13 +153,23 @@ def _placement_se(ctx: RuleContext) -> Callable[[tuple[int, int]], float]:
 def _rule_links(ctx: RuleContext) -> LinkLatencies:
     """The links as PP004 judges them: on host ops (gloo) a send the producer posted after its
     block while it went on counts from the block's end (the data was held on its way), so each
-    transfer is timed from there; on devices these are the attribution's links."""
-    edges = ctx.attribution.edges
-    held = ctx.attribution.edge_held
-    if len(held) != len(edges) or not held.any():
-        return ctx.attribution.links
-    timed = edges.copy()
-    timed[:, 2] += held
+    transfer is timed from there; on devices these are the attribution's links. A wait whose
+    consumer was held in its own call meanwhile times no link: the producer's next send and the
+    consumer's receive waited for that call (``edge_consumer_held``; a held rank's neighbours
+    were named for it)."""
+    att = ctx.attribution
+    edges, held, whole = att.edges, att.edge_held, att.edge_whole
+    own = att.edge_consumer_held
+    held = held if len(held) == len(edges) else np.zeros(len(edges), np.int64)
+    skip = own.any() and len(own) == len(edges)
+    if not held.any() and not skip:
+        return att.links
+    keep = ~own if skip else np.ones(len(edges), np.bool_)
+    if not held.any():
+        # as the attribution's links, without those waits
+        return link_latencies(edges[keep], whole[keep] if len(whole) == len(edges) else None)
+    timed = edges[keep]
+    timed[:, 2] += held[keep]
     return link_latencies(timed)
 
 
