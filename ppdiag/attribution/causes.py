@@ -239,7 +239,9 @@ def attribute(
             causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
     notes.extend(waits.notes)
     gaps = (painter or paint)(steps, causes)
-    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole, consumer_held)
+    return Attribution(
+        causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole, consumer_held
+    )
 
 
 def _apply_all_moves(
@@ -295,6 +297,13 @@ def _replay_notes(rp: Replay, steps: list[RankStep], measured: dict[tuple[int, i
             f"{rp.untimed_waits} waits are on sends held in their call (the send span opened over "
             f"{HELD_CALL_NS / 1e6:g} ms after its block: when the data left is not recorded): "
             "the replay takes their transfers at the normal latency"
+        )
+    own = int(rp.consumer_held.sum())
+    if own:
+        notes.append(
+            f"{own} waits were due while their consumer was held in its own send calls (over "
+            f"{HELD_CALL_NS / 1e6:g} ms inside them: it posted no receive, and the producer's next "
+            "send waited for it): PP004 does not time the links with them"
         )
     mism = [abs(measured[(rs.rank, rs.step)] - rs.acct.lost) for rs in steps]
     if mism and max(mism) > 0.02 * max(rs.acct.window for rs in steps):

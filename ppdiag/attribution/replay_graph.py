@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.link_latency import link_latencies
-from ppdiag.attribution.rank_step import RankStep, _m
+from ppdiag.attribution.rank_step import RankStep, _m, held_in_call, held_send_calls
 from ppdiag.attribution.replay_build import PendingWaits, StepTails, build_nodes
 from ppdiag.attribution.replay_index import (
     _dense,
@@ -40,6 +40,7 @@ from ppdiag.attribution.replay_syncs import GroupSpans, sync_members
 from ppdiag.attribution.replay_waits import common_waits, wait_arrays
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import Direction, Phase, RankTimeline
+from ppdiag.model.intervals import ISet
 from ppdiag.pipeline.clocks import P2POps
 from ppdiag.pipeline.send_holds import HOLD_MIN_NS
 
@@ -68,6 +69,7 @@ class _WaitContext:
     whole: npt.NDArray[np.bool_]
     keep: npt.NDArray[np.bool_]
     consumer_held: npt.NDArray[np.bool_]
+    held_sends: dict[int, ISet]  # per CPU rank, its send calls held over HELD_CALL_NS (aligned)
     at: int = -1
 
 
@@ -313,6 +315,7 @@ class ReplayGraph:
             np.zeros(k, np.bool_),
             fast.copy(),
             np.zeros(k, np.bool_),
+            {r: held_send_calls(tl, HELD_CALL_NS) for r, tl in timelines.items() if tl.cpu_only},
         )
         # the others one at a time; each keeps its place among the common ones
         slow = np.flatnonzero(~fast)
@@ -464,8 +467,8 @@ class ReplayGraph:
             held, whole = self._held_whole(
                 ctx, (me, peer), prs, p_end, (issue, issue - p_end - issue_copy), posted
             )
-        if ctx.timelines[me].cpu_only:
-            ctx.consumer_held[ctx.at] = _consumer_held(ctx.by_rank_step.get((me, self._step_of(nid))), p_end, rel)
+        # a wait due while its consumer was held in its own send call times no link (PP004)
+        ctx.consumer_held[ctx.at] = held_in_call(ctx.held_sends.get(me), p_end, rel, HELD_CALL_NS)
         self._record_wait(ctx, peer, me, xfer, rel - wait_start, held, whole)
 
     @staticmethod
@@ -556,15 +559,6 @@ class ReplayGraph:
         self.cols.on_compute[nid] = False
         self.cols.false_wait.add(nid)
         self.false_waits += 1
-
-
-def _consumer_held(consumer: RankStep | None, p_end: int, rel: int) -> bool:
-    """Whether the consumer spent over :data:`HELD_CALL_NS` inside its own host-op calls between
-    the producer's block end ``p_end`` and the release ``rel``: held in its call (a send the
-    transport took only late), it posted no receive meanwhile. A gloo send completes once its
-    receive is posted and the producer issues its next send after it, so the producer's hold and
-    the consumer's late receive are the consumer's own call, not the link."""
-    return consumer is not None and _m(consumer.p2p_host, p_end, rel) > HELD_CALL_NS
 
 
 def mean_cost_factors(

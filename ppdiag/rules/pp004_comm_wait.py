@@ -39,7 +39,12 @@ class CommWaitRule:
     late on any link. On host ops, those the consumer was already waiting for when the producer
     issued time the whole transfer and judge the link when it has a few; a consumer that comes
     later times only what is left (behind a slow GPipe link, every transfer after the first of a
-    phase). The rule names the sending rank of the slow links.
+    phase). A transfer due while its consumer was held in its own send calls (over 1 ms of them,
+    on a rank that holds its sends in the call: half of its send calls or more over 1 ms) times
+    no link: the consumer posted no receive meanwhile, and a gloo producer issues its next send
+    only once the last one was received, so the wait is that call's, not the link's (counted in
+    a warning; timed as the link's, it named a held rank's neighbours). The rule names the
+    sending rank of the slow links.
 
     Why it matters:
     Every late transfer stalls the consumer and, through it, the rest of the pipeline. It usually
