@@ -177,8 +177,7 @@ def attribute(
     replay_steps: dict[str, float] = {}
     edges = np.zeros((0, 4), np.int64)
     held = np.zeros(0, np.int64)
-    whole = np.zeros(0, np.bool_)
-    consumer_held = np.zeros(0, np.bool_)
+    whole = own = np.zeros(0, np.bool_)  # (own: the waits on a consumer's own held send call)
     lat = 0
     links = LinkLatencies()
     if pipelined and any(len(rs.blocks) for rs in steps):
@@ -209,7 +208,7 @@ def attribute(
             causes[k] = _close(c, rs.acct.lost)
         synced = {k: rp.tail_coll[k][:2] for k in rp.sync_of}
         # (the graph's own arrays: the graph is frozen)
-        edges, held, whole, consumer_held = rp.waits, rp.held, rp.whole, rp.consumer_held
+        edges, held, whole, own = rp.waits, rp.held, rp.whole, rp.consumer_held
         notes += _replay_notes(rp, steps, v["measured"])
         # the graph, its placement plan and the variants' results are read no more: freed, with
         # the heap's free pages, before the waits and the paint allocate theirs (at a thousand
@@ -239,9 +238,7 @@ def attribute(
             causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
     notes.extend(waits.notes)
     gaps = (painter or paint)(steps, causes)
-    return Attribution(
-        causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole, consumer_held
-    )
+    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole, own)
 
 
 def _apply_all_moves(
