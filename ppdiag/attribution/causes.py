@@ -92,6 +92,9 @@ class Attribution:
     # per edge: whether the consumer was waiting before the producer issued (the wait timed the
     # whole transfer, see link_latency)
     edge_whole: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, np.bool_))
+    # per edge: the consumer was held in its own host-op call while the transfer was due (its
+    # receive and the producer's next send waited for that call): it does not time the link
+    edge_consumer_held: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, np.bool_))
 
 
 # Variants of the replay, each removing one more kind of delay than the next (docs/json.md): the
@@ -174,7 +177,7 @@ def attribute(
     replay_steps: dict[str, float] = {}
     edges = np.zeros((0, 4), np.int64)
     held = np.zeros(0, np.int64)
-    whole = np.zeros(0, np.bool_)
+    whole = own = np.zeros(0, np.bool_)  # (own: the waits on a consumer's own held send call)
     lat = 0
     links = LinkLatencies()
     if pipelined and any(len(rs.blocks) for rs in steps):
@@ -205,7 +208,7 @@ def attribute(
             causes[k] = _close(c, rs.acct.lost)
         synced = {k: rp.tail_coll[k][:2] for k in rp.sync_of}
         # (the graph's own arrays: the graph is frozen)
-        edges, held, whole = rp.waits, rp.held, rp.whole
+        edges, held, whole, own = rp.waits, rp.held, rp.whole, rp.consumer_held
         notes += _replay_notes(rp, steps, v["measured"])
         # the graph, its placement plan and the variants' results are read no more: freed, with
         # the heap's free pages, before the waits and the paint allocate theirs (at a thousand
@@ -235,7 +238,7 @@ def attribute(
             causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
     notes.extend(waits.notes)
     gaps = (painter or paint)(steps, causes)
-    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole)
+    return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole, own)
 
 
 def _apply_all_moves(
@@ -291,6 +294,13 @@ def _replay_notes(rp: Replay, steps: list[RankStep], measured: dict[tuple[int, i
             f"{rp.untimed_waits} waits are on sends held in their call (the send span opened over "
             f"{HELD_CALL_NS / 1e6:g} ms after its block: when the data left is not recorded): "
             "the replay takes their transfers at the normal latency"
+        )
+    own = int(rp.consumer_held.sum())
+    if own:
+        notes.append(
+            f"{own} waits were due while their consumer was held in its own send calls (over "
+            f"{HELD_CALL_NS / 1e6:g} ms inside them: it posted no receive, and the producer's next "
+            "send waited for it): PP004 does not time the links with them"
         )
     mism = [abs(measured[(rs.rank, rs.step)] - rs.acct.lost) for rs in steps]
     if mism and max(mism) > 0.02 * max(rs.acct.window for rs in steps):

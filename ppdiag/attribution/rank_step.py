@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.accounting import Account, WindowSets, account, window_sets
-from ppdiag.model import Kind, RangeKind, RankTimeline
+from ppdiag.model import Direction, Kind, RangeKind, RankTimeline
 from ppdiag.model import intervals as ivs
 from ppdiag.pipeline.blocks import Blocks
 
@@ -105,6 +105,34 @@ def _posting_of(tl: RankTimeline) -> ivs.ISet:
             posting = ops[inside & (sp_e[jj] > iv.end[ops])]
             out = ivs.union(iv.start[posting], iv.end[posting])
     return out
+
+
+def held_send_calls(tl: RankTimeline, over_ns: int) -> ivs.ISet:
+    """CPU runs: the send calls (``c10d::send``, not the ``gloo:*`` tails) of a rank that holds
+    its sends in the call (half of them or more last over ``over_ns``: a post the transport takes
+    only late), those over ``over_ns``, on the aligned clock; empty for any other rank (a call
+    descheduled now and then on a loaded host is no held rank). The rank posts no receive
+    meanwhile."""
+    s, e = _per_timeline(f"held_sends_{over_ns}", tl, lambda t: _held_sends_of(t, over_ns))
+    return s + tl.clock_offset_ns, e + tl.clock_offset_ns
+
+
+def held_in_call(sends: ivs.ISet | None, p_end: int, rel: int, over_ns: int) -> bool:
+    """Whether a consumer spent over ``over_ns`` inside its held send calls ``sends`` between the
+    producer's block end ``p_end`` and the release ``rel``. A gloo send completes once its
+    receive is posted and the producer issues its next send after it: the producer's hold and
+    the consumer's late receive are then that call's, not the link's."""
+    return sends is not None and _m(sends, p_end, rel) > over_ns
+
+
+def _held_sends_of(tl: RankTimeline, over_ns: int) -> ivs.ISet:
+    iv = tl.intervals
+    m = np.flatnonzero((iv.kind == int(Kind.P2P)) & (iv.direction == int(Direction.SEND)))
+    m = m[~np.isin(iv.name[m], [i for i, n in enumerate(tl.names) if n.startswith("gloo:")])]
+    long = iv.end[m] - iv.start[m] > over_ns
+    if m.size == 0 or 2 * int(long.sum()) < m.size:
+        return ivs.empty()
+    return ivs.union(iv.start[m[long]], iv.end[m[long]])
 
 
 def _host_evidence(tl: RankTimeline, offset: int, gaps: ivs.ISet) -> ivs.ISet:

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ppdiag.attribution.link_latency import link_latencies
-from ppdiag.attribution.rank_step import RankStep, _m
+from ppdiag.attribution.rank_step import RankStep, _m, held_in_call, held_send_calls
 from ppdiag.attribution.replay_build import PendingWaits, StepTails, build_nodes
 from ppdiag.attribution.replay_index import (
     _dense,
@@ -40,6 +40,7 @@ from ppdiag.attribution.replay_syncs import GroupSpans, sync_members
 from ppdiag.attribution.replay_waits import common_waits, wait_arrays
 from ppdiag.attribution.tolerance import timing_tolerance_ns
 from ppdiag.model import Direction, Phase, RankTimeline
+from ppdiag.model.intervals import ISet
 from ppdiag.pipeline.clocks import P2POps
 from ppdiag.pipeline.send_holds import HOLD_MIN_NS
 
@@ -60,13 +61,15 @@ class _WaitContext:
     by_rank_step: dict[tuple[int, int], RankStep]
     timelines: dict[int, RankTimeline]
     tol: int
-    # every wait's record (producer, consumer, transfer, waited), held and whole, whether it is
-    # one (a gap that was no wait, a release kept for an untraced peer are not), and the wait
-    # being resolved
+    # every wait's record (producer, consumer, transfer, waited), held, whole and consumer-held,
+    # whether it is one (a gap that was no wait, a release kept for an untraced peer are not),
+    # and the wait being resolved
     rec: npt.NDArray[np.int64]
     held: npt.NDArray[np.int64]
     whole: npt.NDArray[np.bool_]
     keep: npt.NDArray[np.bool_]
+    consumer_held: npt.NDArray[np.bool_]
+    held_sends: dict[int, ISet]  # per CPU rank, its send calls held over HELD_CALL_NS (aligned)
     at: int = -1
 
 
@@ -119,6 +122,9 @@ class ReplayGraph:
         # per wait on host ops (gloo): the consumer waited before the producer issued, so the wait
         # timed the whole transfer (a consumer that comes later times only what is left of it)
         self.whole: npt.NDArray[np.bool_] = np.zeros(0, np.bool_)
+        # per wait on host ops: the consumer was held in its own call while the transfer was due
+        # (see :func:`_consumer_held`): the wait does not time the link (PP004)
+        self.consumer_held: npt.NDArray[np.bool_] = np.zeros(0, np.bool_)
         self._mean_costs: dict[tuple[int, int, int], float] | None = None  # computed once, on demand
         p2p_index = {r: _P2PIndex(timelines[r], ops.get(r)) for r in {rs.rank for rs in steps}}
         tol = timing_tolerance_ns(timelines)
@@ -308,6 +314,8 @@ class ReplayGraph:
             np.zeros(k, np.int64),
             np.zeros(k, np.bool_),
             fast.copy(),
+            np.zeros(k, np.bool_),
+            {r: held_send_calls(tl, HELD_CALL_NS) for r, tl in timelines.items() if tl.cpu_only},
         )
         # the others one at a time; each keeps its place among the common ones
         slow = np.flatnonzero(~fast)
@@ -318,6 +326,7 @@ class ReplayGraph:
             ctx.at = i
             self._resolve_wait(ctx, nid, (peer, wdir, posted, op_end), rel, wait_start, (last, j))
         self.waits, self.held, self.whole = ctx.rec[ctx.keep], ctx.held[ctx.keep], ctx.whole[ctx.keep]
+        self.consumer_held = ctx.consumer_held[ctx.keep]
 
     def _resolve_wait(
         self,
@@ -458,6 +467,8 @@ class ReplayGraph:
             held, whole = self._held_whole(
                 ctx, (me, peer), prs, p_end, (issue, issue - p_end - issue_copy), posted
             )
+        # a wait due while its consumer was held in its own send call times no link (PP004)
+        ctx.consumer_held[ctx.at] = held_in_call(ctx.held_sends.get(me), p_end, rel, HELD_CALL_NS)
         self._record_wait(ctx, peer, me, xfer, rel - wait_start, held, whole)
 
     @staticmethod

@@ -6,6 +6,8 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 
+import numpy as np
+
 from ppdiag.attribution.link_latency import LinkLatencies, link_latencies
 from ppdiag.report_types import Cause, Evidence, FindingRow
 from ppdiag.rules import RuleContext, register
@@ -37,7 +39,12 @@ class CommWaitRule:
     late on any link. On host ops, those the consumer was already waiting for when the producer
     issued time the whole transfer and judge the link when it has a few; a consumer that comes
     later times only what is left (behind a slow GPipe link, every transfer after the first of a
-    phase). The rule names the sending rank of the slow links.
+    phase). A transfer due while its consumer was held in its own send calls (over 1 ms of them,
+    on a rank that holds its sends in the call: half of its send calls or more over 1 ms) times
+    no link: the consumer posted no receive meanwhile, and a gloo producer issues its next send
+    only once the last one was received, so the wait is that call's, not the link's (counted in
+    a warning; timed as the link's, it named a held rank's neighbours). The rule names the
+    sending rank of the slow links.
 
     Why it matters:
     Every late transfer stalls the consumer and, through it, the rest of the pipeline. It usually
@@ -151,13 +158,23 @@ def _placement_se(ctx: RuleContext) -> Callable[[tuple[int, int]], float]:
 def _rule_links(ctx: RuleContext) -> LinkLatencies:
     """The links as PP004 judges them: on host ops (gloo) a send the producer posted after its
     block while it went on counts from the block's end (the data was held on its way), so each
-    transfer is timed from there; on devices these are the attribution's links."""
-    edges = ctx.attribution.edges
-    held = ctx.attribution.edge_held
-    if len(held) != len(edges) or not held.any():
-        return ctx.attribution.links
-    timed = edges.copy()
-    timed[:, 2] += held
+    transfer is timed from there; on devices these are the attribution's links. A wait whose
+    consumer was held in its own call meanwhile times no link: the producer's next send and the
+    consumer's receive waited for that call (``edge_consumer_held``; a held rank's neighbours
+    were named for it)."""
+    att = ctx.attribution
+    edges, held, whole = att.edges, att.edge_held, att.edge_whole
+    own = att.edge_consumer_held
+    held = held if len(held) == len(edges) else np.zeros(len(edges), np.int64)
+    skip = own.any() and len(own) == len(edges)
+    if not held.any() and not skip:
+        return att.links
+    keep = ~own if skip else np.ones(len(edges), np.bool_)
+    if not held.any():
+        # as the attribution's links, without those waits
+        return link_latencies(edges[keep], whole[keep] if len(whole) == len(edges) else None)
+    timed = edges[keep]
+    timed[:, 2] += held[keep]
     return link_latencies(timed)
 
 
