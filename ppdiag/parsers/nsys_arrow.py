@@ -102,6 +102,15 @@ class Blobs:
         """Byte length of each value (0 for NULL or a non-BLOB value)."""
         return np.diff(self.offsets)
 
+    def take(self, keep: npt.NDArray[np.bool_]) -> Blobs:
+        """The values where ``keep`` is true, in order."""
+        lengths = self.lengths
+        offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+        np.cumsum(lengths[keep], out=offsets[1:])
+        # the bytes of the kept values: each byte's value kept or not, from its value's flag
+        kept = np.repeat(keep, lengths)
+        return Blobs(offsets, self.data[self.offsets[0] : self.offsets[-1]][kept])
+
     @classmethod
     def from_objects(cls, values: npt.NDArray[Any]) -> Blobs:
         """From an object column as :mod:`sqlite3` returns it (``bytes`` for BLOB values). ``map``
