@@ -119,10 +119,10 @@ def _chunk(arr: _Array, fmt: str) -> Chunk | None:
     ptrs = [arr.buffers[i] for i in range(int(arr.n_buffers))]
     if fmt == "n":
         return Chunk(n, off, n, [])
-    if fmt not in ("l", "z", "Z") or len(ptrs) < (2 if fmt == "l" else 3):
+    if fmt not in ("l", "z", "Z"):
         return Chunk(n, off, 0, [])  # another type: the caller does not take it
-    if n and not ptrs[1]:
-        return None
+    if len(ptrs) < (2 if fmt == "l" else 3) or (n and not ptrs[1]):
+        return None  # not the buffers its type has
     validity = _copy(ptrs[0], (off + n + 7) // 8)
     if fmt == "l":
         bufs = [validity, _copy(ptrs[1], (off + n) * 8)]
@@ -130,6 +130,8 @@ def _chunk(arr: _Array, fmt: str) -> Chunk | None:
         width = 4 if fmt == "z" else 8
         offsets = _copy(ptrs[1], (off + n + 1) * width) or b""
         end = int(np.frombuffer(offsets, dtype=f"<i{width}")[-1]) if offsets else 0
+        if end and not ptrs[2]:
+            return None
         bufs = [validity, offsets, _copy(ptrs[2], end)]
     nulls = int(arr.null_count)
     if nulls < 0:  # not computed by the producer
@@ -171,7 +173,8 @@ def read_stream(address: int) -> list[Column] | None:
             return cols
         try:
             # the rows of the struct itself must all be there, unsliced
-            if arr.offset or arr.n_children != len(cols) or (arr.null_count and arr.buffers[0]):
+            has_nulls = arr.null_count and arr.n_buffers and arr.buffers[0]
+            if arr.offset or arr.n_children != len(cols) or has_nulls:
                 return None
             for i, col in enumerate(cols):
                 got = _chunk(arr.children[i].contents, col.format)
