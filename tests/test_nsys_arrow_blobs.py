@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sqlite3
 from pathlib import Path
@@ -13,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_nsys_arrow import _assert_same, _parse_both
 
-from ppdiag.parsers import nsys_arrow
+from ppdiag.parsers import nsys_arrow, nsys_nvtx
 from ppdiag.parsers.nsys_arrow import Blobs
 from ppdiag.parsers.nsys_db import open_export
+from ppdiag.parsers.nsys_nccl_plain import plain_nccl_rows
 from ppdiag.parsers.nsys_nvtx import _domains, _nccl_rows
 from ppdiag.parsers.nsys_payloads import _matrix
 from ppsynth.nsys import write_nsys
@@ -95,7 +97,11 @@ def _rows_both(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
 
 
 def _same_rows(fast: Any, slow: Any) -> None:
-    assert fast.ints.tolist() == slow.ints.tolist()
+    for c in ("start", "end", "gtid", "tid_"):
+        assert fast.ints[c].tolist() == slow.ints[c].tolist()
+    # the jsonTextId column is read for whether it holds a string id (>= 0) alone: ADBC's reads,
+    # where none does, give -1 for any negative id
+    assert (fast.ints["needs_text"] >= 0).tolist() == (slow.ints["needs_text"] >= 0).tolist()
     _same_blobs(fast.blobs, slow.blobs)
 
 
@@ -120,6 +126,16 @@ _EDITS = {
     "a short one inside": "UPDATE NVTX_EVENTS SET binaryData = substr(binaryData, 1, 9) WHERE rowid = {mid}",
     "a json payload": "UPDATE NVTX_EVENTS SET jsonText = '{{\"bytes\": 7}}' WHERE rowid = {last}",
     "a plain-text name": "UPDATE NVTX_EVENTS SET textId = NULL, text = 'ncclSend' WHERE rowid = {last}",
+    # rows the plain-column read (nsys_nccl_plain) must drop, or leave to the guarded query
+    "a reversed range": 'UPDATE NVTX_EVENTS SET "end" = start - 1 WHERE rowid = {mid}',
+    "an open range": 'UPDATE NVTX_EVENTS SET "end" = NULL WHERE rowid = {mid}',
+    "a real start": "UPDATE NVTX_EVENTS SET start = start + 0.5 WHERE rowid = {last}",
+    "another process": "UPDATE NVTX_EVENTS SET globalTid = globalTid + (1 << 24) WHERE rowid IN ({first})",
+    "a null thread": "UPDATE NVTX_EVENTS SET globalTid = NULL WHERE rowid = {mid}",
+    "a negative json id": "UPDATE NVTX_EVENTS SET jsonTextId = -5 WHERE rowid = {mid}",
+    "a name and a string id": "UPDATE NVTX_EVENTS SET text = 'x' WHERE rowid = {mid}",
+    "a text domain": "UPDATE NVTX_EVENTS SET domainId = 'a' WHERE rowid = {mid}",
+    "a marker": "UPDATE NVTX_EVENTS SET eventType = 34 WHERE rowid IN ({first})",
 }
 
 
@@ -164,3 +180,73 @@ def test_key_test_forms_match_the_row_value_in(chain: int, monkeypatch: pytest.M
         f"SELECT count(*) FROM NVTX_EVENTS WHERE 1{nsys_nvtx._exclude_clause(keys)}"
     ).fetchone()
     assert not_got[0] == len(tids) * len(doms) - len(got)
+
+
+def _plain_and_guarded(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Any]:
+    """(plain_nccl_rows, _nccl_rows without it, _nccl_rows with sqlite3 alone) of one export."""
+    monkeypatch.setenv(nsys_arrow.ARROW_ENV, "0")
+    with contextlib.closing(open_export(path)) as db:
+        keys = [k for k, name in _domains(db).items() if name == "NCCL"]
+        plain = plain_nccl_rows(db, keys, "59, 60, 70, 71")
+        with monkeypatch.context() as m:
+            m.setattr(nsys_nvtx, "plain_nccl_rows", lambda *a: None)
+            guarded = _nccl_rows(db, keys)
+    monkeypatch.setenv(nsys_arrow.ARROW_ENV, "1")
+    with contextlib.closing(open_export(path)) as db:
+        slow = _nccl_rows(db, keys)
+    return plain, guarded, slow
+
+
+@pytest.mark.parametrize(
+    "edit, taken",
+    [
+        (None, True),
+        ("a reversed range", True),
+        ("another process", True),
+        ("a marker", True),
+        ("an open range", False),
+        ("a real start", False),
+        ("a null thread", False),
+        ("a negative json id", False),
+        ("a name and a string id", False),
+        ("a text domain", True),  # not an integer: not the domain (the SQL leaves it out)
+    ],
+)
+def test_plain_nccl_rows_are_the_guarded_querys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: str | None, taken: bool
+) -> None:
+    # the plain columns filtered in numpy give the guarded query's rows and payloads exactly, or
+    # leave the read to it (an odd value anywhere in the selected rows)
+    p = _export(tmp_path)
+    ids: list[int] = []
+    if edit is not None:
+        conn = sqlite3.connect(p)
+        where = _nccl_where(conn)
+        ids = [r[0] for r in conn.execute(f"SELECT rowid FROM NVTX_EVENTS WHERE {where} ORDER BY rowid")]
+        first = ", ".join(str(i) for i in ids[:3])
+        conn.execute(_EDITS[edit].format(first=first, last=ids[-1], mid=ids[len(ids) // 2], where=where))
+        conn.commit()
+        conn.close()
+    plain, guarded, slow = _plain_and_guarded(p, monkeypatch)
+    assert (plain is not None) == taken
+    assert guarded.text is None  # the guarded ADBC query answered
+    if plain is not None:
+        rows, blobs = plain
+        for c in ("start", "end", "gtid", "tid_"):
+            assert rows[c].tolist() == slow.ints[c].tolist() == guarded.ints[c].tolist()
+        _same_blobs(blobs, slow.blobs)
+        _same_blobs(blobs, guarded.blobs)
+        if edit in ("a reversed range", "another process", "a marker", "a text domain"):
+            assert 0 < len(rows) < len(ids)  # the edited rows were left out
+    _assert_same(*_parse_both(p, monkeypatch))
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.binary(max_size=5)), max_size=30), seed=st.integers(0, 2**16))
+def test_taken_blobs_are_the_kept_values(values: list[bytes | None], seed: int) -> None:
+    keep = np.random.default_rng(seed).random(len(values)) < 0.5
+    objs = np.empty(len(values), dtype=object)
+    objs[:] = values
+    kept = np.empty(int(keep.sum()), dtype=object)
+    kept[:] = [v for v, k in zip(values, keep.tolist(), strict=True) if k]
+    _same_blobs(Blobs.from_objects(objs).take(keep), Blobs.from_objects(kept))

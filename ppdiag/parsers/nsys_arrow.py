@@ -2,8 +2,9 @@
 
 Python's :mod:`sqlite3` makes one Python object per value it returns, which is most of the cost of
 reading a large export (SQLite's own scan is a small part). Where the ``adbc-driver-sqlite``
-package (Apache Arrow ADBC) and pyarrow are installed, :class:`ArrowReader` runs a query through
-ADBC instead and gets whole Arrow columns back, with no Python object per value.
+package (Apache Arrow ADBC) is installed, :class:`ArrowReader` runs a query through ADBC instead
+and gets whole Arrow columns back, with no Python object per value; their buffers are read
+through the Arrow C data interface (:mod:`ppdiag.parsers.arrow_c`), without pyarrow.
 
 The result must be the one :mod:`sqlite3` gives, or not be used: ADBC's SQLite driver infers a
 column's type from its first rows, so a later NULL, REAL or TEXT value in an integer column can
@@ -31,10 +32,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ppdiag.parsers.arrow_c import Column, read_stream
+
 ARROW_ENV = "PPDIAG_NO_ADBC"  # "1": read every query with sqlite3
-#: Exports smaller than this are read with sqlite3 alone: importing pyarrow costs ~0.16 s CPU per
-#: parse process and ADBC saves ~0.45 s on a 65 MB export's kernel and runtime queries (measured),
-#: so below about 25 MB the import would cost more than it saves.
+#: Exports smaller than this are read with sqlite3 alone: ADBC saves ~0.45 s CPU on a 65 MB
+#: export's kernel and runtime queries (measured), and the first query of a process pays for
+#: loading the driver, so small files are left to sqlite3.
 MIN_FILE_BYTES = 32 << 20
 
 #: Rows per Arrow batch asked of the driver (its default is 1024): each batch costs a fixed
@@ -43,23 +46,21 @@ MIN_FILE_BYTES = 32 << 20
 #: checked either way (see :meth:`ArrowReader.fetch`).
 BATCH_ROWS = 16384
 
-_MODULES: tuple[Any, Any, Any] | bool | None = False  # False: not tried yet; None: not installed
+_MODULES: tuple[Any, Any] | bool | None = False  # False: not tried yet; None: not installed
 
 
-def _modules() -> tuple[Any, Any, Any] | None:
-    """(adbc_driver_manager, adbc_driver_sqlite, pyarrow), or None when one is missing or the
-    reader is turned off."""
+def _modules() -> tuple[Any, Any] | None:
+    """(adbc_driver_manager, adbc_driver_sqlite), or None when one is missing or the reader is
+    turned off."""
     global _MODULES
     if os.environ.get(ARROW_ENV, "") == "1":
         return None
     if _MODULES is False:
         try:
             # the driver manager's low-level API, not its DB-API module: that one imports pandas
-            # and pyarrow.dataset (~0.4 s CPU per parse process); pyarrow alone is ~0.1 s
-            mods = [
-                importlib.import_module(m) for m in ("adbc_driver_manager", "adbc_driver_sqlite", "pyarrow")
-            ]
-            _MODULES = (mods[0], mods[1], mods[2])
+            # and pyarrow (~0.4 s CPU per parse process)
+            mods = [importlib.import_module(m) for m in ("adbc_driver_manager", "adbc_driver_sqlite")]
+            _MODULES = (mods[0], mods[1])
         except Exception:  # not installed, or a broken install: the sqlite3 path is always there
             _MODULES = None
     return _MODULES if isinstance(_MODULES, tuple) else None
@@ -71,8 +72,7 @@ def wanted(size: int) -> bool:
 
 
 def _int64_values(chunks: list[Any]) -> npt.NDArray[np.int64]:
-    """The values of int64 Arrow chunks without NULLs, from their data buffers (pyarrow's own
-    ``to_numpy`` imports pandas, ~0.3 s per parse process)."""
+    """The values of int64 Arrow chunks without NULLs, from their data buffers."""
     parts = [
         np.frombuffer(c.buffers()[1], dtype=np.int64, count=len(c), offset=c.offset * 8)
         for c in chunks
@@ -101,6 +101,15 @@ class Blobs:
     def lengths(self) -> npt.NDArray[np.int64]:
         """Byte length of each value (0 for NULL or a non-BLOB value)."""
         return np.diff(self.offsets)
+
+    def take(self, keep: npt.NDArray[np.bool_]) -> Blobs:
+        """The values where ``keep`` is true, in order."""
+        lengths = self.lengths
+        offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+        np.cumsum(lengths[keep], out=offsets[1:])
+        # the bytes of the kept values: each byte's value kept or not, from its value's flag
+        kept = np.repeat(keep, lengths)
+        return Blobs(offsets, self.data[self.offsets[0] : self.offsets[-1]][kept])
 
     @classmethod
     def from_objects(cls, values: npt.NDArray[Any]) -> Blobs:
@@ -161,12 +170,12 @@ class ArrowReader:
         self._conn: Any = None
         self._broken = False
 
-    def _table(self, sql: str) -> tuple[Any, Any] | None:
-        """(the Arrow table of ``sql``, pyarrow), or None where the driver fails on it."""
+    def _table(self, sql: str) -> list[Column] | None:
+        """The columns of ``sql``, or None where the driver fails on it."""
         mods = _modules()
         if self._broken or mods is None:
             return None
-        manager, driver, pa = mods
+        manager, driver = mods
         try:
             if self._conn is None:
                 self._db = driver.connect(self.uri)
@@ -177,7 +186,10 @@ class ArrowReader:
                     stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
                 stmt.set_sql_query(sql)
                 stream, _ = stmt.execute_query()
-                return pa.RecordBatchReader.from_stream(stream).read_all(), pa
+                try:
+                    return read_stream(stream.address)
+                finally:
+                    stream.release()
             finally:
                 stmt.close()
         except Exception:  # type inference across batches, a driver error: sqlite3 reads it instead
@@ -186,16 +198,16 @@ class ArrowReader:
             return None
 
     @staticmethod
-    def _ints(pa: Any, columns: list[Any], dtype: np.dtype[Any]) -> npt.NDArray[Any] | None:
+    def _ints(columns: list[Column], dtype: np.dtype[Any]) -> npt.NDArray[Any] | None:
         """``columns`` as a structured array of ``dtype`` (all int64 fields), or None where one is
         not int64 without NULLs."""
         names = dtype.names or ()
-        n = len(columns[0]) if columns else 0
+        n = sum(len(c) for c in columns[0].chunks) if columns else 0
         out = np.empty(n, dtype=dtype)
         for name, col in zip(names, columns, strict=True):
             # int64 without NULLs is exactly what sqlite3 gives for INTEGER values; a column the
             # driver typed otherwise (its first rows NULL or REAL) is not taken
-            if col.type != pa.int64() or col.null_count:
+            if col.format != "l" or any(c.null_count for c in col.chunks):
                 return None
             out[name] = _int64_values(col.chunks)
         return out
@@ -210,10 +222,10 @@ class ArrowReader:
         exactly what :mod:`sqlite3` would (the caller then reads the query with sqlite3)."""
         if not self._int_dtype(dtype):
             return None
-        got = self._table(sql)
-        if got is None or got[0].num_columns != len(dtype.names or ()):
+        cols = self._table(sql)
+        if cols is None or len(cols) != len(dtype.names or ()):
             return None
-        return self._ints(got[1], got[0].columns, dtype)
+        return self._ints(cols, dtype)
 
     def fetch_blobs(self, sql: str, dtype: np.dtype[Any]) -> tuple[npt.NDArray[Any], Blobs] | None:
         """Rows of ``sql`` whose last column holds BLOB values or NULL (the query must make sure
@@ -221,18 +233,17 @@ class ArrowReader:
         int64 fields of ``dtype``; None where ADBC cannot give them exactly."""
         if not self._int_dtype(dtype):
             return None
-        got = self._table(sql)
-        if got is None or got[0].num_columns != len(dtype.names or ()) + 1:
+        cols = self._table(sql)
+        if cols is None or len(cols) != len(dtype.names or ()) + 1:
             return None
-        table, pa = got
-        blob = table.columns[-1]
+        blob = cols[-1]
         # a column of NULLs alone may come typed otherwise (int64, null): sqlite3 reads that one
-        if blob.type not in (pa.binary(), pa.large_binary()):
+        if blob.format not in ("z", "Z"):
             return None
-        ints = self._ints(pa, table.columns[:-1], dtype)
+        ints = self._ints(cols[:-1], dtype)
         if ints is None:
             return None
-        return ints, Blobs.from_arrow(blob.chunks, large=blob.type == pa.large_binary())
+        return ints, Blobs.from_arrow(blob.chunks, large=blob.format == "Z")
 
     def close(self) -> None:
         for handle in (self._conn, self._db):

@@ -59,9 +59,16 @@ def factorize(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.int64], npt.NDAr
     """(codes, distinct values) in first-seen order, as ``pandas.factorize`` gives them for values
     without missing ones (pandas is not loaded for this: it costs ~0.5 s per parse process).
 
-    Numbers: one sort (``np.unique``), then the distinct values are put in first-seen order.
-    Objects (names): a hash pass (``dict.fromkeys``), C-level iteration over the rows."""
+    Integers in a range not much wider than their count (string ids, thread numbers): a table
+    over the range, no sort of the rows (``np.unique`` with indices was ~0.03 s CPU of a 65 MB
+    export's 430 k kernel names). Other numbers: one sort (``np.unique``), then the distinct
+    values are put in first-seen order. Objects (names): a hash pass (``dict.fromkeys``), C-level
+    iteration over the rows."""
     v = np.asarray(values)
+    if v.dtype.kind == "i" and v.ndim == 1 and len(v):
+        dense = _factorize_dense(v)
+        if dense is not None:
+            return dense
     if v.dtype == object:
         rows = v.tolist()
         keys = list(dict.fromkeys(rows))
@@ -75,6 +82,23 @@ def factorize(values: npt.NDArray[Any]) -> tuple[npt.NDArray[np.int64], npt.NDAr
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order), dtype=np.int64)
     return rank[inv.reshape(-1)], uniq[order]
+
+
+def _factorize_dense(v: npt.NDArray[Any]) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]] | None:
+    """:func:`factorize` of signed integers through a table over their range; None where the
+    range is wider than ``2 * len(v) + 65536`` (the table would outweigh the rows)."""
+    lo, hi = int(v.min()), int(v.max())
+    if hi - lo > 2 * len(v) + 65536:
+        return None
+    # in [0, hi - lo]: exact in int64 whatever wraps on the way (narrower types would wrap)
+    off = (v.astype(np.int64) - np.int64(lo)).astype(np.intp)
+    first = np.full(hi - lo + 1, len(v), dtype=np.int64)
+    np.minimum.at(first, off, np.arange(len(v), dtype=np.int64))  # each value's first row
+    seen = np.flatnonzero(first < len(v))
+    distinct = seen[np.argsort(first[seen], kind="stable")]  # in first-seen order
+    code = np.empty(hi - lo + 1, dtype=np.int64)
+    code[distinct] = np.arange(len(distinct), dtype=np.int64)
+    return code[off], (distinct + lo).astype(v.dtype)
 
 
 def quote_ident(name: str) -> str:

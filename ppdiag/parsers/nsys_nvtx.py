@@ -35,6 +35,7 @@ from ppdiag.parsers.nsys_names import (
     nccl_api,
     strip_op_tail,
 )
+from ppdiag.parsers.nsys_nccl_plain import plain_nccl_rows
 from ppdiag.parsers.nsys_payloads import (
     F_BYTES,
     F_COMM,
@@ -421,7 +422,8 @@ class _NcclRows:
 def _nccl_rows(db: NsysDb, keys: list[tuple[int, int]]) -> _NcclRows:
     """The NCCL domains' range rows, in table order.
 
-    Through ADBC where it is on and no row needs a text column (a name held as plain text rather
+    As plain columns through ADBC where they allow it (:mod:`ppdiag.parsers.nsys_nccl_plain`).
+    Else through ADBC where it is on and no row needs a text column (a name held as plain text rather
     than a registered string id, or a JSON payload): the payloads then come as one buffer, with
     no Python object per row (sqlite3 made ~8 per row, most of this read's cost). Else with
     sqlite3, the same rows."""
@@ -433,6 +435,13 @@ def _nccl_rows(db: NsysDb, keys: list[tuple[int, int]]) -> _NcclRows:
     types = ", ".join(str(t) for t in RANGE_TYPES)
     # the keys are written into the query (ADBC takes no parameters)
     where = f"FROM {NVTX} WHERE eventType IN ({types}) AND {valid_times()} AND {_key_test(keys)}"
+    plain = plain_nccl_rows(db, keys, types)
+    if plain is not None:
+        ints = np.empty(len(plain[0]), dtype=_NCCL_INTS)
+        for c in ("start", "end", "gtid", "tid_"):
+            ints[c] = plain[0][c]
+        ints["needs_text"] = -1  # the jsonTextId column: every value was NULL
+        return _NcclRows(ints, None, None, plain[1])
     if db.arrow is not None:
         # one flag for what the text columns would add: a plain-text name, a JSON payload
         needs_text = f"(({text}) IS NOT NULL AND {text_id} < 0) OR ({jtext}) IS NOT NULL OR {jtid} >= 0"
