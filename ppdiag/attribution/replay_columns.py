@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution.replay_graph import ReplayGraph
 from ppdiag.attribution.replay_index import _dense
+from ppdiag.attribution.replay_nodes import Col
 
 NEG_INF = -(2**62)
 
@@ -57,17 +58,17 @@ class _Flags:
 class _Columns:
     """The replay's nodes as columns: what every variant reads, without per-node attribute access."""
 
-    pre: npt.NDArray[np.int64]
-    post: npt.NDArray[np.int64]
-    pre_host: npt.NDArray[np.int64]
-    pre_coll: npt.NDArray[np.int64]
-    pre_copy: npt.NDArray[np.int64]
-    pre_ux: npt.NDArray[np.int64]
-    span: npt.NDArray[np.int64]
-    busy: npt.NDArray[np.int64]
-    in_host: npt.NDArray[np.int64]
-    in_ux: npt.NDArray[np.int64]
-    in_copy: npt.NDArray[np.int64]
+    pre: Col
+    post: Col
+    pre_host: Col
+    pre_coll: Col
+    pre_copy: Col
+    pre_ux: Col
+    span: Col
+    busy: Col
+    in_host: Col
+    in_ux: Col
+    in_copy: Col
     send_wait: npt.NDArray[np.bool_]
     has_obs: npt.NDArray[np.bool_]
     has_abs: npt.NDArray[np.bool_]
@@ -137,7 +138,7 @@ class _Columns:
         )
 
 
-def _distinct_rows(*cols: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+def _distinct_rows(*cols: Col) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The distinct rows of the columns ``cols`` (rows: one value of each) and each row's index
     among them: one sort of a code of each row."""
     if not cols[0].size:
@@ -208,7 +209,7 @@ class _VariantArrays(NamedTuple):
 
     pre: npt.NDArray[np.float64]
     post: npt.NDArray[np.float64]
-    dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
+    dur: Col | npt.NDArray[np.float64]
     code: npt.NDArray[np.int64]
     add: npt.NDArray[np.int64]
     lead: npt.NDArray[np.int64]
@@ -233,7 +234,7 @@ def _variant_arrays(
     if not fl.ux:
         keep -= cols.pre_ux
     scale = np.where(loc > 0, keep / np.where(loc > 0, loc, 1), 0.0)
-    dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
+    dur: Col | npt.NDArray[np.float64]
     factor: npt.NDArray[np.float64] | None = None
     if balanced is not None:
         # one look-up per distinct (rank, stage, phase), not per node

@@ -16,6 +16,21 @@ import numpy as np
 import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
+# a measured column: int32 where its values allow (see :func:`narrow`), else int64
+Col = npt.NDArray[np.int32] | npt.NDArray[np.int64]
+
+# A measured column is held as int32 where every value lies this far inside int32's range (half
+# the graph's memory at a thousand ranks is its node columns): the replay adds a few of a node's
+# pieces together in the column's own dtype (the local delays a variant keeps, the duration less
+# the delays it removes), which must not overflow; sums over many nodes are taken in int64.
+NARROW_LIMIT = 2**31 // 16
+
+
+def narrow(a: I64) -> Col:
+    """``a`` as int32 where every value lies within :data:`NARROW_LIMIT` of 0, else as it is."""
+    if a.size == 0 or (int(a.min()) > -NARROW_LIMIT and int(a.max()) < NARROW_LIMIT):
+        return a.astype(np.int32)
+    return a
 
 
 class ByNode(MutableMapping[int, Any]):
@@ -150,7 +165,7 @@ class NodeColumns:
     :data:`MEASURED`, and ``on_compute``), and by node id what the waits and labels add (see
     :class:`_Node` for each field)."""
 
-    cols: dict[str, I64]
+    cols: dict[str, Col]
     on_compute: npt.NDArray[np.bool_]
     obs: ByNode = field(init=False)
     obs_abs: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -174,7 +189,7 @@ class NodeColumns:
     def concat(cls, parts: list[dict[str, I64]], on_compute: list[int]) -> NodeColumns:
         """The columns of the steps' parts one after the other; ``on_compute``: the node ids whose
         wait's operation was queued on a compute stream."""
-        cols = {
+        cols: dict[str, Col] = {
             c: np.concatenate([p[c] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
             for c in MEASURED
         }
@@ -184,6 +199,14 @@ class NodeColumns:
 
     def __len__(self) -> int:
         return int(self.cols["rank"].size)
+
+    def put(self, name: str, i: int, v: int) -> None:
+        """Set column ``name`` of node ``i`` to ``v``, widening the column to int64 first where
+        ``v`` lies outside what a narrowed column holds (:func:`narrow`)."""
+        col = self.cols[name]
+        if col.dtype != np.int64 and not -NARROW_LIMIT < v < NARROW_LIMIT:
+            col = self.cols[name] = col.astype(np.int64)
+        col[i] = v
 
     def records(self) -> list[_Node]:
         """Every node as a :class:`_Node` (for checks and tests; the replay reads the columns)."""
@@ -216,4 +239,4 @@ class NodeColumns:
         return np.fromiter(by_id, np.int64, len(by_id))
 
 
-__all__ = ["MEASURED", "ByNode", "NodeColumns", "_Node"]
+__all__ = ["MEASURED", "NARROW_LIMIT", "ByNode", "Col", "NodeColumns", "_Node", "narrow"]
