@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution.replay_graph import ReplayGraph
 from ppdiag.attribution.replay_index import _dense
-from ppdiag.attribution.replay_nodes import Col
+from ppdiag.attribution.replay_nodes import Col, narrow
 
 NEG_INF = -(2**62)
 
@@ -73,14 +73,14 @@ class _Columns:
     has_obs: npt.NDArray[np.bool_]
     has_abs: npt.NDArray[np.bool_]
     xfer: npt.NDArray[np.int64]  # the observed transfer of the wait (0 without one)
-    issue: npt.NDArray[np.int64]  # the producer's issue delay
+    issue: Col  # the producer's issue delay
     issue_copy: npt.NDArray[np.int64]
-    issue_held: npt.NDArray[np.int64]  # the producer's issue delay with its send held (comm)
+    issue_held: Col  # the producer's issue delay with its send held (comm)
     lead: npt.NDArray[np.int64]
     on_compute: npt.NDArray[np.bool_]
     # the mean-cost factor's keys, (rank, stage, phase), and each node's key among them
     cost_keys: list[tuple[int, int, int]]
-    cost_of: npt.NDArray[np.int64]
+    cost_of: npt.NDArray[np.int32]
     meas_end: npt.NDArray[np.int64]
     order: npt.NDArray[np.int64]  # node ids in the replay's order (measured start)
     prod: npt.NDArray[np.int64]  # by node id: the producer (-1: none) and the fixed issue time
@@ -123,14 +123,15 @@ class _Columns:
             has_obs=has_obs,
             has_abs=has_abs,
             xfer=xfer,
-            issue=nc.obs.column(1).copy(),
+            # (the delays narrowed as the graph's own columns are: see ``narrow``)
+            issue=narrow(nc.obs.column(1)),
             # (views of the frozen graph's own columns: width-1 tables are contiguous already)
             issue_copy=nc.issue_copy.column(),
-            issue_held=by_id(nc.issue_held),
+            issue_held=narrow(by_id(nc.issue_held)),
             lead=nc.lead.column(),
             on_compute=nc.on_compute,
             cost_keys=[(int(k[0]), int(k[1]), int(k[2])) for k in keys.tolist()],
-            cost_of=inv.reshape(-1).astype(np.int64),
+            cost_of=inv.reshape(-1).astype(np.int32),
             meas_end=np.asarray(rp.meas_start, np.int64) + c["span"] if n else np.zeros(0, np.int64),
             order=np.asarray(rp.order, np.int64),
             prod=np.where(has_obs, nc.obs.column(0), -1),
@@ -213,7 +214,7 @@ class _VariantArrays(NamedTuple):
     code: npt.NDArray[np.int64]
     add: npt.NDArray[np.int64]
     lead: npt.NDArray[np.int64]
-    extra: npt.NDArray[np.int64]
+    extra: npt.NDArray[np.signedinteger[Any]]
     factor: npt.NDArray[np.float64] | None
 
 
