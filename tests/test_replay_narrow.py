@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ppdiag.attribution.replay_graph import ReplayGraph
-from ppdiag.attribution.replay_nodes import MEASURED, NARROW_LIMIT, NodeColumns, narrow
+from ppdiag.attribution.replay_nodes import MEASURED, NARROW_LIMIT, ByNode, NodeColumns, narrow
 from ppdiag.model import Phase
 
 
@@ -59,3 +59,17 @@ def test_busy_summed_per_label_in_int64() -> None:
     tot, cnt = g._work_by_label((int(Phase.FWD),))
     assert tot == {(0, 0, int(Phase.FWD)): 3_000_000_000}
     assert cnt == {(0, 0, int(Phase.FWD)): 30}
+
+
+def test_by_node_narrowed_widens_on_a_value_that_does_not_fit() -> None:
+    t = ByNode(4, 2, listed=True, narrowed=True)
+    t.set_many(np.array([0, 1]), (np.array([3, 0]), np.array([50_000, -20])))
+    assert t.val.dtype == np.int32
+    # a 5 s transfer (5e9 ns) set one node at a time: the table is widened, the others kept
+    t[2] = [(1, 5_000_000_000)]
+    assert t.val.dtype == np.int64
+    assert dict(t.items()) == {0: [(3, 50_000)], 1: [(0, -20)], 2: [(1, 5_000_000_000)]}
+    u = ByNode(3, 3, narrowed=True)
+    u.set_many(np.array([1]), (np.array([2]), np.array([-(2**40)]), np.array([7])))
+    assert u.val.dtype == np.int64
+    assert u[1] == (2, -(2**40), 7)

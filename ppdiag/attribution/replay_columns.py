@@ -125,16 +125,17 @@ class _Columns:
             xfer=xfer,
             # (the delays narrowed as the graph's own columns are: see ``narrow``)
             issue=narrow(nc.obs.column(1)),
-            # (views of the frozen graph's own columns: width-1 tables are contiguous already)
-            issue_copy=nc.issue_copy.column(),
+            # (views of the frozen graph's own columns: width-1 tables are contiguous already, and
+            # these two are int64: a variant puts a far-past constant among the leads)
+            issue_copy=np.asarray(nc.issue_copy.column(), np.int64),
             issue_held=narrow(by_id(nc.issue_held)),
-            lead=nc.lead.column(),
+            lead=np.asarray(nc.lead.column(), np.int64),
             on_compute=nc.on_compute,
             cost_keys=[(int(k[0]), int(k[1]), int(k[2])) for k in keys.tolist()],
             cost_of=inv.reshape(-1).astype(np.int32),
             meas_end=np.asarray(rp.meas_start, np.int64) + c["span"] if n else np.zeros(0, np.int64),
             order=np.asarray(rp.order, np.int64),
-            prod=np.where(has_obs, nc.obs.column(0), -1),
+            prod=np.where(has_obs, nc.obs.column(0), np.int64(-1)),  # (int64: the plan adds to it)
             t_issue=by_id(nc.obs_abs, 0),
         )
 

@@ -513,7 +513,7 @@ class ReplayGraph:
         if not self._untimed:
             return
         ids = np.asarray(self._untimed, np.int64)
-        obs = self.cols.obs.val[ids]
+        obs = self.cols.obs.val[ids].astype(np.int64)  # (a narrowed table's rows, against an int)
         xfer = np.minimum(self.normal_latency, np.maximum(obs[:, 1] + obs[:, 2], 0))
         self.cols.obs.set_many(ids, (obs[:, 0], obs[:, 1] + obs[:, 2] - xfer, xfer))
 
