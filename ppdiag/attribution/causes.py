@@ -199,7 +199,7 @@ def attribute(
         full["gain_comm"] = rp.run(comm_excess=False, comm=False)
         full["gain_copy"] = rp.run(copy=False)
         full["gain_balanced"] = rp.run(balanced=mean_cost)
-        v = {name: {k: x[1] for k, x in var.items()} for name, var in full.items()}
+        measured_idle = {k: x[1] for k, x in full["measured"].items()}  # (not one per variant)
         for rs in steps:
             k = (rs.rank, rs.step)
             c = dict(cf[k])
@@ -209,11 +209,11 @@ def attribute(
         synced = {k: rp.tail_coll[k][:2] for k in rp.sync_of}
         # (the graph's own arrays: the graph is frozen)
         edges, held, whole, own = rp.waits, rp.held, rp.whole, rp.consumer_held
-        notes += _replay_notes(rp, steps, v["measured"])
+        notes += _replay_notes(rp, steps, measured_idle)
         # the graph, its placement plan and the variants' results are read no more: freed, with
         # the heap's free pages, before the waits and the paint allocate theirs (at a thousand
         # ranks the graph is a quarter of the analysis's memory)
-        del rp, cf, v
+        del rp, cf, measured_idle
         trim_heap()
         # collectives the replay does not model as its step-end sync: waits for a late member
         waits = run_waits(steps, timelines, synced, collectives=collectives)

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution.rank_step import RankStep
 from ppdiag.attribution.replay_index import _last_waits, _P2PIndex
+from ppdiag.attribution.replay_nodes import Col, narrow
 from ppdiag.attribution.replay_pieces import span_measures
 from ppdiag.model import intervals as ivs
 from ppdiag.model.interval_groups import Line
@@ -69,7 +70,7 @@ class StepNodes(NamedTuple):
     waits to resolve, the labelled blocks (step key, stage, phase, micro-batch, node) and per step
     its first node, node count and the end of its last block's reach (the tail starts there)."""
 
-    cols: dict[str, I64]
+    cols: dict[str, Col]
     start: I64
     lo: I64
     on_compute: B
@@ -199,15 +200,17 @@ def _build(
     cpu_n = np.repeat(np.array([cpu[rs.rank] for rs in steps], np.bool_), count)
     ws_l, rel_l, has, held, oc = _waits(on, sets["wait"], lo_l, s_l, rank_n, cpu_n, index, tol)
     pieces = _pieces(sets, lo_l, ws_l, rel_l, s_l, e_l)
+    del sets["gaps"], sets["p2p_host"], sets["wait"]  # (the tails read the others)
+    # (each column narrowed as it is made: the pieces' int64 arrays go as their copies come)
     cols = {
-        "rank": rank_n,
-        "step": np.repeat(np.array([rs.step for rs in steps], np.int64), count),
-        "idx": np.arange(s_l.size, dtype=np.int64) - first[grp],
-        "span": e_t - s_t,
-        "busy": cat(lambda rs: rs.blocks.busy),
-        **pieces,
-        "phase": cat(lambda rs: rs.blocks.phase),
-        "stage": cat(lambda rs: rs.blocks.stage),
+        "rank": narrow(rank_n),
+        "step": narrow(np.repeat(np.array([rs.step for rs in steps], np.int64), count)),
+        "idx": narrow(np.arange(s_l.size, dtype=np.int64) - first[grp]),
+        "span": narrow(e_t - s_t),
+        "busy": narrow(cat(lambda rs: rs.blocks.busy)),
+        **{k: narrow(pieces.pop(k)) for k in list(pieces)},
+        "phase": narrow(cat(lambda rs: rs.blocks.phase)),
+        "stage": narrow(cat(lambda rs: rs.blocks.stage)),
     }
     j = np.flatnonzero(has)
     ws_t, rel_t = on.back(ws_l), on.back(rel_l)
@@ -217,7 +220,10 @@ def _build(
     mb = cat(lambda rs: rs.blocks.mb)
     lab = np.flatnonzero(mb >= 0)
     key = np.array([rs.number if rs.number >= 0 else rs.step for rs in steps], np.int64)
-    labels = np.stack([key[grp[lab]], cols["stage"][lab], cols["phase"][lab], mb[lab], lab])
+    # (int64: the key is; the narrowed columns are widened into it)
+    labels = np.stack([key[grp[lab]], cols["stage"][lab], cols["phase"][lab], mb[lab], lab]).astype(
+        np.int64, copy=False
+    )
     hi_l = line.put(np.arange(g), np.array([rs.w1 for rs in steps], np.int64))
     tails = _tails(line, sets, reach[at_w0 + count], hi_l)
     return StepNodes(cols, s_t, on.back(lo_l), on_compute, pending, labels, first, count, prev_end, tails)

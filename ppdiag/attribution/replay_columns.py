@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from ppdiag.attribution.replay_graph import ReplayGraph
 from ppdiag.attribution.replay_index import _dense
+from ppdiag.attribution.replay_nodes import Col, narrow
 
 NEG_INF = -(2**62)
 
@@ -57,29 +58,29 @@ class _Flags:
 class _Columns:
     """The replay's nodes as columns: what every variant reads, without per-node attribute access."""
 
-    pre: npt.NDArray[np.int64]
-    post: npt.NDArray[np.int64]
-    pre_host: npt.NDArray[np.int64]
-    pre_coll: npt.NDArray[np.int64]
-    pre_copy: npt.NDArray[np.int64]
-    pre_ux: npt.NDArray[np.int64]
-    span: npt.NDArray[np.int64]
-    busy: npt.NDArray[np.int64]
-    in_host: npt.NDArray[np.int64]
-    in_ux: npt.NDArray[np.int64]
-    in_copy: npt.NDArray[np.int64]
+    pre: Col
+    post: Col
+    pre_host: Col
+    pre_coll: Col
+    pre_copy: Col
+    pre_ux: Col
+    span: Col
+    busy: Col
+    in_host: Col
+    in_ux: Col
+    in_copy: Col
     send_wait: npt.NDArray[np.bool_]
     has_obs: npt.NDArray[np.bool_]
     has_abs: npt.NDArray[np.bool_]
     xfer: npt.NDArray[np.int64]  # the observed transfer of the wait (0 without one)
-    issue: npt.NDArray[np.int64]  # the producer's issue delay
+    issue: Col  # the producer's issue delay
     issue_copy: npt.NDArray[np.int64]
-    issue_held: npt.NDArray[np.int64]  # the producer's issue delay with its send held (comm)
+    issue_held: Col  # the producer's issue delay with its send held (comm)
     lead: npt.NDArray[np.int64]
     on_compute: npt.NDArray[np.bool_]
     # the mean-cost factor's keys, (rank, stage, phase), and each node's key among them
     cost_keys: list[tuple[int, int, int]]
-    cost_of: npt.NDArray[np.int64]
+    cost_of: npt.NDArray[np.int32]
     meas_end: npt.NDArray[np.int64]
     order: npt.NDArray[np.int64]  # node ids in the replay's order (measured start)
     prod: npt.NDArray[np.int64]  # by node id: the producer (-1: none) and the fixed issue time
@@ -122,22 +123,24 @@ class _Columns:
             has_obs=has_obs,
             has_abs=has_abs,
             xfer=xfer,
-            issue=nc.obs.column(1).copy(),
-            # (views of the frozen graph's own columns: width-1 tables are contiguous already)
-            issue_copy=nc.issue_copy.column(),
-            issue_held=by_id(nc.issue_held),
-            lead=nc.lead.column(),
+            # (the delays narrowed as the graph's own columns are: see ``narrow``)
+            issue=narrow(nc.obs.column(1)),
+            # (views of the frozen graph's own columns: width-1 tables are contiguous already, and
+            # these two are int64: a variant puts a far-past constant among the leads)
+            issue_copy=np.asarray(nc.issue_copy.column(), np.int64),
+            issue_held=narrow(by_id(nc.issue_held)),
+            lead=np.asarray(nc.lead.column(), np.int64),
             on_compute=nc.on_compute,
             cost_keys=[(int(k[0]), int(k[1]), int(k[2])) for k in keys.tolist()],
-            cost_of=inv.reshape(-1).astype(np.int64),
+            cost_of=inv.reshape(-1).astype(np.int32),
             meas_end=np.asarray(rp.meas_start, np.int64) + c["span"] if n else np.zeros(0, np.int64),
             order=np.asarray(rp.order, np.int64),
-            prod=np.where(has_obs, nc.obs.column(0), -1),
+            prod=np.where(has_obs, nc.obs.column(0), np.int64(-1)),  # (int64: the plan adds to it)
             t_issue=by_id(nc.obs_abs, 0),
         )
 
 
-def _distinct_rows(*cols: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+def _distinct_rows(*cols: Col) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The distinct rows of the columns ``cols`` (rows: one value of each) and each row's index
     among them: one sort of a code of each row."""
     if not cols[0].size:
@@ -208,11 +211,11 @@ class _VariantArrays(NamedTuple):
 
     pre: npt.NDArray[np.float64]
     post: npt.NDArray[np.float64]
-    dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
+    dur: Col | npt.NDArray[np.float64]
     code: npt.NDArray[np.int64]
     add: npt.NDArray[np.int64]
     lead: npt.NDArray[np.int64]
-    extra: npt.NDArray[np.int64]
+    extra: npt.NDArray[np.signedinteger[Any]]
     factor: npt.NDArray[np.float64] | None
 
 
@@ -233,7 +236,7 @@ def _variant_arrays(
     if not fl.ux:
         keep -= cols.pre_ux
     scale = np.where(loc > 0, keep / np.where(loc > 0, loc, 1), 0.0)
-    dur: npt.NDArray[np.int64] | npt.NDArray[np.float64]
+    dur: Col | npt.NDArray[np.float64]
     factor: npt.NDArray[np.float64] | None = None
     if balanced is not None:
         # one look-up per distinct (rank, stage, phase), not per node

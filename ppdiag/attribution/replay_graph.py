@@ -137,11 +137,16 @@ class ReplayGraph:
         for rs, f, c in zip(steps, firsts, counts, strict=True):
             self.first[(rs.rank, rs.step)] = f
             self.count[(rs.rank, rs.step)] = c
+        # the build's labels and waits are read once, then freed (not held to the end of the
+        # graph's construction: at a thousand ranks they are a few hundred MB)
+        labels, pending = built.labels, [built.pending]
+        del built
         self._find_step_syncs(timelines)
-        cons, prod = _label_pairs(built.labels, last_stage)
+        cons, prod = _label_pairs(labels, last_stage)
+        del labels
         # each labelled block's producer (the block whose output it consumes), for host-op waits
         self._label_prod: dict[int, int] = dict(zip(cons.tolist(), prod.tolist(), strict=True))
-        self._resolve_waits(built.pending, timelines, ops, tol)
+        self._resolve_waits(pending, timelines, ops, tol)
         # each link's normal transfer time and the run's fault-free latency (the lower quartile
         # of the links' normal times: slow links, even most of them, do not set it)
         self.links = link_latencies(self.waits, self.whole)
@@ -196,7 +201,8 @@ class ReplayGraph:
         inv = inv.reshape(-1)
         by_key = np.argsort(inv, kind="stable")
         cnt_a = np.bincount(inv)
-        tot_a = np.add.reduceat(c["busy"][sel][by_key], np.r_[0, np.cumsum(cnt_a)[:-1]])
+        # (summed in int64: a narrowed column's sum over many blocks does not fit its dtype)
+        tot_a = np.add.reduceat(c["busy"][sel][by_key], np.r_[0, np.cumsum(cnt_a)[:-1]], dtype=np.int64)
         keys = zip(rank[first].tolist(), stage[first].tolist(), phase[first].tolist(), strict=True)
         rows = sorted(zip(first.tolist(), keys, tot_a.tolist(), cnt_a.tolist(), strict=True))
         return {k: t for _, k, t, _ in rows}, {k: n for _, k, _, n in rows}
@@ -291,11 +297,17 @@ class ReplayGraph:
         return int(self.cols.cols["step"][nid])
 
     def _resolve_waits(
-        self, pending: PendingWaits, timelines: dict[int, RankTimeline], ops: dict[int, P2POps], tol: int
+        self,
+        pending: list[PendingWaits],
+        timelines: dict[int, RankTimeline],
+        ops: dict[int, P2POps],
+        tol: int,
     ) -> None:
-        """Tie every wait to what released it (each wait's transfer is kept in :attr:`waits`)."""
+        """Tie every wait to what released it (each wait's transfer is kept in :attr:`waits`).
+        ``pending``: the waits, in a one-item list emptied here, so that their columns are freed
+        once read, before the waits' records are cut to those that were waits."""
         ends, issues = self._ends_by_rank(), _IssueIndex(ops, timelines)
-        w = wait_arrays(self, pending, issues, ends, timelines, tol)
+        w = wait_arrays(self, pending.pop(), issues, ends, timelines, tol)
         # per node: whether its step ran copies (nodes lie in steps order, each step's together)
         counts = [self.count[(rs.rank, rs.step)] for rs in self.steps]
         has_copy = np.repeat(np.array([rs.sets.copy[0].size > 0 for rs in self.steps], np.bool_), counts)
@@ -322,11 +334,17 @@ class ReplayGraph:
         cols = [a[slow].tolist() for a in (w.nid, w.peer, w.wdir, w.posted, w.op_end, w.rel, w.wait_start)]
         lasts = [x if f else None for x, f in zip(w.last[slow].tolist(), w.found[slow].tolist(), strict=True)]
         rows = zip(slow.tolist(), *cols, lasts, w.j[slow].tolist(), strict=True)
+        del w, me, xfer, fast, has_copy, slow  # (what the loop reads is in its rows now)
         for i, nid, peer, wdir, posted, op_end, rel, wait_start, last, j in rows:
             ctx.at = i
             self._resolve_wait(ctx, nid, (peer, wdir, posted, op_end), rel, wait_start, (last, j))
-        self.waits, self.held, self.whole = ctx.rec[ctx.keep], ctx.held[ctx.keep], ctx.whole[ctx.keep]
-        self.consumer_held = ctx.consumer_held[ctx.keep]
+        if ctx.keep.all():
+            # every one was a wait (the common case): the records as they are, not copies of them
+            self.waits, self.held, self.whole = ctx.rec, ctx.held, ctx.whole
+            self.consumer_held = ctx.consumer_held
+        else:
+            self.waits, self.held, self.whole = ctx.rec[ctx.keep], ctx.held[ctx.keep], ctx.whole[ctx.keep]
+            self.consumer_held = ctx.consumer_held[ctx.keep]
 
     def _resolve_wait(
         self,
@@ -507,7 +525,7 @@ class ReplayGraph:
         if not self._untimed:
             return
         ids = np.asarray(self._untimed, np.int64)
-        obs = self.cols.obs.val[ids]
+        obs = self.cols.obs.val[ids].astype(np.int64)  # (a narrowed table's rows, against an int)
         xfer = np.minimum(self.normal_latency, np.maximum(obs[:, 1] + obs[:, 2], 0))
         self.cols.obs.set_many(ids, (obs[:, 0], obs[:, 1] + obs[:, 2] - xfer, xfer))
 
@@ -552,10 +570,12 @@ class ReplayGraph:
         # the same split as a block without a wait: an empty wait at the block's start
         at = np.array([s], np.int64)
         host, coll, copy, ux, _ = _outside_wait(rs, np.array([lo], np.int64), at, at, at, at)
-        c = self.cols.cols
-        c["pre"][nid], c["post"][nid] = s - lo, 0
+        # (widening a narrowed column where the gap does not fit it)
+        put = self.cols.put
+        put("pre", nid, s - lo)
+        put("post", nid, 0)
         for name, x in (("pre_host", host), ("pre_coll", coll), ("pre_copy", copy), ("pre_ux", ux)):
-            c[name][nid] = int(x[0])
+            put(name, nid, int(x[0]))
         self.cols.on_compute[nid] = False
         self.cols.false_wait.add(nid)
         self.false_waits += 1

@@ -7,6 +7,8 @@ Each is one sort up front and a binary search per question, never a scan of a ra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -287,7 +289,7 @@ def _matched_many(
 def released_by(
     issues: _IssueIndex,
     peer: npt.NDArray[np.int64],
-    me: npt.NDArray[np.int64],
+    me: npt.NDArray[np.int64] | npt.NDArray[np.int32],
     wdir: npt.NDArray[np.int64],
     op_end: npt.NDArray[np.int64],
     rel: npt.NDArray[np.int64],
@@ -331,7 +333,7 @@ def released_by(
 _FWD, _BWD, _WGRAD = int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD)
 
 
-def _dense(cols: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+def _dense(cols: Sequence[npt.NDArray[np.int64] | npt.NDArray[np.int32]]) -> npt.NDArray[np.int64]:
     """One code per row of the columns ``cols`` (equal rows, equal codes): each column's offset
     from its minimum in a mixed radix, renumbered densely only where the product of the ranges
     would overflow."""

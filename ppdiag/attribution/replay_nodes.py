@@ -16,6 +16,21 @@ import numpy as np
 import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
+# a measured column: int32 where its values allow (see :func:`narrow`), else int64
+Col = npt.NDArray[np.int32] | npt.NDArray[np.int64]
+
+# A measured column is held as int32 where every value lies this far inside int32's range (half
+# the graph's memory at a thousand ranks is its node columns): the replay adds a few of a node's
+# pieces together in the column's own dtype (the local delays a variant keeps, the duration less
+# the delays it removes), which must not overflow; sums over many nodes are taken in int64.
+NARROW_LIMIT = 2**31 // 16
+
+
+def narrow(a: Col) -> Col:
+    """``a`` as int32 where every value lies within :data:`NARROW_LIMIT` of 0, else as it is."""
+    if a.size == 0 or (int(a.min()) > -NARROW_LIMIT and int(a.max()) < NARROW_LIMIT):
+        return a.astype(np.int32)
+    return a
 
 
 class ByNode(MutableMapping[int, Any]):
@@ -23,12 +38,18 @@ class ByNode(MutableMapping[int, Any]):
     (``has``) and the value's ``width`` ints (``val``, 0 where none), where a dict of tuples would
     keep Python objects per node (about ten times the memory at a million waits). A value reads
     back as an int (width 1), a tuple of ints, or with ``listed`` a one-item list of such a tuple
-    (a node's label edges). Iteration is in node-id order."""
+    (a node's label edges). Iteration is in node-id order. ``narrowed``: the values are held as
+    int32 until one does not fit (as the node columns, see :func:`narrow`), then as int64."""
 
-    def __init__(self, n: int, width: int = 1, listed: bool = False) -> None:
+    def __init__(self, n: int, width: int = 1, listed: bool = False, narrowed: bool = False) -> None:
         self.has = np.zeros(n, np.bool_)
-        self.val = np.zeros((n, width), np.int64)
+        self.val: Col = np.zeros((n, width), np.int32) if narrowed else np.zeros((n, width), np.int64)
         self.width, self.listed = width, listed
+
+    def _fit(self, lo: int, hi: int) -> None:
+        """Widen the values to int64 where ``[lo, hi]`` does not fit a narrowed table."""
+        if self.val.dtype != np.int64 and not -NARROW_LIMIT < lo <= hi < NARROW_LIMIT:
+            self.val = self.val.astype(np.int64)
 
     def _row(self, v: Any) -> Any:
         if self.listed:
@@ -38,7 +59,10 @@ class ByNode(MutableMapping[int, Any]):
         return v
 
     def __setitem__(self, i: int, v: Any) -> None:
-        self.val[i] = self._row(v)
+        row = self._row(v)
+        items = [int(x) for x in row] if isinstance(row, tuple | list) else [int(row)]
+        self._fit(min(items), max(items))
+        self.val[i] = row
         self.has[i] = True
 
     def __getitem__(self, i: int) -> Any:
@@ -64,10 +88,14 @@ class ByNode(MutableMapping[int, Any]):
     def __contains__(self, i: object) -> bool:
         return isinstance(i, int) and 0 <= i < self.has.size and bool(self.has[i])
 
-    def set_many(self, ids: I64, vals: Iterable[I64]) -> None:
+    def set_many(self, ids: I64, vals: Iterable[npt.NDArray[np.integer[Any]]]) -> None:
         """Set the nodes ``ids`` at once; ``vals``: one array per item of the value (the label
         edges: producer and latency)."""
-        for k, col in enumerate(vals):
+        cols = [np.asarray(col) for col in vals]
+        for col in cols:
+            if col.size:
+                self._fit(int(col.min()), int(col.max()))
+        for k, col in enumerate(cols):
             self.val[ids, k] = col
         self.has[ids] = True
 
@@ -75,7 +103,7 @@ class ByNode(MutableMapping[int, Any]):
         """The node ids that have a value, in order."""
         return np.flatnonzero(self.has)
 
-    def column(self, k: int = 0) -> I64:
+    def column(self, k: int = 0) -> Col:
         """Item ``k`` of every node's value (0 where none), by node id."""
         return self.val[:, k]
 
@@ -150,7 +178,7 @@ class NodeColumns:
     :data:`MEASURED`, and ``on_compute``), and by node id what the waits and labels add (see
     :class:`_Node` for each field)."""
 
-    cols: dict[str, I64]
+    cols: dict[str, Col]
     on_compute: npt.NDArray[np.bool_]
     obs: ByNode = field(init=False)
     obs_abs: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -165,16 +193,18 @@ class NodeColumns:
     def __post_init__(self) -> None:
         # the tables with a value at most nodes (a wait, a label edge) are arrays by node
         n = len(self)
-        self.obs = ByNode(n, 3)
+        # (the producers and transfers, and the label edges, narrowed; the leads and the copy
+        # delays not: a variant puts a far-past constant among the leads)
+        self.obs = ByNode(n, 3, narrowed=True)
         self.lead = ByNode(n)
         self.issue_copy = ByNode(n)
-        self.edges = ByNode(n, 2, listed=True)
+        self.edges = ByNode(n, 2, listed=True, narrowed=True)
 
     @classmethod
     def concat(cls, parts: list[dict[str, I64]], on_compute: list[int]) -> NodeColumns:
         """The columns of the steps' parts one after the other; ``on_compute``: the node ids whose
         wait's operation was queued on a compute stream."""
-        cols = {
+        cols: dict[str, Col] = {
             c: np.concatenate([p[c] for p in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
             for c in MEASURED
         }
@@ -184,6 +214,14 @@ class NodeColumns:
 
     def __len__(self) -> int:
         return int(self.cols["rank"].size)
+
+    def put(self, name: str, i: int, v: int) -> None:
+        """Set column ``name`` of node ``i`` to ``v``, widening the column to int64 first where
+        ``v`` lies outside what a narrowed column holds (:func:`narrow`)."""
+        col = self.cols[name]
+        if col.dtype != np.int64 and not -NARROW_LIMIT < v < NARROW_LIMIT:
+            col = self.cols[name] = col.astype(np.int64)
+        col[i] = v
 
     def records(self) -> list[_Node]:
         """Every node as a :class:`_Node` (for checks and tests; the replay reads the columns)."""
@@ -216,4 +254,4 @@ class NodeColumns:
         return np.fromiter(by_id, np.int64, len(by_id))
 
 
-__all__ = ["MEASURED", "ByNode", "NodeColumns", "_Node"]
+__all__ = ["MEASURED", "NARROW_LIMIT", "ByNode", "Col", "NodeColumns", "_Node", "narrow"]

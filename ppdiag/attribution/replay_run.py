@@ -184,7 +184,7 @@ def _kinds_present(rp: ReplayGraph, cols: _Columns) -> _Flags:
     tails = list(rp.tail.values())
     pieces = [p for tc in rp.tail_coll.values() for p in (tc[2], tc[3])]
 
-    def any_of(*arrays: npt.NDArray[np.int64] | npt.NDArray[np.bool_]) -> bool:
+    def any_of(*arrays: npt.NDArray[np.integer[Any]] | npt.NDArray[np.bool_]) -> bool:
         return any(bool(a.any()) for a in arrays)
 
     def tail_has(k: int) -> bool:
