@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -131,9 +132,7 @@ class _RankBlocks(NamedTuple):
     end: list[int]
     prev: list[int]  # the last block that ended by this one's start (-1: none)
     released: list[int]  # the rank's last transfer in received by the start plus the tolerance (-1: none)
-    phase: list[str]  # the phase's letter ("other" for none)
-    mb: list[int | None]
-    stage: list[int | None]  # the virtual stage
+    blocks: Blocks  # the blocks in this order: their labels are read for the walked ones only
 
 
 class _Walk:
@@ -170,7 +169,7 @@ class _Walk:
         self.pieces: list[Piece | int] = []
         # the walks' block pieces, whose ``lost`` is filled in one pass per rank (``fill_lost``)
         self.block_fields: list[dict[str, object]] = []
-        self.block_cols: list[int] = []  # rank, start, end of each, flat
+        self.block_cols: list[int] = []  # rank, block index (``bl``), start, end of each, flat
         # the walks' stretches between two links of a chain (``local``), and each one's cut once
         # resolved (``resolve``)
         self.st_rank: list[int] = []
@@ -199,19 +198,12 @@ class _Walk:
         start, end = b.start.astype(np.int64), b.end.astype(np.int64)
         lo, hi = self.tr_rows.get(rank, (0, 0))
         tol = np.minimum(RELEASE_TOL_NS, (end - start) // 10)
-        uniq, inv = np.unique(b.phase, return_inverse=True)
-        letters = np.array([_PHASE_LETTER.get(x, "other") for x in uniq.tolist()], dtype=object)
-        mb, stage = b.mb.astype(object), b.stage.astype(object)
-        mb[b.mb < 0] = None
-        stage[b.stage < 0] = None
         return _RankBlocks(
             start.tolist(),
             end.tolist(),
             (np.searchsorted(end, start, side="right") - 1).tolist(),
             (np.searchsorted(self.tr.recv_end[lo:hi], start + tol, side="right") - 1).tolist(),
-            letters[inv.reshape(-1)].tolist(),
-            mb.tolist(),
-            stage.tolist(),
+            b,
         )
 
     def gaps(
@@ -311,8 +303,9 @@ class _Walk:
         holding the block's start to the last one starting before its end, less the parts of the
         two edge pieces outside the block."""
         fields, self.block_fields = self.block_fields, []
-        cols = np.array(self.block_cols, dtype=np.int64).reshape(-1, 3)  # rank, start, end
+        cols = np.array(self.block_cols, dtype=np.int64).reshape(-1, 4)  # rank, index, start, end
         self.block_cols = []
+        labels = self._labels(cols)
         lost = np.zeros((len(fields), len(Cause)), np.int64)
         for r in np.unique(cols[:, 0]).tolist():
             gaps = self.gaps(r)
@@ -320,7 +313,7 @@ class _Walk:
                 continue
             gs, ge, gc = gaps
             at = np.flatnonzero(cols[:, 0] == r)
-            lo, hi = cols[at, 1], cols[at, 2]
+            lo, hi = cols[at, 2], cols[at, 3]
             a = np.maximum(np.searchsorted(gs, lo, side="right") - 1, 0)
             b = np.searchsorted(gs, hi, side="left")
             row, k = _ranges(a, b)
@@ -343,9 +336,32 @@ class _Walk:
             key = Cause.of(c)
             ns[i][key] = v
             ms[i][key] = m
-        for f, d_ns, d_ms in zip(fields, ns, ms, strict=True):
+        for f, ph, mb, vs, d_ns, d_ms in zip(fields, *labels, ns, ms, strict=True):
+            f["phase"] = ph
+            f["mb"] = mb
+            f["virtual_stage"] = vs
             f["lost"] = d_ns
             f["lost_ms"] = d_ms
+
+    def _labels(self, cols: npt.NDArray[np.int64]) -> tuple[list[str], list[int | None], list[int | None]]:
+        """The walked blocks' phase letters ("other" for none), micro-batches and virtual stages
+        (None for unknown), read from each rank's columns for those blocks only."""
+        phase = np.empty(len(cols), object)
+        mb = np.empty(len(cols), object)
+        stage = np.empty(len(cols), object)
+        for r in np.unique(cols[:, 0]).tolist():
+            at = np.flatnonzero(cols[:, 0] == r)
+            b: Blocks = self._bl[r].blocks  # type: ignore[union-attr]  # a walked rank has blocks
+            ix = cols[at, 1]
+            uniq, inv = np.unique(b.phase[ix], return_inverse=True)
+            phase[at] = np.array([_PHASE_LETTER.get(x, "other") for x in uniq.tolist()], object)[
+                inv.reshape(-1)
+            ]
+            for out, col in ((mb, b.mb[ix]), (stage, b.stage[ix])):
+                v = col.astype(object)
+                v[col < 0] = None
+                out[at] = v
+        return phase.tolist(), mb.tolist(), stage.tolist()
 
     def last_block(self, rank: int, t: int, lo: int) -> int | None:
         """The last block of ``rank`` that ended by ``t`` and started at or after ``lo``."""
@@ -413,7 +429,7 @@ def _finish(w: _Walk, walked: _Walked) -> CriticalStep | None:
     pieces = w.flat(walked.pieces)
     if not pieces:
         return None
-    pieces = _merge_blocks(sorted(pieces, key=lambda p: (p[0], p[1])))
+    pieces = _merge_blocks(sorted(pieces, key=itemgetter(0, 1)))
     p0 = pieces[0][0]
     out, by_stage = _path_pieces(w, pieces, p0)
     end_m = walked.end
@@ -441,6 +457,7 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
     collecting ``w.pieces``; returns the rank and time where the chain begins."""
     seen: set[tuple[int, int]] = set()
     pieces, block_fields, block_cols = w.pieces, w.block_fields, w.block_cols
+    bisect_right = bisect.bisect_right
     j = w.last_block(rank, t, win[rank].start if rank in win else t)
     while j is not None and (rank, j) not in seen:
         seen.add((rank, j))
@@ -454,23 +471,19 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
         else:
             e = t  # block j clipped at t
         if e > s:
-            f: dict[str, object] = {
-                "kind": "block",
-                "rank": rank,
-                "phase": c.phase[j],
-                "mb": c.mb[j],
-                "virtual_stage": c.stage[j],
-            }
+            # its phase, micro-batch and stage are set with its lost time (``fill_lost``)
+            f: dict[str, object] = {"kind": "block", "rank": rank}
             pieces.append((s, e, f))
             block_fields.append(f)
-            block_cols += (rank, s, e)
+            block_cols += (rank, j, s, e)
         # the last block that ended by s and started in the window
         pj = c.prev[j]
         prev = None if pj < 0 or c.start[pj] < w0 else pj
         prev_end = w0 if prev is None else c.end[pj]
         # the transfer into the rank whose receive ended last in (prev_end, s + tol]
         k = c.released[j]
-        tr_src, tr_re, tr_ss, tr_rs = w.transfers_into(rank)
+        if k >= 0:
+            tr_src, tr_re, tr_ss, tr_rs = w.transfers_into(rank)
         if k < 0 or tr_re[k] <= prev_end:
             # released by the previous block on the rank (or the step start): the next block is
             # the one just found where the window is the rank's step (a rank outside the step
@@ -481,8 +494,10 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
         re = min(tr_re[k], s)
         ss = min(tr_ss[k], re)
         rs = min(tr_rs[k], re)
-        w.local(rank, re, s)
-        if rs > ss or src not in win or not win[src].start <= ss <= win[src].end:
+        if re < s:
+            w.local(rank, re, s)
+        sm = win.get(src)
+        if rs > ss or sm is None or not sm.start <= ss <= sm.end:
             # the receive was posted after the send (the data was waiting: the receiver set the
             # pace), or the sender is not traced in this step or sent outside its window of it:
             # the transfer from the posting on, and the chain stays on the receiver
@@ -492,7 +507,14 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
         else:
             pieces.append((ss, re, {"kind": "transfer", "rank": rank, "peer": src}))
             rank, t = src, ss
-        j = w.last_block(rank, t, win[rank].start if rank in win else t)
+        # the rank's last block that ended by t and started in its window (``last_block`` inlined)
+        c2 = w.bl(rank)
+        if c2 is None:
+            break
+        m = win.get(rank)
+        j = bisect_right(c2.end, t) - 1
+        if j < 0 or c2.start[j] < (t if m is None else m.start):
+            break
     return rank, t
 
 
