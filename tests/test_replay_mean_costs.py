@@ -10,7 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppdiag.attribution.replay_graph import ReplayGraph, mean_cost_factors
+from ppdiag.attribution.replay_graph import ReplayGraph
+from ppdiag.attribution.replay_mean_costs import mean_cost_factors
 from ppdiag.model import Phase
 
 _PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
