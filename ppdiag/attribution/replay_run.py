@@ -392,10 +392,14 @@ class Replay(ReplayGraph):
                 self._run_levels(cols, dict(items[a : a + per]))
         lr: _LoopRows | None = None
         lists: ListMemo = {}
+        meas_end: list[int] | None = None
         for key, (fl, balanced) in todo.items():
             if key not in self._memo:
                 va = _variant_arrays(cols, self.normal_latency, fl, balanced)
-                win = _Windows(self, cols.meas_end.tolist(), fl)
+                # each variant starts from a copy of one list of the measured ends (a list copy
+                # shares the int objects: a few times cheaper than a list from the array)
+                meas_end = meas_end or cols.meas_end.tolist()
+                win = _Windows(self, meas_end.copy(), fl)
                 lr = lr or _LoopRows.of(self, cols)
                 _place_kinds(win, _kind_rows(va, cols, lr, lists))
                 self._memo[key] = _step_idle(self, cols, win, va.factor)
