@@ -512,7 +512,7 @@ def test_variants_placed_together_reuse_unchanged_columns(
     batches = len(rp._memo)
     assert batches > 2
     # 8 value columns per variant; the node kinds (from the waits' codes), for one, are made
-    # once for the whole batch, and so are the producer waits' producers
+    # once for the whole batch, and so are the blocks the nodes read
     assert made.count("kind") == 1
-    assert made.count("w_prod") == 1
+    assert made.count("reads") == 1
     assert len(made) < 8 * batches

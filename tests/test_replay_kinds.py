@@ -59,6 +59,8 @@ def _rows(seed: int, n: int, floats: bool) -> tuple[list[_Row], list[int], dict[
         du: float = grid(20) + rng.random() if floats else grid(20)
         c = int(rng.choice([0, 0, 1, 2, 2, 3]))
         ep = int(rng.integers(0, n)) if rng.random() < 0.6 else -1
+        # a wait's producer is mostly its label edge's source (the kind loop's fast path)
+        prod = ep if ep >= 0 and rng.random() < 0.7 else int(rng.integers(0, n))
         deps: tuple[int | None, list[tuple[int, int]]] | None = None
         if ep < 0 and rng.random() < 0.2:
             rel = EPOCH + grid(60) if rng.random() < 0.7 else None
@@ -73,7 +75,7 @@ def _rows(seed: int, n: int, floats: bool) -> tuple[list[_Row], list[int], dict[
                 c,
                 grid(6),  # add
                 grid(8) - 512 if rng.random() < 0.9 else 2**62,  # lead (2**62: posted at once)
-                int(rng.integers(0, n)),  # producer
+                prod,
                 grid(4),  # extra
                 EPOCH + grid(60),  # t_issue
                 ep,
@@ -86,21 +88,21 @@ def _rows(seed: int, n: int, floats: bool) -> tuple[list[_Row], list[int], dict[
 
 def _kind_rows_of(rows: list[_Row]) -> _KindRows:
     """The rows as the kind loop's streams: kinds as :func:`replay_columns._node_kinds` gives them."""
-    main: list[tuple[int, int, float, float, float, int, int]] = []
-    waits: list[tuple[int, int, int, int]] = []
+    main: list[tuple[int, int, float, float, float, int, int, int, int, int]] = []
     others: list[_Row] = []
     for r in rows:
         i, fk, pre, post, du, c, add, lead, prod, extra, _, ep, et, deps = r
-        if fk is not None or deps is not None or c in (1, 3):
+        reads = ep
+        if fk is not None or deps is not None or c in (1, 3) or (c == 2 and ep >= 0 and ep != prod):
             kind = K_OTHER
             others.append(r)
         elif c == 2:
             kind = K_WAIT if ep >= 0 else K_WAIT_ONLY
-            waits.append((add, lead, prod, extra))
+            reads = prod
         else:
             kind = K_EDGE if ep >= 0 else K_PLAIN
-        main.append((i, kind, pre, post, du, ep, et))
-    return _KindRows(iter(main), iter(waits), iter(others))
+        main.append((i, kind, pre, post, du, reads, et, add, lead, extra))
+    return _KindRows(iter(main), iter(others))
 
 
 @settings(max_examples=150, deadline=None)
@@ -122,11 +124,11 @@ def test_kind_loop_on_a_hand_built_chain() -> None:
     ends 1045 + 20 = 1065; block 2 waits for the producer's issue (1040 + 2) against its posting
     (1065 - 100), plus 7 ns of transfer: 1049 < 1065, so it does not wait, ends 1065 + 1 = 1066."""
     kinds: list[Any] = [
-        (0, K_OTHER, 0.0, 0.0, 10, -1, 0),
-        (1, K_EDGE, 0.0, 0.0, 20, 3, 5),
-        (2, K_WAIT_ONLY, 0.0, 0.0, 1, -1, 0),
+        (0, K_OTHER, 0.0, 0.0, 10, -1, 0, 0, 0, 0),
+        (1, K_EDGE, 0.0, 0.0, 20, 3, 5, 0, 0, 0),
+        (2, K_WAIT_ONLY, 0.0, 0.0, 1, 3, 0, 7, 100, 2),
     ]
     first: _Row = (0, (0, 0), 0.0, 0.0, 10, 0, 0, 0, -1, 0, 0, -1, 0, None)
     win = _Starts([0, 0, 0, 1040], {(0, 0): 1000})
-    _place_kinds(win, _KindRows(iter(kinds), iter([(7, 100, 3, 2)]), iter([first])))
+    _place_kinds(win, _KindRows(iter(kinds), iter([first])))
     assert win.end == [1010, 1065, 1066, 1040]

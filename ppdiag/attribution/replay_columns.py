@@ -296,34 +296,33 @@ def _ordered(
 
 
 # the node kinds of the loop's fast paths (``replay_run._place_kinds``), by how a node is placed:
-# after its previous block only, or also after one label edge, or a producer block's wait with
-# one label edge or without; every other node (a step's first block, a wait on its own send or
-# on a fixed issue, a release) is placed by the general row (``replay_run._place_nodes``)
-# (numbered so that the two producer waits are the kinds between K_EDGE and K_PLAIN)
-K_EDGE, K_WAIT, K_WAIT_ONLY, K_PLAIN, K_OTHER = 0, 1, 2, 3, 4
+# after its previous block and one label edge, or a producer block's wait whose producer is its
+# label edge's, or after its previous block only, or a producer wait without a label edge; every
+# other node (a step's first block, a wait on its own send or on a fixed issue, a release, a wait
+# whose label edge is another block's) is placed by the general row (``replay_run._place_nodes``)
+K_EDGE, K_WAIT, K_PLAIN, K_WAIT_ONLY, K_OTHER = 0, 1, 2, 3, 4
 
 
 class _KindRows(NamedTuple):
     """What the kind loop reads of one variant, in the loop's order: per node (id, kind, pre,
-    post, duration, the label edge's producer and latency); per producer wait (K_WAIT,
-    K_WAIT_ONLY) its (addition, lead, producer, producer's extra delay); per K_OTHER node its
-    whole :data:`_Row`."""
+    post, duration, the block it reads (the label edge's producer, or the wait's producer
+    for K_WAIT_ONLY) and the label edge's latency, the wait's addition, lead and the producer's
+    extra delay); per K_OTHER node its whole :data:`_Row`."""
 
-    main: Iterator[tuple[int, int, float, float, float, int, int]]
-    waits: Iterator[tuple[int, int, int, int]]
+    main: Iterator[tuple[int, int, float, float, float, int, int, int, int, int]]
     others: Iterator[_Row]
 
 
-def _node_kinds(code: npt.NDArray[np.int64], lr: _LoopRows) -> npt.NDArray[np.int64]:
-    """Each node's kind (loop order) from its wait code (loop order) and its dependencies."""
+def _node_kinds(
+    code: npt.NDArray[np.int64], prod: npt.NDArray[np.int64], lr: _LoopRows
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Each node's kind and the block it reads (loop order) from its wait code and producer (loop
+    order) and its dependencies."""
     edge = lr.edge_p >= 0
-    kind = np.where(
-        code == 0,
-        np.where(edge, K_EDGE, K_PLAIN),
-        np.where(code == 2, np.where(edge, K_WAIT, K_WAIT_ONLY), K_OTHER),
-    )
+    wait = np.where(edge, np.where(lr.edge_p == prod, K_WAIT, K_OTHER), K_WAIT_ONLY)
+    kind = np.where(code == 0, np.where(edge, K_EDGE, K_PLAIN), np.where(code == 2, wait, K_OTHER))
     kind[lr.general] = K_OTHER
-    return kind
+    return kind, np.where(kind == K_WAIT_ONLY, prod, lr.edge_p)
 
 
 def _kind_rows(va: _VariantArrays, cols: _Columns, lr: _LoopRows, memo: ListMemo | None = None) -> _KindRows:
@@ -332,23 +331,19 @@ def _kind_rows(va: _VariantArrays, cols: _Columns, lr: _LoopRows, memo: ListMemo
     order = cols.order
     m: ListMemo = {} if memo is None else memo
     code = va.code[order]
-    kind = _node_kinds(code, lr)
+    prod = cols.prod[order]
+    kind, reads = _node_kinds(code, prod, lr)
     main = zip(
         lr.order_l,
         _ordered("kind", kind, None, m),
         _ordered("pre", va.pre, order, m),
         _ordered("post", va.post, order, m),
         _ordered("dur", va.dur, order, m),
-        lr.edge_p_o,
+        _ordered("reads", reads, None, m),
         lr.edge_t_o,
-        strict=True,
-    )
-    ow = order[(kind == K_WAIT) | (kind == K_WAIT_ONLY)]
-    waits = zip(
-        _ordered("w_add", va.add[ow], None, m),
-        _ordered("w_lead", va.lead[ow], None, m),
-        _ordered("w_prod", cols.prod[ow], None, m),
-        _ordered("w_extra", va.extra[ow], None, m),
+        _ordered("add", va.add, order, m),
+        _ordered("lead", va.lead, order, m),
+        _ordered("extra", va.extra, order, m),
         strict=True,
     )
     g = np.flatnonzero(kind == K_OTHER)
@@ -363,7 +358,7 @@ def _kind_rows(va: _VariantArrays, cols: _Columns, lr: _LoopRows, memo: ListMemo
         code[g].tolist(),
         va.add[og].tolist(),
         va.lead[og].tolist(),
-        cols.prod[og].tolist(),
+        prod[g].tolist(),
         va.extra[og].tolist(),
         cols.t_issue[og].tolist(),
         lr.edge_p[g].tolist(),
@@ -371,7 +366,7 @@ def _kind_rows(va: _VariantArrays, cols: _Columns, lr: _LoopRows, memo: ListMemo
         [lr.deps_o[j] for j in g_l],
         strict=True,
     )
-    return _KindRows(main, waits, others)
+    return _KindRows(main, others)
 
 
 __all__ = ["K_EDGE", "K_OTHER", "K_PLAIN", "K_WAIT", "K_WAIT_ONLY", "NEG_INF"]

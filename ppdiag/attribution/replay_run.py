@@ -25,6 +25,7 @@ from ppdiag.attribution.replay_columns import (
     K_EDGE,
     K_PLAIN,
     K_WAIT,
+    K_WAIT_ONLY,
     NEG_INF,
     ListMemo,
     _Columns,
@@ -185,39 +186,44 @@ def _place_nodes(win: _Windows, rows: Iterator[_Row]) -> None:
 
 def _place_kinds(win: _Windows, rows: _KindRows) -> None:
     """:func:`_place_nodes` with the common nodes on fast paths: each node's kind says which of
-    its fields it reads, so the loop zips seven columns instead of fourteen and tests one kind
-    instead of the first block, the code and the edges; a producer wait's four values come from
-    a stream of the waits alone, and every other node (a step's first block, a release, a wait
-    on its own send or a fixed issue) is placed by :func:`_place_nodes` itself. Each fast path
-    is the general row's arithmetic for that kind, the same operations in the same order (the
-    same ints and floats, e.g. a tie keeps ``posted``)."""
+    its fields it reads, so the loop zips ten columns instead of fourteen and tests one kind
+    instead of the first block, the code and the edges, and a wait on its label edge's producer
+    reads that block's end once; every other node (a step's first block, a release, a wait on
+    its own send or a fixed issue) is placed by :func:`_place_nodes` itself. Each fast path is
+    the general row's arithmetic for that kind, the same operations in the same order (the same
+    ints and floats, e.g. a tie keeps ``posted``)."""
     # the kinds by how often they come in a 1F1B run: half the nodes have one label edge and no
     # wait, a third a producer wait with its label edge
     end = win.end
-    wait = rows.waits.__next__
     other = rows.others.__next__
     # (the kinds as locals: no global look-up per node and test)
-    k_edge, k_wait, k_plain = K_EDGE, K_WAIT, K_PLAIN
-    for i, kind, pre, post, du, ep, et in rows.main:
+    k_edge, k_wait, k_plain, k_wait_only = K_EDGE, K_WAIT, K_PLAIN, K_WAIT_ONLY
+    for i, kind, pre, post, du, ep, et, add, lead, extra in rows.main:
         if kind == k_edge:
             base = end[i - 1] + pre
             t = end[ep] + et
             if t > base:
                 base = t
-        elif kind < k_plain:  # K_WAIT, K_WAIT_ONLY
+        elif kind == k_wait:
             base = end[i - 1] + pre
-            add, lead, prod, extra = wait()
+            e = end[ep]  # the producer's end, also its label edge's source
             posted = base - lead
-            issued = end[prod] + extra
+            issued = e + extra
             arrive = (issued if issued > posted else posted) + add
             if arrive > base:
                 base = arrive
-            if kind == k_wait:
-                t = end[ep] + et
-                if t > base:
-                    base = t
+            t = e + et
+            if t > base:
+                base = t
         elif kind == k_plain:
             base = end[i - 1] + pre
+        elif kind == k_wait_only:
+            base = end[i - 1] + pre
+            posted = base - lead
+            issued = end[ep] + extra  # (``ep``: the producer)
+            arrive = (issued if issued > posted else posted) + add
+            if arrive > base:
+                base = arrive
         else:
             _place_nodes(win, iter((other(),)))
             continue
