@@ -511,6 +511,8 @@ def test_variants_placed_together_reuse_unchanged_columns(
         assert g == _reference_run(rp, **kw), kw
     batches = len(rp._memo)
     assert batches > 2
-    # 7 value columns per variant; the codes, for one, are made once for the whole batch
-    assert made.count("code") == 1
-    assert len(made) < 7 * batches
+    # 8 value columns per variant; the node kinds (from the waits' codes), for one, are made
+    # once for the whole batch, and so are the blocks the nodes read
+    assert made.count("kind") == 1
+    assert made.count("reads") == 1
+    assert len(made) < 8 * batches

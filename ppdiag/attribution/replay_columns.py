@@ -3,7 +3,7 @@ what one variant puts on them: the local delays it keeps, the durations, the wai
 
 :func:`_variant_arrays` is shared by the level-by-level placement
 (:mod:`ppdiag.attribution.replay_levels`) and by the node-at-a-time loop
-(``replay_run._place_nodes``, which reads :class:`_LoopRows` too).
+(``replay_run._place_kinds``, which reads :class:`_LoopRows` and :func:`_kind_rows` too).
 """
 
 from __future__ import annotations
@@ -151,18 +151,19 @@ def _distinct_rows(*cols: Col) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.in
 
 @dataclass(frozen=True)
 class _LoopRows:
-    """What the node-at-a-time loop (:func:`_place_nodes`) reads besides the variant's values, in
-    the replay's order: node ids, the (rank, step) of a step's first block (None for the others),
-    producers, fixed issue times, the producer and latency of a node's one label edge, and
-    (release, label edges) of the other nodes with dependencies (or None)."""
+    """What the node loop (``replay_run._place_kinds``) reads besides the variant's values, in the
+    replay's order: node ids, the (rank, step) of a step's first block (None for the others), the
+    producer and latency of a node's one label edge (-1 and 0: none), (release, label edges) of
+    the other nodes with dependencies (or None), and which nodes take the general row (a step's
+    first block, a node with a release)."""
 
     order_l: list[int]
     first_key_o: list[tuple[int, int] | None]
-    prod_o: list[int]
-    t_issue_o: list[int]
+    edge_p: npt.NDArray[np.int64]
     edge_p_o: list[int]
     edge_t_o: list[int]
     deps_o: list[tuple[int | None, list[tuple[int, int]]] | None]
+    general: npt.NDArray[np.bool_]
 
     @classmethod
     def of(cls, rp: ReplayGraph, cols: _Columns) -> _LoopRows:
@@ -195,14 +196,15 @@ class _LoopRows:
             strict=True,
         ):
             deps_o[k] = (nc.release[i], [(p, t)] if e else no_edges)
+        edge_p = np.where(single, ev[:, 0], -1)[cols.order]
         return cls(
             order_l=order_l,
             first_key_o=[keys_l[i] if first_l[i] else None for i in order_l],
-            prod_o=cols.prod[cols.order].tolist(),
-            t_issue_o=cols.t_issue[cols.order].tolist(),
-            edge_p_o=np.where(single, ev[:, 0], -1)[cols.order].tolist(),
+            edge_p=edge_p,
+            edge_p_o=edge_p.tolist(),
             edge_t_o=np.where(single, ev[:, 1], 0)[cols.order].tolist(),
             deps_o=deps_o,
+            general=(is_first[:n] | in_rel)[cols.order],
         )
 
 
@@ -276,48 +278,98 @@ def _variant_arrays(
     )
 
 
-# per value column of the loop rows: the variant's array (node-id order) and its list in the
-# loop's order, kept for the next variant
+# per value column of the loop rows: the variant's array and its list in the loop's order, kept
+# for the next variant
 ListMemo = dict[str, tuple[npt.NDArray[np.int64] | npt.NDArray[np.float64], list[Any]]]
 
 
-def _ordered(name: str, arr: npt.NDArray[Any], order: npt.NDArray[np.int64], memo: ListMemo) -> list[Any]:
-    """``arr[order].tolist()``, or the list the previous variant made of an equal array (same
-    dtype, same values): most variants change a few of the columns (e.g. removing host delay
-    leaves the waits' codes, additions and leads as they were), and each list costs a copy and
-    a Python object per node."""
+def _ordered(
+    name: str, arr: npt.NDArray[Any], order: npt.NDArray[np.int64] | None, memo: ListMemo
+) -> list[Any]:
+    """``arr[order].tolist()`` (``order`` None: ``arr`` is in the loop's order already), or the
+    list the previous variant made of an equal array (same dtype, same values): most variants
+    change a few of the columns (e.g. removing host delay leaves the waits' codes, additions and
+    leads as they were), and each list costs a copy and a Python object per node."""
     hit = memo.get(name)
     if hit is not None and hit[0].dtype == arr.dtype and np.array_equal(hit[0], arr):
         return hit[1]
-    out: list[Any] = arr[order].tolist()
+    out: list[Any] = (arr if order is None else arr[order]).tolist()
     memo[name] = (arr, out)
     return out
 
 
-def _variant_rows(
-    va: _VariantArrays, cols: _Columns, lr: _LoopRows, memo: ListMemo | None = None
-) -> Iterator[_Row]:
-    """Everything the node loop reads under the variant, in the loop's order (one zip instead of
+# the node kinds of the loop's fast paths (``replay_run._place_kinds``), by how a node is placed:
+# after its previous block and one label edge, or a producer block's wait whose producer is its
+# label edge's, or after its previous block only, or a producer wait without a label edge; every
+# other node (a step's first block, a wait on its own send or on a fixed issue, a release, a wait
+# whose label edge is another block's) is placed by the general row (``replay_run._place_nodes``)
+K_EDGE, K_WAIT, K_PLAIN, K_WAIT_ONLY, K_OTHER = 0, 1, 2, 3, 4
+
+
+class _KindRows(NamedTuple):
+    """What the kind loop reads of one variant, in the loop's order: per node (id, kind, pre,
+    post, duration, the block it reads (the label edge's producer, or the wait's producer
+    for K_WAIT_ONLY) and the label edge's latency, the wait's addition, lead and the producer's
+    extra delay); per K_OTHER node its whole :data:`_Row`."""
+
+    main: Iterator[tuple[int, int, float, float, float, int, int, int, int, int]]
+    others: Iterator[_Row]
+
+
+def _node_kinds(
+    code: npt.NDArray[np.int64], prod: npt.NDArray[np.int64], lr: _LoopRows
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Each node's kind and the block it reads (loop order) from its wait code and producer (loop
+    order) and its dependencies."""
+    edge = lr.edge_p >= 0
+    wait = np.where(edge, np.where(lr.edge_p == prod, K_WAIT, K_OTHER), K_WAIT_ONLY)
+    kind = np.where(code == 0, np.where(edge, K_EDGE, K_PLAIN), np.where(code == 2, wait, K_OTHER))
+    kind[lr.general] = K_OTHER
+    return kind, np.where(kind == K_WAIT_ONLY, prod, lr.edge_p)
+
+
+def _kind_rows(va: _VariantArrays, cols: _Columns, lr: _LoopRows, memo: ListMemo | None = None) -> _KindRows:
+    """Everything the kind loop reads under the variant, in the loop's order (zips instead of
     indexing per node); ``memo`` carries the lists from one variant to the next."""
     order = cols.order
     m: ListMemo = {} if memo is None else memo
-    return zip(
+    code = va.code[order]
+    prod = cols.prod[order]
+    kind, reads = _node_kinds(code, prod, lr)
+    main = zip(
         lr.order_l,
-        lr.first_key_o,
+        _ordered("kind", kind, None, m),
         _ordered("pre", va.pre, order, m),
         _ordered("post", va.post, order, m),
         _ordered("dur", va.dur, order, m),
-        _ordered("code", va.code, order, m),
+        _ordered("reads", reads, None, m),
+        lr.edge_t_o,
         _ordered("add", va.add, order, m),
         _ordered("lead", va.lead, order, m),
-        lr.prod_o,
         _ordered("extra", va.extra, order, m),
-        lr.t_issue_o,
-        lr.edge_p_o,
-        lr.edge_t_o,
-        lr.deps_o,
         strict=True,
     )
+    g = np.flatnonzero(kind == K_OTHER)
+    og = order[g]
+    g_l = g.tolist()
+    others = zip(
+        og.tolist(),
+        [lr.first_key_o[j] for j in g_l],
+        va.pre[og].tolist(),
+        va.post[og].tolist(),
+        va.dur[og].tolist(),
+        code[g].tolist(),
+        va.add[og].tolist(),
+        va.lead[og].tolist(),
+        prod[g].tolist(),
+        va.extra[og].tolist(),
+        cols.t_issue[og].tolist(),
+        lr.edge_p[g].tolist(),
+        [lr.edge_t_o[j] for j in g_l],
+        [lr.deps_o[j] for j in g_l],
+        strict=True,
+    )
+    return _KindRows(main, others)
 
 
-__all__ = ["NEG_INF"]
+__all__ = ["K_EDGE", "K_OTHER", "K_PLAIN", "K_WAIT", "K_WAIT_ONLY", "NEG_INF"]
