@@ -11,17 +11,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ppdiag.attribution.critical_path import Transfers
+from ppdiag.attribution.critical_path import (
+    _PHASE_LETTER,
+    RELEASE_TOL_NS,
+    Transfers,
+    _merge_blocks,
+    _ms,
+    _path_pieces,
+)
 from ppdiag.diagnosis import GapTable, StepWindow
-from ppdiag.model import Phase
 from ppdiag.pipeline.blocks import Blocks
-from ppdiag.report_types import PATH_CATEGORIES, Cause, CriticalStep, PathPiece, StageShare
-
-# a receive that ends this little after the block start (at most a tenth of the block) still
-# released it (the receive and the block's first kernel on two streams); clipped to the block start
-RELEASE_TOL_NS = 5_000
-
-_PHASE_LETTER = {int(Phase.FWD): "F", int(Phase.BWD): "B", int(Phase.WGRAD): "W"}
+from ppdiag.report_types import Cause, CriticalStep
 
 
 class _Walk:
@@ -232,35 +232,6 @@ class _Walk:
 Piece = tuple[int, int, dict[str, object]]
 
 
-def _merge_blocks(pieces: list[Piece]) -> list[Piece]:
-    """Blocks of one (phase, micro-batch, virtual stage) that follow each other on one rank with
-    only local pieces between them (a block cut in per-layer parts) as one block piece: the gaps
-    between the parts go into its ``lost``, compute outside blocks into its compute."""
-
-    def key(f: dict[str, object]) -> tuple[object, ...]:
-        return (f["rank"], f.get("phase"), f.get("mb"), f.get("virtual_stage"))
-
-    out: list[Piece] = []
-    last_block: int | None = None  # index in ``out`` of the last block piece
-    for a, z, f in pieces:
-        if f["kind"] == "block" and last_block is not None and key(out[last_block][2]) == key(f):
-            pa, _, pf = out[last_block]
-            lost: dict[str, int] = dict(pf["lost"])  # type: ignore[call-overload]
-            between = [(ga, gz, str(g["cause"])) for ga, gz, g in out[last_block + 1 :] if g["kind"] == "gap"]
-            between += [(0, v, c) for c, v in f["lost"].items()]  # type: ignore[attr-defined]
-            for ga, gz, c in between:
-                lost[c] = lost.get(c, 0) + gz - ga
-            del out[last_block + 1 :]
-            out[last_block] = (pa, z, {**pf, "lost": lost, "lost_ms": None})
-            continue
-        if f["kind"] == "transfer" or (last_block is not None and f["rank"] != out[last_block][2]["rank"]):
-            last_block = None
-        out.append((a, z, f))
-        if f["kind"] == "block":
-            last_block = len(out) - 1
-    return out
-
-
 def _walk_step(w: _Walk, members: Sequence[StepWindow]) -> CriticalStep | None:
     """Walk one step back from its end on the rank that finished it last."""
     win = {m.rank: m for m in members}
@@ -274,7 +245,7 @@ def _walk_step(w: _Walk, members: Sequence[StepWindow]) -> CriticalStep | None:
         return None
     pieces = _merge_blocks(sorted(w.pieces, key=lambda p: (p[0], p[1])))
     p0 = pieces[0][0]
-    out, by_stage = _path_pieces(w, pieces, p0)
+    out, by_stage = _path_pieces(w.stage_of, pieces, p0)
     total = pieces[-1][1] - p0
     return CriticalStep(
         step=end_m.number if end_m.number >= 0 else end_m.index,
@@ -346,59 +317,6 @@ def _walk_back(w: _Walk, win: dict[int, StepWindow], rank: int, t: int) -> tuple
             rank, t = src, ss
         j = w.last_block(rank, t, win[rank].start if rank in win else t)
     return rank, t
-
-
-def _ms(ns: int) -> float:
-    """Integer ns as ms. ``round(ns / 1e6, 6)`` is this very float for any integer below 2**53
-    (the quotient is the float nearest ns * 1e-6, already a 6-decimal number), so no rounding."""
-    return ns / 1e6
-
-
-def _path_pieces(w: _Walk, pieces: list[Piece], p0: int) -> tuple[list[PathPiece], list[StageShare]]:
-    """The path's pieces (times relative to ``p0``, in ms) and its time per stage and category."""
-    # every start and length in one division (int64 to float64 and IEEE division, as Python's)
-    ends = np.array([(a, z) for a, z, _ in pieces], dtype=np.int64).reshape(-1, 2)
-    t_ms: list[float] = ((ends[:, 0] - p0) / 1e6).tolist()
-    dur_ms: list[float] = ((ends[:, 1] - ends[:, 0]) / 1e6).tolist()
-    out: list[PathPiece] = []
-    agg: dict[int | None, dict[str, int]] = {}
-    stage_of = w.stage_of
-    for (a, z, f), t, d in zip(pieces, t_ms, dur_ms, strict=True):
-        r: int = f["rank"]  # type: ignore[assignment]
-        st = stage_of.get(r)
-        kind: str = f["kind"]  # type: ignore[assignment]
-        row = agg.get(st)
-        if row is None:
-            row = agg[st] = dict.fromkeys(PATH_CATEGORIES, 0)
-        if kind == "block":
-            lost: dict[str, int] = f["lost"]  # type: ignore[assignment]
-            out.append(
-                PathPiece(
-                    kind,
-                    r,
-                    st,
-                    t,
-                    d,
-                    f["phase"],  # type: ignore[arg-type]
-                    f["mb"],  # type: ignore[arg-type]
-                    f["virtual_stage"],  # type: ignore[arg-type]
-                    None,
-                    None,
-                    f.get("lost_ms") or {c: _ms(x) for c, x in lost.items()},  # type: ignore[arg-type]
-                )
-            )
-            row["compute"] += z - a - sum(lost.values())
-            for c, x in lost.items():
-                row[c] += x
-            continue
-        cause: str | None = f.get("cause")  # type: ignore[assignment]
-        out.append(PathPiece(kind, r, st, t, d, peer=f.get("peer"), cause=cause))  # type: ignore[arg-type]
-        row[cause if kind == "gap" else kind] += z - a  # type: ignore[index]
-    by_stage = [
-        StageShare(st, {k: _ms(v) for k, v in agg[st].items()})
-        for st in sorted(agg, key=lambda x: (x is None, x if x is not None else 0))
-    ]
-    return out, by_stage
 
 
 def critical_paths(

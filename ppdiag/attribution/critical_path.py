@@ -431,7 +431,7 @@ def _finish(w: _Walk, walked: _Walked) -> CriticalStep | None:
         return None
     pieces = _merge_blocks(sorted(pieces, key=itemgetter(0, 1)))
     p0 = pieces[0][0]
-    out, by_stage = _path_pieces(w, pieces, p0)
+    out, by_stage = _path_pieces(w.stage_of, pieces, p0)
     end_m = walked.end
     return CriticalStep(
         step=end_m.number if end_m.number >= 0 else end_m.index,
@@ -524,7 +524,9 @@ def _ms(ns: int) -> float:
     return ns / 1e6
 
 
-def _path_pieces(w: _Walk, pieces: list[Piece], p0: int) -> tuple[list[PathPiece], list[StageShare]]:
+def _path_pieces(
+    stage_of: Mapping[int, int], pieces: list[Piece], p0: int
+) -> tuple[list[PathPiece], list[StageShare]]:
     """The path's pieces (times relative to ``p0``, in ms) and its time per stage and category."""
     # every start and length in one division (int64 to float64 and IEEE division, as Python's)
     ends = np.array([(a, z) for a, z, _ in pieces], dtype=np.int64).reshape(-1, 2)
@@ -532,7 +534,6 @@ def _path_pieces(w: _Walk, pieces: list[Piece], p0: int) -> tuple[list[PathPiece
     dur_ms: list[float] = ((ends[:, 1] - ends[:, 0]) / 1e6).tolist()
     out: list[PathPiece] = []
     agg: dict[int | None, dict[str, int]] = {}
-    stage_of = w.stage_of
     for (a, z, f), t, d in zip(pieces, t_ms, dur_ms, strict=True):
         r: int = f["rank"]  # type: ignore[assignment]
         st = stage_of.get(r)
