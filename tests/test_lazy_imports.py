@@ -48,14 +48,19 @@ def test_kineto_analyze_does_not_import_pandas() -> None:
     assert _loaded_after(code) == set()
 
 
-def test_nsys_parse_does_not_import_pandas(tmp_path: Path) -> None:
-    code = (
+def _nsys_parse_code(tmp_path: Path) -> str:
+    """A probe's code that writes a small nsys export into ``tmp_path`` and parses it."""
+    return (
         "from ppsynth.scenario import make_scenario\n"
         "from ppsynth.nsys import write_nsys\n"
         "from ppdiag.parsers.loader import load_run\n"
         "run = make_scenario('1f1b', pp=2, microbatches=2, steps=1)\n"
         f"assert load_run(write_nsys(run, {str(tmp_path)!r}), progress=False, jobs=1).format == 'nsys'"
     )
+
+
+def test_nsys_parse_does_not_import_pandas(tmp_path: Path) -> None:
+    code = _nsys_parse_code(tmp_path)
     assert _loaded_after(code) == set()
 
 
@@ -67,13 +72,7 @@ def test_sniffing_loads_the_nsys_reader_only_when_it_parses(tmp_path: Path) -> N
     trace = TEST_DATA / "gpu_pp_rank0.json"
     code = f"from ppdiag.parsers.loader import load_run\nload_run([{str(trace)!r}], progress=False, jobs=1)"
     assert _loaded_after(code, reader) == set()
-    code = (
-        "from ppsynth.scenario import make_scenario\n"
-        "from ppsynth.nsys import write_nsys\n"
-        "from ppdiag.parsers.loader import load_run\n"
-        "run = make_scenario('1f1b', pp=2, microbatches=2, steps=1)\n"
-        f"assert load_run(write_nsys(run, {str(tmp_path)!r}), progress=False, jobs=1).format == 'nsys'"
-    )
+    code = _nsys_parse_code(tmp_path)
     assert _loaded_after(code, reader) == set(reader)
 
 

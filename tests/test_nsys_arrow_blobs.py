@@ -139,9 +139,8 @@ _EDITS = {
 }
 
 
-@pytest.mark.parametrize("edit", list(_EDITS))
-def test_odd_nccl_rows_parse_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: str) -> None:
-    p = _export(tmp_path)
+def _apply_edit(p: Path, edit: str) -> list[int]:
+    """Apply ``_EDITS[edit]`` to the NCCL rows of the export ``p``; their row ids, in order."""
     conn = sqlite3.connect(p)
     where = _nccl_where(conn)
     ids = [r[0] for r in conn.execute(f"SELECT rowid FROM NVTX_EVENTS WHERE {where} ORDER BY rowid")]
@@ -149,6 +148,13 @@ def test_odd_nccl_rows_parse_the_same(tmp_path: Path, monkeypatch: pytest.Monkey
     conn.execute(_EDITS[edit].format(first=first, last=ids[-1], mid=ids[len(ids) // 2], where=where))
     conn.commit()
     conn.close()
+    return ids
+
+
+@pytest.mark.parametrize("edit", list(_EDITS))
+def test_odd_nccl_rows_parse_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: str) -> None:
+    p = _export(tmp_path)
+    _apply_edit(p, edit)
     fast, slow = _rows_both(p, monkeypatch)
     if fast.text is None:  # taken by ADBC: the same rows and bytes
         _same_rows(fast, slow)
@@ -218,15 +224,7 @@ def test_plain_nccl_rows_are_the_guarded_querys(
     # the plain columns filtered in numpy give the guarded query's rows and payloads exactly, or
     # leave the read to it (an odd value anywhere in the selected rows)
     p = _export(tmp_path)
-    ids: list[int] = []
-    if edit is not None:
-        conn = sqlite3.connect(p)
-        where = _nccl_where(conn)
-        ids = [r[0] for r in conn.execute(f"SELECT rowid FROM NVTX_EVENTS WHERE {where} ORDER BY rowid")]
-        first = ", ".join(str(i) for i in ids[:3])
-        conn.execute(_EDITS[edit].format(first=first, last=ids[-1], mid=ids[len(ids) // 2], where=where))
-        conn.commit()
-        conn.close()
+    ids = _apply_edit(p, edit) if edit is not None else []
     plain, guarded, slow = _plain_and_guarded(p, monkeypatch)
     assert (plain is not None) == taken
     assert guarded.text is None  # the guarded ADBC query answered
