@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppdiag.attribution.paint import _covers, _cut_points
+from ppdiag.attribution.paint import _covers, _cut_points, _points
 from ppdiag.model import intervals as ivs
 
 
@@ -82,3 +82,12 @@ def test_cut_points_of_an_unsorted_or_empty_piece_take_the_searches() -> None:
     bounds = np.array([1, 5], np.int64)
     got = _cut_points(cum, bounds)
     assert [x.tolist() for x in got] == [x.tolist() for x in _cut_points_by_search(cum, bounds)]
+
+
+@given(st.lists(st.lists(st.integers(-20, 20), max_size=12), min_size=1, max_size=5))
+def test_points_are_the_unique_sort_and_each_values_index(arrays: list[list[int]]) -> None:
+    arrs = [np.array(a, np.int64) for a in arrays]
+    pts, at = _points(arrs)
+    want = ivs.sorted_unique(np.concatenate(arrs))
+    assert pts.tolist() == want.tolist()
+    assert [x.tolist() for x in at] == [np.searchsorted(want, a).tolist() for a in arrs]

@@ -45,14 +45,15 @@ def _pools(lost: ivs.ISet, by_rank: list[ivs.ISet]) -> list[ivs.ISet]:
     host, wait, collective, other, copy; each a sorted disjoint set with touching pieces merged."""
     if lost[0].size == 0:
         return [ivs.empty() for _ in range(5)]
-    pts = ivs.sorted_unique(np.concatenate([lost[0], lost[1], *[x for st in by_rank for x in st]]))
+    sets = [lost, *by_rank]
+    pts, at = _points([x for st in sets for x in st])
     seg_s, seg_e = pts[:-1], pts[1:]
     label = np.full(seg_s.size, -1, np.int64)
-    in_lost = _covers(pts, lost)
+    in_lost = _covers(pts, lost, (at[0], at[1]))
     label[in_lost] = 3  # other
     # first matching pool wins: host (0), wait (1), collective (2), copy (4)
-    for pool, iset in reversed(list(zip((0, 1, 2, 4), by_rank, strict=True))):
-        label[in_lost & _covers(pts, iset)] = pool
+    for i in (4, 3, 2, 1):
+        label[in_lost & _covers(pts, sets[i], (at[2 * i], at[2 * i + 1]))] = (0, 1, 2, 4)[i - 1]
     out: list[ivs.ISet] = []
     for pool in range(5):
         k = np.flatnonzero(label == pool)
@@ -67,20 +68,37 @@ def _pools(lost: ivs.ISet, by_rank: list[ivs.ISet]) -> list[ivs.ISet]:
     return out
 
 
-def _covers(pts: Arr, iset: ivs.ISet) -> npt.NDArray[np.bool_]:
+def _points(arrays: list[Arr]) -> tuple[Arr, list[Arr]]:
+    """The sorted unique points of ``arrays`` and, for each array, the index of each of its
+    values among them: one stable argsort (the arrays come sorted, so it merges runs), which
+    costs less than the sort and a search per value into the points it replaces."""
+    allp = np.concatenate(arrays)
+    o = np.argsort(allp, kind="stable")
+    srt = allp[o]
+    keep = np.empty(srt.size, np.bool_)
+    keep[:1] = True
+    np.not_equal(srt[1:], srt[:-1], out=keep[1:])
+    idx = np.empty(allp.size, np.int64)
+    idx[o] = np.cumsum(keep) - 1
+    cut = np.cumsum([a.size for a in arrays])[:-1]
+    return srt[keep], np.split(idx, cut)
+
+
+def _covers(pts: Arr, iset: ivs.ISet, at: tuple[Arr, Arr] | None = None) -> npt.NDArray[np.bool_]:
     """Whether each elementary segment ``[pts[i], pts[i + 1])`` lies in ``iset``, whose bounds are
-    all among the sorted unique ``pts``. For a sorted disjoint set, a sweep: the segment is
-    inside while more of its pieces have started than ended (a search per bound of the set and
-    a running sum, where a search per segment into the set cost a third more on a 128-step
-    nsys run's four million points); any other set, the piece of the last start before each
-    segment (the same answer on a disjoint set)."""
+    all among the sorted unique ``pts`` (at the indices ``at`` where given). For a sorted disjoint
+    set, a sweep: the segment is inside while more of its pieces have started than ended (a
+    running sum over the indices of the set's bounds, where a search per segment into the set
+    cost a third more on a 128-step nsys run's four million points); any other set, the piece
+    of the last start before each segment (the same answer on a disjoint set)."""
     s, e = iset
     n = pts.size - 1
     if s.size == 0 or n <= 0:
         return np.zeros(max(n, 0), np.bool_)
     if (e >= s).all() and (s[1:] >= e[:-1]).all():
-        d = np.bincount(np.searchsorted(pts, s), minlength=n + 1)[:n]
-        d -= np.bincount(np.searchsorted(pts, e), minlength=n + 1)[:n]
+        a, b = at if at is not None else (np.searchsorted(pts, s), np.searchsorted(pts, e))
+        d = np.bincount(a, minlength=n + 1)[:n]
+        d -= np.bincount(b, minlength=n + 1)[:n]
         out: npt.NDArray[np.bool_] = np.cumsum(d) > 0
         return out
     seg_s = pts[:-1]
