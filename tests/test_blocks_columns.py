@@ -1,6 +1,7 @@
 """The block finder's column passes against the plain forms they replaced (kept here as
-references): counting cuts by a merge, the phase majority by integer run sums, and the
-transfer vote's group spans from runs instead of scatter-reductions."""
+references): counting cuts by a merge, the phase majority by integer run sums, the
+transfer vote's group spans from runs instead of scatter-reductions, and the step windows'
+running maximum read only where asked."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from ppdiag.model import Direction, Kind, Phase, RankTimeline
 from ppdiag.model.timeline import Intervals, Ranges
 from ppdiag.pipeline.blocks import _Comp, _count_at_most, _majority_phase, _transfer_vote
+from ppdiag.pipeline.steps import _reach_at
 
 _PHASES = [int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD), int(Phase.OPTIM)]
 
@@ -143,3 +145,13 @@ def test_transfer_vote_spans_from_runs(
             v += 1 if before[-1][1] == 0 else -1 if before[-1][1] == 2 else 0
         want.append(v)
     assert got.tolist() == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-1_000, 1_000), min_size=1, max_size=40), st.data())
+def test_reach_at_is_the_running_maximum(ends: list[int], data: st.DataObject) -> None:
+    e = np.array(ends, np.int64)
+    q = np.array(data.draw(st.lists(st.integers(0, e.size - 1), max_size=12)), np.int64)
+    got = _reach_at(e, q)
+    assert got.dtype == np.int64
+    assert got.tolist() == np.maximum.accumulate(e)[q].tolist()
