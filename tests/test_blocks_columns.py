@@ -1,5 +1,5 @@
 """The block finder's column passes against the plain forms they replaced (kept here as
-references): counting cuts by a merge, the phase majority by integer run sums, the
+references): binary searches of sorted times by a merge, the phase majority by integer run sums, the
 transfer vote's group spans from runs instead of scatter-reductions, and the step windows'
 running maximum read only where asked."""
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ppdiag.model import Direction, Kind, Phase, RankTimeline
 from ppdiag.model.timeline import Intervals, Ranges
-from ppdiag.pipeline.blocks import _Comp, _count_at_most, _majority_phase, _transfer_vote
+from ppdiag.pipeline.blocks import _Comp, _majority_phase, _search, _transfer_vote
 from ppdiag.pipeline.steps import _reach_at
 
 _PHASES = [int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD), int(Phase.OPTIM)]
@@ -63,18 +63,19 @@ def _runs(draw: st.DrawFn) -> tuple[_Comp, npt.NDArray[np.int64], int]:
     return _Comp(idx, start, end, np.full(n, -1, np.int64), phase), group, ng
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
-    st.lists(st.integers(-50, 50), max_size=30, unique=True),
+    st.lists(st.integers(-50, 50), max_size=30),
     st.lists(st.integers(-60, 60), max_size=40),
     st.booleans(),
+    st.sampled_from(["left", "right"]),
 )
-def test_count_at_most_is_searchsorted(cuts: list[int], x: list[int], sort_x: bool) -> None:
+def test_search_is_searchsorted(cuts: list[int], x: list[int], sort_x: bool, side: str) -> None:
     c = np.array(sorted(cuts), np.int64)
     xs = np.array(sorted(x) if sort_x else x, np.int64)
-    got = _count_at_most(c, xs)
+    got = _search(c, xs, side="left" if side == "left" else "right")
     assert got.dtype == np.int64
-    assert got.tolist() == np.searchsorted(c, xs, side="right").tolist()
+    assert got.tolist() == np.searchsorted(c, xs, side="left" if side == "left" else "right").tolist()
 
 
 @settings(max_examples=300, deadline=None)

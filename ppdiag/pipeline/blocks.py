@@ -11,7 +11,7 @@ transfers around the block (a forward receives from the previous stage and sends
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +21,7 @@ from ppdiag.model.intervals import sorted_unique, union
 from ppdiag.model.timeline import Intervals
 from ppdiag.pipeline.steps import LocalStep
 
+_Side = Literal["left", "right"]
 PIPE_PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
 # shortest compute-stream gap that a receive completing in it can mark as a block boundary
 MIN_CUT_GAP_NS = 5_000
@@ -91,7 +92,7 @@ def _assign_steps(t: npt.NDArray[np.int64], steps: list[LocalStep]) -> npt.NDArr
         return np.full(t.shape, -1, dtype=np.int32)
     ss = np.array([s.start for s in steps], dtype=np.int64)
     se = np.array([s.end for s in steps], dtype=np.int64)
-    k = np.searchsorted(ss, t, side="right") - 1
+    k = _search(ss, t) - 1
     ok = (k >= 0) & (t < se[np.clip(k, 0, None)])
     return np.where(ok, k, -1).astype(np.int32)
 
@@ -220,7 +221,7 @@ def _cut_groups(
     else:
         cut_t = _device_cuts(iv, cc, iv_dir)
     cuts = sorted_unique(np.concatenate(cut_t))
-    seg = _count_at_most(cuts, cc.start)
+    seg = _search(cuts, cc.start)
     if not tl.cpu_only:
         # The host issues each transfer between launching two blocks, so in launch time the
         # issue ops separate blocks the device runs back to back with nothing in between
@@ -228,7 +229,7 @@ def _cut_groups(
         rg = tl.ranges
         ops = (rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)
         h_cuts = sorted_unique(rg.start[ops])
-        seg = seg * (h_cuts.size + 1) + _count_at_most(h_cuts, launch_key)
+        seg = seg * (h_cuts.size + 1) + _search(h_cuts, launch_key)
     # A new group at every cut, at every step boundary, and where the ops' own phase turns from
     # forward to backward or weight-gradient (the last stage runs F and B back to back).
     key = seg * 100000 + np.maximum(step_of, 0)
@@ -248,14 +249,20 @@ def _cut_groups(
     return group, phase, np.full(ng, -1, np.int32), np.full(ng, -1, np.int32)
 
 
-def _count_at_most(cuts: npt.NDArray[np.int64], x: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """``np.searchsorted(cuts, x, side="right")`` (how many of the sorted ``cuts`` are <= each x),
-    in one merge when ``x`` is sorted too (the compute in start order, and mostly in launch order):
-    the cuts are searched among the x instead, and x[i] counts the cuts whose place is <= i."""
-    if x.size > 1 and bool((x[1:] >= x[:-1]).all()):
-        first = np.searchsorted(x, cuts, side="left")
-        return np.cumsum(np.bincount(first, minlength=x.size + 1)[: x.size]).astype(np.int64)
-    return np.searchsorted(cuts, x, side="right").astype(np.int64)
+def _search(
+    a: npt.NDArray[np.int64], v: npt.NDArray[np.int64], side: _Side = "right"
+) -> npt.NDArray[np.int64]:
+    """``np.searchsorted(a, v, side)`` as int64, in one merge when ``v`` is sorted too and not
+    shorter than ``a`` (the compute in start order, the cuts among it): each element of ``a`` is
+    placed among the v instead, and v[i] counts the elements placed at or before i."""
+    if v.size > 1 and a.size <= v.size and _ascending(v) and _ascending(a):
+        first = np.searchsorted(v, a, side="left" if side == "right" else "right")
+        return np.cumsum(np.bincount(first, minlength=v.size + 1)[: v.size]).astype(np.int64)
+    return np.searchsorted(a, v, side=side).astype(np.int64)
+
+
+def _ascending(x: npt.NDArray[np.int64]) -> bool:
+    return bool((x[1:] >= x[:-1]).all())
 
 
 def _device_cuts(iv: Intervals, cc: _Comp, iv_dir: npt.NDArray[np.int8]) -> list[npt.NDArray[np.int64]]:
@@ -274,7 +281,7 @@ def _device_cuts(iv: Intervals, cc: _Comp, iv_dir: npt.NDArray[np.int8]) -> list
     # queued behind the receive) is the one the receive releases, not one it completed inside.
     r_end = iv.end[recvs]
     cs, ce = union(cc.start, cc.end)
-    k = np.searchsorted(cs, r_end, side="left") - 1
+    k = _search(cs, r_end, side="left") - 1
     prev_end = np.where(k >= 0, ce[np.clip(k, 0, None)], np.iinfo(np.int64).min)
     next_start = np.where(k + 1 < cs.size, cs[np.clip(k + 1, 0, cs.size - 1)], np.iinfo(np.int64).max)
     idle_gap = (r_end >= prev_end) & (next_start - np.maximum(prev_end, 0) >= MIN_CUT_GAP_NS)
@@ -283,7 +290,7 @@ def _device_cuts(iv: Intervals, cc: _Comp, iv_dir: npt.NDArray[np.int8]) -> list
     s_start = iv.start[sends]
     k_start = cc.start
     k_end_max = np.maximum.accumulate(cc.end) if cc.end.size else cc.end
-    j = np.searchsorted(k_start, s_start, side="left") - 1
+    j = _search(k_start, s_start, side="left") - 1
     inside = (
         (j >= 0) & (k_end_max[np.clip(j, 0, None)] > s_start) if cc.end.size else np.zeros(s_start.size, bool)
     )
@@ -346,8 +353,8 @@ def _transfer_vote(
     s_t, s_peer, r_t, r_peer = s_t[so], s_peer[so], r_t[ro], r_peer[ro]
     vote = np.zeros(ng, dtype=np.int64)
     # the send that leaves when the block ends, the receive whose data arrived last before it began
-    i_after = np.searchsorted(s_t, g_end, side="left")
-    i_before = np.searchsorted(r_t, g_start, side="right") - 1
+    i_after = _search(s_t, g_end, side="left")
+    i_before = _search(r_t, g_start) - 1
     # peers here are >= 0, so -2 stands for "no such neighbour"
     nxt = -2 if next_rank is None else next_rank
     prv = -2 if prev_rank is None else prev_rank
@@ -415,7 +422,7 @@ def block_labels(tl: RankTimeline, blocks: Blocks, offset: int = 0) -> IntervalL
     if len(blocks):
         comp = np.flatnonzero(iv.kind == int(Kind.COMPUTE))
         t = iv.start[comp] + offset
-        pos = np.searchsorted(blocks.start, t, side="right") - 1
+        pos = _search(blocks.start, t) - 1
         ok = (pos >= 0) & (t < blocks.end[np.clip(pos, 0, None)] + 1)
         sel = comp[ok]
         p = pos[ok]
