@@ -178,3 +178,22 @@ def test_line_refuses_spans_that_overflow_int64() -> None:
     with pytest.raises(OverflowError):
         Line.of([0, 0], [2**62, 2**62])
     assert Line.of([5, 100], [10, 100]).off.tolist() == [0, 6]  # widths 6 and 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(_groups(), st.data())
+def test_group_of_sorted_or_not_is_the_binary_search(
+    case: tuple[list[tuple[int, int]], list[Raw], list[Raw]], data: st.DataObject
+) -> None:
+    wins = case[0]
+    line = Line.of([lo for lo, _ in wins], [hi for _, hi in wins])
+    top = int(line.off[-1] + (line.hi[-1] - line.lo[-1]))
+    # offsets themselves among the positions: the group boundaries are where the two ways could part
+    pts = data.draw(
+        st.lists(st.one_of(st.integers(0, top - 1), st.sampled_from(line.off.tolist())), max_size=30)
+    )
+    for x in (np.array(pts, np.int64), np.sort(np.array(pts, np.int64))):
+        want = (np.searchsorted(line.off, x, side="right") - 1).astype(np.int64)
+        got = line.group_of(x)
+        assert got.dtype == np.int64
+        assert got.tolist() == want.tolist()

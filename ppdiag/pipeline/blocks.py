@@ -11,7 +11,7 @@ transfers around the block (a forward receives from the previous stage and sends
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +21,7 @@ from ppdiag.model.intervals import sorted_unique, union
 from ppdiag.model.timeline import Intervals
 from ppdiag.pipeline.steps import LocalStep
 
+_Side = Literal["left", "right"]
 PIPE_PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
 # shortest compute-stream gap that a receive completing in it can mark as a block boundary
 MIN_CUT_GAP_NS = 5_000
@@ -71,12 +72,27 @@ class Blocks:
         )
 
 
+class _Comp(NamedTuple):
+    """The compute intervals' columns in time order, gathered once: every pass over the compute
+    reads them, and on a run of a few hundred thousand kernels each gather costs about a ms."""
+
+    idx: npt.NDArray[np.int64]  # interval indices, sorted by start
+    start: npt.NDArray[np.int64]
+    end: npt.NDArray[np.int64]
+    launch: npt.NDArray[np.int64]
+    phase: npt.NDArray[np.int8]
+
+
+def _comp_of(iv: Intervals, comp: npt.NDArray[np.int64]) -> _Comp:
+    return _Comp(comp, iv.start[comp], iv.end[comp], iv.launch[comp], iv.phase[comp])
+
+
 def _assign_steps(t: npt.NDArray[np.int64], steps: list[LocalStep]) -> npt.NDArray[np.int32]:
     if not steps:
         return np.full(t.shape, -1, dtype=np.int32)
     ss = np.array([s.start for s in steps], dtype=np.int64)
     se = np.array([s.end for s in steps], dtype=np.int64)
-    k = np.searchsorted(ss, t, side="right") - 1
+    k = _search(ss, t) - 1
     ok = (k >= 0) & (t < se[np.clip(k, 0, None)])
     return np.where(ok, k, -1).astype(np.int32)
 
@@ -99,10 +115,9 @@ def build_blocks(
     if comp.size == 0 or not steps:
         return Blocks.empty()
     comp = comp[np.argsort(iv.start[comp], kind="stable")]
-    key = (
-        np.where(iv.launch[comp] >= 0, iv.launch[comp], iv.start[comp]) if not tl.cpu_only else iv.start[comp]
-    )
-    step_of = _assign_steps(iv.start[comp], steps)
+    cc = _comp_of(iv, comp)
+    key = np.where(cc.launch >= 0, cc.launch, cc.start) if not tl.cpu_only else cc.start
+    step_of = _assign_steps(cc.start, steps)
     labels = tl.ranges.take((tl.ranges.kind == int(RangeKind.LABEL)) & np.isin(tl.ranges.phase, PIPE_PHASES))
     labelled = len(labels) > 0
     if labelled:
@@ -115,25 +130,26 @@ def build_blocks(
         g_mb = labels.mb
         g_stage = labels.stage
     else:
-        group, g_phase, g_mb, g_stage = _cut_groups(tl, comp, step_of, prev_rank, next_rank, overlay=p2p)
+        group, g_phase, g_mb, g_stage = _cut_groups(tl, cc, key, step_of, prev_rank, next_rank, overlay=p2p)
     # Optimizer and other non-pipeline ops never belong to a block.
-    group = np.where(np.isin(iv.phase[comp], (int(Phase.OPTIM), int(Phase.OTHER))), -1, group)
+    group = np.where((cc.phase == int(Phase.OPTIM)) | (cc.phase == int(Phase.OTHER)), -1, group)
     valid = group >= 0
     if not valid.any():
         return Blocks.empty()
-    gidx = comp[valid]
-    gid = group[valid]
-    gstep = step_of[valid]
-    order = np.lexsort((iv.start[gidx], gid))
-    gidx, gid, gstep = gidx[order], gid[order], gstep[order]
+    gid, gstep = group[valid], step_of[valid]
+    gs, ge, gl = cc.start[valid], cc.end[valid], cc.launch[valid]
+    # in start order already (cut groups are runs of it): sorted by group, then start, as it is
+    if (gid[1:] < gid[:-1]).any():
+        order = np.lexsort((gs, gid))
+        gid, gstep, gs, ge, gl = gid[order], gstep[order], gs[order], ge[order], gl[order]
     bounds = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
     ends_b = np.r_[bounds[1:], gid.size]
-    b_start = np.minimum.reduceat(iv.start[gidx], bounds)
-    b_end = np.maximum.reduceat(iv.end[gidx], bounds)
-    b_launch_src = np.where(iv.launch[gidx] >= 0, iv.launch[gidx], np.iinfo(np.int64).max)
+    b_start = np.minimum.reduceat(gs, bounds)
+    b_end = np.maximum.reduceat(ge, bounds)
+    b_launch_src = np.where(gl >= 0, gl, np.iinfo(np.int64).max)
     b_launch = np.minimum.reduceat(b_launch_src, bounds)
     b_launch = np.where(b_launch == np.iinfo(np.int64).max, -1, b_launch)
-    b_busy = _group_union_measure(iv.start[gidx], iv.end[gidx], bounds, ends_b)
+    b_busy = _group_union_measure(gs, ge, bounds, ends_b)
     first_gid = gid[bounds]
     b_step = gstep[bounds].astype(np.int32)
     b_phase = np.asarray(g_phase)[first_gid].astype(np.int8)
@@ -185,13 +201,15 @@ def _group_union_measure(
 
 def _cut_groups(
     tl: RankTimeline,
-    comp: npt.NDArray[np.int64],
+    cc: _Comp,
+    launch_key: npt.NDArray[np.int64],
     step_of: npt.NDArray[np.int32],
     prev_rank: int | None,
     next_rank: int | None,
     overlay: tuple[npt.NDArray[np.int32], npt.NDArray[np.int8]] | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int8], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-    """Groups of compute between point-to-point operations, with their phase."""
+    """Groups of compute between point-to-point operations, with their phase. ``launch_key``: each
+    interval's host launch, its start where unknown (the start on a CPU-only run)."""
     iv = tl.intervals
     iv_peer, iv_dir = overlay if overlay is not None else (iv.peer, iv.direction)
     p2p = iv.kind == int(Kind.P2P)
@@ -201,9 +219,9 @@ def _cut_groups(
         comm_ops = (rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)
         cut_t = [iv.start[p2p], rg.start[comm_ops]]
     else:
-        cut_t = _device_cuts(iv, comp, iv_dir)
+        cut_t = _device_cuts(iv, cc, iv_dir)
     cuts = sorted_unique(np.concatenate(cut_t))
-    seg = np.searchsorted(cuts, iv.start[comp], side="right").astype(np.int64)
+    seg = _search(cuts, cc.start)
     if not tl.cpu_only:
         # The host issues each transfer between launching two blocks, so in launch time the
         # issue ops separate blocks the device runs back to back with nothing in between
@@ -211,30 +229,43 @@ def _cut_groups(
         rg = tl.ranges
         ops = (rg.kind == int(RangeKind.COMM_OP)) & (rg.direction > 0)
         h_cuts = sorted_unique(rg.start[ops])
-        t = np.where(iv.launch[comp] >= 0, iv.launch[comp], iv.start[comp])
-        seg = seg * (h_cuts.size + 1) + np.searchsorted(h_cuts, t, side="right")
+        seg = seg * (h_cuts.size + 1) + _search(h_cuts, launch_key)
     # A new group at every cut, at every step boundary, and where the ops' own phase turns from
     # forward to backward or weight-gradient (the last stage runs F and B back to back).
     key = seg * 100000 + np.maximum(step_of, 0)
-    ph_ops = iv.phase[comp].astype(np.int64)
-    pipe_ph = np.where(np.isin(ph_ops, (int(Phase.BWD), int(Phase.WGRAD))), ph_ops, int(Phase.FWD))
+    ph_ops = cc.phase.astype(np.int64)
+    pipe_ph = np.where((ph_ops == int(Phase.BWD)) | (ph_ops == int(Phase.WGRAD)), ph_ops, int(Phase.FWD))
     # carry the last pipeline phase over optimizer/other ops so they do not split a block
     change = np.r_[True, (key[1:] != key[:-1]) | (pipe_ph[1:] != pipe_ph[:-1])]
     group = np.cumsum(change) - 1
     group = np.where(step_of >= 0, group, -1)
     ng = int(group.max()) + 1 if group.size else 0
-    phase = _majority_phase(iv, comp, group, ng)
+    phase = _majority_phase(cc, group, ng)
     if not tl.cpu_only and ng:
         # On a GPU the direction of the transfers around a block is the surest sign of its phase
         # (kernels carry a phase only when the launching op said so); ops decide where it is silent.
-        vote = _transfer_vote(tl, comp, group, ng, prev_rank, next_rank, iv_peer, iv_dir)
+        vote = _transfer_vote(tl, cc, group, ng, prev_rank, next_rank, iv_peer, iv_dir)
         phase = np.where(vote > 0, int(Phase.FWD), np.where(vote < 0, int(Phase.BWD), phase)).astype(np.int8)
     return group, phase, np.full(ng, -1, np.int32), np.full(ng, -1, np.int32)
 
 
-def _device_cuts(
-    iv: Intervals, comp: npt.NDArray[np.int64], iv_dir: npt.NDArray[np.int8]
-) -> list[npt.NDArray[np.int64]]:
+def _search(
+    a: npt.NDArray[np.int64], v: npt.NDArray[np.int64], side: _Side = "right"
+) -> npt.NDArray[np.int64]:
+    """``np.searchsorted(a, v, side)`` as int64, in one merge when ``v`` is sorted too and not
+    shorter than ``a`` (the compute in start order, the cuts among it): each element of ``a`` is
+    placed among the v instead, and v[i] counts the elements placed at or before i."""
+    if v.size > 1 and a.size <= v.size and _ascending(v) and _ascending(a):
+        first = np.searchsorted(v, a, side="left" if side == "right" else "right")
+        return np.cumsum(np.bincount(first, minlength=v.size + 1)[: v.size]).astype(np.int64)
+    return np.searchsorted(a, v, side=side).astype(np.int64)
+
+
+def _ascending(x: npt.NDArray[np.int64]) -> bool:
+    return bool((x[1:] >= x[:-1]).all())
+
+
+def _device_cuts(iv: Intervals, cc: _Comp, iv_dir: npt.NDArray[np.int8]) -> list[npt.NDArray[np.int64]]:
     """The times that separate two blocks of device kernels (the sends' starts, the ends of the
     receives the compute stream idled for)."""
     p2p = iv.kind == int(Kind.P2P)
@@ -249,47 +280,49 @@ def _device_cuts(
     # strictly earlier: a run that begins the instant the data lands (the next block, its kernels
     # queued behind the receive) is the one the receive releases, not one it completed inside.
     r_end = iv.end[recvs]
-    cs, ce = union(iv.start[comp], iv.end[comp])
-    k = np.searchsorted(cs, r_end, side="left") - 1
+    cs, ce = union(cc.start, cc.end)
+    k = _search(cs, r_end, side="left") - 1
     prev_end = np.where(k >= 0, ce[np.clip(k, 0, None)], np.iinfo(np.int64).min)
     next_start = np.where(k + 1 < cs.size, cs[np.clip(k + 1, 0, cs.size - 1)], np.iinfo(np.int64).max)
     idle_gap = (r_end >= prev_end) & (next_start - np.maximum(prev_end, 0) >= MIN_CUT_GAP_NS)
     # a send that starts while a kernel runs was queued behind earlier sends: it does not mark
     # the end of the block that produced it
     s_start = iv.start[sends]
-    k_start = iv.start[comp]
-    k_end_max = np.maximum.accumulate(iv.end[comp]) if comp.size else iv.end[comp]
-    j = np.searchsorted(k_start, s_start, side="left") - 1
+    k_start = cc.start
+    k_end_max = np.maximum.accumulate(cc.end) if cc.end.size else cc.end
+    j = _search(k_start, s_start, side="left") - 1
     inside = (
-        (j >= 0) & (k_end_max[np.clip(j, 0, None)] > s_start) if comp.size else np.zeros(s_start.size, bool)
+        (j >= 0) & (k_end_max[np.clip(j, 0, None)] > s_start) if cc.end.size else np.zeros(s_start.size, bool)
     )
     return [s_start[~inside], r_end[idle_gap]]
 
 
-def _majority_phase(
-    iv: Intervals, comp: npt.NDArray[np.int64], group: npt.NDArray[np.int64], ng: int
-) -> npt.NDArray[np.int8]:
+def _majority_phase(cc: _Comp, group: npt.NDArray[np.int64], ng: int) -> npt.NDArray[np.int8]:
     """Each group's phase by its ops' time: backward or weight-gradient where that phase holds
-    more than half of the group's compute, else forward."""
-    dur = (iv.end[comp] - iv.start[comp]).astype(np.float64)
-    ph = iv.phase[comp]
-    valid = group >= 0
-    bwd_t = np.bincount(
-        group[valid], weights=np.where(ph[valid] == int(Phase.BWD), dur[valid], 0.0), minlength=ng
-    )
-    wg_t = np.bincount(
-        group[valid], weights=np.where(ph[valid] == int(Phase.WGRAD), dur[valid], 0.0), minlength=ng
-    )
-    all_t = np.bincount(group[valid], weights=dur[valid], minlength=ng)
+    more than half of the group's compute, else forward. ``group`` rises along the compute (each
+    group one run of it), -1 outside every group."""
     phase = np.full(ng, int(Phase.FWD), dtype=np.int8)
-    phase[bwd_t > 0.5 * all_t] = int(Phase.BWD)
-    phase[wg_t > 0.5 * all_t] = int(Phase.WGRAD)
+    valid = group >= 0
+    gv = group[valid]
+    if gv.size == 0:
+        return phase
+    runs = np.flatnonzero(np.r_[True, gv[1:] != gv[:-1]])
+    dur = (cc.end - cc.start)[valid]
+    ph = cc.phase[valid]
+    # integer sums per run: exact, as the float sums of whole nanoseconds were, and "more than
+    # half" is the same test doubled
+    all_t = np.add.reduceat(dur, runs)
+    bwd_t = np.add.reduceat(np.where(ph == int(Phase.BWD), dur, 0), runs)
+    wg_t = np.add.reduceat(np.where(ph == int(Phase.WGRAD), dur, 0), runs)
+    ids = gv[runs]
+    phase[ids[2 * bwd_t > all_t]] = int(Phase.BWD)
+    phase[ids[2 * wg_t > all_t]] = int(Phase.WGRAD)
     return phase
 
 
 def _transfer_vote(
     tl: RankTimeline,
-    comp: npt.NDArray[np.int64],
+    cc: _Comp,
     group: npt.NDArray[np.int64],
     ng: int,
     prev_rank: int | None,
@@ -303,21 +336,25 @@ def _transfer_vote(
     valid = group >= 0
     g_start = np.full(ng, np.iinfo(np.int64).max, np.int64)
     g_end = np.full(ng, -1, np.int64)
-    np.minimum.at(g_start, group[valid], iv.start[comp][valid])
-    np.maximum.at(g_end, group[valid], iv.end[comp][valid])
+    # the groups are runs of the compute in start order (group ids rise along it): a group's
+    # first interval starts it, and its ends reduce over the run
+    gv, sv, ev = group[valid], cc.start[valid], cc.end[valid]
+    if gv.size:
+        runs = np.flatnonzero(np.r_[True, gv[1:] != gv[:-1]])
+        g_start[gv[runs]] = sv[runs]
+        g_end[gv[runs]] = np.maximum.reduceat(ev, runs)
     m = (iv.kind == int(Kind.P2P)) & (iv_peer >= 0)
-    d = iv_dir[m]
-    peer = iv_peer[m]
-    sends = (d == int(Direction.SEND)) | (d == int(Direction.BOTH))
-    recvs = (d == int(Direction.RECV)) | (d == int(Direction.BOTH))
-    s_t, s_peer = iv.start[m][sends], peer[sends]
-    r_t, r_peer = iv.end[m][recvs], peer[recvs]
+    both = iv_dir == int(Direction.BOTH)
+    si = np.flatnonzero(m & ((iv_dir == int(Direction.SEND)) | both))
+    ri = np.flatnonzero(m & ((iv_dir == int(Direction.RECV)) | both))
+    s_t, s_peer = iv.start[si], iv_peer[si]
+    r_t, r_peer = iv.end[ri], iv_peer[ri]
     so, ro = np.argsort(s_t), np.argsort(r_t)
     s_t, s_peer, r_t, r_peer = s_t[so], s_peer[so], r_t[ro], r_peer[ro]
     vote = np.zeros(ng, dtype=np.int64)
     # the send that leaves when the block ends, the receive whose data arrived last before it began
-    i_after = np.searchsorted(s_t, g_end, side="left")
-    i_before = np.searchsorted(r_t, g_start, side="right") - 1
+    i_after = _search(s_t, g_end, side="left")
+    i_before = _search(r_t, g_start) - 1
     # peers here are >= 0, so -2 stands for "no such neighbour"
     nxt = -2 if next_rank is None else next_rank
     prv = -2 if prev_rank is None else prev_rank
@@ -385,7 +422,7 @@ def block_labels(tl: RankTimeline, blocks: Blocks, offset: int = 0) -> IntervalL
     if len(blocks):
         comp = np.flatnonzero(iv.kind == int(Kind.COMPUTE))
         t = iv.start[comp] + offset
-        pos = np.searchsorted(blocks.start, t, side="right") - 1
+        pos = _search(blocks.start, t) - 1
         ok = (pos >= 0) & (t < blocks.end[np.clip(pos, 0, None)] + 1)
         sel = comp[ok]
         p = pos[ok]

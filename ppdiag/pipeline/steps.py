@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from ppdiag.model import RangeKind, RankTimeline
 
@@ -44,6 +45,17 @@ def host_steps(tl: RankTimeline) -> list[tuple[int, int, int]]:
     return out
 
 
+def _reach_at(ends: npt.NDArray[np.int64], q: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``np.maximum.accumulate(ends)[q]``: the running maximum read only where asked (a step's
+    first kernel, a few hundred places among hundreds of thousands of intervals), from the maxima
+    of the slices between those places."""
+    if q.size == 0:
+        return np.zeros(0, np.int64)
+    at = np.unique(q)
+    seg = np.maximum.reduceat(ends[: int(at[-1]) + 1], np.r_[0, at[:-1] + 1])
+    return np.maximum.accumulate(seg)[np.searchsorted(at, q)]
+
+
 def step_windows(tl: RankTimeline) -> tuple[list[LocalStep], list[str]]:
     """Step windows of one rank, plus warnings about how they were found."""
     iv = tl.intervals
@@ -61,7 +73,7 @@ def step_windows(tl: RankTimeline) -> tuple[list[LocalStep], list[str]]:
         return [LocalStep(n, s, e) for n, s, e in hs if e > s], warnings
     t = np.where(iv.launch >= 0, iv.launch, iv.start)
     k = np.searchsorted(starts, t, side="right") - 1
-    inside = (k >= 0) & (t < ends[np.clip(k, 0, None)])
+    inside = (k >= 0) & (t < ends[np.maximum(k, 0)])
     out: list[LocalStep] = []
     first_start = np.full(len(hs), -1, dtype=np.int64)
     last_end = np.full(len(hs), -1, dtype=np.int64)
@@ -82,9 +94,8 @@ def step_windows(tl: RankTimeline) -> tuple[list[LocalStep], list[str]]:
     # start never moves past the step's first kernel.
     order = np.argsort(iv.start, kind="stable")
     st_sorted = iv.start[order]
-    reach = np.maximum.accumulate(iv.end[order])
     pos = np.searchsorted(st_sorted, first_start, side="left")
-    busy_until = np.where(pos > 0, reach[np.maximum(pos - 1, 0)], np.iinfo(np.int64).min)
+    busy_until = np.where(pos > 0, _reach_at(iv.end[order], np.maximum(pos - 1, 0)), np.iinfo(np.int64).min)
     start = np.minimum(first_start, np.maximum(starts, busy_until))
     valid = np.flatnonzero(first_start >= 0)
     for j, i in enumerate(valid.tolist()):
