@@ -18,6 +18,7 @@ from ppdiag.attribution.critical_path import (
     _merge_blocks,
     _ms,
     _path_pieces,
+    _stretch,
 )
 from ppdiag.diagnosis import GapTable, StepWindow
 from ppdiag.pipeline.blocks import Blocks
@@ -138,24 +139,9 @@ class _Walk:
         rest compute outside blocks (neighbouring pieces of one kind and cause merged)."""
         if hi <= lo:
             return
-        marks: list[tuple[int, int, str | None]] = []
-        t = lo
-        for si, ei, ci in self._gaps_in(rank, lo, hi):
-            if si > t:
-                marks.append((t, si, None))
-            marks.append((max(si, t), ei, Cause.of(ci)))
-            t = max(t, ei)
-        if t < hi:
-            marks.append((t, hi, None))
-        merged: list[tuple[int, int, str | None]] = []
-        for m in marks:
-            if merged and merged[-1][2] == m[2] and merged[-1][1] == m[0]:
-                merged[-1] = (merged[-1][0], m[1], m[2])
-            elif m[1] > m[0]:
-                merged.append(m)
-        for x, z, cause in merged:
-            f: dict[str, object] = {"kind": "gap", "cause": cause} if cause else {"kind": "other"}
-            self.pieces.append((x, z, {**f, "rank": rank}))
+        got = self._gaps_in(rank, lo, hi)
+        gs, ge, gc = ([x[i] for x in got] for i in range(3))
+        self.pieces.extend(_stretch(rank, lo, hi, gs, ge, gc))
 
     def _gaps_in(self, rank: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """The rank's gap pieces clipped to [lo, hi), in time order (a rank's gaps are disjoint):
