@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppdiag.model import Direction, Kind, Phase, RankTimeline
+from ppdiag.model.intervals import search_sorted as _search
 from ppdiag.model.timeline import Intervals, Ranges
-from ppdiag.pipeline.blocks import _Comp, _majority_phase, _search, _transfer_vote
+from ppdiag.pipeline.blocks import _Comp, _majority_phase, _transfer_vote
 from ppdiag.pipeline.steps import _reach_at
 
 _PHASES = [int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD), int(Phase.OPTIM)]

@@ -26,9 +26,14 @@ Col = npt.NDArray[np.int32] | npt.NDArray[np.int64]
 NARROW_LIMIT = 2**31 // 16
 
 
+def fits(lo: int, hi: int) -> bool:
+    """Whether values from ``lo`` to ``hi`` may be held in a narrowed (int32) column."""
+    return -NARROW_LIMIT < lo <= hi < NARROW_LIMIT
+
+
 def narrow(a: Col) -> Col:
     """``a`` as int32 where every value lies within :data:`NARROW_LIMIT` of 0, else as it is."""
-    if a.size == 0 or (int(a.min()) > -NARROW_LIMIT and int(a.max()) < NARROW_LIMIT):
+    if a.size == 0 or fits(int(a.min()), int(a.max())):
         return a.astype(np.int32)
     return a
 
@@ -48,7 +53,7 @@ class ByNode(MutableMapping[int, Any]):
 
     def _fit(self, lo: int, hi: int) -> None:
         """Widen the values to int64 where ``[lo, hi]`` does not fit a narrowed table."""
-        if self.val.dtype != np.int64 and not -NARROW_LIMIT < lo <= hi < NARROW_LIMIT:
+        if self.val.dtype != np.int64 and not fits(lo, hi):
             self.val = self.val.astype(np.int64)
 
     def _row(self, v: Any) -> Any:
@@ -219,7 +224,7 @@ class NodeColumns:
         """Set column ``name`` of node ``i`` to ``v``, widening the column to int64 first where
         ``v`` lies outside what a narrowed column holds (:func:`narrow`)."""
         col = self.cols[name]
-        if col.dtype != np.int64 and not -NARROW_LIMIT < v < NARROW_LIMIT:
+        if col.dtype != np.int64 and not fits(v, v):
             col = self.cols[name] = col.astype(np.int64)
         col[i] = v
 
@@ -254,4 +259,4 @@ class NodeColumns:
         return np.fromiter(by_id, np.int64, len(by_id))
 
 
-__all__ = ["MEASURED", "NARROW_LIMIT", "ByNode", "Col", "NodeColumns", "_Node", "narrow"]
+__all__ = ["MEASURED", "NARROW_LIMIT", "ByNode", "Col", "NodeColumns", "_Node", "fits", "narrow"]

@@ -64,12 +64,8 @@ class Line:
 
     def group_of(self, x: Arr) -> Arr:
         """The group of each position on the line."""
-        if x.size > 1 and self.off.size <= x.size and bool((x[1:] >= x[:-1]).all()):
-            # sorted positions (a set's starts or ends), at least as many as the groups: the
-            # offsets are placed among them instead, and each counts the offsets at or before it
-            first = np.searchsorted(x, self.off, side="left")
-            return np.cumsum(np.bincount(first, minlength=x.size + 1)[: x.size]).astype(np.int64) - 1
-        return (np.searchsorted(self.off, x, side="right") - 1).astype(np.int64)
+        # (sorted positions, a set's starts or ends, at least as many as the groups: one merge)
+        return ivs.search_sorted(self.off, x) - 1
 
     def time_of(self, x: Arr, group: Arr | None = None) -> Arr:
         """Positions on the line back on their group's own clock."""

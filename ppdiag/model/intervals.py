@@ -6,6 +6,8 @@ An interval set is a pair ``(starts, ends)`` of int64 arrays, sorted and non-ove
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import numpy.typing as npt
 
@@ -30,6 +32,22 @@ def sorted_unique(x: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     keep[0] = True
     np.not_equal(a[1:], a[:-1], out=keep[1:])
     return a[keep]
+
+
+def search_sorted(
+    a: npt.NDArray[np.int64], v: npt.NDArray[np.int64], side: Literal["left", "right"] = "right"
+) -> npt.NDArray[np.int64]:
+    """``np.searchsorted(a, v, side)`` as int64, in one merge when ``v`` is sorted too and not
+    shorter than ``a`` (the compute in start order, the cuts among it): each element of ``a`` is
+    placed among the ``v`` instead, and ``v[i]`` counts the elements placed at or before ``i``."""
+    if v.size > 1 and a.size <= v.size and _ascending(v) and _ascending(a):
+        first = np.searchsorted(v, a, side="left" if side == "right" else "right")
+        return np.cumsum(np.bincount(first, minlength=v.size + 1)[: v.size]).astype(np.int64)
+    return np.searchsorted(a, v, side=side).astype(np.int64)
+
+
+def _ascending(x: npt.NDArray[np.int64]) -> bool:
+    return bool((x[1:] >= x[:-1]).all())
 
 
 def union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> ISet:

@@ -11,17 +11,17 @@ transfers around the block (a forward receives from the previous stage and sends
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from ppdiag.model import Direction, Kind, Phase, RangeKind, RankTimeline
+from ppdiag.model.intervals import search_sorted as _search
 from ppdiag.model.intervals import sorted_unique, union
 from ppdiag.model.timeline import Intervals
 from ppdiag.pipeline.steps import LocalStep
 
-_Side = Literal["left", "right"]
 PIPE_PHASES = (int(Phase.FWD), int(Phase.BWD), int(Phase.WGRAD))
 # shortest compute-stream gap that a receive completing in it can mark as a block boundary
 MIN_CUT_GAP_NS = 5_000
@@ -247,22 +247,6 @@ def _cut_groups(
         vote = _transfer_vote(tl, cc, group, ng, prev_rank, next_rank, iv_peer, iv_dir)
         phase = np.where(vote > 0, int(Phase.FWD), np.where(vote < 0, int(Phase.BWD), phase)).astype(np.int8)
     return group, phase, np.full(ng, -1, np.int32), np.full(ng, -1, np.int32)
-
-
-def _search(
-    a: npt.NDArray[np.int64], v: npt.NDArray[np.int64], side: _Side = "right"
-) -> npt.NDArray[np.int64]:
-    """``np.searchsorted(a, v, side)`` as int64, in one merge when ``v`` is sorted too and not
-    shorter than ``a`` (the compute in start order, the cuts among it): each element of ``a`` is
-    placed among the v instead, and v[i] counts the elements placed at or before i."""
-    if v.size > 1 and a.size <= v.size and _ascending(v) and _ascending(a):
-        first = np.searchsorted(v, a, side="left" if side == "right" else "right")
-        return np.cumsum(np.bincount(first, minlength=v.size + 1)[: v.size]).astype(np.int64)
-    return np.searchsorted(a, v, side=side).astype(np.int64)
-
-
-def _ascending(x: npt.NDArray[np.int64]) -> bool:
-    return bool((x[1:] >= x[:-1]).all())
 
 
 def _device_cuts(iv: Intervals, cc: _Comp, iv_dir: npt.NDArray[np.int8]) -> list[npt.NDArray[np.int64]]:
