@@ -163,16 +163,16 @@ def _rule_links(ctx: RuleContext) -> LinkLatencies:
     consumer's receive waited for that call (``edge_consumer_held``; a held rank's neighbours
     were named for it)."""
     att = ctx.attribution
-    edges, held, whole = att.edges, att.edge_held, att.edge_whole
-    own = att.edge_consumer_held
-    held = held if len(held) == len(edges) else np.zeros(len(edges), np.int64)
-    skip = own.any() and len(own) == len(edges)
-    if not held.any() and not skip:
+    edges, whole = att.edges, att.edge_whole
+    n = len(edges)
+    held = att.edge_held if len(att.edge_held) == n else np.zeros(n, np.int64)
+    own = att.edge_consumer_held if len(att.edge_consumer_held) == n else np.zeros(n, np.bool_)
+    if not held.any() and not own.any():
         return att.links
-    keep = ~own if skip else np.ones(len(edges), np.bool_)
+    keep = ~own
     if not held.any():
         # as the attribution's links, without those waits
-        return link_latencies(edges[keep], whole[keep] if len(whole) == len(edges) else None)
+        return link_latencies(edges[keep], whole[keep] if len(whole) == n else None)
     timed = edges[keep]
     timed[:, 2] += held[keep]
     return link_latencies(timed)
