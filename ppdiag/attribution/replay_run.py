@@ -85,7 +85,7 @@ class _Windows:
     def start(self, key: tuple[int, int]) -> int:
         if key not in self.w_start:
             prev = self.rp.prev_step.get(key)
-            self.w_start[key] = self.stop(prev) if prev is not None else self.rp.w0[key]
+            self.w_start[key] = self.stop(prev) if prev is not None else self.rp.w0[key] - self.rp.origin
         return self.w_start[key]
 
     def local(self, piece: tuple[int, int, int, int, int]) -> int:
