@@ -83,7 +83,8 @@ class PlacementPlan:
         has_abs: npt.NDArray[np.bool_],
     ) -> PlacementPlan:
         """``order``: node ids in measured order; ``prod``: each node's producer (-1: none);
-        ``t_issue``: the fixed issue time of a wait on an operation issued before any block."""
+        ``t_issue``: the fixed issue time of a wait on an operation issued before any block.
+        ``meas_end`` and ``t_issue`` are less ``rp.origin``, as every time the plan reads."""
         n = int(order.size)
         pos2 = np.empty(n, np.int64)
         pos2[order] = 2 * np.arange(n)  # odd positions: virtual nodes, just before a block
