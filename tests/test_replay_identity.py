@@ -130,8 +130,10 @@ def _reference_run(
     ux: bool = True,
     balanced: dict[tuple[int, int, int], float] | None = None,
 ) -> dict[tuple[int, int], tuple[int, int]]:
-    """The replay as it was computed one node at a time (before the columns)."""
+    """The replay as it was computed one node at a time (before the columns), on times less the
+    graph's origin (the float arithmetic on epoch ns would round every sum to 256 ns)."""
     n = len(self.nodes)
+    o = self.origin
     start = [0] * n
     end = [0] * n
     done = [False] * n
@@ -146,7 +148,7 @@ def _reference_run(
         return nd.lead if (comm or not nd.on_compute) else -NEG_INF
 
     def node_end(j: int) -> int:
-        return end[j] if done[j] else self.meas_start[j] + self.nodes[j].span
+        return end[j] if done[j] else (self.meas_start[j] - o) + self.nodes[j].span
 
     def last_end(key: tuple[int, int]) -> int:
         f, c = self.first[key], self.count[key]
@@ -155,7 +157,7 @@ def _reference_run(
     def window_start(key: tuple[int, int]) -> int:
         if key not in w_start:
             prev = self.prev_step.get(key)
-            w_start[key] = window_end(prev) if prev is not None else self.w0[key]
+            w_start[key] = window_end(prev) if prev is not None else self.w0[key] - o
         return w_start[key]
 
     def local(piece: tuple[int, int, int, int, int]) -> int:
@@ -225,9 +227,9 @@ def _reference_run(
             t_issue, xfer = nd.obs_abs
             if not comm_excess:
                 xfer = min(xfer, lat)
-            base = max(base, max(base - lead_of(nd), t_issue) + xfer)
+            base = max(base, max(base - lead_of(nd), t_issue - o) + xfer)
         if nd.release is not None:
-            base = max(base, nd.release)
+            base = max(base, nd.release - o)
         for p, tau in nd.edges:
             base = max(base, node_end(p) + tau)
         s = base + post

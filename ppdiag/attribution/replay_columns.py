@@ -81,6 +81,7 @@ class _Columns:
     # the mean-cost factor's keys, (rank, stage, phase), and each node's key among them
     cost_keys: list[tuple[int, int, int]]
     cost_of: npt.NDArray[np.int32]
+    # the measured ends and the fixed issue times less the graph's origin (ReplayGraph.origin)
     meas_end: npt.NDArray[np.int64]
     order: npt.NDArray[np.int64]  # node ids in the replay's order (measured start)
     prod: npt.NDArray[np.int64]  # by node id: the producer (-1: none) and the fixed issue time
@@ -133,10 +134,13 @@ class _Columns:
             on_compute=nc.on_compute,
             cost_keys=[(int(k[0]), int(k[1]), int(k[2])) for k in keys.tolist()],
             cost_of=inv.reshape(-1).astype(np.int32),
-            meas_end=np.asarray(rp.meas_start, np.int64) + c["span"] if n else np.zeros(0, np.int64),
+            # (the absolute times less the graph's origin: the variants' floats stay exact)
+            meas_end=(np.asarray(rp.meas_start, np.int64) - rp.origin) + c["span"]
+            if n
+            else np.zeros(0, np.int64),
             order=np.asarray(rp.order, np.int64),
             prod=np.where(has_obs, nc.obs.column(0), np.int64(-1)),  # (int64: the plan adds to it)
-            t_issue=by_id(nc.obs_abs, 0),
+            t_issue=np.where(has_abs, by_id(nc.obs_abs, 0) - rp.origin, 0),
         )
 
 
@@ -195,7 +199,7 @@ class _LoopRows:
             ev[rel_ids, 1].tolist(),
             strict=True,
         ):
-            deps_o[k] = (nc.release[i], [(p, t)] if e else no_edges)
+            deps_o[k] = (nc.release[i] - rp.origin, [(p, t)] if e else no_edges)
         edge_p = np.where(single, ev[:, 0], -1)[cols.order]
         return cls(
             order_l=order_l,

@@ -157,6 +157,9 @@ class ReplayGraph:
         self._label_edges(cons, prod, tol)
         self.order: npt.NDArray[np.int64] = np.argsort(self.meas_start, kind="stable")
         self.w0 = {(rs.rank, rs.step): rs.w0 for rs in steps}
+        # the variants place the nodes on times less this integer (the earliest start): their float
+        # arithmetic on epoch ns (past 2**53) would round every sum to 256 ns (docs/json.md)
+        self.origin = int(min([*self.w0.values(), *self.meas_start[self.order[:1]].tolist()], default=0))
         self.prev_step = _chain_steps(steps)
 
     def _add_tails(self, steps: list[RankStep], t: StepTails) -> None:

@@ -83,7 +83,8 @@ class PlacementPlan:
         has_abs: npt.NDArray[np.bool_],
     ) -> PlacementPlan:
         """``order``: node ids in measured order; ``prod``: each node's producer (-1: none);
-        ``t_issue``: the fixed issue time of a wait on an operation issued before any block."""
+        ``t_issue``: the fixed issue time of a wait on an operation issued before any block.
+        ``meas_end`` and ``t_issue`` are less ``rp.origin``, as every time the plan reads."""
         n = int(order.size)
         pos2 = np.empty(n, np.int64)
         pos2[order] = 2 * np.arange(n)  # odd positions: virtual nodes, just before a block
@@ -140,7 +141,7 @@ def _x_edges(
         first_edge[key] = i.size + len(rows)
         prev = rp.prev_step.get(key)
         if prev is None:
-            rows.append((f, sent, rp.w0[key], 0, 0, 0))
+            rows.append((f, sent, rp.w0[key] - rp.origin, 0, 0, 0))
         elif (s := rp.sync_of.get(prev)) is None:
             busy_t, coll_t, host_t, other_t, copy_t = rp.tail[prev]
             src, c = last_of(prev, int(vpos[f]))
@@ -175,7 +176,7 @@ def _i_edges(rp: ReplayGraph, pos2: I64, meas_end: I64, sent: int, total: int) -
     src_e = np.where(live, pt[:, 0], sent)
     k_e = pt[:, 1] + np.where(live, 0, meas_end[pt[:, 0]])
     dst_r = np.fromiter(nc.release.keys(), np.int64, len(nc.release))
-    k_r = np.fromiter(nc.release.values(), np.int64, len(nc.release))
+    k_r = np.fromiter(nc.release.values(), np.int64, len(nc.release)) - rp.origin
     has = np.zeros(total, np.bool_)
     has[dst_e] = True
     has[dst_r] = True

@@ -10,6 +10,10 @@ paths for the common kinds of node), which places a graph too deep for the level
 many chained steps: a handful of nodes per level) and one the levels do not model (a step
 without blocks). ``tests/test_replay_identity.py`` checks both against one
 node at a time, ``tests/test_replay_levels.py`` the levels against a loop on random graphs.
+
+Both place the nodes on times less the graph's integer origin (:attr:`ReplayGraph.origin`): the
+floats of a variant's local delays added to epoch nanoseconds would round to 256 ns.
+``tests/test_replay_origin.py`` holds a run at an epoch origin to the same run at 0.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ class _Windows:
     def start(self, key: tuple[int, int]) -> int:
         if key not in self.w_start:
             prev = self.rp.prev_step.get(key)
-            self.w_start[key] = self.stop(prev) if prev is not None else self.rp.w0[key]
+            self.w_start[key] = self.stop(prev) if prev is not None else self.rp.w0[key] - self.rp.origin
         return self.w_start[key]
 
     def local(self, piece: tuple[int, int, int, int, int]) -> int:
