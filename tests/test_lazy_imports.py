@@ -126,6 +126,24 @@ def test_rules_without_options_do_not_import_typer() -> None:
         ), argv
 
 
+def test_analyze_with_options_does_not_import_pydantic(tmp_path: Path) -> None:
+    # typer converts each option through a pydantic TypeAdapter (pydantic ~25 ms to import, the
+    # adapters of analyze's options as much again); plain values are converted without it
+    # (ppdiag/cli/coercion.py). The probe can fail: every option went through pydantic
+    trace = TEST_DATA / "gpu_pp_rank0.json"
+    argv = ("analyze", str(trace), "-q", "--json", str(tmp_path / "r.json"), "--jobs", "1", "--pp", "2")
+    for args in (argv, ("analyze", "--help"), ("rules", "--help")):
+        assert _loaded_by_command_of(args, ("pydantic",)) == set(), args
+
+
+def _loaded_by_command_of(argv: tuple[str, ...], modules: tuple[str, ...]) -> set[str]:
+    code = (
+        f"import sys\nsys.argv = ['ppdiag', *{list(argv)!r}]\nfrom ppdiag.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass"
+    )
+    return _loaded_after(code, modules)
+
+
 def test_rule_catalogue_read_from_source_matches_the_registered_rules() -> None:
     from ppdiag.rules import catalog
 

@@ -10,12 +10,14 @@ from typing import Annotated
 import typer
 
 from ppdiag.cli import analyze, cache, calc, check, demo, diff, rules, whatif
+from ppdiag.cli.coercion import plain_coercion
 from ppdiag.cli.help import plain_help
 from ppdiag.cli.options import NoCache, Scheduler, SchedulerTimeout, use_no_cache, use_scheduler
 from ppdiag.cli.support import fail
 from ppdiag.version import __version__
 
 plain_help()  # values, not Python types, in --help (ppdiag/cli/help.py)
+plain_coercion()  # plain option values converted without pydantic (ppdiag/cli/coercion.py)
 
 app = typer.Typer(
     name="ppdiag",
