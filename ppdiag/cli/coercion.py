@@ -20,15 +20,23 @@ click types) is left as it is. ``tests/test_cli_coercion.py`` checks both paths 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 # what `_plain` returns for a value it leaves to typer
 _TYPER = object()
-_DIGITS = re.compile(r"(?:0|[1-9][0-9]{0,17})")
-_DECIMAL = re.compile(r"(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,17})?")
+
+
+def _digits(text: str) -> bool:
+    """``0`` or up to 18 ASCII digits without a leading zero (no sign, space, ``_`` or exponent)."""
+    return 0 < len(text) <= 18 and text.isascii() and text.isdigit() and (text == "0" or text[0] != "0")
+
+
+def _decimal(text: str) -> bool:
+    """Digits as :func:`_digits`, optionally a point and up to 17 more digits (``30``, ``1.5``)."""
+    whole, point, frac = text.partition(".")
+    return _digits(whole) and (not point or (0 < len(frac) <= 17 and frac.isascii() and frac.isdigit()))
 
 
 def _plain_path(value: str, info: Any) -> Any:
@@ -56,7 +64,7 @@ def _plain_leaf(annotation: Any, info: Any, value: Any) -> Any:
     if annotation is str:
         return value
     if annotation is int:
-        if not _DIGITS.fullmatch(value):
+        if not _digits(value):
             return _TYPER
         number = int(value)
         lo, hi = info.min, info.max
@@ -64,7 +72,7 @@ def _plain_leaf(annotation: Any, info: Any, value: Any) -> Any:
             return _TYPER
         return number
     if annotation is float:
-        if not _DECIMAL.fullmatch(value):
+        if not _decimal(value):
             return _TYPER
         real = float(value)
         lo, hi = info.min, info.max
