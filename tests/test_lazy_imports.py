@@ -136,6 +136,27 @@ def test_analyze_with_options_does_not_import_pydantic(tmp_path: Path) -> None:
         assert _loaded_by_command_of(args, ("pydantic",)) == set(), args
 
 
+def test_a_command_imports_no_other_command(tmp_path: Path) -> None:
+    # the entry point registers the named command alone (ppdiag/cli/commands.py: app_for); the
+    # probe can fail: every command module was imported and converted by typer for any command
+    others = (
+        "ppdiag.cli.whatif",
+        "ppdiag.cli.demo",
+        "ppdiag.cli.calc",
+        "ppdiag.cli.check",
+        "ppdiag.cli.diff",
+    )
+    trace = TEST_DATA / "gpu_pp_rank0.json"
+    for args in (
+        ("analyze", str(trace), "-q", "--json", str(tmp_path / "r.json")),
+        ("--no-cache", "analyze", "--help"),
+    ):
+        assert _loaded_by_command_of(args, others) == set(), args
+    assert _loaded_by_command_of(("rules", "--help"), ("ppdiag.cli.analyze",)) == set()
+    # the full application where no command is named plainly
+    assert _loaded_by_command_of(("--help",), others) == set(others)
+
+
 def _loaded_by_command_of(argv: tuple[str, ...], modules: tuple[str, ...]) -> set[str]:
     code = (
         f"import sys\nsys.argv = ['ppdiag', *{list(argv)!r}]\nfrom ppdiag.cli import main\n"

@@ -71,9 +71,9 @@ def main() -> None:
             signal.signal(sig, on_signal)
     try:
         if not _run_plain_rules(sys.argv[1:]):
-            from ppdiag.cli.commands import app
+            from ppdiag.cli.commands import app_for
 
-            app(prog_name="ppdiag")
+            app_for(sys.argv[1:])(prog_name="ppdiag")
     except (Interrupted, KeyboardInterrupt) as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         with contextlib.suppress(Exception):
