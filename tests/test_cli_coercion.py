@@ -103,6 +103,19 @@ EXISTING = str(Path(__file__))
         os.path.dirname(EXISTING),
         "99999999999999999999999",
         "0.30000000000000004",
+        # defaults of the annotation's own type (typer converts them too): in range, out of it,
+        # not finite, a bool (an int subclass), paths
+        4,
+        0,
+        5000,
+        2.0,
+        0.0,
+        -1.5,
+        float("nan"),
+        float("inf"),
+        True,
+        Path("ppdiag-demo"),
+        Path(EXISTING),
     ],
 )
 def test_same_as_typer(value: Any) -> None:
@@ -135,6 +148,9 @@ def test_plain_values_do_not_build_typers_conversion() -> None:
     plain |= {"<class 'pathlib.Path'>": EXISTING, "list[str]": ("4", "8")}
     plain |= {"list[pathlib.Path]": (EXISTING, "/nonexistent/x")}
     for cmd, param in PARAMS:
+        default = param.default
+        if default is not None and not isinstance(default, bool | str):  # pp: int = 4, out: Path = ...
+            assert PlainParam(param.type_descriptor, refuse).coerce(default, param, Context(cmd)) == default
         value = plain.get(repr(param.type_descriptor.annotation))
         if value is not None and not (param.type_descriptor.parameter_info.min or 0) > 4:
             assert PlainParam(param.type_descriptor, refuse).coerce(value, param, Context(cmd)) is not None

@@ -132,7 +132,9 @@ def test_analyze_with_options_does_not_import_pydantic(tmp_path: Path) -> None:
     # (ppdiag/cli/coercion.py). The probe can fail: every option went through pydantic
     trace = TEST_DATA / "gpu_pp_rank0.json"
     argv = ("analyze", str(trace), "-q", "--json", str(tmp_path / "r.json"), "--jobs", "1", "--pp", "2")
-    for args in (argv, ("analyze", "--help"), ("rules", "--help")):
+    # batch: defaults of the options' own type (tp: int = 1) converted without it as well
+    batch = ("batch", "--global-batch", "64", "--micro-batch", "2", "--pp", "2")
+    for args in (argv, ("analyze", "--help"), ("rules", "--help"), batch):
         assert _loaded_by_command_of(args, ("pydantic",)) == set(), args
 
 

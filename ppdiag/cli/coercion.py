@@ -6,7 +6,8 @@ adapters of ``analyze``'s options was about 0.05 s of every command's start-up (
 ``analyze`` before the analysis). :func:`plain_coercion` makes typer's parameters convert the
 values whose result is not in doubt themselves, the same value pydantic returns:
 
-- an option not given (``None``: ``None``, or ``()`` for a repeated option or variadic argument);
+- an option not given (``None``: ``None``, or ``()`` for a repeated option or variadic argument),
+  or left at a default of its own type (``4``, ``2.0``, ``Path("out")``) within its range;
 - ``str``, as given; ``int``, written in decimal digits, within the option's ``min``/``max``;
   ``float``, written as ``123`` or ``1.5``; ``Path``, a non-empty name that is missing, or present
   and readable (typer's path checks with the defaults ppdiag uses); a ``list`` of these.
@@ -19,6 +20,7 @@ click types) is left as it is. ``tests/test_cli_coercion.py`` checks both paths 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -39,11 +41,8 @@ def _decimal(text: str) -> bool:
     return _digits(whole) and (not point or (0 < len(frac) <= 17 and frac.isascii() and frac.isdigit()))
 
 
-def _plain_path(value: str, info: Any) -> Any:
-    """``Path(value)`` where typer's path checks would pass with ppdiag's (default) path flags."""
-    if not value or "\x00" in value:
-        return _TYPER
-    path = Path(value)
+def _plain_path(path: Path, info: Any) -> Any:
+    """``path`` where typer's path checks would pass with ppdiag's (default) path flags."""
     try:
         os.stat(path)
     except OSError:
@@ -52,11 +51,28 @@ def _plain_path(value: str, info: Any) -> Any:
     return path if os.access(path, os.R_OK) or not info.readable else _TYPER
 
 
+def _in_range(number: float, info: Any) -> bool:
+    lo, hi = info.min, info.max
+    return not ((lo is not None and number < lo) or (hi is not None and number > hi))
+
+
+def _plain_default(annotation: Any, info: Any, value: Any) -> Any:
+    """A default of the annotation's own type (``pp: int = 4``, ``out: Path = Path(...)``): the
+    value itself where typer's adapter returns it unchanged, else ``_TYPER``."""
+    if annotation is int and type(value) is int:  # not a bool, an int subclass
+        return value if _in_range(value, info) else _TYPER
+    if annotation is float and type(value) is float:
+        return value if math.isfinite(value) and _in_range(value, info) else _TYPER
+    if annotation is Path and isinstance(value, Path):
+        return _plain_path(value, info) if "\x00" not in str(value) else _TYPER
+    return _TYPER
+
+
 def _plain_leaf(annotation: Any, info: Any, value: Any) -> Any:
-    """The value typer's adapter gives ``value`` (a command-line string) for a plain annotation,
-    or ``_TYPER``."""
+    """The value typer's adapter gives ``value`` (a command-line string, or a default of the
+    annotation's type) for a plain annotation, or ``_TYPER``."""
     if not isinstance(value, str):
-        return _TYPER
+        return _plain_default(annotation, info, value)
     try:
         value.encode("utf-8")  # surrogate escapes of undecodable arguments: typer's to convert
     except UnicodeEncodeError:
@@ -67,20 +83,14 @@ def _plain_leaf(annotation: Any, info: Any, value: Any) -> Any:
         if not _digits(value):
             return _TYPER
         number = int(value)
-        lo, hi = info.min, info.max
-        if (lo is not None and number < lo) or (hi is not None and number > hi):
-            return _TYPER
-        return number
+        return number if _in_range(number, info) else _TYPER
     if annotation is float:
         if not _decimal(value):
             return _TYPER
         real = float(value)
-        lo, hi = info.min, info.max
-        if (lo is not None and real < lo) or (hi is not None and real > hi):
-            return _TYPER
-        return real
+        return real if _in_range(real, info) else _TYPER
     if annotation is Path:
-        return _plain_path(value, info)
+        return _plain_path(Path(value), info) if value and "\x00" not in value else _TYPER
     return _TYPER
 
 
