@@ -126,6 +126,47 @@ def test_rules_without_options_do_not_import_typer() -> None:
         ), argv
 
 
+def test_analyze_with_options_does_not_import_pydantic(tmp_path: Path) -> None:
+    # typer converts each option through a pydantic TypeAdapter (pydantic ~25 ms to import, the
+    # adapters of analyze's options as much again); plain values are converted without it
+    # (ppdiag/cli/coercion.py). The probe can fail: every option went through pydantic
+    trace = TEST_DATA / "gpu_pp_rank0.json"
+    argv = ("analyze", str(trace), "-q", "--json", str(tmp_path / "r.json"), "--jobs", "1", "--pp", "2")
+    # batch: defaults of the options' own type (tp: int = 1) converted without it as well
+    batch = ("batch", "--global-batch", "64", "--micro-batch", "2", "--pp", "2")
+    for args in (argv, ("analyze", "--help"), ("rules", "--help"), batch):
+        assert _loaded_by_command_of(args, ("pydantic",)) == set(), args
+
+
+def test_a_command_imports_no_other_command(tmp_path: Path) -> None:
+    # the entry point registers the named command alone (ppdiag/cli/commands.py: app_for); the
+    # probe can fail: every command module was imported and converted by typer for any command
+    others = (
+        "ppdiag.cli.whatif",
+        "ppdiag.cli.demo",
+        "ppdiag.cli.calc",
+        "ppdiag.cli.check",
+        "ppdiag.cli.diff",
+    )
+    trace = TEST_DATA / "gpu_pp_rank0.json"
+    for args in (
+        ("analyze", str(trace), "-q", "--json", str(tmp_path / "r.json")),
+        ("--no-cache", "analyze", "--help"),
+    ):
+        assert _loaded_by_command_of(args, others) == set(), args
+    assert _loaded_by_command_of(("rules", "--help"), ("ppdiag.cli.analyze",)) == set()
+    # the full application where no command is named plainly
+    assert _loaded_by_command_of(("--help",), others) == set(others)
+
+
+def _loaded_by_command_of(argv: tuple[str, ...], modules: tuple[str, ...]) -> set[str]:
+    code = (
+        f"import sys\nsys.argv = ['ppdiag', *{list(argv)!r}]\nfrom ppdiag.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass"
+    )
+    return _loaded_after(code, modules)
+
+
 def test_rule_catalogue_read_from_source_matches_the_registered_rules() -> None:
     from ppdiag.rules import catalog
 

@@ -7,7 +7,8 @@ Commands, in the order ``--help`` lists them: :mod:`~ppdiag.cli.analyze`, :mod:`
 :mod:`~ppdiag.cli.diff`, :mod:`~ppdiag.cli.rules`, :mod:`~ppdiag.cli.demo`,
 :mod:`~ppdiag.cli.whatif`, :mod:`~ppdiag.cli.calc` (``bubble``, ``batch``) and
 :mod:`~ppdiag.cli.cache`, registered on the typer application ``app`` in
-:mod:`ppdiag.cli.commands`. Each imports what its work needs when it runs, so ``ppdiag rules`` and
+:mod:`ppdiag.cli.commands` (:func:`main` registers the one command its arguments name, see
+:func:`ppdiag.cli.commands.app_for`). Each imports what its work needs when it runs, so ``ppdiag rules`` and
 ``--help`` load neither numpy nor the analysis. This package itself loads nothing of typer: its
 ``app`` is imported on first use, and :func:`main` runs ``ppdiag rules [CODE]`` without typer
 (there is nothing to parse), so that command starts without typer, pydantic or the other commands.
@@ -71,9 +72,9 @@ def main() -> None:
             signal.signal(sig, on_signal)
     try:
         if not _run_plain_rules(sys.argv[1:]):
-            from ppdiag.cli.commands import app
+            from ppdiag.cli.commands import app_for
 
-            app(prog_name="ppdiag")
+            app_for(sys.argv[1:])(prog_name="ppdiag")
     except (Interrupted, KeyboardInterrupt) as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         with contextlib.suppress(Exception):

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from ppdiag.errors import InputError
@@ -193,6 +192,8 @@ def _print_bubble(res: dict[str, Any]) -> None:
     )
     if res.get("note"):
         con.print(Text(str(res["note"]), style="yellow"), highlight=False)
+    from rich.table import Table  # here: the other commands' start-up does not load it
+
     t = Table(title="bubble vs M (equal stages, free communication)", title_justify="left")
     for c in ("M", "bubble", "formula", "peak in-flight (mb, rank 0)"):
         t.add_column(c, justify="right")
@@ -270,6 +271,8 @@ def batch_report(
 
 
 def _print_batch(res: dict[str, Any]) -> None:
+    from rich.table import Table
+
     from ppdiag.whatif.render import fmt_pct
 
     con = Console()
