@@ -2,12 +2,15 @@
 
 The command maps its flags to :class:`ppdiag.api.Options` (:func:`ppdiag.cli.options.analysis_options`)
 and calls :func:`ppdiag.api.diagnose` (:func:`ppdiag.cli.options.analyzed`); everything the
-analysis checks and warns about happens there.
+analysis checks and warns about happens there. The same run analysed again with the same flags by
+the same code is served from the result cache (:mod:`ppdiag.result_cache`) without the analysis,
+unless ``--html`` or ``--perfetto`` asks for what only the analysis holds.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -39,6 +42,11 @@ from ppdiag.cli.options import (
     use_scheduler,
 )
 from ppdiag.cli.support import err, fail, report_console, write_reports
+
+if TYPE_CHECKING:
+    from ppdiag.analysis import Analyzed
+    from ppdiag.options import Options
+    from ppdiag.result_cache import Cached
 
 
 def analyze(
@@ -75,18 +83,48 @@ def analyze(
         use_scheduler(scheduler, scheduler_timeout)
         check_targets([json_out, html, md, perfetto], list(paths))
         opts = analysis_options(
-            quiet, pp, stage_map, hosts, microbatches, schedule, steps, jobs, global_batch, micro_batch, tp
+            quiet,
+            pp,
+            stage_map,
+            hosts,
+            microbatches,
+            schedule,
+            steps,
+            jobs,
+            global_batch,
+            micro_batch,
+            tp,
+            checked=False,
         )
-        diag = analyzed(paths, opts)
-        for w in overrides_of(diag):
+        from ppdiag.result_cache import Cached
+
+        diag = _analyzed(paths, opts, drawn=html is None and perfetto is None)
+        for w in diag.overrides if isinstance(diag, Cached) else overrides_of(diag):
             err.print(f"ppdiag: warning: {w}", markup=False, highlight=False, soft_wrap=True)
         if not quiet:
             from ppdiag.reports.terminal import render
 
-            render(diag.result, report_console(), ranks=ranks, wide=wide or None)
+            report = diag.report if isinstance(diag, Cached) else diag.result
+            render(report, report_console(), ranks=ranks, wide=wide or None)
         write_reports(diag, json_out, html, md, perfetto, quiet, inputs=list(paths))
     except Exception as exc:
         fail(exc)
+
+
+def _analyzed(paths: list[Path], opts: Options, drawn: bool) -> Analyzed | Cached:
+    """The run's analysis, or its entry in the result cache (:mod:`ppdiag.result_cache`) when
+    every output asked for is drawn from the report alone (``drawn``: no HTML, no Perfetto, which
+    draw the timelines): a hit loads no analysis. A new analysis is stored for the next run."""
+    import ppdiag.result_cache as result_cache
+
+    key = result_cache.key_of(paths, opts)
+    hit = result_cache.get(key) if key is not None and drawn else None
+    if hit is not None:
+        return hit
+    diag = analyzed(paths, opts)
+    if key is not None:
+        result_cache.put(key, result_cache.cached_of(diag))
+    return diag
 
 
 def register(app: typer.Typer) -> None:

@@ -150,13 +150,16 @@ def analysis_options(
     global_batch: int | None = None,
     micro_batch: int | None = None,
     tp: int | None = None,
+    checked: bool = True,
 ) -> Options:
     """The :class:`ppdiag.api.Options` of the run flags every analyzing command takes (the one
     place they map to the options; ``analyze`` adds the batch flags), with progress bars on a
     terminal unless ``quiet``; a bad ``--steps`` or ``--hosts`` is refused here, before any work
-    (:func:`ppdiag.api.check_options`)."""
-    from ppdiag.api import Options, check_options
+    (:func:`ppdiag.api.check_options`), unless not ``checked``: ``analyze`` looks the run up in the
+    result cache first, which loads no analysis (a miss checks them before the parse, a hit was
+    analysed with them)."""
     from ppdiag.cli.support import err
+    from ppdiag.options import Options
 
     opts = Options(
         pp=pp,
@@ -171,6 +174,10 @@ def analysis_options(
         tp=tp,
         progress=not quiet and err.is_terminal,
     )
+    if not checked:
+        return opts
+    from ppdiag.api import check_options
+
     return check_options(opts)
 
 

@@ -21,9 +21,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ppdiag.facts import report_slowest_stage, share_of
 from ppdiag.io import md_marker
 from ppdiag.model.rank_ranges import consecutive_runs
+from ppdiag.report_shares import report_slowest_stage, share_of
 from ppdiag.report_types import Cause, Dist, FindingRow, Report
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean_report
@@ -279,7 +279,7 @@ def findings_panel(report: Report, limit: int = 10) -> Group | Text:
 
 
 def _print_whatif(con: Console, report: Report) -> None:
-    from ppdiag.whatif.render import whatif_table
+    from ppdiag.reports.whatif_table import whatif_table
 
     wt = whatif_table(report.whatif, "What if (simulated from the measured stage costs)", lost=False)
     for c in wt.columns:  # fold, never cut
