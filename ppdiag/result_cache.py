@@ -389,6 +389,23 @@ def put(key: str, c: Cached) -> bool:
     return True
 
 
+def analysis_of(paths: Sequence[str | Path], opts: Options, drawn: bool = True) -> Analyzed | Cached:
+    """The run's entry in the result cache when there is one and ``drawn`` (every output asked for
+    is drawn from the report alone: no HTML, no Perfetto, which draw the timelines); else its
+    analysis (:func:`ppdiag.api.diagnose`), stored for the next run. What ``ppdiag analyze`` calls:
+    a hit loads no analysis."""
+    key = key_of(paths, opts)
+    hit = get(key) if key is not None and drawn else None
+    if hit is not None:
+        return hit
+    from ppdiag.api import diagnose
+
+    diag = diagnose(paths, opts)
+    if key is not None:
+        put(key, cached_of(diag))
+    return diag
+
+
 # ----------------------------------------------------------------------------------------------
 # info / clear
 # ----------------------------------------------------------------------------------------------
@@ -435,6 +452,7 @@ __all__ = [
     "SUFFIX",
     "TRACE_SUFFIXES",
     "Cached",
+    "analysis_of",
     "cached_of",
     "clear",
     "decode_msgpack",

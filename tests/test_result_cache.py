@@ -19,7 +19,7 @@ from conftest import REPO, SHARED_TRACES, TEST_DATA
 from rich.console import Console
 from typer.testing import CliRunner
 
-import ppdiag.cli.analyze as analyze_cmd
+import ppdiag.api as api
 import ppdiag.result_cache as rc
 from ppdiag.api import Options, diagnose
 from ppdiag.cli import app
@@ -43,13 +43,13 @@ def cache_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def analyses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the analyses ``ppdiag analyze`` runs (a hit runs none)."""
     calls: list[int] = []
-    real = analyze_cmd.analyzed  # type: ignore[attr-defined]
+    real = api.diagnose
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(analyze_cmd, "analyzed", counted)
+    monkeypatch.setattr(api, "diagnose", counted)
     return calls
 
 

@@ -1,16 +1,15 @@
 """``ppdiag analyze``: the terminal report of a run, and its JSON, HTML, Markdown and Perfetto files.
 
 The command maps its flags to :class:`ppdiag.api.Options` (:func:`ppdiag.cli.options.analysis_options`)
-and calls :func:`ppdiag.api.diagnose` (:func:`ppdiag.cli.options.analyzed`); everything the
-analysis checks and warns about happens there. The same run analysed again with the same flags by
-the same code is served from the result cache (:mod:`ppdiag.result_cache`) without the analysis,
-unless ``--html`` or ``--perfetto`` asks for what only the analysis holds.
+and calls :func:`ppdiag.result_cache.analysis_of`: the same run analysed again with the same flags
+by the same code is served from the result cache without the analysis (unless ``--html`` or
+``--perfetto`` asks for what only the analysis holds), any other run goes to
+:func:`ppdiag.api.diagnose`, where everything the analysis checks and warns about happens.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -35,18 +34,12 @@ from ppdiag.cli.options import (
     StageMap,
     Steps,
     analysis_options,
-    analyzed,
     check_targets,
     overrides_of,
     use_no_cache,
     use_scheduler,
 )
 from ppdiag.cli.support import err, fail, report_console, write_reports
-
-if TYPE_CHECKING:
-    from ppdiag.analysis import Analyzed
-    from ppdiag.options import Options
-    from ppdiag.result_cache import Cached
 
 
 def analyze(
@@ -96,9 +89,9 @@ def analyze(
             tp,
             checked=False,
         )
-        from ppdiag.result_cache import Cached
+        from ppdiag.result_cache import Cached, analysis_of
 
-        diag = _analyzed(paths, opts, drawn=html is None and perfetto is None)
+        diag = analysis_of(paths, opts, drawn=html is None and perfetto is None)
         for w in diag.overrides if isinstance(diag, Cached) else overrides_of(diag):
             err.print(f"ppdiag: warning: {w}", markup=False, highlight=False, soft_wrap=True)
         if not quiet:
@@ -109,22 +102,6 @@ def analyze(
         write_reports(diag, json_out, html, md, perfetto, quiet, inputs=list(paths))
     except Exception as exc:
         fail(exc)
-
-
-def _analyzed(paths: list[Path], opts: Options, drawn: bool) -> Analyzed | Cached:
-    """The run's analysis, or its entry in the result cache (:mod:`ppdiag.result_cache`) when
-    every output asked for is drawn from the report alone (``drawn``: no HTML, no Perfetto, which
-    draw the timelines): a hit loads no analysis. A new analysis is stored for the next run."""
-    import ppdiag.result_cache as result_cache
-
-    key = result_cache.key_of(paths, opts)
-    hit = result_cache.get(key) if key is not None and drawn else None
-    if hit is not None:
-        return hit
-    diag = analyzed(paths, opts)
-    if key is not None:
-        result_cache.put(key, result_cache.cached_of(diag))
-    return diag
 
 
 def register(app: typer.Typer) -> None:

@@ -96,7 +96,11 @@ PerfettoOut = Annotated[
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
 NoCache = Annotated[
-    bool, typer.Option("--no-cache", help="Parse every trace again; do not read or write the parse cache.")
+    bool,
+    typer.Option(
+        "--no-cache",
+        help="Parse every trace and analyse the run again; do not read or write the parse or result cache.",
+    ),
 ]
 
 
