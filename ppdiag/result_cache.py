@@ -20,10 +20,11 @@ the loader only names it. URLs, missing paths and unreadable files are not keyed
 
 **Entry**: ``<key>.report`` in the parse cache's folder (:func:`ppdiag.cachedir.cache_dir`): a
 magic line, a BLAKE2b of the rest, then msgpack (no pickle, nothing executed on read) of the
-report, the override warnings, the trace sources (a report may never be written over one) and the
-skipped traces. An entry is stored only once decoding it gives back the same encoded report (every
-float, every evidence field); a damaged or foreign entry is a miss and is removed. Writes are
-atomic (temporary file and rename); a cache that cannot be written is skipped without a word.
+report, the report as the terminal shows it, the override warnings, the trace sources (a report
+may never be written over one) and the skipped traces. An entry is stored only once decoding it
+gives back the same encoded reports (every float, every evidence field); a damaged or foreign entry
+is a miss and is removed. Writes are atomic (temporary file and rename); a cache that cannot be
+written is skipped without a word.
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ if TYPE_CHECKING:
     from ppdiag.options import Options
 
 SUFFIX = ".report"
-_MAGIC = b"PPDIAG-RESULT-1\n"
+_MAGIC = b"PPDIAG-RESULT-2\n"
 _DIGEST = 32
-_FORM = "ppdiag-result-1"
+_FORM = "ppdiag-result-2"
 
 #: The :class:`~ppdiag.options.Options` fields that change a result.
 KEYED_OPTIONS = (
@@ -213,6 +214,9 @@ class Cached:
     """What a hit gives back: the report and what the command prints or checks besides it."""
 
     report: Report
+    # the report as the terminal shows it (:func:`ppdiag.reports.sanitize.clean_report`): cleaning
+    # decodes each finding's evidence by its rule's type, which a hit has not loaded, so it is kept
+    shown: Report
     overrides: tuple[str, ...]  # the override warnings the command repeats on stderr
     sources: tuple[str, ...]  # the run's trace files (and other inputs): never written over
     skipped: tuple[str, ...]  # trace files the loader skipped
@@ -229,6 +233,7 @@ class _Doc(msgspec.Struct):
     sources: list[str]
     skipped: list[str]
     report: msgspec.msgpack.Ext  # msgpack of the report (:func:`encode_msgpack`)
+    shown: msgspec.msgpack.Ext  # and of the report the terminal shows
 
 
 def _number(o: object) -> object:
@@ -301,6 +306,7 @@ def _pack(c: Cached) -> bytes:
             "sources": list(c.sources),
             "skipped": list(c.skipped),
             "report": msgspec.msgpack.Ext(1, encode_msgpack(c.report)),
+            "shown": msgspec.msgpack.Ext(1, encode_msgpack(c.shown)),
         }
     )
     return _MAGIC + hashlib.blake2b(body, digest_size=_DIGEST).digest() + body
@@ -318,6 +324,7 @@ def _unpack(data: bytes, typed: bool = True) -> Cached:
     doc = msgspec.msgpack.decode(body, type=_Doc)
     return Cached(
         decode_msgpack(bytes(doc.report.data), typed=typed),
+        decode_msgpack(bytes(doc.shown.data), typed=typed),
         tuple(doc.overrides),
         tuple(doc.sources),
         tuple(doc.skipped),
@@ -347,9 +354,11 @@ def cached_of(diag: Analyzed) -> Cached:
     """The entry of an analysis: its report, override warnings, sources and skipped traces."""
     from ppdiag.analysis import context_of
     from ppdiag.reports import run_inputs
+    from ppdiag.reports.sanitize import clean_report
 
     return Cached(
         diag.result,
+        clean_report(diag.result),
         tuple(context_of(diag).overrides),
         tuple(run_inputs(diag)),
         tuple(getattr(diag.run, "skipped", None) or ()),
@@ -365,11 +374,13 @@ def put(key: str, c: Cached) -> bool:
     if any(DAMAGED_NOTE in w for w in c.report.run.warnings):
         return False  # says what happened to the parse cache on this run only
     data = _pack(c)
-    want = encode_msgpack(c.report)
+    want = encode_msgpack(c.report), encode_msgpack(c.shown)
     try:
         # as this process reads it (the rules' evidence types loaded) and as a bare re-run does
-        if any(encode_msgpack(_unpack(data, typed).report) != want for typed in (True, False)):
-            return False
+        for typed in (True, False):
+            back = _unpack(data, typed)
+            if (encode_msgpack(back.report), encode_msgpack(back.shown)) != want:
+                return False
     except Exception:  # a report the entry cannot carry is not cached
         return False
     d = cache_dir()

@@ -291,22 +291,24 @@ def test_the_entry_gives_back_the_report_exactly(cache_on: Path) -> None:
 def test_without_the_rules_the_entry_renders_the_same(cache_on: Path) -> None:
     # a re-run served by the cache loads no rule: each evidence comes back as a type of its own
     # fields, which must encode and render as the rule's type does
-    report, _ = _report()
-    bare = rc.decode_msgpack(rc.encode_msgpack(report), typed=False)
-    assert {type(f.evidence).__module__ for f in bare.findings} == {"ppdiag.result_cache"}
-    assert rc.encode_msgpack(bare) == rc.encode_msgpack(report)
-    assert dumps(bare) == dumps(report)
-    assert render_markdown(bare) == render_markdown(report)
-    assert bare.check() == report.check() == []
+    report, cached = _report()
+    bare = rc._unpack(rc._pack(cached), typed=False)
+    assert {type(f.evidence).__module__ for f in bare.report.findings} == {"ppdiag.result_cache"}
+    assert rc.encode_msgpack(bare.report) == rc.encode_msgpack(report)
+    assert dumps(bare.report) == dumps(report)
+    assert render_markdown(bare.report) == render_markdown(report)
+    assert bare.report.check() == report.check() == []
 
-    def term(r: Report) -> str:
+    def term(r: Report, cleaned: bool = False) -> str:
         con = Console(width=140, record=True, color_system=None, file=open(os.devnull, "w"))  # noqa: SIM115
-        render(r, con)
+        render(r, con, cleaned=cleaned)
         text: str = con.export_text()
         con.file.close()
         return text
 
-    assert term(bare) == term(report)
+    # the terminal shows the cleaned report the entry keeps (cleaning decodes by the rules' types)
+    assert term(bare.shown, cleaned=True) == term(report)
+    assert "evidence: " in term(report)
 
 
 def test_nan_and_infinities_come_back(cache_on: Path) -> None:
@@ -365,7 +367,7 @@ def test_a_damaged_parse_entry_warning_is_not_kept(cache_on: Path) -> None:
     warned = msgspec.structs.replace(
         report, run=msgspec.structs.replace(report.run, warnings=[f"x: {DAMAGED_NOTE} (ValueError: y)"])
     )
-    assert not rc.put("c" * 40, rc.Cached(warned, cached.overrides, cached.sources, cached.skipped))
+    assert not rc.put("c" * 40, rc.Cached(warned, warned, cached.overrides, cached.sources, cached.skipped))
 
 
 def test_cache_info_and_clear_count_reports(tmp_path: Path, cache_on: Path) -> None:
@@ -427,6 +429,7 @@ def test_a_hit_imports_neither_numpy_nor_the_analysis(tmp_path: Path) -> None:
         f"print('LOADED:' + ' '.join(m for m in {ANALYSIS!r} if m in sys.modules))\n"
     )
     loaded = []
+    shown = []
     for name in ("miss", "hit"):
         probe = code.format(run=str(RUN), out=str(tmp_path / f"{name}.json"), md=str(tmp_path / f"{name}.md"))
         proc = subprocess.run(
@@ -435,7 +438,10 @@ def test_a_hit_imports_neither_numpy_nor_the_analysis(tmp_path: Path) -> None:
         last = proc.stdout.rstrip("\n").rsplit("\n", 1)[-1]
         assert last.startswith("LOADED:"), proc.stdout + proc.stderr
         loaded.append(set(last.removeprefix("LOADED:").split()))
+        shown.append(proc.stdout.rstrip("\n").rsplit("\n", 1)[0].replace(name, "NAME"))
     assert "numpy" in loaded[0] and "ppdiag.api" in loaded[0]  # the probe sees an analysis
     assert loaded[1] == set()
+    # the terminal report too, each finding's evidence with its rule's own fields
+    assert shown[0] == shown[1] and "evidence: " in shown[0]
     assert (tmp_path / "miss.json").read_bytes() == (tmp_path / "hit.json").read_bytes()
     assert (tmp_path / "miss.md").read_bytes() == (tmp_path / "hit.md").read_bytes()

@@ -97,8 +97,10 @@ def analyze(
         if not quiet:
             from ppdiag.reports.terminal import render
 
-            report = diag.report if isinstance(diag, Cached) else diag.result
-            render(report, report_console(), ranks=ranks, wide=wide or None)
+            if isinstance(diag, Cached):
+                render(diag.shown, report_console(), ranks=ranks, wide=wide or None, cleaned=True)
+            else:
+                render(diag.result, report_console(), ranks=ranks, wide=wide or None)
         write_reports(diag, json_out, html, md, perfetto, quiet, inputs=list(paths))
     except Exception as exc:
         fail(exc)

@@ -300,15 +300,22 @@ def _print_whatif(con: Console, report: Report) -> None:
 
 
 def render(
-    report: Report, console: Console | None = None, ranks: bool = True, wide: bool | None = None
+    report: Report,
+    console: Console | None = None,
+    ranks: bool = True,
+    wide: bool | None = None,
+    cleaned: bool = False,
 ) -> None:
     """Print the whole terminal report (trace strings without escape sequences or controls).
 
     ``wide``: every cause column in the tables; None: when the console has
     :data:`WIDE_COLUMNS` columns or more. The registered reporter ``terminal`` (:data:`REPORTER`)
-    shows the same through its ``show`` and writes it to a file through ``write``.
-    """
-    report = clean_report(report)
+    shows the same through its ``show`` and writes it to a file through ``write``. ``cleaned``:
+    ``report`` is already :func:`~ppdiag.reports.sanitize.clean_report`'s (the result cache keeps
+    it so, as cleaning decodes each finding's evidence by its rule's type, which a re-run served
+    from the cache has not loaded)."""
+    if not cleaned:
+        report = clean_report(report)
     con = console or Console()
     if wide is None:
         wide = con.width >= WIDE_COLUMNS
