@@ -132,7 +132,7 @@ def _entry_of(p: Path) -> list[Any] | None:
         return ["other", p.name, p.is_dir()]
     if p.name.lower().endswith((".json", ".json.gz")) and is_own_output(p):
         return ["own", p.name]  # a report ppdiag wrote: the loader names it and reads no further
-    if p.suffix == ".nsys-rep" and p.with_suffix(".sqlite").exists():
+    if p.suffix == ".nsys-rep" and p.with_suffix(".sqlite").is_file():
         return ["shadowed", p.name]  # its SQLite export beside it is read instead
     ident = file_identity(p)
     if ident is None:

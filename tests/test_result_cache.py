@@ -201,6 +201,21 @@ def test_a_report_in_the_run_counts_by_its_name(tmp_path: Path, cache_on: Path) 
     assert rc.key_of([run], Options()) == k
 
 
+def test_an_nsys_report_beside_its_export_counts_by_its_name(tmp_path: Path, cache_on: Path) -> None:
+    # the loader reads rank0.sqlite and passes over rank0.nsys-rep: its bytes change nothing, but
+    # alone it is the trace, keyed by its bytes
+    (tmp_path / "rank0.sqlite").write_bytes(b"SQLite format 3\0")
+    rep = tmp_path / "rank0.nsys-rep"
+    rep.write_bytes(b"one")
+    k = rc.key_of([tmp_path], Options())
+    rep.write_bytes(b"two")
+    assert rc.key_of([tmp_path], Options()) == k
+    (tmp_path / "rank0.sqlite").unlink()
+    k1 = rc.key_of([tmp_path], Options())
+    rep.write_bytes(b"three")
+    assert rc.key_of([tmp_path], Options()) not in (None, k, k1)
+
+
 @pytest.mark.parametrize(
     "field,value",
     [
