@@ -1,11 +1,13 @@
 """Result cache: the report of an analysis, kept so that the same run analysed again with the same
 options by the same code is not analysed again.
 
-A hit loads neither numpy nor any analysis layer: the key is computed from the files and the flags
-alone, and the entry holds everything ``ppdiag analyze`` prints or writes from the report (the
-terminal report, the JSON and Markdown files). The HTML report and the Perfetto overlay draw from
-the rebuilt pipeline and the timelines, which are not kept: a run that asks for them is analysed
-(the parse cache still spares it the parse).
+A hit of ``ppdiag analyze`` loads neither numpy nor any analysis layer: the key is computed from
+the files and the flags alone, and the entry holds everything the command prints or writes from the
+report (the terminal report, the JSON and Markdown files). ``ppdiag check`` is served from the same
+entries, which keep what its gate judges besides the report (the skipped traces, the loader's
+doubts, the run's coverage evidence). The HTML report and the Perfetto overlay draw from the
+rebuilt pipeline and the timelines, which are not kept: a run that asks for them is analysed (the
+parse cache still spares it the parse).
 
 **Key** (BLAKE2b of one JSON document): the entry form, ppdiag's version and a hash of every
 ``.py`` of the package and the report's schema (:func:`source_version`, once per process); every
@@ -21,7 +23,8 @@ the loader only names it. URLs, missing paths and unreadable files are not keyed
 **Entry**: ``<key>.report`` in the parse cache's folder (:func:`ppdiag.cachedir.cache_dir`): a
 magic line, a BLAKE2b of the rest, then msgpack (no pickle, nothing executed on read) of the
 report, the report as the terminal shows it, the override warnings, the trace sources (a report
-may never be written over one) and the skipped traces. An entry is stored only once decoding it
+may never be written over one), the skipped traces, and what ``ppdiag check`` judges besides the
+report (the run's coverage evidence and the loader's doubts). An entry is stored only once decoding it
 gives back the same encoded reports (every float, every evidence field); a damaged or foreign entry
 is a miss and is removed. Writes are atomic (temporary file and rename); a cache that cannot be
 written is skipped without a word.
@@ -43,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ppdiag.cachedir import cache_dir, enabled, file_identity
+from ppdiag.model.run_coverage import RunCoverage
 from ppdiag.report_evidence import EVIDENCE, Evidence
 from ppdiag.report_types import Report
 
@@ -51,9 +55,9 @@ if TYPE_CHECKING:
     from ppdiag.options import Options
 
 SUFFIX = ".report"
-_MAGIC = b"PPDIAG-RESULT-2\n"
+_MAGIC = b"PPDIAG-RESULT-3\n"
 _DIGEST = 32
-_FORM = "ppdiag-result-2"
+_FORM = "ppdiag-result-3"
 
 #: The :class:`~ppdiag.options.Options` fields that change a result.
 KEYED_OPTIONS = (
@@ -220,6 +224,10 @@ class Cached:
     overrides: tuple[str, ...]  # the override warnings the command repeats on stderr
     sources: tuple[str, ...]  # the run's trace files (and other inputs): never written over
     skipped: tuple[str, ...]  # trace files the loader skipped
+    # what ``ppdiag check`` judges besides the report: the run's own evidence of its completeness
+    # (:func:`ppdiag.pipeline.coverage.run_coverage`) and the loader's doubts about the run
+    coverage: RunCoverage
+    doubts: tuple[str, ...]
 
 
 def _entry_path(key: str) -> Path:
@@ -232,6 +240,8 @@ class _Doc(msgspec.Struct):
     overrides: list[str]
     sources: list[str]
     skipped: list[str]
+    coverage: RunCoverage
+    doubts: list[str]
     report: msgspec.msgpack.Ext  # msgpack of the report (:func:`encode_msgpack`)
     shown: msgspec.msgpack.Ext  # and of the report the terminal shows
 
@@ -305,6 +315,8 @@ def _pack(c: Cached) -> bytes:
             "overrides": list(c.overrides),
             "sources": list(c.sources),
             "skipped": list(c.skipped),
+            "coverage": c.coverage,
+            "doubts": list(c.doubts),
             "report": msgspec.msgpack.Ext(1, encode_msgpack(c.report)),
             "shown": msgspec.msgpack.Ext(1, encode_msgpack(c.shown)),
         }
@@ -328,6 +340,8 @@ def _unpack(data: bytes, typed: bool = True) -> Cached:
         tuple(doc.overrides),
         tuple(doc.sources),
         tuple(doc.skipped),
+        doc.coverage,
+        tuple(doc.doubts),
     )
 
 
@@ -353,6 +367,7 @@ def get(key: str) -> Cached | None:
 def cached_of(diag: Analyzed) -> Cached:
     """The entry of an analysis: its report, override warnings, sources and skipped traces."""
     from ppdiag.analysis import context_of
+    from ppdiag.pipeline.coverage import run_coverage
     from ppdiag.reports import run_inputs
     from ppdiag.reports.sanitize import clean_report
 
@@ -362,6 +377,8 @@ def cached_of(diag: Analyzed) -> Cached:
         tuple(context_of(diag).overrides),
         tuple(run_inputs(diag)),
         tuple(getattr(diag.run, "skipped", None) or ()),
+        run_coverage(diag.run),
+        tuple(getattr(diag.run, "doubts", None) or ()),
     )
 
 
@@ -380,6 +397,8 @@ def put(key: str, c: Cached) -> bool:
         for typed in (True, False):
             back = _unpack(data, typed)
             if (encode_msgpack(back.report), encode_msgpack(back.shown)) != want:
+                return False
+            if (back.coverage, back.doubts, back.skipped) != (c.coverage, c.doubts, c.skipped):
                 return False
     except Exception:  # a report the entry cannot carry is not cached
         return False

@@ -5,6 +5,7 @@ misses, and a damaged entry is a miss that is removed."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -126,6 +127,58 @@ def test_skipped_traces_and_warnings_are_served_too(
     [entry] = cache_on.glob("*.report")
     hit = rc.get(entry.stem)
     assert hit is not None and any("rank2" in s for s in hit.skipped)
+
+
+def _check(out: Path, *argv: str) -> tuple[int, str, str, bytes, bytes]:
+    """(exit code, stdout, stderr, JSON, Markdown) of one ``ppdiag check``."""
+    budget = out.parent / "budget.toml"  # one for every run: the gate names it in the report
+    budget.write_text(
+        "[budget]\nmax_lost_ratio = 0.25\nmax_bubble_excess = 0.05\n[regression]\nstep_pct = 5\n"
+    )
+    js, mdp = out / "r.json", out / "r.md"
+    res = CliRunner().invoke(
+        app, ["check", *argv, "--budget", str(budget), "--json", str(js), "--md", str(mdp)]
+    )
+    assert res.exit_code in (0, 1, 3), res.output
+    err = res.stderr.replace(str(out), "OUT")
+    return res.exit_code, res.stdout.replace(str(out), "OUT"), err, js.read_bytes(), mdp.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param([str(RUN)], id="whole-run"),
+        pytest.param([str(RUN / "rank0.pt.trace.json.gz")], id="one-rank-of-two"),  # inconclusive
+        pytest.param([str(RUN), "-m", "7"], id="override-warnings"),
+    ],
+)
+def test_check_is_served_and_judges_the_same(
+    argv: list[str], tmp_path: Path, cache_on: Path, analyses: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the gate judges the report, the skipped traces, the loader's doubts and the run's coverage
+    # evidence: an entry keeps them all, so a served re-run gives the same verdict and files
+    outs = []
+    for name in ("analyze", "miss", "hit", "baseline"):
+        (tmp_path / name).mkdir()
+    _run(tmp_path / "analyze", *argv)  # stores the entry that check then reads
+    outs.append(_check(tmp_path / "miss", *argv))
+    outs.append(_check(tmp_path / "hit", *argv))
+    assert len(analyses) == 1
+    monkeypatch.setenv("PPDIAG_NO_CACHE", "1")
+    (tmp_path / "off").mkdir()
+    outs.append(_check(tmp_path / "off", *argv))
+    assert len(analyses) == 2
+    assert outs[0] == outs[1] == outs[2]
+    assert b'"gate"' in outs[0][3]
+    base = tmp_path / "baseline" / "base.json"
+    base.write_bytes(outs[0][3])
+    monkeypatch.delenv("PPDIAG_NO_CACHE")
+    (tmp_path / "hit2").mkdir()
+    (tmp_path / "off2").mkdir()
+    with_base = _check(tmp_path / "hit2", *argv, "--baseline", str(base))
+    monkeypatch.setenv("PPDIAG_NO_CACHE", "1")
+    assert _check(tmp_path / "off2", *argv, "--baseline", str(base)) == with_base
+    assert len(analyses) == 3
 
 
 def test_html_and_perfetto_run_the_analysis(tmp_path: Path, cache_on: Path, analyses: list[int]) -> None:
@@ -382,7 +435,7 @@ def test_a_damaged_parse_entry_warning_is_not_kept(cache_on: Path) -> None:
     warned = msgspec.structs.replace(
         report, run=msgspec.structs.replace(report.run, warnings=[f"x: {DAMAGED_NOTE} (ValueError: y)"])
     )
-    assert not rc.put("c" * 40, rc.Cached(warned, warned, cached.overrides, cached.sources, cached.skipped))
+    assert not rc.put("c" * 40, dataclasses.replace(cached, report=warned, shown=warned))
 
 
 def test_cache_info_and_clear_count_reports(tmp_path: Path, cache_on: Path) -> None:
