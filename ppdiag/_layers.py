@@ -56,6 +56,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ppdiag.io",
             "ppdiag._layers",
             "ppdiag.recording",
+            "ppdiag.cachedir",
+            "ppdiag.options",
         ),
     ),
     (
@@ -68,6 +70,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "ppdiag.report_sections",
             "ppdiag.report_check",
             "ppdiag.report_text",
+            "ppdiag.report_shares",
         ),
     ),
     ("parsers", ("ppdiag.parsers",)),
@@ -79,7 +82,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rules", ("ppdiag.rules", "ppdiag.report_schema")),
     ("analysis", ("ppdiag.analysis",)),
     ("reports", ("ppdiag.reports",)),
-    ("api", ("ppdiag.api",)),
+    ("api", ("ppdiag.api", "ppdiag.result_cache")),
     (
         "cli",
         ("ppdiag.cli", "ppdiag.__main__", "ppdiag.notebook"),

@@ -36,6 +36,7 @@ from ppdiag.errors import InputError
 from ppdiag.facts import StageBalance, stage_balance
 from ppdiag.model import Run
 from ppdiag.model.memory import MemoryRow
+from ppdiag.options import Options as Options
 from ppdiag.parsers import ParseOptions
 from ppdiag.parsers.scaleout import ReplicaMap, dask_map, scheduler_address
 from ppdiag.pipeline import Pipeline, PipelineOptions, rebuild
@@ -52,25 +53,6 @@ from ppdiag.rules.noise import NoiseModel, build_noise, oversubscription_warning
 from ppdiag.summary import Sections, build_report
 from ppdiag.whatif.batch import check_batch
 from ppdiag.whatif.scenarios import predict_fixes
-
-
-@dataclass
-class Options:
-    """Analysis options; every field is optional (inferred from the traces when absent)."""
-
-    pp: int | None = None
-    stage_map: str | None = None
-    microbatches: int | None = None
-    schedule: str | None = None
-    steps: str | None = None
-    global_batch: int | None = None
-    micro_batch: int | None = None
-    tp: int | None = None
-    jobs: int | None = None
-    progress: bool = False
-    nsys_cache_dir: str | None = None
-    hosts: str | None = None  # --hosts: ranks per node, or HOST=RANKS,... (see pipeline/links.py)
-    scheduler: str | None = None  # Dask scheduler address for the parse (else $PPDIAG_DASK_SCHEDULER)
 
 
 def check_options(opts: Options) -> Options:

@@ -27,7 +27,10 @@ from ppdiag.diagnosis import GapTable
 from ppdiag.model import Kind, Run
 from ppdiag.model.intervals import union
 from ppdiag.pipeline import Pipeline
-from ppdiag.report_types import Kernel, RankKernels, Report, StageRow, Summary
+from ppdiag.report_shares import report_slowest_stage as report_slowest_stage
+from ppdiag.report_shares import share_of as share_of
+from ppdiag.report_shares import step_share_text as step_share_text
+from ppdiag.report_types import Kernel, RankKernels, StageRow
 
 #: slowest / mean stage compute from which one stage counts as setting the pipeline's pace. Below
 #: it the stages are within what step-to-step variation and uneven first/last layers give anyway.
@@ -162,31 +165,6 @@ def report_stage_values(stages: Sequence[StageRow]) -> list[float] | None:
             v = sum(parts)
         vals.append(v)
     return vals
-
-
-def report_slowest_stage(report: Report) -> int | None:
-    """Index in ``report.stages`` of the report's slowest stage (``summary.slowest_stage``, the
-    :attr:`StageBalance.slowest` the analysis wrote), or None when no stage stands out."""
-    slow = report.summary.slowest_stage
-    return next((i for i, s in enumerate(report.stages) if s.stage == slow), None)
-
-
-def share_of(summary: Summary, key: str) -> float | None:
-    """``compute`` or a cause as a fraction of the mean step (``summary.shares``, the one
-    denominator of every report); from ``lost_ms`` / ``step_mean_ms`` when the shares are absent."""
-    if summary.shares is not None and key in summary.shares:
-        return summary.shares[key]
-    v = summary.compute_ms if key == "compute" else summary.lost_ms.get(key)
-    st = summary.step_mean_ms or summary.step_ms
-    return v / st if (v is not None and st) else None
-
-
-def step_share_text(summary: Summary, key: str) -> str:
-    """``compute`` or a cause as a share of the mean step in words ("64% of the step"): the one
-    rendering of :func:`share_of` that titles and sentences quote (``ppdiag.report_check`` reads
-    it back)."""
-    share = share_of(summary, key)
-    return f"{100 * (share or 0.0):.0f}% of the step"
 
 
 #: How many kernels :func:`top_kernels` keeps per rank.

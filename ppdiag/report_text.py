@@ -10,41 +10,37 @@ decode and re-encode cost twice the encoding on a report of tens of MB).
 
 from __future__ import annotations
 
-import numpy as np
+import re
 
 # the characters of a JSON number token
 _NUM = frozenset(b"0123456789.eE+-")
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+# a digit before an exponent mark; a run of backslashes before a quote
+_MARK = re.compile(rb"[0-9][eE]")
+_ESCAPES = re.compile(rb'(\\+)"')
 
 
 def _in_string(text: bytes, at: list[int]) -> list[bool]:
-    """Whether each offset ``at`` of the JSON ``text`` lies inside a string: an odd number of
-    unescaped quotes before it (a quote is escaped after an odd run of backslashes)."""
-    b = np.frombuffer(text, np.uint8)
-    q = np.flatnonzero(b == _QUOTE)
-    after_bs = q[(q > 0) & (b[np.maximum(q - 1, 0)] == _BACKSLASH)]
-    escaped: list[int] = []
-    # a quote right after a backslash is rare (a quote or a backslash inside a string): counted
-    # one at a time
-    for p in after_bs.tolist():
-        k = p - 1
-        while k >= 0 and text[k] == _BACKSLASH:
-            k -= 1
-        if (p - 1 - k) % 2:
-            escaped.append(p)
-    real = np.setdiff1d(q, np.array(escaped, np.int64)) if escaped else q
-    odd: list[bool] = (np.searchsorted(real, np.array(at, np.int64)) % 2 == 1).tolist()
-    return odd
+    """Whether each offset ``at`` (ascending) of the JSON ``text`` lies inside a string: an odd
+    number of unescaped quotes before it (a quote is escaped after an odd run of backslashes).
+    Counted between one offset and the next with ``bytes.count`` and one regular expression: the
+    scan runs in C, and numpy is not loaded (a re-run served from the result cache renders the
+    JSON report without it). An offset is a number's first byte, never inside a backslash run."""
+    out: list[bool] = []
+    pos = quotes = 0
+    for p in at:
+        quotes += text.count(b'"', pos, p)
+        # a quote right after a backslash is rare (a quote or a backslash inside a string)
+        quotes -= sum(len(m.group(1)) % 2 for m in _ESCAPES.finditer(text, pos, p))
+        out.append(quotes % 2 == 1)
+        pos = p
+    return out
 
 
 def _candidates(text: bytes) -> list[tuple[int, int]]:
     """(start, end) of every number-like token the two libraries may write differently: one
     with a digit before an exponent mark, or a plain ``0.0000d`` (a magnitude in [1e-5, 1e-4)).
     Strings are not told apart here."""
-    b = np.frombuffer(text, np.uint8)
-    digit = (b >= ord("0")) & (b <= ord("9"))
-    marks = np.flatnonzero(digit[:-1] & ((b[1:] == ord("e")) | (b[1:] == ord("E"))))
-    at = marks.tolist()
+    at = [m.start() for m in _MARK.finditer(text)]
     i = text.find(b"0.0000")
     while i >= 0:
         at.append(i)

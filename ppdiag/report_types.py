@@ -26,7 +26,7 @@ from typing import Annotated, Any
 import msgspec
 
 from ppdiag.compat import StrEnum
-from ppdiag.model.memory import MemoryRow
+from ppdiag.model.memory_row import MemoryRow
 from ppdiag.model.schedule import Schedule as Schedule
 
 # run.structure's types, re-exported: every section type of the report is importable from here

@@ -125,7 +125,7 @@ def _known_header_words(report_json: Path) -> set[str]:
     """Every word of every column header the terminal report can show for this report."""
     from ppdiag.report_types import decode
     from ppdiag.reports import terminal
-    from ppdiag.whatif.render import whatif_table
+    from ppdiag.reports.whatif_table import whatif_table
 
     report = decode(report_json.read_bytes())
     tables: list[Table | None] = [whatif_table(report.whatif, lost=False)]
@@ -216,7 +216,7 @@ def test_every_width_from_80_to_200_keeps_header_words_whole(
     import ppdiag
     from ppdiag.reports import terminal
     from ppdiag.reports.term_fit import fit_table
-    from ppdiag.whatif.render import whatif_table
+    from ppdiag.reports.whatif_table import whatif_table
 
     report = ppdiag.analyze(run_dir if source == "synthetic" else real_dir).report
     bad: list[tuple[int, bool, str]] = []

@@ -499,7 +499,7 @@ def test_demo_layer_factors_set_per_layer_costs() -> None:
 
 
 def test_whatif_table_says_what_its_memory_column_rests_on() -> None:
-    from ppdiag.whatif.render import _memory_caption, typed_rows
+    from ppdiag.reports.whatif_table import _memory_caption, typed_rows
 
     base = {"scenario": "gpipe", "activation_vs_measured": 2.0}
     full = dict.fromkeys(

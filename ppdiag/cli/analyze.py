@@ -1,8 +1,10 @@
 """``ppdiag analyze``: the terminal report of a run, and its JSON, HTML, Markdown and Perfetto files.
 
 The command maps its flags to :class:`ppdiag.api.Options` (:func:`ppdiag.cli.options.analysis_options`)
-and calls :func:`ppdiag.api.diagnose` (:func:`ppdiag.cli.options.analyzed`); everything the
-analysis checks and warns about happens there.
+and calls :func:`ppdiag.result_cache.analysis_of`: the same run analysed again with the same flags
+by the same code is served from the result cache without the analysis (unless ``--html`` or
+``--perfetto`` asks for what only the analysis holds), any other run goes to
+:func:`ppdiag.api.diagnose`, where everything the analysis checks and warns about happens.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from ppdiag.cli.options import (
     StageMap,
     Steps,
     analysis_options,
-    analyzed,
     check_targets,
     overrides_of,
     use_no_cache,
@@ -75,15 +76,31 @@ def analyze(
         use_scheduler(scheduler, scheduler_timeout)
         check_targets([json_out, html, md, perfetto], list(paths))
         opts = analysis_options(
-            quiet, pp, stage_map, hosts, microbatches, schedule, steps, jobs, global_batch, micro_batch, tp
+            quiet,
+            pp,
+            stage_map,
+            hosts,
+            microbatches,
+            schedule,
+            steps,
+            jobs,
+            global_batch,
+            micro_batch,
+            tp,
+            checked=False,
         )
-        diag = analyzed(paths, opts)
-        for w in overrides_of(diag):
+        from ppdiag.result_cache import Cached, analysis_of
+
+        diag = analysis_of(paths, opts, drawn=html is None and perfetto is None)
+        for w in diag.overrides if isinstance(diag, Cached) else overrides_of(diag):
             err.print(f"ppdiag: warning: {w}", markup=False, highlight=False, soft_wrap=True)
         if not quiet:
             from ppdiag.reports.terminal import render
 
-            render(diag.result, report_console(), ranks=ranks, wide=wide or None)
+            if isinstance(diag, Cached):
+                render(diag.shown, report_console(), ranks=ranks, wide=wide or None, cleaned=True)
+            else:
+                render(diag.result, report_console(), ranks=ranks, wide=wide or None)
         write_reports(diag, json_out, html, md, perfetto, quiet, inputs=list(paths))
     except Exception as exc:
         fail(exc)

@@ -177,7 +177,7 @@ def _ones(n: int) -> Any:
 
 
 def _print_bubble(res: dict[str, Any]) -> None:
-    from ppdiag.whatif.render import fmt_pct
+    from ppdiag.reports.whatif_table import fmt_pct
 
     con = Console()
     v = f", v={res['virtual']}" if res["virtual"] > 1 else ""
@@ -273,7 +273,7 @@ def batch_report(
 def _print_batch(res: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from ppdiag.whatif.render import fmt_pct
+    from ppdiag.reports.whatif_table import fmt_pct
 
     con = Console()
     t = Table(title="batch arithmetic", title_justify="left", show_header=False)

@@ -25,7 +25,6 @@ from ppdiag.cli.options import (
     StageMap,
     Steps,
     analysis_options,
-    analyzed,
     check_targets,
     overrides_of,
     skipped_traces,
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
     from ppdiag.report_types import Report
     from ppdiag.reports.budget import Budget
     from ppdiag.reports.gate import GateResult
+    from ppdiag.result_cache import Cached
 
 
 def check(
@@ -85,11 +85,21 @@ def check(
         bud = gate.load_budget(budget)
         base = gate.load_baseline(baseline) if baseline else None
         opts = analysis_options(quiet, pp, stage_map, hosts, microbatches, schedule, steps, jobs)
-        diag = analyzed(paths, opts)
+        from ppdiag.result_cache import Cached, analysis_of
+
+        # the result cache serves a re-run (the gate judges what it keeps); --html draws the timelines
+        diag = analysis_of(paths, opts, drawn=html is None)
         result = _judge(diag, bud, base, baseline, steps, allow_partial)
         import msgspec
 
-        diag = dataclasses.replace(diag, result=msgspec.structs.replace(diag.result, gate=result.to_report()))
+        gated = msgspec.structs.replace(
+            diag.report if isinstance(diag, Cached) else diag.result, gate=result.to_report()
+        )
+        diag = (
+            dataclasses.replace(diag, report=gated)
+            if isinstance(diag, Cached)
+            else dataclasses.replace(diag, result=gated)
+        )
         for line in gate.format_gate(result):
             echo(line)
         write_reports(diag, json_out, html, md, None, quiet, inputs=[*paths, budget, baseline])
@@ -99,7 +109,7 @@ def check(
 
 
 def _judge(
-    diag: Analyzed,
+    diag: Analyzed | Cached,
     bud: Budget,
     base: Report | None,
     baseline: Path | None,
@@ -110,14 +120,31 @@ def _judge(
     and baseline check, and the analysis's override warnings; partial data judged anyway is said."""
     from ppdiag.pipeline.coverage import run_coverage
     from ppdiag.reports import gate
+    from ppdiag.result_cache import Cached
 
-    cov = gate.coverage_of(diag.result, skipped_traces(diag), steps)
-    cov.doubts = list(getattr(diag.run, "doubts", None) or [])
-    gate.run_gaps(cov, run_coverage(diag.run))
+    if isinstance(diag, Cached):  # a re-run served by the result cache: what it kept of the run
+        report, skipped, doubts, facts, overrides = (
+            diag.report,
+            list(diag.skipped),
+            list(diag.doubts),
+            diag.coverage,
+            list(diag.overrides),
+        )
+    else:
+        report, skipped, facts, overrides = (
+            diag.result,
+            skipped_traces(diag),
+            run_coverage(diag.run),
+            overrides_of(diag),
+        )
+        doubts = list(getattr(diag.run, "doubts", None) or [])
+    cov = gate.coverage_of(report, skipped, steps)
+    cov.doubts = doubts
+    gate.run_gaps(cov, facts)
     result = gate.run_gate(
-        diag.result, bud, base, str(baseline) if baseline else None, coverage=cov, allow_partial=allow_partial
+        report, bud, base, str(baseline) if baseline else None, coverage=cov, allow_partial=allow_partial
     )
-    result.warnings += overrides_of(diag)
+    result.warnings += overrides
     if allow_partial and result.partial:
         note = f"the gate judged partial data ({len(result.partial)} gaps)"
         err.print(f"ppdiag: warning: --allow-partial: {note}", markup=False)

@@ -96,7 +96,11 @@ PerfettoOut = Annotated[
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
 NoCache = Annotated[
-    bool, typer.Option("--no-cache", help="Parse every trace again; do not read or write the parse cache.")
+    bool,
+    typer.Option(
+        "--no-cache",
+        help="Parse every trace and analyse the run again; do not read or write the parse or result cache.",
+    ),
 ]
 
 
@@ -150,13 +154,16 @@ def analysis_options(
     global_batch: int | None = None,
     micro_batch: int | None = None,
     tp: int | None = None,
+    checked: bool = True,
 ) -> Options:
     """The :class:`ppdiag.api.Options` of the run flags every analyzing command takes (the one
     place they map to the options; ``analyze`` adds the batch flags), with progress bars on a
     terminal unless ``quiet``; a bad ``--steps`` or ``--hosts`` is refused here, before any work
-    (:func:`ppdiag.api.check_options`)."""
-    from ppdiag.api import Options, check_options
+    (:func:`ppdiag.api.check_options`), unless not ``checked``: ``analyze`` looks the run up in the
+    result cache first, which loads no analysis (a miss checks them before the parse, a hit was
+    analysed with them)."""
     from ppdiag.cli.support import err
+    from ppdiag.options import Options
 
     opts = Options(
         pp=pp,
@@ -171,6 +178,10 @@ def analysis_options(
         tp=tp,
         progress=not quiet and err.is_terminal,
     )
+    if not checked:
+        return opts
+    from ppdiag.api import check_options
+
     return check_options(opts)
 
 

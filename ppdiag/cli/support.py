@@ -22,6 +22,7 @@ from ppdiag.errors import PpdiagError
 
 if TYPE_CHECKING:
     from ppdiag.analysis import Analyzed
+    from ppdiag.result_cache import Cached
 
 err = Console(stderr=True)
 
@@ -45,7 +46,7 @@ def echo(line: str) -> None:
 
 
 def write_reports(
-    diag: Analyzed,
+    diag: Analyzed | Cached,
     json_out: Path | None,
     html: Path | None,
     md: Path | None,
@@ -53,9 +54,12 @@ def write_reports(
     quiet: bool,
     inputs: list[Path | None] | None = None,
 ) -> None:
-    """Write each report that has a path (json, html, md, perfetto), saying so unless ``quiet``."""
+    """Write each report that has a path (json, html, md, perfetto), saying so unless ``quiet``;
+    from a result cache hit (``diag`` a :class:`~ppdiag.result_cache.Cached`), only those drawn
+    from the report alone (json, md)."""
     from ppdiag.io import qpath
-    from ppdiag.reports import REPORTERS, load_builtin, write_report
+    from ppdiag.reports import REPORTERS, load_builtin, write_report, write_result_report
+    from ppdiag.result_cache import Cached
 
     ins = [p for p in inputs or [] if p is not None]
     for name, path in (("json", json_out), ("html", html), ("md", md), ("perfetto", perfetto)):
@@ -64,7 +68,10 @@ def write_reports(
         load_builtin(name)
         if name not in REPORTERS:
             raise PpdiagError(f"the {name} report is not available in this version")
-        write_report(name, diag, path, ins)
+        if isinstance(diag, Cached):
+            write_result_report(name, diag.report, path, [*diag.sources, *ins])
+        else:
+            write_report(name, diag, path, ins)
         if not quiet:
             err.print(f"wrote {qpath(path)}", markup=False, highlight=False)
 

@@ -448,7 +448,7 @@ def _whatif(a: WhatifArgs) -> None:
 
 def _print(meas: MeasuredRun, calibration: str, rows: list[dict[str, Any]], notes: list[str]) -> None:
     """The measured run, the scenarios' table, each scenario's notes and split, and the notes."""
-    from ppdiag.whatif.render import SECONDS_FROM_MS, typed_rows, whatif_table
+    from ppdiag.reports.whatif_table import SECONDS_FROM_MS, typed_rows, whatif_table
 
     con = Console()
     head = Text()

@@ -34,13 +34,18 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ppdiag.cachedir import cache_dir as cache_dir
+from ppdiag.cachedir import enabled as enabled
+from ppdiag.cachedir import file_identity
 from ppdiag.model import Intervals, ProcessGroup, Ranges, RankTimeline
 
 _ENTRY_SUFFIX = ".cols"
+#: How the warning of a trace parsed again after its entry was damaged begins (a warning of this one
+#: run, which the result cache must not repeat on a later run).
+DAMAGED_NOTE = "its parse cache entry was damaged"
 # the suffix of entries written before the flat form: never read, counted and removed as entries
 _OLD_SUFFIXES = (".npz",)
 _ENTRY_MAGIC = b"PPDIAG-CACHE-1\n\0"
-_HASH_CHUNK = 1 << 22
 # RankTimeline fields stored as JSON (the rest are the column tables and the names)
 _META_FIELDS = (
     "rank",
@@ -58,25 +63,6 @@ _META_FIELDS = (
     "warnings",
     "meta",
 )
-
-
-def cache_dir() -> Path:
-    """The folder entries live in (not created here)."""
-    env = os.environ.get("PPDIAG_CACHE_DIR")
-    if env:
-        return Path(env)
-    try:
-        import platformdirs
-    except ImportError:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-        return base / "ppdiag"
-    return Path(platformdirs.user_cache_dir("ppdiag", appauthor=False))
-
-
-def enabled() -> bool:
-    """False when ``PPDIAG_NO_CACHE`` is set to anything but empty or ``0``."""
-    return os.environ.get("PPDIAG_NO_CACHE", "") in ("", "0")
 
 
 _VERSION: str | None = None
@@ -106,20 +92,12 @@ def parser_version() -> str:
 
 def entry_key(path: Path, fmt: str) -> str | None:
     """The cache key of ``path`` as it is now, or None when the file cannot be read."""
-    try:
-        real = path.resolve()
-        st = real.stat()
-        h = hashlib.blake2b(digest_size=20)
-        with open(real, "rb") as fh:
-            while chunk := fh.read(_HASH_CHUNK):
-                h.update(chunk)
-        st2 = real.stat()
-    except OSError:
+    ident = file_identity(path)
+    if ident is None:
         return None
-    if (st2.st_size, st2.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
-        return None  # written to while hashed: do not key it at all
+    real, size, mtime_ns, digest = ident
     k = hashlib.blake2b(digest_size=20)
-    for part in (os.fsencode(str(real)), str(st.st_size), str(st.st_mtime_ns), h.hexdigest(), fmt):
+    for part in (os.fsencode(str(real)), str(size), str(mtime_ns), digest, fmt):
         k.update(part if isinstance(part, bytes) else part.encode())
         k.update(b"\0")
     k.update(parser_version().encode())
@@ -242,7 +220,7 @@ def get(key: str, damaged: list[str] | None = None) -> list[RankTimeline] | None
             p.unlink()
         if damaged is not None:
             why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-            damaged.append(f"its parse cache entry was damaged ({type(exc).__name__}: {why}) and was removed")
+            damaged.append(f"{DAMAGED_NOTE} ({type(exc).__name__}: {why}) and was removed")
         return None
 
 
@@ -430,6 +408,7 @@ def decode_ranks(data: bytes) -> list[RankTimeline]:
 
 
 __all__ = [
+    "DAMAGED_NOTE",
     "CacheInfo",
     "cache_dir",
     "clear",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ppdiag.analysis import Analyzed
+    from ppdiag.report_types import Report
 
 
 class Reporter(Protocol):
@@ -77,3 +78,20 @@ def write_report(name: str, diagnosis: Analyzed, path: str | Path, inputs: Itera
     load_builtin(name)
     reporter = REPORTERS[name]
     return write_output(path, lambda tmp: reporter.write(diagnosis, tmp), [*run_inputs(diagnosis), *inputs])
+
+
+def write_result_report(
+    name: str, report: Report, path: str | Path, inputs: Iterable[str | Path] = ()
+) -> Path:
+    """Write report ``name`` from the typed report alone (``json``, ``md``: the reporters with a
+    ``write_result``), as :func:`write_report` writes it; ``inputs`` are the run's trace files and
+    any other input, which it refuses as :func:`write_report` does. For a re-run served by the
+    result cache (:mod:`ppdiag.result_cache`), which has no diagnosis. Raises KeyError for a
+    report drawn from more than the typed report (``html``, ``perfetto``)."""
+    from ppdiag.io import write_output
+
+    load_builtin(name)
+    write = getattr(REPORTERS[name], "write_result", None)
+    if write is None:
+        raise KeyError(f"the {name} report needs the analysis, not the report alone")
+    return write_output(path, lambda tmp: write(report, tmp), list(inputs))

@@ -28,8 +28,12 @@ class JsonReporter:
     suffix = ".json"
 
     def write(self, diagnosis: Analyzed, path: Path) -> None:
+        self.write_result(diagnosis.result, path)
+
+    def write_result(self, report: Report, path: Path) -> None:
+        """The file from the report alone (a re-run served by the result cache has nothing else)."""
         # undecodable file-name bytes (legal on Linux) become \\udcXX escapes, not a crash
-        path.write_text(dumps(diagnosis.result) + "\n", encoding="utf-8", errors="backslashreplace")
+        path.write_text(dumps(report) + "\n", encoding="utf-8", errors="backslashreplace")
 
 
 register(JsonReporter())

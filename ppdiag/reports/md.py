@@ -11,7 +11,7 @@ import html
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ppdiag.facts import report_slowest_stage, share_of
+from ppdiag.report_shares import report_slowest_stage, share_of
 from ppdiag.report_types import Cause, FindingRow, Gate, RankRow, Report, RunInfo, Schedule
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean, md_neutral
@@ -207,12 +207,17 @@ def render_markdown(
 def write_markdown(diag: Analyzed, path: str | Path, gate: Gate | None = None) -> Path:
     """Write the Markdown summary of ``diag`` (the gate from ``gate`` or the report's own)."""
     p = Path(path)
+    _write_text(render_markdown(diag.result, gate=gate), p)
+    return p
+
+
+def _write_text(markdown: str, path: Path) -> None:
+    """``markdown`` with ppdiag's marker as its last line (the headline stays first for PR comments
+    and CI summaries)."""
     from ppdiag.io import md_marker
 
-    # the marker is the last line: the headline stays first for PR comments and CI summaries
-    text = render_markdown(diag.result, gate=gate).rstrip("\n") + "\n\n" + md_marker() + "\n"
-    p.write_text(text, encoding="utf-8", errors="backslashreplace")
-    return p
+    text = markdown.rstrip("\n") + "\n\n" + md_marker() + "\n"
+    path.write_text(text, encoding="utf-8", errors="backslashreplace")
 
 
 class MarkdownReporter:
@@ -223,6 +228,10 @@ class MarkdownReporter:
 
     def write(self, diagnosis: Analyzed, path: Path) -> None:
         write_markdown(diagnosis, path)
+
+    def write_result(self, report: Report, path: Path) -> None:
+        """The file from the report alone (a re-run served by the result cache has nothing else)."""
+        _write_text(render_markdown(report), path)
 
 
 register(MarkdownReporter())

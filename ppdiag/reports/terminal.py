@@ -21,9 +21,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ppdiag.facts import report_slowest_stage, share_of
 from ppdiag.io import md_marker
 from ppdiag.model.rank_ranges import consecutive_runs
+from ppdiag.report_shares import report_slowest_stage, share_of
 from ppdiag.report_types import Cause, Dist, FindingRow, Report
 from ppdiag.reports import register
 from ppdiag.reports.sanitize import clean_report
@@ -279,7 +279,7 @@ def findings_panel(report: Report, limit: int = 10) -> Group | Text:
 
 
 def _print_whatif(con: Console, report: Report) -> None:
-    from ppdiag.whatif.render import whatif_table
+    from ppdiag.reports.whatif_table import whatif_table
 
     wt = whatif_table(report.whatif, "What if (simulated from the measured stage costs)", lost=False)
     for c in wt.columns:  # fold, never cut
@@ -300,15 +300,22 @@ def _print_whatif(con: Console, report: Report) -> None:
 
 
 def render(
-    report: Report, console: Console | None = None, ranks: bool = True, wide: bool | None = None
+    report: Report,
+    console: Console | None = None,
+    ranks: bool = True,
+    wide: bool | None = None,
+    cleaned: bool = False,
 ) -> None:
     """Print the whole terminal report (trace strings without escape sequences or controls).
 
     ``wide``: every cause column in the tables; None: when the console has
     :data:`WIDE_COLUMNS` columns or more. The registered reporter ``terminal`` (:data:`REPORTER`)
-    shows the same through its ``show`` and writes it to a file through ``write``.
-    """
-    report = clean_report(report)
+    shows the same through its ``show`` and writes it to a file through ``write``. ``cleaned``:
+    ``report`` is already :func:`~ppdiag.reports.sanitize.clean_report`'s (the result cache keeps
+    it so, as cleaning decodes each finding's evidence by its rule's type, which a re-run served
+    from the cache has not loaded)."""
+    if not cleaned:
+        report = clean_report(report)
     con = console or Console()
     if wide is None:
         wide = con.width >= WIDE_COLUMNS
