@@ -10,10 +10,38 @@ turns both caches off.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 _HASH_CHUNK = 1 << 22
+#: The libraries whose code a cached parse or result depends on (numbers, sorting, decoding, the
+#: op-table and SQLite readers): an upgrade of any must miss every entry, as a change of ppdiag's
+#: own sources does.
+RUNTIME_LIBRARIES = ("numpy", "pandas", "msgspec", "pyarrow", "adbc_driver_sqlite", "adbc_driver_manager")
+_RUNTIME: str | None = None
+
+
+def runtime_identity() -> str:
+    """The interpreter's version and, for each of :data:`RUNTIME_LIBRARIES`, where its package lies
+    and its ``__init__``'s size and ``mtime_ns`` (``absent`` when not installed): what a reinstall
+    or an upgrade changes. Found without importing any of them (``importlib.util.find_spec`` of a
+    top-level package runs none of its code); computed once per process."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        parts = [sys.version, sys.platform]
+        for name in RUNTIME_LIBRARIES:
+            try:
+                spec = importlib.util.find_spec(name)
+                origin = spec.origin if spec is not None else None
+                st = os.stat(origin) if origin else None
+            except (ImportError, ValueError, OSError):
+                origin, st = None, None
+            found = f"{origin}:{st.st_size}:{st.st_mtime_ns}" if st is not None else "absent"
+            parts.append(f"{name}={found}")
+        _RUNTIME = "\n".join(parts)
+    return _RUNTIME
 
 
 def cache_dir() -> Path:

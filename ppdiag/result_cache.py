@@ -9,16 +9,17 @@ doubts, the run's coverage evidence). The HTML report and the Perfetto overlay d
 rebuilt pipeline and the timelines, which are not kept: a run that asks for them is analysed (the
 parse cache still spares it the parse).
 
-**Key** (BLAKE2b of one JSON document): the entry form, ppdiag's version and a hash of every
-``.py`` of the package and the report's schema (:func:`source_version`, once per process); every
-option that changes the result (:data:`KEYED_OPTIONS`; ``jobs``, ``progress``, ``scheduler`` and
-``nsys_cache_dir`` only decide how and where the parse runs); the environment variables that can
+**Key** (BLAKE2b of one JSON document): the entry form, ppdiag's version and a hash of every ``.py``
+of the package and the report's schema (:func:`source_version`, once per process), and the installs
+of the interpreter and the libraries a result depends on (:func:`ppdiag.cachedir.runtime_identity`);
+every option that changes the result (:data:`KEYED_OPTIONS`; ``jobs``, ``progress``, ``scheduler``
+and ``nsys_cache_dir`` only decide how and where the parse runs); the environment variables that can
 change it (:data:`KEYED_ENV`); and every input as the user spelled it plus what the loader would
 read there: a file's resolved path, size, ``mtime_ns`` and BLAKE2b of all its bytes
-(:func:`ppdiag.cachedir.file_identity`), and for a directory each trace-named entry of it and of
-its sub-directories (:func:`_dir_listing`, a superset of the files the loader reads: a trace added
-or removed misses). A file ppdiag wrote (a report in the run directory) counts by its name only, as
-the loader only names it. URLs, missing paths and unreadable files are not keyed: no result cache.
+(:func:`ppdiag.cachedir.file_identity`), and for a directory each trace-named entry of it and of its
+sub-directories (:func:`_dir_listing`, a superset of the files the loader reads: a trace added or
+removed misses). A file ppdiag wrote (a report in the run directory) counts by its name only, as the
+loader only names it. URLs, missing paths and unreadable files are not keyed: no result cache.
 
 **Entry**: ``<key>.report`` in the parse cache's folder (:func:`ppdiag.cachedir.cache_dir`): a
 magic line, a BLAKE2b of the rest, then msgpack (no pickle, nothing executed on read) of the
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ppdiag.cachedir import cache_dir, enabled, file_identity
+from ppdiag.cachedir import cache_dir, enabled, file_identity, runtime_identity
 from ppdiag.model.run_coverage import RunCoverage
 from ppdiag.report_evidence import EVIDENCE, Evidence
 from ppdiag.report_types import Report
@@ -200,6 +201,7 @@ def key_of(paths: Sequence[str | os.PathLike[str]], opts: Options) -> str | None
     doc = {
         "form": _FORM,
         "code": source_version(),
+        "runtime": runtime_identity(),
         "options": {f: getattr(opts, f) for f in KEYED_OPTIONS},
         "env": {v: os.environ.get(v) for v in KEYED_ENV},
         "inputs": inputs,

@@ -305,6 +305,40 @@ def test_key_misses_on_the_environment_and_the_code(cache_on: Path, monkeypatch:
     assert rc.key_of([RUN], Options()) not in (None, base)
 
 
+def test_key_misses_on_another_install_of_a_library(
+    cache_on: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    import ppdiag.cachedir as cachedir
+    import ppdiag.parsers.cache as pc
+
+    # a library reinstalled or upgraded: its __init__ is another file (size, mtime), so both caches miss
+    monkeypatch.setattr(cachedir, "_RUNTIME", None)
+    monkeypatch.setattr(pc, "_VERSION", None)
+    base, parse_base = rc.key_of([RUN], Options()), pc.parser_version()
+    fake = tmp_path / "numpy" / "__init__.py"
+    fake.parent.mkdir()
+    fake.write_text("# another numpy\n")
+    real_find = importlib.util.find_spec
+
+    def find(name: str, *args: Any) -> Any:
+        if name == "numpy":
+            return dataclasses.make_dataclass("Spec", ["origin"])(str(fake))
+        return real_find(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find)
+    monkeypatch.setattr(cachedir, "_RUNTIME", None)
+    monkeypatch.setattr(pc, "_VERSION", None)
+    assert "numpy=" + str(fake) in cachedir.runtime_identity()
+    assert rc.key_of([RUN], Options()) not in (None, base)
+    assert pc.parser_version() != parse_base
+    # a library that is not installed is named as absent, not an error
+    monkeypatch.setattr(cachedir, "RUNTIME_LIBRARIES", ("no_such_library_here",))
+    monkeypatch.setattr(cachedir, "_RUNTIME", None)
+    assert cachedir.runtime_identity().endswith("no_such_library_here=absent")
+
+
 def test_no_key_for_urls_missing_paths_or_a_cache_turned_off(
     cache_on: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

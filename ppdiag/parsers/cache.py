@@ -36,7 +36,7 @@ import numpy as np
 
 from ppdiag.cachedir import cache_dir as cache_dir
 from ppdiag.cachedir import enabled as enabled
-from ppdiag.cachedir import file_identity
+from ppdiag.cachedir import file_identity, runtime_identity
 from ppdiag.model import Intervals, ProcessGroup, Ranges, RankTimeline
 
 _ENTRY_SUFFIX = ".cols"
@@ -69,13 +69,15 @@ _VERSION: str | None = None
 
 
 def parser_version() -> str:
-    """ppdiag's version plus a hash of the sources that decide a parse's output."""
+    """ppdiag's version plus a hash of the sources that decide a parse's output, and of the
+    interpreter and libraries they run on (:func:`ppdiag.cachedir.runtime_identity`)."""
     global _VERSION
     if _VERSION is None:
         import ppdiag.version as _version
 
         root = Path(_version.__file__).resolve().parent
         h = hashlib.blake2b(_version.__version__.encode(), digest_size=12)
+        h.update(runtime_identity().encode("utf-8", "surrogateescape"))
         # every module a parser's output can depend on: the parsers, the model, and the helpers
         # the parsers import
         srcs = sorted((root / "parsers").glob("*.py")) + sorted((root / "model").glob("*.py"))
