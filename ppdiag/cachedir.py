@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -65,11 +66,16 @@ def enabled() -> bool:
 
 def file_identity(path: Path) -> tuple[Path, int, int, str] | None:
     """(resolved path, size, ``mtime_ns``, BLAKE2b of every byte) of ``path`` as it is now, or None
-    when it cannot be read or changed while it was hashed (then it must not be keyed at all). The
-    hash makes a file rewritten in place with the same size and mtime a different file."""
+    when it is not a regular file, cannot be read or changed while it was hashed (then it must not
+    be keyed at all). The hash makes a file rewritten in place with the same size and mtime a
+    different file."""
     try:
         real = path.resolve()
         st = real.stat()
+        if not stat.S_ISREG(st.st_mode):
+            # a device or a pipe (/dev/zero, <(zcat ...)): hashing would never end or would eat
+            # the bytes the loader reads; the loader refuses it in its own words
+            return None
         h = hashlib.blake2b(digest_size=20)
         with open(real, "rb") as fh:
             while chunk := fh.read(_HASH_CHUNK):

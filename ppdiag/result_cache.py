@@ -433,7 +433,11 @@ def analysis_of(paths: Sequence[str | Path], opts: Options, drawn: bool = True) 
     from ppdiag.api import diagnose
 
     diag = diagnose(paths, opts)
-    if key is not None:
+    # the key was taken before the parse: a trace rewritten, added or removed in between was
+    # analysed as it is now, which that key does not describe (a later run with the old files,
+    # e.g. restored with their mtimes, would be served this report); store only when the inputs
+    # still give the same key (their bytes were just read: hashing them again is cheap)
+    if key is not None and key_of(paths, opts) == key:
         put(key, cached_of(diag))
     return diag
 
