@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_DATA
+from conftest import SHARED_TRACES, TEST_DATA
 from typer.testing import CliRunner
 
 import ppdiag.api as api
@@ -84,3 +84,35 @@ def test_a_fifo_is_not_opened_for_the_key(tmp_path: Path, cache_on: Path) -> Non
     except (AttributeError, OSError):
         pytest.skip("no named pipes here")
     assert rc.key_of([fifo], Options()) is None
+
+
+NSYS = SHARED_TRACES / "nsys"
+
+
+@pytest.mark.skipif(not (NSYS / "pipit_saxpy_mpi_nsys2022.sqlite").is_file(), reason="no shared nsys traces")
+def test_an_nsys_report_is_keyed_with_the_export_it_is_read_through(tmp_path: Path, cache_on: Path) -> None:
+    # rank0.nsys-rep named alone is read through rank0.sqlite beside it (the nsys reader's export
+    # cache, fresh while newer than the report; no nsys needed). Another export written over it
+    # (re-exported by another nsys, or another run's) changes the analysis, not the report's bytes:
+    # the two-rank FSDP export first, then the one-rank saxpy one, which a hit must not hide
+    run = tmp_path / "run"
+    run.mkdir()
+    rep = run / "rank0.nsys-rep"
+    rep.write_bytes(b"a report nsys exported to rank0.sqlite")
+    os.utime(rep, ns=(10**18, 10**18))  # older than any export copied beside it
+    out = tmp_path / "r.json"
+    argv = ["analyze", str(rep), "--json", str(out), "--quiet"]
+    shutil.copyfile(NSYS / "nsysai_h100_fsdp_2gpu.sqlite", run / "rank0.sqlite")
+    k0 = rc.key_of([rep], Options())
+    for _ in range(2):  # a miss, then a hit
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 0, res.output
+        assert _ranks(out) == 2
+    assert rc.get(k0) is not None
+    shutil.copyfile(NSYS / "pipit_saxpy_mpi_nsys2022.sqlite", run / "rank0.sqlite")
+    assert rc.key_of([rep], Options()) not in (None, k0)
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    assert _ranks(out) == 1
+    # the export is looked for where nsys_cache_dir puts it: there is none there, another key
+    assert rc.key_of([rep], Options(nsys_cache_dir=str(tmp_path / "exports"))) not in (None, k0)
