@@ -18,6 +18,10 @@ import sys
 from pathlib import Path
 
 _HASH_CHUNK = 1 << 22
+#: A SQLite file's companions that the nsys reader reads with it (committed rows a ``-wal`` holds
+#: that the file lacks; a ``-journal`` is a write under way, which it warns of): their bytes are
+#: not the file's, so a file beside one is not cached at all.
+_SQLITE_SIDES = ("-wal", "-journal")
 #: The libraries whose code a cached parse or result depends on (numbers, sorting, decoding, the
 #: op-table and SQLite readers): an upgrade of any must miss every entry, as a change of ppdiag's
 #: own sources does.
@@ -67,11 +71,13 @@ def enabled() -> bool:
 
 def file_identity(path: Path) -> tuple[Path, int, int, str] | None:
     """(resolved path, size, ``mtime_ns``, BLAKE2b of every byte) of ``path`` as it is now, or None
-    when it is not a regular file, cannot be read or changed while it was hashed (then it must not
-    be keyed at all). The hash makes a file rewritten in place with the same size and mtime a
-    different file."""
+    when it is not a regular file, cannot be read or changed while it was hashed, or has a SQLite
+    ``-wal`` or ``-journal`` beside it (then it must not be keyed at all). The hash makes a file
+    rewritten in place with the same size and mtime a different file."""
     try:
         real = path.resolve()
+        if any(os.path.lexists(f"{p}{side}") for p in {path, real} for side in _SQLITE_SIDES):
+            return None
         st = real.stat()
         if not stat.S_ISREG(st.st_mode):
             # a device or a pipe (/dev/zero, <(zcat ...)): hashing would never end or would eat

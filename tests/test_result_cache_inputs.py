@@ -116,3 +116,28 @@ def test_an_nsys_report_is_keyed_with_the_export_it_is_read_through(tmp_path: Pa
     assert _ranks(out) == 1
     # the export is looked for where nsys_cache_dir puts it: there is none there, another key
     assert rc.key_of([rep], Options(nsys_cache_dir=str(tmp_path / "exports"))) not in (None, k0)
+
+
+@pytest.mark.skipif(not (NSYS / "pipit_saxpy_mpi_nsys2022.sqlite").is_file(), reason="no shared nsys traces")
+@pytest.mark.parametrize("side", ["-journal", "-wal"])
+def test_an_export_with_a_journal_or_wal_beside_it_is_not_cached(
+    tmp_path: Path, cache_on: Path, side: str
+) -> None:
+    # the nsys reader reads an export with its -wal (rows the file lacks) and warns of a -journal
+    # (a write under way): neither cache may serve what the file alone gave
+    from ppdiag.parsers import cache as parse_cache
+
+    export = tmp_path / "r.sqlite"
+    shutil.copyfile(NSYS / "pipit_saxpy_mpi_nsys2022.sqlite", export)
+    out = tmp_path / "r.json"
+    argv = ["analyze", str(export), "--json", str(out), "--quiet"]
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    assert rc.key_of([export], Options()) is not None
+    assert parse_cache.entry_key(export, "nsys") is not None
+    Path(f"{export}{side}").write_bytes(b"x" * 12)  # no WAL or journal header: no rows read from it
+    assert rc.key_of([export], Options()) is None
+    assert rc.key_of([tmp_path], Options()) is None
+    assert parse_cache.entry_key(export, "nsys") is None
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    said = "'r.sqlite-journal' exists: another process is writing" in out.read_text()
+    assert said == (side == "-journal")
