@@ -44,6 +44,7 @@ def test_a_trace_removed_between_the_key_and_the_parse_is_not_stored(
     shutil.copytree(RUN, run)
     aside = tmp_path / "rank1.pt.trace.json.gz"
     k0 = rc.key_of([run], Options())
+    assert k0 is not None
     real = api.diagnose
 
     def moved(*args: Any, **kwargs: Any) -> Any:
@@ -104,6 +105,7 @@ def test_an_nsys_report_is_keyed_with_the_export_it_is_read_through(tmp_path: Pa
     argv = ["analyze", str(rep), "--json", str(out), "--quiet"]
     shutil.copyfile(NSYS / "nsysai_h100_fsdp_2gpu.sqlite", run / "rank0.sqlite")
     k0 = rc.key_of([rep], Options())
+    assert k0 is not None
     for _ in range(2):  # a miss, then a hit
         res = CliRunner().invoke(app, argv)
         assert res.exit_code == 0, res.output
