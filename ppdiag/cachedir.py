@@ -23,9 +23,19 @@ _HASH_CHUNK = 1 << 22
 #: not the file's, so a file beside one is not cached at all.
 _SQLITE_SIDES = ("-wal", "-journal")
 #: The libraries whose code a cached parse or result depends on (numbers, sorting, decoding, the
-#: op-table and SQLite readers): an upgrade of any must miss every entry, as a change of ppdiag's
-#: own sources does.
-RUNTIME_LIBRARIES = ("numpy", "pandas", "msgspec", "pyarrow", "adbc_driver_sqlite", "adbc_driver_manager")
+#: op-table and SQLite readers, decompression): an upgrade of any must miss every entry, as a
+#: change of ppdiag's own sources does.
+RUNTIME_LIBRARIES = (
+    "numpy",
+    "pandas",
+    "msgspec",
+    "pyarrow",
+    "adbc_driver_sqlite",
+    "adbc_driver_manager",
+    # the optional decompressors: what they keep of a cut stream differs (ISA-L and zlib by a byte)
+    "isal",
+    "zstandard",
+)
 _RUNTIME: str | None = None
 
 

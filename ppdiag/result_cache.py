@@ -83,8 +83,14 @@ KEYED_OPTIONS = (
     "hosts",
 )
 #: Environment variables that can change a result: the invariant check's strictness, the trace
-#: size limit, the nsys reader's choice of SQLite reader and its time budget.
-KEYED_ENV = ("PPDIAG_STRICT_CHECK", "PPDIAG_MAX_TRACE_GB", "PPDIAG_NO_ADBC", "PPDIAG_SQL_BUDGET_S")
+#: size limit, the nsys reader's choice of SQLite reader and its time budget, the gzip inflater.
+KEYED_ENV = (
+    "PPDIAG_STRICT_CHECK",
+    "PPDIAG_MAX_TRACE_GB",
+    "PPDIAG_NO_ADBC",
+    "PPDIAG_SQL_BUDGET_S",
+    "PPDIAG_NO_ISAL",
+)
 #: Every name a trace format carries (the parsers' ``suffixes``; a test holds them equal): the
 #: directory entries that are keyed. The parser registry itself is not loaded (it loads numpy).
 TRACE_SUFFIXES = (

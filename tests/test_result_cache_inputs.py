@@ -143,3 +143,33 @@ def test_an_export_with_a_journal_or_wal_beside_it_is_not_cached(
     assert CliRunner().invoke(app, argv).exit_code == 0
     said = "'r.sqlite-journal' exists: another process is writing" in out.read_text()
     assert said == (side == "-journal")
+
+
+DDP = SHARED_TRACES / "kineto" / "hta_ddp_nccl_rank0.json.gz"
+
+
+@pytest.mark.skipif(not DDP.is_file(), reason="no shared traces")
+def test_the_gzip_inflater_is_keyed(tmp_path: Path, cache_on: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ISA-L and zlib keep different tails of a cut gzip stream (a byte apart here), which the
+    # truncation warning counts: PPDIAG_NO_ISAL=1 after a run with ISA-L is another result
+    pytest.importorskip("isal")
+    from ppdiag.parsers import kineto_bytes
+
+    cut = tmp_path / "cut.json.gz"
+    raw = DDP.read_bytes()
+    cut.write_bytes(raw[: len(raw) // 3])
+
+    def run(no_isal: bool, *extra: str) -> str:
+        monkeypatch.setenv(kineto_bytes.ISAL_ENV, "1" if no_isal else "0")
+        monkeypatch.setattr(kineto_bytes, "_INFLATER", None)  # chosen once per process
+        out = tmp_path / "r.json"
+        res = CliRunner().invoke(app, ["analyze", str(cut), "--json", str(out), "--quiet", *extra])
+        assert res.exit_code == 0, res.output
+        return out.read_text()
+
+    with_isal = run(False)
+    fresh = run(True, "--no-cache")
+    monkeypatch.delenv("PPDIAG_NO_CACHE")  # --no-cache sets it for the parse workers
+    if fresh == with_isal:
+        pytest.skip("the installed ISA-L and zlib keep the same bytes of this cut")
+    assert run(True) == fresh  # neither the result cache nor the parse cache serves ISA-L's parse
