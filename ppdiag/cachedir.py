@@ -4,7 +4,8 @@ numpy, so that a re-run served by the result cache never loads the analysis.
 
 Where: ``$PPDIAG_CACHE_DIR``, else the user cache dir (``platformdirs``, else
 ``$XDG_CACHE_HOME/ppdiag`` or ``~/.cache/ppdiag``). ``PPDIAG_NO_CACHE=1`` (the CLI's ``--no-cache``)
-turns both caches off.
+turns both caches off. Also where the nsys reader keeps the SQLite exports of ``.nsys-rep`` reports
+(:func:`nsys_export_path`), which the result cache keys.
 """
 
 from __future__ import annotations
@@ -12,14 +13,29 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import stat
 import sys
 from pathlib import Path
 
 _HASH_CHUNK = 1 << 22
+#: A SQLite file's companions that the nsys reader reads with it (committed rows a ``-wal`` holds
+#: that the file lacks; a ``-journal`` is a write under way, which it warns of): their bytes are
+#: not the file's, so a file beside one is not cached at all.
+_SQLITE_SIDES = ("-wal", "-journal")
 #: The libraries whose code a cached parse or result depends on (numbers, sorting, decoding, the
-#: op-table and SQLite readers): an upgrade of any must miss every entry, as a change of ppdiag's
-#: own sources does.
-RUNTIME_LIBRARIES = ("numpy", "pandas", "msgspec", "pyarrow", "adbc_driver_sqlite", "adbc_driver_manager")
+#: op-table and SQLite readers, decompression): an upgrade of any must miss every entry, as a
+#: change of ppdiag's own sources does.
+RUNTIME_LIBRARIES = (
+    "numpy",
+    "pandas",
+    "msgspec",
+    "pyarrow",
+    "adbc_driver_sqlite",
+    "adbc_driver_manager",
+    # the optional decompressors: what they keep of a cut stream differs (ISA-L and zlib by a byte)
+    "isal",
+    "zstandard",
+)
 _RUNTIME: str | None = None
 
 
@@ -65,11 +81,18 @@ def enabled() -> bool:
 
 def file_identity(path: Path) -> tuple[Path, int, int, str] | None:
     """(resolved path, size, ``mtime_ns``, BLAKE2b of every byte) of ``path`` as it is now, or None
-    when it cannot be read or changed while it was hashed (then it must not be keyed at all). The
-    hash makes a file rewritten in place with the same size and mtime a different file."""
+    when it is not a regular file, cannot be read or changed while it was hashed, or has a SQLite
+    ``-wal`` or ``-journal`` beside it (then it must not be keyed at all). The hash makes a file
+    rewritten in place with the same size and mtime a different file."""
     try:
         real = path.resolve()
+        if any(os.path.lexists(f"{p}{side}") for p in {path, real} for side in _SQLITE_SIDES):
+            return None
         st = real.stat()
+        if not stat.S_ISREG(st.st_mode):
+            # a device or a pipe (/dev/zero, <(zcat ...)): hashing would never end or would eat
+            # the bytes the loader reads; the loader refuses it in its own words
+            return None
         h = hashlib.blake2b(digest_size=20)
         with open(real, "rb") as fh:
             while chunk := fh.read(_HASH_CHUNK):
@@ -80,3 +103,48 @@ def file_identity(path: Path) -> tuple[Path, int, int, str] | None:
     if (st2.st_size, st2.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
         return None
     return real, st.st_size, st.st_mtime_ns, h.hexdigest()
+
+
+# Nsight Systems reports are read through their SQLite export, which the nsys reader keeps in a
+# cache of its own (ppdiag/parsers/nsys_rep.py): where it lies is here, free of numpy, so that the
+# result cache keys the export a report is read through as well as the report.
+
+#: The names of Nsight Systems reports (read through ``nsys export``).
+NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+
+
+def is_nsys_report(path: Path) -> bool:
+    """Whether ``path`` is named as an Nsight Systems report."""
+    return path.name.lower().endswith(NSYS_REPORT_SUFFIXES)
+
+
+def nsys_report_stem(path: Path) -> str:
+    """The report's name without its suffix (``rank0`` of ``rank0.nsys-rep``)."""
+    name = path.name
+    for s in NSYS_REPORT_SUFFIXES:
+        if name.lower().endswith(s):
+            return name[: -len(s)]
+    return path.stem
+
+
+def nsys_user_cache_dir() -> Path:
+    """Where exports go when neither a cache folder is given nor the report's folder is writable."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ppdiag" / "nsys"
+
+
+def nsys_export_path(report: Path, cache_dir: str | None) -> Path:
+    """Where the SQLite export of ``report`` lives: in ``cache_dir`` when given, else beside the
+    report when its folder is writable, else in :func:`nsys_user_cache_dir`."""
+    stem = nsys_report_stem(report)
+    if cache_dir:
+        return Path(cache_dir) / f"{stem}-{_report_digest(report)}.sqlite"
+    parent = report.resolve().parent
+    if os.access(parent, os.W_OK):
+        return parent / f"{stem}.sqlite"
+    return nsys_user_cache_dir() / f"{stem}-{_report_digest(report)}.sqlite"
+
+
+def _report_digest(report: Path) -> str:
+    # Two reports with one name in different directories must not share a cache entry.
+    return hashlib.sha1(str(report.resolve()).encode()).hexdigest()[:10]

@@ -12,14 +12,17 @@ parse cache still spares it the parse).
 **Key** (BLAKE2b of one JSON document): the entry form, ppdiag's version and a hash of every ``.py``
 of the package and the report's schema (:func:`source_version`, once per process), and the installs
 of the interpreter and the libraries a result depends on (:func:`ppdiag.cachedir.runtime_identity`);
-every option that changes the result (:data:`KEYED_OPTIONS`; ``jobs``, ``progress``, ``scheduler``
-and ``nsys_cache_dir`` only decide how and where the parse runs); the environment variables that can
+every option that changes the result (:data:`KEYED_OPTIONS`; ``jobs``, ``progress`` and
+``scheduler`` only decide how and where the parse runs); the environment variables that can
 change it (:data:`KEYED_ENV`); and every input as the user spelled it plus what the loader would
 read there: a file's resolved path, size, ``mtime_ns`` and BLAKE2b of all its bytes
-(:func:`ppdiag.cachedir.file_identity`), and for a directory each trace-named entry of it and of its
-sub-directories (:func:`_dir_listing`, a superset of the files the loader reads: a trace added or
-removed misses). A file ppdiag wrote (a report in the run directory) counts by its name only, as the
-loader only names it. URLs, missing paths and unreadable files are not keyed: no result cache.
+(:func:`ppdiag.cachedir.file_identity`), for an ``.nsys-rep`` also those of the SQLite export it is
+read through (where ``nsys_cache_dir`` puts it, :func:`_export_of`), and for a directory each
+trace-named entry of it and of its sub-directories (:func:`_dir_listing`, a superset of the files
+the loader reads: a trace added or removed misses). A file ppdiag wrote (a report in the run
+directory) counts by its name only, as the loader only names it. URLs, missing paths, devices,
+pipes and unreadable files are not keyed: no result cache. The key is taken again after a miss's
+analysis: an entry is stored only when the inputs did not change while they were read.
 
 **Entry**: ``<key>.report`` in the parse cache's folder (:func:`ppdiag.cachedir.cache_dir`): a
 magic line, a BLAKE2b of the rest, then msgpack (no pickle, nothing executed on read) of the
@@ -46,7 +49,14 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ppdiag.cachedir import cache_dir, enabled, file_identity, runtime_identity
+from ppdiag.cachedir import (
+    cache_dir,
+    enabled,
+    file_identity,
+    is_nsys_report,
+    nsys_export_path,
+    runtime_identity,
+)
 from ppdiag.model.run_coverage import RunCoverage
 from ppdiag.report_evidence import EVIDENCE, Evidence
 from ppdiag.report_types import Report
@@ -73,8 +83,14 @@ KEYED_OPTIONS = (
     "hosts",
 )
 #: Environment variables that can change a result: the invariant check's strictness, the trace
-#: size limit, the nsys reader's choice of SQLite reader and its time budget.
-KEYED_ENV = ("PPDIAG_STRICT_CHECK", "PPDIAG_MAX_TRACE_GB", "PPDIAG_NO_ADBC", "PPDIAG_SQL_BUDGET_S")
+#: size limit, the nsys reader's choice of SQLite reader and its time budget, the gzip inflater.
+KEYED_ENV = (
+    "PPDIAG_STRICT_CHECK",
+    "PPDIAG_MAX_TRACE_GB",
+    "PPDIAG_NO_ADBC",
+    "PPDIAG_SQL_BUDGET_S",
+    "PPDIAG_NO_ISAL",
+)
 #: Every name a trace format carries (the parsers' ``suffixes``; a test holds them equal): the
 #: directory entries that are keyed. The parser registry itself is not loaded (it loads numpy).
 TRACE_SUFFIXES = (
@@ -125,7 +141,42 @@ def _is_trace_name(name: str) -> bool:
     return name.lower().endswith(TRACE_SUFFIXES)
 
 
-def _entry_of(p: Path) -> list[Any] | None:
+def _export_of(report: Path, nsys_cache_dir: str | None) -> list[Any] | None:
+    """The SQLite export the nsys reader reads an Nsight Systems ``report`` through
+    (:func:`ppdiag.cachedir.nsys_export_path`), which the report's bytes do not pin (another export
+    written over it, by another nsys): by its bytes when it is there; when it is not, the parse
+    makes it, the key after the parse differs and the next run is stored. None when it cannot be
+    keyed."""
+    try:
+        target = nsys_export_path(report, nsys_cache_dir)
+        if not (target.exists() or target.is_symlink()):
+            return ["export", None]
+    except OSError:
+        return None
+    ident = file_identity(target)
+    if ident is None:
+        return None
+    real, size, mtime_ns, digest = ident
+    return ["export", os.fsdecode(real), size, mtime_ns, digest]
+
+
+def _file_of(p: Path, nsys_cache_dir: str | None) -> list[Any] | None:
+    """A file the loader reads: resolved path, size, mtime_ns and hash, and for an Nsight Systems
+    report the export it is read through; None when it cannot be keyed."""
+    ident = file_identity(p)
+    if ident is None:
+        return None
+    real, size, mtime_ns, digest = ident
+    out: list[Any] = [os.fsdecode(real), size, mtime_ns, digest]
+    if is_nsys_report(p):
+        export = _export_of(p, nsys_cache_dir)
+        if export is None:
+            return None
+        out.append(export)
+    return out
+
+
+def _entry_of(p: Path, nsys_cache_dir: str | None) -> list[Any] | None:
     """One trace-named directory entry as the key holds it, or None when it cannot be keyed."""
     from ppdiag.io import is_own_output
 
@@ -139,14 +190,11 @@ def _entry_of(p: Path) -> list[Any] | None:
         return ["own", p.name]  # a report ppdiag wrote: the loader names it and reads no further
     if p.suffix == ".nsys-rep" and p.with_suffix(".sqlite").is_file():
         return ["shadowed", p.name]  # its SQLite export beside it is read instead
-    ident = file_identity(p)
-    if ident is None:
-        return None
-    real, size, mtime_ns, digest = ident
-    return ["file", p.name, os.fsdecode(real), size, mtime_ns, digest]
+    ident = _file_of(p, nsys_cache_dir)
+    return None if ident is None else ["file", p.name, *ident]
 
 
-def _dir_listing(d: Path, depth: int = 0) -> list[Any] | None:
+def _dir_listing(d: Path, nsys_cache_dir: str | None, depth: int = 0) -> list[Any] | None:
     """Each trace-named entry of ``d`` and (at the top) of its non-hidden sub-directories, in name
     order: every file the loader could read there. None when one cannot be keyed."""
     try:
@@ -156,19 +204,19 @@ def _dir_listing(d: Path, depth: int = 0) -> list[Any] | None:
     out: list[Any] = []
     for p in entries:
         if depth == 0 and p.is_dir() and not p.name.startswith("."):
-            sub = _dir_listing(p, 1)
+            sub = _dir_listing(p, nsys_cache_dir, 1)
             if sub is None:
                 return None
             out.append(["dir", p.name, sub])
         elif _is_trace_name(p.name):
-            entry = _entry_of(p)
+            entry = _entry_of(p, nsys_cache_dir)
             if entry is None:
                 return None
             out.append(entry)
     return out
 
 
-def _input_of(raw: str | os.PathLike[str]) -> list[Any] | None:
+def _input_of(raw: str | os.PathLike[str], nsys_cache_dir: str | None) -> list[Any] | None:
     """One input path, spelled as given and expanded as the loader reads it; None for a URL, a
     missing path or an unreadable file (the normal path reports or handles those)."""
     s = os.fspath(raw)
@@ -178,13 +226,10 @@ def _input_of(raw: str | os.PathLike[str]) -> list[Any] | None:
     if _URL.match(s):
         return None  # a local name that looks like a URL: the loader's choice, not keyed here
     if p.is_dir():
-        listing = _dir_listing(p)
+        listing = _dir_listing(p, nsys_cache_dir)
         return None if listing is None else ["dir", s, os.fsdecode(p.resolve()), listing]
-    ident = file_identity(p)
-    if ident is None:
-        return None
-    real, size, mtime_ns, digest = ident
-    return ["file", s, os.fsdecode(real), size, mtime_ns, digest]
+    ident = _file_of(p, nsys_cache_dir)
+    return None if ident is None else ["file", s, *ident]
 
 
 def key_of(paths: Sequence[str | os.PathLike[str]], opts: Options) -> str | None:
@@ -194,7 +239,7 @@ def key_of(paths: Sequence[str | os.PathLike[str]], opts: Options) -> str | None
         return None
     inputs = []
     for raw in paths:
-        one = _input_of(raw)
+        one = _input_of(raw, opts.nsys_cache_dir)
         if one is None:
             return None
         inputs.append(one)
@@ -433,7 +478,11 @@ def analysis_of(paths: Sequence[str | Path], opts: Options, drawn: bool = True) 
     from ppdiag.api import diagnose
 
     diag = diagnose(paths, opts)
-    if key is not None:
+    # the key was taken before the parse: a trace rewritten, added or removed in between was
+    # analysed as it is now, which that key does not describe (a later run with the old files,
+    # e.g. restored with their mtimes, would be served this report); store only when the inputs
+    # still give the same key (their bytes were just read: hashing them again is cheap)
+    if key is not None and key_of(paths, opts) == key:
         put(key, cached_of(diag))
     return diag
 

@@ -281,3 +281,23 @@ def test_parser_version_follows_the_parser_source(monkeypatch: pytest.MonkeyPatc
     k.write_text(k.read_text() + "\n# changed\n")
     monkeypatch.setattr(cache, "_VERSION", None)
     assert cache.parser_version() != v1
+
+
+UNRANKED = SHARED_TRACES / "kineto" / "tracelens_h100_single.json.gz"  # no distributedInfo
+
+
+@pytest.mark.skipif(not UNRANKED.is_file(), reason="no shared traces")
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="no symlinks")
+def test_a_link_under_another_rank_name_is_another_entry(tmp_path: Path, cache_on: Path) -> None:
+    # the trace has no rank of its own: the parse reads it from the name (rank3 -> 3). A link
+    # rank5.json.gz to the same bytes is rank 5; keyed by the bytes alone, the hit said 3
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    real = tmp_path / "a" / "rank3.json.gz"
+    shutil.copyfile(UNRANKED, real)
+    link = tmp_path / "b" / "rank5.json.gz"
+    link.symlink_to(real)
+    assert [t.rank for t in _parse(real)] == [3]
+    assert [(t.rank, t.rank_source) for t in _parse(link)] == [(5, "file name")]
+    assert [t.rank for t in _parse(real)] == [3]  # the first entry is still served
+    assert len(_entries(cache_on)) == 2

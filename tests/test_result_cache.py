@@ -350,7 +350,7 @@ def test_no_key_for_urls_missing_paths_or_a_cache_turned_off(
 
 
 def test_the_keyed_names_are_the_packages() -> None:
-    from ppdiag.parsers import nsys_arrow, nsys_db
+    from ppdiag.parsers import kineto_bytes, nsys_arrow, nsys_db
     from ppdiag.parsers.detect import trace_suffixes
     from ppdiag.parsers.loader import OWN_OUTPUTS
     from ppdiag.report_check import STRICT_ENV
@@ -358,9 +358,13 @@ def test_the_keyed_names_are_the_packages() -> None:
     # the parsers' names, written out in the cache so that a hit loads no parser
     assert set(rc.TRACE_SUFFIXES) == set(trace_suffixes())
     assert rc.OWN_NAMES == OWN_OUTPUTS
-    assert {STRICT_ENV, nsys_arrow.ARROW_ENV, nsys_db.SQL_BUDGET_ENV, "PPDIAG_MAX_TRACE_GB"} == set(
-        rc.KEYED_ENV
-    )
+    assert {
+        STRICT_ENV,
+        nsys_arrow.ARROW_ENV,
+        nsys_db.SQL_BUDGET_ENV,
+        "PPDIAG_MAX_TRACE_GB",
+        kineto_bytes.ISAL_ENV,
+    } == set(rc.KEYED_ENV)
 
 
 def test_source_version_hashes_every_module() -> None:

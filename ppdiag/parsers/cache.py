@@ -38,6 +38,7 @@ from ppdiag.cachedir import cache_dir as cache_dir
 from ppdiag.cachedir import enabled as enabled
 from ppdiag.cachedir import file_identity, runtime_identity
 from ppdiag.model import Intervals, ProcessGroup, Ranges, RankTimeline
+from ppdiag.parsers.kineto_bytes import ISAL_ENV
 
 _ENTRY_SUFFIX = ".cols"
 #: How the warning of a trace parsed again after its entry was damaged begins (a warning of this one
@@ -93,13 +94,20 @@ def parser_version() -> str:
 
 
 def entry_key(path: Path, fmt: str) -> str | None:
-    """The cache key of ``path`` as it is now, or None when the file cannot be read."""
+    """The cache key of ``path`` as it is now (its bytes and the names a rank may be read from), or
+    None when the file cannot be read."""
     ident = file_identity(path)
     if ident is None:
         return None
     real, size, mtime_ns, digest = ident
     k = hashlib.blake2b(digest_size=20)
-    for part in (os.fsencode(str(real)), str(size), str(mtime_ns), digest, fmt):
+    # the parse reads the name as spelled besides the bytes: a rank from the file or folder name
+    # (rank3.json, rank3/trace.json) when the trace has none, so a link rank5.json to rank3.json
+    # is another entry (the source path itself is set on every hit)
+    spelled = (os.fsencode(path.name), os.fsencode(path.parent.name))
+    # and the gzip inflater it uses (they keep different tails of a cut stream)
+    inflater = "zlib" if os.environ.get(ISAL_ENV, "") == "1" else "default"
+    for part in (os.fsencode(str(real)), *spelled, str(size), str(mtime_ns), digest, fmt, inflater):
         k.update(part if isinstance(part, bytes) else part.encode())
         k.update(b"\0")
     k.update(parser_version().encode())

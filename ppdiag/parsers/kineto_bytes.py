@@ -192,17 +192,20 @@ class _Inflated:
         return self.buf
 
 
+#: Set to 1, gzip traces are inflated by zlib, not ISA-L: the two keep different tails of a cut
+#: stream (a byte apart), which a truncated trace's warning counts, so both caches key it.
+ISAL_ENV = "PPDIAG_NO_ISAL"
 _INFLATER: tuple[Callable[[], Any], tuple[type[Exception], ...]] | None = None
 
 
 def inflater() -> tuple[Callable[[], Any], tuple[type[Exception], ...]]:
     """(a gzip decompressobj factory, the errors it raises): ISA-L's (the optional ``isal``
     package, about twice zlib's speed) when it is installed, else the standard library's zlib.
-    ``PPDIAG_NO_ISAL=1`` keeps zlib."""
+    ``PPDIAG_NO_ISAL=1`` (:data:`ISAL_ENV`) keeps zlib."""
     global _INFLATER
     if _INFLATER is None:
         _INFLATER = (lambda: zlib.decompressobj(wbits=31)), (zlib.error,)
-        if os.environ.get("PPDIAG_NO_ISAL", "") != "1":
+        if os.environ.get(ISAL_ENV, "") != "1":
             try:
                 from isal import isal_zlib
             except ImportError:

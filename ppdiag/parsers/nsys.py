@@ -34,6 +34,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from ppdiag.cachedir import is_nsys_report as is_report
 from ppdiag.errors import InputError
 from ppdiag.model.timeline import RankTimeline
 from ppdiag.parsers import ParseOptions, register
@@ -46,7 +47,7 @@ from ppdiag.parsers.nsys_peers import (
     peer_source_counts,
     resolve_nccl_peers,
 )
-from ppdiag.parsers.nsys_rep import ensure_sqlite, is_report
+from ppdiag.parsers.nsys_rep import ensure_sqlite
 
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 

@@ -8,56 +8,24 @@ report.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
+# where an export lies is shared with the result cache, which keys the export a report is read through
+from ppdiag.cachedir import nsys_export_path as cache_path
+from ppdiag.cachedir import nsys_report_stem as _stem
 from ppdiag.errors import InputError
 from ppdiag.parsers.nsys_db import SQLITE_MAGIC
 
-REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 EXPORT_TIMEOUT_S = 3600
-
-
-def is_report(path: Path) -> bool:
-    return path.name.lower().endswith(REPORT_SUFFIXES)
-
-
-def _stem(path: Path) -> str:
-    name = path.name
-    for s in REPORT_SUFFIXES:
-        if name.lower().endswith(s):
-            return name[: -len(s)]
-    return path.stem
 
 
 def export_command(report: Path, output: Path) -> str:
     """The command a user runs by hand (shell-quoted)."""
     return f"nsys export --type sqlite --output {shlex.quote(str(output))} {shlex.quote(str(report))}"
-
-
-def user_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ppdiag" / "nsys"
-
-
-def cache_path(report: Path, cache_dir: str | None) -> Path:
-    """Where the SQLite export of ``report`` lives."""
-    stem = _stem(report)
-    if cache_dir:
-        return Path(cache_dir) / f"{stem}-{_digest(report)}.sqlite"
-    parent = report.resolve().parent
-    if os.access(parent, os.W_OK):
-        return parent / f"{stem}.sqlite"
-    return user_cache_dir() / f"{stem}-{_digest(report)}.sqlite"
-
-
-def _digest(report: Path) -> str:
-    # Two reports with one name in different directories must not share a cache entry.
-    return hashlib.sha1(str(report.resolve()).encode()).hexdigest()[:10]
 
 
 def _fresh(export: Path, report: Path) -> bool:
