@@ -53,6 +53,10 @@ def test_usage_line_names_the_arguments() -> None:
     assert "Usage: ppdiag analyze [OPTIONS] PATHS..." in _help(["analyze"])
     assert "Usage: ppdiag diff [OPTIONS] BASE NEW" in _help(["diff"])
     assert "--pp N" in _help(["analyze"]) and "--json PATH" in _help(["analyze"])
+    # each argument's own help, and the markers unescaped (typer 0.16 to 0.25 with click 8.5 drops
+    # the former; typer 0.13 to 0.20 print "\\[required]")
+    out = _help(["analyze"])
+    assert "PATHS...  Run directory" in out and "[required]" in out and "\\[" not in out
 
 
 def test_override_in_analyze_predict_in_whatif() -> None:

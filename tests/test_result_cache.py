@@ -6,6 +6,7 @@ misses, and a damaged entry is a miss that is removed."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import shutil
 import subprocess
@@ -30,6 +31,14 @@ from ppdiag.reports.md import render_markdown
 from ppdiag.reports.terminal import render
 
 RUN = TEST_DATA / "cuda" / "nccl_1f1b_p2_m8_shapes"
+
+
+def _runner() -> CliRunner:
+    """A runner that keeps stderr apart from stdout: click before 8.2 mixes them unless told not
+    to (``mix_stderr``, a parameter that 8.2 removed when it began keeping them apart always)."""
+    if "mix_stderr" in inspect.signature(CliRunner.__init__).parameters:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
+    return CliRunner()
 
 
 @pytest.fixture
@@ -58,7 +67,7 @@ def _run(out: Path, *argv: str, md: bool = True) -> tuple[str, str, bytes, bytes
     """(stdout, stderr, JSON file, Markdown file) of one ``ppdiag analyze``."""
     js, mdp = out / "r.json", out / "r.md"
     extra = ["--json", str(js)] + (["--md", str(mdp)] if md else [])
-    res = CliRunner().invoke(app, ["analyze", *argv, *extra])
+    res = _runner().invoke(app, ["analyze", *argv, *extra])
     assert res.exit_code == 0, res.output
     # the "wrote PATH" lines name this run's own output folder
     return res.stdout, res.stderr.replace(str(out), "OUT"), js.read_bytes(), mdp.read_bytes() if md else b""
@@ -136,7 +145,7 @@ def _check(out: Path, *argv: str) -> tuple[int, str, str, bytes, bytes]:
         "[budget]\nmax_lost_ratio = 0.25\nmax_bubble_excess = 0.05\n[regression]\nstep_pct = 5\n"
     )
     js, mdp = out / "r.json", out / "r.md"
-    res = CliRunner().invoke(
+    res = _runner().invoke(
         app, ["check", *argv, "--budget", str(budget), "--json", str(js), "--md", str(mdp)]
     )
     assert res.exit_code in (0, 1, 3), res.output
@@ -183,7 +192,7 @@ def test_check_is_served_and_judges_the_same(
 
 def test_html_and_perfetto_run_the_analysis(tmp_path: Path, cache_on: Path, analyses: list[int]) -> None:
     _run(tmp_path, str(RUN))
-    res = CliRunner().invoke(app, ["analyze", str(RUN), "-q", "--html", str(tmp_path / "r.html")])
+    res = _runner().invoke(app, ["analyze", str(RUN), "-q", "--html", str(tmp_path / "r.html")])
     assert res.exit_code == 0, res.output
     assert len(analyses) == 2  # the HTML report draws the timelines, which the cache does not keep
 
@@ -194,7 +203,7 @@ def test_a_hit_never_writes_over_a_trace(tmp_path: Path, cache_on: Path, analyse
     trace = run / "rank0.pt.trace.json.gz"
     before = trace.read_bytes()
     # a trace is a gzip, not ppdiag's output: refused before the lookup, and by the hit's sources
-    res = CliRunner().invoke(app, ["analyze", str(run), "-q", "--json", str(trace)])
+    res = _runner().invoke(app, ["analyze", str(run), "-q", "--json", str(trace)])
     assert res.exit_code != 0 and trace.read_bytes() == before
     [entry] = cache_on.glob("*.report")
     hit = rc.get(entry.stem)
@@ -478,10 +487,10 @@ def test_a_damaged_parse_entry_warning_is_not_kept(cache_on: Path) -> None:
 
 def test_cache_info_and_clear_count_reports(tmp_path: Path, cache_on: Path) -> None:
     _run(tmp_path, str(RUN))
-    res = CliRunner().invoke(app, ["cache", "info"])
+    res = _runner().invoke(app, ["cache", "info"])
     assert "result cache: 1 report," in res.stdout, res.stdout
     (cache_on / "notes.report").write_text("not ours")  # not an entry's name: kept
-    res = CliRunner().invoke(app, ["cache", "clear"])
+    res = _runner().invoke(app, ["cache", "clear"])
     assert "removed 1 cached report\n" in res.stdout, res.stdout
     assert rc.info() == (0, 0) and (cache_on / "notes.report").exists()
 

@@ -4,9 +4,9 @@ typer 0.2x prints each parameter's annotation in ``--help``: ``ppdiag analyze [O
 ``paths... <list[Path]>``, ``--pp <int range>``, ``-m <list[str]>``. :func:`plain_help` makes the
 usage line name arguments as click did (``PATHS...``, ``[CODE]``) and options show a metavar for
 their value (``N``, ``X``, ``PATH``, ``TEXT``, or the one the option sets). The ranges and defaults
-stay in the help text (``[1<=x<=4096]``). It changes typer's help methods when they exist and
-leaves an older typer, which printed click's metavars, as it is. ``tests/test_cli_help.py`` reads
-every command's ``--help``.
+stay in the help text (``[1<=x<=4096]``). An older typer prints click's metavars, which name the
+click type (``--pp INTEGER RANGE``): there the option's ``make_metavar`` gives the same names.
+``tests/test_cli_help.py`` reads every command's ``--help``.
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ def _value_name(param: Any) -> str:
         if inner is float:
             return "X"
         return "TEXT"
-    kind = type(getattr(param, "type", None)).__name__  # IntParamType, IntRange, Path, ...
-    if kind.startswith("Int"):
+    # the click type's own name ("integer", "integer range", "float", "path", "text"), not its class
+    # name: typer has path types of its own (TyperPath)
+    kind = str(getattr(getattr(param, "type", None), "name", ""))
+    if kind.startswith("integer"):
         return "N"
-    if kind.startswith("Float"):
+    if kind.startswith("float"):
         return "X"
-    return "PATH" if kind == "Path" else "TEXT"
+    return "PATH" if kind == "path" else "TEXT"
 
 
 def plain_help() -> None:
@@ -67,6 +69,15 @@ def plain_help() -> None:
             return _value_name(self)
 
         opt.display_type_rich = option_value
+    elif hasattr(opt, "make_metavar"):
+        # typer before 0.2x: click's help shows the click type's name (``--pp INTEGER RANGE``);
+        # only the help line calls an option's make_metavar (``ctx`` from click 8.2 on)
+        def option_metavar(self: Any, ctx: Any = None) -> str:
+            if self.metavar is not None:
+                return str(self.metavar)
+            return _value_name(self) + ("..." if self.nargs != 1 else "")
+
+        opt.make_metavar = option_metavar
     core._ppdiag_plain_help = True  # type: ignore[attr-defined]
 
 
