@@ -10,11 +10,14 @@ turns both caches off. Also where the nsys reader keeps the SQLite exports of ``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import stat
 import sys
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 _HASH_CHUNK = 1 << 22
@@ -148,3 +151,24 @@ def nsys_export_path(report: Path, cache_dir: str | None) -> Path:
 def _report_digest(report: Path) -> str:
     # Two reports with one name in different directories must not share a cache entry.
     return hashlib.sha1(str(report.resolve()).encode()).hexdigest()[:10]
+
+
+def write_entry(path: Path, parts: Iterable[bytes]) -> bool:
+    """Write ``parts`` as the file ``path`` in the cache folder, atomically (a temporary file beside
+    it, then a rename: a reader sees the old entry or the whole new one, never half of it). False
+    when the folder cannot be written (read-only, full): a cache is never needed for a result."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                for part in parts:
+                    fh.write(part)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except (OSError, ValueError):
+        return False
+    return True

@@ -41,7 +41,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +55,7 @@ from ppdiag.cachedir import (
     is_nsys_report,
     nsys_export_path,
     runtime_identity,
+    write_entry,
 )
 from ppdiag.model.run_coverage import RunCoverage
 from ppdiag.report_evidence import EVIDENCE, Evidence
@@ -449,21 +449,7 @@ def put(key: str, c: Cached) -> bool:
                 return False
     except Exception:  # a report the entry cannot carry is not cached
         return False
-    d = cache_dir()
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=SUFFIX)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, _entry_path(key))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError:
-        return False
-    return True
+    return write_entry(_entry_path(key), [data])
 
 
 def analysis_of(paths: Sequence[str | Path], opts: Options, drawn: bool = True) -> Analyzed | Cached:

@@ -61,3 +61,12 @@ def shared_traces() -> Path:
 def test_data() -> Path:
     """The tiny hand-written traces in ``tests/data``."""
     return TEST_DATA
+
+
+@pytest.fixture
+def cache_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Both caches on, in a folder of the test's own (the suite runs with them off)."""
+    d = tmp_path / "cache"
+    monkeypatch.setenv("PPDIAG_CACHE_DIR", str(d))
+    monkeypatch.delenv("PPDIAG_NO_CACHE", raising=False)
+    return d

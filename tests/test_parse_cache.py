@@ -20,14 +20,6 @@ from ppdiag.parsers import ParseOptions, cache
 from ppdiag.parsers.loader import detect_format, parse_one
 
 
-@pytest.fixture
-def cache_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "cache"
-    monkeypatch.setenv("PPDIAG_CACHE_DIR", str(d))
-    monkeypatch.delenv("PPDIAG_NO_CACHE", raising=False)
-    return d
-
-
 def _state(tl: RankTimeline) -> dict[str, Any]:
     """Every field of a timeline, column tables as (dtype, bytes) per column."""
     out: dict[str, Any] = {}

@@ -42,14 +42,6 @@ def _runner() -> CliRunner:
 
 
 @pytest.fixture
-def cache_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "cache"
-    monkeypatch.setenv("PPDIAG_CACHE_DIR", str(d))
-    monkeypatch.delenv("PPDIAG_NO_CACHE", raising=False)
-    return d
-
-
-@pytest.fixture
 def analyses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the analyses ``ppdiag analyze`` runs (a hit runs none)."""
     calls: list[int] = []

@@ -22,14 +22,6 @@ from ppdiag.cli import app
 RUN = TEST_DATA / "cuda" / "nccl_1f1b_p2_m8_shapes"
 
 
-@pytest.fixture
-def cache_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "cache"
-    monkeypatch.setenv("PPDIAG_CACHE_DIR", str(d))
-    monkeypatch.delenv("PPDIAG_NO_CACHE", raising=False)
-    return d
-
-
 def _ranks(out: Path) -> int:
     return len(json.loads(out.read_text())["ranks"])
 

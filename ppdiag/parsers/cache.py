@@ -25,7 +25,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ import numpy as np
 
 from ppdiag.cachedir import cache_dir as cache_dir
 from ppdiag.cachedir import enabled as enabled
-from ppdiag.cachedir import file_identity, runtime_identity
+from ppdiag.cachedir import file_identity, runtime_identity, write_entry
 from ppdiag.model import Intervals, ProcessGroup, Ranges, RankTimeline
 from ppdiag.parsers.kineto_bytes import ISAL_ENV
 
@@ -263,23 +262,7 @@ def put(key: str, ranks: list[RankTimeline]) -> bool:
     crc = 0
     for part in parts:
         crc = zlib.crc32(part, crc)
-    d = cache_dir()
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=_ENTRY_SUFFIX)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(_ENTRY_MAGIC + crc.to_bytes(8, "little"))
-                for part in parts:
-                    fh.write(part)
-            os.replace(tmp, _entry_path(key))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except (OSError, ValueError):
-        return False
-    return True
+    return write_entry(_entry_path(key), [_ENTRY_MAGIC + crc.to_bytes(8, "little"), *parts])
 
 
 @dataclass(frozen=True)
