@@ -172,3 +172,47 @@ def write_entry(path: Path, parts: Iterable[bytes]) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def is_entry_name(name: str, suffixes: tuple[str, ...]) -> bool:
+    """Whether ``name`` is a cache entry's: a 40-hex-digit key and one of ``suffixes``."""
+    stem, dot, suffix = name.rpartition(".")
+    return (
+        bool(dot)
+        and f".{suffix}" in suffixes
+        and len(stem) == 40
+        and all(c in "0123456789abcdef" for c in stem)
+    )
+
+
+def count_entries(suffixes: tuple[str, ...]) -> tuple[int, int]:
+    """(entries, bytes) of the cache folder's entries named with one of ``suffixes``."""
+    d = cache_dir()
+    if not d.is_dir():
+        return 0, 0
+    sizes = []
+    for p in d.iterdir():
+        if is_entry_name(p.name, suffixes) and p.is_file():
+            with contextlib.suppress(OSError):
+                sizes.append(p.stat().st_size)
+    return len(sizes), sum(sizes)
+
+
+def remove_entries(suffixes: tuple[str, ...]) -> int:
+    """Remove the entries named with one of ``suffixes`` and the stray temporary files of their
+    writes (:func:`write_entry`); the number of entries removed. Only files so named are touched: a
+    cache folder pointed at a folder of other files keeps them."""
+    d = cache_dir()
+    if not d.is_dir():
+        return 0
+    n = 0
+    for p in d.iterdir():
+        entry = is_entry_name(p.name, suffixes)
+        if not (entry or (p.name.startswith(".tmp-") and p.name.endswith(suffixes))):
+            continue
+        try:
+            p.unlink()
+        except OSError:
+            continue
+        n += entry
+    return n

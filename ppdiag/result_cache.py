@@ -50,10 +50,12 @@ import msgspec
 
 from ppdiag.cachedir import (
     cache_dir,
+    count_entries,
     enabled,
     file_identity,
     is_nsys_report,
     nsys_export_path,
+    remove_entries,
     runtime_identity,
     write_entry,
 )
@@ -478,39 +480,14 @@ def analysis_of(paths: Sequence[str | Path], opts: Options, drawn: bool = True) 
 # ----------------------------------------------------------------------------------------------
 
 
-def _is_entry(name: str) -> bool:
-    stem, _, suffix = name.rpartition(".")
-    return f".{suffix}" == SUFFIX and len(stem) == 40 and all(c in "0123456789abcdef" for c in stem)
-
-
 def info() -> tuple[int, int]:
     """(entries, bytes) of the result cache."""
-    d = cache_dir()
-    n = size = 0
-    if not d.is_dir():
-        return 0, 0
-    for p in d.iterdir():
-        if _is_entry(p.name):
-            with contextlib.suppress(OSError):
-                size += p.stat().st_size
-                n += 1
-    return n, size
+    return count_entries((SUFFIX,))
 
 
 def clear() -> int:
     """Remove every result entry (and stray temporary files); the number of entries removed."""
-    d = cache_dir()
-    n = 0
-    if not d.is_dir():
-        return 0
-    for p in d.iterdir():
-        entry = _is_entry(p.name)
-        if not (entry or (p.name.startswith(".tmp-") and p.name.endswith(SUFFIX))):
-            continue
-        with contextlib.suppress(OSError):
-            p.unlink()
-            n += entry
-    return n
+    return remove_entries((SUFFIX,))
 
 
 __all__ = [

@@ -26,7 +26,6 @@ import json
 import math
 import os
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,8 +33,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ppdiag.cachedir import cache_dir as cache_dir
+from ppdiag.cachedir import count_entries, file_identity, remove_entries, runtime_identity, write_entry
 from ppdiag.cachedir import enabled as enabled
-from ppdiag.cachedir import file_identity, runtime_identity, write_entry
 from ppdiag.model import Intervals, ProcessGroup, Ranges, RankTimeline
 from ppdiag.parsers.kineto_bytes import ISAL_ENV
 
@@ -274,54 +273,20 @@ class CacheInfo:
     bytes: int
 
 
-def _is_entry(name: str) -> bool:
-    """An entry's name: 40 hex digits and the suffix of this form or of an old one (which ``info``
-    counts and ``clear`` removes, as they take room, though no lookup reads them)."""
-    stem, dot, suffix = name.rpartition(".")
-    return (
-        bool(dot)
-        and f".{suffix}" in (_ENTRY_SUFFIX, *_OLD_SUFFIXES)
-        and len(stem) == 40
-        and all(c in "0123456789abcdef" for c in stem)
-    )
-
-
-def _entries() -> Iterator[Path]:
-    d = cache_dir()
-    if not d.is_dir():
-        return iter(())
-    return (p for p in d.iterdir() if _is_entry(p.name) and p.is_file())
+# the suffixes this cache's entries are named with: this form's and an old one's (which ``info``
+# counts and ``clear`` removes, as they take room, though no lookup reads them)
+_SUFFIXES = (_ENTRY_SUFFIX, *_OLD_SUFFIXES)
 
 
 def info() -> CacheInfo:
     """Where the cache is, how many entries, how many bytes."""
-    sizes = []
-    for p in _entries():
-        try:
-            sizes.append(p.stat().st_size)
-        except OSError:
-            continue
-    return CacheInfo(cache_dir(), len(sizes), sum(sizes))
+    return CacheInfo(cache_dir(), *count_entries(_SUFFIXES))
 
 
 def clear() -> int:
     """Remove every entry (and stray temp files); returns the number of entries removed. Only
     files this module names are touched: a cache dir pointed at a folder of other files keeps them."""
-    n = 0
-    d = cache_dir()
-    if not d.is_dir():
-        return 0
-    for p in d.iterdir():
-        is_entry = _is_entry(p.name)
-        is_tmp = p.name.startswith(".tmp-") and p.name.endswith((_ENTRY_SUFFIX, *_OLD_SUFFIXES))
-        if not (is_entry or is_tmp):
-            continue
-        try:
-            p.unlink()
-        except OSError:
-            continue
-        n += is_entry
-    return n
+    return remove_entries(_SUFFIXES)
 
 
 _PACK_MAGIC = b"PPDIAG-RANKS-1\n"
