@@ -63,6 +63,31 @@ def runtime_identity() -> str:
     return _RUNTIME
 
 
+def package_root() -> Path:
+    """The folder of ppdiag's own sources (where its version module lies)."""
+    import ppdiag.version
+
+    return Path(ppdiag.version.__file__).resolve().parent
+
+
+def source_digest(files: Iterable[Path]) -> str:
+    """ppdiag's version and a BLAKE2b of ``files`` (each by its path below :func:`package_root` and
+    its bytes, in name order; one that cannot be read counts as such): what a change of the code a
+    cache entry was computed by changes."""
+    import ppdiag.version
+
+    root = package_root()
+    h = hashlib.blake2b(ppdiag.version.__version__.encode(), digest_size=16)
+    for p in sorted(files):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0")
+        try:
+            h.update(p.read_bytes())
+        except OSError:
+            h.update(b"?")
+        h.update(b"\0")
+    return h.hexdigest()
+
+
 def cache_dir() -> Path:
     """The folder entries live in (not created here)."""
     env = os.environ.get("PPDIAG_CACHE_DIR")

@@ -55,8 +55,10 @@ from ppdiag.cachedir import (
     file_identity,
     is_nsys_report,
     nsys_export_path,
+    package_root,
     remove_entries,
     runtime_identity,
+    source_digest,
     write_entry,
 )
 from ppdiag.model.run_coverage import RunCoverage
@@ -119,18 +121,8 @@ def source_version() -> str:
     (hashed once per process): any code change misses every entry."""
     global _SOURCE_VERSION
     if _SOURCE_VERSION is None:
-        import ppdiag.version as _version
-
-        root = Path(_version.__file__).resolve().parent
-        h = hashlib.blake2b(_version.__version__.encode(), digest_size=16)
-        for p in sorted([*root.rglob("*.py"), root / "report.schema.json"]):
-            h.update(p.relative_to(root).as_posix().encode() + b"\0")
-            try:
-                h.update(p.read_bytes())
-            except OSError:
-                h.update(b"?")
-            h.update(b"\0")
-        _SOURCE_VERSION = h.hexdigest()
+        root = package_root()
+        _SOURCE_VERSION = source_digest([*root.rglob("*.py"), root / "report.schema.json"])
     return _SOURCE_VERSION
 
 

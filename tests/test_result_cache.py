@@ -368,9 +368,27 @@ def test_the_keyed_names_are_the_packages() -> None:
     } == set(rc.KEYED_ENV)
 
 
-def test_source_version_hashes_every_module() -> None:
+def test_source_version_hashes_every_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ppdiag.cachedir as cachedir
+
+    monkeypatch.setattr(rc, "_SOURCE_VERSION", None)
     v = rc.source_version()
     assert v == rc.source_version() and len(v) == 32
+    # one module's bytes changed, deep in the package or in the layer a parse never reads: a miss
+    real = Path.read_bytes
+    for changed in ("rules/pp001_bubble.py", "reports/md.py", "report.schema.json"):
+        target = cachedir.package_root() / changed
+        assert target.is_file(), changed
+
+        def edited(self: Path, _t: Path = target) -> bytes:
+            return real(self) + (b"# edited\n" if self == _t else b"")
+
+        with monkeypatch.context() as m:
+            m.setattr(Path, "read_bytes", edited)
+            m.setattr(rc, "_SOURCE_VERSION", None)
+            assert rc.source_version() != v, changed
+    monkeypatch.setattr(rc, "_SOURCE_VERSION", None)
+    assert rc.source_version() == v
 
 
 # ----------------------------------------------------------------------------------------------

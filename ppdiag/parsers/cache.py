@@ -33,7 +33,15 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ppdiag.cachedir import cache_dir as cache_dir
-from ppdiag.cachedir import count_entries, file_identity, remove_entries, runtime_identity, write_entry
+from ppdiag.cachedir import (
+    count_entries,
+    file_identity,
+    package_root,
+    remove_entries,
+    runtime_identity,
+    source_digest,
+    write_entry,
+)
 from ppdiag.cachedir import enabled as enabled
 from ppdiag.model import Intervals, ProcessGroup, Ranges, RankTimeline
 from ppdiag.parsers.kineto_bytes import ISAL_ENV
@@ -72,21 +80,13 @@ def parser_version() -> str:
     interpreter and libraries they run on (:func:`ppdiag.cachedir.runtime_identity`)."""
     global _VERSION
     if _VERSION is None:
-        import ppdiag.version as _version
-
-        root = Path(_version.__file__).resolve().parent
-        h = hashlib.blake2b(_version.__version__.encode(), digest_size=12)
-        h.update(runtime_identity().encode("utf-8", "surrogateescape"))
+        root = package_root()
         # every module a parser's output can depend on: the parsers, the model, and the helpers
         # the parsers import
-        srcs = sorted((root / "parsers").glob("*.py")) + sorted((root / "model").glob("*.py"))
+        srcs = [*(root / "parsers").glob("*.py"), *(root / "model").glob("*.py")]
         srcs += [root / n for n in ("errors.py", "io.py", "limits.py")]
-        for p in srcs:
-            h.update(p.name.encode())
-            try:
-                h.update(p.read_bytes())
-            except OSError:
-                h.update(b"?")
+        h = hashlib.blake2b(source_digest(srcs).encode(), digest_size=12)
+        h.update(runtime_identity().encode("utf-8", "surrogateescape"))
         _VERSION = h.hexdigest()
     return _VERSION
 
