@@ -316,6 +316,35 @@ def total_ms(truth: dict[str, Any], rank: int, rows: list[int], column: str = ""
     return float(sum(iv["end_ns"][i] - iv["start_ns"][i] for i in rows)) / 1e6
 
 
+def host_ms_by_rank(truth: dict[str, Any], steps: list[int] | tuple[int, ...]) -> dict[int, float]:
+    """Per rank, the host time per step of ``steps`` that the rank measured: its wall time neither
+    held in a compute block's sleep op nor blocked in a p2p wait (Python glue, injected stalls,
+    send calls, and every late wake-up of a descheduled process). It is measured from the start of
+    the first step to the start of the step after the last one (or the last one's end), so the
+    glue between two steps, which a profiler's step span holds, is counted once."""
+    use = sorted(set(steps))
+    out: dict[int, float] = {}
+    for rt in truth["ranks"]:
+        windows = {k: (s, e) for k, s, e in _steps(rt)}
+        if not use or any(k not in windows for k in use):
+            continue
+        start = windows[use[0]][0]
+        later = [windows[k][0] for k in windows if k > use[-1]]
+        end = min(later) if later else windows[use[-1]][1]
+        iv = rt["intervals"]
+        busy = 0
+        for i, kind in enumerate(iv["kind"]):
+            s, e = iv["start_ns"][i], iv["end_ns"][i]
+            if e <= start or s >= end:
+                continue
+            if kind in COMPUTE:
+                busy += iv["held_ns"][i]
+            elif kind == "wait":
+                busy += min(e, end) - max(s, start)
+        out[rt["rank"]] = (end - start - busy) / 1e6 / len(use)
+    return out
+
+
 def report() -> str:
     return "recordings: " + "; ".join(LOG) if LOG else ""
 

@@ -25,6 +25,7 @@ from demo_noise import (
     Scale,
     Support,
     fault_support,
+    host_ms_by_rank,
     intervals,
     kept_costs,
     measure,
@@ -124,6 +125,23 @@ def _finding(diag: Analyzed, code: str) -> FindingRow | None:
     return next((f for f in diag.result.findings if f.code == code), None)
 
 
+def _host_measured(diag: Analyzed, truth: dict[str, Any], f: FindingRow) -> bool:
+    """Whether ``f`` is a PP006 finding the recording measured: every rank it names spent at least
+    the late launches it claims for that rank in host time (its wall time outside sleeps and
+    waits, :func:`demo_noise.host_ms_by_rank`). A loaded host deschedules the ranks between their
+    ops; on the rank the pipeline waits for, that is host time the run really lost, and the
+    finding that says so (with its advice to check the oversubscribed cores) is true, not a false
+    alarm: a CI run with both cores busy measured rank 2, the slow stage, launching 19.8 ms late
+    per step. A claim beyond what the rank measured is still a false alarm."""
+    if f.code != "PP006" or not f.ranks:
+        return False
+    claimed = f.evidence.as_dict()["direct_host_ms_per_rank"]
+    assert isinstance(claimed, dict)
+    host = host_ms_by_rank(truth, diag.result.run.steps)
+    slack_ms = 2 * CLOCK_SLACK_NS / 1e6  # the two clocks at either end of a step
+    return all(float(claimed[str(r)]) <= host.get(r, 0.0) + slack_ms for r in f.ranks)
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_accounting_and_causes_add_up(runs: Runs, name: str) -> None:
     diag, _ = runs[name]
@@ -198,9 +216,9 @@ def test_microbatch_blocks_match_ground_truth(runs: Runs) -> None:
 
 
 def test_fault_free_1f1b_has_no_severe_fault_findings(runs: Runs) -> None:
-    diag, _ = runs["1f1b"]
+    diag, truth = runs["1f1b"]
     for f in diag.result.findings:
-        if f.code in ("PP003", "PP004", "PP006"):
+        if f.code in ("PP003", "PP004", "PP006") and not _host_measured(diag, truth, f):
             assert f.severity != "high", f
 
 
@@ -347,13 +365,14 @@ def test_finding_gains_are_their_whatif_rows(runs: Runs, name: str) -> None:
 
 
 def test_fault_free_demo_has_no_finding_above_low(runs: Runs) -> None:
-    diag, _ = runs["1f1b"]
+    diag, truth = runs["1f1b"]
     # a healthy run may carry the schedule's own findings (PP001 bubble, PP002 GPipe, PP008 batch):
     # 1F1B at P=4, M=8 idles 3/11 = 27 % of the step by design, and on a quiet host more
-    # micro-batches win 5 % of it, a medium PP001 that is true; no other finding above low
+    # micro-batches win 5 % of it, a medium PP001 that is true; no other finding above low but
+    # late launches the recording measured on the ranks named (a loaded host's, see _host_measured)
     schedule_own = ("PP001", "PP002", "PP008")
     loud = [f for f in diag.result.findings if f.severity not in ("low", "info")]
-    assert [f for f in loud if f.code not in schedule_own] == []
+    assert [f for f in loud if f.code not in schedule_own and not _host_measured(diag, truth, f)] == []
 
 
 def test_demo_host_is_reported_oversubscribed(runs: Runs) -> None:
@@ -384,6 +403,8 @@ def test_injected_fault_is_the_top_finding(runs: Runs, name: str) -> None:
             # fault (a 6x re-recording measured 57.9 ms, 3.1 % of the step beyond its noise, just
             # over medium) while PP003 stays first, which the assertion above holds
             continue
+        if _host_measured(diag, truth, f):
+            continue  # late launches the recording measured on the ranks named (a loaded host's)
         # The demo delays a rank's sends from a helper thread while its main thread waits for them
         # in Python: the CPU trace shows that wait as the delayed rank's own late launches.
         delayed = [x["rank"] for x in truth["faults"] if x["kind"] == "comm_delay"]
