@@ -10,6 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests judge results, never time: hypothesis's default 200 ms deadline per example fails
+# a test whose example was descheduled on a busy host ("Unreliable test timings").
+settings.register_profile("ppdiag", deadline=None)
+settings.load_profile("ppdiag")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"

@@ -659,11 +659,14 @@ def test_a_failing_rank_ends_the_run_with_one_line_naming_it(
     monkeypatch.setenv("PPDIAG_DEMO_FAIL", "2:1")
     t0 = time.monotonic()
     with pytest.raises(DemoError) as ei:
-        record(DemoConfig(pp=4, microbatches=4, steps=1, timeout_s=60), tmp_path)
+        record(DemoConfig(pp=4, microbatches=4, steps=1, timeout_s=600), tmp_path)
     msg = str(ei.value)
+    # the rank's own error, not the run's timeout (which says "timed out")
     assert msg == "demo run failed on rank 2: RuntimeError: injected failure at step 1 (PPDIAG_DEMO_FAIL)"
     assert ei.value.rank == 2
-    assert time.monotonic() - t0 < 30  # not the gloo or run timeout
+    # nor gloo's (30 min): the peers blocked on rank 2 did not hold the run up. The bound leaves a
+    # loaded host its start-up of four torch processes (about 45 s at a load of 15 on 2 cores)
+    assert time.monotonic() - t0 < 300
     _assert_no_process_left(token)
     assert (tmp_path / "demo-failure.log").exists()
     assert not (tmp_path / "groundtruth.json").exists()

@@ -133,12 +133,26 @@ def test_rebalanced_split_predicted_within_15_percent(
     m4_cfg = json.loads((runs["m4"][0] / "groundtruth.json").read_text())["config"]
     cfg = dataclasses.replace(DemoConfig.from_dict(m4_cfg), slow_stage=None, slow_factor=1.0)
     cfg = dataclasses.replace(cfg, stage_layers=layers, layer_factors=factors)
-    record(cfg, tmp_path)
-    balanced = diagnose([tmp_path], Options())
+    # the recording is judged as the M=4 run it is compared with was (quiet, holds within a
+    # quarter of their cost); one that is not is recorded once more at the same costs (the
+    # prediction is of these costs), and a second shortfall fails
+    where = tmp_path / "balanced"
+    record(cfg, where)
+    balanced = diagnose([where], Options())
+    why = _quiet(where, balanced)
+    if why:
+        where = tmp_path / "balanced-again"
+        record(cfg, where)
+        balanced = diagnose([where], Options())
+        if why2 := _quiet(where, balanced):
+            pytest.fail(f"the rebalanced split, recorded twice, is not quiet: {why}; then {why2}")
     measured, before = balanced.result.summary.step_mean_ms, m4.result.summary.step_mean_ms
     assert measured is not None and before is not None
     got = pred.step_ns / 1e6
-    assert abs(got - measured) <= 0.15 * measured, (layers, got, measured)
+    # the what-if's accuracy on a new split (15 %), plus what the two recordings could not pin
+    # down (as for more micro-batches: each mean step's standard error, the M=4 run's scaled)
+    noise = _step_error_ms(where, balanced) + _step_error_ms(runs["m4"][0], m4) * got / before
+    assert abs(got - measured) <= 0.15 * measured + noise, (layers, got, measured, noise)
     # the split does what it promised: the recorded slowest stage is the predicted one, and faster
     # than the slow stage was
     rec_stage = []
