@@ -281,7 +281,10 @@ def fault_support(fault: Fault, what: str, also: Support | None = None) -> tuple
 
     def support(truth: dict[str, Any], noise: RunNoise) -> str | None:
         why = also(truth, noise) if also else None
-        return why or standing_out(fault(truth, noise), noise, what)
+        if why:
+            return why
+        fault_ms = fault(truth, noise)
+        return standing_out(fault_ms, noise, what) or above_load_host(fault_ms, truth, noise, what)
 
     def scale(truth: dict[str, Any], noise: RunNoise) -> float:
         # the load that buried the fault may be burstier still during the second recording (the
@@ -343,6 +346,35 @@ def host_ms_by_rank(truth: dict[str, Any], steps: list[int] | tuple[int, ...]) -
                 busy += min(e, end) - max(s, start)
         out[rt["rank"]] = (end - start - busy) / 1e6 / len(use)
     return out
+
+
+def load_host_ms(truth: dict[str, Any], steps: list[int] | tuple[int, ...]) -> float:
+    """The most host time per step (:func:`host_ms_by_rank`) that the machine, not an injected
+    fault, gave one rank: each rank's injected stalls are taken out, and a rank whose sends are
+    delayed is left out (its main thread waits in Python for them: the fault's own host time)."""
+    delayed = {f["rank"] for f in truth["faults"] if f["kind"] == "comm_delay"}
+    use = tuple(sorted(set(steps)))
+    most = 0.0
+    for r, host in host_ms_by_rank(truth, use).items():
+        if r in delayed:
+            continue
+        stalls = total_ms(truth, r, intervals(truth, r, ("stall",), use)) / len(use)
+        most = max(most, host - stalls)
+    return most
+
+
+def above_load_host(fault_ms: float, truth: dict[str, Any], noise: RunNoise, what: str) -> str | None:
+    """None when a fault of ``fault_ms`` per step stands :data:`STANDOUT` times above the late
+    launches the host's load gave any rank (:func:`load_host_ms`); else why not. A loaded host
+    starves a rank between its ops, and the diagnosis rightly reports that as host time (PP006):
+    a fault that does not stand above it cannot be asked to be the top finding."""
+    host = load_host_ms(truth, noise.steps)
+    if fault_ms >= STANDOUT * host:
+        return None
+    return (
+        f"{what} measured {fault_ms:.1f} ms per step, below {STANDOUT:g}x the {host:.1f} ms per step "
+        f"of late launches the host's load gave one rank ({noise})"
+    )
 
 
 def report() -> str:

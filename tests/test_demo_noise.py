@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from demo_noise import host_ms_by_rank
+from demo_noise import host_ms_by_rank, load_host_ms
 
 MS = 1_000_000
 
@@ -75,3 +75,26 @@ def test_a_wait_across_the_measured_span_counts_only_inside_it() -> None:
 def test_a_rank_without_every_step_is_left_out() -> None:
     r2 = _rank(2, [(1, 0, 100)], [("fwd", 1, 0, 100, 100)])
     assert host_ms_by_rank({"ranks": [r2]}, [1, 2]) == {}
+
+
+def test_load_host_leaves_out_what_the_faults_made() -> None:
+    # one step [0, 100) on three ranks:
+    #   rank 0: fwd 0-40 holding 40, wait 40-90             -> 10 ms host, all of it the load's
+    #   rank 1: stall 0-30 (injected), fwd 30-70 holding 40 -> 60 ms host, 30 of them injected: 30
+    #   rank 2: sends delayed (comm_delay): fwd 0-10 holding 10 -> 90 ms host, the fault's own
+    # the most the load gave one rank: rank 1's 30 ms
+    steps = [(1, 0, 100)]
+    truth = {
+        "faults": [{"kind": "host_stall", "rank": 1}, {"kind": "comm_delay", "rank": 2}],
+        "ranks": [
+            _rank(0, steps, [("fwd", 1, 0, 40, 40), ("wait", 1, 40, 90, 0)]),
+            _rank(1, steps, [("stall", 1, 0, 30, 0), ("fwd", 1, 30, 70, 40)]),
+            _rank(2, steps, [("fwd", 1, 0, 10, 10)]),
+        ],
+    }
+    assert host_ms_by_rank(truth, [1]) == {
+        0: pytest.approx(10.0),
+        1: pytest.approx(60.0),
+        2: pytest.approx(90.0),
+    }
+    assert load_host_ms(truth, [1]) == pytest.approx(30.0)
