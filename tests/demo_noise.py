@@ -248,10 +248,17 @@ def record_supported(
 
 
 def record_supported_in(
-    name: str, cfg: DemoConfig, out: Path, support: Support | None = None, scale: Scale | None = None
+    name: str,
+    cfg: DemoConfig,
+    out: Path,
+    support: Support | None = None,
+    scale: Scale | None = None,
+    costs: bool = True,
 ) -> tuple[Analyzed, Path]:
-    """:func:`record_supported`, returning the folder of the recording that carries the test."""
-    diag, _, where = _supported(name, cfg, out, support, scale, analyse=True)
+    """:func:`record_supported`, returning the folder of the recording that carries the test.
+    ``costs`` False: a second recording scales only the injected faults (of a run without any, it
+    is the same run again: a test whose prediction is of these costs)."""
+    diag, _, where = _supported(name, cfg, out, support, scale, analyse=True, costs=costs)
     assert diag is not None
     return diag, where
 

@@ -24,16 +24,23 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from demo_noise import kept_costs, measure, quiet, record_supported, report, scaled
+from demo_noise import (
+    RunNoise,
+    kept_costs,
+    measure,
+    quiet,
+    record_supported,
+    record_supported_in,
+    report,
+    scaled,
+)
 from typer.testing import CliRunner
 
 pytest.importorskip("torch")
 
 from ppdiag.analysis import Analyzed
-from ppdiag.api import Options, diagnose
 from ppdiag.cli import app
 from ppdiag.demo.config import DemoConfig
-from ppdiag.demo.recorder import record
 from ppdiag.whatif.scenarios import Scenario, WhatifOptions, build_model
 
 pytestmark = pytest.mark.slow
@@ -85,12 +92,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[P
     print("\n" + report())
 
 
-def _quiet(d: Path, a: Analyzed) -> str | None:
+def _comparable(truth: dict[str, Any], noise: RunNoise) -> str | None:
     """A prediction compares step times across recordings: besides being quiet, each run's holds
     must keep their costs within a quarter (a run 66% over them missed the 10% bound)."""
-    truth = json.loads((d / "groundtruth.json").read_text())
-    noise = measure(truth, list(a.result.run.steps))
     return quiet(truth, noise) or kept_costs(0.25)(truth, noise)
+
+
+def _quiet(d: Path, a: Analyzed) -> str | None:
+    """:func:`_comparable` of the recording in ``d`` over the steps its analysis used."""
+    truth = json.loads((d / "groundtruth.json").read_text())
+    return _comparable(truth, measure(truth, list(a.result.run.steps)))
 
 
 def _step_error_ms(d: Path, a: Analyzed) -> float:
@@ -136,16 +147,9 @@ def test_rebalanced_split_predicted_within_15_percent(
     # the recording is judged as the M=4 run it is compared with was (quiet, holds within a
     # quarter of their cost); one that is not is recorded once more at the same costs (the
     # prediction is of these costs), and a second shortfall fails
-    where = tmp_path / "balanced"
-    record(cfg, where)
-    balanced = diagnose([where], Options())
-    why = _quiet(where, balanced)
-    if why:
-        where = tmp_path / "balanced-again"
-        record(cfg, where)
-        balanced = diagnose([where], Options())
-        if why2 := _quiet(where, balanced):
-            pytest.fail(f"the rebalanced split, recorded twice, is not quiet: {why}; then {why2}")
+    balanced, where = record_supported_in(
+        "whatif rebalanced", cfg, tmp_path / "balanced", _comparable, costs=False
+    )
     measured, before = balanced.result.summary.step_mean_ms, m4.result.summary.step_mean_ms
     assert measured is not None and before is not None
     got = pred.step_ns / 1e6
