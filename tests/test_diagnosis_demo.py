@@ -344,6 +344,25 @@ def test_split_backward_schedules(runs: Runs, name: str) -> None:
     assert abs(b.measured_ratio - b.theoretical_ratio) < 0.1 + _bubble_slack(diag, truth)
 
 
+@pytest.mark.parametrize("name", ["zero_bubble", "zbv", "dualpipev"])
+def test_split_backward_is_no_backward_heavy_stage(runs: Runs, name: str) -> None:
+    """Every stage's backward (input and weight gradients, split or not) is asked to hold twice its
+    forward: no stage's is out of proportion, as the ranks' holds measured it. A balanced DualPipeV
+    recording read rank 0's backward as 1.95x its forward against 1.03x elsewhere (a median block
+    compared a full backward with half of one) and got a high PP015."""
+    diag, truth = runs[name]
+    steps = tuple(diag.result.run.steps)
+    ratio: dict[int, float] = {}
+    for rt in truth["ranks"]:
+        r = rt["rank"]
+        fwd = total_ms(truth, r, intervals(truth, r, ("fwd",), steps), "held_ns")
+        back = total_ms(truth, r, intervals(truth, r, ("bwd", "bwd_input", "wgrad"), steps), "held_ns")
+        ratio[r] = back / fwd
+    # a recording whose holds kept their proportions (PP015 asks for 1.25x the other stages')
+    if max(ratio.values()) < 1.1 * min(ratio.values()):
+        assert _finding(diag, "PP015") is None, (ratio, _finding(diag, "PP015"))
+
+
 def test_interleaved_is_recognised(runs: Runs) -> None:
     diag, truth = runs["interleaved"]
     run = diag.result.run

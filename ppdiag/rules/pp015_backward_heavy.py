@@ -15,12 +15,44 @@ from ppdiag.rules.base import MIN_PCT, finding, r3
 RATIO_MIN = 1.25
 
 
-def _block_ms(row: StageRow) -> tuple[float, float, float] | None:
-    """(forward, backward, weight-gradient) median block compute of a stage (ms), when it has both
-    a forward and a backward."""
-    if row.fwd_ms is None or row.bwd_ms is None or row.fwd_ms.p50 <= 0 or row.bwd_ms.p50 <= 0:
+def _one_to_one(rows: list[StageRow]) -> bool:
+    """Whether every stage ran one backward block per forward block and no weight-gradient block:
+    then a block's median is a micro-batch's backward on every stage."""
+    return all(
+        r.wgrad_ms is None and (r.fwd_ms is None or r.bwd_ms is None or r.fwd_ms.n == r.bwd_ms.n)
+        for r in rows
+    )
+
+
+def _same_forwards(rows: list[StageRow]) -> bool:
+    """Whether every stage ran as many forward blocks per model chunk: one per micro-batch and
+    step, as every stage of a pipeline runs them."""
+    counts = {r.fwd_ms.n / max(len(r.chunks), 1) for r in rows if r.fwd_ms is not None}
+    return len(counts) <= 1
+
+
+def _block_ms(row: StageRow, one_to_one: bool) -> tuple[float, float] | None:
+    """(forward, backward) compute of one micro-batch on a stage (ms), when it has both.
+
+    With one backward block per forward (``one_to_one``), the median blocks: robust to an outlier
+    block. Otherwise the backward of a micro-batch is spread over blocks of other shapes: a split
+    backward runs an input-gradient and a weight-gradient block where a full one runs one block
+    (zero-bubble schedules run both kinds, DualPipeV on some stages more full ones than on
+    others), and blocks that run back to back merge. A block's median then compares a full
+    backward on one stage with half of one on the next (a balanced DualPipeV run read 1.95x on
+    one rank against 1.03x on the others). What every shape keeps is the sum: the stage's whole
+    backward compute (both kinds) against its whole forward compute, scaled to the median forward
+    block."""
+    f, b, w = row.fwd_ms, row.bwd_ms, row.wgrad_ms
+    if f is None or b is None or f.p50 <= 0 or b.p50 <= 0:
         return None
-    return row.fwd_ms.p50, row.bwd_ms.p50, row.wgrad_ms.p50 if row.wgrad_ms is not None else 0.0
+    if one_to_one:
+        return f.p50, b.p50
+    fwd_total = f.mean * f.n
+    back_total = b.mean * b.n + (w.mean * w.n if w is not None else 0.0)
+    if fwd_total <= 0:
+        return None
+    return f.p50, f.p50 * back_total / fwd_total
 
 
 class BackwardHeavyEvidence(Evidence, frozen=True):
@@ -45,7 +77,9 @@ class BackwardHeavyRule:
     reason is activation recomputation (full-layer checkpointing) switched on for that stage, or
     more layers recomputed there; otherwise one costly backward op (a loss or an embedding
     gradient without a fused kernel). The forward alone looks balanced, so splitting layers by
-    forward time or by count does not find it.
+    forward time or by count does not find it. Where a schedule splits the backward (zero-bubble
+    schedules, DualPipeV), a stage's backward is its input- and weight-gradient compute together;
+    where the blocks do not map onto micro-batches alike on every stage, it says nothing.
 
     Why it matters:
     The pipeline runs at the pace of its slowest stage once per micro-batch: the excess backward is
@@ -75,7 +109,16 @@ class BackwardHeavyRule:
     def check(self, ctx: RuleContext) -> list[FindingRow]:
         rep = ctx.report
         m = rep.run.microbatches
-        blocks = {row.stage: (b, max(len(row.chunks), 1)) for row in rep.stages if (b := _block_ms(row))}
+        plain = _one_to_one(rep.stages)
+        if not plain and not _same_forwards(rep.stages):
+            # the blocks do not map onto micro-batches alike on every stage (forwards merged with
+            # the blocks beside them, or phases read off transfers that a split backward confuses:
+            # an unlabelled zero-bubble run read a weight-gradient block as a forward): a ratio of
+            # their sums would compare different things, and the stage it named was the wrong one
+            return []
+        blocks = {
+            row.stage: (b, max(len(row.chunks), 1)) for row in rep.stages if (b := _block_ms(row, plain))
+        }
         if rep.run.pp < 2 or len(blocks) < 2 or not m or not ctx.step_ms:
             return []
         ratio = {s: b[1] / b[0] for s, (b, _) in blocks.items()}
@@ -83,7 +126,7 @@ class BackwardHeavyRule:
         ref = statistics.median(r for s, r in ratio.items() if s != heavy)
         if ratio[heavy] < RATIO_MIN * ref:
             return []
-        (fwd, bwd, _), chunks = blocks[heavy]
+        (fwd, bwd), chunks = blocks[heavy]
         excess = bwd - ref * fwd  # backward per block beyond the other stages' proportion
         # per micro-batch, every chunk of a rank: the pipeline's clock is the largest of these. Past
         # the first micro-batch each one waits for the slowest stage once: (M - 1) x the clock's
