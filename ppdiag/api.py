@@ -148,7 +148,14 @@ def _measured(
     # the gap tables are painted on the same map as the accounting, from the steps it returned
     painter = painter_on(replica_map, mapped) if replica_map is not None and mapped is not None else None
     attr = attribute(
-        steps, run.by_rank(), pipe.ops, last_stage, pipe.topology.pp > 1, pipe.collectives, painter
+        steps,
+        run.by_rank(),
+        pipe.ops,
+        last_stage,
+        pipe.topology.pp > 1,
+        pipe.collectives,
+        painter,
+        p2p_waits=not pipe.unread_chain,
     )
     balance = stage_balance(pipe)
     sections = build_report(run, pipe, steps, attr, balance)

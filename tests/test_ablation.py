@@ -139,6 +139,9 @@ DEMOS: dict[str, dict[str, Any]] = {
     "gpipe": {"schedule": "gpipe", "microbatches": 8},
     "1f1b_slow": {"schedule": "1f1b", "microbatches": 8, "slow_stage": 2, "slow_factor": 2.0},
     "gpipe_slow": {"schedule": "gpipe", "microbatches": 8, "slow_stage": 1, "slow_factor": 2.0},
+    # v=2 on a looped placement: the last rank sends to the first within a step (the wrap link),
+    # once per two sends of the first rank to the second, so v is read off the chain's counts
+    "interleaved": {"schedule": "interleaved_1f1b", "microbatches": 8},
 }
 
 
@@ -161,6 +164,29 @@ def test_demo_recording_without_shapes(tmp_path: Path, name: str) -> None:
     # nothing left but names and timing: no shapes, labels or process groups
     A.strip_kineto_dir(rec, tmp_path / "none", [A.SHAPES, A.LABELS, A.PG])
     _same(rep, _report(tmp_path / "none"), 2.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_demo_v_recording_without_labels_claims_no_pipeline(tmp_path: Path, schedule: str) -> None:
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("the demo recorder needs torch")
+    from ppdiag.demo import DemoConfig, record
+
+    rec = tmp_path / "rec"
+    record(DemoConfig(pp=4, steps=2, record_shapes=True, schedule=schedule, microbatches=8), rec)
+    rep = _report(rec)
+    assert (rep.run.pp, rep.run.virtual_stages, rep.run.schedule) == (4, 2, schedule)
+    # a V placement (stages r and 2P-1-r on rank r) chains its ranks 0-1-2-3 as a plain pipeline
+    # does, each link as busy both ways: without labels the counts cannot tell the two apart, and
+    # the plain reading's dependencies contradict the measured order (3-step recordings: 361 of 504
+    # for zbv, 243 of 333 for dualpipev), so no pipeline is claimed rather than a wrong one, and the
+    # transfers' waits name no straggler
+    A.strip_kineto_dir(rec, tmp_path / "none", [A.SHAPES, A.LABELS, A.PG])
+    bare = _report(tmp_path / "none")
+    assert bare.run.structure is not None and not bare.run.structure.established
+    assert bare.run.pp == 1 and bare.whatif == []
+    assert not {"PP001", "PP002", "PP003", "PP009"} & {f.code for f in bare.findings}
 
 
 def test_demo_records_with_the_profilers_defaults_unless_asked() -> None:

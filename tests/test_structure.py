@@ -28,7 +28,7 @@ from ppdiag.report_types import Confidence, FactSource, Report, decode, dumps
 from ppdiag.reports.html import render_html
 from ppdiag.reports.md import render_markdown
 from ppdiag.reports.terminal import headline
-from ppsynth import make_scenario, write_kineto
+from ppsynth import SynthRun, make_scenario, write_kineto
 from ppsynth.collectives import make_collective_run
 from ppsynth.nsys import write_nsys
 
@@ -380,3 +380,44 @@ def test_one_microbatch_pipeline_needs_stated_directions(tmp_path: Path) -> None
     rep = diagnose([_kernels_only(tmp_path / "m", many)], Options()).result
     assert rep.run.pp == 2 and rep.run.microbatches == 4
     assert rep.run.structure is not None and rep.run.structure.established
+
+
+def _v_run(schedule: str, annotations: str | None) -> SynthRun:
+    """P=4, M=8, every forward, input- and weight-gradient block 1 ms, 2 steps."""
+    ms = 1.0
+    return make_scenario(
+        schedule=schedule,
+        pp=4,
+        microbatches=8,
+        fwd_ms=ms,
+        bwd_ms=ms,
+        wgrad_ms=ms,
+        steps=2,
+        annotations=annotations,
+    )
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_unlabelled_v_pipeline_is_rejected_without_naming_stragglers(tmp_path: Path, schedule: str) -> None:
+    # a healthy V pipeline (stages r and 2P-1-r on rank r, every block 1 ms) traced without block
+    # labels: its transfers form the chain 0-1-2-3 of a plain pipeline, whose order the measured
+    # blocks contradict, so no pipeline is claimed. Its receives then wait for blocks the sender
+    # computes: a dependency of the unread schedule, not a late peer. Every rank runs the same
+    # blocks, so none computes longer than another: no straggler (PP009) and no imbalance; the
+    # waits stay exposed communication (before, each rank was charged ~3 ms of "imbalance" and
+    # ranks 1-3 were named stragglers that "compute longer than the others")
+    write_kineto(_v_run(schedule, None), tmp_path / "run")
+    diag = diagnose([tmp_path / "run"], Options())
+    _assert_rejected(diag, "micro-batch dependencies from the block labels contradict the measured order")
+    rep = diag.result
+    assert "PP009" not in {f.code for f in rep.findings}
+    for r in rep.ranks:
+        # (a few µs: the step-end collective's own waits, matched as before)
+        assert r.lost_ms["imbalance"] < 0.05, (r.rank, r.lost_ms)
+        # P=4 stages, each idle about (P-1) blocks of 1 ms in the V's fill and drain
+        assert r.lost_ms["exposed_comm"] > 2.0, (r.rank, r.lost_ms)
+    # the same run labelled keeps its pipeline
+    write_kineto(_v_run(schedule, "pp"), tmp_path / "labelled")
+    rep = diagnose([tmp_path / "labelled"], Options()).result
+    assert rep.run.structure is not None and rep.run.structure.established
+    assert rep.run.pp == 4 and rep.run.virtual_stages == 2

@@ -167,11 +167,13 @@ def attribute(
     pipelined: bool,
     collectives: CollectiveMatch | None = None,
     painter: Painter | None = None,
+    p2p_waits: bool = True,
 ) -> Attribution:
     """Cause totals for every (rank, step) and the per-gap cause tables. ``collectives``: the run's
     collectives as the pipeline matched them (matched here when not given); ``painter``: what
     paints the tables from the settled causes (:func:`paint` here when not given; the replica
-    map's :func:`~ppdiag.attribution.paint_map.painter_on` gives the same tables)."""
+    map's :func:`~ppdiag.attribution.paint_map.painter_on` gives the same tables). ``p2p_waits``:
+    without a pipeline, charge a send/recv pair's wait to the later side (``_no_pipeline``)."""
     causes: dict[tuple[int, int], dict[str, int]] = {}
     notes: list[str] = []
     replay_steps: dict[str, float] = {}
@@ -222,23 +224,42 @@ def attribute(
             replay_steps[name] = float(np.mean([w for w, _ in var.values()])) if var else 0.0
         del full
     else:
-        waits = run_waits(steps, timelines, p2p=True)
-        for rs in steps:
-            host = ivs.measure(ivs.subtract(rs.host_set, rs.sets.p2p))
-            c = {
-                "bubble": 0,
-                "imbalance": 0,
-                "comm_wait": 0,
-                "exposed_comm": rs.acct.exposed_p2p + rs.acct.exposed_collective,
-                "host": host,
-                "exposed_copy": rs.acct.exposed_copy,
-                "unexplained": 0,
-            }
-            k = (rs.rank, rs.step)
-            causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
+        waits = _no_pipeline(steps, timelines, causes, p2p_waits, collectives)
     notes.extend(waits.notes)
     gaps = (painter or paint)(steps, causes)
     return Attribution(causes, gaps, lat, replay_steps, notes, edges, waits, held, links, whole, own)
+
+
+def _no_pipeline(
+    steps: list[RankStep],
+    timelines: dict[int, RankTimeline],
+    causes: dict[tuple[int, int], dict[str, int]],
+    p2p_waits: bool,
+    collectives: CollectiveMatch | None,
+) -> CollectiveWaits:
+    """The causes of a run without a pipeline (into ``causes``) and its collective waits: a
+    receive waiting for a late sender is charged the sender's cause like a collective's, unless
+    not ``p2p_waits`` (a rejected pipeline whose transfers chain its ranks,
+    ``Pipeline.unread_chain``): there a receive waits for the block its sender computes in an
+    order that could not be read, which says nothing of a late sender."""
+    if p2p_waits:
+        waits = run_waits(steps, timelines, p2p=True)
+    else:
+        waits = run_waits(steps, timelines, collectives=collectives)
+    for rs in steps:
+        host = ivs.measure(ivs.subtract(rs.host_set, rs.sets.p2p))
+        c = {
+            "bubble": 0,
+            "imbalance": 0,
+            "comm_wait": 0,
+            "exposed_comm": rs.acct.exposed_p2p + rs.acct.exposed_collective,
+            "host": host,
+            "exposed_copy": rs.acct.exposed_copy,
+            "unexplained": 0,
+        }
+        k = (rs.rank, rs.step)
+        causes[k] = apply_moves(_close(c, rs.acct.lost), waits.moves.get(k, {}))
+    return waits
 
 
 def _apply_all_moves(

@@ -27,11 +27,11 @@ time (``host``) over the waiting member's replica, summed over the replica's ran
 member's arrival. So a slow worker in one replica makes the other replicas' waits in
 ``grads-reduce-scatter`` / ``params-all-gather`` its root cause's, not exposed communication.
 
-Without a pipeline, point-to-point ops are matched the same way, each rank pair as a group of two
-(a send and its receive end together). The wait is split over the positive differences in
-proportion, so the causes still add up to the lost time exactly. The same comparison against the
-member with the median arrival gives each late rank's lateness and its reasons for the straggler
-finding (PP009).
+Without a pipeline (not a rejected one's chain: ``causes._no_pipeline``), p2p ops are matched the
+same way, each rank pair as a group of two (a send and its receive end together). The wait is
+split over the positive differences in proportion, so the causes add up to the lost time exactly;
+the same comparison against the member with the median arrival gives each late rank's lateness
+and its reasons for the straggler finding (PP009).
 """
 
 from __future__ import annotations

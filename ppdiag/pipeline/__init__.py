@@ -78,6 +78,11 @@ class Pipeline:
     # the run's collectives matched across the ranks of each group, on the aligned clock: what the
     # attribution splits into waits and the Perfetto overlay draws arrows for (matched once, here)
     collectives: CollectiveMatch = field(default_factory=CollectiveMatch.empty)
+    # the structure was rejected, but its transfers state their direction and formed the chain it
+    # was read from: a pipeline whose order could not be read, so a receive waits for data its
+    # sender computes (a dependency), not for a late peer; the attribution leaves those waits as
+    # exposed communication instead of charging them to the sender (ppdiag/attribution/causes.py)
+    unread_chain: bool = False
 
 
 def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
@@ -108,7 +113,11 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
         directions_stated(run),
     )
     rejected = None
+    unread_chain = False
     if reason is not None:
+        # (a rejection for transfers that state no direction says it cannot tell a pipeline from
+        # an exchange: those keep the pairing of a run without a pipeline)
+        unread_chain = directions_stated(run)
         rejected = (reason, claimed_words(topo, pipe.schedule, pipe.microbatches))
         pipe = _build(run, opts, flat=True)
         warned = f"pipeline structure could not be established: {reason}; analysed without a pipeline"
@@ -125,7 +134,7 @@ def rebuild(run: Run, opts: PipelineOptions | None = None) -> Pipeline:
         user,
         rejected,
     )
-    return _trimmed(dataclasses.replace(pipe, structure=structure))
+    return _trimmed(dataclasses.replace(pipe, structure=structure, unread_chain=unread_chain))
 
 
 def _trimmed(pipe: Pipeline) -> Pipeline:

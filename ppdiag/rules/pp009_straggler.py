@@ -54,7 +54,9 @@ class StragglerRule:
     names the late ranks (never the waiting ones), how late each was per step, how long it made
     the others wait, and why it was late: a late start of its step (CPU, data loading, the previous
     step), a host stall before the collective, or a longer compute. Without a pipeline, send/recv
-    pairs count the same way (a receive spinning for a late sender). A rank that was late only
+    pairs count the same way (a receive spinning for a late sender), except the transfers of a
+    pipeline that was rejected because its order could not be read: there a receive waits for the
+    block its sender computes, a dependency, not a late peer. A rank that was late only
     because it waited for a named rank elsewhere first (its pipeline, its tensor-parallel peer) is
     listed as a follower, not named. With data-parallel replicas of a pipeline, a rank late because
     it computes longer is named only when its blocks cost well more than the same stage's in the
